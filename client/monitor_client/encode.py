@@ -1,0 +1,58 @@
+"""JSON encoding of records with FORMAT.md's number rules, using only the standard library.
+
+Non-finite floats are the signal the monitor exists to catch, so they are written as the
+strings "NaN", "Infinity" and "-Infinity" (never null, never dropped). Values json cannot
+encode (numpy scalars, tensors, paths, user objects in a config) degrade to a number or a
+string instead of raising into training.
+
+Example::
+
+    assert dumps_line({"loss": float("nan")}) == b'{"loss":"NaN"}'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def _nonfinite(x: float) -> str:
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def to_wire(obj: Any) -> Any:
+    """Copy ``obj`` with non-finite floats replaced by FORMAT.md's strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else _nonfinite(obj)
+    if isinstance(obj, dict):
+        return {str(k): to_wire(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_wire(v) for v in obj]
+    if obj is None or isinstance(obj, str | int | bool):
+        return obj
+    return to_wire(_fallback(obj))
+
+
+def _fallback(obj: Any) -> Any:
+    # numpy scalars and 0-d tensors have .item(); anything else becomes its str().
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            value = item()
+            if isinstance(value, int | float | bool):
+                return value
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        try:
+            return tolist()
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(obj)
+
+
+def dumps_line(record: dict[str, Any]) -> bytes:
+    """One record as compact JSON bytes (no newline)."""
+    return json.dumps(to_wire(record), separators=(",", ":"), allow_nan=False).encode()

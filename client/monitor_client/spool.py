@@ -1,0 +1,163 @@
+"""A bounded, ordered, on-disk queue of encoded records (the client's safety net).
+
+Records land here when the sidecar cannot take them (down, overloaded, answering 5xx) or
+when the in-memory queue is full, and are replayed oldest first once it answers again.
+The spool is a directory of append-only JSON Lines segments; a record leaves it only when
+the sidecar acknowledged it (``ack``), so a crash between send and ack re-sends it, which
+the sidecar's idempotency (run_id, rank, kind, step) makes harmless. Writes are flushed to
+the OS on every append (they survive the process dying, not the machine losing power).
+
+When ``max_bytes`` is reached, new step records are dropped (and counted) while run, eval
+and end records are still kept: a run's identity and outcome matter more than one more step.
+
+Example::
+
+    spool = Spool("/tmp/spool", max_bytes=64 << 20)
+    spool.append([b'{"kind":"step"}'])
+    lines = spool.peek(100)      # oldest first, not yet removed
+    spool.ack(len(lines))        # the sidecar accepted them
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+_SUFFIX = ".ndjson"
+
+
+def is_essential(line: bytes) -> bool:
+    """run/eval/end records are kept even when the spool is full (cheap prefix check)."""
+    return b'"kind":"step"' not in line[:40]
+
+
+class Spool:
+    """Bounded on-disk FIFO of JSON lines; see the module docstring for the guarantees."""
+
+    def __init__(self, directory: str | Path, max_bytes: int = 256 << 20,
+                 segment_bytes: int = 4 << 20) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._segments = sorted(self.directory.glob(f"*{_SUFFIX}"))
+        self._head_offset = 0
+        self._peeked: tuple[int, int] | None = None  # (lines, bytes) returned by peek
+        self._bytes = sum(p.stat().st_size for p in self._segments)
+        self._records = sum(_count_lines(p) for p in self._segments)
+        self._writer = None
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return self._records
+
+    def append(self, lines: list[bytes]) -> int:
+        """Append records in order; return how many were dropped because the spool is full."""
+        dropped = 0
+        with self._lock:
+            for line in lines:
+                if self._bytes + len(line) + 1 > self.max_bytes and not is_essential(line):
+                    dropped += 1
+                    continue
+                self._write(line + b"\n")
+            if self._writer is not None:
+                self._writer.flush()
+            self.dropped += dropped
+        return dropped
+
+    def _write(self, data: bytes) -> None:
+        if self._writer is None or self._writer.tell() >= self.segment_bytes:
+            self._open_new_segment()
+        self._writer.write(data)
+        self._bytes += len(data)
+        self._records += 1
+
+    def _open_new_segment(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        last = int(self._segments[-1].stem) if self._segments else 0
+        path = self.directory / f"{last + 1:012d}{_SUFFIX}"
+        self._segments.append(path)
+        self._writer = path.open("ab")
+
+    def peek(self, max_records: int, max_bytes: int = 4 << 20) -> list[bytes]:
+        """Up to ``max_records`` of the oldest records (at least one, however large)."""
+        with self._lock:
+            if not self._segments:
+                return []
+            if self._writer is not None:
+                self._writer.flush()
+            while self._segments:
+                lines, size = self._read_head(max_records, max_bytes)
+                if lines or self._is_active(self._segments[0]):
+                    break
+                self._discard_head()  # exhausted, or only a torn write from a crash is left
+            else:
+                lines, size = [], 0
+            self._peeked = (len(lines), size)
+            return lines
+
+    def _is_active(self, path: Path) -> bool:
+        return self._writer is not None and path == self._segments[-1]
+
+    def _read_head(self, max_records: int, max_bytes: int) -> tuple[list[bytes], int]:
+        lines: list[bytes] = []
+        size = 0
+        with self._segments[0].open("rb") as fh:
+            fh.seek(self._head_offset)
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # a torn write from a crashed process: never complete, skip it
+                if lines and (len(lines) >= max_records or size + len(raw) > max_bytes):
+                    break
+                lines.append(raw[:-1])
+                size += len(raw)
+        return lines, size
+
+    def ack(self, n: int) -> None:
+        """Remove the first ``n`` records returned by the last ``peek``."""
+        with self._lock:
+            if self._peeked is None or n <= 0:
+                return
+            count, size = self._peeked
+            if n != count:
+                size = self._size_of_first(n)
+            self._peeked = None
+            self._head_offset += size
+            self._bytes -= size
+            self._records -= n
+            self._drop_exhausted_head()
+
+    def _size_of_first(self, n: int) -> int:
+        return self._read_head(n, 1 << 62)[1]
+
+    def _drop_exhausted_head(self) -> None:
+        if self._head_offset >= self._segments[0].stat().st_size:
+            self._discard_head()
+
+    def _discard_head(self) -> None:
+        head = self._segments[0]
+        if self._is_active(head):
+            self._writer.close()
+            self._writer = None
+        self._bytes -= max(head.stat().st_size - self._head_offset, 0)
+        head.unlink(missing_ok=True)
+        self._segments.pop(0)
+        self._head_offset = 0
+
+    def close(self) -> None:
+        """Close the write handle; what is pending stays on disk for a later replay."""
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.endswith(b"\n"))

@@ -1,0 +1,119 @@
+"""The "Fleet" dashboard: every run at a glance, and the sidecars' own health.
+
+Example::
+
+    board = build()   # the dict that dashboards/fleet.json holds
+"""
+
+from __future__ import annotations
+
+from dashboards.board import dashboard, query_variable
+from dashboards.panels import Grid, Json, override, stat, table, target, timeseries
+
+UID = "monitor-agent-fleet"
+P = 'project=~"$project"'
+BY_RUN = "by (project, run_id)"
+RUN_COLUMNS = {"project": "Project", "run_id": "Run", "status": "Status", "Value #B": "Step",
+               "Value #C": "Progress", "Value #D": "Tokens/s", "Value #E": "Since last step",
+               "Value #F": "Firing alerts"}
+RUN_LINK = ("/d/monitor-agent-training-run?var-run=${__value.raw}"
+            "&var-project=${__data.fields.project}&${__url_time_range}")
+UP = [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
+                                    "1": {"text": "UP", "color": "green"}}}]
+
+
+def variables() -> list[Json]:
+    return [query_variable("project", "label_values(training_run_info, project)",
+                           multi=True, all_=True)]
+
+
+def runs(g: Grid) -> list[Json]:
+    columns = [
+        target(f"max by (project, run_id, status) (training_run_info{{{P}}})"),
+        target(f"max {BY_RUN} (training_last_step{{{P}}})"),
+        target(f"max {BY_RUN} (training_progress_ratio{{{P}}})"),
+        target(f"sum {BY_RUN} (training_tokens_per_second{{{P}}})"),
+        target(f"time() - max {BY_RUN} (training_last_step_timestamp_seconds{{{P}}})"),
+        target(f"sum {BY_RUN} (training_alerts_firing{{{P}}})"),
+    ]
+    units = [override("Progress", unit="percentunit"), override("Since last step", unit="s"),
+             override("Tokens/s", unit="short"), override("Step", unit="none"),
+             override("Firing alerts", unit="none"),
+             override("Run", links=[{"title": "Open in Training run", "url": RUN_LINK}])]
+    return [
+        g.row("Runs"),
+        table("Runs", columns, columns=RUN_COLUMNS, hide=("Time", "Value #A"),
+              overrides=units, pos=g.place(18, 10),
+              description="Every run the sidecars hold; open one in the Training run dashboard."),
+        stat("Runs by status", [target(f"count by (status) (training_run_info{{{P}}})",
+                                       "{{status}}", instant=True)],
+             unit="none", pos=g.place(6, 10)),
+        timeseries("Throughput per run", [
+            target(f"project_run:training_tokens_per_second:sum{{{P}}}", "{{run_id}}")],
+            unit="short", pos=g.place(12, 8), description="Tokens per second, all ranks."),
+        timeseries("Step time p95 per run", [target(
+            f"max {BY_RUN} (project_run_rank:training_step_duration_seconds:p95_rate5m{{{P}}})",
+            "{{run_id}}")], unit="s", pos=g.place(12, 8)),
+    ]
+
+
+def alerts(g: Grid) -> list[Json]:
+    hide = ("Time", "__name__", "job", "instance", "Value")
+    return [
+        g.row("Alerts"),
+        table("Sidecar alerts", [target(f"training_alert_active{{{P}}}")],
+              columns={"severity": "Severity", "run_id": "Run", "alertname": "Alert",
+                       "layer": "Layer", "summary": "Summary"},
+              hide=(*hide, "project", "suggestion"), pos=g.place(14, 8),
+              description="Findings the sidecars turned into alerts, on every run."),
+        table("Prometheus alerts", [target('ALERTS{alertstate="firing"}')],
+              columns={"severity": "Severity", "alertname": "Alert", "run_id": "Run",
+                       "rank": "Rank", "instance": "Sidecar"},
+              hide=("Time", "__name__", "job", "Value", "alertstate"), pos=g.place(10, 8),
+              description="Sidecar down, stalled runs, stragglers, failing notifications."),
+    ]
+
+
+def sidecars(g: Grid) -> list[Json]:
+    def rate(metric: str, by: str) -> str:
+        return f"sum by ({by}) (rate({metric}[$__rate_interval]))"
+
+    def p99(metric: str) -> str:
+        return f"histogram_quantile(0.99, {rate(metric + '_bucket', 'instance, le')})"
+
+    return [
+        g.row("Sidecars"),
+        stat("Sidecars", [target('up{job="monitor-agent"}', "{{instance}}", instant=True)],
+             unit="none", mappings=UP, text_mode="value_and_name", pos=g.place(6, 6),
+             steps=[("red", None), ("green", 1)]),
+        timeseries("Records ingested per second", [target(
+            rate("monitor_agent_ingest_records_total", "instance, outcome"),
+            "{{instance}} {{outcome}}")], unit="short", pos=g.place(9, 6)),
+        timeseries("Rejections per second", [target(
+            rate("monitor_agent_ingest_rejections_total", "instance, reason"),
+            "{{instance}} {{reason}}")], unit="short", pos=g.place(9, 6),
+            description="Rejected records are lost; the sidecar logs the reason of each."),
+        timeseries("Notifications per second", [target(
+            rate("monitor_agent_notifications_total", "instance, channel, outcome"),
+            "{{instance}} {{channel}} {{outcome}}")], unit="short", pos=g.place(8, 7),
+            overrides=[override("failed", color={"mode": "fixed", "fixedColor": "red"})],
+            description="Failed ones were given up after retries: those alerts reached nobody."),
+        timeseries("Notification outbox", [target("monitor_agent_outbox_pending", "{{instance}}")],
+                   unit="none", pos=g.place(8, 7)),
+        timeseries("/metrics render and ingest latency p99", [
+            target(p99("monitor_agent_metrics_render_duration_seconds"), "render {{instance}}"),
+            target(p99("monitor_agent_ingest_request_duration_seconds"), "ingest {{instance}}"),
+        ], unit="s", pos=g.place(8, 7)),
+        timeseries("Runs held", [target("monitor_agent_runs", "{{instance}} {{state}}")],
+                   unit="none", pos=g.place(12, 7)),
+        timeseries("Series dropped by cardinality caps", [target(
+            "sum by (instance, reason) (increase(monitor_agent_dropped_series_total"
+            "[$__rate_interval]))", "{{instance}} {{reason}}")], unit="none", pos=g.place(12, 7)),
+    ]
+
+
+def build() -> Json:
+    g = Grid()
+    panels = [*runs(g), *alerts(g), *sidecars(g)]
+    return dashboard(UID, "Fleet", panels, variables(), annotations=[],
+                     description="Every training run and every monitor-agent sidecar.")

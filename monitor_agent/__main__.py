@@ -1,0 +1,3 @@
+from monitor_agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""From stored alerts to what channels receive: events, Grafana links, grouped messages.
+
+Example::
+
+    url = dashboard_url("http://grafana:3000", "gpt-7", at=1.7e9)
+    event = to_event(row, status="firing", reason="first", now=time.time())
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from urllib.parse import quote
+
+from monitor_agent import wire
+from monitor_agent.notify.base import AlertEvent, Notification, Notifier
+
+DASHBOARD_UID = "training-run"
+BEFORE_S, AFTER_S = 30 * 60, 10 * 60  # the range shows how the run got there
+
+
+def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None:
+    """The training-run dashboard with the run selected and the time range around ``at``."""
+    if not grafana_url:
+        return None
+    start, end = int((at - BEFORE_S) * 1000), int((at + AFTER_S) * 1000)
+    return (f"{grafana_url.rstrip('/')}/d/{DASHBOARD_UID}/{DASHBOARD_UID}"
+            f"?var-run_id={quote(run_id, safe='')}&from={start}&to={end}")
+
+
+def to_event(row: sqlite3.Row, status: str, reason: str, now: float) -> AlertEvent:
+    finding = wire.loads(row["finding"])
+    return AlertEvent(
+        fingerprint=row["fingerprint"], run_id=row["run_id"], alertname=row["rule"],
+        type=row["type"], severity=row["severity"], status=status,
+        summary=finding.get("message", ""), started_at=row["started_at"], reason=reason,
+        project=row["project"], step=row["last_step"], layer=row["layer"], rank=row["rank"],
+        value=wire.nonfinite_to_float(finding.get("value")),
+        threshold=wire.nonfinite_to_float(finding.get("threshold")),
+        suggestions=tuple(finding.get("suggestions") or ()),
+        evidence=finding.get("evidence") or {}, labels=json.loads(row["labels"]),
+        identity=json.loads(row["identity"]), count=row["count"],
+        ends_at=now if status == "resolved" else None,
+        dashboard_url=row["dashboard_url"], acked_by=row["acked_by"],
+    )
+
+
+def notifications(
+    items: list[tuple[AlertEvent, tuple[str, ...]]],
+    notifiers: dict[str, Notifier],
+    now: float,
+    only: frozenset[str] | None = None,
+) -> list[tuple[str, Notification]]:
+    """Group events by run and status, then per channel: one message, or one per alert."""
+    per_channel: dict[tuple[str, str, str], list[AlertEvent]] = defaultdict(list)
+    for event, channels in items:
+        for channel in channels:
+            notifier = notifiers.get(channel)
+            if notifier is None or event.status not in notifier.statuses:
+                continue
+            if only is not None and channel not in only:
+                continue
+            per_channel[(channel, event.run_id, event.status)].append(event)
+    out: list[tuple[str, Notification]] = []
+    for (channel, run_id, _), events in per_channel.items():
+        groups = [events] if notifiers[channel].grouped else [[e] for e in events]
+        out.extend((channel, Notification(run_id, tuple(g), now)) for g in groups)
+    return out

@@ -1,0 +1,88 @@
+"""Alert identity and the lifecycle decisions, as pure functions of state and a clock.
+
+pending -> firing -> (repeat while firing) -> resolved. Every decision returns a ``Reason``
+that the service counts in ``monitor_agent_alert_decisions_total``; nothing here reads a
+clock or touches storage, so tests drive it with plain numbers.
+
+Example::
+
+    t = Timing(state="firing", notified="firing", notified_at=100.0, last_seen=100.0,
+               last_step=10, acked=False, cooldown=60, repeat_interval=3600, resolve_after=300)
+    assert on_tick(t, silenced=False, now=450.0) is Reason.RESOLVED
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+
+class Reason(enum.StrEnum):
+    FIRST = "first"                    # a new alert: people hear of it now
+    REPEAT_ELAPSED = "repeat_elapsed"  # still firing after the repeat interval: a reminder
+    RESOLVED = "resolved"              # clear for resolve_after: closed, resolve sent
+    SUPPRESSED = "suppressed"          # another finding of an alert already firing
+    COOLDOWN = "cooldown"              # re-fired too soon after its last page: held
+    SILENCED = "silenced"              # a silence covers it: recorded, not sent
+    ACKNOWLEDGED = "acknowledged"      # someone owns it: no reminders
+    REPLAYED = "replayed"              # a finding at or before one already handled
+    LOG_ONLY = "log_only"              # the detector asked for no notification
+    UNMATCHED = "unmatched"            # no rule matches the finding
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The part of an alert's stored state that decisions read."""
+
+    state: str                  # pending | firing | resolved
+    notified: str | None        # what people were last told: firing | resolved | None
+    notified_at: float | None   # when the last firing message (first or repeat) went out
+    last_seen: float
+    last_step: int | None
+    acked: bool
+    cooldown: float
+    repeat_interval: float
+    resolve_after: float
+
+
+def fingerprint(run_id: str, rule: str, identity: dict[str, str]) -> str:
+    """Run + rule + the labels that matter: a storm of identical findings is one alert."""
+    parts = [run_id, rule] + [f"{k}={identity[k]}" for k in sorted(identity)]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
+def on_finding(alert: Timing | None, step: int) -> Reason:
+    """A matching finding arrived: FIRST starts an episode (sent at the group flush)."""
+    if alert is not None and alert.last_step is not None and step <= alert.last_step:
+        # Recovery replays stored records through the detectors after a restart.
+        return Reason.REPLAYED
+    if alert is None or alert.state == "resolved":
+        return Reason.FIRST
+    return Reason.SUPPRESSED
+
+
+def on_flush(alert: Timing, silenced: bool, now: float) -> Reason:
+    """May people hear of this firing alert now? FIRST, or why not (SILENCED, COOLDOWN)."""
+    if silenced:
+        return Reason.SILENCED
+    if alert.notified_at is not None and now - alert.notified_at < alert.cooldown:
+        return Reason.COOLDOWN
+    return Reason.FIRST
+
+
+def on_tick(alert: Timing, silenced: bool, now: float) -> Reason | None:
+    """Clock-driven transitions of a firing alert; None when nothing changes."""
+    if alert.state != "firing":
+        return None
+    if now - alert.last_seen >= alert.resolve_after:
+        return Reason.RESOLVED
+    if alert.notified != "firing":
+        # Held back by a silence or a cooldown: send once that is over.
+        reason = on_flush(alert, silenced, now)
+        return reason if reason is Reason.FIRST else None
+    if silenced or alert.acked or alert.notified_at is None:
+        return None
+    if now - alert.notified_at >= alert.repeat_interval:
+        return Reason.REPEAT_ELAPSED
+    return None

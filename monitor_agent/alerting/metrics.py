@@ -1,0 +1,48 @@
+"""Alerting's self-metrics, on the registry the app passes in, every series pre-created.
+
+Example::
+
+    m = AlertingMetrics(CollectorRegistry(), channels=["slack"])
+    m.decisions.labels(reason="first").inc()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from monitor_agent import metric_names as names
+
+OUTCOMES: tuple[str, ...] = ("sent", "retried", "failed", "dropped")
+REASONS: tuple[str, ...] = (
+    "first", "repeat_elapsed", "resolved", "suppressed", "cooldown", "silenced",
+    "acknowledged", "replayed", "log_only", "unmatched",
+)
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class AlertingMetrics:
+    """Notifications by channel/outcome, send latency, outbox depth, decisions by reason."""
+
+    def __init__(self, registry: CollectorRegistry, channels: Iterable[str]) -> None:
+        self.notifications = Counter(
+            names.NOTIFICATIONS, "Notification deliveries by channel and outcome.",
+            ["channel", "outcome"], registry=registry,
+        )
+        self.duration = Histogram(
+            names.NOTIFICATION_DURATION, "Latency of one delivery attempt, by channel.",
+            ["channel"], buckets=BUCKETS, registry=registry,
+        )
+        self.pending = Gauge(
+            names.OUTBOX_PENDING, "Notifications waiting in the outbox.", registry=registry
+        )
+        self.decisions = Counter(
+            names.ALERT_DECISIONS, "Alerting decisions by reason.", ["reason"], registry=registry
+        )
+        for channel in channels:
+            self.duration.labels(channel=channel)
+            for outcome in OUTCOMES:
+                self.notifications.labels(channel=channel, outcome=outcome)
+        for reason in REASONS:
+            self.decisions.labels(reason=reason)

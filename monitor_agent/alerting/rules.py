@@ -1,0 +1,228 @@
+"""Alert rules: which findings become which alerts, where they go, and how often.
+
+The rules file is YAML (the packaged ``default_rules.yaml`` documents every field). It is
+validated with pydantic at load, so a typo is rejected with the field's path and the fix,
+and turned into frozen ``Rule`` dataclasses; the first rule that matches a finding wins.
+
+Example::
+
+    rules = load_rules(AlertingSettings())
+    rule = first_match(rules, finding, run_labels={"project": "gpt"})
+    if rule is not None:
+        print(rule.name, rule.severity, rule.channels, rule.cooldown)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.types import Finding, Severity
+
+FINDING_TYPES: tuple[str, ...] = (
+    "nan_inf", "loss_spike", "divergence", "grad_explosion", "grad_vanishing", "dead_layer",
+    "update_ratio_high", "update_ratio_low", "gain_drift", "clip_saturation", "plateau",
+    "overfitting", "throughput_drop", "memory_pressure", "loss_scale_collapse", "straggler",
+    "stalled",
+)
+"""FORMAT.md's catalogue; ``*`` in a rule matches any type (a catch-all)."""
+
+CHANNELS: tuple[str, ...] = ("slack", "pagerduty", "alertmanager", "webhook", "console")
+FINGERPRINT_LABELS: tuple[str, ...] = ("layer", "rank")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+class RuleError(ValueError):
+    """The rules file is invalid; the message names the file, the field and the fix."""
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a Prometheus-style string: ``90``, ``"90s"``, ``"1h30m"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration, got a boolean")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        parts = _DURATION.findall(text)
+        if not text or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"invalid duration {value!r}: use seconds or e.g. 30s, 5m, 1h30m")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MatchModel(_Strict):
+    types: list[str] = Field(min_length=1)
+    min_severity: Literal["info", "warning", "error", "critical"] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("types")
+    @classmethod
+    def _known(cls, types: list[str]) -> list[str]:
+        unknown = [t for t in types if t != "*" and t not in FINDING_TYPES]
+        if unknown:
+            raise ValueError(f"unknown finding type(s) {unknown}; known: {', '.join(FINDING_TYPES)}")
+        return types
+
+
+class WhenModel(_Strict):
+    """Conditions on the finding's measured value (e.g. memory fraction above 0.95)."""
+
+    value_above: float | None = None
+    value_below: float | None = None
+
+
+class RuleModel(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)
+    match: MatchModel
+    when: WhenModel = Field(default_factory=WhenModel)
+    severity: Literal["info", "warning", "error", "critical"] | None = None
+    route: str | None = None
+    cooldown: Duration | None = None
+    repeat_interval: Duration | None = None
+    resolve_after: Duration | None = None
+    fingerprint: list[Literal["layer", "rank"]] = Field(default_factory=lambda: ["layer"])
+
+
+class DefaultsModel(_Strict):
+    cooldown: Duration = 300.0
+    repeat_interval: Duration = 4 * 3600.0
+    resolve_after: Duration = 600.0
+
+
+class RulesFileModel(_Strict):
+    version: Literal[1] = 1
+    routes: dict[str, list[Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]]]
+    defaults: DefaultsModel = Field(default_factory=DefaultsModel)
+    rules: list[RuleModel] = Field(min_length=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validated rule; durations in seconds, ``channels`` resolved from its route."""
+
+    name: str
+    types: tuple[str, ...]
+    channels: tuple[str, ...]
+    cooldown: float
+    repeat_interval: float
+    resolve_after: float
+    severity: Severity | None = None
+    min_severity: Severity | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    value_above: float | None = None
+    value_below: float | None = None
+    fingerprint: tuple[str, ...] = ("layer",)
+
+    def matches(self, finding: Finding, run_labels: dict[str, str]) -> bool:
+        if "*" not in self.types and finding.type not in self.types:
+            return False
+        if self.min_severity is not None and finding.severity < self.min_severity:
+            return False
+        if any(run_labels.get(k) != v for k, v in self.labels):
+            return False
+        return self._value_ok(finding.value)
+
+    def _value_ok(self, value: float | None) -> bool:
+        if self.value_above is None and self.value_below is None:
+            return True
+        if value is None or value != value:
+            return False
+        above = self.value_above is None or value > self.value_above
+        return above and (self.value_below is None or value < self.value_below)
+
+    def severity_for(self, finding: Finding) -> Severity:
+        return self.severity if self.severity is not None else finding.severity
+
+
+def first_match(rules: Sequence[Rule], finding: Finding, run_labels: dict[str, str]) -> Rule | None:
+    """The first rule that matches, like a routing tree without ``continue``."""
+    return next((r for r in rules if r.matches(finding, run_labels)), None)
+
+
+def load_rules(source: AlertingSettings | Path | str | None = None) -> list[Rule]:
+    """Load and validate a rules file (None or settings without one: the packaged defaults)."""
+    path = source.rules_file if isinstance(source, AlertingSettings) else source
+    if path is None:
+        text = resources.files("monitor_agent").joinpath("default_rules.yaml").read_text()
+        return parse_rules(text, "default_rules.yaml")
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RuleError(f"cannot read alert rules {path}: {exc.strerror}") from None
+    return parse_rules(text, str(path))
+
+
+def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleError(f"alert rules {source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RuleError(f"alert rules {source}: expected a mapping with 'routes' and 'rules'")
+    try:
+        model = RulesFileModel.model_validate(data)
+    except ValidationError as exc:
+        raise RuleError(_explain(exc, source, data)) from None
+    return [_build(r, i, model, source) for i, r in enumerate(model.rules)]
+
+
+def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule:
+    severity = Severity.parse(r.severity) if r.severity else None
+    route = r.route or ("page" if severity is not None and severity.pages else "chat")
+    if route not in model.routes:
+        raise RuleError(
+            f"alert rules {source}: rules[{index}] ({r.name}).route: no route {route!r}; "
+            f"define it under 'routes' (have: {', '.join(model.routes) or 'none'})"
+        )
+    d = model.defaults
+    return Rule(
+        name=r.name, types=tuple(r.match.types), channels=tuple(model.routes[route]),
+        cooldown=d.cooldown if r.cooldown is None else r.cooldown,
+        repeat_interval=d.repeat_interval if r.repeat_interval is None else r.repeat_interval,
+        resolve_after=d.resolve_after if r.resolve_after is None else r.resolve_after,
+        severity=severity,
+        min_severity=Severity.parse(r.match.min_severity) if r.match.min_severity else None,
+        labels=tuple(sorted(r.match.labels.items())),
+        value_above=r.when.value_above, value_below=r.when.value_below,
+        fingerprint=tuple(dict.fromkeys(r.fingerprint)),
+    )
+
+
+def _explain(exc: ValidationError, source: str, data: dict[str, Any]) -> str:
+    lines = [f"invalid alert rules in {source}:"]
+    for err in exc.errors(include_url=False):
+        loc = err["loc"]
+        parts = [f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc]
+        field = "".join(parts).lstrip(".")
+        name = _rule_name(data, loc)
+        msg = "unknown field (check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"  {field}{name}: {msg}")
+    return "\n".join(lines)
+
+
+def _rule_name(data: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+        rules = data.get("rules") or []
+        if loc[1] < len(rules) and isinstance(rules[loc[1]], dict) and "name" in rules[loc[1]]:
+            return f" (rule {rules[loc[1]]['name']})"
+    return ""

@@ -1,0 +1,291 @@
+"""``Alerting``: findings in, alerts out; the one object the engine and the API talk to.
+
+``handle`` (engine thread, per record) matches rules, merges findings into alerts by
+fingerprint and stores them as pending: a few SQLite statements, no network. A flusher
+thread turns pending alerts into firing ones ``group_wait_seconds`` later, all alerts of a
+run in one message; ``tick`` resolves, repeats and re-sends. Every message goes through the
+durable outbox in the same transaction as the state change that caused it.
+
+Example::
+
+    alerting = Alerting(AlertingSettings(console={"enabled": True}), ":memory:", registry)
+    alerting.start()
+    alerting.handle(RunContext("r1"), [finding], now=time.time())
+    alerting.tick(time.time())
+    alerting.stop(timeout=5)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from monitor_agent import wire
+from monitor_agent.alerting import lifecycle as lc
+from monitor_agent.alerting.admin import AlertAdmin
+from monitor_agent.alerting.db import AlertDB
+from monitor_agent.alerting.events import dashboard_url, notifications, to_event
+from monitor_agent.alerting.lifecycle import Reason
+from monitor_agent.alerting.metrics import AlertingMetrics
+from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.rules import Rule, first_match, load_rules
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.notify.base import AlertEvent
+from monitor_agent.notify.channels import ALL_CHANNELS, build_notifiers
+from monitor_agent.notify.outbox import Outbox
+from monitor_agent.types import Finding, Severity
+
+log = logging.getLogger(__name__)
+PRUNE_EVERY_S, KEEP_DONE_S = 600.0, 86400.0
+Item = tuple[AlertEvent, tuple[str, ...]]
+
+
+class Alerting(AlertAdmin):
+    """Rules, lifecycle, silences and delivery, with state in its own SQLite database."""
+
+    def __init__(
+        self,
+        settings: AlertingSettings,
+        db_path: Path | str,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+        http_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rules: list[Rule] = load_rules(settings)
+        self.notifiers = build_notifiers(settings)
+        self.clock = clock
+        self.metrics = AlertingMetrics(registry, ALL_CHANNELS)
+        self.db = AlertDB(db_path)
+        self.outbox = Outbox(self.db, self.notifiers, settings.outbox, self.metrics, clock,
+                             http_transport)
+        self._flush_now = threading.Event()
+        self._stopping = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._last_prune = 0.0
+
+    # -- lifecycle of the service ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start delivery (one thread per channel) and the group flusher."""
+        self._stopping.clear()
+        self.outbox.start()
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="alert-flush")
+        self._flusher.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads; undelivered notifications stay in the outbox for next time."""
+        self._stopping.set()
+        self._flush_now.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout)
+        self.outbox.stop(timeout)
+
+    def _flush_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._flush_now.clear()
+            try:
+                wait = self.flush(self.clock())
+            except Exception:
+                log.exception("alert flush failed")
+                wait = 1.0
+            self._flush_now.wait(1.0 if wait is None else min(max(wait, 0.001), 1.0))
+
+    # -- findings -------------------------------------------------------------------------
+
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
+        """Turn one record's findings into alert state; fast, no network. Returns actions."""
+        started = False
+        with self.db.tx() as conn:
+            for finding in findings:
+                started |= self._one(conn, run, finding, now)
+        if started:
+            self._flush_now.set()
+        return []
+
+    def _one(self, conn: sqlite3.Connection, run: RunContext, f: Finding, now: float) -> bool:
+        if f.log_only:
+            return self._count(Reason.LOG_ONLY) and False
+        rule = first_match(self.rules, f, run.match_labels())
+        if rule is None:
+            return self._count(Reason.UNMATCHED) and False
+        identity = _identity(rule, f)
+        fp = lc.fingerprint(run.run_id, rule.name, identity)
+        row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
+        reason = lc.on_finding(_timing(row) if row else None, f.step)
+        if reason is Reason.FIRST:
+            self._begin(conn, fp, run, rule, identity, f, now)
+            return True
+        if reason is Reason.SUPPRESSED:
+            severity = row["severity"] if rule.severity else max(
+                Severity.parse(row["severity"]), f.severity).label
+            conn.execute(
+                "UPDATE alerts SET last_seen = ?, last_step = MAX(COALESCE(last_step, ?), ?), "
+                "count = count + 1, finding = ?, layer = ?, severity = ? WHERE fingerprint = ?",
+                (now, f.step, f.step, wire.dumps(f.to_dict()), f.layer, severity, fp),
+            )
+        self._count(reason)
+        return False
+
+    def _begin(self, conn: sqlite3.Connection, fp: str, run: RunContext, rule: Rule,
+               identity: dict[str, str], f: Finding, now: float) -> None:
+        """A new episode: pending until the group flush (the last page time is kept)."""
+        link = dashboard_url(self.settings.grafana_url, run.run_id, f.time or now)
+        values = dict(
+            fingerprint=fp, run_id=run.run_id, rule=rule.name, type=f.type,
+            severity=rule.severity_for(f).label, layer=f.layer, rank=f.rank,
+            identity=json.dumps(identity), project=run.project, labels=json.dumps(run.labels),
+            channels=json.dumps(rule.channels), cooldown=rule.cooldown,
+            repeat_interval=rule.repeat_interval, resolve_after=rule.resolve_after,
+            state="pending", started_at=now, pending_since=now, last_seen=now, last_step=f.step,
+            count=1, resolved_at=None, acked_at=None, acked_by=None, dashboard_url=link,
+            finding=wire.dumps(f.to_dict()),
+        )
+        cols = ", ".join(values)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in values if k != "fingerprint")
+        conn.execute(
+            f"INSERT INTO alerts ({cols}) VALUES ({', '.join('?' * len(values))}) "
+            f"ON CONFLICT (fingerprint) DO UPDATE SET {updates}",
+            tuple(values.values()),
+        )
+
+    # -- clock-driven work ----------------------------------------------------------------
+
+    def flush(self, now: float) -> float | None:
+        """Fire the runs whose group wait is over; return seconds until the next is due."""
+        wait = self.settings.group_wait_seconds
+        with self.db.tx() as conn:
+            rows = conn.execute("SELECT * FROM alerts WHERE state = 'pending'").fetchall()
+            by_run: dict[str, list[sqlite3.Row]] = {}
+            for row in rows:
+                by_run.setdefault(row["run_id"], []).append(row)
+            due = {run: rs for run, rs in by_run.items()
+                   if min(r["pending_since"] for r in rs) + wait <= now}
+            silences = self._silences(conn, now)
+            items = [item for rs in due.values() for r in rs
+                     if (item := self._fire(conn, r, silences, now)) is not None]
+            self._enqueue(conn, items, now)
+        later = [min(r["pending_since"] for r in rs) + wait - now
+                 for run, rs in by_run.items() if run not in due]
+        return min(later) if later else None
+
+    def _fire(self, conn: sqlite3.Connection, row: sqlite3.Row, silences: list, now: float) -> Item | None:
+        reason = lc.on_flush(_timing(row), _silenced(silences, row), now)
+        self._count(reason)
+        if reason is not Reason.FIRST:
+            conn.execute("UPDATE alerts SET state = 'firing', pending_since = NULL, "
+                         "notified = NULL WHERE fingerprint = ?", (row["fingerprint"],))
+            return None
+        return self._mark_sent(conn, row, "firing", reason, now)
+
+    def tick(self, now: float) -> None:
+        """Resolve, repeat, send what a silence or cooldown held back, re-send to Alertmanager."""
+        self.flush(now)
+        with self.db.tx() as conn:
+            rows = conn.execute("SELECT * FROM alerts WHERE state = 'firing'").fetchall()
+            silences = self._silences(conn, now)
+            items: list[Item] = []
+            for row in rows:
+                reason = lc.on_tick(_timing(row), _silenced(silences, row), now)
+                if reason is not None:
+                    self._count(reason)
+                    if (item := self._transition(conn, row, reason, now)) is not None:
+                        items.append(item)
+            self._enqueue(conn, items, now)
+            self._refresh(conn, rows, silences, now)
+        if now - self._last_prune >= PRUNE_EVERY_S:
+            self.outbox.prune(now - KEEP_DONE_S)
+            self._last_prune = now
+
+    def _transition(self, conn: sqlite3.Connection, row: sqlite3.Row, reason: Reason,
+                    now: float) -> Item | None:
+        if reason is not Reason.RESOLVED:
+            return self._mark_sent(conn, row, "firing", reason, now)
+        conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE fingerprint = ?",
+                     (now, row["fingerprint"]))
+        if row["notified"] != "firing":
+            return None  # nobody was told it fired (silenced throughout): close quietly
+        conn.execute("UPDATE alerts SET notified = 'resolved' WHERE fingerprint = ?",
+                     (row["fingerprint"],))
+        return to_event(row, "resolved", reason.value, now), tuple(json.loads(row["channels"]))
+
+    def _mark_sent(self, conn: sqlite3.Connection, row: sqlite3.Row, status: str, reason: Reason,
+                   now: float) -> Item:
+        conn.execute(
+            "UPDATE alerts SET state = 'firing', pending_since = NULL, notified = 'firing', "
+            "notified_at = ?, refreshed_at = ? WHERE fingerprint = ?",
+            (now, now, row["fingerprint"]),
+        )
+        return to_event(row, status, reason.value, now), tuple(json.loads(row["channels"]))
+
+    def _refresh(self, conn: sqlite3.Connection, rows: list[sqlite3.Row], silences: list,
+                 now: float) -> None:
+        """Channels that forget alerts unless re-told (Alertmanager) hear of firing ones again."""
+        for name, notifier in self.notifiers.items():
+            every = notifier.refresh_interval
+            if every is None:
+                continue
+            stale = [r for r in rows if r["notified"] == "firing" and not _silenced(silences, r)
+                     and now - (r["refreshed_at"] or 0.0) >= every
+                     and name in json.loads(r["channels"])]
+            items = [(to_event(r, "firing", "refresh", now), (name,)) for r in stale]
+            conn.executemany("UPDATE alerts SET refreshed_at = ? WHERE fingerprint = ?",
+                             [(now, r["fingerprint"]) for r in stale])
+            self._enqueue(conn, items, now)
+
+    def run_ended(self, run_id: str, status: str, now: float) -> None:
+        """A completed run resolves its alerts now; a failed one keeps them until clear."""
+        if status != "completed":
+            return
+        self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
+        with self.db.tx() as conn:
+            rows = conn.execute("SELECT * FROM alerts WHERE run_id = ? AND state = 'firing'",
+                                (run_id,)).fetchall()
+            items = [item for r in rows
+                     if (item := self._transition(conn, r, Reason.RESOLVED, now)) is not None]
+            for _ in rows:
+                self._count(Reason.RESOLVED)
+            self._enqueue(conn, items, now)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _enqueue(self, conn: sqlite3.Connection, items: list[Item], now: float,
+                 only: frozenset[str] | None = None) -> None:
+        notes = notifications(items, self.notifiers, now, only)
+        for channel, note in notes:
+            self.outbox.enqueue(conn, channel, note, now)
+        # Woken before the commit: a sender that looks too early finds nothing and waits
+        # at most its 1 s poll, so wake again right after (see _after_commit).
+        self._to_wake.update(channel for channel, _ in notes)
+
+    def _count(self, reason: Reason) -> bool:
+        self.metrics.decisions.labels(reason=reason.value).inc()
+        return True
+
+
+def _identity(rule: Rule, f: Finding) -> dict[str, str]:
+    values = {"layer": f.layer, "rank": str(f.rank)}
+    return {k: v for k in rule.fingerprint if (v := values.get(k)) is not None}
+
+
+def _timing(row: sqlite3.Row) -> lc.Timing:
+    return lc.Timing(
+        state=row["state"], notified=row["notified"], notified_at=row["notified_at"],
+        last_seen=row["last_seen"], last_step=row["last_step"], acked=row["acked_at"] is not None,
+        cooldown=row["cooldown"], repeat_interval=row["repeat_interval"],
+        resolve_after=row["resolve_after"],
+    )
+
+
+def _silenced(silences: list, row: sqlite3.Row) -> bool:
+    return any(s.covers(run_id=row["run_id"], type=row["type"], alertname=row["rule"],
+                        layer=row["layer"]) for s in silences)

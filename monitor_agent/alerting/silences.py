@@ -1,0 +1,68 @@
+"""Silences: mute alerts by run, finding type, alert name and/or layer, for a duration.
+
+A silenced alert is still tracked (and listed as silenced); it is not sent. When the
+silence ends while the alert still fires, people hear of it then.
+
+Example::
+
+    s = Silence.new(run_id="gpt-7", type="loss_spike", duration=3600, now=time.time(),
+                    created_by="ana", comment="known bad shard")
+    s.covers(run_id="gpt-7", type="loss_spike", alertname="TrainingLossSpike", layer=None)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MATCHERS: tuple[str, ...] = ("run_id", "type", "alertname", "layer")
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """Every matcher that is set must equal the alert's; at least one must be set."""
+
+    id: str
+    comment: str
+    created_by: str
+    created_at: float
+    ends_at: float
+    run_id: str | None = None
+    type: str | None = None
+    alertname: str | None = None
+    layer: str | None = None
+
+    @classmethod
+    def new(cls, *, duration: float, now: float, comment: str = "", created_by: str = "",
+            **matchers: str | None) -> Silence:
+        if not any(matchers.get(m) for m in MATCHERS):
+            raise ValueError(f"a silence needs at least one of: {', '.join(MATCHERS)}")
+        if duration <= 0:
+            raise ValueError("duration_seconds must be positive")
+        return cls(id=uuid.uuid4().hex, comment=comment, created_by=created_by,
+                   created_at=now, ends_at=now + duration,
+                   **{m: matchers.get(m) or None for m in MATCHERS})
+
+    def active(self, now: float) -> bool:
+        return self.created_at <= now < self.ends_at
+
+    def covers(self, **alert: Any) -> bool:
+        return all(getattr(self, m) is None or getattr(self, m) == alert.get(m) for m in MATCHERS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def insert(conn: sqlite3.Connection, s: Silence) -> None:
+    conn.execute(
+        "INSERT INTO silences (id, run_id, type, alertname, layer, comment, created_by, "
+        "created_at, ends_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        (s.id, s.run_id, s.type, s.alertname, s.layer, s.comment, s.created_by, s.created_at,
+         s.ends_at),
+    )
+
+
+def from_row(row: sqlite3.Row) -> Silence:
+    return Silence(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row)

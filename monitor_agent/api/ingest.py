@@ -1,0 +1,237 @@
+"""``POST /v1/records``: a batch of records, JSON or NDJSON, optionally gzip.
+
+Every record is validated on its own, so one bad record costs only itself and the answer
+says why; nothing is acknowledged before the transaction holding it committed.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, Field, TypeAdapter
+
+from monitor_agent import schemas, wire
+from monitor_agent.api.deps import require_write
+from monitor_agent.engine import Incoming
+from monitor_agent.store import StorageError
+
+router = APIRouter(tags=["ingest"])
+
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
+
+
+class Rejection(BaseModel):
+    index: int = Field(description="Position of the record in the batch (0-based).")
+    reason: str = Field(description="What is wrong, naming the field.")
+
+
+class IngestResponse(BaseModel):
+    accepted: int = Field(description="Records stored now.")
+    duplicates: int = Field(description="Records already stored (a retry); not counted twice.")
+    late: int = Field(0, description="Stored, but older than the run's latest step.")
+    rejected: list[Rejection] = Field(default_factory=list)
+    actions: list[dict[str, Any]] = Field(
+        default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
+    )
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@router.post(
+    "/v1/records",
+    response_model=IngestResponse,
+    dependencies=[Depends(require_write)],
+    summary="Ingest a batch of records (JSON {records: [...]} or NDJSON; gzip accepted)",
+    responses={
+        400: {"description": "Malformed body"},
+        401: {"description": "Missing or wrong bearer token"},
+        413: {"description": "Body, inflated body or batch too large"},
+        415: {"description": "Unsupported content type or encoding"},
+        422: {"description": "Every record was invalid"},
+        429: {"description": "Too many active runs"},
+        503: {"description": "Cannot store right now; retry later"},
+    },
+)
+async def post_records(request: Request) -> IngestResponse:
+    state = request.app.state
+    t0 = time.perf_counter()
+    code = "200"
+    try:
+        response, code = await _ingest(request)
+        return response
+    except _BadRequest as exc:
+        code = str(exc.status)
+        state.metrics.rejections.labels(reason=_reason_label(exc.status)).inc()
+        raise HTTPException(exc.status, exc.reason) from None
+    finally:
+        state.metrics.requests.labels(code=code).inc()
+        state.metrics.ingest_duration.observe(time.perf_counter() - t0)
+
+
+async def _ingest(request: Request) -> tuple[Any, str]:
+    state = request.app.state
+    settings = state.settings
+    if not state.readiness.ready:
+        raise _BadRequest(503, f"not ready: {state.readiness.reason}")
+    body = await _read_limited(request, settings.max_body_bytes)
+    objs, raws = await run_in_threadpool(_decode, body, request.headers, settings)
+    valid, rejected = await run_in_threadpool(_validate, objs, raws)
+    state.metrics.records.labels(outcome="rejected").inc(len(rejected))
+    if rejected:
+        state.metrics.rejections.labels(reason="invalid").inc(len(rejected))
+    if not valid:
+        if rejected:
+            raise _BadRequest(422, _summary(rejected))
+        return IngestResponse(accepted=0, duplicates=0), "200"
+    try:
+        result = await state.runner.call(state.engine.ingest, valid, time.time())
+    except StorageError as exc:
+        state.readiness.set(f"storage: {exc}")
+        raise _BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
+    rejected.extend(result.rejected)
+    response = IngestResponse(
+        accepted=result.accepted, duplicates=result.duplicates, late=result.late,
+        rejected=sorted(rejected, key=lambda r: r["index"]), actions=result.actions,
+    )
+    if len(result.rejected) == len(valid):
+        raise _BadRequest(429, _summary(result.rejected))
+    return response, "200"
+
+
+def _summary(rejected: list[dict[str, Any]]) -> str:
+    first = rejected[0]
+    more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+    return f"no record accepted: record {first['index']}: {first['reason']}{more}"
+
+
+def _reason_label(status: int) -> str:
+    return {401: "auth", 413: "too_large", 422: "invalid", 429: "too_many_runs",
+            503: "unavailable"}.get(status, "body")
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BadRequest(413, f"body of {declared} bytes exceeds max_body_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BadRequest(413, f"body exceeds max_body_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(body: bytes, headers: Any, settings: Any) -> tuple[list[Any], list[bytes] | None]:
+    """The request's records, and for NDJSON each record's own line."""
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding == "gzip":
+        body = _gunzip(body, settings.max_decompressed_bytes)
+    elif encoding not in ("", "identity"):
+        raise _BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+    ctype = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    raws = None
+    if ctype in NDJSON_TYPES:
+        objs, raws = _ndjson(body)
+    elif ctype in ("application/json", ""):
+        objs = _json_batch(body)
+    else:
+        raise _BadRequest(
+            415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
+        )
+    if len(objs) > settings.max_records_per_request:
+        raise _BadRequest(
+            413, f"{len(objs)} records exceed max_records_per_request="
+            f"{settings.max_records_per_request}; split the batch",
+        )
+    return objs, raws
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _BadRequest(400, f"body is not valid gzip: {exc}") from None
+    if len(out) > limit:
+        raise _BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+    if not inflater.eof:
+        raise _BadRequest(400, "gzip body is truncated")
+    return out
+
+
+def _parse(data: bytes, what: str) -> Any:
+    try:
+        return wire.loads(data)
+    except (ValueError, RecursionError) as exc:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise _BadRequest(400, f"{what} is not valid JSON: {detail}") from None
+
+
+def _json_batch(body: bytes) -> list[Any]:
+    obj = _parse(body, "body")
+    if isinstance(obj, dict) and isinstance(obj.get("records"), list):
+        return obj["records"]
+    if isinstance(obj, list):
+        return obj
+    raise _BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
+
+
+def _ndjson(body: bytes) -> tuple[list[Any], list[bytes]]:
+    objs: list[Any] = []
+    raws: list[bytes] = []
+    for lineno, line in enumerate(body.split(b"\n"), 1):
+        line = line.strip()
+        if line:
+            objs.append(_parse(line, f"line {lineno}"))
+            raws.append(line)
+    return objs, raws
+
+
+def _validate(
+    objs: list[Any], raws: list[bytes] | None
+) -> tuple[list[Incoming], list[dict[str, Any]]]:
+    valid, rejected = [], []
+    for index, obj in enumerate(objs):
+        try:
+            raw = raws[index] if raws is not None else None
+            valid.append(Incoming(index, schemas.validate(obj), raw))
+        except schemas.RecordError as exc:
+            rejected.append({"index": index, "reason": str(exc)})
+    return valid, rejected
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Describe the raw-body ingest endpoint in OpenAPI (FastAPI cannot infer it)."""
+    adapter = TypeAdapter(list[schemas.RecordModel])
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                          summary=app.summary)
+        items = adapter.json_schema(ref_template="#/components/schemas/{model}")
+        defs = items.pop("$defs", {})
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(defs)
+        envelope = {"type": "object", "required": ["records"], "properties": {"records": items}}
+        op = doc["paths"]["/v1/records"]["post"]
+        op["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": envelope},
+                "application/x-ndjson": {"schema": {"type": "string"}},
+            },
+        }
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,122 @@
+"""``monitor-agent demo``: the sidecar plus a tiny GPT run with an injected fault.
+
+No Docker, no network beyond loopback: SQLite in a temp dir, the console channel, and
+``examples/train_gpt.py`` trained on CPU through the real client. When the fault fires, the
+alert is shown exactly as Slack would receive it, with the finding's evidence and
+suggestions, and where /metrics and the API are.
+
+Example::
+
+    monitor-agent demo --inject nan --steps 300 --inject-step 200
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """uvicorn in a background thread, stopped on exit."""
+
+    def __init__(self, settings: Any) -> None:
+        import uvicorn
+
+        from monitor_agent.app import create_app
+
+        config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                                log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the sidecar failed to start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
+    from monitor_agent.settings import load_settings
+
+    trainer = REPO / "examples" / "train_gpt.py"
+    if not trainer.is_file():
+        print(f"demo: {trainer} not found (run from a source checkout)", file=sys.stderr)
+        return 2
+    port = port or _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="monitor-agent-demo-") as tmp:
+        settings = load_settings(
+            data_dir=Path(tmp), host="127.0.0.1", port=port,
+            alerting={"console": {"enabled": True}},
+        )
+        print(f"sidecar: {url}  (data in {tmp}; API docs {url}/docs, metrics {url}/metrics)")
+        with _Server(settings):
+            run_id = f"demo-{inject}-{int(time.time())}"
+            code = _train(trainer, url, run_id, inject, steps, inject_step)
+            time.sleep(1.5)  # let the last batch and its alert delivery land
+            _report(url, run_id)
+    return 0 if code in (0, 1) else code
+
+
+def _train(trainer: Path, url: str, run_id: str, inject: str, steps: int, at: int) -> int:
+    from tqdm import tqdm
+
+    cmd = [sys.executable, str(trainer), "--url", url, "--run-id", run_id, "--project", "demo",
+           "--steps", str(steps), "--inject", inject, "--inject-step", str(at), "--progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "client"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    print(f"training: {' '.join(cmd[1:])}")
+    bar = tqdm(total=steps, unit="step", desc="train_gpt", dynamic_ncols=True)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("step "):
+                bar.n = int(line.split()[1].split("/")[0])
+                bar.set_postfix_str(line.split("loss", 1)[-1].strip()[:20])
+                bar.refresh()
+            else:
+                bar.write(line.rstrip())
+        code = proc.wait()
+    bar.close()
+    return code
+
+
+def _report(url: str, run_id: str) -> None:
+    run = httpx.get(f"{url}/v1/runs/{run_id}", timeout=10).json()
+    print(f"\nrun {run_id}: status {run.get('status')}, last step {run.get('last_step')}")
+    recent = list(reversed(run.get("findings", {}).get("recent", [])))
+    for f in recent[:8]:
+        print(f"  finding @step {f['step']:>4} {f['severity']:>8} {f['type']}: {f['message']}")
+    worst = next((f for f in recent if f["severity"] in ("critical", "error")), None)
+    if worst:
+        print("\nevidence:", json.dumps(worst.get("evidence", {}), indent=2))
+        print("what to try next:")
+        for s in worst.get("suggestions", []):
+            print(f"  - {s}")
+    print(f"\nalerts: {url}/v1/alerts   metrics: {url}/metrics   API: {url}/docs")

@@ -1,0 +1,301 @@
+"""record -> store -> detectors -> alerting -> run state: the one pipeline, live and replay.
+
+The engine is synchronous and single-threaded by contract: the app calls it from one worker
+thread, replay calls it inline with a virtual clock. Nothing about detection exists only in
+the live path.
+
+Example::
+
+    engine = Engine(settings, Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    items = [Incoming(i, schemas.validate(obj)) for i, obj in enumerate(objs)]
+    result = engine.ingest(items, now=time.time())
+    engine.tick(now=time.time())
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor_agent import metric_names, schemas, wire
+from monitor_agent.detectors import DetectorSuite
+from monitor_agent.metrics import SelfMetrics
+from monitor_agent.run_state import RunState
+from monitor_agent.settings import Settings
+from monitor_agent.store import RecordRow, Store
+from monitor_agent.types import EndRecord, EvalRecord, Finding, Record, RunRecord, StepRecord
+
+log = logging.getLogger(__name__)
+WireModel = schemas.RunModel | schemas.StepModel | schemas.EvalModel | schemas.EndModel
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A validated record, its index in the request, and its raw JSON line if it had one."""
+
+    index: int
+    model: WireModel
+    raw: bytes | None = None
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What happened to each record of a batch, as the API reports it."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    late: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+class Engine:
+    """Holds every active run and drives records through the pipeline."""
+
+    def __init__(
+        self, settings: Settings, store: Store, metrics: SelfMetrics, alerting: Any = None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.alerting = alerting
+        self.runs: dict[str, RunState] = {}
+        self.suites: dict[str, DetectorSuite] = {}
+        self._last_snapshot = 0.0
+        self._last_prune = 0.0
+
+    # -- ingest ---------------------------------------------------------------------------
+
+    def ingest(self, models: Sequence[Incoming], now: float) -> IngestResult:
+        """Store a validated batch in one transaction, then run it through detection.
+
+        Raises StorageError (-> 503) when nothing could be stored.
+        """
+        result = IngestResult()
+        admitted = self._admit(models, result, now)
+        rows = [_row(item) for item in admitted]
+        t0 = time.perf_counter()
+        ids = self.store.insert_records(rows)
+        self.metrics.store_duration.observe(time.perf_counter() - t0)
+        for item, row_id in zip(admitted, ids, strict=True):
+            if row_id is None:
+                result.duplicates += 1
+                continue
+            result.accepted += 1
+            self._process(item.model.to_record(), row_id, now, result)
+        self._finish(result)
+        return result
+
+    def _admit(
+        self, items: Sequence[Incoming], result: IngestResult, now: float
+    ) -> list[Incoming]:
+        admitted = []
+        for item in items:
+            if self._run(item.model.run_id, now) is None:
+                result.rejected.append({
+                    "index": item.index,
+                    "reason": f"too many active runs (max_active_runs="
+                    f"{self.settings.max_active_runs}); end or expire runs first",
+                })
+                self.metrics.rejections.labels(reason="too_many_runs").inc()
+                continue
+            admitted.append(item)
+        return admitted
+
+    def _process(
+        self,
+        record: Record,
+        row_id: int,
+        now: float,
+        result: IngestResult,
+        arrival: float | None = None,
+    ) -> None:
+        """``arrival`` is when the record reached us (``now`` unless replaying the store)."""
+        run = self.runs[record.run_id]
+        run.last_record_id = max(run.last_record_id, row_id)
+        if isinstance(record, StepRecord | EvalRecord) and run.is_late(record):
+            # Out-of-order or re-sent history: stored, but detectors only see time forward.
+            result.late += 1
+            return
+        self._apply(run, record, now if arrival is None else arrival)
+        findings = self._detect(run, record)
+        if findings:
+            self._handle_findings(run, findings, now, result)
+
+    def _apply(self, run: RunState, record: Record, arrival: float) -> None:
+        if isinstance(record, StepRecord):
+            run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
+        elif isinstance(record, EvalRecord):
+            run.apply_eval(record, arrival)
+        elif isinstance(record, RunRecord):
+            run.apply_run(record)
+        elif isinstance(record, EndRecord):
+            run.apply_end(record.status, arrival)
+            self.store.set_status(run.run_id, record.status, record.time)
+            if self.alerting is not None:
+                self.alerting.run_ended(run.run_id, record.status, arrival)
+
+    def _detect(self, run: RunState, record: Record) -> list[Finding]:
+        suite = self.suites[run.run_id]
+        t0 = time.perf_counter()
+        try:
+            findings = suite.update(record)
+        except Exception:  # a detector bug must never cost a stored record
+            self.metrics.detector_errors.inc()
+            log.exception("detector failed on %s step %s", record.run_id, record.step)
+            findings = []
+        self.metrics.detector_duration.observe(time.perf_counter() - t0)
+        if isinstance(record, StepRecord):
+            run.rank(record.rank).loss_ema = suite.ema_loss(record.rank)
+        return findings
+
+    def _handle_findings(
+        self, run: RunState, findings: list[Finding], now: float, result: IngestResult
+    ) -> None:
+        run.count_findings(findings)
+        result.findings.extend(findings)
+        if self.alerting is not None:
+            actions = self.alerting.handle(self._context(run), findings, now)
+            result.actions.extend(actions or [])
+
+    def _finish(self, result: IngestResult) -> None:
+        if result.findings:
+            self.store.insert_findings([f.to_dict() for f in result.findings])
+        m = self.metrics.records
+        m.labels(outcome="accepted").inc(result.accepted)
+        m.labels(outcome="duplicate").inc(result.duplicates)
+        m.labels(outcome="late").inc(result.late)
+
+    def _context(self, run: RunState) -> Any:
+        from monitor_agent.alerting import RunContext
+
+        config = run.run.config if run.run is not None else {}
+        return RunContext(
+            run_id=run.run_id, project=run.project or None, labels=run.labels, config=config
+        )
+
+    # -- runs in memory -------------------------------------------------------------------
+
+    def _run(self, run_id: str, now: float) -> RunState | None:
+        run = self.runs.get(run_id)
+        if run is not None:
+            return run
+        if len(self.runs) >= self.settings.max_active_runs:
+            return None
+        return self._load_run(run_id, now)
+
+    def _load_run(self, run_id: str, now: float) -> RunState:
+        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail."""
+        from monitor_agent.recovery import restore_run
+
+        run = RunState.new(run_id, now)
+        suite = DetectorSuite(self.settings.detectors)
+        self.runs[run_id] = run
+        self.suites[run_id] = suite
+        restore_run(self, run, suite, now)
+        return run
+
+    def recover(self, now: float) -> int:
+        """Reload the runs that were active before a restart; return how many."""
+        count = 0
+        for row in self.store.runs():
+            live = now - row["last_seen"] < self._ttl(row["status"])
+            if live and len(self.runs) < self.settings.max_active_runs:
+                self._load_run(row["run_id"], now)
+                count += 1
+        return count
+
+    def _ttl(self, status: str) -> float:
+        if status == "running":
+            return self.settings.silent_run_ttl_seconds
+        return self.settings.ended_run_ttl_seconds
+
+    # -- clock-driven work ----------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Finding]:
+        """Stall checks, alert resolves, expiry, snapshots and retention; call every second."""
+        findings: list[Finding] = []
+        for run in list(self.runs.values()):
+            findings.extend(self._tick_run(run, now))
+        if findings:
+            self.store.insert_findings([f.to_dict() for f in findings])
+        if self.alerting is not None:
+            self.alerting.tick(now)
+        self._expire(now)
+        if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
+            self.snapshot_all()
+            self._last_snapshot = now
+        if now - self._last_prune >= 60.0:
+            self._prune()
+            self._last_prune = now
+        self._count_runs()
+        return findings
+
+    def _tick_run(self, run: RunState, now: float) -> list[Finding]:
+        if run.status != "running" or not run.ranks:
+            return []
+        last_time = max((r.last.time for r in run.ranks.values() if r.last), default=None)
+        if last_time is None:
+            return []
+        # Map sidecar time onto the run's clock: immune to client/sidecar clock skew.
+        record_now = last_time + (now - run.last_arrival)
+        try:
+            found = self.suites[run.run_id].tick(record_now)
+        except Exception:
+            self.metrics.detector_errors.inc()
+            log.exception("detector tick failed for %s", run.run_id)
+            return []
+        if found:
+            result = IngestResult()
+            self._handle_findings(run, found, now, result)
+        return found
+
+    def _expire(self, now: float) -> None:
+        for run in list(self.runs.values()):
+            if now - run.last_arrival > self._ttl(run.status):
+                self._snapshot(run)
+                del self.runs[run.run_id]
+                del self.suites[run.run_id]
+
+    def snapshot_all(self) -> None:
+        for run in list(self.runs.values()):
+            if run.last_record_id > run.snapshot_record_id:
+                self._snapshot(run)
+
+    def _snapshot(self, run: RunState) -> None:
+        from monitor_agent.recovery import snapshot_run
+
+        state = snapshot_run(run, self.suites[run.run_id])
+        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
+        run.snapshot_record_id = run.last_record_id
+
+    def _prune(self) -> None:
+        for run in list(self.runs.values()):
+            for rank in list(run.ranks):
+                self.store.prune(run.run_id, rank, self.settings.retention_steps)
+
+    def _count_runs(self) -> None:
+        counts = {"running": 0, "ended": 0}
+        for run in self.runs.values():
+            counts["running" if run.status == "running" else "ended"] += 1
+        for state, value in counts.items():
+            self.metrics.runs.labels(state=state).set(value)
+
+
+def _row(item: Incoming) -> RecordRow:
+    model = item.model
+    # The line as the client sent it when we have it (FORMAT.md: readers accept it as is);
+    # re-serialising a GPT-sized record would cost more than validating it.
+    body = item.raw if item.raw is not None else model.model_dump_json(exclude_none=True).encode()
+    return RecordRow(
+        run_id=model.run_id,
+        rank=model.rank,
+        kind=model.kind,
+        step=-1 if model.kind == "run" else model.step,
+        time=model.time,
+        body=body,
+    )

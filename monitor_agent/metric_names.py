@@ -1,0 +1,114 @@
+"""Every Prometheus metric name the sidecar exposes, built in this one place.
+
+Run metrics start with ``training_`` and carry the labels ``project``, ``run_id``, ``rank``
+(per-layer ones add ``layer``). Other user labels of a run (``pod``, ``node``, ...) live on
+``training_run_info`` so PromQL can join them (``* on(run_id) group_left(pod)``) without
+multiplying every series. Self-metrics start with ``monitor_agent_``.
+
+Dashboards, recording rules and alerting rules refer to these names; a test checks that
+every name they use is one listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUN_LABELS: tuple[str, ...] = ("project", "run_id", "rank")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricName:
+    name: str
+    type: str  # gauge | counter | histogram | info
+    help: str
+    extra_labels: tuple[str, ...] = ()
+
+
+def _g(name: str, help: str, *labels: str) -> MetricName:
+    return MetricName(name, "gauge", help, labels)
+
+
+def _c(name: str, help: str, *labels: str) -> MetricName:
+    return MetricName(name, "counter", help, labels)
+
+
+# Run metrics. The name of a counter omits `_total` here, as prometheus_client does;
+# the exposition appends it.
+LOSS = _g("training_loss", "Training loss of the latest step.")
+LOSS_EMA = _g("training_loss_ema", "Bias-corrected EMA of the training loss.")
+VAL_LOSS = _g("training_val_loss", "Latest validation loss.")
+EVAL_TRAIN_LOSS = _g("training_eval_train_loss", "Mean training loss reported with the latest eval.")
+EVAL_METRIC = _g("training_eval_metric", "Latest named eval score (accuracy, perplexity, loss/<category>).", "name")
+LEARNING_RATE = _g("training_learning_rate", "Learning rate of the first param group.")
+GRAD_NORM = _g("training_grad_norm", "Global L2 gradient norm before clipping.")
+CLIP_THRESHOLD = _g("training_grad_clip_threshold", "Max norm used for gradient clipping.")
+PARAM_NORM = _g("training_param_norm", "Global L2 norm of the trainable parameters.")
+UPDATE_NORM = _g("training_update_norm", "Global L2 norm of the last parameter update.")
+UPDATE_RATIO = _g("training_update_ratio", "||update|| / ||param|| of the last step.")
+TOKENS_PER_SECOND = _g("training_tokens_per_second", "Tokens per second of the latest step.")
+MFU = _g("training_mfu_ratio", "Model FLOPs utilisation of the latest step (0..1).")
+LOSS_SCALE = _g("training_loss_scale", "Mixed-precision loss scale.")
+MEM_ALLOCATED = _g("training_memory_allocated_bytes", "Device memory allocated.")
+MEM_RESERVED = _g("training_memory_reserved_bytes", "Device memory reserved by the allocator.")
+MEM_PEAK = _g("training_memory_peak_allocated_bytes", "Peak device memory allocated.")
+MEM_TOTAL = _g("training_memory_total_bytes", "Device memory total (or the stated budget).")
+DATA_WAIT = _g("training_data_wait_seconds", "Seconds the latest step waited for its batch.")
+COMPUTE_TIME = _g("training_compute_seconds", "This rank's own compute time of the latest step.")
+SYNC_WAIT = _g("training_sync_wait_seconds", "Seconds the latest step waited on gradient all-reduce.")
+GPU_UTIL = _g("training_gpu_utilization_ratio", "GPU utilisation (0..1) from NVML.")
+GPU_TEMP = _g("training_gpu_temperature_celsius", "GPU temperature from NVML.")
+GPU_POWER = _g("training_gpu_power_watts", "GPU power draw from NVML.")
+LAST_STEP = _g("training_last_step", "Latest optimizer step received.")
+LAST_STEP_TS = _g("training_last_step_timestamp_seconds", "Unix time of the latest step record.")
+PROGRESS = _g("training_progress_ratio", "Fraction of total_steps done (0..1).")
+ETA = _g("training_eta_seconds", "Estimated seconds until total_steps is reached.")
+STEP_DURATION = MetricName(
+    "training_step_duration_seconds", "histogram", "Wall time of whole optimizer steps."
+)
+STEPS = _c("training_steps", "Optimizer steps received.")
+TOKENS = _c("training_tokens", "Tokens consumed.")
+SAMPLES = _c("training_samples", "Samples consumed.")
+SKIPPED_STEPS = _c("training_skipped_steps", "Optimizer steps skipped by the loss scaler.")
+FINDINGS = _c("training_findings", "Detector findings raised.", "type", "severity")
+LAYER_GRAD_NORM = _g("training_layer_grad_norm", "Per-parameter gradient L2 norm.", "layer")
+LAYER_UPDATE_RATIO = _g("training_layer_update_ratio", "Per-parameter ||update|| / ||param||.", "layer")
+LAYER_GRAD_ZERO = _g("training_layer_grad_zero_ratio", "Per-parameter fraction of exactly-zero gradient entries.", "layer")
+RUN_INFO = MetricName(
+    "training_run_info",
+    "info",
+    "Static facts of a run: user labels (pod, node, ...) and status; value 1.",
+    ("status",),
+)
+ALERTS_FIRING = _g("training_alerts_firing", "Alerts firing for the run.", "alertname", "severity")
+ALERT_ACTIVE = _g(
+    "training_alert_active",
+    "1 per firing alert; labels carry what a table panel shows (summary, first suggestion).",
+    "alertname", "severity", "layer", "summary", "suggestion",
+)
+
+STEP_DURATION_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+"""Training steps take milliseconds to minutes; the HTTP defaults stop at 10 s."""
+
+# Self-metrics.
+SELF_PREFIX = "monitor_agent_"
+INGEST_REQUESTS = "monitor_agent_ingest_requests"  # counter, label code
+INGEST_RECORDS = "monitor_agent_ingest_records"  # counter, label outcome
+INGEST_REJECTIONS = "monitor_agent_ingest_rejections"  # counter, label reason
+INGEST_DURATION = "monitor_agent_ingest_request_duration_seconds"  # histogram
+STORE_DURATION = "monitor_agent_store_write_duration_seconds"  # histogram
+DETECTOR_DURATION = "monitor_agent_detector_duration_seconds"  # histogram
+RENDER_DURATION = "monitor_agent_metrics_render_duration_seconds"  # histogram
+DROPPED_SERIES = "monitor_agent_dropped_series"  # counter, label reason
+RUNS = "monitor_agent_runs"  # gauge, label state
+READY = "monitor_agent_ready"  # gauge
+NOTIFICATIONS = "monitor_agent_notifications"  # counter, labels channel, outcome
+NOTIFICATION_DURATION = "monitor_agent_notification_duration_seconds"  # histogram, channel
+OUTBOX_PENDING = "monitor_agent_outbox_pending"  # gauge
+ALERT_DECISIONS = "monitor_agent_alert_decisions"  # counter, label reason
+BUILD_INFO = "monitor_agent_build_info"  # gauge 1, label version
+
+RUN_METRICS: tuple[MetricName, ...] = tuple(
+    v for v in globals().values() if isinstance(v, MetricName)
+)

@@ -1,0 +1,1 @@
+"""Notification channels and the durable outbox that delivers to them."""

@@ -1,0 +1,98 @@
+"""Hand alerts to the user's Alertmanager (every member of an HA cluster) via /api/v2/alerts.
+
+Teams that already route pages through Alertmanager keep doing so, and several sidecars
+can feed one cluster: Alertmanager deduplicates on labels. Like Prometheus, firing alerts
+are re-sent every ``refresh_interval`` with ``endsAt`` a few intervals ahead (so a dead
+sidecar's alerts time out), and a resolve is an alert whose ``endsAt`` has passed.
+
+Labels are only the stable identity of the alert (alertname, run_id, project, severity, the
+fingerprint's layer/rank, the run's own labels): anything that changes between findings
+would make Alertmanager see a new alert. Everything else goes into annotations.
+
+Example::
+
+    am = AlertmanagerNotifier(["http://am-0:9093", "http://am-1:9093"], refresh_interval=60)
+    outcome = am.send(note, client)
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from monitor_agent.notify import format as fmt
+from monitor_agent.notify.base import AlertEvent, Notification, Outcome, OutcomeKind, post_json
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class AlertmanagerNotifier:
+    """Posts to each Alertmanager; ok when at least one accepted (they gossip)."""
+
+    name = "alertmanager"
+    grouped = True
+    min_interval = 0.0
+    statuses = frozenset({"firing", "resolved"})
+
+    def __init__(self, urls: list[str], refresh_interval: float = 60.0, timeout: float = 5.0) -> None:
+        self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in urls]
+        self.refresh_interval = refresh_interval
+        self.timeout = timeout
+
+    def send(self, note: Notification, client: httpx.Client) -> Outcome:
+        body = self.payload(note)
+        outcomes = [post_json(client, url, body, self.timeout) for url in self.urls]
+        if any(o.kind is OutcomeKind.OK for o in outcomes):
+            return Outcome.ok(f"{sum(o.kind is OutcomeKind.OK for o in outcomes)}/{len(outcomes)}")
+        retry = [o for o in outcomes if o.kind is OutcomeKind.RETRY]
+        return retry[0] if retry else outcomes[0]
+
+    def payload(self, note: Notification) -> list[dict[str, Any]]:
+        # Four resend intervals of slack, as Prometheus does, before Alertmanager times out.
+        expires = note.created_at + 4 * self.refresh_interval
+        return [self._alert(e, expires) for e in note.events]
+
+    def _alert(self, e: AlertEvent, expires: float) -> dict[str, Any]:
+        alert: dict[str, Any] = {
+            "labels": labels(e),
+            "annotations": _annotations(e),
+            "startsAt": _iso(e.started_at),
+            "endsAt": _iso(e.ends_at if e.status == "resolved" and e.ends_at else expires),
+        }
+        if e.dashboard_url:
+            alert["generatorURL"] = e.dashboard_url
+        return alert
+
+
+def labels(e: AlertEvent) -> dict[str, str]:
+    out = {k: v for k, v in e.labels.items() if _LABEL_NAME.match(k) and v}
+    out.update({"alertname": e.alertname, "run_id": e.run_id, "severity": e.severity,
+                "source": "monitor-agent"})
+    if e.project:
+        out["project"] = e.project
+    out.update({k: v for k, v in e.identity.items() if v})
+    return out
+
+
+def _annotations(e: AlertEvent) -> dict[str, str]:
+    notes = {"summary": e.summary, "description": fmt.headline(e), "type": e.type,
+             "fingerprint": e.fingerprint}
+    if e.step is not None:
+        notes["step"] = str(e.step)
+    if e.layer:
+        notes["layer"] = e.layer
+    if (value := fmt.value_line(e)) is not None:
+        notes["value"] = value
+    if e.suggestions:
+        notes["suggestion"] = e.suggestions[0]
+        notes["suggestions"] = "\n".join(e.suggestions)
+    if e.dashboard_url:
+        notes["dashboard"] = e.dashboard_url
+    return notes
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")

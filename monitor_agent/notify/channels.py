@@ -1,0 +1,37 @@
+"""Build the configured notifiers from settings: a channel without its secret is skipped.
+
+Example::
+
+    notifiers = build_notifiers(AlertingSettings(console={"enabled": True}))
+    assert list(notifiers) == ["console"]
+"""
+
+from __future__ import annotations
+
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.notify.alertmanager import AlertmanagerNotifier
+from monitor_agent.notify.base import Notifier
+from monitor_agent.notify.console import ConsoleNotifier
+from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.slack import SlackNotifier
+from monitor_agent.notify.webhook import WebhookNotifier
+
+ALL_CHANNELS: tuple[str, ...] = ("slack", "pagerduty", "alertmanager", "webhook", "console")
+
+
+def build_notifiers(s: AlertingSettings) -> dict[str, Notifier]:
+    out: dict[str, Notifier] = {}
+    if (url := s.slack.secret()) is not None:
+        out["slack"] = SlackNotifier(url, s.slack.min_interval_seconds, s.slack.timeout_seconds)
+    if (key := s.pagerduty.secret()) is not None:
+        out["pagerduty"] = PagerDutyNotifier(key, s.pagerduty.url, s.pagerduty.timeout_seconds)
+    if s.alertmanager.urls:
+        am = s.alertmanager
+        out["alertmanager"] = AlertmanagerNotifier(
+            am.urls, am.resend_interval_seconds, am.timeout_seconds
+        )
+    if (hook := s.webhook.secret()) is not None:
+        out["webhook"] = WebhookNotifier(hook, s.webhook.timeout_seconds)
+    if s.console.enabled:
+        out["console"] = ConsoleNotifier()
+    return out

@@ -1,0 +1,217 @@
+"""The durable outbox: at-least-once delivery with backoff, jitter, timeouts and rate limits.
+
+Notifications are written to SQLite in the same transaction as the alert state that caused
+them, so a crash loses nothing and a restart re-sends nothing that was confirmed. Each
+channel has its own sender thread (a slow Slack never delays a page) that sends its queue
+in order: a resolve never overtakes its trigger. This is the only place that retries.
+
+Example::
+
+    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), metrics)
+    outbox.start()
+    with db.tx() as conn:
+        outbox.enqueue(conn, "slack", note, now=time.time())
+    outbox.wake(["slack"])
+    outbox.stop(timeout=5)
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx
+
+from monitor_agent import wire
+from monitor_agent.alerting.db import AlertDB
+from monitor_agent.alerting.metrics import AlertingMetrics
+from monitor_agent.alerting.settings import OutboxSettings
+from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter; a receiver's Retry-After wins (within a cap)."""
+
+    base: float
+    cap: float
+    max_attempts: int
+    max_age: float
+    max_retry_after: float
+
+    @classmethod
+    def from_settings(cls, s: OutboxSettings) -> RetryPolicy:
+        return cls(s.backoff_base_seconds, s.backoff_cap_seconds, s.max_attempts,
+                   s.max_age_seconds, s.max_retry_after_seconds)
+
+    def delay(self, attempts: int, retry_after: float | None, rand: float) -> float:
+        """Seconds before the next try, after ``attempts`` failed ones (rand in [0, 1))."""
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after)
+        backoff = min(self.cap, self.base * 2 ** (attempts - 1))
+        # Jitter in [backoff/2, backoff): sidecars that failed together do not retry together.
+        return backoff * (0.5 + rand / 2)
+
+
+class Outbox:
+    """Queue in SQLite, one sender thread per channel."""
+
+    def __init__(
+        self,
+        db: AlertDB,
+        notifiers: dict[str, Notifier],
+        settings: OutboxSettings,
+        metrics: AlertingMetrics,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.db = db
+        self.notifiers = notifiers
+        self.policy = RetryPolicy.from_settings(settings)
+        self.max_pending = settings.max_pending
+        self.metrics = metrics
+        self.clock = clock
+        self.rand = rand
+        self._transport = transport
+        self._wake = {name: threading.Event() for name in notifiers}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_send: dict[str, float] = {}
+        self._pending = self.db.query("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")[0][0]
+        metrics.pending.set(self._pending)
+
+    # -- queue ----------------------------------------------------------------------------
+
+    def enqueue(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float) -> bool:
+        """Add a notification inside the caller's transaction; False if the queue is full."""
+        if self._pending >= self.max_pending:
+            self.metrics.notifications.labels(channel=channel, outcome="dropped").inc()
+            log.warning("outbox full (%d pending): dropped a %s notification for %s",
+                        self._pending, channel, note.group)
+            return False
+        conn.execute(
+            "INSERT INTO outbox (channel, body, created_at, next_at) VALUES (?,?,?,?)",
+            (channel, wire.dumps(note.to_dict()), now, now),
+        )
+        self._set_pending(self._pending + 1)
+        return True
+
+    def wake(self, channels: Iterable[str]) -> None:
+        for channel in channels:
+            if channel in self._wake:
+                self._wake[channel].set()
+
+    def _set_pending(self, value: int) -> None:
+        self._pending = value
+        self.metrics.pending.set(value)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def deliver_next(self, channel: str, client: httpx.Client) -> float | None:
+        """Try the channel's oldest pending notification if it is due.
+
+        Returns seconds until something may be due again (0: go on now), None when empty.
+        """
+        rows = self.db.query(
+            "SELECT id, body, created_at, attempts, next_at FROM outbox "
+            "WHERE channel = ? AND state = 'pending' ORDER BY id LIMIT 1", (channel,),
+        )
+        if not rows:
+            return None
+        row, now = rows[0], self.clock()
+        due = max(row["next_at"], self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval)
+        if due > now:
+            return due - now
+        if now - row["created_at"] > self.policy.max_age:
+            self._finish(row["id"], channel, "failed", "expired before delivery", now)
+            return 0.0
+        outcome = self._attempt(channel, row["body"], client)
+        self._last_send[channel] = self.clock()
+        self._record(row, channel, outcome, self.clock())
+        return 0.0
+
+    def _attempt(self, channel: str, body: bytes, client: httpx.Client) -> Outcome:
+        note = Notification.from_dict(wire.loads(body))
+        t0 = time.perf_counter()
+        try:
+            return self.notifiers[channel].send(note, client)
+        except Exception as exc:  # a bug in a payload builder must not kill the sender
+            log.exception("%s notifier failed on %s", channel, note.group)
+            return Outcome(OutcomeKind.PERMANENT, f"internal error: {type(exc).__name__}")
+        finally:
+            self.metrics.duration.labels(channel=channel).observe(time.perf_counter() - t0)
+
+    def _record(self, row: sqlite3.Row, channel: str, outcome: Outcome, now: float) -> None:
+        if outcome.kind is OutcomeKind.OK:
+            self._finish(row["id"], channel, "sent", None, now)
+            return
+        attempts = row["attempts"] + 1
+        if outcome.kind is OutcomeKind.PERMANENT or attempts >= self.policy.max_attempts:
+            self._finish(row["id"], channel, "failed", outcome.detail, now)
+            return
+        delay = self.policy.delay(attempts, outcome.retry_after, self.rand())
+        with self.db.tx() as conn:
+            conn.execute("UPDATE outbox SET attempts = ?, next_at = ?, last_error = ? WHERE id = ?",
+                         (attempts, now + delay, outcome.detail, row["id"]))
+        self.metrics.notifications.labels(channel=channel, outcome="retried").inc()
+        log.info("%s delivery failed (%s); retry %d in %.1fs", channel, outcome.detail, attempts, delay)
+
+    def _finish(self, row_id: int, channel: str, state: str, error: str | None, now: float) -> None:
+        with self.db.tx() as conn:
+            conn.execute("UPDATE outbox SET state = ?, last_error = ?, done_at = ? WHERE id = ?",
+                         (state, error, now, row_id))
+            self._set_pending(self._pending - 1)
+        self.metrics.notifications.labels(channel=channel, outcome=state).inc()
+        if state == "failed":
+            log.warning("%s notification %d not delivered: %s", channel, row_id, error)
+
+    def prune(self, older_than: float) -> None:
+        """Forget delivered and abandoned notifications finished before ``older_than``."""
+        with self.db.tx() as conn:
+            conn.execute("DELETE FROM outbox WHERE state != 'pending' AND done_at < ?", (older_than,))
+
+    # -- threads --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        for channel in self.notifiers:
+            t = threading.Thread(target=self._run, args=(channel,), daemon=True,
+                                 name=f"notify-{channel}")
+            t.start()
+            self._threads.append(t)
+
+    def _run(self, channel: str) -> None:
+        wake = self._wake[channel]
+        with httpx.Client(transport=self._transport) as client:
+            while not self._stop.is_set():
+                wake.clear()  # before looking, so an enqueue from now on is never missed
+                try:
+                    wait = self.deliver_next(channel, client)
+                except Exception:
+                    log.exception("%s sender error", channel)
+                    wait = 1.0
+                if wait is None or wait > 0:
+                    # Woken early by a new notification or by stop().
+                    wake.wait(1.0 if wait is None else min(wait, 1.0))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the senders; what is not delivered stays queued for the next start."""
+        self._stop.set()
+        for event in self._wake.values():
+            event.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0.0))
+        self._threads.clear()

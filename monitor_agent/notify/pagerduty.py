@@ -1,0 +1,92 @@
+"""PagerDuty Events API v2: trigger, acknowledge and resolve, one event per alert.
+
+The ``dedup_key`` is derived from the alert's fingerprint, so a re-sent trigger (retry,
+repeat, a second sidecar) lands on the same incident and the resolve closes it. 429 and
+5xx are retried by the outbox; 400 means the event is invalid and is not.
+
+Example::
+
+    pd = PagerDutyNotifier(routing_key, url="https://events.pagerduty.com/v2/enqueue")
+    outcome = pd.send(note, client)
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from monitor_agent.notify import format as fmt
+from monitor_agent.notify.base import AlertEvent, Notification, Outcome, OutcomeKind, post_json
+
+_ACTIONS = {"firing": "trigger", "resolved": "resolve", "acknowledged": "acknowledge"}
+# PagerDuty's severities are exactly ours: critical, error, warning, info.
+_SEVERITIES = ("critical", "error", "warning", "info")
+
+
+def dedup_key(fingerprint: str) -> str:
+    return f"monitor-agent-{fingerprint}"
+
+
+class PagerDutyNotifier:
+    """Sends Events API v2 events with one integration's routing key."""
+
+    name = "pagerduty"
+    grouped = False
+    min_interval = 0.0
+    statuses = frozenset(_ACTIONS)
+    refresh_interval = None
+
+    def __init__(self, routing_key: str, url: str, timeout: float = 5.0) -> None:
+        self._key = routing_key
+        self.url = url
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"PagerDutyNotifier(url={self.url!r}, routing_key=**********)"
+
+    def send(self, note: Notification, client: httpx.Client) -> Outcome:
+        # The outbox hands us one alert at a time (grouped=False); a retry of several is
+        # harmless because PagerDuty deduplicates on dedup_key.
+        for event in note.events:
+            outcome = post_json(client, self.url, self.payload(event), self.timeout)
+            if outcome.kind is not OutcomeKind.OK:
+                return outcome
+        return Outcome.ok()
+
+    def payload(self, e: AlertEvent) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "routing_key": self._key,
+            "event_action": _ACTIONS[e.status],
+            "dedup_key": dedup_key(e.fingerprint),
+        }
+        if e.status != "firing":
+            return body
+        body["payload"] = {
+            "summary": fmt.headline(e)[:1024],
+            "source": f"monitor-agent/{e.run_id}",
+            "severity": e.severity if e.severity in _SEVERITIES else "error",
+            "timestamp": datetime.fromtimestamp(e.started_at, UTC).isoformat(),
+            "component": e.layer or "model",
+            "group": e.project or e.run_id,
+            "class": e.type,
+            "custom_details": _details(e),
+        }
+        body["client"] = "monitor-agent"
+        if e.dashboard_url:
+            body["client_url"] = e.dashboard_url
+            body["links"] = [{"href": e.dashboard_url, "text": f"Grafana: run {e.run_id}"}]
+        return body
+
+
+def _details(e: AlertEvent) -> dict[str, Any]:
+    details: dict[str, Any] = {
+        "alertname": e.alertname, "run_id": e.run_id, "step": e.step, "layer": e.layer,
+        "rank": e.rank, "value": fmt.num(e.value), "baseline": fmt.num(e.threshold),
+        "findings": e.count, "suggestions": list(e.suggestions), "labels": e.labels,
+    }
+    # Evidence numbers may be NaN/inf, which JSON cannot carry: spell them out.
+    details["evidence"] = {k: fmt.num(v) if isinstance(v, float) else v
+                           for k, v in e.evidence.items()}
+    return details

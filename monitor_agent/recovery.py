@@ -1,0 +1,99 @@
+"""Snapshot and restore of a run, so a sidecar restart is invisible to detection.
+
+A snapshot holds the detector suite's state and the run's counters, tagged with the id of
+the last record it covers. Restoring loads it, then replays every record stored after that
+id through the very same engine path; alerting's own durable state keeps those replayed
+findings from paging twice.
+
+Example::
+
+    state = snapshot_run(run, suite)
+    restore_run(engine, run, suite, now)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from monitor_agent import schemas, wire
+from monitor_agent.run_state import RankState, RunState
+
+if TYPE_CHECKING:
+    from monitor_agent.detectors import DetectorSuite
+    from monitor_agent.engine import Engine
+
+log = logging.getLogger(__name__)
+
+_RANK_FIELDS = (
+    "last_step", "last_eval_step", "steps_total", "tokens_total", "samples_total",
+    "skipped_total", "step_time_counts", "step_time_sum",
+)
+
+
+def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
+    return {
+        "suite": suite.snapshot(),
+        "status": run.status,
+        "findings": [[t, s, c] for (t, s), c in run.findings.items()],
+        "ranks": {
+            str(rank): {f: getattr(state, f) for f in _RANK_FIELDS}
+            for rank, state in run.ranks.items()
+        },
+    }
+
+
+def restore_run(engine: Engine, run: RunState, suite: DetectorSuite, now: float) -> None:
+    store = engine.store
+    row = store.run_row(run.run_id)
+    if row is None:
+        return
+    run.first_seen = row["first_seen"]
+    run.last_arrival = min(row["last_seen"], now)
+    run.status = row["status"]
+    if row["run_record"]:
+        run.run = schemas.parse_record(wire.loads(row["run_record"]))
+    saved = store.detector_state(run.run_id)
+    after = 0
+    if saved is not None:
+        after, blob = saved
+        _restore_state(run, suite, wire.loads(blob))
+        _reload_latest(engine, run)
+    run.snapshot_record_id = run.last_record_id = after
+    _replay_tail(engine, run, after, now, run.last_arrival)
+
+
+def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -> None:
+    suite.restore(state["suite"])
+    run.status = state.get("status", run.status)
+    run.findings = {(t, s): int(c) for t, s, c in state.get("findings", [])}
+    for rank, fields in state.get("ranks", {}).items():
+        rs = run.ranks[int(rank)] = RankState()
+        for name in _RANK_FIELDS:
+            setattr(rs, name, wire.nonfinite_to_float(fields[name]))
+        rs.loss_ema = suite.ema_loss(int(rank))
+
+
+def _reload_latest(engine: Engine, run: RunState) -> None:
+    """The latest step and eval of each rank, so gauges show values at once."""
+    for rank, state in run.ranks.items():
+        body = engine.store.last_record(run.run_id, rank, "step")
+        if body is not None:
+            state.last = schemas.parse_record(wire.loads(body))
+            state.last_layers = state.last.layers
+        body = engine.store.last_record(run.run_id, rank, "eval")
+        if body is not None:
+            state.last_eval = schemas.parse_record(wire.loads(body))
+    run.version += 1
+
+
+def _replay_tail(engine: Engine, run: RunState, after: int, now: float, arrival: float) -> None:
+    from monitor_agent.engine import IngestResult
+
+    result = IngestResult()
+    for row_id, body in engine.store.records_after(run.run_id, after):
+        record = schemas.parse_record(wire.loads(body))
+        engine._process(record, row_id, now, result, arrival=arrival)
+    if result.findings:
+        engine.store.insert_findings([f.to_dict() for f in result.findings])
+    log.info("run %s: restored, replayed %d records", run.run_id, result.accepted)

@@ -1,0 +1,37 @@
+"""Runs engine calls on one dedicated thread, so engine state needs no locks.
+
+The event loop never blocks on SQLite or detectors; calls are served in submission order.
+
+Example::
+
+    runner = EngineRunner()
+    result = await runner.call(engine.ingest, models, time.time())
+    runner.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class EngineRunner:
+    """A single-thread executor with an awaitable ``call``."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run from a non-async context and wait for the result."""
+        return self._pool.submit(fn, *args).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

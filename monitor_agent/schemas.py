@@ -1,0 +1,237 @@
+"""Wire models of FORMAT.md, used only at the edges (the ingest API and trace replay).
+
+They validate one record at a time so a batch can accept the good records and say exactly
+why each bad one was rejected; ``to_record()`` hands the rest of the sidecar a plain
+dataclass from ``types.py``.
+
+Example::
+
+    rec = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": "NaN"})
+    assert math.isnan(rec.loss)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+from monitor_agent import types as t
+
+# Bounds that keep one record from exhausting memory or label space; generous for real runs.
+MAX_NAME_LEN = 256
+MAX_LAYERS = 20_000
+MAX_HIST_BINS = 1024
+MAX_METRICS = 512
+MAX_LABELS = 32
+
+RunId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+=-]+$"),
+]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]
+LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_NAME_LEN)]
+Step = Annotated[int, Field(ge=0, le=2**53)]
+Rank = Annotated[int, Field(ge=0, le=1_000_000)]
+Num = float | None
+
+
+class _Wire(BaseModel):
+    # Producers may add fields; we ignore what we do not know (FORMAT.md).
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings", frozen=True)
+
+
+class MemoryModel(_Wire):
+    device: Annotated[str, StringConstraints(max_length=64)] | None = None
+    allocated_bytes: Num = None
+    reserved_bytes: Num = None
+    peak_allocated_bytes: Num = None
+    total_bytes: Num = None
+
+
+class LayerModel(TypedDict, total=False):
+    # A TypedDict, not a model: a GPT-sized record has hundreds of these, and building a
+    # model instance for each made validation 7x slower.
+    grad_norm: Num
+    grad_mean: Num
+    grad_std: Num
+    grad_max_abs: Num
+    grad_zero_frac: Num
+    param_norm: Num
+    update_norm: Num
+    grad_none: bool
+
+
+class HistModel(TypedDict):
+    edges: Annotated[list[float], Field(max_length=MAX_HIST_BINS + 1)]
+    counts: Annotated[list[float], Field(max_length=MAX_HIST_BINS)]
+
+
+class RunModel(_Wire):
+    kind: Literal["run"]
+    run_id: RunId
+    time: Num = None
+    rank: Rank = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+    model: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    labels: Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)] = Field(
+        default_factory=dict
+    )
+
+    def to_record(self) -> t.RunRecord:
+        return t.RunRecord(
+            run_id=self.run_id,
+            time=self.time,
+            rank=self.rank,
+            config=self.config,
+            model=self.model,
+            hardware=self.hardware,
+            labels=dict(self.labels),
+        )
+
+
+class StepModel(_Wire):
+    kind: Literal["step"]
+    run_id: RunId
+    step: Step
+    time: float
+    rank: Rank = 0
+    loss: Num = None
+    lr: Num = None
+    grad_norm: Num = None
+    clip_threshold: Num = None
+    param_norm: Num = None
+    update_norm: Num = None
+    tokens: Num = None
+    samples: Num = None
+    step_time: Num = None
+    data_time: Num = None
+    compute_time: Num = None
+    sync_wait_time: Num = None
+    tokens_per_second: Num = None
+    mfu: Num = None
+    loss_scale: Num = None
+    skipped: bool | None = None
+    memory: MemoryModel | None = None
+    gpu: Annotated[dict[Name, Num], Field(max_length=64)] | None = None
+    layers: Annotated[dict[Name, LayerModel], Field(max_length=MAX_LAYERS)] | None = None
+    grad_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
+
+    def to_record(self) -> t.StepRecord:
+        mem = self.memory
+        return t.StepRecord(
+            run_id=self.run_id,
+            step=self.step,
+            time=self.time,
+            rank=self.rank,
+            loss=self.loss,
+            lr=self.lr,
+            grad_norm=self.grad_norm,
+            clip_threshold=self.clip_threshold,
+            param_norm=self.param_norm,
+            update_norm=self.update_norm,
+            tokens=self.tokens,
+            samples=self.samples,
+            step_time=self.step_time,
+            data_time=self.data_time,
+            compute_time=self.compute_time,
+            sync_wait_time=self.sync_wait_time,
+            tokens_per_second=self.tokens_per_second,
+            mfu=self.mfu,
+            loss_scale=self.loss_scale,
+            skipped=bool(self.skipped),
+            memory=t.Memory(**mem.model_dump()) if mem is not None else None,
+            gpu=dict(self.gpu) if self.gpu else None,
+            layers=t.LayerTable.from_mapping(self.layers) if self.layers else None,
+            grad_hist=dict(self.grad_hist) if self.grad_hist else None,
+        )
+
+
+class EvalModel(_Wire):
+    kind: Literal["eval"]
+    run_id: RunId
+    step: Step
+    time: float
+    rank: Rank = 0
+    val_loss: Num = None
+    train_loss: Num = None
+    epoch: Num = None
+    metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] = Field(
+        default_factory=dict
+    )
+
+    def to_record(self) -> t.EvalRecord:
+        return t.EvalRecord(
+            run_id=self.run_id,
+            step=self.step,
+            time=self.time,
+            rank=self.rank,
+            val_loss=self.val_loss,
+            train_loss=self.train_loss,
+            epoch=self.epoch,
+            metrics=dict(self.metrics),
+        )
+
+
+class EndModel(_Wire):
+    kind: Literal["end"]
+    run_id: RunId
+    step: Step = 0
+    time: float
+    rank: Rank = 0
+    status: Literal["completed", "failed", "stopped"] = "completed"
+    error: Annotated[str, StringConstraints(max_length=4096)] | None = None
+
+    def to_record(self) -> t.EndRecord:
+        return t.EndRecord(
+            run_id=self.run_id,
+            step=self.step,
+            time=self.time,
+            rank=self.rank,
+            status=self.status,
+            error=self.error,
+        )
+
+
+RecordModel = Annotated[
+    RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
+]
+_RECORD = TypeAdapter(RecordModel)
+
+
+class RecordError(ValueError):
+    """A record that does not follow FORMAT.md; the message names the field."""
+
+
+def explain(exc: ValidationError) -> str:
+    """One line per problem, naming the field: what a client needs to fix its record."""
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        loc = ".".join(str(p) for p in err["loc"][1:] if p not in ("function-after",))
+        loc = loc or str(err["loc"][0]) if err["loc"] else "record"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"(+{more} more)")
+    return "; ".join(parts)
+
+
+def validate(obj: Any) -> RunModel | StepModel | EvalModel | EndModel:
+    """Validate one wire object; raise RecordError with a field-naming reason."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"a record must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    if kind not in ("run", "step", "eval", "end"):
+        raise RecordError(f"kind: must be one of run, step, eval, end (got {kind!r})")
+    try:
+        return _RECORD.validate_python(obj)
+    except ValidationError as exc:
+        raise RecordError(explain(exc)) from None
+
+
+def parse_record(obj: Any) -> t.Record:
+    """Validate one wire object and convert it to the internal dataclass."""
+    return validate(obj).to_record()

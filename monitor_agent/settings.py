@@ -1,0 +1,144 @@
+"""Sidecar configuration: defaults < YAML file < ``MONITOR_AGENT_*`` env vars < CLI flags.
+
+Nested sections use ``__`` in env names (``MONITOR_AGENT_ALERTING__SLACK__WEBHOOK_URL``).
+Unknown keys are errors, and every error names the field, so a typo never silently falls
+back to a default.
+
+Example::
+
+    settings = load_settings(Path("monitor-agent.yaml"), port=9500)
+    print(settings.redacted())
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.detectors.settings import DetectorSettings
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Everything the sidecar can be told; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MONITOR_AGENT_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 inside containers).")
+    port: int = Field(9400, ge=1, le=65535, description="HTTP port.")
+    data_dir: Path = Field(Path("monitor-data"), description="Where the SQLite files live.")
+    token: SecretStr | None = Field(None, description="Bearer token for writes and admin calls.")
+    token_file: Path | None = Field(None, description="File holding the token (Docker secrets).")
+    auth_reads: bool = Field(False, description="Require the token for reads too.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    max_body_bytes: int = Field(8 * MiB, ge=1024, description="Request body limit (413 above).")
+    max_decompressed_bytes: int = Field(
+        64 * MiB, ge=1024, description="Limit on a gzip body once inflated (gzip bombs)."
+    )
+    max_records_per_request: int = Field(10_000, ge=1)
+    max_db_bytes: int | None = Field(
+        None, ge=1 << 20, description="Cap on the database size; past it writes get 503."
+    )
+    retention_steps: int = Field(
+        200_000, ge=100, description="Step records kept per run and rank; older are pruned."
+    )
+    max_active_runs: int = Field(
+        10_000, ge=1, description="Runs held in memory; records of further new runs get 429."
+    )
+    max_runs_exposed: int = Field(1000, ge=1, description="Runs rendered on /metrics.")
+    max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank.")
+    max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
+    ended_run_ttl_seconds: float = Field(
+        900.0, ge=0, description="An ended run leaves /metrics and memory after this long."
+    )
+    silent_run_ttl_seconds: float = Field(
+        6 * 3600.0, ge=0, description="A run with no record for this long leaves /metrics."
+    )
+    tick_interval_seconds: float = Field(1.0, gt=0, le=60)
+    snapshot_interval_seconds: float = Field(
+        10.0, gt=0, description="How often detector state is persisted (restart recovery)."
+    )
+
+    detectors: DetectorSettings = Field(default_factory=DetectorSettings)
+    alerting: AlertingSettings = Field(default_factory=AlertingSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags beat env, env beats the YAML file, the file beats defaults.
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _token_sources(self) -> Settings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set either token or token_file, not both")
+        return self
+
+    def token_value(self) -> str | None:
+        if self.token is not None:
+            return self.token.get_secret_value() or None
+        if self.token_file is not None:
+            return self.token_file.read_text().strip() or None
+        return None
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "monitor.sqlite"
+
+    @property
+    def alerts_db_path(self) -> Path:
+        return self.data_dir / "alerts.sqlite"
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as JSON-able data with every secret shown as '**********'."""
+        return self.model_dump(mode="json")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the person fixing the file."""
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build Settings from an optional YAML file, the environment and explicit overrides."""
+    if config_file is not None and not Path(config_file).is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(yaml_file=config_file)
+
+    try:
+        return _FromFile(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(explain_config_error(exc, config_file)) from None
+
+
+def explain_config_error(exc: ValidationError, source: Path | str | None) -> str:
+    where = f" in {source}" if source else ""
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting (check the spelling; see the README's configuration table)"
+        lines.append(f"  {field}: {msg}")
+    return "\n".join(lines)

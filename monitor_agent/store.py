@@ -1,0 +1,284 @@
+"""SQLite storage of records, runs, findings and detector snapshots.
+
+One connection, used from the engine's single worker thread (reads for the API go through
+the same thread, so nothing needs a lock). WAL mode and batched transactions keep it fast;
+a record is acknowledged only after the transaction holding it committed.
+
+Example::
+
+    store = Store(Path("data/monitor.sqlite"))
+    outcome = store.insert_records(run_id_rows)
+    store.close()
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monitor_agent import wire
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id      TEXT PRIMARY KEY,
+        run_record  BLOB,
+        status      TEXT NOT NULL DEFAULT 'running',
+        first_seen  REAL NOT NULL,
+        last_seen   REAL NOT NULL,
+        ended_at    REAL
+    );
+    CREATE TABLE IF NOT EXISTS records (
+        id      INTEGER PRIMARY KEY,
+        run_id  TEXT NOT NULL,
+        rank    INTEGER NOT NULL,
+        kind    TEXT NOT NULL,
+        step    INTEGER NOT NULL,
+        time    REAL,
+        body    BLOB NOT NULL,
+        UNIQUE (run_id, rank, kind, step)
+    );
+    CREATE TABLE IF NOT EXISTS findings (
+        id       INTEGER PRIMARY KEY,
+        run_id   TEXT NOT NULL,
+        rank     INTEGER NOT NULL,
+        step     INTEGER NOT NULL,
+        type     TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        layer    TEXT,
+        time     REAL,
+        body     BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS findings_run ON findings (run_id, id);
+    -- Replaying the stored tail after a crash re-derives findings; keep each once.
+    CREATE UNIQUE INDEX IF NOT EXISTS findings_identity
+        ON findings (run_id, rank, step, type, COALESCE(layer, ''));
+    CREATE TABLE IF NOT EXISTS detector_state (
+        run_id     TEXT PRIMARY KEY,
+        last_id    INTEGER NOT NULL,
+        state      BLOB NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+)
+
+
+class StorageError(RuntimeError):
+    """The store cannot persist right now (disk full, read-only, corrupt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRow:
+    """One validated record ready to store: its identity and canonical JSON body."""
+
+    run_id: str
+    rank: int
+    kind: str
+    step: int
+    time: float | None
+    body: bytes
+
+
+class Store:
+    """The sidecar's SQLite database. Not thread-safe: use it from one thread."""
+
+    def __init__(
+        self, path: Path | str, *, busy_timeout_ms: int = 5000, max_bytes: int | None = None
+    ) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode is durable across process crashes (not power loss); that is the
+        # failure a sidecar meets, and FULL would cost an fsync per batch.
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+        if max_bytes is not None:
+            # Past this size writes fail exactly as on a full disk: the same code path.
+            page = self._db.execute("PRAGMA page_size").fetchone()[0]
+            self._db.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+            self._db.executescript(script)
+            self._db.execute(f"PRAGMA user_version = {i}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def insert_records(self, rows: Sequence[RecordRow]) -> list[int | None]:
+        """Store rows in one transaction; return each row's id, or None for a duplicate."""
+        now = time.time()
+        ids: list[int | None] = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for row in rows:
+                    ids.append(self._insert_one(row, now))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot store records: {exc}") from exc
+        return ids
+
+    def _insert_one(self, row: RecordRow, now: float) -> int | None:
+        cur = self._db.execute(
+            "INSERT INTO records (run_id, rank, kind, step, time, body) VALUES (?,?,?,?,?,?) "
+            "ON CONFLICT DO NOTHING",
+            (row.run_id, row.rank, row.kind, row.step, row.time, row.body),
+        )
+        if cur.rowcount == 0:
+            return None
+        run_body = row.body if row.kind == "run" else None
+        self._db.execute(
+            "INSERT INTO runs (run_id, run_record, first_seen, last_seen) VALUES (?,?,?,?) "
+            "ON CONFLICT (run_id) DO UPDATE SET last_seen = excluded.last_seen, "
+            "run_record = COALESCE(excluded.run_record, runs.run_record)",
+            (row.run_id, run_body, now, now),
+        )
+        return cur.lastrowid
+
+    def set_status(self, run_id: str, status: str, ended_at: float | None) -> None:
+        self._write(
+            "UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?", (status, ended_at, run_id)
+        )
+
+    def insert_findings(self, findings: Sequence[dict[str, Any]]) -> None:
+        if not findings:
+            return
+        rows = [
+            (f["run_id"], f["rank"], f["step"], f["type"], f["severity"], f["layer"], f["time"],
+             wire.dumps(f))
+            for f in findings
+        ]
+        self._write_many(
+            "INSERT OR IGNORE INTO findings (run_id, rank, step, type, severity, layer, time, body) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            rows,
+        )
+
+    def save_detector_state(self, run_id: str, last_id: int, state: bytes) -> None:
+        self._write(
+            "INSERT INTO detector_state (run_id, last_id, state, updated_at) VALUES (?,?,?,?) "
+            "ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_id, "
+            "state = excluded.state, updated_at = excluded.updated_at",
+            (run_id, last_id, state, time.time()),
+        )
+
+    def prune(self, run_id: str, rank: int, keep_steps: int) -> int:
+        """Drop the oldest step records of one run and rank beyond ``keep_steps``."""
+        cur = self._write(
+            "DELETE FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' AND step <= "
+            "(SELECT step FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' "
+            " ORDER BY step DESC LIMIT 1 OFFSET ?)",
+            (run_id, rank, run_id, rank, keep_steps),
+        )
+        return cur.rowcount
+
+    def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot write: {exc}") from exc
+
+    def _write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(sql, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot write: {exc}") from exc
+
+    def check_writable(self) -> None:
+        """Raise StorageError unless a write transaction can commit right now."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
+            self._db.execute("INSERT INTO _probe VALUES (1)")
+            self._db.execute("DELETE FROM _probe")
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StorageError(f"store not writable: {exc}") from exc
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def runs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
+        if run_id is not None:
+            cur = self._db.execute(sql + " WHERE run_id = ?", (run_id,))
+        else:
+            cur = self._db.execute(sql + " ORDER BY first_seen")
+        keys = ("run_id", "run_record", "status", "first_seen", "last_seen", "ended_at")
+        return [dict(zip(keys, row, strict=True)) for row in cur]
+
+    def records(
+        self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
+    ) -> list[bytes]:
+        sql = "SELECT body FROM records WHERE run_id = ? AND step >= ?"
+        params: list[Any] = [run_id, since_step]
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            params.extend(kinds)
+        sql += " ORDER BY step, rank, kind LIMIT ?"
+        params.append(limit)
+        return [row[0] for row in self._db.execute(sql, params)]
+
+    def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
+        row = self._db.execute(
+            "SELECT body FROM records WHERE run_id = ? AND rank = ? AND kind = ? "
+            "ORDER BY step DESC LIMIT 1",
+            (run_id, rank, kind),
+        ).fetchone()
+        return row[0] if row else None
+
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        rows = [r for r in self.runs(run_id) if r["run_id"] == run_id]
+        return rows[0] if rows else None
+
+    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, bytes]]:
+        """Records of a run stored after ``after_id``, in arrival order (for recovery)."""
+        cur = self._db.execute(
+            "SELECT id, body FROM records WHERE run_id = ? AND id > ? ORDER BY id",
+            (run_id, after_id),
+        )
+        return list(cur)
+
+    def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
+        row = self._db.execute(
+            "SELECT last_id, state FROM detector_state WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def findings(self, run_id: str, limit: int = 100) -> list[bytes]:
+        cur = self._db.execute(
+            "SELECT body FROM findings WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit)
+        )
+        return [row[0] for row in cur]
+
+    def finding_counts(self, run_id: str) -> dict[str, int]:
+        cur = self._db.execute(
+            "SELECT type, COUNT(*) FROM findings WHERE run_id = ? GROUP BY type", (run_id,)
+        )
+        return dict(cur.fetchall())
+
+    def max_record_id(self) -> int:
+        return self._db.execute("SELECT COALESCE(MAX(id), 0) FROM records").fetchone()[0]

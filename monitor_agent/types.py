@@ -1,0 +1,251 @@
+"""Plain dataclasses that flow through the sidecar once a record passed the wire edge.
+
+The wire models (``schemas.py``) validate and convert into these; detectors, alerting,
+the store and the exposition only ever see these types.
+
+Example::
+
+    rec = StepRecord(run_id="r1", step=10, time=1.7e9, loss=2.3)
+    finding = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=10,
+                      message="loss is NaN")
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+LAYER_STATS: tuple[str, ...] = (
+    "grad_norm",
+    "grad_mean",
+    "grad_std",
+    "grad_max_abs",
+    "grad_zero_frac",
+    "param_norm",
+    "update_norm",
+)
+"""The per-parameter statistics of FORMAT.md, in a fixed column order."""
+
+
+class Severity(enum.IntEnum):
+    """Finding and alert severity; ordered so ``max()`` picks the worst."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def pages(self) -> bool:
+        """Error and critical page a human; info and warning go to chat."""
+        return self >= Severity.ERROR
+
+    @classmethod
+    def parse(cls, value: str | int | Severity) -> Severity:
+        if isinstance(value, Severity):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            names = ", ".join(s.label for s in cls)
+            raise ValueError(f"unknown severity {value!r}; use one of: {names}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTable:
+    """Per-parameter statistics of one step, column-wise so detectors can vectorise.
+
+    ``stats[name]`` is a float64 array aligned with ``names``; a statistic that was not
+    measured for a parameter is NaN there and ``measured[name]`` is False. ``grad_none``
+    marks parameters that got no gradient at all.
+    """
+
+    names: tuple[str, ...]
+    stats: dict[str, np.ndarray]
+    measured: dict[str, np.ndarray]
+    grad_none: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def from_mapping(cls, layers: dict[str, dict[str, Any]]) -> LayerTable:
+        names = tuple(layers)
+        rows = list(layers.values())
+        values = [[row.get(stat) for stat in LAYER_STATS] for row in rows]
+        # numpy turns None into NaN for a float array; NaN is also data (a NaN gradient),
+        # so only where NaN shows up do we look back at which ones were really missing.
+        matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(LAYER_STATS))
+        measured = np.ones(matrix.shape, dtype=bool)
+        for i, j in np.argwhere(np.isnan(matrix)):
+            measured[i, j] = values[i][j] is not None
+        stats = {stat: matrix[:, k] for k, stat in enumerate(LAYER_STATS)}
+        masks = {stat: measured[:, k] for k, stat in enumerate(LAYER_STATS)}
+        grad_none = np.fromiter(
+            (bool(row.get("grad_none")) for row in rows), dtype=bool, count=len(rows)
+        )
+        return cls(names=names, stats=stats, measured=masks, grad_none=grad_none)
+
+    def get(self, stat: str) -> np.ndarray:
+        return self.stats[stat]
+
+    def row(self, name: str) -> dict[str, float | None]:
+        i = self.names.index(name)
+        return {s: (float(self.stats[s][i]) if self.measured[s][i] else None) for s in LAYER_STATS}
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    device: str | None = None
+    allocated_bytes: float | None = None
+    reserved_bytes: float | None = None
+    peak_allocated_bytes: float | None = None
+    total_bytes: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The first record of a run: hyper-parameters, model shape, hardware, labels."""
+
+    run_id: str
+    time: float | None = None
+    rank: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    kind: str = "run"
+
+    @property
+    def step(self) -> int:
+        # A run record has no step; it sorts before every step of the run.
+        return -1
+
+    @property
+    def layer_order(self) -> list[str] | None:
+        order = self.model.get("layer_order")
+        return list(order) if isinstance(order, list) else None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One optimizer step as measured on one rank."""
+
+    run_id: str
+    step: int
+    time: float
+    rank: int = 0
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    clip_threshold: float | None = None
+    param_norm: float | None = None
+    update_norm: float | None = None
+    tokens: float | None = None
+    samples: float | None = None
+    step_time: float | None = None
+    data_time: float | None = None
+    compute_time: float | None = None
+    sync_wait_time: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    loss_scale: float | None = None
+    skipped: bool = False
+    memory: Memory | None = None
+    gpu: dict[str, float | None] | None = None
+    layers: LayerTable | None = None
+    grad_hist: dict[str, dict[str, list[float]]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    kind: str = "step"
+
+    @property
+    def update_ratio(self) -> float | None:
+        if self.update_norm is None or not self.param_norm:
+            return None
+        return self.update_norm / self.param_norm
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRecord:
+    """A validation pass."""
+
+    run_id: str
+    step: int
+    time: float
+    rank: int = 0
+    val_loss: float | None = None
+    train_loss: float | None = None
+    epoch: float | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    kind: str = "eval"
+
+
+@dataclass(frozen=True, slots=True)
+class EndRecord:
+    """The last record of a run."""
+
+    run_id: str
+    step: int
+    time: float
+    rank: int = 0
+    status: str = "completed"
+    error: str | None = None
+    kind: str = "end"
+
+
+Record = RunRecord | StepRecord | EvalRecord | EndRecord
+
+
+def record_key(record: Record) -> tuple[str, int, str, int]:
+    """Idempotency key: a retry of the same record never counts twice."""
+    return (record.run_id, record.rank, record.kind, record.step)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a detector concluded about one record (or about silence, for ``stalled``).
+
+    ``value`` is what was observed, ``threshold`` what it was judged against (a limit or a
+    baseline); ``evidence`` holds the numbers behind the decision and ``suggestions`` what
+    to try next, most likely fix first.
+    """
+
+    type: str
+    severity: Severity
+    run_id: str
+    step: int
+    message: str
+    rank: int = 0
+    layer: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    suggestions: tuple[str, ...] = ()
+    time: float | None = None
+    log_only: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "type": self.type,
+            "severity": self.severity.label,
+            "step": self.step,
+            "rank": self.rank,
+            "layer": self.layer,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+            "evidence": self.evidence,
+            "suggestions": list(self.suggestions),
+            "time": self.time,
+            "log_only": self.log_only,
+        }

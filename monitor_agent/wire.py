@@ -1,0 +1,84 @@
+"""JSON with FORMAT.md's number rules, and trace-file reading.
+
+Non-finite floats are the signal this product exists to catch, so they must survive a
+round trip: we write them as the strings "NaN", "Infinity", "-Infinity" and read both those
+strings (the wire models convert them) and the bare tokens Python's ``json`` writes.
+
+Example::
+
+    for obj in iter_trace("run.jsonl.gz"):
+        print(obj["kind"])
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON; orjson for speed, the stdlib only when bare NaN/Infinity tokens occur."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # orjson rejects the bare tokens that FORMAT.md says readers must accept.
+        return json.loads(data, parse_constant=_NONFINITE.__getitem__)
+
+
+def _encode_nonfinite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: _encode_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_encode_nonfinite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise to JSON bytes, writing non-finite floats as FORMAT.md's strings."""
+    # orjson would silently write NaN as null, losing exactly the data we care about.
+    return orjson.dumps(_encode_nonfinite(obj), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def nonfinite_to_float(value: Any) -> Any:
+    """Turn one of FORMAT.md's non-finite strings back into a float; pass anything else."""
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    return value
+
+
+def open_trace(path: str | Path):
+    """Open a trace file for reading bytes, gzip or plain, judged by its magic number."""
+    path = Path(path)
+    with path.open("rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return path.open("rb")
+
+
+def iter_trace(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSON Lines trace, skipping blank lines."""
+    with open_trace(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object per line")
+            yield obj

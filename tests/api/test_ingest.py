@@ -1,0 +1,178 @@
+"""POST /v1/records over real HTTP to a real uvicorn server with a real SQLite store."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import LiveServer
+
+from monitor_agent.settings import load_settings
+
+
+def _records(run_id: str = "r1", steps: int = 5) -> list[dict]:
+    recs: list[dict] = [{
+        "kind": "run", "run_id": run_id, "time": 100.0,
+        "config": {"lr": 0.1, "total_steps": 100}, "model": {"n_params": 10},
+        "hardware": {"device": "cpu"}, "labels": {"project": "demo", "pod": "p-1"},
+    }]
+    for s in range(1, steps + 1):
+        recs.append({
+            "kind": "step", "run_id": run_id, "step": s, "time": 100.0 + s, "loss": 2.0 / s,
+            "lr": 0.1, "grad_norm": 1.0, "param_norm": 10.0, "update_norm": 0.01,
+            "tokens": 128, "samples": 4, "step_time": 0.05,
+            "layers": {"a.weight": {"grad_norm": 0.5, "param_norm": 3.0, "update_norm": 0.003},
+                       "b.weight": {"grad_norm": 0.7, "param_norm": 4.0, "update_norm": 0.004}},
+        })
+    recs.append({"kind": "eval", "run_id": run_id, "step": steps, "time": 200.0,
+                 "val_loss": 1.5, "metrics": {"accuracy": 0.5}})
+    recs.append({"kind": "end", "run_id": run_id, "step": steps, "time": 201.0,
+                 "status": "completed"})
+    return recs
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    with LiveServer(load_settings(data_dir=tmp_path, max_body_bytes=64 * 1024,
+                                  max_decompressed_bytes=256 * 1024)) as srv:
+        yield srv
+
+
+def _post(srv, body, **kw) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/records", content=body, timeout=10, **kw)
+
+
+def _stored(srv, run_id: str) -> list[dict]:
+    r = httpx.get(f"{srv.url}/v1/runs/{run_id}/records", params={"since_step": -1})
+    return r.json()["records"] if r.status_code == 200 else []
+
+
+def test_every_record_kind_round_trips(server):
+    recs = _records()
+    r = httpx.post(server.url + "/v1/records", json={"records": recs})
+    assert r.status_code == 200, r.text
+    assert r.json()["accepted"] == len(recs)
+    stored = _stored(server, "r1")
+    assert [x["kind"] for x in stored] == ["run"] + ["step"] * 5 + ["eval", "end"]
+    assert stored[0]["labels"] == {"project": "demo", "pod": "p-1"}
+    assert stored[3]["loss"] == pytest.approx(2.0 / 3)
+    assert stored[3]["layers"]["b.weight"]["grad_norm"] == 0.7
+    detail = httpx.get(server.url + "/v1/runs/r1").json()
+    assert detail["status"] == "completed"
+    assert detail["last_step"] == 5
+    assert detail["ranks"]["0"]["val_loss"] == 1.5
+
+
+def test_non_finite_values_survive_both_encodings(server):
+    bare = (b'{"kind":"step","run_id":"nf","step":1,"time":1.0,"loss":NaN,"grad_norm":Infinity}\n'
+            b'{"kind":"step","run_id":"nf","step":2,"time":2.0,"loss":"NaN","grad_norm":"-Infinity"}\n')
+    r = _post(server, bare, headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 200, r.text
+    assert r.json()["accepted"] == 2
+    stored = _stored(server, "nf")
+    assert [s["loss"] for s in stored] == ["NaN", "NaN"]
+    assert [s["grad_norm"] for s in stored] == ["Infinity", "-Infinity"]
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'training_loss{project="",run_id="nf",rank="0"} NaN' in metrics
+    assert 'training_grad_norm{project="",run_id="nf",rank="0"} -Inf' in metrics
+
+
+def test_gzip_ndjson(server):
+    body = "\n".join(json.dumps(r) for r in _records("gz")).encode()
+    r = _post(server, gzip.compress(body),
+              headers={"content-type": "application/x-ndjson", "content-encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    assert r.json()["accepted"] == len(_records("gz"))
+
+
+def test_retries_are_idempotent(server):
+    recs = _records("idem")
+    first = httpx.post(server.url + "/v1/records", json={"records": recs}).json()
+    again = httpx.post(server.url + "/v1/records", json={"records": recs}).json()
+    assert first["accepted"] == len(recs) and first["duplicates"] == 0
+    assert again["accepted"] == 0 and again["duplicates"] == len(recs)
+    assert len(_stored(server, "idem")) == len(recs)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'training_steps_total{project="demo",run_id="idem",rank="0"} 5' in metrics
+
+
+def test_out_of_order_steps_are_stored_but_reported_late(server):
+    recs = [r for r in _records("ooo") if r["kind"] == "step"]
+    httpx.post(server.url + "/v1/records", json={"records": recs[3:]})
+    r = httpx.post(server.url + "/v1/records", json={"records": recs[:3]}).json()
+    assert r["accepted"] == 3 and r["late"] == 3
+    assert [s["step"] for s in _stored(server, "ooo")] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "needle"),
+    [
+        (b"{not json", {"content-type": "application/json"}, 400, "not valid JSON"),
+        (b'{"nope": 1}', {"content-type": "application/json"}, 400, '{"records": [...]}'),
+        (b"\xff\xfe\x00garbage", {"content-type": "application/json"}, 400, "not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, {"content-type": "application/json"}, 400, "not valid JSON"),
+        (b'{"records":[]}', {"content-type": "text/csv"}, 415, "Content-Type"),
+        (b'{"records":[]}', {"content-encoding": "br"}, 415, "Content-Encoding"),
+        (b"not gzip", {"content-encoding": "gzip"}, 400, "gzip"),
+        (b"x" * (65 * 1024), {"content-type": "application/json"}, 413, "max_body_bytes"),
+        (gzip.compress(b" " * (1024 * 1024)), {"content-encoding": "gzip"}, 413, "inflated"),
+    ],
+)
+def test_bad_bodies_get_a_clear_4xx_and_store_nothing(server, body, headers, status, needle):
+    r = _post(server, body, headers=headers)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["detail"]
+    assert httpx.get(server.url + "/v1/runs").json()["runs"] == []
+
+
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [
+        ({"kind": "step", "run_id": "x", "step": -1, "time": 1}, "step"),
+        ({"kind": "step", "run_id": "x", "step": 1, "time": "yesterday"}, "time"),
+        ({"kind": "step", "run_id": "x", "step": 1, "time": 1, "loss": [1]}, "loss"),
+        ({"kind": "hello", "run_id": "x"}, "kind"),
+        ({"kind": "step", "run_id": "bad id with spaces", "step": 1, "time": 1}, "run_id"),
+        ({"kind": "end", "run_id": "x", "time": 1, "status": "exploded"}, "status"),
+        ("just a string", "JSON object"),
+    ],
+)
+def test_invalid_records_are_rejected_with_the_field_named(server, record, needle):
+    good = {"kind": "step", "run_id": "ok", "step": 1, "time": 1.0, "loss": 1.0}
+    r = httpx.post(server.url + "/v1/records", json={"records": [good, record]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["accepted"] == 1
+    assert body["rejected"][0]["index"] == 1
+    assert needle in body["rejected"][0]["reason"]
+    alone = httpx.post(server.url + "/v1/records", json={"records": [record]})
+    assert alone.status_code == 422 and needle in alone.json()["detail"]
+
+
+def test_unknown_fields_are_ignored(server):
+    rec = {"kind": "step", "run_id": "u", "step": 1, "time": 1.0, "loss": 1.0, "future": {"x": 1}}
+    assert httpx.post(server.url + "/v1/records", json={"records": [rec]}).json()["accepted"] == 1
+    assert _stored(server, "u")[0]["loss"] == 1.0
+
+
+def test_unknown_run_is_404(server):
+    assert httpx.get(server.url + "/v1/runs/nope").status_code == 404
+    assert httpx.get(server.url + "/v1/runs/nope/records").status_code == 404
+
+
+def test_metrics_cover_the_run(server):
+    httpx.post(server.url + "/v1/records", json={"records": _records("m")[:-1]})
+    text = httpx.get(server.url + "/metrics").text
+    for needle in (
+        'training_loss{project="demo",run_id="m",rank="0"} 0.4',
+        'training_update_ratio{project="demo",run_id="m",rank="0"} 0.001',
+        'training_layer_grad_norm{project="demo",run_id="m",rank="0",layer="b.weight"} 0.7',
+        'training_step_duration_seconds_bucket{project="demo",run_id="m",rank="0",le="0.05"} 5',
+        'training_run_info{project="demo",run_id="m",pod="p-1",status="running"} 1',
+        'training_val_loss{project="demo",run_id="m",rank="0"} 1.5',
+        'monitor_agent_ingest_records_total{outcome="accepted"}',
+    ):
+        assert needle in text, needle

@@ -1,0 +1,82 @@
+"""deploy/kubernetes: the Job runs the sidecar as a native sidecar, the PodMonitor scrapes
+it, and the PrometheusRule holds exactly the rules that promtool tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DEPLOY, RULE_FILES
+
+K8S = DEPLOY / "kubernetes"
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((K8S / name).read_text())
+
+
+def pod() -> dict:
+    return load("training-job.yaml")["spec"]["template"]
+
+
+def test_sidecar_is_a_native_sidecar_init_container() -> None:
+    spec = pod()["spec"]
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["name"] == "monitor-agent" and sidecar["restartPolicy"] == "Always"
+    assert spec["restartPolicy"] == "Never"
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sidecar["args"][:1] == ["serve"] and "/data" in sidecar["args"]
+    mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert mounts["/data"] in volumes and set(mounts.values()) <= volumes
+
+
+def test_trainer_reaches_the_sidecar_over_loopback_with_the_shared_token() -> None:
+    spec = pod()["spec"]
+    sidecar = spec["initContainers"][0]
+    (trainer,) = spec["containers"]
+    env = {e["name"]: e for e in trainer["env"]}
+    port = sidecar["ports"][0]["containerPort"]
+    assert env["MONITOR_AGENT_URL"]["value"] == f"http://127.0.0.1:{port}"
+    secret = env["MONITOR_AGENT_TOKEN"]["valueFrom"]["secretKeyRef"]
+    token_volume = next(v for v in spec["volumes"] if "secret" in v)
+    assert token_volume["secret"]["secretName"] == secret["name"] == load("secret.example.yaml")["metadata"]["name"]
+    sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert sidecar_env["MONITOR_AGENT_TOKEN_FILE"].endswith("/" + secret["key"])
+
+
+def test_podmonitor_selects_the_pod_and_names_the_job_the_rules_match() -> None:
+    monitor = load("podmonitor.yaml")
+    labels = pod()["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    port_names = {p["name"] for p in pod()["spec"]["initContainers"][0]["ports"]}
+    assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    job = next(r for r in endpoint["relabelings"] if r["targetLabel"] == "job")
+    assert job["replacement"] == "monitor-agent"
+
+
+def test_prometheusrule_holds_the_same_rules_as_the_rule_files() -> None:
+    rule = load("prometheusrule.yaml")
+    assert rule["kind"] == "PrometheusRule"
+    groups = [g for p in RULE_FILES for g in yaml.safe_load(p.read_text())["groups"]]
+    assert rule["spec"]["groups"] == groups, "run: python deploy/kubernetes/make_prometheusrule.py"
+
+
+@pytest.mark.binaries
+def test_prometheusrule_passes_promtool(promtool: str, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": load("prometheusrule.yaml")["spec"]["groups"]}))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_generator_reproduces_the_committed_file() -> None:
+    code = "import make_prometheusrule as m, sys; sys.stdout.write(m.render())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=K8S, capture_output=True, text=True,
+                         check=True).stdout
+    assert out == (K8S / "prometheusrule.yaml").read_text()

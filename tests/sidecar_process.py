@@ -1,0 +1,116 @@
+"""A real sidecar in a subprocess, on a free loopback port, for end-to-end tests.
+
+It can be killed with SIGKILL and started again on the same data directory, which is how
+the restart and crash tests exercise durability.
+
+Example::
+
+    with SidecarProcess(tmp_path) as sc:
+        httpx.post(sc.url + "/v1/records", json={"records": [...]})
+        sc.kill()
+        sc.start()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SidecarProcess:
+    """``python -m monitor_agent serve`` with its own data dir, port, config and env."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = config
+        self.env = env or {}
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / "sidecar.log"
+
+    def start(self, timeout: float = 30.0) -> SidecarProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "monitor_agent", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--data-dir", str(self.data_dir)]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO), str(REPO / "client"), env.get("PYTHONPATH", "")]
+        )
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"sidecar exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"sidecar not ready after {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks run, exactly like an OOM kill or a node loss."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM and wait: a graceful shutdown."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def post(self, records: list[dict[str, Any]], **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + "/v1/records", json={"records": records}, timeout=10, **kw)
+
+    def records(self, run_id: str, since_step: int = -1, limit: int = 10_000) -> list[dict]:
+        r = httpx.get(f"{self.url}/v1/runs/{run_id}/records",
+                      params={"since_step": since_step, "limit": limit}, timeout=10)
+        r.raise_for_status()
+        return r.json()["records"]
+
+    def __enter__(self) -> SidecarProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,97 @@
+"""The /metrics renderer: format details, caps with drop counters, expiry, caching."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.exposition import Exposition, escape, fmt
+from monitor_agent.metric_names import STEP_DURATION_BUCKETS
+from monitor_agent.run_state import RunState
+from monitor_agent.types import LayerTable, RunRecord, StepRecord
+
+
+def _run(run_id: str, layers: int = 3, ranks: int = 1, labels: dict | None = None) -> RunState:
+    run = RunState.new(run_id, now=0.0)
+    run.apply_run(RunRecord(run_id=run_id, labels=labels or {"project": "p"}))
+    table = LayerTable.from_mapping(
+        {f"l{i}": {"grad_norm": float(i), "param_norm": 2.0, "update_norm": 0.002}
+         for i in range(layers)}
+    )
+    for rank in range(ranks):
+        run.apply_step(StepRecord(run_id=run_id, step=1, time=1.0, rank=rank, loss=math.nan,
+                                  grad_norm=math.inf, step_time=0.2, layers=table),
+                       arrival=1.0, buckets=STEP_DURATION_BUCKETS)
+    return run
+
+
+def _exp(runs: list[RunState], **kw) -> tuple[Exposition, list[tuple[str, int]]]:
+    drops: list[tuple[str, int]] = []
+    exp = Exposition(lambda: runs, CollectorRegistry(), on_drop=lambda r, c: drops.append((r, c)),
+                     **kw)
+    return exp, drops
+
+
+def test_fmt_and_escape():
+    assert (fmt(math.nan), fmt(math.inf), fmt(-math.inf), fmt(1.5)) == ("NaN", "+Inf", "-Inf", "1.5")
+    assert escape('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_renders_non_finite_values_and_histogram():
+    exp, _ = _exp([_run("r")])
+    text = exp.render().decode()
+    assert 'training_loss{project="p",run_id="r",rank="0"} NaN' in text
+    assert 'training_grad_norm{project="p",run_id="r",rank="0"} +Inf' in text
+    assert 'training_step_duration_seconds_bucket{project="p",run_id="r",rank="0",le="0.25"} 1' in text
+    assert 'training_step_duration_seconds_bucket{project="p",run_id="r",rank="0",le="0.1"} 0' in text
+    assert 'training_layer_update_ratio{project="p",run_id="r",rank="0",layer="l2"} 0.001' in text
+
+
+def test_each_family_appears_once_and_contiguously():
+    exp, _ = _exp([_run("a"), _run("b")])
+    text = exp.render().decode()
+    assert text.count("# TYPE training_loss gauge") == 1
+    lines = [ln.split("{")[0] for ln in text.splitlines() if ln.startswith("training_loss{")]
+    assert lines == ["training_loss", "training_loss"]
+
+
+def test_caps_drop_and_count():
+    runs = [_run(f"r{i}", layers=10, ranks=3) for i in range(5)]
+    exp, drops = _exp(runs, max_runs=2, max_layers=4, max_ranks=2)
+    text = exp.render().decode()
+    assert 'run_id="r2"' not in text
+    assert text.count("training_layer_grad_norm{") == 2 * 2 * 4
+    assert ("max_runs", 3) in drops and ("max_layers", 6) in drops and ("max_ranks", 1) in drops
+
+
+def test_expired_runs_leave_the_output_and_cache():
+    runs = [_run("gone"), _run("stays")]
+    exp, _ = _exp(runs)
+    assert 'run_id="gone"' in exp.render().decode()
+    del runs[0]
+    text = exp.render().decode()
+    assert 'run_id="gone"' not in text and 'run_id="stays"' in text
+    assert set(exp._cache) == {"stays"}
+
+
+def test_cache_follows_run_changes():
+    run = _run("r")
+    exp, _ = _exp([run])
+    exp.render()
+    run.apply_step(StepRecord(run_id="r", step=2, time=2.0, loss=0.5), 2.0, STEP_DURATION_BUCKETS)
+    assert 'training_loss{project="p",run_id="r",rank="0"} 0.5' in exp.render().decode()
+
+
+def test_user_labels_go_on_run_info_only():
+    exp, _ = _exp([_run("r", labels={"project": "p", "pod": 'we"ird'})])
+    text = exp.render().decode()
+    assert 'training_run_info{project="p",run_id="r",pod="we\\"ird",status="running"} 1' in text
+    assert "pod=" not in [ln for ln in text.splitlines() if ln.startswith("training_loss{")][0]
+
+
+def test_layer_table_keeps_nan_as_data_and_none_as_missing():
+    t = LayerTable.from_mapping({"a": {"grad_norm": math.nan}, "b": {"grad_norm": None}})
+    assert t.measured["grad_norm"].tolist() == [True, False]
+    assert np.isnan(t.stats["grad_norm"]).all()
