@@ -168,6 +168,12 @@ def override(name: str, **props: Any) -> Json:
             "properties": [{"id": k.replace("__", "."), "value": v} for k, v in props.items()]}
 
 
+def limit_line(name: str) -> Json:
+    """Draws the series ``name`` as a red dashed line: a limit the others are read against."""
+    return override(name, color={"mode": "fixed", "fixedColor": "red"},
+                    custom__lineStyle={"fill": "dash", "dash": [10, 10]})
+
+
 def regex_override(pattern: str, **props: Any) -> Json:
     return {"matcher": {"id": "byRegexp", "options": pattern},
             "properties": [{"id": k.replace("__", "."), "value": v} for k, v in props.items()]}

@@ -12,7 +12,7 @@ from dashboards.panels import (
     Grid,
     Json,
     heatmap,
-    override,
+    limit_line,
     regex_override,
     stat,
     table,
@@ -71,8 +71,6 @@ def overview(g: Grid) -> list[Json]:
 
 
 def loss_and_gradients(g: Grid) -> list[Json]:
-    clip = override("clip threshold", color={"mode": "fixed", "fixedColor": "red"},
-                    custom__lineStyle={"fill": "dash", "dash": [10, 10]})
     return [
         g.row("Loss and optimisation"),
         timeseries("Loss", [
@@ -86,7 +84,7 @@ def loss_and_gradients(g: Grid) -> list[Json]:
         timeseries("Gradient norm (before clipping)", [
             target(f"training_grad_norm{{{SEL}}}", "grad norm rank {{rank}}"),
             target(f"max(training_grad_clip_threshold{{{SEL}}})", "clip threshold"),
-        ], unit="none", log=10, pos=g.place(12, 8), overrides=[clip],
+        ], unit="none", log=10, pos=g.place(12, 8), overrides=[limit_line("clip threshold")],
             description="Above the dashed line the step was clipped; clipped on most steps "
                         "means the threshold or the learning rate is off."),
         timeseries("Update ratio ||update|| / ||param||", [
@@ -133,8 +131,6 @@ def throughput(g: Grid) -> list[Json]:
 
 
 def device(g: Grid) -> list[Json]:
-    total = override("total", color={"mode": "fixed", "fixedColor": "red"},
-                     custom__lineStyle={"fill": "dash", "dash": [10, 10]})
     return [
         g.row("Memory and device"),
         timeseries("Memory", [
@@ -142,7 +138,7 @@ def device(g: Grid) -> list[Json]:
             target(f"training_memory_reserved_bytes{{{SEL}}}", "reserved rank {{rank}}"),
             target(f"training_memory_peak_allocated_bytes{{{SEL}}}", "peak rank {{rank}}"),
             target(f"max(training_memory_total_bytes{{{SEL}}})", "total"),
-        ], unit="bytes", min_=0, pos=g.place(12, 8), overrides=[total]),
+        ], unit="bytes", min_=0, pos=g.place(12, 8), overrides=[limit_line("total")]),
         timeseries("GPU utilisation", [
             target(f"training_gpu_utilization_ratio{{{SEL}}}", "rank {{rank}}")],
             unit="percentunit", min_=0, max_=1, pos=g.place(4, 8)),

@@ -145,9 +145,13 @@ def _print_summary(runs) -> None:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
-    from monitor_agent.alerting import load_rules
+    from monitor_agent.alerting import RuleError, load_rules
 
-    rules = load_rules(settings.alerting)
+    try:
+        rules = load_rules(settings.alerting)
+    except RuleError as exc:
+        print(f"monitor-agent: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.file}: OK ({len(rules)} alert rules)")
     print(_redacted_yaml(settings))
     return 0

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 from typing_extensions import TypedDict
 
 from monitor_agent import types as t
@@ -69,14 +77,32 @@ class HistModel(TypedDict):
     counts: Annotated[list[float], Field(max_length=MAX_HIST_BINS)]
 
 
+MAX_DEPTH = 32
+
+
+def _shallow(value: dict[str, Any]) -> dict[str, Any]:
+    """Free-form sections may nest, but not without bound (they are stored and served)."""
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        children = obj.values() if isinstance(obj, dict) else obj
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return value
+
+
+FreeForm = Annotated[dict[str, Any], AfterValidator(_shallow)]
+
+
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
     time: Num = None
     rank: Rank = 0
-    config: dict[str, Any] = Field(default_factory=dict)
-    model: dict[str, Any] = Field(default_factory=dict)
-    hardware: dict[str, Any] = Field(default_factory=dict)
+    config: FreeForm = Field(default_factory=dict)
+    model: FreeForm = Field(default_factory=dict)
+    hardware: FreeForm = Field(default_factory=dict)
     labels: Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)] = Field(
         default_factory=dict
     )

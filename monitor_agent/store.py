@@ -238,7 +238,8 @@ class Store:
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             params.extend(kinds)
-        sql += " ORDER BY step, rank, kind LIMIT ?"
+        sql += (" ORDER BY step, CASE kind WHEN 'run' THEN 0 WHEN 'step' THEN 1 "
+                "WHEN 'eval' THEN 2 ELSE 3 END, rank LIMIT ?")
         params.append(limit)
         return [row[0] for row in self._db.execute(sql, params)]
 

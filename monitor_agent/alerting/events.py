@@ -50,7 +50,6 @@ def notifications(
     items: list[tuple[AlertEvent, tuple[str, ...]]],
     notifiers: dict[str, Notifier],
     now: float,
-    only: frozenset[str] | None = None,
 ) -> list[tuple[str, Notification]]:
     """Group events by run and status, then per channel: one message, or one per alert."""
     per_channel: dict[tuple[str, str, str], list[AlertEvent]] = defaultdict(list)
@@ -58,8 +57,6 @@ def notifications(
         for channel in channels:
             notifier = notifiers.get(channel)
             if notifier is None or event.status not in notifier.statuses:
-                continue
-            if only is not None and channel not in only:
                 continue
             per_channel[(channel, event.run_id, event.status)].append(event)
     out: list[tuple[str, Notification]] = []

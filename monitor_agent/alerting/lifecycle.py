@@ -54,12 +54,14 @@ def fingerprint(run_id: str, rule: str, identity: dict[str, str]) -> str:
 
 def on_finding(alert: Timing | None, step: int) -> Reason:
     """A matching finding arrived: FIRST starts an episode (sent at the group flush)."""
-    if alert is not None and alert.last_step is not None and step <= alert.last_step:
-        # Recovery replays stored records through the detectors after a restart.
-        return Reason.REPLAYED
-    if alert is None or alert.state == "resolved":
+    if alert is None:
         return Reason.FIRST
-    return Reason.SUPPRESSED
+    last = alert.last_step if alert.last_step is not None else -1
+    # Recovery replays stored records through the detectors after a restart; several
+    # findings of one record share its step, so only an older step is a replay while firing.
+    if step < last or (step == last and alert.state == "resolved"):
+        return Reason.REPLAYED
+    return Reason.FIRST if alert.state == "resolved" else Reason.SUPPRESSED
 
 
 def on_flush(alert: Timing, silenced: bool, now: float) -> Reason:

@@ -25,18 +25,10 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.detectors.catalogue import FINDING_TYPES
 from monitor_agent.types import Finding, Severity
 
-FINDING_TYPES: tuple[str, ...] = (
-    "nan_inf", "loss_spike", "divergence", "grad_explosion", "grad_vanishing", "dead_layer",
-    "update_ratio_high", "update_ratio_low", "gain_drift", "clip_saturation", "plateau",
-    "overfitting", "throughput_drop", "memory_pressure", "loss_scale_collapse", "straggler",
-    "stalled",
-)
-"""FORMAT.md's catalogue; ``*`` in a rule matches any type (a catch-all)."""
-
-CHANNELS: tuple[str, ...] = ("slack", "pagerduty", "alertmanager", "webhook", "console")
-FINGERPRINT_LABELS: tuple[str, ...] = ("layer", "rank")
+# FINDING_TYPES is FORMAT.md's catalogue; "*" in a rule matches any type (a catch-all).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -49,7 +41,7 @@ def parse_duration(value: Any) -> float:
     """Seconds from a number or a Prometheus-style string: ``90``, ``"90s"``, ``"1h30m"``."""
     if isinstance(value, bool):
         raise ValueError("expected a duration, got a boolean")
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) or re.fullmatch(r"\d+(\.\d+)?", str(value).strip()):
         seconds = float(value)
     else:
         text = str(value).strip()

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent import wire
 from monitor_agent.alerting import lifecycle as lc
-from monitor_agent.alerting.admin import AlertAdmin
+from monitor_agent.alerting.admin import AlertAdmin, silenced_by
 from monitor_agent.alerting.db import AlertDB
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
@@ -39,9 +39,11 @@ from monitor_agent.alerting.metrics import AlertingMetrics
 from monitor_agent.alerting.model import RunContext
 from monitor_agent.alerting.rules import Rule, first_match, load_rules
 from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.alerting.silences import Silence
 from monitor_agent.notify.base import AlertEvent
 from monitor_agent.notify.channels import ALL_CHANNELS, build_notifiers
 from monitor_agent.notify.outbox import Outbox
+from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.types import Finding, Severity
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,15 @@ class Alerting(AlertAdmin):
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
         self._last_prune = 0.0
+        self._redactor = SecretRedactor([settings.slack.secret(), settings.webhook.secret(),
+                                         settings.pagerduty.secret()])
 
     # -- lifecycle of the service ---------------------------------------------------------
 
     def start(self) -> None:
         """Start delivery (one thread per channel) and the group flusher."""
         self._stopping.clear()
+        self._redactor.attach()
         self.outbox.start()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="alert-flush")
         self._flusher.start()
@@ -89,6 +94,7 @@ class Alerting(AlertAdmin):
         if self._flusher is not None:
             self._flusher.join(timeout)
         self.outbox.stop(timeout)
+        self._redactor.detach()
 
     def _flush_loop(self) -> None:
         while not self._stopping.is_set():
@@ -103,7 +109,10 @@ class Alerting(AlertAdmin):
     # -- findings -------------------------------------------------------------------------
 
     def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
-        """Turn one record's findings into alert state; fast, no network. Returns actions."""
+        """Turn one record's findings into alert state; fast, no network.
+
+        Returns actions for the engine; none yet (a rule ``action`` field is the next step).
+        """
         started = False
         with self.db.tx() as conn:
             for finding in findings:
@@ -113,11 +122,10 @@ class Alerting(AlertAdmin):
         return []
 
     def _one(self, conn: sqlite3.Connection, run: RunContext, f: Finding, now: float) -> bool:
-        if f.log_only:
-            return self._count(Reason.LOG_ONLY) and False
-        rule = first_match(self.rules, f, run.match_labels())
+        rule = None if f.log_only else first_match(self.rules, f, run.match_labels())
         if rule is None:
-            return self._count(Reason.UNMATCHED) and False
+            self._count(Reason.LOG_ONLY if f.log_only else Reason.UNMATCHED)
+            return False
         identity = _identity(rule, f)
         fp = lc.fingerprint(run.run_id, rule.name, identity)
         row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
@@ -178,14 +186,14 @@ class Alerting(AlertAdmin):
                  for run, rs in by_run.items() if run not in due]
         return min(later) if later else None
 
-    def _fire(self, conn: sqlite3.Connection, row: sqlite3.Row, silences: list, now: float) -> Item | None:
-        reason = lc.on_flush(_timing(row), _silenced(silences, row), now)
+    def _fire(self, conn: sqlite3.Connection, row: sqlite3.Row, silences: list[Silence], now: float) -> Item | None:
+        reason = lc.on_flush(_timing(row), silenced_by(silences, row), now)
         self._count(reason)
         if reason is not Reason.FIRST:
             conn.execute("UPDATE alerts SET state = 'firing', pending_since = NULL, "
                          "notified = NULL WHERE fingerprint = ?", (row["fingerprint"],))
             return None
-        return self._mark_sent(conn, row, "firing", reason, now)
+        return self._mark_sent(conn, row, reason, now)
 
     def tick(self, now: float) -> None:
         """Resolve, repeat, send what a silence or cooldown held back, re-send to Alertmanager."""
@@ -195,7 +203,7 @@ class Alerting(AlertAdmin):
             silences = self._silences(conn, now)
             items: list[Item] = []
             for row in rows:
-                reason = lc.on_tick(_timing(row), _silenced(silences, row), now)
+                reason = lc.on_tick(_timing(row), silenced_by(silences, row), now)
                 if reason is not None:
                     self._count(reason)
                     if (item := self._transition(conn, row, reason, now)) is not None:
@@ -209,7 +217,7 @@ class Alerting(AlertAdmin):
     def _transition(self, conn: sqlite3.Connection, row: sqlite3.Row, reason: Reason,
                     now: float) -> Item | None:
         if reason is not Reason.RESOLVED:
-            return self._mark_sent(conn, row, "firing", reason, now)
+            return self._mark_sent(conn, row, reason, now)
         conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE fingerprint = ?",
                      (now, row["fingerprint"]))
         if row["notified"] != "firing":
@@ -218,23 +226,23 @@ class Alerting(AlertAdmin):
                      (row["fingerprint"],))
         return to_event(row, "resolved", reason.value, now), tuple(json.loads(row["channels"]))
 
-    def _mark_sent(self, conn: sqlite3.Connection, row: sqlite3.Row, status: str, reason: Reason,
+    def _mark_sent(self, conn: sqlite3.Connection, row: sqlite3.Row, reason: Reason,
                    now: float) -> Item:
         conn.execute(
             "UPDATE alerts SET state = 'firing', pending_since = NULL, notified = 'firing', "
             "notified_at = ?, refreshed_at = ? WHERE fingerprint = ?",
             (now, now, row["fingerprint"]),
         )
-        return to_event(row, status, reason.value, now), tuple(json.loads(row["channels"]))
+        return to_event(row, "firing", reason.value, now), tuple(json.loads(row["channels"]))
 
-    def _refresh(self, conn: sqlite3.Connection, rows: list[sqlite3.Row], silences: list,
+    def _refresh(self, conn: sqlite3.Connection, rows: list[sqlite3.Row], silences: list[Silence],
                  now: float) -> None:
         """Channels that forget alerts unless re-told (Alertmanager) hear of firing ones again."""
         for name, notifier in self.notifiers.items():
             every = notifier.refresh_interval
             if every is None:
                 continue
-            stale = [r for r in rows if r["notified"] == "firing" and not _silenced(silences, r)
+            stale = [r for r in rows if r["notified"] == "firing" and not silenced_by(silences, r)
                      and now - (r["refreshed_at"] or 0.0) >= every
                      and name in json.loads(r["channels"])]
             items = [(to_event(r, "firing", "refresh", now), (name,)) for r in stale]
@@ -258,18 +266,12 @@ class Alerting(AlertAdmin):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _enqueue(self, conn: sqlite3.Connection, items: list[Item], now: float,
-                 only: frozenset[str] | None = None) -> None:
-        notes = notifications(items, self.notifiers, now, only)
-        for channel, note in notes:
+    def _enqueue(self, conn: sqlite3.Connection, items: list[Item], now: float) -> None:
+        for channel, note in notifications(items, self.notifiers, now):
             self.outbox.enqueue(conn, channel, note, now)
-        # Woken before the commit: a sender that looks too early finds nothing and waits
-        # at most its 1 s poll, so wake again right after (see _after_commit).
-        self._to_wake.update(channel for channel, _ in notes)
 
-    def _count(self, reason: Reason) -> bool:
+    def _count(self, reason: Reason) -> None:
         self.metrics.decisions.labels(reason=reason.value).inc()
-        return True
 
 
 def _identity(rule: Rule, f: Finding) -> dict[str, str]:
@@ -284,8 +286,3 @@ def _timing(row: sqlite3.Row) -> lc.Timing:
         cooldown=row["cooldown"], repeat_interval=row["repeat_interval"],
         resolve_after=row["resolve_after"],
     )
-
-
-def _silenced(silences: list, row: sqlite3.Row) -> bool:
-    return any(s.covers(run_id=row["run_id"], type=row["type"], alertname=row["rule"],
-                        layer=row["layer"]) for s in silences)

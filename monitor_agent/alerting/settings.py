@@ -138,6 +138,15 @@ class AlertingSettings(_Section):
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
+    @model_validator(mode="after")
+    def _rules_load(self) -> AlertingSettings:
+        # A broken rules file fails at config load (check-config, startup), naming the field.
+        if self.rules_file is not None:
+            from monitor_agent.alerting.rules import load_rules
+
+            load_rules(self.rules_file)
+        return self
+
 
 def _redact_userinfo(url: str) -> str:
     parts = urlsplit(url)

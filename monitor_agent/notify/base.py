@@ -66,6 +66,9 @@ class AlertEvent:
     def from_dict(cls, d: dict[str, Any]) -> AlertEvent:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known["suggestions"] = tuple(known.get("suggestions") or ())
+        # The outbox stores JSON with NaN spelled "NaN": turn the numbers back into floats.
+        for key in ("value", "threshold"):
+            known[key] = wire.nonfinite_to_float(known.get(key))
         return cls(**known)
 
 

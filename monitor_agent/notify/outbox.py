@@ -10,8 +10,7 @@ Example::
     outbox = Outbox(db, {"slack": slack}, OutboxSettings(), metrics)
     outbox.start()
     with db.tx() as conn:
-        outbox.enqueue(conn, "slack", note, now=time.time())
-    outbox.wake(["slack"])
+            outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
     outbox.stop(timeout=5)
 """
 
@@ -22,7 +21,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -102,12 +101,10 @@ class Outbox:
             (channel, wire.dumps(note.to_dict()), now, now),
         )
         self._set_pending(self._pending + 1)
+        # Safe before the commit: the sender's read waits on the database lock that this
+        # transaction holds, so it sees the row once committed.
+        self._wake[channel].set()
         return True
-
-    def wake(self, channels: Iterable[str]) -> None:
-        for channel in channels:
-            if channel in self._wake:
-                self._wake[channel].set()
 
     def _set_pending(self, value: int) -> None:
         self._pending = value

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 RULES_DIR = DEPLOY / "prometheus" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.yml"))
-DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+DASHBOARD_DIR = REPO / "dashboards"
+DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 
 
 def binary(name: str) -> str:

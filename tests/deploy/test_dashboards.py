@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DASHBOARDS, DEPLOY
+from conftest import DASHBOARD_DIR, DASHBOARDS, DEPLOY
 
 from dashboards import generate
 from dashboards.queries import iter_panels, iter_queries, substitute, variables_in
@@ -32,7 +32,7 @@ def provisioned_uid() -> str:
 
 @pytest.fixture(params=[p.name for p in DASHBOARDS])
 def board(request: pytest.FixtureRequest) -> dict:
-    return load(DASHBOARDS[0].parent / request.param) | {"_file": request.param}
+    return load(DASHBOARD_DIR / request.param) | {"_file": request.param}
 
 
 def test_the_three_dashboards_exist_with_stable_uids() -> None:
@@ -113,7 +113,7 @@ def test_provisioning_loads_the_dashboards_directory_compose_mounts() -> None:
 
 
 def test_training_run_dashboard_has_what_the_issue_asks_for() -> None:
-    board = load(DASHBOARDS[0].parent / "training-run.json")
+    board = load(DASHBOARD_DIR / "training-run.json")
     assert [v["name"] for v in board["templating"]["list"]] == ["project", "run", "rank"]
     titles = {p["title"]: p for p in iter_panels(board["panels"])}
     exprs = {t["expr"] for p in titles.values() for t in p.get("targets", [])}
@@ -127,3 +127,19 @@ def test_training_run_dashboard_has_what_the_issue_asks_for() -> None:
     assert "suggestion" in json.dumps(titles["Active alerts"]["transformations"])
     names = {a["name"] for a in board["annotations"]["list"]}
     assert {"Findings", "Sidecar alerts", "Prometheus alerts"} <= names
+
+
+@pytest.mark.xfail(strict=True, reason="monitor_agent/alerting/events.py links uid "
+                   "'training-run' with var-run_id; the dashboard is "
+                   "'monitor-agent-training-run' with variable 'run' (asked of its owner)")
+def test_alert_links_open_the_training_run_dashboard_on_the_run() -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    from monitor_agent.alerting.events import dashboard_url
+
+    url = urlsplit(dashboard_url("http://grafana:3000", "run-1", 1_700_000_000.0))
+    board = load(DASHBOARD_DIR / "training-run.json")
+    assert url.path.startswith(f"/d/{board['uid']}")
+    variables = {v["name"] for v in board["templating"]["list"]}
+    chosen = {k.removeprefix("var-") for k in parse_qs(url.query) if k.startswith("var-")}
+    assert chosen and chosen <= variables

@@ -280,6 +280,13 @@ def test_stalled_run_pages_and_only_that_run(fired: Stack) -> None:
             assert not mentions(fired.hook.bodies("/pagerduty"), "TrainingRunStalled", live)
 
 
+def test_sidecar_findings_page_through_alertmanager(fired: Stack) -> None:
+    # The sidecar's own alerts take the same routes: NaN in the fp16 run is critical.
+    pages = mentions(fired.hook.bodies("/pagerduty"), GPU_RUN, "TrainingNanInf")
+    assert pages and pages[0]["payload"]["custom_details"]["run_id"] == GPU_RUN
+    assert mentions(fired.hook.bodies("/slack"), GPU_RUN, "TrainingNanInf", "Try: ")
+
+
 def test_straggler_rule_picks_the_slow_rank(fired: Stack) -> None:
     # `for: 5m` keeps it pending here; promtool's unit tests cover the firing.
     alerts = fired.query(f'ALERTS{{alertname="TrainingRankStraggler", project="{PROJECT}"}}')

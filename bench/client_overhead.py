@@ -1,0 +1,267 @@
+"""What monitoring costs a training step: the figures issue 5 asks for.
+
+A GPT-2-small-shaped model (124M parameters, transformers' GPT2 built from its config, no
+download) trains with AdamW and clip_grad_norm_(1.0). We time:
+
+  bare step            forward + backward + clip_grad_norm_ + AdamW + zero_grad
+  foreach floor        one torch._foreach_norm over all gradients (memory-bandwidth floor)
+  global-only stats    the client's pre-step hook on a normal step (norm + clip)
+  per-layer stats      the client's hooks on a monitored step (grad moments, param and
+                       update norms, parameter snapshot), excluding the optimizer itself
+  naive per-layer      a Python loop with .item() per parameter and statistic
+  monitored steps      the whole step with the client: global-only, per-layer every step,
+                       and the default configuration (per-layer every N steps)
+  log_step             enqueue latency p50/p99 (the training thread's cost per call)
+
+and count host transfers made on the training thread by the hooks and log_step.
+
+    python bench/client_overhead.py                # CPU, about 3-4 minutes on 2 cores
+    python bench/client_overhead.py --device cuda  # the same on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+from monitor_client import Monitor  # noqa: E402
+from monitor_client.monitor import DEFAULT_LAYER_STATS_EVERY  # noqa: E402
+from monitor_client.stats import GradStats  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, reps):
+    """Median wall seconds of ``fn`` over ``reps`` runs (device work included)."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Sink(BaseHTTPRequestHandler):
+    """A loopback endpoint that accepts everything (the network is not what we measure)."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"accepted": 0, "duplicates": 0, "rejected": []}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def start_sink() -> str:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def build(args, device):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).to(device)  # 124M parameters, tied head
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device)
+    return model, opt, batch
+
+
+def forward_backward(model, batch):
+    model(batch, labels=batch).loss.backward()
+
+
+def bare_step(model, opt, batch):
+    forward_backward(model, batch)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+
+
+def naive_stats(model, snapshot):
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        out[name] = (g.norm().item(), g.mean().item(), g.std().item(), g.abs().max().item(),
+                     (g == 0).float().mean().item(), p.norm().item(),
+                     (p.detach() - snapshot[name]).norm().item())
+    return out
+
+
+def hook_costs(model, opt, batch, device, reps):
+    """Time the client's hooks alone, around a real optimizer step."""
+    stats = GradStats(model, opt, grad_clip=1.0, layer_stats_every=1)
+    glob = GradStats(model, opt, grad_clip=1.0, layer_stats_every=10**9)
+    forward_backward(model, batch)
+    grads = [p.grad for p in model.parameters()]
+    floor = timed(lambda: torch.stack(torch._foreach_norm(grads)), device, reps * 3)
+    clip = timed(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9), device, reps)
+    glob._steps = 1
+    global_only = timed(lambda: (glob.before_step(), glob._reset()), device, reps * 3)
+
+    def per_layer():
+        stats._steps = 0
+        stats.before_step()
+        stats.after_step()  # without opt.step(): same work, update norm of zero
+        stats.take().vector()
+
+    per = timed(per_layer, device, reps)
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    naive = timed(lambda: naive_stats(model, snapshot), device, max(2, reps // 2))
+    opt.zero_grad(set_to_none=False)
+    return {"foreach_norm_floor_s": floor, "clip_grad_norm_s": clip,
+            "global_only_hook_s": global_only, "per_layer_hooks_s": per, "naive_s": naive}
+
+
+def monitored_steps(model, opt, batch, device, reps, url, every):
+    mon = Monitor(url=url, run_id=f"bench-{every}", install_hooks=False, linger=0.2)
+    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=every)
+
+    def step():
+        forward_backward(model, batch)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        mon.log_step(step.n, loss=1.0, tokens=batch.numel())
+        step.n += 1
+
+    step.n = 0
+    step()  # warm-up, and the first (monitored) step
+    n = reps if every != DEFAULT_LAYER_STATS_EVERY else max(reps, every)
+    t = timed(step, device, n) if every != DEFAULT_LAYER_STATS_EVERY else None
+    if t is None:  # amortised: the mean over a whole period, not the median
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(every):
+            step()
+        sync(device)
+        t = (time.perf_counter() - start) / every
+    mon.close(timeout=30)
+    return t
+
+
+def transfer_count(model, opt, batch):
+    """Host transfers on the training thread during the hooks and log_step of a step."""
+    mon = Monitor(url="http://127.0.0.1:9", run_id="bench-sync", install_hooks=False)
+    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=1, pre_hook=False)
+    forward_backward(model, batch)
+    calls = []
+    originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__float__", "cpu")}
+
+    def spy(name):
+        return lambda self, *a, **k: (calls.append(name), originals[name](self, *a, **k))[1]
+
+    for name in originals:
+        setattr(torch.Tensor, name, spy(name))
+    try:
+        mon.before_optimizer_step()
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+        opt.step()
+        for name in originals:
+            setattr(torch.Tensor, name, spy(name))
+        mon.log_step(0, loss=torch.tensor(1.0, device=batch.device))
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+    opt.zero_grad(set_to_none=False)
+    mon.close(timeout=0.1)
+    return len(calls)
+
+
+def enqueue_latency(url, device, n=3000):
+    """log_step's own time on the training thread, with a watched small model."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)]).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon = Monitor(url=url, run_id="bench-enqueue", install_hooks=False, max_queue=100_000)
+    mon.watch(model, opt, layer_stats_every=10**9)
+    x = torch.randn(4, 64, device=device)
+    lat = []
+    for i in range(n):
+        model(x).sum().backward()
+        opt.step()
+        start = time.perf_counter()
+        mon.log_step(i, loss=0.5, tokens=256)
+        lat.append(time.perf_counter() - start)
+    mon.close(timeout=30)
+    lat.sort()
+    return lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="client overhead on a 124M GPT-2-shaped model")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    url = start_sink()
+    model, opt, batch = build(args, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
+    bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
+    hooks = hook_costs(model, opt, batch, device, args.reps)
+    every = DEFAULT_LAYER_STATS_EVERY
+    steps = {"global_only": monitored_steps(model, opt, batch, device, args.reps, url, 10**9),
+             "per_layer_every_step": monitored_steps(model, opt, batch, device, args.reps,
+                                                     url, 1),
+             f"default_every_{every}": monitored_steps(model, opt, batch, device, args.reps,
+                                                        url, every)}
+    p50, p99 = enqueue_latency(url, device)
+    figures = {"device": str(device), "n_params": n_params, "batch": args.batch,
+               "seq": args.seq, "threads": torch.get_num_threads(), "bare_step_s": bare,
+               **hooks, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
+               "log_step_p99_us": p99 * 1e6,
+               "host_transfers_on_training_thread": transfer_count(model, opt, batch)}
+    report(figures, every)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+
+
+def report(f: dict, every: int) -> None:
+    floor, bare = f["foreach_norm_floor_s"], f["bare_step_s"]
+    steps = f["monitored_step_s"]
+    print(f"model {f['n_params'] / 1e6:.1f}M params on {f['device']} ({f['threads']} threads), "
+          f"batch {f['batch']} x seq {f['seq']}")
+    print(f"bare step (fwd+bwd+clip+AdamW)     {bare * 1e3:9.1f} ms")
+    print(f"_foreach_norm floor (all grads)    {floor * 1e3:9.2f} ms  = 1.00x floor")
+    print(f"clip_grad_norm_ (torch)            {f['clip_grad_norm_s'] * 1e3:9.2f} ms  = "
+          f"{f['clip_grad_norm_s'] / floor:.2f}x floor")
+    print(f"global-only hook (norm + clip)     {f['global_only_hook_s'] * 1e3:9.2f} ms  = "
+          f"{f['global_only_hook_s'] / floor:.2f}x floor (replaces clip_grad_norm_)")
+    print(f"per-layer hooks (7 stats/param)    {f['per_layer_hooks_s'] * 1e3:9.2f} ms  = "
+          f"{f['per_layer_hooks_s'] / floor:.2f}x floor, "
+          f"{f['per_layer_hooks_s'] / every / floor:.2f}x amortised over {every} steps")
+    print(f"naive per-layer (.item() loop)     {f['naive_s'] * 1e3:9.2f} ms  = "
+          f"{f['naive_s'] / floor:.2f}x floor")
+    for name, t in steps.items():
+        print(f"monitored step, {name:<22}{t * 1e3:9.1f} ms  = {(t / bare - 1) * 100:+.2f}% "
+              f"vs bare")
+    print(f"log_step enqueue latency           p50 {f['log_step_p50_us']:.1f} us, "
+          f"p99 {f['log_step_p99_us']:.1f} us")
+    print(f"host transfers on the training thread per monitored step: "
+          f"{f['host_transfers_on_training_thread']} (the one copy runs in the sender thread)")
+
+
+if __name__ == "__main__":
+    main()

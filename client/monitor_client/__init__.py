@@ -1,0 +1,19 @@
+"""monitor_client: push per-step training health records to the monitor_agent sidecar.
+
+Example::
+
+    import monitor_client
+    mon = monitor_client.Monitor(url="http://127.0.0.1:9400", project="gpt", config=cfg)
+    mon.watch(model, optimizer, grad_clip=1.0)
+    mon.log_step(step, loss=loss, tokens=n_tokens)
+    mon.close()
+
+Importing this package does not import torch; ``monitor_client.hf`` and
+``monitor_client.lightning`` import their frameworks only when used.
+"""
+
+from monitor_client.monitor import Monitor
+from monitor_client.sender import Counters
+
+__all__ = ["Counters", "Monitor"]
+__version__ = "0.1.0"

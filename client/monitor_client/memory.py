@@ -1,0 +1,96 @@
+"""Memory of the training process: the CUDA caching allocator on GPU, RSS on CPU.
+
+Each probe answers FORMAT.md's ``memory`` object. Probes are read from the sender thread
+(the allocator statistics and /proc are safe to read from any thread), keeping them off
+the training thread.
+
+Example::
+
+    probe = memory_probe("cpu")
+    probe.read()   # {"device": "cpu", "allocated_bytes": ..., "total_bytes": ...}
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class MemoryProbe(Protocol):
+    def read(self) -> dict[str, Any]: ...
+
+
+class CpuMemory:
+    """Process RSS (now and peak) and the memory limit (cgroup, else physical memory).
+
+    Example::
+
+        CpuMemory().read()["allocated_bytes"]
+    """
+
+    def __init__(self, total_bytes: int | None = None) -> None:
+        self.total_bytes = total_bytes or _memory_limit()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def read(self) -> dict[str, Any]:
+        return {"device": "cpu", "allocated_bytes": self._rss(), "reserved_bytes": None,
+                "peak_allocated_bytes": _peak_rss(), "total_bytes": self.total_bytes}
+
+    def _rss(self) -> int | None:
+        try:
+            with open("/proc/self/statm", "rb") as fh:
+                return int(fh.read().split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            return _peak_rss()
+
+
+def _peak_rss() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def _memory_limit() -> int | None:
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            return int(text)
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class CudaMemory:
+    """The caching allocator's counters for one device, and the device's total memory.
+
+    Example::
+
+        CudaMemory(torch.device("cuda:0")).read()["reserved_bytes"]
+    """
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device(device)
+        self.total_bytes = torch.cuda.mem_get_info(self.device)[1]
+
+    def read(self) -> dict[str, Any]:
+        stats = self._torch.cuda.memory_stats(self.device)
+        return {"device": str(self.device),
+                "allocated_bytes": stats.get("allocated_bytes.all.current"),
+                "reserved_bytes": stats.get("reserved_bytes.all.current"),
+                "peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
+                "total_bytes": self.total_bytes}
+
+
+def memory_probe(device: Any) -> MemoryProbe:
+    """The probe for a device ('cpu', 'cuda:0', a torch.device)."""
+    if str(device).startswith("cuda"):
+        return CudaMemory(device)
+    return CpuMemory()

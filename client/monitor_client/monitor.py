@@ -1,0 +1,363 @@
+"""``Monitor``: three lines in a training script, near-zero overhead, never blocks training.
+
+Example::
+
+    mon = Monitor(url="http://127.0.0.1:9400", project="gpt", config=cfg)
+    mon.watch(model, optimizer, grad_clip=1.0)     # replaces your clip_grad_norm_ call
+    for step, batch in enumerate(mon.timed(loader), 1):
+        loss = model(batch); loss.backward(); optimizer.step(); optimizer.zero_grad()
+        mon.log_step(step, loss=loss, tokens=batch.numel())
+    mon.close()           # also at exit; an uncaught exception ends the run as "failed"
+
+``log_step`` reads nothing from the device: the statistics stay there until the sender
+thread copies them to the host (see ``pending.py``). Every public method swallows its own
+errors into rate-limited warnings: monitoring never raises into training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from monitor_client import run_info
+from monitor_client.memory import CpuMemory, memory_probe
+from monitor_client.pending import PendingStep, Probes
+from monitor_client.sender import Counters, Sender
+from monitor_client.spool import Spool
+from monitor_client.transport import HttpTransport
+from monitor_client.warn import Warner
+
+DEFAULT_URL = "http://127.0.0.1:9400"
+# Per-layer statistics cost ~10 passes over the parameters (bench/client_overhead.py);
+# every 25 steps keeps that under 1% of a typical step, and under 0.5% amortised.
+DEFAULT_LAYER_STATS_EVERY = 25
+
+
+def _guard(method):
+    """Turn any exception of a public method into a rate-limited warning."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - monitoring must never break training
+            self._warner.warn(method.__name__, "%s failed (ignored): %r", method.__name__, exc)
+            return None
+
+    return wrapper
+
+
+class Monitor:
+    """One run's health reporting; see the module docstring for the usage.
+
+    Example::
+
+        with Monitor(project="gpt", config={"lr": 3e-4}) as mon:
+            mon.watch(model, opt, grad_clip=1.0)
+            ...
+    """
+
+    def __init__(self, url: str | None = None, project: str | None = None,
+                 config: dict[str, Any] | None = None, *, run_id: str | None = None,
+                 token: str | None = None, labels: dict[str, Any] | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 rank0_only: bool = False, layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
+                 spool_dir: str | Path | None = None, spool_max_bytes: int = 256 << 20,
+                 max_queue: int = 10_000, linger: float = 0.5,
+                 timeout: tuple[float, float] = (2.0, 10.0), gpu_probe: Any = "auto",
+                 install_hooks: bool = True, enabled: bool = True) -> None:
+        found = run_info.detect_rank()
+        self.rank = found.rank if rank is None else rank
+        self.world_size = found.world_size if world_size is None else world_size
+        self.info = run_info.RankInfo(self.rank, self.world_size, found.local_rank)
+        self.project, self.config = project, dict(config or {})
+        self.run_id = run_info.resolve_run_id(run_id, project, self.info)
+        self.layer_stats_every = layer_stats_every
+        self.active = enabled and not (rank0_only and self.rank != 0)
+        self._warner = Warner()
+        self._labels = run_info.build_labels(project, labels)
+        self._gpu_choice = gpu_probe
+        self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
+        self._model_info: dict[str, Any] = {}
+        self._hardware = run_info.describe_hardware("cpu", self.info, None)
+        self._stats = self._optimizer = self._scaler = None
+        self._run_sent = self._closed = False
+        self._last_step, self._outcome = 0, ("completed", None)
+        self._last_t, self._data_time = time.perf_counter(), 0.0
+        self._sender = self._make_sender(url, token, spool_dir, spool_max_bytes, max_queue,
+                                         linger, timeout) if self.active else None
+        if self.active and install_hooks:
+            self._install_exit_hooks()
+
+    def _make_sender(self, url, token, spool_dir, spool_max_bytes, max_queue, linger,
+                     timeout) -> Sender:
+        url = url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+        token = token or os.environ.get("MONITOR_AGENT_TOKEN") or None
+        base = spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
+            Path(tempfile.gettempdir()) / "monitor_client-spool")
+        directory = Path(base) / f"{run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
+        return Sender(HttpTransport(url, token, timeout=timeout),
+                      Spool(directory, max_bytes=spool_max_bytes),
+                      max_queue=max_queue, linger=linger, warner=self._warner)
+
+    # -- hooking the model -----------------------------------------------------------------
+    @_guard
+    def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
+              apply_clip: bool = True, scaler: Any = None, seq_len: int | None = None,
+              flops_per_token: float | None = None, peak_flops: float | None = None,
+              compute_dtype: Any = None, layer_stats_every: int | None = None,
+              pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
+              sharded: bool = False) -> None:
+        """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
+
+        ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
+        anyway (remove your own ``clip_grad_norm_``); with ``apply_clip=False`` it is only
+        recorded. ``pre_hook=False`` is for closure-based steps (Lightning), which call
+        ``before_optimizer_step()`` themselves. ``sharded=True`` (FSDP/ZeRO) all-reduces
+        the global norms; per-layer statistics stay rank-local.
+        """
+        if not self.active:
+            return
+        from monitor_client import flops
+        from monitor_client.stats import GradStats
+
+        param = next(model.parameters())
+        every = layer_stats_every or self.layer_stats_every
+        group = _default_group() if sharded else None
+        self._stats = GradStats(model, optimizer, grad_clip=grad_clip, apply_clip=apply_clip,
+                                layer_stats_every=every, reduce_group=group,
+                                snapshot_budget_bytes=snapshot_budget_bytes).attach(pre_hook)
+        self._optimizer, self._scaler = optimizer, scaler
+        self.config.setdefault("grad_clip", grad_clip)
+        self.config.setdefault("layer_stats_every", every)
+        dtype = flops.normalize_dtype(compute_dtype or _default_dtype(param))
+        peak = peak_flops or _env_float("MONITOR_AGENT_PEAK_FLOPS") or (
+            flops.peak_flops_for(_device_name(param.device), dtype))
+        self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
+                              flops_per_token=flops_per_token or flops.flops_per_token(
+                                  model, seq_len), peak_flops=peak, world_size=self.world_size)
+        self._hardware = run_info.describe_hardware(param.device, self.info, peak)
+        self._hardware.update(compute_dtype=dtype,
+                              stats_scope="rank_local_shard" if sharded else "global")
+        self._model_info = _describe_model(model, self._stats.names)
+        self._send_run()
+        self._last_t = time.perf_counter()
+
+    def _gpu(self, device: Any) -> Any:
+        if self._gpu_choice != "auto":
+            return self._gpu_choice
+        if not str(device).startswith("cuda"):
+            return None
+        from monitor_client.nvml import nvml_probe
+
+        return nvml_probe(device.index or 0)
+
+    @_guard
+    def before_optimizer_step(self) -> None:
+        """Measure gradients now (frameworks whose optimizer step runs a closure)."""
+        if self._stats is not None:
+            self._stats.before_step()
+
+    # -- per step ------------------------------------------------------------------------
+    @_guard
+    def log_step(self, step: int, loss: Any = None, *, tokens: float | None = None,
+                 samples: float | None = None, lr: float | None = None,
+                 grad_norm: float | None = None, data_time: float | None = None,
+                 **fields: Any) -> None:
+        """Record optimizer step ``step``; returns at once (nothing waits on the device)."""
+        if not self.active:
+            return
+        now = time.perf_counter()
+        step_time, self._last_t = now - self._last_t, now
+        if data_time is None and self._data_time:
+            data_time = self._data_time
+        self._data_time = 0.0
+        self._send_run()
+        record = {"kind": "step", "run_id": self.run_id, "step": int(step),
+                  "time": time.time(), "rank": self.rank, "loss": _plain(loss),
+                  "lr": _plain(lr) if lr is not None else self._lr(), "grad_norm": grad_norm,
+                  "tokens": tokens, "samples": samples, "step_time": step_time,
+                  "data_time": data_time, **fields}
+        self._last_step = int(step)
+        self._sender.submit(self._pending(record, loss))
+
+    def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
+        # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
+        stats = self._stats
+        scale = self._loss_scale()
+        if stats is None and not _is_tensor(loss):
+            return PendingStep(record, probes=self._probes)
+        from monitor_client.stats import StatsPack
+
+        pack = stats.take() if stats is not None else StatsPack()
+        if stats is not None:
+            record["clip_threshold"] = stats.grad_clip
+            if not pack.stepped:
+                record["skipped"] = True
+        for name, value in (("loss", loss), ("loss_scale", scale)):
+            if _is_tensor(value):
+                pack.add(name, value)
+            elif value is not None:
+                record[name] = float(value)
+        return PendingStep(record, pack, self._probes)
+
+    def _lr(self) -> Any:
+        if self._optimizer is None:
+            return None
+        lr = self._optimizer.param_groups[0].get("lr")
+        return lr if not _is_tensor(lr) else float(lr)
+
+    def _loss_scale(self) -> Any:
+        scaler = self._scaler
+        if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
+            return None
+        scale = getattr(scaler, "_scale", None)  # a device tensor: no sync, unlike get_scale()
+        # update() changes it in place before we read it off-thread: keep this step's value.
+        return scale.clone() if scale is not None else scaler.get_scale()
+
+    def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield from ``iterable``, adding the time spent waiting on it to ``data_time``."""
+        iterator = iter(iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_time += time.perf_counter() - start
+            yield item
+
+    @_guard
+    def log_eval(self, step: int, val_loss: Any = None, *, train_loss: Any = None,
+                 epoch: float | None = None, metrics: dict[str, Any] | None = None) -> None:
+        """Record a validation result at optimizer step ``step``."""
+        if not self.active:
+            return
+        self._send_run()
+        self._sender.submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
+                             "time": time.time(), "rank": self.rank,
+                             "val_loss": _plain(val_loss), "train_loss": _plain(train_loss),
+                             "epoch": epoch,
+                             "metrics": {str(k): _plain(v) for k, v in (metrics or {}).items()}})
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def _send_run(self) -> None:
+        if self._run_sent:
+            return
+        self._run_sent = True
+        self._sender.submit({"kind": "run", "run_id": self.run_id, "time": time.time(),
+                             "rank": self.rank, "config": self.config,
+                             "model": self._model_info, "hardware": self._hardware,
+                             "labels": self._labels})
+
+    def counters(self) -> Counters | None:
+        """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
+        return self._sender.counters() if self._sender else None
+
+    @_guard
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` s for everything logged so far to reach the sidecar."""
+        return self._sender.flush(timeout) if self._sender else True
+
+    @_guard
+    def close(self, status: str | None = None, error: str | None = None,
+              timeout: float = 10.0) -> bool:
+        """Send ``end`` (completed unless an uncaught exception said otherwise) and flush."""
+        if self._closed or not self.active:
+            return True
+        self._closed = True
+        status, error = (status, error) if status else self._outcome
+        if self._stats is not None:
+            self._stats.detach()
+        self._send_run()
+        self._sender.submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
+                             "time": time.time(), "rank": self.rank, "status": status,
+                             "error": error})
+        self._remove_exit_hooks()
+        return self._sender.close(timeout)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._outcome = _outcome_of(exc_type, exc)
+        self.close()
+
+    def _install_exit_hooks(self) -> None:
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self.close)
+
+    def _remove_exit_hooks(self) -> None:
+        if getattr(self, "_previous_excepthook", None) is None:
+            return
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
+        atexit.unregister(self.close)
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        self._outcome = _outcome_of(exc_type, exc)
+        self._previous_excepthook(exc_type, exc, tb)
+
+
+def _outcome_of(exc_type, exc) -> tuple[str, str]:
+    status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+    return status, f"{exc_type.__name__}: {exc}"[:4000]
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _plain(value: Any) -> Any:
+    """Numbers pass; host tensors become floats (device tensors are packed elsewhere)."""
+    if value is None or isinstance(value, int | float):
+        return value
+    if _is_tensor(value):
+        return None  # packed with the statistics, read after the one sync
+    return float(value)
+
+
+def _default_dtype(param: Any) -> str:
+    import torch
+
+    if param.dtype == torch.float32 and param.device.type == "cuda" and \
+            torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return str(param.dtype)
+
+
+def _device_name(device: Any) -> str | None:
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+def _default_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def _describe_model(model: Any, names: list[str]) -> dict[str, Any]:
+    from monitor_client.flops import model_shape
+
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
+    info.update(model_shape(model))
+    return info

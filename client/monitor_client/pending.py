@@ -1,0 +1,67 @@
+"""A step record whose device statistics are still in flight to the host.
+
+``Monitor.log_step`` builds one of these on the training thread: the plain fields are
+filled in, the device statistics are still device tensors in a ``StatsPack``. The sender
+thread calls ``materialize()``: it copies the pack to the host as one vector (THE sync
+point of a step, off the training thread), names the numbers, reads memory and GPU probes
+and derives tokens/s and MFU.
+
+Example::
+
+    pending = PendingStep(record, pack, probes)
+    sender.submit(pending)          # materialize() runs in the sender thread
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Probes:
+    """Where a step's memory, GPU and MFU figures come from (shared by all steps)."""
+
+    memory: Any = None           # MemoryProbe
+    gpu: Any = None              # GpuProbe
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    world_size: int = 1
+
+
+@dataclass
+class PendingStep:
+    """A step record to finish in the sender thread; see the module docstring."""
+
+    record: dict[str, Any]
+    pack: Any = None             # StatsPack: device tensors and their layout
+    probes: Probes = field(default_factory=Probes)
+
+    def materialize(self) -> dict[str, Any]:
+        record = self.record
+        host = self.pack.vector() if self.pack is not None else None  # the one sync
+        if host is not None:
+            decoded = self.pack.decode(host.tolist())
+            for key, value in decoded.items():
+                if record.get(key) is None:
+                    record[key] = value
+        self._derive(record)
+        self._read_probes(record)
+        return record
+
+    def _derive(self, record: dict[str, Any]) -> None:
+        tokens, step_time = record.get("tokens"), record.get("step_time")
+        if tokens is not None and step_time and record.get("tokens_per_second") is None:
+            record["tokens_per_second"] = tokens / step_time
+        tps, fpt, peak = record.get("tokens_per_second"), self.probes.flops_per_token, \
+            self.probes.peak_flops
+        if tps is not None and fpt and peak and record.get("mfu") is None:
+            record["mfu"] = tps * fpt / peak
+
+    def _read_probes(self, record: dict[str, Any]) -> None:
+        if self.probes.memory is not None and "memory" not in record:
+            record["memory"] = self.probes.memory.read()
+        if self.probes.gpu is not None and "gpu" not in record:
+            gpu = self.probes.gpu.read()
+            if gpu:
+                record["gpu"] = gpu

@@ -1,0 +1,137 @@
+"""Who is running: rank and world size, the run id every rank shares, labels, hardware.
+
+Rank and world size come from ``torch.distributed`` when it is initialised, else from the
+launchers' environment variables (torchrun, SLURM, Open MPI, Intel MPI). Every rank of a
+run must send the same run id: it is taken from ``run_id=``, ``MONITOR_AGENT_RUN_ID``,
+``TORCHELASTIC_RUN_ID`` or ``SLURM_JOB_ID``, else rank 0 generates one and, when
+torch.distributed is initialised, broadcasts it (a collective: create the Monitor on every
+rank at the same point), else it is generated locally.
+
+Example::
+
+    info = detect_rank()               # RankInfo(rank=0, world_size=1, local_rank=0)
+    run_id = resolve_run_id(None, "gpt", info)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+_RUN_ID_BAD = re.compile(r"[^A-Za-z0-9._:@/+=-]")
+_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
+_ENV_PAIRS = [("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the job.
+
+    Example::
+
+        RankInfo(rank=1, world_size=8, local_rank=1)
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+
+def _dist():
+    # Only look at torch.distributed if the script already imported torch.
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def detect_rank() -> RankInfo:
+    """Rank, world size and local rank from torch.distributed or the environment."""
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) or 0)
+    dist = _dist()
+    if dist is not None:
+        return RankInfo(dist.get_rank(), dist.get_world_size(), local)
+    for rank_var, size_var in _ENV_PAIRS:
+        if rank_var in os.environ and size_var in os.environ:
+            return RankInfo(int(os.environ[rank_var]), int(os.environ[size_var]), local)
+    return RankInfo()
+
+
+def sanitize_run_id(value: str) -> str:
+    """Make a string acceptable as a run id (the sidecar's pattern, at most 200 chars)."""
+    return (_RUN_ID_BAD.sub("-", value) or "run")[:200]
+
+
+def new_run_id(project: str | None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return sanitize_run_id(f"{project or 'run'}-{stamp}-{secrets.token_hex(3)}")
+
+
+def resolve_run_id(run_id: str | None, project: str | None, info: RankInfo) -> str:
+    """The run id all ranks share (see the module docstring for the order of sources)."""
+    for candidate in (run_id, os.environ.get("MONITOR_AGENT_RUN_ID"),
+                      os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("SLURM_JOB_ID")):
+        if candidate and candidate != "none":
+            return sanitize_run_id(candidate)
+    generated = new_run_id(project)
+    dist = _dist()
+    if dist is not None and info.world_size > 1:
+        box = [generated]
+        dist.broadcast_object_list(box, src=0)
+        generated = box[0]
+    return generated
+
+
+def sanitize_label_name(name: str) -> str:
+    name = _LABEL_BAD.sub("_", str(name))[:64] or "_"
+    return name if not name[0].isdigit() else "_" + name[:63]
+
+
+def build_labels(project: str | None, user: dict[str, Any] | None) -> dict[str, str]:
+    """project, hostname, pod and node (when Kubernetes tells them), then user labels."""
+    labels = {"hostname": socket.gethostname()}
+    for name, env in (("pod", "POD_NAME"), ("node", "NODE_NAME"), ("namespace", "POD_NAMESPACE")):
+        if os.environ.get(env):
+            labels[name] = os.environ[env]
+    if project:
+        labels["project"] = project
+    for key, value in (user or {}).items():
+        labels[sanitize_label_name(key)] = str(value)
+    return {k: v[:256] for k, v in list(labels.items())[:32]}
+
+
+def describe_hardware(device: Any, info: RankInfo, peak_flops: float | None) -> dict[str, Any]:
+    """FORMAT.md's ``hardware`` object for the device the model lives on."""
+    name, kind = _cpu_name(), "cpu"
+    if str(device).startswith("cuda"):
+        import torch
+
+        kind, name = "cuda", torch.cuda.get_device_name(device)
+    hardware = {"device": kind, "device_name": name, "world_size": info.world_size,
+                "peak_flops": peak_flops}
+    if "torch" in sys.modules:
+        import torch
+
+        hardware.update(torch_version=torch.__version__, num_threads=torch.get_num_threads())
+    return hardware
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"

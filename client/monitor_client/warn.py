@@ -1,0 +1,48 @@
+"""Rate-limited warnings: monitoring problems are reported, never raised into training.
+
+Example::
+
+    warner = Warner(interval=30.0)
+    warner.warn("post", "sidecar unreachable: %s", err)   # logged at most every 30 s
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+LOGGER = logging.getLogger("monitor_client")
+
+
+class Warner:
+    """Logs each key at most once per ``interval`` seconds and counts what it held back.
+
+    Example::
+
+        Warner(interval=60).warn("queue", "queue full, spooling")
+    """
+
+    def __init__(self, interval: float = 30.0, logger: logging.Logger = LOGGER,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.logger = logger
+        self._now = now
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, key: str, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` unless ``key`` was logged recently; return whether it was."""
+        with self._lock:
+            now = self._now()
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            held = self._suppressed.pop(key, 0)
+        suffix = f" ({held} similar warnings suppressed)" if held else ""
+        self.logger.warning("monitor_client: " + msg + suffix, *args)
+        return True

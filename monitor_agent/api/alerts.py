@@ -1,0 +1,107 @@
+"""``/v1/alerts`` and ``/v1/silences``: what fires, what is muted, who owns it.
+
+Example::
+
+    curl -s localhost:9400/v1/alerts?state=firing
+    curl -s -XPOST localhost:9400/v1/silences -H 'Authorization: Bearer $TOKEN' \\
+         -d '{"run_id": "gpt-7", "type": "loss_spike", "duration_seconds": 3600}'
+    curl -s -XPOST localhost:9400/v1/alerts/$FINGERPRINT/ack -d '{"by": "ana"}'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from monitor_agent import wire
+from monitor_agent.alerting.silences import MATCHERS
+from monitor_agent.api.deps import require_read, require_write
+
+router = APIRouter(tags=["alerts"])
+Text = Field(default="", max_length=1000)
+Matcher = Field(default=None, min_length=1, max_length=256)
+
+
+class SilenceIn(BaseModel):
+    """Mute alerts matching every given field, for ``duration_seconds``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str | None = Matcher
+    type: str | None = Matcher
+    alertname: str | None = Matcher
+    layer: str | None = Matcher
+    duration_seconds: float = Field(gt=0, le=90 * 86400)
+    comment: str = Text
+    created_by: str = Field(default="", max_length=200)
+
+    @model_validator(mode="after")
+    def _some_matcher(self) -> SilenceIn:
+        if not any(getattr(self, m) for m in MATCHERS):
+            raise ValueError(f"a silence needs at least one of: {', '.join(MATCHERS)}")
+        return self
+
+
+class AckIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str = Field(default="", max_length=200)
+
+
+def _alerting(request: Request) -> Any:
+    return request.app.state.alerting
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    # wire.dumps: alert values may be NaN, which must stay valid JSON.
+    return Response(wire.dumps(obj), status_code=status, media_type="application/json")
+
+
+@router.get("/v1/alerts", summary="Alerts, newest first", dependencies=[Depends(require_read)])
+def list_alerts(
+    request: Request,
+    state: Literal["pending", "firing", "resolved", "silenced"] | None = Query(
+        None, description="Only alerts in this state (silenced: firing under a silence)."),
+    run_id: str | None = Query(None, max_length=256),
+    limit: int = Query(1000, ge=1, le=10_000),
+) -> Response:
+    alerts = _alerting(request).list_alerts(state=state, run_id=run_id, limit=limit)
+    return _json({"alerts": [a.to_dict() for a in alerts]})
+
+
+@router.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert (no more reminders)",
+             dependencies=[Depends(require_write)])
+def acknowledge(fingerprint: str, request: Request, body: AckIn | None = None) -> Response:
+    body = body or AckIn()
+    view = _alerting(request).acknowledge(fingerprint, by=body.by)
+    if view is None:
+        raise HTTPException(404, f"no alert with fingerprint {fingerprint!r}; see GET /v1/alerts")
+    return _json(view.to_dict())
+
+
+@router.post("/v1/silences", status_code=201, summary="Silence alerts for a while",
+             dependencies=[Depends(require_write)])
+def add_silence(body: SilenceIn, request: Request) -> Response:
+    matchers = {m: getattr(body, m) for m in MATCHERS}
+    silence = _alerting(request).add_silence(
+        duration=body.duration_seconds, comment=body.comment, created_by=body.created_by,
+        **matchers,
+    )
+    return _json(silence.to_dict(), status=201)
+
+
+@router.get("/v1/silences", summary="Silences (active only unless asked)",
+            dependencies=[Depends(require_read)])
+def list_silences(request: Request, include_expired: bool = False) -> Response:
+    found = _alerting(request).silences(include_expired=include_expired)
+    return _json({"silences": [s.to_dict() for s in found]})
+
+
+@router.delete("/v1/silences/{id}", status_code=204, summary="End a silence now",
+               dependencies=[Depends(require_write)])
+def expire_silence(id: str, request: Request) -> Response:
+    if not _alerting(request).expire_silence(id):
+        raise HTTPException(404, f"no active silence {id!r}; see GET /v1/silences")
+    return Response(status_code=204)

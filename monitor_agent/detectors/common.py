@@ -1,0 +1,154 @@
+"""What every detector class shares: record dispatch, per-rank state, repeat limiting,
+finding construction and snapshot/restore.
+
+A detector subclasses ``DetectorBase``, names its ``type``, declares its per-rank state
+as a dataclass returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or
+``tick`` when it needs them).
+
+Example::
+
+    class MyDetector(DetectorBase):
+        type = "loss_spike"
+
+        def new_rank(self) -> MyState:
+            return MyState()
+
+        def on_step(self, rec: StepRecord, st: MyState) -> list[Finding]:
+            ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from monitor_agent.detectors.catalogue import USUAL_SEVERITY
+from monitor_agent.detectors.context import RunContext
+from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.state import dump, load_into, plain
+from monitor_agent.types import EvalRecord, Finding, Record, Severity, StepRecord
+
+
+@dataclass(slots=True)
+class Repeater:
+    """Reports a condition when it starts and then at most every ``every`` units (steps,
+    or seconds for clock checks) while it persists, per key (rank, layer)."""
+
+    last: dict[str, float] = field(default_factory=dict)
+
+    def due(self, key: str, at: float, every: float) -> bool:
+        previous = self.last.get(key)
+        if previous is not None and at - previous < every:
+            return False
+        self.last[key] = at
+        return True
+
+
+class DetectorBase:
+    """Dispatch, per-rank state and snapshot for one finding type (see module docstring)."""
+
+    type: str = ""
+
+    def __init__(self, settings: DetectorSettings, ctx: RunContext) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        self.ranks: dict[int, Any] = {}
+        self.repeat = Repeater()
+
+    # -- protocol -------------------------------------------------------------------------
+
+    def update(self, record: Record) -> list[Finding]:
+        if isinstance(record, StepRecord):
+            return self.on_step(record, self._rank(record.rank))
+        if isinstance(record, EvalRecord):
+            return self.on_eval(record, self._rank(record.rank))
+        return []
+
+    def tick(self, now: float) -> list[Finding]:
+        return []
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "ranks": {str(r): dump(s) for r, s in self.ranks.items()},
+            "repeat": dump(self.repeat),
+            "extra": self.snapshot_extra(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ranks = {int(r): load_into(self.new_rank(), s) for r, s in state["ranks"].items()}
+        self.repeat = load_into(Repeater(), state.get("repeat", {}))
+        self.restore_extra(plain(state.get("extra") or {}))
+
+    # -- for subclasses ---------------------------------------------------------------------
+
+    def new_rank(self) -> Any:
+        return None
+
+    def on_step(self, rec: StepRecord, st: Any) -> list[Finding]:
+        return []
+
+    def on_eval(self, rec: EvalRecord, st: Any) -> list[Finding]:
+        return []
+
+    def snapshot_extra(self) -> dict[str, Any]:
+        return {}
+
+    def restore_extra(self, data: dict[str, Any]) -> None:
+        return None
+
+    def _rank(self, rank: int) -> Any:
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = self.new_rank()
+        return st
+
+    def due(self, rec: StepRecord | EvalRecord, layer: str | None = None) -> bool:
+        """Whether a condition present at ``rec`` should be reported now (not spammed)."""
+        key = f"{rec.rank}/{layer or ''}"
+        return self.repeat.due(key, rec.step, self.settings.repeat_every_steps)
+
+    def finding(
+        self,
+        rec: StepRecord | EvalRecord,
+        message: str,
+        *,
+        value: float | None = None,
+        threshold: float | None = None,
+        evidence: dict[str, Any] | None = None,
+        suggestions: tuple[str, ...] = (),
+        layer: str | None = None,
+        severity: Severity | None = None,
+    ) -> Finding:
+        return Finding(
+            type=self.type,
+            severity=severity if severity is not None else USUAL_SEVERITY[self.type],
+            run_id=rec.run_id,
+            step=rec.step,
+            rank=rec.rank,
+            layer=layer,
+            value=_num(value),
+            threshold=_num(threshold),
+            message=message,
+            evidence={k: _num(v) for k, v in (evidence or {}).items()},
+            suggestions=suggestions,
+            time=rec.time,
+        )
+
+
+def _num(v: Any) -> Any:
+    """numpy scalars to Python numbers, so findings serialise anywhere."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and math.isfinite(v):
+        return float(f"{v:.6g}")
+    return v
+
+
+def fmt(x: float | None) -> str:
+    """A number for a one-line message: 4.26, 2.5e+11, 0.00012."""
+    if x is None:
+        return "n/a"
+    return f"{x:.3g}"

@@ -1,0 +1,172 @@
+"""What every detector of one run shares: the run's config, layer order and per-rank EMA.
+
+The suite owns one ``RunContext`` and hands it to each detector, so the run record, the
+layer alignment and the loss EMA are computed once per record, not once per detector.
+
+Example::
+
+    ctx = RunContext(DetectorSettings())
+    ctx.observe(run_record)
+    view = ctx.align(step.layers)      # columns in input->output order, registry slots
+    ctx.after(step)                    # the loss EMA now includes this step
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.state import dump, load_into
+from monitor_agent.detectors.stats import Ema
+from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
+
+
+@dataclass(slots=True)
+class RankInfo:
+    """Per-rank facts: the loss EMA and how many steps were seen."""
+
+    ema: Ema = field(default_factory=Ema)
+    steps: int = 0
+    last_step: int = -1
+    last_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LayerView:
+    """A record's layer table aligned to the run: ``order`` lists its columns from input
+    to output, ``slots`` maps each column to the run's stable per-layer index."""
+
+    table: LayerTable
+    order: np.ndarray
+    slots: np.ndarray
+    size: int
+
+
+@dataclass(slots=True)
+class ContextState:
+    warmup: int = 0
+    total_steps: int | None = None
+    layer_order: list[str] = field(default_factory=list)
+    layer_names: list[str] = field(default_factory=list)
+    ranks: dict[str, RankInfo] = field(default_factory=dict)
+    ended: bool = False
+
+
+class RunContext:
+    """Shared, snapshot-able facts about one run (see module docstring)."""
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        self.settings = settings
+        self.state = ContextState(warmup=settings.default_warmup_steps)
+        self._slot: dict[str, int] = {}
+        self._cache: tuple[tuple[str, ...], LayerView] | None = None
+
+    # -- run facts ------------------------------------------------------------------------
+
+    def observe(self, record: Record) -> None:
+        """Take what the detectors need from a run or end record."""
+        if isinstance(record, RunRecord):
+            self._observe_run(record)
+        elif isinstance(record, EndRecord):
+            self.state.ended = True
+
+    def _observe_run(self, record: RunRecord) -> None:
+        warmup = _as_int(record.config.get("warmup_steps"))
+        if warmup is not None:
+            self.state.warmup = warmup
+        self.state.total_steps = _as_int(record.config.get("total_steps"))
+        order = record.layer_order
+        if order:
+            self.state.layer_order = [str(n) for n in order]
+            for name in self.state.layer_order:
+                self._register(name)
+        self._cache = None
+
+    @property
+    def warmup(self) -> int:
+        return self.state.warmup
+
+    def in_warmup(self, step: int) -> bool:
+        return step <= self.state.warmup
+
+    def rank(self, rank: int) -> RankInfo:
+        info = self.state.ranks.get(str(rank))
+        if info is None:
+            info = self.state.ranks[str(rank)] = RankInfo(ema=Ema(self.settings.ema_alpha))
+        return info
+
+    def ranks(self) -> dict[int, RankInfo]:
+        return {int(r): info for r, info in self.state.ranks.items()}
+
+    def after(self, record: Record) -> None:
+        """Fold a step into the per-rank facts, after the detectors judged it."""
+        if not isinstance(record, StepRecord):
+            return
+        info = self.rank(record.rank)
+        info.steps += 1
+        info.last_step = record.step
+        info.last_time = record.time
+        if record.loss is not None and math.isfinite(record.loss):
+            info.ema.add(record.loss)
+
+    def ema_loss(self, rank: int = 0) -> float | None:
+        info = self.state.ranks.get(str(rank))
+        return info.ema.value if info is not None else None
+
+    # -- layers ---------------------------------------------------------------------------
+
+    def align(self, table: LayerTable) -> LayerView:
+        """Columns of ``table`` in depth order plus stable slots (cached per name tuple)."""
+        if self._cache is not None:
+            names, view = self._cache
+            if names is table.names or names == table.names:
+                return LayerView(table, view.order, view.slots, len(self.state.layer_names))
+        slots = np.fromiter((self._register(n) for n in table.names), dtype=np.intp)
+        order = self._depth_order(table.names)
+        view = LayerView(table, order, slots, len(self.state.layer_names))
+        self._cache = (table.names, view)
+        return view
+
+    def _depth_order(self, names: tuple[str, ...]) -> np.ndarray:
+        if not self.state.layer_order:
+            return np.arange(len(names), dtype=np.intp)
+        rank = {n: i for i, n in enumerate(self.state.layer_order)}
+        cols = [c for c, n in enumerate(names) if n in rank]
+        if not cols:  # the order names none of these parameters: use parameter order
+            return np.arange(len(names), dtype=np.intp)
+        cols.sort(key=lambda c: rank[names[c]])
+        return np.array(cols, dtype=np.intp)
+
+    def _register(self, name: str) -> int:
+        slot = self._slot.get(name)
+        if slot is None:
+            slot = self._slot[name] = len(self.state.layer_names)
+            self.state.layer_names.append(name)
+        return slot
+
+    def layer_name(self, slot: int) -> str:
+        return self.state.layer_names[slot]
+
+    # -- snapshot -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return dump(self.state)
+
+    def restore(self, data: dict[str, Any]) -> None:
+        ranks = data.get("ranks", {})
+        self.state = load_into(ContextState(), {k: v for k, v in data.items() if k != "ranks"})
+        self.state.ranks = {
+            r: load_into(RankInfo(ema=Ema(self.settings.ema_alpha)), v) for r, v in ranks.items()
+        }
+        self._slot = {n: i for i, n in enumerate(self.state.layer_names)}
+        self._cache = None
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if math.isfinite(value) and value >= 0 else None

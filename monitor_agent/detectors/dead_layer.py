@@ -1,0 +1,88 @@
+"""``dead_layer``: a parameter got no gradient, an all-zero gradient, or an exactly zero
+update for ``dead_steps`` consecutive steps (frozen, disconnected, lr 0 in its group).
+
+Counting is vectorised over the run's layer slots; loss-scaler overflow steps are skipped
+(nothing updates there by design). One finding per dead layer, at most
+``max_layer_findings`` per record; when every parameter is dead, one run-level finding.
+
+Example::
+
+    det = DeadLayerDetector(settings, ctx)
+    det.update(step)  # -> [Finding(layer="blocks.1.mlp_fc.weight", message="... 20 steps")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.layer_stats import grown
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class DeadState:
+    runs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+class DeadLayerDetector(DetectorBase):
+    """Warning per parameter with ``dead_steps`` consecutive zero-gradient/zero-update steps."""
+
+    type = "dead_layer"
+
+    def new_rank(self) -> DeadState:
+        return DeadState()
+
+    def on_step(self, rec: StepRecord, st: DeadState) -> list[Finding]:
+        if rec.layers is None or amp_overflow(rec):
+            return []
+        view = self.ctx.align(rec.layers)
+        t = rec.layers
+        dead = t.grad_none.copy()
+        dead |= (t.stats["grad_norm"] == 0) & t.measured["grad_norm"]
+        dead |= (t.stats["update_norm"] == 0) & t.measured["update_norm"]
+        st.runs = grown(st.runs, view.size, 0)
+        runs = st.runs[view.slots]
+        runs = np.where(dead, runs + 1, 0)
+        st.runs[view.slots] = runs
+        hits = np.flatnonzero(runs >= self.settings.dead_steps)
+        if not len(hits):
+            return []
+        if len(hits) == len(t):
+            return self._all_dead(rec, int(runs.min()))
+        return self._per_layer(rec, hits, runs)
+
+    def _reason(self, rec: StepRecord, c: int) -> str:
+        t = rec.layers
+        if t.grad_none[c]:
+            return "no gradient"
+        if t.stats["grad_norm"][c] == 0:
+            return "an all-zero gradient"
+        return f"a zero update (grad norm {t.stats['grad_norm'][c]:.3g})"
+
+    def _per_layer(self, rec: StepRecord, hits: np.ndarray, runs: np.ndarray) -> list[Finding]:
+        found = []
+        for c in hits:
+            name = rec.layers.names[c]
+            if len(found) >= self.settings.max_layer_findings or not self.due(rec, name):
+                continue
+            msg = f"{name} got {self._reason(rec, c)} for {runs[c]} steps"
+            found.append(self.finding(
+                rec, msg, value=float(runs[c]), threshold=self.settings.dead_steps, layer=name,
+                evidence={"steps": int(runs[c]), "dead_layers": len(hits),
+                          "grad_norm": float(rec.layers.stats["grad_norm"][c])},
+                suggestions=tips.DEAD_LAYER,
+            ))
+        return found
+
+    def _all_dead(self, rec: StepRecord, steps: int) -> list[Finding]:
+        if not self.due(rec):
+            return []
+        msg = f"no parameter changed for {steps} steps (lr {rec.lr})"
+        return [self.finding(rec, msg, value=float(steps), threshold=self.settings.dead_steps,
+                             evidence={"steps": steps, "lr": rec.lr},
+                             suggestions=tips.UPDATE_RATIO_LOW)]

@@ -1,0 +1,76 @@
+"""``gain_drift``: the gradient's amplification from layer to layer creeping upward.
+
+Per step, the per-layer gain is ``exp(-slope)`` of log grad norm against depth (input to
+output, from ``layer_order``), a least-squares fit over every parameter so no single
+noisy parameter decides it; gain > 1 means gradients grow toward the input. The baseline
+is its median over the first ``gain_window`` steps after warmup; the finding fires when
+the median of the last ``gain_window`` steps exceeds the baseline by the depth-scaled
+limit ``1 + gain_drift_coef * sqrt(L)`` and the drift compounded over the depth (input vs
+output) reaches ``gain_drift_min_total``, so a shallow net's noise never fires.
+
+Example::
+
+    GainDriftDetector(settings, ctx).update(step)  # -> [Finding("per-layer gain 1.31x ...")]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.stats import Window, slope
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class GainState:
+    recent: Window
+    baseline_values: Window
+    baseline: float | None = None
+
+
+class GainDriftDetector(DetectorBase):
+    """Warning when the per-layer backward gain grew past the depth-scaled limit."""
+
+    type = "gain_drift"
+
+    def new_rank(self) -> GainState:
+        w = self.settings.gain_window
+        return GainState(recent=Window.of(w), baseline_values=Window.of(w))
+
+    def on_step(self, rec: StepRecord, st: GainState) -> list[Finding]:
+        if rec.layers is None or amp_overflow(rec) or self.ctx.in_warmup(rec.step):
+            return []
+        view = self.ctx.align(rec.layers)
+        g = rec.layers.stats["grad_norm"][view.order]
+        if len(g) < 3 or not (np.isfinite(g).all() and (g > 0).all()):
+            return []
+        log_gain = -slope(np.log(g))
+        if st.baseline is None:
+            st.baseline_values.add(log_gain)
+            if st.baseline_values.full:
+                st.baseline = st.baseline_values.median()
+            return []
+        st.recent.add(log_gain)
+        if not st.recent.full:
+            return []
+        return self._judge(rec, st, len(g))
+
+    def _judge(self, rec: StepRecord, st: GainState, depth: int) -> list[Finding]:
+        drift = math.exp(st.recent.median() - st.baseline)
+        limit = 1.0 + self.settings.gain_drift_coef * math.sqrt(depth)
+        total = drift ** (depth - 1)
+        if drift <= limit or total < self.settings.gain_drift_min_total or not self.due(rec):
+            return []
+        now, base = math.exp(st.recent.median()), math.exp(st.baseline)
+        msg = (f"per-layer gradient gain {now:.3f} is {drift:.2f}x its early {base:.3f} "
+               f"(limit {limit:.2f}x for {depth} layers)")
+        evidence = {"gain": now, "baseline_gain": base, "drift": drift, "layers": depth,
+                    "end_to_end_drift": total}
+        return [self.finding(rec, msg, value=drift, threshold=limit, evidence=evidence,
+                             suggestions=tips.GAIN_DRIFT)]

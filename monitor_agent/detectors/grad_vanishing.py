@@ -1,0 +1,96 @@
+"""``grad_vanishing``: early layers get < 1% of the late layers' gradient, or one parameter
+dominates the gradient so that, after clipping, every other one is starved.
+
+Depth comes from the run's ``layer_order`` (else parameter order). Early = the first
+quarter of the parameters, late = the last quarter, each summarised by its median grad
+norm; the ratio is judged as a median over ``vanishing_window`` steps so one odd batch
+never fires. Dominance compares relative gradients (grad norm / param norm), which
+removes the size differences between embeddings, matrices and norms.
+
+Example::
+
+    det = GradVanishingDetector(settings, ctx)
+    det.update(step)  # -> [Finding(message="early layers get 9.8e-14 of the late layers' ...")]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.stats import Window
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class VanishingState:
+    ratios: Window
+    dominance: Window
+    dominant: str = ""
+
+
+class GradVanishingDetector(DetectorBase):
+    """Warning on early/late grad ratio < ``vanishing_ratio`` or a dominating parameter."""
+
+    type = "grad_vanishing"
+
+    def new_rank(self) -> VanishingState:
+        w = self.settings.vanishing_window
+        return VanishingState(ratios=Window.of(w), dominance=Window.of(w))
+
+    def on_step(self, rec: StepRecord, st: VanishingState) -> list[Finding]:
+        if rec.layers is None or amp_overflow(rec) or len(rec.layers) < 2:
+            return []
+        view = self.ctx.align(rec.layers)
+        grads = rec.layers.stats["grad_norm"][view.order]
+        if len(grads) < 2 or not np.isfinite(grads).all():
+            return []
+        return self._depth(rec, st, grads) + self._dominance(rec, st, view.order)
+
+    def _depth(self, rec: StepRecord, st: VanishingState, grads: np.ndarray) -> list[Finding]:
+        q = max(1, len(grads) // 4)
+        early, late = float(np.median(grads[:q])), float(np.median(grads[-q:]))
+        if late <= 0:
+            return []
+        st.ratios.add(early / late)
+        ratio = st.ratios.median()
+        if not st.ratios.full or ratio >= self.settings.vanishing_ratio or not self.due(rec):
+            return []
+        msg = (f"early layers get {fmt(ratio)} of the late layers' gradient norm "
+               f"(median {fmt(early)} vs {fmt(late)})")
+        evidence = {"ratio": ratio, "early_median": early, "late_median": late,
+                    "layers_per_group": q}
+        return [self.finding(rec, msg, value=ratio, threshold=self.settings.vanishing_ratio,
+                             evidence=evidence, suggestions=tips.GRAD_VANISHING)]
+
+    def _dominance(self, rec: StepRecord, st: VanishingState, order: np.ndarray) -> list[Finding]:
+        table = rec.layers
+        g, p = table.stats["grad_norm"][order], table.stats["param_norm"][order]
+        ok = (p > 0) & np.isfinite(p)
+        if ok.sum() < 3:
+            return []
+        rel = g[ok] / p[ok]
+        top = int(np.argmax(rel))
+        others = np.delete(rel, top)
+        base = float(np.median(others))
+        if base <= 0:
+            return []
+        name = table.names[int(order[np.flatnonzero(ok)[top]])]
+        if name != st.dominant:
+            st.dominance.clear()
+            st.dominant = name
+        st.dominance.add(math.log(rel[top] / base))
+        ratio = math.exp(st.dominance.median())
+        limit = self.settings.dominance_ratio
+        if not st.dominance.full or ratio < limit or not self.due(rec, name):
+            return []
+        msg = (f"{name} dominates the gradient: its grad/param norm is {ratio:.0f}x "
+               f"the median of the other parameters")
+        return [self.finding(rec, msg, value=ratio, threshold=limit, layer=name,
+                             evidence={"ratio": ratio, "others_median": base},
+                             suggestions=tips.GRAD_DOMINANCE)]

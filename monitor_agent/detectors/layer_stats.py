@@ -1,0 +1,50 @@
+"""Per-parameter running state as numpy arrays indexed by the run's stable layer slots.
+
+Example::
+
+    ema = LayerEma()
+    ema.add(view.slots, np.log(grad_norms), alpha=0.9)
+    baseline = ema.value(view.slots)     # bias-corrected, NaN where nothing seen yet
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def grown(arr: np.ndarray, size: int, fill: float | int | bool) -> np.ndarray:
+    """``arr`` extended to ``size`` with ``fill`` (new layers appeared)."""
+    if len(arr) >= size:
+        return arr
+    extra = np.full(size - len(arr), fill, dtype=arr.dtype)
+    return np.concatenate((arr, extra))
+
+
+@dataclass(slots=True)
+class LayerEma:
+    """A bias-corrected EMA per layer slot; NaN inputs leave a slot unchanged."""
+
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def add(self, slots: np.ndarray, x: np.ndarray, alpha: float, size: int) -> None:
+        self.raw = grown(self.raw, size, 0.0)
+        self.n = grown(self.n, size, 0)
+        ok = np.isfinite(x)
+        s = slots[ok]
+        self.raw[s] = alpha * self.raw[s] + (1.0 - alpha) * x[ok]
+        self.n[s] += 1
+
+    def value(self, slots: np.ndarray, alpha: float, size: int) -> np.ndarray:
+        self.raw = grown(self.raw, size, 0.0)
+        self.n = grown(self.n, size, 0)
+        n = self.n[slots]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = self.raw[slots] / (1.0 - alpha ** n.astype(np.float64))
+        return np.where(n > 0, v, np.nan)
+
+    def count(self, slots: np.ndarray, size: int) -> np.ndarray:
+        self.n = grown(self.n, size, 0)
+        return self.n[slots]

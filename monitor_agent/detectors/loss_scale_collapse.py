@@ -1,0 +1,83 @@
+"""``loss_scale_collapse``: the mixed-precision loss scale falling repeatedly, to its floor,
+or overflowing on many consecutive steps.
+
+A dynamic loss scaler halves its scale on an overflow and skips that optimizer step; a few
+of those are the scaler probing (especially in its own warmup) and are only counted. Once
+the scaler has run ``loss_scale_settle_steps`` clean steps, a scale
+``loss_scale_halvings`` halvings below its recent maximum, a scale under
+``loss_scale_floor``, or ``loss_scale_max_skipped`` skipped steps in a row is a collapse.
+
+Example::
+
+    LossScaleCollapseDetector(settings, ctx).update(step)  # -> [Finding("loss scale 4096 ...")]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class ScaleState:
+    scales: Window
+    settled: bool = False
+    clean: int = 0
+    consecutive_skipped: int = 0
+    skipped_total: int = 0
+
+
+class LossScaleCollapseDetector(DetectorBase):
+    """Error when the loss scale collapses (see module docstring)."""
+
+    type = "loss_scale_collapse"
+
+    def new_rank(self) -> ScaleState:
+        return ScaleState(scales=Window.of(self.settings.baseline_window))
+
+    def on_step(self, rec: StepRecord, st: ScaleState) -> list[Finding]:
+        scale = rec.loss_scale
+        if not finite(scale):
+            return []
+        self._count(rec, st)
+        peak = float(max(st.scales.values())) if len(st.scales) else scale
+        if st.settled:
+            st.scales.add(scale)
+        reason = self._reason(st, scale, peak)
+        if reason is None or not self.due(rec):
+            return []
+        halvings = math.log2(peak / scale) if scale > 0 and peak > 0 else math.inf
+        msg = (f"loss scale {fmt(scale)} is {halvings:.0f} halvings below its recent "
+               f"{fmt(peak)} ({reason}); {st.skipped_total} steps skipped so far")
+        evidence = {"loss_scale": scale, "recent_max": peak, "halvings": halvings,
+                    "skipped_total": st.skipped_total,
+                    "consecutive_skipped": st.consecutive_skipped, "loss": rec.loss}
+        return [self.finding(rec, msg, value=scale, threshold=peak, evidence=evidence,
+                             suggestions=tips.LOSS_SCALE)]
+
+    def _count(self, rec: StepRecord, st: ScaleState) -> None:
+        if amp_overflow(rec):
+            st.skipped_total += 1
+            st.consecutive_skipped += 1
+            st.clean = 0
+            return
+        st.consecutive_skipped = 0
+        st.clean += 1
+        if st.clean >= self.settings.loss_scale_settle_steps:
+            st.settled = True
+
+    def _reason(self, st: ScaleState, scale: float, peak: float) -> str | None:
+        s = self.settings
+        if scale < s.loss_scale_floor:
+            return f"below the floor {fmt(s.loss_scale_floor)}"
+        if st.consecutive_skipped >= s.loss_scale_max_skipped:
+            return f"{st.consecutive_skipped} overflow steps in a row"
+        if st.settled and scale <= peak / 2**s.loss_scale_halvings:
+            return f"at least {s.loss_scale_halvings} halvings"
+        return None

@@ -1,0 +1,63 @@
+"""``loss_spike``: the loss far above its recent level, both as a multiple of its
+bias-corrected EMA and as a robust (median/MAD) z-score of log(loss / EMA).
+
+Judging the ratio in log space against the run's own residual spread makes it scale-free:
+a noisy small-batch run needs a bigger jump than a smooth one. The spike itself never
+enters the EMA before it is judged, and MAD ignores earlier spikes in the window.
+
+Example::
+
+    det = LossSpikeDetector(settings, ctx)
+    det.update(step)   # -> [Finding(type="loss_spike", message="loss 4.26 is 2.0x its EMA ...")]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.stats import Window, finite, robust_z
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class SpikeState:
+    residuals: Window
+    spikes: int = 0
+
+
+class LossSpikeDetector(DetectorBase):
+    """Warning when loss/EMA and the robust z of log(loss/EMA) both exceed their limits."""
+
+    type = "loss_spike"
+
+    def new_rank(self) -> SpikeState:
+        return SpikeState(residuals=Window.of(self.settings.baseline_window))
+
+    def on_step(self, rec: StepRecord, st: SpikeState) -> list[Finding]:
+        ema = self.ctx.ema_loss(rec.rank)
+        if not finite(rec.loss) or ema is None or ema <= 0 or rec.loss <= 0:
+            return []
+        resid = math.log(rec.loss / ema)
+        found = []
+        if len(st.residuals) >= self.settings.min_history_steps:
+            found = self._judge(rec, st, ema, resid)
+        st.residuals.add(resid)
+        return found
+
+    def _judge(self, rec: StepRecord, st: SpikeState, ema: float, resid: float) -> list[Finding]:
+        s = self.settings
+        ratio = rec.loss / ema
+        z = robust_z(resid, st.residuals, floor=1e-3)
+        if ratio < s.spike_ratio or z < s.spike_z:
+            return []
+        st.spikes += 1
+        if not self.due(rec):
+            return []
+        msg = f"loss {fmt(rec.loss)} is {ratio:.1f}x its EMA {fmt(ema)} (z={z:.1f})"
+        evidence = {"loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
+                    "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
+        return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,
+                             suggestions=tips.LOSS_SPIKE)]

@@ -1,0 +1,78 @@
+"""``overfitting``: val loss rising while train loss falls, or a wide train-val gap once
+val loss stops improving (post-eval analysis).
+
+On every eval: the gap ``(val - train) / train`` is banded (mild from
+``overfit_gap_mild``, high from ``overfit_gap_high``) and the val loss is compared with its
+best so far. Fires when val is ``overfit_val_rise`` above its best while train loss kept
+falling and the gap is at least mild, on ``overfit_evals`` evals in a row, or when the gap
+is high and val has not improved for ``overfit_evals`` evals. The train loss
+is the eval record's ``train_loss``, else the rank's loss EMA.
+
+Example::
+
+    OverfittingDetector(settings, ctx).update(eval_rec)  # -> [Finding("val loss 2.91 ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.stats import finite
+from monitor_agent.types import EvalRecord, Finding
+
+
+@dataclass(slots=True)
+class OverfitState:
+    best_val: float | None = None
+    best_step: int = -1
+    train_at_best: float | None = None
+    evals_since_best: int = 0
+    evals_above: int = 0
+
+
+class OverfittingDetector(DetectorBase):
+    """Warning on val rising while train falls, or a high gap with stalled val."""
+
+    type = "overfitting"
+
+    def new_rank(self) -> OverfitState:
+        return OverfitState()
+
+    def on_eval(self, rec: EvalRecord, st: OverfitState) -> list[Finding]:
+        train = rec.train_loss if finite(rec.train_loss) else self.ctx.ema_loss(rec.rank)
+        if not finite(rec.val_loss) or not finite(train) or train <= 0:
+            return []
+        if st.best_val is None or rec.val_loss < st.best_val:
+            st.best_val, st.best_step, st.train_at_best = rec.val_loss, rec.step, train
+            st.evals_since_best = st.evals_above = 0
+            return []
+        st.evals_since_best += 1
+        rise = rec.val_loss / st.best_val - 1.0
+        gap = (rec.val_loss - train) / train
+        s = self.settings
+        # Val rising without a train-val gap is noise or instability, not overfitting; one
+        # noisy eval above a lucky best is not a trend, so it must hold for a few evals.
+        above = (rise >= s.overfit_val_rise and train < (st.train_at_best or train)
+                 and gap >= s.overfit_gap_mild)
+        st.evals_above = st.evals_above + 1 if above else 0
+        diverging = st.evals_above >= s.overfit_evals
+        wide = gap >= s.overfit_gap_high and st.evals_since_best >= s.overfit_evals
+        if not (diverging or wide) or not self.due(rec):
+            return []
+        return [self._finding(rec, st, train, rise, gap)]
+
+    def _finding(
+        self, rec: EvalRecord, st: OverfitState, train: float, rise: float, gap: float
+    ) -> Finding:
+        s = self.settings
+        band = "high" if gap >= s.overfit_gap_high else "mild" if gap >= s.overfit_gap_mild else "low"
+        msg = (f"val loss {fmt(rec.val_loss)} is {rise:+.0%} from its best {fmt(st.best_val)} "
+               f"(step {st.best_step}) while train loss went {fmt(st.train_at_best)} -> "
+               f"{fmt(train)}; train-val gap {gap:.0%} ({band})")
+        evidence = {"val_loss": rec.val_loss, "train_loss": train, "best_val": st.best_val,
+                    "best_step": st.best_step, "val_rise": rise, "gap": gap, "gap_band": band,
+                    "evals_since_best": st.evals_since_best}
+        return self.finding(rec, msg, value=rec.val_loss, threshold=st.best_val,
+                            evidence=evidence, suggestions=tips.OVERFITTING)

@@ -1,0 +1,92 @@
+"""``plateau``: the loss flat for a long window, or the val loss without a new best for
+``plateau_evals`` evaluations.
+
+Training loss (warning): the median of the last quarter of a ``plateau_window``-step
+window against the median of its first quarter; improvement below
+``plateau_min_improvement`` (relative) is flat, and when the loss has also not improved
+since the run's first steps the run is not learning. A flat stretch after progress is
+normal (the tail of a decaying schedule) and is judged on the val loss instead (info): no
+new best for ``plateau_evals`` evaluations.
+
+Example::
+
+    PlateauDetector(settings, ctx).update(step)  # -> [Finding("loss flat: 4.58 -> 4.58 ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
+
+
+@dataclass(slots=True)
+class PlateauState:
+    losses: Window
+    first: list[float] = field(default_factory=list)
+    best_val: float | None = None
+    evals_since_best: int = 0
+
+
+class PlateauDetector(DetectorBase):
+    """Warning (never learnt) or info (stalled progress) on a flat loss."""
+
+    type = "plateau"
+
+    def new_rank(self) -> PlateauState:
+        return PlateauState(losses=Window.of(self.settings.plateau_window))
+
+    def on_step(self, rec: StepRecord, st: PlateauState) -> list[Finding]:
+        if not finite(rec.loss):
+            return []
+        if len(st.first) < self.settings.min_history_steps:
+            st.first.append(rec.loss)
+        st.losses.add(rec.loss)
+        if not st.losses.full or self.ctx.in_warmup(rec.step):
+            return []
+        values = st.losses.values()
+        q = len(values) // 4
+        before, now = float(np.median(values[:q])), float(np.median(values[-q:]))
+        gain = (before - now) / max(abs(before), 1e-12)
+        start = float(np.median(st.first))
+        since_start = (start - now) / max(abs(start), 1e-12)
+        # A flat stretch after real progress is normal (the tail of a decaying schedule);
+        # its val-loss side is judged per eval. Flat since the first steps is not learning.
+        never = since_start < 2 * self.settings.plateau_min_improvement
+        if gain >= self.settings.plateau_min_improvement or not never or not self.due(rec):
+            return []
+        return [self._finding(rec, before, now, gain, start)]
+
+    def _finding(
+        self, rec: StepRecord, before: float, now: float, gain: float, start: float
+    ) -> Finding:
+        n = self.settings.plateau_window
+        msg = (f"loss flat over the last {n} steps: {fmt(before)} -> {fmt(now)} "
+               f"({gain:+.1%}), and {fmt(start)} at the start: the run is not learning")
+        evidence = {"before": before, "now": now, "improvement": gain, "start": start,
+                    "lr": rec.lr}
+        return self.finding(rec, msg, value=gain, threshold=self.settings.plateau_min_improvement,
+                            evidence=evidence, suggestions=tips.PLATEAU,
+                            severity=Severity.WARNING)
+
+    def on_eval(self, rec: EvalRecord, st: PlateauState) -> list[Finding]:
+        if not finite(rec.val_loss):
+            return []
+        if st.best_val is None or rec.val_loss < st.best_val:
+            st.best_val, st.evals_since_best = rec.val_loss, 0
+            return []
+        st.evals_since_best += 1
+        if st.evals_since_best < self.settings.plateau_evals or not self.due(rec):
+            return []
+        msg = (f"val loss {fmt(rec.val_loss)} has not beaten its best {fmt(st.best_val)} "
+               f"for {st.evals_since_best} evals")
+        evidence = {"val_loss": rec.val_loss, "best_val": st.best_val,
+                    "evals_since_best": st.evals_since_best}
+        return [self.finding(rec, msg, value=rec.val_loss, threshold=st.best_val,
+                             evidence=evidence, suggestions=tips.PLATEAU + tips.OVERFITTING[:1],
+                             severity=Severity.INFO)]

@@ -1,0 +1,81 @@
+"""``stalled``: no step from a rank for much longer than its usual step interval.
+
+The decision is pure: ``tick(now)`` compares ``now`` (injected: wall time live, record
+time in replay, where a trace without an end record gets a last tick
+``stall_horizon_seconds`` after its last record) with each rank's last step time. The
+limit is ``stall_factor`` x the median interval between its steps, never less than
+``stall_min_seconds``. An ended run never stalls.
+
+Example::
+
+    det = StalledDetector(settings, ctx)
+    det.update(step)                    # learns the step interval
+    det.tick(step.time + 3600.0)        # -> [Finding(type="stalled", step=step.step, ...)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.catalogue import USUAL_SEVERITY
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.stats import Window
+from monitor_agent.types import Finding, StepRecord
+
+MIN_INTERVALS = 5  # intervals needed before the median step interval means anything
+
+
+@dataclass(slots=True)
+class Liveness:
+    intervals: Window
+    run_id: str = ""
+    last_step: int = -1
+    last_time: float | None = None
+
+
+class StalledDetector(DetectorBase):
+    """Error when a rank is silent for ``stall_factor`` x its median step interval."""
+
+    type = "stalled"
+
+    def new_rank(self) -> Liveness:
+        return Liveness(intervals=Window.of(self.settings.baseline_window))
+
+    def on_step(self, rec: StepRecord, st: Liveness) -> list[Finding]:
+        if st.last_time is not None and rec.time > st.last_time:
+            st.intervals.add(rec.time - st.last_time)
+        st.run_id, st.last_step = rec.run_id, rec.step
+        st.last_time = rec.time if st.last_time is None else max(st.last_time, rec.time)
+        return []
+
+    def limit(self, st: Liveness) -> float | None:
+        if len(st.intervals) < MIN_INTERVALS:
+            return None
+        return max(self.settings.stall_factor * st.intervals.median(),
+                   self.settings.stall_min_seconds)
+
+    def tick(self, now: float) -> list[Finding]:
+        if self.ctx.state.ended:
+            return []
+        found = []
+        for rank, st in sorted(self.ranks.items()):
+            limit = self.limit(st)
+            if limit is None or st.last_time is None or now - st.last_time <= limit:
+                continue
+            if self.repeat.due(str(rank), now, self.settings.stall_repeat_seconds):
+                found.append(self._finding(rank, st, now, limit))
+        return found
+
+    def _finding(self, rank: int, st: Liveness, now: float, limit: float) -> Finding:
+        silent = now - st.last_time
+        median = st.intervals.median()
+        msg = (f"no step from rank {rank} for {silent:.0f} s after step {st.last_step} "
+               f"(usual interval {median:.3g} s, limit {limit:.0f} s)")
+        return Finding(
+            type=self.type, severity=USUAL_SEVERITY[self.type], run_id=st.run_id,
+            step=st.last_step, rank=rank, value=silent, threshold=limit, message=msg,
+            evidence={"silent_seconds": silent, "median_interval": median,
+                      "last_step_time": st.last_time},
+            suggestions=tips.STALLED, time=now,
+        )

@@ -1,0 +1,65 @@
+"""``straggler``: one rank's own compute time far above the other ranks' of the same run.
+
+In synchronous data parallelism every rank waits for the slowest at the all-reduce, so
+``step_time`` rises everywhere; the straggler shows in its own work (``compute_time``, or
+``step_time - sync_wait_time``). Each rank's median over ``straggler_window`` steps is
+compared with the median of the other ranks' medians.
+
+Example::
+
+    det = StragglerDetector(settings, ctx)
+    for rec in interleaved_rank_records:
+        det.update(rec)   # -> [Finding(rank=1, message="rank 1 computes 4.0x ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class RankTimes:
+    times: Window
+
+
+def own_time(rec: StepRecord) -> float | None:
+    if finite(rec.compute_time):
+        return rec.compute_time
+    if finite(rec.step_time) and finite(rec.sync_wait_time):
+        return rec.step_time - rec.sync_wait_time
+    return rec.step_time if finite(rec.step_time) else None
+
+
+class StragglerDetector(DetectorBase):
+    """Warning for a rank whose median own time is ``straggler_ratio`` x the others'."""
+
+    type = "straggler"
+
+    def new_rank(self) -> RankTimes:
+        return RankTimes(times=Window.of(self.settings.straggler_window))
+
+    def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
+        t = own_time(rec)
+        if t is None or t <= 0:
+            return []
+        st.times.add(t)
+        others = [o.times.median() for r, o in self.ranks.items() if r != rec.rank and o.times.full]
+        if not st.times.full or not others:
+            return []
+        mine, theirs = st.times.median(), float(np.median(others))
+        ratio = mine / theirs if theirs > 0 else float("inf")
+        if ratio < self.settings.straggler_ratio or not self.due(rec):
+            return []
+        msg = (f"rank {rec.rank} takes {ratio:.1f}x the other ranks' time for its own work "
+               f"({mine * 1000:.1f} ms vs {theirs * 1000:.1f} ms median)")
+        evidence = {"own_time": mine, "others_median": theirs, "ratio": ratio,
+                    "ranks": len(others) + 1, "sync_wait_time": rec.sync_wait_time}
+        return [self.finding(rec, msg, value=mine, threshold=theirs * self.settings.straggler_ratio,
+                             evidence=evidence, suggestions=tips.STRAGGLER)]

@@ -1,0 +1,110 @@
+"""All detectors of one run behind one object: what the engine and replay drive.
+
+One ``DetectorSuite`` per run sees every rank's records in arrival order. It keeps the
+shared ``RunContext`` (config, layer order, per-rank loss EMA), runs every enabled
+detector, marks findings of ``log_only`` types, and snapshots/restores everything as one
+JSON-able dict so a sidecar restart changes nothing.
+
+Example::
+
+    suite = DetectorSuite(DetectorSettings(log_only={"gain_drift"}))
+    for record in records:
+        findings = suite.update(record)
+    suite.tick(now=last_time + 3600)      # clock-driven checks (stalled)
+    state = suite.snapshot()              # wire.dumps-able; DetectorSuite(...).restore(state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.context import RunContext
+from monitor_agent.detectors.dead_layer import DeadLayerDetector
+from monitor_agent.detectors.divergence import DivergenceDetector
+from monitor_agent.detectors.gain_drift import GainDriftDetector
+from monitor_agent.detectors.grad_explosion import GradExplosionDetector
+from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
+from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
+from monitor_agent.detectors.loss_spike import LossSpikeDetector
+from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
+from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.overfitting import OverfittingDetector
+from monitor_agent.detectors.plateau import PlateauDetector
+from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.stalled import StalledDetector
+from monitor_agent.detectors.straggler import StragglerDetector
+from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
+from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
+from monitor_agent.types import Finding, Record
+
+DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
+    NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
+    GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
+    GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
+    ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
+    StragglerDetector, StalledDetector,
+)
+"""One class per finding type, in FORMAT.md's order."""
+
+SNAPSHOT_VERSION = 1
+
+
+class DetectorSuite:
+    """Every enabled detector of one run (see module docstring)."""
+
+    def __init__(self, settings: DetectorSettings | None = None) -> None:
+        self.settings = settings or DetectorSettings()
+        self.ctx = RunContext(self.settings)
+        self.detectors: list[DetectorBase] = [
+            cls(self.settings, self.ctx)
+            for cls in DETECTOR_CLASSES
+            if cls.type not in self.settings.disabled
+        ]
+
+    def update(self, record: Record) -> list[Finding]:
+        """Judge one record (any kind, any rank of this run); return its findings."""
+        self.ctx.observe(record)
+        findings: list[Finding] = []
+        for det in self.detectors:
+            findings.extend(det.update(record))
+        self.ctx.after(record)
+        return self._mark(findings)
+
+    def tick(self, now: float) -> list[Finding]:
+        """Clock-driven checks; ``now`` is on the records' clock (wall time live)."""
+        findings: list[Finding] = []
+        for det in self.detectors:
+            findings.extend(det.tick(now))
+        return self._mark(findings)
+
+    def ema_loss(self, rank: int = 0) -> float | None:
+        """The bias-corrected EMA of rank ``rank``'s training loss (None before any)."""
+        return self.ctx.ema_loss(rank)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "context": self.ctx.snapshot(),
+            "detectors": {det.type: det.snapshot() for det in self.detectors},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back a ``snapshot()``; detectors missing from it start fresh."""
+        if state.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported detector snapshot version {state.get('version')!r}")
+        self.ctx.restore(state["context"])
+        saved = state.get("detectors", {})
+        for det in self.detectors:
+            if det.type in saved:
+                det.restore(saved[det.type])
+
+    def _mark(self, findings: list[Finding]) -> list[Finding]:
+        log_only = self.settings.log_only
+        if not log_only:
+            return findings
+        return [
+            dataclasses.replace(f, log_only=True) if f.type in log_only else f for f in findings
+        ]

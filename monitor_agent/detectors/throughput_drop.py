@@ -1,0 +1,96 @@
+"""``throughput_drop``: tokens/s (or steps/s) much worse than the run's own baseline.
+
+The median speed of the last ``throughput_window`` steps is compared with the median of
+the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is a drop.
+Medians make it immune to single slow steps (evals, checkpoints). The evidence says
+whether the time went into waiting for data, which picks the suggestion.
+
+Example::
+
+    ThroughputDropDetector(settings, ctx).update(step)  # -> [Finding("tokens/s 1.6e+04 ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.types import Finding, StepRecord
+
+SKIP_FIRST_STEPS = 5  # the first steps include compilation and cache warm-up
+
+
+@dataclass(slots=True)
+class SpeedState:
+    recent: Window
+    baseline: Window
+    recent_data: Window
+    baseline_data: Window
+    seen: int = 0
+
+
+def speed_of(rec: StepRecord) -> float | None:
+    if finite(rec.tokens_per_second) and rec.tokens_per_second > 0:
+        return rec.tokens_per_second
+    if finite(rec.step_time) and rec.step_time > 0:
+        return (rec.tokens if finite(rec.tokens) and rec.tokens > 0 else 1.0) / rec.step_time
+    return None
+
+
+def data_share(rec: StepRecord) -> float:
+    if finite(rec.data_time) and finite(rec.step_time) and rec.step_time > 0:
+        return rec.data_time / rec.step_time
+    return float("nan")
+
+
+class ThroughputDropDetector(DetectorBase):
+    """Warning when recent median speed < ``throughput_ratio`` x the baseline median."""
+
+    type = "throughput_drop"
+
+    def new_rank(self) -> SpeedState:
+        s = self.settings
+        return SpeedState(recent=Window.of(s.throughput_window),
+                          baseline=Window.of(s.throughput_baseline_window),
+                          recent_data=Window.of(s.throughput_window),
+                          baseline_data=Window.of(s.throughput_baseline_window))
+
+    def on_step(self, rec: StepRecord, st: SpeedState) -> list[Finding]:
+        speed = speed_of(rec)
+        st.seen += 1
+        if speed is None or st.seen <= SKIP_FIRST_STEPS:
+            return []
+        if st.recent.full:  # the oldest recent value moves into the baseline
+            st.baseline.add(st.recent.values()[0])
+            st.baseline_data.add(st.recent_data.values()[0])
+        st.recent.add(speed)
+        st.recent_data.add(data_share(rec))
+        if len(st.baseline) < max(st.recent.n, self.settings.min_history_steps):
+            return []
+        return self._judge(rec, st)
+
+    def _judge(self, rec: StepRecord, st: SpeedState) -> list[Finding]:
+        now, base = st.recent.median(), st.baseline.median()
+        ratio = now / base
+        if ratio >= self.settings.throughput_ratio or not self.due(rec):
+            return []
+        data_now, data_base = _nanmedian(st.recent_data), _nanmedian(st.baseline_data)
+        starved = finite(data_now) and data_now > max(2 * (data_base or 0.0), 0.1)
+        unit = "tokens/s" if finite(rec.tokens_per_second) else "steps/s"
+        msg = (f"{unit} {fmt(now)} is {ratio:.2f}x its baseline {fmt(base)}"
+               + (f"; data loading now {data_now:.0%} of the step" if starved else ""))
+        evidence = {"speed": now, "baseline": base, "ratio": ratio,
+                    "data_share": data_now, "baseline_data_share": data_base}
+        tip = tips.THROUGHPUT_DATA if starved else tips.THROUGHPUT_COMPUTE
+        return [self.finding(rec, msg, value=now, threshold=base * self.settings.throughput_ratio,
+                             evidence=evidence, suggestions=tip)]
+
+
+def _nanmedian(w: Window) -> float:
+    v = w.values()
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else float("nan")

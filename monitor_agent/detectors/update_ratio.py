@@ -1,0 +1,76 @@
+"""``update_ratio_high`` and ``update_ratio_low``: update_norm / param_norm outside its
+hard limits (> 1e-1: the step rewrites the weights; < 1e-7: nothing is learnt).
+
+Judged on the median of the last ``update_ratio_window`` steps (loss-scaler overflow steps
+skipped), so one odd step never fires. The phase-aware band (early 1e-3..1e-2, mid
+1e-4..1e-3, late 1e-5..1e-4) is reported in the evidence for context.
+
+Example::
+
+    UpdateRatioHighDetector(settings, ctx).update(step)  # -> [Finding("... 0.82 ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
+from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class RatioState:
+    ratios: Window
+
+
+class _UpdateRatioBase(DetectorBase):
+    high: bool = True
+
+    def new_rank(self) -> RatioState:
+        return RatioState(ratios=Window.of(self.settings.update_ratio_window))
+
+    def on_step(self, rec: StepRecord, st: RatioState) -> list[Finding]:
+        ratio = rec.update_ratio
+        if amp_overflow(rec) or not finite(ratio):
+            return []
+        st.ratios.add(ratio)
+        if not st.ratios.full:
+            return []
+        median = st.ratios.median()
+        s = self.settings
+        out = median > s.update_ratio_max if self.high else median < s.update_ratio_min
+        if not out or not self.due(rec):
+            return []
+        return [self._finding(rec, median, len(st.ratios))]
+
+    def _finding(self, rec: StepRecord, median: float, n: int) -> Finding:
+        s = self.settings
+        limit = s.update_ratio_max if self.high else s.update_ratio_min
+        phase = phase_of(rec.step, self.ctx.warmup, self.ctx.state.total_steps)
+        low, high = UPDATE_BANDS[phase]
+        word = "above" if self.high else "below"
+        msg = (f"update/param ratio {fmt(median)} (median of {n} steps) "
+               f"is {word} {fmt(limit)}; healthy {phase}-phase band {fmt(low)}..{fmt(high)}")
+        evidence = {"ratio": median, "last_ratio": rec.update_ratio, "phase": phase,
+                    "band_low": low, "band_high": high, "lr": rec.lr}
+        tip = tips.UPDATE_RATIO_HIGH if self.high else tips.UPDATE_RATIO_LOW
+        return self.finding(rec, msg, value=median, threshold=limit, evidence=evidence,
+                            suggestions=tip)
+
+
+class UpdateRatioHighDetector(_UpdateRatioBase):
+    """Warning when the median update/param ratio exceeds ``update_ratio_max``."""
+
+    type = "update_ratio_high"
+    high = True
+
+
+class UpdateRatioLowDetector(_UpdateRatioBase):
+    """Warning when the median update/param ratio is below ``update_ratio_min``."""
+
+    type = "update_ratio_low"
+    high = False

@@ -1,0 +1,128 @@
+"""What to try next for each finding, from the field's troubleshooting experience.
+
+Most likely fix first. Detectors pick the variant that fits the evidence (a NaN at the
+very start points at the data, a NaN after a climbing gradient norm at the learning rate).
+
+Example::
+
+    Finding(..., suggestions=NAN_AFTER_GROWTH)
+"""
+
+from __future__ import annotations
+
+NAN_AT_START = (
+    "Inspect the input data: a NaN/inf in the first steps usually comes from the batch "
+    "(bad values, division by zero in preprocessing, empty sequences).",
+    "Check the initialisation and any log/sqrt/division in the loss for zero or negative inputs.",
+    "Run a few steps with torch.autograd.set_detect_anomaly(True) to find the first bad op.",
+)
+NAN_AFTER_GROWTH = (
+    "The gradient norm climbed before the NaN: lower the learning rate (2-10x) or lengthen warmup.",
+    "Enable or tighten gradient clipping (clip_grad_norm_ 1.0).",
+    "Restart from the last good checkpoint rather than continuing.",
+)
+NAN_SUDDEN = (
+    "A NaN with no warning sign usually means one bad batch: inspect the batch of this step "
+    "and skip or filter non-finite inputs.",
+    "Guard the loss with torch.isfinite before backward() and skip the step.",
+    "Run with torch.autograd.set_detect_anomaly(True) to find the op that produced it.",
+)
+NAN_FP16 = (
+    "fp16 overflow: switch autocast to bfloat16 (same range as float32).",
+    "Lower the learning rate; check the GradScaler is stepping and updating.",
+)
+LOSS_SPIKE = (
+    "Inspect the batch of this step (corrupted, mislabelled or out-of-distribution data).",
+    "If spikes recur, lower the learning rate or enable gradient clipping.",
+    "For large models: skip batches whose loss is far above the EMA, or lower Adam beta2.",
+)
+DIVERGENCE = (
+    "Lower the learning rate 5-10x (or lengthen warmup), then restart from the last good checkpoint.",
+    "Enable gradient clipping (clip_grad_norm_ 1.0) if it is off.",
+    "Check for a learning-rate schedule bug (a jump in lr at the start of the rise).",
+)
+GRAD_EXPLOSION = (
+    "Lower the learning rate; the gradient norm is an order of magnitude above its history.",
+    "Enable or tighten gradient clipping.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+GRAD_VANISHING = (
+    "Early layers get < 1% of the late layers' gradient: add residual connections or "
+    "normalisation (LayerNorm/BatchNorm).",
+    "Use a non-saturating activation (ReLU/GELU instead of sigmoid/tanh) and a fan-in "
+    "aware init (Kaiming/Xavier).",
+    "Check the gradient actually reaches the early layers (detach(), no_grad, frozen params).",
+)
+GRAD_DOMINANCE = (
+    "One parameter dominates the gradient: check its initialisation (e.g. a randn-initialised "
+    "scale instead of ones) and its learning rate.",
+    "Clipping the global norm then starves every other parameter: clip per parameter group "
+    "or fix the dominant parameter's scale.",
+)
+DEAD_LAYER = (
+    "Check the parameter is in the optimizer and its param group's lr is not 0.",
+    "Check it is connected to the loss (no detach(), not left out of forward, requires_grad).",
+    "For ReLU layers with all-zero gradients: dead units, lower the lr or use LeakyReLU/GELU.",
+)
+UPDATE_RATIO_HIGH = (
+    "update/param above 0.1: reduce the learning rate 5-10x.",
+    "Lengthen warmup; check the schedule did not jump.",
+)
+UPDATE_RATIO_LOW = (
+    "update/param below 1e-7: the run is not learning; raise the learning rate (10-100x).",
+    "Check the scheduler is not stuck at 0 and the optimizer holds the parameters.",
+)
+GAIN_DRIFT = (
+    "The gradient's amplification through depth is creeping up: watch for explosion; "
+    "consider lower lr, gradient clipping or stronger normalisation.",
+    "Check residual branch scaling (e.g. 1/sqrt(2*n_layers) init of output projections).",
+)
+CLIP_SATURATION = (
+    "Clipping on most steps means the learning rate is likely too high: lower it.",
+    "If the gradient norm grows naturally during training, raise the clip threshold; "
+    "constant clipping turns the optimizer into sign-SGD.",
+)
+PLATEAU = (
+    "The loss is flat: raise the learning rate if it is tiny, or check the schedule.",
+    "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
+    "If it improved before, the model may be at capacity: a bigger model or more data.",
+)
+OVERFITTING = (
+    "Stop early: keep the checkpoint at the best validation loss.",
+    "Add regularisation: weight decay, dropout, data augmentation; or get more data.",
+    "Reduce model size or the number of epochs.",
+)
+THROUGHPUT_DATA = (
+    "data_time rose: the data loader is starving the model; add workers, prefetch or pin memory.",
+    "Check the storage / network the data comes from.",
+)
+THROUGHPUT_COMPUTE = (
+    "Step time rose without data waits: check for other jobs on the device, thermal "
+    "throttling, or a memory leak forcing allocator work.",
+    "Profile a few steps (torch.profiler) and compare with the baseline.",
+)
+MEMORY_HIGH = (
+    "Memory is near the device total: reduce batch size, enable activation checkpointing, "
+    "or use mixed precision.",
+    "Call optimizer.zero_grad(set_to_none=True) and free references to old tensors.",
+)
+MEMORY_LEAK = (
+    "Memory grows every step: look for tensors kept across steps (losses appended without "
+    ".item() or .detach(), retain_graph=True, growing caches).",
+    "Compare torch.cuda.memory_summary() (or tracemalloc) at two steps to find what grows.",
+)
+LOSS_SCALE = (
+    "The fp16 loss scale is collapsing: switch to bfloat16 autocast (no loss scaling needed).",
+    "Lower the learning rate; persistent overflow often means the model is diverging.",
+    "Check for ops that overflow in fp16 (large logits, exp, unscaled attention).",
+)
+STRAGGLER = (
+    "One rank computes much slower than the others: check that host (thermal throttling, "
+    "other processes, a failing GPU, NUMA/CPU binding).",
+    "Check its data loader and storage; uneven shards make one rank slower.",
+)
+STALLED = (
+    "The job stopped reporting: check it is alive (hung collective, deadlocked data loader, "
+    "preemption); py-spy dump the process.",
+    "For NCCL hangs set NCCL_ASYNC_ERROR_HANDLING / a collective timeout so it fails fast.",
+)

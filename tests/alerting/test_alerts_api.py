@@ -1,0 +1,93 @@
+"""/v1/alerts and /v1/silences through the real app on a real uvicorn server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import LiveServer
+
+from monitor_agent.settings import load_settings
+
+TOKEN = "api-token-123"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path, token=TOKEN,
+                             alerting={"console": {"enabled": True}, "group_wait_seconds": 0})
+    with LiveServer(settings) as srv:
+        yield srv
+
+
+def _nan_run(url: str, run_id: str = "r1") -> None:
+    records = [{"kind": "run", "run_id": run_id, "labels": {"project": "p"}}]
+    records += [{"kind": "step", "run_id": run_id, "step": s, "time": 1000.0 + s, "loss": 2.0}
+                for s in range(1, 6)]
+    records.append({"kind": "step", "run_id": run_id, "step": 6, "time": 1006.0, "loss": "NaN"})
+    r = httpx.post(url + "/v1/records", json={"records": records}, headers=AUTH, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def _firing(url: str) -> list[dict]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alerts = httpx.get(url + "/v1/alerts", params={"state": "firing"}).json()["alerts"]
+        if alerts:
+            return alerts
+        time.sleep(0.02)
+    raise AssertionError("no alert fired")
+
+
+def test_alerts_list_ack_and_filters(server: LiveServer):
+    _nan_run(server.url)
+    [alert] = _firing(server.url)
+    assert (alert["alertname"], alert["severity"], alert["run_id"]) == ("TrainingNanInf", "critical", "r1")
+    assert httpx.get(server.url + "/v1/alerts", params={"run_id": "other"}).json()["alerts"] == []
+    assert httpx.get(server.url + "/v1/alerts", params={"state": "bogus"}).status_code == 422
+    fp = alert["fingerprint"]
+    assert httpx.post(f"{server.url}/v1/alerts/{fp}/ack", json={"by": "ana"}).status_code == 401
+    r = httpx.post(f"{server.url}/v1/alerts/{fp}/ack", json={"by": "ana"}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["acked_by"] == "ana"
+    r = httpx.post(f"{server.url}/v1/alerts/nope/ack", headers=AUTH)
+    assert r.status_code == 404 and "GET /v1/alerts" in r.json()["detail"]
+    run = httpx.get(server.url + "/v1/runs/r1").json()
+    assert [a["fingerprint"] for a in run["alerts"]] == [fp]
+
+
+def test_silences_create_list_expire(server: LiveServer):
+    body = {"run_id": "r1", "type": "nan_inf", "duration_seconds": 600, "created_by": "ana"}
+    assert httpx.post(server.url + "/v1/silences", json=body).status_code == 401
+    r = httpx.post(server.url + "/v1/silences", json=body, headers=AUTH)
+    assert r.status_code == 201
+    silence = r.json()
+    _nan_run(server.url)
+    [alert] = _firing(server.url)
+    assert alert["silenced"] is True
+    listed = httpx.get(server.url + "/v1/alerts", params={"state": "silenced"}).json()["alerts"]
+    assert [a["fingerprint"] for a in listed] == [alert["fingerprint"]]
+    assert [s["id"] for s in httpx.get(server.url + "/v1/silences").json()["silences"]] == [silence["id"]]
+    assert httpx.delete(f"{server.url}/v1/silences/{silence['id']}", headers=AUTH).status_code == 204
+    assert httpx.delete(f"{server.url}/v1/silences/{silence['id']}", headers=AUTH).status_code == 404
+    assert httpx.get(server.url + "/v1/silences").json()["silences"] == []
+    expired = httpx.get(server.url + "/v1/silences", params={"include_expired": True}).json()
+    assert len(expired["silences"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"duration_seconds": 60}, "at least one of"),
+        ({"run_id": "r1"}, "duration_seconds"),
+        ({"run_id": "r1", "duration_seconds": -5}, "duration_seconds"),
+        ({"run_id": "r1", "duration_seconds": 60, "colour": "red"}, "colour"),
+        ({"run_id": "", "duration_seconds": 60}, "run_id"),
+    ],
+)
+def test_bad_silences_get_a_clear_422(server: LiveServer, body: dict, field: str):
+    r = httpx.post(server.url + "/v1/silences", json=body, headers=AUTH)
+    assert r.status_code == 422
+    assert field in r.text

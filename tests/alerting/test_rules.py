@@ -1,0 +1,128 @@
+"""Rules: the shipped defaults, matching, and rejections that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monitor_agent.alerting.rules import (
+    RuleError,
+    first_match,
+    load_rules,
+    parse_duration,
+    parse_rules,
+)
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.types import Finding, Severity
+
+GOOD = """
+routes: {page: [pagerduty], chat: [slack]}
+rules:
+  - name: Nan
+    match: {types: [nan_inf]}
+    severity: critical
+    cooldown: 1m
+"""
+
+
+def finding(type_: str = "nan_inf", severity: Severity = Severity.CRITICAL, **kw) -> Finding:
+    return Finding(type=type_, severity=severity, run_id="r", step=1, message="m", **kw)
+
+
+def test_defaults_follow_the_issue():
+    rules = {r.name: r for r in load_rules(AlertingSettings())}
+    expect = {
+        "TrainingNanInf": ("critical", 60), "TrainingGradExplosion": ("error", 120),
+        "TrainingDivergence": ("error", 120), "TrainingLossSpike": ("warning", 300),
+        "TrainingThroughputDrop": ("warning", 600), "TrainingMemoryPressure": ("warning", 300),
+        "TrainingPlateau": ("warning", 1800),
+    }
+    for name, (severity, cooldown) in expect.items():
+        assert (rules[name].severity.label, rules[name].cooldown) == (severity, cooldown), name
+    assert "pagerduty" in rules["TrainingNanInf"].channels
+    assert "pagerduty" not in rules["TrainingLossSpike"].channels  # warnings go to chat
+
+
+@pytest.mark.parametrize(
+    ("type_", "severity", "expected"),
+    [
+        ("nan_inf", Severity.CRITICAL, "TrainingNanInf"),
+        ("memory_pressure", Severity.ERROR, "TrainingMemoryPressureCritical"),
+        ("memory_pressure", Severity.WARNING, "TrainingMemoryPressure"),
+        ("stalled", Severity.ERROR, "TrainingStalled"),
+        ("brand_new_type", Severity.WARNING, "TrainingFinding"),
+        ("brand_new_type", Severity.INFO, None),
+    ],
+)
+def test_first_matching_rule_wins(type_, severity, expected):
+    rule = first_match(load_rules(None), finding(type_, severity), {})
+    assert (rule.name if rule else None) == expected
+
+
+def test_labels_and_value_conditions():
+    rules = parse_rules("""
+routes: {chat: [slack]}
+rules:
+  - name: Big
+    match: {types: [memory_pressure], labels: {project: gpt}}
+    when: {value_above: 0.95}
+""")
+    f = finding("memory_pressure", Severity.WARNING, value=0.97)
+    assert first_match(rules, f, {"project": "gpt"}) is not None
+    assert first_match(rules, f, {"project": "other"}) is None
+    low = finding("memory_pressure", Severity.WARNING, value=0.5)
+    assert first_match(rules, low, {"project": "gpt"}) is None
+    nan = finding("memory_pressure", Severity.WARNING, value=float("nan"))
+    assert first_match(rules, nan, {"project": "gpt"}) is None
+
+
+def test_route_defaults_by_severity():
+    rules = parse_rules(GOOD)
+    assert rules[0].channels == ("pagerduty",)
+    assert rules[0].repeat_interval == 4 * 3600 and rules[0].fingerprint == ("layer",)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GOOD.replace("cooldown: 1m", "cooldown: 5x"), "rules[0].cooldown (rule Nan): Value error, invalid duration '5x'"),
+        (GOOD.replace("cooldown: 1m", "cooldwn: 1m"), "rules[0].cooldwn (rule Nan): unknown field"),
+        (GOOD.replace("[nan_inf]", "[nan-inf]"), "rules[0].match.types (rule Nan): Value error, unknown finding type(s) ['nan-inf']"),
+        (GOOD.replace("critical", "fatal"), "rules[0].severity (rule Nan)"),
+        (GOOD + "    route: pager\n", "rules[0] (Nan).route: no route 'pager'"),
+        (GOOD.replace("[pagerduty]", "[pagerdoody]"), "routes.page[0]"),
+        (GOOD.replace("name: Nan", "name: 'has space'"), "rules[0].name"),
+        ("rules: []\nroutes: {}\n", "rules:"),
+        ("- just a list", "expected a mapping"),
+        ("routes: {a: [slack]\n", "not valid YAML"),
+    ],
+)
+def test_invalid_rules_name_the_field(text: str, expected: str):
+    with pytest.raises(RuleError) as err:
+        parse_rules(text, "my-rules.yaml")
+    assert expected in str(err.value)
+    assert "my-rules.yaml" in str(err.value)
+
+
+def test_missing_rules_file_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(RuleError, match="cannot read alert rules"):
+        load_rules(AlertingSettings(rules_file=tmp_path / "nope.yaml"))
+
+
+def test_rules_file_from_settings(tmp_path: Path):
+    path = tmp_path / "rules.yaml"
+    path.write_text(GOOD)
+    assert [r.name for r in load_rules(AlertingSettings(rules_file=path))] == ["Nan"]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [(90, 90.0), ("90s", 90.0), ("1h30m", 5400.0),
+                                               ("250ms", 0.25), ("2d", 172800.0), ("300", 300.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "5y", "1 h", "-5s", True, "5m garbage"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)

@@ -1,0 +1,204 @@
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from monitor_agent.schemas import parse_record
+from monitor_client import Monitor
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _train(mon, steps=12, seed=0, accum=1, eval_every=5, clip=None):
+    """A plain loop with gradient accumulation; returns the model's final parameters."""
+    model = _model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if mon is not None:
+        mon.watch(model, opt, grad_clip=clip, layer_stats_every=4)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        for _ in range(accum):
+            x = torch.randn(16, 8, generator=gen)
+            loss = model(x).pow(2).mean() / accum
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if mon is not None:
+            mon.log_step(step, loss=loss.detach() * accum, tokens=16 * accum, samples=16)
+            if step % eval_every == 0:
+                mon.log_eval(step, val_loss=0.5, metrics={"accuracy": 0.25})
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _mon(url, tmp_path, **kw):
+    kw.setdefault("linger", 0.02)
+    return Monitor(url=url, project="unit test", config={"lr": 1e-2}, spool_dir=tmp_path,
+                   install_hooks=False, timeout=(0.5, 5.0), **kw)
+
+
+def test_plain_loop_against_the_real_sidecar(sidecar, tmp_path):
+    mon = _mon(sidecar.url, tmp_path, run_id="plain-1", labels={"team-name": "x"})
+    _train(mon, steps=12, accum=2)
+    assert mon.close(timeout=20)
+    records = sidecar.records("plain-1", since_step=0)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 13))
+    assert [r["kind"] for r in records].count("eval") == 2
+    assert [r["kind"] for r in records].count("end") == 1
+    first = steps[0]
+    for key in ("loss", "lr", "grad_norm", "param_norm", "update_norm", "step_time",
+                "tokens_per_second", "memory", "layers"):
+        assert first.get(key) is not None, key
+    assert first["tokens"] == 32 and first["memory"]["allocated_bytes"] > 0
+    assert [("layers" in r and r["layers"] is not None) for r in steps] == [
+        s % 4 == 1 for s in range(1, 13)]
+    assert set(steps[0]["layers"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    run = sidecar.records("plain-1", since_step=-1)[0]
+    assert run["kind"] == "run" and run["labels"]["project"] == "unit test"
+    assert run["labels"]["team_name"] == "x" and run["model"]["n_params"] == 212
+    assert mon.counters().dropped == 0 and mon.counters().rejected == 0
+
+
+def test_sidecar_killed_mid_run_loses_no_step(sidecar, tmp_path):
+    mon = _mon(sidecar.url, tmp_path, run_id="kill-1")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)
+    for step in range(1, 41):
+        if step == 15:
+            assert mon.flush(timeout=10)
+            sidecar.kill()
+        if step == 30:
+            sidecar.start()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=float(step))
+    assert mon.close(timeout=20)
+    steps = [r for r in sidecar.records("kill-1", since_step=0) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 41))
+    assert [r["loss"] for r in steps] == [float(s) for s in range(1, 41)]
+    assert mon.counters().spooled > 0
+
+
+def test_absent_sidecar_leaves_training_unchanged_and_spool_bounded(stopped_receiver,
+                                                                     tmp_path):
+    reference = _train(None, steps=30)
+    mon = _mon(stopped_receiver.url, tmp_path / "a", run_id="absent-1", spool_max_bytes=20_000)
+    monitored = _train(mon, steps=30)
+    for a, b in zip(reference, monitored, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # bit-identical training
+    mon.flush(timeout=0.5)
+    assert mon._sender.spool.pending_bytes <= 20_000 and mon.counters().dropped > 0
+    mon.close(timeout=0.2)
+
+
+def test_absent_sidecar_then_started_gets_everything(stopped_receiver, tmp_path):
+    mon = _mon(stopped_receiver.url, tmp_path, run_id="late-1")
+    _train(mon, steps=20)
+    assert not mon.flush(timeout=0.3)
+    stopped_receiver.start()
+    assert mon.close(timeout=20)
+    assert [r["step"] for r in stopped_receiver.of_kind("step")] == list(range(1, 21))
+    assert stopped_receiver.of_kind("end")[0]["status"] == "completed"
+
+
+def test_every_record_follows_the_wire_schema(receiver, tmp_path):
+    mon = _mon(receiver.url, tmp_path, run_id="schema-1")
+    _train(mon, steps=6, clip=0.01)
+    mon.close(timeout=10)
+    assert mon.counters().rejected == 0
+    for obj in receiver.records:
+        parse_record(obj)
+    assert all(r["clip_threshold"] == 0.01 for r in receiver.of_kind("step"))
+
+
+def test_nan_loss_and_gradients_reach_the_sidecar_as_nan(receiver, tmp_path):
+    mon = _mon(receiver.url, tmp_path, run_id="nan-1")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt, layer_stats_every=1)
+    loss = model(torch.randn(4, 8)).sum() * float("nan")
+    loss.backward()
+    opt.step()
+    mon.log_step(1, loss=loss)
+    mon.close(timeout=10)
+    step = receiver.of_kind("step")[0]
+    assert step["loss"] == "NaN" and step["grad_norm"] == "NaN"
+    assert step["layers"]["0.weight"]["grad_norm"] == "NaN"
+    assert math.isnan(parse_record(step).loss)
+
+
+def test_grad_scaler_overflow_is_a_skipped_step_with_its_loss_scale(receiver, tmp_path):
+    mon = _mon(receiver.url, tmp_path, run_id="amp-1")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon.watch(model, opt, scaler=scaler)
+    for step, factor in ((1, 1.0), (2, float("inf")), (3, 1.0)):
+        opt.zero_grad()  # at the top: the skipped step's gradients are still there to read
+        loss = model(torch.randn(4, 8)).pow(2).mean() * factor
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        mon.log_step(step, loss=loss.detach())
+    mon.close(timeout=10)
+    steps = receiver.of_kind("step")
+    assert [r.get("skipped") for r in steps] == [None, True, None]
+    assert steps[1]["grad_norm"] in ("Infinity", "NaN")
+    assert [r["loss_scale"] for r in steps] == [1024.0, 512.0, 512.0]
+
+
+def test_bad_arguments_warn_and_never_raise(receiver, tmp_path, caplog):
+    mon = _mon(receiver.url, tmp_path, run_id="bad-1")
+    mon.log_step("not a number", loss="nope")
+    mon.log_step(1, loss=object())
+    mon.log_step(2, loss=0.5)
+    mon.close(timeout=10)
+    assert [r["step"] for r in receiver.of_kind("step")] == [2]
+    assert "log_step failed" in caplog.text
+
+
+def test_rank0_only_makes_other_ranks_silent(receiver, tmp_path):
+    mon = _mon(receiver.url, tmp_path, run_id="r0", rank=1, world_size=2, rank0_only=True)
+    _train(mon, steps=3)
+    mon.close()
+    assert receiver.records == [] and mon.counters() is None
+
+
+def test_every_rank_sends_by_default_with_its_rank(receiver, tmp_path):
+    for rank in (0, 1):
+        mon = _mon(receiver.url, tmp_path / str(rank), run_id="ddp-1", rank=rank, world_size=2)
+        _train(mon, steps=3)
+        mon.close(timeout=10)
+    assert sorted((r["rank"], r["step"]) for r in receiver.of_kind("step")) == [
+        (rank, s) for rank in (0, 1) for s in (1, 2, 3)]
+
+
+def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
+    script = textwrap.dedent(f"""
+        import torch
+        from monitor_client import Monitor
+        mon = Monitor(url={receiver.url!r}, run_id="crash-1", spool_dir={str(tmp_path)!r},
+                      linger=0.02)
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon.watch(model, opt)
+        mon.log_step(1, loss=1.0)
+        raise ValueError("boom in the training loop")
+    """)
+    env = {"PYTHONPATH": f"{REPO / 'client'}:{REPO}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 1 and "boom in the training loop" in proc.stderr
+    end = receiver.of_kind("end")[0]
+    assert end["status"] == "failed" and "ValueError: boom" in end["error"]
+    assert end["step"] == 1

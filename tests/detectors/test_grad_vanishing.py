@@ -1,0 +1,47 @@
+"""grad_vanishing: early layers < 1% of late ones along layer_order, or one dominating
+parameter (relative gradient) starving the rest."""
+
+from __future__ import annotations
+
+from synth_records import assert_restore_equivalent, feed, geometric, layers, names, only, run, step
+
+
+def _stream(grads, n_steps: int = 30, param=None, order=True) -> list:
+    n = names(len(grads))
+    head = [run(layer_order=list(reversed(n)) if order == "reversed" else n)] if order else []
+    return head + [step(i, layers=layers(n, grads, param)) for i in range(1, n_steps)]
+
+
+def test_early_layers_far_below_late_layers_fire_early():
+    found = feed(only("grad_vanishing"), _stream(geometric(16, 1e-12, 0.5)))
+    assert found and found[0].step == 10  # the first full window of medians
+    assert found[0].value < 1e-8 and "early layers" in found[0].message
+
+
+def test_depth_comes_from_layer_order_not_parameter_order():
+    # Same numbers, but layer_order says the small ones are the late layers: no depth finding.
+    found = feed(only("grad_vanishing"), _stream(geometric(16, 1e-12, 0.5), order="reversed"))
+    assert [f for f in found if f.layer is None] == []
+
+
+def test_dominating_parameter_is_named():
+    grads = [1.0] * 8
+    grads[0] = 5000.0  # relative to param norm 1 like the others: 5000x
+    found = feed(only("grad_vanishing"), _stream(grads))
+    dom = [f for f in found if f.layer is not None]
+    assert dom and dom[0].layer == "layers.0.weight" and dom[0].value > 1000
+
+
+def test_a_big_gradient_on_a_big_parameter_is_not_dominance():
+    grads, params = [1.0] * 8, [1.0] * 8
+    grads[0], params[0] = 500.0, 500.0  # an embedding: big, but the same relative gradient
+    assert feed(only("grad_vanishing"), _stream(grads, param=params)) == []
+
+
+def test_quiet_on_balanced_gradients():
+    assert feed(only("grad_vanishing"), _stream(geometric(16, 0.3, 1.0), n_steps=200)) == []
+
+
+def test_restore_mid_stream_changes_nothing():
+    recs = _stream(geometric(16, 1e-12, 0.5), n_steps=250)
+    assert_restore_equivalent(lambda: only("grad_vanishing"), recs, cut=6)

@@ -1,0 +1,55 @@
+"""loss_spike: far above the EMA and a robust outlier; quiet on noise and steady decline."""
+
+from __future__ import annotations
+
+from synth_records import assert_restore_equivalent, feed, noise, of_type, only, run, step
+
+from monitor_agent.types import Severity
+
+
+def _decaying(n: int, spike_at: dict[int, float] | None = None) -> list:
+    recs = [run()]
+    for i in range(1, n):
+        loss = 4.0 * (0.5 + 0.5 * 0.995**i) * (1 + noise(i, 0.03))
+        recs.append(step(i, loss=loss * (spike_at or {}).get(i, 1.0)))
+    return recs
+
+
+def test_a_2x_spike_fires_once_with_ratio_and_z_in_the_message():
+    found = feed(only("loss_spike"), _decaying(400, {300: 2.0, 301: 2.0, 302: 1.9}))
+    assert [f.step for f in found] == [300]
+    f = found[0]
+    assert f.severity == Severity.WARNING
+    assert "x its EMA" in f.message and "z=" in f.message
+    assert f.evidence["ratio"] > 1.8 and f.threshold < f.value
+
+
+def test_quiet_on_a_noisy_declining_loss():
+    assert feed(only("loss_spike"), _decaying(1000)) == []
+
+
+def test_a_noisy_run_needs_a_bigger_jump_than_a_smooth_one():
+    noisy = [step(i, loss=2.0 * (1 + noise(i, 0.3))) for i in range(1, 200)]
+    noisy.append(step(200, loss=2.0 * 1.4))
+    assert of_type(feed(only("loss_spike"), noisy), "loss_spike") == []
+    smooth = [step(i, loss=2.0 * (1 + noise(i, 0.01))) for i in range(1, 200)]
+    smooth.append(step(200, loss=2.0 * 1.4))
+    assert [f.step for f in feed(only("loss_spike"), smooth)] == [200]
+
+
+def test_no_judgement_before_enough_history():
+    recs = [step(1, loss=4.0), step(2, loss=2.0), step(3, loss=8.0)]
+    assert feed(only("loss_spike"), recs) == []
+
+
+def test_ema_is_bias_corrected_and_starts_at_the_first_value():
+    suite = only("loss_spike", ema_alpha=0.9)
+    feed(suite, [step(1, loss=4.0)])
+    assert suite.ema_loss(0) == 4.0
+    feed(suite, [step(2, loss=2.0)])
+    assert abs(suite.ema_loss(0) - (0.9 * 0.1 * 4.0 + 0.1 * 2.0) / (1 - 0.81)) < 1e-12
+
+
+def test_restore_mid_stream_changes_nothing():
+    recs = _decaying(400, {300: 2.0})
+    assert_restore_equivalent(lambda: only("loss_spike"), recs, cut=150)

@@ -1,0 +1,71 @@
+"""nan_inf: the first non-finite value pages, with a suggestion that fits what preceded it."""
+
+from __future__ import annotations
+
+import math
+
+from synth_records import assert_restore_equivalent, feed, layers, names, only, run, step
+
+from monitor_agent import suggestions as tips
+from monitor_agent.types import Severity
+
+NAN, INF = math.nan, math.inf
+
+
+def test_nan_after_healthy_steps_is_critical_and_points_at_the_batch():
+    recs = [run()] + [step(i) for i in range(1, 50)] + [step(50, loss=NAN, grad_norm=NAN)]
+    found = feed(only("nan_inf"), recs)
+    assert [(f.type, f.step, f.severity) for f in found] == [("nan_inf", 50, Severity.CRITICAL)]
+    assert found[0].suggestions == tips.NAN_SUDDEN
+    assert "loss is nan" in found[0].message
+
+
+def test_nan_at_the_start_points_at_the_data():
+    found = feed(only("nan_inf"), [run(), step(1), step(2, loss=NAN)])
+    assert found[0].step == 2 and found[0].suggestions == tips.NAN_AT_START
+
+
+def test_nan_after_climbing_grad_norm_points_at_the_learning_rate():
+    recs = [step(i) for i in range(1, 40)]
+    recs += [step(40 + k, grad_norm=10.0 ** (k + 1)) for k in range(3)]
+    recs.append(step(43, loss=NAN, grad_norm=INF))
+    found = feed(only("nan_inf"), recs)
+    assert found[0].suggestions == tips.NAN_AFTER_GROWTH
+
+
+def test_amp_overflow_step_is_not_a_fault():
+    recs = [step(i, loss_scale=65536.0) for i in range(1, 30)]
+    recs.append(step(30, loss_scale=65536.0, grad_norm=INF, skipped=True))
+    recs.append(step(31, loss_scale=32768.0, grad_norm=NAN))  # skipped flag absent, loss fine
+    assert feed(only("nan_inf"), recs) == []
+
+
+def test_a_non_finite_layer_statistic_names_the_layer():
+    n = names(4)
+    recs = [step(i, layers=layers(n, [1, 1, 1, 1])) for i in range(1, 10)]
+    recs.append(step(10, layers=layers(n, [1, NAN, NAN, 1])))
+    found = feed(only("nan_inf"), [run(layer_order=n)] + recs)
+    assert [(f.step, f.layer) for f in found] == [(10, "layers.1.weight")]
+    assert found[0].evidence["non_finite_layers"] == 2
+
+
+def test_a_persisting_nan_is_repeated_every_n_steps_not_every_step():
+    recs = [step(i) for i in range(1, 20)] + [step(i, loss=NAN) for i in range(20, 260)]
+    found = feed(only("nan_inf", repeat_every_steps=100), recs)
+    assert [f.step for f in found] == [20, 120, 220]
+
+
+def test_nan_val_loss_is_reported():
+    from synth_records import eval_rec
+
+    found = feed(only("nan_inf"), [step(1), eval_rec(1, NAN)])
+    assert len(found) == 1 and found[0].severity == Severity.CRITICAL
+
+
+def test_quiet_on_finite_values():
+    assert feed(only("nan_inf"), [run()] + [step(i) for i in range(1, 300)]) == []
+
+
+def test_restore_mid_stream_changes_nothing():
+    recs = [step(i) for i in range(1, 60)] + [step(i, loss=NAN) for i in range(60, 250)]
+    assert_restore_equivalent(lambda: only("nan_inf"), recs, cut=100)

@@ -1,0 +1,47 @@
+"""throughput_drop: recent median speed far below the run's own baseline."""
+
+from __future__ import annotations
+
+from synth_records import assert_restore_equivalent, feed, noise, only, step
+
+from monitor_agent import suggestions as tips
+
+
+def _stream(n: int, drop_at: int, factor: float, data_time: float = 0.0) -> list:
+    recs = []
+    for i in range(1, n):
+        slow = i >= drop_at
+        st = 0.02 * (1 + noise(i, 0.2)) / (factor if slow else 1.0)
+        recs.append(step(i, step_time=st, tokens=1000.0, tokens_per_second=1000.0 / st,
+                         data_time=(data_time if slow else 0.0001)))
+    return recs
+
+
+def test_data_loader_starvation_is_named():
+    found = feed(only("throughput_drop"), _stream(500, 300, 0.3, data_time=0.04))
+    assert found and 300 < found[0].step <= 315
+    assert found[0].evidence["ratio"] < 0.6 and found[0].suggestions == tips.THROUGHPUT_DATA
+
+
+def test_compute_slowdown_gets_compute_advice():
+    found = feed(only("throughput_drop"), _stream(500, 300, 0.4))
+    assert found and found[0].suggestions == tips.THROUGHPUT_COMPUTE
+
+
+def test_quiet_on_noise_and_single_slow_steps():
+    recs = _stream(800, 10**9, 1.0)
+    recs = [step(r.step, step_time=1.0, tokens_per_second=1000.0) if r.step % 100 == 0 else r
+            for r in recs]
+    assert feed(only("throughput_drop"), recs) == []
+
+
+def test_steps_per_second_without_tokens():
+    recs = [step(i, tokens=None, tokens_per_second=None, step_time=0.02 if i < 200 else 0.1)
+            for i in range(1, 260)]
+    found = feed(only("throughput_drop"), recs)
+    assert found and "steps/s" in found[0].message
+
+
+def test_restore_mid_stream_changes_nothing():
+    recs = _stream(500, 300, 0.3, data_time=0.04)
+    assert_restore_equivalent(lambda: only("throughput_drop"), recs, cut=250)

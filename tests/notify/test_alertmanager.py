@@ -1,0 +1,46 @@
+"""Alertmanager /api/v2/alerts payloads, and HA: ok when any member accepted."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from sample_events import T0, event, note
+
+from monitor_agent.notify.alertmanager import AlertmanagerNotifier
+from monitor_agent.notify.base import OutcomeKind
+
+
+def test_labels_are_the_stable_identity_and_the_rest_is_annotations():
+    am = AlertmanagerNotifier(["http://am:9093"], refresh_interval=60)
+    [alert] = am.payload(note(event(identity={"layer": "blocks.0.attn"})))
+    assert alert["labels"] == {"alertname": "TrainingNanInf", "run_id": "gpt-7", "project": "gpt",
+                               "severity": "critical", "source": "monitor-agent",
+                               "team": "nlp", "layer": "blocks.0.attn"}
+    notes = alert["annotations"]
+    assert notes["suggestion"] == "lower the lr" and notes["step"] == "300"
+    assert alert["startsAt"] == "2023-11-14T22:13:20Z"
+    assert alert["endsAt"] == "2023-11-14T22:17:20Z"  # created + 4 resend intervals
+    assert alert["generatorURL"].startswith("http://grafana")
+
+
+def test_resolve_ends_now():
+    [alert] = AlertmanagerNotifier(["http://am"]).payload(note(event("resolved", ends_at=T0 + 5)))
+    assert alert["endsAt"] == "2023-11-14T22:13:25Z"
+
+
+def test_one_accepting_member_is_enough():
+    hosts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        assert request.url.path == "/api/v2/alerts"
+        assert json.loads(request.content)[0]["labels"]["alertname"]
+        return httpx.Response(503 if request.url.host == "am-0" else 200)
+
+    am = AlertmanagerNotifier(["http://am-0:9093", "http://am-1:9093/"])
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        assert am.send(note(), client).kind is OutcomeKind.OK
+        assert hosts == ["am-0", "am-1"]
+        both_down = AlertmanagerNotifier(["http://am-0:9093"])
+        assert both_down.send(note(), client).kind is OutcomeKind.RETRY

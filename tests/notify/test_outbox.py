@@ -1,0 +1,189 @@
+"""The outbox against real local receivers: retries, Retry-After, 400s, timeouts, order,
+rate limits, limits and durability, on an injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from receivers import Receiver, Reply
+from sample_events import T0, event, note
+
+from monitor_agent.alerting.db import AlertDB
+from monitor_agent.alerting.metrics import AlertingMetrics
+from monitor_agent.alerting.settings import OutboxSettings
+from monitor_agent.notify.outbox import Outbox, RetryPolicy
+from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.slack import SlackNotifier
+
+KEY = "0123456789abcdef0123456789abcdef"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def pd() -> Iterator[Receiver]:
+    with Receiver("pagerduty") as r:
+        yield r
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client() as c:
+        yield c
+
+
+def make(tmp: Path, notifier, clock: Clock, **limits) -> tuple[Outbox, AlertingMetrics]:
+    metrics = AlertingMetrics(CollectorRegistry(), [notifier.name])
+    settings = OutboxSettings(backoff_base_seconds=1, backoff_cap_seconds=8, **limits)
+    return Outbox(AlertDB(tmp / "a.sqlite"), {notifier.name: notifier}, settings, metrics, clock,
+                  rand=lambda: 0.5), metrics
+
+
+def put(outbox: Outbox, channel: str, *events) -> None:
+    with outbox.db.tx() as conn:
+        for e in events:
+            outbox.enqueue(conn, channel, note(e), outbox.clock())
+
+
+def count(metrics: AlertingMetrics, channel: str, outcome: str) -> float:
+    return metrics.notifications.labels(channel=channel, outcome=outcome)._value.get()
+
+
+def test_429_retry_after_is_honoured(tmp_path, pd, client):
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    pd.script(Reply(429, {"status": "throttle"}, retry_after=7))
+    put(outbox, "pagerduty", event())
+    assert outbox.deliver_next("pagerduty", client) == 0.0
+    assert outbox.deliver_next("pagerduty", client) == pytest.approx(7.0)
+    clock.now += 7
+    assert outbox.deliver_next("pagerduty", client) == 0.0
+    assert [r.status for r in pd.requests] == [429, 202]
+    assert (count(metrics, "pagerduty", "retried"), count(metrics, "pagerduty", "sent")) == (1, 1)
+    assert outbox.deliver_next("pagerduty", client) is None and outbox.pending == 0
+
+
+def test_5xx_backs_off_exponentially_with_jitter(tmp_path, pd, client):
+    clock = Clock()
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    pd.script(Reply(500), Reply(502), Reply(503))
+    put(outbox, "pagerduty", event())
+    waits = []
+    for _ in range(3):
+        outbox.deliver_next("pagerduty", client)
+        waits.append(outbox.deliver_next("pagerduty", client))
+        clock.now += waits[-1]
+    assert waits == pytest.approx([0.75, 1.5, 3.0])  # base 1 s, doubled, x0.75 jitter
+    outbox.deliver_next("pagerduty", client)
+    assert [r.status for r in pd.requests] == [500, 502, 503, 202]
+
+
+def test_retry_policy_is_capped_and_jittered():
+    p = RetryPolicy(base=1, cap=8, max_attempts=5, max_age=60, max_retry_after=30)
+    assert [p.delay(n, None, 0.0) for n in (1, 2, 3, 4, 5, 6)] == [0.5, 1, 2, 4, 4, 4]
+    assert p.delay(1, None, 0.999) < 1.0
+    assert p.delay(1, 3600, 0.0) == 30  # a receiver cannot park us for an hour
+
+
+def test_invalid_event_400_is_not_retried(tmp_path, pd, client):
+    outbox, metrics = make(tmp_path, PagerDutyNotifier("", pd.url), Clock())  # blank key
+    put(outbox, "pagerduty", event())
+    outbox.deliver_next("pagerduty", client)
+    assert outbox.deliver_next("pagerduty", client) is None
+    assert [r.status for r in pd.requests] == [400]
+    assert count(metrics, "pagerduty", "failed") == 1
+    [row] = outbox.db.query("SELECT state, last_error FROM outbox")
+    assert row["state"] == "failed" and "routing_key" in row["last_error"]
+
+
+def test_timeouts_and_refused_connections_are_retried(tmp_path, pd, client):
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url, timeout=0.2), clock)
+    pd.script(Reply(202, {}, delay=2.0))
+    put(outbox, "pagerduty", event())
+    outbox.deliver_next("pagerduty", client)
+    row = outbox.db.query("SELECT attempts, last_error FROM outbox")[0]
+    assert (row["attempts"], row["last_error"]) == (1, "timeout (ReadTimeout)")
+    outbox.notifiers["pagerduty"] = PagerDutyNotifier(KEY, "http://127.0.0.1:9", timeout=0.5)
+    clock.now += 60
+    outbox.deliver_next("pagerduty", client)
+    assert "transport error" in outbox.db.query("SELECT last_error FROM outbox")[0][0]
+    assert count(metrics, "pagerduty", "retried") == 2
+
+
+def test_gives_up_after_max_attempts_and_max_age(tmp_path, pd, client):
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, max_attempts=2,
+                           max_age_seconds=100)
+    pd.script(Reply(500), Reply(500))
+    put(outbox, "pagerduty", event(fingerprint="a"))
+    outbox.deliver_next("pagerduty", client)
+    clock.now += 10
+    outbox.deliver_next("pagerduty", client)
+    assert count(metrics, "pagerduty", "failed") == 1
+    put(outbox, "pagerduty", event(fingerprint="b"))
+    clock.now += 101
+    outbox.deliver_next("pagerduty", client)
+    assert count(metrics, "pagerduty", "failed") == 2 and len(pd.requests) == 2
+
+
+def test_a_resolve_never_overtakes_its_trigger(tmp_path, pd, client):
+    clock = Clock()
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    pd.script(Reply(500))
+    put(outbox, "pagerduty", event(), event("resolved"))
+    while (wait := outbox.deliver_next("pagerduty", client)) is not None:
+        clock.now += wait
+    assert [r.json["event_action"] for r in pd.requests] == ["trigger", "trigger", "resolve"]
+
+
+def test_slack_is_rate_limited_per_webhook(tmp_path, client):
+    with Receiver("slack") as slack:
+        clock = Clock()
+        outbox, _ = make(tmp_path, SlackNotifier(slack.url, min_interval=1.0), clock)
+        put(outbox, "slack", event(), event("resolved"))
+        assert outbox.deliver_next("slack", client) == 0.0
+        assert outbox.deliver_next("slack", client) == pytest.approx(1.0)
+        assert len(slack.requests) == 1
+        clock.now += 1.0
+        outbox.deliver_next("slack", client)
+        assert len(slack.requests) == 2
+
+
+def test_a_full_outbox_drops_and_counts(tmp_path, pd):
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), max_pending=2)
+    put(outbox, "pagerduty", event(), event(), event())
+    assert outbox.pending == 2 and count(metrics, "pagerduty", "dropped") == 1
+
+
+def test_queued_notifications_survive_a_restart(tmp_path, pd, client):
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock())
+    put(outbox, "pagerduty", event())
+    outbox.db.close()
+    again, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock())
+    assert again.pending == 1 and metrics.pending._value.get() == 1
+    again.start()
+    pd.wait_for(1, accepted_only=True)
+    again.stop()
+    assert again.pending == 0
+
+
+def test_sender_threads_deliver_promptly_and_stop_cleanly(tmp_path, pd):
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock())
+    outbox.start()
+    put(outbox, "pagerduty", event(fingerprint="x"), event(fingerprint="y"))
+    got = pd.wait_for(2, accepted_only=True)
+    threads = list(outbox._threads)
+    outbox.stop(timeout=5)
+    assert [r.json["dedup_key"] for r in got] == ["monitor-agent-x", "monitor-agent-y"]
+    assert threads and all(not t.is_alive() for t in threads)

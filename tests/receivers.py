@@ -1,0 +1,213 @@
+"""Local HTTP receivers that speak the Slack, PagerDuty and generic webhook protocols.
+
+Each runs a real HTTP server on a free loopback port, records every request (with the time
+it arrived), validates payloads the way the real service does (Slack answers 400
+``invalid_payload``, PagerDuty 400 ``invalid event``), and can be scripted to answer with
+429 + Retry-After, 500s, a 400 or a delay (for timeouts). Reusable by any test.
+
+Example::
+
+    with Receiver("pagerduty") as pd:
+        pd.script(Reply(429, retry_after=1), Reply(500))   # then the protocol's success
+        ... point the sidecar at pd.url ...
+        events = pd.wait_for(1, timeout=5)
+        assert events[0].json["event_action"] == "trigger"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PD_ACTIONS = ("trigger", "acknowledge", "resolve")
+PD_SEVERITIES = ("critical", "error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted answer: status, body, Retry-After and a delay before answering."""
+
+    status: int = 200
+    body: Any = None
+    retry_after: float | None = None
+    delay: float = 0.0
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+    status: int = 0
+    json: Any = field(default=None)
+
+
+class Receiver:
+    """A threaded HTTP server playing one protocol: slack, pagerduty, webhook or alertmanager."""
+
+    def __init__(self, protocol: str = "webhook") -> None:
+        assert protocol in ("slack", "pagerduty", "webhook", "alertmanager"), protocol
+        self.protocol = protocol
+        self.requests: list[Received] = []
+        self._script: deque[Reply] = deque()
+        self._cond = threading.Condition()
+        self._closing = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def script(self, *replies: Reply) -> None:
+        """Answer the next requests with these, in order, then the protocol's success."""
+        with self._cond:
+            self._script.extend(replies)
+
+    def wait_for(self, n: int, timeout: float = 10.0, accepted_only: bool = False) -> list[Received]:
+        """Wait until ``n`` requests arrived (or were accepted); return them all."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._matching(accepted_only)) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    got = [(r.status, r.json) for r in self.requests]
+                    raise TimeoutError(f"{self.protocol}: wanted {n} requests, got {got}")
+                self._cond.wait(left)
+            return list(self._matching(accepted_only))
+
+    def accepted(self) -> list[Received]:
+        with self._cond:
+            return self._matching(True)
+
+    def _matching(self, accepted_only: bool) -> list[Received]:
+        return [r for r in self.requests if not accepted_only or 200 <= r.status < 300]
+
+    # -- what the server does with a request ----------------------------------------------
+
+    def _answer(self, req: Received) -> Reply:
+        with self._cond:
+            scripted = self._script.popleft() if self._script else None
+        if scripted is not None:
+            return scripted
+        try:
+            req.json = json.loads(req.body)
+        except ValueError:
+            return self._invalid(["body is not JSON"])
+        errors = self._validate(req.json)
+        if errors:
+            return self._invalid(errors)
+        return self._success(req.json)
+
+    def _validate(self, body: Any) -> list[str]:
+        if self.protocol == "slack":
+            ok = isinstance(body, dict) and (body.get("text") or body.get("blocks"))
+            return [] if ok else ["missing text and blocks"]
+        if self.protocol == "pagerduty":
+            return pagerduty_errors(body)
+        if self.protocol == "alertmanager":
+            ok = isinstance(body, list) and all(isinstance(a, dict) and a.get("labels") for a in body)
+            return [] if ok else ["expected a list of alerts with labels"]
+        return []
+
+    def _invalid(self, errors: list[str]) -> Reply:
+        if self.protocol == "slack":
+            return Reply(400, "invalid_payload")
+        if self.protocol == "pagerduty":
+            return Reply(400, {"status": "invalid event", "message": "Event object is invalid",
+                               "errors": errors})
+        return Reply(400, {"errors": errors})
+
+    def _success(self, body: Any) -> Reply:
+        if self.protocol == "slack":
+            return Reply(200, "ok")
+        if self.protocol == "pagerduty":
+            return Reply(202, {"status": "success", "message": "Event processed",
+                               "dedup_key": body.get("dedup_key")})
+        return Reply(200, {})
+
+    def _record(self, req: Received) -> None:
+        with self._cond:
+            self.requests.append(req)
+            self._cond.notify_all()
+
+
+def pagerduty_errors(body: Any) -> list[str]:
+    """What PagerDuty's Events API v2 would reject in this event."""
+    if not isinstance(body, dict):
+        return ["event must be an object"]
+    errors = []
+    if not body.get("routing_key"):
+        errors.append("'routing_key' is missing or blank")
+    if body.get("event_action") not in PD_ACTIONS:
+        errors.append("'event_action' is invalid")
+    if len(str(body.get("dedup_key") or "")) > 255:
+        errors.append("'dedup_key' is too long")
+    if body.get("event_action") == "trigger":
+        p = body.get("payload") or {}
+        for key in ("summary", "source"):
+            if not p.get(key):
+                errors.append(f"'payload.{key}' is missing or blank")
+        if p.get("severity") not in PD_SEVERITIES:
+            errors.append("'payload.severity' is invalid")
+        if len(str(p.get("summary") or "")) > 1024:
+            errors.append("'payload.summary' is too long")
+    elif not body.get("dedup_key"):
+        errors.append("'dedup_key' is required to acknowledge or resolve")
+    return errors
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            length = int(self.headers.get("content-length") or 0)
+            req = Received("POST", self.path, dict(self.headers), self.rfile.read(length),
+                           time.time())
+            reply = receiver._answer(req)
+            if req.json is None:
+                with contextlib.suppress(ValueError):
+                    req.json = json.loads(req.body)
+            if reply.delay and receiver._closing.wait(reply.delay):
+                return
+            req.status = reply.status
+            receiver._record(req)
+            self._send(reply)
+
+        def _send(self, reply: Reply) -> None:
+            body = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})
+            data = body.encode()
+            try:
+                self.send_response(reply.status)
+                self.send_header("content-type", "text/plain" if isinstance(reply.body, str)
+                                 else "application/json")
+                self.send_header("content-length", str(len(data)))
+                if reply.retry_after is not None:
+                    self.send_header("retry-after", f"{reply.retry_after:g}")
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client timed out first, which is what a delay test wants
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
