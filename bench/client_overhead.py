@@ -132,30 +132,32 @@ def hook_costs(model, opt, batch, device, reps):
             "global_only_hook_s": global_only, "per_layer_hooks_s": per, "naive_s": naive}
 
 
-def monitored_steps(model, opt, batch, device, reps, url, every):
-    mon = Monitor(url=url, run_id=f"bench-{every}", install_hooks=False, linger=0.2)
-    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=every)
+def monitored_steps(model, opt, batch, device, reps, url):
+    """Whole steps, interleaved round by round so a noisy machine affects all alike."""
+    mon = Monitor(url=url, run_id="bench-steps", install_hooks=False, linger=0.2)
+    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=1)
+    stats = mon._stats  # toggled between configurations instead of building three models
+    times = {"bare": [], "global_only": [], "per_layer": []}
 
-    def step():
+    def monitored(every, step):
+        stats.layer_stats_every, stats._steps = every, 0 if every == 1 else 1
         forward_backward(model, batch)
-        opt.step()
+        opt.step()  # the hooks measure (and clip) here
         opt.zero_grad(set_to_none=False)
-        mon.log_step(step.n, loss=1.0, tokens=batch.numel())
-        step.n += 1
+        mon.log_step(step, loss=1.0, tokens=batch.numel())
 
-    step.n = 0
-    step()  # warm-up, and the first (monitored) step
-    n = reps if every != DEFAULT_LAYER_STATS_EVERY else max(reps, every)
-    t = timed(step, device, n) if every != DEFAULT_LAYER_STATS_EVERY else None
-    if t is None:  # amortised: the mean over a whole period, not the median
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(every):
-            step()
-        sync(device)
-        t = (time.perf_counter() - start) / every
+    for step in range(reps + 1):
+        for name in times:
+            stats.detach()
+            if name != "bare":
+                stats.attach()
+            fn = (lambda: bare_step(model, opt, batch)) if name == "bare" else (
+                lambda n=name, s=step: monitored(1 if n == "per_layer" else 10**9, s))
+            t = timed(fn, device, 1)
+            if step:  # round 0 warms the snapshot buffers up
+                times[name].append(t)
     mon.close(timeout=30)
-    return t
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def transfer_count(model, opt, batch):
@@ -221,42 +223,41 @@ def main() -> None:
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
     bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
     hooks = hook_costs(model, opt, batch, device, args.reps)
-    every = DEFAULT_LAYER_STATS_EVERY
-    steps = {"global_only": monitored_steps(model, opt, batch, device, args.reps, url, 10**9),
-             "per_layer_every_step": monitored_steps(model, opt, batch, device, args.reps,
-                                                     url, 1),
-             f"default_every_{every}": monitored_steps(model, opt, batch, device, args.reps,
-                                                        url, every)}
+    steps = monitored_steps(model, opt, batch, device, args.reps, url)
     p50, p99 = enqueue_latency(url, device)
     figures = {"device": str(device), "n_params": n_params, "batch": args.batch,
                "seq": args.seq, "threads": torch.get_num_threads(), "bare_step_s": bare,
+               "layer_stats_every": DEFAULT_LAYER_STATS_EVERY,
                **hooks, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
                "log_step_p99_us": p99 * 1e6,
                "host_transfers_on_training_thread": transfer_count(model, opt, batch)}
-    report(figures, every)
+    report(figures)
     if args.json:
         print(json.dumps(figures, indent=2))
 
 
-def report(f: dict, every: int) -> None:
-    floor, bare = f["foreach_norm_floor_s"], f["bare_step_s"]
-    steps = f["monitored_step_s"]
+def report(f: dict) -> None:
+    floor, bare, every = f["foreach_norm_floor_s"], f["bare_step_s"], f["layer_stats_every"]
+    steps, clip = f["monitored_step_s"], f["clip_grad_norm_s"]
+    per, glob = f["per_layer_hooks_s"], f["global_only_hook_s"]
     print(f"model {f['n_params'] / 1e6:.1f}M params on {f['device']} ({f['threads']} threads), "
           f"batch {f['batch']} x seq {f['seq']}")
     print(f"bare step (fwd+bwd+clip+AdamW)     {bare * 1e3:9.1f} ms")
     print(f"_foreach_norm floor (all grads)    {floor * 1e3:9.2f} ms  = 1.00x floor")
-    print(f"clip_grad_norm_ (torch)            {f['clip_grad_norm_s'] * 1e3:9.2f} ms  = "
-          f"{f['clip_grad_norm_s'] / floor:.2f}x floor")
-    print(f"global-only hook (norm + clip)     {f['global_only_hook_s'] * 1e3:9.2f} ms  = "
-          f"{f['global_only_hook_s'] / floor:.2f}x floor (replaces clip_grad_norm_)")
-    print(f"per-layer hooks (7 stats/param)    {f['per_layer_hooks_s'] * 1e3:9.2f} ms  = "
-          f"{f['per_layer_hooks_s'] / floor:.2f}x floor, "
-          f"{f['per_layer_hooks_s'] / every / floor:.2f}x amortised over {every} steps")
+    print(f"clip_grad_norm_ (torch)            {clip * 1e3:9.2f} ms  = {clip / floor:.2f}x floor")
+    print(f"global-only hook (norm + clip)     {glob * 1e3:9.2f} ms  = {glob / floor:.2f}x floor"
+          " (replaces clip_grad_norm_)")
+    print(f"per-layer hooks (7 stats/param)    {per * 1e3:9.2f} ms  = {per / floor:.2f}x floor;"
+          f" amortised over {every} steps {per / every / floor:.2f}x floor")
     print(f"naive per-layer (.item() loop)     {f['naive_s'] * 1e3:9.2f} ms  = "
           f"{f['naive_s'] / floor:.2f}x floor")
-    for name, t in steps.items():
-        print(f"monitored step, {name:<22}{t * 1e3:9.1f} ms  = {(t / bare - 1) * 100:+.2f}% "
-              f"vs bare")
+    b = steps["bare"]
+    print(f"whole steps, interleaved medians:  bare {b * 1e3:.1f} ms, global-only "
+          f"{steps['global_only'] * 1e3:.1f} ms ({(steps['global_only'] / b - 1) * 100:+.1f}%), "
+          f"per-layer {steps['per_layer'] * 1e3:.1f} ms ({(steps['per_layer'] / b - 1) * 100:+.1f}%)")
+    default = max(glob - clip, 0) + per / every + f["log_step_p50_us"] * 1e-6
+    print(f"default configuration (every {every}), from the parts: +{default * 1e3:.2f} ms "
+          f"per step = {default / bare * 100:.2f}% of the bare step")
     print(f"log_step enqueue latency           p50 {f['log_step_p50_us']:.1f} us, "
           f"p99 {f['log_step_p99_us']:.1f} us")
     print(f"host transfers on the training thread per monitored step: "

@@ -166,12 +166,16 @@ def score(label: dict, records: list[Record], alarms: list[Alarm]) -> Score:
     s = Score(expected=len(label["expected"]))
     windows = [(e["type"], e["first_step"], e["last_step"]) for e in label["expected"]]
 
-    def explains(a: Alarm, t: str, lo: int, hi: int) -> bool:
-        ok_type = a.type == t if a.type is not None else t in RECIPE_TYPES
-        return ok_type and lo <= a.step <= hi
+    def matches(a: Alarm, t: str) -> bool:
+        return a.type == t if a.type is not None else t in RECIPE_TYPES
 
     for t, lo, hi in windows:
-        s.caught += any(explains(a, t, lo, hi) for a in alarms)
+        s.caught += any(matches(a, t) and lo <= a.step <= hi for a in alarms)
+    # Once an expected condition has begun, later reports of it are that condition
+    # persisting; before its window they are false alarms.
+    def explains(a: Alarm, t: str, lo: int, hi: int) -> bool:
+        return matches(a, t) and a.step >= lo
+
     last_fp: dict[str, int] = {}
     for a in sorted(alarms, key=lambda a: a.step):
         kind = a.type or "loss_spike"

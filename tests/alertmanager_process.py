@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from sidecar_process import free_port
 
 BINARY = "prometheus-alertmanager"

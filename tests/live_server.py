@@ -14,10 +14,10 @@ import threading
 import time
 
 import uvicorn
-from sidecar_process import free_port
 
 from monitor_agent.app import create_app
 from monitor_agent.settings import Settings
+from sidecar_process import free_port
 
 
 class LiveServer:

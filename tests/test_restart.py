@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from sidecar_process import SidecarProcess
 
 

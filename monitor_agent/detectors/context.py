@@ -123,8 +123,12 @@ class RunContext:
         """Columns of ``table`` in depth order plus stable slots (cached per name tuple)."""
         if self._cache is not None:
             names, view = self._cache
+            if view.table is table:  # several detectors align the same record
+                return view
             if names is table.names or names == table.names:
-                return LayerView(table, view.order, view.slots, len(self.state.layer_names))
+                view = LayerView(table, view.order, view.slots, len(self.state.layer_names))
+                self._cache = (names, view)
+                return view
         slots = np.fromiter((self._register(n) for n in table.names), dtype=np.intp)
         order = self._depth_order(table.names)
         view = LayerView(table, order, slots, len(self.state.layer_names))

@@ -1,7 +1,12 @@
 """``divergence``: the loss rising persistently while the gradient norm grows, caught
 before the NaN.
 
-Two rules, both relative to the run's own baselines:
+Three rules, all relative to the run's own baselines:
+
+* jump: after warmup, one step's update/param ratio above the hard limit
+  ``update_ratio_max`` (the step rewrote over 10% of the weights) and
+  ``divergence_jump`` x its rolling median: a learning-rate jump or an unclipped
+  gradient blow-up, seen before the loss has even moved;
 
 * fast: ``divergence_steps`` consecutive steps on which the loss rose and stands above
   ``divergence_ratio`` x its EMA while the grad norm also rose and stands above
@@ -37,6 +42,7 @@ from monitor_agent.types import Finding, StepRecord
 class DivergenceState:
     grads: Window
     losses: Window
+    ratios: Window
     prev_loss: float | None = None
     prev_grad: float | None = None
     streak: int = 0
@@ -52,17 +58,41 @@ class DivergenceDetector(DetectorBase):
     def new_rank(self) -> DivergenceState:
         s = self.settings
         return DivergenceState(grads=Window.of(s.baseline_window),
-                               losses=Window.of(s.divergence_window))
+                               losses=Window.of(s.divergence_window),
+                               ratios=Window.of(s.baseline_window))
 
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         if amp_overflow(rec) or not finite(rec.loss):
             return []
-        found = self._fast(rec, st) or self._slow(rec, st)
+        found = self._jump(rec, st)
+        found = self._fast(rec, st) or self._slow(rec, st) or found
         st.prev_loss = rec.loss
         if finite(rec.grad_norm) and rec.grad_norm > 0:
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
         return found
+
+    # -- jump: an update far too large ------------------------------------------------------
+
+    def _jump(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
+        ratio = rec.update_ratio
+        if not finite(ratio) or ratio <= 0:
+            return []
+        s = self.settings
+        median = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
+        st.ratios.add(ratio)
+        if median is None or self.ctx.in_warmup(rec.step):
+            return []
+        if ratio <= s.update_ratio_max or ratio < s.divergence_jump * median:
+            return []
+        if not self.due(rec):
+            return []
+        msg = (f"update/param ratio jumped to {fmt(ratio)} ({ratio / median:.0f}x its median "
+               f"{fmt(median)}; lr {fmt(rec.lr)}): a step this large precedes divergence")
+        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": median,
+                    "lr": rec.lr, "loss": rec.loss, "grad_norm": rec.grad_norm}
+        return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
+                             evidence=evidence, suggestions=tips.DIVERGENCE)]
 
     # -- fast: a runaway streak -------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import numpy as np
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
 from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window
+from monitor_agent.detectors.stats import Window, median, sorted_median
 from monitor_agent.types import Finding, StepRecord
 
 
@@ -54,7 +54,7 @@ class GradVanishingDetector(DetectorBase):
 
     def _depth(self, rec: StepRecord, st: VanishingState, grads: np.ndarray) -> list[Finding]:
         q = max(1, len(grads) // 4)
-        early, late = float(np.median(grads[:q])), float(np.median(grads[-q:]))
+        early, late = median(grads[:q]), median(grads[-q:])
         if late <= 0:
             return []
         st.ratios.add(early / late)
@@ -76,8 +76,7 @@ class GradVanishingDetector(DetectorBase):
             return []
         rel = g[ok] / p[ok]
         top = int(np.argmax(rel))
-        others = np.delete(rel, top)
-        base = float(np.median(others))
+        base = sorted_median(np.sort(rel)[:-1])  # every parameter but the top one
         if base <= 0:
             return []
         name = table.names[int(order[np.flatnonzero(ok)[top]])]

@@ -21,7 +21,7 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.stats import Window, finite, median
 from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
 
 
@@ -51,9 +51,9 @@ class PlateauDetector(DetectorBase):
             return []
         values = st.losses.values()
         q = len(values) // 4
-        before, now = float(np.median(values[:q])), float(np.median(values[-q:]))
+        before, now = median(values[:q]), median(values[-q:])
         gain = (before - now) / max(abs(before), 1e-12)
-        start = float(np.median(st.first))
+        start = median(np.asarray(st.first))
         since_start = (start - now) / max(abs(start), 1e-12)
         # A flat stretch after real progress is normal (the tail of a decaying schedule);
         # its val-loss side is judged per eval. Flat since the first steps is not learning.

@@ -61,6 +61,10 @@ class DetectorSettings(BaseModel):
     divergence_grad_ratio: float = Field(
         2.0, gt=1, description="grad norm / its median from which a rising step counts."
     )
+    divergence_jump: float = Field(
+        10.0, gt=1, description="Jump rule: update/param above update_ratio_max and this many "
+        "times its rolling median.",
+    )
     divergence_window: int = Field(
         50, ge=10, description="Steps in the slow-divergence loss trend (median) window."
     )

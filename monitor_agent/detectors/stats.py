@@ -79,17 +79,30 @@ class Window:
         return float(self.buf[self.i - 1]) if self.n else None
 
     def median(self) -> float:
-        return float(np.median(self.buf[: self.n])) if self.n else math.nan
+        return sorted_median(np.sort(self.buf[: self.n])) if self.n else math.nan
 
     def mad(self) -> float:
         """Median absolute deviation, scaled to a standard deviation."""
         if not self.n:
             return math.nan
         v = self.buf[: self.n]
-        return MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v))))
+        dev = np.sort(np.abs(v - sorted_median(np.sort(v))))
+        return MAD_TO_SIGMA * sorted_median(dev)
 
     def clear(self) -> None:
         self.n = self.i = 0
+
+
+def sorted_median(v: np.ndarray) -> float:
+    """Median of an already sorted array; np.median costs 10x more on short windows."""
+    n = len(v)
+    mid = n // 2
+    return float(v[mid]) if n % 2 else float(0.5 * (v[mid - 1] + v[mid]))
+
+
+def median(a: np.ndarray) -> float:
+    """np.median without its overhead (short arrays, no NaN handling needed)."""
+    return sorted_median(np.sort(a)) if len(a) else math.nan
 
 
 def robust_z(x: float, window: Window, floor: float = 1e-12) -> float:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from receivers import Receiver
 
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.types import Finding, Severity
+from receivers import Receiver
 
 ROUTING_KEY = "R0UT1NGKEY-secret-0123456789abcdef"
 T0 = 1_700_000_000.0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from alert_harness import FakeClock, Harness
+
 from receivers import Receiver
 
 

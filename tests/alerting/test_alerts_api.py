@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import LiveServer
 
+from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
 TOKEN = "api-token-123"

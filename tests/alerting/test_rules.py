@@ -107,7 +107,7 @@ def test_invalid_rules_name_the_field(text: str, expected: str):
 
 def test_missing_rules_file_is_a_clear_error(tmp_path: Path):
     with pytest.raises(RuleError, match="cannot read alert rules"):
-        load_rules(AlertingSettings(rules_file=tmp_path / "nope.yaml"))
+        load_rules(tmp_path / "nope.yaml")
 
 
 def test_rules_file_from_settings(tmp_path: Path):

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.routing import APIRoute
-from live_server import LiveServer
 
+from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
 TOKEN = "s3cret-token-value"

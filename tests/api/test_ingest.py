@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import LiveServer
 
+from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
 

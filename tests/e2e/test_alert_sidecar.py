@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from receivers import Receiver
 
 KEY = "e2e-routing-key-0123456789abcdef"

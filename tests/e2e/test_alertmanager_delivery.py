@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from alertmanager_process import AlertmanagerProcess, available
 from prometheus_client import CollectorRegistry
-from receivers import Receiver
-from sidecar_process import free_port
 
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.types import Finding, Severity
+from receivers import Receiver
+from sidecar_process import free_port
 
 pytestmark = [
     pytest.mark.binaries,

@@ -24,10 +24,10 @@ import httpx
 import pytest
 import yaml
 from e2e.webhook import Webhook
-from sidecar_process import SidecarProcess, free_port
 
 from dashboards.queries import iter_queries, substitute
 from monitor_agent import wire
+from sidecar_process import SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
 
