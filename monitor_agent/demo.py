@@ -69,6 +69,7 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
         return 2
     port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
+    _show_console_alerts()
     with tempfile.TemporaryDirectory(prefix="monitor-agent-demo-") as tmp:
         settings = load_settings(
             data_dir=Path(tmp), host="127.0.0.1", port=port,
@@ -81,6 +82,18 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
             time.sleep(1.5)  # let the last batch and its alert delivery land
             _report(url, run_id)
     return 0 if code in (0, 1) else code
+
+
+def _show_console_alerts() -> None:
+    """The console channel logs each alert message; print them as they come."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("\n%(message)s"))
+    logger = logging.getLogger("monitor_agent.alerts")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _train(trainer: Path, url: str, run_id: str, inject: str, steps: int, at: int) -> int:

@@ -16,7 +16,7 @@ from urllib.parse import quote
 from monitor_agent import wire
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
 
-DASHBOARD_UID = "training-run"
+DASHBOARD_UID = "monitor-agent-training-run"
 BEFORE_S, AFTER_S = 30 * 60, 10 * 60  # the range shows how the run got there
 
 
@@ -26,7 +26,7 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
         return None
     start, end = int((at - BEFORE_S) * 1000), int((at + AFTER_S) * 1000)
     return (f"{grafana_url.rstrip('/')}/d/{DASHBOARD_UID}/{DASHBOARD_UID}"
-            f"?var-run_id={quote(run_id, safe='')}&from={start}&to={end}")
+            f"?var-run={quote(run_id, safe='')}&from={start}&to={end}")
 
 
 def to_event(row: sqlite3.Row, status: str, reason: str, now: float) -> AlertEvent:

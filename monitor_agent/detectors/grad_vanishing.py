@@ -4,8 +4,10 @@ dominates the gradient so that, after clipping, every other one is starved.
 Depth comes from the run's ``layer_order`` (else parameter order). Early = the first
 quarter of the parameters, late = the last quarter, each summarised by its median grad
 norm; the ratio is judged as a median over ``vanishing_window`` steps so one odd batch
-never fires. Dominance compares relative gradients (grad norm / param norm), which
-removes the size differences between embeddings, matrices and norms.
+never fires. Dominance compares relative gradients (grad norm / param norm, with the
+norm floored at the typical parameter's), which removes the size differences between
+embeddings, matrices and norms; the output head, which normally takes most of the
+gradient, is left out.
 
 Example::
 
@@ -70,16 +72,18 @@ class GradVanishingDetector(DetectorBase):
 
     def _dominance(self, rec: StepRecord, st: VanishingState, order: np.ndarray) -> list[Finding]:
         table = rec.layers
+        order = _without_output_head(table.names, order)
         g, p = table.stats["grad_norm"][order], table.stats["param_norm"][order]
-        ok = (p > 0) & np.isfinite(p)
-        if ok.sum() < 3:
+        if len(order) < 3 or not np.isfinite(p).all():
             return []
-        rel = g[ok] / p[ok]
+        # A near-zero parameter (a fresh bias) has a meaningless relative gradient: judge
+        # every parameter against at least the typical parameter norm.
+        rel = g / np.maximum(p, median(p) or 1.0)
         top = int(np.argmax(rel))
         base = sorted_median(np.sort(rel)[:-1])  # every parameter but the top one
         if base <= 0:
             return []
-        name = table.names[int(order[np.flatnonzero(ok)[top]])]
+        name = table.names[int(order[top])]
         if name != st.dominant:
             st.dominance.clear()
             st.dominant = name
@@ -93,3 +97,13 @@ class GradVanishingDetector(DetectorBase):
         return [self.finding(rec, msg, value=ratio, threshold=limit, layer=name,
                              evidence={"ratio": ratio, "others_median": base},
                              suggestions=tips.GRAD_DOMINANCE)]
+
+
+def _without_output_head(names: tuple[str, ...], order: np.ndarray) -> np.ndarray:
+    """The depth order minus the output module (its weight and bias): the output head
+    normally takes most of the gradient, so only the others can dominate abnormally."""
+    if len(order) < 2:
+        return order
+    head = names[int(order[-1])].rsplit(".", 1)[0]
+    keep = [c for c in order if names[int(c)].rsplit(".", 1)[0] != head]
+    return np.asarray(keep, dtype=np.intp)

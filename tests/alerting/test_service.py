@@ -218,7 +218,7 @@ def test_views_carry_what_the_exposition_shows(harness: Harness):
     assert (view.severity, view.summary, view.suggestion, view.project) == (
         "critical", "loss is NaN", "lower the learning rate", "proj")
     assert view.dashboard_url.startswith(
-        "http://grafana.test:3000/d/training-run/training-run?var-run_id=r1&from=")
+        "http://grafana.test:3000/d/monitor-agent-training-run/monitor-agent-training-run?var-run=r1&from=")
     assert harness.alerting.acknowledge("nope", by="x") is None
 
 

@@ -129,9 +129,6 @@ def test_training_run_dashboard_has_what_the_issue_asks_for() -> None:
     assert {"Findings", "Sidecar alerts", "Prometheus alerts"} <= names
 
 
-@pytest.mark.xfail(strict=True, reason="monitor_agent/alerting/events.py links uid "
-                   "'training-run' with var-run_id; the dashboard is "
-                   "'monitor-agent-training-run' with variable 'run' (asked of its owner)")
 def test_alert_links_open_the_training_run_dashboard_on_the_run() -> None:
     from urllib.parse import parse_qs, urlsplit
 

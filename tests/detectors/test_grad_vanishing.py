@@ -38,6 +38,19 @@ def test_a_big_gradient_on_a_big_parameter_is_not_dominance():
     assert feed(only("grad_vanishing"), _stream(grads, param=params)) == []
 
 
+def test_the_output_head_taking_most_of_the_gradient_is_normal():
+    grads = [1.0] * 8
+    grads[-1] = 5000.0
+    found = feed(only("grad_vanishing"), _stream(grads))
+    assert [f for f in found if f.layer is not None] == []
+
+
+def test_a_near_zero_bias_is_not_dominant():
+    grads, params = [1.0] * 8, [1.0] * 8
+    grads[2], params[2] = 0.5, 1e-6  # a fresh bias: huge grad/param, ordinary gradient
+    assert feed(only("grad_vanishing"), _stream(grads, param=params)) == []
+
+
 def test_quiet_on_balanced_gradients():
     assert feed(only("grad_vanishing"), _stream(geometric(16, 0.3, 1.0), n_steps=200)) == []
 

@@ -16,7 +16,7 @@ def event(status: str = "firing", **kw: Any) -> AlertEvent:
         started_at=T0, project="gpt", step=300, layer="blocks.0.attn", rank=0,
         value=float("nan"), threshold=2.31, suggestions=("lower the lr", "check the batch"),
         evidence={"loss": float("nan"), "ema": 2.31}, labels={"team": "nlp", "bad-label": "x"},
-        identity={}, count=3, dashboard_url="http://grafana:3000/d/training-run/training-run?var-run_id=gpt-7",
+        identity={}, count=3, dashboard_url="http://grafana:3000/d/monitor-agent-training-run/monitor-agent-training-run?var-run=gpt-7",
         ends_at=T0 + 60 if status == "resolved" else None,
     )
     base.update(kw)

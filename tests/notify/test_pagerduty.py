@@ -20,7 +20,7 @@ def test_trigger_has_everything_a_responder_needs():
     assert p["timestamp"] == "2023-11-14T22:13:20+00:00"
     assert p["custom_details"]["suggestions"] == ["lower the lr", "check the batch"]
     assert p["custom_details"]["evidence"] == {"loss": "NaN", "ema": "2.31"}
-    assert body["links"][0]["href"].endswith("var-run_id=gpt-7")
+    assert body["links"][0]["href"].endswith("var-run=gpt-7")
 
 
 def test_resolve_and_acknowledge_reuse_the_dedup_key():

@@ -23,7 +23,7 @@ def test_firing_message_has_fallback_text_and_blocks():
                  "• lower the lr", "&lt;at&gt;", "&amp;"):
         assert part in text
     assert "project *gpt*" in context["elements"][0]["text"]
-    assert actions["elements"][0]["url"].endswith("var-run_id=gpt-7")
+    assert actions["elements"][0]["url"].endswith("var-run=gpt-7")
     assert divider == {"type": "divider"}
 
 
