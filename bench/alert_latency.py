@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from alertmanager_process import AlertmanagerProcess  # noqa: E402
-
 from receivers import Receiver  # noqa: E402
 from sidecar_process import SidecarProcess, free_port  # noqa: E402
 

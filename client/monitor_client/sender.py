@@ -72,7 +72,7 @@ class Sender:
         self._cond = threading.Condition()
         self._n = dict(submitted=0, sent=0, spooled=0, rejected=0, dropped=0, settled=0)
         self._failures, self._retry_at = 0, 0.0
-        self._flush_wanted = threading.Event()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monitor-client-sender",
                                         daemon=True)
@@ -88,6 +88,8 @@ class Sender:
             return
         try:
             self._queue.put_nowait(item)
+            if self._queue.qsize() >= self.batch_records:
+                self._wake.set()
         except queue.Full:
             self.warner.warn("queue_full", "send queue full; spooling records to %s",
                              self.spool.directory)
@@ -106,20 +108,20 @@ class Sender:
         with self._cond:
             target = self._n["submitted"]
             self._retry_at = 0.0  # a flush deserves a fresh attempt, not the backoff wait
-            self._flush_wanted.set()
+            self._wake.set()
             while self._n["settled"] < target and self._thread.is_alive():
                 left = deadline - self._now()
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.05))
-                self._flush_wanted.set()
+                self._wake.set()
             return self._n["settled"] >= target
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush, then stop the thread; whatever is undelivered stays in the spool."""
         ok = self.flush(timeout)
         self._stop.set()
-        self._flush_wanted.set()
+        self._wake.set()
         self._thread.join(timeout=max(1.0, self.transport.timeout[0] + 1.0))
         self._spool_lines(self._encode(self._drain_now()))
         self.spool.close()
@@ -146,20 +148,15 @@ class Sender:
     def _collect(self) -> list[Any]:
         wait = 0.05 if len(self.spool) else self.linger
         try:
-            items = [self._queue.get(timeout=wait)]
+            first = self._queue.get(timeout=wait)
         except queue.Empty:
             return []
-        deadline = self._now() + self.linger
-        while len(items) < self.batch_records:
-            if self._flush_wanted.is_set() or self._stop.is_set():
-                items.extend(self._drain_now(self.batch_records - len(items)))
-                break
-            try:
-                items.append(self._queue.get(timeout=max(0.0, min(0.05, deadline - self._now()))))
-            except queue.Empty:
-                if self._now() >= deadline:
-                    break
-        return items
+        # Sleep through the linger instead of waking per record: a sleeping sender does not
+        # compete with the training thread for the GIL. submit() wakes us when a batch is
+        # full, flush() and close() when they are waiting.
+        self._wake.wait(self.linger)
+        self._wake.clear()
+        return [first, *self._drain_now(self.batch_records - 1)]
 
     def _drain_now(self, limit: int = 1 << 30) -> list[Any]:
         items: list[Any] = []

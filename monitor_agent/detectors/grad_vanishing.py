@@ -40,6 +40,7 @@ class GradVanishingDetector(DetectorBase):
     """Warning on early/late grad ratio < ``vanishing_ratio`` or a dominating parameter."""
 
     type = "grad_vanishing"
+    _head_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def new_rank(self) -> VanishingState:
         w = self.settings.vanishing_window
@@ -72,7 +73,10 @@ class GradVanishingDetector(DetectorBase):
 
     def _dominance(self, rec: StepRecord, st: VanishingState, order: np.ndarray) -> list[Finding]:
         table = rec.layers
-        order = _without_output_head(table.names, order)
+        if self._head_cache is None or self._head_cache[0] is not order:
+            # The aligned order array is shared by every record with the same layer names.
+            self._head_cache = (order, _without_output_head(table.names, order))
+        order = self._head_cache[1]
         g, p = table.stats["grad_norm"][order], table.stats["param_norm"][order]
         if len(order) < 3 or not np.isfinite(p).all():
             return []
