@@ -78,6 +78,11 @@ class Block(nn.Module):
         return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
 
 
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)  # GPT-2's initialisation
+
+
 class CharGPT(nn.Module):
     """Pre-LayerNorm decoder-only transformer (the shape of the shared traces' char-gpt)."""
 
@@ -91,11 +96,6 @@ class CharGPT(nn.Module):
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
         self.poison = False
         self.apply(_init_weights)
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear | nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)  # GPT-2's initialisation
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
@@ -119,15 +119,17 @@ def batches(data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator,
         yield x, y
 
 
-def schedule(args: argparse.Namespace, state: dict):
-    def base(step: int) -> float:
-        if step < args.warmup:
-            return (step + 1) / args.warmup
-        progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return [lambda s: base(s) * state["lr_mult"],
-            lambda s: base(s) * state["lr_mult"] * (0.0 if state["frozen"] else 1.0)]
+def set_lr(opt: torch.optim.Optimizer, args: argparse.Namespace, step: int,
+           state: dict) -> None:
+    """Linear warm-up, cosine to 0.1x; the fault multipliers apply from this very step."""
+    if step <= args.warmup:
+        factor = step / args.warmup
+    else:
+        progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+        factor = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    lr = args.lr * factor * state["lr_mult"]
+    opt.param_groups[0]["lr"] = lr
+    opt.param_groups[1]["lr"] = 0.0 if state["frozen"] else lr
 
 
 def build(args: argparse.Namespace, state: dict):
@@ -138,9 +140,7 @@ def build(args: argparse.Namespace, state: dict):
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if n not in last_mlp]},
               {"params": [p for n, p in named if n in last_mlp]}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(args, state))
-    return model, opt, sched
+    return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 @torch.no_grad()
@@ -177,7 +177,7 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
     data = load_text()
     split = int(0.9 * len(data))
     train_data, val_data = data[:split], data[split:]
-    model, opt, sched = build(args, state)
+    model, opt = build(args, state)
     peak = args.peak_flops if args.peak_flops > 0 else measure_peak_flops()
     mon.watch(model, opt, grad_clip=args.grad_clip, seq_len=args.seq_len, peak_flops=peak)
     gen, leaked, bad = torch.Generator().manual_seed(args.seed), [], 0
@@ -190,8 +190,8 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
         loss.backward(retain_graph=state["leak"])
         if state["leak"]:
             leaked.append(loss)
+        set_lr(opt, args, step, state)
         opt.step()  # the client's hooks measure and clip here
-        sched.step()
         value = loss.item()
         mon.log_step(step, loss=value, tokens=x.numel(), samples=x.shape[0])
         if args.progress:

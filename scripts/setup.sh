@@ -8,4 +8,4 @@ py=${PYTHON:-python3}
 "$py" -m pip install -q "torch==2.13.0"
 "$py" -m pip install -q -e ".[dev]" -e "./client"
 # Only after torch, so they reuse the pinned CPU build.
-"$py" -m pip install -q "transformers>=4.40" "lightning>=2.2"
+"$py" -m pip install -q "torch==2.13.0" "transformers>=4.40" "accelerate>=1.1" "lightning>=2.2"

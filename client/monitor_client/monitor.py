@@ -16,10 +16,8 @@ errors into rate-limited warnings: monitoring never raises into training.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_client import run_info
+from monitor_client.exit_hooks import ExitHooks, outcome_of
 from monitor_client.memory import CpuMemory, memory_probe
 from monitor_client.pending import PendingStep, Probes
 from monitor_client.sender import Counters, Sender
@@ -93,8 +92,9 @@ class Monitor:
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self._sender = self._make_sender(url, token, spool_dir, spool_max_bytes, max_queue,
                                          linger, timeout) if self.active else None
+        self._exit_hooks = ExitHooks(self.close, self._set_outcome)
         if self.active and install_hooks:
-            self._install_exit_hooks()
+            self._exit_hooks.install()
 
     def _make_sender(self, url, token, spool_dir, spool_max_bytes, max_queue, linger,
                      timeout) -> Sender:
@@ -125,28 +125,26 @@ class Monitor:
         """
         if not self.active:
             return
-        from monitor_client import flops
+        from monitor_client import flops, model_info
         from monitor_client.stats import GradStats
 
         param = next(model.parameters())
         every = layer_stats_every or self.layer_stats_every
-        group = _default_group() if sharded else None
+        group = model_info.default_group() if sharded else None
         self._stats = GradStats(model, optimizer, grad_clip=grad_clip, apply_clip=apply_clip,
                                 layer_stats_every=every, reduce_group=group,
                                 snapshot_budget_bytes=snapshot_budget_bytes).attach(pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
         self.config.setdefault("grad_clip", grad_clip)
         self.config.setdefault("layer_stats_every", every)
-        dtype = flops.normalize_dtype(compute_dtype or _default_dtype(param))
-        peak = peak_flops or _env_float("MONITOR_AGENT_PEAK_FLOPS") or (
-            flops.peak_flops_for(_device_name(param.device), dtype))
+        peak, dtype = model_info.resolve_peak_flops(param, peak_flops, compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
                               flops_per_token=flops_per_token or flops.flops_per_token(
                                   model, seq_len), peak_flops=peak, world_size=self.world_size)
         self._hardware = run_info.describe_hardware(param.device, self.info, peak)
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if sharded else "global")
-        self._model_info = _describe_model(model, self._stats.names)
+        self._model_info = model_info.describe_model(model, self._stats.names)
         self._send_run()
         self._last_t = time.perf_counter()
 
@@ -176,6 +174,8 @@ class Monitor:
             return
         now = time.perf_counter()
         step_time, self._last_t = now - self._last_t, now
+        if self._stats is not None:  # like the shared traces: step_time excludes our hooks
+            step_time = max(step_time - self._stats.pop_overhead(), 0.0)
         if data_time is None and self._data_time:
             data_time = self._data_time
         self._data_time = 0.0
@@ -243,9 +243,9 @@ class Monitor:
         self._send_run()
         self._sender.submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
                              "time": time.time(), "rank": self.rank,
-                             "val_loss": _plain(val_loss), "train_loss": _plain(train_loss),
-                             "epoch": epoch,
-                             "metrics": {str(k): _plain(v) for k, v in (metrics or {}).items()}})
+                             "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
+                             "epoch": _scalar(epoch),
+                             "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
 
     # -- lifecycle -----------------------------------------------------------------------
     def _send_run(self) -> None:
@@ -280,37 +280,19 @@ class Monitor:
         self._sender.submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
                              "time": time.time(), "rank": self.rank, "status": status,
                              "error": error})
-        self._remove_exit_hooks()
+        self._exit_hooks.remove()
         return self._sender.close(timeout)
+
+    def _set_outcome(self, status: str, error: str) -> None:
+        self._outcome = (status, error)
 
     def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._outcome = _outcome_of(exc_type, exc)
+            self._outcome = outcome_of(exc_type, exc)
         self.close()
-
-    def _install_exit_hooks(self) -> None:
-        self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        atexit.register(self.close)
-
-    def _remove_exit_hooks(self) -> None:
-        if getattr(self, "_previous_excepthook", None) is None:
-            return
-        if sys.excepthook == self._excepthook:
-            sys.excepthook = self._previous_excepthook
-        atexit.unregister(self.close)
-
-    def _excepthook(self, exc_type, exc, tb) -> None:
-        self._outcome = _outcome_of(exc_type, exc)
-        self._previous_excepthook(exc_type, exc, tb)
-
-
-def _outcome_of(exc_type, exc) -> tuple[str, str]:
-    status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
-    return status, f"{exc_type.__name__}: {exc}"[:4000]
 
 
 def _is_tensor(value: Any) -> bool:
@@ -326,38 +308,6 @@ def _plain(value: Any) -> Any:
     return float(value)
 
 
-def _default_dtype(param: Any) -> str:
-    import torch
-
-    if param.dtype == torch.float32 and param.device.type == "cuda" and \
-            torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return str(param.dtype)
-
-
-def _device_name(device: Any) -> str | None:
-    if device.type != "cuda":
-        return None
-    import torch
-
-    return torch.cuda.get_device_name(device)
-
-
-def _env_float(name: str) -> float | None:
-    value = os.environ.get(name)
-    return float(value) if value else None
-
-
-def _default_group() -> Any:
-    import torch.distributed as dist
-
-    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-
-
-def _describe_model(model: Any, names: list[str]) -> dict[str, Any]:
-    from monitor_client.flops import model_shape
-
-    n_params = sum(p.numel() for p in model.parameters())
-    info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
-    info.update(model_shape(model))
-    return info
+def _scalar(value: Any) -> float | None:
+    """Eval values may be tensors: evaluation is rare, so a host sync here is fine."""
+    return None if value is None else float(value)

@@ -70,7 +70,10 @@ class Sender:
         self._now = now
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._cond = threading.Condition()
-        self._n = dict(submitted=0, sent=0, spooled=0, rejected=0, dropped=0, settled=0)
+        # Records a previous process left in this spool count as submitted: flush() then
+        # waits for them too, and ``pending`` stays true.
+        self._n = dict(submitted=len(spool), sent=0, spooled=0, rejected=0, dropped=0,
+                       settled=0)
         self._failures, self._retry_at = 0, 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -29,10 +29,10 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
-
 
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
 
@@ -134,6 +134,7 @@ class GradStats:
         self._handles: list = []
         self._steps = 0
         self._chunk_start = 0
+        self.overhead_s = 0.0  # time spent in the hooks, left out of step_time
         self._buffers: dict[int, torch.Tensor] = {}
         self._reset()
 
@@ -167,13 +168,16 @@ class GradStats:
         """Measure (and clip) the gradients, snapshot parameters on monitored steps."""
         if self._measured:
             return  # already called explicitly for this step (Lightning)
+        start = time.perf_counter()
         self._measure_grads(self.monitored)
         if self.monitored:
             self._take_snapshot()
+        self.overhead_s += time.perf_counter() - start
 
     @torch.no_grad()
     def after_step(self) -> None:
         """The optimizer stepped: on monitored steps, parameter and update norms."""
+        start = time.perf_counter()
         if not self._measured:
             self._measure_grads(False)
         if self.monitored:
@@ -181,6 +185,12 @@ class GradStats:
         self._pack.stepped = True
         self._steps += 1
         self._record_event()
+        self.overhead_s += time.perf_counter() - start
+
+    def pop_overhead(self) -> float:
+        """Host seconds the hooks took since the last call (on GPU: launch time only)."""
+        spent, self.overhead_s = self.overhead_s, 0.0
+        return spent
 
     def _record_event(self) -> None:
         if self._pack.values and self._pack.values[0].device.type == "cuda":

@@ -16,6 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from client_shapes import step_shape
 
 from monitor_agent.schemas import RecordError, validate
 
@@ -122,3 +123,29 @@ def stopped_receiver():
     rec = Receiver()
     yield rec
     rec.stop()
+
+
+@pytest.fixture
+def plain_loop_shape(tmp_path):
+    """The step shape a plain training loop produces (the reference for the adapters)."""
+    import torch
+
+    from monitor_client import Monitor
+
+    rec = Receiver().start()
+    try:
+        mon = Monitor(url=rec.url, run_id="plain-shape", spool_dir=tmp_path / "plain",
+                      install_hooks=False, linger=0.02, layer_stats_every=4)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mon.watch(model, opt, grad_clip=1.0)
+        for step in (1, 2, 3):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            mon.log_step(step, loss=loss.detach(), tokens=32, samples=8)
+        mon.close(timeout=10)
+        return step_shape(rec.records)
+    finally:
+        rec.stop()

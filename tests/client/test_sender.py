@@ -82,7 +82,7 @@ def test_503_is_retried_from_the_spool(receiver, tmp_path):
 def test_413_splits_the_batch(receiver, tmp_path):
     receiver.max_body = 400  # gzip'd bytes: a few records per request at most
     sender = _sender(receiver.url, tmp_path, batch_records=200)
-    big = [dict(_step(i), note="x%d" % (i * 7919) * 20) for i in range(40)]
+    big = [dict(_step(i), note=f"x{i * 7919}" * 20) for i in range(40)]
     for rec in big:
         sender.submit(rec)
     assert sender.close(timeout=10)
@@ -130,6 +130,7 @@ def test_leftover_spool_is_replayed_by_the_next_sender(stopped_receiver, tmp_pat
     second.submit(_step(5))
     assert second.close(timeout=10)
     assert _steps_of(stopped_receiver) == list(range(6))
+    assert second.counters().pending == 0 and second.counters().sent == 6
 
 
 def test_spool_bound_drops_steps_and_counts_them(stopped_receiver, tmp_path):

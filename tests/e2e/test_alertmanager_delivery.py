@@ -57,7 +57,7 @@ def test_alertmanager_routes_our_alert_and_its_resolve(tmp_path: Path):
                 "severity": "critical", "source": "monitor-agent", "team": "nlp",
                 "layer": "blocks.0.attn"}
             assert alert["annotations"]["suggestion"] == "lower the learning rate"
-            assert alert["generatorURL"].startswith("http://grafana:3000/d/training-run/")
+            assert alert["generatorURL"].startswith("http://grafana:3000/d/monitor-agent-training-run/")
             for _ in range(4):  # the resolve comes from our tick, after 2 s clear
                 time.sleep(1)
                 alerting.tick(time.time())

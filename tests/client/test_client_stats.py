@@ -148,3 +148,21 @@ def test_hooks_never_copy_to_host(monkeypatch):
     assert calls == []
     vector = pack.vector()  # the one host copy, made later by the sender thread
     assert vector.ndim == 1 and vector.numel() > 5 * 7
+
+
+def test_sharded_norms_are_all_reduced_across_the_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        stats = GradStats(model, opt, grad_clip=0.05, layer_stats_every=1,
+                          reduce_group=dist.group.WORLD).attach()
+        out, grads, _ = _run_step(model, opt, stats)
+        total = math.sqrt(sum(float(g.norm()) ** 2 for g in grads.values()))
+        assert out["grad_norm"] == pytest.approx(total, rel=1e-5)
+        assert out["param_norm"] > 0 and out["update_norm"] > 0
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,52 @@
+"""Ending a run when the script ends: ``atexit`` for a normal exit, a chained
+``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
+``stopped`` on Ctrl-C). Installed per Monitor and removed by its ``close()``.
+
+Example::
+
+    hooks = ExitHooks(on_exit=mon.close, on_exception=mon.set_outcome)
+    hooks.install()
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from collections.abc import Callable
+
+
+def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str]:
+    """(status, error) for an exception that ended the run."""
+    status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+    return status, f"{exc_type.__name__}: {exc}"[:4000]
+
+
+class ExitHooks:
+    """Calls ``on_exception(status, error)`` for an uncaught exception, ``on_exit()`` at exit.
+
+    Example::
+
+        ExitHooks(on_exit=lambda: print("bye"), on_exception=print).install()
+    """
+
+    def __init__(self, on_exit: Callable[[], object],
+                 on_exception: Callable[[str, str], object]) -> None:
+        self._on_exit, self._on_exception = on_exit, on_exception
+        self._previous = None
+
+    def install(self) -> None:
+        self._previous = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._on_exit)
+
+    def remove(self) -> None:
+        if self._previous is None:
+            return
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous
+        atexit.unregister(self._on_exit)
+        self._previous = None
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        self._on_exception(*outcome_of(exc_type, exc))
+        (self._previous or sys.__excepthook__)(exc_type, exc, tb)

@@ -1,0 +1,103 @@
+"""``MonitorCallback`` for the HuggingFace ``Trainer``.
+
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[MonitorCallback(project="gpt")])
+
+What it does, and why:
+- The loss is read raw from the model's forward output (a forward hook), never from the
+  Trainer's logs: with ``logging_nan_inf_filter`` (on by default) the Trainer replaces a
+  NaN/inf loss by the running average in what it logs, hiding exactly what we look for.
+  Micro-batch losses are combined per optimizer step (mean, or sum when the model
+  normalises by ``num_items_in_batch``), still on the device.
+- Gradient statistics come from the optimizer hooks of ``Monitor.watch``. The Trainer
+  clips before the optimizer step, which would leave us only post-clip gradients, so by
+  default the callback takes clipping over: it sets ``args.max_grad_norm`` to 0 for the
+  run and clips in its pre-step hook by the same rule (restored at the end of training).
+  ``take_over_clipping=False`` leaves the Trainer's clipping alone (grad norms are then
+  post-clip). With DeepSpeed or FSDP the Trainer's own clipping is kept regardless.
+- Tokens and samples are counted from ``input_ids`` shapes (no device sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from monitor_client.monitor import Monitor
+
+
+class MonitorCallback(TrainerCallback):
+    """Report a HuggingFace Trainer run to monitor_agent.
+
+    Example::
+
+        Trainer(..., callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
+    """
+
+    def __init__(self, monitor: Monitor | None = None, *, take_over_clipping: bool = True,
+                 **monitor_kwargs: Any) -> None:
+        self.monitor = monitor
+        self.take_over_clipping = take_over_clipping
+        self._kwargs = monitor_kwargs
+        self._losses: list[Any] = []
+        self._sum_losses = False
+        self._tokens = self._samples = 0
+        self._restore_clip: float | None = None
+        self._handles: list[Any] = []
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self.monitor is None:
+            config = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
+            self.monitor = Monitor(config=config, **self._kwargs)
+        clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
+        take_over = self.take_over_clipping and clip is not None and not (
+            args.deepspeed or args.fsdp)
+        if take_over:
+            self._restore_clip, args.max_grad_norm = args.max_grad_norm, 0.0
+        opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
+        self.monitor.watch(model, opt, grad_clip=clip, apply_clip=take_over,
+                           seq_len=getattr(getattr(model, "config", None), "n_positions", None))
+        self._handles = [
+            model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
+            model.register_forward_hook(self._capture_loss, with_kwargs=True)]
+
+    def _count_inputs(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if module.training and hasattr(ids, "shape") and len(ids.shape) >= 1:
+            self._tokens += ids.numel()
+            self._samples += ids.shape[0]
+
+    def _capture_loss(self, module, args, kwargs, output):
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if module.training and loss is not None:
+            self._losses.append(loss.detach())
+            self._sum_losses = kwargs.get("num_items_in_batch") is not None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+
+        loss = None
+        if self._losses:
+            stacked = torch.stack(self._losses)
+            loss = stacked.sum() if self._sum_losses else stacked.mean()
+        self.monitor.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
+                              samples=self._samples or None)
+        self._losses, self._tokens, self._samples = [], 0, 0
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics = dict(metrics or {})
+        val = metrics.pop("eval_loss", None)
+        extra = {k.removeprefix("eval_"): v for k, v in metrics.items()
+                 if isinstance(v, int | float) and not k.endswith(("_runtime", "per_second"))}
+        self.monitor.log_eval(state.global_step, val_loss=val, epoch=state.epoch, metrics=extra)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for handle in self._handles:
+            handle.remove()
+        if self._restore_clip is not None:
+            args.max_grad_norm, self._restore_clip = self._restore_clip, None
+        self.monitor.close()
+
+
+def _plain_value(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)

@@ -1,0 +1,98 @@
+"""``MonitorCallback`` for Lightning (``lightning.pytorch``).
+
+    trainer = L.Trainer(callbacks=[MonitorCallback(project="gpt")], gradient_clip_val=1.0)
+
+Lightning runs the optimizer step with a closure (forward and backward happen inside
+``optimizer.step``), so the torch step pre-hook would fire before the gradients exist.
+The callback therefore measures the gradients in ``on_before_optimizer_step`` (after
+backward and unscaling, before Lightning's clipping: the norms are pre-clip) and leaves the
+parameter/update statistics to the step post-hook. Lightning keeps doing the clipping; we
+record ``gradient_clip_val`` as the threshold.
+
+Per optimizer step it logs the loss Lightning returned from ``training_step`` (summed
+over accumulated micro-batches, which Lightning already divided by their number) and the
+batch size as ``samples``; pass ``tokens_per_sample=`` for tokens/s and MFU. The run ends
+``failed`` on an exception inside ``fit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from monitor_client.monitor import Monitor
+
+
+class MonitorCallback(pl.Callback):
+    """Report a Lightning run to monitor_agent.
+
+    Example::
+
+        L.Trainer(callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
+    """
+
+    def __init__(self, monitor: Monitor | None = None, *, tokens_per_sample: int | None = None,
+                 val_loss_key: str | None = None, **monitor_kwargs: Any) -> None:
+        self.monitor = monitor
+        self.tokens_per_sample = tokens_per_sample
+        self.val_loss_key = val_loss_key
+        self._kwargs = monitor_kwargs
+        self._losses: list[Any] = []
+        self._samples = 0
+        self._last_step = 0
+
+    def on_fit_start(self, trainer, pl_module):
+        if self.monitor is None:
+            config = {k: v for k, v in dict(pl_module.hparams).items()
+                      if v is None or isinstance(v, str | int | float | bool)}
+            self.monitor = Monitor(config=config, **self._kwargs)
+        clip = trainer.gradient_clip_val or None
+        self.monitor.watch(pl_module, trainer.optimizers[0], grad_clip=clip, apply_clip=False,
+                           pre_hook=False)
+        self._last_step = trainer.global_step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.monitor.before_optimizer_step()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._losses.append(loss.detach())
+        self._samples += _batch_size(batch)
+        if trainer.global_step == self._last_step:
+            return  # accumulating: the optimizer has not stepped yet
+        self._last_step = trainer.global_step
+        total = sum(self._losses[1:], self._losses[0]) if self._losses else None
+        samples = self._samples or None
+        tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
+        self.monitor.log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens)
+        self._losses, self._samples = [], 0
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        metrics = dict(trainer.callback_metrics)
+        key = self.val_loss_key or next(
+            (k for k in ("val_loss", "val/loss", "validation_loss") if k in metrics), None)
+        val = metrics.pop(key, None) if key else None
+        extra = {k: v for k, v in metrics.items() if k.startswith("val")}
+        self.monitor.log_eval(trainer.global_step, val_loss=val, epoch=trainer.current_epoch,
+                              metrics=extra)
+
+    def on_exception(self, trainer, pl_module, exception):
+        if self.monitor is not None:
+            self.monitor.close(status="failed", error=f"{type(exception).__name__}: {exception}")
+
+    def on_fit_end(self, trainer, pl_module):
+        self.monitor.close()
+
+
+def _batch_size(batch: Any) -> int:
+    if hasattr(batch, "shape") and len(batch.shape) >= 1:
+        return int(batch.shape[0])
+    if isinstance(batch, list | tuple) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 0

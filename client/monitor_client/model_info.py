@@ -1,0 +1,55 @@
+"""What the monitor learns from the model it watches: device, compute dtype, peak FLOP/s,
+shape for the run record, and the process group for sharded parameters.
+
+Example::
+
+    describe_model(model, names)   # {"name": "GPT", "n_params": 124439808, ...}
+    resolve_peak_flops(param, None, None)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from monitor_client import flops
+
+
+def resolve_peak_flops(param: Any, peak_flops: float | None, compute_dtype: Any
+                       ) -> tuple[float | None, str]:
+    """Peak FLOP/s of one device (given, ``MONITOR_AGENT_PEAK_FLOPS``, or the table)."""
+    dtype = flops.normalize_dtype(compute_dtype or default_dtype(param))
+    env = os.environ.get("MONITOR_AGENT_PEAK_FLOPS")
+    peak = peak_flops or (float(env) if env else None) or flops.peak_flops_for(
+        device_name(param.device), dtype)
+    return peak, dtype
+
+
+def default_dtype(param: Any) -> str:
+    import torch
+
+    if param.dtype == torch.float32 and param.device.type == "cuda" and \
+            torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return str(param.dtype)
+
+
+def device_name(device: Any) -> str | None:
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+def default_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def describe_model(model: Any, names: list[str]) -> dict[str, Any]:
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
+    info.update(flops.model_shape(model))
+    return info

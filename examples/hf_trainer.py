@@ -1,0 +1,66 @@
+"""A tiny GPT-2 (built from a config, no download) trained by the HuggingFace ``Trainer``
+on the Python standard library's source, reported by ``monitor_client.hf.MonitorCallback``.
+
+    python examples/hf_trainer.py --url http://127.0.0.1:9400 --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_gpt import VOCAB, load_text  # noqa: E402
+
+from monitor_client.hf import MonitorCallback  # noqa: E402
+
+
+class Chunks(torch.utils.data.Dataset):
+    """Consecutive windows of the character stream, as causal-LM examples."""
+
+    def __init__(self, data: torch.Tensor, seq: int) -> None:
+        self.data, self.seq = data, seq
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.seq
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = self.data[i * self.seq:(i + 1) * self.seq]
+        return {"input_ids": ids, "labels": ids}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:9400")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--seq-len", type=int, default=64)
+    args = p.parse_args()
+    data = load_text(400_000)
+    split = int(0.9 * len(data))
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(VOCAB),
+                                     n_positions=args.seq_len, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    with tempfile.TemporaryDirectory() as out:
+        training = transformers.TrainingArguments(
+            output_dir=out, max_steps=args.steps, per_device_train_batch_size=16,
+            learning_rate=3e-3, warmup_steps=10, max_grad_norm=1.0, logging_steps=10,
+            eval_strategy="steps", eval_steps=50, per_device_eval_batch_size=16,
+            save_strategy="no", report_to=[], use_cpu=True)
+        callback = MonitorCallback(url=args.url, project="hf-gpt", run_id=args.run_id)
+        trainer = transformers.Trainer(
+            model=model, args=training, callbacks=[callback],
+            train_dataset=Chunks(data[:split], args.seq_len),
+            eval_dataset=torch.utils.data.Subset(Chunks(data[split:], args.seq_len), range(64)))
+        trainer.train()
+    print(f"run {callback.monitor.run_id}: {callback.monitor.counters()}")
+
+
+if __name__ == "__main__":
+    main()

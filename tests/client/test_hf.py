@@ -1,0 +1,91 @@
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from client_shapes import step_shape  # noqa: E402
+
+from monitor_client import Monitor  # noqa: E402
+from monitor_client.hf import MonitorCallback  # noqa: E402
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=64, seq=16, vocab=64, poison_from=None):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _trainer(tmp_path, callback, steps=6, accum=2, model=None):
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                     n_positions=16)
+    torch.manual_seed(0)
+    model = model or transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
+        gradient_accumulation_steps=accum, learning_rate=1e-3, max_grad_norm=0.5,
+        logging_steps=1, eval_strategy="steps", eval_steps=3, save_strategy="no",
+        report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    return transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
+                                eval_dataset=Tokens(n=8), callbacks=[callback])
+
+
+def _monitor(receiver, tmp_path, run_id):
+    return Monitor(url=receiver.url, run_id=run_id, spool_dir=tmp_path / "spool",
+                   install_hooks=False, linger=0.02, layer_stats_every=4)
+
+
+def test_hf_trainer_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_shape):
+    callback = MonitorCallback(_monitor(receiver, tmp_path, "hf-1"))
+    trainer = _trainer(tmp_path, callback)
+    trainer.train()
+    steps = receiver.of_kind("step")
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert step_shape(receiver.records) == plain_loop_shape
+    assert all(r["tokens"] == 2 * 4 * 16 and r["samples"] == 8 for r in steps)
+    assert all(r["clip_threshold"] == 0.5 for r in steps)
+    assert [r["step"] for r in receiver.of_kind("eval")] == [3, 6]
+    assert receiver.of_kind("end")[0]["status"] == "completed"
+    assert trainer.args.max_grad_norm == 0.5  # restored after the run
+    # The Trainer's own log of the same steps agrees with the raw loss we recorded.
+    logged = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+    for r in steps:
+        assert r["loss"] == pytest.approx(logged[r["step"]], rel=1e-3)
+
+
+def test_hf_grad_norm_is_pre_clip_and_matches_the_trainers(receiver, tmp_path):
+    callback = MonitorCallback(_monitor(receiver, tmp_path, "hf-2"), take_over_clipping=True)
+    trainer = _trainer(tmp_path, callback, steps=3, accum=1)
+    trainer.train()
+    ours = [r["grad_norm"] for r in receiver.of_kind("step")]
+    assert all(g > 0.5 for g in ours)  # above the clip threshold: measured before clipping
+
+
+def test_hf_nan_loss_is_recorded_raw_despite_the_nan_filter(receiver, tmp_path):
+    calls = []
+
+    def nan_after_three(module, args, output):
+        calls.append(1)
+        if module.training and len(calls) > 3:
+            output.loss = output.loss * float("nan")
+        return output
+
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                     n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    model.register_forward_hook(nan_after_three)  # runs before the callback's own hook
+    callback = MonitorCallback(_monitor(receiver, tmp_path, "hf-nan"))
+    trainer = _trainer(tmp_path, callback, steps=5, accum=1, model=model)
+    trainer.train()
+    losses = [r["loss"] for r in receiver.of_kind("step")]
+    assert isinstance(losses[0], float) and losses[-1] == "NaN"
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert all(not math.isnan(v) for v in logged)  # the Trainer hid it; we did not

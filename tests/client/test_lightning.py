@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from client_shapes import step_shape  # noqa: E402
+
+from monitor_client import Monitor  # noqa: E402
+from monitor_client.lightning import MonitorCallback  # noqa: E402
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self, fail_at: int | None = None):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                       torch.nn.Linear(16, 1))
+        self.fail_at = fail_at
+
+    def training_step(self, batch, batch_idx):
+        if self.fail_at is not None and self.global_step >= self.fail_at:
+            raise RuntimeError("exploded in training_step")
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def _loader(n=64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def _fit(receiver, tmp_path, run_id, model, steps=6, accum=2):
+    mon = Monitor(url=receiver.url, run_id=run_id, spool_dir=tmp_path / "spool",
+                  install_hooks=False, linger=0.02, layer_stats_every=4)
+    trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accum,
+                         gradient_clip_val=0.05, val_check_interval=4, limit_val_batches=2,
+                         callbacks=[MonitorCallback(mon, tokens_per_sample=4)],
+                         accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, num_sanity_val_steps=0)
+    trainer.fit(model, _loader(), _loader(16))
+    return trainer
+
+
+def test_lightning_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_shape):
+    _fit(receiver, tmp_path, "pl-1", Regressor())
+    steps = receiver.of_kind("step")
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert step_shape(receiver.records) == plain_loop_shape
+    assert all(r["samples"] == 16 and r["tokens"] == 64 for r in steps)
+    assert all(r["clip_threshold"] == 0.05 for r in steps)
+    assert all(r["grad_norm"] > 0.05 for r in steps)  # measured before Lightning clips
+    assert len(receiver.of_kind("eval")) >= 1
+    assert receiver.of_kind("end")[0]["status"] == "completed"
+
+
+def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
+    with pytest.raises(RuntimeError, match="exploded"):
+        _fit(receiver, tmp_path, "pl-fail", Regressor(fail_at=3))
+    end = receiver.of_kind("end")[0]
+    assert end["status"] == "failed" and "exploded in training_step" in end["error"]
+    assert [r["step"] for r in receiver.of_kind("step")] == [1, 2, 3]
