@@ -34,6 +34,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _SlackCatcher:
+    """A loopback endpoint speaking Slack's incoming-webhook protocol: keeps what it gets."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/demo"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
 class _Server:
     """uvicorn in a background thread, stopped on exit."""
 
@@ -70,10 +97,11 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
     port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
     _show_console_alerts()
+    slack = _SlackCatcher()
     with tempfile.TemporaryDirectory(prefix="monitor-agent-demo-") as tmp:
         settings = load_settings(
             data_dir=Path(tmp), host="127.0.0.1", port=port,
-            alerting={"console": {"enabled": True}},
+            alerting={"console": {"enabled": True}, "slack": {"webhook_url": slack.url}},
         )
         print(f"sidecar: {url}  (data in {tmp}; API docs {url}/docs, metrics {url}/metrics)")
         with _Server(settings):
@@ -81,7 +109,17 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
             code = _train(trainer, url, run_id, inject, steps, inject_step)
             time.sleep(1.5)  # let the last batch and its alert delivery land
             _report(url, run_id)
+            _show_slack(slack.received)
+    slack.close()
     return 0 if code in (0, 1) else code
+
+
+def _show_slack(received: list[dict[str, Any]]) -> None:
+    if not received:
+        print("\n(no alert reached the Slack endpoint)")
+        return
+    print(f"\nwhat Slack received ({len(received)} message(s)); the first, verbatim:")
+    print(json.dumps(received[0], indent=2, ensure_ascii=False))
 
 
 def _show_console_alerts() -> None:
@@ -106,15 +144,15 @@ def _train(trainer: Path, url: str, run_id: str, inject: str, steps: int, at: in
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "client"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     print(f"training: {' '.join(cmd[1:])}")
-    bar = tqdm(total=steps, unit="step", desc="train_gpt", dynamic_ncols=True)
+    bar = tqdm(total=steps, unit="step", desc="train_gpt", dynamic_ncols=True, mininterval=0.5)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("step "):
-                bar.n = int(line.split()[1].split("/")[0])
-                bar.set_postfix_str(line.split("loss", 1)[-1].strip()[:20])
-                bar.refresh()
+                done = int(line.split()[1].split("/")[0])
+                bar.set_postfix_str(line.split("loss", 1)[-1].strip()[:20], refresh=False)
+                bar.update(done - bar.n)
             else:
                 bar.write(line.rstrip())
         code = proc.wait()

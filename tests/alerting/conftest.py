@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from alert_harness import FakeClock, Harness
 
+from alert_harness import FakeClock, Harness
 from receivers import Receiver
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from alert_harness import ROUTING_KEY, Harness, nan, spike
 
+from alert_harness import ROUTING_KEY, Harness, nan, spike
 from monitor_agent.notify.pagerduty import dedup_key
 
 

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from alertmanager_process import AlertmanagerProcess, available
 from prometheus_client import CollectorRegistry
 
+from alertmanager_process import AlertmanagerProcess, available
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.types import Finding, Severity
 from receivers import Receiver

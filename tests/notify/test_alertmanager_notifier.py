@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import httpx
-from sample_events import T0, event, note
 
 from monitor_agent.notify.alertmanager import AlertmanagerNotifier
 from monitor_agent.notify.base import OutcomeKind
+from sample_events import T0, event, note
 
 
 def test_labels_are_the_stable_identity_and_the_rest_is_annotations():

@@ -9,7 +9,6 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
-from sample_events import T0, event, note
 
 from monitor_agent.alerting.db import AlertDB
 from monitor_agent.alerting.metrics import AlertingMetrics
@@ -18,6 +17,7 @@ from monitor_agent.notify.outbox import Outbox, RetryPolicy
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
 from receivers import Receiver, Reply
+from sample_events import T0, event, note
 
 KEY = "0123456789abcdef0123456789abcdef"
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from sample_events import event
-
 from monitor_agent.notify.pagerduty import PagerDutyNotifier, dedup_key
 from receivers import pagerduty_errors
+from sample_events import event
 
 KEY = "0123456789abcdef0123456789abcdef"
 

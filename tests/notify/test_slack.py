@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import httpx
-from sample_events import event, note
 
 from monitor_agent.notify.base import OutcomeKind
 from monitor_agent.notify.slack import MAX_ALERTS_SHOWN, SlackNotifier
+from sample_events import event, note
 
 URL = "https://hooks.slack.test/services/T0/B0/XYZ"
 

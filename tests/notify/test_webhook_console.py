@@ -6,10 +6,10 @@ import json
 import logging
 
 import httpx
-from sample_events import event, note
 
 from monitor_agent.notify.console import ConsoleNotifier
 from monitor_agent.notify.webhook import WebhookNotifier
+from sample_events import event, note
 
 
 def test_webhook_body_keeps_nan_as_valid_json():
