@@ -87,7 +87,7 @@ def client_registry(text: bytes) -> CollectorRegistry:
     return registry
 
 
-def measure(runs: int, layers: int, steps: int) -> None:
+def measure(runs: int, layers: int, steps: int) -> tuple[int, int]:
     proc = psutil.Process()
     gc.collect()
     rss0 = proc.memory_info().rss
@@ -114,6 +114,7 @@ def measure(runs: int, layers: int, steps: int) -> None:
         print(f"{n:>8} {runs:>5} {layers:>6} {t_cold * 1e3:>9.1f} {t_warm * 1e3:>9.1f} "
               f"{t_client * 1e3:>11.1f} {t_client / t_cold:>7.1f}x {(rss1 - rss0) / n:>10.0f}")
         engine.store.close()
+        return n, rss1 - rss0
 
 
 def main() -> None:
@@ -124,8 +125,12 @@ def main() -> None:
     per_run = 3 * args.layers + 45
     print(f"{'series':>8} {'runs':>5} {'layers':>6} {'cold ms':>9} {'warm ms':>9} "
           f"{'client ms':>11} {'speedup':>8} {'B/series':>10}")
-    for target in (10_000, 100_000):
-        measure(max(1, round(target / per_run)), args.layers, args.steps)
+    results = [measure(max(1, round(t / per_run)), args.layers, args.steps)
+               for t in (10_000, 100_000)]
+    (n1, m1), (n2, m2) = results
+    # The first figure carries fixed costs (SQLite cache, first allocations); the slope
+    # between the two sizes is what one more series costs.
+    print(f"marginal RSS per series between the two sizes: {(m2 - m1) / (n2 - n1):.0f} B")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,13 +24,9 @@ from typing import Any
 
 import httpx
 
+from monitor_agent.embedded import EmbeddedServer, free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _SlackCatcher:
@@ -61,32 +56,6 @@ class _SlackCatcher:
         self.server.shutdown()
 
 
-class _Server:
-    """uvicorn in a background thread, stopped on exit."""
-
-    def __init__(self, settings: Any) -> None:
-        import uvicorn
-
-        from monitor_agent.app import create_app
-
-        config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                                log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _Server:
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("the sidecar failed to start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-
-
 def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
     from monitor_agent.settings import load_settings
 
@@ -94,7 +63,7 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
     if not trainer.is_file():
         print(f"demo: {trainer} not found (run from a source checkout)", file=sys.stderr)
         return 2
-    port = port or _free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     _show_console_alerts()
     slack = _SlackCatcher()
@@ -104,7 +73,7 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
             alerting={"console": {"enabled": True}, "slack": {"webhook_url": slack.url}},
         )
         print(f"sidecar: {url}  (data in {tmp}; API docs {url}/docs, metrics {url}/metrics)")
-        with _Server(settings):
+        with EmbeddedServer(settings):
             run_id = f"demo-{inject}-{int(time.time())}"
             code = _train(trainer, url, run_id, inject, steps, inject_step)
             time.sleep(1.5)  # let the last batch and its alert delivery land
