@@ -15,7 +15,7 @@ P = 'project=~"$project"'
 BY_RUN = "by (project, run_id)"
 RUN_COLUMNS = {"project": "Project", "run_id": "Run", "status": "Status", "Value #B": "Step",
                "Value #C": "Progress", "Value #D": "Tokens/s", "Value #E": "Since last step",
-               "Value #F": "Firing alerts"}
+               "Value #F": "Firing alerts", "Value #G": "ETA"}
 RUN_LINK = ("/d/monitor-agent-training-run?var-run=${__value.raw}"
             "&var-project=${__data.fields.project}&${__url_time_range}")
 UP = [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
@@ -35,16 +35,21 @@ def runs(g: Grid) -> list[Json]:
         target(f"sum {BY_RUN} (training_tokens_per_second{{{P}}})"),
         target(f"time() - max {BY_RUN} (training_last_step_timestamp_seconds{{{P}}})"),
         target(f"sum {BY_RUN} (training_alerts_firing{{{P}}})"),
+        target(f"max {BY_RUN} (training_eta_seconds{{{P}}})"),
     ]
     units = [override("Progress", unit="percentunit"), override("Since last step", unit="s"),
+             override("ETA", unit="s"),
              override("Tokens/s", unit="short"), override("Step", unit="none"),
              override("Firing alerts", unit="none"),
              override("Run", links=[{"title": "Open in Training run", "url": RUN_LINK}])]
+    board = table("Runs", columns, columns=RUN_COLUMNS, hide=("Time", "Value #A"),
+                  overrides=units, pos=g.place(18, 10),
+                  description="Every run the sidecars hold, soonest done first (ETA from "
+                  "total_steps or total_tokens); open one in the Training run dashboard.")
+    board["options"]["sortBy"] = [{"displayName": "ETA", "desc": False}]
     return [
         g.row("Runs"),
-        table("Runs", columns, columns=RUN_COLUMNS, hide=("Time", "Value #A"),
-              overrides=units, pos=g.place(18, 10),
-              description="Every run the sidecars hold; open one in the Training run dashboard."),
+        board,
         stat("Runs by status", [target(f"count by (status) (training_run_info{{{P}}})",
                                        "{{status}}", instant=True)],
              unit="none", pos=g.place(6, 10)),

@@ -1,7 +1,11 @@
 """A tiny GPT-2 (built from a config, no download) trained by the HuggingFace ``Trainer``
 on the Python standard library's source, reported by ``monitor_client.hf.MonitorCallback``.
 
-    python examples/hf_trainer.py --url http://127.0.0.1:9400 --steps 100
+    python examples/hf_trainer.py --url http://127.0.0.1:9400 --steps 100 --inject-nan 40
+
+``--inject-nan N`` puts one infinite activation in step N (like ``train_gpt.py --inject
+nan``): the weights then go NaN. An alert rule with ``action: stop`` makes the callback set
+``control.should_training_stop``; the exit status is then 3.
 """
 
 from __future__ import annotations
@@ -35,12 +39,32 @@ class Chunks(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def main() -> None:
+class InjectNaN(transformers.TrainerCallback):
+    """Makes the token embedding's output infinite at one element during step ``step``."""
+
+    def __init__(self, model: transformers.GPT2LMHeadModel, step: int) -> None:
+        self.step, self.active = step, False
+        model.transformer.wte.register_forward_hook(self._poison)
+
+    def _poison(self, module, args, output):
+        if self.active and module.training:
+            output = output.clone()
+            output[0, 0, 0] = float("inf")
+        return output
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.active = state.global_step + 1 == self.step
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:9400")
     p.add_argument("--run-id", default=None)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--inject-nan", type=int, default=0, help="step with an inf activation")
+    p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
+    p.add_argument("--spool-dir", default=None)
     args = p.parse_args()
     data = load_text(400_000)
     split = int(0.9 * len(data))
@@ -53,14 +77,21 @@ def main() -> None:
             learning_rate=3e-3, warmup_steps=10, max_grad_norm=1.0, logging_steps=10,
             eval_strategy="steps", eval_steps=50, per_device_eval_batch_size=16,
             save_strategy="no", report_to=[], use_cpu=True)
-        callback = MonitorCallback(url=args.url, project="hf-gpt", run_id=args.run_id)
+        callback = MonitorCallback(url=args.url, project="hf-gpt", run_id=args.run_id,
+                                   linger=args.linger, spool_dir=args.spool_dir)
+        extra = [InjectNaN(model, args.inject_nan)] if args.inject_nan else []
         trainer = transformers.Trainer(
-            model=model, args=training, callbacks=[callback],
+            model=model, args=training, callbacks=[callback, *extra],
             train_dataset=Chunks(data[:split], args.seq_len),
             eval_dataset=torch.utils.data.Subset(Chunks(data[split:], args.seq_len), range(64)))
         trainer.train()
-    print(f"run {callback.monitor.run_id}: {callback.monitor.counters()}")
+    mon = callback.monitor
+    print(f"run {mon.run_id}: {mon.counters()}")
+    if mon.should_stop():
+        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

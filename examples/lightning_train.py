@@ -1,7 +1,11 @@
 """The char-level GPT of ``train_gpt.py`` trained by Lightning, reported by
 ``monitor_client.lightning.MonitorCallback``.
 
-    python examples/lightning_train.py --url http://127.0.0.1:9400 --steps 100
+    python examples/lightning_train.py --url http://127.0.0.1:9400 --steps 100 --inject-nan 40
+
+``--inject-nan N`` poisons step N with one infinite activation (as ``train_gpt.py``); an
+alert rule with ``action: stop`` makes the callback set ``trainer.should_stop``; the exit
+status is then 3.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ class Windows(torch.utils.data.Dataset):
 
 
 class LitGPT(pl.LightningModule):
-    def __init__(self, seq_len: int = 64, lr: float = 3e-3) -> None:
+    def __init__(self, seq_len: int = 64, lr: float = 3e-3, inject_nan: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model = CharGPT(len(VOCAB), 64, 2, 4, seq_len)
 
     def training_step(self, batch, batch_idx):
+        # global_step counts finished optimizer steps: this one is global_step + 1.
+        self.model.poison = self.global_step + 1 == self.hparams.inject_nan
         return self.model(*batch)
 
     def validation_step(self, batch, batch_idx):
@@ -48,24 +54,33 @@ class LitGPT(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=0.1)
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:9400")
     p.add_argument("--run-id", default=None)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--inject-nan", type=int, default=0, help="step with an inf activation")
+    p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
+    p.add_argument("--spool-dir", default=None)
     args = p.parse_args()
     data = load_text(400_000)
     split = int(0.9 * len(data))
     train = torch.utils.data.DataLoader(Windows(data[:split], 64), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(Windows(data[split:], 64), batch_size=16)
     callback = MonitorCallback(url=args.url, project="lightning-gpt", run_id=args.run_id,
-                               tokens_per_sample=64)
+                               tokens_per_sample=64, linger=args.linger,
+                               spool_dir=args.spool_dir)
     trainer = pl.Trainer(max_steps=args.steps, gradient_clip_val=1.0, val_check_interval=50,
                          limit_val_batches=4, accelerator="cpu", logger=False,
                          enable_checkpointing=False, callbacks=[callback])
-    trainer.fit(LitGPT(), train, val)
-    print(f"run {callback.monitor.run_id}: {callback.monitor.counters()}")
+    trainer.fit(LitGPT(inject_nan=args.inject_nan), train, val)
+    mon = callback.monitor
+    print(f"run {mon.run_id}: {mon.counters()}")
+    if mon.should_stop():
+        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

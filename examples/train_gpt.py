@@ -15,8 +15,12 @@ Faults (``--inject``), from ``--inject-step`` on:
   leak          each step's graph is kept alive (retain_graph + a list): memory climbs.
   none          a healthy run.
 
+The loop also obeys the sidecar: when an alert rule with ``action: stop`` fires (e.g. on
+repeated NaN, see ``monitor_agent/default_rules.yaml``) it stops at once and the run ends
+``stopped``; ``action: checkpoint`` saves the model to ``--checkpoint-dir``.
+
 ``--progress`` prints ``step N/M loss X`` per step (for progress bars); ``--quiet`` prints
-nothing else. Exit status: 0 completed, 1 stopped on NaN.
+nothing else. Exit status: 0 completed, 1 stopped on NaN, 3 stopped by the monitor.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ FAULTS = ("none", "nan", "lr-spike", "frozen-layer", "slow-data", "leak")
 
 class NonFiniteLoss(RuntimeError):
     """Training stopped because the loss stayed NaN/inf."""
+
+
+class StoppedByMonitor(RuntimeError):
+    """An alert rule of the sidecar asked this run to stop."""
 
 
 def load_text(max_chars: int = 1_500_000) -> torch.Tensor:
@@ -196,11 +204,22 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
         mon.log_step(step, loss=value, tokens=x.numel(), samples=x.shape[0])
         if args.progress:
             print(f"step {step}/{args.steps} loss {value:.4f}", flush=True)
+        obey_monitor(args, mon, model, step)
         bad = bad + 1 if not math.isfinite(value) else 0
         if bad >= args.nan_patience:
             raise NonFiniteLoss(f"loss non-finite for {bad} consecutive steps (step {step})")
         if step % args.eval_every == 0 or step == args.steps:
             mon.log_eval(step, val_loss=evaluate(model, val_data, args, gen))
+
+
+def obey_monitor(args, mon: monitor_client.Monitor, model: CharGPT, step: int) -> None:
+    """Actions of the sidecar's alert rules: save now, or stop now."""
+    if mon.should_checkpoint() and args.checkpoint_dir:
+        path = Path(args.checkpoint_dir) / f"step{step}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+    if mon.should_stop():
+        raise StoppedByMonitor(f"{mon.stop_reason} (stopped after step {step})")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -226,6 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="FLOP/s of this CPU for MFU (0: measure a float32 matmul)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--spool-dir", default=None)
+    p.add_argument("--checkpoint-dir", default=None, help="where a 'checkpoint' action saves")
     p.add_argument("--progress", action="store_true", help="print 'step N/M loss X' lines")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -235,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = {k: v for k, v in vars(args).items() if k not in ("url", "run_id", "spool_dir")}
+    skip = ("url", "run_id", "spool_dir", "checkpoint_dir")
+    config = {k: v for k, v in vars(args).items() if k not in skip}
     config.update(optimizer="adamw", total_steps=args.steps, warmup_steps=args.warmup)
     mon = monitor_client.Monitor(url=args.url, project=args.project, config=config,
                                  run_id=args.run_id, spool_dir=args.spool_dir,
@@ -248,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         mon.close(status="failed", error=str(exc))
         print(f"training stopped: {exc}", file=sys.stderr, flush=True)
         return 1
+    except StoppedByMonitor as exc:
+        mon.close(status="stopped", error=str(exc))
+        print(f"training stopped by the monitor: {exc}", file=sys.stderr, flush=True)
+        return 3
     delivered = mon.close()
     say(f"done: {mon.counters()} ({'all delivered' if delivered else 'some left in spool'})")
     return 0

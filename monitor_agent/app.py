@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from monitor_agent import __version__
 from monitor_agent.alerting import Alerting
-from monitor_agent.api import alerts, health, ingest, runs
+from monitor_agent.api import actions, alerts, health, ingest, runs
 from monitor_agent.engine import Engine
 from monitor_agent.exposition import Exposition
 from monitor_agent.metrics import SelfMetrics
@@ -58,52 +61,109 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.settings = settings
-    for module in (ingest, runs, alerts, health):
+    for module in (ingest, runs, actions, alerts, health):
         app.include_router(module.router)
+    app.middleware("http")(storage_gate)
     ingest.install_openapi(app)
     return app
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
-    registry = CollectorRegistry()
-    metrics = SelfMetrics(registry, __version__)
-    runner = EngineRunner()
-    store = await runner.call(
-        lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
-    )
-    alerting = await runner.call(
-        lambda: Alerting(settings.alerting, settings.alerts_db_path, registry)
-    )
-    engine = Engine(settings, store, metrics, alerting)
-    readiness = Readiness(metrics)
-    recovered = await runner.call(engine.recover, time.time())
-    log.info("recovered %d active runs from %s", recovered, settings.db_path)
-    parts = dict(
-        engine=engine, runner=runner, metrics=metrics, registry=registry, alerting=alerting,
-        readiness=readiness,
-        exposition=Exposition(
-            lambda: list(engine.runs.values()), registry,
-            max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
-            max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
-            on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
-        ),
-    )
-    for name, value in parts.items():
-        setattr(app.state, name, value)
-    alerting.start()
-    readiness.set(None)
-    ticker = asyncio.create_task(_tick_forever(app))
+    app.state.registry = registry = CollectorRegistry()
+    app.state.metrics = metrics = SelfMetrics(registry, __version__)
+    app.state.runner = runner = EngineRunner()
+    app.state.readiness = Readiness(metrics)
+    try:
+        await _open(app)
+        worker = asyncio.create_task(_tick_forever(app))
+    except STORAGE_ERRORS as exc:
+        # A read-only or broken data directory: serve /readyz (503, with the reason) and
+        # answer 503 elsewhere, so clients keep spooling, until the storage can be opened.
+        _not_ready(app, exc)
+        worker = asyncio.create_task(_open_when_possible(app))
     try:
         yield
     finally:
-        ticker.cancel()
+        worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        alerting.stop(timeout=5.0)
-        await runner.call(_shutdown, engine, store)
+            await worker
+        if hasattr(app.state, "engine"):
+            app.state.alerting.stop(timeout=5.0)
+            await runner.call(_shutdown, app.state.engine, app.state.engine.store)
         runner.close()
+
+
+STORAGE_ERRORS = (StorageError, sqlite3.Error, OSError)
+
+
+async def _open(app: FastAPI) -> None:
+    """Open the databases, recover active runs and start alerting; then the app is ready."""
+    settings: Settings = app.state.settings
+    runner, metrics, registry = app.state.runner, app.state.metrics, app.state.registry
+    store = await runner.call(
+        lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
+    )
+    try:
+        alerting = await runner.call(
+            lambda: Alerting(settings.alerting, settings.alerts_db_path, registry)
+        )
+    except BaseException:
+        store.close()
+        raise
+    try:  # a full disk: open (reads work), but not ready for writes until space frees
+        await runner.call(store.check_writable, write_headroom(settings))
+        unwritable = None
+    except StorageError as exc:
+        unwritable = f"storage: {exc}"
+    engine = Engine(settings, store, metrics, alerting)
+    recovered = await runner.call(engine.recover, time.time())
+    log.info("recovered %d active runs from %s", recovered, settings.db_path)
+    app.state.exposition = Exposition(
+        lambda: list(engine.runs.values()), registry,
+        max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
+        max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
+        actions=alerting.action_counts,
+        on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
+    )
+    app.state.alerting = alerting
+    app.state.engine = engine  # last: its presence means "open" to the storage gate
+    alerting.start()
+    app.state.readiness.set(unwritable)
+
+
+def _not_ready(app: FastAPI, exc: BaseException) -> None:
+    reason = f"storage: cannot open {app.state.settings.data_dir}: {exc}"
+    if app.state.readiness.reason != reason:
+        log.error("%s; retrying every %ss", reason, app.state.settings.tick_interval_seconds)
+    app.state.readiness.set(reason)
+
+
+async def _open_when_possible(app: FastAPI) -> None:
+    while True:
+        await asyncio.sleep(app.state.settings.tick_interval_seconds)
+        try:
+            await _open(app)
+        except STORAGE_ERRORS as exc:
+            _not_ready(app, exc)
+            continue
+        log.info("storage at %s is writable again; ready", app.state.settings.data_dir)
+        await _tick_forever(app)
+
+
+async def storage_gate(request: Request, call_next: Any) -> Response:
+    """503 for every route but the health checks while the databases are not open."""
+    state = request.app.state
+    if hasattr(state, "engine") or request.url.path in ("/healthz", "/readyz"):
+        return await call_next(request)
+    return JSONResponse({"detail": f"not ready: {state.readiness.reason}; retry later"},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
+def write_headroom(settings: Settings) -> int:
+    """Free bytes needed to call the store writable again: room for one more request."""
+    cap = settings.max_db_bytes // 8 if settings.max_db_bytes else settings.max_body_bytes
+    return min(settings.max_body_bytes, cap)
 
 
 def _shutdown(engine: Engine, store: Store) -> None:
@@ -121,7 +181,8 @@ async def _tick_forever(app: FastAPI) -> None:
         try:
             await state.runner.call(state.engine.tick, time.time())
             if not state.readiness.ready:
-                await state.runner.call(state.engine.store.check_writable)
+                await state.runner.call(state.engine.store.check_writable,
+                                        write_headroom(state.settings))
                 state.readiness.set(None)
         except StorageError as exc:
             state.readiness.set(f"storage: {exc}")

@@ -14,11 +14,14 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from monitor_agent import metric_names, schemas, wire
 from monitor_agent.detectors import DetectorSuite
@@ -26,7 +29,15 @@ from monitor_agent.metrics import SelfMetrics
 from monitor_agent.run_state import RunState
 from monitor_agent.settings import Settings
 from monitor_agent.store import RecordRow, Store
-from monitor_agent.types import EndRecord, EvalRecord, Finding, Record, RunRecord, StepRecord
+from monitor_agent.types import (
+    EndRecord,
+    EvalRecord,
+    Finding,
+    LayerTable,
+    Record,
+    RunRecord,
+    StepRecord,
+)
 
 log = logging.getLogger(__name__)
 WireModel = schemas.RunModel | schemas.StepModel | schemas.EvalModel | schemas.EndModel
@@ -121,6 +132,8 @@ class Engine:
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
             return
+        if isinstance(record, StepRecord) and record.layers is not None:
+            record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = self._detect(run, record)
         if findings:
@@ -138,6 +151,25 @@ class Engine:
             self.store.set_status(run.run_id, record.status, record.time)
             if self.alerting is not None:
                 self.alerting.run_ended(run.run_id, record.status, arrival)
+
+    def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
+        """Drop, from detection only, layer names beyond the run's cap (the record is stored)."""
+        table, known = record.layers, run.layer_names
+        cap = self.settings.max_layer_names_per_run
+        if len(known) + len(table) <= cap or known.issuperset(table.names):
+            known.update(table.names)
+            return record
+        keep = []
+        for i, name in enumerate(table.names):
+            if name not in known and len(known) < cap:
+                known.add(name)
+            if name in known:
+                keep.append(i)
+        dropped = len(table) - len(keep)
+        if dropped:
+            self.metrics.dropped_series.labels(reason="max_layer_names").inc(dropped)
+            record = dataclasses.replace(record, layers=_take(table, keep))
+        return record
 
     def _detect(self, run: RunState, record: Record) -> list[Finding]:
         suite = self.suites[run.run_id]
@@ -284,6 +316,14 @@ class Engine:
             counts["running" if run.status == "running" else "ended"] += 1
         for state, value in counts.items():
             self.metrics.runs.labels(state=state).set(value)
+
+
+def _take(table: LayerTable, keep: list[int]) -> LayerTable:
+    idx = np.asarray(keep, dtype=np.intp)
+    return LayerTable(names=tuple(table.names[i] for i in keep),
+                      stats={k: v[idx] for k, v in table.stats.items()},
+                      measured={k: v[idx] for k, v in table.measured.items()},
+                      grad_none=table.grad_none[idx])
 
 
 def _row(item: Incoming) -> RecordRow:

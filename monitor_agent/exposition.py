@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent import metric_names as n
+from monitor_agent.progress import run_progress
 from monitor_agent.run_state import RankState, RunState
 from monitor_agent.types import StepRecord
 
@@ -115,7 +116,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
         *(g for g, _ in LAYER_GAUGES),
-        n.FINDINGS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
+        n.FINDINGS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
 
@@ -132,11 +133,13 @@ class Exposition:
         max_layers: int = 2000,
         max_ranks: int = 256,
         alerts: Callable[[], Sequence[Any]] | None = None,
+        actions: Callable[[], dict[tuple[str, str, str], int]] | None = None,
         on_drop: Callable[[str, int], None] | None = None,
     ) -> None:
         self._runs = runs
         self._registry = registry
         self._alerts = alerts
+        self._actions = actions
         self._on_drop = on_drop or (lambda reason, count: None)
         self.max_runs, self.max_layers, self.max_ranks = max_runs, max_layers, max_ranks
         self._cache: dict[str, tuple[int, dict[str, str]]] = {}
@@ -150,7 +153,8 @@ class Exposition:
         live = {run.run_id for run in runs}
         for run_id in [k for k in self._cache if k not in live]:
             del self._cache[run_id]
-        alert_lines = self._alert_lines({r.run_id: r for r in runs})
+        by_id = {r.run_id: r for r in runs}
+        alert_lines = {**self._alert_lines(by_id), **self._action_lines(by_id)}
         parts: list[str] = []
         for fam in FAMILIES:
             parts.append(fam.header())
@@ -190,6 +194,19 @@ class Exposition:
             for (base, name, sev), count in firing.items()
         ]
         return {n.ALERTS_FIRING.name: "".join(lines), n.ALERT_ACTIVE.name: "".join(active)}
+
+
+    def _action_lines(self, runs: dict[str, RunState]) -> dict[str, str]:
+        if self._actions is None:
+            return {}
+        fam = n.ACTIONS.name + "_total"
+        lines = [
+            f'{fam}{{project="{escape(run.project)}",run_id="{escape(run_id)}",'
+            f'action="{escape(action)}",rule="{escape(rule)}"}} {count}\n'
+            for (run_id, action, rule), count in sorted(self._actions().items())
+            if (run := runs.get(run_id)) is not None
+        ]
+        return {fam: "".join(lines)}
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -257,15 +274,10 @@ class RunRenderer:
         lines.append(f"{fam}_count{{{labels}}} {total}\n")
 
     def _progress(self, labels: str, state: RankState) -> None:
-        run = self.run.run
-        total = run.config.get("total_steps") if run is not None else None
-        if not isinstance(total, int | float) or total <= 0 or state.last_step < 0:
-            return
-        progress = min(state.last_step / total, 1.0)
-        self.add(n.PROGRESS.name, labels, progress)
-        if self.run.status == "running" and state.step_time_counts:
-            mean_step = state.step_time_sum / max(sum(state.step_time_counts), 1)
-            self.add(n.ETA.name, labels, max(total - state.last_step, 0) * mean_step)
+        found = run_progress(self.run, state)
+        if found is not None:
+            self.add(n.PROGRESS.name, labels, found.ratio)
+            self.add(n.ETA.name, labels, found.eta_seconds)
 
     def _layers(self, labels: str, state: RankState) -> None:
         table = state.last_layers

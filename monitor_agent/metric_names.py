@@ -60,8 +60,8 @@ GPU_TEMP = _g("training_gpu_temperature_celsius", "GPU temperature from NVML.")
 GPU_POWER = _g("training_gpu_power_watts", "GPU power draw from NVML.")
 LAST_STEP = _g("training_last_step", "Latest optimizer step received.")
 LAST_STEP_TS = _g("training_last_step_timestamp_seconds", "Unix time of the latest step record.")
-PROGRESS = _g("training_progress_ratio", "Fraction of total_steps done (0..1).")
-ETA = _g("training_eta_seconds", "Estimated seconds until total_steps is reached.")
+PROGRESS = _g("training_progress_ratio", "Fraction of total_steps (else total_tokens) done (0..1).")
+ETA = _g("training_eta_seconds", "Estimated seconds until total_steps (else total_tokens) is reached.")
 STEP_DURATION = MetricName(
     "training_step_duration_seconds", "histogram", "Wall time of whole optimizer steps."
 )
@@ -73,6 +73,7 @@ FINDINGS = _c("training_findings", "Detector findings raised.", "type", "severit
 LAYER_GRAD_NORM = _g("training_layer_grad_norm", "Per-parameter gradient L2 norm.", "layer")
 LAYER_UPDATE_RATIO = _g("training_layer_update_ratio", "Per-parameter ||update|| / ||param||.", "layer")
 LAYER_GRAD_ZERO = _g("training_layer_grad_zero_ratio", "Per-parameter fraction of exactly-zero gradient entries.", "layer")
+ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint).", "action", "rule")
 RUN_INFO = MetricName(
     "training_run_info",
     "info",

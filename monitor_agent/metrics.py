@@ -67,7 +67,7 @@ class SelfMetrics:
             self.records.labels(outcome=outcome)
         for reason in REJECT_REASONS:
             self.rejections.labels(reason=reason)
-        for reason in ("max_runs", "max_layers", "max_ranks"):
+        for reason in ("max_runs", "max_layers", "max_ranks", "max_layer_names"):
             self.dropped_series.labels(reason=reason)
         for state in ("running", "ended", "stalled"):
             self.runs.labels(state=state)

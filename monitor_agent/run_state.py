@@ -53,6 +53,8 @@ class RunState:
     last_record_id: int = 0
     snapshot_record_id: int = 0
     version: int = 0
+    # Layer names the detectors track, capped (a name bomb must not grow memory forever).
+    layer_names: set[str] = field(default_factory=set)
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:

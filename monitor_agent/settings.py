@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     )
     max_runs_exposed: int = Field(1000, ge=1, description="Runs rendered on /metrics.")
     max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank.")
+    max_layer_names_per_run: int = Field(
+        20_000, ge=1, description="Distinct layer names a run's detectors track; more are "
+        "stored but not analysed (counted in monitor_agent_dropped_series_total).",
+    )
     max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
     ended_run_ttl_seconds: float = Field(
         900.0, ge=0, description="An ended run leaves /metrics and memory after this long."

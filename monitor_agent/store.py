@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -101,10 +102,12 @@ class Store:
         # failure a sidecar meets, and FULL would cost an fsync per batch.
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._migrate()
+        self._max_pages: int | None = None
         if max_bytes is not None:
             # Past this size writes fail exactly as on a full disk: the same code path.
             page = self._db.execute("PRAGMA page_size").fetchone()[0]
-            self._db.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
+            self._max_pages = max(1, max_bytes // page)
+            self._db.execute(f"PRAGMA max_page_count = {self._max_pages}")
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -206,8 +209,16 @@ class Store:
         except sqlite3.Error as exc:
             raise StorageError(f"cannot write: {exc}") from exc
 
-    def check_writable(self) -> None:
-        """Raise StorageError unless a write transaction can commit right now."""
+    def check_writable(self, headroom_bytes: int = 0) -> None:
+        """Raise StorageError unless a write can commit now with ``headroom_bytes`` to spare.
+
+        The headroom matters on a full disk: a tiny probe often still fits where the next
+        batch does not, and readiness would flap between ready and 503.
+        """
+        free = self.free_bytes()
+        if free is not None and free < headroom_bytes:
+            raise StorageError(f"only {free} bytes free for the database, "
+                               f"{headroom_bytes} needed for the next batch")
         try:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
@@ -218,6 +229,17 @@ class Store:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise StorageError(f"store not writable: {exc}") from exc
+
+    def free_bytes(self) -> int | None:
+        """Room left for the database: free disk space, or less under ``max_bytes``."""
+        if self.path == ":memory:":
+            return None
+        free = shutil.disk_usage(Path(self.path).parent).free
+        if self._max_pages is not None:
+            page, used, unused = (self._db.execute(f"PRAGMA {p}").fetchone()[0]
+                                  for p in ("page_size", "page_count", "freelist_count"))
+            free = min(free, (self._max_pages - used + unused) * page)
+        return free
 
     # -- reads ----------------------------------------------------------------------------
 

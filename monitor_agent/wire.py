@@ -28,7 +28,10 @@ def loads(data: bytes | str) -> Any:
     """Parse JSON; orjson for speed, the stdlib only when bare NaN/Infinity tokens occur."""
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc) or "recursion" in str(exc):
+            # No record is that deep; the stdlib would only recurse into a RecursionError.
+            raise ValueError(f"nested too deeply ({exc})") from None
         # orjson rejects the bare tokens that FORMAT.md says readers must accept.
         return json.loads(data, parse_constant=_NONFINITE.__getitem__)
 

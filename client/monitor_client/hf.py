@@ -15,6 +15,9 @@ What it does, and why:
   ``take_over_clipping=False`` leaves the Trainer's clipping alone (grad norms are then
   post-clip). With DeepSpeed or FSDP the Trainer's own clipping is kept regardless.
 - Tokens and samples are counted from ``input_ids`` shapes (no device sync).
+- Actions from alert rules are honoured after each step: ``stop`` sets
+  ``control.should_training_stop`` (the run ends ``stopped``), ``checkpoint`` sets
+  ``control.should_save``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class MonitorCallback(TrainerCallback):
         self.monitor.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
                               samples=self._samples or None)
         self._losses, self._tokens, self._samples = [], 0, 0
+        if self.monitor.should_stop():
+            control.should_training_stop = True
+        if self.monitor.should_checkpoint():
+            control.should_save = True
+        return control
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = dict(metrics or {})

@@ -13,6 +13,10 @@ Per optimizer step it logs the loss Lightning returned from ``training_step`` (s
 over accumulated micro-batches, which Lightning already divided by their number) and the
 batch size as ``samples``; pass ``tokens_per_sample=`` for tokens/s and MFU. The run ends
 ``failed`` on an exception inside ``fit``.
+
+Actions from alert rules are honoured after each optimizer step: ``stop`` sets
+``trainer.should_stop`` (the run ends ``stopped``), ``checkpoint`` saves
+``monitor-step<N>.ckpt`` under ``checkpoint_dir`` (default: the trainer's root dir).
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ class MonitorCallback(pl.Callback):
     """
 
     def __init__(self, monitor: Monitor | None = None, *, tokens_per_sample: int | None = None,
-                 val_loss_key: str | None = None, **monitor_kwargs: Any) -> None:
+                 val_loss_key: str | None = None, checkpoint_dir: str | None = None,
+                 **monitor_kwargs: Any) -> None:
         self.monitor = monitor
+        self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
         self._kwargs = monitor_kwargs
@@ -68,6 +74,17 @@ class MonitorCallback(pl.Callback):
         tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
         self.monitor.log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens)
         self._losses, self._samples = [], 0
+        self._honour_actions(trainer)
+
+    def _honour_actions(self, trainer) -> None:
+        if self.monitor.should_stop():
+            trainer.should_stop = True
+        if self.monitor.should_checkpoint():
+            import os
+
+            directory = self.checkpoint_dir or trainer.default_root_dir
+            trainer.save_checkpoint(os.path.join(directory,
+                                                 f"monitor-step{trainer.global_step}.ckpt"))
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:

@@ -17,6 +17,7 @@ errors into rate-limited warnings: monitoring never raises into training.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import tempfile
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_client import run_info
+from monitor_client.actions import ActionInbox
 from monitor_client.exit_hooks import ExitHooks, outcome_of
 from monitor_client.memory import CpuMemory, memory_probe
 from monitor_client.pending import PendingStep, Probes
@@ -81,6 +83,8 @@ class Monitor:
         self.layer_stats_every = layer_stats_every
         self.active = enabled and not (rank0_only and self.rank != 0)
         self._warner = Warner()
+        self._inbox = ActionInbox(lambda where, exc: self._warner.warn(
+            where, "action callback failed (ignored): %r", exc))
         self._labels = run_info.build_labels(project, labels)
         self._gpu_choice = gpu_probe
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
@@ -103,9 +107,16 @@ class Monitor:
         base = spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = Path(base) / f"{run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
-        return Sender(HttpTransport(url, token, timeout=timeout),
-                      Spool(directory, max_bytes=spool_max_bytes),
-                      max_queue=max_queue, linger=linger, warner=self._warner)
+        transport = HttpTransport(url, token, timeout=timeout)
+        return Sender(transport, Spool(directory, max_bytes=spool_max_bytes),
+                      max_queue=max_queue, linger=linger, warner=self._warner,
+                      on_actions=self._inbox.receive,
+                      poll=lambda: self._poll_actions(transport))
+
+    def _poll_actions(self, transport: HttpTransport) -> None:
+        found = transport.actions(self.run_id, self._inbox.last_id)
+        if found:
+            self._inbox.receive(found)
 
     # -- hooking the model -----------------------------------------------------------------
     @_guard
@@ -186,7 +197,8 @@ class Monitor:
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
         self._last_step = int(step)
-        self._sender.submit(self._pending(record, loss))
+        urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
+        self._sender.submit(self._pending(record, loss), urgent=urgent)
 
     def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
@@ -247,6 +259,28 @@ class Monitor:
                              "epoch": _scalar(epoch),
                              "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
 
+    # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
+    def should_stop(self) -> bool:
+        """True once an alert rule asked this run to stop (e.g. repeated NaN); sticky."""
+        return self._inbox.should_stop()
+
+    def should_checkpoint(self) -> bool:
+        """True once per checkpoint request from an alert rule: save now."""
+        return self._inbox.take_checkpoint()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """The sidecar's sentence for the stop ("run stopped at step N by rule R")."""
+        return self._inbox.stop_reason
+
+    def on_action(self, callback: Any) -> None:
+        """Call ``callback(action_dict)`` for each new action (on the sender thread)."""
+        self._inbox.add_callback(callback)
+
+    def actions(self) -> list[dict[str, Any]]:
+        """Every action received so far, oldest first."""
+        return self._inbox.received()
+
     # -- lifecycle -----------------------------------------------------------------------
     def _send_run(self) -> None:
         if self._run_sent:
@@ -274,6 +308,8 @@ class Monitor:
             return True
         self._closed = True
         status, error = (status, error) if status else self._outcome
+        if status == "completed" and self._inbox.should_stop():
+            status, error = "stopped", error or self._inbox.stop_reason
         if self._stats is not None:
             self._stats.detach()
         self._send_run()
@@ -297,6 +333,11 @@ class Monitor:
 
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _finite(value: Any) -> bool:
+    """None (not measured) and device tensors (unknown until the sync) count as finite."""
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _plain(value: Any) -> Any:

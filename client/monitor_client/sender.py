@@ -62,8 +62,14 @@ class Sender:
     def __init__(self, transport: HttpTransport, spool: Spool, *, max_queue: int = 10_000,
                  batch_records: int = 500, batch_bytes: int = 2 << 20, linger: float = 0.5,
                  backoff: tuple[float, float] = (0.5, 30.0), warner: Warner | None = None,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic,
+                 on_actions: Callable[[list[dict]], None] | None = None,
+                 poll: Callable[[], None] | None = None, poll_interval: float = 5.0) -> None:
         self.transport, self.spool = transport, spool
+        # Actions (stop, checkpoint) come back in ingest answers; ``poll`` asks for them
+        # every ``poll_interval`` s, for those another rank's records caused.
+        self.on_actions, self.poll, self.poll_interval = on_actions, poll, poll_interval
+        self._last_poll = now()
         self.batch_records, self.batch_bytes, self.linger = batch_records, batch_bytes, linger
         self.backoff = backoff
         self.warner = warner or Warner()
@@ -82,8 +88,12 @@ class Sender:
         self._thread.start()
 
     # -- training-thread side -------------------------------------------------------------
-    def submit(self, item: Any) -> None:
-        """Hand over a record (a dict, or an object with ``materialize() -> dict``)."""
+    def submit(self, item: Any, urgent: bool = False) -> None:
+        """Hand over a record (a dict, or an object with ``materialize() -> dict``).
+
+        ``urgent`` sends without the linger: a NaN loss should reach the sidecar (and its
+        ``stop`` come back) within a step, not a batch later.
+        """
         with self._cond:
             self._n["submitted"] += 1
         if self._stop.is_set():
@@ -91,7 +101,7 @@ class Sender:
             return
         try:
             self._queue.put_nowait(item)
-            if self._queue.qsize() >= self.batch_records:
+            if urgent or self._queue.qsize() >= self.batch_records:
                 self._wake.set()
         except queue.Full:
             self.warner.warn("queue_full", "send queue full; spooling records to %s",
@@ -145,8 +155,16 @@ class Sender:
         if items:
             self._deliver(self._encode(items))
         self._replay()
+        self._maybe_poll()
         with self._cond:
             self._cond.notify_all()
+
+    def _maybe_poll(self) -> None:
+        if self.poll is None or self._now() - self._last_poll < self.poll_interval:
+            return
+        self._last_poll = self._now()
+        if not len(self.spool) and self._now() >= self._retry_at:  # not while it is down
+            self.poll()
 
     def _collect(self) -> list[Any]:
         wait = 0.05 if len(self.spool) else self.linger
@@ -224,6 +242,8 @@ class Sender:
     def _settle(self, chunk: list[bytes], result: PostResult) -> None:
         self._failures = 0
         if result.outcome is Outcome.OK:
+            if result.actions and self.on_actions is not None:
+                self.on_actions(result.actions)
             for index, reason in result.rejected[:3]:
                 self.warner.warn("rejected", "sidecar rejected record %d: %s", index, reason)
             self._count(sent=len(chunk) - len(result.rejected),

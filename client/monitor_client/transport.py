@@ -19,6 +19,7 @@ import enum
 import gzip
 import json
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import requests
 
@@ -32,11 +33,13 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True)
 class PostResult:
-    """What one POST achieved; ``rejected`` holds (index, reason) of refused records."""
+    """What one POST achieved; ``rejected`` holds (index, reason) of refused records,
+    ``actions`` what alert rules ask the trainer to do (stop, checkpoint)."""
 
     outcome: Outcome
     detail: str = ""
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    actions: list[dict] = field(default_factory=list)
 
 
 class HttpTransport:
@@ -49,7 +52,8 @@ class HttpTransport:
 
     def __init__(self, url: str, token: str | None = None,
                  timeout: tuple[float, float] = (2.0, 10.0), gzip_level: int = 1) -> None:
-        self.endpoint = url.rstrip("/") + "/v1/records"
+        self.base = url.rstrip("/")
+        self.endpoint = self.base + "/v1/records"
         self.timeout = timeout
         self.gzip_level = gzip_level
         self._session = requests.Session()
@@ -73,6 +77,16 @@ class HttpTransport:
             return PostResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
         return classify(resp.status_code, resp.content)
 
+    def actions(self, run_id: str, after: int = 0) -> list[dict] | None:
+        """Actions taken for ``run_id`` with id > ``after``; None if the sidecar is unreachable."""
+        url = f"{self.base}/v1/runs/{quote(run_id, safe='')}/actions"
+        try:
+            resp = self._session.get(url, params={"after": after}, headers=self._headers,
+                                     timeout=self.timeout)
+            return list(resp.json().get("actions", [])) if resp.status_code == 200 else None
+        except (requests.RequestException, ValueError, AttributeError):
+            return None
+
     def close(self) -> None:
         self._session.close()
 
@@ -81,7 +95,8 @@ def classify(status: int, content: bytes) -> PostResult:
     """Map an HTTP answer to an Outcome (see the module docstring)."""
     text = content[:300].decode("utf-8", "replace")
     if status == 200:
-        return PostResult(Outcome.OK, rejected=_rejected(content))
+        body = _body(content)
+        return PostResult(Outcome.OK, rejected=_rejected(body), actions=_actions(body))
     if status == 413:
         return PostResult(Outcome.TOO_LARGE, f"413: {text}")
     if status == 400:
@@ -89,9 +104,21 @@ def classify(status: int, content: bytes) -> PostResult:
     return PostResult(Outcome.RETRY, f"{status}: {text}")
 
 
-def _rejected(content: bytes) -> list[tuple[int, str]]:
+def _body(content: bytes) -> dict:
     try:
         body = json.loads(content or b"{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _rejected(body: dict) -> list[tuple[int, str]]:
+    try:
         return [(int(r["index"]), str(r.get("reason", ""))) for r in body.get("rejected", [])]
     except (ValueError, TypeError, KeyError, AttributeError):
         return []
+
+
+def _actions(body: dict) -> list[dict]:
+    found = body.get("actions")
+    return [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []

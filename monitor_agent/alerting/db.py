@@ -79,6 +79,22 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX outbox_pending ON outbox (channel, state, id);
     """,
+    # Actions back to the trainer (alerting/actions.py); an alert remembers the one it took.
+    """
+    CREATE TABLE actions (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id      TEXT NOT NULL,
+        action      TEXT NOT NULL,      -- stop | checkpoint
+        rule        TEXT NOT NULL,
+        type        TEXT NOT NULL,      -- the finding type that triggered it
+        step        INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,      -- the alert it belongs to
+        message     TEXT NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX actions_run ON actions (run_id, id);
+    ALTER TABLE alerts ADD COLUMN action TEXT;
+    """,
 )
 
 

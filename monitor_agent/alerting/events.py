@@ -31,15 +31,19 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
 
 def to_event(row: sqlite3.Row, status: str, reason: str, now: float) -> AlertEvent:
     finding = wire.loads(row["finding"])
+    summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
+    action = row["action"]
+    if action:  # the page says what the run already did about it
+        summary, evidence = f"{summary}; {action}", {**evidence, "action": action}
     return AlertEvent(
         fingerprint=row["fingerprint"], run_id=row["run_id"], alertname=row["rule"],
         type=row["type"], severity=row["severity"], status=status,
-        summary=finding.get("message", ""), started_at=row["started_at"], reason=reason,
-        project=row["project"], step=row["last_step"], layer=row["layer"], rank=row["rank"],
+        summary=summary, started_at=row["started_at"], reason=reason,
+        project=row["project"], step=finding.get("step", row["last_step"]), layer=row["layer"], rank=row["rank"],
         value=wire.nonfinite_to_float(finding.get("value")),
         threshold=wire.nonfinite_to_float(finding.get("threshold")),
         suggestions=tuple(finding.get("suggestions") or ()),
-        evidence=finding.get("evidence") or {}, labels=json.loads(row["labels"]),
+        evidence=evidence, labels=json.loads(row["labels"]),
         identity=json.loads(row["identity"]), count=row["count"],
         ends_at=now if status == "resolved" else None,
         dashboard_url=row["dashboard_url"], acked_by=row["acked_by"],

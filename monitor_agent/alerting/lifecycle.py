@@ -29,6 +29,7 @@ class Reason(enum.StrEnum):
     REPLAYED = "replayed"              # a finding at or before one already handled
     LOG_ONLY = "log_only"              # the detector asked for no notification
     UNMATCHED = "unmatched"            # no rule matches the finding
+    ACTION = "action"                  # a rule acted (stop, checkpoint): re-told at once
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class AlertView:
     acked_by: str | None = None
     acked_at: float | None = None
     dashboard_url: str | None = None
+    action: str | None = None  # what a rule made the run do ("run stopped at step N by rule R")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,4 +78,5 @@ class AlertView:
             silenced=silenced, started_at=row["started_at"], last_seen=row["last_seen"],
             last_step=row["last_step"], count=row["count"], resolved_at=row["resolved_at"],
             acked_by=row["acked_by"], acked_at=row["acked_at"], dashboard_url=row["dashboard_url"],
+            action=row["action"],
         )

@@ -92,6 +92,8 @@ class RuleModel(_Strict):
     repeat_interval: Duration | None = None
     resolve_after: Duration | None = None
     fingerprint: list[Literal["layer", "rank"]] = Field(default_factory=lambda: ["layer"])
+    action: Literal["stop", "checkpoint", "notify-only"] = "notify-only"
+    action_after: int = Field(1, ge=1, le=1_000_000)
 
 
 class DefaultsModel(_Strict):
@@ -123,6 +125,8 @@ class Rule:
     value_above: float | None = None
     value_below: float | None = None
     fingerprint: tuple[str, ...] = ("layer",)
+    action: str = "notify-only"   # stop | checkpoint | notify-only (see alerting/actions.py)
+    action_after: int = 1         # matching findings in one episode before acting
 
     def matches(self, finding: Finding, run_labels: dict[str, str]) -> bool:
         if "*" not in self.types and finding.type not in self.types:
@@ -197,6 +201,7 @@ def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule
         labels=tuple(sorted(r.match.labels.items())),
         value_above=r.when.value_above, value_below=r.when.value_below,
         fingerprint=tuple(dict.fromkeys(r.fingerprint)),
+        action=r.action, action_after=r.action_after,
     )
 
 

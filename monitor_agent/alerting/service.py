@@ -30,7 +30,9 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from monitor_agent import wire
+from monitor_agent.alerting import actions
 from monitor_agent.alerting import lifecycle as lc
+from monitor_agent.alerting.actions import Action
 from monitor_agent.alerting.admin import AlertAdmin, silenced_by
 from monitor_agent.alerting.db import AlertDB
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
@@ -111,38 +113,68 @@ class Alerting(AlertAdmin):
     def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
         """Turn one record's findings into alert state; fast, no network.
 
-        Returns actions for the engine; none yet (a rule ``action`` field is the next step).
+        Returns the actions rules took (stop, checkpoint) as dicts, for the ingest response.
         """
-        started = False
+        started, taken = False, []
         with self.db.tx() as conn:
             for finding in findings:
-                started |= self._one(conn, run, finding, now)
+                began, action = self._one(conn, run, finding, now)
+                started |= began
+                if action is not None:
+                    taken.append(action)
+                    self._announce(conn, action, now)
         if started:
             self._flush_now.set()
-        return []
+        return [a.to_dict() for a in taken]
 
-    def _one(self, conn: sqlite3.Connection, run: RunContext, f: Finding, now: float) -> bool:
+    def _one(self, conn: sqlite3.Connection, run: RunContext, f: Finding,
+             now: float) -> tuple[bool, Action | None]:
         rule = None if f.log_only else first_match(self.rules, f, run.match_labels())
         if rule is None:
             self._count(Reason.LOG_ONLY if f.log_only else Reason.UNMATCHED)
-            return False
+            return False, None
         identity = _identity(rule, f)
         fp = lc.fingerprint(run.run_id, rule.name, identity)
         row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
         reason = lc.on_finding(_timing(row) if row else None, f.step)
         if reason is Reason.FIRST:
             self._begin(conn, fp, run, rule, identity, f, now)
-            return True
+            return True, self._act(conn, rule, f, fp, 1, now)
         if reason is Reason.SUPPRESSED:
             severity = row["severity"] if rule.severity else max(
                 Severity.parse(row["severity"]), f.severity).label
+            # Before the first page the episode's first finding is the news (the step it
+            # began at); once firing, repeats tell the latest one.
+            keep = row["state"] == "pending" and severity == row["severity"]
+            finding = row["finding"] if keep else wire.dumps(f.to_dict())
             conn.execute(
                 "UPDATE alerts SET last_seen = ?, last_step = MAX(COALESCE(last_step, ?), ?), "
                 "count = count + 1, finding = ?, layer = ?, severity = ? WHERE fingerprint = ?",
-                (now, f.step, f.step, wire.dumps(f.to_dict()), f.layer, severity, fp),
+                (now, f.step, f.step, finding, (row["layer"] or f.layer) if keep else f.layer,
+                 severity, fp),
             )
+            self._count(reason)
+            return False, self._act(conn, rule, f, fp, row["count"] + 1, now)
         self._count(reason)
-        return False
+        return False, None
+
+    def _act(self, conn: sqlite3.Connection, rule: Rule, f: Finding, fp: str, count: int,
+             now: float) -> Action | None:
+        if not actions.due(rule, count):
+            return None
+        action = actions.take(conn, rule, f, fp, now)
+        log.warning("%s (run %s, %s)", action.message, f.run_id, f.type)
+        return action
+
+    def _announce(self, conn: sqlite3.Connection, action: Action, now: float) -> None:
+        """People already paged about this alert hear of the action now, cooldown or not."""
+        rows = conn.execute(
+            "SELECT * FROM alerts WHERE run_id = ? AND rule = ? AND state = 'firing' "
+            "AND notified = 'firing' AND action = ?",
+            (action.run_id, action.rule, action.message)).fetchall()
+        for row in rows:
+            self._count(Reason.ACTION)
+            self._enqueue(conn, [self._mark_sent(conn, row, Reason.ACTION, now)], now)
 
     def _begin(self, conn: sqlite3.Connection, fp: str, run: RunContext, rule: Rule,
                identity: dict[str, str], f: Finding, now: float) -> None:
@@ -156,7 +188,7 @@ class Alerting(AlertAdmin):
             repeat_interval=rule.repeat_interval, resolve_after=rule.resolve_after,
             state="pending", started_at=now, pending_since=now, last_seen=now, last_step=f.step,
             count=1, resolved_at=None, acked_at=None, acked_by=None, dashboard_url=link,
-            finding=wire.dumps(f.to_dict()),
+            finding=wire.dumps(f.to_dict()), action=None,
         )
         cols = ", ".join(values)
         updates = ", ".join(f"{k} = excluded.{k}" for k in values if k != "fingerprint")
@@ -249,6 +281,17 @@ class Alerting(AlertAdmin):
             conn.executemany("UPDATE alerts SET refreshed_at = ? WHERE fingerprint = ?",
                              [(now, r["fingerprint"]) for r in stale])
             self._enqueue(conn, items, now)
+
+    def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
+        """Actions rules took for a run, ``id > after``, oldest first (the poll endpoint)."""
+        return actions.actions_for_run(self.db, run_id, after, limit)
+
+    def stop_requested(self, run_id: str) -> bool:
+        return actions.stop_requested(self.db, run_id)
+
+    def action_counts(self) -> dict[tuple[str, str, str], int]:
+        """(run_id, action, rule) -> times taken; the exposition renders these."""
+        return actions.action_counts(self.db)
 
     def run_ended(self, run_id: str, status: str, now: float) -> None:
         """A completed run resolves its alerts now; a failed one keeps them until clear."""

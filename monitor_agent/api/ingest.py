@@ -81,7 +81,7 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     state = request.app.state
     settings = state.settings
     if not state.readiness.ready:
-        raise _BadRequest(503, f"not ready: {state.readiness.reason}")
+        raise _BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
     body = await _read_limited(request, settings.max_body_bytes)
     objs, raws = await run_in_threadpool(_decode, body, request.headers, settings)
     valid, rejected = await run_in_threadpool(_validate, objs, raws)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from monitor_agent import wire
 from monitor_agent.api.deps import require_read
 from monitor_agent.engine import Engine
+from monitor_agent.progress import run_progress
 from monitor_agent.run_state import RankState, RunState
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
@@ -79,12 +80,11 @@ def _rank_view(run: RunState, state: RankState) -> dict[str, Any]:
         "val_loss": ev.val_loss if ev else None,
         "eval_metrics": dict(ev.metrics) if ev else {},
     }
-    total = run.run.config.get("total_steps") if run.run is not None else None
-    if isinstance(total, int | float) and total > 0 and state.last_step >= 0:
-        view["progress_ratio"] = min(state.last_step / total, 1.0)
-        counted = sum(state.step_time_counts)
-        if counted:
-            view["eta_seconds"] = max(total - state.last_step, 0) * state.step_time_sum / counted
+    found = run_progress(run, state)
+    if found is not None:
+        view["progress_ratio"], view["progress_basis"] = found.ratio, found.basis
+        if found.eta_seconds is not None:
+            view["eta_seconds"] = found.eta_seconds
     return view
 
 

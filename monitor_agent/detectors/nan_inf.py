@@ -29,6 +29,7 @@ _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
 @dataclass(slots=True)
 class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
+    streak: int = 0  # consecutive steps with a non-finite value
 
 
 def amp_overflow(rec: StepRecord) -> bool:
@@ -39,7 +40,12 @@ def amp_overflow(rec: StepRecord) -> bool:
 
 
 class NanInfDetector(DetectorBase):
-    """Critical finding on the first non-finite value, then at most every N steps."""
+    """Critical finding on the first non-finite value, then at most every N steps.
+
+    One more when the run is still non-finite ``nan_persist_steps`` steps in a row: that
+    second finding is what a rule's ``action: stop, action_after: 2`` waits for, so one
+    bad batch that the run recovers from does not stop it.
+    """
 
     type = "nan_inf"
 
@@ -53,10 +59,13 @@ class NanInfDetector(DetectorBase):
             bad = [f for f in bad if f == "loss"]
         layers = [] if overflow else self._bad_layers(rec)
         if not bad and not layers:
+            st.streak = 0
             if finite(rec.grad_norm) and rec.grad_norm > 0:
                 st.grads.add(math.log(rec.grad_norm))
             return []
-        if not self.due(rec):
+        st.streak += 1
+        persisting = st.streak == self.settings.nan_persist_steps
+        if not persisting and not self.due(rec):  # the milestone leaves the repeat clock be
             return []
         return [self._finding(rec, st, bad, layers)]
 
@@ -87,6 +96,7 @@ class NanInfDetector(DetectorBase):
             parts.append(f"{len(layers)} parameter(s) non-finite, first {layers[0]}")
         growth = self._growth(st)
         evidence = {"non_finite_fields": ",".join(bad), "non_finite_layers": len(layers),
+                    "consecutive_steps": st.streak,
                     "first_layer": layers[0] if layers else None, "grad_norm_growth": growth}
         return self.finding(
             rec, "; ".join(parts) + f" at step {rec.step}",

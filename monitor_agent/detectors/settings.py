@@ -36,6 +36,10 @@ class DetectorSettings(BaseModel):
     repeat_every_steps: int = Field(
         100, ge=1, description="A persisting condition is re-reported at most this often."
     )
+    nan_persist_steps: int = Field(
+        3, ge=2, description="nan_inf reports again when non-finite this many steps in a row "
+        "(what a rule's action_after: 2 acts on)."
+    )
     min_history_steps: int = Field(
         20, ge=2, description="Steps of history a baseline needs before it judges anything."
     )

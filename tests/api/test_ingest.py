@@ -113,16 +113,19 @@ def test_out_of_order_steps_are_stored_but_reported_late(server):
         (b"{not json", {"content-type": "application/json"}, 400, "not valid JSON"),
         (b'{"nope": 1}', {"content-type": "application/json"}, 400, '{"records": [...]}'),
         (b"\xff\xfe\x00garbage", {"content-type": "application/json"}, 400, "not valid JSON"),
-        (b"[" * 5000 + b"]" * 5000, {"content-type": "application/json"}, 422, "JSON object"),
+        (b"[" * 5000 + b"]" * 5000, {"content-type": "application/json"}, 400, "nested too deeply"),
         (b'{"records":[{"kind":"run","run_id":"d","config":' + b"{\"a\":" * 20_000 + b"1"
-         + b"}" * 20_001 + b"]}", {"content-type": "application/json"}, 422, "config: Value error"),
+         + b"}" * 20_001 + b"]}", {"content-type": "application/json"}, 400, "nested too deeply"),
+        (b'{"records":[{"kind":"run","run_id":"d","config":' + b"{\"a\":" * 200 + b"1"
+         + b"}" * 201 + b"]}", {"content-type": "application/json"}, 422, "config: Value error"),
         (b'{"records":[]}', {"content-type": "text/csv"}, 415, "Content-Type"),
         (b'{"records":[]}', {"content-encoding": "br"}, 415, "Content-Encoding"),
         (b"not gzip", {"content-encoding": "gzip"}, 400, "gzip"),
         (b"x" * (300 * 1024), {"content-type": "application/json"}, 413, "max_body_bytes"),
         (gzip.compress(b" " * (1024 * 1024)), {"content-encoding": "gzip"}, 413, "inflated"),
     ],
-    ids=["malformed", "no-envelope", "invalid-utf8", "deep-list", "deep-config", "csv", "brotli",
+    ids=["malformed", "no-envelope", "invalid-utf8", "deep-list", "deep-config",
+         "deep-section", "csv", "brotli",
          "bad-gzip", "too-large", "gzip-bomb"],
 )
 def test_bad_bodies_get_a_clear_4xx_and_store_nothing(server, body, headers, status, needle):

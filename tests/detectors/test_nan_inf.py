@@ -52,7 +52,16 @@ def test_a_non_finite_layer_statistic_names_the_layer():
 def test_a_persisting_nan_is_repeated_every_n_steps_not_every_step():
     recs = [step(i) for i in range(1, 20)] + [step(i, loss=NAN) for i in range(20, 260)]
     found = feed(only("nan_inf", repeat_every_steps=100), recs)
-    assert [f.step for f in found] == [20, 120, 220]
+    # 22: still NaN nan_persist_steps (3) steps in a row, what a stop rule waits for.
+    assert [f.step for f in found] == [20, 22, 120, 220]
+    assert [f.evidence["consecutive_steps"] for f in found] == [1, 3, 101, 201]
+
+
+def test_one_bad_step_that_recovers_is_reported_once():
+    recs = [step(i) for i in range(1, 20)] + [step(20, loss=NAN), step(21, loss=NAN)]
+    recs += [step(i) for i in range(22, 30)] + [step(30, loss=NAN)]
+    found = feed(only("nan_inf", repeat_every_steps=100), recs)
+    assert [f.step for f in found] == [20]  # never 3 in a row; 30 is inside the repeat
 
 
 def test_nan_val_loss_is_reported():

@@ -1,0 +1,102 @@
+"""Chaos and soak: the sidecar under kills, failing receivers, full disks, load and attack.
+
+Prints the figures issue 7 asks for (no timing asserts; tests/reliability/ asserts the
+behaviour with small versions of the same harness functions).
+
+    python bench/chaos.py                                 # every section, full size
+    python bench/chaos.py --sections soak --soak-seconds 600
+    python bench/chaos.py --sections kills --kills 10
+    python bench/chaos.py --sections fuzz --schemathesis-examples 2000
+    python bench/chaos.py --sections cardinality --cardinality 1000000
+
+Sections: kills, notify, disk, soak, churn, cardinality, fuzz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"),
+                str(REPO / "tests" / "reliability"), str(REPO / "bench")]
+
+from sidecar_process import SidecarProcess  # noqa: E402
+
+SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz")
+QUIET = {"MONITOR_AGENT_LOG_LEVEL": "warning"}
+
+
+def measure_capacity(tmp: Path, seconds: float) -> float:
+    """Records/s of bench/ingest.py's GPT-2-small payload, 8 clients, on a fresh sidecar."""
+    import ingest
+
+    with SidecarProcess(tmp / "capacity", env=QUIET) as sc:
+        per = int(seconds * 1000 / ingest.BATCH / 8) + 10
+        bodies = [ingest.sidecar_bodies(c, per) for c in range(8)]
+        result = ingest.drive(lambda i, k: sc.url + "/v1/records", bodies,
+                              {"content-type": "application/x-ndjson",
+                               "content-encoding": "gzip"}, seconds, ingest.BATCH)
+    return result["records_s"]
+
+
+def section_soak(args: argparse.Namespace, tmp: Path) -> None:
+    from soak import soak
+
+    capacity = args.capacity or measure_capacity(tmp, args.capacity_seconds)
+    rate = capacity / 2
+    print(f"ingest capacity {capacity:.0f} records/s (GPT-2-small payload); soak offers "
+          f"{rate:.0f} records/s over {args.soak_runs} runs x 148 tensors for "
+          f"{args.soak_seconds:.0f} s")
+    env = {**QUIET, "MONITOR_AGENT_RETENTION_STEPS": "500"}  # bounded disk for a long soak
+    with SidecarProcess(tmp / "soak", env=env) as sc:
+        report = soak(sc.url, sc.proc.pid, args.soak_seconds, runs=args.soak_runs, rate=rate,
+                      window=args.soak_window)
+    print(report.table())
+    first, last = report.windows[0], report.windows[-1]
+    print(f"soak: {report.sent_records} records stored, {report.errors} failed requests; "
+          f"RSS {first.footprint.rss_mib:.1f} -> {last.footprint.rss_mib:.1f} MiB; "
+          f"p99 ingest {first.p99_ms:.1f} -> {last.p99_ms:.1f} ms; "
+          f"/metrics {first.render_ms:.1f} -> {last.render_ms:.1f} ms; "
+          f"fds {first.footprint.open_files} -> {last.footprint.open_files}; "
+          f"threads {first.footprint.threads} -> {last.footprint.threads}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--kill-steps", type=int, default=2500)
+    ap.add_argument("--outage-seconds", type=float, default=120.0)
+    ap.add_argument("--soak-seconds", type=float, default=600.0)
+    ap.add_argument("--soak-runs", type=int, default=50)
+    ap.add_argument("--soak-window", type=float, default=60.0)
+    ap.add_argument("--capacity", type=float, default=0.0,
+                    help="records/s; 0 measures it as bench/ingest.py does")
+    ap.add_argument("--capacity-seconds", type=float, default=5.0)
+    ap.add_argument("--churn-runs", type=int, default=5000)
+    ap.add_argument("--cardinality", type=int, default=1_000_000)
+    ap.add_argument("--schemathesis-examples", type=int, default=2000)
+    args = ap.parse_args()
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    try:
+        for name in chosen:
+            print(f"\n== {name} ==", flush=True)
+            t0 = time.monotonic()
+            globals()[f"section_{name}"](args, tmp)
+            print(f"({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""``GET /v1/runs/{run_id}/actions``: the cheap poll for actions rules took (stop, checkpoint).
+
+The ingest response already carries the actions a batch caused; this endpoint is for the
+other ranks of the run and for clients that missed an answer. One indexed SQLite read,
+no run state touched. ``stop`` says whether any stop was ever requested for the run.
+
+Example::
+
+    r = httpx.get(f"{url}/v1/runs/gpt-7/actions", params={"after": last_id}).json()
+    if r["stop"]: ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from monitor_agent.api.deps import require_read
+
+router = APIRouter(tags=["actions"], dependencies=[Depends(require_read)])
+
+
+@router.get("/v1/runs/{run_id}/actions", summary="Actions rules took for a run (poll with after=)")
+async def get_actions(
+    run_id: str,
+    request: Request,
+    after: int = Query(0, ge=0, le=2**62, description="Only actions with a larger id."),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    alerting = request.app.state.alerting
+    # The alert database has its own lock: no need to queue behind the engine thread.
+    found = await run_in_threadpool(alerting.actions_for_run, run_id, after, limit)
+    items = [a.to_dict() for a in found]
+    stop = any(a["action"] == "stop" for a in items)
+    if not stop and after > 0:  # a stop taken before ``after`` still stands
+        stop = await run_in_threadpool(alerting.stop_requested, run_id)
+    return {"run_id": run_id, "actions": items, "stop": stop,
+            "last_id": items[-1]["id"] if items else after}
+

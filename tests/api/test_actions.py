@@ -1,0 +1,76 @@
+"""Through a real sidecar: a rule's stop comes back in the ingest answer, on the poll
+endpoint and in /metrics, and the page says the run was stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from receivers import Receiver
+
+RULES = """
+routes: {page: [pagerduty]}
+rules:
+  - name: StopOnRepeatedNaN
+    match: {types: [nan_inf]}
+    severity: critical
+    fingerprint: []
+    action: stop
+    action_after: 2
+"""
+
+
+@pytest.fixture
+def pd():
+    with Receiver("pagerduty") as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def acting_sidecar(tmp_path: Path, sidecar_factory, pd):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
+                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123, "
+                      f"url: '{pd.url}/v2/enqueue'}}\n")
+    return sidecar_factory(config=config).start()
+
+
+def _step(step: int, loss: float | str) -> dict:
+    return {"kind": "step", "run_id": "stop-me", "step": step, "time": 1000.0 + step,
+            "loss": loss, "grad_norm": 1.0}
+
+
+def test_stop_comes_back_in_the_answer_and_on_the_poll(acting_sidecar, pd):
+    sc = acting_sidecar
+    first = sc.post([{"kind": "run", "run_id": "stop-me", "config": {"total_steps": 100}},
+                     *[_step(s, 2.0) for s in range(1, 5)], _step(5, "NaN")]).json()
+    assert first["accepted"] == 6 and first["actions"] == []
+    assert httpx.get(sc.url + "/v1/runs/stop-me/actions").json()["stop"] is False
+    # nan_inf reports the first NaN step, then the NaN still there 3 steps in a row.
+    assert sc.post([_step(6, "NaN")]).json()["actions"] == []
+    [action] = sc.post([_step(7, "NaN")]).json()["actions"]
+    assert (action["action"], action["step"], action["rule"]) == ("stop", 7, "StopOnRepeatedNaN")
+    assert sc.post([_step(8, "NaN")]).json()["actions"] == []  # once per episode
+
+    polled = httpx.get(sc.url + "/v1/runs/stop-me/actions").json()
+    assert polled["stop"] is True and [a["id"] for a in polled["actions"]] == [action["id"]]
+    later = httpx.get(sc.url + "/v1/runs/stop-me/actions",
+                      params={"after": polled["last_id"]}).json()
+    assert later["actions"] == [] and later["stop"] is True  # a stop stays a stop
+    assert httpx.get(sc.url + "/v1/runs/other/actions").json() == {
+        "run_id": "other", "actions": [], "stop": False, "last_id": 0}
+
+    metrics = httpx.get(sc.url + "/metrics").text
+    assert ('training_actions_total{project="",run_id="stop-me",action="stop",'
+            'rule="StopOnRepeatedNaN"} 1') in metrics
+    summaries = [r.json["payload"]["summary"] for r in pd.wait_for(2, timeout=10)]
+    assert any("run stopped at step 7 by rule StopOnRepeatedNaN" in s for s in summaries)
+
+
+def test_the_poll_rejects_a_bad_cursor(acting_sidecar):
+    r = httpx.get(acting_sidecar.url + "/v1/runs/x/actions", params={"after": -1})
+    assert r.status_code == 422

@@ -1,0 +1,85 @@
+"""The client's side of actions: the inbox, the ingest answer, the poll, and close()."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from monitor_client import Monitor
+from monitor_client.actions import ActionInbox
+from monitor_client.transport import Outcome, classify
+
+STOP = {"id": 7, "action": "stop", "rule": "R", "step": 40, "run_id": "r",
+        "message": "run stopped at step 40 by rule R"}
+
+
+def test_inbox_stop_is_sticky_checkpoint_is_consumed_duplicates_ignored():
+    inbox, seen = ActionInbox(), []
+    inbox.add_callback(seen.append)
+    assert not inbox.should_stop() and inbox.stop_reason is None
+    inbox.receive([{"id": 3, "action": "checkpoint"}, STOP, STOP, {"action": "stop"}])
+    assert inbox.should_stop() and inbox.should_stop()
+    assert inbox.stop_reason == STOP["message"]
+    assert inbox.take_checkpoint() and not inbox.take_checkpoint()
+    assert [a["id"] for a in seen] == [3, 7] and inbox.last_id == 7
+
+
+def test_a_failing_callback_is_reported_not_raised():
+    problems = []
+    inbox = ActionInbox(lambda where, exc: problems.append((where, exc)))
+    inbox.add_callback(lambda a: 1 / 0)
+    inbox.receive([STOP])
+    assert inbox.should_stop() and problems[0][0] == "action_callback"
+
+
+def test_the_ingest_answer_carries_actions():
+    body = b'{"accepted": 1, "duplicates": 0, "rejected": [], "actions": [{"id": 1}, 3]}'
+    result = classify(200, body)
+    assert result.outcome is Outcome.OK and result.actions == [{"id": 1}]
+    assert classify(200, b"[]").actions == [] and classify(200, b"junk").actions == []
+
+
+def _stop_rules(tmp: Path) -> Path:
+    rules = tmp / "rules.yaml"
+    rules.write_text("routes: {chat: [console]}\nrules:\n  - name: StopNow\n"
+                     "    match: {types: [nan_inf]}\n    action: stop\n")
+    config = tmp / "config.yaml"
+    config.write_text(f"alerting:\n  rules_file: {rules}\n")
+    return config
+
+
+def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, tmp_path):
+    sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
+    mon = Monitor(url=sc.url, run_id="mon-stop", spool_dir=tmp_path / "spool",
+                  install_hooks=False, linger=0.01)
+    got = threading.Event()
+    mon.on_action(lambda a: got.set())
+    for step in range(1, 6):
+        mon.log_step(step, loss=2.0)
+    mon.flush()
+    assert not mon.should_stop()
+    mon.log_step(6, loss=float("nan"))
+    assert got.wait(10) and mon.should_stop()
+    assert mon.stop_reason == "run stopped at step 6 by rule StopNow"
+    assert [a["action"] for a in mon.actions()] == ["stop"]
+    assert mon.close()
+    end = [r for r in sc.records("mon-stop") if r["kind"] == "end"][0]
+    assert (end["status"], end["error"]) == ("stopped", "run stopped at step 6 by rule StopNow")
+
+
+def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
+    sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
+    steps = [{"kind": "step", "run_id": "poll-me", "step": 1, "time": 1.0, "loss": "NaN"}]
+    assert httpx.post(sc.url + "/v1/records", json={"records": steps}).json()["actions"]
+    mon = Monitor(url=sc.url, run_id="poll-me", rank=1, world_size=2, install_hooks=False,
+                  spool_dir=tmp_path / "spool", linger=0.01)
+    mon._sender.poll_interval = 0.05  # the default polls every 5 s
+    deadline = time.monotonic() + 10
+    while not mon.should_stop():
+        assert time.monotonic() < deadline, "the poll never brought the stop"
+        mon.log_step(int(time.monotonic() * 1000) % 10**6, loss=1.0)
+        time.sleep(0.05)
+    mon.close()
