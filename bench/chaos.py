@@ -44,6 +44,74 @@ def measure_capacity(tmp: Path, seconds: float) -> float:
     return result["records_s"]
 
 
+def section_kills(args: argparse.Namespace, tmp: Path) -> None:
+    from kill_loop import kill_loop
+
+    report = kill_loop(tmp / "kills", kills=args.kills, steps=args.kill_steps)
+    print(report.summary())
+
+
+def section_notify(args: argparse.Namespace, tmp: Path) -> None:
+    from notify_outage import notify_outage
+
+    report = notify_outage(tmp / "notify", outage_seconds=args.outage_seconds, runs=20)
+    print(report.summary())
+
+
+def section_disk(args: argparse.Namespace, tmp: Path) -> None:
+    import subprocess
+
+    from disk_full import disk_full
+
+    point = tmp / "mnt"
+    point.mkdir()
+    try:
+        print(disk_full(point).line())
+    except subprocess.CalledProcessError as exc:
+        print(f"skipped: cannot mount a tmpfs here ({exc.stderr.decode().strip()})")
+    finally:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def section_churn(args: argparse.Namespace, tmp: Path) -> None:
+    from churn import churn, churn_env
+
+    with SidecarProcess(tmp / "churn", env=churn_env(ttl=2.0)) as sc:
+        for wave in range(1, 4):  # the same again: memory is reused, not grown
+            report = churn(sc.url, sc.proc.pid, runs=args.churn_runs, ttl=2.0,
+                           prefix=f"wave{wave}")
+            print(f"wave {wave}: {report.line()}", flush=True)
+
+
+def section_cardinality(args: argparse.Namespace, tmp: Path) -> None:
+    from cardinality import label_bomb, layer_bomb, run_bomb
+
+    n = args.cardinality
+    for name, attack in (("layers", lambda url, pid: layer_bomb(url, pid, names=n)),
+                         ("runs", lambda url, pid: run_bomb(url, pid, runs=n)),
+                         ("labels", lambda url, pid: label_bomb(url, pid, values=n))):
+        with SidecarProcess(tmp / f"bomb-{name}", env=QUIET) as sc:
+            print(attack(sc.url, sc.proc.pid).line(), flush=True)
+
+
+def section_fuzz(args: argparse.Namespace, tmp: Path) -> None:
+    import re
+    import subprocess
+
+    with SidecarProcess(tmp / "fuzz", env=QUIET) as sc:
+        proc = subprocess.run(
+            ["schemathesis", "run", f"{sc.url}/openapi.json", "--checks", "not_a_server_error",
+             "--max-examples", str(args.schemathesis_examples), "--seed", "1", "--no-color",
+             "--request-timeout", "10", "--generation-database", "none"],
+            capture_output=True, text=True, cwd=tmp)
+        alive = sc.proc.poll() is None
+    out = proc.stdout + proc.stderr
+    summary = [ln for ln in out.splitlines() if re.search(r"generated|passed|failed|error", ln,
+                                                          re.I)]
+    print("\n".join(summary[-8:]))
+    print(f"schemathesis exit {proc.returncode}; sidecar alive afterwards: {alive}")
+
+
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:
     from soak import soak
 

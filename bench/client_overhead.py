@@ -12,11 +12,18 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
   monitored steps      the whole step with the client: global-only, per-layer every step,
                        and the default configuration (per-layer every N steps)
   log_step             enqueue latency p50/p99 (the training thread's cost per call)
+  distributions        gradient + weight quantiles/histograms on a hist step (hooks with
+                       hist_every=1 minus without), and amortised over DEFAULT_HIST_EVERY
+  activations          activation statistics on a monitored step (forward hooks on the 12
+                       GELU modules), the unmonitored step's post-hook, amortised over the
+                       default interval; whole steps bare / monitored / unmonitored
 
 and count host transfers made on the training thread by the hooks and log_step.
 
     python bench/client_overhead.py                # CPU, about 3-4 minutes on 2 cores
     python bench/client_overhead.py --device cuda  # the same on a GPU
+    python bench/client_overhead.py --only-distributions   # bare step + distributions
+    python bench/client_overhead.py --only-activations     # bare step + activation hooks
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 from monitor_client import Monitor  # noqa: E402
-from monitor_client.monitor import DEFAULT_LAYER_STATS_EVERY  # noqa: E402
+from monitor_client.monitor import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
 from monitor_client.stats import GradStats  # noqa: E402
 
 
@@ -132,6 +139,34 @@ def hook_costs(model, opt, batch, device, reps):
             "global_only_hook_s": global_only, "per_layer_hooks_s": per, "naive_s": naive}
 
 
+def distribution_costs(model, opt, batch, device, reps):
+    """The hooks of a hist step with and without the distributions, interleaved run by run
+    (no layer statistics, no clipping, so the difference is the distributions alone)."""
+    runs = {every: GradStats(model, opt, layer_stats_every=10**9, hist_every=every)
+            for every in (1, 0)}
+    forward_backward(model, batch)
+
+    def hooks(stats):
+        stats._steps = 1  # not a layer-statistics step; every step is one with hist_every=1
+        stats.before_step()
+        stats.after_step()
+        stats.take().vector()  # includes the host copy of the (P, 8 + 16) rows
+
+    sync(device)
+    start = time.perf_counter()
+    hooks(runs[1])  # first call: draws and caches the sample indices
+    sync(device)
+    first = time.perf_counter() - start
+    times = {1: [], 0: []}
+    for _ in range(reps * 4):
+        for every, stats in runs.items():
+            times[every].append(timed(lambda s=stats: hooks(s), device, 1))
+    opt.zero_grad(set_to_none=False)
+    with_d, without = statistics.median(times[1]), statistics.median(times[0])
+    return {"hist_step_s": max(with_d - without, 0.0), "hist_first_call_s": first - without,
+            "hist_every": DEFAULT_HIST_EVERY, "hist_params": len(runs[1].params)}
+
+
 def monitored_steps(model, opt, batch, device, reps, url):
     """Whole steps, interleaved round by round so a noisy machine affects all alike."""
     mon = Monitor(url=url, run_id="bench-steps", install_hooks=False, linger=0.2)
@@ -189,6 +224,68 @@ def transfer_count(model, opt, batch):
     return len(calls)
 
 
+def activation_costs(model, opt, batch, device, reps):
+    """Activation hooks (default filter: the 12 GELU modules of the GPT-2 MLPs): the
+    statistics alone on captured outputs, and whole steps (bare / monitored step with the
+    hooks armed, host copy included / unmonitored step, hooks attached but not armed)
+    interleaved round by round; plus the optimizer post-hook of an unmonitored step."""
+    from monitor_client.activations import ActivationStats, measure, zero_clamping
+    from monitor_client.stats import StatsPack
+
+    outs = []
+    probe = ActivationStats(model, opt)
+    handles = [m.register_forward_hook(lambda m, a, o: outs.append((o.detach(), m)))
+               for m in probe.modules]
+    with torch.no_grad():
+        model(batch)
+    for h in handles:
+        h.remove()
+    stats_s = timed(lambda: [measure(o, zero_clamping(m)) for o, m in outs], device, reps * 4)
+    idle = ActivationStats(model, opt, every=10**9)
+    idle._steps = 1
+    post_hook_s = timed(idle.after_step, device, 200)  # what an unmonitored step pays
+
+    def step(acts):
+        bare_step(model, opt, batch)
+        if acts is not None:
+            pack = StatsPack()
+            acts.add_to(pack)
+            pack.vector()
+
+    times = {"bare": [], "monitored": [], "unmonitored": []}
+    for rnd in range(2 * reps + 1):
+        for name in times:
+            acts = None
+            if name != "bare":
+                acts = ActivationStats(model, opt, every=1 if name == "monitored" else 10**9)
+                acts._steps = 0 if name == "monitored" else 1
+                acts.attach()
+            t = timed(lambda a=acts: step(a), device, 1)
+            if acts is not None:
+                acts.detach()
+            if rnd:  # round 0 warms up
+                times[name].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"act_modules": len(probe.names), "act_stats_s": stats_s,
+            "act_post_hook_s": post_hook_s, "act_whole_steps_s": med,
+            "activation_every": DEFAULT_LAYER_STATS_EVERY}
+
+
+def report_activations(f: dict, n_params: int, device) -> None:
+    bare, every, w = f["bare_step_s"], f["activation_every"], f["act_whole_steps_s"]
+    stats, post = f["act_stats_s"], f["act_post_hook_s"]
+    amortised = stats / every + post
+    print(f"activations ({f['act_modules']} modules, {n_params / 1e6:.1f}M params on {device}): "
+          f"statistics on a monitored step {stats * 1e3:.2f} ms = {stats / bare * 100:.2f}% of "
+          f"the bare step ({bare * 1e3:.1f} ms); unmonitored step: post-hook "
+          f"{post * 1e6:.1f} us, no forward hook; amortised at activation_every={every}: "
+          f"+{amortised * 1e3:.3f} ms = {amortised / bare * 100:.3f}%")
+    print(f"activations, whole steps (interleaved medians): bare {w['bare'] * 1e3:.1f} ms, "
+          f"monitored {w['monitored'] * 1e3:.1f} ms ({(w['monitored'] / w['bare'] - 1) * 100:+.1f}%),"
+          f" unmonitored {w['unmonitored'] * 1e3:.1f} ms "
+          f"({(w['unmonitored'] / w['bare'] - 1) * 100:+.1f}%, noise)")
+
+
 def enqueue_latency(url, device, n=2000):
     """log_step's own time on the training thread, with a watched small model stepping
     back to back (the sender thread and the sink share the GIL with it)."""
@@ -216,6 +313,10 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    p.add_argument("--only-activations", action="store_true",
+                   help="measure only the bare step and the activation statistics")
+    p.add_argument("--only-distributions", action="store_true",
+                   help="measure only the bare step and the distribution statistics")
     args = p.parse_args()
     device = torch.device(args.device)
     url = start_sink()
@@ -223,16 +324,26 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
     bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
+    acts = activation_costs(model, opt, batch, device, args.reps)
+    if args.only_activations:
+        report_activations({"bare_step_s": bare, **acts}, n_params, device)
+        return
+    dist = distribution_costs(model, opt, batch, device, args.reps)
+    if args.only_distributions:
+        report_distributions({"bare_step_s": bare, **dist}, n_params, device)
+        return
     hooks = hook_costs(model, opt, batch, device, args.reps)
     steps = monitored_steps(model, opt, batch, device, args.reps, url)
     p50, p99 = enqueue_latency(url, device)
     figures = {"device": str(device), "n_params": n_params, "batch": args.batch,
                "seq": args.seq, "threads": torch.get_num_threads(), "bare_step_s": bare,
                "layer_stats_every": DEFAULT_LAYER_STATS_EVERY,
-               **hooks, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
+               **hooks, **dist, **acts, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
                "log_step_p99_us": p99 * 1e6,
                "host_transfers_on_training_thread": transfer_count(model, opt, batch)}
     report(figures)
+    report_distributions(figures, n_params, device)
+    report_activations(figures, n_params, device)
     if args.json:
         print(json.dumps(figures, indent=2))
 
@@ -263,6 +374,15 @@ def report(f: dict) -> None:
           f"p99 {f['log_step_p99_us']:.1f} us")
     print(f"host transfers on the training thread per monitored step: "
           f"{f['host_transfers_on_training_thread']} (the one copy runs in the sender thread)")
+
+
+def report_distributions(f: dict, n_params: int, device) -> None:
+    bare, hist, every = f["bare_step_s"], f["hist_step_s"], f["hist_every"]
+    print(f"distributions ({f['hist_params']} params x 1024-sample, {n_params / 1e6:.1f}M params "
+          f"on {device}): bare step {bare * 1e3:.1f} ms; on a hist step +{hist * 1e3:.2f} ms = "
+          f"{hist / bare * 100:.2f}% of the bare step; amortised at hist_every={every}: "
+          f"+{hist / every * 1e3:.3f} ms = {hist / every / bare * 100:.3f}%; first call (draws "
+          f"the sample indices) +{f['hist_first_call_s'] * 1e3:.1f} ms once")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np
 
 from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
-from monitor_agent.types import EndRecord, LayerTable, Record, StepRecord
+from monitor_agent.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
 
 TRACES = Path(__file__).resolve().parents[2] / "shared/traces/public"
 RECIPE_TYPES = {"loss_spike", "divergence", "grad_explosion", "nan_inf"}
@@ -238,6 +238,28 @@ def cost(n_layers: int, n_steps: int = 400) -> tuple[float, dict[str, float]]:
     return total / n * 1e6, {k: v / n * 1e6 for k, v in per.items()}
 
 
+def hist_cost(n_layers: int, n_readings: int = 200) -> float:
+    """Mean microseconds of grad_distribution per record carrying grad_hist quantiles
+    (those arrive every hist_every steps; records without them cost it nothing)."""
+    rng = np.random.default_rng(0)
+    names = tuple(f"blocks.{k // 6}.p{k % 6}.weight" for k in range(n_layers))
+    z = np.array([-3.2, -2.33, -0.674, 0.0, 0.674, 1.645, 2.33, 3.2])  # normal quantiles
+    suite = DetectorSuite()
+    det = next(d for d in suite.detectors if d.type == "grad_distribution")
+    recs = []
+    for i in range(1, n_readings + 1):
+        scale = rng.lognormal(-4, 0.3, (n_layers, 1))
+        q = scale * (z + rng.normal(0, 0.05, (n_layers, 8)))
+        recs.append(StepRecord(run_id="b", step=100 + 50 * i, time=i * 5.0, loss=2.0,
+                               grad_quantiles=QuantileTable(names, np.sort(q, axis=1))))
+    for rec in recs[:50]:  # warm: every parameter has its readings
+        det.update(rec)
+    t0 = time.perf_counter()
+    for rec in recs[50:]:
+        det.update(rec)
+    return (time.perf_counter() - t0) / (len(recs) - 50) * 1e6
+
+
 # -- report -------------------------------------------------------------------------------
 
 
@@ -278,6 +300,9 @@ def print_cost() -> None:
         top = sorted(per.items(), key=lambda kv: -kv[1])[:5]
         detail = ", ".join(f"{k} {v:.0f}" for k, v in top)
         print(f"  {n:>5} layers: suite {total:7.0f} us/record; slowest: {detail}")
+    for n in (150, 1000):
+        print(f"  {n:>5} layers: grad_distribution {hist_cost(n):7.0f} us per record with "
+              f"grad_hist quantiles (every hist_every steps; 0 on the others)")
 
 
 def main() -> None:

@@ -49,6 +49,40 @@ def heatmaps(g: Grid) -> list[Json]:
     ]
 
 
+def _q(metric: str, q: str) -> str:
+    return f'{metric}{{{SEL}, quantile="{q}"}}'
+
+
+def _spread(metric: str, hi: str, lo: str) -> str:
+    return f"({_q(metric, hi)} - ignoring(quantile) {_q(metric, lo)})"
+
+
+def distributions(g: Grid) -> list[Json]:
+    grad, param = "training_layer_grad_quantile", "training_layer_param_quantile"
+    iqr = f"clamp_min({_spread(grad, '0.75', '0.25')}, 1e-30)"
+    return [
+        g.row("Gradient and weight distributions (every hist_every steps)"),
+        heatmap("Gradient tail ratio by layer: log10((p99 - p1) / IQR)", [target(
+            f"log10(clamp_min({_spread(grad, '0.99', '0.01')} / ignoring(quantile) {iqr}, "
+            f"{FLOOR}))", "{{layer}}")], unit="none", pos=g.place(12, 10), scheme="Spectral",
+            description="About 0.54 for a Gaussian gradient; a row turning bright is a layer "
+                        "whose gradient grew heavy tails (outlier tokens or features); the "
+                        "grad_distribution detector judges each layer against its own past."),
+        heatmap("Gradient median by layer, in IQRs: p50 / (p75 - p25)", [target(
+            f"{_q(grad, '0.5')} / ignoring(quantile) {iqr}", "{{layer}}")], unit="none",
+            pos=g.place(12, 10), scheme="RdBu",
+            description="Where the middle of each layer's gradient sits, in units of its own "
+                        "spread: near 0 is healthy; a layer drifting to +/-1 and beyond is "
+                        "pushed consistently one way (a shifted distribution)."),
+        heatmap("Weight spread by layer: log10(p99 - p1)", [target(
+            f"log10(clamp_min({_spread(param, '0.99', '0.01')}, {FLOOR}))", "{{layer}}")],
+            unit="none", pos=g.place(24, 10), scheme="Spectral",
+            description="log10 of the range holding 98% of each parameter's weights. Slow "
+                        "growth is normal; a jump is a layer blowing up, a collapse to the "
+                        "floor a layer whose weights became (nearly) constant."),
+    ]
+
+
 def gains(g: Grid) -> list[Json]:
     median = ("quantile by (project, run_id, rank) (0.5, training_layer_grad_norm"
               f"{{{RUN}}})")
@@ -65,6 +99,33 @@ def gains(g: Grid) -> list[Json]:
             unit="percentunit", min_=0, max_=1, pos=g.place(12, 10),
             description="Dead ReLUs and unused embedding rows show here; 100% is a layer "
                         "that gets no gradient at all."),
+    ]
+
+
+def activation_panels(g: Grid) -> list[Json]:
+    # Module outputs (Monitor.watch(activations=True)), one sample per monitored step.
+    return [
+        g.row("Activations"),
+        heatmap("Dead ReLU units by module", [target(
+            f"training_activation_dead_ratio{{{RUN}}}", "{{module}}")],
+            unit="percentunit", pos=g.place(12, 10), scheme="Reds",
+            description="Fraction of each ReLU module's units that output zero for the whole "
+                        "batch. A row turning dark and staying there is dying units "
+                        "(dead_units finding)."),
+        timeseries("Activation max-abs by module", [target(
+            f"training_activation_max_abs{{{RUN}}}", "{{module}}")],
+            unit="none", log=10, pos=g.place(12, 10),
+            description="Largest absolute output of each module. Steady geometric growth "
+                        "precedes attention-logit and loss divergence (activation_blowup)."),
+        timeseries("Activation std by module", [target(
+            f"training_activation_std{{{RUN}}}", "{{module}}")],
+            unit="none", log=10, pos=g.place(12, 8),
+            description="Spread of each module's output; should stay within an order of "
+                        "magnitude of its early level."),
+        timeseries("Non-finite activations", [target(
+            f"training_activation_nonfinite{{{RUN}}}", "{{module}}")],
+            unit="short", min_=0, pos=g.place(12, 8),
+            description="NaN/Inf entries in each module's output: any is an error."),
     ]
 
 
@@ -91,6 +152,6 @@ def flagged(g: Grid) -> list[Json]:
 
 def build() -> Json:
     g = Grid()
-    panels = [*heatmaps(g), *gains(g), *flagged(g)]
+    panels = [*heatmaps(g), *distributions(g), *gains(g), *activation_panels(g), *flagged(g)]
     return dashboard(UID, "Layers", panels, variables(), annotations=[],
                      description="Per-parameter gradient and update statistics of one rank.")

@@ -163,6 +163,19 @@ def evaluation(g: Grid) -> list[Json]:
         timeseries("Eval metrics", [
             target(f"training_eval_metric{{{SEL}}}", "{{name}} rank {{rank}}")],
             unit="none", pos=g.place(12, 8)),
+        timeseries("Eval loss by category", [
+            target(f"training_category_loss{{{SEL}}}", "{{category}} rank {{rank}}")],
+            unit="none", pos=g.place(12, 8),
+            description="Per-category eval loss (each sample weighted once). One line turning "
+                        "up while the others fall: category_divergence (that data changed, "
+                        "or the model is forgetting it)."),
+        timeseries("Category loss relative to the median category", [
+            target(f"training_category_loss{{{SEL}}} / on (project, run_id, rank) group_left "
+                   f"quantile by (project, run_id, rank) (0.5, training_category_loss{{{SEL}}})",
+                   "{{category}} rank {{rank}}")],
+            unit="none", log=2, pos=g.place(12, 8),
+            description="Scale-free view of the same: a category drifting away from 1x is "
+                        "diverging from the rest."),
     ]
 
 

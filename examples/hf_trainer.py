@@ -66,7 +66,7 @@ def main() -> int:
     p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
     p.add_argument("--spool-dir", default=None)
     args = p.parse_args()
-    data = load_text(400_000)
+    data, _ = load_text(400_000)
     split = int(0.9 * len(data))
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(VOCAB),
                                      n_positions=args.seq_len, bos_token_id=0, eos_token_id=0)

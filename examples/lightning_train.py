@@ -63,7 +63,7 @@ def main() -> int:
     p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
     p.add_argument("--spool-dir", default=None)
     args = p.parse_args()
-    data = load_text(400_000)
+    data, _ = load_text(400_000)
     split = int(0.9 * len(data))
     train = torch.utils.data.DataLoader(Windows(data[:split], 64), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(Windows(data[split:], 64), batch_size=16)

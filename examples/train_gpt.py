@@ -26,6 +26,7 @@ nothing else. Exit status: 0 completed, 1 stopped on NaN, 3 stopped by the monit
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import os
 import sys
@@ -51,19 +52,21 @@ class StoppedByMonitor(RuntimeError):
     """An alert rule of the sidecar asked this run to stop."""
 
 
-def load_text(max_chars: int = 1_500_000) -> torch.Tensor:
-    """The stdlib's top-level .py files as character ids (unknown characters -> '?')."""
+def load_text(max_chars: int = 1_500_000) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+    """The stdlib's top-level .py files as character ids (unknown characters -> '?'), and
+    where each file starts (offset, module name): the eval's categories."""
     index = {c: i for i, c in enumerate(VOCAB)}
     unknown = index["?"]
-    parts, total = [], 0
+    parts, starts, total = [], [], 0
     for path in sorted(Path(os.__file__).parent.glob("*.py")):
         text = path.read_text(encoding="utf-8", errors="replace")
         parts.append(text)
+        starts.append((total, path.stem))
         total += len(text)
         if total >= max_chars:
             break
     text = "".join(parts)[:max_chars]
-    return torch.tensor([index.get(c, unknown) for c in text], dtype=torch.long)
+    return torch.tensor([index.get(c, unknown) for c in text], dtype=torch.long), starts
 
 
 class Block(nn.Module):
@@ -105,7 +108,8 @@ class CharGPT(nn.Module):
         self.poison = False
         self.apply(_init_weights)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor,
+                reduction: str = "mean") -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         if self.poison:  # the injected bad batch: one infinite activation
             x = x.clone()
@@ -113,7 +117,9 @@ class CharGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1),
+                               reduction=reduction)
+        return loss if reduction == "mean" else loss.view(targets.shape)
 
 
 def batches(data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator,
@@ -151,13 +157,28 @@ def build(args: argparse.Namespace, state: dict):
     return model, torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
+def files_from(files: list[tuple[int, str]], offset: int) -> list[tuple[int, str]]:
+    """The files of ``files`` that reach past ``offset``, with starts relative to it."""
+    ends = [start for start, _ in files[1:]] + [math.inf]
+    return [(max(start - offset, 0), name)
+            for (start, name), end in zip(files, ends, strict=True) if end > offset]
+
+
 @torch.no_grad()
-def evaluate(model: CharGPT, val: torch.Tensor, args, gen) -> float:
+def evaluate(model: CharGPT, val: torch.Tensor, files: list[tuple[int, str]], args,
+             gen) -> tuple[float | None, dict[str, float]]:
+    """Validation loss, overall and per source module (the module a sample starts in)."""
     model.eval()
-    it = batches(val, args, gen, {"slow": False})
-    losses = [float(model(*next(it))) for _ in range(4)]
+    cats = monitor_client.CategoryLoss()
+    offsets = [start for start, _ in files]
+    for _ in range(4):
+        ix = torch.randint(len(val) - args.seq_len - 1, (args.batch_size,), generator=gen)
+        x = torch.stack([val[i:i + args.seq_len] for i in ix])
+        y = torch.stack([val[i + 1:i + args.seq_len + 1] for i in ix])
+        names = [files[bisect.bisect_right(offsets, int(i)) - 1][1] for i in ix]
+        cats.add(model(x, y, reduction="none"), names)
     model.train()
-    return sum(losses) / len(losses)
+    return cats.overall(), cats.metrics()
 
 
 def measure_peak_flops(n: int = 512, repeats: int = 5) -> float:
@@ -182,9 +203,10 @@ def apply_fault(args, step: int, state: dict, model: CharGPT) -> None:
 
 def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
     state = {"lr_mult": 1.0, "frozen": False, "slow": False, "leak": False}
-    data = load_text()
+    data, files = load_text()
     split = int(0.9 * len(data))
     train_data, val_data = data[:split], data[split:]
+    val_files = files_from(files, split)
     model, opt = build(args, state)
     peak = args.peak_flops if args.peak_flops > 0 else measure_peak_flops()
     mon.watch(model, opt, grad_clip=args.grad_clip, seq_len=args.seq_len, peak_flops=peak)
@@ -209,7 +231,8 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
         if bad >= args.nan_patience:
             raise NonFiniteLoss(f"loss non-finite for {bad} consecutive steps (step {step})")
         if step % args.eval_every == 0 or step == args.steps:
-            mon.log_eval(step, val_loss=evaluate(model, val_data, args, gen))
+            val_loss, per_module = evaluate(model, val_data, val_files, args, gen)
+            mon.log_eval(step, val_loss=val_loss, metrics=per_module)
 
 
 def obey_monitor(args, mon: monitor_client.Monitor, model: CharGPT, step: int) -> None:

@@ -21,9 +21,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent import metric_names as n
+from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFIX
 from monitor_agent.progress import run_progress
 from monitor_agent.run_state import RankState, RunState
-from monitor_agent.types import StepRecord
+from monitor_agent.types import QUANTILE_LEVELS, QuantileTable, StepRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -82,6 +83,16 @@ LAYER_GAUGES: tuple[tuple[n.MetricName, str], ...] = (
     (n.LAYER_UPDATE_RATIO, "update_ratio"),
     (n.LAYER_GRAD_ZERO, "grad_zero_frac"),
 )
+# Per-module activation gauges (label ``module``), from the latest monitored step.
+ACTIVATION_GAUGES: tuple[tuple[n.MetricName, str], ...] = (
+    (n.ACT_MEAN, "mean"),
+    (n.ACT_STD, "std"),
+    (n.ACT_MAX_ABS, "max_abs"),
+    (n.ACT_ZERO, "zero_frac"),
+    (n.ACT_DEAD, "dead_frac"),
+    (n.ACT_NONFINITE, "nonfinite"),
+)
+_QUANTILE_LABELS = tuple(f"{q:g}" for q in QUANTILE_LEVELS)  # "0", "0.01", ..., "1"
 RANK_COUNTERS: tuple[tuple[n.MetricName, str], ...] = (
     (n.STEPS, "steps_total"),
     (n.TOKENS, "tokens_total"),
@@ -112,10 +123,12 @@ FAMILIES: tuple[Family, ...] = tuple(
     _family(m)
     for m in (
         *(g for g, _ in STEP_GAUGES),
-        n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.LAST_STEP,
+        n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
         n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
         *(g for g, _ in LAYER_GAUGES),
+        *(g for g, _ in ACTIVATION_GAUGES),
+        n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.FINDINGS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
@@ -132,6 +145,7 @@ class Exposition:
         max_runs: int = 1000,
         max_layers: int = 2000,
         max_ranks: int = 256,
+        max_eval_series: int = 64,
         alerts: Callable[[], Sequence[Any]] | None = None,
         actions: Callable[[], dict[tuple[str, str, str], int]] | None = None,
         on_drop: Callable[[str, int], None] | None = None,
@@ -142,6 +156,7 @@ class Exposition:
         self._actions = actions
         self._on_drop = on_drop or (lambda reason, count: None)
         self.max_runs, self.max_layers, self.max_ranks = max_runs, max_layers, max_ranks
+        self.max_eval_series = max_eval_series
         self._cache: dict[str, tuple[int, dict[str, str]]] = {}
 
     def render(self) -> bytes:
@@ -249,6 +264,9 @@ class RunRenderer:
         self._histogram(labels, state)
         self._progress(labels, state)
         self._layers(labels, state)
+        self._activations(labels, state)
+        self._quantiles(n.LAYER_GRAD_QUANTILE.name, labels, state.last_grad_quantiles)
+        self._quantiles(n.LAYER_PARAM_QUANTILE.name, labels, state.last_param_quantiles)
 
     def _eval(self, labels: str, state: RankState) -> None:
         ev = state.last_eval
@@ -256,8 +274,19 @@ class RunRenderer:
             return
         self.add(n.VAL_LOSS.name, labels, ev.val_loss)
         self.add(n.EVAL_TRAIN_LOSS.name, labels, ev.train_loss)
-        for name, value in list(ev.metrics.items())[:64]:
-            self.add(n.EVAL_METRIC.name, f'{labels},name="{escape(name)}"', value)
+        shown = {"max_categories": 0, "max_eval_metrics": 0}
+        for name, value in ev.metrics.items():
+            category = name.startswith(CATEGORY_PREFIX)
+            cap = "max_categories" if category else "max_eval_metrics"
+            if shown[cap] >= self.exp.max_eval_series:
+                self.exp._on_drop(cap, 1)
+                continue
+            shown[cap] += 1
+            if category:
+                label = escape(name[len(CATEGORY_PREFIX):])
+                self.add(n.CATEGORY_LOSS.name, f'{labels},category="{label}"', value)
+            else:
+                self.add(n.EVAL_METRIC.name, f'{labels},name="{escape(name)}"', value)
 
     def _histogram(self, labels: str, state: RankState) -> None:
         if not state.step_time_counts:
@@ -306,6 +335,35 @@ class RunRenderer:
                 out_u.append(f"{fam_u}{{{lab}}} {fmt(u_l[i] / p_l[i])}\n")
             if m_zero[i]:
                 out_z.append(f"{fam_z}{{{lab}}} {fmt(z_l[i])}\n")
+
+    def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
+        # One series per (layer, quantile); capped by max_layers like the other layer gauges.
+        if table is None:
+            return
+        limit = min(len(table), self.exp.max_layers)
+        if len(table) > limit:
+            self.exp._on_drop("max_layers", len(table) - limit)
+        out = self.out.setdefault(fam, [])
+        for name, row in zip(table.names[:limit], table.values[:limit].tolist(), strict=True):
+            lab = f'{labels},layer="{escape(name)}"'
+            out.extend(f'{fam}{{{lab},quantile="{q}"}} {fmt(v)}\n'
+                       for q, v in zip(_QUANTILE_LABELS, row, strict=True))
+
+    def _activations(self, labels: str, state: RankState) -> None:
+        # Capped by max_layers like the per-parameter gauges; a null (dead_frac of a
+        # non-ReLU module) is no sample at all, not NaN.
+        table = state.last_activations
+        if table is None:
+            return
+        limit = min(len(table), self.exp.max_layers)
+        if len(table) > limit:
+            self.exp._on_drop("max_layers", len(table) - limit)
+        labs = [f'{labels},module="{escape(name)}"' for name in table.names[:limit]]
+        for metric, stat in ACTIVATION_GAUGES:
+            out = self.out.setdefault(metric.name, [])
+            for lab, v in zip(labs, table.stats[stat][:limit].tolist(), strict=True):
+                if v == v or stat in ("mean", "std", "max_abs"):  # NaN stats are data
+                    out.append(f"{metric.name}{{{lab}}} {fmt(v)}\n")
 
     def _run_level(self) -> None:
         run = self.run

@@ -81,6 +81,10 @@ def _reload_latest(engine: Engine, run: RunState) -> None:
         if body is not None:
             state.last = schemas.parse_record(wire.loads(body))
             state.last_layers = state.last.layers
+            state.last_activations = state.last.activations
+            # Only when the latest step was a hist step; otherwise from the next one on.
+            state.last_grad_quantiles = state.last.grad_quantiles
+            state.last_param_quantiles = state.last.param_quantiles
         body = engine.store.last_record(run.run_id, rank, "eval")
         if body is not None:
             state.last_eval = schemas.parse_record(wire.loads(body))

@@ -16,7 +16,14 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.types import EvalRecord, LayerTable, RunRecord, StepRecord
+from monitor_agent.types import (
+    ActivationTable,
+    EvalRecord,
+    LayerTable,
+    QuantileTable,
+    RunRecord,
+    StepRecord,
+)
 
 
 @dataclass(slots=True)
@@ -26,6 +33,9 @@ class RankState:
     last: StepRecord | None = None
     last_eval: EvalRecord | None = None
     last_layers: LayerTable | None = None
+    last_activations: ActivationTable | None = None  # of the latest monitored step
+    last_grad_quantiles: QuantileTable | None = None  # of the latest hist step
+    last_param_quantiles: QuantileTable | None = None
     last_step: int = -1
     last_eval_step: int = -1
     last_arrival: float = 0.0
@@ -96,6 +106,12 @@ class RunState:
         state.last = record
         if record.layers is not None:
             state.last_layers = record.layers
+        if record.activations is not None:
+            state.last_activations = record.activations
+        if record.grad_quantiles is not None:
+            state.last_grad_quantiles = record.grad_quantiles
+        if record.param_quantiles is not None:
+            state.last_param_quantiles = record.param_quantiles
         state.last_step = max(state.last_step, record.step)
         state.last_arrival = self.last_arrival = arrival
         self.version += 1

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     AfterValidator,
@@ -72,9 +72,27 @@ class LayerModel(TypedDict, total=False):
     grad_none: bool
 
 
+MAX_ACTIVATION_MODULES = 4096
+
+
+class ActivationModel(TypedDict, total=False):
+    # Per module: statistics of its output on the step's first micro-batch (client docs).
+    mean: Num
+    std: Num
+    max_abs: Num
+    zero_frac: Num
+    dead_frac: Num  # ReLU-family only: units zero for every sample; else null
+    nonfinite: Num
+
+
 class HistModel(TypedDict):
     edges: Annotated[list[float], Field(max_length=MAX_HIST_BINS + 1)]
     counts: Annotated[list[float], Field(max_length=MAX_HIST_BINS)]
+    # Optional: values at types.QUANTILE_LEVELS (min, p1, p25, p50, p75, p95, p99, max).
+    quantiles: NotRequired[
+        Annotated[list[float], Field(min_length=len(t.QUANTILE_LEVELS),
+                                     max_length=len(t.QUANTILE_LEVELS))]
+    ]
 
 
 MAX_DEPTH = 32
@@ -145,6 +163,10 @@ class StepModel(_Wire):
     gpu: Annotated[dict[Name, Num], Field(max_length=64)] | None = None
     layers: Annotated[dict[Name, LayerModel], Field(max_length=MAX_LAYERS)] | None = None
     grad_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
+    param_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
+    activations: Annotated[
+        dict[Name, ActivationModel], Field(max_length=MAX_ACTIVATION_MODULES)
+    ] | None = None
 
     def to_record(self) -> t.StepRecord:
         mem = self.memory
@@ -173,6 +195,12 @@ class StepModel(_Wire):
             gpu=dict(self.gpu) if self.gpu else None,
             layers=t.LayerTable.from_mapping(self.layers) if self.layers else None,
             grad_hist=dict(self.grad_hist) if self.grad_hist else None,
+            param_hist=dict(self.param_hist) if self.param_hist else None,
+            grad_quantiles=t.QuantileTable.from_hists(self.grad_hist) if self.grad_hist else None,
+            param_quantiles=t.QuantileTable.from_hists(self.param_hist)
+            if self.param_hist else None,
+            activations=t.ActivationTable.from_mapping(self.activations)
+            if self.activations else None,
         )
 
 

@@ -92,6 +92,28 @@ OVERFITTING = (
     "Add regularisation: weight decay, dropout, data augmentation; or get more data.",
     "Reduce model size or the number of epochs.",
 )
+CATEGORY_DIVERGENCE = (
+    "Look at this category's data: a new or shifted source, a tokenisation or labelling bug, "
+    "or a mixture weight that changed.",
+    "Check the data mixture: the category may be under-sampled now, or drowned by another "
+    "that grew.",
+    "If it is forgetting (learned early, lost later), raise its sampling weight or replay it.",
+)
+DEAD_UNITS = (
+    "Lower the learning rate or lengthen warmup: a large update pushed the pre-activations "
+    "below zero for every input, and dead ReLUs get no gradient to come back.",
+    "Check the biases and the input scale of the layer before it (a large negative shift "
+    "kills units); re-initialise or normalise (LayerNorm/BatchNorm) before the activation.",
+    "Use LeakyReLU, GELU or SiLU, which keep a gradient below zero.",
+)
+ACTIVATION_BLOWUP = (
+    "Lower the learning rate (2-10x) or enable gradient clipping: activations growing by "
+    "orders of magnitude precede attention-logit and loss divergence.",
+    "Add or check normalisation (pre-LayerNorm, QK-norm, logit soft-capping) and weight decay "
+    "on the layers feeding this module.",
+    "Check the initialisation scale of the layers feeding it, and restart from the last good "
+    "checkpoint if values already reached inf/NaN.",
+)
 THROUGHPUT_DATA = (
     "data_time rose: the data loader is starving the model; add workers, prefetch or pin memory.",
     "Check the storage / network the data comes from.",
@@ -125,4 +147,20 @@ STALLED = (
     "The job stopped reporting: check it is alive (hung collective, deadlocked data loader, "
     "preemption); py-spy dump the process.",
     "For NCCL hangs set NCCL_ASYNC_ERROR_HANDLING / a collective timeout so it fails fast.",
+)
+GRAD_DIST_COLLAPSED = (
+    "Most gradient entries of this parameter became one value (usually 0): look for dead "
+    "units (ReLU after a large update: lower the lr, or use GELU/LeakyReLU) or saturated "
+    "activations (tanh/sigmoid, softmax with huge logits).",
+    "Check the parameter is still used in the forward pass (masking, a detached branch).",
+)
+GRAD_DIST_HEAVY_TAIL = (
+    "A few gradient entries grew far beyond the bulk: look for outlier tokens or features "
+    "(rare embeddings, attention logits growing); clipping hides them, it does not fix them.",
+    "Lower the lr or raise warmup; consider QK-norm / logit soft-capping for attention.",
+)
+GRAD_DIST_SHIFTED = (
+    "The gradient of this parameter is consistently one-signed: the parameter is being "
+    "pushed in one direction (a bias compensating for a data or normalisation shift).",
+    "Check input normalisation and the label distribution of recent batches.",
 )

@@ -103,6 +103,72 @@ class LayerTable:
         return {s: (float(self.stats[s][i]) if self.measured[s][i] else None) for s in LAYER_STATS}
 
 
+QUANTILE_LEVELS: tuple[float, ...] = (0.0, 0.01, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
+"""The levels of a histogram's optional ``quantiles`` (min, p1, p25, p50, p75, p95, p99, max)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantileTable:
+    """Per-parameter distribution quantiles of one step, as one (P, 8) float64 array.
+
+    Built from ``grad_hist`` / ``param_hist`` entries that carry ``quantiles``; parameters
+    whose histogram has none are left out, so every row is complete.
+
+    Example::
+
+        q = QuantileTable.from_hists({"w": {"edges": [...], "counts": [...],
+                                            "quantiles": [-1, -.9, -.2, 0, .2, .6, .9, 1]}})
+        q.values[:, QUANTILE_LEVELS.index(0.5)]   # the medians
+    """
+
+    names: tuple[str, ...]
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def from_hists(cls, hists: dict[str, dict[str, Any]]) -> QuantileTable | None:
+        width = len(QUANTILE_LEVELS)
+        rows = [(n, h["quantiles"]) for n, h in hists.items()
+                if len(h.get("quantiles") or ()) == width]
+        if not rows:
+            return None
+        values = np.array([q for _, q in rows], dtype=np.float64).reshape(len(rows), width)
+        return cls(names=tuple(n for n, _ in rows), values=values)
+
+
+ACTIVATION_STATS: tuple[str, ...] = (
+    "mean", "std", "max_abs", "zero_frac", "dead_frac", "nonfinite",
+)
+"""The per-module activation statistics of a step record, in a fixed column order."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationTable:
+    """Per-module activation statistics of one step, column-wise (NaN where not measured:
+    ``dead_frac`` is null for modules that are not ReLU-family).
+
+    Example::
+
+        table = ActivationTable.from_mapping({"mlp.act": {"mean": 0.1, "max_abs": 3.0}})
+        table.stats["max_abs"]   # array([3.])
+    """
+
+    names: tuple[str, ...]
+    stats: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def from_mapping(cls, modules: dict[str, dict[str, Any]]) -> ActivationTable:
+        rows = [[row.get(s) for s in ACTIVATION_STATS] for row in modules.values()]
+        matrix = np.array(rows, dtype=np.float64).reshape(len(rows), len(ACTIVATION_STATS))
+        return cls(names=tuple(modules),
+                   stats={s: matrix[:, k] for k, s in enumerate(ACTIVATION_STATS)})
+
+
 @dataclass(frozen=True, slots=True)
 class Memory:
     device: str | None = None
@@ -164,6 +230,11 @@ class StepRecord:
     gpu: dict[str, float | None] | None = None
     layers: LayerTable | None = None
     grad_hist: dict[str, dict[str, list[float]]] | None = None
+    param_hist: dict[str, dict[str, list[float]]] | None = None
+    # The quantiles of grad_hist / param_hist, vectorised for detectors and exposition.
+    grad_quantiles: QuantileTable | None = None
+    param_quantiles: QuantileTable | None = None
+    activations: ActivationTable | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "step"
 

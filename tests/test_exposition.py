@@ -95,3 +95,19 @@ def test_layer_table_keeps_nan_as_data_and_none_as_missing():
     t = LayerTable.from_mapping({"a": {"grad_norm": math.nan}, "b": {"grad_norm": None}})
     assert t.measured["grad_norm"].tolist() == [True, False]
     assert np.isnan(t.stats["grad_norm"]).all()
+
+
+def test_category_losses_get_their_own_family_and_a_cap():
+    from monitor_agent.types import EvalRecord
+
+    run = _run("cats")
+    metrics = {"accuracy": 0.5, **{f"loss/c{i}": 1.0 + i for i in range(5)}}
+    run.apply_eval(EvalRecord(run_id="cats", step=2, time=2.0, val_loss=1.0, metrics=metrics),
+                   arrival=2.0)
+    exp, drops = _exp([run], max_eval_series=3)
+    text = exp.render().decode()
+    base = 'project="p",run_id="cats",rank="0"'
+    assert f'training_category_loss{{{base},category="c0"}} 1' in text
+    assert f'training_eval_metric{{{base},name="accuracy"}} 0.5' in text
+    assert 'name="loss/' not in text and 'category="c3"' not in text
+    assert sum(c for r, c in drops if r == "max_categories") == 2

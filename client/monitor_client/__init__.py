@@ -12,8 +12,9 @@ Importing this package does not import torch; ``monitor_client.hf`` and
 ``monitor_client.lightning`` import their frameworks only when used.
 """
 
+from monitor_client.categories import CategoryLoss
 from monitor_client.monitor import Monitor
 from monitor_client.sender import Counters
 
-__all__ = ["Counters", "Monitor"]
+__all__ = ["CategoryLoss", "Counters", "Monitor"]
 __version__ = "0.1.0"

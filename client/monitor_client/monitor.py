@@ -39,6 +39,10 @@ DEFAULT_URL = "http://127.0.0.1:9400"
 # Per-layer statistics cost ~10 passes over the parameters (bench/client_overhead.py);
 # every 25 steps keeps that under 1% of a typical step, and under 0.5% amortised.
 DEFAULT_LAYER_STATS_EVERY = 25
+# Gradient/weight distributions come from a fixed 1024-element sample per parameter, so
+# their cost does not grow with the model (bench/client_overhead.py); every 50 steps is far
+# below 1% of a step. 0 turns them off.
+DEFAULT_HIST_EVERY = 50
 
 
 def _guard(method):
@@ -70,7 +74,7 @@ class Monitor:
                  token: str | None = None, labels: dict[str, Any] | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  rank0_only: bool = False, layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
-                 spool_dir: str | Path | None = None, spool_max_bytes: int = 256 << 20,
+                 hist_every: int = DEFAULT_HIST_EVERY, spool_dir: str | Path | None = None, spool_max_bytes: int = 256 << 20,
                  max_queue: int = 10_000, linger: float = 0.5,
                  timeout: tuple[float, float] = (2.0, 10.0), gpu_probe: Any = "auto",
                  install_hooks: bool = True, enabled: bool = True) -> None:
@@ -81,6 +85,7 @@ class Monitor:
         self.project, self.config = project, dict(config or {})
         self.run_id = run_info.resolve_run_id(run_id, project, self.info)
         self.layer_stats_every = layer_stats_every
+        self.hist_every = hist_every
         self.active = enabled and not (rank0_only and self.rank != 0)
         self._warner = Warner()
         self._inbox = ActionInbox(lambda where, exc: self._warner.warn(
@@ -90,7 +95,7 @@ class Monitor:
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
         self._hardware = run_info.describe_hardware("cpu", self.info, None)
-        self._stats = self._optimizer = self._scaler = None
+        self._stats = self._optimizer = self._scaler = self._acts = None
         self._run_sent = self._closed = False
         self._last_step, self._outcome = 0, ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
@@ -124,15 +129,21 @@ class Monitor:
               apply_clip: bool = True, scaler: Any = None, seq_len: int | None = None,
               flops_per_token: float | None = None, peak_flops: float | None = None,
               compute_dtype: Any = None, layer_stats_every: int | None = None,
-              pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
-              sharded: bool = False) -> None:
+              hist_every: int | None = None, pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
+              sharded: bool = False, activations: Any = False,
+              activation_every: int | None = None,
+              max_activation_modules: int | None = None) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
         anyway (remove your own ``clip_grad_norm_``); with ``apply_clip=False`` it is only
         recorded. ``pre_hook=False`` is for closure-based steps (Lightning), which call
         ``before_optimizer_step()`` themselves. ``sharded=True`` (FSDP/ZeRO) all-reduces
-        the global norms; per-layer statistics stay rank-local.
+        the global norms; per-layer statistics stay rank-local. ``activations=True`` (or
+        module types, or a ``(name, module) -> bool`` filter) adds output statistics of
+        those modules every ``activation_every`` steps (default: the layer interval); see
+        ``activations.py``. Every ``hist_every`` steps (default: the Monitor's, 50; 0 for
+        never) gradient and weight quantiles and histograms are added (``distributions.py``).
         """
         if not self.active:
             return
@@ -141,13 +152,16 @@ class Monitor:
 
         param = next(model.parameters())
         every = layer_stats_every or self.layer_stats_every
+        hist_every = self.hist_every if hist_every is None else hist_every
         group = model_info.default_group() if sharded else None
         self._stats = GradStats(model, optimizer, grad_clip=grad_clip, apply_clip=apply_clip,
                                 layer_stats_every=every, reduce_group=group,
-                                snapshot_budget_bytes=snapshot_budget_bytes).attach(pre_hook)
+                                snapshot_budget_bytes=snapshot_budget_bytes,
+                                hist_every=hist_every).attach(pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
         self.config.setdefault("grad_clip", grad_clip)
         self.config.setdefault("layer_stats_every", every)
+        self.config.setdefault("hist_every", hist_every)
         peak, dtype = model_info.resolve_peak_flops(param, peak_flops, compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
                               flops_per_token=flops_per_token or flops.flops_per_token(
@@ -156,8 +170,24 @@ class Monitor:
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if sharded else "global")
         self._model_info = model_info.describe_model(model, self._stats.names)
+        if activations:
+            self._watch_activations(model, optimizer, activations, activation_every or every,
+                                    max_activation_modules)
         self._send_run()
         self._last_t = time.perf_counter()
+
+    def _watch_activations(self, model: Any, optimizer: Any, which: Any, every: int,
+                           cap: int | None) -> None:
+        from monitor_client.activations import DEFAULT_MAX_MODULES, ActivationStats
+
+        if self._acts is not None:
+            self._acts.detach()
+        self._acts = ActivationStats(model, optimizer, every=every, modules=which,
+                                     max_modules=cap or DEFAULT_MAX_MODULES).attach()
+        self.config.setdefault("activation_every", every)
+        if self._acts.skipped:
+            self._warner.warn("activations", "%d modules beyond max_activation_modules=%d "
+                              "are not hooked", self._acts.skipped, len(self._acts.names))
 
     def _gpu(self, device: Any) -> Any:
         if self._gpu_choice != "auto":
@@ -209,6 +239,8 @@ class Monitor:
         from monitor_client.stats import StatsPack
 
         pack = stats.take() if stats is not None else StatsPack()
+        if self._acts is not None:
+            self._acts.add_to(pack)
         if stats is not None:
             record["clip_threshold"] = stats.grad_clip
             if not pack.stepped:
@@ -312,6 +344,8 @@ class Monitor:
             status, error = "stopped", error or self._inbox.stop_reason
         if self._stats is not None:
             self._stats.detach()
+        if self._acts is not None:
+            self._acts.detach()
         self._send_run()
         self._sender.submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
                              "time": time.time(), "rank": self.rank, "status": status,

@@ -6,6 +6,8 @@ norm before clipping with one fused ``torch._foreach_norm`` (and clips, when ask
 the same numbers: clipping here costs nothing extra, and replaces the user's
 ``clip_grad_norm_`` call). Every ``layer_stats_every`` steps it also measures, per
 parameter: grad L2 norm, mean, std, max-abs, zero fraction, parameter norm and update norm.
+Every ``hist_every`` steps (when set) it adds gradient (pre-clip) and weight (post-step)
+quantiles and histograms from a bounded per-parameter sample (``distributions.py``).
 
 Nothing leaves the device here: every result is a 0-d tensor, stacked into ONE float32
 vector by ``take()``; the monitor copies that vector to the host once per step, in its
@@ -34,7 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from monitor_client import activations, distributions
+
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
+_HIST_FIELDS = ("grad_hist", "param_hist")
 
 
 @dataclass
@@ -86,6 +91,11 @@ class StatsPack:
             pos += width
             if names is None:
                 out[name] = chunk[0]
+            elif name in _HIST_FIELDS:  # (P, 8 + bins) rows (distributions.py)
+                bins = width // len(names) - len(distributions.QUANTILES)
+                out[name] = distributions.decode_rows(names, chunk, bins)
+            elif name == "activation":  # one module's output (activations.py)
+                out.setdefault("activations", {})[names[0]] = activations.decode(names, chunk)
             elif layers is not None:
                 _fill_layers(layers, name, names, chunk)
         if layers is not None:
@@ -121,8 +131,13 @@ class GradStats:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  grad_clip: float | None = None, apply_clip: bool = True,
                  layer_stats_every: int = 10, snapshot_budget_bytes: int | None = None,
-                 reduce_group: object | None = None) -> None:
+                 reduce_group: object | None = None, hist_every: int | None = None,
+                 hist_sample: int = distributions.DEFAULT_SAMPLE,
+                 hist_bins: int = distributions.DEFAULT_BINS) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # Gradient/weight distributions every hist_every steps (None or 0: never).
+        self.hist_every = max(0, int(hist_every or 0))
+        self._dist = distributions.Distributions(hist_sample, hist_bins)
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.grad_clip = grad_clip
@@ -148,6 +163,11 @@ class GradStats:
     def monitored(self) -> bool:
         """Whether the current optimizer step gets per-layer statistics."""
         return self._steps % self.layer_stats_every == 0
+
+    @property
+    def hist_step(self) -> bool:
+        """Whether the current optimizer step gets gradient and weight distributions."""
+        return self.hist_every > 0 and self._steps % self.hist_every == 0
 
     def attach(self, pre_hook: bool = True) -> GradStats:
         """Register the optimizer hooks (the pre-hook is optional for closure-based loops)."""
@@ -182,6 +202,9 @@ class GradStats:
             self._measure_grads(False)
         if self.monitored:
             self._measure_params()
+        if self.hist_step and self.params:  # weights after the step
+            params = [_local(p) for p in self.params]
+            self._pack.add("param_hist", self._dist.measure(params), layers=self.names)
         self._pack.stepped = True
         self._steps += 1
         self._record_event()
@@ -225,6 +248,8 @@ class GradStats:
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)
             self._pack.add("layer_grad", _grad_moments(grads, norms), layers=names)
+        if self.hist_step:  # also before clipping
+            self._pack.add("grad_hist", self._dist.measure(grads), layers=names)
         if self.apply_clip:
             # The same arithmetic as clip_grad_norm_(foreach=True), reusing our norm.
             coef = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)

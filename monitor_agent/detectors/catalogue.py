@@ -28,7 +28,16 @@ USUAL_SEVERITY: dict[str, Severity] = {
     "loss_scale_collapse": Severity.ERROR,
     "straggler": Severity.WARNING,
     "stalled": Severity.ERROR,
+    # Beyond FORMAT.md's catalogue: signals from per-category eval losses, distributions and
+    # activations (issue 8).
+    "category_divergence": Severity.WARNING,
+    "dead_units": Severity.WARNING,
+    "activation_blowup": Severity.ERROR,
+    "grad_distribution": Severity.WARNING,
 }
 
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)
-"""Every finding type, in FORMAT.md's order."""
+"""Every finding type: FORMAT.md's catalogue in its order, then the ones added here."""
+
+FORMAT_TYPES: tuple[str, ...] = FINDING_TYPES[:17]
+"""FORMAT.md's catalogue (the types the shared labelled traces speak of)."""

@@ -117,6 +117,56 @@ class DetectorSettings(BaseModel):
         50, ge=5, description="Steps in the baseline and current gain medians."
     )
 
+    # -- grad_distribution (grad_hist quantiles, every hist_every steps) -------------------
+    dist_window: int = Field(
+        16, ge=4, description="Distribution readings in each parameter's own baseline."
+    )
+    dist_min_readings: int = Field(
+        8, ge=2, description="Readings a parameter needs before its distribution is judged."
+    )
+    dist_z: float = Field(
+        6.0, gt=0, description="Robust z (MAD) above its baseline that makes the tail ratio "
+        "log((p99-p1)/(p75-p25)) or the centre |p50|/(p75-p25) abnormal.",
+    )
+    dist_tail_jump: float = Field(
+        2.0, gt=1, description="...and the tail ratio must be this many times its baseline."
+    )
+    dist_shift: float = Field(
+        1.0, gt=0, description="...and the centre |p50| must be this many IQRs from zero."
+    )
+    dist_collapse_ratio: float = Field(
+        0.01, gt=0, lt=1, description="p1..p99 spread below this fraction of its baseline "
+        "median: a collapsed distribution.",
+    )
+
+    # -- activations (readings = steps that carry ``activations``) ---------------------------
+    dead_unit_ratio: float = Field(
+        0.5, gt=0, le=1, description="A ReLU module's dead-unit fraction at or above this..."
+    )
+    dead_unit_rise: float = Field(
+        0.3, gt=0, le=1, description="...or this much above its own early level (mean of its "
+        "first min_activation_readings readings) is dead_units."
+    )
+    dead_unit_readings: int = Field(
+        3, ge=1, description="Consecutive readings a module must stay dead to be reported."
+    )
+    activation_blowup_ratio: float = Field(
+        10.0, gt=1, description="A module's max-abs or std this many times the median of its "
+        "own recent readings (log space) is growing..."
+    )
+    activation_blowup_z: float = Field(
+        6.0, gt=0, description="...and at least this many robust (MAD) deviations above it."
+    )
+    activation_blowup_readings: int = Field(
+        2, ge=1, description="Consecutive growing readings that make activation_blowup."
+    )
+    activation_window: int = Field(
+        20, ge=3, description="Readings in each module's rolling median/MAD baseline."
+    )
+    min_activation_readings: int = Field(
+        5, ge=2, description="Readings a module needs before its baseline judges anything."
+    )
+
     # -- update ratio -----------------------------------------------------------------------
     update_ratio_max: float = Field(0.1, gt=0, description="Hard upper limit of update/param.")
     update_ratio_min: float = Field(1e-7, gt=0, description="Hard lower limit of update/param.")
@@ -149,6 +199,25 @@ class DetectorSettings(BaseModel):
     )
     overfit_gap_high: float = Field(
         0.3, gt=0, description="(val - train) / train that is overfitting once val stalls."
+    )
+
+    category_rise: float = Field(
+        0.1, gt=0, description="category_divergence: the category's eval loss at least this "
+        "fraction above its own best..."
+    )
+    category_drift: float = Field(
+        0.5, gt=0, description="...and its standing against the other categories at least "
+        "this ratio worse than its recent median standing..."
+    )
+    category_noise_k: float = Field(
+        4.0, gt=0, description="...and more than this many robust sigmas of its own "
+        "eval-to-eval noise."
+    )
+    category_evals: int = Field(
+        2, ge=1, description="Evals in a row a category must diverge before it is reported."
+    )
+    category_min_evals: int = Field(
+        4, ge=2, description="Evals of a category seen before it is judged at all."
     )
 
     # -- systems ----------------------------------------------------------------------------

@@ -19,12 +19,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
+from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
 from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
 from monitor_agent.detectors.common import DetectorBase
 from monitor_agent.detectors.context import RunContext
 from monitor_agent.detectors.dead_layer import DeadLayerDetector
+from monitor_agent.detectors.dead_units import DeadUnitsDetector
 from monitor_agent.detectors.divergence import DivergenceDetector
 from monitor_agent.detectors.gain_drift import GainDriftDetector
+from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
@@ -45,7 +49,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
     GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
     GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
     ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
-    StragglerDetector, StalledDetector,
+    StragglerDetector, StalledDetector, CategoryDivergenceDetector, DeadUnitsDetector,
+    ActivationBlowupDetector, GradDistributionDetector,
 )
 """One class per finding type, in FORMAT.md's order."""
 

@@ -97,7 +97,9 @@ def test_absent_sidecar_leaves_training_unchanged_and_spool_bounded(stopped_rece
     for a, b in zip(reference, monitored, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # bit-identical training
     mon.flush(timeout=0.5)
-    assert mon._sender.spool.pending_bytes <= 20_000 and mon.counters().dropped > 0
+    # Step records stop at the bound; run/eval/end ones are kept past it by design (spool.py),
+    # so the spool may end a few eval records (~200 bytes each) over it.
+    assert mon._sender.spool.pending_bytes <= 20_000 + 6 * 200 and mon.counters().dropped > 0
     mon.close(timeout=0.2)
 
 

@@ -8,13 +8,14 @@ from detector_harness import TRACES, load_records
 from synth_records import assert_restore_equivalent, feed, step
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
+from monitor_agent.detectors.catalogue import FORMAT_TYPES
 from monitor_agent.detectors.suite import DETECTOR_CLASSES
 from monitor_agent.types import RunRecord
 
 
 def test_one_detector_class_per_finding_type():
     assert tuple(cls.type for cls in DETECTOR_CLASSES) == FINDING_TYPES
-    assert len(FINDING_TYPES) == 17
+    assert FINDING_TYPES[:17] == FORMAT_TYPES and len(FORMAT_TYPES) == 17
 
 
 def test_log_only_types_are_recorded_but_flagged():

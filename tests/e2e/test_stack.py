@@ -38,7 +38,11 @@ PROJECT = "e2e"
 TOKEN = "e2e-ingest-token"
 # straggler: two ranks; fp16: loss scale, skipped steps, NaN; stalled: no step for 20 min;
 # frozen: a layer with exactly zero updates.
-FED = ("straggler_ddp_gpt", "loss_scale_collapse_gpt_fp16", "stalled_gpt", "frozen_layer_gpt")
+# healthy_act_{gpt,mlp} (tests/traces, recorded by bench/record_traces.py): gradient/weight
+# distributions, activation statistics (GELU; ReLU with dead units) and per-category evals.
+FED = ("straggler_ddp_gpt", "loss_scale_collapse_gpt_fp16", "stalled_gpt", "frozen_layer_gpt",
+       "healthy_act_gpt", "healthy_act_mlp")
+RECORDED = REPO / "tests" / "traces"
 STALLED, STALL_AGE = "stalled_gpt", 1200.0
 GPU_RUN = "loss_scale_collapse_gpt_fp16"
 # Grafana's own variables, as it would set them for a 1 h view of a 1 s scrape.
@@ -117,7 +121,8 @@ def trace_records(name: str, now: float) -> list[dict[str, Any]]:
     """A public trace with times moved to end now (the stalled one 20 min ago), labelled
     with the project. The fp16 run also gets GPU readings: NVML is the one boundary this
     machine has no hardware for."""
-    records = list(wire.iter_trace(TRACES / f"{name}.jsonl.gz"))
+    path = TRACES / f"{name}.jsonl.gz"
+    records = list(wire.iter_trace(path if path.exists() else RECORDED / f"{name}.jsonl.gz"))
     last = max(r["time"] for r in records if r.get("time") is not None)
     shift = now - (STALL_AGE if name == STALLED else 0.0) - last
     for i, rec in enumerate(records):

@@ -5,19 +5,15 @@ store, and recovers by itself when the disk does. Needs mount rights (skipped wi
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from disk_full import disk_full, sh, steps, wait_ready
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
-
-
-def _sh(cmd: str) -> None:
-    subprocess.run(cmd, shell=True, check=True, capture_output=True)
 
 
 @pytest.fixture
@@ -30,66 +26,40 @@ def mountpoint(tmp_path: Path) -> Iterator[Path]:
 
 def _mount(cmd: str) -> None:
     try:
-        _sh(cmd)
+        sh(cmd)
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"cannot mount here: {exc.stderr.decode().strip()}")
 
 
-def _steps(run: str, start: int, n: int = 20) -> dict:
-    blob = {f"layer{i}": {"grad_norm": 1.0, "param_norm": 1.0} for i in range(200)}
-    return {"records": [{"kind": "step", "run_id": run, "step": s, "time": float(s),
-                         "loss": 1.0, "layers": blob} for s in range(start, start + n)]}
-
-
-def _wait_ready(url: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(url + "/readyz").status_code != 200:
-        assert time.monotonic() < deadline, httpx.get(url + "/readyz").text
-        time.sleep(0.05)
-
-
 def test_full_tmpfs_means_503_then_recovers_when_space_frees(mountpoint: Path):
-    _mount(f"mount -t tmpfs -o size=3m tmpfs {mountpoint}")
-    settings = load_settings(data_dir=mountpoint, tick_interval_seconds=0.1,
-                             max_body_bytes=512 * 1024)
-    with LiveServer(settings) as srv:
-        accepted, step, r = 0, 1, None
-        while step < 20_000:
-            r = httpx.post(srv.url + "/v1/records", json=_steps("full", step), timeout=10)
-            if r.status_code != 200:
-                break
-            accepted += r.json()["accepted"]
-            step += 20
-        assert r is not None and r.status_code == 503, r.text
-        assert "retry" in r.json()["detail"]
-        ready = httpx.get(srv.url + "/readyz")
-        assert ready.status_code == 503 and "storage" in ready.json()["reason"]
-        stored = httpx.get(srv.url + "/v1/runs/full/records", params={"limit": 10_000}).json()
-        assert len(stored["records"]) == accepted  # acknowledged == stored, nothing more
-
-        _sh(f"mount -o remount,size=64m {mountpoint}")
-        _wait_ready(srv.url)
-        again = httpx.post(srv.url + "/v1/records", json=_steps("full", step), timeout=10)
-        assert again.status_code == 200 and again.json()["accepted"] == 20
+    try:
+        report = disk_full(mountpoint)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot mount here: {exc.stderr.decode().strip()}")
+    assert report.accepted > 0 and report.refusal == 503, report.line()
+    assert "retry" in report.refusal_detail
+    assert report.readyz == 503 and "storage" in report.readyz_reason
+    assert report.stored == report.accepted  # acknowledged == stored, nothing more
+    assert report.accepted_after == 20, report.line()
 
 
 def test_read_only_data_dir_is_not_ready_then_recovers(tmp_path: Path, mountpoint: Path):
     data = tmp_path / "data"
     with LiveServer(load_settings(data_dir=data)) as srv:
-        assert httpx.post(srv.url + "/v1/records", json=_steps("ro", 1)).status_code == 200
+        assert httpx.post(srv.url + "/v1/records", json=steps("ro", 1)).status_code == 200
     _mount(f"mount --bind {data} {mountpoint} && mount -o remount,ro,bind {mountpoint}")
 
     with LiveServer(load_settings(data_dir=mountpoint, tick_interval_seconds=0.1)) as srv:
         ready = httpx.get(srv.url + "/readyz")
         assert ready.status_code == 503 and "storage" in ready.json()["reason"], ready.text
         assert httpx.get(srv.url + "/healthz").status_code == 200  # alive, just not ready
-        refused = httpx.post(srv.url + "/v1/records", json=_steps("ro", 21))
+        refused = httpx.post(srv.url + "/v1/records", json=steps("ro", 21))
         assert refused.status_code == 503 and "retry" in refused.json()["detail"]
         assert httpx.get(srv.url + "/v1/runs").status_code == 503
 
-        _sh(f"mount -o remount,rw,bind {mountpoint}")
-        _wait_ready(srv.url)
-        r = httpx.post(srv.url + "/v1/records", json=_steps("ro", 21))
+        sh(f"mount -o remount,rw,bind {mountpoint}")
+        wait_ready(srv.url)
+        r = httpx.post(srv.url + "/v1/records", json=steps("ro", 21))
         assert r.status_code == 200 and r.json()["accepted"] == 20
         stored = httpx.get(srv.url + "/v1/runs/ro/records", params={"limit": 100}).json()
         assert [s["step"] for s in stored["records"]] == list(range(1, 41))

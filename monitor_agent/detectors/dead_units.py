@@ -1,0 +1,92 @@
+"""``dead_units``: a ReLU-family module whose units stopped firing.
+
+Reads the ``dead_frac`` of each module in a step's ``activations`` (units exactly zero for
+every sample of the batch; null for non-ReLU modules, which are ignored). A reading is dead
+when the fraction is at least ``dead_unit_ratio`` or at least ``dead_unit_rise`` above the
+module's own early level (the mean of its first ``min_activation_readings`` readings: a
+small batch leaves some units silent even in a healthy net). ``dead_unit_readings``
+consecutive dead readings make a warning for that module. Vectorised over modules.
+
+Example::
+
+    det = DeadUnitsDetector(settings, ctx)
+    det.update(step)  # -> [Finding(layer="mlp.1", message="mlp.1: 92% of units dead ...")]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase
+from monitor_agent.detectors.layer_stats import grown
+from monitor_agent.detectors.module_slots import ModuleSlots
+from monitor_agent.types import Finding, StepRecord
+
+
+@dataclass(slots=True)
+class DeadUnitsState:
+    slots: ModuleSlots = field(default_factory=ModuleSlots)
+    early_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    early_n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+class DeadUnitsDetector(DetectorBase):
+    """Warning per module dead for ``dead_unit_readings`` readings in a row."""
+
+    type = "dead_units"
+
+    def new_rank(self) -> DeadUnitsState:
+        return DeadUnitsState()
+
+    def on_step(self, rec: StepRecord, st: DeadUnitsState) -> list[Finding]:
+        table = rec.activations
+        if table is None:
+            return []
+        cols, slots = st.slots.align(table.names)
+        size = len(st.slots)
+        st.early_sum, st.early_n = grown(st.early_sum, size, 0.0), grown(st.early_n, size, 0)
+        st.streak = grown(st.streak, size, 0)
+        dead = table.stats["dead_frac"][cols]
+        ok = np.isfinite(dead)
+        cols, slots, dead = cols[ok], slots[ok], dead[ok]
+        early = self._early(st, slots, dead)
+        s = self.settings
+        hit = (dead >= s.dead_unit_ratio) | (np.isfinite(early) & (dead >= early + s.dead_unit_rise))
+        st.streak[slots] = np.where(hit, st.streak[slots] + 1, 0)
+        found = []
+        for k in np.flatnonzero(st.streak[slots] >= s.dead_unit_readings):
+            if len(found) >= s.max_layer_findings:
+                break
+            name = table.names[cols[k]]
+            if self.due(rec, name):
+                found.append(self._finding(rec, name, dead[k], early[k], st.streak[slots[k]]))
+        return found
+
+    def _early(self, st: DeadUnitsState, slots: np.ndarray, dead: np.ndarray) -> np.ndarray:
+        """The early level of each module (NaN until it has one), folding this reading in
+        while the module is still in its early readings."""
+        need = self.settings.min_activation_readings
+        n = st.early_n[slots]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            early = np.where(n >= need, st.early_sum[slots] / np.maximum(n, 1), np.nan)
+        young = n < need
+        st.early_sum[slots[young]] += dead[young]
+        st.early_n[slots[young]] += 1
+        return early
+
+    def _finding(self, rec: StepRecord, name: str, dead: float, early: float,
+                 readings: int) -> Finding:
+        base = "" if not np.isfinite(early) else f", {early:.0%} early in the run"
+        msg = f"{name}: {dead:.0%} of units dead (zero for the whole batch){base}"
+        s = self.settings
+        limit = min(s.dead_unit_ratio, early + s.dead_unit_rise) if np.isfinite(early) \
+            else s.dead_unit_ratio
+        return self.finding(
+            rec, msg, value=float(dead), threshold=float(limit), layer=name,
+            evidence={"dead_frac": float(dead), "early_dead_frac": float(early),
+                      "readings": int(readings), "lr": rec.lr},
+            suggestions=tips.DEAD_UNITS)
