@@ -40,7 +40,7 @@ class RunOutcome:
     triggers: Counter = field(default_factory=Counter)  # alertname -> pages
     dedup_triggers: Counter = field(default_factory=Counter)  # dedup_key -> pages
     resolves: Counter = field(default_factory=Counter)  # dedup_key -> resolves
-    slack: list[str] = field(default_factory=list)
+    slack: Counter = field(default_factory=Counter)  # (status, alertname) -> messages
     findings: set[tuple] = field(default_factory=set)
     loss_ema: float | None = None
     kills: int = 0
@@ -131,7 +131,16 @@ def _collect(out: RunOutcome, sc: SidecarProcess, run_id: str, slack: Receiver,
             out.triggers[body["payload"]["custom_details"]["alertname"]] += 1
         elif body["event_action"] == "resolve":
             out.resolves[body["dedup_key"]] += 1
-    out.slack = [r.json["text"].split("\n")[0][:40] for r in slack.accepted()]
+    out.slack = Counter()
+    for req in slack.accepted():
+        # "[FIRING:2] run killed: TrainingNanInf, TrainingGradExplosion": which alerts went
+        # out with which status. How they were grouped into messages depends on arrival
+        # timing (a replayed spool brings several findings into one group wait), so only
+        # the (status, alert) multiset is compared between runs.
+        head = req.json["text"].split("\n")[0]
+        status = head[1:head.index(":")]
+        for name in head.split(": ", 1)[1].split(", "):
+            out.slack[(status, name.strip())] += 1
     found = httpx.get(f"{sc.url}/v1/runs/{run_id}/findings", params={"limit": 10_000},
                       timeout=10).json()["findings"]
     out.findings = {(f["type"], f["step"], f.get("layer")) for f in found
