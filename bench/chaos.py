@@ -47,6 +47,7 @@ def measure_capacity(tmp: Path, seconds: float) -> float:
 def section_kills(args: argparse.Namespace, tmp: Path) -> None:
     from kill_loop import kill_loop
 
+    (tmp / "kills").mkdir()
     report = kill_loop(tmp / "kills", kills=args.kills, steps=args.kill_steps)
     print(report.summary())
 
@@ -54,6 +55,7 @@ def section_kills(args: argparse.Namespace, tmp: Path) -> None:
 def section_notify(args: argparse.Namespace, tmp: Path) -> None:
     from notify_outage import notify_outage
 
+    (tmp / "notify").mkdir()
     report = notify_outage(tmp / "notify", outage_seconds=args.outage_seconds, runs=20)
     print(report.summary())
 
