@@ -114,7 +114,10 @@ class OutboxSettings(_Section):
     """Limits of the durable delivery queue."""
 
     max_pending: int = Field(10_000, ge=1, description="Undelivered notifications kept.")
-    max_attempts: int = Field(12, ge=1)
+    max_attempts: int = Field(
+        100, ge=1, description="Failed tries before giving up (Retry-After answers do not "
+        "count); with the backoff cap about an hour of failures, so max_age usually decides."
+    )
     max_age_seconds: float = Field(3600.0, gt=0, description="Give up on older ones.")
     backoff_base_seconds: float = Field(0.5, gt=0)
     backoff_cap_seconds: float = Field(60.0, gt=0)

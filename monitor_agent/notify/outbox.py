@@ -154,7 +154,10 @@ class Outbox:
         if outcome.kind is OutcomeKind.OK:
             self._finish(row["id"], channel, "sent", None, now)
             return
-        attempts = row["attempts"] + 1
+        # A Retry-After answer (Slack's 429) is the receiver pacing us, not a failure: it
+        # spends no attempt, so a long rate limit only ends at max_age.
+        throttled = outcome.retry_after is not None
+        attempts = row["attempts"] + (0 if throttled else 1)
         if outcome.kind is OutcomeKind.PERMANENT or attempts >= self.policy.max_attempts:
             self._finish(row["id"], channel, "failed", outcome.detail, now)
             return

@@ -137,6 +137,23 @@ def test_gives_up_after_max_attempts_and_max_age(tmp_path, pd, client):
     assert count(metrics, "pagerduty", "failed") == 2 and len(pd.requests) == 2
 
 
+def test_throttling_spends_no_attempt_only_max_age_ends_it(tmp_path, pd, client):
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, max_attempts=2,
+                           max_age_seconds=1000)
+    pd.script(*[Reply(429, {"status": "throttled"}, retry_after=5)] * 20)
+    put(outbox, "pagerduty", event())
+    while (wait := outbox.deliver_next("pagerduty", client)) is not None:
+        clock.now += wait
+    assert [r.status for r in pd.requests] == [429] * 20 + [202]  # 20 throttles, delivered
+    assert count(metrics, "pagerduty", "sent") == 1 and count(metrics, "pagerduty", "failed") == 0
+    pd.script(*[Reply(429, {"status": "throttled"}, retry_after=400)] * 5)
+    put(outbox, "pagerduty", event(fingerprint="late"))
+    while (wait := outbox.deliver_next("pagerduty", client)) is not None:
+        clock.now += wait
+    assert count(metrics, "pagerduty", "failed") == 1  # max_age, not attempts, ended it
+
+
 def test_a_resolve_never_overtakes_its_trigger(tmp_path, pd, client):
     clock = Clock()
     outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
