@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -40,6 +41,8 @@ from monitor_agent.types import (
 )
 
 log = logging.getLogger(__name__)
+PRUNE_PASS_TICKS = 10      # ticks (seconds) per full retention pass over the runs
+PRUNE_ROWS_PER_TICK = 5000
 WireModel = schemas.RunModel | schemas.StepModel | schemas.EvalModel | schemas.EndModel
 
 
@@ -77,7 +80,7 @@ class Engine:
         self.runs: dict[str, RunState] = {}
         self.suites: dict[str, DetectorSuite] = {}
         self._last_snapshot = 0.0
-        self._last_prune = 0.0
+        self._prune_queue: collections.deque[tuple[str, int]] = collections.deque()
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -261,9 +264,7 @@ class Engine:
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
             self.snapshot_all()
             self._last_snapshot = now
-        if now - self._last_prune >= 60.0:
-            self._prune()
-            self._last_prune = now
+        self._prune_some()
         self._count_runs()
         return findings
 
@@ -305,10 +306,24 @@ class Engine:
         self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
         run.snapshot_record_id = run.last_record_id
 
-    def _prune(self) -> None:
-        for run in list(self.runs.values()):
-            for rank in list(run.ranks):
-                self.store.prune(run.run_id, rank, self.settings.retention_steps)
+    def _prune_some(self) -> None:
+        """Retention, a slice every tick: every (run, rank) once per PRUNE_PASS_TICKS ticks,
+        at most PRUNE_ROWS_PER_TICK rows. Pruning a minute's worth at once held the engine
+        thread for seconds (ingest p99 went from 0.15 to 3 s in the soak)."""
+        if not self._prune_queue:
+            self._prune_queue.extend((run.run_id, rank) for run in self.runs.values()
+                                     for rank in run.ranks)
+        keys = -(-len(self._prune_queue) // PRUNE_PASS_TICKS)  # ceil: the pass ends in time
+        budget = PRUNE_ROWS_PER_TICK
+        for _ in range(keys):
+            if not self._prune_queue or budget <= 0:
+                return
+            run_id, rank = self._prune_queue.popleft()
+            state = self.runs[run_id].ranks.get(rank) if run_id in self.runs else None
+            # Keep the steps after last_step - retention_steps (optimizer steps count up).
+            through = state.last_step - self.settings.retention_steps if state else -1
+            if through >= 0:
+                budget -= self.store.prune(run_id, rank, through, budget)
 
     def _count_runs(self) -> None:
         counts = {"running": 0, "ended": 0}

@@ -181,13 +181,14 @@ class Store:
             (run_id, last_id, state, time.time()),
         )
 
-    def prune(self, run_id: str, rank: int, keep_steps: int) -> int:
-        """Drop the oldest step records of one run and rank beyond ``keep_steps``."""
+    def prune(self, run_id: str, rank: int, through_step: int, limit: int = 1 << 62) -> int:
+        """Drop the step records of one run and rank up to ``through_step``, at most
+        ``limit`` of them (oldest first); returns how many went. One index range: cheap
+        however long the run's history."""
         cur = self._write(
-            "DELETE FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' AND step <= "
-            "(SELECT step FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' "
-            " ORDER BY step DESC LIMIT 1 OFFSET ?)",
-            (run_id, rank, run_id, rank, keep_steps),
+            "DELETE FROM records WHERE id IN (SELECT id FROM records WHERE run_id = ? AND "
+            "rank = ? AND kind = 'step' AND step <= ? ORDER BY step LIMIT ?)",
+            (run_id, rank, through_step, limit),
         )
         return cur.rowcount
 

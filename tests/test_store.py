@@ -31,7 +31,8 @@ def test_ranks_and_kinds_are_separate_keys(tmp_path: Path):
 def test_prune_keeps_the_newest_steps(tmp_path: Path):
     store = Store(tmp_path / "m.sqlite")
     store.insert_records([_row(s) for s in range(1, 11)] + [_row(5, kind="eval")])
-    assert store.prune("r", 0, keep_steps=3) == 7
+    assert store.prune("r", 0, through_step=5, limit=2) == 2  # oldest first, bounded
+    assert store.prune("r", 0, through_step=7) == 5
     assert store.records("r", kinds=("step",)) == [b'{"step": %d}' % s for s in (8, 9, 10)]
     assert store.records("r", kinds=("eval",)) == [b'{"step": 5}']
 
