@@ -100,7 +100,8 @@ def _alert_view(alert: Any) -> dict[str, Any]:
 async def get_records(
     run_id: str,
     request: Request,
-    since_step: int = Query(0, ge=-1, description="First step to return (-1 includes the run record)."),
+    since_step: int = Query(0, ge=-1, le=2**62,  # SQLite integers are 64-bit
+                            description="First step to return (-1 includes the run record)."),
     limit: int = Query(1000, ge=1, le=10_000),
     kind: list[str] = Query(default_factory=list, description="Only these kinds."),
 ) -> dict[str, Any]:

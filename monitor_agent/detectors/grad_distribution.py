@@ -58,7 +58,7 @@ def features(q: np.ndarray) -> np.ndarray:
     """(P, 8) quantiles -> (P, 3): log tail ratio, p1..p99 spread, centre in IQRs."""
     iqr = q[:, _P75] - q[:, _P25]
     spread = q[:, _P99] - q[:, _P1]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         tail = np.where(iqr > 0, np.log(spread / iqr), np.nan)
         centre = np.where(iqr > 0, np.abs(q[:, _P50]) / iqr, np.nan)
     return np.stack([tail, spread, centre], axis=1)

@@ -183,3 +183,10 @@ def test_metrics_cover_the_run(server):
         'monitor_agent_ingest_records_total{outcome="accepted"}',
     ):
         assert needle in text, needle
+
+
+@pytest.mark.parametrize("params", [{"since_step": 2**70}, {"since_step": -5},
+                                    {"limit": 0}, {"limit": 10**9}])
+def test_out_of_range_query_numbers_get_422_not_500(server, params):
+    r = httpx.get(server.url + "/v1/runs/x/records", params=params)
+    assert r.status_code == 422, r.text
