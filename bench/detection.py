@@ -260,6 +260,30 @@ def hist_cost(n_layers: int, n_readings: int = 200) -> float:
     return (time.perf_counter() - t0) / (len(recs) - 50) * 1e6
 
 
+def activation_cost(n_modules: int, n_readings: int = 200) -> float:
+    """Mean microseconds of dead_units + activation_blowup per record carrying activation
+    statistics (those arrive every activation_every steps)."""
+    rng = np.random.default_rng(0)
+    suite = DetectorSuite()
+    dets = [d for d in suite.detectors if d.type in ("dead_units", "activation_blowup")]
+    recs = []
+    for i in range(1, n_readings + 1):
+        acts = {f"blocks.{k}.act": {"mean": 0.1, "std": float(rng.lognormal(0, 0.1)),
+                                    "max_abs": float(rng.lognormal(1, 0.1)),
+                                    "zero_frac": 0.5, "dead_frac": 0.02, "nonfinite": 0}
+                for k in range(n_modules)}
+        recs.append(schemas.parse_record({"kind": "step", "run_id": "b", "step": 25 * i,
+                                          "time": i * 2.5, "loss": 2.0, "activations": acts}))
+    for rec in recs[:50]:
+        for det in dets:
+            det.update(rec)
+    t0 = time.perf_counter()
+    for rec in recs[50:]:
+        for det in dets:
+            det.update(rec)
+    return (time.perf_counter() - t0) / (len(recs) - 50) * 1e6
+
+
 # -- report -------------------------------------------------------------------------------
 
 
@@ -303,6 +327,9 @@ def print_cost() -> None:
     for n in (150, 1000):
         print(f"  {n:>5} layers: grad_distribution {hist_cost(n):7.0f} us per record with "
               f"grad_hist quantiles (every hist_every steps; 0 on the others)")
+    for n in (12, 64):
+        print(f"  {n:>5} modules: dead_units + activation_blowup {activation_cost(n):7.0f} us "
+              f"per record with activations (every activation_every steps)")
 
 
 def main() -> None:

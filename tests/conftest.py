@@ -13,6 +13,7 @@ for extra in (REPO, REPO / "client", REPO / "tests"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from receivers import Receiver  # noqa: E402
 from sidecar_process import SidecarProcess  # noqa: E402
 
 TRACES = REPO.parent / "shared" / "traces" / "public"
@@ -52,3 +53,35 @@ def sidecar_factory(tmp_path: Path) -> Iterator[type[SidecarProcess]]:
     finally:
         for proc in made:
             proc.stop()
+
+
+STOP_RULES = """
+routes: {page: [pagerduty]}
+rules:
+  - name: StopOnRepeatedNaN
+    match: {types: [nan_inf]}
+    severity: critical
+    fingerprint: []
+    action: stop
+    action_after: 2
+"""
+
+
+@pytest.fixture
+def pd_receiver() -> Iterator[Receiver]:
+    """A local PagerDuty Events API v2 receiver."""
+    with Receiver("pagerduty") as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def stopping_sidecar(tmp_path: Path, sidecar_factory, pd_receiver) -> SidecarProcess:
+    """A sidecar whose one rule pages on NaN and asks the run to stop on the second
+    nan_inf finding (the first NaN step, then NaN 3 steps in a row)."""
+    rules = tmp_path / "stop-rules.yaml"
+    rules.write_text(STOP_RULES)
+    config = tmp_path / "stop-config.yaml"
+    config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
+                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123, "
+                      f"url: '{pd_receiver.url}/v2/enqueue'}}\n")
+    return sidecar_factory(config=config).start()

@@ -3,40 +3,7 @@ endpoint and in /metrics, and the page says the run was stopped."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
-import pytest
-
-from receivers import Receiver
-
-RULES = """
-routes: {page: [pagerduty]}
-rules:
-  - name: StopOnRepeatedNaN
-    match: {types: [nan_inf]}
-    severity: critical
-    fingerprint: []
-    action: stop
-    action_after: 2
-"""
-
-
-@pytest.fixture
-def pd():
-    with Receiver("pagerduty") as receiver:
-        yield receiver
-
-
-@pytest.fixture
-def acting_sidecar(tmp_path: Path, sidecar_factory, pd):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    config = tmp_path / "config.yaml"
-    config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
-                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123, "
-                      f"url: '{pd.url}/v2/enqueue'}}\n")
-    return sidecar_factory(config=config).start()
 
 
 def _step(step: int, loss: float | str) -> dict:
@@ -44,8 +11,8 @@ def _step(step: int, loss: float | str) -> dict:
             "loss": loss, "grad_norm": 1.0}
 
 
-def test_stop_comes_back_in_the_answer_and_on_the_poll(acting_sidecar, pd):
-    sc = acting_sidecar
+def test_stop_comes_back_in_the_answer_and_on_the_poll(stopping_sidecar, pd_receiver):
+    sc = stopping_sidecar
     first = sc.post([{"kind": "run", "run_id": "stop-me", "config": {"total_steps": 100}},
                      *[_step(s, 2.0) for s in range(1, 5)], _step(5, "NaN")]).json()
     assert first["accepted"] == 6 and first["actions"] == []
@@ -67,10 +34,10 @@ def test_stop_comes_back_in_the_answer_and_on_the_poll(acting_sidecar, pd):
     metrics = httpx.get(sc.url + "/metrics").text
     assert ('training_actions_total{project="",run_id="stop-me",action="stop",'
             'rule="StopOnRepeatedNaN"} 1') in metrics
-    summaries = [r.json["payload"]["summary"] for r in pd.wait_for(2, timeout=10)]
+    summaries = [r.json["payload"]["summary"] for r in pd_receiver.wait_for(2, timeout=10)]
     assert any("run stopped at step 7 by rule StopOnRepeatedNaN" in s for s in summaries)
 
 
-def test_the_poll_rejects_a_bad_cursor(acting_sidecar):
-    r = httpx.get(acting_sidecar.url + "/v1/runs/x/actions", params={"after": -1})
+def test_the_poll_rejects_a_bad_cursor(stopping_sidecar):
+    r = httpx.get(stopping_sidecar.url + "/v1/runs/x/actions", params={"after": -1})
     assert r.status_code == 422

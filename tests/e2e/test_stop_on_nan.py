@@ -11,40 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from receivers import Receiver
-
 REPO = Path(__file__).resolve().parents[2]
 INJECT = 12
 # nan_inf fires at the first NaN step and again when it persisted 3 steps: the stop rule
 # acts on that second finding (action_after: 2), i.e. at step INJECT + 2.
 ACTION_STEP = INJECT + 2
-RULES = """
-routes: {page: [pagerduty]}
-rules:
-  - name: StopOnRepeatedNaN
-    match: {types: [nan_inf]}
-    severity: critical
-    fingerprint: []
-    action: stop
-    action_after: 2
-"""
-
-
-@pytest.fixture
-def pd():
-    with Receiver("pagerduty") as receiver:
-        yield receiver
-
-
-@pytest.fixture
-def stopping_sidecar(tmp_path: Path, sidecar_factory, pd):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    config = tmp_path / "config.yaml"
-    config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
-                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123, "
-                      f"url: '{pd.url}/v2/enqueue'}}\n")
-    return sidecar_factory(config=config).start()
 
 
 def _run(script: str, *flags: str) -> subprocess.CompletedProcess:
@@ -53,14 +24,14 @@ def _run(script: str, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
 
 
-def _check_stopped(sc, pd, run_id: str, proc) -> int:
+def _check_stopped(sc, pd_receiver, run_id: str, proc) -> int:
     assert proc.returncode == 3, proc.stdout + proc.stderr
     records = sc.records(run_id)
     steps = sorted(r["step"] for r in records if r["kind"] == "step")
     end = next(r for r in records if r["kind"] == "end")
     message = f"run stopped at step {ACTION_STEP} by rule StopOnRepeatedNaN"
     assert end["status"] == "stopped" and message in (end["error"] or message), end
-    summaries = [r.json["payload"]["summary"] for r in pd.wait_for(1, timeout=10)]
+    summaries = [r.json["payload"]["summary"] for r in pd_receiver.wait_for(1, timeout=10)]
     assert any(message in s for s in summaries), summaries
     last = steps[-1]
     print(f"{run_id}: action at step {ACTION_STEP}, last step run {last}")
@@ -69,28 +40,28 @@ def _check_stopped(sc, pd, run_id: str, proc) -> int:
 
 
 @pytest.mark.slow
-def test_plain_loop_stops_itself(stopping_sidecar, pd, tmp_path):
+def test_plain_loop_stops_itself(stopping_sidecar, pd_receiver, tmp_path):
     proc = _run("train_gpt.py", "--url", stopping_sidecar.url, "--run-id", "stop-plain",
                 "--steps", "60", "--inject", "nan", "--inject-step", str(INJECT),
                 "--nan-patience", "30", "--threads", "1", "--peak-flops", "1e11",
                 "--spool-dir", str(tmp_path / "spool"), "--quiet")
     assert "stopped by the monitor" in proc.stderr
-    _check_stopped(stopping_sidecar, pd, "stop-plain", proc)
+    _check_stopped(stopping_sidecar, pd_receiver, "stop-plain", proc)
 
 
 @pytest.mark.slow
-def test_hf_trainer_stops_itself(stopping_sidecar, pd, tmp_path):
+def test_hf_trainer_stops_itself(stopping_sidecar, pd_receiver, tmp_path):
     pytest.importorskip("transformers")
     proc = _run("hf_trainer.py", "--url", stopping_sidecar.url, "--run-id", "stop-hf",
                 "--steps", "60", "--inject-nan", str(INJECT), "--linger", "0.02",
                 "--spool-dir", str(tmp_path / "spool"))
-    _check_stopped(stopping_sidecar, pd, "stop-hf", proc)
+    _check_stopped(stopping_sidecar, pd_receiver, "stop-hf", proc)
 
 
 @pytest.mark.slow
-def test_lightning_stops_itself(stopping_sidecar, pd, tmp_path):
+def test_lightning_stops_itself(stopping_sidecar, pd_receiver, tmp_path):
     pytest.importorskip("lightning")
     proc = _run("lightning_train.py", "--url", stopping_sidecar.url, "--run-id", "stop-pl",
                 "--steps", "60", "--inject-nan", str(INJECT), "--linger", "0.02",
                 "--spool-dir", str(tmp_path / "spool"))
-    _check_stopped(stopping_sidecar, pd, "stop-pl", proc)
+    _check_stopped(stopping_sidecar, pd_receiver, "stop-pl", proc)
