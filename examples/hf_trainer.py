@@ -20,7 +20,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_gpt import VOCAB, load_text  # noqa: E402
+from train_gpt import VOCAB, framework_exit_status, load_text  # noqa: E402
 
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
@@ -85,12 +85,7 @@ def main() -> int:
             train_dataset=Chunks(data[:split], args.seq_len),
             eval_dataset=torch.utils.data.Subset(Chunks(data[split:], args.seq_len), range(64)))
         trainer.train()
-    mon = callback.monitor
-    print(f"run {mon.run_id}: {mon.counters()}")
-    if mon.should_stop():
-        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
-        return 3
-    return 0
+    return framework_exit_status(callback.monitor)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_gpt import VOCAB, CharGPT, load_text  # noqa: E402
+from train_gpt import VOCAB, CharGPT, framework_exit_status, load_text  # noqa: E402
 
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
@@ -74,12 +74,7 @@ def main() -> int:
                          limit_val_batches=4, accelerator="cpu", logger=False,
                          enable_checkpointing=False, callbacks=[callback])
     trainer.fit(LitGPT(inject_nan=args.inject_nan), train, val)
-    mon = callback.monitor
-    print(f"run {mon.run_id}: {mon.counters()}")
-    if mon.should_stop():
-        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
-        return 3
-    return 0
+    return framework_exit_status(callback.monitor)
 
 
 if __name__ == "__main__":

@@ -245,6 +245,16 @@ def obey_monitor(args, mon: monitor_client.Monitor, model: CharGPT, step: int) -
         raise StoppedByMonitor(f"{mon.stop_reason} (stopped after step {step})")
 
 
+def framework_exit_status(mon: monitor_client.Monitor) -> int:
+    """For the HF and Lightning examples, whose callbacks stop the run themselves: print the
+    client's counters; exit status 3 when the monitor stopped the run, else 0."""
+    print(f"run {mon.run_id}: {mon.counters()}")
+    if mon.should_stop():
+        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=os.environ.get("MONITOR_AGENT_URL", "http://127.0.0.1:9400"))
