@@ -33,7 +33,7 @@ from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
 from monitor_agent.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
 
-TRACES = Path(__file__).resolve().parents[2] / "shared/traces/public"
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
 RECIPE_TYPES = {"loss_spike", "divergence", "grad_explosion", "nan_inf"}
 LEAD_TYPES = {"divergence", "grad_explosion"}
 EPISODE_STEPS = 100

@@ -16,7 +16,7 @@ for extra in (REPO, REPO / "client", REPO / "tests"):
 from receivers import Receiver  # noqa: E402
 from sidecar_process import SidecarProcess  # noqa: E402
 
-TRACES = REPO.parent / "shared" / "traces" / "public"
+TRACES = REPO / "tests" / "traces" / "public"
 
 
 @pytest.fixture

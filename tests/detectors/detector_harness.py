@@ -17,7 +17,7 @@ from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
 from monitor_agent.types import EndRecord, Finding, Record
 
-TRACES = Path(__file__).resolve().parents[3] / "shared/traces/public"
+TRACES = Path(__file__).resolve().parents[1] / "traces" / "public"
 
 
 def load_records(path: Path) -> list[Record]:

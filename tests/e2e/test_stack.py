@@ -32,7 +32,7 @@ from sidecar_process import SidecarProcess, free_port
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "public"
+TRACES = Path(__file__).resolve().parents[1] / "traces" / "public"
 DEPLOY = REPO / "deploy"
 PROJECT = "e2e"
 TOKEN = "e2e-ingest-token"
