@@ -43,7 +43,7 @@ from monitor_agent.alerting.rules import Rule, first_match, load_rules
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.notify.base import AlertEvent
-from monitor_agent.notify.channels import ALL_CHANNELS, build_notifiers
+from monitor_agent.notify.channels import ALL_CHANNELS, build_notifiers, describe_channels
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.types import Finding, Severity
@@ -84,6 +84,10 @@ class Alerting(AlertAdmin):
     def start(self) -> None:
         """Start delivery (one thread per channel) and the group flusher."""
         self._stopping.clear()
+        line = describe_channels(self.settings, self.notifiers)
+        # Louder when alerts would only reach this log (or nowhere): that is worth seeing.
+        log.log(logging.INFO if "fallback" not in line and self.notifiers else logging.WARNING,
+                "%s", line)
         self._redactor.attach()
         self.outbox.start()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="alert-flush")

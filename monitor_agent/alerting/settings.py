@@ -105,9 +105,15 @@ class WebhookSettings(_Section):
 
 
 class ConsoleSettings(_Section):
-    """Alerts written to the log (the demo's channel)."""
+    """Alerts written to the log (stderr of ``monitor-agent serve``).
 
-    enabled: bool = False
+    ``enabled`` unset means "when nothing else is": a sidecar with no channel configured
+    still shows its alerts instead of dropping them. ``false`` silences it for good.
+    """
+
+    enabled: bool | None = Field(
+        None, description="None: on only when no other channel is configured."
+    )
 
 
 class OutboxSettings(_Section):

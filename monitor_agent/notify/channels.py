@@ -1,9 +1,13 @@
 """Build the configured notifiers from settings: a channel without its secret is skipped.
 
+With no channel configured, the console is the fallback (unless ``console.enabled: false``),
+so a fresh ``monitor-agent serve`` prints its alerts instead of silently keeping them.
+
 Example::
 
-    notifiers = build_notifiers(AlertingSettings(console={"enabled": True}))
+    notifiers = build_notifiers(AlertingSettings())
     assert list(notifiers) == ["console"]
+    print(describe_channels(AlertingSettings(), notifiers))
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ def build_notifiers(s: AlertingSettings) -> dict[str, Notifier]:
         )
     if (hook := s.webhook.secret()) is not None:
         out["webhook"] = WebhookNotifier(hook, s.webhook.timeout_seconds)
-    if s.console.enabled:
+    if s.console.enabled or (s.console.enabled is None and not out):
         out["console"] = ConsoleNotifier()
     return out
+
+
+def describe_channels(s: AlertingSettings, notifiers: dict[str, Notifier]) -> str:
+    """The startup line naming where alerts go, so "no channel" is never a silent state."""
+    if not notifiers:
+        return "alert channels: none (console.enabled is false): alerts are stored, not sent"
+    names = ", ".join(notifiers)
+    if s.console.enabled is None and list(notifiers) == ["console"]:
+        return (f"alert channels: {names} (fallback: no other channel is configured; "
+                "see docs/alerting.md)")
+    return f"alert channels: {names}"
