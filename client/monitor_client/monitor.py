@@ -43,6 +43,9 @@ DEFAULT_LAYER_STATS_EVERY = 25
 # their cost does not grow with the model (bench/client_overhead.py); every 50 steps is far
 # below 1% of a step. 0 turns them off.
 DEFAULT_HIST_EVERY = 50
+# What close() (and so the end of the script) may wait for an unresponsive sidecar: long
+# enough for a healthy one to take the last batch, short enough not to be noticed.
+DEFAULT_CLOSE_TIMEOUT = 2.0
 
 
 def _guard(method):
@@ -74,9 +77,11 @@ class Monitor:
                  token: str | None = None, labels: dict[str, Any] | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  rank0_only: bool = False, layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
-                 hist_every: int = DEFAULT_HIST_EVERY, spool_dir: str | Path | None = None, spool_max_bytes: int = 256 << 20,
+                 hist_every: int = DEFAULT_HIST_EVERY, spool_dir: str | Path | None = None,
+                 spool_max_bytes: int = 256 << 20, spool_max_age: float | None = 7 * 86400.0,
                  max_queue: int = 10_000, linger: float = 0.5,
-                 timeout: tuple[float, float] = (2.0, 10.0), gpu_probe: Any = "auto",
+                 timeout: tuple[float, float] = (2.0, 10.0),
+                 close_timeout: float = DEFAULT_CLOSE_TIMEOUT, gpu_probe: Any = "auto",
                  install_hooks: bool = True, enabled: bool = True) -> None:
         found = run_info.detect_rank()
         self.rank = found.rank if rank is None else rank
@@ -99,13 +104,14 @@ class Monitor:
         self._run_sent = self._closed = False
         self._last_step, self._outcome = 0, ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
-        self._sender = self._make_sender(url, token, spool_dir, spool_max_bytes, max_queue,
-                                         linger, timeout) if self.active else None
+        self.close_timeout = close_timeout
+        self._sender = self._make_sender(url, token, spool_dir, (spool_max_bytes, spool_max_age),
+                                         max_queue, linger, timeout) if self.active else None
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
         if self.active and install_hooks:
             self._exit_hooks.install()
 
-    def _make_sender(self, url, token, spool_dir, spool_max_bytes, max_queue, linger,
+    def _make_sender(self, url, token, spool_dir, spool_bounds, max_queue, linger,
                      timeout) -> Sender:
         url = url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
         token = token or os.environ.get("MONITOR_AGENT_TOKEN") or None
@@ -113,7 +119,8 @@ class Monitor:
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = Path(base) / f"{run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
         transport = HttpTransport(url, token, timeout=timeout)
-        return Sender(transport, Spool(directory, max_bytes=spool_max_bytes),
+        max_bytes, max_age = spool_bounds
+        return Sender(transport, Spool(directory, max_bytes=max_bytes, max_age=max_age),
                       max_queue=max_queue, linger=linger, warner=self._warner,
                       on_actions=self._inbox.receive,
                       poll=lambda: self._poll_actions(transport))
@@ -334,8 +341,12 @@ class Monitor:
 
     @_guard
     def close(self, status: str | None = None, error: str | None = None,
-              timeout: float = 10.0) -> bool:
-        """Send ``end`` (completed unless an uncaught exception said otherwise) and flush."""
+              timeout: float | None = None) -> bool:
+        """Send ``end`` (completed unless an uncaught exception said otherwise) and flush.
+
+        Waits at most ``timeout`` s (default: the Monitor's ``close_timeout``, 2 s); what
+        is not acknowledged by then stays in the spool (see ``counters().pending``).
+        """
         if self._closed or not self.active:
             return True
         self._closed = True
@@ -351,7 +362,7 @@ class Monitor:
                              "time": time.time(), "rank": self.rank, "status": status,
                              "error": error})
         self._exit_hooks.remove()
-        return self._sender.close(timeout)
+        return self._sender.close(self.close_timeout if timeout is None else timeout)
 
     def _set_outcome(self, status: str, error: str) -> None:
         self._outcome = (status, error)

@@ -10,6 +10,14 @@ If the queue itself is full, the record is spooled straight away by the caller: 
 is lost, but such records may reach the sidecar before older ones still in the queue (the
 sidecar orders by step).
 
+Two exceptions to "oldest first". A step with a non-finite loss or grad norm jumps a
+backlog: while older records wait in the spool it is held apart and sent first, with a
+fresh attempt at once, so a NaN page is not delayed by minutes of replay while the sidecar
+flaps (the records it overtook are still stored, as late ones). And an answer no retry can
+fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as an
+error naming the URL and the fix, and the sender stops: later records are counted as
+dropped, nothing more is spooled, and ``flush``/``close`` return at once.
+
 Example::
 
     sender = Sender(HttpTransport(url), Spool(tmpdir))
@@ -21,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import math
 import random
 import threading
 import time
@@ -31,7 +40,7 @@ from typing import Any
 from monitor_client.encode import dumps_line
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport, Outcome, PostResult
-from monitor_client.warn import Warner
+from monitor_client.warn import LOGGER, Warner
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,8 @@ class Counters:
     spooled: int       # written to the disk spool at least once
     pending: int       # in the queue or in the spool, not yet acknowledged
     rejected: int      # refused by the sidecar (bad record); reasons were logged
-    dropped: int       # lost: spool full, encoding failure, or a record too large to send
+    dropped: int       # lost: spool bounds, encoding failure, a record too large to
+                       # send, or anything after a misconfiguration (wrong URL or token)
 
 
 class Sender:
@@ -80,11 +90,19 @@ class Sender:
         self._queue: collections.deque[Any] = collections.deque()
         self.max_queue = max_queue
         self._cond = threading.Condition()
+        aged = spool.trim()
+        if aged:
+            self.warner.warn("spool_trim", "spool %s: dropped the %d oldest records left by an "
+                             "earlier process (older than max_age or over max_bytes)",
+                             spool.directory, aged)
         # Records a previous process left in this spool count as submitted: flush() then
         # waits for them too, and ``pending`` stays true.
         self._n = dict(submitted=len(spool), sent=0, spooled=0, rejected=0, dropped=0,
                        settled=0)
         self._failures, self._retry_at = 0, 0.0
+        # Alarming lines (non-finite loss/grad norm) held apart from a backlog; see above.
+        self._urgent: collections.deque[bytes] = collections.deque()
+        self.misconfigured: PostResult | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monitor-client-sender",
@@ -101,6 +119,11 @@ class Sender:
         # Only submit() writes "submitted" (no lock: see the deque above); readers under
         # the lock see a value at most one record old, which flush() tolerates.
         self._n["submitted"] += 1
+        if self.misconfigured is not None:
+            self._count(dropped=1, settled=1)
+            return
+        if urgent:
+            self._retry_at = 0.0  # worth a fresh attempt even while backing off
         if self._stop.is_set():
             self._spool_lines(self._encode([item]))
             return
@@ -122,29 +145,50 @@ class Sender:
                         dropped=n["dropped"])
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything submitted so far was acknowledged (or given up on)."""
+        """Wait until everything submitted so far was acknowledged (or given up on).
+
+        False when that did not happen in ``timeout`` s, or when the sender stopped on a
+        misconfiguration (nothing was delivered then)."""
         deadline = self._now() + timeout
         with self._cond:
             target = self._n["submitted"]
             self._retry_at = 0.0  # a flush deserves a fresh attempt, not the backoff wait
             self._wake.set()
-            while self._n["settled"] < target and self._thread.is_alive():
+            while (self._n["settled"] < target and self._thread.is_alive()
+                   and self.misconfigured is None):
                 left = deadline - self._now()
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.05))
                 self._wake.set()
-            return self._n["settled"] >= target
+            return self._n["settled"] >= target and self.misconfigured is None
 
-    def close(self, timeout: float = 10.0) -> bool:
-        """Flush, then stop the thread; whatever is undelivered stays in the spool."""
+    def close(self, timeout: float = 10.0, max_extra: float = 60.0) -> bool:
+        """Flush, then stop the thread; whatever is undelivered stays in the spool.
+
+        When nothing answers it takes about ``timeout`` seconds in all: a request still in
+        flight then is abandoned (the thread is a daemon) and its records are replayed from
+        the spool by the next process with this run id, if any. A sidecar that keeps
+        acknowledging records gets ``timeout`` more each time, up to ``max_extra`` s, so a
+        backlog still drains at the end of a run.
+        """
+        start = self._now()
+        end_by, give_up_at = start + timeout + max_extra, start + timeout
+        before = self.counters().pending
         ok = self.flush(timeout)
+        while not ok and self.misconfigured is None and self.counters().pending < before:
+            before = self.counters().pending  # progress: the sidecar is answering
+            give_up_at = min(self._now() + timeout, end_by)
+            if give_up_at <= self._now():
+                break
+            ok = self.flush(give_up_at - self._now())
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=max(1.0, self.transport.timeout[0] + 1.0))
-        self._spool_lines(self._encode(self._drain_now()))
+        self._thread.join(timeout=max(0.05, give_up_at - self._now()))
+        self._spool_lines(self._encode(self._drain_now()) + self._take_urgent())
         self.spool.close()
-        self.transport.close()
+        if not self._thread.is_alive():
+            self.transport.close()
         return ok
 
     # -- sender-thread side ---------------------------------------------------------------
@@ -159,14 +203,15 @@ class Sender:
     def _iteration(self) -> None:
         items = self._collect()
         if items:
-            self._deliver(self._encode(items))
+            self._deliver(items)
         self._replay()
         self._maybe_poll()
         with self._cond:
             self._cond.notify_all()
 
     def _maybe_poll(self) -> None:
-        if self.poll is None or self._now() - self._last_poll < self.poll_interval:
+        if (self.poll is None or self.misconfigured is not None
+                or self._now() - self._last_poll < self.poll_interval):
             return
         self._last_poll = self._now()
         if not len(self.spool) and self._now() >= self._retry_at:  # not while it is down
@@ -188,25 +233,59 @@ class Sender:
             items.append(pop())
         return items
 
-    def _encode(self, items: list[Any]) -> list[bytes]:
+    def _encode(self, items: list[Any], alarming: list[int] | None = None) -> list[bytes]:
+        """Encode records; ``alarming`` collects the indexes of NaN/Inf steps, if given."""
         lines = []
         for item in items:
             try:
                 record = item.materialize() if hasattr(item, "materialize") else item
-                lines.append(dumps_line(record))
+                line = dumps_line(record)
             except Exception as exc:  # noqa: BLE001 - a bad record must not stop the others
                 self.warner.warn("encode", "could not encode a record, dropped: %r", exc)
                 self._count(dropped=1, settled=1)
+                continue
+            if alarming is not None and _is_alarming(record):
+                alarming.append(len(lines))
+            lines.append(line)
         return lines
 
-    def _deliver(self, lines: list[bytes]) -> None:
+    def _deliver(self, items: list[Any]) -> None:
+        alarming: list[int] = []
+        lines = self._encode(items, alarming)
+        if self.misconfigured is not None:
+            self._spool_lines(lines)  # counted as dropped: nothing will take them
+            return
         if len(self.spool) or self._now() < self._retry_at:
+            if alarming:  # jump the backlog, and try now rather than after the backoff
+                held = set(alarming)
+                self._urgent.extend(lines[i] for i in alarming)
+                lines = [line for i, line in enumerate(lines) if i not in held]
+                self._retry_at = 0.0
             self._spool_lines(lines)  # keep order: older records are waiting on disk
             return
         done = self._post_all(lines)
         self._spool_lines(lines[done:])
 
+    def _send_urgent(self) -> bool:
+        """Post held alarming lines first; True when none is left waiting."""
+        if not self._urgent or self._now() < self._retry_at:
+            return not self._urgent
+        lines = list(self._urgent)
+        done = self._post_all(lines)
+        for _ in range(done):
+            self._urgent.popleft()
+        return not self._urgent
+
+    def _take_urgent(self) -> list[bytes]:
+        lines = list(self._urgent)
+        self._urgent.clear()
+        return lines
+
     def _replay(self) -> None:
+        if self.misconfigured is not None or not self._send_urgent():
+            return
+        if len(self.spool) and (dropped := self.spool.trim()):
+            self._dropped_oldest(dropped)
         budget_end = self._now() + 1.0  # do not starve the queue while replaying
         while len(self.spool) and self._now() >= self._retry_at and self._now() < budget_end:
             lines = self.spool.peek(self.batch_records, self.batch_bytes)
@@ -236,6 +315,9 @@ class Sender:
         if result.outcome is Outcome.RETRY:
             self._schedule_retry(result)
             return 0
+        if result.outcome is Outcome.MISCONFIGURED:
+            self._give_up(result)
+            return 0
         self._settle(chunk, result)
         return len(chunk)
 
@@ -261,20 +343,47 @@ class Sender:
         self.warner.warn("retry", "sidecar unavailable (%s); spooling to %s, retrying",
                          result.detail, self.spool.directory)
 
+    def _give_up(self, result: PostResult) -> None:
+        """Say once, clearly, what is wrong; then stop trying (see the module docstring)."""
+        if self.misconfigured is not None:
+            return
+        self.misconfigured = result
+        LOGGER.error("monitor_client: cannot send records to %s (%s). Fix: %s. Monitoring is "
+                     "off for the rest of this run; training is not affected.",
+                     self.transport.endpoint, result.detail.strip(), result.fix)
+
     def _spool_lines(self, lines: list[bytes]) -> None:
         if not lines:
             return
+        if self.misconfigured is not None:  # nothing will ever take them: do not pile up
+            self._count(dropped=len(lines), settled=len(lines))
+            return
+        self._count(spooled=len(lines))
         dropped = self.spool.append(lines)
         if dropped:
-            self.warner.warn("spool_full", "spool %s full: %d step records dropped",
-                             self.spool.directory, dropped)
-        self._count(spooled=len(lines) - dropped, dropped=dropped, settled=dropped)
+            self._dropped_oldest(dropped)
+
+    def _dropped_oldest(self, n: int) -> None:
+        limit = f"{self.spool.max_bytes} bytes"
+        if self.spool.max_age is not None:
+            limit += f", {self.spool.max_age:g} s"
+        self.warner.warn("spool_full", "spool %s over its bounds (%s): dropped the %d oldest "
+                         "records", self.spool.directory, limit, n)
+        self._count(dropped=n, settled=n)
 
     def _count(self, **delta: int) -> None:
         with self._cond:
             for key, value in delta.items():
                 self._n[key] += value
             self._cond.notify_all()
+
+
+def _is_alarming(record: Any) -> bool:
+    """A step whose loss or grad norm is NaN/Inf: the record a page is waiting for."""
+    if not isinstance(record, dict) or record.get("kind") != "step":
+        return False
+    return any(isinstance(v, float) and not math.isfinite(v)
+               for v in (record.get("loss"), record.get("grad_norm")))
 
 
 def _chunks(lines: list[bytes], max_records: int, max_bytes: int):

@@ -7,12 +7,15 @@ the sidecar acknowledged it (``ack``), so a crash between send and ack re-sends 
 the sidecar's idempotency (run_id, rank, kind, step) makes harmless. Writes are flushed to
 the OS on every append (they survive the process dying, not the machine losing power).
 
-When ``max_bytes`` is reached, new step records are dropped (and counted) while run, eval
-and end records are still kept: a run's identity and outcome matter more than one more step.
+Two bounds keep it from piling up unseen: ``max_bytes`` (past it the OLDEST segments are
+dropped, keeping their run, eval and end records, which are few and matter more than one
+more step) and ``max_age`` (segments last written longer ago are dropped whole: nobody is
+coming for them). ``trim()`` applies both and returns how many records went; the sender
+logs it. Dropping the oldest, not the newest, because the newest say where the run is now.
 
 Example::
 
-    spool = Spool("/tmp/spool", max_bytes=64 << 20)
+    spool = Spool("/tmp/spool", max_bytes=64 << 20, max_age=24 * 3600)
     spool.append([b'{"kind":"step"}'])
     lines = spool.peek(100)      # oldest first, not yet removed
     spool.ack(len(lines))        # the sidecar accepted them
@@ -21,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 _SUFFIX = ".ndjson"
@@ -35,11 +39,13 @@ class Spool:
     """Bounded on-disk FIFO of JSON lines; see the module docstring for the guarantees."""
 
     def __init__(self, directory: str | Path, max_bytes: int = 256 << 20,
-                 segment_bytes: int = 4 << 20) -> None:
+                 segment_bytes: int | None = None, max_age: float | None = 7 * 86400.0) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self.segment_bytes = segment_bytes
+        self.max_age = max_age
+        # Size is enforced a segment at a time: keep several segments under the bound.
+        self.segment_bytes = segment_bytes or min(4 << 20, max(max_bytes // 8, 64))
         self.dropped = 0
         self._lock = threading.Lock()
         self._segments = sorted(self.directory.glob(f"*{_SUFFIX}"))
@@ -57,18 +63,49 @@ class Spool:
         return self._records
 
     def append(self, lines: list[bytes]) -> int:
-        """Append records in order; return how many were dropped because the spool is full."""
-        dropped = 0
+        """Append records in order; return how many OLD records were dropped to make room."""
         with self._lock:
             for line in lines:
-                if self._bytes + len(line) + 1 > self.max_bytes and not is_essential(line):
-                    dropped += 1
-                    continue
                 self._write(line + b"\n")
             if self._writer is not None:
                 self._writer.flush()
-            self.dropped += dropped
+            return self._trim_locked()
+
+    def trim(self) -> int:
+        """Apply ``max_bytes`` and ``max_age``; return how many records were dropped."""
+        with self._lock:
+            return self._trim_locked()
+
+    def _trim_locked(self) -> int:
+        dropped = 0
+        too_old = (time.time() - self.max_age) if self.max_age is not None else None
+        # Each segment present now is looked at once: the run/eval/end lines moved to the
+        # tail are not revisited, so a spool of only those cannot cycle.
+        for _ in range(len(self._segments)):
+            head = self._segments[0]
+            if self._is_active(head):
+                break
+            if too_old is not None and head.stat().st_mtime < too_old:
+                dropped += self._drop_head(keep_essential=False)
+            elif self._bytes > self.max_bytes:
+                dropped += self._drop_head(keep_essential=True)
+            else:
+                break
+        self.dropped += dropped
         return dropped
+
+    def _drop_head(self, keep_essential: bool) -> int:
+        """Discard the oldest segment; run/eval/end lines move to the tail when asked."""
+        lines, _ = self._read_head(1 << 30, 1 << 62)
+        self._peeked = None  # a pending ack would now point at other records
+        self._discard_head()
+        kept = [line for line in lines if is_essential(line)] if keep_essential else []
+        self._records -= len(lines)
+        for line in kept:
+            self._write(line + b"\n")
+        if self._writer is not None:
+            self._writer.flush()
+        return len(lines) - len(kept)
 
     def _write(self, data: bytes) -> None:
         if self._writer is None or self._writer.tell() >= self.segment_bytes:

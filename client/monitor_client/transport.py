@@ -2,10 +2,16 @@
 
 The body is JSON Lines (``application/x-ndjson``), gzip-compressed; the token, when set,
 goes in ``Authorization: Bearer``. The answer is classified once, here, so the sender only
-decides what to do: OK (stored, perhaps with per-record rejections), RETRY (connection
-error, timeout, 429, 5xx, 503 "cannot store now", 401 because a restarted sidecar may take
-the token again), TOO_LARGE (413: split the batch) or BAD (400: the body itself is
-malformed and re-sending cannot help).
+decides what to do:
+
+- OK: stored, perhaps with per-record rejections.
+- RETRY (transient, the sidecar may answer later): connection refused or reset, timeouts,
+  429, 5xx (503 "cannot store now"), and anything unexpected.
+- TOO_LARGE (413): split the batch; a single record still too large is BAD.
+- BAD (400, 415, 422: this batch is malformed; re-sending it cannot help): drop the batch.
+- MISCONFIGURED (401/403 wrong or missing token, 404/405 wrong path, a URL without a scheme
+  or that does not parse): no later attempt can succeed until a person changes the
+  script's settings, so ``fix`` says what to change and the sender stops trying.
 
 Example::
 
@@ -19,7 +25,7 @@ import enum
 import gzip
 import json
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 
@@ -29,6 +35,7 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     TOO_LARGE = "too_large"
     BAD = "bad"
+    MISCONFIGURED = "misconfigured"
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class PostResult:
     detail: str = ""
     rejected: list[tuple[int, str]] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
+    fix: str = ""  # MISCONFIGURED: what the user should change
 
 
 class HttpTransport:
@@ -52,8 +60,9 @@ class HttpTransport:
 
     def __init__(self, url: str, token: str | None = None,
                  timeout: tuple[float, float] = (2.0, 10.0), gzip_level: int = 1) -> None:
-        self.base = url.rstrip("/")
+        self.base = str(url).rstrip("/")
         self.endpoint = self.base + "/v1/records"
+        self.url_problem = url_problem(self.base)
         self.timeout = timeout
         self.gzip_level = gzip_level
         self._session = requests.Session()
@@ -69,10 +78,16 @@ class HttpTransport:
         return f"HttpTransport({self.endpoint!r})"
 
     def post(self, lines: list[bytes]) -> PostResult:
+        if self.url_problem:
+            return PostResult(Outcome.MISCONFIGURED, self.url_problem, fix=_URL_FIX)
         body = gzip.compress(b"\n".join(lines) + b"\n", compresslevel=self.gzip_level)
         try:
             resp = self._session.post(self.endpoint, data=body, headers=self._headers,
                                       timeout=self.timeout)
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                requests.exceptions.InvalidSchema) as exc:
+            return PostResult(Outcome.MISCONFIGURED, f"{type(exc).__name__}: {exc}",
+                              fix=_URL_FIX)
         except requests.RequestException as exc:
             return PostResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
         return classify(resp.status_code, resp.content)
@@ -91,6 +106,34 @@ class HttpTransport:
         self._session.close()
 
 
+_URL_FIX = ("pass url= (or set MONITOR_AGENT_URL) to the sidecar's base address with its "
+            "scheme, e.g. http://127.0.0.1:9400")
+_FIXES = {
+    401: "the token is wrong or missing: pass token= (or set MONITOR_AGENT_TOKEN) to the "
+         "sidecar's token",
+    403: "the token is not allowed to write: pass token= (or set MONITOR_AGENT_TOKEN) to "
+         "the sidecar's token",
+    404: "nothing answers at this path: url= must be the sidecar's base address without a "
+         "path, e.g. http://127.0.0.1:9400 (the client adds /v1/records)",
+    405: "this address does not take records: url= must be the sidecar's base address, e.g. "
+         "http://127.0.0.1:9400",
+}
+
+
+def url_problem(url: str) -> str:
+    """Why ``url`` cannot be a sidecar address ('' when it can), before any request."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return f"url {url!r} does not parse: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return f"url {url!r} has no http:// or https:// scheme"
+    if not parts.hostname:
+        return f"url {url!r} names no host"
+    return ""
+
+
 def classify(status: int, content: bytes) -> PostResult:
     """Map an HTTP answer to an Outcome (see the module docstring)."""
     text = content[:300].decode("utf-8", "replace")
@@ -99,8 +142,10 @@ def classify(status: int, content: bytes) -> PostResult:
         return PostResult(Outcome.OK, rejected=_rejected(body), actions=_actions(body))
     if status == 413:
         return PostResult(Outcome.TOO_LARGE, f"413: {text}")
-    if status == 400:
-        return PostResult(Outcome.BAD, f"400: {text}")
+    if status in (400, 415, 422):
+        return PostResult(Outcome.BAD, f"{status}: {text}")
+    if status in _FIXES:
+        return PostResult(Outcome.MISCONFIGURED, f"{status}: {text}", fix=_FIXES[status])
     return PostResult(Outcome.RETRY, f"{status}: {text}")
 
 

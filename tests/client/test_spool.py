@@ -1,3 +1,6 @@
+import os
+import time
+
 from monitor_client.spool import Spool
 
 
@@ -42,11 +45,33 @@ def test_survives_reopen_and_skips_torn_write(tmp_path):
     assert got == _lines(5)
 
 
-def test_bounded_drops_steps_but_keeps_run_and_end(tmp_path):
+def test_bounded_drops_the_oldest_steps_but_keeps_run_and_end(tmp_path):
     spool = Spool(tmp_path, max_bytes=300)
+    run = b'{"kind":"run","run_id":"r"}'
+    spool.append([run])
     dropped = spool.append(_lines(50))
     assert dropped > 0 and spool.pending_bytes <= 300
-    assert spool.append(_lines(1, kind="end")) == 0
-    assert spool.dropped == dropped
-    everything = spool.peek(10_000, max_bytes=1 << 20)
+    spool.append(_lines(1, kind="end"))
+    assert spool.dropped >= dropped
+    count, everything = len(spool), []
+    while batch := spool.peek(10_000, max_bytes=1 << 20):
+        everything.extend(batch)
+        spool.ack(len(batch))
+    assert run in everything  # the run record survived the drop of its segment
     assert everything[-1] == _lines(1, kind="end")[0]
+    steps = [line for line in everything if line.startswith(b'{"kind":"step"')]
+    assert steps and steps[-1] == _lines(50)[-1]  # the newest steps are the ones kept
+    assert count == len(everything)
+
+
+def test_segments_older_than_max_age_are_dropped(tmp_path):
+    old = Spool(tmp_path, max_bytes=1 << 20)
+    old.append(_lines(10))
+    old.close()
+    for segment in tmp_path.glob("*.ndjson"):
+        os.utime(segment, (time.time() - 7200, time.time() - 7200))
+    again = Spool(tmp_path, max_bytes=1 << 20, max_age=3600)
+    assert len(again) == 10
+    assert again.trim() == 10 and len(again) == 0 and again.pending_bytes == 0
+    again.append(_lines(2))
+    assert again.peek(10) == _lines(2)

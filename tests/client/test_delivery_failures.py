@@ -1,0 +1,183 @@
+"""Permanent mistakes are said once and stop the sender; outages are retried; the spool and
+``close()`` stay bounded; a NaN step overtakes a backlog. Against a real sidecar process
+and the loopback receiver scripted to answer each status."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from monitor_client import Monitor
+from monitor_client.sender import Sender
+from monitor_client.spool import Spool
+from monitor_client.transport import HttpTransport, Outcome, classify, url_problem
+
+
+def _step(i, loss=1.0, run="r1"):
+    return {"kind": "step", "run_id": run, "step": i, "time": 1.0 + i, "loss": loss}
+
+
+def _sender(url, tmp_path, token=None, **kw):
+    kw.setdefault("linger", 0.02)
+    kw.setdefault("backoff", (0.02, 0.1))
+    return Sender(HttpTransport(url, token=token, timeout=(0.5, 2.0)),
+                  Spool(tmp_path / "spool", max_bytes=kw.pop("spool_max", 1 << 20)), **kw)
+
+
+def _errors(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "monitor_client" and r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 405])
+def test_permanent_answers_are_said_once_and_nothing_piles_up(receiver, tmp_path, caplog,
+                                                              status):
+    receiver.fail_status = status
+    sender = _sender(receiver.url, tmp_path)
+    for i in range(20):
+        sender.submit(_step(i))
+        time.sleep(0.005)
+    assert sender.close(timeout=5) is False
+    [error] = _errors(caplog)
+    assert f"{receiver.url}/v1/records" in error and str(status) in error and "Fix:" in error
+    assert "retrying" not in caplog.text
+    c = sender.counters()
+    assert c.dropped == 20 and c.pending == 0 and c.spooled == 0
+    assert receiver.posts == 1  # asked once, then stopped
+    assert len(Spool(tmp_path / "spool")) == 0
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503])
+def test_transient_answers_are_retried_until_delivered(receiver, tmp_path, status):
+    receiver.fail_status = status
+    sender = _sender(receiver.url, tmp_path)
+    for i in range(5):
+        sender.submit(_step(i))
+    assert not sender.flush(timeout=0.3)
+    assert sender.misconfigured is None and sender.counters().spooled == 5
+    receiver.fail_status = None
+    assert sender.close(timeout=10)
+    assert [r["step"] for r in receiver.of_kind("step")] == list(range(5))
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:9400", "localhost:9400/x", "http://", "ftp://h/",
+                                 "http://127.0.0.1:port"])
+def test_a_url_that_cannot_work_is_refused_before_any_request(url, tmp_path, caplog):
+    assert url_problem(url)
+    sender = _sender(url, tmp_path)
+    sender.submit(_step(0))
+    assert sender.close(timeout=5) is False
+    [error] = _errors(caplog)
+    assert "MONITOR_AGENT_URL" in error and "http://127.0.0.1:9400" in error
+    assert sender.counters().dropped == 1
+
+
+def test_classification_of_whole_batch_answers():
+    assert classify(422, b"{}").outcome is Outcome.BAD
+    assert classify(415, b"{}").outcome is Outcome.BAD
+    assert classify(400, b"{}").outcome is Outcome.BAD
+    assert classify(413, b"{}").outcome is Outcome.TOO_LARGE
+    assert classify(401, b"{}").fix.startswith("the token")
+    assert classify(504, b"").outcome is Outcome.RETRY
+    assert url_problem("http://127.0.0.1:9400") == url_problem("https://h.example/") == ""
+
+
+def test_wrong_token_and_wrong_path_against_the_real_sidecar(sidecar_factory, tmp_path, caplog):
+    sc = sidecar_factory(env={"MONITOR_AGENT_TOKEN": "right-token"}).start()
+    for url, token, status in ((sc.url, "wrong-token", "401"), (sc.url, None, "401"),
+                               (sc.url + "/api", "right-token", "404")):
+        caplog.clear()
+        mon = Monitor(url=url, token=token, run_id=f"mistake-{status}", install_hooks=False,
+                      spool_dir=tmp_path / "spool", linger=0.02)
+        for step in range(1, 6):
+            mon.log_step(step, loss=1.0)
+        mon.close()
+        [error] = _errors(caplog)
+        assert status in error and url in error
+        assert "token" in error if status == "401" else "without a path" in error
+        assert "wrong-token" not in caplog.text and "right-token" not in caplog.text
+    deadline = time.monotonic() + 10
+    while "401 for POST /v1/records" not in sc.log():
+        assert time.monotonic() < deadline, sc.log()
+        time.sleep(0.05)
+    log = sc.log()
+    assert log.count("401 for POST /v1/records") == 1  # rate-limited: two 401s, one line
+    assert "right-token" not in log and "wrong-token" not in log
+
+
+class _Silent:
+    """A port that accepts connections and never answers (a hung sidecar)."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns, self._stop = [], threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self):
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except OSError:
+                continue
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_close_is_bounded_when_nothing_answers(tmp_path):
+    with _Silent() as silent:
+        mon = Monitor(url=silent.url, run_id="hung", install_hooks=False,
+                      spool_dir=tmp_path / "spool", linger=0.02, timeout=(2.0, 30.0),
+                      close_timeout=0.5)
+        for step in range(1, 20):
+            mon.log_step(step, loss=1.0)
+        start = time.perf_counter()
+        assert mon.close() is False
+        waited = time.perf_counter() - start
+    # The request in flight would hang for 30 s; close gives up after its 0.5 s (generous
+    # margin for a loaded machine, far below the transport's timeouts).
+    assert waited < 2.5, waited
+    assert mon.counters().pending > 0  # honest: not delivered, kept in the spool
+
+
+def test_spool_drops_the_oldest_and_says_so(stopped_receiver, tmp_path, caplog):
+    sender = _sender(stopped_receiver.url, tmp_path, spool_max=2000)
+    for i in range(200):
+        sender.submit(_step(i))
+    sender.flush(timeout=0.3)
+    assert sender.spool.pending_bytes <= 2000
+    assert "dropped the" in caplog.text and "oldest records" in caplog.text
+    stopped_receiver.start()
+    sender.close(timeout=10)
+    c = sender.counters()
+    assert c.sent + c.dropped == 200 and c.pending == 0 and c.dropped > 0
+    steps = [r["step"] for r in stopped_receiver.of_kind("step")]
+    assert steps[-1] == 199 and steps == sorted(steps)  # the newest survived, in order
+
+
+def test_a_nan_step_overtakes_the_backlog_once_the_sidecar_answers(stopped_receiver, tmp_path):
+    sender = _sender(stopped_receiver.url, tmp_path)
+    for i in range(50):
+        sender.submit(_step(i))
+    assert not sender.flush(timeout=0.3)
+    sender.submit(_step(50, loss=float("nan")))
+    sender.submit(_step(51))
+    assert not sender.flush(timeout=0.3)
+    assert sender.counters().spooled == 51  # the NaN step was held apart, not spooled
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    steps = [r["step"] for r in stopped_receiver.of_kind("step")]
+    assert steps[0] == 50 and sorted(steps) == list(range(52))
+    assert stopped_receiver.of_kind("step")[0]["loss"] == "NaN"
