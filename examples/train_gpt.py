@@ -242,7 +242,7 @@ def obey_monitor(args, mon: monitor_client.Monitor, model: CharGPT, step: int) -
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
     if mon.should_stop():
-        raise StoppedByMonitor(f"{mon.stop_reason} (stopped after step {step})")
+        raise StoppedByMonitor(f"{mon.stop_reason()} (stopped after step {step})")
 
 
 def framework_exit_status(mon: monitor_client.Monitor) -> int:
@@ -250,7 +250,7 @@ def framework_exit_status(mon: monitor_client.Monitor) -> int:
     client's counters; exit status 3 when the monitor stopped the run, else 0."""
     print(f"run {mon.run_id}: {mon.counters()}")
     if mon.should_stop():
-        print(f"training stopped by the monitor: {mon.stop_reason}", file=sys.stderr)
+        print(f"training stopped by the monitor: {mon.stop_reason()}", file=sys.stderr)
         return 3
     return 0
 

@@ -153,7 +153,7 @@ class Engine:
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
             if self.alerting is not None:
-                self.alerting.run_ended(run.run_id, record.status, arrival)
+                self.alerting.run_ended(run.run_id, record.status, arrival, record.step)
 
     def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
         """Drop, from detection only, layer names beyond the run's cap (the record is stored)."""

@@ -9,8 +9,8 @@ Example::
 
     inbox = ActionInbox()
     inbox.receive([{"id": 1, "action": "stop", "step": 40, "rule": "StopOnNaN",
-                    "message": "run stopped at step 40 by rule StopOnNaN"}])
-    assert inbox.should_stop() and inbox.stop_reason.startswith("run stopped")
+                    "message": "stop requested at step 40 by rule StopOnNaN"}])
+    assert inbox.should_stop() and inbox.stop_reason.startswith("stop requested")
 """
 
 from __future__ import annotations

@@ -307,9 +307,11 @@ class Monitor:
         """True once per checkpoint request from an alert rule: save now."""
         return self._inbox.take_checkpoint()
 
-    @property
     def stop_reason(self) -> str | None:
-        """The sidecar's sentence for the stop ("run stopped at step N by rule R")."""
+        """Why the run was asked to stop ("stop requested at step N by rule R"), or None.
+
+        A method, like ``should_stop()``: ``if mon.should_stop(): print(mon.stop_reason())``.
+        """
         return self._inbox.stop_reason
 
     def on_action(self, callback: Any) -> None:
@@ -352,7 +354,10 @@ class Monitor:
         self._closed = True
         status, error = (status, error) if status else self._outcome
         if status == "completed" and self._inbox.should_stop():
-            status, error = "stopped", error or self._inbox.stop_reason
+            # The end record's step is where the trainer honoured the stop; the sidecar
+            # reports that step on the alert and the actions API.
+            status = "stopped"
+            error = error or f"stopped at step {self._last_step}: {self._inbox.stop_reason}"
         if self._stats is not None:
             self._stats.detach()
         if self._acts is not None:

@@ -3,9 +3,15 @@
 An action is taken once per alert episode, when the episode's ``action_after``-th matching
 finding arrives (``action_after: 3`` on ``nan_inf`` = "stop on repeated NaN"). It is
 stored in the alert database in the same transaction as the alert state, remembered on
-the alert so every page of that alert says what was done ("run stopped at step N by rule
-R"), returned to the client in the ingest response, and served by
-``GET /v1/runs/{run_id}/actions`` for ranks and pollers that did not post the record.
+the alert so every page of that alert says what was done, returned to the client in the
+ingest response, and served by ``GET /v1/runs/{run_id}/actions`` for ranks and pollers
+that did not post the record.
+
+A stop is only a request until the trainer honours it, some steps later (the client sees
+it on its next answer or poll). So the page first says "stop requested at step N by rule
+R"; when the run's end record arrives with status ``stopped``, its step is the step the
+trainer stopped at (``honoured``), and the alert then says "run stopped at step M by rule
+R (stop requested at step N)".
 
 Example::
 
@@ -18,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from monitor_agent.alerting.db import AlertDB
@@ -38,9 +44,10 @@ class Action:
     action: str
     rule: str
     type: str
-    step: int
+    step: int          # the step of the finding that triggered it (the request)
     message: str
     created_at: float
+    honoured_step: int | None = None  # stop: the step the trainer stopped at, once known
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,14 +56,14 @@ class Action:
     def from_row(cls, row: sqlite3.Row) -> Action:
         return cls(id=row["id"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                    type=row["type"], step=row["step"], message=row["message"],
-                   created_at=row["created_at"])
+                   created_at=row["created_at"], honoured_step=row["honoured_step"])
 
 
-def describe(action: str, step: int, rule: str) -> str:
-    """The sentence pages carry, so whoever is paged knows the run already reacted."""
-    if action == "stop":
-        return f"run stopped at step {step} by rule {rule}"
-    return f"checkpoint requested at step {step} by rule {rule}"
+def describe(action: str, step: int, rule: str, honoured_step: int | None = None) -> str:
+    """The sentence pages carry, so whoever is paged knows what the run did about it."""
+    if action == "stop" and honoured_step is not None:
+        return f"run stopped at step {honoured_step} by rule {rule} (stop requested at step {step})"
+    return f"{action} requested at step {step} by rule {rule}"
 
 
 def due(rule: Rule, count: int) -> bool:
@@ -78,6 +85,21 @@ def take(conn: sqlite3.Connection, rule: Rule, finding: Finding, fingerprint: st
     return Action(id=int(cur.lastrowid or 0), run_id=finding.run_id, action=rule.action,
                   rule=rule.name, type=finding.type, step=finding.step, message=message,
                   created_at=now)
+
+
+def honour_stops(conn: sqlite3.Connection, run_id: str, step: int) -> list[Action]:
+    """The run ended ``stopped`` at ``step``: settle its open stop requests, reword alerts."""
+    rows = conn.execute("SELECT * FROM actions WHERE run_id = ? AND action = 'stop' AND "
+                        "honoured_step IS NULL AND step <= ?", (run_id, step)).fetchall()
+    done = []
+    for row in rows:
+        message = describe("stop", row["step"], row["rule"], step)
+        conn.execute("UPDATE actions SET honoured_step = ?, message = ? WHERE id = ?",
+                     (step, message, row["id"]))
+        conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ? AND action = ?",
+                     (message, row["fingerprint"], row["message"]))
+        done.append(replace(Action.from_row(row), message=message, honoured_step=step))
+    return done
 
 
 def actions_for_run(db: AlertDB, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:

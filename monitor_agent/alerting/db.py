@@ -95,6 +95,11 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX actions_run ON actions (run_id, id);
     ALTER TABLE alerts ADD COLUMN action TEXT;
     """,
+    # The step the trainer actually stopped at (its end record), which may be well after
+    # the step the stop was requested at.
+    """
+    ALTER TABLE actions ADD COLUMN honoured_step INTEGER;
+    """,
 )
 
 

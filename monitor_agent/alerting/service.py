@@ -297,8 +297,17 @@ class Alerting(AlertAdmin):
         """(run_id, action, rule) -> times taken; the exposition renders these."""
         return actions.action_counts(self.db)
 
-    def run_ended(self, run_id: str, status: str, now: float) -> None:
-        """A completed run resolves its alerts now; a failed one keeps them until clear."""
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+        """A completed run resolves its alerts now; a failed one keeps them until clear.
+
+        A ``stopped`` run at ``step`` honoured its stop requests there: the alerts that
+        asked for it say so, and whoever was paged hears it (see alerting/actions.py).
+        """
+        if status == "stopped" and step is not None:
+            with self.db.tx() as conn:
+                for action in actions.honour_stops(conn, run_id, step):
+                    log.warning("%s (run %s)", action.message, run_id)
+                    self._announce(conn, action, now)
         if status != "completed":
             return
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first

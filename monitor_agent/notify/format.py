@@ -4,11 +4,18 @@ Example::
 
     print(title(note))            # "[FIRING:2] run gpt-7: TrainingNanInf, TrainingGradExplosion"
     print(headline(note.events[0]))  # "CRITICAL TrainingNanInf in run gpt-7 at step 300: ..."
+    print(evidence_line(note.events[0]))
+    # "evidence of the nan_inf finding at step 300 (3 findings in this alert): loss=NaN"
+
+An alert gathers many findings; its headline, value and evidence all come from one of them
+(the first until it is paged, the latest after), and the evidence says which, so a reader
+never matches the numbers of one finding against the sentence of another.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from monitor_agent.notify.base import AlertEvent, Notification
 
@@ -48,10 +55,53 @@ def headline(event: AlertEvent) -> str:
 
 
 def value_line(event: AlertEvent) -> str | None:
-    """``value 4.2e+06 vs baseline 2.31`` when the finding measured something."""
+    """``value 4.2e+06 (judged against 2.31)`` when the finding measured something.
+
+    The reference is a limit for some detectors and a baseline for others, so it is not
+    called either; the two numbers get enough digits to differ when they do.
+    """
     if event.value is None and event.threshold is None:
         return None
-    return f"value {num(event.value)} vs baseline {num(event.threshold)}"
+    if event.threshold is None:
+        return f"value {num(event.value)}"
+    value, against = _distinct(event.value, event.threshold)
+    return f"value {value} (judged against {against})"
+
+
+def _distinct(a: float | None, b: float) -> tuple[str, str]:
+    """Both numbers at 4 significant digits, or more when 4 would show them equal."""
+    if a is None or not (math.isfinite(a) and math.isfinite(b)) or a == b:
+        return num(a), num(b)
+    for digits in (4, 6, 8, 12):
+        left, right = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if left != right:
+            return left, right
+    return num(a), num(b)
+
+
+def finding_ref(event: AlertEvent) -> str:
+    """Which finding the numbers belong to: type, step, layer, and how many the alert has."""
+    where_ = f" at step {event.step}" if event.step is not None else ""
+    if event.layer:
+        where_ += f", layer {event.layer}"
+    count = f" ({event.count} findings in this alert)" if event.count > 1 else ""
+    return f"the {event.type} finding{where_}{count}"
+
+
+def evidence(event: AlertEvent) -> dict[str, Any]:
+    """The evidence as a mapping that starts by naming its finding (NaN/inf spelled out)."""
+    out: dict[str, Any] = {"finding": finding_ref(event)}
+    out.update((k, num(v) if isinstance(v, float) else v) for k, v in event.evidence.items())
+    return out
+
+
+def evidence_line(event: AlertEvent) -> str | None:
+    """``evidence of the <type> finding at step N: k=v, ...`` (None when there is none)."""
+    items = [(k, v) for k, v in event.evidence.items() if k != "action"]
+    if not items:
+        return None
+    shown = ", ".join(f"{k}={num(v) if isinstance(v, float) else v}" for k, v in items[:12])
+    return f"evidence of {finding_ref(event)}: {shown}"
 
 
 def plain(note: Notification) -> str:
@@ -61,6 +111,8 @@ def plain(note: Notification) -> str:
         lines.append(f"- {headline(e)}")
         if (v := value_line(e)) is not None:
             lines.append(f"  {v}")
+        if e.status == "firing" and (ev := evidence_line(e)) is not None:
+            lines.append(f"  {ev}")
         if e.status == "firing" and e.suggestions:
             lines.append(f"  try: {e.suggestions[0]}")
         if e.dashboard_url:

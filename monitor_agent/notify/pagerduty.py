@@ -86,7 +86,7 @@ def _details(e: AlertEvent) -> dict[str, Any]:
         "rank": e.rank, "value": fmt.num(e.value), "baseline": fmt.num(e.threshold),
         "findings": e.count, "suggestions": list(e.suggestions), "labels": e.labels,
     }
-    # Evidence numbers may be NaN/inf, which JSON cannot carry: spell them out.
-    details["evidence"] = {k: fmt.num(v) if isinstance(v, float) else v
-                           for k, v in e.evidence.items()}
+    # Evidence numbers may be NaN/inf, which JSON cannot carry: spelled out; and it names
+    # the finding it belongs to (an alert gathers many).
+    details["evidence"] = fmt.evidence(e)
     return details

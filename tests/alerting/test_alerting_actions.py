@@ -50,7 +50,8 @@ def test_stop_is_taken_once_on_the_nth_finding_of_an_episode(acting: Harness):
     [action] = _handle(acting, nan(step=11))
     assert (action["action"], action["rule"], action["step"], action["run_id"]) == (
         "stop", "StopOnRepeatedNaN", 11, "r1")
-    assert action["message"] == "run stopped at step 11 by rule StopOnRepeatedNaN"
+    assert action["message"] == "stop requested at step 11 by rule StopOnRepeatedNaN"
+    assert action["honoured_step"] is None
     assert _handle(acting, nan(step=12)) == [] and _handle(acting, nan(step=13)) == []
     stored = acting.alerting.actions_for_run("r1")
     assert [a.id for a in stored] == [action["id"]]
@@ -59,13 +60,26 @@ def test_stop_is_taken_once_on_the_nth_finding_of_an_episode(acting: Harness):
     assert acting.alerting.action_counts() == {("r1", "stop", "StopOnRepeatedNaN"): 1}
 
 
-def test_the_page_says_the_run_was_stopped(acting: Harness):
+def test_the_page_says_the_stop_was_requested_then_where_the_run_stopped(acting: Harness):
     _handle(acting, nan(step=10), nan(step=10, layer="h.0"))
     acting.drain()
     [page] = acting.pd.wait_for(1, timeout=5)
-    assert "run stopped at step 10 by rule StopOnRepeatedNaN" in page.json["payload"]["summary"]
+    assert "stop requested at step 10 by rule StopOnRepeatedNaN" in page.json["payload"]["summary"]
     [alert] = acting.alerting.active_alerts()
-    assert alert.action == "run stopped at step 10 by rule StopOnRepeatedNaN"
+    assert alert.action == "stop requested at step 10 by rule StopOnRepeatedNaN"
+    # The trainer honours the stop 64 steps later; its end record says where.
+    acting.alerting.run_ended("r1", "stopped", acting.clock.advance(1), step=74)
+    acting.drain()
+    pages = acting.pd.wait_for(2, timeout=5)
+    told = "run stopped at step 74 by rule StopOnRepeatedNaN (stop requested at step 10)"
+    assert told in pages[1].json["payload"]["summary"]
+    assert "run stopped at step 10" not in str([p.json for p in pages])
+    [alert] = acting.alerting.active_alerts()
+    assert alert.action == told
+    [action] = acting.alerting.actions_for_run("r1")
+    assert (action.step, action.honoured_step, action.message) == (10, 74, told)
+    acting.alerting.run_ended("r1", "stopped", acting.clock.advance(1), step=90)  # other rank
+    assert acting.alerting.actions_for_run("r1")[0].honoured_step == 74
 
 
 @pytest.mark.parametrize("acting", [3], indirect=True)
@@ -77,7 +91,7 @@ def test_an_action_after_the_page_is_paged_at_once_despite_the_cooldown(acting: 
     _handle(acting, nan(step=12))
     acting.drain()
     pages = acting.pd.wait_for(2, timeout=5)
-    assert "run stopped at step 12" in pages[1].json["payload"]["summary"]
+    assert "stop requested at step 12" in pages[1].json["payload"]["summary"]
     assert acting.decisions()["action"] == 1
 
 

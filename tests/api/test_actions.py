@@ -35,7 +35,16 @@ def test_stop_comes_back_in_the_answer_and_on_the_poll(stopping_sidecar, pd_rece
     assert ('training_actions_total{project="",run_id="stop-me",action="stop",'
             'rule="StopOnRepeatedNaN"} 1') in metrics
     summaries = [r.json["payload"]["summary"] for r in pd_receiver.wait_for(2, timeout=10)]
-    assert any("run stopped at step 7 by rule StopOnRepeatedNaN" in s for s in summaries)
+    assert any("stop requested at step 7 by rule StopOnRepeatedNaN" in s for s in summaries)
+    # The trainer stops at step 9: its end record says so, and so do the actions and pages.
+    assert sc.post([_step(9, "NaN"), {"kind": "end", "run_id": "stop-me", "step": 9,
+                                      "time": 1010.0, "status": "stopped"}]).status_code == 200
+    [done] = httpx.get(sc.url + "/v1/runs/stop-me/actions").json()["actions"]
+    assert (done["step"], done["honoured_step"]) == (7, 9)
+    told = "run stopped at step 9 by rule StopOnRepeatedNaN (stop requested at step 7)"
+    assert done["message"] == told
+    summaries = [r.json["payload"]["summary"] for r in pd_receiver.wait_for(3, timeout=10)]
+    assert told in summaries[-1]
 
 
 def test_the_poll_rejects_a_bad_cursor(stopping_sidecar):

@@ -13,7 +13,7 @@ from monitor_client.actions import ActionInbox
 from monitor_client.transport import Outcome, classify
 
 STOP = {"id": 7, "action": "stop", "rule": "R", "step": 40, "run_id": "r",
-        "message": "run stopped at step 40 by rule R"}
+        "message": "stop requested at step 40 by rule R"}
 
 
 def test_inbox_stop_is_sticky_checkpoint_is_consumed_duplicates_ignored():
@@ -63,11 +63,20 @@ def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, t
     assert not mon.should_stop()
     mon.log_step(6, loss=float("nan"))
     assert got.wait(10) and mon.should_stop()
-    assert mon.stop_reason == "run stopped at step 6 by rule StopNow"
+    assert mon.stop_reason() == "stop requested at step 6 by rule StopNow"
     assert [a["action"] for a in mon.actions()] == ["stop"]
+    mon.log_step(7, loss=float("nan"))  # this trainer takes two more steps to honour it
+    mon.log_step(8, loss=float("nan"))
     assert mon.close()
     end = [r for r in sc.records("mon-stop") if r["kind"] == "end"][0]
-    assert (end["status"], end["error"]) == ("stopped", "run stopped at step 6 by rule StopNow")
+    assert (end["status"], end["step"]) == ("stopped", 8)
+    assert end["error"] == "stopped at step 8: stop requested at step 6 by rule StopNow"
+    # The sidecar learns the step the run really stopped at from the end record.
+    [action] = httpx.get(f"{sc.url}/v1/runs/mon-stop/actions", timeout=10).json()["actions"]
+    assert (action["step"], action["honoured_step"]) == (6, 8)
+    assert action["message"] == "run stopped at step 8 by rule StopNow (stop requested at step 6)"
+    alerts = httpx.get(f"{sc.url}/v1/alerts", timeout=10).json()
+    assert "run stopped at step 8 by rule StopNow" in str(alerts)
 
 
 def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):

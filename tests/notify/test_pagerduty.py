@@ -18,7 +18,9 @@ def test_trigger_has_everything_a_responder_needs():
         "critical", "monitor-agent/gpt-7", "nan_inf", "blocks.0.attn", "gpt")
     assert p["timestamp"] == "2023-11-14T22:13:20+00:00"
     assert p["custom_details"]["suggestions"] == ["lower the lr", "check the batch"]
-    assert p["custom_details"]["evidence"] == {"loss": "NaN", "ema": "2.31"}
+    assert p["custom_details"]["evidence"] == {
+        "finding": "the nan_inf finding at step 300, layer blocks.0.attn (3 findings in this alert)",
+        "loss": "NaN", "ema": "2.31"}
     assert body["links"][0]["href"].endswith("var-run=gpt-7")
 
 

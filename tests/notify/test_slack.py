@@ -19,7 +19,7 @@ def test_firing_message_has_fallback_text_and_blocks():
     header, section, context, actions, divider = payload["blocks"]
     assert header["type"] == "header" and ":red_circle:" in header["text"]["text"]
     text = section["text"]["text"]
-    for part in ("run gpt-7, step 300, layer blocks.0.attn", "value NaN vs baseline 2.31",
+    for part in ("run gpt-7, step 300, layer blocks.0.attn", "value NaN (judged against 2.31)",
                  "• lower the lr", "&lt;at&gt;", "&amp;"):
         assert part in text
     assert "project *gpt*" in context["elements"][0]["text"]
