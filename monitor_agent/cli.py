@@ -110,6 +110,9 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _progress_bar(args.files, disable=args.quiet)
     try:
         runs = replay_files(args.files, settings, on_record=bar.update if bar else None)
+    except wire.TraceError as exc:  # names the file, line and column: no traceback
+        print(f"monitor-agent replay: {exc}", file=sys.stderr)
+        return 2
     finally:
         if bar:
             bar.close()

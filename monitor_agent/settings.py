@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -25,6 +26,7 @@ from pydantic_settings import (
 
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024
 
@@ -134,6 +136,8 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
         return _FromFile(**overrides)
     except ValidationError as exc:
         raise ConfigError(explain_config_error(exc, config_file)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_line(exc, config_file)) from None
 
 
 def explain_config_error(exc: ValidationError, source: Path | str | None) -> str:
@@ -141,7 +145,7 @@ def explain_config_error(exc: ValidationError, source: Path | str | None) -> str
     lines = [f"invalid configuration{where}:"]
     for err in exc.errors(include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown setting (check the spelling; see the README's configuration table)"
         lines.append(f"  {field}: {msg}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,17 +72,32 @@ def open_trace(path: str | Path):
     return path.open("rb")
 
 
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message starts ``file:line[:column]:``."""
+
+
 def iter_trace(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects of a JSON Lines trace, skipping blank lines."""
+    lineno = 0
     with open_trace(path) as fh:
-        for lineno, line in enumerate(fh, 1):
+        lines = iter(fh)
+        while True:
+            try:
+                line = next(lines, None)
+            except (OSError, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip
+                raise TraceError(f"{path}:{lineno + 1}: cannot read: {exc}") from None
+            if line is None:
+                return
+            lineno += 1
             line = line.strip()
             if not line:
                 continue
             try:
                 obj = loads(line)
             except ValueError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+                column = f":{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+                reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                raise TraceError(f"{path}:{lineno}{column}: not valid JSON: {reason}") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object per line")
+                raise TraceError(f"{path}:{lineno}: expected a JSON object per line")
             yield obj

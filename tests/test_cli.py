@@ -50,3 +50,50 @@ def test_check_config_names_the_field(tmp_path: Path):
     proc = _cli("check-config", str(cfg))
     assert proc.returncode == 2
     assert "port:" in proc.stderr and "mystery: unknown setting" in proc.stderr
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path: Path):
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("port: 9401\nalerting:\n  slack: {webhook_url: 'x'\n  console: {}\n")
+    for args in (("check-config", str(cfg)), ("serve", "--config", str(cfg)),
+                 ("replay", "--config", str(cfg), str(cfg))):
+        line = _one_line_error(_cli(*args))
+        assert f"{cfg}:4:3: YAML syntax error: expected ',' or '}}'" in line, line
+
+
+def test_a_yaml_syntax_error_in_the_rules_file_names_that_file(tmp_path: Path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("routes:\n  page: [console\nrules: []\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"alerting:\n  rules_file: {rules}\n")
+    proc = _cli("check-config", str(cfg))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{rules}:3:6: YAML syntax error: expected ',' or ']'" in proc.stderr, proc.stderr
+
+
+def test_a_malformed_trace_is_one_line_naming_file_line_and_column(tmp_path: Path):
+    import gzip
+
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"kind": "run", "run_id": "r"}\n\n{"kind": "step", oops}\n')
+    line = _one_line_error(_cli("replay", "--quiet", str(bad_json)))
+    assert line.startswith(f"monitor-agent replay: {bad_json}:3:17: not valid JSON"), line
+
+    data = gzip.compress(b'{"kind": "run", "run_id": "r"}\n' * 2000)
+    truncated = tmp_path / "truncated.jsonl.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    line = _one_line_error(_cli("replay", "--quiet", str(truncated)))
+    assert f"{truncated}:" in line and "cannot read" in line, line
+
+    not_object = tmp_path / "list.jsonl"
+    not_object.write_text("[1, 2]\n")
+    line = _one_line_error(_cli("replay", "--quiet", str(not_object)))
+    assert f"{not_object}:1: expected a JSON object" in line, line

@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.detectors.catalogue import FINDING_TYPES
 from monitor_agent.types import Finding, Severity
+from monitor_agent.yaml_errors import yaml_error_line
 
 # FINDING_TYPES is FORMAT.md's catalogue; "*" in a rule matches any type (a catch-all).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -172,7 +173,7 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RuleError(f"alert rules {source}: not valid YAML: {exc}") from None
+        raise RuleError(yaml_error_line(exc, source)) from None
     if not isinstance(data, dict):
         raise RuleError(f"alert rules {source}: expected a mapping with 'routes' and 'rules'")
     try:
