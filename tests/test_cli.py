@@ -85,7 +85,7 @@ def test_a_malformed_trace_is_one_line_naming_file_line_and_column(tmp_path: Pat
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"kind": "run", "run_id": "r"}\n\n{"kind": "step", oops}\n')
     line = _one_line_error(_cli("replay", "--quiet", str(bad_json)))
-    assert line.startswith(f"monitor-agent replay: {bad_json}:3:17: not valid JSON"), line
+    assert line.startswith(f"monitor-agent replay: {bad_json}:3:18: not valid JSON"), line
 
     data = gzip.compress(b'{"kind": "run", "run_id": "r"}\n' * 2000)
     truncated = tmp_path / "truncated.jsonl.gz"
