@@ -5,7 +5,7 @@ monitored by the real client: ``monitor_client.Monitor.watch(..., activations=Tr
 measures gradients, updates and activation statistics with the same hooks, ``StatsPack``
 and ``PendingStep`` code as in production; only the sender is swapped for an in-memory
 capture, so records are materialised on the spot (``step_time`` therefore includes the
-previous step's host copy, microseconds here) and written as FORMAT.md gzip JSON Lines.
+previous step's host copy, microseconds here) and written as gzip JSON Lines (docs/format.md).
 Per-layer and activation statistics every ``EVERY`` steps (``layer_stats_every`` /
 ``activation_every`` in the run config).
 

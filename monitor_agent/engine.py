@@ -343,7 +343,7 @@ def _take(table: LayerTable, keep: list[int]) -> LayerTable:
 
 def _row(item: Incoming) -> RecordRow:
     model = item.model
-    # The line as the client sent it when we have it (FORMAT.md: readers accept it as is);
+    # The line as the client sent it when we have it (docs/format.md: readers accept it as is);
     # re-serialising a GPT-sized record would cost more than validating it.
     body = item.raw if item.raw is not None else model.model_dump_json(exclude_none=True).encode()
     return RecordRow(

@@ -1,4 +1,4 @@
-"""Wire models of FORMAT.md, used only at the edges (the ingest API and trace replay).
+"""Wire models of docs/format.md, used only at the edges (the ingest API and trace replay).
 
 They validate one record at a time so a batch can accept the good records and say exactly
 why each bad one was rejected; ``to_record()`` hands the rest of the sidecar a plain
@@ -47,7 +47,7 @@ Num = float | None
 
 
 class _Wire(BaseModel):
-    # Producers may add fields; we ignore what we do not know (FORMAT.md).
+    # Producers may add fields; we ignore what we do not know (docs/format.md).
     model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings", frozen=True)
 
 
@@ -257,7 +257,7 @@ _RECORD = TypeAdapter(RecordModel)
 
 
 class RecordError(ValueError):
-    """A record that does not follow FORMAT.md; the message names the field."""
+    """A record that does not follow docs/format.md; the message names the field."""
 
 
 def explain(exc: ValidationError) -> str:

@@ -27,7 +27,7 @@ LAYER_STATS: tuple[str, ...] = (
     "param_norm",
     "update_norm",
 )
-"""The per-parameter statistics of FORMAT.md, in a fixed column order."""
+"""The per-parameter statistics of docs/format.md, in a fixed column order."""
 
 
 class Severity(enum.IntEnum):

@@ -1,4 +1,4 @@
-"""JSON with FORMAT.md's number rules, and trace-file reading.
+"""JSON with docs/format.md's number rules, and trace-file reading.
 
 Non-finite floats are the signal this product exists to catch, so they must survive a
 round trip: we write them as the strings "NaN", "Infinity", "-Infinity" and read both those
@@ -33,7 +33,7 @@ def loads(data: bytes | str) -> Any:
         if "depth" in str(exc) or "recursion" in str(exc):
             # No record is that deep; the stdlib would only recurse into a RecursionError.
             raise ValueError(f"nested too deeply ({exc})") from None
-        # orjson rejects the bare tokens that FORMAT.md says readers must accept.
+        # orjson rejects the bare tokens that docs/format.md says readers must accept.
         return json.loads(data, parse_constant=_NONFINITE.__getitem__)
 
 
@@ -50,13 +50,13 @@ def _encode_nonfinite(obj: Any) -> Any:
 
 
 def dumps(obj: Any) -> bytes:
-    """Serialise to JSON bytes, writing non-finite floats as FORMAT.md's strings."""
+    """Serialise to JSON bytes, writing non-finite floats as docs/format.md's strings."""
     # orjson would silently write NaN as null, losing exactly the data we care about.
     return orjson.dumps(_encode_nonfinite(obj), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def nonfinite_to_float(value: Any) -> Any:
-    """Turn one of FORMAT.md's non-finite strings back into a float; pass anything else."""
+    """Turn one of docs/format.md's non-finite strings back into a float; pass anything else."""
     if isinstance(value, str):
         return _NONFINITE.get(value, value)
     return value

@@ -1,4 +1,4 @@
-"""FORMAT.md's number rules and record validation at the edge."""
+"""docs/format.md's number rules and record validation at the edge."""
 
 from __future__ import annotations
 

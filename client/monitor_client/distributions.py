@@ -110,7 +110,7 @@ class Distributions:
 
 
 def decode_rows(names: tuple[str, ...] | list[str], flat: list[float], bins: int) -> dict:
-    """Host-side: the flat (P * (8 + bins)) floats as FORMAT.md's ``grad_hist`` entries."""
+    """Host-side: the flat (P * (8 + bins)) floats as docs/format.md's ``grad_hist`` entries."""
     width = len(QUANTILES) + bins
     out = {}
     for i, name in enumerate(names):

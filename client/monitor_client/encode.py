@@ -1,4 +1,4 @@
-"""JSON encoding of records with FORMAT.md's number rules, using only the standard library.
+"""JSON encoding of records with docs/format.md's number rules, using only the standard library.
 
 Non-finite floats are the signal the monitor exists to catch, so they are written as the
 strings "NaN", "Infinity" and "-Infinity" (never null, never dropped). Values json cannot
@@ -22,7 +22,7 @@ def _nonfinite(x: float) -> str:
 
 
 def to_wire(obj: Any) -> Any:
-    """Copy ``obj`` with non-finite floats replaced by FORMAT.md's strings."""
+    """Copy ``obj`` with non-finite floats replaced by docs/format.md's strings."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else _nonfinite(obj)
     if isinstance(obj, dict):

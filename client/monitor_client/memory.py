@@ -1,6 +1,6 @@
 """Memory of the training process: the CUDA caching allocator on GPU, RSS on CPU.
 
-Each probe answers FORMAT.md's ``memory`` object. Probes are read from the sender thread
+Each probe answers docs/format.md's ``memory`` object. Probes are read from the sender thread
 (the allocator statistics and /proc are safe to read from any thread), keeping them off
 the training thread.
 

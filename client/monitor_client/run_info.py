@@ -109,7 +109,7 @@ def build_labels(project: str | None, user: dict[str, Any] | None) -> dict[str, 
 
 
 def describe_hardware(device: Any, info: RankInfo, peak_flops: float | None) -> dict[str, Any]:
-    """FORMAT.md's ``hardware`` object for the device the model lives on."""
+    """docs/format.md's ``hardware`` object for the device the model lives on."""
     name, kind = _cpu_name(), "cpu"
     if str(device).startswith("cuda"):
         import torch

@@ -29,7 +29,7 @@ from monitor_agent.detectors.catalogue import FINDING_TYPES
 from monitor_agent.types import Finding, Severity
 from monitor_agent.yaml_errors import yaml_error_line
 
-# FINDING_TYPES is FORMAT.md's catalogue; "*" in a rule matches any type (a catch-all).
+# FINDING_TYPES is docs/format.md's catalogue; "*" in a rule matches any type (a catch-all).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 

@@ -112,7 +112,7 @@ async def get_records(
     bodies = await app.runner.call(app.engine.store.records, run_id, since_step, limit, kind)
     if not bodies and await app.runner.call(app.engine.store.run_row, run_id) is None:
         raise HTTPException(404, f"no run {run_id!r}")
-    # Stored lines may hold bare NaN tokens; answer with FORMAT.md's string spelling.
+    # Stored lines may hold bare NaN tokens; answer with docs/format.md's string spelling.
     return _json({"run_id": run_id, "records": [wire.loads(b) for b in bodies]})
 
 

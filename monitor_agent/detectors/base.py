@@ -23,7 +23,7 @@ from monitor_agent.types import Finding, Record
 
 @runtime_checkable
 class Detector(Protocol):
-    #: The finding type it raises (FORMAT.md's catalogue).
+    #: The finding type it raises (docs/format.md's catalogue).
     type: str
 
     def update(self, record: Record) -> list[Finding]: ...

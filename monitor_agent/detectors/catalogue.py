@@ -1,4 +1,4 @@
-"""The finding types of FORMAT.md's catalogue and the severity each usually carries.
+"""The finding types of docs/format.md's catalogue and the severity each usually carries.
 
 Example::
 
@@ -28,7 +28,7 @@ USUAL_SEVERITY: dict[str, Severity] = {
     "loss_scale_collapse": Severity.ERROR,
     "straggler": Severity.WARNING,
     "stalled": Severity.ERROR,
-    # Beyond FORMAT.md's catalogue: signals from per-category eval losses, distributions and
+    # Beyond docs/format.md's catalogue: signals from per-category eval losses, distributions and
     # activations (issue 8).
     "category_divergence": Severity.WARNING,
     "dead_units": Severity.WARNING,
@@ -37,7 +37,7 @@ USUAL_SEVERITY: dict[str, Severity] = {
 }
 
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)
-"""Every finding type: FORMAT.md's catalogue in its order, then the ones added here."""
+"""Every finding type: docs/format.md's catalogue in its order, then the ones added here."""
 
 FORMAT_TYPES: tuple[str, ...] = FINDING_TYPES[:17]
-"""FORMAT.md's catalogue (the types the shared labelled traces speak of)."""
+"""docs/format.md's catalogue (the types the labelled traces in tests/traces/public use)."""

@@ -52,7 +52,7 @@ DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
     StragglerDetector, StalledDetector, CategoryDivergenceDetector, DeadUnitsDetector,
     ActivationBlowupDetector, GradDistributionDetector,
 )
-"""One class per finding type, in FORMAT.md's order."""
+"""One class per finding type, in docs/format.md's order."""
 
 SNAPSHOT_VERSION = 1
 
