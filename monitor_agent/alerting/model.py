@@ -61,7 +61,7 @@ class AlertView:
     acked_by: str | None = None
     acked_at: float | None = None
     dashboard_url: str | None = None
-    action: str | None = None  # what a rule made the run do ("run stopped at step N by rule R")
+    action: str | None = None  # what a rule asked of the run ("stop requested at step N ...")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

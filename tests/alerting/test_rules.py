@@ -95,7 +95,7 @@ def test_route_defaults_by_severity():
         (GOOD.replace("name: Nan", "name: 'has space'"), "rules[0].name"),
         ("rules: []\nroutes: {}\n", "rules:"),
         ("- just a list", "expected a mapping"),
-        ("routes: {a: [slack]\n", "not valid YAML"),
+        ("routes: {a: [slack]\n", "my-rules.yaml:2:1: YAML syntax error"),
     ],
 )
 def test_invalid_rules_name_the_field(text: str, expected: str):
