@@ -127,6 +127,8 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
     """Build Settings from an optional YAML file, the environment and explicit overrides."""
     if config_file is not None and not Path(config_file).is_file():
         raise ConfigError(f"config file {config_file} does not exist")
+    if config_file is not None:
+        _check_yaml_file(Path(config_file))
     overrides = {k: v for k, v in overrides.items() if v is not None}
 
     class _FromFile(Settings):
@@ -138,6 +140,19 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
         raise ConfigError(explain_config_error(exc, config_file)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_line(exc, config_file)) from None
+
+
+def _check_yaml_file(path: Path) -> None:
+    """Fail in one line, naming the place, on what the settings loader would trace back on."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_line(exc, path)) from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}:1:1: expected a mapping of settings (key: value) at the top "
+                          f"level, got a {type(data).__name__}")
 
 
 def explain_config_error(exc: ValidationError, source: Path | str | None) -> str:

@@ -97,3 +97,14 @@ def test_a_malformed_trace_is_one_line_naming_file_line_and_column(tmp_path: Pat
     not_object.write_text("[1, 2]\n")
     line = _one_line_error(_cli("replay", "--quiet", str(not_object)))
     assert f"{not_object}:1: expected a JSON object" in line, line
+
+
+def test_a_config_that_is_not_a_mapping_or_not_text_is_one_line(tmp_path: Path):
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- port: 9401\n")
+    line = _one_line_error(_cli("check-config", str(listing)))
+    assert f"{listing}:1:1: expected a mapping of settings" in line, line
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00port")
+    line = _one_line_error(_cli("check-config", str(binary)))
+    assert f"{binary}: not UTF-8 text" in line, line

@@ -3,7 +3,7 @@
 Example::
 
     import monitor_client
-    mon = monitor_client.Monitor(url="http://127.0.0.1:9400", project="gpt", config=cfg)
+    mon = monitor_client.Monitor(url="http://127.0.0.1:9400", project="gpt", config={"lr": 3e-4})
     mon.watch(model, optimizer, grad_clip=1.0)
     mon.log_step(step, loss=loss, tokens=n_tokens)
     mon.close()

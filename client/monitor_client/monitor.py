@@ -2,7 +2,7 @@
 
 Example::
 
-    mon = Monitor(url="http://127.0.0.1:9400", project="gpt", config=cfg)
+    mon = Monitor(url="http://127.0.0.1:9400", project="gpt", config={"lr": 3e-4})
     mon.watch(model, optimizer, grad_clip=1.0)     # replaces your clip_grad_norm_ call
     for step, batch in enumerate(mon.timed(loader), 1):
         loss = model(batch); loss.backward(); optimizer.step(); optimizer.zero_grad()

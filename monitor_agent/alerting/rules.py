@@ -166,6 +166,8 @@ def load_rules(source: AlertingSettings | Path | str | None = None) -> list[Rule
         text = path.read_text()
     except OSError as exc:
         raise RuleError(f"cannot read alert rules {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RuleError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return parse_rules(text, str(path))
 
 
