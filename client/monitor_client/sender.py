@@ -187,6 +187,12 @@ class Sender:
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
         self._spool_lines(self._encode(self._drain_now()) + self._take_urgent())
         self.spool.close()
+        left = self.counters().pending
+        if not ok and left and self.misconfigured is None:
+            LOGGER.warning("monitor_client: the sidecar at %s did not acknowledge %d records "
+                           "within %.1f s; they stay in the spool %s (a later Monitor with "
+                           "this run id and rank sends them)", self.transport.base, left,
+                           timeout, self.spool.directory)
         if not self._thread.is_alive():
             self.transport.close()
         return ok
@@ -339,6 +345,8 @@ class Sender:
         self._failures += 1
         base, cap = self.backoff
         delay = random.uniform(0, min(cap, base * 2 ** min(self._failures, 20)))
+        if self._urgent:  # a NaN step is waiting: probe every second, not every 30
+            delay = min(delay, 1.0)
         self._retry_at = self._now() + delay
         self.warner.warn("retry", "sidecar unavailable (%s); spooling to %s, retrying",
                          result.detail, self.spool.directory)
