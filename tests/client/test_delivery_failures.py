@@ -136,7 +136,7 @@ class _Silent:
         self.sock.close()
 
 
-def test_close_is_bounded_when_nothing_answers(tmp_path):
+def test_close_is_bounded_when_nothing_answers(tmp_path, caplog):
     with _Silent() as silent:
         mon = Monitor(url=silent.url, run_id="hung", install_hooks=False,
                       spool_dir=tmp_path / "spool", linger=0.02, timeout=(2.0, 30.0),
@@ -150,6 +150,7 @@ def test_close_is_bounded_when_nothing_answers(tmp_path):
     # margin for a loaded machine, far below the transport's timeouts).
     assert waited < 2.5, waited
     assert mon.counters().pending > 0  # honest: not delivered, kept in the spool
+    assert "did not acknowledge" in caplog.text and "stay in the spool" in caplog.text
 
 
 def test_spool_drops_the_oldest_and_says_so(stopped_receiver, tmp_path, caplog):
