@@ -131,7 +131,14 @@ class Sender:
         if queued >= self.max_queue:
             self.warner.warn("queue_full", "send queue full; spooling records to %s",
                              self.spool.directory)
-            self._spool_lines(self._encode([item]))
+            alarming: list[int] = []
+            lines = self._encode([item], alarming)
+            if alarming:  # not behind the whole queue and spool: it goes first
+                self._urgent.extend(lines)
+                self._retry_at = 0.0
+                self._wake.set()
+            else:
+                self._spool_lines(lines)
             return
         self._queue.append(item)
         if urgent or queued + 1 >= self.batch_records:

@@ -182,3 +182,16 @@ def test_a_nan_step_overtakes_the_backlog_once_the_sidecar_answers(stopped_recei
     steps = [r["step"] for r in stopped_receiver.of_kind("step")]
     assert steps[0] == 50 and sorted(steps) == list(range(52))
     assert stopped_receiver.of_kind("step")[0]["loss"] == "NaN"
+
+
+def test_a_nan_step_overtakes_even_when_the_queue_is_full(stopped_receiver, tmp_path):
+    sender = _sender(stopped_receiver.url, tmp_path, max_queue=5)
+    for i in range(200):
+        sender.submit(_step(i))
+    sender.submit(_step(200, loss=float("inf")))  # the queue is full: it is not spooled
+    assert not sender.flush(timeout=0.3)
+    assert sender.counters().spooled == 200
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    steps = [r["step"] for r in stopped_receiver.of_kind("step")]
+    assert steps[0] == 200 and sorted(steps) == list(range(201))
