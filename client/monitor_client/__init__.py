@@ -13,8 +13,8 @@ Importing this package does not import torch; ``monitor_client.hf`` and
 """
 
 from monitor_client.categories import CategoryLoss
+from monitor_client.counters import Counters
 from monitor_client.monitor import Monitor
-from monitor_client.sender import Counters
 
 __all__ = ["CategoryLoss", "Counters", "Monitor"]
 __version__ = "0.1.0"

@@ -27,10 +27,11 @@ from typing import Any
 
 from monitor_client import run_info
 from monitor_client.actions import ActionInbox
+from monitor_client.counters import Counters
 from monitor_client.exit_hooks import ExitHooks, outcome_of
 from monitor_client.memory import CpuMemory, memory_probe
 from monitor_client.pending import PendingStep, Probes
-from monitor_client.sender import Counters, Sender
+from monitor_client.sender import Sender
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport
 from monitor_client.warn import Warner

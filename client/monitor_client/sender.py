@@ -10,12 +10,10 @@ If the queue itself is full, the record is spooled straight away by the caller: 
 is lost, but such records may reach the sidecar before older ones still in the queue (the
 sidecar orders by step).
 
-Two exceptions to "oldest first". A step with a non-finite loss or grad norm jumps a
-backlog: while older records wait in the spool it is held apart and sent first, with a
-fresh attempt at once, so a NaN page is not delayed by minutes of replay while the sidecar
-flaps (the records it overtook are still stored, as late ones). And an answer no retry can
-fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as an
-error naming the URL and the fix, and the sender stops: later records are counted as
+Two exceptions to "oldest first". A NaN/Inf step jumps a backlog (``alarming.py``): it
+is held apart, sent first, and retried every second while it waits. And an answer no retry
+can fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as
+an error naming the URL and the fix, and the sender stops: later records are counted as
 dropped, nothing more is spooled, and ``flush``/``close`` return at once.
 
 Example::
@@ -29,36 +27,18 @@ Example::
 from __future__ import annotations
 
 import collections
-import math
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from monitor_client.alarming import is_alarming
+from monitor_client.counters import Counters
 from monitor_client.encode import dumps_line
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport, Outcome, PostResult
 from monitor_client.warn import LOGGER, Warner
-
-
-@dataclass(frozen=True)
-class Counters:
-    """What happened to the records handed to the client so far.
-
-    Example::
-
-        c = mon.counters(); assert c.dropped == 0
-    """
-
-    submitted: int
-    sent: int          # stored or already stored (duplicates) by the sidecar
-    spooled: int       # written to the disk spool at least once
-    pending: int       # in the queue or in the spool, not yet acknowledged
-    rejected: int      # refused by the sidecar (bad record); reasons were logged
-    dropped: int       # lost: spool bounds, encoding failure, a record too large to
-                       # send, or anything after a misconfiguration (wrong URL or token)
 
 
 class Sender:
@@ -257,7 +237,7 @@ class Sender:
                 self.warner.warn("encode", "could not encode a record, dropped: %r", exc)
                 self._count(dropped=1, settled=1)
                 continue
-            if alarming is not None and _is_alarming(record):
+            if alarming is not None and is_alarming(record):
                 alarming.append(len(lines))
             lines.append(line)
         return lines
@@ -391,14 +371,6 @@ class Sender:
             for key, value in delta.items():
                 self._n[key] += value
             self._cond.notify_all()
-
-
-def _is_alarming(record: Any) -> bool:
-    """A step whose loss or grad norm is NaN/Inf: the record a page is waiting for."""
-    if not isinstance(record, dict) or record.get("kind") != "step":
-        return False
-    return any(isinstance(v, float) and not math.isfinite(v)
-               for v in (record.get("loss"), record.get("grad_norm")))
 
 
 def _chunks(lines: list[bytes], max_records: int, max_bytes: int):
