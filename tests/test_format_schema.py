@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import jsonschema
 import pytest
@@ -110,3 +111,20 @@ def receiver_records(tmp_path):
         server.shutdown()
         server.server_close()
     return got
+
+
+def test_docs_format_names_every_field_and_finding_type():
+    from pathlib import Path
+
+    from monitor_agent import schemas
+    from monitor_agent.detectors.catalogue import FINDING_TYPES
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "format.md").read_text()
+    models = (schemas.RunModel, schemas.StepModel, schemas.EvalModel, schemas.EndModel,
+              schemas.MemoryModel)
+    names = {n for m in models for n in m.model_fields}
+    for typed in (schemas.LayerModel, schemas.ActivationModel, schemas.HistModel):
+        names |= set(typed.__annotations__)
+    missing = sorted(n for n in names | set(FINDING_TYPES)
+                     if not re.search(rf"[`\"{{ ]{re.escape(n)}[`\",}} ]", doc))
+    assert not missing, f"docs/format.md does not describe: {missing}"
