@@ -1,0 +1,442 @@
+// The run page (and the HTML report, which embeds the same answers): uPlot charts of the
+// downsampled series, canvas heatmaps of the per-layer matrices, every finding a marker
+// on the chart it concerns, alerts with acknowledge/silence, live polling.
+"use strict";
+(() => {
+  const {api, el, fmt, bytes, duration, esc, tip, notice, report} = MA;
+  const runId = report ? report.run_id : decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
+  const base = "/v1/runs/" + encodeURIComponent(runId);
+  const S = {rank: 0, view: null, series: null, findings: [], detail: null, charts: {}, heats: {},
+             quantLayer: null, applying: false, lastFindings: -1};
+  window.runPage = S;  // for the browser tests and the curious
+
+  const COLORS = ["#3c7fd8", "#e4572e", "#2e9d5b", "#8e44ad", "#e09b00", "#17a2b8", "#d63384",
+                  "#6c757d", "#795548", "#20c997"];
+  // Which chart each finding type is drawn on (anything else: the loss chart).
+  const CHART_OF = {
+    nan_inf: "loss", loss_spike: "loss", divergence: "loss", plateau: "loss", overfitting: "loss",
+    loss_scale_collapse: "loss", grad_explosion: "grad", grad_vanishing: "grad",
+    clip_saturation: "grad", update_ratio_high: "update", update_ratio_low: "update",
+    throughput_drop: "speed", stalled: "speed", straggler: "steptime", memory_pressure: "memory",
+    dead_layer: "heat_grad", gain_drift: "heat_grad", grad_distribution: "quantiles",
+    activation_blowup: "heat_act", dead_units: "heat_zero", category_divergence: "category",
+  };
+
+  // -- data shaping ---------------------------------------------------------------------
+
+  const has = s => s && s.mean.some(v => v !== null);
+  function lineSeries(S_, name, label, color, extra = {}) {
+    // mean line; when bucketed, the bucket's min..max as a faint band around it
+    const s = S_.series[name];
+    if (!has(s)) return [];
+    const out = [{label, values: s.mean, opts: Object.assign({stroke: color, width: 1.5}, extra)}];
+    if (s.min) {
+      out.push({label: label + " max", values: s.max, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "hi"});
+      out.push({label: label + " min", values: s.min, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "lo", fill: color + "22"});
+    }
+    return out;
+  }
+  function joinX(xa, ya, xb, yb) {
+    // merge eval points (their own steps) into the step axis; nulls where one has no value
+    const xs = [...new Set([...xa, ...xb])].sort((a, b) => a - b), ia = new Map(xa.map((x, i) => [x, i]));
+    const ib = new Map(xb.map((x, i) => [x, i]));
+    return [xs, ya.map(col => xs.map(x => ia.has(x) ? col[ia.get(x)] : null)),
+            yb.map(col => xs.map(x => ib.has(x) ? col[ib.get(x)] : null))];
+  }
+
+  const CHARTS = [
+    {id: "loss", title: "Loss · EMA · validation loss", build: d => {
+      const lines = [...lineSeries(d, "loss", "loss", COLORS[0]),
+                     ...lineSeries(d, "loss_ema", "loss EMA", COLORS[1], {width: 2})];
+      if (!d.evals.steps.length || !d.evals.val_loss.some(v => v !== null)) return {x: d.steps, lines};
+      const [xs, [..._a], [val]] = joinX(d.steps, [], d.evals.steps, [d.evals.val_loss]);
+      const idx = new Map(d.steps.map((x, i) => [x, i]));
+      lines.forEach(l => { l.values = xs.map(x => idx.has(x) ? l.values[idx.get(x)] : null); });
+      lines.push({label: "val loss", values: val, opts: {stroke: COLORS[2], width: 2, spanGaps: true,
+                  points: {show: true, size: 5}}});
+      return {x: xs, lines, spanGaps: true};
+    }},
+    {id: "grad", title: "Gradient norm · clip threshold", build: d => ({x: d.steps, lines: [
+      ...lineSeries(d, "grad_norm", "grad norm", COLORS[0]),
+      ...lineSeries(d, "clip_threshold", "clip threshold", COLORS[1], {dash: [6, 4]})]})},
+    {id: "lr", title: "Learning rate", build: d => ({x: d.steps, lines: lineSeries(d, "lr", "lr", COLORS[3])})},
+    {id: "update", title: "Update / param ratio (healthy phase band shaded)", log: true, build: d => {
+      const lines = lineSeries(d, "update_ratio", "update ratio", COLORS[0]);
+      if (!lines.length) return {x: d.steps, lines};
+      lines.push({label: "band high", values: d.update_band.high, opts: {stroke: "#2e9d5b88", width: 1, dash: [3, 3]}, band: "hi"},
+                 {label: "band low", values: d.update_band.low, opts: {stroke: "#2e9d5b88", width: 1, dash: [3, 3]}, band: "lo", fill: "#2e9d5b1c"});
+      return {x: d.steps, lines};
+    }},
+    {id: "speed", title: "Throughput: tokens/s · MFU", build: d => ({x: d.steps, lines: [
+      ...lineSeries(d, "tokens_per_second", "tokens/s", COLORS[0]),
+      ...lineSeries(d, "mfu", "MFU", COLORS[1], {scale: "mfu"})]}), y2: "mfu"},
+    {id: "memory", title: "Memory (GiB)", build: d => {
+      const gib = l => Object.assign(l, {values: l.values.map(v => v == null ? v : v / 2 ** 30)});
+      return {x: d.steps, lines: [...lineSeries(d, "mem_allocated", "allocated", COLORS[0]),
+        ...lineSeries(d, "mem_reserved", "reserved", COLORS[1]),
+        ...lineSeries(d, "mem_peak", "peak allocated", COLORS[2], {dash: [4, 3]})].map(gib)};
+    }},
+    {id: "steptime", title: "Step time per rank (s, slowest in bucket)", build: d => ({
+      x: d.rank_step_time.steps,
+      lines: Object.entries(d.rank_step_time.ranks).map(([r, v], i) => ({label: "rank " + r, values: v,
+        opts: {stroke: COLORS[i % COLORS.length], width: 1.2}}))})},
+    {id: "heat_grad", title: "Gradient norm per layer (layers × steps, model order)", heat: "grad_norm", log: true},
+    {id: "heat_update", title: "Update ratio per layer", heat: "update_ratio", log: true},
+    {id: "quantiles", title: "Gradient quantiles", quant: true},
+    {id: "heat_act", title: "Activation max |x| per module", heat: "act_max_abs", log: true},
+    {id: "heat_zero", title: "Activation zero fraction per module", heat: "act_zero_frac", log: false},
+    {id: "category", title: "Eval loss per category", build: d => ({x: d.evals.steps,
+      lines: Object.entries(d.evals.categories).map(([n, v], i) => ({label: n, values: v,
+        opts: {stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: true, size: 4}}}))})},
+  ];
+
+  // -- uPlot charts ---------------------------------------------------------------------
+
+  function cardFor(def) {
+    let card = document.getElementById("chart-" + def.id);
+    if (!card) {
+      card = el("div", {class: "card", id: "chart-" + def.id, "data-chart": def.id},
+        el("h2", {}, def.title), el("div", {class: "plot"}));
+      document.getElementById("charts").append(card);
+    }
+    return card;
+  }
+  const plotWidth = () => Math.max(300, (document.querySelector("#charts .card") || document.body).clientWidth - 26);
+
+  function drawChart(def, d) {
+    const built = def.build(d);
+    const lines = built.lines.filter(l => l.values.some(v => v !== null));
+    const card = cardFor(def);
+    if (!lines.length || !built.x.length) {
+      card.style.display = "none";
+      return;
+    }
+    card.style.display = "";
+    const data = [built.x, ...lines.map(l => l.values)];
+    let u = S.charts[def.id];
+    const key = lines.map(l => l.label).join("|");
+    if (u && u._key !== key) { u.destroy(); u = null; }
+    if (u) {
+      S.applying = true;
+      u.setData(data, S.view === null);
+      if (S.view) u.setScale("x", {min: S.view[0], max: S.view[1]});
+      S.applying = false;
+      return;
+    }
+    const bands = [], hi = lines.findIndex(l => l.band === "hi");
+    for (let i = 0; i < lines.length; i++) {
+      if (lines[i].band === "lo") {
+        const h = lines.slice(0, i).map(l => l.band).lastIndexOf("hi");
+        if (h >= 0) bands.push({series: [h + 1, i + 1], fill: lines[i].fill});
+      }
+    }
+    void hi;
+    const yfmt = (u_, vals) => vals.map(v => fmt(v, 3));
+    const axes = [{}, {size: 64, values: yfmt}];
+    const scales = {x: {time: false}};
+    if (def.log) scales.y = {distr: 3};
+    if (def.y2) { scales[def.y2] = {}; axes.push({scale: def.y2, side: 1, size: 50, grid: {show: false}, values: yfmt}); }
+    u = new uPlot({
+      width: plotWidth(), height: 220, scales, axes, bands,
+      cursor: {sync: {key: "run-" + runId}, drag: {x: true, y: false}},
+      // spanGaps: sparse series (update ratio every k steps, evals) are lines, not dots;
+      // NaN/Inf steps are drawn as red ticks on the loss chart instead of a gap.
+      series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
+      legend: {live: true},
+      hooks: {setScale: [onScale], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : [])]},
+    }, data, card.querySelector(".plot"));
+    u._key = key;
+    u._def = def;
+    if (S.view) { S.applying = true; u.setScale("x", {min: S.view[0], max: S.view[1]}); S.applying = false; }
+    S.charts[def.id] = u;
+  }
+
+  function onScale(u, key) {
+    if (key !== "x" || S.applying) return;
+    const {min, max} = u.scales.x;
+    const full = u.data[0].length && min <= u.data[0][0] && max >= u.data[0][u.data[0].length - 1];
+    S.view = full ? null : [min, max];
+    S.applying = true;
+    for (const other of Object.values(S.charts))
+      if (other !== u) {
+        if (S.view) other.setScale("x", {min, max});
+        else other.setData(other.data, true);
+      }
+    S.applying = false;
+    drawHeats();
+    clearTimeout(S.refetch);
+    S.refetch = setTimeout(refresh, 250);  // the zoomed range at full resolution
+  }
+
+  function zoomTo(step) {
+    const [lo, hi] = S.series ? S.series.range : [0, step * 2];
+    const half = Math.max(10, Math.round((hi - lo) * 0.03));
+    S.view = [step - half, step + half];
+    S.applying = true;
+    for (const u of Object.values(S.charts)) u.setScale("x", {min: S.view[0], max: S.view[1]});
+    S.applying = false;
+    drawHeats();
+    refresh();
+  }
+
+  // -- finding markers ------------------------------------------------------------------
+
+  function targetOf(f) {
+    const want = CHART_OF[f.type] || "loss";
+    const shown = id => { const c = document.getElementById("chart-" + id); return c && c.style.display !== "none"; };
+    return shown(want) ? want : "loss";
+  }
+  function markerFor(f, box) {
+    const m = el("div", {class: "marker " + f.severity, "data-type": f.type, "data-step": f.step});
+    m.addEventListener("mouseenter", e => tip(findingHtml(f), e));
+    m.addEventListener("mousemove", e => tip(findingHtml(f), e));
+    m.addEventListener("mouseleave", () => tip(null));
+    m.addEventListener("click", () => zoomTo(f.step));
+    box.append(m);
+    return m;
+  }
+  function findingHtml(f) {
+    const ev = Object.entries(f.evidence || {}).map(([k, v]) => `  ${esc(k)}: ${esc(typeof v === "number" ? fmt(v) : JSON.stringify(v))}`).join("\n");
+    const tips = (f.suggestions || []).map(s => "  • " + esc(s)).join("\n");
+    return `<b>${esc(f.type)}</b> · ${esc(f.severity)} · step ${f.step}${f.rank ? " · rank " + f.rank : ""}${f.layer ? " · " + esc(f.layer) : ""}\n` +
+      `${esc(f.message)}${ev ? "\n\nevidence:\n" + ev : ""}${tips ? "\n\nwhat to try next:\n" + tips : ""}\n\n(click to zoom to step ${f.step})`;
+  }
+  function drawNonfinite(u) {
+    const bad = (S.series && S.series.nonfinite_steps) || [];
+    if (!bad.length) return;
+    const ctx = u.ctx, {top, height} = u.bbox;
+    ctx.save();
+    ctx.fillStyle = "#b0002099";
+    for (const step of bad) {
+      const x = u.valToPos(step, "x", true);
+      if (x >= u.bbox.left && x <= u.bbox.left + u.bbox.width) ctx.fillRect(x - 1, top, 2, height);
+    }
+    ctx.fillStyle = "#b00020";
+    ctx.font = `${11 * devicePixelRatio}px system-ui`;
+    ctx.fillText(`NaN/Inf at ${bad.length} step(s)`, u.bbox.left + 6, top + 14 * devicePixelRatio);
+    ctx.restore();
+  }
+  function visibleCharts() {
+    return [...document.querySelectorAll("#charts .card")].filter(c => c.style.display !== "none").map(c => c.id).join();
+  }
+  function placeMarkers(id, u) {
+    const box = u.over;
+    let marks = box._marks;
+    const key = S.findingsKey + "/" + visibleCharts();
+    if (!marks || marks.key !== key) {
+      box.querySelectorAll(".marker").forEach(n => n.remove());
+      marks = box._marks = S.findings.filter(f => targetOf(f) === id).map(f => [f, markerFor(f, box)]);
+      marks.key = key;
+    }
+    const {min, max} = u.scales.x;
+    for (const [f, m] of marks) {
+      const off = f.step < min || f.step > max;
+      m.classList.toggle("hidden", off);
+      m.style.left = u.valToPos(f.step, "x") + "px";
+      m.style.height = box.clientHeight + "px";
+    }
+  }
+  function placeHeatMarkers(id, heat) {
+    const box = heat.box;
+    box.querySelectorAll(".marker").forEach(n => n.remove());
+    const [lo, hi] = heat.range;
+    for (const f of S.findings.filter(g => targetOf(g) === id)) {
+      const m = markerFor(f, box);
+      m.classList.toggle("hidden", f.step < lo || f.step > hi);
+      m.style.left = heat.xpos(f.step) + "px";
+      m.style.height = heat.canvas.clientHeight + "px";
+    }
+  }
+
+  // -- heatmaps and quantiles -----------------------------------------------------------
+
+  const matrixCache = {};
+  async function loadMatrices() {
+    const q = new URLSearchParams({points: Math.min(1500, plotWidth()), rank: S.rank});
+    if (S.view) { q.set("start", Math.floor(S.view[0])); q.set("end", Math.ceil(S.view[1])); }
+    for (const def of CHARTS.filter(c => c.heat)) {
+      try { matrixCache[def.heat] = await api(`${base}/matrix/${def.heat}?${q}`); } catch (e) { matrixCache[def.heat] = null; }
+    }
+    try {
+      const ql = new URLSearchParams(q);
+      // Open on the layer the latest grad_distribution finding is about, if any.
+      const about = S.findings.filter(f => f.type === "grad_distribution" && f.layer).pop();
+      S.quantLayer = S.quantLayer || (about && about.layer) || (report && report.quantile_layers[0]) || null;
+      if (S.quantLayer) ql.set("layer", S.quantLayer);
+      matrixCache.grad_quantiles = await api(`${base}/matrix/grad_quantiles?${ql}`);
+    } catch (e) { matrixCache.grad_quantiles = null; }
+    drawHeats();
+    drawQuantiles();
+  }
+  function viewRange() {
+    if (S.view) return S.view;
+    return S.series && S.series.range ? S.series.range : [0, 1];
+  }
+  function drawHeats() {
+    for (const def of CHARTS.filter(c => c.heat)) {
+      const m = matrixCache[def.heat], card = cardFor(def);
+      if (!m || !m.steps.length || !m.names.length) { card.style.display = "none"; continue; }
+      card.style.display = "";
+      let h = S.heats[def.id];
+      if (!h) {
+        const box = el("div", {class: "heat"});
+        card.append(box);
+        h = S.heats[def.id] = new Heatmap.Heat(box, {log: def.log, label: def.heat.replace(/_/g, " ")});
+      }
+      h.draw(m, viewRange());
+      placeHeatMarkers(def.id, h);
+    }
+  }
+  function drawQuantiles() {
+    const def = CHARTS.find(c => c.quant), m = matrixCache.grad_quantiles, card = cardFor(def);
+    if (!m || !m.steps.length) { card.style.display = "none"; return; }
+    card.style.display = "";
+    let pick = card.querySelector("select");
+    if (!pick) {
+      pick = el("select", {class: "chart-note"});
+      pick.addEventListener("change", () => { S.quantLayer = pick.value; loadMatrices(); });
+      card.querySelector("h2").after(pick);
+    }
+    const layers = report ? (report.quantile_layers || [m.layer]) : m.names;
+    if (pick.options.length !== layers.length)
+      pick.replaceChildren(...layers.map(n => el("option", {value: n}, n)));
+    pick.value = m.layer;
+    const n = m.steps.length, row = i => m.values.slice(i * n, (i + 1) * n);
+    const d = {steps: m.steps, series: {}};
+    const names = ["min", "p1", "p25", "p50", "p75", "p95", "p99", "max"];
+    names.forEach((k, i) => { d.series[k] = {mean: row(i), min: null, max: null}; });
+    def.build = dd => ({x: dd.steps, lines: [
+      {label: "max", values: dd.series.max.mean, opts: {stroke: "#8888", width: 1, dash: [2, 3]}},
+      {label: "p99", values: dd.series.p99.mean, opts: {stroke: "#3c7fd855", width: 1}, band: "hi"},
+      {label: "p1", values: dd.series.p1.mean, opts: {stroke: "#3c7fd855", width: 1}, band: "lo", fill: "#3c7fd822"},
+      {label: "p75", values: dd.series.p75.mean, opts: {stroke: "#3c7fd8aa", width: 1}, band: "hi"},
+      {label: "p25", values: dd.series.p25.mean, opts: {stroke: "#3c7fd8aa", width: 1}, band: "lo", fill: "#3c7fd855"},
+      {label: "median", values: dd.series.p50.mean, opts: {stroke: "#1d2330", width: 1.5}},
+      {label: "min", values: dd.series.min.mean, opts: {stroke: "#8888", width: 1, dash: [2, 3]}},
+    ]});
+    drawChart(def, d);
+  }
+
+  // -- facts, alerts, findings ------------------------------------------------------------
+
+  function renderFacts(detail) {
+    const r = (detail.ranks || {})[String(S.rank)] || {};
+    const latest = r.latest || {};
+    document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
+    document.getElementById("status").className = "status status-" + detail.status;
+    const fact = (id, label, value, raw) => el("div", {}, el("b", {id, "data-value": raw === undefined ? "" : String(raw)}, value), el("span", {}, label));
+    const step = detail.last_step ?? (S.series && S.series.range ? S.series.range[1] : null);
+    document.getElementById("facts").replaceChildren(
+      fact("last-step", "last step", step == null ? "–" : String(step), step),
+      fact("latest-loss", "loss (latest)", fmt(latest.loss, 5), latest.loss),
+      fact("loss-ema", "loss EMA", fmt(r.loss_ema, 5), r.loss_ema),
+      fact("val-loss", "val loss", fmt(r.val_loss, 5), r.val_loss),
+      fact("lr", "learning rate", fmt(latest.lr, 3), latest.lr),
+      fact("grad-norm", "grad norm", fmt(latest.grad_norm, 4), latest.grad_norm),
+      fact("tps", "tokens/s", fmt(latest.tokens_per_second, 4), latest.tokens_per_second),
+      fact("progress", "progress" + (r.eta_seconds != null ? ` · ${duration(r.eta_seconds)} left` : ""),
+           r.progress_ratio == null ? "–" : Math.round(r.progress_ratio * 100) + "%", r.progress_ratio));
+  }
+
+  function renderAlerts(alerts) {
+    const box = document.getElementById("alerts");
+    if (!alerts.length) { box.replaceChildren(el("div", {class: "empty"}, "No alerts for this run.")); return; }
+    const rows = alerts.map(a => el("tr", {"data-fp": a.fingerprint, "data-state": a.state},
+      el("td", {}, el("span", {class: "sev sev-" + a.severity}, a.severity)),
+      el("td", {}, a.alertname),
+      el("td", {class: "state-" + a.state}, a.state + (a.silenced ? " · silenced" : "") +
+         (a.acked_by !== null && a.acked_at ? ` · acked by ${a.acked_by || "someone"}` : "")),
+      el("td", {class: "msg"}, a.summary),
+      el("td", {}, a.last_step == null ? "" : "step " + a.last_step),
+      el("td", {}, a.state === "resolved" ? "" : el("span", {},
+        el("button", {class: "btn ack", onclick: () => act(`/v1/alerts/${a.fingerprint}/ack`, {by: "web UI"}, "acknowledged")}, "acknowledge"), " ",
+        el("button", {class: "btn silence", onclick: () => act("/v1/silences", {run_id: runId, type: a.type, duration_seconds: 3600, comment: "from the run page", created_by: "web UI"}, "silenced for 1 h")}, "silence 1 h")))));
+    box.replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...["severity", "alert", "state", "summary", "last", ""].map(h => el("th", {}, h)))), el("tbody", {}, ...rows)));
+  }
+  async function act(path, body, done) {
+    try {
+      await api(path, {method: "POST", body});
+      notice(done);
+      refresh();
+    } catch (e) {
+      notice(e.status === 401 ? "Refused: this sidecar needs its bearer token for that. Enter it above."
+        : `Failed (${e.status}): ${e.message}`, "error");
+    }
+  }
+
+  function renderFindings() {
+    document.getElementById("findings-count").textContent = `(${S.findings.length})`;
+    const rows = [...S.findings].sort((a, b) => a.step - b.step).map(f => el("tr", {onclick: () => zoomTo(f.step)},
+      el("td", {}, "step " + f.step), el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
+      el("td", {}, f.type), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""))));
+    document.querySelector("#findings tbody").replaceChildren(...(rows.length ? rows :
+      [el("tr", {}, el("td", {class: "empty"}, "No findings: nothing looked wrong."))]));
+  }
+
+  // -- loading ----------------------------------------------------------------------------
+
+  async function refresh() {
+    if (S.busy) return;
+    S.busy = true;
+    try {
+      const q = new URLSearchParams({points: Math.min(2000, plotWidth()), rank: S.rank});
+      if (S.view) { q.set("start", Math.max(0, Math.floor(S.view[0]))); q.set("end", Math.ceil(S.view[1])); }
+      const [detail, series] = await Promise.all([api(base), api(`${base}/series?${q}`).catch(e => {
+        if (e.status === 404) return null; throw e; })]);
+      S.detail = detail;
+      const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
+      if (total !== S.lastFindings) {
+        S.findings = (await api(`${base}/findings?limit=10000`)).findings;
+        S.lastFindings = total;
+        S.findingsKey = (S.findingsKey || 0) + 1;
+        renderFindings();
+      }
+      if (series) {
+        if (!S.view || !S.series) S.series = series;
+        else S.series = Object.assign({}, series, {range: S.series.range});
+        renderRanks(series.ranks);
+        for (const def of CHARTS.filter(c => c.build && !c.quant)) drawChart(def, series);
+      }
+      renderFacts(detail);
+      renderAlerts(detail.alerts || []);
+      if (!report && (Date.now() - (S.matricesAt || 0) > 4000 || S.view !== S.matricesView)) {
+        S.matricesAt = Date.now(); S.matricesView = S.view;
+        await loadMatrices();
+      } else if (report && !S.matricesAt) { S.matricesAt = 1; await loadMatrices(); }
+      for (const [id, u] of Object.entries(S.charts)) placeMarkers(id, u);
+      document.getElementById("live").textContent = report ? "report" :
+        (detail.active ? "● live" : "stored run") + " · updated " + new Date().toLocaleTimeString();
+      if (!report) notice(S.noticeSticky || "");
+      document.body.dataset.loaded = "1";
+    } catch (e) {
+      notice(e.status === 401 ? "This sidecar requires the token for reads: enter it above." :
+        e.status === 404 ? `No run ${runId} here.` : "Cannot load: " + e.message, "error");
+    } finally { S.busy = false; }
+  }
+
+  function renderRanks(ranks) {
+    const sel = document.getElementById("rank");
+    if (sel.options.length !== ranks.length) {
+      sel.replaceChildren(...ranks.map(r => el("option", {value: r}, String(r))));
+      sel.value = S.rank;
+    }
+    sel.parentElement.style.display = ranks.length > 1 ? "" : "none";
+  }
+
+  document.getElementById("run-id").textContent = runId;
+  document.title = "monitor-agent · " + runId;
+  document.getElementById("rank").addEventListener("change", e => { S.rank = +e.target.value; S.matricesAt = 0; refresh(); });
+  document.getElementById("reset-zoom").addEventListener("click", () => {
+    S.view = null; S.applying = true;
+    for (const u of Object.values(S.charts)) u.setData(u.data, true);
+    S.applying = false; S.matricesAt = 0; refresh();
+  });
+  if (report) document.getElementById("alerts-card").style.display = "none";
+  addEventListener("resize", () => {
+    for (const u of Object.values(S.charts)) u.setSize({width: plotWidth(), height: 220});
+    drawHeats();
+  });
+  MA.tokenBox(refresh);
+  refresh();
+  if (!report) setInterval(refresh, 1000);
+})();
