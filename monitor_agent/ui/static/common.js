@@ -36,7 +36,11 @@ const MA = (() => {
   function tokenBox(onChange) {
     const input = document.getElementById("token");
     if (!input) return;
-    if (report) { input.parentElement.style.display = "none"; return; }
+    if (report) {
+      input.parentElement.style.display = "none";
+      document.getElementById("token-save").style.display = "none";
+      return;
+    }
     input.value = token();
     const save = () => {
       if (input.value) sessionStorage.setItem(KEY, input.value); else sessionStorage.removeItem(KEY);

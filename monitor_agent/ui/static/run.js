@@ -404,7 +404,7 @@
         await loadMatrices();
       } else if (report && !S.matricesAt) { S.matricesAt = 1; await loadMatrices(); }
       for (const [id, u] of Object.entries(S.charts)) placeMarkers(id, u);
-      document.getElementById("live").textContent = report ? "report" :
+      document.getElementById("live").textContent = report ? `backtest report of ${report.trace}` :
         (detail.active ? "● live" : "stored run") + " · updated " + new Date().toLocaleTimeString();
       if (!report) notice(S.noticeSticky || "");
       document.body.dataset.loaded = "1";
