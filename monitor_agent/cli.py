@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--inject-step", type=int, default=200)
     d.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    d.add_argument("--exit-after", type=float, metavar="SECONDS",
+                   help="stop serving this long after the run (default: serve until Ctrl-C)")
     d.set_defaults(func=_demo)
     return p
 
@@ -208,4 +210,4 @@ def _demo(args: argparse.Namespace) -> int:
     from monitor_agent.demo import run_demo
 
     return run_demo(inject=args.inject, steps=args.steps, inject_step=args.inject_step,
-                    port=args.port)
+                    port=args.port, exit_after=args.exit_after)
