@@ -7,7 +7,7 @@
   const runId = report ? report.run_id : decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
   const base = "/v1/runs/" + encodeURIComponent(runId);
   const S = {rank: 0, view: null, series: null, findings: [], detail: null, charts: {}, heats: {},
-             quantLayer: null, applying: false, lastFindings: -1};
+             quantLayer: null, lastFindings: -1};
   window.runPage = S;  // for the browser tests and the curious
 
   const COLORS = ["#3c7fd8", "#e4572e", "#2e9d5b", "#8e44ad", "#e09b00", "#17a2b8", "#d63384",
@@ -30,9 +30,9 @@
     const s = S_.series[name];
     if (!has(s)) return [];
     const out = [{label, values: s.mean, opts: Object.assign({stroke: color, width: 1.5}, extra)}];
-    if (s.min) {
-      out.push({label: label + " max", values: s.max, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "hi"});
-      out.push({label: label + " min", values: s.min, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "lo", fill: color + "22"});
+    if (S.everBucketed || s.min) {  // stable series set: zooming never rebuilds a chart
+      out.push({label: label + " max", values: s.max || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "hi"});
+      out.push({label: label + " min", values: s.min || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "lo", fill: color + "22"});
     }
     return out;
   }
@@ -108,6 +108,7 @@
     const lines = built.lines.filter(l => l.values.some(v => v !== null));
     const card = cardFor(def);
     if (!lines.length || !built.x.length) {
+      if (S.view && S.charts[def.id]) return;  // nothing in the zoomed range: keep the chart
       card.style.display = "none";
       return;
     }
@@ -117,10 +118,8 @@
     const key = lines.map(l => l.label).join("|");
     if (u && u._key !== key) { u.destroy(); u = null; }
     if (u) {
-      S.applying = true;
       u.setData(data, S.view === null);
       if (S.view) u.setScale("x", {min: S.view[0], max: S.view[1]});
-      S.applying = false;
       return;
     }
     const bands = [], hi = lines.findIndex(l => l.band === "hi");
@@ -138,45 +137,44 @@
     if (def.y2) { scales[def.y2] = {}; axes.push({scale: def.y2, side: 1, size: 50, grid: {show: false}, values: yfmt}); }
     u = new uPlot({
       width: plotWidth(), height: 220, scales, axes, bands,
-      cursor: {sync: {key: "run-" + runId}, drag: {x: true, y: false}},
+      cursor: {sync: {key: "run-" + runId}, drag: {x: true, y: false, setScale: false}},
       // spanGaps: sparse series (update ratio every k steps, evals) are lines, not dots;
       // NaN/Inf steps are drawn as red ticks on the loss chart instead of a gap.
       series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
       legend: {live: true},
-      hooks: {setScale: [onScale], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : [])]},
+      hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : [])]},
     }, data, card.querySelector(".plot"));
     u._key = key;
-    u._def = def;
-    if (S.view) { S.applying = true; u.setScale("x", {min: S.view[0], max: S.view[1]}); S.applying = false; }
+    if (S.view) u.setScale("x", {min: S.view[0], max: S.view[1]});
     S.charts[def.id] = u;
   }
 
-  function onScale(u, key) {
-    if (key !== "x" || S.applying) return;
-    const {min, max} = u.scales.x;
-    const full = u.data[0].length && min <= u.data[0][0] && max >= u.data[0][u.data[0].length - 1];
-    S.view = full ? null : [min, max];
-    S.applying = true;
-    for (const other of Object.values(S.charts))
-      if (other !== u) {
-        if (S.view) other.setScale("x", {min, max});
-        else other.setData(other.data, true);
-      }
-    S.applying = false;
+  // Zoom is ours, not uPlot's: a drag selects a range (setSelect), a double click resets,
+  // a finding zooms to its step. One view for every chart and heatmap, re-fetched at full
+  // resolution for the range; a poll never moves it.
+  function onSelect(u) {
+    if (u.select.width < 3) return;
+    const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
+    u.setSelect({left: 0, top: 0, width: 0, height: 0}, false);
+    zoomRange(lo, hi);
+  }
+  function zoomRange(lo, hi) {
+    S.view = [lo, hi];
+    for (const u of Object.values(S.charts)) u.setScale("x", {min: lo, max: hi});
     drawHeats();
     clearTimeout(S.refetch);
-    S.refetch = setTimeout(refresh, 250);  // the zoomed range at full resolution
+    S.refetch = setTimeout(refresh, 150);
   }
-
+  function resetZoom() {
+    S.view = null;
+    for (const u of Object.values(S.charts)) u.setData(u.data, true);
+    S.matricesAt = 0;
+    refresh();
+  }
   function zoomTo(step) {
     const [lo, hi] = S.series ? S.series.range : [0, step * 2];
     const half = Math.max(10, Math.round((hi - lo) * 0.03));
-    S.view = [step - half, step + half];
-    S.applying = true;
-    for (const u of Object.values(S.charts)) u.setScale("x", {min: S.view[0], max: S.view[1]});
-    S.applying = false;
-    drawHeats();
-    refresh();
+    zoomRange(step - half, step + half);
   }
 
   // -- finding markers ------------------------------------------------------------------
@@ -237,11 +235,14 @@
     }
   }
   function placeHeatMarkers(id, heat) {
-    const box = heat.box;
-    box.querySelectorAll(".marker").forEach(n => n.remove());
+    const box = heat.box, key = S.findingsKey + "/" + visibleCharts();
+    if (!box._marks || box._marks.key !== key) {  // kept across redraws: a hover survives
+      box.querySelectorAll(".marker").forEach(n => n.remove());
+      box._marks = S.findings.filter(g => targetOf(g) === id).map(f => [f, markerFor(f, box)]);
+      box._marks.key = key;
+    }
     const [lo, hi] = heat.range;
-    for (const f of S.findings.filter(g => targetOf(g) === id)) {
-      const m = markerFor(f, box);
+    for (const [f, m] of box._marks) {
       m.classList.toggle("hidden", f.step < lo || f.step > hi);
       m.style.left = heat.xpos(f.step) + "px";
       m.style.height = heat.canvas.clientHeight + "px";
@@ -339,7 +340,9 @@
   }
 
   function renderAlerts(alerts) {
-    const box = document.getElementById("alerts");
+    const box = document.getElementById("alerts"), seen = JSON.stringify(alerts);
+    if (seen === S.alertsSeen) return;  // untouched rows: a button stays under the pointer
+    S.alertsSeen = seen;
     if (!alerts.length) { box.replaceChildren(el("div", {class: "empty"}, "No alerts for this run.")); return; }
     const rows = alerts.map(a => el("tr", {"data-fp": a.fingerprint, "data-state": a.state},
       el("td", {}, el("span", {class: "sev sev-" + a.severity}, a.severity)),
@@ -392,6 +395,7 @@
         renderFindings();
       }
       if (series) {
+        S.everBucketed = S.everBucketed || series.bucketed;
         if (!S.view || !S.series) S.series = series;
         else S.series = Object.assign({}, series, {range: S.series.range});
         renderRanks(series.ranks);
@@ -426,11 +430,7 @@
   document.getElementById("run-id").textContent = runId;
   document.title = "monitor-agent · " + runId;
   document.getElementById("rank").addEventListener("change", e => { S.rank = +e.target.value; S.matricesAt = 0; refresh(); });
-  document.getElementById("reset-zoom").addEventListener("click", () => {
-    S.view = null; S.applying = true;
-    for (const u of Object.values(S.charts)) u.setData(u.data, true);
-    S.applying = false; S.matricesAt = 0; refresh();
-  });
+  document.getElementById("reset-zoom").addEventListener("click", resetZoom);
   if (report) document.getElementById("alerts-card").style.display = "none";
   addEventListener("resize", () => {
     for (const u of Object.values(S.charts)) u.setSize({width: plotWidth(), height: 220});
