@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from live_server import LiveServer
 
+from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
