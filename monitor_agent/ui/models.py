@@ -53,12 +53,13 @@ class SeriesOut(BaseModel):
 
 
 class MatrixOut(BaseModel):
-    """A per-layer statistic, names x buckets, row-major (``values[i * len(steps) + j]``)."""
+    """A per-layer statistic, names x buckets, row-major (entry ``i * len(steps) + j``)."""
 
     stat: str
     names: list[str]
     steps: list[int]
-    values: Values
+    values_f32: str = Field(description="Base64 of little-endian float32 values, row-major; "
+                            "NaN where a layer has no value in a bucket.")
     layer: str | None = Field(None, description="grad_quantiles: the parameter shown; its 8 "
                               "quantile rows replace the names.")
 

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import math
 import sqlite3
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 
 from monitor_agent import wire
 from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
-from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH, SCALARS
+from monitor_agent.ui.history import BLOCK_LEVELS, MATRICES, QUANTILE_WIDTH, SCALARS
 
 MAX_POINTS = 10_000
 
@@ -84,19 +85,42 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
                   for i, c in enumerate(SCALARS)}
         steps = list(cols[0])
     else:
-        bucket, bargs = _bucket_sql(lo, hi, points)
-        aggs = ", ".join(f"MIN({c}), MAX({c}), AVG({c})" for c in SCALARS)
-        rows = db.execute(f"SELECT CAST(AVG(step) AS INTEGER), {aggs} FROM steps WHERE {where} "
-                          f"GROUP BY {bucket} ORDER BY 1", args + bargs).fetchall()
-        cols = list(zip(*rows, strict=True))
-        steps = list(cols[0])
-        series = {c: {"min": _clean(cols[1 + 3 * i]), "max": _clean(cols[2 + 3 * i]),
-                      "mean": _clean(cols[3 + 3 * i])} for i, c in enumerate(SCALARS)}
+        steps, series = _bucketed(db, run_id, rank, lo, hi, points)
     series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"])}
     bad = [r[0] for r in db.execute(f"SELECT step FROM steps WHERE {where} AND nonfinite != 0 "
                                     "ORDER BY step LIMIT 1000", args)]
     return {"steps": steps, "series": series, "bucketed": count > points,
             "nonfinite_steps": bad, "range": [lo, hi], "count": count}
+
+
+def block_level(lo: int, hi: int, points: int) -> int | None:
+    """The coarsest pre-aggregated level with at least 4 blocks per bucket (a block that
+    straddles a bucket edge then moves a spike by under a quarter of a pixel), or None."""
+    width = (hi - lo + 1) / points
+    return next((lv for lv in reversed(BLOCK_LEVELS) if lv * 4 <= width), None)
+
+
+def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+              points: int) -> tuple[list[int], dict[str, dict[str, list[float | None]]]]:
+    level = block_level(lo, hi, points)
+    if level is None:
+        bucket, bargs = _bucket_sql(lo, hi, points)
+        aggs = ", ".join(f"MIN({c}), MAX({c}), AVG({c})" for c in SCALARS)
+        sql = (f"SELECT CAST(AVG(step) AS INTEGER), {aggs} FROM steps WHERE run_id=? AND "
+               f"rank=? AND step BETWEEN ? AND ? GROUP BY {bucket} ORDER BY 1")
+        args = [run_id, rank, lo, hi, *bargs]
+    else:
+        bucket = "CAST((step_sum / n - ?) * ? / ? AS INTEGER)"
+        aggs = ", ".join(f"MIN({c}_min), MAX({c}_max), SUM({c}_sum) / SUM({c}_n)"
+                         for c in SCALARS)
+        sql = (f"SELECT CAST(SUM(step_sum) / SUM(n) AS INTEGER), {aggs} FROM step_blocks "
+               f"WHERE run_id=? AND rank=? AND level=? AND block BETWEEN ? AND ? "
+               f"GROUP BY {bucket} ORDER BY 1")
+        args = [run_id, rank, level, lo // level, hi // level, lo, points, hi - lo + 1]
+    cols = list(zip(*db.execute(sql, args).fetchall(), strict=True))
+    series = {c: {"min": _clean(cols[1 + 3 * i]), "max": _clean(cols[2 + 3 * i]),
+                  "mean": _clean(cols[3 + 3 * i])} for i, c in enumerate(SCALARS)}
+    return list(cols[0]), series
 
 
 def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, list[float]]:
@@ -108,9 +132,17 @@ def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, l
 def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
                     points: int) -> dict[str, Any]:
     """Step time per rank on shared buckets (max per bucket: a straggler is a slow step)."""
-    bucket, bargs = _bucket_sql(lo, hi, points)
-    rows = db.execute(f"SELECT rank, {bucket} AS b, MAX(step_time) FROM steps WHERE run_id=? "
-                      "AND step BETWEEN ? AND ? GROUP BY rank, b", bargs + [run_id, lo, hi])
+    level = block_level(lo, hi, points)
+    if level is None:
+        bucket, bargs = _bucket_sql(lo, hi, points)
+        rows = db.execute(f"SELECT rank, {bucket} AS b, MAX(step_time) FROM steps WHERE "
+                          "run_id=? AND step BETWEEN ? AND ? GROUP BY rank, b",
+                          bargs + [run_id, lo, hi])
+    else:
+        rows = db.execute("SELECT rank, CAST((step_sum / n - ?) * ? / ? AS INTEGER) AS b, "
+                          "MAX(step_time_max) FROM step_blocks WHERE run_id=? AND level=? AND "
+                          "block BETWEEN ? AND ? GROUP BY rank, b",
+                          (lo, points, hi - lo + 1, run_id, level, lo // level, hi // level))
     table: dict[int, dict[int, float]] = {}
     for rank, b, value in rows:
         table.setdefault(rank, {})[b] = value
@@ -152,7 +184,7 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
                       (run_id, rank, stat, start if start is not None else -1,
                        end if end is not None else 1 << 62)).fetchall()
     width = len(names) * (QUANTILE_WIDTH if stat == "grad_quantiles" else 1)
-    out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values": []}
+    out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values_f32": ""}
     if not rows or not names:
         return out
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -175,7 +207,10 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
         else:
             agg = np.fmax.reduceat(values, starts, axis=0)
     out["steps"] = xs
-    out["values"] = _clean(agg.T.ravel().tolist())  # names x buckets (quantiles: 8 x buckets)
+    # names x buckets (quantiles: 8 x buckets), float32 little-endian: 150 layers x 1000
+    # buckets is 600 kB this way, several MB as JSON numbers, and no per-value Python work.
+    out["values_f32"] = base64.b64encode(
+        np.ascontiguousarray(agg.T, dtype="<f4").tobytes()).decode()
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import sqlite3
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
@@ -76,7 +78,8 @@ def test_layer_matrix_is_in_model_order_with_max_per_bucket():
     assert m["names"] == ["b", "a", "c"]  # layer_order first, then names as they came
     n = len(m["steps"])
     assert n == 100
-    rows = [m["values"][i * n:(i + 1) * n] for i in range(3)]
+    values = np.frombuffer(base64.b64decode(m["values_f32"]), dtype="<f4").tolist()
+    rows = [values[i * n:(i + 1) * n] for i in range(3)]
     assert set(rows[0]) == {0.5} and max(rows[1]) == 9.0 and set(rows[2]) == {2.0}
 
 
@@ -110,3 +113,25 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert bad.status_code == 422
         assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404
         assert math.isfinite(out["series"]["loss"]["mean"][0])
+
+
+def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():
+    recs = steps(20_000, {7_777: {"loss": 50.0}, 19_999: {"loss": 0.5}})
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(SCHEMA)
+    builder = HistoryBuilder(db, ema_alpha=0.9)
+    for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
+        builder.add(rec)
+        if i % 997 == 0:
+            builder.commit()
+    builder.commit()
+    for points, level in ((10, 256), (300, 16), (5000, None)):
+        assert sr.block_level(1, 20_000, points) == level
+        out = sr.scalars(db, "r", points=points)
+        loss = out["series"]["loss"]
+        assert len(out["steps"]) <= points and out["steps"] == sorted(out["steps"])
+        assert max(loss["max"]) == 50.0 and min(loss["min"]) == 0.5
+        mean = sum(loss["mean"]) / len(loss["mean"])
+        assert 1.9 < mean < 2.1
+    times = sr.rank_step_times(db, "r", 1, 20_000, 20)
+    assert list(times["ranks"]) == ["0"] and len(times["steps"]) <= 20

@@ -252,22 +252,24 @@
   // -- heatmaps and quantiles -----------------------------------------------------------
 
   const matrixCache = {};
-  async function loadMatrices() {
+  function decode(m) {  // values_f32: base64 of little-endian float32 (NaN: no value)
+    const bin = atob(m.values_f32), buf = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
+    m.values = new Float32Array(buf.buffer);
+    return m;
+  }
+  async function fetchMatrices() {  // resolves to a function that installs the answers
     const q = new URLSearchParams({points: Math.min(1500, plotWidth()), rank: S.rank});
     if (S.view) { q.set("start", Math.floor(S.view[0])); q.set("end", Math.ceil(S.view[1])); }
-    for (const def of CHARTS.filter(c => c.heat)) {
-      try { matrixCache[def.heat] = await api(`${base}/matrix/${def.heat}?${q}`); } catch (e) { matrixCache[def.heat] = null; }
-    }
-    try {
-      const ql = new URLSearchParams(q);
-      // Open on the layer the latest grad_distribution finding is about, if any.
-      const about = S.findings.filter(f => f.type === "grad_distribution" && f.layer).pop();
-      S.quantLayer = S.quantLayer || (about && about.layer) || (report && report.quantile_layers[0]) || null;
-      if (S.quantLayer) ql.set("layer", S.quantLayer);
-      matrixCache.grad_quantiles = await api(`${base}/matrix/grad_quantiles?${ql}`);
-    } catch (e) { matrixCache.grad_quantiles = null; }
-    drawHeats();
-    drawQuantiles();
+    const ql = new URLSearchParams(q);
+    // Open on the layer the latest grad_distribution finding is about, if any.
+    const about = S.findings.filter(f => f.type === "grad_distribution" && f.layer).pop();
+    const layer = S.quantLayer || (about && about.layer) || (report && report.quantile_layers[0]);
+    if (layer) ql.set("layer", layer);
+    const wanted = [...CHARTS.filter(c => c.heat).map(c => [c.heat, `${base}/matrix/${c.heat}?${q}`]),
+                    ["grad_quantiles", `${base}/matrix/grad_quantiles?${ql}`]];
+    const got = await Promise.all(wanted.map(([, path]) => api(path).then(decode).catch(() => null)));
+    return () => wanted.forEach(([stat], i) => { matrixCache[stat] = got[i]; });
   }
   function viewRange() {
     if (S.view) return S.view;
@@ -295,14 +297,15 @@
     let pick = card.querySelector("select");
     if (!pick) {
       pick = el("select", {class: "chart-note"});
-      pick.addEventListener("change", () => { S.quantLayer = pick.value; loadMatrices(); });
+      pick.addEventListener("change", () => { S.quantLayer = pick.value; S.matricesAt = 0; refresh(); });
       card.querySelector("h2").after(pick);
     }
     const layers = report ? (report.quantile_layers || [m.layer]) : m.names;
     if (pick.options.length !== layers.length)
       pick.replaceChildren(...layers.map(n => el("option", {value: n}, n)));
     pick.value = m.layer;
-    const n = m.steps.length, row = i => m.values.slice(i * n, (i + 1) * n);
+    const n = m.steps.length;
+    const row = i => Array.from(m.values.subarray(i * n, (i + 1) * n), v => Number.isFinite(v) ? v : null);
     const d = {steps: m.steps, series: {}};
     const names = ["min", "p1", "p25", "p50", "p75", "p95", "p99", "max"];
     names.forEach((k, i) => { d.series[k] = {mean: row(i), min: null, max: null}; });
@@ -384,16 +387,17 @@
     try {
       const q = new URLSearchParams({points: Math.min(2000, plotWidth()), rank: S.rank});
       if (S.view) { q.set("start", Math.max(0, Math.floor(S.view[0]))); q.set("end", Math.ceil(S.view[1])); }
+      // The matrices (heatmaps, quantiles) are fetched alongside, every few seconds.
+      const due = report ? !S.matricesAt : Date.now() - (S.matricesAt || 0) > 4000 ||
+        S.view !== S.matricesView;
+      if (due) { S.matricesAt = Date.now(); S.matricesView = S.view; }
+      if (S.lastFindings < 0) await loadFindings(-1);  // the quantiles open on a finding's layer
+      const matrices = due ? fetchMatrices() : null;
       const [detail, series] = await Promise.all([api(base), api(`${base}/series?${q}`).catch(e => {
         if (e.status === 404) return null; throw e; })]);
       S.detail = detail;
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
-      if (total !== S.lastFindings) {
-        S.findings = (await api(`${base}/findings?limit=10000`)).findings;
-        S.lastFindings = total;
-        S.findingsKey = (S.findingsKey || 0) + 1;
-        renderFindings();
-      }
+      if (total !== S.lastFindings) await loadFindings(total);
       if (series) {
         S.everBucketed = S.everBucketed || series.bucketed;
         if (!S.view || !S.series) S.series = series;
@@ -403,10 +407,11 @@
       }
       renderFacts(detail);
       renderAlerts(detail.alerts || []);
-      if (!report && (Date.now() - (S.matricesAt || 0) > 4000 || S.view !== S.matricesView)) {
-        S.matricesAt = Date.now(); S.matricesView = S.view;
-        await loadMatrices();
-      } else if (report && !S.matricesAt) { S.matricesAt = 1; await loadMatrices(); }
+      if (matrices) {
+        (await matrices)();
+        drawHeats();
+        drawQuantiles();
+      }
       for (const [id, u] of Object.entries(S.charts)) placeMarkers(id, u);
       document.getElementById("live").textContent = report ? `backtest report of ${report.trace}` :
         (detail.active ? "● live" : "stored run") + " · updated " + new Date().toLocaleTimeString();
@@ -416,6 +421,13 @@
       notice(e.status === 401 ? "This sidecar requires the token for reads: enter it above." :
         e.status === 404 ? `No run ${runId} here.` : "Cannot load: " + e.message, "error");
     } finally { S.busy = false; }
+  }
+
+  async function loadFindings(total) {
+    S.findings = (await api(`${base}/findings?limit=10000`)).findings;
+    S.lastFindings = total < 0 ? S.findings.length : total;
+    S.findingsKey = (S.findingsKey || 0) + 1;
+    renderFindings();
   }
 
   function renderRanks(ranks) {
