@@ -34,10 +34,30 @@ def _clean(values: Any) -> list[float | None]:
     return [None if v is None or not math.isfinite(v) else float(v) for v in values]
 
 
-def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int, int] | None:
-    row = db.execute("SELECT MIN(step), MAX(step), COUNT(*) FROM steps WHERE run_id=? AND "
-                     "rank=?", (run_id, rank)).fetchone()
-    return None if row[0] is None else (row[0], row[1], row[2])
+def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int] | None:
+    """First and last step of a rank: two index probes (a COUNT would read every row)."""
+    where = "FROM steps WHERE run_id=? AND rank=? ORDER BY step"
+    first = db.execute(f"SELECT step {where} LIMIT 1", (run_id, rank)).fetchone()
+    if first is None:
+        return None
+    last = db.execute(f"SELECT step {where} DESC LIMIT 1", (run_id, rank)).fetchone()
+    return first[0], last[0]
+
+
+def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+           points: int) -> int:
+    """Steps stored in [lo, hi]: exact when few, from the coarsest blocks when many (a
+    block straddling an end counts whole; only the bucketing decision depends on it)."""
+    if hi - lo + 1 <= points:
+        return db.execute("SELECT COUNT(*) FROM steps WHERE run_id=? AND rank=? AND step "
+                          "BETWEEN ? AND ?", (run_id, rank, lo, hi)).fetchone()[0]
+    level = block_level(lo, hi, points)
+    if level is None:
+        return db.execute("SELECT COUNT(*) FROM steps WHERE run_id=? AND rank=? AND step "
+                          "BETWEEN ? AND ?", (run_id, rank, lo, hi)).fetchone()[0]
+    return db.execute("SELECT COALESCE(SUM(n), 0) FROM step_blocks WHERE run_id=? AND rank=? "
+                      "AND level=? AND block BETWEEN ? AND ?",
+                      (run_id, rank, level, lo // level, hi // level)).fetchone()[0]
 
 
 def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
@@ -76,7 +96,7 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
     lo, hi = max(found[0], start if start is not None else found[0]), min(
         found[1], end if end is not None else found[1])
     where, args = "run_id=? AND rank=? AND step BETWEEN ? AND ?", [run_id, rank, lo, hi]
-    count = db.execute(f"SELECT COUNT(*) FROM steps WHERE {where}", args).fetchone()[0]
+    count = _count(db, run_id, rank, lo, hi, points)
     if count <= points:
         rows = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE {where} "
                           "ORDER BY step", args).fetchall()
@@ -87,17 +107,19 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
     else:
         steps, series = _bucketed(db, run_id, rank, lo, hi, points)
     series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"])}
-    bad = [r[0] for r in db.execute(f"SELECT step FROM steps WHERE {where} AND nonfinite != 0 "
-                                    "ORDER BY step LIMIT 1000", args)]
+    bad = [r[0] for r in db.execute(f"SELECT step FROM steps INDEXED BY steps_nonfinite WHERE "
+                                    f"{where} AND nonfinite != 0 ORDER BY step LIMIT 1000", args)]
     return {"steps": steps, "series": series, "bucketed": count > points,
             "nonfinite_steps": bad, "range": [lo, hi], "count": count}
 
 
 def block_level(lo: int, hi: int, points: int) -> int | None:
-    """The coarsest pre-aggregated level with at least 4 blocks per bucket (a block that
-    straddles a bucket edge then moves a spike by under a quarter of a pixel), or None."""
+    """The coarsest pre-aggregated level with at least 2 blocks per bucket, or None.
+
+    A block goes to the bucket of its mean step, so a spike in a block that straddles a
+    bucket edge moves by at most half a block: a quarter of a bucket, under a pixel."""
     width = (hi - lo + 1) / points
-    return next((lv for lv in reversed(BLOCK_LEVELS) if lv * 4 <= width), None)
+    return next((lv for lv in reversed(BLOCK_LEVELS) if lv * 2 <= width), None)
 
 
 def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,

@@ -125,7 +125,7 @@ def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():
         if i % 997 == 0:
             builder.commit()
     builder.commit()
-    for points, level in ((10, 256), (300, 16), (5000, None)):
+    for points, level in ((10, 256), (100, 64), (300, 16), (5000, None)):
         assert sr.block_level(1, 20_000, points) == level
         out = sr.scalars(db, "r", points=points)
         loss = out["series"]["loss"]
