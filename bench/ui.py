@@ -98,7 +98,7 @@ def index(data: Path) -> float:
         pass
     elapsed = time.perf_counter() - t0
     src.close()
-    indexer._db.close()
+    indexer.builder.db.close()
     return elapsed
 
 

@@ -315,9 +315,9 @@ class HistoryIndexer:
     def __init__(self, records_db: Path, history_db: Path, ema_alpha: float,
                  default_warmup: int, interval: float = 0.2) -> None:
         self.records_db, self.history_db = records_db, history_db
+        self.ema_alpha, self.default_warmup = ema_alpha, default_warmup
         self.interval = interval
-        self._db = open_history(history_db)
-        self.builder = HistoryBuilder(self._db, ema_alpha, default_warmup)
+        self._db: sqlite3.Connection | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="history", daemon=True)
 
@@ -327,24 +327,39 @@ class HistoryIndexer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-        self._db.close()
 
     def _loop(self) -> None:
-        src = sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+        # Opened here, not in the app's startup: a history that cannot be written (a full
+        # disk) costs the charts, never the sidecar's readiness.
+        src = None
         try:
             while not self._stop.is_set():
                 try:
+                    if src is None:
+                        self._open()
+                        src = sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
                     busy = self.catch_up(src)
-                except sqlite3.Error:
-                    log.exception("history indexing failed; retrying")
+                except sqlite3.Error as exc:
+                    log.warning("chart history: %s; retrying", exc)
                     busy = False
+                    self._stop.wait(5.0)
                 if not busy:
                     self._stop.wait(self.interval)
         finally:
-            src.close()
+            if src is not None:
+                src.close()
+            if self._db is not None:
+                self._db.close()
+
+    def _open(self) -> None:
+        if self._db is None:
+            self._db = open_history(self.history_db)
+            self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup)
 
     def catch_up(self, src: sqlite3.Connection) -> bool:
         """Fold one batch of new records; True when there may be more."""
+        self._open()
+        assert self._db is not None
         row = self._db.execute("SELECT last_id FROM cursor").fetchone()
         last = row[0] if row else 0
         rows = src.execute(

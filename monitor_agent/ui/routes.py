@@ -58,10 +58,14 @@ def static(path: str) -> Response:
 
 
 def _history(request: Request) -> sqlite3.Connection:
+    path = request.app.state.history.history_db
     try:
-        return open_history(request.app.state.history.history_db, readonly=True)
+        if not path.is_file():
+            raise sqlite3.OperationalError(f"{path} does not exist yet")
+        return open_history(path, readonly=True)
     except sqlite3.Error as exc:
-        raise HTTPException(503, f"chart history not readable yet: {exc}") from exc
+        raise HTTPException(503, f"chart history not readable yet: {exc}; retry shortly",
+                            headers={"Retry-After": "1"}) from exc
 
 
 def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | None,

@@ -101,7 +101,12 @@
     }
     return card;
   }
-  const plotWidth = () => Math.max(300, (document.querySelector("#charts .card") || document.body).clientWidth - 26);
+  // A chart's plot width in CSS pixels, known before any chart exists (the grid's first
+  // column): the server is asked for as many buckets as there are pixels, no more.
+  const plotWidth = () => {
+    const track = parseFloat(getComputedStyle(document.getElementById("charts")).gridTemplateColumns);
+    return Math.max(300, Math.round((track || document.body.clientWidth) - 26));
+  };
 
   function drawChart(def, d) {
     const built = def.build(d);
@@ -259,7 +264,7 @@
     return m;
   }
   async function fetchMatrices() {  // resolves to a function that installs the answers
-    const q = new URLSearchParams({points: Math.min(1500, plotWidth()), rank: S.rank});
+    const q = new URLSearchParams({points: Math.min(1500, plotWidth() + 26), rank: S.rank});
     if (S.view) { q.set("start", Math.floor(S.view[0])); q.set("end", Math.ceil(S.view[1])); }
     const ql = new URLSearchParams(q);
     // Open on the layer the latest grad_distribution finding is about, if any.
