@@ -46,6 +46,7 @@ class SeriesOut(BaseModel):
     nonfinite_steps: list[int] = Field(description="Steps whose loss or grad norm was NaN/Inf.")
     evals: Evals
     rank_step_time: RankStepTimes
+    latest: dict[str, float | None] = Field(description="The last stored step's values.")
     warmup: int
     total_steps: int | None
     layers: list[str] = Field(description="Parameter names in model order.")

@@ -33,7 +33,12 @@ STATIC = resources.files("monitor_agent.ui") / "static"
 pages = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
 Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
-Step = Query(None, ge=-1, le=2**62)
+
+
+def _step(what: str) -> Any:
+    # One Query object per parameter: FastAPI binds a shared one to a single name.
+    return Query(None, ge=-1, le=2**62, description=f"{what} step of the range (default: "
+                 f"the run's {what.lower()}).")
 
 
 @pages.get("/", response_class=HTMLResponse)
@@ -85,6 +90,7 @@ def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | N
         update_band=sr.update_band(found["steps"], meta["warmup"] or 0, meta["total_steps"]),
         evals=sr.evals(db, run_id, rank, start, end, points),
         rank_step_time=sr.rank_step_times(db, run_id, lo, hi, points),
+        latest=sr.latest(db, run_id, rank),
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
         layers=meta["layers"], modules=meta["modules"],
     )
@@ -93,7 +99,7 @@ def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | N
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
 def get_series(run_id: str, request: Request, points: int = Points, rank: int = Query(0, ge=0),
-               start: int | None = Step, end: int | None = Step) -> Response:
+               start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
     db = _history(request)
     try:
         out = series_answer(db, run_id, rank, start, end, points)
@@ -110,7 +116,7 @@ def get_matrix(
     run_id: str, request: Request,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
     points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Query(0, ge=0),
-    start: int | None = Step, end: int | None = Step,
+    start: int | None = _step("First"), end: int | None = _step("Last"),
     layer: str | None = Query(None, max_length=1000),
 ) -> Response:
     db = _history(request)

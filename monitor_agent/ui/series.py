@@ -113,6 +113,15 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
             "nonfinite_steps": bad, "range": [lo, hi], "count": count}
 
 
+def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
+    """The last stored step's values (the page's header for a run no longer in memory)."""
+    row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "
+                     "ORDER BY step DESC LIMIT 1", (run_id, rank)).fetchone()
+    if row is None:
+        return {}
+    return {"step": row[0], **dict(zip(SCALARS, _clean(row[1:]), strict=True))}
+
+
 def block_level(lo: int, hi: int, points: int) -> int | None:
     """The coarsest pre-aggregated level with at least 2 blocks per bucket, or None.
 

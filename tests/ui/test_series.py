@@ -109,6 +109,10 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert max(out["series"]["loss"]["max"]) == 9.0
         assert out["warmup"] == 10 and out["total_steps"] == 300
         assert len(out["update_band"]["low"]) == 30
+        zoom = httpx.get(srv.url + "/v1/runs/r/series?points=30&start=100&end=200",
+                         headers=auth).json()
+        assert zoom["range"] == [100, 200] and zoom["count"] == 101
+        assert 100 <= zoom["steps"][0] < zoom["steps"][-1] <= 200
         bad = httpx.get(srv.url + "/v1/runs/r/series?points=1", headers=auth)
         assert bad.status_code == 422
         assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404

@@ -53,7 +53,7 @@
       const idx = new Map(d.steps.map((x, i) => [x, i]));
       lines.forEach(l => { l.values = xs.map(x => idx.has(x) ? l.values[idx.get(x)] : null); });
       lines.push({label: "val loss", values: val, opts: {stroke: COLORS[2], width: 2, spanGaps: true,
-                  points: {show: true, size: 5}}});
+                  points: {show: d.evals.steps.length <= 60, size: 5}}});
       return {x: xs, lines, spanGaps: true};
     }},
     {id: "grad", title: "Gradient norm · clip threshold", build: d => ({x: d.steps, lines: [
@@ -87,7 +87,8 @@
     {id: "heat_zero", title: "Activation zero fraction per module", heat: "act_zero_frac", log: false},
     {id: "category", title: "Eval loss per category", build: d => ({x: d.evals.steps,
       lines: Object.entries(d.evals.categories).map(([n, v], i) => ({label: n, values: v,
-        opts: {stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: true, size: 4}}}))})},
+        opts: {stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+               points: {show: d.evals.steps.length <= 60, size: 4}}}))})},
   ];
 
   // -- uPlot charts ---------------------------------------------------------------------
@@ -135,7 +136,7 @@
       }
     }
     void hi;
-    const yfmt = (u_, vals) => vals.map(v => fmt(v, 3));
+    const yfmt = (u_, vals) => vals.map(v => v == null ? "" : fmt(v, 3));  // null: unlabelled log tick
     const axes = [{}, {size: 64, values: yfmt}];
     const scales = {x: {time: false}};
     if (def.log) scales.y = {distr: 3};
@@ -150,6 +151,9 @@
       hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : [])]},
     }, data, card.querySelector(".plot"));
     u._key = key;
+    // The min/max band edges are drawing aids: keep them out of the legend.
+    const rows = u.root.querySelectorAll(".u-legend .u-series");
+    lines.forEach((l, i) => { if (/ (max|min)$/.test(l.label) && rows[i + 1]) rows[i + 1].style.display = "none"; });
     if (S.view) u.setScale("x", {min: S.view[0], max: S.view[1]});
     S.charts[def.id] = u;
   }
@@ -329,12 +333,15 @@
   // -- facts, alerts, findings ------------------------------------------------------------
 
   function renderFacts(detail) {
-    const r = (detail.ranks || {})[String(S.rank)] || {};
-    const latest = r.latest || {};
+    // A run no longer in the sidecar's memory has no live values: the last stored step.
+    const stored = (S.series && S.series.latest) || {};
+    const r = (detail.ranks || {})[String(S.rank)] || {loss_ema: stored.loss_ema,
+      val_loss: S.series && S.series.evals.val_loss.filter(v => v !== null).pop()};
+    const latest = r.latest || stored;
     document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
     document.getElementById("status").className = "status status-" + detail.status;
     const fact = (id, label, value, raw) => el("div", {}, el("b", {id, "data-value": raw === undefined ? "" : String(raw)}, value), el("span", {}, label));
-    const step = detail.last_step ?? (S.series && S.series.range ? S.series.range[1] : null);
+    const step = detail.last_step ?? stored.step ?? null;
     document.getElementById("facts").replaceChildren(
       fact("last-step", "last step", step == null ? "–" : String(step), step),
       fact("latest-loss", "loss (latest)", fmt(latest.loss, 5), latest.loss),
