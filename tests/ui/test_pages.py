@@ -91,7 +91,7 @@ def test_a_live_step_appears_within_two_seconds(browser, fed):
         "u.data[0][u.data[0].length - 1] === +arguments[0]", str(step)))
 
 
-def test_acknowledge_needs_the_token_and_changes_the_alert(browser, fed, shots: Path):
+def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
     alerts = [a for a in fed.get(f"/v1/alerts?run_id={fed.run_id}")["alerts"]
               if a["state"] != "resolved"]
     assert alerts, "the fed run should have an open alert"
@@ -111,6 +111,12 @@ def test_acknowledge_needs_the_token_and_changes_the_alert(browser, fed, shots: 
     browser.find_element(By.CSS_SELECTOR, f"tr[data-fp='{fp}'] button.ack").click()
     WebDriverWait(browser, 5).until(lambda d: _alert(fed, fp)["acked_at"] is not None)
     assert _alert(fed, fp)["acked_by"] == "web UI"
+
+    browser.find_element(By.CSS_SELECTOR, f"tr[data-fp='{fp}'] button.silence").click()
+    WebDriverWait(browser, 5).until(lambda d: [
+        s for s in fed.get("/v1/silences")["silences"] if s["run_id"] == fed.run_id])
+    silence = fed.get("/v1/silences")["silences"][0]
+    assert silence["type"] == alerts[0]["type"] and silence["created_by"] == "web UI"
     browser.execute_script("sessionStorage.clear()")
 
 

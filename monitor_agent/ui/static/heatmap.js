@@ -36,7 +36,11 @@ const Heatmap = (() => {
       ctx.fillStyle = "#e9ebef"; ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
       if (!rows || !cols) { this.legend.textContent = "not recorded"; return; }
       const tf = v => (v == null ? NaN : this.log ? (v > 0 ? Math.log10(v) : NaN) : v);
-      const vals = m.values.map(tf), finite = vals.filter(Number.isFinite).sort((a, b) => a - b);
+      const vals = m.values.map(tf);
+      // The colour range from a sample of at most ~20k cells: sorting 150 x 1000 costs more
+      // than drawing them, and the 2nd/98th percentiles barely move.
+      const every = Math.max(1, Math.floor(vals.length / 20000));
+      const finite = vals.filter((v, i) => i % every === 0 && Number.isFinite(v)).sort((a, b) => a - b);
       this.lo = finite.length ? quantile(finite, 0.02) : 0;
       this.hi = finite.length ? quantile(finite, 0.98) : 1;
       if (this.hi <= this.lo) this.hi = this.lo + 1;
