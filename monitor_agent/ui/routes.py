@@ -157,10 +157,7 @@ def _summaries(engine: Engine, firing: dict[str, int]) -> list[RunSummary]:
 
 
 def _severity(engine: Engine, run_id: str) -> tuple[int, str | None]:
-    # Read-only SQL on the engine's own connection, on the engine thread.
-    rows = engine.store._db.execute(  # noqa: SLF001 (no public per-severity count yet)
-        "SELECT severity, COUNT(*) FROM findings WHERE run_id=? GROUP BY severity", (run_id,))
-    counts = dict(rows.fetchall())
+    counts = engine.store.finding_severity_counts(run_id)
     worst = max(counts, key=lambda s: Severity.parse(s), default=None)
     return sum(counts.values()), worst
 
