@@ -32,6 +32,7 @@ from monitor_agent.ui.models import MatrixOut, RunsOut, RunSummary, SeriesOut
 STATIC = resources.files("monitor_agent.ui") / "static"
 pages = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
+Rank = Query(0, ge=0, le=2**31, description="Which rank's series.")
 Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
 
 
@@ -98,7 +99,7 @@ def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | N
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, request: Request, points: int = Points, rank: int = Query(0, ge=0),
+def get_series(run_id: str, request: Request, points: int = Points, rank: int = Rank,
                start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
     db = _history(request)
     try:
@@ -115,7 +116,7 @@ def get_series(run_id: str, request: Request, points: int = Points, rank: int = 
 def get_matrix(
     run_id: str, request: Request,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
-    points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Query(0, ge=0),
+    points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Rank,
     start: int | None = _step("First"), end: int | None = _step("Last"),
     layer: str | None = Query(None, max_length=1000),
 ) -> Response:
