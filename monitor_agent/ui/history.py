@@ -28,15 +28,10 @@ import numpy as np
 
 from monitor_agent import wire
 from monitor_agent.detectors.category_divergence import category_losses
+from monitor_agent.ui import blocks
+from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 
 log = logging.getLogger(__name__)
-
-SCALARS: tuple[str, ...] = (
-    "loss", "loss_ema", "lr", "grad_norm", "clip_threshold", "update_ratio",
-    "tokens_per_second", "mfu", "mem_allocated", "mem_reserved", "mem_peak", "step_time",
-    "data_time", "loss_scale",
-)
-"""Per-step columns, in table order."""
 
 MATRICES: dict[str, str] = {
     "grad_norm": "param", "update_ratio": "param",
@@ -45,11 +40,6 @@ MATRICES: dict[str, str] = {
 """Per-step vectors and the name space (parameters or modules) their entries follow."""
 
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
-
-BLOCK_LEVELS: tuple[int, ...] = (16, 64, 256)
-"""Steps per pre-aggregated block. A whole-run chart of 200,000 steps in 1000 buckets reads
-3,125 blocks of 64 instead of 200,000 rows; each level is built from the one below as
-steps arrive."""
 
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
@@ -71,6 +61,9 @@ CREATE TABLE IF NOT EXISTS step_blocks (
     run_id TEXT, rank INTEGER, level INTEGER, block INTEGER, n INTEGER, step_sum REAL,
     {_BLOCK_COLS},
     PRIMARY KEY (run_id, rank, level, block)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS matrix_blocks (
+    run_id TEXT, rank INTEGER, stat TEXT, level INTEGER, block INTEGER, data BLOB NOT NULL,
+    PRIMARY KEY (run_id, rank, stat, level, block)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, rank INTEGER, step INTEGER, val_loss REAL, categories TEXT,
     PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
@@ -259,9 +252,12 @@ class HistoryBuilder:
             marks = ",".join("?" * (4 + len(SCALARS)))
             db.executemany(f"INSERT OR REPLACE INTO steps (run_id, rank, step, nonfinite, "
                            f"{cols}) VALUES ({marks})", self._steps)
-            self._aggregate({(r[0], r[1], r[2] // BLOCK_LEVELS[0]) for r in self._steps})
+            blocks.aggregate_steps(db, {(r[0], r[1], r[2] // BLOCK_LEVELS[0])
+                                        for r in self._steps})
             db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", self._evals)
             db.executemany("INSERT OR REPLACE INTO matrices VALUES (?,?,?,?,?)", self._matrices)
+            blocks.aggregate_matrices(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
+                                           for r in self._matrices if r[2] in BLOCKED_MATRICES})
             db.executemany("INSERT OR REPLACE INTO names VALUES (?,?,?)",
                            [(*k, wire.dumps(self._names[k]).decode()) for k in self._dirty_names])
             db.executemany("INSERT OR REPLACE INTO ema VALUES (?,?,?,?)",
@@ -274,33 +270,6 @@ class HistoryBuilder:
             raise
         self._steps, self._evals, self._matrices = [], [], []
         self._dirty_names.clear()
-
-
-    def _aggregate(self, blocks: set[tuple[str, int, int]]) -> None:
-        """Recompute the touched blocks of every level from the level below (or the steps)."""
-        below = None
-        for level in BLOCK_LEVELS:
-            if below is not None:
-                blocks = {(run, rank, b * below // level) for run, rank, b in blocks}
-            for run_id, rank, block in blocks:
-                self.db.execute(_block_sql(level, below), (
-                    run_id, rank, level, block, run_id, rank, block * level,
-                    (block + 1) * level - 1) if below is None else (
-                    run_id, rank, level, block, run_id, rank, below, block * level // below,
-                    (block + 1) * level // below - 1))
-            below = level
-
-
-def _block_sql(level: int, below: int | None) -> str:
-    """INSERT OR REPLACE one block, aggregated from the steps or from the level below."""
-    if below is None:
-        aggs = ", ".join(f"MIN({c}), MAX({c}), SUM({c}), COUNT({c})" for c in SCALARS)
-        return (f"INSERT OR REPLACE INTO step_blocks SELECT ?, ?, ?, ?, COUNT(*), SUM(step), "
-                f"{aggs} FROM steps WHERE run_id=? AND rank=? AND step BETWEEN ? AND ?")
-    aggs = ", ".join(f"MIN({c}_min), MAX({c}_max), SUM({c}_sum), SUM({c}_n)" for c in SCALARS)
-    return (f"INSERT OR REPLACE INTO step_blocks SELECT ?, ?, ?, ?, SUM(n), SUM(step_sum), "
-            f"{aggs} FROM step_blocks WHERE run_id=? AND rank=? AND level=? "
-            "AND block BETWEEN ? AND ?")
 
 
 class HistoryIndexer:

@@ -24,7 +24,8 @@ import numpy as np
 
 from monitor_agent import wire
 from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
-from monitor_agent.ui.history import BLOCK_LEVELS, MATRICES, QUANTILE_WIDTH, SCALARS
+from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
 
@@ -210,10 +211,7 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     space = MATRICES[stat]
     meta = run_meta(db, run_id)
     names = meta["layers"] if space == "param" else meta["modules"]
-    rows = db.execute("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND stat=? "
-                      "AND step BETWEEN ? AND ? ORDER BY step",
-                      (run_id, rank, stat, start if start is not None else -1,
-                       end if end is not None else 1 << 62)).fetchall()
+    rows = _matrix_rows(db, run_id, rank, stat, start, end, points)
     width = len(names) * (QUANTILE_WIDTH if stat == "grad_quantiles" else 1)
     out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values_f32": ""}
     if not rows or not names:
@@ -243,6 +241,24 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     out["values_f32"] = base64.b64encode(
         np.ascontiguousarray(agg.T, dtype="<f4").tobytes()).decode()
     return out
+
+
+def _matrix_rows(db: sqlite3.Connection, run_id: str, rank: int, stat: str,
+                 start: int | None, end: int | None, points: int) -> list[tuple[int, bytes]]:
+    """(step, vector) rows of the range: the stored ones, or per-layer maxima of blocks
+    (placed at their middle step) when the range spans at least 2 blocks per bucket."""
+    found = step_range(db, run_id, rank)
+    lo = start if start is not None else (found[0] if found else -1)
+    hi = end if end is not None else (found[1] if found else 1 << 62)
+    level = block_level(lo, hi, points) if stat in BLOCKED_MATRICES and found else None
+    if level is None:
+        return db.execute("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND "
+                          "stat=? AND step BETWEEN ? AND ? ORDER BY step",
+                          (run_id, rank, stat, lo, hi)).fetchall()
+    return db.execute("SELECT block * ? + ? / 2, data FROM matrix_blocks WHERE run_id=? AND "
+                      "rank=? AND stat=? AND level=? AND block BETWEEN ? AND ? ORDER BY block",
+                      (level, level, run_id, rank, stat, level, lo // level,
+                       hi // level)).fetchall()
 
 
 def _buckets(steps: np.ndarray, points: int) -> tuple[np.ndarray, list[int]]:

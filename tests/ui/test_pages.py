@@ -98,8 +98,7 @@ def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
     fp = alerts[0]["fingerprint"]
     open_run_page(browser, fed)
     browser.execute_script("sessionStorage.clear()")
-    button = browser.find_element(By.CSS_SELECTOR, f"tr[data-fp='{fp}'] button.ack")
-    button.click()
+    click(browser, f"tr[data-fp='{fp}'] button.ack")
     WebDriverWait(browser, 5).until(
         lambda d: "Refused" in d.find_element(By.ID, "notice").text)
     assert _alert(fed, fp)["acked_at"] is None
@@ -108,16 +107,22 @@ def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
     token = browser.find_element(By.ID, "token")
     token.send_keys("ui-test-token")
     browser.find_element(By.ID, "token-save").click()
-    browser.find_element(By.CSS_SELECTOR, f"tr[data-fp='{fp}'] button.ack").click()
+    click(browser, f"tr[data-fp='{fp}'] button.ack")
     WebDriverWait(browser, 5).until(lambda d: _alert(fed, fp)["acked_at"] is not None)
     assert _alert(fed, fp)["acked_by"] == "web UI"
 
-    browser.find_element(By.CSS_SELECTOR, f"tr[data-fp='{fp}'] button.silence").click()
+    click(browser, f"tr[data-fp='{fp}'] button.silence")
     WebDriverWait(browser, 5).until(lambda d: [
         s for s in fed.get("/v1/silences")["silences"] if s["run_id"] == fed.run_id])
     silence = fed.get("/v1/silences")["silences"][0]
     assert silence["type"] == alerts[0]["type"] and silence["created_by"] == "web UI"
     browser.execute_script("sessionStorage.clear()")
+
+
+def click(browser, selector: str) -> None:
+    """Click what the selector names now (the alerts table re-renders when alerts change)."""
+    WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "const b = document.querySelector(arguments[0]); if (b) b.click(); return !!b", selector))
 
 
 def _alert(fed, fp: str) -> dict:

@@ -139,3 +139,26 @@ def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():
         assert 1.9 < mean < 2.1
     times = sr.rank_step_times(db, "r", 1, 20_000, 20)
     assert list(times["ranks"]) == ["0"] and len(times["steps"]) <= 20
+
+
+def test_layer_blocks_keep_a_one_step_layer_spike_at_any_zoom():
+    recs = steps(20_000)
+    for rec in recs[1:]:
+        rec["layers"] = {"a": {"grad_norm": 7.0 if rec["step"] == 12_345 else 1.0},
+                         "b": {"grad_norm": 0.5}}
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(SCHEMA)
+    builder = HistoryBuilder(db, ema_alpha=0.9)
+    for i, rec in enumerate(recs):
+        builder.add(rec)
+        if i % 1500 == 0:
+            builder.commit()
+    builder.commit()
+    for points in (10, 100, 300, 5000):  # levels 256, 64, 16 and the stored rows
+        m = sr.matrix(db, "r", "grad_norm", points=points)
+        n = len(m["steps"])
+        values = np.frombuffer(base64.b64decode(m["values_f32"]), dtype="<f4")
+        a, b = values[n:2 * n], values[:n]  # model order: b first (layer_order)
+        assert n <= points and a.max() == 7.0 and set(b.tolist()) == {0.5}
+        spike = m["steps"][int(a.argmax())]
+        assert abs(spike - 12_345) <= 20_000 / points, (points, spike)

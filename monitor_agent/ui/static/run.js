@@ -371,13 +371,17 @@
         el("button", {class: "btn silence", onclick: () => act("/v1/silences", {run_id: runId, type: a.type, duration_seconds: 3600, comment: "from the run page", created_by: "web UI"}, "silenced for 1 h")}, "silence 1 h")))));
     box.replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...["severity", "alert", "state", "summary", "last", ""].map(h => el("th", {}, h)))), el("tbody", {}, ...rows)));
   }
+  function say(text, kind = "") {  // an action's outcome stays up a while, polls or not
+    S.said = {text, kind, until: Date.now() + 8000};
+    notice(text, kind);
+  }
   async function act(path, body, done) {
     try {
       await api(path, {method: "POST", body});
-      notice(done);
+      say(done);
       refresh();
     } catch (e) {
-      notice(e.status === 401 ? "Refused: this sidecar needs its bearer token for that. Enter it above."
+      say(e.status === 401 ? "Refused: this sidecar needs its bearer token for that. Enter it above."
         : `Failed (${e.status}): ${e.message}`, "error");
     }
   }
@@ -427,7 +431,8 @@
       for (const [id, u] of Object.entries(S.charts)) placeMarkers(id, u);
       document.getElementById("live").textContent = report ? `backtest report of ${report.trace}` :
         (detail.active ? "● live" : "stored run") + " · updated " + new Date().toLocaleTimeString();
-      if (!report) notice(S.noticeSticky || "");
+      if (S.said && S.said.until > Date.now()) notice(S.said.text, S.said.kind);
+      else notice("");
       document.body.dataset.loaded = "1";
     } catch (e) {
       notice(e.status === 401 ? "This sidecar requires the token for reads: enter it above." :
