@@ -34,7 +34,7 @@ sys.path[:0] = [str(REPO), str(REPO / "client")]
 from monitor_agent.embedded import EmbeddedServer, free_port  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
 from monitor_agent.store import RecordRow, Store  # noqa: E402
-from monitor_agent.ui.history import HistoryIndexer  # noqa: E402
+from monitor_agent.ui.indexer import HistoryIndexer  # noqa: E402
 
 LAYERS = [f"blocks.{i // 6}.{p}" for i, p in
           enumerate(["attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "mlp.fc.weight",

@@ -33,7 +33,7 @@ from monitor_agent.runner import EngineRunner
 from monitor_agent.settings import Settings
 from monitor_agent.store import StorageError, Store
 from monitor_agent.ui import routes as ui
-from monitor_agent.ui.history import HistoryIndexer
+from monitor_agent.ui.indexer import HistoryIndexer
 
 log = logging.getLogger(__name__)
 
