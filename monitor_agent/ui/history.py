@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import math
 import sqlite3
 from pathlib import Path
@@ -29,8 +28,6 @@ from monitor_agent import wire
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
-
-log = logging.getLogger(__name__)
 
 MATRICES: dict[str, str] = {
     "grad_norm": "param", "update_ratio": "param",

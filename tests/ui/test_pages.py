@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -127,3 +128,27 @@ def click(browser, selector: str) -> None:
 
 def _alert(fed, fp: str) -> dict:
     return next(a for a in fed.get("/v1/alerts")["alerts"] if a["fingerprint"] == fp)
+
+
+def test_reads_follow_auth_reads(browser, tmp_path: Path):
+    from live_server import LiveServer
+    from monitor_agent.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path, token="read-token", auth_reads=True)
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", timeout=10, headers={
+            "Authorization": "Bearer read-token"}, json={"records": [
+                {"kind": "step", "run_id": "locked", "step": s, "time": 1.0 + s, "loss": 2.0}
+                for s in range(1, 30)]})
+        assert res.status_code == 200
+        browser.get(srv.url + "/runs/locked")
+        browser.execute_script("sessionStorage.clear()")
+        browser.get(srv.url + "/runs/locked")
+        WebDriverWait(browser, 5).until(
+            lambda d: "requires the token" in d.find_element(By.ID, "notice").text)
+        assert not browser.find_elements(By.ID, "last-step")  # nothing shown without it
+        browser.find_element(By.ID, "token").send_keys("read-token")
+        browser.find_element(By.ID, "token-save").click()
+        WebDriverWait(browser, 10).until(
+            lambda d: d.find_element(By.ID, "last-step").text == "29")
+        browser.execute_script("sessionStorage.clear()")
