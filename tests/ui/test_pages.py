@@ -23,7 +23,7 @@ def open_run_page(browser, fed) -> None:
 
 def test_every_chart_ships_with_the_package():
     for name in ("run.html", "runs.html", "run.js", "runs.js", "common.js", "heatmap.js",
-                 "ui.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+                 "charts.js", "ui.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
                  "vendor/uPlot.LICENSE"):
         assert (STATIC / name).is_file(), name
     for name in ("run.html", "runs.html"):
