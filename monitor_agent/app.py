@@ -32,6 +32,8 @@ from monitor_agent.metrics import SelfMetrics
 from monitor_agent.runner import EngineRunner
 from monitor_agent.settings import Settings
 from monitor_agent.store import StorageError, Store
+from monitor_agent.ui import routes as ui
+from monitor_agent.ui.indexer import HistoryIndexer
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     for module in (ingest, runs, actions, alerts, health):
         app.include_router(module.router)
+    app.include_router(ui.api)
+    app.include_router(ui.pages)
     app.middleware("http")(storage_gate)
     ingest.install_openapi(app)
     return app
@@ -88,6 +92,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await worker
+        if hasattr(app.state, "history"):
+            app.state.history.stop()
         if hasattr(app.state, "engine"):
             app.state.alerting.stop(timeout=5.0)
             await runner.call(_shutdown, app.state.engine, app.state.engine.store)
@@ -127,6 +133,11 @@ async def _open(app: FastAPI) -> None:
         on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
     )
     app.state.alerting = alerting
+    # The charts' own copy of the history, kept up to date from a thread of its own.
+    app.state.history = HistoryIndexer(
+        settings.db_path, settings.data_dir / "history.sqlite",
+        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps)
+    app.state.history.start()
     app.state.engine = engine  # last: its presence means "open" to the storage gate
     alerting.start()
     app.state.readiness.set(unwritable)

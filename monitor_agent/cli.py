@@ -3,7 +3,8 @@
 Example::
 
     monitor-agent serve --port 9400 --data-dir /var/lib/monitor-agent
-    monitor-agent replay run.jsonl.gz --findings-out findings.jsonl
+    monitor-agent replay run.jsonl.gz --findings-out findings.jsonl --report report.html
+    monitor-agent export gpt-7 -o gpt-7.jsonl.gz --data-dir /var/lib/monitor-agent
 """
 
 from __future__ import annotations
@@ -49,7 +50,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--findings-out", type=Path, help="write every finding as a JSON line here")
     r.add_argument("--config", type=Path, help="YAML config file (detector thresholds)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--report", type=Path, metavar="HTML",
+                   help="write a self-contained HTML report (charts, every finding marked)")
     r.set_defaults(func=_replay)
+
+    e = sub.add_parser("export", help="write a stored run as a trace file replay accepts")
+    e.add_argument("run_id")
+    e.add_argument("-o", "--output", type=Path, required=True, help="trace file (.jsonl[.gz])")
+    src = e.add_mutually_exclusive_group()
+    src.add_argument("--data-dir", type=Path, help="the sidecar's data directory (default: "
+                     "env MONITOR_AGENT_DATA_DIR or monitor-data)")
+    src.add_argument("--url", help="a running sidecar, e.g. http://127.0.0.1:9400")
+    e.add_argument("--token", help="bearer token for --url (env MONITOR_AGENT_TOKEN)")
+    e.set_defaults(func=_export)
 
     c = sub.add_parser("check-config", help="validate a YAML config file and its rules")
     c.add_argument("file", type=Path)
@@ -61,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--inject-step", type=int, default=200)
     d.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    d.add_argument("--exit-after", type=float, metavar="SECONDS",
+                   help="stop serving this long after the run (default: serve until Ctrl-C)")
     d.set_defaults(func=_demo)
     return p
 
@@ -107,6 +122,9 @@ def _replay(args: argparse.Namespace) -> int:
     if missing:
         print(f"monitor-agent replay: no such file: {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
+    if args.report and len(args.files) != 1:
+        print("monitor-agent replay: --report takes exactly one trace file", file=sys.stderr)
+        return 2
     bar = _progress_bar(args.files, disable=args.quiet)
     try:
         runs = replay_files(args.files, settings, on_record=bar.update if bar else None)
@@ -122,6 +140,31 @@ def _replay(args: argparse.Namespace) -> int:
                 for f in run.findings:
                     fh.write(wire.dumps(f.to_dict()) + b"\n")
     _print_summary(runs)
+    if args.report:
+        from monitor_agent.ui.report import write_report
+
+        run_id = write_report(args.files[0], runs[0], args.report, settings)
+        print(f"report of run {run_id}: {args.report}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import os
+
+    from monitor_agent.export import ExportError, export_from_data_dir, export_from_url
+
+    try:
+        if args.url:
+            token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
+            count = export_from_url(args.url, args.run_id, args.output, token)
+        else:
+            data_dir = args.data_dir or Path(os.environ.get("MONITOR_AGENT_DATA_DIR",
+                                                            "monitor-data"))
+            count = export_from_data_dir(data_dir, args.run_id, args.output)
+    except ExportError as exc:
+        print(f"monitor-agent export: {exc}", file=sys.stderr)
+        return 1
+    print(f"{count} records of run {args.run_id} written to {args.output}")
     return 0
 
 
@@ -170,4 +213,4 @@ def _demo(args: argparse.Namespace) -> int:
     from monitor_agent.demo import run_demo
 
     return run_demo(inject=args.inject, steps=args.steps, inject_step=args.inject_step,
-                    port=args.port)
+                    port=args.port, exit_after=args.exit_after)

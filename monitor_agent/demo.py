@@ -2,8 +2,9 @@
 
 No Docker, no network beyond loopback: SQLite in a temp dir, the console channel, and
 ``examples/train_gpt.py`` trained on CPU through the real client. When the fault fires, the
-alert is shown exactly as Slack would receive it, with the finding's evidence and
-suggestions, and where /metrics and the API are.
+alert is shown exactly as Slack would receive it (the most severe one, whatever arrived
+first), with the finding's evidence and suggestions. Then the sidecar keeps serving, with
+the run page's address printed, until Ctrl-C (``exit_after`` bounds that for tests).
 
 Example::
 
@@ -13,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -56,7 +58,11 @@ class _SlackCatcher:
         self.server.shutdown()
 
 
-def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
+SEVERITIES = ("INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def run_demo(inject: str, steps: int, inject_step: int, port: int = 0,
+             exit_after: float | None = None) -> int:
     from monitor_agent.settings import load_settings
 
     trainer = REPO / "examples" / "train_gpt.py"
@@ -75,27 +81,61 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0) -> int:
         print(f"sidecar: {url}  (data in {tmp}; API docs {url}/docs, metrics {url}/metrics)")
         with EmbeddedServer(settings):
             run_id = f"demo-{inject}-{int(time.time())}"
+            page = f"{url}/runs/{run_id}"
+            print(f"watch it live: {page}")
             code = _train(trainer, url, run_id, inject, steps, inject_step)
             time.sleep(1.5)  # let the last batch and its alert delivery land
             _report(url, run_id)
             _show_slack(slack.received)
+            print(f"\nrun page: {page}   (all runs: {url}/)")
+            _serve(exit_after)
     slack.close()
     return 0 if code in (0, 1) else code
+
+
+def _serve(exit_after: float | None) -> None:
+    """Keep the sidecar (and the page's links) up until Ctrl-C, or ``exit_after`` seconds."""
+    if exit_after is not None:
+        time.sleep(exit_after)
+        return
+    print("serving until Ctrl-C", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstopped")
+
+
+def _severity(message: dict[str, Any]) -> int:
+    """How severe a Slack message is: the highest severity word its text names."""
+    text = str(message.get("text", ""))
+    return max((i for i, word in enumerate(SEVERITIES) if word in text), default=-1)
 
 
 def _show_slack(received: list[dict[str, Any]]) -> None:
     if not received:
         print("\n(no alert reached the Slack endpoint)")
         return
-    print(f"\nwhat Slack received ({len(received)} message(s)); the first, verbatim:")
-    print(json.dumps(received[0], indent=2, ensure_ascii=False))
+    worst = max(received, key=_severity)  # max keeps the earliest of equals
+    print(f"\nwhat Slack received ({len(received)} message(s)); the most severe, verbatim:")
+    print(json.dumps(worst, indent=2, ensure_ascii=False))
+
+
+class _AboveTheBar(logging.Handler):
+    """Log lines printed through tqdm, so they never land in the middle of a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stdout)
+        except Exception:
+            self.handleError(record)
 
 
 def _show_console_alerts() -> None:
     """The console channel logs each alert message; print them as they come."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _AboveTheBar()
     handler.setFormatter(logging.Formatter("\n%(message)s"))
     logger = logging.getLogger("monitor_agent.alerts")
     logger.addHandler(handler)
@@ -135,8 +175,9 @@ def _report(url: str, run_id: str) -> None:
     recent = list(reversed(run.get("findings", {}).get("recent", [])))
     for f in recent[:8]:
         print(f"  finding @step {f['step']:>4} {f['severity']:>8} {f['type']}: {f['message']}")
-    worst = next((f for f in recent if f["severity"] in ("critical", "error")), None)
-    if worst:
+    rank = {s.lower(): i for i, s in enumerate(SEVERITIES)}
+    worst = max(recent, key=lambda f: rank.get(f["severity"], -1), default=None)
+    if worst and rank.get(worst["severity"], -1) >= rank["error"]:
         print("\nevidence:", json.dumps(worst.get("evidence", {}), indent=2))
         print("what to try next:")
         for s in worst.get("suggestions", []):

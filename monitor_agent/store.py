@@ -304,5 +304,11 @@ class Store:
         )
         return dict(cur.fetchall())
 
+    def finding_severity_counts(self, run_id: str) -> dict[str, int]:
+        cur = self._db.execute(
+            "SELECT severity, COUNT(*) FROM findings WHERE run_id = ? GROUP BY severity", (run_id,)
+        )
+        return dict(cur.fetchall())
+
     def max_record_id(self) -> int:
         return self._db.execute("SELECT COALESCE(MAX(id), 0) FROM records").fetchone()[0]

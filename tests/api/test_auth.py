@@ -13,6 +13,9 @@ from monitor_agent.settings import load_settings
 
 TOKEN = "s3cret-token-value"
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+# The web UI's shells and assets hold no data (the page asks the API, with the token the
+# user types in), so they load without it.
+UI_SHELLS = {("GET", "/"), ("GET", "/runs/{run_id}"), ("GET", "/ui/static/{path:path}")}
 
 
 @pytest.fixture
@@ -39,8 +42,8 @@ def _fill(path: str) -> str:
 
 
 def test_every_route_but_health_needs_the_token(guarded):
-    routes = [r for r in _routes(guarded.app.routes)
-              if r not in OPEN_ROUTES and not r[1].startswith(("/docs", "/redoc", "/openapi"))]
+    routes = [r for r in _routes(guarded.app.routes) if r not in OPEN_ROUTES | UI_SHELLS
+              and not r[1].startswith(("/docs", "/redoc", "/openapi"))]
     writes = [r for r in routes if r[0] != "GET"]
     assert ("POST", "/v1/records") in writes
     for method, path in routes:
@@ -50,6 +53,12 @@ def test_every_route_but_health_needs_the_token(guarded):
         wrong = httpx.request(method, guarded.url + _fill(path), json={},
                               headers={"authorization": "Bearer nope"}, timeout=10)
         assert wrong.status_code == 401, (method, path)
+
+
+def test_ui_shells_are_the_same_for_every_run(guarded):
+    assert {r for r in _routes(guarded.app.routes)} >= UI_SHELLS
+    one, other = (httpx.get(f"{guarded.url}/runs/{r}", timeout=10) for r in ("a", "b"))
+    assert one.status_code == 200 and one.content == other.content
 
 
 def test_the_token_lets_writes_through(guarded):

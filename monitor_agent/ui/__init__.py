@@ -1,0 +1,1 @@
+"""The web UI: runs page, run page, chart history and the HTML report."""

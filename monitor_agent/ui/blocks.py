@@ -1,0 +1,92 @@
+"""Pre-aggregated blocks of the chart history: what makes a whole-run chart cheap.
+
+Each level holds, per block of ``level`` steps, the min/max/sum/count of every scalar
+(``step_blocks``) and the per-layer max of each layer statistic (``matrix_blocks``); each
+level is rebuilt from the one below for the blocks a commit touched. A whole-run chart of
+200,000 steps in 1,000 buckets then reads 3,125 blocks of 64 instead of 200,000 rows.
+
+Example::
+
+    aggregate_steps(db, {("gpt-7", 0, 12)})            # block 12 of level 16 changed
+    aggregate_matrices(db, {("gpt-7", 0, "grad_norm", 12)})
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+
+SCALARS: tuple[str, ...] = (
+    "loss", "loss_ema", "lr", "grad_norm", "clip_threshold", "update_ratio",
+    "tokens_per_second", "mfu", "mem_allocated", "mem_reserved", "mem_peak", "step_time",
+    "data_time", "loss_scale",
+)
+"""Per-step columns, in table order."""
+
+BLOCK_LEVELS: tuple[int, ...] = (16, 64, 256)
+"""Steps per block, finest first."""
+
+BLOCKED_MATRICES: tuple[str, ...] = ("grad_norm", "update_ratio", "act_max_abs", "act_zero_frac")
+"""Per-layer statistics kept in blocks (the max per layer). Gradient quantiles are not:
+they are recorded every ``hist_every`` steps, few enough to read as stored."""
+
+
+def aggregate_steps(db: sqlite3.Connection, blocks: set[tuple[str, int, int]]) -> None:
+    """Recompute the touched blocks of every level from the level below (or the steps)."""
+    below = None
+    for level in BLOCK_LEVELS:
+        if below is not None:
+            blocks = {(run, rank, b * below // level) for run, rank, b in blocks}
+        for run_id, rank, block in blocks:
+            db.execute(_block_sql(level, below), (
+                run_id, rank, level, block, run_id, rank, block * level,
+                (block + 1) * level - 1) if below is None else (
+                run_id, rank, level, block, run_id, rank, below, block * level // below,
+                (block + 1) * level // below - 1))
+        below = level
+
+
+def _block_sql(level: int, below: int | None) -> str:
+    """INSERT OR REPLACE one block, aggregated from the steps or from the level below."""
+    if below is None:
+        aggs = ", ".join(f"MIN({c}), MAX({c}), SUM({c}), COUNT({c})" for c in SCALARS)
+        return (f"INSERT OR REPLACE INTO step_blocks SELECT ?, ?, ?, ?, COUNT(*), SUM(step), "
+                f"{aggs} FROM steps WHERE run_id=? AND rank=? AND step BETWEEN ? AND ?")
+    aggs = ", ".join(f"MIN({c}_min), MAX({c}_max), SUM({c}_sum), SUM({c}_n)" for c in SCALARS)
+    return (f"INSERT OR REPLACE INTO step_blocks SELECT ?, ?, ?, ?, SUM(n), SUM(step_sum), "
+            f"{aggs} FROM step_blocks WHERE run_id=? AND rank=? AND level=? "
+            "AND block BETWEEN ? AND ?")
+
+
+def aggregate_matrices(db: sqlite3.Connection, touched: set[tuple[str, int, str, int]]) -> None:
+    """Recompute the per-layer max of the touched level-16 blocks and the levels above."""
+    below = None
+    for level in BLOCK_LEVELS:
+        if below is not None:
+            touched = {(run, rank, stat, b * below // level) for run, rank, stat, b in touched}
+        for run_id, rank, stat, block in touched:
+            if below is None:
+                rows = db.execute(
+                    "SELECT data FROM matrices WHERE run_id=? AND rank=? AND stat=? AND step "
+                    "BETWEEN ? AND ?", (run_id, rank, stat, block * level,
+                                        (block + 1) * level - 1)).fetchall()
+            else:
+                rows = db.execute(
+                    "SELECT data FROM matrix_blocks WHERE run_id=? AND rank=? AND stat=? AND "
+                    "level=? AND block BETWEEN ? AND ?",
+                    (run_id, rank, stat, below, block * level // below,
+                     (block + 1) * level // below - 1)).fetchall()
+            if rows:
+                db.execute("INSERT OR REPLACE INTO matrix_blocks VALUES (?,?,?,?,?,?)",
+                           (run_id, rank, stat, level, block, _fmax(r[0] for r in rows)))
+        below = level
+
+
+def _fmax(blobs) -> bytes:
+    """Element-wise max of float32 vectors of growing length (NaN only where all are)."""
+    vectors = [np.frombuffer(b, dtype=np.float32) for b in blobs]
+    out = np.full(max(len(v) for v in vectors), np.nan, dtype=np.float32)
+    for v in vectors:
+        np.fmax(out[:len(v)], v, out=out[:len(v)])
+    return out.tobytes()

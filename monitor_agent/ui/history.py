@@ -1,0 +1,268 @@
+"""The chart history: a compact, column-wise copy of the records, built for fast reads.
+
+Stored records are JSON lines (a GPT step with layer stats and histograms is tens of kB);
+parsing 200,000 of them per page view would take minutes. ``HistoryBuilder`` folds each
+record once into narrow SQLite rows: one row of scalars per step, one float32 vector per
+step for each per-layer statistic (layers in model order), so a chart reads only the
+columns it draws. ``indexer.HistoryIndexer`` keeps that copy in step with the database
+from a thread of its own, through a read-only connection (engine state is never touched).
+
+Example::
+
+    builder = HistoryBuilder(sqlite3.connect(":memory:"), ema_alpha=0.99)
+    for obj in wire.iter_trace("run.jsonl.gz"):
+        builder.add(obj)
+    builder.commit()
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monitor_agent import wire
+from monitor_agent.detectors.category_divergence import category_losses
+from monitor_agent.ui import blocks
+from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+
+MATRICES: dict[str, str] = {
+    "grad_norm": "param", "update_ratio": "param",
+    "act_max_abs": "module", "act_zero_frac": "module", "grad_quantiles": "param",
+}
+"""Per-step vectors and the name space (parameters or modules) their entries follow."""
+
+QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
+
+_BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
+                        for c in SCALARS)
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS cursor (id INTEGER PRIMARY KEY CHECK (id = 0), last_id INTEGER);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, warmup INTEGER, total_steps INTEGER, project TEXT);
+CREATE TABLE IF NOT EXISTS names (
+    run_id TEXT, space TEXT, names TEXT NOT NULL, PRIMARY KEY (run_id, space)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ema (
+    run_id TEXT, rank INTEGER, raw REAL, n INTEGER, PRIMARY KEY (run_id, rank)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT, rank INTEGER, step INTEGER, nonfinite INTEGER NOT NULL DEFAULT 0,
+    {", ".join(f"{c} REAL" for c in SCALARS)},
+    PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS steps_nonfinite ON steps (run_id, rank, step) WHERE nonfinite != 0;
+CREATE TABLE IF NOT EXISTS step_blocks (
+    run_id TEXT, rank INTEGER, level INTEGER, block INTEGER, n INTEGER, step_sum REAL,
+    {_BLOCK_COLS},
+    PRIMARY KEY (run_id, rank, level, block)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS matrix_blocks (
+    run_id TEXT, rank INTEGER, stat TEXT, level INTEGER, block INTEGER, data BLOB NOT NULL,
+    PRIMARY KEY (run_id, rank, stat, level, block)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS evals (
+    run_id TEXT, rank INTEGER, step INTEGER, val_loss REAL, categories TEXT,
+    PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS matrices (
+    run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
+    PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
+"""
+
+
+def open_history(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to the history database (created with its schema unless read-only)."""
+    if readonly:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.executescript(SCHEMA)
+    db.execute("PRAGMA busy_timeout = 5000")
+    return db
+
+
+def _num(value: Any) -> float | None:
+    """A stored float: non-finite values become NULL (SQLite cannot hold NaN)."""
+    value = wire.nonfinite_to_float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _nan(value: Any) -> float:
+    """A vector entry: missing is NaN (float32 vectors keep non-finite values as they are)."""
+    value = wire.nonfinite_to_float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    return float(value)
+
+
+def _nonfinite(value: Any) -> bool:
+    value = wire.nonfinite_to_float(value)
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+class HistoryBuilder:
+    """Folds record dicts into the history tables; ``commit`` writes what was added."""
+
+    def __init__(self, db: sqlite3.Connection, ema_alpha: float = 0.99,
+                 default_warmup: int = 0) -> None:
+        self.db = db
+        self.alpha = ema_alpha
+        self.default_warmup = default_warmup
+        self._names: dict[tuple[str, str], list[str]] = {}
+        self._index: dict[tuple[str, str], dict[str, int]] = {}
+        self._ema: dict[tuple[str, int], list[float]] = {}
+        self._dirty_names: set[tuple[str, str]] = set()
+        self._steps: list[tuple[Any, ...]] = []
+        self._evals: list[tuple[Any, ...]] = []
+        self._matrices: list[tuple[Any, ...]] = []
+
+    # -- folding --------------------------------------------------------------------------
+
+    def add(self, obj: dict[str, Any]) -> None:
+        kind = obj.get("kind")
+        if kind == "step":
+            self._add_step(obj)
+        elif kind == "eval":
+            self._add_eval(obj)
+        elif kind == "run":
+            self._add_run(obj)
+
+    def _add_run(self, obj: dict[str, Any]) -> None:
+        run_id, config = obj["run_id"], obj.get("config") or {}
+        labels = obj.get("labels") or {}
+        warmup = config.get("warmup_steps")
+        self.db.execute(
+            "INSERT OR REPLACE INTO runs VALUES (?,?,?,?)",
+            (run_id, warmup if isinstance(warmup, int) else self.default_warmup,
+             config.get("total_steps") if isinstance(config.get("total_steps"), int) else None,
+             labels.get("project") or obj.get("project")),
+        )
+        order = (obj.get("model") or {}).get("layer_order")
+        if isinstance(order, list):
+            self._place(run_id, "param", [str(n) for n in order])
+
+    def _add_step(self, obj: dict[str, Any]) -> None:
+        run_id, rank, step = obj["run_id"], int(obj.get("rank", 0)), int(obj["step"])
+        memory = obj.get("memory") or {}
+        loss = _num(obj.get("loss"))
+        ema = self._ema_state(run_id, rank)
+        if loss is not None:
+            ema[0] = self.alpha * ema[0] + (1 - self.alpha) * loss
+            ema[1] += 1
+        param, update = _num(obj.get("param_norm")), _num(obj.get("update_norm"))
+        row = {
+            "loss": loss, "lr": _num(obj.get("lr")), "grad_norm": _num(obj.get("grad_norm")),
+            "loss_ema": ema[0] / (1 - self.alpha ** ema[1]) if ema[1] else None,
+            "clip_threshold": _num(obj.get("clip_threshold")),
+            "update_ratio": update / param if update is not None and param else None,
+            "tokens_per_second": _num(obj.get("tokens_per_second")), "mfu": _num(obj.get("mfu")),
+            "mem_allocated": _num(memory.get("allocated_bytes")),
+            "mem_reserved": _num(memory.get("reserved_bytes")),
+            "mem_peak": _num(memory.get("peak_allocated_bytes")),
+            "step_time": _num(obj.get("step_time")), "data_time": _num(obj.get("data_time")),
+            "loss_scale": _num(obj.get("loss_scale")),
+        }
+        bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
+        self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
+        self._add_vectors(run_id, rank, step, obj)
+
+    def _add_vectors(self, run_id: str, rank: int, step: int, obj: dict[str, Any]) -> None:
+        layers = obj.get("layers")
+        if isinstance(layers, dict) and layers:
+            idx = self._place(run_id, "param", list(layers))
+            grad = np.full(len(idx), np.nan, dtype=np.float32)
+            ratio = grad.copy()
+            for name, stats in layers.items():
+                i = idx[name]
+                grad[i] = 0.0 if stats.get("grad_none") else _nan(stats.get("grad_norm"))
+                p, u = _num(stats.get("param_norm")), _num(stats.get("update_norm"))
+                ratio[i] = u / p if u is not None and p else np.nan
+            self._vector(run_id, rank, "grad_norm", step, grad)
+            self._vector(run_id, rank, "update_ratio", step, ratio)
+        acts = obj.get("activations")
+        if isinstance(acts, dict) and acts:
+            idx = self._place(run_id, "module", list(acts))
+            peak = np.full(len(idx), np.nan, dtype=np.float32)
+            zero = peak.copy()
+            for name, stats in acts.items():
+                peak[idx[name]] = _nan(stats.get("max_abs"))
+                zero[idx[name]] = _nan(stats.get("zero_frac"))
+            self._vector(run_id, rank, "act_max_abs", step, peak)
+            self._vector(run_id, rank, "act_zero_frac", step, zero)
+        hists = obj.get("grad_hist")
+        if isinstance(hists, dict):
+            rows = {n: h["quantiles"] for n, h in hists.items()
+                    if isinstance(h, dict) and len(h.get("quantiles") or ()) == QUANTILE_WIDTH}
+            if rows:
+                idx = self._place(run_id, "param", list(rows))
+                q = np.full((len(idx), QUANTILE_WIDTH), np.nan, dtype=np.float32)
+                for name, values in rows.items():
+                    q[idx[name]] = [_nan(v) for v in values]
+                self._vector(run_id, rank, "grad_quantiles", step, q.ravel())
+
+    def _vector(self, run_id: str, rank: int, stat: str, step: int, vec: np.ndarray) -> None:
+        self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
+
+    def _add_eval(self, obj: dict[str, Any]) -> None:
+        cats = category_losses({k: _num(v) for k, v in (obj.get("metrics") or {}).items()})
+        self._evals.append((obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
+                            _num(obj.get("val_loss")), wire.dumps(cats).decode() if cats else None))
+
+    # -- per-run state, loaded from the tables on first use -------------------------------
+
+    def _place(self, run_id: str, space: str, names: list[str]) -> dict[str, int]:
+        """Indices of ``names`` in the run's column order, appending names never seen."""
+        key = (run_id, space)
+        if key not in self._names:
+            row = self.db.execute("SELECT names FROM names WHERE run_id=? AND space=?",
+                                  key).fetchone()
+            self._names[key] = wire.loads(row[0]) if row else []
+            self._index[key] = {n: i for i, n in enumerate(self._names[key])}
+        known, index = self._names[key], self._index[key]
+        for name in names:
+            if name not in index:
+                index[name] = len(known)
+                known.append(name)
+                self._dirty_names.add(key)
+        return index
+
+    def _ema_state(self, run_id: str, rank: int) -> list[float]:
+        key = (run_id, rank)
+        if key not in self._ema:
+            row = self.db.execute("SELECT raw, n FROM ema WHERE run_id=? AND rank=?",
+                                  key).fetchone()
+            self._ema[key] = [row[0], row[1]] if row else [0.0, 0]
+        return self._ema[key]
+
+    # -- writing --------------------------------------------------------------------------
+
+    def commit(self, last_id: int | None = None) -> None:
+        """Write everything folded since the last commit in one transaction."""
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            cols = ", ".join(SCALARS)
+            marks = ",".join("?" * (4 + len(SCALARS)))
+            db.executemany(f"INSERT OR REPLACE INTO steps (run_id, rank, step, nonfinite, "
+                           f"{cols}) VALUES ({marks})", self._steps)
+            blocks.aggregate_steps(db, {(r[0], r[1], r[2] // BLOCK_LEVELS[0])
+                                        for r in self._steps})
+            db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", self._evals)
+            db.executemany("INSERT OR REPLACE INTO matrices VALUES (?,?,?,?,?)", self._matrices)
+            blocks.aggregate_matrices(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
+                                           for r in self._matrices if r[2] in BLOCKED_MATRICES})
+            db.executemany("INSERT OR REPLACE INTO names VALUES (?,?,?)",
+                           [(*k, wire.dumps(self._names[k]).decode()) for k in self._dirty_names])
+            db.executemany("INSERT OR REPLACE INTO ema VALUES (?,?,?,?)",
+                           [(*k, v[0], v[1]) for k, v in self._ema.items()])
+            if last_id is not None:
+                db.execute("INSERT OR REPLACE INTO cursor VALUES (0, ?)", (last_id,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._steps, self._evals, self._matrices = [], [], []
+        self._dirty_names.clear()

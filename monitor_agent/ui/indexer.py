@@ -1,0 +1,101 @@
+"""``HistoryIndexer``: keeps the chart history in step with the sidecar's records.
+
+Runs on a thread of its own with its own connections: a read-only one to the records
+(engine state is never touched) and the history database it owns. Restarts resume from
+the last folded record id; deleting the history rebuilds it from the records.
+
+Example::
+
+    indexer = HistoryIndexer(settings.db_path, settings.data_dir / "history.sqlite", 0.99, 0)
+    indexer.start()
+    ...
+    indexer.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+from monitor_agent import wire
+from monitor_agent.ui.history import HistoryBuilder, open_history
+
+log = logging.getLogger(__name__)
+
+
+class HistoryIndexer:
+    """Follows the sidecar's records table and folds new records into the history.
+
+    Runs on its own thread with its own connections: a read-only one to the records, and
+    the history database it owns. Restarts resume from the last folded record id.
+    """
+
+    BATCH = 2000
+
+    def __init__(self, records_db: Path, history_db: Path, ema_alpha: float,
+                 default_warmup: int, interval: float = 0.2) -> None:
+        self.records_db, self.history_db = records_db, history_db
+        self.ema_alpha, self.default_warmup = ema_alpha, default_warmup
+        self.interval = interval
+        self._db: sqlite3.Connection | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="history", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        # Opened here, not in the app's startup: a history that cannot be written (a full
+        # disk) costs the charts, never the sidecar's readiness.
+        src, last_error = None, None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if src is None:
+                        self._open()
+                        src = sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+                    busy = self.catch_up(src)
+                except sqlite3.Error as exc:
+                    if str(exc) != last_error:  # once per cause, not every retry
+                        log.warning("chart history: %s; retrying every 5 s", exc)
+                    last_error, busy = str(exc), False
+                    self._stop.wait(5.0)
+                    continue
+                last_error = None
+                if not busy:
+                    self._stop.wait(self.interval)
+        finally:
+            if src is not None:
+                src.close()
+            if self._db is not None:
+                self._db.close()
+
+    def _open(self) -> None:
+        if self._db is None:
+            self._db = open_history(self.history_db)
+            self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup)
+
+    def catch_up(self, src: sqlite3.Connection) -> bool:
+        """Fold one batch of new records; True when there may be more."""
+        self._open()
+        assert self._db is not None
+        row = self._db.execute("SELECT last_id FROM cursor").fetchone()
+        last = row[0] if row else 0
+        rows = src.execute(
+            "SELECT id, body FROM records WHERE id > ? AND kind != 'end' ORDER BY id LIMIT ?",
+            (last, self.BATCH)).fetchall()
+        if not rows:
+            return False
+        for _, body in rows:
+            try:
+                self.builder.add(wire.loads(body))
+            except (ValueError, KeyError, TypeError) as exc:  # stored but odd: skip, not stop
+                log.warning("history: record skipped: %s", exc)
+        self.builder.commit(rows[-1][0])
+        return len(rows) == self.BATCH

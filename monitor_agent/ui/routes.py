@@ -1,0 +1,182 @@
+"""The web UI: the runs page, the run page, their static assets and the chart endpoints.
+
+Pages are static HTML that fetch JSON from the API with the token the user typed (kept
+in the tab's sessionStorage), so the page is exactly as protected as the API. History for
+charts is read from the history database (``history.py``) on a read-only connection of
+the request's own; live engine facts (status, progress) go through the engine thread.
+
+Example::
+
+    curl -s 'localhost:9400/v1/runs/gpt-7/series?points=800'
+    curl -s 'localhost:9400/v1/runs/gpt-7/matrix/grad_norm?points=400'
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from importlib import resources
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse
+
+from monitor_agent import wire
+from monitor_agent.api.deps import require_read
+from monitor_agent.engine import Engine
+from monitor_agent.progress import run_progress
+from monitor_agent.types import Severity
+from monitor_agent.ui import series as sr
+from monitor_agent.ui.history import open_history
+from monitor_agent.ui.models import MatrixOut, RunsOut, RunSummary, SeriesOut
+
+STATIC = resources.files("monitor_agent.ui") / "static"
+pages = APIRouter(include_in_schema=False)
+api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
+Rank = Query(0, ge=0, le=2**31, description="Which rank's series.")
+Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
+
+
+def _step(what: str) -> Any:
+    # One Query object per parameter: FastAPI binds a shared one to a single name.
+    return Query(None, ge=-1, le=2**62, description=f"{what} step of the range (default: "
+                 f"the run's {what.lower()}).")
+
+
+@pages.get("/", response_class=HTMLResponse)
+def runs_page() -> HTMLResponse:
+    return HTMLResponse((STATIC / "runs.html").read_text())
+
+
+@pages.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(run_id: str) -> HTMLResponse:
+    return HTMLResponse((STATIC / "run.html").read_text())
+
+
+@pages.get("/ui/static/{path:path}")
+def static(path: str) -> Response:
+    target = STATIC.joinpath(*[p for p in path.split("/") if p not in ("", ".", "..")])
+    if not target.is_file():
+        raise HTTPException(404, f"no asset {path!r}")
+    kind = {"js": "text/javascript", "css": "text/css", "png": "image/png"}.get(
+        path.rsplit(".", 1)[-1], "application/octet-stream")
+    return Response(target.read_bytes(), media_type=kind,
+                    headers={"Cache-Control": "max-age=300"})
+
+
+def _history(request: Request) -> sqlite3.Connection:
+    path = request.app.state.history.history_db
+    try:
+        if not path.is_file():
+            raise sqlite3.OperationalError(f"{path} does not exist yet")
+        return open_history(path, readonly=True)
+    except sqlite3.Error as exc:
+        raise HTTPException(503, f"chart history not readable yet: {exc}; retry shortly",
+                            headers={"Retry-After": "1"}) from exc
+
+
+def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | None,
+                  end: int | None, points: int) -> SeriesOut | None:
+    """The whole series answer (the report embeds the very same one)."""
+    meta = sr.run_meta(db, run_id)
+    found = sr.scalars(db, run_id, rank, start, end, points)
+    if not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None:
+        known = db.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if known is None:
+            return None
+    lo, hi = found.get("range", [0, 0])
+    return SeriesOut(
+        run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],
+        count=found.get("count", 0), bucketed=found["bucketed"], steps=found["steps"],
+        series=found["series"], nonfinite_steps=found["nonfinite_steps"],
+        update_band=sr.update_band(found["steps"], meta["warmup"] or 0, meta["total_steps"]),
+        evals=sr.evals(db, run_id, rank, start, end, points),
+        rank_step_time=sr.rank_step_times(db, run_id, lo, hi, points),
+        latest=sr.latest(db, run_id, rank),
+        warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
+        layers=meta["layers"], modules=meta["modules"],
+    )
+
+
+@api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
+         summary="Per-step scalars of a run, downsampled on the server for charts")
+def get_series(run_id: str, request: Request, points: int = Points, rank: int = Rank,
+               start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
+    db = _history(request)
+    try:
+        out = series_answer(db, run_id, rank, start, end, points)
+    finally:
+        db.close()
+    if out is None:
+        raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+@api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
+         summary="A per-layer statistic as a layers x step-buckets matrix")
+def get_matrix(
+    run_id: str, request: Request,
+    stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
+    points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Rank,
+    start: int | None = _step("First"), end: int | None = _step("Last"),
+    layer: str | None = Query(None, max_length=1000),
+) -> Response:
+    db = _history(request)
+    try:
+        out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
+    finally:
+        db.close()
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+@api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
+async def get_runs(request: Request) -> Response:
+    state = request.app.state
+    firing: dict[str, int] = {}
+    for alert in state.alerting.list_alerts(state="firing", limit=10_000):
+        firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
+    rows = await state.runner.call(_summaries, state.engine, firing)
+    return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")
+
+
+def _summaries(engine: Engine, firing: dict[str, int]) -> list[RunSummary]:
+    out = []
+    for row in engine.store.runs():
+        run_id, live = row["run_id"], engine.runs.get(row["run_id"])
+        counts = _severity(engine, run_id)
+        progress = None
+        if live is not None and live.ranks:
+            progress = run_progress(live, live.ranks[min(live.ranks)])
+        out.append(RunSummary(
+            run_id=run_id, project=_project(live, row), status=live.status if live else
+            row["status"], active=live is not None, last_step=_last_step(engine, live, run_id),
+            progress=progress.ratio if progress else None,
+            eta_seconds=progress.eta_seconds if progress else None,
+            findings=counts[0], worst_finding=counts[1],
+            firing_alerts=firing.get(run_id, 0), last_seen=row["last_seen"],
+        ))
+    return out
+
+
+def _severity(engine: Engine, run_id: str) -> tuple[int, str | None]:
+    counts = engine.store.finding_severity_counts(run_id)
+    worst = max(counts, key=lambda s: Severity.parse(s), default=None)
+    return sum(counts.values()), worst
+
+
+def _project(live: Any, row: dict[str, Any]) -> str | None:
+    if live is not None:
+        return live.project or None
+    if row["run_record"]:
+        rec = wire.loads(row["run_record"])
+        return (rec.get("labels") or {}).get("project") or (rec.get("config") or {}).get(
+            "project")
+    return None
+
+
+def _last_step(engine: Engine, live: Any, run_id: str) -> int | None:
+    if live is not None:
+        return live.last_step
+    body = engine.store.last_record(run_id, 0, "step")
+    if body is None:
+        return None
+    return wire.loads(body).get("step")

@@ -1,0 +1,273 @@
+"""Downsampled reads of the chart history: what a chart of ``points`` pixels can show.
+
+Scalars are bucketed in SQL (one pass over the step range, ``GROUP BY`` bucket) and keep
+each bucket's min, max and mean, so a one-step spike stays visible however far out the
+view is. Per-layer vectors are bucketed with numpy (max per bucket: a heatmap is read for
+the layer that blew up, not for the average one). Where a range holds fewer steps than
+``points`` the values come back as stored.
+
+Example::
+
+    db = open_history("monitor-data/history.sqlite", readonly=True)
+    answer = scalars(db, "gpt-7", rank=0, points=1000)
+    answer["series"]["loss"]["mean"][:3]
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import sqlite3
+from typing import Any
+
+import numpy as np
+
+from monitor_agent import wire
+from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
+from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
+
+MAX_POINTS = 10_000
+
+
+def _clean(values: Any) -> list[float | None]:
+    """JSON-safe floats: NaN/Inf (a bucket with no value) become null."""
+    return [None if v is None or not math.isfinite(v) else float(v) for v in values]
+
+
+def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int] | None:
+    """First and last step of a rank: two index probes (a COUNT would read every row)."""
+    where = "FROM steps WHERE run_id=? AND rank=? ORDER BY step"
+    first = db.execute(f"SELECT step {where} LIMIT 1", (run_id, rank)).fetchone()
+    if first is None:
+        return None
+    last = db.execute(f"SELECT step {where} DESC LIMIT 1", (run_id, rank)).fetchone()
+    return first[0], last[0]
+
+
+def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+           points: int) -> int:
+    """Steps stored in [lo, hi]: exact when few, from the coarsest blocks when many (a
+    block straddling an end counts whole; only the bucketing decision depends on it)."""
+    if hi - lo + 1 <= points:
+        return db.execute("SELECT COUNT(*) FROM steps WHERE run_id=? AND rank=? AND step "
+                          "BETWEEN ? AND ?", (run_id, rank, lo, hi)).fetchone()[0]
+    level = block_level(lo, hi, points)
+    if level is None:
+        return db.execute("SELECT COUNT(*) FROM steps WHERE run_id=? AND rank=? AND step "
+                          "BETWEEN ? AND ?", (run_id, rank, lo, hi)).fetchone()[0]
+    return db.execute("SELECT COALESCE(SUM(n), 0) FROM step_blocks WHERE run_id=? AND rank=? "
+                      "AND level=? AND block BETWEEN ? AND ?",
+                      (run_id, rank, level, lo // level, hi // level)).fetchone()[0]
+
+
+def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
+    """The ranks of a run, one index probe each (no scan of the steps)."""
+    out: list[int] = []
+    while True:
+        row = db.execute("SELECT MIN(rank) FROM steps WHERE run_id=? AND rank>?",
+                         (run_id, out[-1] if out else -(1 << 62))).fetchone()
+        if row[0] is None:
+            return out
+        out.append(row[0])
+
+
+def run_meta(db: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+    row = db.execute("SELECT warmup, total_steps, project FROM runs WHERE run_id=?",
+                     (run_id,)).fetchone()
+    names = dict(db.execute("SELECT space, names FROM names WHERE run_id=?", (run_id,)))
+    return {
+        "warmup": row[0] if row else 0, "total_steps": row[1] if row else None,
+        "project": row[2] if row else None,
+        "layers": wire.loads(names["param"]) if "param" in names else [],
+        "modules": wire.loads(names["module"]) if "module" in names else [],
+    }
+
+
+def _bucket_sql(lo: int, hi: int, points: int) -> tuple[str, list[Any]]:
+    return "CAST((step - ?) * ? / ? AS INTEGER)", [lo, points, hi - lo + 1]
+
+
+def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | None = None,
+            end: int | None = None, points: int = 1000) -> dict[str, Any]:
+    """Every per-step scalar of one rank over [start, end], at most ``points`` buckets."""
+    found = step_range(db, run_id, rank)
+    if found is None:
+        return {"steps": [], "series": {}, "bucketed": False, "nonfinite_steps": []}
+    lo, hi = max(found[0], start if start is not None else found[0]), min(
+        found[1], end if end is not None else found[1])
+    where, args = "run_id=? AND rank=? AND step BETWEEN ? AND ?", [run_id, rank, lo, hi]
+    count = _count(db, run_id, rank, lo, hi, points)
+    if count <= points:
+        rows = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE {where} "
+                          "ORDER BY step", args).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(len(SCALARS) + 1)]
+        series = {c: {"mean": _clean(cols[i + 1]), "min": None, "max": None}
+                  for i, c in enumerate(SCALARS)}
+        steps = list(cols[0])
+    else:
+        steps, series = _bucketed(db, run_id, rank, lo, hi, points)
+    series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"])}
+    bad = [r[0] for r in db.execute(f"SELECT step FROM steps INDEXED BY steps_nonfinite WHERE "
+                                    f"{where} AND nonfinite != 0 ORDER BY step LIMIT 1000", args)]
+    return {"steps": steps, "series": series, "bucketed": count > points,
+            "nonfinite_steps": bad, "range": [lo, hi], "count": count}
+
+
+def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
+    """The last stored step's values (the page's header for a run no longer in memory)."""
+    row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "
+                     "ORDER BY step DESC LIMIT 1", (run_id, rank)).fetchone()
+    if row is None:
+        return {}
+    return {"step": row[0], **dict(zip(SCALARS, _clean(row[1:]), strict=True))}
+
+
+def block_level(lo: int, hi: int, points: int) -> int | None:
+    """The coarsest pre-aggregated level with at least 2 blocks per bucket, or None.
+
+    A block goes to the bucket of its mean step, so a spike in a block that straddles a
+    bucket edge moves by at most half a block: a quarter of a bucket, under a pixel."""
+    width = (hi - lo + 1) / points
+    return next((lv for lv in reversed(BLOCK_LEVELS) if lv * 2 <= width), None)
+
+
+def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+              points: int) -> tuple[list[int], dict[str, dict[str, list[float | None]]]]:
+    level = block_level(lo, hi, points)
+    if level is None:
+        bucket, bargs = _bucket_sql(lo, hi, points)
+        aggs = ", ".join(f"MIN({c}), MAX({c}), AVG({c})" for c in SCALARS)
+        sql = (f"SELECT CAST(AVG(step) AS INTEGER), {aggs} FROM steps WHERE run_id=? AND "
+               f"rank=? AND step BETWEEN ? AND ? GROUP BY {bucket} ORDER BY 1")
+        args = [run_id, rank, lo, hi, *bargs]
+    else:
+        bucket = "CAST((step_sum / n - ?) * ? / ? AS INTEGER)"
+        aggs = ", ".join(f"MIN({c}_min), MAX({c}_max), SUM({c}_sum) / SUM({c}_n)"
+                         for c in SCALARS)
+        sql = (f"SELECT CAST(SUM(step_sum) / SUM(n) AS INTEGER), {aggs} FROM step_blocks "
+               f"WHERE run_id=? AND rank=? AND level=? AND block BETWEEN ? AND ? "
+               f"GROUP BY {bucket} ORDER BY 1")
+        args = [run_id, rank, level, lo // level, hi // level, lo, points, hi - lo + 1]
+    cols = list(zip(*db.execute(sql, args).fetchall(), strict=True))
+    series = {c: {"min": _clean(cols[1 + 3 * i]), "max": _clean(cols[2 + 3 * i]),
+                  "mean": _clean(cols[3 + 3 * i])} for i, c in enumerate(SCALARS)}
+    return list(cols[0]), series
+
+
+def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, list[float]]:
+    """The update-ratio detector's healthy phase band at each step (detectors/phase.py)."""
+    bands = [UPDATE_BANDS[phase_of(s, warmup, total)] for s in steps]
+    return {"low": [b[0] for b in bands], "high": [b[1] for b in bands]}
+
+
+def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
+                    points: int) -> dict[str, Any]:
+    """Step time per rank on shared buckets (max per bucket: a straggler is a slow step)."""
+    level = block_level(lo, hi, points)
+    if level is None:
+        bucket, bargs = _bucket_sql(lo, hi, points)
+        rows = db.execute(f"SELECT rank, {bucket} AS b, MAX(step_time) FROM steps WHERE "
+                          "run_id=? AND step BETWEEN ? AND ? GROUP BY rank, b",
+                          bargs + [run_id, lo, hi])
+    else:
+        rows = db.execute("SELECT rank, CAST((step_sum / n - ?) * ? / ? AS INTEGER) AS b, "
+                          "MAX(step_time_max) FROM step_blocks WHERE run_id=? AND level=? AND "
+                          "block BETWEEN ? AND ? GROUP BY rank, b",
+                          (lo, points, hi - lo + 1, run_id, level, lo // level, hi // level))
+    table: dict[int, dict[int, float]] = {}
+    for rank, b, value in rows:
+        table.setdefault(rank, {})[b] = value
+    buckets = sorted({b for per in table.values() for b in per})
+    width = (hi - lo + 1) / points
+    return {"steps": [int(lo + (b + 0.5) * width) for b in buckets],
+            "ranks": {str(r): _clean(per.get(b, math.nan) for b in buckets)
+                      for r, per in sorted(table.items())}}
+
+
+def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: int | None,
+          points: int) -> dict[str, Any]:
+    """Validation loss and per-category eval losses (evals are few: stride when not)."""
+    rows = db.execute("SELECT step, val_loss, categories FROM evals WHERE run_id=? AND rank=? "
+                      "AND step BETWEEN ? AND ? ORDER BY step",
+                      (run_id, rank, lo if lo is not None else -1,
+                       hi if hi is not None else 1 << 62)).fetchall()
+    stride = max(1, math.ceil(len(rows) / points))
+    rows = rows[::stride]
+    cats = [wire.loads(r[2]) if r[2] else {} for r in rows]
+    names = sorted({n for c in cats for n in c})
+    return {"steps": [r[0] for r in rows], "val_loss": _clean(r[1] for r in rows),
+            "categories": {n: _clean(c.get(n, math.nan) for c in cats) for n in names}}
+
+
+def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
+           start: int | None = None, end: int | None = None, points: int = 500,
+           layer: str | None = None) -> dict[str, Any]:
+    """A per-layer statistic as a (names x buckets) matrix, row-major, in model order.
+
+    For ``grad_quantiles`` ``layer`` picks one parameter and the answer is its 8 quantile
+    bands over the buckets instead (min of the low tails, max of the high ones).
+    """
+    space = MATRICES[stat]
+    meta = run_meta(db, run_id)
+    names = meta["layers"] if space == "param" else meta["modules"]
+    rows = _matrix_rows(db, run_id, rank, stat, start, end, points)
+    width = len(names) * (QUANTILE_WIDTH if stat == "grad_quantiles" else 1)
+    out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values_f32": ""}
+    if not rows or not names:
+        return out
+    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    values = np.full((len(rows), width), np.nan, dtype=np.float32)
+    for i, (_, data) in enumerate(rows):
+        vec = np.frombuffer(data, dtype=np.float32)
+        values[i, :len(vec)] = vec[:width]
+    if stat == "grad_quantiles":
+        pick = names.index(layer) if layer in names else 0
+        out["layer"] = names[pick]
+        values = values[:, pick * QUANTILE_WIDTH:(pick + 1) * QUANTILE_WIDTH]
+    starts, xs = _buckets(steps, points)
+    with np.errstate(all="ignore"):  # an all-NaN bucket is a gap, not an error
+        if stat == "grad_quantiles":
+            low = np.fmin.reduceat(values, starts, axis=0)
+            high = np.fmax.reduceat(values, starts, axis=0)
+            mid = np.add.reduceat(np.nan_to_num(values), starts, axis=0) / np.diff(
+                np.append(starts, len(values)))[:, None]
+            agg = np.concatenate([low[:, :3], mid[:, 3:5], high[:, 5:]], axis=1)
+        else:
+            agg = np.fmax.reduceat(values, starts, axis=0)
+    out["steps"] = xs
+    # names x buckets (quantiles: 8 x buckets), float32 little-endian: 150 layers x 1000
+    # buckets is 600 kB this way, several MB as JSON numbers, and no per-value Python work.
+    out["values_f32"] = base64.b64encode(
+        np.ascontiguousarray(agg.T, dtype="<f4").tobytes()).decode()
+    return out
+
+
+def _matrix_rows(db: sqlite3.Connection, run_id: str, rank: int, stat: str,
+                 start: int | None, end: int | None, points: int) -> list[tuple[int, bytes]]:
+    """(step, vector) rows of the range: the stored ones, or per-layer maxima of blocks
+    (placed at their middle step) when the range spans at least 2 blocks per bucket."""
+    found = step_range(db, run_id, rank)
+    lo = start if start is not None else (found[0] if found else -1)
+    hi = end if end is not None else (found[1] if found else 1 << 62)
+    level = block_level(lo, hi, points) if stat in BLOCKED_MATRICES and found else None
+    if level is None:
+        return db.execute("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND "
+                          "stat=? AND step BETWEEN ? AND ? ORDER BY step",
+                          (run_id, rank, stat, lo, hi)).fetchall()
+    return db.execute("SELECT block * ? + ? / 2, data FROM matrix_blocks WHERE run_id=? AND "
+                      "rank=? AND stat=? AND level=? AND block BETWEEN ? AND ? ORDER BY block",
+                      (level, level, run_id, rank, stat, level, lo // level,
+                       hi // level)).fetchall()
+
+
+def _buckets(steps: np.ndarray, points: int) -> tuple[np.ndarray, list[int]]:
+    """Start index of each non-empty bucket of ``steps`` and a step to plot it at."""
+    if len(steps) <= points:
+        return np.arange(len(steps)), steps.tolist()
+    lo, hi = int(steps[0]), int(steps[-1])
+    ids = ((steps - lo) * points) // (hi - lo + 1)
+    starts = np.flatnonzero(np.diff(ids, prepend=-1))
+    ends = np.append(starts[1:], len(steps)) - 1
+    return starts, ((steps[starts] + steps[ends]) // 2).tolist()
+

@@ -1,0 +1,79 @@
+// A layers x steps heatmap on a canvas: one row per layer in model order, one column per
+// step bucket, colour on a log scale (or linear for fractions), NaN drawn grey.
+"use strict";
+const Heatmap = (() => {
+  // viridis, 9 stops
+  const STOPS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
+    [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]];
+  function colour(t) {
+    const x = Math.max(0, Math.min(1, t)) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2);
+    const f = x - i, a = STOPS[i], b = STOPS[i + 1];
+    return [a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f];
+  }
+  function quantile(sorted, q) { return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]; }
+
+  class Heat {
+    constructor(box, {log = true, label = "value"} = {}) {
+      this.box = box; this.log = log; this.label = label;
+      this.canvas = box.appendChild(document.createElement("canvas"));
+      this.legend = box.appendChild(MA.el("div", {class: "legend"}));
+      this.m = null;
+      this.canvas.addEventListener("mousemove", e => this.hover(e));
+      this.canvas.addEventListener("mouseleave", () => MA.tip(null));
+    }
+    xpos(step) {   // CSS pixels within the canvas
+      const [lo, hi] = this.range;
+      return (step - lo) / Math.max(1, hi - lo) * this.canvas.clientWidth;
+    }
+    draw(m, range) {
+      this.m = m; this.range = range;
+      const rows = m.stat === "grad_quantiles" ? 0 : m.names.length, cols = m.steps.length;
+      const width = this.box.clientWidth, height = Math.max(120, Math.min(360, rows * 4));
+      const dpr = window.devicePixelRatio || 1;
+      this.canvas.width = Math.round(width * dpr); this.canvas.height = Math.round(height * dpr);
+      this.canvas.style.height = height + "px";
+      const ctx = this.canvas.getContext("2d");
+      ctx.fillStyle = "#e9ebef"; ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
+      if (!rows || !cols) { this.legend.textContent = "not recorded"; return; }
+      const tf = v => (v == null ? NaN : this.log ? (v > 0 ? Math.log10(v) : NaN) : v);
+      const vals = m.values.map(tf);
+      // The colour range from a sample of at most ~20k cells: sorting 150 x 1000 costs more
+      // than drawing them, and the 2nd/98th percentiles barely move.
+      const every = Math.max(1, Math.floor(vals.length / 20000));
+      const finite = vals.filter((v, i) => i % every === 0 && Number.isFinite(v)).sort((a, b) => a - b);
+      this.lo = finite.length ? quantile(finite, 0.02) : 0;
+      this.hi = finite.length ? quantile(finite, 0.98) : 1;
+      if (this.hi <= this.lo) this.hi = this.lo + 1;
+      const img = new ImageData(cols, rows);
+      for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
+        const v = vals[r * cols + c], o = 4 * (r * cols + c);
+        const rgb = Number.isFinite(v) ? colour((v - this.lo) / (this.hi - this.lo)) : [233, 235, 239];
+        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+      }
+      const off = document.createElement("canvas");
+      off.width = cols; off.height = rows; off.getContext("2d").putImageData(img, 0, 0);
+      const step = cols > 1 ? (m.steps[cols - 1] - m.steps[0]) / (cols - 1) : 1;
+      const x0 = this.xpos(m.steps[0] - step / 2) * dpr, x1 = this.xpos(m.steps[cols - 1] + step / 2) * dpr;
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(off, x0, 0, Math.max(1, x1 - x0), this.canvas.height);
+      const show = v => MA.fmt(this.log ? 10 ** v : v, 3);
+      this.legend.replaceChildren(
+        MA.el("span", {}, `steps ${Math.round(this.range[0])}–${Math.round(this.range[1])} · ${rows} rows: ${m.names[0]} (top) … ${m.names[rows - 1]} (bottom)`),
+        MA.el("span", {}, `${this.label}: ${show(this.lo)} `, MA.el("span", {
+          style: "display:inline-block;width:80px;height:8px;background:linear-gradient(90deg," +
+            [0, .25, .5, .75, 1].map(t => `rgb(${colour(t).map(Math.round)})`).join(",") + ")"}), ` ${show(this.hi)}`));
+    }
+    hover(e) {
+      const m = this.m;
+      if (!m || !m.steps.length || !m.names.length) return;
+      const rect = this.canvas.getBoundingClientRect();
+      const [lo, hi] = this.range, step = lo + (e.clientX - rect.left) / rect.width * (hi - lo);
+      let c = 0;
+      for (let i = 0; i < m.steps.length; i++) if (Math.abs(m.steps[i] - step) < Math.abs(m.steps[c] - step)) c = i;
+      const r = Math.min(m.names.length - 1, Math.floor((e.clientY - rect.top) / rect.height * m.names.length));
+      const v = m.values[r * m.steps.length + c];
+      MA.tip(`<b>${MA.esc(m.names[r])}</b>\nstep ≈ ${m.steps[c]}\n${this.label}: ${MA.fmt(v)}`, e);
+    }
+  }
+  return {Heat};
+})();

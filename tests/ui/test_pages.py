@@ -1,0 +1,154 @@
+"""The runs page and the run page in a real browser, against a real sidecar."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+from ui_checks import CANVAS_COLOURS, CHARTS
+
+from monitor_agent.ui.routes import STATIC
+
+
+def open_run_page(browser, fed) -> None:
+    browser.get(f"{fed.url}/runs/{fed.run_id}")
+    WebDriverWait(browser, 20).until(
+        lambda d: d.execute_script("return document.body.dataset.loaded === '1' && "
+                                   "!!window.runPage.heats.heat_zero"))
+
+
+def test_every_chart_ships_with_the_package():
+    for name in ("run.html", "runs.html", "run.js", "runs.js", "common.js", "heatmap.js",
+                 "charts.js", "ui.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+                 "vendor/uPlot.LICENSE"):
+        assert (STATIC / name).is_file(), name
+    for name in ("run.html", "runs.html"):
+        page = (STATIC / name).read_text()
+        assert "http://" not in page and "https://" not in page  # air-gapped clusters
+
+
+def test_runs_page_lists_the_fed_run(browser, fed, shots: Path):
+    browser.get(fed.url + "/")
+    row = WebDriverWait(browser, 10).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))[0]
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == fed.run_id and cells[1] == "traces"
+    assert cells[3] == str(fed.run_id and fed.get(f"/v1/runs/{fed.run_id}")["last_step"])
+    assert cells[5].split()[0] == str(len(fed.get(f"/v1/runs/{fed.run_id}/findings")["findings"]))
+    browser.save_screenshot(str(shots / "runs.png"))
+
+
+def test_run_page_draws_every_chart_and_marks_every_finding(browser, fed, shots: Path):
+    open_run_page(browser, fed)
+    drawn = browser.execute_script(CANVAS_COLOURS)
+    for chart in CHARTS:
+        assert drawn[chart]["shown"], f"{chart} is not shown"
+        assert drawn[chart]["colours"] >= 3, f"{chart} drew nothing: {drawn[chart]}"
+    detail = fed.get(f"/v1/runs/{fed.run_id}")
+    shown = browser.find_element(By.ID, "latest-loss")
+    assert float(shown.get_attribute("data-value")) == detail["ranks"]["0"]["latest"]["loss"]
+    assert float(shown.text) == pytest.approx(detail["ranks"]["0"]["latest"]["loss"], rel=1e-4)
+    findings = fed.get(f"/v1/runs/{fed.run_id}/findings?limit=10000")["findings"]
+    assert findings, "the trace should have produced findings"
+    markers = browser.find_elements(By.CSS_SELECTOR, "#charts .marker")
+    assert len(markers) == len(findings)
+    assert sorted(int(m.get_attribute("data-step")) for m in markers) == sorted(
+        f["step"] for f in findings)
+    ranks = browser.find_elements(By.CSS_SELECTOR, "#rank option")
+    assert [o.text for o in ranks] == ["0", "1"]
+    browser.save_screenshot(str(shots / "run.png"))
+
+
+def test_a_finding_marker_shows_its_evidence_and_zooms_to_its_step(browser, fed):
+    open_run_page(browser, fed)
+    marker = browser.find_element(By.CSS_SELECTOR, "#chart-heat_act .marker")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", marker)
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).move_to_element(marker).perform()
+    tip = browser.find_element(By.ID, "tip")
+    assert "activation_blowup" in tip.text and "evidence:" in tip.text
+    assert "what to try next:" in tip.text
+    step = int(marker.get_attribute("data-step"))
+    marker.click()
+    lo, hi = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "return window.runPage.view"))
+    assert lo < step < hi and hi - lo < fed.last_step / 2
+
+
+def test_a_live_step_appears_within_two_seconds(browser, fed):
+    open_run_page(browser, fed)
+    step = fed.last_step + 1
+    fed.post_records([{"kind": "step", "run_id": fed.run_id, "step": step,
+                       "time": time.time(), "loss": 2.125, "step_time": 0.02}])
+    fed.last_step = step
+    WebDriverWait(browser, 2, poll_frequency=0.05).until(lambda d: d.execute_script(
+        "const u = window.runPage.charts.loss;"
+        "return document.getElementById('last-step').textContent === arguments[0] && "
+        "u.data[0][u.data[0].length - 1] === +arguments[0]", str(step)))
+
+
+def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
+    alerts = [a for a in fed.get(f"/v1/alerts?run_id={fed.run_id}")["alerts"]
+              if a["state"] != "resolved"]
+    assert alerts, "the fed run should have an open alert"
+    fp = alerts[0]["fingerprint"]
+    open_run_page(browser, fed)
+    browser.execute_script("sessionStorage.clear()")
+    click(browser, f"tr[data-fp='{fp}'] button.ack")
+    WebDriverWait(browser, 5).until(
+        lambda d: "Refused" in d.find_element(By.ID, "notice").text)
+    assert _alert(fed, fp)["acked_at"] is None
+    browser.save_screenshot(str(shots / "refused.png"))
+
+    token = browser.find_element(By.ID, "token")
+    token.send_keys("ui-test-token")
+    browser.find_element(By.ID, "token-save").click()
+    click(browser, f"tr[data-fp='{fp}'] button.ack")
+    WebDriverWait(browser, 5).until(lambda d: _alert(fed, fp)["acked_at"] is not None)
+    assert _alert(fed, fp)["acked_by"] == "web UI"
+
+    click(browser, f"tr[data-fp='{fp}'] button.silence")
+    WebDriverWait(browser, 5).until(lambda d: [
+        s for s in fed.get("/v1/silences")["silences"] if s["run_id"] == fed.run_id])
+    silence = fed.get("/v1/silences")["silences"][0]
+    assert silence["type"] == alerts[0]["type"] and silence["created_by"] == "web UI"
+    browser.execute_script("sessionStorage.clear()")
+
+
+def click(browser, selector: str) -> None:
+    """Click what the selector names now (the alerts table re-renders when alerts change)."""
+    WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "const b = document.querySelector(arguments[0]); if (b) b.click(); return !!b", selector))
+
+
+def _alert(fed, fp: str) -> dict:
+    return next(a for a in fed.get("/v1/alerts")["alerts"] if a["fingerprint"] == fp)
+
+
+def test_reads_follow_auth_reads(browser, tmp_path: Path):
+    from live_server import LiveServer
+    from monitor_agent.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path, token="read-token", auth_reads=True)
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", timeout=10, headers={
+            "Authorization": "Bearer read-token"}, json={"records": [
+                {"kind": "step", "run_id": "locked", "step": s, "time": 1.0 + s, "loss": 2.0}
+                for s in range(1, 30)]})
+        assert res.status_code == 200
+        browser.get(srv.url + "/runs/locked")
+        browser.execute_script("sessionStorage.clear()")
+        browser.get(srv.url + "/runs/locked")
+        WebDriverWait(browser, 5).until(
+            lambda d: "requires the token" in d.find_element(By.ID, "notice").text)
+        assert not browser.find_elements(By.ID, "last-step")  # nothing shown without it
+        browser.find_element(By.ID, "token").send_keys("read-token")
+        browser.find_element(By.ID, "token-save").click()
+        WebDriverWait(browser, 10).until(
+            lambda d: d.find_element(By.ID, "last-step").text == "29")
+        browser.execute_script("sessionStorage.clear()")
