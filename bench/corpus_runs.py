@@ -251,7 +251,7 @@ SPECS = [
     S("f_gru_nan_hidden", "gru", "adamw", 3e-3, 400, "const", 20, 16, clip=1.0,
       fault="nan_hidden", fault_step=300),
     S("f_cnn_bad_batch", "cnn", "adamw", 2e-3, 800, "const", 0, 32, fault="bad_batch",
-      fault_step=600),
+      fault_step=250),
     S("f_mlp_bad_batch", "mlp", "adamw", 1e-3, 800, batch=64, fault="bad_batch",
       fault_step=600),
     S("f_gpt_lr_spike_clip", "gpt", "adamw", 2e-3, 450, "const", 30, 16, clip=1.0,
@@ -265,5 +265,5 @@ SPECS = [
     S("f_lstm_lr_spike_clip", "lstm", "sgdm", 0.5, 450, batch=16, clip=1.0,
       fault="lr_spike", fault_step=300, factor=20.0),
     S("f_cnn_bad_batch_sgd", "cnn", "sgd", 0.05, 800, batch=32, fault="bad_batch",
-      fault_step=650, seed=6),
+      fault_step=250, seed=6),
 ]

@@ -87,6 +87,12 @@ PLATEAU = (
     "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
     "If it improved before, the model may be at capacity: a bigger model or more data.",
 )
+PLATEAU_LR_RAISED = (
+    "The learning rate was raised within this window and the loss still did not move: check "
+    "that the optimizer steps the parameters (frozen or detached parameters, the LR set on "
+    "the wrong param group, a scheduler overriding it).",
+    "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
+)
 OVERFITTING = (
     "Stop early: keep the checkpoint at the best validation loss.",
     "Add regularisation: weight decay, dropout, data augmentation; or get more data.",

@@ -1,6 +1,9 @@
 """``clip_saturation``: the gradient is clipped on most steps (grad norm above the clip
 threshold on ``clip_fraction`` of the last ``clip_window`` steps).
 
+The finding's value is that fraction and its threshold ``clip_fraction``; the message
+says both, and the median grad norm as a multiple of the clip threshold.
+
 Example::
 
     ClipSaturationDetector(settings, ctx).update(step)  # -> [Finding("clipped on 95% ...")]
@@ -44,8 +47,9 @@ class ClipSaturationDetector(DetectorBase):
         if fraction < self.settings.clip_fraction or not self.due(rec):
             return []
         median = float(np.median(values))
-        msg = (f"gradient clipped on {fraction:.0%} of the last {len(values)} steps "
-               f"(median grad norm {fmt(median)}x the clip {fmt(clip)})")
+        msg = (f"gradient clipped on {fraction:.0%} of the last {len(values)} steps (limit "
+               f"{self.settings.clip_fraction:.0%}); median grad norm {fmt(median)}x the clip "
+               f"threshold {fmt(clip)}")
         return [self.finding(rec, msg, value=fraction, threshold=self.settings.clip_fraction,
                              evidence={"fraction": fraction, "median_over_clip": median,
                                        "clip_threshold": clip, "lr": rec.lr},

@@ -1,22 +1,31 @@
-"""``divergence``: the loss rising persistently while the gradient norm grows, caught
-before the NaN.
+"""``divergence``: the loss climbing away from where the run had got to, and staying there.
 
-Three rules, all relative to the run's own baselines:
+Three rules, all in units of the run's own noise and progress; each needs the condition on
+several steps in a row, because one bad batch rises once and falls back:
 
-* jump: after warmup, one step's update/param ratio above the hard limit
-  ``update_ratio_max`` (the step rewrote over 10% of the weights) and
-  ``divergence_jump`` x its rolling median: a learning-rate jump or an unclipped
-  gradient blow-up, seen before the loss has even moved;
-
-* fast: ``divergence_steps`` consecutive steps on which the loss rose and stands above
-  ``divergence_ratio`` x its EMA while the grad norm also rose and stands above
-  ``divergence_grad_ratio`` x its median (a runaway, e.g. learning rate too high);
-* slow: after warmup, the median log-loss of the last ``divergence_window`` steps sits
-  ``divergence_rise`` above the lowest such median seen and ``divergence_z`` standard
-  errors above it (so a noisy small-batch loss needs a bigger rise), while the latest
-  losses and grad norms sit above their window medians (a creeping blow-up).
-
-A transient bad batch rises once and falls back, so it never makes a streak.
+* level (the main rule): the median log-loss of the last ``divergence_window`` steps
+  against the median of the ``baseline_window`` steps before them. The noise is
+  ``sigma = 1.4826 * MAD`` of the first differences of the earlier log-losses over
+  sqrt(2) (differences remove the downward trend), and the standard error of the
+  difference of the two medians is ``1.2533 * sigma * sqrt(1/k + 1/n)``. The recent level
+  must be ``divergence_z`` standard errors above the earlier one, at least
+  ``divergence_rise`` above it as a ratio, and must have given back at least
+  ``divergence_progress`` of what the run had learnt (start level minus earlier level) -
+  the absolute floor that keeps a noisy near-zero classification loss (0.036 -> 0.075 out
+  of a start at 2.3) from ever counting, however large its ratio. It fires when all three
+  hold on ``divergence_hold`` consecutive steps (held, not a bump that recovered). Never
+  compared with the lowest value seen: the minimum of a noisy series is its most extreme
+  outlier, not a level.
+* runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
+  ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
+  rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
+  before the NaN).
+* jump: after warmup, ``divergence_hold`` consecutive steps whose update/param ratio is
+  above the hard limit ``update_ratio_max`` (each step rewrote over 10% of the weights)
+  and ``divergence_jump`` x its rolling median: an LR jump the optimizer keeps applying,
+  seen before the loss has moved much. Plain SGD at the edge of stability makes a few
+  such steps on its own and recovers (a catapult); an LR that stays too high keeps
+  making them, hence the same hold as the level rule.
 
 Example::
 
@@ -27,85 +36,113 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
 from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.stats import MAD_TO_SIGMA, Window, finite, median
 from monitor_agent.types import Finding, StepRecord
+
+MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
 
 
 @dataclass(slots=True)
 class DivergenceState:
     grads: Window
-    losses: Window
+    recent: Window  # log loss, the last divergence_window steps
+    earlier: Window  # log loss, the baseline_window steps before them
     ratios: Window
+    first: list[float] = field(default_factory=list)  # the run's first losses (its start)
     prev_loss: float | None = None
     prev_grad: float | None = None
     streak: int = 0
     streak_start_loss: float | None = None
-    lowest_median: float | None = None
+    held: int = 0
+    jumps: int = 0
 
 
 class DivergenceDetector(DetectorBase):
-    """Error when the loss and grad norm run away together (see module docstring)."""
+    """Error when the loss climbs away and stays (see module docstring)."""
 
     type = "divergence"
 
     def new_rank(self) -> DivergenceState:
         s = self.settings
         return DivergenceState(grads=Window.of(s.baseline_window),
-                               losses=Window.of(s.divergence_window),
+                               recent=Window.of(s.divergence_window),
+                               earlier=Window.of(s.baseline_window),
                                ratios=Window.of(s.baseline_window))
 
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         if amp_overflow(rec) or not finite(rec.loss):
             return []
+        self._fold_loss(rec, st)
         found = self._jump(rec, st)
-        found = self._fast(rec, st) or self._slow(rec, st) or found
+        found = self._fast(rec, st) or self._level(rec, st) or found
         st.prev_loss = rec.loss
         if finite(rec.grad_norm) and rec.grad_norm > 0:
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
         return found
 
-    # -- jump: an update far too large ------------------------------------------------------
+    def _fold_loss(self, rec: StepRecord, st: DivergenceState) -> None:
+        if len(st.first) < self.settings.min_history_steps:
+            st.first.append(rec.loss)
+        if rec.loss <= 0:
+            return
+        if st.recent.full:  # the oldest recent value moves into the earlier window
+            st.earlier.add(st.recent.values()[0])
+        st.recent.add(math.log(rec.loss))
+
+    def _floor(self, st: DivergenceState) -> float | None:
+        """The loss the progress rule needs reached: the earlier level plus
+        ``divergence_progress`` of what the run had learnt since its start."""
+        if len(st.earlier) < self.settings.min_history_steps or not st.first:
+            return None
+        level = math.exp(st.earlier.median())
+        learnt = max(median(np.asarray(st.first)) - level, 0.0)
+        return level + self.settings.divergence_progress * learnt
+
+    # -- jump: updates far too large, step after step -----------------------------------------
 
     def _jump(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         ratio = rec.update_ratio
         if not finite(ratio) or ratio <= 0:
             return []
         s = self.settings
-        median = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
-        st.ratios.add(ratio)
-        if median is None or self.ctx.in_warmup(rec.step):
+        med = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
+        big = (med is not None and not self.ctx.in_warmup(rec.step)
+               and ratio > s.update_ratio_max and ratio >= s.divergence_jump * med)
+        if not big:  # the jump's own steps stay out of the median they are judged against
+            st.ratios.add(ratio)
+        st.jumps = st.jumps + 1 if big else 0
+        if st.jumps < s.divergence_hold or not self.due(rec):
             return []
-        if ratio <= s.update_ratio_max or ratio < s.divergence_jump * median:
-            return []
-        if not self.due(rec):
-            return []
-        msg = (f"update/param ratio jumped to {fmt(ratio)} ({ratio / median:.0f}x its median "
-               f"{fmt(median)}; lr {fmt(rec.lr)}): a step this large precedes divergence")
-        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": median,
-                    "lr": rec.lr, "loss": rec.loss, "grad_norm": rec.grad_norm}
+        msg = (f"update/param ratio {fmt(ratio)} is {ratio / med:.0f}x its median {fmt(med)} "
+               f"and above {fmt(s.update_ratio_max)} for {st.jumps} steps in a row (lr "
+               f"{fmt(rec.lr)}): steps this large precede divergence")
+        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": med,
+                    "consecutive_steps": st.jumps, "lr": rec.lr, "loss": rec.loss,
+                    "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 
-    # -- fast: a runaway streak -------------------------------------------------------------
+    # -- runaway: loss and grad norm climbing together --------------------------------------
 
     def _rising(self, rec: StepRecord, st: DivergenceState) -> bool:
         s = self.settings
-        ema = self.ctx.ema_loss(rec.rank)
+        ema, floor = self.ctx.ema_loss(rec.rank), self._floor(st)
         if st.prev_loss is None or ema is None or len(st.grads) < s.min_history_steps:
             return False
-        loss_up = rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
+        loss_up = (rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
+                   and (floor is None or rec.loss >= floor))
         if not finite(rec.grad_norm) or st.prev_grad is None:
             return loss_up
-        median = math.exp(st.grads.median())
-        grad_up = rec.grad_norm > st.prev_grad and rec.grad_norm >= s.divergence_grad_ratio * median
+        med = math.exp(st.grads.median())
+        grad_up = rec.grad_norm > st.prev_grad and rec.grad_norm >= s.divergence_grad_ratio * med
         return loss_up and grad_up
 
     def _fast(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
@@ -117,51 +154,47 @@ class DivergenceDetector(DetectorBase):
         st.streak += 1
         if st.streak < self.settings.divergence_steps or not self.due(rec):
             return []
-        median = math.exp(st.grads.median())
+        med = math.exp(st.grads.median())
         msg = (f"loss rose {st.streak} steps in a row to {fmt(rec.loss)} (from "
                f"{fmt(st.streak_start_loss)}) while grad norm grew to {fmt(rec.grad_norm)} "
-               f"({fmt((rec.grad_norm or math.nan) / median)}x its median)")
-        evidence = {"rule": "runaway", "streak": st.streak, "loss": rec.loss,
+               f"({fmt((rec.grad_norm or math.nan) / med)}x its median {fmt(med)})")
+        evidence = {"rule": "runaway", "consecutive_steps": st.streak, "loss": rec.loss,
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
-                    "grad_norm": rec.grad_norm, "grad_median": median, "lr": rec.lr}
+                    "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 
-    # -- slow: a creeping rise ----------------------------------------------------------------
+    # -- level: the recent loss level far above the earlier one, and holding ----------------
 
-    def _slow(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
-        if rec.loss <= 0:
-            return []
-        st.losses.add(math.log(rec.loss))
-        if self.ctx.in_warmup(rec.step) or not st.losses.full:
-            return []
-        median = st.losses.median()
-        if st.lowest_median is None or median < st.lowest_median:
-            st.lowest_median = median
-            return []
-        rise = median - st.lowest_median
-        # Standard error of a median: 1.2533 sigma / sqrt(n); sigma from the window's MAD.
-        stderr = 1.2533 * st.losses.mad() / math.sqrt(len(st.losses))
+    def _level(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         s = self.settings
-        if rise < math.log1p(s.divergence_rise) or rise < s.divergence_z * stderr:
+        floor = self._floor(st)
+        if floor is None or not st.recent.full or self.ctx.in_warmup(rec.step):
+            st.held = 0
             return []
-        if not self._still_rising(st) or not self.due(rec):
+        now, before = st.recent.median(), st.earlier.median()
+        diffs = np.diff(st.earlier.values())
+        sigma = MAD_TO_SIGMA * median(np.abs(diffs - median(diffs))) / math.sqrt(2)
+        se = MEDIAN_SE * sigma * math.sqrt(1 / len(st.recent) + 1 / len(st.earlier))
+        rise = now - before
+        up = (rise >= math.log1p(s.divergence_rise) and rise >= s.divergence_z * se
+              and math.exp(now) >= floor)
+        st.held = st.held + 1 if up else 0
+        if st.held < s.divergence_hold or not self.due(rec):
             return []
-        now, low = math.exp(median), math.exp(st.lowest_median)
-        msg = (f"loss median {fmt(now)} over the last {len(st.losses)} steps is "
-               f"{now / low - 1:.0%} above its lowest {fmt(low)} and still rising")
-        evidence = {"rule": "trend", "median": now, "lowest_median": low,
-                    "rise_in_stderr": rise / max(stderr, 1e-12), "lr": rec.lr}
-        return [self.finding(rec, msg, value=now, threshold=low, evidence=evidence,
-                             suggestions=tips.DIVERGENCE)]
-
-    def _still_rising(self, st: DivergenceState) -> bool:
-        """The latest quarter of the window sits above the window's median (not a bump
-        that already recovered), and so does the grad norm's."""
-        values = st.losses.values()
-        if np.median(values[-max(3, len(values) // 4):]) <= np.median(values):
-            return False
-        if len(st.grads) < 8:
-            return True
-        g = st.grads.values()
-        return float(np.median(g[-len(g) // 4:])) > float(np.median(g))
+        level_now, level_before = math.exp(now), math.exp(before)
+        start = median(np.asarray(st.first))
+        given_back = (level_now - level_before) / max(start - level_before, 1e-12)
+        msg = (f"loss median {fmt(level_now)} over the last {len(st.recent)} steps is "
+               f"{level_now / level_before - 1:+.0%} above its median {fmt(level_before)} "
+               f"over the {len(st.earlier)} steps before ({rise / max(se, 1e-12):.0f} "
+               f"standard errors), for {st.held} steps in a row")
+        if start > level_before:
+            msg += f"; {given_back:.0%} of the progress from {fmt(start)} is lost"
+        evidence = {"rule": "level", "median": level_now, "earlier_median": level_before,
+                    "rise_in_stderr": rise / max(se, 1e-12), "noise_sigma_log": sigma,
+                    "start": start,
+                    "progress_lost": given_back if start > level_before else None,
+                    "consecutive_steps": st.held, "lr": rec.lr}
+        return [self.finding(rec, msg, value=level_now, threshold=level_before,
+                             evidence=evidence, suggestions=tips.DIVERGENCE)]
