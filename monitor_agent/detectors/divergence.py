@@ -25,7 +25,10 @@ several steps in a row, because one bad batch rises once and falls back:
   and ``divergence_jump`` x its rolling median: an LR jump the optimizer keeps applying,
   seen before the loss has moved much. Plain SGD at the edge of stability makes a few
   such steps on its own and recovers (a catapult); an LR that stays too high keeps
-  making them, hence the same hold as the level rule.
+  making them, hence the same hold as the level rule. When the LR itself is at least
+  ``divergence_lr_jump`` x its rolling median on that step, the cause is the LR, which the
+  optimizer applies again on every step: judged at once (the earliest warning there is,
+  steps before the loss moves).
 
 Example::
 
@@ -55,6 +58,7 @@ class DivergenceState:
     recent: Window  # log loss, the last divergence_window steps
     earlier: Window  # log loss, the baseline_window steps before them
     ratios: Window
+    lrs: Window
     first: list[float] = field(default_factory=list)  # the run's first losses (its start)
     prev_loss: float | None = None
     prev_grad: float | None = None
@@ -74,7 +78,8 @@ class DivergenceDetector(DetectorBase):
         return DivergenceState(grads=Window.of(s.baseline_window),
                                recent=Window.of(s.divergence_window),
                                earlier=Window.of(s.baseline_window),
-                               ratios=Window.of(s.baseline_window))
+                               ratios=Window.of(s.baseline_window),
+                               lrs=Window.of(s.baseline_window))
 
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         if amp_overflow(rec) or not finite(rec.loss):
@@ -116,17 +121,24 @@ class DivergenceDetector(DetectorBase):
         med = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
         big = (med is not None and not self.ctx.in_warmup(rec.step)
                and ratio > s.update_ratio_max and ratio >= s.divergence_jump * med)
+        lr_med = math.exp(st.lrs.median()) if len(st.lrs) >= s.min_history_steps else None
+        if finite(rec.lr) and rec.lr > 0:
+            st.lrs.add(math.log(rec.lr))
         if not big:  # the jump's own steps stay out of the median they are judged against
             st.ratios.add(ratio)
         st.jumps = st.jumps + 1 if big else 0
-        if st.jumps < s.divergence_hold or not self.due(rec):
+        lr_jump = (rec.lr / lr_med if big and lr_med and finite(rec.lr) else None)
+        by_lr = lr_jump is not None and lr_jump >= s.divergence_lr_jump
+        if (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
             return []
+        cause = (f"the lr {fmt(rec.lr)} is {lr_jump:.0f}x its median {fmt(lr_med)}" if by_lr
+                 else f"for {st.jumps} steps in a row (lr {fmt(rec.lr)})")
         msg = (f"update/param ratio {fmt(ratio)} is {ratio / med:.0f}x its median {fmt(med)} "
-               f"and above {fmt(s.update_ratio_max)} for {st.jumps} steps in a row (lr "
-               f"{fmt(rec.lr)}): steps this large precede divergence")
+               f"and above {fmt(s.update_ratio_max)}, {cause}: steps this large precede "
+               f"divergence")
         evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": med,
-                    "consecutive_steps": st.jumps, "lr": rec.lr, "loss": rec.loss,
-                    "grad_norm": rec.grad_norm}
+                    "consecutive_steps": st.jumps, "lr": rec.lr, "lr_median": lr_med,
+                    "loss": rec.loss, "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 

@@ -73,6 +73,10 @@ class DetectorSettings(BaseModel):
         10.0, gt=1, description="Jump rule: update/param above update_ratio_max and this many "
         "times its rolling median.",
     )
+    divergence_lr_jump: float = Field(
+        2.0, gt=1, description="Jump rule: an update jump on a step whose lr is this many times "
+        "its rolling median is judged at once (the LR, not one batch, made it)."
+    )
     divergence_window: int = Field(
         10, ge=3, description="Steps in the recent loss level (median) compared with the "
         "median of the baseline_window steps before them."

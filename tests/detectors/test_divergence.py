@@ -112,3 +112,11 @@ def test_restore_mid_stream_changes_nothing():
     recs += [step(i, loss=last * 1.01 ** (i - 300), grad_norm=1.02 ** (i - 300))
              for i in range(300, 400)]
     assert_restore_equivalent(lambda: only("divergence"), recs, cut=280)
+
+
+def test_an_update_jump_the_lr_itself_made_is_judged_at_once():
+    recs = [run()] + [step(i, loss=3.0 * 0.999**i, lr=0.01) for i in range(1, 300)]
+    recs += [step(300 + k, update_norm=3.0, lr=0.3) for k in range(3)]  # LR x30
+    found = feed(only("divergence"), recs)
+    assert [f.step for f in found] == [300] and "30x its median" in found[0].message
+    assert found[0].evidence["lr_median"] == 0.01
