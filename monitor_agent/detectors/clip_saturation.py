@@ -1,8 +1,9 @@
 """``clip_saturation``: the gradient is clipped on most steps (grad norm above the clip
 threshold on ``clip_fraction`` of the last ``clip_window`` steps).
 
-The finding's value is that fraction and its threshold ``clip_fraction``; the message
-says both, and the median grad norm as a multiple of the clip threshold.
+The finding's value is the window's median grad norm and its threshold the clip threshold
+(what it is compared against); the message and evidence give the clipped fraction and its
+limit ``clip_fraction``.
 
 Example::
 
@@ -50,7 +51,9 @@ class ClipSaturationDetector(DetectorBase):
         msg = (f"gradient clipped on {fraction:.0%} of the last {len(values)} steps (limit "
                f"{self.settings.clip_fraction:.0%}); median grad norm {fmt(median)}x the clip "
                f"threshold {fmt(clip)}")
-        return [self.finding(rec, msg, value=fraction, threshold=self.settings.clip_fraction,
-                             evidence={"fraction": fraction, "median_over_clip": median,
+        return [self.finding(rec, msg, value=median * clip, threshold=clip,
+                             evidence={"fraction": fraction,
+                                       "limit_fraction": self.settings.clip_fraction,
+                                       "median_over_clip": median,
                                        "clip_threshold": clip, "lr": rec.lr},
                              suggestions=tips.CLIP_SATURATION)]

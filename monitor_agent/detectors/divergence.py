@@ -4,7 +4,10 @@ Three rules, all in units of the run's own noise and progress; each needs the co
 several steps in a row, because one bad batch rises once and falls back:
 
 * level (the main rule): the median log-loss of the last ``divergence_window`` steps
-  against the median of the ``baseline_window`` steps before them. The noise is
+  against the median of the ``baseline_window`` steps before them, or the lowest such
+  full-window median since warmup when that is lower (a slow creep drags the earlier
+  window along with it; a 100-step median is a level, unlike the lowest single value,
+  which in a noisy series is its most extreme outlier). The noise is
   ``sigma = 1.4826 * MAD`` of the first differences of the earlier log-losses over
   sqrt(2) (differences remove the downward trend), and the standard error of the
   difference of the two medians is ``1.2533 * sigma * sqrt(1/k + 1/n)``. The recent level
@@ -15,7 +18,7 @@ several steps in a row, because one bad batch rises once and falls back:
   of a start at 2.3) from ever counting, however large its ratio. It fires when all three
   hold on ``divergence_hold`` consecutive steps (held, not a bump that recovered). Never
   compared with the lowest value seen: the minimum of a noisy series is its most extreme
-  outlier, not a level.
+  outlier.
 * runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
@@ -65,6 +68,8 @@ class DivergenceState:
     streak: int = 0
     streak_start_loss: float | None = None
     held: int = 0
+    best_level: float | None = None  # the lowest full earlier-window median (log)
+    best_step: int | None = None
     jumps: int = 0
 
 
@@ -102,12 +107,22 @@ class DivergenceDetector(DetectorBase):
             st.earlier.add(st.recent.values()[0])
         st.recent.add(math.log(rec.loss))
 
-    def _floor(self, st: DivergenceState) -> float | None:
-        """The loss the progress rule needs reached: the earlier level plus
-        ``divergence_progress`` of what the run had learnt since its start."""
+    def _reference(self, rec: StepRecord, st: DivergenceState) -> float | None:
+        """The level a rise is measured from (log loss): the earlier window's median, or the
+        lowest full-window median seen since warmup when that is lower (a slow creep moves
+        the earlier window with it). A 100-step median, never a single noisy value."""
         if len(st.earlier) < self.settings.min_history_steps or not st.first:
             return None
-        level = math.exp(st.earlier.median())
+        before = st.earlier.median()
+        if st.earlier.full and not self.ctx.in_warmup(rec.step) and (
+                st.best_level is None or before < st.best_level):
+            st.best_level, st.best_step = before, rec.step
+        return before if st.best_level is None else min(before, st.best_level)
+
+    def _floor(self, st: DivergenceState, ref: float) -> float:
+        """The loss the progress rule needs reached: the reference level plus
+        ``divergence_progress`` of what the run had learnt since its start."""
+        level = math.exp(ref)
         learnt = max(median(np.asarray(st.first)) - level, 0.0)
         return level + self.settings.divergence_progress * learnt
 
@@ -146,7 +161,8 @@ class DivergenceDetector(DetectorBase):
 
     def _rising(self, rec: StepRecord, st: DivergenceState) -> bool:
         s = self.settings
-        ema, floor = self.ctx.ema_loss(rec.rank), self._floor(st)
+        ema, ref = self.ctx.ema_loss(rec.rank), self._reference(rec, st)
+        floor = None if ref is None else self._floor(st, ref)
         if st.prev_loss is None or ema is None or len(st.grads) < s.min_history_steps:
             return False
         loss_up = (rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
@@ -180,11 +196,12 @@ class DivergenceDetector(DetectorBase):
 
     def _level(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         s = self.settings
-        floor = self._floor(st)
-        if floor is None or not st.recent.full or self.ctx.in_warmup(rec.step):
+        ref = self._reference(rec, st)
+        if ref is None or not st.recent.full or self.ctx.in_warmup(rec.step):
             st.held = 0
             return []
-        now, before = st.recent.median(), st.earlier.median()
+        floor = self._floor(st, ref)
+        now, before = st.recent.median(), ref
         diffs = np.diff(st.earlier.values())
         sigma = MAD_TO_SIGMA * median(np.abs(diffs - median(diffs))) / math.sqrt(2)
         se = MEDIAN_SE * sigma * math.sqrt(1 / len(st.recent) + 1 / len(st.earlier))
@@ -197,13 +214,17 @@ class DivergenceDetector(DetectorBase):
         level_now, level_before = math.exp(now), math.exp(before)
         start = median(np.asarray(st.first))
         given_back = (level_now - level_before) / max(start - level_before, 1e-12)
+        best = ref < st.earlier.median()
+        which = (f"its best {len(st.earlier)}-step median {fmt(level_before)} (step "
+                 f"{st.best_step})" if best else
+                 f"its median {fmt(level_before)} over the {len(st.earlier)} steps before")
         msg = (f"loss median {fmt(level_now)} over the last {len(st.recent)} steps is "
-               f"{level_now / level_before - 1:+.0%} above its median {fmt(level_before)} "
-               f"over the {len(st.earlier)} steps before ({rise / max(se, 1e-12):.0f} "
-               f"standard errors), for {st.held} steps in a row")
+               f"{level_now / level_before - 1:+.0%} above {which} "
+               f"({rise / max(se, 1e-12):.0f} standard errors), for {st.held} steps in a row")
         if start > level_before:
             msg += f"; {given_back:.0%} of the progress from {fmt(start)} is lost"
         evidence = {"rule": "level", "median": level_now, "earlier_median": level_before,
+                    "earlier_is_best": best,
                     "rise_in_stderr": rise / max(se, 1e-12), "noise_sigma_log": sigma,
                     "start": start,
                     "progress_lost": given_back if start > level_before else None,

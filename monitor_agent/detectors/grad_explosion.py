@@ -105,7 +105,7 @@ class GradExplosionDetector(DetectorBase):
                     "min_ratio_in_streak": st.streak_min_ratio, "limit_ratio": floor,
                     "limit_z": s.explosion_z, "in_warmup": self.ctx.in_warmup(rec.step),
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
-        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base * floor,
+        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base,
                              evidence=evidence, suggestions=tips.GRAD_EXPLOSION)]
 
     # -- per parameter ----------------------------------------------------------------------
@@ -137,7 +137,7 @@ class GradExplosionDetector(DetectorBase):
             msg = (f"{name}: grad norm {fmt(g)} is {ratio[c]:.0f}x its level before, "
                    f"at least {limit:.0f}x for {k} steps in a row")
             found.append(self.finding(
-                rec, msg, value=g, threshold=g / ratio[c] * limit, layer=name,
+                rec, msg, value=g, threshold=g / ratio[c], layer=name,
                 evidence={"ratio": float(ratio[c]), "limit_ratio": limit,
                           "consecutive_steps": k},
                 suggestions=tips.GRAD_EXPLOSION,

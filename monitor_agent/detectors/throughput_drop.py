@@ -107,7 +107,8 @@ class ThroughputDropDetector(DetectorBase):
                     "consecutive_steps": st.slow_steps, "seconds": lasted,
                     "data_share": data_now, "baseline_data_share": data_base}
         tip = tips.THROUGHPUT_DATA if starved else tips.THROUGHPUT_COMPUTE
-        return [self.finding(rec, msg, value=now, threshold=base * self.settings.throughput_ratio,
+        # threshold is the baseline the message names (shown as "value ... vs baseline ...").
+        return [self.finding(rec, msg, value=now, threshold=base,
                              evidence=evidence, suggestions=tip)]
 
 

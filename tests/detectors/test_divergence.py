@@ -120,3 +120,17 @@ def test_an_update_jump_the_lr_itself_made_is_judged_at_once():
     found = feed(only("divergence"), recs)
     assert [f.step for f in found] == [300] and "30x its median" in found[0].message
     assert found[0].evidence["lr_median"] == 0.01
+
+
+def test_a_slow_creep_is_measured_from_the_best_level_not_the_window_it_drags():
+    # 0.15% per step: the last 10 steps are never 30% above the 100 just before them, but
+    # the loss climbs away from the best 100-step level (~1.0) the run reached; it fires
+    # once a quarter of the progress 4.0 -> 1.0 is given back (loss ~1.75).
+    recs = [run()] + [step(i, loss=3.0 * 0.99**i + 1.0) for i in range(1, 400)]
+    best = recs[-1].loss
+    recs += [step(i, loss=best * 1.0015 ** (i - 400) * (1 + noise(i, 0.01)))
+             for i in range(400, 800)]
+    found = feed(only("divergence"), recs)
+    assert found and found[0].evidence["rule"] == "level" and found[0].evidence["earlier_is_best"]
+    assert 700 < found[0].step < 800 and "best 100-step median" in found[0].message
+    assert found[0].evidence["progress_lost"] >= 0.25
