@@ -2,7 +2,11 @@
 a sustained stretch.
 
 Statistic: the median speed of the last ``throughput_window`` steps over the median of
-the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is slow.
+the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is slow,
+and it must also be slower than every ``throughput_window``-step stretch of the baseline
+(the median of each block of that many baseline steps): the speed's own variability, on a
+machine shared with other jobs, is what a drop must exceed (measured on the corpus, run on
+2 shared cores, 20-step medians swing 3x up and down for no reason in the job itself).
 A median moves only when over half of its window is slow, so one slow step (an eval, a
 checkpoint, the step after a stop, the last step of a run) never counts. The baseline
 must hold at least half of ``throughput_baseline_window`` steps (after the first
@@ -86,7 +90,9 @@ class ThroughputDropDetector(DetectorBase):
     def _judge(self, rec: StepRecord, st: SpeedState) -> list[Finding]:
         now, base = st.recent.median(), st.baseline.median()
         ratio = now / base
-        if ratio >= self.settings.throughput_ratio:
+        slowest = _slowest_block(st.baseline.values(), st.recent.n) \
+            if ratio < self.settings.throughput_ratio else 0.0
+        if ratio >= self.settings.throughput_ratio or now >= slowest:
             st.slow_steps, st.slow_since = 0, None
             return []
         st.slow_steps += 1
@@ -105,11 +111,21 @@ class ThroughputDropDetector(DetectorBase):
                + (f"; data loading now {data_now:.0%} of the step" if starved else ""))
         evidence = {"speed": now, "baseline": base, "ratio": ratio,
                     "consecutive_steps": st.slow_steps, "seconds": lasted,
+                    "slowest_baseline_stretch": slowest,
                     "data_share": data_now, "baseline_data_share": data_base}
         tip = tips.THROUGHPUT_DATA if starved else tips.THROUGHPUT_COMPUTE
         # threshold is the baseline the message names (shown as "value ... vs baseline ...").
         return [self.finding(rec, msg, value=now, threshold=base,
                              evidence=evidence, suggestions=tip)]
+
+
+def _slowest_block(values: np.ndarray, size: int) -> float:
+    """The lowest median of consecutive ``size``-value blocks of ``values``."""
+    n = len(values) // size
+    if n == 0:
+        return float("inf")
+    blocks = values[len(values) - n * size:].reshape(n, size)
+    return float(np.median(blocks, axis=1).min())
 
 
 def _nanmedian(w: Window) -> float:

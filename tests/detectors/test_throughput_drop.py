@@ -62,3 +62,14 @@ def test_steps_per_second_without_tokens():
 def test_restore_mid_stream_changes_nothing():
     recs = _stream(500, 300, 0.3, data_time=0.04)
     assert_restore_equivalent(lambda: only("throughput_drop"), recs, cut=250)
+
+
+def test_quiet_when_the_baseline_itself_had_stretches_as_slow():
+    # A shared machine: every 100 steps another job takes the CPU for 30 steps (0.4x).
+    # The next such stretch is no slower than the ones in the baseline: not a drop.
+    recs = []
+    for i in range(1, 800):
+        busy = i % 100 < 30
+        st = 0.02 * (1 + noise(i, 0.2)) / (0.4 if busy else 1.0)
+        recs.append(step(i, step_time=st, tokens=1000.0, tokens_per_second=1000.0 / st))
+    assert feed(only("throughput_drop"), recs) == []
