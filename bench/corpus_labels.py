@@ -145,6 +145,25 @@ def _flat_stretch(steps: list[dict]) -> str | None:
     return None
 
 
+def _vanishing(steps: list[dict], order: list[str]) -> str | None:
+    """Early parameters (first quarter of ``layer_order``) get < 1% of the late ones'
+    (last quarter) median gradient norm, as a median over 10 recorded steps."""
+    rows = [r["layers"] for r in steps if r.get("layers")]
+    if not rows or len(order) < 4:
+        return None
+    q = len(order) // 4
+    ratios = []
+    for layers in rows:
+        early = _med(layers[n]["grad_norm"] for n in order[:q] if n in layers)
+        late = _med(layers[n]["grad_norm"] for n in order[-q:] if n in layers)
+        ratios.append(early / late if late > 0 else math.nan)
+    worst = min((_med(ratios[i:i + 10]) for i in range(max(len(ratios) - 9, 0))),
+                default=math.nan)
+    if worst < 0.01:
+        return f"early/late parameter grad norm down to {worst:.2g} (10-step median)"
+    return None
+
+
 def _dead_params(steps: list[dict]) -> str | None:
     """Parameters with a zero gradient or zero update on 20 recorded steps in a row."""
     runs: dict[str, int] = {}
@@ -195,6 +214,9 @@ def _allowed(run: dict, steps: list[dict], evals: list[dict]) -> dict[str, str]:
     dead = _dead_params(steps)
     if dead:
         out["dead_layer"] = dead
+    vanish = _vanishing(steps, run.get("layer_order") or [])
+    if vanish:
+        out["grad_vanishing"] = vanish
     speed = [r["tokens_per_second"] for r in steps if _finite(r.get("tokens_per_second"))]
     worst = min((_med(speed[i:i + 50]) / _med(speed[max(i - 200, 0):i])
                  for i in range(100, len(speed) - 49, 10)), default=1.0)
@@ -217,7 +239,8 @@ def label(path: Path) -> dict:
     end = next((r for r in records if r["kind"] == "end"), {})
     expected, why, allowed = ([], [], []) if run["fault_step"] is None else \
         _fault_expected(run, steps)
-    measured = _allowed(run, steps, evals)
+    measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
+        "layer_order")}, steps, evals)
     exp_types = {e["type"] for e in expected}
     allowed = sorted(set(allowed) | set(measured) - exp_types)
     grads = [r["grad_norm"] for r in steps if _finite(r.get("grad_norm"))]

@@ -42,15 +42,16 @@ class Task:
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, width: int = 8) -> None:
+    def __init__(self, width: int = 8, bn: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, width, 3, padding=1)
         self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.norm = nn.BatchNorm2d(2 * width) if bn else nn.Identity()
         self.fc = nn.Linear(2 * width * 16, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.norm(self.conv2(x))), 2)
         return self.fc(x.flatten(1))
 
 
@@ -93,12 +94,12 @@ class TinyViT(nn.Module):
         return self.head(self.ln_f(h).mean(1))
 
 
-def mlp(widths: list[int], act: type[nn.Module]) -> nn.Sequential:
+def mlp(widths: list[int], act: type[nn.Module], dropout: float = 0.0) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
         layers.append(nn.Linear(a, b))
         if i < len(widths) - 2:
-            layers.append(act())
+            layers += [act(), nn.Dropout(dropout)] if dropout else [act()]
     return nn.Sequential(*layers)
 
 
@@ -142,17 +143,18 @@ def _chars(seed: int):
 
 
 def make_task(arch: str, seed: int, **kw) -> Task:
-    """``arch``: mlp (``depth``, ``width``, ``act``), cnn, gru, lstm, vit, gpt."""
+    """``arch``: mlp (``depth``, ``width``, ``act``, ``dropout``), cnn (``bn``), gru, lstm,
+    vit, gpt."""
     torch.manual_seed(seed)
     if arch == "mlp":
         act = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[kw.get("act", "relu")]
         width, depth = kw.get("width", 128), kw.get("depth", 3)
-        model = mlp([32] + [width] * depth + [10], act)
+        model = mlp([32] + [width] * depth + [10], act, kw.get("dropout", 0.0))
         batch, val = _pool(*teacher_data(n=8192 + 1024, d_in=32, classes=10, seed=seed), 1024)
         return Task(model, batch, val, 1, None, "teacher-labelled gaussians (32-d, 10 classes)",
                     False)
     if arch in ("cnn", "vit"):
-        model = SmallCNN() if arch == "cnn" else TinyViT()
+        model = SmallCNN(bn=kw.get("bn", False)) if arch == "cnn" else TinyViT()
         batch, val = _pool(*prototype_images(8192 + 1024, seed), 1024)
         return Task(model, batch, val, 1, None,
                     "1x16x16 images of 10 shifted, noised smooth prototypes", False)

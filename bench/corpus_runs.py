@@ -54,6 +54,7 @@ class Spec:
     fault_step: int | None = None
     factor: float = 1.0
     model_kw: dict = field(default_factory=dict)
+    layer_every: int = 1  # per-layer statistics every this many steps
 
 
 def make_opt(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -154,7 +155,7 @@ def run(spec: Spec, monitor) -> list[dict]:
             opt = make_opt(spec.opt, task.model.parameters(), spec.lr / 10)
     mon, cap = monitor(spec.name, config_of(spec, task))
     mon.watch(task.model, opt, grad_clip=spec.clip, seq_len=task.seq_len,
-              layer_stats_every=1, hist_every=0)
+              layer_stats_every=spec.layer_every, hist_every=0)
     last = first + spec.steps - 1 if spec.finetune else spec.steps
     status = "completed"
     for step in range(first, last + 1):
@@ -245,6 +246,16 @@ SPECS = [
       smoothing=0.1),
     S("h_vit_finetune", "vit", "adamw", 1e-3, 400, "cosine", 0, 32, pretrain=600,
       finetune=True),
+    # -- healthy, added after the first tuning pass (a second unseen check)
+    S("h_gpt_layers_every10", "gpt", "adamw", 3e-3, 500, "cosine", 30, 16, clip=1.0,
+      layer_every=10, seed=3),
+    S("h_mlp_dropout_wd", "mlp", "adamw", 2e-3, 1000, "cosine", 50, 64,
+      model_kw={"dropout": 0.3}),
+    S("h_cnn_bn_sgdm_step", "cnn", "sgdm", 0.05, 800, "step", 20, 32, model_kw={"bn": True}),
+    S("h_gru_bs2", "gru", "adam", 1e-3, 500, batch=2, seed=4),
+    S("h_vit_warmup300_smooth", "vit", "adamw", 1e-3, 800, "cosine", 300, 32, smoothing=0.1),
+    S("h_mlp_tanh16_adam", "mlp", "adam", 5e-4, 800, batch=32,
+      model_kw={"act": "tanh", "depth": 16, "width": 32}),
     # -- faults on shapes the public set lacks
     S("f_cnn_lr_spike_sgdm", "cnn", "sgdm", 0.01, 700, "const", 0, 32, fault="lr_spike",
       fault_step=500, factor=50.0),
