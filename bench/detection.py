@@ -18,7 +18,8 @@ healthy steps, healthy runs paged, recall and delay, on the public set and on ea
 the corpus (``tests/traces/corpus``: ``tune`` is what thresholds were checked on,
 ``heldout`` is reported only).
 
-Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--no-cost]``
+Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--no-cost]
+[--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
 """
 
 from __future__ import annotations
@@ -345,14 +346,16 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--precision-only", action="store_true")
+    ap.add_argument("--details", action="store_true", help="list every false alarm and miss")
     args = ap.parse_args()
     if not args.precision_only:
         print_totals(scorecard(args.traces))
-    print_precision(f"precision, public ({args.traces.name})", precision(load_set(args.traces)))
+    print_precision(f"precision, public ({args.traces.name})", precision(load_set(args.traces)),
+                    args.details)
     if (args.corpus / "labels.json").exists():
         for half in ("tune", "heldout"):
             print_precision(f"precision, corpus {half} half",
-                            precision(load_set(args.corpus, half)))
+                            precision(load_set(args.corpus, half)), args.details)
     if not args.no_cost:
         print_cost()
 

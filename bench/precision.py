@@ -50,6 +50,7 @@ class SetScore:
     healthy_steps: int = 0
     healthy_runs: int = 0
     paged_runs: set[str] = field(default_factory=set)
+    unexplained: list[str] = field(default_factory=list)  # one line per false alarm / miss
     per_type: dict[str, TypeScore] = field(default_factory=lambda: defaultdict(TypeScore))
 
 
@@ -89,6 +90,10 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
                 f.severity == Severity.parse(e["severity"]):
             ts.caught += 1
             ts.delays.append(f.step - e["first_step"])
+        else:
+            got = f"first at {f.step} ({f.severity.label})" if f else "never"
+            total.unexplained.append(f"{label['file']}: missed {e['type']} {e['severity']} "
+                                     f"{e['first_step']}..{e['last_step']}, {got}")
     name = label["file"]
     if label["healthy"]:
         total.healthy_steps += steps
@@ -99,11 +104,13 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
                 ts.false_pages += 1
                 ts.runs_paged.add(name)
                 total.paged_runs.add(name)
+                total.unexplained.append(f"{name}: PAGE {f.type} @{f.step}: {f.message}")
             elif f.severity == Severity.WARNING:
                 if f.type in label["allowed"]:
                     ts.allowed_warnings += 1
                 else:
                     ts.false_warnings += 1
+                    total.unexplained.append(f"{name}: warning {f.type} @{f.step}: {f.message}")
         return
     paging = {e["type"] for e in label["expected"] if Severity.parse(e["severity"]).pages}
     exp = {e["type"] for e in label["expected"]}
@@ -113,6 +120,8 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
         if (f.type not in exp and f.type not in label["allowed"]) or (
                 f.severity.pages and f.type not in paging and not paging):
             total.per_type[f.type].fault_false += 1
+            total.unexplained.append(f"{name}: unexplained {f.severity.label} {f.type} "
+                                     f"@{f.step}: {f.message}")
 
 
 def precision(traces: list[tuple[dict, Path]]) -> SetScore:
@@ -123,7 +132,7 @@ def precision(traces: list[tuple[dict, Path]]) -> SetScore:
     return total
 
 
-def print_precision(title: str, s: SetScore) -> None:
+def print_precision(title: str, s: SetScore, details: bool = False) -> None:
     per10k = 1e4 / max(s.healthy_steps, 1)
     print(f"\n{title}: {s.healthy_runs} healthy runs, {s.healthy_steps} healthy steps; "
           f"healthy runs paged: {len(s.paged_runs)} {sorted(s.paged_runs) or ''}")
@@ -143,3 +152,5 @@ def print_precision(title: str, s: SetScore) -> None:
               f"{ts.fault_false:>9}")
     print(f"{'all':22}{tot_p * per10k:>10.2f}{tot_w * per10k:>10.2f}{'':>9}"
           f"{len(s.paged_runs):>11}{f'{tot_caught}/{tot_exp}':>9}")
+    for line in s.unexplained if details else ():
+        print("  " + line[:200])
