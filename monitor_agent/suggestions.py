@@ -42,8 +42,16 @@ DIVERGENCE = (
     "Check for a learning-rate schedule bug (a jump in lr at the start of the rise).",
 )
 GRAD_EXPLOSION = (
-    "Lower the learning rate; the gradient norm is an order of magnitude above its history.",
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
     "Enable or tighten gradient clipping.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+GRAD_EXPLOSION_CLIPPED = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Clipping is on, so each update is bounded, but the optimizer keeps being pushed off "
+    "course: clipping hides the cause, it does not fix it.",
     "Check the layers named in the evidence for missing normalisation or a bad init.",
 )
 GRAD_VANISHING = (

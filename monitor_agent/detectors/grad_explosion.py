@@ -105,8 +105,10 @@ class GradExplosionDetector(DetectorBase):
                     "min_ratio_in_streak": st.streak_min_ratio, "limit_ratio": floor,
                     "limit_z": s.explosion_z, "in_warmup": self.ctx.in_warmup(rec.step),
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
-        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base,
-                             evidence=evidence, suggestions=tips.GRAD_EXPLOSION)]
+        clipped = finite(rec.clip_threshold) and rec.clip_threshold > 0
+        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
+                             suggestions=tips.GRAD_EXPLOSION_CLIPPED if clipped
+                             else tips.GRAD_EXPLOSION)]
 
     # -- per parameter ----------------------------------------------------------------------
 

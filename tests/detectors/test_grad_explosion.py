@@ -98,3 +98,14 @@ def test_restore_mid_stream_changes_nothing():
     recs += [step(80 + k, grad_norm=50.0, layers=layers(n, [1.0, 300.0, 1.0]))
              for k in range(4)]
     assert_restore_equivalent(lambda: only("grad_explosion"), recs, cut=81)
+
+
+def test_with_clipping_on_it_does_not_advise_enabling_it():
+    from monitor_agent import suggestions as tips
+
+    recs = [run()] + [step(i, grad_norm=0.5 * (1 + noise(i, 0.1)), clip_threshold=1.0)
+                      for i in range(1, 300)]
+    recs += [step(300 + k, grad_norm=2.5, clip_threshold=1.0) for k in range(4)]
+    found = feed(only("grad_explosion"), recs)
+    assert found and found[0].suggestions == tips.GRAD_EXPLOSION_CLIPPED
+    assert found[0].evidence["clip_threshold"] == 1.0
