@@ -22,7 +22,7 @@ several steps in a row, because one bad batch rises once and falls back:
 * runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
-  before the NaN).
+  before the NaN); a shorter streak that ends in a non-finite loss fires on that step.
 * jump: after warmup, ``divergence_hold`` consecutive steps whose update/param ratio is
   above the hard limit ``update_ratio_max`` (each step rewrote over 10% of the weights)
   and ``divergence_jump`` x its rolling median: an LR jump the optimizer keeps applying,
@@ -87,8 +87,10 @@ class DivergenceDetector(DetectorBase):
                                lrs=Window.of(s.baseline_window))
 
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
-        if amp_overflow(rec) or not finite(rec.loss):
+        if amp_overflow(rec):
             return []
+        if not finite(rec.loss):
+            return self._ran_off(rec, st) if rec.loss is not None else []
         self._fold_loss(rec, st)
         found = self._jump(rec, st)
         found = self._fast(rec, st) or self._level(rec, st) or found
@@ -190,6 +192,21 @@ class DivergenceDetector(DetectorBase):
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
                     "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
+                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+
+    def _ran_off(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
+        """A runaway streak cut short by a non-finite loss: it could not hold any longer
+        because it left the float range, which is the divergence completing."""
+        streak, st.streak = st.streak, 0
+        if streak == 0 or streak >= self.settings.divergence_steps or not self.due(rec):
+            return []
+        msg = (f"loss rose {streak} step(s) in a row to {fmt(st.prev_loss)} (from "
+               f"{fmt(st.streak_start_loss)}) while the grad norm grew, then went "
+               f"{rec.loss} at step {rec.step}")
+        evidence = {"rule": "runaway", "consecutive_steps": streak + 1, "loss": rec.loss,
+                    "loss_before": st.streak_start_loss, "last_finite_loss": st.prev_loss,
+                    "grad_norm": rec.grad_norm, "lr": rec.lr}
+        return [self.finding(rec, msg, value=st.prev_loss, threshold=st.streak_start_loss,
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 
     # -- level: the recent loss level far above the earlier one, and holding ----------------

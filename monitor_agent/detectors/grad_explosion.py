@@ -8,7 +8,8 @@ gradient noise does not reach on one step, let alone on several; at low loss a C
 norm swings 50x from batch to batch, and its sigma says so). It fires on
 ``explosion_steps`` elevated steps in a row: a gradient that stays blown up is an optimizer
 driving the weights somewhere bad (an LR too high, with or without clipping); one huge
-batch that the next step forgets is a bad batch, reported by ``loss_spike`` instead.
+batch that the next step forgets is a bad batch, reported by ``loss_spike`` instead. A
+streak cut short by a non-finite gradient (it outgrew the float range) fires on that step.
 
 Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space) on
 ``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the
@@ -75,8 +76,9 @@ class GradExplosionDetector(DetectorBase):
 
     def _global(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         if not finite(rec.grad_norm) or rec.grad_norm <= 0:
+            found = self._overflowed(rec, st) if rec.grad_norm is not None else []
             st.streak, st.streak_min_ratio = 0, math.inf
-            return []
+            return found
         log_g = math.log(rec.grad_norm)
         found = []
         if len(st.grads) >= self.settings.min_history_steps:
@@ -109,6 +111,21 @@ class GradExplosionDetector(DetectorBase):
         return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
                              suggestions=tips.GRAD_EXPLOSION_CLIPPED if clipped
                              else tips.GRAD_EXPLOSION)]
+
+    def _overflowed(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
+        """A streak cut short by a non-finite gradient: it blew past what a float holds,
+        which is the explosion completing, not recovering."""
+        if st.streak == 0 or st.streak >= self.settings.explosion_steps or not self.due(rec):
+            return []
+        base = math.exp(st.grads.median())
+        msg = (f"grad norm went {rec.grad_norm} after {st.streak} step(s) at least "
+               f"{st.streak_min_ratio:.1f}x its median {fmt(base)}")
+        evidence = {"grad_norm": rec.grad_norm, "median": base,
+                    "consecutive_steps": st.streak + 1,
+                    "min_ratio_in_streak": st.streak_min_ratio,
+                    "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
+        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
+                             suggestions=tips.GRAD_EXPLOSION)]
 
     # -- per parameter ----------------------------------------------------------------------
 

@@ -134,3 +134,17 @@ def test_a_slow_creep_is_measured_from_the_best_level_not_the_window_it_drags():
     assert found and found[0].evidence["rule"] == "level" and found[0].evidence["earlier_is_best"]
     assert 700 < found[0].step < 800 and "best 100-step median" in found[0].message
     assert found[0].evidence["progress_lost"] >= 0.25
+
+
+def test_a_runaway_cut_short_by_the_nan_fires_on_the_nan_step():
+    recs = _healthy(200)
+    recs += [step(200, loss=9.0, grad_norm=30.0), step(201, loss=1e4, grad_norm=1e8),
+             step(202, loss=float("nan"), grad_norm=float("nan"))]
+    found = feed(only("divergence"), recs)
+    assert [f.step for f in found] == [202] and found[0].evidence["consecutive_steps"] == 3
+    assert "then went nan" in found[0].message
+
+
+def test_a_nan_out_of_the_blue_is_nan_infs_alone():
+    recs = _healthy(200) + [step(200, loss=float("nan"), grad_norm=float("nan"))]
+    assert feed(only("divergence"), recs) == []

@@ -109,3 +109,15 @@ def test_with_clipping_on_it_does_not_advise_enabling_it():
     found = feed(only("grad_explosion"), recs)
     assert found and found[0].suggestions == tips.GRAD_EXPLOSION_CLIPPED
     assert found[0].evidence["clip_threshold"] == 1.0
+
+
+def test_a_streak_cut_short_by_overflow_fires_on_the_overflow_step():
+    recs = [run()] + _steady(100) + [step(100, grad_norm=50.0), step(101, grad_norm=5e4),
+                                     step(102, grad_norm=float("inf"))]
+    found = feed(only("grad_explosion"), recs)
+    assert [f.step for f in found] == [102] and found[0].evidence["consecutive_steps"] == 3
+
+
+def test_a_nan_gradient_out_of_the_blue_is_not_an_explosion():
+    recs = [run()] + _steady(100) + [step(100, grad_norm=float("nan"))]
+    assert feed(only("grad_explosion"), recs) == []
