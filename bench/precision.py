@@ -10,8 +10,9 @@ Per finding type, over the traces of one set:
   labels' notes; they are counted apart as ``allowed``). Info findings are not alarms;
 * healthy runs paged: healthy runs with at least one page;
 * recall: expected findings whose first finding of that type lies in the window with the
-  label's severity (the rule of ``tests/detectors/test_public_traces.py``), and the mean
-  delay in steps from the window's first step to that finding;
+  label's severity (the rule of ``tests/detectors/test_public_traces.py``), the mean
+  delay in steps from the window's first step to that finding, and on traces that go
+  non-finite the mean lead: steps from that finding to the first non-finite step;
 * faulty runs: unexplained findings (type neither expected nor allowed) and pages whose
   type no expected finding pages for (a warning-class fault must not page).
 
@@ -42,6 +43,7 @@ class TypeScore:
     expected: int = 0
     caught: int = 0
     delays: list[int] = field(default_factory=list)
+    leads: list[int] = field(default_factory=list)
     fault_false: int = 0
 
 
@@ -82,6 +84,8 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
     first: dict[str, Finding] = {}
     for f in sorted(findings, key=lambda f: f.step):
         first.setdefault(f.type, f)
+    # the nan_inf window closes at the first non-finite loss (AMP: overflows open it earlier)
+    nan = next((e["last_step"] for e in label["expected"] if e["type"] == "nan_inf"), None)
     for e in label["expected"]:
         ts = total.per_type[e["type"]]
         ts.expected += 1
@@ -90,6 +94,8 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
                 f.severity == Severity.parse(e["severity"]):
             ts.caught += 1
             ts.delays.append(f.step - e["first_step"])
+            if nan is not None and e["type"] != "nan_inf":
+                ts.leads.append(nan - f.step)
         else:
             got = f"first at {f.step} ({f.severity.label})" if f else "never"
             total.unexplained.append(f"{label['file']}: missed {e['type']} {e['severity']} "
@@ -137,7 +143,7 @@ def print_precision(title: str, s: SetScore, details: bool = False) -> None:
     print(f"\n{title}: {s.healthy_runs} healthy runs, {s.healthy_steps} healthy steps; "
           f"healthy runs paged: {len(s.paged_runs)} {sorted(s.paged_runs) or ''}")
     print(f"{'type':22}{'pages/10k':>10}{'warn/10k':>10}{'allowed':>9}{'runs paged':>11}"
-          f"{'recall':>9}{'delay':>7}{'fault fp':>9}")
+          f"{'recall':>9}{'delay':>7}{'lead':>6}{'fault fp':>9}")
     tot_p = tot_w = tot_exp = tot_caught = 0
     for t in FINDING_TYPES:
         ts = s.per_type.get(t)
@@ -147,9 +153,10 @@ def print_precision(title: str, s: SetScore, details: bool = False) -> None:
         tot_exp, tot_caught = tot_exp + ts.expected, tot_caught + ts.caught
         recall = f"{ts.caught}/{ts.expected}" if ts.expected else "-"
         delay = f"{sum(ts.delays) / len(ts.delays):.1f}" if ts.delays else "-"
+        lead = f"{sum(ts.leads) / len(ts.leads):.1f}" if ts.leads else "-"
         print(f"{t:22}{ts.false_pages * per10k:>10.2f}{ts.false_warnings * per10k:>10.2f}"
               f"{ts.allowed_warnings:>9}{len(ts.runs_paged):>11}{recall:>9}{delay:>7}"
-              f"{ts.fault_false:>9}")
+              f"{lead:>6}{ts.fault_false:>9}")
     print(f"{'all':22}{tot_p * per10k:>10.2f}{tot_w * per10k:>10.2f}{'':>9}"
           f"{len(s.paged_runs):>11}{f'{tot_caught}/{tot_exp}':>9}")
     for line in s.unexplained if details else ():
