@@ -13,7 +13,13 @@ Every method runs through the same harness and is scored the same way:
 * lead time: on traces that go NaN, steps from the first divergence/grad_explosion finding
   (a recipe: its first alarm) at or after the fault to the first non-finite loss.
 
-Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--no-cost]``
+Then precision per detector (``precision.py``): false pages and false warnings per 10,000
+healthy steps, healthy runs paged, recall and delay, on the public set and on each half of
+the corpus (``tests/traces/corpus``: ``tune`` is what thresholds were checked on,
+``heldout`` is reported only).
+
+Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--no-cost]
+[--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from precision import load_set, precision, print_precision
 
 from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
 from monitor_agent.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
+CORPUS = TRACES.parent / "corpus"
 RECIPE_TYPES = {"loss_spike", "divergence", "grad_explosion", "nan_inf"}
 LEAD_TYPES = {"divergence", "grad_explosion"}
 EPISODE_STEPS = 100
@@ -335,9 +343,19 @@ def print_cost() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", type=Path, default=TRACES)
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--precision-only", action="store_true")
+    ap.add_argument("--details", action="store_true", help="list every false alarm and miss")
     args = ap.parse_args()
-    print_totals(scorecard(args.traces))
+    if not args.precision_only:
+        print_totals(scorecard(args.traces))
+    print_precision(f"precision, public ({args.traces.name})", precision(load_set(args.traces)),
+                    args.details)
+    if (args.corpus / "labels.json").exists():
+        for half in ("tune", "heldout"):
+            print_precision(f"precision, corpus {half} half",
+                            precision(load_set(args.corpus, half)), args.details)
     if not args.no_cost:
         print_cost()
 

@@ -39,6 +39,7 @@ fault whose max-abs is 10x the pre-fault median of that module, to the first non
 step (a precursor must come before the NaN).
 
     python bench/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
+    python bench/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data  # 
 from monitor_client import CategoryLoss, Monitor  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "traces"
+CORPUS = OUT / "corpus"
 EVERY = 5
 EVAL_EVERY = 25
 # MLP eval categories: the teacher's classes in three groups.
@@ -216,11 +218,11 @@ def run_gpt(name: str, fault_step: int | None, growth: float = 1.15, steps: int 
     return cap.records
 
 
-def write(name: str, records: list) -> Path:
+def write(name: str, records: list, out: Path = OUT) -> Path:
     from monitor_agent import wire
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{name}.jsonl.gz"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.jsonl.gz"
     with gzip.open(path, "wb", compresslevel=9) as fh:
         for rec in records:
             fh.write(wire.dumps(_rounded(rec)) + b"\n")
@@ -247,8 +249,41 @@ SCENARIOS = {
 }
 
 
+def record_corpus(only: list[str], shard: str) -> None:
+    """The precision corpus (``corpus_runs.py``): one file per run, then its labels."""
+    from corpus_runs import SPECS, run
+
+    index, count = (int(v) for v in shard.split("/"))
+    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
+    for spec in todo:
+        start = time.perf_counter()
+        path = write(spec.name, run(spec, monitor), CORPUS)
+        print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+    if count == 1:
+        from corpus_labels import write_corpus_labels
+
+        write_corpus_labels(CORPUS)
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", action="store_true", help="record tests/traces/corpus")
+    parser.add_argument("--only", nargs="*", default=[], help="corpus runs by name")
+    parser.add_argument("--shard", default="0/1", help="I/N: every N-th corpus run from I")
+    parser.add_argument("--labels", action="store_true", help="only (re)write corpus labels")
+    args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.labels:
+        from corpus_labels import write_corpus_labels
+
+        write_corpus_labels(CORPUS)
+        return
+    if args.corpus:
+        record_corpus(args.only, args.shard)
+        return
     recorded = {}
     for name, fn in SCENARIOS.items():
         start = time.perf_counter()

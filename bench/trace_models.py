@@ -51,9 +51,9 @@ def teacher_data(n: int, d_in: int, classes: int, seed: int) -> tuple[torch.Tens
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
+    def __init__(self, d: int, heads: int, causal: bool = True) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn_qkv, self.attn_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp_fc, self.act, self.mlp_proj = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
@@ -62,7 +62,7 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.attn_qkv(self.ln_1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp_proj(self.act(self.mlp_fc(self.ln_2(x))))
 

@@ -42,8 +42,16 @@ DIVERGENCE = (
     "Check for a learning-rate schedule bug (a jump in lr at the start of the rise).",
 )
 GRAD_EXPLOSION = (
-    "Lower the learning rate; the gradient norm is an order of magnitude above its history.",
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
     "Enable or tighten gradient clipping.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+GRAD_EXPLOSION_CLIPPED = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Clipping is on, so each update is bounded, but the optimizer keeps being pushed off "
+    "course: clipping hides the cause, it does not fix it.",
     "Check the layers named in the evidence for missing normalisation or a bad init.",
 )
 GRAD_VANISHING = (
@@ -86,6 +94,12 @@ PLATEAU = (
     "The loss is flat: raise the learning rate if it is tiny, or check the schedule.",
     "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
     "If it improved before, the model may be at capacity: a bigger model or more data.",
+)
+PLATEAU_LR_RAISED = (
+    "The learning rate was raised within this window and the loss still did not move: check "
+    "that the optimizer steps the parameters (frozen or detached parameters, the LR set on "
+    "the wrong param group, a scheduler overriding it).",
+    "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
 )
 OVERFITTING = (
     "Stop early: keep the checkpoint at the best validation loss.",

@@ -19,7 +19,7 @@ USUAL_SEVERITY: dict[str, Severity] = {
     "dead_layer": Severity.WARNING,
     "update_ratio_high": Severity.WARNING,
     "update_ratio_low": Severity.WARNING,
-    "gain_drift": Severity.WARNING,
+    "gain_drift": Severity.INFO,  # context for grad_explosion; see gain_drift.py
     "clip_saturation": Severity.WARNING,
     "plateau": Severity.WARNING,
     "overfitting": Severity.WARNING,

@@ -1,6 +1,10 @@
 """``clip_saturation``: the gradient is clipped on most steps (grad norm above the clip
 threshold on ``clip_fraction`` of the last ``clip_window`` steps).
 
+The finding's value is the window's median grad norm and its threshold the clip threshold
+(what it is compared against); the message and evidence give the clipped fraction and its
+limit ``clip_fraction``.
+
 Example::
 
     ClipSaturationDetector(settings, ctx).update(step)  # -> [Finding("clipped on 95% ...")]
@@ -44,9 +48,12 @@ class ClipSaturationDetector(DetectorBase):
         if fraction < self.settings.clip_fraction or not self.due(rec):
             return []
         median = float(np.median(values))
-        msg = (f"gradient clipped on {fraction:.0%} of the last {len(values)} steps "
-               f"(median grad norm {fmt(median)}x the clip {fmt(clip)})")
-        return [self.finding(rec, msg, value=fraction, threshold=self.settings.clip_fraction,
-                             evidence={"fraction": fraction, "median_over_clip": median,
+        msg = (f"gradient clipped on {fraction:.0%} of the last {len(values)} steps (limit "
+               f"{self.settings.clip_fraction:.0%}); median grad norm {fmt(median)}x the clip "
+               f"threshold {fmt(clip)}")
+        return [self.finding(rec, msg, value=median * clip, threshold=clip,
+                             evidence={"fraction": fraction,
+                                       "limit_fraction": self.settings.clip_fraction,
+                                       "median_over_clip": median,
                                        "clip_threshold": clip, "lr": rec.lr},
                              suggestions=tips.CLIP_SATURATION)]

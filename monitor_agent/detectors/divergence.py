@@ -1,22 +1,37 @@
-"""``divergence``: the loss rising persistently while the gradient norm grows, caught
-before the NaN.
+"""``divergence``: the loss climbing away from where the run had got to, and staying there.
 
-Three rules, all relative to the run's own baselines:
+Three rules, all in units of the run's own noise and progress; each needs the condition on
+several steps in a row, because one bad batch rises once and falls back:
 
-* jump: after warmup, one step's update/param ratio above the hard limit
-  ``update_ratio_max`` (the step rewrote over 10% of the weights) and
-  ``divergence_jump`` x its rolling median: a learning-rate jump or an unclipped
-  gradient blow-up, seen before the loss has even moved;
-
-* fast: ``divergence_steps`` consecutive steps on which the loss rose and stands above
-  ``divergence_ratio`` x its EMA while the grad norm also rose and stands above
-  ``divergence_grad_ratio`` x its median (a runaway, e.g. learning rate too high);
-* slow: after warmup, the median log-loss of the last ``divergence_window`` steps sits
-  ``divergence_rise`` above the lowest such median seen and ``divergence_z`` standard
-  errors above it (so a noisy small-batch loss needs a bigger rise), while the latest
-  losses and grad norms sit above their window medians (a creeping blow-up).
-
-A transient bad batch rises once and falls back, so it never makes a streak.
+* level (the main rule): the median log-loss of the last ``divergence_window`` steps
+  against the median of the ``baseline_window`` steps before them, or the lowest such
+  full-window median since warmup when that is lower (a slow creep drags the earlier
+  window along with it; a 100-step median is a level, unlike the lowest single value,
+  which in a noisy series is its most extreme outlier). The noise is
+  ``sigma = 1.4826 * MAD`` of the first differences of the earlier log-losses over
+  sqrt(2) (differences remove the downward trend), and the standard error of the
+  difference of the two medians is ``1.2533 * sigma * sqrt(1/k + 1/n)``. The recent level
+  must be ``divergence_z`` standard errors above the earlier one, at least
+  ``divergence_rise`` above it as a ratio, and must have given back at least
+  ``divergence_progress`` of what the run had learnt (start level minus earlier level) -
+  the absolute floor that keeps a noisy near-zero classification loss (0.036 -> 0.075 out
+  of a start at 2.3) from ever counting, however large its ratio. It fires when all three
+  hold on ``divergence_hold`` consecutive steps (held, not a bump that recovered). Never
+  compared with the lowest value seen: the minimum of a noisy series is its most extreme
+  outlier.
+* runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
+  ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
+  rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
+  before the NaN); a shorter streak that ends in a non-finite loss fires on that step.
+* jump: after warmup, ``divergence_hold`` consecutive steps whose update/param ratio is
+  above the hard limit ``update_ratio_max`` (each step rewrote over 10% of the weights)
+  and ``divergence_jump`` x its rolling median: an LR jump the optimizer keeps applying,
+  seen before the loss has moved much. Plain SGD at the edge of stability makes a few
+  such steps on its own and recovers (a catapult); an LR that stays too high keeps
+  making them, hence the same hold as the level rule. When the LR itself is at least
+  ``divergence_lr_jump`` x its rolling median on that step, the cause is the LR, which the
+  optimizer applies again on every step: judged at once (the earliest warning there is,
+  steps before the loss moves).
 
 Example::
 
@@ -27,85 +42,137 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
 from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.stats import MAD_TO_SIGMA, Window, finite, median
 from monitor_agent.types import Finding, StepRecord
+
+MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
 
 
 @dataclass(slots=True)
 class DivergenceState:
     grads: Window
-    losses: Window
+    recent: Window  # log loss, the last divergence_window steps
+    earlier: Window  # log loss, the baseline_window steps before them
     ratios: Window
+    lrs: Window
+    first: list[float] = field(default_factory=list)  # the run's first losses (its start)
     prev_loss: float | None = None
     prev_grad: float | None = None
     streak: int = 0
     streak_start_loss: float | None = None
-    lowest_median: float | None = None
+    held: int = 0
+    best_level: float | None = None  # the lowest full earlier-window median (log)
+    best_step: int | None = None
+    jumps: int = 0
 
 
 class DivergenceDetector(DetectorBase):
-    """Error when the loss and grad norm run away together (see module docstring)."""
+    """Error when the loss climbs away and stays (see module docstring)."""
 
     type = "divergence"
 
     def new_rank(self) -> DivergenceState:
         s = self.settings
         return DivergenceState(grads=Window.of(s.baseline_window),
-                               losses=Window.of(s.divergence_window),
-                               ratios=Window.of(s.baseline_window))
+                               recent=Window.of(s.divergence_window),
+                               earlier=Window.of(s.baseline_window),
+                               ratios=Window.of(s.baseline_window),
+                               lrs=Window.of(s.baseline_window))
 
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
-        if amp_overflow(rec) or not finite(rec.loss):
+        if amp_overflow(rec):
             return []
+        if not finite(rec.loss):
+            return self._ran_off(rec, st) if rec.loss is not None else []
+        self._fold_loss(rec, st)
         found = self._jump(rec, st)
-        found = self._fast(rec, st) or self._slow(rec, st) or found
+        found = self._fast(rec, st) or self._level(rec, st) or found
         st.prev_loss = rec.loss
         if finite(rec.grad_norm) and rec.grad_norm > 0:
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
         return found
 
-    # -- jump: an update far too large ------------------------------------------------------
+    def _fold_loss(self, rec: StepRecord, st: DivergenceState) -> None:
+        if len(st.first) < self.settings.min_history_steps:
+            st.first.append(rec.loss)
+        if rec.loss <= 0:
+            return
+        if st.recent.full:  # the oldest recent value moves into the earlier window
+            st.earlier.add(st.recent.values()[0])
+        st.recent.add(math.log(rec.loss))
+
+    def _reference(self, rec: StepRecord, st: DivergenceState) -> float | None:
+        """The level a rise is measured from (log loss): the earlier window's median, or the
+        lowest full-window median seen since warmup when that is lower (a slow creep moves
+        the earlier window with it). A 100-step median, never a single noisy value."""
+        if len(st.earlier) < self.settings.min_history_steps or not st.first:
+            return None
+        before = st.earlier.median()
+        if st.earlier.full and not self.ctx.in_warmup(rec.step) and (
+                st.best_level is None or before < st.best_level):
+            st.best_level, st.best_step = before, rec.step
+        return before if st.best_level is None else min(before, st.best_level)
+
+    def _floor(self, st: DivergenceState, ref: float) -> float:
+        """The loss the progress rule needs reached: the reference level plus
+        ``divergence_progress`` of what the run had learnt since its start."""
+        level = math.exp(ref)
+        learnt = max(median(np.asarray(st.first)) - level, 0.0)
+        return level + self.settings.divergence_progress * learnt
+
+    # -- jump: updates far too large, step after step -----------------------------------------
 
     def _jump(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         ratio = rec.update_ratio
         if not finite(ratio) or ratio <= 0:
             return []
         s = self.settings
-        median = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
-        st.ratios.add(ratio)
-        if median is None or self.ctx.in_warmup(rec.step):
+        med = st.ratios.median() if len(st.ratios) >= s.min_history_steps else None
+        big = (med is not None and not self.ctx.in_warmup(rec.step)
+               and ratio > s.update_ratio_max and ratio >= s.divergence_jump * med)
+        lr_med = math.exp(st.lrs.median()) if len(st.lrs) >= s.min_history_steps else None
+        if finite(rec.lr) and rec.lr > 0:
+            st.lrs.add(math.log(rec.lr))
+        if not big:  # the jump's own steps stay out of the median they are judged against
+            st.ratios.add(ratio)
+        st.jumps = st.jumps + 1 if big else 0
+        lr_jump = (rec.lr / lr_med if big and lr_med and finite(rec.lr) else None)
+        by_lr = lr_jump is not None and lr_jump >= s.divergence_lr_jump
+        if (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
             return []
-        if ratio <= s.update_ratio_max or ratio < s.divergence_jump * median:
-            return []
-        if not self.due(rec):
-            return []
-        msg = (f"update/param ratio jumped to {fmt(ratio)} ({ratio / median:.0f}x its median "
-               f"{fmt(median)}; lr {fmt(rec.lr)}): a step this large precedes divergence")
-        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": median,
-                    "lr": rec.lr, "loss": rec.loss, "grad_norm": rec.grad_norm}
+        cause = (f"the lr {fmt(rec.lr)} is {lr_jump:.0f}x its median {fmt(lr_med)}" if by_lr
+                 else f"for {st.jumps} steps in a row (lr {fmt(rec.lr)})")
+        msg = (f"update/param ratio {fmt(ratio)} is {ratio / med:.0f}x its median {fmt(med)} "
+               f"and above {fmt(s.update_ratio_max)}, {cause}: steps this large precede "
+               f"divergence")
+        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": med,
+                    "consecutive_steps": st.jumps, "lr": rec.lr, "lr_median": lr_med,
+                    "loss": rec.loss, "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 
-    # -- fast: a runaway streak -------------------------------------------------------------
+    # -- runaway: loss and grad norm climbing together --------------------------------------
 
     def _rising(self, rec: StepRecord, st: DivergenceState) -> bool:
         s = self.settings
-        ema = self.ctx.ema_loss(rec.rank)
+        ema, ref = self.ctx.ema_loss(rec.rank), self._reference(rec, st)
+        floor = None if ref is None else self._floor(st, ref)
         if st.prev_loss is None or ema is None or len(st.grads) < s.min_history_steps:
             return False
-        loss_up = rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
+        loss_up = (rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
+                   and (floor is None or rec.loss >= floor))
         if not finite(rec.grad_norm) or st.prev_grad is None:
             return loss_up
-        median = math.exp(st.grads.median())
-        grad_up = rec.grad_norm > st.prev_grad and rec.grad_norm >= s.divergence_grad_ratio * median
+        med = math.exp(st.grads.median())
+        grad_up = rec.grad_norm > st.prev_grad and rec.grad_norm >= s.divergence_grad_ratio * med
         return loss_up and grad_up
 
     def _fast(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
@@ -117,51 +184,67 @@ class DivergenceDetector(DetectorBase):
         st.streak += 1
         if st.streak < self.settings.divergence_steps or not self.due(rec):
             return []
-        median = math.exp(st.grads.median())
+        med = math.exp(st.grads.median())
         msg = (f"loss rose {st.streak} steps in a row to {fmt(rec.loss)} (from "
                f"{fmt(st.streak_start_loss)}) while grad norm grew to {fmt(rec.grad_norm)} "
-               f"({fmt((rec.grad_norm or math.nan) / median)}x its median)")
-        evidence = {"rule": "runaway", "streak": st.streak, "loss": rec.loss,
+               f"({fmt((rec.grad_norm or math.nan) / med)}x its median {fmt(med)})")
+        evidence = {"rule": "runaway", "consecutive_steps": st.streak, "loss": rec.loss,
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
-                    "grad_norm": rec.grad_norm, "grad_median": median, "lr": rec.lr}
+                    "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
                              evidence=evidence, suggestions=tips.DIVERGENCE)]
 
-    # -- slow: a creeping rise ----------------------------------------------------------------
+    def _ran_off(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
+        """A runaway streak cut short by a non-finite loss: it could not hold any longer
+        because it left the float range, which is the divergence completing."""
+        streak, st.streak = st.streak, 0
+        if streak == 0 or streak >= self.settings.divergence_steps or not self.due(rec):
+            return []
+        msg = (f"loss rose {streak} step(s) in a row to {fmt(st.prev_loss)} (from "
+               f"{fmt(st.streak_start_loss)}) while the grad norm grew, then went "
+               f"{rec.loss} at step {rec.step}")
+        evidence = {"rule": "runaway", "consecutive_steps": streak + 1, "loss": rec.loss,
+                    "loss_before": st.streak_start_loss, "last_finite_loss": st.prev_loss,
+                    "grad_norm": rec.grad_norm, "lr": rec.lr}
+        return [self.finding(rec, msg, value=st.prev_loss, threshold=st.streak_start_loss,
+                             evidence=evidence, suggestions=tips.DIVERGENCE)]
 
-    def _slow(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
-        if rec.loss <= 0:
-            return []
-        st.losses.add(math.log(rec.loss))
-        if self.ctx.in_warmup(rec.step) or not st.losses.full:
-            return []
-        median = st.losses.median()
-        if st.lowest_median is None or median < st.lowest_median:
-            st.lowest_median = median
-            return []
-        rise = median - st.lowest_median
-        # Standard error of a median: 1.2533 sigma / sqrt(n); sigma from the window's MAD.
-        stderr = 1.2533 * st.losses.mad() / math.sqrt(len(st.losses))
+    # -- level: the recent loss level far above the earlier one, and holding ----------------
+
+    def _level(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         s = self.settings
-        if rise < math.log1p(s.divergence_rise) or rise < s.divergence_z * stderr:
+        ref = self._reference(rec, st)
+        if ref is None or not st.recent.full or self.ctx.in_warmup(rec.step):
+            st.held = 0
             return []
-        if not self._still_rising(st) or not self.due(rec):
+        floor = self._floor(st, ref)
+        now, before = st.recent.median(), ref
+        diffs = np.diff(st.earlier.values())
+        sigma = MAD_TO_SIGMA * median(np.abs(diffs - median(diffs))) / math.sqrt(2)
+        se = MEDIAN_SE * sigma * math.sqrt(1 / len(st.recent) + 1 / len(st.earlier))
+        rise = now - before
+        up = (rise >= math.log1p(s.divergence_rise) and rise >= s.divergence_z * se
+              and math.exp(now) >= floor)
+        st.held = st.held + 1 if up else 0
+        if st.held < s.divergence_hold or not self.due(rec):
             return []
-        now, low = math.exp(median), math.exp(st.lowest_median)
-        msg = (f"loss median {fmt(now)} over the last {len(st.losses)} steps is "
-               f"{now / low - 1:.0%} above its lowest {fmt(low)} and still rising")
-        evidence = {"rule": "trend", "median": now, "lowest_median": low,
-                    "rise_in_stderr": rise / max(stderr, 1e-12), "lr": rec.lr}
-        return [self.finding(rec, msg, value=now, threshold=low, evidence=evidence,
-                             suggestions=tips.DIVERGENCE)]
-
-    def _still_rising(self, st: DivergenceState) -> bool:
-        """The latest quarter of the window sits above the window's median (not a bump
-        that already recovered), and so does the grad norm's."""
-        values = st.losses.values()
-        if np.median(values[-max(3, len(values) // 4):]) <= np.median(values):
-            return False
-        if len(st.grads) < 8:
-            return True
-        g = st.grads.values()
-        return float(np.median(g[-len(g) // 4:])) > float(np.median(g))
+        level_now, level_before = math.exp(now), math.exp(before)
+        start = median(np.asarray(st.first))
+        given_back = (level_now - level_before) / max(start - level_before, 1e-12)
+        best = ref < st.earlier.median()
+        which = (f"its best {len(st.earlier)}-step median {fmt(level_before)} (step "
+                 f"{st.best_step})" if best else
+                 f"its median {fmt(level_before)} over the {len(st.earlier)} steps before")
+        msg = (f"loss median {fmt(level_now)} over the last {len(st.recent)} steps is "
+               f"{level_now / level_before - 1:+.0%} above {which} "
+               f"({rise / max(se, 1e-12):.0f} standard errors), for {st.held} steps in a row")
+        if start > level_before:
+            msg += f"; {given_back:.0%} of the progress from {fmt(start)} is lost"
+        evidence = {"rule": "level", "median": level_now, "earlier_median": level_before,
+                    "earlier_is_best": best,
+                    "rise_in_stderr": rise / max(se, 1e-12), "noise_sigma_log": sigma,
+                    "start": start,
+                    "progress_lost": given_back if start > level_before else None,
+                    "consecutive_steps": st.held, "lr": rec.lr}
+        return [self.finding(rec, msg, value=level_now, threshold=level_before,
+                             evidence=evidence, suggestions=tips.DIVERGENCE)]

@@ -1,14 +1,28 @@
-"""``grad_explosion``: the global gradient norm an order of magnitude above its rolling
-median, or one parameter's gradient norm far above its own history.
+"""``grad_explosion``: the gradient norm far above its own recent level, and staying there.
+
+Statistic (global): ``r = log(grad_norm) - median`` of the last ``baseline_window`` log grad
+norms, in units of their robust spread ``sigma = 1.4826 * MAD``. A step is *elevated* when
+``r >= log(explosion_ratio)`` (a floor: at least 3x, so a smooth run's tiny MAD cannot make
+noise an explosion) and ``r >= explosion_z * sigma`` (6 sigma: a tail a healthy run's
+gradient noise does not reach on one step, let alone on several; at low loss a CNN's grad
+norm swings 50x from batch to batch, and its sigma says so). It fires on
+``explosion_steps`` elevated steps in a row: a gradient that stays blown up is an optimizer
+driving the weights somewhere bad (an LR too high, with or without clipping); one huge
+batch that the next step forgets is a bad batch, reported by ``loss_spike`` instead. A
+streak cut short by a non-finite gradient (it outgrew the float range) fires on that step.
+
+Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space) on
+``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the
+explosion does not become its own baseline).
 
 Warmup-aware: while the learning rate warms up, large gradient norms are normal, so the
-limit is multiplied by ``explosion_warmup_factor``. Overflow steps of a loss scaler are
-not gradients and are skipped.
+ratio floors are multiplied by ``explosion_warmup_factor``. Overflow steps of a loss scaler
+are not gradients and are skipped.
 
 Example::
 
     det = GradExplosionDetector(settings, ctx)
-    det.update(step)   # -> [Finding(type="grad_explosion", message="grad norm 932 is 2320x ...")]
+    det.update(step)   # -> [Finding(type="grad_explosion", message="grad norm 932 is ...")]
 """
 
 from __future__ import annotations
@@ -20,22 +34,26 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_stats import LayerEma
+from monitor_agent.detectors.layer_stats import LayerEma, grown
 from monitor_agent.detectors.nan_inf import amp_overflow
 from monitor_agent.detectors.stats import Window, finite
 from monitor_agent.types import Finding, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
+SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise
 
 
 @dataclass(slots=True)
 class ExplosionState:
     grads: Window
+    streak: int = 0
+    streak_min_ratio: float = math.inf
     layers: LayerEma = field(default_factory=LayerEma)
+    layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class GradExplosionDetector(DetectorBase):
-    """Error when the grad norm is ``explosion_ratio`` x its median (global or per layer)."""
+    """Error when the grad norm stays far above its median (see module docstring)."""
 
     type = "grad_explosion"
 
@@ -46,66 +64,101 @@ class GradExplosionDetector(DetectorBase):
         if amp_overflow(rec):
             return []
         found = self._global(rec, st)
-        if not found and rec.layers is not None:
-            found = self._per_layer(rec, st)
-        elif rec.layers is not None:
-            self._fold_layers(rec, st)
+        if rec.layers is not None:
+            layer_found = self._per_layer(rec, st)
+            found = found or layer_found
         return found
+
+    def _warm(self, rec: StepRecord) -> float:
+        return self.settings.explosion_warmup_factor if self.ctx.in_warmup(rec.step) else 1.0
+
+    # -- global -----------------------------------------------------------------------------
 
     def _global(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         if not finite(rec.grad_norm) or rec.grad_norm <= 0:
-            return []
+            found = self._overflowed(rec, st) if rec.grad_norm is not None else []
+            st.streak, st.streak_min_ratio = 0, math.inf
+            return found
+        log_g = math.log(rec.grad_norm)
         found = []
         if len(st.grads) >= self.settings.min_history_steps:
-            found = self._judge(rec, st)
-        st.grads.add(math.log(rec.grad_norm))
+            found = self._judge(rec, st, log_g)
+        st.grads.add(log_g)
         return found
 
-    def _limit(self, rec: StepRecord) -> float:
+    def _judge(self, rec: StepRecord, st: ExplosionState, log_g: float) -> list[Finding]:
         s = self.settings
-        warm = self.ctx.in_warmup(rec.step)
-        return s.explosion_ratio * (s.explosion_warmup_factor if warm else 1.0)
-
-    def _judge(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
-        median = math.exp(st.grads.median())
-        ratio, limit = rec.grad_norm / median, self._limit(rec)
-        if ratio < limit or not self.due(rec):
+        median, sigma = st.grads.median(), max(st.grads.mad(), SIGMA_FLOOR)
+        r = log_g - median
+        floor = s.explosion_ratio * self._warm(rec)
+        if r < math.log(floor) or r < s.explosion_z * sigma:
+            st.streak, st.streak_min_ratio = 0, math.inf
             return []
-        msg = f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(median)}"
-        evidence = {"grad_norm": rec.grad_norm, "median": median, "ratio": ratio,
-                    "limit_ratio": limit, "in_warmup": self.ctx.in_warmup(rec.step),
-                    "lr": rec.lr, "loss": rec.loss}
-        return [self.finding(rec, msg, value=rec.grad_norm, threshold=median * limit,
-                             evidence=evidence, suggestions=tips.GRAD_EXPLOSION)]
+        st.streak += 1
+        st.streak_min_ratio = min(st.streak_min_ratio, math.exp(r))
+        if st.streak < s.explosion_steps or not self.due(rec):
+            return []
+        ratio, base = math.exp(r), math.exp(median)
+        msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
+               f"({r / sigma:.0f} sigma) and has stayed at least {st.streak_min_ratio:.1f}x "
+               f"for {st.streak} steps in a row")
+        evidence = {"grad_norm": rec.grad_norm, "median": base, "ratio": ratio,
+                    "z": r / sigma, "consecutive_steps": st.streak,
+                    "min_ratio_in_streak": st.streak_min_ratio, "limit_ratio": floor,
+                    "limit_z": s.explosion_z, "in_warmup": self.ctx.in_warmup(rec.step),
+                    "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
+        clipped = finite(rec.clip_threshold) and rec.clip_threshold > 0
+        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
+                             suggestions=tips.GRAD_EXPLOSION_CLIPPED if clipped
+                             else tips.GRAD_EXPLOSION)]
 
-    def _fold_layers(self, rec: StepRecord, st: ExplosionState) -> np.ndarray:
+    def _overflowed(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
+        """A streak cut short by a non-finite gradient: it blew past what a float holds,
+        which is the explosion completing, not recovering."""
+        if st.streak == 0 or st.streak >= self.settings.explosion_steps or not self.due(rec):
+            return []
+        base = math.exp(st.grads.median())
+        msg = (f"grad norm went {rec.grad_norm} after {st.streak} step(s) at least "
+               f"{st.streak_min_ratio:.1f}x its median {fmt(base)}")
+        evidence = {"grad_norm": rec.grad_norm, "median": base,
+                    "consecutive_steps": st.streak + 1,
+                    "min_ratio_in_streak": st.streak_min_ratio,
+                    "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
+        return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
+                             suggestions=tips.GRAD_EXPLOSION)]
+
+    # -- per parameter ----------------------------------------------------------------------
+
+    def _per_layer(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         view = self.ctx.align(rec.layers)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(rec.layers.stats["grad_norm"])
         logs = np.where(np.isfinite(logs), logs, np.nan)
         before = st.layers.value(view.slots, LAYER_ALPHA, view.size)
         count = st.layers.count(view.slots, view.size)
-        st.layers.add(view.slots, logs, LAYER_ALPHA, view.size)
         ratio = np.exp(logs - before)
         ratio[(count < self.settings.min_history_steps) | ~np.isfinite(ratio)] = 0.0
-        return ratio
-
-    def _per_layer(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
-        ratio = self._fold_layers(rec, st)
-        limit = self.settings.layer_explosion_ratio * (
-            self.settings.explosion_warmup_factor if self.ctx.in_warmup(rec.step) else 1.0
-        )
-        hits = np.flatnonzero(ratio >= limit)
+        limit = self.settings.layer_explosion_ratio * self._warm(rec)
+        hit = ratio >= limit
+        st.layer_streak = grown(st.layer_streak, view.size, 0)
+        streak = st.layer_streak
+        streak[view.slots] = np.where(hit, streak[view.slots] + 1, 0)
+        # The streak's readings stay out of the baseline: it must not learn the explosion.
+        st.layers.add(view.slots, np.where(hit, np.nan, logs), LAYER_ALPHA, view.size)
+        n = self.settings.explosion_steps
+        hits = np.flatnonzero(streak[view.slots] >= n)
         found = []
         for c in hits[np.argsort(-ratio[hits])][: self.settings.max_layer_findings]:
             name = rec.layers.names[c]
             if not self.due(rec, name):
                 continue
-            g = float(rec.layers.stats["grad_norm"][c])
-            msg = f"{name}: grad norm {fmt(g)} is {ratio[c]:.0f}x its recent level"
+            g, k = float(rec.layers.stats["grad_norm"][c]), int(streak[view.slots[c]])
+            msg = (f"{name}: grad norm {fmt(g)} is {ratio[c]:.0f}x its level before, "
+                   f"at least {limit:.0f}x for {k} steps in a row")
             found.append(self.finding(
-                rec, msg, value=g, threshold=g / ratio[c] * limit, layer=name,
-                evidence={"ratio": float(ratio[c]), "limit_ratio": limit},
+                rec, msg, value=g, threshold=g / ratio[c], layer=name,
+                evidence={"ratio": float(ratio[c]), "limit_ratio": limit,
+                          "consecutive_steps": k},
                 suggestions=tips.GRAD_EXPLOSION,
             ))
         return found

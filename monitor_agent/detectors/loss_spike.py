@@ -1,9 +1,18 @@
 """``loss_spike``: the loss far above its recent level, both as a multiple of its
 bias-corrected EMA and as a robust (median/MAD) z-score of log(loss / EMA).
 
+Statistic: ``r = log(loss / EMA)``, judged against the last ``baseline_window`` residuals:
+a spike is ``loss / EMA >= spike_ratio`` and ``(r - median) / (1.4826 MAD) >= spike_z``.
 Judging the ratio in log space against the run's own residual spread makes it scale-free:
-a noisy small-batch run needs a bigger jump than a smooth one. The spike itself never
-enters the EMA before it is judged, and MAD ignores earlier spikes in the window.
+a noisy small-batch run needs a bigger jump than a smooth one. Where single batches are
+heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that even a
+190x batch stays under 6 sigma, so an order of magnitude, ``loss / EMA >= spike_decade``,
+is a spike whatever the spread. The spike itself never enters the EMA before it is judged,
+and MAD ignores earlier spikes in the window.
+
+A spike is a warning: one bad batch that the run recovers from. What persists is judged by
+``divergence`` (the loss level holding high) and ``grad_explosion`` (the gradient staying
+high), which page.
 
 Example::
 
@@ -51,13 +60,14 @@ class LossSpikeDetector(DetectorBase):
         s = self.settings
         ratio = rec.loss / ema
         z = robust_z(resid, st.residuals, floor=1e-3)
-        if ratio < s.spike_ratio or z < s.spike_z:
+        if ratio < s.spike_ratio or (z < s.spike_z and ratio < s.spike_decade):
             return []
         st.spikes += 1
         if not self.due(rec):
             return []
         msg = f"loss {fmt(rec.loss)} is {ratio:.1f}x its EMA {fmt(ema)} (z={z:.1f})"
         evidence = {"loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
+                    "limit_ratio": s.spike_ratio, "limit_z": s.spike_z,
                     "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
         return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,
                              suggestions=tips.LOSS_SPIKE)]

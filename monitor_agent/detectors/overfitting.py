@@ -61,18 +61,23 @@ class OverfittingDetector(DetectorBase):
         wide = gap >= s.overfit_gap_high and st.evals_since_best >= s.overfit_evals
         if not (diverging or wide) or not self.due(rec):
             return []
-        return [self._finding(rec, st, train, rise, gap)]
+        return [self._finding(rec, st, train, rise, gap, "val_rising" if diverging else "gap")]
 
-    def _finding(
-        self, rec: EvalRecord, st: OverfitState, train: float, rise: float, gap: float
-    ) -> Finding:
+    def _finding(self, rec: EvalRecord, st: OverfitState, train: float, rise: float,
+                 gap: float, rule: str) -> Finding:
         s = self.settings
         band = "high" if gap >= s.overfit_gap_high else "mild" if gap >= s.overfit_gap_mild else "low"
-        msg = (f"val loss {fmt(rec.val_loss)} is {rise:+.0%} from its best {fmt(st.best_val)} "
-               f"(step {st.best_step}) while train loss went {fmt(st.train_at_best)} -> "
-               f"{fmt(train)}; train-val gap {gap:.0%} ({band})")
-        evidence = {"val_loss": rec.val_loss, "train_loss": train, "best_val": st.best_val,
-                    "best_step": st.best_step, "val_rise": rise, "gap": gap, "gap_band": band,
-                    "evals_since_best": st.evals_since_best}
+        if rule == "val_rising":
+            head = (f"val loss {fmt(rec.val_loss)} is {rise:+.0%} above its best "
+                    f"{fmt(st.best_val)} (step {st.best_step}) for {st.evals_above} evals")
+        else:
+            head = (f"val loss {fmt(rec.val_loss)} has not beaten its best {fmt(st.best_val)} "
+                    f"(step {st.best_step}) for {st.evals_since_best} evals")
+        msg = (f"{head} while train loss went {fmt(st.train_at_best)} -> {fmt(train)}; "
+               f"train-val gap {gap:.0%} ({band})")
+        evidence = {"rule": rule, "val_loss": rec.val_loss, "train_loss": train,
+                    "best_val": st.best_val, "best_step": st.best_step, "val_rise": rise,
+                    "gap": gap, "gap_band": band, "evals_since_best": st.evals_since_best,
+                    "evals_above": st.evals_above}
         return self.finding(rec, msg, value=rec.val_loss, threshold=st.best_val,
                             evidence=evidence, suggestions=tips.OVERFITTING)

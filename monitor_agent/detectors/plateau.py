@@ -28,6 +28,7 @@ from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
 @dataclass(slots=True)
 class PlateauState:
     losses: Window
+    lrs: Window
     first: list[float] = field(default_factory=list)
     best_val: float | None = None
     evals_since_best: int = 0
@@ -39,7 +40,8 @@ class PlateauDetector(DetectorBase):
     type = "plateau"
 
     def new_rank(self) -> PlateauState:
-        return PlateauState(losses=Window.of(self.settings.plateau_window))
+        w = self.settings.plateau_window
+        return PlateauState(losses=Window.of(w), lrs=Window.of(w))
 
     def on_step(self, rec: StepRecord, st: PlateauState) -> list[Finding]:
         if not finite(rec.loss):
@@ -47,6 +49,7 @@ class PlateauDetector(DetectorBase):
         if len(st.first) < self.settings.min_history_steps:
             st.first.append(rec.loss)
         st.losses.add(rec.loss)
+        st.lrs.add(rec.lr if finite(rec.lr) else np.nan)
         if not st.losses.full or self.ctx.in_warmup(rec.step):
             return []
         values = st.losses.values()
@@ -58,20 +61,27 @@ class PlateauDetector(DetectorBase):
         # A flat stretch after real progress is normal (the tail of a decaying schedule);
         # its val-loss side is judged per eval. Flat since the first steps is not learning.
         never = since_start < 2 * self.settings.plateau_min_improvement
-        if gain >= self.settings.plateau_min_improvement or not never or not self.due(rec):
+        # Flat both ways: a loss that rose by more than the limit is not a plateau (it is
+        # divergence's to judge), whatever its sign says about improvement.
+        flat = abs(gain) < self.settings.plateau_min_improvement
+        if not flat or not never or not self.due(rec):
             return []
-        return [self._finding(rec, before, now, gain, start)]
+        return [self._finding(rec, st, before, now, gain, start)]
 
-    def _finding(
-        self, rec: StepRecord, before: float, now: float, gain: float, start: float
-    ) -> Finding:
+    def _finding(self, rec: StepRecord, st: PlateauState, before: float, now: float,
+                 gain: float, start: float) -> Finding:
         n = self.settings.plateau_window
-        msg = (f"loss flat over the last {n} steps: {fmt(before)} -> {fmt(now)} "
-               f"({gain:+.1%}), and {fmt(start)} at the start: the run is not learning")
+        msg = (f"loss flat over the last {n} steps: median {fmt(before)} -> {fmt(now)} "
+               f"({now / before - 1:+.1%}, limit {self.settings.plateau_min_improvement:.0%}), "
+               f"and {fmt(start)} at the start: the run is not learning")
+        lr_then = float(st.lrs.values()[0])
+        raised = finite(rec.lr) and np.isfinite(lr_then) and lr_then > 0 and \
+            rec.lr >= 2 * lr_then
         evidence = {"before": before, "now": now, "improvement": gain, "start": start,
-                    "lr": rec.lr}
+                    "lr": rec.lr, "lr_window_start": lr_then if np.isfinite(lr_then) else None}
         return self.finding(rec, msg, value=gain, threshold=self.settings.plateau_min_improvement,
-                            evidence=evidence, suggestions=tips.PLATEAU,
+                            evidence=evidence,
+                            suggestions=tips.PLATEAU_LR_RAISED if raised else tips.PLATEAU,
                             severity=Severity.WARNING)
 
     def on_eval(self, rec: EvalRecord, st: PlateauState) -> list[Finding]:

@@ -55,9 +55,13 @@ class DetectorSettings(BaseModel):
         6.0, gt=0, description="Robust z (MAD) of log(loss/EMA) that makes a spike."
     )
     spike_ratio: float = Field(1.3, gt=1, description="loss / EMA that makes a spike.")
+    spike_decade: float = Field(
+        10.0, gt=1, description="loss / EMA that is a spike whatever the noise (an order of "
+        "magnitude; the z-score alone misses it where single batches are heavy-tailed)."
+    )
     divergence_steps: int = Field(
-        3, ge=2, description="Consecutive steps of rising loss (and grad norm) far above "
-        "baseline that make a divergence.",
+        3, ge=2, description="Consecutive steps a runaway (loss and grad norm rising far above "
+        "baseline) must last to be a divergence.",
     )
     divergence_ratio: float = Field(
         1.2, gt=1, description="loss / EMA from which a rising step counts toward divergence."
@@ -69,27 +73,49 @@ class DetectorSettings(BaseModel):
         10.0, gt=1, description="Jump rule: update/param above update_ratio_max and this many "
         "times its rolling median.",
     )
+    divergence_lr_jump: float = Field(
+        2.0, gt=1, description="Jump rule: an update jump on a step whose lr is this many times "
+        "its rolling median is judged at once (the LR, not one batch, made it)."
+    )
     divergence_window: int = Field(
-        50, ge=10, description="Steps in the slow-divergence loss trend (median) window."
+        10, ge=3, description="Steps in the recent loss level (median) compared with the "
+        "median of the baseline_window steps before them."
     )
     divergence_rise: float = Field(
-        0.3, gt=0, description="Slow divergence: window median loss this fraction above "
-        "the lowest window median since warmup.",
+        0.3, gt=0, description="Level rule: the recent median loss at least this fraction "
+        "above the earlier median..."
     )
     divergence_z: float = Field(
-        4.0, gt=0, description="Slow divergence: the rise must also be this many standard "
-        "errors of the window median (noisy losses need a bigger rise).",
+        6.0, gt=0, description="...and this many standard errors of the difference of the "
+        "two medians above it (noise from the MAD of step-to-step log-loss changes)..."
+    )
+    divergence_progress: float = Field(
+        0.25, gt=0, description="...and this fraction of the run's progress (start loss minus "
+        "the earlier median) given back: the absolute floor for near-zero losses."
+    )
+    divergence_hold: int = Field(
+        5, ge=1, description="Consecutive steps the level rule and the update jump rule must "
+        "hold (not recover)."
     )
 
     # -- gradients ------------------------------------------------------------------------
     explosion_ratio: float = Field(
-        10.0, gt=1, description="grad norm / its rolling median that is an explosion."
+        3.0, gt=1, description="grad norm / its rolling median each step of an explosion "
+        "must reach (a floor under explosion_z)..."
+    )
+    explosion_z: float = Field(
+        6.0, gt=0, description="...and this many robust sigmas (MAD of log grad norm) above "
+        "the median..."
+    )
+    explosion_steps: int = Field(
+        3, ge=1, description="...on this many steps in a row (one bad batch is a loss_spike)."
     )
     explosion_warmup_factor: float = Field(
         5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
     )
     layer_explosion_ratio: float = Field(
-        100.0, gt=1, description="A parameter's grad norm / its own EMA that is an explosion."
+        100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
+        "explosion (explosion_steps readings in a row)."
     )
     max_layer_findings: int = Field(
         10, ge=1, description="Per-layer findings (dead, exploding) reported per record at most."
@@ -111,7 +137,11 @@ class DetectorSettings(BaseModel):
         0.05, gt=0, description="Per-layer gain drift limit is 1 + coef * sqrt(n_layers)."
     )
     gain_drift_min_total: float = Field(
-        4.0, gt=1, description="End-to-end (input vs output) gain change it must also reach."
+        4.0, gt=1, description="End-to-end (input vs output) gain change it must also reach..."
+    )
+    gain_drift_norm_growth: float = Field(
+        3.0, gt=1, description="...and the whole gradient (norm over all layers) must have "
+        "grown this much from the baseline to the recent median."
     )
     gain_window: int = Field(
         50, ge=5, description="Steps in the baseline and current gain medians."
@@ -222,7 +252,8 @@ class DetectorSettings(BaseModel):
 
     # -- systems ----------------------------------------------------------------------------
     throughput_window: int = Field(
-        20, ge=3, description="Recent steps whose median speed is compared to the baseline."
+        20, ge=3, description="Recent steps whose median speed is compared to the baseline; "
+        "the slow median must also hold this many steps in a row."
     )
     throughput_baseline_window: int = Field(
         200, ge=10, description="Earlier steps forming the speed baseline (median)."

@@ -1,9 +1,20 @@
-"""``throughput_drop``: tokens/s (or steps/s) much worse than the run's own baseline.
+"""``throughput_drop``: tokens/s (or steps/s) much worse than the run's own baseline, for
+a sustained stretch.
 
-The median speed of the last ``throughput_window`` steps is compared with the median of
-the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is a drop.
-Medians make it immune to single slow steps (evals, checkpoints). The evidence says
-whether the time went into waiting for data, which picks the suggestion.
+Statistic: the median speed of the last ``throughput_window`` steps over the median of
+the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is slow,
+and it must also be slower than every ``throughput_window``-step stretch of the baseline
+(the median of each block of that many baseline steps): the speed's own variability, on a
+machine shared with other jobs, is what a drop must exceed (measured on the corpus, run on
+2 shared cores, 20-step medians swing 3x up and down for no reason in the job itself).
+A median moves only when over half of its window is slow, so one slow step (an eval, a
+checkpoint, the step after a stop, the last step of a run) never counts. The baseline
+must hold at least half of ``throughput_baseline_window`` steps (after the first
+``SKIP_FIRST_STEPS``), so the fast or slow first steps of a run (warmup, caches, a data
+loader's prefetch) are never the whole baseline. It fires once the slow median has held
+for ``throughput_window`` consecutive steps: the drop has lasted about one and a half
+windows (30 steps by default), the time stated in the message in steps and seconds.
+The evidence says whether the time went into waiting for data, which picks the suggestion.
 
 Example::
 
@@ -31,6 +42,8 @@ class SpeedState:
     recent_data: Window
     baseline_data: Window
     seen: int = 0
+    slow_steps: int = 0
+    slow_since: float | None = None
 
 
 def speed_of(rec: StepRecord) -> float | None:
@@ -69,25 +82,50 @@ class ThroughputDropDetector(DetectorBase):
             st.baseline_data.add(st.recent_data.values()[0])
         st.recent.add(speed)
         st.recent_data.add(data_share(rec))
-        if len(st.baseline) < max(st.recent.n, self.settings.min_history_steps):
+        s = self.settings
+        if len(st.baseline) < max(s.throughput_baseline_window // 2, s.min_history_steps):
             return []
         return self._judge(rec, st)
 
     def _judge(self, rec: StepRecord, st: SpeedState) -> list[Finding]:
         now, base = st.recent.median(), st.baseline.median()
         ratio = now / base
-        if ratio >= self.settings.throughput_ratio or not self.due(rec):
+        slowest = _slowest_block(st.baseline.values(), st.recent.n) \
+            if ratio < self.settings.throughput_ratio else 0.0
+        if ratio >= self.settings.throughput_ratio or now >= slowest:
+            st.slow_steps, st.slow_since = 0, None
+            return []
+        st.slow_steps += 1
+        if st.slow_since is None:
+            st.slow_since = rec.time
+        if st.slow_steps < self.settings.throughput_window or not self.due(rec):
             return []
         data_now, data_base = _nanmedian(st.recent_data), _nanmedian(st.baseline_data)
         starved = finite(data_now) and data_now > max(2 * (data_base or 0.0), 0.1)
         unit = "tokens/s" if finite(rec.tokens_per_second) else "steps/s"
-        msg = (f"{unit} {fmt(now)} is {ratio:.2f}x its baseline {fmt(base)}"
+        lasted = (rec.time - st.slow_since) if rec.time is not None and st.slow_since else None
+        took = f" ({fmt(lasted)} s)" if lasted is not None else ""
+        msg = (f"{unit} median {fmt(now)} over the last {st.recent.n} steps is {ratio:.2f}x "
+               f"the median {fmt(base)} of the {st.baseline.n} steps before, for "
+               f"{st.slow_steps} steps in a row{took}"
                + (f"; data loading now {data_now:.0%} of the step" if starved else ""))
         evidence = {"speed": now, "baseline": base, "ratio": ratio,
+                    "consecutive_steps": st.slow_steps, "seconds": lasted,
+                    "slowest_baseline_stretch": slowest,
                     "data_share": data_now, "baseline_data_share": data_base}
         tip = tips.THROUGHPUT_DATA if starved else tips.THROUGHPUT_COMPUTE
-        return [self.finding(rec, msg, value=now, threshold=base * self.settings.throughput_ratio,
+        # threshold is the baseline the message names (shown as "value ... vs baseline ...").
+        return [self.finding(rec, msg, value=now, threshold=base,
                              evidence=evidence, suggestions=tip)]
+
+
+def _slowest_block(values: np.ndarray, size: int) -> float:
+    """The lowest median of consecutive ``size``-value blocks of ``values``."""
+    n = len(values) // size
+    if n == 0:
+        return float("inf")
+    blocks = values[len(values) - n * size:].reshape(n, size)
+    return float(np.median(blocks, axis=1).min())
 
 
 def _nanmedian(w: Window) -> float:

@@ -1,8 +1,13 @@
-"""divergence: a runaway (loss and grad norm rising together) or a creeping rise, caught
-before the NaN; a bad batch that recovers is not a divergence."""
+"""divergence: a runaway (loss and grad norm rising together), a level that climbs and
+holds, or updates far too large step after step; judged in units of the loss's own noise
+and of the run's progress, so a bad batch that recovers or a noisy near-zero loss is not a
+divergence."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
 from monitor_agent.types import Severity
@@ -31,16 +36,64 @@ def test_a_transient_bad_batch_is_not_a_divergence():
     assert feed(only("divergence"), recs) == []
 
 
-def test_creeping_rise_is_caught_by_the_trend_rule():
+def test_creeping_rise_is_caught_by_the_level_rule():
     recs = _healthy(300)
     last = recs[-1].loss
     recs += [step(i, loss=last * 1.01 ** (i - 300) * (1 + noise(i, 0.03)),
                   grad_norm=1.0 * 1.02 ** (i - 300)) for i in range(300, 400)]
     found = feed(only("divergence"), recs)
     assert found and 300 < found[0].step < 360
-    trend_only = feed(only("divergence", divergence_steps=1000), recs)
-    assert trend_only and trend_only[0].evidence["rule"] == "trend"
-    assert 300 < trend_only[0].step < 370
+    level_only = feed(only("divergence", divergence_steps=1000), recs)
+    assert level_only and level_only[0].evidence["rule"] == "level"
+    f = level_only[0]
+    assert 300 < f.step < 370 and f.evidence["consecutive_steps"] == 5
+    assert f"{f.evidence['consecutive_steps']} steps in a row" in f.message
+    assert "+" in f.message and f.evidence["median"] > f.evidence["earlier_median"]
+
+
+def _near_zero(n: int, level: float, rng: np.random.Generator, start: int = 1) -> list:
+    """A converged classifier: a heavy-tailed per-batch loss around ``level``."""
+    return [step(i, loss=level * math.exp(rng.normal(0, 1.0)),
+                 grad_norm=0.05 * math.exp(rng.normal(0, 0.8))) for i in range(start, n)]
+
+
+def test_a_noisy_near_zero_loss_doubling_is_not_a_divergence():
+    # The CNN case: 2.3 at the start, ~0.036 later, then its noisy level drifts to 0.075.
+    rng = np.random.default_rng(1)
+    recs = [run()] + [step(i, loss=2.3 * 0.97**i + 0.036) for i in range(1, 200)]
+    recs += _near_zero(500, 0.036, rng, start=200) + _near_zero(900, 0.075, rng, start=500)
+    assert feed(only("divergence"), recs) == []
+
+
+def test_losing_the_progress_made_is_a_divergence_even_at_low_loss():
+    rng = np.random.default_rng(2)
+    recs = [run()] + [step(i, loss=2.3 * 0.97**i + 0.036) for i in range(1, 200)]
+    recs += _near_zero(400, 0.036, rng, start=200)
+    recs += [step(i, loss=2.0 * math.exp(rng.normal(0, 0.1)), grad_norm=0.5)
+             for i in range(400, 450)]
+    found = feed(only("divergence"), recs)
+    assert found and 400 < found[0].step <= 420 and found[0].evidence["rule"] == "level"
+    assert found[0].evidence["progress_lost"] > 0.25
+
+
+def test_one_huge_batch_that_recovers_is_not_a_divergence():
+    rng = np.random.default_rng(3)
+    recs = [run()] + [step(i, loss=2.3 * 0.97**i + 0.01) for i in range(1, 200)]
+    recs += _near_zero(600, 0.01, rng, start=200)
+    recs[400] = step(400, loss=1.9, grad_norm=20.0)  # 190x on one batch
+    assert feed(only("divergence"), recs) == []
+
+
+def test_update_jumps_must_persist():
+    def stream(big_steps: int) -> list:
+        recs = _healthy(300)
+        recs += [step(300 + k, update_norm=3.0) for k in range(big_steps)]  # ratio 0.3
+        return recs + [step(i) for i in range(300 + big_steps, 400)]
+
+    assert feed(only("divergence"), stream(3)) == []  # an SGD catapult: a few, then back
+    found = feed(only("divergence"), stream(30))
+    assert [f.step for f in found] == [304] and found[0].evidence["rule"] == "update_jump"
+    assert found[0].evidence["consecutive_steps"] == 5
 
 
 def test_quiet_on_a_noisy_small_batch_loss():
@@ -59,3 +112,39 @@ def test_restore_mid_stream_changes_nothing():
     recs += [step(i, loss=last * 1.01 ** (i - 300), grad_norm=1.02 ** (i - 300))
              for i in range(300, 400)]
     assert_restore_equivalent(lambda: only("divergence"), recs, cut=280)
+
+
+def test_an_update_jump_the_lr_itself_made_is_judged_at_once():
+    recs = [run()] + [step(i, loss=3.0 * 0.999**i, lr=0.01) for i in range(1, 300)]
+    recs += [step(300 + k, update_norm=3.0, lr=0.3) for k in range(3)]  # LR x30
+    found = feed(only("divergence"), recs)
+    assert [f.step for f in found] == [300] and "30x its median" in found[0].message
+    assert found[0].evidence["lr_median"] == 0.01
+
+
+def test_a_slow_creep_is_measured_from_the_best_level_not_the_window_it_drags():
+    # 0.15% per step: the last 10 steps are never 30% above the 100 just before them, but
+    # the loss climbs away from the best 100-step level (~1.0) the run reached; it fires
+    # once a quarter of the progress 4.0 -> 1.0 is given back (loss ~1.75).
+    recs = [run()] + [step(i, loss=3.0 * 0.99**i + 1.0) for i in range(1, 400)]
+    best = recs[-1].loss
+    recs += [step(i, loss=best * 1.0015 ** (i - 400) * (1 + noise(i, 0.01)))
+             for i in range(400, 800)]
+    found = feed(only("divergence"), recs)
+    assert found and found[0].evidence["rule"] == "level" and found[0].evidence["earlier_is_best"]
+    assert 700 < found[0].step < 800 and "best 100-step median" in found[0].message
+    assert found[0].evidence["progress_lost"] >= 0.25
+
+
+def test_a_runaway_cut_short_by_the_nan_fires_on_the_nan_step():
+    recs = _healthy(200)
+    recs += [step(200, loss=9.0, grad_norm=30.0), step(201, loss=1e4, grad_norm=1e8),
+             step(202, loss=float("nan"), grad_norm=float("nan"))]
+    found = feed(only("divergence"), recs)
+    assert [f.step for f in found] == [202] and found[0].evidence["consecutive_steps"] == 3
+    assert "then went nan" in found[0].message
+
+
+def test_a_nan_out_of_the_blue_is_nan_infs_alone():
+    recs = _healthy(200) + [step(200, loss=float("nan"), grad_norm=float("nan"))]
+    assert feed(only("divergence"), recs) == []

@@ -53,3 +53,16 @@ def test_ema_is_bias_corrected_and_starts_at_the_first_value():
 def test_restore_mid_stream_changes_nothing():
     recs = _decaying(400, {300: 2.0})
     assert_restore_equivalent(lambda: only("loss_spike"), recs, cut=150)
+
+
+def test_an_order_of_magnitude_is_a_spike_even_where_batches_are_heavy_tailed():
+    # A converged CNN: single batches swing e^-2..e^2 around 0.01, so the robust z of a
+    # 190x batch stays under spike_z; the spike_decade floor still reports it, a warning.
+    import math
+
+    recs = [run()] + [step(i, loss=0.01 * math.exp(noise(i, 2.0))) for i in range(1, 300)]
+    spike = step(300, loss=1.9)
+    assert feed(only("loss_spike", spike_decade=1e9), recs + [spike]) == []  # z alone: no
+    found = feed(only("loss_spike"), recs + [spike])
+    assert [(f.step, f.severity) for f in found] == [(300, Severity.WARNING)]
+    assert found[0].evidence["ratio"] >= 10 and found[0].evidence["z"] < 6

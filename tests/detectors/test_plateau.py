@@ -36,3 +36,27 @@ def test_quiet_while_learning():
 def test_restore_mid_stream_changes_nothing():
     recs = [run()] + [step(i, loss=4.59 * (1 + noise(i, 0.003))) for i in range(1, 400)]
     assert_restore_equivalent(lambda: only("plateau"), recs, cut=150)
+
+
+def test_a_rising_loss_is_not_called_flat():
+    # 1.69 -> 2.3 over the window used to read "flat ... (-36.1%)"; a rise is not a plateau.
+    recs = [run()] + [step(i, loss=1.69 + 0.61 * i / 300) for i in range(1, 300)]
+    assert feed(only("plateau"), recs) == []
+
+
+def test_the_message_gives_the_change_with_its_sign_and_the_limit():
+    recs = [run()] + [step(i, loss=4.59 * (1 - 0.00002 * i)) for i in range(1, 300)]
+    f = feed(only("plateau"), recs)[0]
+    assert "median 4.59 -> 4.57 (-0.3%, limit 1%)" in f.message
+
+
+def test_after_the_lr_was_raised_it_does_not_advise_raising_it():
+    from monitor_agent import suggestions as tips
+
+    recs = [run()] + [step(i, loss=4.59 * (1 + noise(i, 0.003)), lr=1e-7 if i < 150 else 1e-4)
+                      for i in range(1, 300)]
+    found = feed(only("plateau"), recs)
+    assert found and found[0].suggestions == tips.PLATEAU_LR_RAISED
+    assert found[0].evidence["lr"] == 1e-4 and found[0].evidence["lr_window_start"] == 1e-7
+    plain = [run()] + [step(i, loss=4.59 * (1 + noise(i, 0.003)), lr=1e-7) for i in range(1, 300)]
+    assert feed(only("plateau"), plain)[0].suggestions == tips.PLATEAU
