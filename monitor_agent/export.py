@@ -3,7 +3,7 @@
 From the data directory (a read-only SQLite connection: safe beside a running sidecar) or
 from a running sidecar's API (paged through ``/v1/runs/{id}/records``). Records come out
 in the order the store keeps them (step, then run/step/eval/end, then rank), one JSON line
-each, non-finite numbers spelled as FORMAT.md says.
+each, non-finite numbers spelled as docs/format.md says.
 
 Example::
 
