@@ -132,6 +132,13 @@ class AlertDB:
                 raise
             self._conn.execute("COMMIT")
 
+    def check_writable(self) -> None:
+        """Raise sqlite3.Error unless a write transaction can commit now."""
+        with self.tx() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
+            conn.execute("INSERT INTO _probe VALUES (1)")
+            conn.execute("DELETE FROM _probe")
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sqlite3
@@ -71,6 +72,7 @@ class Outbox:
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         rand: Callable[[], float] = random.random,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self.db = db
         self.notifiers = notifiers
@@ -79,6 +81,7 @@ class Outbox:
         self.metrics = metrics
         self.clock = clock
         self.rand = rand
+        self.redact = redact  # receivers echo requests: errors may quote a secret URL
         self._transport = transport
         self._wake = {name: threading.Event() for name in notifiers}
         self._stop = threading.Event()
@@ -151,6 +154,7 @@ class Outbox:
             self.metrics.duration.labels(channel=channel).observe(time.perf_counter() - t0)
 
     def _record(self, row: sqlite3.Row, channel: str, outcome: Outcome, now: float) -> None:
+        outcome = dataclasses.replace(outcome, detail=self.redact(outcome.detail))
         if outcome.kind is OutcomeKind.OK:
             self._finish(row["id"], channel, "sent", None, now)
             return
