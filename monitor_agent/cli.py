@@ -78,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from monitor_agent.app import create_app
+    from monitor_agent.server import uvicorn_config
 
     settings = load_settings(
         _config_path(args.config), host=args.host, port=args.port, data_dir=args.data_dir,
@@ -85,10 +86,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _setup_logging(settings.log_level)
     app = create_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=False, timeout_graceful_shutdown=10,
-    )
+    config = uvicorn_config(app, settings, settings.host, settings.port,
+                            log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run()
     return 0
 
 

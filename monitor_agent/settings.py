@@ -83,6 +83,16 @@ class Settings(BaseSettings):
     silent_run_ttl_seconds: float = Field(
         6 * 3600.0, ge=0, description="A run with no record for this long leaves /metrics."
     )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="A request's headers must arrive within this (slowloris)."
+    )
+    request_timeout_seconds: float = Field(
+        60.0, gt=0, description="A request's body must arrive within this after its headers."
+    )
+    max_connections: int = Field(
+        500, ge=8, description="Open connections; one more closes the oldest still sending "
+        "its request. Keep it well under the process's file-descriptor limit.",
+    )
     tick_interval_seconds: float = Field(1.0, gt=0, le=60)
     snapshot_interval_seconds: float = Field(
         10.0, gt=0, description="How often detector state is persisted (restart recovery)."

@@ -109,7 +109,8 @@ async def _ingest(request: Request) -> tuple[Any, str]:
         rejected=sorted(rejected, key=lambda r: r["index"]), actions=result.actions,
     )
     if len(result.rejected) == len(valid):
-        raise _BadRequest(429, _summary(result.rejected))
+        crowded = all("max_active_runs" in r["reason"] for r in result.rejected)
+        raise _BadRequest(429 if crowded else 422, _summary(rejected))
     return response, "200"
 
 
