@@ -114,6 +114,7 @@ DROPPED_SERIES = "monitor_agent_dropped_series"  # counter, label reason
 RUNS = "monitor_agent_runs"  # gauge, label state
 READY = "monitor_agent_ready"  # gauge
 NOTIFICATIONS = "monitor_agent_notifications"  # counter, labels channel, outcome
+NOTIFICATIONS_UNDELIVERED = "monitor_agent_notifications_undelivered"  # counter, channel, reason
 NOTIFICATION_DURATION = "monitor_agent_notification_duration_seconds"  # histogram, channel
 OUTBOX_PENDING = "monitor_agent_outbox_pending"  # gauge
 ALERT_DECISIONS = "monitor_agent_alert_decisions"  # counter, label reason

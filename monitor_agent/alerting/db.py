@@ -95,6 +95,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX actions_run ON actions (run_id, id);
     ALTER TABLE alerts ADD COLUMN action TEXT;
     """,
+    # Which alerts a notification carries, so GET /v1/alerts can say how delivery went.
+    """
+    ALTER TABLE outbox ADD COLUMN fingerprints TEXT;
+    """,
 )
 
 
