@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Findings that depend on wall-clock time or host memory differ between two runs of the
 # same seed; those that depend only on the (deterministic) values must be identical.
 TIME_DEPENDENT = {"stalled", "throughput_drop", "straggler", "memory_pressure"}
-PD_KEY = "kill-loop-routing-key-5f1e"
+PD_KEY = "kill-loop-routing-key-5f1e000000"
 
 
 @dataclass
