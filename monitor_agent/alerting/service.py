@@ -91,6 +91,8 @@ class Alerting(AlertAdmin):
     def start(self) -> None:
         """Start delivery (one thread per channel) and the group flusher."""
         self._stopping.clear()
+        # The app installs one for all its secrets; this covers Alerting used on its own.
+        self.redactor.install()
         self.outbox.start()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="alert-flush")
         self._flusher.start()
@@ -102,6 +104,7 @@ class Alerting(AlertAdmin):
         if self._flusher is not None:
             self._flusher.join(timeout)
         self.outbox.stop(timeout)
+        self.redactor.uninstall()
 
     def _flush_loop(self) -> None:
         while not self._stopping.is_set():
