@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import time
 from typing import Any
 
@@ -87,6 +88,22 @@ class GuardedProtocol(HttpToolsProtocol):
                 and not c.transport.is_closing()]
         victim = min(slow, key=lambda c: c._opened) if slow else self
         victim.transport.close()
+
+
+M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory(threshold: int = 1 << 20) -> None:
+    """Make memory that a large request used go back to the OS when it is freed.
+
+    glibc raises its mmap threshold each time a large mmapped block is freed (up to 32
+    MiB), so after one 16 MiB inflated body, later big buffers come from the heap and the
+    process keeps them: a rejected 50 KB request left 15 MiB held. A fixed threshold turns
+    that off (a call of the sidecar process, at startup; no-op off glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):
+        pass
 
 
 def protocol_class(settings: Settings) -> type[GuardedProtocol]:

@@ -72,14 +72,17 @@ async def post_records(request: Request) -> IngestResponse:
         response, code = await _ingest(request)
         return response
     except _BadRequest as exc:
-        code = str(exc.status)
-        state.metrics.rejections.labels(reason=_reason_label(exc.status)).inc()
-        # 429 and 503 are "later": say when, so clients and proxies back off alike.
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status in (429, 503) else None
-        raise HTTPException(exc.status, exc.reason, headers=headers) from None
+        # Keep only status and reason: the exception's traceback holds the frames, and so
+        # the (inflated) body, for as long as anything references the exception.
+        status, reason = exc.status, exc.reason
+        code = str(status)
     finally:
         state.metrics.requests.labels(code=code).inc()
         state.metrics.ingest_duration.observe(time.perf_counter() - t0)
+    state.metrics.rejections.labels(reason=_reason_label(status)).inc()
+    # 429 and 503 are "later": say when, so clients and proxies back off alike.
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    raise HTTPException(status, reason, headers=headers)
 
 
 async def _ingest(request: Request) -> tuple[Any, str]:
@@ -187,6 +190,7 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     except zlib.error as exc:
         raise _BadRequest(400, f"body is not valid gzip: {exc}") from None
     if len(out) > limit:
+        del out  # not kept alive by the exception's traceback
         raise _BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
     if not inflater.eof:
         raise _BadRequest(400, "gzip body is truncated")
