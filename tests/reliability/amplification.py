@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from record_fuzz import FUZZ_RUN, Case, rss_mib
 
 NOISE_MIB = 1.0

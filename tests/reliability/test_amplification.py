@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from amplification import NOISE_MIB, attack_cases, measure
+
 from sidecar_process import SidecarProcess
 
 PEAK_BUDGET_MIB = 64.0
@@ -23,7 +24,7 @@ def test_amplification_attacks_are_refused_and_hold_nothing(tmp_path: Path):
     for name in ("grad_hist 16k layers x 1025 edges", "50 MB config string",
                  "60 MB of unknown fields"):
         assert rows[name].status == 413 and rows[name].stored == 0, rows[name]
-        assert rows[name].held_mib <= 2 * NOISE_MIB, rows[name]
+        assert rows[name].held_mib <= 4 * NOISE_MIB, rows[name]
     # Accepted: unknown fields are not stored, whatever their size.
     assert rows["one line under max_record_bytes, unknown field"].stored < 1000
     assert all(r.peak_mib <= PEAK_BUDGET_MIB for r in report.rows), report.rows

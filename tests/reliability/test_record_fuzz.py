@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from record_fuzz import Checker, fuzz_cases, promtool_ok, rss_mib, seed_records
+
 from sidecar_process import SidecarProcess
 
 CASES = 4000
