@@ -42,7 +42,10 @@ def fmt(value: float) -> str:
 def escape(value: str) -> str:
     # scrub: values stored by older versions may hold what the edge now rejects (a lone
     # surrogate cannot even be encoded); one such row must not break /metrics for everyone.
-    return scrub(value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
+    value = value.replace("\\", r"\\").replace('"', r"\"")
+    if value.isprintable():  # the common case, cheap; else newlines and worse
+        return value
+    return scrub(value.replace("\n", r"\n"))
 
 
 def _step_attr(attr: str) -> Callable[[StepRecord], float | None]:
