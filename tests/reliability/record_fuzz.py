@@ -134,7 +134,8 @@ def fuzz_cases(seeds: list[dict[str, Any]], limit: int, seed: int = 12) -> Itera
         for path in _paths(rec):
             label = f"seed{si}:{rec['kind']}:{'.'.join(map(str, path))}"
             pool.extend((f"{label}={i}", ("value", rec, path, v)) for i, v in enumerate(HOSTILE))
-            pool.append((f"{label}:key", ("key", rec, path, None)))
+            if isinstance(path[-1], str):  # a map key, not a list index
+                pool.append((f"{label}:key", ("key", rec, path, None)))
         pool.extend(_record_attacks(si, rec))
     rng.shuffle(pool)
     for n, (name, (how, rec, path, value)) in enumerate(pool[:limit]):

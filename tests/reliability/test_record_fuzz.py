@@ -14,7 +14,7 @@ from record_fuzz import Checker, fuzz_cases, promtool_ok, rss_mib, seed_records
 from sidecar_process import SidecarProcess
 
 CASES = 4000
-RSS_BUDGET_MIB = 400.0   # the README's budget for a sidecar under hostile input
+RSS_BUDGET_MIB = 256.0   # the README's budget for a sidecar under hostile input
 FULL_CHECK_EVERY = 10
 
 
