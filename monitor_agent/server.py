@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import time
 from typing import Any
@@ -100,10 +101,8 @@ def return_freed_memory(threshold: int = 1 << 20) -> None:
     MiB), so after one 16 MiB inflated body, later big buffers come from the heap and the
     process keeps them: a rejected 50 KB request left 15 MiB held. A fixed threshold turns
     that off (a call of the sidecar process, at startup; no-op off glibc)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
-    except (OSError, AttributeError):
-        pass
 
 
 def protocol_class(settings: Settings) -> type[GuardedProtocol]:
