@@ -47,7 +47,8 @@ def _name(value: str) -> str:
 RunId = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+=-]+$"),
 ]
-Name = Annotated[str, StringConstraints(min_length=1), AfterValidator(_name)]
+# Map keys; their characters are checked per map in one pass (limits.check_names).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")]
 LabelValue = Annotated[str, AfterValidator(_name)]
 # Strict: a JSON true or "12" is not a step, and a record's time must be a real instant.
@@ -177,7 +178,9 @@ class StepModel(_Wire):
     ] | None = None
 
     @model_validator(mode="after")
-    def _hist_budget(self) -> StepModel:
+    def _budgets(self) -> StepModel:
+        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations"):
+            limits.check_names(getattr(self, where), where)
         count = limits.hist_values(self.grad_hist, self.param_hist)
         if count > limits.MAX_HIST_VALUES:
             raise ValueError(f"grad_hist/param_hist: {count} numbers exceed the budget of "
@@ -232,6 +235,11 @@ class EvalModel(_Wire):
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _names(self) -> EvalModel:
+        limits.check_names(self.metrics, "metrics")
+        return self
 
     def to_record(self) -> t.EvalRecord:
         return t.EvalRecord(

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent import schemas, wire
 from monitor_agent.api.deps import require_write
+from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.engine import Incoming
 from monitor_agent.store import StorageError
 
@@ -141,6 +142,15 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class _Line:
+    """A parsed NDJSON line and its bytes (stored as they are when verbatim_ok)."""
+
+    __slots__ = ("obj", "raw")
+
+    def __init__(self, obj: Any, raw: bytes) -> None:
+        self.obj, self.raw = obj, raw
+
+
 class _Unparsed:
     """An NDJSON line that is not a record; rejected on its own, its neighbours kept."""
 
@@ -174,12 +184,13 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
 
 
 def _check_values(body: bytes, limit: int) -> None:
-    """Bound the objects that parsing would build, before building them: every JSON value
-    but the first follows a ',' or opens with '[' or '{' (strings holding those only make
-    the estimate larger). 1 MiB of dense numbers is ~40 MiB of Python objects."""
-    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    """Bound the objects that parsing would build, before building them: values in arrays
+    and objects are separated by commas (nesting without commas is cut by the parser's
+    depth limit; commas inside strings only make the estimate larger). One pass over the
+    bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
+    values = body.count(b",")
     if values > limit:
-        raise _BadRequest(413, f"body holds up to {values} JSON values, more than "
+        raise _BadRequest(413, f"body holds about {values} JSON values, more than "
                           f"max_values_per_request={limit}; split the batch")
 
 
@@ -215,6 +226,7 @@ def _json_batch(body: bytes) -> list[Any]:
 
 
 def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
+    """Each line's object, paired with the line itself: (obj, raw)."""
     objs: list[Any] = []
     for lineno, line in enumerate(body.split(b"\n"), 1):
         line = line.strip()
@@ -225,7 +237,7 @@ def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
                                   f"max_record_bytes={max_record_bytes}"))
             continue
         try:
-            objs.append(_parse(line, f"line {lineno}"))
+            objs.append(_Line(_parse(line, f"line {lineno}"), line))
         except _BadRequest as exc:
             objs.append(_Unparsed(exc.reason))
     return objs
@@ -234,15 +246,21 @@ def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
 def _validate(
     objs: list[Any], max_record_bytes: int
 ) -> tuple[list[Incoming], list[dict[str, Any]]]:
-    """Validate each record and serialise what will be stored: the fields FORMAT.md knows,
-    never the client's line verbatim (unknown fields would be stored at the sender's will)."""
+    """Validate each record and choose the bytes to store: the client's line when it holds
+    only fields FORMAT.md defines (verbatim.py), else the record re-serialised."""
     valid, rejected = [], []
     for index, obj in enumerate(objs):
         try:
             if isinstance(obj, _Unparsed):
                 raise schemas.RecordError(obj.reason)
+            raw = None
+            if isinstance(obj, _Line):
+                obj, raw = obj.obj, obj.raw
             model = schemas.validate(obj)
-            body = model.model_dump_json(exclude_none=True).encode()
+            if raw is not None and verbatim_ok(obj, raw):
+                body = raw
+            else:
+                body = model.model_dump_json(exclude_none=True).encode()
             if len(body) > max_record_bytes:
                 raise schemas.RecordError(f"record of {len(body)} bytes exceeds "
                                           f"max_record_bytes={max_record_bytes}")
