@@ -79,3 +79,38 @@ def test_a_page_survives_an_alert_store_that_cannot_commit(tmp_path: Path):
             assert pages[0].json["event_action"] == "trigger"
             assert pages[0].json["payload"]["custom_details"]["step"] == 12
             assert _wait(lambda: httpx.get(srv.url + "/readyz").status_code == 200)
+
+
+def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
+    """No retry at all: the sidecar is killed while alerts.sqlite cannot commit, and the
+    next start analyses the stored record again and pages."""
+    from sidecar_process import SidecarProcess
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    with Receiver("pagerduty") as pd:
+        config = tmp_path / "c.yaml"
+        # Ticks and snapshots keep going while alerts cannot commit: a snapshot must not
+        # cover the record whose alert was lost.
+        config.write_text("tick_interval_seconds: 0.2\nsnapshot_interval_seconds: 0.2\n"
+                          f"alerting:\n  rules_file: {rules}\n"
+                          f"  group_wait_seconds: 0.05\n"
+                          f"  pagerduty: {{routing_key: {PD_KEY}, url: '{pd.url}/v2/enqueue'}}\n")
+        sc = SidecarProcess(tmp_path / "data", config=config).start()
+        try:
+            assert sc.post(_batch(range(1, 11), -1)["records"]).status_code == 200
+            lock = sqlite3.connect(tmp_path / "data" / "alerts.sqlite", isolation_level=None)
+            lock.execute("BEGIN EXCLUSIVE")
+            r = httpx.post(sc.url + "/v1/records", json=_batch(range(11, 14), nan_at=12),
+                           timeout=60)
+            assert r.status_code == 503, r.text
+            time.sleep(1.0)
+            sc.kill()
+            lock.execute("ROLLBACK")
+            lock.close()
+            assert pd.requests == []
+            sc.start()
+            pages = pd.wait_for(1, timeout=20, accepted_only=True)
+            assert pages[0].json["payload"]["custom_details"]["step"] == 12
+        finally:
+            sc.stop()
