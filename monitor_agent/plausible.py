@@ -43,7 +43,7 @@ def implausible_step(
     if latest < 0:
         seen[key] = max(seen.get(key, -1), model.step)
         return None
-    allowed = latest + max_jump + _pace_allowance(state, now)
+    allowed = latest + max_jump + _pace_allowance(run, state, now)
     if model.step > allowed:
         return (f"step: {model.step} is implausible for run {model.run_id} rank {model.rank}: "
                 f"more than {allowed - latest} steps after its latest step {latest} "
@@ -52,11 +52,17 @@ def implausible_step(
     return None
 
 
-def _pace_allowance(state: Any, now: float) -> int:
-    if state is None or state.first_arrival is None or state.last_step <= state.first_step:
+def _pace_allowance(run: RunState, state: Any, now: float) -> int:
+    if state is None:
         return 0
-    elapsed = state.last_arrival - state.first_arrival
-    if elapsed <= 0:
+    first_step, first_arrival = state.first_step, state.first_arrival
+    if first_arrival is None:
+        # Restored after a restart: the pace since the run began, counting steps from 0
+        # (a resumed run looks faster than it is, which only makes the bound kinder).
+        first_step, first_arrival = 0, run.first_seen
+    last_arrival = state.last_arrival or run.last_arrival  # 0.0 until a step after restore
+    elapsed = last_arrival - first_arrival
+    if elapsed <= 0 or state.last_step <= first_step:
         return 0
-    pace = (state.last_step - state.first_step) / elapsed
-    return int(PACE_HEADROOM * pace * max(now - state.last_arrival, 0.0))
+    pace = (state.last_step - first_step) / elapsed
+    return int(PACE_HEADROOM * pace * max(now - last_arrival, 0.0))
