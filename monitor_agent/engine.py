@@ -282,9 +282,7 @@ class Engine:
 
     def tick(self, now: float) -> list[Finding]:
         """Stall checks, alert resolves, expiry, snapshots and retention; call every second."""
-        for run_id in list(self._reanalyse):
-            if run_id not in self.runs and len(self.runs) < self.settings.max_active_runs:
-                self._load_run(run_id, now)  # StorageError: still failing, next tick again
+        self._reload_evicted(now)
         findings: list[Finding] = []
         for run in list(self.runs.values()):
             findings.extend(self._tick_run(run, now))
@@ -299,6 +297,23 @@ class Engine:
         self._prune_some()
         self._count_runs()
         return findings
+
+    def _reload_evicted(self, now: float) -> None:
+        """Analyse again the runs whose effects could not be committed, once storage works;
+        a failure leaves the rest of the tick (stalls, resolves, snapshots) to run."""
+        for run_id in list(self._reanalyse):
+            if run_id in self.runs or len(self.runs) >= self.settings.max_active_runs:
+                continue
+            try:
+                self._load_run(run_id, now)
+            except StorageError:
+                return  # still failing; readiness says so; next tick again
+            except Exception:  # a bug must not block every tick: the record stays stored
+                log.exception("cannot analyse run %s again; it reloads on its next record",
+                              run_id)
+                self._reanalyse.discard(run_id)
+                self.runs.pop(run_id, None)
+                self.suites.pop(run_id, None)
 
     def _tick_run(self, run: RunState, now: float) -> list[Finding]:
         if run.status != "running" or not run.ranks:
