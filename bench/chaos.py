@@ -121,7 +121,7 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     fuzz corpus (goal: nothing held above 10x what was sent, no request above 64 MiB)."""
     import dataclasses
 
-    from amplification import attack_cases, measure
+    from amplification import Report, attack_cases, measure
     from record_fuzz import fuzz_cases, rss_mib, seed_records
 
     attacks = attack_cases()
@@ -137,7 +137,10 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
         repeat = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", again)
         growth = rss_mib(sc.proc.pid) - before
     print(report.table({c.name for c in attacks}))
+    print("-- attacks and fuzz corpus together:")
     print(report.summary())
+    print("-- fuzz corpus alone:")
+    print(Report(report.rows[len(attacks):]).summary())
     print(f"20 more 20k-layer records ({sum(r.sent for r in repeat.rows)} B sent, statuses "
           f"{sorted({r.status for r in repeat.rows})}): RSS grew {growth:.1f} MiB in all")
 
