@@ -9,7 +9,9 @@ behaviour with small versions of the same harness functions).
     python bench/chaos.py --sections fuzz --schemathesis-examples 2000
     python bench/chaos.py --sections cardinality --cardinality 1000000
 
-Sections: kills, notify, disk, soak, churn, cardinality, fuzz.
+    python bench/chaos.py --sections amplification --amplification-cases 2000
+
+Sections: kills, notify, disk, soak, churn, cardinality, fuzz, amplification.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"),
 
 from sidecar_process import SidecarProcess  # noqa: E402
 
-SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz")
+SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz", "amplification")
 QUIET = {"MONITOR_AGENT_LOG_LEVEL": "warning"}
 
 
@@ -114,6 +116,35 @@ def section_fuzz(args: argparse.Namespace, tmp: Path) -> None:
     print(f"schemathesis exit {proc.returncode}; sidecar alive afterwards: {alive}")
 
 
+def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
+    """Bytes sent vs RSS held and bytes stored, per request: the issue's attacks and the
+    fuzz corpus (goal: nothing held above 10x what was sent, no request above 64 MiB)."""
+    import dataclasses
+
+    from amplification import Report, attack_cases, measure
+    from record_fuzz import fuzz_cases, rss_mib, seed_records
+
+    attacks = attack_cases()
+    corpus = list(fuzz_cases(seed_records(), limit=args.amplification_cases))
+    with SidecarProcess(tmp / "amplification", env=QUIET) as sc:
+        report = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", attacks + corpus)
+        # Held RSS that is the allocator keeping freed memory is reused, not grown: send
+        # the largest accepted record again with new steps and watch RSS.
+        again = [dataclasses.replace(big, name=f"{big.name} #{i}", body=big.body.replace(
+            b'"step": 80,', f'"step": {100 + i},'.encode())) for i in range(20)
+            for big in attacks if big.name.startswith("20k layers")]
+        before = rss_mib(sc.proc.pid)
+        repeat = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", again)
+        growth = rss_mib(sc.proc.pid) - before
+    print(report.table({c.name for c in attacks}))
+    print("-- attacks and fuzz corpus together:")
+    print(report.summary())
+    print("-- fuzz corpus alone:")
+    print(Report(report.rows[len(attacks):]).summary())
+    print(f"20 more 20k-layer records ({sum(r.sent for r in repeat.rows)} B sent, statuses "
+          f"{sorted({r.status for r in repeat.rows})}): RSS grew {growth:.1f} MiB in all")
+
+
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:
     from soak import soak
 
@@ -152,6 +183,7 @@ def main() -> None:
     ap.add_argument("--churn-runs", type=int, default=5000)
     ap.add_argument("--cardinality", type=int, default=1_000_000)
     ap.add_argument("--schemathesis-examples", type=int, default=2000)
+    ap.add_argument("--amplification-cases", type=int, default=2000)
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

@@ -50,11 +50,11 @@ def heatmaps(g: Grid) -> list[Json]:
 
 
 def _q(metric: str, q: str) -> str:
-    return f'{metric}{{{SEL}, quantile="{q}"}}'
+    return f'{metric}{{{SEL}, q="{q}"}}'
 
 
 def _spread(metric: str, hi: str, lo: str) -> str:
-    return f"({_q(metric, hi)} - ignoring(quantile) {_q(metric, lo)})"
+    return f"({_q(metric, hi)} - ignoring(q) {_q(metric, lo)})"
 
 
 def distributions(g: Grid) -> list[Json]:
@@ -63,13 +63,13 @@ def distributions(g: Grid) -> list[Json]:
     return [
         g.row("Gradient and weight distributions (every hist_every steps)"),
         heatmap("Gradient tail ratio by layer: log10((p99 - p1) / IQR)", [target(
-            f"log10(clamp_min({_spread(grad, '0.99', '0.01')} / ignoring(quantile) {iqr}, "
+            f"log10(clamp_min({_spread(grad, '0.99', '0.01')} / ignoring(q) {iqr}, "
             f"{FLOOR}))", "{{layer}}")], unit="none", pos=g.place(12, 10), scheme="Spectral",
             description="About 0.54 for a Gaussian gradient; a row turning bright is a layer "
                         "whose gradient grew heavy tails (outlier tokens or features); the "
                         "grad_distribution detector judges each layer against its own past."),
         heatmap("Gradient median by layer, in IQRs: p50 / (p75 - p25)", [target(
-            f"{_q(grad, '0.5')} / ignoring(quantile) {iqr}", "{{layer}}")], unit="none",
+            f"{_q(grad, '0.5')} / ignoring(q) {iqr}", "{{layer}}")], unit="none",
             pos=g.place(12, 10), scheme="RdBu",
             description="Where the middle of each layer's gradient sits, in units of its own "
                         "spread: near 0 is healthy; a layer drifting to +/-1 and beyond is "

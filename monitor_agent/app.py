@@ -20,15 +20,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
-from monitor_agent import __version__
+from monitor_agent import __version__, limits, wire
 from monitor_agent.alerting import Alerting
 from monitor_agent.api import actions, alerts, health, ingest, runs
 from monitor_agent.engine import Engine
 from monitor_agent.exposition import Exposition
 from monitor_agent.metrics import SelfMetrics
+from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.runner import EngineRunner
 from monitor_agent.settings import Settings
 from monitor_agent.store import StorageError, Store
@@ -68,12 +70,45 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ui.api)
     app.include_router(ui.pages)
     app.middleware("http")(storage_gate)
+    app.exception_handler(RequestValidationError)(_invalid_request)
     ingest.install_openapi(app)
     return app
 
 
+async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """422 naming each field, without echoing the input: it may be NaN (not JSON) or hold
+    a lone surrogate, and FastAPI's default answer then fails with a 500."""
+    detail = [{"loc": [limits.safe(str(p)) for p in err.get("loc", ())],
+               "msg": limits.safe(str(err.get("msg", "")), 500), "type": err.get("type")}
+              for err in exc.errors()[:20]]
+    return Response(wire.dumps({"detail": detail}), status_code=422,
+                    media_type="application/json")
+
+
+def _secrets(settings: Settings) -> list[str | None]:
+    a = settings.alerting
+    try:
+        token = settings.token_value()
+    except OSError:
+        token = None
+    return [token, a.slack.secret(), a.webhook.secret(), a.pagerduty.secret(),
+            *[u for u in a.alertmanager.urls if "@" in u]]
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # First: from here on no log line of this process carries a configured secret.
+    redactor = SecretRedactor(_secrets(app.state.settings))
+    redactor.install()
+    try:
+        async with _serving(app):
+            yield
+    finally:
+        redactor.uninstall()
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: FastAPI) -> AsyncIterator[None]:
     app.state.registry = registry = CollectorRegistry()
     app.state.metrics = metrics = SelfMetrics(registry, __version__)
     app.state.runner = runner = EngineRunner()
@@ -194,8 +229,11 @@ async def _tick_forever(app: FastAPI) -> None:
             if not state.readiness.ready:
                 await state.runner.call(state.engine.store.check_writable,
                                         write_headroom(state.settings))
+                await state.runner.call(state.alerting.db.check_writable)
                 state.readiness.set(None)
         except StorageError as exc:
             state.readiness.set(f"storage: {exc}")
+        except sqlite3.Error as exc:  # alerts.sqlite: a page could not be made durable
+            state.readiness.set(f"alert storage: {exc}")
         except Exception:
             log.exception("tick failed")

@@ -93,17 +93,19 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from monitor_agent.app import create_app
+    from monitor_agent.server import return_freed_memory, uvicorn_config
 
     settings = load_settings(
         _config_path(args.config), host=args.host, port=args.port, data_dir=args.data_dir,
         log_level=args.log_level,
     )
     _setup_logging(settings.log_level)
+    return_freed_memory()
     app = create_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=False, timeout_graceful_shutdown=10,
-    )
+    config = uvicorn_config(app, settings, settings.host, settings.port,
+                            log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run()
     return 0
 
 

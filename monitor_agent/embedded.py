@@ -29,12 +29,13 @@ class EmbeddedServer:
         import uvicorn
 
         from monitor_agent.app import create_app
+        from monitor_agent.server import uvicorn_config
 
         self.settings = settings
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+        config = uvicorn_config(self.app, settings, "127.0.0.1", self.port,
                                 log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

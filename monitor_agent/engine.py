@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,9 +28,10 @@ import numpy as np
 from monitor_agent import metric_names, schemas, wire
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import SelfMetrics
+from monitor_agent.plausible import implausible_step
 from monitor_agent.run_state import RunState
 from monitor_agent.settings import Settings
-from monitor_agent.store import RecordRow, Store
+from monitor_agent.store import RecordRow, StorageError, Store
 from monitor_agent.types import (
     EndRecord,
     EvalRecord,
@@ -48,11 +50,11 @@ WireModel = schemas.RunModel | schemas.StepModel | schemas.EvalModel | schemas.E
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """A validated record, its index in the request, and its raw JSON line if it had one."""
+    """A validated record, its index in the request, and the JSON to store (None: derive it)."""
 
     index: int
     model: WireModel
-    raw: bytes | None = None
+    body: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -81,13 +83,18 @@ class Engine:
         self.suites: dict[str, DetectorSuite] = {}
         self._last_snapshot = 0.0
         self._prune_queue: collections.deque[tuple[str, int]] = collections.deque()
+        # Runs whose last records were stored but not all of their effects: analysed again.
+        self._reanalyse: set[str] = set()
 
     # -- ingest ---------------------------------------------------------------------------
 
     def ingest(self, models: Sequence[Incoming], now: float) -> IngestResult:
         """Store a validated batch in one transaction, then run it through detection.
 
-        Raises StorageError (-> 503) when nothing could be stored.
+        Raises StorageError (-> 503) when the records, or anything they cause (findings,
+        alert state), could not be made durable. In the latter case the records are stored
+        but their runs leave memory: reloading replays them from the store (on the client's
+        retry, the next tick or a restart), so a page is never lost to a failed commit.
         """
         result = IngestResult()
         admitted = self._admit(models, result, now)
@@ -95,27 +102,44 @@ class Engine:
         t0 = time.perf_counter()
         ids = self.store.insert_records(rows)
         self.metrics.store_duration.observe(time.perf_counter() - t0)
-        for item, row_id in zip(admitted, ids, strict=True):
-            if row_id is None:
-                result.duplicates += 1
-                continue
-            result.accepted += 1
-            self._process(item.model.to_record(), row_id, now, result)
-        self._finish(result)
+        try:
+            for item, row_id in zip(admitted, ids, strict=True):
+                if row_id is None:
+                    result.duplicates += 1
+                    continue
+                result.accepted += 1
+                self._process(item.model.to_record(), row_id, now, result)
+            self._finish(result)
+        except (sqlite3.Error, StorageError) as exc:
+            for run_id in {item.model.run_id for item in admitted}:
+                self._evict(run_id)
+            raise StorageError(f"records stored, their alerts not: {exc}") from exc
         return result
+
+    def _evict(self, run_id: str) -> None:
+        """Forget a run's in-memory state (no snapshot): the store's tail is replayed."""
+        self.runs.pop(run_id, None)
+        self.suites.pop(run_id, None)
+        self._reanalyse.add(run_id)
 
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
     ) -> list[Incoming]:
         admitted = []
+        seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         for item in items:
-            if self._run(item.model.run_id, now) is None:
-                result.rejected.append({
-                    "index": item.index,
-                    "reason": f"too many active runs (max_active_runs="
-                    f"{self.settings.max_active_runs}); end or expire runs first",
-                })
-                self.metrics.rejections.labels(reason="too_many_runs").inc()
+            run = self._run(item.model.run_id, now)
+            if run is None:
+                reason = (f"too many active runs (max_active_runs="
+                          f"{self.settings.max_active_runs}); end or expire runs first")
+                label = "too_many_runs"
+            else:
+                reason = implausible_step(run, item.model, seen, self.settings.max_step_jump,
+                                          now)
+                label = "implausible_step"
+            if reason is not None:
+                result.rejected.append({"index": item.index, "reason": reason})
+                self.metrics.rejections.labels(reason=label).inc()
                 continue
             admitted.append(item)
         return admitted
@@ -231,7 +255,12 @@ class Engine:
         suite = DetectorSuite(self.settings.detectors)
         self.runs[run_id] = run
         self.suites[run_id] = suite
-        restore_run(self, run, suite, now)
+        try:
+            restore_run(self, run, suite, now)
+        except (sqlite3.Error, StorageError) as exc:
+            self._evict(run_id)
+            raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
+        self._reanalyse.discard(run_id)
         return run
 
     def recover(self, now: float) -> int:
@@ -253,6 +282,7 @@ class Engine:
 
     def tick(self, now: float) -> list[Finding]:
         """Stall checks, alert resolves, expiry, snapshots and retention; call every second."""
+        self._reload_evicted(now)
         findings: list[Finding] = []
         for run in list(self.runs.values()):
             findings.extend(self._tick_run(run, now))
@@ -267,6 +297,23 @@ class Engine:
         self._prune_some()
         self._count_runs()
         return findings
+
+    def _reload_evicted(self, now: float) -> None:
+        """Analyse again the runs whose effects could not be committed, once storage works;
+        a failure leaves the rest of the tick (stalls, resolves, snapshots) to run."""
+        for run_id in list(self._reanalyse):
+            if run_id in self.runs or len(self.runs) >= self.settings.max_active_runs:
+                continue
+            try:
+                self._load_run(run_id, now)
+            except StorageError:
+                return  # still failing; readiness says so; next tick again
+            except Exception:  # a bug must not block every tick: the record stays stored
+                log.exception("cannot analyse run %s again; it reloads on its next record",
+                              run_id)
+                self._reanalyse.discard(run_id)
+                self.runs.pop(run_id, None)
+                self.suites.pop(run_id, None)
 
     def _tick_run(self, run: RunState, now: float) -> list[Finding]:
         if run.status != "running" or not run.ranks:
@@ -320,10 +367,16 @@ class Engine:
                 return
             run_id, rank = self._prune_queue.popleft()
             state = self.runs[run_id].ranks.get(rank) if run_id in self.runs else None
-            # Keep the steps after last_step - retention_steps (optimizer steps count up).
-            through = state.last_step - self.settings.retention_steps if state else -1
+            # Keep the steps after last_step - retention_steps (optimizer steps count up),
+            # and never fewer than retention_steps records: one far-ahead step must not
+            # make the run's history look old.
+            retention = self.settings.retention_steps
+            through = state.last_step - retention if state else -1
             if through >= 0:
-                budget -= self.store.prune(run_id, rank, through, budget)
+                oldest_kept = self.store.nth_newest_step(run_id, rank, retention)
+                if oldest_kept is not None:
+                    through = min(through, oldest_kept - 1)
+                    budget -= self.store.prune(run_id, rank, through, budget)
 
     def _count_runs(self) -> None:
         counts = {"running": 0, "ended": 0}
@@ -343,9 +396,8 @@ def _take(table: LayerTable, keep: list[int]) -> LayerTable:
 
 def _row(item: Incoming) -> RecordRow:
     model = item.model
-    # The line as the client sent it when we have it (docs/format.md: readers accept it as is);
-    # re-serialising a GPT-sized record would cost more than validating it.
-    body = item.raw if item.raw is not None else model.model_dump_json(exclude_none=True).encode()
+    # Only the fields docs/format.md defines: unknown ones are never stored verbatim.
+    body = item.body if item.body is not None else model.model_dump_json(exclude_none=True).encode()
     return RecordRow(
         run_id=model.run_id,
         rank=model.rank,

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent import metric_names as n
 from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFIX
+from monitor_agent.limits import scrub
 from monitor_agent.progress import run_progress
 from monitor_agent.run_state import RankState, RunState
 from monitor_agent.types import QUANTILE_LEVELS, QuantileTable, StepRecord
@@ -39,7 +40,12 @@ def fmt(value: float) -> str:
 
 
 def escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    # scrub: values stored by older versions may hold what the edge now rejects (a lone
+    # surrogate cannot even be encoded); one such row must not break /metrics for everyone.
+    value = value.replace("\\", r"\\").replace('"', r"\"")
+    if value.isprintable():  # the common case, cheap; else newlines and worse
+        return value
+    return scrub(value.replace("\n", r"\n"))
 
 
 def _step_attr(attr: str) -> Callable[[StepRecord], float | None]:
@@ -346,7 +352,7 @@ class RunRenderer:
         out = self.out.setdefault(fam, [])
         for name, row in zip(table.names[:limit], table.values[:limit].tolist(), strict=True):
             lab = f'{labels},layer="{escape(name)}"'
-            out.extend(f'{fam}{{{lab},quantile="{q}"}} {fmt(v)}\n'
+            out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
                        for q, v in zip(_QUANTILE_LABELS, row, strict=True))
 
     def _activations(self, labels: str, state: RankState) -> None:

@@ -52,7 +52,7 @@ def restore_run(engine: Engine, run: RunState, suite: DetectorSuite, now: float)
     run.last_arrival = min(row["last_seen"], now)
     run.status = row["status"]
     if row["run_record"]:
-        run.run = schemas.parse_record(wire.loads(row["run_record"]))
+        run.run = _stored(row["run_record"], run.run_id)
     saved = store.detector_state(run.run_id)
     after = 0
     if saved is not None:
@@ -78,8 +78,9 @@ def _reload_latest(engine: Engine, run: RunState) -> None:
     """The latest step and eval of each rank, so gauges show values at once."""
     for rank, state in run.ranks.items():
         body = engine.store.last_record(run.run_id, rank, "step")
-        if body is not None:
-            state.last = schemas.parse_record(wire.loads(body))
+        last = _stored(body, run.run_id) if body is not None else None
+        if last is not None:
+            state.last = last
             state.last_layers = state.last.layers
             state.last_activations = state.last.activations
             # Only when the latest step was a hist step; otherwise from the next one on.
@@ -87,8 +88,19 @@ def _reload_latest(engine: Engine, run: RunState) -> None:
             state.last_param_quantiles = state.last.param_quantiles
         body = engine.store.last_record(run.run_id, rank, "eval")
         if body is not None:
-            state.last_eval = schemas.parse_record(wire.loads(body))
+            state.last_eval = _stored(body, run.run_id)
     run.version += 1
+
+
+def _stored(body: bytes, run_id: str) -> Any:
+    """A stored record, or None when today's rules reject it (stored by an older version,
+    e.g. a config with a lone surrogate): one bad row must not keep a run from loading."""
+    try:
+        return schemas.parse_record(wire.loads(body))
+    except (schemas.RecordError, ValueError) as exc:
+        log.warning("run %s: skipping a stored record that no longer validates: %s",
+                    run_id, exc)
+        return None
 
 
 def _replay_tail(engine: Engine, run: RunState, after: int, now: float, arrival: float) -> None:
@@ -96,8 +108,9 @@ def _replay_tail(engine: Engine, run: RunState, after: int, now: float, arrival:
 
     result = IngestResult()
     for row_id, body in engine.store.records_after(run.run_id, after):
-        record = schemas.parse_record(wire.loads(body))
-        engine._process(record, row_id, now, result, arrival=arrival)
+        record = _stored(body, run.run_id)
+        if record is not None:
+            engine._process(record, row_id, now, result, arrival=arrival)
     if result.findings:
         engine.store.insert_findings([f.to_dict() for f in result.findings])
     log.info("run %s: restored, replayed %d records", run.run_id, result.accepted)

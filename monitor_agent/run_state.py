@@ -13,9 +13,11 @@ Example::
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_agent.limits import MAX_NAME_LEN, scrub
 from monitor_agent.types import (
     ActivationTable,
     EvalRecord,
@@ -39,6 +41,8 @@ class RankState:
     last_step: int = -1
     last_eval_step: int = -1
     last_arrival: float = 0.0
+    first_step: int = -1                 # the rank's pace (plausible.py) is measured from
+    first_arrival: float | None = None   # here, in sidecar time
     steps_total: int = 0
     tokens_total: float = 0.0
     samples_total: float = 0.0
@@ -75,7 +79,8 @@ class RunState:
         if self.run is None:
             return ""
         project = self.run.labels.get("project") or self.run.config.get("project") or ""
-        return str(project)
+        # The edge validates both; a record stored by an older version may still be huge.
+        return scrub(str(project), MAX_NAME_LEN)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -103,7 +108,10 @@ class RunState:
         if st is not None and st == st and st >= 0:
             state.step_time_counts[bisect.bisect_left(buckets, st)] += 1
             state.step_time_sum += st
-        state.last = record
+        # The raw histograms are large (edges and counts per layer) and nothing reads them
+        # after detection; the quantile tables below are what the exposition shows.
+        state.last = record if record.grad_hist is None and record.param_hist is None else \
+            dataclasses.replace(record, grad_hist=None, param_hist=None)
         if record.layers is not None:
             state.last_layers = record.layers
         if record.activations is not None:
@@ -112,6 +120,8 @@ class RunState:
             state.last_grad_quantiles = record.grad_quantiles
         if record.param_quantiles is not None:
             state.last_param_quantiles = record.param_quantiles
+        if state.first_arrival is None:
+            state.first_step, state.first_arrival = record.step, arrival
         state.last_step = max(state.last_step, record.step)
         state.last_arrival = self.last_arrival = arrival
         self.version += 1

@@ -22,27 +22,39 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
 from typing_extensions import TypedDict
 
+from monitor_agent import limits
 from monitor_agent import types as t
+from monitor_agent.limits import MAX_NAME_LEN
 
-# Bounds that keep one record from exhausting memory or label space; generous for real runs.
-MAX_NAME_LEN = 256
+# Bounds that keep one record from exhausting memory or label space; generous for real runs
+# (the budgets of free-form parts, strings and histograms are in limits.py).
 MAX_LAYERS = 20_000
 MAX_HIST_BINS = 1024
 MAX_METRICS = 512
 MAX_LABELS = 32
 
+def _name(value: str) -> str:
+    return limits.check_text(value, MAX_NAME_LEN, "name")
+
+
+# No '/': a run id is one path segment of /v1/runs/{id} (and of the client's action poll).
 RunId = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+=-]+$"),
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+=-]+$"),
 ]
+# Map keys; their characters are checked per map in one pass (limits.check_names).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")]
-LabelValue = Annotated[str, StringConstraints(max_length=MAX_NAME_LEN)]
-Step = Annotated[int, Field(ge=0, le=2**53)]
-Rank = Annotated[int, Field(ge=0, le=1_000_000)]
+LabelValue = Annotated[str, AfterValidator(_name)]
+# Strict: a JSON true or "12" is not a step, and a record's time must be a real instant.
+Step = Annotated[int, Field(ge=0, le=2**53, strict=True)]
+Time = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Rank = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
 Num = float | None
 
 
@@ -52,7 +64,7 @@ class _Wire(BaseModel):
 
 
 class MemoryModel(_Wire):
-    device: Annotated[str, StringConstraints(max_length=64)] | None = None
+    device: Annotated[str, StringConstraints(max_length=64), AfterValidator(_name)] | None = None
     allocated_bytes: Num = None
     reserved_bytes: Num = None
     peak_allocated_bytes: Num = None
@@ -95,28 +107,13 @@ class HistModel(TypedDict):
     ]
 
 
-MAX_DEPTH = 32
-
-
-def _shallow(value: dict[str, Any]) -> dict[str, Any]:
-    """Free-form sections may nest, but not without bound (they are stored and served)."""
-    stack = [(value, 1)]
-    while stack:
-        obj, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-        children = obj.values() if isinstance(obj, dict) else obj
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return value
-
-
-FreeForm = Annotated[dict[str, Any], AfterValidator(_shallow)]
+FreeForm = dict[str, Any]
 
 
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
-    time: Num = None
+    time: Time | None = None
     rank: Rank = 0
     config: FreeForm = Field(default_factory=dict)
     model: FreeForm = Field(default_factory=dict)
@@ -124,6 +121,18 @@ class RunModel(_Wire):
     labels: Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)] = Field(
         default_factory=dict
     )
+
+    @field_validator("config", "model", "hardware")
+    @classmethod
+    def _budget(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        limits.check_freeform(value, str(info.field_name))
+        project = value.get("project") if info.field_name == "config" else None
+        if project is not None:
+            # It becomes the project label of every series of the run: the labels' rule.
+            if not isinstance(project, str):
+                raise ValueError("config.project: must be a string (it is a label value)")
+            limits.check_text(project, MAX_NAME_LEN, "config.project")
+        return value
 
     def to_record(self) -> t.RunRecord:
         return t.RunRecord(
@@ -141,7 +150,7 @@ class StepModel(_Wire):
     kind: Literal["step"]
     run_id: RunId
     step: Step
-    time: float
+    time: Time
     rank: Rank = 0
     loss: Num = None
     lr: Num = None
@@ -167,6 +176,16 @@ class StepModel(_Wire):
     activations: Annotated[
         dict[Name, ActivationModel], Field(max_length=MAX_ACTIVATION_MODULES)
     ] | None = None
+
+    @model_validator(mode="after")
+    def _budgets(self) -> StepModel:
+        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations"):
+            limits.check_names(getattr(self, where), where)
+        count = limits.hist_values(self.grad_hist, self.param_hist)
+        if count > limits.MAX_HIST_VALUES:
+            raise ValueError(f"grad_hist/param_hist: {count} numbers exceed the budget of "
+                             f"{limits.MAX_HIST_VALUES} per record")
+        return self
 
     def to_record(self) -> t.StepRecord:
         mem = self.memory
@@ -208,7 +227,7 @@ class EvalModel(_Wire):
     kind: Literal["eval"]
     run_id: RunId
     step: Step
-    time: float
+    time: Time
     rank: Rank = 0
     val_loss: Num = None
     train_loss: Num = None
@@ -216,6 +235,11 @@ class EvalModel(_Wire):
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _names(self) -> EvalModel:
+        limits.check_names(self.metrics, "metrics")
+        return self
 
     def to_record(self) -> t.EvalRecord:
         return t.EvalRecord(
@@ -230,14 +254,18 @@ class EvalModel(_Wire):
         )
 
 
+def _error_text(value: str) -> str:
+    return limits.check_text(value, limits.MAX_TEXT_LEN, "error", name=False)
+
+
 class EndModel(_Wire):
     kind: Literal["end"]
     run_id: RunId
     step: Step = 0
-    time: float
+    time: Time
     rank: Rank = 0
     status: Literal["completed", "failed", "stopped"] = "completed"
-    error: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    error: Annotated[str, AfterValidator(_error_text)] | None = None
 
     def to_record(self) -> t.EndRecord:
         return t.EndRecord(
@@ -264,7 +292,9 @@ def explain(exc: ValidationError) -> str:
     """One line per problem, naming the field: what a client needs to fix its record."""
     parts = []
     for err in exc.errors(include_url=False)[:5]:
-        loc = ".".join(str(p) for p in err["loc"][1:] if p not in ("function-after",))
+        # Keys are client data: short and printable in our answer, whatever they hold.
+        loc = ".".join(limits.safe(str(p)) for p in err["loc"][1:]
+                       if p not in ("function-after",))
         loc = loc or str(err["loc"][0]) if err["loc"] else "record"
         parts.append(f"{loc}: {err['msg']}")
     more = exc.error_count() - len(parts)

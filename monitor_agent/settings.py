@@ -48,14 +48,26 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(8 * MiB, ge=1024, description="Request body limit (413 above).")
     max_decompressed_bytes: int = Field(
-        64 * MiB, ge=1024, description="Limit on a gzip body once inflated (gzip bombs)."
+        16 * MiB, ge=1024, description="Limit on a gzip body once inflated (gzip bombs)."
     )
     max_records_per_request: int = Field(10_000, ge=1)
+    max_record_bytes: int = Field(
+        4 * MiB, ge=1024, description="One record (NDJSON line, stored JSON); larger ones "
+        "are rejected on their own (the rest of the batch is kept).",
+    )
+    max_values_per_request: int = Field(
+        500_000, ge=1000, description="JSON values one body may hold (counted before "
+        "parsing: what a request can make the sidecar allocate); 413 above.",
+    )
     max_db_bytes: int | None = Field(
         None, ge=1 << 20, description="Cap on the database size; past it writes get 503."
     )
     retention_steps: int = Field(
         200_000, ge=100, description="Step records kept per run and rank; older are pruned."
+    )
+    max_step_jump: int = Field(
+        100_000, ge=1, description="How far ahead of its rank's latest step a record may "
+        "be (plus what the run's own pace allows since its last record); 422 beyond.",
     )
     max_active_runs: int = Field(
         10_000, ge=1, description="Runs held in memory; records of further new runs get 429."
@@ -72,6 +84,16 @@ class Settings(BaseSettings):
     )
     silent_run_ttl_seconds: float = Field(
         6 * 3600.0, ge=0, description="A run with no record for this long leaves /metrics."
+    )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="A request's headers must arrive within this (slowloris)."
+    )
+    request_timeout_seconds: float = Field(
+        60.0, gt=0, description="A request's body must arrive within this after its headers."
+    )
+    max_connections: int = Field(
+        500, ge=8, description="Open connections; one more closes the oldest still sending "
+        "its request. Keep it well under the process's file-descriptor limit.",
     )
     tick_interval_seconds: float = Field(1.0, gt=0, le=60)
     snapshot_interval_seconds: float = Field(

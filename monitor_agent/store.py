@@ -192,6 +192,15 @@ class Store:
         )
         return cur.rowcount
 
+    def nth_newest_step(self, run_id: str, rank: int, n: int) -> int | None:
+        """The step of the ``n``-th newest step record of a run and rank (1-based); None
+        when it has fewer. An index walk of ``n`` entries: retention calls it once a pass."""
+        row = self._db.execute(
+            "SELECT step FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' "
+            "ORDER BY step DESC LIMIT 1 OFFSET ?", (run_id, rank, n - 1),
+        ).fetchone()
+        return row[0] if row else None
+
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
         try:
             return self._db.execute(sql, params)

@@ -52,7 +52,23 @@ def _encode_nonfinite(obj: Any) -> Any:
 def dumps(obj: Any) -> bytes:
     """Serialise to JSON bytes, writing non-finite floats as docs/format.md's strings."""
     # orjson would silently write NaN as null, losing exactly the data we care about.
-    return orjson.dumps(_encode_nonfinite(obj), option=orjson.OPT_SERIALIZE_NUMPY)
+    encoded = _encode_nonfinite(obj)
+    try:
+        return orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:
+        # A string UTF-8 cannot carry (a lone surrogate, stored by an older version): the
+        # answer shows U+FFFD there instead of failing for the whole run.
+        return orjson.dumps(_scrub(encoded), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _scrub(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {_scrub(k): _scrub(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_scrub(v) for v in obj]
+    return obj
 
 
 def nonfinite_to_float(value: Any) -> Any:

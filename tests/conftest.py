@@ -82,6 +82,6 @@ def stopping_sidecar(tmp_path: Path, sidecar_factory, pd_receiver) -> SidecarPro
     rules.write_text(STOP_RULES)
     config = tmp_path / "stop-config.yaml"
     config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
-                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123, "
+                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123456789abcd, "
                       f"url: '{pd_receiver.url}/v2/enqueue'}}\n")
     return sidecar_factory(config=config).start()

@@ -121,7 +121,14 @@ class Receiver:
     def _validate(self, body: Any) -> list[str]:
         if self.protocol == "slack":
             ok = isinstance(body, dict) and (body.get("text") or body.get("blocks"))
-            return [] if ok else ["missing text and blocks"]
+            if not ok:
+                return ["missing text and blocks"]
+            blocks = body.get("blocks") or []
+            if len(blocks) > 50:
+                return ["invalid_blocks"]
+            if slack_block_text(blocks) > SLACK_MAX_BLOCK_TEXT:
+                return ["msg_blocks_too_long"]
+            return []
         if self.protocol == "pagerduty":
             return pagerduty_errors(body)
         if self.protocol == "alertmanager":
@@ -131,7 +138,8 @@ class Receiver:
 
     def _invalid(self, errors: list[str]) -> Reply:
         if self.protocol == "slack":
-            return Reply(400, "invalid_payload")
+            known = ("invalid_blocks", "msg_blocks_too_long")
+            return Reply(400, errors[0] if errors[0] in known else "invalid_payload")
         if self.protocol == "pagerduty":
             return Reply(400, {"status": "invalid event", "message": "Event object is invalid",
                                "errors": errors})
@@ -149,6 +157,19 @@ class Receiver:
         with self._cond:
             self.requests.append(req)
             self._cond.notify_all()
+
+
+SLACK_MAX_BLOCK_TEXT = 12_000  # what users report Slack refusing (msg_blocks_too_long)
+
+
+def slack_block_text(blocks: Any) -> int:
+    """Characters of "text" strings anywhere in the blocks."""
+    if isinstance(blocks, dict):
+        own = len(blocks["text"]) if isinstance(blocks.get("text"), str) else 0
+        return own + sum(slack_block_text(v) for v in blocks.values() if not isinstance(v, str))
+    if isinstance(blocks, list):
+        return sum(slack_block_text(v) for v in blocks)
+    return 0
 
 
 def pagerduty_errors(body: Any) -> list[str]:

@@ -35,10 +35,10 @@ def test_quantile_gauges_per_layer_and_quantile():
     _apply(run, 1, grad_hist=_hists(2), param_hist=_hists(2, scale=10.0))
     text, drops = _render(run)
     base = 'project="",run_id="r",rank="0",layer="l1"'
-    assert f'training_layer_grad_quantile{{{base},quantile="0.5"}} 0.125' in text
-    assert f'training_layer_grad_quantile{{{base},quantile="0"}} -3.0' in text
-    assert f'training_layer_grad_quantile{{{base},quantile="0.99"}} 2.0' in text
-    assert f'training_layer_param_quantile{{{base},quantile="1"}} 30.0' in text
+    assert f'training_layer_grad_quantile{{{base},q="0.5"}} 0.125' in text
+    assert f'training_layer_grad_quantile{{{base},q="0"}} -3.0' in text
+    assert f'training_layer_grad_quantile{{{base},q="0.99"}} 2.0' in text
+    assert f'training_layer_param_quantile{{{base},q="1"}} 30.0' in text
     assert text.count("training_layer_grad_quantile{") == 2 * 8
     assert "# TYPE training_layer_param_quantile gauge" in text and drops == []
 
@@ -48,10 +48,10 @@ def test_latest_hist_step_stays_until_the_next_one():
     _apply(run, 1, grad_hist=_hists(1))
     _apply(run, 2, loss=1.0)  # no histograms on this step
     text, _ = _render(run)
-    assert 'layer="l0",quantile="0.25"} -0.5' in text
+    assert 'layer="l0",q="0.25"} -0.5' in text
     _apply(run, 3, grad_hist=_hists(1, scale=2.0))
     text, _ = _render(run)
-    assert 'layer="l0",quantile="0.25"} -1.0' in text
+    assert 'layer="l0",q="0.25"} -1.0' in text
 
 
 def test_layer_cap_holds_and_counts_drops():

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-_RUN_ID_BAD = re.compile(r"[^A-Za-z0-9._:@/+=-]")
+_RUN_ID_BAD = re.compile(r"[^A-Za-z0-9._:@+=-]")  # no "/": the sidecar refuses it (a URL segment)
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
 _ENV_PAIRS = [("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")]

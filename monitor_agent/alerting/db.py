@@ -100,6 +100,10 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE actions ADD COLUMN honoured_step INTEGER;
     """,
+    # Which alerts a notification carries, so GET /v1/alerts can say how delivery went.
+    """
+    ALTER TABLE outbox ADD COLUMN fingerprints TEXT;
+    """,
 )
 
 
@@ -136,6 +140,13 @@ class AlertDB:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    def check_writable(self) -> None:
+        """Raise sqlite3.Error unless a write transaction can commit now."""
+        with self.tx() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
+            conn.execute("INSERT INTO _probe VALUES (1)")
+            conn.execute("DELETE FROM _probe")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

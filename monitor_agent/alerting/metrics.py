@@ -19,6 +19,11 @@ REASONS: tuple[str, ...] = (
     "first", "repeat_elapsed", "resolved", "suppressed", "cooldown", "silenced",
     "acknowledged", "replayed", "log_only", "unmatched",
 )
+# Why a notification was given up on (a bounded set: the label must not take free text).
+UNDELIVERED: tuple[str, ...] = (
+    "http_400", "http_401", "http_403", "http_404", "http_410", "http_413", "http_other",
+    "expired", "max_attempts", "internal_error", "outbox_full",
+)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -29,6 +34,11 @@ class AlertingMetrics:
         self.notifications = Counter(
             names.NOTIFICATIONS, "Notification deliveries by channel and outcome.",
             ["channel", "outcome"], registry=registry,
+        )
+        self.undelivered = Counter(
+            names.NOTIFICATIONS_UNDELIVERED, "Notifications given up on, by channel and reason "
+            "(each also an ERROR log line and a delivery state on GET /v1/alerts).",
+            ["channel", "reason"], registry=registry,
         )
         self.duration = Histogram(
             names.NOTIFICATION_DURATION, "Latency of one delivery attempt, by channel.",
@@ -44,5 +54,7 @@ class AlertingMetrics:
             self.duration.labels(channel=channel)
             for outcome in OUTCOMES:
                 self.notifications.labels(channel=channel, outcome=outcome)
+            for reason in UNDELIVERED:
+                self.undelivered.labels(channel=channel, reason=reason)
         for reason in REASONS:
             self.decisions.labels(reason=reason)

@@ -70,14 +70,21 @@ class Alerting(AlertAdmin):
         self.clock = clock
         self.metrics = AlertingMetrics(registry, ALL_CHANNELS)
         self.db = AlertDB(db_path)
+        # Stored errors are redacted here; log lines by the factory the app installs.
+        self.redactor = SecretRedactor(self.secrets())
         self.outbox = Outbox(self.db, self.notifiers, settings.outbox, self.metrics, clock,
-                             http_transport)
+                             http_transport, redact=self.redactor.redact)
         self._flush_now = threading.Event()
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
         self._last_prune = 0.0
-        self._redactor = SecretRedactor([settings.slack.secret(), settings.webhook.secret(),
-                                         settings.pagerduty.secret()])
+
+    def secrets(self) -> list[str]:
+        """Every secret of the channels (URLs and keys), for redaction."""
+        s = self.settings
+        found = [s.slack.secret(), s.webhook.secret(), s.pagerduty.secret(), *s.alertmanager.urls]
+        # An Alertmanager URL is a secret only through its password (secret_forms finds it).
+        return [x for x in found if x and (x not in s.alertmanager.urls or "@" in x)]
 
     # -- lifecycle of the service ---------------------------------------------------------
 
@@ -88,7 +95,8 @@ class Alerting(AlertAdmin):
         # Louder when alerts would only reach this log (or nowhere): that is worth seeing.
         log.log(logging.INFO if "fallback" not in line and self.notifiers else logging.WARNING,
                 "%s", line)
-        self._redactor.attach()
+        # The app installs one for all its secrets; this covers Alerting used on its own.
+        self.redactor.install()
         self.outbox.start()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="alert-flush")
         self._flusher.start()
@@ -100,7 +108,7 @@ class Alerting(AlertAdmin):
         if self._flusher is not None:
             self._flusher.join(timeout)
         self.outbox.stop(timeout)
-        self._redactor.detach()
+        self.redactor.uninstall()
 
     def _flush_loop(self) -> None:
         while not self._stopping.is_set():

@@ -7,7 +7,7 @@ each has a ``*_file`` twin that reads it from a file (Docker/Kubernetes secrets)
 Example::
 
     s = AlertingSettings(slack={"webhook_url_file": "/run/secrets/slack"},
-                         pagerduty={"routing_key": "R0UT1NGKEY"})
+                         pagerduty={"routing_key": "R0UT1NGKEY0123456789abcdef012345"})
     s.slack.secret()  # -> the URL, read from the file
 """
 
@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, model_validator
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+ROUTING_KEY_LEN = 32
 
 
 class _Section(BaseModel):
@@ -67,7 +68,18 @@ class PagerDutySettings(_Section):
 
     @model_validator(mode="after")
     def _load(self) -> PagerDutySettings:
-        self.routing_key = _read_secret(self.routing_key, self.routing_key_file, "routing_key")
+        key = _read_secret(self.routing_key, self.routing_key_file, "routing_key")
+        if key is not None:
+            # A wrong key is answered 400 for every page, i.e. every page lost: fail at
+            # load (check-config, startup) instead. Integration keys are 32 characters.
+            text = key.get_secret_value().strip()
+            if len(text) != ROUTING_KEY_LEN or any(c.isspace() for c in text):
+                raise ValueError(
+                    f"routing_key: a PagerDuty integration key is {ROUTING_KEY_LEN} characters "
+                    f"without spaces; got {len(text)} characters"
+                    + (" with whitespace inside" if any(c.isspace() for c in text) else ""))
+            key = SecretStr(text)
+        self.routing_key = key
         return self
 
     def secret(self) -> str | None:

@@ -33,7 +33,7 @@ class SilenceIn(BaseModel):
     type: str | None = Matcher
     alertname: str | None = Matcher
     layer: str | None = Matcher
-    duration_seconds: float = Field(gt=0, le=90 * 86400)
+    duration_seconds: float = Field(gt=0, le=90 * 86400, allow_inf_nan=False)
     comment: str = Text
     created_by: str = Field(default="", max_length=200)
 
@@ -67,8 +67,13 @@ def list_alerts(
     run_id: str | None = Query(None, max_length=256),
     limit: int = Query(1000, ge=1, le=10_000),
 ) -> Response:
-    alerts = _alerting(request).list_alerts(state=state, run_id=run_id, limit=limit)
-    return _json({"alerts": [a.to_dict() for a in alerts]})
+    alerting = _alerting(request)
+    alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
+    # Per channel, how the latest notification of each alert went: an undelivered page
+    # is visible here (state "failed" with the receiver's answer), not only in a log.
+    delivery = alerting.outbox.delivery_states()
+    return _json({"alerts": [{**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})}
+                             for a in alerts]})
 
 
 @router.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert (no more reminders)",

@@ -1,7 +1,9 @@
 """``POST /v1/records``: a batch of records, JSON or NDJSON, optionally gzip.
 
-Every record is validated on its own, so one bad record costs only itself and the answer
-says why; nothing is acknowledged before the transaction holding it committed.
+Every record is validated on its own, so one bad record (a schema error, a line that does
+not parse, a line over ``max_record_bytes``) costs only itself and the answer says why;
+nothing is acknowledged before the transaction holding it committed. Budgets that protect
+the whole request (body, inflated body, JSON values, records) are checked before parsing.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent import schemas, wire
 from monitor_agent.api.deps import require_write
+from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.engine import Incoming
 from monitor_agent.store import StorageError
 
 router = APIRouter(tags=["ingest"])
 
+RETRY_AFTER_S = 5
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 
 
@@ -69,12 +73,17 @@ async def post_records(request: Request) -> IngestResponse:
         response, code = await _ingest(request)
         return response
     except _BadRequest as exc:
-        code = str(exc.status)
-        state.metrics.rejections.labels(reason=_reason_label(exc.status)).inc()
-        raise HTTPException(exc.status, exc.reason) from None
+        # Keep only status and reason: the exception's traceback holds the frames, and so
+        # the (inflated) body, for as long as anything references the exception.
+        status, reason = exc.status, exc.reason
+        code = str(status)
     finally:
         state.metrics.requests.labels(code=code).inc()
         state.metrics.ingest_duration.observe(time.perf_counter() - t0)
+    state.metrics.rejections.labels(reason=_reason_label(status)).inc()
+    # 429 and 503 are "later": say when, so clients and proxies back off alike.
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    raise HTTPException(status, reason, headers=headers)
 
 
 async def _ingest(request: Request) -> tuple[Any, str]:
@@ -83,8 +92,9 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     if not state.readiness.ready:
         raise _BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
     body = await _read_limited(request, settings.max_body_bytes)
-    objs, raws = await run_in_threadpool(_decode, body, request.headers, settings)
-    valid, rejected = await run_in_threadpool(_validate, objs, raws)
+    objs = await run_in_threadpool(_decode, body, request.headers, settings)
+    del body
+    valid, rejected = await run_in_threadpool(_validate, objs, settings.max_record_bytes)
     state.metrics.records.labels(outcome="rejected").inc(len(rejected))
     if rejected:
         state.metrics.rejections.labels(reason="invalid").inc(len(rejected))
@@ -103,7 +113,8 @@ async def _ingest(request: Request) -> tuple[Any, str]:
         rejected=sorted(rejected, key=lambda r: r["index"]), actions=result.actions,
     )
     if len(result.rejected) == len(valid):
-        raise _BadRequest(429, _summary(result.rejected))
+        crowded = all("max_active_runs" in r["reason"] for r in result.rejected)
+        raise _BadRequest(429 if crowded else 422, _summary(rejected))
     return response, "200"
 
 
@@ -131,17 +142,33 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _decode(body: bytes, headers: Any, settings: Any) -> tuple[list[Any], list[bytes] | None]:
-    """The request's records, and for NDJSON each record's own line."""
+class _Line:
+    """A parsed NDJSON line and its bytes (stored as they are when verbatim_ok)."""
+
+    __slots__ = ("obj", "raw")
+
+    def __init__(self, obj: Any, raw: bytes) -> None:
+        self.obj, self.raw = obj, raw
+
+
+class _Unparsed:
+    """An NDJSON line that is not a record; rejected on its own, its neighbours kept."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
+    """The request's records (an ``_Unparsed`` for each NDJSON line that is not one)."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding == "gzip":
         body = _gunzip(body, settings.max_decompressed_bytes)
     elif encoding not in ("", "identity"):
         raise _BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
     ctype = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    raws = None
+    _check_values(body, settings.max_values_per_request)
     if ctype in NDJSON_TYPES:
-        objs, raws = _ndjson(body)
+        objs = _ndjson(body, settings.max_record_bytes)
     elif ctype in ("application/json", ""):
         objs = _json_batch(body)
     else:
@@ -153,7 +180,18 @@ def _decode(body: bytes, headers: Any, settings: Any) -> tuple[list[Any], list[b
             413, f"{len(objs)} records exceed max_records_per_request="
             f"{settings.max_records_per_request}; split the batch",
         )
-    return objs, raws
+    return objs
+
+
+def _check_values(body: bytes, limit: int) -> None:
+    """Bound the objects that parsing would build, before building them: values in arrays
+    and objects are separated by commas (nesting without commas is cut by the parser's
+    depth limit; commas inside strings only make the estimate larger). One pass over the
+    bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
+    values = body.count(b",")
+    if values > limit:
+        raise _BadRequest(413, f"body holds about {values} JSON values, more than "
+                          f"max_values_per_request={limit}; split the batch")
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
@@ -163,6 +201,7 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     except zlib.error as exc:
         raise _BadRequest(400, f"body is not valid gzip: {exc}") from None
     if len(out) > limit:
+        del out  # not kept alive by the exception's traceback
         raise _BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
     if not inflater.eof:
         raise _BadRequest(400, "gzip body is truncated")
@@ -186,27 +225,49 @@ def _json_batch(body: bytes) -> list[Any]:
     raise _BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
 
 
-def _ndjson(body: bytes) -> tuple[list[Any], list[bytes]]:
+def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
+    """Each line's object, paired with the line itself: (obj, raw)."""
     objs: list[Any] = []
-    raws: list[bytes] = []
     for lineno, line in enumerate(body.split(b"\n"), 1):
         line = line.strip()
-        if line:
-            objs.append(_parse(line, f"line {lineno}"))
-            raws.append(line)
-    return objs, raws
+        if not line:
+            continue
+        if len(line) > max_record_bytes:
+            objs.append(_Unparsed(f"line {lineno}: {len(line)} bytes exceed "
+                                  f"max_record_bytes={max_record_bytes}"))
+            continue
+        try:
+            objs.append(_Line(_parse(line, f"line {lineno}"), line))
+        except _BadRequest as exc:
+            objs.append(_Unparsed(exc.reason))
+    return objs
 
 
 def _validate(
-    objs: list[Any], raws: list[bytes] | None
+    objs: list[Any], max_record_bytes: int
 ) -> tuple[list[Incoming], list[dict[str, Any]]]:
+    """Validate each record and choose the bytes to store: the client's line when it holds
+    only fields docs/format.md defines (verbatim.py), else the record re-serialised."""
     valid, rejected = [], []
     for index, obj in enumerate(objs):
         try:
-            raw = raws[index] if raws is not None else None
-            valid.append(Incoming(index, schemas.validate(obj), raw))
+            if isinstance(obj, _Unparsed):
+                raise schemas.RecordError(obj.reason)
+            raw = None
+            if isinstance(obj, _Line):
+                obj, raw = obj.obj, obj.raw
+            model = schemas.validate(obj)
+            if raw is not None and verbatim_ok(obj, raw):
+                body = raw
+            else:
+                body = model.model_dump_json(exclude_none=True).encode()
+            if len(body) > max_record_bytes:
+                raise schemas.RecordError(f"record of {len(body)} bytes exceeds "
+                                          f"max_record_bytes={max_record_bytes}")
+            valid.append(Incoming(index, model, body))
         except schemas.RecordError as exc:
             rejected.append({"index": index, "reason": str(exc)})
+        objs[index] = None  # free the parsed objects as we go: peak memory is one copy
     return valid, rejected
 
 

@@ -9,6 +9,12 @@ Labels are only the stable identity of the alert (alertname, run_id, project, se
 fingerprint's layer/rank, the run's own labels): anything that changes between findings
 would make Alertmanager see a new alert. Everything else goes into annotations.
 
+``endsAt`` is computed when a message is sent, not when it was queued: a retry delivered
+after an outage would otherwise arrive already expired, i.e. resolved. Alertmanager answers
+400 to a whole batch when one alert is invalid, after storing the valid ones; the batch is
+then sent again one alert at a time, so the valid ones count as delivered and only the
+invalid one fails, by name.
+
 Example::
 
     am = AlertmanagerNotifier(["http://am-0:9093", "http://am-1:9093"], refresh_interval=60)
@@ -17,7 +23,10 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +35,7 @@ import httpx
 from monitor_agent.notify import format as fmt
 from monitor_agent.notify.base import AlertEvent, Notification, Outcome, OutcomeKind, post_json
 
+log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -37,22 +47,45 @@ class AlertmanagerNotifier:
     min_interval = 0.0
     statuses = frozenset({"firing", "resolved"})
 
-    def __init__(self, urls: list[str], refresh_interval: float = 60.0, timeout: float = 5.0) -> None:
+    def __init__(self, urls: list[str], refresh_interval: float = 60.0, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in urls]
         self.refresh_interval = refresh_interval
         self.timeout = timeout
+        self.clock = clock
 
     def send(self, note: Notification, client: httpx.Client) -> Outcome:
-        body = self.payload(note)
-        outcomes = [post_json(client, url, body, self.timeout) for url in self.urls]
-        if any(o.kind is OutcomeKind.OK for o in outcomes):
-            return Outcome.ok(f"{sum(o.kind is OutcomeKind.OK for o in outcomes)}/{len(outcomes)}")
+        body = self.payload(note, now=self.clock())
+        outcomes = [self._post(client, url, body) for url in self.urls]
+        ok = [o for o in outcomes if o.kind is OutcomeKind.OK]
+        if ok:
+            return Outcome.ok(f"{len(ok)}/{len(outcomes)} members: {ok[0].detail}")
         retry = [o for o in outcomes if o.kind is OutcomeKind.RETRY]
         return retry[0] if retry else outcomes[0]
 
-    def payload(self, note: Notification) -> list[dict[str, Any]]:
-        # Four resend intervals of slack, as Prometheus does, before Alertmanager times out.
-        expires = note.created_at + 4 * self.refresh_interval
+    def _post(self, client: httpx.Client, url: str, body: list[dict[str, Any]]) -> Outcome:
+        outcome = post_json(client, url, body, self.timeout)
+        if len(body) < 2 or outcome.kind is not OutcomeKind.PERMANENT \
+                or not outcome.detail.startswith("HTTP 400"):
+            return outcome
+        # One invalid alert fails the batch, but the valid ones are stored: find which.
+        singles = [post_json(client, url, [alert], self.timeout) for alert in body]
+        refused = [f"{a['labels'].get('alertname')}: {o.detail}" for a, o in zip(
+            body, singles, strict=True) if o.kind is not OutcomeKind.OK]
+        if len(refused) == len(body):
+            return singles[0]
+        if any(o.kind is OutcomeKind.RETRY for o in singles):
+            return next(o for o in singles if o.kind is OutcomeKind.RETRY)
+        log.error("alertmanager %s refused %d of %d alerts: %s", url, len(refused), len(body),
+                  "; ".join(refused)[:500])
+        detail = f"{len(body) - len(refused)}/{len(body)} alerts accepted; refused: "
+        return Outcome.ok((detail + "; ".join(refused))[:500])
+
+    def payload(self, note: Notification, now: float | None = None) -> list[dict[str, Any]]:
+        # Four resend intervals of slack, as Prometheus does, before Alertmanager times out;
+        # from the moment of sending (``now``), so a late retry is not born expired.
+        sent = note.created_at if now is None else now
+        expires = sent + 4 * self.refresh_interval
         return [self._alert(e, expires) for e in note.events]
 
     def _alert(self, e: AlertEvent, expires: float) -> dict[str, Any]:

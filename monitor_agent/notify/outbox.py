@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sqlite3
@@ -59,6 +60,14 @@ class RetryPolicy:
         return backoff * (0.5 + rand / 2)
 
 
+def _reason(outcome: Outcome) -> str:
+    """The metric label for a permanent failure: 'http_404', or a bounded fallback."""
+    if outcome.detail.startswith("internal error"):
+        return "internal_error"
+    code = outcome.detail[5:8] if outcome.detail.startswith("HTTP ") else ""
+    return f"http_{code}" if code in ("400", "401", "403", "404", "410", "413") else "http_other"
+
+
 class Outbox:
     """Queue in SQLite, one sender thread per channel."""
 
@@ -71,6 +80,7 @@ class Outbox:
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         rand: Callable[[], float] = random.random,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self.db = db
         self.notifiers = notifiers
@@ -79,6 +89,7 @@ class Outbox:
         self.metrics = metrics
         self.clock = clock
         self.rand = rand
+        self.redact = redact  # receivers echo requests: errors may quote a secret URL
         self._transport = transport
         self._wake = {name: threading.Event() for name in notifiers}
         self._stop = threading.Event()
@@ -93,12 +104,15 @@ class Outbox:
         """Add a notification inside the caller's transaction; False if the queue is full."""
         if self._pending >= self.max_pending:
             self.metrics.notifications.labels(channel=channel, outcome="dropped").inc()
-            log.warning("outbox full (%d pending): dropped a %s notification for %s",
-                        self._pending, channel, note.group)
+            self.metrics.undelivered.labels(channel=channel, reason="outbox_full").inc()
+            log.error("outbox full (%d pending): dropped a %s notification for %s",
+                      self._pending, channel, note.group)
             return False
         conn.execute(
-            "INSERT INTO outbox (channel, body, created_at, next_at) VALUES (?,?,?,?)",
-            (channel, wire.dumps(note.to_dict()), now, now),
+            "INSERT INTO outbox (channel, body, created_at, next_at, fingerprints) "
+            "VALUES (?,?,?,?,?)",
+            (channel, wire.dumps(note.to_dict()), now, now,
+             " ".join(e.fingerprint for e in note.events)),
         )
         self._set_pending(self._pending + 1)
         # Safe before the commit: the sender's read waits on the database lock that this
@@ -132,7 +146,8 @@ class Outbox:
         if due > now:
             return due - now
         if now - row["created_at"] > self.policy.max_age:
-            self._finish(row["id"], channel, "failed", "expired before delivery", now)
+            self._finish(row["id"], channel, "failed", "expired before delivery", now,
+                         reason="expired")
             return 0.0
         outcome = self._attempt(channel, row["body"], client)
         self._last_send[channel] = self.clock()
@@ -151,6 +166,7 @@ class Outbox:
             self.metrics.duration.labels(channel=channel).observe(time.perf_counter() - t0)
 
     def _record(self, row: sqlite3.Row, channel: str, outcome: Outcome, now: float) -> None:
+        outcome = dataclasses.replace(outcome, detail=self.redact(outcome.detail))
         if outcome.kind is OutcomeKind.OK:
             self._finish(row["id"], channel, "sent", None, now)
             return
@@ -159,7 +175,8 @@ class Outbox:
         throttled = outcome.retry_after is not None
         attempts = row["attempts"] + (0 if throttled else 1)
         if outcome.kind is OutcomeKind.PERMANENT or attempts >= self.policy.max_attempts:
-            self._finish(row["id"], channel, "failed", outcome.detail, now)
+            reason = _reason(outcome) if outcome.kind is OutcomeKind.PERMANENT else "max_attempts"
+            self._finish(row["id"], channel, "failed", outcome.detail, now, reason=reason)
             return
         delay = self.policy.delay(attempts, outcome.retry_after, self.rand())
         with self.db.tx() as conn:
@@ -168,14 +185,30 @@ class Outbox:
         self.metrics.notifications.labels(channel=channel, outcome="retried").inc()
         log.info("%s delivery failed (%s); retry %d in %.1fs", channel, outcome.detail, attempts, delay)
 
-    def _finish(self, row_id: int, channel: str, state: str, error: str | None, now: float) -> None:
+    def _finish(self, row_id: int, channel: str, state: str, error: str | None, now: float,
+                reason: str | None = None) -> None:
         with self.db.tx() as conn:
             conn.execute("UPDATE outbox SET state = ?, last_error = ?, done_at = ? WHERE id = ?",
                          (state, error, now, row_id))
             self._set_pending(self._pending - 1)
         self.metrics.notifications.labels(channel=channel, outcome=state).inc()
         if state == "failed":
-            log.warning("%s notification %d not delivered: %s", channel, row_id, error)
+            # A lost page: loud in the log, counted by reason, shown on GET /v1/alerts.
+            self.metrics.undelivered.labels(channel=channel, reason=reason or "http_other").inc()
+            log.error("%s notification %d NOT DELIVERED (%s): %s", channel, row_id, reason, error)
+
+    def delivery_states(self) -> dict[str, dict[str, dict[str, object]]]:
+        """fingerprint -> channel -> the latest notification's state, attempts and error."""
+        rows = self.db.query(
+            "SELECT channel, state, attempts, last_error, done_at, fingerprints FROM outbox "
+            "WHERE fingerprints IS NOT NULL ORDER BY id")
+        out: dict[str, dict[str, dict[str, object]]] = {}
+        for row in rows:
+            view = {"state": row["state"], "attempts": row["attempts"],
+                    "last_error": row["last_error"], "done_at": row["done_at"]}
+            for fp in row["fingerprints"].split():
+                out.setdefault(fp, {})[row["channel"]] = view
+        return out
 
     def prune(self, older_than: float) -> None:
         """Forget delivered and abandoned notifications finished before ``older_than``."""

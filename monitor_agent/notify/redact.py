@@ -1,45 +1,103 @@
-"""Keep secrets out of logs written by libraries: httpx logs every request's full URL, and
-a Slack or webhook URL is itself the secret.
+"""Keep every configured secret out of every log line and every stored error.
+
+Secrets leak in ways no call site foresees: httpx logs each request's full URL (a Slack or
+webhook URL is itself the secret), a receiver echoes the request path in its error body
+(``Cannot POST /services/T000/B000/SECRET``), an exception message quotes a URL. So the
+redactor works on text, not on call sites: installed once when the app is built, as the
+process's log-record factory, it rewrites any record (message, arguments and traceback),
+whatever logger made it; the outbox runs its stored ``last_error`` through ``redact``.
+
+A URL secret is masked whole, and so are its path (what servers echo) and its long path
+segments and query values (tokens), since a receiver may quote any of them.
 
 Example::
 
-    redactor = SecretRedactor([slack_url, routing_key])
-    redactor.attach()      # on the "httpx" and "httpcore" loggers
-    ...
-    redactor.detach()
+    redactor = SecretRedactor([slack_url, routing_key, token])
+    redactor.install()      # every log record of this process from now on
+    redactor.redact("Cannot POST /services/T000/B000/XXXX")   # -> "Cannot POST **********"
+    redactor.uninstall()
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 MASK = "**********"
-LOGGERS = ("httpx", "httpcore")
+MIN_PART = 12  # shorter path segments are names ("services", "hooks"), not tokens
 
 
-class SecretRedactor(logging.Filter):
-    """A filter that rewrites any record whose message contains one of the secrets."""
+def secret_forms(secret: str) -> set[str]:
+    """The secret and the parts of it a server or library may quote on their own."""
+    forms = {secret}
+    parts = urlsplit(secret)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        if len(parts.path) > 1:
+            forms.add(parts.path + (f"?{parts.query}" if parts.query else ""))
+            forms.add(parts.path)
+        forms.update(seg for seg in parts.path.split("/") if len(seg) >= MIN_PART)
+        forms.update(v for _, v in parse_qsl(parts.query) if len(v) >= MIN_PART)
+        if parts.password:
+            forms.add(parts.password)
+    return {f for f in forms if f}
+
+
+class SecretRedactor:
+    """Masks secrets in text; as the log-record factory, in every log record."""
 
     def __init__(self, secrets: Iterable[str | None]) -> None:
-        super().__init__()
+        forms: set[str] = set()
+        for s in secrets:
+            if s:
+                forms |= secret_forms(s)
         # Longest first, so a URL is masked whole before a key inside it.
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.secrets = sorted(forms, key=len, reverse=True)
+        self._previous: Callable[..., logging.LogRecord] | None = None
+        self._active = False
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets:
-            return True
-        message = record.getMessage()
-        if any(s in message for s in self.secrets):
-            for secret in self.secrets:
-                message = message.replace(secret, MASK)
-            record.msg, record.args = message, None
-        return True
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
 
-    def attach(self) -> None:
-        for name in LOGGERS:
-            logging.getLogger(name).addFilter(self)
+    def _contains(self, text: str) -> bool:
+        return any(s in text for s in self.secrets)
 
-    def detach(self) -> None:
-        for name in LOGGERS:
-            logging.getLogger(name).removeFilter(self)
+    def scrub_record(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string is the logging module's business
+            return
+        if self._contains(message):
+            record.msg, record.args = self.redact(message), None
+        if record.exc_info and record.exc_info[1] is not None:
+            text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+            if self._contains(text):
+                record.exc_text = self.redact(text)  # formatters use it as it is
+
+    # -- the process's record factory -------------------------------------------------------
+
+    def install(self) -> None:
+        """Become the log-record factory (chained to the previous one)."""
+        if self._active or not self.secrets:
+            return
+        self._previous = logging.getLogRecordFactory()
+        self._active = True
+        logging.setLogRecordFactory(self._make)
+
+    def uninstall(self) -> None:
+        self._active = False
+        if logging.getLogRecordFactory() == self._make and self._previous is not None:
+            logging.setLogRecordFactory(self._previous)
+        # Otherwise another factory was chained after ours: we stay, as a pass-through.
+
+    def _make(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        assert self._previous is not None
+        record = self._previous(*args, **kwargs)
+        if self._active:
+            self.scrub_record(record)
+        return record

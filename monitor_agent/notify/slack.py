@@ -5,6 +5,12 @@ a header, one section per alert (run, step, layer, value vs baseline, suggestion
 button to the Grafana dashboard with the run selected around the step. Slack allows about
 one message per second per webhook, hence ``min_interval``; a 429 carries Retry-After.
 
+Slack refuses a message whose blocks hold too much text (``msg_blocks_too_long``, reported
+by users above ~12,000 characters though no limit is documented), so a message keeps its
+block text under ``MAX_BLOCK_TEXT`` by summarising the alerts that do not fit; and any 400
+to a Block Kit message is answered by sending the same news again as plain text, so a
+refused layout never costs the page.
+
 Example::
 
     slack = SlackNotifier(webhook_url, min_interval=1.0)
@@ -18,9 +24,11 @@ from typing import Any
 import httpx
 
 from monitor_agent.notify import format as fmt
-from monitor_agent.notify.base import AlertEvent, Notification, Outcome, post_json
+from monitor_agent.notify.base import AlertEvent, Notification, Outcome, OutcomeKind, post_json
 
 MAX_ALERTS_SHOWN = 10  # Slack allows 50 blocks; 4 per alert plus the header stays under it.
+MAX_BLOCK_TEXT = 10_000  # characters of text in all blocks: under the ~12,000 Slack refuses
+MAX_PLAIN_TEXT = 4_000   # Slack truncates longer top-level text
 _ICON = {"critical": ":red_circle:", "error": ":large_orange_circle:",
          "warning": ":large_yellow_circle:", "info": ":large_blue_circle:"}
 
@@ -42,10 +50,19 @@ class SlackNotifier:
         return "SlackNotifier(webhook_url=**********)"
 
     def send(self, note: Notification, client: httpx.Client) -> Outcome:
-        return post_json(client, self._url, self.payload(note), self.timeout)
+        outcome = post_json(client, self._url, self.payload(note), self.timeout)
+        if outcome.kind is not OutcomeKind.PERMANENT or not outcome.detail.startswith("HTTP 400"):
+            return outcome
+        plain = post_json(client, self._url, self.plain_payload(note), self.timeout)
+        if plain.kind is OutcomeKind.OK:
+            return Outcome.ok(f"sent as plain text after Block Kit was refused ({outcome.detail})")
+        return plain
 
     def payload(self, note: Notification) -> dict[str, Any]:
         return {"text": _escape(fmt.plain(note))[:3000], "blocks": blocks(note)}
+
+    def plain_payload(self, note: Notification) -> dict[str, Any]:
+        return {"text": _escape(fmt.plain(note))[:MAX_PLAIN_TEXT]}
 
 
 def blocks(note: Notification) -> list[dict[str, Any]]:
@@ -55,12 +72,42 @@ def blocks(note: Notification) -> list[dict[str, Any]]:
         {"type": "header", "text": {"type": "plain_text", "text": f"{icon} {fmt.title(note)}"[:150],
                                     "emoji": True}},
     ]
+    used, shown = block_text(out), 0
     for event in note.events[:MAX_ALERTS_SHOWN]:
-        out.extend(_event_blocks(event))
-    hidden = len(note.events) - MAX_ALERTS_SHOWN
-    if hidden > 0:
-        out.append(_context(f"and {hidden} more alerts of this run; see /v1/alerts"))
+        more = _event_blocks(event)
+        # Keep room for the summary line of what does not fit (at most ~600 characters).
+        if used + block_text(more) > MAX_BLOCK_TEXT - 600:
+            break
+        out.extend(more)
+        used += block_text(more)
+        shown += 1
+    if shown < len(note.events):
+        out.append(_context(_summary(note.events[shown:])))
     return out
+
+
+def _summary(rest: tuple[AlertEvent, ...]) -> str:
+    counts: dict[str, int] = {}
+    for e in rest:
+        counts[e.alertname] = counts.get(e.alertname, 0) + 1
+    names = ", ".join(f"{_escape(k)} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"and {len(rest)} more alerts of this run ({names})"[:500] + "; see /v1/alerts"
+
+
+def block_text(blocks_: list[dict[str, Any]]) -> int:
+    """Characters of text in blocks, as Slack counts them against a message."""
+    total = 0
+    stack: list[Any] = list(blocks_)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            text = item.get("text")
+            if isinstance(text, str):
+                total += len(text)
+            stack.extend(v for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def _rank(event: AlertEvent) -> int:

@@ -12,7 +12,7 @@ from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.types import Finding, Severity
 from receivers import Receiver
 
-ROUTING_KEY = "R0UT1NGKEY-secret-0123456789abcdef"
+ROUTING_KEY = "R0UT1NGKEY-secret-0123456789abcd"
 T0 = 1_700_000_000.0
 
 

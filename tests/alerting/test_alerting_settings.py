@@ -15,10 +15,10 @@ SLACK = "https://hooks.slack.com/services/T0/B0/verysecret"
 
 def test_secrets_from_files(tmp_path: Path):
     (tmp_path / "slack").write_text(SLACK + "\n")
-    (tmp_path / "pd").write_text("pdkey")
+    (tmp_path / "pd").write_text("pdkey" + "0" * 27 + "\n")
     s = AlertingSettings(slack={"webhook_url_file": tmp_path / "slack"},
                          pagerduty={"routing_key_file": tmp_path / "pd"})
-    assert (s.slack.secret(), s.pagerduty.secret()) == (SLACK, "pdkey")
+    assert (s.slack.secret(), s.pagerduty.secret()) == (SLACK, "pdkey" + "0" * 27)
     assert s.pagerduty.url == PAGERDUTY_EVENTS_URL
     assert "verysecret" not in repr(s) and "pdkey" not in str(s.model_dump(mode="json"))
 
@@ -37,6 +37,8 @@ def test_env_nesting_and_redaction(monkeypatch: pytest.MonkeyPatch):
     [
         ({"slack": {"webhook_url": SLACK, "webhook_url_file": "/x"}}, "not both"),
         ({"pagerduty": {"routing_key_file": "/nonexistent/key"}}, "routing_key_file: cannot read"),
+        ({"pagerduty": {"routing_key": "short"}}, "32 characters without spaces; got 5"),
+        ({"pagerduty": {"routing_key": "0123456789abcdef 0123456789abcde"}}, "whitespace inside"),
         ({"group_wait_seconds": -1}, "group_wait_seconds"),
         ({"slak": {}}, "slak"),
     ],

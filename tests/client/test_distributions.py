@@ -143,8 +143,8 @@ def test_monitor_to_live_sidecar_exposes_quantiles_and_stores_grad_hist(tmp_path
                             params={"since_step": 0, "kind": "step"}, timeout=10).json()
         mon.close(timeout=10)
     assert 'training_layer_grad_quantile{project="dist",run_id="dist-1",rank="0",' \
-           'layer="2.weight",quantile="0.5"}' in metrics
-    assert 'layer="4.bias",quantile="0.99"}' in metrics
+           'layer="2.weight",q="0.5"}' in metrics
+    assert 'layer="4.bias",q="0.99"}' in metrics
     assert "training_layer_param_quantile{" in metrics
     steps = {r["step"]: r for r in records["records"]}
     assert sorted(s for s, r in steps.items() if "grad_hist" in r) == [1, 4, 7]

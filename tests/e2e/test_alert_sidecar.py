@@ -79,6 +79,7 @@ def test_page_survives_a_crash_without_duplicates_and_resolves(tmp_path, sidecar
         while "resolve" not in _actions(pd) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _actions(pd) == ["trigger", "resolve"]
+        slack.wait_for(2, timeout=10, accepted_only=True)  # its own sender thread: may lag
         assert [r.json["text"][:12] for r in slack.accepted()] == ["[FIRING:1] r", "[RESOLVED:1]"]
         assert pd.accepted()[1].json["dedup_key"] == page.json["dedup_key"]
         log = sc.log()

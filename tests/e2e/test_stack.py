@@ -113,7 +113,7 @@ def alertmanager_config(path: Path, hook: str) -> None:
             slack["api_url"] = hook + "/slack"
         for pd in receiver.get("pagerduty_configs", []):
             del pd["routing_key_file"]
-            pd.update(routing_key="e2e-routing-key", url=hook + "/pagerduty")
+            pd.update(routing_key="e2e-routing-key-0123456789abcdef", url=hook + "/pagerduty")
     path.write_text(yaml.safe_dump(config))
 
 
@@ -268,7 +268,7 @@ def fired(stack: Stack) -> Stack:
 
 def test_sidecar_down_pages_and_posts_to_slack(fired: Stack) -> None:
     (page, *_) = mentions(fired.hook.bodies("/pagerduty"), "MonitorAgentDown", fired.down_instance)
-    assert page["routing_key"] == "e2e-routing-key" and page["event_action"] == "trigger"
+    assert page["routing_key"] == "e2e-routing-key-0123456789abcdef" and page["event_action"] == "trigger"
     assert page["payload"]["severity"] == "error"
     wait_until(lambda: mentions(fired.hook.bodies("/slack"), "MonitorAgentDown"), 30, "Slack copy")
     # The live sidecar is not reported down.

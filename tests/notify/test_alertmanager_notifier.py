@@ -44,3 +44,45 @@ def test_one_accepting_member_is_enough():
         assert hosts == ["am-0", "am-1"]
         both_down = AlertmanagerNotifier(["http://am-0:9093"])
         assert both_down.send(note(), client).kind is OutcomeKind.RETRY
+
+
+def _real_am(tmp_path):
+    import pytest
+
+    from alertmanager_process import AlertmanagerProcess, available
+
+    if not available():
+        pytest.skip("prometheus-alertmanager is not installed")
+    return AlertmanagerProcess(tmp_path, webhook_url="http://127.0.0.1:9/unused")
+
+
+def test_one_invalid_alert_does_not_fail_the_valid_ones(tmp_path):
+    """Alertmanager 400s a batch with one invalid alert after storing the valid ones: the
+    valid ones count as delivered, the invalid one is named."""
+    import time
+
+    now = time.time()
+    good = event(fingerprint="good", alertname="GoodAlert", started_at=now - 10)
+    bad = event("resolved", fingerprint="bad", alertname="BadAlert", started_at=now - 10,
+                ends_at=now - 3600)  # ends before it started: Alertmanager refuses it
+    with _real_am(tmp_path) as am, httpx.Client() as client:
+        outcome = AlertmanagerNotifier([am.url]).send(note(good, bad), client)
+        stored = httpx.get(am.url + "/api/v2/alerts").json()
+    assert outcome.kind is OutcomeKind.OK, outcome
+    assert "1/2 alerts accepted" in outcome.detail and "BadAlert" in outcome.detail
+    assert [a["labels"]["alertname"] for a in stored] == ["GoodAlert"]
+
+
+def test_ends_at_is_computed_when_sent_not_when_queued(tmp_path):
+    """A notification queued an hour ago (an outage) still arrives firing."""
+    import time
+
+    from monitor_agent.notify.base import Notification
+
+    now = time.time()
+    late = Notification("gpt-7", (event(started_at=now - 3700),), created_at=now - 3600)
+    with _real_am(tmp_path) as am, httpx.Client() as client:
+        outcome = AlertmanagerNotifier([am.url], refresh_interval=60).send(late, client)
+        (stored,) = httpx.get(am.url + "/api/v2/alerts").json()
+    assert outcome.kind is OutcomeKind.OK
+    assert stored["status"]["state"] == "active"

@@ -25,7 +25,7 @@ from soak import percentile
 from receivers import Receiver, Reply
 from sidecar_process import SidecarProcess
 
-PD_KEY = "outage-routing-key-77aa"
+PD_KEY = "outage-routing-key-77aa000000000"
 
 
 class Gate:

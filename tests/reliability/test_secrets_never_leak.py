@@ -19,7 +19,7 @@ from sidecar_process import REPO, SidecarProcess
 
 TOKEN = "tok-7f3a9e21c4b8d5e6"
 SLACK_SECRET = "XoXbSeCrEtHoOkPaTh42"
-PD_KEY = "R0UT1NGKEYf00dfeed99"
+PD_KEY = "R0UT1NGKEYf00dfeed99000000000000"
 
 
 def _config(tmp: Path, slack: Receiver, pd: Receiver) -> Path:

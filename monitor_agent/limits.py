@@ -1,0 +1,112 @@
+"""What one record may carry: the budgets and the one rule for every string at the edge.
+
+A single small request must not be able to hold memory, fill the disk or break an answer
+for everyone (issue 12). So every free-form or repeated part of a record has a budget, and
+every string that can reach a Prometheus label, a stored column or a JSON answer obeys one
+rule, whatever field it arrives in:
+
+- valid Unicode (no lone UTF-16 surrogates: they cannot be encoded as UTF-8, so the first
+  JSON answer or exposition that touches them fails);
+- no control characters in names and label values (the exposition format and the people
+  reading it); free text keeps tab and newline;
+- a length limit (256 characters for names and labels, like the ``labels`` map).
+
+Each rejection names the budget it hit, so a client author knows which knob they met.
+
+Example::
+
+    check_text("a\\ud800b", MAX_NAME_LEN, "config.project")   # raises ValueError
+    check_freeform({"lr": 0.1}, "config")                        # returns it unchanged
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+MAX_NAME_LEN = 256            # layer/metric names, label values, config.project
+MAX_TEXT_LEN = 4096           # any other string (free-form values, end.error)
+MAX_FREEFORM_ENTRIES = 1024   # keys of one map, or items of one list, in config/model/hardware
+MAX_FREEFORM_BYTES = 64 * 1024  # one free-form section, as JSON
+MAX_DEPTH = 32
+# Numbers in all histograms of one record (edges + counts + quantiles, grad and param).
+# The client's default (16 bins, 8 quantiles) is 41 per layer: 6,000 layers fit.
+MAX_HIST_VALUES = 1 << 18
+
+_BAD_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_BAD_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def check_text(value: str, max_len: int, where: str, *, name: bool = True) -> str:
+    """Apply the string rule; ``name`` False allows tab/newline (free text)."""
+    if len(value) > max_len:
+        raise ValueError(f"{where}: {len(value)} characters exceed the budget of {max_len}")
+    bad = (_BAD_NAME if name else _BAD_TEXT).search(value)
+    if bad is not None:
+        what = "a lone UTF-16 surrogate" if "\ud800" <= bad.group() <= "\udfff" else \
+            "a control character"
+        raise ValueError(f"{where}: contains {what} ({ascii(bad.group())}) at {bad.start()}")
+    return value
+
+
+def check_names(names: Any, where: str) -> None:
+    """The name rule for the keys of a map (layers, metrics, ...), in one C-level pass
+    over them all: a Python call per name cost more than validating the record did.
+    Lengths and lone surrogates are checked by the string type itself."""
+    if not names or all(map(str.isprintable, names)):  # C loop; printable is never bad
+        return
+    for name in names:
+        if _BAD_NAME.search(name):
+            check_text(name, MAX_NAME_LEN, f"{where} key {safe(name)!r}")
+
+
+def check_freeform(value: dict[str, Any], where: str) -> dict[str, Any]:
+    """A free-form section (config, model, hardware): depth, entries, strings and bytes."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, where)]
+    while stack:
+        obj, depth, path = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        if len(obj) > MAX_FREEFORM_ENTRIES:
+            raise ValueError(f"{path}: {len(obj)} entries exceed the budget of "
+                             f"{MAX_FREEFORM_ENTRIES}")
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for key, child in items:
+            if isinstance(key, str):
+                check_text(key, MAX_NAME_LEN, f"{path} key {safe(key)!r}")
+            here = f"{path}.{safe(str(key))}"
+            if isinstance(child, str):
+                check_text(child, MAX_TEXT_LEN, here, name=False)
+            elif isinstance(child, dict | list):
+                stack.append((child, depth + 1, here))
+    size = len(orjson.dumps(value))
+    if size > MAX_FREEFORM_BYTES:
+        raise ValueError(f"{where}: {size} bytes of JSON exceed the budget of "
+                         f"{MAX_FREEFORM_BYTES}")
+    return value
+
+
+def hist_values(*sections: dict[str, Any] | None) -> int:
+    """How many numbers the histogram sections of one record hold."""
+    total = 0
+    for sec in sections:
+        for h in (sec or {}).values():
+            total += len(h["edges"]) + len(h["counts"]) + len(h.get("quantiles", ()))
+    return total
+
+
+def safe(text: str, limit: int = 64) -> str:
+    """A string fit for an error message: short, printable, encodable."""
+    text = text[:limit]
+    return text if text.isprintable() and not _BAD_NAME.search(text) else ascii(text)[1:-1]
+
+
+def scrub(text: str, limit: int | None = None) -> str:
+    """Make any string safe for a label or JSON answer (data stored by older versions)."""
+    if limit is not None:
+        text = text[:limit]
+    if _BAD_NAME.search(text) is None:
+        return text
+    return _BAD_NAME.sub("\ufffd", text)
