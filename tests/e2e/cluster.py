@@ -42,8 +42,11 @@ def _compress(duration: str, factor: float) -> str:
     return f"{max(int(seconds / factor), 1)}s"
 
 
-def compressed_rules(out: Path, factor: float = COMPRESSION) -> Path:
-    """deploy/prometheus/rules/*.yml with every duration divided by ``factor``, into ``out``."""
+def compressed_rules(out: Path, factor: float = COMPRESSION, windows: bool = True) -> Path:
+    """deploy/prometheus/rules/*.yml with every duration divided by ``factor``, into ``out``.
+
+    ``windows=False`` keeps the range windows (``[5m]``) as they are: for data fed once, a
+    rate over a compressed window falls to zero before the test reads it."""
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted((DEPLOY / "prometheus" / "rules").glob("*.yml")):
         doc = yaml.safe_load(path.read_text())
@@ -51,8 +54,9 @@ def compressed_rules(out: Path, factor: float = COMPRESSION) -> Path:
             for rule in group["rules"]:
                 if "for" in rule:
                     rule["for"] = _compress(rule["for"], factor)
-                expr = re.sub(r"\[(\w+)\]", lambda m: f"[{_compress(m[1], factor)}]",
-                              rule["expr"])
+                expr = rule["expr"]
+                if windows:
+                    expr = re.sub(r"\[(\w+)\]", lambda m: f"[{_compress(m[1], factor)}]", expr)
                 rule["expr"] = _STALL_FLOOR.sub(str(int(600 / factor)), expr)
         (out / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
