@@ -175,10 +175,9 @@ async def level(url: str, tpl: Templates, ranks: int, seconds: float, scrape_eve
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 start = time.perf_counter()
                 lateness.append(start - due)
-                resp = await http.post(url + "/v1/records", headers=HEADERS,
-                                       content=body([tpl.record(run_id, rank, step, ranks)]))
+                ok = await _post(http, url, body([tpl.record(run_id, rank, step, ranks)]))
                 latencies.append((tpl.kind(step), time.perf_counter() - start))
-                failures += resp.status_code != 200
+                failures += not ok
 
         async def scraper() -> None:
             while time.perf_counter() < t0 + seconds:
@@ -211,6 +210,18 @@ async def level(url: str, tpl: Templates, ranks: int, seconds: float, scrape_eve
         "scrape_ms": 1e3 * max(s[0] for s in scrapes), "metrics_kb": scrapes[-1][1] / 1024,
         "series": scrapes[-1][2], "layer_series": scrapes[-1][3],
     }
+
+
+async def _post(http: httpx.AsyncClient, url: str, content: bytes) -> bool:
+    """POST once more after a dropped keep-alive connection, as the client's sender does."""
+    for attempt in (1, 2):
+        try:
+            resp = await http.post(url + "/v1/records", headers=HEADERS, content=content)
+            return resp.status_code == 200
+        except httpx.TransportError:
+            if attempt == 2:
+                return False
+    return False
 
 
 async def _service_ms(http: httpx.AsyncClient, url: str, tpl: Templates, run_id: str,
