@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,8 @@ class Job:
 
     def start(self) -> None:
         self.am.start()
-        for sidecar in self.sidecars:
-            sidecar.start()
+        with ThreadPoolExecutor(NODES) as pool:  # the sidecars boot in parallel, as nodes do
+            list(pool.map(SidecarProcess.start, self.sidecars))
         config = self.tmp / "prometheus.yml"
         write_prometheus_config(config, [self.instance(i) for i in range(NODES)],
                                 f"127.0.0.1:{self.prom_port}", self.am.addresses,
