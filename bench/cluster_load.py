@@ -281,6 +281,8 @@ def main() -> None:
             and not r["failures"]]
     print(f"\nheld at 1 step/s per rank with p99 <= {args.p99_ms:.0f} ms: "
           f"{held[-1]['ranks'] if held else 0} ranks x {layers} layers")
+    median = [r for r in rows if r["p50_ms"] <= args.p99_ms and r["late_ms"] <= 1000]
+    print(f"with p50 <= {args.p99_ms:.0f} ms: {median[-1]['ranks'] if median else 0} ranks")
     sizing(rows, args.nodes, args.ranks_per_node, layers)
 
 
