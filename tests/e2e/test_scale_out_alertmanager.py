@@ -126,7 +126,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def incident(cluster: Cluster) -> dict:
     """The first run's NaN paged; the replica that paged is killed; the resolve arrived."""
     train(cluster, FIRST, nan_rank=1)
-    [(_, page)] = [(p, n) for p, n in cluster.wait_notified(FIRST, "firing") if p == "/pagerduty"]
+    pages = [n for p, n in cluster.wait_notified(FIRST, "firing") if p == "/pagerduty"]
+    assert len(pages) == 1, cluster.notifications().summary()
+    page = pages[0]
     killed = cluster.am.urls.index(page["externalURL"])
     cluster.am.kill(killed)
     before = [sent_and_failed(sc) for sc in cluster.sidecars]
