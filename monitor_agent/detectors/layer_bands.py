@@ -17,15 +17,21 @@ anything by itself. A parameter needs ``MIN_READINGS`` readings before it has a 
 
 Readings come from every record that carries per-parameter norms: the monitored steps'
 ``layers`` and the client's gated ``grad_norms`` (sent on each step whose global norm is
-non-finite or far above its median, i.e. step by step through an explosion). The step a
-parameter left is kept until it returns inside its band; readings outside stay out of the
-baseline, so an excursion never becomes its own reference.
+non-finite or far above its median, i.e. step by step through an explosion). Readings
+outside stay out of the baseline, so an excursion never becomes its own reference.
+
+An episode: the step a parameter left is kept while it is out and, once it was out on
+two readings in a row (or non-finite: one stray reading of a noisy parameter is not an
+episode), for ``HORIZON`` (100) steps after it came back; a new departure within that
+horizon continues the same episode. A divergence is often judged tens of steps after the gradients flared and
+settled again (its level rule compares a 10-step median with the 100 steps before), and
+by then the parameter that went first is still the answer.
 
 Example::
 
     bands = LayerBands()
     bands.update(ctx.align(rec.layer_grads), rec.step)
-    bands.first_out(ctx, 3)   # [("embed.weight", 120, 14.2), ("blocks.0.w", 125, 6.1), ...]
+    bands.first_out(ctx, rec.step, 3)  # [("embed.weight", 120, 14.2), ("blocks.0.w", 125, 6.1)]
 """
 
 from __future__ import annotations
@@ -41,10 +47,11 @@ from monitor_agent.detectors.layer_stats import grown
 from monitor_agent.detectors.stats import MAD_TO_SIGMA
 
 WINDOW = 32
-MIN_READINGS = 8
+MIN_READINGS = 5
 BAND_Z = 4.0
 BAND_RATIO = 2.0
 SIGMA_FLOOR = 1e-3  # log units
+HORIZON = 100  # steps an episode is remembered after its parameter came back
 
 
 @dataclass(slots=True)
@@ -53,8 +60,10 @@ class LayerBands:
 
     buf: np.ndarray = field(default_factory=lambda: np.full((0, WINDOW), np.nan))
     n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    left_at: np.ndarray = field(default_factory=lambda: np.zeros(0))   # NaN: inside
+    left_at: np.ndarray = field(default_factory=lambda: np.zeros(0))   # episode start
+    back_at: np.ndarray = field(default_factory=lambda: np.zeros(0))   # NaN: still out
     ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))     # when it left
+    confirmed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def _grow(self, size: int) -> None:
         if self.buf.ndim != 2:  # restored from an empty snapshot
@@ -64,6 +73,8 @@ class LayerBands:
             self.buf = np.concatenate((self.buf, extra))
         self.n = grown(self.n, size, 0)
         self.left_at = grown(self.left_at, size, np.nan)
+        self.back_at = grown(self.back_at, size, np.nan)
+        self.confirmed = grown(self.confirmed, size, False)
         self.ratio = grown(self.ratio, size, np.nan)
 
     def update(self, view: Any, step: int) -> None:
@@ -87,27 +98,38 @@ class LayerBands:
         sigma = np.maximum(np.nan_to_num(mad, nan=SIGMA_FLOOR), SIGMA_FLOOR)
         out = nonfinite | (have & usable & (r >= math.log(BAND_RATIO)) & (r >= BAND_Z * sigma))
         inside = usable & ~out
-        new = out & np.isnan(self.left_at[slots])
+        back, was_out = self.back_at[slots], np.isfinite(self.left_at[slots])
+        still = out & was_out & np.isnan(back)  # out on this reading and the one before
+        new = out & (~was_out | (step - back > HORIZON))
         self.left_at[slots[new]] = step
         self.ratio[slots[new]] = np.where(nonfinite[new], np.inf, np.exp(r[new]))
-        self.left_at[slots[inside]] = np.nan
-        self.ratio[slots[inside]] = np.nan
+        self.confirmed[slots[new]] = nonfinite[new]
+        self.confirmed[slots[still]] = True
+        self.back_at[slots[out]] = np.nan
+        returned = inside & was_out & np.isnan(back)
+        stray = returned & ~self.confirmed[slots]  # one reading out: not an episode
+        self.left_at[slots[stray]] = np.nan
+        self.back_at[slots[returned & ~stray]] = step
         for s, x in zip(slots[inside], logs[inside], strict=True):
             self.buf[s, self.n[s] % WINDOW] = x
             self.n[s] += 1
 
-    def first_out(self, ctx: Any, k: int = 5) -> list[tuple[str, int, float]]:
-        """Up to ``k`` parameters outside their band: (name, step it left, ratio then),
+    def _episode(self, now: int) -> np.ndarray:
+        recent = np.isnan(self.back_at) | (self.confirmed & (now - self.back_at <= HORIZON))
+        return np.isfinite(self.left_at) & recent
+
+    def first_out(self, ctx: Any, now: int, k: int = 5) -> list[tuple[str, int, float]]:
+        """Up to ``k`` parameters of the current episode: (name, step it left, ratio then),
         earliest first; on the same step the farthest out first."""
-        idx = np.flatnonzero(np.isfinite(self.left_at))
+        idx = np.flatnonzero(self._episode(now))
         if not len(idx):
             return []
         order = np.lexsort((-np.nan_to_num(self.ratio[idx], posinf=1e300), self.left_at[idx]))
         return [(ctx.layer_name(int(s)), int(self.left_at[s]), float(self.ratio[s]))
                 for s in idx[order][:k]]
 
-    def count_out(self) -> int:
-        return int(np.isfinite(self.left_at).sum())
+    def count_out(self, now: int) -> int:
+        return int(self._episode(now).sum())
 
 
 def describe(first: list[tuple[str, int, float]], total: int) -> tuple[str, dict[str, Any]]:
@@ -118,7 +140,7 @@ def describe(first: list[tuple[str, int, float]], total: int) -> tuple[str, dict
     how = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x its median"
     clause = f"; first layer out of its band: {name} (step {step}, {how})"
     if total > 1:
-        clause += f", {total} layers out"
+        clause += f", {total} layers left theirs"
     evidence = {"first_layer_out": name, "first_layer_out_step": step,
                 "first_layer_out_ratio": ratio, "layers_out_of_band": total,
                 "layers_out_order": ", ".join(f"{n}@{s}" for n, s, _ in first)}
@@ -129,7 +151,8 @@ def locate(findings: list, bands: LayerBands, ctx: Any) -> list:
     """``findings`` with the first layer out of its band added to message and evidence."""
     if not findings:
         return findings
-    clause, evidence = describe(bands.first_out(ctx), bands.count_out())
+    now = findings[0].step
+    clause, evidence = describe(bands.first_out(ctx, now), bands.count_out(now))
     if "first_layer_out_ratio" in evidence and math.isfinite(evidence["first_layer_out_ratio"]):
         evidence["first_layer_out_ratio"] = float(f"{evidence['first_layer_out_ratio']:.4g}")
     return [dataclasses.replace(f, message=f.message + clause,

@@ -9,7 +9,7 @@ import numpy as np
 from synth_records import assert_restore_equivalent, feed, grad_table, names, noise, only, run, step
 
 from monitor_agent.detectors.context import RunContext
-from monitor_agent.detectors.layer_bands import LayerBands
+from monitor_agent.detectors.layer_bands import HORIZON, LayerBands
 from monitor_agent.detectors.settings import DetectorSettings
 
 N = names(4)
@@ -57,22 +57,25 @@ def test_divergence_findings_carry_the_first_layer_out():
     assert found and found[0].evidence["first_layer_out"] == N[1]
 
 
-def test_a_layer_back_inside_its_band_is_no_longer_out():
+def test_an_episode_is_remembered_for_the_horizon_after_the_layer_came_back():
     ctx = RunContext(DetectorSettings())
     bands = LayerBands()
-    for i in range(1, 40):
-        table = grad_table(N, _layer_grads(i, {1: 10.0} if i == 30 else {}))
-        bands.update(ctx.align(table), i)
-        if i == 30:
-            assert [n for n, _, _ in bands.first_out(ctx)] == [N[1]]
-    assert bands.first_out(ctx) == [] and bands.count_out() == 0
+    for i in range(1, 40 + HORIZON + 2):
+        boost = ({1: 10.0} if i in (30, 31, 35) else {2: 10.0} if i in (32, 33) else
+                 {3: 10.0} if i == 20 else {})  # layer 3: one stray reading, no episode
+        bands.update(ctx.align(grad_table(N, _layer_grads(i, boost))), i)
+        if i == 36:  # 35 continues layer 1's episode that began at 30
+            assert [(n, s) for n, s, _ in bands.first_out(ctx, i)] == [(N[1], 30), (N[2], 32)]
+    # Layer 1 came back at 36: its episode is named until 36 + HORIZON, then forgotten.
+    assert [n for n, _, _ in bands.first_out(ctx, 36 + HORIZON)] == [N[1]]
+    assert bands.first_out(ctx, 37 + HORIZON) == [] and bands.count_out(37 + HORIZON) == 0
 
 
 def test_a_non_finite_gradient_is_out_of_band_at_once():
     ctx = RunContext(DetectorSettings())
     bands = LayerBands()
     bands.update(ctx.align(grad_table(N, [1.0, math.nan, 1.0, 1.0])), 1)
-    (name, at, ratio), = bands.first_out(ctx)
+    (name, at, ratio), = bands.first_out(ctx, 1)
     assert (name, at, ratio) == (N[1], 1, math.inf)
 
 
