@@ -346,6 +346,7 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
                       device, 1)
             if rnd:
                 times[name].append(t)
+    fwd = forward_finite_costs(model, batch, device, reps, flags)
     mon.flush(30)
     mon.close(timeout=30)
     # The sender thread's one host copy, with and without the per-parameter norms.
@@ -368,11 +369,40 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
 
     decoded = copy(True)["grad_norms"]
     body = wire.dumps({"grad_norms": decoded})
-    return {"origin_step_s": {k: statistics.median(v) for k, v in times.items()},
+    return {**fwd, "origin_step_s": {k: statistics.median(v) for k, v in times.items()},
             "origin_rounds": len(times["bare"]), "finite_modules": len(flags.names),
             "copy_without_norms_s": copy_without, "copy_with_norms_s": copy_with,
             "grad_norms_params": len(decoded), "grad_norms_bytes": len(body),
             "grad_norms_gzip_bytes": len(gzip.compress(body))}
+
+
+@torch.no_grad()
+def forward_finite_costs(model, batch, device, reps, flags) -> dict:
+    """Forward passes with and without the finite hooks, interleaved; and the sums alone
+    (the kernels, replayed on the outputs the hooks saw, without Python hook dispatch)."""
+    times = {"forward": [], "forward_finite": []}
+    for rnd in range(reps * 10 + 1):
+        for name in times:
+            flags.detach()
+            if name == "forward_finite":
+                flags.attach()
+            t = timed(lambda: model(batch, labels=batch), device, 1)
+            flags._sums, flags._fired = [], []
+            if rnd:
+                times[name].append(t)
+    flags.detach()
+    outs = []
+    handles = [m.register_forward_hook(lambda m, a, o: outs.append(
+        (o[0] if isinstance(o, tuple) else o).detach())) for m in flags.modules]
+    model(batch, labels=batch)
+    for h in handles:
+        h.remove()
+    sums = timed(lambda: [o.sum(dtype=torch.float32) for o in outs], device, reps * 10)
+    flags.attach()
+    return {"forward_s": statistics.median(times["forward"]),
+            "forward_finite_s": statistics.median(times["forward_finite"]),
+            "forward_rounds": len(times["forward"]), "finite_sums_only_s": sums,
+            "finite_elements": sum(o.numel() for o in outs)}
 
 
 def report_origin(f: dict) -> None:
@@ -383,6 +413,12 @@ def report_origin(f: dict) -> None:
           f"({(off / bare - 1) * 100:+.2f}%); default config {on * 1e3:.1f} ms "
           f"({(on / bare - 1) * 100:+.2f}%): the {f['finite_modules']} forward finite sums "
           f"{(on / off - 1) * 100:+.2f}%")
+    fwd, fin = f["forward_s"], f["forward_finite_s"]
+    print(f"forward only, {f['forward_rounds']} interleaved rounds, medians: {fwd * 1e3:.1f} ms "
+          f"bare, {fin * 1e3:.1f} ms with the finite hooks ({(fin / fwd - 1) * 100:+.2f}%); "
+          f"the {f['finite_modules']} sums alone ({f['finite_elements'] / 1e6:.1f}M elements) "
+          f"{f['finite_sums_only_s'] * 1e3:.2f} ms = {f['finite_sums_only_s'] / bare * 100:.2f}% "
+          f"of the bare step")
     print(f"per-parameter grad norms ({f['grad_norms_params']} params): in the sender's host "
           f"copy {f['copy_with_norms_s'] * 1e6:.0f} us vs {f['copy_without_norms_s'] * 1e6:.0f} "
           f"us without (off the training thread; on it: one list append); on the wire "
