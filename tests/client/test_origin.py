@@ -237,3 +237,29 @@ def test_each_micro_batch_is_checked(accum):
     flags.add_to(pack)
     decoded = pack.decode(pack.vector().tolist())
     assert decoded["nonfinite_modules"][0] == "2"
+
+
+def test_a_skipped_amp_step_carries_its_unscaled_per_parameter_norms(receiver, tmp_path):
+    mon = Monitor(url=receiver.url, project="origin", run_id="amp-origin", spool_dir=tmp_path,
+                  install_hooks=False, linger=0.02, timeout=(0.5, 5.0))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon.watch(model, opt, scaler=scaler)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, 5):
+        model[3].fire = step == 3  # the backward pass makes NaN from layer "3" inward
+        opt.zero_grad()
+        loss = model(torch.randn(16, 8, generator=gen)).pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        mon.log_step(step, loss=loss.detach())
+    mon.close(timeout=10)
+    steps = {r["step"]: r for r in receiver.of_kind("step")}
+    bad = steps[3]
+    assert bad["skipped"] is True and math.isfinite(bad["loss"])
+    norms = bad["grad_norms"]
+    assert norms["2.weight"] == "NaN" and norms["0.weight"] == "NaN"
+    # Unscaled (divided by the loss scale), not the scaled values the backward produced.
+    assert 0 < norms["5.weight"] < 2  # scaled by 1024 it would be in the hundreds
