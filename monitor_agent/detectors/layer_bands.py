@@ -155,8 +155,9 @@ def locate(findings: list, bands: LayerBands, ctx: Any) -> list:
     clause, evidence = describe(bands.first_out(ctx, now), bands.count_out(now))
     if "first_layer_out_ratio" in evidence and math.isfinite(evidence["first_layer_out_ratio"]):
         evidence["first_layer_out_ratio"] = float(f"{evidence['first_layer_out_ratio']:.4g}")
+    # First in the evidence: a page shows the first dozen items (notify/format.py).
     return [dataclasses.replace(f, message=f.message + clause,
-                                evidence={**f.evidence, **evidence}) for f in findings]
+                                evidence={**evidence, **f.evidence}) for f in findings]
 
 
 class _quiet:

@@ -117,11 +117,15 @@ class NanInfDetector(DetectorBase):
             parts.append(where)
         growth = self._growth(st)
         table = rec.layer_grads
-        evidence = {"non_finite_fields": ",".join(bad), "non_finite_layers": len(layers),
-                    "parameters_measured": len(table) if table is not None else None,
-                    "consecutive_steps": st.streak, "pass": pass_, "origin": origin,
+        # Where it started comes first: a page shows the first dozen items.
+        evidence = {"pass": pass_, "origin": origin, "non_finite_fields": ",".join(bad),
                     "non_finite_modules": rec.nonfinite_module_count,
-                    "first_layer": layers[0] if layers else None, "grad_norm_growth": growth}
+                    "non_finite_layers": len(layers),
+                    "parameters_measured": len(table) if table is not None else None,
+                    "consecutive_steps": st.streak,
+                    # Backward order says nothing when the forward pass poisoned them all.
+                    "first_layer": layers[0] if layers and pass_ != "forward" else None,
+                    "grad_norm_growth": growth}
         if st.overflow_origin is not None:
             evidence["last_overflow_origin"] = st.overflow_origin
         return self.finding(

@@ -68,11 +68,12 @@ def test_pages_name_the_origin_and_the_api_has_the_effective_lr(tmp_path, sideca
         _post_all(sc, _records("nan_forward_gpt"))
         page = _page_text(slack, "nan_forward_gpt", "TrainingNanInf")
         assert "the output of blocks.1.mlp_fc went non-finite first" in page
-        assert "blocks.1.mlp_fc" in page.split("evidence", 1)[-1]  # origin in the evidence
+        assert "pass=forward, origin=blocks.1.mlp_fc" in page  # and in the evidence line
 
         _post_all(sc, _records("lr_spike_gpt"))
         page = _page_text(slack, "lr_spike_gpt", "TrainingGradExplosion")
         assert "first layer out of its band:" in page
+        assert "first_layer_out=" in page  # in the evidence line the page shows, too
 
         run = httpx.get(f"{sc.url}/v1/runs/lr_spike_gpt", timeout=10).json()
         text = json.dumps(run)
