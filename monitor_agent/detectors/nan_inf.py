@@ -94,19 +94,7 @@ class NanInfDetector(DetectorBase):
         return [self.finding(rec, msg, value=rec.val_loss, suggestions=tips.NAN_SUDDEN)]
 
     def _bad_layers(self, rec: StepRecord) -> list[str]:
-        """Non-finite parameters in backward order: output side first (see docstring)."""
-        table = rec.layer_grads
-        if table is None:
-            return []
-        view = self.ctx.align(table)
-        mask = np.zeros(len(table), dtype=bool)
-        for stat in _LAYER_STATS:
-            mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
-        if not mask.any():
-            return []
-        ordered = [int(c) for c in view.order[::-1] if mask[c]]
-        rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
-        return [table.names[c] for c in ordered + rest]
+        return nonfinite_params(self.ctx, rec)
 
     def _finding(
         self, rec: StepRecord, st: NanState, bad: list[str], layers: list[str]
@@ -150,6 +138,22 @@ class NanInfDetector(DetectorBase):
         if rec.loss_scale is not None:
             return tips.NAN_FP16 + tips.NAN_SUDDEN
         return tips.NAN_SUDDEN
+
+
+def nonfinite_params(ctx, rec: StepRecord) -> list[str]:
+    """Non-finite parameters in backward order: output side first (see module docstring)."""
+    table = rec.layer_grads
+    if table is None:
+        return []
+    view = ctx.align(table)
+    mask = np.zeros(len(table), dtype=bool)
+    for stat in _LAYER_STATS:
+        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
+    if not mask.any():
+        return []
+    ordered = [int(c) for c in view.order[::-1] if mask[c]]
+    rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
+    return [table.names[c] for c in ordered + rest]
 
 
 def _origin(rec: StepRecord, bad: list[str], layers: list[str]
