@@ -19,17 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from monitor_agent.detectors.layer_bands import LayerBands
 from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.state import dump, load_into
-from monitor_agent.detectors.stats import Ema
+from monitor_agent.detectors.stats import Ema, amp_overflow
 from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
 
 
 @dataclass(slots=True)
 class RankInfo:
-    """Per-rank facts: the loss EMA and how many steps were seen."""
+    """Per-rank facts: the loss EMA, how many steps were seen, and each parameter's
+    gradient-norm band (shared by the detectors that name the first layer out of it)."""
 
     ema: Ema = field(default_factory=Ema)
+    bands: LayerBands = field(default_factory=LayerBands)
     steps: int = 0
     last_step: int = -1
     last_time: float | None = None
@@ -73,6 +76,10 @@ class RunContext:
             self._observe_run(record)
         elif isinstance(record, EndRecord):
             self.state.ended = True
+        elif (isinstance(record, StepRecord) and record.layer_grads is not None
+              and not amp_overflow(record)):
+            # Before the detectors judge the step, so a finding names this step's layers.
+            self.rank(record.rank).bands.update(self.align(record.layer_grads), record.step)
 
     def _observe_run(self, record: RunRecord) -> None:
         warmup = _as_int(record.config.get("warmup_steps"))

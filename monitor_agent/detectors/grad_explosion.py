@@ -37,7 +37,7 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_bands import LayerBands, locate
+from monitor_agent.detectors.layer_bands import locate
 from monitor_agent.detectors.layer_stats import LayerEma, grown
 from monitor_agent.detectors.nan_inf import amp_overflow
 from monitor_agent.detectors.stats import Window, finite
@@ -54,7 +54,6 @@ class ExplosionState:
     streak_min_ratio: float = math.inf
     layers: LayerEma = field(default_factory=LayerEma)
     layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    bands: LayerBands = field(default_factory=LayerBands)
 
 
 class GradExplosionDetector(DetectorBase):
@@ -68,9 +67,7 @@ class GradExplosionDetector(DetectorBase):
     def on_step(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         if amp_overflow(rec):
             return []
-        if rec.layer_grads is not None:
-            st.bands.update(self.ctx.align(rec.layer_grads), rec.step)
-        found = locate(self._global(rec, st), st.bands, self.ctx)
+        found = locate(self._global(rec, st), self.ctx.rank(rec.rank).bands, self.ctx)
         if rec.layers is not None:
             layer_found = self._per_layer(rec, st)
             found = found or layer_found

@@ -33,7 +33,7 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.stats import Window, amp_overflow, finite  # noqa: F401 (re-export)
 from monitor_agent.types import EvalRecord, Finding, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
@@ -45,13 +45,6 @@ class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
     streak: int = 0  # consecutive steps with a non-finite value
     overflow_origin: str | None = None  # first non-finite unscaled grad of the last skip
-
-
-def amp_overflow(rec: StepRecord) -> bool:
-    """A loss-scaler overflow step: the optimizer skipped it; inf grads are expected."""
-    if rec.skipped:
-        return True
-    return rec.loss_scale is not None and finite(rec.loss) and not finite(rec.grad_norm)
 
 
 class NanInfDetector(DetectorBase):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,14 @@ def robust_z(x: float, window: Window, floor: float = 1e-12) -> float:
 
 def finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+def amp_overflow(rec: Any) -> bool:
+    """A loss-scaler overflow step (a StepRecord): the optimizer skipped it; inf grads are
+    expected there, so most detectors pass over it."""
+    if rec.skipped:
+        return True
+    return rec.loss_scale is not None and finite(rec.loss) and not finite(rec.grad_norm)
 
 
 def slope(y: np.ndarray) -> float:
