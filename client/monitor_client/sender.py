@@ -10,9 +10,14 @@ If the queue itself is full, the record is spooled straight away by the caller: 
 is lost, but such records may reach the sidecar before older ones still in the queue (the
 sidecar orders by step).
 
-Two exceptions to "oldest first". A NaN/Inf step jumps a backlog (``alarming.py``): it
-is held apart, sent first, and retried every second while it waits. And an answer no retry
-can fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as
+A NaN/Inf step does not wait for its page behind a backlog (``alarming.py``): when it
+has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first (the sidecar
+pages from it and stores nothing), and the sidecar is retried every second while it
+waits; the record itself stays in its place and is delivered in order. Previews are best
+effort: never spooled, dropped once answered or when the backlog holding their records
+has been delivered, and switched off quietly by a sidecar without the route (404/405).
+
+An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as
 an error naming the URL and the fix, and the sender stops: later records are counted as
 dropped, nothing more is spooled, and ``flush``/``close`` return at once.
 
@@ -39,6 +44,8 @@ from monitor_client.encode import dumps_line
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport, Outcome, PostResult
 from monitor_client.warn import LOGGER, Warner
+
+MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in order
 
 
 class Sender:
@@ -80,8 +87,11 @@ class Sender:
         self._n = dict(submitted=len(spool), sent=0, spooled=0, rejected=0, dropped=0,
                        settled=0)
         self._failures, self._retry_at = 0, 0.0
-        # Alarming lines (non-finite loss/grad norm) held apart from a backlog; see above.
-        self._urgent: collections.deque[bytes] = collections.deque()
+        # Copies of spooled alarming lines (non-finite loss/grad norm), sent ahead of the
+        # backlog; ``_alarm_waiting`` while such a record is in the spool. See above.
+        self._previews: collections.deque[bytes] = collections.deque()
+        self.previews_on = True
+        self._alarm_waiting = False
         self.misconfigured: PostResult | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,8 +112,6 @@ class Sender:
         if self.misconfigured is not None:
             self._count(dropped=1, settled=1)
             return
-        if urgent:
-            self._retry_at = 0.0  # worth a fresh attempt even while backing off
         if self._stop.is_set():
             self._spool_lines(self._encode([item]))
             return
@@ -113,12 +121,9 @@ class Sender:
                              self.spool.directory)
             alarming: list[int] = []
             lines = self._encode([item], alarming)
-            if alarming:  # not behind the whole queue and spool: it goes first
-                self._urgent.extend(lines)
-                self._retry_at = 0.0
+            self._spool_lines(lines)
+            if self._preview(lines, alarming):  # its page need not wait for the queue
                 self._wake.set()
-            else:
-                self._spool_lines(lines)
             return
         self._queue.append(item)
         if urgent or queued + 1 >= self.batch_records:
@@ -172,7 +177,7 @@ class Sender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
-        self._spool_lines(self._encode(self._drain_now()) + self._take_urgent())
+        self._spool_lines(self._encode(self._drain_now()))
         self.spool.close()
         left = self.counters().pending
         if not ok and left and self.misconfigured is None:
@@ -249,34 +254,49 @@ class Sender:
             self._spool_lines(lines)  # counted as dropped: nothing will take them
             return
         if len(self.spool) or self._now() < self._retry_at:
-            if alarming:  # jump the backlog, and try now rather than after the backoff
-                held = set(alarming)
-                self._urgent.extend(lines[i] for i in alarming)
-                lines = [line for i, line in enumerate(lines) if i not in held]
-                self._retry_at = 0.0
             self._spool_lines(lines)  # keep order: older records are waiting on disk
+            self._preview(lines, alarming)
             return
         done = self._post_all(lines)
         self._spool_lines(lines[done:])
+        self._preview(lines, [i for i in alarming if i >= done])
 
-    def _send_urgent(self) -> bool:
-        """Post held alarming lines first; True when none is left waiting."""
-        if not self._urgent or self._now() < self._retry_at:
-            return not self._urgent
-        lines = list(self._urgent)
-        done = self._post_all(lines)
-        for _ in range(done):
-            self._urgent.popleft()
-        return not self._urgent
+    def _preview(self, lines: list[bytes], alarming: list[int]) -> bool:
+        """Queue preview copies of the spooled alarming ``lines[i]``; True if any."""
+        if not alarming or self.misconfigured is not None:
+            return False
+        self._alarm_waiting = True
+        self._retry_at = 0.0  # worth a fresh attempt now, even while backing off
+        if self.previews_on:
+            room = MAX_PREVIEWS - len(self._previews)  # the first NaN is the news
+            self._previews.extend(lines[i] for i in alarming[:max(room, 0)])
+        return True
 
-    def _take_urgent(self) -> list[bytes]:
-        lines = list(self._urgent)
-        self._urgent.clear()
-        return lines
+    def _send_previews(self) -> None:
+        """Post the waiting previews, ahead of the spool; one attempt per retry time."""
+        if not self._previews or self._now() < self._retry_at:
+            return
+        lines = list(self._previews)
+        result = self.transport.preview(lines)
+        if result.outcome is Outcome.RETRY:
+            self._schedule_retry(result)
+            return
+        for _ in lines:
+            self._previews.popleft()
+        if result.outcome is Outcome.MISCONFIGURED:
+            # A sidecar without the route (404/405), or a token the record stream will
+            # report on its own: previews only, off quietly; records still go in order.
+            self.previews_on = False
+            self._previews.clear()
+            LOGGER.info("monitor_client: no previews of NaN steps (%s); they are paged when "
+                        "their turn comes", result.detail.strip()[:80])
+        elif result.outcome is not Outcome.OK:
+            self.warner.warn("preview", "sidecar refused a preview (%s)", result.detail)
 
     def _replay(self) -> None:
-        if self.misconfigured is not None or not self._send_urgent():
+        if self.misconfigured is not None:
             return
+        self._send_previews()
         if len(self.spool) and (dropped := self.spool.trim()):
             self._dropped_oldest(dropped)
         budget_end = self._now() + 1.0  # do not starve the queue while replaying
@@ -288,6 +308,9 @@ class Sender:
             self.spool.ack(done)
             if done < len(lines):
                 return
+        if not len(self.spool):  # every spooled alarming record was delivered in order
+            self._alarm_waiting = False
+            self._previews.clear()
 
     def _post_all(self, lines: list[bytes]) -> int:
         """Post ``lines`` in size-bounded chunks; return how many were settled, in order."""
@@ -332,7 +355,7 @@ class Sender:
         self._failures += 1
         base, cap = self.backoff
         delay = random.uniform(0, min(cap, base * 2 ** min(self._failures, 20)))
-        if self._urgent:  # a NaN step is waiting: probe every second, not every 30
+        if self._alarm_waiting:  # a NaN step is waiting: probe every second, not every 30
             delay = min(delay, 1.0)
         self._retry_at = self._now() + delay
         self.warner.warn("retry", "sidecar unavailable (%s); spooling to %s, retrying",

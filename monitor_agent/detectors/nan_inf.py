@@ -4,6 +4,11 @@ Mixed precision is respected: on a step the loss scaler skipped (``skipped`` or 
 loss with an infinite gradient under a loss scale) the non-finite gradient is the scaler
 working, not a fault. The suggestion depends on what preceded the NaN.
 
+``non_finite`` is the rule itself, a pure function of one record: the detector applies it
+to every step in order, and the sidecar's preview route (api/preview.py) applies it, via
+``NanInfDetector.preview``, to a NaN step that arrives ahead of its backlog, so the page
+need not wait for the history to be replayed.
+
 Example::
 
     det = NanInfDetector(DetectorSettings(), RunContext(DetectorSettings()))
@@ -39,6 +44,22 @@ def amp_overflow(rec: StepRecord) -> bool:
     return rec.loss_scale is not None and finite(rec.loss) and not finite(rec.grad_norm)
 
 
+def non_finite(rec: StepRecord) -> tuple[list[str], np.ndarray | None]:
+    """What makes ``rec`` a nan_inf finding: its non-finite global fields, and a mask of the
+    layers with a non-finite measured statistic (None when there are none). On an AMP
+    overflow step only a non-finite loss counts: inf gradients are the scaler working."""
+    overflow = amp_overflow(rec)
+    bad = [f for f in _GLOBAL_FIELDS if _nonfinite(getattr(rec, f))]
+    if overflow:
+        return [f for f in bad if f == "loss"], None
+    if rec.layers is None:
+        return bad, None
+    mask = np.zeros(len(rec.layers), dtype=bool)
+    for stat in _LAYER_STATS:
+        mask |= ~np.isfinite(rec.layers.stats[stat]) & rec.layers.measured[stat]
+    return bad, mask if mask.any() else None
+
+
 class NanInfDetector(DetectorBase):
     """Critical finding on the first non-finite value, then at most every N steps.
 
@@ -53,11 +74,8 @@ class NanInfDetector(DetectorBase):
         return NanState()
 
     def on_step(self, rec: StepRecord, st: NanState) -> list[Finding]:
-        overflow = amp_overflow(rec)
-        bad = [f for f in _GLOBAL_FIELDS if _nonfinite(getattr(rec, f))]
-        if overflow:
-            bad = [f for f in bad if f == "loss"]
-        layers = [] if overflow else self._bad_layers(rec)
+        bad, mask = non_finite(rec)
+        layers = self._bad_layers(rec, mask)
         if not bad and not layers:
             st.streak = 0
             if finite(rec.grad_norm) and rec.grad_norm > 0:
@@ -69,21 +87,30 @@ class NanInfDetector(DetectorBase):
             return []
         return [self._finding(rec, st, bad, layers)]
 
+    def preview(self, rec: StepRecord) -> Finding | None:
+        """The finding ``rec`` would bring were it the rank's next step, changing no state
+        (neither the streak, nor the repeat clock, nor the run context); None when it is
+        not non-finite. For a page ahead of a backlog: the in-order copy of ``rec`` is
+        judged by ``update`` when it arrives, and that finding is the one stored."""
+        bad, mask = non_finite(rec)
+        if not bad and mask is None:
+            return None
+        layers = [rec.layers.names[c] for c in np.flatnonzero(mask)] if mask is not None else []
+        st = self.ranks.get(rec.rank) or self.new_rank()
+        ahead = NanState(grads=st.grads, streak=st.streak + 1)  # read only: a shallow copy
+        return self._finding(rec, ahead, bad, layers)
+
     def on_eval(self, rec: EvalRecord, st: NanState) -> list[Finding]:
         if not _nonfinite(rec.val_loss) or not self.due(rec):
             return []
         msg = f"val_loss is {rec.val_loss} at step {rec.step}"
         return [self.finding(rec, msg, value=rec.val_loss, suggestions=tips.NAN_SUDDEN)]
 
-    def _bad_layers(self, rec: StepRecord) -> list[str]:
-        if rec.layers is None:
+    def _bad_layers(self, rec: StepRecord, mask: np.ndarray | None) -> list[str]:
+        """Names of the masked layers, in depth order."""
+        if mask is None or rec.layers is None:
             return []
         view = self.ctx.align(rec.layers)
-        mask = np.zeros(len(rec.layers), dtype=bool)
-        for stat in _LAYER_STATS:
-            mask |= ~np.isfinite(rec.layers.stats[stat]) & rec.layers.measured[stat]
-        if not mask.any():
-            return []
         ordered = [int(c) for c in view.order if mask[c]]
         rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
         return [rec.layers.names[c] for c in ordered + rest]
@@ -113,7 +140,8 @@ class NanInfDetector(DetectorBase):
         return float(np.exp(values[-3:].max() - np.median(values[:-3])))
 
     def _suggest(self, rec: StepRecord, growth: float | None) -> tuple[str, ...]:
-        if self.ctx.rank(rec.rank).steps < self.settings.min_history_steps:
+        info = self.ctx.state.ranks.get(str(rec.rank))  # read only (preview changes nothing)
+        if info is None or info.steps < self.settings.min_history_steps:
             return tips.NAN_AT_START
         if growth is not None and growth >= 3.0:
             return tips.NAN_AFTER_GROWTH
