@@ -91,9 +91,13 @@ class NanInfDetector(DetectorBase):
         """The finding ``rec`` would bring were it the rank's next step, changing no state
         (neither the streak, nor the repeat clock, nor the run context); None when it is
         not non-finite. For a page ahead of a backlog: the in-order copy of ``rec`` is
-        judged by ``update`` when it arrives, and that finding is the one stored."""
+        judged by ``update`` when it arrives, and that finding is the one stored.
+
+        Only a non-finite global field (loss, norms) is previewed: a finding about layers
+        alone names its layer in depth order, which needs the run's layer context, and
+        the alert's identity may include that layer."""
         bad, mask = non_finite(rec)
-        if not bad and mask is None:
+        if not bad:
             return None
         layers = [rec.layers.names[c] for c in np.flatnonzero(mask)] if mask is not None else []
         st = self.ranks.get(rec.rank) or self.new_rank()

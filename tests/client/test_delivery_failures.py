@@ -228,3 +228,53 @@ def test_a_sidecar_without_the_preview_route_still_gets_everything(stopped_recei
     assert sender.misconfigured is None and not sender.previews_on
     assert sender.counters().sent == 20 and sender.counters().dropped == 0
     assert _errors(caplog) == []  # quietly: no "cannot send records" error
+
+
+def _run_steps(run, steps, nan_from=12):
+    head = [{"kind": "run", "run_id": run, "time": 1.0}] if 1 in steps else []
+    return head + [{**_step(s, float("nan") if s >= nan_from else 2.0 - 0.01 * s, run),
+                    "grad_norm": 1.0} for s in steps]
+
+
+def test_nan_behind_an_outage_real_sidecar_same_findings_one_alert(stopping_sidecar,
+                                                                   pd_receiver, tmp_path):
+    import httpx
+
+    sc = stopping_sidecar
+    ref = _sender(sc.url, tmp_path / "ref")
+    for rec in _run_steps("ref", range(1, 21)):
+        ref.submit(rec)
+    assert ref.close(timeout=10)
+    sender = _sender(sc.url, tmp_path / "prev")
+    for rec in _run_steps("prev", range(1, 11)):
+        sender.submit(rec)
+    assert sender.flush(timeout=10)
+    sc.kill()
+    for rec in _run_steps("prev", range(11, 21)):  # spooled, NaN from step 12
+        sender.submit(rec)
+    assert not sender.flush(timeout=0.5)
+    sc.start()
+    assert sender.close(timeout=20)
+
+    def get(path):
+        return httpx.get(sc.url + path, timeout=10).json()
+
+    stored = [r["step"] for r in sc.records("prev") if r["kind"] == "step"]
+    assert stored == list(range(1, 21))  # once each, in order: nothing overtook
+    findings = {run: sorted((f["type"], f["step"], f["message"].replace(run, "RUN"))
+                            for f in get(f"/v1/runs/{run}/findings")["findings"])
+                for run in ("ref", "prev")}
+    assert findings["prev"] == findings["ref"] and findings["ref"]
+    actions = {run: [(a["action"], a["step"]) for a in get(f"/v1/runs/{run}/actions")["actions"]]
+               for run in ("ref", "prev")}
+    assert actions["prev"] == actions["ref"] == [("stop", 14)]
+    alerts = [a for a in get("/v1/alerts")["alerts"] if a["run_id"] == "prev"]
+    assert len(alerts) == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+            r.json["payload"]["custom_details"]["run_id"] == "prev"
+            for r in pd_receiver.accepted() if "payload" in r.json):
+        time.sleep(0.05)
+    keys = {r.json["dedup_key"] for r in pd_receiver.accepted()
+            if r.json.get("payload", {}).get("custom_details", {}).get("run_id") == "prev"}
+    assert len(keys) == 1
