@@ -17,9 +17,10 @@ waits; the record itself stays in its place and is delivered in order. Previews 
 effort: never spooled, dropped once answered or when the backlog holding their records
 has been delivered, and switched off quietly by a sidecar without the route (404/405).
 
-An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as
-an error naming the URL and the fix, and the sender stops: later records are counted as
-dropped, nothing more is spooled, and ``flush``/``close`` return at once.
+An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see
+transport.py) is logged once, as an error naming the URL and the fix, and the sender stops:
+later records are counted as dropped, nothing more is spooled, and ``flush``/``close``
+return at once.
 
 Example::
 
