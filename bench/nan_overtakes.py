@@ -9,6 +9,7 @@ person waits for), to "the NaN step is stored", and to "every record is stored",
 how many steps were stored after a later one (late: the detectors only look forward).
 
     python bench/nan_overtakes.py [--backlog 20000] [--pad 2000] [--outage 20]
+                                  [--max-queue 10000]
                                   [--client DIR]   # another checkout's client/, to compare
 
 To compare with another version of the sidecar too, run this file from that checkout
@@ -41,7 +42,8 @@ SCRIPT = """
 import os, sys, time
 import monitor_client
 mon = monitor_client.Monitor(url=os.environ["URL"], run_id="nan-overtakes",
-                             spool_dir=os.environ["SPOOL"], linger=0.05)
+                             spool_dir=os.environ["SPOOL"], linger=0.05,
+                             max_queue=int(os.environ["MAXQ"]))
 pad = "x" * int(os.environ["PAD"])
 for step in range(1, 101):
     mon.log_step(step, loss=1.0, pad=pad)
@@ -99,11 +101,12 @@ def _config(tmp: Path, pd: Receiver) -> Path:
     return config
 
 
-def measure(client: Path, backlog: int, pad: int, outage: float) -> Timings:
+def measure(client: Path, backlog: int, pad: int, outage: float,
+            max_queue: int = 10_000) -> Timings:
     with tempfile.TemporaryDirectory() as tmp, Receiver("pagerduty") as pd:
         sc = SidecarProcess(Path(tmp) / "sidecar", config=_config(Path(tmp), pd)).start()
         env = {**os.environ, "PYTHONPATH": str(client), "URL": sc.url, "PAD": str(pad),
-               "BACKLOG": str(backlog), "SPOOL": str(Path(tmp) / "spool")}
+               "BACKLOG": str(backlog), "MAXQ": str(max_queue), "SPOOL": str(Path(tmp) / "spool")}
         proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
@@ -143,10 +146,13 @@ def main() -> None:
     ap.add_argument("--pad", type=int, default=2000)
     ap.add_argument("--outage", type=float, default=20.0)
     ap.add_argument("--client", type=Path, default=REPO / "client")
+    ap.add_argument("--max-queue", type=int, default=10_000,
+                    help="the client's max_queue; a backlog logged faster than the sender "
+                         "spools it spills past the queue, out of order (see sender.py)")
     args = ap.parse_args()
-    t = measure(args.client, args.backlog, args.pad, args.outage)
+    t = measure(args.client, args.backlog, args.pad, args.outage, args.max_queue)
     print(f"client {args.client}, sidecar {REPO}: backlog {args.backlog} x {args.pad} B, "
-          f"outage {args.outage:g} s -> after the sidecar was back: page at the receiver "
+          f"max_queue {args.max_queue}, outage {args.outage:g} s -> after the sidecar was back: page at the receiver "
           f"{_s(t.page)}, NaN step stored {_s(t.nan_stored)}, whole backlog stored "
           f"{_s(t.all_stored)}; steps stored after a later step (late, never analysed): "
           f"{t.overtaken}")
