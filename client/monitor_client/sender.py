@@ -7,8 +7,10 @@ encodes them (turning pending device statistics into numbers first, see
 spool, and while the spool holds anything, new batches queue up behind it there, so
 delivery order is kept; the spool is replayed with exponential backoff and full jitter.
 If the queue itself is full, the record is spooled straight away by the caller: nothing
-is lost, but such records may reach the sidecar before older ones still in the queue (the
-sidecar orders by step).
+is lost, but such records may reach the sidecar before older ones still in the queue, and
+the sidecar stores those older ones as late, without analysing them (its detectors only
+look forward): ``max_queue`` should hold what a run logs during an outage while the sender
+spools (bench/nan_overtakes.py --max-queue shows the difference).
 
 A NaN/Inf step does not wait for its page behind a backlog (``alarming.py``): when it
 has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first (the sidecar
