@@ -160,6 +160,7 @@ class Alerting(AlertAdmin):
                 row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
                 if row is None or lc.on_finding(_timing(row), f.step) is Reason.FIRST:
                     self._begin(conn, fp, run, rule, identity, f, now, count=0)
+                    self._count(Reason.PREVIEWED)
                     begun += 1
         if begun:
             self._flush_now.set()

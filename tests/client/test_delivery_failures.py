@@ -278,3 +278,5 @@ def test_nan_behind_an_outage_real_sidecar_same_findings_one_alert(stopping_side
     keys = {r.json["dedup_key"] for r in pd_receiver.accepted()
             if r.json.get("payload", {}).get("custom_details", {}).get("run_id") == "prev"}
     assert len(keys) == 1
+    metrics = httpx.get(sc.url + "/metrics", timeout=10).text
+    assert 'monitor_agent_alert_decisions_total{reason="previewed"} 1.0' in metrics
