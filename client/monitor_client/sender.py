@@ -6,11 +6,12 @@ encodes them (turning pending device statistics into numbers first, see
 ``Monitor.log_step``) and posts them. A batch that cannot be delivered goes to the on-disk
 spool, and while the spool holds anything, new batches queue up behind it there, so
 delivery order is kept; the spool is replayed with exponential backoff and full jitter.
-If the queue itself is full, the record is spooled straight away by the caller: nothing
-is lost, but such records may reach the sidecar before older ones still in the queue, and
-the sidecar stores those older ones as late, without analysing them (its detectors only
-look forward): ``max_queue`` should hold what a run logs during an outage while the sender
-spools (bench/nan_overtakes.py --max-queue shows the difference).
+If the queue itself is full, the caller encodes the record and leaves it in an overflow
+line behind the queue (as long again), which the sender takes once the queue before it is
+drained: order is kept, because the sidecar stores a step older than its rank's latest as
+late, without analysing it (its detectors only look forward). Only when the overflow is
+full too is a record spooled straight away by the caller: nothing is lost, but it
+overtakes the records still queued.
 
 A NaN/Inf step does not wait for its page behind a backlog (``alarming.py``): when it
 has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first (the sidecar
@@ -78,6 +79,7 @@ class Sender:
         # training thread never waits on a lock the sender thread may hold (a blocked
         # acquire hands the GIL over and costs a switch interval, ~5 ms, at p99).
         self._queue: collections.deque[Any] = collections.deque()
+        self._overflow: collections.deque[bytes] = collections.deque()  # encoded, see above
         self.max_queue = max_queue
         self._cond = threading.Condition()
         aged = spool.trim()
@@ -119,18 +121,25 @@ class Sender:
             self._spool_lines(self._encode([item]))
             return
         queued = len(self._queue)
-        if queued >= self.max_queue:
-            self.warner.warn("queue_full", "send queue full; spooling records to %s",
-                             self.spool.directory)
-            alarming: list[int] = []
-            lines = self._encode([item], alarming)
-            self._spool_lines(lines)
-            if self._preview(lines, alarming):  # its page need not wait for the queue
-                self._wake.set()
+        if queued >= self.max_queue or self._overflow:  # once overflowing, all go behind
+            self._overflowing(item)
             return
         self._queue.append(item)
         if urgent or queued + 1 >= self.batch_records:
             self._wake.set()
+
+    def _overflowing(self, item: Any) -> None:
+        alarming: list[int] = []
+        lines = self._encode([item], alarming)
+        if len(self._overflow) < self.max_queue:
+            self.warner.warn("queue_full", "send queue full; records wait behind it")
+            self._overflow.extend(lines)
+        else:
+            self.warner.warn("overflow_full", "send queue and its overflow full; spooling "
+                             "records to %s ahead of the queued ones", self.spool.directory)
+            self._spool_lines(lines)
+        self._preview(lines, alarming)  # its page need not wait for the queue
+        self._wake.set()
 
     def counters(self) -> Counters:
         with self._cond:
@@ -180,7 +189,7 @@ class Sender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
-        self._spool_lines(self._encode(self._drain_now()))
+        self._spool_lines(self._encode(self._drain_now()) + self._take_overflow())
         self.spool.close()
         left = self.counters().pending
         if not ok and left and self.misconfigured is None:
@@ -205,6 +214,8 @@ class Sender:
         items = self._collect()
         if items:
             self._deliver(items)
+        elif self._overflow:  # the queue before it is drained: its turn, in order
+            self._deliver_lines(self._take_overflow(self.batch_records), [])
         self._replay()
         self._maybe_poll()
         with self._cond:
@@ -222,7 +233,7 @@ class Sender:
         # Sleep through the linger instead of waking per record: a sleeping sender does not
         # compete with the training thread for the GIL. submit() wakes us when a batch is
         # full or a record is urgent, flush() and close() when they are waiting.
-        if len(self._queue) < self.batch_records:  # a backlog goes out without waiting
+        if len(self._queue) < self.batch_records and not self._overflow:  # a backlog: no wait
             self._wake.wait(0.05 if len(self.spool) else self.linger)
             self._wake.clear()
         return self._drain_now(self.batch_records)
@@ -250,9 +261,21 @@ class Sender:
             lines.append(line)
         return lines
 
+    def _take_overflow(self, limit: int = 1 << 30) -> list[bytes]:
+        lines: list[bytes] = []
+        pop = self._overflow.popleft
+        while self._overflow and len(lines) < limit:
+            lines.append(pop())
+        return lines
+
     def _deliver(self, items: list[Any]) -> None:
         alarming: list[int] = []
         lines = self._encode(items, alarming)
+        self._deliver_lines(lines, alarming)
+
+    def _deliver_lines(self, lines: list[bytes], alarming: list[int]) -> None:
+        """Post ``lines`` or spool them behind a backlog; preview ``lines[i]`` for i in
+        ``alarming`` when they have to wait."""
         if self.misconfigured is not None:
             self._spool_lines(lines)  # counted as dropped: nothing will take them
             return

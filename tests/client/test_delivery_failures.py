@@ -198,6 +198,7 @@ def test_a_nan_step_is_previewed_even_when_the_queue_is_full(stopped_receiver, t
     steps = [r["step"] for r in stopped_receiver.of_kind("step")]
     assert sorted(steps) == list(range(201))
     assert stopped_receiver.arrivals[0] == ("preview", 200)
+    assert stopped_receiver.previews[0]["loss"] == "Infinity"
 
 
 def test_an_amp_overflow_step_is_not_previewed(stopped_receiver, tmp_path):
