@@ -147,8 +147,8 @@ def main() -> None:
     ap.add_argument("--outage", type=float, default=20.0)
     ap.add_argument("--client", type=Path, default=REPO / "client")
     ap.add_argument("--max-queue", type=int, default=10_000,
-                    help="the client's max_queue; a backlog logged faster than the sender "
-                         "spools it spills past the queue, out of order (see sender.py)")
+                    help="the client's max_queue (a backlog logged faster than the sender "
+                         "spools it waits in an overflow as long again, see sender.py)")
     args = ap.parse_args()
     t = measure(args.client, args.backlog, args.pad, args.outage, args.max_queue)
     print(f"client {args.client}, sidecar {REPO}: backlog {args.backlog} x {args.pad} B, "
