@@ -18,12 +18,18 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
                        GELU modules), the unmonitored step's post-hook, amortised over the
                        default interval; whole steps bare / monitored / unmonitored
 
+  origin               (issue 17) whole steps in the default configuration with and
+                       without the forward finite sums (one per leaf module), interleaved;
+                       the per-parameter norms' share of the sender thread's one host copy;
+                       and the bytes a step costs on the wire when the gate sends them
+
 and count host transfers made on the training thread by the hooks and log_step.
 
     python bench/client_overhead.py                # CPU, about 3-4 minutes on 2 cores
     python bench/client_overhead.py --device cuda  # the same on a GPU
     python bench/client_overhead.py --only-distributions   # bare step + distributions
     python bench/client_overhead.py --only-activations     # bare step + activation hooks
+    python bench/client_overhead.py --only-origin          # bare step + origin figures
 """
 
 from __future__ import annotations
@@ -306,6 +312,139 @@ def enqueue_latency(url, device, n=2000):
     return lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
 
 
+def origin_costs(model, opt, batch, device, reps, url) -> dict:
+    """Default configuration, finite sums on vs off, interleaved round by round; the
+    per-parameter norms in the host copy; their bytes on the wire when sent."""
+    import gzip
+
+    from monitor_client.stats import StatsPack
+
+    mon = Monitor(url=url, run_id="bench-origin", install_hooks=False, linger=0.2)
+    mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
+    flags = mon._finite
+    times = {"bare": [], "default_no_finite": [], "default": []}
+    step = 0
+
+    def monitored():
+        nonlocal step
+        step += 1
+        forward_backward(model, batch)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        mon.log_step(step, loss=1.0, tokens=batch.numel())
+
+    stats = mon._stats
+    for rnd in range(reps * 5 + 1):
+        for name in times:
+            stats.detach()
+            flags.detach()
+            if name != "bare":
+                stats.attach()
+            if name == "default":
+                flags.attach()
+            t = timed((lambda: bare_step(model, opt, batch)) if name == "bare" else monitored,
+                      device, 1)
+            if rnd:
+                times[name].append(t)
+    fwd = forward_finite_costs(model, batch, device, reps, flags)
+    mon.flush(30)
+    mon.close(timeout=30)
+    # The sender thread's one host copy, with and without the per-parameter norms.
+    forward_backward(model, batch)
+    grads = [p.grad for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+    norms = torch.stack(torch._foreach_norm(grads))
+
+    def copy(with_norms):
+        pack = StatsPack()
+        pack.add("grad_norm", torch.linalg.vector_norm(norms))
+        pack.add("loss", norms[0])
+        if with_norms:
+            pack.add("param_grad_norm", norms, layers=names)
+        return pack.decode(pack.vector().tolist())
+
+    copy_without = timed(lambda: copy(False), device, reps * 20)
+    copy_with = timed(lambda: copy(True), device, reps * 20)
+    from monitor_agent import wire
+
+    decoded = copy(True)["grad_norms"]
+    body = wire.dumps({"grad_norms": decoded})
+    return {**fwd, "origin_step_s": {k: statistics.median(v) for k, v in times.items()},
+            "origin_rounds": len(times["bare"]), "finite_modules": len(flags.names),
+            "copy_without_norms_s": copy_without, "copy_with_norms_s": copy_with,
+            "grad_norms_params": len(decoded), "grad_norms_bytes": len(body),
+            "grad_norms_gzip_bytes": len(gzip.compress(body))}
+
+
+@torch.no_grad()
+def forward_finite_costs(model, batch, device, reps, flags) -> dict:
+    """Forward passes with and without the finite hooks, interleaved; and the sums alone
+    (the kernels, replayed on the outputs the hooks saw, without Python hook dispatch)."""
+    times = {"forward": [], "forward_finite": []}
+    for rnd in range(reps * 10 + 1):
+        for name in times:
+            flags.detach()
+            if name == "forward_finite":
+                flags.attach()
+            t = timed(lambda: model(batch, labels=batch), device, 1)
+            flags._sums, flags._fired = [], []
+            if rnd:
+                times[name].append(t)
+    flags.detach()
+    outs = []
+    handles = [m.register_forward_hook(lambda m, a, o: outs.append(
+        (o[0] if isinstance(o, tuple) else o).detach())) for m in flags.modules]
+    model(batch, labels=batch)
+    for h in handles:
+        h.remove()
+    sums = timed(lambda: [o.sum(dtype=torch.float32) for o in outs], device, reps * 10)
+    # The hooks' own time, measured inside them (on CPU the sum runs synchronously).
+    spent = [0.0]
+
+    def clocked(hook):
+        def run(*args):
+            start = time.perf_counter()
+            hook(*args)
+            spent[0] += time.perf_counter() - start
+        return run
+
+    handles = [m.register_forward_hook(clocked(flags._hook(i)))
+               for i, m in enumerate(flags.modules)]
+    for _ in range(reps * 3):
+        model(batch, labels=batch)
+    for h in handles:
+        h.remove()
+    flags._sums, flags._fired = [], []
+    flags.attach()
+    return {"finite_hooks_inside_s": spent[0] / (reps * 3),"forward_s": statistics.median(times["forward"]),
+            "forward_finite_s": statistics.median(times["forward_finite"]),
+            "forward_rounds": len(times["forward"]), "finite_sums_only_s": sums,
+            "finite_elements": sum(o.numel() for o in outs)}
+
+
+def report_origin(f: dict) -> None:
+    s, bare = f["origin_step_s"], f["origin_step_s"]["bare"]
+    off, on = s["default_no_finite"], s["default"]
+    print(f"origin (issue 17), {f['origin_rounds']} interleaved rounds, medians: bare "
+          f"{bare * 1e3:.1f} ms; default config without finite sums {off * 1e3:.1f} ms "
+          f"({(off / bare - 1) * 100:+.2f}%); default config {on * 1e3:.1f} ms "
+          f"({(on / bare - 1) * 100:+.2f}%): the {f['finite_modules']} forward finite sums "
+          f"{(on / off - 1) * 100:+.2f}%")
+    fwd, fin = f["forward_s"], f["forward_finite_s"]
+    print(f"forward only, {f['forward_rounds']} interleaved rounds, medians: {fwd * 1e3:.1f} ms "
+          f"bare, {fin * 1e3:.1f} ms with the finite hooks ({(fin / fwd - 1) * 100:+.2f}%); "
+          f"the {f['finite_modules']} sums alone ({f['finite_elements'] / 1e6:.1f}M elements) "
+          f"{f['finite_sums_only_s'] * 1e3:.2f} ms = {f['finite_sums_only_s'] / bare * 100:.2f}% "
+          f"of the bare step; measured inside the hooks (dispatch + sum) "
+          f"{f['finite_hooks_inside_s'] * 1e3:.2f} ms = "
+          f"{f['finite_hooks_inside_s'] / bare * 100:.2f}% of the bare step")
+    print(f"per-parameter grad norms ({f['grad_norms_params']} params): in the sender's host "
+          f"copy {f['copy_with_norms_s'] * 1e6:.0f} us vs {f['copy_without_norms_s'] * 1e6:.0f} "
+          f"us without (off the training thread; on it: one list append); on the wire "
+          f"{f['grad_norms_bytes']} B JSON ({f['grad_norms_gzip_bytes']} B gzip) on a step the "
+          f"gate sends them (non-finite or > 2x the median global norm), 0 B otherwise")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="client overhead on a 124M GPT-2-shaped model")
     p.add_argument("--device", default="cpu")
@@ -317,6 +456,8 @@ def main() -> None:
                    help="measure only the bare step and the activation statistics")
     p.add_argument("--only-distributions", action="store_true",
                    help="measure only the bare step and the distribution statistics")
+    p.add_argument("--only-origin", action="store_true",
+                   help="measure only the bare step and the origin figures (issue 17)")
     args = p.parse_args()
     device = torch.device(args.device)
     url = start_sink()
@@ -324,6 +465,10 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
     bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
+    origin = origin_costs(model, opt, batch, device, args.reps, url)
+    if args.only_origin:
+        report_origin(origin)
+        return
     acts = activation_costs(model, opt, batch, device, args.reps)
     if args.only_activations:
         report_activations({"bare_step_s": bare, **acts}, n_params, device)
@@ -338,12 +483,13 @@ def main() -> None:
     figures = {"device": str(device), "n_params": n_params, "batch": args.batch,
                "seq": args.seq, "threads": torch.get_num_threads(), "bare_step_s": bare,
                "layer_stats_every": DEFAULT_LAYER_STATS_EVERY,
-               **hooks, **dist, **acts, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
+               **hooks, **dist, **acts, **origin, "monitored_step_s": steps, "log_step_p50_us": p50 * 1e6,
                "log_step_p99_us": p99 * 1e6,
                "host_transfers_on_training_thread": transfer_count(model, opt, batch)}
     report(figures)
     report_distributions(figures, n_params, device)
     report_activations(figures, n_params, device)
+    report_origin(figures)
     if args.json:
         print(json.dumps(figures, indent=2))
 

@@ -46,6 +46,13 @@ def heatmaps(g: Grid) -> list[Json]:
             unit="none", pos=g.place(24, 12), scheme="RdYlGn",
             description="log10 of ||update|| / ||param||: about -3 is healthy; -15 is an "
                         "exactly zero update (a frozen or dead layer)."),
+        heatmap("Effective learning rate by layer (log10)", [target(
+            f"log10(clamp_min(training_layer_effective_learning_rate{{{SEL}}}, {FLOOR}))",
+            "{{layer}}")],
+            unit="none", pos=g.place(24, 12), scheme="RdYlBu",
+            description="log10 of ||update|| / ||clipped gradient|| per parameter: the step "
+                        "the optimizer took per unit of gradient. One layer far from the "
+                        "rest is one the optimizer amplifies or damps on its own."),
     ]
 
 

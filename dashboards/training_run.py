@@ -80,7 +80,15 @@ def loss_and_gradients(g: Grid) -> list[Json]:
         ], unit="none", pos=g.place(12, 8),
             description="Training loss, its bias-corrected EMA, and the latest validation loss."),
         timeseries("Learning rate", [target(f"training_learning_rate{{{SEL}}}", "rank {{rank}}")],
-                   unit="sci", pos=g.place(12, 8)),
+                   unit="sci", pos=g.place(6, 8)),
+        timeseries("Effective learning rate", [
+            target(f"training_effective_learning_rate{{{SEL}}}", "effective rank {{rank}}"),
+            target(f"training_learning_rate{{{SEL}}}", "nominal rank {{rank}}"),
+        ], unit="sci", log=10, pos=g.place(6, 8),
+            description="||update|| / ||clipped gradient|| (layer-statistics steps) beside the "
+                        "nominal lr: equal for plain SGD; Adam's is lr over the gradient's "
+                        "scale. A sudden gap that stays is the optimizer amplifying or damping "
+                        "(warning effective_lr_shift)."),
         timeseries("Gradient norm (before clipping)", [
             target(f"training_grad_norm{{{SEL}}}", "grad norm rank {{rank}}"),
             target(f"max(training_grad_clip_threshold{{{SEL}}})", "clip threshold"),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent import metric_names as n
@@ -132,7 +133,9 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
         n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
+        n.EFFECTIVE_LR,
         *(g for g, _ in LAYER_GAUGES),
+        n.LAYER_EFFECTIVE_LR,
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.FINDINGS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
@@ -263,6 +266,7 @@ class RunRenderer:
             for metric, getter in STEP_GAUGES:
                 self.add(metric.name, labels, getter(rec))
         self.add(n.LOSS_EMA.name, labels, state.loss_ema)
+        self.add(n.EFFECTIVE_LR.name, labels, state.last_effective_lr)
         self.add(n.LAST_STEP.name, labels, state.last_step if state.last_step >= 0 else None)
         for metric, attr in RANK_COUNTERS:
             self.add(metric.name + "_total", labels, getattr(state, attr))
@@ -341,6 +345,18 @@ class RunRenderer:
                 out_u.append(f"{fam_u}{{{lab}}} {fmt(u_l[i] / p_l[i])}\n")
             if m_zero[i]:
                 out_z.append(f"{fam_z}{{{lab}}} {fmt(z_l[i])}\n")
+        self._layer_effective_lr(labels, table, limit, state.last_layers_clip)
+
+    def _layer_effective_lr(self, labels: str, table: Any, limit: int, clip: float) -> None:
+        # ||update|| / ||clipped grad|| per parameter, where both were measured.
+        grad, upd = table.stats["grad_norm"][:limit], table.stats["update_norm"][:limit]
+        ok = (table.measured["update_norm"][:limit] & table.measured["grad_norm"][:limit]
+              & np.isfinite(grad) & (grad > 0))
+        fam = n.LAYER_EFFECTIVE_LR.name
+        out = self.out.setdefault(fam, [])
+        for i in np.flatnonzero(ok).tolist():
+            lab = f'{labels},layer="{escape(table.names[i])}"'
+            out.append(f"{fam}{{{lab}}} {fmt(upd[i] / (grad[i] * clip))}\n")
 
     def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
         # One series per (layer, quantile); capped by max_layers like the other layer gauges.

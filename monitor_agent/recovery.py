@@ -82,6 +82,8 @@ def _reload_latest(engine: Engine, run: RunState) -> None:
         if last is not None:
             state.last = last
             state.last_layers = state.last.layers
+            state.last_layers_clip = state.last.clip_coef
+            state.last_effective_lr = state.last.effective_lr
             state.last_activations = state.last.activations
             # Only when the latest step was a hist step; otherwise from the next one on.
             state.last_grad_quantiles = state.last.grad_quantiles

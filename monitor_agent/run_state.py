@@ -38,6 +38,8 @@ class RankState:
     last_activations: ActivationTable | None = None  # of the latest monitored step
     last_grad_quantiles: QuantileTable | None = None  # of the latest hist step
     last_param_quantiles: QuantileTable | None = None
+    last_effective_lr: float | None = None  # of the latest step that had an update norm
+    last_layers_clip: float = 1.0  # what clipping multiplied last_layers' gradients by
     last_step: int = -1
     last_eval_step: int = -1
     last_arrival: float = 0.0
@@ -114,6 +116,9 @@ class RunState:
             dataclasses.replace(record, grad_hist=None, param_hist=None)
         if record.layers is not None:
             state.last_layers = record.layers
+            state.last_layers_clip = record.clip_coef
+        if record.effective_lr is not None:
+            state.last_effective_lr = record.effective_lr
         if record.activations is not None:
             state.last_activations = record.activations
         if record.grad_quantiles is not None:

@@ -85,6 +85,7 @@ class LayerModel(TypedDict, total=False):
 
 
 MAX_ACTIVATION_MODULES = 4096
+MAX_NAMED_MODULES = 64
 
 
 class ActivationModel(TypedDict, total=False):
@@ -176,6 +177,12 @@ class StepModel(_Wire):
     activations: Annotated[
         dict[Name, ActivationModel], Field(max_length=MAX_ACTIVATION_MODULES)
     ] | None = None
+    # Where a fault started (issue 17): per-parameter pre-clip grad norms on the steps the
+    # client's gate keeps (non-finite or far above its median), and the modules whose
+    # forward output was non-finite, in forward order (first = where it appeared).
+    grad_norms: Annotated[dict[Name, Num], Field(max_length=MAX_LAYERS)] | None = None
+    nonfinite_modules: Annotated[list[Name], Field(max_length=MAX_NAMED_MODULES)] | None = None
+    nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None
 
     @model_validator(mode="after")
     def _budgets(self) -> StepModel:
@@ -220,6 +227,12 @@ class StepModel(_Wire):
             if self.param_hist else None,
             activations=t.ActivationTable.from_mapping(self.activations)
             if self.activations else None,
+            grad_norms=t.LayerTable.from_mapping(
+                {n: {"grad_norm": v} for n, v in self.grad_norms.items()})
+            if self.grad_norms else None,
+            nonfinite_modules=tuple(self.nonfinite_modules)
+            if self.nonfinite_modules else None,
+            nonfinite_module_count=self.nonfinite_module_count,
         )
 
 

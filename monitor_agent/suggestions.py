@@ -178,3 +178,16 @@ GRAD_DIST_SHIFTED = (
     "pushed in one direction (a bias compensating for a data or normalisation shift).",
     "Check input normalisation and the label distribution of recent batches.",
 )
+EFFECTIVE_LR_AMPLIFIED = (
+    "The optimizer now takes far larger steps per unit of gradient than it did: with Adam-"
+    "family optimizers, check eps (too small lets a near-zero second moment blow a step up) "
+    "and whether the optimizer state was reset or reloaded wrongly on a resume.",
+    "Check every param group's lr and the scheduler: the reported lr is the first group's.",
+    "Lower the learning rate or enable gradient clipping until the ratio is back in its band.",
+)
+EFFECTIVE_LR_DAMPED = (
+    "The optimizer now takes far smaller steps per unit of gradient than it did: check for a "
+    "second moment inflated by a few huge gradients (Adam's v decays over 1/(1-beta2) steps).",
+    "Check weight decay, gradient accumulation scaling and any per-group lr the scheduler sets.",
+    "If it is deliberate (a schedule the reported lr does not show), silence this warning.",
+)

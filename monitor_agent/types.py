@@ -235,6 +235,13 @@ class StepRecord:
     grad_quantiles: QuantileTable | None = None
     param_quantiles: QuantileTable | None = None
     activations: ActivationTable | None = None
+    # Per-parameter grad norms of a step that is not a monitored one (the client sends
+    # them when the global norm is non-finite or far above its median); grad_norm only.
+    grad_norms: LayerTable | None = None
+    # Modules whose forward output was non-finite, in forward order (the first is where
+    # the forward pass broke), and how many there were in all.
+    nonfinite_modules: tuple[str, ...] | None = None
+    nonfinite_module_count: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "step"
 
@@ -243,6 +250,28 @@ class StepRecord:
         if self.update_norm is None or not self.param_norm:
             return None
         return self.update_norm / self.param_norm
+
+    @property
+    def layer_grads(self) -> LayerTable | None:
+        """The per-parameter grad norms this step has: the full table or the gated ones."""
+        return self.layers if self.layers is not None else self.grad_norms
+
+    @property
+    def clip_coef(self) -> float:
+        """What clipping multiplied the gradient by (1.0 when it did not bite)."""
+        g, c = self.grad_norm, self.clip_threshold
+        if g is None or c is None or c <= 0 or not (g > c):
+            return 1.0
+        return c / (g + 1e-6)
+
+    @property
+    def effective_lr(self) -> float | None:
+        """||update|| / ||clipped gradient||: the step size the optimizer really took per
+        unit of gradient (SGD: the lr; Adam: lr over the gradient's RMS scale)."""
+        g = self.grad_norm
+        if self.update_norm is None or g is None or not g > 0 or g == float("inf"):
+            return None
+        return self.update_norm / (g * self.clip_coef)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,10 @@ What it does, and why:
   ``take_over_clipping=False`` leaves the Trainer's clipping alone (grad norms are then
   post-clip). With DeepSpeed or FSDP the Trainer's own clipping is kept regardless.
 - Tokens and samples are counted from ``input_ids`` shapes (no device sync).
+- Labels that count (not ``-100``, the ignore index of transformers' losses) are counted
+  per micro-batch on the device; the fewest of the step goes out as ``min_label_count``
+  with the step's one host copy, and a batch with none (every label masked: a mean loss of
+  0/0 = NaN, a classic source of a NaN loss) is warned about in the training log.
 - Actions from alert rules are honoured after each step: ``stop`` sets
   ``control.should_training_stop`` (the run ends ``stopped``), ``checkpoint`` sets
   ``control.should_save``.
@@ -27,6 +31,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from monitor_client.monitor import Monitor
+
+IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 
 
 class MonitorCallback(TrainerCallback):
@@ -45,6 +51,7 @@ class MonitorCallback(TrainerCallback):
         self._losses: list[Any] = []
         self._sum_losses = False
         self._tokens = self._samples = 0
+        self._label_counts: list[Any] = []
         self._restore_clip: float | None = None
         self._handles: list[Any] = []
 
@@ -69,6 +76,9 @@ class MonitorCallback(TrainerCallback):
         if module.training and hasattr(ids, "shape") and len(ids.shape) >= 1:
             self._tokens += ids.numel()
             self._samples += ids.shape[0]
+        labels = kwargs.get("labels")
+        if module.training and hasattr(labels, "ne") and labels.numel():
+            self._label_counts.append(labels.ne(IGNORE_INDEX).sum())  # stays on the device
 
     def _capture_loss(self, module, args, kwargs, output):
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
@@ -83,9 +93,13 @@ class MonitorCallback(TrainerCallback):
         if self._losses:
             stacked = torch.stack(self._losses)
             loss = stacked.sum() if self._sum_losses else stacked.mean()
+        extra = {}
+        if self._label_counts:
+            extra["min_label_count"] = torch.stack(self._label_counts).min()
         self.monitor.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
-                              samples=self._samples or None)
+                              samples=self._samples or None, **extra)
         self._losses, self._tokens, self._samples = [], 0, 0
+        self._label_counts = []
         if self.monitor.should_stop():
             control.should_training_stop = True
         if self.monitor.should_checkpoint():

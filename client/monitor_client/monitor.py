@@ -29,8 +29,10 @@ from monitor_client import run_info
 from monitor_client.actions import ActionInbox
 from monitor_client.counters import Counters
 from monitor_client.exit_hooks import ExitHooks, outcome_of
+from monitor_client.gate import NormGate
 from monitor_client.memory import CpuMemory, memory_probe
 from monitor_client.pending import PendingStep, Probes
+from monitor_client.preflight import Preflight
 from monitor_client.sender import Sender
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport
@@ -102,6 +104,7 @@ class Monitor:
         self._model_info: dict[str, Any] = {}
         self._hardware = run_info.describe_hardware("cpu", self.info, None)
         self._stats = self._optimizer = self._scaler = self._acts = None
+        self._finite = self._preflight = None
         self._run_sent = self._closed = False
         self._last_step, self._outcome = 0, ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
@@ -140,7 +143,7 @@ class Monitor:
               hist_every: int | None = None, pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
               sharded: bool = False, activations: Any = False,
               activation_every: int | None = None,
-              max_activation_modules: int | None = None) -> None:
+              max_activation_modules: int | None = None, finite_flags: bool = True) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
@@ -152,6 +155,10 @@ class Monitor:
         those modules every ``activation_every`` steps (default: the layer interval); see
         ``activations.py``. Every ``hist_every`` steps (default: the Monitor's, 50; 0 for
         never) gradient and weight quantiles and histograms are added (``distributions.py``).
+        ``finite_flags`` (on by default) sums every leaf module's output each step so a NaN
+        page names the module where the forward pass went non-finite (``finite.py``).
+        Once, after the first step, the run's memory need is checked against the device
+        (``preflight.py``).
         """
         if not self.active:
             return
@@ -173,7 +180,11 @@ class Monitor:
         peak, dtype = model_info.resolve_peak_flops(param, peak_flops, compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
                               flops_per_token=flops_per_token or flops.flops_per_token(
-                                  model, seq_len), peak_flops=peak, world_size=self.world_size)
+                                  model, seq_len), peak_flops=peak, world_size=self.world_size,
+                              gate=NormGate(), on_host=self._on_host)
+        self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
+        if finite_flags:
+            self._watch_finite(model)
         self._hardware = run_info.describe_hardware(param.device, self.info, peak)
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if sharded else "global")
@@ -196,6 +207,27 @@ class Monitor:
         if self._acts.skipped:
             self._warner.warn("activations", "%d modules beyond max_activation_modules=%d "
                               "are not hooked", self._acts.skipped, len(self._acts.names))
+
+    def _watch_finite(self, model: Any) -> None:
+        from monitor_client.finite import FiniteFlags
+
+        if self._finite is not None:
+            self._finite.detach()
+        self._finite = FiniteFlags(model).attach()
+        if self._finite.skipped:
+            self._warner.warn("finite", "%d leaf modules beyond the first %d get no "
+                              "finite check", self._finite.skipped, len(self._finite.names))
+
+    def _warn_preflight(self, message: str) -> None:
+        self._warner.warn("preflight", "%s", message)
+
+    def _on_host(self, record: dict[str, Any]) -> None:
+        """Checks on a step's host numbers (sender thread): a batch with no label that
+        counts (HF: every label -100) makes a mean loss 0/0 = NaN."""
+        if record.pop("min_label_count", None) == 0:  # a client-side check, not sent
+            self._warner.warn("labels", "step %s: a batch has no label that counts (every "
+                              "label is -100/masked); its mean loss is 0/0 = NaN. Check the "
+                              "collator's masking and the max length", record.get("step"))
 
     def _gpu(self, device: Any) -> Any:
         if self._gpu_choice != "auto":
@@ -249,6 +281,14 @@ class Monitor:
         pack = stats.take() if stats is not None else StatsPack()
         if self._acts is not None:
             self._acts.add_to(pack)
+        if self._finite is not None:
+            self._finite.add_to(pack)
+        if pack.stepped and self._preflight is not None and not self._preflight.done:
+            self._preflight.after_first_step(self._optimizer)
+        for name, value in list(record.items()):  # device values among the extra fields
+            if name != "loss" and _is_tensor(value):
+                pack.add(name, value)
+                record[name] = None
         if stats is not None:
             record["clip_threshold"] = stats.grad_clip
             if not pack.stepped:
@@ -363,6 +403,8 @@ class Monitor:
             self._stats.detach()
         if self._acts is not None:
             self._acts.detach()
+        if self._finite is not None:
+            self._finite.detach()
         self._send_run()
         self._sender.submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
                              "time": time.time(), "rank": self.rank, "status": status,

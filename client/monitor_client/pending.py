@@ -27,6 +27,8 @@ class Probes:
     flops_per_token: float | None = None
     peak_flops: float | None = None
     world_size: int = 1
+    gate: Any = None             # NormGate: which steps keep their per-parameter norms
+    on_host: Any = None          # callable(record) after the host copy (pre-flight checks)
 
 
 @dataclass
@@ -45,9 +47,20 @@ class PendingStep:
             for key, value in decoded.items():
                 if record.get(key) is None:
                     record[key] = value
+        self._gate(record)
+        if self.probes.on_host is not None:
+            self.probes.on_host(record)
         self._derive(record)
         self._read_probes(record)
         return record
+
+    def _gate(self, record: dict[str, Any]) -> None:
+        # Monitored steps carry them in ``layers``; elsewhere only when they matter.
+        norms = record.pop("grad_norms", None)
+        gate = self.probes.gate
+        keep = gate.keep(record.get("grad_norm")) if gate is not None else False
+        if norms and keep and "layers" not in record:
+            record["grad_norms"] = norms
 
     def _derive(self, record: dict[str, Any]) -> None:
         tokens, step_time = record.get("tokens"), record.get("step_time")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from monitor_client import activations, distributions
+from monitor_client import activations, distributions, finite
 
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
 _HIST_FIELDS = ("grad_hist", "param_hist")
@@ -65,6 +65,11 @@ class StatsPack:
         self.values.append(value)
         self.layout.append((name, tuple(layers) if layers is not None else None,
                             value.numel()))
+
+    def add_each(self, name: str, values: list[torch.Tensor], layers: list[str]) -> None:
+        """One 0-d tensor per name (e.g. a forward hook's flag), stacked off-thread."""
+        self.values.extend(values)
+        self.layout.append((name, tuple(layers), len(values)))
 
     def vector(self) -> torch.Tensor | None:
         """Everything as one float32 vector on the host: THE device sync of a step.
@@ -96,6 +101,10 @@ class StatsPack:
                 out[name] = distributions.decode_rows(names, chunk, bins)
             elif name == "activation":  # one module's output (activations.py)
                 out.setdefault("activations", {})[names[0]] = activations.decode(names, chunk)
+            elif name == "param_grad_norm":  # every step; gate.py decides if it is sent
+                out["grad_norms"] = dict(zip(names, chunk, strict=True))
+            elif name == "output_sum":  # finite.py: forward order, one sum per module
+                out.update(finite.decode(names, chunk))
             elif layers is not None:
                 _fill_layers(layers, name, names, chunk)
         if layers is not None:
@@ -245,6 +254,9 @@ class GradStats:
         norms = _norms(grads)
         total = self._global_from(norms)
         self._pack.add("grad_norm", total)
+        # The per-parameter norms the global one is made of: free, and read with the same
+        # host copy; the sender decides whether they go out (gate.py).
+        self._pack.add("param_grad_norm", norms, layers=names)
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)
             self._pack.add("layer_grad", _grad_moments(grads, norms), layers=names)

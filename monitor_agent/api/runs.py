@@ -71,6 +71,8 @@ def _run_detail(engine: Engine, alerting: Any, run_id: str) -> dict[str, Any]:
 def _rank_view(run: RunState, state: RankState) -> dict[str, Any]:
     rec, ev = state.last, state.last_eval
     latest = {k: getattr(rec, k) for k in _LATEST} if rec is not None else {}
+    if rec is not None:  # of the latest step with an update norm, not only the last step
+        latest["effective_lr"] = state.last_effective_lr
     view: dict[str, Any] = {
         "last_step": state.last_step,
         "steps_total": state.steps_total,

@@ -34,6 +34,8 @@ USUAL_SEVERITY: dict[str, Severity] = {
     "dead_units": Severity.WARNING,
     "activation_blowup": Severity.ERROR,
     "grad_distribution": Severity.WARNING,
+    # Issue 17: the optimizer's step per unit of gradient left its own band.
+    "effective_lr_shift": Severity.WARNING,
 }
 
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)

@@ -33,6 +33,9 @@ several steps in a row, because one bad batch rises once and falls back:
   optimizer applies again on every step: judged at once (the earliest warning there is,
   steps before the loss moves).
 
+Every finding names the parameter whose gradient norm left its own band first, when one
+has (``layer_bands.py``): ``first_layer_out`` and the order in the evidence.
+
 Example::
 
     det = DivergenceDetector(settings, ctx)
@@ -48,6 +51,7 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.layer_bands import LayerBands, locate
 from monitor_agent.detectors.nan_inf import amp_overflow
 from monitor_agent.detectors.stats import MAD_TO_SIGMA, Window, finite, median
 from monitor_agent.types import Finding, StepRecord
@@ -71,6 +75,7 @@ class DivergenceState:
     best_level: float | None = None  # the lowest full earlier-window median (log)
     best_step: int | None = None
     jumps: int = 0
+    bands: LayerBands = field(default_factory=LayerBands)
 
 
 class DivergenceDetector(DetectorBase):
@@ -89,8 +94,11 @@ class DivergenceDetector(DetectorBase):
     def on_step(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         if amp_overflow(rec):
             return []
+        if rec.layer_grads is not None:
+            st.bands.update(self.ctx.align(rec.layer_grads), rec.step)
         if not finite(rec.loss):
-            return self._ran_off(rec, st) if rec.loss is not None else []
+            found = self._ran_off(rec, st) if rec.loss is not None else []
+            return locate(found, st.bands, self.ctx)
         self._fold_loss(rec, st)
         found = self._jump(rec, st)
         found = self._fast(rec, st) or self._level(rec, st) or found
@@ -98,7 +106,7 @@ class DivergenceDetector(DetectorBase):
         if finite(rec.grad_norm) and rec.grad_norm > 0:
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
-        return found
+        return locate(found, st.bands, self.ctx)
 
     def _fold_loss(self, rec: StepRecord, st: DivergenceState) -> None:
         if len(st.first) < self.settings.min_history_steps:

@@ -15,6 +15,9 @@ Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space)
 ``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the
 explosion does not become its own baseline).
 
+The global finding names the parameter that left its own band first (``layer_bands.py``):
+where to look, in the page and as ``first_layer_out`` in the evidence.
+
 Warmup-aware: while the learning rate warms up, large gradient norms are normal, so the
 ratio floors are multiplied by ``explosion_warmup_factor``. Overflow steps of a loss scaler
 are not gradients and are skipped.
@@ -34,6 +37,7 @@ import numpy as np
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.layer_bands import LayerBands, locate
 from monitor_agent.detectors.layer_stats import LayerEma, grown
 from monitor_agent.detectors.nan_inf import amp_overflow
 from monitor_agent.detectors.stats import Window, finite
@@ -50,6 +54,7 @@ class ExplosionState:
     streak_min_ratio: float = math.inf
     layers: LayerEma = field(default_factory=LayerEma)
     layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bands: LayerBands = field(default_factory=LayerBands)
 
 
 class GradExplosionDetector(DetectorBase):
@@ -63,7 +68,9 @@ class GradExplosionDetector(DetectorBase):
     def on_step(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         if amp_overflow(rec):
             return []
-        found = self._global(rec, st)
+        if rec.layer_grads is not None:
+            st.bands.update(self.ctx.align(rec.layer_grads), rec.step)
+        found = locate(self._global(rec, st), st.bands, self.ctx)
         if rec.layers is not None:
             layer_found = self._per_layer(rec, st)
             found = found or layer_found

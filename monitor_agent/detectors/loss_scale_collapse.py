@@ -7,6 +7,10 @@ the scaler has run ``loss_scale_settle_steps`` clean steps, a scale
 ``loss_scale_halvings`` halvings below its recent maximum, a scale under
 ``loss_scale_floor``, or ``loss_scale_max_skipped`` skipped steps in a row is a collapse.
 
+Where the overflows start: on a skipped step the client sends the per-parameter norms of
+the unscaled gradients; the first non-finite one in backward order (output side first) of
+the latest overflow is named (``overflow_origin``), a layer that overflows on its own.
+
 Example::
 
     LossScaleCollapseDetector(settings, ctx).update(step)  # -> [Finding("loss scale 4096 ...")]
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.nan_inf import amp_overflow, nonfinite_params
 from monitor_agent.detectors.stats import Window, finite
 from monitor_agent.types import Finding, StepRecord
 
@@ -31,6 +35,7 @@ class ScaleState:
     clean: int = 0
     consecutive_skipped: int = 0
     skipped_total: int = 0
+    overflow_origin: str | None = None  # first non-finite unscaled grad, latest overflow
 
 
 class LossScaleCollapseDetector(DetectorBase):
@@ -55,7 +60,11 @@ class LossScaleCollapseDetector(DetectorBase):
         halvings = math.log2(peak / scale) if scale > 0 and peak > 0 else math.inf
         msg = (f"loss scale {fmt(scale)} is {halvings:.0f} halvings below its recent "
                f"{fmt(peak)} ({reason}); {st.skipped_total} steps skipped so far")
-        evidence = {"loss_scale": scale, "recent_max": peak, "halvings": halvings,
+        if st.overflow_origin is not None:
+            msg += (f"; the latest overflow's first non-finite gradient (output side): "
+                    f"{st.overflow_origin}")
+        evidence = {"overflow_origin": st.overflow_origin, "loss_scale": scale,
+                    "recent_max": peak, "halvings": halvings,
                     "skipped_total": st.skipped_total,
                     "consecutive_skipped": st.consecutive_skipped, "loss": rec.loss}
         return [self.finding(rec, msg, value=scale, threshold=peak, evidence=evidence,
@@ -63,6 +72,9 @@ class LossScaleCollapseDetector(DetectorBase):
 
     def _count(self, rec: StepRecord, st: ScaleState) -> None:
         if amp_overflow(rec):
+            bad = nonfinite_params(self.ctx, rec)
+            if bad:
+                st.overflow_origin = bad[0]
             st.skipped_total += 1
             st.consecutive_skipped += 1
             st.clean = 0

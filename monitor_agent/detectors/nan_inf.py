@@ -4,10 +4,24 @@ Mixed precision is respected: on a step the loss scaler skipped (``skipped`` or 
 loss with an infinite gradient under a loss scale) the non-finite gradient is the scaler
 working, not a fault. The suggestion depends on what preceded the NaN.
 
-``non_finite`` is the rule itself, a pure function of one record: the detector applies it
-to every step in order, and the sidecar's preview route (api/preview.py) applies it, via
-``NanInfDetector.preview``, to a NaN step that arrives ahead of its backlog, so the page
-need not wait for the history to be replayed.
+The finding names where it started (issue 17):
+
+* forward pass (the loss is non-finite): a NaN born in the forward pass poisons every
+  gradient, so the gradients cannot say where; the client's per-module output check
+  (``nonfinite_modules``, forward order) can: the first module listed is named.
+* backward pass (the loss is finite, gradients are not): a NaN born in the backward pass
+  reaches the parameters on the input side of where it appeared and leaves the output
+  side finite, so the first non-finite gradient in backward order (output side first, the
+  run's ``layer_order`` reversed) is named, with how many parameters are non-finite. The
+  per-parameter norms come from a monitored step's ``layers`` or, on any other step, from
+  ``grad_norms``, which the client sends whenever the global norm is non-finite.
+* a step the loss scaler skipped pages nothing; its origin (from the unscaled gradients)
+  is kept and shown as ``last_overflow_origin`` in the next finding's evidence.
+
+``non_finite_fields`` is the rule itself, a pure function of one record: the detector
+applies it to every step in order, and the sidecar's preview route (api/preview.py)
+applies it, via ``NanInfDetector.preview``, to a NaN step that arrives ahead of its
+backlog, so the page need not wait for the history to be replayed.
 
 Example::
 
@@ -17,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -25,7 +40,7 @@ import numpy as np
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase
 from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import EvalRecord, Finding, StepRecord
+from monitor_agent.types import EvalRecord, Finding, LayerTable, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
 _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
@@ -35,6 +50,7 @@ _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
 class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
     streak: int = 0  # consecutive steps with a non-finite value
+    overflow_origin: str | None = None  # first non-finite unscaled grad of the last skip
 
 
 def amp_overflow(rec: StepRecord) -> bool:
@@ -44,20 +60,11 @@ def amp_overflow(rec: StepRecord) -> bool:
     return rec.loss_scale is not None and finite(rec.loss) and not finite(rec.grad_norm)
 
 
-def non_finite(rec: StepRecord) -> tuple[list[str], np.ndarray | None]:
-    """What makes ``rec`` a nan_inf finding: its non-finite global fields, and a mask of the
-    layers with a non-finite measured statistic (None when there are none). On an AMP
-    overflow step only a non-finite loss counts: inf gradients are the scaler working."""
-    overflow = amp_overflow(rec)
+def non_finite_fields(rec: StepRecord) -> list[str]:
+    """The global fields that make ``rec`` a nan_inf finding. On an AMP overflow step only
+    a non-finite loss counts: inf gradients are the loss scaler working."""
     bad = [f for f in _GLOBAL_FIELDS if _nonfinite(getattr(rec, f))]
-    if overflow:
-        return [f for f in bad if f == "loss"], None
-    if rec.layers is None:
-        return bad, None
-    mask = np.zeros(len(rec.layers), dtype=bool)
-    for stat in _LAYER_STATS:
-        mask |= ~np.isfinite(rec.layers.stats[stat]) & rec.layers.measured[stat]
-    return bad, mask if mask.any() else None
+    return [f for f in bad if f == "loss"] if amp_overflow(rec) else bad
 
 
 class NanInfDetector(DetectorBase):
@@ -74,8 +81,12 @@ class NanInfDetector(DetectorBase):
         return NanState()
 
     def on_step(self, rec: StepRecord, st: NanState) -> list[Finding]:
-        bad, mask = non_finite(rec)
-        layers = self._bad_layers(rec, mask)
+        bad = non_finite_fields(rec)
+        layers = self._bad_layers(rec)
+        if amp_overflow(rec):
+            if layers:
+                st.overflow_origin = layers[0]
+            layers = layers if bad else []
         if not bad and not layers:
             st.streak = 0
             if finite(rec.grad_norm) and rec.grad_norm > 0:
@@ -89,19 +100,22 @@ class NanInfDetector(DetectorBase):
 
     def preview(self, rec: StepRecord) -> Finding | None:
         """The finding ``rec`` would bring were it the rank's next step, changing no state
-        (neither the streak, nor the repeat clock, nor the run context); None when it is
-        not non-finite. For a page ahead of a backlog: the in-order copy of ``rec`` is
-        judged by ``update`` when it arrives, and that finding is the one stored.
+        (neither the streak, nor the repeat clock, nor the run context); None when no
+        global field is non-finite. For a page ahead of a backlog: the in-order copy of
+        ``rec`` is judged by ``update`` when it arrives, and that finding is the one stored.
 
-        Only a non-finite global field (loss, norms) is previewed: a finding about layers
-        alone names its layer in depth order, which needs the run's layer context, and
-        the alert's identity may include that layer."""
-        bad, mask = non_finite(rec)
+        A finding about parameters alone is not previewed: it names its layer, in the
+        run's backward order, which needs the run's layer context (and the layer may be
+        part of the alert's identity). Parameters named in a previewed message are in the
+        record's own order, reversed; the in-order finding replaces it on the alert."""
+        bad = non_finite_fields(rec)
         if not bad:
             return None
-        layers = [rec.layers.names[c] for c in np.flatnonzero(mask)] if mask is not None else []
+        table = rec.layer_grads
+        mask = _nonfinite_mask(table) if table is not None else None
+        layers = [] if mask is None else [table.names[c] for c in np.flatnonzero(mask)[::-1]]
         st = self.ranks.get(rec.rank) or self.new_rank()
-        ahead = NanState(grads=st.grads, streak=st.streak + 1)  # read only: a shallow copy
+        ahead = dataclasses.replace(st, streak=st.streak + 1)  # read only: grads shared
         return self._finding(rec, ahead, bad, layers)
 
     def on_eval(self, rec: EvalRecord, st: NanState) -> list[Finding]:
@@ -110,25 +124,29 @@ class NanInfDetector(DetectorBase):
         msg = f"val_loss is {rec.val_loss} at step {rec.step}"
         return [self.finding(rec, msg, value=rec.val_loss, suggestions=tips.NAN_SUDDEN)]
 
-    def _bad_layers(self, rec: StepRecord, mask: np.ndarray | None) -> list[str]:
-        """Names of the masked layers, in depth order."""
-        if mask is None or rec.layers is None:
-            return []
-        view = self.ctx.align(rec.layers)
-        ordered = [int(c) for c in view.order if mask[c]]
-        rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
-        return [rec.layers.names[c] for c in ordered + rest]
+    def _bad_layers(self, rec: StepRecord) -> list[str]:
+        return nonfinite_params(self.ctx, rec)
 
     def _finding(
         self, rec: StepRecord, st: NanState, bad: list[str], layers: list[str]
     ) -> Finding:
         parts = [f"{f} is {getattr(rec, f)}" for f in bad]
-        if layers:
-            parts.append(f"{len(layers)} parameter(s) non-finite, first {layers[0]}")
+        origin, where, pass_ = _origin(rec, bad, layers)
+        if where:
+            parts.append(where)
         growth = self._growth(st)
-        evidence = {"non_finite_fields": ",".join(bad), "non_finite_layers": len(layers),
+        table = rec.layer_grads
+        # Where it started comes first: a page shows the first dozen items.
+        evidence = {"pass": pass_, "origin": origin, "non_finite_fields": ",".join(bad),
+                    "non_finite_modules": rec.nonfinite_module_count,
+                    "non_finite_layers": len(layers),
+                    "parameters_measured": len(table) if table is not None else None,
                     "consecutive_steps": st.streak,
-                    "first_layer": layers[0] if layers else None, "grad_norm_growth": growth}
+                    # Backward order says nothing when the forward pass poisoned them all.
+                    "first_layer": layers[0] if layers and pass_ != "forward" else None,
+                    "grad_norm_growth": growth}
+        if st.overflow_origin is not None:
+            evidence["last_overflow_origin"] = st.overflow_origin
         return self.finding(
             rec, "; ".join(parts) + f" at step {rec.step}",
             value=rec.loss if "loss" in bad else rec.grad_norm,
@@ -152,6 +170,52 @@ class NanInfDetector(DetectorBase):
         if rec.loss_scale is not None:
             return tips.NAN_FP16 + tips.NAN_SUDDEN
         return tips.NAN_SUDDEN
+
+
+def nonfinite_params(ctx, rec: StepRecord) -> list[str]:
+    """Non-finite parameters in backward order: output side first (see module docstring)."""
+    table = rec.layer_grads
+    if table is None:
+        return []
+    view = ctx.align(table)
+    mask = _nonfinite_mask(table)
+    if mask is None:
+        return []
+    ordered = [int(c) for c in view.order[::-1] if mask[c]]
+    rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
+    return [table.names[c] for c in ordered + rest]
+
+
+def _nonfinite_mask(table: LayerTable) -> np.ndarray | None:
+    """Parameters with a non-finite measured statistic; None when there are none."""
+    mask = np.zeros(len(table), dtype=bool)
+    for stat in _LAYER_STATS:
+        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
+    return mask if mask.any() else None
+
+
+def _origin(rec: StepRecord, bad: list[str], layers: list[str]
+            ) -> tuple[str | None, str | None, str]:
+    """(origin name, the clause that says it, which pass broke) for one non-finite step."""
+    modules, n_mod = rec.nonfinite_modules, rec.nonfinite_module_count or 0
+    forward = "loss" in bad or bool(modules)
+    if forward and modules:
+        more = f", {n_mod} module outputs non-finite in all" if n_mod > 1 else ""
+        return (modules[0], f"forward pass: the output of {modules[0]} went non-finite "
+                f"first{more}", "forward")
+    if forward:
+        clause = (f"{len(layers)} parameter gradient(s) non-finite (a forward NaN reaches "
+                  f"every gradient; per-module output checks were not reported)"
+                  if layers else None)
+        return None, clause, "forward"
+    if layers:
+        table = rec.layer_grads
+        of = f" of {len(table)}" if table is not None else ""
+        kind = "parameter" if bad and "grad_norm" not in bad else "backward"
+        what = ("backward pass (loss finite): " if kind == "backward" else "")
+        return (layers[0], f"{what}{len(layers)}{of} parameter(s) non-finite, first on the "
+                f"output side {layers[0]}", kind)
+    return None, None, "backward" if "grad_norm" in bad else "parameter"
 
 
 def _nonfinite(x: float | None) -> bool:

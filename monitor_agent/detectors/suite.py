@@ -27,6 +27,7 @@ from monitor_agent.detectors.context import RunContext
 from monitor_agent.detectors.dead_layer import DeadLayerDetector
 from monitor_agent.detectors.dead_units import DeadUnitsDetector
 from monitor_agent.detectors.divergence import DivergenceDetector
+from monitor_agent.detectors.effective_lr import EffectiveLrDetector
 from monitor_agent.detectors.gain_drift import GainDriftDetector
 from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
@@ -50,7 +51,7 @@ DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
     GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
     ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
     StragglerDetector, StalledDetector, CategoryDivergenceDetector, DeadUnitsDetector,
-    ActivationBlowupDetector, GradDistributionDetector,
+    ActivationBlowupDetector, GradDistributionDetector, EffectiveLrDetector,
 )
 """One class per finding type, in docs/format.md's order."""
 

@@ -103,6 +103,22 @@ def _nonfinite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+def _column(values: Any) -> np.ndarray:
+    """Stored numbers as float32; missing or not a number is NaN, the spelled non-finite
+    strings are what they say. Floats, the common case, take no Python call."""
+    return np.array([v if v.__class__ is float else _nan(v) for v in values], dtype=np.float32)
+
+
+def _scatter(pos: tuple[np.ndarray, int] | None, values: np.ndarray) -> np.ndarray:
+    """``values`` placed in the run's column order (NaN where a column got no value)."""
+    if pos is None:
+        return values
+    where, size = pos
+    out = np.full((size, *values.shape[1:]), np.nan, dtype=np.float32)
+    out[where] = values
+    return out
+
+
 class HistoryBuilder:
     """Folds record dicts into the history tables; ``commit`` writes what was added."""
 
@@ -170,38 +186,45 @@ class HistoryBuilder:
         self._add_vectors(run_id, rank, step, obj)
 
     def _add_vectors(self, run_id: str, rank: int, step: int, obj: dict[str, Any]) -> None:
+        # Whole columns at once: a GPT-sized record has ~150 layers x several stats, and a
+        # Python call per value made this fold cost more than the ingest it follows.
         layers = obj.get("layers")
         if isinstance(layers, dict) and layers:
-            idx = self._place(run_id, "param", list(layers))
-            grad = np.full(len(idx), np.nan, dtype=np.float32)
-            ratio = grad.copy()
-            for name, stats in layers.items():
-                i = idx[name]
-                grad[i] = 0.0 if stats.get("grad_none") else _nan(stats.get("grad_norm"))
-                p, u = _num(stats.get("param_norm")), _num(stats.get("update_norm"))
-                ratio[i] = u / p if u is not None and p else np.nan
-            self._vector(run_id, rank, "grad_norm", step, grad)
-            self._vector(run_id, rank, "update_ratio", step, ratio)
+            pos = self._positions(run_id, "param", list(layers))
+            stats = [s if isinstance(s, dict) else {} for s in layers.values()]
+            grad = _column(s.get("grad_norm") for s in stats)
+            grad[[bool(s.get("grad_none")) for s in stats]] = 0.0
+            param, update = (_column(s.get(k) for s in stats) for k in ("param_norm", "update_norm"))
+            param[~np.isfinite(param) | (param == 0)] = np.nan
+            update[~np.isfinite(update)] = np.nan
+            self._vector(run_id, rank, "grad_norm", step, _scatter(pos, grad))
+            self._vector(run_id, rank, "update_ratio", step, _scatter(pos, update / param))
         acts = obj.get("activations")
         if isinstance(acts, dict) and acts:
-            idx = self._place(run_id, "module", list(acts))
-            peak = np.full(len(idx), np.nan, dtype=np.float32)
-            zero = peak.copy()
-            for name, stats in acts.items():
-                peak[idx[name]] = _nan(stats.get("max_abs"))
-                zero[idx[name]] = _nan(stats.get("zero_frac"))
-            self._vector(run_id, rank, "act_max_abs", step, peak)
-            self._vector(run_id, rank, "act_zero_frac", step, zero)
+            pos = self._positions(run_id, "module", list(acts))
+            stats = [s if isinstance(s, dict) else {} for s in acts.values()]
+            for stat, key in (("act_max_abs", "max_abs"), ("act_zero_frac", "zero_frac")):
+                self._vector(run_id, rank, stat, step,
+                             _scatter(pos, _column(s.get(key) for s in stats)))
         hists = obj.get("grad_hist")
         if isinstance(hists, dict):
             rows = {n: h["quantiles"] for n, h in hists.items()
                     if isinstance(h, dict) and len(h.get("quantiles") or ()) == QUANTILE_WIDTH}
             if rows:
-                idx = self._place(run_id, "param", list(rows))
-                q = np.full((len(idx), QUANTILE_WIDTH), np.nan, dtype=np.float32)
-                for name, values in rows.items():
-                    q[idx[name]] = [_nan(v) for v in values]
-                self._vector(run_id, rank, "grad_quantiles", step, q.ravel())
+                pos = self._positions(run_id, "param", list(rows))
+                values = _column(v for q in rows.values() for v in q).reshape(-1, QUANTILE_WIDTH)
+                self._vector(run_id, rank, "grad_quantiles", step, _scatter(pos, values).ravel())
+
+    def _positions(self, run_id: str, space: str,
+                   names: list[str]) -> tuple[np.ndarray, int] | None:
+        """Where ``names`` go in the run's column order, and its width; None when they are
+        that order (the common case: the client sends layers in model order every time)."""
+        index = self._place(run_id, space, names)
+        known = self._names[(run_id, space)]
+        if names == known:
+            return None
+        where = np.fromiter((index[n] for n in names), dtype=np.intp, count=len(names))
+        return where, len(known)
 
     def _vector(self, run_id: str, rank: int, stat: str, step: int, vec: np.ndarray) -> None:
         self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))

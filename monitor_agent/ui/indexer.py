@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from monitor_agent import wire
@@ -32,7 +33,8 @@ class HistoryIndexer:
     the history database it owns. Restarts resume from the last folded record id.
     """
 
-    BATCH = 2000
+    BATCH = 500
+    DUTY = 0.25
 
     def __init__(self, records_db: Path, history_db: Path, ema_alpha: float,
                  default_warmup: int, interval: float = 0.2) -> None:
@@ -60,7 +62,9 @@ class HistoryIndexer:
                     if src is None:
                         self._open()
                         src = sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+                    started = time.perf_counter()
                     busy = self.catch_up(src)
+                    spent = time.perf_counter() - started
                 except sqlite3.Error as exc:
                     if str(exc) != last_error:  # once per cause, not every retry
                         log.warning("chart history: %s; retrying every 5 s", exc)
@@ -68,8 +72,10 @@ class HistoryIndexer:
                     self._stop.wait(5.0)
                     continue
                 last_error = None
-                if not busy:
-                    self._stop.wait(self.interval)
+                # At most DUTY of a core while catching up: the fold holds the GIL, and under
+                # an ingest burst the charts may lag a little, never the ingest itself.
+                pause = spent * (1 - self.DUTY) / self.DUTY
+                self._stop.wait(pause if busy else max(pause, self.interval))
         finally:
             if src is not None:
                 src.close()

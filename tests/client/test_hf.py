@@ -89,3 +89,30 @@ def test_hf_nan_loss_is_recorded_raw_despite_the_nan_filter(receiver, tmp_path):
     assert isinstance(losses[0], float) and losses[-1] == "NaN"
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert all(not math.isnan(v) for v in logged)  # the Trainer hid it; we did not
+
+
+class MaskedFrom(Tokens):
+    """Samples from ``masked`` on have every label -100: a batch of them counts no label."""
+
+    def __init__(self, masked: int, **kw):
+        super().__init__(**kw)
+        self.masked = masked
+
+    def __getitem__(self, i):
+        labels = self.ids[i] if i < self.masked else torch.full_like(self.ids[i], -100)
+        return {"input_ids": self.ids[i], "labels": labels}
+
+
+def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, caplog):
+    callback = MonitorCallback(_monitor(receiver, tmp_path, "hf-masked"))
+    trainer = _trainer(tmp_path, callback, steps=4, accum=1)
+    # In order, 4 per batch: batches 1-2 have labels, batch 3 has none (0/0 = NaN loss).
+    trainer.train_dataset = MaskedFrom(masked=8, n=16)
+    trainer.args.dataloader_drop_last = True
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(
+        trainer.train_dataset)
+    trainer.train()
+    assert "step 3: a batch has no label that counts" in caplog.text
+    assert "step 1: a batch" not in caplog.text and "step 2: a batch" not in caplog.text
+    steps = receiver.of_kind("step")
+    assert all("min_label_count" not in r for r in steps)

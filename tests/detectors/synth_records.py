@@ -73,6 +73,11 @@ def layers(names: list[str], grad: Iterable[float], param: Iterable[float] | Non
     return LayerTable.from_mapping(rows)
 
 
+def grad_table(names: list[str], grad: Iterable[float]) -> LayerTable:
+    """Per-parameter grad norms only: what a gated (non-monitored) step carries."""
+    return LayerTable.from_mapping({n: {"grad_norm": g} for n, g in zip(names, grad, strict=True)})
+
+
 def names(n: int) -> list[str]:
     return [f"layers.{k}.weight" for k in range(n)]
 

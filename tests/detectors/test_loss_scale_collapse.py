@@ -46,3 +46,15 @@ def test_restore_mid_stream_changes_nothing():
     scales = [262144.0] * 100 + [262144.0 / 2**k for k in range(1, 40)]
     recs = _scaled(scales, set(range(101, 140)))
     assert_restore_equivalent(lambda: only("loss_scale_collapse"), recs, cut=103)
+
+
+def test_the_collapse_names_where_the_unscaled_gradients_overflow():
+    from synth_records import grad_table, names, run
+
+    n = names(4)  # input -> output; layer 2 overflows on its own, 3 (output side) is fine
+    recs = [run(layer_order=n)] + [step(i, loss_scale=4096.0) for i in range(1, 100)]
+    recs += [step(i, loss_scale=4096.0, skipped=True, grad_norm=INF,
+                  grad_norms=grad_table(n, [INF, INF, INF, 0.3])) for i in range(100, 120)]
+    (f, *_) = feed(only("loss_scale_collapse"), recs)
+    assert f.evidence["overflow_origin"] == n[2]
+    assert f"first non-finite gradient (output side): {n[2]}" in f.message

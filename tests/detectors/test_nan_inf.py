@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
-from synth_records import assert_restore_equivalent, feed, layers, names, only, run, step
+from synth_records import (
+    assert_restore_equivalent,
+    feed,
+    grad_table,
+    layers,
+    names,
+    only,
+    run,
+    step,
+)
 
 from monitor_agent import suggestions as tips
 from monitor_agent.types import Severity
@@ -45,7 +54,8 @@ def test_a_non_finite_layer_statistic_names_the_layer():
     recs = [step(i, layers=layers(n, [1, 1, 1, 1])) for i in range(1, 10)]
     recs.append(step(10, layers=layers(n, [1, NAN, NAN, 1])))
     found = feed(only("nan_inf"), [run(layer_order=n)] + recs)
-    assert [(f.step, f.layer) for f in found] == [(10, "layers.1.weight")]
+    # Backward order: the output side first (a backward NaN leaves it finite).
+    assert [(f.step, f.layer) for f in found] == [(10, "layers.2.weight")]
     assert found[0].evidence["non_finite_layers"] == 2
 
 
@@ -78,6 +88,39 @@ def test_quiet_on_finite_values():
 def test_restore_mid_stream_changes_nothing():
     recs = [step(i) for i in range(1, 60)] + [step(i, loss=NAN) for i in range(60, 250)]
     assert_restore_equivalent(lambda: only("nan_inf"), recs, cut=100)
+
+
+def test_a_forward_nan_names_the_first_module_whose_output_went_non_finite():
+    n = names(4)
+    recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
+    recs.append(step(20, loss=NAN, grad_norm=NAN, nonfinite_modules=("blocks.1.mlp", "head"),
+                     nonfinite_module_count=2,
+                     grad_norms=grad_table(n, [NAN] * 4)))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.evidence["pass"] == "forward" and f.evidence["origin"] == "blocks.1.mlp"
+    assert "forward pass: the output of blocks.1.mlp went non-finite first" in f.message
+    assert f.evidence["non_finite_layers"] == 4
+
+
+def test_a_backward_nan_names_the_output_side_parameter_and_how_many():
+    n = names(4)  # input -> output
+    recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
+    recs.append(step(20, grad_norm=NAN, grad_norms=grad_table(n, [NAN, NAN, NAN, 0.5])))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.evidence["pass"] == "backward" and f.evidence["origin"] == n[2]
+    assert f.evidence["non_finite_layers"] == 3
+    assert f"backward pass (loss finite): 3 of 4 parameter(s) non-finite, first on the " \
+           f"output side {n[2]}" in f.message
+
+
+def test_a_skipped_amp_step_keeps_its_origin_for_the_next_finding():
+    n = names(3)
+    recs = [run(layer_order=n)] + [step(i, loss_scale=1024.0) for i in range(1, 20)]
+    recs.append(step(20, loss_scale=1024.0, grad_norm=INF, skipped=True,
+                     grad_norms=grad_table(n, [INF, INF, 1.0])))
+    recs.append(step(21, loss=NAN, loss_scale=512.0))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.step == 21 and f.evidence["last_overflow_origin"] == n[1]
 
 
 def test_preview_is_the_finding_update_would_give_and_changes_nothing():

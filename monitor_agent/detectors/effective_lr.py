@@ -1,0 +1,117 @@
+"""``effective_lr_shift``: the optimizer amplifies or damps the gradient far beyond its
+usual ratio, for a sustained stretch.
+
+The effective learning rate is ``||update|| / ||clipped gradient||``: the step the optimizer
+really took per unit of gradient (``StepRecord.effective_lr``, on layer-statistics steps).
+For plain SGD it equals the lr; momentum, Adam's normalisation and weight decay make it
+differ, by a ratio that is characteristic of the run and drifts slowly. The statistic is
+``x = log(effective_lr / lr)``, so a schedule (warmup, decay, restarts) does not move it; a
+shift of ``x`` is the optimizer, not the schedule.
+
+Threshold, in units of its own noise: ``x`` against the median of its last ``WINDOW``
+readings, in robust sigmas (``1.4826 * MAD``). A reading is *shifted* when it is at least
+``SHIFT_Z`` (8) sigma and at least ``SHIFT_RATIO`` (10x, an order of magnitude) from that
+median. 8 sigma: on readings every ``layer_stats_every`` steps, a healthy run produces a
+few hundred readings, and a normal tail that far out has probability ~1e-15; the 10x floor
+keeps a run whose ratio is nearly constant (plain SGD, MAD near zero) from firing on a
+small, harmless change (a 2x momentum transient is not the optimizer misbehaving). It
+fires on ``SHIFT_READINGS`` (3) shifted readings in a row - one odd step is a batch, three
+consecutive layer-statistics steps are a regime (with the default interval, 75 steps).
+The shifted readings stay out of the median, so a shift never becomes its own baseline.
+
+What is left out, and why:
+* warmup steps (Adam's moment estimates and bias correction are settling) and the first
+  ``MIN_READINGS`` readings after them;
+* loss-scaler overflow steps, steps with a non-finite or zero gradient norm, lr 0;
+* readings whose clipped gradient norm is itself outside 3x its own rolling median: for
+  Adam ``effective_lr`` scales as ``1 / ||g||``, so a gradient explosion or collapse moves
+  it without the optimizer doing anything unusual, and ``grad_explosion`` /
+  ``grad_vanishing`` are the findings that speak to that. Such readings still join both
+  windows, so when the gradient settles at a new level the ratio's baseline has moved
+  with it.
+
+Example::
+
+    det = EffectiveLrDetector(settings, ctx)
+    det.update(step)   # -> [Finding(type="effective_lr_shift", severity=WARNING, ...)]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from monitor_agent import suggestions as tips
+from monitor_agent.detectors.common import DetectorBase, fmt
+from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.stats import Window, finite
+
+WINDOW = 32
+MIN_READINGS = 10
+SHIFT_Z = 8.0
+SHIFT_RATIO = 10.0
+SHIFT_READINGS = 3
+GRAD_BAND = 3.0  # the clipped gradient's own band: beyond it the shift is the gradient's
+SIGMA_FLOOR = 1e-3
+
+
+@dataclass(slots=True)
+class EffectiveLrState:
+    ratios: Window = field(default_factory=lambda: Window.of(WINDOW))  # log(eff / lr)
+    grads: Window = field(default_factory=lambda: Window.of(WINDOW))   # log clipped grad
+    streak: int = 0
+    sign: int = 0
+
+
+class EffectiveLrDetector(DetectorBase):
+    """Warning when log(effective lr / lr) leaves its own band and stays (see docstring)."""
+
+    type = "effective_lr_shift"
+
+    def new_rank(self) -> EffectiveLrState:
+        return EffectiveLrState()
+
+    def on_step(self, rec, st: EffectiveLrState) -> list:
+        eff = rec.effective_lr
+        if (eff is None or not finite(eff) or eff <= 0 or amp_overflow(rec)
+                or not finite(rec.lr) or rec.lr <= 0 or self.ctx.in_warmup(rec.step)):
+            return []
+        x = math.log(eff / rec.lr)
+        log_g = math.log(rec.grad_norm * rec.clip_coef)
+        grad_moved = (len(st.grads) >= MIN_READINGS
+                      and abs(log_g - st.grads.median()) > math.log(GRAD_BAND))
+        st.grads.add(log_g)
+        if grad_moved:  # both baselines follow a gradient that settles at a new level
+            st.ratios.add(x)
+            st.streak, st.sign = 0, 0
+            return []
+        if len(st.ratios) < MIN_READINGS:
+            st.ratios.add(x)
+            return []
+        med, sigma = st.ratios.median(), max(st.ratios.mad(), SIGMA_FLOOR)
+        r = x - med
+        shifted = abs(r) >= SHIFT_Z * sigma and abs(r) >= math.log(SHIFT_RATIO)
+        sign = 1 if r > 0 else -1
+        if not shifted:
+            st.streak, st.sign = 0, 0
+            st.ratios.add(x)
+            return []
+        st.streak = st.streak + 1 if sign == st.sign else 1
+        st.sign = sign
+        if st.streak < SHIFT_READINGS or not self.due(rec):
+            return []
+        usual = math.exp(med)
+        word = "amplifies" if sign > 0 else "damps"
+        msg = (f"effective lr {fmt(eff)} (||update|| / ||clipped grad||) is "
+               f"{fmt(eff / rec.lr)}x the lr {fmt(rec.lr)}, against a usual {fmt(usual)}x: "
+               f"{math.exp(abs(r)):.0f}x {'above' if sign > 0 else 'below'} its median "
+               f"({abs(r) / sigma:.0f} sigma) on {st.streak} layer-statistics steps in a row; "
+               f"the optimizer {word} the gradient far beyond its usual ratio")
+        evidence = {"effective_lr": eff, "lr": rec.lr, "ratio_to_lr": eff / rec.lr,
+                    "usual_ratio_to_lr": usual, "z": abs(r) / sigma,
+                    "consecutive_readings": st.streak, "limit_z": SHIFT_Z,
+                    "limit_ratio": SHIFT_RATIO, "update_norm": rec.update_norm,
+                    "grad_norm": rec.grad_norm, "clip_threshold": rec.clip_threshold}
+        tip = tips.EFFECTIVE_LR_AMPLIFIED if sign > 0 else tips.EFFECTIVE_LR_DAMPED
+        return [self.finding(rec, msg, value=eff, threshold=usual * rec.lr,
+                             evidence=evidence, suggestions=tip)]

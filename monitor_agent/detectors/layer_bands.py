@@ -1,0 +1,174 @@
+"""Which layer left its own band first: the per-parameter view behind a global alarm.
+
+A global grad norm that explodes, or a loss that diverges, says that something went wrong
+but not where. Each parameter's gradient norm has its own level and its own noise; the one
+whose norm left its band earliest is where to look first (an input-scale bug shows up as
+the input embedding / first layer leaving first, an LR spike as whichever layer the
+optimizer over-steps first).
+
+Band, per parameter, on log grad norm: the median of its last ``WINDOW`` in-band readings,
+and the robust spread ``sigma = 1.4826 * MAD`` of those readings. A reading has left the
+band when it is at least ``BAND_Z`` (4) sigma above the median and at least ``BAND_RATIO``
+(2x) above it (the floor keeps a very smooth parameter, whose MAD is tiny, from leaving on
+rounding noise), or when it is non-finite. 4 sigma is a tail a normal reading reaches about
+once in 30,000: over a few hundred parameters a stray one per step is possible, which is
+why this only ORDERS parameters for a finding that another rule decided on; it never fires
+anything by itself. A parameter needs ``MIN_READINGS`` readings before it has a band.
+
+Readings come from every record that carries per-parameter norms: the monitored steps'
+``layers`` and the client's gated ``grad_norms`` (sent on each step whose global norm is
+non-finite or far above its median, i.e. step by step through an explosion). Readings
+outside stay out of the baseline, so an excursion never becomes its own reference.
+
+An episode: the step a parameter left is kept while it is out and, once it was out on
+two readings in a row (or non-finite: one stray reading of a noisy parameter is not an
+episode), for ``HORIZON`` (100) steps after it came back; a new departure within that
+horizon continues the same episode. A divergence is often judged tens of steps after the gradients flared and
+settled again (its level rule compares a 10-step median with the 100 steps before), and
+by then the parameter that went first is still the answer.
+
+Example::
+
+    bands = LayerBands()
+    bands.update(ctx.align(rec.layer_grads), rec.step)
+    bands.first_out(ctx, rec.step, 3)  # [("embed.weight", 120, 14.2), ("blocks.0.w", 125, 6.1)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from monitor_agent.detectors.layer_stats import grown
+from monitor_agent.detectors.stats import MAD_TO_SIGMA
+
+WINDOW = 32
+MIN_READINGS = 5
+BAND_Z = 4.0
+BAND_RATIO = 2.0
+SIGMA_FLOOR = 1e-3  # log units
+HORIZON = 100  # steps an episode is remembered after its parameter came back
+
+
+@dataclass(slots=True)
+class LayerBands:
+    """Per-slot rolling window of in-band log grad norms and the step each slot left."""
+
+    buf: np.ndarray = field(default_factory=lambda: np.full((0, WINDOW), np.nan))
+    n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    left_at: np.ndarray = field(default_factory=lambda: np.zeros(0))   # episode start
+    back_at: np.ndarray = field(default_factory=lambda: np.zeros(0))   # NaN: still out
+    ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))     # when it left
+    confirmed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def _grow(self, size: int) -> None:
+        if self.buf.ndim != 2:  # restored from an empty snapshot
+            self.buf = self.buf.reshape(-1, WINDOW)
+        if len(self.buf) < size:
+            extra = np.full((size - len(self.buf), WINDOW), np.nan)
+            self.buf = np.concatenate((self.buf, extra))
+        self.n = grown(self.n, size, 0)
+        self.left_at = grown(self.left_at, size, np.nan)
+        self.back_at = grown(self.back_at, size, np.nan)
+        self.confirmed = grown(self.confirmed, size, False)
+        self.ratio = grown(self.ratio, size, np.nan)
+
+    def update(self, view: Any, step: int) -> None:
+        """Fold one record's per-parameter grad norms (``view``: ``ctx.align(table)``)."""
+        table = view.table
+        grads = table.stats["grad_norm"]
+        seen = table.measured["grad_norm"] & ~table.grad_none
+        self._grow(view.size)
+        slots = view.slots[seen]
+        g = grads[seen]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(g)
+        nonfinite = ~np.isfinite(g)
+        usable = np.isfinite(logs)  # a zero gradient is no reading
+        rows = self.buf[slots]
+        have = self.n[slots] >= MIN_READINGS
+        with np.errstate(invalid="ignore"), _quiet():
+            med = np.nanmedian(rows, axis=1)
+            mad = MAD_TO_SIGMA * np.nanmedian(np.abs(rows - med[:, None]), axis=1)
+        r = logs - med
+        sigma = np.maximum(np.nan_to_num(mad, nan=SIGMA_FLOOR), SIGMA_FLOOR)
+        out = nonfinite | (have & usable & (r >= math.log(BAND_RATIO)) & (r >= BAND_Z * sigma))
+        inside = usable & ~out
+        back, was_out = self.back_at[slots], np.isfinite(self.left_at[slots])
+        still = out & was_out & np.isnan(back)  # out on this reading and the one before
+        new = out & (~was_out | (step - back > HORIZON))
+        self.left_at[slots[new]] = step
+        self.ratio[slots[new]] = np.where(nonfinite[new], np.inf, np.exp(r[new]))
+        self.confirmed[slots[new]] = nonfinite[new]
+        self.confirmed[slots[still]] = True
+        self.back_at[slots[out]] = np.nan
+        returned = inside & was_out & np.isnan(back)
+        stray = returned & ~self.confirmed[slots]  # one reading out: not an episode
+        self.left_at[slots[stray]] = np.nan
+        self.back_at[slots[returned & ~stray]] = step
+        for s, x in zip(slots[inside], logs[inside], strict=True):
+            self.buf[s, self.n[s] % WINDOW] = x
+            self.n[s] += 1
+
+    def _episode(self, now: int) -> np.ndarray:
+        recent = np.isnan(self.back_at) | (self.confirmed & (now - self.back_at <= HORIZON))
+        return np.isfinite(self.left_at) & recent
+
+    def first_out(self, ctx: Any, now: int, k: int = 5) -> list[tuple[str, int, float]]:
+        """Up to ``k`` parameters of the current episode: (name, step it left, ratio then),
+        earliest first; on the same step the farthest out first."""
+        idx = np.flatnonzero(self._episode(now))
+        if not len(idx):
+            return []
+        order = np.lexsort((-np.nan_to_num(self.ratio[idx], posinf=1e300), self.left_at[idx]))
+        return [(ctx.layer_name(int(s)), int(self.left_at[s]), float(self.ratio[s]))
+                for s in idx[order][:k]]
+
+    def count_out(self, now: int) -> int:
+        return int(self._episode(now).sum())
+
+
+def describe(first: list[tuple[str, int, float]], total: int) -> tuple[str, dict[str, Any]]:
+    """The page clause and the evidence for a finding, from ``first_out``."""
+    if not first:
+        return "", {"first_layer_out": None, "layers_out_of_band": 0}
+    name, step, ratio = first[0]
+    how = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x its median"
+    clause = f"; first layer out of its band: {name} (step {step}, {how})"
+    if total > 1:
+        clause += f", {total} layers left theirs"
+    evidence = {"first_layer_out": name, "first_layer_out_step": step,
+                "first_layer_out_ratio": ratio, "layers_out_of_band": total,
+                "layers_out_order": ", ".join(f"{n}@{s}" for n, s, _ in first)}
+    return clause, evidence
+
+
+def locate(findings: list, bands: LayerBands, ctx: Any) -> list:
+    """``findings`` with the first layer out of its band added to message and evidence."""
+    if not findings:
+        return findings
+    now = findings[0].step
+    clause, evidence = describe(bands.first_out(ctx, now), bands.count_out(now))
+    if "first_layer_out_ratio" in evidence and math.isfinite(evidence["first_layer_out_ratio"]):
+        evidence["first_layer_out_ratio"] = float(f"{evidence['first_layer_out_ratio']:.4g}")
+    # First in the evidence: a page shows the first dozen items (notify/format.py).
+    return [dataclasses.replace(f, message=f.message + clause,
+                                evidence={**evidence, **f.evidence}) for f in findings]
+
+
+class _quiet:
+    """np.nanmedian warns on an all-NaN row (a slot with no readings yet): expected here."""
+
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
