@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent import __version__, limits, wire
 from monitor_agent.alerting import Alerting
-from monitor_agent.api import actions, alerts, health, ingest, runs
+from monitor_agent.api import actions, alerts, health, ingest, preview, runs
 from monitor_agent.engine import Engine
 from monitor_agent.exposition import Exposition
 from monitor_agent.metrics import SelfMetrics
@@ -65,7 +65,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.settings = settings
-    for module in (ingest, runs, actions, alerts, health):
+    for module in (ingest, preview, runs, actions, alerts, health):
         app.include_router(module.router)
     app.include_router(ui.api)
     app.include_router(ui.pages)

@@ -116,6 +116,32 @@ class Engine:
             raise StorageError(f"records stored, their alerts not: {exc}") from exc
         return result
 
+    def preview(self, models: Sequence[Incoming], now: float) -> int:
+        """Page now about NaN/Inf steps sent ahead of their backlog (``POST
+        /v1/records/preview``); return how many alerts that began.
+
+        Nothing is stored and no detector state changes: the step's in-order copy, when the
+        backlog reaches it, is stored and judged like any other and its finding folds into
+        the alert begun here (``Alerting.preview``). A run not in memory is paged about with
+        what the record carries (its id, rank and step) and is not loaded for it.
+        """
+        if self.alerting is None:
+            return 0
+        begun = 0
+        for item in models:
+            if item.model.kind != "step":
+                continue
+            record = item.model.to_record()
+            run = self.runs.get(record.run_id)
+            if run is not None and run.is_late(record):
+                continue  # its in-order copy was judged already
+            suite = self.suites.get(record.run_id) or DetectorSuite(self.settings.detectors)
+            findings = suite.preview(record)
+            if findings:
+                context = self._context(run) if run is not None else _bare_context(record)
+                begun += self.alerting.preview(context, findings, now)
+        return begun
+
     def _evict(self, run_id: str) -> None:
         """Forget a run's in-memory state (no snapshot): the store's tail is replayed."""
         self.runs.pop(run_id, None)
@@ -384,6 +410,12 @@ class Engine:
             counts["running" if run.status == "running" else "ended"] += 1
         for state, value in counts.items():
             self.metrics.runs.labels(state=state).set(value)
+
+
+def _bare_context(record: Record) -> Any:
+    from monitor_agent.alerting import RunContext
+
+    return RunContext(run_id=record.run_id)
 
 
 def _take(table: LayerTable, keep: list[int]) -> LayerTable:

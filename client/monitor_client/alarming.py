@@ -2,12 +2,22 @@
 
 While the sidecar is down, records pile up in the spool and are replayed oldest first once
 it answers again; a page about a NaN loss would then wait for minutes of history (85 s was
-seen while a sidecar flapped). The sender holds alarming records apart and sends them
-first; the older records they overtake are still stored (the sidecar counts them late).
+seen while a sidecar flapped). The record itself must keep its place: the sidecar's
+detectors only look forward, so a step that overtook its history would leave that history
+unanalysed. So the sender posts a *preview* copy of an alarming step to
+``/v1/records/preview`` (the sidecar pages from it and stores nothing) and delivers the
+record in order as usual; its finding then joins the alert the preview began.
+
+A loss-scaler overflow step is routine under mixed precision, not alarming: the step was
+``skipped``, or its loss is finite while the grad norm is not under a ``loss_scale``. Only
+a non-finite loss counts on such a step. This is the sidecar's rule (``amp_overflow`` in
+monitor_agent/detectors/nan_inf.py), said again here in the record's own terms.
 
 Example::
 
     assert is_alarming({"kind": "step", "loss": float("nan")})
+    assert not is_alarming({"kind": "step", "loss": 2.0, "grad_norm": float("inf"),
+                            "loss_scale": 65536.0})  # an AMP overflow
     assert not is_alarming({"kind": "eval", "val_loss": float("nan")})
 """
 
@@ -18,8 +28,24 @@ from typing import Any
 
 
 def is_alarming(record: Any) -> bool:
-    """A step whose loss or grad norm is NaN/Inf: the record a page is waiting for."""
+    """A step whose loss or grad norm is NaN/Inf, other than a loss-scaler overflow."""
     if not isinstance(record, dict) or record.get("kind") != "step":
         return False
-    return any(isinstance(v, float) and not math.isfinite(v)
-               for v in (record.get("loss"), record.get("grad_norm")))
+    loss, grad_norm = record.get("loss"), record.get("grad_norm")
+    if _amp_overflow(record, loss, grad_norm):
+        return _nonfinite(loss)
+    return _nonfinite(loss) or _nonfinite(grad_norm)
+
+
+def _amp_overflow(record: dict, loss: Any, grad_norm: Any) -> bool:
+    if record.get("skipped") is True:
+        return True
+    return record.get("loss_scale") is not None and _finite(loss) and not _finite(grad_norm)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)

@@ -6,15 +6,24 @@ encodes them (turning pending device statistics into numbers first, see
 ``Monitor.log_step``) and posts them. A batch that cannot be delivered goes to the on-disk
 spool, and while the spool holds anything, new batches queue up behind it there, so
 delivery order is kept; the spool is replayed with exponential backoff and full jitter.
-If the queue itself is full, the record is spooled straight away by the caller: nothing
-is lost, but such records may reach the sidecar before older ones still in the queue (the
-sidecar orders by step).
+If the queue itself is full, the caller encodes the record and leaves it in an overflow
+line behind the queue (as long again), which the sender takes once the queue before it is
+drained: order is kept, because the sidecar stores a step older than its rank's latest as
+late, without analysing it (its detectors only look forward). Only when the overflow is
+full too is a record spooled straight away by the caller: nothing is lost, but it
+overtakes the records still queued.
 
-Two exceptions to "oldest first". A NaN/Inf step jumps a backlog (``alarming.py``): it
-is held apart, sent first, and retried every second while it waits. And an answer no retry
-can fix (401/403 token, 404/405 path, an unusable URL; see transport.py) is logged once, as
-an error naming the URL and the fix, and the sender stops: later records are counted as
-dropped, nothing more is spooled, and ``flush``/``close`` return at once.
+A NaN/Inf step does not wait for its page behind a backlog (``alarming.py``): when it
+has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first (the sidecar
+pages from it and stores nothing), and the sidecar is retried every second while it
+waits; the record itself stays in its place and is delivered in order. Previews are best
+effort: never spooled, dropped once answered or when the backlog holding their records
+has been delivered, and switched off quietly by a sidecar without the route (404/405).
+
+An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see
+transport.py) is logged once, as an error naming the URL and the fix, and the sender stops:
+later records are counted as dropped, nothing more is spooled, and ``flush``/``close``
+return at once.
 
 Example::
 
@@ -39,6 +48,8 @@ from monitor_client.encode import dumps_line
 from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport, Outcome, PostResult
 from monitor_client.warn import LOGGER, Warner
+
+MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in order
 
 
 class Sender:
@@ -68,6 +79,7 @@ class Sender:
         # training thread never waits on a lock the sender thread may hold (a blocked
         # acquire hands the GIL over and costs a switch interval, ~5 ms, at p99).
         self._queue: collections.deque[Any] = collections.deque()
+        self._overflow: collections.deque[bytes] = collections.deque()  # encoded, see above
         self.max_queue = max_queue
         self._cond = threading.Condition()
         aged = spool.trim()
@@ -80,8 +92,11 @@ class Sender:
         self._n = dict(submitted=len(spool), sent=0, spooled=0, rejected=0, dropped=0,
                        settled=0)
         self._failures, self._retry_at = 0, 0.0
-        # Alarming lines (non-finite loss/grad norm) held apart from a backlog; see above.
-        self._urgent: collections.deque[bytes] = collections.deque()
+        # Copies of spooled alarming lines (non-finite loss/grad norm), sent ahead of the
+        # backlog; ``_alarm_waiting`` while such a record is in the spool. See above.
+        self._previews: collections.deque[bytes] = collections.deque()
+        self.previews_on = True
+        self._alarm_waiting = False
         self.misconfigured: PostResult | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,27 +117,29 @@ class Sender:
         if self.misconfigured is not None:
             self._count(dropped=1, settled=1)
             return
-        if urgent:
-            self._retry_at = 0.0  # worth a fresh attempt even while backing off
         if self._stop.is_set():
             self._spool_lines(self._encode([item]))
             return
         queued = len(self._queue)
-        if queued >= self.max_queue:
-            self.warner.warn("queue_full", "send queue full; spooling records to %s",
-                             self.spool.directory)
-            alarming: list[int] = []
-            lines = self._encode([item], alarming)
-            if alarming:  # not behind the whole queue and spool: it goes first
-                self._urgent.extend(lines)
-                self._retry_at = 0.0
-                self._wake.set()
-            else:
-                self._spool_lines(lines)
+        if queued >= self.max_queue or self._overflow:  # once overflowing, all go behind
+            self._overflowing(item)
             return
         self._queue.append(item)
         if urgent or queued + 1 >= self.batch_records:
             self._wake.set()
+
+    def _overflowing(self, item: Any) -> None:
+        alarming: list[int] = []
+        lines = self._encode([item], alarming)
+        if len(self._overflow) < self.max_queue:
+            self.warner.warn("queue_full", "send queue full; records wait behind it")
+            self._overflow.extend(lines)
+        else:
+            self.warner.warn("overflow_full", "send queue and its overflow full; spooling "
+                             "records to %s ahead of the queued ones", self.spool.directory)
+            self._spool_lines(lines)
+        self._preview(lines, alarming)  # its page need not wait for the queue
+        self._wake.set()
 
     def counters(self) -> Counters:
         with self._cond:
@@ -172,7 +189,7 @@ class Sender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
-        self._spool_lines(self._encode(self._drain_now()) + self._take_urgent())
+        self._spool_lines(self._encode(self._drain_now()) + self._take_overflow())
         self.spool.close()
         left = self.counters().pending
         if not ok and left and self.misconfigured is None:
@@ -197,6 +214,8 @@ class Sender:
         items = self._collect()
         if items:
             self._deliver(items)
+        elif self._overflow:  # the queue before it is drained: its turn, in order
+            self._deliver_lines(self._take_overflow(self.batch_records), [])
         self._replay()
         self._maybe_poll()
         with self._cond:
@@ -214,7 +233,7 @@ class Sender:
         # Sleep through the linger instead of waking per record: a sleeping sender does not
         # compete with the training thread for the GIL. submit() wakes us when a batch is
         # full or a record is urgent, flush() and close() when they are waiting.
-        if len(self._queue) < self.batch_records:  # a backlog goes out without waiting
+        if len(self._queue) < self.batch_records and not self._overflow:  # a backlog: no wait
             self._wake.wait(0.05 if len(self.spool) else self.linger)
             self._wake.clear()
         return self._drain_now(self.batch_records)
@@ -242,41 +261,68 @@ class Sender:
             lines.append(line)
         return lines
 
+    def _take_overflow(self, limit: int = 1 << 30) -> list[bytes]:
+        lines: list[bytes] = []
+        pop = self._overflow.popleft
+        while self._overflow and len(lines) < limit:
+            lines.append(pop())
+        return lines
+
     def _deliver(self, items: list[Any]) -> None:
         alarming: list[int] = []
         lines = self._encode(items, alarming)
+        self._deliver_lines(lines, alarming)
+
+    def _deliver_lines(self, lines: list[bytes], alarming: list[int]) -> None:
+        """Post ``lines`` or spool them behind a backlog; preview ``lines[i]`` for i in
+        ``alarming`` when they have to wait."""
         if self.misconfigured is not None:
             self._spool_lines(lines)  # counted as dropped: nothing will take them
             return
         if len(self.spool) or self._now() < self._retry_at:
-            if alarming:  # jump the backlog, and try now rather than after the backoff
-                held = set(alarming)
-                self._urgent.extend(lines[i] for i in alarming)
-                lines = [line for i, line in enumerate(lines) if i not in held]
-                self._retry_at = 0.0
             self._spool_lines(lines)  # keep order: older records are waiting on disk
+            self._preview(lines, alarming)
             return
         done = self._post_all(lines)
         self._spool_lines(lines[done:])
+        self._preview(lines, [i for i in alarming if i >= done])
 
-    def _send_urgent(self) -> bool:
-        """Post held alarming lines first; True when none is left waiting."""
-        if not self._urgent or self._now() < self._retry_at:
-            return not self._urgent
-        lines = list(self._urgent)
-        done = self._post_all(lines)
-        for _ in range(done):
-            self._urgent.popleft()
-        return not self._urgent
+    def _preview(self, lines: list[bytes], alarming: list[int]) -> bool:
+        """Queue preview copies of the spooled alarming ``lines[i]``; True if any."""
+        if not alarming or self.misconfigured is not None:
+            return False
+        self._alarm_waiting = True
+        self._retry_at = 0.0  # worth a fresh attempt now, even while backing off
+        if self.previews_on:
+            room = MAX_PREVIEWS - len(self._previews)  # the first NaN is the news
+            self._previews.extend(lines[i] for i in alarming[:max(room, 0)])
+        return True
 
-    def _take_urgent(self) -> list[bytes]:
-        lines = list(self._urgent)
-        self._urgent.clear()
-        return lines
+    def _send_previews(self) -> None:
+        """Post the waiting previews, ahead of the spool; one attempt per retry time."""
+        if not self._previews or self._now() < self._retry_at:
+            return
+        lines = list(self._previews)
+        result = self.transport.preview(lines)
+        if result.outcome is Outcome.RETRY:
+            self._schedule_retry(result)
+            return
+        for _ in lines:
+            self._previews.popleft()
+        if result.outcome is Outcome.MISCONFIGURED:
+            # A sidecar without the route (404/405), or a token the record stream will
+            # report on its own: previews only, off quietly; records still go in order.
+            self.previews_on = False
+            self._previews.clear()
+            LOGGER.info("monitor_client: no previews of NaN steps (%s); they are paged when "
+                        "their turn comes", result.detail.strip()[:80])
+        elif result.outcome is not Outcome.OK:
+            self.warner.warn("preview", "sidecar refused a preview (%s)", result.detail)
 
     def _replay(self) -> None:
-        if self.misconfigured is not None or not self._send_urgent():
+        if self.misconfigured is not None:
             return
+        self._send_previews()
         if len(self.spool) and (dropped := self.spool.trim()):
             self._dropped_oldest(dropped)
         budget_end = self._now() + 1.0  # do not starve the queue while replaying
@@ -288,6 +334,9 @@ class Sender:
             self.spool.ack(done)
             if done < len(lines):
                 return
+        if not len(self.spool):  # every spooled alarming record was delivered in order
+            self._alarm_waiting = False
+            self._previews.clear()
 
     def _post_all(self, lines: list[bytes]) -> int:
         """Post ``lines`` in size-bounded chunks; return how many were settled, in order."""
@@ -332,7 +381,7 @@ class Sender:
         self._failures += 1
         base, cap = self.backoff
         delay = random.uniform(0, min(cap, base * 2 ** min(self._failures, 20)))
-        if self._urgent:  # a NaN step is waiting: probe every second, not every 30
+        if self._alarm_waiting:  # a NaN step is waiting: probe every second, not every 30
             delay = min(delay, 1.0)
         self._retry_at = self._now() + delay
         self.warner.warn("retry", "sidecar unavailable (%s); spooling to %s, retrying",

@@ -51,7 +51,7 @@ class PostResult:
 
 
 class HttpTransport:
-    """Posts batches to ``{url}/v1/records``; never raises, always answers a PostResult.
+    """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never raises, always answers a PostResult.
 
     Example::
 
@@ -78,11 +78,20 @@ class HttpTransport:
         return f"HttpTransport({self.endpoint!r})"
 
     def post(self, lines: list[bytes]) -> PostResult:
+        return self._post(self.endpoint, lines)
+
+    def preview(self, lines: list[bytes]) -> PostResult:
+        """Post copies of alarming records to ``/v1/records/preview`` (see alarming.py).
+
+        Same body and token; a sidecar older than the route answers 404 (MISCONFIGURED)."""
+        return self._post(self.endpoint + "/preview", lines)
+
+    def _post(self, endpoint: str, lines: list[bytes]) -> PostResult:
         if self.url_problem:
             return PostResult(Outcome.MISCONFIGURED, self.url_problem, fix=_URL_FIX)
         body = gzip.compress(b"\n".join(lines) + b"\n", compresslevel=self.gzip_level)
         try:
-            resp = self._session.post(self.endpoint, data=body, headers=self._headers,
+            resp = self._session.post(endpoint, data=body, headers=self._headers,
                                       timeout=self.timeout)
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                 requests.exceptions.InvalidSchema) as exc:

@@ -44,7 +44,8 @@ def to_event(row: sqlite3.Row, status: str, reason: str, now: float) -> AlertEve
         threshold=wire.nonfinite_to_float(finding.get("threshold")),
         suggestions=tuple(finding.get("suggestions") or ()),
         evidence=evidence, labels=json.loads(row["labels"]),
-        identity=json.loads(row["identity"]), count=row["count"],
+        # count 0: an alert begun by a preview, whose one finding is not counted yet.
+        identity=json.loads(row["identity"]), count=max(row["count"], 1),
         ends_at=now if status == "resolved" else None,
         dashboard_url=row["dashboard_url"], acked_by=row["acked_by"],
     )

@@ -30,6 +30,7 @@ class Reason(enum.StrEnum):
     LOG_ONLY = "log_only"              # the detector asked for no notification
     UNMATCHED = "unmatched"            # no rule matches the finding
     ACTION = "action"                  # a rule acted (stop, checkpoint): re-told at once
+    PREVIEWED = "previewed"            # begun by a NaN step sent ahead of its backlog
 
 
 @dataclass(frozen=True, slots=True)

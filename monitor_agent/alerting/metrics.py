@@ -17,7 +17,7 @@ from monitor_agent import metric_names as names
 OUTCOMES: tuple[str, ...] = ("sent", "retried", "failed", "dropped")
 REASONS: tuple[str, ...] = (
     "first", "repeat_elapsed", "resolved", "suppressed", "cooldown", "silenced",
-    "acknowledged", "replayed", "log_only", "unmatched",
+    "acknowledged", "replayed", "log_only", "unmatched", "previewed",
 )
 # Why a notification was given up on (a bounded set: the label must not take free text).
 UNDELIVERED: tuple[str, ...] = (

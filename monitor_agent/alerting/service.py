@@ -139,6 +139,33 @@ class Alerting(AlertAdmin):
             self._flush_now.set()
         return [a.to_dict() for a in taken]
 
+    def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
+        """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
+        ahead of a backlog, see engine.preview); return how many began.
+
+        Such an episode begins with ``count`` 0: no finding of it is counted yet. The
+        record's in-order copy brings the same finding (same run, rule, rank: the same
+        fingerprint) through ``handle`` later, which folds it in as the episode's first
+        finding, so the page is not sent twice and ``action_after`` counts as it would
+        have. An alert already pending or firing is left as it is; nothing here acts.
+        """
+        begun = 0
+        with self.db.tx() as conn:
+            for f in findings:
+                rule = None if f.log_only else first_match(self.rules, f, run.match_labels())
+                if rule is None:
+                    continue
+                identity = _identity(rule, f)
+                fp = lc.fingerprint(run.run_id, rule.name, identity)
+                row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
+                if row is None or lc.on_finding(_timing(row), f.step) is Reason.FIRST:
+                    self._begin(conn, fp, run, rule, identity, f, now, count=0)
+                    self._count(Reason.PREVIEWED)
+                    begun += 1
+        if begun:
+            self._flush_now.set()
+        return begun
+
     def _one(self, conn: sqlite3.Connection, run: RunContext, f: Finding,
              now: float) -> tuple[bool, Action | None]:
         rule = None if f.log_only else first_match(self.rules, f, run.match_labels())
@@ -149,6 +176,9 @@ class Alerting(AlertAdmin):
         fp = lc.fingerprint(run.run_id, rule.name, identity)
         row = conn.execute("SELECT * FROM alerts WHERE fingerprint = ?", (fp,)).fetchone()
         reason = lc.on_finding(_timing(row) if row else None, f.step)
+        previewed = row is not None and row["count"] == 0 and row["state"] != "resolved"
+        if previewed:  # the in-order copy of a previewed record: this episode's first
+            reason = Reason.SUPPRESSED
         if reason is Reason.FIRST:
             self._begin(conn, fp, run, rule, identity, f, now)
             return True, self._act(conn, rule, f, fp, 1, now)
@@ -157,7 +187,8 @@ class Alerting(AlertAdmin):
                 Severity.parse(row["severity"]), f.severity).label
             # Before the first page the episode's first finding is the news (the step it
             # began at); once firing, repeats tell the latest one.
-            keep = row["state"] == "pending" and severity == row["severity"]
+            keep = (row["state"] == "pending" and severity == row["severity"]
+                    and not previewed)
             finding = row["finding"] if keep else wire.dumps(f.to_dict())
             conn.execute(
                 "UPDATE alerts SET last_seen = ?, last_step = MAX(COALESCE(last_step, ?), ?), "
@@ -189,8 +220,9 @@ class Alerting(AlertAdmin):
             self._enqueue(conn, [self._mark_sent(conn, row, Reason.ACTION, now)], now)
 
     def _begin(self, conn: sqlite3.Connection, fp: str, run: RunContext, rule: Rule,
-               identity: dict[str, str], f: Finding, now: float) -> None:
-        """A new episode: pending until the group flush (the last page time is kept)."""
+               identity: dict[str, str], f: Finding, now: float, count: int = 1) -> None:
+        """A new episode: pending until the group flush (the last page time is kept);
+        ``count`` 0 for one begun by a preview (see ``preview``)."""
         link = dashboard_url(self.settings.grafana_url, run.run_id, f.time or now)
         values = dict(
             fingerprint=fp, run_id=run.run_id, rule=rule.name, type=f.type,
@@ -199,7 +231,7 @@ class Alerting(AlertAdmin):
             channels=json.dumps(rule.channels), cooldown=rule.cooldown,
             repeat_interval=rule.repeat_interval, resolve_after=rule.resolve_after,
             state="pending", started_at=now, pending_since=now, last_seen=now, last_step=f.step,
-            count=1, resolved_at=None, acked_at=None, acked_by=None, dashboard_url=link,
+            count=count, resolved_at=None, acked_at=None, acked_by=None, dashboard_url=link,
             finding=wire.dumps(f.to_dict()), action=None,
         )
         cols = ", ".join(values)

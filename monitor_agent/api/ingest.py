@@ -44,7 +44,9 @@ class IngestResponse(BaseModel):
     )
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
+    """A request refused as a whole: ``status`` and a ``reason`` naming what is wrong."""
+
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status, self.reason = status, reason
@@ -72,7 +74,7 @@ async def post_records(request: Request) -> IngestResponse:
     try:
         response, code = await _ingest(request)
         return response
-    except _BadRequest as exc:
+    except BadRequest as exc:
         # Keep only status and reason: the exception's traceback holds the frames, and so
         # the (inflated) body, for as long as anything references the exception.
         status, reason = exc.status, exc.reason
@@ -80,17 +82,20 @@ async def post_records(request: Request) -> IngestResponse:
     finally:
         state.metrics.requests.labels(code=code).inc()
         state.metrics.ingest_duration.observe(time.perf_counter() - t0)
-    state.metrics.rejections.labels(reason=_reason_label(status)).inc()
+    state.metrics.rejections.labels(reason=reason_label(status)).inc()
     # 429 and 503 are "later": say when, so clients and proxies back off alike.
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
     raise HTTPException(status, reason, headers=headers)
 
 
-async def _ingest(request: Request) -> tuple[Any, str]:
+async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str, Any]]]:
+    """A request's valid records and the rejections of the others, under every ingest
+    budget (body, inflated body, values, records, record size); raises BadRequest for what
+    refuses the whole request (not ready, too large, malformed, every record invalid)."""
     state = request.app.state
     settings = state.settings
     if not state.readiness.ready:
-        raise _BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
+        raise BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
     body = await _read_limited(request, settings.max_body_bytes)
     objs = await run_in_threadpool(_decode, body, request.headers, settings)
     del body
@@ -98,15 +103,21 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     state.metrics.records.labels(outcome="rejected").inc(len(rejected))
     if rejected:
         state.metrics.rejections.labels(reason="invalid").inc(len(rejected))
+    if rejected and not valid:
+        raise BadRequest(422, summary(rejected))
+    return valid, rejected
+
+
+async def _ingest(request: Request) -> tuple[Any, str]:
+    state = request.app.state
+    valid, rejected = await read_records(request)
     if not valid:
-        if rejected:
-            raise _BadRequest(422, _summary(rejected))
         return IngestResponse(accepted=0, duplicates=0), "200"
     try:
         result = await state.runner.call(state.engine.ingest, valid, time.time())
     except StorageError as exc:
         state.readiness.set(f"storage: {exc}")
-        raise _BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
+        raise BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
     rejected.extend(result.rejected)
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
@@ -114,17 +125,17 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     )
     if len(result.rejected) == len(valid):
         crowded = all("max_active_runs" in r["reason"] for r in result.rejected)
-        raise _BadRequest(429 if crowded else 422, _summary(rejected))
+        raise BadRequest(429 if crowded else 422, summary(rejected))
     return response, "200"
 
 
-def _summary(rejected: list[dict[str, Any]]) -> str:
+def summary(rejected: list[dict[str, Any]]) -> str:
     first = rejected[0]
     more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
     return f"no record accepted: record {first['index']}: {first['reason']}{more}"
 
 
-def _reason_label(status: int) -> str:
+def reason_label(status: int) -> str:
     return {401: "auth", 413: "too_large", 422: "invalid", 429: "too_many_runs",
             503: "unavailable"}.get(status, "body")
 
@@ -132,12 +143,12 @@ def _reason_label(status: int) -> str:
 async def _read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BadRequest(413, f"body of {declared} bytes exceeds max_body_bytes={limit}")
+        raise BadRequest(413, f"body of {declared} bytes exceeds max_body_bytes={limit}")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _BadRequest(413, f"body exceeds max_body_bytes={limit}")
+            raise BadRequest(413, f"body exceeds max_body_bytes={limit}")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -164,7 +175,7 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
     if encoding == "gzip":
         body = _gunzip(body, settings.max_decompressed_bytes)
     elif encoding not in ("", "identity"):
-        raise _BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+        raise BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
     ctype = headers.get("content-type", "application/json").split(";")[0].strip().lower()
     _check_values(body, settings.max_values_per_request)
     if ctype in NDJSON_TYPES:
@@ -172,11 +183,11 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
     elif ctype in ("application/json", ""):
         objs = _json_batch(body)
     else:
-        raise _BadRequest(
+        raise BadRequest(
             415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
         )
     if len(objs) > settings.max_records_per_request:
-        raise _BadRequest(
+        raise BadRequest(
             413, f"{len(objs)} records exceed max_records_per_request="
             f"{settings.max_records_per_request}; split the batch",
         )
@@ -190,7 +201,7 @@ def _check_values(body: bytes, limit: int) -> None:
     bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
     values = body.count(b",")
     if values > limit:
-        raise _BadRequest(413, f"body holds about {values} JSON values, more than "
+        raise BadRequest(413, f"body holds about {values} JSON values, more than "
                           f"max_values_per_request={limit}; split the batch")
 
 
@@ -199,12 +210,12 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     try:
         out = inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise _BadRequest(400, f"body is not valid gzip: {exc}") from None
+        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
     if len(out) > limit:
         del out  # not kept alive by the exception's traceback
-        raise _BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+        raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
     if not inflater.eof:
-        raise _BadRequest(400, "gzip body is truncated")
+        raise BadRequest(400, "gzip body is truncated")
     return out
 
 
@@ -213,7 +224,7 @@ def _parse(data: bytes, what: str) -> Any:
         return wire.loads(data)
     except (ValueError, RecursionError) as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise _BadRequest(400, f"{what} is not valid JSON: {detail}") from None
+        raise BadRequest(400, f"{what} is not valid JSON: {detail}") from None
 
 
 def _json_batch(body: bytes) -> list[Any]:
@@ -222,7 +233,7 @@ def _json_batch(body: bytes) -> list[Any]:
         return obj["records"]
     if isinstance(obj, list):
         return obj
-    raise _BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
+    raise BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
 
 
 def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
@@ -238,7 +249,7 @@ def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
             continue
         try:
             objs.append(_Line(_parse(line, f"line {lineno}"), line))
-        except _BadRequest as exc:
+        except BadRequest as exc:
             objs.append(_Unparsed(exc.reason))
     return objs
 
@@ -272,7 +283,7 @@ def _validate(
 
 
 def install_openapi(app: FastAPI) -> None:
-    """Describe the raw-body ingest endpoint in OpenAPI (FastAPI cannot infer it)."""
+    """Describe the raw-body ingest endpoints in OpenAPI (FastAPI cannot infer it)."""
     adapter = TypeAdapter(list[schemas.RecordModel])
 
     def openapi() -> dict[str, Any]:
@@ -284,14 +295,15 @@ def install_openapi(app: FastAPI) -> None:
         defs = items.pop("$defs", {})
         doc.setdefault("components", {}).setdefault("schemas", {}).update(defs)
         envelope = {"type": "object", "required": ["records"], "properties": {"records": items}}
-        op = doc["paths"]["/v1/records"]["post"]
-        op["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": envelope},
-                "application/x-ndjson": {"schema": {"type": "string"}},
-            },
-        }
+        for path in ("/v1/records", "/v1/records/preview"):  # the same bodies
+            if path in doc["paths"]:
+                doc["paths"][path]["post"]["requestBody"] = {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": envelope},
+                        "application/x-ndjson": {"schema": {"type": "string"}},
+                    },
+                }
         app.openapi_schema = doc
         return doc
 

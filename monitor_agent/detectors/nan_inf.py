@@ -18,6 +18,11 @@ The finding names where it started (issue 17):
 * a step the loss scaler skipped pages nothing; its origin (from the unscaled gradients)
   is kept and shown as ``last_overflow_origin`` in the next finding's evidence.
 
+``non_finite_fields`` is the rule itself, a pure function of one record: the detector
+applies it to every step in order, and the sidecar's preview route (api/preview.py)
+applies it, via ``NanInfDetector.preview``, to a NaN step that arrives ahead of its
+backlog, so the page need not wait for the history to be replayed.
+
 Example::
 
     det = NanInfDetector(DetectorSettings(), RunContext(DetectorSettings()))
@@ -26,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -34,7 +40,7 @@ import numpy as np
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.common import DetectorBase
 from monitor_agent.detectors.stats import Window, amp_overflow, finite  # noqa: F401 (re-export)
-from monitor_agent.types import EvalRecord, Finding, StepRecord
+from monitor_agent.types import EvalRecord, Finding, LayerTable, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
 _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
@@ -45,6 +51,13 @@ class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
     streak: int = 0  # consecutive steps with a non-finite value
     overflow_origin: str | None = None  # first non-finite unscaled grad of the last skip
+
+
+def non_finite_fields(rec: StepRecord) -> list[str]:
+    """The global fields that make ``rec`` a nan_inf finding. On an AMP overflow step only
+    a non-finite loss counts: inf gradients are the loss scaler working."""
+    bad = [f for f in _GLOBAL_FIELDS if _nonfinite(getattr(rec, f))]
+    return [f for f in bad if f == "loss"] if amp_overflow(rec) else bad
 
 
 class NanInfDetector(DetectorBase):
@@ -61,11 +74,9 @@ class NanInfDetector(DetectorBase):
         return NanState()
 
     def on_step(self, rec: StepRecord, st: NanState) -> list[Finding]:
-        overflow = amp_overflow(rec)
-        bad = [f for f in _GLOBAL_FIELDS if _nonfinite(getattr(rec, f))]
+        bad = non_finite_fields(rec)
         layers = self._bad_layers(rec)
-        if overflow:
-            bad = [f for f in bad if f == "loss"]
+        if amp_overflow(rec):
             if layers:
                 st.overflow_origin = layers[0]
             layers = layers if bad else []
@@ -79,6 +90,26 @@ class NanInfDetector(DetectorBase):
         if not persisting and not self.due(rec):  # the milestone leaves the repeat clock be
             return []
         return [self._finding(rec, st, bad, layers)]
+
+    def preview(self, rec: StepRecord) -> Finding | None:
+        """The finding ``rec`` would bring were it the rank's next step, changing no state
+        (neither the streak, nor the repeat clock, nor the run context); None when no
+        global field is non-finite. For a page ahead of a backlog: the in-order copy of
+        ``rec`` is judged by ``update`` when it arrives, and that finding is the one stored.
+
+        A finding about parameters alone is not previewed: it names its layer, in the
+        run's backward order, which needs the run's layer context (and the layer may be
+        part of the alert's identity). Parameters named in a previewed message are in the
+        record's own order, reversed; the in-order finding replaces it on the alert."""
+        bad = non_finite_fields(rec)
+        if not bad:
+            return None
+        table = rec.layer_grads
+        mask = _nonfinite_mask(table) if table is not None else None
+        layers = [] if mask is None else [table.names[c] for c in np.flatnonzero(mask)[::-1]]
+        st = self.ranks.get(rec.rank) or self.new_rank()
+        ahead = dataclasses.replace(st, streak=st.streak + 1)  # read only: grads shared
+        return self._finding(rec, ahead, bad, layers)
 
     def on_eval(self, rec: EvalRecord, st: NanState) -> list[Finding]:
         if not _nonfinite(rec.val_loss) or not self.due(rec):
@@ -124,7 +155,8 @@ class NanInfDetector(DetectorBase):
         return float(np.exp(values[-3:].max() - np.median(values[:-3])))
 
     def _suggest(self, rec: StepRecord, growth: float | None) -> tuple[str, ...]:
-        if self.ctx.rank(rec.rank).steps < self.settings.min_history_steps:
+        info = self.ctx.state.ranks.get(str(rec.rank))  # read only (preview changes nothing)
+        if info is None or info.steps < self.settings.min_history_steps:
             return tips.NAN_AT_START
         if growth is not None and growth >= 3.0:
             return tips.NAN_AFTER_GROWTH
@@ -139,14 +171,20 @@ def nonfinite_params(ctx, rec: StepRecord) -> list[str]:
     if table is None:
         return []
     view = ctx.align(table)
-    mask = np.zeros(len(table), dtype=bool)
-    for stat in _LAYER_STATS:
-        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
-    if not mask.any():
+    mask = _nonfinite_mask(table)
+    if mask is None:
         return []
     ordered = [int(c) for c in view.order[::-1] if mask[c]]
     rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
     return [table.names[c] for c in ordered + rest]
+
+
+def _nonfinite_mask(table: LayerTable) -> np.ndarray | None:
+    """Parameters with a non-finite measured statistic; None when there are none."""
+    mask = np.zeros(len(table), dtype=bool)
+    for stat in _LAYER_STATS:
+        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
+    return mask if mask.any() else None
 
 
 def _origin(rec: StepRecord, bad: list[str], layers: list[str]

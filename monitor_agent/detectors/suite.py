@@ -43,7 +43,7 @@ from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
 from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
-from monitor_agent.types import Finding, Record
+from monitor_agent.types import Finding, Record, StepRecord
 
 DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
     NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
@@ -78,6 +78,15 @@ class DetectorSuite:
             findings.extend(det.update(record))
         self.ctx.after(record)
         return self._mark(findings)
+
+    def preview(self, record: StepRecord) -> list[Finding]:
+        """The nan_inf finding of a step that arrived ahead of its turn, changing no state
+        (``NanInfDetector.preview``); [] when nan_inf is disabled or the step is finite."""
+        for det in self.detectors:
+            if isinstance(det, NanInfDetector):
+                found = det.preview(record)
+                return self._mark([found]) if found is not None else []
+        return []
 
     def tick(self, now: float) -> list[Finding]:
         """Clock-driven checks; ``now`` is on the records' clock (wall time live)."""

@@ -4,6 +4,9 @@ It is the sidecar's wire protocol, not our code: POST /v1/records with gzip'd JS
 validated by the sidecar's own ``monitor_agent.schemas``, idempotent on
 (run_id, rank, kind, step), answering 200 {"accepted", "duplicates", "rejected"}. It can
 be stopped and restarted on the same port, answer 503, or refuse bodies over a size (413).
+POST /v1/records/preview (copies of NaN steps sent ahead of a backlog) is kept apart in
+``previews``, in arrival order, and stores nothing; ``preview_route = False`` plays a
+sidecar older than that route (404).
 End-to-end tests against the real sidecar process use the project's fixture instead.
 """
 
@@ -28,6 +31,9 @@ class Receiver:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.records: list[dict] = []
+        self.previews: list[dict] = []
+        self.preview_route = True
+        self.arrivals: list[tuple[str, int]] = []  # ("record" | "preview", step), in order
         self.keys: set[tuple] = set()
         self.duplicates = 0
         self.posts = 0
@@ -49,8 +55,12 @@ class Receiver:
             self._server.server_close()
             self._server = None
 
-    def handle(self, headers, body: bytes) -> tuple[int, dict]:
+    def handle(self, headers, body: bytes, path: str = "/v1/records") -> tuple[int, dict]:
         self.posts += 1
+        preview = path == "/v1/records/preview"
+        if path not in ("/v1/records", "/v1/records/preview") or (
+                preview and not self.preview_route):
+            return 404, {"detail": "Not Found"}
         if self.fail_status:
             return self.fail_status, {"detail": "injected"}
         if self.token and headers.get("Authorization") != f"Bearer {self.token}":
@@ -60,7 +70,13 @@ class Receiver:
         if headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         lines = [ln for ln in body.split(b"\n") if ln.strip()]
-        return 200, self._ingest([json.loads(ln) for ln in lines])
+        objs = [json.loads(ln) for ln in lines]
+        if preview:
+            with self.lock:
+                self.previews.extend(objs)
+                self.arrivals.extend(("preview", o.get("step", 0)) for o in objs)
+            return 200, {"received": len(objs), "alerts": 0, "rejected": []}
+        return 200, self._ingest(objs)
 
     def _ingest(self, objs: list[dict]) -> dict:
         accepted, dups, rejected = 0, 0, []
@@ -78,6 +94,7 @@ class Receiver:
                     continue
                 self.keys.add(key)
                 self.records.append(obj)
+                self.arrivals.append(("record", obj.get("step", 0)))
                 accepted += 1
         return {"accepted": accepted, "duplicates": dups, "rejected": rejected, "actions": []}
 
@@ -90,7 +107,7 @@ def _handler(receiver: Receiver):
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            status, payload = receiver.handle(self.headers, body)
+            status, payload = receiver.handle(self.headers, body, self.path)
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -1,6 +1,7 @@
 """Permanent mistakes are said once and stop the sender; outages are retried; the spool and
-``close()`` stay bounded; a NaN step overtakes a backlog. Against a real sidecar process
-and the loopback receiver scripted to answer each status."""
+``close()`` stay bounded; a NaN step is previewed ahead of a backlog and itself delivered in
+order. Against a real sidecar process and the loopback receiver scripted to answer each
+status."""
 
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ def test_spool_drops_the_oldest_and_says_so(stopped_receiver, tmp_path, caplog):
     assert steps[-1] == 199 and steps == sorted(steps)  # the newest survived, in order
 
 
-def test_a_nan_step_overtakes_the_backlog_once_the_sidecar_answers(stopped_receiver, tmp_path):
+def test_a_nan_step_is_previewed_ahead_of_the_backlog_and_delivered_in_order(
+        stopped_receiver, tmp_path):
     sender = _sender(stopped_receiver.url, tmp_path)
     for i in range(50):
         sender.submit(_step(i))
@@ -176,22 +178,106 @@ def test_a_nan_step_overtakes_the_backlog_once_the_sidecar_answers(stopped_recei
     sender.submit(_step(50, loss=float("nan")))
     sender.submit(_step(51))
     assert not sender.flush(timeout=0.3)
-    assert sender.counters().spooled == 51  # the NaN step was held apart, not spooled
+    assert sender.counters().spooled == 52  # the NaN step keeps its place in the spool
     stopped_receiver.start()
     assert sender.close(timeout=10)
-    steps = [r["step"] for r in stopped_receiver.of_kind("step")]
-    assert steps[0] == 50 and sorted(steps) == list(range(52))
-    assert stopped_receiver.of_kind("step")[0]["loss"] == "NaN"
+    assert [r["step"] for r in stopped_receiver.of_kind("step")] == list(range(52))
+    assert [p["step"] for p in stopped_receiver.previews] == [50]
+    assert stopped_receiver.previews[0]["loss"] == "NaN"
+    assert stopped_receiver.arrivals[0] == ("preview", 50)  # before any of the backlog
 
 
-def test_a_nan_step_overtakes_even_when_the_queue_is_full(stopped_receiver, tmp_path):
+def test_a_nan_step_is_previewed_even_when_the_queue_is_full(stopped_receiver, tmp_path):
     sender = _sender(stopped_receiver.url, tmp_path, max_queue=5)
     for i in range(200):
         sender.submit(_step(i))
-    sender.submit(_step(200, loss=float("inf")))  # the queue is full: it is not spooled
+    sender.submit(_step(200, loss=float("inf")))  # the queue is full: spooled and previewed
     assert not sender.flush(timeout=0.3)
-    assert sender.counters().spooled == 200
     stopped_receiver.start()
     assert sender.close(timeout=10)
     steps = [r["step"] for r in stopped_receiver.of_kind("step")]
-    assert steps[0] == 200 and sorted(steps) == list(range(201))
+    assert sorted(steps) == list(range(201))
+    assert stopped_receiver.arrivals[0] == ("preview", 200)
+    assert stopped_receiver.previews[0]["loss"] == "Infinity"
+
+
+def test_an_amp_overflow_step_is_not_previewed(stopped_receiver, tmp_path):
+    sender = _sender(stopped_receiver.url, tmp_path)
+    sender.submit(_step(0))
+    assert not sender.flush(timeout=0.3)
+    overflow = {**_step(1, loss=2.0), "grad_norm": float("inf"), "loss_scale": 65536.0}
+    skipped = {**_step(2, loss=2.0), "grad_norm": float("nan"), "skipped": True}
+    sender.submit(overflow)
+    sender.submit(skipped)
+    sender.submit(_step(3))
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    assert [r["step"] for r in stopped_receiver.of_kind("step")] == [0, 1, 2, 3]
+    assert stopped_receiver.previews == []
+
+
+def test_a_sidecar_without_the_preview_route_still_gets_everything(stopped_receiver, tmp_path,
+                                                                   caplog):
+    stopped_receiver.preview_route = False  # an older sidecar: 404 on /v1/records/preview
+    sender = _sender(stopped_receiver.url, tmp_path)
+    for i in range(20):
+        sender.submit(_step(i, loss=float("nan") if i in (5, 15) else 1.0))
+    assert not sender.flush(timeout=0.3)
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    assert [r["step"] for r in stopped_receiver.of_kind("step")] == list(range(20))
+    assert sender.misconfigured is None and not sender.previews_on
+    assert sender.counters().sent == 20 and sender.counters().dropped == 0
+    assert _errors(caplog) == []  # quietly: no "cannot send records" error
+
+
+def _run_steps(run, steps, nan_from=12):
+    head = [{"kind": "run", "run_id": run, "time": 1.0}] if 1 in steps else []
+    return head + [{**_step(s, float("nan") if s >= nan_from else 2.0 - 0.01 * s, run),
+                    "grad_norm": 1.0} for s in steps]
+
+
+def test_nan_behind_an_outage_real_sidecar_same_findings_one_alert(stopping_sidecar,
+                                                                   pd_receiver, tmp_path):
+    import httpx
+
+    sc = stopping_sidecar
+    ref = _sender(sc.url, tmp_path / "ref")
+    for rec in _run_steps("ref", range(1, 21)):
+        ref.submit(rec)
+    assert ref.close(timeout=10)
+    sender = _sender(sc.url, tmp_path / "prev")
+    for rec in _run_steps("prev", range(1, 11)):
+        sender.submit(rec)
+    assert sender.flush(timeout=10)
+    sc.kill()
+    for rec in _run_steps("prev", range(11, 21)):  # spooled, NaN from step 12
+        sender.submit(rec)
+    assert not sender.flush(timeout=0.5)
+    sc.start()
+    assert sender.close(timeout=20)
+
+    def get(path):
+        return httpx.get(sc.url + path, timeout=10).json()
+
+    stored = [r["step"] for r in sc.records("prev") if r["kind"] == "step"]
+    assert stored == list(range(1, 21))  # once each, in order: nothing overtook
+    findings = {run: sorted((f["type"], f["step"], f["message"].replace(run, "RUN"))
+                            for f in get(f"/v1/runs/{run}/findings")["findings"])
+                for run in ("ref", "prev")}
+    assert findings["prev"] == findings["ref"] and findings["ref"]
+    actions = {run: [(a["action"], a["step"]) for a in get(f"/v1/runs/{run}/actions")["actions"]]
+               for run in ("ref", "prev")}
+    assert actions["prev"] == actions["ref"] == [("stop", 14)]
+    alerts = [a for a in get("/v1/alerts")["alerts"] if a["run_id"] == "prev"]
+    assert len(alerts) == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+            r.json["payload"]["custom_details"]["run_id"] == "prev"
+            for r in pd_receiver.accepted() if "payload" in r.json):
+        time.sleep(0.05)
+    keys = {r.json["dedup_key"] for r in pd_receiver.accepted()
+            if r.json.get("payload", {}).get("custom_details", {}).get("run_id") == "prev"}
+    assert len(keys) == 1
+    metrics = httpx.get(sc.url + "/metrics", timeout=10).text
+    assert 'monitor_agent_alert_decisions_total{reason="previewed"} 1.0' in metrics

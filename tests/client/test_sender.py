@@ -120,6 +120,15 @@ def test_full_queue_spills_to_spool_without_blocking(stopped_receiver, tmp_path)
     assert sorted(_steps_of(stopped_receiver)) == list(range(200))
 
 
+def test_records_past_a_full_queue_wait_behind_it_in_order(stopped_receiver, tmp_path):
+    sender = _sender(stopped_receiver.url, tmp_path, max_queue=50)
+    for i in range(95):  # 50 queued, 45 in the overflow behind the queue
+        sender.submit(_step(i))
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    assert _steps_of(stopped_receiver) == list(range(95))  # none overtook: none is late
+
+
 def test_leftover_spool_is_replayed_by_the_next_sender(stopped_receiver, tmp_path):
     first = _sender(stopped_receiver.url, tmp_path)
     for i in range(5):

@@ -121,3 +121,34 @@ def test_a_skipped_amp_step_keeps_its_origin_for_the_next_finding():
     recs.append(step(21, loss=NAN, loss_scale=512.0))
     (f,) = feed(only("nan_inf"), recs)
     assert f.step == 21 and f.evidence["last_overflow_origin"] == n[1]
+
+
+def test_preview_is_the_finding_update_would_give_and_changes_nothing():
+    """The preview route's rule (a NaN step ahead of its backlog) is the detector's own."""
+    from monitor_agent import wire
+
+    recs = [run()] + [step(i) for i in range(1, 40)]
+    recs += [step(40 + k, grad_norm=10.0 ** (k + 1)) for k in range(3)]
+    suite = only("nan_inf")
+    feed(suite, recs)
+    before = wire.dumps(suite.snapshot())
+    nan = step(43, loss=NAN, grad_norm=INF)
+    [previewed] = suite.preview(nan)
+    assert wire.dumps(suite.snapshot()) == before  # no state changed
+    assert suite.preview(nan) == [previewed]  # and so it can be asked again
+    [found] = suite.update(nan)
+    assert previewed.to_dict() == found.to_dict()
+    assert found.suggestions == tips.NAN_AFTER_GROWTH
+
+
+def test_preview_skips_finite_steps_amp_overflows_and_layer_only_nans():
+    suite = only("nan_inf")
+    feed(suite, [run(), step(1)])
+    assert suite.preview(step(2)) == []
+    assert suite.preview(step(2, loss_scale=65536.0, grad_norm=INF)) == []
+    assert suite.preview(step(2, loss_scale=65536.0, grad_norm=NAN, skipped=True)) == []
+    table = layers(names(3), grad=[1.0, NAN, 1.0])
+    assert suite.preview(step(2, layers=table)) == []
+    assert [f.step for f in suite.preview(step(2, loss=INF, skipped=True))] == [2]
+    disabled = only("loss_spike")
+    assert disabled.preview(step(2, loss=NAN)) == []

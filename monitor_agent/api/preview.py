@@ -1,0 +1,68 @@
+"""``POST /v1/records/preview``: a NaN/Inf step sent ahead of its backlog, to page now.
+
+A client that cannot deliver (the sidecar was away) keeps records in its spool and replays
+them oldest first; the detectors only look forward, so that order must hold, and a page
+about a NaN step would wait for the whole backlog. Instead the client sends a copy of the
+alarming step here first, and the record itself stays in its place in the stream.
+
+The body, the token and every limit are those of ``POST /v1/records`` (same 401, 413, 415,
+422). The nan_inf rule is applied to each step (engine.preview) and its finding starts an
+alert at once; nothing is stored, no detector state changes, no finding row is written:
+the in-order copy, when it arrives, is stored and judged as usual and its finding folds
+into the same alert, so there is one page.
+
+Example::
+
+    POST /v1/records/preview  {"records": [{"kind": "step", "run_id": "r", "step": 9,
+                                            "time": 1.0, "loss": "NaN"}]}
+    -> 200 {"received": 1, "alerts": 1, "rejected": []}
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from monitor_agent.api.deps import require_write
+from monitor_agent.api.ingest import BadRequest, Rejection, read_records, reason_label
+
+router = APIRouter(tags=["ingest"])
+
+
+class PreviewResponse(BaseModel):
+    received: int = Field(description="Valid records in the request (none is stored).")
+    alerts: int = Field(description="Alerts this preview began (0 when already firing).")
+    rejected: list[Rejection] = Field(default_factory=list)
+
+
+@router.post(
+    "/v1/records/preview",
+    response_model=PreviewResponse,
+    dependencies=[Depends(require_write)],
+    summary="Page now about a NaN/Inf step that waits behind a client's backlog; stores nothing",
+    responses={
+        400: {"description": "Malformed body"},
+        401: {"description": "Missing or wrong bearer token"},
+        413: {"description": "Body, inflated body or batch too large"},
+        415: {"description": "Unsupported content type or encoding"},
+        422: {"description": "Every record was invalid"},
+        503: {"description": "Cannot page right now; retry later"},
+    },
+)
+async def post_preview(request: Request) -> PreviewResponse:
+    state = request.app.state
+    try:
+        valid, rejected = await read_records(request)
+        begun = await state.runner.call(state.engine.preview, valid, time.time())
+    except BadRequest as exc:
+        status, reason = exc.status, exc.reason  # not the exception: it holds the body
+    except sqlite3.Error as exc:
+        status, reason = 503, f"cannot record the alert right now ({exc}); retry later"
+    else:
+        return PreviewResponse(received=len(valid), alerts=begun,
+                               rejected=sorted(rejected, key=lambda r: r["index"]))
+    state.metrics.rejections.labels(reason=reason_label(status)).inc()
+    raise HTTPException(status, reason)

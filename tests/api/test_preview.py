@@ -1,0 +1,143 @@
+"""``POST /v1/records/preview`` through a real sidecar: a NaN step sent ahead of its backlog
+pages at once, stores nothing, and its in-order copy joins that alert (one page, the same
+findings and actions as a run delivered in order); the route refuses what ingest refuses."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import httpx
+import pytest
+
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
+
+NAN_FROM = 12  # first NaN step; nan_inf reports it, then the NaN 3 steps in a row (14)
+
+
+def _records(run: str, steps: range) -> list[dict]:
+    head = [{"kind": "run", "run_id": run, "config": {"total_steps": 100}}] if 1 in steps else []
+    return head + [{"kind": "step", "run_id": run, "step": s, "time": 1000.0 + s,
+                    "loss": "NaN" if s >= NAN_FROM else 2.0 - 0.01 * s, "grad_norm": 1.0}
+                   for s in steps]
+
+
+def _preview(url: str, records: list[dict], **kw) -> httpx.Response:
+    return httpx.post(url + "/v1/records/preview", json={"records": records}, timeout=10, **kw)
+
+
+def _findings(url: str, run: str) -> list[tuple]:
+    found = httpx.get(f"{url}/v1/runs/{run}/findings").json()["findings"]
+    return sorted((f["type"], f["step"], f["message"], str(f["evidence"])) for f in found)
+
+
+def _actions(url: str, run: str) -> list[tuple]:
+    return [(a["action"], a["step"], a["rule"])
+            for a in httpx.get(f"{url}/v1/runs/{run}/actions").json()["actions"]]
+
+
+def _pages(pd_receiver, run: str) -> list[dict]:
+    return [r.json for r in pd_receiver.accepted()
+            if r.json.get("payload", {}).get("custom_details", {}).get("run_id") == run]
+
+
+def _wait_pages(pd_receiver, run: str, n: int, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(_pages(pd_receiver, run)) >= n:
+            return _pages(pd_receiver, run)
+        time.sleep(0.02)
+    raise AssertionError(f"no page for {run}: {[r.json for r in pd_receiver.requests]}")
+
+
+def test_a_preview_pages_before_the_backlog_and_the_in_order_copy_joins_it(
+        stopping_sidecar, pd_receiver):
+    sc = stopping_sidecar
+    # The reference: everything in order, one request per step as a live client sends it.
+    for s in range(1, 21):
+        assert sc.post(_records("ref", range(s, s + 1))).status_code == 200
+    # The same run, but its steps 11.. wait in a client's spool and the NaN is previewed.
+    assert sc.post(_records("prev", range(1, 11))).status_code == 200
+    nan_step = _records("prev", range(NAN_FROM, NAN_FROM + 1))
+    answer = _preview(sc.url, nan_step).json()
+    assert answer == {"received": 1, "alerts": 1, "rejected": []}
+
+    [page] = _wait_pages(pd_receiver, "prev", 1)  # paged with the backlog not sent yet
+    assert page["event_action"] == "trigger"
+    assert page["payload"]["custom_details"]["step"] == NAN_FROM
+    assert [r["step"] for r in sc.records("prev") if r["kind"] == "step"] == list(range(1, 11))
+    assert _findings(sc.url, "prev") == []  # a preview stores neither record nor finding
+    assert _preview(sc.url, nan_step).json()["alerts"] == 0  # already firing
+
+    for s in range(11, 21):  # the backlog, in order
+        assert sc.post(_records("prev", range(s, s + 1))).status_code == 200
+    assert [r["step"] for r in sc.records("prev") if r["kind"] == "step"] == list(range(1, 21))
+    assert _findings(sc.url, "prev") == [
+        (t, s, m.replace("ref", "prev"), e) for t, s, m, e in _findings(sc.url, "ref")]
+    assert _findings(sc.url, "ref") and _actions(sc.url, "ref")
+    assert _actions(sc.url, "prev") == _actions(sc.url, "ref")  # action_after counts alike
+    _wait_pages(pd_receiver, "ref", 1)
+    keys = {p["dedup_key"] for p in _pages(pd_receiver, "prev")}
+    assert len(keys) == 1  # one alert: the in-order finding folded into the previewed one
+    alert = [a for a in httpx.get(sc.url + "/v1/alerts").json()["alerts"]
+             if a["run_id"] == "prev"]
+    assert len(alert) == 1 and alert[0]["last_step"] >= 14
+
+
+def test_a_preview_for_an_unknown_run_pages_with_what_the_record_carries(
+        stopping_sidecar, pd_receiver):
+    sc = stopping_sidecar
+    answer = _preview(sc.url, [{"kind": "step", "run_id": "stranger", "rank": 3, "step": 500,
+                                "time": 1.0, "loss": 1.0, "grad_norm": "Infinity"}]).json()
+    assert answer["alerts"] == 1
+    [page] = _wait_pages(pd_receiver, "stranger", 1)
+    details = page["payload"]["custom_details"]
+    assert (details["step"], details["rank"]) == (500, 3)
+    assert "grad_norm is inf at step 500" in page["payload"]["summary"]
+    assert httpx.get(sc.url + "/v1/runs/stranger/records").json().get("records", []) == []
+
+
+def test_a_preview_of_a_finite_or_amp_overflow_step_pages_nothing(stopping_sidecar):
+    sc = stopping_sidecar
+    steps = [{"kind": "step", "run_id": "amp", "step": 1, "time": 1.0, "loss": 2.0},
+             {"kind": "step", "run_id": "amp", "step": 2, "time": 2.0, "loss": 2.0,
+              "grad_norm": "Infinity", "loss_scale": 65536.0},
+             {"kind": "step", "run_id": "amp", "step": 3, "time": 3.0, "loss": 2.0,
+              "grad_norm": "NaN", "skipped": True}]
+    assert _preview(sc.url, steps).json() == {"received": 3, "alerts": 0, "rejected": []}
+    assert httpx.get(sc.url + "/v1/alerts").json()["alerts"] == []
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    settings = load_settings(data_dir=tmp_path, token="s3cret-token", max_body_bytes=4096,
+                             max_decompressed_bytes=65536)
+    with LiveServer(settings) as srv:
+        yield srv
+
+
+def test_previews_are_refused_as_ingest_refuses(guarded):
+    sc = guarded
+    auth = {"Authorization": "Bearer s3cret-token"}
+    nan = {"kind": "step", "run_id": "r", "step": 1, "time": 1.0, "loss": "NaN"}
+    assert _preview(sc.url, [nan]).status_code == 401
+    assert _preview(sc.url, [nan], headers={"Authorization": "Bearer wrong"}).status_code == 401
+    big = [{**nan, "step": s} for s in range(1, 200)]
+    assert _preview(sc.url, big, headers=auth).status_code == 413
+    bomb = gzip.compress(b"{" * 10 + b" " * 100_000)
+    r = httpx.post(sc.url + "/v1/records/preview", content=bomb, timeout=10,
+                   headers={**auth, "Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert r.status_code == 413
+    bad = _preview(sc.url, [{"kind": "step", "run_id": "r", "step": "1", "time": 1.0}],
+                   headers=auth)
+    assert bad.status_code == 422 and "step" in bad.json()["detail"]
+    mixed = _preview(sc.url, [{"kind": "step", "run_id": "r"}, nan], headers=auth).json()
+    assert mixed["received"] == 1 and [r["index"] for r in mixed["rejected"]] == [0]
+
+
+@pytest.mark.parametrize("path", ["/v1/records", "/v1/records/preview"])
+def test_both_routes_take_the_same_bodies_in_openapi(sidecar, path):
+    doc = httpx.get(sidecar.url + "/openapi.json").json()
+    body = doc["paths"][path]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/x-ndjson"}
