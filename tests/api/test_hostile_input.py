@@ -88,7 +88,7 @@ def test_free_form_strings_and_maps_have_budgets(srv, config, budget):
     body = json.dumps({"kind": "run", "run_id": "ff", "config": config}).encode()
     r = _raw(srv, body + b"\n")
     assert r.status_code == 422 and budget in r.json()["detail"], r.text
-    assert "ff" not in httpx.get(srv.url + "/metrics").text
+    assert 'run_id="ff"' not in httpx.get(srv.url + "/metrics").text
     _metrics_ok(srv)
 
 
