@@ -44,6 +44,16 @@ class IngestResponse(BaseModel):
     )
 
 
+BODY_ERRORS: dict[int | str, dict[str, str]] = {
+    400: {"description": "Malformed body"},
+    401: {"description": "Missing or wrong bearer token"},
+    413: {"description": "Body, inflated body or batch too large"},
+    415: {"description": "Unsupported content type or encoding"},
+    422: {"description": "Every record was invalid"},
+}
+"""How any route that reads a batch of records (ingest, preview) refuses a body."""
+
+
 class BadRequest(Exception):
     """A request refused as a whole: ``status`` and a ``reason`` naming what is wrong."""
 
@@ -57,15 +67,8 @@ class BadRequest(Exception):
     response_model=IngestResponse,
     dependencies=[Depends(require_write)],
     summary="Ingest a batch of records (JSON {records: [...]} or NDJSON; gzip accepted)",
-    responses={
-        400: {"description": "Malformed body"},
-        401: {"description": "Missing or wrong bearer token"},
-        413: {"description": "Body, inflated body or batch too large"},
-        415: {"description": "Unsupported content type or encoding"},
-        422: {"description": "Every record was invalid"},
-        429: {"description": "Too many active runs"},
-        503: {"description": "Cannot store right now; retry later"},
-    },
+    responses={**BODY_ERRORS, 429: {"description": "Too many active runs"},
+               503: {"description": "Cannot store right now; retry later"}},
 )
 async def post_records(request: Request) -> IngestResponse:
     state = request.app.state

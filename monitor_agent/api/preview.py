@@ -27,7 +27,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from monitor_agent.api.deps import require_write
-from monitor_agent.api.ingest import BadRequest, Rejection, read_records, reason_label
+from monitor_agent.api.ingest import (
+    BODY_ERRORS,
+    BadRequest,
+    Rejection,
+    read_records,
+    reason_label,
+)
 
 router = APIRouter(tags=["ingest"])
 
@@ -43,14 +49,7 @@ class PreviewResponse(BaseModel):
     response_model=PreviewResponse,
     dependencies=[Depends(require_write)],
     summary="Page now about a NaN/Inf step that waits behind a client's backlog; stores nothing",
-    responses={
-        400: {"description": "Malformed body"},
-        401: {"description": "Missing or wrong bearer token"},
-        413: {"description": "Body, inflated body or batch too large"},
-        415: {"description": "Unsupported content type or encoding"},
-        422: {"description": "Every record was invalid"},
-        503: {"description": "Cannot page right now; retry later"},
-    },
+    responses={**BODY_ERRORS, 503: {"description": "Cannot page right now; retry later"}},
 )
 async def post_preview(request: Request) -> PreviewResponse:
     state = request.app.state
