@@ -189,7 +189,7 @@ class Sender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
-        self._spool_lines(self._encode(self._drain_now()) + self._take_overflow())
+        self._spool_lines(self._encode(_pop(self._queue)) + _pop(self._overflow))
         self.spool.close()
         left = self.counters().pending
         if not ok and left and self.misconfigured is None:
@@ -215,7 +215,7 @@ class Sender:
         if items:
             self._deliver(items)
         elif self._overflow:  # the queue before it is drained: its turn, in order
-            self._deliver_lines(self._take_overflow(self.batch_records), [])
+            self._deliver_lines(_pop(self._overflow, self.batch_records), [])
         self._replay()
         self._maybe_poll()
         with self._cond:
@@ -236,14 +236,7 @@ class Sender:
         if len(self._queue) < self.batch_records and not self._overflow:  # a backlog: no wait
             self._wake.wait(0.05 if len(self.spool) else self.linger)
             self._wake.clear()
-        return self._drain_now(self.batch_records)
-
-    def _drain_now(self, limit: int = 1 << 30) -> list[Any]:
-        items: list[Any] = []
-        pop = self._queue.popleft
-        while self._queue and len(items) < limit:
-            items.append(pop())
-        return items
+        return _pop(self._queue, self.batch_records)
 
     def _encode(self, items: list[Any], alarming: list[int] | None = None) -> list[bytes]:
         """Encode records; ``alarming`` collects the indexes of NaN/Inf steps, if given."""
@@ -259,13 +252,6 @@ class Sender:
             if alarming is not None and is_alarming(record):
                 alarming.append(len(lines))
             lines.append(line)
-        return lines
-
-    def _take_overflow(self, limit: int = 1 << 30) -> list[bytes]:
-        lines: list[bytes] = []
-        pop = self._overflow.popleft
-        while self._overflow and len(lines) < limit:
-            lines.append(pop())
         return lines
 
     def _deliver(self, items: list[Any]) -> None:
@@ -433,3 +419,13 @@ def _chunks(lines: list[bytes], max_records: int, max_bytes: int):
         size += len(line) + 1
     if chunk:
         yield chunk
+
+
+def _pop(queue: collections.deque[Any], limit: int = 1 << 30) -> list[Any]:
+    """Up to ``limit`` items from the left of ``queue`` (the send queue or the overflow
+    behind it); ``submit`` only appends, so a length seen here never shrinks under us."""
+    items: list[Any] = []
+    pop = queue.popleft
+    while queue and len(items) < limit:
+        items.append(pop())
+    return items
