@@ -1,0 +1,54 @@
+"""``AlertSink``: the one seam between the engine and alerting.
+
+The engine hands findings to a sink and knows nothing else of rules, silences or channels.
+``Alerting`` is the real one; ``NullSink`` stands in where nothing should page (a bare
+replay, tests of the pipeline alone), so the engine never checks for ``None``.
+
+Example::
+
+    engine = Engine(settings, store, metrics, alerts=NullSink())
+    actions = sink.handle(RunContext("gpt-7"), findings, now=time.time())
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from monitor_agent.alerting.model import RunContext
+from monitor_agent.types import Finding
+
+
+class AlertSink(Protocol):
+    """What the engine calls, on its own thread, as records and ticks go by."""
+
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
+        """One record's findings; returns the actions rules took (for the ingest answer)."""
+        ...
+
+    def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
+        """Findings of a record sent ahead of its turn; returns how many alerts began."""
+        ...
+
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+        """The run's end record arrived (``step``: where a stopped run stopped)."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """Clock-driven work: resolves, repeats, re-sends."""
+        ...
+
+
+class NullSink:
+    """A sink that pages nobody: findings are still stored and counted by the engine."""
+
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
+        return []
+
+    def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
+        return 0
+
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+        return None
+
+    def tick(self, now: float) -> None:
+        return None
