@@ -229,7 +229,7 @@ async def _tick_forever(app: FastAPI) -> None:
             if not state.readiness.ready:
                 await state.runner.call(state.engine.store.check_writable,
                                         write_headroom(state.settings))
-                await state.runner.call(state.alerting.db.check_writable)
+                await state.runner.call(state.alerting.check_writable)
                 state.readiness.set(None)
         except StorageError as exc:
             state.readiness.set(f"storage: {exc}")

@@ -326,6 +326,14 @@ class Alerting(AlertAdmin):
                              [(now, r["fingerprint"]) for r in stale])
             self._enqueue(conn, items, now)
 
+    def delivery_states(self) -> dict[str, dict[str, dict[str, object]]]:
+        """fingerprint -> channel -> how its latest notification went (GET /v1/alerts)."""
+        return self.outbox.delivery_states()
+
+    def check_writable(self) -> None:
+        """Raise sqlite3.Error unless alert state can be made durable now (readiness)."""
+        self.db.check_writable()
+
     def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
         """Actions rules took for a run, ``id > after``, oldest first (the poll endpoint)."""
         return actions.actions_for_run(self.db, run_id, after, limit)

@@ -71,7 +71,7 @@ def list_alerts(
     alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
     # Per channel, how the latest notification of each alert went: an undelivered page
     # is visible here (state "failed" with the receiver's answer), not only in a log.
-    delivery = alerting.outbox.delivery_states()
+    delivery = alerting.delivery_states()
     return _json({"alerts": [{**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})}
                              for a in alerts]})
 
