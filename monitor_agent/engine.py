@@ -293,9 +293,9 @@ class Engine:
         """Reload the runs that were active before a restart; return how many."""
         count = 0
         for row in self.store.runs():
-            live = now - row["last_seen"] < self._ttl(row["status"])
+            live = now - row.last_seen < self._ttl(row.status)
             if live and len(self.runs) < self.settings.max_active_runs:
-                self._load_run(row["run_id"], now)
+                self._load_run(row.run_id, now)
                 count += 1
         return count
 

@@ -48,11 +48,11 @@ def restore_run(engine: Engine, run: RunState, suite: DetectorSuite, now: float)
     row = store.run_row(run.run_id)
     if row is None:
         return
-    run.first_seen = row["first_seen"]
-    run.last_arrival = min(row["last_seen"], now)
-    run.status = row["status"]
-    if row["run_record"]:
-        run.run = _stored(row["run_record"], run.run_id)
+    run.first_seen = row.first_seen
+    run.last_arrival = min(row.last_seen, now)
+    run.status = row.status
+    if row.run_record:
+        run.run = _stored(row.run_record, run.run_id)
     saved = store.detector_state(run.run_id)
     after = 0
     if saved is not None:

@@ -86,6 +86,18 @@ class RecordRow:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """A run as the store knows it: identity, status and times (the run record's JSON)."""
+
+    run_id: str
+    run_record: bytes | None
+    status: str
+    first_seen: float
+    last_seen: float
+    ended_at: float | None
+
+
 class Store:
     """The sidecar's SQLite database. Not thread-safe: use it from one thread."""
 
@@ -253,14 +265,13 @@ class Store:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def runs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, run_id: str | None = None) -> list[StoredRun]:
         sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
         if run_id is not None:
             cur = self._db.execute(sql + " WHERE run_id = ?", (run_id,))
         else:
             cur = self._db.execute(sql + " ORDER BY first_seen")
-        keys = ("run_id", "run_record", "status", "first_seen", "last_seen", "ended_at")
-        return [dict(zip(keys, row, strict=True)) for row in cur]
+        return [StoredRun(*row) for row in cur]
 
     def records(
         self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
@@ -283,8 +294,8 @@ class Store:
         ).fetchone()
         return row[0] if row else None
 
-    def run_row(self, run_id: str) -> dict[str, Any] | None:
-        rows = [r for r in self.runs(run_id) if r["run_id"] == run_id]
+    def run_row(self, run_id: str) -> StoredRun | None:
+        rows = [r for r in self.runs(run_id) if r.run_id == run_id]
         return rows[0] if rows else None
 
     def records_after(self, run_id: str, after_id: int) -> list[tuple[int, bytes]]:

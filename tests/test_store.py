@@ -45,7 +45,7 @@ def test_state_survives_reopening(tmp_path: Path):
     again = Store(tmp_path / "m.sqlite")
     assert again.detector_state("r") == (1, b'{"x": 1}')
     assert [row_id for row_id, _ in again.records_after("r", 1)] == [2]
-    assert again.run_row("r")["status"] == "running"
+    assert again.run_row("r").status == "running"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

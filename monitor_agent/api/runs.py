@@ -26,14 +26,14 @@ async def list_runs(request: Request) -> dict[str, Any]:
     rows = await request.app.state.runner.call(engine.store.runs)
     out = []
     for row in rows:
-        live = engine.runs.get(row["run_id"])
+        live = engine.runs.get(row.run_id)
         out.append({
-            "run_id": row["run_id"],
-            "status": live.status if live else row["status"],
+            "run_id": row.run_id,
+            "status": live.status if live else row.status,
             "active": live is not None,
             "last_step": live.last_step if live else None,
-            "first_seen": row["first_seen"],
-            "last_seen": row["last_seen"],
+            "first_seen": row.first_seen,
+            "last_seen": row.last_seen,
             "findings": sum(live.findings.values()) if live else None,
         })
     return {"runs": out}
@@ -53,12 +53,12 @@ def _run_detail(engine: Engine, alerting: Any, run_id: str) -> dict[str, Any]:
     recent = [wire.loads(b) for b in engine.store.findings(run_id, limit=20)]
     detail: dict[str, Any] = {
         "run_id": run_id,
-        "status": live.status if live else row["status"],
+        "status": live.status if live else row.status,
         "active": live is not None,
-        "first_seen": row["first_seen"],
-        "last_seen": row["last_seen"],
-        "ended_at": row["ended_at"],
-        "run": wire.loads(row["run_record"]) if row["run_record"] else None,
+        "first_seen": row.first_seen,
+        "last_seen": row.last_seen,
+        "ended_at": row.ended_at,
+        "run": wire.loads(row.run_record) if row.run_record else None,
         "findings": {"by_type": engine.store.finding_counts(run_id), "recent": recent},
         "alerts": [_alert_view(a) for a in alerting.alerts_for_run(run_id)],
     }

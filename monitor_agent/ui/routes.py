@@ -141,18 +141,18 @@ async def get_runs(request: Request) -> Response:
 def _summaries(engine: Engine, firing: dict[str, int]) -> list[RunSummary]:
     out = []
     for row in engine.store.runs():
-        run_id, live = row["run_id"], engine.runs.get(row["run_id"])
+        run_id, live = row.run_id, engine.runs.get(row.run_id)
         counts = _severity(engine, run_id)
         progress = None
         if live is not None and live.ranks:
             progress = run_progress(live, live.ranks[min(live.ranks)])
         out.append(RunSummary(
             run_id=run_id, project=_project(live, row), status=live.status if live else
-            row["status"], active=live is not None, last_step=_last_step(engine, live, run_id),
+            row.status, active=live is not None, last_step=_last_step(engine, live, run_id),
             progress=progress.ratio if progress else None,
             eta_seconds=progress.eta_seconds if progress else None,
             findings=counts[0], worst_finding=counts[1],
-            firing_alerts=firing.get(run_id, 0), last_seen=row["last_seen"],
+            firing_alerts=firing.get(run_id, 0), last_seen=row.last_seen,
         ))
     return out
 
@@ -166,8 +166,8 @@ def _severity(engine: Engine, run_id: str) -> tuple[int, str | None]:
 def _project(live: Any, row: dict[str, Any]) -> str | None:
     if live is not None:
         return live.project or None
-    if row["run_record"]:
-        rec = wire.loads(row["run_record"])
+    if row.run_record:
+        rec = wire.loads(row.run_record)
         return (rec.get("labels") or {}).get("project") or (rec.get("config") or {}).get(
             "project")
     return None
