@@ -1,0 +1,192 @@
+"""The import graph: dependencies point one way and nothing imports in a circle.
+
+DESIGN.md habit 12: api -> engine -> (detectors, alerting -> notify) -> store / types. Every
+module of the sidecar sits on a layer below; a module may import only from a lower layer or
+from its own package. Imports inside functions and under ``TYPE_CHECKING`` count as well: a
+lazy import that breaks a cycle at run time still ties the two files together for a reader.
+
+A new module must be placed in ``LAYERS`` (the test says so): that is where a newcomer reads
+what may depend on what.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"monitor_agent": ROOT / "monitor_agent",
+            "monitor_client": ROOT / "client" / "monitor_client"}
+
+# Lowest first. A key is a module, or a package standing for everything inside it.
+LAYERS: dict[str, int] = {
+    # Foundations: no knowledge of anything but the wire format and limits.
+    "wire": 0, "limits": 0, "metric_names": 0, "yaml_errors": 0, "types": 0, "database": 0,
+    # Boundary models, storage and per-run state.
+    "schemas": 1, "store": 1, "run_state": 1, "metrics": 1,
+    "progress": 2, "plausible": 2, "suggestions": 2,
+    # Delivery knows a Notification and nothing of rules; detectors know records.
+    "notify": 3, "detectors": 3,
+    "alerting": 4,
+    "settings": 5,
+    # The pipeline, its durability and its read models.
+    "recovery": 6, "runner": 6, "exposition": 6,
+    "ui.blocks": 6, "ui.history": 7, "ui.indexer": 8, "ui.series": 8, "ui.models": 6,
+    "engine": 7,
+    # The edges: HTTP, files, command line.
+    "api": 9, "ui": 9, "replay": 9, "export": 9, "format_schema": 9, "server": 9,
+    "ui.routes": 10, "ui.report": 11, "app": 11,
+    "embedded": 12, "demo": 13, "cli": 14, "__main__": 15,
+}
+
+
+def _modules(package: str) -> dict[str, Path]:
+    base = PACKAGES[package]
+    out = {}
+    for path in sorted(base.rglob("*.py")):
+        parts = path.relative_to(base).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join((package, *parts))] = path
+    return out
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
+    """Every module an import in the file loads, at any depth of the syntax tree.
+
+    ``from pkg import sub`` names the submodule, not the package's ``__init__``;
+    ``from pkg import name`` (an attribute) names the package.
+    """
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield sub if sub in modules else base
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports."""
+    modules = _modules(package)
+    return {m: {name for name in _imports(m, p, modules) if name in modules and name != m}
+            for m, p in modules.items()}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in LAYERS:
+            return key, LAYERS[key]
+    raise KeyError(module)
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = []
+    for module in _modules("monitor_agent"):
+        if module == "monitor_agent":
+            continue
+        try:
+            _layer(module)
+        except KeyError:
+            missing.append(module)
+    assert not missing, f"place these in tests/test_architecture.py LAYERS: {missing}"
+
+
+def test_imports_point_down() -> None:
+    graph = _graph("monitor_agent")
+    wrong = []
+    for src, targets in graph.items():
+        if src == "monitor_agent":
+            continue
+        home, level = _layer(src)
+        for dst in targets:
+            if dst == "monitor_agent":
+                continue  # the version string
+            their_home, their_level = _layer(dst)
+            if their_home != home and their_level >= level:
+                wrong.append(f"{src} (layer {level}) imports {dst} (layer {their_level})")
+    assert not wrong, "imports that point up or sideways:\n" + "\n".join(sorted(wrong))
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycles(package: str) -> None:
+    graph = _graph(package)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_client_stands_alone() -> None:
+    """The client installs without the sidecar: it never imports it."""
+    modules = _modules("monitor_client")
+    found = [f"{m}: {name}" for m, p in modules.items()
+             for name in _imports(m, p, modules) if name.split(".")[0] == "monitor_agent"]
+    assert not found, found
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
+    """The helpers above find what they are meant to find (a test that cannot fail is none)."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _layer("monitor_agent.notify.slack") == ("notify", 3)
+    assert _layer("monitor_agent.alerting.rules")[1] > _layer("monitor_agent.notify.base")[1]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_path_through(graph, sorted(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _path_through(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A readable cycle inside one component: from its first module back to itself."""
+    members, start = set(component), component[0]
+    path, seen = [start], {start}
+    while True:
+        nxt = sorted(w for w in graph[path[-1]] if w in members)
+        back = [w for w in nxt if w == start]
+        if back and len(path) > 1:
+            return [*path, start]
+        step = next((w for w in nxt if w not in seen), None)
+        if step is None:
+            return [*path, start]
+        path.append(step)
+        seen.add(step)
