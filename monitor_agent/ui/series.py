@@ -101,13 +101,15 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
     if count <= points:
         rows = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE {where} "
                           "ORDER BY step", args).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(len(SCALARS) + 1)]
-        series = {c: {"mean": _clean(cols[i + 1]), "min": None, "max": None}
-                  for i, c in enumerate(SCALARS)}
+        cols: list[tuple[Any, ...]] = (list(zip(*rows, strict=True)) if rows
+                                       else [() for _ in range(len(SCALARS) + 1)])
+        series: dict[str, dict[str, list[float | None] | None]] = {
+            c: {"mean": _clean(cols[i + 1]), "min": None, "max": None}
+            for i, c in enumerate(SCALARS)}
         steps = list(cols[0])
     else:
         steps, series = _bucketed(db, run_id, rank, lo, hi, points)
-    series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"])}
+    series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"] or ())}
     bad = [r[0] for r in db.execute(f"SELECT step FROM steps INDEXED BY steps_nonfinite WHERE "
                                     f"{where} AND nonfinite != 0 ORDER BY step LIMIT 1000", args)]
     return {"steps": steps, "series": series, "bucketed": count > points,
@@ -133,7 +135,7 @@ def block_level(lo: int, hi: int, points: int) -> int | None:
 
 
 def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
-              points: int) -> tuple[list[int], dict[str, dict[str, list[float | None]]]]:
+              points: int) -> tuple[list[int], dict[str, dict[str, list[float | None] | None]]]:
     level = block_level(lo, hi, points)
     if level is None:
         bucket, bargs = _bucket_sql(lo, hi, points)
@@ -150,8 +152,9 @@ def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
                f"GROUP BY {bucket} ORDER BY 1")
         args = [run_id, rank, level, lo // level, hi // level, lo, points, hi - lo + 1]
     cols = list(zip(*db.execute(sql, args).fetchall(), strict=True))
-    series = {c: {"min": _clean(cols[1 + 3 * i]), "max": _clean(cols[2 + 3 * i]),
-                  "mean": _clean(cols[3 + 3 * i])} for i, c in enumerate(SCALARS)}
+    series: dict[str, dict[str, list[float | None] | None]] = {
+        c: {"min": _clean(cols[1 + 3 * i]), "max": _clean(cols[2 + 3 * i]),
+            "mean": _clean(cols[3 + 3 * i])} for i, c in enumerate(SCALARS)}
     return list(cols[0]), series
 
 
