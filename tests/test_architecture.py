@@ -33,13 +33,13 @@ LAYERS: dict[str, int] = {
     "alerting": 4,
     "settings": 5,
     # The pipeline, its durability and its read models.
-    "recovery": 6, "runner": 6, "exposition": 6,
+    "recovery": 6, "runner": 6, "exposition": 6, "run_views": 6,
     "ui.blocks": 6, "ui.history": 7, "ui.indexer": 8, "ui.series": 8, "ui.models": 6,
     "engine": 7,
     # The edges: HTTP, files, command line.
     "api": 9, "ui": 9, "replay": 9, "export": 9, "format_schema": 9, "server": 9,
     "ui.routes": 10, "ui.report": 11, "app": 11,
-    "embedded": 12, "demo": 13, "cli": 14, "__main__": 15,
+    "embedded": 12, "demo_gpt": 12, "demo": 13, "cli": 14, "__main__": 15,
 }
 
 
