@@ -27,8 +27,8 @@ import sqlite3
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from monitor_agent.alerting.db import AlertDB
 from monitor_agent.alerting.rules import Rule
+from monitor_agent.database import Database
 from monitor_agent.types import Finding
 
 ACTIONS: tuple[str, ...] = ("stop", "checkpoint")
@@ -102,21 +102,21 @@ def honour_stops(conn: sqlite3.Connection, run_id: str, step: int) -> list[Actio
     return done
 
 
-def actions_for_run(db: AlertDB, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
+def actions_for_run(db: Database, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
     """A run's actions with ``id > after``, oldest first."""
     rows = db.query("SELECT * FROM actions WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?",
                     (run_id, after, limit))
     return [Action.from_row(r) for r in rows]
 
 
-def stop_requested(db: AlertDB, run_id: str) -> bool:
+def stop_requested(db: Database, run_id: str) -> bool:
     """Whether any rule ever asked this run to stop."""
     rows = db.query("SELECT 1 FROM actions WHERE run_id = ? AND action = 'stop' LIMIT 1",
                     (run_id,))
     return bool(rows)
 
 
-def action_counts(db: AlertDB) -> dict[tuple[str, str, str], int]:
+def action_counts(db: Database) -> dict[tuple[str, str, str], int]:
     """(run_id, action, rule) -> how many times it was taken, for the exposition."""
     rows = db.query("SELECT run_id, action, rule, COUNT(*) AS n FROM actions "
                     "GROUP BY run_id, action, rule")

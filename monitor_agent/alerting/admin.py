@@ -21,7 +21,7 @@ from monitor_agent.alerting.model import AlertView
 from monitor_agent.alerting.silences import Silence
 
 if TYPE_CHECKING:
-    from monitor_agent.alerting.db import AlertDB
+    from monitor_agent.database import Database
 
 STATES = ("pending", "firing", "resolved", "silenced")
 
@@ -29,7 +29,7 @@ STATES = ("pending", "firing", "resolved", "silenced")
 class AlertAdmin:
     """Mixed into ``Alerting``; needs its ``db``, ``clock``, ``_enqueue`` and ``_count``."""
 
-    db: AlertDB
+    db: Database
     clock: Callable[[], float]
     _enqueue: Callable[..., None]
     _count: Callable[[Reason], None]

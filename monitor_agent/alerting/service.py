@@ -34,7 +34,7 @@ from monitor_agent.alerting import actions
 from monitor_agent.alerting import lifecycle as lc
 from monitor_agent.alerting.actions import Action
 from monitor_agent.alerting.admin import AlertAdmin, silenced_by
-from monitor_agent.alerting.db import AlertDB
+from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
 from monitor_agent.alerting.metrics import AlertingMetrics
@@ -43,7 +43,12 @@ from monitor_agent.alerting.rules import Rule, first_match, load_rules
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.notify.base import AlertEvent
-from monitor_agent.notify.channels import ALL_CHANNELS, build_notifiers, describe_channels
+from monitor_agent.notify.channels import (
+    ALL_CHANNELS,
+    build_notifiers,
+    channel_secrets,
+    describe_channels,
+)
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.types import Finding, Severity
@@ -65,11 +70,11 @@ class Alerting(AlertAdmin):
         http_transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.settings = settings
-        self.rules: list[Rule] = load_rules(settings)
+        self.rules: list[Rule] = load_rules(settings.rules_file)
         self.notifiers = build_notifiers(settings)
         self.clock = clock
         self.metrics = AlertingMetrics(registry, ALL_CHANNELS)
-        self.db = AlertDB(db_path)
+        self.db = open_alert_db(db_path)
         # Stored errors are redacted here; log lines by the factory the app installs.
         self.redactor = SecretRedactor(self.secrets())
         self.outbox = Outbox(self.db, self.notifiers, settings.outbox, self.metrics, clock,
@@ -81,10 +86,7 @@ class Alerting(AlertAdmin):
 
     def secrets(self) -> list[str]:
         """Every secret of the channels (URLs and keys), for redaction."""
-        s = self.settings
-        found = [s.slack.secret(), s.webhook.secret(), s.pagerduty.secret(), *s.alertmanager.urls]
-        # An Alertmanager URL is a secret only through its password (secret_forms finds it).
-        return [x for x in found if x and (x not in s.alertmanager.urls or "@" in x)]
+        return channel_secrets(self.settings)
 
     # -- lifecycle of the service ---------------------------------------------------------
 

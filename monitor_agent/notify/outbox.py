@@ -5,12 +5,15 @@ them, so a crash loses nothing and a restart re-sends nothing that was confirmed
 channel has its own sender thread (a slow Slack never delays a page) that sends its queue
 in order: a resolve never overtakes its trigger. This is the only place that retries.
 
+The outbox table lives in alerting's database (``alerting/db.py`` creates it, so a
+notification commits with the alert state that caused it); all SQL on it is here.
+
 Example::
 
-    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), metrics)
+    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), DeliveryMetrics(registry, ["slack"]))
     outbox.start()
     with db.tx() as conn:
-            outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
+        outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
     outbox.stop(timeout=5)
 """
 
@@ -28,10 +31,10 @@ from dataclasses import dataclass
 import httpx
 
 from monitor_agent import wire
-from monitor_agent.alerting.db import AlertDB
-from monitor_agent.alerting.metrics import AlertingMetrics
-from monitor_agent.alerting.settings import OutboxSettings
+from monitor_agent.database import Database
 from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
+from monitor_agent.notify.metrics import DeliveryMetrics
+from monitor_agent.notify.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +76,10 @@ class Outbox:
 
     def __init__(
         self,
-        db: AlertDB,
+        db: Database,
         notifiers: dict[str, Notifier],
         settings: OutboxSettings,
-        metrics: AlertingMetrics,
+        metrics: DeliveryMetrics,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         rand: Callable[[], float] = random.random,
