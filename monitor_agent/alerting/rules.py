@@ -55,6 +55,12 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+FingerprintLabel = Literal["layer", "rank"]
+
+
+def _by_layer() -> list[FingerprintLabel]:
+    """The default fingerprint labels: one alert per layer (all ranks together)."""
+    return ["layer"]
 
 
 class _Strict(BaseModel):
@@ -91,7 +97,7 @@ class RuleModel(_Strict):
     cooldown: Duration | None = None
     repeat_interval: Duration | None = None
     resolve_after: Duration | None = None
-    fingerprint: list[Literal["layer", "rank"]] = Field(default_factory=lambda: ["layer"])
+    fingerprint: list[FingerprintLabel] = Field(default_factory=_by_layer)
     action: Literal["stop", "checkpoint", "notify-only"] = "notify-only"
     action_after: int = Field(1, ge=1, le=1_000_000)
 
