@@ -8,7 +8,8 @@ transaction holding it committed.
 Example::
 
     store = Store(Path("data/monitor.sqlite"))
-    outcome = store.insert_records(run_id_rows)
+    ids = store.insert_records([RecordRow("gpt-7", 0, "step", 1, None, b'{"step": 1}')])
+    [run] = store.runs("gpt-7")  # StoredRun(run_id="gpt-7", status="running", ...)
     store.close()
 """
 
