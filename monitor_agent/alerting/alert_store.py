@@ -87,7 +87,8 @@ class AlertStore:
 
     def silences(self) -> list[Silence]:
         """Every silence, expired ones too, newest first."""
-        return [_silence(r) for r in self.db.query("SELECT * FROM silences ORDER BY created_at DESC")]
+        rows = self.db.query("SELECT * FROM silences ORDER BY created_at DESC")
+        return [_silence(r) for r in rows]
 
     def add_silence(self, s: Silence) -> None:
         with self.tx() as tx:

@@ -24,13 +24,15 @@ def test_alerting_and_null_sink_have_the_protocols_signatures():
 
 def test_alerting_used_through_the_sink_seam(tmp_path: Path):
     settings = AlertingSettings(console={"enabled": False}, group_wait_seconds=0)
-    alerting = Alerting(settings, tmp_path / "alerts.sqlite", CollectorRegistry(), clock=lambda: 1e9)
+    alerting = Alerting(settings, tmp_path / "alerts.sqlite", CollectorRegistry(),
+                        clock=lambda: 1e9)
     sink: AlertSink = as_sink(alerting)
     nan = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=3,
                   message="loss is NaN", value=float("nan"))
     assert sink.handle(RunContext("r1"), [nan], now=1e9) == []
     sink.tick(1e9)
     [alert] = alerting.active_alerts()
-    assert (alert.run_id, alert.type, alert.state, alert.last_step) == ("r1", "nan_inf", "firing", 3)
+    assert (alert.run_id, alert.type, alert.state, alert.last_step) == (
+        "r1", "nan_inf", "firing", 3)
     sink.run_ended("r1", "completed", now=1e9 + 1)
     assert alerting.active_alerts() == []
