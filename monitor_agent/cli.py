@@ -196,7 +196,7 @@ def _check_config(args: argparse.Namespace) -> int:
     from monitor_agent.alerting import RuleError, load_rules
 
     try:
-        rules = load_rules(settings.alerting)
+        rules = load_rules(settings.alerting.rules_file)
     except RuleError as exc:
         print(f"monitor-agent: {exc}", file=sys.stderr)
         return 2

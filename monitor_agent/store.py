@@ -1,13 +1,15 @@
 """SQLite storage of records, runs, findings and detector snapshots.
 
-One connection, used from the engine's single worker thread (reads for the API go through
-the same thread, so nothing needs a lock). WAL mode and batched transactions keep it fast;
-a record is acknowledged only after the transaction holding it committed.
+One connection (a ``database.Database`` without a lock), used from the engine's single
+worker thread (reads for the API go through the same thread, so nothing needs a lock).
+WAL mode and batched transactions keep it fast; a record is acknowledged only after the
+transaction holding it committed.
 
 Example::
 
     store = Store(Path("data/monitor.sqlite"))
-    outcome = store.insert_records(run_id_rows)
+    ids = store.insert_records([RecordRow("gpt-7", 0, "step", 1, None, b'{"step": 1}')])
+    [run] = store.runs("gpt-7")  # StoredRun(run_id="gpt-7", status="running", ...)
     store.close()
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_agent import wire
+from monitor_agent.database import Database
 
 SCHEMA_VERSION = 1
 
@@ -104,28 +107,14 @@ class Store:
     def __init__(
         self, path: Path | str, *, busy_timeout_ms: int = 5000, max_bytes: int | None = None
     ) -> None:
-        self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        # NORMAL in WAL mode is durable across process crashes (not power loss); that is the
-        # failure a sidecar meets, and FULL would cost an fsync per batch.
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._migrate()
+        self._db = Database(path, _MIGRATIONS, busy_timeout_ms=busy_timeout_ms)
+        self.path = self._db.path
         self._max_pages: int | None = None
         if max_bytes is not None:
             # Past this size writes fail exactly as on a full disk: the same code path.
-            page = self._db.execute("PRAGMA page_size").fetchone()[0]
+            page = self._db.query("PRAGMA page_size")[0][0]
             self._max_pages = max(1, max_bytes // page)
             self._db.execute(f"PRAGMA max_page_count = {self._max_pages}")
-
-    def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-            self._db.executescript(script)
-            self._db.execute(f"PRAGMA user_version = {i}")
 
     def close(self) -> None:
         self._db.close()
@@ -137,20 +126,15 @@ class Store:
         now = time.time()
         ids: list[int | None] = []
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._db.tx() as conn:
                 for row in rows:
-                    ids.append(self._insert_one(row, now))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+                    ids.append(self._insert_one(conn, row, now))
         except sqlite3.Error as exc:
             raise StorageError(f"cannot store records: {exc}") from exc
         return ids
 
-    def _insert_one(self, row: RecordRow, now: float) -> int | None:
-        cur = self._db.execute(
+    def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
+        cur = conn.execute(
             "INSERT INTO records (run_id, rank, kind, step, time, body) VALUES (?,?,?,?,?,?) "
             "ON CONFLICT DO NOTHING",
             (row.run_id, row.rank, row.kind, row.step, row.time, row.body),
@@ -158,7 +142,7 @@ class Store:
         if cur.rowcount == 0:
             return None
         run_body = row.body if row.kind == "run" else None
-        self._db.execute(
+        conn.execute(
             "INSERT INTO runs (run_id, run_record, first_seen, last_seen) VALUES (?,?,?,?) "
             "ON CONFLICT (run_id) DO UPDATE SET last_seen = excluded.last_seen, "
             "run_record = COALESCE(excluded.run_record, runs.run_record)",
@@ -207,11 +191,11 @@ class Store:
     def nth_newest_step(self, run_id: str, rank: int, n: int) -> int | None:
         """The step of the ``n``-th newest step record of a run and rank (1-based); None
         when it has fewer. An index walk of ``n`` entries: retention calls it once a pass."""
-        row = self._db.execute(
+        rows = self._db.query(
             "SELECT step FROM records WHERE run_id = ? AND rank = ? AND kind = 'step' "
             "ORDER BY step DESC LIMIT 1 OFFSET ?", (run_id, rank, n - 1),
-        ).fetchone()
-        return row[0] if row else None
+        )
+        return rows[0][0] if rows else None
 
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
         try:
@@ -221,13 +205,8 @@ class Store:
 
     def _write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(sql, rows)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            with self._db.tx() as conn:
+                conn.executemany(sql, rows)
         except sqlite3.Error as exc:
             raise StorageError(f"cannot write: {exc}") from exc
 
@@ -242,14 +221,8 @@ class Store:
             raise StorageError(f"only {free} bytes free for the database, "
                                f"{headroom_bytes} needed for the next batch")
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
-            self._db.execute("INSERT INTO _probe VALUES (1)")
-            self._db.execute("DELETE FROM _probe")
-            self._db.execute("COMMIT")
+            self._db.check_writable()
         except sqlite3.Error as exc:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
             raise StorageError(f"store not writable: {exc}") from exc
 
     def free_bytes(self) -> int | None:
@@ -258,7 +231,7 @@ class Store:
             return None
         free = shutil.disk_usage(Path(self.path).parent).free
         if self._max_pages is not None:
-            page, used, unused = (self._db.execute(f"PRAGMA {p}").fetchone()[0]
+            page, used, unused = (self._db.query(f"PRAGMA {p}")[0][0]
                                   for p in ("page_size", "page_count", "freelist_count"))
             free = min(free, (self._max_pages - used + unused) * page)
         return free
@@ -268,10 +241,10 @@ class Store:
     def runs(self, run_id: str | None = None) -> list[StoredRun]:
         sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
         if run_id is not None:
-            cur = self._db.execute(sql + " WHERE run_id = ?", (run_id,))
+            rows = self._db.query(sql + " WHERE run_id = ?", (run_id,))
         else:
-            cur = self._db.execute(sql + " ORDER BY first_seen")
-        return [StoredRun(*row) for row in cur]
+            rows = self._db.query(sql + " ORDER BY first_seen")
+        return [StoredRun(*row) for row in rows]
 
     def records(
         self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
@@ -284,15 +257,15 @@ class Store:
         sql += (" ORDER BY step, CASE kind WHEN 'run' THEN 0 WHEN 'step' THEN 1 "
                 "WHEN 'eval' THEN 2 ELSE 3 END, rank LIMIT ?")
         params.append(limit)
-        return [row[0] for row in self._db.execute(sql, params)]
+        return [row[0] for row in self._db.query(sql, params)]
 
     def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
-        row = self._db.execute(
+        rows = self._db.query(
             "SELECT body FROM records WHERE run_id = ? AND rank = ? AND kind = ? "
             "ORDER BY step DESC LIMIT 1",
             (run_id, rank, kind),
-        ).fetchone()
-        return row[0] if row else None
+        )
+        return rows[0][0] if rows else None
 
     def run_row(self, run_id: str) -> StoredRun | None:
         rows = [r for r in self.runs(run_id) if r.run_id == run_id]
@@ -300,35 +273,32 @@ class Store:
 
     def records_after(self, run_id: str, after_id: int) -> list[tuple[int, bytes]]:
         """Records of a run stored after ``after_id``, in arrival order (for recovery)."""
-        cur = self._db.execute(
+        return self._db.query(
             "SELECT id, body FROM records WHERE run_id = ? AND id > ? ORDER BY id",
             (run_id, after_id),
         )
-        return list(cur)
 
     def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
-        row = self._db.execute(
+        rows = self._db.query(
             "SELECT last_id, state FROM detector_state WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        return (row[0], row[1]) if row else None
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
 
     def findings(self, run_id: str, limit: int = 100) -> list[bytes]:
-        cur = self._db.execute(
+        rows = self._db.query(
             "SELECT body FROM findings WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit)
         )
-        return [row[0] for row in cur]
+        return [row[0] for row in rows]
 
     def finding_counts(self, run_id: str) -> dict[str, int]:
-        cur = self._db.execute(
+        return dict(self._db.query(
             "SELECT type, COUNT(*) FROM findings WHERE run_id = ? GROUP BY type", (run_id,)
-        )
-        return dict(cur.fetchall())
+        ))
 
     def finding_severity_counts(self, run_id: str) -> dict[str, int]:
-        cur = self._db.execute(
+        return dict(self._db.query(
             "SELECT severity, COUNT(*) FROM findings WHERE run_id = ? GROUP BY severity", (run_id,)
-        )
-        return dict(cur.fetchall())
+        ))
 
     def max_record_id(self) -> int:
-        return self._db.execute("SELECT COALESCE(MAX(id), 0) FROM records").fetchone()[0]
+        return int(self._db.query("SELECT COALESCE(MAX(id), 0) FROM records")[0][0])

@@ -1,25 +1,24 @@
-"""Alerting's own SQLite database: alert state, silences and the notification outbox.
+"""Alerting's own SQLite database: the schema of alerts, silences, actions and the outbox.
 
 Separate from the record store so alert durability never waits on record writes. One
 connection guarded by a lock: the engine thread, the API threads and the delivery threads
 all use it, each for a few short statements (":memory:" works too, for replay and tests).
+The SQL on these tables lives in ``alerting/alert_store.py`` (alerts, silences, actions)
+and ``notify/outbox.py`` (the outbox); this module only creates and migrates them.
 
 Example::
 
-    db = AlertDB("data/alerts.sqlite")
-    with db.tx() as conn:
-        conn.execute("UPDATE alerts SET state = 'resolved' WHERE fingerprint = ?", (fp,))
-    rows = db.query("SELECT * FROM alerts WHERE state = ?", ("firing",))
+    db = open_alert_db("data/alerts.sqlite")
+    alerts = AlertStore(db)
+    outbox = Outbox(db, notifiers, OutboxSettings(), metrics)
 """
 
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+from monitor_agent.database import Database
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -107,51 +106,6 @@ _MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class AlertDB:
-    """A locked SQLite connection with migrations and a transaction helper."""
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
-        self._lock = threading.RLock()
-        self._conn.execute("PRAGMA busy_timeout = 5000")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        # NORMAL in WAL mode survives a process crash (kill -9), the failure a sidecar meets.
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._migrate()
-
-    def _migrate(self) -> None:
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-            self._conn.executescript(script)
-            self._conn.execute(f"PRAGMA user_version = {i}")
-
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; everything inside commits together or not at all."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-    def check_writable(self) -> None:
-        """Raise sqlite3.Error unless a write transaction can commit now."""
-        with self.tx() as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS _probe (x)")
-            conn.execute("INSERT INTO _probe VALUES (1)")
-            conn.execute("DELETE FROM _probe")
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._conn.execute(sql, params).fetchall()
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+def open_alert_db(path: Path | str) -> Database:
+    """The alert database, migrated; locked, since engine, API and senders share it."""
+    return Database(path, _MIGRATIONS, threadsafe=True, row_factory=sqlite3.Row)

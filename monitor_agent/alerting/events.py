@@ -3,17 +3,16 @@
 Example::
 
     url = dashboard_url("http://grafana:3000", "gpt-7", at=1.7e9)
-    event = to_event(row, status="firing", reason="first", now=time.time())
+    event = to_event(stored_alert, status="firing", reason="first", now=time.time())
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections import defaultdict
 from urllib.parse import quote
 
 from monitor_agent import wire
+from monitor_agent.alerting.model import StoredAlert
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
 
 DASHBOARD_UID = "monitor-agent-training-run"
@@ -29,25 +28,25 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
             f"?var-run={quote(run_id, safe='')}&from={start}&to={end}")
 
 
-def to_event(row: sqlite3.Row, status: str, reason: str, now: float) -> AlertEvent:
-    finding = wire.loads(row["finding"])
+def to_event(alert: StoredAlert, status: str, reason: str, now: float) -> AlertEvent:
+    """What channels are told of ``alert`` (its latest finding, the action a rule took)."""
+    finding = alert.finding_data()
     summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
-    action = row["action"]
-    if action:  # the page says what the run already did about it
-        summary, evidence = f"{summary}; {action}", {**evidence, "action": action}
+    if alert.action:  # the page says what the run already did about it
+        summary, evidence = f"{summary}; {alert.action}", {**evidence, "action": alert.action}
     return AlertEvent(
-        fingerprint=row["fingerprint"], run_id=row["run_id"], alertname=row["rule"],
-        type=row["type"], severity=row["severity"], status=status,
-        summary=summary, started_at=row["started_at"], reason=reason,
-        project=row["project"], step=finding.get("step", row["last_step"]), layer=row["layer"], rank=row["rank"],
-        value=wire.nonfinite_to_float(finding.get("value")),
+        fingerprint=alert.fingerprint, run_id=alert.run_id, alertname=alert.rule,
+        type=alert.type, severity=alert.severity, status=status,
+        summary=summary, started_at=alert.started_at, reason=reason,
+        project=alert.project, step=finding.get("step", alert.last_step), layer=alert.layer,
+        rank=alert.rank, value=wire.nonfinite_to_float(finding.get("value")),
         threshold=wire.nonfinite_to_float(finding.get("threshold")),
         suggestions=tuple(finding.get("suggestions") or ()),
-        evidence=evidence, labels=json.loads(row["labels"]),
+        evidence=evidence, labels=dict(alert.labels),
         # count 0: an alert begun by a preview, whose one finding is not counted yet.
-        identity=json.loads(row["identity"]), count=max(row["count"], 1),
+        identity=dict(alert.identity), count=max(alert.count, 1),
         ends_at=now if status == "resolved" else None,
-        dashboard_url=row["dashboard_url"], acked_by=row["acked_by"],
+        dashboard_url=alert.dashboard_url, acked_by=alert.acked_by,
     )
 
 

@@ -1,4 +1,7 @@
-"""The alerting data the rest of the sidecar sees: a run's context and an alert's view.
+"""Alerting's data: a run's context, a stored alert, and the view the sidecar shows.
+
+``StoredAlert`` is one row of the alerts table as ``alert_store.py`` returns it (the
+lifecycle works on these); ``AlertView`` is what the API, exposition and UI see.
 
 Example::
 
@@ -9,11 +12,11 @@ Example::
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from monitor_agent import wire
+from monitor_agent.alerting.lifecycle import Timing
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,78 @@ class RunContext:
         if self.project and "project" not in labels:
             labels["project"] = self.project
         return labels
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One action a rule took for a run; ``id`` orders a run's actions (poll with after=id).
+
+    See ``alerting/actions.py`` for when rules act and how a stop request is honoured.
+    """
+
+    id: int
+    run_id: str
+    action: str
+    rule: str
+    type: str
+    step: int          # the step of the finding that triggered it (the request)
+    message: str
+    created_at: float
+    honoured_step: int | None = None  # stop: the step the trainer stopped at, once known
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAlert:
+    """One alert episode as stored: identity, routing fixed at its start, lifecycle state.
+
+    ``finding`` is the latest finding's JSON, parsed only where a message or view needs it.
+    """
+
+    fingerprint: str
+    run_id: str
+    rule: str
+    type: str
+    severity: str
+    layer: str | None
+    rank: int | None
+    identity: dict[str, str]    # the fingerprint labels (layer, rank)
+    project: str | None
+    labels: dict[str, str]      # the run's labels
+    channels: tuple[str, ...]   # fixed when the episode began
+    cooldown: float
+    repeat_interval: float
+    resolve_after: float
+    state: str                  # pending | firing | resolved
+    started_at: float
+    pending_since: float | None
+    last_seen: float            # time of the latest matching finding
+    last_step: int | None
+    count: int                  # findings in this episode (0: begun by a preview)
+    finding: bytes
+    notified: str | None = None        # what people were last told: firing | resolved
+    notified_at: float | None = None   # when the last firing/repeat message went out
+    refreshed_at: float | None = None  # last re-send to channels that need it
+    resolved_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+    dashboard_url: str | None = None
+    action: str | None = None   # what a rule asked of the run, as pages say it
+
+    def finding_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = wire.loads(self.finding)
+        return data
+
+    def timing(self) -> Timing:
+        """The part of the state that lifecycle decisions read."""
+        return Timing(
+            state=self.state, notified=self.notified, notified_at=self.notified_at,
+            last_seen=self.last_seen, last_step=self.last_step, acked=self.acked_at is not None,
+            cooldown=self.cooldown, repeat_interval=self.repeat_interval,
+            resolve_after=self.resolve_after,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +142,16 @@ class AlertView:
         return asdict(self)
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row, silenced: bool) -> AlertView:
-        finding = wire.loads(row["finding"])
+    def of(cls, alert: StoredAlert, silenced: bool) -> AlertView:
+        finding = alert.finding_data()
         suggestions = finding.get("suggestions") or []
         return cls(
-            fingerprint=row["fingerprint"], run_id=row["run_id"], project=row["project"],
-            rank=row["rank"], alertname=row["rule"], type=row["type"], severity=row["severity"],
-            layer=row["layer"], summary=finding.get("message", ""),
-            suggestion=suggestions[0] if suggestions else None, state=row["state"],
-            silenced=silenced, started_at=row["started_at"], last_seen=row["last_seen"],
-            last_step=row["last_step"], count=row["count"], resolved_at=row["resolved_at"],
-            acked_by=row["acked_by"], acked_at=row["acked_at"], dashboard_url=row["dashboard_url"],
-            action=row["action"],
+            fingerprint=alert.fingerprint, run_id=alert.run_id, project=alert.project,
+            rank=alert.rank, alertname=alert.rule, type=alert.type, severity=alert.severity,
+            layer=alert.layer, summary=finding.get("message", ""),
+            suggestion=suggestions[0] if suggestions else None, state=alert.state,
+            silenced=silenced, started_at=alert.started_at, last_seen=alert.last_seen,
+            last_step=alert.last_step, count=alert.count, resolved_at=alert.resolved_at,
+            acked_by=alert.acked_by, acked_at=alert.acked_at, dashboard_url=alert.dashboard_url,
+            action=alert.action,
         )

@@ -6,7 +6,7 @@ and turned into frozen ``Rule`` dataclasses; the first rule that matches a findi
 
 Example::
 
-    rules = load_rules(AlertingSettings())
+    rules = load_rules(settings.alerting.rules_file)  # None: the packaged defaults
     rule = first_match(rules, finding, run_labels={"project": "gpt"})
     if rule is not None:
         print(rule.name, rule.severity, rule.channels, rule.cooldown)
@@ -24,7 +24,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.detectors.catalogue import FINDING_TYPES
 from monitor_agent.types import Finding, Severity
 from monitor_agent.yaml_errors import yaml_error_line
@@ -56,6 +55,12 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+FingerprintLabel = Literal["layer", "rank"]
+
+
+def _by_layer() -> list[FingerprintLabel]:
+    """The default fingerprint labels: one alert per layer (all ranks together)."""
+    return ["layer"]
 
 
 class _Strict(BaseModel):
@@ -92,7 +97,7 @@ class RuleModel(_Strict):
     cooldown: Duration | None = None
     repeat_interval: Duration | None = None
     resolve_after: Duration | None = None
-    fingerprint: list[Literal["layer", "rank"]] = Field(default_factory=lambda: ["layer"])
+    fingerprint: list[FingerprintLabel] = Field(default_factory=_by_layer)
     action: Literal["stop", "checkpoint", "notify-only"] = "notify-only"
     action_after: int = Field(1, ge=1, le=1_000_000)
 
@@ -155,9 +160,12 @@ def first_match(rules: Sequence[Rule], finding: Finding, run_labels: dict[str, s
     return next((r for r in rules if r.matches(finding, run_labels)), None)
 
 
-def load_rules(source: AlertingSettings | Path | str | None = None) -> list[Rule]:
-    """Load and validate a rules file (None or settings without one: the packaged defaults)."""
-    path = source.rules_file if isinstance(source, AlertingSettings) else source
+def load_rules(path: Path | str | None = None) -> list[Rule]:
+    """Load and validate a rules file (None: the packaged defaults).
+
+    Takes a path, not settings: ``AlertingSettings`` validates its ``rules_file`` with
+    this at config load, so the dependency runs settings -> rules only.
+    """
     if path is None:
         text = resources.files("monitor_agent").joinpath("default_rules.yaml").read_text()
         return parse_rules(text, "default_rules.yaml")

@@ -12,10 +12,11 @@ Example::
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from monitor_agent.alerting.model import StoredAlert
 
 MATCHERS: tuple[str, ...] = ("run_id", "type", "alertname", "layer")
 
@@ -55,14 +56,7 @@ class Silence:
         return asdict(self)
 
 
-def insert(conn: sqlite3.Connection, s: Silence) -> None:
-    conn.execute(
-        "INSERT INTO silences (id, run_id, type, alertname, layer, comment, created_by, "
-        "created_at, ends_at) VALUES (?,?,?,?,?,?,?,?,?)",
-        (s.id, s.run_id, s.type, s.alertname, s.layer, s.comment, s.created_by, s.created_at,
-         s.ends_at),
-    )
-
-
-def from_row(row: sqlite3.Row) -> Silence:
-    return Silence(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row)
+def silenced_by(active: list[Silence], alert: StoredAlert) -> bool:
+    """Whether any of the ``active`` silences covers the alert."""
+    return any(s.covers(run_id=alert.run_id, type=alert.type, alertname=alert.rule,
+                        layer=alert.layer) for s in active)

@@ -115,13 +115,28 @@ class Outcome:
 
 
 class Notifier(Protocol):
-    """One channel. ``grouped`` False means one message per alert (PagerDuty's dedup_key)."""
+    """One channel. ``grouped`` False means one message per alert (PagerDuty's dedup_key).
 
-    name: str
-    grouped: bool
-    min_interval: float
-    statuses: frozenset[str]
-    refresh_interval: float | None
+    The attributes are read-only here (properties), so a plain class attribute such as
+    ``refresh_interval = None`` satisfies the protocol.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def grouped(self) -> bool: ...
+    @property
+    def min_interval(self) -> float:
+        """Seconds between two sends (Slack: about one message per second)."""
+        ...
+    @property
+    def statuses(self) -> frozenset[str]:
+        """Which event statuses the channel hears of (firing, resolved, acknowledged)."""
+        ...
+    @property
+    def refresh_interval(self) -> float | None:
+        """Re-send firing alerts this often (a channel that forgets them), or never."""
+        ...
 
     def send(self, note: Notification, client: httpx.Client) -> Outcome: ...
 

@@ -3,6 +3,9 @@
 With no channel configured, the console is the fallback (unless ``console.enabled: false``),
 so a fresh ``monitor-agent serve`` prints its alerts instead of silently keeping them.
 
+Takes any settings object with the five channel sections (``ChannelSettings``), such as
+``AlertingSettings``, so notify never imports alerting.
+
 Example::
 
     notifiers = build_notifiers(AlertingSettings())
@@ -12,18 +15,48 @@ Example::
 
 from __future__ import annotations
 
-from monitor_agent.alerting.settings import AlertingSettings
+from typing import Protocol
+
 from monitor_agent.notify.alertmanager import AlertmanagerNotifier
 from monitor_agent.notify.base import Notifier
 from monitor_agent.notify.console import ConsoleNotifier
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.settings import (
+    AlertmanagerSettings,
+    ConsoleSettings,
+    PagerDutySettings,
+    SlackSettings,
+    WebhookSettings,
+)
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.notify.webhook import WebhookNotifier
 
 ALL_CHANNELS: tuple[str, ...] = ("slack", "pagerduty", "alertmanager", "webhook", "console")
 
 
-def build_notifiers(s: AlertingSettings) -> dict[str, Notifier]:
+class ChannelSettings(Protocol):
+    """The channel sections, as ``AlertingSettings`` holds them (read-only here)."""
+
+    @property
+    def slack(self) -> SlackSettings: ...
+    @property
+    def pagerduty(self) -> PagerDutySettings: ...
+    @property
+    def alertmanager(self) -> AlertmanagerSettings: ...
+    @property
+    def webhook(self) -> WebhookSettings: ...
+    @property
+    def console(self) -> ConsoleSettings: ...
+
+
+def channel_secrets(s: ChannelSettings) -> list[str]:
+    """Every secret of the channels (URLs and keys), for redaction."""
+    found = [s.slack.secret(), s.webhook.secret(), s.pagerduty.secret(), *s.alertmanager.urls]
+    # An Alertmanager URL is a secret only through its password (secret_forms finds it).
+    return [x for x in found if x and (x not in s.alertmanager.urls or "@" in x)]
+
+
+def build_notifiers(s: ChannelSettings) -> dict[str, Notifier]:
     out: dict[str, Notifier] = {}
     if (url := s.slack.secret()) is not None:
         out["slack"] = SlackNotifier(url, s.slack.min_interval_seconds, s.slack.timeout_seconds)
@@ -41,7 +74,7 @@ def build_notifiers(s: AlertingSettings) -> dict[str, Notifier]:
     return out
 
 
-def describe_channels(s: AlertingSettings, notifiers: dict[str, Notifier]) -> str:
+def describe_channels(s: ChannelSettings, notifiers: dict[str, Notifier]) -> str:
     """The startup line naming where alerts go, so "no channel" is never a silent state."""
     if not notifiers:
         return "alert channels: none (console.enabled is false): alerts are stored, not sent"

@@ -5,12 +5,15 @@ them, so a crash loses nothing and a restart re-sends nothing that was confirmed
 channel has its own sender thread (a slow Slack never delays a page) that sends its queue
 in order: a resolve never overtakes its trigger. This is the only place that retries.
 
+The outbox table lives in alerting's database (``alerting/db.py`` creates it, so a
+notification commits with the alert state that caused it); all SQL on it is here.
+
 Example::
 
-    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), metrics)
+    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), DeliveryMetrics(registry, ["slack"]))
     outbox.start()
     with db.tx() as conn:
-            outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
+        outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
     outbox.stop(timeout=5)
 """
 
@@ -28,10 +31,10 @@ from dataclasses import dataclass
 import httpx
 
 from monitor_agent import wire
-from monitor_agent.alerting.db import AlertDB
-from monitor_agent.alerting.metrics import AlertingMetrics
-from monitor_agent.alerting.settings import OutboxSettings
+from monitor_agent.database import Database
 from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
+from monitor_agent.notify.metrics import DeliveryMetrics
+from monitor_agent.notify.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,17 @@ class RetryPolicy:
         return backoff * (0.5 + rand / 2)
 
 
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A pending notification as the sender reads it (columns in SELECT order)."""
+
+    id: int
+    body: bytes
+    created_at: float
+    attempts: int
+    next_at: float
+
+
 def _reason(outcome: Outcome) -> str:
     """The metric label for a permanent failure: 'http_404', or a bounded fallback."""
     if outcome.detail.startswith("internal error"):
@@ -73,10 +87,10 @@ class Outbox:
 
     def __init__(
         self,
-        db: AlertDB,
+        db: Database,
         notifiers: dict[str, Notifier],
         settings: OutboxSettings,
-        metrics: AlertingMetrics,
+        metrics: DeliveryMetrics,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         rand: Callable[[], float] = random.random,
@@ -141,15 +155,16 @@ class Outbox:
         )
         if not rows:
             return None
-        row, now = rows[0], self.clock()
-        due = max(row["next_at"], self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval)
+        row, now = Queued(*rows[0]), self.clock()
+        due = max(row.next_at,
+                  self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval)
         if due > now:
             return due - now
-        if now - row["created_at"] > self.policy.max_age:
-            self._finish(row["id"], channel, "failed", "expired before delivery", now,
+        if now - row.created_at > self.policy.max_age:
+            self._finish(row.id, channel, "failed", "expired before delivery", now,
                          reason="expired")
             return 0.0
-        outcome = self._attempt(channel, row["body"], client)
+        outcome = self._attempt(channel, row.body, client)
         self._last_send[channel] = self.clock()
         self._record(row, channel, outcome, self.clock())
         return 0.0
@@ -165,23 +180,23 @@ class Outbox:
         finally:
             self.metrics.duration.labels(channel=channel).observe(time.perf_counter() - t0)
 
-    def _record(self, row: sqlite3.Row, channel: str, outcome: Outcome, now: float) -> None:
+    def _record(self, row: Queued, channel: str, outcome: Outcome, now: float) -> None:
         outcome = dataclasses.replace(outcome, detail=self.redact(outcome.detail))
         if outcome.kind is OutcomeKind.OK:
-            self._finish(row["id"], channel, "sent", None, now)
+            self._finish(row.id, channel, "sent", None, now)
             return
         # A Retry-After answer (Slack's 429) is the receiver pacing us, not a failure: it
         # spends no attempt, so a long rate limit only ends at max_age.
         throttled = outcome.retry_after is not None
-        attempts = row["attempts"] + (0 if throttled else 1)
+        attempts = row.attempts + (0 if throttled else 1)
         if outcome.kind is OutcomeKind.PERMANENT or attempts >= self.policy.max_attempts:
             reason = _reason(outcome) if outcome.kind is OutcomeKind.PERMANENT else "max_attempts"
-            self._finish(row["id"], channel, "failed", outcome.detail, now, reason=reason)
+            self._finish(row.id, channel, "failed", outcome.detail, now, reason=reason)
             return
         delay = self.policy.delay(attempts, outcome.retry_after, self.rand())
         with self.db.tx() as conn:
             conn.execute("UPDATE outbox SET attempts = ?, next_at = ?, last_error = ? WHERE id = ?",
-                         (attempts, now + delay, outcome.detail, row["id"]))
+                         (attempts, now + delay, outcome.detail, row.id))
         self.metrics.notifications.labels(channel=channel, outcome="retried").inc()
         log.info("%s delivery failed (%s); retry %d in %.1fs", channel, outcome.detail, attempts, delay)
 

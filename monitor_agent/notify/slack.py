@@ -115,7 +115,8 @@ def _rank(event: AlertEvent) -> int:
 
 
 def _event_blocks(e: AlertEvent) -> list[dict[str, Any]]:
-    out = [{"type": "section", "text": {"type": "mrkdwn", "text": _section_text(e)[:3000]}}]
+    out: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _section_text(e)[:3000]}}]
     facts = [f"severity *{e.severity}*", f"{e.count} finding{'s' if e.count != 1 else ''}"]
     if e.project:
         facts.insert(0, f"project *{_escape(e.project)}*")

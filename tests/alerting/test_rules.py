@@ -31,7 +31,7 @@ def finding(type_: str = "nan_inf", severity: Severity = Severity.CRITICAL, **kw
 
 
 def test_defaults_follow_the_issue():
-    rules = {r.name: r for r in load_rules(AlertingSettings())}
+    rules = {r.name: r for r in load_rules(AlertingSettings().rules_file)}
     expect = {
         "TrainingNanInf": ("critical", 60), "TrainingGradExplosion": ("error", 120),
         "TrainingDivergence": ("error", 120), "TrainingLossSpike": ("warning", 300),
@@ -113,7 +113,7 @@ def test_missing_rules_file_is_a_clear_error(tmp_path: Path):
 def test_rules_file_from_settings(tmp_path: Path):
     path = tmp_path / "rules.yaml"
     path.write_text(GOOD)
-    assert [r.name for r in load_rules(AlertingSettings(rules_file=path))] == ["Nan"]
+    assert [r.name for r in load_rules(AlertingSettings(rules_file=path).rules_file)] == ["Nan"]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [(90, 90.0), ("90s", 90.0), ("1h30m", 5400.0),

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor_agent.alerting.db import AlertDB
-from monitor_agent.alerting.metrics import AlertingMetrics
-from monitor_agent.alerting.settings import OutboxSettings
+from monitor_agent.alerting.db import open_alert_db
+from monitor_agent.notify.metrics import DeliveryMetrics
 from monitor_agent.notify.outbox import Outbox, RetryPolicy
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.settings import OutboxSettings
 from monitor_agent.notify.slack import SlackNotifier
 from receivers import Receiver, Reply
 from sample_events import T0, event, note
@@ -42,11 +42,11 @@ def client() -> Iterator[httpx.Client]:
         yield c
 
 
-def make(tmp: Path, notifier, clock: Clock, **limits) -> tuple[Outbox, AlertingMetrics]:
-    metrics = AlertingMetrics(CollectorRegistry(), [notifier.name])
+def make(tmp: Path, notifier, clock: Clock, **limits) -> tuple[Outbox, DeliveryMetrics]:
+    metrics = DeliveryMetrics(CollectorRegistry(), [notifier.name])
     settings = OutboxSettings(backoff_base_seconds=1, backoff_cap_seconds=8, **limits)
-    return Outbox(AlertDB(tmp / "a.sqlite"), {notifier.name: notifier}, settings, metrics, clock,
-                  rand=lambda: 0.5), metrics
+    return Outbox(open_alert_db(tmp / "a.sqlite"), {notifier.name: notifier}, settings, metrics,
+                  clock, rand=lambda: 0.5), metrics
 
 
 def put(outbox: Outbox, channel: str, *events) -> None:
@@ -55,7 +55,7 @@ def put(outbox: Outbox, channel: str, *events) -> None:
             outbox.enqueue(conn, channel, note(e), outbox.clock())
 
 
-def count(metrics: AlertingMetrics, channel: str, outcome: str) -> float:
+def count(metrics: DeliveryMetrics, channel: str, outcome: str) -> float:
     return metrics.notifications.labels(channel=channel, outcome=outcome)._value.get()
 
 

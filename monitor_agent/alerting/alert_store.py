@@ -1,0 +1,232 @@
+"""``AlertStore``: the one home of alert, silence and action state, and all its SQL.
+
+Reads run on their own; writes that belong together (an alert's new state, the action
+it took, the notification it causes) run inside one ``tx()``, whose ``AlertTx`` holds the
+statements and exposes ``conn`` so the outbox can add its row to the same transaction.
+Everything comes back as frozen dataclasses (``StoredAlert``, ``Silence``, ``Action``).
+
+Example::
+
+    alerts = AlertStore(open_alert_db(":memory:"))
+    with alerts.tx() as tx:
+        tx.begin_episode(alert)          # a StoredAlert, state "pending"
+        tx.mark_sent(alert.fingerprint, now)
+        outbox.enqueue(tx.conn, "slack", note, now)
+    firing = alerts.alerts(state="firing", limit=100)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import astuple, fields
+
+from monitor_agent.alerting.model import Action, StoredAlert
+from monitor_agent.alerting.silences import Silence
+from monitor_agent.database import Database
+
+# What a new episode writes; the rest (what people were last told, and when) is kept
+# from an earlier episode of the same fingerprint, so its cooldown still counts.
+_KEPT = ("notified", "notified_at", "refreshed_at")
+_EPISODE = tuple(f.name for f in fields(StoredAlert) if f.name not in _KEPT)
+_JSON = ("identity", "labels", "channels")
+
+
+def _alert(row: sqlite3.Row) -> StoredAlert:
+    values = {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row)
+    values["identity"], values["labels"] = json.loads(row["identity"]), json.loads(row["labels"])
+    values["channels"] = tuple(json.loads(row["channels"]))
+    return StoredAlert(**values)
+
+
+def _silence(row: sqlite3.Row) -> Silence:
+    return Silence(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row)
+
+
+def _action(row: sqlite3.Row) -> Action:
+    return Action(id=row["id"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
+                  type=row["type"], step=row["step"], message=row["message"],
+                  created_at=row["created_at"], honoured_step=row["honoured_step"])
+
+
+class AlertStore:
+    """Alerts, silences and actions in alerting's database (``alerting/db.py``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @contextmanager
+    def tx(self) -> Iterator[AlertTx]:
+        """One transaction: every write through the ``AlertTx`` commits together."""
+        with self.db.tx() as conn:
+            yield AlertTx(conn)
+
+    # -- alerts ---------------------------------------------------------------------------
+
+    def alerts(self, state: str | None = None, run_id: str | None = None, limit: int = 1000,
+               *, unresolved: bool = False) -> list[StoredAlert]:
+        """Newest first; ``state`` one of pending, firing, resolved (else any), or
+        ``unresolved``: pending and firing."""
+        sql, params = "SELECT * FROM alerts WHERE 1 = 1", []
+        if state in ("pending", "firing", "resolved"):
+            sql, params = sql + " AND state = ?", [state]
+        elif unresolved:
+            sql += " AND state != 'resolved'"
+        if run_id is not None:
+            sql, params = sql + " AND run_id = ?", [*params, run_id]
+        rows = self.db.query(sql + " ORDER BY started_at DESC LIMIT ?", [*params, limit])
+        return [_alert(r) for r in rows]
+
+    def active(self) -> list[StoredAlert]:
+        """Pending and firing alerts, in storage order."""
+        return [_alert(r) for r in self.db.query("SELECT * FROM alerts WHERE state != 'resolved'")]
+
+    # -- silences -------------------------------------------------------------------------
+
+    def silences(self) -> list[Silence]:
+        """Every silence, expired ones too, newest first."""
+        rows = self.db.query("SELECT * FROM silences ORDER BY created_at DESC")
+        return [_silence(r) for r in rows]
+
+    def add_silence(self, s: Silence) -> None:
+        with self.tx() as tx:
+            tx.conn.execute(
+                "INSERT INTO silences (id, run_id, type, alertname, layer, comment, created_by, "
+                "created_at, ends_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (s.id, s.run_id, s.type, s.alertname, s.layer, s.comment, s.created_by,
+                 s.created_at, s.ends_at),
+            )
+
+    def expire_silence(self, silence_id: str, now: float) -> bool:
+        """End a silence now; False if there is no such active silence."""
+        with self.tx() as tx:
+            cur = tx.conn.execute("UPDATE silences SET ends_at = ? WHERE id = ? AND ends_at > ?",
+                                  (now, silence_id, now))
+        return cur.rowcount > 0
+
+    # -- actions --------------------------------------------------------------------------
+
+    def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
+        """A run's actions with ``id > after``, oldest first."""
+        rows = self.db.query("SELECT * FROM actions WHERE run_id = ? AND id > ? ORDER BY id "
+                             "LIMIT ?", (run_id, after, limit))
+        return [_action(r) for r in rows]
+
+    def stop_requested(self, run_id: str) -> bool:
+        """Whether any rule ever asked this run to stop."""
+        return bool(self.db.query(
+            "SELECT 1 FROM actions WHERE run_id = ? AND action = 'stop' LIMIT 1", (run_id,)))
+
+    def action_counts(self) -> dict[tuple[str, str, str], int]:
+        """(run_id, action, rule) -> how many times it was taken, for the exposition."""
+        rows = self.db.query("SELECT run_id, action, rule, COUNT(*) AS n FROM actions "
+                             "GROUP BY run_id, action, rule")
+        return {(r["run_id"], r["action"], r["rule"]): r["n"] for r in rows}
+
+
+class AlertTx:
+    """The writes (and the reads they depend on) inside one ``AlertStore.tx()``."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn  # for the outbox's row in the same transaction
+
+    def _alerts(self, where: str, params: Sequence[object] = ()) -> list[StoredAlert]:
+        return [_alert(r) for r in self.conn.execute(f"SELECT * FROM alerts WHERE {where}",
+                                                     params).fetchall()]
+
+    def alert(self, fingerprint: str) -> StoredAlert | None:
+        found = self._alerts("fingerprint = ?", (fingerprint,))
+        return found[0] if found else None
+
+    def in_state(self, state: str, run_id: str | None = None) -> list[StoredAlert]:
+        if run_id is None:
+            return self._alerts("state = ?", (state,))
+        return self._alerts("run_id = ? AND state = ?", (run_id, state))
+
+    def paged_with_action(self, run_id: str, rule: str, action: str) -> list[StoredAlert]:
+        """Firing alerts of a rule whose page went out and that carry ``action``."""
+        return self._alerts("run_id = ? AND rule = ? AND state = 'firing' "
+                            "AND notified = 'firing' AND action = ?", (run_id, rule, action))
+
+    def begin_episode(self, alert: StoredAlert) -> None:
+        """Insert a new alert, or start a new episode of a resolved (or previewed) one."""
+        values = dict(zip((f.name for f in fields(StoredAlert)), astuple(alert), strict=True))
+        for k in _JSON:
+            values[k] = json.dumps(values[k])
+        cols = ", ".join(_EPISODE)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in _EPISODE if k != "fingerprint")
+        self.conn.execute(
+            f"INSERT INTO alerts ({cols}) VALUES ({', '.join('?' * len(_EPISODE))}) "
+            f"ON CONFLICT (fingerprint) DO UPDATE SET {updates}",
+            tuple(values[k] for k in _EPISODE),
+        )
+
+    def merge_finding(self, fingerprint: str, now: float, step: int, finding: bytes,
+                      layer: str | None, severity: str) -> None:
+        """Another finding of an open episode: seen now, counted, ``finding`` kept as news."""
+        self.conn.execute(
+            "UPDATE alerts SET last_seen = ?, last_step = MAX(COALESCE(last_step, ?), ?), "
+            "count = count + 1, finding = ?, layer = ?, severity = ? WHERE fingerprint = ?",
+            (now, step, step, finding, layer, severity, fingerprint),
+        )
+
+    def fire_quietly(self, fingerprint: str) -> None:
+        """Firing, but nobody told (a silence or cooldown holds it): ``tick`` sends later."""
+        self.conn.execute("UPDATE alerts SET state = 'firing', pending_since = NULL, "
+                          "notified = NULL WHERE fingerprint = ?", (fingerprint,))
+
+    def mark_sent(self, fingerprint: str, now: float) -> None:
+        """Firing, and people are told now (first page, repeat, or an action)."""
+        self.conn.execute(
+            "UPDATE alerts SET state = 'firing', pending_since = NULL, notified = 'firing', "
+            "notified_at = ?, refreshed_at = ? WHERE fingerprint = ?", (now, now, fingerprint))
+
+    def resolve(self, fingerprint: str, now: float, told: bool) -> None:
+        """Closed at ``now``; ``told``: the resolve message goes out with it."""
+        self.conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? "
+                          "WHERE fingerprint = ?", (now, fingerprint))
+        if told:
+            self.conn.execute("UPDATE alerts SET notified = 'resolved' WHERE fingerprint = ?",
+                              (fingerprint,))
+
+    def refreshed(self, fingerprints: Sequence[str], now: float) -> None:
+        self.conn.executemany("UPDATE alerts SET refreshed_at = ? WHERE fingerprint = ?",
+                              [(now, fp) for fp in fingerprints])
+
+    def acknowledge(self, fingerprint: str, by: str, now: float) -> StoredAlert | None:
+        self.conn.execute("UPDATE alerts SET acked_at = ?, acked_by = ? WHERE fingerprint = ?",
+                          (now, by, fingerprint))
+        return self.alert(fingerprint)
+
+    def active_silences(self, now: float) -> list[Silence]:
+        rows = self.conn.execute("SELECT * FROM silences WHERE ends_at > ?", (now,)).fetchall()
+        return [s for s in map(_silence, rows) if s.active(now)]
+
+    def add_action(self, action: Action, fingerprint: str) -> Action:
+        """Store an action (its ``id`` assigned here) and note it on its alert."""
+        cur = self.conn.execute(
+            "INSERT INTO actions (run_id, action, rule, type, step, fingerprint, message, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (action.run_id, action.action, action.rule, action.type, action.step, fingerprint,
+             action.message, action.created_at),
+        )
+        self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
+                          (action.message, fingerprint))
+        return Action(**{**action.to_dict(), "id": int(cur.lastrowid or 0)})
+
+    def open_stops(self, run_id: str, through_step: int) -> list[tuple[Action, str]]:
+        """Stop requests of a run at or before ``through_step`` not yet honoured, with the
+        fingerprint of the alert each belongs to."""
+        rows = self.conn.execute(
+            "SELECT * FROM actions WHERE run_id = ? AND action = 'stop' AND "
+            "honoured_step IS NULL AND step <= ?", (run_id, through_step)).fetchall()
+        return [(_action(r), r["fingerprint"]) for r in rows]
+
+    def honour(self, old: Action, new: Action, fingerprint: str) -> None:
+        """The action ``old`` became ``new`` (honoured); its alert says so unless it moved on."""
+        self.conn.execute("UPDATE actions SET honoured_step = ?, message = ? WHERE id = ?",
+                          (new.honoured_step, new.message, old.id))
+        self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ? AND action = ?",
+                          (new.message, fingerprint, old.message))

@@ -1,0 +1,268 @@
+"""``Episodes``: findings become alert episodes, and episodes become notifications.
+
+Each public method is one transaction on ``AlertStore`` that changes alert state and
+queues what people must hear of it in the outbox, so the two commit together. Decisions
+come from the pure functions in ``lifecycle.py``; each is counted by its ``Reason``.
+``Alerting`` (``service.py``) owns one and adds threads, the admin side and the API.
+
+Example::
+
+    episodes = Episodes(settings, rules, AlertStore(db), outbox, notifiers, metrics)
+    began, actions = episodes.handle(RunContext("gpt-7"), findings, now=time.time())
+    episodes.flush(now=time.time())   # group wait over: pending -> firing, paged
+    episodes.tick(now=time.time())    # resolves, repeats, re-sends
+"""
+
+from __future__ import annotations
+
+import logging
+
+from monitor_agent import wire
+from monitor_agent.alerting import actions
+from monitor_agent.alerting import lifecycle as lc
+from monitor_agent.alerting.alert_store import AlertStore, AlertTx
+from monitor_agent.alerting.events import dashboard_url, notifications, to_event
+from monitor_agent.alerting.lifecycle import Reason
+from monitor_agent.alerting.metrics import AlertingMetrics
+from monitor_agent.alerting.model import Action, RunContext, StoredAlert
+from monitor_agent.alerting.rules import Rule, first_match
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.alerting.silences import Silence, silenced_by
+from monitor_agent.notify.base import AlertEvent, Notifier
+from monitor_agent.notify.outbox import Outbox
+from monitor_agent.types import Finding, Severity
+
+log = logging.getLogger(__name__)
+Item = tuple[AlertEvent, tuple[str, ...]]
+
+
+class Episodes:
+    """The alert state machine over the store, with the outbox in the same transactions."""
+
+    def __init__(self, settings: AlertingSettings, rules: list[Rule], store: AlertStore,
+                 outbox: Outbox, notifiers: dict[str, Notifier],
+                 metrics: AlertingMetrics) -> None:
+        self.settings = settings  # read live: group_wait_seconds may be changed at runtime
+        self.rules = rules
+        self.store = store
+        self.outbox = outbox
+        self.notifiers = notifiers
+        self.metrics = metrics
+
+    # -- findings -------------------------------------------------------------------------
+
+    def handle(self, run: RunContext, findings: list[Finding],
+               now: float) -> tuple[bool, list[Action]]:
+        """One record's findings: (whether an episode began, the actions rules took)."""
+        started, taken = False, []
+        with self.store.tx() as tx:
+            for finding in findings:
+                began, action = self._one(tx, run, finding, now)
+                started |= began
+                if action is not None:
+                    taken.append(action)
+                    self._announce(tx, action, now)
+        return started, taken
+
+    def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
+        """Begin episodes (``count`` 0) for a record sent ahead of its turn; see
+        ``Alerting.preview``. Returns how many began."""
+        begun = 0
+        with self.store.tx() as tx:
+            for f in findings:
+                rule = self._rule(run, f)
+                if rule is None:
+                    continue
+                identity = _identity(rule, f)
+                fp = lc.fingerprint(run.run_id, rule.name, identity)
+                alert = tx.alert(fp)
+                if alert is None or lc.on_finding(alert.timing(), f.step) is Reason.FIRST:
+                    tx.begin_episode(self._episode(fp, run, rule, identity, f, now, count=0))
+                    self._count(Reason.PREVIEWED)
+                    begun += 1
+        return begun
+
+    def _rule(self, run: RunContext, f: Finding) -> Rule | None:
+        return None if f.log_only else first_match(self.rules, f, run.match_labels())
+
+    def _one(self, tx: AlertTx, run: RunContext, f: Finding,
+             now: float) -> tuple[bool, Action | None]:
+        rule = self._rule(run, f)
+        if rule is None:
+            self._count(Reason.LOG_ONLY if f.log_only else Reason.UNMATCHED)
+            return False, None
+        identity = _identity(rule, f)
+        fp = lc.fingerprint(run.run_id, rule.name, identity)
+        alert = tx.alert(fp)
+        reason = lc.on_finding(alert.timing() if alert else None, f.step)
+        previewed = alert is not None and alert.count == 0 and alert.state != "resolved"
+        if previewed:  # the in-order copy of a previewed record: this episode's first
+            reason = Reason.SUPPRESSED
+        if reason is Reason.FIRST:
+            tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
+            return True, self._act(tx, rule, f, fp, 1, now)
+        self._count(reason)
+        if reason is not Reason.SUPPRESSED or alert is None:
+            return False, None
+        self._merge(tx, alert, rule, f, now, previewed)
+        return False, self._act(tx, rule, f, fp, alert.count + 1, now)
+
+    def _merge(self, tx: AlertTx, alert: StoredAlert, rule: Rule, f: Finding, now: float,
+               previewed: bool) -> None:
+        severity = alert.severity if rule.severity else max(
+            Severity.parse(alert.severity), f.severity).label
+        # Before the first page the episode's first finding is the news (the step it
+        # began at); once firing, repeats tell the latest one.
+        keep = alert.state == "pending" and severity == alert.severity and not previewed
+        tx.merge_finding(
+            alert.fingerprint, now, f.step,
+            finding=alert.finding if keep else wire.dumps(f.to_dict()),
+            layer=(alert.layer or f.layer) if keep else f.layer, severity=severity)
+
+    def _act(self, tx: AlertTx, rule: Rule, f: Finding, fp: str, count: int,
+             now: float) -> Action | None:
+        if not actions.due(rule, count):
+            return None
+        action = actions.take(tx, rule, f, fp, now)
+        log.warning("%s (run %s, %s)", action.message, f.run_id, f.type)
+        return action
+
+    def _announce(self, tx: AlertTx, action: Action, now: float) -> None:
+        """People already paged about this alert hear of the action now, cooldown or not."""
+        for alert in tx.paged_with_action(action.run_id, action.rule, action.message):
+            self._count(Reason.ACTION)
+            self._enqueue(tx, [self._mark_sent(tx, alert, Reason.ACTION, now)], now)
+
+    def _episode(self, fp: str, run: RunContext, rule: Rule, identity: dict[str, str],
+                 f: Finding, now: float, count: int = 1) -> StoredAlert:
+        """A new episode: pending until the group flush (the last page time is kept);
+        ``count`` 0 for one begun by a preview."""
+        return StoredAlert(
+            fingerprint=fp, run_id=run.run_id, rule=rule.name, type=f.type,
+            severity=rule.severity_for(f).label, layer=f.layer, rank=f.rank, identity=identity,
+            project=run.project, labels=run.labels, channels=tuple(rule.channels),
+            cooldown=rule.cooldown, repeat_interval=rule.repeat_interval,
+            resolve_after=rule.resolve_after, state="pending", started_at=now,
+            pending_since=now, last_seen=now, last_step=f.step, count=count,
+            finding=wire.dumps(f.to_dict()),
+            dashboard_url=dashboard_url(self.settings.grafana_url, run.run_id, f.time or now),
+        )
+
+    # -- clock-driven work ----------------------------------------------------------------
+
+    def flush(self, now: float) -> float | None:
+        """Fire the runs whose group wait is over; return seconds until the next is due."""
+        wait = self.settings.group_wait_seconds
+        with self.store.tx() as tx:
+            by_run: dict[str, list[StoredAlert]] = {}
+            for alert in tx.in_state("pending"):
+                by_run.setdefault(alert.run_id, []).append(alert)
+            due = {run: rs for run, rs in by_run.items()
+                   if min(_since(r) for r in rs) + wait <= now}
+            silences = tx.active_silences(now)
+            items = [item for rs in due.values() for r in rs
+                     if (item := self._fire(tx, r, silences, now)) is not None]
+            self._enqueue(tx, items, now)
+        later = [min(_since(r) for r in rs) + wait - now
+                 for run, rs in by_run.items() if run not in due]
+        return min(later) if later else None
+
+    def _fire(self, tx: AlertTx, alert: StoredAlert, silences: list[Silence],
+              now: float) -> Item | None:
+        reason = lc.on_flush(alert.timing(), silenced_by(silences, alert), now)
+        self._count(reason)
+        if reason is not Reason.FIRST:
+            tx.fire_quietly(alert.fingerprint)
+            return None
+        return self._mark_sent(tx, alert, reason, now)
+
+    def tick(self, now: float) -> None:
+        """Resolve, repeat, send what a silence or cooldown held back, re-send to Alertmanager."""
+        self.flush(now)
+        with self.store.tx() as tx:
+            firing = tx.in_state("firing")
+            silences = tx.active_silences(now)
+            items: list[Item] = []
+            for alert in firing:
+                reason = lc.on_tick(alert.timing(), silenced_by(silences, alert), now)
+                if reason is not None:
+                    self._count(reason)
+                    if (item := self._transition(tx, alert, reason, now)) is not None:
+                        items.append(item)
+            self._enqueue(tx, items, now)
+            self._refresh(tx, firing, silences, now)
+
+    def _transition(self, tx: AlertTx, alert: StoredAlert, reason: Reason,
+                    now: float) -> Item | None:
+        if reason is not Reason.RESOLVED:
+            return self._mark_sent(tx, alert, reason, now)
+        # Nobody was told it fired (silenced throughout): close quietly.
+        told = alert.notified == "firing"
+        tx.resolve(alert.fingerprint, now, told)
+        return (to_event(alert, "resolved", reason.value, now), alert.channels) if told else None
+
+    def _mark_sent(self, tx: AlertTx, alert: StoredAlert, reason: Reason, now: float) -> Item:
+        tx.mark_sent(alert.fingerprint, now)
+        return to_event(alert, "firing", reason.value, now), alert.channels
+
+    def _refresh(self, tx: AlertTx, firing: list[StoredAlert], silences: list[Silence],
+                 now: float) -> None:
+        """Channels that forget alerts unless re-told (Alertmanager) hear of firing ones again."""
+        for name, notifier in self.notifiers.items():
+            every = notifier.refresh_interval
+            if every is None:
+                continue
+            stale = [a for a in firing if a.notified == "firing" and not silenced_by(silences, a)
+                     and now - (a.refreshed_at or 0.0) >= every and name in a.channels]
+            tx.refreshed([a.fingerprint for a in stale], now)
+            self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
+                          now)
+
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None) -> None:
+        """A completed run resolves its alerts now; a stopped one honours its stop requests."""
+        if status == "stopped" and step is not None:
+            with self.store.tx() as tx:
+                for action in actions.honour_stops(tx, run_id, step):
+                    log.warning("%s (run %s)", action.message, run_id)
+                    self._announce(tx, action, now)
+        if status != "completed":
+            return
+        self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
+        with self.store.tx() as tx:
+            firing = tx.in_state("firing", run_id=run_id)
+            items = [item for a in firing
+                     if (item := self._transition(tx, a, Reason.RESOLVED, now)) is not None]
+            for _ in firing:
+                self._count(Reason.RESOLVED)
+            self._enqueue(tx, items, now)
+
+    def acknowledge(self, fingerprint: str, by: str, now: float) -> StoredAlert | None:
+        """Someone owns it: no more reminders; channels that know acks (PagerDuty) hear it."""
+        with self.store.tx() as tx:
+            alert = tx.acknowledge(fingerprint, by or "someone", now)
+            if alert is None:
+                return None
+            self._count(Reason.ACKNOWLEDGED)
+            if alert.state == "firing" and alert.notified == "firing":
+                item = to_event(alert, "acknowledged", "acknowledged", now), alert.channels
+                self._enqueue(tx, [item], now)
+        return alert
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _enqueue(self, tx: AlertTx, items: list[Item], now: float) -> None:
+        for channel, note in notifications(items, self.notifiers, now):
+            self.outbox.enqueue(tx.conn, channel, note, now)
+
+    def _count(self, reason: Reason) -> None:
+        self.metrics.decisions.labels(reason=reason.value).inc()
+
+
+def _identity(rule: Rule, f: Finding) -> dict[str, str]:
+    values = {"layer": f.layer, "rank": str(f.rank)}
+    return {k: v for k in rule.fingerprint if (v := values.get(k)) is not None}
+
+
+def _since(alert: StoredAlert) -> float:
+    # A pending alert always has pending_since (set when its episode began).
+    return alert.pending_since if alert.pending_since is not None else alert.started_at
