@@ -25,6 +25,24 @@ from typing import Any
 RowFactory = type[sqlite3.Row] | None
 
 
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE .. COMMIT on ``conn``, ROLLBACK on any error (a failed COMMIT too).
+
+    IMMEDIATE takes the write lock up front, so a busy database fails here (after
+    busy_timeout) rather than halfway through. ``Database.tx`` uses it; so does the chart
+    history (ui/history.py), whose connection the indexer and the report bring themselves.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 class Database:
     """A SQLite connection in autocommit mode; writes that belong together go in ``tx()``.
 
@@ -57,20 +75,9 @@ class Database:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: everything inside commits together or not at all.
-
-        BEGIN IMMEDIATE takes the write lock up front, so a busy database fails here (after
-        busy_timeout) rather than halfway through. A failed COMMIT (disk full) rolls back.
-        """
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+        """One write transaction: everything inside commits together or not at all."""
+        with self._lock, transaction(self._conn) as conn:
+            yield conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """One statement on its own (autocommit): a single write needs no ``tx``."""

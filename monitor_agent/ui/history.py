@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from monitor_agent import wire
+from monitor_agent.database import transaction
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
@@ -264,9 +265,7 @@ class HistoryBuilder:
 
     def commit(self, last_id: int | None = None) -> None:
         """Write everything folded since the last commit in one transaction."""
-        db = self.db
-        db.execute("BEGIN")
-        try:
+        with transaction(self.db) as db:
             cols = ", ".join(SCALARS)
             marks = ",".join("?" * (4 + len(SCALARS)))
             db.executemany(f"INSERT OR REPLACE INTO steps (run_id, rank, step, nonfinite, "
@@ -283,9 +282,5 @@ class HistoryBuilder:
                            [(*k, v[0], v[1]) for k, v in self._ema.items()])
             if last_id is not None:
                 db.execute("INSERT OR REPLACE INTO cursor VALUES (0, ?)", (last_id,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         self._steps, self._evals, self._matrices = [], [], []
         self._dirty_names.clear()
