@@ -18,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent import schemas, wire
-from monitor_agent.api.deps import require_write
+from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.engine import Incoming
 from monitor_agent.store import StorageError
@@ -71,7 +71,7 @@ class BadRequest(Exception):
                503: {"description": "Cannot store right now; retry later"}},
 )
 async def post_records(request: Request) -> IngestResponse:
-    state = request.app.state
+    state = services(request)
     t0 = time.perf_counter()
     code = "200"
     try:
@@ -95,7 +95,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
     """A request's valid records and the rejections of the others, under every ingest
     budget (body, inflated body, values, records, record size); raises BadRequest for what
     refuses the whole request (not ready, too large, malformed, every record invalid)."""
-    state = request.app.state
+    state = services(request)
     settings = state.settings
     if not state.readiness.ready:
         raise BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
@@ -112,7 +112,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
 
 
 async def _ingest(request: Request) -> tuple[Any, str]:
-    state = request.app.state
+    state = services(request)
     valid, rejected = await read_records(request)
     if not valid:
         return IngestResponse(accepted=0, duplicates=0), "200"

@@ -26,7 +26,7 @@ import time
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from monitor_agent.api.deps import require_write
+from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.ingest import (
     BODY_ERRORS,
     BadRequest,
@@ -52,7 +52,7 @@ class PreviewResponse(BaseModel):
     responses={**BODY_ERRORS, 503: {"description": "Cannot page right now; retry later"}},
 )
 async def post_preview(request: Request) -> PreviewResponse:
-    state = request.app.state
+    state = services(request)
     try:
         valid, rejected = await read_records(request)
         begun = await state.runner.call(state.engine.preview, valid, time.time())
