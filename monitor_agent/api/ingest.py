@@ -37,7 +37,7 @@ class Rejection(BaseModel):
 class IngestResponse(BaseModel):
     accepted: int = Field(description="Records stored now.")
     duplicates: int = Field(description="Records already stored (a retry); not counted twice.")
-    late: int = Field(0, description="Stored, but older than the run's latest step.")
+    late: int = Field(default=0, description="Stored, but older than the run's latest step.")
     rejected: list[Rejection] = Field(default_factory=list)
     actions: list[dict[str, Any]] = Field(
         default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
@@ -124,12 +124,18 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     rejected.extend(result.rejected)
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
-        rejected=sorted(rejected, key=lambda r: r["index"]), actions=result.actions,
+        rejected=sorted_rejections(rejected), actions=result.actions,
     )
     if len(result.rejected) == len(valid):
         crowded = all("max_active_runs" in r["reason"] for r in result.rejected)
         raise BadRequest(429 if crowded else 422, summary(rejected))
     return response, "200"
+
+
+def sorted_rejections(rejected: list[dict[str, Any]]) -> list[Rejection]:
+    """The answer's rejections, in batch order."""
+    return [Rejection(index=r["index"], reason=r["reason"])
+            for r in sorted(rejected, key=lambda r: r["index"])]
 
 
 def summary(rejected: list[dict[str, Any]]) -> str:

@@ -30,7 +30,7 @@ class HealthOut(BaseModel):
 
 class ReadyOut(BaseModel):
     status: Literal["ready", "not ready"]
-    reason: str | None = Field(None, description="Why not ready (only then).")
+    reason: str | None = Field(default=None, description="Why not ready (only then).")
 
 
 class RunListingOut(BaseModel):
@@ -83,9 +83,9 @@ class RankOut(BaseModel):
     latest: dict[str, Measured] = Field(description="The rank's last step's scalars.")
     val_loss: Measured
     eval_metrics: dict[str, Measured]
-    progress_ratio: float | None = Field(None, description="When the run states its plan.")
+    progress_ratio: float | None = Field(default=None, description="When the run states its plan.")
     progress_basis: Literal["steps", "tokens"] | None = None
-    eta_seconds: float | None = Field(None, description="While running, when known.")
+    eta_seconds: float | None = Field(default=None, description="While running, when known.")
 
 
 class FindingTotals(BaseModel):
@@ -144,8 +144,8 @@ class RunDetailOut(BaseModel):
     run: Record | None = Field(description="The run record, as sent.")
     findings: FindingTotals
     alerts: list[AlertOut]
-    last_step: int | None = Field(None, description="Live runs only.")
-    ranks: dict[str, RankOut] | None = Field(None, description="By rank; live runs only.")
+    last_step: int | None = Field(default=None, description="Live runs only.")
+    ranks: dict[str, RankOut] | None = Field(default=None, description="By rank; live runs only.")
 
 
 class ActionOut(BaseModel):

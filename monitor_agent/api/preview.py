@@ -33,6 +33,7 @@ from monitor_agent.api.ingest import (
     Rejection,
     read_records,
     reason_label,
+    sorted_rejections,
 )
 
 router = APIRouter(tags=["ingest"])
@@ -62,6 +63,6 @@ async def post_preview(request: Request) -> PreviewResponse:
         status, reason = 503, f"cannot record the alert right now ({exc}); retry later"
     else:
         return PreviewResponse(received=len(valid), alerts=begun,
-                               rejected=sorted(rejected, key=lambda r: r["index"]))
+                               rejected=sorted_rejections(rejected))
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
     raise HTTPException(status, reason)
