@@ -1,7 +1,9 @@
 """``create_app(settings)``: the FastAPI app, with everything it owns built in its lifespan.
 
 No module-level state: two apps with two settings objects can live in one process (tests
-do exactly that).
+do exactly that). The lifespan builds one ``Services`` (api/services.py) and sets its
+``backends`` once the databases are open; routes get its parts as typed dependencies
+(api/deps.py). What the lifespan starts it stops in reverse order on shutdown.
 
 Example::
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from monitor_agent.api.deps import ServicesDep
+from monitor_agent.api.deps import ExpositionDep, MetricsDep, ServicesDep
 from monitor_agent.api.models import HealthOut, ReadyOut
 from monitor_agent.exposition import CONTENT_TYPE
 
@@ -38,9 +38,9 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 @router.get("/metrics", summary="Prometheus text exposition", response_class=Response,
             responses={200: {"description": "The text exposition format, version 0.0.4",
                              "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
-async def metrics(services: ServicesDep) -> Response:
+async def metrics(exposition: ExpositionDep, self_metrics: MetricsDep) -> Response:
     t0 = time.perf_counter()
     # Rendering is CPU work; off the event loop so ingest requests keep flowing.
-    body = await run_in_threadpool(services.exposition.render)
-    services.metrics.render_duration.observe(time.perf_counter() - t0)
+    body = await run_in_threadpool(exposition.render)
+    self_metrics.render_duration.observe(time.perf_counter() - t0)
     return Response(content=body, media_type=CONTENT_TYPE)
