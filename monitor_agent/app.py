@@ -1,7 +1,9 @@
 """``create_app(settings)``: the FastAPI app, with everything it owns built in its lifespan.
 
 No module-level state: two apps with two settings objects can live in one process (tests
-do exactly that).
+do exactly that). The lifespan builds one ``Services`` (api/services.py) and sets its
+``backends`` once the databases are open; routes get its parts as typed dependencies
+(api/deps.py). What the lifespan starts it stops in reverse order on shutdown.
 
 Example::
 
@@ -27,6 +29,8 @@ from prometheus_client import CollectorRegistry
 from monitor_agent import __version__, limits, wire
 from monitor_agent.alerting import Alerting
 from monitor_agent.api import actions, alerts, health, ingest, preview, runs
+from monitor_agent.api.deps import services
+from monitor_agent.api.services import Backends, Readiness, Services
 from monitor_agent.engine import Engine
 from monitor_agent.exposition import Exposition
 from monitor_agent.metrics import SelfMetrics
@@ -40,31 +44,20 @@ from monitor_agent.ui.indexer import HistoryIndexer
 log = logging.getLogger(__name__)
 
 
-class Readiness:
-    """Whether the sidecar can store records now, and why not."""
-
-    def __init__(self, metrics: SelfMetrics) -> None:
-        self._metrics = metrics
-        self.reason: str | None = "starting"
-
-    @property
-    def ready(self) -> bool:
-        return self.reason is None
-
-    def set(self, reason: str | None) -> None:
-        self.reason = reason
-        self._metrics.ready.set(1 if reason is None else 0)
-
-
 def create_app(settings: Settings) -> FastAPI:
     """Build the sidecar app; resources are opened on startup and closed on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with _lifespan(app, settings):
+            yield
+
     app = FastAPI(
         title="monitor-agent",
         version=__version__,
         summary="Training-run health monitor: ingest, detect, alert, expose.",
-        lifespan=_lifespan,
+        lifespan=lifespan,
     )
-    app.state.settings = settings
     for module in (ingest, preview, runs, actions, alerts, health):
         app.include_router(module.router)
     app.include_router(ui.api)
@@ -96,52 +89,51 @@ def _secrets(settings: Settings) -> list[str | None]:
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def _lifespan(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     # First: from here on no log line of this process carries a configured secret.
-    redactor = SecretRedactor(_secrets(app.state.settings))
+    redactor = SecretRedactor(_secrets(settings))
     redactor.install()
     try:
-        async with _serving(app):
+        async with _serving(app, settings):
             yield
     finally:
         redactor.uninstall()
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: FastAPI) -> AsyncIterator[None]:
-    app.state.registry = registry = CollectorRegistry()
-    app.state.metrics = metrics = SelfMetrics(registry, __version__)
-    app.state.runner = runner = EngineRunner()
-    app.state.readiness = Readiness(metrics)
+async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    registry = CollectorRegistry()
+    metrics = SelfMetrics(registry, __version__)
+    services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
+    app.state.services = services  # the one attribute; api/deps.py reads it, typed
     try:
-        await _open(app)
-        worker = asyncio.create_task(_tick_forever(app))
-    except STORAGE_ERRORS as exc:
-        # A read-only or broken data directory: serve /readyz (503, with the reason) and
-        # answer 503 elsewhere, so clients keep spooling, until the storage can be opened.
-        _not_ready(app, exc)
-        worker = asyncio.create_task(_open_when_possible(app))
-    try:
-        yield
+        # What _open starts, stopped in reverse: the charts' indexer, alerting, the engine.
+        async with contextlib.AsyncExitStack() as opened:
+            try:
+                await _open(services, opened)
+                worker = asyncio.create_task(_tick_forever(services))
+            except STORAGE_ERRORS as exc:
+                # A read-only or broken data directory: serve /readyz (503, with the
+                # reason) and 503 elsewhere, so clients keep spooling, until it opens.
+                _not_ready(services, exc)
+                worker = asyncio.create_task(_open_when_possible(services, opened))
+            try:
+                yield
+            finally:
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
     finally:
-        worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
-        if hasattr(app.state, "history"):
-            app.state.history.stop()
-        if hasattr(app.state, "engine"):
-            app.state.alerting.stop(timeout=5.0)
-            await runner.call(_shutdown, app.state.engine, app.state.engine.store)
-        runner.close()
+        services.runner.close()
 
 
 STORAGE_ERRORS = (StorageError, sqlite3.Error, OSError)
 
 
-async def _open(app: FastAPI) -> None:
+async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     """Open the databases, recover active runs and start alerting; then the app is ready."""
-    settings: Settings = app.state.settings
-    runner, metrics, registry = app.state.runner, app.state.metrics, app.state.registry
+    settings, runner = services.settings, services.runner
+    metrics, registry = services.metrics, services.registry
     store = await runner.call(
         lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
     )
@@ -160,49 +152,52 @@ async def _open(app: FastAPI) -> None:
     engine = Engine(settings, store, metrics, alerting)
     recovered = await runner.call(engine.recover, time.time())
     log.info("recovered %d active runs from %s", recovered, settings.db_path)
-    app.state.exposition = Exposition(
+    exposition = Exposition(
         lambda: list(engine.runs.values()), registry,
         max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
         max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
         actions=alerting.action_counts,
         on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
     )
-    app.state.alerting = alerting
     # The charts' own copy of the history, kept up to date from a thread of its own.
-    app.state.history = HistoryIndexer(
-        settings.db_path, settings.data_dir / "history.sqlite",
+    history = HistoryIndexer(
+        settings.db_path, services.history_db,
         settings.detectors.ema_alpha, settings.detectors.default_warmup_steps)
-    app.state.history.start()
-    app.state.engine = engine  # last: its presence means "open" to the storage gate
+    opened.push_async_callback(runner.call, _shutdown, engine, store)
+    opened.callback(alerting.stop, timeout=5.0)
+    opened.callback(history.stop)
+    history.start()
+    # Last: its presence means "open" to the storage gate.
+    services.backends = Backends(engine, alerting, exposition)
     alerting.start()
-    app.state.readiness.set(unwritable)
+    services.readiness.set(unwritable)
 
 
-def _not_ready(app: FastAPI, exc: BaseException) -> None:
-    reason = f"storage: cannot open {app.state.settings.data_dir}: {exc}"
-    if app.state.readiness.reason != reason:
-        log.error("%s; retrying every %ss", reason, app.state.settings.tick_interval_seconds)
-    app.state.readiness.set(reason)
+def _not_ready(services: Services, exc: BaseException) -> None:
+    reason = f"storage: cannot open {services.settings.data_dir}: {exc}"
+    if services.readiness.reason != reason:
+        log.error("%s; retrying every %ss", reason, services.settings.tick_interval_seconds)
+    services.readiness.set(reason)
 
 
-async def _open_when_possible(app: FastAPI) -> None:
+async def _open_when_possible(services: Services, opened: contextlib.AsyncExitStack) -> None:
     while True:
-        await asyncio.sleep(app.state.settings.tick_interval_seconds)
+        await asyncio.sleep(services.settings.tick_interval_seconds)
         try:
-            await _open(app)
+            await _open(services, opened)
         except STORAGE_ERRORS as exc:
-            _not_ready(app, exc)
+            _not_ready(services, exc)
             continue
-        log.info("storage at %s is writable again; ready", app.state.settings.data_dir)
-        await _tick_forever(app)
+        log.info("storage at %s is writable again; ready", services.settings.data_dir)
+        await _tick_forever(services)
 
 
 async def storage_gate(request: Request, call_next: Any) -> Response:
     """503 for every route but the health checks while the databases are not open."""
-    state = request.app.state
-    if hasattr(state, "engine") or request.url.path in ("/healthz", "/readyz"):
+    found = services(request)
+    if found.open or request.url.path in ("/healthz", "/readyz"):
         return await call_next(request)
-    return JSONResponse({"detail": f"not ready: {state.readiness.reason}; retry later"},
+    return JSONResponse({"detail": f"not ready: {found.readiness.reason}; retry later"},
                         status_code=503, headers={"Retry-After": "5"})
 
 
@@ -220,20 +215,20 @@ def _shutdown(engine: Engine, store: Store) -> None:
     store.close()
 
 
-async def _tick_forever(app: FastAPI) -> None:
-    state = app.state
+async def _tick_forever(services: Services) -> None:
+    settings, runner, readiness = services.settings, services.runner, services.readiness
+    engine, alerting = services.engine, services.alerting
     while True:
-        await asyncio.sleep(state.settings.tick_interval_seconds)
+        await asyncio.sleep(settings.tick_interval_seconds)
         try:
-            await state.runner.call(state.engine.tick, time.time())
-            if not state.readiness.ready:
-                await state.runner.call(state.engine.store.check_writable,
-                                        write_headroom(state.settings))
-                await state.runner.call(state.alerting.check_writable)
-                state.readiness.set(None)
+            await runner.call(engine.tick, time.time())
+            if not readiness.ready:
+                await runner.call(engine.check_writable, write_headroom(settings))
+                await runner.call(alerting.check_writable)
+                readiness.set(None)
         except StorageError as exc:
-            state.readiness.set(f"storage: {exc}")
+            readiness.set(f"storage: {exc}")
         except sqlite3.Error as exc:  # alerts.sqlite: a page could not be made durable
-            state.readiness.set(f"alert storage: {exc}")
+            readiness.set(f"alert storage: {exc}")
         except Exception:
             log.exception("tick failed")

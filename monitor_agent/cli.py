@@ -14,9 +14,15 @@ import logging
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from monitor_agent import __version__, wire
 from monitor_agent.settings import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:  # both import heavy modules; the CLI imports them only when needed
+    from tqdm import tqdm
+
+    from monitor_agent.replay import ReplayRun
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +176,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(files: list[Path], disable: bool):
+def _progress_bar(files: list[Path], disable: bool) -> tqdm | None:
     if disable or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
@@ -178,14 +184,15 @@ def _progress_bar(files: list[Path], disable: bool):
     return tqdm(desc="replaying", unit="rec", file=sys.stderr)
 
 
-def _print_summary(runs) -> None:
+def _print_summary(runs: list[ReplayRun]) -> None:
     print(f"{'trace':40} {'records':>8} {'last':>6} {'end':>4}  findings (type: count @first step)")
     for run in runs:
         first: dict[str, int] = {}
         counts = Counter(f.type for f in run.findings)
         for f in run.findings:
             first.setdefault(f.type, f.step)
-        found = ", ".join(f"{t}: {counts[t]} @{first[t]}" for t in sorted(first, key=first.get))
+        found = ", ".join(f"{t}: {counts[t]} @{first[t]}"
+                          for t in sorted(first, key=lambda t: first[t]))
         name = run.path.name[:40]
         print(f"{name:40} {run.records:>8} {run.last_step:>6} {'yes' if run.ended else 'no':>4}  "
               f"{found or '-'}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent import metric_names, schemas, wire
+from monitor_agent import metric_names, run_views, schemas, wire
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import SelfMetrics
 from monitor_agent.plausible import implausible_step
@@ -410,6 +410,51 @@ class Engine:
             counts["running" if run.status == "running" else "ended"] += 1
         for state, value in counts.items():
             self.metrics.runs.labels(state=state).set(value)
+
+    # -- queries (engine thread) ---
+    # The API calls these only through ``EngineRunner.call``: run state is read on the
+    # thread that writes it, and what leaves is a copy (run_views.py), never live state.
+
+    def run_listings(self) -> list[run_views.RunListing]:
+        """Every stored run, oldest first (``GET /v1/runs``)."""
+        return [run_views.listing(row, self.runs.get(row.run_id)) for row in self.store.runs()]
+
+    def run_summaries(self) -> list[run_views.RunSummary]:
+        """Every stored run with its progress and worst finding (the runs page)."""
+        out = []
+        for row in self.store.runs():
+            live = self.runs.get(row.run_id)
+            last = None
+            if live is None:
+                body = self.store.last_record(row.run_id, 0, "step")
+                last = wire.loads(body).get("step") if body is not None else None
+            severities = self.store.finding_severity_counts(row.run_id)
+            out.append(run_views.summary(row, live, severities, last))
+        return out
+
+    def run_detail(self, run_id: str) -> run_views.RunDetail | None:
+        """A run's status, ranks and findings (``GET /v1/runs/{id}``); None: no such run."""
+        row = self.store.run_row(run_id)
+        if row is None:
+            return None
+        return run_views.detail(row, self.runs.get(run_id), self.store.finding_counts(run_id),
+                                self.store.findings(run_id, limit=20))
+
+    def stored_records(self, run_id: str, since_step: int, limit: int,
+                       kinds: Sequence[str]) -> list[bytes] | None:
+        """A run's stored record lines, oldest step first; None when the run is unknown."""
+        bodies = self.store.records(run_id, since_step, limit, kinds)
+        if not bodies and self.store.run_row(run_id) is None:
+            return None
+        return bodies
+
+    def stored_findings(self, run_id: str, limit: int) -> list[bytes]:
+        """A run's stored finding lines, newest first."""
+        return self.store.findings(run_id, limit)
+
+    def check_writable(self, headroom_bytes: int) -> None:
+        """Raise StorageError unless the store can take ``headroom_bytes`` more now."""
+        self.store.check_writable(headroom_bytes)
 
 
 def _bare_context(record: Record) -> Any:

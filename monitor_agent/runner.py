@@ -1,6 +1,8 @@
 """Runs engine calls on one dedicated thread, so engine state needs no locks.
 
 The event loop never blocks on SQLite or detectors; calls are served in submission order.
+HTTP handlers read engine state only this way too (the engine's query methods), so a
+handler never sees a run half-way through a batch.
 
 Example::
 
@@ -14,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")  # so mypy checks the arguments against ``fn``
 
 
 class EngineRunner:
@@ -25,11 +28,11 @@ class EngineRunner:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[[*Args], T], *args: *Args) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, fn, *args)
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> T:
+    def submit(self, fn: Callable[[*Args], T], *args: *Args) -> T:
         """Run from a non-async context and wait for the result."""
         return self._pool.submit(fn, *args).result()
 

@@ -73,8 +73,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._deadline = self.loop.call_later(seconds, self._too_slow)
 
     def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
+        deadline = getattr(self, "_deadline", None)  # None before connection_made
+        if deadline is not None:
+            deadline.cancel()
             self._deadline = None
 
     def _too_slow(self) -> None:
@@ -85,7 +86,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _shed(self) -> None:
         """Over the bound: close the oldest connection still sending a request, or this."""
         slow = [c for c in self.connections
-                if c is not self and getattr(c, "_receiving", False)
+                if isinstance(c, GuardedProtocol) and c is not self and c._receiving
                 and not c.transport.is_closing()]
         victim = min(slow, key=lambda c: c._opened) if slow else self
         victim.transport.close()

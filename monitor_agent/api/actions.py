@@ -14,22 +14,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 
-from monitor_agent.api.deps import require_read
+from monitor_agent.api.deps import AlertingDep, require_read
+from monitor_agent.api.models import ActionsOut
 
 router = APIRouter(tags=["actions"], dependencies=[Depends(require_read)])
 
 
-@router.get("/v1/runs/{run_id}/actions", summary="Actions rules took for a run (poll with after=)")
+@router.get("/v1/runs/{run_id}/actions", response_model=ActionsOut,
+            summary="Actions rules took for a run (poll with after=)")
 async def get_actions(
     run_id: str,
-    request: Request,
+    alerting: AlertingDep,
     after: int = Query(0, ge=0, le=2**62, description="Only actions with a larger id."),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
-    alerting = request.app.state.alerting
     # The alert database has its own lock: no need to queue behind the engine thread.
     found = await run_in_threadpool(alerting.actions_for_run, run_id, after, limit)
     items = [a.to_dict() for a in found]
@@ -38,4 +39,3 @@ async def get_actions(
         stop = await run_in_threadpool(alerting.stop_requested, run_id)
     return {"run_id": run_id, "actions": items, "stop": stop,
             "last_id": items[-1]["id"] if items else after}
-

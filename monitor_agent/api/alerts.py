@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monitor_agent import wire
 from monitor_agent.alerting.silences import MATCHERS
-from monitor_agent.api.deps import require_read, require_write
+from monitor_agent.api.deps import AlertingDep, require_read, require_write
+from monitor_agent.api.models import AlertOut, AlertsOut, SilenceOut, SilencesOut
 
 router = APIRouter(tags=["alerts"])
 Text = Field(default="", max_length=1000)
@@ -50,24 +51,23 @@ class AckIn(BaseModel):
     by: str = Field(default="", max_length=200)
 
 
-def _alerting(request: Request) -> Any:
-    return request.app.state.alerting
-
-
 def _json(obj: Any, status: int = 200) -> Response:
     # wire.dumps: alert values may be NaN, which must stay valid JSON.
     return Response(wire.dumps(obj), status_code=status, media_type="application/json")
 
 
-@router.get("/v1/alerts", summary="Alerts, newest first", dependencies=[Depends(require_read)])
+# Plain ``def`` handlers: alerting's calls are SQLite work, run in a worker thread.
+
+
+@router.get("/v1/alerts", response_model=AlertsOut, summary="Alerts, newest first",
+            dependencies=[Depends(require_read)])
 def list_alerts(
-    request: Request,
+    alerting: AlertingDep,
     state: Literal["pending", "firing", "resolved", "silenced"] | None = Query(
         None, description="Only alerts in this state (silenced: firing under a silence)."),
     run_id: str | None = Query(None, max_length=256),
     limit: int = Query(1000, ge=1, le=10_000),
 ) -> Response:
-    alerting = _alerting(request)
     alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
     # Per channel, how the latest notification of each alert went: an undelivered page
     # is visible here (state "failed" with the receiver's answer), not only in a log.
@@ -76,37 +76,38 @@ def list_alerts(
                              for a in alerts]})
 
 
-@router.post("/v1/alerts/{fingerprint}/ack", summary="Acknowledge an alert (no more reminders)",
+@router.post("/v1/alerts/{fingerprint}/ack", response_model=AlertOut,
+             summary="Acknowledge an alert (no more reminders)",
              dependencies=[Depends(require_write)])
-def acknowledge(fingerprint: str, request: Request, body: AckIn | None = None) -> Response:
+def acknowledge(fingerprint: str, alerting: AlertingDep, body: AckIn | None = None) -> Response:
     body = body or AckIn()
-    view = _alerting(request).acknowledge(fingerprint, by=body.by)
+    view = alerting.acknowledge(fingerprint, by=body.by)
     if view is None:
         raise HTTPException(404, f"no alert with fingerprint {fingerprint!r}; see GET /v1/alerts")
     return _json(view.to_dict())
 
 
-@router.post("/v1/silences", status_code=201, summary="Silence alerts for a while",
-             dependencies=[Depends(require_write)])
-def add_silence(body: SilenceIn, request: Request) -> Response:
+@router.post("/v1/silences", status_code=201, response_model=SilenceOut,
+             summary="Silence alerts for a while", dependencies=[Depends(require_write)])
+def add_silence(body: SilenceIn, alerting: AlertingDep) -> Response:
     matchers = {m: getattr(body, m) for m in MATCHERS}
-    silence = _alerting(request).add_silence(
+    silence = alerting.add_silence(
         duration=body.duration_seconds, comment=body.comment, created_by=body.created_by,
         **matchers,
     )
     return _json(silence.to_dict(), status=201)
 
 
-@router.get("/v1/silences", summary="Silences (active only unless asked)",
-            dependencies=[Depends(require_read)])
-def list_silences(request: Request, include_expired: bool = False) -> Response:
-    found = _alerting(request).silences(include_expired=include_expired)
+@router.get("/v1/silences", response_model=SilencesOut,
+            summary="Silences (active only unless asked)", dependencies=[Depends(require_read)])
+def list_silences(alerting: AlertingDep, include_expired: bool = False) -> Response:
+    found = alerting.silences(include_expired=include_expired)
     return _json({"silences": [s.to_dict() for s in found]})
 
 
 @router.delete("/v1/silences/{id}", status_code=204, summary="End a silence now",
                dependencies=[Depends(require_write)])
-def expire_silence(id: str, request: Request) -> Response:
-    if not _alerting(request).expire_silence(id):
+def expire_silence(id: str, alerting: AlertingDep) -> Response:
+    if not alerting.expire_silence(id):
         raise HTTPException(404, f"no active silence {id!r}; see GET /v1/silences")
     return Response(status_code=204)

@@ -1,54 +1,91 @@
-"""Shared request dependencies: the optional bearer token, and access to app state.
+"""Typed request dependencies: the app's services, and the optional bearer token.
 
-A rejected token is logged (at most once a minute, with a count of the others) so an
-operator sees that a client is misconfigured; the token itself is never logged.
+This is the one module that reads ``request.app.state``; handlers declare what they need::
+
+    @router.get("/v1/runs")
+    async def list_runs(engine: EngineDep, runner: RunnerDep) -> RunsOut:
+        return RunsOut.of(await runner.call(engine.run_listings))
+
+The dependencies are ``async def``: they only look things up, and FastAPI would run a plain
+``def`` one in a worker thread for every request.
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
-import threading
-import time
+from pathlib import Path
+from typing import Annotated
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 
-log = logging.getLogger(__name__)
-AUTH_LOG_INTERVAL_S = 60.0
-
-
-class RejectionLog:
-    """Rate-limited log of 401s: one line per interval, counting what it held back."""
-
-    def __init__(self, interval: float = AUTH_LOG_INTERVAL_S) -> None:
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._last = -float("inf")
-        self._held = 0
-
-    def rejected(self, request: Request, why: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last < self.interval:
-                self._held += 1
-                return
-            self._last, held, self._held = now, self._held, 0
-        client = request.client.host if request.client else "?"
-        more = f" ({held} more since the last such line)" if held else ""
-        log.warning("401 for %s %s from %s: %s%s", request.method, request.url.path, client,
-                    why, more)
+from monitor_agent.alerting import Alerting
+from monitor_agent.api.services import Services
+from monitor_agent.engine import Engine
+from monitor_agent.exposition import Exposition
+from monitor_agent.metrics import SelfMetrics
+from monitor_agent.runner import EngineRunner
+from monitor_agent.settings import Settings
 
 
-def _rejection_log(request: Request) -> RejectionLog:
-    state = request.app.state
-    if getattr(state, "rejection_log", None) is None:
-        state.rejection_log = RejectionLog()
-    return state.rejection_log
+def services(request: Request) -> Services:
+    """The app's services (set by app.py's lifespan before the first request)."""
+    found: Services = request.app.state.services
+    return found
+
+
+async def _services(request: Request) -> Services:
+    return services(request)
+
+
+async def _settings(request: Request) -> Settings:
+    return services(request).settings
+
+
+async def _runner(request: Request) -> EngineRunner:
+    return services(request).runner
+
+
+async def _metrics(request: Request) -> SelfMetrics:
+    return services(request).metrics
+
+
+async def _engine(request: Request) -> Engine:
+    return services(request).engine
+
+
+async def _alerting(request: Request) -> Alerting:
+    return services(request).alerting
+
+
+async def _exposition(request: Request) -> Exposition:
+    return services(request).exposition
+
+
+async def _history_db(request: Request) -> Path:
+    return services(request).history_db
+
+
+ServicesDep = Annotated[Services, Depends(_services)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+RunnerDep = Annotated[EngineRunner, Depends(_runner)]
+MetricsDep = Annotated[SelfMetrics, Depends(_metrics)]
+EngineDep = Annotated[Engine, Depends(_engine)]
+"""Call its methods only through ``RunnerDep``: the engine lives on its own thread."""
+AlertingDep = Annotated[Alerting, Depends(_alerting)]
+"""Its calls touch SQLite: from a sync handler or ``run_in_threadpool``, not the loop."""
+ExpositionDep = Annotated[Exposition, Depends(_exposition)]
+HistoryDep = Annotated[Path, Depends(_history_db)]
+"""The path of the charts' history database."""
 
 
 def require_write(request: Request) -> None:
-    """Reject writes and admin calls without the configured bearer token (if one is set)."""
-    token = request.app.state.settings.token_value()
+    """Reject writes and admin calls without the configured bearer token (if one is set).
+
+    A plain ``def`` (FastAPI runs it in a worker thread): ``token_file`` is read each time,
+    so a rotated token applies at once, and file reads do not belong on the event loop.
+    """
+    found = services(request)
+    token = found.settings.token_value()
     if token is None:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -56,7 +93,7 @@ def require_write(request: Request) -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
         why = "wrong bearer token" if given and scheme.lower() == "bearer" else (
             "no bearer token")
-        _rejection_log(request).rejected(request, why)
+        found.rejections.rejected(request, why)
         raise HTTPException(
             status_code=401,
             detail="missing or invalid bearer token (send 'Authorization: Bearer <token>')",
@@ -66,5 +103,5 @@ def require_write(request: Request) -> None:
 
 def require_read(request: Request) -> None:
     """Reads are open unless ``auth_reads`` is set; then they need the token too."""
-    if request.app.state.settings.auth_reads:
+    if services(request).settings.auth_reads:
         require_write(request)

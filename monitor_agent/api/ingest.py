@@ -18,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent import schemas, wire
-from monitor_agent.api.deps import require_write
+from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.engine import Incoming
 from monitor_agent.store import StorageError
@@ -37,7 +37,7 @@ class Rejection(BaseModel):
 class IngestResponse(BaseModel):
     accepted: int = Field(description="Records stored now.")
     duplicates: int = Field(description="Records already stored (a retry); not counted twice.")
-    late: int = Field(0, description="Stored, but older than the run's latest step.")
+    late: int = Field(default=0, description="Stored, but older than the run's latest step.")
     rejected: list[Rejection] = Field(default_factory=list)
     actions: list[dict[str, Any]] = Field(
         default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
@@ -71,7 +71,7 @@ class BadRequest(Exception):
                503: {"description": "Cannot store right now; retry later"}},
 )
 async def post_records(request: Request) -> IngestResponse:
-    state = request.app.state
+    state = services(request)
     t0 = time.perf_counter()
     code = "200"
     try:
@@ -95,7 +95,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
     """A request's valid records and the rejections of the others, under every ingest
     budget (body, inflated body, values, records, record size); raises BadRequest for what
     refuses the whole request (not ready, too large, malformed, every record invalid)."""
-    state = request.app.state
+    state = services(request)
     settings = state.settings
     if not state.readiness.ready:
         raise BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
@@ -112,7 +112,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
 
 
 async def _ingest(request: Request) -> tuple[Any, str]:
-    state = request.app.state
+    state = services(request)
     valid, rejected = await read_records(request)
     if not valid:
         return IngestResponse(accepted=0, duplicates=0), "200"
@@ -124,12 +124,18 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     rejected.extend(result.rejected)
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
-        rejected=sorted(rejected, key=lambda r: r["index"]), actions=result.actions,
+        rejected=sorted_rejections(rejected), actions=result.actions,
     )
     if len(result.rejected) == len(valid):
         crowded = all("max_active_runs" in r["reason"] for r in result.rejected)
         raise BadRequest(429 if crowded else 422, summary(rejected))
     return response, "200"
+
+
+def sorted_rejections(rejected: list[dict[str, Any]]) -> list[Rejection]:
+    """The answer's rejections, in batch order."""
+    return [Rejection(index=r["index"], reason=r["reason"])
+            for r in sorted(rejected, key=lambda r: r["index"])]
 
 
 def summary(rejected: list[dict[str, Any]]) -> str:

@@ -26,13 +26,14 @@ import time
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from monitor_agent.api.deps import require_write
+from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.ingest import (
     BODY_ERRORS,
     BadRequest,
     Rejection,
     read_records,
     reason_label,
+    sorted_rejections,
 )
 
 router = APIRouter(tags=["ingest"])
@@ -52,7 +53,7 @@ class PreviewResponse(BaseModel):
     responses={**BODY_ERRORS, 503: {"description": "Cannot page right now; retry later"}},
 )
 async def post_preview(request: Request) -> PreviewResponse:
-    state = request.app.state
+    state = services(request)
     try:
         valid, rejected = await read_records(request)
         begun = await state.runner.call(state.engine.preview, valid, time.time())
@@ -62,6 +63,6 @@ async def post_preview(request: Request) -> PreviewResponse:
         status, reason = 503, f"cannot record the alert right now ({exc}); retry later"
     else:
         return PreviewResponse(received=len(valid), alerts=begun,
-                               rejected=sorted(rejected, key=lambda r: r["index"]))
+                               rejected=sorted_rejections(rejected))
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
     raise HTTPException(status, reason)

@@ -36,7 +36,7 @@ _FREE_FORM = ("config", "model", "hardware")
 
 def verbatim_ok(obj: dict[str, Any], raw: bytes) -> bool:
     """True when ``raw`` (the line ``obj`` was parsed from, already validated) may be stored."""
-    if not obj.keys() <= _TOP.get(obj.get("kind"), frozenset()):
+    if not obj.keys() <= _TOP.get(str(obj.get("kind")), frozenset()):
         return False
     keys = len(obj)
     for section, allowed in _NESTED.items():

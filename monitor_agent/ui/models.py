@@ -61,7 +61,7 @@ class MatrixOut(BaseModel):
     steps: list[int]
     values_f32: str = Field(description="Base64 of little-endian float32 values, row-major; "
                             "NaN where a layer has no value in a bucket.")
-    layer: str | None = Field(None, description="grad_quantiles: the parameter shown; its 8 "
+    layer: str | None = Field(default=None, description="grad_quantiles: the parameter shown; its 8 "
                               "quantile rows replace the names.")
 
 

@@ -14,20 +14,27 @@ Example::
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import asdict
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from monitor_agent import wire
-from monitor_agent.api.deps import require_read
-from monitor_agent.engine import Engine
-from monitor_agent.progress import run_progress
-from monitor_agent.types import Severity
+from monitor_agent.api.deps import AlertingDep, EngineDep, HistoryDep, RunnerDep, require_read
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import open_history
-from monitor_agent.ui.models import MatrixOut, RunsOut, RunSummary, SeriesOut
+from monitor_agent.ui.models import (
+    Band,
+    Evals,
+    MatrixOut,
+    RankStepTimes,
+    RunsOut,
+    RunSummary,
+    SeriesOut,
+)
 
 STATIC = resources.files("monitor_agent.ui") / "static"
 pages = APIRouter(include_in_schema=False)
@@ -63,8 +70,7 @@ def static(path: str) -> Response:
                     headers={"Cache-Control": "max-age=300"})
 
 
-def _history(request: Request) -> sqlite3.Connection:
-    path = request.app.state.history.history_db
+def _history(path: Path) -> sqlite3.Connection:
     try:
         if not path.is_file():
             raise sqlite3.OperationalError(f"{path} does not exist yet")
@@ -88,9 +94,11 @@ def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | N
         run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],
         count=found.get("count", 0), bucketed=found["bucketed"], steps=found["steps"],
         series=found["series"], nonfinite_steps=found["nonfinite_steps"],
-        update_band=sr.update_band(found["steps"], meta["warmup"] or 0, meta["total_steps"]),
-        evals=sr.evals(db, run_id, rank, start, end, points),
-        rank_step_time=sr.rank_step_times(db, run_id, lo, hi, points),
+        update_band=Band.model_validate(
+            sr.update_band(found["steps"], meta["warmup"] or 0, meta["total_steps"])),
+        evals=Evals.model_validate(sr.evals(db, run_id, rank, start, end, points)),
+        rank_step_time=RankStepTimes.model_validate(
+            sr.rank_step_times(db, run_id, lo, hi, points)),
         latest=sr.latest(db, run_id, rank),
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
         layers=meta["layers"], modules=meta["modules"],
@@ -99,9 +107,9 @@ def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | N
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, request: Request, points: int = Points, rank: int = Rank,
+def get_series(run_id: str, history: HistoryDep, points: int = Points, rank: int = Rank,
                start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
-    db = _history(request)
+    db = _history(history)
     try:
         out = series_answer(db, run_id, rank, start, end, points)
     finally:
@@ -114,13 +122,13 @@ def get_series(run_id: str, request: Request, points: int = Points, rank: int = 
 @api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
          summary="A per-layer statistic as a layers x step-buckets matrix")
 def get_matrix(
-    run_id: str, request: Request,
+    run_id: str, history: HistoryDep,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
     points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Rank,
     start: int | None = _step("First"), end: int | None = _step("Last"),
     layer: str | None = Query(None, max_length=1000),
 ) -> Response:
-    db = _history(request)
+    db = _history(history)
     try:
         out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
     finally:
@@ -129,54 +137,11 @@ def get_matrix(
 
 
 @api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
-async def get_runs(request: Request) -> Response:
-    state = request.app.state
+async def get_runs(engine: EngineDep, runner: RunnerDep, alerting: AlertingDep) -> Response:
     firing: dict[str, int] = {}
-    for alert in state.alerting.list_alerts(state="firing", limit=10_000):
+    # The alert database has its own lock: read it in a worker, not on the event loop.
+    for alert in await run_in_threadpool(alerting.list_alerts, state="firing", limit=10_000):
         firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-    rows = await state.runner.call(_summaries, state.engine, firing)
+    rows = [RunSummary(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
+            for s in await runner.call(engine.run_summaries)]
     return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")
-
-
-def _summaries(engine: Engine, firing: dict[str, int]) -> list[RunSummary]:
-    out = []
-    for row in engine.store.runs():
-        run_id, live = row.run_id, engine.runs.get(row.run_id)
-        counts = _severity(engine, run_id)
-        progress = None
-        if live is not None and live.ranks:
-            progress = run_progress(live, live.ranks[min(live.ranks)])
-        out.append(RunSummary(
-            run_id=run_id, project=_project(live, row), status=live.status if live else
-            row.status, active=live is not None, last_step=_last_step(engine, live, run_id),
-            progress=progress.ratio if progress else None,
-            eta_seconds=progress.eta_seconds if progress else None,
-            findings=counts[0], worst_finding=counts[1],
-            firing_alerts=firing.get(run_id, 0), last_seen=row.last_seen,
-        ))
-    return out
-
-
-def _severity(engine: Engine, run_id: str) -> tuple[int, str | None]:
-    counts = engine.store.finding_severity_counts(run_id)
-    worst = max(counts, key=lambda s: Severity.parse(s), default=None)
-    return sum(counts.values()), worst
-
-
-def _project(live: Any, row: dict[str, Any]) -> str | None:
-    if live is not None:
-        return live.project or None
-    if row.run_record:
-        rec = wire.loads(row.run_record)
-        return (rec.get("labels") or {}).get("project") or (rec.get("config") or {}).get(
-            "project")
-    return None
-
-
-def _last_step(engine: Engine, live: Any, run_id: str) -> int | None:
-    if live is not None:
-        return live.last_step
-    body = engine.store.last_record(run_id, 0, "step")
-    if body is None:
-        return None
-    return wire.loads(body).get("step")

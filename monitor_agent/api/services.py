@@ -1,0 +1,126 @@
+"""``Services``: everything the routes use, built once per app by its lifespan.
+
+app.py builds one ``Services`` at startup (``app.state.services``; the one place the app
+state is read is ``api/deps.py``) and sets ``backends`` last, once the databases are open:
+until then the storage gate answers 503 for every route but /healthz and /readyz. Handlers
+take what they need as typed dependencies (``EngineDep``, ``AlertingDep``...), never from
+``request.app.state``.
+
+Example::
+
+    services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
+    services.backends = Backends(engine, alerting, exposition)   # now open
+    services.engine.run_listings  # via runner.call only: the engine has its own thread
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.alerting import Alerting
+from monitor_agent.engine import Engine
+from monitor_agent.exposition import Exposition
+from monitor_agent.metrics import SelfMetrics
+from monitor_agent.runner import EngineRunner
+from monitor_agent.settings import Settings
+
+log = logging.getLogger(__name__)
+AUTH_LOG_INTERVAL_S = 60.0
+
+
+class Readiness:
+    """Whether the sidecar can store records now, and why not."""
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self._metrics = metrics
+        self.reason: str | None = "starting"
+
+    @property
+    def ready(self) -> bool:
+        return self.reason is None
+
+    def set(self, reason: str | None) -> None:
+        self.reason = reason
+        self._metrics.ready.set(1 if reason is None else 0)
+
+
+class RejectionLog:
+    """Rate-limited log of 401s: one line per interval, counting what it held back.
+
+    An operator should see that a client is misconfigured, not one line per request; the
+    token itself is never logged.
+    """
+
+    def __init__(self, interval: float = AUTH_LOG_INTERVAL_S) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._held = 0
+
+    def rejected(self, request: Request, why: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.interval:
+                self._held += 1
+                return
+            self._last, held, self._held = now, self._held, 0
+        client = request.client.host if request.client else "?"
+        more = f" ({held} more since the last such line)" if held else ""
+        log.warning("401 for %s %s from %s: %s%s", request.method, request.url.path, client,
+                    why, more)
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What exists only once the databases are open."""
+
+    engine: Engine
+    alerting: Alerting
+    exposition: Exposition
+
+
+@dataclass(slots=True)
+class Services:
+    """The app's parts; ``backends`` is None until storage opened (then set, once)."""
+
+    settings: Settings
+    registry: CollectorRegistry
+    metrics: SelfMetrics
+    runner: EngineRunner
+    readiness: Readiness
+    rejections: RejectionLog = field(default_factory=RejectionLog)
+    backends: Backends | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.backends is not None
+
+    def _backends(self) -> Backends:
+        if self.backends is None:  # the storage gate answers first; this keeps types honest
+            raise HTTPException(503, f"not ready: {self.readiness.reason}; retry later",
+                                headers={"Retry-After": "5"})
+        return self.backends
+
+    @property
+    def engine(self) -> Engine:
+        return self._backends().engine
+
+    @property
+    def alerting(self) -> Alerting:
+        return self._backends().alerting
+
+    @property
+    def exposition(self) -> Exposition:
+        return self._backends().exposition
+
+    @property
+    def history_db(self) -> Path:
+        """The charts' copy of the history (ui/indexer.py keeps it current)."""
+        return self.settings.data_dir / "history.sqlite"

@@ -1,0 +1,137 @@
+"""The OpenAPI document describes every answer: each route declares a 2xx schema, and the
+real answers of a real sidecar validate against it (strictly: no undocumented keys)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from live_server import LiveServer
+from monitor_agent.app import create_app
+from monitor_agent.settings import load_settings
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def _document(tmp_path: Path) -> dict[str, Any]:
+    return create_app(load_settings(data_dir=tmp_path)).openapi()
+
+
+def test_every_route_declares_a_success_schema(tmp_path: Path):
+    doc = _document(tmp_path)
+    missing = []
+    for path, item in doc["paths"].items():
+        for method in METHODS:
+            if method not in item:
+                continue
+            answers = {c: r for c, r in item[method]["responses"].items() if c.startswith("2")}
+            if not answers:
+                missing.append(f"{method.upper()} {path}: no 2xx response")
+            for code, answer in answers.items():
+                if code == "204":  # No Content: nothing to describe
+                    assert not answer.get("content"), f"{method} {path} 204 with a body"
+                    continue
+                schemas = [c.get("schema") for c in answer.get("content", {}).values()]
+                if not schemas or not all(schemas):
+                    missing.append(f"{method.upper()} {path} {code}: no schema")
+    assert missing == []
+    assert len(doc["paths"]) >= 14  # every JSON route of the sidecar, not a subset
+
+
+def _strict(schema: Any) -> Any:
+    """Object schemas that list their properties allow no others: an answer key that the
+    document does not name is a drift between the two."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+class Checker:
+    def __init__(self, url: str, doc: dict[str, Any]) -> None:
+        self.url, self.doc = url, doc
+        self.components = _strict(doc["components"])
+        self.checked: set[tuple[str, str]] = set()
+
+    def call(self, method: str, template: str, status: int = 200, path: str | None = None,
+             **kwargs: Any) -> Any:
+        r = httpx.request(method, self.url + (path or template), timeout=30, **kwargs)
+        assert r.status_code == status, r.text
+        answer = self.doc["paths"][template][method.lower()]["responses"][str(status)]
+        if status == 204:
+            return None
+        schema = answer["content"]["application/json"]["schema"]
+        root = {**_strict(copy.deepcopy(schema)), "components": self.components}
+        jsonschema.Draft202012Validator(root).validate(r.json())
+        self.checked.add((method.lower(), template))
+        return r.json()
+
+
+def _records() -> list[dict[str, Any]]:
+    run = {"kind": "run", "run_id": "doc", "config": {"total_steps": 100},
+           "labels": {"project": "p"}}
+    steps = [{"kind": "step", "run_id": "doc", "step": s, "time": 100.0 + s,
+              "loss": 2.0 if s < 8 else "NaN", "grad_norm": 1.0, "lr": 1e-3,
+              "tokens": 512, "step_time": 0.1} for s in range(1, 10)]
+    ev = {"kind": "eval", "run_id": "doc", "step": 5, "time": 106.0, "val_loss": 2.1}
+    return [run, *steps, ev]
+
+
+@pytest.mark.timeout(120)
+def test_real_answers_match_the_document(tmp_path: Path):
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        doc = httpx.get(srv.url + "/openapi.json").json()
+        c = Checker(srv.url, doc)
+        c.call("GET", "/healthz")
+        c.call("GET", "/readyz")
+        assert c.call("POST", "/v1/records", json={"records": _records()})["accepted"] == 11
+        c.call("POST", "/v1/records/preview", json={"records": [
+            {"kind": "step", "run_id": "doc", "step": 20, "time": 130.0, "loss": "NaN"}]})
+        [listed] = c.call("GET", "/v1/runs")["runs"]
+        assert listed["active"] is True
+        detail = c.call("GET", "/v1/runs/{run_id}", path="/v1/runs/doc")
+        assert detail["ranks"]["0"]["latest"]["loss"] == "NaN"  # the string spelling
+        assert detail["alerts"], "a NaN step pages: the run's alerts are listed"
+        c.call("GET", "/v1/runs/{run_id}/records", path="/v1/runs/doc/records",
+               params={"since_step": -1})
+        assert c.call("GET", "/v1/runs/{run_id}/findings",
+                      path="/v1/runs/doc/findings")["findings"]
+        c.call("GET", "/v1/runs/{run_id}/actions", path="/v1/runs/doc/actions")
+        alerts = c.call("GET", "/v1/alerts")["alerts"]
+        fp = alerts[0]["fingerprint"]
+        c.call("POST", "/v1/alerts/{fingerprint}/ack", path=f"/v1/alerts/{fp}/ack",
+               json={"by": "ana"})
+        silence = c.call("POST", "/v1/silences", 201,
+                         json={"run_id": "doc", "duration_seconds": 60})
+        assert c.call("GET", "/v1/silences")["silences"]
+        c.call("DELETE", "/v1/silences/{id}", 204, path=f"/v1/silences/{silence['id']}")
+        assert c.call("GET", "/v1/ui/runs")["runs"][0]["worst_finding"] == "critical"
+        _wait_for_history(srv.url)
+        c.call("GET", "/v1/runs/{run_id}/series", path="/v1/runs/doc/series")
+        c.call("GET", "/v1/runs/{run_id}/matrix/{stat}", path="/v1/runs/doc/matrix/grad_norm")
+        assert httpx.get(srv.url + "/metrics").headers["content-type"].startswith("text/plain")
+    json_routes = {(m, p) for p, item in doc["paths"].items() for m in item
+                   if m in METHODS and p != "/metrics"}
+    assert json_routes - c.checked == {("delete", "/v1/silences/{id}")}  # 204: no body
+
+
+def _wait_for_history(url: str) -> None:
+    """The charts' history is indexed from a thread of its own: wait until it has the run."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = httpx.get(url + "/v1/runs/doc/series", timeout=10)
+        if r.status_code == 200 and r.json()["count"] >= 9:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"history never caught up: {r.status_code} {r.text[:200]}")
