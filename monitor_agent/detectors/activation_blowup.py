@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.module_slots import ModuleSlots, grown_rows
-from monitor_agent.detectors.stats import MAD_TO_SIGMA
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.module_slots import ModuleSlots, grown_rows
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
 from monitor_agent.types import ActivationTable, Finding, StepRecord
 
 STATS = ("max_abs", "std")

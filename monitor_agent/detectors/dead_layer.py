@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.stats import amp_overflow
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.module_slots import ModuleSlots
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.module_slots import ModuleSlots
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -50,10 +50,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_bands import locate
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import MAD_TO_SIGMA, Window, finite, median
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_bands import locate
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
 from monitor_agent.types import Finding, StepRecord
 
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)

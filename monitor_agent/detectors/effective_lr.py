@@ -42,9 +42,8 @@ import math
 from dataclasses import dataclass, field
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 
 WINDOW = 32
 MIN_READINGS = 10

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, slope
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.stats import Window, amp_overflow, slope
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.nan_inf import amp_overflow
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.stats import amp_overflow
 from monitor_agent.types import QUANTILE_LEVELS, Finding, StepRecord
 
 _MIN, _P1, _P25, _P50, _P75, _P99, _MAX = (QUANTILE_LEVELS.index(q)

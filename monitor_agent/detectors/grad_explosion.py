@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_bands import locate
-from monitor_agent.detectors.layer_stats import LayerEma, grown
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_bands import locate
+from monitor_agent.detectors.support.layer_stats import LayerEma, grown
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 from monitor_agent.types import Finding, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps

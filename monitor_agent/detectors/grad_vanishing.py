@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, median, sorted_median
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import Window, amp_overflow, median, sorted_median
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow, nonfinite_params
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.nonfinite import nonfinite_params
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 from monitor_agent.types import Finding, StepRecord
 
 

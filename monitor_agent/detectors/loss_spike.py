@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite, robust_z
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import Window, finite, robust_z
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -38,14 +38,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, amp_overflow, finite  # noqa: F401 (re-export)
-from monitor_agent.types import EvalRecord, Finding, LayerTable, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.nonfinite import nonfinite_mask, nonfinite_params
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import EvalRecord, Finding, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
-_LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
-
-
 @dataclass(slots=True)
 class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
@@ -105,7 +103,7 @@ class NanInfDetector(DetectorBase):
         if not bad:
             return None
         table = rec.layer_grads
-        mask = _nonfinite_mask(table) if table is not None else None
+        mask = nonfinite_mask(table) if table is not None else None
         layers = [] if mask is None else [table.names[c] for c in np.flatnonzero(mask)[::-1]]
         st = self.ranks.get(rec.rank) or self.new_rank()
         ahead = dataclasses.replace(st, streak=st.streak + 1)  # read only: grads shared
@@ -163,28 +161,6 @@ class NanInfDetector(DetectorBase):
         if rec.loss_scale is not None:
             return tips.NAN_FP16 + tips.NAN_SUDDEN
         return tips.NAN_SUDDEN
-
-
-def nonfinite_params(ctx, rec: StepRecord) -> list[str]:
-    """Non-finite parameters in backward order: output side first (see module docstring)."""
-    table = rec.layer_grads
-    if table is None:
-        return []
-    view = ctx.align(table)
-    mask = _nonfinite_mask(table)
-    if mask is None:
-        return []
-    ordered = [int(c) for c in view.order[::-1] if mask[c]]
-    rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
-    return [table.names[c] for c in ordered + rest]
-
-
-def _nonfinite_mask(table: LayerTable) -> np.ndarray | None:
-    """Parameters with a non-finite measured statistic; None when there are none."""
-    mask = np.zeros(len(table), dtype=bool)
-    for stat in _LAYER_STATS:
-        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
-    return mask if mask.any() else None
 
 
 def _origin(rec: StepRecord, bad: list[str], layers: list[str]

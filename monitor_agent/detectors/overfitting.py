@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import finite
 from monitor_agent.types import EvalRecord, Finding
 
 

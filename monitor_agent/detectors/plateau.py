@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite, median
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import Window, finite, median
 from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
 from monitor_agent.detectors.catalogue import USUAL_SEVERITY
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.stats import Window
 from monitor_agent.types import Finding, StepRecord
 
 MIN_INTERVALS = 5  # intervals needed before the median step interval means anything

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.stats import Window, finite
 from monitor_agent.types import Finding, StepRecord
 
 

@@ -22,8 +22,6 @@ from typing import Any
 from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
 from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
 from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.context import RunContext
 from monitor_agent.detectors.dead_layer import DeadLayerDetector
 from monitor_agent.detectors.dead_units import DeadUnitsDetector
 from monitor_agent.detectors.divergence import DivergenceDetector
@@ -41,6 +39,8 @@ from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.context import RunContext
 from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
 from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
 from monitor_agent.types import Finding, Record, StepRecord

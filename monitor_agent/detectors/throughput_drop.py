@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.stats import Window, finite
 from monitor_agent.types import Finding, StepRecord
 
 SKIP_FIRST_STEPS = 5  # the first steps include compilation and cache warm-up

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 from monitor_agent.types import Finding, StepRecord
 
 

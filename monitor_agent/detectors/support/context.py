@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.layer_bands import LayerBands
 from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.detectors.state import dump, load_into
-from monitor_agent.detectors.stats import Ema, amp_overflow
+from monitor_agent.detectors.support.layer_bands import LayerBands
+from monitor_agent.detectors.support.state import dump, load_into
+from monitor_agent.detectors.support.stats import Ema, amp_overflow
 from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
 
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.stats import MAD_TO_SIGMA
+from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
 
 WINDOW = 32
 MIN_READINGS = 5

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from monitor_agent.detectors.catalogue import USUAL_SEVERITY
-from monitor_agent.detectors.context import RunContext
 from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.detectors.state import dump, load_into, plain
+from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.state import dump, load_into, plain
 from monitor_agent.types import EvalRecord, Finding, Record, Severity, StepRecord
 
 
