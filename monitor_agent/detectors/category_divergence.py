@@ -25,15 +25,48 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
 from monitor_agent.detectors.support.common import DetectorBase, fmt
-from monitor_agent.types import EvalRecord, Finding
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.types import EvalRecord, Finding, Severity
 
 PREFIX = "loss/"
 MAX_CATEGORIES = 256  # state stays bounded whatever a client sends
 CATEGORY_HISTORY = 10  # standings a category is judged against
 NOISE_FLOOR = 0.05     # log units: below this, eval noise is not measurable anyway
+
+
+CATEGORY_DIVERGENCE = (
+    "Look at this category's data: a new or shifted source, a tokenisation or labelling bug, "
+    "or a mixture weight that changed.",
+    "Check the data mixture: the category may be under-sampled now, or drowned by another "
+    "that grew.",
+    "If it is forgetting (learned early, lost later), raise its sampling weight or replay it.",
+)
+
+
+class CategoryDivergenceSettings(SharedSettings):
+    """The knobs of ``category_divergence`` (``detectors:`` in the sidecar's config)."""
+
+    category_rise: float = Field(
+        0.1, gt=0, description="category_divergence: the category's eval loss at least this "
+        "fraction above its own best..."
+    )
+    category_drift: float = Field(
+        0.5, gt=0, description="...and its standing against the other categories at least "
+        "this ratio worse than its recent median standing..."
+    )
+    category_noise_k: float = Field(
+        4.0, gt=0, description="...and more than this many robust sigmas of its own "
+        "eval-to-eval noise."
+    )
+    category_evals: int = Field(
+        2, ge=1, description="Evals in a row a category must diverge before it is reported."
+    )
+    category_min_evals: int = Field(
+        4, ge=2, description="Evals of a category seen before it is judged at all."
+    )
 
 
 @dataclass(slots=True)
@@ -63,10 +96,12 @@ def standings(losses: dict[str, float]) -> dict[str, float]:
     return out
 
 
-class CategoryDivergenceDetector(DetectorBase):
+class CategoryDivergenceDetector(DetectorBase[CategoryDivergenceSettings]):
     """Warning when one category's eval loss rises against its own best and the rest."""
 
     type = "category_divergence"
+    severity = Severity.WARNING
+    settings_model = CategoryDivergenceSettings
 
     def new_rank(self) -> CategoryState:
         return CategoryState()
@@ -112,4 +147,4 @@ class CategoryDivergenceDetector(DetectorBase):
                     "relative_drift": drift, "noise_sigma_log": noise, "margin_log": margin,
                     "evals": st.streak[name], "categories": len(st.best)}
         return self.finding(rec, msg, value=loss, threshold=st.best[name] * (1 + s.category_rise),
-                            evidence=evidence, suggestions=tips.CATEGORY_DIVERGENCE)
+                            evidence=evidence, suggestions=CATEGORY_DIVERGENCE)

@@ -16,12 +16,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors.support.advice import NOT_LEARNING
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.layer_stats import grown
+from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import amp_overflow
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.types import Finding, Severity, StepRecord
+
+DEAD_LAYER = (
+    "Check the parameter is in the optimizer and its param group's lr is not 0.",
+    "Check it is connected to the loss (no detach(), not left out of forward, requires_grad).",
+    "For ReLU layers with all-zero gradients: dead units, lower the lr or use LeakyReLU/GELU.",
+)
+
+
+class DeadLayerSettings(SharedSettings):
+    """The knobs of ``dead_layer`` (``detectors:`` in the sidecar's config)."""
+
+    dead_steps: int = Field(
+        20, ge=1, description="Consecutive steps of zero gradient or zero update: dead layer."
+    )
 
 
 @dataclass(slots=True)
@@ -29,10 +45,12 @@ class DeadState:
     runs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class DeadLayerDetector(DetectorBase):
+class DeadLayerDetector(DetectorBase[DeadLayerSettings]):
     """Warning per parameter with ``dead_steps`` consecutive zero-gradient/zero-update steps."""
 
     type = "dead_layer"
+    severity = Severity.WARNING
+    settings_model = DeadLayerSettings
 
     def new_rank(self) -> DeadState:
         return DeadState()
@@ -75,7 +93,7 @@ class DeadLayerDetector(DetectorBase):
                 rec, msg, value=float(runs[c]), threshold=self.settings.dead_steps, layer=name,
                 evidence={"steps": int(runs[c]), "dead_layers": len(hits),
                           "grad_norm": float(rec.layers.stats["grad_norm"][c])},
-                suggestions=tips.DEAD_LAYER,
+                suggestions=DEAD_LAYER,
             ))
         return found
 
@@ -85,4 +103,4 @@ class DeadLayerDetector(DetectorBase):
         msg = f"no parameter changed for {steps} steps (lr {rec.lr})"
         return [self.finding(rec, msg, value=float(steps), threshold=self.settings.dead_steps,
                              evidence={"steps": steps, "lr": rec.lr},
-                             suggestions=tips.UPDATE_RATIO_LOW)]
+                             suggestions=NOT_LEARNING)]

@@ -48,14 +48,65 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.layer_bands import locate
+from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.types import Finding, Severity, StepRecord
 
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
+
+
+DIVERGENCE = (
+    "Lower the learning rate 5-10x (or lengthen warmup), then restart from the last good checkpoint.",
+    "Enable gradient clipping (clip_grad_norm_ 1.0) if it is off.",
+    "Check for a learning-rate schedule bug (a jump in lr at the start of the rise).",
+)
+
+
+class DivergenceSettings(SharedSettings):
+    """The knobs of ``divergence`` (``detectors:`` in the sidecar's config)."""
+
+    divergence_steps: int = Field(
+        3, ge=2, description="Consecutive steps a runaway (loss and grad norm rising far above "
+        "baseline) must last to be a divergence.",
+    )
+    divergence_ratio: float = Field(
+        1.2, gt=1, description="loss / EMA from which a rising step counts toward divergence."
+    )
+    divergence_grad_ratio: float = Field(
+        2.0, gt=1, description="grad norm / its median from which a rising step counts."
+    )
+    divergence_jump: float = Field(
+        10.0, gt=1, description="Jump rule: update/param above update_ratio_max and this many "
+        "times its rolling median.",
+    )
+    divergence_lr_jump: float = Field(
+        2.0, gt=1, description="Jump rule: an update jump on a step whose lr is this many times "
+        "its rolling median is judged at once (the LR, not one batch, made it)."
+    )
+    divergence_window: int = Field(
+        10, ge=3, description="Steps in the recent loss level (median) compared with the "
+        "median of the baseline_window steps before them."
+    )
+    divergence_rise: float = Field(
+        0.3, gt=0, description="Level rule: the recent median loss at least this fraction "
+        "above the earlier median..."
+    )
+    divergence_z: float = Field(
+        6.0, gt=0, description="...and this many standard errors of the difference of the "
+        "two medians above it (noise from the MAD of step-to-step log-loss changes)..."
+    )
+    divergence_progress: float = Field(
+        0.25, gt=0, description="...and this fraction of the run's progress (start loss minus "
+        "the earlier median) given back: the absolute floor for near-zero losses."
+    )
+    divergence_hold: int = Field(
+        5, ge=1, description="Consecutive steps the level rule and the update jump rule must "
+        "hold (not recover)."
+    )
 
 
 @dataclass(slots=True)
@@ -76,10 +127,12 @@ class DivergenceState:
     jumps: int = 0
 
 
-class DivergenceDetector(DetectorBase):
+class DivergenceDetector(DetectorBase[DivergenceSettings]):
     """Error when the loss climbs away and stays (see module docstring)."""
 
     type = "divergence"
+    severity = Severity.ERROR
+    settings_model = DivergenceSettings
 
     def new_rank(self) -> DivergenceState:
         s = self.settings
@@ -161,7 +214,7 @@ class DivergenceDetector(DetectorBase):
                     "consecutive_steps": st.jumps, "lr": rec.lr, "lr_median": lr_med,
                     "loss": rec.loss, "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     # -- runaway: loss and grad norm climbing together --------------------------------------
 
@@ -196,7 +249,7 @@ class DivergenceDetector(DetectorBase):
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
                     "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     def _ran_off(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         """A runaway streak cut short by a non-finite loss: it could not hold any longer
@@ -211,7 +264,7 @@ class DivergenceDetector(DetectorBase):
                     "loss_before": st.streak_start_loss, "last_finite_loss": st.prev_loss,
                     "grad_norm": rec.grad_norm, "lr": rec.lr}
         return [self.finding(rec, msg, value=st.prev_loss, threshold=st.streak_start_loss,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     # -- level: the recent loss level far above the earlier one, and holding ----------------
 
@@ -251,4 +304,4 @@ class DivergenceDetector(DetectorBase):
                     "progress_lost": given_back if start > level_before else None,
                     "consecutive_steps": st.held, "lr": rec.lr}
         return [self.finding(rec, msg, value=level_now, threshold=level_before,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]

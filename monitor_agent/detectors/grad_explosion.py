@@ -34,16 +34,56 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.layer_bands import locate
 from monitor_agent.detectors.support.layer_stats import LayerEma, grown
+from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.types import Finding, Severity, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
 SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise
+
+
+GRAD_EXPLOSION = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Enable or tighten gradient clipping.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+
+GRAD_EXPLOSION_CLIPPED = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Clipping is on, so each update is bounded, but the optimizer keeps being pushed off "
+    "course: clipping hides the cause, it does not fix it.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+
+
+class GradExplosionSettings(SharedSettings):
+    """The knobs of ``grad_explosion`` (``detectors:`` in the sidecar's config)."""
+
+    explosion_ratio: float = Field(
+        3.0, gt=1, description="grad norm / its rolling median each step of an explosion "
+        "must reach (a floor under explosion_z)..."
+    )
+    explosion_z: float = Field(
+        6.0, gt=0, description="...and this many robust sigmas (MAD of log grad norm) above "
+        "the median..."
+    )
+    explosion_steps: int = Field(
+        3, ge=1, description="...on this many steps in a row (one bad batch is a loss_spike)."
+    )
+    explosion_warmup_factor: float = Field(
+        5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
+    )
+    layer_explosion_ratio: float = Field(
+        100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
+        "explosion (explosion_steps readings in a row)."
+    )
 
 
 @dataclass(slots=True)
@@ -55,10 +95,12 @@ class ExplosionState:
     layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class GradExplosionDetector(DetectorBase):
+class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
     """Error when the grad norm stays far above its median (see module docstring)."""
 
     type = "grad_explosion"
+    severity = Severity.ERROR
+    settings_model = GradExplosionSettings
 
     def new_rank(self) -> ExplosionState:
         return ExplosionState(grads=Window.of(self.settings.baseline_window))
@@ -112,8 +154,8 @@ class GradExplosionDetector(DetectorBase):
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
         clipped = finite(rec.clip_threshold) and rec.clip_threshold > 0
         return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
-                             suggestions=tips.GRAD_EXPLOSION_CLIPPED if clipped
-                             else tips.GRAD_EXPLOSION)]
+                             suggestions=GRAD_EXPLOSION_CLIPPED if clipped
+                             else GRAD_EXPLOSION)]
 
     def _overflowed(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         """A streak cut short by a non-finite gradient: it blew past what a float holds,
@@ -128,7 +170,7 @@ class GradExplosionDetector(DetectorBase):
                     "min_ratio_in_streak": st.streak_min_ratio,
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
         return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
-                             suggestions=tips.GRAD_EXPLOSION)]
+                             suggestions=GRAD_EXPLOSION)]
 
     # -- per parameter ----------------------------------------------------------------------
 
@@ -162,6 +204,6 @@ class GradExplosionDetector(DetectorBase):
                 rec, msg, value=g, threshold=g / ratio[c], layer=name,
                 evidence={"ratio": float(ratio[c]), "limit_ratio": limit,
                           "consecutive_steps": k},
-                suggestions=tips.GRAD_EXPLOSION,
+                suggestions=GRAD_EXPLOSION,
             ))
         return found

@@ -25,10 +25,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
+from pydantic import Field
+
 from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite, robust_z
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.types import Finding, Severity, StepRecord
+
+LOSS_SPIKE = (
+    "Inspect the batch of this step (corrupted, mislabelled or out-of-distribution data).",
+    "If spikes recur, lower the learning rate or enable gradient clipping.",
+    "For large models: skip batches whose loss is far above the EMA, or lower Adam beta2.",
+)
+
+
+class LossSpikeSettings(SharedSettings):
+    """The knobs of ``loss_spike`` (``detectors:`` in the sidecar's config)."""
+
+    spike_z: float = Field(
+        6.0, gt=0, description="Robust z (MAD) of log(loss/EMA) that makes a spike."
+    )
+    spike_ratio: float = Field(1.3, gt=1, description="loss / EMA that makes a spike.")
+    spike_decade: float = Field(
+        10.0, gt=1, description="loss / EMA that is a spike whatever the noise (an order of "
+        "magnitude; the z-score alone misses it where single batches are heavy-tailed)."
+    )
 
 
 @dataclass(slots=True)
@@ -37,10 +58,12 @@ class SpikeState:
     spikes: int = 0
 
 
-class LossSpikeDetector(DetectorBase):
+class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
     """Warning when loss/EMA and the robust z of log(loss/EMA) both exceed their limits."""
 
     type = "loss_spike"
+    severity = Severity.WARNING
+    settings_model = LossSpikeSettings
 
     def new_rank(self) -> SpikeState:
         return SpikeState(residuals=Window.of(self.settings.baseline_window))
@@ -70,4 +93,4 @@ class LossSpikeDetector(DetectorBase):
                     "limit_ratio": s.spike_ratio, "limit_z": s.spike_z,
                     "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
         return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,
-                             suggestions=tips.LOSS_SPIKE)]
+                             suggestions=LOSS_SPIKE)]

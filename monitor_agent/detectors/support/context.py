@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.support.layer_bands import LayerBands
+from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.state import dump, load_into
 from monitor_agent.detectors.support.stats import Ema, amp_overflow
 from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
@@ -62,7 +62,7 @@ class ContextState:
 class RunContext:
     """Shared, snapshot-able facts about one run (see module docstring)."""
 
-    def __init__(self, settings: DetectorSettings) -> None:
+    def __init__(self, settings: SharedSettings) -> None:
         self.settings = settings
         self.state = ContextState(warmup=settings.default_warmup_steps)
         self._slot: dict[str, int] = {}
