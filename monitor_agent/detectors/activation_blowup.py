@@ -27,9 +27,8 @@ import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase, fmt
-from monitor_agent.detectors.support.layer_stats import grown
-from monitor_agent.detectors.support.module_slots import ModuleSlots, grown_rows
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import ModuleSlots, grown
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
 from monitor_agent.types import ActivationTable, Finding, Severity, StepRecord
 
@@ -91,7 +90,7 @@ class ActivationBlowupDetector(DetectorBase[ActivationBlowupSettings]):
         cols, slots = st.slots.align(table.names)
         size = len(st.slots)
         w2 = len(STATS) * self.settings.activation_window
-        st.hist = grown_rows(st.hist.reshape(-1, w2), size, np.nan)  # restored empty: 1-D
+        st.hist = grown(st.hist.reshape(-1, w2), size, np.nan)  # restored empty: 1-D
         st.n, st.streak = grown(st.n, size, 0), grown(st.streak, size, 0)
         bad = self._nonfinite(table)[cols]
         if bad.any():

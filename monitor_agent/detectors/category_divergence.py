@@ -7,8 +7,8 @@ when that category alone gets better or worse, not when the whole run does (a ru
 rise is ``divergence``/``overfitting``'s). Per-category eval losses are noisy (few samples
 each), so the standing is judged against its own recent history: a category diverges when,
 on ``category_evals`` evals in a row, its standing is above the median of its last
-``CATEGORY_HISTORY`` standings by more than ``category_noise_k`` robust sigmas (1.4826 MAD)
-and by at least ``category_drift`` (as a ratio), AND its loss is ``category_rise`` above
+``CATEGORY_HISTORY`` standings by more than ``category_noise_k`` robust sigmas
+(``MAD_TO_SIGMA * MAD``) and by at least ``category_drift`` (as a ratio), AND its loss is ``category_rise`` above
 its own best. Everything is a ratio or in log space: the loss scale does not matter.
 Nothing is judged before ``category_min_evals`` evals of a category (early training moves
 every category a lot).
@@ -29,6 +29,7 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
 from monitor_agent.types import EvalRecord, Finding, Severity
 
 PREFIX = "loss/"
@@ -132,7 +133,7 @@ class CategoryDivergenceDetector(DetectorBase[CategoryDivergenceSettings]):
             return None
         past = np.asarray(history)
         centre = float(np.median(past))
-        noise = max(1.4826 * float(np.median(np.abs(past - centre))), NOISE_FLOOR)
+        noise = max(MAD_TO_SIGMA * float(np.median(np.abs(past - centre))), NOISE_FLOOR)
         margin = max(s.category_noise_k * noise, math.log1p(s.category_drift))
         rise = loss / st.best[name] - 1.0
         drift = math.exp(rel - centre) - 1.0

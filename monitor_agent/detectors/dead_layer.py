@@ -20,8 +20,8 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.advice import NOT_LEARNING
 from monitor_agent.detectors.support.common import DetectorBase
-from monitor_agent.detectors.support.layer_stats import grown
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import grown
 from monitor_agent.detectors.support.stats import amp_overflow
 from monitor_agent.types import Finding, Severity, StepRecord
 

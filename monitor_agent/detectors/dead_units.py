@@ -21,9 +21,8 @@ import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
-from monitor_agent.detectors.support.layer_stats import grown
-from monitor_agent.detectors.support.module_slots import ModuleSlots
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import ModuleSlots, grown
 from monitor_agent.types import Finding, Severity, StepRecord
 
 DEAD_UNITS = (

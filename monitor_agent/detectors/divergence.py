@@ -8,7 +8,7 @@ several steps in a row, because one bad batch rises once and falls back:
   full-window median since warmup when that is lower (a slow creep drags the earlier
   window along with it; a 100-step median is a level, unlike the lowest single value,
   which in a noisy series is its most extreme outlier). The noise is
-  ``sigma = 1.4826 * MAD`` of the first differences of the earlier log-losses over
+  ``sigma = MAD_TO_SIGMA * MAD`` of the first differences of the earlier log-losses over
   sqrt(2) (differences remove the downward trend), and the standard error of the
   difference of the two medians is ``1.2533 * sigma * sqrt(1/k + 1/n)``. The recent level
   must be ``divergence_z`` standard errors above the earlier one, at least

@@ -9,7 +9,7 @@ differ, by a ratio that is characteristic of the run and drifts slowly. The stat
 shift of ``x`` is the optimizer, not the schedule.
 
 Threshold, in units of its own noise: ``x`` against the median of its last ``WINDOW``
-readings, in robust sigmas (``1.4826 * MAD``). A reading is *shifted* when it is at least
+readings, in robust sigmas (``MAD_TO_SIGMA * MAD``). A reading is *shifted* when it is at least
 ``SHIFT_Z`` (8) sigma and at least ``SHIFT_RATIO`` (10x, an order of magnitude) from that
 median. 8 sigma: on readings every ``layer_stats_every`` steps, a healthy run produces a
 few hundred readings, and a normal tail that far out has probability ~1e-15; the 10x floor

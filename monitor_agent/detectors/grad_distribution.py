@@ -31,9 +31,9 @@ import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase, fmt
-from monitor_agent.detectors.support.layer_stats import grown
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.detectors.support.stats import amp_overflow
+from monitor_agent.detectors.support.slots import SlotIndex, grown
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, amp_overflow
 from monitor_agent.types import QUANTILE_LEVELS, Finding, Severity, StepRecord
 
 _MIN, _P1, _P25, _P50, _P75, _P99, _MAX = (QUANTILE_LEVELS.index(q)
@@ -132,7 +132,7 @@ class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
 
     def __init__(self, settings, ctx) -> None:
         super().__init__(settings, ctx)
-        self._slot_cache: dict[int, tuple[tuple[str, ...], np.ndarray, dict[str, int]]] = {}
+        self._slot_cache: dict[int, tuple[tuple[str, ...], np.ndarray, SlotIndex]] = {}
 
     def new_rank(self) -> DistState:
         return DistState()
@@ -168,14 +168,8 @@ class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
         cached = self._slot_cache.get(rank)
         if cached is not None and (cached[0] is names or cached[0] == names):
             return cached[1]
-        index = cached[2] if cached is not None else {n: i for i, n in enumerate(st.names)}
-        out = np.full(len(names), -1, dtype=np.intp)
-        for c, name in enumerate(names):
-            slot = index.get(name)
-            if slot is None and len(st.names) < MAX_SLOTS:
-                slot = index[name] = len(st.names)
-                st.names.append(name)
-            out[c] = -1 if slot is None else slot
+        index = cached[2] if cached is not None else SlotIndex(st.names, MAX_SLOTS)
+        out = index.of(names)
         self._slot_cache[rank] = (names, out, index)
         return out
 
@@ -188,10 +182,7 @@ class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
             if rows * w * _FEATURES != flat.size:  # the window setting changed: start over
                 rows, flat, st.count = 0, flat[:0], st.count[:0]
             ring = flat.reshape(rows, w, _FEATURES)
-        if len(ring) < size:
-            pad = np.full((size - len(ring), w, _FEATURES), np.nan)
-            ring = np.concatenate((ring, pad))
-        st.readings = ring
+        st.readings = ring = grown(ring, size, np.nan)
         st.count = grown(st.count, size, 0)
         return ring
 
@@ -214,7 +205,7 @@ class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
                feats: np.ndarray, history: np.ndarray, last: np.ndarray) -> list[Finding]:
         s = self.settings
         med = nanmedian(history)
-        mad = 1.4826 * nanmedian(np.abs(history - med[:, None, :]))
+        mad = MAD_TO_SIGMA * nanmedian(np.abs(history - med[:, None, :]))
         with np.errstate(invalid="ignore"):
             tail_limit = med[:, _TAIL] + np.maximum(s.dist_z * mad[:, _TAIL],
                                                     np.log(s.dist_tail_jump))

@@ -1,7 +1,7 @@
 """``grad_explosion``: the gradient norm far above its own recent level, and staying there.
 
 Statistic (global): ``r = log(grad_norm) - median`` of the last ``baseline_window`` log grad
-norms, in units of their robust spread ``sigma = 1.4826 * MAD``. A step is *elevated* when
+norms, in units of their robust spread ``sigma = MAD_TO_SIGMA * MAD``. A step is *elevated* when
 ``r >= log(explosion_ratio)`` (a floor: at least 3x, so a smooth run's tiny MAD cannot make
 noise an explosion) and ``r >= explosion_z * sigma`` (6 sigma: a tail a healthy run's
 gradient noise does not reach on one step, let alone on several; at low loss a CNN's grad
@@ -38,8 +38,9 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.layer_bands import locate
-from monitor_agent.detectors.support.layer_stats import LayerEma, grown
+from monitor_agent.detectors.support.layer_stats import LayerEma
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import grown
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 from monitor_agent.types import Finding, Severity, StepRecord
 

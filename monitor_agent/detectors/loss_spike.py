@@ -2,7 +2,7 @@
 bias-corrected EMA and as a robust (median/MAD) z-score of log(loss / EMA).
 
 Statistic: ``r = log(loss / EMA)``, judged against the last ``baseline_window`` residuals:
-a spike is ``loss / EMA >= spike_ratio`` and ``(r - median) / (1.4826 MAD) >= spike_z``.
+a spike is ``loss / EMA >= spike_ratio`` and ``(r - median) / (MAD_TO_SIGMA * MAD) >= spike_z``.
 Judging the ratio in log space against the run's own residual spread makes it scale-free:
 a noisy small-batch run needs a bigger jump than a smooth one. Where single batches are
 heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that even a
