@@ -50,17 +50,18 @@ class ActivationBlowupSettings(SharedSettings):
     """The knobs of ``activation_blowup`` (``detectors:`` in the sidecar's config)."""
 
     activation_blowup_ratio: float = Field(
-        10.0, gt=1, description="A module's max-abs or std this many times the median of its "
-        "own recent readings (log space) is growing..."
+        default=10.0, gt=1,
+        description="A module's max-abs or std this many times the median of its own recent "
+        "readings (log space) is growing...",
     )
     activation_blowup_z: float = Field(
-        6.0, gt=0, description="...and at least this many robust (MAD) deviations above it."
+        default=6.0, gt=0, description="...and at least this many robust (MAD) deviations above it."
     )
     activation_blowup_readings: int = Field(
-        2, ge=1, description="Consecutive growing readings that make activation_blowup."
+        default=2, ge=1, description="Consecutive growing readings that make activation_blowup."
     )
     activation_window: int = Field(
-        20, ge=3, description="Readings in each module's rolling median/MAD baseline."
+        default=20, ge=3, description="Readings in each module's rolling median/MAD baseline."
     )
 
 

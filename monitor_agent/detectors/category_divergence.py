@@ -51,22 +51,23 @@ class CategoryDivergenceSettings(SharedSettings):
     """The knobs of ``category_divergence`` (``detectors:`` in the sidecar's config)."""
 
     category_rise: float = Field(
-        0.1, gt=0, description="category_divergence: the category's eval loss at least this "
-        "fraction above its own best..."
+        default=0.1, gt=0,
+        description="category_divergence: the category's eval loss at least this fraction above "
+        "its own best...",
     )
     category_drift: float = Field(
-        0.5, gt=0, description="...and its standing against the other categories at least "
+        default=0.5, gt=0, description="...and its standing against the other categories at least "
         "this ratio worse than its recent median standing..."
     )
     category_noise_k: float = Field(
-        4.0, gt=0, description="...and more than this many robust sigmas of its own "
+        default=4.0, gt=0, description="...and more than this many robust sigmas of its own "
         "eval-to-eval noise."
     )
     category_evals: int = Field(
-        2, ge=1, description="Evals in a row a category must diverge before it is reported."
+        default=2, ge=1, description="Evals in a row a category must diverge before it is reported."
     )
     category_min_evals: int = Field(
-        4, ge=2, description="Evals of a category seen before it is judged at all."
+        default=4, ge=2, description="Evals of a category seen before it is judged at all."
     )
 
 

@@ -32,9 +32,9 @@ CLIP_SATURATION = (
 class ClipSaturationSettings(SharedSettings):
     """The knobs of ``clip_saturation`` (``detectors:`` in the sidecar's config)."""
 
-    clip_window: int = Field(50, ge=5, description="Steps judged for clip saturation.")
+    clip_window: int = Field(default=50, ge=5, description="Steps judged for clip saturation.")
     clip_fraction: float = Field(
-        0.8, gt=0, le=1, description="Fraction of clipped steps that saturates."
+        default=0.8, gt=0, le=1, description="Fraction of clipped steps that saturates."
     )
 
 

@@ -38,14 +38,16 @@ class DeadUnitsSettings(SharedSettings):
     """The knobs of ``dead_units`` (``detectors:`` in the sidecar's config)."""
 
     dead_unit_ratio: float = Field(
-        0.5, gt=0, le=1, description="A ReLU module's dead-unit fraction at or above this..."
+        default=0.5, gt=0, le=1,
+        description="A ReLU module's dead-unit fraction at or above this...",
     )
     dead_unit_rise: float = Field(
-        0.3, gt=0, le=1, description="...or this much above its own early level (mean of its "
-        "first min_activation_readings readings) is dead_units."
+        default=0.3, gt=0, le=1,
+        description="...or this much above its own early level (mean of its first "
+        "min_activation_readings readings) is dead_units.",
     )
     dead_unit_readings: int = Field(
-        3, ge=1, description="Consecutive readings a module must stay dead to be reported."
+        default=3, ge=1, description="Consecutive readings a module must stay dead to be reported."
     )
 
 
@@ -82,7 +84,7 @@ class DeadUnitsDetector(DetectorBase[DeadUnitsSettings]):
         s = self.settings
         hit = (dead >= s.dead_unit_ratio) | (np.isfinite(early) & (dead >= early + s.dead_unit_rise))
         st.streak[slots] = np.where(hit, st.streak[slots] + 1, 0)
-        found = []
+        found: list[Finding] = []
         for k in np.flatnonzero(st.streak[slots] >= s.dead_unit_readings):
             if len(found) >= s.max_layer_findings:
                 break

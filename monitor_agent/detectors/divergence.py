@@ -70,42 +70,48 @@ class DivergenceSettings(SharedSettings):
     """The knobs of ``divergence`` (``detectors:`` in the sidecar's config)."""
 
     divergence_steps: int = Field(
-        3, ge=2, description="Consecutive steps a runaway (loss and grad norm rising far above "
-        "baseline) must last to be a divergence.",
+        default=3, ge=2,
+        description="Consecutive steps a runaway (loss and grad norm rising far above baseline) "
+        "must last to be a divergence.",
     )
     divergence_ratio: float = Field(
-        1.2, gt=1, description="loss / EMA from which a rising step counts toward divergence."
+        default=1.2, gt=1,
+        description="loss / EMA from which a rising step counts toward divergence.",
     )
     divergence_grad_ratio: float = Field(
-        2.0, gt=1, description="grad norm / its median from which a rising step counts."
+        default=2.0, gt=1, description="grad norm / its median from which a rising step counts."
     )
     divergence_jump: float = Field(
-        10.0, gt=1, description="Jump rule: update/param above update_ratio_max and this many "
-        "times its rolling median.",
+        default=10.0, gt=1,
+        description="Jump rule: update/param above update_ratio_max and this many times its "
+        "rolling median.",
     )
     divergence_lr_jump: float = Field(
-        2.0, gt=1, description="Jump rule: an update jump on a step whose lr is this many times "
-        "its rolling median is judged at once (the LR, not one batch, made it)."
+        default=2.0, gt=1,
+        description="Jump rule: an update jump on a step whose lr is this many times its rolling "
+        "median is judged at once (the LR, not one batch, made it).",
     )
     divergence_window: int = Field(
-        10, ge=3, description="Steps in the recent loss level (median) compared with the "
+        default=10, ge=3, description="Steps in the recent loss level (median) compared with the "
         "median of the baseline_window steps before them."
     )
     divergence_rise: float = Field(
-        0.3, gt=0, description="Level rule: the recent median loss at least this fraction "
+        default=0.3, gt=0, description="Level rule: the recent median loss at least this fraction "
         "above the earlier median..."
     )
     divergence_z: float = Field(
-        6.0, gt=0, description="...and this many standard errors of the difference of the "
+        default=6.0, gt=0, description="...and this many standard errors of the difference of the "
         "two medians above it (noise from the MAD of step-to-step log-loss changes)..."
     )
     divergence_progress: float = Field(
-        0.25, gt=0, description="...and this fraction of the run's progress (start loss minus "
-        "the earlier median) given back: the absolute floor for near-zero losses."
+        default=0.25, gt=0,
+        description="...and this fraction of the run's progress (start loss minus the earlier "
+        "median) given back: the absolute floor for near-zero losses.",
     )
     divergence_hold: int = Field(
-        5, ge=1, description="Consecutive steps the level rule and the update jump rule must "
-        "hold (not recover)."
+        default=5, ge=1,
+        description="Consecutive steps the level rule and the update jump rule must hold (not "
+        "recover).",
     )
 
 
@@ -148,7 +154,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         if not finite(rec.loss):
             found = self._ran_off(rec, st) if rec.loss is not None else []
             return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
-        self._fold_loss(rec, st)
+        self._fold_loss(rec.loss, st)
         found = self._jump(rec, st)
         found = self._fast(rec, st) or self._level(rec, st) or found
         st.prev_loss = rec.loss
@@ -157,14 +163,14 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             st.grads.add(math.log(rec.grad_norm))
         return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
 
-    def _fold_loss(self, rec: StepRecord, st: DivergenceState) -> None:
+    def _fold_loss(self, loss: float, st: DivergenceState) -> None:
         if len(st.first) < self.settings.min_history_steps:
-            st.first.append(rec.loss)
-        if rec.loss <= 0:
+            st.first.append(loss)
+        if loss <= 0:
             return
         if st.recent.full:  # the oldest recent value moves into the earlier window
             st.earlier.add(st.recent.values()[0])
-        st.recent.add(math.log(rec.loss))
+        st.recent.add(math.log(loss))
 
     def _reference(self, rec: StepRecord, st: DivergenceState) -> float | None:
         """The level a rise is measured from (log loss): the earlier window's median, or the
@@ -203,7 +209,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         st.jumps = st.jumps + 1 if big else 0
         lr_jump = (rec.lr / lr_med if big and lr_med and finite(rec.lr) else None)
         by_lr = lr_jump is not None and lr_jump >= s.divergence_lr_jump
-        if (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
+        if med is None or (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
             return []
         cause = (f"the lr {fmt(rec.lr)} is {lr_jump:.0f}x its median {fmt(lr_med)}" if by_lr
                  else f"for {st.jumps} steps in a row (lr {fmt(rec.lr)})")
@@ -222,10 +228,12 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         s = self.settings
         ema, ref = self.ctx.ema_loss(rec.rank), self._reference(rec, st)
         floor = None if ref is None else self._floor(st, ref)
-        if st.prev_loss is None or ema is None or len(st.grads) < s.min_history_steps:
+        loss = rec.loss
+        if (loss is None or st.prev_loss is None or ema is None
+                or len(st.grads) < s.min_history_steps):
             return False
-        loss_up = (rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
-                   and (floor is None or rec.loss >= floor))
+        loss_up = (loss > st.prev_loss and loss >= s.divergence_ratio * abs(ema)
+                   and (floor is None or loss >= floor))
         if not finite(rec.grad_norm) or st.prev_grad is None:
             return loss_up
         med = math.exp(st.grads.median())

@@ -50,17 +50,18 @@ class GainDriftSettings(SharedSettings):
     """The knobs of ``gain_drift`` (``detectors:`` in the sidecar's config)."""
 
     gain_drift_coef: float = Field(
-        0.05, gt=0, description="Per-layer gain drift limit is 1 + coef * sqrt(n_layers)."
+        default=0.05, gt=0, description="Per-layer gain drift limit is 1 + coef * sqrt(n_layers)."
     )
     gain_drift_min_total: float = Field(
-        4.0, gt=1, description="End-to-end (input vs output) gain change it must also reach..."
+        default=4.0, gt=1,
+        description="End-to-end (input vs output) gain change it must also reach...",
     )
     gain_drift_norm_growth: float = Field(
-        3.0, gt=1, description="...and the whole gradient (norm over all layers) must have "
+        default=3.0, gt=1, description="...and the whole gradient (norm over all layers) must have "
         "grown this much from the baseline to the recent median."
     )
     gain_window: int = Field(
-        50, ge=5, description="Steps in the baseline and current gain medians."
+        default=50, ge=5, description="Steps in the baseline and current gain medians."
     )
 
 
@@ -107,17 +108,18 @@ class GainDriftDetector(DetectorBase[GainDriftSettings]):
         st.recent_norm.add(log_norm)
         if not st.recent.full:
             return []
-        return self._judge(rec, st, len(g))
+        return self._judge(rec, st, len(g), st.baseline)
 
-    def _judge(self, rec: StepRecord, st: GainState, depth: int) -> list[Finding]:
-        drift = math.exp(st.recent.median() - st.baseline)
+    def _judge(self, rec: StepRecord, st: GainState, depth: int, baseline: float
+               ) -> list[Finding]:
+        drift = math.exp(st.recent.median() - baseline)
         limit = 1.0 + self.settings.gain_drift_coef * math.sqrt(depth)
         total = drift ** (depth - 1)
         growth = math.exp(st.recent_norm.median() - (st.baseline_norm or 0.0))
         if (drift <= limit or total < self.settings.gain_drift_min_total
                 or growth < self.settings.gain_drift_norm_growth or not self.due(rec)):
             return []
-        now, base = math.exp(st.recent.median()), math.exp(st.baseline)
+        now, base = math.exp(st.recent.median()), math.exp(baseline)
         msg = (f"per-layer gradient gain {now:.3f} is {drift:.2f}x its early {base:.3f} "
                f"(limit {limit:.2f}x for {depth} layers; {total:.0f}x input vs output) and "
                f"the gradient norm grew {growth:.1f}x")

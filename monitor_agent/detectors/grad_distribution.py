@@ -69,23 +69,24 @@ class GradDistributionSettings(SharedSettings):
     """The knobs of ``grad_distribution`` (``detectors:`` in the sidecar's config)."""
 
     dist_window: int = Field(
-        16, ge=4, description="Distribution readings in each parameter's own baseline."
+        default=16, ge=4, description="Distribution readings in each parameter's own baseline."
     )
     dist_min_readings: int = Field(
-        8, ge=2, description="Readings a parameter needs before its distribution is judged."
+        default=8, ge=2, description="Readings a parameter needs before its distribution is judged."
     )
     dist_z: float = Field(
-        6.0, gt=0, description="Robust z (MAD) above its baseline that makes the tail ratio "
+        default=6.0, gt=0,
+        description="Robust z (MAD) above its baseline that makes the tail ratio "
         "log((p99-p1)/(p75-p25)) or the centre |p50|/(p75-p25) abnormal.",
     )
     dist_tail_jump: float = Field(
-        2.0, gt=1, description="...and the tail ratio must be this many times its baseline."
+        default=2.0, gt=1, description="...and the tail ratio must be this many times its baseline."
     )
     dist_shift: float = Field(
-        1.0, gt=0, description="...and the centre |p50| must be this many IQRs from zero."
+        default=1.0, gt=0, description="...and the centre |p50| must be this many IQRs from zero."
     )
     dist_collapse_ratio: float = Field(
-        0.01, gt=0, lt=1, description="p1..p99 spread below this fraction of its baseline "
+        default=0.01, gt=0, lt=1, description="p1..p99 spread below this fraction of its baseline "
         "median: a collapsed distribution.",
     )
 
@@ -234,7 +235,7 @@ class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
             for i in np.flatnonzero(hits[kind]):
                 if i in seen or len(found) >= s.max_layer_findings:
                     continue
-                seen.add(i)
+                seen.add(int(i))
                 name = names[int(cols[i])]
                 if not self.due(rec, name):
                     continue

@@ -42,7 +42,7 @@ from monitor_agent.detectors.support.layer_stats import LayerEma
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import grown
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
 SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise
@@ -68,21 +68,22 @@ class GradExplosionSettings(SharedSettings):
     """The knobs of ``grad_explosion`` (``detectors:`` in the sidecar's config)."""
 
     explosion_ratio: float = Field(
-        3.0, gt=1, description="grad norm / its rolling median each step of an explosion "
+        default=3.0, gt=1, description="grad norm / its rolling median each step of an explosion "
         "must reach (a floor under explosion_z)..."
     )
     explosion_z: float = Field(
-        6.0, gt=0, description="...and this many robust sigmas (MAD of log grad norm) above "
-        "the median..."
+        default=6.0, gt=0,
+        description="...and this many robust sigmas (MAD of log grad norm) above the median...",
     )
     explosion_steps: int = Field(
-        3, ge=1, description="...on this many steps in a row (one bad batch is a loss_spike)."
+        default=3, ge=1,
+        description="...on this many steps in a row (one bad batch is a loss_spike).",
     )
     explosion_warmup_factor: float = Field(
-        5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
+        default=5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
     )
     layer_explosion_ratio: float = Field(
-        100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
+        default=100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
         "explosion (explosion_steps readings in a row)."
     )
 
@@ -111,7 +112,7 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
             return []
         found = locate(self._global(rec, st), self.ctx.rank(rec.rank).bands, self.ctx)
         if rec.layers is not None:
-            layer_found = self._per_layer(rec, st)
+            layer_found = self._per_layer(rec, rec.layers, st)
             found = found or layer_found
         return found
 
@@ -175,10 +176,11 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
 
     # -- per parameter ----------------------------------------------------------------------
 
-    def _per_layer(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
-        view = self.ctx.align(rec.layers)
+    def _per_layer(self, rec: StepRecord, table: LayerTable, st: ExplosionState
+                   ) -> list[Finding]:
+        view = self.ctx.align(table)
         with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.log(rec.layers.stats["grad_norm"])
+            logs = np.log(table.stats["grad_norm"])
         logs = np.where(np.isfinite(logs), logs, np.nan)
         before = st.layers.value(view.slots, LAYER_ALPHA, view.size)
         count = st.layers.count(view.slots, view.size)
@@ -195,10 +197,10 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         hits = np.flatnonzero(streak[view.slots] >= n)
         found = []
         for c in hits[np.argsort(-ratio[hits])][: self.settings.max_layer_findings]:
-            name = rec.layers.names[c]
+            name = table.names[c]
             if not self.due(rec, name):
                 continue
-            g, k = float(rec.layers.stats["grad_norm"][c]), int(streak[view.slots[c]])
+            g, k = float(table.stats["grad_norm"][c]), int(streak[view.slots[c]])
             msg = (f"{name}: grad norm {fmt(g)} is {ratio[c]:.0f}x its level before, "
                    f"at least {limit:.0f}x for {k} steps in a row")
             found.append(self.finding(

@@ -26,7 +26,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, median, sorted_median
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
 
 GRAD_VANISHING = (
     "Early layers get < 1% of the late layers' gradient: add residual connections or "
@@ -48,13 +48,14 @@ class GradVanishingSettings(SharedSettings):
     """The knobs of ``grad_vanishing`` (``detectors:`` in the sidecar's config)."""
 
     vanishing_ratio: float = Field(
-        0.01, gt=0, lt=1, description="Early-layer / late-layer grad norm below this vanishes."
+        default=0.01, gt=0, lt=1,
+        description="Early-layer / late-layer grad norm below this vanishes.",
     )
     vanishing_window: int = Field(
-        10, ge=1, description="Steps whose median ratio is judged (vanishing, dominance)."
+        default=10, ge=1, description="Steps whose median ratio is judged (vanishing, dominance)."
     )
     dominance_ratio: float = Field(
-        100.0, gt=1, description="One parameter's relative gradient (grad/param norm) over "
+        default=100.0, gt=1, description="One parameter's relative gradient (grad/param norm) over "
         "the median of the others' that dominates.",
     )
 
@@ -85,7 +86,7 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
         grads = rec.layers.stats["grad_norm"][view.order]
         if len(grads) < 2 or not np.isfinite(grads).all():
             return []
-        return self._depth(rec, st, grads) + self._dominance(rec, st, view.order)
+        return self._depth(rec, st, grads) + self._dominance(rec, st, rec.layers, view.order)
 
     def _depth(self, rec: StepRecord, st: VanishingState, grads: np.ndarray) -> list[Finding]:
         q = max(1, len(grads) // 4)
@@ -103,8 +104,8 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
         return [self.finding(rec, msg, value=ratio, threshold=self.settings.vanishing_ratio,
                              evidence=evidence, suggestions=GRAD_VANISHING)]
 
-    def _dominance(self, rec: StepRecord, st: VanishingState, order: np.ndarray) -> list[Finding]:
-        table = rec.layers
+    def _dominance(self, rec: StepRecord, st: VanishingState, table: LayerTable,
+                   order: np.ndarray) -> list[Finding]:
         if self._head_cache is None or self._head_cache[0] is not order:
             # The aligned order array is shared by every record with the same layer names.
             self._head_cache = (order, _without_output_head(table.names, order))

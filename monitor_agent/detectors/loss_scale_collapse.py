@@ -40,14 +40,17 @@ class LossScaleCollapseSettings(SharedSettings):
     """The knobs of ``loss_scale_collapse`` (``detectors:`` in the sidecar's config)."""
 
     loss_scale_halvings: int = Field(
-        6, ge=1, description="Loss scale this many halvings below its recent max: collapse."
+        default=6, ge=1, description="Loss scale this many halvings below its recent max: collapse."
     )
-    loss_scale_floor: float = Field(1.0, gt=0, description="Loss scale below this: collapse.")
+    loss_scale_floor: float = Field(
+        default=1.0, gt=0,
+        description="Loss scale below this: collapse.",
+    )
     loss_scale_max_skipped: int = Field(
-        10, ge=1, description="Consecutive skipped (overflow) steps that are a collapse."
+        default=10, ge=1, description="Consecutive skipped (overflow) steps that are a collapse."
     )
     loss_scale_settle_steps: int = Field(
-        20, ge=1, description="Non-skipped steps before the scaler's own warmup is over."
+        default=20, ge=1, description="Non-skipped steps before the scaler's own warmup is over."
     )
 
 

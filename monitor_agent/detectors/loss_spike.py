@@ -43,12 +43,13 @@ class LossSpikeSettings(SharedSettings):
     """The knobs of ``loss_spike`` (``detectors:`` in the sidecar's config)."""
 
     spike_z: float = Field(
-        6.0, gt=0, description="Robust z (MAD) of log(loss/EMA) that makes a spike."
+        default=6.0, gt=0, description="Robust z (MAD) of log(loss/EMA) that makes a spike."
     )
-    spike_ratio: float = Field(1.3, gt=1, description="loss / EMA that makes a spike.")
+    spike_ratio: float = Field(default=1.3, gt=1, description="loss / EMA that makes a spike.")
     spike_decade: float = Field(
-        10.0, gt=1, description="loss / EMA that is a spike whatever the noise (an order of "
-        "magnitude; the z-score alone misses it where single batches are heavy-tailed)."
+        default=10.0, gt=1,
+        description="loss / EMA that is a spike whatever the noise (an order of magnitude; the "
+        "z-score alone misses it where single batches are heavy-tailed).",
     )
 
 
@@ -75,13 +76,14 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
         resid = math.log(rec.loss / ema)
         found = []
         if len(st.residuals) >= self.settings.min_history_steps:
-            found = self._judge(rec, st, ema, resid)
+            found = self._judge(rec, st, rec.loss, ema, resid)
         st.residuals.add(resid)
         return found
 
-    def _judge(self, rec: StepRecord, st: SpikeState, ema: float, resid: float) -> list[Finding]:
+    def _judge(self, rec: StepRecord, st: SpikeState, loss: float, ema: float, resid: float
+               ) -> list[Finding]:
         s = self.settings
-        ratio = rec.loss / ema
+        ratio = loss / ema
         z = robust_z(resid, st.residuals, floor=1e-3)
         if ratio < s.spike_ratio or (z < s.spike_z and ratio < s.spike_decade):
             return []

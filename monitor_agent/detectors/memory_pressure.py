@@ -44,16 +44,17 @@ class MemoryPressureSettings(SharedSettings):
     """The knobs of ``memory_pressure`` (``detectors:`` in the sidecar's config)."""
 
     memory_high: float = Field(
-        0.9, gt=0, le=1, description="allocated / total from which memory pressure is a warning."
+        default=0.9, gt=0, le=1,
+        description="allocated / total from which memory pressure is a warning.",
     )
     memory_critical: float = Field(
-        0.97, gt=0, le=1, description="allocated / total from which it is an error."
+        default=0.97, gt=0, le=1, description="allocated / total from which it is an error."
     )
     memory_leak_window: int = Field(
-        50, ge=5, description="Steps over which steady memory growth is judged."
+        default=50, ge=5, description="Steps over which steady memory growth is judged."
     )
     memory_leak_fraction: float = Field(
-        0.05, gt=0, description="Growth over the window (fraction of total) that is a leak."
+        default=0.05, gt=0, description="Growth over the window (fraction of total) that is a leak."
     )
 
     @model_validator(mode="after")

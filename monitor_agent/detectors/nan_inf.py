@@ -75,8 +75,9 @@ class NanInfSettings(SharedSettings):
     """The knobs of ``nan_inf`` (``detectors:`` in the sidecar's config)."""
 
     nan_persist_steps: int = Field(
-        3, ge=2, description="nan_inf reports again when non-finite this many steps in a row "
-        "(what a rule's action_after: 2 acts on)."
+        default=3, ge=2,
+        description="nan_inf reports again when non-finite this many steps in a row (what a "
+        "rule's action_after: 2 acts on).",
     )
 
 
@@ -142,7 +143,9 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
             return None
         table = rec.layer_grads
         mask = nonfinite_mask(table) if table is not None else None
-        layers = [] if mask is None else [table.names[c] for c in np.flatnonzero(mask)[::-1]]
+        layers: list[str] = []
+        if table is not None and mask is not None:
+            layers = [table.names[c] for c in np.flatnonzero(mask)[::-1]]
         st = self.ranks.get(rec.rank) or self.new_rank()
         ahead = dataclasses.replace(st, streak=st.streak + 1)  # read only: grads shared
         return self._finding(rec, ahead, bad, layers)

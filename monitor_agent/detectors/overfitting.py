@@ -36,16 +36,16 @@ class OverfittingSettings(SharedSettings):
     """The knobs of ``overfitting`` (``detectors:`` in the sidecar's config)."""
 
     overfit_val_rise: float = Field(
-        0.1, gt=0, description="Val loss this fraction above its best, train still falling."
+        default=0.1, gt=0, description="Val loss this fraction above its best, train still falling."
     )
     overfit_evals: int = Field(
-        2, ge=1, description="Evals in a row a rising val loss / stalled val must hold."
+        default=2, ge=1, description="Evals in a row a rising val loss / stalled val must hold."
     )
     overfit_gap_mild: float = Field(
-        0.1, gt=0, description="(val - train) / train from which the gap is reported mild."
+        default=0.1, gt=0, description="(val - train) / train from which the gap is reported mild."
     )
     overfit_gap_high: float = Field(
-        0.3, gt=0, description="(val - train) / train that is overfitting once val stalls."
+        default=0.3, gt=0, description="(val - train) / train that is overfitting once val stalls."
     )
 
     @model_validator(mode="after")

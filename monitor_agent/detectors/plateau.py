@@ -44,13 +44,14 @@ class PlateauSettings(SharedSettings):
     """The knobs of ``plateau`` (``detectors:`` in the sidecar's config)."""
 
     plateau_window: int = Field(
-        200, ge=20, description="Steps over which the loss must improve (plateau)."
+        default=200, ge=20, description="Steps over which the loss must improve (plateau)."
     )
     plateau_min_improvement: float = Field(
-        0.01, ge=0, description="Relative loss improvement over the window below which it is flat."
+        default=0.01, ge=0,
+        description="Relative loss improvement over the window below which it is flat.",
     )
     plateau_evals: int = Field(
-        5, ge=2, description="Evals without a new best val loss that make a plateau."
+        default=5, ge=2, description="Evals without a new best val loss that make a plateau."
     )
 
 

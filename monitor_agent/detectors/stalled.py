@@ -38,13 +38,13 @@ class StalledSettings(SharedSettings):
     """The knobs of ``stalled`` (``detectors:`` in the sidecar's config)."""
 
     stall_factor: float = Field(
-        20.0, gt=1, description="Silence of this many median step intervals: stalled."
+        default=20.0, gt=1, description="Silence of this many median step intervals: stalled."
     )
     stall_min_seconds: float = Field(
-        300.0, ge=0, description="Silence shorter than this is never a stall (checkpoints)."
+        default=300.0, ge=0, description="Silence shorter than this is never a stall (checkpoints)."
     )
     stall_repeat_seconds: float = Field(
-        600.0, gt=0, description="A stall that persists is re-reported this often."
+        default=600.0, gt=0, description="A stall that persists is re-reported this often."
     )
 
 
@@ -88,11 +88,12 @@ class StalledDetector(DetectorBase[StalledSettings]):
             if limit is None or st.last_time is None or now - st.last_time <= limit:
                 continue
             if self.repeat.due(str(rank), now, self.settings.stall_repeat_seconds):
-                found.append(self._finding(rank, st, now, limit))
+                found.append(self._finding(rank, st, now, limit, st.last_time))
         return found
 
-    def _finding(self, rank: int, st: Liveness, now: float, limit: float) -> Finding:
-        silent = now - st.last_time
+    def _finding(self, rank: int, st: Liveness, now: float, limit: float,
+                 last_time: float) -> Finding:
+        silent = now - last_time
         median = st.intervals.median()
         msg = (f"no step from rank {rank} for {silent:.0f} s after step {st.last_step} "
                f"(usual interval {median:.3g} s, limit {limit:.0f} s)")
@@ -100,6 +101,6 @@ class StalledDetector(DetectorBase[StalledSettings]):
             type=self.type, severity=self.severity, run_id=st.run_id,
             step=st.last_step, rank=rank, value=silent, threshold=limit, message=msg,
             evidence={"silent_seconds": silent, "median_interval": median,
-                      "last_step_time": st.last_time},
+                      "last_step_time": last_time},
             suggestions=STALLED, time=now,
         )

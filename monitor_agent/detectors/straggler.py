@@ -35,9 +35,9 @@ class StragglerSettings(SharedSettings):
     """The knobs of ``straggler`` (``detectors:`` in the sidecar's config)."""
 
     straggler_ratio: float = Field(
-        1.5, gt=1, description="A rank's median compute time over the others' median."
+        default=1.5, gt=1, description="A rank's median compute time over the others' median."
     )
-    straggler_window: int = Field(20, ge=3, description="Steps per rank in the comparison.")
+    straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
 
 
 @dataclass(slots=True)

@@ -52,14 +52,15 @@ class ThroughputDropSettings(SharedSettings):
     """The knobs of ``throughput_drop`` (``detectors:`` in the sidecar's config)."""
 
     throughput_window: int = Field(
-        20, ge=3, description="Recent steps whose median speed is compared to the baseline; "
-        "the slow median must also hold this many steps in a row."
+        default=20, ge=3,
+        description="Recent steps whose median speed is compared to the baseline; the slow median"
+        " must also hold this many steps in a row.",
     )
     throughput_baseline_window: int = Field(
-        200, ge=10, description="Earlier steps forming the speed baseline (median)."
+        default=200, ge=10, description="Earlier steps forming the speed baseline (median)."
     )
     throughput_ratio: float = Field(
-        0.6, gt=0, lt=1, description="Recent / baseline speed below this is a drop."
+        default=0.6, gt=0, lt=1, description="Recent / baseline speed below this is a drop."
     )
 
 

@@ -34,9 +34,12 @@ UPDATE_RATIO_LOW = NOT_LEARNING
 class UpdateRatioSettings(SharedSettings):
     """The knobs of ``update_ratio`` (``detectors:`` in the sidecar's config)."""
 
-    update_ratio_min: float = Field(1e-7, gt=0, description="Hard lower limit of update/param.")
+    update_ratio_min: float = Field(
+        default=1e-7, gt=0,
+        description="Hard lower limit of update/param.",
+    )
     update_ratio_window: int = Field(
-        5, ge=1, description="Steps whose median update/param ratio is judged."
+        default=5, ge=1, description="Steps whose median update/param ratio is judged."
     )
 
     @model_validator(mode="after")

@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from monitor_agent.types import Finding, Record
 
@@ -25,7 +25,7 @@ from monitor_agent.types import Finding, Record
 @runtime_checkable
 class Detector(Protocol):
     #: The finding type it raises (docs/format.md's catalogue).
-    type: str
+    type: ClassVar[str]
 
     def update(self, record: Record) -> list[Finding]: ...
 

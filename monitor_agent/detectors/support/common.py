@@ -9,7 +9,7 @@ as a dataclass returned by ``new_rank()`` and implements ``on_step`` (and ``on_e
 Example::
 
     class MySettings(SharedSettings):
-        my_ratio: float = Field(1.3, gt=1, description="What the ratio means.")
+        my_ratio: float = Field(default=1.3, gt=1, description="What the ratio means.")
 
     class MyDetector(DetectorBase[MySettings]):
         type = "my_finding"
@@ -53,6 +53,7 @@ class Repeater:
 
 
 S = TypeVar("S", bound=SharedSettings)
+SettingsModel = type[SharedSettings]  # named here: inside DetectorBase, ``type`` is its field
 
 
 class DetectorBase(Generic[S]):
@@ -62,7 +63,7 @@ class DetectorBase(Generic[S]):
     type: ClassVar[str] = ""
     severity: ClassVar[Severity] = Severity.WARNING
     #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` composes them.
-    settings_model: ClassVar[type[SharedSettings]] = SharedSettings
+    settings_model: ClassVar[SettingsModel] = SharedSettings
 
     def __init__(self, settings: S, ctx: RunContext) -> None:
         self.settings = settings
