@@ -18,11 +18,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import create_model, field_validator
 
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, FINDING_TYPES
+from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 
 
@@ -34,13 +36,14 @@ def known_types(value: set[str]) -> set[str]:
     return value
 
 
-def _compose() -> type[SharedSettings]:
+def compose_settings(classes: Iterable[type[DetectorBase[Any]]]) -> type[SharedSettings]:
+    """One flat model subclassing the ``settings_model`` of each of ``classes``."""
     # Reversed, because pydantic orders fields by the reversed MRO: shared knobs first, then
     # each detector's in catalogue order. SharedSettings itself is every model's base.
     models = dict.fromkeys(
-        cls.settings_model for cls in reversed(DETECTOR_CLASSES)
+        cls.settings_model for cls in reversed(tuple(classes))
         if cls.settings_model is not SharedSettings
-    )
+    ) or {SharedSettings: None}
     return create_model(
         "DetectorSettings",
         __base__=tuple(models),
@@ -57,4 +60,4 @@ if TYPE_CHECKING:
     # A detector reads its own through its settings_model type.
     DetectorSettings = SharedSettings
 else:
-    DetectorSettings = _compose()
+    DetectorSettings = compose_settings(DETECTOR_CLASSES)
