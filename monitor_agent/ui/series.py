@@ -156,7 +156,7 @@ def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
 
 
 def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, list[float]]:
-    """The update-ratio detector's healthy phase band at each step (detectors/phase.py)."""
+    """The update-ratio detector's healthy phase band at each step (detectors/support/phase.py)."""
     bands = [UPDATE_BANDS[phase_of(s, warmup, total)] for s in steps]
     return {"low": [b[0] for b in bands], "high": [b[1] for b in bands]}
 
