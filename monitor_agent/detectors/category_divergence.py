@@ -8,8 +8,8 @@ rise is ``divergence``/``overfitting``'s). Per-category eval losses are noisy (f
 each), so the standing is judged against its own recent history: a category diverges when,
 on ``category_evals`` evals in a row, its standing is above the median of its last
 ``CATEGORY_HISTORY`` standings by more than ``category_noise_k`` robust sigmas
-(``MAD_TO_SIGMA * MAD``) and by at least ``category_drift`` (as a ratio), AND its loss is ``category_rise`` above
-its own best. Everything is a ratio or in log space: the loss scale does not matter.
+(``MAD_TO_SIGMA * MAD``) and by at least ``category_drift`` (as a ratio), AND its loss is
+``category_rise`` above its own best. Everything is a ratio or in log space: the loss scale does not matter.
 Nothing is judged before ``category_min_evals`` evals of a category (early training moves
 every category a lot).
 

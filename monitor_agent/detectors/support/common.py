@@ -1,10 +1,10 @@
 """What every detector class shares: record dispatch, per-rank state, repeat limiting,
 finding construction and snapshot/restore.
 
-A detector subclasses ``DetectorBase``, names its ``type``, its usual ``severity`` and its
-knobs (``settings_model``, listed in catalogue.py's ``DETECTOR_CLASSES``), declares its per-rank state
-as a dataclass returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or
-``tick`` when it needs them).
+A detector subclasses ``DetectorBase[ItsSettings]``, names its ``type``, its usual
+``severity`` and its knobs (``settings_model``), declares its per-rank state as a dataclass
+returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or ``tick`` when it
+needs them). Listing the class in catalogue.py's ``DETECTOR_CLASSES`` registers it.
 
 Example::
 
