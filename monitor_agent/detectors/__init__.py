@@ -1,11 +1,21 @@
-"""Anomaly detectors: one small class per finding type behind one protocol, run together
-per training run by ``DetectorSuite``.
+"""Anomaly detectors: one small class per finding type, run together per training run by
+``DetectorSuite``.
+
+Layout: each module here is one detector (``update_ratio.py``: the high/low pair) and
+declares, next to its logic, its knobs (a ``SharedSettings`` subclass), its type and usual
+severity, and its suggestions. ``catalogue.DETECTOR_CLASSES`` is the one registry: the suite
+runs what it lists, ``DetectorSettings`` (settings.py) is composed flat from the listed
+knobs, and ``FINDING_TYPES`` / ``USUAL_SEVERITY`` are read from it. What the detectors
+share lives in ``support/``; a detector never imports another detector.
+
+Adding a detector: write ``detectors/<type>.py`` (settings model, ``DetectorBase``
+subclass, suggestions), list its class in ``catalogue.DETECTOR_CLASSES``, add its test.
 
 Example::
 
     from monitor_agent.detectors import DetectorSettings, DetectorSuite, FINDING_TYPES
 
-    suite = DetectorSuite(DetectorSettings())
+    suite = DetectorSuite(DetectorSettings(spike_z=8))
     findings = suite.update(record)
 """
 

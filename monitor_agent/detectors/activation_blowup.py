@@ -24,16 +24,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.module_slots import ModuleSlots, grown_rows
-from monitor_agent.detectors.stats import MAD_TO_SIGMA
-from monitor_agent.types import ActivationTable, Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import ModuleSlots, grown
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
+from monitor_agent.types import ActivationTable, Finding, Severity, StepRecord
 
 STATS = ("max_abs", "std")
 LOG_FLOOR = 0.05  # MAD floor in log space (5%): a flat history must not make noise a z of 100
+
+
+ACTIVATION_BLOWUP = (
+    "Lower the learning rate (2-10x) or enable gradient clipping: activations growing by "
+    "orders of magnitude precede attention-logit and loss divergence.",
+    "Add or check normalisation (pre-LayerNorm, QK-norm, logit soft-capping) and weight decay "
+    "on the layers feeding this module.",
+    "Check the initialisation scale of the layers feeding it, and restart from the last good "
+    "checkpoint if values already reached inf/NaN.",
+)
+
+
+class ActivationBlowupSettings(SharedSettings):
+    """The knobs of ``activation_blowup`` (``detectors:`` in the sidecar's config)."""
+
+    activation_blowup_ratio: float = Field(
+        default=10.0, gt=1,
+        description="A module's max-abs or std this many times the median of its own recent "
+        "readings (log space) is growing...",
+    )
+    activation_blowup_z: float = Field(
+        default=6.0, gt=0, description="...and at least this many robust (MAD) deviations above it."
+    )
+    activation_blowup_readings: int = Field(
+        default=2, ge=1, description="Consecutive growing readings that make activation_blowup."
+    )
+    activation_window: int = Field(
+        default=20, ge=3, description="Readings in each module's rolling median/MAD baseline."
+    )
 
 
 @dataclass(slots=True)
@@ -44,10 +73,12 @@ class BlowupState:
     streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class ActivationBlowupDetector(DetectorBase):
+class ActivationBlowupDetector(DetectorBase[ActivationBlowupSettings]):
     """Error on non-finite activations or on sustained growth far above their history."""
 
     type = "activation_blowup"
+    severity = Severity.ERROR
+    settings_model = ActivationBlowupSettings
 
     def new_rank(self) -> BlowupState:
         w = self.settings.activation_window
@@ -60,7 +91,7 @@ class ActivationBlowupDetector(DetectorBase):
         cols, slots = st.slots.align(table.names)
         size = len(st.slots)
         w2 = len(STATS) * self.settings.activation_window
-        st.hist = grown_rows(st.hist.reshape(-1, w2), size, np.nan)  # restored empty: 1-D
+        st.hist = grown(st.hist.reshape(-1, w2), size, np.nan)  # restored empty: 1-D
         st.n, st.streak = grown(st.n, size, 0), grown(st.streak, size, 0)
         bad = self._nonfinite(table)[cols]
         if bad.any():
@@ -124,7 +155,7 @@ class ActivationBlowupDetector(DetectorBase):
         return [self.finding(rec, msg, value=count, threshold=0.0, layer=first,
                              evidence={"modules": len(bad), "nonfinite": count,
                                        "loss": rec.loss, "lr": rec.lr},
-                             suggestions=tips.ACTIVATION_BLOWUP)]
+                             suggestions=ACTIVATION_BLOWUP)]
 
     def _growth(self, rec: StepRecord, table: ActivationTable, col: int,
                 ratio: np.ndarray, readings: int) -> Finding:
@@ -139,4 +170,4 @@ class ActivationBlowupDetector(DetectorBase):
             layer=name, evidence={"stat": stat, "ratio": float(ratio[j]), "readings": int(readings),
                                   "max_abs": float(table.stats["max_abs"][col]),
                                   "std": float(table.stats["std"][col]), "lr": rec.lr},
-            suggestions=tips.ACTIVATION_BLOWUP)
+            suggestions=ACTIVATION_BLOWUP)

@@ -1,4 +1,11 @@
-"""The finding types of docs/format.md's catalogue and the severity each usually carries.
+"""The detector registry: every detector class in docs/format.md's order, and the finding
+types and usual severities read from them.
+
+A detector declares its type, severity, knobs and suggestions in its own file; listing its
+class here is what makes the suite run it, ``DetectorSettings`` accept its knobs and the
+rules/format validation know its type. The order is the catalogue's: docs/format.md's 17
+types first, then the ones added since (it is also the order findings of one record come
+out in).
 
 Example::
 
@@ -8,35 +15,48 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
+from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
+from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
+from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
+from monitor_agent.detectors.dead_layer import DeadLayerDetector
+from monitor_agent.detectors.dead_units import DeadUnitsDetector
+from monitor_agent.detectors.divergence import DivergenceDetector
+from monitor_agent.detectors.effective_lr import EffectiveLrDetector
+from monitor_agent.detectors.gain_drift import GainDriftDetector
+from monitor_agent.detectors.grad_distribution import GradDistributionDetector
+from monitor_agent.detectors.grad_explosion import GradExplosionDetector
+from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
+from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
+from monitor_agent.detectors.loss_spike import LossSpikeDetector
+from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
+from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.overfitting import OverfittingDetector
+from monitor_agent.detectors.plateau import PlateauDetector
+from monitor_agent.detectors.stalled import StalledDetector
+from monitor_agent.detectors.straggler import StragglerDetector
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
+from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
 from monitor_agent.types import Severity
 
-USUAL_SEVERITY: dict[str, Severity] = {
-    "nan_inf": Severity.CRITICAL,
-    "loss_spike": Severity.WARNING,
-    "divergence": Severity.ERROR,
-    "grad_explosion": Severity.ERROR,
-    "grad_vanishing": Severity.WARNING,
-    "dead_layer": Severity.WARNING,
-    "update_ratio_high": Severity.WARNING,
-    "update_ratio_low": Severity.WARNING,
-    "gain_drift": Severity.INFO,  # context for grad_explosion; see gain_drift.py
-    "clip_saturation": Severity.WARNING,
-    "plateau": Severity.WARNING,
-    "overfitting": Severity.WARNING,
-    "throughput_drop": Severity.WARNING,
-    "memory_pressure": Severity.WARNING,
-    "loss_scale_collapse": Severity.ERROR,
-    "straggler": Severity.WARNING,
-    "stalled": Severity.ERROR,
-    # Beyond docs/format.md's catalogue: signals from per-category eval losses, distributions and
-    # activations (issue 8).
-    "category_divergence": Severity.WARNING,
-    "dead_units": Severity.WARNING,
-    "activation_blowup": Severity.ERROR,
-    "grad_distribution": Severity.WARNING,
-    # Issue 17: the optimizer's step per unit of gradient left its own band.
-    "effective_lr_shift": Severity.WARNING,
-}
+DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
+    # docs/format.md's catalogue
+    NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
+    GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
+    GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
+    ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
+    StragglerDetector, StalledDetector,
+    # signals from per-category eval losses, distributions and activations (issue 8)
+    CategoryDivergenceDetector, DeadUnitsDetector, ActivationBlowupDetector,
+    GradDistributionDetector,
+    # issue 17: the optimizer's step per unit of gradient left its own band
+    EffectiveLrDetector,
+)
+"""One class per finding type, in docs/format.md's order."""
+
+USUAL_SEVERITY: dict[str, Severity] = {cls.type: cls.severity for cls in DETECTOR_CLASSES}
 
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)
 """Every finding type: docs/format.md's catalogue in its order, then the ones added here."""

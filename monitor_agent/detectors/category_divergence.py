@@ -7,9 +7,9 @@ when that category alone gets better or worse, not when the whole run does (a ru
 rise is ``divergence``/``overfitting``'s). Per-category eval losses are noisy (few samples
 each), so the standing is judged against its own recent history: a category diverges when,
 on ``category_evals`` evals in a row, its standing is above the median of its last
-``CATEGORY_HISTORY`` standings by more than ``category_noise_k`` robust sigmas (1.4826 MAD)
-and by at least ``category_drift`` (as a ratio), AND its loss is ``category_rise`` above
-its own best. Everything is a ratio or in log space: the loss scale does not matter.
+``CATEGORY_HISTORY`` standings by more than ``category_noise_k`` robust sigmas
+(``MAD_TO_SIGMA * MAD``) and by at least ``category_drift`` (as a ratio), AND its loss is
+``category_rise`` above its own best. Everything is a ratio or in log space: the loss scale does not matter.
 Nothing is judged before ``category_min_evals`` evals of a category (early training moves
 every category a lot).
 
@@ -25,15 +25,50 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.types import EvalRecord, Finding
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
+from monitor_agent.types import EvalRecord, Finding, Severity
 
 PREFIX = "loss/"
 MAX_CATEGORIES = 256  # state stays bounded whatever a client sends
 CATEGORY_HISTORY = 10  # standings a category is judged against
 NOISE_FLOOR = 0.05     # log units: below this, eval noise is not measurable anyway
+
+
+CATEGORY_DIVERGENCE = (
+    "Look at this category's data: a new or shifted source, a tokenisation or labelling bug, "
+    "or a mixture weight that changed.",
+    "Check the data mixture: the category may be under-sampled now, or drowned by another "
+    "that grew.",
+    "If it is forgetting (learned early, lost later), raise its sampling weight or replay it.",
+)
+
+
+class CategoryDivergenceSettings(SharedSettings):
+    """The knobs of ``category_divergence`` (``detectors:`` in the sidecar's config)."""
+
+    category_rise: float = Field(
+        default=0.1, gt=0,
+        description="category_divergence: the category's eval loss at least this fraction above "
+        "its own best...",
+    )
+    category_drift: float = Field(
+        default=0.5, gt=0, description="...and its standing against the other categories at least "
+        "this ratio worse than its recent median standing..."
+    )
+    category_noise_k: float = Field(
+        default=4.0, gt=0, description="...and more than this many robust sigmas of its own "
+        "eval-to-eval noise."
+    )
+    category_evals: int = Field(
+        default=2, ge=1, description="Evals in a row a category must diverge before it is reported."
+    )
+    category_min_evals: int = Field(
+        default=4, ge=2, description="Evals of a category seen before it is judged at all."
+    )
 
 
 @dataclass(slots=True)
@@ -63,10 +98,12 @@ def standings(losses: dict[str, float]) -> dict[str, float]:
     return out
 
 
-class CategoryDivergenceDetector(DetectorBase):
+class CategoryDivergenceDetector(DetectorBase[CategoryDivergenceSettings]):
     """Warning when one category's eval loss rises against its own best and the rest."""
 
     type = "category_divergence"
+    severity = Severity.WARNING
+    settings_model = CategoryDivergenceSettings
 
     def new_rank(self) -> CategoryState:
         return CategoryState()
@@ -97,7 +134,7 @@ class CategoryDivergenceDetector(DetectorBase):
             return None
         past = np.asarray(history)
         centre = float(np.median(past))
-        noise = max(1.4826 * float(np.median(np.abs(past - centre))), NOISE_FLOOR)
+        noise = max(MAD_TO_SIGMA * float(np.median(np.abs(past - centre))), NOISE_FLOOR)
         margin = max(s.category_noise_k * noise, math.log1p(s.category_drift))
         rise = loss / st.best[name] - 1.0
         drift = math.exp(rel - centre) - 1.0
@@ -112,4 +149,4 @@ class CategoryDivergenceDetector(DetectorBase):
                     "relative_drift": drift, "noise_sigma_log": noise, "margin_log": margin,
                     "evals": st.streak[name], "categories": len(st.best)}
         return self.finding(rec, msg, value=loss, threshold=st.best[name] * (1 + s.category_rise),
-                            evidence=evidence, suggestions=tips.CATEGORY_DIVERGENCE)
+                            evidence=evidence, suggestions=CATEGORY_DIVERGENCE)

@@ -15,12 +15,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import Finding, Severity, StepRecord
+
+CLIP_SATURATION = (
+    "Clipping on most steps means the learning rate is likely too high: lower it.",
+    "If the gradient norm grows naturally during training, raise the clip threshold; "
+    "constant clipping turns the optimizer into sign-SGD.",
+)
+
+
+class ClipSaturationSettings(SharedSettings):
+    """The knobs of ``clip_saturation`` (``detectors:`` in the sidecar's config)."""
+
+    clip_window: int = Field(default=50, ge=5, description="Steps judged for clip saturation.")
+    clip_fraction: float = Field(
+        default=0.8, gt=0, le=1, description="Fraction of clipped steps that saturates."
+    )
 
 
 @dataclass(slots=True)
@@ -28,10 +43,12 @@ class ClipState:
     over: Window  # grad_norm / clip_threshold per step
 
 
-class ClipSaturationDetector(DetectorBase):
+class ClipSaturationDetector(DetectorBase[ClipSaturationSettings]):
     """Warning when most recent steps were clipped."""
 
     type = "clip_saturation"
+    severity = Severity.WARNING
+    settings_model = ClipSaturationSettings
 
     def new_rank(self) -> ClipState:
         return ClipState(over=Window.of(self.settings.clip_window))
@@ -56,4 +73,4 @@ class ClipSaturationDetector(DetectorBase):
                                        "limit_fraction": self.settings.clip_fraction,
                                        "median_over_clip": median,
                                        "clip_threshold": clip, "lr": rec.lr},
-                             suggestions=tips.CLIP_SATURATION)]
+                             suggestions=CLIP_SATURATION)]

@@ -16,12 +16,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.advice import NOT_LEARNING
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import grown
+from monitor_agent.detectors.support.stats import amp_overflow
+from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
+
+DEAD_LAYER = (
+    "Check the parameter is in the optimizer and its param group's lr is not 0.",
+    "Check it is connected to the loss (no detach(), not left out of forward, requires_grad).",
+    "For ReLU layers with all-zero gradients: dead units, lower the lr or use LeakyReLU/GELU.",
+)
+
+
+class DeadLayerSettings(SharedSettings):
+    """The knobs of ``dead_layer`` (``detectors:`` in the sidecar's config)."""
+
+    dead_steps: int = Field(
+        default=20, ge=1,
+        description="Consecutive steps of zero gradient or zero update: dead layer.",
+    )
 
 
 @dataclass(slots=True)
@@ -29,10 +46,12 @@ class DeadState:
     runs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class DeadLayerDetector(DetectorBase):
+class DeadLayerDetector(DetectorBase[DeadLayerSettings]):
     """Warning per parameter with ``dead_steps`` consecutive zero-gradient/zero-update steps."""
 
     type = "dead_layer"
+    severity = Severity.WARNING
+    settings_model = DeadLayerSettings
 
     def new_rank(self) -> DeadState:
         return DeadState()
@@ -54,28 +73,28 @@ class DeadLayerDetector(DetectorBase):
             return []
         if len(hits) == len(t):
             return self._all_dead(rec, int(runs.min()))
-        return self._per_layer(rec, hits, runs)
+        return self._per_layer(rec, t, hits, runs)
 
-    def _reason(self, rec: StepRecord, c: int) -> str:
-        t = rec.layers
+    def _reason(self, t: LayerTable, c: int) -> str:
         if t.grad_none[c]:
             return "no gradient"
         if t.stats["grad_norm"][c] == 0:
             return "an all-zero gradient"
         return f"a zero update (grad norm {t.stats['grad_norm'][c]:.3g})"
 
-    def _per_layer(self, rec: StepRecord, hits: np.ndarray, runs: np.ndarray) -> list[Finding]:
-        found = []
+    def _per_layer(self, rec: StepRecord, t: LayerTable, hits: np.ndarray, runs: np.ndarray
+                   ) -> list[Finding]:
+        found: list[Finding] = []
         for c in hits:
-            name = rec.layers.names[c]
+            name = t.names[c]
             if len(found) >= self.settings.max_layer_findings or not self.due(rec, name):
                 continue
-            msg = f"{name} got {self._reason(rec, c)} for {runs[c]} steps"
+            msg = f"{name} got {self._reason(t, c)} for {runs[c]} steps"
             found.append(self.finding(
                 rec, msg, value=float(runs[c]), threshold=self.settings.dead_steps, layer=name,
                 evidence={"steps": int(runs[c]), "dead_layers": len(hits),
-                          "grad_norm": float(rec.layers.stats["grad_norm"][c])},
-                suggestions=tips.DEAD_LAYER,
+                          "grad_norm": float(t.stats["grad_norm"][c])},
+                suggestions=DEAD_LAYER,
             ))
         return found
 
@@ -85,4 +104,4 @@ class DeadLayerDetector(DetectorBase):
         msg = f"no parameter changed for {steps} steps (lr {rec.lr})"
         return [self.finding(rec, msg, value=float(steps), threshold=self.settings.dead_steps,
                              evidence={"steps": steps, "lr": rec.lr},
-                             suggestions=tips.UPDATE_RATIO_LOW)]
+                             suggestions=NOT_LEARNING)]

@@ -18,12 +18,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.module_slots import ModuleSlots
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import ModuleSlots, grown
+from monitor_agent.types import Finding, Severity, StepRecord
+
+DEAD_UNITS = (
+    "Lower the learning rate or lengthen warmup: a large update pushed the pre-activations "
+    "below zero for every input, and dead ReLUs get no gradient to come back.",
+    "Check the biases and the input scale of the layer before it (a large negative shift "
+    "kills units); re-initialise or normalise (LayerNorm/BatchNorm) before the activation.",
+    "Use LeakyReLU, GELU or SiLU, which keep a gradient below zero.",
+)
+
+
+class DeadUnitsSettings(SharedSettings):
+    """The knobs of ``dead_units`` (``detectors:`` in the sidecar's config)."""
+
+    dead_unit_ratio: float = Field(
+        default=0.5, gt=0, le=1,
+        description="A ReLU module's dead-unit fraction at or above this...",
+    )
+    dead_unit_rise: float = Field(
+        default=0.3, gt=0, le=1,
+        description="...or this much above its own early level (mean of its first "
+        "min_activation_readings readings) is dead_units.",
+    )
+    dead_unit_readings: int = Field(
+        default=3, ge=1, description="Consecutive readings a module must stay dead to be reported."
+    )
 
 
 @dataclass(slots=True)
@@ -34,10 +59,12 @@ class DeadUnitsState:
     streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class DeadUnitsDetector(DetectorBase):
+class DeadUnitsDetector(DetectorBase[DeadUnitsSettings]):
     """Warning per module dead for ``dead_unit_readings`` readings in a row."""
 
     type = "dead_units"
+    severity = Severity.WARNING
+    settings_model = DeadUnitsSettings
 
     def new_rank(self) -> DeadUnitsState:
         return DeadUnitsState()
@@ -57,7 +84,7 @@ class DeadUnitsDetector(DetectorBase):
         s = self.settings
         hit = (dead >= s.dead_unit_ratio) | (np.isfinite(early) & (dead >= early + s.dead_unit_rise))
         st.streak[slots] = np.where(hit, st.streak[slots] + 1, 0)
-        found = []
+        found: list[Finding] = []
         for k in np.flatnonzero(st.streak[slots] >= s.dead_unit_readings):
             if len(found) >= s.max_layer_findings:
                 break
@@ -89,4 +116,4 @@ class DeadUnitsDetector(DetectorBase):
             rec, msg, value=float(dead), threshold=float(limit), layer=name,
             evidence={"dead_frac": float(dead), "early_dead_frac": float(early),
                       "readings": int(readings), "lr": rec.lr},
-            suggestions=tips.DEAD_UNITS)
+            suggestions=DEAD_UNITS)

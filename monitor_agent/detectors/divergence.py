@@ -8,7 +8,7 @@ several steps in a row, because one bad batch rises once and falls back:
   full-window median since warmup when that is lower (a slow creep drags the earlier
   window along with it; a 100-step median is a level, unlike the lowest single value,
   which in a noisy series is its most extreme outlier). The noise is
-  ``sigma = 1.4826 * MAD`` of the first differences of the earlier log-losses over
+  ``sigma = MAD_TO_SIGMA * MAD`` of the first differences of the earlier log-losses over
   sqrt(2) (differences remove the downward trend), and the standard error of the
   difference of the two medians is ``1.2533 * sigma * sqrt(1/k + 1/n)``. The recent level
   must be ``divergence_z`` standard errors above the earlier one, at least
@@ -48,15 +48,71 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_bands import locate
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import MAD_TO_SIGMA, Window, finite, median
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_bands import locate
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
+from monitor_agent.types import Finding, Severity, StepRecord
 
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
+
+
+DIVERGENCE = (
+    "Lower the learning rate 5-10x (or lengthen warmup), then restart from the last good checkpoint.",
+    "Enable gradient clipping (clip_grad_norm_ 1.0) if it is off.",
+    "Check for a learning-rate schedule bug (a jump in lr at the start of the rise).",
+)
+
+
+class DivergenceSettings(SharedSettings):
+    """The knobs of ``divergence`` (``detectors:`` in the sidecar's config)."""
+
+    divergence_steps: int = Field(
+        default=3, ge=2,
+        description="Consecutive steps a runaway (loss and grad norm rising far above baseline) "
+        "must last to be a divergence.",
+    )
+    divergence_ratio: float = Field(
+        default=1.2, gt=1,
+        description="loss / EMA from which a rising step counts toward divergence.",
+    )
+    divergence_grad_ratio: float = Field(
+        default=2.0, gt=1, description="grad norm / its median from which a rising step counts."
+    )
+    divergence_jump: float = Field(
+        default=10.0, gt=1,
+        description="Jump rule: update/param above update_ratio_max and this many times its "
+        "rolling median.",
+    )
+    divergence_lr_jump: float = Field(
+        default=2.0, gt=1,
+        description="Jump rule: an update jump on a step whose lr is this many times its rolling "
+        "median is judged at once (the LR, not one batch, made it).",
+    )
+    divergence_window: int = Field(
+        default=10, ge=3, description="Steps in the recent loss level (median) compared with the "
+        "median of the baseline_window steps before them."
+    )
+    divergence_rise: float = Field(
+        default=0.3, gt=0, description="Level rule: the recent median loss at least this fraction "
+        "above the earlier median..."
+    )
+    divergence_z: float = Field(
+        default=6.0, gt=0, description="...and this many standard errors of the difference of the "
+        "two medians above it (noise from the MAD of step-to-step log-loss changes)..."
+    )
+    divergence_progress: float = Field(
+        default=0.25, gt=0,
+        description="...and this fraction of the run's progress (start loss minus the earlier "
+        "median) given back: the absolute floor for near-zero losses.",
+    )
+    divergence_hold: int = Field(
+        default=5, ge=1,
+        description="Consecutive steps the level rule and the update jump rule must hold (not "
+        "recover).",
+    )
 
 
 @dataclass(slots=True)
@@ -77,10 +133,12 @@ class DivergenceState:
     jumps: int = 0
 
 
-class DivergenceDetector(DetectorBase):
+class DivergenceDetector(DetectorBase[DivergenceSettings]):
     """Error when the loss climbs away and stays (see module docstring)."""
 
     type = "divergence"
+    severity = Severity.ERROR
+    settings_model = DivergenceSettings
 
     def new_rank(self) -> DivergenceState:
         s = self.settings
@@ -96,7 +154,7 @@ class DivergenceDetector(DetectorBase):
         if not finite(rec.loss):
             found = self._ran_off(rec, st) if rec.loss is not None else []
             return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
-        self._fold_loss(rec, st)
+        self._fold_loss(rec.loss, st)
         found = self._jump(rec, st)
         found = self._fast(rec, st) or self._level(rec, st) or found
         st.prev_loss = rec.loss
@@ -105,14 +163,14 @@ class DivergenceDetector(DetectorBase):
             st.grads.add(math.log(rec.grad_norm))
         return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
 
-    def _fold_loss(self, rec: StepRecord, st: DivergenceState) -> None:
+    def _fold_loss(self, loss: float, st: DivergenceState) -> None:
         if len(st.first) < self.settings.min_history_steps:
-            st.first.append(rec.loss)
-        if rec.loss <= 0:
+            st.first.append(loss)
+        if loss <= 0:
             return
         if st.recent.full:  # the oldest recent value moves into the earlier window
             st.earlier.add(st.recent.values()[0])
-        st.recent.add(math.log(rec.loss))
+        st.recent.add(math.log(loss))
 
     def _reference(self, rec: StepRecord, st: DivergenceState) -> float | None:
         """The level a rise is measured from (log loss): the earlier window's median, or the
@@ -151,7 +209,7 @@ class DivergenceDetector(DetectorBase):
         st.jumps = st.jumps + 1 if big else 0
         lr_jump = (rec.lr / lr_med if big and lr_med and finite(rec.lr) else None)
         by_lr = lr_jump is not None and lr_jump >= s.divergence_lr_jump
-        if (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
+        if med is None or (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
             return []
         cause = (f"the lr {fmt(rec.lr)} is {lr_jump:.0f}x its median {fmt(lr_med)}" if by_lr
                  else f"for {st.jumps} steps in a row (lr {fmt(rec.lr)})")
@@ -162,7 +220,7 @@ class DivergenceDetector(DetectorBase):
                     "consecutive_steps": st.jumps, "lr": rec.lr, "lr_median": lr_med,
                     "loss": rec.loss, "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     # -- runaway: loss and grad norm climbing together --------------------------------------
 
@@ -170,10 +228,12 @@ class DivergenceDetector(DetectorBase):
         s = self.settings
         ema, ref = self.ctx.ema_loss(rec.rank), self._reference(rec, st)
         floor = None if ref is None else self._floor(st, ref)
-        if st.prev_loss is None or ema is None or len(st.grads) < s.min_history_steps:
+        loss = rec.loss
+        if (loss is None or st.prev_loss is None or ema is None
+                or len(st.grads) < s.min_history_steps):
             return False
-        loss_up = (rec.loss > st.prev_loss and rec.loss >= s.divergence_ratio * abs(ema)
-                   and (floor is None or rec.loss >= floor))
+        loss_up = (loss > st.prev_loss and loss >= s.divergence_ratio * abs(ema)
+                   and (floor is None or loss >= floor))
         if not finite(rec.grad_norm) or st.prev_grad is None:
             return loss_up
         med = math.exp(st.grads.median())
@@ -197,7 +257,7 @@ class DivergenceDetector(DetectorBase):
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
                     "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     def _ran_off(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         """A runaway streak cut short by a non-finite loss: it could not hold any longer
@@ -212,7 +272,7 @@ class DivergenceDetector(DetectorBase):
                     "loss_before": st.streak_start_loss, "last_finite_loss": st.prev_loss,
                     "grad_norm": rec.grad_norm, "lr": rec.lr}
         return [self.finding(rec, msg, value=st.prev_loss, threshold=st.streak_start_loss,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     # -- level: the recent loss level far above the earlier one, and holding ----------------
 
@@ -252,4 +312,4 @@ class DivergenceDetector(DetectorBase):
                     "progress_lost": given_back if start > level_before else None,
                     "consecutive_steps": st.held, "lr": rec.lr}
         return [self.finding(rec, msg, value=level_now, threshold=level_before,
-                             evidence=evidence, suggestions=tips.DIVERGENCE)]
+                             evidence=evidence, suggestions=DIVERGENCE)]

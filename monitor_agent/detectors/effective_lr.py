@@ -9,7 +9,7 @@ differ, by a ratio that is characteristic of the run and drifts slowly. The stat
 shift of ``x`` is the optimizer, not the schedule.
 
 Threshold, in units of its own noise: ``x`` against the median of its last ``WINDOW``
-readings, in robust sigmas (``1.4826 * MAD``). A reading is *shifted* when it is at least
+readings, in robust sigmas (``MAD_TO_SIGMA * MAD``). A reading is *shifted* when it is at least
 ``SHIFT_Z`` (8) sigma and at least ``SHIFT_RATIO`` (10x, an order of magnitude) from that
 median. 8 sigma: on readings every ``layer_stats_every`` steps, a healthy run produces a
 few hundred readings, and a normal tail that far out has probability ~1e-15; the 10x floor
@@ -41,10 +41,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import Severity
 
 WINDOW = 32
 MIN_READINGS = 10
@@ -55,6 +55,22 @@ GRAD_BAND = 3.0  # the clipped gradient's own band: beyond it the shift is the g
 SIGMA_FLOOR = 1e-3
 
 
+EFFECTIVE_LR_AMPLIFIED = (
+    "The optimizer now takes far larger steps per unit of gradient than it did: with Adam-"
+    "family optimizers, check eps (too small lets a near-zero second moment blow a step up) "
+    "and whether the optimizer state was reset or reloaded wrongly on a resume.",
+    "Check every param group's lr and the scheduler: the reported lr is the first group's.",
+    "Lower the learning rate or enable gradient clipping until the ratio is back in its band.",
+)
+
+EFFECTIVE_LR_DAMPED = (
+    "The optimizer now takes far smaller steps per unit of gradient than it did: check for a "
+    "second moment inflated by a few huge gradients (Adam's v decays over 1/(1-beta2) steps).",
+    "Check weight decay, gradient accumulation scaling and any per-group lr the scheduler sets.",
+    "If it is deliberate (a schedule the reported lr does not show), silence this warning.",
+)
+
+
 @dataclass(slots=True)
 class EffectiveLrState:
     ratios: Window = field(default_factory=lambda: Window.of(WINDOW))  # log(eff / lr)
@@ -63,10 +79,12 @@ class EffectiveLrState:
     sign: int = 0
 
 
-class EffectiveLrDetector(DetectorBase):
+class EffectiveLrDetector(DetectorBase[SharedSettings]):
     """Warning when log(effective lr / lr) leaves its own band and stays (see docstring)."""
 
     type = "effective_lr_shift"
+    severity = Severity.WARNING
+    settings_model = SharedSettings
 
     def new_rank(self) -> EffectiveLrState:
         return EffectiveLrState()
@@ -112,6 +130,6 @@ class EffectiveLrDetector(DetectorBase):
                     "consecutive_readings": st.streak, "limit_z": SHIFT_Z,
                     "limit_ratio": SHIFT_RATIO, "update_norm": rec.update_norm,
                     "grad_norm": rec.grad_norm, "clip_threshold": rec.clip_threshold}
-        tip = tips.EFFECTIVE_LR_AMPLIFIED if sign > 0 else tips.EFFECTIVE_LR_DAMPED
+        tip = EFFECTIVE_LR_AMPLIFIED if sign > 0 else EFFECTIVE_LR_DAMPED
         return [self.finding(rec, msg, value=eff, threshold=usual * rec.lr,
                              evidence=evidence, suggestions=tip)]

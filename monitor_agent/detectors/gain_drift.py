@@ -32,12 +32,37 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, slope
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, slope
+from monitor_agent.types import Finding, Severity, StepRecord
+
+GAIN_DRIFT = (
+    "The gradient's amplification through depth is creeping up: watch for explosion; "
+    "consider lower lr, gradient clipping or stronger normalisation.",
+    "Check residual branch scaling (e.g. 1/sqrt(2*n_layers) init of output projections).",
+)
+
+
+class GainDriftSettings(SharedSettings):
+    """The knobs of ``gain_drift`` (``detectors:`` in the sidecar's config)."""
+
+    gain_drift_coef: float = Field(
+        default=0.05, gt=0, description="Per-layer gain drift limit is 1 + coef * sqrt(n_layers)."
+    )
+    gain_drift_min_total: float = Field(
+        default=4.0, gt=1,
+        description="End-to-end (input vs output) gain change it must also reach...",
+    )
+    gain_drift_norm_growth: float = Field(
+        default=3.0, gt=1, description="...and the whole gradient (norm over all layers) must have "
+        "grown this much from the baseline to the recent median."
+    )
+    gain_window: int = Field(
+        default=50, ge=5, description="Steps in the baseline and current gain medians."
+    )
 
 
 @dataclass(slots=True)
@@ -50,10 +75,12 @@ class GainState:
     baseline_norm: float | None = None
 
 
-class GainDriftDetector(DetectorBase):
+class GainDriftDetector(DetectorBase[GainDriftSettings]):
     """Info when the per-layer backward gain grew past the depth-scaled limit."""
 
     type = "gain_drift"
+    severity = Severity.INFO  # context for grad_explosion, never an alarm on its own
+    settings_model = GainDriftSettings
 
     def new_rank(self) -> GainState:
         w = self.settings.gain_window
@@ -81,21 +108,22 @@ class GainDriftDetector(DetectorBase):
         st.recent_norm.add(log_norm)
         if not st.recent.full:
             return []
-        return self._judge(rec, st, len(g))
+        return self._judge(rec, st, len(g), st.baseline)
 
-    def _judge(self, rec: StepRecord, st: GainState, depth: int) -> list[Finding]:
-        drift = math.exp(st.recent.median() - st.baseline)
+    def _judge(self, rec: StepRecord, st: GainState, depth: int, baseline: float
+               ) -> list[Finding]:
+        drift = math.exp(st.recent.median() - baseline)
         limit = 1.0 + self.settings.gain_drift_coef * math.sqrt(depth)
         total = drift ** (depth - 1)
         growth = math.exp(st.recent_norm.median() - (st.baseline_norm or 0.0))
         if (drift <= limit or total < self.settings.gain_drift_min_total
                 or growth < self.settings.gain_drift_norm_growth or not self.due(rec)):
             return []
-        now, base = math.exp(st.recent.median()), math.exp(st.baseline)
+        now, base = math.exp(st.recent.median()), math.exp(baseline)
         msg = (f"per-layer gradient gain {now:.3f} is {drift:.2f}x its early {base:.3f} "
                f"(limit {limit:.2f}x for {depth} layers; {total:.0f}x input vs output) and "
                f"the gradient norm grew {growth:.1f}x")
         evidence = {"gain": now, "baseline_gain": base, "drift": drift, "layers": depth,
                     "end_to_end_drift": total, "grad_norm_growth": growth}
         return [self.finding(rec, msg, value=drift, threshold=limit, evidence=evidence,
-                             suggestions=tips.GAIN_DRIFT)]
+                             suggestions=GAIN_DRIFT)]

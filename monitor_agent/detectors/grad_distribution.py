@@ -28,21 +28,67 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.types import QUANTILE_LEVELS, Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import SlotIndex, grown
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, amp_overflow
+from monitor_agent.types import QUANTILE_LEVELS, Finding, Severity, StepRecord
 
 _MIN, _P1, _P25, _P50, _P75, _P99, _MAX = (QUANTILE_LEVELS.index(q)
                                            for q in (0.0, 0.01, 0.25, 0.5, 0.75, 0.99, 1.0))
 _TAIL, _SPREAD, _CENTRE = 0, 1, 2
 _FEATURES = 3
+GRAD_DIST_COLLAPSED = (
+    "Most gradient entries of this parameter became one value (usually 0): look for dead "
+    "units (ReLU after a large update: lower the lr, or use GELU/LeakyReLU) or saturated "
+    "activations (tanh/sigmoid, softmax with huge logits).",
+    "Check the parameter is still used in the forward pass (masking, a detached branch).",
+)
+
+GRAD_DIST_HEAVY_TAIL = (
+    "A few gradient entries grew far beyond the bulk: look for outlier tokens or features "
+    "(rare embeddings, attention logits growing); clipping hides them, it does not fix them.",
+    "Lower the lr or raise warmup; consider QK-norm / logit soft-capping for attention.",
+)
+
+GRAD_DIST_SHIFTED = (
+    "The gradient of this parameter is consistently one-signed: the parameter is being "
+    "pushed in one direction (a bias compensating for a data or normalisation shift).",
+    "Check input normalisation and the label distribution of recent batches.",
+)
+
 MAX_SLOTS = 20_000  # parameter names tracked per rank (a name bomb must not grow memory)
 _KINDS = ("collapsed", "heavy_tail", "shifted")  # reporting priority
-_TIPS = {"collapsed": tips.GRAD_DIST_COLLAPSED, "heavy_tail": tips.GRAD_DIST_HEAVY_TAIL,
-         "shifted": tips.GRAD_DIST_SHIFTED}
+_TIPS = {"collapsed": GRAD_DIST_COLLAPSED, "heavy_tail": GRAD_DIST_HEAVY_TAIL,
+         "shifted": GRAD_DIST_SHIFTED}
+
+
+class GradDistributionSettings(SharedSettings):
+    """The knobs of ``grad_distribution`` (``detectors:`` in the sidecar's config)."""
+
+    dist_window: int = Field(
+        default=16, ge=4, description="Distribution readings in each parameter's own baseline."
+    )
+    dist_min_readings: int = Field(
+        default=8, ge=2, description="Readings a parameter needs before its distribution is judged."
+    )
+    dist_z: float = Field(
+        default=6.0, gt=0,
+        description="Robust z (MAD) above its baseline that makes the tail ratio "
+        "log((p99-p1)/(p75-p25)) or the centre |p50|/(p75-p25) abnormal.",
+    )
+    dist_tail_jump: float = Field(
+        default=2.0, gt=1, description="...and the tail ratio must be this many times its baseline."
+    )
+    dist_shift: float = Field(
+        default=1.0, gt=0, description="...and the centre |p50| must be this many IQRs from zero."
+    )
+    dist_collapse_ratio: float = Field(
+        default=0.01, gt=0, lt=1, description="p1..p99 spread below this fraction of its baseline "
+        "median: a collapsed distribution.",
+    )
 
 
 @dataclass(slots=True)
@@ -78,14 +124,16 @@ def nanmedian(a: np.ndarray) -> np.ndarray:
     return np.where(n > 0, med, np.nan)
 
 
-class GradDistributionDetector(DetectorBase):
+class GradDistributionDetector(DetectorBase[GradDistributionSettings]):
     """Warning per parameter whose gradient distribution left its own baseline."""
 
     type = "grad_distribution"
+    severity = Severity.WARNING
+    settings_model = GradDistributionSettings
 
     def __init__(self, settings, ctx) -> None:
         super().__init__(settings, ctx)
-        self._slot_cache: dict[int, tuple[tuple[str, ...], np.ndarray, dict[str, int]]] = {}
+        self._slot_cache: dict[int, tuple[tuple[str, ...], np.ndarray, SlotIndex]] = {}
 
     def new_rank(self) -> DistState:
         return DistState()
@@ -121,14 +169,8 @@ class GradDistributionDetector(DetectorBase):
         cached = self._slot_cache.get(rank)
         if cached is not None and (cached[0] is names or cached[0] == names):
             return cached[1]
-        index = cached[2] if cached is not None else {n: i for i, n in enumerate(st.names)}
-        out = np.full(len(names), -1, dtype=np.intp)
-        for c, name in enumerate(names):
-            slot = index.get(name)
-            if slot is None and len(st.names) < MAX_SLOTS:
-                slot = index[name] = len(st.names)
-                st.names.append(name)
-            out[c] = -1 if slot is None else slot
+        index = cached[2] if cached is not None else SlotIndex(st.names, MAX_SLOTS)
+        out = index.of(names)
         self._slot_cache[rank] = (names, out, index)
         return out
 
@@ -141,10 +183,7 @@ class GradDistributionDetector(DetectorBase):
             if rows * w * _FEATURES != flat.size:  # the window setting changed: start over
                 rows, flat, st.count = 0, flat[:0], st.count[:0]
             ring = flat.reshape(rows, w, _FEATURES)
-        if len(ring) < size:
-            pad = np.full((size - len(ring), w, _FEATURES), np.nan)
-            ring = np.concatenate((ring, pad))
-        st.readings = ring
+        st.readings = ring = grown(ring, size, np.nan)
         st.count = grown(st.count, size, 0)
         return ring
 
@@ -167,7 +206,7 @@ class GradDistributionDetector(DetectorBase):
                feats: np.ndarray, history: np.ndarray, last: np.ndarray) -> list[Finding]:
         s = self.settings
         med = nanmedian(history)
-        mad = 1.4826 * nanmedian(np.abs(history - med[:, None, :]))
+        mad = MAD_TO_SIGMA * nanmedian(np.abs(history - med[:, None, :]))
         with np.errstate(invalid="ignore"):
             tail_limit = med[:, _TAIL] + np.maximum(s.dist_z * mad[:, _TAIL],
                                                     np.log(s.dist_tail_jump))
@@ -196,7 +235,7 @@ class GradDistributionDetector(DetectorBase):
             for i in np.flatnonzero(hits[kind]):
                 if i in seen or len(found) >= s.max_layer_findings:
                     continue
-                seen.add(i)
+                seen.add(int(i))
                 name = names[int(cols[i])]
                 if not self.due(rec, name):
                     continue

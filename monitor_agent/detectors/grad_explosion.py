@@ -1,7 +1,7 @@
 """``grad_explosion``: the gradient norm far above its own recent level, and staying there.
 
 Statistic (global): ``r = log(grad_norm) - median`` of the last ``baseline_window`` log grad
-norms, in units of their robust spread ``sigma = 1.4826 * MAD``. A step is *elevated* when
+norms, in units of their robust spread ``sigma = MAD_TO_SIGMA * MAD``. A step is *elevated* when
 ``r >= log(explosion_ratio)`` (a floor: at least 3x, so a smooth run's tiny MAD cannot make
 noise an explosion) and ``r >= explosion_z * sigma`` (6 sigma: a tail a healthy run's
 gradient noise does not reach on one step, let alone on several; at low loss a CNN's grad
@@ -34,17 +34,58 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.layer_bands import locate
-from monitor_agent.detectors.layer_stats import LayerEma, grown
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.layer_bands import locate
+from monitor_agent.detectors.support.layer_stats import LayerEma
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import grown
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
 SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise
+
+
+GRAD_EXPLOSION = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Enable or tighten gradient clipping.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+
+GRAD_EXPLOSION_CLIPPED = (
+    "Lower the learning rate; the gradient norm has stayed far above its history for "
+    "several steps (check the evidence's lr for a jump).",
+    "Clipping is on, so each update is bounded, but the optimizer keeps being pushed off "
+    "course: clipping hides the cause, it does not fix it.",
+    "Check the layers named in the evidence for missing normalisation or a bad init.",
+)
+
+
+class GradExplosionSettings(SharedSettings):
+    """The knobs of ``grad_explosion`` (``detectors:`` in the sidecar's config)."""
+
+    explosion_ratio: float = Field(
+        default=3.0, gt=1, description="grad norm / its rolling median each step of an explosion "
+        "must reach (a floor under explosion_z)..."
+    )
+    explosion_z: float = Field(
+        default=6.0, gt=0,
+        description="...and this many robust sigmas (MAD of log grad norm) above the median...",
+    )
+    explosion_steps: int = Field(
+        default=3, ge=1,
+        description="...on this many steps in a row (one bad batch is a loss_spike).",
+    )
+    explosion_warmup_factor: float = Field(
+        default=5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
+    )
+    layer_explosion_ratio: float = Field(
+        default=100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
+        "explosion (explosion_steps readings in a row)."
+    )
 
 
 @dataclass(slots=True)
@@ -56,10 +97,12 @@ class ExplosionState:
     layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-class GradExplosionDetector(DetectorBase):
+class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
     """Error when the grad norm stays far above its median (see module docstring)."""
 
     type = "grad_explosion"
+    severity = Severity.ERROR
+    settings_model = GradExplosionSettings
 
     def new_rank(self) -> ExplosionState:
         return ExplosionState(grads=Window.of(self.settings.baseline_window))
@@ -69,7 +112,7 @@ class GradExplosionDetector(DetectorBase):
             return []
         found = locate(self._global(rec, st), self.ctx.rank(rec.rank).bands, self.ctx)
         if rec.layers is not None:
-            layer_found = self._per_layer(rec, st)
+            layer_found = self._per_layer(rec, rec.layers, st)
             found = found or layer_found
         return found
 
@@ -113,8 +156,8 @@ class GradExplosionDetector(DetectorBase):
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
         clipped = finite(rec.clip_threshold) and rec.clip_threshold > 0
         return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
-                             suggestions=tips.GRAD_EXPLOSION_CLIPPED if clipped
-                             else tips.GRAD_EXPLOSION)]
+                             suggestions=GRAD_EXPLOSION_CLIPPED if clipped
+                             else GRAD_EXPLOSION)]
 
     def _overflowed(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
         """A streak cut short by a non-finite gradient: it blew past what a float holds,
@@ -129,14 +172,15 @@ class GradExplosionDetector(DetectorBase):
                     "min_ratio_in_streak": st.streak_min_ratio,
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
         return [self.finding(rec, msg, value=rec.grad_norm, threshold=base, evidence=evidence,
-                             suggestions=tips.GRAD_EXPLOSION)]
+                             suggestions=GRAD_EXPLOSION)]
 
     # -- per parameter ----------------------------------------------------------------------
 
-    def _per_layer(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
-        view = self.ctx.align(rec.layers)
+    def _per_layer(self, rec: StepRecord, table: LayerTable, st: ExplosionState
+                   ) -> list[Finding]:
+        view = self.ctx.align(table)
         with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.log(rec.layers.stats["grad_norm"])
+            logs = np.log(table.stats["grad_norm"])
         logs = np.where(np.isfinite(logs), logs, np.nan)
         before = st.layers.value(view.slots, LAYER_ALPHA, view.size)
         count = st.layers.count(view.slots, view.size)
@@ -153,16 +197,16 @@ class GradExplosionDetector(DetectorBase):
         hits = np.flatnonzero(streak[view.slots] >= n)
         found = []
         for c in hits[np.argsort(-ratio[hits])][: self.settings.max_layer_findings]:
-            name = rec.layers.names[c]
+            name = table.names[c]
             if not self.due(rec, name):
                 continue
-            g, k = float(rec.layers.stats["grad_norm"][c]), int(streak[view.slots[c]])
+            g, k = float(table.stats["grad_norm"][c]), int(streak[view.slots[c]])
             msg = (f"{name}: grad norm {fmt(g)} is {ratio[c]:.0f}x its level before, "
                    f"at least {limit:.0f}x for {k} steps in a row")
             found.append(self.finding(
                 rec, msg, value=g, threshold=g / ratio[c], layer=name,
                 evidence={"ratio": float(ratio[c]), "limit_ratio": limit,
                           "consecutive_steps": k},
-                suggestions=tips.GRAD_EXPLOSION,
+                suggestions=GRAD_EXPLOSION,
             ))
         return found

@@ -21,12 +21,43 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.stats import Window, median, sorted_median
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, median, sorted_median
+from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
+
+GRAD_VANISHING = (
+    "Early layers get < 1% of the late layers' gradient: add residual connections or "
+    "normalisation (LayerNorm/BatchNorm).",
+    "Use a non-saturating activation (ReLU/GELU instead of sigmoid/tanh) and a fan-in "
+    "aware init (Kaiming/Xavier).",
+    "Check the gradient actually reaches the early layers (detach(), no_grad, frozen params).",
+)
+
+GRAD_DOMINANCE = (
+    "One parameter dominates the gradient: check its initialisation (e.g. a randn-initialised "
+    "scale instead of ones) and its learning rate.",
+    "Clipping the global norm then starves every other parameter: clip per parameter group "
+    "or fix the dominant parameter's scale.",
+)
+
+
+class GradVanishingSettings(SharedSettings):
+    """The knobs of ``grad_vanishing`` (``detectors:`` in the sidecar's config)."""
+
+    vanishing_ratio: float = Field(
+        default=0.01, gt=0, lt=1,
+        description="Early-layer / late-layer grad norm below this vanishes.",
+    )
+    vanishing_window: int = Field(
+        default=10, ge=1, description="Steps whose median ratio is judged (vanishing, dominance)."
+    )
+    dominance_ratio: float = Field(
+        default=100.0, gt=1, description="One parameter's relative gradient (grad/param norm) over "
+        "the median of the others' that dominates.",
+    )
 
 
 @dataclass(slots=True)
@@ -36,10 +67,12 @@ class VanishingState:
     dominant: str = ""
 
 
-class GradVanishingDetector(DetectorBase):
+class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
     """Warning on early/late grad ratio < ``vanishing_ratio`` or a dominating parameter."""
 
     type = "grad_vanishing"
+    severity = Severity.WARNING
+    settings_model = GradVanishingSettings
     _head_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def new_rank(self) -> VanishingState:
@@ -53,7 +86,7 @@ class GradVanishingDetector(DetectorBase):
         grads = rec.layers.stats["grad_norm"][view.order]
         if len(grads) < 2 or not np.isfinite(grads).all():
             return []
-        return self._depth(rec, st, grads) + self._dominance(rec, st, view.order)
+        return self._depth(rec, st, grads) + self._dominance(rec, st, rec.layers, view.order)
 
     def _depth(self, rec: StepRecord, st: VanishingState, grads: np.ndarray) -> list[Finding]:
         q = max(1, len(grads) // 4)
@@ -69,10 +102,10 @@ class GradVanishingDetector(DetectorBase):
         evidence = {"ratio": ratio, "early_median": early, "late_median": late,
                     "layers_per_group": q}
         return [self.finding(rec, msg, value=ratio, threshold=self.settings.vanishing_ratio,
-                             evidence=evidence, suggestions=tips.GRAD_VANISHING)]
+                             evidence=evidence, suggestions=GRAD_VANISHING)]
 
-    def _dominance(self, rec: StepRecord, st: VanishingState, order: np.ndarray) -> list[Finding]:
-        table = rec.layers
+    def _dominance(self, rec: StepRecord, st: VanishingState, table: LayerTable,
+                   order: np.ndarray) -> list[Finding]:
         if self._head_cache is None or self._head_cache[0] is not order:
             # The aligned order array is shared by every record with the same layer names.
             self._head_cache = (order, _without_output_head(table.names, order))
@@ -100,7 +133,7 @@ class GradVanishingDetector(DetectorBase):
                f"the median of the other parameters")
         return [self.finding(rec, msg, value=ratio, threshold=limit, layer=name,
                              evidence={"ratio": ratio, "others_median": base},
-                             suggestions=tips.GRAD_DOMINANCE)]
+                             suggestions=GRAD_DOMINANCE)]
 
 
 def _without_output_head(names: tuple[str, ...], order: np.ndarray) -> np.ndarray:

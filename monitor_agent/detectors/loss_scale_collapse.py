@@ -21,11 +21,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow, nonfinite_params
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from pydantic import Field
+
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.nonfinite import nonfinite_params
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import Finding, Severity, StepRecord
+
+LOSS_SCALE = (
+    "The fp16 loss scale is collapsing: switch to bfloat16 autocast (no loss scaling needed).",
+    "Lower the learning rate; persistent overflow often means the model is diverging.",
+    "Check for ops that overflow in fp16 (large logits, exp, unscaled attention).",
+)
+
+
+class LossScaleCollapseSettings(SharedSettings):
+    """The knobs of ``loss_scale_collapse`` (``detectors:`` in the sidecar's config)."""
+
+    loss_scale_halvings: int = Field(
+        default=6, ge=1, description="Loss scale this many halvings below its recent max: collapse."
+    )
+    loss_scale_floor: float = Field(
+        default=1.0, gt=0,
+        description="Loss scale below this: collapse.",
+    )
+    loss_scale_max_skipped: int = Field(
+        default=10, ge=1, description="Consecutive skipped (overflow) steps that are a collapse."
+    )
+    loss_scale_settle_steps: int = Field(
+        default=20, ge=1, description="Non-skipped steps before the scaler's own warmup is over."
+    )
 
 
 @dataclass(slots=True)
@@ -38,10 +64,12 @@ class ScaleState:
     overflow_origin: str | None = None  # first non-finite unscaled grad, latest overflow
 
 
-class LossScaleCollapseDetector(DetectorBase):
+class LossScaleCollapseDetector(DetectorBase[LossScaleCollapseSettings]):
     """Error when the loss scale collapses (see module docstring)."""
 
     type = "loss_scale_collapse"
+    severity = Severity.ERROR
+    settings_model = LossScaleCollapseSettings
 
     def new_rank(self) -> ScaleState:
         return ScaleState(scales=Window.of(self.settings.baseline_window))
@@ -68,7 +96,7 @@ class LossScaleCollapseDetector(DetectorBase):
                     "skipped_total": st.skipped_total,
                     "consecutive_skipped": st.consecutive_skipped, "loss": rec.loss}
         return [self.finding(rec, msg, value=scale, threshold=peak, evidence=evidence,
-                             suggestions=tips.LOSS_SCALE)]
+                             suggestions=LOSS_SCALE)]
 
     def _count(self, rec: StepRecord, st: ScaleState) -> None:
         if amp_overflow(rec):

@@ -2,7 +2,7 @@
 bias-corrected EMA and as a robust (median/MAD) z-score of log(loss / EMA).
 
 Statistic: ``r = log(loss / EMA)``, judged against the last ``baseline_window`` residuals:
-a spike is ``loss / EMA >= spike_ratio`` and ``(r - median) / (1.4826 MAD) >= spike_z``.
+a spike is ``loss / EMA >= spike_ratio`` and ``(r - median) / (MAD_TO_SIGMA * MAD) >= spike_z``.
 Judging the ratio in log space against the run's own residual spread makes it scale-free:
 a noisy small-batch run needs a bigger jump than a smooth one. Where single batches are
 heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that even a
@@ -25,10 +25,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite, robust_z
-from monitor_agent.types import Finding, StepRecord
+from pydantic import Field
+
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, finite, robust_z
+from monitor_agent.types import Finding, Severity, StepRecord
+
+LOSS_SPIKE = (
+    "Inspect the batch of this step (corrupted, mislabelled or out-of-distribution data).",
+    "If spikes recur, lower the learning rate or enable gradient clipping.",
+    "For large models: skip batches whose loss is far above the EMA, or lower Adam beta2.",
+)
+
+
+class LossSpikeSettings(SharedSettings):
+    """The knobs of ``loss_spike`` (``detectors:`` in the sidecar's config)."""
+
+    spike_z: float = Field(
+        default=6.0, gt=0, description="Robust z (MAD) of log(loss/EMA) that makes a spike."
+    )
+    spike_ratio: float = Field(default=1.3, gt=1, description="loss / EMA that makes a spike.")
+    spike_decade: float = Field(
+        default=10.0, gt=1,
+        description="loss / EMA that is a spike whatever the noise (an order of magnitude; the "
+        "z-score alone misses it where single batches are heavy-tailed).",
+    )
 
 
 @dataclass(slots=True)
@@ -37,10 +59,12 @@ class SpikeState:
     spikes: int = 0
 
 
-class LossSpikeDetector(DetectorBase):
+class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
     """Warning when loss/EMA and the robust z of log(loss/EMA) both exceed their limits."""
 
     type = "loss_spike"
+    severity = Severity.WARNING
+    settings_model = LossSpikeSettings
 
     def new_rank(self) -> SpikeState:
         return SpikeState(residuals=Window.of(self.settings.baseline_window))
@@ -52,13 +76,14 @@ class LossSpikeDetector(DetectorBase):
         resid = math.log(rec.loss / ema)
         found = []
         if len(st.residuals) >= self.settings.min_history_steps:
-            found = self._judge(rec, st, ema, resid)
+            found = self._judge(rec, st, rec.loss, ema, resid)
         st.residuals.add(resid)
         return found
 
-    def _judge(self, rec: StepRecord, st: SpikeState, ema: float, resid: float) -> list[Finding]:
+    def _judge(self, rec: StepRecord, st: SpikeState, loss: float, ema: float, resid: float
+               ) -> list[Finding]:
         s = self.settings
-        ratio = rec.loss / ema
+        ratio = loss / ema
         z = robust_z(resid, st.residuals, floor=1e-3)
         if ratio < s.spike_ratio or (z < s.spike_z and ratio < s.spike_decade):
             return []
@@ -70,4 +95,4 @@ class LossSpikeDetector(DetectorBase):
                     "limit_ratio": s.spike_ratio, "limit_z": s.spike_z,
                     "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
         return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,
-                             suggestions=tips.LOSS_SPIKE)]
+                             suggestions=LOSS_SPIKE)]

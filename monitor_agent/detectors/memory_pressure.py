@@ -16,14 +16,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, finite, slope
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, finite, slope
 from monitor_agent.types import Finding, Severity, StepRecord
 
 MiB = 1024.0 * 1024.0
 SKIP_FIRST_STEPS = 10  # allocators and caches fill up during the first steps
+
+
+MEMORY_HIGH = (
+    "Memory is near the device total: reduce batch size, enable activation checkpointing, "
+    "or use mixed precision.",
+    "Call optimizer.zero_grad(set_to_none=True) and free references to old tensors.",
+)
+
+MEMORY_LEAK = (
+    "Memory grows every step: look for tensors kept across steps (losses appended without "
+    ".item() or .detach(), retain_graph=True, growing caches).",
+    "Compare torch.cuda.memory_summary() (or tracemalloc) at two steps to find what grows.",
+)
+
+
+class MemoryPressureSettings(SharedSettings):
+    """The knobs of ``memory_pressure`` (``detectors:`` in the sidecar's config)."""
+
+    memory_high: float = Field(
+        default=0.9, gt=0, le=1,
+        description="allocated / total from which memory pressure is a warning.",
+    )
+    memory_critical: float = Field(
+        default=0.97, gt=0, le=1, description="allocated / total from which it is an error."
+    )
+    memory_leak_window: int = Field(
+        default=50, ge=5, description="Steps over which steady memory growth is judged."
+    )
+    memory_leak_fraction: float = Field(
+        default=0.05, gt=0, description="Growth over the window (fraction of total) that is a leak."
+    )
+
+    @model_validator(mode="after")
+    def _memory_levels_ordered(self) -> MemoryPressureSettings:
+        if self.memory_critical < self.memory_high:
+            raise ValueError("memory_critical must be >= memory_high")
+        return self
 
 
 @dataclass(slots=True)
@@ -32,10 +70,12 @@ class MemoryState:
     seen: int = 0
 
 
-class MemoryPressureDetector(DetectorBase):
+class MemoryPressureDetector(DetectorBase[MemoryPressureSettings]):
     """Warning/error near the device total; warning on a steady leak."""
 
     type = "memory_pressure"
+    severity = Severity.WARNING
+    settings_model = MemoryPressureSettings
 
     def new_rank(self) -> MemoryState:
         return MemoryState(used=Window.of(self.settings.memory_leak_window))
@@ -61,7 +101,7 @@ class MemoryPressureDetector(DetectorBase):
         msg = f"memory {used / MiB:.0f} MiB is {frac:.0%} of the device's {total / MiB:.0f} MiB"
         return [self.finding(rec, msg, value=used, threshold=s.memory_high * total,
                              evidence={"used_bytes": used, "total_bytes": total, "fraction": frac},
-                             suggestions=tips.MEMORY_HIGH, severity=sev)]
+                             suggestions=MEMORY_HIGH, severity=sev)]
 
     def _leak(self, rec: StepRecord, st: MemoryState, total: float | None) -> list[Finding]:
         if not st.used.full:
@@ -84,4 +124,4 @@ class MemoryPressureDetector(DetectorBase):
         evidence = {"growth_bytes": growth, "bytes_per_step": per_step, "rising_fraction": rising,
                     "used_bytes": float(v[-1]), "total_bytes": total, "steps_left": left}
         return [self.finding(rec, msg, value=float(v[-1]), threshold=total, evidence=evidence,
-                             suggestions=tips.MEMORY_LEAK)]
+                             suggestions=MEMORY_LEAK)]

@@ -36,14 +36,49 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, amp_overflow, finite  # noqa: F401 (re-export)
-from monitor_agent.types import EvalRecord, Finding, LayerTable, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.nonfinite import nonfinite_mask, nonfinite_params
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
-_LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
+NAN_AT_START = (
+    "Inspect the input data: a NaN/inf in the first steps usually comes from the batch "
+    "(bad values, division by zero in preprocessing, empty sequences).",
+    "Check the initialisation and any log/sqrt/division in the loss for zero or negative inputs.",
+    "Run a few steps with torch.autograd.set_detect_anomaly(True) to find the first bad op.",
+)
+
+NAN_AFTER_GROWTH = (
+    "The gradient norm climbed before the NaN: lower the learning rate (2-10x) or lengthen warmup.",
+    "Enable or tighten gradient clipping (clip_grad_norm_ 1.0).",
+    "Restart from the last good checkpoint rather than continuing.",
+)
+
+NAN_SUDDEN = (
+    "A NaN with no warning sign usually means one bad batch: inspect the batch of this step "
+    "and skip or filter non-finite inputs.",
+    "Guard the loss with torch.isfinite before backward() and skip the step.",
+    "Run with torch.autograd.set_detect_anomaly(True) to find the op that produced it.",
+)
+
+NAN_FP16 = (
+    "fp16 overflow: switch autocast to bfloat16 (same range as float32).",
+    "Lower the learning rate; check the GradScaler is stepping and updating.",
+)
+
+
+class NanInfSettings(SharedSettings):
+    """The knobs of ``nan_inf`` (``detectors:`` in the sidecar's config)."""
+
+    nan_persist_steps: int = Field(
+        default=3, ge=2,
+        description="nan_inf reports again when non-finite this many steps in a row (what a "
+        "rule's action_after: 2 acts on).",
+    )
 
 
 @dataclass(slots=True)
@@ -60,7 +95,7 @@ def non_finite_fields(rec: StepRecord) -> list[str]:
     return [f for f in bad if f == "loss"] if amp_overflow(rec) else bad
 
 
-class NanInfDetector(DetectorBase):
+class NanInfDetector(DetectorBase[NanInfSettings]):
     """Critical finding on the first non-finite value, then at most every N steps.
 
     One more when the run is still non-finite ``nan_persist_steps`` steps in a row: that
@@ -69,6 +104,8 @@ class NanInfDetector(DetectorBase):
     """
 
     type = "nan_inf"
+    severity = Severity.CRITICAL
+    settings_model = NanInfSettings
 
     def new_rank(self) -> NanState:
         return NanState()
@@ -105,8 +142,10 @@ class NanInfDetector(DetectorBase):
         if not bad:
             return None
         table = rec.layer_grads
-        mask = _nonfinite_mask(table) if table is not None else None
-        layers = [] if mask is None else [table.names[c] for c in np.flatnonzero(mask)[::-1]]
+        mask = nonfinite_mask(table) if table is not None else None
+        layers: list[str] = []
+        if table is not None and mask is not None:
+            layers = [table.names[c] for c in np.flatnonzero(mask)[::-1]]
         st = self.ranks.get(rec.rank) or self.new_rank()
         ahead = dataclasses.replace(st, streak=st.streak + 1)  # read only: grads shared
         return self._finding(rec, ahead, bad, layers)
@@ -115,7 +154,7 @@ class NanInfDetector(DetectorBase):
         if not _nonfinite(rec.val_loss) or not self.due(rec):
             return []
         msg = f"val_loss is {rec.val_loss} at step {rec.step}"
-        return [self.finding(rec, msg, value=rec.val_loss, suggestions=tips.NAN_SUDDEN)]
+        return [self.finding(rec, msg, value=rec.val_loss, suggestions=NAN_SUDDEN)]
 
     def _bad_layers(self, rec: StepRecord) -> list[str]:
         return nonfinite_params(self.ctx, rec)
@@ -157,34 +196,12 @@ class NanInfDetector(DetectorBase):
     def _suggest(self, rec: StepRecord, growth: float | None) -> tuple[str, ...]:
         info = self.ctx.state.ranks.get(str(rec.rank))  # read only (preview changes nothing)
         if info is None or info.steps < self.settings.min_history_steps:
-            return tips.NAN_AT_START
+            return NAN_AT_START
         if growth is not None and growth >= 3.0:
-            return tips.NAN_AFTER_GROWTH
+            return NAN_AFTER_GROWTH
         if rec.loss_scale is not None:
-            return tips.NAN_FP16 + tips.NAN_SUDDEN
-        return tips.NAN_SUDDEN
-
-
-def nonfinite_params(ctx, rec: StepRecord) -> list[str]:
-    """Non-finite parameters in backward order: output side first (see module docstring)."""
-    table = rec.layer_grads
-    if table is None:
-        return []
-    view = ctx.align(table)
-    mask = _nonfinite_mask(table)
-    if mask is None:
-        return []
-    ordered = [int(c) for c in view.order[::-1] if mask[c]]
-    rest = [int(c) for c in np.flatnonzero(mask) if c not in set(ordered)]
-    return [table.names[c] for c in ordered + rest]
-
-
-def _nonfinite_mask(table: LayerTable) -> np.ndarray | None:
-    """Parameters with a non-finite measured statistic; None when there are none."""
-    mask = np.zeros(len(table), dtype=bool)
-    for stat in _LAYER_STATS:
-        mask |= ~np.isfinite(table.stats[stat]) & table.measured[stat]
-    return mask if mask.any() else None
+            return NAN_FP16 + NAN_SUDDEN
+        return NAN_SUDDEN
 
 
 def _origin(rec: StepRecord, bad: list[str], layers: list[str]

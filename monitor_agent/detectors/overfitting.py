@@ -17,10 +17,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import finite
-from monitor_agent.types import EvalRecord, Finding
+from pydantic import Field, model_validator
+
+from monitor_agent.detectors.support.advice import STOP_EARLY
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import finite
+from monitor_agent.types import EvalRecord, Finding, Severity
+
+OVERFITTING = (
+    STOP_EARLY,
+    "Add regularisation: weight decay, dropout, data augmentation; or get more data.",
+    "Reduce model size or the number of epochs.",
+)
+
+
+class OverfittingSettings(SharedSettings):
+    """The knobs of ``overfitting`` (``detectors:`` in the sidecar's config)."""
+
+    overfit_val_rise: float = Field(
+        default=0.1, gt=0, description="Val loss this fraction above its best, train still falling."
+    )
+    overfit_evals: int = Field(
+        default=2, ge=1, description="Evals in a row a rising val loss / stalled val must hold."
+    )
+    overfit_gap_mild: float = Field(
+        default=0.1, gt=0, description="(val - train) / train from which the gap is reported mild."
+    )
+    overfit_gap_high: float = Field(
+        default=0.3, gt=0, description="(val - train) / train that is overfitting once val stalls."
+    )
+
+    @model_validator(mode="after")
+    def _gap_levels_ordered(self) -> OverfittingSettings:
+        if self.overfit_gap_high < self.overfit_gap_mild:
+            raise ValueError("overfit_gap_high must be >= overfit_gap_mild")
+        return self
 
 
 @dataclass(slots=True)
@@ -32,10 +64,12 @@ class OverfitState:
     evals_above: int = 0
 
 
-class OverfittingDetector(DetectorBase):
+class OverfittingDetector(DetectorBase[OverfittingSettings]):
     """Warning on val rising while train falls, or a high gap with stalled val."""
 
     type = "overfitting"
+    severity = Severity.WARNING
+    settings_model = OverfittingSettings
 
     def new_rank(self) -> OverfitState:
         return OverfitState()
@@ -80,4 +114,4 @@ class OverfittingDetector(DetectorBase):
                     "gap": gap, "gap_band": band, "evals_since_best": st.evals_since_best,
                     "evals_above": st.evals_above}
         return self.finding(rec, msg, value=rec.val_loss, threshold=st.best_val,
-                            evidence=evidence, suggestions=tips.OVERFITTING)
+                            evidence=evidence, suggestions=OVERFITTING)

@@ -18,11 +18,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite, median
+from monitor_agent.detectors.support.advice import STOP_EARLY
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, finite, median
 from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
+
+PLATEAU = (
+    "The loss is flat: raise the learning rate if it is tiny, or check the schedule.",
+    "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
+    "If it improved before, the model may be at capacity: a bigger model or more data.",
+)
+
+PLATEAU_LR_RAISED = (
+    "The learning rate was raised within this window and the loss still did not move: check "
+    "that the optimizer steps the parameters (frozen or detached parameters, the LR set on "
+    "the wrong param group, a scheduler overriding it).",
+    "Check the data pipeline (same batch repeated, labels shuffled) and that gradients flow.",
+)
+
+
+class PlateauSettings(SharedSettings):
+    """The knobs of ``plateau`` (``detectors:`` in the sidecar's config)."""
+
+    plateau_window: int = Field(
+        default=200, ge=20, description="Steps over which the loss must improve (plateau)."
+    )
+    plateau_min_improvement: float = Field(
+        default=0.01, ge=0,
+        description="Relative loss improvement over the window below which it is flat.",
+    )
+    plateau_evals: int = Field(
+        default=5, ge=2, description="Evals without a new best val loss that make a plateau."
+    )
 
 
 @dataclass(slots=True)
@@ -34,10 +64,12 @@ class PlateauState:
     evals_since_best: int = 0
 
 
-class PlateauDetector(DetectorBase):
+class PlateauDetector(DetectorBase[PlateauSettings]):
     """Warning (never learnt) or info (stalled progress) on a flat loss."""
 
     type = "plateau"
+    severity = Severity.WARNING
+    settings_model = PlateauSettings
 
     def new_rank(self) -> PlateauState:
         w = self.settings.plateau_window
@@ -81,7 +113,7 @@ class PlateauDetector(DetectorBase):
                     "lr": rec.lr, "lr_window_start": lr_then if np.isfinite(lr_then) else None}
         return self.finding(rec, msg, value=gain, threshold=self.settings.plateau_min_improvement,
                             evidence=evidence,
-                            suggestions=tips.PLATEAU_LR_RAISED if raised else tips.PLATEAU,
+                            suggestions=PLATEAU_LR_RAISED if raised else PLATEAU,
                             severity=Severity.WARNING)
 
     def on_eval(self, rec: EvalRecord, st: PlateauState) -> list[Finding]:
@@ -98,5 +130,5 @@ class PlateauDetector(DetectorBase):
         evidence = {"val_loss": rec.val_loss, "best_val": st.best_val,
                     "evals_since_best": st.evals_since_best}
         return [self.finding(rec, msg, value=rec.val_loss, threshold=st.best_val,
-                             evidence=evidence, suggestions=tips.PLATEAU + tips.OVERFITTING[:1],
+                             evidence=evidence, suggestions=PLATEAU + (STOP_EARLY,),
                              severity=Severity.INFO)]

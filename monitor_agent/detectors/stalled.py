@@ -17,13 +17,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.catalogue import USUAL_SEVERITY
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window
-from monitor_agent.types import Finding, StepRecord
+from pydantic import Field
+
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window
+from monitor_agent.types import Finding, Severity, StepRecord
 
 MIN_INTERVALS = 5  # intervals needed before the median step interval means anything
+
+
+STALLED = (
+    "The job stopped reporting: check it is alive (hung collective, deadlocked data loader, "
+    "preemption); py-spy dump the process.",
+    "For NCCL hangs set NCCL_ASYNC_ERROR_HANDLING / a collective timeout so it fails fast.",
+)
+
+
+class StalledSettings(SharedSettings):
+    """The knobs of ``stalled`` (``detectors:`` in the sidecar's config)."""
+
+    stall_factor: float = Field(
+        default=20.0, gt=1, description="Silence of this many median step intervals: stalled."
+    )
+    stall_min_seconds: float = Field(
+        default=300.0, ge=0, description="Silence shorter than this is never a stall (checkpoints)."
+    )
+    stall_repeat_seconds: float = Field(
+        default=600.0, gt=0, description="A stall that persists is re-reported this often."
+    )
 
 
 @dataclass(slots=True)
@@ -34,10 +56,12 @@ class Liveness:
     last_time: float | None = None
 
 
-class StalledDetector(DetectorBase):
+class StalledDetector(DetectorBase[StalledSettings]):
     """Error when a rank is silent for ``stall_factor`` x its median step interval."""
 
     type = "stalled"
+    severity = Severity.ERROR
+    settings_model = StalledSettings
 
     def new_rank(self) -> Liveness:
         return Liveness(intervals=Window.of(self.settings.baseline_window))
@@ -64,18 +88,19 @@ class StalledDetector(DetectorBase):
             if limit is None or st.last_time is None or now - st.last_time <= limit:
                 continue
             if self.repeat.due(str(rank), now, self.settings.stall_repeat_seconds):
-                found.append(self._finding(rank, st, now, limit))
+                found.append(self._finding(rank, st, now, limit, st.last_time))
         return found
 
-    def _finding(self, rank: int, st: Liveness, now: float, limit: float) -> Finding:
-        silent = now - st.last_time
+    def _finding(self, rank: int, st: Liveness, now: float, limit: float,
+                 last_time: float) -> Finding:
+        silent = now - last_time
         median = st.intervals.median()
         msg = (f"no step from rank {rank} for {silent:.0f} s after step {st.last_step} "
                f"(usual interval {median:.3g} s, limit {limit:.0f} s)")
         return Finding(
-            type=self.type, severity=USUAL_SEVERITY[self.type], run_id=st.run_id,
+            type=self.type, severity=self.severity, run_id=st.run_id,
             step=st.last_step, rank=rank, value=silent, threshold=limit, message=msg,
             evidence={"silent_seconds": silent, "median_interval": median,
-                      "last_step_time": st.last_time},
-            suggestions=tips.STALLED, time=now,
+                      "last_step_time": last_time},
+            suggestions=STALLED, time=now,
         )

@@ -17,11 +17,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, finite
+from monitor_agent.types import Finding, Severity, StepRecord
+
+STRAGGLER = (
+    "One rank computes much slower than the others: check that host (thermal throttling, "
+    "other processes, a failing GPU, NUMA/CPU binding).",
+    "Check its data loader and storage; uneven shards make one rank slower.",
+)
+
+
+class StragglerSettings(SharedSettings):
+    """The knobs of ``straggler`` (``detectors:`` in the sidecar's config)."""
+
+    straggler_ratio: float = Field(
+        default=1.5, gt=1, description="A rank's median compute time over the others' median."
+    )
+    straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
 
 
 @dataclass(slots=True)
@@ -37,10 +53,12 @@ def own_time(rec: StepRecord) -> float | None:
     return rec.step_time if finite(rec.step_time) else None
 
 
-class StragglerDetector(DetectorBase):
+class StragglerDetector(DetectorBase[StragglerSettings]):
     """Warning for a rank whose median own time is ``straggler_ratio`` x the others'."""
 
     type = "straggler"
+    severity = Severity.WARNING
+    settings_model = StragglerSettings
 
     def new_rank(self) -> RankTimes:
         return RankTimes(times=Window.of(self.settings.straggler_window))
@@ -62,4 +80,4 @@ class StragglerDetector(DetectorBase):
         evidence = {"own_time": mine, "others_median": theirs, "ratio": ratio,
                     "ranks": len(others) + 1, "sync_wait_time": rec.sync_wait_time}
         return [self.finding(rec, msg, value=mine, threshold=theirs * self.settings.straggler_ratio,
-                             evidence=evidence, suggestions=tips.STRAGGLER)]
+                             evidence=evidence, suggestions=STRAGGLER)]

@@ -3,7 +3,8 @@
 One ``DetectorSuite`` per run sees every rank's records in arrival order. It keeps the
 shared ``RunContext`` (config, layer order, per-rank loss EMA), runs every enabled
 detector, marks findings of ``log_only`` types, and snapshots/restores everything as one
-JSON-able dict so a sidecar restart changes nothing.
+JSON-able dict so a sidecar restart changes nothing. Which detectors exist, and in which
+order they judge a record, is catalogue.py's ``DETECTOR_CLASSES``.
 
 Example::
 
@@ -19,41 +20,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
-from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
-from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
-from monitor_agent.detectors.common import DetectorBase
-from monitor_agent.detectors.context import RunContext
-from monitor_agent.detectors.dead_layer import DeadLayerDetector
-from monitor_agent.detectors.dead_units import DeadUnitsDetector
-from monitor_agent.detectors.divergence import DivergenceDetector
-from monitor_agent.detectors.effective_lr import EffectiveLrDetector
-from monitor_agent.detectors.gain_drift import GainDriftDetector
-from monitor_agent.detectors.grad_distribution import GradDistributionDetector
-from monitor_agent.detectors.grad_explosion import GradExplosionDetector
-from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
-from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
-from monitor_agent.detectors.loss_spike import LossSpikeDetector
-from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
+from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
 from monitor_agent.detectors.nan_inf import NanInfDetector
-from monitor_agent.detectors.overfitting import OverfittingDetector
-from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.detectors.stalled import StalledDetector
-from monitor_agent.detectors.straggler import StragglerDetector
-from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
-from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
+from monitor_agent.detectors.support.base import Detector
+from monitor_agent.detectors.support.context import RunContext
 from monitor_agent.types import Finding, Record, StepRecord
-
-DETECTOR_CLASSES: tuple[type[DetectorBase], ...] = (
-    NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
-    GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
-    GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
-    ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
-    StragglerDetector, StalledDetector, CategoryDivergenceDetector, DeadUnitsDetector,
-    ActivationBlowupDetector, GradDistributionDetector, EffectiveLrDetector,
-)
-"""One class per finding type, in docs/format.md's order."""
 
 SNAPSHOT_VERSION = 1
 
@@ -64,7 +36,7 @@ class DetectorSuite:
     def __init__(self, settings: DetectorSettings | None = None) -> None:
         self.settings = settings or DetectorSettings()
         self.ctx = RunContext(self.settings)
-        self.detectors: list[DetectorBase] = [
+        self.detectors: list[Detector] = [
             cls(self.settings, self.ctx)
             for cls in DETECTOR_CLASSES
             if cls.type not in self.settings.disabled

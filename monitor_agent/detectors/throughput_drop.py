@@ -26,13 +26,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, finite
+from monitor_agent.types import Finding, Severity, StepRecord
 
 SKIP_FIRST_STEPS = 5  # the first steps include compilation and cache warm-up
+
+
+THROUGHPUT_DATA = (
+    "data_time rose: the data loader is starving the model; add workers, prefetch or pin memory.",
+    "Check the storage / network the data comes from.",
+)
+
+THROUGHPUT_COMPUTE = (
+    "Step time rose without data waits: check for other jobs on the device, thermal "
+    "throttling, or a memory leak forcing allocator work.",
+    "Profile a few steps (torch.profiler) and compare with the baseline.",
+)
+
+
+class ThroughputDropSettings(SharedSettings):
+    """The knobs of ``throughput_drop`` (``detectors:`` in the sidecar's config)."""
+
+    throughput_window: int = Field(
+        default=20, ge=3,
+        description="Recent steps whose median speed is compared to the baseline; the slow median"
+        " must also hold this many steps in a row.",
+    )
+    throughput_baseline_window: int = Field(
+        default=200, ge=10, description="Earlier steps forming the speed baseline (median)."
+    )
+    throughput_ratio: float = Field(
+        default=0.6, gt=0, lt=1, description="Recent / baseline speed below this is a drop."
+    )
 
 
 @dataclass(slots=True)
@@ -60,10 +89,12 @@ def data_share(rec: StepRecord) -> float:
     return float("nan")
 
 
-class ThroughputDropDetector(DetectorBase):
+class ThroughputDropDetector(DetectorBase[ThroughputDropSettings]):
     """Warning when recent median speed < ``throughput_ratio`` x the baseline median."""
 
     type = "throughput_drop"
+    severity = Severity.WARNING
+    settings_model = ThroughputDropSettings
 
     def new_rank(self) -> SpeedState:
         s = self.settings
@@ -113,7 +144,7 @@ class ThroughputDropDetector(DetectorBase):
                     "consecutive_steps": st.slow_steps, "seconds": lasted,
                     "slowest_baseline_stretch": slowest,
                     "data_share": data_now, "baseline_data_share": data_base}
-        tip = tips.THROUGHPUT_DATA if starved else tips.THROUGHPUT_COMPUTE
+        tip = THROUGHPUT_DATA if starved else THROUGHPUT_COMPUTE
         # threshold is the baseline the message names (shown as "value ... vs baseline ...").
         return [self.finding(rec, msg, value=now, threshold=base,
                              evidence=evidence, suggestions=tip)]

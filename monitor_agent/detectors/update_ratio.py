@@ -14,12 +14,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitor_agent import suggestions as tips
-from monitor_agent.detectors.common import DetectorBase, fmt
-from monitor_agent.detectors.nan_inf import amp_overflow
-from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
-from monitor_agent.detectors.stats import Window, finite
-from monitor_agent.types import Finding, StepRecord
+from pydantic import Field, model_validator
+
+from monitor_agent.detectors.support.advice import NOT_LEARNING
+from monitor_agent.detectors.support.common import DetectorBase, fmt
+from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
+from monitor_agent.types import Finding, Severity, StepRecord
+
+UPDATE_RATIO_HIGH = (
+    "update/param above 0.1: reduce the learning rate 5-10x.",
+    "Lengthen warmup; check the schedule did not jump.",
+)
+
+UPDATE_RATIO_LOW = NOT_LEARNING
+
+
+class UpdateRatioSettings(SharedSettings):
+    """The knobs of ``update_ratio`` (``detectors:`` in the sidecar's config)."""
+
+    update_ratio_min: float = Field(
+        default=1e-7, gt=0,
+        description="Hard lower limit of update/param.",
+    )
+    update_ratio_window: int = Field(
+        default=5, ge=1, description="Steps whose median update/param ratio is judged."
+    )
+
+    @model_validator(mode="after")
+    def _ratio_limits_ordered(self) -> UpdateRatioSettings:
+        if self.update_ratio_min >= self.update_ratio_max:
+            raise ValueError("update_ratio_min must be < update_ratio_max")
+        return self
 
 
 @dataclass(slots=True)
@@ -27,7 +54,8 @@ class RatioState:
     ratios: Window
 
 
-class _UpdateRatioBase(DetectorBase):
+class _UpdateRatioBase(DetectorBase[UpdateRatioSettings]):
+    settings_model = UpdateRatioSettings
     high: bool = True
 
     def new_rank(self) -> RatioState:
@@ -57,7 +85,7 @@ class _UpdateRatioBase(DetectorBase):
                f"is {word} {fmt(limit)}; healthy {phase}-phase band {fmt(low)}..{fmt(high)}")
         evidence = {"ratio": median, "last_ratio": rec.update_ratio, "phase": phase,
                     "band_low": low, "band_high": high, "lr": rec.lr}
-        tip = tips.UPDATE_RATIO_HIGH if self.high else tips.UPDATE_RATIO_LOW
+        tip = UPDATE_RATIO_HIGH if self.high else UPDATE_RATIO_LOW
         return self.finding(rec, msg, value=median, threshold=limit, evidence=evidence,
                             suggestions=tip)
 
@@ -66,6 +94,7 @@ class UpdateRatioHighDetector(_UpdateRatioBase):
     """Warning when the median update/param ratio exceeds ``update_ratio_max``."""
 
     type = "update_ratio_high"
+    severity = Severity.WARNING
     high = True
 
 
@@ -73,4 +102,5 @@ class UpdateRatioLowDetector(_UpdateRatioBase):
     """Warning when the median update/param ratio is below ``update_ratio_min``."""
 
     type = "update_ratio_low"
+    severity = Severity.WARNING
     high = False

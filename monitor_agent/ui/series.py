@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from monitor_agent import wire
-from monitor_agent.detectors.phase import UPDATE_BANDS, phase_of
+from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
@@ -159,7 +159,7 @@ def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
 
 
 def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, list[float]]:
-    """The update-ratio detector's healthy phase band at each step (detectors/phase.py)."""
+    """The update-ratio detector's healthy phase band at each step (detectors/support/phase.py)."""
     bands = [UPDATE_BANDS[phase_of(s, warmup, total)] for s in steps]
     return {"low": [b[0] for b in bands], "high": [b[1] for b in bands]}
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from synth_records import assert_restore_equivalent, eval_rec, feed, only
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors import category_divergence as tips
 
 
 def _evals(rows: list[dict[str, float]]) -> list:

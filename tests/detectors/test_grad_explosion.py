@@ -101,7 +101,7 @@ def test_restore_mid_stream_changes_nothing():
 
 
 def test_with_clipping_on_it_does_not_advise_enabling_it():
-    from monitor_agent import suggestions as tips
+    from monitor_agent.detectors import grad_explosion as tips
 
     recs = [run()] + [step(i, grad_norm=0.5 * (1 + noise(i, 0.1)), clip_threshold=1.0)
                       for i in range(1, 300)]

@@ -8,9 +8,9 @@ import math
 import numpy as np
 from synth_records import assert_restore_equivalent, feed, grad_table, names, noise, only, run, step
 
-from monitor_agent.detectors.context import RunContext
-from monitor_agent.detectors.layer_bands import HORIZON, LayerBands
 from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.layer_bands import HORIZON, LayerBands
 
 N = names(4)
 LEVELS = np.array([0.2, 1.0, 0.05, 0.5])  # each layer its own level

@@ -15,7 +15,7 @@ from synth_records import (
     step,
 )
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors import nan_inf as tips
 from monitor_agent.types import Severity
 
 NAN, INF = math.nan, math.inf

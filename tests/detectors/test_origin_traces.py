@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from detector_harness import load_records, replay_records
 
-from monitor_agent.detectors.layer_bands import BAND_RATIO
+from monitor_agent.detectors.support.layer_bands import BAND_RATIO
 
 ORIGIN = Path(__file__).resolve().parents[1] / "traces" / "origin"
 

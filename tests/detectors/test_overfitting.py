@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, eval_rec, feed, only, step
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors import overfitting as tips
 
 
 def _evals(pairs: list[tuple[float, float]]) -> list:

@@ -51,7 +51,7 @@ def test_the_message_gives_the_change_with_its_sign_and_the_limit():
 
 
 def test_after_the_lr_was_raised_it_does_not_advise_raising_it():
-    from monitor_agent import suggestions as tips
+    from monitor_agent.detectors import plateau as tips
 
     recs = [run()] + [step(i, loss=4.59 * (1 + noise(i, 0.003)), lr=1e-7 if i < 150 else 1e-4)
                       for i in range(1, 300)]

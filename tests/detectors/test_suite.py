@@ -8,8 +8,7 @@ from detector_harness import TRACES, load_records
 from synth_records import assert_restore_equivalent, feed, step
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
-from monitor_agent.detectors.catalogue import FORMAT_TYPES
-from monitor_agent.detectors.suite import DETECTOR_CLASSES
+from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, FORMAT_TYPES
 from monitor_agent.types import RunRecord
 
 

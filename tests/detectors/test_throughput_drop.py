@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, noise, only, step
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors import throughput_drop as tips
 
 
 def _stream(n: int, drop_at: int, factor: float, data_time: float = 0.0) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, only, run, step
 
-from monitor_agent import suggestions as tips
+from monitor_agent.detectors import update_ratio as tips
 
 
 def _stream(ratios: list[float]) -> list:

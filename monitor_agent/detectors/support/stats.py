@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -111,7 +111,8 @@ def robust_z(x: float, window: Window, floor: float = 1e-12) -> float:
     return (x - window.median()) / max(window.mad(), floor)
 
 
-def finite(x: float | None) -> bool:
+def finite(x: float | None) -> TypeGuard[float]:
+    """A number, and not NaN or inf (narrows ``float | None`` to ``float`` for mypy)."""
     return x is not None and math.isfinite(x)
 
 

@@ -3,8 +3,9 @@
 Example::
 
     ema = LayerEma()
-    ema.add(view.slots, np.log(grad_norms), alpha=0.9)
-    baseline = ema.value(view.slots)     # bias-corrected, NaN where nothing seen yet
+    view = ctx.align(step.layer_grads)   # the run's stable slot of each column
+    ema.add(view.slots, np.log(grad_norms), alpha=0.9, size=view.size)
+    baseline = ema.value(view.slots, alpha=0.9, size=view.size)  # NaN where nothing seen yet
 """
 
 from __future__ import annotations
@@ -13,13 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-def grown(arr: np.ndarray, size: int, fill: float | int | bool) -> np.ndarray:
-    """``arr`` extended to ``size`` with ``fill`` (new layers appeared)."""
-    if len(arr) >= size:
-        return arr
-    extra = np.full(size - len(arr), fill, dtype=arr.dtype)
-    return np.concatenate((arr, extra))
+from monitor_agent.detectors.support.slots import grown
 
 
 @dataclass(slots=True)

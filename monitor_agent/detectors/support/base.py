@@ -4,11 +4,12 @@ A detector is a small stateful object with no I/O, no clock and no logging: feed
 in order, it returns findings. ``tick(now)`` lets clock-driven detectors (``stalled``) judge
 silence with a clock the caller injects (wall time live, record time in replay).
 ``snapshot()`` returns JSON-serialisable state and ``restore()`` takes it back, so a sidecar
-restart changes nothing.
+restart changes nothing. ``DetectorSuite`` holds its detectors as ``Detector``s;
+``DetectorBase`` (common.py) is the usual way to write one.
 
 Example::
 
-    det = NanInfDetector(NanInfConfig())
+    det: Detector = NanInfDetector(DetectorSettings(), RunContext(DetectorSettings()))
     for rec in records:
         for f in det.update(rec):
             print(f.type, f.step, f.message)
@@ -16,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from monitor_agent.types import Finding, Record
 
@@ -24,7 +25,7 @@ from monitor_agent.types import Finding, Record
 @runtime_checkable
 class Detector(Protocol):
     #: The finding type it raises (docs/format.md's catalogue).
-    type: str
+    type: ClassVar[str]
 
     def update(self, record: Record) -> list[Finding]: ...
 

@@ -1,14 +1,20 @@
 """What every detector class shares: record dispatch, per-rank state, repeat limiting,
 finding construction and snapshot/restore.
 
-A detector subclasses ``DetectorBase``, names its ``type``, declares its per-rank state
-as a dataclass returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or
-``tick`` when it needs them).
+A detector subclasses ``DetectorBase[ItsSettings]``, names its ``type``, its usual
+``severity`` and its knobs (``settings_model``), declares its per-rank state as a dataclass
+returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or ``tick`` when it
+needs them). Listing the class in catalogue.py's ``DETECTOR_CLASSES`` registers it.
 
 Example::
 
-    class MyDetector(DetectorBase):
-        type = "loss_spike"
+    class MySettings(SharedSettings):
+        my_ratio: float = Field(default=1.3, gt=1, description="What the ratio means.")
+
+    class MyDetector(DetectorBase[MySettings]):
+        type = "my_finding"
+        severity = Severity.WARNING
+        settings_model = MySettings
 
         def new_rank(self) -> MyState:
             return MyState()
@@ -21,14 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from monitor_agent.detectors.catalogue import USUAL_SEVERITY
-from monitor_agent.detectors.context import RunContext
-from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.detectors.state import dump, load_into, plain
+from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.state import dump, load_into, plain
 from monitor_agent.types import EvalRecord, Finding, Record, Severity, StepRecord
 
 
@@ -47,12 +52,20 @@ class Repeater:
         return True
 
 
-class DetectorBase:
+S = TypeVar("S", bound=SharedSettings)
+SettingsModel = type[SharedSettings]  # named here: inside DetectorBase, ``type`` is its field
+
+
+class DetectorBase(Generic[S]):
     """Dispatch, per-rank state and snapshot for one finding type (see module docstring)."""
 
-    type: str = ""
+    #: The finding type it raises, and the severity that type usually carries.
+    type: ClassVar[str] = ""
+    severity: ClassVar[Severity] = Severity.WARNING
+    #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` composes them.
+    settings_model: ClassVar[SettingsModel] = SharedSettings
 
-    def __init__(self, settings: DetectorSettings, ctx: RunContext) -> None:
+    def __init__(self, settings: S, ctx: RunContext) -> None:
         self.settings = settings
         self.ctx = ctx
         self.ranks: dict[int, Any] = {}
@@ -124,7 +137,7 @@ class DetectorBase:
     ) -> Finding:
         return Finding(
             type=self.type,
-            severity=severity if severity is not None else USUAL_SEVERITY[self.type],
+            severity=severity if severity is not None else self.severity,
             run_id=rec.run_id,
             step=rec.step,
             rank=rec.rank,

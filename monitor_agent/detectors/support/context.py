@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.layer_bands import LayerBands
-from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.detectors.state import dump, load_into
-from monitor_agent.detectors.stats import Ema, amp_overflow
+from monitor_agent.detectors.support.layer_bands import LayerBands
+from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.slots import SlotIndex
+from monitor_agent.detectors.support.state import dump, load_into
+from monitor_agent.detectors.support.stats import Ema, amp_overflow
 from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
 
 
@@ -62,10 +63,10 @@ class ContextState:
 class RunContext:
     """Shared, snapshot-able facts about one run (see module docstring)."""
 
-    def __init__(self, settings: DetectorSettings) -> None:
+    def __init__(self, settings: SharedSettings) -> None:
         self.settings = settings
         self.state = ContextState(warmup=settings.default_warmup_steps)
-        self._slot: dict[str, int] = {}
+        self._slots = SlotIndex(self.state.layer_names)
         self._cache: tuple[tuple[str, ...], LayerView] | None = None
 
     # -- run facts ------------------------------------------------------------------------
@@ -89,8 +90,7 @@ class RunContext:
         order = record.layer_order
         if order:
             self.state.layer_order = [str(n) for n in order]
-            for name in self.state.layer_order:
-                self._register(name)
+            self._slots.of(tuple(self.state.layer_order))
         self._cache = None
 
     @property
@@ -136,7 +136,7 @@ class RunContext:
                 view = LayerView(table, view.order, view.slots, len(self.state.layer_names))
                 self._cache = (names, view)
                 return view
-        slots = np.fromiter((self._register(n) for n in table.names), dtype=np.intp)
+        slots = self._slots.of(table.names)
         order = self._depth_order(table.names)
         view = LayerView(table, order, slots, len(self.state.layer_names))
         self._cache = (table.names, view)
@@ -152,13 +152,6 @@ class RunContext:
         cols.sort(key=lambda c: rank[names[c]])
         return np.array(cols, dtype=np.intp)
 
-    def _register(self, name: str) -> int:
-        slot = self._slot.get(name)
-        if slot is None:
-            slot = self._slot[name] = len(self.state.layer_names)
-            self.state.layer_names.append(name)
-        return slot
-
     def layer_name(self, slot: int) -> str:
         return self.state.layer_names[slot]
 
@@ -173,7 +166,7 @@ class RunContext:
         self.state.ranks = {
             r: load_into(RankInfo(ema=Ema(self.settings.ema_alpha)), v) for r, v in ranks.items()
         }
-        self._slot = {n: i for i, n in enumerate(self.state.layer_names)}
+        self._slots = SlotIndex(self.state.layer_names)
         self._cache = None
 
 

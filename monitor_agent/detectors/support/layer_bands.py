@@ -7,7 +7,7 @@ the input embedding / first layer leaving first, an LR spike as whichever layer 
 optimizer over-steps first).
 
 Band, per parameter, on log grad norm: the median of its last ``WINDOW`` in-band readings,
-and the robust spread ``sigma = 1.4826 * MAD`` of those readings. A reading has left the
+and the robust spread ``sigma = MAD_TO_SIGMA * MAD`` of those readings. A reading has left the
 band when it is at least ``BAND_Z`` (4) sigma above the median and at least ``BAND_RATIO``
 (2x) above it (the floor keeps a very smooth parameter, whose MAD is tiny, from leaving on
 rounding noise), or when it is non-finite. 4 sigma is a tail a normal reading reaches about
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.layer_stats import grown
-from monitor_agent.detectors.stats import MAD_TO_SIGMA
+from monitor_agent.detectors.support.slots import grown
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
 
 WINDOW = 32
 MIN_READINGS = 5
@@ -68,9 +68,7 @@ class LayerBands:
     def _grow(self, size: int) -> None:
         if self.buf.ndim != 2:  # restored from an empty snapshot
             self.buf = self.buf.reshape(-1, WINDOW)
-        if len(self.buf) < size:
-            extra = np.full((size - len(self.buf), WINDOW), np.nan)
-            self.buf = np.concatenate((self.buf, extra))
+        self.buf = grown(self.buf, size, np.nan)
         self.n = grown(self.n, size, 0)
         self.left_at = grown(self.left_at, size, np.nan)
         self.back_at = grown(self.back_at, size, np.nan)

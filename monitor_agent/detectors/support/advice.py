@@ -1,0 +1,19 @@
+"""Advice more than one detector gives; each detector keeps the rest of its suggestions
+next to its logic (most likely fix first).
+
+Example::
+
+    OVERFITTING = (STOP_EARLY, "Add regularisation: ...")    # overfitting.py
+    PLATEAU + (STOP_EARLY,)                                  # plateau.py, no new best val
+"""
+
+from __future__ import annotations
+
+NOT_LEARNING = (
+    "update/param below 1e-7: the run is not learning; raise the learning rate (10-100x).",
+    "Check the scheduler is not stuck at 0 and the optimizer holds the parameters.",
+)
+"""update_ratio_low, and dead_layer when no parameter changed at all."""
+
+STOP_EARLY = "Stop early: keep the checkpoint at the best validation loss."
+"""overfitting's first suggestion, and plateau's when val loss stops improving."""

@@ -1,0 +1,61 @@
+"""The knobs more than one detector reads, or the suite itself: every detector's settings
+model extends ``SharedSettings``, and ``DetectorSettings`` (settings.py) composes them flat.
+
+Example::
+
+    class LossSpikeSettings(SharedSettings):
+        spike_ratio: float = Field(default=1.3, gt=1, description="loss / EMA that makes a spike.")
+
+    LossSpikeSettings(spike_ratio=1.5).baseline_window   # 100: shared knobs come along
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SharedSettings(BaseModel):
+    """Suite-wide knobs and those several detectors read (see each field's description)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    disabled: set[str] = Field(
+        default_factory=set, description="Finding types not computed at all."
+    )
+    log_only: set[str] = Field(
+        default_factory=set,
+        description="Finding types recorded and exported but flagged log_only (never page).",
+    )
+    ema_alpha: float = Field(
+        default=0.99, gt=0, lt=1,
+        description="Decay of the bias-corrected loss EMA (training_loss_ema).",
+    )
+    repeat_every_steps: int = Field(
+        default=100, ge=1, description="A persisting condition is re-reported at most this often."
+    )
+    min_history_steps: int = Field(
+        default=20, ge=2, description="Steps of history a baseline needs before it judges anything."
+    )
+    default_warmup_steps: int = Field(
+        default=50, ge=0, description="Warmup assumed when the run record gives no warmup_steps."
+    )
+    baseline_window: int = Field(
+        default=100, ge=10,
+        description="Steps in the rolling median/MAD baselines (loss, grad norm).",
+    )
+    max_layer_findings: int = Field(
+        default=10, ge=1,
+        description="Per-layer findings (dead, exploding) reported per record at most.",
+    )
+    update_ratio_max: float = Field(
+        default=0.1, gt=0,
+        description="Hard upper limit of update/param.",
+    )
+    min_activation_readings: int = Field(
+        default=5, ge=2, description="Readings a module needs before its baseline judges anything."
+    )
+    stall_horizon_seconds: float = Field(
+        default=3600.0, gt=0,
+        description="Replay: a trace without an end record is judged this long after its last "
+        "record (must exceed the stall limit).",
+    )
