@@ -37,7 +37,8 @@ class _SlackCatcher:
     def __init__(self) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        received = self.received = []
+        received: list[dict[str, Any]] = []
+        self.received = received
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
