@@ -105,7 +105,8 @@ class Distributions:
             lo_i, hi_i = pos.floor().long(), pos.ceil().long()
             frac = (pos - lo_i).to(torch.float32)
             grid = torch.arange(1, self.bins, dtype=torch.float32) / self.bins
-            found = self._consts[key] = tuple(x.to(device) for x in (lo_i, hi_i, frac, grid))
+            found = self._consts[key] = (lo_i.to(device), hi_i.to(device), frac.to(device),
+                                         grid.to(device))
         return found
 
 

@@ -32,7 +32,7 @@ class ExitHooks:
     def __init__(self, on_exit: Callable[[], object],
                  on_exception: Callable[[str, str], object]) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
-        self._previous = None
+        self._previous: Callable[..., object] | None = None
 
     def install(self) -> None:
         self._previous = sys.excepthook
