@@ -21,7 +21,7 @@ Example::
 
     dist = Distributions(sample=1024, bins=16)
     rows = dist.measure(grads)          # (P, 8 + 16) float32, on the grads' device
-    hists = decode_rows(names, rows.tolist(), bins=16)   # after the host copy
+    hists = decode_rows(names, rows.flatten().tolist(), bins=16)   # after the host copy
     hists["fc.weight"]["quantiles"][3]  # the sample median
 """
 

@@ -4,8 +4,11 @@
 
 Example::
 
-    hooks = ExitHooks(on_exit=mon.close, on_exception=mon.set_outcome)
-    hooks.install()
+    outcome = {"status": "completed"}
+    hooks = ExitHooks(on_exit=lambda: print("ended", outcome),
+                      on_exception=lambda status, error: outcome.update(status=status))
+    hooks.install()             # Monitor passes its close() and its outcome setter
+    hooks.remove()
 """
 
 from __future__ import annotations
