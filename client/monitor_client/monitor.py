@@ -118,6 +118,9 @@ class Monitor:
             spool_max_age=spool_max_age, max_queue=max_queue, linger=linger, timeout=timeout,
             close_timeout=close_timeout, gpu_probe=gpu_probe, install_hooks=install_hooks,
             enabled=enabled))
+        self._start(cfg)
+
+    def _start(self, cfg: MonitorConfig) -> None:
         self.monitor_config = cfg
         found = run_info.detect_rank()
         self.rank = found.rank if cfg.rank is None else cfg.rank
@@ -183,25 +186,17 @@ class Monitor:
               finite_flags: bool = True) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
-        What it measures is a ``WatchConfig``: ``config``, else the Monitor's
-        (``MonitorConfig.watch``) with the keywords given here applied (``layer_stats_every``
-        and ``hist_every`` default to the Monitor's). ``scaler`` is the GradScaler whose
-        loss scale is recorded each step.
+        What it measures is a ``WatchConfig`` (each knob, with units, in ``config.py``):
+        ``config``, else the Monitor's (``MonitorConfig.watch``) with the keywords given here
+        applied. ``scaler`` is the GradScaler whose loss scale is recorded each step.
 
         ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
-        anyway (remove your own ``clip_grad_norm_``); with ``apply_clip=False`` it is only
-        recorded. ``pre_hook=False`` is for closure-based steps (Lightning), which call
-        ``before_optimizer_step()`` themselves. ``sharded=True`` (FSDP/ZeRO) all-reduces
-        the global norms; per-layer statistics stay rank-local. ``activations=True`` (or
-        module types, or a ``(name, module) -> bool`` filter) adds output statistics of
-        those modules every ``activation_every`` steps (default: the layer interval); see
-        ``activations.py``. Every ``hist_every`` steps (default: the Monitor's, 50; 0 for
-        never) gradient and weight quantiles and histograms are added (``distributions.py``).
-        ``finite_flags`` (on by default) sums every leaf module's output each step so a NaN
-        page names the module where the forward pass went non-finite (``finite.py``).
-        Once, after the first step, the run's memory need is checked against the device
-        (``preflight.py``). A contradictory or nonsensical setting raises at once; any
-        other failure is a warning.
+        anyway (remove your own ``clip_grad_norm_``). Per-layer statistics every
+        ``layer_stats_every`` steps, distributions every ``hist_every`` (both default to the
+        Monitor's), activations when asked (``activations.py``), forward finite flags
+        (``finite.py``), and once, after the first step, the memory pre-flight
+        (``preflight.py``). A contradictory or nonsensical setting raises at once; any other
+        failure is a warning.
         """
         settings = watch_config(self.monitor_config.watch, config, dict(
             grad_clip=grad_clip, apply_clip=apply_clip, seq_len=seq_len,
