@@ -186,7 +186,8 @@ def monitor_config(config: MonitorConfig | Mapping[str, Any] | None,
         _refuse_conflicts(config, own, "Monitor")
         _refuse_conflicts(config.watch, for_watch, "Monitor")
         return config
-    return MonitorConfig(hparams=config, watch=WatchConfig(**for_watch), **own)
+    hparams = None if config is None else dict(config)  # a copy, as it has always been
+    return MonitorConfig(hparams=hparams, watch=WatchConfig(**for_watch), **own)
 
 
 def watch_config(base: WatchConfig, config: WatchConfig | None,

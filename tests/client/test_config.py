@@ -50,6 +50,10 @@ def test_keywords_build_the_config_the_object_states():
     for mon in (by_keywords, by_object):
         assert (mon.run_id, mon.project, mon.config) == ("r1", "p", {"lr": 0.1})
         assert (mon.layer_stats_every, mon.hist_every, mon.active) == (7, 0, False)
+    hparams = {"lr": 0.1}
+    mon = Monitor(config=hparams, enabled=False)
+    mon.config["grad_clip"] = 1.0  # the Monitor's copy: the caller's dict is left alone
+    assert hparams == {"lr": 0.1} and mon.monitor_config.hparams == {"lr": 0.1}
 
 
 def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
