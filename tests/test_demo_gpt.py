@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,9 +27,18 @@ def _installed_copy(tmp_path: Path) -> Path:
 
 def test_packaged_trainer_trains_and_pages_nan_without_the_checkout(sidecar, tmp_path):
     site = _installed_copy(tmp_path)
-    code = ("import sys, runpy; "
-            "assert not any('examples' in p for p in sys.path), sys.path; "
-            "runpy.run_module('monitor_agent.demo_gpt', run_name='__main__')")
+    # Neither the repository (examples/, client/) on the path, nor any module loaded from it.
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        assert not any(p.startswith({str(REPO)!r}) for p in sys.path), sys.path
+        try:
+            runpy.run_module("monitor_agent.demo_gpt", run_name="__main__")
+        except SystemExit as exc:
+            status = exc.code
+        files = [getattr(m, "__file__", None) or "" for m in list(sys.modules.values())]
+        assert not [f for f in files if f.startswith({str(REPO)!r})]
+        sys.exit(status)
+    """)
     proc = subprocess.run(
         [sys.executable, "-c", code, "--url", sidecar.url, "--run-id", "pkg-demo",
          "--spool-dir", str(tmp_path / "spool"), "--steps", "12", "--inject", "nan",
