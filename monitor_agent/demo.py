@@ -168,7 +168,8 @@ def _missing_trainer_packages() -> list[str]:
 def _train(url: str, run_id: str, inject: str, steps: int, at: int) -> int:
     from tqdm import tqdm
 
-    cmd = [sys.executable, "-m", "monitor_agent.demo_gpt", "--url", url, "--run-id", run_id, "--project", "demo",
+    cmd = [sys.executable, "-m", "monitor_agent.demo_gpt", "--url", url, "--run-id", run_id,
+           "--project", "demo",
            "--steps", str(steps), "--inject", inject, "--inject-step", str(at), "--progress",
            # The char-GPT's warm-up grad norm sits above 1.0; 2.0 keeps the demo to the fault.
            "--grad-clip", "2.0"]

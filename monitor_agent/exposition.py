@@ -246,7 +246,8 @@ class Exposition:
                 f'suggestion="{escape(_clip(alert.suggestion or ""))}"}} 1\n'
             )
         lines = [
-            f'{n.ALERTS_FIRING.name}{{{base},alertname="{escape(name)}",severity="{escape(sev)}"}} {count}\n'
+            f'{n.ALERTS_FIRING.name}{{{base},alertname="{escape(name)}",'
+            f'severity="{escape(sev)}"}} {count}\n'
             for (base, name, sev), count in firing.items()
         ]
         return {n.ALERTS_FIRING.name: "".join(lines), n.ALERT_ACTIVE.name: "".join(active)}

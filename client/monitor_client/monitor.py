@@ -62,7 +62,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _guard(method: Callable[Concatenate[Monitor, P], R]) -> Callable[Concatenate[Monitor, P], R | None]:
+def _guard(
+    method: Callable[Concatenate[Monitor, P], R],
+) -> Callable[Concatenate[Monitor, P], R | None]:
     """Turn any exception of a public method into a rate-limited warning (a private
     ``_name`` doing a public method's work is reported under ``name``)."""
     name = method.__name__.lstrip("_")

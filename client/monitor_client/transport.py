@@ -51,7 +51,8 @@ class PostResult:
 
 
 class HttpTransport:
-    """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never raises, always answers a PostResult.
+    """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never
+    raises, always answers a PostResult.
 
     Example::
 
