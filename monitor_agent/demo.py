@@ -1,7 +1,9 @@
 """``monitor-agent demo``: the sidecar plus a tiny GPT run with an injected fault.
 
 No Docker, no network beyond loopback: SQLite in a temp dir, the console channel, and
-``examples/train_gpt.py`` trained on CPU through the real client. When the fault fires, the
+the char-level GPT of ``demo_gpt.py`` (``examples/train_gpt.py`` in a checkout) trained on
+CPU through the real client, in a child process. It ships in the package, so the demo runs
+from an installed wheel too, given ``torch`` and ``monitor-client``. When the fault fires, the
 alert is shown exactly as Slack would receive it (the most severe one, whatever arrived
 first), with the finding's evidence and suggestions. Then the sidecar keeps serving, with
 the run page's address printed, until Ctrl-C (``exit_after`` bounds that for tests).
@@ -13,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,9 @@ import httpx
 
 from monitor_agent.embedded import EmbeddedServer, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+# Where this monitor_agent is imported from (a checkout or site-packages): the trainer child
+# process imports the same one. A checkout also has the client beside it, in client/.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 class _SlackCatcher:
@@ -37,7 +43,8 @@ class _SlackCatcher:
     def __init__(self) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        received = self.received = []
+        received: list[dict[str, Any]] = []
+        self.received = received
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
@@ -65,9 +72,11 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0,
              exit_after: float | None = None) -> int:
     from monitor_agent.settings import load_settings
 
-    trainer = REPO / "examples" / "train_gpt.py"
-    if not trainer.is_file():
-        print(f"demo: {trainer} not found (run from a source checkout)", file=sys.stderr)
+    missing = _missing_trainer_packages()
+    if missing:
+        print(f"demo: the training side needs {' and '.join(missing)}: pip install "
+              "monitor-client torch==2.13.0 (from a checkout: pip install ./client)",
+              file=sys.stderr)
         return 2
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
@@ -83,7 +92,7 @@ def run_demo(inject: str, steps: int, inject_step: int, port: int = 0,
             run_id = f"demo-{inject}-{int(time.time())}"
             page = f"{url}/runs/{run_id}"
             print(f"watch it live: {page}")
-            code = _train(trainer, url, run_id, inject, steps, inject_step)
+            code = _train(url, run_id, inject, steps, inject_step)
             time.sleep(1.5)  # let the last batch and its alert delivery land
             _report(url, run_id)
             _show_slack(slack.received)
@@ -143,15 +152,29 @@ def _show_console_alerts() -> None:
     logger.propagate = False
 
 
-def _train(trainer: Path, url: str, run_id: str, inject: str, steps: int, at: int) -> int:
+def _trainer_path() -> list[str]:
+    """sys.path entries for the trainer process: this monitor_agent, and a checkout's client."""
+    client = PACKAGE_ROOT / "client"
+    return [str(PACKAGE_ROOT)] + ([str(client)] if (client / "monitor_client").is_dir() else [])
+
+
+def _missing_trainer_packages() -> list[str]:
+    """What the trainer process could not import: looked up where it will look."""
+    return [name for name in ("torch", "monitor_client")
+            if importlib.util.find_spec(name) is None
+            and PathFinder.find_spec(name, _trainer_path()) is None]
+
+
+def _train(url: str, run_id: str, inject: str, steps: int, at: int) -> int:
     from tqdm import tqdm
 
-    cmd = [sys.executable, str(trainer), "--url", url, "--run-id", run_id, "--project", "demo",
+    cmd = [sys.executable, "-m", "monitor_agent.demo_gpt", "--url", url, "--run-id", run_id,
+           "--project", "demo",
            "--steps", str(steps), "--inject", inject, "--inject-step", str(at), "--progress",
            # The char-GPT's warm-up grad norm sits above 1.0; 2.0 keeps the demo to the fault.
            "--grad-clip", "2.0"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "client"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+        [*_trainer_path(), os.environ.get("PYTHONPATH", "")])}
     print(f"training: {' '.join(cmd[1:])}")
     bar = tqdm(total=steps, unit="step", desc="train_gpt", dynamic_ncols=True, mininterval=0.5)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -5,10 +5,16 @@ engine holds (a run that expires simply stops being rendered, so no stale series
 and each run's lines are rendered once per change of that run and cached, so a scrape
 costs a string join for every run that did not move since the last one.
 
+Every label-cardinality cap (runs, ranks, layers, eval series) goes through one
+``SeriesCaps``, which reports what it cut to the ``on_drop`` callback (the
+``monitor_agent_dropped_series_total`` counter in the app).
+
 Example::
 
-    exp = Exposition(runs_provider=lambda: engine.runs, max_runs=1000, max_layers=2000)
-    body = exp.render()
+    exp = Exposition(lambda: list(engine.runs.values()), CollectorRegistry(),
+                     max_runs=1000, max_layers=2000,
+                     on_drop=lambda reason, count: print("dropped", count, reason))
+    body = exp.render()   # bytes, Prometheus text format 0.0.4
 """
 
 from __future__ import annotations
@@ -108,6 +114,35 @@ RANK_COUNTERS: tuple[tuple[n.MetricName, str], ...] = (
 )
 
 
+def _ignore_drop(reason: str, count: int) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesCaps:
+    """The label-cardinality caps of /metrics, and where a cut is reported.
+
+    Example::
+
+        caps = SeriesCaps(max_layers=2, on_drop=lambda reason, count: print(reason, count))
+        caps.keep("max_layers", 5, caps.max_layers)   # prints "max_layers 3", returns 2
+    """
+
+    max_runs: int = 1000
+    max_layers: int = 2000
+    max_ranks: int = 256
+    max_eval_series: int = 64
+    on_drop: Callable[[str, int], None] = _ignore_drop
+
+    def keep(self, reason: str, count: int, limit: int) -> int:
+        """How many of ``count`` series fit under ``limit``; the rest are reported dropped
+        under ``reason`` (the ``reason`` label of the dropped-series counter)."""
+        if count <= limit:
+            return count
+        self.on_drop(reason, count - limit)
+        return limit
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
     name: str
@@ -163,16 +198,13 @@ class Exposition:
         self._registry = registry
         self._alerts = alerts
         self._actions = actions
-        self._on_drop = on_drop or (lambda reason, count: None)
-        self.max_runs, self.max_layers, self.max_ranks = max_runs, max_layers, max_ranks
-        self.max_eval_series = max_eval_series
+        self.caps = SeriesCaps(max_runs, max_layers, max_ranks, max_eval_series,
+                               on_drop or _ignore_drop)
         self._cache: dict[str, tuple[int, dict[str, str]]] = {}
 
     def render(self) -> bytes:
         runs = sorted(self._runs(), key=lambda r: r.first_seen)
-        if len(runs) > self.max_runs:
-            self._on_drop("max_runs", len(runs) - self.max_runs)
-            runs = runs[: self.max_runs]
+        runs = runs[: self.caps.keep("max_runs", len(runs), self.caps.max_runs)]
         chunks = [self._chunks(run) for run in runs]
         live = {run.run_id for run in runs}
         for run_id in [k for k in self._cache if k not in live]:
@@ -191,7 +223,7 @@ class Exposition:
         version = run.version
         if cached is not None and cached[0] == version:
             return cached[1]
-        chunks = RunRenderer(run, self).render()
+        chunks = RunRenderer(run, self.caps).render()
         self._cache[run.run_id] = (version, chunks)
         return chunks
 
@@ -214,7 +246,8 @@ class Exposition:
                 f'suggestion="{escape(_clip(alert.suggestion or ""))}"}} 1\n'
             )
         lines = [
-            f'{n.ALERTS_FIRING.name}{{{base},alertname="{escape(name)}",severity="{escape(sev)}"}} {count}\n'
+            f'{n.ALERTS_FIRING.name}{{{base},alertname="{escape(name)}",'
+            f'severity="{escape(sev)}"}} {count}\n'
             for (base, name, sev), count in firing.items()
         ]
         return {n.ALERTS_FIRING.name: "".join(lines), n.ALERT_ACTIVE.name: "".join(active)}
@@ -238,10 +271,15 @@ def _clip(text: str, limit: int = 200) -> str:
 
 
 class RunRenderer:
-    """Renders the lines of one run, family by family."""
+    """Renders the lines of one run, family by family, within ``caps``.
 
-    def __init__(self, run: RunState, exp: Exposition) -> None:
-        self.run, self.exp = run, exp
+    Example::
+
+        chunks = RunRenderer(run_state, SeriesCaps()).render()   # {family name: lines}
+    """
+
+    def __init__(self, run: RunState, caps: SeriesCaps) -> None:
+        self.run, self.caps = run, caps
         self.out: dict[str, list[str]] = {}
         self.run_labels = f'project="{escape(run.project)}",run_id="{escape(run.run_id)}"'
 
@@ -252,9 +290,7 @@ class RunRenderer:
 
     def render(self) -> dict[str, str]:
         ranks = sorted(self.run.ranks.items())
-        if len(ranks) > self.exp.max_ranks:
-            self.exp._on_drop("max_ranks", len(ranks) - self.exp.max_ranks)
-            ranks = ranks[: self.exp.max_ranks]
+        ranks = ranks[: self.caps.keep("max_ranks", len(ranks), self.caps.max_ranks)]
         for rank, state in ranks:
             self._rank(f'{self.run_labels},rank="{rank}"', rank, state)
         self._run_level()
@@ -284,19 +320,15 @@ class RunRenderer:
             return
         self.add(n.VAL_LOSS.name, labels, ev.val_loss)
         self.add(n.EVAL_TRAIN_LOSS.name, labels, ev.train_loss)
-        shown = {"max_categories": 0, "max_eval_metrics": 0}
-        for name, value in ev.metrics.items():
-            category = name.startswith(CATEGORY_PREFIX)
-            cap = "max_categories" if category else "max_eval_metrics"
-            if shown[cap] >= self.exp.max_eval_series:
-                self.exp._on_drop(cap, 1)
-                continue
-            shown[cap] += 1
-            if category:
-                label = escape(name[len(CATEGORY_PREFIX):])
-                self.add(n.CATEGORY_LOSS.name, f'{labels},category="{label}"', value)
-            else:
-                self.add(n.EVAL_METRIC.name, f'{labels},name="{escape(name)}"', value)
+        metrics = list(ev.metrics.items())
+        categories = [(k, v) for k, v in metrics if k.startswith(CATEGORY_PREFIX)]
+        others = [(k, v) for k, v in metrics if not k.startswith(CATEGORY_PREFIX)]
+        cap = self.caps.max_eval_series  # the first ones, in the eval's order, are kept
+        for name, value in categories[: self.caps.keep("max_categories", len(categories), cap)]:
+            label = escape(name[len(CATEGORY_PREFIX):])
+            self.add(n.CATEGORY_LOSS.name, f'{labels},category="{label}"', value)
+        for name, value in others[: self.caps.keep("max_eval_metrics", len(others), cap)]:
+            self.add(n.EVAL_METRIC.name, f'{labels},name="{escape(name)}"', value)
 
     def _histogram(self, labels: str, state: RankState) -> None:
         if not state.step_time_counts:
@@ -322,10 +354,7 @@ class RunRenderer:
         table = state.last_layers
         if table is None:
             return
-        count = len(table.names)
-        limit = min(count, self.exp.max_layers)
-        if count > limit:
-            self.exp._on_drop("max_layers", count - limit)
+        limit = self.caps.keep("max_layers", len(table.names), self.caps.max_layers)
         grad = table.stats["grad_norm"]
         upd, par = table.stats["update_norm"], table.stats["param_norm"]
         with_ratio = (table.measured["update_norm"] & table.measured["param_norm"]).tolist()
@@ -362,9 +391,7 @@ class RunRenderer:
         # One series per (layer, quantile); capped by max_layers like the other layer gauges.
         if table is None:
             return
-        limit = min(len(table), self.exp.max_layers)
-        if len(table) > limit:
-            self.exp._on_drop("max_layers", len(table) - limit)
+        limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
         out = self.out.setdefault(fam, [])
         for name, row in zip(table.names[:limit], table.values[:limit].tolist(), strict=True):
             lab = f'{labels},layer="{escape(name)}"'
@@ -377,9 +404,7 @@ class RunRenderer:
         table = state.last_activations
         if table is None:
             return
-        limit = min(len(table), self.exp.max_layers)
-        if len(table) > limit:
-            self.exp._on_drop("max_layers", len(table) - limit)
+        limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
         labs = [f'{labels},module="{escape(name)}"' for name in table.names[:limit]]
         for metric, stat in ACTIVATION_GAUGES:
             out = self.out.setdefault(metric.name, [])

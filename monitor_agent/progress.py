@@ -30,8 +30,9 @@ class Progress:
 
 def _planned(run: RunState, key: str) -> float | None:
     value = run.run.config.get(key) if run.run is not None else None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 def run_progress(run: RunState, state: RankState) -> Progress | None:

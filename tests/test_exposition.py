@@ -111,3 +111,15 @@ def test_category_losses_get_their_own_family_and_a_cap():
     assert f'training_eval_metric{{{base},name="accuracy"}} 0.5' in text
     assert 'name="loss/' not in text and 'category="c3"' not in text
     assert sum(c for r, c in drops if r == "max_categories") == 2
+
+
+def test_series_caps_keep_what_fits_and_report_the_rest_once():
+    from monitor_agent.exposition import SeriesCaps
+
+    drops: list[tuple[str, int]] = []
+    caps = SeriesCaps(max_layers=2, on_drop=lambda r, c: drops.append((r, c)))
+    assert caps.keep("max_layers", 5, caps.max_layers) == 2
+    assert caps.keep("max_layers", 2, caps.max_layers) == 2
+    assert caps.keep("max_runs", 0, caps.max_runs) == 0
+    assert drops == [("max_layers", 3)]
+    assert SeriesCaps().keep("max_ranks", 300, 256) == 256  # no callback: cut silently

@@ -91,7 +91,7 @@ def measure(x: torch.Tensor, dead: bool) -> torch.Tensor:
 
 def decode(names: tuple[str, ...], chunk: list[float]) -> dict[str, Any]:
     """One module's host numbers to its wire entry (dead_frac null when not measured)."""
-    entry = dict(zip(FIELDS, chunk, strict=True))
+    entry: dict[str, float | None] = dict(zip(FIELDS, chunk, strict=True))
     if entry["dead_frac"] != entry["dead_frac"]:
         entry["dead_frac"] = None
     return entry

@@ -21,7 +21,7 @@ Example::
 
     dist = Distributions(sample=1024, bins=16)
     rows = dist.measure(grads)          # (P, 8 + 16) float32, on the grads' device
-    hists = decode_rows(names, rows.tolist(), bins=16)   # after the host copy
+    hists = decode_rows(names, rows.flatten().tolist(), bins=16)   # after the host copy
     hists["fc.weight"]["quantiles"][3]  # the sample median
 """
 
@@ -105,7 +105,8 @@ class Distributions:
             lo_i, hi_i = pos.floor().long(), pos.ceil().long()
             frac = (pos - lo_i).to(torch.float32)
             grid = torch.arange(1, self.bins, dtype=torch.float32) / self.bins
-            found = self._consts[key] = tuple(x.to(device) for x in (lo_i, hi_i, frac, grid))
+            found = self._consts[key] = (lo_i.to(device), hi_i.to(device), frac.to(device),
+                                         grid.to(device))
         return found
 
 

@@ -4,8 +4,11 @@
 
 Example::
 
-    hooks = ExitHooks(on_exit=mon.close, on_exception=mon.set_outcome)
-    hooks.install()
+    outcome = {"status": "completed"}
+    hooks = ExitHooks(on_exit=lambda: print("ended", outcome),
+                      on_exception=lambda status, error: outcome.update(status=status))
+    hooks.install()             # Monitor passes its close() and its outcome setter
+    hooks.remove()
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class ExitHooks:
     def __init__(self, on_exit: Callable[[], object],
                  on_exception: Callable[[str, str], object]) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
-        self._previous = None
+        self._previous: Callable[..., object] | None = None
 
     def install(self) -> None:
         self._previous = sys.excepthook

@@ -26,10 +26,12 @@ What it does, and why:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from transformers import TrainerCallback
 
+from monitor_client.config import MonitorConfig
 from monitor_client.monitor import Monitor
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
@@ -38,15 +40,23 @@ IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 class MonitorCallback(TrainerCallback):
     """Report a HuggingFace Trainer run to monitor_agent.
 
+    Without a ``monitor``, one is made at the start of training from ``config`` (a
+    ``MonitorConfig``) and/or the ``Monitor`` keywords, with the Trainer's arguments as the
+    run's hyperparameters (unless ``config.hparams`` names them). ``watch`` gets the
+    monitor's ``WatchConfig`` with the clipping set by the Trainer's ``max_grad_norm``.
+
     Example::
 
         Trainer(..., callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
+        cfg = MonitorConfig(project="gpt", watch=WatchConfig(activations=True))
+        Trainer(..., callbacks=[MonitorCallback(config=cfg)])
     """
 
-    def __init__(self, monitor: Monitor | None = None, *, take_over_clipping: bool = True,
-                 **monitor_kwargs: Any) -> None:
+    def __init__(self, monitor: Monitor | None = None, *, config: MonitorConfig | None = None,
+                 take_over_clipping: bool = True, **monitor_kwargs: Any) -> None:
         self.monitor = monitor
         self.take_over_clipping = take_over_clipping
+        self._config = config
         self._kwargs = monitor_kwargs
         self._losses: list[Any] = []
         self._sum_losses = False
@@ -55,18 +65,35 @@ class MonitorCallback(TrainerCallback):
         self._restore_clip: float | None = None
         self._handles: list[Any] = []
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def _mon(self) -> Monitor:
+        """The run's Monitor (made at the start of training when none was given)."""
         if self.monitor is None:
-            config = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
-            self.monitor = Monitor(config=config, **self._kwargs)
+            raise RuntimeError("MonitorCallback: training has not started")
+        return self.monitor
+
+    def _make_monitor(self, args: Any) -> Monitor:
+        hparams = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
+        if self._config is None:
+            return Monitor(config=hparams, **self._kwargs)
+        if self._config.hparams is None:
+            return Monitor(config=dataclasses.replace(self._config, hparams=hparams),
+                           **self._kwargs)
+        return Monitor(config=self._config, **self._kwargs)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        mon = self.monitor if self.monitor is not None else self._make_monitor(args)
+        self.monitor = mon
         clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
         take_over = self.take_over_clipping and clip is not None and not (
             args.deepspeed or args.fsdp)
         if take_over:
             self._restore_clip, args.max_grad_norm = args.max_grad_norm, 0.0
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
-        self.monitor.watch(model, opt, grad_clip=clip, apply_clip=take_over,
-                           seq_len=getattr(getattr(model, "config", None), "n_positions", None))
+        watch = mon.monitor_config.watch
+        seq_len = watch.seq_len or getattr(getattr(model, "config", None), "n_positions", None)
+        # The Trainer decides the clipping; everything else is the monitor's WatchConfig.
+        mon.watch(model, opt, config=dataclasses.replace(
+            watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
         self._handles = [
             model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
             model.register_forward_hook(self._capture_loss, with_kwargs=True)]
@@ -93,16 +120,17 @@ class MonitorCallback(TrainerCallback):
         if self._losses:
             stacked = torch.stack(self._losses)
             loss = stacked.sum() if self._sum_losses else stacked.mean()
-        extra = {}
+        extra: dict[str, Any] = {}
         if self._label_counts:
             extra["min_label_count"] = torch.stack(self._label_counts).min()
-        self.monitor.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
-                              samples=self._samples or None, **extra)
+        mon = self._mon()
+        mon.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
+                     samples=self._samples or None, **extra)
         self._losses, self._tokens, self._samples = [], 0, 0
         self._label_counts = []
-        if self.monitor.should_stop():
+        if mon.should_stop():
             control.should_training_stop = True
-        if self.monitor.should_checkpoint():
+        if mon.should_checkpoint():
             control.should_save = True
         return control
 
@@ -111,14 +139,14 @@ class MonitorCallback(TrainerCallback):
         val = metrics.pop("eval_loss", None)
         extra = {k.removeprefix("eval_"): v for k, v in metrics.items()
                  if isinstance(v, int | float) and not k.endswith(("_runtime", "per_second"))}
-        self.monitor.log_eval(state.global_step, val_loss=val, epoch=state.epoch, metrics=extra)
+        self._mon().log_eval(state.global_step, val_loss=val, epoch=state.epoch, metrics=extra)
 
     def on_train_end(self, args, state, control, **kwargs):
         for handle in self._handles:
             handle.remove()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
-        self.monitor.close()
+        self._mon().close()
 
 
 def _plain_value(value: Any) -> bool:

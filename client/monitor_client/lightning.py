@@ -21,25 +21,35 @@ Actions from alert rules are honoured after each optimizer step: ``stop`` sets
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import lightning.pytorch as pl
 
+from monitor_client.config import MonitorConfig
 from monitor_client.monitor import Monitor
 
 
 class MonitorCallback(pl.Callback):
     """Report a Lightning run to monitor_agent.
 
+    Without a ``monitor``, one is made when fitting starts from ``config`` (a
+    ``MonitorConfig``) and/or the ``Monitor`` keywords, with the module's ``hparams`` as the
+    run's hyperparameters (unless ``config.hparams`` names them). ``watch`` gets the
+    monitor's ``WatchConfig`` with Lightning's clipping value and ``pre_hook=False``.
+
     Example::
 
         L.Trainer(callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
+        cfg = MonitorConfig(project="gpt", watch=WatchConfig(hist_every=0))
+        L.Trainer(callbacks=[MonitorCallback(config=cfg)])
     """
 
-    def __init__(self, monitor: Monitor | None = None, *, tokens_per_sample: int | None = None,
-                 val_loss_key: str | None = None, checkpoint_dir: str | None = None,
-                 **monitor_kwargs: Any) -> None:
+    def __init__(self, monitor: Monitor | None = None, *, config: MonitorConfig | None = None,
+                 tokens_per_sample: int | None = None, val_loss_key: str | None = None,
+                 checkpoint_dir: str | None = None, **monitor_kwargs: Any) -> None:
         self.monitor = monitor
+        self._config = config
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
@@ -48,18 +58,34 @@ class MonitorCallback(pl.Callback):
         self._samples = 0
         self._last_step = 0
 
-    def on_fit_start(self, trainer, pl_module):
+    def _mon(self) -> Monitor:
+        """The run's Monitor (made when fitting starts when none was given)."""
         if self.monitor is None:
-            config = {k: v for k, v in dict(pl_module.hparams).items()
-                      if v is None or isinstance(v, str | int | float | bool)}
-            self.monitor = Monitor(config=config, **self._kwargs)
+            raise RuntimeError("MonitorCallback: fitting has not started")
+        return self.monitor
+
+    def _make_monitor(self, pl_module: Any) -> Monitor:
+        hparams = {k: v for k, v in dict(pl_module.hparams).items()
+                   if v is None or isinstance(v, str | int | float | bool)}
+        if self._config is None:
+            return Monitor(config=hparams, **self._kwargs)
+        if self._config.hparams is None:
+            return Monitor(config=dataclasses.replace(self._config, hparams=hparams),
+                           **self._kwargs)
+        return Monitor(config=self._config, **self._kwargs)
+
+    def on_fit_start(self, trainer, pl_module):
+        mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
+        self.monitor = mon
         clip = trainer.gradient_clip_val or None
-        self.monitor.watch(pl_module, trainer.optimizers[0], grad_clip=clip, apply_clip=False,
-                           pre_hook=False)
+        # Lightning clips, and steps through a closure; the rest is the monitor's WatchConfig.
+        mon.watch(pl_module, trainer.optimizers[0], config=dataclasses.replace(
+            mon.monitor_config.watch, grad_clip=clip, apply_clip=False,
+            pre_hook=False))
         self._last_step = trainer.global_step
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.monitor.before_optimizer_step()
+        self._mon().before_optimizer_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -72,14 +98,15 @@ class MonitorCallback(pl.Callback):
         total = sum(self._losses[1:], self._losses[0]) if self._losses else None
         samples = self._samples or None
         tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
-        self.monitor.log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens)
+        self._mon().log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens)
         self._losses, self._samples = [], 0
         self._honour_actions(trainer)
 
     def _honour_actions(self, trainer) -> None:
-        if self.monitor.should_stop():
+        mon = self._mon()
+        if mon.should_stop():
             trainer.should_stop = True
-        if self.monitor.should_checkpoint():
+        if mon.should_checkpoint():
             import os
 
             directory = self.checkpoint_dir or trainer.default_root_dir
@@ -94,7 +121,7 @@ class MonitorCallback(pl.Callback):
             (k for k in ("val_loss", "val/loss", "validation_loss") if k in metrics), None)
         val = metrics.pop(key, None) if key else None
         extra = {k: v for k, v in metrics.items() if k.startswith("val")}
-        self.monitor.log_eval(trainer.global_step, val_loss=val, epoch=trainer.current_epoch,
+        self._mon().log_eval(trainer.global_step, val_loss=val, epoch=trainer.current_epoch,
                               metrics=extra)
 
     def on_exception(self, trainer, pl_module, exception):
@@ -102,7 +129,7 @@ class MonitorCallback(pl.Callback):
             self.monitor.close(status="failed", error=f"{type(exception).__name__}: {exception}")
 
     def on_fit_end(self, trainer, pl_module):
-        self.monitor.close()
+        self._mon().close()
 
 
 def _batch_size(batch: Any) -> int:

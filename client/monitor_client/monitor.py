@@ -21,12 +21,21 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from monitor_client import run_info
 from monitor_client.actions import ActionInbox
+from monitor_client.config import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_HIST_EVERY,
+    DEFAULT_LAYER_STATS_EVERY,
+    MonitorConfig,
+    WatchConfig,
+    monitor_config,
+    watch_config,
+)
 from monitor_client.counters import Counters
 from monitor_client.exit_hooks import ExitHooks, outcome_of
 from monitor_client.gate import NormGate
@@ -38,28 +47,34 @@ from monitor_client.spool import Spool
 from monitor_client.transport import HttpTransport
 from monitor_client.warn import Warner
 
+if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
+    from monitor_client.activations import ActivationStats
+    from monitor_client.finite import FiniteFlags
+    from monitor_client.stats import GradStats
+
 DEFAULT_URL = "http://127.0.0.1:9400"
-# Per-layer statistics cost ~10 passes over the parameters (bench/client_overhead.py);
-# every 25 steps keeps that under 1% of a typical step, and under 0.5% amortised.
-DEFAULT_LAYER_STATS_EVERY = 25
-# Gradient/weight distributions come from a fixed 1024-element sample per parameter, so
-# their cost does not grow with the model (bench/client_overhead.py); every 50 steps is far
-# below 1% of a step. 0 turns them off.
-DEFAULT_HIST_EVERY = 50
-# What close() (and so the end of the script) may wait for an unresponsive sidecar: long
-# enough for a healthy one to take the last batch, short enough not to be noticed.
-DEFAULT_CLOSE_TIMEOUT = 2.0
+# Kept here for the code that imported them from this module.
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_HIST_EVERY", "DEFAULT_LAYER_STATS_EVERY",
+           "DEFAULT_URL", "Monitor"]
 
 
-def _guard(method):
-    """Turn any exception of a public method into a rate-limited warning."""
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _guard(
+    method: Callable[Concatenate[Monitor, P], R],
+) -> Callable[Concatenate[Monitor, P], R | None]:
+    """Turn any exception of a public method into a rate-limited warning (a private
+    ``_name`` doing a public method's work is reported under ``name``)."""
+    name = method.__name__.lstrip("_")
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: Monitor, *args: P.args, **kwargs: P.kwargs) -> R | None:
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - monitoring must never break training
-            self._warner.warn(method.__name__, "%s failed (ignored): %r", method.__name__, exc)
+            self._warner.warn(name, "%s failed (ignored): %r", name, exc)
             return None
 
     return wrapper
@@ -68,65 +83,92 @@ def _guard(method):
 class Monitor:
     """One run's health reporting; see the module docstring for the usage.
 
+    Its knobs are a ``MonitorConfig`` (``config.py``); the keyword arguments build one, with
+    the same names and defaults. ``config`` is that object, or, as it has always been, the
+    run's hyperparameters (``MonitorConfig.hparams``). A value that makes no sense raises
+    ``ValueError``/``TypeError`` here, before training starts; after that nothing raises.
+
     Example::
 
         with Monitor(project="gpt", config={"lr": 3e-4}) as mon:
             mon.watch(model, opt, grad_clip=1.0)
             ...
+        # the same, as values
+        cfg = MonitorConfig(project="gpt", hparams={"lr": 3e-4},
+                            watch=WatchConfig(grad_clip=1.0))
+        with Monitor(config=cfg) as mon:
+            mon.watch(model, opt)
+            ...
     """
 
     def __init__(self, url: str | None = None, project: str | None = None,
-                 config: dict[str, Any] | None = None, *, run_id: str | None = None,
-                 token: str | None = None, labels: dict[str, Any] | None = None,
-                 rank: int | None = None, world_size: int | None = None,
-                 rank0_only: bool = False, layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
+                 config: MonitorConfig | Mapping[str, Any] | None = None, *,
+                 run_id: str | None = None, token: str | None = None,
+                 labels: Mapping[str, Any] | None = None, rank: int | None = None,
+                 world_size: int | None = None, rank0_only: bool = False,
+                 layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
                  hist_every: int = DEFAULT_HIST_EVERY, spool_dir: str | Path | None = None,
                  spool_max_bytes: int = 256 << 20, spool_max_age: float | None = 7 * 86400.0,
                  max_queue: int = 10_000, linger: float = 0.5,
-                 timeout: tuple[float, float] = (2.0, 10.0),
+                 timeout: float | tuple[float, float] = (2.0, 10.0),
                  close_timeout: float = DEFAULT_CLOSE_TIMEOUT, gpu_probe: Any = "auto",
                  install_hooks: bool = True, enabled: bool = True) -> None:
+        cfg = monitor_config(config, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels, rank=rank,
+            world_size=world_size, rank0_only=rank0_only, layer_stats_every=layer_stats_every,
+            hist_every=hist_every, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
+            spool_max_age=spool_max_age, max_queue=max_queue, linger=linger, timeout=timeout,
+            close_timeout=close_timeout, gpu_probe=gpu_probe, install_hooks=install_hooks,
+            enabled=enabled))
+        self._start(cfg)
+
+    def _start(self, cfg: MonitorConfig) -> None:
+        self.monitor_config = cfg
         found = run_info.detect_rank()
-        self.rank = found.rank if rank is None else rank
-        self.world_size = found.world_size if world_size is None else world_size
+        self.rank = found.rank if cfg.rank is None else cfg.rank
+        self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
         self.info = run_info.RankInfo(self.rank, self.world_size, found.local_rank)
-        self.project, self.config = project, dict(config or {})
-        self.run_id = run_info.resolve_run_id(run_id, project, self.info)
-        self.layer_stats_every = layer_stats_every
-        self.hist_every = hist_every
-        self.active = enabled and not (rank0_only and self.rank != 0)
+        self.project, self.config = cfg.project, dict(cfg.hparams or {})
+        self.run_id = run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
+        self.layer_stats_every = cfg.watch.layer_stats_every
+        self.hist_every = cfg.watch.hist_every
+        self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
         self._warner = Warner()
-        self._inbox = ActionInbox(lambda where, exc: self._warner.warn(
-            where, "action callback failed (ignored): %r", exc))
-        self._labels = run_info.build_labels(project, labels)
-        self._gpu_choice = gpu_probe
+        self._inbox = ActionInbox(self._warn_action)
+        self._labels = run_info.build_labels(
+            cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
         self._hardware = run_info.describe_hardware("cpu", self.info, None)
-        self._stats = self._optimizer = self._scaler = self._acts = None
-        self._finite = self._preflight = None
+        self._stats: GradStats | None = None
+        self._acts: ActivationStats | None = None
+        self._finite: FiniteFlags | None = None
+        self._preflight: Preflight | None = None
+        self._optimizer: Any = None
+        self._scaler: Any = None
         self._run_sent = self._closed = False
-        self._last_step, self._outcome = 0, ("completed", None)
+        self._last_step = 0
+        self._outcome: tuple[str, str | None] = ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
-        self.close_timeout = close_timeout
-        self._sender = self._make_sender(url, token, spool_dir, (spool_max_bytes, spool_max_age),
-                                         max_queue, linger, timeout) if self.active else None
+        self.close_timeout = cfg.close_timeout
+        self._sender = self._make_sender(cfg) if self.active else None
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
-        if self.active and install_hooks:
+        if self.active and cfg.install_hooks:
             self._exit_hooks.install()
 
-    def _make_sender(self, url, token, spool_dir, spool_bounds, max_queue, linger,
-                     timeout) -> Sender:
-        url = url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
-        token = token or os.environ.get("MONITOR_AGENT_TOKEN") or None
-        base = spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
+    def _warn_action(self, where: str, exc: Exception) -> None:
+        self._warner.warn(where, "action callback failed (ignored): %r", exc)
+
+    def _make_sender(self, cfg: MonitorConfig) -> Sender:
+        url = cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+        token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
+        base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = Path(base) / f"{run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
-        transport = HttpTransport(url, token, timeout=timeout)
-        max_bytes, max_age = spool_bounds
-        return Sender(transport, Spool(directory, max_bytes=max_bytes, max_age=max_age),
-                      max_queue=max_queue, linger=linger, warner=self._warner,
-                      on_actions=self._inbox.receive,
+        transport = HttpTransport(url, token, timeout=cfg.timeout)
+        spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
+        return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
+                      warner=self._warner, on_actions=self._inbox.receive,
                       poll=lambda: self._poll_actions(transport))
 
     def _poll_actions(self, transport: HttpTransport) -> None:
@@ -135,63 +177,74 @@ class Monitor:
             self._inbox.receive(found)
 
     # -- hooking the model -----------------------------------------------------------------
-    @_guard
-    def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              apply_clip: bool = True, scaler: Any = None, seq_len: int | None = None,
-              flops_per_token: float | None = None, peak_flops: float | None = None,
-              compute_dtype: Any = None, layer_stats_every: int | None = None,
-              hist_every: int | None = None, pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
+    def watch(self, model: Any, optimizer: Any, *, config: WatchConfig | None = None,
+              grad_clip: float | None = None, apply_clip: bool = True, scaler: Any = None,
+              seq_len: int | None = None, flops_per_token: float | None = None,
+              peak_flops: float | None = None, compute_dtype: Any = None,
+              layer_stats_every: int | None = None, hist_every: int | None = None,
+              pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
               sharded: bool = False, activations: Any = False,
-              activation_every: int | None = None,
-              max_activation_modules: int | None = None, finite_flags: bool = True) -> None:
+              activation_every: int | None = None, max_activation_modules: int | None = None,
+              finite_flags: bool = True) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
+        What it measures is a ``WatchConfig`` (each knob, with units, in ``config.py``):
+        ``config``, else the Monitor's (``MonitorConfig.watch``) with the keywords given here
+        applied. ``scaler`` is the GradScaler whose loss scale is recorded each step.
+
         ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
-        anyway (remove your own ``clip_grad_norm_``); with ``apply_clip=False`` it is only
-        recorded. ``pre_hook=False`` is for closure-based steps (Lightning), which call
-        ``before_optimizer_step()`` themselves. ``sharded=True`` (FSDP/ZeRO) all-reduces
-        the global norms; per-layer statistics stay rank-local. ``activations=True`` (or
-        module types, or a ``(name, module) -> bool`` filter) adds output statistics of
-        those modules every ``activation_every`` steps (default: the layer interval); see
-        ``activations.py``. Every ``hist_every`` steps (default: the Monitor's, 50; 0 for
-        never) gradient and weight quantiles and histograms are added (``distributions.py``).
-        ``finite_flags`` (on by default) sums every leaf module's output each step so a NaN
-        page names the module where the forward pass went non-finite (``finite.py``).
-        Once, after the first step, the run's memory need is checked against the device
-        (``preflight.py``).
+        anyway (remove your own ``clip_grad_norm_``). Per-layer statistics every
+        ``layer_stats_every`` steps, distributions every ``hist_every`` (both default to the
+        Monitor's), activations when asked (``activations.py``), forward finite flags
+        (``finite.py``), and once, after the first step, the memory pre-flight
+        (``preflight.py``). A contradictory or nonsensical setting raises at once; any other
+        failure is a warning.
         """
+        settings = watch_config(self.monitor_config.watch, config, dict(
+            grad_clip=grad_clip, apply_clip=apply_clip, seq_len=seq_len,
+            flops_per_token=flops_per_token, peak_flops=peak_flops,
+            compute_dtype=compute_dtype, layer_stats_every=layer_stats_every,
+            hist_every=hist_every, pre_hook=pre_hook,
+            snapshot_budget_bytes=snapshot_budget_bytes, sharded=sharded,
+            activations=activations, activation_every=activation_every,
+            max_activation_modules=max_activation_modules, finite_flags=finite_flags))
+        self._watch(model, optimizer, scaler, settings)
+
+    @_guard
+    def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchConfig) -> None:
         if not self.active:
             return
         from monitor_client import flops, model_info
         from monitor_client.stats import GradStats
 
         param = next(model.parameters())
-        every = layer_stats_every or self.layer_stats_every
-        hist_every = self.hist_every if hist_every is None else hist_every
-        group = model_info.default_group() if sharded else None
-        self._stats = GradStats(model, optimizer, grad_clip=grad_clip, apply_clip=apply_clip,
-                                layer_stats_every=every, reduce_group=group,
-                                snapshot_budget_bytes=snapshot_budget_bytes,
-                                hist_every=hist_every).attach(pre_hook)
+        every = cfg.layer_stats_every
+        group = model_info.default_group() if cfg.sharded else None
+        self._stats = GradStats(model, optimizer, grad_clip=cfg.grad_clip,
+                                apply_clip=cfg.apply_clip, layer_stats_every=every,
+                                reduce_group=group,
+                                snapshot_budget_bytes=cfg.snapshot_budget_bytes,
+                                hist_every=cfg.hist_every).attach(cfg.pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
-        self.config.setdefault("grad_clip", grad_clip)
+        self.config.setdefault("grad_clip", cfg.grad_clip)
         self.config.setdefault("layer_stats_every", every)
-        self.config.setdefault("hist_every", hist_every)
-        peak, dtype = model_info.resolve_peak_flops(param, peak_flops, compute_dtype)
+        self.config.setdefault("hist_every", cfg.hist_every)
+        peak, dtype = model_info.resolve_peak_flops(param, cfg.peak_flops, cfg.compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
-                              flops_per_token=flops_per_token or flops.flops_per_token(
-                                  model, seq_len), peak_flops=peak, world_size=self.world_size,
-                              gate=NormGate(), on_host=self._on_host)
+                              flops_per_token=cfg.flops_per_token or flops.flops_per_token(
+                                  model, cfg.seq_len), peak_flops=peak,
+                              world_size=self.world_size, gate=NormGate(),
+                              on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
-        if finite_flags:
+        if cfg.finite_flags:
             self._watch_finite(model)
         self._hardware = run_info.describe_hardware(param.device, self.info, peak)
         self._hardware.update(compute_dtype=dtype,
-                              stats_scope="rank_local_shard" if sharded else "global")
+                              stats_scope="rank_local_shard" if cfg.sharded else "global")
         self._model_info = model_info.describe_model(model, self._stats.names)
-        if activations:
-            self._watch_activations(model, optimizer, activations, activation_every or every,
-                                    max_activation_modules)
+        if cfg.activations:
+            self._watch_activations(model, optimizer, cfg.activations,
+                                    cfg.activation_every or every, cfg.max_activation_modules)
         self._send_run()
         self._last_t = time.perf_counter()
 
@@ -230,8 +283,9 @@ class Monitor:
                               "collator's masking and the max length", record.get("step"))
 
     def _gpu(self, device: Any) -> Any:
-        if self._gpu_choice != "auto":
-            return self._gpu_choice
+        choice = self.monitor_config.gpu_probe
+        if choice != "auto":
+            return choice
         if not str(device).startswith("cuda"):
             return None
         from monitor_client.nvml import nvml_probe
@@ -268,7 +322,7 @@ class Monitor:
                   "data_time": data_time, **fields}
         self._last_step = int(step)
         urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
-        self._sender.submit(self._pending(record, loss), urgent=urgent)
+        self._submit(self._pending(record, loss), urgent=urgent)
 
     def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
@@ -333,7 +387,7 @@ class Monitor:
         if not self.active:
             return
         self._send_run()
-        self._sender.submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
+        self._submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
                              "time": time.time(), "rank": self.rank,
                              "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
                              "epoch": _scalar(epoch),
@@ -364,11 +418,15 @@ class Monitor:
         return self._inbox.received()
 
     # -- lifecycle -----------------------------------------------------------------------
+    def _submit(self, item: Any, urgent: bool = False) -> None:
+        if self._sender is not None:  # None only while inactive, when nothing is sent
+            self._sender.submit(item, urgent=urgent)
+
     def _send_run(self) -> None:
         if self._run_sent:
             return
         self._run_sent = True
-        self._sender.submit({"kind": "run", "run_id": self.run_id, "time": time.time(),
+        self._submit({"kind": "run", "run_id": self.run_id, "time": time.time(),
                              "rank": self.rank, "config": self.config,
                              "model": self._model_info, "hardware": self._hardware,
                              "labels": self._labels})
@@ -406,10 +464,12 @@ class Monitor:
         if self._finite is not None:
             self._finite.detach()
         self._send_run()
-        self._sender.submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
+        self._submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
                              "time": time.time(), "rank": self.rank, "status": status,
                              "error": error})
         self._exit_hooks.remove()
+        if self._sender is None:
+            return True
         return self._sender.close(self.close_timeout if timeout is None else timeout)
 
     def _set_outcome(self, status: str, error: str) -> None:

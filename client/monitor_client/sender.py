@@ -240,7 +240,7 @@ class Sender:
 
     def _encode(self, items: list[Any], alarming: list[int] | None = None) -> list[bytes]:
         """Encode records; ``alarming`` collects the indexes of NaN/Inf steps, if given."""
-        lines = []
+        lines: list[bytes] = []
         for item in items:
             try:
                 record = item.materialize() if hasattr(item, "materialize") else item

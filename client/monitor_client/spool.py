@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 _SUFFIX = ".ndjson"
 
@@ -53,7 +54,7 @@ class Spool:
         self._peeked: tuple[int, int] | None = None  # (lines, bytes) returned by peek
         self._bytes = sum(p.stat().st_size for p in self._segments)
         self._records = sum(_count_lines(p) for p in self._segments)
-        self._writer = None
+        self._writer: BinaryIO | None = None
 
     @property
     def pending_bytes(self) -> int:
@@ -108,19 +109,21 @@ class Spool:
         return len(lines) - len(kept)
 
     def _write(self, data: bytes) -> None:
-        if self._writer is None or self._writer.tell() >= self.segment_bytes:
-            self._open_new_segment()
-        self._writer.write(data)
+        writer = self._writer
+        if writer is None or writer.tell() >= self.segment_bytes:
+            writer = self._open_new_segment()
+        writer.write(data)
         self._bytes += len(data)
         self._records += 1
 
-    def _open_new_segment(self) -> None:
+    def _open_new_segment(self) -> BinaryIO:
         if self._writer is not None:
             self._writer.close()
         last = int(self._segments[-1].stem) if self._segments else 0
         path = self.directory / f"{last + 1:012d}{_SUFFIX}"
         self._segments.append(path)
         self._writer = path.open("ab")
+        return self._writer
 
     def peek(self, max_records: int, max_bytes: int = 4 << 20) -> list[bytes]:
         """Up to ``max_records`` of the oldest records (at least one, however large)."""
@@ -179,7 +182,7 @@ class Spool:
 
     def _discard_head(self) -> None:
         head = self._segments[0]
-        if self._is_active(head):
+        if self._is_active(head) and self._writer is not None:
             self._writer.close()
             self._writer = None
         self._bytes -= max(head.stat().st_size - self._head_offset, 0)

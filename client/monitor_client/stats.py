@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ class StatsPack:
     layout: list[tuple[str, tuple[str, ...] | None, int]] = field(default_factory=list)
     layers: list[str] | None = None   # set on monitored steps: every watched parameter
     stepped: bool = False
-    event: object | None = None       # CUDA event recorded after the last statistic
+    event: Any = None                 # a torch.cuda.Event recorded after the last statistic
 
     def add(self, name: str, value: torch.Tensor, layers: list[str] | None = None) -> None:
         # No tensor op here: log_step calls this, and any torch op may hand the GIL to
@@ -89,7 +90,8 @@ class StatsPack:
     def decode(self, flat: list[float]) -> dict:
         """Name the host copy of ``vector()``: global fields, and ``layers`` when present."""
         out: dict = {}
-        layers = {name: {} for name in self.layers} if self.layers is not None else None
+        layers: dict[str, dict[str, Any]] | None = (
+            {name: {} for name in self.layers} if self.layers is not None else None)
         pos = 0
         for name, names, width in self.layout:
             chunk = flat[pos:pos + width]
@@ -262,7 +264,7 @@ class GradStats:
             self._pack.add("layer_grad", _grad_moments(grads, norms), layers=names)
         if self.hist_step:  # also before clipping
             self._pack.add("grad_hist", self._dist.measure(grads), layers=names)
-        if self.apply_clip:
+        if self.apply_clip and self.grad_clip is not None:  # apply_clip implies a clip
             # The same arithmetic as clip_grad_norm_(foreach=True), reusing our norm.
             coef = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].device))
@@ -296,7 +298,8 @@ class GradStats:
         sizes = [_local(p).numel() * _local(p).element_size() for p in self.params]
         if budget is None or sum(sizes) <= budget:
             return list(range(n))
-        idx, used, i = [], 0, self._chunk_start % max(n, 1)
+        idx: list[int] = []
+        used, i = 0, self._chunk_start % max(n, 1)
         while len(idx) < n and (not idx or used + sizes[i] <= budget):
             idx.append(i)
             used += sizes[i]

@@ -51,7 +51,8 @@ class PostResult:
 
 
 class HttpTransport:
-    """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never raises, always answers a PostResult.
+    """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never
+    raises, always answers a PostResult.
 
     Example::
 
@@ -59,7 +60,7 @@ class HttpTransport:
     """
 
     def __init__(self, url: str, token: str | None = None,
-                 timeout: tuple[float, float] = (2.0, 10.0), gzip_level: int = 1) -> None:
+                 timeout: float | tuple[float, float] = (2.0, 10.0), gzip_level: int = 1) -> None:
         self.base = str(url).rstrip("/")
         self.endpoint = self.base + "/v1/records"
         self.url_problem = url_problem(self.base)

@@ -116,3 +116,19 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
     assert "step 1: a batch" not in caplog.text and "step 2: a batch" not in caplog.text
     steps = receiver.of_kind("step")
     assert all("min_label_count" not in r for r in steps)
+
+
+def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
+    from monitor_client import MonitorConfig, WatchConfig
+
+    cfg = MonitorConfig(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
+                        install_hooks=False, linger=0.02,
+                        watch=WatchConfig(layer_stats_every=2, hist_every=0))
+    trainer = _trainer(tmp_path, MonitorCallback(config=cfg), steps=3, accum=1)
+    trainer.train()
+    run = receiver.of_kind("run")[0]
+    assert run["run_id"] == "hf-cfg" and run["config"]["learning_rate"] == 1e-3  # Trainer args
+    assert (run["config"]["layer_stats_every"], run["config"]["hist_every"]) == (2, 0)
+    assert run["config"]["grad_clip"] == 0.5  # the Trainer's max_grad_norm, taken over
+    assert trainer.args.max_grad_norm == 0.5
+    assert [bool(r.get("layers")) for r in receiver.of_kind("step")] == [True, False, True]

@@ -68,3 +68,23 @@ def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
     end = receiver.of_kind("end")[0]
     assert end["status"] == "failed" and "exploded in training_step" in end["error"]
     assert [r["step"] for r in receiver.of_kind("step")] == [1, 2, 3]
+
+
+def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
+    from monitor_client import MonitorConfig, WatchConfig
+
+    cfg = MonitorConfig(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
+                        install_hooks=False, linger=0.02,
+                        watch=WatchConfig(layer_stats_every=3, hist_every=0))
+    trainer = pl.Trainer(max_steps=4, gradient_clip_val=0.05, limit_val_batches=0,
+                         callbacks=[MonitorCallback(config=cfg, tokens_per_sample=4)],
+                         accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, num_sanity_val_steps=0)
+    trainer.fit(Regressor(), _loader())
+    run = receiver.of_kind("run")[0]
+    assert run["run_id"] == "pl-cfg"  # the module saved no hparams: only the watch settings
+    assert run["config"] == {"grad_clip": 0.05, "layer_stats_every": 3, "hist_every": 0}
+    steps = receiver.of_kind("step")
+    assert all(r["clip_threshold"] == 0.05 for r in steps)  # Lightning's clip, recorded
+    assert [bool(r.get("layers")) for r in steps] == [True, False, False, True]

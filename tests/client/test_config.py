@@ -1,0 +1,149 @@
+"""MonitorConfig / WatchConfig: the keywords are a thin convenience over them, with the same
+names and defaults; one place rejects nonsense; a config and keywords that contradict it are
+a TypeError; and a run reported through a config object is the run the keywords report."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from monitor_client import Monitor, MonitorConfig, WatchConfig
+
+
+def _defaults(func, skip=()) -> dict:
+    return {name: p.default for name, p in inspect.signature(func).parameters.items()
+            if p.default is not inspect.Parameter.empty and name not in skip}
+
+
+def _fields(cls) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
+    keywords = _defaults(Monitor.__init__, skip={"config"})
+    fields = {**_fields(MonitorConfig), **{k: v for k, v in _fields(WatchConfig).items()
+                                           if k in ("layer_stats_every", "hist_every")}}
+    fields.pop("hparams")  # Monitor(config={...}) is the hyperparameters, as it always was
+    assert keywords == fields
+
+
+def test_watch_keywords_are_the_watch_configs_fields_with_the_same_defaults():
+    keywords = _defaults(Monitor.watch, skip={"config", "scaler"})
+    fields = _fields(WatchConfig)
+    # None means "the Monitor's" for these two, whose own defaults live in its config.
+    assert keywords.pop("layer_stats_every") is None and keywords.pop("hist_every") is None
+    fields.pop("layer_stats_every"), fields.pop("hist_every")
+    assert keywords == fields
+
+
+def test_keywords_build_the_config_the_object_states():
+    cfg = MonitorConfig(project="p", hparams={"lr": 0.1}, run_id="r1", linger=0.1,
+                        enabled=False, watch=WatchConfig(layer_stats_every=7, hist_every=0))
+    by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", linger=0.1,
+                          enabled=False, layer_stats_every=7, hist_every=0)
+    by_object = Monitor(config=cfg)
+    assert by_keywords.monitor_config == cfg == by_object.monitor_config
+    for mon in (by_keywords, by_object):
+        assert (mon.run_id, mon.project, mon.config) == ("r1", "p", {"lr": 0.1})
+        assert (mon.layer_stats_every, mon.hist_every, mon.active) == (7, 0, False)
+    hparams = {"lr": 0.1}
+    mon = Monitor(config=hparams, enabled=False)
+    mon.config["grad_clip"] = 1.0  # the Monitor's copy: the caller's dict is left alone
+    assert hparams == {"lr": 0.1} and mon.monitor_config.hparams == {"lr": 0.1}
+
+
+def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
+    cfg = MonitorConfig(project="p", enabled=False, watch=WatchConfig(layer_stats_every=5))
+    with pytest.raises(TypeError, match=r"project='q' \(config has 'p'\)"):
+        Monitor(project="q", config=cfg)
+    with pytest.raises(TypeError, match="layer_stats_every=9"):
+        Monitor(config=cfg, layer_stats_every=9)
+    # Repeating the config's value, or leaving a keyword at its default, is no conflict.
+    assert Monitor(None, "p", cfg, linger=0.5).monitor_config is cfg
+
+
+def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path):
+    mon = Monitor(url="http://127.0.0.1:1", run_id="w", spool_dir=tmp_path,
+                  install_hooks=False, layer_stats_every=3)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"grad_clip=2\.0 \(config has 1\.0\)"):
+        mon.watch(model, opt, config=WatchConfig(grad_clip=1.0), grad_clip=2.0)
+    with pytest.raises(TypeError, match="takes a WatchConfig"):
+        mon.watch(model, opt, config={"grad_clip": 1.0})  # type: ignore[arg-type]
+    mon.watch(model, opt, grad_clip=0.5)  # keywords apply over the Monitor's WatchConfig
+    assert (mon.config["grad_clip"], mon.config["layer_stats_every"]) == (0.5, 3)
+    assert mon.config["hist_every"] == 50
+    mon.close(timeout=0)
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: MonitorConfig(max_queue=0), "MonitorConfig.max_queue must be a finite number >= 1"),
+    (lambda: MonitorConfig(linger=-1), "linger"),
+    (lambda: MonitorConfig(spool_max_bytes=0), "spool_max_bytes"),
+    (lambda: MonitorConfig(spool_max_age=0), "spool_max_age must be > 0"),
+    (lambda: MonitorConfig(timeout=(1.0, -1.0)), "timeout must be seconds > 0"),
+    (lambda: MonitorConfig(rank=2, world_size=2), "rank=2 must be below world_size=2"),
+    (lambda: WatchConfig(layer_stats_every=0), "WatchConfig.layer_stats_every"),
+    (lambda: WatchConfig(hist_every=-1), "hist_every"),
+    (lambda: WatchConfig(grad_clip=0.0), "grad_clip must be > 0"),
+    (lambda: WatchConfig(peak_flops=float("inf")), "peak_flops must be > 0"),
+    (lambda: Monitor(max_queue=0, enabled=False), "max_queue"),
+])
+def test_nonsense_is_refused_where_the_config_is_built(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: MonitorConfig(hparams=[("lr", 1)]), "hparams must be a dict, not list"),
+    (lambda: MonitorConfig(watch={"grad_clip": 1.0}), "watch must be a WatchConfig"),
+    (lambda: WatchConfig(layer_stats_every="10"), "must be a number, not '10'"),
+    (lambda: WatchConfig(hist_every=float("nan")), "must be a number"),
+])
+def test_wrong_types_are_type_errors(build, message):
+    with pytest.raises(TypeError, match=message):
+        build()
+
+
+def test_values_that_mean_something_pass():
+    WatchConfig(grad_clip=float("inf"), hist_every=0, snapshot_budget_bytes=1)
+    MonitorConfig(spool_max_age=None, linger=0, timeout=3, close_timeout=0, rank=0,
+                  world_size=1, hparams={}, labels={"team": "x"})
+
+
+def test_configs_are_frozen_values():
+    cfg = MonitorConfig(project="p")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.project = "q"  # type: ignore[misc]
+    assert dataclasses.replace(cfg, project="q") == MonitorConfig(project="q")
+
+
+def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path):
+    def run(mon: Monitor) -> dict:
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon.watch(model, opt)
+        for step in range(1, 4):
+            model(torch.ones(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log_step(step, loss=1.0)
+        assert mon.close(timeout=10)
+        return next(r for r in receiver.of_kind("run") if r["run_id"] == mon.run_id)
+
+    common = dict(url=receiver.url, spool_dir=tmp_path, install_hooks=False, linger=0.02)
+    by_keywords = run(Monitor(project="p", config={"lr": 0.1}, run_id="kw", hist_every=0,
+                              layer_stats_every=2, labels={"team": "x"}, **common))
+    cfg = MonitorConfig(project="p", hparams={"lr": 0.1}, run_id="obj", labels={"team": "x"},
+                        watch=WatchConfig(hist_every=0, layer_stats_every=2), **common)
+    by_object = run(Monitor(config=cfg))
+    assert by_object["config"] == by_keywords["config"] == {
+        "lr": 0.1, "grad_clip": None, "layer_stats_every": 2, "hist_every": 0}
+    assert by_object["labels"] == by_keywords["labels"]
+    steps = [r for r in receiver.of_kind("step") if r["run_id"] == "obj"]
+    assert [bool(r.get("layers")) for r in steps] == [True, False, True]
