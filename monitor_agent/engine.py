@@ -156,10 +156,11 @@ class Engine:
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
     ) -> list[Incoming]:
-        admitted = []
+        admitted: list[Incoming] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         for item in items:
             run = self._run(item.record.run_id, now)
+            reason: str | None
             if run is None:
                 reason = (f"too many active runs (max_active_runs="
                           f"{self.settings.max_active_runs}); end or expire runs first")
@@ -190,7 +191,7 @@ class Engine:
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
             return
-        if isinstance(record, StepRecord) and record.layers is not None:
+        if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = self._detect(run, record)
@@ -212,6 +213,8 @@ class Engine:
     def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
         """Drop, from detection only, layer names beyond the run's cap (the record is stored)."""
         table, known = record.layers, run.layer_names
+        if table is None:
+            return record
         cap = self.settings.max_layer_names_per_run
         if len(known) + len(table) <= cap or known.issuperset(table.names):
             known.update(table.names)

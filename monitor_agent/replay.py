@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from monitor_agent import schemas, wire
 from monitor_agent.engine import Engine, Incoming
 from monitor_agent.metrics import SelfMetrics
-from monitor_agent.settings import Settings
+from monitor_agent.settings import Settings, load_settings
 from monitor_agent.store import Store
 from monitor_agent.types import EndRecord, Finding
 
@@ -49,7 +49,7 @@ def replay_files(
     on_record: Callable[[], None] | None = None,
 ) -> list[ReplayRun]:
     """Replay each trace in its own in-memory engine; return findings per file."""
-    settings = settings or Settings()
+    settings = settings or load_settings()
     return [replay_file(Path(p), settings, on_record) for p in paths]
 
 

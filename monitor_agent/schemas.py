@@ -226,8 +226,8 @@ class EndModel(_Wire):
 RecordModel = Annotated[
     RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
 ]
-_RECORD = TypeAdapter(RecordModel)
 WireRecord = RunModel | StepModel | EvalModel | EndModel
+_RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
 
 
 class RecordError(ValueError):
