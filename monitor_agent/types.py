@@ -26,7 +26,6 @@ import numpy as np
 
 _CONVERT = "wire_convert"
 _SOURCE = "wire_source"
-_MISSING = object()
 
 
 def wire_field(
@@ -331,14 +330,17 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "run": RunRecord, "step": StepRecord, "eval": EvalRecord, "end": EndRecord,
 }
 _T = TypeVar("_T")
-# (name, source, convert): how each dataclass is filled from a wire object, worked out once
-# per class rather than per record (ingest converts every record of every batch).
-_Plan = tuple[tuple[str, str, Callable[[Any], Any] | None], ...]
+# How each dataclass is filled from a wire object, worked out once per class rather than per
+# record (ingest converts every record of every batch): the names copied as they are, and
+# (name, source, convert) for the fields built from a wire value.
+_Plan = tuple[tuple[str, ...], tuple[tuple[str, str, Callable[[Any], Any]], ...]]
 
 
 def _plan(cls: type) -> _Plan:
-    return tuple((f.name, f.metadata.get(_SOURCE) or f.name, f.metadata.get(_CONVERT))
-                 for f in dataclasses.fields(cls))
+    fields = dataclasses.fields(cls)
+    return (tuple(f.name for f in fields if _CONVERT not in f.metadata),
+            tuple((f.name, f.metadata[_SOURCE] or f.name, f.metadata[_CONVERT])
+                  for f in fields if _CONVERT in f.metadata))
 
 
 _PLANS: dict[type, _Plan] = {cls: _plan(cls) for cls in (Memory, *RECORD_TYPES.values())}
@@ -347,13 +349,14 @@ _PLANS: dict[type, _Plan] = {cls: _plan(cls) for cls in (Memory, *RECORD_TYPES.v
 def from_fields(cls: type[_T], source: Any) -> _T:
     """An instance of the dataclass ``cls`` from the same-named attributes of ``source``
     (a validated wire model); attributes ``source`` lacks keep their defaults."""
-    values = {}
-    for name, attr, convert in _PLANS[cls]:
-        value = getattr(source, attr, _MISSING)
-        if convert is None:
-            if value is not _MISSING:
-                values[name] = value
-        elif value is not _MISSING and value:  # null, empty or false: the default
+    # The instance dict, not getattr: a pydantic model raises (slowly) for a missing
+    # attribute, and every step lacks ``extra``.
+    attrs = vars(source)
+    copied, built = _PLANS[cls]
+    values = {name: attrs[name] for name in copied if name in attrs}
+    for name, attr, convert in built:
+        value = attrs.get(attr)
+        if value:  # null, empty or false: the default
             values[name] = convert(value)
     return cls(**values)
 
