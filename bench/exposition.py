@@ -36,7 +36,7 @@ def feed(engine: Engine, runs: int, layers: int, steps: int) -> None:
     names = [f"blocks.{i // 4}.w{i % 4}.weight" for i in range(layers)]
     for r in range(runs):
         run_id = f"run-{r}"
-        items = [Incoming(0, schemas.validate({
+        items = [Incoming(0, *schemas.parse_for_store({
             "kind": "run", "run_id": run_id, "time": 0.0, "labels": {"project": "bench"},
             "config": {"total_steps": 1000}, "model": {"layer_order": names}}))]
         for s in range(1, steps + 1):
@@ -49,7 +49,7 @@ def feed(engine: Engine, runs: int, layers: int, steps: int) -> None:
                                   "grad_std": 1e-4, "grad_max_abs": 1e-3,
                                   "grad_zero_frac": 0.0, "param_norm": 1.0,
                                   "update_norm": 1e-3} for i, n in enumerate(names)}}
-            items.append(Incoming(s, schemas.validate(rec)))
+            items.append(Incoming(s, *schemas.parse_for_store(rec)))
         for i in range(0, len(items), 10):
             engine.ingest(items[i:i + 10], now=time.time())
 

@@ -4,10 +4,13 @@ The engine is synchronous and single-threaded by contract: the app calls it from
 thread, replay calls it inline with a virtual clock. Nothing about detection exists only in
 the live path.
 
+The engine sees no wire models: the edge (the API, replay) validates with ``schemas`` and
+hands it ``Incoming`` records, the ``types`` dataclass plus the JSON to store.
+
 Example::
 
     engine = Engine(settings, Store(":memory:"), SelfMetrics(CollectorRegistry()))
-    items = [Incoming(i, schemas.validate(obj)) for i, obj in enumerate(objs)]
+    items = [Incoming(i, *schemas.parse_for_store(obj)) for i, obj in enumerate(objs)]
     result = engine.ingest(items, now=time.time())
     engine.tick(now=time.time())
 """
@@ -25,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent import metric_names, run_views, schemas, wire
+from monitor_agent import metric_names, recovery, run_views, wire
+from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import SelfMetrics
 from monitor_agent.plausible import implausible_step
@@ -45,16 +50,16 @@ from monitor_agent.types import (
 log = logging.getLogger(__name__)
 PRUNE_PASS_TICKS = 10      # ticks (seconds) per full retention pass over the runs
 PRUNE_ROWS_PER_TICK = 5000
-WireModel = schemas.RunModel | schemas.StepModel | schemas.EvalModel | schemas.EndModel
 
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """A validated record, its index in the request, and the JSON to store (None: derive it)."""
+    """A validated record, its index in the request, and the JSON the store keeps for it
+    (the client's own line, or ``schemas.stored_json``)."""
 
     index: int
-    model: WireModel
-    body: bytes | None = None
+    record: Record
+    body: bytes
 
 
 @dataclass(slots=True)
@@ -70,15 +75,17 @@ class IngestResult:
 
 
 class Engine:
-    """Holds every active run and drives records through the pipeline."""
+    """Holds every active run and drives records through the pipeline; findings go to
+    ``alerts`` (``NullSink``, the default, pages nobody)."""
 
     def __init__(
-        self, settings: Settings, store: Store, metrics: SelfMetrics, alerting: Any = None
+        self, settings: Settings, store: Store, metrics: SelfMetrics,
+        alerts: AlertSink | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.alerting = alerting
+        self.alerts: AlertSink = alerts if alerts is not None else NullSink()
         self.runs: dict[str, RunState] = {}
         self.suites: dict[str, DetectorSuite] = {}
         self._last_snapshot = 0.0
@@ -88,7 +95,7 @@ class Engine:
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def ingest(self, models: Sequence[Incoming], now: float) -> IngestResult:
+    def ingest(self, items: Sequence[Incoming], now: float) -> IngestResult:
         """Store a validated batch in one transaction, then run it through detection.
 
         Raises StorageError (-> 503) when the records, or anything they cause (findings,
@@ -97,7 +104,7 @@ class Engine:
         retry, the next tick or a restart), so a page is never lost to a failed commit.
         """
         result = IngestResult()
-        admitted = self._admit(models, result, now)
+        admitted = self._admit(items, result, now)
         rows = [_row(item) for item in admitted]
         t0 = time.perf_counter()
         ids = self.store.insert_records(rows)
@@ -108,15 +115,15 @@ class Engine:
                     result.duplicates += 1
                     continue
                 result.accepted += 1
-                self._process(item.model.to_record(), row_id, now, result)
+                self._process(item.record, row_id, now, result)
             self._finish(result)
         except (sqlite3.Error, StorageError) as exc:
-            for run_id in {item.model.run_id for item in admitted}:
+            for run_id in {item.record.run_id for item in admitted}:
                 self._evict(run_id)
             raise StorageError(f"records stored, their alerts not: {exc}") from exc
         return result
 
-    def preview(self, models: Sequence[Incoming], now: float) -> int:
+    def preview(self, items: Sequence[Incoming], now: float) -> int:
         """Page now about NaN/Inf steps sent ahead of their backlog (``POST
         /v1/records/preview``); return how many alerts that began.
 
@@ -125,13 +132,11 @@ class Engine:
         the alert begun here (``Alerting.preview``). A run not in memory is paged about with
         what the record carries (its id, rank and step) and is not loaded for it.
         """
-        if self.alerting is None:
-            return 0
         begun = 0
-        for item in models:
-            if item.model.kind != "step":
+        for item in items:
+            record = item.record
+            if not isinstance(record, StepRecord):
                 continue
-            record = item.model.to_record()
             run = self.runs.get(record.run_id)
             if run is not None and run.is_late(record):
                 continue  # its in-order copy was judged already
@@ -139,7 +144,7 @@ class Engine:
             findings = suite.preview(record)
             if findings:
                 context = self._context(run) if run is not None else _bare_context(record)
-                begun += self.alerting.preview(context, findings, now)
+                begun += self.alerts.preview(context, findings, now)
         return begun
 
     def _evict(self, run_id: str) -> None:
@@ -151,17 +156,18 @@ class Engine:
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
     ) -> list[Incoming]:
-        admitted = []
+        admitted: list[Incoming] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         for item in items:
-            run = self._run(item.model.run_id, now)
+            run = self._run(item.record.run_id, now)
+            reason: str | None
             if run is None:
                 reason = (f"too many active runs (max_active_runs="
                           f"{self.settings.max_active_runs}); end or expire runs first")
                 label = "too_many_runs"
             else:
-                reason = implausible_step(run, item.model, seen, self.settings.max_step_jump,
-                                          now)
+                reason = implausible_step(run, item.record, seen,
+                                          self.settings.max_step_jump, now)
                 label = "implausible_step"
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
@@ -185,7 +191,7 @@ class Engine:
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
             return
-        if isinstance(record, StepRecord) and record.layers is not None:
+        if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = self._detect(run, record)
@@ -202,12 +208,13 @@ class Engine:
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
-            if self.alerting is not None:
-                self.alerting.run_ended(run.run_id, record.status, arrival, record.step)
+            self.alerts.run_ended(run.run_id, record.status, arrival, record.step)
 
     def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
         """Drop, from detection only, layer names beyond the run's cap (the record is stored)."""
         table, known = record.layers, run.layer_names
+        if table is None:
+            return record
         cap = self.settings.max_layer_names_per_run
         if len(known) + len(table) <= cap or known.issuperset(table.names):
             known.update(table.names)
@@ -243,9 +250,7 @@ class Engine:
     ) -> None:
         run.count_findings(findings)
         result.findings.extend(findings)
-        if self.alerting is not None:
-            actions = self.alerting.handle(self._context(run), findings, now)
-            result.actions.extend(actions or [])
+        result.actions.extend(self.alerts.handle(self._context(run), findings, now))
 
     def _finish(self, result: IngestResult) -> None:
         if result.findings:
@@ -255,9 +260,7 @@ class Engine:
         m.labels(outcome="duplicate").inc(result.duplicates)
         m.labels(outcome="late").inc(result.late)
 
-    def _context(self, run: RunState) -> Any:
-        from monitor_agent.alerting import RunContext
-
+    def _context(self, run: RunState) -> RunContext:
         config = run.run.config if run.run is not None else {}
         return RunContext(
             run_id=run.run_id, project=run.project or None, labels=run.labels, config=config
@@ -275,19 +278,31 @@ class Engine:
 
     def _load_run(self, run_id: str, now: float) -> RunState:
         """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail."""
-        from monitor_agent.recovery import restore_run
-
         run = RunState.new(run_id, now)
         suite = DetectorSuite(self.settings.detectors)
         self.runs[run_id] = run
         self.suites[run_id] = suite
         try:
-            restore_run(self, run, suite, now)
+            self._restore(run, suite, now)
         except (sqlite3.Error, StorageError) as exc:
             self._evict(run_id)
             raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
         self._reanalyse.discard(run_id)
         return run
+
+    def _restore(self, run: RunState, suite: DetectorSuite, now: float) -> None:
+        """Load the run's snapshot, then replay the records stored after it through the very
+        same path as live ones; alerting's durable state keeps them from paging twice."""
+        after = recovery.restore_run(self.store, run, suite, now)
+        if after is None:
+            return  # never stored: a new run
+        result, arrival, replayed = IngestResult(), run.last_arrival, 0
+        for row_id, record in recovery.stored_tail(self.store, run.run_id, after):
+            self._process(record, row_id, now, result, arrival=arrival)
+            replayed += 1
+        if result.findings:
+            self.store.insert_findings([f.to_dict() for f in result.findings])
+        log.info("run %s: restored, replayed %d records", run.run_id, replayed)
 
     def recover(self, now: float) -> int:
         """Reload the runs that were active before a restart; return how many."""
@@ -314,8 +329,7 @@ class Engine:
             findings.extend(self._tick_run(run, now))
         if findings:
             self.store.insert_findings([f.to_dict() for f in findings])
-        if self.alerting is not None:
-            self.alerting.tick(now)
+        self.alerts.tick(now)
         self._expire(now)
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
             self.snapshot_all()
@@ -373,9 +387,7 @@ class Engine:
                 self._snapshot(run)
 
     def _snapshot(self, run: RunState) -> None:
-        from monitor_agent.recovery import snapshot_run
-
-        state = snapshot_run(run, self.suites[run.run_id])
+        state = recovery.snapshot_run(run, self.suites[run.run_id])
         self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
         run.snapshot_record_id = run.last_record_id
 
@@ -457,9 +469,7 @@ class Engine:
         self.store.check_writable(headroom_bytes)
 
 
-def _bare_context(record: Record) -> Any:
-    from monitor_agent.alerting import RunContext
-
+def _bare_context(record: Record) -> RunContext:
     return RunContext(run_id=record.run_id)
 
 
@@ -472,14 +482,12 @@ def _take(table: LayerTable, keep: list[int]) -> LayerTable:
 
 
 def _row(item: Incoming) -> RecordRow:
-    model = item.model
-    # Only the fields docs/format.md defines: unknown ones are never stored verbatim.
-    body = item.body if item.body is not None else model.model_dump_json(exclude_none=True).encode()
+    record = item.record
     return RecordRow(
-        run_id=model.run_id,
-        rank=model.rank,
-        kind=model.kind,
-        step=-1 if model.kind == "run" else model.step,
-        time=model.time,
-        body=body,
+        run_id=record.run_id,
+        rank=record.rank,
+        kind=record.kind,
+        step=record.step,  # a run record's is -1: it sorts before every step
+        time=record.time,
+        body=item.body,
     )

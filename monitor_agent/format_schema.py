@@ -63,7 +63,7 @@ def _numbers_admit_non_finite(node: Any) -> Any:
         number = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
         return {**kept, "anyOf": [number, {"$ref": "#/$defs/NonFinite"}]}
     if "anyOf" in node:  # number-or-null: one flat list, not an anyOf inside an anyOf
-        flat = []
+        flat: list[Any] = []
         for option in node["anyOf"]:
             nested = isinstance(option, dict) and set(option) == {"anyOf"}
             flat.extend(option["anyOf"] if nested else [option])

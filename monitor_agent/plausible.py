@@ -17,42 +17,41 @@ units. A new rank (no history) accepts any step: there is nothing to protect yet
 
 Example::
 
-    reason = implausible_step(run, model, seen={}, max_jump=100_000, now=time.time())
+    reason = implausible_step(run, record, seen={}, max_jump=100_000, now=time.time())
     if reason: reject(reason)   # 422 for that record
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from monitor_agent.run_state import RunState
+from monitor_agent.run_state import RankState, RunState
+from monitor_agent.types import Record, RunRecord
 
 PACE_HEADROOM = 10.0
 
 
 def implausible_step(
-    run: RunState, model: Any, seen: dict[tuple[str, int], int], max_jump: int, now: float
+    run: RunState, record: Record, seen: dict[tuple[str, int], int], max_jump: int, now: float
 ) -> str | None:
     """Why the record's step is implausible, or None; ``seen`` tracks the current batch."""
-    if model.kind == "run":
+    if isinstance(record, RunRecord):
         return None
-    key = (model.run_id, model.rank)
-    state = run.ranks.get(model.rank)
+    key = (record.run_id, record.rank)
+    state = run.ranks.get(record.rank)
     latest = max(state.last_step if state else -1, state.last_eval_step if state else -1,
                  seen.get(key, -1))
     if latest < 0:
-        seen[key] = max(seen.get(key, -1), model.step)
+        seen[key] = max(seen.get(key, -1), record.step)
         return None
     allowed = latest + max_jump + _pace_allowance(run, state, now)
-    if model.step > allowed:
-        return (f"step: {model.step} is implausible for run {model.run_id} rank {model.rank}: "
+    if record.step > allowed:
+        return (f"step: {record.step} is implausible for run {record.run_id} rank {record.rank}: "
                 f"more than {allowed - latest} steps after its latest step {latest} "
                 f"(max_step_jump={max_jump} plus the run's pace)")
-    seen[key] = max(seen.get(key, -1), model.step)
+    seen[key] = max(seen.get(key, -1), record.step)
     return None
 
 
-def _pace_allowance(run: RunState, state: Any, now: float) -> int:
+def _pace_allowance(run: RunState, state: RankState | None, now: float) -> int:
     if state is None:
         return 0
     first_step, first_arrival = state.first_step, state.first_arrival

@@ -1,27 +1,31 @@
 """Snapshot and restore of a run, so a sidecar restart is invisible to detection.
 
 A snapshot holds the detector suite's state and the run's counters, tagged with the id of
-the last record it covers. Restoring loads it, then replays every record stored after that
-id through the very same engine path; alerting's own durable state keeps those replayed
-findings from paging twice.
+the last record it covers. Restoring loads it; the engine then replays every record stored
+after that id (``stored_tail``) through its own pipeline, the very path live records take.
+This module reads the store and fills a run; it never drives the engine.
 
 Example::
 
     state = snapshot_run(run, suite)
-    restore_run(engine, run, suite, now)
+    after = restore_run(store, run, suite, now)   # None: the run was never stored
+    for row_id, record in stored_tail(store, run.run_id, after or 0):
+        ...   # the engine processes each as it would a live one
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from monitor_agent import schemas, wire
 from monitor_agent.run_state import RankState, RunState
+from monitor_agent.store import Store
+from monitor_agent.types import EvalRecord, Record, RunRecord, StepRecord
 
 if TYPE_CHECKING:
     from monitor_agent.detectors import DetectorSuite
-    from monitor_agent.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +47,35 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
     }
 
 
-def restore_run(engine: Engine, run: RunState, suite: DetectorSuite, now: float) -> None:
-    store = engine.store
+def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float) -> int | None:
+    """Fill a fresh run and suite from the store's row and snapshot; return the id of the
+    last record the snapshot covers (0: none), or None when the run was never stored."""
     row = store.run_row(run.run_id)
     if row is None:
-        return
+        return None
     run.first_seen = row.first_seen
     run.last_arrival = min(row.last_seen, now)
     run.status = row.status
     if row.run_record:
-        run.run = _stored(row.run_record, run.run_id)
+        record = _stored(row.run_record, run.run_id)
+        run.run = record if isinstance(record, RunRecord) else None
     saved = store.detector_state(run.run_id)
     after = 0
     if saved is not None:
         after, blob = saved
         _restore_state(run, suite, wire.loads(blob))
-        _reload_latest(engine, run)
+        _reload_latest(store, run)
     run.snapshot_record_id = run.last_record_id = after
-    _replay_tail(engine, run, after, now, run.last_arrival)
+    return after
+
+
+def stored_tail(store: Store, run_id: str, after: int) -> Iterator[tuple[int, Record]]:
+    """The run's records stored after row ``after``, in arrival order, as (row id, record);
+    rows that no longer validate are skipped (``_stored``)."""
+    for row_id, body in store.records_after(run_id, after):
+        record = _stored(body, run_id)
+        if record is not None:
+            yield row_id, record
 
 
 def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -> None:
@@ -74,12 +89,12 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
         rs.loss_ema = suite.ema_loss(int(rank))
 
 
-def _reload_latest(engine: Engine, run: RunState) -> None:
+def _reload_latest(store: Store, run: RunState) -> None:
     """The latest step and eval of each rank, so gauges show values at once."""
     for rank, state in run.ranks.items():
-        body = engine.store.last_record(run.run_id, rank, "step")
+        body = store.last_record(run.run_id, rank, "step")
         last = _stored(body, run.run_id) if body is not None else None
-        if last is not None:
+        if isinstance(last, StepRecord):
             state.last = last
             state.last_layers = state.last.layers
             state.last_layers_clip = state.last.clip_coef
@@ -88,13 +103,14 @@ def _reload_latest(engine: Engine, run: RunState) -> None:
             # Only when the latest step was a hist step; otherwise from the next one on.
             state.last_grad_quantiles = state.last.grad_quantiles
             state.last_param_quantiles = state.last.param_quantiles
-        body = engine.store.last_record(run.run_id, rank, "eval")
+        body = store.last_record(run.run_id, rank, "eval")
         if body is not None:
-            state.last_eval = _stored(body, run.run_id)
+            record = _stored(body, run.run_id)
+            state.last_eval = record if isinstance(record, EvalRecord) else None
     run.version += 1
 
 
-def _stored(body: bytes, run_id: str) -> Any:
+def _stored(body: bytes, run_id: str) -> Record | None:
     """A stored record, or None when today's rules reject it (stored by an older version,
     e.g. a config with a lone surrogate): one bad row must not keep a run from loading."""
     try:
@@ -104,15 +120,3 @@ def _stored(body: bytes, run_id: str) -> Any:
                     run_id, exc)
         return None
 
-
-def _replay_tail(engine: Engine, run: RunState, after: int, now: float, arrival: float) -> None:
-    from monitor_agent.engine import IngestResult
-
-    result = IngestResult()
-    for row_id, body in engine.store.records_after(run.run_id, after):
-        record = _stored(body, run.run_id)
-        if record is not None:
-            engine._process(record, row_id, now, result, arrival=arrival)
-    if result.findings:
-        engine.store.insert_findings([f.to_dict() for f in result.findings])
-    log.info("run %s: restored, replayed %d records", run.run_id, result.accepted)

@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 from monitor_agent import schemas, wire
 from monitor_agent.engine import Engine, Incoming
 from monitor_agent.metrics import SelfMetrics
-from monitor_agent.settings import Settings
+from monitor_agent.settings import Settings, load_settings
 from monitor_agent.store import Store
-from monitor_agent.types import Finding
+from monitor_agent.types import EndRecord, Finding
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def replay_files(
     on_record: Callable[[], None] | None = None,
 ) -> list[ReplayRun]:
     """Replay each trace in its own in-memory engine; return findings per file."""
-    settings = settings or Settings()
+    settings = settings or load_settings()
     return [replay_file(Path(p), settings, on_record) for p in paths]
 
 
@@ -63,20 +63,20 @@ def replay_file(
     try:
         for index, obj in enumerate(wire.iter_trace(path)):
             try:
-                model = schemas.validate(obj)
+                record, body = schemas.parse_for_store(obj)
             except schemas.RecordError as exc:
                 out.rejected += 1
                 log.warning("%s: record %d rejected: %s", path, index, exc)
                 continue
-            now = model.time if model.time is not None else last_time or 0.0
+            now = record.time if record.time is not None else last_time or 0.0
             last_time = now
             out.findings.extend(engine.tick(now))
-            result = engine.ingest([Incoming(index, model)], now)
+            result = engine.ingest([Incoming(index, record, body)], now)
             out.findings.extend(result.findings)
             out.records += 1
-            out.run_ids.add(model.run_id)
-            out.last_step = max(out.last_step, getattr(model, "step", -1))
-            out.ended |= model.kind == "end"
+            out.run_ids.add(record.run_id)
+            out.last_step = max(out.last_step, record.step)
+            out.ended |= isinstance(record, EndRecord)
             if on_record is not None:
                 on_record()
         if last_time is not None and not out.ended:

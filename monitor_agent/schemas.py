@@ -1,13 +1,15 @@
 """Wire models of docs/format.md, used only at the edges (the ingest API and trace replay).
 
 They validate one record at a time so a batch can accept the good records and say exactly
-why each bad one was rejected; ``to_record()`` hands the rest of the sidecar a plain
-dataclass from ``types.py``.
+why each bad one was rejected; ``to_record`` hands the rest of the sidecar the plain
+dataclass from ``types.py`` (``types.from_wire``: same-named fields, no hand-written copy),
+and ``stored_json`` the bytes the store keeps when the client's own line is not kept.
 
 Example::
 
     rec = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": "NaN"})
     assert math.isnan(rec.loss)
+    record, body = parse_for_store({"kind": "end", "run_id": "r", "time": 9.0})
 """
 
 from __future__ import annotations
@@ -135,16 +137,6 @@ class RunModel(_Wire):
             limits.check_text(project, MAX_NAME_LEN, "config.project")
         return value
 
-    def to_record(self) -> t.RunRecord:
-        return t.RunRecord(
-            run_id=self.run_id,
-            time=self.time,
-            rank=self.rank,
-            config=self.config,
-            model=self.model,
-            hardware=self.hardware,
-            labels=dict(self.labels),
-        )
 
 
 class StepModel(_Wire):
@@ -194,46 +186,6 @@ class StepModel(_Wire):
                              f"{limits.MAX_HIST_VALUES} per record")
         return self
 
-    def to_record(self) -> t.StepRecord:
-        mem = self.memory
-        return t.StepRecord(
-            run_id=self.run_id,
-            step=self.step,
-            time=self.time,
-            rank=self.rank,
-            loss=self.loss,
-            lr=self.lr,
-            grad_norm=self.grad_norm,
-            clip_threshold=self.clip_threshold,
-            param_norm=self.param_norm,
-            update_norm=self.update_norm,
-            tokens=self.tokens,
-            samples=self.samples,
-            step_time=self.step_time,
-            data_time=self.data_time,
-            compute_time=self.compute_time,
-            sync_wait_time=self.sync_wait_time,
-            tokens_per_second=self.tokens_per_second,
-            mfu=self.mfu,
-            loss_scale=self.loss_scale,
-            skipped=bool(self.skipped),
-            memory=t.Memory(**mem.model_dump()) if mem is not None else None,
-            gpu=dict(self.gpu) if self.gpu else None,
-            layers=t.LayerTable.from_mapping(self.layers) if self.layers else None,
-            grad_hist=dict(self.grad_hist) if self.grad_hist else None,
-            param_hist=dict(self.param_hist) if self.param_hist else None,
-            grad_quantiles=t.QuantileTable.from_hists(self.grad_hist) if self.grad_hist else None,
-            param_quantiles=t.QuantileTable.from_hists(self.param_hist)
-            if self.param_hist else None,
-            activations=t.ActivationTable.from_mapping(self.activations)
-            if self.activations else None,
-            grad_norms=t.LayerTable.from_mapping(
-                {n: {"grad_norm": v} for n, v in self.grad_norms.items()})
-            if self.grad_norms else None,
-            nonfinite_modules=tuple(self.nonfinite_modules)
-            if self.nonfinite_modules else None,
-            nonfinite_module_count=self.nonfinite_module_count,
-        )
 
 
 class EvalModel(_Wire):
@@ -254,17 +206,6 @@ class EvalModel(_Wire):
         limits.check_names(self.metrics, "metrics")
         return self
 
-    def to_record(self) -> t.EvalRecord:
-        return t.EvalRecord(
-            run_id=self.run_id,
-            step=self.step,
-            time=self.time,
-            rank=self.rank,
-            val_loss=self.val_loss,
-            train_loss=self.train_loss,
-            epoch=self.epoch,
-            metrics=dict(self.metrics),
-        )
 
 
 def _error_text(value: str) -> str:
@@ -280,21 +221,13 @@ class EndModel(_Wire):
     status: Literal["completed", "failed", "stopped"] = "completed"
     error: Annotated[str, AfterValidator(_error_text)] | None = None
 
-    def to_record(self) -> t.EndRecord:
-        return t.EndRecord(
-            run_id=self.run_id,
-            step=self.step,
-            time=self.time,
-            rank=self.rank,
-            status=self.status,
-            error=self.error,
-        )
 
 
 RecordModel = Annotated[
     RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
 ]
-_RECORD = TypeAdapter(RecordModel)
+WireRecord = RunModel | StepModel | EvalModel | EndModel
+_RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
 
 
 class RecordError(ValueError):
@@ -316,7 +249,7 @@ def explain(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def validate(obj: Any) -> RunModel | StepModel | EvalModel | EndModel:
+def validate(obj: Any) -> WireRecord:
     """Validate one wire object; raise RecordError with a field-naming reason."""
     if not isinstance(obj, dict):
         raise RecordError(f"a record must be a JSON object, got {type(obj).__name__}")
@@ -329,6 +262,23 @@ def validate(obj: Any) -> RunModel | StepModel | EvalModel | EndModel:
         raise RecordError(explain(exc)) from None
 
 
+def to_record(model: WireRecord) -> t.Record:
+    """The internal dataclass of a validated record."""
+    return t.from_wire(model)
+
+
+def stored_json(model: WireRecord) -> bytes:
+    """The JSON the store keeps for a record: only the fields docs/format.md defines (unknown
+    ones are never stored), nulls left out, NaN/Inf as strings."""
+    return model.model_dump_json(exclude_none=True).encode()
+
+
 def parse_record(obj: Any) -> t.Record:
     """Validate one wire object and convert it to the internal dataclass."""
-    return validate(obj).to_record()
+    return to_record(validate(obj))
+
+
+def parse_for_store(obj: Any) -> tuple[t.Record, bytes]:
+    """Validate one wire object; return its internal record and the JSON to store for it."""
+    model = validate(obj)
+    return to_record(model), stored_json(model)

@@ -1,22 +1,40 @@
 """Plain dataclasses that flow through the sidecar once a record passed the wire edge.
 
-The wire models (``schemas.py``) validate and convert into these; detectors, alerting,
-the store and the exposition only ever see these types.
+The wire models (``schemas.py``) validate; ``from_wire`` turns one into these, field by
+field and by name, so a new wire field is declared twice (model and dataclass) and never
+copied by hand. A field whose internal form differs (a column table, a tuple) says how it
+is built with ``wire_field``. Detectors, alerting, the store and the exposition only ever
+see these types.
 
 Example::
 
     rec = StepRecord(run_id="r1", step=10, time=1.7e9, loss=2.3)
+    same = from_wire(SimpleNamespace(kind="step", run_id="r1", step=10, time=1.7e9, loss=2.3))
     finding = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=10,
                       message="loss is NaN")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+_CONVERT = "wire_convert"
+_SOURCE = "wire_source"
+
+
+def wire_field(
+    convert: Callable[[Any], Any], source: str | None = None, default: Any = None
+) -> Any:
+    """A record field built by ``convert`` from the wire field ``source`` (default: the
+    same name); a missing, null or empty wire value leaves ``default``."""
+    return field(default=default, metadata={_CONVERT: convert, _SOURCE: source})
+
 
 LAYER_STATS: tuple[str, ...] = (
     "grad_norm",
@@ -94,6 +112,11 @@ class LayerTable:
             (bool(row.get("grad_none")) for row in rows), dtype=bool, count=len(rows)
         )
         return cls(names=names, stats=stats, measured=masks, grad_none=grad_none)
+
+    @classmethod
+    def from_norms(cls, norms: dict[str, float | None]) -> LayerTable:
+        """A table of grad norms only (a step's gated per-parameter norms)."""
+        return cls.from_mapping({n: {"grad_norm": v} for n, v in norms.items()})
 
     def get(self, stat: str) -> np.ndarray:
         return self.stats[stat]
@@ -225,22 +248,22 @@ class StepRecord:
     tokens_per_second: float | None = None
     mfu: float | None = None
     loss_scale: float | None = None
-    skipped: bool = False
-    memory: Memory | None = None
-    gpu: dict[str, float | None] | None = None
-    layers: LayerTable | None = None
-    grad_hist: dict[str, dict[str, list[float]]] | None = None
-    param_hist: dict[str, dict[str, list[float]]] | None = None
+    skipped: bool = wire_field(bool, default=False)
+    memory: Memory | None = wire_field(lambda m: from_fields(Memory, m))
+    gpu: dict[str, float | None] | None = wire_field(dict)
+    layers: LayerTable | None = wire_field(LayerTable.from_mapping)
+    grad_hist: dict[str, dict[str, list[float]]] | None = wire_field(dict)
+    param_hist: dict[str, dict[str, list[float]]] | None = wire_field(dict)
     # The quantiles of grad_hist / param_hist, vectorised for detectors and exposition.
-    grad_quantiles: QuantileTable | None = None
-    param_quantiles: QuantileTable | None = None
-    activations: ActivationTable | None = None
+    grad_quantiles: QuantileTable | None = wire_field(QuantileTable.from_hists, "grad_hist")
+    param_quantiles: QuantileTable | None = wire_field(QuantileTable.from_hists, "param_hist")
+    activations: ActivationTable | None = wire_field(ActivationTable.from_mapping)
     # Per-parameter grad norms of a step that is not a monitored one (the client sends
     # them when the global norm is non-finite or far above its median); grad_norm only.
-    grad_norms: LayerTable | None = None
+    grad_norms: LayerTable | None = wire_field(LayerTable.from_norms)
     # Modules whose forward output was non-finite, in forward order (the first is where
     # the forward pass broke), and how many there were in all.
-    nonfinite_modules: tuple[str, ...] | None = None
+    nonfinite_modules: tuple[str, ...] | None = wire_field(tuple)
     nonfinite_module_count: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "step"
@@ -303,6 +326,44 @@ class EndRecord:
 
 
 Record = RunRecord | StepRecord | EvalRecord | EndRecord
+RECORD_TYPES: dict[str, type[Record]] = {
+    "run": RunRecord, "step": StepRecord, "eval": EvalRecord, "end": EndRecord,
+}
+_T = TypeVar("_T")
+# How each dataclass is filled from a wire object, worked out once per class rather than per
+# record (ingest converts every record of every batch): the names copied as they are, and
+# (name, source, convert) for the fields built from a wire value.
+_Plan = tuple[tuple[str, ...], tuple[tuple[str, str, Callable[[Any], Any]], ...]]
+
+
+def _plan(cls: type) -> _Plan:
+    fields = dataclasses.fields(cls)
+    return (tuple(f.name for f in fields if _CONVERT not in f.metadata),
+            tuple((f.name, f.metadata[_SOURCE] or f.name, f.metadata[_CONVERT])
+                  for f in fields if _CONVERT in f.metadata))
+
+
+_PLANS: dict[type, _Plan] = {cls: _plan(cls) for cls in (Memory, *RECORD_TYPES.values())}
+
+
+def from_fields(cls: type[_T], source: Any) -> _T:
+    """An instance of the dataclass ``cls`` from the same-named attributes of ``source``
+    (a validated wire model); attributes ``source`` lacks keep their defaults."""
+    # The instance dict, not getattr: a pydantic model raises (slowly) for a missing
+    # attribute, and every step lacks ``extra``.
+    attrs = vars(source)
+    copied, built = _PLANS[cls]
+    values = {name: attrs[name] for name in copied if name in attrs}
+    for name, attr, convert in built:
+        value = attrs.get(attr)
+        if value:  # null, empty or false: the default
+            values[name] = convert(value)
+    return cls(**values)
+
+
+def from_wire(source: Any) -> Record:
+    """The record a validated wire object (its ``kind`` picks the dataclass) stands for."""
+    return from_fields(RECORD_TYPES[source.kind], source)
 
 
 def record_key(record: Record) -> tuple[str, int, str, int]:

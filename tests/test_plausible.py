@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from monitor_agent.plausible import implausible_step
 from monitor_agent.run_state import RunState
 from monitor_agent.types import StepRecord
 
 
-def _step(step: int, rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(kind="step", run_id="r", rank=rank, step=step)
+def _step(step: int, rank: int = 0) -> StepRecord:
+    return StepRecord(run_id="r", step=step, time=0.0, rank=rank)
 
 
 def _run_with_history(steps: int, seconds: float) -> RunState:

@@ -284,7 +284,7 @@ def _validate(
             if len(body) > max_record_bytes:
                 raise schemas.RecordError(f"record of {len(body)} bytes exceeds "
                                           f"max_record_bytes={max_record_bytes}")
-            valid.append(Incoming(index, model, body))
+            valid.append(Incoming(index, schemas.to_record(model), body))
         except schemas.RecordError as exc:
             rejected.append({"index": index, "reason": str(exc)})
         objs[index] = None  # free the parsed objects as we go: peak memory is one copy
