@@ -153,7 +153,7 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     recovered = await runner.call(engine.recover, time.time())
     log.info("recovered %d active runs from %s", recovered, settings.db_path)
     exposition = Exposition(
-        lambda: list(engine.runs.values()), registry,
+        engine.exposed_runs, registry,
         max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
         max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
         actions=alerting.action_counts,

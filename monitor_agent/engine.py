@@ -427,6 +427,14 @@ class Engine:
     # The API calls these only through ``EngineRunner.call``: run state is read on the
     # thread that writes it, and what leaves is a copy (run_views.py), never live state.
 
+    def exposed_runs(self) -> list[RunState]:
+        """The runs /metrics renders. The one query called from another thread (the
+        scrape's worker): ``list(dict.values())`` is one C-level copy, atomic under the
+        GIL, and the renderer caches each run by its ``version``. Rendering on the engine
+        thread instead would hold ingest for the whole render (~100 ms at 100k series,
+        bench/exposition.py)."""
+        return list(self.runs.values())
+
     def run_listings(self) -> list[run_views.RunListing]:
         """Every stored run, oldest first (``GET /v1/runs``)."""
         return [run_views.listing(row, self.runs.get(row.run_id)) for row in self.store.runs()]
