@@ -17,8 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import sqlite3
 import time
@@ -26,14 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from monitor_agent import metric_names, recovery, run_views, wire
 from monitor_agent.alerting.model import RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.detectors import DetectorSuite
+from monitor_agent.layer_cap import cap_layers
 from monitor_agent.metrics import SelfMetrics
 from monitor_agent.plausible import implausible_step
+from monitor_agent.retention import Retention
 from monitor_agent.run_state import RunState
 from monitor_agent.settings import Settings
 from monitor_agent.store import RecordRow, StorageError, Store
@@ -41,15 +39,12 @@ from monitor_agent.types import (
     EndRecord,
     EvalRecord,
     Finding,
-    LayerTable,
     Record,
     RunRecord,
     StepRecord,
 )
 
 log = logging.getLogger(__name__)
-PRUNE_PASS_TICKS = 10      # ticks (seconds) per full retention pass over the runs
-PRUNE_ROWS_PER_TICK = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +84,7 @@ class Engine:
         self.runs: dict[str, RunState] = {}
         self.suites: dict[str, DetectorSuite] = {}
         self._last_snapshot = 0.0
-        self._prune_queue: collections.deque[tuple[str, int]] = collections.deque()
+        self.retention = Retention(store, settings.retention_steps)
         # Runs whose last records were stored but not all of their effects: analysed again.
         self._reanalyse: set[str] = set()
 
@@ -211,24 +206,10 @@ class Engine:
             self.alerts.run_ended(run.run_id, record.status, arrival, record.step)
 
     def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
-        """Drop, from detection only, layer names beyond the run's cap (the record is stored)."""
-        table, known = record.layers, run.layer_names
-        if table is None:
-            return record
-        cap = self.settings.max_layer_names_per_run
-        if len(known) + len(table) <= cap or known.issuperset(table.names):
-            known.update(table.names)
-            return record
-        keep = []
-        for i, name in enumerate(table.names):
-            if name not in known and len(known) < cap:
-                known.add(name)
-            if name in known:
-                keep.append(i)
-        dropped = len(table) - len(keep)
+        record, dropped = cap_layers(record, run.layer_names,
+                                     self.settings.max_layer_names_per_run)
         if dropped:
             self.metrics.dropped_series.labels(reason="max_layer_names").inc(dropped)
-            record = dataclasses.replace(record, layers=_take(table, keep))
         return record
 
     def _detect(self, run: RunState, record: Record) -> list[Finding]:
@@ -334,7 +315,7 @@ class Engine:
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
             self.snapshot_all()
             self._last_snapshot = now
-        self._prune_some()
+        self.retention.prune_some(self.runs)
         self._count_runs()
         return findings
 
@@ -390,31 +371,6 @@ class Engine:
         state = recovery.snapshot_run(run, self.suites[run.run_id])
         self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
         run.snapshot_record_id = run.last_record_id
-
-    def _prune_some(self) -> None:
-        """Retention, a slice every tick: every (run, rank) once per PRUNE_PASS_TICKS ticks,
-        at most PRUNE_ROWS_PER_TICK rows. Pruning a minute's worth at once held the engine
-        thread for seconds (ingest p99 went from 0.15 to 3 s in the soak)."""
-        if not self._prune_queue:
-            self._prune_queue.extend((run.run_id, rank) for run in self.runs.values()
-                                     for rank in run.ranks)
-        keys = -(-len(self._prune_queue) // PRUNE_PASS_TICKS)  # ceil: the pass ends in time
-        budget = PRUNE_ROWS_PER_TICK
-        for _ in range(keys):
-            if not self._prune_queue or budget <= 0:
-                return
-            run_id, rank = self._prune_queue.popleft()
-            state = self.runs[run_id].ranks.get(rank) if run_id in self.runs else None
-            # Keep the steps after last_step - retention_steps (optimizer steps count up),
-            # and never fewer than retention_steps records: one far-ahead step must not
-            # make the run's history look old.
-            retention = self.settings.retention_steps
-            through = state.last_step - retention if state else -1
-            if through >= 0:
-                oldest_kept = self.store.nth_newest_step(run_id, rank, retention)
-                if oldest_kept is not None:
-                    through = min(through, oldest_kept - 1)
-                    budget -= self.store.prune(run_id, rank, through, budget)
 
     def _count_runs(self) -> None:
         counts = {"running": 0, "ended": 0}
@@ -479,14 +435,6 @@ class Engine:
 
 def _bare_context(record: Record) -> RunContext:
     return RunContext(run_id=record.run_id)
-
-
-def _take(table: LayerTable, keep: list[int]) -> LayerTable:
-    idx = np.asarray(keep, dtype=np.intp)
-    return LayerTable(names=tuple(table.names[i] for i in keep),
-                      stats={k: v[idx] for k, v in table.stats.items()},
-                      measured={k: v[idx] for k, v in table.measured.items()},
-                      grad_none=table.grad_none[idx])
 
 
 def _row(item: Incoming) -> RecordRow:

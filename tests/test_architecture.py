@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "wire": 0, "limits": 0, "metric_names": 0, "yaml_errors": 0, "types": 0, "database": 0,
     # Boundary models, storage and per-run state.
     "schemas": 1, "store": 1, "run_state": 1, "metrics": 1,
-    "progress": 2, "plausible": 2, "suggestions": 2,
+    "progress": 2, "plausible": 2, "layer_cap": 2, "retention": 2,
     # Delivery knows a Notification and nothing of rules; detectors know records.
     "notify": 3, "detectors": 3,
     "alerting": 4,
