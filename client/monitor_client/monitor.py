@@ -10,8 +10,9 @@ Example::
     mon.close()           # also at exit; an uncaught exception ends the run as "failed"
 
 ``log_step`` reads nothing from the device: the statistics stay there until the sender
-thread copies them to the host (see ``pending.py``). Every public method swallows its own
-errors into rate-limited warnings: monitoring never raises into training.
+thread copies them to the host (see ``pending.py``). A nonsensical setting raises at once,
+before training starts (``config.py`` names the field); after that every public method
+swallows its own errors into rate-limited warnings: monitoring never raises into training.
 """
 
 from __future__ import annotations
@@ -388,10 +389,10 @@ class Monitor:
             return
         self._send_run()
         self._submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
-                             "time": time.time(), "rank": self.rank,
-                             "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
-                             "epoch": _scalar(epoch),
-                             "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
+                      "time": time.time(), "rank": self.rank,
+                      "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
+                      "epoch": _scalar(epoch),
+                      "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
 
     # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
     def should_stop(self) -> bool:
@@ -427,9 +428,9 @@ class Monitor:
             return
         self._run_sent = True
         self._submit({"kind": "run", "run_id": self.run_id, "time": time.time(),
-                             "rank": self.rank, "config": self.config,
-                             "model": self._model_info, "hardware": self._hardware,
-                             "labels": self._labels})
+                      "rank": self.rank, "config": self.config,
+                      "model": self._model_info, "hardware": self._hardware,
+                      "labels": self._labels})
 
     def counters(self) -> Counters | None:
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
@@ -465,8 +466,8 @@ class Monitor:
             self._finite.detach()
         self._send_run()
         self._submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
-                             "time": time.time(), "rank": self.rank, "status": status,
-                             "error": error})
+                      "time": time.time(), "rank": self.rank, "status": status,
+                      "error": error})
         self._exit_hooks.remove()
         if self._sender is None:
             return True
