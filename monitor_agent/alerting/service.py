@@ -39,7 +39,6 @@ from monitor_agent.alerting.model import Action, AlertView, RunContext, StoredAl
 from monitor_agent.alerting.rules import Rule, load_rules
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence, silenced_by
-from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.notify.channels import (
     ALL_CHANNELS,
     build_notifiers,
@@ -227,7 +226,3 @@ class Alerting:
         """Raise sqlite3.Error unless alert state can be made durable now (readiness)."""
         self.db.check_writable()
 
-
-def as_sink(alerting: Alerting) -> AlertSink:
-    """``Alerting`` is the engine's ``AlertSink``; mypy checks that here, at no cost."""
-    return alerting

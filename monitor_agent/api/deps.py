@@ -24,7 +24,6 @@ from monitor_agent.engine import Engine
 from monitor_agent.exposition import Exposition
 from monitor_agent.metrics import SelfMetrics
 from monitor_agent.runner import EngineRunner
-from monitor_agent.settings import Settings
 
 
 def services(request: Request) -> Services:
@@ -35,10 +34,6 @@ def services(request: Request) -> Services:
 
 async def _services(request: Request) -> Services:
     return services(request)
-
-
-async def _settings(request: Request) -> Settings:
-    return services(request).settings
 
 
 async def _runner(request: Request) -> EngineRunner:
@@ -66,7 +61,6 @@ async def _history_db(request: Request) -> Path:
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
 RunnerDep = Annotated[EngineRunner, Depends(_runner)]
 MetricsDep = Annotated[SelfMetrics, Depends(_metrics)]
 EngineDep = Annotated[Engine, Depends(_engine)]
