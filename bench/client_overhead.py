@@ -365,7 +365,7 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
 
     copy_without = timed(lambda: copy(False), device, reps * 20)
     copy_with = timed(lambda: copy(True), device, reps * 20)
-    from monitor_agent import wire
+    from monitor_agent.records import wire
 
     decoded = copy(True)["grad_norms"]
     body = wire.dumps({"grad_norms": decoded})

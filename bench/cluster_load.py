@@ -45,7 +45,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
 
-from monitor_agent import wire  # noqa: E402
+from monitor_agent.records import wire  # noqa: E402
 from sidecar_process import SidecarProcess  # noqa: E402
 
 TOKEN = "bench-token"

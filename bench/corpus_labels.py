@@ -46,7 +46,7 @@ NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 def _read(path: Path) -> list[dict]:
     """The records, with the top-level non-finite markers ("NaN", ...) as floats."""
-    from monitor_agent import wire
+    from monitor_agent.records import wire
 
     return [{k: NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in obj.items()}
             for obj in wire.iter_trace(path)]

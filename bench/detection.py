@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 from precision import load_set, precision, print_precision
 
-from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
-from monitor_agent.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
+from monitor_agent.records import schemas, wire
+from monitor_agent.records.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
 CORPUS = TRACES.parent / "corpus"

@@ -24,12 +24,12 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from monitor_agent import schemas  # noqa: E402
-from monitor_agent.engine import Engine, Incoming  # noqa: E402
-from monitor_agent.exposition import Exposition  # noqa: E402
-from monitor_agent.metrics import SelfMetrics  # noqa: E402
+from monitor_agent.metrics.exposition import Exposition  # noqa: E402
+from monitor_agent.metrics.sidecar import SelfMetrics  # noqa: E402
+from monitor_agent.pipeline.engine import Engine, Incoming  # noqa: E402
+from monitor_agent.records import schemas  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
-from monitor_agent.store import Store  # noqa: E402
+from monitor_agent.storage.store import Store  # noqa: E402
 
 
 def feed(engine: Engine, runs: int, layers: int, steps: int) -> None:

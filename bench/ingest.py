@@ -27,7 +27,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from monitor_agent import wire  # noqa: E402
+from monitor_agent.records import wire  # noqa: E402
 from sidecar_process import SidecarProcess, free_port  # noqa: E402
 
 N_TENSORS = 148  # GPT-2 small: wte, wpe, 12 blocks x 12 tensors, ln_f weight/bias

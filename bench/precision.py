@@ -29,9 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitor_agent import schemas, wire
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
-from monitor_agent.types import EndRecord, Finding, Severity, StepRecord
+from monitor_agent.records import schemas, wire
+from monitor_agent.records.types import EndRecord, Finding, Severity, StepRecord
 
 
 @dataclass

@@ -219,7 +219,7 @@ def run_gpt(name: str, fault_step: int | None, growth: float = 1.15, steps: int 
 
 
 def write(name: str, records: list, out: Path = OUT) -> Path:
-    from monitor_agent import wire
+    from monitor_agent.records import wire
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.jsonl.gz"

@@ -118,8 +118,8 @@ def collapse_window(records: list[dict], fault: int, every: int,
 
 def _fired(records: list[dict]) -> dict[str, tuple[int, str]]:
     """First finding of each type the full suite raises (for ``allowed`` and the notes)."""
-    from monitor_agent import schemas
     from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    from monitor_agent.records import schemas
 
     suite, first = DetectorSuite(DetectorSettings()), {}
     for obj in records:

@@ -31,9 +31,9 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "client")]
 
-from monitor_agent.embedded import EmbeddedServer, free_port  # noqa: E402
+from monitor_agent.serving.embedded import EmbeddedServer, free_port  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
-from monitor_agent.store import RecordRow, Store  # noqa: E402
+from monitor_agent.storage.store import RecordRow, Store  # noqa: E402
 from monitor_agent.ui.indexer import HistoryIndexer  # noqa: E402
 
 LAYERS = [f"blocks.{i // 6}.{p}" for i, p in

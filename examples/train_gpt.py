@@ -5,7 +5,7 @@ monitored by ``monitor_client``, with optional injected faults (the README demo 
         --inject nan --inject-step 200 --progress
 
 The model, the faults (``--inject nan|lr-spike|frozen-layer|slow-data|leak``) and the loop
-are ``monitor_agent/demo_gpt.py``, where ``monitor-agent demo`` finds them from an installed
+are ``monitor_agent/tools/demo_gpt.py``, where ``monitor-agent demo`` finds them from an installed
 wheel; this script runs them from a checkout and lends its pieces to ``hf_trainer.py`` and
 ``lightning_train.py``. Exit status: 0 completed, 1 stopped on NaN, 3 stopped by the monitor.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 _REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_REPO), str(_REPO / "client")]
 import monitor_client  # noqa: E402
-from monitor_agent.demo_gpt import VOCAB, CharGPT, load_text, main  # noqa: E402
+from monitor_agent.tools.demo_gpt import VOCAB, CharGPT, load_text, main  # noqa: E402
 
 __all__ = ["VOCAB", "CharGPT", "framework_exit_status", "load_text", "main"]
 

@@ -16,13 +16,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from monitor_agent import __version__, wire
+from monitor_agent import __version__
+from monitor_agent.records import wire
 from monitor_agent.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:  # both import heavy modules; the CLI imports them only when needed
     from tqdm import tqdm
 
-    from monitor_agent.replay import ReplayRun
+    from monitor_agent.pipeline.replay import ReplayRun
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,8 +99,8 @@ def _config_path(arg: Path | None) -> Path | None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from monitor_agent.app import create_app
-    from monitor_agent.server import return_freed_memory, uvicorn_config
+    from monitor_agent.serving.app import create_app
+    from monitor_agent.serving.server import return_freed_memory, uvicorn_config
 
     settings = load_settings(
         _config_path(args.config), host=args.host, port=args.port, data_dir=args.data_dir,
@@ -122,7 +123,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from monitor_agent.replay import replay_files
+    from monitor_agent.pipeline.replay import replay_files
 
     settings = load_settings(_config_path(args.config))
     _setup_logging("warning")
@@ -149,7 +150,7 @@ def _replay(args: argparse.Namespace) -> int:
                     fh.write(wire.dumps(f.to_dict()) + b"\n")
     _print_summary(runs)
     if args.report:
-        from monitor_agent.ui.report import write_report
+        from monitor_agent.tools.report import write_report
 
         run_id = write_report(args.files[0], runs[0], args.report, settings)
         print(f"report of run {run_id}: {args.report}")
@@ -159,7 +160,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import os
 
-    from monitor_agent.export import ExportError, export_from_data_dir, export_from_url
+    from monitor_agent.storage.export import ExportError, export_from_data_dir, export_from_url
 
     try:
         if args.url:
@@ -219,7 +220,7 @@ def _redacted_yaml(settings: Settings) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from monitor_agent.demo import run_demo
+    from monitor_agent.tools.demo import run_demo
 
     return run_demo(inject=args.inject, steps=args.steps, inject_step=args.inject_step,
                     port=args.port, exit_after=args.exit_after)

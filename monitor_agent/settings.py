@@ -24,9 +24,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from monitor_agent.alerting.settings import AlertingSettings
-from monitor_agent.detectors.settings import DetectorSettings
-from monitor_agent.yaml_errors import yaml_error_line
+from monitor_agent.alerting.alerting_settings import AlertingSettings
+from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.records.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024
 

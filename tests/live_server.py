@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from monitor_agent.embedded import EmbeddedServer, free_port
+from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from monitor_agent.embedded import free_port
+from monitor_agent.serving.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,10 @@ Example::
     alerting.handle(RunContext("gpt-7"), findings, now=time.time())
 """
 
+from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.model import AlertView, RunContext
 from monitor_agent.alerting.rules import Rule, RuleError, load_rules
 from monitor_agent.alerting.service import Alerting
-from monitor_agent.alerting.settings import AlertingSettings
 
 __all__ = ["Alerting", "AlertingSettings", "AlertView", "Rule", "RuleError", "RunContext",
            "load_rules"]

@@ -25,7 +25,7 @@ from dataclasses import astuple, fields
 
 from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
-from monitor_agent.database import Database
+from monitor_agent.storage.database import Database
 
 # What a new episode writes; the rest (what people were last told, and when) is kept
 # from an earlier episode of the same fingerprint, so its cooldown still counts.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from monitor_agent.database import Database
+from monitor_agent.storage.database import Database
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -78,7 +78,7 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX outbox_pending ON outbox (channel, state, id);
     """,
-    # Actions back to the trainer (alerting/actions.py); an alert remembers the one it took.
+    # Actions back to the trainer (alerting/rule_actions.py); an alert remembers the one it took.
     """
     CREATE TABLE actions (
         id          INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import logging
 
-from monitor_agent import wire
-from monitor_agent.alerting import actions
 from monitor_agent.alerting import lifecycle as lc
+from monitor_agent.alerting import rule_actions as actions
 from monitor_agent.alerting.alert_store import AlertStore, AlertTx
+from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
-from monitor_agent.alerting.metrics import AlertingMetrics
 from monitor_agent.alerting.model import Action, RunContext, StoredAlert
 from monitor_agent.alerting.rules import Rule, first_match
-from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence, silenced_by
+from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.base import AlertEvent, Notifier
 from monitor_agent.notify.outbox import Outbox
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records import wire
+from monitor_agent.records.types import Finding, Severity
 
 log = logging.getLogger(__name__)
 Item = tuple[AlertEvent, tuple[str, ...]]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from urllib.parse import quote
 
-from monitor_agent import wire
 from monitor_agent.alerting.model import StoredAlert
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
+from monitor_agent.records import wire
 
 DASHBOARD_UID = "monitor-agent-training-run"
 BEFORE_S, AFTER_S = 30 * 60, 10 * 60  # the range shows how the run got there

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from monitor_agent import wire
 from monitor_agent.alerting.lifecycle import Timing
+from monitor_agent.records import wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class RunContext:
 class Action:
     """One action a rule took for a run; ``id`` orders a run's actions (poll with after=id).
 
-    See ``alerting/actions.py`` for when rules act and how a stop request is honoured.
+    See ``alerting/rule_actions.py`` for when rules act and how a stop request is honoured.
     """
 
     id: int

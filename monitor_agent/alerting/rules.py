@@ -25,8 +25,8 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES
-from monitor_agent.types import Finding, Severity
-from monitor_agent.yaml_errors import yaml_error_line
+from monitor_agent.records.types import Finding, Severity
+from monitor_agent.records.yaml_errors import yaml_error_line
 
 # FINDING_TYPES is docs/format.md's catalogue; "*" in a rule matches any type (a catch-all).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -131,7 +131,7 @@ class Rule:
     value_above: float | None = None
     value_below: float | None = None
     fingerprint: tuple[str, ...] = ("layer",)
-    action: str = "notify-only"   # stop | checkpoint | notify-only (see alerting/actions.py)
+    action: str = "notify-only"   # stop | checkpoint | notify-only (see alerting/rule_actions.py)
     action_after: int = 1         # matching findings in one episode before acting
 
     def matches(self, finding: Finding, run_labels: dict[str, str]) -> bool:

@@ -32,13 +32,13 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting.alert_store import AlertStore
+from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.episodes import Episodes
-from monitor_agent.alerting.metrics import AlertingMetrics
 from monitor_agent.alerting.model import Action, AlertView, RunContext, StoredAlert
 from monitor_agent.alerting.rules import Rule, load_rules
-from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence, silenced_by
+from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.channels import (
     ALL_CHANNELS,
     build_notifiers,
@@ -47,7 +47,7 @@ from monitor_agent.notify.channels import (
 )
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
-from monitor_agent.types import Finding
+from monitor_agent.records.types import Finding
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_S, KEEP_DONE_S = 600.0, 86400.0
@@ -162,7 +162,7 @@ class Alerting:
         """A completed run resolves its alerts now; a failed one keeps them until clear.
 
         A ``stopped`` run at ``step`` honoured its stop requests there: the alerts that
-        asked for it say so, and whoever was paged hears it (see alerting/actions.py).
+        asked for it say so, and whoever was paged hears it (see alerting/rule_actions.py).
         """
         self.episodes.run_ended(run_id, status, now, step)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from monitor_agent.alerting.model import RunContext
-from monitor_agent.types import Finding
+from monitor_agent.records.types import Finding
 
 
 class AlertSink(Protocol):

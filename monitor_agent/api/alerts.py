@@ -15,10 +15,10 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from monitor_agent import wire
 from monitor_agent.alerting.silences import MATCHERS
 from monitor_agent.api.deps import AlertingDep, require_read, require_write
 from monitor_agent.api.models import AlertOut, AlertsOut, SilenceOut, SilencesOut
+from monitor_agent.records import wire
 
 router = APIRouter(tags=["alerts"])
 Text = Field(default="", max_length=1000)

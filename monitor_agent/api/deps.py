@@ -20,14 +20,14 @@ from fastapi import Depends, HTTPException, Request
 
 from monitor_agent.alerting import Alerting
 from monitor_agent.api.services import Services
-from monitor_agent.engine import Engine
-from monitor_agent.exposition import Exposition
-from monitor_agent.metrics import SelfMetrics
-from monitor_agent.runner import EngineRunner
+from monitor_agent.metrics.exposition import Exposition
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.runner import EngineRunner
 
 
 def services(request: Request) -> Services:
-    """The app's services (set by app.py's lifespan before the first request)."""
+    """The app's services (set by serving/app.py's lifespan before the first request)."""
     found: Services = request.app.state.services
     return found
 

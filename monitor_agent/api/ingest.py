@@ -17,11 +17,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 
-from monitor_agent import schemas, wire
 from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.verbatim import verbatim_ok
-from monitor_agent.engine import Incoming
-from monitor_agent.store import StorageError
+from monitor_agent.pipeline.engine import Incoming
+from monitor_agent.records import schemas, wire
+from monitor_agent.storage.store import StorageError
 
 router = APIRouter(tags=["ingest"])
 

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from monitor_agent import wire
 from monitor_agent.api.deps import AlertingDep, EngineDep, RunnerDep, require_read
 from monitor_agent.api.models import FindingsOut, RecordsOut, RunDetailOut, RunsListOut
-from monitor_agent.run_views import RunDetail
+from monitor_agent.pipeline.views import RunDetail
+from monitor_agent.records import wire
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
 KINDS = ("run", "step", "eval", "end")

@@ -1,6 +1,6 @@
 """``Services``: everything the routes use, built once per app by its lifespan.
 
-app.py builds one ``Services`` at startup (``app.state.services``; the one place the app
+serving/app.py builds one ``Services`` at startup (``app.state.services``; the one place the app
 state is read is ``api/deps.py``) and sets ``backends`` last, once the databases are open:
 until then the storage gate answers 503 for every route but /healthz and /readyz. Handlers
 take what they need as typed dependencies (``EngineDep``, ``AlertingDep``...), never from
@@ -25,10 +25,10 @@ from fastapi import HTTPException, Request
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting import Alerting
-from monitor_agent.engine import Engine
-from monitor_agent.exposition import Exposition
-from monitor_agent.metrics import SelfMetrics
-from monitor_agent.runner import EngineRunner
+from monitor_agent.metrics.exposition import Exposition
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.settings import Settings
 
 log = logging.getLogger(__name__)

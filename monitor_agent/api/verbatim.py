@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor_agent import schemas
+from monitor_agent.records import schemas
 
 _TOP = {kind: frozenset(model.model_fields) for kind, model in (
     ("run", schemas.RunModel), ("step", schemas.StepModel), ("eval", schemas.EvalModel),

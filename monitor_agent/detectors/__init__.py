@@ -20,7 +20,7 @@ Example::
 """
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES
-from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.detectors.suite import DetectorSuite
 
 __all__ = ["FINDING_TYPES", "DetectorSettings", "DetectorSuite"]

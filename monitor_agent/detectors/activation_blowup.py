@@ -30,7 +30,7 @@ from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import ModuleSlots, grown
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
-from monitor_agent.types import ActivationTable, Finding, Severity, StepRecord
+from monitor_agent.records.types import ActivationTable, Finding, Severity, StepRecord
 
 STATS = ("max_abs", "std")
 LOG_FLOOR = 0.05  # MAD floor in log space (5%): a flat history must not make noise a z of 100

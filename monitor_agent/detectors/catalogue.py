@@ -39,7 +39,7 @@ from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
 from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     # docs/format.md's catalogue

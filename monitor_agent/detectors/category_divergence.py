@@ -30,7 +30,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA
-from monitor_agent.types import EvalRecord, Finding, Severity
+from monitor_agent.records.types import EvalRecord, Finding, Severity
 
 PREFIX = "loss/"
 MAX_CATEGORIES = 256  # state stays bounded whatever a client sends

@@ -20,7 +20,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 CLIP_SATURATION = (
     "Clipping on most steps means the learning rate is likely too high: lower it.",

@@ -23,7 +23,7 @@ from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import grown
 from monitor_agent.detectors.support.stats import amp_overflow
-from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
+from monitor_agent.records.types import Finding, LayerTable, Severity, StepRecord
 
 DEAD_LAYER = (
     "Check the parameter is in the optimizer and its param group's lr is not 0.",

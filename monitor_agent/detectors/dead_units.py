@@ -23,7 +23,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import ModuleSlots, grown
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 DEAD_UNITS = (
     "Lower the learning rate or lengthen warmup: a large update pushed the pre-activations "

@@ -54,7 +54,7 @@ from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.layer_bands import locate
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
 

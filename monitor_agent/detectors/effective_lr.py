@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 WINDOW = 32
 MIN_READINGS = 10

@@ -37,7 +37,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, slope
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 GAIN_DRIFT = (
     "The gradient's amplification through depth is creeping up: watch for explosion; "

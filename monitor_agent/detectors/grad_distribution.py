@@ -34,7 +34,7 @@ from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import SlotIndex, grown
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, amp_overflow
-from monitor_agent.types import QUANTILE_LEVELS, Finding, Severity, StepRecord
+from monitor_agent.records.types import QUANTILE_LEVELS, Finding, Severity, StepRecord
 
 _MIN, _P1, _P25, _P50, _P75, _P99, _MAX = (QUANTILE_LEVELS.index(q)
                                            for q in (0.0, 0.01, 0.25, 0.5, 0.75, 0.99, 1.0))

@@ -42,7 +42,7 @@ from monitor_agent.detectors.support.layer_stats import LayerEma
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import grown
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
+from monitor_agent.records.types import Finding, LayerTable, Severity, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
 SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise

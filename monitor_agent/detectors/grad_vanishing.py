@@ -26,7 +26,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, median, sorted_median
-from monitor_agent.types import Finding, LayerTable, Severity, StepRecord
+from monitor_agent.records.types import Finding, LayerTable, Severity, StepRecord
 
 GRAD_VANISHING = (
     "Early layers get < 1% of the late layers' gradient: add residual connections or "

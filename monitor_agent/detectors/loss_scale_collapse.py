@@ -27,7 +27,7 @@ from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.nonfinite import nonfinite_params
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 LOSS_SCALE = (
     "The fp16 loss scale is collapsing: switch to bfloat16 autocast (no loss scaling needed).",

@@ -30,7 +30,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite, robust_z
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 LOSS_SPIKE = (
     "Inspect the batch of this step (corrupted, mislabelled or out-of-distribution data).",

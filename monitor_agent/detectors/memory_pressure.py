@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite, slope
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 MiB = 1024.0 * 1024.0
 SKIP_FIRST_STEPS = 10  # allocators and caches fill up during the first steps

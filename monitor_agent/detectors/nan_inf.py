@@ -42,7 +42,7 @@ from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.nonfinite import nonfinite_mask, nonfinite_params
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
+from monitor_agent.records.types import EvalRecord, Finding, Severity, StepRecord
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
 NAN_AT_START = (

@@ -23,7 +23,7 @@ from monitor_agent.detectors.support.advice import STOP_EARLY
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import finite
-from monitor_agent.types import EvalRecord, Finding, Severity
+from monitor_agent.records.types import EvalRecord, Finding, Severity
 
 OVERFITTING = (
     STOP_EARLY,

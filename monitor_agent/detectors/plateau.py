@@ -24,7 +24,7 @@ from monitor_agent.detectors.support.advice import STOP_EARLY
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite, median
-from monitor_agent.types import EvalRecord, Finding, Severity, StepRecord
+from monitor_agent.records.types import EvalRecord, Finding, Severity, StepRecord
 
 PLATEAU = (
     "The loss is flat: raise the learning rate if it is tiny, or check the schedule.",

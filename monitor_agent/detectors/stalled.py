@@ -22,7 +22,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 MIN_INTERVALS = 5  # intervals needed before the median step interval means anything
 

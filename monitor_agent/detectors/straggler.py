@@ -22,7 +22,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 STRAGGLER = (
     "One rank computes much slower than the others: check that host (thermal throttling, "

@@ -21,11 +21,11 @@ import dataclasses
 from typing import Any
 
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
+from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.detectors.nan_inf import NanInfDetector
-from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.support.base import Detector
 from monitor_agent.detectors.support.context import RunContext
-from monitor_agent.types import Finding, Record, StepRecord
+from monitor_agent.records.types import Finding, Record, StepRecord
 
 SNAPSHOT_VERSION = 1
 

@@ -31,7 +31,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 SKIP_FIRST_STEPS = 5  # the first steps include compilation and cache warm-up
 

@@ -21,7 +21,7 @@ from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, Severity, StepRecord
 
 UPDATE_RATIO_HIGH = (
     "update/param above 0.1: reduce the learning rate 5-10x.",

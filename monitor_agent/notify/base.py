@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from monitor_agent import wire
+from monitor_agent.records import wire
 
 
 @dataclass(frozen=True, slots=True)

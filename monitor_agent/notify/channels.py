@@ -19,15 +19,15 @@ from typing import Protocol
 
 from monitor_agent.notify.alertmanager import AlertmanagerNotifier
 from monitor_agent.notify.base import Notifier
-from monitor_agent.notify.console import ConsoleNotifier
-from monitor_agent.notify.pagerduty import PagerDutyNotifier
-from monitor_agent.notify.settings import (
+from monitor_agent.notify.channel_settings import (
     AlertmanagerSettings,
     ConsoleSettings,
     PagerDutySettings,
     SlackSettings,
     WebhookSettings,
 )
+from monitor_agent.notify.console import ConsoleNotifier
+from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.notify.webhook import WebhookNotifier
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from monitor_agent import wire
-from monitor_agent.database import Database
+from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
-from monitor_agent.notify.metrics import DeliveryMetrics
-from monitor_agent.notify.settings import OutboxSettings
+from monitor_agent.notify.channel_settings import OutboxSettings
+from monitor_agent.records import wire
+from monitor_agent.storage.database import Database
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent import wire
-from monitor_agent.database import transaction
 from monitor_agent.detectors.category_divergence import category_losses
+from monitor_agent.records import wire
+from monitor_agent.storage.database import transaction
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 

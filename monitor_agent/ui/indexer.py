@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from monitor_agent import wire
+from monitor_agent.records import wire
 from monitor_agent.ui.history import HistoryBuilder, open_history
 
 log = logging.getLogger(__name__)

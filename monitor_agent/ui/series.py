@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent import wire
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
+from monitor_agent.records import wire
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 

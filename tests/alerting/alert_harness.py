@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 from receivers import Receiver
 
 ROUTING_KEY = "R0UT1NGKEY-secret-0123456789abcd"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.rules import (
     RuleError,
     first_match,
@@ -13,8 +14,7 @@ from monitor_agent.alerting.rules import (
     parse_duration,
     parse_rules,
 )
-from monitor_agent.alerting.settings import AlertingSettings
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 
 GOOD = """
 routes: {page: [pagerduty], chat: [slack]}

@@ -147,7 +147,7 @@ def test_silence_mutes_then_releases(harness: Harness):
 
 
 def test_log_only_and_unmatched_findings_are_never_sent(harness: Harness):
-    from monitor_agent.types import Finding, Severity
+    from monitor_agent.records.types import Finding, Severity
 
     quiet = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=1,
                     message="m", log_only=True)

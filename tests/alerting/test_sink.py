@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 
 SINK_METHODS = ("handle", "preview", "run_ended", "tick")
 
@@ -25,7 +25,7 @@ def test_alerting_used_through_the_sink_seam(tmp_path: Path):
     settings = AlertingSettings(console={"enabled": False}, group_wait_seconds=0)
     alerting = Alerting(settings, tmp_path / "alerts.sqlite", CollectorRegistry(),
                         clock=lambda: 1e9)
-    sink: AlertSink = alerting  # as app.py hands it to the Engine (mypy checks that one)
+    sink: AlertSink = alerting  # as serving/app.py hands it to the Engine (mypy checks that one)
     nan = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=3,
                   message="loss is NaN", value=float("nan"))
     assert sink.handle(RunContext("r1"), [nan], now=1e9) == []

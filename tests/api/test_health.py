@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from live_server import LiveServer
-from monitor_agent import wire
+from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
 
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from live_server import LiveServer
-from monitor_agent import limits
+from monitor_agent.records import limits
 from monitor_agent.settings import load_settings
 
 NDJSON = {"content-type": "application/x-ndjson"}

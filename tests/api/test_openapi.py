@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from live_server import LiveServer
-from monitor_agent.app import create_app
+from monitor_agent.serving.app import create_app
 from monitor_agent.settings import load_settings
 
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -10,8 +10,8 @@ from fastapi import HTTPException
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.api.services import Readiness, Services
-from monitor_agent.metrics import SelfMetrics
-from monitor_agent.runner import EngineRunner
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.settings import load_settings
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from monitor_agent import wire
 from monitor_agent.api.verbatim import verbatim_ok
+from monitor_agent.records import wire
 
 STEP = {"kind": "step", "run_id": "r", "step": 3, "time": 1.5, "loss": "NaN",
         "layers": {"a.weight": {"grad_norm": 1.0, "grad_none": False}},

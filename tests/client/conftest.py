@@ -1,7 +1,7 @@
 """A real HTTP receiver on loopback that speaks the sidecar's ingest contract.
 
 It is the sidecar's wire protocol, not our code: POST /v1/records with gzip'd JSON Lines,
-validated by the sidecar's own ``monitor_agent.schemas``, idempotent on
+validated by the sidecar's own ``monitor_agent.records.schemas``, idempotent on
 (run_id, rank, kind, step), answering 200 {"accepted", "duplicates", "rejected"}. It can
 be stopped and restarted on the same port, answer 503, or refuse bodies over a size (413).
 POST /v1/records/preview (copies of NaN steps sent ahead of a backlog) is kept apart in
@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from client_shapes import step_shape
 
-from monitor_agent.schemas import RecordError, validate
+from monitor_agent.records.schemas import RecordError, validate
 
 
 class Receiver:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from monitor_agent.schemas import parse_record
+from monitor_agent.records.schemas import parse_record
 from monitor_client import Monitor
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from monitor_agent.schemas import parse_record
+from monitor_agent.records.schemas import parse_record
 from monitor_client import Monitor
 from monitor_client.finite import FiniteFlags
 from monitor_client.gate import NormGate

@@ -137,5 +137,5 @@ def test_dockerfile_build_stage_runs_natively(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert "monitor_agent/cli.py" in names and "monitor_agent/app.py" in names
+    assert "monitor_agent/cli.py" in names and "monitor_agent/serving/app.py" in names
     assert "monitor-agent = monitor_agent.cli:main" in entry_points

@@ -1,5 +1,5 @@
 """Every metric name that dashboards and rules use is one the sidecar defines
-(monitor_agent/metric_names.py), one a rule records, or one Prometheus makes itself."""
+(monitor_agent/metrics/names.py), one a rule records, or one Prometheus makes itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from conftest import DASHBOARDS, DEPLOY, RULE_FILES
 
 from dashboards.queries import iter_queries, substitute
-from monitor_agent import metric_names as names
+from monitor_agent.metrics import names
 
 BUILTINS = {"up", "ALERTS", "ALERTS_FOR_STATE", "scrape_duration_seconds", "scrape_samples_scraped"}
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
@@ -84,7 +84,7 @@ def test_the_parser_finds_names_and_skips_the_rest() -> None:
 @pytest.mark.parametrize("where,expr", rule_exprs() + dashboard_exprs())
 def test_every_name_is_defined(where: str, expr: str) -> None:
     unknown = metric_names_in(expr) - known() - recorded()
-    assert not unknown, f"{where}: {sorted(unknown)} not in monitor_agent/metric_names.py"
+    assert not unknown, f"{where}: {sorted(unknown)} not in monitor_agent/metrics/names.py"
 
 
 def test_kubernetes_rules_use_the_same_names() -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from monitor_agent import schemas, wire
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
-from monitor_agent.types import EndRecord, Finding, Record
+from monitor_agent.records import schemas, wire
+from monitor_agent.records.types import EndRecord, Finding, Record
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "public"
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent import wire
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
-from monitor_agent.types import (
+from monitor_agent.records import wire
+from monitor_agent.records.types import (
     EvalRecord,
     Finding,
     LayerTable,

@@ -6,7 +6,7 @@ import math
 
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
-from monitor_agent.types import ActivationTable
+from monitor_agent.records.types import ActivationTable
 
 
 def acts(rows: dict[str, tuple[float, float, float]]) -> ActivationTable:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from detector_harness import replay_trace
 
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 
 CORPUS = Path(__file__).resolve().parents[1] / "traces" / "corpus"
 LABELS = CORPUS / "labels.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, layers, names, only, run, step
 
-from monitor_agent.types import LayerTable
+from monitor_agent.records.types import LayerTable
 
 
 def _frozen_from(at: int, frozen: set[int], n: int = 6, until: int = 120) -> list:

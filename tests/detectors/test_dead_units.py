@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
-from monitor_agent.types import ActivationTable
+from monitor_agent.records.types import ActivationTable
 
 
 def acts(dead: dict[str, float | None]) -> ActivationTable:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 
 def _healthy(n: int) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 
 def _adam_like(n: int, start: int = 1, *, lr=lambda i: 1e-3, update=None, grad=None) -> list:

@@ -74,7 +74,7 @@ def test_a_drift_at_constant_total_gradient_is_quiet():
 
 
 def test_it_is_info_not_an_alarm():
-    from monitor_agent.types import Severity
+    from monitor_agent.records.types import Severity
 
     found = feed(only("gain_drift"), _stream(16, lambda i: 1.0 if i < 200 else 1.4, 400))
     assert found and {f.severity for f in found} == {Severity.INFO}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from synth_records import DT, T0, assert_restore_equivalent, feed, only, run
 
-from monitor_agent import schemas
-from monitor_agent.types import QUANTILE_LEVELS
+from monitor_agent.records import schemas
+from monitor_agent.records.types import QUANTILE_LEVELS
 
 EVERY = 10  # hist_every of the synthetic runs
 NAMES = [f"h.{k}.weight" for k in range(6)]

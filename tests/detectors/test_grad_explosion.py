@@ -9,7 +9,7 @@ import math
 import numpy as np
 from synth_records import assert_restore_equivalent, feed, layers, names, noise, only, run, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 
 def _steady(n: int, start: int = 1) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, only, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 INF = float("inf")
 

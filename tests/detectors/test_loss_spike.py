@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, feed, noise, of_type, only, run, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 
 def _decaying(n: int, spike_at: dict[int, float] | None = None) -> list:

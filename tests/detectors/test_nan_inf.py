@@ -16,7 +16,7 @@ from synth_records import (
 )
 
 from monitor_agent.detectors import nan_inf as tips
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 NAN, INF = math.nan, math.inf
 
@@ -125,7 +125,7 @@ def test_a_skipped_amp_step_keeps_its_origin_for_the_next_finding():
 
 def test_preview_is_the_finding_update_would_give_and_changes_nothing():
     """The preview route's rule (a NaN step ahead of its backlog) is the detector's own."""
-    from monitor_agent import wire
+    from monitor_agent.records import wire
 
     recs = [run()] + [step(i) for i in range(1, 40)]
     recs += [step(40 + k, grad_norm=10.0 ** (k + 1)) for k in range(3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import assert_restore_equivalent, eval_rec, feed, noise, only, run, step
 
-from monitor_agent.types import Severity
+from monitor_agent.records.types import Severity
 
 
 def test_a_run_that_never_learns_is_a_warning():

@@ -11,7 +11,7 @@ The rule, strict but fair, per trace:
 
 Each trace runs twice: through ``DetectorSuite`` directly (the local harness, records'
 time as the clock, a final tick ``stall_horizon_seconds`` after a trace without an end
-record) and through the product's ``monitor_agent.replay.replay_files`` (the same engine
+record) and through the product's ``monitor_agent.pipeline.replay.replay_files`` (the same engine
 as live ingest). Removing any detector makes at least one of these fail; the two types no
 public trace expects (``update_ratio_high``, ``gain_drift``) are proven by their unit tests.
 """
@@ -25,7 +25,7 @@ import pytest
 from detector_harness import TRACES, replay_trace
 
 from monitor_agent.detectors import FINDING_TYPES
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 
 LABELS = TRACES / "labels.json"
 pytestmark = pytest.mark.skipif(not LABELS.exists(), reason=f"{LABELS} not present")
@@ -36,7 +36,7 @@ def _labels() -> list[dict]:
 
 
 def _replay(path: Path) -> list[Finding]:
-    from monitor_agent.replay import replay_files
+    from monitor_agent.pipeline.replay import replay_files
 
     return replay_files([path])[0].findings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import DT, assert_restore_equivalent, feed, only, run, step
 
-from monitor_agent.types import EndRecord
+from monitor_agent.records.types import EndRecord
 
 
 def _steps(n: int) -> list:

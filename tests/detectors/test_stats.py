@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from monitor_agent import wire
 from monitor_agent.detectors.support.state import dump, load_into
 from monitor_agent.detectors.support.stats import Ema, Window, robust_z, slope
+from monitor_agent.records import wire
 
 
 def test_ema_first_value_is_the_start_and_converges():

@@ -9,7 +9,7 @@ from synth_records import assert_restore_equivalent, feed, step
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, FORMAT_TYPES
-from monitor_agent.types import RunRecord
+from monitor_agent.records.types import RunRecord
 
 
 def test_one_detector_class_per_finding_type():

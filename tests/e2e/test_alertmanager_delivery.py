@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from alertmanager_process import AlertmanagerProcess, available
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
-from monitor_agent.types import Finding, Severity
+from monitor_agent.records.types import Finding, Severity
 from receivers import Receiver
 from sidecar_process import free_port
 

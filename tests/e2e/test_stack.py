@@ -26,7 +26,7 @@ import yaml
 from e2e.webhook import Webhook
 
 from dashboards.queries import iter_queries, substitute
-from monitor_agent import wire
+from monitor_agent.records import wire
 from sidecar_process import SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting.db import open_alert_db
-from monitor_agent.notify.metrics import DeliveryMetrics
+from monitor_agent.metrics.delivery import DeliveryMetrics
+from monitor_agent.notify.channel_settings import OutboxSettings
 from monitor_agent.notify.outbox import Outbox, RetryPolicy
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
-from monitor_agent.notify.settings import OutboxSettings
 from monitor_agent.notify.slack import SlackNotifier
 from receivers import Receiver, Reply
 from sample_events import T0, event, note

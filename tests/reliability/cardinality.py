@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 from process_probe import ProcessProbe
 
-from monitor_agent import wire
+from monitor_agent.records import wire
 
 NDJSON_GZIP = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
 

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor_agent import wire
+from monitor_agent.records import wire
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "public"
 VICTIM = "victim-run"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from process_probe import Footprint, ProcessProbe
 
-from monitor_agent import wire
+from monitor_agent.records import wire
 
 LAYER_STATS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac",
                "param_norm", "update_norm")

@@ -9,7 +9,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from ui_checks import CANVAS_COLOURS, CHARTS
 
 from monitor_agent.cli import main
-from monitor_agent.replay import replay_files
+from monitor_agent.pipeline.replay import replay_files
 from monitor_agent.settings import Settings
 
 TRACE = Path(__file__).resolve().parents[1] / "traces" / "activation_blowup_gpt.jsonl.gz"

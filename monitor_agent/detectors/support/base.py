@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from monitor_agent.types import Finding, Record
+from monitor_agent.records.types import Finding, Record
 
 
 @runtime_checkable

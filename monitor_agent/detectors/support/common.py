@@ -34,7 +34,7 @@ import numpy as np
 from monitor_agent.detectors.support.context import RunContext
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.state import dump, load_into, plain
-from monitor_agent.types import EvalRecord, Finding, Record, Severity, StepRecord
+from monitor_agent.records.types import EvalRecord, Finding, Record, Severity, StepRecord
 
 
 @dataclass(slots=True)

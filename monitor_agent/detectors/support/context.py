@@ -24,7 +24,7 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import SlotIndex
 from monitor_agent.detectors.support.state import dump, load_into
 from monitor_agent.detectors.support.stats import Ema, amp_overflow
-from monitor_agent.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
+from monitor_agent.records.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
 
 
 @dataclass(slots=True)

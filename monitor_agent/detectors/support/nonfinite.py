@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from monitor_agent.detectors.support.context import RunContext
-from monitor_agent.types import LayerTable, StepRecord
+from monitor_agent.records.types import LayerTable, StepRecord
 
 _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
 

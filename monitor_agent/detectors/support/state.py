@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.wire import nonfinite_to_float
+from monitor_agent.records.wire import nonfinite_to_float
 
 
 def dump(obj: Any) -> Any:

@@ -1,0 +1,66 @@
+"""Actions back to the trainer: a rule may ask the run to ``stop`` or to ``checkpoint``.
+
+An action is taken once per alert episode, when the episode's ``action_after``-th matching
+finding arrives (``action_after: 3`` on ``nan_inf`` = "stop on repeated NaN"). It is
+stored in the alert database in the same transaction as the alert state, remembered on
+the alert so every page of that alert says what was done, returned to the client in the
+ingest response, and served by ``GET /v1/runs/{run_id}/actions`` for ranks and pollers
+that did not post the record.
+
+A stop is only a request until the trainer honours it, some steps later (the client sees
+it on its next answer or poll). So the page first says "stop requested at step N by rule
+R"; when the run's end record arrives with status ``stopped``, its step is the step the
+trainer stopped at (``honoured``), and the alert then says "run stopped at step M by rule
+R (stop requested at step N)".
+
+Example::
+
+    with alert_store.tx() as tx:
+        action = take(tx, rule, finding, fingerprint="ab12", now=time.time())
+    for a in alert_store.actions_for_run("gpt-7", after=0):
+        print(a.id, a.action, a.message)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from monitor_agent.alerting.alert_store import AlertTx
+from monitor_agent.alerting.model import Action
+from monitor_agent.alerting.rules import Rule
+from monitor_agent.records.types import Finding
+
+__all__ = ["ACTIONS", "Action", "describe", "due", "honour_stops", "take"]
+
+ACTIONS: tuple[str, ...] = ("stop", "checkpoint")
+"""Actions the trainer is asked to take; ``notify-only`` (the default) takes none."""
+
+
+def describe(action: str, step: int, rule: str, honoured_step: int | None = None) -> str:
+    """The sentence pages carry, so whoever is paged knows what the run did about it."""
+    if action == "stop" and honoured_step is not None:
+        return f"run stopped at step {honoured_step} by rule {rule} (stop requested at step {step})"
+    return f"{action} requested at step {step} by rule {rule}"
+
+
+def due(rule: Rule, count: int) -> bool:
+    """Whether the ``count``-th finding of an episode triggers the rule's action."""
+    return rule.action in ACTIONS and count == rule.action_after
+
+
+def take(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float) -> Action:
+    """Record the action inside the caller's transaction and note it on the alert."""
+    action = Action(id=0, run_id=finding.run_id, action=rule.action, rule=rule.name,
+                    type=finding.type, step=finding.step,
+                    message=describe(rule.action, finding.step, rule.name), created_at=now)
+    return tx.add_action(action, fingerprint)
+
+
+def honour_stops(tx: AlertTx, run_id: str, step: int) -> list[Action]:
+    """The run ended ``stopped`` at ``step``: settle its open stop requests, reword alerts."""
+    done = []
+    for old, fingerprint in tx.open_stops(run_id, step):
+        new = replace(old, message=describe("stop", old.step, old.rule, step), honoured_step=step)
+        tx.honour(old, new, fingerprint)
+        done.append(new)
+    return done

@@ -1,0 +1,54 @@
+"""Delivery self-metrics: notifications by channel and outcome, latency, outbox depth.
+
+The outbox counts into these; ``metrics/alerting.py`` extends them with alerting's own
+decisions. Every series is pre-created so dashboards show zeros, not gaps.
+
+Example::
+
+    m = DeliveryMetrics(CollectorRegistry(), channels=["slack"])
+    m.notifications.labels(channel="slack", outcome="sent").inc()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from monitor_agent.metrics import names
+
+OUTCOMES: tuple[str, ...] = ("sent", "retried", "failed", "dropped")
+# Why a notification was given up on (a bounded set: the label must not take free text).
+UNDELIVERED: tuple[str, ...] = (
+    "http_400", "http_401", "http_403", "http_404", "http_410", "http_413", "http_other",
+    "expired", "max_attempts", "internal_error", "outbox_full",
+)
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class DeliveryMetrics:
+    """Notifications by channel/outcome, undelivered by reason, send latency, outbox depth."""
+
+    def __init__(self, registry: CollectorRegistry, channels: Iterable[str]) -> None:
+        self.notifications = Counter(
+            names.NOTIFICATIONS, "Notification deliveries by channel and outcome.",
+            ["channel", "outcome"], registry=registry,
+        )
+        self.undelivered = Counter(
+            names.NOTIFICATIONS_UNDELIVERED, "Notifications given up on, by channel and reason "
+            "(each also an ERROR log line and a delivery state on GET /v1/alerts).",
+            ["channel", "reason"], registry=registry,
+        )
+        self.duration = Histogram(
+            names.NOTIFICATION_DURATION, "Latency of one delivery attempt, by channel.",
+            ["channel"], buckets=BUCKETS, registry=registry,
+        )
+        self.pending = Gauge(
+            names.OUTBOX_PENDING, "Notifications waiting in the outbox.", registry=registry
+        )
+        for channel in channels:
+            self.duration.labels(channel=channel)
+            for outcome in OUTCOMES:
+                self.notifications.labels(channel=channel, outcome=outcome)
+            for reason in UNDELIVERED:
+                self.undelivered.labels(channel=channel, reason=reason)

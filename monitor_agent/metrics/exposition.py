@@ -1,0 +1,428 @@
+"""Renders run state as Prometheus text (format 0.0.4), fast and without label churn.
+
+A custom renderer rather than prometheus_client gauges: the series follow the runs the
+engine holds (a run that expires simply stops being rendered, so no stale series linger),
+and each run's lines are rendered once per change of that run and cached, so a scrape
+costs a string join for every run that did not move since the last one.
+
+Every label-cardinality cap (runs, ranks, layers, eval series) goes through one
+``SeriesCaps``, which reports what it cut to the ``on_drop`` callback (the
+``monitor_agent_dropped_series_total`` counter in the app).
+
+Example::
+
+    exp = Exposition(lambda: list(engine.runs.values()), CollectorRegistry(),
+                     max_runs=1000, max_layers=2000,
+                     on_drop=lambda reason, count: print("dropped", count, reason))
+    body = exp.render()   # bytes, Prometheus text format 0.0.4
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+
+from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFIX
+from monitor_agent.metrics import names as n
+from monitor_agent.pipeline.progress import run_progress
+from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.records.limits import scrub
+from monitor_agent.records.types import QUANTILE_LEVELS, QuantileTable, StepRecord
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def fmt(value: float) -> str:
+    """Prometheus spelling of a float (NaN, +Inf, -Inf are samples like any other)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def escape(value: str) -> str:
+    # scrub: values stored by older versions may hold what the edge now rejects (a lone
+    # surrogate cannot even be encoded); one such row must not break /metrics for everyone.
+    value = value.replace("\\", r"\\").replace('"', r"\"")
+    if value.isprintable():  # the common case, cheap; else newlines and worse
+        return value
+    return scrub(value.replace("\n", r"\n"))
+
+
+def _step_attr(attr: str) -> Callable[[StepRecord], float | None]:
+    return lambda rec: getattr(rec, attr)
+
+
+def _mem_attr(attr: str) -> Callable[[StepRecord], float | None]:
+    return lambda rec: getattr(rec.memory, attr) if rec.memory is not None else None
+
+
+def _gpu_attr(key: str) -> Callable[[StepRecord], float | None]:
+    return lambda rec: rec.gpu.get(key) if rec.gpu else None
+
+
+# Gauges read off the latest step record of each rank.
+STEP_GAUGES: tuple[tuple[n.MetricName, Callable[[StepRecord], float | None]], ...] = (
+    (n.LOSS, _step_attr("loss")),
+    (n.LEARNING_RATE, _step_attr("lr")),
+    (n.GRAD_NORM, _step_attr("grad_norm")),
+    (n.CLIP_THRESHOLD, _step_attr("clip_threshold")),
+    (n.PARAM_NORM, _step_attr("param_norm")),
+    (n.UPDATE_NORM, _step_attr("update_norm")),
+    (n.UPDATE_RATIO, _step_attr("update_ratio")),
+    (n.TOKENS_PER_SECOND, _step_attr("tokens_per_second")),
+    (n.MFU, _step_attr("mfu")),
+    (n.LOSS_SCALE, _step_attr("loss_scale")),
+    (n.DATA_WAIT, _step_attr("data_time")),
+    (n.COMPUTE_TIME, _step_attr("compute_time")),
+    (n.SYNC_WAIT, _step_attr("sync_wait_time")),
+    (n.MEM_ALLOCATED, _mem_attr("allocated_bytes")),
+    (n.MEM_RESERVED, _mem_attr("reserved_bytes")),
+    (n.MEM_PEAK, _mem_attr("peak_allocated_bytes")),
+    (n.MEM_TOTAL, _mem_attr("total_bytes")),
+    (n.GPU_UTIL, _gpu_attr("utilization")),
+    (n.GPU_TEMP, _gpu_attr("temperature_c")),
+    (n.GPU_POWER, _gpu_attr("power_w")),
+    (n.LAST_STEP_TS, _step_attr("time")),
+)
+LAYER_GAUGES: tuple[tuple[n.MetricName, str], ...] = (
+    (n.LAYER_GRAD_NORM, "grad_norm"),
+    (n.LAYER_UPDATE_RATIO, "update_ratio"),
+    (n.LAYER_GRAD_ZERO, "grad_zero_frac"),
+)
+# Per-module activation gauges (label ``module``), from the latest monitored step.
+ACTIVATION_GAUGES: tuple[tuple[n.MetricName, str], ...] = (
+    (n.ACT_MEAN, "mean"),
+    (n.ACT_STD, "std"),
+    (n.ACT_MAX_ABS, "max_abs"),
+    (n.ACT_ZERO, "zero_frac"),
+    (n.ACT_DEAD, "dead_frac"),
+    (n.ACT_NONFINITE, "nonfinite"),
+)
+_QUANTILE_LABELS = tuple(f"{q:g}" for q in QUANTILE_LEVELS)  # "0", "0.01", ..., "1"
+RANK_COUNTERS: tuple[tuple[n.MetricName, str], ...] = (
+    (n.STEPS, "steps_total"),
+    (n.TOKENS, "tokens_total"),
+    (n.SAMPLES, "samples_total"),
+    (n.SKIPPED_STEPS, "skipped_total"),
+)
+
+
+def _ignore_drop(reason: str, count: int) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesCaps:
+    """The label-cardinality caps of /metrics, and where a cut is reported.
+
+    Example::
+
+        caps = SeriesCaps(max_layers=2, on_drop=lambda reason, count: print(reason, count))
+        caps.keep("max_layers", 5, caps.max_layers)   # prints "max_layers 3", returns 2
+    """
+
+    max_runs: int = 1000
+    max_layers: int = 2000
+    max_ranks: int = 256
+    max_eval_series: int = 64
+    on_drop: Callable[[str, int], None] = _ignore_drop
+
+    def keep(self, reason: str, count: int, limit: int) -> int:
+        """How many of ``count`` series fit under ``limit``; the rest are reported dropped
+        under ``reason`` (the ``reason`` label of the dropped-series counter)."""
+        if count <= limit:
+            return count
+        self.on_drop(reason, count - limit)
+        return limit
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    type: str
+    help: str
+
+    def header(self) -> str:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.type}\n"
+
+
+def _family(m: n.MetricName) -> Family:
+    if m.type == "counter":
+        return Family(m.name + "_total", "counter", m.help)
+    if m.type == "info":
+        return Family(m.name, "gauge", m.help)
+    return Family(m.name, m.type, m.help)
+
+
+FAMILIES: tuple[Family, ...] = tuple(
+    _family(m)
+    for m in (
+        *(g for g, _ in STEP_GAUGES),
+        n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
+        n.PROGRESS, n.ETA, n.STEP_DURATION,
+        *(c for c, _ in RANK_COUNTERS),
+        n.EFFECTIVE_LR,
+        *(g for g, _ in LAYER_GAUGES),
+        n.LAYER_EFFECTIVE_LR,
+        *(g for g, _ in ACTIVATION_GAUGES),
+        n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
+        n.FINDINGS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
+    )
+)
+
+
+class Exposition:
+    """Renders every exposed run plus the self-metrics registry."""
+
+    def __init__(
+        self,
+        runs: Callable[[], Iterable[RunState]],
+        registry: CollectorRegistry,
+        *,
+        max_runs: int = 1000,
+        max_layers: int = 2000,
+        max_ranks: int = 256,
+        max_eval_series: int = 64,
+        alerts: Callable[[], Sequence[Any]] | None = None,
+        actions: Callable[[], dict[tuple[str, str, str], int]] | None = None,
+        on_drop: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._runs = runs
+        self._registry = registry
+        self._alerts = alerts
+        self._actions = actions
+        self.caps = SeriesCaps(max_runs, max_layers, max_ranks, max_eval_series,
+                               on_drop or _ignore_drop)
+        self._cache: dict[str, tuple[int, dict[str, str]]] = {}
+
+    def render(self) -> bytes:
+        runs = sorted(self._runs(), key=lambda r: r.first_seen)
+        runs = runs[: self.caps.keep("max_runs", len(runs), self.caps.max_runs)]
+        chunks = [self._chunks(run) for run in runs]
+        live = {run.run_id for run in runs}
+        for run_id in [k for k in self._cache if k not in live]:
+            del self._cache[run_id]
+        by_id = {r.run_id: r for r in runs}
+        alert_lines = {**self._alert_lines(by_id), **self._action_lines(by_id)}
+        parts: list[str] = []
+        for fam in FAMILIES:
+            parts.append(fam.header())
+            parts.extend(c.get(fam.name, "") for c in chunks)
+            parts.append(alert_lines.get(fam.name, ""))
+        return "".join(parts).encode() + generate_latest(self._registry)
+
+    def _chunks(self, run: RunState) -> dict[str, str]:
+        cached = self._cache.get(run.run_id)
+        version = run.version
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        chunks = RunRenderer(run, self.caps).render()
+        self._cache[run.run_id] = (version, chunks)
+        return chunks
+
+    def _alert_lines(self, runs: dict[str, RunState]) -> dict[str, str]:
+        if self._alerts is None:
+            return {}
+        firing: dict[tuple[str, str, str], int] = {}
+        active: list[str] = []
+        for alert in self._alerts():
+            run = runs.get(alert.run_id)
+            if run is None:
+                continue
+            base = f'project="{escape(run.project)}",run_id="{escape(run.run_id)}"'
+            key = (base, alert.alertname, alert.severity)
+            firing[key] = firing.get(key, 0) + 1
+            active.append(
+                f'{n.ALERT_ACTIVE.name}{{{base},alertname="{escape(alert.alertname)}",'
+                f'severity="{escape(alert.severity)}",layer="{escape(alert.layer or "")}",'
+                f'summary="{escape(_clip(alert.summary))}",'
+                f'suggestion="{escape(_clip(alert.suggestion or ""))}"}} 1\n'
+            )
+        lines = [
+            f'{n.ALERTS_FIRING.name}{{{base},alertname="{escape(name)}",'
+            f'severity="{escape(sev)}"}} {count}\n'
+            for (base, name, sev), count in firing.items()
+        ]
+        return {n.ALERTS_FIRING.name: "".join(lines), n.ALERT_ACTIVE.name: "".join(active)}
+
+
+    def _action_lines(self, runs: dict[str, RunState]) -> dict[str, str]:
+        if self._actions is None:
+            return {}
+        fam = n.ACTIONS.name + "_total"
+        lines = [
+            f'{fam}{{project="{escape(run.project)}",run_id="{escape(run_id)}",'
+            f'action="{escape(action)}",rule="{escape(rule)}"}} {count}\n'
+            for (run_id, action, rule), count in sorted(self._actions().items())
+            if (run := runs.get(run_id)) is not None
+        ]
+        return {fam: "".join(lines)}
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class RunRenderer:
+    """Renders the lines of one run, family by family, within ``caps``.
+
+    Example::
+
+        chunks = RunRenderer(run_state, SeriesCaps()).render()   # {family name: lines}
+    """
+
+    def __init__(self, run: RunState, caps: SeriesCaps) -> None:
+        self.run, self.caps = run, caps
+        self.out: dict[str, list[str]] = {}
+        self.run_labels = f'project="{escape(run.project)}",run_id="{escape(run.run_id)}"'
+
+    def add(self, family: str, labels: str, value: float | None) -> None:
+        if value is None:
+            return
+        self.out.setdefault(family, []).append(f"{family}{{{labels}}} {fmt(value)}\n")
+
+    def render(self) -> dict[str, str]:
+        ranks = sorted(self.run.ranks.items())
+        ranks = ranks[: self.caps.keep("max_ranks", len(ranks), self.caps.max_ranks)]
+        for rank, state in ranks:
+            self._rank(f'{self.run_labels},rank="{rank}"', rank, state)
+        self._run_level()
+        return {family: "".join(lines) for family, lines in self.out.items()}
+
+    def _rank(self, labels: str, rank: int, state: RankState) -> None:
+        rec = state.last
+        if rec is not None:
+            for metric, getter in STEP_GAUGES:
+                self.add(metric.name, labels, getter(rec))
+        self.add(n.LOSS_EMA.name, labels, state.loss_ema)
+        self.add(n.EFFECTIVE_LR.name, labels, state.last_effective_lr)
+        self.add(n.LAST_STEP.name, labels, state.last_step if state.last_step >= 0 else None)
+        for metric, attr in RANK_COUNTERS:
+            self.add(metric.name + "_total", labels, getattr(state, attr))
+        self._eval(labels, state)
+        self._histogram(labels, state)
+        self._progress(labels, state)
+        self._layers(labels, state)
+        self._activations(labels, state)
+        self._quantiles(n.LAYER_GRAD_QUANTILE.name, labels, state.last_grad_quantiles)
+        self._quantiles(n.LAYER_PARAM_QUANTILE.name, labels, state.last_param_quantiles)
+
+    def _eval(self, labels: str, state: RankState) -> None:
+        ev = state.last_eval
+        if ev is None:
+            return
+        self.add(n.VAL_LOSS.name, labels, ev.val_loss)
+        self.add(n.EVAL_TRAIN_LOSS.name, labels, ev.train_loss)
+        metrics = list(ev.metrics.items())
+        categories = [(k, v) for k, v in metrics if k.startswith(CATEGORY_PREFIX)]
+        others = [(k, v) for k, v in metrics if not k.startswith(CATEGORY_PREFIX)]
+        cap = self.caps.max_eval_series  # the first ones, in the eval's order, are kept
+        for name, value in categories[: self.caps.keep("max_categories", len(categories), cap)]:
+            label = escape(name[len(CATEGORY_PREFIX):])
+            self.add(n.CATEGORY_LOSS.name, f'{labels},category="{label}"', value)
+        for name, value in others[: self.caps.keep("max_eval_metrics", len(others), cap)]:
+            self.add(n.EVAL_METRIC.name, f'{labels},name="{escape(name)}"', value)
+
+    def _histogram(self, labels: str, state: RankState) -> None:
+        if not state.step_time_counts:
+            return
+        fam = n.STEP_DURATION.name
+        lines = self.out.setdefault(fam, [])
+        cumulative = 0
+        for le, count in zip(n.STEP_DURATION_BUCKETS, state.step_time_counts, strict=False):
+            cumulative += count
+            lines.append(f'{fam}_bucket{{{labels},le="{le}"}} {cumulative}\n')
+        total = sum(state.step_time_counts)
+        lines.append(f'{fam}_bucket{{{labels},le="+Inf"}} {total}\n')
+        lines.append(f"{fam}_sum{{{labels}}} {fmt(state.step_time_sum)}\n")
+        lines.append(f"{fam}_count{{{labels}}} {total}\n")
+
+    def _progress(self, labels: str, state: RankState) -> None:
+        found = run_progress(self.run, state)
+        if found is not None:
+            self.add(n.PROGRESS.name, labels, found.ratio)
+            self.add(n.ETA.name, labels, found.eta_seconds)
+
+    def _layers(self, labels: str, state: RankState) -> None:
+        table = state.last_layers
+        if table is None:
+            return
+        limit = self.caps.keep("max_layers", len(table.names), self.caps.max_layers)
+        grad = table.stats["grad_norm"]
+        upd, par = table.stats["update_norm"], table.stats["param_norm"]
+        with_ratio = (table.measured["update_norm"] & table.measured["param_norm"]).tolist()
+        zero = table.stats["grad_zero_frac"]
+        m_grad = table.measured["grad_norm"].tolist()
+        m_zero = table.measured["grad_zero_frac"].tolist()
+        g_l, u_l, p_l, z_l = grad.tolist(), upd.tolist(), par.tolist(), zero.tolist()
+        fam_g, fam_u, fam_z = (m.name for m, _ in LAYER_GAUGES)
+        out_g = self.out.setdefault(fam_g, [])
+        out_u = self.out.setdefault(fam_u, [])
+        out_z = self.out.setdefault(fam_z, [])
+        for i in range(limit):
+            lab = f'{labels},layer="{escape(table.names[i])}"'
+            if m_grad[i]:
+                out_g.append(f"{fam_g}{{{lab}}} {fmt(g_l[i])}\n")
+            if with_ratio[i] and p_l[i]:
+                out_u.append(f"{fam_u}{{{lab}}} {fmt(u_l[i] / p_l[i])}\n")
+            if m_zero[i]:
+                out_z.append(f"{fam_z}{{{lab}}} {fmt(z_l[i])}\n")
+        self._layer_effective_lr(labels, table, limit, state.last_layers_clip)
+
+    def _layer_effective_lr(self, labels: str, table: Any, limit: int, clip: float) -> None:
+        # ||update|| / ||clipped grad|| per parameter, where both were measured.
+        grad, upd = table.stats["grad_norm"][:limit], table.stats["update_norm"][:limit]
+        ok = (table.measured["update_norm"][:limit] & table.measured["grad_norm"][:limit]
+              & np.isfinite(grad) & (grad > 0))
+        fam = n.LAYER_EFFECTIVE_LR.name
+        out = self.out.setdefault(fam, [])
+        for i in np.flatnonzero(ok).tolist():
+            lab = f'{labels},layer="{escape(table.names[i])}"'
+            out.append(f"{fam}{{{lab}}} {fmt(upd[i] / (grad[i] * clip))}\n")
+
+    def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
+        # One series per (layer, quantile); capped by max_layers like the other layer gauges.
+        if table is None:
+            return
+        limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
+        out = self.out.setdefault(fam, [])
+        for name, row in zip(table.names[:limit], table.values[:limit].tolist(), strict=True):
+            lab = f'{labels},layer="{escape(name)}"'
+            out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
+                       for q, v in zip(_QUANTILE_LABELS, row, strict=True))
+
+    def _activations(self, labels: str, state: RankState) -> None:
+        # Capped by max_layers like the per-parameter gauges; a null (dead_frac of a
+        # non-ReLU module) is no sample at all, not NaN.
+        table = state.last_activations
+        if table is None:
+            return
+        limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
+        labs = [f'{labels},module="{escape(name)}"' for name in table.names[:limit]]
+        for metric, stat in ACTIVATION_GAUGES:
+            out = self.out.setdefault(metric.name, [])
+            for lab, v in zip(labs, table.stats[stat][:limit].tolist(), strict=True):
+                if v == v or stat in ("mean", "std", "max_abs"):  # NaN stats are data
+                    out.append(f"{metric.name}{{{lab}}} {fmt(v)}\n")
+
+    def _run_level(self) -> None:
+        run = self.run
+        for (ftype, severity), count in sorted(run.findings.items()):
+            self.add(
+                n.FINDINGS.name + "_total",
+                f'{self.run_labels},type="{escape(ftype)}",severity="{severity}"',
+                count,
+            )
+        extra = "".join(
+            f',{k}="{escape(v)}"'
+            for k, v in sorted(run.labels.items())
+            if k not in ("project", "run_id", "rank", "status")
+        )
+        self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}"', 1)

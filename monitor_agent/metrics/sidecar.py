@@ -1,0 +1,75 @@
+"""The sidecar's own metrics (``monitor_agent_*``), built on a registry passed in.
+
+Every label combination a dashboard or alert rule needs is created up front, so the series
+exist from the first scrape instead of appearing only after the first failure.
+
+Example::
+
+    registry = CollectorRegistry()
+    m = SelfMetrics(registry)
+    m.records.labels(outcome="accepted").inc(10)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from monitor_agent.metrics import names
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+REJECT_REASONS = ("invalid", "too_many_runs", "body", "auth", "too_large", "unavailable")
+
+
+class SelfMetrics:
+    """Counters and histograms about ingest, storage, detection and rendering."""
+
+    def __init__(self, registry: CollectorRegistry, version: str = "") -> None:
+        self.requests = Counter(
+            names.INGEST_REQUESTS, "Ingest requests by HTTP status code.", ["code"],
+            registry=registry,
+        )
+        self.records = Counter(
+            names.INGEST_RECORDS, "Ingested records by outcome.", ["outcome"], registry=registry
+        )
+        self.rejections = Counter(
+            names.INGEST_REJECTIONS, "Rejected records or requests by reason.", ["reason"],
+            registry=registry,
+        )
+        self.ingest_duration = Histogram(
+            names.INGEST_DURATION, "Ingest request latency, receipt to acknowledgement.",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.store_duration = Histogram(
+            names.STORE_DURATION, "Latency of one batched SQLite write transaction.",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.detector_duration = Histogram(
+            names.DETECTOR_DURATION, "Detector time per record.",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.render_duration = Histogram(
+            names.RENDER_DURATION, "Time to render /metrics.",
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.dropped_series = Counter(
+            names.DROPPED_SERIES, "Series left out of /metrics by the cardinality caps.",
+            ["reason"], registry=registry,
+        )
+        self.runs = Gauge(names.RUNS, "Runs held in memory by state.", ["state"], registry=registry)
+        self.ready = Gauge(names.READY, "1 when the sidecar can store records.", registry=registry)
+        self.detector_errors = Counter(
+            "monitor_agent_detector_errors", "Detector exceptions (the record is still stored).",
+            registry=registry,
+        )
+        build = Gauge(names.BUILD_INFO, "Build information.", ["version"], registry=registry)
+        build.labels(version=version).set(1)
+        for outcome in ("accepted", "duplicate", "rejected", "late"):
+            self.records.labels(outcome=outcome)
+        for reason in REJECT_REASONS:
+            self.rejections.labels(reason=reason)
+        for reason in ("max_runs", "max_layers", "max_ranks", "max_layer_names"):
+            self.dropped_series.labels(reason=reason)
+        for state in ("running", "ended", "stalled"):
+            self.runs.labels(state=state)
+        for code in ("200", "400", "401", "413", "415", "429", "503"):
+            self.requests.labels(code=code)

@@ -1,0 +1,67 @@
+"""Is a record's step plausible for its run? One far-ahead step must not rewrite history.
+
+Lateness ("this step is not newer than the last one, skip detection") and retention both
+reason from a rank's latest step. A single record with ``step: 2**53`` would make every
+later real step late (never analysed) and the whole history "old" (pruned). So a step may
+be at most ``max_step_jump`` ahead of what the rank has sent, plus what the run's own pace
+allows for the time it has been silent:
+
+    allowed = latest + max_step_jump + 10 * pace * seconds_since_last_record
+
+``pace`` is the rank's observed steps per second of sidecar time (so a client clock cannot
+inflate it), and 10x covers a trainer that speeds up (smaller eval, warmed-up kernels) or
+that skips logging. A client that was cut off by an outage resumes within that bound: its
+gap grows with the time it was away. ``max_step_jump`` (default 100,000) is the floor for a
+run too young to have a pace; a trainer that logs sparser than that sends ``step`` in its own
+units. A new rank (no history) accepts any step: there is nothing to protect yet.
+
+Example::
+
+    reason = implausible_step(run, record, seen={}, max_jump=100_000, now=time.time())
+    if reason: reject(reason)   # 422 for that record
+"""
+
+from __future__ import annotations
+
+from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.records.types import Record, RunRecord
+
+PACE_HEADROOM = 10.0
+
+
+def implausible_step(
+    run: RunState, record: Record, seen: dict[tuple[str, int], int], max_jump: int, now: float
+) -> str | None:
+    """Why the record's step is implausible, or None; ``seen`` tracks the current batch."""
+    if isinstance(record, RunRecord):
+        return None
+    key = (record.run_id, record.rank)
+    state = run.ranks.get(record.rank)
+    latest = max(state.last_step if state else -1, state.last_eval_step if state else -1,
+                 seen.get(key, -1))
+    if latest < 0:
+        seen[key] = max(seen.get(key, -1), record.step)
+        return None
+    allowed = latest + max_jump + _pace_allowance(run, state, now)
+    if record.step > allowed:
+        return (f"step: {record.step} is implausible for run {record.run_id} rank {record.rank}: "
+                f"more than {allowed - latest} steps after its latest step {latest} "
+                f"(max_step_jump={max_jump} plus the run's pace)")
+    seen[key] = max(seen.get(key, -1), record.step)
+    return None
+
+
+def _pace_allowance(run: RunState, state: RankState | None, now: float) -> int:
+    if state is None:
+        return 0
+    first_step, first_arrival = state.first_step, state.first_arrival
+    if first_arrival is None:
+        # Restored after a restart: the pace since the run began, counting steps from 0
+        # (a resumed run looks faster than it is, which only makes the bound kinder).
+        first_step, first_arrival = 0, run.first_seen
+    last_arrival = state.last_arrival or run.last_arrival  # 0.0 until a step after restore
+    elapsed = last_arrival - first_arrival
+    if elapsed <= 0 or state.last_step <= first_step:
+        return 0
+    pace = (state.last_step - first_step) / elapsed
+    return int(PACE_HEADROOM * pace * max(now - last_arrival, 0.0))

@@ -1,0 +1,122 @@
+"""Snapshot and restore of a run, so a sidecar restart is invisible to detection.
+
+A snapshot holds the detector suite's state and the run's counters, tagged with the id of
+the last record it covers. Restoring loads it; the engine then replays every record stored
+after that id (``stored_tail``) through its own pipeline, the very path live records take.
+This module reads the store and fills a run; it never drives the engine.
+
+Example::
+
+    state = snapshot_run(run, suite)
+    after = restore_run(store, run, suite, now)   # None: the run was never stored
+    for row_id, record in stored_tail(store, run.run_id, after or 0):
+        ...   # the engine processes each as it would a live one
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.records import schemas, wire
+from monitor_agent.records.types import EvalRecord, Record, RunRecord, StepRecord
+from monitor_agent.storage.store import Store
+
+if TYPE_CHECKING:
+    from monitor_agent.detectors import DetectorSuite
+
+log = logging.getLogger(__name__)
+
+_RANK_FIELDS = (
+    "last_step", "last_eval_step", "steps_total", "tokens_total", "samples_total",
+    "skipped_total", "step_time_counts", "step_time_sum",
+)
+
+
+def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
+    return {
+        "suite": suite.snapshot(),
+        "status": run.status,
+        "findings": [[t, s, c] for (t, s), c in run.findings.items()],
+        "ranks": {
+            str(rank): {f: getattr(state, f) for f in _RANK_FIELDS}
+            for rank, state in run.ranks.items()
+        },
+    }
+
+
+def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float) -> int | None:
+    """Fill a fresh run and suite from the store's row and snapshot; return the id of the
+    last record the snapshot covers (0: none), or None when the run was never stored."""
+    row = store.run_row(run.run_id)
+    if row is None:
+        return None
+    run.first_seen = row.first_seen
+    run.last_arrival = min(row.last_seen, now)
+    run.status = row.status
+    if row.run_record:
+        record = _stored(row.run_record, run.run_id)
+        run.run = record if isinstance(record, RunRecord) else None
+    saved = store.detector_state(run.run_id)
+    after = 0
+    if saved is not None:
+        after, blob = saved
+        _restore_state(run, suite, wire.loads(blob))
+        _reload_latest(store, run)
+    run.snapshot_record_id = run.last_record_id = after
+    return after
+
+
+def stored_tail(store: Store, run_id: str, after: int) -> Iterator[tuple[int, Record]]:
+    """The run's records stored after row ``after``, in arrival order, as (row id, record);
+    rows that no longer validate are skipped (``_stored``)."""
+    for row_id, body in store.records_after(run_id, after):
+        record = _stored(body, run_id)
+        if record is not None:
+            yield row_id, record
+
+
+def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -> None:
+    suite.restore(state["suite"])
+    run.status = state.get("status", run.status)
+    run.findings = {(t, s): int(c) for t, s, c in state.get("findings", [])}
+    for rank, fields in state.get("ranks", {}).items():
+        rs = run.ranks[int(rank)] = RankState()
+        for name in _RANK_FIELDS:
+            setattr(rs, name, wire.nonfinite_to_float(fields[name]))
+        rs.loss_ema = suite.ema_loss(int(rank))
+
+
+def _reload_latest(store: Store, run: RunState) -> None:
+    """The latest step and eval of each rank, so gauges show values at once."""
+    for rank, state in run.ranks.items():
+        body = store.last_record(run.run_id, rank, "step")
+        last = _stored(body, run.run_id) if body is not None else None
+        if isinstance(last, StepRecord):
+            state.last = last
+            state.last_layers = state.last.layers
+            state.last_layers_clip = state.last.clip_coef
+            state.last_effective_lr = state.last.effective_lr
+            state.last_activations = state.last.activations
+            # Only when the latest step was a hist step; otherwise from the next one on.
+            state.last_grad_quantiles = state.last.grad_quantiles
+            state.last_param_quantiles = state.last.param_quantiles
+        body = store.last_record(run.run_id, rank, "eval")
+        if body is not None:
+            record = _stored(body, run.run_id)
+            state.last_eval = record if isinstance(record, EvalRecord) else None
+    run.version += 1
+
+
+def _stored(body: bytes, run_id: str) -> Record | None:
+    """A stored record, or None when today's rules reject it (stored by an older version,
+    e.g. a config with a lone surrogate): one bad row must not keep a run from loading."""
+    try:
+        return schemas.parse_record(wire.loads(body))
+    except (schemas.RecordError, ValueError) as exc:
+        log.warning("run %s: skipping a stored record that no longer validates: %s",
+                    run_id, exc)
+        return None
+

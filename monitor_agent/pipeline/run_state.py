@@ -1,0 +1,169 @@
+"""What the sidecar knows about each run right now: latest values, counters, status.
+
+The engine thread mutates it; the exposition reads it from another thread. Readers only
+touch immutable records and plain numbers, and every change bumps ``version`` last, so a
+reader sees either the old or the new values of a rank, never a torn mix that matters.
+
+Example::
+
+    run = RunState.new("r1", now=time.time())
+    run.apply_step(step_record, arrival=time.time(), buckets=STEP_DURATION_BUCKETS)
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor_agent.records.limits import MAX_NAME_LEN, scrub
+from monitor_agent.records.types import (
+    ActivationTable,
+    EvalRecord,
+    LayerTable,
+    QuantileTable,
+    RunRecord,
+    StepRecord,
+)
+
+
+@dataclass(slots=True)
+class RankState:
+    """Latest values and cumulative counters of one rank of a run."""
+
+    last: StepRecord | None = None
+    last_eval: EvalRecord | None = None
+    last_layers: LayerTable | None = None
+    last_activations: ActivationTable | None = None  # of the latest monitored step
+    last_grad_quantiles: QuantileTable | None = None  # of the latest hist step
+    last_param_quantiles: QuantileTable | None = None
+    last_effective_lr: float | None = None  # of the latest step that had an update norm
+    last_layers_clip: float = 1.0  # what clipping multiplied last_layers' gradients by
+    last_step: int = -1
+    last_eval_step: int = -1
+    last_arrival: float = 0.0
+    first_step: int = -1                 # the rank's pace (pipeline/plausible.py) is measured from
+    first_arrival: float | None = None   # here, in sidecar time
+    steps_total: int = 0
+    tokens_total: float = 0.0
+    samples_total: float = 0.0
+    skipped_total: int = 0
+    step_time_counts: list[int] = field(default_factory=list)
+    step_time_sum: float = 0.0
+    loss_ema: float | None = None
+
+
+@dataclass(slots=True)
+class RunState:
+    """A run as the engine tracks it."""
+
+    run_id: str
+    first_seen: float
+    last_arrival: float
+    run: RunRecord | None = None
+    status: str = "running"
+    ended_at: float | None = None
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    findings: dict[tuple[str, str], int] = field(default_factory=dict)
+    last_record_id: int = 0
+    snapshot_record_id: int = 0
+    version: int = 0
+    # Layer names the detectors track, capped (a name bomb must not grow memory forever).
+    layer_names: set[str] = field(default_factory=set)
+
+    @classmethod
+    def new(cls, run_id: str, now: float) -> RunState:
+        return cls(run_id=run_id, first_seen=now, last_arrival=now)
+
+    @property
+    def project(self) -> str:
+        if self.run is None:
+            return ""
+        project = self.run.labels.get("project") or self.run.config.get("project") or ""
+        # The edge validates both; a record stored by an older version may still be huge.
+        return scrub(str(project), MAX_NAME_LEN)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.run.labels) if self.run is not None else {}
+
+    def rank(self, rank: int) -> RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState()
+        return state
+
+    def apply_run(self, record: RunRecord) -> None:
+        self.run = record
+        self.version += 1
+
+    def apply_step(self, record: StepRecord, arrival: float, buckets: tuple[float, ...]) -> None:
+        state = self.rank(record.rank)
+        if not state.step_time_counts:
+            state.step_time_counts = [0] * (len(buckets) + 1)
+        state.steps_total += 1
+        state.tokens_total += _finite_or_zero(record.tokens)
+        state.samples_total += _finite_or_zero(record.samples)
+        state.skipped_total += int(record.skipped)
+        st = record.step_time
+        if st is not None and st == st and st >= 0:
+            state.step_time_counts[bisect.bisect_left(buckets, st)] += 1
+            state.step_time_sum += st
+        # The raw histograms are large (edges and counts per layer) and nothing reads them
+        # after detection; the quantile tables below are what the exposition shows.
+        state.last = record if record.grad_hist is None and record.param_hist is None else \
+            dataclasses.replace(record, grad_hist=None, param_hist=None)
+        if record.layers is not None:
+            state.last_layers = record.layers
+            state.last_layers_clip = record.clip_coef
+        if record.effective_lr is not None:
+            state.last_effective_lr = record.effective_lr
+        if record.activations is not None:
+            state.last_activations = record.activations
+        if record.grad_quantiles is not None:
+            state.last_grad_quantiles = record.grad_quantiles
+        if record.param_quantiles is not None:
+            state.last_param_quantiles = record.param_quantiles
+        if state.first_arrival is None:
+            state.first_step, state.first_arrival = record.step, arrival
+        state.last_step = max(state.last_step, record.step)
+        state.last_arrival = self.last_arrival = arrival
+        self.version += 1
+
+    def apply_eval(self, record: EvalRecord, arrival: float) -> None:
+        state = self.rank(record.rank)
+        state.last_eval = record
+        state.last_eval_step = max(state.last_eval_step, record.step)
+        self.last_arrival = arrival
+        self.version += 1
+
+    def apply_end(self, status: str, ended_at: float) -> None:
+        self.status = status
+        self.ended_at = ended_at
+        self.version += 1
+
+    def count_findings(self, findings: list[Any]) -> None:
+        for f in findings:
+            key = (f.type, f.severity.label)
+            self.findings[key] = self.findings.get(key, 0) + 1
+        if findings:
+            self.version += 1
+
+    def is_late(self, record: StepRecord | EvalRecord) -> bool:
+        """A step at or before the last one seen from its rank arrived out of order."""
+        state = self.ranks.get(record.rank)
+        if state is None:
+            return False
+        last = state.last_step if isinstance(record, StepRecord) else state.last_eval_step
+        return record.step <= last
+
+    @property
+    def last_step(self) -> int:
+        return max((r.last_step for r in self.ranks.values()), default=-1)
+
+
+def _finite_or_zero(value: float | None) -> float:
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        return 0.0
+    return value

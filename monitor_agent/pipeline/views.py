@@ -1,0 +1,166 @@
+"""What the API shows of a run: plain, immutable copies made on the engine thread.
+
+The engine's run state is written by the engine thread only (pipeline/runner.py); an HTTP handler
+that read it on the event loop could see a rank half-updated. So the engine's query methods
+(``Engine.run_listings``, ``run_summaries``, ``run_detail``) build these views on that
+thread, from the store's row and the run in memory, and hand back copies that nothing
+mutates afterwards.
+
+Example::
+
+    listings = await runner.call(engine.run_listings)
+    detail = await runner.call(engine.run_detail, "gpt-7")  # None: no such run
+    if detail is not None and detail.ranks is not None:
+        print(detail.ranks["0"]["latest"]["loss"])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from monitor_agent.pipeline.progress import run_progress
+from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.records import wire
+from monitor_agent.records.types import Severity
+from monitor_agent.storage.store import StoredRun
+
+# The scalars of a rank's latest step that GET /v1/runs/{id} shows, in this order.
+LATEST = (
+    "loss", "lr", "grad_norm", "clip_threshold", "param_norm", "update_norm", "update_ratio",
+    "tokens_per_second", "mfu", "loss_scale", "step_time", "data_time",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunListing:
+    """One line of ``GET /v1/runs``; ``last_step`` and ``findings`` only for live runs."""
+
+    run_id: str
+    status: str
+    active: bool
+    last_step: int | None
+    first_seen: float
+    last_seen: float
+    findings: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One line of the runs page: a live run's progress, the stored worst finding."""
+
+    run_id: str
+    project: str | None
+    status: str
+    active: bool
+    last_step: int | None
+    progress: float | None
+    eta_seconds: float | None
+    findings: int
+    worst_finding: str | None
+    last_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """``GET /v1/runs/{id}`` but its alerts (alerting answers those, off the engine thread).
+
+    ``last_step`` and ``ranks`` are None when the run is not in memory; ``ranks`` maps the
+    rank (as a string, as JSON keys are) to ``rank_view``'s dict.
+    """
+
+    run_id: str
+    status: str
+    active: bool
+    first_seen: float
+    last_seen: float
+    ended_at: float | None
+    run: dict[str, Any] | None
+    finding_counts: dict[str, int]
+    recent_findings: list[dict[str, Any]]
+    last_step: int | None
+    ranks: dict[str, dict[str, Any]] | None
+
+
+def listing(row: StoredRun, live: RunState | None) -> RunListing:
+    return RunListing(
+        run_id=row.run_id,
+        status=live.status if live else row.status,
+        active=live is not None,
+        last_step=live.last_step if live else None,
+        first_seen=row.first_seen,
+        last_seen=row.last_seen,
+        findings=sum(live.findings.values()) if live else None,
+    )
+
+
+def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
+            stored_last_step: int | None) -> RunSummary:
+    """``severities``: stored finding counts by severity; ``stored_last_step``: rank 0's
+    last stored step, shown when the run is not in memory."""
+    progress = None
+    if live is not None and live.ranks:
+        progress = run_progress(live, live.ranks[min(live.ranks)])
+    return RunSummary(
+        run_id=row.run_id, project=_project(live, row),
+        status=live.status if live else row.status, active=live is not None,
+        last_step=live.last_step if live is not None else stored_last_step,
+        progress=progress.ratio if progress else None,
+        eta_seconds=progress.eta_seconds if progress else None,
+        findings=sum(severities.values()),
+        worst_finding=max(severities, key=Severity.parse, default=None),
+        last_seen=row.last_seen,
+    )
+
+
+def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int],
+           recent: list[bytes]) -> RunDetail:
+    ranks = None
+    if live is not None:
+        ranks = {str(r): rank_view(live, s) for r, s in sorted(live.ranks.items())}
+    return RunDetail(
+        run_id=row.run_id,
+        status=live.status if live else row.status,
+        active=live is not None,
+        first_seen=row.first_seen,
+        last_seen=row.last_seen,
+        ended_at=row.ended_at,
+        run=wire.loads(row.run_record) if row.run_record else None,
+        finding_counts=finding_counts,
+        recent_findings=[wire.loads(b) for b in recent],
+        last_step=live.last_step if live is not None else None,
+        ranks=ranks,
+    )
+
+
+def rank_view(run: RunState, state: RankState) -> dict[str, Any]:
+    """A rank's counters, latest values and eval, and progress (keys only when known)."""
+    rec, ev = state.last, state.last_eval
+    latest = {k: getattr(rec, k) for k in LATEST} if rec is not None else {}
+    if rec is not None:  # of the latest step with an update norm, not only the last step
+        latest["effective_lr"] = state.last_effective_lr
+    view: dict[str, Any] = {
+        "last_step": state.last_step,
+        "steps_total": state.steps_total,
+        "tokens_total": state.tokens_total,
+        "loss_ema": state.loss_ema,
+        "latest": latest,
+        "val_loss": ev.val_loss if ev else None,
+        "eval_metrics": dict(ev.metrics) if ev else {},
+    }
+    found = run_progress(run, state)
+    if found is not None:
+        view["progress_ratio"], view["progress_basis"] = found.ratio, found.basis
+        if found.eta_seconds is not None:
+            view["eta_seconds"] = found.eta_seconds
+    return view
+
+
+def _project(live: RunState | None, row: StoredRun) -> str | None:
+    if live is not None:
+        return live.project or None
+    if row.run_record:
+        rec = wire.loads(row.run_record)
+        return (rec.get("labels") or {}).get("project") or (rec.get("config") or {}).get(
+            "project")
+    return None

@@ -1,0 +1,284 @@
+"""Wire models of docs/format.md, used only at the edges (the ingest API and trace replay).
+
+They validate one record at a time so a batch can accept the good records and say exactly
+why each bad one was rejected; ``to_record`` hands the rest of the sidecar the plain
+dataclass from ``types.py`` (``types.from_wire``: same-named fields, no hand-written copy),
+and ``stored_json`` the bytes the store keeps when the client's own line is not kept.
+
+Example::
+
+    rec = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": "NaN"})
+    assert math.isnan(rec.loss)
+    record, body = parse_for_store({"kind": "end", "run_id": "r", "time": 9.0})
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from typing_extensions import TypedDict
+
+from monitor_agent.records import limits
+from monitor_agent.records import types as t
+from monitor_agent.records.limits import MAX_NAME_LEN
+
+# Bounds that keep one record from exhausting memory or label space; generous for real runs
+# (the budgets of free-form parts, strings and histograms are in records/limits.py).
+MAX_LAYERS = 20_000
+MAX_HIST_BINS = 1024
+MAX_METRICS = 512
+MAX_LABELS = 32
+
+def _name(value: str) -> str:
+    return limits.check_text(value, MAX_NAME_LEN, "name")
+
+
+# No '/': a run id is one path segment of /v1/runs/{id} (and of the client's action poll).
+RunId = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+=-]+$"),
+]
+# Map keys; their characters are checked per map in one pass (limits.check_names).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]
+LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")]
+LabelValue = Annotated[str, AfterValidator(_name)]
+# Strict: a JSON true or "12" is not a step, and a record's time must be a real instant.
+Step = Annotated[int, Field(ge=0, le=2**53, strict=True)]
+Time = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Rank = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
+Num = float | None
+
+
+class _Wire(BaseModel):
+    # Producers may add fields; we ignore what we do not know (docs/format.md).
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings", frozen=True)
+
+
+class MemoryModel(_Wire):
+    device: Annotated[str, StringConstraints(max_length=64), AfterValidator(_name)] | None = None
+    allocated_bytes: Num = None
+    reserved_bytes: Num = None
+    peak_allocated_bytes: Num = None
+    total_bytes: Num = None
+
+
+class LayerModel(TypedDict, total=False):
+    # A TypedDict, not a model: a GPT-sized record has hundreds of these, and building a
+    # model instance for each made validation 7x slower.
+    grad_norm: Num
+    grad_mean: Num
+    grad_std: Num
+    grad_max_abs: Num
+    grad_zero_frac: Num
+    param_norm: Num
+    update_norm: Num
+    grad_none: bool
+
+
+MAX_ACTIVATION_MODULES = 4096
+MAX_NAMED_MODULES = 64
+
+
+class ActivationModel(TypedDict, total=False):
+    # Per module: statistics of its output on the step's first micro-batch (client docs).
+    mean: Num
+    std: Num
+    max_abs: Num
+    zero_frac: Num
+    dead_frac: Num  # ReLU-family only: units zero for every sample; else null
+    nonfinite: Num
+
+
+class HistModel(TypedDict):
+    edges: Annotated[list[float], Field(max_length=MAX_HIST_BINS + 1)]
+    counts: Annotated[list[float], Field(max_length=MAX_HIST_BINS)]
+    # Optional: values at types.QUANTILE_LEVELS (min, p1, p25, p50, p75, p95, p99, max).
+    quantiles: NotRequired[
+        Annotated[list[float], Field(min_length=len(t.QUANTILE_LEVELS),
+                                     max_length=len(t.QUANTILE_LEVELS))]
+    ]
+
+
+FreeForm = dict[str, Any]
+
+
+class RunModel(_Wire):
+    kind: Literal["run"]
+    run_id: RunId
+    time: Time | None = None
+    rank: Rank = 0
+    config: FreeForm = Field(default_factory=dict)
+    model: FreeForm = Field(default_factory=dict)
+    hardware: FreeForm = Field(default_factory=dict)
+    labels: Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)] = Field(
+        default_factory=dict
+    )
+
+    @field_validator("config", "model", "hardware")
+    @classmethod
+    def _budget(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        limits.check_freeform(value, str(info.field_name))
+        project = value.get("project") if info.field_name == "config" else None
+        if project is not None:
+            # It becomes the project label of every series of the run: the labels' rule.
+            if not isinstance(project, str):
+                raise ValueError("config.project: must be a string (it is a label value)")
+            limits.check_text(project, MAX_NAME_LEN, "config.project")
+        return value
+
+
+
+class StepModel(_Wire):
+    kind: Literal["step"]
+    run_id: RunId
+    step: Step
+    time: Time
+    rank: Rank = 0
+    loss: Num = None
+    lr: Num = None
+    grad_norm: Num = None
+    clip_threshold: Num = None
+    param_norm: Num = None
+    update_norm: Num = None
+    tokens: Num = None
+    samples: Num = None
+    step_time: Num = None
+    data_time: Num = None
+    compute_time: Num = None
+    sync_wait_time: Num = None
+    tokens_per_second: Num = None
+    mfu: Num = None
+    loss_scale: Num = None
+    skipped: bool | None = None
+    memory: MemoryModel | None = None
+    gpu: Annotated[dict[Name, Num], Field(max_length=64)] | None = None
+    layers: Annotated[dict[Name, LayerModel], Field(max_length=MAX_LAYERS)] | None = None
+    grad_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
+    param_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
+    activations: Annotated[
+        dict[Name, ActivationModel], Field(max_length=MAX_ACTIVATION_MODULES)
+    ] | None = None
+    # Where a fault started (issue 17): per-parameter pre-clip grad norms on the steps the
+    # client's gate keeps (non-finite or far above its median), and the modules whose
+    # forward output was non-finite, in forward order (first = where it appeared).
+    grad_norms: Annotated[dict[Name, Num], Field(max_length=MAX_LAYERS)] | None = None
+    nonfinite_modules: Annotated[list[Name], Field(max_length=MAX_NAMED_MODULES)] | None = None
+    nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None
+
+    @model_validator(mode="after")
+    def _budgets(self) -> StepModel:
+        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations"):
+            limits.check_names(getattr(self, where), where)
+        count = limits.hist_values(self.grad_hist, self.param_hist)
+        if count > limits.MAX_HIST_VALUES:
+            raise ValueError(f"grad_hist/param_hist: {count} numbers exceed the budget of "
+                             f"{limits.MAX_HIST_VALUES} per record")
+        return self
+
+
+
+class EvalModel(_Wire):
+    kind: Literal["eval"]
+    run_id: RunId
+    step: Step
+    time: Time
+    rank: Rank = 0
+    val_loss: Num = None
+    train_loss: Num = None
+    epoch: Num = None
+    metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] = Field(
+        default_factory=dict
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> EvalModel:
+        limits.check_names(self.metrics, "metrics")
+        return self
+
+
+
+def _error_text(value: str) -> str:
+    return limits.check_text(value, limits.MAX_TEXT_LEN, "error", name=False)
+
+
+class EndModel(_Wire):
+    kind: Literal["end"]
+    run_id: RunId
+    step: Step = 0
+    time: Time
+    rank: Rank = 0
+    status: Literal["completed", "failed", "stopped"] = "completed"
+    error: Annotated[str, AfterValidator(_error_text)] | None = None
+
+
+
+RecordModel = Annotated[
+    RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
+]
+WireRecord = RunModel | StepModel | EvalModel | EndModel
+_RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
+
+
+class RecordError(ValueError):
+    """A record that does not follow docs/format.md; the message names the field."""
+
+
+def explain(exc: ValidationError) -> str:
+    """One line per problem, naming the field: what a client needs to fix its record."""
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        # Keys are client data: short and printable in our answer, whatever they hold.
+        loc = ".".join(limits.safe(str(p)) for p in err["loc"][1:]
+                       if p not in ("function-after",))
+        loc = loc or str(err["loc"][0]) if err["loc"] else "record"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"(+{more} more)")
+    return "; ".join(parts)
+
+
+def validate(obj: Any) -> WireRecord:
+    """Validate one wire object; raise RecordError with a field-naming reason."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"a record must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    if kind not in ("run", "step", "eval", "end"):
+        raise RecordError(f"kind: must be one of run, step, eval, end (got {kind!r})")
+    try:
+        return _RECORD.validate_python(obj)
+    except ValidationError as exc:
+        raise RecordError(explain(exc)) from None
+
+
+def to_record(model: WireRecord) -> t.Record:
+    """The internal dataclass of a validated record."""
+    return t.from_wire(model)
+
+
+def stored_json(model: WireRecord) -> bytes:
+    """The JSON the store keeps for a record: only the fields docs/format.md defines (unknown
+    ones are never stored), nulls left out, NaN/Inf as strings."""
+    return model.model_dump_json(exclude_none=True).encode()
+
+
+def parse_record(obj: Any) -> t.Record:
+    """Validate one wire object and convert it to the internal dataclass."""
+    return to_record(validate(obj))
+
+
+def parse_for_store(obj: Any) -> tuple[t.Record, bytes]:
+    """Validate one wire object; return its internal record and the JSON to store for it."""
+    model = validate(obj)
+    return to_record(model), stored_json(model)

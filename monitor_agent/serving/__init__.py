@@ -1,0 +1,3 @@
+"""Serving: the app factory (app), uvicorn's configuration (server) and the embedded server
+the demo and tests start in-process.
+"""

@@ -1,0 +1,235 @@
+"""``create_app(settings)``: the FastAPI app, with everything it owns built in its lifespan.
+
+No module-level state: two apps with two settings objects can live in one process (tests
+do exactly that). The lifespan builds one ``Services`` (api/services.py) and sets its
+``backends`` once the databases are open; routes get its parts as typed dependencies
+(api/deps.py). What the lifespan starts it stops in reverse order on shutdown.
+
+Example::
+
+    app = create_app(load_settings(port=9400, data_dir=Path("/tmp/m")))
+    uvicorn.run(app, host="127.0.0.1", port=9400)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+
+from monitor_agent import __version__
+from monitor_agent.alerting import Alerting
+from monitor_agent.api import actions, alerts, health, ingest, preview, runs
+from monitor_agent.api.deps import services
+from monitor_agent.api.services import Backends, Readiness, Services
+from monitor_agent.metrics.exposition import Exposition
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.notify.redact import SecretRedactor
+from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.records import limits, wire
+from monitor_agent.settings import Settings
+from monitor_agent.storage.store import StorageError, Store
+from monitor_agent.ui import routes as ui
+from monitor_agent.ui.indexer import HistoryIndexer
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the sidecar app; resources are opened on startup and closed on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with _lifespan(app, settings):
+            yield
+
+    app = FastAPI(
+        title="monitor-agent",
+        version=__version__,
+        summary="Training-run health monitor: ingest, detect, alert, expose.",
+        lifespan=lifespan,
+    )
+    for module in (ingest, preview, runs, actions, alerts, health):
+        app.include_router(module.router)
+    app.include_router(ui.api)
+    app.include_router(ui.pages)
+    app.middleware("http")(storage_gate)
+    app.exception_handler(RequestValidationError)(_invalid_request)
+    ingest.install_openapi(app)
+    return app
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """422 naming each field, without echoing the input: it may be NaN (not JSON) or hold
+    a lone surrogate, and FastAPI's default answer then fails with a 500."""
+    detail = [{"loc": [limits.safe(str(p)) for p in err.get("loc", ())],
+               "msg": limits.safe(str(err.get("msg", "")), 500), "type": err.get("type")}
+              for err in exc.errors()[:20]]
+    return Response(wire.dumps({"detail": detail}), status_code=422,
+                    media_type="application/json")
+
+
+def _secrets(settings: Settings) -> list[str | None]:
+    a = settings.alerting
+    try:
+        token = settings.token_value()
+    except OSError:
+        token = None
+    return [token, a.slack.secret(), a.webhook.secret(), a.pagerduty.secret(),
+            *[u for u in a.alertmanager.urls if "@" in u]]
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    # First: from here on no log line of this process carries a configured secret.
+    redactor = SecretRedactor(_secrets(settings))
+    redactor.install()
+    try:
+        async with _serving(app, settings):
+            yield
+    finally:
+        redactor.uninstall()
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    registry = CollectorRegistry()
+    metrics = SelfMetrics(registry, __version__)
+    services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
+    app.state.services = services  # the one attribute; api/deps.py reads it, typed
+    try:
+        # What _open starts, stopped in reverse: the charts' indexer, alerting, the engine.
+        async with contextlib.AsyncExitStack() as opened:
+            try:
+                await _open(services, opened)
+                worker = asyncio.create_task(_tick_forever(services))
+            except STORAGE_ERRORS as exc:
+                # A read-only or broken data directory: serve /readyz (503, with the
+                # reason) and 503 elsewhere, so clients keep spooling, until it opens.
+                _not_ready(services, exc)
+                worker = asyncio.create_task(_open_when_possible(services, opened))
+            try:
+                yield
+            finally:
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+    finally:
+        services.runner.close()
+
+
+STORAGE_ERRORS = (StorageError, sqlite3.Error, OSError)
+
+
+async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
+    """Open the databases, recover active runs and start alerting; then the app is ready."""
+    settings, runner = services.settings, services.runner
+    metrics, registry = services.metrics, services.registry
+    store = await runner.call(
+        lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
+    )
+    try:
+        alerting = await runner.call(
+            lambda: Alerting(settings.alerting, settings.alerts_db_path, registry)
+        )
+    except BaseException:
+        store.close()
+        raise
+    try:  # a full disk: open (reads work), but not ready for writes until space frees
+        await runner.call(store.check_writable, write_headroom(settings))
+        unwritable = None
+    except StorageError as exc:
+        unwritable = f"storage: {exc}"
+    engine = Engine(settings, store, metrics, alerting)
+    recovered = await runner.call(engine.recover, time.time())
+    log.info("recovered %d active runs from %s", recovered, settings.db_path)
+    exposition = Exposition(
+        engine.exposed_runs, registry,
+        max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
+        max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
+        actions=alerting.action_counts,
+        on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
+    )
+    # The charts' own copy of the history, kept up to date from a thread of its own.
+    history = HistoryIndexer(
+        settings.db_path, services.history_db,
+        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps)
+    opened.push_async_callback(runner.call, _shutdown, engine, store)
+    opened.callback(alerting.stop, timeout=5.0)
+    opened.callback(history.stop)
+    history.start()
+    # Last: its presence means "open" to the storage gate.
+    services.backends = Backends(engine, alerting, exposition)
+    alerting.start()
+    services.readiness.set(unwritable)
+
+
+def _not_ready(services: Services, exc: BaseException) -> None:
+    reason = f"storage: cannot open {services.settings.data_dir}: {exc}"
+    if services.readiness.reason != reason:
+        log.error("%s; retrying every %ss", reason, services.settings.tick_interval_seconds)
+    services.readiness.set(reason)
+
+
+async def _open_when_possible(services: Services, opened: contextlib.AsyncExitStack) -> None:
+    while True:
+        await asyncio.sleep(services.settings.tick_interval_seconds)
+        try:
+            await _open(services, opened)
+        except STORAGE_ERRORS as exc:
+            _not_ready(services, exc)
+            continue
+        log.info("storage at %s is writable again; ready", services.settings.data_dir)
+        await _tick_forever(services)
+
+
+async def storage_gate(request: Request, call_next: Any) -> Response:
+    """503 for every route but the health checks while the databases are not open."""
+    found = services(request)
+    if found.open or request.url.path in ("/healthz", "/readyz"):
+        return await call_next(request)
+    return JSONResponse({"detail": f"not ready: {found.readiness.reason}; retry later"},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
+def write_headroom(settings: Settings) -> int:
+    """Free bytes needed to call the store writable again: room for one more request."""
+    cap = settings.max_db_bytes // 8 if settings.max_db_bytes else settings.max_body_bytes
+    return min(settings.max_body_bytes, cap)
+
+
+def _shutdown(engine: Engine, store: Store) -> None:
+    try:
+        engine.snapshot_all()
+    except StorageError:
+        log.warning("could not save detector state at shutdown; the tail replays on restart")
+    store.close()
+
+
+async def _tick_forever(services: Services) -> None:
+    settings, runner, readiness = services.settings, services.runner, services.readiness
+    engine, alerting = services.engine, services.alerting
+    while True:
+        await asyncio.sleep(settings.tick_interval_seconds)
+        try:
+            await runner.call(engine.tick, time.time())
+            if not readiness.ready:
+                await runner.call(engine.check_writable, write_headroom(settings))
+                await runner.call(alerting.check_writable)
+                readiness.set(None)
+        except StorageError as exc:
+            readiness.set(f"storage: {exc}")
+        except sqlite3.Error as exc:  # alerts.sqlite: a page could not be made durable
+            readiness.set(f"alert storage: {exc}")
+        except Exception:
+            log.exception("tick failed")

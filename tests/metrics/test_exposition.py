@@ -1,0 +1,125 @@
+"""The /metrics renderer: format details, caps with drop counters, expiry, caching."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.metrics.exposition import Exposition, escape, fmt
+from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
+from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.records.types import LayerTable, RunRecord, StepRecord
+
+
+def _run(run_id: str, layers: int = 3, ranks: int = 1, labels: dict | None = None) -> RunState:
+    run = RunState.new(run_id, now=0.0)
+    run.apply_run(RunRecord(run_id=run_id, labels=labels or {"project": "p"}))
+    table = LayerTable.from_mapping(
+        {f"l{i}": {"grad_norm": float(i), "param_norm": 2.0, "update_norm": 0.002}
+         for i in range(layers)}
+    )
+    for rank in range(ranks):
+        run.apply_step(StepRecord(run_id=run_id, step=1, time=1.0, rank=rank, loss=math.nan,
+                                  grad_norm=math.inf, step_time=0.2, layers=table),
+                       arrival=1.0, buckets=STEP_DURATION_BUCKETS)
+    return run
+
+
+def _exp(runs: list[RunState], **kw) -> tuple[Exposition, list[tuple[str, int]]]:
+    drops: list[tuple[str, int]] = []
+    exp = Exposition(lambda: runs, CollectorRegistry(), on_drop=lambda r, c: drops.append((r, c)),
+                     **kw)
+    return exp, drops
+
+
+def test_fmt_and_escape():
+    assert (fmt(math.nan), fmt(math.inf), fmt(-math.inf), fmt(1.5)) == ("NaN", "+Inf", "-Inf", "1.5")
+    assert escape('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_renders_non_finite_values_and_histogram():
+    exp, _ = _exp([_run("r")])
+    text = exp.render().decode()
+    assert 'training_loss{project="p",run_id="r",rank="0"} NaN' in text
+    assert 'training_grad_norm{project="p",run_id="r",rank="0"} +Inf' in text
+    assert 'training_step_duration_seconds_bucket{project="p",run_id="r",rank="0",le="0.25"} 1' in text
+    assert 'training_step_duration_seconds_bucket{project="p",run_id="r",rank="0",le="0.1"} 0' in text
+    assert 'training_layer_update_ratio{project="p",run_id="r",rank="0",layer="l2"} 0.001' in text
+
+
+def test_each_family_appears_once_and_contiguously():
+    exp, _ = _exp([_run("a"), _run("b")])
+    text = exp.render().decode()
+    assert text.count("# TYPE training_loss gauge") == 1
+    lines = [ln.split("{")[0] for ln in text.splitlines() if ln.startswith("training_loss{")]
+    assert lines == ["training_loss", "training_loss"]
+
+
+def test_caps_drop_and_count():
+    runs = [_run(f"r{i}", layers=10, ranks=3) for i in range(5)]
+    exp, drops = _exp(runs, max_runs=2, max_layers=4, max_ranks=2)
+    text = exp.render().decode()
+    assert 'run_id="r2"' not in text
+    assert text.count("training_layer_grad_norm{") == 2 * 2 * 4
+    assert ("max_runs", 3) in drops and ("max_layers", 6) in drops and ("max_ranks", 1) in drops
+
+
+def test_expired_runs_leave_the_output_and_cache():
+    runs = [_run("gone"), _run("stays")]
+    exp, _ = _exp(runs)
+    assert 'run_id="gone"' in exp.render().decode()
+    del runs[0]
+    text = exp.render().decode()
+    assert 'run_id="gone"' not in text and 'run_id="stays"' in text
+    assert set(exp._cache) == {"stays"}
+
+
+def test_cache_follows_run_changes():
+    run = _run("r")
+    exp, _ = _exp([run])
+    exp.render()
+    run.apply_step(StepRecord(run_id="r", step=2, time=2.0, loss=0.5), 2.0, STEP_DURATION_BUCKETS)
+    assert 'training_loss{project="p",run_id="r",rank="0"} 0.5' in exp.render().decode()
+
+
+def test_user_labels_go_on_run_info_only():
+    exp, _ = _exp([_run("r", labels={"project": "p", "pod": 'we"ird'})])
+    text = exp.render().decode()
+    assert 'training_run_info{project="p",run_id="r",pod="we\\"ird",status="running"} 1' in text
+    assert "pod=" not in [ln for ln in text.splitlines() if ln.startswith("training_loss{")][0]
+
+
+def test_layer_table_keeps_nan_as_data_and_none_as_missing():
+    t = LayerTable.from_mapping({"a": {"grad_norm": math.nan}, "b": {"grad_norm": None}})
+    assert t.measured["grad_norm"].tolist() == [True, False]
+    assert np.isnan(t.stats["grad_norm"]).all()
+
+
+def test_category_losses_get_their_own_family_and_a_cap():
+    from monitor_agent.records.types import EvalRecord
+
+    run = _run("cats")
+    metrics = {"accuracy": 0.5, **{f"loss/c{i}": 1.0 + i for i in range(5)}}
+    run.apply_eval(EvalRecord(run_id="cats", step=2, time=2.0, val_loss=1.0, metrics=metrics),
+                   arrival=2.0)
+    exp, drops = _exp([run], max_eval_series=3)
+    text = exp.render().decode()
+    base = 'project="p",run_id="cats",rank="0"'
+    assert f'training_category_loss{{{base},category="c0"}} 1' in text
+    assert f'training_eval_metric{{{base},name="accuracy"}} 0.5' in text
+    assert 'name="loss/' not in text and 'category="c3"' not in text
+    assert sum(c for r, c in drops if r == "max_categories") == 2
+
+
+def test_series_caps_keep_what_fits_and_report_the_rest_once():
+    from monitor_agent.metrics.exposition import SeriesCaps
+
+    drops: list[tuple[str, int]] = []
+    caps = SeriesCaps(max_layers=2, on_drop=lambda r, c: drops.append((r, c)))
+    assert caps.keep("max_layers", 5, caps.max_layers) == 2
+    assert caps.keep("max_layers", 2, caps.max_layers) == 2
+    assert caps.keep("max_runs", 0, caps.max_runs) == 0
+    assert drops == [("max_layers", 3)]
+    assert SeriesCaps().keep("max_ranks", 300, 256) == 256  # no callback: cut silently

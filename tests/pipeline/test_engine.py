@@ -1,0 +1,108 @@
+"""Engine housekeeping on a live sidecar: retention runs a slice per tick and keeps the
+newest ``retention_steps`` steps of every run and rank; evals and other kinds stay. And the
+engine's one seam to alerting, ``AlertSink``: what it is told, and that none is needed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from live_server import LiveServer
+from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.sink import AlertSink
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.records import schemas
+from monitor_agent.records.types import Finding
+from monitor_agent.settings import load_settings
+from monitor_agent.storage.store import Store
+
+
+def _stored_steps(url: str, run: str, rank: int = 0) -> list[int]:
+    body = httpx.get(f"{url}/v1/runs/{run}/records", params={"limit": 10_000}).json()
+    return [r["step"] for r in body["records"] if r["kind"] == "step" and r["rank"] == rank]
+
+
+def test_retention_keeps_the_newest_steps_of_every_rank(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path, retention_steps=100, tick_interval_seconds=0.05)
+    with LiveServer(settings) as srv:
+        for run in ("a", "b"):
+            records = [{"kind": "step", "run_id": run, "step": s, "rank": rank,
+                        "time": 1000.0 + s, "loss": 1.0}
+                       for s in range(1, 201) for rank in (0, 1)]
+            records.append({"kind": "eval", "run_id": run, "step": 10, "time": 1010.5,
+                            "val_loss": 1.0})
+            assert httpx.post(srv.url + "/v1/records", json={"records": records}).is_success
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(_stored_steps(srv.url, "b", 1)) > 100:
+            time.sleep(0.05)
+        for run in ("a", "b"):
+            for rank in (0, 1):
+                assert _stored_steps(srv.url, run, rank) == list(range(101, 201))
+        evals = httpx.get(f"{srv.url}/v1/runs/a/records", params={"kind": "eval"}).json()
+        assert [r["step"] for r in evals["records"]] == [10]
+
+
+class RecordingSink:
+    """An ``AlertSink`` that remembers what the engine told it and asks for one action."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict]:
+        self.calls.append(("handle", run, [f.type for f in findings]))
+        return [{"action": "stop", "run_id": run.run_id}]
+
+    def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
+        self.calls.append(("preview", run, [f.type for f in findings]))
+        return len(findings)
+
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+        self.calls.append(("run_ended", run_id, status, step))
+
+    def tick(self, now: float) -> None:
+        self.calls.append(("tick", now))
+
+
+def _items(objs: list[dict]) -> list[Incoming]:
+    return [Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(objs)]
+
+
+def _engine(tmp_path: Path, alerts: AlertSink | None = None) -> Engine:
+    settings = load_settings(data_dir=tmp_path)
+    return Engine(settings, Store(":memory:"), SelfMetrics(CollectorRegistry()), alerts)
+
+
+def test_the_engine_tells_its_alert_sink_about_findings_ends_and_ticks(tmp_path: Path):
+    sink = RecordingSink()
+    engine = _engine(tmp_path, sink)
+    run = {"kind": "run", "run_id": "r", "labels": {"team": "nlp"},
+           "config": {"project": "gpt"}}
+    nan = {"kind": "step", "run_id": "r", "step": 1, "time": 1.0, "loss": "NaN"}
+    result = engine.ingest(_items([run, nan]), now=5.0)
+    assert result.accepted == 2
+    assert result.actions == [{"action": "stop", "run_id": "r"}]
+    kind, context, types = sink.calls[0]
+    assert (kind, context.run_id, context.project, context.labels) == (
+        "handle", "r", "gpt", {"team": "nlp"})
+    assert "nan_inf" in types
+    ahead = {"kind": "step", "run_id": "r", "step": 2, "time": 2.0, "loss": "Infinity"}
+    assert engine.preview(_items([ahead]), now=6.0) >= 1
+    assert sink.calls[-1][0] == "preview"
+    engine.ingest(_items([{"kind": "end", "run_id": "r", "step": 2, "time": 3.0,
+                           "status": "stopped"}]), now=7.0)
+    assert sink.calls[-1] == ("run_ended", "r", "stopped", 2)
+    engine.tick(now=8.0)
+    assert ("tick", 8.0) in sink.calls
+
+
+def test_without_a_sink_findings_are_still_stored_and_nothing_pages(tmp_path: Path):
+    engine = _engine(tmp_path)
+    nan = {"kind": "step", "run_id": "r", "step": 1, "time": 1.0, "loss": "NaN"}
+    result = engine.ingest(_items([nan]), now=5.0)
+    assert [f.type for f in result.findings] == ["nan_inf"] and result.actions == []
+    assert engine.store.finding_counts("r") == {"nan_inf": 1}
+    assert engine.preview(_items([nan]), now=6.0) == 0

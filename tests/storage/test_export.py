@@ -1,0 +1,52 @@
+"""``monitor-agent export``: a stored run comes back as a trace that replays the same."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import httpx
+
+from live_server import LiveServer
+from monitor_agent.cli import main
+from monitor_agent.pipeline.replay import replay_files
+from monitor_agent.records import wire
+from monitor_agent.settings import Settings, load_settings
+from monitor_agent.storage import export
+
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "category_shift_mlp.jsonl.gz"
+
+
+def _findings(path: Path) -> list[tuple]:
+    run = replay_files([path], Settings())[0]
+    return sorted((f.type, f.step, f.rank, f.layer) for f in run.findings)
+
+
+def test_export_round_trips_through_replay(tmp_path: Path, capsys, monkeypatch):
+    original = list(wire.iter_trace(TRACE))
+    run_id = original[0]["run_id"]
+    with LiveServer(load_settings(data_dir=tmp_path / "data", token="tok")) as srv:
+        with gzip.open(TRACE, "rb") as fh:
+            lines = fh.read()
+        res = httpx.post(srv.url + "/v1/records", content=lines, timeout=60,
+                         headers={"content-type": "application/x-ndjson",
+                                  "Authorization": "Bearer tok"})
+        assert res.status_code == 200 and res.json()["accepted"] == len(original), res.text
+        by_url, by_dir = tmp_path / "url.jsonl.gz", tmp_path / "dir.jsonl"
+        assert main(["export", run_id, "-o", str(by_url), "--url", srv.url]) == 0
+        monkeypatch.setattr(export, "PAGE", 7)  # many pages, some ending mid-step
+        paged = tmp_path / "paged.jsonl"
+        assert main(["export", run_id, "-o", str(paged), "--url", srv.url]) == 0
+        assert main(["export", run_id, "-o", str(by_dir), "--data-dir",
+                     str(tmp_path / "data")]) == 0
+        assert main(["export", "no-such-run", "-o", str(tmp_path / "x.jsonl"), "--data-dir",
+                     str(tmp_path / "data")]) == 1
+    out = capsys.readouterr()
+    assert f"{len(original)} records of run {run_id}" in out.out
+    assert "no records of run 'no-such-run'" in out.err
+    exported = list(wire.iter_trace(by_url))
+    assert list(wire.iter_trace(by_dir)) == exported == list(wire.iter_trace(paged))
+    assert len(exported) == len(original)
+    assert [(r["kind"], r.get("step")) for r in exported] == [
+        (r["kind"], r.get("step")) for r in original]
+    assert _findings(by_url) == _findings(TRACE) != []

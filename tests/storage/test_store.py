@@ -1,0 +1,69 @@
+"""SQLite store: idempotent inserts, retention, recovery reads, refusing when unwritable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from monitor_agent.storage.store import RecordRow, StorageError, Store
+
+
+def _row(step: int, run_id: str = "r", kind: str = "step", rank: int = 0) -> RecordRow:
+    return RecordRow(run_id, rank, kind, step, float(step), b'{"step": %d}' % step)
+
+
+def test_duplicates_are_reported_not_stored_twice(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    first = store.insert_records([_row(1), _row(2)])
+    again = store.insert_records([_row(2), _row(3)])
+    assert all(first) and again[0] is None and again[1] is not None
+    assert store.records("r") == [b'{"step": 1}', b'{"step": 2}', b'{"step": 3}']
+
+
+def test_ranks_and_kinds_are_separate_keys(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    ids = store.insert_records([_row(1), _row(1, rank=1), _row(1, kind="eval")])
+    assert None not in ids
+
+
+def test_prune_keeps_the_newest_steps(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    store.insert_records([_row(s) for s in range(1, 11)] + [_row(5, kind="eval")])
+    assert store.prune("r", 0, through_step=5, limit=2) == 2  # oldest first, bounded
+    assert store.prune("r", 0, through_step=7) == 5
+    assert store.records("r", kinds=("step",)) == [b'{"step": %d}' % s for s in (8, 9, 10)]
+    assert store.records("r", kinds=("eval",)) == [b'{"step": 5}']
+
+
+def test_state_survives_reopening(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    store.insert_records([_row(1), _row(2)])
+    store.save_detector_state("r", 1, b'{"x": 1}')
+    store.close()
+    again = Store(tmp_path / "m.sqlite")
+    assert again.detector_state("r") == (1, b'{"x": 1}')
+    assert [row_id for row_id, _ in again.records_after("r", 1)] == [2]
+    assert again.run_row("r").status == "running"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_store_refuses_writes(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    store.close()
+    os.chmod(tmp_path / "m.sqlite", 0o444)
+    ro = Store(tmp_path / "m.sqlite")
+    with pytest.raises(StorageError):
+        ro.insert_records([_row(1)])
+
+
+def test_query_only_store_refuses_writes(tmp_path: Path):
+    # Works as root too: SQLite's own read-only switch stands in for a read-only disk.
+    store = Store(tmp_path / "m.sqlite")
+    store._db.execute("PRAGMA query_only = ON")
+    with pytest.raises(StorageError):
+        store.insert_records([_row(1)])
+    with pytest.raises(StorageError):
+        store.check_writable()
+    assert store.records("r") == []
