@@ -96,7 +96,7 @@ def measure(runs: int, layers: int, steps: int) -> tuple[int, int]:
         registry = CollectorRegistry()
         engine = Engine(settings, Store(settings.db_path), SelfMetrics(registry))
         feed(engine, runs, layers, steps)
-        exp = Exposition(lambda: list(engine.runs.values()), registry,
+        exp = Exposition(engine.registry.states, registry,
                          max_runs=100_000, max_layers=100_000)
         text = exp.render()
         gc.collect()
@@ -104,7 +104,7 @@ def measure(runs: int, layers: int, steps: int) -> tuple[int, int]:
         n = series_count(text)
 
         def cold() -> None:
-            for run in engine.runs.values():
+            for run in engine.registry.states():
                 run.version += 1
             exp.render()
 

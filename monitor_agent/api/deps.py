@@ -3,8 +3,8 @@
 This is the one module that reads ``request.app.state``; handlers declare what they need::
 
     @router.get("/v1/runs")
-    async def list_runs(engine: EngineDep, runner: RunnerDep) -> RunsOut:
-        return RunsOut.of(await runner.call(engine.run_listings))
+    async def list_runs(queries: QueriesDep, runner: RunnerDep) -> RunsOut:
+        return RunsOut.of(await runner.call(queries.run_listings))
 
 The dependencies are ``async def``: they only look things up, and FastAPI would run a plain
 ``def`` one in a worker thread for every request.
@@ -22,7 +22,7 @@ from monitor_agent.alerting import Alerting
 from monitor_agent.api.services import Services
 from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 
 
@@ -44,8 +44,8 @@ async def _metrics(request: Request) -> SelfMetrics:
     return services(request).metrics
 
 
-async def _engine(request: Request) -> Engine:
-    return services(request).engine
+async def _queries(request: Request) -> RunQueries:
+    return services(request).queries
 
 
 async def _alerting(request: Request) -> Alerting:
@@ -63,8 +63,8 @@ async def _history_db(request: Request) -> Path:
 ServicesDep = Annotated[Services, Depends(_services)]
 RunnerDep = Annotated[EngineRunner, Depends(_runner)]
 MetricsDep = Annotated[SelfMetrics, Depends(_metrics)]
-EngineDep = Annotated[Engine, Depends(_engine)]
-"""Call its methods only through ``RunnerDep``: the engine lives on its own thread."""
+QueriesDep = Annotated[RunQueries, Depends(_queries)]
+"""Call its methods only through ``RunnerDep``: live run state belongs to the engine thread."""
 AlertingDep = Annotated[Alerting, Depends(_alerting)]
 """Its calls touch SQLite: from a sync handler or ``run_in_threadpool``, not the loop."""
 ExpositionDep = Annotated[Exposition, Depends(_exposition)]

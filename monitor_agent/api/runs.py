@@ -1,6 +1,6 @@
 """``/v1/runs``: what the sidecar knows about each run, and its stored history.
 
-Everything about a run comes from the engine's query methods, called on the engine thread
+Everything about a run comes from the read side (``RunQueries``), called on the engine thread
 (``runner.call``); its alerts come from alerting, in a worker thread. Stored lines may hold
 bare NaN tokens, so answers that carry records or findings are written with ``wire.dumps``
 (docs/format.md's string spelling).
@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from monitor_agent.api.deps import AlertingDep, EngineDep, RunnerDep, require_read
+from monitor_agent.api.deps import AlertingDep, QueriesDep, RunnerDep, require_read
 from monitor_agent.api.models import FindingsOut, RecordsOut, RunDetailOut, RunsListOut
 from monitor_agent.pipeline.views import RunDetail
 from monitor_agent.records import wire
@@ -28,8 +28,8 @@ KINDS = ("run", "step", "eval", "end")
 
 @router.get("/v1/runs", response_model=RunsListOut,
             summary="Every run the sidecar has stored, newest last")
-async def list_runs(engine: EngineDep, runner: RunnerDep) -> dict[str, Any]:
-    listings = await runner.call(engine.run_listings)
+async def list_runs(queries: QueriesDep, runner: RunnerDep) -> dict[str, Any]:
+    listings = await runner.call(queries.run_listings)
     return {"runs": [
         {"run_id": r.run_id, "status": r.status, "active": r.active, "last_step": r.last_step,
          "first_seen": r.first_seen, "last_seen": r.last_seen, "findings": r.findings}
@@ -38,9 +38,9 @@ async def list_runs(engine: EngineDep, runner: RunnerDep) -> dict[str, Any]:
 
 @router.get("/v1/runs/{run_id}", response_model=RunDetailOut,
             summary="Status, latest values, findings and alerts of a run")
-async def get_run(run_id: str, engine: EngineDep, runner: RunnerDep,
+async def get_run(run_id: str, queries: QueriesDep, runner: RunnerDep,
                   alerting: AlertingDep) -> Response:
-    found = await runner.call(engine.run_detail, run_id)
+    found = await runner.call(queries.run_detail, run_id)
     if found is None:
         raise HTTPException(404, f"no run {run_id!r}")
     # The alert database has its own lock: read it in a worker, not on the engine thread.
@@ -70,7 +70,7 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
             summary="Stored records of a run, oldest first")
 async def get_records(
     run_id: str,
-    engine: EngineDep,
+    queries: QueriesDep,
     runner: RunnerDep,
     since_step: int = Query(0, ge=-1, le=2**62,  # SQLite integers are 64-bit
                             description="First step to return (-1 includes the run record)."),
@@ -80,7 +80,7 @@ async def get_records(
     bad = [k for k in kind if k not in KINDS]
     if bad:
         raise HTTPException(422, f"kind: unknown kind(s) {bad}; use run, step, eval, end")
-    bodies = await runner.call(engine.stored_records, run_id, since_step, limit, kind)
+    bodies = await runner.call(queries.stored_records, run_id, since_step, limit, kind)
     if bodies is None:
         raise HTTPException(404, f"no run {run_id!r}")
     return _json({"run_id": run_id, "records": [wire.loads(b) for b in bodies]})
@@ -88,9 +88,9 @@ async def get_records(
 
 @router.get("/v1/runs/{run_id}/findings", response_model=FindingsOut,
             summary="Findings of a run, newest first")
-async def get_findings(run_id: str, engine: EngineDep, runner: RunnerDep,
+async def get_findings(run_id: str, queries: QueriesDep, runner: RunnerDep,
                        limit: int = Query(100, ge=1, le=10_000)) -> Response:
-    bodies = await runner.call(engine.stored_findings, run_id, limit)
+    bodies = await runner.call(queries.stored_findings, run_id, limit)
     return _json({"run_id": run_id, "findings": [wire.loads(b) for b in bodies]})
 
 

@@ -3,14 +3,14 @@
 serving/app.py builds one ``Services`` at startup (``app.state.services``; the one place the app
 state is read is ``api/deps.py``) and sets ``backends`` last, once the databases are open:
 until then the storage gate answers 503 for every route but /healthz and /readyz. Handlers
-take what they need as typed dependencies (``EngineDep``, ``AlertingDep``...), never from
+take what they need as typed dependencies (``QueriesDep``, ``AlertingDep``...), never from
 ``request.app.state``.
 
 Example::
 
     services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
-    services.backends = Backends(engine, alerting, exposition)   # now open
-    services.engine.run_listings  # via runner.call only: the engine has its own thread
+    services.backends = Backends(engine, queries, alerting, exposition)   # now open
+    await services.runner.call(services.queries.run_listings)  # the engine's own thread
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from monitor_agent.alerting import Alerting
 from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.settings import Settings
 
@@ -82,6 +83,7 @@ class Backends:
     """What exists only once the databases are open."""
 
     engine: Engine
+    queries: RunQueries
     alerting: Alerting
     exposition: Exposition
 
@@ -111,6 +113,10 @@ class Services:
     @property
     def engine(self) -> Engine:
         return self._backends().engine
+
+    @property
+    def queries(self) -> RunQueries:
+        return self._backends().queries
 
     @property
     def alerting(self) -> Alerting:

@@ -11,7 +11,7 @@ Every label-cardinality cap (runs, ranks, layers, eval series) goes through one
 
 Example::
 
-    exp = Exposition(lambda: list(engine.runs.values()), CollectorRegistry(),
+    exp = Exposition(engine.registry.states, CollectorRegistry(),
                      max_runs=1000, max_layers=2000,
                      on_drop=lambda reason, count: print("dropped", count, reason))
     body = exp.render()   # bytes, Prometheus text format 0.0.4

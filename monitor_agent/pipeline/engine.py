@@ -2,7 +2,9 @@
 
 The engine is synchronous and single-threaded by contract: the app calls it from one worker
 thread, replay calls it inline with a virtual clock. Nothing about detection exists only in
-the live path.
+the live path. Its one job is feeding records (and the clock) through each run; the runs
+in memory belong to ``registry.RunRegistry`` and the API's questions to
+``queries.RunQueries``.
 
 The engine sees no wire models: the edge (the API, replay) validates with ``schemas`` and
 hands it ``Incoming`` records, the ``types`` dataclass plus the JSON to store.
@@ -18,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,12 +31,11 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
-from monitor_agent.pipeline import views as run_views
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
+from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
-from monitor_agent.records import wire
 from monitor_agent.records.types import (
     EndRecord,
     EvalRecord,
@@ -73,8 +73,8 @@ class IngestResult:
 
 
 class Engine:
-    """Holds every active run and drives records through the pipeline; findings go to
-    ``alerts`` (``NullSink``, the default, pages nobody)."""
+    """Drives records and the clock through each run; findings go to ``alerts``
+    (``NullSink``, the default, pages nobody). The runs themselves live in ``registry``."""
 
     def __init__(
         self, settings: Settings, store: Store, metrics: SelfMetrics,
@@ -84,12 +84,9 @@ class Engine:
         self.store = store
         self.metrics = metrics
         self.alerts: AlertSink = alerts if alerts is not None else NullSink()
-        self.runs: dict[str, RunState] = {}
-        self.suites: dict[str, DetectorSuite] = {}
-        self._last_snapshot = 0.0
+        self.registry = RunRegistry(settings, store, replay=self._replay)
         self.retention = Retention(store, settings.retention_steps)
-        # Runs whose last records were stored but not all of their effects: analysed again.
-        self._reanalyse: set[str] = set()
+        self._last_snapshot = 0.0
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -113,11 +110,13 @@ class Engine:
                     result.duplicates += 1
                     continue
                 result.accepted += 1
-                self._process(item.record, row_id, now, result)
+                live = self.registry.get(item.record.run_id)
+                assert live is not None  # admitted just now, on this thread
+                self._process(live, item.record, row_id, now, result)
             self._finish(result)
-        except (sqlite3.Error, StorageError) as exc:
+        except StorageError as exc:
             for run_id in {item.record.run_id for item in admitted}:
-                self._evict(run_id)
+                self.registry.evict(run_id)
             raise StorageError(f"records stored, their alerts not: {exc}") from exc
         return result
 
@@ -135,21 +134,15 @@ class Engine:
             record = item.record
             if not isinstance(record, StepRecord):
                 continue
-            run = self.runs.get(record.run_id)
-            if run is not None and run.is_late(record):
+            live = self.registry.get(record.run_id)
+            if live is not None and live.state.is_late(record):
                 continue  # its in-order copy was judged already
-            suite = self.suites.get(record.run_id) or DetectorSuite(self.settings.detectors)
+            suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)
             findings = suite.preview(record)
             if findings:
-                context = self._context(run) if run is not None else _bare_context(record)
+                context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
         return begun
-
-    def _evict(self, run_id: str) -> None:
-        """Forget a run's in-memory state (no snapshot): the store's tail is replayed."""
-        self.runs.pop(run_id, None)
-        self.suites.pop(run_id, None)
-        self._reanalyse.add(run_id)
 
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
@@ -157,14 +150,14 @@ class Engine:
         admitted: list[Incoming] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         for item in items:
-            run = self._run(item.record.run_id, now)
+            live = self.registry.admit(item.record.run_id, now)
             reason: str | None
-            if run is None:
+            if live is None:
                 reason = (f"too many active runs (max_active_runs="
                           f"{self.settings.max_active_runs}); end or expire runs first")
                 label = "too_many_runs"
             else:
-                reason = implausible_step(run, item.record, seen,
+                reason = implausible_step(live.state, item.record, seen,
                                           self.settings.max_step_jump, now)
                 label = "implausible_step"
             if reason is not None:
@@ -176,6 +169,7 @@ class Engine:
 
     def _process(
         self,
+        live: LiveRun,
         record: Record,
         row_id: int,
         now: float,
@@ -183,7 +177,7 @@ class Engine:
         arrival: float | None = None,
     ) -> None:
         """``arrival`` is when the record reached us (``now`` unless replaying the store)."""
-        run = self.runs[record.run_id]
+        run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
         if isinstance(record, StepRecord | EvalRecord) and run.is_late(record):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
@@ -192,9 +186,20 @@ class Engine:
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
-        findings = self._detect(run, record)
+        findings = self._detect(live, record)
         if findings:
             self._handle_findings(run, findings, now, result)
+
+    def _replay(self, live: LiveRun, after: int, now: float) -> None:
+        """Feed a restored run the records stored after its snapshot, through the very
+        same path as live ones; alerting's durable state keeps them from paging twice."""
+        result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
+        for row_id, record in recovery.stored_tail(self.store, live.run_id, after):
+            self._process(live, record, row_id, now, result, arrival=arrival)
+            replayed += 1
+        if result.findings:
+            self.store.insert_findings([f.to_dict() for f in result.findings])
+        log.info("run %s: restored, replayed %d records", live.run_id, replayed)
 
     def _apply(self, run: RunState, record: Record, arrival: float) -> None:
         if isinstance(record, StepRecord):
@@ -215,18 +220,17 @@ class Engine:
             self.metrics.dropped_series.labels(reason="max_layer_names").inc(dropped)
         return record
 
-    def _detect(self, run: RunState, record: Record) -> list[Finding]:
-        suite = self.suites[run.run_id]
+    def _detect(self, live: LiveRun, record: Record) -> list[Finding]:
         t0 = time.perf_counter()
         try:
-            findings = suite.update(record)
+            findings = live.suite.update(record)
         except Exception:  # a detector bug must never cost a stored record
             self.metrics.detector_errors.inc()
             log.exception("detector failed on %s step %s", record.run_id, record.step)
             findings = []
         self.metrics.detector_duration.observe(time.perf_counter() - t0)
         if isinstance(record, StepRecord):
-            run.rank(record.rank).loss_ema = suite.ema_loss(record.rank)
+            live.state.rank(record.rank).loss_ema = live.suite.ema_loss(record.rank)
         return findings
 
     def _handle_findings(
@@ -234,7 +238,7 @@ class Engine:
     ) -> None:
         run.count_findings(findings)
         result.findings.extend(findings)
-        result.actions.extend(self.alerts.handle(self._context(run), findings, now))
+        result.actions.extend(self.alerts.handle(_context(run), findings, now))
 
     def _finish(self, result: IngestResult) -> None:
         if result.findings:
@@ -244,102 +248,31 @@ class Engine:
         m.labels(outcome="duplicate").inc(result.duplicates)
         m.labels(outcome="late").inc(result.late)
 
-    def _context(self, run: RunState) -> RunContext:
-        config = run.run.config if run.run is not None else {}
-        return RunContext(
-            run_id=run.run_id, project=run.project or None, labels=run.labels, config=config
-        )
-
-    # -- runs in memory -------------------------------------------------------------------
-
-    def _run(self, run_id: str, now: float) -> RunState | None:
-        run = self.runs.get(run_id)
-        if run is not None:
-            return run
-        if len(self.runs) >= self.settings.max_active_runs:
-            return None
-        return self._load_run(run_id, now)
-
-    def _load_run(self, run_id: str, now: float) -> RunState:
-        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail."""
-        run = RunState.new(run_id, now)
-        suite = DetectorSuite(self.settings.detectors)
-        self.runs[run_id] = run
-        self.suites[run_id] = suite
-        try:
-            self._restore(run, suite, now)
-        except (sqlite3.Error, StorageError) as exc:
-            self._evict(run_id)
-            raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
-        self._reanalyse.discard(run_id)
-        return run
-
-    def _restore(self, run: RunState, suite: DetectorSuite, now: float) -> None:
-        """Load the run's snapshot, then replay the records stored after it through the very
-        same path as live ones; alerting's durable state keeps them from paging twice."""
-        after = recovery.restore_run(self.store, run, suite, now)
-        if after is None:
-            return  # never stored: a new run
-        result, arrival, replayed = IngestResult(), run.last_arrival, 0
-        for row_id, record in recovery.stored_tail(self.store, run.run_id, after):
-            self._process(record, row_id, now, result, arrival=arrival)
-            replayed += 1
-        if result.findings:
-            self.store.insert_findings([f.to_dict() for f in result.findings])
-        log.info("run %s: restored, replayed %d records", run.run_id, replayed)
+    # -- clock-driven work ----------------------------------------------------------------
 
     def recover(self, now: float) -> int:
         """Reload the runs that were active before a restart; return how many."""
-        count = 0
-        for row in self.store.runs():
-            live = now - row.last_seen < self._ttl(row.status)
-            if live and len(self.runs) < self.settings.max_active_runs:
-                self._load_run(row.run_id, now)
-                count += 1
-        return count
-
-    def _ttl(self, status: str) -> float:
-        if status == "running":
-            return self.settings.silent_run_ttl_seconds
-        return self.settings.ended_run_ttl_seconds
-
-    # -- clock-driven work ----------------------------------------------------------------
+        return self.registry.recover(now)
 
     def tick(self, now: float) -> list[Finding]:
         """Stall checks, alert resolves, expiry, snapshots and retention; call every second."""
-        self._reload_evicted(now)
+        self.registry.reload_evicted(now)
         findings: list[Finding] = []
-        for run in list(self.runs.values()):
-            findings.extend(self._tick_run(run, now))
+        for live in self.registry:
+            findings.extend(self._tick_run(live, now))
         if findings:
             self.store.insert_findings([f.to_dict() for f in findings])
         self.alerts.tick(now)
-        self._expire(now)
+        self.registry.expire(now)
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
-            self.snapshot_all()
+            self.registry.snapshot_all()
             self._last_snapshot = now
-        self.retention.prune_some(self.runs)
+        self.retention.prune_some(self.registry.states())
         self._count_runs()
         return findings
 
-    def _reload_evicted(self, now: float) -> None:
-        """Analyse again the runs whose effects could not be committed, once storage works;
-        a failure leaves the rest of the tick (stalls, resolves, snapshots) to run."""
-        for run_id in list(self._reanalyse):
-            if run_id in self.runs or len(self.runs) >= self.settings.max_active_runs:
-                continue
-            try:
-                self._load_run(run_id, now)
-            except StorageError:
-                return  # still failing; readiness says so; next tick again
-            except Exception:  # a bug must not block every tick: the record stays stored
-                log.exception("cannot analyse run %s again; it reloads on its next record",
-                              run_id)
-                self._reanalyse.discard(run_id)
-                self.runs.pop(run_id, None)
-                self.suites.pop(run_id, None)
-
-    def _tick_run(self, run: RunState, now: float) -> list[Finding]:
+    def _tick_run(self, live: LiveRun, now: float) -> list[Finding]:
+        run = live.state
         if run.status != "running" or not run.ranks:
             return []
         last_time = max((r.last.time for r in run.ranks.values() if r.last), default=None)
@@ -348,92 +281,28 @@ class Engine:
         # Map sidecar time onto the run's clock: immune to client/sidecar clock skew.
         record_now = last_time + (now - run.last_arrival)
         try:
-            found = self.suites[run.run_id].tick(record_now)
+            found = live.suite.tick(record_now)
         except Exception:
             self.metrics.detector_errors.inc()
             log.exception("detector tick failed for %s", run.run_id)
             return []
         if found:
-            result = IngestResult()
-            self._handle_findings(run, found, now, result)
+            self._handle_findings(run, found, now, IngestResult())
         return found
-
-    def _expire(self, now: float) -> None:
-        for run in list(self.runs.values()):
-            if now - run.last_arrival > self._ttl(run.status):
-                self._snapshot(run)
-                del self.runs[run.run_id]
-                del self.suites[run.run_id]
-
-    def snapshot_all(self) -> None:
-        for run in list(self.runs.values()):
-            if run.last_record_id > run.snapshot_record_id:
-                self._snapshot(run)
-
-    def _snapshot(self, run: RunState) -> None:
-        state = recovery.snapshot_run(run, self.suites[run.run_id])
-        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
-        run.snapshot_record_id = run.last_record_id
 
     def _count_runs(self) -> None:
         counts = {"running": 0, "ended": 0}
-        for run in self.runs.values():
+        for run in self.registry.states():
             counts["running" if run.status == "running" else "ended"] += 1
         for state, value in counts.items():
             self.metrics.runs.labels(state=state).set(value)
 
-    # -- queries (engine thread) ---
-    # The API calls these only through ``EngineRunner.call``: run state is read on the
-    # thread that writes it, and what leaves is a copy (pipeline/views.py), never live state.
 
-    def exposed_runs(self) -> list[RunState]:
-        """The runs /metrics renders. The one query called from another thread (the
-        scrape's worker): ``list(dict.values())`` is one C-level copy, atomic under the
-        GIL, and the renderer caches each run by its ``version``. Rendering on the engine
-        thread instead would hold ingest for the whole render (~100 ms at 100k series,
-        bench/exposition.py)."""
-        return list(self.runs.values())
-
-    def run_listings(self) -> list[run_views.RunListing]:
-        """Every stored run, oldest first (``GET /v1/runs``)."""
-        return [run_views.listing(row, self.runs.get(row.run_id)) for row in self.store.runs()]
-
-    def run_summaries(self) -> list[run_views.RunSummary]:
-        """Every stored run with its progress and worst finding (the runs page)."""
-        out = []
-        for row in self.store.runs():
-            live = self.runs.get(row.run_id)
-            last = None
-            if live is None:
-                body = self.store.last_record(row.run_id, 0, "step")
-                last = wire.loads(body).get("step") if body is not None else None
-            severities = self.store.finding_severity_counts(row.run_id)
-            out.append(run_views.summary(row, live, severities, last))
-        return out
-
-    def run_detail(self, run_id: str) -> run_views.RunDetail | None:
-        """A run's status, ranks and findings (``GET /v1/runs/{id}``); None: no such run."""
-        row = self.store.run_row(run_id)
-        if row is None:
-            return None
-        return run_views.detail(row, self.runs.get(run_id), self.store.finding_counts(run_id),
-                                self.store.findings(run_id, limit=20))
-
-    def stored_records(self, run_id: str, since_step: int, limit: int,
-                       kinds: Sequence[str]) -> list[bytes] | None:
-        """A run's stored record lines, oldest step first; None when the run is unknown."""
-        bodies = self.store.records(run_id, since_step, limit, kinds)
-        if not bodies and self.store.run_row(run_id) is None:
-            return None
-        return bodies
-
-    def stored_findings(self, run_id: str, limit: int) -> list[bytes]:
-        """A run's stored finding lines, newest first."""
-        return self.store.findings(run_id, limit)
-
-    def check_writable(self, headroom_bytes: int) -> None:
-        """Raise StorageError unless the store can take ``headroom_bytes`` more now."""
-        self.store.check_writable(headroom_bytes)
+def _context(run: RunState) -> RunContext:
+    config = run.run.config if run.run is not None else {}
+    return RunContext(
+        run_id=run.run_id, project=run.project or None, labels=run.labels, config=config
+    )
 
 
 def _bare_context(record: Record) -> RunContext:

@@ -8,13 +8,13 @@ visits every (run, rank) once per ``PRUNE_PASS_TICKS`` ticks.
 Example::
 
     retention = Retention(store, retention_steps=100_000)
-    retention.prune_some(engine.runs)      # once per tick, on the engine thread
+    retention.prune_some(registry.states())   # once per tick, on the engine thread
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.storage.store import Store
@@ -31,7 +31,8 @@ class Retention:
         self.retention_steps = retention_steps
         self._queue: collections.deque[tuple[str, int]] = collections.deque()
 
-    def prune_some(self, runs: Mapping[str, RunState]) -> None:
+    def prune_some(self, live: Iterable[RunState]) -> None:
+        runs = {run.run_id: run for run in live}
         if not self._queue:
             self._queue.extend((run.run_id, rank) for run in runs.values()
                                for rank in run.ranks)

@@ -35,6 +35,7 @@ from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.pipeline.engine import Engine
+from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
 from monitor_agent.settings import Settings
@@ -153,8 +154,9 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     engine = Engine(settings, store, metrics, alerting)
     recovered = await runner.call(engine.recover, time.time())
     log.info("recovered %d active runs from %s", recovered, settings.db_path)
+    queries = RunQueries(store, engine.registry)
     exposition = Exposition(
-        engine.exposed_runs, registry,
+        queries.exposed_runs, registry,
         max_runs=settings.max_runs_exposed, max_layers=settings.max_layers_exposed,
         max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
         actions=alerting.action_counts,
@@ -169,7 +171,7 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     opened.callback(history.stop)
     history.start()
     # Last: its presence means "open" to the storage gate.
-    services.backends = Backends(engine, alerting, exposition)
+    services.backends = Backends(engine, queries, alerting, exposition)
     alerting.start()
     services.readiness.set(unwritable)
 
@@ -210,7 +212,7 @@ def write_headroom(settings: Settings) -> int:
 
 def _shutdown(engine: Engine, store: Store) -> None:
     try:
-        engine.snapshot_all()
+        engine.registry.snapshot_all()
     except StorageError:
         log.warning("could not save detector state at shutdown; the tail replays on restart")
     store.close()
@@ -224,7 +226,7 @@ async def _tick_forever(services: Services) -> None:
         try:
             await runner.call(engine.tick, time.time())
             if not readiness.ready:
-                await runner.call(engine.check_writable, write_headroom(settings))
+                await runner.call(engine.store.check_writable, write_headroom(settings))
                 await runner.call(alerting.check_writable)
                 readiness.set(None)
         except StorageError as exc:

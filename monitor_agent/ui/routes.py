@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from monitor_agent.api.deps import AlertingDep, EngineDep, HistoryDep, RunnerDep, require_read
+from monitor_agent.api.deps import AlertingDep, HistoryDep, QueriesDep, RunnerDep, require_read
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import open_history
 from monitor_agent.ui.models import (
@@ -137,11 +137,11 @@ def get_matrix(
 
 
 @api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
-async def get_runs(engine: EngineDep, runner: RunnerDep, alerting: AlertingDep) -> Response:
+async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep) -> Response:
     firing: dict[str, int] = {}
     # The alert database has its own lock: read it in a worker, not on the event loop.
     for alert in await run_in_threadpool(alerting.list_alerts, state="firing", limit=10_000):
         firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
     rows = [RunSummary(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
-            for s in await runner.call(engine.run_summaries)]
+            for s in await runner.call(queries.run_summaries)]
     return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")

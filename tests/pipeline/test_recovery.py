@@ -48,7 +48,7 @@ def test_the_tail_after_the_snapshot_replays_and_a_bad_row_is_skipped(tmp_path: 
     store = Store(tmp_path / "m.sqlite")
     engine = Engine(settings, store, SelfMetrics(CollectorRegistry()))
     _ingest(engine, [_step(s) for s in range(1, 6)], now=10.0)
-    engine.snapshot_all()
+    engine.registry.snapshot_all()
     _ingest(engine, [_step(s) for s in range(6, 9)], now=11.0)
     # A row an older version stored that today's rules refuse: skipped, not fatal.
     bad = RecordRow(run_id="r", rank=0, kind="step", step=9, time=9.0,
@@ -65,6 +65,6 @@ def test_the_tail_after_the_snapshot_replays_and_a_bad_row_is_skipped(tmp_path: 
 
     again = Engine(settings, store, SelfMetrics(CollectorRegistry()))
     assert again.recover(now=12.0) == 1
-    assert again.runs["r"].ranks[0].last_step == 8  # the engine replayed the tail
-    assert again.runs["r"].last_record_id == tail[-1][0]
+    assert again.registry.get("r").state.ranks[0].last_step == 8  # the engine replayed the tail
+    assert again.registry.get("r").state.last_record_id == tail[-1][0]
     store.close()

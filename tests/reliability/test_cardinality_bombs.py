@@ -34,7 +34,7 @@ def capped(tmp_path: Path):
 def test_layer_name_bomb_is_stored_but_tracked_only_up_to_the_cap(capped):
     result = layer_bomb(capped.url, os.getpid(), names=6000, per_record=1000, per_batch=3)
     assert result.statuses == {200: 2} and result.accepted == 6  # nothing refused or lost
-    run = capped.app.state.services.engine.runs["layer-bomb"]
+    run = capped.app.state.services.engine.registry.get("layer-bomb").state
     assert len(run.layer_names) == 500
     assert _dropped(capped.url, "max_layer_names") == 5500
     # The same names again cost nothing more; known names keep being analysed.
@@ -47,7 +47,7 @@ def test_run_id_bomb_is_refused_past_max_active_runs(capped):
     result = run_bomb(capped.url, os.getpid(), runs=2000, per_batch=500)
     assert result.accepted == 200 and result.rejected == 1800
     assert result.statuses[429] == 3  # whole batches of new runs: a clear 429
-    assert len(capped.app.state.services.engine.runs) == 200
+    assert len(capped.app.state.services.engine.registry) == 200
     text = httpx.get(capped.url + "/metrics").text
     assert len(set(re.findall(r'run_id="([^"]+)"', text))) <= 50
 
@@ -58,4 +58,4 @@ def test_label_value_bomb_gets_a_clear_422(capped):
     r = httpx.post(capped.url + "/v1/records", json={"records": [
         {"kind": "run", "run_id": "lbl", "labels": {f"k{i}": "v" for i in range(1000)}}]})
     assert r.status_code == 422 and "labels" in r.json()["detail"]
-    assert capped.app.state.services.engine.runs == {}
+    assert len(capped.app.state.services.engine.registry) == 0

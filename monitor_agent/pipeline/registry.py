@@ -1,0 +1,162 @@
+"""The runs in memory: each live run's state and detector suite, owned as one object.
+
+A run is loaded on its first record (fresh, or rebuilt from its snapshot and stored tail),
+dropped when its time-to-live passes (after a snapshot), evicted when its effects could
+not be committed (analysed again later), and snapshotted on a timer. Keeping the state and
+the suite in one ``LiveRun`` is what keeps them from drifting apart: there is one dict, and
+every way into or out of it is a method here.
+
+Rebuilding a run replays its stored tail through the pipeline, the very path live records
+take; the registry does not know that path, it is handed it (``replay``) by the engine.
+
+Example::
+
+    registry = RunRegistry(settings, store, replay=engine_replay)
+    live = registry.admit("gpt-7", now)       # None: max_active_runs reached
+    registry.expire(now)                       # on the tick
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from monitor_agent.detectors import DetectorSuite
+from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.records import wire
+from monitor_agent.settings import Settings
+from monitor_agent.storage.store import StorageError, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LiveRun:
+    """A run in memory: what the sidecar knows of it and the detectors judging it."""
+
+    state: RunState
+    suite: DetectorSuite
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+
+Replay = Callable[[LiveRun, int, float], None]
+"""``replay(live, after_row_id, now)``: feed the run's records stored after that row."""
+
+
+class RunRegistry:
+    """Owns every live run; engine thread only (the exposition copies ``states()``)."""
+
+    def __init__(self, settings: Settings, store: Store, replay: Replay) -> None:
+        self.settings = settings
+        self.store = store
+        self._replay = replay
+        self._runs: dict[str, LiveRun] = {}
+        # Runs whose last records were stored but not all of their effects: analysed again.
+        self._reanalyse: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __iter__(self) -> Iterator[LiveRun]:
+        return iter(list(self._runs.values()))
+
+    def get(self, run_id: str) -> LiveRun | None:
+        return self._runs.get(run_id)
+
+    def states(self) -> list[RunState]:
+        """Every live run's state; ``list(...)`` is one C-level copy, atomic under the GIL,
+        which is what lets the /metrics scrape call this from its own thread."""
+        return [live.state for live in list(self._runs.values())]
+
+    # -- in and out of memory -------------------------------------------------------------
+
+    def admit(self, run_id: str, now: float) -> LiveRun | None:
+        """The run, loaded if need be; None when ``max_active_runs`` are in memory."""
+        live = self._runs.get(run_id)
+        if live is not None:
+            return live
+        if self.full:
+            return None
+        return self.load(run_id, now)
+
+    @property
+    def full(self) -> bool:
+        return len(self._runs) >= self.settings.max_active_runs
+
+    def load(self, run_id: str, now: float) -> LiveRun:
+        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail.
+
+        Raises StorageError (the run stays out of memory, marked to be analysed again)."""
+        live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
+                                            DetectorSuite(self.settings.detectors))
+        try:
+            after = recovery.restore_run(self.store, live.state, live.suite, now)
+            if after is not None:  # None: never stored, a new run
+                self._replay(live, after, now)
+        except StorageError as exc:
+            self.evict(run_id)
+            raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
+        self._reanalyse.discard(run_id)
+        return live
+
+    def evict(self, run_id: str) -> None:
+        """Forget a run's in-memory state (no snapshot): its stored tail is replayed when
+        it is next loaded, by its next record, the tick or a restart."""
+        self._runs.pop(run_id, None)
+        self._reanalyse.add(run_id)
+
+    def reload_evicted(self, now: float) -> None:
+        """Analyse again the runs whose effects could not be committed, once storage works;
+        a failure leaves the rest of the tick (stalls, resolves, snapshots) to run."""
+        for run_id in list(self._reanalyse):
+            if run_id in self._runs or self.full:
+                continue
+            try:
+                self.load(run_id, now)
+            except StorageError:
+                return  # still failing; readiness says so; next tick again
+            except Exception:  # a bug must not block every tick: the record stays stored
+                log.exception("cannot analyse run %s again; it reloads on its next record",
+                              run_id)
+                self._reanalyse.discard(run_id)
+                self._runs.pop(run_id, None)
+
+    def recover(self, now: float) -> int:
+        """Reload the runs that were active before a restart; return how many."""
+        count = 0
+        for row in self.store.runs():
+            if now - row.last_seen < self.ttl(row.status) and not self.full:
+                self.load(row.run_id, now)
+                count += 1
+        return count
+
+    def expire(self, now: float) -> None:
+        """Snapshot and drop the runs silent for longer than their time-to-live."""
+        for live in list(self._runs.values()):
+            if now - live.state.last_arrival > self.ttl(live.state.status):
+                self.snapshot(live)
+                del self._runs[live.run_id]
+
+    def ttl(self, status: str) -> float:
+        if status == "running":
+            return self.settings.silent_run_ttl_seconds
+        return self.settings.ended_run_ttl_seconds
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot_all(self) -> None:
+        """Snapshot every run with records its last snapshot does not cover."""
+        for live in list(self._runs.values()):
+            if live.state.last_record_id > live.state.snapshot_record_id:
+                self.snapshot(live)
+
+    def snapshot(self, live: LiveRun) -> None:
+        run = live.state
+        state = recovery.snapshot_run(run, live.suite)
+        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
+        run.snapshot_record_id = run.last_record_id
