@@ -1,6 +1,6 @@
 """The import graph: dependencies point one way and nothing imports in a circle.
 
-DESIGN.md habit 12: api -> engine -> (detectors, alerting -> notify) -> store / types. Every
+docs/architecture.md: api -> pipeline -> (detectors, alerting -> notify) -> storage / records. Every
 module of the sidecar sits on a layer below; a module may import only from a lower layer or
 from its own package. Imports inside functions and under ``TYPE_CHECKING`` count as well: a
 lazy import that breaks a cycle at run time still ties the two files together for a reader.
