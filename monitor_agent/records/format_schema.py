@@ -23,13 +23,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import monitor_agent
 from monitor_agent.records.schemas import RecordModel
 
 FORMAT_VERSION = 1
 """The wire format's major version (docs/format.md's versioning rule); the ``/v1/`` of
 the ingest path. Adding an optional field does not change it."""
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "record.schema.json"
+SCHEMA_PATH = Path(monitor_agent.__file__).resolve().parents[1] / "docs" / "record.schema.json"
 REGENERATE = "python -m monitor_agent.records.format_schema"
 NON_FINITE = {"enum": ["NaN", "Infinity", "-Infinity"],
               "description": "A non-finite float, spelled as a string."}

@@ -30,11 +30,12 @@ from typing import Any
 
 import httpx
 
+import monitor_agent
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 
 # Where this monitor_agent is imported from (a checkout or site-packages): the trainer child
 # process imports the same one. A checkout also has the client beside it, in client/.
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(monitor_agent.__file__).resolve().parents[1]
 
 
 class _SlackCatcher:
