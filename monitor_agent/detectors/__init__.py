@@ -4,12 +4,14 @@
 Layout: each module here is one detector (``update_ratio.py``: the high/low pair) and
 declares, next to its logic, its knobs (a ``SharedSettings`` subclass), its type and usual
 severity, and its suggestions. ``catalogue.DETECTOR_CLASSES`` is the one registry: the suite
-runs what it lists, ``DetectorSettings`` (settings.py) is composed flat from the listed
-knobs, and ``FINDING_TYPES`` / ``USUAL_SEVERITY`` are read from it. What the detectors
-share lives in ``support/``; a detector never imports another detector.
+runs what it lists, ``FINDING_TYPES`` / ``USUAL_SEVERITY`` are read from it, and
+``DetectorSettings`` (detector_settings.py: flat, with one typed view per detector) is
+checked against it by tests/detectors/test_registry.py. What the detectors share lives in
+``support/``; a detector never imports another detector.
 
 Adding a detector: write ``detectors/<type>.py`` (settings model, ``DetectorBase``
-subclass, suggestions), list its class in ``catalogue.DETECTOR_CLASSES``, add its test.
+subclass, suggestions), list its class in ``catalogue.DETECTOR_CLASSES``, add its settings
+model and view to ``DetectorSettings``, add its test.
 
 Example::
 

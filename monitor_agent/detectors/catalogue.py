@@ -2,10 +2,10 @@
 types and usual severities read from them.
 
 A detector declares its type, severity, knobs and suggestions in its own file; listing its
-class here is what makes the suite run it, ``DetectorSettings`` accept its knobs and the
-rules/format validation know its type. The order is the catalogue's: docs/format.md's 17
-types first, then the ones added since (it is also the order findings of one record come
-out in).
+class here is what makes the suite run it and the rules/format validation know its type;
+``DetectorSettings`` (detector_settings.py) lists its settings model and typed view, and a
+test fails until it does. The order is the catalogue's: docs/format.md's 17 types first,
+then the ones added since (it is also the order findings of one record come out in).
 
 Example::
 

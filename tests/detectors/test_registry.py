@@ -1,5 +1,6 @@
 """The detector registry (catalogue.DETECTOR_CLASSES) and what is assembled from it: the
-finding types, their usual severities and the flat DetectorSettings; plus the package
+finding types, their usual severities and the flat DetectorSettings (written out, with one
+typed view per detector, and checked against the registry here); plus the package
 layout rules that keep a detector one file (no detector imports a sibling detector)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import Field, ValidationError
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, USUAL_SEVERITY
-from monitor_agent.detectors.detector_settings import compose_settings
+from monitor_agent.detectors.detector_settings import KnobsOf, compose_settings
 from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.support.base import Detector
 from monitor_agent.detectors.support.common import DetectorBase
@@ -20,7 +21,7 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.records.types import Severity
 
 PACKAGE = Path(__file__).resolve().parents[2] / "monitor_agent" / "detectors"
-NOT_DETECTORS = {"__init__", "catalogue", "settings", "suite"}
+NOT_DETECTORS = {"__init__", "catalogue", "detector_settings", "suite"}
 
 
 def _models() -> list[type[SharedSettings]]:
@@ -51,6 +52,26 @@ def test_no_knob_is_declared_by_two_detectors():
         for name in set(model.model_fields) - shared:
             assert name not in owner, f"{name} in {owner.get(name)} and {model.__name__}"
             owner[name] = model.__name__
+
+
+def test_every_registered_detector_has_a_view_typed_as_its_settings_model():
+    # The view's model is what mypy types ``settings.<type>`` as: KnobsOf(LossSpikeSettings)
+    # is a KnobsOf[LossSpikeSettings]. Registered without a view, or a view of no detector
+    # (or of another model), fails here.
+    views = {n: v for n, v in vars(DetectorSettings).items() if isinstance(v, KnobsOf)}
+    assert list(views) == list(FINDING_TYPES)
+    settings = DetectorSettings()
+    for cls in DETECTOR_CLASSES:
+        assert views[cls.type].model is cls.settings_model, cls.type
+        assert getattr(settings, cls.type) is settings  # the object the detector is handed
+    assert not set(views) & set(DetectorSettings.model_fields)
+
+
+def test_the_written_out_settings_are_the_registrys_composition():
+    composed = compose_settings(DETECTOR_CLASSES)
+    assert DetectorSettings.__bases__ == composed.__bases__
+    assert list(DetectorSettings.model_fields) == list(composed.model_fields)
+    assert DetectorSettings.model_json_schema() == composed.model_json_schema()
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -4,7 +4,8 @@ finding construction and snapshot/restore.
 A detector subclasses ``DetectorBase[ItsSettings]``, names its ``type``, its usual
 ``severity`` and its knobs (``settings_model``), declares its per-rank state as a dataclass
 returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or ``tick`` when it
-needs them). Listing the class in catalogue.py's ``DETECTOR_CLASSES`` registers it.
+needs them). Listing the class in catalogue.py's ``DETECTOR_CLASSES`` registers it (and its
+settings model goes into ``DetectorSettings``, detector_settings.py).
 
 Example::
 
@@ -62,7 +63,7 @@ class DetectorBase(Generic[S]):
     #: The finding type it raises, and the severity that type usually carries.
     type: ClassVar[str] = ""
     severity: ClassVar[Severity] = Severity.WARNING
-    #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` composes them.
+    #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` extends it.
     settings_model: ClassVar[SettingsModel] = SharedSettings
 
     def __init__(self, settings: S, ctx: RunContext) -> None:

@@ -1,5 +1,6 @@
 """The knobs more than one detector reads, or the suite itself: every detector's settings
-model extends ``SharedSettings``, and ``DetectorSettings`` (settings.py) composes them flat.
+model extends ``SharedSettings``, and ``DetectorSettings`` (detector_settings.py) extends
+them all, flat.
 
 Example::
 
