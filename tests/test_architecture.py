@@ -186,3 +186,36 @@ def _path_through(graph: dict[str, set[str]], component: list[str]) -> list[str]
             return [*path, start]
         path.append(step)
         seen.add(step)
+
+
+# The storage boundary: only these modules may mention sqlite3. Everything above catches
+# ``StorageError`` (storage/database.py), which every store raises for a SQLite failure.
+SQLITE_OWNERS = (
+    "storage/",  # the one helper (database.py), the record store, export
+    "alerting/alert_store.py", "alerting/db.py",  # alert state: its SQL, its schema
+    "notify/outbox.py",  # the outbox's SQL, in alerting's database
+    # The chart history: its own database (history.py), the aggregates written with it
+    # (blocks.py), its reads (series.py), and the indexer that fills it from the records.
+    "ui/history.py", "ui/blocks.py", "ui/series.py", "ui/indexer.py",
+)
+def _mentions_of_sqlite3(allowed: tuple[str, ...]) -> list[str]:
+    """``file:line: text`` for every line outside ``allowed`` (paths under monitor_agent/, a
+    trailing slash for a package) that says sqlite3: an import, an except, a type, a word."""
+    root = PACKAGES["monitor_agent"]
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if any(rel.startswith(a) if a.endswith("/") else rel == a for a in allowed):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if "sqlite3" in line:
+                found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def test_nothing_above_the_storage_boundary_mentions_sqlite3() -> None:
+    found = _mentions_of_sqlite3(SQLITE_OWNERS)
+    assert not found, ("catch StorageError (monitor_agent/storage/database.py), not "
+                       "sqlite3.Error; SQL belongs in a store:\n" + "\n".join(found))
+    # The check can fail: without the list, the helper's own module is found.
+    assert any(f.startswith("storage/database.py:") for f in _mentions_of_sqlite3(()))

@@ -4,6 +4,8 @@ Reads run on their own; writes that belong together (an alert's new state, the a
 it took, the notification it causes) run inside one ``tx()``, whose ``AlertTx`` holds the
 statements and exposes ``conn`` so the outbox can add its row to the same transaction.
 Everything comes back as frozen dataclasses (``StoredAlert``, ``Silence``, ``Action``).
+A SQLite failure leaves as ``StorageError``: reads and ``tx()`` go through ``Database``,
+whose ``tx()`` converts whatever its body (the ``AlertTx`` statements) raised.
 
 Example::
 

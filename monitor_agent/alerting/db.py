@@ -107,5 +107,9 @@ _MIGRATIONS: tuple[str, ...] = (
 
 
 def open_alert_db(path: Path | str) -> Database:
-    """The alert database, migrated; locked, since engine, API and senders share it."""
-    return Database(path, _MIGRATIONS, threadsafe=True, row_factory=sqlite3.Row)
+    """The alert database, migrated; locked, since engine, API and senders share it.
+
+    Its failures are ``StorageError``s whose ``source`` is "alert storage" (what readiness
+    says when a page could not be made durable)."""
+    return Database(path, _MIGRATIONS, threadsafe=True, row_factory=sqlite3.Row,
+                    source="alert storage")

@@ -223,6 +223,6 @@ class Alerting:
         return self.outbox.delivery_states()
 
     def check_writable(self) -> None:
-        """Raise sqlite3.Error unless alert state can be made durable now (readiness)."""
+        """Raise StorageError unless alert state can be made durable now (readiness)."""
         self.db.check_writable()
 

@@ -21,7 +21,7 @@ from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
-from monitor_agent.storage.store import StorageError
+from monitor_agent.storage.database import StorageError
 
 router = APIRouter(tags=["ingest"])
 

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -35,6 +34,7 @@ from monitor_agent.api.ingest import (
     reason_label,
     sorted_rejections,
 )
+from monitor_agent.storage.database import StorageError
 
 router = APIRouter(tags=["ingest"])
 
@@ -59,7 +59,7 @@ async def post_preview(request: Request) -> PreviewResponse:
         begun = await state.runner.call(state.engine.preview, valid, time.time())
     except BadRequest as exc:
         status, reason = exc.status, exc.reason  # not the exception: it holds the body
-    except sqlite3.Error as exc:
+    except StorageError as exc:
         status, reason = 503, f"cannot record the alert right now ({exc}); retry later"
     else:
         return PreviewResponse(received=len(valid), alerts=begun,

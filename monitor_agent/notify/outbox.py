@@ -6,7 +6,8 @@ channel has its own sender thread (a slow Slack never delays a page) that sends 
 in order: a resolve never overtakes its trigger. This is the only place that retries.
 
 The outbox table lives in alerting's database (``alerting/db.py`` creates it, so a
-notification commits with the alert state that caused it); all SQL on it is here.
+notification commits with the alert state that caused it); all SQL on it is here. A SQLite
+failure leaves as ``StorageError``: through ``Database``, or the caller's ``tx()`` for ``enqueue``.
 
 Example::
 

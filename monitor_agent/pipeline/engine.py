@@ -45,7 +45,8 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 from monitor_agent.settings import Settings
-from monitor_agent.storage.store import RecordRow, StorageError, Store
+from monitor_agent.storage.database import StorageError
+from monitor_agent.storage.store import RecordRow, Store
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
-from monitor_agent.storage.store import StorageError, Store
+from monitor_agent.storage.database import StorageError
+from monitor_agent.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,7 +38,8 @@ from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
 from monitor_agent.settings import Settings
-from monitor_agent.storage.store import StorageError, Store
+from monitor_agent.storage.database import StorageError
+from monitor_agent.storage.store import Store
 from monitor_agent.ui import routes as ui
 from monitor_agent.ui.indexer import HistoryIndexer
 
@@ -129,7 +129,8 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         services.runner.close()
 
 
-STORAGE_ERRORS = (StorageError, sqlite3.Error, OSError)
+# OSError: what SQLite does not report, e.g. the data directory's free space unreadable.
+STORAGE_ERRORS = (StorageError, OSError)
 
 
 async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
@@ -229,9 +230,7 @@ async def _tick_forever(services: Services) -> None:
                 await runner.call(engine.store.check_writable, write_headroom(settings))
                 await runner.call(alerting.check_writable)
                 readiness.set(None)
-        except StorageError as exc:
-            readiness.set(f"storage: {exc}")
-        except sqlite3.Error as exc:  # alerts.sqlite: a page could not be made durable
-            readiness.set(f"alert storage: {exc}")
+        except StorageError as exc:  # "alert storage": a page could not be made durable
+            readiness.set(f"{exc.source}: {exc}")
         except Exception:
             log.exception("tick failed")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_agent.records import wire
-from monitor_agent.storage.database import Database
+from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 SCHEMA_VERSION = 1
 
@@ -73,10 +73,6 @@ _MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class StorageError(RuntimeError):
-    """The store cannot persist right now (disk full, read-only, corrupt)."""
-
-
 @dataclass(frozen=True, slots=True)
 class RecordRow:
     """One validated record ready to store: its identity and canonical JSON body."""
@@ -102,7 +98,11 @@ class StoredRun:
 
 
 class Store:
-    """The sidecar's SQLite database. Not thread-safe: use it from one thread."""
+    """The sidecar's SQLite database. Not thread-safe: use it from one thread.
+
+    Every method raises ``StorageError`` (database.py) when SQLite fails, never
+    ``sqlite3.Error``; writes say what could not be done ("cannot store records: ...").
+    """
 
     def __init__(
         self, path: Path | str, *, busy_timeout_ms: int = 5000, max_bytes: int | None = None
@@ -121,16 +121,14 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------
 
+    @storage_errors("cannot store records")
     def insert_records(self, rows: Sequence[RecordRow]) -> list[int | None]:
         """Store rows in one transaction; return each row's id, or None for a duplicate."""
         now = time.time()
         ids: list[int | None] = []
-        try:
-            with self._db.tx() as conn:
-                for row in rows:
-                    ids.append(self._insert_one(conn, row, now))
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot store records: {exc}") from exc
+        with self._db.tx() as conn:
+            for row in rows:
+                ids.append(self._insert_one(conn, row, now))
         return ids
 
     def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
@@ -197,18 +195,14 @@ class Store:
         )
         return rows[0][0] if rows else None
 
+    @storage_errors("cannot write")
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
-        try:
-            return self._db.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot write: {exc}") from exc
+        return self._db.execute(sql, params)
 
+    @storage_errors("cannot write")
     def _write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        try:
-            with self._db.tx() as conn:
-                conn.executemany(sql, rows)
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot write: {exc}") from exc
+        with self._db.tx() as conn:
+            conn.executemany(sql, rows)
 
     def check_writable(self, headroom_bytes: int = 0) -> None:
         """Raise StorageError unless a write can commit now with ``headroom_bytes`` to spare.
@@ -220,10 +214,8 @@ class Store:
         if free is not None and free < headroom_bytes:
             raise StorageError(f"only {free} bytes free for the database, "
                                f"{headroom_bytes} needed for the next batch")
-        try:
+        with storage_errors("store not writable"):
             self._db.check_writable()
-        except sqlite3.Error as exc:
-            raise StorageError(f"store not writable: {exc}") from exc
 
     def free_bytes(self) -> int | None:
         """Room left for the database: free disk space, or less under ``max_bytes``."""

@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -24,7 +23,7 @@ from monitor_agent.pipeline.replay import ReplayRun
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
 from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import SCALARS, SCHEMA, HistoryBuilder
+from monitor_agent.ui.history import SCALARS, History, HistoryBuilder, open_history
 from monitor_agent.ui.routes import series_answer
 
 STATIC = resources.files("monitor_agent.ui") / "static"
@@ -35,8 +34,7 @@ QUANTILE_LAYERS = 40        # the layers whose gradient quantiles are embedded, 
 
 def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> str:
     """Write the report of ``trace`` (already replayed into ``run``); returns its run id."""
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
                              settings.detectors.default_warmup_steps)
     status: dict[str, str] = {}
@@ -58,13 +56,13 @@ def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> 
     return run_id
 
 
-def _main_run(db: sqlite3.Connection) -> str | None:
+def _main_run(db: History) -> str | None:
     row = db.execute("SELECT run_id FROM steps GROUP BY run_id ORDER BY COUNT(*) DESC "
                      "LIMIT 1").fetchone()
     return row[0] if row else None
 
 
-def _answers(db: sqlite3.Connection, run_id: str, run: ReplayRun, status: str) -> dict[str, Any]:
+def _answers(db: History, run_id: str, run: ReplayRun, status: str) -> dict[str, Any]:
     base = "/v1/runs/" + quote(run_id, safe="")
     findings = [f.to_dict() for f in run.findings if f.run_id == run_id]
     series = series_answer(db, run_id, 0, None, None, REPORT_POINTS)
@@ -91,7 +89,7 @@ def _answers(db: sqlite3.Connection, run_id: str, run: ReplayRun, status: str) -
     return answers
 
 
-def _detail(db: sqlite3.Connection, run_id: str, findings: list[dict[str, Any]],
+def _detail(db: History, run_id: str, findings: list[dict[str, Any]],
             status: str) -> dict[str, Any]:
     """What the run page's header shows, in /v1/runs/{id}'s shape: the last stored step."""
     row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=0 "

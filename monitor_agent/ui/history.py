@@ -6,6 +6,7 @@ record once into narrow SQLite rows: one row of scalars per step, one float32 ve
 step for each per-layer statistic (layers in model order), so a chart reads only the
 columns it draws. ``indexer.HistoryIndexer`` keeps that copy in step with the database
 from a thread of its own, through a read-only connection (engine state is never touched).
+A SQLite failure of ``open_history``, ``add`` or ``commit`` leaves as ``StorageError``.
 
 Example::
 
@@ -20,13 +21,13 @@ from __future__ import annotations
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.records import wire
-from monitor_agent.storage.database import transaction
+from monitor_agent.storage.database import storage_errors, transaction
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 
@@ -70,7 +71,12 @@ CREATE TABLE IF NOT EXISTS matrices (
 """
 
 
-def open_history(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+History: TypeAlias = sqlite3.Connection
+"""A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""
+
+
+@storage_errors()
+def open_history(path: Path | str, *, readonly: bool = False) -> History:
     """A connection to the history database (created with its schema unless read-only)."""
     if readonly:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
@@ -123,7 +129,7 @@ def _scatter(pos: tuple[np.ndarray, int] | None, values: np.ndarray) -> np.ndarr
 class HistoryBuilder:
     """Folds record dicts into the history tables; ``commit`` writes what was added."""
 
-    def __init__(self, db: sqlite3.Connection, ema_alpha: float = 0.99,
+    def __init__(self, db: History, ema_alpha: float = 0.99,
                  default_warmup: int = 0) -> None:
         self.db = db
         self.alpha = ema_alpha
@@ -138,6 +144,7 @@ class HistoryBuilder:
 
     # -- folding --------------------------------------------------------------------------
 
+    @storage_errors()
     def add(self, obj: dict[str, Any]) -> None:
         kind = obj.get("kind")
         if kind == "step":

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from monitor_agent.records import wire
-from monitor_agent.ui.history import HistoryBuilder, open_history
+from monitor_agent.storage.database import StorageError, storage_errors
+from monitor_agent.ui.history import History, HistoryBuilder, open_history
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class HistoryIndexer:
         self.records_db, self.history_db = records_db, history_db
         self.ema_alpha, self.default_warmup = ema_alpha, default_warmup
         self.interval = interval
-        self._db: sqlite3.Connection | None = None
+        self._db: History | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="history", daemon=True)
 
@@ -61,11 +62,11 @@ class HistoryIndexer:
                 try:
                     if src is None:
                         self._open()
-                        src = sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+                        src = self._records()
                     started = time.perf_counter()
                     busy = self.catch_up(src)
                     spent = time.perf_counter() - started
-                except sqlite3.Error as exc:
+                except StorageError as exc:
                     if str(exc) != last_error:  # once per cause, not every retry
                         log.warning("chart history: %s; retrying every 5 s", exc)
                     last_error, busy = str(exc), False
@@ -90,8 +91,15 @@ class HistoryIndexer:
             self._db = open_history(self.history_db)
             self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup)
 
+    @storage_errors()
+    def _records(self) -> sqlite3.Connection:
+        """The read-only connection to the sidecar's records."""
+        return sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+
+    @storage_errors()
     def catch_up(self, src: sqlite3.Connection) -> bool:
-        """Fold one batch of new records; True when there may be more."""
+        """Fold one batch of new records; True when there may be more (StorageError when
+        either database fails)."""
         self._open()
         assert self._db is not None
         row = self._db.execute("SELECT last_id FROM cursor").fetchone()

@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
@@ -24,8 +23,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from monitor_agent.api.deps import AlertingDep, HistoryDep, QueriesDep, RunnerDep, require_read
+from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import open_history
+from monitor_agent.ui.history import History, open_history
 from monitor_agent.ui.models import (
     Band,
     Evals,
@@ -70,25 +70,24 @@ def static(path: str) -> Response:
                     headers={"Cache-Control": "max-age=300"})
 
 
-def _history(path: Path) -> sqlite3.Connection:
+def _history(path: Path) -> History:
     try:
         if not path.is_file():
-            raise sqlite3.OperationalError(f"{path} does not exist yet")
+            raise StorageError(f"{path} does not exist yet")
         return open_history(path, readonly=True)
-    except sqlite3.Error as exc:
+    except StorageError as exc:
         raise HTTPException(503, f"chart history not readable yet: {exc}; retry shortly",
                             headers={"Retry-After": "1"}) from exc
 
 
-def series_answer(db: sqlite3.Connection, run_id: str, rank: int, start: int | None,
+def series_answer(db: History, run_id: str, rank: int, start: int | None,
                   end: int | None, points: int) -> SeriesOut | None:
     """The whole series answer (the report embeds the very same one)."""
     meta = sr.run_meta(db, run_id)
     found = sr.scalars(db, run_id, rank, start, end, points)
-    if not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None:
-        known = db.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        if known is None:
-            return None
+    if (not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None
+            and not sr.has_run(db, run_id)):
+        return None
     lo, hi = found.get("range", [0, 0])
     return SeriesOut(
         run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],

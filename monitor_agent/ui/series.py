@@ -5,6 +5,7 @@ each bucket's min, max and mean, so a one-step spike stays visible however far o
 view is. Per-layer vectors are bucketed with numpy (max per bucket: a heatmap is read for
 the layer that blew up, not for the average one). Where a range holds fewer steps than
 ``points`` the values come back as stored.
+Every query raises ``StorageError``, not ``sqlite3.Error``, when the history fails.
 
 Example::
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
 from monitor_agent.records import wire
+from monitor_agent.storage.database import storage_errors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
@@ -35,6 +37,7 @@ def _clean(values: Any) -> list[float | None]:
     return [None if v is None or not math.isfinite(v) else float(v) for v in values]
 
 
+@storage_errors()
 def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int] | None:
     """First and last step of a rank: two index probes (a COUNT would read every row)."""
     where = "FROM steps WHERE run_id=? AND rank=? ORDER BY step"
@@ -61,6 +64,13 @@ def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
                       (run_id, rank, level, lo // level, hi // level)).fetchone()[0]
 
 
+@storage_errors()
+def has_run(db: sqlite3.Connection, run_id: str) -> bool:
+    """Whether the history holds the run's run record."""
+    return db.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
+
+
+@storage_errors()
 def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
     """The ranks of a run, one index probe each (no scan of the steps)."""
     out: list[int] = []
@@ -72,6 +82,7 @@ def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
         out.append(row[0])
 
 
+@storage_errors()
 def run_meta(db: sqlite3.Connection, run_id: str) -> dict[str, Any]:
     row = db.execute("SELECT warmup, total_steps, project FROM runs WHERE run_id=?",
                      (run_id,)).fetchone()
@@ -88,6 +99,7 @@ def _bucket_sql(lo: int, hi: int, points: int) -> tuple[str, list[Any]]:
     return "CAST((step - ?) * ? / ? AS INTEGER)", [lo, points, hi - lo + 1]
 
 
+@storage_errors()
 def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | None = None,
             end: int | None = None, points: int = 1000) -> dict[str, Any]:
     """Every per-step scalar of one rank over [start, end], at most ``points`` buckets."""
@@ -116,6 +128,7 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
             "nonfinite_steps": bad, "range": [lo, hi], "count": count}
 
 
+@storage_errors()
 def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
     """The last stored step's values (the page's header for a run no longer in memory)."""
     row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "
@@ -164,6 +177,7 @@ def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, l
     return {"low": [b[0] for b in bands], "high": [b[1] for b in bands]}
 
 
+@storage_errors()
 def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
                     points: int) -> dict[str, Any]:
     """Step time per rank on shared buckets (max per bucket: a straggler is a slow step)."""
@@ -188,6 +202,7 @@ def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
                       for r, per in sorted(table.items())}}
 
 
+@storage_errors()
 def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: int | None,
           points: int) -> dict[str, Any]:
     """Validation loss and per-category eval losses (evals are few: stride when not)."""
@@ -203,6 +218,7 @@ def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: in
             "categories": {n: _clean(c.get(n, math.nan) for c in cats) for n in names}}
 
 
+@storage_errors()
 def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
            start: int | None = None, end: int | None = None, points: int = 500,
            layer: str | None = None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from monitor_agent.alerting.alert_store import AlertStore
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.storage.database import StorageError
 
 T0 = 1_700_000_000.0
 
@@ -105,3 +107,18 @@ def test_actions_are_numbered_counted_and_honoured(store: AlertStore):
         tx.honour(old, new, fp)
         assert tx.alert("fp1").action == "run stopped at step 15"
     assert store.actions_for_run("r1")[0].honoured_step == 15
+
+
+def test_a_statement_that_cannot_commit_is_an_alert_storage_error(store: AlertStore):
+    """No sqlite3.Error leaves the store: an AlertTx statement failing inside ``tx()`` (the
+    database refuses writes here, as a full disk would) comes out as StorageError, naming
+    the alert database, with SQLite's error chained."""
+    store.db.execute("PRAGMA query_only = ON")
+    with pytest.raises(StorageError) as caught, store.tx() as tx:
+        tx.begin_episode(pending())
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    assert caught.value.source == "alert storage"
+    with pytest.raises(StorageError):
+        store.add_silence(Silence.new(run_id="r1", duration=60, now=T0, created_by="ana"))
+    store.db.execute("PRAGMA query_only = OFF")
+    assert store.alerts() == [] and store.silences() == []

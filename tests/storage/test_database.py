@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import monitor_agent
-from monitor_agent.storage.database import Database
+from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 TX_SQL = re.compile(r"(BEGIN|COMMIT|ROLLBACK|END TRANSACTION|SAVEPOINT|RELEASE)\b")
 # Not moved onto Database yet (issue 16 split the work by owner): the UI's history index.
@@ -55,8 +55,10 @@ def test_tx_commits_together_or_not_at_all(tmp_path: Path):
 def test_failed_write_rolls_back_and_raises_sqlite_error(tmp_path: Path):
     db = Database(tmp_path / "d.sqlite", V1)
     db.execute("PRAGMA query_only = ON")
-    with pytest.raises(sqlite3.Error):
+    # The storage boundary: the SQLite error comes out as StorageError, chained as its cause.
+    with pytest.raises(StorageError) as caught:
         db.check_writable()
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
     db.execute("PRAGMA query_only = OFF")
     db.check_writable()
 
@@ -91,3 +93,40 @@ def test_transaction_statements_are_written_only_in_database_py():
             if isinstance(text, str) and TX_SQL.match(text.strip()):
                 offenders.append(f"{path.relative_to(root)}: {text!r}")
     assert offenders == []
+
+
+def test_a_statement_failing_inside_tx_leaves_as_storage_error(tmp_path: Path):
+    """The body of ``tx()`` is behind the boundary too: its SQL error comes out converted,
+    with the database's ``source``, and the transaction rolled back."""
+    db = Database(tmp_path / "d.sqlite", ("CREATE TABLE t (x INTEGER NOT NULL);",),
+                  source="alert storage")
+    with pytest.raises(StorageError) as caught, db.tx() as conn:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO t VALUES (NULL)")
+    assert isinstance(caught.value.__cause__, sqlite3.IntegrityError)
+    assert str(caught.value) == str(caught.value.__cause__)
+    assert caught.value.source == "alert storage"
+    assert db.query("SELECT COUNT(*) FROM t")[0][0] == 0
+
+
+def test_a_full_database_raises_storage_error(tmp_path: Path):
+    db = Database(tmp_path / "d.sqlite", ("CREATE TABLE t (b BLOB);",))
+    db.execute("PRAGMA max_page_count = 8")  # a tiny disk: writes past 8 pages fail
+    with pytest.raises(StorageError, match="full") as caught, db.tx() as conn:
+        for _ in range(64):
+            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 4096,))
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+
+
+def test_storage_errors_adds_context_and_keeps_the_sqlite_cause():
+    cause = sqlite3.OperationalError("disk I/O error")
+    with pytest.raises(StorageError) as caught, storage_errors("cannot write"):
+        raise cause
+    assert str(caught.value) == "cannot write: disk I/O error" and caught.value.__cause__ is cause
+    # From below, already converted: the context is added, the cause stays SQLite's.
+    with pytest.raises(StorageError) as again, storage_errors("cannot store records"):
+        raise StorageError("disk I/O error", source="alert storage") from cause
+    assert str(again.value) == "cannot store records: disk I/O error"
+    assert again.value.__cause__ is cause and again.value.source == "alert storage"
+    with pytest.raises(KeyError), storage_errors("cannot write"):  # not ours: untouched
+        raise KeyError("x")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from monitor_agent.storage.store import RecordRow, StorageError, Store
+from monitor_agent.storage.database import StorageError
+from monitor_agent.storage.store import RecordRow, Store
 
 
 def _row(step: int, run_id: str = "r", kind: str = "step", rank: int = 0) -> RecordRow:
@@ -67,3 +69,24 @@ def test_query_only_store_refuses_writes(tmp_path: Path):
     with pytest.raises(StorageError):
         store.check_writable()
     assert store.records("r") == []
+
+
+def test_a_full_disk_is_a_storage_error_with_the_sqlite_error_as_its_cause(tmp_path: Path):
+    # max_bytes sets PRAGMA max_page_count: past it SQLite fails exactly as on a full disk.
+    store = Store(tmp_path / "m.sqlite", max_bytes=64 * 1024)
+    big = [RecordRow("r", 0, "step", s, None, b"x" * 4000) for s in range(100)]
+    with pytest.raises(StorageError) as caught:
+        store.insert_records(big)
+    cause = caught.value.__cause__
+    assert isinstance(cause, sqlite3.OperationalError)
+    assert str(caught.value) == f"cannot store records: {cause}"  # the message, kept
+    assert "full" in str(cause) and caught.value.source == "storage"
+    assert store.records("r") == []  # the transaction rolled back as a whole
+
+
+def test_reads_of_a_closed_store_are_storage_errors(tmp_path: Path):
+    store = Store(tmp_path / "m.sqlite")
+    store.close()
+    with pytest.raises(StorageError) as caught:
+        store.runs()
+    assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import SCHEMA, HistoryBuilder
+from monitor_agent.ui.history import SCHEMA, HistoryBuilder, open_history
 
 
 def build(records: list[dict]) -> sqlite3.Connection:
@@ -162,3 +164,15 @@ def test_layer_blocks_keep_a_one_step_layer_spike_at_any_zoom():
         assert n <= points and a.max() == 7.0 and set(b.tolist()) == {0.5}
         spike = m["steps"][int(a.argmax())]
         assert abs(spike - 12_345) <= 20_000 / points, (points, spike)
+
+
+
+def test_the_history_raises_storage_errors_not_sqlite_ones(tmp_path: Path):
+    with pytest.raises(StorageError) as caught:
+        open_history(tmp_path / "absent.sqlite", readonly=True)
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    db = build(steps(5))
+    db.close()
+    with pytest.raises(StorageError) as caught:
+        sr.scalars(db, "r")
+    assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)
