@@ -9,12 +9,22 @@ in memory belong to ``registry.RunRegistry`` and the API's questions to
 The engine sees no wire models: the edge (the API, replay) validates with ``schemas`` and
 hands it ``Incoming`` records, the ``types`` dataclass plus the JSON to store.
 
-Example::
+Three steps of a run, the last with a NaN loss, then the same batch again (a client's
+retry: idempotent)::
 
-    engine = Engine(settings, Store(":memory:"), SelfMetrics(CollectorRegistry()))
-    items = [Incoming(i, *schemas.parse_for_store(obj)) for i, obj in enumerate(objs)]
-    result = engine.ingest(items, now=time.time())
-    engine.tick(now=time.time())
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.records import schemas
+    >>> engine = Engine(Settings(), Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    >>> lines = [{"kind": "step", "run_id": "r1", "step": s, "time": 1000.0 + s,
+    ...           "loss": 2.0 if s < 3 else float("nan")} for s in (1, 2, 3)]
+    >>> items = [Incoming(i, *schemas.parse_for_store(obj)) for i, obj in enumerate(lines)]
+    >>> result = engine.ingest(items, now=1003.0)
+    >>> result.accepted, [f.type for f in result.findings]
+    (3, ['nan_inf'])
+    >>> engine.ingest(items, now=1004.0).duplicates
+    3
+    >>> engine.tick(now=1005.0)
+    []
 """
 
 from __future__ import annotations

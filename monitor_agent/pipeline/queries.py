@@ -5,11 +5,24 @@ the event loop could see a rank half-updated. So every method here is called thr
 ``EngineRunner.call`` (on that thread), and builds the views of ``views.py`` from the
 store's rows and the run in memory: what leaves is a copy nothing mutates afterwards.
 
-Example::
+The API calls each method through ``await runner.call(queries.run_detail, run_id)``;
+here, directly::
 
-    queries = RunQueries(store, engine.registry)
-    listings = await runner.call(queries.run_listings)
-    detail = await runner.call(queries.run_detail, "gpt-7")  # None: no such run
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.metrics.sidecar import SelfMetrics
+    >>> from monitor_agent.pipeline.engine import Engine, Incoming
+    >>> from monitor_agent.records import schemas
+    >>> from monitor_agent.settings import Settings
+    >>> engine = Engine(Settings(), Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    >>> step = {"kind": "step", "run_id": "gpt-7", "step": 1, "time": 1.0, "loss": 2.5}
+    >>> _ = engine.ingest([Incoming(0, *schemas.parse_for_store(step))], now=1.0)
+    >>> queries = RunQueries(engine.store, engine.registry)
+    >>> [(r.run_id, r.active, r.last_step) for r in queries.run_listings()]
+    [('gpt-7', True, 1)]
+    >>> queries.run_detail("gpt-7").ranks["0"]["latest"]["loss"]
+    2.5
+    >>> queries.run_detail("no-such-run") is None
+    True
 """
 
 from __future__ import annotations

@@ -9,11 +9,19 @@ every way into or out of it is a method here.
 Rebuilding a run replays its stored tail through the pipeline, the very path live records
 take; the registry does not know that path, it is handed it (``replay``) by the engine.
 
-Example::
+The engine builds one and hands it the replay path; alone, with a replay that does
+nothing::
 
-    registry = RunRegistry(settings, store, replay=engine_replay)
-    live = registry.admit("gpt-7", now)       # None: max_active_runs reached
-    registry.expire(now)                       # on the tick
+    >>> settings = Settings(max_active_runs=1)
+    >>> registry = RunRegistry(settings, Store(":memory:"), replay=lambda *args: None)
+    >>> live = registry.admit("gpt-7", now=100.0)
+    >>> live.state.run_id, live.suite is registry.admit("gpt-7", now=101.0).suite
+    ('gpt-7', True)
+    >>> registry.admit("gpt-8", now=101.0) is None   # max_active_runs reached
+    True
+    >>> registry.expire(now=100.0 + settings.silent_run_ttl_seconds + 1)
+    >>> len(registry)
+    0
 """
 
 from __future__ import annotations
