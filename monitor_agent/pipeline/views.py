@@ -4,7 +4,8 @@ The engine's run state is written by the engine thread only (pipeline/runner.py)
 that read it on the event loop could see a rank half-updated. So the engine's query methods
 (``Engine.run_listings``, ``run_summaries``, ``run_detail``) build these views on that
 thread, from the store's row and the run in memory, and hand back copies that nothing
-mutates afterwards.
+mutates afterwards. The API's and the UI's answers derive from these views (``api/models.py``,
+``ui/models.py``): ``metadata={"description": ...}`` is what /openapi.json says of a field.
 
 Example::
 
@@ -16,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.pipeline.progress import run_progress
@@ -37,12 +38,14 @@ class RunListing:
     """One line of ``GET /v1/runs``; ``last_step`` and ``findings`` only for live runs."""
 
     run_id: str
-    status: str
-    active: bool
-    last_step: int | None
+    status: str = field(metadata={"description": "running, or how the run ended."})
+    active: bool = field(
+        metadata={"description": "In memory: records arrived within the run TTL."})
+    last_step: int | None = field(metadata={"description": "Live runs only."})
     first_seen: float
     last_seen: float
-    findings: int | None
+    findings: int | None = field(
+        metadata={"description": "Findings since the run was loaded; live only."})
 
 
 @dataclass(frozen=True, slots=True)
