@@ -198,6 +198,8 @@ SQLITE_OWNERS = (
     # (blocks.py), its reads (series.py), and the indexer that fills it from the records.
     "ui/history.py", "ui/blocks.py", "ui/series.py", "ui/indexer.py",
 )
+
+
 def _mentions_of_sqlite3(allowed: tuple[str, ...]) -> list[str]:
     """``file:line: text`` for every line outside ``allowed`` (paths under monitor_agent/, a
     trailing slash for a package) that says sqlite3: an import, an except, a type, a word."""
@@ -219,3 +221,26 @@ def test_nothing_above_the_storage_boundary_mentions_sqlite3() -> None:
                        "sqlite3.Error; SQL belongs in a store:\n" + "\n".join(found))
     # The check can fail: without the list, the helper's own module is found.
     assert any(f.startswith("storage/database.py:") for f in _mentions_of_sqlite3(()))
+
+
+def _classes(package: str) -> dict[str, list[str]]:
+    """Top-level class name -> the modules of ``package`` that define one by that name."""
+    defined: dict[str, list[str]] = {}
+    for module, path in _modules(package).items():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(module)
+    return defined
+
+
+def test_each_class_name_means_one_thing() -> None:
+    """A class name names one concept: no two modules of the sidecar define a top-level
+    class of the same name, and the client shares none with the sidecar (a reader who
+    knows ``RunContext`` or ``Outcome`` from one file must not meet another elsewhere).
+    Where two things are alike, one derives from the other, as ``AlertOut`` from
+    ``AlertView``."""
+    sidecar, client = _classes("monitor_agent"), _classes("monitor_client")
+    twice = {name: modules for name, modules in sidecar.items() if len(modules) > 1}
+    assert not twice, f"one class name, several definitions (rename one): {twice}"
+    shared = {name: [*sidecar[name], *client[name]] for name in sorted(sidecar.keys() & client)}
+    assert not shared, f"the sidecar and the client define the same class names: {shared}"

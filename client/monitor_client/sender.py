@@ -46,7 +46,7 @@ from monitor_client.alarming import is_alarming
 from monitor_client.counters import Counters
 from monitor_client.encode import dumps_line
 from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport, Outcome, PostResult
+from monitor_client.transport import HttpTransport, PostOutcome, PostResult
 from monitor_client.warn import LOGGER, Warner
 
 MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in order
@@ -290,19 +290,19 @@ class Sender:
             return
         lines = list(self._previews)
         result = self.transport.preview(lines)
-        if result.outcome is Outcome.RETRY:
+        if result.outcome is PostOutcome.RETRY:
             self._schedule_retry(result)
             return
         for _ in lines:
             self._previews.popleft()
-        if result.outcome is Outcome.MISCONFIGURED:
+        if result.outcome is PostOutcome.MISCONFIGURED:
             # A sidecar without the route (404/405), or a token the record stream will
             # report on its own: previews only, off quietly; records still go in order.
             self.previews_on = False
             self._previews.clear()
             LOGGER.info("monitor_client: no previews of NaN steps (%s); they are paged when "
                         "their turn comes", result.detail.strip()[:80])
-        elif result.outcome is not Outcome.OK:
+        elif result.outcome is not PostOutcome.OK:
             self.warner.warn("preview", "sidecar refused a preview (%s)", result.detail)
 
     def _replay(self) -> None:
@@ -336,14 +336,14 @@ class Sender:
 
     def _post_chunk(self, chunk: list[bytes]) -> int:
         result = self.transport.post(chunk)
-        if result.outcome is Outcome.TOO_LARGE and len(chunk) > 1:
+        if result.outcome is PostOutcome.TOO_LARGE and len(chunk) > 1:
             half = len(chunk) // 2
             first = self._post_chunk(chunk[:half])
             return first if first < half else first + self._post_chunk(chunk[half:])
-        if result.outcome is Outcome.RETRY:
+        if result.outcome is PostOutcome.RETRY:
             self._schedule_retry(result)
             return 0
-        if result.outcome is Outcome.MISCONFIGURED:
+        if result.outcome is PostOutcome.MISCONFIGURED:
             self._give_up(result)
             return 0
         self._settle(chunk, result)
@@ -351,7 +351,7 @@ class Sender:
 
     def _settle(self, chunk: list[bytes], result: PostResult) -> None:
         self._failures = 0
-        if result.outcome is Outcome.OK:
+        if result.outcome is PostOutcome.OK:
             if result.actions and self.on_actions is not None:
                 self.on_actions(result.actions)
             for index, reason in result.rejected[:3]:

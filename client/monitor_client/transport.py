@@ -16,7 +16,7 @@ decides what to do:
 Example::
 
     result = HttpTransport("http://127.0.0.1:9400").post([b'{"kind":"run","run_id":"r"}'])
-    if result.outcome is Outcome.RETRY: ...
+    if result.outcome is PostOutcome.RETRY: ...
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from urllib.parse import quote, urlsplit
 import requests
 
 
-class Outcome(enum.Enum):
+class PostOutcome(enum.Enum):
     OK = "ok"
     RETRY = "retry"
     TOO_LARGE = "too_large"
@@ -43,7 +43,7 @@ class PostResult:
     """What one POST achieved; ``rejected`` holds (index, reason) of refused records,
     ``actions`` what alert rules ask the trainer to do (stop, checkpoint)."""
 
-    outcome: Outcome
+    outcome: PostOutcome
     detail: str = ""
     rejected: list[tuple[int, str]] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
@@ -89,17 +89,17 @@ class HttpTransport:
 
     def _post(self, endpoint: str, lines: list[bytes]) -> PostResult:
         if self.url_problem:
-            return PostResult(Outcome.MISCONFIGURED, self.url_problem, fix=_URL_FIX)
+            return PostResult(PostOutcome.MISCONFIGURED, self.url_problem, fix=_URL_FIX)
         body = gzip.compress(b"\n".join(lines) + b"\n", compresslevel=self.gzip_level)
         try:
             resp = self._session.post(endpoint, data=body, headers=self._headers,
                                       timeout=self.timeout)
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                 requests.exceptions.InvalidSchema) as exc:
-            return PostResult(Outcome.MISCONFIGURED, f"{type(exc).__name__}: {exc}",
+            return PostResult(PostOutcome.MISCONFIGURED, f"{type(exc).__name__}: {exc}",
                               fix=_URL_FIX)
         except requests.RequestException as exc:
-            return PostResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+            return PostResult(PostOutcome.RETRY, f"{type(exc).__name__}: {exc}")
         return classify(resp.status_code, resp.content)
 
     def actions(self, run_id: str, after: int = 0) -> list[dict] | None:
@@ -145,18 +145,18 @@ def url_problem(url: str) -> str:
 
 
 def classify(status: int, content: bytes) -> PostResult:
-    """Map an HTTP answer to an Outcome (see the module docstring)."""
+    """Map an HTTP answer to an PostOutcome (see the module docstring)."""
     text = content[:300].decode("utf-8", "replace")
     if status == 200:
         body = _body(content)
-        return PostResult(Outcome.OK, rejected=_rejected(body), actions=_actions(body))
+        return PostResult(PostOutcome.OK, rejected=_rejected(body), actions=_actions(body))
     if status == 413:
-        return PostResult(Outcome.TOO_LARGE, f"413: {text}")
+        return PostResult(PostOutcome.TOO_LARGE, f"413: {text}")
     if status in (400, 415, 422):
-        return PostResult(Outcome.BAD, f"{status}: {text}")
+        return PostResult(PostOutcome.BAD, f"{status}: {text}")
     if status in _FIXES:
-        return PostResult(Outcome.MISCONFIGURED, f"{status}: {text}", fix=_FIXES[status])
-    return PostResult(Outcome.RETRY, f"{status}: {text}")
+        return PostResult(PostOutcome.MISCONFIGURED, f"{status}: {text}", fix=_FIXES[status])
+    return PostResult(PostOutcome.RETRY, f"{status}: {text}")
 
 
 def _body(content: bytes) -> dict:

@@ -1,7 +1,10 @@
 """Alerting's data: a run's context, a stored alert, and the view the sidecar shows.
 
 ``StoredAlert`` is one row of the alerts table as ``alert_store.py`` returns it (the
-lifecycle works on these); ``AlertView`` is what the API, exposition and UI see.
+lifecycle works on these); ``AlertView`` is what the API, exposition and UI see. The API's
+response models derive from these views (``api/models.py``), so a field and its
+description are written here once; ``metadata={"description": ...}`` is what /openapi.json
+says of a field.
 
 Example::
 
@@ -13,10 +16,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from monitor_agent.alerting.lifecycle import Timing
 from monitor_agent.records import wire
+
+AlertState = Literal["pending", "firing", "resolved"]
+"""Where an alert episode is in its lifecycle (silenced is separate: see ``AlertView``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +51,14 @@ class Action:
 
     id: int
     run_id: str
-    action: str
+    action: str = field(metadata={"description": "stop or checkpoint."})
     rule: str
     type: str
-    step: int          # the step of the finding that triggered it (the request)
+    step: int = field(metadata={"description": "Step of the finding that triggered it."})
     message: str
     created_at: float
-    honoured_step: int | None = None  # stop: the step the trainer stopped at, once known
+    honoured_step: int | None = field(
+        default=None, metadata={"description": "stop: the step the trainer stopped at."})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +85,7 @@ class StoredAlert:
     cooldown: float
     repeat_interval: float
     resolve_after: float
-    state: str                  # pending | firing | resolved
+    state: AlertState
     started_at: float
     pending_since: float | None
     last_seen: float            # time of the latest matching finding
@@ -126,7 +133,7 @@ class AlertView:
     layer: str | None
     summary: str
     suggestion: str | None
-    state: str
+    state: AlertState
     silenced: bool
     started_at: float
     last_seen: float
@@ -136,7 +143,9 @@ class AlertView:
     acked_by: str | None = None
     acked_at: float | None = None
     dashboard_url: str | None = None
-    action: str | None = None  # what a rule asked of the run ("stop requested at step N ...")
+    # What a rule asked of the run ("stop requested at step N ...").
+    action: str | None = field(
+        default=None, metadata={"description": "What a rule asked of the run, if anything."})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

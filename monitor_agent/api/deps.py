@@ -2,9 +2,9 @@
 
 This is the one module that reads ``request.app.state``; handlers declare what they need::
 
-    @router.get("/v1/runs")
-    async def list_runs(queries: QueriesDep, runner: RunnerDep) -> RunsOut:
-        return RunsOut.of(await runner.call(queries.run_listings))
+    @router.get("/v1/runs", response_model=RunsListOut)
+    async def list_runs(queries: QueriesDep, runner: RunnerDep) -> dict[str, Any]:
+        return {"runs": [asdict(r) for r in await runner.call(queries.run_listings)]}
 
 The dependencies are ``async def``: they only look things up, and FastAPI would run a plain
 ``def`` one in a worker thread for every request.

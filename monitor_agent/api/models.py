@@ -1,5 +1,13 @@
 """Response models of the JSON API: what each route answers, as the OpenAPI page shows it.
 
+An answer that is an internal view as it is (an alert, an action, a silence, a run's
+listing line) is documented by a dataclass derived from that view: its fields and their
+descriptions are written once, on the view, and FastAPI reads a dataclass as it reads a
+model. ``_EVERY_KEY`` marks every field required, as the answer (``asdict``) always has
+them; the derived classes have no docstring, which the page would show as a description.
+A run's detail keeps a model of its own: it nests the view's findings, joins alerting's
+alerts, leaves out the live-only keys of a run not in memory, and spells NaN as a string.
+
 Routes whose answers may hold NaN/Inf answer with ``wire.dumps`` (docs/format.md spells
 those values as strings) and declare the model only for the document: FastAPI does not
 re-validate a returned ``Response``. ``Measured`` says so in the schema. Keys that a route
@@ -13,15 +21,21 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+
+from monitor_agent.alerting.model import Action, AlertView
+from monitor_agent.alerting.silences import Silence
+from monitor_agent.pipeline.views import RunListing
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 Measured = float | NonFinite | None
 """A measured value: a number, or a non-finite one spelled as docs/format.md says."""
 Record = dict[str, Any]
 """A record as docs/format.md defines it (the ``RecordModel`` schemas of POST /v1/records)."""
+_EVERY_KEY = ConfigDict(json_schema_serialization_defaults_required=True)
 
 
 class HealthOut(BaseModel):
@@ -33,14 +47,10 @@ class ReadyOut(BaseModel):
     reason: str | None = Field(default=None, description="Why not ready (only then).")
 
 
-class RunListingOut(BaseModel):
-    run_id: str
-    status: str = Field(description="running, or how the run ended.")
-    active: bool = Field(description="In memory: records arrived within the run TTL.")
-    last_step: int | None = Field(description="Live runs only.")
-    first_seen: float
-    last_seen: float
-    findings: int | None = Field(description="Findings since the run was loaded; live only.")
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True)
+class RunListingOut(RunListing):
+    pass
 
 
 class RunsListOut(BaseModel):
@@ -102,32 +112,16 @@ class DeliveryOut(BaseModel):
     done_at: float | None
 
 
-class AlertOut(BaseModel):
-    fingerprint: str
-    run_id: str
-    project: str | None
-    rank: int | None
-    alertname: str
-    type: str
-    severity: str
-    layer: str | None
-    summary: str
-    suggestion: str | None
-    state: Literal["pending", "firing", "resolved"]
-    silenced: bool
-    started_at: float
-    last_seen: float
-    last_step: int | None
-    count: int
-    resolved_at: float | None
-    acked_by: str | None
-    acked_at: float | None
-    dashboard_url: str | None
-    action: str | None = Field(description="What a rule asked of the run, if anything.")
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True)
+class AlertOut(AlertView):
+    pass
 
 
-class ListedAlertOut(AlertOut):
-    delivery: dict[str, DeliveryOut] = Field(description="By channel.")
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListedAlertOut(AlertView):
+    delivery: dict[str, DeliveryOut] = field(metadata={"description": "By channel."})
 
 
 class AlertsOut(BaseModel):
@@ -148,16 +142,10 @@ class RunDetailOut(BaseModel):
     ranks: dict[str, RankOut] | None = Field(default=None, description="By rank; live runs only.")
 
 
-class ActionOut(BaseModel):
-    id: int
-    run_id: str
-    action: str = Field(description="stop or checkpoint.")
-    rule: str
-    type: str
-    step: int = Field(description="Step of the finding that triggered it.")
-    message: str
-    created_at: float
-    honoured_step: int | None = Field(description="stop: the step the trainer stopped at.")
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True)
+class ActionOut(Action):
+    pass
 
 
 class ActionsOut(BaseModel):
@@ -167,16 +155,10 @@ class ActionsOut(BaseModel):
     last_id: int = Field(description="Poll again with after=last_id.")
 
 
-class SilenceOut(BaseModel):
-    id: str
-    comment: str
-    created_by: str
-    created_at: float
-    ends_at: float
-    run_id: str | None
-    type: str | None
-    alertname: str | None
-    layer: str | None
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True)
+class SilenceOut(Silence):
+    pass
 
 
 class SilencesOut(BaseModel):

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
@@ -30,10 +31,7 @@ KINDS = ("run", "step", "eval", "end")
             summary="Every run the sidecar has stored, newest last")
 async def list_runs(queries: QueriesDep, runner: RunnerDep) -> dict[str, Any]:
     listings = await runner.call(queries.run_listings)
-    return {"runs": [
-        {"run_id": r.run_id, "status": r.status, "active": r.active, "last_step": r.last_step,
-         "first_seen": r.first_seen, "last_seen": r.last_seen, "findings": r.findings}
-        for r in listings]}
+    return {"runs": [asdict(r) for r in listings]}
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunDetailOut,

@@ -25,7 +25,7 @@ backlog, so the page need not wait for the history to be replayed.
 
 Example::
 
-    det = NanInfDetector(DetectorSettings(), RunContext(DetectorSettings()))
+    det = NanInfDetector(DetectorSettings(), DetectorContext(DetectorSettings()))
     det.update(StepRecord(run_id="r", step=5, time=0.0, loss=float("nan")))  # -> [critical]
 """
 

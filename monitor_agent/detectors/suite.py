@@ -1,7 +1,7 @@
 """All detectors of one run behind one object: what the engine and replay drive.
 
 One ``DetectorSuite`` per run sees every rank's records in arrival order. It keeps the
-shared ``RunContext`` (config, layer order, per-rank loss EMA), runs every enabled
+shared ``DetectorContext`` (config, layer order, per-rank loss EMA), runs every enabled
 detector, marks findings of ``log_only`` types, and snapshots/restores everything as one
 JSON-able dict so a sidecar restart changes nothing. Which detectors exist, and in which
 order they judge a record, is catalogue.py's ``DETECTOR_CLASSES``.
@@ -24,7 +24,7 @@ from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
 from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.support.base import Detector
-from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.records.types import Finding, Record, StepRecord
 
 SNAPSHOT_VERSION = 1
@@ -35,7 +35,7 @@ class DetectorSuite:
 
     def __init__(self, settings: DetectorSettings | None = None) -> None:
         self.settings = settings or DetectorSettings()
-        self.ctx = RunContext(self.settings)
+        self.ctx = DetectorContext(self.settings)
         self.detectors: list[Detector] = [
             cls(self.settings, self.ctx)
             for cls in DETECTOR_CLASSES

@@ -1,22 +1,17 @@
 """What the API shows of a run: plain, immutable copies made on the engine thread.
 
-The engine's run state is written by the engine thread only (pipeline/runner.py); an HTTP handler
-that read it on the event loop could see a rank half-updated. So the engine's query methods
-(``Engine.run_listings``, ``run_summaries``, ``run_detail``) build these views on that
-thread, from the store's row and the run in memory, and hand back copies that nothing
-mutates afterwards.
-
-Example::
-
-    listings = await runner.call(engine.run_listings)
-    detail = await runner.call(engine.run_detail, "gpt-7")  # None: no such run
-    if detail is not None and detail.ranks is not None:
-        print(detail.ranks["0"]["latest"]["loss"])
+Live run state is written by the engine thread only (pipeline/runner.py); an HTTP handler
+that read it on the event loop could see a rank half-updated. So the read side
+(``pipeline/queries.py``'s ``RunQueries``) builds these views on that thread, from the
+store's row and the run in memory, and hands back copies that nothing mutates afterwards.
+The API's and the UI's answers derive from these views (``api/models.py``,
+``ui/models.py``): ``metadata={"description": ...}`` is what /openapi.json says of a field.
+``pipeline/queries.py`` shows them built from a run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.pipeline.progress import run_progress
@@ -37,12 +32,14 @@ class RunListing:
     """One line of ``GET /v1/runs``; ``last_step`` and ``findings`` only for live runs."""
 
     run_id: str
-    status: str
-    active: bool
-    last_step: int | None
+    status: str = field(metadata={"description": "running, or how the run ended."})
+    active: bool = field(
+        metadata={"description": "In memory: records arrived within the run TTL."})
+    last_step: int | None = field(metadata={"description": "Live runs only."})
     first_seen: float
     last_seen: float
-    findings: int | None
+    findings: int | None = field(
+        metadata={"description": "Findings since the run was loaded; live only."})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,16 @@
-"""Response models of the chart endpoints (the OpenAPI page documents them)."""
+"""Response models of the chart endpoints and the runs page (the OpenAPI page documents them).
+
+A runs-page line is the pipeline's ``RunSummary`` plus what alerting knows (derived from
+it, as ``api/models.py`` derives answers from the internal views).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, Field
+
+from monitor_agent.pipeline.views import RunSummary
 
 Values = list[float | None]
 
@@ -65,19 +73,11 @@ class MatrixOut(BaseModel):
                               "quantile rows replace the names.")
 
 
-class RunSummary(BaseModel):
-    run_id: str
-    project: str | None
-    status: str
-    active: bool
-    last_step: int | None
-    progress: float | None
-    eta_seconds: float | None
-    findings: int
-    worst_finding: str | None
+@dataclass(frozen=True, slots=True)
+class RunSummaryOut(RunSummary):
+    # No docstring: the OpenAPI page would show it as the model's description.
     firing_alerts: int
-    last_seen: float
 
 
 class RunsOut(BaseModel):
-    runs: list[RunSummary]
+    runs: list[RunSummaryOut]

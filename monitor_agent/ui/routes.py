@@ -32,7 +32,7 @@ from monitor_agent.ui.models import (
     MatrixOut,
     RankStepTimes,
     RunsOut,
-    RunSummary,
+    RunSummaryOut,
     SeriesOut,
 )
 
@@ -141,6 +141,6 @@ async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep
     # The alert database has its own lock: read it in a worker, not on the event loop.
     for alert in await run_in_threadpool(alerting.list_alerts, state="firing", limit=10_000):
         firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-    rows = [RunSummary(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
+    rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
             for s in await runner.call(queries.run_summaries)]
     return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")

@@ -10,7 +10,7 @@ import httpx
 
 from monitor_client import Monitor
 from monitor_client.actions import ActionInbox
-from monitor_client.transport import Outcome, classify
+from monitor_client.transport import PostOutcome, classify
 
 STOP = {"id": 7, "action": "stop", "rule": "R", "step": 40, "run_id": "r",
         "message": "stop requested at step 40 by rule R"}
@@ -38,7 +38,7 @@ def test_a_failing_callback_is_reported_not_raised():
 def test_the_ingest_answer_carries_actions():
     body = b'{"accepted": 1, "duplicates": 0, "rejected": [], "actions": [{"id": 1}, 3]}'
     result = classify(200, body)
-    assert result.outcome is Outcome.OK and result.actions == [{"id": 1}]
+    assert result.outcome is PostOutcome.OK and result.actions == [{"id": 1}]
     assert classify(200, b"[]").actions == [] and classify(200, b"junk").actions == []
 
 

@@ -15,7 +15,7 @@ import pytest
 from monitor_client import Monitor
 from monitor_client.sender import Sender
 from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport, Outcome, classify, url_problem
+from monitor_client.transport import HttpTransport, PostOutcome, classify, url_problem
 
 
 def _step(i, loss=1.0, run="r1"):
@@ -78,12 +78,12 @@ def test_a_url_that_cannot_work_is_refused_before_any_request(url, tmp_path, cap
 
 
 def test_classification_of_whole_batch_answers():
-    assert classify(422, b"{}").outcome is Outcome.BAD
-    assert classify(415, b"{}").outcome is Outcome.BAD
-    assert classify(400, b"{}").outcome is Outcome.BAD
-    assert classify(413, b"{}").outcome is Outcome.TOO_LARGE
+    assert classify(422, b"{}").outcome is PostOutcome.BAD
+    assert classify(415, b"{}").outcome is PostOutcome.BAD
+    assert classify(400, b"{}").outcome is PostOutcome.BAD
+    assert classify(413, b"{}").outcome is PostOutcome.TOO_LARGE
     assert classify(401, b"{}").fix.startswith("the token")
-    assert classify(504, b"").outcome is Outcome.RETRY
+    assert classify(504, b"").outcome is PostOutcome.RETRY
     assert url_problem("http://127.0.0.1:9400") == url_problem("https://h.example/") == ""
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from synth_records import assert_restore_equivalent, feed, grad_table, names, noise, only, run, step
 
 from monitor_agent.detectors.detector_settings import DetectorSettings
-from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.layer_bands import HORIZON, LayerBands
 
 N = names(4)
@@ -58,7 +58,7 @@ def test_divergence_findings_carry_the_first_layer_out():
 
 
 def test_an_episode_is_remembered_for_the_horizon_after_the_layer_came_back():
-    ctx = RunContext(DetectorSettings())
+    ctx = DetectorContext(DetectorSettings())
     bands = LayerBands()
     for i in range(1, 40 + HORIZON + 2):
         boost = ({1: 10.0} if i in (30, 31, 35) else {2: 10.0} if i in (32, 33) else
@@ -72,7 +72,7 @@ def test_an_episode_is_remembered_for_the_horizon_after_the_layer_came_back():
 
 
 def test_a_non_finite_gradient_is_out_of_band_at_once():
-    ctx = RunContext(DetectorSettings())
+    ctx = DetectorContext(DetectorSettings())
     bands = LayerBands()
     bands.update(ctx.align(grad_table(N, [1.0, math.nan, 1.0, 1.0])), 1)
     (name, at, ratio), = bands.first_out(ctx, 1)

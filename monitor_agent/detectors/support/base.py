@@ -9,7 +9,7 @@ restart changes nothing. ``DetectorSuite`` holds its detectors as ``Detector``s;
 
 Example::
 
-    det: Detector = NanInfDetector(DetectorSettings(), RunContext(DetectorSettings()))
+    det: Detector = NanInfDetector(DetectorSettings(), DetectorContext(DetectorSettings()))
     for rec in records:
         for f in det.update(rec):
             print(f.type, f.step, f.message)

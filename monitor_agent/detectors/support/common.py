@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.state import dump, load_into, plain
 from monitor_agent.records.types import EvalRecord, Finding, Record, Severity, StepRecord
@@ -66,7 +66,7 @@ class DetectorBase(Generic[S]):
     #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` extends it.
     settings_model: ClassVar[SettingsModel] = SharedSettings
 
-    def __init__(self, settings: S, ctx: RunContext) -> None:
+    def __init__(self, settings: S, ctx: DetectorContext) -> None:
         self.settings = settings
         self.ctx = ctx
         self.ranks: dict[int, Any] = {}

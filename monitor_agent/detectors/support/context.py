@@ -1,11 +1,11 @@
 """What every detector of one run shares: the run's config, layer order and per-rank EMA.
 
-The suite owns one ``RunContext`` and hands it to each detector, so the run record, the
+The suite owns one ``DetectorContext`` and hands it to each detector, so the run record, the
 layer alignment and the loss EMA are computed once per record, not once per detector.
 
 Example::
 
-    ctx = RunContext(DetectorSettings())
+    ctx = DetectorContext(DetectorSettings())
     ctx.observe(run_record)
     view = ctx.align(step.layers)      # columns in input->output order, registry slots
     ctx.after(step)                    # the loss EMA now includes this step
@@ -28,7 +28,7 @@ from monitor_agent.records.types import EndRecord, LayerTable, Record, RunRecord
 
 
 @dataclass(slots=True)
-class RankInfo:
+class RankFacts:
     """Per-rank facts: the loss EMA, how many steps were seen, and each parameter's
     gradient-norm band (shared by the detectors that name the first layer out of it)."""
 
@@ -56,11 +56,11 @@ class ContextState:
     total_steps: int | None = None
     layer_order: list[str] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
-    ranks: dict[str, RankInfo] = field(default_factory=dict)
+    ranks: dict[str, RankFacts] = field(default_factory=dict)
     ended: bool = False
 
 
-class RunContext:
+class DetectorContext:
     """Shared, snapshot-able facts about one run (see module docstring)."""
 
     def __init__(self, settings: SharedSettings) -> None:
@@ -100,13 +100,13 @@ class RunContext:
     def in_warmup(self, step: int) -> bool:
         return step <= self.state.warmup
 
-    def rank(self, rank: int) -> RankInfo:
+    def rank(self, rank: int) -> RankFacts:
         info = self.state.ranks.get(str(rank))
         if info is None:
-            info = self.state.ranks[str(rank)] = RankInfo(ema=Ema(self.settings.ema_alpha))
+            info = self.state.ranks[str(rank)] = RankFacts(ema=Ema(self.settings.ema_alpha))
         return info
 
-    def ranks(self) -> dict[int, RankInfo]:
+    def ranks(self) -> dict[int, RankFacts]:
         return {int(r): info for r, info in self.state.ranks.items()}
 
     def after(self, record: Record) -> None:
@@ -164,7 +164,7 @@ class RunContext:
         ranks = data.get("ranks", {})
         self.state = load_into(ContextState(), {k: v for k, v in data.items() if k != "ranks"})
         self.state.ranks = {
-            r: load_into(RankInfo(ema=Ema(self.settings.ema_alpha)), v) for r, v in ranks.items()
+            r: load_into(RankFacts(ema=Ema(self.settings.ema_alpha)), v) for r, v in ranks.items()
         }
         self._slots = SlotIndex(self.state.layer_names)
         self._cache = None

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from monitor_agent.detectors.support.context import RunContext
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.records.types import LayerTable, StepRecord
 
 _LAYER_STATS = ("grad_norm", "param_norm", "update_norm")
 
 
-def nonfinite_params(ctx: RunContext, rec: StepRecord) -> list[str]:
+def nonfinite_params(ctx: DetectorContext, rec: StepRecord) -> list[str]:
     """Non-finite parameters in backward order: output side first (see module docstring)."""
     table = rec.layer_grads
     if table is None:

@@ -1,6 +1,6 @@
 """Per-name state as numpy arrays: a stable slot per name, and arrays grown as names arrive.
 
-Layers (``RunContext``), activation modules (``dead_units``, ``activation_blowup``) and
+Layers (``DetectorContext``), activation modules (``dead_units``, ``activation_blowup``) and
 gradient-distribution parameters (``grad_distribution``) all keep per-name history in
 arrays indexed by a slot the name keeps for the whole run. ``SlotIndex`` hands out the
 slots, first come first served, appending to a names list the caller's snapshot state
