@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-from monitor_client import Monitor  # noqa: E402
-from monitor_client.monitor import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
-from monitor_client.stats import GradStats  # noqa: E402
+from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client._stats import GradStats  # noqa: E402
+from monitor_client.config import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
 
 
 def sync(device):
@@ -175,8 +175,9 @@ def distribution_costs(model, opt, batch, device, reps):
 
 def monitored_steps(model, opt, batch, device, reps, url):
     """Whole steps, interleaved round by round so a noisy machine affects all alike."""
-    mon = Monitor(url=url, run_id="bench-steps", install_hooks=False, linger=0.2)
-    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=1)
+    mon = Monitor(url=url, run_id="bench-steps",
+                  settings=MonitorConfig(install_hooks=False, linger=0.2))
+    mon.watch(model, opt, grad_clip=1.0, settings=WatchConfig(layer_stats_every=1))
     stats = mon._stats  # toggled between configurations instead of building three models
     times = {"bare": [], "global_only": [], "per_layer": []}
 
@@ -203,8 +204,9 @@ def monitored_steps(model, opt, batch, device, reps, url):
 
 def transfer_count(model, opt, batch):
     """Host transfers on the training thread during the hooks and log_step of a step."""
-    mon = Monitor(url="http://127.0.0.1:9", run_id="bench-sync", install_hooks=False)
-    mon.watch(model, opt, grad_clip=1.0, layer_stats_every=1, pre_hook=False)
+    mon = Monitor(url="http://127.0.0.1:9", run_id="bench-sync",
+                  settings=MonitorConfig(install_hooks=False))
+    mon.watch(model, opt, grad_clip=1.0, settings=WatchConfig(layer_stats_every=1, pre_hook=False))
     forward_backward(model, batch)
     calls = []
     originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__float__", "cpu")}
@@ -235,8 +237,8 @@ def activation_costs(model, opt, batch, device, reps):
     statistics alone on captured outputs, and whole steps (bare / monitored step with the
     hooks armed, host copy included / unmonitored step, hooks attached but not armed)
     interleaved round by round; plus the optimizer post-hook of an unmonitored step."""
-    from monitor_client.activations import ActivationStats, measure, zero_clamping
-    from monitor_client.stats import StatsPack
+    from monitor_client._activations import ActivationStats, measure, zero_clamping
+    from monitor_client._stats import StatsPack
 
     outs = []
     probe = ActivationStats(model, opt)
@@ -297,8 +299,9 @@ def enqueue_latency(url, device, n=2000):
     back to back (the sender thread and the sink share the GIL with it)."""
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    mon = Monitor(url=url, run_id="bench-enqueue", install_hooks=False, max_queue=100_000)
-    mon.watch(model, opt, layer_stats_every=10**9)
+    mon = Monitor(url=url, run_id="bench-enqueue",
+                  settings=MonitorConfig(install_hooks=False, max_queue=100_000))
+    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=10**9))
     x = torch.randn(4, 64, device=device)
     lat = []
     for i in range(n):
@@ -317,9 +320,10 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
     per-parameter norms in the host copy; their bytes on the wire when sent."""
     import gzip
 
-    from monitor_client.stats import StatsPack
+    from monitor_client._stats import StatsPack
 
-    mon = Monitor(url=url, run_id="bench-origin", install_hooks=False, linger=0.2)
+    mon = Monitor(url=url, run_id="bench-origin",
+                  settings=MonitorConfig(install_hooks=False, linger=0.2))
     mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
     flags = mon._finite
     times = {"bare": [], "default_no_finite": [], "default": []}

@@ -42,8 +42,9 @@ SCRIPT = """
 import os, sys, time
 import monitor_client
 mon = monitor_client.Monitor(url=os.environ["URL"], run_id="nan-overtakes",
-                             spool_dir=os.environ["SPOOL"], linger=0.05,
-                             max_queue=int(os.environ["MAXQ"]))
+                             settings=monitor_client.MonitorConfig(
+                                 spool_dir=os.environ["SPOOL"], linger=0.05,
+                                 max_queue=int(os.environ["MAXQ"])))
 pad = "x" * int(os.environ["PAD"])
 for step in range(1, 101):
     mon.log_step(step, loss=1.0, pad=pad)
@@ -148,7 +149,7 @@ def main() -> None:
     ap.add_argument("--client", type=Path, default=REPO / "client")
     ap.add_argument("--max-queue", type=int, default=10_000,
                     help="the client's max_queue (a backlog logged faster than the sender "
-                         "spools it waits in an overflow as long again, see sender.py)")
+                         "spools it waits in an overflow as long again, see _sender.py)")
     args = ap.parse_args()
     t = measure(args.client, args.backlog, args.pad, args.outage, args.max_queue)
     print(f"client {args.client}, sidecar {REPO}: backlog {args.backlog} x {args.pad} B, "

@@ -8,17 +8,21 @@ Example::
     mon.log_step(step, loss=loss, tokens=n_tokens)
     mon.close()
 
-The knobs as one value: ``Monitor(config=MonitorConfig(project="gpt", hparams={...},
-watch=WatchConfig(grad_clip=1.0)))`` (see ``config.py``).
+Every other knob is a field of ``MonitorConfig`` / ``WatchConfig`` (``config.py``), passed as
+``settings=``: ``Monitor(project="gpt", settings=MonitorConfig(linger=0.2,
+watch=WatchConfig(activations=True)))``.
 
-Importing this package does not import torch; ``monitor_client.hf`` and
-``monitor_client.lightning`` import their frameworks only when used.
+The public API is this package's ``__all__``, ``monitor_client.config`` and the framework
+callbacks ``monitor_client.hf`` and ``monitor_client.lightning``; the modules whose names
+start with ``_`` are the implementation and may change in any release. Importing this
+package does not import torch; ``hf`` and ``lightning`` import their frameworks only when
+used.
 """
 
-from monitor_client.categories import CategoryLoss
+from monitor_client._categories import CategoryLoss
+from monitor_client._counters import Counters
+from monitor_client._monitor import Monitor
 from monitor_client.config import MonitorConfig, WatchConfig
-from monitor_client.counters import Counters
-from monitor_client.monitor import Monitor
 
 __all__ = ["CategoryLoss", "Counters", "Monitor", "MonitorConfig", "WatchConfig"]
 __version__ = "0.1.0"

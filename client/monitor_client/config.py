@@ -1,27 +1,33 @@
-"""``MonitorConfig`` and ``WatchConfig``: the client's knobs as values, checked in one place.
+"""``MonitorConfig`` and ``WatchConfig``: the client's knobs, each defined and checked here.
 
-``Monitor(...)`` and ``Monitor.watch(...)`` keep their keyword arguments; those are a thin
-convenience that builds these objects. A config object is what to pass around instead: it
-is frozen (``dataclasses.replace`` makes a variant), compares by value, and rejects a
-nonsensical value when it is built, with the field's name in the error.
+``Monitor(...)`` and ``Monitor.watch(...)`` take only what nearly every script sets (where
+to report, as which run, with which hyperparameters; the clipping threshold); every other
+knob is a field of one of these two frozen dataclasses, documented with its unit below and
+passed as ``settings=``. A config object rejects a nonsensical value when it is built,
+naming the field; it compares by value, and ``dataclasses.replace`` makes a variant.
 
 Example::
 
     from monitor_client import Monitor, MonitorConfig, WatchConfig
 
-    cfg = MonitorConfig(url="http://127.0.0.1:9400", project="gpt", hparams={"lr": 3e-4},
-                        watch=WatchConfig(grad_clip=1.0, layer_stats_every=10))
-    mon = Monitor(config=cfg)            # same as Monitor(url=..., project=..., config={...},
-    mon.watch(model, optimizer)          #   layer_stats_every=10) + watch(..., grad_clip=1.0)
+    settings = MonitorConfig(spool_dir="/scratch/spool", linger=0.2,
+                             watch=WatchConfig(layer_stats_every=10, activations=True))
+    mon = Monitor(project="gpt", config={"lr": 3e-4}, settings=settings)
+    mon.watch(model, optimizer, grad_clip=1.0)   # the Monitor's WatchConfig, clipping at 1.0
 
-Keyword arguments given together with a config object must agree with it: a keyword whose
-value is neither its default nor the config's raises ``TypeError`` (a keyword left at its
-default leaves the config's value alone).
+A keyword argument fills the field of the same name (``config``: ``hparams``); given
+together with ``settings``, it may fill a field the settings leave at its default or repeat
+their value, but one that contradicts a value the settings chose is a ``TypeError``.
+
+Until the next release the old spellings still work, each with a ``DeprecationWarning``
+naming the new one: the removed keywords (``Monitor(linger=0.2)``, ``watch(...,
+activations=True)``), which fill the same fields, and a config object passed as
+``config=`` (``Monitor(config=MonitorConfig(...))``, ``watch(..., config=WatchConfig(...))``),
+which is now ``settings=``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +45,11 @@ DEFAULT_HIST_EVERY = 50
 # What close() (and so the end of the script) may wait for an unresponsive sidecar: long
 # enough for a healthy one to take the last batch, short enough not to be noticed.
 DEFAULT_CLOSE_TIMEOUT = 2.0
+# Where the sidecar listens when neither MonitorConfig.url nor MONITOR_AGENT_URL says.
+DEFAULT_URL = "http://127.0.0.1:9400"
+
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_HIST_EVERY", "DEFAULT_LAYER_STATS_EVERY",
+           "DEFAULT_URL", "MonitorConfig", "WatchConfig"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,7 @@ class MonitorConfig:
         url: the sidecar (None: ``MONITOR_AGENT_URL``, else http://127.0.0.1:9400).
         project: the project label.
         hparams: the run's hyperparameters (JSON-able), sent once in the run record as its
-            ``config``; what ``Monitor(config={...})`` has always taken.
+            ``config``; ``Monitor(config={...})`` fills it.
         run_id: None: ``MONITOR_AGENT_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``,
             else generated (and broadcast from rank 0 under torch.distributed).
         token: bearer token (None: ``MONITOR_AGENT_TOKEN``).
@@ -169,70 +180,6 @@ class MonitorConfig:
         _at_least(self, "linger", 0)
         _at_least(self, "close_timeout", 0)
         _check_timeout(self.timeout)
-
-
-def monitor_config(config: MonitorConfig | Mapping[str, Any] | None,
-                   keywords: dict[str, Any]) -> MonitorConfig:
-    """The ``MonitorConfig`` for ``Monitor(...)``'s arguments.
-
-    ``config`` is a MonitorConfig, or (as always) the run's hyperparameters. ``keywords``
-    are the other arguments, by their MonitorConfig names; ``layer_stats_every`` and
-    ``hist_every`` are the defaults of ``watch``, so they land in ``.watch``.
-    """
-    watch_keys = {"layer_stats_every", "hist_every"}
-    own = {k: v for k, v in keywords.items() if k not in watch_keys}
-    for_watch = {k: v for k, v in keywords.items() if k in watch_keys}
-    if isinstance(config, MonitorConfig):
-        _refuse_conflicts(config, own, "Monitor")
-        _refuse_conflicts(config.watch, for_watch, "Monitor")
-        return config
-    hparams = None if config is None else dict(config)  # a copy, as it has always been
-    return MonitorConfig(hparams=hparams, watch=WatchConfig(**for_watch), **own)
-
-
-def watch_config(base: WatchConfig, config: WatchConfig | None,
-                 keywords: dict[str, Any]) -> WatchConfig:
-    """The ``WatchConfig`` for ``watch(...)``'s arguments.
-
-    ``config`` when given, with keywords that merely repeat it; else ``base`` (the
-    Monitor's) with every keyword that is not at its default applied.
-    """
-    # watch(layer_stats_every=None or 0) and watch(hist_every=None) mean "the Monitor's".
-    keywords = {k: v for k, v in keywords.items()
-                if not (k in ("layer_stats_every", "hist_every") and v is None)
-                and not (k == "layer_stats_every" and v == 0)}
-    if config is not None:
-        if not isinstance(config, WatchConfig):
-            raise TypeError(f"watch(config=...) takes a WatchConfig, not "
-                            f"{type(config).__name__}")
-        _refuse_conflicts(config, keywords, "watch")
-        return config
-    return dataclasses.replace(base, **_changed(WatchConfig, keywords))
-
-
-def _changed(cls: type, keywords: dict[str, Any]) -> dict[str, Any]:
-    """The keywords whose value is not the field's default: those the caller chose."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    return {k: v for k, v in keywords.items() if not _same(v, defaults[k])}
-
-
-def _refuse_conflicts(config: Any, keywords: dict[str, Any], where: str) -> None:
-    clashes = [f"{k}={v!r} (config has {getattr(config, k)!r})"
-               for k, v in _changed(type(config), keywords).items()
-               if not _same(v, getattr(config, k))]
-    if clashes:
-        raise TypeError(f"{where}(): got config={type(config).__name__}(...) and keywords "
-                        f"that contradict it: {', '.join(clashes)}; pass one or the other, "
-                        "or dataclasses.replace(config, ...)")
-
-
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - values without a plain truth value (arrays) differ
-        return False
 
 
 def _number(owner: object, name: str) -> float:

@@ -27,12 +27,14 @@ What it does, and why:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import TrainerCallback
 
+from monitor_client._arguments import monitor_settings
+from monitor_client._monitor import Monitor
 from monitor_client.config import MonitorConfig
-from monitor_client.monitor import Monitor
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 
@@ -40,24 +42,28 @@ IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 class MonitorCallback(TrainerCallback):
     """Report a HuggingFace Trainer run to monitor_agent.
 
-    Without a ``monitor``, one is made at the start of training from ``config`` (a
-    ``MonitorConfig``) and/or the ``Monitor`` keywords, with the Trainer's arguments as the
-    run's hyperparameters (unless ``config.hparams`` names them). ``watch`` gets the
+    Without a ``monitor``, one is made at the start of training from the same arguments as
+    ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
+    Trainer's arguments, unless ``settings.hparams`` names them), ``run_id``, ``token``,
+    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
     monitor's ``WatchConfig`` with the clipping set by the Trainer's ``max_grad_norm``.
 
     Example::
 
         Trainer(..., callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
-        cfg = MonitorConfig(project="gpt", watch=WatchConfig(activations=True))
-        Trainer(..., callbacks=[MonitorCallback(config=cfg)])
+        settings = MonitorConfig(watch=WatchConfig(activations=True))
+        Trainer(..., callbacks=[MonitorCallback(project="gpt", settings=settings)])
     """
 
-    def __init__(self, monitor: Monitor | None = None, *, config: MonitorConfig | None = None,
-                 take_over_clipping: bool = True, **monitor_kwargs: Any) -> None:
+    def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
+                 project: str | None = None, config: Mapping[str, Any] | None = None,
+                 run_id: str | None = None, token: str | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 take_over_clipping: bool = True, **legacy: Any) -> None:
         self.monitor = monitor
         self.take_over_clipping = take_over_clipping
-        self._config = config
-        self._kwargs = monitor_kwargs
+        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
         self._losses: list[Any] = []
         self._sum_losses = False
         self._tokens = self._samples = 0
@@ -72,13 +78,11 @@ class MonitorCallback(TrainerCallback):
         return self.monitor
 
     def _make_monitor(self, args: Any) -> Monitor:
-        hparams = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
-        if self._config is None:
-            return Monitor(config=hparams, **self._kwargs)
-        if self._config.hparams is None:
-            return Monitor(config=dataclasses.replace(self._config, hparams=hparams),
-                           **self._kwargs)
-        return Monitor(config=self._config, **self._kwargs)
+        settings = self.settings
+        if settings.hparams is None:
+            hparams = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
+            settings = dataclasses.replace(settings, hparams=hparams)
+        return Monitor(settings=settings)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         mon = self.monitor if self.monitor is not None else self._make_monitor(args)
@@ -89,10 +93,10 @@ class MonitorCallback(TrainerCallback):
         if take_over:
             self._restore_clip, args.max_grad_norm = args.max_grad_norm, 0.0
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
-        watch = mon.monitor_config.watch
+        watch = mon.settings.watch
         seq_len = watch.seq_len or getattr(getattr(model, "config", None), "n_positions", None)
         # The Trainer decides the clipping; everything else is the monitor's WatchConfig.
-        mon.watch(model, opt, config=dataclasses.replace(
+        mon.watch(model, opt, settings=dataclasses.replace(
             watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
         self._handles = [
             model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),

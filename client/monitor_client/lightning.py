@@ -22,38 +22,44 @@ Actions from alert rules are honoured after each optimizer step: ``stop`` sets
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 
+from monitor_client._arguments import monitor_settings
+from monitor_client._monitor import Monitor
 from monitor_client.config import MonitorConfig
-from monitor_client.monitor import Monitor
 
 
 class MonitorCallback(pl.Callback):
     """Report a Lightning run to monitor_agent.
 
-    Without a ``monitor``, one is made when fitting starts from ``config`` (a
-    ``MonitorConfig``) and/or the ``Monitor`` keywords, with the module's ``hparams`` as the
-    run's hyperparameters (unless ``config.hparams`` names them). ``watch`` gets the
+    Without a ``monitor``, one is made when fitting starts from the same arguments as
+    ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
+    module's ``hparams``, unless ``settings.hparams`` names them), ``run_id``, ``token``,
+    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
     monitor's ``WatchConfig`` with Lightning's clipping value and ``pre_hook=False``.
 
     Example::
 
         L.Trainer(callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
-        cfg = MonitorConfig(project="gpt", watch=WatchConfig(hist_every=0))
-        L.Trainer(callbacks=[MonitorCallback(config=cfg)])
+        settings = MonitorConfig(watch=WatchConfig(hist_every=0))
+        L.Trainer(callbacks=[MonitorCallback(project="gpt", settings=settings)])
     """
 
-    def __init__(self, monitor: Monitor | None = None, *, config: MonitorConfig | None = None,
+    def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
+                 project: str | None = None, config: Mapping[str, Any] | None = None,
+                 run_id: str | None = None, token: str | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
-                 checkpoint_dir: str | None = None, **monitor_kwargs: Any) -> None:
+                 checkpoint_dir: str | None = None, **legacy: Any) -> None:
         self.monitor = monitor
-        self._config = config
+        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
-        self._kwargs = monitor_kwargs
         self._losses: list[Any] = []
         self._samples = 0
         self._last_step = 0
@@ -65,22 +71,20 @@ class MonitorCallback(pl.Callback):
         return self.monitor
 
     def _make_monitor(self, pl_module: Any) -> Monitor:
-        hparams = {k: v for k, v in dict(pl_module.hparams).items()
-                   if v is None or isinstance(v, str | int | float | bool)}
-        if self._config is None:
-            return Monitor(config=hparams, **self._kwargs)
-        if self._config.hparams is None:
-            return Monitor(config=dataclasses.replace(self._config, hparams=hparams),
-                           **self._kwargs)
-        return Monitor(config=self._config, **self._kwargs)
+        settings = self.settings
+        if settings.hparams is None:
+            hparams = {k: v for k, v in dict(pl_module.hparams).items()
+                       if v is None or isinstance(v, str | int | float | bool)}
+            settings = dataclasses.replace(settings, hparams=hparams)
+        return Monitor(settings=settings)
 
     def on_fit_start(self, trainer, pl_module):
         mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
         self.monitor = mon
         clip = trainer.gradient_clip_val or None
         # Lightning clips, and steps through a closure; the rest is the monitor's WatchConfig.
-        mon.watch(pl_module, trainer.optimizers[0], config=dataclasses.replace(
-            mon.monitor_config.watch, grad_clip=clip, apply_clip=False,
+        mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
+            mon.settings.watch, grad_clip=clip, apply_clip=False,
             pre_hook=False))
         self._last_step = trainer.global_step
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import math
 import os
 import sys
@@ -210,7 +211,9 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
     val_files = files_from(files, split)
     model, opt = build(args, state)
     peak = args.peak_flops if args.peak_flops > 0 else measure_peak_flops()
-    mon.watch(model, opt, grad_clip=args.grad_clip, seq_len=args.seq_len, peak_flops=peak)
+    # the Monitor's WatchConfig (--layer-stats-every), with what only the loop knows
+    mon.watch(model, opt, grad_clip=args.grad_clip, settings=dataclasses.replace(
+        mon.settings.watch, seq_len=args.seq_len, peak_flops=peak))
     gen, leaked, bad = torch.Generator().manual_seed(args.seed), [], 0
     stream = mon.timed(batches(train_data, args, gen, state))
     for step in range(1, args.steps + 1):
@@ -283,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(args).items() if k not in skip}
     config.update(optimizer="adamw", total_steps=args.steps, warmup_steps=args.warmup)
     mon = monitor_client.Monitor(url=args.url, project=args.project, config=config,
-                                 run_id=args.run_id, spool_dir=args.spool_dir,
-                                 layer_stats_every=args.layer_stats_every)
+                                 run_id=args.run_id, settings=monitor_client.MonitorConfig(
+                                     spool_dir=args.spool_dir, watch=monitor_client.WatchConfig(
+                                         layer_stats_every=args.layer_stats_every)))
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     say(f"run {mon.run_id}: {args.steps} steps, fault {args.inject}@{args.inject_step}")
     try:

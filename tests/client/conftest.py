@@ -147,12 +147,13 @@ def plain_loop_shape(tmp_path):
     """The step shape a plain training loop produces (the reference for the adapters)."""
     import torch
 
-    from monitor_client import Monitor
+    from monitor_client import Monitor, MonitorConfig, WatchConfig
 
     rec = Receiver().start()
     try:
-        mon = Monitor(url=rec.url, run_id="plain-shape", spool_dir=tmp_path / "plain",
-                      install_hooks=False, linger=0.02, layer_stats_every=4)
+        mon = Monitor(url=rec.url, run_id="plain-shape",
+                      settings=MonitorConfig(spool_dir=tmp_path / "plain", install_hooks=False,
+                                             linger=0.02, watch=WatchConfig(layer_stats_every=4)))
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)

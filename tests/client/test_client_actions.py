@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from monitor_client import Monitor
-from monitor_client.actions import ActionInbox
-from monitor_client.transport import PostOutcome, classify
+from monitor_client import Monitor, MonitorConfig
+from monitor_client._actions import ActionInbox
+from monitor_client._transport import PostOutcome, classify
 
 STOP = {"id": 7, "action": "stop", "rule": "R", "step": 40, "run_id": "r",
         "message": "stop requested at step 40 by rule R"}
@@ -53,8 +53,9 @@ def _stop_rules(tmp: Path) -> Path:
 
 def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, tmp_path):
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
-    mon = Monitor(url=sc.url, run_id="mon-stop", spool_dir=tmp_path / "spool",
-                  install_hooks=False, linger=0.01)
+    mon = Monitor(url=sc.url, run_id="mon-stop",
+                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                         linger=0.01))
     got = threading.Event()
     mon.on_action(lambda a: got.set())
     for step in range(1, 6):
@@ -83,8 +84,9 @@ def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     steps = [{"kind": "step", "run_id": "poll-me", "step": 1, "time": 1.0, "loss": "NaN"}]
     assert httpx.post(sc.url + "/v1/records", json={"records": steps}).json()["actions"]
-    mon = Monitor(url=sc.url, run_id="poll-me", rank=1, world_size=2, install_hooks=False,
-                  spool_dir=tmp_path / "spool", linger=0.01)
+    mon = Monitor(url=sc.url, run_id="poll-me",
+                  settings=MonitorConfig(rank=1, world_size=2, install_hooks=False,
+                                         spool_dir=tmp_path / "spool", linger=0.01))
     mon._sender.poll_interval = 0.05  # the default polls every 5 s
     deadline = time.monotonic() + 10
     while not mon.should_stop():

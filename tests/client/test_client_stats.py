@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from monitor_client.stats import GradStats
+from monitor_client._stats import GradStats
 
 
 def _model(seed=0):

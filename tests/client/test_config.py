@@ -1,6 +1,7 @@
-"""MonitorConfig / WatchConfig: the keywords are a thin convenience over them, with the same
-names and defaults; one place rejects nonsense; a config and keywords that contradict it are
-a TypeError; and a run reported through a config object is the run the keywords report."""
+"""MonitorConfig / WatchConfig: the keywords of ``Monitor``/``watch`` are a few of their
+fields, with the same names and defaults, and ``settings=`` carries the rest; one place
+rejects nonsense; settings and keywords that contradict them are a TypeError; and a run
+reported through a config object is the run the keywords report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client._arguments import LEGACY_MONITOR_KEYWORDS, LEGACY_WATCH_KEYWORDS
 
 
 def _defaults(func, skip=()) -> dict:
@@ -23,58 +25,70 @@ def _fields(cls) -> dict:
             if f.default is not dataclasses.MISSING}
 
 
+def _deprecated(func, *args, **kwargs):
+    with pytest.warns(DeprecationWarning):
+        return func(*args, **kwargs)
+
+
 def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
-    keywords = _defaults(Monitor.__init__, skip={"config"})
-    fields = {**_fields(MonitorConfig), **{k: v for k, v in _fields(WatchConfig).items()
-                                           if k in ("layer_stats_every", "hist_every")}}
-    fields.pop("hparams")  # Monitor(config={...}) is the hyperparameters, as it always was
-    assert keywords == fields
+    keywords = _defaults(Monitor.__init__, skip={"config", "settings"})
+    fields = _fields(MonitorConfig)
+    assert keywords == {k: fields[k] for k in keywords}
+    # Monitor(config={...}) is the hyperparameters, as it always was
+    assert _defaults(Monitor.__init__)["config"] is fields.pop("hparams") is None
+    # every other field is reached through settings= (and, until the next release, the old
+    # keyword of its name)
+    assert set(fields) - set(keywords) == set(LEGACY_MONITOR_KEYWORDS) - {
+        "layer_stats_every", "hist_every"}
+    assert {"layer_stats_every", "hist_every"} <= set(_fields(WatchConfig))
 
 
 def test_watch_keywords_are_the_watch_configs_fields_with_the_same_defaults():
-    keywords = _defaults(Monitor.watch, skip={"config", "scaler"})
+    keywords = _defaults(Monitor.watch, skip={"settings", "scaler"})
     fields = _fields(WatchConfig)
-    # None means "the Monitor's" for these two, whose own defaults live in its config.
-    assert keywords.pop("layer_stats_every") is None and keywords.pop("hist_every") is None
-    fields.pop("layer_stats_every"), fields.pop("hist_every")
-    assert keywords == fields
+    assert keywords == {k: fields[k] for k in keywords} == {"grad_clip": None}
+    assert set(fields) - set(keywords) == set(LEGACY_WATCH_KEYWORDS)
 
 
 def test_keywords_build_the_config_the_object_states():
     cfg = MonitorConfig(project="p", hparams={"lr": 0.1}, run_id="r1", linger=0.1,
                         enabled=False, watch=WatchConfig(layer_stats_every=7, hist_every=0))
-    by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", linger=0.1,
-                          enabled=False, layer_stats_every=7, hist_every=0)
-    by_object = Monitor(config=cfg)
-    assert by_keywords.monitor_config == cfg == by_object.monitor_config
+    by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", settings=MonitorConfig(
+        linger=0.1, enabled=False, watch=WatchConfig(layer_stats_every=7, hist_every=0)))
+    by_object = Monitor(settings=cfg)
+    assert by_keywords.settings == cfg == by_object.settings
     for mon in (by_keywords, by_object):
         assert (mon.run_id, mon.project, mon.config) == ("r1", "p", {"lr": 0.1})
         assert (mon.layer_stats_every, mon.hist_every, mon.active) == (7, 0, False)
     hparams = {"lr": 0.1}
-    mon = Monitor(config=hparams, enabled=False)
+    mon = Monitor(config=hparams, settings=MonitorConfig(enabled=False))
     mon.config["grad_clip"] = 1.0  # the Monitor's copy: the caller's dict is left alone
-    assert hparams == {"lr": 0.1} and mon.monitor_config.hparams == {"lr": 0.1}
+    assert hparams == {"lr": 0.1} and mon.settings.hparams == {"lr": 0.1}
 
 
 def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
     cfg = MonitorConfig(project="p", enabled=False, watch=WatchConfig(layer_stats_every=5))
-    with pytest.raises(TypeError, match=r"project='q' \(config has 'p'\)"):
-        Monitor(project="q", config=cfg)
+    with pytest.raises(TypeError, match=r"project='q' \(settings has 'p'\)"):
+        Monitor(project="q", settings=cfg)
     with pytest.raises(TypeError, match="layer_stats_every=9"):
-        Monitor(config=cfg, layer_stats_every=9)
+        _deprecated(Monitor, settings=cfg, layer_stats_every=9)
     # Repeating the config's value, or leaving a keyword at its default, is no conflict.
-    assert Monitor(None, "p", cfg, linger=0.5).monitor_config is cfg
+    assert Monitor(None, "p", settings=cfg).settings is cfg
+    assert _deprecated(Monitor, None, "p", settings=cfg, linger=0.5).settings is cfg
+    # A keyword fills a field the settings leave at its default.
+    assert Monitor(url="http://h:1", settings=cfg).settings == dataclasses.replace(
+        cfg, url="http://h:1")
 
 
 def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path):
-    mon = Monitor(url="http://127.0.0.1:1", run_id="w", spool_dir=tmp_path,
-                  install_hooks=False, layer_stats_every=3)
+    mon = Monitor(url="http://127.0.0.1:1", run_id="w", settings=MonitorConfig(
+        spool_dir=tmp_path, install_hooks=False, watch=WatchConfig(layer_stats_every=3)))
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(TypeError, match=r"grad_clip=2\.0 \(config has 1\.0\)"):
-        mon.watch(model, opt, config=WatchConfig(grad_clip=1.0), grad_clip=2.0)
+    with pytest.raises(TypeError, match=r"grad_clip=2\.0 \(settings has 1\.0\)"):
+        mon.watch(model, opt, settings=WatchConfig(grad_clip=1.0), grad_clip=2.0)
     with pytest.raises(TypeError, match="takes a WatchConfig"):
-        mon.watch(model, opt, config={"grad_clip": 1.0})  # type: ignore[arg-type]
+        mon.watch(model, opt, settings={"grad_clip": 1.0})  # type: ignore[arg-type]
     mon.watch(model, opt, grad_clip=0.5)  # keywords apply over the Monitor's WatchConfig
     assert (mon.config["grad_clip"], mon.config["layer_stats_every"]) == (0.5, 3)
     assert mon.config["hist_every"] == 50
@@ -92,7 +106,7 @@ def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path)
     (lambda: WatchConfig(hist_every=-1), "hist_every"),
     (lambda: WatchConfig(grad_clip=0.0), "grad_clip must be > 0"),
     (lambda: WatchConfig(peak_flops=float("inf")), "peak_flops must be > 0"),
-    (lambda: Monitor(max_queue=0, enabled=False), "max_queue"),
+    (lambda: _deprecated(Monitor, max_queue=0, enabled=False), "max_queue"),
 ])
 def test_nonsense_is_refused_where_the_config_is_built(build, message):
     with pytest.raises(ValueError, match=message):
@@ -136,12 +150,13 @@ def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path
         assert mon.close(timeout=10)
         return next(r for r in receiver.of_kind("run") if r["run_id"] == mon.run_id)
 
-    common = dict(url=receiver.url, spool_dir=tmp_path, install_hooks=False, linger=0.02)
-    by_keywords = run(Monitor(project="p", config={"lr": 0.1}, run_id="kw", hist_every=0,
-                              layer_stats_every=2, labels={"team": "x"}, **common))
-    cfg = MonitorConfig(project="p", hparams={"lr": 0.1}, run_id="obj", labels={"team": "x"},
-                        watch=WatchConfig(hist_every=0, layer_stats_every=2), **common)
-    by_object = run(Monitor(config=cfg))
+    common = dict(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                  watch=WatchConfig(hist_every=0, layer_stats_every=2))
+    by_keywords = run(Monitor(url=receiver.url, project="p", config={"lr": 0.1}, run_id="kw",
+                              labels={"team": "x"}, settings=MonitorConfig(**common)))
+    cfg = MonitorConfig(url=receiver.url, project="p", hparams={"lr": 0.1}, run_id="obj",
+                        labels={"team": "x"}, **common)
+    by_object = run(Monitor(settings=cfg))
     assert by_object["config"] == by_keywords["config"] == {
         "lr": 0.1, "grad_clip": None, "layer_stats_every": 2, "hist_every": 0}
     assert by_object["labels"] == by_keywords["labels"]

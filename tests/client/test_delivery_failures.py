@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from monitor_client import Monitor
-from monitor_client.sender import Sender
-from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport, PostOutcome, classify, url_problem
+from monitor_client import Monitor, MonitorConfig
+from monitor_client._sender import Sender
+from monitor_client._spool import Spool
+from monitor_client._transport import HttpTransport, PostOutcome, classify, url_problem
 
 
 def _step(i, loss=1.0, run="r1"):
@@ -92,8 +92,9 @@ def test_wrong_token_and_wrong_path_against_the_real_sidecar(sidecar_factory, tm
     for url, token, status in ((sc.url, "wrong-token", "401"), (sc.url, None, "401"),
                                (sc.url + "/api", "right-token", "404")):
         caplog.clear()
-        mon = Monitor(url=url, token=token, run_id=f"mistake-{status}", install_hooks=False,
-                      spool_dir=tmp_path / "spool", linger=0.02)
+        mon = Monitor(url=url, token=token, run_id=f"mistake-{status}",
+                      settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
+                                             linger=0.02))
         for step in range(1, 6):
             mon.log_step(step, loss=1.0)
         mon.close()
@@ -139,9 +140,9 @@ class _Silent:
 
 def test_close_is_bounded_when_nothing_answers(tmp_path, caplog):
     with _Silent() as silent:
-        mon = Monitor(url=silent.url, run_id="hung", install_hooks=False,
-                      spool_dir=tmp_path / "spool", linger=0.02, timeout=(2.0, 30.0),
-                      close_timeout=0.5)
+        mon = Monitor(url=silent.url, run_id="hung",
+                      settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
+                                             linger=0.02, timeout=(2.0, 30.0), close_timeout=0.5))
         for step in range(1, 20):
             mon.log_step(step, loss=1.0)
         start = time.perf_counter()

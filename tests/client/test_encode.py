@@ -2,7 +2,7 @@ import json
 import math
 from pathlib import Path
 
-from monitor_client.encode import dumps_line, to_wire
+from monitor_client._encode import dumps_line, to_wire
 
 
 def test_nonfinite_floats_become_format_strings_everywhere():

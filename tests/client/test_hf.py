@@ -7,7 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from client_shapes import step_shape  # noqa: E402
 
-from monitor_client import Monitor  # noqa: E402
+from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
 
@@ -38,8 +38,9 @@ def _trainer(tmp_path, callback, steps=6, accum=2, model=None):
 
 
 def _monitor(receiver, tmp_path, run_id):
-    return Monitor(url=receiver.url, run_id=run_id, spool_dir=tmp_path / "spool",
-                   install_hooks=False, linger=0.02, layer_stats_every=4)
+    return Monitor(url=receiver.url, run_id=run_id,
+                   settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                          linger=0.02, watch=WatchConfig(layer_stats_every=4)))
 
 
 def test_hf_trainer_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_shape):
@@ -119,12 +120,10 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
 
 
 def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
-    from monitor_client import MonitorConfig, WatchConfig
-
     cfg = MonitorConfig(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
                         install_hooks=False, linger=0.02,
                         watch=WatchConfig(layer_stats_every=2, hist_every=0))
-    trainer = _trainer(tmp_path, MonitorCallback(config=cfg), steps=3, accum=1)
+    trainer = _trainer(tmp_path, MonitorCallback(settings=cfg), steps=3, accum=1)
     trainer.train()
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "hf-cfg" and run["config"]["learning_rate"] == 1e-3  # Trainer args
@@ -132,3 +131,27 @@ def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
     assert run["config"]["grad_clip"] == 0.5  # the Trainer's max_grad_norm, taken over
     assert trainer.args.max_grad_norm == 0.5
     assert [bool(r.get("layers")) for r in receiver.of_kind("step")] == [True, False, True]
+
+
+def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparameters(
+        receiver, tmp_path):
+    callback = MonitorCallback(url=receiver.url, project="hf", config={"lr": 1e-3},
+                               run_id="hf-kw", settings=MonitorConfig(
+                                   spool_dir=tmp_path / "spool", install_hooks=False,
+                                   linger=0.02, watch=WatchConfig(hist_every=0)))
+    _trainer(tmp_path, callback, steps=2, accum=1).train()
+    run = receiver.of_kind("run")[0]
+    assert run["run_id"] == "hf-kw" and run["labels"]["project"] == "hf"
+    assert run["config"] == {"lr": 1e-3, "grad_clip": 0.5, "layer_stats_every": 25,
+                             "hist_every": 0}  # the given hyperparameters, not the Trainer's
+
+
+def test_hf_callback_old_spellings_still_work_and_warn():
+    cfg = MonitorConfig(run_id="hf-old", enabled=False)
+    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorConfig"):
+        assert MonitorCallback(config=cfg).settings is cfg
+    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(linger=\.\.\.\) is "
+                      r"deprecated .*settings=MonitorConfig\(linger=\.\.\.\)") as got:
+        callback = MonitorCallback(url="http://127.0.0.1:1", linger=0.1)
+    assert got[0].filename == __file__
+    assert callback.settings == MonitorConfig(url="http://127.0.0.1:1", linger=0.1)

@@ -5,7 +5,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from client_shapes import step_shape  # noqa: E402
 
-from monitor_client import Monitor  # noqa: E402
+from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
 
@@ -38,8 +38,9 @@ def _loader(n=64):
 
 
 def _fit(receiver, tmp_path, run_id, model, steps=6, accum=2):
-    mon = Monitor(url=receiver.url, run_id=run_id, spool_dir=tmp_path / "spool",
-                  install_hooks=False, linger=0.02, layer_stats_every=4)
+    mon = Monitor(url=receiver.url, run_id=run_id,
+                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                         linger=0.02, watch=WatchConfig(layer_stats_every=4)))
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accum,
                          gradient_clip_val=0.05, val_check_interval=4, limit_val_batches=2,
                          callbacks=[MonitorCallback(mon, tokens_per_sample=4)],
@@ -71,13 +72,11 @@ def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
 
 
 def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
-    from monitor_client import MonitorConfig, WatchConfig
-
     cfg = MonitorConfig(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
                         install_hooks=False, linger=0.02,
                         watch=WatchConfig(layer_stats_every=3, hist_every=0))
     trainer = pl.Trainer(max_steps=4, gradient_clip_val=0.05, limit_val_batches=0,
-                         callbacks=[MonitorCallback(config=cfg, tokens_per_sample=4)],
+                         callbacks=[MonitorCallback(settings=cfg, tokens_per_sample=4)],
                          accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path, num_sanity_val_steps=0)
@@ -88,3 +87,31 @@ def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
     steps = receiver.of_kind("step")
     assert all(r["clip_threshold"] == 0.05 for r in steps)  # Lightning's clip, recorded
     assert [bool(r.get("layers")) for r in steps] == [True, False, False, True]
+
+
+def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperparameters(
+        receiver, tmp_path):
+    callback = MonitorCallback(url=receiver.url, project="pl", config={"lr": 1e-2},
+                               run_id="pl-kw", tokens_per_sample=4, settings=MonitorConfig(
+                                   spool_dir=tmp_path / "spool", install_hooks=False,
+                                   linger=0.02, watch=WatchConfig(hist_every=0)))
+    trainer = pl.Trainer(max_steps=2, limit_val_batches=0, callbacks=[callback],
+                         accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, num_sanity_val_steps=0)
+    trainer.fit(Regressor(), _loader())
+    run = receiver.of_kind("run")[0]
+    assert run["run_id"] == "pl-kw" and run["labels"]["project"] == "pl"
+    assert run["config"] == {"lr": 1e-2, "grad_clip": None, "layer_stats_every": 25,
+                             "hist_every": 0}
+
+
+def test_lightning_callback_old_spellings_still_work_and_warn():
+    cfg = MonitorConfig(run_id="pl-old", enabled=False)
+    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorConfig"):
+        assert MonitorCallback(config=cfg).settings is cfg
+    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(spool_dir=\.\.\.\) is "
+                      r"deprecated .*settings=MonitorConfig\(spool_dir=\.\.\.\)") as got:
+        callback = MonitorCallback(project="p", spool_dir="/tmp/x")
+    assert got[0].filename == __file__
+    assert callback.settings == MonitorConfig(project="p", spool_dir="/tmp/x")

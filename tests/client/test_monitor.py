@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from monitor_agent.records.schemas import parse_record
-from monitor_client import Monitor
+from monitor_client import Monitor, MonitorConfig, WatchConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def _train(mon, steps=12, seed=0, accum=1, eval_every=5, clip=None):
     model = _model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if mon is not None:
-        mon.watch(model, opt, grad_clip=clip, layer_stats_every=4)
+        mon.watch(model, opt, grad_clip=clip, settings=WatchConfig(layer_stats_every=4))
     gen = torch.Generator().manual_seed(seed)
     for step in range(1, steps + 1):
         for _ in range(accum):
@@ -38,10 +38,11 @@ def _train(mon, steps=12, seed=0, accum=1, eval_every=5, clip=None):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _mon(url, tmp_path, **kw):
-    kw.setdefault("linger", 0.02)
-    return Monitor(url=url, project="unit test", config={"lr": 1e-2}, spool_dir=tmp_path,
-                   install_hooks=False, timeout=(0.5, 5.0), **kw)
+def _mon(url, tmp_path, run_id, labels=None, **settings):
+    settings.setdefault("linger", 0.02)
+    return Monitor(url=url, project="unit test", config={"lr": 1e-2}, run_id=run_id,
+                   labels=labels, settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False,
+                                                         timeout=(0.5, 5.0), **settings))
 
 
 def test_plain_loop_against_the_real_sidecar(sidecar, tmp_path):
@@ -97,7 +98,7 @@ def test_absent_sidecar_leaves_training_unchanged_and_spool_bounded(stopped_rece
     for a, b in zip(reference, monitored, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # bit-identical training
     mon.flush(timeout=0.5)
-    # Step records stop at the bound; run/eval/end ones are kept past it by design (spool.py),
+    # Step records stop at the bound; run/eval/end ones are kept past it by design (_spool.py),
     # so the spool may end a few eval records (~200 bytes each) over it.
     assert mon._sender.spool.pending_bytes <= 20_000 + 6 * 200 and mon.counters().dropped > 0
     mon.close(timeout=0.2)
@@ -127,7 +128,7 @@ def test_nan_loss_and_gradients_reach_the_sidecar_as_nan(receiver, tmp_path):
     mon = _mon(receiver.url, tmp_path, run_id="nan-1")
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon.watch(model, opt, layer_stats_every=1)
+    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=1))
     loss = model(torch.randn(4, 8)).sum() * float("nan")
     loss.backward()
     opt.step()
@@ -188,9 +189,9 @@ def test_every_rank_sends_by_default_with_its_rank(receiver, tmp_path):
 def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
     script = textwrap.dedent(f"""
         import torch
-        from monitor_client import Monitor
-        mon = Monitor(url={receiver.url!r}, run_id="crash-1", spool_dir={str(tmp_path)!r},
-                      linger=0.02)
+        from monitor_client import Monitor, MonitorConfig
+        mon = Monitor(url={receiver.url!r}, run_id="crash-1",
+                      settings=MonitorConfig(spool_dir={str(tmp_path)!r}, linger=0.02))
         model = torch.nn.Linear(2, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from monitor_agent.records.schemas import parse_record
-from monitor_client import Monitor
-from monitor_client.finite import FiniteFlags
-from monitor_client.gate import NormGate
-from monitor_client.preflight import Preflight, optimizer_state_bytes
+from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client._finite import FiniteFlags
+from monitor_client._gate import NormGate
+from monitor_client._preflight import Preflight, optimizer_state_bytes
 
 
 class Faulty(nn.Linear):
@@ -56,11 +56,12 @@ def _model():
 
 
 def _run(receiver, tmp_path, run_id, fault_at, kind, steps=6, every=1000, scale_at=None):
-    mon = Monitor(url=receiver.url, project="origin", run_id=run_id, spool_dir=tmp_path,
-                  install_hooks=False, linger=0.02, timeout=(0.5, 5.0))
+    mon = Monitor(url=receiver.url, project="origin", run_id=run_id,
+                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                         timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon.watch(model, opt, layer_stats_every=every)
+    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=every))
     gen = torch.Generator().manual_seed(1)
     for step in range(1, steps + 1):
         model[2].fire = kind == "forward" and step == fault_at
@@ -137,7 +138,7 @@ def test_finite_flags_skip_eval_forwards_and_detach_cleanly():
 
 
 class FakeCuda:
-    """The memory probe of a small GPU (memory.py's interface): the boundary we fake."""
+    """The memory probe of a small GPU (_memory.py's interface): the boundary we fake."""
 
     def __init__(self, total: int, allocated: int, peak: int) -> None:
         self.total, self.allocated, self.peak = total, allocated, peak
@@ -188,14 +189,14 @@ def test_preflight_warns_at_watch_when_the_weights_alone_do_not_fit():
 
 
 def test_monitor_warns_once_at_start_on_a_small_device(receiver, tmp_path, monkeypatch, caplog):
-    import monitor_client.monitor as monitor_module
+    import monitor_client._monitor as monitor_module
 
     model = _model()
     params = sum(p.numel() * 4 for p in model.parameters())
     probe = FakeCuda(total=3 * params, allocated=params, peak=3 * params)
     monkeypatch.setattr(monitor_module, "memory_probe", lambda device: probe)
-    mon = Monitor(url=receiver.url, project="origin", run_id="preflight", spool_dir=tmp_path,
-                  install_hooks=False, linger=0.02)
+    mon = Monitor(url=receiver.url, project="origin", run_id="preflight",
+                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     mon.watch(model, opt)
     for step in (1, 2, 3):
@@ -208,8 +209,8 @@ def test_monitor_warns_once_at_start_on_a_small_device(receiver, tmp_path, monke
 
 
 def test_a_batch_without_a_label_that_counts_is_warned_about(receiver, tmp_path, caplog):
-    mon = Monitor(url=receiver.url, project="origin", run_id="labels", spool_dir=tmp_path,
-                  install_hooks=False, linger=0.02)
+    mon = Monitor(url=receiver.url, project="origin", run_id="labels",
+                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt)
@@ -228,7 +229,7 @@ def test_a_batch_without_a_label_that_counts_is_warned_about(receiver, tmp_path,
 def test_each_micro_batch_is_checked(accum):
     model = _model()
     flags = FiniteFlags(model).attach()
-    from monitor_client.stats import StatsPack
+    from monitor_client._stats import StatsPack
 
     for i in range(accum):
         model[2].fire = i == accum - 1
@@ -240,8 +241,9 @@ def test_each_micro_batch_is_checked(accum):
 
 
 def test_a_skipped_amp_step_carries_its_unscaled_per_parameter_norms(receiver, tmp_path):
-    mon = Monitor(url=receiver.url, project="origin", run_id="amp-origin", spool_dir=tmp_path,
-                  install_hooks=False, linger=0.02, timeout=(0.5, 5.0))
+    mon = Monitor(url=receiver.url, project="origin", run_id="amp-origin",
+                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                         timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)

@@ -1,9 +1,9 @@
 import threading
 import time
 
-from monitor_client.sender import Sender
-from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport
+from monitor_client._sender import Sender
+from monitor_client._spool import Spool
+from monitor_client._transport import HttpTransport
 
 
 def _step(i, run="r1"):

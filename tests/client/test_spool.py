@@ -1,7 +1,7 @@
 import os
 import time
 
-from monitor_client.spool import Spool
+from monitor_client._spool import Spool
 
 
 def _lines(n, start=0, kind="step"):

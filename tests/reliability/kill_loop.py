@@ -98,9 +98,9 @@ def _trainer(url: str, run_id: str, steps: int, spool: Path) -> subprocess.Popen
 
 def _replay_leftover_spool(url: str, spool: Path) -> None:
     """What the trainer could not deliver before exiting goes out on the 'next start'."""
-    from monitor_client.sender import Sender
-    from monitor_client.spool import Spool
-    from monitor_client.transport import HttpTransport
+    from monitor_client._sender import Sender
+    from monitor_client._spool import Spool
+    from monitor_client._transport import HttpTransport
 
     for directory in spool.iterdir() if spool.exists() else []:
         sender = Sender(HttpTransport(url, None), Spool(directory), linger=0.01)

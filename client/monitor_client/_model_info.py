@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from monitor_client import flops
+from monitor_client import _flops
 
 
 def resolve_peak_flops(param: Any, peak_flops: float | None, compute_dtype: Any
                        ) -> tuple[float | None, str]:
     """Peak FLOP/s of one device (given, ``MONITOR_AGENT_PEAK_FLOPS``, or the table)."""
-    dtype = flops.normalize_dtype(compute_dtype or default_dtype(param))
+    dtype = _flops.normalize_dtype(compute_dtype or default_dtype(param))
     env = os.environ.get("MONITOR_AGENT_PEAK_FLOPS")
-    peak = peak_flops or (float(env) if env else None) or flops.peak_flops_for(
+    peak = peak_flops or (float(env) if env else None) or _flops.peak_flops_for(
         device_name(param.device), dtype)
     return peak, dtype
 
@@ -51,5 +51,5 @@ def default_group() -> Any:
 def describe_model(model: Any, names: list[str]) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
-    info.update(flops.model_shape(model))
+    info.update(_flops.model_shape(model))
     return info

@@ -7,7 +7,7 @@ the same numbers: clipping here costs nothing extra, and replaces the user's
 ``clip_grad_norm_`` call). Every ``layer_stats_every`` steps it also measures, per
 parameter: grad L2 norm, mean, std, max-abs, zero fraction, parameter norm and update norm.
 Every ``hist_every`` steps (when set) it adds gradient (pre-clip) and weight (post-step)
-quantiles and histograms from a bounded per-parameter sample (``distributions.py``).
+quantiles and histograms from a bounded per-parameter sample (``_distributions.py``).
 
 Nothing leaves the device here: every result is a 0-d tensor, stacked into ONE float32
 vector by ``take()``; the monitor copies that vector to the host once per step, in its
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from monitor_client import activations, distributions, finite
+from monitor_client import _activations, _distributions, _finite
 
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
 _HIST_FIELDS = ("grad_hist", "param_hist")
@@ -98,15 +98,15 @@ class StatsPack:
             pos += width
             if names is None:
                 out[name] = chunk[0]
-            elif name in _HIST_FIELDS:  # (P, 8 + bins) rows (distributions.py)
-                bins = width // len(names) - len(distributions.QUANTILES)
-                out[name] = distributions.decode_rows(names, chunk, bins)
-            elif name == "activation":  # one module's output (activations.py)
-                out.setdefault("activations", {})[names[0]] = activations.decode(names, chunk)
-            elif name == "param_grad_norm":  # every step; gate.py decides if it is sent
+            elif name in _HIST_FIELDS:  # (P, 8 + bins) rows (_distributions.py)
+                bins = width // len(names) - len(_distributions.QUANTILES)
+                out[name] = _distributions.decode_rows(names, chunk, bins)
+            elif name == "activation":  # one module's output (_activations.py)
+                out.setdefault("activations", {})[names[0]] = _activations.decode(names, chunk)
+            elif name == "param_grad_norm":  # every step; _gate.py decides if it is sent
                 out["grad_norms"] = dict(zip(names, chunk, strict=True))
-            elif name == "output_sum":  # finite.py: forward order, one sum per module
-                out.update(finite.decode(names, chunk))
+            elif name == "output_sum":  # _finite.py: forward order, one sum per module
+                out.update(_finite.decode(names, chunk))
             elif layers is not None:
                 _fill_layers(layers, name, names, chunk)
         if layers is not None:
@@ -143,12 +143,12 @@ class GradStats:
                  grad_clip: float | None = None, apply_clip: bool = True,
                  layer_stats_every: int = 10, snapshot_budget_bytes: int | None = None,
                  reduce_group: object | None = None, hist_every: int | None = None,
-                 hist_sample: int = distributions.DEFAULT_SAMPLE,
-                 hist_bins: int = distributions.DEFAULT_BINS) -> None:
+                 hist_sample: int = _distributions.DEFAULT_SAMPLE,
+                 hist_bins: int = _distributions.DEFAULT_BINS) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         # Gradient/weight distributions every hist_every steps (None or 0: never).
         self.hist_every = max(0, int(hist_every or 0))
-        self._dist = distributions.Distributions(hist_sample, hist_bins)
+        self._dist = _distributions.Distributions(hist_sample, hist_bins)
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.grad_clip = grad_clip
@@ -177,7 +177,7 @@ class GradStats:
 
     @property
     def hist_step(self) -> bool:
-        """Whether the current optimizer step gets gradient and weight distributions."""
+        """Whether the current optimizer step gets gradient and weight _distributions."""
         return self.hist_every > 0 and self._steps % self.hist_every == 0
 
     def attach(self, pre_hook: bool = True) -> GradStats:
@@ -257,7 +257,7 @@ class GradStats:
         total = self._global_from(norms)
         self._pack.add("grad_norm", total)
         # The per-parameter norms the global one is made of: free, and read with the same
-        # host copy; the sender decides whether they go out (gate.py).
+        # host copy; the sender decides whether they go out (_gate.py).
         self._pack.add("param_grad_norm", norms, layers=names)
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)

@@ -12,7 +12,7 @@ allocator fragments, and an allocator that is out of blocks fails well before ev
 is in use. Before the first step only parameters and gradients are known; if those alone
 exceed the total, that is said at once.
 
-Every number comes from a ``MemoryProbe`` (``memory.py``: ``read()`` -> allocated, peak,
+Every number comes from a ``MemoryProbe`` (``_memory.py``: ``read()`` -> allocated, peak,
 total bytes), so a test fakes the device at that boundary.
 
 Example::

@@ -82,7 +82,7 @@ class HttpTransport:
         return self._post(self.endpoint, lines)
 
     def preview(self, lines: list[bytes]) -> PostResult:
-        """Post copies of alarming records to ``/v1/records/preview`` (see alarming.py).
+        """Post copies of alarming records to ``/v1/records/preview`` (see _alarming.py).
 
         Same body and token; a sidecar older than the route answers 404 (MISCONFIGURED)."""
         return self._post(self.endpoint + "/preview", lines)

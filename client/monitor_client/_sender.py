@@ -13,7 +13,7 @@ late, without analysing it (its detectors only look forward). Only when the over
 full too is a record spooled straight away by the caller: nothing is lost, but it
 overtakes the records still queued.
 
-A NaN/Inf step does not wait for its page behind a backlog (``alarming.py``): when it
+A NaN/Inf step does not wait for its page behind a backlog (``_alarming.py``): when it
 has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first (the sidecar
 pages from it and stores nothing), and the sidecar is retried every second while it
 waits; the record itself stays in its place and is delivered in order. Previews are best
@@ -21,7 +21,7 @@ effort: never spooled, dropped once answered or when the backlog holding their r
 has been delivered, and switched off quietly by a sidecar without the route (404/405).
 
 An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see
-transport.py) is logged once, as an error naming the URL and the fix, and the sender stops:
+_transport.py) is logged once, as an error naming the URL and the fix, and the sender stops:
 later records are counted as dropped, nothing more is spooled, and ``flush``/``close``
 return at once.
 
@@ -42,12 +42,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monitor_client.alarming import is_alarming
-from monitor_client.counters import Counters
-from monitor_client.encode import dumps_line
-from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport, PostOutcome, PostResult
-from monitor_client.warn import LOGGER, Warner
+from monitor_client._alarming import is_alarming
+from monitor_client._counters import Counters
+from monitor_client._encode import dumps_line
+from monitor_client._spool import Spool
+from monitor_client._transport import HttpTransport, PostOutcome, PostResult
+from monitor_client._warn import LOGGER, Warner
 
 MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in order
 

@@ -10,7 +10,7 @@ Example::
     mon.close()           # also at exit; an uncaught exception ends the run as "failed"
 
 ``log_step`` reads nothing from the device: the statistics stay there until the sender
-thread copies them to the host (see ``pending.py``). A nonsensical setting raises at once,
+thread copies them to the host (see ``_pending.py``). A nonsensical setting raises at once,
 before training starts (``config.py`` names the field); after that every public method
 swallows its own errors into rate-limited warnings: monitoring never raises into training.
 """
@@ -22,42 +22,32 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from monitor_client import run_info
-from monitor_client.actions import ActionInbox
-from monitor_client.config import (
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_HIST_EVERY,
-    DEFAULT_LAYER_STATS_EVERY,
-    MonitorConfig,
-    WatchConfig,
-    monitor_config,
-    watch_config,
-)
-from monitor_client.counters import Counters
-from monitor_client.exit_hooks import ExitHooks, outcome_of
-from monitor_client.gate import NormGate
-from monitor_client.memory import CpuMemory, memory_probe
-from monitor_client.pending import PendingStep, Probes
-from monitor_client.preflight import Preflight
-from monitor_client.sender import Sender
-from monitor_client.spool import Spool
-from monitor_client.transport import HttpTransport
-from monitor_client.warn import Warner
+from monitor_client import _run_info
+from monitor_client._actions import ActionInbox
+from monitor_client._arguments import monitor_settings, watch_settings
+from monitor_client._counters import Counters
+from monitor_client._exit_hooks import ExitHooks, outcome_of
+from monitor_client._gate import NormGate
+from monitor_client._memory import CpuMemory, memory_probe
+from monitor_client._pending import PendingStep, Probes
+from monitor_client._preflight import Preflight
+from monitor_client._sender import Sender
+from monitor_client._spool import Spool
+from monitor_client._transport import HttpTransport
+from monitor_client._warn import Warner
+from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
 
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
-    from monitor_client.activations import ActivationStats
-    from monitor_client.finite import FiniteFlags
-    from monitor_client.stats import GradStats
+    from monitor_client._activations import ActivationStats
+    from monitor_client._finite import FiniteFlags
+    from monitor_client._stats import GradStats
 
-DEFAULT_URL = "http://127.0.0.1:9400"
-# Kept here for the code that imported them from this module.
-__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_HIST_EVERY", "DEFAULT_LAYER_STATS_EVERY",
-           "DEFAULT_URL", "Monitor"]
-
+__all__ = ["Monitor"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -84,63 +74,64 @@ def _guard(
 class Monitor:
     """One run's health reporting; see the module docstring for the usage.
 
-    Its knobs are a ``MonitorConfig`` (``config.py``); the keyword arguments build one, with
-    the same names and defaults. ``config`` is that object, or, as it has always been, the
-    run's hyperparameters (``MonitorConfig.hparams``). A value that makes no sense raises
-    ``ValueError``/``TypeError`` here, before training starts; after that nothing raises.
+    The keywords are what nearly every script sets: ``url`` (None: ``MONITOR_AGENT_URL``,
+    else http://127.0.0.1:9400), ``project``, ``config`` (the run's hyperparameters, a
+    JSON-able dict shown with the run), ``run_id`` (None: from the launcher, else
+    generated), ``token`` (None: ``MONITOR_AGENT_TOKEN``) and ``labels``. Every other knob
+    is a field of ``settings``, a ``MonitorConfig`` (``config.py``, with units), whose
+    ``watch`` is what ``watch()`` measures unless told otherwise. A value that makes no
+    sense raises ``ValueError``/``TypeError`` here, before training starts; after that
+    nothing raises.
 
     Example::
 
         with Monitor(project="gpt", config={"lr": 3e-4}) as mon:
             mon.watch(model, opt, grad_clip=1.0)
             ...
-        # the same, as values
-        cfg = MonitorConfig(project="gpt", hparams={"lr": 3e-4},
-                            watch=WatchConfig(grad_clip=1.0))
-        with Monitor(config=cfg) as mon:
-            mon.watch(model, opt)
+        # buffering, intervals, activations: the settings
+        settings = MonitorConfig(spool_dir="/scratch/spool",
+                                 watch=WatchConfig(layer_stats_every=10, activations=True))
+        with Monitor(project="gpt", config={"lr": 3e-4}, settings=settings) as mon:
+            mon.watch(model, opt, grad_clip=1.0)
             ...
+
+    The keywords removed in favour of ``settings`` (``linger=``, ``spool_dir=``, ...) and a
+    ``MonitorConfig`` passed as ``config`` still work until the next release, with a
+    ``DeprecationWarning`` naming the new spelling.
     """
 
     def __init__(self, url: str | None = None, project: str | None = None,
-                 config: MonitorConfig | Mapping[str, Any] | None = None, *,
-                 run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, rank: int | None = None,
-                 world_size: int | None = None, rank0_only: bool = False,
-                 layer_stats_every: int = DEFAULT_LAYER_STATS_EVERY,
-                 hist_every: int = DEFAULT_HIST_EVERY, spool_dir: str | Path | None = None,
-                 spool_max_bytes: int = 256 << 20, spool_max_age: float | None = 7 * 86400.0,
-                 max_queue: int = 10_000, linger: float = 0.5,
-                 timeout: float | tuple[float, float] = (2.0, 10.0),
-                 close_timeout: float = DEFAULT_CLOSE_TIMEOUT, gpu_probe: Any = "auto",
-                 install_hooks: bool = True, enabled: bool = True) -> None:
-        cfg = monitor_config(config, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels, rank=rank,
-            world_size=world_size, rank0_only=rank0_only, layer_stats_every=layer_stats_every,
-            hist_every=hist_every, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
-            spool_max_age=spool_max_age, max_queue=max_queue, linger=linger, timeout=timeout,
-            close_timeout=close_timeout, gpu_probe=gpu_probe, install_hooks=install_hooks,
-            enabled=enabled))
-        self._start(cfg)
+                 config: Mapping[str, Any] | None = None, *, run_id: str | None = None,
+                 token: str | None = None, labels: Mapping[str, Any] | None = None,
+                 settings: MonitorConfig | None = None, **legacy: Any) -> None:
+        self._start(monitor_settings("Monitor", config, settings, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy))
+
+    @property
+    def monitor_config(self) -> MonitorConfig:
+        """Deprecated: ``settings``."""
+        warnings.warn("Monitor.monitor_config is deprecated and will be removed in the next "
+                      "release: use Monitor.settings", DeprecationWarning, stacklevel=2)
+        return self.settings
 
     def _start(self, cfg: MonitorConfig) -> None:
-        self.monitor_config = cfg
-        found = run_info.detect_rank()
+        self.settings = cfg
+        found = _run_info.detect_rank()
         self.rank = found.rank if cfg.rank is None else cfg.rank
         self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
-        self.info = run_info.RankInfo(self.rank, self.world_size, found.local_rank)
+        self.info = _run_info.RankInfo(self.rank, self.world_size, found.local_rank)
         self.project, self.config = cfg.project, dict(cfg.hparams or {})
-        self.run_id = run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
+        self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
         self.layer_stats_every = cfg.watch.layer_stats_every
         self.hist_every = cfg.watch.hist_every
         self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
         self._warner = Warner()
         self._inbox = ActionInbox(self._warn_action)
-        self._labels = run_info.build_labels(
+        self._labels = _run_info.build_labels(
             cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
-        self._hardware = run_info.describe_hardware("cpu", self.info, None)
+        self._hardware = _run_info.describe_hardware("cpu", self.info, None)
         self._stats: GradStats | None = None
         self._acts: ActivationStats | None = None
         self._finite: FiniteFlags | None = None
@@ -165,7 +156,7 @@ class Monitor:
         token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
         base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
-        directory = Path(base) / f"{run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
+        directory = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
         transport = HttpTransport(url, token, timeout=cfg.timeout)
         spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
         return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
@@ -178,49 +169,37 @@ class Monitor:
             self._inbox.receive(found)
 
     # -- hooking the model -----------------------------------------------------------------
-    def watch(self, model: Any, optimizer: Any, *, config: WatchConfig | None = None,
-              grad_clip: float | None = None, apply_clip: bool = True, scaler: Any = None,
-              seq_len: int | None = None, flops_per_token: float | None = None,
-              peak_flops: float | None = None, compute_dtype: Any = None,
-              layer_stats_every: int | None = None, hist_every: int | None = None,
-              pre_hook: bool = True, snapshot_budget_bytes: int | None = None,
-              sharded: bool = False, activations: Any = False,
-              activation_every: int | None = None, max_activation_modules: int | None = None,
-              finite_flags: bool = True) -> None:
+    def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
+              scaler: Any = None, settings: WatchConfig | None = None, **legacy: Any) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
-        What it measures is a ``WatchConfig`` (each knob, with units, in ``config.py``):
-        ``config``, else the Monitor's (``MonitorConfig.watch``) with the keywords given here
-        applied. ``scaler`` is the GradScaler whose loss scale is recorded each step.
+        ``grad_clip`` (max global gradient L2 norm) is applied inside the optimizer pre-hook
+        from the norm we measure anyway (remove your own ``clip_grad_norm_``); ``scaler``
+        is the GradScaler whose loss scale is recorded each step. What else it measures is
+        a ``WatchConfig`` (each knob, with units, in ``config.py``): ``settings``, else the
+        Monitor's (``MonitorConfig.watch``), with ``grad_clip`` applied.
 
-        ``grad_clip`` is applied inside the optimizer pre-hook from the norm we measure
-        anyway (remove your own ``clip_grad_norm_``). Per-layer statistics every
-        ``layer_stats_every`` steps, distributions every ``hist_every`` (both default to the
-        Monitor's), activations when asked (``activations.py``), forward finite flags
-        (``finite.py``), and once, after the first step, the memory pre-flight
-        (``preflight.py``). A contradictory or nonsensical setting raises at once; any other
-        failure is a warning.
+        Per-layer statistics every ``layer_stats_every`` steps, distributions every
+        ``hist_every``, activations when asked (``_activations.py``), forward finite flags
+        (``_finite.py``), and once, after the first step, the memory pre-flight
+        (``_preflight.py``). A contradictory or nonsensical setting raises at once; any other
+        failure is a warning. The keywords removed in favour of ``settings``
+        (``layer_stats_every=``, ``activations=``, ...) and ``config=`` (now ``settings=``)
+        still work until the next release, with a ``DeprecationWarning``.
         """
-        settings = watch_config(self.monitor_config.watch, config, dict(
-            grad_clip=grad_clip, apply_clip=apply_clip, seq_len=seq_len,
-            flops_per_token=flops_per_token, peak_flops=peak_flops,
-            compute_dtype=compute_dtype, layer_stats_every=layer_stats_every,
-            hist_every=hist_every, pre_hook=pre_hook,
-            snapshot_budget_bytes=snapshot_budget_bytes, sharded=sharded,
-            activations=activations, activation_every=activation_every,
-            max_activation_modules=max_activation_modules, finite_flags=finite_flags))
-        self._watch(model, optimizer, scaler, settings)
+        cfg = watch_settings(self.settings.watch, settings, dict(grad_clip=grad_clip), legacy)
+        self._watch(model, optimizer, scaler, cfg)
 
     @_guard
     def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchConfig) -> None:
         if not self.active:
             return
-        from monitor_client import flops, model_info
-        from monitor_client.stats import GradStats
+        from monitor_client import _flops, _model_info
+        from monitor_client._stats import GradStats
 
         param = next(model.parameters())
         every = cfg.layer_stats_every
-        group = model_info.default_group() if cfg.sharded else None
+        group = _model_info.default_group() if cfg.sharded else None
         self._stats = GradStats(model, optimizer, grad_clip=cfg.grad_clip,
                                 apply_clip=cfg.apply_clip, layer_stats_every=every,
                                 reduce_group=group,
@@ -230,19 +209,19 @@ class Monitor:
         self.config.setdefault("grad_clip", cfg.grad_clip)
         self.config.setdefault("layer_stats_every", every)
         self.config.setdefault("hist_every", cfg.hist_every)
-        peak, dtype = model_info.resolve_peak_flops(param, cfg.peak_flops, cfg.compute_dtype)
+        peak, dtype = _model_info.resolve_peak_flops(param, cfg.peak_flops, cfg.compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
-                              flops_per_token=cfg.flops_per_token or flops.flops_per_token(
+                              flops_per_token=cfg.flops_per_token or _flops.flops_per_token(
                                   model, cfg.seq_len), peak_flops=peak,
                               world_size=self.world_size, gate=NormGate(),
                               on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
         if cfg.finite_flags:
             self._watch_finite(model)
-        self._hardware = run_info.describe_hardware(param.device, self.info, peak)
+        self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if cfg.sharded else "global")
-        self._model_info = model_info.describe_model(model, self._stats.names)
+        self._model_info = _model_info.describe_model(model, self._stats.names)
         if cfg.activations:
             self._watch_activations(model, optimizer, cfg.activations,
                                     cfg.activation_every or every, cfg.max_activation_modules)
@@ -251,7 +230,7 @@ class Monitor:
 
     def _watch_activations(self, model: Any, optimizer: Any, which: Any, every: int,
                            cap: int | None) -> None:
-        from monitor_client.activations import DEFAULT_MAX_MODULES, ActivationStats
+        from monitor_client._activations import DEFAULT_MAX_MODULES, ActivationStats
 
         if self._acts is not None:
             self._acts.detach()
@@ -263,7 +242,7 @@ class Monitor:
                               "are not hooked", self._acts.skipped, len(self._acts.names))
 
     def _watch_finite(self, model: Any) -> None:
-        from monitor_client.finite import FiniteFlags
+        from monitor_client._finite import FiniteFlags
 
         if self._finite is not None:
             self._finite.detach()
@@ -284,12 +263,12 @@ class Monitor:
                               "collator's masking and the max length", record.get("step"))
 
     def _gpu(self, device: Any) -> Any:
-        choice = self.monitor_config.gpu_probe
+        choice = self.settings.gpu_probe
         if choice != "auto":
             return choice
         if not str(device).startswith("cuda"):
             return None
-        from monitor_client.nvml import nvml_probe
+        from monitor_client._nvml import nvml_probe
 
         return nvml_probe(device.index or 0)
 
@@ -331,7 +310,7 @@ class Monitor:
         scale = self._loss_scale()
         if stats is None and not _is_tensor(loss):
             return PendingStep(record, probes=self._probes)
-        from monitor_client.stats import StatsPack
+        from monitor_client._stats import StatsPack
 
         pack = stats.take() if stats is not None else StatsPack()
         if self._acts is not None:
