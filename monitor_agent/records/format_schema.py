@@ -1,7 +1,7 @@
 """The JSON Schema of a wire record, generated from the pydantic models in ``schemas.py``.
 
 ``docs/record.schema.json`` is this module's output, checked in so clients in any language
-can validate against it; ``tests/test_format_schema.py`` fails when the two drift. After
+can validate against it; ``tests/records/test_format_schema.py`` fails when the two drift. After
 changing ``schemas.py``, regenerate with one command from the repository root::
 
     python -m monitor_agent.records.format_schema
