@@ -32,7 +32,15 @@ NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 def rows(text: str) -> Iterator[tuple[str, list[float]]]:
-    """(key, numbers) per output line; a JSON object line is flattened, one row a leaf."""
+    """(key, numbers) per output line; a JSON object line is flattened, one row a leaf.
+    A key seen again in the same output (one table row per client count) gets ``#2``..."""
+    seen: dict[str, int] = {}
+    for key, numbers in _rows(text):
+        seen[key] = seen.get(key, 0) + 1
+        yield (key if seen[key] == 1 else f"{key} #{seen[key]}"), numbers
+
+
+def _rows(text: str) -> Iterator[tuple[str, list[float]]]:
     for line in text.splitlines():
         line = line.rstrip()
         if line.startswith("{"):
