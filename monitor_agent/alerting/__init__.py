@@ -1,9 +1,17 @@
 """Alerting: findings -> rules -> alerts (fingerprint, cooldown, silences) -> the outbox.
 
-Example::
+The app builds one ``Alerting`` on ``data_dir / "alerts.sqlite"`` and starts its threads;
+here on ":memory:" and not started, a first NaN finding becomes a firing alert::
 
-    alerting = Alerting(settings.alerting, data_dir / "alerts.sqlite", registry)
-    alerting.handle(RunContext("gpt-7"), findings, now=time.time())
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.records.types import Finding, Severity
+    >>> alerting = Alerting(AlertingSettings(), ":memory:", CollectorRegistry())
+    >>> nan = Finding("nan_inf", Severity.CRITICAL, "gpt-7", step=300, message="loss is NaN")
+    >>> alerting.handle(RunContext("gpt-7"), [nan], now=1000.0)   # no rule acted
+    []
+    >>> alerting.flush(now=1001.0)   # the group wait is over: fired, the page queued
+    >>> [(a.alertname, a.severity, a.state) for a in alerting.active_alerts()]
+    [('TrainingNanInf', 'critical', 'firing')]
 """
 
 from monitor_agent.alerting.alerting_settings import AlertingSettings

@@ -7,14 +7,22 @@ Everything comes back as frozen dataclasses (``StoredAlert``, ``Silence``, ``Act
 A SQLite failure leaves as ``StorageError``: reads and ``tx()`` go through ``Database``,
 whose ``tx()`` converts whatever its body (the ``AlertTx`` statements) raised.
 
-Example::
+An episode begins pending and is paged in one transaction (``Episodes`` adds the
+outbox's row with ``outbox.enqueue(tx.conn, ...)`` inside the same ``with``)::
 
-    alerts = AlertStore(open_alert_db(":memory:"))
-    with alerts.tx() as tx:
-        tx.begin_episode(alert)          # a StoredAlert, state "pending"
-        tx.mark_sent(alert.fingerprint, now)
-        outbox.enqueue(tx.conn, "slack", note, now)
-    firing = alerts.alerts(state="firing", limit=100)
+    >>> from monitor_agent.alerting.db import open_alert_db
+    >>> alerts = AlertStore(open_alert_db(":memory:"))
+    >>> nan = StoredAlert(
+    ...     fingerprint="ab12", run_id="gpt-7", rule="TrainingNanInf", type="nan_inf",
+    ...     severity="critical", layer=None, rank=0, identity={}, project="gpt", labels={},
+    ...     channels=("console",), cooldown=60.0, repeat_interval=3600.0, resolve_after=600.0,
+    ...     state="pending", started_at=1000.0, pending_since=1000.0, last_seen=1000.0,
+    ...     last_step=300, count=1, finding=b'{"message": "loss is NaN"}')
+    >>> with alerts.tx() as tx:
+    ...     tx.begin_episode(nan)
+    ...     tx.mark_sent(nan.fingerprint, now=1001.0)
+    >>> [(a.rule, a.state, a.notified, a.notified_at) for a in alerts.alerts(state="firing")]
+    [('TrainingNanInf', 'firing', 'firing', 1001.0)]
 """
 
 from __future__ import annotations

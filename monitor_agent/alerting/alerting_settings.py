@@ -4,11 +4,20 @@ Embedded in the sidecar's Settings as ``alerting:`` (env ``MONITOR_AGENT_ALERTIN
 The channel and outbox sections are defined in ``notify/channel_settings.py`` (beside the
 channels) and composed here under the same keys; secrets there are ``SecretStr``.
 
-Example::
+Sections are given as mappings (as in the YAML file); secrets stay out of repr, and a
+rules file that cannot be loaded fails here, at config load::
 
-    s = AlertingSettings(slack={"webhook_url_file": "/run/secrets/slack"},
-                         pagerduty={"routing_key": "R0UT1NGKEY0123456789abcdef012345"})
-    s.slack.secret()  # -> the URL, read from the file
+    >>> s = AlertingSettings(slack={"webhook_url": "https://hooks.slack.com/services/T0/B0/XYZ"},
+    ...                      pagerduty={"routing_key": "R0UT1NGKEY0123456789abcdef012345"})
+    >>> s.slack.secret()
+    'https://hooks.slack.com/services/T0/B0/XYZ'
+    >>> s.pagerduty.routing_key
+    SecretStr('**********')
+    >>> AlertingSettings(rules_file="no-such-rules.yaml")
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for AlertingSettings
+      Value error, cannot read alert rules no-such-rules.yaml: No such file or directory ...
 """
 
 from __future__ import annotations

@@ -6,11 +6,16 @@ all use it, each for a few short statements (":memory:" works too, for replay an
 The SQL on these tables lives in ``alerting/alert_store.py`` (alerts, silences, actions)
 and ``notify/outbox.py`` (the outbox); this module only creates and migrates them.
 
-Example::
+The app opens ``data_dir / "alerts.sqlite"`` and hands the one ``Database`` to both
+``AlertStore(db)`` and ``Outbox(db, ...)``; a fresh one has every table, migrated to the
+latest version::
 
-    db = open_alert_db("data/alerts.sqlite")
-    alerts = AlertStore(db)
-    outbox = Outbox(db, notifiers, OutboxSettings(), metrics)
+    >>> db = open_alert_db(":memory:")
+    >>> tables = db.query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    >>> [row["name"] for row in tables]
+    ['actions', 'alerts', 'outbox', 'silences', 'sqlite_sequence']
+    >>> db.query("PRAGMA user_version")[0][0] == len(_MIGRATIONS)
+    True
 """
 
 from __future__ import annotations

@@ -5,12 +5,21 @@ queues what people must hear of it in the outbox, so the two commit together. De
 come from the pure functions in ``lifecycle.py``; each is counted by its ``Reason``.
 ``Alerting`` (``service.py``) owns one and adds threads, the admin side and the API.
 
-Example::
+The ``Episodes`` of an ``Alerting`` (not started: the outbox only queues), through one
+NaN alert's life::
 
-    episodes = Episodes(settings, rules, AlertStore(db), outbox, notifiers, metrics)
-    began, actions = episodes.handle(RunContext("gpt-7"), findings, now=time.time())
-    episodes.flush(now=time.time())   # group wait over: pending -> firing, paged
-    episodes.tick(now=time.time())    # resolves, repeats, re-sends
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.alerting.service import Alerting
+    >>> alerting = Alerting(AlertingSettings(), ":memory:", CollectorRegistry())
+    >>> episodes = alerting.episodes
+    >>> nan = Finding("nan_inf", Severity.CRITICAL, "gpt-7", step=300, message="loss is NaN")
+    >>> episodes.handle(RunContext("gpt-7"), [nan], now=1000.0)   # (began, actions taken)
+    (True, [])
+    >>> episodes.flush(now=1001.0), alerting.outbox.pending   # group wait over: paged
+    (None, 1)
+    >>> episodes.tick(now=1000.0 + 600)   # TrainingNanInf resolves after 10 quiet minutes
+    >>> [(a.state, a.notified) for a in alerting.store.alerts()], alerting.outbox.pending
+    ([('resolved', 'resolved')], 2)
 """
 
 from __future__ import annotations

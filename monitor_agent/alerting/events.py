@@ -1,9 +1,23 @@
 """From stored alerts to what channels receive: events, Grafana links, grouped messages.
 
-Example::
+``to_event`` turns a ``StoredAlert`` into the ``AlertEvent`` channels see; the dashboard
+link shows the half hour before the finding and ten minutes after; and ``notifications``
+puts the events of one run in one message per channel, or one per alert where the channel
+keys on alerts (PagerDuty)::
 
-    url = dashboard_url("http://grafana:3000", "gpt-7", at=1.7e9)
-    event = to_event(stored_alert, status="firing", reason="first", now=time.time())
+    >>> dashboard_url("http://grafana:3000/", "gpt 7", at=1_700_000_000.0).split("?")
+    ['http://grafana:3000/d/monitor-agent-training-run/monitor-agent-training-run',
+     'var-run=gpt%207&from=1699998200000&to=1700000600000']
+    >>> from monitor_agent.notify.console import ConsoleNotifier
+    >>> from monitor_agent.notify.pagerduty import PagerDutyNotifier
+    >>> pd = PagerDutyNotifier("k" * 32, "https://events.pagerduty.com/v2/enqueue")
+    >>> notifiers = {"console": ConsoleNotifier(), "pagerduty": pd}
+    >>> events = [AlertEvent(fp, "gpt-7", name, "nan_inf", "critical", "firing", "NaN", 1000.0)
+    ...           for fp, name in (("ab12", "TrainingNanInf"), ("cd34", "TrainingDivergence"))]
+    >>> found = notifications([(e, ("pagerduty", "console")) for e in events], notifiers, 1001.0)
+    >>> [(channel, [e.alertname for e in note.events]) for channel, note in found]
+    [('pagerduty', ['TrainingNanInf']), ('pagerduty', ['TrainingDivergence']),
+     ('console', ['TrainingNanInf', 'TrainingDivergence'])]
 """
 
 from __future__ import annotations

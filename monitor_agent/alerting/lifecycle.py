@@ -4,11 +4,19 @@ pending -> firing -> (repeat while firing) -> resolved. Every decision returns a
 that the service counts in ``monitor_agent_alert_decisions_total``; nothing here reads a
 clock or touches storage, so tests drive it with plain numbers.
 
-Example::
+A firing alert paged at t=100, last seen at step 10::
 
-    t = Timing(state="firing", notified="firing", notified_at=100.0, last_seen=100.0,
-               last_step=10, acked=False, cooldown=60, repeat_interval=3600, resolve_after=300)
-    assert on_tick(t, silenced=False, now=450.0) is Reason.RESOLVED
+    >>> t = Timing(state="firing", notified="firing", notified_at=100.0, last_seen=100.0,
+    ...            last_step=10, acked=False, cooldown=60, repeat_interval=3600, resolve_after=300)
+    >>> on_finding(t, step=11), on_finding(t, step=9)   # a new finding; a replayed one
+    (<Reason.SUPPRESSED: 'suppressed'>, <Reason.REPLAYED: 'replayed'>)
+    >>> on_tick(t, silenced=False, now=200.0) is None   # seen lately, paged lately
+    True
+    >>> on_tick(t, silenced=False, now=400.0)           # clear for resolve_after
+    <Reason.RESOLVED: 'resolved'>
+    >>> fp = fingerprint("gpt-7", "TrainingNanInf", {"layer": "fc1"})   # an alert's identity
+    >>> len(fp), fp == fingerprint("gpt-7", "TrainingNanInf", {"layer": "fc2"})
+    (24, False)
 """
 
 from __future__ import annotations

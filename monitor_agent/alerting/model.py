@@ -6,11 +6,21 @@ response models derive from these views (``api/models.py``), so a field and its
 description are written here once; ``metadata={"description": ...}`` is what /openapi.json
 says of a field.
 
-Example::
+A run's project counts as a label for rule matching, and an alert's view carries the
+finding's message and first suggestion::
 
-    ctx = RunContext(run_id="gpt-7", project="gpt", labels={"team": "nlp"})
-    for alert in alerting.active_alerts():
-        print(alert.alertname, alert.severity, alert.summary, alert.suggestion)
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.alerting import Alerting, AlertingSettings
+    >>> from monitor_agent.records.types import Finding, Severity
+    >>> ctx = RunContext(run_id="gpt-7", project="gpt", labels={"team": "nlp"})
+    >>> ctx.match_labels()
+    {'team': 'nlp', 'project': 'gpt'}
+    >>> alerting = Alerting(AlertingSettings(), ":memory:", CollectorRegistry())
+    >>> spike = Finding("loss_spike", Severity.WARNING, "gpt-7", step=120,
+    ...                 message="loss 4x its EMA", suggestions=("lower the learning rate",))
+    >>> _ = alerting.handle(ctx, [spike], now=1000.0)
+    >>> [(a.alertname, a.state, a.summary, a.suggestion) for a in alerting.active_alerts()]
+    [('TrainingLossSpike', 'pending', 'loss 4x its EMA', 'lower the learning rate')]
 """
 
 from __future__ import annotations

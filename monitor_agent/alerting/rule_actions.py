@@ -13,12 +13,26 @@ R"; when the run's end record arrives with status ``stopped``, its step is the s
 trainer stopped at (``honoured``), and the alert then says "run stopped at step M by rule
 R (stop requested at step N)".
 
-Example::
+A rule that stops a run on its second NaN, the stop it asks for, and the trainer
+honouring it two steps later::
 
-    with alert_store.tx() as tx:
-        action = take(tx, rule, finding, fingerprint="ab12", now=time.time())
-    for a in alert_store.actions_for_run("gpt-7", after=0):
-        print(a.id, a.action, a.message)
+    >>> from monitor_agent.alerting.alert_store import AlertStore
+    >>> from monitor_agent.alerting.db import open_alert_db
+    >>> from monitor_agent.records.types import Severity
+    >>> rule = Rule(name="StopOnRepeatedNaN", types=("nan_inf",), channels=("console",),
+    ...             cooldown=60, repeat_interval=3600, resolve_after=600, action="stop",
+    ...             action_after=2)
+    >>> due(rule, count=1), due(rule, count=2)
+    (False, True)
+    >>> store = AlertStore(open_alert_db(":memory:"))
+    >>> nan = Finding("nan_inf", Severity.CRITICAL, "gpt-7", step=300, message="loss is NaN")
+    >>> with store.tx() as tx:
+    ...     stop = take(tx, rule, nan, fingerprint="ab12", now=1000.0)
+    ...     honoured = honour_stops(tx, "gpt-7", step=302)
+    >>> stop.message
+    'stop requested at step 300 by rule StopOnRepeatedNaN'
+    >>> [(a.id, a.honoured_step, a.message) for a in store.actions_for_run("gpt-7")]
+    [(1, 302, 'run stopped at step 302 by rule StopOnRepeatedNaN (stop requested at step 300)')]
 """
 
 from __future__ import annotations

@@ -4,12 +4,23 @@ The rules file is YAML (the packaged ``default_rules.yaml`` documents every fiel
 validated with pydantic at load, so a typo is rejected with the field's path and the fix,
 and turned into frozen ``Rule`` dataclasses; the first rule that matches a finding wins.
 
-Example::
+The packaged rules send memory pressure of severity error and up to one rule, the rest
+to the next; and a typo names its rule, its field and the fix::
 
-    rules = load_rules(settings.alerting.rules_file)  # None: the packaged defaults
-    rule = first_match(rules, finding, run_labels={"project": "gpt"})
-    if rule is not None:
-        print(rule.name, rule.severity, rule.channels, rule.cooldown)
+    >>> rules = load_rules()   # what settings.alerting.rules_file None means
+    >>> oom = Finding("memory_pressure", Severity.ERROR, "gpt-7", step=40, message="97% used")
+    >>> rule = first_match(rules, oom, run_labels={"project": "gpt"})
+    >>> rule.name, rule.severity, rule.channels[:2], rule.cooldown
+    ('TrainingMemoryPressureCritical', <Severity.ERROR: 2>, ('pagerduty', 'slack'), 300.0)
+    >>> tight = Finding("memory_pressure", Severity.WARNING, "gpt-7", step=40, message="91% used")
+    >>> first_match(rules, tight, run_labels={}).name
+    'TrainingMemoryPressure'
+    >>> parse_rules("{routes: {chat: [console]}, rules: [{name: Spike, cooldown: 5x,"
+    ...             " match: {types: [loss_spike]}}]}")
+    Traceback (most recent call last):
+    ...
+    monitor_agent.alerting.rules.RuleError: invalid alert rules in <rules>:
+      rules[0].cooldown (rule Spike): Value error, invalid duration '5x': use seconds or e.g. ...
 """
 
 from __future__ import annotations

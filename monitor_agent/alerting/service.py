@@ -10,13 +10,23 @@ durable outbox in the same transaction as the state change that caused it.
 state), ``Episodes`` (the state machine), the ``Outbox`` and the notifiers. It satisfies
 ``AlertSink``, the engine's one seam to alerting.
 
-Example::
+The app calls ``start()`` (one sender thread per channel and the flusher) and, at
+shutdown, ``stop(timeout=5)``. Not started, with a fixed clock, a page is queued, owned
+and then silenced::
 
-    alerting = Alerting(AlertingSettings(console={"enabled": True}), ":memory:", registry)
-    alerting.start()
-    alerting.handle(RunContext("r1"), [finding], now=time.time())
-    alerting.tick(time.time())
-    alerting.stop(timeout=5)
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.records.types import Severity
+    >>> alerting = Alerting(AlertingSettings(), ":memory:", CollectorRegistry(),
+    ...                     clock=lambda: 1002.0)
+    >>> nan = Finding("nan_inf", Severity.CRITICAL, "gpt-7", step=300, message="loss is NaN")
+    >>> alerting.handle(RunContext("gpt-7"), [nan], now=1000.0), alerting.flush(now=1001.0)
+    ([], None)
+    >>> [alert] = alerting.list_alerts(state="firing")
+    >>> alerting.acknowledge(alert.fingerprint, by="ana").acked_by   # no more reminders
+    'ana'
+    >>> _ = alerting.add_silence(duration=3600, run_id="gpt-7", comment="known bad shard")
+    >>> [(a.alertname, a.state, a.silenced) for a in alerting.list_alerts(run_id="gpt-7")]
+    [('TrainingNanInf', 'firing', True)]
 """
 
 from __future__ import annotations
@@ -134,7 +144,7 @@ class Alerting:
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
-        ahead of a backlog, see engine.preview); return how many began.
+        ahead of a backlog, see ``Engine.preview`` in pipeline/engine.py); return how many began.
 
         Such an episode begins with ``count`` 0: no finding of it is counted yet. The
         record's in-order copy brings the same finding (same run, rule, rank: the same

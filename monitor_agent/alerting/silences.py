@@ -3,11 +3,20 @@
 A silenced alert is still tracked (and listed as silenced); it is not sent. When the
 silence ends while the alert still fires, people hear of it then.
 
-Example::
+An hour's silence of one run's loss spikes, and a silence that would mute everything::
 
-    s = Silence.new(run_id="gpt-7", type="loss_spike", duration=3600, now=time.time(),
-                    created_by="ana", comment="known bad shard")
-    s.covers(run_id="gpt-7", type="loss_spike", alertname="TrainingLossSpike", layer=None)
+    >>> s = Silence.new(run_id="gpt-7", type="loss_spike", duration=3600, now=1000.0,
+    ...                 created_by="ana", comment="known bad shard")
+    >>> s.active(now=2000.0), s.active(now=4600.0)
+    (True, False)
+    >>> s.covers(run_id="gpt-7", type="loss_spike", alertname="TrainingLossSpike", layer=None)
+    True
+    >>> s.covers(run_id="gpt-8", type="loss_spike", alertname="TrainingLossSpike", layer=None)
+    False
+    >>> Silence.new(duration=3600, now=1000.0, comment="everything")
+    Traceback (most recent call last):
+    ...
+    ValueError: a silence needs at least one of: run_id, type, alertname, layer
 """
 
 from __future__ import annotations

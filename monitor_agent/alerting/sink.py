@@ -4,10 +4,16 @@ The engine hands findings to a sink and knows nothing else of rules, silences or
 ``Alerting`` is the real one; ``NullSink`` stands in where nothing should page (a bare
 replay, tests of the pipeline alone), so the engine never checks for ``None``.
 
-Example::
+The engine is given one (``Engine(settings, store, metrics, alerts=alerting)``; without
+``alerts`` it uses a ``NullSink``) and calls it with each record's findings::
 
-    engine = Engine(settings, store, metrics, alerts=NullSink())
-    actions = sink.handle(RunContext("gpt-7"), findings, now=time.time())
+    >>> from monitor_agent.records.types import Severity
+    >>> sink: AlertSink = NullSink()
+    >>> nan = Finding("nan_inf", Severity.CRITICAL, "gpt-7", step=300, message="loss is NaN")
+    >>> sink.handle(RunContext("gpt-7"), [nan], now=1000.0)   # no actions taken
+    []
+    >>> sink.preview(RunContext("gpt-7"), [nan], now=1000.0)  # no alert begun
+    0
 """
 
 from __future__ import annotations

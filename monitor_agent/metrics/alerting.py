@@ -2,11 +2,17 @@
 
 On the registry the app passes in, every series pre-created.
 
-Example::
+A first page counted; the other reasons are there at zero from the start::
 
-    m = AlertingMetrics(CollectorRegistry(), channels=["slack"])
-    m.decisions.labels(reason="first").inc()
-    m.notifications.labels(channel="slack", outcome="sent").inc()
+    >>> registry = CollectorRegistry()
+    >>> m = AlertingMetrics(registry, channels=["slack"])
+    >>> m.decisions.labels(reason="first").inc()
+    >>> decisions = names.ALERT_DECISIONS + "_total"
+    >>> [registry.get_sample_value(decisions, {"reason": r}) for r in ("first", "cooldown")]
+    [1.0, 0.0]
+    >>> registry.get_sample_value("monitor_agent_notifications_total",
+    ...                           {"channel": "slack", "outcome": "sent"})   # from delivery
+    0.0
 """
 
 from __future__ import annotations

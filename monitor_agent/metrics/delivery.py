@@ -3,10 +3,17 @@
 The outbox counts into these; ``metrics/alerting.py`` extends them with alerting's own
 decisions. Every series is pre-created so dashboards show zeros, not gaps.
 
-Example::
+One Slack message sent, as /metrics shows it (a reason to give up, still at zero)::
 
-    m = DeliveryMetrics(CollectorRegistry(), channels=["slack"])
-    m.notifications.labels(channel="slack", outcome="sent").inc()
+    >>> from prometheus_client import generate_latest
+    >>> registry = CollectorRegistry()
+    >>> m = DeliveryMetrics(registry, channels=["slack"])
+    >>> m.notifications.labels(channel="slack", outcome="sent").inc()
+    >>> for line in generate_latest(registry).decode().splitlines():
+    ...     if "_total{" in line and ('outcome="sent"' in line or 'reason="http_404"' in line):
+    ...         print(line)
+    monitor_agent_notifications_total{channel="slack",outcome="sent"} 1.0
+    monitor_agent_notifications_undelivered_total{channel="slack",reason="http_404"} 0.0
 """
 
 from __future__ import annotations

@@ -9,12 +9,19 @@ Every label-cardinality cap (runs, ranks, layers, eval series) goes through one
 ``SeriesCaps``, which reports what it cut to the ``on_drop`` callback (the
 ``monitor_agent_dropped_series_total`` counter in the app).
 
-Example::
+The app passes ``engine.registry.states`` and its self-metrics registry; here two runs
+in memory, one over a cap of one::
 
-    exp = Exposition(engine.registry.states, CollectorRegistry(),
-                     max_runs=1000, max_layers=2000,
-                     on_drop=lambda reason, count: print("dropped", count, reason))
-    body = exp.render()   # bytes, Prometheus text format 0.0.4
+    >>> from monitor_agent.pipeline.run_state import RunState
+    >>> runs = [RunState.new(run_id, now=now) for run_id, now in (("gpt-7", 0.0), ("gpt-8", 1.0))]
+    >>> nan = StepRecord(run_id="gpt-7", step=300, time=5.0, loss=float("nan"))
+    >>> runs[0].apply_step(nan, arrival=5.0, buckets=n.STEP_DURATION_BUCKETS)
+    >>> exp = Exposition(lambda: runs, CollectorRegistry(), max_runs=1,
+    ...                  on_drop=lambda reason, count: print("dropped", count, reason))
+    >>> body = exp.render()   # bytes, Prometheus text format 0.0.4
+    dropped 1 max_runs
+    >>> [line for line in body.decode().splitlines() if line.startswith("training_loss{")]
+    ['training_loss{project="",run_id="gpt-7",rank="0"} NaN']
 """
 
 from __future__ import annotations
@@ -120,12 +127,14 @@ def _ignore_drop(reason: str, count: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SeriesCaps:
-    """The label-cardinality caps of /metrics, and where a cut is reported.
+    """The label-cardinality caps of /metrics, and where a cut is reported::
 
-    Example::
-
-        caps = SeriesCaps(max_layers=2, on_drop=lambda reason, count: print(reason, count))
-        caps.keep("max_layers", 5, caps.max_layers)   # prints "max_layers 3", returns 2
+        >>> caps = SeriesCaps(max_layers=2, on_drop=lambda reason, count: print(reason, count))
+        >>> caps.keep("max_layers", 5, caps.max_layers)   # 2 of 5 layers kept
+        max_layers 3
+        2
+        >>> caps.keep("max_layers", 2, caps.max_layers)   # all fit: nothing reported
+        2
     """
 
     max_runs: int = 1000
@@ -271,11 +280,16 @@ def _clip(text: str, limit: int = 200) -> str:
 
 
 class RunRenderer:
-    """Renders the lines of one run, family by family, within ``caps``.
+    """Renders the lines of one run, family by family, within ``caps``::
 
-    Example::
-
-        chunks = RunRenderer(run_state, SeriesCaps()).render()   # {family name: lines}
+        >>> from monitor_agent.pipeline.run_state import RunState
+        >>> run = RunState.new("gpt-7", now=0.0)
+        >>> step = StepRecord(run_id="gpt-7", step=10, time=5.0, loss=2.5, lr=3e-4)
+        >>> run.apply_step(step, arrival=5.0, buckets=n.STEP_DURATION_BUCKETS)
+        >>> chunks = RunRenderer(run, SeriesCaps()).render()   # {family name: its lines}
+        >>> print(chunks["training_loss"] + chunks["training_learning_rate"], end="")
+        training_loss{project="",run_id="gpt-7",rank="0"} 2.5
+        training_learning_rate{project="",run_id="gpt-7",rank="0"} 0.0003
     """
 
     def __init__(self, run: RunState, caps: SeriesCaps) -> None:

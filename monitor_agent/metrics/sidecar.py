@@ -3,11 +3,17 @@
 Every label combination a dashboard or alert rule needs is created up front, so the series
 exist from the first scrape instead of appearing only after the first failure.
 
-Example::
+Ten records accepted; a rejection reason nobody has hit yet is already a series::
 
-    registry = CollectorRegistry()
-    m = SelfMetrics(registry)
-    m.records.labels(outcome="accepted").inc(10)
+    >>> registry = CollectorRegistry()
+    >>> m = SelfMetrics(registry, version="1.2.3")
+    >>> m.records.labels(outcome="accepted").inc(10)
+    >>> registry.get_sample_value(names.INGEST_RECORDS + "_total", {"outcome": "accepted"})
+    10.0
+    >>> registry.get_sample_value(names.INGEST_REJECTIONS + "_total", {"reason": "too_large"})
+    0.0
+    >>> registry.get_sample_value(names.BUILD_INFO, {"version": "1.2.3"})
+    1.0
 """
 
 from __future__ import annotations

@@ -15,10 +15,24 @@ after an outage would otherwise arrive already expired, i.e. resolved. Alertmana
 then sent again one alert at a time, so the valid ones count as delivered and only the
 invalid one fails, by name.
 
-Example::
+Two members of a cluster, and what they are sent for one alert at t=60 (an
+``httpx.MockTransport`` standing in for the cluster shows ``send``: one member is enough)::
 
-    am = AlertmanagerNotifier(["http://am-0:9093", "http://am-1:9093"], refresh_interval=60)
-    outcome = am.send(note, client)
+    >>> am = AlertmanagerNotifier(["http://am-0:9093", "http://am-1:9093/"], refresh_interval=60)
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=0.0, step=300, identity={"layer": "fc1"})
+    >>> note = Notification("gpt-7", (event,), created_at=0.0)
+    >>> [alert] = am.payload(note, now=60.0)
+    >>> alert["labels"]
+    {'alertname': 'TrainingNanInf', 'run_id': 'gpt-7', 'severity': 'critical',
+     'source': 'monitor-agent', 'layer': 'fc1'}
+    >>> alert["startsAt"], alert["endsAt"]   # ends four refresh intervals after sending
+    ('1970-01-01T00:00:00Z', '1970-01-01T00:05:00Z')
+    >>> one_up = httpx.MockTransport(
+    ...     lambda request: httpx.Response(200 if request.url.host == "am-0" else 503))
+    >>> with httpx.Client(transport=one_up) as client:
+    ...     am.send(note, client).detail
+    '1/2 members: 200'
 """
 
 from __future__ import annotations

@@ -5,11 +5,19 @@ channel's payload, sends it with the httpx client it is handed, and classifies t
 ``ok``, ``retry`` (with an optional Retry-After) or ``permanent``. It never retries or sleeps
 itself; the outbox does that for every channel in one place.
 
-Example::
+A notification survives the outbox's JSON (NaN included), and a receiver that asks to
+be called again later gets a ``retry`` with its Retry-After (here an ``httpx.MockTransport``
+stands in for the receiver)::
 
-    outcome = SlackNotifier("https://hooks.slack.com/...").send(note, httpx.Client())
-    if outcome.kind is OutcomeKind.RETRY:
-        print("again in", outcome.retry_after)
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=1000.0, step=300, value=float("nan"))
+    >>> note = Notification("gpt-7", (event,), created_at=1001.0)
+    >>> Notification.from_dict(wire.loads(wire.dumps(note.to_dict()))).events[0].value
+    nan
+    >>> busy = httpx.MockTransport(lambda req: httpx.Response(429, headers={"Retry-After": "7"}))
+    >>> with httpx.Client(transport=busy) as client:
+    ...     post_json(client, "https://hooks.example.com/t0k3n", note.to_dict(), timeout=5.0)
+    Outcome(kind=<OutcomeKind.RETRY: 'retry'>, detail='HTTP 429: ', retry_after=7.0)
 """
 
 from __future__ import annotations

@@ -1,16 +1,22 @@
 """Channel and outbox settings: Slack, PagerDuty, Alertmanager, webhook, console, outbox.
 
 They live beside the channels they configure, so adding a channel touches ``notify/``
-alone; ``alerting/alerting_settings.py`` composes them into ``AlertingSettings`` (``alerting.slack``,
-``alerting.outbox``, ...). Secrets (webhook URLs, routing keys) are ``SecretStr``: never in
-repr, logs or API answers; each has a ``*_file`` twin that reads it from a file
-(Docker/Kubernetes secrets).
+alone; ``alerting/alerting_settings.py`` composes them into ``AlertingSettings``
+(``alerting.slack``, ``alerting.outbox``, ...). Secrets (webhook URLs, routing keys) are
+``SecretStr``: never in repr, logs or API answers; each has a ``*_file`` twin that reads it
+from a file (Docker/Kubernetes secrets)::
 
-Example::
-
-    slack = SlackSettings(webhook_url_file="/run/secrets/slack")
-    slack.secret()  # -> the URL, read from the file
-    OutboxSettings(max_pending=500).max_attempts  # -> 100
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     secret = Path(tmp, "slack")
+    ...     _ = secret.write_text("https://hooks.slack.com/services/T0/B0/XYZ")
+    ...     slack = SlackSettings(webhook_url_file=secret)
+    >>> slack.webhook_url, slack.secret()
+    (SecretStr('**********'), 'https://hooks.slack.com/services/T0/B0/XYZ')
+    >>> AlertmanagerSettings(urls=["http://admin:hunter2@am-0:9093"]).model_dump()["urls"]
+    ['http://admin:***@am-0:9093']
+    >>> OutboxSettings(max_pending=500).max_attempts
+    100
 """
 
 from __future__ import annotations

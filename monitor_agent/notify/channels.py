@@ -6,11 +6,16 @@ so a fresh ``monitor-agent serve`` prints its alerts instead of silently keeping
 Takes any settings object with the five channel sections (``ChannelSettings``), such as
 ``AlertingSettings``, so notify never imports alerting.
 
-Example::
+Nothing configured, then a webhook with the console turned off::
 
-    notifiers = build_notifiers(AlertingSettings())
-    assert list(notifiers) == ["console"]
-    print(describe_channels(AlertingSettings(), notifiers))
+    >>> from monitor_agent.alerting import AlertingSettings
+    >>> bare = AlertingSettings()
+    >>> describe_channels(bare, build_notifiers(bare))
+    'alert channels: console (fallback: no other channel is configured; see docs/alerting.md)'
+    >>> hook = AlertingSettings(webhook={"url": "https://ops.example.com/hooks/t0k3n"},
+    ...                         console={"enabled": False})
+    >>> build_notifiers(hook), channel_secrets(hook)
+    ({'webhook': WebhookNotifier(url=**********)}, ['https://ops.example.com/hooks/t0k3n'])
 """
 
 from __future__ import annotations

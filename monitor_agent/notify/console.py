@@ -1,9 +1,19 @@
 """The console channel: alerts written to the log, as plain text (the demo's channel).
 
-Example::
+It logs to ``monitor_agent.alerts`` unless given a logger; here one that prints::
 
-    console = ConsoleNotifier()
-    console.send(note, client)   # logs "[FIRING:1] run r1: TrainingNanInf ..." at WARNING
+    >>> import sys
+    >>> from monitor_agent.notify.base import AlertEvent
+    >>> log = logging.Logger("alerts")
+    >>> log.addHandler(logging.StreamHandler(sys.stdout))
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=1000.0, step=300)
+    >>> note = Notification("gpt-7", (event,), created_at=1001.0)
+    >>> with httpx.Client() as client:   # unused: the console sends nothing over HTTP
+    ...     ConsoleNotifier(log).send(note, client).kind
+    [FIRING:1] run gpt-7: TrainingNanInf
+    - CRITICAL TrainingNanInf (run gpt-7, step 300): loss is NaN
+    <OutcomeKind.OK: 'ok'>
 """
 
 from __future__ import annotations

@@ -1,15 +1,22 @@
 """Plain-text wording of alerts, shared by every channel so they all say the same thing.
 
-Example::
-
-    print(title(note))            # "[FIRING:2] run gpt-7: TrainingNanInf, TrainingGradExplosion"
-    print(headline(note.events[0]))  # "CRITICAL TrainingNanInf in run gpt-7 at step 300: ..."
-    print(evidence_line(note.events[0]))
-    # "evidence of the nan_inf finding at step 300 (3 findings in this alert): loss=NaN"
-
 An alert gathers many findings; its headline, value and evidence all come from one of them
 (the first until it is paged, the latest after), and the evidence says which, so a reader
-never matches the numbers of one finding against the sentence of another.
+never matches the numbers of one finding against the sentence of another. Two alerts of
+one run, in one message::
+
+    >>> nan = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                  "loss is NaN", 0.0, step=300, count=3, evidence={"loss": float("nan")})
+    >>> boom = AlertEvent("cd34", "gpt-7", "TrainingGradExplosion", "grad_explosion", "error",
+    ...                   "firing", "grad norm blew up", 0.0, step=300, value=4.2e6, threshold=2.31)
+    >>> title(Notification("gpt-7", (nan, boom), created_at=1.0))
+    '[FIRING:2] run gpt-7: TrainingNanInf, TrainingGradExplosion'
+    >>> headline(nan)
+    'CRITICAL TrainingNanInf (run gpt-7, step 300): loss is NaN'
+    >>> evidence_line(nan)
+    'evidence of the nan_inf finding at step 300 (3 findings in this alert): loss=NaN'
+    >>> value_line(boom)
+    'value 4.2e+06 (judged against 2.31)'
 """
 
 from __future__ import annotations

@@ -9,13 +9,31 @@ The outbox table lives in alerting's database (``alerting/db.py`` creates it, so
 notification commits with the alert state that caused it); all SQL on it is here. A SQLite
 failure leaves as ``StorageError``: through ``Database``, or the caller's ``tx()`` for ``enqueue``.
 
-Example::
+The app calls ``start()`` (one sender thread per channel) and ``stop(timeout=5)``; here
+nothing is started, and one ``deliver_next`` does what a sender does in its loop (to the
+console, which needs no HTTP)::
 
-    outbox = Outbox(db, {"slack": slack}, OutboxSettings(), DeliveryMetrics(registry, ["slack"]))
-    outbox.start()
-    with db.tx() as conn:
-        outbox.enqueue(conn, "slack", note, now=time.time())  # wakes the slack sender
-    outbox.stop(timeout=5)
+    >>> import sys
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.alerting.db import open_alert_db
+    >>> from monitor_agent.notify.base import AlertEvent
+    >>> from monitor_agent.notify.console import ConsoleNotifier
+    >>> db, log = open_alert_db(":memory:"), logging.Logger("alerts")
+    >>> log.addHandler(logging.StreamHandler(sys.stdout))
+    >>> outbox = Outbox(db, {"console": ConsoleNotifier(log)}, OutboxSettings(),
+    ...                 DeliveryMetrics(CollectorRegistry(), ["console"]), clock=lambda: 1000.0)
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=990.0, step=300)
+    >>> with db.tx() as conn:   # the transaction that changed the alert's state
+    ...     outbox.enqueue(conn, "console", Notification("gpt-7", (event,), 1000.0), now=1000.0)
+    True
+    >>> with httpx.Client() as client:   # each sender thread holds one
+    ...     outbox.deliver_next("console", client)   # 0.0: look again at once
+    [FIRING:1] run gpt-7: TrainingNanInf
+    - CRITICAL TrainingNanInf (run gpt-7, step 300): loss is NaN
+    0.0
+    >>> outbox.pending, outbox.delivery_states()["ab12"]["console"]["state"]
+    (0, 'sent')
 """
 
 from __future__ import annotations

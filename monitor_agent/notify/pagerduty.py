@@ -4,10 +4,22 @@ The ``dedup_key`` is derived from the alert's fingerprint, so a re-sent trigger 
 repeat, a second sidecar) lands on the same incident and the resolve closes it. 429 and
 5xx are retried by the outbox; 400 means the event is invalid and is not.
 
-Example::
+What a trigger and its resolve carry (``send`` POSTs these; tests/notify/test_outbox.py
+sends them to a local receiver that answers as PagerDuty does)::
 
-    pd = PagerDutyNotifier(routing_key, url="https://events.pagerduty.com/v2/enqueue")
-    outcome = pd.send(note, client)
+    >>> from dataclasses import replace
+    >>> pd = PagerDutyNotifier("R0UT1NGKEY0123456789abcdef012345",
+    ...                        url="https://events.pagerduty.com/v2/enqueue")
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=0.0, step=300)
+    >>> trigger = pd.payload(event)
+    >>> trigger["event_action"], trigger["dedup_key"], trigger["payload"]["summary"]
+    ('trigger', 'monitor-agent-ab12', 'CRITICAL TrainingNanInf (run gpt-7, step 300): loss is NaN')
+    >>> pd.payload(replace(event, status="resolved"))   # the same dedup_key closes the incident
+    {'routing_key': 'R0UT1NGKEY0123456789abcdef012345', 'event_action': 'resolve',
+     'dedup_key': 'monitor-agent-ab12'}
+    >>> pd
+    PagerDutyNotifier(url='https://events.pagerduty.com/v2/enqueue', routing_key=**********)
 """
 
 from __future__ import annotations

@@ -10,12 +10,22 @@ whatever logger made it; the outbox runs its stored ``last_error`` through ``red
 A URL secret is masked whole, and so are its path (what servers echo) and its long path
 segments and query values (tokens), since a receiver may quote any of them.
 
-Example::
+A Slack URL's path echoed by a receiver, its token alone, and a log line through the
+installed factory (the app installs it for good; here it is taken out again)::
 
-    redactor = SecretRedactor([slack_url, routing_key, token])
-    redactor.install()      # every log record of this process from now on
-    redactor.redact("Cannot POST /services/T000/B000/XXXX")   # -> "Cannot POST **********"
-    redactor.uninstall()
+    >>> import sys
+    >>> url = "https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX"
+    >>> redactor = SecretRedactor([url])
+    >>> redactor.redact("Cannot POST /services/T000/B000/XXXXXXXXXXXXXXXX")
+    'Cannot POST **********'
+    >>> redactor.redact("token XXXXXXXXXXXXXXXX refused")
+    'token ********** refused'
+    >>> log = logging.Logger("example")
+    >>> log.addHandler(logging.StreamHandler(sys.stdout))
+    >>> redactor.install()   # every log record of this process from now on, whatever logger
+    >>> log.error("POST %s failed", url)
+    POST ********** failed
+    >>> redactor.uninstall()
 """
 
 from __future__ import annotations

@@ -11,10 +11,22 @@ block text under ``MAX_BLOCK_TEXT`` by summarising the alerts that do not fit; a
 to a Block Kit message is answered by sending the same news again as plain text, so a
 refused layout never costs the page.
 
-Example::
+One alert's message, and a send to a receiver that refuses its blocks (an
+``httpx.MockTransport`` here; tests/notify/test_slack_delivery.py uses a local receiver
+that refuses what Slack refuses)::
 
-    slack = SlackNotifier(webhook_url, min_interval=1.0)
-    outcome = slack.send(note, client)
+    >>> slack = SlackNotifier("https://hooks.slack.com/services/T0/B0/XYZ", min_interval=1.0)
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=0.0, step=300, suggestions=("lower the lr",))
+    >>> note = Notification("gpt-7", (event,), created_at=1.0)
+    >>> body = slack.payload(note)
+    >>> body["blocks"][0]["text"]["text"], [b["type"] for b in body["blocks"][1:]]
+    (':red_circle: [FIRING:1] run gpt-7: TrainingNanInf', ['section', 'context', 'divider'])
+    >>> picky = httpx.MockTransport(lambda req: httpx.Response(
+    ...     400 if b'"blocks"' in req.content else 200, text="invalid_blocks"))
+    >>> with httpx.Client(transport=picky) as client:
+    ...     slack.send(note, client).detail
+    'sent as plain text after Block Kit was refused (HTTP 400: invalid_blocks)'
 """
 
 from __future__ import annotations

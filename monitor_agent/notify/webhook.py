@@ -4,10 +4,22 @@
 alert with every field of ``AlertEvent`` (NaN spelled "NaN"). 2xx is delivered; 408, 429
 and 5xx are retried; other 4xx are not.
 
-Example::
+The body of one alert, and its send to a receiver (an ``httpx.MockTransport`` here)::
 
-    hook = WebhookNotifier("https://ops.example.com/hooks/training")
-    outcome = hook.send(note, client)
+    >>> from monitor_agent.notify.base import AlertEvent
+    >>> event = AlertEvent("ab12", "gpt-7", "TrainingNanInf", "nan_inf", "critical", "firing",
+    ...                    "loss is NaN", started_at=1000.0, value=float("nan"))
+    >>> note = Notification("gpt-7", (event,), created_at=1001.0)
+    >>> body = WebhookNotifier.payload(note)
+    >>> body["status"], body["groupKey"], [a["alertname"] for a in body["alerts"]]
+    ('firing', 'gpt-7', ['TrainingNanInf'])
+    >>> got = []
+    >>> receiver = httpx.MockTransport(lambda req: got.append(req.content) or httpx.Response(202))
+    >>> with httpx.Client(transport=receiver) as client:
+    ...     WebhookNotifier("https://ops.example.com/hooks/t0k3n").send(note, client).kind
+    <OutcomeKind.OK: 'ok'>
+    >>> b'"value":"NaN"' in got[0]
+    True
 """
 
 from __future__ import annotations

@@ -10,14 +10,21 @@ a ``StorageError`` (the SQLite error chained as its ``__cause__``), and so does 
 whatever its body executes (``AlertTx``, ``Outbox.enqueue``); the chart history, which brings
 its own connection, wraps its methods in ``storage_errors``. Callers catch ``StorageError``.
 
-Example::
+A transaction whose second statement fails commits nothing, and says so as a
+``StorageError``::
 
-    db = Database(":memory:", ("CREATE TABLE t (x INTEGER);",), threadsafe=True)
-    with db.tx() as conn:
-        conn.execute("INSERT INTO t VALUES (1)")
-    assert db.query("SELECT x FROM t")[0][0] == 1
-    db.close()
-    db.query("SELECT 1")  # StorageError: Cannot operate on a closed database.
+    >>> db = Database(":memory:", ("CREATE TABLE t (x INTEGER);",), threadsafe=True)
+    >>> with db.tx() as conn:
+    ...     _ = conn.execute("INSERT INTO t VALUES (1)")
+    >>> with db.tx() as conn:
+    ...     _ = conn.execute("INSERT INTO t VALUES (2)")
+    ...     _ = conn.execute("INSERT INTO nowhere VALUES (3)")
+    Traceback (most recent call last):
+    ...
+    monitor_agent.storage.database.StorageError: no such table: nowhere
+    >>> db.query("SELECT x FROM t")
+    [(1,)]
+    >>> db.close()
 """
 
 from __future__ import annotations

@@ -5,9 +5,21 @@ from a running sidecar's API (paged through ``/v1/runs/{id}/records``). Records 
 in the order the store keeps them (step, then run/step/eval/end, then rank), one JSON line
 each, non-finite numbers spelled as docs/format.md says.
 
-Example::
+A data directory with two steps of one run (stored out of order), exported::
 
-    n = export_from_data_dir(Path("monitor-data"), "gpt-7", Path("gpt-7.jsonl.gz"))
+    >>> import tempfile
+    >>> from monitor_agent.storage.store import RecordRow, Store
+    >>> rows = [RecordRow("gpt-7", 0, "step", s, None, wire.dumps(
+    ...     {"kind": "step", "run_id": "gpt-7", "step": s, "loss": float("nan")})) for s in (2, 1)]
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     store = Store(Path(tmp, "monitor.sqlite"))
+    ...     _ = store.insert_records(rows)
+    ...     store.close()
+    ...     count = export_from_data_dir(Path(tmp), "gpt-7", Path(tmp, "gpt-7.jsonl.gz"))
+    ...     text = gzip.decompress(Path(tmp, "gpt-7.jsonl.gz").read_bytes()).decode()
+    >>> count, text.splitlines()
+    (2, ['{"kind":"step","run_id":"gpt-7","step":1,"loss":"NaN"}',
+         '{"kind":"step","run_id":"gpt-7","step":2,"loss":"NaN"}'])
 """
 
 from __future__ import annotations

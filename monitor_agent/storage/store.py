@@ -5,12 +5,18 @@ worker thread (reads for the API go through the same thread, so nothing needs a 
 WAL mode and batched transactions keep it fast; a record is acknowledged only after the
 transaction holding it committed.
 
-Example::
+The app opens ``data_dir / "monitor.sqlite"``; here ":memory:", with one record sent
+twice in a batch (a client's retry), stored once::
 
-    store = Store(Path("data/monitor.sqlite"))
-    ids = store.insert_records([RecordRow("gpt-7", 0, "step", 1, None, b'{"step": 1}')])
-    [run] = store.runs("gpt-7")  # StoredRun(run_id="gpt-7", status="running", ...)
-    store.close()
+    >>> store = Store(":memory:")
+    >>> row = RecordRow("gpt-7", 0, "step", 1, 1000.0, b'{"kind":"step","step":1,"loss":2.5}')
+    >>> store.insert_records([row, row])   # the new row's id; None for a duplicate
+    [1, None]
+    >>> [(run.run_id, run.status) for run in store.runs()]
+    [('gpt-7', 'running')]
+    >>> store.records("gpt-7")
+    [b'{"kind":"step","step":1,"loss":2.5}']
+    >>> store.close()
 """
 
 from __future__ import annotations
