@@ -1,22 +1,25 @@
 """monitor_client: push per-step training health records to the monitor_agent sidecar.
 
-Example::
-
-    import monitor_client
-    mon = monitor_client.Monitor(url="http://127.0.0.1:9400", project="gpt", config={"lr": 3e-4})
-    mon.watch(model, optimizer, grad_clip=1.0)
-    mon.log_step(step, loss=loss, tokens=n_tokens)
-    mon.close()
+A script makes a ``Monitor(url="http://127.0.0.1:9400", project="gpt", config=hparams)``,
+calls ``mon.watch(model, optimizer, grad_clip=1.0)`` in place of its ``clip_grad_norm_``
+call, ``mon.log_step(step, loss=loss, tokens=n_tokens)`` after each optimizer step, and
+``mon.close()`` at the end (client/README.md has the whole loop; the docstring of
+``monitor_client._monitor`` runs it against a stand-in sidecar).
 
 Every other knob is a field of ``MonitorConfig`` / ``WatchConfig`` (``config.py``), passed as
 ``settings=``: ``Monitor(project="gpt", settings=MonitorConfig(linger=0.2,
 watch=WatchConfig(activations=True)))``.
 
-The public API is this package's ``__all__``, ``monitor_client.config`` and the framework
-callbacks ``monitor_client.hf`` and ``monitor_client.lightning``; the modules whose names
-start with ``_`` are the implementation and may change in any release. Importing this
-package does not import torch; ``hf`` and ``lightning`` import their frameworks only when
-used.
+The public API is this package's ``__all__``::
+
+    >>> import monitor_client
+    >>> monitor_client.__all__
+    ['CategoryLoss', 'Counters', 'Monitor', 'MonitorConfig', 'WatchConfig']
+
+with ``monitor_client.config`` and the framework callbacks ``monitor_client.hf`` and
+``monitor_client.lightning``; the modules whose names start with ``_`` are the
+implementation and may change in any release. Importing this package does not import
+torch; ``hf`` and ``lightning`` import their frameworks only when used.
 """
 
 from monitor_client._categories import CategoryLoss

@@ -5,12 +5,15 @@ read on the training thread, so this small inbox is the only place both touch: a
 a set of ids already seen (the same action may come both ways), a sticky stop and a
 one-shot checkpoint request. Callbacks run on the sender thread: keep them short.
 
-Example::
+A rule's stop that arrives both ways (an ingest answer, then a poll) counts once, and stays::
 
-    inbox = ActionInbox()
-    inbox.receive([{"id": 1, "action": "stop", "step": 40, "rule": "StopOnNaN",
-                    "message": "stop requested at step 40 by rule StopOnNaN"}])
-    assert inbox.should_stop() and inbox.stop_reason.startswith("stop requested")
+    >>> inbox = ActionInbox()
+    >>> stop = {"id": 1, "action": "stop", "step": 40, "rule": "StopOnNaN",
+    ...         "message": "stop requested at step 40 by rule StopOnNaN"}
+    >>> inbox.receive([stop])
+    >>> inbox.receive([stop])
+    >>> inbox.should_stop(), inbox.stop_reason, len(inbox.received())
+    (True, 'stop requested at step 40 by rule StopOnNaN', 1)
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ Callback = Callable[[dict[str, Any]], None]
 class ActionInbox:
     """Thread-safe record of the actions received for one run.
 
-    Example::
+    A callback sees each new action once (here on the calling thread; in a Monitor, on the
+    sender thread); a checkpoint request is taken once::
 
-        inbox.add_callback(lambda a: print("monitor asks:", a["message"]))
-        if inbox.take_checkpoint(): save()
+        >>> inbox = ActionInbox()
+        >>> inbox.add_callback(lambda a: print("monitor asks:", a["action"], "at", a["step"]))
+        >>> inbox.receive([{"id": 7, "action": "checkpoint", "step": 120}])
+        monitor asks: checkpoint at 120
+        >>> inbox.take_checkpoint(), inbox.take_checkpoint(), inbox.last_id
+        (True, False, 7)
     """
 
     def __init__(self, warn: Callable[[str, Exception], None] | None = None) -> None:

@@ -15,12 +15,30 @@ gradient accumulation only the first micro-batch is measured. Forwards in eval m
 mistaken for the training batch. Statistics are 0-d device tensors (no ``.item()``): they
 join the step's ``StatsPack`` and reach the host in its one copy, in the sender thread.
 
-Example::
+Step 0 of ``every=2``: the ReLU's output is measured on the first forward, then the hook is
+gone; its statistics join the step's pack at ``log_step``::
 
-    acts = ActivationStats(model, optimizer, every=25).attach()
-    ...                        # forward / backward / optimizer.step() as usual
-    acts.add_to(pack)          # at log_step: this step's measurements, if any
-    acts.detach()              # every hook removed (model._forward_hooks is empty again)
+    >>> from monitor_client._stats import StatsPack
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> acts = ActivationStats(model, opt, every=2).attach()
+    >>> model(torch.ones(3, 4)).sum().backward()
+    >>> acts.armed                # fired once and removed itself
+    False
+    >>> opt.step()                # step 0 ends; step 1 is not monitored: no hook is armed
+    >>> acts.armed
+    False
+    >>> pack = StatsPack()
+    >>> acts.add_to(pack)         # at log_step: this step's measurements, no tensor op
+    >>> sorted(pack.decode(pack.vector().tolist())["activations"]["1"])
+    ['dead_frac', 'max_abs', 'mean', 'nonfinite', 'std', 'zero_frac']
+    >>> acts.detach()             # every hook removed, optimizer's included
+
+``measure`` on a known output (mean, std, max-abs, zero fraction, dead fraction,
+non-finite count): unit (column) 0 is zero for every sample, so half the units are dead::
+
+    >>> measure(torch.tensor([[0.0, 2.0], [0.0, 4.0]]), dead=True).tolist()
+    [1.5, 1.658..., 4.0, 0.5, 0.5, 0.0]
 """
 
 from __future__ import annotations
@@ -100,9 +118,14 @@ def decode(names: tuple[str, ...], chunk: list[float]) -> dict[str, Any]:
 class ActivationStats:
     """Forward hooks on chosen modules for monitored steps only; see the module docstring.
 
-    Example::
+    Which modules: the default nonlinearities, module types, or a ``(name, module)`` filter::
 
-        ActivationStats(model, opt, every=10, modules=(nn.ReLU,)).attach()
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.ReLU())
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> ActivationStats(model, opt).names, ActivationStats(model, opt, modules=nn.ReLU).names
+        (['1', '3'], ['3'])
+        >>> ActivationStats(model, opt, modules=lambda name, m: isinstance(m, nn.Linear)).names
+        ['0', '2']
     """
 
     def __init__(self, model: nn.Module, optimizer: Any, *, every: int = 25,

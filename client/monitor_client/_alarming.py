@@ -11,14 +11,18 @@ record in order as usual; its finding then joins the alert the preview began.
 A loss-scaler overflow step is routine under mixed precision, not alarming: the step was
 ``skipped``, or its loss is finite while the grad norm is not under a ``loss_scale``. Only
 a non-finite loss counts on such a step. This is the sidecar's rule (``amp_overflow`` in
-monitor_agent/detectors/nan_inf.py), said again here in the record's own terms.
+monitor_agent/detectors/support/stats.py, which the ``nan_inf`` detector applies), said
+again here in the record's own terms.
 
-Example::
+A NaN loss is alarming; an AMP overflow is not, nor is anything but a step::
 
-    assert is_alarming({"kind": "step", "loss": float("nan")})
-    assert not is_alarming({"kind": "step", "loss": 2.0, "grad_norm": float("inf"),
-                            "loss_scale": 65536.0})  # an AMP overflow
-    assert not is_alarming({"kind": "eval", "val_loss": float("nan")})
+    >>> is_alarming({"kind": "step", "loss": float("nan")})
+    True
+    >>> is_alarming({"kind": "step", "loss": 2.0, "grad_norm": float("inf"),
+    ...              "loss_scale": 65536.0})
+    False
+    >>> is_alarming({"kind": "eval", "val_loss": float("nan")})
+    False
 """
 
 from __future__ import annotations

@@ -11,14 +11,19 @@ category of short samples look easy (or hard) just because it contributes few to
 
 Statistics stay on the device until ``metrics()``, which makes one host copy.
 
-Example::
+In an eval loop, ``tok = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")``
+gives the (B, T) per-token losses of a batch, ``cats.add(tok, categories, mask=y != PAD)``
+adds them, and after the loop ``mon.log_eval(step, val_loss=cats.overall(),
+metrics=cats.metrics())`` sends them. Two code samples and one prose sample, padding
+masked; the short code sample counts as much as the long one::
 
-    cats = CategoryLoss()
-    for batch in val_loader:
-        logits = model(batch.x)
-        tok = F.cross_entropy(logits.transpose(1, 2), batch.y, reduction="none")  # (B, T)
-        cats.add(tok, batch.category, mask=batch.y != PAD)
-    mon.log_eval(step, val_loss=cats.overall(), metrics=cats.metrics())
+    >>> import torch
+    >>> cats = CategoryLoss()
+    >>> tok = torch.tensor([[1.0, 3.0, 9.0], [2.0, 9.0, 9.0], [4.0, 4.0, 4.0]])  # (B, T)
+    >>> mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])                   # 0: padding
+    >>> cats.add(tok, ["code", "code", "prose"], mask=mask)
+    >>> cats.metrics(), cats.overall()
+    ({'loss/code': 2.0, 'loss/prose': 4.0}, 2.666...)
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """What happened to the records handed to the client: ``mon.counters()``.
 
-Example::
-
-    c = mon.counters()
-    print(f"{c.sent} sent, {c.pending} pending, {c.dropped} dropped")
+Every record submitted is, at any moment, sent, rejected, dropped or pending:
+``submitted == sent + rejected + dropped + pending``; ``spooled`` counts those that went
+through the disk spool on the way, whatever became of them. Records an earlier process left
+in the spool count as submitted. The counters come from a running sender: the examples of
+``_sender.py`` and ``_monitor.py`` read them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Counters:
-    """What happened to the records handed to the client so far.
-
-    Example::
-
-        c = mon.counters(); assert c.dropped == 0
-    """
+    """What happened to the records handed to the client so far (a snapshot)."""
 
     submitted: int
     sent: int          # stored or already stored (duplicates) by the sidecar

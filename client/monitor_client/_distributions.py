@@ -17,12 +17,18 @@ the quantiles are those of the whole tensor up to the repetition rounding. Large
 are sampled uniformly with replacement (duplicates are negligible there, and drawing
 ``sample`` indices costs O(sample), unlike a permutation of the tensor).
 
-Example::
+A tensor of the 1000 values 0..999, fewer than ``sample``: covered exactly, so its min and
+max are the tensor's, and the histogram counts add up to ``sample``::
 
-    dist = Distributions(sample=1024, bins=16)
-    rows = dist.measure(grads)          # (P, 8 + 16) float32, on the grads' device
-    hists = decode_rows(names, rows.flatten().tolist(), bins=16)   # after the host copy
-    hists["fc.weight"]["quantiles"][3]  # the sample median
+    >>> dist = Distributions(sample=1024, bins=4)
+    >>> rows = dist.measure([torch.arange(1000.0)])   # (P, 8 + bins), on the tensors' device
+    >>> rows.shape
+    torch.Size([1, 12])
+    >>> hist = decode_rows(["fc.weight"], rows.flatten().tolist(), bins=4)["fc.weight"]
+    >>> hist["quantiles"][0], hist["quantiles"][-1], hist["edges"]   # after the host copy
+    (0.0, 999.0, [0.0, 249.75, 499.5, 749.25, 999.0])
+    >>> sum(hist["counts"])
+    1024.0
 """
 
 from __future__ import annotations
@@ -37,9 +43,13 @@ DEFAULT_BINS = 16
 class Distributions:
     """Per-parameter quantiles and histograms of a fixed sample (see module docstring).
 
-    Example::
+    One row per tensor, ``width`` numbers each, whatever the tensor's size::
 
-        rows = Distributions().measure([p.grad for p in model.parameters()])
+        >>> model = torch.nn.Linear(100, 10)
+        >>> model(torch.ones(4, 100)).sum().backward()
+        >>> dist = Distributions()
+        >>> dist.measure([p.grad for p in model.parameters()]).shape, dist.width
+        (torch.Size([2, 24]), 24)
     """
 
     def __init__(self, sample: int = DEFAULT_SAMPLE, bins: int = DEFAULT_BINS,
@@ -47,8 +57,9 @@ class Distributions:
         self.sample = max(2, int(sample))
         self.bins = max(1, int(bins))
         self.seed = seed
-        # (numel, device) -> sorted indices; keyed by size, not identity, so parameters of
-        # one shape share one index tensor (a GPT has dozens of same-sized matrices).
+        # (kind, slot, numel, device) -> sorted indices. Tensors of at most ``sample``
+        # elements are enumerated, keyed by size alone, so those of one size share one index
+        # tensor; larger ones are drawn, one draw per slot (see ``indices``).
         self._indices: dict[tuple[str, int, int, str], torch.Tensor] = {}
         self._consts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 

@@ -5,9 +5,12 @@ strings "NaN", "Infinity" and "-Infinity" (never null, never dropped). Values js
 encode (numpy scalars, tensors, paths, user objects in a config) degrade to a number or a
 string instead of raising into training.
 
-Example::
+A NaN loss, an infinite gradient norm and a path in a config, on the wire::
 
-    assert dumps_line({"loss": float("nan")}) == b'{"loss":"NaN"}'
+    >>> from pathlib import PurePosixPath
+    >>> dumps_line({"step": 3, "loss": float("nan"), "grad_norm": float("inf"),
+    ...             "config": {"spool_dir": PurePosixPath("/scratch/spool")}})
+    b'{"step":3,"loss":"NaN","grad_norm":"Infinity","config":{"spool_dir":"/scratch/spool"}}'
 """
 
 from __future__ import annotations

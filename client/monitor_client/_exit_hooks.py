@@ -2,13 +2,19 @@
 ``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
 ``stopped`` on Ctrl-C). Installed per Monitor and removed by its ``close()``.
 
-Example::
+A Monitor passes its ``close()`` and its outcome setter. An uncaught Ctrl-C, as Python
+reports it to ``sys.excepthook`` (the hook before ours, quiet here, is still called)::
 
-    outcome = {"status": "completed"}
-    hooks = ExitHooks(on_exit=lambda: print("ended", outcome),
-                      on_exception=lambda status, error: outcome.update(status=status))
-    hooks.install()             # Monitor passes its close() and its outcome setter
-    hooks.remove()
+    >>> saved, sys.excepthook = sys.excepthook, lambda *exc_info: None
+    >>> outcomes = []
+    >>> hooks = ExitHooks(on_exit=lambda: None,
+    ...                   on_exception=lambda status, error: outcomes.append((status, error)))
+    >>> hooks.install()
+    >>> sys.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    >>> hooks.remove()
+    >>> sys.excepthook = saved
+    >>> outcomes
+    [('stopped', 'KeyboardInterrupt: ')]
 """
 
 from __future__ import annotations
@@ -27,9 +33,16 @@ def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, 
 class ExitHooks:
     """Calls ``on_exception(status, error)`` for an uncaught exception, ``on_exit()`` at exit.
 
-    Example::
+    ``remove()`` puts back the hook it found and unregisters ``on_exit``::
 
-        ExitHooks(on_exit=lambda: print("bye"), on_exception=print).install()
+        >>> before = sys.excepthook
+        >>> hooks = ExitHooks(on_exit=lambda: print("bye"), on_exception=print)
+        >>> hooks.install()
+        >>> sys.excepthook is before
+        False
+        >>> hooks.remove()
+        >>> sys.excepthook is before
+        True
     """
 
     def __init__(self, on_exit: Callable[[], object],

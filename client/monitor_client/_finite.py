@@ -23,12 +23,23 @@ accumulation each micro-batch adds its own sum, so a NaN in any of them shows.
 
 Eval-mode forwards are skipped: a validation pass between steps is not the training batch.
 
-Example::
+A NaN born in module ``1`` (a square root of a negative value): it and every module after
+it are non-finite, named in forward order, the origin first::
 
-    flags = FiniteFlags(model).attach()
-    ...                          # forward / backward / optimizer.step()
-    flags.add_to(pack)           # at log_step: this step's sums (no tensor op here)
-    # after the host copy: {"nonfinite_modules": ["blocks.1.mlp.fc"], "nonfinite_module_count": 3}
+    >>> from monitor_client._stats import StatsPack
+    >>> class Sqrt(nn.Module):
+    ...     def forward(self, x):
+    ...         return x.sqrt()
+    >>> model = nn.Sequential(nn.LayerNorm(2), Sqrt(), nn.ReLU(), nn.Linear(2, 1))
+    >>> flags = FiniteFlags(model).attach()
+    >>> flags.names                           # a ReLU cannot create a NaN: not hooked
+    ['0', '1', '3']
+    >>> _ = model(torch.tensor([[1.0, 3.0]]))  # LayerNorm: [-1, 1]; sqrt(-1) is NaN
+    >>> pack = StatsPack()
+    >>> flags.add_to(pack)                    # at log_step: this step's sums, no tensor op
+    >>> pack.decode(pack.vector().tolist())   # after the step's one host copy
+    {'nonfinite_modules': ['1', '3'], 'nonfinite_module_count': 2}
+    >>> flags.detach()
 """
 
 from __future__ import annotations

@@ -7,10 +7,21 @@ whatever the user passes. Peak figures are the vendors' dense (no sparsity) numb
 device and compute dtype; pass ``peak_flops=`` (or set ``MONITOR_AGENT_PEAK_FLOPS``) for
 anything not listed or to use a measured figure.
 
-Example::
+A device from the table, one that is not in it, and a two-layer model's FLOPs per token
+(its width and depth read from its config, as from a transformers model's)::
 
-    peak_flops_for("NVIDIA H100 80GB HBM3", "bf16")   # 989e12
-    flops_per_token(model, seq_len=1024)
+    >>> peak_flops_for("NVIDIA H100 80GB HBM3", "torch.bfloat16")
+    989000000000000.0
+    >>> peak_flops_for("NVIDIA H100 PCIe", "fp32"), peak_flops_for("Some Future GPU")
+    (51000000000000.0, None)
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> model = torch.nn.Linear(10, 10)               # N = 110 parameters
+    >>> flops_per_token(model)                        # 6 N
+    660.0
+    >>> model.config = SimpleNamespace(n_layer=2, n_embd=10)
+    >>> flops_per_token(model, seq_len=1024)          # 6 N + 12 L d T
+    246420.0
 """
 
 from __future__ import annotations

@@ -17,10 +17,16 @@ there (half a window), so a level shift costs at most ``window / 2`` sent steps.
 
 Runs in the sender thread, after the host copy; plain Python on a few floats.
 
-Example::
+A first norm has nothing to compare with; a steady run sends nothing; a NaN, and a norm
+above twice the median, are sent (1.5 is within the band)::
 
-    gate = NormGate()
-    keep = gate.keep(grad_norm=3.2)     # False until the window has enough history
+    >>> gate = NormGate()
+    >>> gate.keep(50.0)
+    False
+    >>> sum(gate.keep(1.0) for _ in range(10))
+    0
+    >>> gate.keep(float("nan")), gate.keep(3.2), gate.keep(1.5)
+    (True, True, False)
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ Each probe answers docs/format.md's ``memory`` object. Probes are read from the 
 (the allocator statistics and /proc are safe to read from any thread), keeping them off
 the training thread.
 
-Example::
+On CPU, the process's resident memory::
 
-    probe = memory_probe("cpu")
-    probe.read()   # {"device": "cpu", "allocated_bytes": ..., "total_bytes": ...}
+    >>> reading = memory_probe("cpu").read()
+    >>> sorted(reading)
+    ['allocated_bytes', 'device', 'peak_allocated_bytes', 'reserved_bytes', 'total_bytes']
+    >>> reading["device"], reading["allocated_bytes"] > 0, reading["reserved_bytes"]
+    ('cpu', True, None)
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ class MemoryProbe(Protocol):
 class CpuMemory:
     """Process RSS (now and peak) and the memory limit (cgroup, else physical memory).
 
-    Example::
+    The limit can be given, e.g. what a scheduler allotted the job::
 
-        CpuMemory().read()["allocated_bytes"]
+        >>> CpuMemory(total_bytes=8 << 30).read()["total_bytes"]
+        8589934592
     """
 
     def __init__(self, total_bytes: int | None = None) -> None:
@@ -68,9 +72,8 @@ def _memory_limit() -> int | None:
 class CudaMemory:
     """The caching allocator's counters for one device, and the device's total memory.
 
-    Example::
-
-        CudaMemory(torch.device("cuda:0")).read()["reserved_bytes"]
+    ``memory_probe("cuda:0")`` makes one (it needs a GPU); its ``read()`` has the keys of
+    ``CpuMemory.read()``, from ``torch.cuda.memory_stats`` and ``torch.cuda.mem_get_info``.
     """
 
     def __init__(self, device: Any) -> None:

@@ -1,10 +1,15 @@
 """What the monitor learns from the model it watches: device, compute dtype, peak FLOP/s,
 shape for the run record, and the process group for sharded parameters.
 
-Example::
+For the run record, and the peak FLOP/s with the dtype it is for (given here; else
+``MONITOR_AGENT_PEAK_FLOPS``, else the table of ``_flops.py`` for the parameter's device)::
 
-    describe_model(model, names)   # {"name": "GPT", "n_params": 124439808, ...}
-    resolve_peak_flops(param, None, None)
+    >>> import torch
+    >>> model = torch.nn.Linear(10, 10)
+    >>> describe_model(model, ["weight", "bias"])
+    {'name': 'Linear', 'n_params': 110, 'layer_order': ['weight', 'bias']}
+    >>> resolve_peak_flops(model.weight, 312e12, "torch.bfloat16")
+    (312000000000000.0, 'bf16')
 """
 
 from __future__ import annotations

@@ -1,13 +1,32 @@
 """``Monitor``: three lines in a training script, near-zero overhead, never blocks training.
 
-Example::
+A script makes one (``Monitor(url=..., project="gpt", config={"lr": 3e-4})``), calls
+``watch(model, optimizer, grad_clip=1.0)`` in place of its ``clip_grad_norm_`` call, then
+``log_step`` once per optimizer step (client/README.md has the whole loop). Two steps of
+a tiny model, the second with a NaN loss; a stand-in takes the place of the sidecar's HTTP
+endpoint (the tests use a loopback server, tests/client/conftest.py)::
 
-    mon = Monitor(url="http://127.0.0.1:9400", project="gpt", config={"lr": 3e-4})
-    mon.watch(model, optimizer, grad_clip=1.0)     # replaces your clip_grad_norm_ call
-    for step, batch in enumerate(mon.timed(loader), 1):
-        loss = model(batch); loss.backward(); optimizer.step(); optimizer.zero_grad()
-        mon.log_step(step, loss=loss, tokens=batch.numel())
-    mon.close()           # also at exit; an uncaught exception ends the run as "failed"
+    >>> import json, torch
+    >>> from types import SimpleNamespace
+    >>> from monitor_client._transport import PostOutcome, PostResult
+    >>> got = []
+    >>> sidecar = SimpleNamespace(base="stand-in", endpoint="stand-in", close=lambda: None,
+    ...     post=lambda lines: got.extend(map(json.loads, lines)) or PostResult(PostOutcome.OK))
+    >>> spool = tempfile.TemporaryDirectory()
+    >>> mon = Monitor(project="demo", settings=MonitorConfig(spool_dir=spool.name))
+    >>> mon._sender.transport = sidecar           # where it would POST to the sidecar
+    >>> model = torch.nn.Linear(4, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> mon.watch(model, opt, grad_clip=1.0)
+    >>> for step, factor in ((1, 1.0), (2, float("nan"))):
+    ...     loss = model(torch.ones(8, 4)).pow(2).mean() * factor
+    ...     loss.backward(); opt.step(); opt.zero_grad()
+    ...     mon.log_step(step, loss=loss, tokens=32)
+    >>> mon.close()       # also at exit; an uncaught exception ends the run as "failed"
+    True
+    >>> [(r["kind"], r.get("loss")) for r in got], got[2]["grad_norm"], mon.counters().sent
+    ([('run', None), ('step', ...), ('step', 'NaN'), ('end', None)], 'NaN', 4)
+    >>> spool.cleanup()
 
 ``log_step`` reads nothing from the device: the statistics stay there until the sender
 thread copies them to the host (see ``_pending.py``). A nonsensical setting raises at once,
@@ -83,17 +102,20 @@ class Monitor:
     sense raises ``ValueError``/``TypeError`` here, before training starts; after that
     nothing raises.
 
-    Example::
+    A keyword fills a field the settings leave at its default; one that contradicts them
+    is refused before anything starts. As a context manager, the run ends with the block
+    (``enabled=False`` here: every method a no-op, no thread, nothing sent)::
 
-        with Monitor(project="gpt", config={"lr": 3e-4}) as mon:
-            mon.watch(model, opt, grad_clip=1.0)
-            ...
-        # buffering, intervals, activations: the settings
-        settings = MonitorConfig(spool_dir="/scratch/spool",
-                                 watch=WatchConfig(layer_stats_every=10, activations=True))
-        with Monitor(project="gpt", config={"lr": 3e-4}, settings=settings) as mon:
-            mon.watch(model, opt, grad_clip=1.0)
-            ...
+        >>> settings = MonitorConfig(project="gpt", linger=0.2, enabled=False,
+        ...                          watch=WatchConfig(layer_stats_every=10, activations=True))
+        >>> with Monitor(config={"lr": 3e-4}, settings=settings) as mon:
+        ...     mon.log_step(1, loss=2.0)
+        >>> mon.settings.project, mon.settings.hparams, mon.settings.watch.layer_stats_every
+        ('gpt', {'lr': 0.0003}, 10)
+        >>> Monitor(project="bert", settings=settings)
+        Traceback (most recent call last):
+        TypeError: Monitor(): got settings=MonitorConfig(...) and keywords that contradict it:
+        project='bert' (settings has 'gpt'); ...
 
     The keywords removed in favour of ``settings`` (``linger=``, ``spool_dir=``, ...) and a
     ``MonitorConfig`` passed as ``config`` still work until the next release, with a

@@ -3,12 +3,9 @@
 NVML (``pip install nvidia-ml-py``) is optional: ``nvml_probe`` answers None when it is
 missing or no GPU answers, and the step records then simply carry no ``gpu`` object.
 Tests substitute any object with ``read() -> dict`` (NVML is a boundary we cannot reach
-without a GPU).
-
-Example::
-
-    probe = nvml_probe(0)
-    if probe: probe.read()   # {"utilization": 0.93, "temperature_c": 61, "power_w": 412.0}
+without a GPU). ``Monitor.watch`` asks ``nvml_probe(device.index)`` for one when the model
+is on a CUDA device (``MonitorConfig(gpu_probe=...)`` overrides it); the example of
+``NvmlProbe`` reads a fake NVML.
 """
 
 from __future__ import annotations
@@ -23,9 +20,18 @@ class GpuProbe(Protocol):
 class NvmlProbe:
     """Reads one GPU through pynvml; construct with ``nvml_probe(index)``.
 
-    Example::
+    Any object with NVML's calls will do in place of ``pynvml``; a driver that fails gives
+    None::
 
-        NvmlProbe(pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)).read()
+        >>> from types import SimpleNamespace
+        >>> nvml = SimpleNamespace(NVML_TEMPERATURE_GPU=0,
+        ...                        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=93),
+        ...                        nvmlDeviceGetTemperature=lambda h, sensor: 61,
+        ...                        nvmlDeviceGetPowerUsage=lambda h: 412_000)     # mW
+        >>> NvmlProbe(nvml, handle=0).read()
+        {'utilization': 0.93, 'temperature_c': 61.0, 'power_w': 412.0}
+        >>> NvmlProbe(SimpleNamespace(), handle=0).read() is None
+        True
     """
 
     def __init__(self, nvml: Any, handle: Any) -> None:

@@ -6,10 +6,17 @@ thread calls ``materialize()``: it copies the pack to the host as one vector (TH
 point of a step, off the training thread), names the numbers, reads memory and GPU probes
 and derives tokens/s and MFU.
 
-Example::
+``log_step`` hands one to ``Sender.submit``; in the sender thread, ``materialize()`` names
+the pack's numbers and derives tokens/s from the step time and MFU from the probes::
 
-    pending = PendingStep(record, pack, probes)
-    sender.submit(pending)          # materialize() runs in the sender thread
+    >>> import torch
+    >>> from monitor_client._stats import StatsPack
+    >>> pack = StatsPack()
+    >>> pack.add("grad_norm", torch.tensor(0.5))          # still a device tensor
+    >>> record = {"kind": "step", "step": 7, "tokens": 4096, "step_time": 0.5}
+    >>> PendingStep(record, pack, Probes(flops_per_token=6e6, peak_flops=1e11)).materialize()
+    {'kind': 'step', 'step': 7, 'tokens': 4096, 'step_time': 0.5, 'grad_norm': 0.5,
+     'tokens_per_second': 8192.0, 'mfu': 0.49152}
 """
 
 from __future__ import annotations

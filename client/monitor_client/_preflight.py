@@ -15,10 +15,23 @@ exceed the total, that is said at once.
 Every number comes from a ``MemoryProbe`` (``_memory.py``: ``read()`` -> allocated, peak,
 total bytes), so a test fakes the device at that boundary.
 
-Example::
+An 80 GiB device (a fake probe) with 40 GiB resident at ``watch()``, whose first step peaks
+at 75 GiB::
 
-    pre = Preflight(model, probe, warn)     # at watch(): params + grads vs total
-    pre.after_first_step(optimizer)         # optimizer state + activations vs total
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> gib = 1 << 30
+    >>> probe = SimpleNamespace(read=lambda: {"allocated_bytes": 40 * gib,
+    ...                                       "peak_allocated_bytes": 75 * gib,
+    ...                                       "total_bytes": 80 * gib})
+    >>> model = torch.nn.Linear(256, 256)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    >>> pre = Preflight(model, probe, warn=print)   # at watch(): params + grads fit
+    >>> model(torch.ones(1, 256)).sum().backward()
+    >>> opt.step()
+    >>> pre.after_first_step(opt)["need"] / gib     # + optimizer state + activations
+    pre-flight: this run needs about 75.00 GiB of 80.00 GiB device memory (...): above 90%, ...
+    75.0
 """
 
 from __future__ import annotations

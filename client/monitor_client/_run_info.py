@@ -7,10 +7,15 @@ run must send the same run id: it is taken from ``run_id=``, ``MONITOR_AGENT_RUN
 torch.distributed is initialised, broadcasts it (a collective: create the Monitor on every
 rank at the same point), else it is generated locally.
 
-Example::
+A run id given is made acceptable to the sidecar (no ``/``: it is a URL segment); without
+one, and without the variables above, rank 0 generates one::
 
-    info = detect_rank()               # RankInfo(rank=0, world_size=1, local_rank=0)
-    run_id = resolve_run_id(None, "gpt", info)
+    >>> resolve_run_id("gpt-7/eu", "gpt", RankInfo())
+    'gpt-7-eu'
+    >>> re.fullmatch(r"gpt-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}", new_run_id("gpt")) is not None
+    True
+    >>> sanitize_label_name("team-name"), sanitize_label_name("1st")   # label names
+    ('team_name', '_1st')
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ _ENV_PAIRS = [("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
 
 @dataclass(frozen=True)
 class RankInfo:
-    """This process's place in the job.
+    """This process's place in the job; ``detect_rank()`` reads it, here from what torchrun
+    sets::
 
-    Example::
-
-        RankInfo(rank=1, world_size=8, local_rank=1)
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}):
+        ...     detect_rank()
+        RankInfo(rank=3, world_size=8, local_rank=3)
     """
 
     rank: int = 0

@@ -25,12 +25,24 @@ _transport.py) is logged once, as an error naming the URL and the fix, and the s
 later records are counted as dropped, nothing more is spooled, and ``flush``/``close``
 return at once.
 
-Example::
+Two records through a stand-in for ``HttpTransport`` that answers OK (the tests use a
+loopback HTTP server, tests/client/conftest.py); ``close()`` stops the thread::
 
-    sender = Sender(HttpTransport(url), Spool(tmpdir))
-    sender.submit({"kind": "step", "run_id": "r", "step": 1, "time": 0.0})
-    sender.flush(timeout=5.0)
-    print(sender.counters())
+    >>> import tempfile
+    >>> from types import SimpleNamespace
+    >>> posted = []
+    >>> ok = SimpleNamespace(base="stand-in", endpoint="stand-in", close=lambda: None,
+    ...                      post=lambda lines: posted.extend(lines) or PostResult(PostOutcome.OK))
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> sender = Sender(ok, Spool(tmp.name))
+    >>> sender.submit({"kind": "step", "run_id": "r", "step": 1, "time": 0.0})
+    >>> sender.submit({"kind": "step", "run_id": "r", "step": 2, "time": 0.0, "loss": float("nan")})
+    >>> sender.close()
+    True
+    >>> posted[1], sender.counters()
+    (b'{"kind":"step","run_id":"r","step":2,"time":0.0,"loss":"NaN"}',
+     Counters(submitted=2, sent=2, spooled=0, pending=0, rejected=0, dropped=0))
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations
@@ -55,9 +67,22 @@ MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in
 class Sender:
     """Background delivery of records; see the module docstring.
 
-    Example::
+    An answer no retry can fix (here a wrong token) is logged once, as an error; the sender
+    stops there, and ``flush`` answers False at once::
 
-        sender = Sender(HttpTransport("http://127.0.0.1:9400"), Spool("/tmp/s"))
+        >>> import tempfile
+        >>> from types import SimpleNamespace
+        >>> from monitor_client._transport import classify
+        >>> wrong_token = SimpleNamespace(base="stand-in", endpoint="stand-in/v1/records",
+        ...                               close=lambda: None, post=lambda lines: classify(401, b""))
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> sender = Sender(wrong_token, Spool(tmp.name))
+        >>> sender.submit({"kind": "step", "run_id": "r", "step": 1, "time": 0.0})
+        >>> sender.flush(), sender.misconfigured.fix
+        (False, "the token is wrong or missing: ...")
+        >>> sender.close(), sender.counters().dropped
+        (False, 1)
+        >>> tmp.cleanup()
     """
 
     def __init__(self, transport: HttpTransport, spool: Spool, *, max_queue: int = 10_000,

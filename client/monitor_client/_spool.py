@@ -13,12 +13,20 @@ more step) and ``max_age`` (segments last written longer ago are dropped whole: 
 coming for them). ``trim()`` applies both and returns how many records went; the sender
 logs it. Dropping the oldest, not the newest, because the newest say where the run is now.
 
-Example::
+Two records wait; the sidecar takes the first::
 
-    spool = Spool("/tmp/spool", max_bytes=64 << 20, max_age=24 * 3600)
-    spool.append([b'{"kind":"step"}'])
-    lines = spool.peek(100)      # oldest first, not yet removed
-    spool.ack(len(lines))        # the sidecar accepted them
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> spool = Spool(tmp.name, max_bytes=64 << 20, max_age=24 * 3600)
+    >>> spool.append([b'{"kind":"step","step":1}', b'{"kind":"step","step":2}'])  # none dropped
+    0
+    >>> spool.peek(100)          # oldest first, not yet removed
+    [b'{"kind":"step","step":1}', b'{"kind":"step","step":2}']
+    >>> spool.ack(1)             # the sidecar acknowledged the first
+    >>> len(spool), spool.peek(100)
+    (1, [b'{"kind":"step","step":2}'])
+    >>> spool.close()
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -20,12 +20,21 @@ near 1.0 rounds by ~4e-3, more than a typical update). If that copy does not fit
 parameters in turn; layers outside this step's chunk then report no ``update_norm`` and the
 global ``update_norm`` is left out (never NaN, which would read as a fault).
 
-Example::
+Step 0 (monitored) of a model whose gradients are all ones: global norm 2, clipped to 1
+before the optimizer steps::
 
-    stats = GradStats(model, optimizer, grad_clip=1.0, layer_stats_every=10)
-    stats.attach()
-    ...  # loss.backward(); optimizer.step()  -> hooks run
-    pending = stats.take()      # a StatsPack: one device vector + how to read it
+    >>> model = torch.nn.Linear(3, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> stats = GradStats(model, opt, grad_clip=1.0, layer_stats_every=10).attach()
+    >>> model(torch.ones(1, 3)).sum().backward()
+    >>> opt.step()               # pre-hook: norms, clip, copy; post-hook: param/update norms
+    >>> pack = stats.take()      # a StatsPack: device tensors + how to read them
+    >>> record = pack.decode(pack.vector().tolist())   # after the one host copy
+    >>> record["grad_norm"], record["layers"]["weight"]["grad_norm"]   # pre-clip
+    (2.0, 1.732...)
+    >>> round(record["update_norm"], 6)                # lr x the clipped norm
+    0.1
+    >>> stats.detach()
 """
 
 from __future__ import annotations
@@ -47,11 +56,16 @@ _HIST_FIELDS = ("grad_hist", "param_hist")
 class StatsPack:
     """Device tensors of one step, plus the layout needed to name them after the sync.
 
-    Example::
+    On a monitored step (``layers`` set), a global value and one value per layer::
 
-        pack.add("grad_norm", total)                       # a global value
-        pack.add("param_norm", pnorms, layers=names)       # one value per layer
-        record.update(pack.decode(pack.vector().tolist())) # after the one host copy
+        >>> pack = StatsPack(layers=["w", "b"])
+        >>> pack.add("grad_norm", torch.tensor(5.0))
+        >>> pack.add("grad_norm", torch.tensor([3.0, 4.0]), layers=["w", "b"])
+        >>> host = pack.vector().tolist()     # THE copy to the host (sender thread)
+        >>> host
+        [5.0, 3.0, 4.0]
+        >>> pack.decode(host)
+        {'grad_norm': 5.0, 'layers': {'w': {'grad_norm': 3.0}, 'b': {'grad_norm': 4.0}}}
     """
 
     values: list[torch.Tensor] = field(default_factory=list)
@@ -134,9 +148,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class GradStats:
     """Optimizer-hooked statistics; see the module docstring.
 
-    Example::
+    A step the optimizer did not take (a GradScaler skips one with inf gradients):
+    ``take()`` measures the gradients anyway, and says it did not step::
 
-        GradStats(model, opt, grad_clip=1.0).attach()
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> stats = GradStats(model, opt).attach()
+        >>> model(torch.tensor([[float("inf"), 1.0]])).sum().backward()   # no opt.step()
+        >>> pack = stats.take()
+        >>> pack.stepped, pack.decode(pack.vector().tolist())["grad_norm"]
+        (False, inf)
+        >>> stats.detach()
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -177,7 +199,7 @@ class GradStats:
 
     @property
     def hist_step(self) -> bool:
-        """Whether the current optimizer step gets gradient and weight _distributions."""
+        """Whether the current optimizer step gets gradient and weight distributions."""
         return self.hist_every > 0 and self._steps % self.hist_every == 0
 
     def attach(self, pre_hook: bool = True) -> GradStats:

@@ -13,10 +13,17 @@ decides what to do:
   or that does not parse): no later attempt can succeed until a person changes the
   script's settings, so ``fix`` says what to change and the sender stops trying.
 
-Example::
+Answers as ``classify`` reads them (``HttpTransport.post`` returns the same for the
+sidecar's answer, or RETRY / MISCONFIGURED when no answer came)::
 
-    result = HttpTransport("http://127.0.0.1:9400").post([b'{"kind":"run","run_id":"r"}'])
-    if result.outcome is PostOutcome.RETRY: ...
+    >>> classify(200, b'{"accepted": 1, "rejected": [{"index": 1, "reason": "bad step"}]}')
+    PostResult(outcome=<PostOutcome.OK: 'ok'>, detail='', rejected=[(1, 'bad step')],
+               actions=[], fix='')
+    >>> classify(503, b"cannot store now").outcome, classify(413, b"").outcome
+    (<PostOutcome.RETRY: 'retry'>, <PostOutcome.TOO_LARGE: 'too_large'>)
+    >>> print(classify(401, b'{"detail": "bad token"}').fix)
+    the token is wrong or missing: pass token= (or set MONITOR_AGENT_TOKEN) to the
+    sidecar's token
 """
 
 from __future__ import annotations
@@ -54,9 +61,20 @@ class HttpTransport:
     """Posts batches to ``{url}/v1/records`` (previews to ``/v1/records/preview``); never
     raises, always answers a PostResult.
 
-    Example::
+    Its repr never shows the token; a URL that cannot work is answered before any
+    request::
 
-        HttpTransport("http://127.0.0.1:9400", token="s3cret", timeout=(2, 10))
+        >>> transport = HttpTransport("http://127.0.0.1:9400", token="s3cret", timeout=(2, 10))
+        >>> transport
+        HttpTransport('http://127.0.0.1:9400/v1/records')
+        >>> transport.close()
+        >>> no_scheme = HttpTransport("127.0.0.1:9400")
+        >>> result = no_scheme.post([b'{"kind":"run","run_id":"r"}'])
+        >>> result.outcome
+        <PostOutcome.MISCONFIGURED: 'misconfigured'>
+        >>> print(result.detail)
+        url '127.0.0.1:9400' has no http:// or https:// scheme
+        >>> no_scheme.close()
     """
 
     def __init__(self, url: str, token: str | None = None,
@@ -145,7 +163,7 @@ def url_problem(url: str) -> str:
 
 
 def classify(status: int, content: bytes) -> PostResult:
-    """Map an HTTP answer to an PostOutcome (see the module docstring)."""
+    """Map an HTTP answer to a PostResult and its PostOutcome (see the module docstring)."""
     text = content[:300].decode("utf-8", "replace")
     if status == 200:
         body = _body(content)

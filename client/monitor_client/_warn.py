@@ -1,9 +1,8 @@
 """Rate-limited warnings: monitoring problems are reported, never raised into training.
 
-Example::
-
-    warner = Warner(interval=30.0)
-    warner.warn("post", "sidecar unreachable: %s", err)   # logged at most every 30 s
+The client's parts share one ``Warner``: ``warner.warn("post", "sidecar unreachable: %s",
+err)`` logs to the ``monitor_client`` logger at most once per key and interval (see the
+example of ``Warner``).
 """
 
 from __future__ import annotations
@@ -19,9 +18,20 @@ LOGGER = logging.getLogger("monitor_client")
 class Warner:
     """Logs each key at most once per ``interval`` seconds and counts what it held back.
 
-    Example::
+    At 0, 10 and 40 s (a fake clock; a logger that prints)::
 
-        Warner(interval=60).warn("queue", "queue full, spooling")
+        >>> from types import SimpleNamespace
+        >>> clock = iter([0.0, 10.0, 40.0]).__next__
+        >>> printer = SimpleNamespace(warning=lambda msg, *args: print(msg % args))
+        >>> warner = Warner(interval=30.0, logger=printer, now=clock)
+        >>> warner.warn("post", "sidecar unreachable: %s", "refused")
+        monitor_client: sidecar unreachable: refused
+        True
+        >>> warner.warn("post", "sidecar unreachable: %s", "refused")
+        False
+        >>> warner.warn("post", "sidecar unreachable: %s", "refused")
+        monitor_client: sidecar unreachable: refused (1 similar warnings suppressed)
+        True
     """
 
     def __init__(self, interval: float = 30.0, logger: logging.Logger = LOGGER,

@@ -6,14 +6,21 @@ knob is a field of one of these two frozen dataclasses, documented with its unit
 passed as ``settings=``. A config object rejects a nonsensical value when it is built,
 naming the field; it compares by value, and ``dataclasses.replace`` makes a variant.
 
-Example::
+A script passes them as ``Monitor(project="gpt", config={"lr": 3e-4}, settings=settings)``;
+``mon.watch(model, optimizer, grad_clip=1.0)`` then measures what ``settings.watch`` says,
+clipping at 1.0. Building, refusing nonsense, and a variant::
 
-    from monitor_client import Monitor, MonitorConfig, WatchConfig
-
-    settings = MonitorConfig(spool_dir="/scratch/spool", linger=0.2,
-                             watch=WatchConfig(layer_stats_every=10, activations=True))
-    mon = Monitor(project="gpt", config={"lr": 3e-4}, settings=settings)
-    mon.watch(model, optimizer, grad_clip=1.0)   # the Monitor's WatchConfig, clipping at 1.0
+    >>> import dataclasses
+    >>> settings = MonitorConfig(spool_dir="/scratch/spool", linger=0.2,
+    ...                          watch=WatchConfig(layer_stats_every=10, activations=True))
+    >>> settings.watch.layer_stats_every, settings.max_queue
+    (10, 10000)
+    >>> WatchConfig(hist_every=-1)
+    Traceback (most recent call last):
+    ValueError: WatchConfig.hist_every must be a finite number >= 0, not -1
+    >>> quick = dataclasses.replace(settings, linger=0.0)    # settings itself is unchanged
+    >>> quick.linger, settings.linger, quick == dataclasses.replace(settings, linger=0.0)
+    (0.0, 0.2, True)
 
 A keyword argument fills the field of the same name (``config``: ``hparams``); given
 together with ``settings``, it may fill a field the settings leave at its default or repeat

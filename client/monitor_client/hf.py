@@ -1,6 +1,6 @@
-"""``MonitorCallback`` for the HuggingFace ``Trainer``.
-
-    trainer = Trainer(model, args, train_dataset=ds, callbacks=[MonitorCallback(project="gpt")])
+"""``MonitorCallback`` for the HuggingFace ``Trainer``: pass it in the Trainer's callbacks,
+``Trainer(model, args, train_dataset=ds, callbacks=[MonitorCallback(project="gpt")])``.
+tests/client/test_hf.py drives it with a real Trainer.
 
 What it does, and why:
 - The loss is read raw from the model's forward output (a forward hook), never from the
@@ -48,11 +48,15 @@ class MonitorCallback(TrainerCallback):
     ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
     monitor's ``WatchConfig`` with the clipping set by the Trainer's ``max_grad_norm``.
 
-    Example::
+    Used as ``Trainer(..., callbacks=[MonitorCallback(project="gpt", settings=settings)])``
+    (tests/client/test_hf.py trains with it). Until training starts it holds only the
+    checked settings::
 
-        Trainer(..., callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
-        settings = MonitorConfig(watch=WatchConfig(activations=True))
-        Trainer(..., callbacks=[MonitorCallback(project="gpt", settings=settings)])
+        >>> from monitor_client.config import WatchConfig
+        >>> settings = MonitorConfig(watch=WatchConfig(activations=True))
+        >>> callback = MonitorCallback(project="gpt", settings=settings)
+        >>> callback.monitor, callback.settings.project, callback.settings.watch.activations
+        (None, 'gpt', True)
     """
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,

@@ -1,6 +1,6 @@
-"""``MonitorCallback`` for Lightning (``lightning.pytorch``).
-
-    trainer = L.Trainer(callbacks=[MonitorCallback(project="gpt")], gradient_clip_val=1.0)
+"""``MonitorCallback`` for Lightning (``lightning.pytorch``): pass it in the Trainer's
+callbacks, ``L.Trainer(callbacks=[MonitorCallback(project="gpt")], gradient_clip_val=1.0)``.
+tests/client/test_lightning.py drives it with a real Trainer.
 
 Lightning runs the optimizer step with a closure (forward and backward happen inside
 ``optimizer.step``), so the torch step pre-hook would fire before the gradients exist.
@@ -41,11 +41,18 @@ class MonitorCallback(pl.Callback):
     ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
     monitor's ``WatchConfig`` with Lightning's clipping value and ``pre_hook=False``.
 
-    Example::
+    Used as ``L.Trainer(callbacks=[MonitorCallback(project="gpt", settings=settings)])``
+    (tests/client/test_lightning.py fits with it). Until fitting starts it holds only the
+    checked settings; a keyword that contradicts them is refused at once::
 
-        L.Trainer(callbacks=[MonitorCallback(url="http://127.0.0.1:9400", project="gpt")])
-        settings = MonitorConfig(watch=WatchConfig(hist_every=0))
-        L.Trainer(callbacks=[MonitorCallback(project="gpt", settings=settings)])
+        >>> from monitor_client.config import WatchConfig
+        >>> settings = MonitorConfig(project="gpt", watch=WatchConfig(hist_every=0))
+        >>> callback = MonitorCallback(tokens_per_sample=1024, settings=settings)
+        >>> callback.monitor, callback.settings.project, callback.settings.watch.hist_every
+        (None, 'gpt', 0)
+        >>> MonitorCallback(project="bert", settings=settings)
+        Traceback (most recent call last):
+        TypeError: MonitorCallback(): got settings=MonitorConfig(...) and keywords that ...
     """
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
