@@ -1,10 +1,21 @@
-"""``monitor-agent``: serve, replay, check-config, demo.
+"""``monitor-agent``: serve, replay, export, check-config, demo.
 
-Example::
+``monitor-agent serve --port 9400 --data-dir /var/lib/monitor-agent`` runs the sidecar;
+``monitor-agent export gpt-7 -o gpt-7.jsonl.gz --data-dir /var/lib/monitor-agent`` writes a
+stored run as a trace file, and ``monitor-agent replay`` runs trace files through the
+detectors offline (``--findings-out findings.jsonl``, ``--report report.html``). Replaying
+a run that hung after eight steps, as ``main`` does for the command line::
 
-    monitor-agent serve --port 9400 --data-dir /var/lib/monitor-agent
-    monitor-agent replay run.jsonl.gz --findings-out findings.jsonl --report report.html
-    monitor-agent export gpt-7 -o gpt-7.jsonl.gz --data-dir /var/lib/monitor-agent
+    >>> import json, tempfile
+    >>> steps = [{"kind": "step", "run_id": "r1", "step": s, "time": 10.0 * s, "loss": 2.0}
+    ...          for s in range(1, 9)]
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     trace = Path(tmp, "hung.jsonl")
+    ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
+    ...     main(["replay", "--quiet", str(trace)])
+    trace ... findings (type: count @first step)
+    hung.jsonl     8     8   no  stalled: 1 @8
+    0
 """
 
 from __future__ import annotations

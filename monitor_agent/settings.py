@@ -4,10 +4,26 @@ Nested sections use ``__`` in env names (``MONITOR_AGENT_ALERTING__SLACK__WEBHOO
 Unknown keys are errors, and every error names the field, so a typo never silently falls
 back to a default.
 
-Example::
+``monitor-agent serve --config monitor-agent.yaml --port 9600`` loads its settings so. A
+flag beats the file, a secret is shown redacted, and a misspelt key is refused by name::
 
-    settings = load_settings(Path("monitor-agent.yaml"), port=9500)
-    print(settings.redacted())
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     config = Path(tmp, "monitor-agent.yaml")
+    ...     _ = config.write_text("port: 9500\\nretention_steps: 5000\\n"
+    ...                           "alerting: {slack: {webhook_url: https://hooks.example/x}}\\n")
+    ...     settings = load_settings(config, port=9600)
+    ...     _ = config.write_text("retension_steps: 5000\\n")
+    ...     try:
+    ...         load_settings(config)
+    ...     except ConfigError as exc:
+    ...         print(exc)
+    invalid configuration in .../monitor-agent.yaml:
+      retension_steps: unknown setting (check the spelling; see the README's configuration table)
+    >>> settings.port, settings.retention_steps
+    (9600, 5000)
+    >>> settings.redacted()["alerting"]["slack"]["webhook_url"]
+    '**********'
 """
 
 from __future__ import annotations

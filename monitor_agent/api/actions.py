@@ -4,10 +4,10 @@ The ingest response already carries the actions a batch caused; this endpoint is
 other ranks of the run and for clients that missed an answer. One indexed SQLite read,
 no run state touched. ``stop`` says whether any stop was ever requested for the run.
 
-Example::
-
-    r = httpx.get(f"{url}/v1/runs/gpt-7/actions", params={"after": last_id}).json()
-    if r["stop"]: ...
+A poller asks ``GET /v1/runs/gpt-7/actions?after=<last_id>`` and sends the answer's
+``last_id`` as its next ``after``; it stops the run when ``stop`` is true. monitor_client
+polls it (``client/monitor_client/_transport.py``, ``actions``), and
+tests/api/test_actions.py polls it over real HTTP.
 """
 
 from __future__ import annotations

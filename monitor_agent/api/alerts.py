@@ -1,11 +1,23 @@
 """``/v1/alerts`` and ``/v1/silences``: what fires, what is muted, who owns it.
 
-Example::
+``GET /v1/alerts?state=firing`` lists the firing alerts, newest first, each with how its
+latest notification went per channel. ``POST /v1/silences`` mutes the alerts matching its
+body for ``duration_seconds`` (``DELETE /v1/silences/{id}`` ends it early), and
+``POST /v1/alerts/{fingerprint}/ack`` with ``{"by": "ana"}`` stops an alert's reminders.
+Writes need the bearer token when one is set (``Authorization: Bearer <token>``);
+tests/alerting/test_alerts_api.py calls each route over real HTTP.
 
-    curl -s localhost:9400/v1/alerts?state=firing
-    curl -s -XPOST localhost:9400/v1/silences -H 'Authorization: Bearer $TOKEN' \\
-         -d '{"run_id": "gpt-7", "type": "loss_spike", "duration_seconds": 3600}'
-    curl -s -XPOST localhost:9400/v1/alerts/$FINGERPRINT/ack -d '{"by": "ana"}'
+A silence names at least one matcher; a body without one is answered 422 with this reason::
+
+    >>> silence = SilenceIn.model_validate_json(
+    ...     '{"run_id": "gpt-7", "type": "loss_spike", "duration_seconds": 3600}')
+    >>> silence.run_id, silence.type, silence.duration_seconds
+    ('gpt-7', 'loss_spike', 3600.0)
+    >>> try:
+    ...     SilenceIn(duration_seconds=3600)
+    ... except ValueError as exc:
+    ...     print(exc.errors()[0]["msg"])
+    Value error, a silence needs at least one of: run_id, type, alertname, layer
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Liveness, readiness and the Prometheus exposition.
 
-Example::
-
-    curl -s localhost:9400/readyz   # 200 {"status": "ready"} or 503 with the reason
+``GET /healthz`` answers 200 ``{"status": "ok"}`` while the process serves HTTP;
+``GET /readyz`` answers 200 ``{"status": "ready"}`` when records can be stored, else 503
+``{"status": "not ready", "reason": ...}`` (``Readiness`` in api/services.py); ``GET
+/metrics`` is the Prometheus text exposition. tests/api/test_health.py asks them over real
+HTTP (and has promtool check the exposition).
 """
 
 from __future__ import annotations

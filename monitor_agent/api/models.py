@@ -13,10 +13,20 @@ those values as strings) and declare the model only for the document: FastAPI do
 re-validate a returned ``Response``. ``Measured`` says so in the schema. Keys that a route
 leaves out when unknown (a run not in memory has no ``ranks``) are optional here.
 
-Example::
+A route names its model in its decorator (``@router.get("/v1/silences",
+response_model=SilencesOut)`` in api/alerts.py). What the page then shows of a derived
+class: every key required, the view's descriptions, and a measured value that may be a
+string::
 
-    @router.get("/v1/silences", response_model=SilencesOut)
-    def list_silences(alerting: AlertingDep) -> Response: ...
+    >>> from pydantic import TypeAdapter
+    >>> schema = TypeAdapter(RunListingOut).json_schema(mode="serialization")
+    >>> schema["required"]
+    ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings']
+    >>> schema["properties"]["active"]["description"]
+    'In memory: records arrived within the run TTL.'
+    >>> TypeAdapter(Measured).json_schema()["anyOf"]
+    [{'type': 'number'}, {'enum': ['NaN', 'Infinity', '-Infinity'], 'type': 'string'},
+     {'type': 'null'}]
 """
 
 from __future__ import annotations

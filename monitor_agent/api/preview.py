@@ -6,16 +6,16 @@ about a NaN step would wait for the whole backlog. Instead the client sends a co
 alarming step here first, and the record itself stays in its place in the stream.
 
 The body, the token and every limit are those of ``POST /v1/records`` (same 401, 413, 415,
-422). The nan_inf rule is applied to each step (engine.preview) and its finding starts an
-alert at once; nothing is stored, no detector state changes, no finding row is written:
+422). The nan_inf rule is applied to each step (``Engine.preview``) and its finding starts
+an alert at once; nothing is stored, no detector state changes, no finding row is written:
 the in-order copy, when it arrives, is stored and judged as usual and its finding folds
 into the same alert, so there is one page.
 
-Example::
-
-    POST /v1/records/preview  {"records": [{"kind": "step", "run_id": "r", "step": 9,
-                                            "time": 1.0, "loss": "NaN"}]}
-    -> 200 {"received": 1, "alerts": 1, "rejected": []}
+A body of ``{"records": [{"kind": "step", "run_id": "r", "step": 9, "time": 1.0, "loss":
+"NaN"}]}`` is answered 200 ``{"received": 1, "alerts": 1, "rejected": []}`` (``alerts`` is 0
+when that alert fires already). monitor_client's sender posts these for the alarming steps
+it has to spool (client/monitor_client/_alarming.py); tests/api/test_preview.py posts them
+over real HTTP.
 """
 
 from __future__ import annotations

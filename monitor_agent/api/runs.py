@@ -5,9 +5,13 @@ Everything about a run comes from the read side (``RunQueries``), called on the 
 bare NaN tokens, so answers that carry records or findings are written with ``wire.dumps``
 (docs/format.md's string spelling).
 
-Example::
-
-    curl -s localhost:9400/v1/runs/gpt-7/records?since_step=100&kind=step&limit=10
+``GET /v1/runs`` lists every stored run; ``GET /v1/runs/gpt-7`` is one run's status,
+findings and alerts (and, while it is in memory, each rank's latest values);
+``GET /v1/runs/gpt-7/records?since_step=100&kind=step&limit=10`` its stored records, oldest
+step first (``kind`` may repeat; ``since_step=-1`` includes the run record); and
+``GET /v1/runs/gpt-7/findings`` its findings, newest first. pipeline/queries.py shows the
+read side's answers built from a run; tests/api/test_ingest.py reads these routes over real
+HTTP.
 """
 
 from __future__ import annotations

@@ -6,11 +6,21 @@ until then the storage gate answers 503 for every route but /healthz and /readyz
 take what they need as typed dependencies (``QueriesDep``, ``AlertingDep``...), never from
 ``request.app.state``.
 
-Example::
+The lifespan builds it first, opens the databases, then sets
+``services.backends = Backends(engine, queries, alerting, exposition)`` and marks itself
+ready (``readiness.set(None)``). Until then, asking for a backend is answered 503::
 
-    services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
-    services.backends = Backends(engine, queries, alerting, exposition)   # now open
-    await services.runner.call(services.queries.run_listings)  # the engine's own thread
+    >>> registry = CollectorRegistry()
+    >>> metrics = SelfMetrics(registry)
+    >>> services = Services(Settings(), registry, metrics, EngineRunner(), Readiness(metrics))
+    >>> services.open, services.readiness.reason
+    (False, 'starting')
+    >>> try:
+    ...     services.queries
+    ... except HTTPException as exc:
+    ...     print(exc.status_code, exc.detail)
+    503 not ready: starting; retry later
+    >>> services.runner.close()
 """
 
 from __future__ import annotations

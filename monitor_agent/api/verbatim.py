@@ -3,15 +3,25 @@
 Storing the client's line saves re-serialising a validated record (for a GPT-sized record
 that cost more than validating it), but a line may carry fields docs/format.md does not define,
 at any depth, or a key written twice with a padded first value: stored verbatim, those
-would fill the disk at the sender's will (issue 12). So a line is kept only when every key
+would fill the disk at the sender's will. So a line is kept only when every key
 is one the models know and the line has exactly as many ``:`` as the parsed object has
 keys: a duplicated key, or a colon inside a string (a padded value may hide anything) make
 the counts differ, and the record is stored re-serialised instead. Both ways store the
 same record; this only decides which bytes.
 
-Example::
+The ingest route stores ``raw`` when ``verbatim_ok(obj, raw)``, else the model's own JSON.
+A line of known fields passes; one with a field no model defines, or with a key written
+twice, does not::
 
-    body = raw if verbatim_ok(obj, raw) else model.model_dump_json(exclude_none=True).encode()
+    >>> from monitor_agent.records import wire
+    >>> def check(raw):
+    ...     return verbatim_ok(wire.loads(raw), raw)
+    >>> check(b'{"kind": "step", "run_id": "r1", "step": 1, "time": 1.0, "loss": 2.5}')
+    True
+    >>> check(b'{"kind": "step", "run_id": "r1", "step": 1, "time": 1.0, "junk": "x"}')
+    False
+    >>> check(b'{"kind": "step", "run_id": "r1", "step": 1, "time": 1, "loss": 9, "loss": 2}')
+    False
 """
 
 from __future__ import annotations

@@ -5,9 +5,17 @@ every per-layer detector state without bound; names beyond ``max_layer_names_per
 dropped from detection and counted (``monitor_agent_dropped_series_total{reason=
 "max_layer_names"}``).
 
-Example::
+A run capped at two names sends three layers; the third is dropped from detection, and
+``known`` (the run's ``RunState.layer_names``) remembers the two kept::
 
-    record, dropped = cap_layers(record, run.layer_names, cap=4096)
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> layers = {name: {"grad_norm": 1.0} for name in ("embed", "attn", "mlp")}
+    >>> record = parse_record({"kind": "step", "run_id": "r1", "step": 1, "time": 1.0,
+    ...                        "layers": layers})
+    >>> known = set()
+    >>> capped, dropped = cap_layers(record, known, cap=2)
+    >>> capped.layers.names, dropped, sorted(known)
+    (('embed', 'attn'), 1, ['attn', 'embed'])
 """
 
 from __future__ import annotations

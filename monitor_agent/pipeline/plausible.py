@@ -15,10 +15,19 @@ gap grows with the time it was away. ``max_step_jump`` (default 100,000) is the 
 run too young to have a pace; a trainer that logs sparser than that sends ``step`` in its own
 units. A new rank (no history) accepts any step: there is nothing to protect yet.
 
-Example::
+A rank at step 10 sends step 11, then step 2**53; the engine rejects the record a reason
+is given for (the API answers 422 for it)::
 
-    reason = implausible_step(run, record, seen={}, max_jump=100_000, now=time.time())
-    if reason: reject(reason)   # 422 for that record
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> def step(n):
+    ...     return parse_record({"kind": "step", "run_id": "r1", "step": n, "time": 100.0})
+    >>> run = RunState.new("r1", now=100.0)
+    >>> run.apply_step(step(10), arrival=100.0, buckets=(1.0,))
+    >>> implausible_step(run, step(11), seen={}, max_jump=100_000, now=101.0) is None
+    True
+    >>> print(implausible_step(run, step(2**53), seen={}, max_jump=100_000, now=101.0))
+    step: 9007199254740992 is implausible for run r1 rank 0: more than 100000 steps after its
+    latest step 10 (max_step_jump=100000 plus the run's pace)
 """
 
 from __future__ import annotations

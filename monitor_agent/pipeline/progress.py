@@ -5,11 +5,17 @@ The run record's ``config.total_steps`` (optimizer steps) is the plan when given
 is left by the run's own pace so far (mean step time, or tokens per second of step time)
 and exists only while the run is running.
 
-Example::
+A run planned for 100 steps is at step 25, its steps taking 2 s: a quarter done, 75 steps
+(150 s) to go::
 
-    p = run_progress(run, run.ranks[0])
-    if p is not None:
-        print(f"{p.ratio:.0%} by {p.basis}, done in {p.eta_seconds} s")
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> run = RunState.new("r1", now=0.0)
+    >>> run.apply_run(parse_record({"kind": "run", "run_id": "r1",
+    ...                             "config": {"total_steps": 100}}))
+    >>> step = {"kind": "step", "run_id": "r1", "step": 25, "time": 50.0, "step_time": 2.0}
+    >>> run.apply_step(parse_record(step), arrival=50.0, buckets=(1.0, 5.0))
+    >>> run_progress(run, run.ranks[0])
+    Progress(ratio=0.25, basis='steps', eta_seconds=150.0)
 """
 
 from __future__ import annotations

@@ -5,12 +5,28 @@ the last record it covers. Restoring loads it; the engine then replays every rec
 after that id (``stored_tail``) through its own pipeline, the very path live records take.
 This module reads the store and fills a run; it never drives the engine.
 
-Example::
+A run is snapshotted after its second step (``RunRegistry.snapshot`` calls ``snapshot_run``;
+the engine's tick does so on a timer) and a third step is stored. After a restart,
+``restore_run`` fills a fresh run and suite from the snapshot (it returns None for a run
+never stored), and ``stored_tail`` is what the engine then replays::
 
-    state = snapshot_run(run, suite)
-    after = restore_run(store, run, suite, now)   # None: the run was never stored
-    for row_id, record in stored_tail(store, run.run_id, after or 0):
-        ...   # the engine processes each as it would a live one
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.detectors import DetectorSuite
+    >>> from monitor_agent.metrics.sidecar import SelfMetrics
+    >>> from monitor_agent.pipeline.engine import Engine, Incoming
+    >>> from monitor_agent.settings import Settings
+    >>> engine = Engine(Settings(), Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    >>> for n in (1, 2, 3):
+    ...     step = {"kind": "step", "run_id": "r1", "step": n, "time": float(n)}
+    ...     _ = engine.ingest([Incoming(0, *schemas.parse_for_store(step))], now=float(n))
+    ...     if n == 2:
+    ...         engine.registry.snapshot(engine.registry.get("r1"))
+    >>> run, suite = RunState.new("r1", now=4.0), DetectorSuite()
+    >>> after = restore_run(engine.store, run, suite, now=4.0)
+    >>> after, run.ranks[0].steps_total   # the snapshot covers rows 1 and 2
+    (2, 2)
+    >>> [(row_id, record.step) for row_id, record in stored_tail(engine.store, "r1", after)]
+    [(3, 3)]
 """
 
 from __future__ import annotations

@@ -4,11 +4,18 @@ Before each record the engine ticks at that record's ``time``; a trace that stop
 an ``end`` record gets one last tick ``detectors.stall_horizon_seconds`` past its last
 record, so a hung run is caught offline exactly as it would be live.
 
-Example::
+A trace of eight steps ten seconds apart that stops without an ``end`` record: the last
+tick finds the hang (``monitor-agent replay`` calls this and prints a summary per file)::
 
-    for run in replay_files(["bad.jsonl.gz"]):
-        for f in run.findings:
-            print(f.step, f.type, f.message)
+    >>> import json, tempfile
+    >>> steps = [{"kind": "step", "run_id": "r1", "step": s, "time": 10.0 * s, "loss": 2.0}
+    ...          for s in range(1, 9)]
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     trace = Path(tmp, "hung.jsonl")
+    ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
+    ...     [run] = replay_files([trace], Settings())
+    >>> run.records, run.ended, [(f.step, f.type) for f in run.findings]
+    (8, False, [(8, 'stalled')])
 """
 
 from __future__ import annotations

@@ -5,10 +5,22 @@ Pruning a minute's worth at once held the engine thread for seconds (ingest p99 
 0.15 to 3 s in the soak), so every tick prunes at most ``PRUNE_ROWS_PER_TICK`` rows and
 visits every (run, rank) once per ``PRUNE_PASS_TICKS`` ticks.
 
-Example::
+The engine holds one (``Engine.retention``, of ``settings.retention_steps``) and calls
+``prune_some`` on every tick; here, one keeping three steps of a run that sent ten::
 
-    retention = Retention(store, retention_steps=100_000)
-    retention.prune_some(registry.states())   # once per tick, on the engine thread
+    >>> from prometheus_client import CollectorRegistry
+    >>> from monitor_agent.metrics.sidecar import SelfMetrics
+    >>> from monitor_agent.pipeline.engine import Engine, Incoming
+    >>> from monitor_agent.records import schemas, wire
+    >>> from monitor_agent.settings import Settings
+    >>> engine = Engine(Settings(), Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    >>> steps = [{"kind": "step", "run_id": "r1", "step": n, "time": float(n)}
+    ...          for n in range(1, 11)]
+    >>> _ = engine.ingest([Incoming(i, *schemas.parse_for_store(s))
+    ...                    for i, s in enumerate(steps)], now=10.0)
+    >>> Retention(engine.store, retention_steps=3).prune_some(engine.registry.states())
+    >>> [wire.loads(body)["step"] for body in engine.store.records("r1")]
+    [8, 9, 10]
 """
 
 from __future__ import annotations

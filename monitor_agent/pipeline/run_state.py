@@ -4,10 +4,18 @@ The engine thread mutates it; the exposition reads it from another thread. Reade
 touch immutable records and plain numbers, and every change bumps ``version`` last, so a
 reader sees either the old or the new values of a rank, never a torn mix that matters.
 
-Example::
+The engine creates one per run (``RunState.new``) and applies each record it analyses; a
+step of rank 0 taking 0.3 s, with the engine's buckets (``metrics.names``)::
 
-    run = RunState.new("r1", now=time.time())
-    run.apply_step(step_record, arrival=time.time(), buckets=STEP_DURATION_BUCKETS)
+    >>> from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> run = RunState.new("r1", now=100.0)
+    >>> step = {"kind": "step", "run_id": "r1", "step": 7, "time": 1.0, "step_time": 0.3}
+    >>> run.apply_step(parse_record(step), arrival=101.0, buckets=STEP_DURATION_BUCKETS)
+    >>> run.last_step, run.ranks[0].steps_total, run.ranks[0].step_time_sum, run.version
+    (7, 1, 0.3, 1)
+    >>> run.is_late(parse_record(step))   # the same step again: out of order
+    True
 """
 
 from __future__ import annotations

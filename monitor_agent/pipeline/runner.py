@@ -1,14 +1,21 @@
 """Runs engine calls on one dedicated thread, so engine state needs no locks.
 
 The event loop never blocks on SQLite or detectors; calls are served in submission order.
-HTTP handlers read engine state only this way too (the engine's query methods), so a
+HTTP handlers read engine state only this way too (``queries.RunQueries``' methods), so a
 handler never sees a run half-way through a batch.
 
-Example::
+The app awaits ``runner.call(engine.ingest, items, now)``; a call runs on the engine
+thread, and ``submit`` serves code that has no event loop::
 
-    runner = EngineRunner()
-    result = await runner.call(engine.ingest, models, time.time())
-    runner.close()
+    >>> import asyncio, threading
+    >>> runner = EngineRunner()
+    >>> async def handler():
+    ...     return await runner.call(lambda: threading.current_thread().name)
+    >>> asyncio.run(handler())
+    'engine_0'
+    >>> runner.submit(sum, [1, 2, 3])
+    6
+    >>> runner.close()
 """
 
 from __future__ import annotations

@@ -5,10 +5,17 @@ do exactly that). The lifespan builds one ``Services`` (api/services.py) and set
 ``backends`` once the databases are open; routes get its parts as typed dependencies
 (api/deps.py). What the lifespan starts it stops in reverse order on shutdown.
 
-Example::
+Building the app opens nothing; serving it does: ``monitor-agent serve`` (cli.py) runs it
+under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests through
+``serving/embedded.py``'s ``EmbeddedServer``. The routes it documents, unserved::
 
-    app = create_app(load_settings(port=9400, data_dir=Path("/tmp/m")))
-    uvicorn.run(app, host="127.0.0.1", port=9400)
+    >>> app = create_app(Settings())
+    >>> sorted(app.openapi()["paths"])
+    ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
+     '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
+     '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/findings',
+     '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
+     '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']
 """
 
 from __future__ import annotations

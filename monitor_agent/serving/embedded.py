@@ -1,9 +1,10 @@
 """The sidecar in a background thread of this process: the demo and the tests use it.
 
-Example::
-
-    with EmbeddedServer(load_settings(port=free_port())) as srv:
-        httpx.get(srv.url + "/healthz")
+``with EmbeddedServer(load_settings(port=free_port(), data_dir=...)) as srv:`` serves the
+app on loopback until the block ends (the lifespan's threads included), ``srv.url`` being
+its base address. tools/demo.py trains its model against one; the tests' ``LiveServer``
+(tests/live_server.py) is one on a free port, and tests/api/test_health.py asks it over
+real HTTP.
 """
 
 from __future__ import annotations

@@ -13,10 +13,13 @@ adds what uvicorn lacks:
   through even during an attack; when every connection is busy with a real request, the
   new one is closed instead.
 
-Example::
+``monitor-agent serve`` (cli.py) runs ``uvicorn.Server(uvicorn_config(create_app(settings),
+settings, settings.host, settings.port, ...)).run()``, and tests/reliability/test_slowloris.py
+attacks such a server. Each app gets a protocol class with its settings' limits::
 
-    config = uvicorn_config(create_app(settings), settings, log_level="info")
-    uvicorn.Server(config).run()
+    >>> protocol = protocol_class(Settings(max_connections=100, header_timeout_seconds=5))
+    >>> issubclass(protocol, GuardedProtocol), protocol.max_connections, protocol.header_timeout
+    (True, 100, 5.0)
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ alert is shown exactly as Slack would receive it (the most severe one, whatever 
 first), with the finding's evidence and suggestions. Then the sidecar keeps serving, with
 the run page's address printed, until Ctrl-C (``exit_after`` bounds that for tests).
 
-Example::
-
-    monitor-agent demo --inject nan --steps 300 --inject-step 200
+``monitor-agent demo --inject nan --steps 300 --inject-step 200`` calls ``run_demo`` (cli.py);
+tests/tools/test_demo.py runs that command and checks the Slack message it shows.
 """
 
 from __future__ import annotations

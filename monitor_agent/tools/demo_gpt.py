@@ -1,9 +1,10 @@
 """A tiny character-level GPT trained on CPU on the Python standard library's own source,
 monitored by ``monitor_client``, with optional injected faults: what ``monitor-agent demo``
 trains. It lives in the package so the demo runs from an installed wheel (it needs
-``torch`` and ``monitor-client`` beside it); ``examples/train_gpt.py`` is the same script.
+``torch`` and ``monitor-client`` beside it); ``examples/train_gpt.py`` runs it from a
+checkout.
 
-    python -m monitor_agent.tools.demo_gpt --url http://127.0.0.1:9400 --steps 300 \
+    python -m monitor_agent.tools.demo_gpt --url http://127.0.0.1:9400 --steps 300 \\
         --inject nan --inject-step 200 --progress
 
 Faults (``--inject``), from ``--inject-step`` on:

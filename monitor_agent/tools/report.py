@@ -5,10 +5,22 @@ The page is the very run page the sidecar serves; instead of calling the API it 
 answers embedded in the file (same shapes, built by the same functions). Scripts, styles
 and data are inlined: the file opens from disk with the network off.
 
-Example::
+``monitor-agent replay TRACE --report report.html`` (cli.py) writes one. The report of a
+run that hung after eight steps: its stall finding is embedded, and nothing is fetched::
 
-    runs = replay_files([trace], settings)
-    write_report(trace, runs[0], Path("report.html"), settings)
+    >>> import json, tempfile
+    >>> from monitor_agent.pipeline.replay import replay_files
+    >>> steps = [{"kind": "step", "run_id": "r1", "step": s, "time": 10.0 * s, "loss": 2.0}
+    ...          for s in range(1, 9)]
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     trace, out = Path(tmp, "hung.jsonl"), Path(tmp, "report.html")
+    ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
+    ...     [run] = replay_files([trace], Settings())
+    ...     print(write_report(trace, run, out, Settings()))
+    ...     html = out.read_text()
+    r1
+    >>> '"type":"stalled"' in html, "<script src=" in html, 'rel="stylesheet"' in html
+    (True, False, False)
 """
 
 from __future__ import annotations

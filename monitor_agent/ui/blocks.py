@@ -5,10 +5,25 @@ Each level holds, per block of ``level`` steps, the min/max/sum/count of every s
 level is rebuilt from the one below for the blocks a commit touched. A whole-run chart of
 200,000 steps in 1,000 buckets then reads 3,125 blocks of 64 instead of 200,000 rows.
 
-Example::
+``HistoryBuilder.commit`` (history.py) calls both for the level-16 blocks its rows fall in,
+as ``(run_id, rank, block)`` and ``(run_id, rank, stat, block)``. A run of 100 steps with a
+spike at step 37, whose blocks are then rebuilt once the spike is gone::
 
-    aggregate_steps(db, {("gpt-7", 0, 12)})            # block 12 of level 16 changed
-    aggregate_matrices(db, {("gpt-7", 0, "grad_norm", 12)})
+    >>> from monitor_agent.ui.history import HistoryBuilder, open_history
+    >>> db = open_history(":memory:")
+    >>> builder = HistoryBuilder(db)
+    >>> for step in range(1, 101):
+    ...     builder.add({"kind": "step", "run_id": "gpt-7", "step": step, "time": 1.0,
+    ...                  "loss": 9.0 if step == 37 else 2.0})
+    >>> builder.commit()
+    >>> levels = "SELECT level, COUNT(*), SUM(n), MAX(loss_max) FROM step_blocks GROUP BY level"
+    >>> db.execute(levels).fetchall()
+    [(16, 7, 100, 9.0), (64, 2, 100, 9.0), (256, 1, 100, 9.0)]
+    >>> _ = db.execute("UPDATE steps SET loss = 2.0 WHERE step = 37")
+    >>> aggregate_steps(db, {("gpt-7", 0, 37 // 16)})   # block 2 of level 16 changed
+    >>> db.execute(levels).fetchall()
+    [(16, 7, 100, 2.0), (64, 2, 100, 2.0), (256, 1, 100, 2.0)]
+    >>> db.close()
 """
 
 from __future__ import annotations

@@ -8,12 +8,22 @@ columns it draws. ``indexer.HistoryIndexer`` keeps that copy in step with the da
 from a thread of its own, through a read-only connection (engine state is never touched).
 A SQLite failure of ``open_history``, ``add`` or ``commit`` leaves as ``StorageError``.
 
-Example::
+The indexer folds the stored lines, the report (tools/report.py) a trace's; three steps of a
+run with two layers, then what a chart reads::
 
-    builder = HistoryBuilder(sqlite3.connect(":memory:"), ema_alpha=0.99)
-    for obj in wire.iter_trace("run.jsonl.gz"):
-        builder.add(obj)
-    builder.commit()
+    >>> db = open_history(":memory:")
+    >>> builder = HistoryBuilder(db, ema_alpha=0.99)
+    >>> for step in (1, 2, 3):
+    ...     builder.add({"kind": "step", "run_id": "gpt-7", "step": step, "time": 1.0,
+    ...                  "loss": 3.0 - step / 2,
+    ...                  "layers": {"wte": {"grad_norm": 0.5}, "h.0": {"grad_norm": step}}})
+    >>> builder.commit(last_id=3)   # the id of the record folded last: the indexer's cursor
+    >>> db.execute("SELECT step, loss FROM steps ORDER BY step").fetchall()
+    [(1, 2.5), (2, 2.0), (3, 1.5)]
+    >>> row = db.execute("SELECT data FROM matrices WHERE stat = 'grad_norm' AND step = 3")
+    >>> np.frombuffer(row.fetchone()[0], np.float32).tolist()   # layers in model order
+    [0.5, 3.0]
+    >>> db.close()
 """
 
 from __future__ import annotations

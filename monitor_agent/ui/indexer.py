@@ -4,12 +4,27 @@ Runs on a thread of its own with its own connections: a read-only one to the rec
 (engine state is never touched) and the history database it owns. Restarts resume from
 the last folded record id; deleting the history rebuilds it from the records.
 
-Example::
+The app starts one with its databases (serving/app.py: ``HistoryIndexer(settings.db_path,
+services.history_db, ema_alpha, default_warmup)``, ``start()``, and ``stop()`` on shutdown);
+its thread calls ``catch_up`` until nothing is left, then waits for more. One batch, by
+hand::
 
-    indexer = HistoryIndexer(settings.db_path, settings.data_dir / "history.sqlite", 0.99, 0)
-    indexer.start()
-    ...
-    indexer.stop()
+    >>> import tempfile
+    >>> from monitor_agent.storage.store import RecordRow, Store
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> store = Store(Path(tmp.name, "monitor.sqlite"))
+    >>> step = {"kind": "step", "run_id": "gpt-7", "step": 1, "time": 1.0, "loss": 2.5}
+    >>> store.insert_records([RecordRow("gpt-7", 0, "step", 1, 1.0, wire.dumps(step))])
+    [1]
+    >>> indexer = HistoryIndexer(store.path, Path(tmp.name, "history.sqlite"), 0.99, 0)
+    >>> src = sqlite3.connect(store.path)
+    >>> indexer.catch_up(src)   # True: a whole batch was folded, there may be more
+    False
+    >>> indexer.builder.db.execute("SELECT run_id, step, loss FROM steps").fetchall()
+    [('gpt-7', 1, 2.5)]
+    >>> for db in (src, indexer.builder.db, store):
+    ...     db.close()
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -5,10 +5,25 @@ in the tab's sessionStorage), so the page is exactly as protected as the API. Hi
 charts is read from the history database (``history.py``) on a read-only connection of
 the request's own; live engine facts (status, progress) go through the engine thread.
 
-Example::
+``GET /v1/runs/gpt-7/series?points=800`` answers a run's per-step scalars in at most 800
+buckets, and ``GET /v1/runs/gpt-7/matrix/grad_norm?points=400`` a per-layer statistic as a
+layers x buckets matrix (``series.matrix``); tests/ui/test_series.py asks them over real
+HTTP. The series answer is ``series_answer``, read here from a history of three steps::
 
-    curl -s 'localhost:9400/v1/runs/gpt-7/series?points=800'
-    curl -s 'localhost:9400/v1/runs/gpt-7/matrix/grad_norm?points=400'
+    >>> from monitor_agent.ui.history import HistoryBuilder
+    >>> db = open_history(":memory:")
+    >>> builder = HistoryBuilder(db)
+    >>> builder.add({"kind": "run", "run_id": "gpt-7", "config": {"total_steps": 100}})
+    >>> for step in (1, 2, 3):
+    ...     builder.add({"kind": "step", "run_id": "gpt-7", "step": step, "time": 1.0,
+    ...                  "loss": 3.0 - step / 2})
+    >>> builder.commit()
+    >>> out = series_answer(db, "gpt-7", rank=0, start=None, end=None, points=800)
+    >>> out.range, out.bucketed, out.series["loss"].mean, out.total_steps
+    ([1, 3], False, [2.5, 2.0, 1.5], 100)
+    >>> series_answer(db, "no-such-run", 0, None, None, 800) is None   # the route's 404
+    True
+    >>> db.close()
 """
 
 from __future__ import annotations

@@ -7,11 +7,22 @@ the layer that blew up, not for the average one). Where a range holds fewer step
 ``points`` the values come back as stored.
 Every query raises ``StorageError``, not ``sqlite3.Error``, when the history fails.
 
-Example::
+The chart endpoints read ``open_history(settings.data_dir / "history.sqlite",
+readonly=True)``. A run of 100 steps with a one-step spike, drawn in 10 points::
 
-    db = open_history("monitor-data/history.sqlite", readonly=True)
-    answer = scalars(db, "gpt-7", rank=0, points=1000)
-    answer["series"]["loss"]["mean"][:3]
+    >>> from monitor_agent.ui.history import HistoryBuilder, open_history
+    >>> db = open_history(":memory:")
+    >>> builder = HistoryBuilder(db)
+    >>> for step in range(1, 101):
+    ...     builder.add({"kind": "step", "run_id": "gpt-7", "step": step, "time": 1.0,
+    ...                  "loss": 9.0 if step == 37 else 2.0})
+    >>> builder.commit()
+    >>> answer = scalars(db, "gpt-7", rank=0, points=10)
+    >>> answer["bucketed"], answer["steps"]
+    (True, [5, 15, 25, 35, 45, 55, 65, 75, 85, 95])
+    >>> answer["series"]["loss"]["max"]
+    [2.0, 2.0, 2.0, 9.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    >>> db.close()
 """
 
 from __future__ import annotations
