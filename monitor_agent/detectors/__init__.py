@@ -13,12 +13,16 @@ Adding a detector: write ``detectors/<type>.py`` (settings model, ``DetectorBase
 subclass, suggestions), list its class in ``catalogue.DETECTOR_CLASSES``, add its settings
 model and view to ``DetectorSettings``, add its test.
 
-Example::
+One suite per run, a knob changed by its flat name; records go in, findings come out::
 
-    from monitor_agent.detectors import DetectorSettings, DetectorSuite, FINDING_TYPES
-
-    suite = DetectorSuite(DetectorSettings(spike_z=8))
-    findings = suite.update(record)
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings(spike_z=8))
+    >>> suite.settings.loss_spike.spike_z
+    8.0
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "loss": 2.0 if s < 3 else "NaN"}) for s in (1, 2, 3)]
+    >>> [(f.type, f.step, f.severity.label) for rec in steps for f in suite.update(rec)]
+    [('nan_inf', 3, 'critical')]
 """
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES

@@ -13,10 +13,23 @@ divergence):
 Every reading joins the baseline (the median shrugs off a few outliers, and a legitimate
 lasting level change stops being news). Vectorised over modules.
 
-Example::
+Ten steps with every max-abs near 20, then one MLP's max-abs at 800 on two in a row::
 
-    det = ActivationBlowupDetector(settings, ctx)
-    det.update(step)  # -> [Finding(layer="h.3.mlp.act", message="... max-abs 812 is 40x ...")]
+    >>> import math
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> def activations(s):
+    ...     usual = 20.0 * (1 + 0.1 * math.sin(s))
+    ...     return {"h.3.attn": {"std": 1.0, "max_abs": usual},
+    ...             "h.3.mlp.act": {"std": 1.0, "max_abs": usual if s <= 10 else 800.0}}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "activations": activations(s)}) for s in range(1, 13)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label, f.layer) for f in found]
+    [('activation_blowup', 12, 'error', 'h.3.mlp.act')]
+    >>> print(found[0].message)
+    h.3.mlp.act: activation max-abs 800 is 38x its recent median 20.8 for 2 readings
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""The detector registry: every detector class in docs/format.md's order, and the finding
-types and usual severities read from them.
+"""The detector registry: every detector class in catalogue order, and the finding types and
+usual severities read from them.
 
 A detector declares its type, severity, knobs and suggestions in its own file; listing its
 class here is what makes the suite run it and the rules/format validation know its type;
 ``DetectorSettings`` (detector_settings.py) lists its settings model and typed view, and a
-test fails until it does. The order is the catalogue's: docs/format.md's 17 types first,
-then the ones added since (it is also the order findings of one record come out in).
+test fails until it does. The order is the catalogue's, the one docs/format.md lists the
+types in: the 17 types of the original format first (``FORMAT_TYPES``), then the ones added
+since (it is also the order findings of one record come out in)::
 
-Example::
-
-    assert "nan_inf" in FINDING_TYPES
-    USUAL_SEVERITY["stalled"]  # Severity.ERROR
+    >>> FINDING_TYPES[:3], "effective_lr_shift" in FINDING_TYPES
+    (('nan_inf', 'loss_spike', 'divergence'), True)
+    >>> USUAL_SEVERITY["stalled"].label, USUAL_SEVERITY["gain_drift"].label
+    ('error', 'info')
+    >>> FORMAT_TYPES[-1], FINDING_TYPES[len(FORMAT_TYPES)]
+    ('stalled', 'category_divergence')
 """
 
 from __future__ import annotations
@@ -42,24 +45,24 @@ from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, Update
 from monitor_agent.records.types import Severity
 
 DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
-    # docs/format.md's catalogue
+    # the original format's 17 types
     NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
     GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
     GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,
     ThroughputDropDetector, MemoryPressureDetector, LossScaleCollapseDetector,
     StragglerDetector, StalledDetector,
-    # signals from per-category eval losses, distributions and activations (issue 8)
+    # deeper signals: per-category eval losses, gradient distributions and activations
     CategoryDivergenceDetector, DeadUnitsDetector, ActivationBlowupDetector,
     GradDistributionDetector,
-    # issue 17: the optimizer's step per unit of gradient left its own band
+    # the optimizer's step per unit of gradient left its own band
     EffectiveLrDetector,
 )
-"""One class per finding type, in docs/format.md's order."""
+"""One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 
 USUAL_SEVERITY: dict[str, Severity] = {cls.type: cls.severity for cls in DETECTOR_CLASSES}
 
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)
-"""Every finding type: docs/format.md's catalogue in its order, then the ones added here."""
+"""Every finding type, in the catalogue's order: ``FORMAT_TYPES``, then the ones added since."""
 
 FORMAT_TYPES: tuple[str, ...] = FINDING_TYPES[:17]
-"""docs/format.md's catalogue (the types the labelled traces in tests/traces/public use)."""
+"""The original format's 17 types (the ones the labelled traces in tests/traces/public use)."""

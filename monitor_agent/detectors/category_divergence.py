@@ -13,10 +13,24 @@ on ``category_evals`` evals in a row, its standing is above the median of its la
 Nothing is judged before ``category_min_evals`` evals of a category (early training moves
 every category a lot).
 
-Example::
+Three categories improving together for four evals, then ``code`` jumping to 2.4 on two in
+a row::
 
-    det = CategoryDivergenceDetector(settings, ctx)
-    det.update(EvalRecord(..., metrics={"loss/code": 1.2, "loss/prose": 2.1}))
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> def losses(k):
+    ...     down = 0.95**k
+    ...     return {"loss/code": 1.2 * down if k <= 4 else 2.4, "loss/prose": 2.1 * down,
+    ...             "loss/math": 1.6 * down}
+    >>> evals = [parse_record({"kind": "eval", "run_id": "r", "step": 100 * k, "time": k,
+    ...                        "metrics": losses(k)}) for k in range(1, 7)]
+    >>> found = [f for rec in evals for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label, f.evidence["category"]) for f in found]
+    [('category_divergence', 600, 'warning', 'code')]
+    >>> print(found[0].message)
+    eval loss of category 'code' is 2.4, +146% from its best 0.977 and +172% worse against the
+    other categories than usual (2 evals in a row)
 """
 
 from __future__ import annotations

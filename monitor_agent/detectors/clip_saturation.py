@@ -5,9 +5,19 @@ The finding's value is the window's median grad norm and its threshold the clip 
 (what it is compared against); the message and evidence give the clipped fraction and its
 limit ``clip_fraction``.
 
-Example::
+Every step's gradient norm at 1.5x a clip threshold of 1.0, judged over a 20-step window::
 
-    ClipSaturationDetector(settings, ctx).update(step)  # -> [Finding("clipped on 95% ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings(clip_window=20))
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "grad_norm": 1.5, "clip_threshold": 1.0}) for s in range(1, 31)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('clip_saturation', 20, 'warning')]
+    >>> print(found[0].message)
+    gradient clipped on 100% of the last 20 steps (limit 80%); median grad norm 1.5x the clip
+    threshold 1
 """
 
 from __future__ import annotations

@@ -5,10 +5,17 @@ Counting is vectorised over the run's layer slots; loss-scaler overflow steps ar
 (nothing updates there by design). One finding per dead layer, at most
 ``max_layer_findings`` per record; when every parameter is dead, one run-level finding.
 
-Example::
+A head left out of the graph: no gradient on any of 20 steps, while the body trains::
 
-    det = DeadLayerDetector(settings, ctx)
-    det.update(step)  # -> [Finding(layer="blocks.1.mlp_fc.weight", message="... 20 steps")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> layers = {"body.weight": {"grad_norm": 1.0, "update_norm": 0.01},
+    ...           "head.weight": {"grad_none": True}}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "layers": layers}) for s in range(1, 31)]
+    >>> [(f.type, f.step, f.layer, f.message) for rec in steps for f in suite.update(rec)]
+    [('dead_layer', 20, 'head.weight', 'head.weight got no gradient for 20 steps')]
 """
 
 from __future__ import annotations

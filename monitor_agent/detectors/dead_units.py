@@ -7,10 +7,22 @@ module's own early level (the mean of its first ``min_activation_readings`` read
 small batch leaves some units silent even in a healthy net). ``dead_unit_readings``
 consecutive dead readings make a warning for that module. Vectorised over modules.
 
-Example::
+A ReLU whose dead fraction jumps from 5% to 92% after its five early readings (the GELU
+module, whose ``dead_frac`` is null, is ignored)::
 
-    det = DeadUnitsDetector(settings, ctx)
-    det.update(step)  # -> [Finding(layer="mlp.1", message="mlp.1: 92% of units dead ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> def activations(s):
+    ...     return {"mlp.1": {"std": 1.0, "max_abs": 3.0, "dead_frac": 0.05 if s <= 5 else 0.92},
+    ...             "mlp.3": {"std": 1.0, "max_abs": 2.0, "dead_frac": None}}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "activations": activations(s)}) for s in range(1, 11)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.layer) for f in found]
+    [('dead_units', 8, 'mlp.1')]
+    >>> print(found[0].message)
+    mlp.1: 92% of units dead (zero for the whole batch), 5% early in the run
 """
 
 from __future__ import annotations

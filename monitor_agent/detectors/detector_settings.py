@@ -16,11 +16,18 @@ a view, not a section: the same object, as the detector itself is handed it; YAM
 stay flat. tests/detectors/test_registry.py fails when the views, the bases or the fields
 drift from the registry (``compose_settings(DETECTOR_CLASSES)`` is the reference).
 
-Example::
+Knobs set by their flat names and read through a detector's view (the same object, shared
+knobs included); a misspelt knob is refused by name::
 
-    s = DetectorSettings(spike_ratio=1.5, log_only={"gain_drift"}, disabled={"plateau"})
-    s.loss_spike.spike_ratio   # 1.5, typed float
-    DetectorSuite(s)
+    >>> from pydantic import ValidationError
+    >>> s = DetectorSettings(spike_ratio=1.5, log_only={"gain_drift"}, disabled={"plateau"})
+    >>> s.loss_spike.spike_ratio, s.loss_spike is s, s.loss_spike.baseline_window
+    (1.5, True, 100)
+    >>> try:
+    ...     DetectorSettings(spike_ratoi=1.5)
+    ... except ValidationError as exc:
+    ...     print(exc.errors()[0]["type"], exc.errors()[0]["loc"])
+    extra_forbidden ('spike_ratoi',)
 """
 
 from __future__ import annotations

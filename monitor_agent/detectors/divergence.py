@@ -34,12 +34,27 @@ several steps in a row, because one bad batch rises once and falls back:
   steps before the loss moves).
 
 Every finding names the parameter whose gradient norm left its own band first, when one
-has (``layer_bands.py``): ``first_layer_out`` and the order in the evidence.
+has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence.
 
-Example::
+A healthy run for 100 steps, then loss and grad norm climbing together for three (a
+learning rate too high, caught before the NaN); the one bad batch and the gradient get
+their own findings too::
 
-    det = DivergenceDetector(settings, ctx)
-    det.update(step)   # -> [Finding(type="divergence", severity=ERROR, ...)]
+    >>> import math
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> pairs = [(3.0 * 0.995**s * (1 + 0.03 * math.sin(7 * s)), 1 + 0.2 * math.sin(5 * s))
+    ...          for s in range(1, 101)] + [(3.5, 4.0), (9.0, 30.0), (40.0, 900.0)]
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "loss": loss, "grad_norm": grad})
+    ...          for s, (loss, grad) in enumerate(pairs, start=1)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('loss_spike', 101, 'warning'), ('divergence', 103, 'error'), ('grad_explosion', 103, 'error')]
+    >>> print(found[1].evidence["rule"], "|", found[1].message)
+    runaway | loss rose 3 steps in a row to 40 (from 1.85) while grad norm grew to 900 (896x its
+    median 1)
 """
 
 from __future__ import annotations

@@ -30,10 +30,25 @@ What is left out, and why:
   windows, so when the gradient settles at a new level the ratio's baseline has moved
   with it.
 
-Example::
+Twenty steps that move the weights about one lr per unit of gradient, then three that move
+them 50x as far at the same lr and gradient (the run without warmup)::
 
-    det = EffectiveLrDetector(settings, ctx)
-    det.update(step)   # -> [Finding(type="effective_lr_shift", severity=WARNING, ...)]
+    >>> import math
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> run = parse_record({"kind": "run", "run_id": "r", "config": {"warmup_steps": 0}})
+    >>> updates = [(1e-3 if s <= 20 else 5e-2) * (1 + 0.1 * math.sin(3 * s)) for s in range(1, 24)]
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s, "lr": 1e-3,
+    ...                        "grad_norm": 1.0, "update_norm": u})
+    ...          for s, u in enumerate(updates, start=1)]
+    >>> found = [f for rec in [run, *steps] for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('effective_lr_shift', 23, 'warning')]
+    >>> print(found[0].message)
+    effective lr 0.0494 (||update|| / ||clipped grad||) is 49.4x the lr 0.001, against a usual
+    0.993x: 50x above its median (36 sigma) on 3 layer-statistics steps in a row; the optimizer
+    amplifies the gradient far beyond its usual ratio
 """
 
 from __future__ import annotations

@@ -21,9 +21,24 @@ context shown beside the run, not an alarm; ``grad_explosion`` pages when the gr
 actually blows up. The baseline starts ``baseline_window`` steps after warmup, past the
 transient of the first steps from initialisation.
 
-Example::
+Sixteen layers whose gradient starts growing 1.25x per layer toward the input at step 31
+(the windows shortened to 10 steps, the run without warmup)::
 
-    GainDriftDetector(settings, ctx).update(step)  # -> [Finding("per-layer gain 1.31x ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings(gain_window=10, baseline_window=10))
+    >>> names = [f"blocks.{k}.weight" for k in range(16)]
+    >>> run = parse_record({"kind": "run", "run_id": "r", "config": {"warmup_steps": 0},
+    ...                     "model": {"layer_order": names}})
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s, "layers": {
+    ...     n: {"grad_norm": (1.0 if s <= 30 else 1.25) ** (15 - k)} for k, n in enumerate(names)}})
+    ...     for s in range(1, 41)]
+    >>> found = [f for rec in [run, *steps] for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('gain_drift', 36, 'info')]
+    >>> print(found[0].message)
+    per-layer gradient gain 1.250 is 1.25x its early 1.000 (limit 1.20x for 16 layers; 28x input
+    vs output) and the gradient norm grew 11.8x
 """
 
 from __future__ import annotations

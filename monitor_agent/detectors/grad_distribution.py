@@ -17,10 +17,23 @@ falls below ``dist_collapse_ratio`` of its baseline (an all-zero gradient is dea
 or when the centre is at least ``dist_shift`` IQRs and ``dist_z`` MADs above its baseline.
 The evidence names the sub-kind (collapsed / heavy_tail / shifted).
 
-Example::
+A parameter's gradient sample, Gaussian-shaped for ten readings every 25 steps, then with p1
+and p99 ten times as far out on two readings in a row::
 
-    det = GradDistributionDetector(settings, ctx)
-    det.update(step)   # -> [Finding(layer="h.3.mlp.c_fc.weight", evidence={"kind": "heavy_tail"})]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> usual = [-4.0, -2.3, -0.7, 0.0, 0.7, 1.6, 2.3, 4.0]  # min, p1, p25, p50, ..., p99, max
+    >>> heavy = [-40.0, -23.0, -0.7, 0.0, 0.7, 1.6, 23.0, 40.0]
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": 25 * k, "time": k,
+    ...     "grad_hist": {"h.3.mlp.weight": {"edges": [-1.0, 0.0, 1.0], "counts": [50, 50],
+    ...                                      "quantiles": usual if k <= 10 else heavy}}})
+    ...     for k in range(1, 13)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.layer, f.evidence["kind"]) for f in found]
+    [('grad_distribution', 300, 'h.3.mlp.weight', 'heavy_tail')]
+    >>> print(found[0].message)
+    h.3.mlp.weight: gradient distribution grew heavy tails: (p99-p1)/IQR 32.9 vs 3.29 usually
 """
 
 from __future__ import annotations

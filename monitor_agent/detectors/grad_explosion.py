@@ -15,17 +15,29 @@ Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space)
 ``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the
 explosion does not become its own baseline).
 
-The global finding names the parameter that left its own band first (``layer_bands.py``):
+The global finding names the parameter that left its own band first (``support/layer_bands.py``):
 where to look, in the page and as ``first_layer_out`` in the evidence.
 
 Warmup-aware: while the learning rate warms up, large gradient norms are normal, so the
 ratio floors are multiplied by ``explosion_warmup_factor``. Overflow steps of a loss scaler
 are not gradients and are skipped.
 
-Example::
+A grad norm around 1.0 for 100 steps (past the default 50 warmup steps), then 8, 15 and 40
+in a row::
 
-    det = GradExplosionDetector(settings, ctx)
-    det.update(step)   # -> [Finding(type="grad_explosion", message="grad norm 932 is ...")]
+    >>> import math
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> grads = [1 + 0.3 * math.sin(5 * s) for s in range(1, 101)] + [8.0, 15.0, 40.0]
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "grad_norm": g}) for s, g in enumerate(grads, start=1)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('grad_explosion', 103, 'error')]
+    >>> print(found[0].message)
+    grad norm 40 is 40x its median 1.01 (12 sigma) and has stayed at least 8.1x for 3 steps in a
+    row
 """
 
 from __future__ import annotations

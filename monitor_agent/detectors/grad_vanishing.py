@@ -9,10 +9,21 @@ norm floored at the typical parameter's), which removes the size differences bet
 embeddings, matrices and norms; the output head, which normally takes most of the
 gradient, is left out.
 
-Example::
+Eight blocks whose gradient shrinks threefold per block toward the input, judged once the
+10-step window of ratios is full::
 
-    det = GradVanishingDetector(settings, ctx)
-    det.update(step)  # -> [Finding(message="early layers get 9.8e-14 of the late layers' ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> layers = {f"blocks.{k}.weight": {"grad_norm": 3.0 ** (k - 7), "param_norm": 1.0}
+    ...           for k in range(8)}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "layers": layers}) for s in range(1, 21)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('grad_vanishing', 10, 'warning')]
+    >>> print(found[0].message)
+    early layers get 0.00137 of the late layers' gradient norm (median 0.000914 vs 0.667)
 """
 
 from __future__ import annotations

@@ -11,9 +11,24 @@ Where the overflows start: on a skipped step the client sends the per-parameter 
 the unscaled gradients; the first non-finite one in backward order (output side first) of
 the latest overflow is named (``overflow_origin``), a layer that overflows on its own.
 
-Example::
+Twenty clean fp16 steps at a scale of 65536, then overflow after overflow, each skipped and
+halving the scale, the output head's unscaled gradient the first non-finite one::
 
-    LossScaleCollapseDetector(settings, ctx).update(step)  # -> [Finding("loss scale 4096 ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> overflow = {"grad_norm": "Infinity", "skipped": True,
+    ...             "grad_norms": {"blocks.0.weight": 1.0, "lm_head.weight": "Infinity"}}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s, "loss": 2.0,
+    ...                        "loss_scale": 65536.0 / 2 ** max(0, s - 20),
+    ...                        **({"grad_norm": 1.0} if s <= 20 else overflow)})
+    ...          for s in range(1, 31)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label, f.evidence["overflow_origin"]) for f in found]
+    [('loss_scale_collapse', 26, 'error', 'lm_head.weight')]
+    >>> print(found[0].message)
+    loss scale 1.02e+03 is 6 halvings below its recent 6.55e+04 (at least 6 halvings); 6 steps
+    skipped so far; the latest overflow's first non-finite gradient (output side): lm_head.weight
 """
 
 from __future__ import annotations

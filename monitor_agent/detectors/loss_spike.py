@@ -14,10 +14,19 @@ A spike is a warning: one bad batch that the run recovers from. What persists is
 ``divergence`` (the loss level holding high) and ``grad_explosion`` (the gradient staying
 high), which page.
 
-Example::
+A loss around 2.0 for 59 steps, then one batch at 5.0::
 
-    det = LossSpikeDetector(settings, ctx)
-    det.update(step)   # -> [Finding(type="loss_spike", message="loss 4.26 is 2.0x its EMA ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "loss": 5.0 if s == 60 else 2.0 + 0.02 * (s % 3)})
+    ...          for s in range(1, 61)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('loss_spike', 60, 'warning')]
+    >>> print(found[0].message)
+    loss 5 is 2.5x its EMA 2.02 (z=62.0)
 """
 
 from __future__ import annotations

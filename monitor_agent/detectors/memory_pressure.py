@@ -6,9 +6,22 @@ on at least half the steps and its last quarter's median sits more than
 ``memory_leak_fraction`` of the total above its first quarter's (or of the starting
 level when the total is unknown); the evidence projects the steps left before the total.
 
-Example::
+Memory growing by 32 MiB a step on a 16 GiB device, long before it is near the total (the
+first 10 readings are skipped, then the 50-step window fills)::
 
-    MemoryPressureDetector(settings, ctx).update(step)  # -> [Finding("memory grew 12% ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> MiB = 2**20
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s, "memory": {
+    ...     "allocated_bytes": (4096 + 32 * s) * MiB, "total_bytes": 16384 * MiB}})
+    ...     for s in range(1, 61)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('memory_pressure', 60, 'warning')]
+    >>> print(found[0].message)
+    memory grew 1216 MiB over 50 steps (32.00 MiB/step, rising on 100% of steps); the total is
+    reached in ~324 steps
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Mixed precision is respected: on a step the loss scaler skipped (``skipped`` or 
 loss with an infinite gradient under a loss scale) the non-finite gradient is the scaler
 working, not a fault. The suggestion depends on what preceded the NaN.
 
-The finding names where it started (issue 17):
+The finding names where it started, so the fix can start there:
 
 * forward pass (the loss is non-finite): a NaN born in the forward pass poisons every
   gradient, so the gradients cannot say where; the client's per-module output check
@@ -23,10 +23,21 @@ applies it to every step in order, and the sidecar's preview route (api/preview.
 applies it, via ``NanInfDetector.preview``, to a NaN step that arrives ahead of its
 backlog, so the page need not wait for the history to be replayed.
 
-Example::
+A NaN loss at step 3 whose forward pass first went non-finite in ``h.2.attn``::
 
-    det = NanInfDetector(DetectorSettings(), DetectorContext(DetectorSettings()))
-    det.update(StepRecord(run_id="r", step=5, time=0.0, loss=float("nan")))  # -> [critical]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> nan = {"loss": "NaN", "nonfinite_modules": ["h.2.attn", "h.2.mlp"],
+    ...        "nonfinite_module_count": 2}
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        **(nan if s == 3 else {"loss": 2.0})}) for s in (1, 2, 3)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label, f.evidence["origin"]) for f in found]
+    [('nan_inf', 3, 'critical', 'h.2.attn')]
+    >>> print(found[0].message)
+    loss is nan; forward pass: the output of h.2.attn went non-finite first, 2 module outputs
+    non-finite in all at step 3
 """
 
 from __future__ import annotations

@@ -8,9 +8,20 @@ falling and the gap is at least mild, on ``overfit_evals`` evals in a row, or wh
 is high and val has not improved for ``overfit_evals`` evals. The train loss
 is the eval record's ``train_loss``, else the rank's loss EMA.
 
-Example::
+Three evals: the val loss rises from its best of 2.6 on two in a row while train keeps falling::
 
-    OverfittingDetector(settings, ctx).update(eval_rec)  # -> [Finding("val loss 2.91 ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> evals = [parse_record({"kind": "eval", "run_id": "r", "step": s, "time": s,
+    ...                        "val_loss": val, "train_loss": train})
+    ...          for s, val, train in [(100, 2.6, 2.5), (200, 2.9, 2.1), (300, 3.0, 2.0)]]
+    >>> found = [f for rec in evals for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('overfitting', 300, 'warning')]
+    >>> print(found[0].message)
+    val loss 3 is +15% above its best 2.6 (step 100) for 2 evals while train loss went 2.5 -> 2;
+    train-val gap 50% (high)
 """
 
 from __future__ import annotations

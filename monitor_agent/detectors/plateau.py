@@ -8,9 +8,19 @@ since the run's first steps the run is not learning. A flat stretch after progre
 normal (the tail of a decaying schedule) and is judged on the val loss instead (info): no
 new best for ``plateau_evals`` evaluations.
 
-Example::
+A loss that barely moves from 4.6 from the first step: once the window is full, not learning::
 
-    PlateauDetector(settings, ctx).update(step)  # -> [Finding("loss flat: 4.58 -> 4.58 ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "loss": 4.6 - 0.0001 * s}) for s in range(1, 251)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('plateau', 200, 'warning')]
+    >>> print(found[0].message)
+    loss flat over the last 200 steps: median 4.6 -> 4.58 (-0.3%, limit 1%), and 4.6 at the
+    start: the run is not learning
 """
 
 from __future__ import annotations

@@ -6,11 +6,18 @@ time in replay, where a trace without an end record gets a last tick
 limit is ``stall_factor`` x the median interval between its steps, never less than
 ``stall_min_seconds``. An ended run never stalls.
 
-Example::
+Ten steps a second apart, then silence: 299 s later is within ``stall_min_seconds``, 301 s
+is a stall::
 
-    det = StalledDetector(settings, ctx)
-    det.update(step)                    # learns the step interval
-    det.tick(step.time + 3600.0)        # -> [Finding(type="stalled", step=step.step, ...)]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> for s in range(1, 11):
+    ...     _ = suite.update(parse_record({"kind": "step", "run_id": "r", "step": s, "time": s}))
+    >>> suite.tick(now=10 + 299.0)
+    []
+    >>> [(f.type, f.step, f.severity.label, f.threshold) for f in suite.tick(now=10 + 301.0)]
+    [('stalled', 10, 'error', 300.0)]
 """
 
 from __future__ import annotations

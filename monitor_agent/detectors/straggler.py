@@ -5,11 +5,19 @@ In synchronous data parallelism every rank waits for the slowest at the all-redu
 ``step_time - sync_wait_time``). Each rank's median over ``straggler_window`` steps is
 compared with the median of the other ranks' medians.
 
-Example::
+Two ranks, interleaved as they arrive; rank 1 computes for 80 ms where rank 0 takes 20::
 
-    det = StragglerDetector(settings, ctx)
-    for rec in interleaved_rank_records:
-        det.update(rec)   # -> [Finding(rank=1, message="rank 1 computes 4.0x ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s, "rank": r,
+    ...                        "step_time": 0.1, "compute_time": 0.02 + 0.06 * r})
+    ...          for s in range(1, 21) for r in (0, 1)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.rank, f.severity.label) for f in found]
+    [('straggler', 20, 1, 'warning')]
+    >>> print(found[0].message)
+    rank 1 takes 4.0x the other ranks' time for its own work (80.0 ms vs 20.0 ms median)
 """
 
 from __future__ import annotations

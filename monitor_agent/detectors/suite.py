@@ -6,13 +6,24 @@ detector, marks findings of ``log_only`` types, and snapshots/restores everythin
 JSON-able dict so a sidecar restart changes nothing. Which detectors exist, and in which
 order they judge a record, is catalogue.py's ``DETECTOR_CLASSES``.
 
-Example::
+A run's records in order, a tick of the clock after an hour of silence, and the state taken
+back through JSON by a fresh suite (what a sidecar restart does), which then neither forgets
+the loss EMA nor reports the same stall again::
 
-    suite = DetectorSuite(DetectorSettings(log_only={"gain_drift"}))
-    for record in records:
-        findings = suite.update(record)
-    suite.tick(now=last_time + 3600)      # clock-driven checks (stalled)
-    state = suite.snapshot()              # wire.dumps-able; DetectorSuite(...).restore(state)
+    >>> from monitor_agent.records import wire
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings(log_only={"loss_spike"}))
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "loss": 5.0 if s == 60 else 2.0 + 0.02 * (s % 3)})
+    ...          for s in range(1, 61)]
+    >>> [(f.type, f.step, f.log_only) for rec in steps for f in suite.update(rec)]
+    [('loss_spike', 60, True)]
+    >>> [(f.type, f.step, f.severity.label) for f in suite.tick(now=60 + 3600.0)]
+    [('stalled', 60, 'error')]
+    >>> restored = DetectorSuite(DetectorSettings(log_only={"loss_spike"}))
+    >>> restored.restore(wire.loads(wire.dumps(suite.snapshot())))
+    >>> restored.ema_loss() == suite.ema_loss(), restored.tick(now=60 + 3700.0)
+    (True, [])
 """
 
 from __future__ import annotations

@@ -16,9 +16,21 @@ for ``throughput_window`` consecutive steps: the drop has lasted about one and a
 windows (30 steps by default), the time stated in the message in steps and seconds.
 The evidence says whether the time went into waiting for data, which picks the suggestion.
 
-Example::
+A run at 4000 tokens/s that drops to 1600 at step 150 while data loading takes over the step::
 
-    ThroughputDropDetector(settings, ctx).update(step)  # -> [Finding("tokens/s 1.6e+04 ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                        "tokens_per_second": 4000.0 if s < 150 else 1600.0,
+    ...                        "step_time": 0.5, "data_time": 0.01 if s < 150 else 0.3})
+    ...          for s in range(1, 201)]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.severity.label) for f in found]
+    [('throughput_drop', 179, 'warning')]
+    >>> print(found[0].message)
+    tokens/s median 1.6e+03 over the last 20 steps is 0.40x the median 4e+03 of the 154 steps
+    before, for 20 steps in a row (19 s); data loading now 60% of the step
 """
 
 from __future__ import annotations

@@ -5,9 +5,22 @@ Judged on the median of the last ``update_ratio_window`` steps (loss-scaler over
 skipped), so one odd step never fires. The phase-aware band (early 1e-3..1e-2, mid
 1e-4..1e-3, late 1e-5..1e-4) is reported in the evidence for context.
 
-Example::
+Five steps on a parameter norm of 10 with an update norm of 3 (each step rewrites 30% of
+the weights), then of 1e-9 (nothing moves)::
 
-    UpdateRatioHighDetector(settings, ctx).update(step)  # -> [Finding("... 0.82 ...")]
+    >>> from monitor_agent.detectors import DetectorSettings, DetectorSuite
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> def findings(update_norm):
+    ...     suite = DetectorSuite(DetectorSettings())
+    ...     steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                            "update_norm": update_norm, "param_norm": 10.0})
+    ...              for s in range(1, 6)]
+    ...     return [f for rec in steps for f in suite.update(rec)]
+    >>> high, low = findings(3.0), findings(1e-9)
+    >>> [(f.type, f.step, f.severity.label) for f in high + low]
+    [('update_ratio_high', 5, 'warning'), ('update_ratio_low', 5, 'warning')]
+    >>> print(high[0].message)
+    update/param ratio 0.3 (median of 5 steps) is above 0.1; healthy early-phase band 0.001..0.01
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """What one record may carry: the budgets and the one rule for every string at the edge.
 
 A single small request must not be able to hold memory, fill the disk or break an answer
-for everyone (issue 12). So every free-form or repeated part of a record has a budget, and
-every string that can reach a Prometheus label, a stored column or a JSON answer obeys one
-rule, whatever field it arrives in:
+for everyone: one sidecar serves every run, and a buggy or hostile client can send anything.
+So every free-form or repeated part of a record has a budget, and every string that can
+reach a Prometheus label, a stored column or a JSON answer obeys one rule, whatever field
+it arrives in:
 
 - valid Unicode (no lone UTF-16 surrogates: they cannot be encoded as UTF-8, so the first
   JSON answer or exposition that touches them fails);
@@ -13,10 +14,17 @@ rule, whatever field it arrives in:
 
 Each rejection names the budget it hit, so a client author knows which knob they met.
 
-Example::
+A lone surrogate in a name, a free-form section within its budgets (returned as it is)
+and one string over the free-text budget::
 
-    check_text("a\\ud800b", MAX_NAME_LEN, "config.project")   # raises ValueError
-    check_freeform({"lr": 0.1}, "config")                        # returns it unchanged
+    >>> check_text("a\\ud800b", MAX_NAME_LEN, "config.project")
+    Traceback (most recent call last):
+    ValueError: config.project: contains a lone UTF-16 surrogate ('\\ud800') at 1
+    >>> check_freeform({"lr": 0.1}, "config")
+    {'lr': 0.1}
+    >>> check_freeform({"note": "x" * 5000}, "config")
+    Traceback (most recent call last):
+    ValueError: config.note: 5000 characters exceed the budget of 4096
 """
 
 from __future__ import annotations

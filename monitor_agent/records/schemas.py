@@ -5,11 +5,18 @@ why each bad one was rejected; ``to_record`` hands the rest of the sidecar the p
 dataclass from ``types.py`` (``types.from_wire``: same-named fields, no hand-written copy),
 and ``stored_json`` the bytes the store keeps when the client's own line is not kept.
 
-Example::
+A step whose NaN loss travels as a string, one whose step is a JSON ``true``, and an end
+record with the JSON the store keeps for it (defaults filled in)::
 
-    rec = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": "NaN"})
-    assert math.isnan(rec.loss)
-    record, body = parse_for_store({"kind": "end", "run_id": "r", "time": 9.0})
+    >>> rec = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": "NaN"})
+    >>> type(rec).__name__, rec.step, rec.loss
+    ('StepRecord', 1, nan)
+    >>> parse_record({"kind": "step", "run_id": "r", "step": True, "time": 0.0})
+    Traceback (most recent call last):
+    monitor_agent.records.schemas.RecordError: step: Input should be a valid integer
+    >>> record, body = parse_for_store({"kind": "end", "run_id": "r", "time": 9.0})
+    >>> body
+    b'{"kind":"end","run_id":"r","step":0,"time":9.0,"rank":0,"status":"completed"}'
 """
 
 from __future__ import annotations
@@ -169,9 +176,10 @@ class StepModel(_Wire):
     activations: Annotated[
         dict[Name, ActivationModel], Field(max_length=MAX_ACTIVATION_MODULES)
     ] | None = None
-    # Where a fault started (issue 17): per-parameter pre-clip grad norms on the steps the
-    # client's gate keeps (non-finite or far above its median), and the modules whose
-    # forward output was non-finite, in forward order (first = where it appeared).
+    # Where a fault started, so a finding can name the parameter or module it began in:
+    # per-parameter pre-clip grad norms on the steps the client's gate keeps (non-finite
+    # or far above its median), and the modules whose forward output was non-finite, in
+    # forward order (first = where it appeared).
     grad_norms: Annotated[dict[Name, Num], Field(max_length=MAX_LAYERS)] | None = None
     nonfinite_modules: Annotated[list[Name], Field(max_length=MAX_NAMED_MODULES)] | None = None
     nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None

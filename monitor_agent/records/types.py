@@ -6,12 +6,18 @@ copied by hand. A field whose internal form differs (a column table, a tuple) sa
 is built with ``wire_field``. Detectors, alerting, the store and the exposition only ever
 see these types.
 
-Example::
+A step built directly equals the one ``from_wire`` makes of a wire object (a namespace
+stands in for the validated model here); ``record_key`` is what makes a retry idempotent,
+and severities order so ``max()`` picks the worst::
 
-    rec = StepRecord(run_id="r1", step=10, time=1.7e9, loss=2.3)
-    same = from_wire(SimpleNamespace(kind="step", run_id="r1", step=10, time=1.7e9, loss=2.3))
-    finding = Finding(type="nan_inf", severity=Severity.CRITICAL, run_id="r1", step=10,
-                      message="loss is NaN")
+    >>> from types import SimpleNamespace
+    >>> rec = StepRecord(run_id="r1", step=10, time=1.7e9, loss=2.3)
+    >>> from_wire(SimpleNamespace(kind="step", run_id="r1", step=10, time=1.7e9, loss=2.3)) == rec
+    True
+    >>> record_key(rec)
+    ('r1', 0, 'step', 10)
+    >>> max(Severity.WARNING, Severity.CRITICAL).label, Severity.parse("error").pages
+    ('critical', True)
 """
 
 from __future__ import annotations
@@ -135,13 +141,13 @@ class QuantileTable:
     """Per-parameter distribution quantiles of one step, as one (P, 8) float64 array.
 
     Built from ``grad_hist`` / ``param_hist`` entries that carry ``quantiles``; parameters
-    whose histogram has none are left out, so every row is complete.
+    whose histogram has none are left out, so every row is complete (``b`` below)::
 
-    Example::
-
-        q = QuantileTable.from_hists({"w": {"edges": [...], "counts": [...],
-                                            "quantiles": [-1, -.9, -.2, 0, .2, .6, .9, 1]}})
-        q.values[:, QUANTILE_LEVELS.index(0.5)]   # the medians
+        >>> w = {"edges": [-1.0, 0.0, 1.0], "counts": [3.0, 5.0],
+        ...      "quantiles": [-1, -0.9, -0.2, 0.1, 0.2, 0.6, 0.9, 1]}
+        >>> q = QuantileTable.from_hists({"w": w, "b": {"edges": [0.0, 1.0], "counts": [2.0]}})
+        >>> q.names, q.values[:, QUANTILE_LEVELS.index(0.5)]   # the medians
+        (('w',), array([0.1]))
     """
 
     names: tuple[str, ...]
@@ -170,12 +176,11 @@ ACTIVATION_STATS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class ActivationTable:
     """Per-module activation statistics of one step, column-wise (NaN where not measured:
-    ``dead_frac`` is null for modules that are not ReLU-family).
+    ``dead_frac`` is null for modules that are not ReLU-family)::
 
-    Example::
-
-        table = ActivationTable.from_mapping({"mlp.act": {"mean": 0.1, "max_abs": 3.0}})
-        table.stats["max_abs"]   # array([3.])
+        >>> table = ActivationTable.from_mapping({"mlp.act": {"mean": 0.1, "max_abs": 3.0}})
+        >>> table.names, table.stats["max_abs"], table.stats["dead_frac"]
+        (('mlp.act',), array([3.]), array([nan]))
     """
 
     names: tuple[str, ...]

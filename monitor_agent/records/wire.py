@@ -4,10 +4,18 @@ Non-finite floats are the signal this product exists to catch, so they must surv
 round trip: we write them as the strings "NaN", "Infinity", "-Infinity" and read both those
 strings (the wire models convert them) and the bare tokens Python's ``json`` writes.
 
-Example::
+A NaN and an infinity written as strings and read back (the wire models do what
+``nonfinite_to_float`` does here), and the bare token Python's ``json`` writes::
 
-    for obj in iter_trace("run.jsonl.gz"):
-        print(obj["kind"])
+    >>> blob = dumps({"loss": float("nan"), "grad_norm": float("-inf"), "step": 3})
+    >>> blob
+    b'{"loss":"NaN","grad_norm":"-Infinity","step":3}'
+    >>> [nonfinite_to_float(v) for v in loads(blob).values()], loads(b'{"loss": NaN}')
+    ([nan, -inf, 3], {'loss': nan})
+
+``iter_trace(path)`` yields the JSON objects of a JSON Lines trace file, gzip or plain, one
+per non-blank line, and raises ``TraceError`` naming the file and line of a bad one
+(tests/records/test_wire.py).
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@
 PyYAML's messages span several lines and mention the parser's state ("while parsing a flow
 mapping"); the config file and the rules file both report through here instead.
 
-Example::
+An unclosed flow list, reported at the line where the parser gave up::
 
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error_line(exc, "monitor-agent.yaml")) from None
+    >>> try:
+    ...     yaml.safe_load("detectors:\\n  disabled: [plateau\\n")
+    ... except yaml.YAMLError as exc:
+    ...     print(yaml_error_line(exc, "monitor-agent.yaml"))
+    monitor-agent.yaml:3:1: YAML syntax error: expected ',' or ']', but got '<stream end>'
+    (while parsing a flow sequence started at line 2)
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Advice more than one detector gives; each detector keeps the rest of its suggestions
-next to its logic (most likely fix first).
+next to its logic (most likely fix first). The detectors take these tuples and strings into
+their own: ``overfitting`` leads with ``STOP_EARLY`` (``plateau`` appends it to a val-loss
+finding), and ``update_ratio_low``'s suggestions are ``NOT_LEARNING``::
 
-Example::
-
-    OVERFITTING = (STOP_EARLY, "Add regularisation: ...")    # overfitting.py
-    PLATEAU + (STOP_EARLY,)                                  # plateau.py, no new best val
+    >>> from monitor_agent.detectors import overfitting, update_ratio
+    >>> overfitting.OVERFITTING[0] == STOP_EARLY, update_ratio.UPDATE_RATIO_LOW == NOT_LEARNING
+    (True, True)
+    >>> print(STOP_EARLY)
+    Stop early: keep the checkpoint at the best validation loss.
 """
 
 from __future__ import annotations

@@ -7,12 +7,22 @@ silence with a clock the caller injects (wall time live, record time in replay).
 restart changes nothing. ``DetectorSuite`` holds its detectors as ``Detector``s;
 ``DetectorBase`` (common.py) is the usual way to write one.
 
-Example::
+One detector on its own, fed a NaN step, and a fresh one given its snapshot, which knows
+the NaN was just reported (repeats come at most every ``repeat_every_steps``)::
 
-    det: Detector = NanInfDetector(DetectorSettings(), DetectorContext(DetectorSettings()))
-    for rec in records:
-        for f in det.update(rec):
-            print(f.type, f.step, f.message)
+    >>> from monitor_agent.detectors import DetectorSettings
+    >>> from monitor_agent.detectors.nan_inf import NanInfDetector
+    >>> from monitor_agent.detectors.support.context import DetectorContext
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> settings = DetectorSettings()
+    >>> det: Detector = NanInfDetector(settings, DetectorContext(settings))
+    >>> rec = parse_record({"kind": "step", "run_id": "r", "step": 5, "time": 5, "loss": "NaN"})
+    >>> [(f.type, f.step, f.severity.label) for f in det.update(rec)], det.tick(now=1e9)
+    ([('nan_inf', 5, 'critical')], [])
+    >>> again = NanInfDetector(settings, DetectorContext(settings))
+    >>> again.restore(det.snapshot())
+    >>> again.update(rec)
+    []
 """
 
 from __future__ import annotations

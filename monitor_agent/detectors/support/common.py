@@ -2,26 +2,31 @@
 finding construction and snapshot/restore.
 
 A detector subclasses ``DetectorBase[ItsSettings]``, names its ``type``, its usual
-``severity`` and its knobs (``settings_model``), declares its per-rank state as a dataclass
-returned by ``new_rank()`` and implements ``on_step`` (and ``on_eval`` or ``tick`` when it
-needs them). Listing the class in catalogue.py's ``DETECTOR_CLASSES`` registers it (and its
-settings model goes into ``DetectorSettings``, detector_settings.py).
+``severity`` and its knobs (``settings_model``, a ``SharedSettings`` subclass whose fields
+carry a description), declares its per-rank state as a dataclass returned by ``new_rank()``
+(handed to ``on_step`` as ``st``) and implements ``on_step`` (and ``on_eval`` or ``tick``
+when it needs them). Listing the class in ``DETECTOR_CLASSES`` (detectors/catalogue.py)
+registers it, and its settings model goes into ``DetectorSettings``
+(detectors/detector_settings.py).
 
-Example::
+A detector of a loss above a fixed limit, with no per-rank state, driven on its own; the
+third step is still high but within ``repeat_every_steps`` of the first report::
 
-    class MySettings(SharedSettings):
-        my_ratio: float = Field(default=1.3, gt=1, description="What the ratio means.")
-
-    class MyDetector(DetectorBase[MySettings]):
-        type = "my_finding"
-        severity = Severity.WARNING
-        settings_model = MySettings
-
-        def new_rank(self) -> MyState:
-            return MyState()
-
-        def on_step(self, rec: StepRecord, st: MyState) -> list[Finding]:
-            ...
+    >>> class HighLossSettings(SharedSettings):
+    ...     loss_limit: float = 10.0
+    >>> class HighLossDetector(DetectorBase[HighLossSettings]):
+    ...     type = "high_loss"
+    ...     severity = Severity.WARNING
+    ...     settings_model = HighLossSettings
+    ...     def on_step(self, rec, st):
+    ...         if not rec.loss or rec.loss <= self.settings.loss_limit or not self.due(rec):
+    ...             return []
+    ...         return [self.finding(rec, f"loss {fmt(rec.loss)} is high", value=rec.loss)]
+    >>> settings = HighLossSettings(loss_limit=5.0)
+    >>> det = HighLossDetector(settings, DetectorContext(settings))
+    >>> steps = [StepRecord(run_id="r", step=s, time=s, loss=2.0 + 10 * (s > 1)) for s in (1, 2, 3)]
+    >>> [(f.type, f.step, f.severity.label, f.message) for r in steps for f in det.update(r)]
+    [('high_loss', 2, 'warning', 'loss 12 is high')]
 """
 
 from __future__ import annotations

@@ -3,12 +3,22 @@
 The suite owns one ``DetectorContext`` and hands it to each detector, so the run record, the
 layer alignment and the loss EMA are computed once per record, not once per detector.
 
-Example::
+What the suite does with a run record and one step; its detectors judge the step between
+``observe`` and ``after``, and ``align`` gives them its layer columns input to output::
 
-    ctx = DetectorContext(DetectorSettings())
-    ctx.observe(run_record)
-    view = ctx.align(step.layers)      # columns in input->output order, registry slots
-    ctx.after(step)                    # the loss EMA now includes this step
+    >>> from monitor_agent.detectors import DetectorSettings
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> ctx = DetectorContext(DetectorSettings())
+    >>> ctx.observe(parse_record({"kind": "run", "run_id": "r", "config": {"warmup_steps": 10},
+    ...                           "model": {"layer_order": ["embed.weight", "head.weight"]}}))
+    >>> step = parse_record({"kind": "step", "run_id": "r", "step": 1, "time": 1, "loss": 2.5,
+    ...     "layers": {"head.weight": {"grad_norm": 0.5}, "embed.weight": {"grad_norm": 0.1}}})
+    >>> ctx.observe(step)
+    >>> ctx.align(step.layers).order.tolist(), ctx.in_warmup(step.step)
+    ([1, 0], True)
+    >>> ctx.after(step)
+    >>> ctx.ema_loss(rank=0), ctx.rank(0).steps
+    (2.5, 1)
 """
 
 from __future__ import annotations

@@ -27,11 +27,24 @@ horizon continues the same episode. A divergence is often judged tens of steps a
 settled again (its level rule compares a 10-step median with the 100 steps before), and
 by then the parameter that went first is still the answer.
 
-Example::
+The run context keeps one per rank and folds in every step's per-parameter norms
+(``DetectorContext.observe``); a detector's findings get the answer from ``locate``. Three
+parameters steady for ten steps, then the embedding's norm 20x at step 11 and the first
+block's 5x at step 12::
 
-    bands = LayerBands()
-    bands.update(ctx.align(rec.layer_grads), rec.step)
-    bands.first_out(ctx, rec.step, 3)  # [("embed.weight", 120, 14.2), ("blocks.0.w", 125, 6.1)]
+    >>> import math
+    >>> from monitor_agent.detectors import DetectorSettings
+    >>> from monitor_agent.detectors.support.context import DetectorContext
+    >>> from monitor_agent.records.types import LayerTable
+    >>> def norms(step):
+    ...     wobble = 1 + 0.1 * math.sin(step)
+    ...     return {"embed.weight": wobble * (20 if step >= 11 else 1),
+    ...             "blocks.0.weight": wobble * (5 if step >= 12 else 1), "head.weight": wobble}
+    >>> ctx, bands = DetectorContext(DetectorSettings()), LayerBands()
+    >>> for step in range(1, 13):
+    ...     bands.update(ctx.align(LayerTable.from_norms(norms(step))), step)
+    >>> [(name, left, round(ratio)) for name, left, ratio in bands.first_out(ctx, now=12)]
+    [('embed.weight', 11, 18), ('blocks.0.weight', 12, 5)]
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
 """Per-parameter running state as numpy arrays indexed by the run's stable layer slots.
 
-Example::
+A detector passes each step's values with the columns' slots (``DetectorContext.align``);
+here slots 0..2 of a run with four, slot 1 unmeasured (NaN) on the first step and slot 3 on
+both::
 
-    ema = LayerEma()
-    view = ctx.align(step.layer_grads)   # the run's stable slot of each column
-    ema.add(view.slots, np.log(grad_norms), alpha=0.9, size=view.size)
-    baseline = ema.value(view.slots, alpha=0.9, size=view.size)  # NaN where nothing seen yet
+    >>> ema = LayerEma()
+    >>> slots = np.array([0, 1, 2])
+    >>> ema.add(slots, np.array([1.0, np.nan, 4.0]), alpha=0.9, size=4)
+    >>> ema.add(slots, np.array([2.0, 3.0, 4.0]), alpha=0.9, size=4)
+    >>> ema.value(np.arange(4), alpha=0.9, size=4).round(3).tolist()
+    [1.526, 3.0, 4.0, nan]
+    >>> ema.count(np.arange(4), size=4).tolist()
+    [2, 1, 2, 0]
 """
 
 from __future__ import annotations

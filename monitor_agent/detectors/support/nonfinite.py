@@ -5,9 +5,19 @@ behind a run of overflow steps). Backward order is the run's ``layer_order`` rev
 a NaN born in the backward pass reaches the input side and leaves the output side finite,
 so the first listed is where it appeared.
 
-Example::
+A step whose gradient went NaN in the backward pass at ``h.1`` of four blocks (the run
+record lists them input to output)::
 
-    nonfinite_params(ctx, step)     # ["h.3.mlp.weight", "h.2.mlp.weight"]
+    >>> from monitor_agent.detectors import DetectorSettings
+    >>> from monitor_agent.records.schemas import parse_record
+    >>> ctx = DetectorContext(DetectorSettings())
+    >>> order = ["h.0.weight", "h.1.weight", "h.2.weight", "h.3.weight"]
+    >>> ctx.observe(parse_record({"kind": "run", "run_id": "r", "model": {"layer_order": order}}))
+    >>> norms = dict(zip(order, ["NaN", "NaN", 0.4, 0.2]))
+    >>> step = parse_record({"kind": "step", "run_id": "r", "step": 7, "time": 7,
+    ...                      "grad_norm": "NaN", "grad_norms": norms})
+    >>> nonfinite_params(ctx, step)
+    ['h.1.weight', 'h.0.weight']
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ Rules of thumb for update_norm / param_norm per step: early (warmup and the firs
 the run) 1e-3..1e-2, mid 1e-4..1e-3, late (last 30%) 1e-5..1e-4. They vary with model
 and optimizer, so the bands are reported as context; the findings fire on hard limits.
 
-Example::
+A step past warmup in a run of unknown length is mid-run; with the length known, the last
+30% is late::
 
-    phase_of(step=500, warmup=50, total=1000)    # "mid"
-    UPDATE_BANDS["mid"]                           # (1e-4, 1e-3)
+    >>> phase_of(step=500, warmup=50, total=None), UPDATE_BANDS["mid"]
+    ('mid', (0.0001, 0.001))
+    >>> [phase_of(step, warmup=50, total=1000) for step in (40, 80, 500, 900)]
+    ['early', 'early', 'mid', 'late']
 """
 
 from __future__ import annotations

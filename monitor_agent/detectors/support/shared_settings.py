@@ -1,13 +1,12 @@
 """The knobs more than one detector reads, or the suite itself: every detector's settings
-model extends ``SharedSettings``, and ``DetectorSettings`` (detector_settings.py) extends
-them all, flat.
+model extends ``SharedSettings``, and ``DetectorSettings`` (detectors/detector_settings.py)
+extends them all, flat. A detector's own model adds its knobs, and the shared ones come
+along::
 
-Example::
-
-    class LossSpikeSettings(SharedSettings):
-        spike_ratio: float = Field(default=1.3, gt=1, description="loss / EMA that makes a spike.")
-
-    LossSpikeSettings(spike_ratio=1.5).baseline_window   # 100: shared knobs come along
+    >>> from monitor_agent.detectors.loss_spike import LossSpikeSettings
+    >>> knobs = LossSpikeSettings(spike_ratio=1.5)
+    >>> knobs.spike_ratio, knobs.baseline_window, knobs.repeat_every_steps
+    (1.5, 100, 100)
 """
 
 from __future__ import annotations

@@ -8,11 +8,14 @@ owns; a ``cap`` bounds it, so a record full of made-up names cannot grow detecto
 without bound. ``grown`` extends an array (any rank, along its first axis) when new slots
 appeared.
 
-Example::
+Two records whose columns come in different orders, one new name, and a cap of three::
 
-    index = SlotIndex(state.names, cap=1024)
-    slots = index.of(table.names)             # one slot per column, -1 past the cap
-    state.count = grown(state.count, len(state.names), 0)
+    >>> names = []  # what the caller's snapshot keeps
+    >>> index = SlotIndex(names, cap=3)
+    >>> index.of(("a", "b")).tolist(), index.of(("c", "a", "d")).tolist(), names
+    ([0, 1], [2, 0, -1], ['a', 'b', 'c'])
+    >>> grown(np.zeros(2, dtype=np.int64), len(names), 7).tolist()
+    [0, 0, 7]
 """
 
 from __future__ import annotations

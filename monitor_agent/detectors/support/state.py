@@ -4,10 +4,19 @@
 floats. Restore is driven by the live object's field types: a numpy field comes back as
 an array of the same dtype, a nested dataclass is filled in place.
 
-Example::
+A window with two of its three slots filled (the empty one is NaN), through the wire
+format and back into a fresh window::
 
-    data = dump(detector_state)        # dict of lists, numbers, strings
-    load_into(fresh_state, data)       # fresh_state now equals detector_state
+    >>> from monitor_agent.detectors.support.stats import Window
+    >>> from monitor_agent.records import wire
+    >>> win = Window.of(3)
+    >>> win.add(0.5); win.add(0.7)
+    >>> blob = wire.dumps(dump(win))
+    >>> blob
+    b'{"buf":[0.5,0.7,"NaN"],"n":2,"i":2}'
+    >>> back = load_into(Window.of(3), wire.loads(blob))
+    >>> back.values().tolist(), back.buf.dtype.name, back.full
+    ([0.5, 0.7], 'float64', False)
 """
 
 from __future__ import annotations

@@ -3,13 +3,20 @@
 Both are plain dataclasses whose fields are JSON-able (see ``state.py``), so a detector's
 snapshot is just its fields.
 
-Example::
+The EMA starts at its first value (no pull toward zero); a window keeps its last ``size``
+values, oldest first, and one outlier barely moves its median and MAD::
 
-    ema = Ema(alpha=0.99)
-    ema.add(4.2)          # the first value is the start: ema.value == 4.2
-    win = Window.of(100)
-    win.add(0.5)
-    win.median(), win.mad()
+    >>> ema = Ema(alpha=0.99)
+    >>> ema.add(4.2)
+    >>> ema.value
+    4.2
+    >>> win = Window.of(5)
+    >>> for x in (1.0, 1.1, 0.9, 1.0, 50.0, 1.2):
+    ...     win.add(x)
+    >>> win.values().tolist(), win.median(), round(win.mad(), 3)
+    ([1.1, 0.9, 1.0, 50.0, 1.2], 1.1, 0.148)
+    >>> round(robust_z(1.6, win), 1)
+    3.4
 """
 
 from __future__ import annotations
