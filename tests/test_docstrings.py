@@ -13,27 +13,12 @@ import importlib
 from pathlib import Path
 
 import pytest
+from test_architecture import PACKAGES, ROOT, _modules
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"monitor_agent": ROOT / "monitor_agent",
-            "monitor_client": ROOT / "client" / "monitor_client"}
 # Importing these runs a program; they hold no examples.
 NOT_IMPORTED = {"monitor_agent.__main__"}
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-
-
-def _modules() -> dict[str, Path]:
-    out = {}
-    for package, base in PACKAGES.items():
-        for path in sorted(base.rglob("*.py")):
-            parts = path.relative_to(base).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join((package, *parts))] = path
-    return out
-
-
-MODULES = _modules()
+MODULES = {name: path for package in PACKAGES for name, path in _modules(package).items()}
 
 
 @pytest.mark.parametrize("name", sorted(set(MODULES) - NOT_IMPORTED))
