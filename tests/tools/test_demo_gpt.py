@@ -56,7 +56,7 @@ def test_packaged_trainer_trains_and_pages_nan_without_the_checkout(sidecar, tmp
 
 def test_demo_finds_its_trainer_in_an_installed_layout(tmp_path):
     site = _installed_copy(tmp_path)
-    code = ("from monitor_agent import demo; "
+    code = ("from monitor_agent.tools import demo; "
             "print(demo._trainer_path(), demo._missing_trainer_packages())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
