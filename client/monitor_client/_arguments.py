@@ -119,7 +119,7 @@ def _take_legacy(where: str, legacy: dict[str, Any], known: tuple[str, ...],
 def _merge(config: Any, keywords: dict[str, Any], where: str) -> Any:
     """``config`` with the keywords that are not at their default filled in; one that
     contradicts a value the config chose (not its default) is a ``TypeError``."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    defaults = _defaults(type(config))
     chosen = {k: v for k, v in _changed(type(config), keywords).items()
               if not _same(v, getattr(config, k))}
     clashes = [f"{k}={v!r} (settings has {getattr(config, k)!r})" for k, v in chosen.items()
@@ -133,8 +133,12 @@ def _merge(config: Any, keywords: dict[str, Any], where: str) -> Any:
 
 def _changed(cls: type, keywords: dict[str, Any]) -> dict[str, Any]:
     """The keywords whose value is not the field's default: those the caller chose."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = _defaults(cls)
     return {k: v for k, v in keywords.items() if not _same(v, defaults[k])}
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -85,29 +85,24 @@ def storage_errors(doing: str | None = None, *, source: str = "storage") -> _Sto
 
 
 @contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-@contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(conn: sqlite3.Connection, *,
+                source: str = "storage") -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE .. COMMIT on ``conn``, ROLLBACK on any error (a failed COMMIT too);
-    a SQLite error, in the body or the COMMIT, leaves as ``StorageError``.
+    a SQLite error, in the body or the COMMIT, leaves as ``StorageError`` (``source``).
 
     IMMEDIATE takes the write lock up front, so a busy database fails here (after
-    busy_timeout) rather than halfway through. ``Database.tx`` does the same; this one is
-    for the chart history (ui/history.py), whose connection the indexer and the report
-    bring themselves.
+    busy_timeout) rather than halfway through. ``Database.tx`` uses it; so does the chart
+    history (ui/history.py), whose connection the indexer and the report bring themselves.
     """
-    with storage_errors(), _transaction(conn):
-        yield conn
+    with storage_errors(source=source):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
 
 class Database:
@@ -123,6 +118,7 @@ class Database:
                  row_factory: RowFactory = None, busy_timeout_ms: int = 5000,
                  source: str = "storage") -> None:
         self.path = str(path)
+        self._source = source
         self._errors = storage_errors(source=source)
         if self.path != ":memory:":
             try:
@@ -155,7 +151,7 @@ class Database:
         A SQLite error of the body's statements (or of the COMMIT) rolls back and leaves
         the ``with`` as ``StorageError``: the body's SQL is behind the boundary too.
         """
-        with self._lock, self._errors, _transaction(self._conn) as conn:
+        with self._lock, transaction(self._conn, source=self._source) as conn:
             yield conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
