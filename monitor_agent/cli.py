@@ -1,4 +1,4 @@
-"""``monitor-agent``: serve, replay, export, check-config, demo.
+"""``monitor-agent``: serve, replay, export, push-spool, check-config, demo.
 
 ``monitor-agent serve --port 9400 --data-dir /var/lib/monitor-agent`` runs the sidecar;
 ``monitor-agent export gpt-7 -o gpt-7.jsonl.gz --data-dir /var/lib/monitor-agent`` writes a
@@ -81,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--url", help="a running sidecar, e.g. http://127.0.0.1:9400")
     e.add_argument("--token", help="bearer token for --url (env MONITOR_AGENT_TOKEN)")
     e.set_defaults(func=_export)
+
+    ps = sub.add_parser("push-spool", help="send the records a client left in its spool")
+    ps.add_argument("path", type=Path, help="a run's spool directory (<run_id>-r<rank>), the "
+                    "spool base holding several, or one .ndjson segment")
+    ps.add_argument("--url", help="the sidecar (env MONITOR_AGENT_URL; default "
+                    "http://127.0.0.1:9400)")
+    ps.add_argument("--token", help="bearer token (env MONITOR_AGENT_TOKEN)")
+    ps.add_argument("--keep", action="store_true", help="keep the files once sent")
+    ps.set_defaults(func=_push_spool)
 
     c = sub.add_parser("check-config", help="validate a YAML config file and its rules")
     c.add_argument("file", type=Path)
@@ -185,6 +194,29 @@ def _export(args: argparse.Namespace) -> int:
         print(f"monitor-agent export: {exc}", file=sys.stderr)
         return 1
     print(f"{count} records of run {args.run_id} written to {args.output}")
+    return 0
+
+
+def _push_spool(args: argparse.Namespace) -> int:
+    import os
+
+    from monitor_agent.tools.push_spool import PushError, http_post, push, segments
+
+    url = args.url or os.environ.get("MONITOR_AGENT_URL") or "http://127.0.0.1:9400"
+    token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
+    try:
+        report = push(segments(args.path), http_post(url, token), keep=args.keep)
+    except PushError as exc:
+        print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # unreadable or undeletable files: say which, no traceback
+        print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
+        return 1
+    print(f"pushed {args.path} to {url}: {report.summary()}")
+    for line in report.refused[:20]:
+        print(f"  refused: {line}")
+    if len(report.refused) > 20:
+        print(f"  ... and {len(report.refused) - 20} more refused")
     return 0
 
 

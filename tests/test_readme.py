@@ -39,6 +39,7 @@ def test_the_readme_quickstart_runs_as_written(sidecar, tmp_path):
     assert len(steps) == 200 and steps[-1]["step"] == 200
     run = next(r for r in records if r["kind"] == "run")
     assert run["config"]["batch_size"] == 16 and run["config"]["grad_clip"] == 1.0
+    assert run["config"]["total_steps"] == 200  # progress and the ETA come from it
     assert [r["status"] for r in records if r["kind"] == "end"] == ["completed"]
 
 

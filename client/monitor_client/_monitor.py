@@ -36,6 +36,7 @@ swallows its own errors into rate-limited warnings: monitoring never raises into
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -56,7 +57,7 @@ from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
 from monitor_client._preflight import Preflight
 from monitor_client._sender import Sender
-from monitor_client._spool import Spool
+from monitor_client._spool import Spool, spool_directory
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
@@ -95,7 +96,8 @@ class Monitor:
 
     The keywords are what nearly every script sets: ``url`` (None: ``MONITOR_AGENT_URL``,
     else http://127.0.0.1:9400), ``project``, ``config`` (the run's hyperparameters, a
-    JSON-able dict shown with the run), ``run_id`` (None: from the launcher, else
+    JSON-able dict shown with the run), ``total_steps`` (the optimizer steps planned: the
+    run page's progress and ETA come from it), ``run_id`` (None: from the launcher, else
     generated), ``token`` (None: ``MONITOR_AGENT_TOKEN``) and ``labels``. Every other knob
     is a field of ``settings``, a ``MonitorConfig`` (``config.py``, with units), whose
     ``watch`` is what ``watch()`` measures unless told otherwise. A value that makes no
@@ -123,11 +125,13 @@ class Monitor:
     """
 
     def __init__(self, url: str | None = None, project: str | None = None,
-                 config: Mapping[str, Any] | None = None, *, run_id: str | None = None,
-                 token: str | None = None, labels: Mapping[str, Any] | None = None,
-                 settings: MonitorConfig | None = None, **legacy: Any) -> None:
+                 config: Mapping[str, Any] | None = None, *, total_steps: int | None = None,
+                 run_id: str | None = None, token: str | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 **legacy: Any) -> None:
         self._start(monitor_settings("Monitor", config, settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy))
+            url=url, project=project, total_steps=total_steps, run_id=run_id, token=token,
+            labels=labels), legacy))
 
     @property
     def monitor_config(self) -> MonitorConfig:
@@ -143,6 +147,8 @@ class Monitor:
         self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
         self.info = _run_info.RankInfo(self.rank, self.world_size, found.local_rank)
         self.project, self.config = cfg.project, dict(cfg.hparams or {})
+        if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
+            self.config["total_steps"] = int(cfg.total_steps)
         self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
         self.layer_stats_every = cfg.watch.layer_stats_every
         self.hist_every = cfg.watch.hist_every
@@ -178,12 +184,17 @@ class Monitor:
         token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
         base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
-        directory = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
+        directory = spool_directory(base, self.run_id, self.rank)
+        legacy = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
+        if legacy != directory and legacy.is_dir() and not directory.exists():
+            with contextlib.suppress(OSError):  # a spool left under the old spelling of the id
+                legacy.rename(directory)
         transport = HttpTransport(url, token, timeout=cfg.timeout)
         spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
         return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
                       warner=self._warner, on_actions=self._inbox.receive,
-                      poll=lambda: self._poll_actions(transport))
+                      poll=lambda: self._poll_actions(transport),
+                      name=f"run {self.run_id!r} rank {self.rank}")
 
     def _poll_actions(self, transport: HttpTransport) -> None:
         found = transport.actions(self.run_id, self._inbox.last_id)

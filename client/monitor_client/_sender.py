@@ -90,8 +90,12 @@ class Sender:
                  backoff: tuple[float, float] = (0.5, 30.0), warner: Warner | None = None,
                  now: Callable[[], float] = time.monotonic,
                  on_actions: Callable[[list[dict]], None] | None = None,
-                 poll: Callable[[], None] | None = None, poll_interval: float = 5.0) -> None:
+                 poll: Callable[[], None] | None = None, poll_interval: float = 5.0,
+                 name: str = "") -> None:
         self.transport, self.spool = transport, spool
+        # Whose records these are ("run 'gpt-7' rank 0"), for every message about the
+        # spool: a user with a spool directory in hand must know which run it holds.
+        self.name = name or "records"
         # Actions (stop, checkpoint) come back in ingest answers; ``poll`` asks for them
         # every ``poll_interval`` s, for those another rank's records caused.
         self.on_actions, self.poll, self.poll_interval = on_actions, poll, poll_interval
@@ -109,9 +113,9 @@ class Sender:
         self._cond = threading.Condition()
         aged = spool.trim()
         if aged:
-            self.warner.warn("spool_trim", "spool %s: dropped the %d oldest records left by an "
-                             "earlier process (older than max_age or over max_bytes)",
-                             spool.directory, aged)
+            self.warner.warn("spool_trim", "%s: spool %s: dropped the %d oldest records left "
+                             "by an earlier process (older than max_age or over max_bytes)",
+                             self.name, spool.directory, aged)
         # Records a previous process left in this spool count as submitted: flush() then
         # waits for them too, and ``pending`` stays true.
         self._n = dict(submitted=len(spool), sent=0, spooled=0, rejected=0, dropped=0,
@@ -215,13 +219,16 @@ class Sender:
         self._wake.set()
         self._thread.join(timeout=max(0.05, give_up_at - self._now()))
         self._spool_lines(self._encode(_pop(self._queue)) + _pop(self._overflow))
-        self.spool.close()
+        # A still-running thread may yet write to the spool: only a stopped one lets go of it.
+        self.spool.close(remove_if_empty=not self._thread.is_alive())
         left = self.counters().pending
         if not ok and left and self.misconfigured is None:
-            LOGGER.warning("monitor_client: the sidecar at %s did not acknowledge %d records "
-                           "within %.1f s; they stay in the spool %s (a later Monitor with "
-                           "this run id and rank sends them)", self.transport.base, left,
-                           timeout, self.spool.directory)
+            LOGGER.warning("monitor_client: %s: the sidecar at %s did not acknowledge %d "
+                           "records within %.1f s; they stay in the spool %s (a later Monitor "
+                           "with this run id and rank sends them, or run: monitor-agent "
+                           "push-spool %s --url %s)", self.name, self.transport.base, left,
+                           timeout, self.spool.directory, self.spool.directory,
+                           self.transport.base)
         if not self._thread.is_alive():
             self.transport.close()
         return ok
@@ -395,8 +402,8 @@ class Sender:
         if self._alarm_waiting:  # a NaN step is waiting: probe every second, not every 30
             delay = min(delay, 1.0)
         self._retry_at = self._now() + delay
-        self.warner.warn("retry", "sidecar unavailable (%s); spooling to %s, retrying",
-                         result.detail, self.spool.directory)
+        self.warner.warn("retry", "%s: sidecar unavailable (%s); spooling to %s, retrying",
+                         self.name, result.detail, self.spool.directory)
 
     def _give_up(self, result: PostResult) -> None:
         """Say once, clearly, what is wrong; then stop trying (see the module docstring)."""
@@ -422,8 +429,8 @@ class Sender:
         limit = f"{self.spool.max_bytes} bytes"
         if self.spool.max_age is not None:
             limit += f", {self.spool.max_age:g} s"
-        self.warner.warn("spool_full", "spool %s over its bounds (%s): dropped the %d oldest "
-                         "records", self.spool.directory, limit, n)
+        self.warner.warn("spool_full", "%s: spool %s over its bounds (%s): dropped the %d "
+                         "oldest records", self.name, self.spool.directory, limit, n)
         self._count(dropped=n, settled=n)
 
     def _count(self, **delta: int) -> None:

@@ -13,6 +13,12 @@ more step) and ``max_age`` (segments last written longer ago are dropped whole: 
 coming for them). ``trim()`` applies both and returns how many records went; the sender
 logs it. Dropping the oldest, not the newest, because the newest say where the run is now.
 
+Each run and rank has its own directory, named for the run id as the user spelled it
+(``spool_directory``), so the run a spool belongs to is plain to see; it is made only when a
+record first has to wait, and removed when a closing process leaves it empty, so healthy
+runs leave nothing behind. A spool a process left behind is replayed by the next Monitor
+with that run id and rank, or sent by hand with ``monitor-agent push-spool DIR``.
+
 Two records wait; the sidecar takes the first::
 
     >>> import tempfile
@@ -31,12 +37,40 @@ Two records wait; the sidecar takes the first::
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import quote
 
 _SUFFIX = ".ndjson"
+# File-name bytes most file systems allow (255), less room for "-r<rank>" and a hash.
+_MAX_NAME = 200
+
+
+def spool_directory(base: str | Path, run_id: str, rank: int) -> Path:
+    """Where run ``run_id``'s rank ``rank`` spools: ``<base>/<run_id>-r<rank>``.
+
+    The run id is kept as written; only what a file name cannot hold (``/``, a leading dot,
+    control characters, ``%`` itself) is percent-encoded, and an id too long for a file
+    name is cut and suffixed with its hash, so two runs never share a spool::
+
+        >>> spool_directory("/tmp/spool", "gpt-exp-1", 0).name
+        'gpt-exp-1-r0'
+        >>> spool_directory("/tmp/spool", "team/gpt 7", 3).name
+        'team%2Fgpt 7-r3'
+        >>> spool_directory("/tmp/spool", "..", 0).name
+        '%2E.-r0'
+    """
+    name = quote(str(run_id), safe=" -_.~+=,@()")
+    if name.startswith("."):  # "." and ".." are not names; a hidden directory is not seen
+        name = "%2E" + name[1:]
+    if len(name.encode()) > _MAX_NAME:
+        digest = hashlib.sha256(str(run_id).encode()).hexdigest()[:16]
+        name = name.encode()[:_MAX_NAME - 17].decode("utf-8", "ignore") + "-" + digest
+    return Path(base) / f"{name}-r{int(rank)}"
 
 
 def is_essential(line: bytes) -> bool:
@@ -49,8 +83,7 @@ class Spool:
 
     def __init__(self, directory: str | Path, max_bytes: int = 256 << 20,
                  segment_bytes: int | None = None, max_age: float | None = 7 * 86400.0) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(directory)  # made when a record first has to wait
         self.max_bytes = max_bytes
         self.max_age = max_age
         # Size is enforced a segment at a time: keep several segments under the bound.
@@ -127,6 +160,7 @@ class Spool:
     def _open_new_segment(self) -> BinaryIO:
         if self._writer is not None:
             self._writer.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
         last = int(self._segments[-1].stem) if self._segments else 0
         path = self.directory / f"{last + 1:012d}{_SUFFIX}"
         self._segments.append(path)
@@ -198,12 +232,22 @@ class Spool:
         self._segments.pop(0)
         self._head_offset = 0
 
-    def close(self) -> None:
-        """Close the write handle; what is pending stays on disk for a later replay."""
+    def close(self, remove_if_empty: bool = False) -> None:
+        """Close the write handle; what is pending stays on disk for a later replay.
+
+        ``remove_if_empty``: also remove the directory when nothing is pending (the owner
+        of a per-run directory says so; only an empty directory is ever removed)."""
         with self._lock:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if remove_if_empty and not self._records:
+                for segment in self._segments:  # exhausted, or a torn write's remains
+                    segment.unlink(missing_ok=True)
+                self._segments = []
+                # not there, or something else in it: leave it be
+                with contextlib.suppress(OSError):
+                    self.directory.rmdir()
 
 
 def _count_lines(path: Path) -> int:

@@ -10,7 +10,7 @@ decides what to do:
 - TOO_LARGE (413): split the batch; a single record still too large is BAD.
 - BAD (400, 415, 422: this batch is malformed; re-sending it cannot help): drop the batch.
 - MISCONFIGURED (401/403 wrong or missing token, 404/405 wrong path, a URL without a scheme
-  or that does not parse): no later attempt can succeed until a person changes the
+  or that does not parse, ``https://`` to a sidecar that speaks plain HTTP): no later attempt can succeed until a person changes the
   script's settings, so ``fix`` says what to change and the sender stops trying.
 
 Answers as ``classify`` reads them (``HttpTransport.post`` returns the same for the
@@ -116,6 +116,11 @@ class HttpTransport:
                 requests.exceptions.InvalidSchema) as exc:
             return PostResult(PostOutcome.MISCONFIGURED, f"{type(exc).__name__}: {exc}",
                               fix=_URL_FIX)
+        except requests.exceptions.SSLError as exc:
+            if _plain_http_answered(exc):
+                return PostResult(PostOutcome.MISCONFIGURED,
+                                  f"{self.base} answered TLS with plain HTTP", fix=_SCHEME_FIX)
+            return PostResult(PostOutcome.RETRY, f"{type(exc).__name__}: {exc}")
         except requests.RequestException as exc:
             return PostResult(PostOutcome.RETRY, f"{type(exc).__name__}: {exc}")
         return classify(resp.status_code, resp.content)
@@ -136,6 +141,20 @@ class HttpTransport:
 
 _URL_FIX = ("pass url= (or set MONITOR_AGENT_URL) to the sidecar's base address with its "
             "scheme, e.g. http://127.0.0.1:9400")
+_SCHEME_FIX = ("the sidecar speaks plain HTTP (it has no TLS of its own): use http:// in url= "
+               "(or MONITOR_AGENT_URL), or put a TLS proxy in front of it")
+# What OpenSSL says when the first bytes back from the server are not a TLS record (an
+# HTTP/1.1 answer to our ClientHello): "wrong version number" up to OpenSSL 3.1, "record
+# layer failure" from 3.2; "http request" when it recognises the HTTP text itself.
+_PLAIN_HTTP_SSL_ERRORS = ("wrong_version_number", "wrong version number",
+                          "record layer failure", "http request")
+
+
+def _plain_http_answered(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in _PLAIN_HTTP_SSL_ERRORS)
+
+
 _FIXES = {
     401: "the token is wrong or missing: pass token= (or set MONITOR_AGENT_TOKEN) to the "
          "sidecar's token",

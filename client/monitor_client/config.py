@@ -65,7 +65,9 @@ class WatchConfig:
 
     Fields, with units:
         grad_clip: max global gradient L2 norm, applied in the optimizer pre-hook from the
-            norm measured anyway; None: no clipping (the norm is still measured).
+            norm measured anyway; None or 0: no clipping (the norm is still measured). 0
+            means off because that is how scripts spell it (nanoGPT's ``grad_clip = 0.0``
+            "disables"), so it is stored as None.
         apply_clip: False records ``grad_clip`` as the threshold without clipping.
         seq_len: tokens per sample, for the FLOPs estimate (None: from the model).
         flops_per_token: model FLOPs per token (None: estimated from the model).
@@ -102,6 +104,8 @@ class WatchConfig:
     finite_flags: bool = True
 
     def __post_init__(self) -> None:
+        if self.grad_clip is not None and _number(self, "grad_clip") == 0:
+            object.__setattr__(self, "grad_clip", None)  # frozen; 0 spells "off"
         if self.grad_clip is not None:
             _positive(self, "grad_clip", allow_inf=True)
         _at_least(self, "layer_stats_every", 1)
@@ -124,6 +128,9 @@ class MonitorConfig:
         project: the project label.
         hparams: the run's hyperparameters (JSON-able), sent once in the run record as its
             ``config``; ``Monitor(config={...})`` fills it.
+        total_steps: optimizer steps the run will take; sent as ``config["total_steps"]``,
+            from which the sidecar shows progress and an ETA (None: no ETA, unless the
+            hyperparameters carry ``total_steps`` themselves).
         run_id: None: ``MONITOR_AGENT_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``,
             else generated (and broadcast from rank 0 under torch.distributed).
         token: bearer token (None: ``MONITOR_AGENT_TOKEN``).
@@ -146,6 +153,7 @@ class MonitorConfig:
     url: str | None = None
     project: str | None = None
     hparams: Mapping[str, Any] | None = None
+    total_steps: int | None = None
     run_id: str | None = None
     token: str | None = None
     labels: Mapping[str, Any] | None = None
@@ -173,6 +181,8 @@ class MonitorConfig:
         if not isinstance(self.watch, WatchConfig):
             raise TypeError("MonitorConfig.watch must be a WatchConfig, not "
                             f"{type(self.watch).__name__}")
+        if self.total_steps is not None:
+            _whole(self, "total_steps")
         if self.rank is not None:
             _at_least(self, "rank", 0)
         if self.world_size is not None:
@@ -201,6 +211,13 @@ def _at_least(owner: object, name: str, low: float) -> None:
     if value < low or math.isinf(value):
         raise ValueError(f"{type(owner).__name__}.{name} must be a finite number >= {low:g},"
                          f" not {getattr(owner, name)!r}")
+
+
+def _whole(owner: object, name: str) -> None:
+    _at_least(owner, name, 1)
+    if _number(owner, name) != int(getattr(owner, name)):
+        raise ValueError(f"{type(owner).__name__}.{name} must be a whole number, not "
+                         f"{getattr(owner, name)!r}")
 
 
 def _positive(owner: object, name: str, allow_inf: bool = False) -> None:

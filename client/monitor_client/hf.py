@@ -91,6 +91,8 @@ class MonitorCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         mon = self.monitor if self.monitor is not None else self._make_monitor(args)
         self.monitor = mon
+        if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
+            mon.config.setdefault("total_steps", int(state.max_steps))
         clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
         take_over = self.take_over_clipping and clip is not None and not (
             args.deepspeed or args.fsdp)

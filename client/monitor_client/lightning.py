@@ -88,6 +88,9 @@ class MonitorCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module):
         mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
         self.monitor = mon
+        planned = _planned_steps(trainer)
+        if planned is not None:  # the plan, for progress and the ETA
+            mon.config.setdefault("total_steps", planned)
         clip = trainer.gradient_clip_val or None
         # Lightning clips, and steps through a closure; the rest is the monitor's WatchConfig.
         mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
@@ -151,3 +154,13 @@ def _batch_size(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return _batch_size(next(iter(batch.values())))
     return 0
+
+
+def _planned_steps(trainer: Any) -> int | None:
+    """The optimizer steps this fit will take, when Lightning can tell (an unbounded or
+    iterable-only loader makes it infinite, or raise)."""
+    try:
+        steps = float(trainer.estimated_stepping_batches)
+    except Exception:  # noqa: BLE001 - an estimate, never worth failing the fit over
+        return None
+    return int(steps) if 0 < steps < float("inf") else None

@@ -104,7 +104,7 @@ def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path)
     (lambda: MonitorConfig(rank=2, world_size=2), "rank=2 must be below world_size=2"),
     (lambda: WatchConfig(layer_stats_every=0), "WatchConfig.layer_stats_every"),
     (lambda: WatchConfig(hist_every=-1), "hist_every"),
-    (lambda: WatchConfig(grad_clip=0.0), "grad_clip must be > 0"),
+    (lambda: WatchConfig(grad_clip=-1.0), "grad_clip must be > 0"),
     (lambda: WatchConfig(peak_flops=float("inf")), "peak_flops must be > 0"),
     (lambda: _deprecated(Monitor, max_queue=0, enabled=False), "max_queue"),
 ])
@@ -126,6 +126,8 @@ def test_wrong_types_are_type_errors(build, message):
 
 def test_values_that_mean_something_pass():
     WatchConfig(grad_clip=float("inf"), hist_every=0, snapshot_budget_bytes=1)
+    # 0 is how scripts say "no clipping" (nanoGPT: grad_clip = 0.0 "disables")
+    assert WatchConfig(grad_clip=0.0) == WatchConfig(grad_clip=0) == WatchConfig()
     MonitorConfig(spool_max_age=None, linger=0, timeout=3, close_timeout=0, rank=0,
                   world_size=1, hparams={}, labels={"team": "x"})
 

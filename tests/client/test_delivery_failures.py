@@ -111,6 +111,20 @@ def test_wrong_token_and_wrong_path_against_the_real_sidecar(sidecar_factory, tm
     assert "right-token" not in log and "wrong-token" not in log
 
 
+def test_https_to_the_plain_http_sidecar_is_named_a_scheme_mismatch(sidecar, tmp_path,
+                                                                     caplog):
+    url = sidecar.url.replace("http://", "https://")
+    mon = Monitor(url=url, run_id="https-by-mistake",
+                  settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
+                                         linger=0.02))
+    for step in range(1, 6):
+        mon.log_step(step, loss=1.0)
+    mon.close()
+    [error] = _errors(caplog)
+    assert "plain HTTP" in error and "use http://" in error and url in error
+    assert "unavailable" not in caplog.text and "retrying" not in caplog.text
+
+
 class _Silent:
     """A port that accepts connections and never answers (a hung sidecar)."""
 

@@ -55,6 +55,8 @@ def test_hf_trainer_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_
     assert [r["step"] for r in receiver.of_kind("eval")] == [3, 6]
     assert receiver.of_kind("end")[0]["status"] == "completed"
     assert trainer.args.max_grad_norm == 0.5  # restored after the run
+    # the Trainer's plan reaches the run's config: progress and the ETA come from it
+    assert receiver.of_kind("run")[0]["config"]["total_steps"] == 6
     # The Trainer's own log of the same steps agrees with the raw loss we recorded.
     logged = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
     for r in steps:

@@ -61,6 +61,8 @@ def test_lightning_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_s
     assert all(r["grad_norm"] > 0.05 for r in steps)  # measured before Lightning clips
     assert len(receiver.of_kind("eval")) >= 1
     assert receiver.of_kind("end")[0]["status"] == "completed"
+    # the trainer's plan reaches the run's config: progress and the ETA come from it
+    assert receiver.of_kind("run")[0]["config"]["total_steps"] == 6
 
 
 def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):

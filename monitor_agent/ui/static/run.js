@@ -270,8 +270,10 @@
       fact("lr", "learning rate", fmt(latest.lr, 3), latest.lr),
       fact("grad-norm", "grad norm", fmt(latest.grad_norm, 4), latest.grad_norm),
       fact("tps", "tokens/s", fmt(latest.tokens_per_second, 4), latest.tokens_per_second),
-      fact("progress", "progress" + (r.eta_seconds != null ? ` · ${duration(r.eta_seconds)} left` : ""),
-           r.progress_ratio == null ? "–" : Math.round(r.progress_ratio * 100) + "%", r.progress_ratio));
+      // Without a plan there is no progress: say so, and how to give one, rather than "–".
+      fact("progress", r.progress_ratio == null ? "progress: no total_steps (Monitor(total_steps=N))"
+           : "progress" + (r.eta_seconds != null ? ` · ${duration(r.eta_seconds)} left` : ""),
+           r.progress_ratio == null ? "no ETA" : Math.round(r.progress_ratio * 100) + "%", r.progress_ratio));
   }
 
   function renderAlerts(alerts) {
