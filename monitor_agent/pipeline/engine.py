@@ -108,6 +108,8 @@ class Engine:
         alert state), could not be made durable. In the latter case the records are stored
         but their runs leave memory: reloading replays them from the store (on the client's
         retry, the next tick or a restart), so a page is never lost to a failed commit.
+        Any other exception after the commit does the same and leaves as it is (-> 500):
+        a record is acknowledged only once its alert state is durable, whatever failed.
         """
         result = IngestResult()
         admitted = self._admit(items, result, now)
@@ -125,10 +127,14 @@ class Engine:
                 assert live is not None  # admitted just now, on this thread
                 self._process(live, item.record, row_id, now, result)
             self._finish(result)
-        except StorageError as exc:
+        except Exception as exc:
+            # Kept in memory, the runs would count these records as judged and the retry
+            # as a duplicate: the page would be lost. Evicted, they are judged again.
             for run_id in {item.record.run_id for item in admitted}:
                 self.registry.evict(run_id)
-            raise StorageError(f"records stored, their alerts not: {exc}") from exc
+            if isinstance(exc, StorageError):
+                raise StorageError(f"records stored, their alerts not: {exc}") from exc
+            raise
         return result
 
     def preview(self, items: Sequence[Incoming], now: float) -> int:
