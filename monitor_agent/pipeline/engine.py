@@ -143,8 +143,11 @@ class Engine:
 
         Nothing is stored and no detector state changes: the step's in-order copy, when the
         backlog reaches it, is stored and judged like any other and its finding folds into
-        the alert begun here (``Alerting.preview``). A run not in memory is paged about with
-        what the record carries (its id, rank and step) and is not loaded for it.
+        the alert begun here (``Alerting.preview``). A stored run not in memory is paged
+        about with what the record carries (its id, rank and step) and is not loaded for it.
+        A run the sidecar never stored pages nothing: a preview pages only about runs that
+        ingest admitted (under ``max_active_runs``), so made-up run ids cannot fill the
+        outbox ahead of real pages; its in-order copy pages as any record does.
         """
         begun = 0
         for item in items:
@@ -152,6 +155,8 @@ class Engine:
             if not isinstance(record, StepRecord):
                 continue
             live = self.registry.get(record.run_id)
+            if live is None and self.store.run_row(record.run_id) is None:
+                continue
             if live is not None and live.state.is_late(record):
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)

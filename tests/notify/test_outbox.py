@@ -294,3 +294,20 @@ def test_a_page_past_max_age_ends_failed_not_pending(tmp_path, pd):
         assert failed["attempts"] >= 1 and "expired" in failed["last_error"]
         expired = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="expired"}'
         assert _metric(srv, expired) == 1
+
+
+def test_a_page_that_finds_the_outbox_full_shows_failed_with_the_reason(tmp_path, pd):
+    """max_pending is reached by a page its receiver refuses for now: the next page is not
+    queued, and its alert says so (``failed``, outbox full) instead of ``delivery: {}``."""
+    pd.script(Reply(500, {"status": "unavailable"}))
+    with _sidecar(tmp_path, pd, max_pending=1, backoff_base_seconds=600,
+                  backoff_cap_seconds=600) as srv:
+        _nan(srv, "a")
+        pd.wait_for(1)
+        _nan(srv, "b")
+        full = _until(lambda: _delivery(srv, "b"))
+        assert (full["state"], full["attempts"]) == ("failed", 0)
+        assert "outbox full" in full["last_error"] and "max_pending=1" in full["last_error"]
+        dropped = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="outbox_full"}'
+        assert _metric(srv, dropped) == 1
+        assert _delivery(srv, "a")["state"] == "pending"
