@@ -216,18 +216,22 @@ class Outbox:
         """
         now = self.clock()
         self._expire(channel, now)
+        [(oldest, soonest)] = self.db.query(
+            "SELECT MIN(created_at), MIN(next_at) FROM outbox "
+            "WHERE channel = ? AND state = 'pending'", (channel,))
+        self.metrics.oldest_pending.labels(channel=channel).set(
+            0.0 if oldest is None else now - oldest)
+        if soonest is None:
+            return None
+        ready = self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval
+        if max(soonest, ready) > now:  # all in backoff (a receiver is down): skip the scan
+            return max(soonest, ready) - now
         rows = [Queued(*r) for r in self.db.query(
             "SELECT id, created_at, attempts, next_at, fingerprints FROM outbox "
             "WHERE channel = ? AND state = 'pending' ORDER BY id", (channel,))]
-        self.metrics.oldest_pending.labels(channel=channel).set(
-            now - rows[0].created_at if rows else 0.0)
-        if not rows:
-            return None
         row = min(sendable(rows), key=lambda r: (r.next_at, r.id))
-        due = max(row.next_at,
-                  self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval)
-        if due > now:
-            return due - now
+        if row.next_at > now:
+            return row.next_at - now
         [(body,)] = self.db.query("SELECT body FROM outbox WHERE id = ?", (row.id,))
         outcome = self._attempt(channel, body, client)
         self._last_send[channel] = self.clock()
