@@ -178,7 +178,7 @@ class Outbox:
         ``outbox_full``), so its alerts show why nobody heard of them."""
         fingerprints = " ".join(e.fingerprint for e in note.events)
         if self._pending >= self.max_pending:
-            error = f"outbox full ({self._pending} pending, max_pending={self.max_pending})"
+            error = f"outbox full ({self._pending} pending), max_pending={self.max_pending}"
             conn.execute(
                 "INSERT INTO outbox (channel, body, created_at, next_at, state, last_error, "
                 "done_at, fingerprints) VALUES (?,?,?,?,'failed',?,?,?)",
