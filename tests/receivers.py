@@ -31,12 +31,15 @@ PD_SEVERITIES = ("critical", "error", "warning", "info")
 
 @dataclass(frozen=True)
 class Reply:
-    """A scripted answer: status, body, Retry-After and a delay before answering."""
+    """A scripted answer: status, body, Retry-After, a delay before answering, and
+    ``trickle``: seconds between the bytes of the answer (headers included), one at a time,
+    which keeps every read of a per-read timeout short and the answer unfinished for long."""
 
     status: int = 200
     body: Any = None
     retry_after: float | None = None
     delay: float = 0.0
+    trickle: float = 0.0
 
 
 @dataclass
@@ -211,7 +214,23 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 return
             req.status = reply.status
             receiver._record(req)
-            self._send(reply)
+            if reply.trickle:
+                self._trickle(reply)
+            else:
+                self._send(reply)
+
+        def _trickle(self, reply: Reply) -> None:
+            body = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})
+            raw = (f"HTTP/1.1 {reply.status} X\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\n\r\n{body}").encode()
+            for i in range(len(raw)):
+                if receiver._closing.wait(reply.trickle if i else 0.0):
+                    return
+                try:
+                    self.wfile.write(raw[i:i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return  # the client gave up on it
 
         def _send(self, reply: Reply) -> None:
             body = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})

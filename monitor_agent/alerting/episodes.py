@@ -40,6 +40,7 @@ from monitor_agent.notify.base import AlertEvent, Notifier
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.records import wire
 from monitor_agent.records.types import Finding, Severity
+from monitor_agent.storage.database import StorageError
 
 log = logging.getLogger(__name__)
 Item = tuple[AlertEvent, tuple[str, ...]]
@@ -162,16 +163,24 @@ class Episodes:
     def flush(self, now: float) -> float | None:
         """Fire the runs whose group wait is over; return seconds until the next is due."""
         wait = self.settings.group_wait_seconds
-        with self.store.tx() as tx:
-            by_run: dict[str, list[StoredAlert]] = {}
-            for alert in tx.in_state("pending"):
-                by_run.setdefault(alert.run_id, []).append(alert)
-            due = {run: rs for run, rs in by_run.items()
-                   if min(_since(r) for r in rs) + wait <= now}
-            silences = tx.active_silences(now)
-            items = [item for rs in due.values() for r in rs
-                     if (item := self._fire(tx, r, silences, now)) is not None]
-            self._enqueue(tx, items, now)
+        by_run: dict[str, list[StoredAlert]] = {}
+        for alert in self.store.alerts("pending", limit=-1):
+            by_run.setdefault(alert.run_id, []).append(alert)
+        due = {run: rs for run, rs in by_run.items()
+               if min(_since(r) for r in rs) + wait <= now}
+        for run_id in due:
+            # One transaction per run: an alert that cannot be worded (a stored finding
+            # that no longer parses) holds back its own run's page, not every run's.
+            try:
+                with self.store.tx() as tx:
+                    silences = tx.active_silences(now)
+                    items = [item for r in tx.in_state("pending", run_id=run_id)
+                             if (item := self._fire(tx, r, silences, now)) is not None]
+                    self._enqueue(tx, items, now)
+            except StorageError:
+                raise
+            except Exception:
+                log.exception("cannot page run %s; its alerts stay pending", run_id)
         later = [min(_since(r) for r in rs) + wait - now
                  for run, rs in by_run.items() if run not in due]
         return min(later) if later else None

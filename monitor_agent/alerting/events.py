@@ -8,6 +8,12 @@ keys on alerts (PagerDuty)::
     >>> dashboard_url("http://grafana:3000/", "gpt 7", at=1_700_000_000.0).split("?")
     ['http://grafana:3000/d/monitor-agent-training-run/monitor-agent-training-run',
      'var-run=gpt%207&from=1699998200000&to=1700000600000']
+
+A time that is no wall-clock second (a record's ``time`` may be any float) gets the link
+without a range, never an error: the link is built while the alert is stored::
+
+    >>> dashboard_url("http://grafana:3000", "r", at=1e308).endswith("?var-run=r")
+    True
     >>> from monitor_agent.notify.console import ConsoleNotifier
     >>> from monitor_agent.notify.pagerduty import PagerDutyNotifier
     >>> pd = PagerDutyNotifier("k" * 32, "https://events.pagerduty.com/v2/enqueue")
@@ -31,15 +37,21 @@ from monitor_agent.records import wire
 
 DASHBOARD_UID = "monitor-agent-training-run"
 BEFORE_S, AFTER_S = 30 * 60, 10 * 60  # the range shows how the run got there
+LAST_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last second Grafana can show
 
 
 def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None:
     """The training-run dashboard with the run selected and the time range around ``at``."""
     if not grafana_url:
         return None
+    link = (f"{grafana_url.rstrip('/')}/d/{DASHBOARD_UID}/{DASHBOARD_UID}"
+            f"?var-run={quote(run_id, safe='')}")
+    # NaN, inf, 1e308 and huge ints are data a record may carry; millisecond arithmetic on
+    # them overflows, so only a time Grafana can show gets a range (else its default).
+    if not (isinstance(at, int | float) and 0.0 <= at <= LAST_EPOCH_S):
+        return link
     start, end = int((at - BEFORE_S) * 1000), int((at + AFTER_S) * 1000)
-    return (f"{grafana_url.rstrip('/')}/d/{DASHBOARD_UID}/{DASHBOARD_UID}"
-            f"?var-run={quote(run_id, safe='')}&from={start}&to={end}")
+    return f"{link}&from={start}&to={end}"
 
 
 def to_event(alert: StoredAlert, status: str, reason: str, now: float) -> AlertEvent:

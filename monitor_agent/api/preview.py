@@ -7,7 +7,8 @@ alarming step here first, and the record itself stays in its place in the stream
 
 The body, the token and every limit are those of ``POST /v1/records`` (same 401, 413, 415,
 422). The nan_inf rule is applied to each step (``Engine.preview``) and its finding starts
-an alert at once; nothing is stored, no detector state changes, no finding row is written:
+an alert at once (for a run the sidecar has stored: a made-up run id begins nothing);
+nothing is stored, no detector state changes, no finding row is written:
 the in-order copy, when it arrives, is stored and judged as usual and its finding folds
 into the same alert, so there is one page.
 

@@ -53,8 +53,20 @@ class DeliveryMetrics:
         self.pending = Gauge(
             names.OUTBOX_PENDING, "Notifications waiting in the outbox.", registry=registry
         )
+        self.oldest_pending = Gauge(
+            names.OUTBOX_OLDEST_PENDING, "Age of the channel's oldest undelivered notification "
+            "(0 when none): a page that is stuck shows here long before max_age ends it.",
+            ["channel"], registry=registry,
+        )
+        self.deadline_exceeded = Counter(
+            names.NOTIFICATION_DEADLINE_EXCEEDED, "Delivery attempts cut off at "
+            "attempt_timeout_seconds (each also a failed attempt, retried on its schedule).",
+            ["channel"], registry=registry,
+        )
         for channel in channels:
             self.duration.labels(channel=channel)
+            self.oldest_pending.labels(channel=channel)
+            self.deadline_exceeded.labels(channel=channel)
             for outcome in OUTCOMES:
                 self.notifications.labels(channel=channel, outcome=outcome)
             for reason in UNDELIVERED:

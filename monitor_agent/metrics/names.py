@@ -119,6 +119,8 @@ NOTIFICATIONS = "monitor_agent_notifications"  # counter, labels channel, outcom
 NOTIFICATIONS_UNDELIVERED = "monitor_agent_notifications_undelivered"  # counter, channel, reason
 NOTIFICATION_DURATION = "monitor_agent_notification_duration_seconds"  # histogram, channel
 OUTBOX_PENDING = "monitor_agent_outbox_pending"  # gauge
+OUTBOX_OLDEST_PENDING = "monitor_agent_outbox_oldest_pending_age_seconds"  # gauge, channel
+NOTIFICATION_DEADLINE_EXCEEDED = "monitor_agent_notification_deadline_exceeded"  # counter, channel
 ALERT_DECISIONS = "monitor_agent_alert_decisions"  # counter, label reason
 BUILD_INFO = "monitor_agent_build_info"  # gauge 1, label version
 

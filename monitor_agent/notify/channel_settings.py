@@ -145,6 +145,11 @@ class OutboxSettings(_Section):
         "count); with the backoff cap about an hour of failures, so max_age usually decides."
     )
     max_age_seconds: float = Field(default=3600.0, gt=0, description="Give up on older ones.")
+    attempt_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Whole time one delivery attempt may take (connect, "
+        "send, the full answer); a receiver still answering then is cut off and the attempt "
+        "counts as failed. Channel timeouts bound each read, this the sum."
+    )
     backoff_base_seconds: float = Field(default=0.5, gt=0)
     backoff_cap_seconds: float = Field(default=60.0, gt=0)
     max_retry_after_seconds: float = Field(

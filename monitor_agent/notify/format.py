@@ -30,9 +30,20 @@ _STATUS = {"firing": "FIRING", "resolved": "RESOLVED", "acknowledged": "ACKNOWLE
 
 
 def num(value: float | None) -> str:
-    """A number as a person reads it: NaN and inf spelled out, 4 significant digits."""
+    """A number as a person reads it: NaN and inf spelled out, 4 significant digits.
+
+    Total on anything numeric a record carries, an int past float's range included (a
+    message that cannot be worded is a page that is never sent)::
+
+        >>> num(-0.0), num(1e308), num(10**400)
+        ('-0', '1e+308', '>1.798e+308')
+    """
     if value is None:
         return "-"
+    try:
+        value = float(value)
+    except OverflowError:
+        return f"{'<-' if value < 0 else '>'}1.798e+308"
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

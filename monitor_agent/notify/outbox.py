@@ -2,8 +2,24 @@
 
 Notifications are written to SQLite in the same transaction as the alert state that caused
 them, so a crash loses nothing and a restart re-sends nothing that was confirmed. Each
-channel has its own sender thread (a slow Slack never delays a page) that sends its queue
-in order: a resolve never overtakes its trigger. This is the only place that retries.
+channel has its own sender thread (a slow Slack never delays a page). This is the only
+place that retries.
+
+What a page can count on:
+
+- **No head-of-line blocking.** Order is kept per alert, not per channel: a message waits
+  only for earlier pending messages about one of its own alerts (a resolve never overtakes
+  its trigger). A message that fails is retried on its backoff while the messages of other
+  alerts and runs behind it go out; the due message that waited longest goes first.
+- **Bounded time per attempt.** One attempt (connect, send, the whole answer) has
+  ``attempt_timeout_seconds`` (``deadline.py``); a receiver that trickles its answer is
+  cut off, and the attempt is a failed one with an error, a metric and the retry schedule.
+- **Nothing dropped silently.** A message past ``max_age_seconds`` ends ``failed``
+  whether or not it was ever tried; one that finds the queue full (``max_pending``, which
+  bounds the disk and the sender's work when a receiver is down for long) is stored as
+  ``failed`` with reason ``outbox_full``. Every end that is not ``sent`` is an ERROR log
+  line, a count in ``monitor_agent_notifications_undelivered_total{channel,reason}`` and
+  the delivery state ``GET /v1/alerts`` shows.
 
 The outbox table lives in alerting's database (``alerting/db.py`` creates it, so a
 notification commits with the alert state that caused it); all SQL on it is here. A SQLite
@@ -52,6 +68,7 @@ import httpx
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
 from monitor_agent.notify.channel_settings import OutboxSettings
+from monitor_agent.notify.deadline import AttemptDeadline
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database
 
@@ -87,10 +104,30 @@ class Queued:
     """A pending notification as the sender reads it (columns in SELECT order)."""
 
     id: int
-    body: bytes
     created_at: float
     attempts: int
     next_at: float
+    fingerprints: str | None
+
+
+def sendable(rows: list[Queued]) -> list[Queued]:
+    """The rows (in id order) that no earlier row holds back: none of their alerts is in
+    an earlier pending message. A row without fingerprints (queued by an older version)
+    keeps its place behind every earlier such row.
+
+        >>> rows = [Queued(1, 0.0, 3, 60.0, "a"), Queued(2, 0.0, 0, 0.0, "a"),
+        ...         Queued(3, 0.0, 0, 0.0, "b c"), Queued(4, 0.0, 0, 0.0, "c")]
+        >>> [row.id for row in sendable(rows)]   # 2 waits for 1 (its trigger), 4 for 3
+        [1, 3]
+    """
+    held: set[str] = set()
+    out = []
+    for row in rows:
+        keys = set((row.fingerprints or "").split()) or {""}
+        if not keys & held:
+            out.append(row)
+        held |= keys
+    return out
 
 
 def _reason(outcome: Outcome) -> str:
@@ -119,6 +156,7 @@ class Outbox:
         self.notifiers = notifiers
         self.policy = RetryPolicy.from_settings(settings)
         self.max_pending = settings.max_pending
+        self.attempt_timeout = settings.attempt_timeout_seconds
         self.metrics = metrics
         self.clock = clock
         self.rand = rand
@@ -134,18 +172,26 @@ class Outbox:
     # -- queue ----------------------------------------------------------------------------
 
     def enqueue(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float) -> bool:
-        """Add a notification inside the caller's transaction; False if the queue is full."""
+        """Add a notification inside the caller's transaction; False if the queue is full.
+
+        A notification that finds the queue full is stored as already ``failed`` (reason
+        ``outbox_full``), so its alerts show why nobody heard of them."""
+        fingerprints = " ".join(e.fingerprint for e in note.events)
         if self._pending >= self.max_pending:
+            error = f"outbox full ({self._pending} pending), max_pending={self.max_pending}"
+            conn.execute(
+                "INSERT INTO outbox (channel, body, created_at, next_at, state, last_error, "
+                "done_at, fingerprints) VALUES (?,?,?,?,'failed',?,?,?)",
+                (channel, wire.dumps(note.to_dict()), now, now, error, now, fingerprints),
+            )
             self.metrics.notifications.labels(channel=channel, outcome="dropped").inc()
             self.metrics.undelivered.labels(channel=channel, reason="outbox_full").inc()
-            log.error("outbox full (%d pending): dropped a %s notification for %s",
-                      self._pending, channel, note.group)
+            log.error("%s: NOT QUEUED, a %s notification for %s", error, channel, note.group)
             return False
         conn.execute(
             "INSERT INTO outbox (channel, body, created_at, next_at, fingerprints) "
             "VALUES (?,?,?,?,?)",
-            (channel, wire.dumps(note.to_dict()), now, now,
-             " ".join(e.fingerprint for e in note.events)),
+            (channel, wire.dumps(note.to_dict()), now, now, fingerprints),
         )
         self._set_pending(self._pending + 1)
         # Safe before the commit: the sender's read waits on the database lock that this
@@ -164,40 +210,60 @@ class Outbox:
     # -- delivery -------------------------------------------------------------------------
 
     def deliver_next(self, channel: str, client: httpx.Client) -> float | None:
-        """Try the channel's oldest pending notification if it is due.
+        """Try the channel's sendable notification that has been due longest, if any is.
 
         Returns seconds until something may be due again (0: go on now), None when empty.
         """
-        rows = self.db.query(
-            "SELECT id, body, created_at, attempts, next_at FROM outbox "
-            "WHERE channel = ? AND state = 'pending' ORDER BY id LIMIT 1", (channel,),
-        )
-        if not rows:
+        now = self.clock()
+        self._expire(channel, now)
+        [(oldest, soonest)] = self.db.query(
+            "SELECT MIN(created_at), MIN(next_at) FROM outbox "
+            "WHERE channel = ? AND state = 'pending'", (channel,))
+        self.metrics.oldest_pending.labels(channel=channel).set(
+            0.0 if oldest is None else now - oldest)
+        if soonest is None:
             return None
-        row, now = Queued(*rows[0]), self.clock()
-        due = max(row.next_at,
-                  self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval)
-        if due > now:
-            return due - now
-        if now - row.created_at > self.policy.max_age:
-            self._finish(row.id, channel, "failed", "expired before delivery", now,
-                         reason="expired")
-            return 0.0
-        outcome = self._attempt(channel, row.body, client)
+        ready = self._last_send.get(channel, 0.0) + self.notifiers[channel].min_interval
+        if max(soonest, ready) > now:  # all in backoff (a receiver is down): skip the scan
+            return max(soonest, ready) - now
+        rows = [Queued(*r) for r in self.db.query(
+            "SELECT id, created_at, attempts, next_at, fingerprints FROM outbox "
+            "WHERE channel = ? AND state = 'pending' ORDER BY id", (channel,))]
+        row = min(sendable(rows), key=lambda r: (r.next_at, r.id))
+        if row.next_at > now:
+            return row.next_at - now
+        [(body,)] = self.db.query("SELECT body FROM outbox WHERE id = ?", (row.id,))
+        outcome = self._attempt(channel, body, client)
         self._last_send[channel] = self.clock()
         self._record(row, channel, outcome, self.clock())
         return 0.0
+
+    def _expire(self, channel: str, now: float) -> None:
+        """End every pending message older than max_age, tried or not, queued behind
+        another or not: a page nobody will hear of is a failure, not a pending one."""
+        old = self.db.query(
+            "SELECT id, attempts FROM outbox WHERE channel = ? AND state = 'pending' "
+            "AND created_at < ?", (channel, now - self.policy.max_age))
+        for row_id, attempts in old:
+            self._finish(row_id, channel, "failed",
+                         f"expired before delivery ({attempts} attempts)", now, reason="expired")
 
     def _attempt(self, channel: str, body: bytes, client: httpx.Client) -> Outcome:
         note = Notification.from_dict(wire.loads(body))
         t0 = time.perf_counter()
         try:
-            return self.notifiers[channel].send(note, client)
+            with AttemptDeadline(client, self.attempt_timeout) as deadline:
+                outcome = self.notifiers[channel].send(note, client)
         except Exception as exc:  # a bug in a payload builder must not kill the sender
             log.exception("%s notifier failed on %s", channel, note.group)
             return Outcome(OutcomeKind.PERMANENT, f"internal error: {type(exc).__name__}")
         finally:
             self.metrics.duration.labels(channel=channel).observe(time.perf_counter() - t0)
+        if deadline.expired and outcome.kind is not OutcomeKind.OK:
+            self.metrics.deadline_exceeded.labels(channel=channel).inc()
+            return Outcome(OutcomeKind.RETRY, f"no complete answer within attempt_timeout_"
+                                              f"seconds={self.attempt_timeout:g}")
+        return outcome
 
     def _record(self, row: Queued, channel: str, outcome: Outcome, now: float) -> None:
         outcome = dataclasses.replace(outcome, detail=self.redact(outcome.detail))

@@ -108,6 +108,8 @@ class Engine:
         alert state), could not be made durable. In the latter case the records are stored
         but their runs leave memory: reloading replays them from the store (on the client's
         retry, the next tick or a restart), so a page is never lost to a failed commit.
+        Any other exception after the commit does the same and leaves as it is (-> 500):
+        a record is acknowledged only once its alert state is durable, whatever failed.
         """
         result = IngestResult()
         admitted = self._admit(items, result, now)
@@ -125,10 +127,14 @@ class Engine:
                 assert live is not None  # admitted just now, on this thread
                 self._process(live, item.record, row_id, now, result)
             self._finish(result)
-        except StorageError as exc:
+        except Exception as exc:
+            # Kept in memory, the runs would count these records as judged and the retry
+            # as a duplicate: the page would be lost. Evicted, they are judged again.
             for run_id in {item.record.run_id for item in admitted}:
                 self.registry.evict(run_id)
-            raise StorageError(f"records stored, their alerts not: {exc}") from exc
+            if isinstance(exc, StorageError):
+                raise StorageError(f"records stored, their alerts not: {exc}") from exc
+            raise
         return result
 
     def preview(self, items: Sequence[Incoming], now: float) -> int:
@@ -137,8 +143,11 @@ class Engine:
 
         Nothing is stored and no detector state changes: the step's in-order copy, when the
         backlog reaches it, is stored and judged like any other and its finding folds into
-        the alert begun here (``Alerting.preview``). A run not in memory is paged about with
-        what the record carries (its id, rank and step) and is not loaded for it.
+        the alert begun here (``Alerting.preview``). A stored run not in memory is paged
+        about with what the record carries (its id, rank and step) and is not loaded for it.
+        A run the sidecar never stored pages nothing: a preview pages only about runs that
+        ingest admitted (under ``max_active_runs``), so made-up run ids cannot fill the
+        outbox ahead of real pages; its in-order copy pages as any record does.
         """
         begun = 0
         for item in items:
@@ -146,6 +155,8 @@ class Engine:
             if not isinstance(record, StepRecord):
                 continue
             live = self.registry.get(record.run_id)
+            if live is None and self.store.run_row(record.run_id) is None:
+                continue
             if live is not None and live.state.is_late(record):
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)

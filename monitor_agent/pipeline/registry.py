@@ -100,16 +100,19 @@ class RunRegistry:
     def load(self, run_id: str, now: float) -> LiveRun:
         """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail.
 
-        Raises StorageError (the run stays out of memory, marked to be analysed again)."""
+        Raises StorageError, or whatever replaying its tail raised (the run stays out of
+        memory, marked to be analysed again: a half-replayed run would skip records)."""
         live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
                                             DetectorSuite(self.settings.detectors))
         try:
             after = recovery.restore_run(self.store, live.state, live.suite, now)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now)
-        except StorageError as exc:
+        except Exception as exc:
             self.evict(run_id)
-            raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
+            if isinstance(exc, StorageError):
+                raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
+            raise
         self._reanalyse.discard(run_id)
         return live
 

@@ -231,3 +231,17 @@ def test_every_series_exists_from_the_first_scrape(harness: Harness):
                  "monitor_agent_outbox_pending 0.0",
                  'monitor_agent_notification_duration_seconds_count{channel="slack"} 0.0'):
         assert line in text
+
+
+def test_an_alert_that_cannot_be_worded_holds_back_only_its_own_run(harness: Harness):
+    """A stored finding that no longer parses (damaged, or written by another version)
+    made every flush fail, so no run was paged again; now only that run waits."""
+    harness.alerting.stop()  # nothing flushes while the damage is made
+    harness.handle(nan(run_id="bad"), run="bad")
+    with harness.alerting.db.tx() as conn:
+        conn.execute("UPDATE alerts SET finding = ? WHERE run_id = 'bad'", (b"{not json",))
+    harness.handle(nan(run_id="good"), run="good")
+    harness.alerting.start()
+    pages = harness.pd.wait_for(1, accepted_only=True)
+    assert [p.json["payload"]["custom_details"]["run_id"] for p in pages] == ["good"]
+    assert [a.state for a in harness.alerting.store.alerts(run_id="bad")] == ["pending"]

@@ -114,3 +114,26 @@ def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
             assert pages[0].json["payload"]["custom_details"]["step"] == 12
         finally:
             sc.stop()
+
+
+def test_a_nan_step_at_time_1e308_with_grafana_links_is_paged(tmp_path: Path):
+    """Building the dashboard link from ``time: 1e308`` overflowed after the records were
+    committed: 500, the retry a duplicate, and no page ever. Any time is data: the step is
+    acknowledged and paged, its link without a time range."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    with Receiver("pagerduty") as pd:
+        settings = load_settings(data_dir=tmp_path / "data", alerting={
+            "rules_file": rules, "group_wait_seconds": 0.05, "grafana_url": "http://grafana:3000",
+            "pagerduty": {"routing_key": PD_KEY, "url": pd.url + "/v2/enqueue"}})
+        with LiveServer(settings) as srv:
+            url = srv.url + "/v1/records"
+            assert httpx.post(url, json=_batch(range(1, 11), -1)).status_code == 200
+            nan = {"kind": "step", "run_id": "dur", "step": 11, "time": 1e308, "loss": "NaN"}
+            r = httpx.post(url, json={"records": [nan]}, timeout=60)
+            assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+            [page] = pd.wait_for(1, timeout=20, accepted_only=True)
+            assert page.json["payload"]["custom_details"]["step"] == 11
+            assert page.json["client_url"].endswith("?var-run=dur")
+            [alert] = httpx.get(srv.url + "/v1/alerts").json()["alerts"]
+            assert alert["delivery"]["pagerduty"]["state"] == "sent"

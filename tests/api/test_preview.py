@@ -85,9 +85,12 @@ def test_a_preview_pages_before_the_backlog_and_the_in_order_copy_joins_it(
     assert len(alert) == 1 and alert[0]["last_step"] >= 14
 
 
-def test_a_preview_for_an_unknown_run_pages_with_what_the_record_carries(
+def test_a_preview_for_a_stored_run_not_in_memory_pages_with_what_the_record_carries(
         stopping_sidecar, pd_receiver):
     sc = stopping_sidecar
+    assert sc.post(_records("stranger", range(1, 3))).status_code == 200
+    sc.kill()  # the restarted sidecar has the run stored, not yet in memory
+    sc.start()
     answer = _preview(sc.url, [{"kind": "step", "run_id": "stranger", "rank": 3, "step": 500,
                                 "time": 1.0, "loss": 1.0, "grad_norm": "Infinity"}]).json()
     assert answer["alerts"] == 1
@@ -95,7 +98,24 @@ def test_a_preview_for_an_unknown_run_pages_with_what_the_record_carries(
     details = page["payload"]["custom_details"]
     assert (details["step"], details["rank"]) == (500, 3)
     assert "grad_norm is inf at step 500" in page["payload"]["summary"]
-    assert httpx.get(sc.url + "/v1/runs/stranger/records").json().get("records", []) == []
+    assert [r["step"] for r in sc.records("stranger") if r["kind"] == "step"] == [1, 2]
+
+
+def test_previews_for_made_up_runs_page_nothing_and_delay_no_real_page(
+        stopping_sidecar, pd_receiver):
+    """120 previews of runs nobody ingested took 120 alerts and held a real page behind
+    them; a preview pages only what ingest could have paged, so they begin nothing."""
+    sc = stopping_sidecar
+    made_up = [{"kind": "step", "run_id": f"ghost-{i}", "step": 1, "time": 1.0, "loss": "NaN"}
+               for i in range(120)]
+    for chunk in range(0, 120, 40):  # under max_records_per_request
+        answer = _preview(sc.url, made_up[chunk:chunk + 40]).json()
+        assert answer["received"] == 40 and answer["alerts"] == 0
+    assert sc.post(_records("real", range(1, NAN_FROM + 1))).status_code == 200
+    [page] = _wait_pages(pd_receiver, "real", 1)
+    assert page["payload"]["custom_details"]["step"] == NAN_FROM
+    assert [a["run_id"] for a in httpx.get(sc.url + "/v1/alerts").json()["alerts"]] == ["real"]
+    assert len(pd_receiver.requests) == 1
 
 
 def test_a_preview_of_a_finite_or_amp_overflow_step_pages_nothing(stopping_sidecar):

@@ -1,8 +1,11 @@
 """The outbox against real local receivers: retries, Retry-After, 400s, timeouts, order,
-rate limits, limits and durability, on an injected clock."""
+rate limits, limits and durability, on an injected clock; and the delivery guarantees (no
+head-of-line blocking, a deadline per attempt, nothing pending past max_age) end to end,
+through a real sidecar."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,12 +13,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from live_server import LiveServer
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.channel_settings import OutboxSettings
 from monitor_agent.notify.outbox import Outbox, RetryPolicy
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
+from monitor_agent.settings import load_settings
 from receivers import Receiver, Reply
 from sample_events import T0, event, note
 
@@ -204,3 +209,105 @@ def test_sender_threads_deliver_promptly_and_stop_cleanly(tmp_path, pd):
     outbox.stop(timeout=5)
     assert [r.json["dedup_key"] for r in got] == ["monitor-agent-x", "monitor-agent-y"]
     assert threads and all(not t.is_alive() for t in threads)
+
+
+# -- the guarantees, through a real sidecar ---------------------------------------------
+
+NAN_RULES = """
+routes: {page: [pagerduty]}
+rules:
+  - name: NaNLoss
+    match: {types: [nan_inf]}
+    severity: critical
+    fingerprint: []
+"""
+
+
+def _sidecar(tmp: Path, pd: Receiver, **outbox) -> LiveServer:
+    rules = tmp / "rules.yaml"
+    rules.write_text(NAN_RULES)
+    return LiveServer(load_settings(data_dir=tmp / "data", alerting={
+        "rules_file": rules, "group_wait_seconds": 0.05, "outbox": outbox,
+        "pagerduty": {"routing_key": KEY, "url": pd.url + "/v2/enqueue"}}))
+
+
+def _nan(srv: LiveServer, run_id: str) -> None:
+    records = [{"kind": "step", "run_id": run_id, "step": 1, "time": 1000.0, "loss": "NaN"}]
+    assert httpx.post(srv.url + "/v1/records", json={"records": records}).status_code == 200
+
+
+def _delivery(srv: LiveServer, run_id: str) -> dict:
+    [alert] = httpx.get(srv.url + "/v1/alerts", params={"run_id": run_id}).json()["alerts"]
+    return alert["delivery"].get("pagerduty", {})
+
+
+def _until(pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (got := pred()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def _metric(srv: LiveServer, line_start: str) -> float:
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {line_start} in /metrics")
+
+
+def test_a_page_that_fails_does_not_hold_back_another_runs_page(tmp_path, pd):
+    """Run a's page gets a 500 and a 10-minute backoff; run b's page, queued behind it on
+    the same channel, goes out at once, and a's is still pending with its error."""
+    pd.script(Reply(500, {"status": "unavailable"}))
+    with _sidecar(tmp_path, pd, backoff_base_seconds=600, backoff_cap_seconds=600) as srv:
+        _nan(srv, "a")
+        pd.wait_for(1)
+        _nan(srv, "b")
+        [page] = pd.wait_for(1, timeout=20, accepted_only=True)
+        assert page.json["payload"]["custom_details"]["run_id"] == "b"
+        a = _delivery(srv, "a")
+        assert (a["state"], a["attempts"]) == ("pending", 1) and "HTTP 500" in a["last_error"]
+        assert _until(lambda: _delivery(srv, "b").get("state") == "sent")
+
+
+def test_a_trickling_receiver_costs_one_bounded_attempt_then_the_page_goes_out(tmp_path, pd):
+    """Every read is short (one byte a second, the read timeout is 5 s), the answer never
+    ends: the attempt is cut off at its deadline, counted, and the retry delivers."""
+    pd.script(Reply(202, {"status": "success"}, trickle=1.0))
+    with _sidecar(tmp_path, pd, attempt_timeout_seconds=0.5, backoff_base_seconds=0.1) as srv:
+        _nan(srv, "t")
+        assert _until(lambda: _delivery(srv, "t").get("state") == "sent")
+        assert _delivery(srv, "t")["attempts"] == 1
+        deadline = 'monitor_agent_notification_deadline_exceeded_total{channel="pagerduty"}'
+        assert _metric(srv, deadline) == 1
+
+
+def test_a_page_past_max_age_ends_failed_not_pending(tmp_path, pd):
+    """A receiver that never finishes an answer: the page ends failed (expired) after its
+    attempts, shown on GET /v1/alerts and counted, rather than pending with 0 attempts."""
+    pd.script(*[Reply(202, {"status": "success"}, trickle=1.0)] * 50)
+    with _sidecar(tmp_path, pd, attempt_timeout_seconds=0.3, backoff_base_seconds=0.1,
+                  max_age_seconds=1.0) as srv:
+        _nan(srv, "m")
+        assert _until(lambda: _delivery(srv, "m").get("state") == "failed")
+        failed = _delivery(srv, "m")
+        assert failed["attempts"] >= 1 and "expired" in failed["last_error"]
+        expired = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="expired"}'
+        assert _metric(srv, expired) == 1
+
+
+def test_a_page_that_finds_the_outbox_full_shows_failed_with_the_reason(tmp_path, pd):
+    """max_pending is reached by a page its receiver refuses for now: the next page is not
+    queued, and its alert says so (``failed``, outbox full) instead of ``delivery: {}``."""
+    pd.script(Reply(500, {"status": "unavailable"}))
+    with _sidecar(tmp_path, pd, max_pending=1, backoff_base_seconds=600,
+                  backoff_cap_seconds=600) as srv:
+        _nan(srv, "a")
+        pd.wait_for(1)
+        _nan(srv, "b")
+        full = _until(lambda: _delivery(srv, "b"))
+        assert (full["state"], full["attempts"]) == ("failed", 0)
+        assert "outbox full" in full["last_error"] and "max_pending=1" in full["last_error"]
+        dropped = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="outbox_full"}'
+        assert _metric(srv, dropped) == 1
+        assert _delivery(srv, "a")["state"] == "pending"

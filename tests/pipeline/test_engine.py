@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 
 from live_server import LiveServer
@@ -106,3 +107,32 @@ def test_without_a_sink_findings_are_still_stored_and_nothing_pages(tmp_path: Pa
     assert [f.type for f in result.findings] == ["nan_inf"] and result.actions == []
     assert engine.store.finding_counts("r") == {"nan_inf": 1}
     assert engine.preview(_items([nan]), now=6.0) == 0
+
+
+class FailingOnceSink(RecordingSink):
+    """A sink whose first ``handle`` raises something other than a storage error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict]:
+        if not self.failed:
+            self.failed = True
+            raise OverflowError("cannot convert float infinity to integer")
+        return super().handle(run, findings, now)
+
+
+def test_any_failure_after_the_commit_analyses_the_run_again_on_the_retry(tmp_path: Path):
+    """The records are stored, their alert state is not: the retry is all duplicates, and
+    still the NaN reaches the sink (the run was judged again from the store)."""
+    sink = FailingOnceSink()
+    engine = _engine(tmp_path, sink)
+    ok = [{"kind": "step", "run_id": "r", "step": s, "time": float(s), "loss": 1.0}
+          for s in (1, 2)]
+    engine.ingest(_items(ok), now=3.0)
+    nan = _items([{"kind": "step", "run_id": "r", "step": 3, "time": 3.0, "loss": "NaN"}])
+    with pytest.raises(OverflowError):  # reaches the caller: the record is not acked
+        engine.ingest(nan, now=4.0)
+    assert engine.ingest(nan, now=5.0).duplicates == 1
+    assert [c[2] for c in sink.calls if c[0] == "handle"] == [["nan_inf"]]
