@@ -38,6 +38,7 @@ import numpy as np
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
+from monitor_agent.records.schemas import StepModel
 from monitor_agent.storage.database import storage_errors, transaction
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
@@ -49,6 +50,12 @@ MATRICES: dict[str, str] = {
 """Per-step vectors and the name space (parameters or modules) their entries follow."""
 
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
+
+MAX_USER_SCALARS = 256
+"""Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
+script logging a fresh name every step must not grow the history without bound."""
+
+_STEP_FIELDS = frozenset(StepModel.model_fields)
 
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
@@ -76,6 +83,9 @@ CREATE TABLE IF NOT EXISTS matrix_blocks (
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, rank INTEGER, step INTEGER, val_loss REAL, categories TEXT,
     PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS user_scalars (
+    run_id TEXT, rank INTEGER, name INTEGER, step INTEGER, value REAL,
+    PRIMARY KEY (run_id, rank, name, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
@@ -114,6 +124,32 @@ def _nan(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
     return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    """A measured value: a number or a spelled non-finite one (not a bool, not text)."""
+    value = wire.nonfinite_to_float(value)
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def user_scalars(step: dict[str, Any]) -> dict[str, Any]:
+    """The script's own numbers on a step record: every top-level field docs/format.md does
+    not define (``log_step(..., accuracy=0.91)``), and one level into an object field of its
+    own (``log_step(..., extra={"ppl": 7.3})`` gives ``extra/ppl``).
+
+        >>> user_scalars({"kind": "step", "run_id": "r", "step": 3, "time": 1.0, "loss": 2.0,
+        ...               "accuracy": 0.91, "note": "text", "extra": {"ppl": "NaN", "ok": True}})
+        {'accuracy': 0.91, 'extra/ppl': 'NaN'}
+    """
+    out: dict[str, Any] = {}
+    for key, value in step.items():
+        if key in _STEP_FIELDS:
+            continue
+        if isinstance(value, dict):
+            out.update((f"{key}/{k}", v) for k, v in value.items() if _is_number(v))
+        elif _is_number(value):
+            out[key] = value
+    return out
 
 
 def _nonfinite(value: Any) -> bool:
@@ -161,6 +197,7 @@ class HistoryBuilder:
         self._steps: list[tuple[Any, ...]] = []
         self._evals: list[tuple[Any, ...]] = []
         self._matrices: list[tuple[Any, ...]] = []
+        self._user: list[tuple[Any, ...]] = []
 
     # -- folding --------------------------------------------------------------------------
 
@@ -211,6 +248,18 @@ class HistoryBuilder:
         bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)
+        if not _STEP_FIELDS.issuperset(obj):  # a set operation: free on the common step
+            self._add_user(run_id, rank, step, user_scalars(obj))
+
+    def _add_user(self, run_id: str, rank: int, step: int, found: dict[str, Any]) -> None:
+        if not found:
+            return
+        index = self._place(run_id, "user", [])
+        fresh = [n for n in found if n not in index][:max(0, MAX_USER_SCALARS - len(index))]
+        if fresh:
+            self._place(run_id, "user", fresh)
+        self._user.extend((run_id, rank, index[n], step, _num(v)) for n, v in found.items()
+                          if n in index)
 
     def _add_vectors(self, run_id: str, rank: int, step: int, obj: dict[str, Any]) -> None:
         # Whole columns at once: a GPT-sized record has ~150 layers x several stats, and a
@@ -257,7 +306,11 @@ class HistoryBuilder:
         self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
 
     def _add_eval(self, obj: dict[str, Any]) -> None:
-        cats = category_losses({k: _num(v) for k, v in (obj.get("metrics") or {}).items()})
+        metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
+        cats = category_losses({k: _num(v) for k, v in metrics.items()})
+        self._add_user(obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
+                       {f"eval/{k}": v for k, v in metrics.items()
+                        if not k.startswith("loss/") and _is_number(v)})
         self._evals.append((obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
                             _num(obj.get("val_loss")), wire.dumps(cats).decode() if cats else None))
 
@@ -300,6 +353,7 @@ class HistoryBuilder:
                                         for r in self._steps})
             db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", self._evals)
             db.executemany("INSERT OR REPLACE INTO matrices VALUES (?,?,?,?,?)", self._matrices)
+            db.executemany("INSERT OR REPLACE INTO user_scalars VALUES (?,?,?,?,?)", self._user)
             blocks.aggregate_matrices(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
                                            for r in self._matrices if r[2] in BLOCKED_MATRICES})
             db.executemany("INSERT OR REPLACE INTO names VALUES (?,?,?)",
@@ -308,5 +362,5 @@ class HistoryBuilder:
                            [(*k, v.raw, v.n) for k, v in self._ema.items()])
             if last_id is not None:
                 db.execute("INSERT OR REPLACE INTO cursor VALUES (0, ?)", (last_id,))
-        self._steps, self._evals, self._matrices = [], [], []
+        self._steps, self._evals, self._matrices, self._user = [], [], [], []
         self._dirty_names.clear()

@@ -37,7 +37,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from monitor_agent.api.deps import AlertingDep, HistoryDep, QueriesDep, RunnerDep, require_read
+from monitor_agent.api.deps import (
+    AlertingDep,
+    HistoryDep,
+    QueriesDep,
+    RunnerDep,
+    ServicesDep,
+    require_read,
+)
+from monitor_agent.detectors.update_ratio import UpdateRatioSettings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
@@ -49,12 +57,16 @@ from monitor_agent.ui.models import (
     RunsOut,
     RunSummaryOut,
     SeriesOut,
+    UserSeries,
 )
 
 STATIC = resources.files("monitor_agent.ui") / "static"
 pages = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
 Rank = Query(0, ge=0, le=2**31, description="Which rank's series.")
+_RATIO = UpdateRatioSettings()
+UPDATE_LIMITS = (_RATIO.update_ratio_min, _RATIO.update_ratio_max)
+"""The update-ratio detector's default hard limits (the report's; a sidecar sends its own)."""
 Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
 
 
@@ -96,7 +108,8 @@ def _history(path: Path) -> History:
 
 
 def series_answer(db: History, run_id: str, rank: int, start: int | None,
-                  end: int | None, points: int) -> SeriesOut | None:
+                  end: int | None, points: int,
+                  update_limits: tuple[float, float] = UPDATE_LIMITS) -> SeriesOut | None:
     """The whole series answer (the report embeds the very same one)."""
     meta = sr.run_meta(db, run_id)
     found = sr.scalars(db, run_id, rank, start, end, points)
@@ -104,6 +117,7 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
             and not sr.has_run(db, run_id)):
         return None
     lo, hi = found.get("range", [0, 0])
+    user = sr.user_names(db, run_id)
     return SeriesOut(
         run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],
         count=found.get("count", 0), bucketed=found["bucketed"], steps=found["steps"],
@@ -114,6 +128,10 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
         rank_step_time=RankStepTimes.model_validate(
             sr.rank_step_times(db, run_id, lo, hi, points)),
         latest=sr.latest(db, run_id, rank),
+        recent_tokens_per_second=sr.recent_throughput(db, run_id, rank),
+        update_limits=list(update_limits), user_names=user,
+        user_scalars={n: UserSeries.model_validate(v) for n, v in sr.user_series(
+            db, run_id, rank, lo, hi, points, user[:sr.USER_CHARTS]).items()},
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
         layers=meta["layers"], modules=meta["modules"],
     )
@@ -121,11 +139,14 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, history: HistoryDep, points: int = Points, rank: int = Rank,
-               start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
+def get_series(run_id: str, history: HistoryDep, services: ServicesDep, points: int = Points,
+               rank: int = Rank, start: int | None = _step("First"),
+               end: int | None = _step("Last")) -> Response:
     db = _history(history)
+    detectors = services.settings.detectors
     try:
-        out = series_answer(db, run_id, rank, start, end, points)
+        out = series_answer(db, run_id, rank, start, end, points,
+                            (detectors.update_ratio_min, detectors.update_ratio_max))
     finally:
         db.close()
     if out is None:

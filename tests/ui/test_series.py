@@ -17,7 +17,7 @@ from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import SCHEMA, HistoryBuilder, open_history
+from monitor_agent.ui.history import MAX_USER_SCALARS, SCHEMA, HistoryBuilder, open_history
 
 
 def build(records: list[dict]) -> sqlite3.Connection:
@@ -85,6 +85,43 @@ def test_layer_matrix_is_in_model_order_with_max_per_bucket():
     assert set(rows[0]) == {0.5} and max(rows[1]) == 9.0 and set(rows[2]) == {2.0}
 
 
+def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
+    over = {s: {"accuracy": s / 1000, "extra": {"ppl": 7.0, "tag": "x"}, "note": "text"}
+            for s in range(1, 1001)}
+    over[500]["accuracy"] = "NaN"
+    recs = steps(1000, over) + [
+        {"kind": "eval", "run_id": "r", "step": s, "time": 1.0, "val_loss": 2.0,
+         "metrics": {"bleu": s / 10, "loss/code": 2.5}} for s in (250, 500, 750)]
+    db = build(recs)
+    assert sr.user_names(db, "r") == ["accuracy", "extra/ppl", "eval/bleu"]
+    out = sr.user_series(db, "r", 0, 1, 1000, 100, sr.user_names(db, "r"))
+    acc = out["accuracy"]
+    assert len(acc["steps"]) == 100 and max(acc["max"]) == 1.0 and min(acc["min"]) == 0.001
+    assert set(out["extra/ppl"]["mean"]) == {7.0}
+    assert out["eval/bleu"] == {"steps": [250, 500, 750], "mean": [25.0, 50.0, 75.0],
+                                "min": None, "max": None}  # one eval per bucket: as stored
+    exact = sr.user_series(db, "r", 0, 499, 501, 100, ["accuracy"])["accuracy"]
+    assert exact["steps"] == [499, 500, 501] and exact["mean"][1] is None
+
+
+def test_user_scalar_names_are_bounded_per_run():
+    over = {s: {f"m{s}_{i}": 1.0 for i in range(10)} for s in range(1, 41)}
+    db = build(steps(40, over))
+    names = sr.user_names(db, "r")
+    assert len(names) == MAX_USER_SCALARS and names[0] == "m1_0"
+    stored = db.execute("SELECT COUNT(DISTINCT name), MAX(name) FROM user_scalars").fetchone()
+    assert stored == (MAX_USER_SCALARS, MAX_USER_SCALARS - 1)
+
+
+def test_header_throughput_is_a_training_steps_rate_not_the_last_eval_steps():
+    # Every 10th step evaluates and runs at a tenth of the rate; the last step is one.
+    db = build(steps(200, {s: {"tokens_per_second": 5e3 if s % 10 == 0 else 5e4}
+                           for s in range(1, 201)}))
+    assert sr.latest(db, "r", 0)["tokens_per_second"] == 5e3
+    assert sr.recent_throughput(db, "r", 0) == 5e4
+    assert sr.recent_throughput(build(steps(5)), "r", 0) is None
+
+
 def test_update_band_follows_the_detectors_phases():
     band = sr.update_band([5, 500, 900], warmup=10, total=1000)
     assert band == {"low": [1e-3, 1e-4, 1e-5], "high": [1e-2, 1e-3, 1e-4]}
@@ -111,6 +148,7 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert max(out["series"]["loss"]["max"]) == 9.0
         assert out["warmup"] == 10 and out["total_steps"] == 300
         assert len(out["update_band"]["low"]) == 30
+        assert out["update_limits"] == [1e-7, 0.1] and out["user_names"] == []
         zoom = httpx.get(srv.url + "/v1/runs/r/series?points=30&start=100&end=200",
                          headers=auth).json()
         assert zoom["range"] == [100, 200] and zoom["count"] == 101
