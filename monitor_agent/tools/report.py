@@ -120,7 +120,8 @@ def _html(data: dict[str, Any]) -> str:
     page = (STATIC / "run.html").read_text()
     css = "".join((STATIC / p).read_text() for p in ("vendor/uPlot.min.css", "ui.css"))
     scripts = [(STATIC / p).read_text() for p in
-               ("vendor/uPlot.iife.min.js", "common.js", "heatmap.js", "charts.js", "run.js")]
+               ("vendor/uPlot.iife.min.js", "common.js", "heatmap.js", "plotview.js", "charts.js",
+                "run.js")]
     # "</" inside a script would end it early; JSON allows the escaped slash.
     embedded = wire.dumps(data).decode().replace("</", "<\\/")
     safe = [s.replace("</script", "<\\/script") for s in scripts]

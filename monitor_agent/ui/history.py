@@ -38,7 +38,6 @@ import numpy as np
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
-from monitor_agent.records.schemas import StepModel
 from monitor_agent.storage.database import storage_errors, transaction
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
@@ -54,8 +53,6 @@ QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVE
 MAX_USER_SCALARS = 256
 """Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
 script logging a fresh name every step must not grow the history without bound."""
-
-_STEP_FIELDS = frozenset(StepModel.model_fields)
 
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
@@ -133,23 +130,17 @@ def _is_number(value: Any) -> bool:
 
 
 def user_scalars(step: dict[str, Any]) -> dict[str, Any]:
-    """The script's own numbers on a step record: every top-level field docs/format.md does
-    not define (``log_step(..., accuracy=0.91)``), and one level into an object field of its
-    own (``log_step(..., extra={"ppl": 7.3})`` gives ``extra/ppl``).
+    """The script's own numbers on a step record: its ``metrics`` (docs/format.md), as
+    ``log_step(..., metrics={"accuracy": 0.91})`` sends them.
 
         >>> user_scalars({"kind": "step", "run_id": "r", "step": 3, "time": 1.0, "loss": 2.0,
-        ...               "accuracy": 0.91, "note": "text", "extra": {"ppl": "NaN", "ok": True}})
-        {'accuracy': 0.91, 'extra/ppl': 'NaN'}
+        ...               "metrics": {"accuracy": 0.91, "ppl": "NaN", "ok": True}})
+        {'accuracy': 0.91, 'ppl': 'NaN'}
     """
-    out: dict[str, Any] = {}
-    for key, value in step.items():
-        if key in _STEP_FIELDS:
-            continue
-        if isinstance(value, dict):
-            out.update((f"{key}/{k}", v) for k, v in value.items() if _is_number(v))
-        elif _is_number(value):
-            out[key] = value
-    return out
+    metrics = step.get("metrics")
+    if not isinstance(metrics, dict):
+        return {}
+    return {k: v for k, v in metrics.items() if _is_number(v)}
 
 
 def _nonfinite(value: Any) -> bool:
@@ -248,7 +239,7 @@ class HistoryBuilder:
         bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)
-        if not _STEP_FIELDS.issuperset(obj):  # a set operation: free on the common step
+        if "metrics" in obj:
             self._add_user(run_id, rank, step, user_scalars(obj))
 
     def _add_user(self, run_id: str, rank: int, step: int, found: dict[str, Any]) -> None:

@@ -64,6 +64,9 @@ class SeriesOut(BaseModel):
     evals: Evals
     rank_step_time: RankStepTimes
     latest: dict[str, float | None] = Field(description="The last stored step's values.")
+    repeat_every_steps: int = Field(
+        default=100, description="Detectors report a lasting condition again after this many "
+        "steps: findings of one kind closer than that are one episode.")
     recent_tokens_per_second: float | None = Field(
         default=None, description="Median tokens/s of the last 64 steps that report one.")
     user_names: list[str] = Field(default_factory=list, description="Every scalar the script "

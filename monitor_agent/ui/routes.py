@@ -45,7 +45,7 @@ from monitor_agent.api.deps import (
     ServicesDep,
     require_read,
 )
-from monitor_agent.detectors.update_ratio import UpdateRatioSettings
+from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
@@ -64,9 +64,6 @@ STATIC = resources.files("monitor_agent.ui") / "static"
 pages = APIRouter(include_in_schema=False)
 api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
 Rank = Query(0, ge=0, le=2**31, description="Which rank's series.")
-_RATIO = UpdateRatioSettings()
-UPDATE_LIMITS = (_RATIO.update_ratio_min, _RATIO.update_ratio_max)
-"""The update-ratio detector's default hard limits (the report's; a sidecar sends its own)."""
 Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
 
 
@@ -84,6 +81,11 @@ def runs_page() -> HTMLResponse:
 @pages.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(run_id: str) -> HTMLResponse:
     return HTMLResponse((STATIC / "run.html").read_text())
+
+
+@pages.get("/compare", response_class=HTMLResponse)
+def compare_page() -> HTMLResponse:
+    return HTMLResponse((STATIC / "compare.html").read_text())
 
 
 @pages.get("/ui/static/{path:path}")
@@ -109,8 +111,10 @@ def _history(path: Path) -> History:
 
 def series_answer(db: History, run_id: str, rank: int, start: int | None,
                   end: int | None, points: int,
-                  update_limits: tuple[float, float] = UPDATE_LIMITS) -> SeriesOut | None:
-    """The whole series answer (the report embeds the very same one)."""
+                  detectors: DetectorSettings | None = None) -> SeriesOut | None:
+    """The whole series answer (the report embeds the very same one); ``detectors`` are the
+    sidecar's detector settings (default: the defaults)."""
+    knobs = detectors or DetectorSettings()
     meta = sr.run_meta(db, run_id)
     found = sr.scalars(db, run_id, rank, start, end, points)
     if (not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None
@@ -129,7 +133,8 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
             sr.rank_step_times(db, run_id, lo, hi, points)),
         latest=sr.latest(db, run_id, rank),
         recent_tokens_per_second=sr.recent_throughput(db, run_id, rank),
-        update_limits=list(update_limits), user_names=user,
+        update_limits=[knobs.update_ratio_min, knobs.update_ratio_max],
+        repeat_every_steps=knobs.repeat_every_steps, user_names=user,
         user_scalars={n: UserSeries.model_validate(v) for n, v in sr.user_series(
             db, run_id, rank, lo, hi, points, user[:sr.USER_CHARTS]).items()},
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
@@ -143,10 +148,8 @@ def get_series(run_id: str, history: HistoryDep, services: ServicesDep, points: 
                rank: int = Rank, start: int | None = _step("First"),
                end: int | None = _step("Last")) -> Response:
     db = _history(history)
-    detectors = services.settings.detectors
     try:
-        out = series_answer(db, run_id, rank, start, end, points,
-                            (detectors.update_ratio_min, detectors.update_ratio_max))
+        out = series_answer(db, run_id, rank, start, end, points, services.settings.detectors)
     finally:
         db.close()
     if out is None:

@@ -86,9 +86,8 @@ def test_layer_matrix_is_in_model_order_with_max_per_bucket():
 
 
 def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
-    over = {s: {"accuracy": s / 1000, "extra": {"ppl": 7.0, "tag": "x"}, "note": "text"}
-            for s in range(1, 1001)}
-    over[500]["accuracy"] = "NaN"
+    over = {s: {"metrics": {"accuracy": s / 1000, "extra/ppl": 7.0}} for s in range(1, 1001)}
+    over[500]["metrics"]["accuracy"] = "NaN"
     recs = steps(1000, over) + [
         {"kind": "eval", "run_id": "r", "step": s, "time": 1.0, "val_loss": 2.0,
          "metrics": {"bleu": s / 10, "loss/code": 2.5}} for s in (250, 500, 750)]
@@ -105,7 +104,7 @@ def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
 
 
 def test_user_scalar_names_are_bounded_per_run():
-    over = {s: {f"m{s}_{i}": 1.0 for i in range(10)} for s in range(1, 41)}
+    over = {s: {"metrics": {f"m{s}_{i}": 1.0 for i in range(10)}} for s in range(1, 41)}
     db = build(steps(40, over))
     names = sr.user_names(db, "r")
     assert len(names) == MAX_USER_SCALARS and names[0] == "m1_0"
