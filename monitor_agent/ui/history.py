@@ -297,7 +297,8 @@ class HistoryBuilder:
         self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
 
     def _add_eval(self, obj: dict[str, Any]) -> None:
-        metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
+        found = obj.get("metrics")
+        metrics: dict[str, Any] = found if isinstance(found, dict) else {}
         cats = category_losses({k: _num(v) for k, v in metrics.items()})
         self._add_user(obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
                        {f"eval/{k}": v for k, v in metrics.items()

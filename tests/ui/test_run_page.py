@@ -167,7 +167,7 @@ def test_header_and_labels_fit_and_say_what_they_mean(browser, lr_runs, shots: P
     # chart's range is the curve's own, with no band below it.
     lo, hi = browser.execute_script(
         "const s = window.runPage.charts.update.scales.y; return [s.min, s.max]")
-    assert 1e-7 < lo and hi < 0.1
+    assert lo > 1e-7 and hi < 0.1
     browser.execute_script("document.getElementById('chart-heat_grad').scrollIntoView()")
     browser.save_screenshot(str(shots / "run-heatmaps.png"))
 
