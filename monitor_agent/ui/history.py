@@ -83,6 +83,10 @@ CREATE TABLE IF NOT EXISTS evals (
 CREATE TABLE IF NOT EXISTS user_scalars (
     run_id TEXT, rank INTEGER, name INTEGER, step INTEGER, value REAL,
     PRIMARY KEY (run_id, rank, name, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS user_blocks (
+    run_id TEXT, rank INTEGER, name INTEGER, level INTEGER, block INTEGER, n INTEGER,
+    step_sum REAL, vmin REAL, vmax REAL, vsum REAL, vn INTEGER,
+    PRIMARY KEY (run_id, rank, name, level, block)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
@@ -346,6 +350,8 @@ class HistoryBuilder:
             db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", self._evals)
             db.executemany("INSERT OR REPLACE INTO matrices VALUES (?,?,?,?,?)", self._matrices)
             db.executemany("INSERT OR REPLACE INTO user_scalars VALUES (?,?,?,?,?)", self._user)
+            blocks.aggregate_user(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
+                                       for r in self._user})
             blocks.aggregate_matrices(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
                                            for r in self._matrices if r[2] in BLOCKED_MATRICES})
             db.executemany("INSERT OR REPLACE INTO names VALUES (?,?,?)",

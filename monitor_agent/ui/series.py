@@ -160,9 +160,11 @@ def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
 @storage_errors()
 def recent_throughput(db: sqlite3.Connection, run_id: str, rank: int) -> float | None:
     """The median tokens/s of the last ``RECENT_STEPS`` steps that report one."""
-    rows = db.execute("SELECT tokens_per_second FROM steps WHERE run_id=? AND rank=? AND "
-                      "tokens_per_second IS NOT NULL ORDER BY step DESC LIMIT ?",
-                      (run_id, rank, RECENT_STEPS)).fetchall()
+    # Among the last 4 x RECENT_STEPS steps only: a run that never reports tokens/s must
+    # not cost a scan of all its steps on every poll.
+    rows = db.execute("SELECT tps FROM (SELECT tokens_per_second AS tps FROM steps WHERE "
+                      "run_id=? AND rank=? ORDER BY step DESC LIMIT ?) WHERE tps IS NOT NULL "
+                      "LIMIT ?", (run_id, rank, 4 * RECENT_STEPS, RECENT_STEPS)).fetchall()
     return float(np.median([r[0] for r in rows])) if rows else None
 
 
@@ -178,14 +180,24 @@ def user_names(db: sqlite3.Connection, run_id: str) -> list[str]:
 def user_series(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
                 points: int, names: list[str]) -> dict[str, dict[str, Any]]:
     """Each named user scalar on its own steps in [lo, hi], at most ``points`` buckets
-    (min/max only where a bucket held several steps). Non-finite values are null."""
+    (min/max only where a bucket held several steps). Non-finite values are null. Long
+    ranges read the pre-aggregated blocks (blocks.aggregate_user), as ``scalars`` does."""
     bucket, bargs = _bucket_sql(lo, hi, points)
+    level = block_level(lo, hi, points)
     out: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(names):
-        rows = db.execute(
-            f"SELECT CAST(AVG(step) AS INTEGER), MIN(value), MAX(value), AVG(value), COUNT(*) "
-            f"FROM user_scalars WHERE run_id=? AND rank=? AND name=? AND step BETWEEN ? AND ? "
-            f"GROUP BY {bucket} ORDER BY 1", [run_id, rank, i, lo, hi, *bargs]).fetchall()
+        if level is None:
+            sql = (f"SELECT CAST(AVG(step) AS INTEGER), MIN(value), MAX(value), AVG(value), "
+                   f"COUNT(*) FROM user_scalars WHERE run_id=? AND rank=? AND name=? AND step "
+                   f"BETWEEN ? AND ? GROUP BY {bucket} ORDER BY 1")
+            args = [run_id, rank, i, lo, hi, *bargs]
+        else:
+            sql = ("SELECT CAST(SUM(step_sum) / SUM(n) AS INTEGER), MIN(vmin), MAX(vmax), "
+                   "SUM(vsum) / SUM(vn), SUM(n) FROM user_blocks WHERE run_id=? AND rank=? AND "
+                   "name=? AND level=? AND block BETWEEN ? AND ? AND n > 0 GROUP BY "
+                   "CAST((step_sum / n - ?) * ? / ? AS INTEGER) ORDER BY 1")
+            args = [run_id, rank, i, level, lo // level, hi // level, lo, points, hi - lo + 1]
+        rows = db.execute(sql, args).fetchall()
         if not rows:
             continue
         cols = list(zip(*rows, strict=True))

@@ -103,6 +103,26 @@ def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
     assert exact["steps"] == [499, 500, 501] and exact["mean"][1] is None
 
 
+def test_user_scalar_blocks_keep_a_one_step_spike_and_the_mean_at_any_zoom():
+    recs = steps(20_000, {s: {"metrics": {"acc": 0.5}} for s in range(1, 20_001)})
+    recs[12_345]["metrics"]["acc"] = 9.0  # step 12,345 (recs[0] is the run record)
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(SCHEMA)
+    builder = HistoryBuilder(db, ema_alpha=0.9)
+    for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
+        builder.add(rec)
+        if i % 1500 == 0:
+            builder.commit()
+    builder.commit()
+    for points, level in ((10, 256), (100, 64), (300, 16), (5000, None)):
+        assert sr.block_level(1, 20_000, points) == level
+        acc = sr.user_series(db, "r", 0, 1, 20_000, points, ["acc"])["acc"]
+        assert len(acc["steps"]) <= points and acc["steps"] == sorted(acc["steps"])
+        spike = acc["max"].index(9.0)
+        assert abs(acc["steps"][spike] - 12_345) <= 20_000 / points, (points, spike)
+        assert min(acc["min"]) == 0.5 and 0.5 <= sum(acc["mean"]) / len(acc["mean"]) < 0.51
+
+
 def test_user_scalar_names_are_bounded_per_run():
     over = {s: {"metrics": {f"m{s}_{i}": 1.0 for i in range(10)}} for s in range(1, 41)}
     db = build(steps(40, over))
@@ -156,6 +176,26 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert bad.status_code == 422
         assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404
         assert math.isfinite(out["series"]["loss"]["mean"][0])
+
+
+def test_step_metrics_sent_over_http_come_back_in_the_series(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path)
+    recs = steps(50, {s: {"metrics": {"accuracy": s / 50}} for s in range(1, 51)})
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", json={"records": recs}, timeout=30)
+        assert res.status_code == 200, res.text
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = httpx.get(srv.url + "/v1/runs/r/series?points=100").json()
+            if out.get("count") == 50:
+                break
+            time.sleep(0.1)
+        assert out["user_names"] == ["accuracy"]
+        assert out["user_scalars"]["accuracy"]["steps"] == list(range(1, 51))
+        assert out["user_scalars"]["accuracy"]["mean"][-1] == 1.0
+        bad = httpx.post(srv.url + "/v1/records", timeout=30, json={"records": [
+            {"kind": "step", "run_id": "r", "step": 51, "time": 1.0, "metrics": {"a": "x"}}]})
+        assert bad.status_code == 422 and "metrics" in bad.text
 
 
 def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():

@@ -396,7 +396,8 @@
     const firsts = new Map();
     for (const f of [...S.findings].sort((a, b) => a.step - b.step))
       if (!firsts.has(f.type)) firsts.set(f.type, f);
-    const paged = new Set((detail.alerts || []).map(a => a.type));
+    // Paged: an alert of the kind went out (a pending one has not yet; a silenced one never).
+    const paged = new Set((detail.alerts || []).filter(a => a.state !== "pending" && !a.silenced).map(a => a.type));
     const verdict = typeof detail.verdict === "string" ? detail.verdict : detail.verdict &&
       (detail.verdict.summary || detail.verdict.text || detail.verdict.message || null);
     const key = JSON.stringify([[...firsts.values()].map(f => [f.type, f.step]), [...paged], verdict]);
