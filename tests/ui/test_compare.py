@@ -62,6 +62,10 @@ def test_compare_aligns_by_step_and_shares_the_view_in_its_url(browser, lr_runs,
         "return [...document.querySelectorAll('#charts .card')].filter(c => "
         "c.dataset.chart.startsWith('user-') && c.style.display !== 'none').length")
     assert users == 3  # accuracy, perplexity, eval/bleu: every run's own scalars
+    browser.execute_script("window.comparePage.charts.loss.setScale('x', {min: 290, max: 330})")
+    WebDriverWait(browser, 5).until(lambda d: d.execute_script(  # every chart follows
+        "return Object.values(window.comparePage.charts).every(u => u.scales.x.min === 290 && "
+        "u.scales.x.max === 330)"))
     chips = [c.get_attribute("data-run") for c in browser.find_elements(By.CSS_SELECTOR, ".chip")]
     assert chips == ["baseline", "lr-x100"]
     browser.save_screenshot(str(shots / "compare-2-smoothed-log.png"))

@@ -81,11 +81,22 @@
       cursor: {sync: {key: "compare"}},
       series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
       legend: {live: true},
+      hooks: {setScale: [(u_, key) => { if (key === "x") followZoom(u_); }]},
     }, data, card.querySelector(".plot"));
     u._key = key;
     const rows = u.root.querySelectorAll(".u-legend .u-series");
     lines.forEach((l, i) => { if (PlotView.hiddenInLegend(l.label) && rows[i + 1]) rows[i + 1].style.display = "none"; });
     S.charts[def.id] = u;
+  }
+  // A drag-zoom (or double-click reset) on one chart moves every chart to the same steps.
+  let zooming = false;
+  function followZoom(from) {
+    if (zooming) return;
+    zooming = true;
+    const {min, max} = from.scales.x;
+    try {
+      for (const u of Object.values(S.charts)) if (u !== from) u.setScale("x", {min, max});
+    } finally { zooming = false; }
   }
   function userDefs() {
     const names = [];
