@@ -188,3 +188,44 @@ def test_a_run_with_no_steps_says_so(browser, lr_runs):
         By.CSS_SELECTOR, "tr[data-run='empty']"))
     row = browser.find_element(By.CSS_SELECTOR, "tr[data-run='empty']")
     assert "no steps yet" in row.text and "-1" not in row.text
+
+
+def test_many_scalars_chart_the_first_twelve_and_name_the_rest(browser, lr_runs):
+    import httpx
+
+    names = [f"m{i:02d}" for i in range(15)]
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10, json={
+        "records": [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s, "loss": 2.0,
+                     "metrics": {n: s * (i + 1) for i, n in enumerate(names)}}
+                    for s in range(1, 21)]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/many")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && "
+        "document.querySelectorAll('#user-charts .card').length === 12"))
+    titles = browser.execute_script(
+        "return [...document.querySelectorAll('#user-charts .card h2')].map(h => "
+        "h.firstChild.textContent)")
+    assert titles == names[:12]
+    assert browser.find_element(By.ID, "user-more").text == "3 more not charted: m12, m13, m14"
+
+
+def test_the_update_ratio_alert_limit_shows_where_the_curve_reaches_it(browser, lr_runs,
+                                                                      shots: Path):
+    import httpx
+
+    # The ratio climbs from 1e-3 to 0.5 (update_norm / param_norm), past the 0.1 limit.
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10, json={
+        "records": [{"kind": "step", "run_id": "hot", "step": s, "time": 1.0 + s, "loss": 2.0,
+                     "param_norm": 100.0, "update_norm": 0.1 * 1.1 ** s} for s in range(1, 90)]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/hot")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && !!window.runPage.charts.update"))
+    shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "return window.runPage.charts.update.limitsShown"))
+    assert shown == [0.1]
+    browser.execute_script("document.getElementById('chart-update').scrollIntoView()")
+    browser.save_screenshot(str(shots / "run-update-limit.png"))
+    open_run(browser, lr_runs, "baseline")  # a healthy ratio: no limit in its range
+    assert browser.execute_script("return window.runPage.charts.update.limitsShown") == []

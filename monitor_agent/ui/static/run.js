@@ -166,6 +166,7 @@
     const {min, max} = u.scales.y;
     if (limits.length !== 2 || min == null || max == null) return;
     const ctx = u.ctx, {left, top, width, height} = u.bbox, dpr = devicePixelRatio;
+    u.limitsShown = limits.filter(limit => limit > min && limit < max);  // for the tests
     limits.forEach((limit, i) => {
       if (!(limit > min && limit < max)) return;
       const y = u.valToPos(limit, "y", true);
@@ -178,7 +179,7 @@
       ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + width, y); ctx.stroke();
       ctx.restore();
       plotLabel(u, `alert ${i ? "above" : "below"} ${MA.compact(limit)}`, "#b00020",
-                i ? y + 3 * dpr : y - 16 * dpr);
+                i ? y - 16 * dpr : y + 3 * dpr);  // on the alerting side
     });
   }
   function visibleCharts() {
