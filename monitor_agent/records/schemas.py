@@ -183,10 +183,12 @@ class StepModel(_Wire):
     grad_norms: Annotated[dict[Name, Num], Field(max_length=MAX_LAYERS)] | None = None
     nonfinite_modules: Annotated[list[Name], Field(max_length=MAX_NAMED_MODULES)] | None = None
     nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None
+    # The script's own numbers (accuracy, perplexity, ...), as an eval's: charted by the UI.
+    metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] | None = None
 
     @model_validator(mode="after")
     def _budgets(self) -> StepModel:
-        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations"):
+        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations", "metrics"):
             limits.check_names(getattr(self, where), where)
         count = limits.hist_values(self.grad_hist, self.param_hist)
         if count > limits.MAX_HIST_VALUES:

@@ -270,6 +270,8 @@ class StepRecord:
     # the forward pass broke), and how many there were in all.
     nonfinite_modules: tuple[str, ...] | None = wire_field(tuple)
     nonfinite_module_count: int | None = None
+    # The script's own numbers (log_step(..., metrics=...)): charted, never judged.
+    metrics: dict[str, float | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "step"
 

@@ -60,7 +60,8 @@ def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> 
                 status[obj["run_id"]] = str(obj.get("status", "completed"))
     builder.commit()
     run_id = _main_run(db) or next(iter(sorted(run.run_ids)), "run")
-    answers = _answers(db, run_id, run, status.get(run_id, "ended without an end record"))
+    answers = _answers(db, run_id, run, status.get(run_id, "ended without an end record"),
+                       settings)
     quantile_layers = answers.pop("_quantile_layers")
     data = {"run_id": run_id, "trace": trace.name, "answers": answers,
             "quantile_layers": quantile_layers}
@@ -74,10 +75,11 @@ def _main_run(db: History) -> str | None:
     return row[0] if row else None
 
 
-def _answers(db: History, run_id: str, run: ReplayRun, status: str) -> dict[str, Any]:
+def _answers(db: History, run_id: str, run: ReplayRun, status: str,
+             settings: Settings) -> dict[str, Any]:
     base = "/v1/runs/" + quote(run_id, safe="")
     findings = [f.to_dict() for f in run.findings if f.run_id == run_id]
-    series = series_answer(db, run_id, 0, None, None, REPORT_POINTS)
+    series = series_answer(db, run_id, 0, None, None, REPORT_POINTS, settings.detectors)
     answers: dict[str, Any] = {
         base: _detail(db, run_id, findings, status),
         base + "/findings": {"run_id": run_id, "findings": findings[::-1]},
@@ -120,7 +122,8 @@ def _html(data: dict[str, Any]) -> str:
     page = (STATIC / "run.html").read_text()
     css = "".join((STATIC / p).read_text() for p in ("vendor/uPlot.min.css", "ui.css"))
     scripts = [(STATIC / p).read_text() for p in
-               ("vendor/uPlot.iife.min.js", "common.js", "heatmap.js", "charts.js", "run.js")]
+               ("vendor/uPlot.iife.min.js", "common.js", "heatmap.js", "plotview.js", "charts.js",
+                "run.js")]
     # "</" inside a script would end it early; JSON allows the escaped slash.
     embedded = wire.dumps(data).decode().replace("</", "<\\/")
     safe = [s.replace("</script", "<\\/script") for s in scripts]

@@ -1,7 +1,8 @@
 """Pre-aggregated blocks of the chart history: what makes a whole-run chart cheap.
 
 Each level holds, per block of ``level`` steps, the min/max/sum/count of every scalar
-(``step_blocks``) and the per-layer max of each layer statistic (``matrix_blocks``); each
+(``step_blocks``) and of each scalar the script logged itself (``user_blocks``), and the
+per-layer max of each layer statistic (``matrix_blocks``); each
 level is rebuilt from the one below for the blocks a commit touched. A whole-run chart of
 200,000 steps in 1,000 buckets then reads 3,125 blocks of 64 instead of 200,000 rows.
 
@@ -72,6 +73,31 @@ def _block_sql(level: int, below: int | None) -> str:
     return (f"INSERT OR REPLACE INTO step_blocks SELECT ?, ?, ?, ?, SUM(n), SUM(step_sum), "
             f"{aggs} FROM step_blocks WHERE run_id=? AND rank=? AND level=? "
             "AND block BETWEEN ? AND ?")
+
+
+def aggregate_user(db: sqlite3.Connection, touched: set[tuple[str, int, int, int]]) -> None:
+    """Recompute the touched level-16 blocks of the script's own scalars and the levels
+    above: ``(run_id, rank, name index, block)``. A run logging accuracy every step for
+    200,000 steps is then read in blocks too, not row by row."""
+    below = None
+    for level in BLOCK_LEVELS:
+        if below is not None:
+            touched = {(run, rank, name, b * below // level) for run, rank, name, b in touched}
+        for run_id, rank, name, block in touched:
+            if below is None:
+                db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, COUNT(*), "
+                           "SUM(step), MIN(value), MAX(value), SUM(value), COUNT(value) FROM "
+                           "user_scalars WHERE run_id=? AND rank=? AND name=? AND step BETWEEN "
+                           "? AND ?", (run_id, rank, name, level, block, run_id, rank, name,
+                                       block * level, (block + 1) * level - 1))
+            else:
+                db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, SUM(n), "
+                           "SUM(step_sum), MIN(vmin), MAX(vmax), SUM(vsum), SUM(vn) FROM "
+                           "user_blocks WHERE run_id=? AND rank=? AND name=? AND level=? AND "
+                           "block BETWEEN ? AND ?", (run_id, rank, name, level, block, run_id,
+                                                     rank, name, below, block * level // below,
+                                                     (block + 1) * level // below - 1))
+        below = level
 
 
 def aggregate_matrices(db: sqlite3.Connection, touched: set[tuple[str, int, str, int]]) -> None:

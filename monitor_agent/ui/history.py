@@ -50,6 +50,10 @@ MATRICES: dict[str, str] = {
 
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
+MAX_USER_SCALARS = 256
+"""Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
+script logging a fresh name every step must not grow the history without bound."""
+
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
 
@@ -76,6 +80,13 @@ CREATE TABLE IF NOT EXISTS matrix_blocks (
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, rank INTEGER, step INTEGER, val_loss REAL, categories TEXT,
     PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS user_scalars (
+    run_id TEXT, rank INTEGER, name INTEGER, step INTEGER, value REAL,
+    PRIMARY KEY (run_id, rank, name, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS user_blocks (
+    run_id TEXT, rank INTEGER, name INTEGER, level INTEGER, block INTEGER, n INTEGER,
+    step_sum REAL, vmin REAL, vmax REAL, vsum REAL, vn INTEGER,
+    PRIMARY KEY (run_id, rank, name, level, block)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
@@ -114,6 +125,26 @@ def _nan(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
     return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    """A measured value: a number or a spelled non-finite one (not a bool, not text)."""
+    value = wire.nonfinite_to_float(value)
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def user_scalars(step: dict[str, Any]) -> dict[str, Any]:
+    """The script's own numbers on a step record: its ``metrics`` (docs/format.md), as
+    ``log_step(..., metrics={"accuracy": 0.91})`` sends them.
+
+        >>> user_scalars({"kind": "step", "run_id": "r", "step": 3, "time": 1.0, "loss": 2.0,
+        ...               "metrics": {"accuracy": 0.91, "ppl": "NaN", "ok": True}})
+        {'accuracy': 0.91, 'ppl': 'NaN'}
+    """
+    metrics = step.get("metrics")
+    if not isinstance(metrics, dict):
+        return {}
+    return {k: v for k, v in metrics.items() if _is_number(v)}
 
 
 def _nonfinite(value: Any) -> bool:
@@ -161,6 +192,7 @@ class HistoryBuilder:
         self._steps: list[tuple[Any, ...]] = []
         self._evals: list[tuple[Any, ...]] = []
         self._matrices: list[tuple[Any, ...]] = []
+        self._user: list[tuple[Any, ...]] = []
 
     # -- folding --------------------------------------------------------------------------
 
@@ -211,6 +243,18 @@ class HistoryBuilder:
         bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)
+        if "metrics" in obj:
+            self._add_user(run_id, rank, step, user_scalars(obj))
+
+    def _add_user(self, run_id: str, rank: int, step: int, found: dict[str, Any]) -> None:
+        if not found:
+            return
+        index = self._place(run_id, "user", [])
+        fresh = [n for n in found if n not in index][:max(0, MAX_USER_SCALARS - len(index))]
+        if fresh:
+            self._place(run_id, "user", fresh)
+        self._user.extend((run_id, rank, index[n], step, _num(v)) for n, v in found.items()
+                          if n in index)
 
     def _add_vectors(self, run_id: str, rank: int, step: int, obj: dict[str, Any]) -> None:
         # Whole columns at once: a GPT-sized record has ~150 layers x several stats, and a
@@ -257,7 +301,12 @@ class HistoryBuilder:
         self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
 
     def _add_eval(self, obj: dict[str, Any]) -> None:
-        cats = category_losses({k: _num(v) for k, v in (obj.get("metrics") or {}).items()})
+        found = obj.get("metrics")
+        metrics: dict[str, Any] = found if isinstance(found, dict) else {}
+        cats = category_losses({k: _num(v) for k, v in metrics.items()})
+        self._add_user(obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
+                       {f"eval/{k}": v for k, v in metrics.items()
+                        if not k.startswith("loss/") and _is_number(v)})
         self._evals.append((obj["run_id"], int(obj.get("rank", 0)), int(obj["step"]),
                             _num(obj.get("val_loss")), wire.dumps(cats).decode() if cats else None))
 
@@ -300,6 +349,9 @@ class HistoryBuilder:
                                         for r in self._steps})
             db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", self._evals)
             db.executemany("INSERT OR REPLACE INTO matrices VALUES (?,?,?,?,?)", self._matrices)
+            db.executemany("INSERT OR REPLACE INTO user_scalars VALUES (?,?,?,?,?)", self._user)
+            blocks.aggregate_user(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
+                                       for r in self._user})
             blocks.aggregate_matrices(db, {(r[0], r[1], r[2], r[3] // BLOCK_LEVELS[0])
                                            for r in self._matrices if r[2] in BLOCKED_MATRICES})
             db.executemany("INSERT OR REPLACE INTO names VALUES (?,?,?)",
@@ -308,5 +360,5 @@ class HistoryBuilder:
                            [(*k, v.raw, v.n) for k, v in self._ema.items()])
             if last_id is not None:
                 db.execute("INSERT OR REPLACE INTO cursor VALUES (0, ?)", (last_id,))
-        self._steps, self._evals, self._matrices = [], [], []
+        self._steps, self._evals, self._matrices, self._user = [], [], [], []
         self._dirty_names.clear()

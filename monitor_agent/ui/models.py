@@ -23,6 +23,12 @@ class SeriesValues(BaseModel):
     max: Values | None = None
 
 
+class UserSeries(SeriesValues):
+    """A scalar the training script logged itself, on its own steps."""
+
+    steps: list[int]
+
+
 class Band(BaseModel):
     low: Values
     high: Values
@@ -51,10 +57,22 @@ class SeriesOut(BaseModel):
     steps: list[int] = Field(description="The x of each bucket (its mean step).")
     series: dict[str, SeriesValues]
     update_band: Band = Field(description="The update-ratio detector's healthy phase band.")
+    update_limits: list[float] = Field(
+        default_factory=list, description="The update-ratio detector's hard limits [min, max]: "
+        "it fires when the median ratio leaves them.")
     nonfinite_steps: list[int] = Field(description="Steps whose loss or grad norm was NaN/Inf.")
     evals: Evals
     rank_step_time: RankStepTimes
     latest: dict[str, float | None] = Field(description="The last stored step's values.")
+    repeat_every_steps: int = Field(
+        default=100, description="Detectors report a lasting condition again after this many "
+        "steps: findings of one kind closer than that are one episode.")
+    recent_tokens_per_second: float | None = Field(
+        default=None, description="Median tokens/s of the last 64 steps that report one.")
+    user_names: list[str] = Field(default_factory=list, description="Every scalar the script "
+                                  "logged itself (extra step fields, eval metrics as eval/...).")
+    user_scalars: dict[str, UserSeries] = Field(
+        default_factory=dict, description="The first 12 of user_names, downsampled.")
     warmup: int
     total_steps: int | None
     layers: list[str] = Field(description="Parameter names in model order.")

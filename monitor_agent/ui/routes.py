@@ -37,7 +37,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from monitor_agent.api.deps import AlertingDep, HistoryDep, QueriesDep, RunnerDep, require_read
+from monitor_agent.api.deps import (
+    AlertingDep,
+    HistoryDep,
+    QueriesDep,
+    RunnerDep,
+    ServicesDep,
+    require_read,
+)
+from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
@@ -49,6 +57,7 @@ from monitor_agent.ui.models import (
     RunsOut,
     RunSummaryOut,
     SeriesOut,
+    UserSeries,
 )
 
 STATIC = resources.files("monitor_agent.ui") / "static"
@@ -74,6 +83,11 @@ def run_page(run_id: str) -> HTMLResponse:
     return HTMLResponse((STATIC / "run.html").read_text())
 
 
+@pages.get("/compare", response_class=HTMLResponse)
+def compare_page() -> HTMLResponse:
+    return HTMLResponse((STATIC / "compare.html").read_text())
+
+
 @pages.get("/ui/static/{path:path}")
 def static(path: str) -> Response:
     target = STATIC.joinpath(*[p for p in path.split("/") if p not in ("", ".", "..")])
@@ -96,14 +110,18 @@ def _history(path: Path) -> History:
 
 
 def series_answer(db: History, run_id: str, rank: int, start: int | None,
-                  end: int | None, points: int) -> SeriesOut | None:
-    """The whole series answer (the report embeds the very same one)."""
+                  end: int | None, points: int,
+                  detectors: DetectorSettings | None = None) -> SeriesOut | None:
+    """The whole series answer (the report embeds the very same one); ``detectors`` are the
+    sidecar's detector settings (default: the defaults)."""
+    knobs = detectors or DetectorSettings()
     meta = sr.run_meta(db, run_id)
     found = sr.scalars(db, run_id, rank, start, end, points)
     if (not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None
             and not sr.has_run(db, run_id)):
         return None
     lo, hi = found.get("range", [0, 0])
+    user = sr.user_names(db, run_id)
     return SeriesOut(
         run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],
         count=found.get("count", 0), bucketed=found["bucketed"], steps=found["steps"],
@@ -114,6 +132,11 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
         rank_step_time=RankStepTimes.model_validate(
             sr.rank_step_times(db, run_id, lo, hi, points)),
         latest=sr.latest(db, run_id, rank),
+        recent_tokens_per_second=sr.recent_throughput(db, run_id, rank),
+        update_limits=[knobs.update_ratio_min, knobs.update_ratio_max],
+        repeat_every_steps=knobs.repeat_every_steps, user_names=user,
+        user_scalars={n: UserSeries.model_validate(v) for n, v in sr.user_series(
+            db, run_id, rank, lo, hi, points, user[:sr.USER_CHARTS]).items()},
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
         layers=meta["layers"], modules=meta["modules"],
     )
@@ -121,11 +144,12 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, history: HistoryDep, points: int = Points, rank: int = Rank,
-               start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
+def get_series(run_id: str, history: HistoryDep, services: ServicesDep, points: int = Points,
+               rank: int = Rank, start: int | None = _step("First"),
+               end: int | None = _step("Last")) -> Response:
     db = _history(history)
     try:
-        out = series_answer(db, run_id, rank, start, end, points)
+        out = series_answer(db, run_id, rank, start, end, points, services.settings.detectors)
     finally:
         db.close()
     if out is None:

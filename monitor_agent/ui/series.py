@@ -42,6 +42,14 @@ from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
 
+USER_CHARTS = 12
+"""User scalars answered per series request (first logged first); the page names the rest."""
+
+RECENT_STEPS = 64
+"""Steps the header's throughput is the median of. Eval and checkpoint steps are slow
+outliers (nanoGPT's eval step runs at a tenth of the rate) and fewer than half of any
+64 consecutive steps, so the median is a training step's rate whichever step came last."""
+
 
 def _clean(values: Any) -> list[float | None]:
     """JSON-safe floats: NaN/Inf (a bucket with no value) become null."""
@@ -147,6 +155,57 @@ def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
     if row is None:
         return {}
     return {"step": row[0], **dict(zip(SCALARS, _clean(row[1:]), strict=True))}
+
+
+@storage_errors()
+def recent_throughput(db: sqlite3.Connection, run_id: str, rank: int) -> float | None:
+    """The median tokens/s of the last ``RECENT_STEPS`` steps that report one."""
+    # Among the last 4 x RECENT_STEPS steps only: a run that never reports tokens/s must
+    # not cost a scan of all its steps on every poll.
+    rows = db.execute("SELECT tps FROM (SELECT tokens_per_second AS tps FROM steps WHERE "
+                      "run_id=? AND rank=? ORDER BY step DESC LIMIT ?) WHERE tps IS NOT NULL "
+                      "LIMIT ?", (run_id, rank, 4 * RECENT_STEPS, RECENT_STEPS)).fetchall()
+    return float(np.median([r[0] for r in rows])) if rows else None
+
+
+@storage_errors()
+def user_names(db: sqlite3.Connection, run_id: str) -> list[str]:
+    """The run's user scalar names, first logged first (history.user_scalars)."""
+    row = db.execute("SELECT names FROM names WHERE run_id=? AND space='user'",
+                     (run_id,)).fetchone()
+    return list(wire.loads(row[0])) if row else []
+
+
+@storage_errors()
+def user_series(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+                points: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each named user scalar on its own steps in [lo, hi], at most ``points`` buckets
+    (min/max only where a bucket held several steps). Non-finite values are null. Long
+    ranges read the pre-aggregated blocks (blocks.aggregate_user), as ``scalars`` does."""
+    bucket, bargs = _bucket_sql(lo, hi, points)
+    level = block_level(lo, hi, points)
+    out: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        if level is None:
+            sql = (f"SELECT CAST(AVG(step) AS INTEGER), MIN(value), MAX(value), AVG(value), "
+                   f"COUNT(*) FROM user_scalars WHERE run_id=? AND rank=? AND name=? AND step "
+                   f"BETWEEN ? AND ? GROUP BY {bucket} ORDER BY 1")
+            args = [run_id, rank, i, lo, hi, *bargs]
+        else:
+            sql = ("SELECT CAST(SUM(step_sum) / SUM(n) AS INTEGER), MIN(vmin), MAX(vmax), "
+                   "SUM(vsum) / SUM(vn), SUM(n) FROM user_blocks WHERE run_id=? AND rank=? AND "
+                   "name=? AND level=? AND block BETWEEN ? AND ? AND n > 0 GROUP BY "
+                   "CAST((step_sum / n - ?) * ? / ? AS INTEGER) ORDER BY 1")
+            args = [run_id, rank, i, level, lo // level, hi // level, lo, points, hi - lo + 1]
+        rows = db.execute(sql, args).fetchall()
+        if not rows:
+            continue
+        cols = list(zip(*rows, strict=True))
+        many = max(cols[4]) > 1
+        out[name] = {"steps": list(cols[0]), "mean": _clean(cols[3]),
+                     "min": _clean(cols[1]) if many else None,
+                     "max": _clean(cols[2]) if many else None}
+    return out
 
 
 def block_level(lo: int, hi: int, points: int) -> int | None:

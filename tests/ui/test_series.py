@@ -17,7 +17,7 @@ from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import SCHEMA, HistoryBuilder, open_history
+from monitor_agent.ui.history import MAX_USER_SCALARS, SCHEMA, HistoryBuilder, open_history
 
 
 def build(records: list[dict]) -> sqlite3.Connection:
@@ -85,6 +85,62 @@ def test_layer_matrix_is_in_model_order_with_max_per_bucket():
     assert set(rows[0]) == {0.5} and max(rows[1]) == 9.0 and set(rows[2]) == {2.0}
 
 
+def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
+    over = {s: {"metrics": {"accuracy": s / 1000, "extra/ppl": 7.0}} for s in range(1, 1001)}
+    over[500]["metrics"]["accuracy"] = "NaN"
+    recs = steps(1000, over) + [
+        {"kind": "eval", "run_id": "r", "step": s, "time": 1.0, "val_loss": 2.0,
+         "metrics": {"bleu": s / 10, "loss/code": 2.5}} for s in (250, 500, 750)]
+    db = build(recs)
+    assert sr.user_names(db, "r") == ["accuracy", "extra/ppl", "eval/bleu"]
+    out = sr.user_series(db, "r", 0, 1, 1000, 100, sr.user_names(db, "r"))
+    acc = out["accuracy"]
+    assert len(acc["steps"]) == 100 and max(acc["max"]) == 1.0 and min(acc["min"]) == 0.001
+    assert set(out["extra/ppl"]["mean"]) == {7.0}
+    assert out["eval/bleu"] == {"steps": [250, 500, 750], "mean": [25.0, 50.0, 75.0],
+                                "min": None, "max": None}  # one eval per bucket: as stored
+    exact = sr.user_series(db, "r", 0, 499, 501, 100, ["accuracy"])["accuracy"]
+    assert exact["steps"] == [499, 500, 501] and exact["mean"][1] is None
+
+
+def test_user_scalar_blocks_keep_a_one_step_spike_and_the_mean_at_any_zoom():
+    recs = steps(20_000, {s: {"metrics": {"acc": 0.5}} for s in range(1, 20_001)})
+    recs[12_345]["metrics"]["acc"] = 9.0  # step 12,345 (recs[0] is the run record)
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(SCHEMA)
+    builder = HistoryBuilder(db, ema_alpha=0.9)
+    for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
+        builder.add(rec)
+        if i % 1500 == 0:
+            builder.commit()
+    builder.commit()
+    for points, level in ((10, 256), (100, 64), (300, 16), (5000, None)):
+        assert sr.block_level(1, 20_000, points) == level
+        acc = sr.user_series(db, "r", 0, 1, 20_000, points, ["acc"])["acc"]
+        assert len(acc["steps"]) <= points and acc["steps"] == sorted(acc["steps"])
+        spike = acc["max"].index(9.0)
+        assert abs(acc["steps"][spike] - 12_345) <= 20_000 / points, (points, spike)
+        assert min(acc["min"]) == 0.5 and 0.5 <= sum(acc["mean"]) / len(acc["mean"]) < 0.51
+
+
+def test_user_scalar_names_are_bounded_per_run():
+    over = {s: {"metrics": {f"m{s}_{i}": 1.0 for i in range(10)}} for s in range(1, 41)}
+    db = build(steps(40, over))
+    names = sr.user_names(db, "r")
+    assert len(names) == MAX_USER_SCALARS and names[0] == "m1_0"
+    stored = db.execute("SELECT COUNT(DISTINCT name), MAX(name) FROM user_scalars").fetchone()
+    assert stored == (MAX_USER_SCALARS, MAX_USER_SCALARS - 1)
+
+
+def test_header_throughput_is_a_training_steps_rate_not_the_last_eval_steps():
+    # Every 10th step evaluates and runs at a tenth of the rate; the last step is one.
+    db = build(steps(200, {s: {"tokens_per_second": 5e3 if s % 10 == 0 else 5e4}
+                           for s in range(1, 201)}))
+    assert sr.latest(db, "r", 0)["tokens_per_second"] == 5e3
+    assert sr.recent_throughput(db, "r", 0) == 5e4
+    assert sr.recent_throughput(build(steps(5)), "r", 0) is None
+
+
 def test_update_band_follows_the_detectors_phases():
     band = sr.update_band([5, 500, 900], warmup=10, total=1000)
     assert band == {"low": [1e-3, 1e-4, 1e-5], "high": [1e-2, 1e-3, 1e-4]}
@@ -111,6 +167,7 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert max(out["series"]["loss"]["max"]) == 9.0
         assert out["warmup"] == 10 and out["total_steps"] == 300
         assert len(out["update_band"]["low"]) == 30
+        assert out["update_limits"] == [1e-7, 0.1] and out["user_names"] == []
         zoom = httpx.get(srv.url + "/v1/runs/r/series?points=30&start=100&end=200",
                          headers=auth).json()
         assert zoom["range"] == [100, 200] and zoom["count"] == 101
@@ -119,6 +176,26 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
         assert bad.status_code == 422
         assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404
         assert math.isfinite(out["series"]["loss"]["mean"][0])
+
+
+def test_step_metrics_sent_over_http_come_back_in_the_series(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path)
+    recs = steps(50, {s: {"metrics": {"accuracy": s / 50}} for s in range(1, 51)})
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", json={"records": recs}, timeout=30)
+        assert res.status_code == 200, res.text
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = httpx.get(srv.url + "/v1/runs/r/series?points=100").json()
+            if out.get("count") == 50:
+                break
+            time.sleep(0.1)
+        assert out["user_names"] == ["accuracy"]
+        assert out["user_scalars"]["accuracy"]["steps"] == list(range(1, 51))
+        assert out["user_scalars"]["accuracy"]["mean"][-1] == 1.0
+        bad = httpx.post(srv.url + "/v1/records", timeout=30, json={"records": [
+            {"kind": "step", "run_id": "r", "step": 51, "time": 1.0, "metrics": {"a": "x"}}]})
+        assert bad.status_code == 422 and "metrics" in bad.text
 
 
 def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():

@@ -10,7 +10,7 @@ const Charts = (() => {
     nan_inf: "loss", loss_spike: "loss", divergence: "loss", plateau: "loss", overfitting: "loss",
     loss_scale_collapse: "loss", grad_explosion: "grad", grad_vanishing: "grad",
     clip_saturation: "grad", update_ratio_high: "update", update_ratio_low: "update",
-    throughput_drop: "speed", stalled: "speed", straggler: "steptime", memory_pressure: "memory",
+    throughput_drop: "speed", stalled: "speed", lr_jump: "lr", straggler: "steptime", memory_pressure: "memory",
     dead_layer: "heat_grad", gain_drift: "heat_grad", grad_distribution: "quantiles",
     activation_blowup: "heat_act", dead_units: "heat_zero", category_divergence: "category",
   };
@@ -18,11 +18,12 @@ const Charts = (() => {
   // -- data shaping ---------------------------------------------------------------------
 
   const has = s => s && s.mean.some(v => v !== null);
-  function lineSeries(S_, name, label, color, extra = {}) {
-    // mean line; when bucketed, the bucket's min..max as a faint band around it
+  function lineSeries(S_, name, label, color, extra = {}, smooth = true) {
+    // mean line (smoothed when the view asks: PlotView); when bucketed, the bucket's
+    // min..max as a faint band around it
     const s = S_.series[name];
     if (!has(s)) return [];
-    const out = [{label, values: s.mean, opts: Object.assign({stroke: color, width: 1.5}, extra)}];
+    const out = [{label, smooth, values: s.mean, opts: Object.assign({stroke: color, width: 1.5}, extra)}];
     if (state.bucketed || s.min) {  // stable series set: zooming never rebuilds a chart
       out.push({label: label + " max", values: s.max || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "hi"});
       out.push({label: label + " min", values: s.min || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "lo", fill: color + "22"});
@@ -40,7 +41,7 @@ const Charts = (() => {
   const CHARTS = [
     {id: "loss", title: "Loss · EMA · validation loss", build: d => {
       const lines = [...lineSeries(d, "loss", "loss", COLORS[0]),
-                     ...lineSeries(d, "loss_ema", "loss EMA", COLORS[1], {width: 2})];
+                     ...lineSeries(d, "loss_ema", "loss EMA", COLORS[1], {width: 2}, false)];
       if (!d.evals.steps.length || !d.evals.val_loss.some(v => v !== null)) return {x: d.steps, lines};
       const [xs, [..._a], [val]] = joinX(d.steps, [], d.evals.steps, [d.evals.val_loss]);
       const idx = new Map(d.steps.map((x, i) => [x, i]));
@@ -51,23 +52,23 @@ const Charts = (() => {
     }},
     {id: "grad", title: "Gradient norm · clip threshold", build: d => ({x: d.steps, lines: [
       ...lineSeries(d, "grad_norm", "grad norm", COLORS[0]),
-      ...lineSeries(d, "clip_threshold", "clip threshold", COLORS[1], {dash: [6, 4]})]})},
-    {id: "lr", title: "Learning rate", build: d => ({x: d.steps, lines: lineSeries(d, "lr", "lr", COLORS[3])})},
-    {id: "update", title: "Update / param ratio (healthy phase band shaded)", log: true, build: d => {
-      const lines = lineSeries(d, "update_ratio", "update ratio", COLORS[0]);
-      if (!lines.length) return {x: d.steps, lines};
-      lines.push({label: "band high", values: d.update_band.high, opts: {stroke: "#2e9d5b88", width: 1, dash: [3, 3]}, band: "hi"},
-                 {label: "band low", values: d.update_band.low, opts: {stroke: "#2e9d5b88", width: 1, dash: [3, 3]}, band: "lo", fill: "#2e9d5b1c"});
-      return {x: d.steps, lines};
-    }},
-    {id: "speed", title: "Throughput: tokens/s · MFU", build: d => ({x: d.steps, lines: [
-      ...lineSeries(d, "tokens_per_second", "tokens/s", COLORS[0]),
-      ...lineSeries(d, "mfu", "MFU", COLORS[1], {scale: "mfu"})]}), y2: "mfu"},
+      ...lineSeries(d, "clip_threshold", "clip threshold", COLORS[1], {dash: [6, 4]}, false)]})},
+    {id: "lr", title: "Learning rate", build: d => ({x: d.steps, lines: lineSeries(d, "lr", "lr", COLORS[3], {}, false)})},
+    // The detector's hard limits, not a phase band: it fires only outside them, and a
+    // band the healthy curve sits outside of for a whole run says nothing. They are drawn
+    // over the plot (run.js, drawLimits) only where they fall inside the curve's own range.
+    {id: "update", title: "Update / param ratio (alert limits shown when in range)", log: true, limits: true,
+      build: d => ({x: d.steps, lines: lineSeries(d, "update_ratio", "update ratio", COLORS[0])})},
+    // Two charts, not two scales on one: on a shared plot one curve hides the other.
+    {id: "speed", title: "Throughput (tokens/s)", build: d => ({x: d.steps, lines:
+      lineSeries(d, "tokens_per_second", "tokens/s", COLORS[0])})},
+    {id: "mfu", title: "Model FLOPs utilisation", build: d => ({x: d.steps, lines:
+      lineSeries(d, "mfu", "MFU", COLORS[1])})},
     {id: "memory", title: "Memory (GiB)", build: d => {
       const gib = l => Object.assign(l, {values: l.values.map(v => v == null ? v : v / 2 ** 30)});
-      return {x: d.steps, lines: [...lineSeries(d, "mem_allocated", "allocated", COLORS[0]),
-        ...lineSeries(d, "mem_reserved", "reserved", COLORS[1]),
-        ...lineSeries(d, "mem_peak", "peak allocated", COLORS[2], {dash: [4, 3]})].map(gib)};
+      return {x: d.steps, lines: [...lineSeries(d, "mem_allocated", "allocated", COLORS[0], {}, false),
+        ...lineSeries(d, "mem_reserved", "reserved", COLORS[1], {}, false),
+        ...lineSeries(d, "mem_peak", "peak allocated", COLORS[2], {dash: [4, 3]}, false)].map(gib)};
     }},
     {id: "steptime", title: "Step time per rank (s, slowest in bucket)", build: d => ({
       x: d.rank_step_time.steps,
@@ -84,5 +85,17 @@ const Charts = (() => {
                points: {show: d.evals.steps.length <= 60, size: 4}}}))})},
   ];
 
-  return {COLORS, CHART_OF, CHARTS, state};
+  // One small chart per scalar the script logged itself (series.user_scalars), on its
+  // own steps: an eval metric has a point per eval, not per step.
+  function userChart(name, i) {
+    return {id: "user-" + i, title: name, user: name, box: "user-charts", build: d => {
+      const s = d.user_scalars[name];
+      if (!s) return {x: [], lines: []};
+      const lines = lineSeries({series: {v: s}}, "v", name, COLORS[i % COLORS.length]);
+      lines.forEach(l => { l.opts.points = {show: s.steps.length <= 60, size: 4}; });
+      return {x: s.steps, lines};
+    }};
+  }
+
+  return {COLORS, CHART_OF, CHARTS, state, userChart};
 })();

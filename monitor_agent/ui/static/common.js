@@ -58,6 +58,32 @@ const MA = (() => {
     if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(digits - 1);
     return Number(v.toPrecision(digits)).toString();
   }
+  // Axis-tick and chip numbers: at most ~6 characters ("45k", "3e-4", "0.125"), so a label
+  // never outgrows its axis. SI suffixes from 1e3; below 1e-2 a short exponent form.
+  const SI = ["", "k", "M", "G", "T", "P"];
+  function compact(v, sig = 3) {
+    if (v === null || v === undefined) return "";
+    if (!isFinite(v)) return String(v);
+    const a = Math.abs(v);
+    if (a === 0) return "0";
+    if (a >= 1e3 && a < 1e18) {
+      const k = Math.min(SI.length - 1, Math.floor(Math.log10(a) / 3));
+      return Number((v / 10 ** (3 * k)).toPrecision(sig)) + SI[k];
+    }
+    if (a < 1e-2 || a >= 1e18) {
+      const e = Math.floor(Math.log10(a));
+      return Number((v / 10 ** e).toPrecision(Math.max(1, sig - 1))) + "e" + e;
+    }
+    return String(Number(v.toPrecision(sig)));
+  }
+  // Tick labels that stay distinct however close the ticks are (the significant digits
+  // follow the tick spacing), each as short as compact() makes it.
+  function ticks(splits, incr) {
+    const top = Math.max(...splits.map(v => Math.abs(v ?? 0)));
+    const sig = incr > 0 && top > 0 ? Math.min(8, Math.max(2, Math.ceil(Math.log10(top / incr)) + 1)) : 3;
+    return splits.map(v => v == null ? "" : compact(v, sig));
+  }
+
   function bytes(v) { return v == null ? "–" : (v / 2 ** 30).toFixed(2) + " GiB"; }
   function duration(s) {
     if (s == null) return "–";
@@ -98,6 +124,6 @@ const MA = (() => {
     box.textContent = text || "";
   }
 
-  return {api, ApiError, tokenBox, fmt, bytes, duration, ago, esc, el, tip, notice, report,
+  return {api, ApiError, tokenBox, fmt, compact, ticks, bytes, duration, ago, esc, el, tip, notice, report,
           hasToken: () => !!token()};
 })();

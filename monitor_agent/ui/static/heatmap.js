@@ -10,16 +10,23 @@ const Heatmap = (() => {
     const f = x - i, a = STOPS[i], b = STOPS[i + 1];
     return [a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f];
   }
+  const ROW_PX = 12, MAX_LABELLED = 30;
   function quantile(sorted, q) { return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]; }
 
   class Heat {
     constructor(box, {log = true, label = "value"} = {}) {
       this.box = box; this.log = log; this.label = label;
+      // Row names in a gutter left of the canvas: every row when they fit at ROW_PX, else
+      // every k-th (the hover names any row).
+      this.names = box.appendChild(MA.el("div", {class: "rows"}));
       this.canvas = box.appendChild(document.createElement("canvas"));
       this.legend = box.appendChild(MA.el("div", {class: "legend"}));
       this.m = null;
       this.canvas.addEventListener("mousemove", e => this.hover(e));
       this.canvas.addEventListener("mouseleave", () => MA.tip(null));
+    }
+    markLeft(step) {  // CSS pixels within the box (past the row names)
+      return this.canvas.offsetLeft + this.xpos(step);
     }
     xpos(step) {   // CSS pixels within the canvas
       const [lo, hi] = this.range;
@@ -28,12 +35,15 @@ const Heatmap = (() => {
     draw(m, range) {
       this.m = m; this.range = range;
       const rows = m.stat === "grad_quantiles" ? 0 : m.names.length, cols = m.steps.length;
-      const width = this.box.clientWidth, height = Math.max(120, Math.min(360, rows * 4));
+      // Up to MAX_LABELLED rows each get a line of text; more rows share the 360 px.
+      const height = rows && rows <= MAX_LABELLED ? Math.max(120, rows * ROW_PX) : Math.max(120, Math.min(360, rows * 4));
+      const width = this.canvas.clientWidth || this.box.clientWidth;
       const dpr = window.devicePixelRatio || 1;
       this.canvas.width = Math.round(width * dpr); this.canvas.height = Math.round(height * dpr);
       this.canvas.style.height = height + "px";
       const ctx = this.canvas.getContext("2d");
       ctx.fillStyle = "#e9ebef"; ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
+      this.labelRows(rows ? m.names : [], height);
       if (!rows || !cols) { this.legend.textContent = "not recorded"; return; }
       const tf = v => (v == null ? NaN : this.log ? (v > 0 ? Math.log10(v) : NaN) : v);
       const vals = m.values.map(tf);
@@ -58,10 +68,21 @@ const Heatmap = (() => {
       ctx.drawImage(off, x0, 0, Math.max(1, x1 - x0), this.canvas.height);
       const show = v => MA.fmt(this.log ? 10 ** v : v, 3);
       this.legend.replaceChildren(
-        MA.el("span", {}, `steps ${Math.round(this.range[0])}–${Math.round(this.range[1])} · ${rows} rows: ${m.names[0]} (top) … ${m.names[rows - 1]} (bottom)`),
+        MA.el("span", {}, `steps ${Math.round(this.range[0])}–${Math.round(this.range[1])} · ${rows} rows in model order` +
+          (this.every > 1 ? `, every ${this.every}th named (hover for any)` : "")),
         MA.el("span", {}, `${this.label}: ${show(this.lo)} `, MA.el("span", {
           style: "display:inline-block;width:80px;height:8px;background:linear-gradient(90deg," +
             [0, .25, .5, .75, 1].map(t => `rgb(${colour(t).map(Math.round)})`).join(",") + ")"}), ` ${show(this.hi)}`));
+    }
+    labelRows(names, height) {
+      const key = names.length + "/" + height + "/" + names[0] + "/" + names[names.length - 1];
+      if (this.namesKey === key) return;
+      this.namesKey = key;
+      const rowH = names.length ? height / names.length : height;
+      this.every = Math.max(1, Math.ceil(ROW_PX / rowH));
+      this.names.style.height = height + "px";
+      this.names.replaceChildren(...names.flatMap((n, i) => i % this.every ? [] : [MA.el("div", {
+        class: "row-name", title: n, style: `top:${(i + 0.5) * rowH}px`}, n)]));
     }
     hover(e) {
       const m = this.m;

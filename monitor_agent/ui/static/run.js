@@ -5,6 +5,7 @@
 (() => {
   const {api, el, fmt, duration, esc, tip, notice, report} = MA;
   const {CHARTS, CHART_OF} = Charts;
+  for (const def of CHARTS) if (def.build && def.log) PlotView.state.defaults.add(def.id);
   const runId = report ? report.run_id : decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
   const base = "/v1/runs/" + encodeURIComponent(runId);
   const S = {rank: 0, view: null, series: null, findings: [], detail: null, charts: {}, heats: {},
@@ -18,20 +19,21 @@
     if (!card) {
       card = el("div", {class: "card", id: "chart-" + def.id, "data-chart": def.id},
         el("h2", {}, def.title), el("div", {class: "plot"}));
-      document.getElementById("charts").append(card);
+      document.getElementById(def.box || "charts").append(card);
+      if (def.build) PlotView.logToggle(card, def.id, redraw);
     }
     return card;
   }
   // A chart's plot width in CSS pixels, known before any chart exists (the grid's first
   // column): the server is asked for as many buckets as there are pixels, no more.
-  const plotWidth = () => {
-    const track = parseFloat(getComputedStyle(document.getElementById("charts")).gridTemplateColumns);
+  const plotWidth = (box = "charts") => {
+    const track = parseFloat(getComputedStyle(document.getElementById(box)).gridTemplateColumns);
     return Math.max(300, Math.round((track || document.body.clientWidth) - 26));
   };
 
   function drawChart(def, d) {
     const built = def.build(d);
-    const lines = built.lines.filter(l => l.values.some(v => v !== null));
+    const lines = PlotView.apply(built.lines.filter(l => l.values.some(v => v !== null)), def.id);
     const card = cardFor(def);
     if (!lines.length || !built.x.length) {
       if (S.view && S.charts[def.id]) return;  // nothing in the zoomed range: keep the chart
@@ -41,7 +43,8 @@
     card.style.display = "";
     const data = [built.x, ...lines.map(l => l.values)];
     let u = S.charts[def.id];
-    const key = lines.map(l => l.label).join("|");
+    const log = PlotView.isLog(def.id);
+    const key = lines.map(l => l.label).join("|") + (log ? "|log" : "");
     if (u && u._key !== key) { u.destroy(); u = null; }
     if (u) {
       u.setData(data, S.view === null);
@@ -56,24 +59,24 @@
       }
     }
     void hi;
-    const yfmt = (u_, vals) => vals.map(v => v == null ? "" : fmt(v, 3));  // null: unlabelled log tick
-    const axes = [{}, {size: 64, values: yfmt}];
-    const scales = {x: {time: false}};
-    if (def.log) scales.y = {distr: 3};
-    if (def.y2) { scales[def.y2] = {}; axes.push({scale: def.y2, side: 1, size: 50, grid: {show: false}, values: yfmt}); }
+    const axes = PlotView.axes(log, def.y2);
+    const scales = {x: {time: false}, y: {distr: log ? 3 : 1}};
+    if (def.y2) scales[def.y2] = {};
     u = new uPlot({
-      width: plotWidth(), height: 220, scales, axes, bands,
+      width: plotWidth(def.box), height: def.box ? 160 : 220, scales, axes, bands,
       cursor: {sync: {key: "run-" + runId}, drag: {x: true, y: false, setScale: false}},
       // spanGaps: sparse series (update ratio every k steps, evals) are lines, not dots;
       // NaN/Inf steps are drawn as red ticks on the loss chart instead of a gap.
       series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
       legend: {live: true},
-      hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : [])]},
+      hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : []),
+        ...(def.limits ? [drawLimits] : [])]},
     }, data, card.querySelector(".plot"));
     u._key = key;
+    u._box = def.box;
     // The min/max band edges are drawing aids: keep them out of the legend.
     const rows = u.root.querySelectorAll(".u-legend .u-series");
-    lines.forEach((l, i) => { if (/ (max|min)$/.test(l.label) && rows[i + 1]) rows[i + 1].style.display = "none"; });
+    lines.forEach((l, i) => { if (PlotView.hiddenInLegend(l.label) && rows[i + 1]) rows[i + 1].style.display = "none"; });
     if (S.view) u.setScale("x", {min: S.view[0], max: S.view[1]});
     S.charts[def.id] = u;
   }
@@ -138,10 +141,46 @@
       const x = u.valToPos(step, "x", true);
       if (x >= u.bbox.left && x <= u.bbox.left + u.bbox.width) ctx.fillRect(x - 1, top, 2, height);
     }
-    ctx.fillStyle = "#b00020";
-    ctx.font = `${11 * devicePixelRatio}px system-ui`;
-    ctx.fillText(`NaN/Inf at ${bad.length} step(s)`, u.bbox.left + 6, top + 14 * devicePixelRatio);
+    plotLabel(u, `NaN/Inf at ${bad.length} step(s)`, "#b00020", top + 4 * devicePixelRatio);
     ctx.restore();
+  }
+  // A label kept whole inside the plot area (canvas pixels), on a white backing.
+  function plotLabel(u, text, colour, y) {
+    const ctx = u.ctx, dpr = devicePixelRatio, {left, width, top, height} = u.bbox;
+    ctx.save();
+    ctx.font = `${11 * dpr}px system-ui, sans-serif`;
+    ctx.textBaseline = "top";
+    const w = ctx.measureText(text).width, h = 13 * dpr;
+    const x = Math.max(left + 2 * dpr, left + width - w - 6 * dpr);
+    const yy = Math.min(Math.max(y, top + 2 * dpr), top + height - h - 2 * dpr);
+    ctx.fillStyle = "#ffffffcc";
+    ctx.fillRect(x - 3 * dpr, yy - 1 * dpr, w + 6 * dpr, h);
+    ctx.fillStyle = colour;
+    ctx.fillText(text, x, yy);
+    ctx.restore();
+  }
+  // The update-ratio detector's limits (series.update_limits), where the curve's own
+  // y range reaches them: a dashed line, the side past it shaded, a label inside the plot.
+  function drawLimits(u) {
+    const limits = (S.series && S.series.update_limits) || [];
+    const {min, max} = u.scales.y;
+    if (limits.length !== 2 || min == null || max == null) return;
+    const ctx = u.ctx, {left, top, width, height} = u.bbox, dpr = devicePixelRatio;
+    u.limitsShown = limits.filter(limit => limit > min && limit < max);  // for the tests
+    limits.forEach((limit, i) => {
+      if (!(limit > min && limit < max)) return;
+      const y = u.valToPos(limit, "y", true);
+      ctx.save();
+      ctx.fillStyle = "#b0002012";
+      if (i === 1) ctx.fillRect(left, top, width, y - top); else ctx.fillRect(left, y, width, top + height - y);
+      ctx.strokeStyle = "#b00020aa";
+      ctx.setLineDash([5 * dpr, 4 * dpr]);
+      ctx.lineWidth = dpr;
+      ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + width, y); ctx.stroke();
+      ctx.restore();
+      plotLabel(u, `alert ${i ? "above" : "below"} ${MA.compact(limit)}`, "#b00020",
+                i ? y - 16 * dpr : y + 3 * dpr);  // on the alerting side
+    });
   }
   function visibleCharts() {
     return [...document.querySelectorAll("#charts .card")].filter(c => c.style.display !== "none").map(c => c.id).join();
@@ -173,7 +212,7 @@
     const [lo, hi] = heat.range;
     for (const [f, m] of box._marks) {
       m.classList.toggle("hidden", f.step < lo || f.step > hi);
-      m.style.left = heat.xpos(f.step) + "px";
+      m.style.left = heat.markLeft(f.step) + "px";
       m.style.height = heat.canvas.clientHeight + "px";
     }
   }
@@ -261,15 +300,18 @@
     document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
     document.getElementById("status").className = "status status-" + detail.status;
     const fact = (id, label, value, raw) => el("div", {}, el("b", {id, "data-value": raw === undefined ? "" : String(raw)}, value), el("span", {}, label));
-    const step = detail.last_step ?? stored.step ?? null;
+    const step = [detail.last_step, stored.step].find(v => v != null && v >= 0) ?? null;
+    // The last step's rate may be an eval or checkpoint step's: the header shows the median
+    // of the recent steps (series.recent_tokens_per_second), the last one only without it.
+    const tps = (S.series && S.series.recent_tokens_per_second) ?? latest.tokens_per_second;
     document.getElementById("facts").replaceChildren(
-      fact("last-step", "last step", step == null ? "–" : String(step), step),
+      fact("last-step", "last step", step == null ? "no steps yet" : String(step), step ?? ""),
       fact("latest-loss", "loss (latest)", fmt(latest.loss, 5), latest.loss),
       fact("loss-ema", "loss EMA", fmt(r.loss_ema, 5), r.loss_ema),
       fact("val-loss", "val loss", fmt(r.val_loss, 5), r.val_loss),
-      fact("lr", "learning rate", fmt(latest.lr, 3), latest.lr),
+      fact("lr", "learning rate", latest.lr == null ? "–" : MA.compact(latest.lr), latest.lr),
       fact("grad-norm", "grad norm", fmt(latest.grad_norm, 4), latest.grad_norm),
-      fact("tps", "tokens/s", fmt(latest.tokens_per_second, 4), latest.tokens_per_second),
+      fact("tps", "tokens/s (median of recent steps)", tps == null ? "–" : MA.compact(tps), tps),
       // Without a plan there is no progress: say so, and how to give one, rather than "–".
       fact("progress", r.progress_ratio == null ? "progress: no total_steps (Monitor(total_steps=N))"
            : "progress" + (r.eta_seconds != null ? ` · ${duration(r.eta_seconds)} left` : ""),
@@ -308,13 +350,136 @@
     }
   }
 
+  // A lasting condition (NaN from some step on) is reported again and again: the list
+  // shows one row per episode, with its step range and count. Detectors repeat a finding
+  // of a condition still present every `repeat_every_steps` (series answer), so findings
+  // of one kind (type, layer, rank) no further apart than that are one episode; a longer
+  // silence means the condition went away in between. Half an interval of slack: a
+  // condition seen only on sparse records (layer statistics every 25 steps) is re-reported
+  // up to a record late.
+  function episodes(findings) {
+    const gap = 1.5 * ((S.series && S.series.repeat_every_steps) || 100);
+    const open = new Map(), out = [];
+    for (const f of [...findings].sort((a, b) => a.step - b.step)) {
+      const kind = `${f.type}|${f.layer || ""}|${f.rank || 0}`, ep = open.get(kind);
+      if (ep && f.step - ep.last <= gap) {
+        ep.last = f.step; ep.count += 1;
+        if (SEVERITY.indexOf(f.severity) > SEVERITY.indexOf(ep.f.severity)) ep.f = Object.assign({}, f, {step: ep.first});
+        continue;
+      }
+      const fresh = {f, first: f.step, last: f.step, count: 1};
+      open.set(kind, fresh);
+      out.push(fresh);
+    }
+    return out;
+  }
+  const SEVERITY = ["info", "warning", "error", "critical"];
   function renderFindings() {
-    document.getElementById("findings-count").textContent = `(${S.findings.length})`;
-    const rows = [...S.findings].sort((a, b) => a.step - b.step).map(f => el("tr", {onclick: () => zoomTo(f.step)},
-      el("td", {}, "step " + f.step), el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
+    const eps = episodes(S.findings);
+    document.getElementById("findings-count").textContent =
+      `(${eps.length} episode${eps.length === 1 ? "" : "s"}, ${S.findings.length} finding${S.findings.length === 1 ? "" : "s"})`;
+    const rows = eps.map(({f, first, last, count}) => el("tr", {class: "episode", "data-type": f.type,
+        "data-count": count, onclick: () => (count > 1 ? zoomRange(first - 5, last + 5) : zoomTo(first))},
+      el("td", {}, first === last ? "step " + first : `steps ${first}–${last}`),
+      el("td", {}, count > 1 ? el("span", {class: "count"}, count + "×") : ""),
+      el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
       el("td", {}, f.type), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""))));
     document.querySelector("#findings tbody").replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", {class: "empty"}, "No findings: nothing looked wrong."))]));
+  }
+
+
+  // -- the run at a glance: verdict and timeline, config ----------------------------------
+
+  // The first finding of each kind in step order, the kinds that paged marked, e.g.
+  // "lr_jump at step 300 → divergence at step 309 (paged)". The run JSON's `verdict`
+  // (when the sidecar gives one) leads the strip.
+  const TIMELINE_KINDS = 8;
+  function renderTimeline(detail) {
+    const firsts = new Map();
+    for (const f of [...S.findings].sort((a, b) => a.step - b.step))
+      if (!firsts.has(f.type)) firsts.set(f.type, f);
+    // Paged: an alert of the kind went out (a pending one has not yet; a silenced one never).
+    const paged = new Set((detail.alerts || []).filter(a => a.state !== "pending" && !a.silenced).map(a => a.type));
+    const verdict = typeof detail.verdict === "string" ? detail.verdict : detail.verdict &&
+      (detail.verdict.summary || detail.verdict.text || detail.verdict.message || null);
+    const key = JSON.stringify([[...firsts.values()].map(f => [f.type, f.step]), [...paged], verdict]);
+    if (key === S.timelineKey) return;
+    S.timelineKey = key;
+    const items = [...firsts.values()];
+    const shown = items.slice(0, TIMELINE_KINDS).map((f, i) => el("span", {class: "event", "data-type": f.type,
+        title: f.message, onclick: () => zoomTo(f.step)},
+      i ? el("span", {class: "arrow"}, " → ") : "",
+      el("span", {class: "sev sev-" + f.severity}, f.type.replace(/_/g, " ")),
+      ` at step ${f.step}`, paged.has(f.type) ? el("b", {class: "paged"}, " (paged)") : ""));
+    const more = items.length > TIMELINE_KINDS ? [el("span", {class: "muted"}, ` +${items.length - TIMELINE_KINDS} more kinds`)] : [];
+    document.getElementById("timeline").replaceChildren(
+      ...(verdict ? [el("div", {class: "verdict", id: "verdict"}, verdict)] : []),
+      el("div", {class: "events"}, ...(shown.length ? [...shown, ...more] :
+        [el("span", {class: "muted"}, "No findings so far: nothing looked wrong.")])));
+  }
+
+  // The run record's config, model and hardware maps, flattened to dotted keys; long lists
+  // (a model's layer order) shortened. Text only: every value goes in as a text node.
+  const LIST_SHOWN = 6;
+  function flatten(obj, prefix = "", out = []) {
+    for (const [k, v] of Object.entries(obj || {})) {
+      const key = prefix ? prefix + "." + k : k;
+      if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length) flatten(v, key, out);
+      else if (Array.isArray(v)) out.push([key, v.slice(0, LIST_SHOWN).map(x => typeof x === "object" ? JSON.stringify(x) : String(x)).join(", ") +
+        (v.length > LIST_SHOWN ? ` … (${v.length} in all)` : "")]);
+      else out.push([key, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)]);
+    }
+    return out;
+  }
+  function renderConfig(detail) {
+    const run = detail.run || {};
+    const key = JSON.stringify([run.config, run.model, run.hardware]);
+    if (key === S.configKey) return;
+    S.configKey = key;
+    const card = document.getElementById("config-card");
+    const groups = ["config", "model", "hardware"].map(g => [g, flatten(run[g])]).filter(([, rows]) => rows.length);
+    card.style.display = groups.length ? "" : "none";
+    const first = groups.length ? groups[0][1].slice(0, 5).map(([k, v]) => `${k}=${v}`).join(" · ") : "";
+    document.getElementById("config-summary").textContent = first;
+    document.getElementById("config").replaceChildren(...groups.map(([g, rows]) => el("div", {class: "config-group", "data-group": g},
+      el("h3", {}, g + ` (${rows.length})`),
+      el("table", {}, el("tbody", {}, ...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))))))));
+  }
+
+  // -- the script's own scalars -------------------------------------------------------------
+
+  function drawUserCharts(d) {
+    const names = Object.keys(d.user_scalars || {});
+    const all = d.user_names || [];
+    const card = document.getElementById("user-card");
+    card.style.display = all.length ? "" : "none";  // shown first: the charts take its width
+    S.userDefs = names.map((n, i) => (S.userDefs || []).find(u => u.user === n) || Charts.userChart(n, i));
+    for (const def of S.userDefs) drawChart(def, d);
+    const rest = all.filter(n => !names.includes(n));
+    document.getElementById("user-more").textContent = rest.length ?
+      `${rest.length} more not charted: ${rest.slice(0, 20).join(", ")}${rest.length > 20 ? ", …" : ""}` : "";
+  }
+
+  // Everything drawn again from the answers in hand (a view control changed).
+  function redraw() {
+    if (!S.series) return;
+    for (const def of CHARTS.filter(c => c.build && !c.quant)) drawChart(def, S.series);
+    drawUserCharts(S.series);
+    drawQuantiles();
+  }
+
+  // "add run": the compare page with this run and the one picked, the view carried along.
+  async function fillAddRun(sel) {
+    if (sel.options.length > 1) return;
+    const runs = (await api("/v1/ui/runs")).runs.map(r => r.run_id).filter(r => r !== runId).sort();
+    sel.append(...runs.map(r => el("option", {value: r}, r)));
+  }
+  function compareWith(other) {
+    const q = new URLSearchParams(location.search);
+    q.delete("run");
+    const to = new URLSearchParams([["run", runId], ["run", other], ...q]);
+    location.href = "/compare?" + to;
   }
 
   // -- loading ----------------------------------------------------------------------------
@@ -342,8 +507,12 @@
         else S.series = Object.assign({}, series, {range: S.series.range});
         renderRanks(series.ranks);
         for (const def of CHARTS.filter(c => c.build && !c.quant)) drawChart(def, series);
+        drawUserCharts(S.series);
+        if (S.episodeGap !== S.series.repeat_every_steps) { S.episodeGap = S.series.repeat_every_steps; renderFindings(); }
       }
       renderFacts(detail);
+      renderTimeline(detail);
+      renderConfig(detail);
       renderAlerts(detail.alerts || []);
       if (matrices) {
         (await matrices)();
@@ -383,8 +552,14 @@
   document.getElementById("rank").addEventListener("change", e => { S.rank = +e.target.value; S.matricesAt = 0; refresh(); });
   document.getElementById("reset-zoom").addEventListener("click", resetZoom);
   if (report) document.getElementById("alerts-card").style.display = "none";
+  PlotView.slider(document.getElementById("view-controls"), redraw);
+  const addRun = document.getElementById("add-run");
+  if (report) addRun.style.display = "none";
+  addRun.addEventListener("focus", () => fillAddRun(addRun).catch(() => null));
+  addRun.addEventListener("mousedown", () => fillAddRun(addRun).catch(() => null));
+  addRun.addEventListener("change", () => { if (addRun.value) compareWith(addRun.value); });
   addEventListener("resize", () => {
-    for (const u of Object.values(S.charts)) u.setSize({width: plotWidth(), height: 220});
+    for (const u of Object.values(S.charts)) u.setSize({width: plotWidth(u._box), height: u._box ? 160 : 220});
     drawHeats();
   });
   MA.tokenBox(refresh);

@@ -3,6 +3,7 @@
 (() => {
   const {api, el, fmt, ago, duration, notice} = MA;
   let runs = [], sortKey = "last_seen", sortDir = -1;
+  const picked = new Set();  // runs ticked for the compare page (kept across re-renders)
   const body = document.querySelector("#runs tbody");
 
   function options(select, values) {
@@ -28,7 +29,7 @@
     body.replaceChildren(...shown.map(row));
     document.getElementById("none").style.display = runs.length ? "none" : "block";
     document.getElementById("count").textContent = `${shown.length} of ${runs.length} runs`;
-    document.querySelectorAll("#runs th").forEach(th => {
+    document.querySelectorAll("#runs th[data-key]").forEach(th => {
       th.textContent = th.textContent.replace(/ [▲▼]$/, "") +
         (th.dataset.key === sortKey ? (sortDir > 0 ? " ▲" : " ▼") : "");
     });
@@ -41,10 +42,17 @@
          ` ${Math.round(r.progress * 100)}%` + (r.eta_seconds != null ? ` · ${duration(r.eta_seconds)} left` : ""));
     const findings = el("span", {}, String(r.findings), " ",
       r.worst_finding ? el("span", {class: "sev sev-" + r.worst_finding}, r.worst_finding) : "");
+    const pick = el("input", {type: "checkbox", class: "pick", "aria-label": "compare " + r.run_id});
+    pick.checked = picked.has(r.run_id);
+    pick.addEventListener("change", () => {
+      if (pick.checked) picked.add(r.run_id); else picked.delete(r.run_id);
+      compareButton();
+    });
     return el("tr", {"data-run": r.run_id},
-      el("td", {}, link), el("td", {}, r.project || "–"),
+      el("td", {}, pick), el("td", {}, link), el("td", {}, r.project || "–"),
       el("td", {class: "status status-" + r.status}, r.status + (r.active ? "" : " (stored)")),
-      el("td", {}, r.last_step == null ? "–" : String(r.last_step)), el("td", {}, progress),
+      el("td", {}, r.last_step == null || r.last_step < 0 ? el("span", {class: "muted"}, "no steps yet") : String(r.last_step)),
+      el("td", {}, progress),
       el("td", {}, findings),
       el("td", {class: r.firing_alerts ? "state-firing" : ""}, String(r.firing_alerts)),
       el("td", {}, ago(r.last_seen)));
@@ -63,7 +71,15 @@
     render();
   }
 
-  document.querySelectorAll("#runs th").forEach(th => th.addEventListener("click", () => {
+  function compareButton() {
+    const button = document.getElementById("compare");
+    button.disabled = picked.size < 2;
+    button.textContent = picked.size ? `compare selected (${picked.size})` : "compare selected";
+  }
+  document.getElementById("compare").addEventListener("click", () => {
+    location.href = "/compare?" + new URLSearchParams([...picked].map(r => ["run", r]));
+  });
+  document.querySelectorAll("#runs th[data-key]").forEach(th => th.addEventListener("click", () => {
     sortDir = sortKey === th.dataset.key ? -sortDir : 1;
     sortKey = th.dataset.key;
     render();

@@ -1,0 +1,231 @@
+"""The run page as a TensorBoard or W&B user reads it: the config, a verdict timeline, view
+controls, the script's own scalars, findings grouped by episode, and labels that fit.
+
+Three runs of one study (conftest.lr_runs); ``lr-x100`` raises the learning rate x100 at
+step 300 and diverges, then goes NaN."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+# Text whose box is wider than the box that clips it, anywhere on the page (axis labels are
+# canvas text: the axis size is checked against the widest label's measured width).
+OVERFLOW = """
+const bad = [];
+for (const n of document.querySelectorAll('#facts b, #timeline .event, .u-legend th, h2, #config th')) {
+  if (n.offsetParent && n.scrollWidth > n.clientWidth + 1 && getComputedStyle(n).overflow === 'hidden')
+    bad.push(n.textContent);
+}
+const ctx = document.createElement('canvas').getContext('2d');
+ctx.font = '12px system-ui, -apple-system, "Segoe UI", sans-serif';
+let checked = 0;
+const charts = window.runPage ? window.runPage.charts : window.comparePage.charts;
+for (const [id, u] of Object.entries(charts)) {
+  u.axes.forEach((ax, i) => {
+    if (i === 0 || !ax._values) return;
+    checked += 1;
+    const widest = Math.max(0, ...ax._values.map(v => ctx.measureText(v || '').width));
+    // uPlot draws a label ticks + gap (15 px) from the plot: it must end inside the axis.
+    if (widest + 15 > ax._size) bad.push(id + ': ' + ax._values.join(' '));
+  });
+}
+return {bad, checked};
+"""
+
+
+def open_run(browser, lr_runs, run_id: str, query: str = "") -> None:
+    browser.get(f"{lr_runs.url}/runs/{run_id}{query}")
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && !!window.runPage.heats.heat_grad"))
+
+
+def test_config_panel_shows_the_runs_maps_escaped_and_collapsed(browser, lr_runs, shots: Path):
+    open_run(browser, lr_runs, "baseline")
+    card = browser.find_element(By.ID, "config-card")
+    assert card.get_attribute("open") is None  # collapsed until asked
+    assert "learning_rate=0.0006" in browser.find_element(By.ID, "config-summary").text
+    browser.execute_script("arguments[0].open = true", card)
+    rows = {tr.find_element(By.TAG_NAME, "th").text: tr.find_element(By.TAG_NAME, "td").text
+            for tr in card.find_elements(By.CSS_SELECTOR, "#config tr")}
+    assert rows["optimizer.name"] == "adamw" and rows["optimizer.betas"] == "0.9, 0.95"
+    assert rows["gpu"] == "NVIDIA H100 80GB HBM3" and rows["n_embd"] == "384"
+    assert rows["note"] == "<script>alert('x')</script>"  # shown as text, never run
+    assert rows["layer_order"].endswith("… (27 in all)")
+    groups = [g.get_attribute("data-group") for g in card.find_elements(By.CSS_SELECTOR,
+                                                                         ".config-group")]
+    assert groups == ["config", "model", "hardware"]
+    browser.save_screenshot(str(shots / "run-config.png"))
+
+
+def test_timeline_names_the_first_finding_of_each_kind_in_step_order(browser, lr_runs,
+                                                                     shots: Path):
+    findings = lr_runs.get("/v1/runs/lr-x100/findings?limit=10000")["findings"]
+    first: dict[str, int] = {}
+    for f in sorted(findings, key=lambda f: f["step"]):
+        first.setdefault(f["type"], f["step"])
+    alerted = {a["type"] for a in lr_runs.get("/v1/alerts?run_id=lr-x100")["alerts"]
+               if a["state"] != "pending" and not a["silenced"]}
+    assert first and alerted, "the diverging run should have findings and an alert"
+    open_run(browser, lr_runs, "lr-x100")
+    events = browser.find_elements(By.CSS_SELECTOR, "#timeline .event")
+    shown = [(e.get_attribute("data-type"), e.text) for e in events]
+    assert [t for t, _ in shown] == sorted(first, key=first.get)[:8]
+    for kind, text in shown:
+        assert f"at step {first[kind]}" in text
+        assert text.endswith("(paged)") == (kind in alerted), text
+    assert all(s >= 300 for s in first.values())  # nothing before the jump
+    browser.save_screenshot(str(shots / "run-timeline.png"))
+
+
+def test_a_finding_repeated_every_step_is_one_episode_with_its_range_and_count(browser,
+                                                                               lr_runs):
+    findings = lr_runs.get("/v1/runs/lr-x100/findings?limit=10000")["findings"]
+    nan_steps = sorted(f["step"] for f in findings if f["type"] == "nan_inf")
+    assert len(nan_steps) >= 3, "the NaN tail (steps 337-600) should be found again and again"
+    open_run(browser, lr_runs, "lr-x100")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#findings tr.episode[data-type='nan_inf']")
+    assert len(rows) == 1
+    assert int(rows[0].get_attribute("data-count")) == len(nan_steps)
+    assert f"steps {nan_steps[0]}–{nan_steps[-1]}" in rows[0].text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#findings tr.episode")) < len(findings)
+
+
+def test_smoothing_and_log_scale_are_view_controls_kept_in_the_url(browser, lr_runs,
+                                                                   shots: Path):
+    try:
+        _smooth_and_log(browser, lr_runs, shots)
+    finally:
+        browser.execute_script("localStorage.clear()")  # the next page opens unsmoothed
+
+
+def _smooth_and_log(browser, lr_runs, shots: Path) -> None:
+    open_run(browser, lr_runs, "baseline")
+    slider = browser.find_element(By.ID, "smoothing")
+    browser.execute_script("arguments[0].value = '0.9'; arguments[0].dispatchEvent("
+                           "new Event('input'))", slider)
+    loss = browser.execute_script(
+        "const u = window.runPage.charts.loss; return u.series.slice(1).map(s => s.label)")
+    assert "loss raw" in loss and "loss" in loss  # the raw line stays, faint, behind
+    spread = browser.execute_script("""
+        const u = window.runPage.charts.loss, at = l => u.data[u.series.findIndex(s => s.label === l)];
+        const jitter = v => { v = v.filter(x => x != null); let t = 0;
+                              for (let i = 1; i < v.length; i++) t += Math.abs(v[i] - v[i - 1]);
+                              return t / (v.length - 1); };
+        return [jitter(at('loss raw')), jitter(at('loss'))];""")
+    assert spread[1] < spread[0] / 3, spread  # smoothing removes most of the step noise
+    legend = browser.execute_script(
+        "return [...window.runPage.charts.loss.root.querySelectorAll('.u-legend .u-series')]"
+        ".filter(r => r.style.display !== 'none').map(r => r.textContent)")
+    assert not any("raw" in t for t in legend)
+    toggle = browser.find_element(By.CSS_SELECTOR, "#chart-loss input[data-log]")
+    toggle.click()
+    assert browser.execute_script("return window.runPage.charts.loss.scales.y.distr") == 3
+    assert "smooth=0.9" in browser.current_url and "log=loss" in browser.current_url
+    browser.save_screenshot(str(shots / "run-smoothed-log.png"))
+    browser.get(browser.current_url)  # the link reopens the same view
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1'"))
+    assert browser.execute_script("return window.runPage.charts.loss.scales.y.distr") == 3
+    assert browser.find_element(By.ID, "smoothing").get_attribute("value") == "0.9"
+    # The other charts keep their own choice: update ratio opens on a log scale, grad norm not.
+    assert browser.execute_script("return window.runPage.charts.update.scales.y.distr") == 3
+    assert browser.execute_script("return window.runPage.charts.grad.scales.y.distr") == 1
+
+
+def test_the_scripts_own_scalars_get_a_chart_each(browser, lr_runs, shots: Path):
+    open_run(browser, lr_runs, "baseline", "?smooth=0")
+    user = browser.execute_script(
+        "return [...document.querySelectorAll('#user-charts .card')].filter(c => "
+        "c.style.display !== 'none').map(c => c.querySelector('h2').firstChild.textContent)")
+    assert user == ["accuracy", "perplexity", "eval/bleu"]
+    bleu = browser.execute_script(
+        "const u = Object.values(window.runPage.charts).find(u => u.series[1].label === "
+        "'eval/bleu'); return [u.data[0], u.data[1]]")
+    assert bleu == [[100, 200, 300, 400, 500, 600], [100 / 30, 200 / 30, 10, 400 / 30,
+                                                     500 / 30, 20]]
+    card = browser.find_element(By.ID, "user-card")
+    browser.execute_script("arguments[0].scrollIntoView()", card)
+    browser.save_screenshot(str(shots / "run-user-scalars.png"))
+
+
+def test_header_and_labels_fit_and_say_what_they_mean(browser, lr_runs, shots: Path):
+    open_run(browser, lr_runs, "baseline")
+    # The last step (600) is an eval step at a tenth of the rate: the header is not.
+    tps = float(browser.find_element(By.ID, "tps").get_attribute("data-value"))
+    assert 4.0e4 < tps < 5.0e4
+    fit = browser.execute_script(OVERFLOW)
+    assert fit["checked"] >= 10 and fit["bad"] == [], fit
+    # MFU has its own chart: nothing drawn under tokens/s.
+    assert browser.execute_script("return window.runPage.charts.speed.series.length") == 2
+    assert browser.execute_script("return window.runPage.charts.mfu.series[1].label") == "MFU"
+    # 27 layers: every row of the heatmaps is named.
+    names = browser.find_elements(By.CSS_SELECTOR, "#chart-heat_grad .row-name")
+    assert len(names) == 27 and names[0].get_attribute("title") == "h.0.attn.weight"
+    # A healthy update ratio (2e-4) stays far from the detector's limits (1e-7, 0.1): the
+    # chart's range is the curve's own, with no band below it.
+    lo, hi = browser.execute_script(
+        "const s = window.runPage.charts.update.scales.y; return [s.min, s.max]")
+    assert lo > 1e-7 and hi < 0.1
+    browser.execute_script("document.getElementById('chart-heat_grad').scrollIntoView()")
+    browser.save_screenshot(str(shots / "run-heatmaps.png"))
+
+
+def test_a_run_with_no_steps_says_so(browser, lr_runs):
+    import httpx
+
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10, json={
+        "records": [{"kind": "run", "run_id": "empty", "time": 1.0, "config": {"lr": 1e-3}}]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/empty")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1'"))
+    assert browser.find_element(By.ID, "last-step").text == "no steps yet"
+    browser.get(lr_runs.url + "/")
+    WebDriverWait(browser, 10).until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, "tr[data-run='empty']"))
+    row = browser.find_element(By.CSS_SELECTOR, "tr[data-run='empty']")
+    assert "no steps yet" in row.text and "-1" not in row.text
+
+
+def test_many_scalars_chart_the_first_twelve_and_name_the_rest(browser, lr_runs):
+    import httpx
+
+    names = [f"m{i:02d}" for i in range(15)]
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10, json={
+        "records": [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s, "loss": 2.0,
+                     "metrics": {n: s * (i + 1) for i, n in enumerate(names)}}
+                    for s in range(1, 21)]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/many")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && "
+        "document.querySelectorAll('#user-charts .card').length === 12"))
+    titles = browser.execute_script(
+        "return [...document.querySelectorAll('#user-charts .card h2')].map(h => "
+        "h.firstChild.textContent)")
+    assert titles == names[:12]
+    assert browser.find_element(By.ID, "user-more").text == "3 more not charted: m12, m13, m14"
+
+
+def test_the_update_ratio_alert_limit_shows_where_the_curve_reaches_it(browser, lr_runs,
+                                                                      shots: Path):
+    import httpx
+
+    # The ratio climbs from 1e-3 to 0.5 (update_norm / param_norm), past the 0.1 limit.
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10, json={
+        "records": [{"kind": "step", "run_id": "hot", "step": s, "time": 1.0 + s, "loss": 2.0,
+                     "param_norm": 100.0, "update_norm": 0.1 * 1.1 ** s} for s in range(1, 90)]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/hot")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && !!window.runPage.charts.update"))
+    shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "return window.runPage.charts.update.limitsShown"))
+    assert shown == [0.1]
+    browser.execute_script("document.getElementById('chart-update').scrollIntoView()")
+    browser.save_screenshot(str(shots / "run-update-limit.png"))
+    open_run(browser, lr_runs, "baseline")  # a healthy ratio: no limit in its range
+    assert browser.execute_script("return window.runPage.charts.update.limitsShown") == []
