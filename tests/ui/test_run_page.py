@@ -183,6 +183,10 @@ def test_a_run_with_no_steps_says_so(browser, lr_runs):
     WebDriverWait(browser, 10).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1'"))
     assert browser.find_element(By.ID, "last-step").text == "no steps yet"
+    # No plan, no ETA: the page says so, and how to give one.
+    progress = browser.find_element(By.ID, "progress")
+    assert progress.text == "no ETA"
+    assert "Monitor(total_steps=N)" in progress.find_element(By.XPATH, "..").text
     browser.get(lr_runs.url + "/")
     WebDriverWait(browser, 10).until(lambda d: d.find_elements(
         By.CSS_SELECTOR, "tr[data-run='empty']"))
