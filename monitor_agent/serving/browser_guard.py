@@ -20,11 +20,11 @@ here for every request before any route runs, so no route can forget them:
   preflight, which the sidecar never grants. Refused: 415 naming the types.
 - **Headers on every answer**: a Content-Security-Policy (scripts from this origin only,
   no framing), ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and
-  ``Referrer-Policy: no-referrer``. Inline styles stay allowed: the UI's scripts set
-  ``style`` attributes on the elements they build, and hashes cannot name those; scripts,
-  the part an injection would use, must be files served from here. FastAPI's ``/docs``
-  and ``/redoc`` load their assets from a CDN and run one inline script, which their own
-  policy allows by hash.
+  ``Referrer-Policy: no-referrer``. Scripts and style sheets must be files served from
+  here; only inline ``style`` attributes are allowed (``style-src-attr``), because the
+  UI's scripts set them on the elements they build and hashes cannot name those.
+  FastAPI's ``/docs`` and ``/redoc`` load their assets from a CDN and run one inline
+  script, which their own policy allows by its hash.
 
 A page on another site posting a form to the sidecar, and the training client::
 
@@ -63,7 +63,8 @@ BODY_TYPES = ("application/json", *NDJSON_TYPES)
 _PAGE_POLICY = {
     "default-src": "'self'",
     "script-src": "'self'",
-    "style-src": "'self' 'unsafe-inline'",
+    "style-src": "'self'",
+    "style-src-attr": "'unsafe-inline'",
     "img-src": "'self' data: blob:",
     "connect-src": "'self'",
     "object-src": "'none'",
@@ -92,6 +93,7 @@ def docs_policy(docs_html: Iterable[str]) -> bytes:
         **_PAGE_POLICY,
         "script-src": " ".join(["'self'", _CDN, *hashes]),
         "style-src": f"'self' 'unsafe-inline' {_CDN} https://fonts.googleapis.com",
+        "style-src-attr": "'unsafe-inline'",
         "font-src": "'self' https://fonts.gstatic.com",
         "img-src": "'self' data: blob: https://fastapi.tiangolo.com https://cdn.redoc.ly",
         "worker-src": "'self' blob:",

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from live_server import LiveServer
+from monitor_agent.serving.browser_guard import inline_script_hashes
 from monitor_agent.settings import load_settings
 
 EVIL = "https://evil.example"
@@ -106,3 +107,13 @@ def test_every_answer_forbids_framing_and_sniffing(server):
         assert r.headers["x-frame-options"] == "DENY"
         assert r.headers["x-content-type-options"] == "nosniff"
         assert r.headers["referrer-policy"] == "no-referrer"
+
+
+def test_the_docs_pages_inline_scripts_are_allowed_by_hash(server):
+    for path in ("/docs", "/redoc"):
+        r = httpx.get(server.url + path)
+        script_src = r.headers["content-security-policy"].split("script-src", 1)[1]
+        script_src = script_src.split(";")[0]
+        assert "'unsafe-inline'" not in script_src
+        for expr in inline_script_hashes(r.text):
+            assert expr in script_src, (path, expr)
