@@ -129,8 +129,9 @@ def _write(out: Path, records: Iterable[dict[str, Any]]) -> int:
     count = 0
     try:
         with os.fdopen(fd, "wb") as raw:
-            sink: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if out.name.endswith(
-                ".gz") else raw
+            sink: IO[bytes] = raw
+            if out.name.endswith(".gz"):
+                sink = gzip.GzipFile(fileobj=raw, mode="wb")  # type: ignore[assignment]
             with sink:
                 for rec in records:
                     sink.write(wire.dumps(rec) + b"\n")
