@@ -12,8 +12,8 @@ here for every request before any route runs, so no route can forget them:
   Any other name must be listed in ``allowed_hosts`` (``*.example.com`` matches its
   subdomains; ``*`` turns the check off). Refused: 421 with the reason.
 - **Origin** on state-changing methods (anything but GET, HEAD, OPTIONS): a browser always
-  sends ``Origin`` cross-origin, so one that is not this very host (or is ``null``) is
-  refused, 403. Clients that send no ``Origin`` (the training client, curl, Prometheus)
+  sends ``Origin`` cross-origin, so one that is neither this very host nor a name listed in
+  ``allowed_hosts`` (the UI behind a reverse proxy), or is ``null``, is refused, 403. Clients that send no ``Origin`` (the training client, curl, Prometheus)
   are not browsers and pass.
 - **Content-Type** on POST, PUT and PATCH must be JSON or NDJSON, what the client and the
   web UI send: a form or a ``no-cors`` fetch cannot set those types without a CORS
@@ -128,6 +128,10 @@ def host_allowed(host: str, allowed: Iterable[str]) -> bool:
         pass
     if "." not in name or name == "localhost" or name.endswith(".localhost"):
         return True
+    return _listed(name, allowed)
+
+
+def _listed(name: str, allowed: Iterable[str]) -> bool:
     for entry in allowed:
         entry = entry.lower().rstrip(".")
         if entry == "*" or entry == name or (
@@ -171,7 +175,7 @@ class BrowserGuard:
         if method in SAFE_METHODS:
             return None
         origin = headers.get("origin")
-        if origin is not None and not self._same_origin(origin, host):
+        if origin is not None and not self._origin_ok(origin, host):
             return 403, (f"cross-origin request refused: Origin {origin[:100]!r} is not "
                          "this sidecar")
         if method in BODY_METHODS:
@@ -181,12 +185,16 @@ class BrowserGuard:
                              f"{' or '.join(BODY_TYPES[:2])}")
         return None
 
-    @staticmethod
-    def _same_origin(origin: str, host: str | None) -> bool:
+    def _origin_ok(self, origin: str, host: str | None) -> bool:
         parts = urlsplit(origin)
-        if host is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (sandboxed frames, file: pages) is nobody's origin
-        return _netloc(parts.netloc, parts.scheme) == _netloc(host, parts.scheme)
+        if host is not None and _netloc(parts.netloc, parts.scheme) == _netloc(host,
+                                                                               parts.scheme):
+            return True
+        # The UI behind a reverse proxy that rewrites Host: its public name is listed.
+        listed = [h for h in self.allowed_hosts if h != "*"]
+        return _listed(_host_name(parts.netloc), listed)
 
     def _headers(self, path: str) -> list[tuple[bytes, bytes]]:
         policy = self._docs_policy if path in self._docs_paths else self._page_policy

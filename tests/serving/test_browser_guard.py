@@ -91,6 +91,13 @@ def test_only_hosts_that_cannot_be_rebound_are_answered(tmp_path: Path):
                 assert r.status_code == status, (host, path, r.status_code)
                 if status == 421:
                     assert "allowed_hosts" in r.json()["detail"]
+        # The UI behind a reverse proxy that rewrites Host: its listed public name may act.
+        ack = server.url + "/v1/alerts/nope/ack"
+        for origin, status in (("https://sidecar.corp.example", 404),
+                               ("https://sidecar.corp.example.evil.example", 403),
+                               ("http://10.9.9.9", 403), (EVIL, 403)):
+            r = httpx.post(ack, json={}, headers={"origin": origin})
+            assert r.status_code == status, (origin, r.text)
 
 
 def test_every_answer_forbids_framing_and_sniffing(server):
