@@ -56,6 +56,11 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 inside containers).")
     port: int = Field(9400, ge=1, le=65535, description="HTTP port.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Dotted host names the sidecar answers to, besides "
+        "IP addresses, localhost and single-label service names (DNS rebinding guard; "
+        "'*.example.com' matches subdomains, '*' turns the check off).",
+    )
     data_dir: Path = Field(Path("monitor-data"), description="Where the SQLite files live.")
     token: SecretStr | None = Field(None, description="Bearer token for writes and admin calls.")
     token_file: Path | None = Field(None, description="File holding the token (Docker secrets).")
@@ -135,14 +140,38 @@ class Settings(BaseSettings):
     def _token_sources(self) -> Settings:
         if self.token is not None and self.token_file is not None:
             raise ValueError("set either token or token_file, not both")
+        if self.token is not None and not self.token.get_secret_value():
+            # An empty MONITOR_AGENT_TOKEN is how compose and .env say "no token".
+            self.token = None
+        try:
+            self.token_value()  # refuse to start on a token that cannot be the one meant
+        except TokenError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     def token_value(self) -> str | None:
+        """The bearer token now, or None when none is configured.
+
+        The one place the token is read: ``token_file`` is read on every call, so a rotated
+        file applies at once. A configured token never turns auth off by itself: a blank
+        ``token``, or a ``token_file`` that is missing, unreadable, empty or only whitespace,
+        raises TokenError (startup refuses to start; requests fail closed with 503).
+        """
         if self.token is not None:
-            return self.token.get_secret_value() or None
-        if self.token_file is not None:
-            return self.token_file.read_text().strip() or None
-        return None
+            value = self.token.get_secret_value()
+            if not value.strip():
+                raise TokenError("token: is only whitespace; set a real token or unset it")
+            return value
+        if self.token_file is None:
+            return None
+        try:
+            text = self.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise TokenError(f"token_file: cannot read {self.token_file}: {why}") from None
+        if not text:
+            raise TokenError(f"token_file: {self.token_file} is empty or only whitespace")
+        return text
 
     @property
     def db_path(self) -> Path:
@@ -155,6 +184,10 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-able data with every secret shown as '**********'."""
         return self.model_dump(mode="json")
+
+
+class TokenError(RuntimeError):
+    """The configured bearer token cannot be read now (so nothing it guards may pass)."""
 
 
 class ConfigError(ValueError):

@@ -108,3 +108,22 @@ def test_a_config_that_is_not_a_mapping_or_not_text_is_one_line(tmp_path: Path):
     binary.write_bytes(b"\xff\xfe\x00port")
     line = _one_line_error(_cli("check-config", str(binary)))
     assert f"{binary}: not UTF-8 text" in line, line
+
+
+def test_serve_refuses_to_start_on_a_blank_or_missing_token(tmp_path: Path):
+    """A token that is configured but blank or unreadable never silently means "no auth"."""
+    blank = tmp_path / "blank"
+    blank.write_text("  \n\t\n")
+    for env, why in (({"MONITOR_AGENT_TOKEN_FILE": str(blank)}, "empty or only whitespace"),
+                     ({"MONITOR_AGENT_TOKEN_FILE": str(tmp_path / "gone")}, "cannot read"),
+                     ({"MONITOR_AGENT_TOKEN": "   "}, "only whitespace")):
+        full = {**os.environ, **env, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'client'}"}
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "monitor_agent", "serve", "--port", "1",
+                 "--data-dir", str(tmp_path / "data")],
+                capture_output=True, text=True, env=full, cwd=REPO, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve started with {env}") from None
+        assert proc.returncode == 2, (env, proc.stderr)
+        assert "token" in proc.stderr and why in proc.stderr, proc.stderr

@@ -24,6 +24,7 @@ from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.settings import TokenError
 
 
 def services(request: Request) -> Services:
@@ -76,10 +77,20 @@ def require_write(request: Request) -> None:
     """Reject writes and admin calls without the configured bearer token (if one is set).
 
     A plain ``def`` (FastAPI runs it in a worker thread): ``token_file`` is read each time,
-    so a rotated token applies at once, and file reads do not belong on the event loop.
+    so a rotated token applies at once, and file reads do not belong on the event loop. A
+    token file deleted, emptied or unreadable at runtime fails closed: 503 with the reason
+    (clients retry), logged once per outage, never open and never a 500.
     """
     found = services(request)
-    token = found.settings.token_value()
+    try:
+        token = found.settings.token_value()
+    except TokenError as exc:
+        # Fail closed: a token that cannot be read now guards everything it guarded.
+        found.token_health.unavailable(str(exc))
+        raise HTTPException(
+            status_code=503, detail=f"bearer token unavailable ({exc}); guarded routes are "
+            "refused until it is fixed", headers={"Retry-After": "5"}) from None
+    found.token_health.available()
     if token is None:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")

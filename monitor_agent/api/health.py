@@ -3,19 +3,21 @@
 ``GET /healthz`` answers 200 ``{"status": "ok"}`` while the process serves HTTP;
 ``GET /readyz`` answers 200 ``{"status": "ready"}`` when records can be stored, else 503
 ``{"status": "not ready", "reason": ...}`` (``Readiness`` in api/services.py); ``GET
-/metrics`` is the Prometheus text exposition. tests/api/test_health.py asks them over real
-HTTP (and has promtool check the exposition).
+/metrics`` is the Prometheus text exposition: it names runs and their values, so with
+``auth_reads`` it needs the token like every other read (Prometheus sends it with
+``authorization: {credentials_file: ...}`` in its scrape config). tests/api/test_health.py
+asks them over real HTTP (and has promtool check the exposition).
 """
 
 from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from monitor_agent.api.deps import ExpositionDep, MetricsDep, ServicesDep
+from monitor_agent.api.deps import ExpositionDep, MetricsDep, ServicesDep, require_read
 from monitor_agent.api.models import HealthOut, ReadyOut
 from monitor_agent.metrics.exposition import CONTENT_TYPE
 
@@ -38,6 +40,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 
 
 @router.get("/metrics", summary="Prometheus text exposition", response_class=Response,
+            dependencies=[Depends(require_read)],
             responses={200: {"description": "The text exposition format, version 0.0.4",
                              "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
 async def metrics(exposition: ExpositionDep, self_metrics: MetricsDep) -> Response:

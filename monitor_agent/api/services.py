@@ -88,6 +88,30 @@ class RejectionLog:
                     why, more)
 
 
+class TokenHealth:
+    """Whether the configured token could be read at the last guarded request; each change
+    is logged once (an outage is an error until fixed, not a line per request)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+
+    def unavailable(self, reason: str) -> None:
+        with self._lock:
+            changed, self.reason = self.reason != reason, reason
+        if changed:
+            log.error("bearer token unavailable: %s; every guarded route answers 503 until "
+                      "it is fixed", reason)
+
+    def available(self) -> None:
+        if self.reason is None:  # the common case: no lock, nothing to say
+            return
+        with self._lock:
+            was, self.reason = self.reason, None
+        if was is not None:
+            log.warning("bearer token readable again; guarded routes accept it")
+
+
 @dataclass(frozen=True, slots=True)
 class Backends:
     """What exists only once the databases are open."""
@@ -108,6 +132,7 @@ class Services:
     runner: EngineRunner
     readiness: Readiness
     rejections: RejectionLog = field(default_factory=RejectionLog)
+    token_health: TokenHealth = field(default_factory=TokenHealth)
     backends: Backends | None = None
 
     @property

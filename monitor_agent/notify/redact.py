@@ -8,7 +8,10 @@ process's log-record factory, it rewrites any record (message, arguments and tra
 whatever logger made it; the outbox runs its stored ``last_error`` through ``redact``.
 
 A URL secret is masked whole, and so are its path (what servers echo) and its long path
-segments and query values (tokens), since a receiver may quote any of them.
+segments and query values (tokens), since a receiver may quote any of them. A receiver may
+also quote a secret cut short (``invalid routing key: ...0123456789abcdef0123``): every
+run of text made of ``WINDOW``-character pieces of a secret value (a token, a key, a
+URL's long segments, query values and password) is masked too, however it was cut.
 
 A Slack URL's path echoed by a receiver, its token alone, and a log line through the
 installed factory (the app installs it for good; here it is taken out again)::
@@ -20,6 +23,9 @@ installed factory (the app installs it for good; here it is taken out again)::
     'Cannot POST **********'
     >>> redactor.redact("token XXXXXXXXXXXXXXXX refused")
     'token ********** refused'
+    >>> SecretRedactor(["R0utingKey0123456789abcdefABCDEF"]).redact(
+    ...     "invalid key: ...456789abcdefABCD (32 characters)")
+    'invalid key: ...********** (32 characters)'
     >>> log = logging.Logger("example")
     >>> log.addHandler(logging.StreamHandler(sys.stdout))
     >>> redactor.install()   # every log record of this process from now on, whatever logger
@@ -38,6 +44,23 @@ from urllib.parse import parse_qsl, urlsplit
 
 MASK = "**********"
 MIN_PART = 12  # shorter path segments are names ("services", "hooks"), not tokens
+# Fewest characters of a secret that are masked wherever they appear. Below this, a match
+# is as likely chance (a word, a hex run) as a leak, and 8 characters of a random key are
+# still ~48 bits an attacker no longer has to guess; from 8 on, any piece is masked.
+WINDOW = 8
+
+
+def secret_values(secret: str) -> set[str]:
+    """The parts of a secret that are random (and so masked piecewise): a URL's long path
+    segments, query values and password; any other secret whole."""
+    parts = urlsplit(secret)
+    if not (parts.scheme in ("http", "https") and parts.netloc):
+        return {secret}
+    values = {seg for seg in parts.path.split("/") if len(seg) >= MIN_PART}
+    values.update(v for _, v in parse_qsl(parts.query) if len(v) >= MIN_PART)
+    if parts.password:
+        values.add(parts.password)
+    return values
 
 
 def secret_forms(secret: str) -> set[str]:
@@ -60,9 +83,13 @@ class SecretRedactor:
 
     def __init__(self, secrets: Iterable[str | None]) -> None:
         forms: set[str] = set()
+        self._windows: set[str] = set()
         for s in secrets:
             if s:
                 forms |= secret_forms(s)
+                for value in secret_values(s):
+                    self._windows.update(value[i:i + WINDOW]
+                                         for i in range(len(value) - WINDOW + 1))
         # Longest first, so a URL is masked whole before a key inside it.
         self.secrets = sorted(forms, key=len, reverse=True)
         self._previous: Callable[..., logging.LogRecord] | None = None
@@ -72,10 +99,32 @@ class SecretRedactor:
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
-        return text
+        return self._mask_pieces(text)
+
+    def _piece_starts(self, text: str) -> list[int]:
+        windows = self._windows
+        return [i for i in range(len(text) - WINDOW + 1) if text[i:i + WINDOW] in windows]
+
+    def _mask_pieces(self, text: str) -> str:
+        """Mask each run of overlapping secret windows as one."""
+        starts = self._piece_starts(text) if self._windows else []
+        if not starts:
+            return text
+        out, shown, end = [], 0, -1
+        for i in starts:
+            if i > end:  # a new run begins: close the previous one
+                if end >= 0:
+                    out.append(MASK)
+                out.append(text[shown:i])
+            end = i + WINDOW
+            shown = end
+        out.append(MASK)
+        out.append(text[shown:])
+        return "".join(out)
 
     def _contains(self, text: str) -> bool:
-        return any(s in text for s in self.secrets)
+        return any(s in text for s in self.secrets) or bool(
+            self._windows and self._piece_starts(text))
 
     def scrub_record(self, record: logging.LogRecord) -> None:
         try:

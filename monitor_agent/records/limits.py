@@ -59,6 +59,23 @@ def check_text(value: str, max_len: int, where: str, *, name: bool = True) -> st
     return value
 
 
+def check_path_segment(value: str, where: str) -> str:
+    """An id that is one segment of a URL path (a run id: ``/v1/runs/{id}``): ``.`` and
+    ``..`` are refused, since clients, proxies and servers resolve them as "this" and
+    "parent" (RFC 3986 dot-segments) and the run could never be asked for.
+
+        >>> check_path_segment("gpt-7..final", "run_id")
+        'gpt-7..final'
+        >>> check_path_segment("..", "run_id")
+        Traceback (most recent call last):
+        ValueError: run_id: '..' cannot be a URL path segment (every URL would resolve it away)
+    """
+    if value in (".", ".."):
+        raise ValueError(f"{where}: {value!r} cannot be a URL path segment (every URL would "
+                         "resolve it away)")
+    return value
+
+
 def check_names(names: Any, where: str) -> None:
     """The name rule for the keys of a map (layers, metrics, ...), in one C-level pass
     over them all: a Python call per name cost more than validating the record did.

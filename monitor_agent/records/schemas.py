@@ -52,9 +52,11 @@ def _name(value: str) -> str:
     return limits.check_text(value, MAX_NAME_LEN, "name")
 
 
-# No '/': a run id is one path segment of /v1/runs/{id} (and of the client's action poll).
+# No '/', and not '.' or '..': a run id is one path segment of /v1/runs/{id} (and of the
+# client's action poll).
 RunId = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+=-]+$"),
+    AfterValidator(lambda v: limits.check_path_segment(v, "run_id")),
 ]
 # Map keys; their characters are checked per map in one pass (limits.check_names).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]

@@ -44,7 +44,8 @@ from monitor_agent.pipeline.engine import Engine
 from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
-from monitor_agent.settings import Settings
+from monitor_agent.serving.browser_guard import BrowserGuard, fastapi_docs_pages
+from monitor_agent.settings import Settings, TokenError
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
 from monitor_agent.ui import routes as ui
@@ -72,6 +73,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ui.api)
     app.include_router(ui.pages)
     app.middleware("http")(storage_gate)
+    # Added last, so outermost: its headers reach every answer, the gate's 503 included.
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts,
+                       docs=fastapi_docs_pages(app))
     app.exception_handler(RequestValidationError)(_invalid_request)
     ingest.install_openapi(app)
     return app
@@ -91,7 +95,7 @@ def _secrets(settings: Settings) -> list[str | None]:
     a = settings.alerting
     try:
         token = settings.token_value()
-    except OSError:
+    except TokenError:  # refused when the settings were built; gone since: nothing to mask
         token = None
     return [token, a.slack.secret(), a.webhook.secret(), a.pagerduty.secret(),
             *[u for u in a.alertmanager.urls if "@" in u]]

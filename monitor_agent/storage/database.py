@@ -36,8 +36,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 RowFactory = type[sqlite3.Row] | None
+
+
+def read_only_uri(path: Path | str) -> str:
+    """The SQLite URI that opens ``path`` read-only (``sqlite3.connect(uri, uri=True)``).
+
+    The path is percent-quoted: SQLite would read a ``?`` or ``#`` in a directory name as
+    the URI's query or fragment, and a ``%`` as an escape, and so open another file.
+
+        >>> read_only_uri("/data/run #3?/monitor.sqlite")
+        'file:///data/run%20%233%3F/monitor.sqlite?mode=ro'
+    """
+    return f"file://{quote(str(Path(path).absolute()))}?mode=ro"
 
 
 class StorageError(RuntimeError):

@@ -5,18 +5,31 @@ from a running sidecar's API (paged through ``/v1/runs/{id}/records``). Records 
 in the order the store keeps them (step, then run/step/eval/end, then rank), one JSON line
 each, non-finite numbers spelled as docs/format.md says.
 
-A data directory with two steps of one run (stored out of order), exported::
+The file is written whole or not at all (a temporary file beside it, renamed at the end):
+a mistyped run id, an unreachable sidecar or a full disk leave an existing file as it was.
+A target inside the data directory, or any SQLite database, is refused before anything is
+read, and every failure is an ``ExportError`` that says what to fix.
+
+A data directory with two steps of one run (stored out of order), exported, then a
+mistyped run id that leaves the file alone::
 
     >>> import tempfile
     >>> from monitor_agent.storage.store import RecordRow, Store
     >>> rows = [RecordRow("gpt-7", 0, "step", s, None, wire.dumps(
     ...     {"kind": "step", "run_id": "gpt-7", "step": s, "loss": float("nan")})) for s in (2, 1)]
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     store = Store(Path(tmp, "monitor.sqlite"))
+    ...     data, out = Path(tmp, "data"), Path(tmp, "gpt-7.jsonl.gz")
+    ...     data.mkdir()
+    ...     store = Store(data / "monitor.sqlite")
     ...     _ = store.insert_records(rows)
     ...     store.close()
-    ...     count = export_from_data_dir(Path(tmp), "gpt-7", Path(tmp, "gpt-7.jsonl.gz"))
-    ...     text = gzip.decompress(Path(tmp, "gpt-7.jsonl.gz").read_bytes()).decode()
+    ...     count = export_from_data_dir(data, "gpt-7", out)
+    ...     try:
+    ...         export_from_data_dir(data, "gtp-7", out)
+    ...     except ExportError as exc:
+    ...         print(str(exc).split(" in ")[0])
+    ...     text = gzip.decompress(out.read_bytes()).decode()
+    no records of run 'gtp-7'
     >>> count, text.splitlines()
     (2, ['{"kind":"step","run_id":"gpt-7","step":1,"loss":"NaN"}',
          '{"kind":"step","run_id":"gpt-7","step":2,"loss":"NaN"}'])
@@ -25,7 +38,9 @@ A data directory with two steps of one run (stored out of order), exported::
 from __future__ import annotations
 
 import gzip
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -34,8 +49,10 @@ from urllib.parse import quote
 import httpx
 
 from monitor_agent.records import wire
+from monitor_agent.storage.database import read_only_uri
 
 PAGE = 10_000  # the records endpoint's largest page
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class ExportError(RuntimeError):
@@ -46,7 +63,10 @@ def export_from_data_dir(data_dir: Path, run_id: str, out: Path) -> int:
     db_path = data_dir / "monitor.sqlite"
     if not db_path.is_file():
         raise ExportError(f"no database at {db_path}")
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    if out.absolute().resolve().is_relative_to(data_dir.absolute().resolve()):
+        raise ExportError(f"{out} is inside the data directory {data_dir}: the sidecar's "
+                          "files live there; write the trace somewhere else")
+    db = sqlite3.connect(read_only_uri(db_path), uri=True)
     try:
         rows = db.execute(
             "SELECT body FROM records WHERE run_id = ? ORDER BY step, CASE kind WHEN 'run' "
@@ -55,7 +75,6 @@ def export_from_data_dir(data_dir: Path, run_id: str, out: Path) -> int:
     finally:
         db.close()
     if count == 0:
-        out.unlink(missing_ok=True)
         raise ExportError(f"no records of run {run_id!r} in {db_path}")
     return count
 
@@ -64,6 +83,8 @@ def export_from_url(url: str, run_id: str, out: Path, token: str | None = None) 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60) as client:
         count = _write(out, _pages(client, run_id))
+    if count == 0:
+        raise ExportError(f"no records of run {run_id!r} at {url}")
     return count
 
 
@@ -96,11 +117,45 @@ def _pages(client: httpx.Client, run_id: str) -> Iterator[dict[str, Any]]:
 
 
 def _write(out: Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write the records to ``out`` all or nothing: into a temporary file beside it, renamed
+    over ``out`` only once every record is written. A failure (the run unknown, the sidecar
+    gone, the disk full) leaves an existing ``out`` as it was, and no partial file."""
+    _check_target(out)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    except OSError as exc:
+        raise ExportError(f"cannot write into {out.parent}: {exc.strerror}") from None
+    tmp = Path(name)
     count = 0
-    opener = gzip.open if out.name.endswith(".gz") else open
-    with opener(out, "wb") as fh:
-        sink: IO[bytes] = fh  # type: ignore[assignment]
-        for rec in records:
-            sink.write(wire.dumps(rec) + b"\n")
-            count += 1
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            sink: IO[bytes] = raw
+            if out.name.endswith(".gz"):
+                sink = gzip.GzipFile(fileobj=raw, mode="wb")  # type: ignore[assignment]
+            with sink:
+                for rec in records:
+                    sink.write(wire.dumps(rec) + b"\n")
+                    count += 1
+        if count:
+            os.replace(tmp, out)
+    except OSError as exc:
+        raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return count
+
+
+def _check_target(out: Path) -> None:
+    """Refuse, before reading anything, a target that cannot or must not be written."""
+    if out.is_dir():
+        raise ExportError(f"{out} is a directory; name the trace file to write "
+                          "(e.g. run.jsonl.gz)")
+    if not out.parent.is_dir():
+        raise ExportError(f"directory {out.parent} does not exist")
+    try:
+        with out.open("rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError:
+        return
+    if head == SQLITE_MAGIC:
+        raise ExportError(f"{out} is an SQLite database; refusing to overwrite it with a trace")

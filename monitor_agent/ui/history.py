@@ -38,7 +38,7 @@ import numpy as np
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
-from monitor_agent.storage.database import storage_errors, transaction
+from monitor_agent.storage.database import read_only_uri, storage_errors, transaction
 from monitor_agent.ui import blocks
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 
@@ -101,7 +101,7 @@ History: TypeAlias = sqlite3.Connection
 def open_history(path: Path | str, *, readonly: bool = False) -> History:
     """A connection to the history database (created with its schema unless read-only)."""
     if readonly:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        db = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
     else:
         db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode = WAL")

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from monitor_agent.records import wire
-from monitor_agent.storage.database import StorageError, storage_errors
+from monitor_agent.storage.database import StorageError, read_only_uri, storage_errors
 from monitor_agent.ui.history import History, HistoryBuilder, open_history
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class HistoryIndexer:
     @storage_errors()
     def _records(self) -> sqlite3.Connection:
         """The read-only connection to the sidecar's records."""
-        return sqlite3.connect(f"file:{self.records_db}?mode=ro", uri=True)
+        return sqlite3.connect(read_only_uri(self.records_db), uri=True)
 
     @storage_errors()
     def catch_up(self, src: sqlite3.Connection) -> bool:

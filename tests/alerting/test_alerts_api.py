@@ -52,7 +52,7 @@ def test_alerts_list_ack_and_filters(server: LiveServer):
     assert httpx.post(f"{server.url}/v1/alerts/{fp}/ack", json={"by": "ana"}).status_code == 401
     r = httpx.post(f"{server.url}/v1/alerts/{fp}/ack", json={"by": "ana"}, headers=AUTH)
     assert r.status_code == 200 and r.json()["acked_by"] == "ana"
-    r = httpx.post(f"{server.url}/v1/alerts/nope/ack", headers=AUTH)
+    r = httpx.post(f"{server.url}/v1/alerts/nope/ack", json={}, headers=AUTH)
     assert r.status_code == 404 and "GET /v1/alerts" in r.json()["detail"]
     run = httpx.get(server.url + "/v1/runs/r1").json()
     assert [a["fingerprint"] for a in run["alerts"]] == [fp]

@@ -12,7 +12,8 @@ from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
 TOKEN = "s3cret-token-value"
-OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+# /metrics names runs and their values: under auth_reads it is a read like any other.
+OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz")}
 # The web UI's shells and assets hold no data (the page asks the API, with the token the
 # user types in), so they load without it.
 UI_SHELLS = {("GET", "/"), ("GET", "/runs/{run_id}"), ("GET", "/ui/static/{path:path}")}
@@ -45,7 +46,7 @@ def test_every_route_but_health_needs_the_token(guarded):
     routes = [r for r in _routes(guarded.app.routes) if r not in OPEN_ROUTES | UI_SHELLS
               and not r[1].startswith(("/docs", "/redoc", "/openapi"))]
     writes = [r for r in routes if r[0] != "GET"]
-    assert ("POST", "/v1/records") in writes
+    assert ("POST", "/v1/records") in writes and ("GET", "/metrics") in routes
     for method, path in routes:
         r = httpx.request(method, guarded.url + _fill(path), json={}, timeout=10)
         assert r.status_code == 401, (method, path, r.status_code)

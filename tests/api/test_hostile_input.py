@@ -203,3 +203,17 @@ def test_too_many_runs_answers_429_with_retry_after(tmp_path: Path):
         assert _post(srv, _steps("one", [1])).status_code == 200
         r = _post(srv, _steps("two", [1]))
         assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+
+
+def test_run_ids_a_url_cannot_reach_are_refused_with_the_reason(srv):
+    """``.`` and ``..`` would be stored, and then no URL could name them: every client
+    resolves them away as path segments. The id rule refuses them at the boundary."""
+    for run_id in (".", ".."):
+        r = _post(srv, _steps(run_id, [1]))
+        assert r.status_code == 422, (run_id, r.text)
+        assert "path segment" in r.text, r.text
+    assert not {".", ".."} & {run["run_id"] for run in httpx.get(srv.url + "/v1/runs")
+                              .json()["runs"]}
+    r = _post(srv, _steps("..dots.are.fine..", [1]))
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    assert httpx.get(srv.url + "/v1/runs/..dots.are.fine..").status_code == 200

@@ -82,3 +82,43 @@ def test_redactor_masks_parts_of_url_secrets_in_any_logger(caplog):
     assert text.count(MASK) >= 3
     logging.getLogger("after").warning("plain %s", SECRET)  # uninstalled: untouched
     assert SECRET in caplog.records[-1].getMessage()
+
+
+PD_KEY = "R0uT1nGkEy4c9e2b7d1f0a3e5c6b8d9f"
+
+
+def test_pagerduty_key_echoed_after_a_prefix_is_masked_in_log_outbox_and_api(tmp_path: Path):
+    """A receiver quoting the key cut short (its last 20 of 32 characters) leaks nothing:
+    not in the sidecar's log, ``outbox.last_error`` or ``GET /v1/alerts``."""
+    tail = PD_KEY[12:]
+    (tmp_path / "rules.yaml").write_text(RULES.replace("[slack]", "[pagerduty]"))
+    with Receiver("pagerduty") as pd:
+        pd.script(Reply(400, '{"status": "invalid event", "errors": '
+                        f'["Invalid routing key: ...{tail} is not an integration"]}}'))
+        config = tmp_path / "c.yaml"
+        config.write_text(
+            f"log_level: debug\nalerting:\n  rules_file: {tmp_path / 'rules.yaml'}\n"
+            f"  group_wait_seconds: 0.05\n"
+            f"  pagerduty: {{routing_key: {PD_KEY}, url: '{pd.url}/v2/enqueue'}}\n")
+        with SidecarProcess(tmp_path / "data", config=config) as sc:
+            steps = [{"kind": "step", "run_id": "pd", "step": s, "time": float(s),
+                      "loss": "NaN" if s == 3 else 1.0} for s in range(1, 5)]
+            assert httpx.post(sc.url + "/v1/records", json={"records": steps}).status_code == 200
+            pd.wait_for(1)
+            deadline = time.monotonic() + 10
+            delivery: dict = {}
+            while time.monotonic() < deadline and "failed" not in str(delivery):
+                alerts = httpx.get(sc.url + "/v1/alerts").json()["alerts"]
+                delivery = alerts[0]["delivery"] if alerts else {}
+                time.sleep(0.1)
+            db = sqlite3.connect(tmp_path / "data" / "alerts.sqlite")
+            errors = [e for (e,) in db.execute("SELECT last_error FROM outbox")]
+            db.close()
+            log = sc.log()
+    answer = str(delivery)
+    assert "failed" in answer and "Invalid routing key" in answer and MASK in answer
+    assert errors and all(e is None or tail[:8] not in e for e in errors)
+    assert "Invalid routing key" in log
+    for text in (answer, log, *[e or "" for e in errors]):
+        # Not even a shorter piece of the key survives: every 8-character window is masked.
+        assert not any(PD_KEY[i:i + 8] in text for i in range(len(PD_KEY) - 7)), text

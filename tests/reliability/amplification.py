@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 from record_fuzz import FUZZ_RUN, Case, rss_mib
 
+from monitor_agent.storage.database import read_only_uri
+
 NOISE_MIB = 1.0
 MiB = 1024 * 1024
 
@@ -118,7 +120,7 @@ def _peak_mib(pid: int) -> float:
 
 def measure(url: str, pid: int, db_path: Path, cases: list[Case]) -> Report:
     report = Report()
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    db = sqlite3.connect(read_only_uri(db_path), uri=True)
     with httpx.Client(timeout=120) as client:
         for case in cases:
             body = case.body if case.ndjson else b'{"records": [' + case.body + b"]}"

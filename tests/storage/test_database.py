@@ -130,3 +130,36 @@ def test_storage_errors_adds_context_and_keeps_the_sqlite_cause():
     assert again.value.__cause__ is cause and again.value.source == "alert storage"
     with pytest.raises(KeyError), storage_errors("cannot write"):  # not ours: untouched
         raise KeyError("x")
+
+
+@pytest.mark.parametrize("name", ["run #1", "what?mode=rw", "100%25 done"])
+def test_a_data_dir_with_uri_characters_serves_charts_and_exports(tmp_path: Path, name: str):
+    """``#``, ``?`` and ``%`` in the data directory's path are path characters, not URI
+    syntax: the read-only connections (charts' indexer, chart reads, export) open the very
+    files, and nothing is created outside the data directory."""
+    import time
+
+    import httpx
+
+    from live_server import LiveServer
+    from monitor_agent.settings import load_settings
+    from monitor_agent.storage.export import export_from_data_dir
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    data = parent / name
+    steps = [{"kind": "step", "run_id": "r", "step": s, "time": 1.0 + s, "loss": 2.0}
+             for s in range(1, 21)]
+    with LiveServer(load_settings(data_dir=data)) as srv:
+        assert httpx.post(srv.url + "/v1/records", json={"records": steps}).status_code == 200
+        deadline, res = time.monotonic() + 20, None
+        while time.monotonic() < deadline:
+            res = httpx.get(srv.url + "/v1/runs/r/series", params={"points": 10})
+            if res.status_code == 200 and res.json()["range"] == [1, 20]:
+                break
+            time.sleep(0.1)
+        assert res is not None and res.status_code == 200 and res.json()["range"] == [1, 20], (
+            res and res.text)
+    out = tmp_path / "r.jsonl"
+    assert export_from_data_dir(data, "r", out) == 20
+    assert sorted(p.name for p in parent.iterdir()) == [name]

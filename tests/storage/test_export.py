@@ -50,3 +50,71 @@ def test_export_round_trips_through_replay(tmp_path: Path, capsys, monkeypatch):
     assert [(r["kind"], r.get("step")) for r in exported] == [
         (r["kind"], r.get("step")) for r in original]
     assert _findings(by_url) == _findings(TRACE) != []
+
+
+def _cli(*args: str, limit_file_bytes: int | None = None):
+    """The real console command; optionally with a file-size limit, so writing fails the
+    way a full disk makes it fail (an OSError mid-write)."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, limit_file_bytes))
+
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'client'}"}
+    return subprocess.run([sys.executable, "-m", "monitor_agent", "export", *args],
+                          capture_output=True, text=True, env=env, cwd=repo, timeout=120,
+                          preexec_fn=limit if limit_file_bytes else None)
+
+
+def test_export_never_destroys_a_file_and_fails_in_one_line(tmp_path: Path):
+    data = tmp_path / "data"
+    run_id = next(iter(wire.iter_trace(TRACE)))["run_id"]
+    with LiveServer(load_settings(data_dir=data)) as srv:
+        with gzip.open(TRACE, "rb") as fh:
+            res = httpx.post(srv.url + "/v1/records", content=fh.read(), timeout=60,
+                             headers={"content-type": "application/x-ndjson"})
+        assert res.status_code == 200
+        accepted = res.json()["accepted"]
+        stored = len(httpx.get(f"{srv.url}/v1/runs/{run_id}/records",
+                               params={"limit": 10000}).json()["records"])
+        keep = tmp_path / "keep.jsonl"
+        keep.write_text("a trace someone needs\n")
+        db_before = (data / "monitor.sqlite").read_bytes()[:100]
+        cases = [
+            # (arguments, what stderr must say)
+            ((f"gtp-{run_id}", "-o", str(keep), "--data-dir", str(data)), "no records"),
+            ((f"gtp-{run_id}", "-o", str(keep), "--url", srv.url), "404"),
+            ((run_id, "-o", str(data / "monitor.sqlite"), "--data-dir", str(data)),
+             "inside the data directory"),
+            ((run_id, "-o", str(data / "monitor.sqlite"), "--url", srv.url),
+             "SQLite database"),
+            ((run_id, "-o", str(tmp_path), "--data-dir", str(data)), "is a directory"),
+            ((run_id, "-o", str(tmp_path / "no" / "x.jsonl"), "--data-dir", str(data)),
+             "does not exist"),
+        ]
+        for args, why in cases:
+            proc = _cli(*args)
+            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert why in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert keep.read_text() == "a trace someone needs\n", args
+        # Writing fails halfway (a full disk): the old file stays, no partial file is left.
+        proc = _cli(run_id, "-o", str(keep), "--data-dir", str(data), limit_file_bytes=4096)
+        assert proc.returncode == 1 and "cannot write" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert keep.read_text() == "a trace someone needs\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "keep.jsonl"]
+        # The database is whole, and the sidecar still serves every record from it.
+        assert (data / "monitor.sqlite").read_bytes()[:100] == db_before
+        assert len(httpx.get(f"{srv.url}/v1/runs/{run_id}/records",
+                             params={"limit": 10000}).json()["records"]) == stored
+        proc = _cli(run_id, "-o", str(keep), "--data-dir", str(data))
+        assert proc.returncode == 0, proc.stderr
+        assert len(list(wire.iter_trace(keep))) == accepted

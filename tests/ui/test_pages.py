@@ -152,3 +152,28 @@ def test_reads_follow_auth_reads(browser, tmp_path: Path):
         WebDriverWait(browser, 10).until(
             lambda d: d.find_element(By.ID, "last-step").text == "29")
         browser.execute_script("sessionStorage.clear()")
+
+
+def test_both_pages_work_under_their_content_security_policy(browser, fed):
+    """The pages are served with a CSP (scripts from the sidecar only, no framing) and
+    draw, list and act under it without one violation."""
+    for path in ("/", f"/runs/{fed.run_id}"):
+        csp = httpx.get(fed.url + path).headers.get("content-security-policy", "")
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, (path, csp)
+    # Injected through the DevTools protocol, so the policy itself does not block it.
+    watch = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+        "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")})
+    try:
+        browser.get(fed.url + "/")
+        WebDriverWait(browser, 10).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))
+        time.sleep(0.3)
+        listed = browser.execute_script("return window.__csp")
+        open_run_page(browser, fed)
+        time.sleep(0.5)
+        drawn = browser.execute_script("return window.__csp")
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
+                                {"identifier": watch["identifier"]})
+    assert listed == [] and drawn == [], (listed, drawn)
