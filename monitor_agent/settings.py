@@ -58,7 +58,8 @@ class Settings(BaseSettings):
     port: int = Field(9400, ge=1, le=65535, description="HTTP port.")
     allowed_hosts: list[str] = Field(
         default_factory=list, description="Dotted host names the sidecar answers to, besides "
-        "IP addresses, localhost and single-label service names (DNS rebinding guard; "
+        "IP addresses, localhost, single-label service names, private suffixes (.local, "
+        ".internal, .lan, .svc, ...) and this machine's own names (DNS rebinding guard; "
         "'*.example.com' matches subdomains, '*' turns the check off).",
     )
     data_dir: Path = Field(Path("monitor-data"), description="Where the SQLite files live.")

@@ -9,7 +9,8 @@ decides what to do:
   429, 5xx (503 "cannot store now"), and anything unexpected.
 - TOO_LARGE (413): split the batch; a single record still too large is BAD.
 - BAD (400, 415, 422: this batch is malformed; re-sending it cannot help): drop the batch.
-- MISCONFIGURED (401/403 wrong or missing token, 404/405 wrong path, a URL without a scheme
+- MISCONFIGURED (401/403 wrong or missing token, 404/405 wrong path, 421 a host name the
+  sidecar does not answer to, a URL without a scheme
   or that does not parse, ``https://`` to a sidecar that speaks plain HTTP): no later attempt can succeed until a person changes the
   script's settings, so ``fix`` says what to change and the sender stops trying.
 
@@ -164,6 +165,8 @@ _FIXES = {
          "path, e.g. http://127.0.0.1:9400 (the client adds /v1/records)",
     405: "this address does not take records: url= must be the sidecar's base address, e.g. "
          "http://127.0.0.1:9400",
+    421: "the sidecar does not answer to this host name (its DNS rebinding guard): add the "
+         "name to the sidecar's allowed_hosts setting, or use its IP address in url=",
 }
 
 

@@ -7,8 +7,11 @@ here for every request before any route runs, so no route can forget them:
 - **Host allow-list** (DNS rebinding: a page on ``evil.example`` re-resolves its own name
   to 127.0.0.1 and reads the answers as same-origin). Such a request carries the attacker's
   name in ``Host``. Accepted without configuration: IP literals, ``localhost`` and
-  ``*.localhost``, and single-label names (``monitor-agent``: a compose or Kubernetes
-  service), none of which an attacker can point at the victim from the public DNS.
+  ``*.localhost``, single-label names (``monitor-agent``: a compose or Kubernetes
+  service), names under suffixes the public DNS never serves (``.local``, ``.internal``,
+  ``.lan``, ``.home.arpa``, ``.localdomain``, ``.svc``: mDNS, private networks, a
+  Kubernetes ``svc.cluster.local``), and this machine's own host name and FQDN; none of
+  them can be pointed at the victim by an attacker who owns only public DNS.
   Any other name must be listed in ``allowed_hosts`` (``*.example.com`` matches its
   subdomains; ``*`` turns the check off). Refused: 421 with the reason.
 - **Origin** on state-changing methods (anything but GET, HEAD, OPTIONS): a browser always
@@ -42,9 +45,11 @@ A page on another site posting a form to the sidecar, and the training client::
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -126,9 +131,22 @@ def host_allowed(host: str, allowed: Iterable[str]) -> bool:
         return True
     except ValueError:
         pass
-    if "." not in name or name == "localhost" or name.endswith(".localhost"):
+    if "." not in name or name == "localhost" or name.endswith(PRIVATE_SUFFIXES):
         return True
-    return _listed(name, allowed)
+    return name in _own_names() or _listed(name, allowed)
+
+
+# Name suffixes no public DNS zone answers for (RFC 6761/6762/8375, ICANN's .internal, and
+# Kubernetes' service domains): an attacker cannot rebind a name they cannot register.
+PRIVATE_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa",
+                    ".localdomain", ".svc")
+
+
+@functools.cache
+def _own_names() -> frozenset[str]:
+    """This machine's host name and FQDN: names its own admin gave it, not an attacker's."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    return frozenset(n.lower().rstrip(".") for n in names if n)
 
 
 def _listed(name: str, allowed: Iterable[str]) -> bool:

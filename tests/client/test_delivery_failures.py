@@ -34,7 +34,7 @@ def _errors(caplog):
             if r.name == "monitor_client" and r.levelno >= logging.ERROR]
 
 
-@pytest.mark.parametrize("status", [401, 403, 404, 405])
+@pytest.mark.parametrize("status", [401, 403, 404, 405, 421])
 def test_permanent_answers_are_said_once_and_nothing_piles_up(receiver, tmp_path, caplog,
                                                               status):
     receiver.fail_status = status

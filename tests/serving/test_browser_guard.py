@@ -78,6 +78,11 @@ HOSTS = [
     ("127.0.0.1:{port}", 200), ("localhost:{port}", 200), ("[::1]:{port}", 200),
     ("monitor-agent:{port}", 200), ("sidecar.corp.example:{port}", 200),
     ("10.1.2.3:{port}", 200), ("ui.localhost:{port}", 200),
+    # names no public DNS serves: a Kubernetes service, mDNS, a private network
+    ("monitor-agent.monitoring.svc:{port}", 200),
+    ("monitor-agent.monitoring.svc.cluster.local:{port}", 200),
+    ("gpu-node-7.local:{port}", 200), ("sidecar.internal:{port}", 200),
+    ("svc.evil.example:{port}", 421), ("x.local.evil.example:{port}", 421),
 ]
 
 
