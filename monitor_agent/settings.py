@@ -111,6 +111,18 @@ class Settings(BaseSettings):
         500, ge=8, description="Open connections; one more closes the oldest still sending "
         "its request. Keep it well under the process's file-descriptor limit.",
     )
+    write_timeout_seconds: float = Field(
+        30.0, gt=0, description="An answer the client stops reading is dropped (and the "
+        "connection closed) once its writes have waited this long.",
+    )
+    max_read_streams: int = Field(
+        4, ge=1, le=64, description="Large read answers (records, findings) produced at "
+        "once; one more is answered 503. Each holds at most one chunk.",
+    )
+    read_page_bytes: int = Field(
+        16 * MiB, ge=64 * 1024, description="Stored bytes one page of records or findings "
+        "may carry; a longer answer ends with a `next` link.",
+    )
     tick_interval_seconds: float = Field(1.0, gt=0, le=60)
     snapshot_interval_seconds: float = Field(
         10.0, gt=0, description="How often detector state is persisted (restart recovery)."

@@ -79,14 +79,17 @@ class RunQueries:
         return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
                             self.store.findings(run_id, limit=20))
 
-    def stored_records(self, run_id: str, since_step: int, limit: int,
-                       kinds: Sequence[str]) -> list[bytes] | None:
-        """A run's stored record lines, oldest step first; None when the run is unknown."""
-        bodies = self.store.records(run_id, since_step, limit, kinds)
-        if not bodies and self.store.run_row(run_id) is None:
+    def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
+                      kinds: Sequence[str], max_rows: int,
+                      max_bytes: int) -> list[tuple[tuple[int, int, int], bytes]] | None:
+        """The next chunk of a run's stored record lines, oldest step first
+        (``Store.records_chunk``); None when the run is unknown."""
+        rows = self.store.records_chunk(run_id, since_step, after, kinds, max_rows, max_bytes)
+        if not rows and self.store.run_row(run_id) is None:
             return None
-        return bodies
+        return rows
 
-    def stored_findings(self, run_id: str, limit: int) -> list[bytes]:
-        """A run's stored finding lines, newest first."""
-        return self.store.findings(run_id, limit)
+    def findings_chunk(self, run_id: str, before_id: int | None, max_rows: int,
+                       max_bytes: int) -> list[tuple[int, bytes]]:
+        """The next chunk of a run's stored finding lines, newest first."""
+        return self.store.findings_chunk(run_id, before_id, max_rows, max_bytes)
