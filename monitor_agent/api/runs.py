@@ -35,7 +35,7 @@ from monitor_agent.api.deps import (
     require_read,
 )
 from monitor_agent.api.models import FindingsOut, RecordsOut, RunDetailOut, RunsListOut
-from monitor_agent.api.streamed_page import CHUNK_BYTES, CHUNK_ROWS, Page, streamed
+from monitor_agent.api.streamed_page import Page, streamed
 from monitor_agent.pipeline.views import RunDetail
 from monitor_agent.records import wire
 from monitor_agent.storage.store import KIND_ORDER
@@ -115,9 +115,7 @@ async def get_records(
         return f"/v1/runs/{quote(run_id, safe='')}/records?{urlencode(params)}"
 
     page = Page(_head(run_id, "records"), fetch, limit, services.settings.read_page_bytes, link)
-    return await streamed(
-        slots, page, lambda: fetch(start, min(limit, CHUNK_ROWS), CHUNK_BYTES),
-        f"no run {run_id!r}")
+    return await streamed(slots, page, start, f"no run {run_id!r}")
 
 
 @router.get("/v1/runs/{run_id}/findings", response_model=FindingsOut,
@@ -137,8 +135,7 @@ async def get_findings(
 
     page = Page(_head(run_id, "findings"), fetch, limit, services.settings.read_page_bytes,
                 link)
-    return await streamed(slots, page, lambda: fetch(before, min(limit, CHUNK_ROWS),
-                                                     CHUNK_BYTES), "")
+    return await streamed(slots, page, before, "")
 
 
 def _head(run_id: str, items: str) -> bytes:

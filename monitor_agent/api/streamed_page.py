@@ -30,7 +30,7 @@ that has two chunks of stored lines (one holding a bare NaN) and a page of three
     ...     rest = [row for row in stored if after is None or row[0] > after]
     ...     return rest[:min(max_rows, 2)]
     >>> async def answer(limit):
-    ...     first = await fetch(None, limit, CHUNK_BYTES)
+    ...     first = await fetch(None, limit, CHUNK_BYTES)  # what ``streamed`` does
     ...     page = Page(b'{"items": [', fetch, limit, 1 << 20, lambda key: f"?after={key}")
     ...     return b"".join([piece async for piece in page.pieces(first)])
     >>> asyncio.run(answer(limit=3))
@@ -58,7 +58,7 @@ CHUNK_BYTES = 256 * 1024
 is a chunk of its own (its size is bounded by ``max_record_bytes``)."""
 
 Rows = Sequence[tuple[Any, bytes]]
-Fetch = Callable[[Any, int, int], Awaitable[Rows]]
+Fetch = Callable[[Any, int, int], Awaitable[Rows | None]]
 """``fetch(after, max_rows, max_bytes)``: the next items after key ``after`` (None: from the
 start), as ``(key, stored body)``, at most ``max_rows`` and ``max_bytes`` (but at least one)."""
 
@@ -107,7 +107,7 @@ class Page:
                 follows = self.link(key)
                 break
             rows = await self.fetch(key, min(self.limit - count, CHUNK_ROWS),
-                                    min(CHUNK_BYTES, self.page_bytes - size))
+                                    min(CHUNK_BYTES, self.page_bytes - size)) or ()
         yield b'],"next":' + wire.dumps(follows) + b"}"
 
 
@@ -131,13 +131,13 @@ class StreamedAnswer(StreamingResponse):
             self._slots.give()
 
 
-async def streamed(slots: ReadSlots, page: Page, first: Callable[[], Awaitable[Rows | None]],
-                   missing: str) -> StreamedAnswer:
-    """The answer of ``page``, in a read slot; 404 with ``missing`` when ``first()`` (the
-    first chunk) is None: that must be known before the status line is sent."""
+async def streamed(slots: ReadSlots, page: Page, start: Any, missing: str) -> StreamedAnswer:
+    """The answer of ``page`` from key ``start``, in a read slot; 404 with ``missing`` when
+    the first chunk is None (no such run): that must be known before the status line."""
     slots.take()
     try:
-        rows = await first()
+        rows = await page.fetch(start, min(page.limit, CHUNK_ROWS),
+                                min(CHUNK_BYTES, page.page_bytes))
         if rows is None:
             raise HTTPException(404, missing)
         return StreamedAnswer(page.pieces(rows), slots)
