@@ -108,8 +108,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A request's body must arrive within this after its headers."
     )
     max_connections: int = Field(
-        500, ge=8, description="Open connections; one more closes the oldest still sending "
-        "its request. Keep it well under the process's file-descriptor limit.",
+        500, ge=8, description="Open connections, in any state; one more closes the one "
+        "stalled longest on a client that does not read, else the oldest still sending its "
+        "request. Keep it well under the process's file-descriptor limit.",
     )
     write_timeout_seconds: float = Field(
         30.0, gt=0, description="An answer the client stops reading is dropped (and the "
