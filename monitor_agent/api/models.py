@@ -64,7 +64,9 @@ class RunListingOut(RunListing):
 
 
 class RunsListOut(BaseModel):
-    runs: list[RunListingOut]
+    runs: list[RunListingOut] = Field(description="Oldest first.")
+    next: str | None = Field(
+        description="The following page's path and query; null once nothing follows.")
 
 
 class FindingOut(BaseModel):

@@ -5,21 +5,21 @@ Everything about a run comes from the read side (``RunQueries``), called on the 
 bare NaN tokens, so answers that carry records or findings are written with ``wire.dumps``
 (docs/format.md's string spelling).
 
-``GET /v1/runs`` lists every stored run; ``GET /v1/runs/gpt-7`` is one run's status,
-findings and alerts (and, while it is in memory, each rank's latest values);
+``GET /v1/runs`` lists the stored runs, oldest first; ``GET /v1/runs/gpt-7`` is one run's
+status, findings and alerts (and, while it is in memory, each rank's latest values);
 ``GET /v1/runs/gpt-7/records?since_step=100&kind=step&limit=10`` its stored records, oldest
 step first (``kind`` may repeat; ``since_step=-1`` includes the run record); and
-``GET /v1/runs/gpt-7/findings`` its findings, newest first. Both are pages of at most
+``GET /v1/runs/gpt-7/findings`` its findings, newest first. Lists are pages of at most
 ``limit`` items and ``read_page_bytes`` of stored bytes, written chunk by chunk
-(api/streamed_page.py); ``"next"`` is the link to the following page (``after=STEP:KIND:RANK``
-for records, ``before=ID`` for findings), null once nothing follows.
+(api/streamed_page.py); ``"next"`` is the link to the following page (``after=`` a run's
+FIRST_SEEN:RUN_ID, or a record's STEP:KIND:RANK; ``before=`` a finding's id), null once
+nothing follows.
 pipeline/queries.py shows the read side's answers built from a run; tests/api/test_ingest.py
 reads these routes over real HTTP.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -46,10 +46,30 @@ AFTER = r"^-?[0-9]{1,19}:(run|step|eval|end):[0-9]{1,19}$"
 
 
 @router.get("/v1/runs", response_model=RunsListOut,
-            summary="Every run the sidecar has stored, newest last")
-async def list_runs(queries: QueriesDep, runner: RunnerDep) -> dict[str, Any]:
-    listings = await runner.call(queries.run_listings)
-    return {"runs": [asdict(r) for r in listings]}
+            summary="Stored runs, oldest first, a page at a time")
+async def list_runs(
+    queries: QueriesDep, runner: RunnerDep, services: ServicesDep, slots: ReadSlotsDep,
+    limit: int = Query(1000, ge=1, le=10_000),
+    after: str | None = Query(None, max_length=600, pattern=r"^[0-9.e+-]{1,40}:.", description=(
+        "Continue after this run (FIRST_SEEN:RUN_ID), as the previous page's `next` says.")),
+) -> Response:
+    start = None
+    if after is not None:
+        seen, _, after_run = after.partition(":")
+        try:
+            start = (float(seen), after_run)
+        except ValueError:
+            raise HTTPException(
+                422, f"after: {seen!r} is not a time; use the `next` link") from None
+
+    async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
+        return await runner.call(queries.listings_chunk, key, max_rows, max_bytes)
+
+    def link(key: tuple[float, str]) -> str:
+        return f"/v1/runs?{urlencode([('limit', limit), ('after', f'{key[0]!r}:{key[1]}')])}"
+
+    page = Page(b'{"runs":[', fetch, limit, services.settings.read_page_bytes, link)
+    return await streamed(slots, page, start, "")
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunDetailOut,

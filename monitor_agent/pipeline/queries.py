@@ -28,6 +28,7 @@ here, directly::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from monitor_agent.pipeline import views
 from monitor_agent.pipeline.registry import RunRegistry
@@ -57,6 +58,20 @@ class RunQueries:
     def run_listings(self) -> list[views.RunListing]:
         """Every stored run, oldest first (``GET /v1/runs``)."""
         return [views.listing(row, self._live(row.run_id)) for row in self.store.runs()]
+
+    def listings_chunk(self, after: tuple[float, str] | None, max_rows: int,
+                       max_bytes: int) -> list[tuple[tuple[float, str], bytes]]:
+        """The next stored runs of a ``GET /v1/runs`` page as JSON, each with its key
+        ``(first_seen, run_id)``: at most ``max_rows``, and ``max_bytes`` (but at least one)."""
+        out: list[tuple[tuple[float, str], bytes]] = []
+        total = 0
+        for row in self.store.runs_chunk(after, max_rows):
+            body = wire.dumps(asdict(views.listing(row, self._live(row.run_id))))
+            if out and total + len(body) > max_bytes:
+                break
+            out.append(((row.first_seen, row.run_id), body))
+            total += len(body)
+        return out
 
     def run_summaries(self) -> list[views.RunSummary]:
         """Every stored run with its progress and worst finding (the runs page)."""

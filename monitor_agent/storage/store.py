@@ -248,6 +248,15 @@ class Store:
             rows = self._db.query(sql + " ORDER BY first_seen")
         return [StoredRun(*row) for row in rows]
 
+    def runs_chunk(self, after: tuple[float, str] | None, max_rows: int) -> list[StoredRun]:
+        """Stored runs after ``after`` (``(first_seen, run_id)``), oldest first, without
+        their run record: a page of the runs list."""
+        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at FROM runs"
+               + (" WHERE (first_seen, run_id) > (?, ?)" if after is not None else "")
+               + " ORDER BY first_seen, run_id LIMIT ?")
+        params = (*after, max_rows) if after is not None else (max_rows,)
+        return [StoredRun(*row) for row in self._db.query(sql, params)]
+
     def records(
         self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
     ) -> list[bytes]:

@@ -86,3 +86,14 @@ def test_bad_cursors_are_refused_with_a_reason_and_unknown_runs_are_404(server):
     res = httpx.get(server.url + "/v1/runs/r/findings?before=0")
     assert res.status_code == 422 and "before" in res.text
     assert httpx.get(server.url + "/v1/runs/nope/records").status_code == 404
+
+
+def test_run_pages_list_every_run_once(server):
+    more = [{"kind": "step", "run_id": f"run:{i}", "step": 1, "time": 1.0, "loss": 1.0}
+            for i in range(7)]
+    assert httpx.post(server.url + "/v1/records", json={"records": more}).status_code == 200
+    pages = _follow(server, "/v1/runs?limit=3", "runs")
+    assert [len(page) for page in pages] == [3, 3, 2]
+    assert sorted(r["run_id"] for page in pages for r in page) == sorted(
+        ["r"] + [r["run_id"] for r in more])
+    assert httpx.get(server.url + "/v1/runs?after=soon:r").status_code == 422
