@@ -158,7 +158,9 @@ def reader_shapes(run_id: str) -> list:
             Shape("runs list", "/v1/runs", 30),
             Shape("runs page (UI)", "/v1/ui/runs", 30),
             Shape("alerts limit=10000", "/v1/alerts?limit=10000", 30),
-            Shape("series (charts)", f"/v1/runs/{run_id}/series", 30),
+            Shape("series (charts)", f"/v1/runs/{run_id}/series?points=10000", 30),
+            Shape("matrix grad_norm (charts)",
+                  f"/v1/runs/{run_id}/matrix/grad_norm?points=10000", 30),
             Shape("metrics", "/metrics", 30)]
 
 
@@ -173,14 +175,17 @@ def section_readers(args: argparse.Namespace, tmp: Path) -> None:
         close_all,
         records_path,
         seed_run,
+        seed_runs,
         stored_mib,
     )
 
     layers = 6000  # ~0.6 MiB a record as stored
     with SidecarProcess(tmp / "readers", env=QUIET) as sc:
         seed_run(sc.url, "big", records=args.readers_records, layers=layers)
+        seed_runs(sc.url, args.readers_runs)
         print(f"stored: {stored_mib(sc.data_dir, 'big'):.1f} MiB of records "
-              f"({args.readers_records} records x {layers} layers); budget 64 MiB peak", flush=True)
+              f"({args.readers_records} records x {layers} layers) and {args.readers_runs} "
+              "more runs; budget 64 MiB peak", flush=True)
         for shape in reader_shapes("big"):
             row = attack(sc.url, sc.port, sc.proc.pid, shape, settle=3.0)
             close_all(row.sockets)
@@ -238,6 +243,8 @@ def main() -> None:
     ap.add_argument("--amplification-cases", type=int, default=2000)
     ap.add_argument("--readers-records", type=int, default=48,
                     help="records of 6000 layers (~0.6 MiB each) the readers ask for")
+    ap.add_argument("--readers-runs", type=int, default=5000,
+                    help="small runs stored beside them (the runs lists)")
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

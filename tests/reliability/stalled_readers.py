@@ -75,6 +75,16 @@ def seed_run(url: str, run_id: str, records: int, layers: int) -> int:
     return sent
 
 
+def seed_runs(url: str, runs: int) -> None:
+    """Store ``runs`` runs of one small step each (what the runs lists answer)."""
+    with httpx.Client(timeout=120) as client:
+        for first in range(0, runs, 5000):
+            batch = [{"kind": "step", "run_id": f"crowd-{i}", "step": 1, "time": 1.0,
+                      "loss": 1.0} for i in range(first, min(runs, first + 5000))]
+            res = client.post(url + "/v1/records", json={"records": batch})
+            assert res.status_code == 200, res.text[:300]
+
+
 def _stalled(port: int, target: str) -> tuple[socket.socket, int]:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     request = f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
