@@ -17,9 +17,10 @@ thirty clients that sent it and never read the answer held 2.7 GB. Here an answe
 So one answer holds one chunk: its stored bodies, their converted copy (a bare ``NaN``
 grows by its quotes, at most 1.5 times), and that copy in the transport's buffer; at most
 ``4 x max(CHUNK_BYTES, max_record_bytes)`` = 16 MiB with the defaults, whatever is stored.
-``ReadSlots`` lets ``max_read_streams`` (4) such answers be in progress at once and answers
-one more 503 at once, so a waiting reader holds nothing: every read answer together holds
-at most 64 MiB, README's budget for a request.
+``ReadSlots`` lets ``max_read_streams`` (4) large answers be in progress at once, these and
+the charts' (ui/routes.py, each at most 16 MiB as well); one more list is answered 503 at
+once, so a waiting reader holds nothing: every large read answer together holds at most
+64 MiB, README's budget for a request.
 
 api/runs.py answers records and findings this way. The pieces of one answer, with a fetch
 that has two chunks of stored lines (one holding a bare NaN) and a page of three items::
@@ -41,6 +42,7 @@ that has two chunks of stored lines (one holding a bare NaN) and a page of three
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,22 +66,26 @@ start), as ``(key, stored body)``, at most ``max_rows`` and ``max_bytes`` (but a
 
 
 class ReadSlots:
-    """How many large read answers may be in progress at once (one app's, loop only)."""
+    """How many large read answers may be in progress at once (one app's).
+
+    A slot is held from before the answer is built until its last byte is handed to the
+    connection (``StreamedAnswer`` gives it back), so an answer a client does not read
+    keeps its slot until the write deadline drops it. Thread-safe: the chart routes take
+    theirs in a worker thread."""
 
     def __init__(self, slots: int) -> None:
-        self.free = slots
+        self._free = threading.Semaphore(slots)
 
-    def take(self) -> None:
-        """Take a slot, or raise 503: waiting would keep a connection busy and hold nothing
-        back, and the connection cap must be free to shed an idle one."""
-        if self.free <= 0:
+    def take(self, wait: float = 0.0) -> None:
+        """Take a slot within ``wait`` seconds, or raise 503. The event loop passes 0: a
+        waiting reader would hold its connection busy, where the cap cannot shed it."""
+        if not self._free.acquire(blocking=wait > 0, timeout=wait if wait > 0 else None):
             raise HTTPException(
                 503, "too many large reads in progress (max_read_streams); retry shortly",
                 headers={"Retry-After": "1"})
-        self.free -= 1
 
     def give(self) -> None:
-        self.free += 1
+        self._free.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +135,14 @@ class StreamedAnswer(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._slots.give()
+
+
+def answered(slots: ReadSlots, body: bytes) -> StreamedAnswer:
+    """An answer built whole (in a slot the caller took) that keeps the slot until the
+    client has it: what a chart route returns."""
+    async def whole() -> AsyncIterator[bytes]:
+        yield body
+    return StreamedAnswer(whole(), slots)
 
 
 async def streamed(slots: ReadSlots, page: Page, start: Any, missing: str) -> StreamedAnswer:

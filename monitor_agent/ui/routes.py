@@ -37,7 +37,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from monitor_agent.api.deps import AlertingDep, HistoryDep, QueriesDep, RunnerDep, require_read
+from monitor_agent.api.deps import (
+    AlertingDep,
+    HistoryDep,
+    QueriesDep,
+    ReadSlotsDep,
+    RunnerDep,
+    require_read,
+)
+from monitor_agent.api.streamed_page import ReadSlots, answered
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
@@ -121,33 +129,55 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, history: HistoryDep, points: int = Points, rank: int = Rank,
-               start: int | None = _step("First"), end: int | None = _step("Last")) -> Response:
-    db = _history(history)
-    try:
-        out = series_answer(db, run_id, rank, start, end, points)
-    finally:
-        db.close()
-    if out is None:
-        raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
-    return Response(out.model_dump_json(), media_type="application/json")
+def get_series(run_id: str, history: HistoryDep, slots: ReadSlotsDep, points: int = Points,
+               rank: int = Rank, start: int | None = _step("First"),
+               end: int | None = _step("Last")) -> Response:
+    def build() -> bytes:
+        db = _history(history)
+        try:
+            out = series_answer(db, run_id, rank, start, end, points)
+        finally:
+            db.close()
+        if out is None:
+            raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
+        return out.model_dump_json().encode()
+    return _in_slot(slots, build)
 
 
 @api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
          summary="A per-layer statistic as a layers x step-buckets matrix")
 def get_matrix(
-    run_id: str, history: HistoryDep,
+    run_id: str, history: HistoryDep, slots: ReadSlotsDep,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
     points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Rank,
     start: int | None = _step("First"), end: int | None = _step("Last"),
     layer: str | None = Query(None, max_length=1000),
 ) -> Response:
-    db = _history(history)
+    def build() -> bytes:
+        db = _history(history)
+        try:
+            out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
+        finally:
+            db.close()
+        return out.model_dump_json().encode()
+    return _in_slot(slots, build)
+
+
+CHART_SLOT_WAIT = 2.0
+"""Seconds a chart answer waits for a read slot: a run page asks for several charts at
+once, each built in milliseconds, and should get them all (a worker thread waits, not the
+event loop)."""
+
+
+def _in_slot(slots: ReadSlots, build: Any) -> Response:
+    """Build a chart answer in a read slot, kept until the client has the answer: a chart
+    is a large read like a page of records (api/streamed_page.py)."""
+    slots.take(wait=CHART_SLOT_WAIT)
     try:
-        out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
-    finally:
-        db.close()
-    return Response(out.model_dump_json(), media_type="application/json")
+        return answered(slots, build())
+    except BaseException:
+        slots.give()
+        raise
 
 
 @api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")

@@ -229,12 +229,12 @@ def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: in
             "categories": {n: _clean(c.get(n, math.nan) for c in cats) for n in names}}
 
 
-MAX_MATRIX_CELLS = 1 << 21
-"""Cells (names x buckets) of one matrix answer: 8 MiB of float32, about 40 MiB with its
-base64 and JSON copies. More than a chart can draw (a heatmap is at most a few thousand
-pixels each way), and what keeps one answer within README's 64 MiB per request: a model
-with more layers gets fewer buckets."""
-MATRIX_BATCH_BYTES = 4 << 20
+MAX_MATRIX_CELLS = 1 << 19
+"""Cells (names x buckets) of one matrix answer: 2 MiB of float32, about 12 MiB with the
+batch being read and the answer's base64 and JSON copies, so that one chart, like a page
+of records (api/streamed_page.py), holds at most 16 MiB. Still more than a heatmap draws
+(500 layers x 1000 buckets); a model with more layers gets fewer buckets."""
+MATRIX_BATCH_BYTES = 2 << 20
 """Stored rows are read and folded into the buckets this many bytes at a time, so a long
 range costs its answer, not its rows (300k stored steps of 6000 layers are 7 GB)."""
 
