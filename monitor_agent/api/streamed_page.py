@@ -17,10 +17,11 @@ thirty clients that sent it and never read the answer held 2.7 GB. Here an answe
 So one answer holds one chunk: its stored bodies, their converted copy (a bare ``NaN``
 grows by its quotes, at most 1.5 times), and that copy in the transport's buffer; at most
 ``4 x max(CHUNK_BYTES, max_record_bytes)`` = 16 MiB with the defaults, whatever is stored.
-``ReadSlots`` lets ``max_read_streams`` (4) large answers be in progress at once, these and
-the charts' (ui/routes.py, each at most 16 MiB as well); one more list is answered 503 at
-once, so a waiting reader holds nothing: every large read answer together holds at most
-64 MiB, README's budget for a request.
+``ReadSlots`` lets ``max_read_streams`` (4) large answers be in progress at once: these, and
+those built whole (``built_in_slot``: the charts, at most 16 MiB each as well, the alerts
+list, the runs page). One more page is answered 503 at once, so a waiting reader holds
+nothing; with pages and charts, every large read answer together holds at most 64 MiB,
+README's budget for a request.
 
 api/runs.py answers records and findings this way. The pieces of one answer, with a fetch
 that has two chunks of stored lines (one holding a bare NaN) and a page of three items::
@@ -137,12 +138,29 @@ class StreamedAnswer(StreamingResponse):
             self._slots.give()
 
 
+SLOT_WAIT = 2.0
+"""Seconds an answer built whole (a chart, the alerts, the runs page) waits for a read
+slot: a page asks for several at once, each built in milliseconds, and should get them
+all. A worker thread waits, never the event loop."""
+
+
 def answered(slots: ReadSlots, body: bytes) -> StreamedAnswer:
-    """An answer built whole (in a slot the caller took) that keeps the slot until the
-    client has it: what a chart route returns."""
+    """An answer built whole in a slot the caller took, keeping it until the client has
+    the answer."""
     async def whole() -> AsyncIterator[bytes]:
         yield body
     return StreamedAnswer(whole(), slots)
+
+
+def built_in_slot(slots: ReadSlots, build: Callable[[], bytes]) -> StreamedAnswer:
+    """(In a worker thread.) ``build()`` the answer in a read slot, kept until the client
+    has it; 503 when no slot frees within ``SLOT_WAIT``."""
+    slots.take(wait=SLOT_WAIT)
+    try:
+        return answered(slots, build())
+    except BaseException:
+        slots.give()
+        raise
 
 
 async def streamed(slots: ReadSlots, page: Page, start: Any, missing: str) -> StreamedAnswer:

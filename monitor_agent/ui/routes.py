@@ -45,7 +45,7 @@ from monitor_agent.api.deps import (
     RunnerDep,
     require_read,
 )
-from monitor_agent.api.streamed_page import ReadSlots, answered
+from monitor_agent.api.streamed_page import SLOT_WAIT, answered, built_in_slot
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
@@ -141,7 +141,7 @@ def get_series(run_id: str, history: HistoryDep, slots: ReadSlotsDep, points: in
         if out is None:
             raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
         return out.model_dump_json().encode()
-    return _in_slot(slots, build)
+    return built_in_slot(slots, build)
 
 
 @api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
@@ -160,32 +160,23 @@ def get_matrix(
         finally:
             db.close()
         return out.model_dump_json().encode()
-    return _in_slot(slots, build)
-
-
-CHART_SLOT_WAIT = 2.0
-"""Seconds a chart answer waits for a read slot: a run page asks for several charts at
-once, each built in milliseconds, and should get them all (a worker thread waits, not the
-event loop)."""
-
-
-def _in_slot(slots: ReadSlots, build: Any) -> Response:
-    """Build a chart answer in a read slot, kept until the client has the answer: a chart
-    is a large read like a page of records (api/streamed_page.py)."""
-    slots.take(wait=CHART_SLOT_WAIT)
-    try:
-        return answered(slots, build())
-    except BaseException:
-        slots.give()
-        raise
+    return built_in_slot(slots, build)
 
 
 @api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
-async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep) -> Response:
-    firing: dict[str, int] = {}
-    # The alert database has its own lock: read it in a worker, not on the event loop.
-    for alert in await run_in_threadpool(alerting.list_alerts, state="firing", limit=10_000):
-        firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-    rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
-            for s in await runner.call(queries.run_summaries)]
-    return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")
+async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep,
+                   slots: ReadSlotsDep) -> Response:
+    await run_in_threadpool(slots.take, SLOT_WAIT)  # a large read (api/streamed_page.py)
+    try:
+        firing: dict[str, int] = {}
+        # The alert database has its own lock: read it in a worker, not on the event loop.
+        for alert in await run_in_threadpool(alerting.list_alerts, state="firing",
+                                             limit=10_000):
+            firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
+        rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
+                for s in await runner.call(queries.run_summaries)]
+        body = await run_in_threadpool(lambda: RunsOut(runs=rows).model_dump_json().encode())
+        return answered(slots, body)
+    except BaseException:
+        slots.give()
+        raise
