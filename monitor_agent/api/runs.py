@@ -2,8 +2,8 @@
 
 Everything about a run comes from the read side (``RunQueries``), called on the engine thread
 (``runner.call``); its alerts come from alerting, in a worker thread. Stored lines may hold
-bare NaN tokens, so answers that carry records or findings are written with ``wire.dumps``
-(docs/format.md's string spelling).
+bare NaN tokens, so answers that carry records or findings spell them as docs/format.md
+does (``wire.stored_to_wire``, ``wire.dumps``).
 
 ``GET /v1/runs`` lists the stored runs, oldest first; ``GET /v1/runs/gpt-7`` is one run's
 status, findings and alerts (and, while it is in memory, each rank's latest values);
@@ -124,6 +124,8 @@ async def get_records(
     if after is not None:
         step, name, rank = after.split(":")
         start = (int(step), KINDS.index(name), int(rank))
+        if not (-1 <= start[0] <= 2**62 and start[2] <= 2**62):  # SQLite integers: 64-bit
+            raise HTTPException(422, f"after: {after!r} is out of range; use the `next` link")
 
     async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
         return await runner.call(queries.records_chunk, run_id, since_step, key, kind,
