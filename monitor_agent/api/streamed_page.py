@@ -5,8 +5,8 @@ twice (its rows, then its JSON, made on the event loop): one such GET peaked +42
 thirty clients that sent it and never read the answer held 2.7 GB. Here an answer is
 
 - a page: at most ``limit`` items and about ``read_page_bytes`` of stored bytes (it ends
-  after the item that crosses it), then ``"next"``: the link to the following page, or
-  null once nothing follows;
+  after the item that crosses it), then ``"next"``: the link to the following page (empty
+  when this one ended with the last item), or null once the answer saw nothing follows;
 - written as it is read, one chunk at a time: at most ``CHUNK_ROWS`` items and
   ``CHUNK_BYTES`` of stored bodies (or one item, when one is larger), turned into the
   answer's JSON in a worker thread (``wire.stored_to_wire``, no parsing) and handed to the
@@ -106,7 +106,8 @@ class Page:
             key = rows[-1][0]
             count += len(rows)
             size += sum(len(body) for _, body in rows)
-            joined = await run_in_threadpool(_joined, [body for _, body in rows], count == len(rows))
+            joined = await run_in_threadpool(_joined, [body for _, body in rows],
+                                             count == len(rows))
             rows = ()  # the stored bodies are not needed while the client reads the chunk
             yield joined
             del joined
