@@ -10,8 +10,9 @@ behaviour with small versions of the same harness functions).
     python bench/chaos.py --sections cardinality --cardinality 1000000
 
     python bench/chaos.py --sections amplification --amplification-cases 2000
+    python bench/chaos.py --sections readers --readers-records 48
 
-Sections: kills, notify, disk, soak, churn, cardinality, fuzz, amplification.
+Sections: kills, notify, disk, soak, churn, cardinality, fuzz, amplification, readers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"),
 
 from sidecar_process import SidecarProcess  # noqa: E402
 
-SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz", "amplification")
+SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz", "amplification",
+            "readers")
 QUIET = {"MONITOR_AGENT_LOG_LEVEL": "warning"}
 
 
@@ -145,6 +147,61 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
           f"{sorted({r.status for r in repeat.rows})}): RSS grew {growth:.1f} MiB in all")
 
 
+def reader_shapes(run_id: str) -> list:
+    """Readers that send a GET and never read: the issue's shapes (30 and 540 clients of a
+    large run's records), and every other read route that can answer a lot."""
+    from stalled_readers import Shape, records_path
+
+    return [Shape("records limit=10000", records_path(run_id), 30),
+            Shape("records limit=10000, 540 clients", records_path(run_id), 540),
+            Shape("findings limit=10000", f"/v1/runs/{run_id}/findings?limit=10000", 30),
+            Shape("runs list", "/v1/runs", 30),
+            Shape("runs page (UI)", "/v1/ui/runs", 30),
+            Shape("alerts limit=10000", "/v1/alerts?limit=10000", 30),
+            Shape("series (charts)", f"/v1/runs/{run_id}/series?points=10000", 30),
+            Shape("matrix grad_norm (charts)",
+                  f"/v1/runs/{run_id}/matrix/grad_norm?points=10000", 30),
+            Shape("metrics", "/metrics", 30)]
+
+
+def section_readers(args: argparse.Namespace, tmp: Path) -> None:
+    """Bytes sent vs peak and held RSS per shape of reader that never reads (budget: 64
+    MiB of peak RSS for all read answers together), then one client reading the whole run."""
+    import httpx
+    from amplification import _peak_mib, _reset_peak
+    from record_fuzz import rss_mib
+    from stalled_readers import (
+        attack,
+        close_all,
+        records_path,
+        seed_run,
+        seed_runs,
+        stored_mib,
+    )
+
+    layers = 6000  # ~0.6 MiB a record as stored
+    with SidecarProcess(tmp / "readers", env=QUIET) as sc:
+        seed_run(sc.url, "big", records=args.readers_records, layers=layers)
+        seed_runs(sc.url, args.readers_runs)
+        print(f"stored: {stored_mib(sc.data_dir, 'big'):.1f} MiB of records "
+              f"({args.readers_records} records x {layers} layers) and {args.readers_runs} "
+              "more runs; budget 64 MiB peak", flush=True)
+        for shape in reader_shapes("big"):
+            row = attack(sc.url, sc.port, sc.proc.pid, shape, settle=3.0)
+            close_all(row.sockets)
+            verdict = "ok" if row.peak_mib <= 64 else "OVER BUDGET"
+            print(f"{row.line()}  {verdict}", flush=True)
+            time.sleep(2.0)  # let the closed readers' answers end before the next shape
+        before = rss_mib(sc.proc.pid)
+        _reset_peak(sc.proc.pid)
+        path, pages, got = records_path("big"), 0, 0
+        while path is not None:
+            page = httpx.get(sc.url + path, timeout=120).json()
+            path, pages, got = page["next"], pages + 1, got + len(page["records"])
+        print(f"one client reading the whole run: {got} records in {pages} pages, peak "
+              f"+{_peak_mib(sc.proc.pid) - before:.1f} MiB")
+
+
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:
     from soak import soak
 
@@ -184,6 +241,10 @@ def main() -> None:
     ap.add_argument("--cardinality", type=int, default=1_000_000)
     ap.add_argument("--schemathesis-examples", type=int, default=2000)
     ap.add_argument("--amplification-cases", type=int, default=2000)
+    ap.add_argument("--readers-records", type=int, default=48,
+                    help="records of 6000 layers (~0.6 MiB each) the readers ask for")
+    ap.add_argument("--readers-runs", type=int, default=5000,
+                    help="small runs stored beside them (the runs lists)")
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

@@ -114,8 +114,21 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A request's body must arrive within this after its headers."
     )
     max_connections: int = Field(
-        500, ge=8, description="Open connections; one more closes the oldest still sending "
-        "its request. Keep it well under the process's file-descriptor limit.",
+        500, ge=8, description="Open connections, in any state; one more closes the one "
+        "stalled longest on a client that does not read, else the oldest still sending its "
+        "request. Keep it well under the process's file-descriptor limit.",
+    )
+    write_timeout_seconds: float = Field(
+        30.0, gt=0, description="An answer the client stops reading is dropped (and the "
+        "connection closed) once its writes have waited this long.",
+    )
+    max_read_streams: int = Field(
+        4, ge=1, le=64, description="Large read answers (records, findings) produced at "
+        "once; one more is answered 503. Each holds at most one chunk.",
+    )
+    read_page_bytes: int = Field(
+        16 * MiB, ge=64 * 1024, description="Stored bytes one page of records or findings "
+        "may carry; a longer answer ends with a `next` link.",
     )
     tick_interval_seconds: float = Field(1.0, gt=0, le=60)
     snapshot_interval_seconds: float = Field(

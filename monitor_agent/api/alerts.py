@@ -28,8 +28,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monitor_agent.alerting.silences import MATCHERS
-from monitor_agent.api.deps import AlertingDep, require_read, require_write
+from monitor_agent.api.deps import AlertingDep, ReadSlotsDep, require_read, require_write
 from monitor_agent.api.models import AlertOut, AlertsOut, SilenceOut, SilencesOut
+from monitor_agent.api.streamed_page import built_in_slot
 from monitor_agent.records import wire
 
 router = APIRouter(tags=["alerts"])
@@ -75,17 +76,21 @@ def _json(obj: Any, status: int = 200) -> Response:
             dependencies=[Depends(require_read)])
 def list_alerts(
     alerting: AlertingDep,
+    slots: ReadSlotsDep,
     state: Literal["pending", "firing", "resolved", "silenced"] | None = Query(
         None, description="Only alerts in this state (silenced: firing under a silence)."),
     run_id: str | None = Query(None, max_length=256),
     limit: int = Query(1000, ge=1, le=10_000),
 ) -> Response:
-    alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
-    # Per channel, how the latest notification of each alert went: an undelivered page
-    # is visible here (state "failed" with the receiver's answer), not only in a log.
-    delivery = alerting.delivery_states()
-    return _json({"alerts": [{**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})}
-                             for a in alerts]})
+    def build() -> bytes:
+        alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
+        # Per channel, how the latest notification of each alert went: an undelivered page
+        # is visible here (state "failed" with the receiver's answer), not only in a log.
+        delivery = alerting.delivery_states()
+        return wire.dumps({"alerts": [
+            {**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})} for a in alerts]})
+    # Up to 10 000 alerts: a large read, in a read slot (api/streamed_page.py).
+    return built_in_slot(slots, build)
 
 
 @router.post("/v1/alerts/{fingerprint}/ack", response_model=AlertOut,

@@ -20,6 +20,7 @@ from fastapi import Depends, HTTPException, Request
 
 from monitor_agent.alerting import Alerting
 from monitor_agent.api.services import Services
+from monitor_agent.api.streamed_page import ReadSlots
 from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.queries import RunQueries
@@ -57,6 +58,10 @@ async def _exposition(request: Request) -> Exposition:
     return services(request).exposition
 
 
+async def _read_slots(request: Request) -> ReadSlots:
+    return services(request).read_slots
+
+
 async def _history_db(request: Request) -> Path:
     return services(request).history_db
 
@@ -69,6 +74,8 @@ QueriesDep = Annotated[RunQueries, Depends(_queries)]
 AlertingDep = Annotated[Alerting, Depends(_alerting)]
 """Its calls touch SQLite: from a sync handler or ``run_in_threadpool``, not the loop."""
 ExpositionDep = Annotated[Exposition, Depends(_exposition)]
+ReadSlotsDep = Annotated[ReadSlots, Depends(_read_slots)]
+"""Take one for an answer that may be large (api/streamed_page.py's ``streamed``)."""
 HistoryDep = Annotated[Path, Depends(_history_db)]
 """The path of the charts' history database."""
 

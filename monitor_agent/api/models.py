@@ -64,7 +64,9 @@ class RunListingOut(RunListing):
 
 
 class RunsListOut(BaseModel):
-    runs: list[RunListingOut]
+    runs: list[RunListingOut] = Field(description="Oldest first.")
+    next: str | None = Field(
+        description="The following page's path and query; null once nothing follows.")
 
 
 class FindingOut(BaseModel):
@@ -88,11 +90,15 @@ class FindingOut(BaseModel):
 class FindingsOut(BaseModel):
     run_id: str
     findings: list[FindingOut] = Field(description="Newest first.")
+    next: str | None = Field(
+        description="The following page's path and query; null once nothing follows.")
 
 
 class RecordsOut(BaseModel):
     run_id: str
     records: list[Record] = Field(description="Stored records, oldest step first.")
+    next: str | None = Field(
+        description="The following page's path and query; null once nothing follows.")
 
 
 class RankOut(BaseModel):

@@ -2,40 +2,74 @@
 
 Everything about a run comes from the read side (``RunQueries``), called on the engine thread
 (``runner.call``); its alerts come from alerting, in a worker thread. Stored lines may hold
-bare NaN tokens, so answers that carry records or findings are written with ``wire.dumps``
-(docs/format.md's string spelling).
+bare NaN tokens, so answers that carry records or findings spell them as docs/format.md
+does (``wire.stored_to_wire``, ``wire.dumps``).
 
-``GET /v1/runs`` lists every stored run; ``GET /v1/runs/gpt-7`` is one run's status,
-findings and alerts (and, while it is in memory, each rank's latest values);
+``GET /v1/runs`` lists the stored runs, oldest first; ``GET /v1/runs/gpt-7`` is one run's
+status, findings and alerts (and, while it is in memory, each rank's latest values);
 ``GET /v1/runs/gpt-7/records?since_step=100&kind=step&limit=10`` its stored records, oldest
 step first (``kind`` may repeat; ``since_step=-1`` includes the run record); and
-``GET /v1/runs/gpt-7/findings`` its findings, newest first. pipeline/queries.py shows the
-read side's answers built from a run; tests/api/test_ingest.py reads these routes over real
-HTTP.
+``GET /v1/runs/gpt-7/findings`` its findings, newest first. Lists are pages of at most
+``limit`` items and ``read_page_bytes`` of stored bytes, written chunk by chunk
+(api/streamed_page.py); ``"next"`` is the link to the following page (``after=`` a run's
+FIRST_SEEN:RUN_ID, or a record's STEP:KIND:RANK; ``before=`` a finding's id), null once
+nothing follows.
+pipeline/queries.py shows the read side's answers built from a run; tests/api/test_ingest.py
+reads these routes over real HTTP.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from monitor_agent.api.deps import AlertingDep, QueriesDep, RunnerDep, require_read
+from monitor_agent.api.deps import (
+    AlertingDep,
+    QueriesDep,
+    ReadSlotsDep,
+    RunnerDep,
+    ServicesDep,
+    require_read,
+)
 from monitor_agent.api.models import FindingsOut, RecordsOut, RunDetailOut, RunsListOut
+from monitor_agent.api.streamed_page import Page, streamed
 from monitor_agent.pipeline.views import RunDetail
 from monitor_agent.records import wire
+from monitor_agent.storage.store import KIND_ORDER
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
-KINDS = ("run", "step", "eval", "end")
+KINDS = KIND_ORDER
+AFTER = r"^-?[0-9]{1,19}:(run|step|eval|end):[0-9]{1,19}$"
 
 
 @router.get("/v1/runs", response_model=RunsListOut,
-            summary="Every run the sidecar has stored, newest last")
-async def list_runs(queries: QueriesDep, runner: RunnerDep) -> dict[str, Any]:
-    listings = await runner.call(queries.run_listings)
-    return {"runs": [asdict(r) for r in listings]}
+            summary="Stored runs, oldest first, a page at a time")
+async def list_runs(
+    queries: QueriesDep, runner: RunnerDep, services: ServicesDep, slots: ReadSlotsDep,
+    limit: int = Query(1000, ge=1, le=10_000),
+    after: str | None = Query(None, max_length=600, pattern=r"^[0-9.e+-]{1,40}:.", description=(
+        "Continue after this run (FIRST_SEEN:RUN_ID), as the previous page's `next` says.")),
+) -> Response:
+    start = None
+    if after is not None:
+        seen, _, after_run = after.partition(":")
+        try:
+            start = (float(seen), after_run)
+        except ValueError:
+            raise HTTPException(
+                422, f"after: {seen!r} is not a time; use the `next` link") from None
+
+    async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
+        return await runner.call(queries.listings_chunk, key, max_rows, max_bytes)
+
+    def link(key: tuple[float, str]) -> str:
+        return f"/v1/runs?{urlencode([('limit', limit), ('after', f'{key[0]!r}:{key[1]}')])}"
+
+    page = Page(b'{"runs":[', fetch, limit, services.settings.read_page_bytes, link)
+    return await streamed(slots, page, start, "")
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunDetailOut,
@@ -69,31 +103,65 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @router.get("/v1/runs/{run_id}/records", response_model=RecordsOut,
-            summary="Stored records of a run, oldest first")
+            summary="Stored records of a run, oldest first, a page at a time")
 async def get_records(
     run_id: str,
     queries: QueriesDep,
     runner: RunnerDep,
+    services: ServicesDep,
+    slots: ReadSlotsDep,
     since_step: int = Query(0, ge=-1, le=2**62,  # SQLite integers are 64-bit
                             description="First step to return (-1 includes the run record)."),
     limit: int = Query(1000, ge=1, le=10_000),
     kind: list[str] = Query(default_factory=list, description="Only these kinds."),
+    after: str | None = Query(None, pattern=AFTER, description=(
+        "Continue after this record (STEP:KIND:RANK), as the previous page's `next` says.")),
 ) -> Response:
     bad = [k for k in kind if k not in KINDS]
     if bad:
         raise HTTPException(422, f"kind: unknown kind(s) {bad}; use run, step, eval, end")
-    bodies = await runner.call(queries.stored_records, run_id, since_step, limit, kind)
-    if bodies is None:
-        raise HTTPException(404, f"no run {run_id!r}")
-    return _json({"run_id": run_id, "records": [wire.loads(b) for b in bodies]})
+    start = None
+    if after is not None:
+        step, name, rank = after.split(":")
+        start = (int(step), KINDS.index(name), int(rank))
+        if not (-1 <= start[0] <= 2**62 and start[2] <= 2**62):  # SQLite integers: 64-bit
+            raise HTTPException(422, f"after: {after!r} is out of range; use the `next` link")
+
+    async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
+        return await runner.call(queries.records_chunk, run_id, since_step, key, kind,
+                                 max_rows, max_bytes)
+
+    def link(key: tuple[int, int, int]) -> str:
+        params = [("since_step", since_step), ("limit", limit), *(("kind", k) for k in kind),
+                  ("after", f"{key[0]}:{KINDS[key[1]]}:{key[2]}")]
+        return f"/v1/runs/{quote(run_id, safe='')}/records?{urlencode(params)}"
+
+    page = Page(_head(run_id, "records"), fetch, limit, services.settings.read_page_bytes, link)
+    return await streamed(slots, page, start, f"no run {run_id!r}")
 
 
 @router.get("/v1/runs/{run_id}/findings", response_model=FindingsOut,
-            summary="Findings of a run, newest first")
-async def get_findings(run_id: str, queries: QueriesDep, runner: RunnerDep,
-                       limit: int = Query(100, ge=1, le=10_000)) -> Response:
-    bodies = await runner.call(queries.stored_findings, run_id, limit)
-    return _json({"run_id": run_id, "findings": [wire.loads(b) for b in bodies]})
+            summary="Findings of a run, newest first, a page at a time")
+async def get_findings(
+    run_id: str, queries: QueriesDep, runner: RunnerDep, services: ServicesDep,
+    slots: ReadSlotsDep, limit: int = Query(100, ge=1, le=10_000),
+    before: int | None = Query(None, ge=1, le=2**62, description=(
+        "Only findings older than this one, as the previous page's `next` says.")),
+) -> Response:
+    async def fetch(key: int | None, max_rows: int, max_bytes: int) -> Any:
+        return await runner.call(queries.findings_chunk, run_id, key, max_rows, max_bytes)
+
+    def link(key: int) -> str:
+        params = urlencode([("limit", limit), ("before", key)])
+        return f"/v1/runs/{quote(run_id, safe='')}/findings?{params}"
+
+    page = Page(_head(run_id, "findings"), fetch, limit, services.settings.read_page_bytes,
+                link)
+    return await streamed(slots, page, before, "")
+
+
+def _head(run_id: str, items: str) -> bytes:
+    return b'{"run_id":' + wire.dumps(run_id) + b',"' + items.encode() + b'":['
 
 
 def _json(obj: Any) -> Response:

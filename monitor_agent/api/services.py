@@ -35,6 +35,7 @@ from fastapi import HTTPException, Request
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting import Alerting
+from monitor_agent.api.streamed_page import ReadSlots
 from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
@@ -134,6 +135,11 @@ class Services:
     rejections: RejectionLog = field(default_factory=RejectionLog)
     token_health: TokenHealth = field(default_factory=TokenHealth)
     backends: Backends | None = None
+    read_slots: ReadSlots = field(init=False)
+    """Large read answers in progress (api/streamed_page.py): at most max_read_streams."""
+
+    def __post_init__(self) -> None:
+        self.read_slots = ReadSlots(self.settings.max_read_streams)
 
     @property
     def open(self) -> bool:

@@ -28,6 +28,7 @@ here, directly::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from monitor_agent.pipeline import views
 from monitor_agent.pipeline.registry import RunRegistry
@@ -58,6 +59,20 @@ class RunQueries:
         """Every stored run, oldest first (``GET /v1/runs``)."""
         return [views.listing(row, self._live(row.run_id)) for row in self.store.runs()]
 
+    def listings_chunk(self, after: tuple[float, str] | None, max_rows: int,
+                       max_bytes: int) -> list[tuple[tuple[float, str], bytes]]:
+        """The next stored runs of a ``GET /v1/runs`` page as JSON, each with its key
+        ``(first_seen, run_id)``: at most ``max_rows``, and ``max_bytes`` (but at least one)."""
+        out: list[tuple[tuple[float, str], bytes]] = []
+        total = 0
+        for row in self.store.runs_chunk(after, max_rows):
+            body = wire.dumps(asdict(views.listing(row, self._live(row.run_id))))
+            if out and total + len(body) > max_bytes:
+                break
+            out.append(((row.first_seen, row.run_id), body))
+            total += len(body)
+        return out
+
     def run_summaries(self) -> list[views.RunSummary]:
         """Every stored run with its progress and worst finding (the runs page)."""
         out = []
@@ -79,14 +94,17 @@ class RunQueries:
         return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
                             self.store.findings(run_id, limit=20))
 
-    def stored_records(self, run_id: str, since_step: int, limit: int,
-                       kinds: Sequence[str]) -> list[bytes] | None:
-        """A run's stored record lines, oldest step first; None when the run is unknown."""
-        bodies = self.store.records(run_id, since_step, limit, kinds)
-        if not bodies and self.store.run_row(run_id) is None:
+    def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
+                      kinds: Sequence[str], max_rows: int,
+                      max_bytes: int) -> list[tuple[tuple[int, int, int], bytes]] | None:
+        """The next chunk of a run's stored record lines, oldest step first
+        (``Store.records_chunk``); None when the run is unknown."""
+        rows = self.store.records_chunk(run_id, since_step, after, kinds, max_rows, max_bytes)
+        if not rows and self.store.run_row(run_id) is None:
             return None
-        return bodies
+        return rows
 
-    def stored_findings(self, run_id: str, limit: int) -> list[bytes]:
-        """A run's stored finding lines, newest first."""
-        return self.store.findings(run_id, limit)
+    def findings_chunk(self, run_id: str, before_id: int | None, max_rows: int,
+                       max_bytes: int) -> list[tuple[int, bytes]]:
+        """The next chunk of a run's stored finding lines, newest first."""
+        return self.store.findings_chunk(run_id, before_id, max_rows, max_bytes)

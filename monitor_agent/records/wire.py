@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,34 @@ def _scrub(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_scrub(v) for v in obj]
     return obj
+
+
+# A JSON string (skipped as it is), or a bare non-finite token outside any string (group 1).
+_STRING_OR_NONFINITE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|(-?Infinity|NaN)')
+
+
+def stored_to_wire(body: bytes) -> bytes:
+    """A stored JSON line as an answer carries it: each bare ``NaN``/``Infinity`` token
+    (Python's ``json`` writes them, and a line stored verbatim may hold them) becomes
+    docs/format.md's string; everything else is left byte for byte.
+
+    Not ``dumps(loads(body))``: parsed, a 4 MiB record of floats takes about ten times its
+    size in Python objects, and a read answer must stay within a small bound per chunk;
+    this costs the output's bytes. A token inside a string is text and stays::
+
+        >>> stored_to_wire(b'{"loss": NaN, "note": "NaN, -Infinity", "g": -Infinity}')
+        b'{"loss": "NaN", "note": "NaN, -Infinity", "g": "-Infinity"}'
+        >>> stored_to_wire(b'{"loss": 2.5}')
+        b'{"loss": 2.5}'
+    """
+    if b"NaN" not in body and b"Infinity" not in body:
+        return body
+    return _STRING_OR_NONFINITE.sub(_quote_nonfinite, body)
+
+
+def _quote_nonfinite(match: re.Match[bytes]) -> bytes:
+    token = match.group(1)
+    return match.group(0) if token is None else b'"' + token + b'"'
 
 
 def nonfinite_to_float(value: Any) -> Any:

@@ -89,31 +89,19 @@ def export_from_url(url: str, run_id: str, out: Path, token: str | None = None) 
 
 
 def _pages(client: httpx.Client, run_id: str) -> Iterator[dict[str, Any]]:
-    """Every record once: a page that ends mid-step is re-read from that step."""
-    seen: set[tuple[Any, ...]] = set()
-    since = -1
-    path = f"/v1/runs/{quote(run_id, safe='')}/records"
-    while True:
+    """Every record once, following each page's ``next`` link until it is null."""
+    path: str | None = f"/v1/runs/{quote(run_id, safe='')}/records"
+    params: dict[str, Any] | None = {"since_step": -1, "limit": PAGE}
+    while path is not None:
         try:
-            res = client.get(path, params={"since_step": since, "limit": PAGE})
+            res = client.get(path, params=params)
         except httpx.HTTPError as exc:
             raise ExportError(f"cannot reach {client.base_url}: {exc}") from exc
         if res.status_code != 200:
             raise ExportError(f"{res.request.url} answered {res.status_code}: {res.text[:300]}")
-        records = res.json()["records"]
-        fresh = 0
-        for rec in records:
-            key = (rec.get("kind"), rec.get("rank", 0), rec.get("step", -1))
-            if key not in seen:
-                seen.add(key)
-                fresh += 1
-                yield rec
-        if len(records) < PAGE:
-            return
-        last = records[-1].get("step", -1)
-        if fresh == 0:  # a single step holds more than a page: nothing more can be paged
-            raise ExportError(f"step {last} of {run_id!r} has more than {PAGE} records")
-        since = last
+        page = res.json()
+        yield from page["records"]
+        path, params = page.get("next"), None  # the link carries its query
 
 
 def _write(out: Path, records: Iterable[dict[str, Any]]) -> int:

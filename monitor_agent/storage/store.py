@@ -33,6 +33,10 @@ from monitor_agent.records import wire
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 SCHEMA_VERSION = 1
+KIND_ORDER = ("run", "step", "eval", "end")
+"""Within a step, records are read in this order of kinds (then by rank)."""
+_KIND_ORDER_SQL = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(KIND_ORDER))
+                   + f" ELSE {len(KIND_ORDER)} END")
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -244,6 +248,15 @@ class Store:
             rows = self._db.query(sql + " ORDER BY first_seen")
         return [StoredRun(*row) for row in rows]
 
+    def runs_chunk(self, after: tuple[float, str] | None, max_rows: int) -> list[StoredRun]:
+        """Stored runs after ``after`` (``(first_seen, run_id)``), oldest first, without
+        their run record: a page of the runs list."""
+        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at FROM runs"
+               + (" WHERE (first_seen, run_id) > (?, ?)" if after is not None else "")
+               + " ORDER BY first_seen, run_id LIMIT ?")
+        params = (*after, max_rows) if after is not None else (max_rows,)
+        return [StoredRun(*row) for row in self._db.query(sql, params)]
+
     def records(
         self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
     ) -> list[bytes]:
@@ -252,10 +265,67 @@ class Store:
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             params.extend(kinds)
-        sql += (" ORDER BY step, CASE kind WHEN 'run' THEN 0 WHEN 'step' THEN 1 "
-                "WHEN 'eval' THEN 2 ELSE 3 END, rank LIMIT ?")
+        sql += f" ORDER BY step, {_KIND_ORDER_SQL}, rank LIMIT ?"
         params.append(limit)
         return [row[0] for row in self._db.query(sql, params)]
+
+    def records_chunk(
+        self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
+        kinds: Sequence[str], max_rows: int, max_bytes: int,
+    ) -> list[tuple[tuple[int, int, int], bytes]]:
+        """The next records of a read answer, in ``records``' order, each with its key
+        ``(step, kind's place in KIND_ORDER, rank)``: those after ``after``, at most
+        ``max_rows``, and no more than ``max_bytes`` of bodies (but at least one). Keys and
+        sizes are read first and bodies only for the chosen rows, so a chunk costs what it
+        returns, however large the records behind it are."""
+        order = _KIND_ORDER_SQL
+        sql = (f"SELECT step, {order}, rank, id, length(body) FROM records "
+               "WHERE run_id = ? AND step >= ?")
+        params: list[Any] = [run_id, since_step]
+        if after is not None:
+            sql += f" AND step >= ? AND (step, {order}, rank) > (?, ?, ?)"
+            params.extend((after[0], *after))
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            params.extend(kinds)
+        sql += f" ORDER BY step, {order}, rank LIMIT ?"
+        params.append(max_rows)
+        chosen: list[tuple[tuple[int, int, int], int]] = []
+        total = 0
+        for step, place, rank, row_id, size in self._db.query(sql, params):
+            if chosen and total + size > max_bytes:
+                break
+            chosen.append(((step, place, rank), row_id))
+            total += size
+        bodies = self._bodies("records", [row_id for _, row_id in chosen])
+        return [(key, bodies[row_id]) for key, row_id in chosen if row_id in bodies]
+
+    def findings_chunk(self, run_id: str, before_id: int | None, max_rows: int,
+                       max_bytes: int) -> list[tuple[int, bytes]]:
+        """The next findings of a read answer, newest first, each with its id: those older
+        than ``before_id``, bounded as ``records_chunk`` bounds records."""
+        sql = "SELECT id, length(body) FROM findings WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if before_id is not None:
+            sql += " AND id < ?"
+            params.append(before_id)
+        sql += " ORDER BY id DESC LIMIT ?"
+        params.append(max_rows)
+        chosen: list[int] = []
+        total = 0
+        for row_id, size in self._db.query(sql, params):
+            if chosen and total + size > max_bytes:
+                break
+            chosen.append(row_id)
+            total += size
+        bodies = self._bodies("findings", chosen)
+        return [(row_id, bodies[row_id]) for row_id in chosen if row_id in bodies]
+
+    def _bodies(self, table: str, ids: Sequence[int]) -> dict[int, bytes]:
+        if not ids:
+            return {}
+        return dict(self._db.query(
+            f"SELECT id, body FROM {table} WHERE id IN ({','.join('?' * len(ids))})", ids))
 
     def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
         rows = self._db.query(

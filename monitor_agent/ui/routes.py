@@ -41,10 +41,12 @@ from monitor_agent.api.deps import (
     AlertingDep,
     HistoryDep,
     QueriesDep,
+    ReadSlotsDep,
     RunnerDep,
     ServicesDep,
     require_read,
 )
+from monitor_agent.api.streamed_page import SLOT_WAIT, answered, built_in_slot
 from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
@@ -144,42 +146,56 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
 
 @api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
          summary="Per-step scalars of a run, downsampled on the server for charts")
-def get_series(run_id: str, history: HistoryDep, services: ServicesDep, points: int = Points,
-               rank: int = Rank, start: int | None = _step("First"),
+def get_series(run_id: str, history: HistoryDep, services: ServicesDep, slots: ReadSlotsDep,
+               points: int = Points, rank: int = Rank, start: int | None = _step("First"),
                end: int | None = _step("Last")) -> Response:
-    db = _history(history)
-    try:
-        out = series_answer(db, run_id, rank, start, end, points, services.settings.detectors)
-    finally:
-        db.close()
-    if out is None:
-        raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
-    return Response(out.model_dump_json(), media_type="application/json")
+    detectors = services.settings.detectors
+
+    def build() -> bytes:
+        db = _history(history)
+        try:
+            out = series_answer(db, run_id, rank, start, end, points, detectors)
+        finally:
+            db.close()
+        if out is None:
+            raise HTTPException(404, f"no run {run_id!r} in the chart history (yet)")
+        return out.model_dump_json().encode()
+    return built_in_slot(slots, build)
 
 
 @api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
          summary="A per-layer statistic as a layers x step-buckets matrix")
 def get_matrix(
-    run_id: str, history: HistoryDep,
+    run_id: str, history: HistoryDep, slots: ReadSlotsDep,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
     points: int = Query(400, ge=2, le=sr.MAX_POINTS), rank: int = Rank,
     start: int | None = _step("First"), end: int | None = _step("Last"),
     layer: str | None = Query(None, max_length=1000),
 ) -> Response:
-    db = _history(history)
-    try:
-        out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
-    finally:
-        db.close()
-    return Response(out.model_dump_json(), media_type="application/json")
+    def build() -> bytes:
+        db = _history(history)
+        try:
+            out = MatrixOut(**sr.matrix(db, run_id, stat, rank, start, end, points, layer))
+        finally:
+            db.close()
+        return out.model_dump_json().encode()
+    return built_in_slot(slots, build)
 
 
 @api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
-async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep) -> Response:
-    firing: dict[str, int] = {}
-    # The alert database has its own lock: read it in a worker, not on the event loop.
-    for alert in await run_in_threadpool(alerting.list_alerts, state="firing", limit=10_000):
-        firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-    rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
-            for s in await runner.call(queries.run_summaries)]
-    return Response(RunsOut(runs=rows).model_dump_json(), media_type="application/json")
+async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep,
+                   slots: ReadSlotsDep) -> Response:
+    await run_in_threadpool(slots.take, SLOT_WAIT)  # a large read (api/streamed_page.py)
+    try:
+        firing: dict[str, int] = {}
+        # The alert database has its own lock: read it in a worker, not on the event loop.
+        for alert in await run_in_threadpool(alerting.list_alerts, state="firing",
+                                             limit=10_000):
+            firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
+        rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
+                for s in await runner.call(queries.run_summaries)]
+        body = await run_in_threadpool(lambda: RunsOut(runs=rows).model_dump_json().encode())
+        return answered(slots, body)
+    except BaseException:
+        slots.give()
+        raise

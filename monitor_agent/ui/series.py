@@ -288,6 +288,16 @@ def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: in
             "categories": {n: _clean(c.get(n, math.nan) for c in cats) for n in names}}
 
 
+MAX_MATRIX_CELLS = 1 << 19
+"""Cells (names x buckets) of one matrix answer: 2 MiB of float32, about 12 MiB with the
+batch being read and the answer's base64 and JSON copies, so that one chart, like a page
+of records (api/streamed_page.py), holds at most 16 MiB. Still more than a heatmap draws
+(500 layers x 1000 buckets); a model with more layers gets fewer buckets."""
+MATRIX_BATCH_BYTES = 2 << 20
+"""Stored rows are read and folded into the buckets this many bytes at a time, so a long
+range costs its answer, not its rows (300k stored steps of 6000 layers are 7 GB)."""
+
+
 @storage_errors()
 def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
            start: int | None = None, end: int | None = None, points: int = 500,
@@ -295,36 +305,69 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     """A per-layer statistic as a (names x buckets) matrix, row-major, in model order.
 
     For ``grad_quantiles`` ``layer`` picks one parameter and the answer is its 8 quantile
-    bands over the buckets instead (min of the low tails, max of the high ones).
+    bands over the buckets instead (min of the low tails, max of the high ones). At most
+    ``MAX_MATRIX_CELLS`` cells: ``points`` is lowered to fit.
     """
     space = MATRICES[stat]
     meta = run_meta(db, run_id)
     names = meta["layers"] if space == "param" else meta["modules"]
-    rows = _matrix_rows(db, run_id, rank, stat, start, end, points)
-    width = len(names) * (QUANTILE_WIDTH if stat == "grad_quantiles" else 1)
     out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values_f32": ""}
-    if not rows or not names:
+    if not names:
         return out
-    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    values = np.full((len(rows), width), np.nan, dtype=np.float32)
-    for i, (_, data) in enumerate(rows):
-        vec = np.frombuffer(data, dtype=np.float32)
-        values[i, :len(vec)] = vec[:width]
-    if stat == "grad_quantiles":
-        pick = names.index(layer) if layer in names else 0
+    quantiles = stat == "grad_quantiles"
+    stored_width = len(names) * (QUANTILE_WIDTH if quantiles else 1)
+    pick = (names.index(layer) if layer in names else 0) if quantiles else 0
+    cols = slice(pick * QUANTILE_WIDTH, (pick + 1) * QUANTILE_WIDTH) if quantiles else slice(
+        0, stored_width)
+    width = cols.stop - cols.start
+    points = max(2, min(points, MAX_MATRIX_CELLS // width))
+    sql, params = _matrix_rows(db, run_id, rank, stat, start, end, points)
+    lo, hi, count = db.execute(f"SELECT MIN(step), MAX(step), COUNT(*) FROM ({sql})",
+                               params).fetchone()
+    if not count:
+        return out
+    if quantiles:
         out["layer"] = names[pick]
-        values = values[:, pick * QUANTILE_WIDTH:(pick + 1) * QUANTILE_WIDTH]
-    starts, xs = _buckets(steps, points)
-    with np.errstate(all="ignore"):  # an all-NaN bucket is a gap, not an error
-        if stat == "grad_quantiles":
-            low = np.fmin.reduceat(values, starts, axis=0)
-            high = np.fmax.reduceat(values, starts, axis=0)
-            mid = np.add.reduceat(np.nan_to_num(values), starts, axis=0) / np.diff(
-                np.append(starts, len(values)))[:, None]
-            agg = np.concatenate([low[:, :3], mid[:, 3:5], high[:, 5:]], axis=1)
+    buckets = min(count, points)
+    low = np.full((buckets, width), np.nan, dtype=np.float32)
+    high = np.full((buckets, width), np.nan, dtype=np.float32)
+    total = np.zeros((buckets, width), dtype=np.float32) if quantiles else None
+    rows_in = np.zeros(buckets, dtype=np.int64)
+    first = np.full(buckets, -1, dtype=np.int64)
+    last = np.zeros(buckets, dtype=np.int64)
+    cursor = db.execute(sql, params)
+    batch = max(1, MATRIX_BATCH_BYTES // (4 * stored_width))
+    seen = 0
+    while chunk := cursor.fetchmany(batch):
+        steps = np.fromiter((r[0] for r in chunk), dtype=np.int64, count=len(chunk))
+        values = np.full((len(chunk), stored_width), np.nan, dtype=np.float32)
+        for i, (_, data) in enumerate(chunk):
+            vec = np.frombuffer(data, dtype=np.float32)[:stored_width]
+            values[i, :len(vec)] = vec
+        values = values[:, cols]
+        if count <= points:  # as stored: a bucket per row
+            ids = np.arange(seen, seen + len(chunk))
         else:
-            agg = np.fmax.reduceat(values, starts, axis=0)
-    out["steps"] = xs
+            ids = ((steps - lo) * points) // (hi - lo + 1)
+        seen += len(chunk)
+        starts = np.flatnonzero(np.diff(ids, prepend=-1))  # ids ascend: runs of a bucket
+        at = ids[starts]
+        with np.errstate(all="ignore"):  # an all-NaN bucket is a gap, not an error
+            high[at] = np.fmax(high[at], np.fmax.reduceat(values, starts, axis=0))
+            if quantiles and total is not None:
+                low[at] = np.fmin(low[at], np.fmin.reduceat(values, starts, axis=0))
+                total[at] += np.add.reduceat(np.nan_to_num(values), starts, axis=0)
+        rows_in[at] += np.diff(np.append(starts, len(ids)))
+        first[at] = np.where(first[at] < 0, steps[starts], first[at])
+        last[at] = steps[np.append(starts[1:], len(ids)) - 1]
+    used = np.flatnonzero(rows_in)
+    if quantiles and total is not None:
+        mid = total[used] / rows_in[used][:, None]
+        agg = np.concatenate([low[used][:, :3], mid[:, 3:5], high[used][:, 5:]], axis=1)
+    else:
+        agg = high[used]
+    xs = first[used] if count <= points else (first[used] + last[used]) // 2
+    out["steps"] = xs.tolist()
     # names x buckets (quantiles: 8 x buckets), float32 little-endian: 150 layers x 1000
     # buckets is 600 kB this way, several MB as JSON numbers, and no per-value Python work.
     out["values_f32"] = base64.b64encode(
@@ -333,30 +376,18 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
 
 
 def _matrix_rows(db: sqlite3.Connection, run_id: str, rank: int, stat: str,
-                 start: int | None, end: int | None, points: int) -> list[tuple[int, bytes]]:
-    """(step, vector) rows of the range: the stored ones, or per-layer maxima of blocks
-    (placed at their middle step) when the range spans at least 2 blocks per bucket."""
+                 start: int | None, end: int | None, points: int) -> tuple[str, tuple]:
+    """The query of the range's (step, vector) rows, in step order: the stored ones, or
+    per-layer maxima of blocks (placed at their middle step) when the range spans at
+    least 2 blocks per bucket."""
     found = step_range(db, run_id, rank)
     lo = start if start is not None else (found[0] if found else -1)
     hi = end if end is not None else (found[1] if found else 1 << 62)
     level = block_level(lo, hi, points) if stat in BLOCKED_MATRICES and found else None
     if level is None:
-        return db.execute("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND "
-                          "stat=? AND step BETWEEN ? AND ? ORDER BY step",
-                          (run_id, rank, stat, lo, hi)).fetchall()
-    return db.execute("SELECT block * ? + ? / 2, data FROM matrix_blocks WHERE run_id=? AND "
-                      "rank=? AND stat=? AND level=? AND block BETWEEN ? AND ? ORDER BY block",
-                      (level, level, run_id, rank, stat, level, lo // level,
-                       hi // level)).fetchall()
-
-
-def _buckets(steps: np.ndarray, points: int) -> tuple[np.ndarray, list[int]]:
-    """Start index of each non-empty bucket of ``steps`` and a step to plot it at."""
-    if len(steps) <= points:
-        return np.arange(len(steps)), steps.tolist()
-    lo, hi = int(steps[0]), int(steps[-1])
-    ids = ((steps - lo) * points) // (hi - lo + 1)
-    starts = np.flatnonzero(np.diff(ids, prepend=-1))
-    ends = np.append(starts[1:], len(steps)) - 1
-    return starts, ((steps[starts] + steps[ends]) // 2).tolist()
-
+        return ("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND "
+                "stat=? AND step BETWEEN ? AND ? ORDER BY step",
+                (run_id, rank, stat, lo, hi))
+    return ("SELECT block * ? + ? / 2 AS step, data FROM matrix_blocks WHERE run_id=? AND "
+            "rank=? AND stat=? AND level=? AND block BETWEEN ? AND ? ORDER BY block",
+            (level, level, run_id, rank, stat, level, lo // level, hi // level))

@@ -58,3 +58,16 @@ def test_every_public_trace_validates(traces_dir: Path):
 def test_limits(obj):
     with pytest.raises(schemas.RecordError):
         schemas.validate(obj)
+
+
+@pytest.mark.parametrize("obj", [
+    {"loss": math.nan, "g": [math.inf, -math.inf, 1.5e-300], "note": "NaN, -Infinity"},
+    {'k"NaN\\': [math.nan], "s": 'x\\"Infinity', "Infinity": -math.inf, "u": "\u00e9 NaN"},
+    {"layers": {f"NaN{i}": {"grad_norm": math.nan if i % 2 else 1.0} for i in range(50)}},
+])
+def test_stored_to_wire_reads_as_dumps_would_write_it(obj):
+    import json
+
+    for stored in (json.dumps(obj).encode(), json.dumps(obj, separators=(",", ":")).encode()):
+        answer = wire.stored_to_wire(stored)
+        assert json.loads(answer) == json.loads(wire.dumps(wire.loads(stored)))

@@ -100,6 +100,10 @@ def churn(url: str, pid: int, runs: int, ttl: float, batch: int = 100,
             report.active_after = int(sum(float(v) for v in held)) if held else -1
             if report.runs_on_metrics_after == 0 and report.active_after == 0:
                 break
-        report.stored_runs = len(http.get(url + "/v1/runs").json()["runs"])
+        page: dict = {"next": "/v1/runs?limit=10000"}
+        report.stored_runs = 0
+        while page["next"] is not None:  # every page of the runs list
+            page = http.get(url + page["next"]).json()
+            report.stored_runs += len(page["runs"])
     report.rss_after = probe.sample().rss_bytes
     return report

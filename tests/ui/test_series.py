@@ -141,6 +141,24 @@ def test_header_throughput_is_a_training_steps_rate_not_the_last_eval_steps():
     assert sr.recent_throughput(build(steps(5)), "r", 0) is None
 
 
+def test_a_matrix_answer_is_bounded_in_cells_and_read_a_batch_at_a_time(monkeypatch):
+    recs = steps(1000)
+    for rec in recs[1:]:
+        s = rec["step"]
+        rec["layers"] = {f"l{i}": {"grad_norm": 9.0 if (s, i) == (777, 4) else 1.0}
+                         for i in range(10)}
+    db = build(recs)
+    monkeypatch.setattr(sr, "MAX_MATRIX_CELLS", 240, raising=False)  # 12 names: 20 buckets
+    monkeypatch.setattr(sr, "MATRIX_BATCH_BYTES", 3 * 12 * 4, raising=False)  # 3 rows a read
+    m = sr.matrix(db, "r", "grad_norm", points=1000)
+    n, row = len(m["steps"]), m["names"].index("l4")
+    assert len(m["names"]) == 12 and n == 20  # b and a: the run's layer_order, never sent
+    values = np.frombuffer(base64.b64decode(m["values_f32"]), dtype="<f4")
+    spiked = values[row * n:(row + 1) * n]  # the spike survives in its bucket
+    assert spiked.max() == 9.0 and abs(m["steps"][int(spiked.argmax())] - 777) <= 1000 / n
+    assert set(values[(row - 1) * n:row * n].tolist()) == {1.0}
+
+
 def test_update_band_follows_the_detectors_phases():
     band = sr.update_band([5, 500, 900], warmup=10, total=1000)
     assert band == {"low": [1e-3, 1e-4, 1e-5], "high": [1e-2, 1e-3, 1e-4]}

@@ -1,0 +1,100 @@
+"""``/v1/runs/{id}/records`` and ``/findings`` over real HTTP: pages bounded by ``limit``
+and ``read_page_bytes``, each ending in a ``next`` link that reads on without a gap or a
+repeat, however the pages fall across a step's ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
+
+RANKS, STEPS, LAYERS = 3, 12, 60
+PAGE_BYTES = 64 * 1024   # the smallest read_page_bytes
+
+
+def _step(rank: int, step: int, loss: float | str = 1.0) -> dict:
+    return {"kind": "step", "run_id": "r", "rank": rank, "step": step, "time": float(step),
+            "loss": loss, "layers": {f"blocks.{i}.mlp.weight": {
+                "grad_norm": 0.5 + i, "param_norm": 3.0, "update_norm": 0.003}
+                for i in range(LAYERS)}}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path, read_page_bytes=PAGE_BYTES)
+    with LiveServer(settings) as srv:
+        records = [{"kind": "run", "run_id": "r", "time": 0.0, "config": {"lr": 0.1}}]
+        records += [_step(rank, step, "NaN" if step > 6 else 1.0)
+                    for step in range(1, STEPS + 1) for rank in range(RANKS)]
+        records.append({"kind": "end", "run_id": "r", "step": STEPS, "time": 99.0,
+                        "status": "completed"})
+        res = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=60)
+        assert res.status_code == 200 and res.json()["accepted"] == len(records), res.text
+        yield srv
+
+
+def _follow(srv, path: str, items: str) -> list[list[dict]]:
+    pages = []
+    while path is not None:
+        res = httpx.get(srv.url + path, timeout=30)
+        assert res.status_code == 200, res.text
+        pages.append(res.json()[items])
+        path = res.json()["next"]
+    return pages
+
+
+def _key(record: dict) -> tuple:
+    return record.get("step", -1), record["kind"], record.get("rank", 0)
+
+
+def test_record_pages_end_mid_step_and_next_reads_on_without_gaps(server):
+    pages = _follow(server, "/v1/runs/r/records?since_step=-1&limit=5&kind=run&kind=step",
+                    "records")
+    records = [r for page in pages for r in page]
+    expected = [(-1, "run", 0)] + [(s, "step", k) for s in range(1, STEPS + 1)
+                                   for k in range(RANKS)]
+    assert [_key(r) for r in records] == expected  # in order, each once, filter kept
+    assert all(len(page) <= 5 for page in pages)
+    assert any(page[-1]["rank"] != RANKS - 1 for page in pages[:-1])  # a page ended mid-step
+    assert records[-1]["loss"] == "NaN"
+
+
+def test_a_large_limit_is_still_a_bounded_page(server):
+    full = httpx.get(server.url + "/v1/runs/r/records?since_step=-1&limit=10000").json()
+    assert full["next"] is not None and len(full["records"]) < RANKS * STEPS
+    stored = sum(len(httpx.Request("GET", "/", json=r).content) for r in full["records"])
+    assert stored < PAGE_BYTES + len(httpx.Request("GET", "/", json=_step(0, 1)).content) * 2
+    pages = _follow(server, "/v1/runs/r/records?since_step=-1&limit=10000", "records")
+    assert len([r for page in pages for r in page]) == 2 + RANKS * STEPS
+
+
+def test_finding_pages_newest_first(server):
+    whole = httpx.get(server.url + "/v1/runs/r/findings?limit=10000").json()
+    assert whole["next"] is None and len(whole["findings"]) >= 4
+    pages = _follow(server, "/v1/runs/r/findings?limit=3", "findings")
+    assert [f for page in pages for f in page] == whole["findings"]
+    assert len(pages) > 1 and all(len(page) <= 3 for page in pages)
+
+
+def test_bad_cursors_are_refused_with_a_reason_and_unknown_runs_are_404(server):
+    for bad in ("3:bogus:0", "99999999999999999999:step:0", "1:step:9999999999999999999"):
+        res = httpx.get(server.url + f"/v1/runs/r/records?after={bad}")
+        assert res.status_code == 422 and "after" in res.text, bad
+    res = httpx.get(server.url + "/v1/runs/r/findings?before=0")
+    assert res.status_code == 422 and "before" in res.text
+    assert httpx.get(server.url + "/v1/runs/nope/records").status_code == 404
+
+
+def test_run_pages_list_every_run_once(server):
+    more = [{"kind": "step", "run_id": f"run:{i}", "step": 1, "time": 1.0, "loss": 1.0}
+            for i in range(7)]
+    assert httpx.post(server.url + "/v1/records", json={"records": more}).status_code == 200
+    pages = _follow(server, "/v1/runs?limit=3", "runs")
+    assert [len(page) for page in pages] == [3, 3, 2]
+    assert sorted(r["run_id"] for page in pages for r in page) == sorted(
+        ["r"] + [r["run_id"] for r in more])
+    assert httpx.get(server.url + "/v1/runs?after=soon:r").status_code == 422
