@@ -121,10 +121,10 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     fuzz corpus (goal: nothing held above 10x what was sent, no request above 64 MiB)."""
     import dataclasses
 
-    from amplification import Report, attack_cases, measure
+    from amplification import Report, attack_cases, measure, shape_cases
     from record_fuzz import fuzz_cases, rss_mib, seed_records
 
-    attacks = attack_cases()
+    attacks = attack_cases() + shape_cases()
     corpus = list(fuzz_cases(seed_records(), limit=args.amplification_cases))
     with SidecarProcess(tmp / "amplification", env=QUIET) as sc:
         report = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", attacks + corpus)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -181,51 +182,89 @@ class _Unparsed:
 def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
     """The request's records (an ``_Unparsed`` for each NDJSON line that is not one)."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
+    chunks: Iterator[bytes]
     if encoding == "gzip":
-        body = _gunzip(body, settings.max_decompressed_bytes)
-    elif encoding not in ("", "identity"):
+        chunks = _gunzip(body, settings.max_decompressed_bytes)
+    elif encoding in ("", "identity"):
+        chunks = iter((body,))
+    else:
         raise BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
     ctype = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    _check_values(body, settings.max_values_per_request)
     if ctype in NDJSON_TYPES:
-        objs = _ndjson(body, settings.max_record_bytes)
-    elif ctype in ("application/json", ""):
-        objs = _json_batch(body)
-    else:
+        return _ndjson(chunks, settings)
+    if ctype not in ("application/json", ""):
         raise BadRequest(
             415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
         )
-    if len(objs) > settings.max_records_per_request:
-        raise BadRequest(
-            413, f"{len(objs)} records exceed max_records_per_request="
-            f"{settings.max_records_per_request}; split the batch",
-        )
+    whole = b"".join(chunks)
+    _check_values(whole.count(b","), settings.max_values_per_request)
+    objs = _json_batch(whole)
+    del whole
+    _check_records(len(objs), settings.max_records_per_request)
     return objs
 
 
-def _check_values(body: bytes, limit: int) -> None:
+def _check_records(count: int, limit: int) -> None:
+    if count > limit:
+        raise BadRequest(413, f"more than {limit} records (max_records_per_request={limit}); "
+                              "split the batch")
+
+
+def _check_values(values: int, limit: int) -> None:
     """Bound the objects that parsing would build, before building them: values in arrays
     and objects are separated by commas (nesting without commas is cut by the parser's
     depth limit; commas inside strings only make the estimate larger). One pass over the
     bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
-    values = body.count(b",")
     if values > limit:
         raise BadRequest(413, f"body holds about {values} JSON values, more than "
                           f"max_values_per_request={limit}; split the batch")
 
 
-def _gunzip(body: bytes, limit: int) -> bytes:
+INFLATE_CHUNK = 1 << 20
+"""Bytes inflated at a time: a gzip body is never held inflated whole, only as lines."""
+
+
+def _gunzip(body: bytes, limit: int) -> Iterator[bytes]:
+    """The inflated body, a chunk at a time, stopping with a 413 past ``limit`` bytes."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        del out  # not kept alive by the exception's traceback
-        raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+    data, size = body, 0
+    while not inflater.eof:
+        try:
+            out = inflater.decompress(data, INFLATE_CHUNK)
+        except zlib.error as exc:
+            raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+        data = inflater.unconsumed_tail
+        if not out and not data:
+            break
+        size += len(out)
+        if size > limit:
+            raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+        yield out
     if not inflater.eof:
         raise BadRequest(400, "gzip body is truncated")
-    return out
+
+
+def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int]:
+    """Each line of a stream of chunks, as bytes; a line longer than ``max_line`` comes as
+    its length instead, and its bytes are never gathered (only counted as they pass)."""
+    tail, skipping = b"", -1  # the line so far; or the length of an over-long one
+    for chunk in chunks:
+        pos = 0
+        while True:
+            nl = chunk.find(b"\n", pos)
+            end = len(chunk) if nl < 0 else nl
+            if skipping >= 0:
+                skipping += end - pos
+            else:
+                tail = tail + chunk[pos:end] if tail else chunk[pos:end]
+                if len(tail) > max_line:
+                    tail, skipping = b"", len(tail)
+            if nl < 0:
+                break
+            yield skipping if skipping >= 0 else tail
+            tail, skipping, pos = b"", -1, nl + 1
+    if skipping >= 0 or tail:
+        yield skipping if skipping >= 0 else tail
 
 
 def _parse(data: bytes, what: str) -> Any:
@@ -245,17 +284,32 @@ def _json_batch(body: bytes) -> list[Any]:
     raise BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
 
 
-def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
-    """Each line's object, paired with the line itself: (obj, raw)."""
+def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
+    """Each line's object, paired with the line itself (``_Line``), or why it is not one.
+
+    Lines are counted against ``max_records_per_request`` and their commas against
+    ``max_values_per_request`` as they are split off the (inflating) stream, before any is
+    parsed: a body of millions of tiny lines (``{}``, no commas) stops at the budget having
+    built at most that many, and nothing of it is held once the 413 is answered."""
+    max_record, max_records = settings.max_record_bytes, settings.max_records_per_request
     objs: list[Any] = []
-    for lineno, line in enumerate(body.split(b"\n"), 1):
-        line = line.strip()
-        if not line:
+    values = 0
+    for lineno, line in enumerate(_split_lines(chunks, max_record), 1):
+        if isinstance(line, bytes):
+            line = line.strip()
+            if not line:
+                continue
+        if len(objs) >= max_records:
+            objs.clear()
+            _check_records(max_records + 1, max_records)
+        if isinstance(line, int):
+            objs.append(_Unparsed(f"line {lineno}: {line} bytes exceed "
+                                  f"max_record_bytes={max_record}"))
             continue
-        if len(line) > max_record_bytes:
-            objs.append(_Unparsed(f"line {lineno}: {len(line)} bytes exceed "
-                                  f"max_record_bytes={max_record_bytes}"))
-            continue
+        values += line.count(b",")
+        if values > settings.max_values_per_request:
+            objs.clear()
+            _check_values(values, settings.max_values_per_request)
         try:
             objs.append(_Line(_parse(line, f"line {lineno}"), line))
         except BadRequest as exc:

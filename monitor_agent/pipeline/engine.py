@@ -41,6 +41,7 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline.admission import AdmissionBudget
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -160,17 +161,27 @@ class Engine:
     ) -> list[Incoming]:
         admitted: list[Incoming] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
+        budget = AdmissionBudget(self.settings)
         for item in items:
-            live = self.registry.admit(item.record.run_id, now)
-            reason: str | None
-            if live is None:
-                reason = (f"too many active runs (max_active_runs="
-                          f"{self.settings.max_active_runs}); end or expire runs first")
-                label = "too_many_runs"
-            else:
-                reason = implausible_step(live.state, item.record, seen,
-                                          self.settings.max_step_jump, now)
-                label = "implausible_step"
+            record = item.record
+            new = self.registry.get(record.run_id) is None
+            reason, label = (budget.refuse_run(record.run_id) if new else None), "too_many_new_runs"
+            if reason is None:
+                live = self.registry.admit(record.run_id, now)
+                if live is None:
+                    reason = (f"too many active runs (max_active_runs="
+                              f"{self.settings.max_active_runs}, none silent for run_displace_"
+                              f"after_seconds={self.settings.run_displace_after_seconds:g}); "
+                              "retry later")
+                    label = "too_many_runs"
+                else:
+                    if new:
+                        budget.took_run(record.run_id)
+                    reason, label = budget.refuse_rank(live.state, record.rank), "too_many_ranks"
+                    if reason is None:
+                        reason = implausible_step(live.state, record, seen,
+                                                  self.settings.max_step_jump, now)
+                        label = "implausible_step"
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()

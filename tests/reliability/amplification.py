@@ -51,6 +51,24 @@ def attack_cases() -> list[Case]:
     ]
 
 
+def shape_cases() -> list[Case]:
+    """Shapes whose cost grows with a count the byte budgets do not see: lines, records of
+    a JSON array, ranks of one run, new runs. Each stays within every byte budget."""
+    tiny = b"{}\n" * (16 * MiB // 3 - 8)  # inflates to just under max_decompressed_bytes
+    ranks = b"\n".join(json.dumps({"kind": "step", "run_id": "rank-bomb", "rank": r, "step": 1,
+                                   "time": 1.0, "loss": 1.0}).encode() for r in range(10_000))
+    runs = b"\n".join(json.dumps({"kind": "step", "run_id": f"one-line-{i}", "step": 1,
+                                  "time": 1.0}).encode() for i in range(10_000))
+    return [
+        Case("{} lines to max_decompressed_bytes (gzip)", tiny, gzip=True),
+        Case("{} lines to max_body_bytes (plain)", tiny[:8 * MiB - 1024]),
+        Case("JSON array of {} at max_values_per_request",
+             b",".join([b"{}"] * 499_000), ndjson=False, gzip=True),
+        Case("10k ranks of one run, one request", ranks, gzip=True),
+        Case("10k one-line runs, one request", runs, gzip=True),
+    ]
+
+
 @dataclass
 class Row:
     name: str

@@ -26,7 +26,8 @@ def _dropped(url: str, reason: str) -> float:
 @pytest.fixture
 def capped(tmp_path: Path):
     settings = load_settings(data_dir=tmp_path, max_layer_names_per_run=500,
-                             max_active_runs=200, max_runs_exposed=50, max_layers_exposed=100)
+                             max_active_runs=200, max_new_runs_per_request=500,
+                             max_runs_exposed=50, max_layers_exposed=100)
     with LiveServer(settings) as srv:
         yield srv
 
