@@ -197,7 +197,7 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
             415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
         )
     whole = b"".join(chunks)
-    _check_values(whole.count(b","), settings.max_values_per_request)
+    _check_values(_values(whole), settings.max_values_per_request)
     objs = _json_batch(whole)
     del whole
     _check_records(len(objs), settings.max_records_per_request)
@@ -210,10 +210,19 @@ def _check_records(count: int, limit: int) -> None:
                               "split the batch")
 
 
+def _values(data: bytes) -> int:
+    """About how many JSON values parsing ``data`` would build, counted on the bytes: the
+    values in each array or object are one more than the commas between them, so commas
+    plus containers opened is at least the count (commas or brackets inside strings only
+    make it larger). Counting the containers is what catches ``[{},{},...]``: half a
+    million empty objects in 1.5 kB of gzip are as many values as their commas say again,
+    and each costs more than a number once built."""
+    return data.count(b",") + data.count(b"{") + data.count(b"[")
+
+
 def _check_values(values: int, limit: int) -> None:
-    """Bound the objects that parsing would build, before building them: values in arrays
-    and objects are separated by commas (nesting without commas is cut by the parser's
-    depth limit; commas inside strings only make the estimate larger). One pass over the
+    """Bound the objects that parsing would build, before building them (``_values``;
+    nesting without commas is cut by the parser's depth limit). A few passes over the
     bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
     if values > limit:
         raise BadRequest(413, f"body holds about {values} JSON values, more than "
@@ -287,7 +296,7 @@ def _json_batch(body: bytes) -> list[Any]:
 def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
     """Each line's object, paired with the line itself (``_Line``), or why it is not one.
 
-    Lines are counted against ``max_records_per_request`` and their commas against
+    Lines are counted against ``max_records_per_request`` and their values against
     ``max_values_per_request`` as they are split off the (inflating) stream, before any is
     parsed: a body of millions of tiny lines (``{}``, no commas) stops at the budget having
     built at most that many, and nothing of it is held once the 413 is answered."""
@@ -306,7 +315,7 @@ def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
             objs.append(_Unparsed(f"line {lineno}: {line} bytes exceed "
                                   f"max_record_bytes={max_record}"))
             continue
-        values += line.count(b",")
+        values += _values(line)
         if values > settings.max_values_per_request:
             objs.clear()
             _check_values(values, settings.max_values_per_request)

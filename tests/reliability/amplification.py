@@ -134,7 +134,8 @@ def _peak_mib(pid: int) -> float:
     return 0.0
 
 
-def measure(url: str, pid: int, db_path: Path, cases: list[Case]) -> Report:
+def measure(url: str, pid: int, db_path: Path, cases: list[Case],
+            path: str = "/v1/records") -> Report:
     report = Report()
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     with httpx.Client(timeout=120) as client:
@@ -146,7 +147,7 @@ def measure(url: str, pid: int, db_path: Path, cases: list[Case]) -> Report:
                 body, headers["content-encoding"] = gzip.compress(body, 6), "gzip"
             before, stored0 = rss_mib(pid), _stored_bytes(db)
             exact = _reset_peak(pid)
-            r = client.post(url + "/v1/records", content=body, headers=headers)
+            r = client.post(url + path, content=body, headers=headers)
             peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
             inflated = len(case.body) if case.ndjson else len(case.body) + 15
             report.rows.append(Row(case.name, len(body), inflated, r.status_code, max(peak, 0.0),
