@@ -139,14 +139,22 @@ class Engine:
         Nothing is stored and no detector state changes: the step's in-order copy, when the
         backlog reaches it, is stored and judged like any other and its finding folds into
         the alert begun here (``Alerting.preview``). A run not in memory is paged about with
-        what the record carries (its id, rank and step) and is not loaded for it.
+        what the record carries (its id, rank and step) and is not loaded for it; such runs
+        count against ``max_new_runs_per_request`` as ingest's do (each costs a detector
+        suite and may begin an alert), and the records of runs past it are not previewed:
+        their in-order copies page as usual.
         """
         begun = 0
+        budget = AdmissionBudget(self.settings)
         for item in items:
             record = item.record
             if not isinstance(record, StepRecord):
                 continue
             live = self.registry.get(record.run_id)
+            if live is None:
+                if budget.refuse_run(record.run_id) is not None:
+                    continue
+                budget.took_run(record.run_id)
             if live is not None and live.state.is_late(record):
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)

@@ -141,3 +141,13 @@ def test_both_routes_take_the_same_bodies_in_openapi(sidecar, path):
     doc = httpx.get(sidecar.url + "/openapi.json").json()
     body = doc["paths"][path]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/x-ndjson"}
+
+
+def test_previews_of_unknown_runs_count_against_the_new_run_budget(sidecar):
+    # 1,000 NaN steps of runs the sidecar does not have: each would begin an alert (and a
+    # page) of its own; a request brings at most max_new_runs_per_request of them in.
+    nans = [{"kind": "step", "run_id": f"stranger-{i}", "step": 1, "time": 1.0, "loss": "NaN"}
+            for i in range(1000)]
+    answer = _preview(sidecar.url, nans).json()
+    assert answer["received"] == 1000 and answer["alerts"] == 64
+    assert len(httpx.get(sidecar.url + "/v1/alerts").json()["alerts"]) == 64
