@@ -50,6 +50,15 @@ MATRICES: dict[str, str] = {
 
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
+MAX_NAMES = 2000
+"""Columns a run's chart history keeps per name space (the app passes its
+``max_layers_exposed``, the per-layer series a run shows on /metrics too). Every stored
+step vector is as wide as the names known when it was folded, so a run that sends a new
+name every step would grow the history with the square of its names; past this many, new
+names are not charted (they are stored, and the detectors track up to
+``max_layer_names_per_run``), which bounds a vector at ``MAX_NAMES`` floats and a heatmap
+at ``MAX_NAMES`` rows."""
+
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
 
@@ -128,12 +137,14 @@ def _column(values: Any) -> np.ndarray:
 
 
 def _scatter(pos: tuple[np.ndarray, int] | None, values: np.ndarray) -> np.ndarray:
-    """``values`` placed in the run's column order (NaN where a column got no value)."""
+    """``values`` placed in the run's column order (NaN where a column got no value; a
+    value whose name has no column, past ``MAX_NAMES``, is left out)."""
     if pos is None:
         return values
     where, size = pos
     out = np.full((size, *values.shape[1:]), np.nan, dtype=np.float32)
-    out[where] = values
+    kept = where >= 0
+    out[where[kept]] = values[kept]
     return out
 
 
@@ -150,8 +161,9 @@ class HistoryBuilder:
     """
 
     def __init__(self, db: History, ema_alpha: float = 0.99,
-                 default_warmup: int = 0) -> None:
+                 default_warmup: int = 0, max_names: int = MAX_NAMES) -> None:
         self.db = db
+        self.max_names = max_names
         self.alpha = ema_alpha
         self.default_warmup = default_warmup
         self._names: dict[tuple[str, str], list[str]] = {}
@@ -250,7 +262,7 @@ class HistoryBuilder:
         known = self._names[(run_id, space)]
         if names == known:
             return None
-        where = np.fromiter((index[n] for n in names), dtype=np.intp, count=len(names))
+        where = np.fromiter((index.get(n, -1) for n in names), dtype=np.intp, count=len(names))
         return where, len(known)
 
     def _vector(self, run_id: str, rank: int, stat: str, step: int, vec: np.ndarray) -> None:
@@ -264,7 +276,8 @@ class HistoryBuilder:
     # -- per-run state, loaded from the tables on first use -------------------------------
 
     def _place(self, run_id: str, space: str, names: list[str]) -> dict[str, int]:
-        """Indices of ``names`` in the run's column order, appending names never seen."""
+        """Indices of ``names`` in the run's column order, appending names never seen
+        while the run has fewer than ``max_names``."""
         key = (run_id, space)
         if key not in self._names:
             row = self.db.execute("SELECT names FROM names WHERE run_id=? AND space=?",
@@ -273,7 +286,7 @@ class HistoryBuilder:
             self._index[key] = {n: i for i, n in enumerate(self._names[key])}
         known, index = self._names[key], self._index[key]
         for name in names:
-            if name not in index:
+            if name not in index and len(known) < self.max_names:
                 index[name] = len(known)
                 known.append(name)
                 self._dirty_names.add(key)

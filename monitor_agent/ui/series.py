@@ -41,6 +41,10 @@ from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
+MAX_MATRIX_CELLS = 2_000_000
+"""Cells (names x buckets) of one heatmap answer: 8 MB of float32. 150 layers get every
+bucket up to ``MAX_POINTS``; a run with more names gets fewer buckets, so the answer and
+the work behind it stay bounded whatever the run sent."""
 
 
 def _clean(values: Any) -> list[float | None]:
@@ -241,6 +245,8 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     space = MATRICES[stat]
     meta = run_meta(db, run_id)
     names = meta["layers"] if space == "param" else meta["modules"]
+    if stat != "grad_quantiles":  # that answer is one layer's bands: 8 rows
+        points = max(1, min(points, MAX_MATRIX_CELLS // max(len(names), 1)))
     rows = _matrix_rows(db, run_id, rank, stat, start, end, points)
     width = len(names) * (QUANTILE_WIDTH if stat == "grad_quantiles" else 1)
     out: dict[str, Any] = {"stat": stat, "names": names, "steps": [], "values_f32": ""}

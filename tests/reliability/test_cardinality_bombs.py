@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -60,3 +62,33 @@ def test_label_value_bomb_gets_a_clear_422(capped):
         {"kind": "run", "run_id": "lbl", "labels": {f"k{i}": "v" for i in range(1000)}}]})
     assert r.status_code == 422 and "labels" in r.json()["detail"]
     assert len(capped.app.state.services.engine.registry) == 0
+
+
+def _history_rows(path: Path, sql: str) -> tuple:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute(sql).fetchone()
+    finally:
+        db.close()
+
+
+def test_new_layer_names_every_step_do_not_grow_the_chart_history_with_their_square(
+        capped, tmp_path: Path):
+    # One new name a step: each stored step vector is as wide as the names known so far,
+    # so without a cap the history grows with names^2 and a heatmap holds every name.
+    steps = 600
+    result = layer_bomb(capped.url, os.getpid(), names=steps, per_record=1, per_batch=100)
+    assert result.accepted == steps
+    history = tmp_path / "history.sqlite"
+    deadline = time.monotonic() + 60
+    while _history_rows(history, "SELECT MAX(step) FROM steps WHERE run_id = 'layer-bomb'"
+                        )[0] != steps:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    stored = _history_rows(history, "SELECT SUM(LENGTH(data)) FROM matrices WHERE "
+                                    "run_id = 'layer-bomb' AND stat = 'grad_norm'")[0]
+    assert stored <= steps * 100 * 4  # at most max_layers_exposed=100 float32 a step
+    answer = httpx.get(capped.url + "/v1/runs/layer-bomb/matrix/grad_norm",
+                       params={"points": 10_000}).json()
+    assert answer["names"] == [f"bomb.{i}.weight" for i in range(100)]
+    assert len(answer["steps"]) == steps
