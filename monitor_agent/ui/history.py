@@ -39,7 +39,7 @@ from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors, transaction
-from monitor_agent.ui import blocks
+from monitor_agent.ui import blocks, vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 
 MATRICES: dict[str, str] = {
@@ -266,7 +266,7 @@ class HistoryBuilder:
         return where, len(known)
 
     def _vector(self, run_id: str, rank: int, stat: str, step: int, vec: np.ndarray) -> None:
-        self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
+        self._matrices.append((run_id, rank, stat, step, vectors.encode(vec)))
 
     def _add_eval(self, obj: dict[str, Any]) -> None:
         cats = category_losses({k: _num(v) for k, v in (obj.get("metrics") or {}).items()})

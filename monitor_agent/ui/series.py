@@ -37,6 +37,7 @@ import numpy as np
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
 from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors
+from monitor_agent.ui import vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
@@ -255,7 +256,7 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     values = np.full((len(rows), width), np.nan, dtype=np.float32)
     for i, (_, data) in enumerate(rows):
-        vec = np.frombuffer(data, dtype=np.float32)
+        vec = vectors.decode(data)
         values[i, :len(vec)] = vec[:width]
     if stat == "grad_quantiles":
         pick = names.index(layer) if layer in names else 0

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
-from amplification import MiB, NOISE_MIB, attack_cases, measure, shape_cases
+from amplification import NOISE_MIB, MiB, attack_cases, measure, shape_cases
 
 from sidecar_process import SidecarProcess
 
