@@ -143,6 +143,26 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     print(Report(report.rows[len(attacks):]).summary())
     print(f"20 more 20k-layer records ({sum(r.sent for r in repeat.rows)} B sent, statuses "
           f"{sorted({r.status for r in repeat.rows})}): RSS grew {growth:.1f} MiB in all")
+    amplification_over_time(args, tmp)
+
+
+def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
+    """Shapes that cost over many requests: a new layer name every step (stored: what the
+    chart history grew by), and the counted shapes sent again and again (held: RSS growth
+    once the budgets are full)."""
+    import dataclasses
+
+    from amplification import Report, layer_names_over_time, measure, shape_cases
+
+    with SidecarProcess(tmp / "amplification-time", env=QUIET) as sc:
+        drift = layer_names_over_time(sc.url, sc.proc.pid, sc.data_dir / "history.sqlite",
+                                      steps=args.name_drift_steps)
+        shapes = shape_cases()
+        measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", shapes)  # fill budgets
+        again = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", [
+            dataclasses.replace(c, name=f"{c.name} (again)") for c in shapes])
+    report = Report([drift, *again.rows])
+    print(report.table({r.name for r in report.rows}))
 
 
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:
@@ -184,6 +204,8 @@ def main() -> None:
     ap.add_argument("--cardinality", type=int, default=1_000_000)
     ap.add_argument("--schemathesis-examples", type=int, default=2000)
     ap.add_argument("--amplification-cases", type=int, default=2000)
+    ap.add_argument("--name-drift-steps", type=int, default=5000,
+                    help="steps of the one-new-layer-name-a-step run (amplification)")
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

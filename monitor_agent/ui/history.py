@@ -52,12 +52,11 @@ QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVE
 
 MAX_NAMES = 2000
 """Columns a run's chart history keeps per name space (the app passes its
-``max_layers_exposed``, the per-layer series a run shows on /metrics too). Every stored
-step vector is as wide as the names known when it was folded, so a run that sends a new
-name every step would grow the history with the square of its names; past this many, new
-names are not charted (they are stored, and the detectors track up to
-``max_layer_names_per_run``), which bounds a vector at ``MAX_NAMES`` floats and a heatmap
-at ``MAX_NAMES`` rows."""
+``max_layers_exposed``, the per-layer series a run shows on /metrics too). A step's vector
+has a slot for every name known when it was folded (``vectors`` stores it sparse when most
+are empty); past this many names, new ones are not charted (they are stored, and the
+detectors track up to ``max_layer_names_per_run``), which bounds a vector at
+``MAX_NAMES`` slots and a heatmap at ``MAX_NAMES`` rows."""
 
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from record_fuzz import FUZZ_RUN, Case, rss_mib
 
 NOISE_MIB = 1.0
 MiB = 1024 * 1024
+PEAK_BUDGET_MIB = 64.0  # the README's budget: peak RSS of any one request
 
 
 def attack_cases() -> list[Case]:
@@ -106,10 +108,13 @@ class Report:
         ])
 
     def table(self, names: set[str]) -> str:
-        lines = [f"{'request':50} {'sent B':>10} {'inflated B':>10} {'HTTP':>4} {'peak MiB':>8} {'held MiB':>8} "
-                 f"{'stored B':>9}"]
+        lines = [f"budget: {PEAK_BUDGET_MIB:.0f} MiB of peak RSS for any request",
+                 f"{'request':50} {'sent B':>10} {'inflated B':>10} {'HTTP':>4} {'peak MiB':>8} {'held MiB':>8} "
+                 f"{'stored B':>9} {'budget':>6}"]
         lines += [f"{r.name[:50]:50} {r.sent:>10} {r.inflated:>10} {r.status:>4} {r.peak_mib:>8.1f} "
-                  f"{r.held_mib:>8.1f} {r.stored:>9}" for r in self.rows if r.name in names]
+                  f"{r.held_mib:>8.1f} {r.stored:>9} "
+                  f"{'ok' if r.peak_mib <= PEAK_BUDGET_MIB else 'OVER':>6}"
+                  for r in self.rows if r.name in names]
         return "\n".join(lines)
 
 
@@ -154,3 +159,40 @@ def measure(url: str, pid: int, db_path: Path, cases: list[Case],
                                    max(rss_mib(pid) - before, 0.0), _stored_bytes(db) - stored0))
     db.close()
     return report
+
+
+def layer_names_over_time(url: str, pid: int, history_path: Path, steps: int,
+                          per_request: int = 100) -> Row:
+    """One run whose every step names one layer never seen before, ``per_request`` steps a
+    request: the worst request's peak RSS, RSS held at the end, and what the chart history
+    (``history.sqlite``, folded by its own thread) grew by, once it has caught up."""
+    def history(sql: str) -> int:
+        db = sqlite3.connect(f"file:{history_path}?mode=ro", uri=True)
+        try:
+            return db.execute(sql).fetchone()[0] or 0
+        finally:
+            db.close()
+
+    def history_bytes() -> int:
+        return sum(history(f"SELECT SUM(LENGTH(data)) FROM {t}")
+                   for t in ("matrices", "matrix_blocks"))
+
+    stored0, before, sent, peak, status = history_bytes(), rss_mib(pid), 0, 0.0, 0
+    with httpx.Client(timeout=120) as client:
+        for start in range(1, steps + 1, per_request):
+            body = gzip.compress(b"\n".join(json.dumps({
+                "kind": "step", "run_id": "name-drift", "step": s, "time": float(s), "loss": 1.0,
+                "layers": {f"drift.{s}.weight": {"grad_norm": 1.0}}}).encode()
+                for s in range(start, min(steps + 1, start + per_request))))
+            exact = _reset_peak(pid)
+            status = client.post(url + "/v1/records", content=body, headers={
+                "content-type": "application/x-ndjson", "content-encoding": "gzip"}).status_code
+            peak = max(peak, (_peak_mib(pid) if exact else rss_mib(pid)) - before)
+            sent += len(body)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # the history folds on its own thread
+        if history("SELECT MAX(step) FROM steps WHERE run_id = 'name-drift'") >= steps:
+            break
+        time.sleep(0.2)
+    return Row(f"{steps} steps, one new layer name each", sent, 0, status, max(peak, 0.0),
+               max(rss_mib(pid) - before, 0.0), history_bytes() - stored0)
