@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent.api.deps import require_write, services
+from monitor_agent.api.heap import release_freed_memory
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
@@ -86,6 +87,8 @@ async def post_records(request: Request) -> IngestResponse:
     finally:
         state.metrics.requests.labels(code=code).inc()
         state.metrics.ingest_duration.observe(time.perf_counter() - t0)
+    if status == 413:
+        await run_in_threadpool(release_freed_memory)
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
     # 429 and 503 are "later": say when, so clients and proxies back off alike.
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
@@ -262,12 +265,12 @@ def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int
         while True:
             nl = chunk.find(b"\n", pos)
             end = len(chunk) if nl < 0 else nl
+            if skipping < 0 and len(tail) + end - pos > max_line:
+                tail, skipping = b"", len(tail)  # never joined: it is only counted
             if skipping >= 0:
                 skipping += end - pos
             else:
                 tail = tail + chunk[pos:end] if tail else chunk[pos:end]
-                if len(tail) > max_line:
-                    tail, skipping = b"", len(tail)
             if nl < 0:
                 break
             yield skipping if skipping >= 0 else tail
@@ -300,8 +303,19 @@ def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
     ``max_values_per_request`` as they are split off the (inflating) stream, before any is
     parsed: a body of millions of tiny lines (``{}``, no commas) stops at the budget having
     built at most that many, and nothing of it is held once the 413 is answered."""
-    max_record, max_records = settings.max_record_bytes, settings.max_records_per_request
     objs: list[Any] = []
+    try:
+        _ndjson_into(objs, chunks, settings)
+    except BadRequest:
+        # The lines parsed so far go now, not when the last reference to the exception's
+        # traceback (which holds this frame) does.
+        objs.clear()
+        raise
+    return objs
+
+
+def _ndjson_into(objs: list[Any], chunks: Iterable[bytes], settings: Any) -> None:
+    max_record, max_records = settings.max_record_bytes, settings.max_records_per_request
     values = 0
     for lineno, line in enumerate(_split_lines(chunks, max_record), 1):
         if isinstance(line, bytes):
@@ -309,21 +323,17 @@ def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
             if not line:
                 continue
         if len(objs) >= max_records:
-            objs.clear()
             _check_records(max_records + 1, max_records)
         if isinstance(line, int):
             objs.append(_Unparsed(f"line {lineno}: {line} bytes exceed "
                                   f"max_record_bytes={max_record}"))
             continue
         values += _values(line)
-        if values > settings.max_values_per_request:
-            objs.clear()
-            _check_values(values, settings.max_values_per_request)
+        _check_values(values, settings.max_values_per_request)
         try:
             objs.append(_Line(_parse(line, f"line {lineno}"), line))
         except BadRequest as exc:
             objs.append(_Unparsed(exc.reason))
-    return objs
 
 
 def _validate(
