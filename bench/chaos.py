@@ -148,11 +148,11 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
 
 def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
     """Shapes that cost over many requests: a new layer name every step (stored: what the
-    chart history grew by), and the counted shapes sent again and again (held: RSS growth
-    once the budgets are full)."""
+    chart history grew by), the counted shapes sent again (held: RSS growth once the
+    budgets are full), and six ``{}`` bodies at once (peak: the six together)."""
     import dataclasses
 
-    from amplification import Report, layer_names_over_time, measure, shape_cases
+    from amplification import Report, in_parallel, layer_names_over_time, measure, shape_cases
 
     with SidecarProcess(tmp / "amplification-time", env=QUIET) as sc:
         drift = layer_names_over_time(sc.url, sc.proc.pid, sc.data_dir / "history.sqlite",
@@ -161,7 +161,8 @@ def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
         measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", shapes)  # fill budgets
         again = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", [
             dataclasses.replace(c, name=f"{c.name} (again)") for c in shapes])
-    report = Report([drift, *again.rows])
+        parallel = in_parallel(sc.url, sc.proc.pid, shapes[0], copies=6)
+    report = Report([drift, *again.rows, parallel])
     print(report.table({r.name for r in report.rows}))
 
 

@@ -196,3 +196,23 @@ def layer_names_over_time(url: str, pid: int, history_path: Path, steps: int,
         time.sleep(0.2)
     return Row(f"{steps} steps, one new layer name each", sent, 0, status, max(peak, 0.0),
                max(rss_mib(pid) - before, 0.0), history_bytes() - stored0)
+
+
+def in_parallel(url: str, pid: int, case: Case, copies: int) -> Row:
+    """``copies`` of one request sent at once: the peak of them together (the per-request
+    budget times the requests in flight is what concurrency may cost)."""
+    import concurrent.futures
+
+    body, headers = gzip.compress(case.body, 6), {
+        "content-type": "application/x-ndjson" if case.ndjson else "application/json",
+        "content-encoding": "gzip"}
+    before = rss_mib(pid)
+    exact = _reset_peak(pid)
+    with httpx.Client(timeout=120) as client, \
+            concurrent.futures.ThreadPoolExecutor(copies) as pool:
+        statuses = list(pool.map(lambda _: client.post(url + "/v1/records", content=body,
+                                                       headers=headers).status_code,
+                                 range(copies)))
+    peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
+    return Row(f"{case.name} x{copies} at once", len(body) * copies, len(case.body) * copies,
+               max(statuses), max(peak, 0.0), max(rss_mib(pid) - before, 0.0), 0)
