@@ -152,6 +152,7 @@ def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
     budgets are full), and six ``{}`` bodies at once (peak: the six together)."""
     import dataclasses
 
+    import httpx
     from amplification import Report, in_parallel, layer_names_over_time, measure, shape_cases
 
     with SidecarProcess(tmp / "amplification-time", env=QUIET) as sc:
@@ -162,8 +163,12 @@ def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
         again = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", [
             dataclasses.replace(c, name=f"{c.name} (again)") for c in shapes])
         parallel = in_parallel(sc.url, sc.proc.pid, shapes[0], copies=6)
+        t0 = time.perf_counter()
+        ranks = len(httpx.get(sc.url + "/v1/runs/rank-bomb", timeout=120).json()["ranks"])
+        detail_ms = (time.perf_counter() - t0) * 1000
     report = Report([drift, *again.rows, parallel])
     print(report.table({r.name for r in report.rows}))
+    print(f"GET /v1/runs/rank-bomb after 20k rank records: {ranks} ranks, {detail_ms:.0f} ms")
 
 
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:

@@ -98,7 +98,8 @@ class Settings(BaseSettings):
         "reloads on its next record).",
     )
     max_runs_exposed: int = Field(1000, ge=1, description="Runs rendered on /metrics.")
-    max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank.")
+    max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank "
+                                    "(/metrics), and names a run's charts keep per name space.")
     max_layer_names_per_run: int = Field(
         20_000, ge=1, description="Distinct layer names a run's detectors track; more are "
         "stored but not analysed (counted in monitor_agent_dropped_series_total).",
