@@ -123,10 +123,10 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     fuzz corpus (goal: nothing held above 10x what was sent, no request above 64 MiB)."""
     import dataclasses
 
-    from amplification import Report, attack_cases, measure
+    from amplification import Report, attack_cases, measure, shape_cases
     from record_fuzz import fuzz_cases, rss_mib, seed_records
 
-    attacks = attack_cases()
+    attacks = attack_cases() + shape_cases()
     corpus = list(fuzz_cases(seed_records(), limit=args.amplification_cases))
     with SidecarProcess(tmp / "amplification", env=QUIET) as sc:
         report = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", attacks + corpus)
@@ -145,6 +145,32 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     print(Report(report.rows[len(attacks):]).summary())
     print(f"20 more 20k-layer records ({sum(r.sent for r in repeat.rows)} B sent, statuses "
           f"{sorted({r.status for r in repeat.rows})}): RSS grew {growth:.1f} MiB in all")
+    amplification_over_time(args, tmp)
+
+
+def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
+    """Shapes that cost over many requests: a new layer name every step (stored: what the
+    chart history grew by), the counted shapes sent again (held: RSS growth once the
+    budgets are full), and six ``{}`` bodies at once (peak: the six together)."""
+    import dataclasses
+
+    import httpx
+    from amplification import Report, in_parallel, layer_names_over_time, measure, shape_cases
+
+    with SidecarProcess(tmp / "amplification-time", env=QUIET) as sc:
+        drift = layer_names_over_time(sc.url, sc.proc.pid, sc.data_dir / "history.sqlite",
+                                      steps=args.name_drift_steps)
+        shapes = shape_cases()
+        measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", shapes)  # fill budgets
+        again = measure(sc.url, sc.proc.pid, sc.data_dir / "monitor.sqlite", [
+            dataclasses.replace(c, name=f"{c.name} (again)") for c in shapes])
+        parallel = in_parallel(sc.url, sc.proc.pid, shapes[0], copies=6)
+        t0 = time.perf_counter()
+        ranks = len(httpx.get(sc.url + "/v1/runs/rank-bomb", timeout=120).json()["ranks"])
+        detail_ms = (time.perf_counter() - t0) * 1000
+    report = Report([drift, *again.rows, parallel])
+    print(report.table({r.name for r in report.rows}))
+    print(f"GET /v1/runs/rank-bomb after 20k rank records: {ranks} ranks, {detail_ms:.0f} ms")
 
 
 def reader_shapes(run_id: str) -> list:
@@ -245,6 +271,8 @@ def main() -> None:
                     help="records of 6000 layers (~0.6 MiB each) the readers ask for")
     ap.add_argument("--readers-runs", type=int, default=5000,
                     help="small runs stored beside them (the runs lists)")
+    ap.add_argument("--name-drift-steps", type=int, default=5000,
+                    help="steps of the one-new-layer-name-a-step run (amplification)")
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

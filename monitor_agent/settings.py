@@ -94,13 +94,27 @@ class Settings(BaseSettings):
     max_active_runs: int = Field(
         10_000, ge=1, description="Runs held in memory; records of further new runs get 429."
     )
+    max_new_runs_per_request: int = Field(
+        64, ge=1, description="Runs one request may bring into memory (~150 KiB each, their "
+        "detector state); records of further ones are rejected alone, to send again.",
+    )
+    run_displace_after_seconds: float = Field(
+        600.0, ge=0, description="When max_active_runs are in memory, a new run displaces "
+        "the run silent longest if it has been silent this long (snapshotted first; it "
+        "reloads on its next record).",
+    )
     max_runs_exposed: int = Field(1000, ge=1, description="Runs rendered on /metrics.")
-    max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank.")
+    max_layers_exposed: int = Field(2000, ge=0, description="Per-layer series per run and rank "
+                                    "(/metrics), and names a run's charts keep per name space.")
     max_layer_names_per_run: int = Field(
         20_000, ge=1, description="Distinct layer names a run's detectors track; more are "
         "stored but not analysed (counted in monitor_agent_dropped_series_total).",
     )
     max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
+    max_ranks_per_run: int = Field(
+        256, ge=1, description="Ranks one run may have (~25 KiB of state each); records of "
+        "further new ranks are rejected alone (422).",
+    )
     ended_run_ttl_seconds: float = Field(
         900.0, ge=0, description="An ended run leaves /metrics and memory after this long."
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -18,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 
 from monitor_agent.api.deps import require_write, services
+from monitor_agent.api.heap import release_freed_memory
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
@@ -85,6 +87,8 @@ async def post_records(request: Request) -> IngestResponse:
     finally:
         state.metrics.requests.labels(code=code).inc()
         state.metrics.ingest_duration.observe(time.perf_counter() - t0)
+    if status == 413:
+        await run_in_threadpool(release_freed_memory)
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
     # 429 and 503 are "later": say when, so clients and proxies back off alike.
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
@@ -181,51 +185,98 @@ class _Unparsed:
 def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
     """The request's records (an ``_Unparsed`` for each NDJSON line that is not one)."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
+    chunks: Iterator[bytes]
     if encoding == "gzip":
-        body = _gunzip(body, settings.max_decompressed_bytes)
-    elif encoding not in ("", "identity"):
+        chunks = _gunzip(body, settings.max_decompressed_bytes)
+    elif encoding in ("", "identity"):
+        chunks = iter((body,))
+    else:
         raise BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
     ctype = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    _check_values(body, settings.max_values_per_request)
     if ctype in NDJSON_TYPES:
-        objs = _ndjson(body, settings.max_record_bytes)
-    elif ctype in ("application/json", ""):
-        objs = _json_batch(body)
-    else:
+        return _ndjson(chunks, settings)
+    if ctype not in ("application/json", ""):
         raise BadRequest(
             415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
         )
-    if len(objs) > settings.max_records_per_request:
-        raise BadRequest(
-            413, f"{len(objs)} records exceed max_records_per_request="
-            f"{settings.max_records_per_request}; split the batch",
-        )
+    whole = b"".join(chunks)
+    _check_values(_values(whole), settings.max_values_per_request)
+    objs = _json_batch(whole)
+    del whole
+    _check_records(len(objs), settings.max_records_per_request)
     return objs
 
 
-def _check_values(body: bytes, limit: int) -> None:
-    """Bound the objects that parsing would build, before building them: values in arrays
-    and objects are separated by commas (nesting without commas is cut by the parser's
-    depth limit; commas inside strings only make the estimate larger). One pass over the
+def _check_records(count: int, limit: int) -> None:
+    if count > limit:
+        raise BadRequest(413, f"more than {limit} records (max_records_per_request={limit}); "
+                              "split the batch")
+
+
+def _values(data: bytes) -> int:
+    """About how many JSON values parsing ``data`` would build, counted on the bytes: the
+    values in each array or object are one more than the commas between them, so commas
+    plus containers opened is at least the count (commas or brackets inside strings only
+    make it larger). Counting the containers is what catches ``[{},{},...]``: half a
+    million empty objects in 1.5 kB of gzip are as many values as their commas say again,
+    and each costs more than a number once built."""
+    return data.count(b",") + data.count(b"{") + data.count(b"[")
+
+
+def _check_values(values: int, limit: int) -> None:
+    """Bound the objects that parsing would build, before building them (``_values``;
+    nesting without commas is cut by the parser's depth limit). A few passes over the
     bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
-    values = body.count(b",")
     if values > limit:
         raise BadRequest(413, f"body holds about {values} JSON values, more than "
                           f"max_values_per_request={limit}; split the batch")
 
 
-def _gunzip(body: bytes, limit: int) -> bytes:
+INFLATE_CHUNK = 1 << 20
+"""Bytes inflated at a time: a gzip body is never held inflated whole, only as lines."""
+
+
+def _gunzip(body: bytes, limit: int) -> Iterator[bytes]:
+    """The inflated body, a chunk at a time, stopping with a 413 past ``limit`` bytes."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        del out  # not kept alive by the exception's traceback
-        raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+    data, size = body, 0
+    while not inflater.eof:
+        try:
+            out = inflater.decompress(data, INFLATE_CHUNK)
+        except zlib.error as exc:
+            raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+        data = inflater.unconsumed_tail
+        if not out and not data:
+            break
+        size += len(out)
+        if size > limit:
+            raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+        yield out
     if not inflater.eof:
         raise BadRequest(400, "gzip body is truncated")
-    return out
+
+
+def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int]:
+    """Each line of a stream of chunks, as bytes; a line longer than ``max_line`` comes as
+    its length instead, and its bytes are never gathered (only counted as they pass)."""
+    tail, skipping = b"", -1  # the line so far; or the length of an over-long one
+    for chunk in chunks:
+        pos = 0
+        while True:
+            nl = chunk.find(b"\n", pos)
+            end = len(chunk) if nl < 0 else nl
+            if skipping < 0 and len(tail) + end - pos > max_line:
+                tail, skipping = b"", len(tail)  # never joined: it is only counted
+            if skipping >= 0:
+                skipping += end - pos
+            else:
+                tail = tail + chunk[pos:end] if tail else chunk[pos:end]
+            if nl < 0:
+                break
+            yield skipping if skipping >= 0 else tail
+            tail, skipping, pos = b"", -1, nl + 1
+    if skipping >= 0 or tail:
+        yield skipping if skipping >= 0 else tail
 
 
 def _parse(data: bytes, what: str) -> Any:
@@ -245,22 +296,44 @@ def _json_batch(body: bytes) -> list[Any]:
     raise BadRequest(400, 'body must be {"records": [...]} or a JSON array of records')
 
 
-def _ndjson(body: bytes, max_record_bytes: int) -> list[Any]:
-    """Each line's object, paired with the line itself: (obj, raw)."""
+def _ndjson(chunks: Iterable[bytes], settings: Any) -> list[Any]:
+    """Each line's object, paired with the line itself (``_Line``), or why it is not one.
+
+    Lines are counted against ``max_records_per_request`` and their values against
+    ``max_values_per_request`` as they are split off the (inflating) stream, before any is
+    parsed: a body of millions of tiny lines (``{}``, no commas) stops at the budget having
+    built at most that many, and nothing of it is held once the 413 is answered."""
     objs: list[Any] = []
-    for lineno, line in enumerate(body.split(b"\n"), 1):
-        line = line.strip()
-        if not line:
+    try:
+        _ndjson_into(objs, chunks, settings)
+    except BadRequest:
+        # The lines parsed so far go now, not when the last reference to the exception's
+        # traceback (which holds this frame) does.
+        objs.clear()
+        raise
+    return objs
+
+
+def _ndjson_into(objs: list[Any], chunks: Iterable[bytes], settings: Any) -> None:
+    max_record, max_records = settings.max_record_bytes, settings.max_records_per_request
+    values = 0
+    for lineno, line in enumerate(_split_lines(chunks, max_record), 1):
+        if isinstance(line, bytes):
+            line = line.strip()
+            if not line:
+                continue
+        if len(objs) >= max_records:
+            _check_records(max_records + 1, max_records)
+        if isinstance(line, int):
+            objs.append(_Unparsed(f"line {lineno}: {line} bytes exceed "
+                                  f"max_record_bytes={max_record}"))
             continue
-        if len(line) > max_record_bytes:
-            objs.append(_Unparsed(f"line {lineno}: {len(line)} bytes exceed "
-                                  f"max_record_bytes={max_record_bytes}"))
-            continue
+        values += _values(line)
+        _check_values(values, settings.max_values_per_request)
         try:
             objs.append(_Line(_parse(line, f"line {lineno}"), line))
         except BadRequest as exc:
             objs.append(_Unparsed(exc.reason))
-    return objs
 
 
 def _validate(

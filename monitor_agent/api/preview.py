@@ -24,9 +24,11 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from monitor_agent.api.deps import require_write, services
+from monitor_agent.api.heap import release_freed_memory
 from monitor_agent.api.ingest import (
     BODY_ERRORS,
     BadRequest,
@@ -66,4 +68,6 @@ async def post_preview(request: Request) -> PreviewResponse:
         return PreviewResponse(received=len(valid), alerts=begun,
                                rejected=sorted_rejections(rejected))
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
+    if status == 413:
+        await run_in_threadpool(release_freed_memory)
     raise HTTPException(status, reason)

@@ -41,6 +41,7 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline.admission import AdmissionBudget
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -144,19 +145,27 @@ class Engine:
         Nothing is stored and no detector state changes: the step's in-order copy, when the
         backlog reaches it, is stored and judged like any other and its finding folds into
         the alert begun here (``Alerting.preview``). A stored run not in memory is paged
-        about with what the record carries (its id, rank and step) and is not loaded for it.
-        A run the sidecar never stored pages nothing: a preview pages only about runs that
-        ingest admitted (under ``max_active_runs``), so made-up run ids cannot fill the
-        outbox ahead of real pages; its in-order copy pages as any record does.
+        about with what the record carries (its id, rank and step) and is not loaded for it;
+        such runs count against ``max_new_runs_per_request`` as ingest's do (each costs a
+        detector suite and may begin an alert), and the records of runs past it are not
+        previewed: their in-order copies page as usual. A run the sidecar never stored
+        pages nothing: a preview pages only about runs that ingest admitted (under
+        ``max_active_runs``), so made-up run ids cannot fill the outbox ahead of real pages;
+        its in-order copy pages as any record does.
         """
         begun = 0
+        budget = AdmissionBudget(self.settings)
         for item in items:
             record = item.record
             if not isinstance(record, StepRecord):
                 continue
             live = self.registry.get(record.run_id)
-            if live is None and self.store.run_row(record.run_id) is None:
-                continue
+            if live is None:
+                if self.store.run_row(record.run_id) is None:
+                    continue
+                if budget.refuse_run(record.run_id) is not None:
+                    continue
+                budget.took_run(record.run_id)
             if live is not None and live.state.is_late(record):
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)
@@ -171,17 +180,27 @@ class Engine:
     ) -> list[Incoming]:
         admitted: list[Incoming] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
+        budget = AdmissionBudget(self.settings)
         for item in items:
-            live = self.registry.admit(item.record.run_id, now)
-            reason: str | None
-            if live is None:
-                reason = (f"too many active runs (max_active_runs="
-                          f"{self.settings.max_active_runs}); end or expire runs first")
-                label = "too_many_runs"
-            else:
-                reason = implausible_step(live.state, item.record, seen,
-                                          self.settings.max_step_jump, now)
-                label = "implausible_step"
+            record = item.record
+            new = self.registry.get(record.run_id) is None
+            reason, label = (budget.refuse_run(record.run_id) if new else None), "too_many_new_runs"
+            if reason is None:
+                live = self.registry.admit(record.run_id, now)
+                if live is None:
+                    reason = (f"too many active runs (max_active_runs="
+                              f"{self.settings.max_active_runs}, none silent for run_displace_"
+                              f"after_seconds={self.settings.run_displace_after_seconds:g}); "
+                              "retry later")
+                    label = "too_many_runs"
+                else:
+                    if new:
+                        budget.took_run(record.run_id)
+                    reason, label = budget.refuse_rank(live.state, record.rank), "too_many_ranks"
+                    if reason is None:
+                        reason = implausible_step(live.state, record, seen,
+                                                  self.settings.max_step_jump, now)
+                        label = "implausible_step"
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()

@@ -19,7 +19,11 @@ nothing::
     ('gpt-7', True)
     >>> registry.admit("gpt-8", now=101.0) is None   # max_active_runs reached
     True
-    >>> registry.expire(now=100.0 + settings.silent_run_ttl_seconds + 1)
+    >>> registry.admit("gpt-8", now=100.0 + settings.run_displace_after_seconds).run_id
+    'gpt-8'
+    >>> registry.get("gpt-7") is None   # silent that long: displaced, to reload when it sends
+    True
+    >>> registry.expire(now=700.0 + settings.silent_run_ttl_seconds + 1)
     >>> len(registry)
     0
 """
@@ -85,13 +89,34 @@ class RunRegistry:
     # -- in and out of memory -------------------------------------------------------------
 
     def admit(self, run_id: str, now: float) -> LiveRun | None:
-        """The run, loaded if need be; None when ``max_active_runs`` are in memory."""
-        live = self._runs.get(run_id)
+        """The run, loaded if need be; None when ``max_active_runs`` are in memory and
+        none of them has been silent long enough to give its place up (``displace``)."""
+        live = self._runs.pop(run_id, None)
         if live is not None:
+            self._runs[run_id] = live  # the dict's order is admission order: newest last
             return live
-        if self.full:
+        if self.full and not self.displace(now):
             return None
         return self.load(run_id, now)
+
+    def displace(self, now: float) -> bool:
+        """Make room for a new run: snapshot and drop the run admitted least recently if it
+        has been silent for ``run_displace_after_seconds``; False when none has.
+
+        This is what keeps a full registry from locking new runs out: runs that sent one
+        record and went quiet (10,000 of them fit in one small request) hold their places
+        only that long, not ``silent_run_ttl_seconds``; to keep new runs out, a client has
+        to keep every one of ``max_active_runs`` runs sending, and the lock ends that long
+        after it stops. A run silent that long has had its ``stalled`` finding already
+        (300 s, or 20 of its step intervals); it loses nothing but memory: its next record
+        reloads it from the snapshot."""
+        oldest = next(iter(self._runs.values()), None)
+        if oldest is None or now - oldest.state.last_arrival < \
+                self.settings.run_displace_after_seconds:
+            return False
+        self.snapshot(oldest)
+        del self._runs[oldest.run_id]
+        return True
 
     @property
     def full(self) -> bool:

@@ -177,7 +177,8 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     # The charts' own copy of the history, kept up to date from a thread of its own.
     history = HistoryIndexer(
         settings.db_path, services.history_db,
-        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps)
+        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps,
+        max_names=settings.max_layers_exposed)
     opened.push_async_callback(runner.call, _shutdown, engine, store)
     opened.callback(alerting.stop, timeout=5.0)
     opened.callback(history.stop)

@@ -48,7 +48,7 @@ def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> 
     """Write the report of ``trace`` (already replayed into ``run``); returns its run id."""
     db = open_history(":memory:")
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
-                             settings.detectors.default_warmup_steps)
+                             settings.detectors.default_warmup_steps, settings.max_layers_exposed)
     status: dict[str, str] = {}
     for obj in wire.iter_trace(trace):
         if isinstance(obj, dict) and isinstance(obj.get("run_id"), str):

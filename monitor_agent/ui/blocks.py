@@ -33,6 +33,8 @@ import sqlite3
 
 import numpy as np
 
+from monitor_agent.ui import vectors
+
 SCALARS: tuple[str, ...] = (
     "loss", "loss_ema", "lr", "grad_norm", "clip_threshold", "update_ratio",
     "tokens_per_second", "mfu", "mem_allocated", "mem_reserved", "mem_peak", "step_time",
@@ -126,8 +128,8 @@ def aggregate_matrices(db: sqlite3.Connection, touched: set[tuple[str, int, str,
 
 def _fmax(blobs) -> bytes:
     """Element-wise max of float32 vectors of growing length (NaN only where all are)."""
-    vectors = [np.frombuffer(b, dtype=np.float32) for b in blobs]
-    out = np.full(max(len(v) for v in vectors), np.nan, dtype=np.float32)
-    for v in vectors:
+    dense = [vectors.decode(b) for b in blobs]
+    out = np.full(max(len(v) for v in dense), np.nan, dtype=np.float32)
+    for v in dense:
         np.fmax(out[:len(v)], v, out=out[:len(v)])
-    return out.tobytes()
+    return vectors.encode(out)

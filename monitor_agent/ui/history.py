@@ -39,7 +39,7 @@ from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
 from monitor_agent.storage.database import read_only_uri, storage_errors, transaction
-from monitor_agent.ui import blocks
+from monitor_agent.ui import blocks, vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 
 MATRICES: dict[str, str] = {
@@ -53,6 +53,14 @@ QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVE
 MAX_USER_SCALARS = 256
 """Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
 script logging a fresh name every step must not grow the history without bound."""
+
+MAX_NAMES = 2000
+"""Columns a run's chart history keeps per name space (the app passes its
+``max_layers_exposed``, the per-layer series a run shows on /metrics too). A step's vector
+has a slot for every name known when it was folded (``vectors`` stores it sparse when most
+are empty); past this many names, new ones are not charted (they are stored, and the
+detectors track up to ``max_layer_names_per_run``), which bounds a vector at
+``MAX_NAMES`` slots and a heatmap at ``MAX_NAMES`` rows."""
 
 _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
                         for c in SCALARS)
@@ -159,12 +167,14 @@ def _column(values: Any) -> np.ndarray:
 
 
 def _scatter(pos: tuple[np.ndarray, int] | None, values: np.ndarray) -> np.ndarray:
-    """``values`` placed in the run's column order (NaN where a column got no value)."""
+    """``values`` placed in the run's column order (NaN where a column got no value; a
+    value whose name has no column, past ``MAX_NAMES``, is left out)."""
     if pos is None:
         return values
     where, size = pos
     out = np.full((size, *values.shape[1:]), np.nan, dtype=np.float32)
-    out[where] = values
+    kept = where >= 0
+    out[where[kept]] = values[kept]
     return out
 
 
@@ -181,8 +191,9 @@ class HistoryBuilder:
     """
 
     def __init__(self, db: History, ema_alpha: float = 0.99,
-                 default_warmup: int = 0) -> None:
+                 default_warmup: int = 0, max_names: int = MAX_NAMES) -> None:
         self.db = db
+        self.max_names = max_names
         self.alpha = ema_alpha
         self.default_warmup = default_warmup
         self._names: dict[tuple[str, str], list[str]] = {}
@@ -294,11 +305,11 @@ class HistoryBuilder:
         known = self._names[(run_id, space)]
         if names == known:
             return None
-        where = np.fromiter((index[n] for n in names), dtype=np.intp, count=len(names))
+        where = np.fromiter((index.get(n, -1) for n in names), dtype=np.intp, count=len(names))
         return where, len(known)
 
     def _vector(self, run_id: str, rank: int, stat: str, step: int, vec: np.ndarray) -> None:
-        self._matrices.append((run_id, rank, stat, step, vec.astype(np.float32).tobytes()))
+        self._matrices.append((run_id, rank, stat, step, vectors.encode(vec)))
 
     def _add_eval(self, obj: dict[str, Any]) -> None:
         found = obj.get("metrics")
@@ -313,7 +324,8 @@ class HistoryBuilder:
     # -- per-run state, loaded from the tables on first use -------------------------------
 
     def _place(self, run_id: str, space: str, names: list[str]) -> dict[str, int]:
-        """Indices of ``names`` in the run's column order, appending names never seen."""
+        """Indices of ``names`` in the run's column order, appending names never seen
+        while the run has fewer than ``max_names``."""
         key = (run_id, space)
         if key not in self._names:
             row = self.db.execute("SELECT names FROM names WHERE run_id=? AND space=?",
@@ -322,7 +334,7 @@ class HistoryBuilder:
             self._index[key] = {n: i for i, n in enumerate(self._names[key])}
         known, index = self._names[key], self._index[key]
         for name in names:
-            if name not in index:
+            if name not in index and len(known) < self.max_names:
                 index[name] = len(known)
                 known.append(name)
                 self._dirty_names.add(key)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from monitor_agent.records import wire
 from monitor_agent.storage.database import StorageError, read_only_uri, storage_errors
-from monitor_agent.ui.history import History, HistoryBuilder, open_history
+from monitor_agent.ui.history import MAX_NAMES, History, HistoryBuilder, open_history
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,9 @@ class HistoryIndexer:
     DUTY = 0.1
 
     def __init__(self, records_db: Path, history_db: Path, ema_alpha: float,
-                 default_warmup: int, interval: float = 0.2) -> None:
+                 default_warmup: int, interval: float = 0.2, max_names: int = MAX_NAMES) -> None:
         self.records_db, self.history_db = records_db, history_db
+        self.max_names = max_names
         self.ema_alpha, self.default_warmup = ema_alpha, default_warmup
         self.interval = interval
         self._db: History | None = None
@@ -104,7 +105,8 @@ class HistoryIndexer:
     def _open(self) -> None:
         if self._db is None:
             self._db = open_history(self.history_db)
-            self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup)
+            self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup,
+                                          self.max_names)
 
     @storage_errors()
     def _records(self) -> sqlite3.Connection:

@@ -37,6 +37,7 @@ import numpy as np
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
 from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors
+from monitor_agent.ui import vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
 from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
 
@@ -342,7 +343,7 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
         steps = np.fromiter((r[0] for r in chunk), dtype=np.int64, count=len(chunk))
         values = np.full((len(chunk), stored_width), np.nan, dtype=np.float32)
         for i, (_, data) in enumerate(chunk):
-            vec = np.frombuffer(data, dtype=np.float32)[:stored_width]
+            vec = vectors.decode(data)[:stored_width]
             values[i, :len(vec)] = vec
         values = values[:, cols]
         if count <= points:  # as stored: a bucket per row

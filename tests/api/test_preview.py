@@ -161,3 +161,27 @@ def test_both_routes_take_the_same_bodies_in_openapi(sidecar, path):
     doc = httpx.get(sidecar.url + "/openapi.json").json()
     body = doc["paths"][path]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/x-ndjson"}
+
+
+def test_previews_of_runs_not_in_memory_count_against_the_new_run_budget(sidecar_factory,
+                                                                         tmp_path):
+    # Stored runs that left memory: a preview of each would load a detector suite and begin
+    # an alert (and a page) of its own; a request brings at most max_new_runs_per_request in.
+    config = tmp_path / "budget.yaml"
+    config.write_text("ended_run_ttl_seconds: 0\nmax_new_runs_per_request: 8\n")
+    sc = sidecar_factory(config=config).start()
+    runs = [f"stored-{i}" for i in range(20)]
+    for batch in (runs[:8], runs[8:16], runs[16:]):
+        r = sc.post([rec for run in batch for rec in (
+            {"kind": "step", "run_id": run, "step": 1, "time": 1.0, "loss": 1.0},
+            {"kind": "end", "run_id": run, "step": 1, "time": 2.0})])
+        assert r.status_code == 200 and r.json()["accepted"] == 2 * len(batch), r.text
+    deadline = time.monotonic() + 20
+    while any(httpx.get(f"{sc.url}/v1/runs/{run}").json().get("active") for run in runs):
+        assert time.monotonic() < deadline, "ended runs should leave memory"
+        time.sleep(0.1)
+    nans = [{"kind": "step", "run_id": run, "step": 2, "time": 3.0, "loss": "NaN"}
+            for run in runs]
+    answer = _preview(sc.url, nans).json()
+    assert answer["received"] == 20 and answer["alerts"] == 8
+    assert len(httpx.get(sc.url + "/v1/alerts").json()["alerts"]) == 8

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from monitor_agent.storage.database import read_only_uri
 
 NOISE_MIB = 1.0
 MiB = 1024 * 1024
+PEAK_BUDGET_MIB = 64.0  # the README's budget: peak RSS of any one request
 
 
 def attack_cases() -> list[Case]:
@@ -50,6 +52,24 @@ def attack_cases() -> list[Case]:
              gzip=True),
         Case("config at its 64 KiB budget", line({"kind": "run", "run_id": FUZZ_RUN, "config": {
             f"k{i}": "v" * 60 for i in range(900)}}).encode(), gzip=True),
+    ]
+
+
+def shape_cases() -> list[Case]:
+    """Shapes whose cost grows with a count the byte budgets do not see: lines, records of
+    a JSON array, ranks of one run, new runs. Each stays within every byte budget."""
+    tiny = b"{}\n" * (16 * MiB // 3 - 8)  # inflates to just under max_decompressed_bytes
+    ranks = b"\n".join(json.dumps({"kind": "step", "run_id": "rank-bomb", "rank": r, "step": 1,
+                                   "time": 1.0, "loss": 1.0}).encode() for r in range(10_000))
+    runs = b"\n".join(json.dumps({"kind": "step", "run_id": f"one-line-{i}", "step": 1,
+                                  "time": 1.0}).encode() for i in range(10_000))
+    return [
+        Case("{} lines to max_decompressed_bytes (gzip)", tiny, gzip=True),
+        Case("{} lines to max_body_bytes (plain)", tiny[:8 * MiB - 1024]),
+        Case("JSON array of {} at max_values_per_request",
+             b",".join([b"{}"] * 499_000), ndjson=False, gzip=True),
+        Case("10k ranks of one run, one request", ranks, gzip=True),
+        Case("10k one-line runs, one request", runs, gzip=True),
     ]
 
 
@@ -90,10 +110,13 @@ class Report:
         ])
 
     def table(self, names: set[str]) -> str:
-        lines = [f"{'request':50} {'sent B':>10} {'inflated B':>10} {'HTTP':>4} {'peak MiB':>8} {'held MiB':>8} "
-                 f"{'stored B':>9}"]
+        lines = [f"budget: {PEAK_BUDGET_MIB:.0f} MiB of peak RSS for any request",
+                 f"{'request':50} {'sent B':>10} {'inflated B':>10} {'HTTP':>4} {'peak MiB':>8} {'held MiB':>8} "
+                 f"{'stored B':>9} {'budget':>6}"]
         lines += [f"{r.name[:50]:50} {r.sent:>10} {r.inflated:>10} {r.status:>4} {r.peak_mib:>8.1f} "
-                  f"{r.held_mib:>8.1f} {r.stored:>9}" for r in self.rows if r.name in names]
+                  f"{r.held_mib:>8.1f} {r.stored:>9} "
+                  f"{'ok' if r.peak_mib <= PEAK_BUDGET_MIB else 'OVER':>6}"
+                  for r in self.rows if r.name in names]
         return "\n".join(lines)
 
 
@@ -118,7 +141,8 @@ def _peak_mib(pid: int) -> float:
     return 0.0
 
 
-def measure(url: str, pid: int, db_path: Path, cases: list[Case]) -> Report:
+def measure(url: str, pid: int, db_path: Path, cases: list[Case],
+            path: str = "/v1/records") -> Report:
     report = Report()
     db = sqlite3.connect(read_only_uri(db_path), uri=True)
     with httpx.Client(timeout=120) as client:
@@ -130,10 +154,67 @@ def measure(url: str, pid: int, db_path: Path, cases: list[Case]) -> Report:
                 body, headers["content-encoding"] = gzip.compress(body, 6), "gzip"
             before, stored0 = rss_mib(pid), _stored_bytes(db)
             exact = _reset_peak(pid)
-            r = client.post(url + "/v1/records", content=body, headers=headers)
+            r = client.post(url + path, content=body, headers=headers)
             peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
             inflated = len(case.body) if case.ndjson else len(case.body) + 15
             report.rows.append(Row(case.name, len(body), inflated, r.status_code, max(peak, 0.0),
                                    max(rss_mib(pid) - before, 0.0), _stored_bytes(db) - stored0))
     db.close()
     return report
+
+
+def layer_names_over_time(url: str, pid: int, history_path: Path, steps: int,
+                          per_request: int = 100) -> Row:
+    """One run whose every step names one layer never seen before, ``per_request`` steps a
+    request: the worst request's peak RSS, RSS held at the end, and what the chart history
+    (``history.sqlite``, folded by its own thread) grew by, once it has caught up."""
+    def history(sql: str) -> int:
+        db = sqlite3.connect(f"file:{history_path}?mode=ro", uri=True)
+        try:
+            return db.execute(sql).fetchone()[0] or 0
+        finally:
+            db.close()
+
+    def history_bytes() -> int:
+        return sum(history(f"SELECT SUM(LENGTH(data)) FROM {t}")
+                   for t in ("matrices", "matrix_blocks"))
+
+    stored0, before, sent, peak, status = history_bytes(), rss_mib(pid), 0, 0.0, 0
+    with httpx.Client(timeout=120) as client:
+        for start in range(1, steps + 1, per_request):
+            body = gzip.compress(b"\n".join(json.dumps({
+                "kind": "step", "run_id": "name-drift", "step": s, "time": float(s), "loss": 1.0,
+                "layers": {f"drift.{s}.weight": {"grad_norm": 1.0}}}).encode()
+                for s in range(start, min(steps + 1, start + per_request))))
+            exact = _reset_peak(pid)
+            status = client.post(url + "/v1/records", content=body, headers={
+                "content-type": "application/x-ndjson", "content-encoding": "gzip"}).status_code
+            peak = max(peak, (_peak_mib(pid) if exact else rss_mib(pid)) - before)
+            sent += len(body)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # the history folds on its own thread
+        if history("SELECT MAX(step) FROM steps WHERE run_id = 'name-drift'") >= steps:
+            break
+        time.sleep(0.2)
+    return Row(f"{steps} steps, one new layer name each", sent, 0, status, max(peak, 0.0),
+               max(rss_mib(pid) - before, 0.0), history_bytes() - stored0)
+
+
+def in_parallel(url: str, pid: int, case: Case, copies: int) -> Row:
+    """``copies`` of one request sent at once: the peak of them together (the per-request
+    budget times the requests in flight is what concurrency may cost)."""
+    import concurrent.futures
+
+    body, headers = gzip.compress(case.body, 6), {
+        "content-type": "application/x-ndjson" if case.ndjson else "application/json",
+        "content-encoding": "gzip"}
+    before = rss_mib(pid)
+    exact = _reset_peak(pid)
+    with httpx.Client(timeout=120) as client, \
+            concurrent.futures.ThreadPoolExecutor(copies) as pool:
+        statuses = list(pool.map(lambda _: client.post(url + "/v1/records", content=body,
+                                                       headers=headers).status_code,
+                                 range(copies)))
+    peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
+    return Row(f"{case.name} x{copies} at once", len(body) * copies, len(case.body) * copies,
+               max(statuses), max(peak, 0.0), max(rss_mib(pid) - before, 0.0), 0)

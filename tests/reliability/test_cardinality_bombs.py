@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +28,8 @@ def _dropped(url: str, reason: str) -> float:
 @pytest.fixture
 def capped(tmp_path: Path):
     settings = load_settings(data_dir=tmp_path, max_layer_names_per_run=500,
-                             max_active_runs=200, max_runs_exposed=50, max_layers_exposed=100)
+                             max_active_runs=200, max_new_runs_per_request=500,
+                             max_runs_exposed=50, max_layers_exposed=100)
     with LiveServer(settings) as srv:
         yield srv
 
@@ -59,3 +62,35 @@ def test_label_value_bomb_gets_a_clear_422(capped):
         {"kind": "run", "run_id": "lbl", "labels": {f"k{i}": "v" for i in range(1000)}}]})
     assert r.status_code == 422 and "labels" in r.json()["detail"]
     assert len(capped.app.state.services.engine.registry) == 0
+
+
+def _history_rows(path: Path, sql: str) -> tuple:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute(sql).fetchone()
+    finally:
+        db.close()
+
+
+def test_new_layer_names_every_step_do_not_grow_the_chart_history_with_their_square(
+        capped, tmp_path: Path):
+    # One new name a step: a step's vector has a slot for every name known so far, so
+    # stored dense the history grows with names^2; and a heatmap would hold every name.
+    steps = 600
+    result = layer_bomb(capped.url, os.getpid(), names=steps, per_record=1, per_batch=100)
+    assert result.accepted == steps
+    history = tmp_path / "history.sqlite"
+    deadline = time.monotonic() + 60
+    while _history_rows(history, "SELECT MAX(step) FROM steps WHERE run_id = 'layer-bomb'"
+                        )[0] != steps:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    stored = _history_rows(history, "SELECT SUM(LENGTH(data)) FROM matrices WHERE "
+                                    "run_id = 'layer-bomb' AND stat = 'grad_norm'")[0]
+    # Each step carried one number: stored as one position and one value (ui/vectors.py)
+    # behind an 8-byte header, not as a vector of every name seen so far.
+    assert stored <= steps * (8 + 8)
+    answer = httpx.get(capped.url + "/v1/runs/layer-bomb/matrix/grad_norm",
+                       params={"points": 10_000}).json()
+    assert answer["names"] == [f"bomb.{i}.weight" for i in range(100)]
+    assert len(answer["steps"]) == steps

@@ -271,3 +271,20 @@ def test_the_history_raises_storage_errors_not_sqlite_ones(tmp_path: Path):
     with pytest.raises(StorageError) as caught:
         sr.scalars(db, "r")
     assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)
+
+
+def test_a_heatmap_answer_is_bounded_in_cells_whatever_the_run_sent():
+    # A run at the chart's name cap (2,000) over 1,200 steps: 2,400,000 cells at full
+    # resolution; the answer trades buckets for names instead.
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(SCHEMA)
+    builder = HistoryBuilder(db, ema_alpha=0.9)
+    layers = {f"l{i}": {"grad_norm": 1.0} for i in range(2000)}
+    for s in range(1, 1201):
+        builder.add({"kind": "step", "run_id": "wide", "step": s, "time": float(s),
+                     "layers": layers})
+    builder.commit()
+    out = sr.matrix(db, "wide", "grad_norm", points=sr.MAX_POINTS)
+    cells = len(base64.b64decode(out["values_f32"])) // 4
+    assert len(out["names"]) == 2000
+    assert cells == len(out["names"]) * len(out["steps"]) <= sr.MAX_MATRIX_CELLS
