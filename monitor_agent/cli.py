@@ -208,6 +208,8 @@ def _print_summary(runs: list[ReplayRun]) -> None:
         name = run.path.name[:40]
         print(f"{name:40} {run.records:>8} {run.last_step:>6} {'yes' if run.ended else 'no':>4}  "
               f"{found or '-'}")
+        if run.rejected:
+            print(f"{'':40} {run.rejected} records rejected and skipped (warnings say why)")
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ the whole request (body, inflated body, JSON values, records) are checked before
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from typing import Any
@@ -23,6 +24,7 @@ from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
 from monitor_agent.storage.database import StorageError
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["ingest"])
 
 RETRY_AFTER_S = 5
@@ -119,7 +121,7 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     try:
         result = await state.runner.call(state.engine.ingest, valid, time.time())
     except StorageError as exc:
-        state.readiness.set(f"storage: {exc}")
+        state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
     rejected.extend(result.rejected)
     response = IngestResponse(
@@ -215,17 +217,26 @@ def _check_values(body: bytes, limit: int) -> None:
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        del out  # not kept alive by the exception's traceback
-        raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
-    if not inflater.eof:
-        raise BadRequest(400, "gzip body is truncated")
-    return out
+    """Every member of a gzip body, concatenated (RFC 1952: a file may be several members,
+    and ``gzip.decompress`` reads them all), under one ``limit`` for them together."""
+    parts: list[bytes] = []
+    size, rest = 0, body
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            part = inflater.decompress(rest, limit + 1 - size)  # >= 1: 0 means unbounded
+        except zlib.error as exc:
+            raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+        size += len(part)
+        if size > limit:
+            del part, parts  # not kept alive by the exception's traceback
+            raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+        if not inflater.eof:
+            raise BadRequest(400, "gzip body is truncated")
+        parts.append(part)
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):  # trailing zero padding, as gzip(1) tolerates
+            return b"".join(parts)
 
 
 def _parse(data: bytes, what: str) -> Any:
@@ -287,6 +298,12 @@ def _validate(
             valid.append(Incoming(index, schemas.to_record(model), body))
         except schemas.RecordError as exc:
             rejected.append({"index": index, "reason": str(exc)})
+        except Exception as exc:
+            # A value validation let through that a consumer still cannot take is our bug,
+            # and it costs this record only: its neighbours are judged on their own.
+            log.exception("record %d of a batch could not be validated", index)
+            rejected.append({"index": index, "reason": "record could not be validated "
+                             f"({type(exc).__name__}); the sidecar's log has the details"})
         objs[index] = None  # free the parsed objects as we go: peak memory is one copy
     return valid, rejected
 

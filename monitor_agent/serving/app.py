@@ -45,9 +45,11 @@ from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
 from monitor_agent.settings import Settings
+from monitor_agent.storage.data_lock import DataDirLock
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
 from monitor_agent.ui import routes as ui
+from monitor_agent.ui.history import HISTORY_SOURCE
 from monitor_agent.ui.indexer import HistoryIndexer
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ui.pages)
     app.middleware("http")(storage_gate)
     app.exception_handler(RequestValidationError)(_invalid_request)
+    app.exception_handler(StorageError)(_storage_failed)
     ingest.install_openapi(app)
     return app
 
@@ -85,6 +88,20 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> Res
               for err in exc.errors()[:20]]
     return Response(wire.dumps({"detail": detail}), status_code=422,
                     media_type="application/json")
+
+
+async def _storage_failed(request: Request, exc: Exception) -> Response:
+    """A read that met a storage failure: 503 with the reason, never a bare 500, and the
+    failure told to readiness (a corrupt database turns /readyz and ingest red, or is
+    repaired when it is derived data)."""
+    assert isinstance(exc, StorageError)
+    services(request).readiness.failed(exc)
+    what = "is corrupt" if exc.corrupt else "failed"
+    repairing = "; it is being rebuilt from the records" if (
+        exc.corrupt and exc.source in services(request).readiness.repairs) else ""
+    return JSONResponse({"detail": f"{exc.source} {what}: {limits.safe(str(exc), 300)}"
+                                   f"{repairing}; retry later"},
+                        status_code=503, headers={"Retry-After": "5"})
 
 
 def _secrets(settings: Settings) -> list[str | None]:
@@ -115,6 +132,8 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     metrics = SelfMetrics(registry, __version__)
     services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
     app.state.services = services  # the one attribute; api/deps.py reads it, typed
+    # Before anything opens a database: a second sidecar on this directory stops here.
+    lock = DataDirLock(settings.data_dir).acquire()
     try:
         # What _open starts, stopped in reverse: the charts' indexer, alerting, the engine.
         async with contextlib.AsyncExitStack() as opened:
@@ -134,6 +153,7 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
                     await worker
     finally:
         services.runner.close()
+        lock.release()
 
 
 # OSError: what SQLite does not report, e.g. the data directory's free space unreadable.
@@ -148,10 +168,17 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
     )
     try:
+        await runner.call(store.check_integrity)
         alerting = await runner.call(
             lambda: Alerting(settings.alerting, settings.alerts_db_path, registry)
         )
     except BaseException:
+        store.close()
+        raise
+    try:
+        await runner.call(alerting.db.check_integrity)
+    except BaseException:
+        alerting.db.close()
         store.close()
         raise
     try:  # a full disk: open (reads work), but not ready for writes until space frees
@@ -173,10 +200,15 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     # The charts' own copy of the history, kept up to date from a thread of its own.
     history = HistoryIndexer(
         settings.db_path, services.history_db,
-        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps)
+        settings.detectors.ema_alpha, settings.detectors.default_warmup_steps,
+        on_skip=metrics.background_errors.labels(part="chart_history").inc)
     opened.push_async_callback(runner.call, _shutdown, engine, store)
+    opened.callback(alerting.db.close)  # after alerting.stop: checkpoints its WAL
     opened.callback(alerting.stop, timeout=5.0)
     opened.callback(history.stop)
+    services.readiness.repairs[HISTORY_SOURCE] = history.request_repair
+    services.readiness.watch(history.problem)
+    services.readiness.watch(alerting.problem)
     history.start()
     # Last: its presence means "open" to the storage gate.
     services.backends = Backends(engine, queries, alerting, exposition)
@@ -185,6 +217,8 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
 
 
 def _not_ready(services: Services, exc: BaseException) -> None:
+    if isinstance(exc, StorageError) and exc.corrupt:
+        services.readiness.failed(exc)  # not retried: waiting does not mend a file
     reason = f"storage: cannot open {services.settings.data_dir}: {exc}"
     if services.readiness.reason != reason:
         log.error("%s; retrying every %ss", reason, services.settings.tick_interval_seconds)
@@ -192,7 +226,7 @@ def _not_ready(services: Services, exc: BaseException) -> None:
 
 
 async def _open_when_possible(services: Services, opened: contextlib.AsyncExitStack) -> None:
-    while True:
+    while not services.readiness.broken:
         await asyncio.sleep(services.settings.tick_interval_seconds)
         try:
             await _open(services, opened)
@@ -238,6 +272,6 @@ async def _tick_forever(services: Services) -> None:
                 await runner.call(alerting.check_writable)
                 readiness.set(None)
         except StorageError as exc:  # "alert storage": a page could not be made durable
-            readiness.set(f"{exc.source}: {exc}")
+            readiness.failed(exc)
         except Exception:
             log.exception("tick failed")
