@@ -207,7 +207,5 @@ class Database:
 def checkpoint(conn: sqlite3.Connection) -> None:
     """Move the WAL's pages into the database and empty the WAL file (best effort: a
     reader still open elsewhere may keep part of it; SQLite finishes the job later)."""
-    try:
+    with contextlib.suppress(sqlite3.Error):  # closing still works; the next open replays it
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.Error:
-        pass  # closing still works; the WAL is replayed at the next open

@@ -138,7 +138,7 @@ def test_after_a_clean_stop_the_sqlite_files_alone_are_a_complete_backup(tmp_pat
     assert os.listdir(backup)
 
 
-def test_a_chart_history_damaged_while_serving_answers_503_then_is_rebuilt(tmp_path: Path):
+def test_a_chart_history_damaged_while_serving_is_rebuilt_and_never_answers_500(tmp_path: Path):
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
         for lo in (1, 101, 201):
             assert _post(srv.url, _steps("live", range(lo, lo + 100))).status_code == 200
@@ -146,11 +146,16 @@ def test_a_chart_history_damaged_while_serving_answers_503_then_is_rebuilt(tmp_p
         with sqlite3.connect(tmp_path / "history.sqlite") as db:  # its pages into the file
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         _damage(tmp_path / "history.sqlite")
-        first = _series(srv.url, "live")
-        assert first.status_code == 503, first.text  # never a 500
-        assert "chart history is corrupt" in first.json()["detail"]
-        assert "rebuilt from the records" in first.json()["detail"]
-        series = _wait_for(_charted(srv.url, "live", 300), "the charts rebuilt")
+        # Whoever meets the damage first, a reader or the indexer's own fold, has it moved
+        # aside and rebuilt; meanwhile readers get a 503 saying so, or the partial rebuild.
+        answers = []
+        series = _wait_for(lambda: answers.append(r := _series(srv.url, "live")) or (
+            r.status_code == 200 and r.json()["range"][1] == 300 and r), "the charts rebuilt")
         assert series.json()["count"] == 300
+        for r in answers:
+            assert r.status_code in (200, 404, 503), r.text  # never a 500
+            if r.status_code == 503:  # corrupt, or the new file not made yet: retry
+                assert r.json()["detail"].startswith("chart history"), r.text
+                assert "retry" in r.json()["detail"], r.text
         assert httpx.get(srv.url + "/readyz").json() == {"status": "ready"}
         assert _post(srv.url, _steps("live", [301])).status_code == 200  # ingest never stopped
