@@ -263,15 +263,21 @@ def _shutdown(engine: Engine, store: Store) -> None:
 async def _tick_forever(services: Services) -> None:
     settings, runner, readiness = services.settings, services.runner, services.readiness
     engine, alerting = services.engine, services.alerting
+    # Stalls, resolves, snapshots and retention live in the tick: while it fails (a bug),
+    # /readyz says so instead of the sidecar looking healthy with none of them happening.
+    failing: list[str] = []
+    readiness.watch(lambda: f"engine tick failing: {failing[0]}" if failing else None)
     while True:
         await asyncio.sleep(settings.tick_interval_seconds)
         try:
             await runner.call(engine.tick, time.time())
+            failing.clear()
             if not readiness.ready:
                 await runner.call(engine.store.check_writable, write_headroom(settings))
                 await runner.call(alerting.check_writable)
                 readiness.set(None)
         except StorageError as exc:  # "alert storage": a page could not be made durable
             readiness.failed(exc)
-        except Exception:
+        except Exception as exc:
             log.exception("tick failed")
+            failing[:] = [f"{type(exc).__name__}: {limits.safe(str(exc), 200)}"]

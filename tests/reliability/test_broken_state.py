@@ -159,3 +159,17 @@ def test_a_chart_history_damaged_while_serving_is_rebuilt_and_never_answers_500(
                 assert "retry" in r.json()["detail"], r.text
         assert httpx.get(srv.url + "/readyz").json() == {"status": "ready"}
         assert _post(srv.url, _steps("live", [301])).status_code == 200  # ingest never stopped
+
+
+def test_a_detector_snapshot_that_cannot_be_restored_is_rebuilt_from_the_records(tmp_path):
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        assert _post(srv.url, _steps("snap", range(1, 51))).status_code == 200
+    # What an older version (or a damaged page) could leave: a snapshot of another shape.
+    with sqlite3.connect(tmp_path / "monitor.sqlite") as db:
+        assert db.execute("UPDATE detector_state SET state = ? WHERE run_id = 'snap'",
+                          (b'{"suite": 42, "ranks": {"0": {}}}',)).rowcount == 1
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        assert httpx.get(srv.url + "/readyz").json() == {"status": "ready"}
+        detail = httpx.get(srv.url + "/v1/runs/snap").json()
+        assert detail["active"] and detail["last_step"] == 50
+        assert _post(srv.url, _steps("snap", [51])).status_code == 200
