@@ -72,7 +72,8 @@ class SelfMetrics:
             "skipped (each logged), by part; the thread goes on.", ["part"],
             registry=registry,
         )
-        self.background_errors.labels(part="chart_history")
+        for part in ("chart_history", "exposition"):
+            self.background_errors.labels(part=part)
         build = Gauge(names.BUILD_INFO, "Build information.", ["version"], registry=registry)
         build.labels(version=version).set(1)
         for outcome in ("accepted", "duplicate", "rejected", "late"):

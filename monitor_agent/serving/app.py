@@ -196,6 +196,7 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
         actions=alerting.action_counts,
         on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
+        on_error=metrics.background_errors.labels(part="exposition").inc,
     )
     # The charts' own copy of the history, kept up to date from a thread of its own.
     history = HistoryIndexer(
