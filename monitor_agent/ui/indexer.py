@@ -49,6 +49,11 @@ from monitor_agent.ui.history import HISTORY_SOURCE, History, HistoryBuilder, op
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+# A storage failure of the history is reported in /readyz once it outlasted this many
+# retries in a row (10 s and more): a full disk that frees in a moment is the record
+# store's to report, a history that cannot open at all (no rights, a directory in its
+# place) is the history's own.
+REPORT_AFTER = 3
 
 
 class HistoryIndexer:
@@ -112,7 +117,7 @@ class HistoryIndexer:
     def _loop(self) -> None:
         # Opened here, not in the app's startup: a history that cannot be written (a full
         # disk) costs the charts, never the sidecar's readiness.
-        src, last_error = None, None
+        src, last_error, failures = None, None, 0
         try:
             while not self._stop.is_set():
                 try:
@@ -137,6 +142,9 @@ class HistoryIndexer:
                     if str(exc) != last_error:  # once per cause, not every retry
                         log.warning("chart history: %s; retrying every %g s", exc, RETRY_S)
                     last_error, busy = str(exc), False
+                    failures += 1
+                    if failures >= REPORT_AFTER:
+                        self._failure = f"{exc}; retrying every {RETRY_S:g} s"
                     self._stop.wait(RETRY_S)
                     continue
                 except Exception as exc:  # a bug: reported in /readyz, retried, never fatal
@@ -145,7 +153,7 @@ class HistoryIndexer:
                     self._fresh_builder()
                     self._stop.wait(RETRY_S)
                     continue
-                last_error, self._failure = None, None
+                last_error, self._failure, failures = None, None, 0
                 # At most DUTY of a core, in short folds: the fold holds the GIL, and at 25%
                 # an ingest bench of GPT-sized records every step still lost ~20% of its rate
                 # and tripled its p99. Under such a burst the charts lag, never the ingest;

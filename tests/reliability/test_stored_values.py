@@ -132,3 +132,17 @@ def test_replay_and_report_skip_what_they_reject_and_embed_names_inertly(tmp_pat
     embedded = json.loads(data[len("window.MONITOR_REPORT = "):].rstrip(";"))
     series = next(v for k, v in embedded["answers"].items() if k.endswith("/series"))
     assert series["layers"] == list(layers) and series["range"] == [1, 20]
+
+
+def test_a_chart_history_that_cannot_work_fails_readyz_with_the_reason(tmp_path: Path):
+    (tmp_path / "history.sqlite").mkdir()  # something in its place it cannot open
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        assert httpx.post(srv.url + "/v1/records",
+                          json={"records": _steps("blind", [1])}).status_code == 200
+        ready = _wait_for(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
+                          and r, "readyz red", timeout=60)
+        assert ready.json()["reason"].startswith("chart history: "), ready.text
+        assert "retrying" in ready.json()["reason"]
+        # Records are still taken: a broken history costs charts, never a record.
+        assert httpx.post(srv.url + "/v1/records",
+                          json={"records": _steps("blind", [2])}).status_code == 200
