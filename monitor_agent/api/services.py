@@ -95,8 +95,8 @@ class Readiness:
             repair()
             return
         if exc.source not in self.broken:
-            log.error("%s is corrupt (%s); stop the sidecar and restore %s from a backup",
-                      exc.source, exc, exc.source)
+            log.error("%s is corrupt (%s); not ready until its database is restored from "
+                      "a backup and the sidecar restarted", exc.source, exc)
         self.broken[exc.source] = f"{exc.source} is corrupt: {exc}"
         self.set(self.reason)
 

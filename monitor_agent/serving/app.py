@@ -218,9 +218,11 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
 
 
 def _not_ready(services: Services, exc: BaseException) -> None:
-    if isinstance(exc, StorageError) and exc.corrupt:
-        services.readiness.failed(exc)  # not retried: waiting does not mend a file
     reason = f"storage: cannot open {services.settings.data_dir}: {exc}"
+    if isinstance(exc, StorageError) and exc.corrupt:
+        services.readiness.failed(exc)  # logged there; not retried: waiting mends no file
+        services.readiness.set(reason)
+        return
     if services.readiness.reason != reason:
         log.error("%s; retrying every %ss", reason, services.settings.tick_interval_seconds)
     services.readiness.set(reason)

@@ -59,6 +59,8 @@ _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGE
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS cursor (id INTEGER PRIMARY KEY CHECK (id = 0), last_id INTEGER);
+CREATE TABLE IF NOT EXISTS source (
+    id INTEGER PRIMARY KEY CHECK (id = 0), run_id TEXT NOT NULL, first_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, warmup INTEGER, total_steps INTEGER, project TEXT);
 CREATE TABLE IF NOT EXISTS names (

@@ -89,6 +89,7 @@ class HistoryIndexer:
         self._on_skip = on_skip
         self._db: History | None = None
         self._checked = False
+        self._noted = True  # catch_up notes the source only after _reconcile found none
         self._failure: str | None = None
         self._repair = threading.Event()
         self._stop = threading.Event()
@@ -213,26 +214,39 @@ class HistoryIndexer:
         log.warning("chart history %s is corrupt (%s): moved to %s, rebuilding it from the "
                     "records", self.history_db, why, aside)
         self._checked = True  # the new file is empty: nothing to check
+        self._noted = False  # nor does it know its source yet: catch_up notes it
 
     @storage_errors(source=HISTORY_SOURCE)
     def _reconcile(self, src: sqlite3.Connection) -> None:
-        """Make the history a copy of these records: rebuilt when it is ahead of them,
-        without the runs they do not know."""
+        """Make the history a copy of these records: rebuilt when it was folded from
+        another records database, without the runs these records do not know.
+
+        Which records database the history came from is its first run (``source``: run id
+        and first-seen time; runs are never deleted, so it identifies the file for its
+        whole life). A history from before that was noted is judged by its cursor: past
+        the newest record id means the records were replaced."""
         assert self._db is not None
         row = self._db.execute("SELECT last_id FROM cursor").fetchone()
         cursor = row[0] if row else 0
+        noted = self._db.execute("SELECT run_id, first_seen FROM source").fetchone()
         with storage_errors(source="storage"):
             newest = src.execute("SELECT COALESCE(MAX(id), 0) FROM records").fetchone()[0]
+            first = _first_run(src)
             known = {r[0] for r in src.execute("SELECT run_id FROM runs")}
-        if cursor > newest:
-            log.warning("chart history is ahead of the records (record %d folded, newest "
-                        "%d): the records database was replaced; rebuilding the history",
-                        cursor, newest)
+        replaced = (first != tuple(noted)) if noted is not None else cursor > newest
+        if replaced and (cursor or noted):
+            log.warning("chart history was folded from another records database (first "
+                        "run %s, record %d folded; these records: first run %s, newest "
+                        "record %d); rebuilding the history", noted and noted[0], cursor,
+                        first and first[0], newest)
             self._close()
             for suffix in ("", "-wal", "-shm"):
                 Path(str(self.history_db) + suffix).unlink(missing_ok=True)
             self._open()
+            self._note_source(first)
             return
+        if noted is None:
+            self._note_source(first)
         unknown = [r for r in _history_runs(self._db) if r not in known]
         if unknown:
             log.warning("chart history: dropping %d runs the records do not know (%s)",
@@ -242,6 +256,14 @@ class HistoryIndexer:
                     db.executemany(f"DELETE FROM {table} WHERE run_id = ?",
                                    [(r,) for r in unknown])
             self._fresh_builder()
+
+    def _note_source(self, first: tuple[str, float] | None) -> None:
+        """Remember which records database this history is folded from (once it has a
+        run; until then ``catch_up`` tries again)."""
+        assert self._db is not None
+        if first is not None:
+            self._db.execute("INSERT OR REPLACE INTO source VALUES (0, ?, ?)", first)
+        self._noted = first is not None
 
     @storage_errors()
     def _records(self) -> sqlite3.Connection:
@@ -263,6 +285,11 @@ class HistoryIndexer:
                 "LIMIT ?", (last, self.BATCH)).fetchall()
         if not rows:
             return False
+        if not self._noted:
+            with storage_errors(source="storage"):
+                first = _first_run(src)
+            with storage_errors(source=HISTORY_SOURCE):
+                self._note_source(first)
         try:
             for _, body in rows:
                 self.builder.add(wire.loads(body))
@@ -298,6 +325,12 @@ class HistoryIndexer:
 HISTORY_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
                   "matrices")
 """Every table of the history keyed by run id (history.SCHEMA)."""
+
+
+def _first_run(src: sqlite3.Connection) -> tuple[str, float] | None:
+    """The records database's first run (its identity, see ``_reconcile``), or None."""
+    row = src.execute("SELECT run_id, first_seen FROM runs ORDER BY rowid LIMIT 1").fetchone()
+    return (row[0], row[1]) if row else None
 
 
 def _history_runs(db: History) -> list[str]:
