@@ -100,7 +100,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
     state = services(request)
     settings = state.settings
     if not state.readiness.ready:
-        raise BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
+        raise BadRequest(503, f"not ready: {state.readiness.why_not}; retry later")
     body = await _read_limited(request, settings.max_body_bytes)
     objs = await run_in_threadpool(_decode, body, request.headers, settings)
     del body

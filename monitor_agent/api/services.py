@@ -79,6 +79,12 @@ class Readiness:
     def ready(self) -> bool:
         return self.reason is None and not self.broken
 
+    @property
+    def why_not(self) -> str | None:
+        """Why records cannot be stored now (None when ``ready``)."""
+        found = ([self.reason] if self.reason is not None else []) + list(self.broken.values())
+        return "; ".join(found) or None
+
     def set(self, reason: str | None) -> None:
         self.reason = reason
         self._metrics.ready.set(1 if self.ready else 0)
@@ -106,8 +112,7 @@ class Readiness:
 
     def problems(self) -> list[str]:
         """Everything wrong now, storage first; empty when ready and every part works."""
-        found = [self.reason] if self.reason is not None else []
-        found += self.broken.values()
+        found = [self.why_not] if not self.ready else []
         for check in self._checks:
             problem = check()
             if problem is not None:
@@ -169,7 +174,7 @@ class Services:
 
     def _backends(self) -> Backends:
         if self.backends is None:  # the storage gate answers first; this keeps types honest
-            raise HTTPException(503, f"not ready: {self.readiness.reason}; retry later",
+            raise HTTPException(503, f"not ready: {self.readiness.why_not}; retry later",
                                 headers={"Retry-After": "5"})
         return self.backends
 

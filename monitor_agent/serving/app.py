@@ -245,7 +245,7 @@ async def storage_gate(request: Request, call_next: Any) -> Response:
     found = services(request)
     if found.open or request.url.path in ("/healthz", "/readyz"):
         return await call_next(request)
-    return JSONResponse({"detail": f"not ready: {found.readiness.reason}; retry later"},
+    return JSONResponse({"detail": f"not ready: {found.readiness.why_not}; retry later"},
                         status_code=503, headers={"Retry-After": "5"})
 
 

@@ -173,3 +173,19 @@ def test_a_detector_snapshot_that_cannot_be_restored_is_rebuilt_from_the_records
         detail = httpx.get(srv.url + "/v1/runs/snap").json()
         assert detail["active"] and detail["last_step"] == 50
         assert _post(srv.url, _steps("snap", [51])).status_code == 200
+
+
+def test_a_record_store_damaged_while_serving_turns_ready_and_ingest_to_503(tmp_path: Path):
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        for lo in (1, 101, 201):
+            assert _post(srv.url, _steps("live", range(lo, lo + 100))).status_code == 200
+        with sqlite3.connect(tmp_path / "monitor.sqlite") as db:  # its pages into the file
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        _damage(tmp_path / "monitor.sqlite", 0.35, 0.65)
+        read = httpx.get(srv.url + "/v1/runs/live/records", params={"since_step": -1})
+        assert read.status_code == 503, read.text  # never a 500
+        assert read.json()["detail"].startswith("storage is corrupt"), read.text
+        ready = httpx.get(srv.url + "/readyz")
+        assert ready.status_code == 503 and "storage is corrupt" in ready.json()["reason"]
+        refused = _post(srv.url, _steps("live", [301]))
+        assert refused.status_code == 503 and "storage is corrupt" in refused.json()["detail"]
