@@ -112,7 +112,8 @@ class Readiness:
 
     def problems(self) -> list[str]:
         """Everything wrong now, storage first; empty when ready and every part works."""
-        found = [self.why_not] if not self.ready else []
+        blocking = self.why_not
+        found = [blocking] if blocking is not None else []
         for check in self._checks:
             problem = check()
             if problem is not None:
