@@ -69,11 +69,13 @@ class HistoryIndexer:
       version) is logged, counted (``on_skip``) and skipped; the thread goes on;
     - a corrupt history (found at open by ``quick_check``, by the fold, or by a reader:
       ``request_repair``) is moved aside to ``history.sqlite.corrupt`` and rebuilt;
-    - a history ahead of its records (its cursor past the newest record id: the records
-      database was replaced or deleted) is rebuilt, and the history of runs the records
-      no longer know is dropped, so no chart shows a run that does not exist.
+    - a history folded from another records database (``monitor.sqlite`` deleted or
+      replaced: ``_reconcile``) is rebuilt, and the history of runs the records do not
+      know is dropped, so no chart shows a run that does not exist and none is hidden.
 
-    ``problem()`` is what ``/readyz`` reports for it: None while it works.
+    ``problem()`` is what ``/readyz`` reports for it: None while it works; the thread
+    stopped, a fold that keeps failing, or a storage failure that outlasts
+    ``REPORT_AFTER`` retries.
     """
 
     BATCH = 100
