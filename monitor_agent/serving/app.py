@@ -203,8 +203,10 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         settings.db_path, services.history_db,
         settings.detectors.ema_alpha, settings.detectors.default_warmup_steps,
         on_skip=metrics.background_errors.labels(part="chart_history").inc)
+    # Last of all, on the engine thread (after any tick still running there): closing
+    # checkpoints the alert database's WAL into alerts.sqlite.
+    opened.push_async_callback(runner.call, alerting.db.close)
     opened.push_async_callback(runner.call, _shutdown, engine, store)
-    opened.callback(alerting.db.close)  # after alerting.stop: checkpoints its WAL
     opened.callback(alerting.stop, timeout=5.0)
     opened.callback(history.stop)
     services.readiness.repairs[HISTORY_SOURCE] = history.request_repair
