@@ -189,7 +189,7 @@ class Database:
         """Raise ``StorageError`` (``corrupt``) unless SQLite's ``quick_check`` passes: every
         page and index entry readable, without the full cross-check of ``integrity_check``.
         The app runs it once at startup, so a damaged file is reported before it is
-        served (it reads the whole file: about 0.6 s per GiB with a warm page cache,
+        served (it walks the whole file: 0.2 to 0.6 s per GiB with a warm page cache,
         bench/state_checks.py)."""
         with self._lock, self._errors:
             found = [row[0] for row in self._conn.execute("PRAGMA quick_check(5)")]
