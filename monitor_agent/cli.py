@@ -121,12 +121,18 @@ def _serve(args: argparse.Namespace) -> int:
 
     from monitor_agent.serving.app import create_app
     from monitor_agent.serving.server import return_freed_memory, uvicorn_config
+    from monitor_agent.storage.data_lock import DataDirInUse, DataDirLock
 
     settings = load_settings(
         _config_path(args.config), host=args.host, port=args.port, data_dir=args.data_dir,
         log_level=args.log_level,
     )
     _setup_logging(settings.log_level)
+    try:  # one clear line now; the app's lifespan takes the lock for real, for its life
+        DataDirLock(settings.data_dir).acquire().release()
+    except DataDirInUse as exc:
+        print(f"monitor-agent serve: {exc}", file=sys.stderr)
+        return 2
     return_freed_memory()
     app = create_app(settings)
     config = uvicorn_config(app, settings, settings.host, settings.port,
@@ -240,6 +246,8 @@ def _print_summary(runs: list[ReplayRun]) -> None:
         name = run.path.name[:40]
         print(f"{name:40} {run.records:>8} {run.last_step:>6} {'yes' if run.ended else 'no':>4}  "
               f"{found or '-'}")
+        if run.rejected:
+            print(f"{'':40} {run.rejected} records rejected and skipped (warnings say why)")
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -90,6 +90,7 @@ class Alerting:
         self._flush_now = threading.Event()
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._flush_failure: str | None = None
         self._last_prune = 0.0
 
     def secrets(self) -> list[str]:
@@ -120,13 +121,25 @@ class Alerting:
         self.outbox.stop(timeout)
         self.redactor.uninstall()
 
+    def problem(self) -> str | None:
+        """Why alerts cannot go out now (a thread stopped, the flush failing), or None;
+        /readyz reports it."""
+        if self._flusher is not None and not self._flusher.is_alive() \
+                and not self._stopping.is_set():
+            return "alerting: the flusher thread stopped; the sidecar's log has why"
+        if self._flush_failure is not None:
+            return f"alerting: flushing alerts fails ({self._flush_failure}); retrying"
+        return self.outbox.problem()
+
     def _flush_loop(self) -> None:
         while not self._stopping.is_set():
             self._flush_now.clear()
             try:
                 wait = self.flush(self.clock())
-            except Exception:
+                self._flush_failure = None
+            except Exception as exc:
                 log.exception("alert flush failed")
+                self._flush_failure = f"{type(exc).__name__}: {str(exc)[:200]}"
                 wait = 1.0
             self._flush_now.wait(1.0 if wait is None else min(max(wait, 0.001), 1.0))
 

@@ -1,12 +1,13 @@
 """Liveness, readiness and the Prometheus exposition.
 
 ``GET /healthz`` answers 200 ``{"status": "ok"}`` while the process serves HTTP;
-``GET /readyz`` answers 200 ``{"status": "ready"}`` when records can be stored, else 503
-``{"status": "not ready", "reason": ...}`` (``Readiness`` in api/services.py); ``GET
-/metrics`` is the Prometheus text exposition: it names runs and their values, so with
-``auth_reads`` it needs the token like every other read (Prometheus sends it with
-``authorization: {credentials_file: ...}`` in its scrape config). tests/api/test_health.py
-asks them over real HTTP (and has promtool check the exposition).
+``GET /readyz`` answers 200 ``{"status": "ready"}`` when records can be stored and every
+part works (no database corrupt, every background thread alive and working), else 503
+``{"status": "not ready", "reason": ...}``, every problem joined by "; " (``Readiness`` in
+api/services.py); ``GET /metrics`` is the Prometheus text exposition: it names runs and
+their values, so with ``auth_reads`` it needs the token like every other read (Prometheus
+sends it with ``authorization: {credentials_file: ...}`` in its scrape config).
+tests/api/test_health.py asks them over real HTTP (and has promtool check the exposition).
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", response_model=ReadyOut,
-            summary="Readiness: records can be stored now (503 with the reason if not)",
+            summary="Readiness: records can be stored now and every part works (503 with the "
+                    "reasons if not)",
             responses={503: {"model": ReadyOut, "description": "Not ready, and why"}})
 async def readyz(services: ServicesDep) -> JSONResponse:
-    readiness = services.readiness
-    if readiness.ready:
+    problems = services.readiness.problems()
+    if not problems:
         return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "not ready", "reason": readiness.reason}, status_code=503)
+    return JSONResponse({"status": "not ready", "reason": "; ".join(problems)},
+                        status_code=503)
 
 
 @router.get("/metrics", summary="Prometheus text exposition", response_class=Response,

@@ -8,6 +8,7 @@ the whole request (body, inflated body, JSON values, records) are checked before
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -25,6 +26,7 @@ from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
 from monitor_agent.storage.database import StorageError
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["ingest"])
 
 RETRY_AFTER_S = 5
@@ -102,7 +104,7 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
     state = services(request)
     settings = state.settings
     if not state.readiness.ready:
-        raise BadRequest(503, f"not ready: {state.readiness.reason}; retry later")
+        raise BadRequest(503, f"not ready: {state.readiness.why_not}; retry later")
     body = await _read_limited(request, settings.max_body_bytes)
     objs = await run_in_threadpool(_decode, body, request.headers, settings)
     del body
@@ -123,7 +125,7 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     try:
         result = await state.runner.call(state.engine.ingest, valid, time.time())
     except StorageError as exc:
-        state.readiness.set(f"storage: {exc}")
+        state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
     rejected.extend(result.rejected)
     response = IngestResponse(
@@ -237,23 +239,32 @@ INFLATE_CHUNK = 1 << 20
 
 
 def _gunzip(body: bytes, limit: int) -> Iterator[bytes]:
-    """The inflated body, a chunk at a time, stopping with a 413 past ``limit`` bytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    """The inflated body, a chunk at a time, stopping with a 413 past ``limit`` bytes.
+
+    Every member of a multi-member body is read (RFC 1952: a file may be several members,
+    and ``gzip.decompress`` reads them all), under one ``limit`` for them together; trailing
+    zero padding is tolerated, as gzip(1) tolerates it, and anything else after a member
+    must be another member (400)."""
     data, size = body, 0
-    while not inflater.eof:
-        try:
-            out = inflater.decompress(data, INFLATE_CHUNK)
-        except zlib.error as exc:
-            raise BadRequest(400, f"body is not valid gzip: {exc}") from None
-        data = inflater.unconsumed_tail
-        if not out and not data:
-            break
-        size += len(out)
-        if size > limit:
-            raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
-        yield out
-    if not inflater.eof:
-        raise BadRequest(400, "gzip body is truncated")
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while not inflater.eof:
+            try:
+                out = inflater.decompress(data, INFLATE_CHUNK)
+            except zlib.error as exc:
+                raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+            data = inflater.unconsumed_tail
+            if not out and not data:
+                break
+            size += len(out)
+            if size > limit:
+                raise BadRequest(413, f"inflated body exceeds max_decompressed_bytes={limit}")
+            yield out
+        if not inflater.eof:
+            raise BadRequest(400, "gzip body is truncated")
+        data = inflater.unused_data
+        if not data.strip(b"\0"):
+            return
 
 
 def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int]:
@@ -360,6 +371,12 @@ def _validate(
             valid.append(Incoming(index, schemas.to_record(model), body))
         except schemas.RecordError as exc:
             rejected.append({"index": index, "reason": str(exc)})
+        except Exception as exc:
+            # A value validation let through that a consumer still cannot take is our bug,
+            # and it costs this record only: its neighbours are judged on their own.
+            log.exception("record %d of a batch could not be validated", index)
+            rejected.append({"index": index, "reason": "record could not be validated "
+                             f"({type(exc).__name__}); the sidecar's log has the details"})
         objs[index] = None  # free the parsed objects as we go: peak memory is one copy
     return valid, rejected
 

@@ -26,6 +26,7 @@ in memory, one over a cap of one::
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from monitor_agent.pipeline.progress import run_progress
 from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records.limits import scrub
 from monitor_agent.records.types import QUANTILE_LEVELS, QuantileTable, StepRecord
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -202,8 +205,10 @@ class Exposition:
         alerts: Callable[[], Sequence[Any]] | None = None,
         actions: Callable[[], dict[tuple[str, str, str], int]] | None = None,
         on_drop: Callable[[str, int], None] | None = None,
+        on_error: Callable[[], None] | None = None,
     ) -> None:
         self._runs = runs
+        self._on_error = on_error
         self._registry = registry
         self._alerts = alerts
         self._actions = actions
@@ -214,7 +219,14 @@ class Exposition:
     def render(self) -> bytes:
         runs = sorted(self._runs(), key=lambda r: r.first_seen)
         runs = runs[: self.caps.keep("max_runs", len(runs), self.caps.max_runs)]
-        chunks = [self._chunks(run) for run in runs]
+        chunks = []
+        for run in runs:
+            try:
+                chunks.append(self._chunks(run))
+            except Exception:  # one run's odd value costs its series, not every scrape
+                log.exception("/metrics: run %s left out of this scrape", run.run_id)
+                if self._on_error is not None:
+                    self._on_error()
         live = {run.run_id for run in runs}
         for run_id in [k for k in self._cache if k not in live]:
             del self._cache[run_id]

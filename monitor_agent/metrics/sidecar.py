@@ -67,6 +67,13 @@ class SelfMetrics:
             "monitor_agent_detector_errors", "Detector exceptions (the record is still stored).",
             registry=registry,
         )
+        self.background_errors = Counter(
+            names.BACKGROUND_SKIPPED, "Items a background thread could not process and "
+            "skipped (each logged), by part; the thread goes on.", ["part"],
+            registry=registry,
+        )
+        for part in ("chart_history", "exposition"):
+            self.background_errors.labels(part=part)
         build = Gauge(names.BUILD_INFO, "Build information.", ["version"], registry=registry)
         build.labels(version=version).set(1)
         for outcome in ("accepted", "duplicate", "rejected", "late"):

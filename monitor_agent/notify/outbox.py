@@ -339,6 +339,13 @@ class Outbox:
                     # Woken early by a new notification or by stop().
                     wake.wait(1.0 if wait is None else min(wait, 1.0))
 
+    def problem(self) -> str | None:
+        """A sender thread that stopped while it should run (/readyz says so), or None."""
+        if self._stop.is_set():
+            return None
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        return f"delivery: sender threads stopped: {', '.join(dead)}" if dead else None
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the senders; what is not delivered stays queued for the next start."""
         self._stop.set()

@@ -63,9 +63,11 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
     }
 
 
-def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float) -> int | None:
-    """Fill a fresh run and suite from the store's row and snapshot; return the id of the
-    last record the snapshot covers (0: none), or None when the run was never stored."""
+def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float,
+                snapshot: bool = True) -> int | None:
+    """Fill a fresh run and suite from the store's row and snapshot (``snapshot`` False:
+    ignore it); return the id of the last record the snapshot covers (0: none), or None
+    when the run was never stored."""
     row = store.run_row(run.run_id)
     if row is None:
         return None
@@ -75,7 +77,7 @@ def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float) -
     if row.run_record:
         record = _stored(row.run_record, run.run_id)
         run.run = record if isinstance(record, RunRecord) else None
-    saved = store.detector_state(run.run_id)
+    saved = store.detector_state(run.run_id) if snapshot else None
     after = 0
     if saved is not None:
         after, blob = saved

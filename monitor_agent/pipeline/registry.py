@@ -130,7 +130,20 @@ class RunRegistry:
         live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
                                             DetectorSuite(self.settings.detectors))
         try:
-            after = recovery.restore_run(self.store, live.state, live.suite, now)
+            try:
+                after = recovery.restore_run(self.store, live.state, live.suite, now)
+            except StorageError:
+                raise
+            except Exception:
+                # A snapshot today's detectors cannot read (an older version's, a damaged
+                # blob) must not keep the run, or the whole sidecar at startup, from
+                # loading: it is derived state, so judge every stored record again.
+                log.exception("run %s: its detector snapshot cannot be restored; analysing "
+                              "its stored records again", run_id)
+                live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
+                                                    DetectorSuite(self.settings.detectors))
+                after = recovery.restore_run(self.store, live.state, live.suite, now,
+                                             snapshot=False)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now)
         except Exception as exc:

@@ -45,6 +45,7 @@ class ReplayRun:
     run_ids: set[str] = field(default_factory=set)
     records: int = 0
     rejected: int = 0
+    rejected_at: set[int] = field(default_factory=set)  # their positions in the trace
     last_step: int = -1
     ended: bool = False
     findings: list[Finding] = field(default_factory=list)
@@ -71,8 +72,9 @@ def replay_file(
         for index, obj in enumerate(wire.iter_trace(path)):
             try:
                 record, body = schemas.parse_for_store(obj)
-            except schemas.RecordError as exc:
+            except Exception as exc:  # RecordError, or a value validation missed: ours
                 out.rejected += 1
+                out.rejected_at.add(index)
                 log.warning("%s: record %d rejected: %s", path, index, exc)
                 continue
             now = record.time if record.time is not None else last_time or 0.0

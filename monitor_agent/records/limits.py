@@ -12,6 +12,16 @@ it arrives in:
   reading it); free text keeps tab and newline;
 - a length limit (256 characters for names and labels, like the ``labels`` map).
 
+And one rule for every integer: it fits a signed 64-bit integer (``MIN_INT`` ..
+``MAX_INT``). That is what every consumer can hold: SQLite's INTEGER (a bigger one raises
+OverflowError on insert), orjson (refuses past 64 bits when it writes an answer or sizes a
+section) and a float conversion (a 401-digit integer overflows one). Typed fields have
+narrower bounds of their own (``schemas.Step``, ``schemas.Rank``); the free-form maps
+(config, model, hardware) are held to this one in ``check_freeform``. An integer out of
+range is refused, naming its field, not silently turned into a float or a string: the
+client's author learns that a value they sent cannot round-trip, and no consumer ever
+sees one.
+
 Each rejection names the budget it hit, so a client author knows which knob they met.
 
 A lone surrogate in a name, a free-form section within its budgets (returned as it is)
@@ -25,6 +35,9 @@ and one string over the free-text budget::
     >>> check_freeform({"note": "x" * 5000}, "config")
     Traceback (most recent call last):
     ValueError: config.note: 5000 characters exceed the budget of 4096
+    >>> check_freeform({"opt": {"warmup_steps": 2**63}}, "config")
+    Traceback (most recent call last):
+    ValueError: config.opt.warmup_steps: integer 9223372036854775808 is outside the signed 64-bit range (send it as a float or a string)
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ MAX_TEXT_LEN = 4096           # any other string (free-form values, end.error)
 MAX_FREEFORM_ENTRIES = 1024   # keys of one map, or items of one list, in config/model/hardware
 MAX_FREEFORM_BYTES = 64 * 1024  # one free-form section, as JSON
 MAX_DEPTH = 32
+MIN_INT, MAX_INT = -(2**63), 2**63 - 1  # SQLite INTEGER, orjson, float(): all hold these
 # Numbers in all histograms of one record (edges + counts + quantiles, grad and param).
 # The client's default (16 bins, 8 quantiles) is 41 per layer: 6,000 layers fit.
 MAX_HIST_VALUES = 1 << 18
@@ -87,6 +101,15 @@ def check_names(names: Any, where: str) -> None:
             check_text(name, MAX_NAME_LEN, f"{where} key {safe(name)!r}")
 
 
+def check_int(value: int, where: str) -> int:
+    """The integer rule: within ``MIN_INT`` .. ``MAX_INT`` (bools are ints and pass)."""
+    if not MIN_INT <= value <= MAX_INT:
+        shown = str(value) if value.bit_length() < 128 else f"of {len(str(abs(value)))} digits"
+        raise ValueError(f"{where}: integer {shown} is outside the signed 64-bit range "
+                         "(send it as a float or a string)")
+    return value
+
+
 def check_freeform(value: dict[str, Any], where: str) -> dict[str, Any]:
     """A free-form section (config, model, hardware): depth, entries, strings and bytes."""
     stack: list[tuple[Any, int, str]] = [(value, 1, where)]
@@ -104,6 +127,8 @@ def check_freeform(value: dict[str, Any], where: str) -> dict[str, Any]:
             here = f"{path}.{safe(str(key))}"
             if isinstance(child, str):
                 check_text(child, MAX_TEXT_LEN, here, name=False)
+            elif isinstance(child, int):
+                check_int(child, here)
             elif isinstance(child, dict | list):
                 stack.append((child, depth + 1, here))
     size = len(orjson.dumps(value))

@@ -46,9 +46,11 @@ from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
 from monitor_agent.serving.browser_guard import BrowserGuard, fastapi_docs_pages
 from monitor_agent.settings import Settings, TokenError
+from monitor_agent.storage.data_lock import DataDirLock
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
 from monitor_agent.ui import routes as ui
+from monitor_agent.ui.history import HISTORY_SOURCE
 from monitor_agent.ui.indexer import HistoryIndexer
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts,
                        docs=fastapi_docs_pages(app))
     app.exception_handler(RequestValidationError)(_invalid_request)
+    app.exception_handler(StorageError)(_storage_failed)
     ingest.install_openapi(app)
     return app
 
@@ -89,6 +92,20 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> Res
               for err in exc.errors()[:20]]
     return Response(wire.dumps({"detail": detail}), status_code=422,
                     media_type="application/json")
+
+
+async def _storage_failed(request: Request, exc: Exception) -> Response:
+    """A read that met a storage failure: 503 with the reason, never a bare 500, and the
+    failure told to readiness (a corrupt database turns /readyz and ingest red, or is
+    repaired when it is derived data)."""
+    assert isinstance(exc, StorageError)
+    services(request).readiness.failed(exc)
+    what = "is corrupt" if exc.corrupt else "failed"
+    repairing = "; it is being rebuilt from the records" if (
+        exc.corrupt and exc.source in services(request).readiness.repairs) else ""
+    return JSONResponse({"detail": f"{exc.source} {what}: {limits.safe(str(exc), 300)}"
+                                   f"{repairing}; retry later"},
+                        status_code=503, headers={"Retry-After": "5"})
 
 
 def _secrets(settings: Settings) -> list[str | None]:
@@ -119,6 +136,8 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     metrics = SelfMetrics(registry, __version__)
     services = Services(settings, registry, metrics, EngineRunner(), Readiness(metrics))
     app.state.services = services  # the one attribute; api/deps.py reads it, typed
+    # Before anything opens a database: a second sidecar on this directory stops here.
+    lock = DataDirLock(settings.data_dir).acquire()
     try:
         # What _open starts, stopped in reverse: the charts' indexer, alerting, the engine.
         async with contextlib.AsyncExitStack() as opened:
@@ -138,6 +157,7 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
                     await worker
     finally:
         services.runner.close()
+        lock.release()
 
 
 # OSError: what SQLite does not report, e.g. the data directory's free space unreadable.
@@ -152,10 +172,17 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         lambda: Store(settings.db_path, max_bytes=settings.max_db_bytes)
     )
     try:
+        await runner.call(store.check_integrity)
         alerting = await runner.call(
             lambda: Alerting(settings.alerting, settings.alerts_db_path, registry)
         )
     except BaseException:
+        store.close()
+        raise
+    try:
+        await runner.call(alerting.db.check_integrity)
+    except BaseException:
+        alerting.db.close()
         store.close()
         raise
     try:  # a full disk: open (reads work), but not ready for writes until space frees
@@ -173,15 +200,23 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         max_ranks=settings.max_ranks_exposed, alerts=alerting.active_alerts,
         actions=alerting.action_counts,
         on_drop=lambda reason, count: metrics.dropped_series.labels(reason=reason).inc(count),
+        on_error=metrics.background_errors.labels(part="exposition").inc,
     )
     # The charts' own copy of the history, kept up to date from a thread of its own.
     history = HistoryIndexer(
         settings.db_path, services.history_db,
         settings.detectors.ema_alpha, settings.detectors.default_warmup_steps,
-        max_names=settings.max_layers_exposed)
+        max_names=settings.max_layers_exposed,
+        on_skip=metrics.background_errors.labels(part="chart_history").inc)
+    # Last of all, on the engine thread (after any tick still running there): closing
+    # checkpoints the alert database's WAL into alerts.sqlite.
+    opened.push_async_callback(runner.call, alerting.db.close)
     opened.push_async_callback(runner.call, _shutdown, engine, store)
     opened.callback(alerting.stop, timeout=5.0)
     opened.callback(history.stop)
+    services.readiness.repairs[HISTORY_SOURCE] = history.request_repair
+    services.readiness.watch(history.problem)
+    services.readiness.watch(alerting.problem)
     history.start()
     # Last: its presence means "open" to the storage gate.
     services.backends = Backends(engine, queries, alerting, exposition)
@@ -191,13 +226,17 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
 
 def _not_ready(services: Services, exc: BaseException) -> None:
     reason = f"storage: cannot open {services.settings.data_dir}: {exc}"
+    if isinstance(exc, StorageError) and exc.corrupt:
+        services.readiness.failed(exc)  # logged there; not retried: waiting mends no file
+        services.readiness.set(reason)
+        return
     if services.readiness.reason != reason:
         log.error("%s; retrying every %ss", reason, services.settings.tick_interval_seconds)
     services.readiness.set(reason)
 
 
 async def _open_when_possible(services: Services, opened: contextlib.AsyncExitStack) -> None:
-    while True:
+    while not services.readiness.broken:
         await asyncio.sleep(services.settings.tick_interval_seconds)
         try:
             await _open(services, opened)
@@ -213,7 +252,7 @@ async def storage_gate(request: Request, call_next: Any) -> Response:
     found = services(request)
     if found.open or request.url.path in ("/healthz", "/readyz"):
         return await call_next(request)
-    return JSONResponse({"detail": f"not ready: {found.readiness.reason}; retry later"},
+    return JSONResponse({"detail": f"not ready: {found.readiness.why_not}; retry later"},
                         status_code=503, headers={"Retry-After": "5"})
 
 
@@ -234,15 +273,21 @@ def _shutdown(engine: Engine, store: Store) -> None:
 async def _tick_forever(services: Services) -> None:
     settings, runner, readiness = services.settings, services.runner, services.readiness
     engine, alerting = services.engine, services.alerting
+    # Stalls, resolves, snapshots and retention live in the tick: while it fails (a bug),
+    # /readyz says so instead of the sidecar looking healthy with none of them happening.
+    failing: list[str] = []
+    readiness.watch(lambda: f"engine tick failing: {failing[0]}" if failing else None)
     while True:
         await asyncio.sleep(settings.tick_interval_seconds)
         try:
             await runner.call(engine.tick, time.time())
+            failing.clear()
             if not readiness.ready:
                 await runner.call(engine.store.check_writable, write_headroom(settings))
                 await runner.call(alerting.check_writable)
                 readiness.set(None)
         except StorageError as exc:  # "alert storage": a page could not be made durable
-            readiness.set(f"{exc.source}: {exc}")
-        except Exception:
+            readiness.failed(exc)
+        except Exception as exc:
             log.exception("tick failed")
+            failing[:] = [f"{type(exc).__name__}: {limits.safe(str(exc), 200)}"]

@@ -126,6 +126,10 @@ class Store:
             self._max_pages = max(1, max_bytes // page)
             self._db.execute(f"PRAGMA max_page_count = {self._max_pages}")
 
+    def check_integrity(self) -> None:
+        """``StorageError`` (``corrupt``) unless SQLite's quick check passes (database.py)."""
+        self._db.check_integrity()
+
     def close(self) -> None:
         self._db.close()
 

@@ -25,6 +25,8 @@ run that hung after eight steps: its stall finding is embedded, and nothing is f
 
 from __future__ import annotations
 
+import html
+import logging
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -38,6 +40,7 @@ from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import SCALARS, History, HistoryBuilder, open_history
 from monitor_agent.ui.routes import series_answer
 
+log = logging.getLogger(__name__)
 STATIC = resources.files("monitor_agent.ui") / "static"
 REPORT_POINTS = 4000        # the report cannot re-query: embed enough for a close zoom
 MATRIX_POINTS = 1500
@@ -50,14 +53,16 @@ def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> 
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
                              settings.detectors.default_warmup_steps, settings.max_layers_exposed)
     status: dict[str, str] = {}
-    for obj in wire.iter_trace(trace):
-        if isinstance(obj, dict) and isinstance(obj.get("run_id"), str):
-            try:
-                builder.add(obj)
-            except (KeyError, TypeError, ValueError):
-                continue  # replay counted it as rejected already
-            if obj.get("kind") == "end":
-                status[obj["run_id"]] = str(obj.get("status", "completed"))
+    for index, obj in enumerate(wire.iter_trace(trace)):
+        if index in run.rejected_at:
+            continue  # replay rejected (and counted) it: the charts show what it judged
+        try:
+            builder.add(obj)
+        except Exception as exc:  # a value the fold cannot take costs itself, not the page
+            log.warning("%s: record %d left out of the report's charts: %s", trace, index, exc)
+            continue
+        if obj.get("kind") == "end":
+            status[obj["run_id"]] = str(obj.get("status", "completed"))
     builder.commit()
     run_id = _main_run(db) or next(iter(sorted(run.run_ids)), "run")
     answers = _answers(db, run_id, run, status.get(run_id, "ended without an end record"),
@@ -124,15 +129,32 @@ def _html(data: dict[str, Any]) -> str:
     scripts = [(STATIC / p).read_text() for p in
                ("vendor/uPlot.iife.min.js", "common.js", "heatmap.js", "plotview.js", "charts.js",
                 "run.js")]
-    # "</" inside a script would end it early; JSON allows the escaped slash.
-    embedded = wire.dumps(data).decode().replace("</", "<\\/")
+    embedded = script_json(data)
     safe = [s.replace("</script", "<\\/script") for s in scripts]
     inline = f"<script>window.MONITOR_REPORT = {embedded};</script>\n" + "\n".join(
         f"<script>{s}</script>" for s in safe)
     page = _swap(page, "STYLE", f"<style>{css}</style>")
     page = _swap(page, "SCRIPT", inline)
     return page.replace("<title>monitor-agent · run</title>",
-                        f"<title>backtest report · {data['trace']}</title>")
+                        f"<title>backtest report · {html.escape(data['trace'])}</title>")
+
+
+_SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                                "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_json(data: Any) -> str:
+    """JSON that is inert inside an HTML ``<script>``, whatever strings it holds.
+
+    The HTML parser ends a script at ``</script`` and changes state at ``<!--`` (a layer
+    named ``<!--<script>`` blanked the whole report), so every ``<``, ``>`` and ``&`` is
+    written as a JSON escape: they can only occur inside JSON strings, where the escape
+    means the same character. U+2028/2029 too, for older JavaScript parsers::
+
+        >>> script_json({"layer": "<!--<script>", "note": "</script>\\u2028"})
+        '{"layer":"\\\\u003c!--\\\\u003cscript\\\\u003e","note":"\\\\u003c/script\\\\u003e\\\\u2028"}'
+    """
+    return wire.dumps(data).decode().translate(_SCRIPT_UNSAFE)
 
 
 def _swap(page: str, mark: str, content: str) -> str:

@@ -6,7 +6,8 @@ record once into narrow SQLite rows: one row of scalars per step, one float32 ve
 step for each per-layer statistic (layers in model order), so a chart reads only the
 columns it draws. ``indexer.HistoryIndexer`` keeps that copy in step with the database
 from a thread of its own, through a read-only connection (engine state is never touched).
-A SQLite failure of ``open_history``, ``add`` or ``commit`` leaves as ``StorageError``.
+A SQLite failure of ``open_history``, ``add`` or ``commit`` leaves as ``StorageError``
+(source ``HISTORY_SOURCE``).
 
 The indexer folds the stored lines, the report (tools/report.py) a trace's; three steps of a
 run with two layers, then what a chart reads::
@@ -48,6 +49,9 @@ MATRICES: dict[str, str] = {
 }
 """Per-step vectors and the name space (parameters or modules) their entries follow."""
 
+HISTORY_SOURCE = "chart history"
+"""How its ``StorageError``s name it: readiness repairs this one instead of giving up."""
+
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
 MAX_USER_SCALARS = 256
@@ -67,6 +71,8 @@ _BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGE
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS cursor (id INTEGER PRIMARY KEY CHECK (id = 0), last_id INTEGER);
+CREATE TABLE IF NOT EXISTS source (
+    id INTEGER PRIMARY KEY CHECK (id = 0), run_id TEXT NOT NULL, first_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, warmup INTEGER, total_steps INTEGER, project TEXT);
 CREATE TABLE IF NOT EXISTS names (
@@ -105,7 +111,7 @@ History: TypeAlias = sqlite3.Connection
 """A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def open_history(path: Path | str, *, readonly: bool = False) -> History:
     """A connection to the history database (created with its schema unless read-only)."""
     if readonly:
@@ -207,7 +213,7 @@ class HistoryBuilder:
 
     # -- folding --------------------------------------------------------------------------
 
-    @storage_errors()
+    @storage_errors(source=HISTORY_SOURCE)
     def add(self, obj: dict[str, Any]) -> None:
         kind = obj.get("kind")
         if kind == "step":
@@ -352,7 +358,7 @@ class HistoryBuilder:
 
     def commit(self, last_id: int | None = None) -> None:
         """Write everything folded since the last commit in one transaction."""
-        with transaction(self.db) as db:
+        with transaction(self.db, source=HISTORY_SOURCE) as db:
             cols = ", ".join(SCALARS)
             marks = ",".join("?" * (4 + len(SCALARS)))
             db.executemany(f"INSERT OR REPLACE INTO steps (run_id, rank, step, nonfinite, "

@@ -30,16 +30,37 @@ hand::
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from monitor_agent.records import wire
-from monitor_agent.storage.database import StorageError, read_only_uri, storage_errors
-from monitor_agent.ui.history import MAX_NAMES, History, HistoryBuilder, open_history
+from monitor_agent.storage.database import (
+    StorageError,
+    checkpoint,
+    read_only_uri,
+    storage_errors,
+    transaction,
+)
+from monitor_agent.ui.history import (
+    HISTORY_SOURCE,
+    MAX_NAMES,
+    History,
+    HistoryBuilder,
+    open_history,
+)
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+# A storage failure of the history is reported in /readyz once it outlasted this many
+# retries in a row (10 s and more): a full disk that frees in a moment is the record
+# store's to report, a history that cannot open at all (no rights, a directory in its
+# place) is the history's own.
+REPORT_AFTER = 3
 
 
 class HistoryIndexer:
@@ -47,18 +68,40 @@ class HistoryIndexer:
 
     Runs on its own thread with its own connections: a read-only one to the records, and
     the history database it owns. Restarts resume from the last folded record id.
+
+    The records (``monitor.sqlite``) are the source of truth and the history is derived
+    from them, so the history repairs itself rather than being repaired by hand:
+
+    - a record that cannot be folded (a value no consumer expected, stored by an older
+      version) is logged, counted (``on_skip``) and skipped; the thread goes on;
+    - a corrupt history (found at open by ``quick_check``, by the fold, or by a reader:
+      ``request_repair``) is moved aside to ``history.sqlite.corrupt`` and rebuilt;
+    - a history folded from another records database (``monitor.sqlite`` deleted or
+      replaced: ``_reconcile``) is rebuilt, and the history of runs the records do not
+      know is dropped, so no chart shows a run that does not exist and none is hidden.
+
+    ``problem()`` is what ``/readyz`` reports for it: None while it works; the thread
+    stopped, a fold that keeps failing, or a storage failure that outlasts
+    ``REPORT_AFTER`` retries.
     """
 
     BATCH = 100
     DUTY = 0.1
 
     def __init__(self, records_db: Path, history_db: Path, ema_alpha: float,
-                 default_warmup: int, interval: float = 0.2, max_names: int = MAX_NAMES) -> None:
+                 default_warmup: int, interval: float = 0.2, max_names: int = MAX_NAMES,
+                 on_skip: Callable[[], None] | None = None) -> None:
         self.records_db, self.history_db = records_db, history_db
         self.max_names = max_names
         self.ema_alpha, self.default_warmup = ema_alpha, default_warmup
         self.interval = interval
+        self.skipped = 0
+        self._on_skip = on_skip
         self._db: History | None = None
+        self._checked = False
+        self._noted = True  # catch_up notes the source only after _reconcile found none
+        self._failure: str | None = None
+        self._repair = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="history", daemon=True)
 
@@ -69,26 +112,59 @@ class HistoryIndexer:
         self._stop.set()
         self._thread.join(10)
 
+    def request_repair(self) -> None:
+        """A reader found the history corrupt: the thread moves it aside and rebuilds."""
+        self._repair.set()
+
+    def problem(self) -> str | None:
+        """Why the charts cannot keep up now, or None (the thread alive and folding)."""
+        if self._thread.ident is not None and not self._thread.is_alive() \
+                and not self._stop.is_set():
+            return "chart history: its thread stopped; the sidecar's log has why"
+        if self._failure is not None:
+            return f"chart history: {self._failure}"
+        return None
+
     def _loop(self) -> None:
         # Opened here, not in the app's startup: a history that cannot be written (a full
         # disk) costs the charts, never the sidecar's readiness.
-        src, last_error = None, None
+        src, last_error, failures = None, None, 0
         try:
             while not self._stop.is_set():
                 try:
+                    if self._repair.is_set():
+                        self._rebuild("a reader found it corrupt")
                     if src is None:
                         self._open()
-                        src = self._records()
+                        conn = self._records()
+                        try:
+                            self._reconcile(conn)
+                        except BaseException:
+                            conn.close()
+                            raise
+                        src = conn
                     started = time.perf_counter()
                     busy = self.catch_up(src)
                     spent = time.perf_counter() - started
                 except StorageError as exc:
+                    if exc.corrupt and exc.source == HISTORY_SOURCE:
+                        self._rebuild(str(exc))
+                        continue
                     if str(exc) != last_error:  # once per cause, not every retry
-                        log.warning("chart history: %s; retrying every 5 s", exc)
+                        log.warning("chart history: %s; retrying every %g s", exc, RETRY_S)
                     last_error, busy = str(exc), False
-                    self._stop.wait(5.0)
+                    failures += 1
+                    if failures >= REPORT_AFTER:
+                        self._failure = f"{exc}; retrying every {RETRY_S:g} s"
+                    self._stop.wait(RETRY_S)
                     continue
-                last_error = None
+                except Exception as exc:  # a bug: reported in /readyz, retried, never fatal
+                    log.exception("chart history: the fold failed; retrying every %g s", RETRY_S)
+                    self._failure = f"the fold failed ({type(exc).__name__}: {exc}); retrying"
+                    self._fresh_builder()
+                    self._stop.wait(RETRY_S)
+                    continue
+                last_error, self._failure, failures = None, None, 0
                 # At most DUTY of a core, in short folds: the fold holds the GIL, and at 25%
                 # an ingest bench of GPT-sized records every step still lost ~20% of its rate
                 # and tripled its p99. Under such a burst the charts lag, never the ingest;
@@ -99,37 +175,182 @@ class HistoryIndexer:
         finally:
             if src is not None:
                 src.close()
-            if self._db is not None:
-                self._db.close()
+            self._close()
 
     def _open(self) -> None:
         if self._db is None:
             self._db = open_history(self.history_db)
             self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup,
                                           self.max_names)
+            if not self._checked:  # once per process: it reads the whole file
+                self._checked = True
+                self._quick_check()
+
+    @storage_errors(source=HISTORY_SOURCE)
+    def _quick_check(self) -> None:
+        assert self._db is not None
+        found = [row[0] for row in self._db.execute("PRAGMA quick_check(5)")]
+        if found != ["ok"]:
+            raise StorageError(f"database disk image is malformed: {'; '.join(found)}",
+                               source=HISTORY_SOURCE, corrupt=True)
+
+    def _fresh_builder(self) -> None:
+        """Forget the builder's per-run caches: they are reloaded from the tables."""
+        if self._db is not None:
+            self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup,
+                                          self.max_names)
+
+    def _close(self) -> None:
+        if self._db is not None:
+            checkpoint(self._db)  # the history file alone is complete after a stop
+            self._db.close()
+            self._db = None
+
+    def _rebuild(self, why: str) -> None:
+        """Move the history aside (kept for a post-mortem, one generation) and start over
+        from the records."""
+        self._repair.clear()
+        try:
+            self._close()
+        except sqlite3.Error:
+            self._db = None  # a corrupt file may refuse even that; it is moved aside anyway
+        aside = self.history_db.with_name(self.history_db.name + ".corrupt")
+        for suffix in ("", "-wal", "-shm"):
+            path = Path(str(self.history_db) + suffix)
+            try:
+                os.replace(path, Path(str(aside) + suffix))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.error("chart history: cannot move %s aside: %s", path, exc)
+        log.warning("chart history %s is corrupt (%s): moved to %s, rebuilding it from the "
+                    "records", self.history_db, why, aside)
+        self._checked = True  # the new file is empty: nothing to check
+        self._noted = False  # nor does it know its source yet: catch_up notes it
+
+    @storage_errors(source=HISTORY_SOURCE)
+    def _reconcile(self, src: sqlite3.Connection) -> None:
+        """Make the history a copy of these records: rebuilt when it was folded from
+        another records database, without the runs these records do not know.
+
+        Which records database the history came from is its first run (``source``: run id
+        and first-seen time; runs are never deleted, so it identifies the file for its
+        whole life). A history from before that was noted is judged by its cursor: past
+        the newest record id means the records were replaced."""
+        assert self._db is not None
+        row = self._db.execute("SELECT last_id FROM cursor").fetchone()
+        cursor = row[0] if row else 0
+        noted = self._db.execute("SELECT run_id, first_seen FROM source").fetchone()
+        with storage_errors(source="storage"):
+            newest = src.execute("SELECT COALESCE(MAX(id), 0) FROM records").fetchone()[0]
+            first = _first_run(src)
+            known = {r[0] for r in src.execute("SELECT run_id FROM runs")}
+        replaced = (first != tuple(noted)) if noted is not None else cursor > newest
+        if replaced and (cursor or noted):
+            log.warning("chart history was folded from another records database (first "
+                        "run %s, record %d folded; these records: first run %s, newest "
+                        "record %d); rebuilding the history", noted and noted[0], cursor,
+                        first and first[0], newest)
+            self._close()
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.history_db) + suffix).unlink(missing_ok=True)
+            self._open()
+            self._note_source(first)
+            return
+        if noted is None:
+            self._note_source(first)
+        unknown = [r for r in _history_runs(self._db) if r not in known]
+        if unknown:
+            log.warning("chart history: dropping %d runs the records do not know (%s)",
+                        len(unknown), ", ".join(unknown[:5]))
+            with transaction(self._db, source=HISTORY_SOURCE) as db:
+                for table in HISTORY_TABLES:
+                    db.executemany(f"DELETE FROM {table} WHERE run_id = ?",
+                                   [(r,) for r in unknown])
+            self._fresh_builder()
+
+    def _note_source(self, first: tuple[str, float] | None) -> None:
+        """Remember which records database this history is folded from (once it has a
+        run; until then ``catch_up`` tries again)."""
+        assert self._db is not None
+        if first is not None:
+            self._db.execute("INSERT OR REPLACE INTO source VALUES (0, ?, ?)", first)
+        self._noted = first is not None
 
     @storage_errors()
     def _records(self) -> sqlite3.Connection:
         """The read-only connection to the sidecar's records."""
         return sqlite3.connect(read_only_uri(self.records_db), uri=True)
 
-    @storage_errors()
     def catch_up(self, src: sqlite3.Connection) -> bool:
         """Fold one batch of new records; True when there may be more (StorageError when
-        either database fails)."""
+        either database fails, its ``source`` saying which). A record the fold cannot take
+        is skipped, the batch folded again one record at a time around it."""
         self._open()
         assert self._db is not None
-        row = self._db.execute("SELECT last_id FROM cursor").fetchone()
+        with storage_errors(source=HISTORY_SOURCE):
+            row = self._db.execute("SELECT last_id FROM cursor").fetchone()
         last = row[0] if row else 0
-        rows = src.execute(
-            "SELECT id, body FROM records WHERE id > ? AND kind != 'end' ORDER BY id LIMIT ?",
-            (last, self.BATCH)).fetchall()
+        with storage_errors(source="storage"):
+            rows = src.execute(
+                "SELECT id, body FROM records WHERE id > ? AND kind != 'end' ORDER BY id "
+                "LIMIT ?", (last, self.BATCH)).fetchall()
         if not rows:
             return False
-        for _, body in rows:
+        if not self._noted:
+            with storage_errors(source="storage"):
+                first = _first_run(src)
+            with storage_errors(source=HISTORY_SOURCE):
+                self._note_source(first)
+        try:
+            for _, body in rows:
+                self.builder.add(wire.loads(body))
+            self.builder.commit(rows[-1][0])
+        except StorageError:
+            self._fresh_builder()
+            raise
+        except Exception:
+            self._one_by_one(rows)
+        return len(rows) == self.BATCH
+
+    def _one_by_one(self, rows: list[tuple[int, bytes]]) -> None:
+        """Fold and commit each record alone, so the one that fails is the only one lost
+        (a fresh builder each time: a failed fold may have half-updated its caches)."""
+        for row_id, body in rows:
+            self._fresh_builder()
             try:
                 self.builder.add(wire.loads(body))
-            except (ValueError, KeyError, TypeError) as exc:  # stored but odd: skip, not stop
-                log.warning("history: record skipped: %s", exc)
-        self.builder.commit(rows[-1][0])
-        return len(rows) == self.BATCH
+                self.builder.commit(row_id)
+            except StorageError:
+                self._fresh_builder()
+                raise
+            except Exception as exc:
+                self.skipped += 1
+                if self._on_skip is not None:
+                    self._on_skip()
+                log.warning("chart history: record %d skipped (%s: %s)", row_id,
+                            type(exc).__name__, str(exc)[:200])
+                self._fresh_builder()
+                self.builder.commit(row_id)  # past it: nothing of it was written
+
+
+HISTORY_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
+                  "matrices")
+"""Every table of the history keyed by run id (history.SCHEMA)."""
+
+
+def _first_run(src: sqlite3.Connection) -> tuple[str, float] | None:
+    """The records database's first run (its identity, see ``_reconcile``), or None."""
+    row = src.execute("SELECT run_id, first_seen FROM runs ORDER BY rowid LIMIT 1").fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _history_runs(db: History) -> list[str]:
+    """The run ids the history holds, by skipping through the steps' primary key (one
+    index seek per run, not a scan of every step) plus the runs table."""
+    found = {r[0] for r in db.execute("SELECT run_id FROM runs")}
+    row = db.execute("SELECT MIN(run_id) FROM steps").fetchone()
+    while row is not None and row[0] is not None:
+        found.add(row[0])
+        row = db.execute("SELECT MIN(run_id) FROM steps WHERE run_id > ?", (row[0],)).fetchone()
+    return sorted(found)

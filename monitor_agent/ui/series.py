@@ -39,7 +39,7 @@ from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors
 from monitor_agent.ui import vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
-from monitor_agent.ui.history import MATRICES, QUANTILE_WIDTH
+from monitor_agent.ui.history import HISTORY_SOURCE, MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
 
@@ -57,7 +57,7 @@ def _clean(values: Any) -> list[float | None]:
     return [None if v is None or not math.isfinite(v) else float(v) for v in values]
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int] | None:
     """First and last step of a rank: two index probes (a COUNT would read every row)."""
     where = "FROM steps WHERE run_id=? AND rank=? ORDER BY step"
@@ -84,13 +84,13 @@ def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
                       (run_id, rank, level, lo // level, hi // level)).fetchone()[0]
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def has_run(db: sqlite3.Connection, run_id: str) -> bool:
     """Whether the history holds the run's run record."""
     return db.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
     """The ranks of a run, one index probe each (no scan of the steps)."""
     out: list[int] = []
@@ -102,7 +102,7 @@ def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
         out.append(row[0])
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def run_meta(db: sqlite3.Connection, run_id: str) -> dict[str, Any]:
     row = db.execute("SELECT warmup, total_steps, project FROM runs WHERE run_id=?",
                      (run_id,)).fetchone()
@@ -119,7 +119,7 @@ def _bucket_sql(lo: int, hi: int, points: int) -> tuple[str, list[Any]]:
     return "CAST((step - ?) * ? / ? AS INTEGER)", [lo, points, hi - lo + 1]
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | None = None,
             end: int | None = None, points: int = 1000) -> dict[str, Any]:
     """Every per-step scalar of one rank over [start, end], at most ``points`` buckets."""
@@ -148,7 +148,7 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
             "nonfinite_steps": bad, "range": [lo, hi], "count": count}
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
     """The last stored step's values (the page's header for a run no longer in memory)."""
     row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "
@@ -248,7 +248,7 @@ def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, l
     return {"low": [b[0] for b in bands], "high": [b[1] for b in bands]}
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
                     points: int) -> dict[str, Any]:
     """Step time per rank on shared buckets (max per bucket: a straggler is a slow step)."""
@@ -273,7 +273,7 @@ def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
                       for r, per in sorted(table.items())}}
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: int | None,
           points: int) -> dict[str, Any]:
     """Validation loss and per-category eval losses (evals are few: stride when not)."""
@@ -299,7 +299,7 @@ MATRIX_BATCH_BYTES = 2 << 20
 range costs its answer, not its rows (300k stored steps of 6000 layers are 7 GB)."""
 
 
-@storage_errors()
+@storage_errors(source=HISTORY_SOURCE)
 def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
            start: int | None = None, end: int | None = None, points: int = 500,
            layer: str | None = None) -> dict[str, Any]:
