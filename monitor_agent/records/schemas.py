@@ -69,6 +69,17 @@ Rank = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
 Num = float | None
 
 
+def _plain_scalar(name: Any, value: Any) -> bool:
+    """A top-level field a step may carry as one of the script's own scalars."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LEN or not name.isprintable():
+        return False
+    if isinstance(value, float):
+        return True
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) <= 2**53
+    return value in ("NaN", "Infinity", "-Infinity")
+
+
 class _Wire(BaseModel):
     # Producers may add fields; we ignore what we do not know (docs/format.md).
     model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings", frozen=True)
@@ -187,6 +198,31 @@ class StepModel(_Wire):
     nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None
     # The script's own numbers (accuracy, perplexity, ...), as an eval's: charted by the UI.
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_scalars(cls, data: Any) -> Any:
+        """A number at the top level that this format does not define is one of the
+        script's own scalars (``mon.log_step(step, loss, accuracy=acc)``): it joins
+        ``metrics`` as if sent there, while that map has room (``MAX_METRICS``); a name
+        ``metrics`` already has keeps the value sent there. Anything else undefined is
+        dropped, as it always was: a name that is not printable or too long, a value that
+        is not a number (bools, strings, maps), an integer past float precision."""
+        if not isinstance(data, dict):
+            return data
+        metrics = data.get("metrics")
+        if metrics is not None and not isinstance(metrics, dict):
+            return data  # the field's own validation says what is wrong with it
+        moved = {k: v for k, v in data.items() if k not in cls.model_fields
+                 and _plain_scalar(k, v)}
+        if not moved:
+            return data
+        merged = dict(metrics or {})
+        for name, value in moved.items():
+            if len(merged) >= MAX_METRICS:
+                break
+            merged.setdefault(name, value)
+        return {**{k: v for k, v in data.items() if k not in moved}, "metrics": merged}
 
     @model_validator(mode="after")
     def _budgets(self) -> StepModel:

@@ -142,6 +142,7 @@ def get_lr(it):
 
 
 t0 = time.time()
+t_last = t0
 for iter_num in range(1, max_iters + 1):
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for param_group in optimizer.param_groups:
@@ -153,7 +154,9 @@ for iter_num in range(1, max_iters + 1):
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    mon.log_step(iter_num, loss=loss, tokens=X.numel())  # monitor
+    t1 = time.time()
+    dt, t_last = t1 - t_last, t1
+    mon.log_step(iter_num, loss=loss, tokens=X.numel(), iter_ms=dt * 1000)  # monitor
     if iter_num % eval_interval == 0:
         val = estimate_loss()
         mon.log_eval(iter_num, val_loss=val)  # monitor

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,21 @@ def test_grad_clip_zero_is_no_clipping_and_total_steps_gives_progress(sidecar, t
     assert run["config"]["grad_clip"] == 0.0 and run["config"]["total_steps"] == 120
     steps = [r for r in records if r["kind"] == "step"]
     assert len(steps) == 120 and all(r.get("clip_threshold") is None for r in steps)
+    # the script's own scalar, passed as a keyword as a wandb.log user would, is charted
+    assert all(r["metrics"]["iter_ms"] > 0 for r in steps)
+    series = _eventually(lambda: httpx.get(f"{sidecar.url}/v1/runs/nano-plain/series",
+                                           timeout=10).json(), lambda s: s.get("user_names"))
+    assert series["user_names"] == ["iter_ms"] and series["user_scalars"]["iter_ms"]["steps"]
     detail = httpx.get(f"{sidecar.url}/v1/runs/nano-plain", timeout=10).json()
     assert detail["ranks"]["0"]["progress_ratio"] == 1.0
     assert detail["ranks"]["0"]["progress_basis"] == "steps"
+
+
+def _eventually(get, ok, timeout: float = 15.0):
+    """What ``get`` answers once ``ok`` holds (the chart history folds on its own thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = get()
+        if ok(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

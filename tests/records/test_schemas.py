@@ -83,6 +83,25 @@ def test_the_stored_json_keeps_only_defined_fields_without_nulls():
     assert record == schemas.parse_record(obj)
 
 
+def test_top_level_numbers_of_a_step_are_the_scripts_own_scalars():
+    base = {"kind": "step", "run_id": "r", "step": 1, "time": 0.0, "loss": 1.0}
+    obj = {**base, "accuracy": 0.5, "ppl": "NaN", "tokens_seen": 12, "metrics": {"bleu": 3.0},
+           "flag": True, "note": "text", "nested": {"a": 1.0}, "huge": 2**60,
+           "bad\tname": 1.0}
+    record, body = schemas.parse_for_store(obj)
+    assert record.metrics is not None and set(record.metrics) == {
+        "accuracy", "ppl", "tokens_seen", "bleu"}
+    assert math.isnan(record.metrics["ppl"]) and record.metrics["tokens_seen"] == 12.0
+    stored = wire.loads(body)
+    assert "accuracy" not in stored and stored["metrics"]["accuracy"] == 0.5
+    assert not {"flag", "note", "nested", "huge", "bad\tname"} & set(stored)
+    # the metrics map keeps what was sent there, and its budget holds
+    assert schemas.parse_record({**base, "acc": 1.0, "metrics": {"acc": 2.0}}).metrics == {
+        "acc": 2.0}
+    many = schemas.parse_record({**base, **{f"m{i}": 1.0 for i in range(600)}})
+    assert many.metrics is not None and len(many.metrics) == schemas.MAX_METRICS
+
+
 def test_a_bad_record_is_refused_before_conversion():
     with pytest.raises(schemas.RecordError, match="step"):
         schemas.parse_for_store({"kind": "step", "run_id": "r", "step": -1, "time": 0.0})
