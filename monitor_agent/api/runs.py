@@ -61,9 +61,10 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         "run": run.run,
         "findings": {"by_type": run.finding_counts, "recent": run.recent_findings},
         "alerts": alerts,
+        "last_step": run.last_step,
+        "attempts": [asdict(a) for a in run.attempts],
     }
     if run.ranks is not None:  # in memory: what only live state knows
-        detail["last_step"] = run.last_step
         detail["ranks"] = run.ranks
     return detail
 
@@ -78,11 +79,14 @@ async def get_records(
                             description="First step to return (-1 includes the run record)."),
     limit: int = Query(1000, ge=1, le=10_000),
     kind: list[str] = Query(default_factory=list, description="Only these kinds."),
+    attempt: int | None = Query(None, ge=1, le=2**31, description=(
+        "Everything this attempt of the run sent, replaced steps included; by default the "
+        "current history (records no later attempt replaced).")),
 ) -> Response:
     bad = [k for k in kind if k not in KINDS]
     if bad:
         raise HTTPException(422, f"kind: unknown kind(s) {bad}; use run, step, eval, end")
-    bodies = await runner.call(queries.stored_records, run_id, since_step, limit, kind)
+    bodies = await runner.call(queries.stored_records, run_id, since_step, limit, kind, attempt)
     if bodies is None:
         raise HTTPException(404, f"no run {run_id!r}")
     return _json({"run_id": run_id, "records": [wire.loads(b) for b in bodies]})

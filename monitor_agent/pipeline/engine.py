@@ -29,6 +29,7 @@ retry: idempotent)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline import attempts, recovery
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -56,7 +57,7 @@ from monitor_agent.records.types import (
 )
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
-from monitor_agent.storage.store import RecordRow, Store
+from monitor_agent.storage.store import RecordRow, Store, StoredAttempt
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,18 @@ class IngestResult:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # (run id, token) -> the attempt its records went to (``attempt_view``), per batch.
+    attempts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A record let in, with the attempt of its run it belongs to (pipeline/attempts.py)
+    and the later attempt that already replaced it, if any (a spool delivered late)."""
+
+    item: Incoming
+    attempt: int
+    superseded_by: int | None
 
 
 class Engine:
@@ -111,22 +124,24 @@ class Engine:
         """
         result = IngestResult()
         admitted = self._admit(items, result, now)
-        rows = [_row(item) for item in admitted]
+        rows = [_row(a.item, a.attempt, a.superseded_by) for a in admitted]
         t0 = time.perf_counter()
         ids = self.store.insert_records(rows)
         self.metrics.store_duration.observe(time.perf_counter() - t0)
         try:
-            for item, row_id in zip(admitted, ids, strict=True):
+            for entry, row_id in zip(admitted, ids, strict=True):
                 if row_id is None:
                     result.duplicates += 1
                     continue
                 result.accepted += 1
-                live = self.registry.get(item.record.run_id)
+                live = self.registry.get(entry.item.record.run_id)
                 assert live is not None  # admitted just now, on this thread
-                self._process(live, item.record, row_id, now, result)
+                self._process(live, entry.item.record, row_id, now, result,
+                              attempt=entry.attempt,
+                              superseded=entry.superseded_by is not None)
             self._finish(result)
         except StorageError as exc:
-            for run_id in {item.record.run_id for item in admitted}:
+            for run_id in {a.item.record.run_id for a in admitted}:
                 self.registry.evict(run_id)
             raise StorageError(f"records stored, their alerts not: {exc}") from exc
         return result
@@ -157,8 +172,8 @@ class Engine:
 
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
-    ) -> list[Incoming]:
-        admitted: list[Incoming] = []
+    ) -> list[_Admitted]:
+        admitted: list[_Admitted] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         for item in items:
             live = self.registry.admit(item.record.run_id, now)
@@ -175,8 +190,42 @@ class Engine:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()
                 continue
-            admitted.append(item)
+            assert live is not None
+            admitted.append(self._attempt(live, item, result, now))
         return admitted
+
+    def _attempt(self, live: LiveRun, item: Incoming, result: IngestResult,
+                 now: float) -> _Admitted:
+        """The attempt ``item`` belongs to (pipeline/attempts.py): a new token is placed
+        (stored at once, so a retry finds it), and a pending attempt settles on its first
+        step; one that replaced history reloads the run from what is left of it."""
+        record, book = item.record, live.attempts
+        token = record.attempt or attempts.LEGACY_TOKEN
+        known = book.tokens.get(token)
+        if known is not None:
+            number = known[0]
+        else:
+            number, new = book.place(token, record.rank)
+            if new:
+                self.store.add_attempt(record.run_id, number, token, record.rank, now)
+                book.attempts.append(StoredAttempt(number, "pending", None, now, None, None))
+            else:
+                self.store.add_attempt_token(record.run_id, token, record.rank, number)
+            book.tokens[token] = (number, record.rank)
+        pending = book.get(number)
+        if pending.kind == "pending" and not isinstance(record, RunRecord):
+            span = self.store.history_span(record.run_id, number)
+            done = attempts.settled(pending, record.step,
+                                    attempts.settle(number, record.step, span))
+            self.store.settle_attempt(record.run_id, done)
+            book.replace(done)
+            if done.kind != "first":
+                log.info("run %s: attempt %d %s from step %d", record.run_id, number,
+                         done.kind, record.step)
+                book = self.registry.rebuild(record.run_id, now).attempts
+        result.attempts[(record.run_id, token)] = attempt_view(record.run_id, book.get(number))
+        return _Admitted(item, number,
+                         book.superseded_by(number, record.kind, record.step))
 
     def _process(
         self,
@@ -186,18 +235,22 @@ class Engine:
         now: float,
         result: IngestResult,
         arrival: float | None = None,
+        attempt: int = 1,
+        superseded: bool = False,
     ) -> None:
-        """``arrival`` is when the record reached us (``now`` unless replaying the store)."""
+        """``arrival`` is when the record reached us (``now`` unless replaying the store);
+        ``attempt`` the run's attempt it came from; ``superseded`` when a later attempt
+        already replaced it (pipeline/attempts.py): stored as history, never analysed."""
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
-        if isinstance(record, StepRecord | EvalRecord) and run.is_late(record):
+        if superseded or (isinstance(record, StepRecord | EvalRecord) and run.is_late(record)):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
-        findings = self._detect(live, record)
+        findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
         if findings:
             self._handle_findings(run, findings, now, result)
 
@@ -205,8 +258,8 @@ class Engine:
         """Feed a restored run the records stored after its snapshot, through the very
         same path as live ones; alerting's durable state keeps them from paging twice."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
-        for row_id, record in recovery.stored_tail(self.store, live.run_id, after):
-            self._process(live, record, row_id, now, result, arrival=arrival)
+        for row_id, attempt, record in recovery.stored_tail(self.store, live.run_id, after):
+            self._process(live, record, row_id, now, result, arrival=arrival, attempt=attempt)
             replayed += 1
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
@@ -298,6 +351,8 @@ class Engine:
             log.exception("detector tick failed for %s", run.run_id)
             return []
         if found:
+            found = [dataclasses.replace(f, attempt=max(live.attempts.current, 1))
+                     for f in found]
             self._handle_findings(run, found, now, IngestResult())
         return found
 
@@ -320,7 +375,14 @@ def _bare_context(record: Record) -> RunContext:
     return RunContext(run_id=record.run_id)
 
 
-def _row(item: Incoming) -> RecordRow:
+def attempt_view(run_id: str, attempt: StoredAttempt) -> dict[str, Any]:
+    """What the ingest answer says of an attempt (api/ingest.py's ``AttemptOut``)."""
+    return {"run_id": run_id, "number": attempt.number, "kind": attempt.kind,
+            "start_step": attempt.start_step, "superseded_from": attempt.superseded_from,
+            "superseded_to": attempt.superseded_to}
+
+
+def _row(item: Incoming, attempt: int = 1, superseded_by: int | None = None) -> RecordRow:
     record = item.record
     return RecordRow(
         run_id=record.run_id,
@@ -329,4 +391,6 @@ def _row(item: Incoming) -> RecordRow:
         step=record.step,  # a run record's is -1: it sorts before every step
         time=record.time,
         body=item.body,
+        attempt=attempt,
+        superseded_by=superseded_by,
     )

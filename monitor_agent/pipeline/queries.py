@@ -55,8 +55,16 @@ class RunQueries:
         return self.registry.states()
 
     def run_listings(self) -> list[views.RunListing]:
-        """Every stored run, oldest first (``GET /v1/runs``)."""
-        return [views.listing(row, self._live(row.run_id)) for row in self.store.runs()]
+        """Every stored run, oldest first (``GET /v1/runs``): its fields from the store
+        where the run is not in memory, so leaving memory changes none of them."""
+        out = []
+        for row in self.store.runs():
+            live = self._live(row.run_id)
+            stored_last = None if live is not None else self.store.last_step(row.run_id)
+            out.append(views.listing(
+                row, live, stored_last, sum(self.store.finding_counts(row.run_id).values()),
+                max(1, len(self.store.attempts(row.run_id)))))
+        return out
 
     def run_summaries(self) -> list[views.RunSummary]:
         """Every stored run with its progress and worst finding (the runs page)."""
@@ -76,13 +84,19 @@ class RunQueries:
         row = self.store.run_row(run_id)
         if row is None:
             return None
-        return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
-                            self.store.findings(run_id, limit=20))
+        live = self._live(run_id)
+        attempts = views.attempt_views(self.store.attempts(run_id),
+                                       self.store.attempt_ranges(run_id))
+        return views.detail(row, live, self.store.finding_counts(run_id),
+                            self.store.findings(run_id, limit=20),
+                            None if live is not None else self.store.last_step(run_id),
+                            attempts)
 
     def stored_records(self, run_id: str, since_step: int, limit: int,
-                       kinds: Sequence[str]) -> list[bytes] | None:
-        """A run's stored record lines, oldest step first; None when the run is unknown."""
-        bodies = self.store.records(run_id, since_step, limit, kinds)
+                       kinds: Sequence[str], attempt: int | None = None) -> list[bytes] | None:
+        """A run's stored record lines, oldest step first: its current history, or what
+        ``attempt`` sent; None when the run is unknown."""
+        bodies = self.store.records(run_id, since_step, limit, kinds, attempt)
         if not bodies and self.store.run_row(run_id) is None:
             return None
         return bodies

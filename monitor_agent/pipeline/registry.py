@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline.attempts import RunAttempts
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
@@ -47,6 +48,7 @@ class LiveRun:
 
     state: RunState
     suite: DetectorSuite
+    attempts: RunAttempts
 
     @property
     def run_id(self) -> str:
@@ -102,8 +104,10 @@ class RunRegistry:
 
         Raises StorageError (the run stays out of memory, marked to be analysed again)."""
         live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
-                                            DetectorSuite(self.settings.detectors))
+                                            DetectorSuite(self.settings.detectors),
+                                            RunAttempts([], {}))
         try:
+            live.attempts = RunAttempts.load(self.store, run_id)
             after = recovery.restore_run(self.store, live.state, live.suite, now)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now)
@@ -112,6 +116,15 @@ class RunRegistry:
             raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
         self._reanalyse.discard(run_id)
         return live
+
+    def rebuild(self, run_id: str, now: float) -> LiveRun:
+        """Load a run again from its current history, after a new attempt replaced part of
+        it (pipeline/attempts.py). The snapshot went with the replaced records, so the
+        detectors start fresh and are fed every record before the attempt's start step:
+        the state they had there, whatever snapshot existed (one per run, always past it).
+        Costs one pass over the run's kept history, once per attempt."""
+        self._runs.pop(run_id, None)
+        return self.load(run_id, now)
 
     def evict(self, run_id: str) -> None:
         """Forget a run's in-memory state (no snapshot): its stored tail is replayed when

@@ -32,7 +32,7 @@ from typing import Any
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -76,6 +76,53 @@ _MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # Attempts of a run id (pipeline/attempts.py): a record's identity gains its attempt
+    # (last, so retention's (run_id, rank, kind, step) range stays one index range), and
+    # ``superseded_by`` marks what a later attempt replaced (NULL: the current history).
+    # What existed before is attempt 1 of its run, sent under the legacy token "".
+    """
+    CREATE TABLE records_v2 (
+        id            INTEGER PRIMARY KEY,
+        run_id        TEXT NOT NULL,
+        rank          INTEGER NOT NULL,
+        kind          TEXT NOT NULL,
+        step          INTEGER NOT NULL,
+        time          REAL,
+        body          BLOB NOT NULL,
+        attempt       INTEGER NOT NULL DEFAULT 1,
+        superseded_by INTEGER,
+        UNIQUE (run_id, rank, kind, step, attempt)
+    );
+    INSERT INTO records_v2 (id, run_id, rank, kind, step, time, body)
+        SELECT id, run_id, rank, kind, step, time, body FROM records;
+    DROP TABLE records;
+    ALTER TABLE records_v2 RENAME TO records;
+    ALTER TABLE findings ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    DROP INDEX IF EXISTS findings_identity;
+    CREATE UNIQUE INDEX findings_identity
+        ON findings (run_id, rank, step, type, COALESCE(layer, ''), attempt);
+    CREATE TABLE attempts (
+        run_id          TEXT NOT NULL,
+        number          INTEGER NOT NULL,
+        kind            TEXT NOT NULL,
+        start_step      INTEGER,
+        started_at      REAL NOT NULL,
+        superseded_from INTEGER,
+        superseded_to   INTEGER,
+        PRIMARY KEY (run_id, number)
+    );
+    CREATE TABLE attempt_tokens (
+        run_id TEXT NOT NULL,
+        token  TEXT NOT NULL,
+        rank   INTEGER NOT NULL,
+        number INTEGER NOT NULL,
+        PRIMARY KEY (run_id, token)
+    );
+    INSERT INTO attempts (run_id, number, kind, start_step, started_at)
+        SELECT run_id, 1, 'first', (SELECT MIN(step) FROM records r WHERE r.run_id = runs.run_id
+                                     AND r.kind IN ('step', 'eval')), first_seen FROM runs;
+    INSERT INTO attempt_tokens (run_id, token, rank, number) SELECT run_id, '', 0, 1 FROM runs;
+    """,
 )
 
 
@@ -89,6 +136,21 @@ class RecordRow:
     step: int
     time: float | None
     body: bytes
+    attempt: int = 1
+    superseded_by: int | None = None  # stored already replaced by a later attempt
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAttempt:
+    """One attempt of a run id (pipeline/attempts.py): its kind (pending until its first
+    step arrives), start step and the range of the history before it that it replaced."""
+
+    number: int
+    kind: str
+    start_step: int | None
+    started_at: float
+    superseded_from: int | None
+    superseded_to: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +201,10 @@ class Store:
 
     def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
         cur = conn.execute(
-            "INSERT INTO records (run_id, rank, kind, step, time, body) VALUES (?,?,?,?,?,?) "
-            "ON CONFLICT DO NOTHING",
-            (row.run_id, row.rank, row.kind, row.step, row.time, row.body),
+            "INSERT INTO records (run_id, rank, kind, step, time, body, attempt, superseded_by) "
+            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+            (row.run_id, row.rank, row.kind, row.step, row.time, row.body, row.attempt,
+             row.superseded_by),
         )
         if cur.rowcount == 0:
             return None
@@ -164,12 +227,12 @@ class Store:
             return
         rows = [
             (f["run_id"], f["rank"], f["step"], f["type"], f["severity"], f["layer"], f["time"],
-             wire.dumps(f))
+             wire.dumps(f), f.get("attempt", 1))
             for f in findings
         ]
         self._write_many(
-            "INSERT OR IGNORE INTO findings (run_id, rank, step, type, severity, layer, time, body) "
-            "VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO findings (run_id, rank, step, type, severity, layer, time, body, "
+            "attempt) VALUES (?,?,?,?,?,?,?,?,?)",
             rows,
         )
 
@@ -200,6 +263,44 @@ class Store:
             "ORDER BY step DESC LIMIT 1 OFFSET ?", (run_id, rank, n - 1),
         )
         return rows[0][0] if rows else None
+
+    # -- attempts (pipeline/attempts.py decides; these only keep what it decided) ---------
+
+    def add_attempt(self, run_id: str, number: int, token: str, rank: int, now: float) -> None:
+        """A new attempt, pending until its first step, and the token that began it."""
+        with storage_errors("cannot store an attempt"), self._db.tx() as conn:
+            conn.execute("INSERT INTO attempts (run_id, number, kind, started_at) "
+                         "VALUES (?,?,'pending',?)", (run_id, number, now))
+            conn.execute("INSERT INTO attempt_tokens (run_id, token, rank, number) "
+                         "VALUES (?,?,?,?)", (run_id, token, rank, number))
+
+    def add_attempt_token(self, run_id: str, token: str, rank: int, number: int) -> None:
+        """Another process (a rank of the same launch) joining attempt ``number``."""
+        self._write("INSERT OR IGNORE INTO attempt_tokens (run_id, token, rank, number) "
+                    "VALUES (?,?,?,?)", (run_id, token, rank, number))
+
+    def settle_attempt(self, run_id: str, attempt: StoredAttempt) -> None:
+        """Record a pending attempt's kind and start, in one transaction with what follows
+        from it: earlier attempts' records it replaced are marked ``superseded_by`` it (a
+        restart replaces all of them, a resume its start step on, and the run records: the
+        new one describes the run now), the detector snapshot goes (it covers replaced
+        records) and the run is running again."""
+        n, start = attempt.number, attempt.start_step
+        replaced = ("1" if attempt.kind == "restarted" else
+                    "(kind = 'run' OR step >= ?)")
+        params: tuple[Any, ...] = (n, run_id, n) + (() if attempt.kind == "restarted"
+                                                     else (start,))
+        with storage_errors("cannot store an attempt"), self._db.tx() as conn:
+            conn.execute(
+                "UPDATE attempts SET kind = ?, start_step = ?, superseded_from = ?, "
+                "superseded_to = ? WHERE run_id = ? AND number = ?",
+                (attempt.kind, start, attempt.superseded_from, attempt.superseded_to, run_id, n))
+            conn.execute(
+                "UPDATE records SET superseded_by = ? WHERE run_id = ? AND attempt < ? AND "
+                f"superseded_by IS NULL AND {replaced}", params)
+            conn.execute("DELETE FROM detector_state WHERE run_id = ?", (run_id,))
+            conn.execute("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = ?",
+                         (run_id,))
 
     @storage_errors("cannot write")
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
@@ -245,10 +346,18 @@ class Store:
         return [StoredRun(*row) for row in rows]
 
     def records(
-        self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
+        self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = (),
+        attempt: int | None = None,
     ) -> list[bytes]:
+        """The run's current history (records no later attempt replaced), or everything
+        ``attempt`` sent, replaced or not."""
         sql = "SELECT body FROM records WHERE run_id = ? AND step >= ?"
         params: list[Any] = [run_id, since_step]
+        if attempt is None:
+            sql += " AND superseded_by IS NULL"
+        else:
+            sql += " AND attempt = ?"
+            params.append(attempt)
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             params.extend(kinds)
@@ -260,7 +369,7 @@ class Store:
     def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
         rows = self._db.query(
             "SELECT body FROM records WHERE run_id = ? AND rank = ? AND kind = ? "
-            "ORDER BY step DESC LIMIT 1",
+            "AND superseded_by IS NULL ORDER BY step DESC LIMIT 1",
             (run_id, rank, kind),
         )
         return rows[0][0] if rows else None
@@ -269,12 +378,49 @@ class Store:
         rows = [r for r in self.runs(run_id) if r.run_id == run_id]
         return rows[0] if rows else None
 
-    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, bytes]]:
-        """Records of a run stored after ``after_id``, in arrival order (for recovery)."""
+    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, int, bytes]]:
+        """(id, attempt, body) of the run's current history stored after ``after_id``, in
+        arrival order (for recovery: replaced records are never fed again)."""
         return self._db.query(
-            "SELECT id, body FROM records WHERE run_id = ? AND id > ? ORDER BY id",
+            "SELECT id, attempt, body FROM records WHERE run_id = ? AND id > ? "
+            "AND superseded_by IS NULL ORDER BY id",
             (run_id, after_id),
         )
+
+    def attempts(self, run_id: str) -> list[StoredAttempt]:
+        """The run's attempts, oldest first."""
+        rows = self._db.query(
+            "SELECT number, kind, start_step, started_at, superseded_from, superseded_to "
+            "FROM attempts WHERE run_id = ? ORDER BY number", (run_id,))
+        return [StoredAttempt(*row) for row in rows]
+
+    def attempt_tokens(self, run_id: str) -> list[tuple[str, int, int]]:
+        """(token, rank that first sent it, attempt number) of every process of the run."""
+        return self._db.query(
+            "SELECT token, rank, number FROM attempt_tokens WHERE run_id = ?", (run_id,))
+
+    def history_span(self, run_id: str, before_attempt: int) -> tuple[int | None, int | None]:
+        """First and last step of the run's current history that attempts before
+        ``before_attempt`` sent (steps and evals); (None, None) when there is none."""
+        row = self._db.query(
+            "SELECT MIN(step), MAX(step) FROM records WHERE run_id = ? AND attempt < ? AND "
+            "superseded_by IS NULL AND kind IN ('step', 'eval')", (run_id, before_attempt))
+        return row[0][0], row[0][1]
+
+    def attempt_ranges(self, run_id: str) -> dict[int, tuple[int, int, int]]:
+        """Per attempt: first and last step of its step records and how many it sent."""
+        rows = self._db.query(
+            "SELECT attempt, MIN(step), MAX(step), COUNT(*) FROM records WHERE run_id = ? "
+            "AND kind = 'step' GROUP BY attempt", (run_id,))
+        return {number: (first, last, n) for number, first, last, n in rows}
+
+    def last_step(self, run_id: str) -> int | None:
+        """The latest step of the run's current history, any rank: what a live run's
+        ``last_step`` says, for a run no longer in memory."""
+        rows = self._db.query(
+            "SELECT MAX(step) FROM records WHERE run_id = ? AND kind = 'step' "
+            "AND superseded_by IS NULL", (run_id,))
+        return rows[0][0]
 
     def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
         rows = self._db.query(
