@@ -79,8 +79,12 @@ CREATE TABLE IF NOT EXISTS evals (
 CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS attempts (run_id TEXT PRIMARY KEY, number INTEGER NOT NULL);
 """
 
+
+_RUN_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
+               "matrices")  # every table holding a run's history (not ``attempts``)
 
 History: TypeAlias = sqlite3.Connection
 """A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""
@@ -286,6 +290,19 @@ class HistoryBuilder:
                                   key).fetchone()
             self._ema[key] = Ema(self.alpha, row[0], row[1]) if row else Ema(self.alpha)
         return self._ema[key]
+
+    @storage_errors()
+    def forget(self, run_id: str) -> None:
+        """Drop a run's whole history (and what is cached of it), committed at once: a new
+        attempt replaced part of it (pipeline/attempts.py) and it is folded again from
+        the run's current history. Call after ``commit``: nothing of the run may wait."""
+        with transaction(self.db) as db:
+            for table in _RUN_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        for cache in (self._names, self._index, self._ema):
+            for key in [k for k in cache if k[0] == run_id]:
+                del cache[key]
+        self._dirty_names = {k for k in self._dirty_names if k[0] != run_id}
 
     # -- writing --------------------------------------------------------------------------
 

@@ -4,6 +4,12 @@ Runs on a thread of its own with its own connections: a read-only one to the rec
 (engine state is never touched) and the history database it owns. Restarts resume from
 the last folded record id; deleting the history rebuilds it from the records.
 
+Charts draw a run's current history (pipeline/attempts.py): a record a later attempt had
+replaced before it was folded is skipped, and the first step of an attempt that replaced
+history already folded (a resume from a checkpoint, a new run reusing the id) drops the
+run's history and folds its current history again, once per attempt (the history's
+``attempts`` table remembers which): one line, never a sawtooth of two branches.
+
 The app starts one with its databases (serving/app.py: ``HistoryIndexer(settings.db_path,
 services.history_db, ema_alpha, default_warmup)``, ``start()``, and ``stop()`` on shutdown);
 its thread calls ``catch_up`` until nothing is left, then waits for more. One batch, by
@@ -120,14 +126,48 @@ class HistoryIndexer:
         row = self._db.execute("SELECT last_id FROM cursor").fetchone()
         last = row[0] if row else 0
         rows = src.execute(
-            "SELECT id, body FROM records WHERE id > ? AND kind != 'end' ORDER BY id LIMIT ?",
-            (last, self.BATCH)).fetchall()
+            "SELECT id, body, run_id, attempt, superseded_by FROM records WHERE id > ? "
+            "AND kind != 'end' ORDER BY id LIMIT ?", (last, self.BATCH)).fetchall()
         if not rows:
             return False
-        for _, body in rows:
-            try:
-                self.builder.add(wire.loads(body))
-            except (ValueError, KeyError, TypeError) as exc:  # stored but odd: skip, not stop
-                log.warning("history: record skipped: %s", exc)
+        for row_id, body, run_id, attempt, superseded_by in rows:
+            if superseded_by is not None:
+                continue
+            if attempt > 1 and self._replaces_history(src, run_id, attempt):
+                self.builder.commit()
+                self._refold(src, run_id, row_id, attempt)
+            self._add(body)
         self.builder.commit(rows[-1][0])
         return len(rows) == self.BATCH
+
+    def _add(self, body: bytes) -> None:
+        try:
+            self.builder.add(wire.loads(body))
+        except (ValueError, KeyError, TypeError) as exc:  # stored but odd: skip, not stop
+            log.warning("history: record skipped: %s", exc)
+
+    def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` is settled, replaced some of the run's history, and its
+        history was not folded again for it yet."""
+        assert self._db is not None
+        row = self._db.execute("SELECT number FROM attempts WHERE run_id = ?",
+                               (run_id,)).fetchone()
+        if attempt <= (row[0] if row else 1):
+            return False
+        found = src.execute("SELECT kind, superseded_from FROM attempts WHERE run_id = ? AND "
+                            "number = ?", (run_id, attempt)).fetchone()
+        return found is not None and found[0] != "pending" and found[1] is not None
+
+    def _refold(self, src: sqlite3.Connection, run_id: str, before_id: int,
+                attempt: int) -> None:
+        """The run's history folded again from its current history before ``before_id``."""
+        assert self._db is not None
+        self.builder.forget(run_id)
+        cursor = src.execute(
+            "SELECT body FROM records WHERE run_id = ? AND id < ? AND superseded_by IS NULL "
+            "AND kind != 'end' ORDER BY id", (run_id, before_id))
+        while chunk := cursor.fetchmany(self.BATCH):
+            for (body,) in chunk:
+                self._add(body)
+            self.builder.commit()
+        self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?)", (run_id, attempt))
