@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from monitor_agent.records import wire
+from monitor_agent.storage import store as store_module
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store
 
@@ -90,3 +93,27 @@ def test_reads_of_a_closed_store_are_storage_errors(tmp_path: Path):
     with pytest.raises(StorageError) as caught:
         store.runs()
     assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)
+
+
+def test_a_database_from_before_attempts_keeps_its_records_as_attempt_1(tmp_path: Path):
+    path = tmp_path / "monitor.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(store_module._MIGRATIONS[0])
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO runs VALUES ('old', NULL, 'completed', 5.0, 6.0, 6.0)")
+    for step in (3, 4):
+        db.execute("INSERT INTO records (run_id, rank, kind, step, time, body) VALUES "
+                   "('old', 0, 'step', ?, 1.0, ?)",
+                   (step, wire.dumps({"kind": "step", "run_id": "old", "step": step,
+                                      "time": 1.0})))
+    db.commit()
+    db.close()
+
+    store = Store(path)
+    assert [(a.number, a.kind, a.start_step) for a in store.attempts("old")] == [(1, "first", 3)]
+    assert store.attempt_tokens("old") == [("", 0, 1)]
+    assert [wire.loads(b)["step"] for b in store.records("old")] == [3, 4]
+    row = RecordRow("old", 0, "step", 4, 1.0, b'{"kind":"step","run_id":"old","step":4}')
+    assert store.insert_records([row]) == [None]  # still a duplicate of attempt 1
+    assert store.insert_records([dataclasses.replace(row, attempt=2)]) != [None]
+    store.close()
