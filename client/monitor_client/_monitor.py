@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from monitor_client import _run_info
-from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._actions import ActionInbox
 from monitor_client._arguments import monitor_settings, watch_settings
+from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
 from monitor_client._exit_hooks import ExitHooks, outcome_of
 from monitor_client._gate import NormGate

@@ -34,7 +34,7 @@ class Rejection(BaseModel):
     reason: str = Field(description="What is wrong, naming the field.")
 
 
-class AttemptOut(BaseModel):
+class IngestAttemptOut(BaseModel):
     """The attempt of a run id that a batch's records went to (pipeline/attempts.py)."""
 
     run_id: str
@@ -55,7 +55,7 @@ class IngestResponse(BaseModel):
     actions: list[dict[str, Any]] = Field(
         default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
     )
-    attempts: list[AttemptOut] = Field(
+    attempts: list[IngestAttemptOut] = Field(
         default_factory=list,
         description="Per run id and token of the batch: the attempt its records went to.")
 
@@ -141,7 +141,7 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
         rejected=sorted_rejections(rejected), actions=result.actions,
-        attempts=[AttemptOut(token=token, **view)
+        attempts=[IngestAttemptOut(token=token, **view)
                   for (_, token), view in result.attempts.items()],
     )
     if len(result.rejected) == len(valid):

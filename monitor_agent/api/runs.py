@@ -8,7 +8,8 @@ bare NaN tokens, so answers that carry records or findings are written with ``wi
 ``GET /v1/runs`` lists every stored run; ``GET /v1/runs/gpt-7`` is one run's status,
 findings and alerts (and, while it is in memory, each rank's latest values);
 ``GET /v1/runs/gpt-7/records?since_step=100&kind=step&limit=10`` its stored records, oldest
-step first (``kind`` may repeat; ``since_step=-1`` includes the run record); and
+step first (``kind`` may repeat; ``since_step=-1`` includes the run record; the run's
+current history unless ``attempt=N`` asks for what one attempt sent, pipeline/attempts.py); and
 ``GET /v1/runs/gpt-7/findings`` its findings, newest first. pipeline/queries.py shows the
 read side's answers built from a run; tests/api/test_ingest.py reads these routes over real
 HTTP.

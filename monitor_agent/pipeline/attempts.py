@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from monitor_agent.storage.store import StoredAttempt, Store
+from monitor_agent.storage.store import Store, StoredAttempt
 
 LEGACY_TOKEN = ""  # records without an ``attempt`` field: one implicit attempt
 

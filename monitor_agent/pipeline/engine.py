@@ -376,7 +376,7 @@ def _bare_context(record: Record) -> RunContext:
 
 
 def attempt_view(run_id: str, attempt: StoredAttempt) -> dict[str, Any]:
-    """What the ingest answer says of an attempt (api/ingest.py's ``AttemptOut``)."""
+    """What the ingest answer says of an attempt (api/ingest.py's ``IngestAttemptOut``)."""
     return {"run_id": run_id, "number": attempt.number, "kind": attempt.kind,
             "start_step": attempt.start_step, "superseded_from": attempt.superseded_from,
             "superseded_to": attempt.superseded_to}

@@ -299,9 +299,9 @@ class HistoryBuilder:
         with transaction(self.db) as db:
             for table in _RUN_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-        for cache in (self._names, self._index, self._ema):
-            for key in [k for k in cache if k[0] == run_id]:
-                del cache[key]
+        self._names = {k: v for k, v in self._names.items() if k[0] != run_id}
+        self._index = {k: v for k, v in self._index.items() if k[0] != run_id}
+        self._ema = {k: v for k, v in self._ema.items() if k[0] != run_id}
         self._dirty_names = {k for k in self._dirty_names if k[0] != run_id}
 
     # -- writing --------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_a_relaunch_from_a_checkpoint_resumes_and_keeps_the_replayed_steps(sidec
     _train(tmp_path, sidecar.url, 1, 40, offset=0.0)  # crashed after step 40
     resumed = _train(tmp_path, sidecar.url, 25, 60, offset=5.0)  # checkpoint at step 24
     said = _stderr(resumed)
-    line = (f"this is attempt 2 (resumed from step 25; steps 25-40 of attempt 1 kept as "
+    line = ("this is attempt 2 (resumed from step 25; steps 25-40 of attempt 1 kept as "
             "abandoned)")
     assert said.count(line) == 1, said
 

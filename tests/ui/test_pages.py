@@ -9,9 +9,9 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from live_server import LiveServer
 from ui_checks import CANVAS_COLOURS, CHARTS
 
+from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_agent.ui.routes import STATIC
 
