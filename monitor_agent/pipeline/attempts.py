@@ -21,7 +21,8 @@ attempts sent that nothing has replaced yet), first step ``F``, last step ``L``:
   be continuing it; a new run reusing the id. The whole history before it is kept, as
   the earlier attempts', and leaves the current history (``F..L`` replaced).
 - ``resumed`` otherwise: the same run continuing from a checkpoint at ``S``; the history's
-  steps ``S..L`` are kept but marked replaced (abandoned), or nothing when ``S > L``.
+  steps ``S..L`` are kept but marked replaced (abandoned), or nothing when ``S > L``. The
+  earlier attempts' run and end records are replaced too: the run is running again.
 
 The config is not compared: a resume may legitimately change it (a lower learning rate
 after a divergence). A replaced record stays stored, with ``superseded_by`` its attempt;
@@ -112,7 +113,7 @@ class RunAttempts:
             if later.kind == "restarted":
                 return later.number
             if later.kind == "resumed" and later.start_step is not None and (
-                    kind == "run" or step >= later.start_step):
+                    kind in ("run", "end") or step >= later.start_step):
                 return later.number
         return None
 

@@ -223,7 +223,9 @@ class Engine:
                 log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                          done.kind, record.step)
                 book = self.registry.rebuild(record.run_id, now).attempts
-        result.attempts[(record.run_id, token)] = attempt_view(record.run_id, book.get(number))
+        key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
+        if view is None or view["number"] != number or view["kind"] == "pending":
+            result.attempts[key] = attempt_view(record.run_id, book.get(number))
         return _Admitted(item, number,
                          book.superseded_by(number, record.kind, record.step))
 
@@ -237,6 +239,7 @@ class Engine:
         arrival: float | None = None,
         attempt: int = 1,
         superseded: bool = False,
+        quiet: bool = False,
     ) -> None:
         """``arrival`` is when the record reached us (``now`` unless replaying the store);
         ``attempt`` the run's attempt it came from; ``superseded`` when a later attempt
@@ -251,15 +254,20 @@ class Engine:
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
-        if findings:
+        if findings and quiet:
+            run.count_findings(findings)
+        elif findings:
             self._handle_findings(run, findings, now, result)
 
-    def _replay(self, live: LiveRun, after: int, now: float) -> None:
+    def _replay(self, live: LiveRun, after: int, now: float, quiet: bool = False) -> None:
         """Feed a restored run the records stored after its snapshot, through the very
-        same path as live ones; alerting's durable state keeps them from paging twice."""
+        same path as live ones; alerting's durable state keeps them from paging twice.
+        ``quiet`` (a run rebuilt for a new attempt, registry.py): state only; the records
+        were judged, their findings stored and paged about, when they first arrived."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
         for row_id, attempt, record in recovery.stored_tail(self.store, live.run_id, after):
-            self._process(live, record, row_id, now, result, arrival=arrival, attempt=attempt)
+            self._process(live, record, row_id, now, result, arrival=arrival, attempt=attempt,
+                          quiet=quiet)
             replayed += 1
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])

@@ -55,8 +55,9 @@ class LiveRun:
         return self.state.run_id
 
 
-Replay = Callable[[LiveRun, int, float], None]
-"""``replay(live, after_row_id, now)``: feed the run's records stored after that row."""
+Replay = Callable[[LiveRun, int, float, bool], None]
+"""``replay(live, after_row_id, now, quiet)``: feed the run's records stored after that row;
+``quiet``: only to rebuild state, their findings were handled when first judged."""
 
 
 class RunRegistry:
@@ -99,8 +100,9 @@ class RunRegistry:
     def full(self) -> bool:
         return len(self._runs) >= self.settings.max_active_runs
 
-    def load(self, run_id: str, now: float) -> LiveRun:
-        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail.
+    def load(self, run_id: str, now: float, quiet: bool = False) -> LiveRun:
+        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail
+        (``quiet``: the tail was judged before; see ``Replay``).
 
         Raises StorageError (the run stays out of memory, marked to be analysed again)."""
         live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
@@ -110,7 +112,7 @@ class RunRegistry:
             live.attempts = RunAttempts.load(self.store, run_id)
             after = recovery.restore_run(self.store, live.state, live.suite, now)
             if after is not None:  # None: never stored, a new run
-                self._replay(live, after, now)
+                self._replay(live, after, now, quiet)
         except StorageError as exc:
             self.evict(run_id)
             raise StorageError(f"cannot restore run {run_id}: {exc}") from exc
@@ -122,9 +124,10 @@ class RunRegistry:
         it (pipeline/attempts.py). The snapshot went with the replaced records, so the
         detectors start fresh and are fed every record before the attempt's start step:
         the state they had there, whatever snapshot existed (one per run, always past it).
-        Costs one pass over the run's kept history, once per attempt."""
+        Costs one pass over the run's kept history, once per attempt; quiet, as every record
+        of it was judged and paged about already (a resolved alert must not page again)."""
         self._runs.pop(run_id, None)
-        return self.load(run_id, now)
+        return self.load(run_id, now, quiet=True)
 
     def evict(self, run_id: str) -> None:
         """Forget a run's in-memory state (no snapshot): its stored tail is replayed when

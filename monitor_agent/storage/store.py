@@ -282,12 +282,13 @@ class Store:
     def settle_attempt(self, run_id: str, attempt: StoredAttempt) -> None:
         """Record a pending attempt's kind and start, in one transaction with what follows
         from it: earlier attempts' records it replaced are marked ``superseded_by`` it (a
-        restart replaces all of them, a resume its start step on, and the run records: the
-        new one describes the run now), the detector snapshot goes (it covers replaced
-        records) and the run is running again."""
+        restart replaces all of them, a resume its start step on, and the run and end
+        records: the new run record describes the run now, and an end record ended an
+        attempt, not the run), the detector snapshot goes (it covers replaced records) and
+        the run is running again."""
         n, start = attempt.number, attempt.start_step
         replaced = ("1" if attempt.kind == "restarted" else
-                    "(kind = 'run' OR step >= ?)")
+                    "(kind IN ('run', 'end') OR step >= ?)")
         params: tuple[Any, ...] = (n, run_id, n) + (() if attempt.kind == "restarted"
                                                      else (start,))
         with storage_errors("cannot store an attempt"), self._db.tx() as conn:
