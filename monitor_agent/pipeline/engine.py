@@ -191,14 +191,20 @@ class Engine:
                 self.metrics.rejections.labels(reason=label).inc()
                 continue
             assert live is not None
-            admitted.append(self._attempt(live, item, result, now))
+            entry = self._attempt(live, item, result, now)
+            if isinstance(entry, str):
+                result.rejected.append({"index": item.index, "reason": entry})
+                self.metrics.rejections.labels(reason="too_many_attempts").inc()
+                continue
+            admitted.append(entry)
         return admitted
 
     def _attempt(self, live: LiveRun, item: Incoming, result: IngestResult,
-                 now: float) -> _Admitted:
-        """The attempt ``item`` belongs to (pipeline/attempts.py): a new token is placed
-        (stored at once, so a retry finds it), and a pending attempt settles on its first
-        step; one that replaced history reloads the run from what is left of it."""
+                 now: float) -> _Admitted | str:
+        """The attempt ``item`` belongs to (pipeline/attempts.py), or why it may not begin
+        one: a new token is placed (stored at once, so a retry finds it), and a pending
+        attempt settles on its first step or eval; one that replaced history reloads the
+        run from what is left of it."""
         record, book = item.record, live.attempts
         token = record.attempt or attempts.LEGACY_TOKEN
         known = book.tokens.get(token)
@@ -206,6 +212,10 @@ class Engine:
             number = known[0]
         else:
             number, new = book.place(token, record.rank)
+            if new and number > self.settings.max_attempts_per_run:
+                return (f"attempt: run {record.run_id} has {number - 1} attempts "
+                        f"(max_attempts_per_run={self.settings.max_attempts_per_run}); "
+                        "use a new run id")
             if new:
                 self.store.add_attempt(record.run_id, number, token, record.rank, now)
                 book.attempts.append(StoredAttempt(number, "pending", None, now, None, None))
@@ -213,7 +223,8 @@ class Engine:
                 self.store.add_attempt_token(record.run_id, token, record.rank, number)
             book.tokens[token] = (number, record.rank)
         pending = book.get(number)
-        if pending.kind == "pending" and not isinstance(record, RunRecord):
+        # Not on an end record: a process that fails before its first step ends only itself.
+        if pending.kind == "pending" and isinstance(record, StepRecord | EvalRecord):
             span = self.store.history_span(record.run_id, number)
             done = attempts.settled(pending, record.step,
                                     attempts.settle(number, record.step, span))

@@ -249,3 +249,19 @@ def test_a_bad_attempt_token_is_refused_with_a_reason(server):
     r = httpx.post(server.url + "/v1/records", json={"records": bad}, timeout=10)
     assert r.status_code == 422 and "attempt" in r.text
     assert httpx.get(f"{server.url}/v1/runs/tok", timeout=10).status_code == 404
+
+
+def test_records_past_max_attempts_per_run_are_refused_with_a_reason(tmp_path: Path):
+    def batch(token: str) -> list[dict]:
+        return [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s, "loss": 1.0,
+                 "attempt": token} for s in (1, 2)]
+
+    with LiveServer(load_settings(data_dir=tmp_path, max_attempts_per_run=2)) as srv:
+        for token in ("a", "b"):
+            r = httpx.post(srv.url + "/v1/records", json={"records": batch(token)}, timeout=10)
+            assert r.json()["accepted"] == 2, r.text
+        refused = httpx.post(srv.url + "/v1/records", json={"records": batch("c")}, timeout=10)
+        detail = httpx.get(f"{srv.url}/v1/runs/many", timeout=10).json()
+    assert refused.status_code == 422
+    assert "max_attempts_per_run=2" in refused.json()["detail"]
+    assert [a["number"] for a in detail["attempts"]] == [1, 2]

@@ -62,3 +62,18 @@ def test_a_resumed_attempt_is_judged_from_the_state_at_its_start_step(tmp_path: 
     late = again.ingest(_steps("a", range(149, 151), nan_at=()), now=4.0)  # a retry, late
     assert (late.duplicates, late.findings) == (2, [])
     store.close()
+
+
+def test_a_process_that_ends_before_its_first_step_replaces_nothing(tmp_path: Path):
+    store = Store(tmp_path / "monitor.sqlite")
+    engine = Engine(Settings(), store, SelfMetrics(CollectorRegistry()))
+    engine.ingest(_steps("a", range(1, 11), nan_at=()), now=1.0)
+    crashed = [{"kind": "run", "run_id": "r", "attempt": "b"},
+               {"kind": "end", "run_id": "r", "step": 0, "time": 50.0, "status": "failed",
+                "attempt": "b"}]
+    engine.ingest([Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(crashed)],
+                  now=2.0)
+    assert [(a.number, a.kind) for a in store.attempts("r")] == [(1, "first"), (2, "pending")]
+    assert [wire.loads(b)["step"] for b in store.records("r", kinds=("step",))] == list(
+        range(1, 11))
+    store.close()
