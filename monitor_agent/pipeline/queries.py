@@ -60,9 +60,8 @@ class RunQueries:
         out = []
         for row in self.store.runs():
             live = self._live(row.run_id)
-            stored_last = None if live is not None else self.store.last_step(row.run_id)
             out.append(views.listing(
-                row, live, stored_last, sum(self.store.finding_counts(row.run_id).values()),
+                row, live, row.last_step, sum(self.store.finding_counts(row.run_id).values()),
                 max(1, len(self.store.attempts(row.run_id)))))
         return out
 
@@ -84,13 +83,9 @@ class RunQueries:
         row = self.store.run_row(run_id)
         if row is None:
             return None
-        live = self._live(run_id)
-        attempts = views.attempt_views(self.store.attempts(run_id),
-                                       self.store.attempt_ranges(run_id))
-        return views.detail(row, live, self.store.finding_counts(run_id),
-                            self.store.findings(run_id, limit=20),
-                            None if live is not None else self.store.last_step(run_id),
-                            attempts)
+        return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
+                            self.store.findings(run_id, limit=20), row.last_step,
+                            views.attempt_views(self.store.attempts(run_id)))
 
     def stored_records(self, run_id: str, since_step: int, limit: int,
                        kinds: Sequence[str], attempt: int | None = None) -> list[bytes] | None:

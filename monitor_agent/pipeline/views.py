@@ -117,18 +117,13 @@ def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
     )
 
 
-def attempt_views(attempts: list[StoredAttempt],
-                  ranges: dict[int, tuple[int, int, int]]) -> list[AttemptView]:
-    """``ranges``: each attempt's first and last step and how many step records it sent."""
+def attempt_views(attempts: list[StoredAttempt]) -> list[AttemptView]:
     latest = attempts[-1].number if attempts else 0
-    out = []
-    for a in attempts:
-        first, last, steps = ranges.get(a.number, (None, None, 0))
-        out.append(AttemptView(
-            number=a.number, kind=a.kind, start_step=a.start_step, started_at=a.started_at,
-            superseded_from=a.superseded_from, superseded_to=a.superseded_to,
-            first_step=first, last_step=last, steps=steps, current=a.number == latest))
-    return out
+    return [AttemptView(
+        number=a.number, kind=a.kind, start_step=a.start_step, started_at=a.started_at,
+        superseded_from=a.superseded_from, superseded_to=a.superseded_to,
+        first_step=a.first_step, last_step=a.last_step, steps=a.steps,
+        current=a.number == latest) for a in attempts]
 
 
 def _last_step(live: RunState | None, stored: int | None) -> int | None:

@@ -109,8 +109,16 @@ _MIGRATIONS: tuple[str, ...] = (
         started_at      REAL NOT NULL,
         superseded_from INTEGER,
         superseded_to   INTEGER,
+        first_step      INTEGER,  -- of the step records it sent, kept up by insert_records
+        last_step       INTEGER,
+        steps           INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (run_id, number)
     );
+    -- The latest step of the run's current history, kept up by every insert (listing a
+    -- run not in memory must not scan its records).
+    ALTER TABLE runs ADD COLUMN last_step INTEGER;
+    UPDATE runs SET last_step = (SELECT MAX(step) FROM records r
+                                 WHERE r.run_id = runs.run_id AND r.kind = 'step');
     CREATE TABLE attempt_tokens (
         run_id TEXT NOT NULL,
         token  TEXT NOT NULL,
@@ -118,9 +126,14 @@ _MIGRATIONS: tuple[str, ...] = (
         number INTEGER NOT NULL,
         PRIMARY KEY (run_id, token)
     );
-    INSERT INTO attempts (run_id, number, kind, start_step, started_at)
+    INSERT INTO attempts (run_id, number, kind, start_step, started_at, first_step, last_step,
+                          steps)
         SELECT run_id, 1, 'first', (SELECT MIN(step) FROM records r WHERE r.run_id = runs.run_id
-                                     AND r.kind IN ('step', 'eval')), first_seen FROM runs;
+                                     AND r.kind IN ('step', 'eval')), first_seen,
+               (SELECT MIN(step) FROM records r WHERE r.run_id = runs.run_id AND r.kind = 'step'),
+               last_step,
+               (SELECT COUNT(*) FROM records r WHERE r.run_id = runs.run_id AND r.kind = 'step')
+        FROM runs;
     INSERT INTO attempt_tokens (run_id, token, rank, number) SELECT run_id, '', 0, 1 FROM runs;
     """,
 )
@@ -143,7 +156,8 @@ class RecordRow:
 @dataclass(frozen=True, slots=True)
 class StoredAttempt:
     """One attempt of a run id (pipeline/attempts.py): its kind (pending until its first
-    step arrives), start step and the range of the history before it that it replaced."""
+    step arrives), start step, the range of the history before it that it replaced, and
+    the first and last step and number of the step records it sent."""
 
     number: int
     kind: str
@@ -151,6 +165,9 @@ class StoredAttempt:
     started_at: float
     superseded_from: int | None
     superseded_to: int | None
+    first_step: int | None = None
+    last_step: int | None = None
+    steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +180,7 @@ class StoredRun:
     first_seen: float
     last_seen: float
     ended_at: float | None
+    last_step: int | None = None  # of its current history (pipeline/attempts.py)
 
 
 class Store:
@@ -194,9 +212,20 @@ class Store:
         """Store rows in one transaction; return each row's id, or None for a duplicate."""
         now = time.time()
         ids: list[int | None] = []
+        sent: dict[tuple[str, int], list[int]] = {}  # (run, attempt) -> its new steps
         with self._db.tx() as conn:
             for row in rows:
-                ids.append(self._insert_one(conn, row, now))
+                row_id = self._insert_one(conn, row, now)
+                ids.append(row_id)
+                if row_id is not None and row.kind == "step":
+                    sent.setdefault((row.run_id, row.attempt), []).append(row.step)
+            for (run_id, attempt), steps in sent.items():
+                conn.execute(
+                    "UPDATE attempts SET first_step = MIN(COALESCE(first_step, ?), ?), "
+                    "last_step = MAX(COALESCE(last_step, ?), ?), steps = steps + ? "
+                    "WHERE run_id = ? AND number = ?",
+                    (min(steps), min(steps), max(steps), max(steps), len(steps), run_id,
+                     attempt))
         return ids
 
     def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
@@ -209,11 +238,16 @@ class Store:
         if cur.rowcount == 0:
             return None
         run_body = row.body if row.kind == "run" else None
+        step = row.step if row.kind == "step" and row.superseded_by is None else None
         conn.execute(
-            "INSERT INTO runs (run_id, run_record, first_seen, last_seen) VALUES (?,?,?,?) "
+            "INSERT INTO runs (run_id, run_record, first_seen, last_seen, last_step) "
+            "VALUES (?,?,?,?,?) "
             "ON CONFLICT (run_id) DO UPDATE SET last_seen = excluded.last_seen, "
-            "run_record = COALESCE(excluded.run_record, runs.run_record)",
-            (row.run_id, run_body, now, now),
+            "run_record = COALESCE(excluded.run_record, runs.run_record), "
+            "last_step = CASE WHEN excluded.last_step IS NULL THEN runs.last_step "
+            "WHEN runs.last_step IS NULL THEN excluded.last_step "
+            "ELSE MAX(runs.last_step, excluded.last_step) END",
+            (row.run_id, run_body, now, now, step),
         )
         return cur.lastrowid
 
@@ -300,8 +334,11 @@ class Store:
                 "UPDATE records SET superseded_by = ? WHERE run_id = ? AND attempt < ? AND "
                 f"superseded_by IS NULL AND {replaced}", params)
             conn.execute("DELETE FROM detector_state WHERE run_id = ?", (run_id,))
-            conn.execute("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = ?",
-                         (run_id,))
+            # One scan of the run's records, once per attempt: what is left of its history.
+            conn.execute(
+                "UPDATE runs SET status = 'running', ended_at = NULL, last_step = "
+                "(SELECT MAX(step) FROM records WHERE run_id = ? AND kind = 'step' AND "
+                "superseded_by IS NULL) WHERE run_id = ?", (run_id, run_id))
 
     @storage_errors("cannot write")
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
@@ -339,7 +376,8 @@ class Store:
     # -- reads ----------------------------------------------------------------------------
 
     def runs(self, run_id: str | None = None) -> list[StoredRun]:
-        sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
+        sql = ("SELECT run_id, run_record, status, first_seen, last_seen, ended_at, last_step "
+               "FROM runs")
         if run_id is not None:
             rows = self._db.query(sql + " WHERE run_id = ?", (run_id,))
         else:
@@ -391,8 +429,9 @@ class Store:
     def attempts(self, run_id: str) -> list[StoredAttempt]:
         """The run's attempts, oldest first."""
         rows = self._db.query(
-            "SELECT number, kind, start_step, started_at, superseded_from, superseded_to "
-            "FROM attempts WHERE run_id = ? ORDER BY number", (run_id,))
+            "SELECT number, kind, start_step, started_at, superseded_from, superseded_to, "
+            "first_step, last_step, steps FROM attempts WHERE run_id = ? ORDER BY number",
+            (run_id,))
         return [StoredAttempt(*row) for row in rows]
 
     def attempt_tokens(self, run_id: str) -> list[tuple[str, int, int]]:
@@ -407,21 +446,6 @@ class Store:
             "SELECT MIN(step), MAX(step) FROM records WHERE run_id = ? AND attempt < ? AND "
             "superseded_by IS NULL AND kind IN ('step', 'eval')", (run_id, before_attempt))
         return row[0][0], row[0][1]
-
-    def attempt_ranges(self, run_id: str) -> dict[int, tuple[int, int, int]]:
-        """Per attempt: first and last step of its step records and how many it sent."""
-        rows = self._db.query(
-            "SELECT attempt, MIN(step), MAX(step), COUNT(*) FROM records WHERE run_id = ? "
-            "AND kind = 'step' GROUP BY attempt", (run_id,))
-        return {number: (first, last, n) for number, first, last, n in rows}
-
-    def last_step(self, run_id: str) -> int | None:
-        """The latest step of the run's current history, any rank: what a live run's
-        ``last_step`` says, for a run no longer in memory."""
-        rows = self._db.query(
-            "SELECT MAX(step) FROM records WHERE run_id = ? AND kind = 'step' "
-            "AND superseded_by IS NULL", (run_id,))
-        return rows[0][0]
 
     def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
         rows = self._db.query(

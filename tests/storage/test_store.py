@@ -110,7 +110,9 @@ def test_a_database_from_before_attempts_keeps_its_records_as_attempt_1(tmp_path
     db.close()
 
     store = Store(path)
-    assert [(a.number, a.kind, a.start_step) for a in store.attempts("old")] == [(1, "first", 3)]
+    assert [(a.number, a.kind, a.start_step, a.first_step, a.last_step, a.steps)
+            for a in store.attempts("old")] == [(1, "first", 3, 3, 4, 2)]
+    assert store.run_row("old").last_step == 4
     assert store.attempt_tokens("old") == [("", 0, 1)]
     assert [wire.loads(b)["step"] for b in store.records("old")] == [3, 4]
     row = RecordRow("old", 0, "step", 4, 1.0, b'{"kind":"step","run_id":"old","step":4}')
