@@ -81,6 +81,7 @@ def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float) -
     if saved is not None:
         after, blob = saved
         _restore_state(run, suite, wire.loads(blob))
+        run.status = row.status  # the store's: a new attempt may have made it running again
         _reload_latest(store, run)
     run.snapshot_record_id = run.last_record_id = after
     return after

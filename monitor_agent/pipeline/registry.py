@@ -121,11 +121,12 @@ class RunRegistry:
 
     def rebuild(self, run_id: str, now: float) -> LiveRun:
         """Load a run again from its current history, after a new attempt replaced part of
-        it (pipeline/attempts.py). The snapshot went with the replaced records, so the
-        detectors start fresh and are fed every record before the attempt's start step:
-        the state they had there, whatever snapshot existed (one per run, always past it).
-        Costs one pass over the run's kept history, once per attempt; quiet, as every record
-        of it was judged and paged about already (a resolved alert must not page again)."""
+        it (pipeline/attempts.py): the state its detectors had just before the attempt's
+        start step. The snapshots covering a replaced step went with it (the store keeps
+        a few, spaced by powers of two in steps), so the newest one left is restored and
+        the kept records after it are fed again (every one when none is left: a restart,
+        or a resume further back than any snapshot). Quiet: those records were judged and
+        paged about already (a resolved alert must not page again)."""
         self._runs.pop(run_id, None)
         return self.load(run_id, now, quiet=True)
 
@@ -183,5 +184,6 @@ class RunRegistry:
     def snapshot(self, live: LiveRun) -> None:
         run = live.state
         state = recovery.snapshot_run(run, live.suite)
-        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
+        top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
+        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state), top)
         run.snapshot_record_id = run.last_record_id

@@ -35,8 +35,10 @@ def _findings(store: Store) -> list[tuple[str, int, int]]:
 def test_a_resumed_attempt_is_judged_from_the_state_at_its_start_step(tmp_path: Path):
     store, sink = Store(tmp_path / "monitor.sqlite"), RecordingSink()
     engine = Engine(Settings(), store, SelfMetrics(CollectorRegistry()), sink)
-    engine.ingest(_steps("a", range(1, 151), nan_at=(5, 140), end="failed"), now=1.0)
-    engine.registry.snapshot(engine.registry.get("r"))  # a snapshot past the checkpoint
+    engine.ingest(_steps("a", range(1, 101), nan_at=(5,)), now=1.0)
+    engine.registry.snapshot(engine.registry.get("r"))  # below the checkpoint: restored
+    engine.ingest(_steps("a", range(101, 151), nan_at=(140,), end="failed"), now=1.0)
+    engine.registry.snapshot(engine.registry.get("r"))  # past the checkpoint: dropped
     sink.calls.clear()
 
     resumed = engine.ingest(_steps("b", range(120, 151), nan_at=(145,)), now=2.0)
