@@ -96,8 +96,12 @@ async def get_records(
 @router.get("/v1/runs/{run_id}/findings", response_model=FindingsOut,
             summary="Findings of a run, newest first")
 async def get_findings(run_id: str, queries: QueriesDep, runner: RunnerDep,
-                       limit: int = Query(100, ge=1, le=10_000)) -> Response:
-    bodies = await runner.call(queries.stored_findings, run_id, limit)
+                       limit: int = Query(100, ge=1, le=10_000),
+                       current: bool = Query(False, description=(
+                           "Only findings about the run's current history, not about steps "
+                           "a later attempt replaced (what the run page marks)."))
+                       ) -> Response:
+    bodies = await runner.call(queries.stored_findings, run_id, limit, current)
     return _json({"run_id": run_id, "findings": [wire.loads(b) for b in bodies]})
 
 

@@ -96,6 +96,6 @@ class RunQueries:
             return None
         return bodies
 
-    def stored_findings(self, run_id: str, limit: int) -> list[bytes]:
-        """A run's stored finding lines, newest first."""
-        return self.store.findings(run_id, limit)
+    def stored_findings(self, run_id: str, limit: int, current: bool = False) -> list[bytes]:
+        """A run's stored finding lines, newest first (``current``: of its current history)."""
+        return self.store.findings(run_id, limit, current)

@@ -510,9 +510,16 @@ class Store:
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
-    def findings(self, run_id: str, limit: int = 100) -> list[bytes]:
+    def findings(self, run_id: str, limit: int = 100, current: bool = False) -> list[bytes]:
+        """The run's findings, newest first; ``current``: only those about its current
+        history (not about steps a later attempt replaced, pipeline/attempts.py)."""
+        where = ("" if not current else
+                 " AND NOT EXISTS (SELECT 1 FROM attempts t WHERE t.run_id = f.run_id AND "
+                 "t.number > f.attempt AND (t.kind = 'restarted' OR "
+                 "(t.kind = 'resumed' AND t.start_step <= f.step)))")
         rows = self._db.query(
-            "SELECT body FROM findings WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit)
+            f"SELECT body FROM findings f WHERE run_id = ?{where} ORDER BY id DESC LIMIT ?",
+            (run_id, limit)
         )
         return [row[0] for row in rows]
 

@@ -39,3 +39,21 @@ def test_a_run_that_left_memory_answers_like_a_live_one(tmp_path: Path):
     assert detail["last_step"] == live_detail["last_step"] == 12
     assert detail["attempts"] == live_detail["attempts"]
     assert detail["findings"] == live_detail["findings"]
+
+
+def test_findings_of_replaced_steps_stay_stored_and_leave_the_current_view(tmp_path: Path):
+    def steps(token: str, first: int, last: int, nan_at: int) -> list[dict]:
+        return [{"kind": "step", "run_id": "re", "step": s, "time": 1.0 + s, "attempt": token,
+                 "loss": float("nan") if s == nan_at else 2.0} for s in range(first, last + 1)]
+
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        for batch in (steps("a", 1, 40, nan_at=30), steps("b", 25, 50, nan_at=-1)):
+            r = httpx.post(srv.url + "/v1/records", timeout=10,
+                           content=b"\n".join(wire.dumps(x) for x in batch),
+                           headers={"Content-Type": "application/x-ndjson"})
+            assert r.json()["accepted"] == len(batch), r.text
+        every = httpx.get(f"{srv.url}/v1/runs/re/findings", timeout=10).json()["findings"]
+        current = httpx.get(f"{srv.url}/v1/runs/re/findings", params={"current": "true"},
+                            timeout=10).json()["findings"]
+    assert [(f["type"], f["step"], f["attempt"]) for f in every] == [("nan_inf", 30, 1)]
+    assert current == []

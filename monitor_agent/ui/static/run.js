@@ -380,7 +380,7 @@
   }
 
   async function loadFindings(total) {
-    S.findings = (await api(`${base}/findings?limit=10000`)).findings;
+    S.findings = (await api(`${base}/findings?limit=10000&current=true`)).findings;
     S.lastFindings = total < 0 ? S.findings.length : total;
     S.findingsKey = (S.findingsKey || 0) + 1;
     renderFindings();
