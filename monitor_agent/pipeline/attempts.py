@@ -26,8 +26,14 @@ attempts sent that nothing has replaced yet), first step ``F``, last step ``L``:
 
 The config is not compared: a resume may legitimately change it (a lower learning rate
 after a divergence). A replaced record stays stored, with ``superseded_by`` its attempt;
-reads default to the current history. The closed-loop rollback (a rule that sends every
-rank back to step S) is a resumed attempt like any other.
+reads default to the current history. Settling a resumed or restarted attempt rebuilds the
+run in memory at its start step: the newest detector snapshot below it, plus the kept
+records after that snapshot (registry.py ``RunRegistry.rebuild``).
+
+A closed-loop rollback to step S (the same processes reload a checkpoint and send S, S+1,
+... again) is a resumed attempt too: open the next attempt settled at S
+(``settle``/``settled``, ``Store.settle_attempt``) and point the run's current tokens at
+it (``tokens``; ``attempt_tokens`` in the store); the rest follows from here.
 
 Three attempts of ``gpt-exp-1``: the first ran steps 1..1500, the second resumed from a
 checkpoint at 1200, the third starts over at step 1::
@@ -45,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from monitor_agent.records.types import EvalRecord, Record, StepRecord
 from monitor_agent.storage.store import Store, StoredAttempt
 
 LEGACY_TOKEN = ""  # records without an ``attempt`` field: one implicit attempt
@@ -105,6 +112,36 @@ class RunAttempts:
 
     def replace(self, attempt: StoredAttempt) -> None:
         self.attempts[attempt.number - 1] = attempt
+
+    def place_record(self, store: Store, record: Record, now: float,
+                     limit: int) -> tuple[str, int, StoredAttempt | None] | str:
+        """(token, attempt number, the attempt if the record just settled it) for one
+        arriving record, stored as decided (a new token at once, so a retry finds it); or
+        why it may not begin an attempt (``limit``: ``max_attempts_per_run``)."""
+        token = record.attempt or LEGACY_TOKEN
+        known = self.tokens.get(token)
+        if known is not None:
+            number = known[0]
+        else:
+            number, new = self.place(token, record.rank)
+            if new and number > limit:
+                return (f"attempt: run {record.run_id} has {number - 1} attempts "
+                        f"(max_attempts_per_run={limit}); use a new run id")
+            if new:
+                store.add_attempt(record.run_id, number, token, record.rank, now)
+                self.attempts.append(StoredAttempt(number, "pending", None, now, None, None))
+            else:
+                store.add_attempt_token(record.run_id, token, record.rank, number)
+            self.tokens[token] = (number, record.rank)
+        pending = self.get(number)
+        # Not on an end record: a process that fails before its first step ends only itself.
+        if pending.kind != "pending" or not isinstance(record, StepRecord | EvalRecord):
+            return token, number, None
+        found = settle(number, record.step, store.history_span(record.run_id, number))
+        done = settled(pending, record.step, found)
+        store.settle_attempt(record.run_id, done)
+        self.replace(done)
+        return token, number, done
 
     def superseded_by(self, number: int, kind: str, step: int) -> int | None:
         """The later attempt that replaced a record of attempt ``number`` (one that

@@ -41,7 +41,7 @@ from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline import attempts, recovery
+from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -205,35 +205,17 @@ class Engine:
         one: a new token is placed (stored at once, so a retry finds it), and a pending
         attempt settles on its first step or eval; one that replaced history reloads the
         run from what is left of it."""
-        record, book = item.record, live.attempts
-        token = record.attempt or attempts.LEGACY_TOKEN
-        known = book.tokens.get(token)
-        if known is not None:
-            number = known[0]
-        else:
-            number, new = book.place(token, record.rank)
-            if new and number > self.settings.max_attempts_per_run:
-                return (f"attempt: run {record.run_id} has {number - 1} attempts "
-                        f"(max_attempts_per_run={self.settings.max_attempts_per_run}); "
-                        "use a new run id")
-            if new:
-                self.store.add_attempt(record.run_id, number, token, record.rank, now)
-                book.attempts.append(StoredAttempt(number, "pending", None, now, None, None))
-            else:
-                self.store.add_attempt_token(record.run_id, token, record.rank, number)
-            book.tokens[token] = (number, record.rank)
-        pending = book.get(number)
-        # Not on an end record: a process that fails before its first step ends only itself.
-        if pending.kind == "pending" and isinstance(record, StepRecord | EvalRecord):
-            span = self.store.history_span(record.run_id, number)
-            done = attempts.settled(pending, record.step,
-                                    attempts.settle(number, record.step, span))
-            self.store.settle_attempt(record.run_id, done)
-            book.replace(done)
-            if done.kind != "first":
-                log.info("run %s: attempt %d %s from step %d", record.run_id, number,
-                         done.kind, record.step)
-                book = self.registry.rebuild(record.run_id, now).attempts
+        record = item.record
+        placed = live.attempts.place_record(self.store, record, now,
+                                            self.settings.max_attempts_per_run)
+        if isinstance(placed, str):
+            return placed
+        token, number, settled = placed
+        book = live.attempts
+        if settled is not None and settled.kind != "first":
+            log.info("run %s: attempt %d %s from step %d", record.run_id, number,
+                     settled.kind, record.step)
+            book = self.registry.rebuild(record.run_id, now).attempts
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
