@@ -101,6 +101,7 @@ def test_a_database_from_before_attempts_keeps_its_records_as_attempt_1(tmp_path
     db.executescript(store_module._MIGRATIONS[0])
     db.execute("PRAGMA user_version = 1")
     db.execute("INSERT INTO runs VALUES ('old', NULL, 'completed', 5.0, 6.0, 6.0)")
+    db.execute("INSERT INTO detector_state VALUES ('old', 2, X'7B7D', 6.0)")
     for step in (3, 4):
         db.execute("INSERT INTO records (run_id, rank, kind, step, time, body) VALUES "
                    "('old', 0, 'step', ?, 1.0, ?)",
@@ -113,6 +114,7 @@ def test_a_database_from_before_attempts_keeps_its_records_as_attempt_1(tmp_path
     assert [(a.number, a.kind, a.start_step, a.first_step, a.last_step, a.steps)
             for a in store.attempts("old")] == [(1, "first", 3, 3, 4, 2)]
     assert store.run_row("old").last_step == 4
+    assert store.detector_state("old") == (2, b"{}")
     assert store.attempt_tokens("old") == [("", 0, 1)]
     assert [wire.loads(b)["step"] for b in store.records("old")] == [3, 4]
     row = RecordRow("old", 0, "step", 4, 1.0, b'{"kind":"step","run_id":"old","step":4}')
