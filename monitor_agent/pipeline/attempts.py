@@ -12,8 +12,9 @@ and otherwise begins the next attempt. A retried batch carries the same token an
 records: it stays an exact duplicate (records are unique per run, rank, kind, step and
 attempt).
 
-An attempt is *pending* until its first step, eval or end record arrives; that record's
-step ``S`` settles its kind against the run's current history before it (the steps earlier
+An attempt is *pending* until its first step or eval record arrives (not an end record: a
+process that dies before its first step ends only itself); that record's step ``S``
+settles its kind against the run's current history before it (the steps earlier
 attempts sent that nothing has replaced yet), first step ``F``, last step ``L``:
 
 - ``first``: attempt 1.
