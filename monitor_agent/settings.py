@@ -91,6 +91,11 @@ class Settings(BaseSettings):
         100_000, ge=1, description="How far ahead of its rank's latest step a record may "
         "be (plus what the run's own pace allows since its last record); 422 beyond.",
     )
+    max_attempts_per_run: int = Field(
+        1000, ge=1, description="Attempts of one run id (processes that reused it, "
+        "pipeline/attempts.py); records that would begin another get 422. Each attempt that "
+        "replaces history costs one pass over the run's kept records.",
+    )
     max_active_runs: int = Field(
         10_000, ge=1, description="Runs held in memory; records of further new runs get 429."
     )

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from monitor_client import _run_info
 from monitor_client._actions import ActionInbox
 from monitor_client._arguments import monitor_settings, watch_settings
+from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
 from monitor_client._exit_hooks import ExitHooks, outcome_of
 from monitor_client._gate import NormGate
@@ -150,6 +151,9 @@ class Monitor:
         if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
             self.config["total_steps"] = int(cfg.total_steps)
         self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
+        # This process's records are one attempt of the run id (docs/format.md).
+        self.attempt = new_token()
+        self._attempt_notice = AttemptNotice(self.run_id, self.attempt)
         self.layer_stats_every = cfg.watch.layer_stats_every
         self.hist_every = cfg.watch.hist_every
         self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
@@ -193,6 +197,7 @@ class Monitor:
         spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
         return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
                       warner=self._warner, on_actions=self._inbox.receive,
+                      on_attempts=self._attempt_notice.receive,
                       poll=lambda: self._poll_actions(transport),
                       name=f"run {self.run_id!r} rank {self.rank}")
 
@@ -329,7 +334,7 @@ class Monitor:
         self._data_time = 0.0
         self._send_run()
         record = {"kind": "step", "run_id": self.run_id, "step": int(step),
-                  "time": time.time(), "rank": self.rank, "loss": _plain(loss),
+                  "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
                   "lr": _plain(lr) if lr is not None else self._lr(), "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
@@ -400,7 +405,8 @@ class Monitor:
         if not self.active:
             return
         self._send_run()
-        self._submit({"kind": "eval", "run_id": self.run_id, "step": int(step),
+        self._submit({"kind": "eval", "run_id": self.run_id, "attempt": self.attempt,
+                      "step": int(step),
                       "time": time.time(), "rank": self.rank,
                       "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
                       "epoch": _scalar(epoch),
@@ -439,7 +445,8 @@ class Monitor:
         if self._run_sent:
             return
         self._run_sent = True
-        self._submit({"kind": "run", "run_id": self.run_id, "time": time.time(),
+        self._submit({"kind": "run", "run_id": self.run_id, "attempt": self.attempt,
+                      "time": time.time(),
                       "rank": self.rank, "config": self.config,
                       "model": self._model_info, "hardware": self._hardware,
                       "labels": self._labels})
@@ -477,7 +484,8 @@ class Monitor:
         if self._finite is not None:
             self._finite.detach()
         self._send_run()
-        self._submit({"kind": "end", "run_id": self.run_id, "step": self._last_step,
+        self._submit({"kind": "end", "run_id": self.run_id, "attempt": self.attempt,
+                      "step": self._last_step,
                       "time": time.time(), "rank": self.rank, "status": status,
                       "error": error})
         self._exit_hooks.remove()

@@ -91,6 +91,7 @@ class Sender:
                  now: Callable[[], float] = time.monotonic,
                  on_actions: Callable[[list[dict]], None] | None = None,
                  poll: Callable[[], None] | None = None, poll_interval: float = 5.0,
+                 on_attempts: Callable[[list[dict]], None] | None = None,
                  name: str = "") -> None:
         self.transport, self.spool = transport, spool
         # Whose records these are ("run 'gpt-7' rank 0"), for every message about the
@@ -99,6 +100,7 @@ class Sender:
         # Actions (stop, checkpoint) come back in ingest answers; ``poll`` asks for them
         # every ``poll_interval`` s, for those another rank's records caused.
         self.on_actions, self.poll, self.poll_interval = on_actions, poll, poll_interval
+        self.on_attempts = on_attempts  # which attempt of the run id took them (_attempt.py)
         self._last_poll = now()
         self.batch_records, self.batch_bytes, self.linger = batch_records, batch_bytes, linger
         self.backoff = backoff
@@ -386,6 +388,8 @@ class Sender:
         if result.outcome is PostOutcome.OK:
             if result.actions and self.on_actions is not None:
                 self.on_actions(result.actions)
+            if result.attempts and self.on_attempts is not None:
+                self.on_attempts(result.attempts)
             for index, reason in result.rejected[:3]:
                 self.warner.warn("rejected", "sidecar rejected record %d: %s", index, reason)
             self._count(sent=len(chunk) - len(result.rejected),

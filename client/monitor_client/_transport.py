@@ -19,7 +19,7 @@ sidecar's answer, or RETRY / MISCONFIGURED when no answer came)::
 
     >>> classify(200, b'{"accepted": 1, "rejected": [{"index": 1, "reason": "bad step"}]}')
     PostResult(outcome=<PostOutcome.OK: 'ok'>, detail='', rejected=[(1, 'bad step')],
-               actions=[], fix='')
+               actions=[], attempts=[], fix='')
     >>> classify(503, b"cannot store now").outcome, classify(413, b"").outcome
     (<PostOutcome.RETRY: 'retry'>, <PostOutcome.TOO_LARGE: 'too_large'>)
     >>> print(classify(401, b'{"detail": "bad token"}').fix)
@@ -55,6 +55,7 @@ class PostResult:
     detail: str = ""
     rejected: list[tuple[int, str]] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)  # the run id's attempt (_attempt.py)
     fix: str = ""  # MISCONFIGURED: what the user should change
 
 
@@ -189,7 +190,8 @@ def classify(status: int, content: bytes) -> PostResult:
     text = content[:300].decode("utf-8", "replace")
     if status == 200:
         body = _body(content)
-        return PostResult(PostOutcome.OK, rejected=_rejected(body), actions=_actions(body))
+        return PostResult(PostOutcome.OK, rejected=_rejected(body), actions=_actions(body),
+                          attempts=_dicts(body, "attempts"))
     if status == 413:
         return PostResult(PostOutcome.TOO_LARGE, f"413: {text}")
     if status in (400, 415, 422):
@@ -215,5 +217,9 @@ def _rejected(body: dict) -> list[tuple[int, str]]:
 
 
 def _actions(body: dict) -> list[dict]:
-    found = body.get("actions")
+    return _dicts(body, "actions")
+
+
+def _dicts(body: dict, key: str) -> list[dict]:
+    found = body.get(key)
     return [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []

@@ -38,6 +38,19 @@ class Rejection(BaseModel):
     reason: str = Field(description="What is wrong, naming the field.")
 
 
+class IngestAttemptOut(BaseModel):
+    """The attempt of a run id that a batch's records went to (pipeline/attempts.py)."""
+
+    run_id: str
+    token: str = Field(description="The records' ``attempt`` token ('' when they had none).")
+    number: int = Field(description="1 for the run's first attempt, then 2, 3, ...")
+    kind: str = Field(description="first, resumed, restarted, or pending (no step yet).")
+    start_step: int | None = Field(description="The attempt's first step.")
+    superseded_from: int | None = Field(
+        description="First step of the earlier history it replaced (kept as abandoned).")
+    superseded_to: int | None = Field(description="Last step of that range.")
+
+
 class IngestResponse(BaseModel):
     accepted: int = Field(description="Records stored now.")
     duplicates: int = Field(description="Records already stored (a retry); not counted twice.")
@@ -46,6 +59,9 @@ class IngestResponse(BaseModel):
     actions: list[dict[str, Any]] = Field(
         default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
     )
+    attempts: list[IngestAttemptOut] = Field(
+        default_factory=list,
+        description="Per run id and token of the batch: the attempt its records went to.")
 
 
 BODY_ERRORS: dict[int | str, dict[str, str]] = {
@@ -131,6 +147,8 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
         rejected=sorted_rejections(rejected), actions=result.actions,
+        attempts=[IngestAttemptOut(token=token, **view)
+                  for (_, token), view in result.attempts.items()],
     )
     if len(result.rejected) == len(valid):
         crowded = all("max_active_runs" in r["reason"] for r in result.rejected)

@@ -21,7 +21,8 @@ string::
     >>> from pydantic import TypeAdapter
     >>> schema = TypeAdapter(RunListingOut).json_schema(mode="serialization")
     >>> schema["required"]
-    ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings']
+    ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings',
+     'attempts']
     >>> schema["properties"]["active"]["description"]
     'In memory: records arrived within the run TTL.'
     >>> TypeAdapter(Measured).json_schema()["anyOf"]
@@ -38,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, with_config
 
 from monitor_agent.alerting.model import Action, AlertView
 from monitor_agent.alerting.silences import Silence
-from monitor_agent.pipeline.views import RunListing
+from monitor_agent.pipeline.views import AttemptView, RunListing
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 Measured = float | NonFinite | None
@@ -85,6 +86,7 @@ class FindingOut(BaseModel):
     suggestions: list[str]
     time: float | None
     log_only: bool
+    attempt: int = Field(default=1, description="The run's attempt whose record it judged.")
 
 
 class FindingsOut(BaseModel):
@@ -144,6 +146,12 @@ class AlertsOut(BaseModel):
     alerts: list[ListedAlertOut] = Field(description="Newest first.")
 
 
+@with_config(_EVERY_KEY)
+@dataclass(frozen=True, slots=True)
+class AttemptOut(AttemptView):
+    pass
+
+
 class RunDetailOut(BaseModel):
     run_id: str
     status: str
@@ -154,8 +162,9 @@ class RunDetailOut(BaseModel):
     run: Record | None = Field(description="The run record, as sent.")
     findings: FindingTotals
     alerts: list[AlertOut]
-    last_step: int | None = Field(default=None, description="Live runs only.")
+    last_step: int | None = Field(default=None, description="The latest step (any rank).")
     ranks: dict[str, RankOut] | None = Field(default=None, description="By rank; live runs only.")
+    attempts: list[AttemptOut] = Field(default_factory=list, description="Oldest first.")
 
 
 @with_config(_EVERY_KEY)

@@ -8,7 +8,8 @@ does (``wire.stored_to_wire``, ``wire.dumps``).
 ``GET /v1/runs`` lists the stored runs, oldest first; ``GET /v1/runs/gpt-7`` is one run's
 status, findings and alerts (and, while it is in memory, each rank's latest values);
 ``GET /v1/runs/gpt-7/records?since_step=100&kind=step&limit=10`` its stored records, oldest
-step first (``kind`` may repeat; ``since_step=-1`` includes the run record); and
+step first (``kind`` may repeat; ``since_step=-1`` includes the run record; the run's
+current history unless ``attempt=N`` asks for what one attempt sent, pipeline/attempts.py); and
 ``GET /v1/runs/gpt-7/findings`` its findings, newest first. Lists are pages of at most
 ``limit`` items and ``read_page_bytes`` of stored bytes, written chunk by chunk
 (api/streamed_page.py); ``"next"`` is the link to the following page (``after=`` a run's
@@ -20,6 +21,7 @@ reads these routes over real HTTP.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -95,9 +97,10 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         "run": run.run,
         "findings": {"by_type": run.finding_counts, "recent": run.recent_findings},
         "alerts": alerts,
+        "last_step": run.last_step,
+        "attempts": [asdict(a) for a in run.attempts],
     }
     if run.ranks is not None:  # in memory: what only live state knows
-        detail["last_step"] = run.last_step
         detail["ranks"] = run.ranks
     return detail
 
@@ -116,6 +119,9 @@ async def get_records(
     kind: list[str] = Query(default_factory=list, description="Only these kinds."),
     after: str | None = Query(None, pattern=AFTER, description=(
         "Continue after this record (STEP:KIND:RANK), as the previous page's `next` says.")),
+    attempt: int | None = Query(None, ge=1, le=2**31, description=(
+        "Everything this attempt of the run sent, replaced steps included; by default the "
+        "current history (records no later attempt replaced).")),
 ) -> Response:
     bad = [k for k in kind if k not in KINDS]
     if bad:
@@ -129,10 +135,11 @@ async def get_records(
 
     async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
         return await runner.call(queries.records_chunk, run_id, since_step, key, kind,
-                                 max_rows, max_bytes)
+                                 max_rows, max_bytes, attempt)
 
     def link(key: tuple[int, int, int]) -> str:
         params = [("since_step", since_step), ("limit", limit), *(("kind", k) for k in kind),
+                  *((("attempt", attempt),) if attempt is not None else ()),
                   ("after", f"{key[0]}:{KINDS[key[1]]}:{key[2]}")]
         return f"/v1/runs/{quote(run_id, safe='')}/records?{urlencode(params)}"
 
@@ -147,12 +154,17 @@ async def get_findings(
     slots: ReadSlotsDep, limit: int = Query(100, ge=1, le=10_000),
     before: int | None = Query(None, ge=1, le=2**62, description=(
         "Only findings older than this one, as the previous page's `next` says.")),
+    current: bool = Query(False, description=(
+        "Only findings about the run's current history, not about steps a later attempt "
+        "replaced (what the run page marks).")),
 ) -> Response:
     async def fetch(key: int | None, max_rows: int, max_bytes: int) -> Any:
-        return await runner.call(queries.findings_chunk, run_id, key, max_rows, max_bytes)
+        return await runner.call(queries.findings_chunk, run_id, key, max_rows, max_bytes,
+                                 current)
 
     def link(key: int) -> str:
-        params = urlencode([("limit", limit), ("before", key)])
+        params = urlencode([("limit", limit), *((("current", "true"),) if current else ()),
+                            ("before", key)])
         return f"/v1/runs/{quote(run_id, safe='')}/findings?{params}"
 
     page = Page(_head(run_id, "findings"), fetch, limit, services.settings.read_page_bytes,

@@ -29,6 +29,7 @@ retry: idempotent)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -57,7 +58,7 @@ from monitor_agent.records.types import (
 )
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
-from monitor_agent.storage.store import RecordRow, Store
+from monitor_agent.storage.store import RecordRow, Store, StoredAttempt
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,18 @@ class IngestResult:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # (run id, token) -> the attempt its records went to (``attempt_view``), per batch.
+    attempts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A record let in, with the attempt of its run it belongs to (pipeline/attempts.py)
+    and the later attempt that already replaced it, if any (a spool delivered late)."""
+
+    item: Incoming
+    attempt: int
+    superseded_by: int | None
 
 
 class Engine:
@@ -114,24 +127,26 @@ class Engine:
         """
         result = IngestResult()
         admitted = self._admit(items, result, now)
-        rows = [_row(item) for item in admitted]
+        rows = [_row(a.item, a.attempt, a.superseded_by) for a in admitted]
         t0 = time.perf_counter()
         ids = self.store.insert_records(rows)
         self.metrics.store_duration.observe(time.perf_counter() - t0)
         try:
-            for item, row_id in zip(admitted, ids, strict=True):
+            for entry, row_id in zip(admitted, ids, strict=True):
                 if row_id is None:
                     result.duplicates += 1
                     continue
                 result.accepted += 1
-                live = self.registry.get(item.record.run_id)
+                live = self.registry.get(entry.item.record.run_id)
                 assert live is not None  # admitted just now, on this thread
-                self._process(live, item.record, row_id, now, result)
+                self._process(live, entry.item.record, row_id, now, result,
+                              attempt=entry.attempt,
+                              superseded=entry.superseded_by is not None)
             self._finish(result)
         except Exception as exc:
             # Kept in memory, the runs would count these records as judged and the retry
             # as a duplicate: the page would be lost. Evicted, they are judged again.
-            for run_id in {item.record.run_id for item in admitted}:
+            for run_id in {a.item.record.run_id for a in admitted}:
                 self.registry.evict(run_id)
             if isinstance(exc, StorageError):
                 raise StorageError(f"records stored, their alerts not: {exc}") from exc
@@ -177,8 +192,8 @@ class Engine:
 
     def _admit(
         self, items: Sequence[Incoming], result: IngestResult, now: float
-    ) -> list[Incoming]:
-        admitted: list[Incoming] = []
+    ) -> list[_Admitted]:
+        admitted: list[_Admitted] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         budget = AdmissionBudget(self.settings)
         for item in items:
@@ -205,8 +220,37 @@ class Engine:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()
                 continue
-            admitted.append(item)
+            assert live is not None
+            entry = self._attempt(live, item, result, now)
+            if isinstance(entry, str):
+                result.rejected.append({"index": item.index, "reason": entry})
+                self.metrics.rejections.labels(reason="too_many_attempts").inc()
+                continue
+            admitted.append(entry)
         return admitted
+
+    def _attempt(self, live: LiveRun, item: Incoming, result: IngestResult,
+                 now: float) -> _Admitted | str:
+        """The attempt ``item`` belongs to (pipeline/attempts.py), or why it may not begin
+        one: a new token is placed (stored at once, so a retry finds it), and a pending
+        attempt settles on its first step or eval; one that replaced history reloads the
+        run from what is left of it."""
+        record = item.record
+        placed = live.attempts.place_record(self.store, record, now,
+                                            self.settings.max_attempts_per_run)
+        if isinstance(placed, str):
+            return placed
+        token, number, settled = placed
+        book = live.attempts
+        if settled is not None and settled.kind != "first":
+            log.info("run %s: attempt %d %s from step %d", record.run_id, number,
+                     settled.kind, record.step)
+            book = self.registry.rebuild(record.run_id, now).attempts
+        key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
+        if view is None or view["number"] != number or view["kind"] == "pending":
+            result.attempts[key] = attempt_view(record.run_id, book.get(number))
+        return _Admitted(item, number,
+                         book.superseded_by(number, record.kind, record.step))
 
     def _process(
         self,
@@ -216,27 +260,37 @@ class Engine:
         now: float,
         result: IngestResult,
         arrival: float | None = None,
+        attempt: int = 1,
+        superseded: bool = False,
+        quiet: bool = False,
     ) -> None:
-        """``arrival`` is when the record reached us (``now`` unless replaying the store)."""
+        """``arrival`` is when the record reached us (``now`` unless replaying the store);
+        ``attempt`` the run's attempt it came from; ``superseded`` when a later attempt
+        already replaced it (pipeline/attempts.py): stored as history, never analysed."""
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
-        if isinstance(record, StepRecord | EvalRecord) and run.is_late(record):
+        if superseded or (isinstance(record, StepRecord | EvalRecord) and run.is_late(record)):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
-        findings = self._detect(live, record)
-        if findings:
+        findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
+        if findings and quiet:
+            run.count_findings(findings)
+        elif findings:
             self._handle_findings(run, findings, now, result)
 
-    def _replay(self, live: LiveRun, after: int, now: float) -> None:
+    def _replay(self, live: LiveRun, after: int, now: float, quiet: bool = False) -> None:
         """Feed a restored run the records stored after its snapshot, through the very
-        same path as live ones; alerting's durable state keeps them from paging twice."""
+        same path as live ones; alerting's durable state keeps them from paging twice.
+        ``quiet`` (a run rebuilt for a new attempt, registry.py): state only; the records
+        were judged, their findings stored and paged about, when they first arrived."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
-        for row_id, record in recovery.stored_tail(self.store, live.run_id, after):
-            self._process(live, record, row_id, now, result, arrival=arrival)
+        for row_id, attempt, record in recovery.stored_tail(self.store, live.run_id, after):
+            self._process(live, record, row_id, now, result, arrival=arrival, attempt=attempt,
+                          quiet=quiet)
             replayed += 1
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
@@ -328,6 +382,8 @@ class Engine:
             log.exception("detector tick failed for %s", run.run_id)
             return []
         if found:
+            found = [dataclasses.replace(f, attempt=max(live.attempts.current, 1))
+                     for f in found]
             self._handle_findings(run, found, now, IngestResult())
         return found
 
@@ -350,7 +406,14 @@ def _bare_context(record: Record) -> RunContext:
     return RunContext(run_id=record.run_id)
 
 
-def _row(item: Incoming) -> RecordRow:
+def attempt_view(run_id: str, attempt: StoredAttempt) -> dict[str, Any]:
+    """What the ingest answer says of an attempt (api/ingest.py's ``IngestAttemptOut``)."""
+    return {"run_id": run_id, "number": attempt.number, "kind": attempt.kind,
+            "start_step": attempt.start_step, "superseded_from": attempt.superseded_from,
+            "superseded_to": attempt.superseded_to}
+
+
+def _row(item: Incoming, attempt: int = 1, superseded_by: int | None = None) -> RecordRow:
     record = item.record
     return RecordRow(
         run_id=record.run_id,
@@ -359,4 +422,6 @@ def _row(item: Incoming) -> RecordRow:
         step=record.step,  # a run record's is -1: it sorts before every step
         time=record.time,
         body=item.body,
+        attempt=attempt,
+        superseded_by=superseded_by,
     )

@@ -34,7 +34,7 @@ from monitor_agent.pipeline import views
 from monitor_agent.pipeline.registry import RunRegistry
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
-from monitor_agent.storage.store import Store
+from monitor_agent.storage.store import Store, StoredRun
 
 
 class RunQueries:
@@ -56,8 +56,15 @@ class RunQueries:
         return self.registry.states()
 
     def run_listings(self) -> list[views.RunListing]:
-        """Every stored run, oldest first (``GET /v1/runs``)."""
-        return [views.listing(row, self._live(row.run_id)) for row in self.store.runs()]
+        """Every stored run, oldest first (``GET /v1/runs``): its fields from the store
+        where the run is not in memory, so leaving memory changes none of them."""
+        return [self._listing(row) for row in self.store.runs()]
+
+    def _listing(self, row: StoredRun) -> views.RunListing:
+        return views.listing(
+            row, self._live(row.run_id), row.last_step,
+            sum(self.store.finding_counts(row.run_id).values()),
+            max(1, len(self.store.attempts(row.run_id))))
 
     def listings_chunk(self, after: tuple[float, str] | None, max_rows: int,
                        max_bytes: int) -> list[tuple[tuple[float, str], bytes]]:
@@ -66,7 +73,7 @@ class RunQueries:
         out: list[tuple[tuple[float, str], bytes]] = []
         total = 0
         for row in self.store.runs_chunk(after, max_rows):
-            body = wire.dumps(asdict(views.listing(row, self._live(row.run_id))))
+            body = wire.dumps(asdict(self._listing(row)))
             if out and total + len(body) > max_bytes:
                 break
             out.append(((row.first_seen, row.run_id), body))
@@ -92,19 +99,24 @@ class RunQueries:
         if row is None:
             return None
         return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
-                            self.store.findings(run_id, limit=20))
+                            self.store.findings(run_id, limit=20), row.last_step,
+                            views.attempt_views(self.store.attempts(run_id)))
 
     def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
-                      kinds: Sequence[str], max_rows: int,
-                      max_bytes: int) -> list[tuple[tuple[int, int, int], bytes]] | None:
+                      kinds: Sequence[str], max_rows: int, max_bytes: int,
+                      attempt: int | None = None,
+                      ) -> list[tuple[tuple[int, int, int], bytes]] | None:
         """The next chunk of a run's stored record lines, oldest step first
-        (``Store.records_chunk``); None when the run is unknown."""
-        rows = self.store.records_chunk(run_id, since_step, after, kinds, max_rows, max_bytes)
+        (``Store.records_chunk``): its current history, or what ``attempt`` sent; None when
+        the run is unknown."""
+        rows = self.store.records_chunk(run_id, since_step, after, kinds, max_rows, max_bytes,
+                                        attempt)
         if not rows and self.store.run_row(run_id) is None:
             return None
         return rows
 
     def findings_chunk(self, run_id: str, before_id: int | None, max_rows: int,
-                       max_bytes: int) -> list[tuple[int, bytes]]:
-        """The next chunk of a run's stored finding lines, newest first."""
-        return self.store.findings_chunk(run_id, before_id, max_rows, max_bytes)
+                       max_bytes: int, current: bool = False) -> list[tuple[int, bytes]]:
+        """The next chunk of a run's stored finding lines, newest first (``current``: of
+        its current history)."""
+        return self.store.findings_chunk(run_id, before_id, max_rows, max_bytes, current)

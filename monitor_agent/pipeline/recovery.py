@@ -25,8 +25,9 @@ never stored), and ``stored_tail`` is what the engine then replays::
     >>> after = restore_run(engine.store, run, suite, now=4.0)
     >>> after, run.ranks[0].steps_total   # the snapshot covers rows 1 and 2
     (2, 2)
-    >>> [(row_id, record.step) for row_id, record in stored_tail(engine.store, "r1", after)]
-    [(3, 3)]
+    >>> [(row_id, attempt, record.step)
+    ...  for row_id, attempt, record in stored_tail(engine.store, "r1", after)]
+    [(3, 1, 3)]
 """
 
 from __future__ import annotations
@@ -82,18 +83,21 @@ def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float,
     if saved is not None:
         after, blob = saved
         _restore_state(run, suite, wire.loads(blob))
+        run.status = row.status  # the store's: a new attempt may have made it running again
         _reload_latest(store, run)
     run.snapshot_record_id = run.last_record_id = after
     return after
 
 
-def stored_tail(store: Store, run_id: str, after: int) -> Iterator[tuple[int, Record]]:
-    """The run's records stored after row ``after``, in arrival order, as (row id, record);
-    rows that no longer validate are skipped (``_stored``)."""
-    for row_id, body in store.records_after(run_id, after):
+def stored_tail(store: Store, run_id: str,
+                after: int) -> Iterator[tuple[int, int, Record]]:
+    """The run's current history (pipeline/attempts.py) stored after row ``after``, in
+    arrival order, as (row id, attempt, record); rows that no longer validate are skipped
+    (``_stored``)."""
+    for row_id, attempt, body in store.records_after(run_id, after):
         record = _stored(body, run_id)
         if record is not None:
-            yield row_id, record
+            yield row_id, attempt, record
 
 
 def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -> None:

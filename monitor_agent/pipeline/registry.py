@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
+from monitor_agent.pipeline.attempts import RunAttempts
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
@@ -51,14 +52,16 @@ class LiveRun:
 
     state: RunState
     suite: DetectorSuite
+    attempts: RunAttempts
 
     @property
     def run_id(self) -> str:
         return self.state.run_id
 
 
-Replay = Callable[[LiveRun, int, float], None]
-"""``replay(live, after_row_id, now)``: feed the run's records stored after that row."""
+Replay = Callable[[LiveRun, int, float, bool], None]
+"""``replay(live, after_row_id, now, quiet)``: feed the run's records stored after that row;
+``quiet``: only to rebuild state, their findings were handled when first judged."""
 
 
 class RunRegistry:
@@ -122,14 +125,17 @@ class RunRegistry:
     def full(self) -> bool:
         return len(self._runs) >= self.settings.max_active_runs
 
-    def load(self, run_id: str, now: float) -> LiveRun:
-        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail.
+    def load(self, run_id: str, now: float, quiet: bool = False) -> LiveRun:
+        """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail
+        (``quiet``: the tail was judged before; see ``Replay``).
 
         Raises StorageError, or whatever replaying its tail raised (the run stays out of
         memory, marked to be analysed again: a half-replayed run would skip records)."""
         live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
-                                            DetectorSuite(self.settings.detectors))
+                                            DetectorSuite(self.settings.detectors),
+                                            RunAttempts([], {}))
         try:
+            live.attempts = RunAttempts.load(self.store, run_id)
             try:
                 after = recovery.restore_run(self.store, live.state, live.suite, now)
             except StorageError:
@@ -141,11 +147,12 @@ class RunRegistry:
                 log.exception("run %s: its detector snapshot cannot be restored; analysing "
                               "its stored records again", run_id)
                 live = self._runs[run_id] = LiveRun(RunState.new(run_id, now),
-                                                    DetectorSuite(self.settings.detectors))
+                                                    DetectorSuite(self.settings.detectors),
+                                                    live.attempts)
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
             if after is not None:  # None: never stored, a new run
-                self._replay(live, after, now)
+                self._replay(live, after, now, quiet)
         except Exception as exc:
             self.evict(run_id)
             if isinstance(exc, StorageError):
@@ -153,6 +160,17 @@ class RunRegistry:
             raise
         self._reanalyse.discard(run_id)
         return live
+
+    def rebuild(self, run_id: str, now: float) -> LiveRun:
+        """Load a run again from its current history, after a new attempt replaced part of
+        it (pipeline/attempts.py): the state its detectors had just before the attempt's
+        start step. The snapshots covering a replaced step went with it (the store keeps
+        a few, spaced by powers of two in steps), so the newest one left is restored and
+        the kept records after it are fed again (every one when none is left: a restart,
+        or a resume further back than any snapshot). Quiet: those records were judged and
+        paged about already (a resolved alert must not page again)."""
+        self._runs.pop(run_id, None)
+        return self.load(run_id, now, quiet=True)
 
     def evict(self, run_id: str) -> None:
         """Forget a run's in-memory state (no snapshot): its stored tail is replayed when
@@ -208,5 +226,6 @@ class RunRegistry:
     def snapshot(self, live: LiveRun) -> None:
         run = live.state
         state = recovery.snapshot_run(run, live.suite)
-        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state))
+        top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
+        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state), top)
         run.snapshot_record_id = run.last_record_id

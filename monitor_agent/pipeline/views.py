@@ -18,7 +18,7 @@ from monitor_agent.pipeline.progress import run_progress
 from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
-from monitor_agent.storage.store import StoredRun
+from monitor_agent.storage.store import StoredAttempt, StoredRun
 
 # The scalars of a rank's latest step that GET /v1/runs/{id} shows, in this order.
 LATEST = (
@@ -29,17 +29,39 @@ LATEST = (
 
 @dataclass(frozen=True, slots=True)
 class RunListing:
-    """One line of ``GET /v1/runs``; ``last_step`` and ``findings`` only for live runs."""
+    """One line of ``GET /v1/runs``: the same fields whether the run is in memory or not
+    (a stored run's from the store: its current history's latest step, its findings)."""
 
     run_id: str
     status: str = field(metadata={"description": "running, or how the run ended."})
     active: bool = field(
         metadata={"description": "In memory: records arrived within the run TTL."})
-    last_step: int | None = field(metadata={"description": "Live runs only."})
+    last_step: int | None = field(
+        metadata={"description": "The latest step of the run's current history; null "
+                                 "before its first step."})
     first_seen: float
     last_seen: float
-    findings: int | None = field(
-        metadata={"description": "Findings since the run was loaded; live only."})
+    findings: int | None = field(metadata={"description": "Stored findings of the run."})
+    attempts: int = field(default=1, metadata={
+        "description": "Attempts of the run id (pipeline/attempts.py): 1 unless a process "
+                       "reused it."})
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """One attempt of a run id (``GET /v1/runs/{id}``; pipeline/attempts.py)."""
+
+    number: int
+    kind: str = field(metadata={"description": "first, resumed, restarted, or pending."})
+    start_step: int | None
+    started_at: float
+    superseded_from: int | None = field(metadata={
+        "description": "First step of the earlier history it replaced (kept, abandoned)."})
+    superseded_to: int | None
+    first_step: int | None = field(metadata={"description": "Of its own step records."})
+    last_step: int | None
+    steps: int = field(metadata={"description": "Its step records, replaced ones included."})
+    current: bool = field(metadata={"description": "The latest attempt."})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +99,37 @@ class RunDetail:
     recent_findings: list[dict[str, Any]]
     last_step: int | None
     ranks: dict[str, dict[str, Any]] | None
+    attempts: list[AttemptView] = field(default_factory=list)
 
 
-def listing(row: StoredRun, live: RunState | None) -> RunListing:
+def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
+            findings: int, attempts: int) -> RunListing:
+    """``stored_last_step``: the store's, used when the run is not in memory."""
     return RunListing(
         run_id=row.run_id,
         status=live.status if live else row.status,
         active=live is not None,
-        last_step=live.last_step if live else None,
+        last_step=_last_step(live, stored_last_step),
         first_seen=row.first_seen,
         last_seen=row.last_seen,
-        findings=sum(live.findings.values()) if live else None,
+        findings=findings,
+        attempts=attempts,
     )
+
+
+def attempt_views(attempts: list[StoredAttempt]) -> list[AttemptView]:
+    latest = attempts[-1].number if attempts else 0
+    return [AttemptView(
+        number=a.number, kind=a.kind, start_step=a.start_step, started_at=a.started_at,
+        superseded_from=a.superseded_from, superseded_to=a.superseded_to,
+        first_step=a.first_step, last_step=a.last_step, steps=a.steps,
+        current=a.number == latest) for a in attempts]
+
+
+def _last_step(live: RunState | None, stored: int | None) -> int | None:
+    if live is not None and live.last_step >= 0:
+        return live.last_step
+    return stored
 
 
 def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
@@ -111,7 +152,8 @@ def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
 
 
 def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int],
-           recent: list[bytes]) -> RunDetail:
+           recent: list[bytes], stored_last_step: int | None = None,
+           attempts: list[AttemptView] | None = None) -> RunDetail:
     ranks = None
     if live is not None:
         ranks = {str(r): rank_view(live, s) for r, s in sorted(live.ranks.items())}
@@ -125,8 +167,9 @@ def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int]
         run=wire.loads(row.run_record) if row.run_record else None,
         finding_counts=finding_counts,
         recent_findings=[wire.loads(b) for b in recent],
-        last_step=live.last_step if live is not None else None,
+        last_step=_last_step(live, stored_last_step),
         ranks=ranks,
+        attempts=attempts or [],
     )
 
 

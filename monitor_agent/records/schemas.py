@@ -66,6 +66,11 @@ LabelValue = Annotated[str, AfterValidator(_name)]
 Step = Annotated[int, Field(ge=0, le=2**53, strict=True)]
 Time = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Rank = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
+# Which process sent the record (docs/format.md, "attempt"): a token the client draws once
+# per Monitor; a run id's records under a new token are a new attempt of that run.
+AttemptToken = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$"),
+]
 Num = float | None
 
 
@@ -138,6 +143,7 @@ class RunModel(_Wire):
     run_id: RunId
     time: Time | None = None
     rank: Rank = 0
+    attempt: AttemptToken | None = None
     config: FreeForm = Field(default_factory=dict)
     model: FreeForm = Field(default_factory=dict)
     hardware: FreeForm = Field(default_factory=dict)
@@ -165,6 +171,7 @@ class StepModel(_Wire):
     step: Step
     time: Time
     rank: Rank = 0
+    attempt: AttemptToken | None = None
     loss: Num = None
     lr: Num = None
     grad_norm: Num = None
@@ -242,6 +249,7 @@ class EvalModel(_Wire):
     step: Step
     time: Time
     rank: Rank = 0
+    attempt: AttemptToken | None = None
     val_loss: Num = None
     train_loss: Num = None
     epoch: Num = None
@@ -266,6 +274,7 @@ class EndModel(_Wire):
     step: Step = 0
     time: Time
     rank: Rank = 0
+    attempt: AttemptToken | None = None
     status: Literal["completed", "failed", "stopped"] = "completed"
     error: Annotated[str, AfterValidator(_error_text)] | None = None
 

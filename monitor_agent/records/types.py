@@ -217,6 +217,7 @@ class RunRecord:
     model: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "run"
 
     @property
@@ -273,6 +274,7 @@ class StepRecord:
     # The script's own numbers (log_step(..., metrics=...)): charted, never judged.
     metrics: dict[str, float | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "step"
 
     @property
@@ -316,6 +318,7 @@ class EvalRecord:
     train_loss: float | None = None
     epoch: float | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "eval"
 
 
@@ -329,6 +332,7 @@ class EndRecord:
     rank: int = 0
     status: str = "completed"
     error: str | None = None
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "end"
 
 
@@ -400,6 +404,7 @@ class Finding:
     suggestions: tuple[str, ...] = ()
     time: float | None = None
     log_only: bool = False
+    attempt: int = 1  # the run's attempt whose record it judged (pipeline/attempts.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -416,4 +421,5 @@ class Finding:
             "suggestions": list(self.suggestions),
             "time": self.time,
             "log_only": self.log_only,
+            "attempt": self.attempt,
         }

@@ -168,8 +168,15 @@ class Database:
     def _migrate(self, migrations: Sequence[str]) -> None:
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
         for i, script in enumerate(migrations[version:], start=version + 1):
-            self._conn.executescript(script)
-            self._conn.execute(f"PRAGMA user_version = {i}")
+            # One transaction with its version bump: a migration that rebuilds a table and
+            # is killed halfway leaves the old schema, and runs again whole at the next start.
+            try:
+                self._conn.executescript(
+                    f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {i};\nCOMMIT;")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:

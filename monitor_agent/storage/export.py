@@ -68,9 +68,14 @@ def export_from_data_dir(data_dir: Path, run_id: str, out: Path) -> int:
                           "files live there; write the trace somewhere else")
     db = sqlite3.connect(read_only_uri(db_path), uri=True)
     try:
+        # The run's current history, as the records API answers it (pipeline/attempts.py);
+        # a database no sidecar with attempts opened yet has nothing replaced.
+        current = (" AND superseded_by IS NULL"
+                   if db.execute("PRAGMA user_version").fetchone()[0] >= 2 else "")
         rows = db.execute(
-            "SELECT body FROM records WHERE run_id = ? ORDER BY step, CASE kind WHEN 'run' "
-            "THEN 0 WHEN 'step' THEN 1 WHEN 'eval' THEN 2 ELSE 3 END, rank", (run_id,))
+            f"SELECT body FROM records WHERE run_id = ?{current} ORDER BY step, CASE kind "
+            "WHEN 'run' THEN 0 WHEN 'step' THEN 1 WHEN 'eval' THEN 2 ELSE 3 END, rank",
+            (run_id,))
         count = _write(out, (wire.loads(body) for (body,) in rows))
     finally:
         db.close()

@@ -32,7 +32,7 @@ from typing import Any
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND_ORDER = ("run", "step", "eval", "end")
 """Within a step, records are read in this order of kinds (then by rank)."""
 _KIND_ORDER_SQL = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(KIND_ORDER))
@@ -80,6 +80,82 @@ _MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # Attempts of a run id (pipeline/attempts.py): a record's identity gains its attempt
+    # (last, so retention's (run_id, rank, kind, step) range stays one index range), and
+    # ``superseded_by`` marks what a later attempt replaced (NULL: the current history).
+    # What existed before is attempt 1 of its run, sent under the legacy token "".
+    """
+    CREATE TABLE records_v2 (
+        id            INTEGER PRIMARY KEY,
+        run_id        TEXT NOT NULL,
+        rank          INTEGER NOT NULL,
+        kind          TEXT NOT NULL,
+        step          INTEGER NOT NULL,
+        time          REAL,
+        body          BLOB NOT NULL,
+        attempt       INTEGER NOT NULL DEFAULT 1,
+        superseded_by INTEGER,
+        UNIQUE (run_id, rank, kind, step, attempt)
+    );
+    INSERT INTO records_v2 (id, run_id, rank, kind, step, time, body)
+        SELECT id, run_id, rank, kind, step, time, body FROM records;
+    DROP TABLE records;
+    ALTER TABLE records_v2 RENAME TO records;
+    ALTER TABLE findings ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    DROP INDEX IF EXISTS findings_identity;
+    CREATE UNIQUE INDEX findings_identity
+        ON findings (run_id, rank, step, type, COALESCE(layer, ''), attempt);
+    CREATE TABLE attempts (
+        run_id          TEXT NOT NULL,
+        number          INTEGER NOT NULL,
+        kind            TEXT NOT NULL,
+        start_step      INTEGER,
+        started_at      REAL NOT NULL,
+        superseded_from INTEGER,
+        superseded_to   INTEGER,
+        first_step      INTEGER,  -- of the step records it sent, kept up by insert_records
+        last_step       INTEGER,
+        steps           INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (run_id, number)
+    );
+    -- The latest step of the run's current history, kept up by every insert (listing a
+    -- run not in memory must not scan its records).
+    ALTER TABLE runs ADD COLUMN last_step INTEGER;
+    UPDATE runs SET last_step = (SELECT MAX(step) FROM records r
+                                 WHERE r.run_id = runs.run_id AND r.kind = 'step');
+    CREATE TABLE attempt_tokens (
+        run_id TEXT NOT NULL,
+        token  TEXT NOT NULL,
+        rank   INTEGER NOT NULL,
+        number INTEGER NOT NULL,
+        PRIMARY KEY (run_id, token)
+    );
+    INSERT INTO attempts (run_id, number, kind, start_step, started_at, first_step, last_step,
+                          steps)
+        SELECT run_id, 1, 'first', (SELECT MIN(step) FROM records r WHERE r.run_id = runs.run_id
+                                     AND r.kind IN ('step', 'eval')), first_seen,
+               (SELECT MIN(step) FROM records r WHERE r.run_id = runs.run_id AND r.kind = 'step'),
+               last_step,
+               (SELECT COUNT(*) FROM records r WHERE r.run_id = runs.run_id AND r.kind = 'step')
+        FROM runs;
+    INSERT INTO attempt_tokens (run_id, token, rank, number) SELECT run_id, '', 0, 1 FROM runs;
+    -- Detector snapshots kept at steps spaced by powers of two back from the newest
+    -- (``save_detector_state``), each tagged with the highest step it covers: a new attempt
+    -- resuming from step S restores the newest one below S and replays only from there.
+    CREATE TABLE detector_state_v2 (
+        run_id     TEXT NOT NULL,
+        last_id    INTEGER NOT NULL,
+        max_step   INTEGER,
+        state      BLOB NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (run_id, last_id)
+    );
+    INSERT INTO detector_state_v2 (run_id, last_id, max_step, state, updated_at)
+        SELECT run_id, last_id, (SELECT last_step FROM runs WHERE runs.run_id = d.run_id),
+               state, updated_at FROM detector_state d;
+    DROP TABLE detector_state;
+    ALTER TABLE detector_state_v2 RENAME TO detector_state;
+    """,
 )
 
 
@@ -93,6 +169,25 @@ class RecordRow:
     step: int
     time: float | None
     body: bytes
+    attempt: int = 1
+    superseded_by: int | None = None  # stored already replaced by a later attempt
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAttempt:
+    """One attempt of a run id (pipeline/attempts.py): its kind (pending until its first
+    step arrives), start step, the range of the history before it that it replaced, and
+    the first and last step and number of the step records it sent."""
+
+    number: int
+    kind: str
+    start_step: int | None
+    started_at: float
+    superseded_from: int | None
+    superseded_to: int | None
+    first_step: int | None = None
+    last_step: int | None = None
+    steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +200,26 @@ class StoredRun:
     first_seen: float
     last_seen: float
     ended_at: float | None
+    last_step: int | None = None  # of its current history (pipeline/attempts.py)
+
+
+def _thinned(back: list[int]) -> set[int]:
+    """Which snapshots to keep, given how far back from the newest each is (newest first):
+    the newest and the oldest, and each other one unless its kept newer neighbour and its
+    older neighbour are within a factor of two of each other (then that neighbour serves
+    every resume it would). A simulation of 2,000 snapshots 100 steps apart keeps at most 21 and
+    never answers a resume from a snapshot more than 2x as far back as asked.
+
+        >>> sorted(_thinned([0, 100, 200, 300, 400, 800, 1600]))
+        [0, 1, 2, 4, 5, 6]
+    """
+    keep, newer = {0}, 0
+    for i in range(1, len(back)):
+        if i < len(back) - 1 and back[i + 1] <= 2 * max(newer, 1):
+            continue
+        keep.add(i)
+        newer = back[i]
+    return keep
 
 
 class Store:
@@ -140,25 +255,42 @@ class Store:
         """Store rows in one transaction; return each row's id, or None for a duplicate."""
         now = time.time()
         ids: list[int | None] = []
+        sent: dict[tuple[str, int], list[int]] = {}  # (run, attempt) -> its new steps
         with self._db.tx() as conn:
             for row in rows:
-                ids.append(self._insert_one(conn, row, now))
+                row_id = self._insert_one(conn, row, now)
+                ids.append(row_id)
+                if row_id is not None and row.kind == "step":
+                    sent.setdefault((row.run_id, row.attempt), []).append(row.step)
+            for (run_id, attempt), steps in sent.items():
+                conn.execute(
+                    "UPDATE attempts SET first_step = MIN(COALESCE(first_step, ?), ?), "
+                    "last_step = MAX(COALESCE(last_step, ?), ?), steps = steps + ? "
+                    "WHERE run_id = ? AND number = ?",
+                    (min(steps), min(steps), max(steps), max(steps), len(steps), run_id,
+                     attempt))
         return ids
 
     def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
         cur = conn.execute(
-            "INSERT INTO records (run_id, rank, kind, step, time, body) VALUES (?,?,?,?,?,?) "
-            "ON CONFLICT DO NOTHING",
-            (row.run_id, row.rank, row.kind, row.step, row.time, row.body),
+            "INSERT INTO records (run_id, rank, kind, step, time, body, attempt, superseded_by) "
+            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+            (row.run_id, row.rank, row.kind, row.step, row.time, row.body, row.attempt,
+             row.superseded_by),
         )
         if cur.rowcount == 0:
             return None
         run_body = row.body if row.kind == "run" else None
+        step = row.step if row.kind == "step" and row.superseded_by is None else None
         conn.execute(
-            "INSERT INTO runs (run_id, run_record, first_seen, last_seen) VALUES (?,?,?,?) "
+            "INSERT INTO runs (run_id, run_record, first_seen, last_seen, last_step) "
+            "VALUES (?,?,?,?,?) "
             "ON CONFLICT (run_id) DO UPDATE SET last_seen = excluded.last_seen, "
-            "run_record = COALESCE(excluded.run_record, runs.run_record)",
-            (row.run_id, run_body, now, now),
+            "run_record = COALESCE(excluded.run_record, runs.run_record), "
+            "last_step = CASE WHEN excluded.last_step IS NULL THEN runs.last_step "
+            "WHEN runs.last_step IS NULL THEN excluded.last_step "
+            "ELSE MAX(runs.last_step, excluded.last_step) END",
+            (row.run_id, run_body, now, now, step),
         )
         return cur.lastrowid
 
@@ -172,22 +304,37 @@ class Store:
             return
         rows = [
             (f["run_id"], f["rank"], f["step"], f["type"], f["severity"], f["layer"], f["time"],
-             wire.dumps(f))
+             wire.dumps(f), f.get("attempt", 1))
             for f in findings
         ]
         self._write_many(
-            "INSERT OR IGNORE INTO findings (run_id, rank, step, type, severity, layer, time, body) "
-            "VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO findings (run_id, rank, step, type, severity, layer, time, body, "
+            "attempt) VALUES (?,?,?,?,?,?,?,?,?)",
             rows,
         )
 
-    def save_detector_state(self, run_id: str, last_id: int, state: bytes) -> None:
-        self._write(
-            "INSERT INTO detector_state (run_id, last_id, state, updated_at) VALUES (?,?,?,?) "
-            "ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_id, "
-            "state = excluded.state, updated_at = excluded.updated_at",
-            (run_id, last_id, state, time.time()),
-        )
+    @storage_errors("cannot store a snapshot")
+    def save_detector_state(self, run_id: str, last_id: int, state: bytes,
+                            max_step: int | None = None) -> None:
+        """Keep a snapshot of a run's detectors covering its records up to ``last_id``,
+        whose highest step is ``max_step`` (None: unknown, never restored for a resume).
+
+        Older ones are thinned (``_thinned``) so that going back any number of steps from
+        the newest finds one at most twice as far back: about 2 log2(steps) per run (20 at
+        200,000 steps), and a resume replays about what it went back, not the run's whole
+        history."""
+        with self._db.tx() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO detector_state (run_id, last_id, max_step, state, "
+                "updated_at) VALUES (?,?,?,?,?)", (run_id, last_id, max_step, state, time.time()))
+            rows = conn.execute(
+                "SELECT last_id, max_step FROM detector_state WHERE run_id = ? "
+                "ORDER BY last_id DESC", (run_id,)).fetchall()
+            top = max_step if max_step is not None else 0
+            keep = _thinned([top - (step if step is not None else top) for _, step in rows])
+            conn.executemany("DELETE FROM detector_state WHERE run_id = ? AND last_id = ?",
+                             [(run_id, row_id) for i, (row_id, _) in enumerate(rows)
+                              if i not in keep])
 
     def prune(self, run_id: str, rank: int, through_step: int, limit: int = 1 << 62) -> int:
         """Drop the step records of one run and rank up to ``through_step``, at most
@@ -208,6 +355,53 @@ class Store:
             "ORDER BY step DESC LIMIT 1 OFFSET ?", (run_id, rank, n - 1),
         )
         return rows[0][0] if rows else None
+
+    # -- attempts (pipeline/attempts.py decides; these only keep what it decided) ---------
+
+    def add_attempt(self, run_id: str, number: int, token: str, rank: int, now: float) -> None:
+        """A new attempt, pending until its first step, and the token that began it."""
+        with storage_errors("cannot store an attempt"), self._db.tx() as conn:
+            conn.execute("INSERT INTO attempts (run_id, number, kind, started_at) "
+                         "VALUES (?,?,'pending',?)", (run_id, number, now))
+            conn.execute("INSERT INTO attempt_tokens (run_id, token, rank, number) "
+                         "VALUES (?,?,?,?)", (run_id, token, rank, number))
+
+    def add_attempt_token(self, run_id: str, token: str, rank: int, number: int) -> None:
+        """Another process (a rank of the same launch) joining attempt ``number``."""
+        self._write("INSERT OR IGNORE INTO attempt_tokens (run_id, token, rank, number) "
+                    "VALUES (?,?,?,?)", (run_id, token, rank, number))
+
+    def settle_attempt(self, run_id: str, attempt: StoredAttempt) -> None:
+        """Record a pending attempt's kind and start, in one transaction with what follows
+        from it: earlier attempts' records it replaced are marked ``superseded_by`` it (a
+        restart replaces all of them, a resume its start step on, and the run and end
+        records: the new run record describes the run now, and an end record ended an
+        attempt, not the run), the detector snapshot goes (it covers replaced records) and
+        the run is running again."""
+        n, start = attempt.number, attempt.start_step
+        replaced = ("1" if attempt.kind == "restarted" else
+                    "(kind IN ('run', 'end') OR step >= ?)")
+        params: tuple[Any, ...] = (n, run_id, n) + (() if attempt.kind == "restarted"
+                                                     else (start,))
+        with storage_errors("cannot store an attempt"), self._db.tx() as conn:
+            conn.execute(
+                "UPDATE attempts SET kind = ?, start_step = ?, superseded_from = ?, "
+                "superseded_to = ? WHERE run_id = ? AND number = ?",
+                (attempt.kind, start, attempt.superseded_from, attempt.superseded_to, run_id, n))
+            conn.execute(
+                "UPDATE records SET superseded_by = ? WHERE run_id = ? AND attempt < ? AND "
+                f"superseded_by IS NULL AND {replaced}", params)
+            # Snapshots covering a replaced step go; the newest one left is where the run is
+            # rebuilt from (registry.py).
+            kept = "0" if attempt.kind == "restarted" else "max_step < ?"
+            conn.execute(f"DELETE FROM detector_state WHERE run_id = ? AND NOT "
+                         f"COALESCE({kept}, 0)",
+                         (run_id,) if attempt.kind == "restarted" else (run_id, start))
+            # One scan of the run's records, once per attempt: what is left of its history.
+            conn.execute(
+                "UPDATE runs SET status = 'running', ended_at = NULL, last_step = "
+                "(SELECT MAX(step) FROM records WHERE run_id = ? AND kind = 'step' AND "
+                "superseded_by IS NULL) WHERE run_id = ?", (run_id, run_id))
 
     @storage_errors("cannot write")
     def _write(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
@@ -245,7 +439,8 @@ class Store:
     # -- reads ----------------------------------------------------------------------------
 
     def runs(self, run_id: str | None = None) -> list[StoredRun]:
-        sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
+        sql = ("SELECT run_id, run_record, status, first_seen, last_seen, ended_at, last_step "
+               "FROM runs")
         if run_id is not None:
             rows = self._db.query(sql + " WHERE run_id = ?", (run_id,))
         else:
@@ -255,17 +450,25 @@ class Store:
     def runs_chunk(self, after: tuple[float, str] | None, max_rows: int) -> list[StoredRun]:
         """Stored runs after ``after`` (``(first_seen, run_id)``), oldest first, without
         their run record: a page of the runs list."""
-        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at FROM runs"
+        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at, last_step FROM runs"
                + (" WHERE (first_seen, run_id) > (?, ?)" if after is not None else "")
                + " ORDER BY first_seen, run_id LIMIT ?")
         params = (*after, max_rows) if after is not None else (max_rows,)
         return [StoredRun(*row) for row in self._db.query(sql, params)]
 
     def records(
-        self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = ()
+        self, run_id: str, since_step: int = 0, limit: int = 1000, kinds: Sequence[str] = (),
+        attempt: int | None = None,
     ) -> list[bytes]:
+        """The run's current history (records no later attempt replaced), or everything
+        ``attempt`` sent, replaced or not."""
         sql = "SELECT body FROM records WHERE run_id = ? AND step >= ?"
         params: list[Any] = [run_id, since_step]
+        if attempt is None:
+            sql += " AND superseded_by IS NULL"
+        else:
+            sql += " AND attempt = ?"
+            params.append(attempt)
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             params.extend(kinds)
@@ -275,17 +478,23 @@ class Store:
 
     def records_chunk(
         self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
-        kinds: Sequence[str], max_rows: int, max_bytes: int,
+        kinds: Sequence[str], max_rows: int, max_bytes: int, attempt: int | None = None,
     ) -> list[tuple[tuple[int, int, int], bytes]]:
-        """The next records of a read answer, in ``records``' order, each with its key
-        ``(step, kind's place in KIND_ORDER, rank)``: those after ``after``, at most
-        ``max_rows``, and no more than ``max_bytes`` of bodies (but at least one). Keys and
-        sizes are read first and bodies only for the chosen rows, so a chunk costs what it
-        returns, however large the records behind it are."""
+        """The next records of a read answer, in ``records``' order and of the same history
+        (the current one, or what ``attempt`` sent: either holds one record per key), each
+        with its key ``(step, kind's place in KIND_ORDER, rank)``: those after ``after``, at
+        most ``max_rows``, and no more than ``max_bytes`` of bodies (but at least one). Keys
+        and sizes are read first and bodies only for the chosen rows, so a chunk costs what
+        it returns, however large the records behind it are."""
         order = _KIND_ORDER_SQL
         sql = (f"SELECT step, {order}, rank, id, length(body) FROM records "
                "WHERE run_id = ? AND step >= ?")
         params: list[Any] = [run_id, since_step]
+        if attempt is None:
+            sql += " AND superseded_by IS NULL"
+        else:
+            sql += " AND attempt = ?"
+            params.append(attempt)
         if after is not None:
             sql += f" AND step >= ? AND (step, {order}, rank) > (?, ?, ?)"
             params.extend((after[0], *after))
@@ -305,10 +514,11 @@ class Store:
         return [(key, bodies[row_id]) for key, row_id in chosen if row_id in bodies]
 
     def findings_chunk(self, run_id: str, before_id: int | None, max_rows: int,
-                       max_bytes: int) -> list[tuple[int, bytes]]:
+                       max_bytes: int, current: bool = False) -> list[tuple[int, bytes]]:
         """The next findings of a read answer, newest first, each with its id: those older
-        than ``before_id``, bounded as ``records_chunk`` bounds records."""
-        sql = "SELECT id, length(body) FROM findings WHERE run_id = ?"
+        than ``before_id``, bounded as ``records_chunk`` bounds records (``current``: only
+        those about the current history, as ``findings``)."""
+        sql = f"SELECT id, length(body) FROM findings f WHERE run_id = ?{_current(current)}"
         params: list[Any] = [run_id]
         if before_id is not None:
             sql += " AND id < ?"
@@ -334,7 +544,7 @@ class Store:
     def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
         rows = self._db.query(
             "SELECT body FROM records WHERE run_id = ? AND rank = ? AND kind = ? "
-            "ORDER BY step DESC LIMIT 1",
+            "AND superseded_by IS NULL ORDER BY step DESC LIMIT 1",
             (run_id, rank, kind),
         )
         return rows[0][0] if rows else None
@@ -343,22 +553,51 @@ class Store:
         rows = [r for r in self.runs(run_id) if r.run_id == run_id]
         return rows[0] if rows else None
 
-    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, bytes]]:
-        """Records of a run stored after ``after_id``, in arrival order (for recovery)."""
+    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, int, bytes]]:
+        """(id, attempt, body) of the run's current history stored after ``after_id``, in
+        arrival order (for recovery: replaced records are never fed again)."""
         return self._db.query(
-            "SELECT id, body FROM records WHERE run_id = ? AND id > ? ORDER BY id",
+            "SELECT id, attempt, body FROM records WHERE run_id = ? AND id > ? "
+            "AND superseded_by IS NULL ORDER BY id",
             (run_id, after_id),
         )
 
-    def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
+    def attempts(self, run_id: str) -> list[StoredAttempt]:
+        """The run's attempts, oldest first."""
         rows = self._db.query(
-            "SELECT last_id, state FROM detector_state WHERE run_id = ?", (run_id,)
+            "SELECT number, kind, start_step, started_at, superseded_from, superseded_to, "
+            "first_step, last_step, steps FROM attempts WHERE run_id = ? ORDER BY number",
+            (run_id,))
+        return [StoredAttempt(*row) for row in rows]
+
+    def attempt_tokens(self, run_id: str) -> list[tuple[str, int, int]]:
+        """(token, rank that first sent it, attempt number) of every process of the run."""
+        return self._db.query(
+            "SELECT token, rank, number FROM attempt_tokens WHERE run_id = ?", (run_id,))
+
+    def history_span(self, run_id: str, before_attempt: int) -> tuple[int | None, int | None]:
+        """First and last step of the run's current history that attempts before
+        ``before_attempt`` sent (steps and evals); (None, None) when there is none."""
+        row = self._db.query(
+            "SELECT MIN(step), MAX(step) FROM records WHERE run_id = ? AND attempt < ? AND "
+            "superseded_by IS NULL AND kind IN ('step', 'eval')", (run_id, before_attempt))
+        return row[0][0], row[0][1]
+
+    def detector_state(self, run_id: str) -> tuple[int, bytes] | None:
+        """The run's newest snapshot: (the last record id it covers, its state)."""
+        rows = self._db.query(
+            "SELECT last_id, state FROM detector_state WHERE run_id = ? "
+            "ORDER BY last_id DESC LIMIT 1", (run_id,)
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
-    def findings(self, run_id: str, limit: int = 100) -> list[bytes]:
+    def findings(self, run_id: str, limit: int = 100, current: bool = False) -> list[bytes]:
+        """The run's findings, newest first; ``current``: only those about its current
+        history (not about steps a later attempt replaced, pipeline/attempts.py)."""
         rows = self._db.query(
-            "SELECT body FROM findings WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit)
+            f"SELECT body FROM findings f WHERE run_id = ?{_current(current)} "
+            "ORDER BY id DESC LIMIT ?",
+            (run_id, limit)
         )
         return [row[0] for row in rows]
 
@@ -374,3 +613,12 @@ class Store:
 
     def max_record_id(self) -> int:
         return int(self._db.query("SELECT COALESCE(MAX(id), 0) FROM records")[0][0])
+
+
+def _current(current: bool) -> str:
+    """The SQL condition keeping findings (``f``) about a run's current history: none that
+    a later attempt replaced (pipeline/attempts.py), when ``current``."""
+    return ("" if not current else
+            " AND NOT EXISTS (SELECT 1 FROM attempts t WHERE t.run_id = f.run_id AND "
+            "t.number > f.attempt AND (t.kind = 'restarted' OR "
+            "(t.kind = 'resumed' AND t.start_step <= f.step)))")

@@ -104,8 +104,14 @@ CREATE TABLE IF NOT EXISTS user_blocks (
 CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS attempts (run_id TEXT PRIMARY KEY, number INTEGER NOT NULL);
 """
 
+
+RUN_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
+              "user_scalars", "user_blocks", "matrices")
+"""Every table holding a run's history, keyed by run id (``attempts`` says which attempt
+it was folded for, and outlives a refold)."""
 
 History: TypeAlias = sqlite3.Connection
 """A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""
@@ -353,6 +359,19 @@ class HistoryBuilder:
                                   key).fetchone()
             self._ema[key] = Ema(self.alpha, row[0], row[1]) if row else Ema(self.alpha)
         return self._ema[key]
+
+    @storage_errors()
+    def forget(self, run_id: str) -> None:
+        """Drop a run's whole history (and what is cached of it), committed at once: a new
+        attempt replaced part of it (pipeline/attempts.py) and it is folded again from
+        the run's current history. Call after ``commit``: nothing of the run may wait."""
+        with transaction(self.db, source=HISTORY_SOURCE) as db:
+            for table in RUN_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        self._names = {k: v for k, v in self._names.items() if k[0] != run_id}
+        self._index = {k: v for k, v in self._index.items() if k[0] != run_id}
+        self._ema = {k: v for k, v in self._ema.items() if k[0] != run_id}
+        self._dirty_names = {k for k in self._dirty_names if k[0] != run_id}
 
     # -- writing --------------------------------------------------------------------------
 

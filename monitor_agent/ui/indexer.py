@@ -4,6 +4,12 @@ Runs on a thread of its own with its own connections: a read-only one to the rec
 (engine state is never touched) and the history database it owns. Restarts resume from
 the last folded record id; deleting the history rebuilds it from the records.
 
+Charts draw a run's current history (pipeline/attempts.py): a record a later attempt had
+replaced before it was folded is skipped, and the first step of an attempt that replaced
+history already folded (a resume from a checkpoint, a new run reusing the id) drops the
+run's history and folds its current history again, once per attempt (the history's
+``attempts`` table remembers which): one line, never a sawtooth of two branches.
+
 The app starts one with its databases (serving/app.py: ``HistoryIndexer(settings.db_path,
 services.history_db, ema_alpha, default_warmup)``, ``start()``, and ``stop()`` on shutdown);
 its thread calls ``catch_up`` until nothing is left, then waits for more. One batch, by
@@ -48,6 +54,7 @@ from monitor_agent.storage.database import (
 from monitor_agent.ui.history import (
     HISTORY_SOURCE,
     MAX_NAMES,
+    RUN_TABLES,
     History,
     HistoryBuilder,
     open_history,
@@ -293,8 +300,8 @@ class HistoryIndexer:
         last = row[0] if row else 0
         with storage_errors(source="storage"):
             rows = src.execute(
-                "SELECT id, body FROM records WHERE id > ? AND kind != 'end' ORDER BY id "
-                "LIMIT ?", (last, self.BATCH)).fetchall()
+                "SELECT id, body, run_id, attempt, superseded_by FROM records WHERE id > ? "
+                "AND kind != 'end' ORDER BY id LIMIT ?", (last, self.BATCH)).fetchall()
         if not rows:
             return False
         if not self._noted:
@@ -303,39 +310,90 @@ class HistoryIndexer:
             with storage_errors(source=HISTORY_SOURCE):
                 self._note_source(first)
         try:
-            for _, body in rows:
-                self.builder.add(wire.loads(body))
+            for row in rows:
+                self._fold(src, row)
             self.builder.commit(rows[-1][0])
         except StorageError:
             self._fresh_builder()
             raise
         except Exception:
-            self._one_by_one(rows)
+            self._one_by_one(src, rows)
         return len(rows) == self.BATCH
 
-    def _one_by_one(self, rows: list[tuple[int, bytes]]) -> None:
+    def _fold(self, src: sqlite3.Connection, row: tuple[int, bytes, str, int, int | None]
+              ) -> None:
+        """Fold one stored record: none a later attempt replaced; a record of an attempt
+        that replaced part of its run's history first folds that run again from what is
+        left (pipeline/attempts.py), so the charts draw the current history."""
+        row_id, body, run_id, attempt, superseded_by = row
+        if superseded_by is not None:
+            return
+        if attempt > 1 and self._replaces_history(src, run_id, attempt):
+            self.builder.commit()
+            self._refold(src, run_id, row_id, attempt)
+        self.builder.add(wire.loads(body))
+
+    def _one_by_one(self, src: sqlite3.Connection,
+                    rows: list[tuple[int, bytes, str, int, int | None]]) -> None:
         """Fold and commit each record alone, so the one that fails is the only one lost
         (a fresh builder each time: a failed fold may have half-updated its caches)."""
-        for row_id, body in rows:
+        for row in rows:
+            row_id = row[0]
             self._fresh_builder()
             try:
-                self.builder.add(wire.loads(body))
+                self._fold(src, row)
                 self.builder.commit(row_id)
             except StorageError:
                 self._fresh_builder()
                 raise
             except Exception as exc:
-                self.skipped += 1
-                if self._on_skip is not None:
-                    self._on_skip()
-                log.warning("chart history: record %d skipped (%s: %s)", row_id,
-                            type(exc).__name__, str(exc)[:200])
+                self._skipped(f"record {row_id}", exc)
                 self._fresh_builder()
                 self.builder.commit(row_id)  # past it: nothing of it was written
 
+    def _skipped(self, what: str, exc: Exception) -> None:
+        self.skipped += 1
+        if self._on_skip is not None:
+            self._on_skip()
+        log.warning("chart history: %s skipped (%s: %s)", what, type(exc).__name__,
+                    str(exc)[:200])
 
-HISTORY_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
-                  "matrices")
+    def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` is settled, replaced some of the run's history, and its
+        history was not folded again for it yet."""
+        assert self._db is not None
+        row = self._db.execute("SELECT number FROM attempts WHERE run_id = ?",
+                               (run_id,)).fetchone()
+        if attempt <= (row[0] if row else 1):
+            return False
+        found = src.execute("SELECT kind, superseded_from FROM attempts WHERE run_id = ? AND "
+                            "number = ?", (run_id, attempt)).fetchone()
+        return found is not None and found[0] != "pending" and found[1] is not None
+
+    def _refold(self, src: sqlite3.Connection, run_id: str, before_id: int,
+                attempt: int) -> None:
+        """The run's history folded again from its current history before ``before_id``."""
+        assert self._db is not None
+        self.builder.forget(run_id)
+        with storage_errors(source="storage"):
+            cursor = src.execute(
+                "SELECT id, body FROM records WHERE run_id = ? AND id < ? AND superseded_by "
+                "IS NULL AND kind != 'end' ORDER BY id", (run_id, before_id))
+            chunks = iter(lambda: cursor.fetchmany(self.BATCH), [])
+        for chunk in chunks:
+            for row_id, body in chunk:
+                try:
+                    self.builder.add(wire.loads(body))
+                except StorageError:
+                    raise
+                except Exception as exc:  # stored but odd: skipped, as catch_up skips it
+                    self._skipped(f"record {row_id} (folded again)", exc)
+            self.builder.commit()
+        with storage_errors(source=HISTORY_SOURCE):
+            self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?)", (run_id, attempt))
+
+
+HISTORY_TABLES = (*RUN_TABLES, "attempts")
 """Every table of the history keyed by run id (history.SCHEMA)."""
 
 

@@ -191,3 +191,78 @@ def test_metrics_cover_the_run(server):
 def test_out_of_range_query_numbers_get_422_not_500(server, params):
     r = httpx.get(server.url + "/v1/runs/x/records", params=params)
     assert r.status_code == 422, r.text
+
+
+def _with_attempt(recs: list[dict], token: str | None) -> list[dict]:
+    return [{**r, "attempt": token} if token is not None else r for r in recs]
+
+
+def test_a_retried_batch_of_an_attempt_is_an_exact_duplicate(server):
+    batch = _with_attempt(_records("retry", steps=5), "tok-a")
+    first = httpx.post(server.url + "/v1/records", json={"records": batch}, timeout=10).json()
+    again = httpx.post(server.url + "/v1/records", json={"records": batch}, timeout=10).json()
+    assert (first["accepted"], first["duplicates"]) == (len(batch), 0)
+    assert (again["accepted"], again["duplicates"], again["late"]) == (0, len(batch), 0)
+    [(attempt)] = again["attempts"]
+    assert (attempt["token"], attempt["number"], attempt["kind"]) == ("tok-a", 1, "first")
+    detail = httpx.get(f"{server.url}/v1/runs/retry", timeout=10).json()
+    assert [a["number"] for a in detail["attempts"]] == [1]
+    assert len(_stored(server, "retry")) == len(batch)
+    # The very same records from another process are another attempt, not duplicates.
+    other = httpx.post(server.url + "/v1/records", timeout=10,
+                       json={"records": _with_attempt(_records("retry", 5), "tok-b")}).json()
+    assert (other["accepted"], other["duplicates"]) == (len(batch), 0)
+    assert other["attempts"][0]["number"] == 2 and other["attempts"][0]["kind"] == "restarted"
+
+
+def test_records_without_an_attempt_are_one_implicit_attempt_as_before(server):
+    recs = _records("legacy", steps=5)
+    httpx.post(server.url + "/v1/records", json={"records": recs}, timeout=10)
+    # An older client run again with the same id: duplicates, exactly as before attempts.
+    again = httpx.post(server.url + "/v1/records", json={"records": recs}, timeout=10).json()
+    assert (again["accepted"], again["duplicates"]) == (0, len(recs))
+    assert [(a["token"], a["number"], a["kind"]) for a in again["attempts"]] == [("", 1, "first")]
+    detail = httpx.get(f"{server.url}/v1/runs/legacy", timeout=10).json()
+    assert [(a["number"], a["kind"], a["steps"]) for a in detail["attempts"]] == [(1, "first", 5)]
+
+
+def test_other_ranks_of_a_launch_join_its_attempt(server):
+    def rank(r: int, token: str, steps: range) -> list[dict]:
+        return [{"kind": "step", "run_id": "ddp", "rank": r, "step": s, "time": 1.0 + s,
+                 "loss": 1.0, "attempt": token} for s in steps]
+
+    for batch in (rank(0, "a0", range(1, 11)), rank(1, "a1", range(1, 11)),
+                  rank(1, "b1", range(6, 16)), rank(0, "b0", range(6, 16))):
+        r = httpx.post(server.url + "/v1/records", json={"records": batch}, timeout=10)
+        assert r.json()["accepted"] == 10, r.text
+    detail = httpx.get(f"{server.url}/v1/runs/ddp", timeout=10).json()
+    assert [(a["number"], a["kind"], a["start_step"]) for a in detail["attempts"]] == [
+        (1, "first", 1), (2, "resumed", 6)]
+    current = httpx.get(f"{server.url}/v1/runs/ddp/records", timeout=10,
+                        params={"kind": "step", "limit": 100}).json()["records"]
+    assert sorted((r["rank"], r["step"]) for r in current) == sorted(
+        (rk, s) for rk in (0, 1) for s in range(1, 16))
+    assert {r["attempt"] for r in current if r["step"] >= 6} == {"b0", "b1"}
+
+
+def test_a_bad_attempt_token_is_refused_with_a_reason(server):
+    bad = [{"kind": "step", "run_id": "tok", "step": 1, "time": 1.0, "attempt": "a/b"}]
+    r = httpx.post(server.url + "/v1/records", json={"records": bad}, timeout=10)
+    assert r.status_code == 422 and "attempt" in r.text
+    assert httpx.get(f"{server.url}/v1/runs/tok", timeout=10).status_code == 404
+
+
+def test_records_past_max_attempts_per_run_are_refused_with_a_reason(tmp_path: Path):
+    def batch(token: str) -> list[dict]:
+        return [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s, "loss": 1.0,
+                 "attempt": token} for s in (1, 2)]
+
+    with LiveServer(load_settings(data_dir=tmp_path, max_attempts_per_run=2)) as srv:
+        for token in ("a", "b"):
+            r = httpx.post(srv.url + "/v1/records", json={"records": batch(token)}, timeout=10)
+            assert r.json()["accepted"] == 2, r.text
+        refused = httpx.post(srv.url + "/v1/records", json={"records": batch("c")}, timeout=10)
+        detail = httpx.get(f"{srv.url}/v1/runs/many", timeout=10).json()
+    assert refused.status_code == 422
+    assert "max_attempts_per_run=2" in refused.json()["detail"]
+    assert [a["number"] for a in detail["attempts"]] == [1, 2]

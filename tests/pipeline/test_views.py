@@ -29,11 +29,11 @@ def _live() -> RunState:
     return run
 
 
-def test_a_stored_run_not_in_memory_has_no_live_fields():
+def test_a_stored_run_not_in_memory_answers_from_the_store():
     row = _row({"kind": "run", "run_id": "r", "config": {"project": "cfg-p"}}, "failed")
-    listing = run_views.listing(row, None)
+    listing = run_views.listing(row, None, stored_last_step=7, findings=3, attempts=1)
     assert (listing.status, listing.active, listing.last_step, listing.findings) == (
-        "failed", False, None, None)
+        "failed", False, 7, 3)
     summary = run_views.summary(row, None, {"warning": 2, "critical": 1}, stored_last_step=7)
     assert (summary.project, summary.last_step, summary.findings, summary.worst_finding) == (
         "cfg-p", 7, 3, "critical")
@@ -46,7 +46,7 @@ def test_a_stored_run_not_in_memory_has_no_live_fields():
 
 def test_a_live_run_shows_its_ranks_progress_and_latest_values():
     live = _live()
-    listing = run_views.listing(_row(), live)
+    listing = run_views.listing(_row(), live, stored_last_step=None, findings=0, attempts=1)
     assert (listing.active, listing.last_step, listing.findings) == (True, 4, 0)
     summary = run_views.summary(_row(), live, {}, stored_last_step=None)
     assert summary.project == "live-p" and summary.last_step == 4

@@ -31,6 +31,17 @@ def test_migrations_run_once_each_by_user_version(tmp_path: Path):
     assert Database(tmp_path / "d.sqlite", V2).query("SELECT COUNT(*) FROM t")[0][0] == 1
 
 
+def test_a_migration_that_fails_halfway_changes_nothing_and_runs_whole_again(tmp_path: Path):
+    half = (*V1, "ALTER TABLE t ADD COLUMN y TEXT; INSERT INTO nowhere VALUES (1);")
+    Database(tmp_path / "d.sqlite", V1).close()
+    with pytest.raises(StorageError, match="nowhere"):
+        Database(tmp_path / "d.sqlite", half)
+    db = Database(tmp_path / "d.sqlite", V2)  # not "duplicate column y": nothing was kept
+    assert db.query("PRAGMA user_version")[0][0] == 2
+    assert [row[1] for row in db.query("PRAGMA table_info(t)")] == ["x", "y"]
+    db.close()
+
+
 def test_pragmas_wal_and_normal_sync(tmp_path: Path):
     db = Database(tmp_path / "d.sqlite", V1, busy_timeout_ms=1234)
     assert db.query("PRAGMA journal_mode")[0][0] == "wal"

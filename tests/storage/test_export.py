@@ -118,3 +118,22 @@ def test_export_never_destroys_a_file_and_fails_in_one_line(tmp_path: Path):
         proc = _cli(run_id, "-o", str(keep), "--data-dir", str(data))
         assert proc.returncode == 0, proc.stderr
         assert len(list(wire.iter_trace(keep))) == accepted
+
+
+def test_a_resumed_run_exports_its_current_history_by_either_route(tmp_path: Path):
+    def steps(token: str, first: int, last: int, loss: float) -> list[dict]:
+        return [{"kind": "step", "run_id": "re", "step": s, "time": 1.0 + s, "loss": loss,
+                 "attempt": token} for s in range(first, last + 1)]
+
+    with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
+        for batch in (steps("a", 1, 20, 3.0), steps("b", 11, 30, 2.0)):
+            assert httpx.post(srv.url + "/v1/records", json={"records": batch},
+                              timeout=10).json()["accepted"] == 20
+        by_url, by_dir = tmp_path / "url.jsonl", tmp_path / "dir.jsonl"
+        assert main(["export", "re", "-o", str(by_url), "--url", srv.url]) == 0
+        assert main(["export", "re", "-o", str(by_dir), "--data-dir",
+                     str(tmp_path / "data")]) == 0
+    exported = list(wire.iter_trace(by_dir))
+    assert exported == list(wire.iter_trace(by_url))
+    assert [(r["step"], r["loss"]) for r in exported] == [
+        (s, 3.0 if s <= 10 else 2.0) for s in range(1, 31)]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from monitor_agent.records import wire
+from monitor_agent.storage import store as store_module
 from monitor_agent.storage.database import StorageError
-from monitor_agent.storage.store import RecordRow, Store
+from monitor_agent.storage.store import RecordRow, Store, StoredAttempt
 
 
 def _row(step: int, run_id: str = "r", kind: str = "step", rank: int = 0) -> RecordRow:
@@ -46,7 +49,7 @@ def test_state_survives_reopening(tmp_path: Path):
     store.close()
     again = Store(tmp_path / "m.sqlite")
     assert again.detector_state("r") == (1, b'{"x": 1}')
-    assert [row_id for row_id, _ in again.records_after("r", 1)] == [2]
+    assert [row_id for row_id, _, _ in again.records_after("r", 1)] == [2]
     assert again.run_row("r").status == "running"
 
 
@@ -90,3 +93,53 @@ def test_reads_of_a_closed_store_are_storage_errors(tmp_path: Path):
     with pytest.raises(StorageError) as caught:
         store.runs()
     assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)
+
+
+def test_a_database_from_before_attempts_keeps_its_records_as_attempt_1(tmp_path: Path):
+    path = tmp_path / "monitor.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(store_module._MIGRATIONS[0])
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO runs VALUES ('old', NULL, 'completed', 5.0, 6.0, 6.0)")
+    db.execute("INSERT INTO detector_state VALUES ('old', 2, X'7B7D', 6.0)")
+    for step in (3, 4):
+        db.execute("INSERT INTO records (run_id, rank, kind, step, time, body) VALUES "
+                   "('old', 0, 'step', ?, 1.0, ?)",
+                   (step, wire.dumps({"kind": "step", "run_id": "old", "step": step,
+                                      "time": 1.0})))
+    db.commit()
+    db.close()
+
+    store = Store(path)
+    assert [(a.number, a.kind, a.start_step, a.first_step, a.last_step, a.steps)
+            for a in store.attempts("old")] == [(1, "first", 3, 3, 4, 2)]
+    assert store.run_row("old").last_step == 4
+    assert store.detector_state("old") == (2, b"{}")
+    assert store.attempt_tokens("old") == [("", 0, 1)]
+    assert [wire.loads(b)["step"] for b in store.records("old")] == [3, 4]
+    row = RecordRow("old", 0, "step", 4, 1.0, b'{"kind":"step","run_id":"old","step":4}')
+    assert store.insert_records([row]) == [None]  # still a duplicate of attempt 1
+    assert store.insert_records([dataclasses.replace(row, attempt=2)]) != [None]
+    store.close()
+
+
+def test_snapshots_thin_out_by_powers_of_two_and_a_resume_keeps_those_below_it():
+    store = Store(":memory:")
+    for step in range(100, 2001, 100):
+        store.save_detector_state("r", step, b"%d" % step, max_step=step)
+    kept = [step for (step,) in store._db.query(
+        "SELECT max_step FROM detector_state WHERE run_id = 'r' ORDER BY max_step")]
+    assert kept[-1] == 2000 and len(kept) <= 2 + (2000 - 100).bit_length()
+    # Every distance back from the newest has a snapshot within a factor of two of it.
+    for back in (100, 300, 700, 1500):
+        below = [s for s in kept if s <= 2000 - back]
+        assert below and 2000 - below[-1] <= 2 * back, (back, kept)
+
+    store.add_attempt("r", 1, "a", 0, now=1.0)
+    store.add_attempt("r", 2, "b", 0, now=2.0)
+    store.settle_attempt("r", StoredAttempt(2, "resumed", 1500, 2.0, 1500, 2000))
+    newest = store.detector_state("r")
+    assert newest is not None and 1000 <= int(newest[1]) < 1500
+    store.settle_attempt("r", StoredAttempt(2, "restarted", 1, 2.0, 1, 2000))
+    assert store.detector_state("r") is None
+    store.close()

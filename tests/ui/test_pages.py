@@ -11,6 +11,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from ui_checks import CANVAS_COLOURS, CHARTS
 
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
 from monitor_agent.ui.routes import STATIC
 
 
@@ -177,3 +179,21 @@ def test_both_pages_work_under_their_content_security_policy(browser, fed):
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
                                 {"identifier": watch["identifier"]})
     assert listed == [] and drawn == [], (listed, drawn)
+
+
+def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path):
+    def steps(token: str, first: int, last: int, loss: float) -> list[dict]:
+        return [{"kind": "step", "run_id": "reused", "step": s, "time": 1.0 + s,
+                 "loss": loss, "attempt": token} for s in range(first, last + 1)]
+
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        for batch in (steps("a", 1, 40, 3.0), steps("b", 25, 60, 2.0)):
+            assert httpx.post(srv.url + "/v1/records", json={"records": batch},
+                              timeout=10).status_code == 200
+        browser.get(f"{srv.url}/runs/reused")
+        rows = WebDriverWait(browser, 20).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#attempts tbody tr"))
+        cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    assert cells == [["1", "first", "1–40", "", ""],
+                     ["2", "resumed from a checkpoint", "25–60", "steps 25–40 of earlier attempts",
+                      "current"]]

@@ -318,6 +318,24 @@
            r.progress_ratio == null ? "no ETA" : Math.round(r.progress_ratio * 100) + "%", r.progress_ratio));
   }
 
+  function renderAttempts(attempts) {
+    // Only a reused run id has more than one: each attempt's steps, what it was taken for,
+    // and the earlier steps it replaced (kept, abandoned; GET .../records?attempt=N).
+    const card = document.getElementById("attempts-card");
+    card.hidden = attempts.length < 2;
+    if (card.hidden) return;
+    const range = (a, b) => a == null ? "–" : a === b ? String(a) : `${a}–${b}`;
+    const kinds = {first: "first", resumed: "resumed from a checkpoint",
+      restarted: "a new run reusing the id", pending: "starting"};
+    document.getElementById("attempts").replaceChildren(
+      el("thead", {}, el("tr", {}, ...["attempt", "what", "steps", "replaced (abandoned)", ""].map(h => el("th", {}, h)))),
+      el("tbody", {}, ...attempts.map(a => el("tr", {"data-attempt": String(a.number), "data-kind": a.kind},
+        el("td", {}, String(a.number)), el("td", {}, kinds[a.kind] || a.kind),
+        el("td", {}, range(a.first_step, a.last_step)),
+        el("td", {}, a.superseded_from == null ? "" : "steps " + range(a.superseded_from, a.superseded_to) + " of earlier attempts"),
+        el("td", {class: "muted"}, a.current ? "current" : "")))));
+  }
+
   function renderAlerts(alerts) {
     const box = document.getElementById("alerts"), seen = JSON.stringify(alerts);
     if (seen === S.alertsSeen) return;  // untouched rows: a button stays under the pointer
@@ -513,6 +531,7 @@
       renderFacts(detail);
       renderTimeline(detail);
       renderConfig(detail);
+      renderAttempts(detail.attempts || []);
       renderAlerts(detail.alerts || []);
       if (matrices) {
         (await matrices)();
@@ -532,7 +551,7 @@
   }
 
   async function loadFindings(total) {
-    S.findings = (await api(`${base}/findings?limit=10000`)).findings;
+    S.findings = (await api(`${base}/findings?limit=10000&current=true`)).findings;
     S.lastFindings = total < 0 ? S.findings.length : total;
     S.findingsKey = (S.findingsKey || 0) + 1;
     renderFindings();

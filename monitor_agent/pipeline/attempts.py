@@ -1,0 +1,163 @@
+"""Attempts of a run id: which process sent a record, and what its records replace.
+
+A run id is reused all the time: a relaunch after a crash resumes from a checkpoint and
+sends steps S, S+1, ... again; a fixed ``run_id="gpt-exp-1"`` run twice starts over. The
+client draws a token once per ``Monitor`` (docs/format.md, ``attempt``) and sends it with
+every record; records without one (older clients) carry the legacy token ``""``.
+
+An **attempt** is a contiguous segment of a run id's history, begun by a new process: the
+records of one or more tokens. A token never seen for the run joins the latest attempt when
+that attempt has no process of the token's rank yet (the other ranks of the same launch),
+and otherwise begins the next attempt. A retried batch carries the same token and the same
+records: it stays an exact duplicate (records are unique per run, rank, kind, step and
+attempt).
+
+An attempt is *pending* until its first step or eval record arrives (not an end record: a
+process that dies before its first step ends only itself); that record's step ``S``
+settles its kind against the run's current history before it (the steps earlier
+attempts sent that nothing has replaced yet), first step ``F``, last step ``L``:
+
+- ``first``: attempt 1.
+- ``restarted`` when ``S <= F``: it begins where the run began (or earlier), so it cannot
+  be continuing it; a new run reusing the id. The whole history before it is kept, as
+  the earlier attempts', and leaves the current history (``F..L`` replaced).
+- ``resumed`` otherwise: the same run continuing from a checkpoint at ``S``; the history's
+  steps ``S..L`` are kept but marked replaced (abandoned), or nothing when ``S > L``. The
+  earlier attempts' run and end records are replaced too: the run is running again.
+
+The config is not compared: a resume may legitimately change it (a lower learning rate
+after a divergence). A replaced record stays stored, with ``superseded_by`` its attempt;
+reads default to the current history. Settling a resumed or restarted attempt rebuilds the
+run in memory at its start step: the newest detector snapshot below it, plus the kept
+records after that snapshot (registry.py ``RunRegistry.rebuild``).
+
+A closed-loop rollback to step S (the same processes reload a checkpoint and send S, S+1,
+... again) is a resumed attempt too: open the next attempt settled at S
+(``settle``/``settled``, ``Store.settle_attempt``) and point the run's current tokens at
+it (``tokens``; ``attempt_tokens`` in the store); the rest follows from here.
+
+Three attempts of ``gpt-exp-1``: the first ran steps 1..1500, the second resumed from a
+checkpoint at 1200, the third starts over at step 1::
+
+    >>> settle(1, start=1, history=(None, None))
+    Settled(kind='first', superseded_from=None, superseded_to=None)
+    >>> settle(2, start=1200, history=(1, 1500))
+    Settled(kind='resumed', superseded_from=1200, superseded_to=1500)
+    >>> settle(3, start=1, history=(1, 1800))
+    Settled(kind='restarted', superseded_from=1, superseded_to=1800)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from monitor_agent.records.types import EvalRecord, Record, StepRecord
+from monitor_agent.storage.store import Store, StoredAttempt
+
+LEGACY_TOKEN = ""  # records without an ``attempt`` field: one implicit attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A pending attempt's kind and the range of earlier history it replaced."""
+
+    kind: str
+    superseded_from: int | None
+    superseded_to: int | None
+
+
+def settle(number: int, start: int, history: tuple[int | None, int | None]) -> Settled:
+    """Classify attempt ``number`` whose first step is ``start``, given the first and last
+    step of the current history before it (the module docstring states the rule)."""
+    first, last = history
+    if number == 1 or first is None or last is None:
+        return Settled("first" if number == 1 else "resumed", None, None)
+    if start <= first:
+        return Settled("restarted", first, last)
+    if start <= last:
+        return Settled("resumed", start, last)
+    return Settled("resumed", None, None)
+
+
+@dataclass(slots=True)
+class RunAttempts:
+    """The attempts of one run as the engine tracks them (loaded with the run)."""
+
+    attempts: list[StoredAttempt]
+    tokens: dict[str, tuple[int, int]]  # token -> (attempt number, rank that first sent it)
+
+    @classmethod
+    def load(cls, store: Store, run_id: str) -> RunAttempts:
+        return cls(store.attempts(run_id),
+                   {token: (number, rank) for token, rank, number in
+                    store.attempt_tokens(run_id)})
+
+    @property
+    def current(self) -> int:
+        """The latest attempt's number (0 before the run's first record)."""
+        return self.attempts[-1].number if self.attempts else 0
+
+    def get(self, number: int) -> StoredAttempt:
+        return self.attempts[number - 1]
+
+    def place(self, token: str, rank: int) -> tuple[int, bool]:
+        """The attempt an unseen token belongs to, and whether it is a new one."""
+        if not self.attempts:
+            return 1, True
+        latest = self.current
+        ranks = {r for n, r in self.tokens.values() if n == latest}
+        if rank not in ranks:
+            return latest, False  # another rank of the same launch
+        return latest + 1, True
+
+    def replace(self, attempt: StoredAttempt) -> None:
+        self.attempts[attempt.number - 1] = attempt
+
+    def place_record(self, store: Store, record: Record, now: float,
+                     limit: int) -> tuple[str, int, StoredAttempt | None] | str:
+        """(token, attempt number, the attempt if the record just settled it) for one
+        arriving record, stored as decided (a new token at once, so a retry finds it); or
+        why it may not begin an attempt (``limit``: ``max_attempts_per_run``)."""
+        token = record.attempt or LEGACY_TOKEN
+        known = self.tokens.get(token)
+        if known is not None:
+            number = known[0]
+        else:
+            number, new = self.place(token, record.rank)
+            if new and number > limit:
+                return (f"attempt: run {record.run_id} has {number - 1} attempts "
+                        f"(max_attempts_per_run={limit}); use a new run id")
+            if new:
+                store.add_attempt(record.run_id, number, token, record.rank, now)
+                self.attempts.append(StoredAttempt(number, "pending", None, now, None, None))
+            else:
+                store.add_attempt_token(record.run_id, token, record.rank, number)
+            self.tokens[token] = (number, record.rank)
+        pending = self.get(number)
+        # Not on an end record: a process that fails before its first step ends only itself.
+        if pending.kind != "pending" or not isinstance(record, StepRecord | EvalRecord):
+            return token, number, None
+        found = settle(number, record.step, store.history_span(record.run_id, number))
+        done = settled(pending, record.step, found)
+        store.settle_attempt(record.run_id, done)
+        self.replace(done)
+        return token, number, done
+
+    def superseded_by(self, number: int, kind: str, step: int) -> int | None:
+        """The later attempt that replaced a record of attempt ``number`` (one that
+        arrives after that attempt began: a spool delivered late), or None."""
+        for later in self.attempts[number:]:
+            if later.kind == "restarted":
+                return later.number
+            if later.kind == "resumed" and later.start_step is not None and (
+                    kind in ("run", "end") or step >= later.start_step):
+                return later.number
+        return None
+
+
+def settled(attempt: StoredAttempt, start: int, found: Settled) -> StoredAttempt:
+    """``attempt`` (pending) with its start and what ``settle`` found."""
+    return dataclasses.replace(attempt, kind=found.kind, start_step=start,
+                               superseded_from=found.superseded_from,
+                               superseded_to=found.superseded_to)
