@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from monitor_agent.detectors.catalogue import FINDING_TYPES
+from monitor_agent.detectors.catalogue import FINDING_TYPES, USUAL_SEVERITY
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.records.yaml_errors import yaml_error_line
 
@@ -201,7 +201,32 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
         model = RulesFileModel.model_validate(data)
     except ValidationError as exc:
         raise RuleError(_explain(exc, source, data)) from None
-    return [_build(r, i, model, source) for i, r in enumerate(model.rules)]
+    rules = [_build(r, i, model, source) for i, r in enumerate(model.rules)]
+    _refuse_shadowed(rules, source)
+    return rules
+
+
+def _refuse_shadowed(rules: list[Rule], source: str) -> None:
+    """First match wins, so a rule below one that takes all of its findings never fires.
+
+    "Takes all": for every type the later rule names, an earlier rule with no label or
+    value condition matches a finding of that type at the severity its detector usually
+    gives it (``USUAL_SEVERITY``). A catch-all above a specific rule is the usual case.
+    """
+    for j, later in enumerate(rules):
+        types = FINDING_TYPES if "*" in later.types else later.types
+        for earlier in rules[:j]:
+            if earlier.labels or earlier.value_above is not None or (
+                    earlier.value_below is not None):
+                continue
+            taken = [t for t in types if earlier.matches(
+                Finding(t, USUAL_SEVERITY[t], "", step=0, message=""), {})]
+            if taken and len(taken) == len(types):
+                raise RuleError(
+                    f"alert rules {source}: rule {later.name} never matches: rule "
+                    f"{earlier.name} above it takes every {', '.join(taken[:5])}"
+                    f"{' ...' if len(taken) > 5 else ''} finding first (first match wins); "
+                    f"move {later.name} above {earlier.name}")
 
 
 def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule:

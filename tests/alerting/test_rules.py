@@ -51,6 +51,8 @@ def test_defaults_follow_the_issue():
         ("memory_pressure", Severity.ERROR, "TrainingMemoryPressureCritical"),
         ("memory_pressure", Severity.WARNING, "TrainingMemoryPressure"),
         ("stalled", Severity.ERROR, "TrainingStalled"),
+        ("category_divergence", Severity.WARNING, "TrainingCategoryDivergence"),
+        ("lr_jump", Severity.WARNING, "TrainingLrJump"),
         ("brand_new_type", Severity.WARNING, "TrainingFinding"),
         ("brand_new_type", Severity.INFO, None),
     ],
@@ -58,6 +60,30 @@ def test_defaults_follow_the_issue():
 def test_first_matching_rule_wins(type_, severity, expected):
     rule = first_match(load_rules(None), finding(type_, severity), {})
     assert (rule.name if rule else None) == expected
+
+
+def test_a_rule_below_one_that_takes_all_its_findings_is_refused_by_name():
+    with pytest.raises(RuleError, match="rule Divergence never matches: rule Anything above it "
+                       "takes every divergence finding first"):
+        parse_rules("""
+routes: {chat: [slack]}
+rules:
+  - name: Anything
+    match: {types: ["*"], min_severity: warning}
+  - name: Divergence
+    match: {types: [divergence]}
+""")
+    # Narrower above broader is fine, and so is a catch-all limited by labels.
+    parse_rules("""
+routes: {chat: [slack]}
+rules:
+  - name: GptOnly
+    match: {types: ["*"], labels: {project: gpt}}
+  - name: Divergence
+    match: {types: [divergence]}
+  - name: Anything
+    match: {types: ["*"]}
+""")
 
 
 def test_labels_and_value_conditions():
