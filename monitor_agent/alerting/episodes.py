@@ -202,13 +202,15 @@ class Episodes:
             self._refresh(tx, firing, silences, now)
 
     def _transition(self, tx: AlertTx, alert: StoredAlert, reason: Reason,
-                    now: float) -> Item | None:
+                    now: float, ended: str | None = None) -> Item | None:
         if reason is not Reason.RESOLVED:
             return self._mark_sent(tx, alert, reason, now)
         # Nobody was told it fired (silenced throughout): close quietly.
         told = alert.notified == "firing"
         tx.resolve(alert.fingerprint, now, told)
-        return (to_event(alert, "resolved", reason.value, now), alert.channels) if told else None
+        if not told:
+            return None
+        return to_event(alert, "resolved", reason.value, now, ended=ended), alert.channels
 
     def _mark_sent(self, tx: AlertTx, alert: StoredAlert, reason: Reason, now: float) -> Item:
         tx.mark_sent(alert.fingerprint, now)
@@ -227,8 +229,10 @@ class Episodes:
             self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
                           now)
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None) -> None:
-        """A completed run resolves its alerts now; a stopped one honours its stop requests."""
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None,
+                  verdict: str | None = None) -> None:
+        """A completed run resolves its alerts now, saying how it ended (``verdict``); a
+        stopped one honours its stop requests."""
         if status == "stopped" and step is not None:
             with self.store.tx() as tx:
                 for action in actions.honour_stops(tx, run_id, step):
@@ -239,8 +243,9 @@ class Episodes:
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
         with self.store.tx() as tx:
             firing = tx.in_state("firing", run_id=run_id)
-            items = [item for a in firing
-                     if (item := self._transition(tx, a, Reason.RESOLVED, now)) is not None]
+            ended = f"run ended {verdict}" if verdict else "run ended"
+            items = [item for a in firing if (item := self._transition(
+                tx, a, Reason.RESOLVED, now, ended=ended)) is not None]
             for _ in firing:
                 self._count(Reason.RESOLVED)
             self._enqueue(tx, items, now)

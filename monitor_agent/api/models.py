@@ -21,7 +21,8 @@ string::
     >>> from pydantic import TypeAdapter
     >>> schema = TypeAdapter(RunListingOut).json_schema(mode="serialization")
     >>> schema["required"]
-    ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings']
+    ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings',
+     'verdict']
     >>> schema["properties"]["active"]["description"]
     'In memory: records arrived within the run TTL.'
     >>> TypeAdapter(Measured).json_schema()["anyOf"]
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, with_config
 
 from monitor_agent.alerting.model import Action, AlertView
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.pipeline.views import RunListing
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -150,6 +152,9 @@ class RunDetailOut(BaseModel):
     alerts: list[AlertOut]
     last_step: int | None = Field(default=None, description="Live runs only.")
     ranks: dict[str, RankOut] | None = Field(default=None, description="By rank; live runs only.")
+    verdict: Verdict | None = Field(description=(
+        "Healthy or unhealthy, with the cause and the step it began; null for a run stored "
+        "before verdicts were."))
 
 
 @with_config(_EVERY_KEY)

@@ -61,6 +61,7 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         "run": run.run,
         "findings": {"by_type": run.finding_counts, "recent": run.recent_findings},
         "alerts": alerts,
+        "verdict": run.verdict.to_dict() if run.verdict is not None else None,
     }
     if run.ranks is not None:  # in memory: what only live state knows
         detail["last_step"] = run.last_step

@@ -16,6 +16,7 @@ from typing import Any
 
 from monitor_agent.pipeline.progress import run_progress
 from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.store import StoredRun
@@ -40,6 +41,9 @@ class RunListing:
     last_seen: float
     findings: int | None = field(
         metadata={"description": "Findings since the run was loaded; live only."})
+    verdict: Verdict | None = field(metadata={"description": (
+        "Healthy or unhealthy, with the cause and the step it began (pipeline/verdict.py); "
+        "null for a run stored before verdicts were.")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,7 @@ class RunSummary:
     findings: int
     worst_finding: str | None
     last_seen: float
+    verdict: Verdict | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,14 @@ class RunDetail:
     recent_findings: list[dict[str, Any]]
     last_step: int | None
     ranks: dict[str, dict[str, Any]] | None
+    verdict: Verdict | None
+
+
+def verdict_of(row: StoredRun, live: RunState | None) -> Verdict | None:
+    """The live run's verdict as of now, else the one stored on its row."""
+    if live is not None:
+        return live.verdict.verdict(live.status)
+    return Verdict.from_json(row.verdict)
 
 
 def listing(row: StoredRun, live: RunState | None) -> RunListing:
@@ -88,6 +101,7 @@ def listing(row: StoredRun, live: RunState | None) -> RunListing:
         first_seen=row.first_seen,
         last_seen=row.last_seen,
         findings=sum(live.findings.values()) if live else None,
+        verdict=verdict_of(row, live),
     )
 
 
@@ -107,6 +121,7 @@ def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
         findings=sum(severities.values()),
         worst_finding=max(severities, key=Severity.parse, default=None),
         last_seen=row.last_seen,
+        verdict=verdict_of(row, live),
     )
 
 
@@ -127,6 +142,7 @@ def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int]
         recent_findings=[wire.loads(b) for b in recent],
         last_step=live.last_step if live is not None else None,
         ranks=ranks,
+        verdict=verdict_of(row, live),
     )
 
 

@@ -76,6 +76,10 @@ _MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # The run's verdict (pipeline/verdict.py), JSON: shown after the run leaves memory.
+    """
+    ALTER TABLE runs ADD COLUMN verdict TEXT;
+    """,
 )
 
 
@@ -101,6 +105,7 @@ class StoredRun:
     first_seen: float
     last_seen: float
     ended_at: float | None
+    verdict: str | None = None  # pipeline/verdict.py's Verdict as JSON; None before one
 
 
 class Store:
@@ -158,6 +163,9 @@ class Store:
         self._write(
             "UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?", (status, ended_at, run_id)
         )
+
+    def set_verdict(self, run_id: str, verdict: str) -> None:
+        self._write("UPDATE runs SET verdict = ? WHERE run_id = ?", (verdict, run_id))
 
     def insert_findings(self, findings: Sequence[dict[str, Any]]) -> None:
         if not findings:
@@ -237,7 +245,8 @@ class Store:
     # -- reads ----------------------------------------------------------------------------
 
     def runs(self, run_id: str | None = None) -> list[StoredRun]:
-        sql = "SELECT run_id, run_record, status, first_seen, last_seen, ended_at FROM runs"
+        sql = ("SELECT run_id, run_record, status, first_seen, last_seen, ended_at, verdict "
+               "FROM runs")
         if run_id is not None:
             rows = self._db.query(sql + " WHERE run_id = ?", (run_id,))
         else:

@@ -13,6 +13,7 @@ from monitor_agent.alerting.rules import (
     load_rules,
     parse_duration,
     parse_rules,
+    shadowed,
 )
 from monitor_agent.records.types import Finding, Severity
 
@@ -62,10 +63,8 @@ def test_first_matching_rule_wins(type_, severity, expected):
     assert (rule.name if rule else None) == expected
 
 
-def test_a_rule_below_one_that_takes_all_its_findings_is_refused_by_name():
-    with pytest.raises(RuleError, match="rule Divergence never matches: rule Anything above it "
-                       "takes every divergence finding first"):
-        parse_rules("""
+def test_a_rule_below_one_that_takes_all_its_findings_is_named_at_load(caplog):
+    rules = parse_rules("""
 routes: {chat: [slack]}
 rules:
   - name: Anything
@@ -73,8 +72,13 @@ rules:
   - name: Divergence
     match: {types: [divergence]}
 """)
+    assert shadowed(rules) == [
+        "alert rules <rules>: rule Divergence never matches: rule Anything above it takes "
+        "every divergence finding first (first match wins); move Divergence above Anything"]
+    assert "rule Divergence never matches" in caplog.text
+    assert shadowed(load_rules(None)) == []  # the shipped rules have none
     # Narrower above broader is fine, and so is a catch-all limited by labels.
-    parse_rules("""
+    assert not shadowed(parse_rules("""
 routes: {chat: [slack]}
 rules:
   - name: GptOnly
@@ -83,7 +87,7 @@ rules:
     match: {types: [divergence]}
   - name: Anything
     match: {types: ["*"]}
-""")
+"""))
 
 
 def test_labels_and_value_conditions():
