@@ -260,6 +260,9 @@
     const latest = r.latest || stored;
     document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
     document.getElementById("status").className = "status status-" + detail.status;
+    const verdict = document.getElementById("verdict");  // the run's verdict, in its header
+    verdict.textContent = detail.verdict ? detail.verdict.words : "";
+    verdict.className = detail.verdict ? "verdict verdict-" + detail.verdict.state : "verdict";
     const fact = (id, label, value, raw) => el("div", {}, el("b", {id, "data-value": raw === undefined ? "" : String(raw)}, value), el("span", {}, label));
     const step = detail.last_step ?? stored.step ?? null;
     document.getElementById("facts").replaceChildren(

@@ -43,7 +43,8 @@
       r.worst_finding ? el("span", {class: "sev sev-" + r.worst_finding}, r.worst_finding) : "");
     return el("tr", {"data-run": r.run_id},
       el("td", {}, link), el("td", {}, r.project || "–"),
-      el("td", {class: "status status-" + r.status}, r.status + (r.active ? "" : " (stored)")),
+      el("td", {class: "status status-" + r.status}, r.status + (r.active ? "" : " (stored)"),
+        r.verdict ? el("div", {class: "verdict verdict-" + r.verdict.state}, r.verdict.words) : ""),
       el("td", {}, r.last_step == null ? "–" : String(r.last_step)), el("td", {}, progress),
       el("td", {}, findings),
       el("td", {class: r.firing_alerts ? "state-firing" : ""}, String(r.firing_alerts)),
