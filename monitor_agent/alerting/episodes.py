@@ -33,6 +33,7 @@ from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
 from monitor_agent.alerting.model import Action, RunContext, StoredAlert
+from monitor_agent.alerting.related import RelatedFindings, follows
 from monitor_agent.alerting.rules import Rule, first_match
 from monitor_agent.alerting.silences import Silence, silenced_by
 from monitor_agent.metrics.alerting import AlertingMetrics
@@ -107,6 +108,9 @@ class Episodes:
         previewed = alert is not None and alert.count == 0 and alert.state != "resolved"
         if previewed:  # the in-order copy of a previewed record: this episode's first
             reason = Reason.SUPPRESSED
+        if reason is Reason.FIRST and self._group(tx, run, rule, f, now):
+            self._count(Reason.GROUPED)
+            return False, None
         if reason is Reason.FIRST:
             tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
             return True, self._act(tx, rule, f, fp, 1, now)
@@ -115,6 +119,21 @@ class Episodes:
             return False, None
         self._merge(tx, alert, rule, f, now, previewed)
         return False, self._act(tx, rule, f, fp, alert.count + 1, now)
+
+    def _group(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, now: float) -> bool:
+        """Count ``f`` under the open page it follows from (alerting/related.py), if any;
+        True when it is one (a replayed one included: it was counted before)."""
+        severity, acts = rule.severity_for(f), rule.action != "notify-only"
+        pages = tx.open_pages(run.run_id)
+        silences = tx.active_silences(now) if pages else []
+        for page in pages:
+            if follows(page.severity, page.state, severity, f, acts) and not silenced_by(
+                    silences, page):
+                related = RelatedFindings.from_json(page.related)
+                if related.add(f):
+                    tx.set_related(page.fingerprint, related.to_json())
+                return True
+        return False
 
     def _merge(self, tx: AlertTx, alert: StoredAlert, rule: Rule, f: Finding, now: float,
                previewed: bool) -> None:

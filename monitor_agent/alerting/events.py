@@ -26,6 +26,7 @@ from collections import defaultdict
 from urllib.parse import quote
 
 from monitor_agent.alerting.model import StoredAlert
+from monitor_agent.alerting.related import RelatedFindings
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
 from monitor_agent.records import wire
 
@@ -54,6 +55,8 @@ def to_event(alert: StoredAlert, status: str, reason: str, now: float,
         summary, evidence = f"{summary}; {alert.action}", {**evidence, "action": alert.action}
     if ended:
         summary = f"{ended} (closed with the run; last finding: {summary})"
+    if related := RelatedFindings.from_json(alert.related).summary():
+        summary = f"{summary}; {related}"  # the findings that follow from it, grouped here
     return AlertEvent(
         fingerprint=alert.fingerprint, run_id=alert.run_id, alertname=alert.rule,
         type=alert.type, severity=alert.severity, status=status,
