@@ -10,8 +10,10 @@ warnings are about the job or are not sure enough to judge a run by; they do not
 
 A NaN is said the way it ended: ``NaN since step S`` when the run's latest step still has a
 non-finite loss (S is where that unbroken stretch began), ``NaN at step S`` when later steps
-were finite again. The other causes are named with the step of their first finding. The
-first cause (by step) is the verdict's ``cause``; the text names up to two.
+were finite again. The other causes are named with the step of their first finding, and
+with what the detectors saw behind it (``after LR x100 at step 300``, an ``lr_jump`` the
+finding cites as its likely cause). The first cause (by step) is the verdict's ``cause``;
+the text names it, then a NaN the run is still in, else the next cause.
 
 ``label`` is what ``training_run_info`` carries in its ``verdict`` label: ``healthy`` or
 ``unhealthy_<cause type>``, a closed set of ``len(CAUSES) + 1`` values (``LABELS``).
@@ -101,6 +103,7 @@ class VerdictTracker:
     """A run's causes so far (see module docstring); snapshot with ``asdict``."""
 
     first: dict[str, int] = field(default_factory=dict)  # cause type -> first step
+    behind: dict[str, str] = field(default_factory=dict)  # cause type -> its likely cause
     nan_since: int | None = None   # start of the current non-finite stretch, if any
     nan_ranks: list[int] = field(default_factory=list)  # ranks whose last loss is non-finite
 
@@ -121,8 +124,12 @@ class VerdictTracker:
                     self.nan_since = None
             self.nan_ranks = sorted(ranks)
         for f in findings:
-            if f.type in CAUSES and f.severity >= Severity.ERROR and not f.log_only:
-                self.first.setdefault(f.type, f.step)
+            if (f.type in CAUSES and f.severity >= Severity.ERROR and not f.log_only
+                    and f.type not in self.first):
+                self.first[f.type] = f.step
+                cause = f.evidence.get("likely_cause")
+                if isinstance(cause, str):  # "LR x100 at step 300: a -> b, ...": its name
+                    self.behind[f.type] = cause.split(":")[0][:80]
         return (len(self.first), self.nan_since) != before
 
     def verdict(self, status: str) -> Verdict:
@@ -132,8 +139,11 @@ class VerdictTracker:
             words = "healthy" if ended else "healthy so far"
             return Verdict("healthy", f"{status}, {words}" if ended else words, words=words)
         causes = sorted(self.first.items(), key=lambda kv: (kv[1], kv[0]))
-        words = "unhealthy: " + "; ".join(self._words(t, s) for t, s in causes[:2])
         cause, step = causes[0]
+        # The first cause, then a NaN the run is still in (how it ended), else the next one.
+        second = [t for t, _ in causes[1:] if t == "nan_inf" and self.nan_since is not None]
+        named = [cause, *(second or [t for t, _ in causes[1:2]])]
+        words = "unhealthy: " + "; ".join(self._words(t, self.first[t]) for t in named)
         return Verdict("unhealthy", f"{status}, {words}" if ended else words, cause, step, words)
 
     def _words(self, cause: str, step: int) -> str:
@@ -141,10 +151,12 @@ class VerdictTracker:
             if self.nan_since is not None:
                 return f"NaN since step {self.nan_since}"
             return f"NaN at step {step}"
-        return f"{CAUSES[cause]} at step {step}"
+        behind = f" after {self.behind[cause]}" if cause in self.behind else ""
+        return f"{CAUSES[cause]} at step {step}{behind}"
 
     def restore(self, data: dict[str, Any]) -> None:
         self.first = {str(k): int(v) for k, v in (data.get("first") or {}).items()}
+        self.behind = {str(k): str(v) for k, v in (data.get("behind") or {}).items()}
         since = data.get("nan_since")
         self.nan_since = int(since) if since is not None else None
         self.nan_ranks = [int(r) for r in data.get("nan_ranks") or []]
