@@ -112,7 +112,7 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
             st.in_force_until = rec.step
         if st.prev_lr > 0 and rec.step > st.prev_step:
             x = math.log(lr / st.prev_lr)
-            jump = self._jump(rec, st, x)
+            jump = self._jump(rec, st, lr, x)
             if jump is not None:
                 found.append(jump)
             else:
@@ -121,8 +121,7 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
         st.ceiling = max(st.ceiling, lr)
         return found
 
-    def _jump(self, rec: StepRecord, st: LrJumpState, x: float) -> Finding | None:
-        lr = rec.lr
+    def _jump(self, rec: StepRecord, st: LrJumpState, lr: float, x: float) -> Finding | None:
         if (len(st.ratios) < MIN_READINGS or st.prev_step <= self.ctx.warmup
                 or lr <= CEILING_RATIO * st.ceiling):
             return None

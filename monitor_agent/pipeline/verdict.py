@@ -31,7 +31,7 @@ A run whose loss goes NaN at step 300 and stays so to its end at step 600::
     >>> for s in (299, 300, 301, 600):
     ...     rec = StepRecord(run_id="r", step=s, time=s, loss=2.0 if s < 300 else float("nan"))
     ...     found = [Finding("nan_inf", Severity.CRITICAL, "r", s, "loss is nan")] if s == 300 else []
-    ...     tracker.observe(rec, found)
+    ...     _ = tracker.observe(rec, found)
     >>> print(tracker.verdict("running").text)
     unhealthy: NaN since step 300
     >>> v = tracker.verdict("completed")

@@ -28,7 +28,7 @@ HTTP. The series answer is ``series_answer``, read here from a history of three 
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
