@@ -54,6 +54,13 @@ SCHEDULES = {
 }
 
 
+def _lr_only() -> DetectorSuite:
+    """The lr_jump detector alone (and present: a quiet schedule means it judged it)."""
+    suite = only("lr_jump")
+    assert [d.type for d in suite.detectors] == ["lr_jump"]
+    return suite
+
+
 def _records(lrs: list[float]) -> list:
     return [run()] + [step(i, lr=lr, loss=2.0 + noise(i)) for i, lr in enumerate(lrs, start=1)]
 
@@ -61,7 +68,7 @@ def _records(lrs: list[float]) -> list:
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_real_schedules_are_the_schedule(name):
     lrs = SCHEDULES[name]()
-    assert feed(only("lr_jump"), _records(lrs)) == []
+    assert feed(_lr_only(), _records(lrs)) == []
 
 
 @pytest.mark.parametrize("name", ["warmup+cosine", "constant", "onecycle", "step decay x0.1"])
@@ -70,7 +77,7 @@ def test_a_jump_of_an_order_of_magnitude_or_more_is_found_and_named(name, factor
     lrs = SCHEDULES[name]()
     at = 250  # past warmup, above every LR used before (see the ceiling rule)
     jumped = [lr * (factor if i >= at else 1) for i, lr in enumerate(lrs, start=1)]
-    (f,) = feed(only("lr_jump"), _records(jumped))
+    (f,) = feed(_lr_only(), _records(jumped))
     assert f.step == at and f.severity == Severity.WARNING
     assert f"LR x{factor} at step {at}: " in f.message
     assert "outside the run's schedule" in f.message
@@ -82,7 +89,7 @@ def test_a_jump_during_declared_warmup_is_the_schedule():
     # A constant warmup LR, then the base LR, 10x (the run declares its warmup).
     lrs = [BASE / 10 if i <= 100 else BASE for i in range(1, 400)]
     recs = [run(warmup_steps=100)] + _records(lrs)[1:]
-    assert feed(only("lr_jump"), recs) == []
+    assert feed(_lr_only(), recs) == []
 
 
 def test_findings_that_follow_while_it_is_in_force_name_it_as_their_likely_cause():
@@ -111,10 +118,11 @@ def test_a_later_fault_is_not_blamed_on_a_jump_long_undone():
         lr = BASE * (100 if 300 <= i < 310 else 1)
         recs.append(step(i, lr=lr, loss=float("nan") if i == 700 else 2.0 + noise(i)))
     found = feed(suite, recs)
+    assert [f.step for f in of_type(found, "lr_jump")] == [300]
     (nan,) = of_type(found, "nan_inf")
     assert "likely cause" not in nan.message and "likely_cause" not in nan.evidence
 
 
 def test_restore_mid_stream_changes_nothing():
     lrs = [BASE * (100 if i >= 300 else 1) for i in range(1, 400)]
-    assert_restore_equivalent(lambda: only("lr_jump"), _records(lrs), cut=200)
+    assert_restore_equivalent(_lr_only, _records(lrs), cut=200)

@@ -113,12 +113,8 @@ def test_a_nan_made_in_the_loss_says_every_module_output_was_finite():
     assert ("every module output finite; the loss is not: the NaN is made in the loss "
             "computation") in f.message
     assert "not reported" not in f.message and f.evidence["first_layer"] is None
-
-
-def test_only_a_step_without_module_checks_says_they_were_not_reported():
-    n = names(4)
-    recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
-    recs.append(step(20, loss=NAN, grad_norm=NAN, grad_norms=grad_table(n, [NAN] * 4)))
+    # Only a step that carries no module check at all says none was reported.
+    recs[-1] = step(20, loss=NAN, grad_norm=NAN, grad_norms=grad_table(n, [NAN] * 4))
     (f,) = feed(only("nan_inf"), recs)
     assert f.evidence["pass"] == "forward" and "checks were not reported" in f.message
 
