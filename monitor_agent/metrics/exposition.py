@@ -440,6 +440,5 @@ class RunRenderer:
             if k not in ("project", "run_id", "rank", "status", "verdict")
         )
         # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
-        verdict = run.verdict.verdict(run.status).label
-        self.add(n.RUN_INFO.name,
-                 f'{self.run_labels}{extra},status="{run.status}",verdict="{verdict}"', 1)
+        self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'
+                 f'verdict="{run.verdict_label}"', 1)

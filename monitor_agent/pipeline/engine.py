@@ -237,6 +237,7 @@ class Engine:
         if text != run.stored_verdict:
             self.store.set_verdict(run.run_id, text)
             run.stored_verdict = text
+            run.verdict_label = verdict.label
             run.version += 1
         return verdict
 

@@ -102,6 +102,7 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
     run.status = state.get("status", run.status)
     run.findings = {(t, s): int(c) for t, s, c in state.get("findings", [])}
     run.verdict.restore(state.get("verdict") or {})
+    run.verdict_label = run.verdict.verdict(run.status).label
     for rank, fields in state.get("ranks", {}).items():
         rs = run.ranks[int(rank)] = RankState()
         for name in _RANK_FIELDS:

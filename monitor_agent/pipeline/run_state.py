@@ -82,6 +82,9 @@ class RunState:
     layer_names: set[str] = field(default_factory=set)
     verdict: VerdictTracker = field(default_factory=VerdictTracker)
     stored_verdict: str | None = None  # the verdict JSON last written to the run's row
+    # The verdict's label, a plain string the exposition reads from its own thread (the
+    # tracker's dicts change on the engine thread).
+    verdict_label: str = "healthy"
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:
