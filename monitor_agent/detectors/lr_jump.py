@@ -113,10 +113,10 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
         if st.prev_lr > 0 and rec.step > st.prev_step:
             x = math.log(lr / st.prev_lr)
             jump = self._jump(rec, st, lr, x)
-            if jump is not None:
-                found.append(jump)
-            else:
+            if jump is None:
                 st.ratios.add(x)  # a jump never becomes its own baseline
+            elif self.due(rec):  # an LR that keeps climbing is one report per repeat_every
+                found.append(jump)
         st.prev_lr, st.prev_step = lr, rec.step
         st.ceiling = max(st.ceiling, lr)
         return found

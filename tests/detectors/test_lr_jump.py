@@ -92,6 +92,12 @@ def test_a_jump_during_declared_warmup_is_the_schedule():
     assert feed(_lr_only(), recs) == []
 
 
+def test_an_lr_that_keeps_climbing_is_reported_once_and_stays_the_cause():
+    lrs = [BASE * (10 ** min(max(i - 299, 0), 5)) for i in range(1, 400)]  # x10 per step
+    (f,) = feed(_lr_only(), _records(lrs))
+    assert f.step == 300
+
+
 def test_findings_that_follow_while_it_is_in_force_name_it_as_their_likely_cause():
     suite = DetectorSuite(DetectorSettings())
     recs = [run()]
