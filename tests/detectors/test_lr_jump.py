@@ -92,7 +92,7 @@ def test_a_jump_during_declared_warmup_is_the_schedule():
     assert feed(_lr_only(), recs) == []
 
 
-def test_an_lr_that_keeps_climbing_is_reported_once_and_stays_the_cause():
+def test_an_lr_that_keeps_climbing_is_reported_once():
     lrs = [BASE * (10 ** min(max(i - 299, 0), 5)) for i in range(1, 400)]  # x10 per step
     (f,) = feed(_lr_only(), _records(lrs))
     assert f.step == 300
