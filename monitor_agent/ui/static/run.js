@@ -287,7 +287,8 @@
       el("td", {}, a.alertname),
       el("td", {class: "state-" + a.state}, a.state + (a.silenced ? " · silenced" : "") +
          (a.acked_by !== null && a.acked_at ? ` · acked by ${a.acked_by || "someone"}` : "")),
-      el("td", {class: "msg"}, a.summary),
+      el("td", {class: "msg"}, a.summary,  // and what was grouped under this page
+         a.related_summary ? el("div", {class: "muted related"}, a.related_summary) : ""),
       el("td", {}, a.last_step == null ? "" : "step " + a.last_step),
       el("td", {}, a.state === "resolved" ? "" : el("span", {},
         el("button", {class: "btn ack", onclick: () => act(`/v1/alerts/${a.fingerprint}/ack`, {by: "web UI"}, "acknowledged")}, "acknowledge"), " ",
