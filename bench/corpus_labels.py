@@ -19,6 +19,8 @@ Fault windows:
   holds for 20 steps); window from the fault to 30 steps after it, capped at the first
   non-finite step. ``loss_spike``, ``update_ratio_high`` and ``clip_saturation`` are
   allowed there: a persistent LR jump makes all three true.
+* ``lr_jump`` (warning, ``lr_spike``): at the fault step exactly, when the recorded lr
+  there is >= 5x the lr of the step before.
 
 Healthy runs expect nothing; ``allowed`` lists warnings whose signal is measurably present
 (the rule is in ``_allowed``). Run: ``python bench/record_traces.py --labels``.
@@ -111,6 +113,12 @@ def _fault_expected(run: dict, steps: list[dict]) -> tuple[list[dict], list[str]
         if early and _med(early) >= 1.3 * pre_loss:
             expected.append({"type": "divergence", "severity": "error", "first_step": fault,
                              "last_step": min(fault + 30, cap)})
+        lr_before = next((r.get("lr") for r in reversed(steps) if r["step"] < fault), None)
+        lr_at = after[0].get("lr") if after else None
+        if _finite(lr_before) and _finite(lr_at) and lr_before > 0 and lr_at >= 5 * lr_before:
+            expected.append({"type": "lr_jump", "severity": "warning", "first_step": fault,
+                             "last_step": fault})
+            why.append(f"recorded lr x{lr_at / lr_before:.3g} at step {fault}")
         allowed += ["loss_spike", "update_ratio_high", "clip_saturation"]
         if early and _med(early) >= 1.3 * pre_loss:  # the weights were thrown: per-layer
             allowed += ["dead_layer", "grad_vanishing", "gain_drift"]  # findings follow

@@ -40,6 +40,13 @@ it are non-finite, named in forward order, the origin first::
     >>> pack.decode(pack.vector().tolist())   # after the step's one host copy
     {'nonfinite_modules': ['1', '3'], 'nonfinite_module_count': 2}
     >>> flags.detach()
+
+A step whose outputs were all finite reports that (count 0), and the record keeps it only
+when the loss is not finite (``_pending.drop_finite_report``): then the loss arithmetic
+made it::
+
+    >>> decode(("0", "1"), [1.5, -2.0])
+    {'nonfinite_module_count': 0}
 """
 
 from __future__ import annotations
@@ -79,12 +86,14 @@ def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def decode(names: tuple[str, ...], sums: list[float]) -> dict[str, Any]:
-    """The wire fields for one step's host sums: nothing when every output was finite."""
+    """The wire fields for one step's host sums. Every output finite is a measurement too
+    (``nonfinite_module_count`` 0: a NaN loss was then made in the loss arithmetic);
+    ``_pending.drop_finite_report`` keeps it only on the steps where it says something."""
     # dict.fromkeys: a module fires once per micro-batch; keep its first place.
     bad = list(dict.fromkeys(n or "<model>" for n, s in zip(names, sums, strict=True)
                              if not math.isfinite(s)))
     if not bad:
-        return {}
+        return {"nonfinite_module_count": 0}
     return {"nonfinite_modules": bad[:MAX_NAMED], "nonfinite_module_count": len(bad)}
 
 

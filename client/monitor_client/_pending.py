@@ -21,6 +21,7 @@ the pack's numbers and derives tokens/s from the step time and MFU from the prob
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,7 @@ class PendingStep:
                 if record.get(key) is None:
                     record[key] = value
         self._gate(record)
+        drop_finite_report(record)
         if self.probes.on_host is not None:
             self.probes.on_host(record)
         self._derive(record)
@@ -85,3 +87,19 @@ class PendingStep:
             gpu = self.probes.gpu.read()
             if gpu:
                 record["gpu"] = gpu
+
+
+def drop_finite_report(record: dict[str, Any]) -> dict[str, Any]:
+    """Drop an all-finite module report (``_finite.decode``'s count 0) from a step whose
+    loss is finite too: there it says nothing, and healthy steps stay as small as before.
+
+    >>> drop_finite_report({"loss": 2.5, "nonfinite_module_count": 0})
+    {'loss': 2.5}
+    >>> drop_finite_report({"loss": float("nan"), "nonfinite_module_count": 0})
+    {'loss': nan, 'nonfinite_module_count': 0}
+    """
+    loss = record.get("loss")
+    finite_loss = isinstance(loss, int | float) and math.isfinite(loss)
+    if record.get("nonfinite_module_count") == 0 and (finite_loss or loss is None):
+        del record["nonfinite_module_count"]
+    return record

@@ -35,6 +35,7 @@ from dataclasses import astuple, fields
 
 from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.records.types import Severity
 from monitor_agent.storage.database import Database
 
 # What a new episode writes; the rest (what people were last told, and when) is kept
@@ -181,6 +182,16 @@ class AlertTx:
             "count = count + 1, finding = ?, layer = ?, severity = ? WHERE fingerprint = ?",
             (now, step, step, finding, layer, severity, fingerprint),
         )
+
+    def open_pages(self, run_id: str) -> list[StoredAlert]:
+        """A run's pending and firing alerts, most severe first (then the earliest)."""
+        found = self._alerts("run_id = ? AND state != 'resolved'", (run_id,))
+        return sorted(found, key=lambda a: (-Severity.parse(a.severity), a.started_at))
+
+    def set_related(self, fingerprint: str, related: str) -> None:
+        """The findings grouped under an alert (alerting/related.py's JSON)."""
+        self.conn.execute("UPDATE alerts SET related = ? WHERE fingerprint = ?",
+                          (related, fingerprint))
 
     def fire_quietly(self, fingerprint: str) -> None:
         """Firing, but nobody told (a silence or cooldown holds it): ``tick`` sends later."""

@@ -108,6 +108,10 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE outbox ADD COLUMN fingerprints TEXT;
     """,
+    # Findings grouped under a page (alerting/related.py), JSON.
+    """
+    ALTER TABLE alerts ADD COLUMN related TEXT;
+    """,
 )
 
 

@@ -33,6 +33,7 @@ from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
 from monitor_agent.alerting.model import Action, RunContext, StoredAlert
+from monitor_agent.alerting.related import RelatedFindings, follows
 from monitor_agent.alerting.rules import Rule, first_match
 from monitor_agent.alerting.silences import Silence, silenced_by
 from monitor_agent.metrics.alerting import AlertingMetrics
@@ -108,6 +109,9 @@ class Episodes:
         previewed = alert is not None and alert.count == 0 and alert.state != "resolved"
         if previewed:  # the in-order copy of a previewed record: this episode's first
             reason = Reason.SUPPRESSED
+        if reason is Reason.FIRST and self._group(tx, run, rule, f, now):
+            self._count(Reason.GROUPED)
+            return False, None
         if reason is Reason.FIRST:
             tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
             return True, self._act(tx, rule, f, fp, 1, now)
@@ -116,6 +120,21 @@ class Episodes:
             return False, None
         self._merge(tx, alert, rule, f, now, previewed)
         return False, self._act(tx, rule, f, fp, alert.count + 1, now)
+
+    def _group(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, now: float) -> bool:
+        """Count ``f`` under the open page it follows from (alerting/related.py), if any;
+        True when it is one (a replayed one included: it was counted before)."""
+        severity, acts = rule.severity_for(f), rule.action != "notify-only"
+        pages = tx.open_pages(run.run_id)
+        silences = tx.active_silences(now) if pages else []
+        for page in pages:
+            if follows(page.severity, page.state, severity, f, acts) and not silenced_by(
+                    silences, page):
+                related = RelatedFindings.from_json(page.related)
+                if related.add(f):
+                    tx.set_related(page.fingerprint, related.to_json())
+                return True
+        return False
 
     def _merge(self, tx: AlertTx, alert: StoredAlert, rule: Rule, f: Finding, now: float,
                previewed: bool) -> None:
@@ -211,13 +230,15 @@ class Episodes:
             self._refresh(tx, firing, silences, now)
 
     def _transition(self, tx: AlertTx, alert: StoredAlert, reason: Reason,
-                    now: float) -> Item | None:
+                    now: float, ended: str | None = None) -> Item | None:
         if reason is not Reason.RESOLVED:
             return self._mark_sent(tx, alert, reason, now)
         # Nobody was told it fired (silenced throughout): close quietly.
         told = alert.notified == "firing"
         tx.resolve(alert.fingerprint, now, told)
-        return (to_event(alert, "resolved", reason.value, now), alert.channels) if told else None
+        if not told:
+            return None
+        return to_event(alert, "resolved", reason.value, now, ended=ended), alert.channels
 
     def _mark_sent(self, tx: AlertTx, alert: StoredAlert, reason: Reason, now: float) -> Item:
         tx.mark_sent(alert.fingerprint, now)
@@ -236,8 +257,10 @@ class Episodes:
             self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
                           now)
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None) -> None:
-        """A completed run resolves its alerts now; a stopped one honours its stop requests."""
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None,
+                  verdict: str | None = None) -> None:
+        """A completed run resolves its alerts now, saying how it ended (``verdict``); a
+        stopped one honours its stop requests."""
         if status == "stopped" and step is not None:
             with self.store.tx() as tx:
                 for action in actions.honour_stops(tx, run_id, step):
@@ -248,8 +271,9 @@ class Episodes:
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
         with self.store.tx() as tx:
             firing = tx.in_state("firing", run_id=run_id)
-            items = [item for a in firing
-                     if (item := self._transition(tx, a, Reason.RESOLVED, now)) is not None]
+            ended = f"run ended {verdict}" if verdict else "run ended"
+            items = [item for a in firing if (item := self._transition(
+                tx, a, Reason.RESOLVED, now, ended=ended)) is not None]
             for _ in firing:
                 self._count(Reason.RESOLVED)
             self._enqueue(tx, items, now)

@@ -32,6 +32,7 @@ from collections import defaultdict
 from urllib.parse import quote
 
 from monitor_agent.alerting.model import StoredAlert
+from monitor_agent.alerting.related import RelatedFindings
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
 from monitor_agent.records import wire
 
@@ -54,12 +55,20 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
     return f"{link}&from={start}&to={end}"
 
 
-def to_event(alert: StoredAlert, status: str, reason: str, now: float) -> AlertEvent:
-    """What channels are told of ``alert`` (its latest finding, the action a rule took)."""
+def to_event(alert: StoredAlert, status: str, reason: str, now: float,
+             ended: str | None = None) -> AlertEvent:
+    """What channels are told of ``alert`` (its latest finding, the action a rule took).
+
+    ``ended``: the alert closes because its run ended ("run ended unhealthy: NaN since
+    step 300"); the summary leads with it, so a resolve does not read as a recovery."""
     finding = alert.finding_data()
     summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
     if alert.action:  # the page says what the run already did about it
         summary, evidence = f"{summary}; {alert.action}", {**evidence, "action": alert.action}
+    if ended:
+        summary = f"{ended} (closed with the run; last finding: {summary})"
+    if related := RelatedFindings.from_json(alert.related).summary():
+        summary = f"{summary}; {related}"  # the findings that follow from it, grouped here
     return AlertEvent(
         fingerprint=alert.fingerprint, run_id=alert.run_id, alertname=alert.rule,
         type=alert.type, severity=alert.severity, status=status,

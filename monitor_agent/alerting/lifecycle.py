@@ -39,6 +39,7 @@ class Reason(enum.StrEnum):
     UNMATCHED = "unmatched"            # no rule matches the finding
     ACTION = "action"                  # a rule acted (stop, checkpoint): re-told at once
     PREVIEWED = "previewed"            # begun by a NaN step sent ahead of its backlog
+    GROUPED = "grouped"                # follows from an open page: counted under it
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from monitor_agent.alerting.lifecycle import Timing
+from monitor_agent.alerting.related import RelatedFindings
 from monitor_agent.records import wire
 
 AlertState = Literal["pending", "firing", "resolved"]
@@ -110,6 +111,7 @@ class StoredAlert:
     acked_by: str | None = None
     dashboard_url: str | None = None
     action: str | None = None   # what a rule asked of the run, as pages say it
+    related: str | None = None  # findings grouped under it (alerting/related.py), JSON
 
     def finding_data(self) -> dict[str, Any]:
         data: dict[str, Any] = wire.loads(self.finding)
@@ -156,6 +158,12 @@ class AlertView:
     # What a rule asked of the run ("stop requested at step N ...").
     action: str | None = field(
         default=None, metadata={"description": "What a rule asked of the run, if anything."})
+    related: int = field(default=0, metadata={"description": (
+        "Findings that follow from this page, grouped under it instead of alerting on their "
+        "own (alerting/related.py).")})
+    related_summary: str | None = field(default=None, metadata={"description": (
+        "What they were, e.g. '+11 related findings (grad_distribution heavy_tail in 11 "
+        "layers)'.")})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,6 +172,7 @@ class AlertView:
     def of(cls, alert: StoredAlert, silenced: bool) -> AlertView:
         finding = alert.finding_data()
         suggestions = finding.get("suggestions") or []
+        related = RelatedFindings.from_json(alert.related)
         return cls(
             fingerprint=alert.fingerprint, run_id=alert.run_id, project=alert.project,
             rank=alert.rank, alertname=alert.rule, type=alert.type, severity=alert.severity,
@@ -172,5 +181,5 @@ class AlertView:
             silenced=silenced, started_at=alert.started_at, last_seen=alert.last_seen,
             last_step=alert.last_step, count=alert.count, resolved_at=alert.resolved_at,
             acked_by=alert.acked_by, acked_at=alert.acked_at, dashboard_url=alert.dashboard_url,
-            action=alert.action,
+            action=alert.action, related=related.count, related_summary=related.summary() or None,
         )

@@ -25,6 +25,7 @@ to the next; and a typo names its rule, its field and the fix::
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,9 +36,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from monitor_agent.detectors.catalogue import FINDING_TYPES
+from monitor_agent.detectors.catalogue import FINDING_TYPES, USUAL_SEVERITY
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.records.yaml_errors import yaml_error_line
+
+log = logging.getLogger(__name__)
 
 # FINDING_TYPES is docs/format.md's catalogue; "*" in a rule matches any type (a catch-all).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -201,7 +204,39 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
         model = RulesFileModel.model_validate(data)
     except ValidationError as exc:
         raise RuleError(_explain(exc, source, data)) from None
-    return [_build(r, i, model, source) for i, r in enumerate(model.rules)]
+    rules = [_build(r, i, model, source) for i, r in enumerate(model.rules)]
+    for warning in shadowed(rules, source):
+        log.warning("%s", warning)
+    return rules
+
+
+def shadowed(rules: list[Rule], source: str = "<rules>") -> list[str]:
+    """First match wins, so a rule below one that takes all of its findings never fires:
+    one warning for each such rule (logged at load).
+
+    "Takes all": for every type the later rule names, an earlier rule with no label or
+    value condition matches a finding of that type at the severity its detector usually
+    gives it (``USUAL_SEVERITY``). A catch-all above a specific rule is the usual mistake;
+    a warning, not a refusal, because a rule kept below an acting one on purpose (the
+    commented ``StopOnRepeatedNaN`` of default_rules.yaml) is the same shape.
+    """
+    out: list[str] = []
+    for j, later in enumerate(rules):
+        types = FINDING_TYPES if "*" in later.types else later.types
+        for earlier in rules[:j]:
+            if earlier.labels or earlier.value_above is not None or (
+                    earlier.value_below is not None):
+                continue
+            taken = [t for t in types if earlier.matches(
+                Finding(t, USUAL_SEVERITY[t], "", step=0, message=""), {})]
+            if taken and len(taken) == len(types):
+                out.append(
+                    f"alert rules {source}: rule {later.name} never matches: rule "
+                    f"{earlier.name} above it takes every {', '.join(taken[:5])}"
+                    f"{' ...' if len(taken) > 5 else ''} finding first (first match wins); "
+                    f"move {later.name} above {earlier.name}")
+                break
+    return out
 
 
 def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule:

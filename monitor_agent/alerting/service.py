@@ -181,13 +181,16 @@ class Alerting:
             self.outbox.prune(now - KEEP_DONE_S)
             self._last_prune = now
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
+                  verdict: str | None = None) -> None:
         """A completed run resolves its alerts now; a failed one keeps them until clear.
 
         A ``stopped`` run at ``step`` honoured its stop requests there: the alerts that
         asked for it say so, and whoever was paged hears it (see alerting/rule_actions.py).
+        The resolve message says the run ended ``verdict`` ("run ended unhealthy: NaN
+        since step 300"): the alert closes with the run, not because the problem cleared.
         """
-        self.episodes.run_ended(run_id, status, now, step)
+        self.episodes.run_ended(run_id, status, now, step, verdict)
 
     # -- the API's side -------------------------------------------------------------------
 

@@ -35,8 +35,10 @@ class AlertSink(Protocol):
         """Findings of a record sent ahead of its turn; returns how many alerts began."""
         ...
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
-        """The run's end record arrived (``step``: where a stopped run stopped)."""
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
+                  verdict: str | None = None) -> None:
+        """The run's end record arrived (``step``: where a stopped run stopped; ``verdict``:
+        how it ended, e.g. "unhealthy: NaN since step 300", pipeline/verdict.py)."""
         ...
 
     def tick(self, now: float) -> None:
@@ -53,7 +55,8 @@ class NullSink:
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         return 0
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
+                  verdict: str | None = None) -> None:
         return None
 
     def tick(self, now: float) -> None:

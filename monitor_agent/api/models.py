@@ -22,7 +22,7 @@ string::
     >>> schema = TypeAdapter(RunListingOut).json_schema(mode="serialization")
     >>> schema["required"]
     ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings',
-     'attempts']
+     'attempts', 'verdict']
     >>> schema["properties"]["active"]["description"]
     'In memory: records arrived within the run TTL.'
     >>> TypeAdapter(Measured).json_schema()["anyOf"]
@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, with_config
 
 from monitor_agent.alerting.model import Action, AlertView
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.pipeline.views import AttemptView, RunListing
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -165,6 +166,9 @@ class RunDetailOut(BaseModel):
     last_step: int | None = Field(default=None, description="The latest step (any rank).")
     ranks: dict[str, RankOut] | None = Field(default=None, description="By rank; live runs only.")
     attempts: list[AttemptOut] = Field(default_factory=list, description="Oldest first.")
+    verdict: Verdict | None = Field(description=(
+        "Healthy or unhealthy, with the cause and the step it began; null for a run stored "
+        "before verdicts were."))
 
 
 @with_config(_EVERY_KEY)

@@ -99,6 +99,7 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         "alerts": alerts,
         "last_step": run.last_step,
         "attempts": [asdict(a) for a in run.attempts],
+        "verdict": run.verdict.to_dict() if run.verdict is not None else None,
     }
     if run.ranks is not None:  # in memory: what only live state knows
         detail["ranks"] = run.ranks

@@ -33,6 +33,7 @@ from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
 from monitor_agent.detectors.loss_spike import LossSpikeDetector
+from monitor_agent.detectors.lr_jump import LrJumpDetector
 from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
 from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
@@ -56,6 +57,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     GradDistributionDetector,
     # the optimizer's step per unit of gradient left its own band
     EffectiveLrDetector,
+    # the LR rose far outside the run's own schedule (the likely cause of what follows)
+    LrJumpDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

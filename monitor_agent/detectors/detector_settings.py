@@ -133,6 +133,7 @@ class DetectorSettings(
     activation_blowup = KnobsOf(ActivationBlowupSettings)
     grad_distribution = KnobsOf(GradDistributionSettings)
     effective_lr_shift = KnobsOf(SharedSettings)
+    lr_jump = KnobsOf(SharedSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

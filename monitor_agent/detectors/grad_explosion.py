@@ -62,14 +62,16 @@ SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has roundi
 
 GRAD_EXPLOSION = (
     "Lower the learning rate; the gradient norm has stayed far above its history for "
-    "several steps (check the evidence's lr for a jump).",
+    "several steps (an LR jump outside the schedule is named in the summary as the likely "
+    "cause).",
     "Enable or tighten gradient clipping.",
     "Check the layers named in the evidence for missing normalisation or a bad init.",
 )
 
 GRAD_EXPLOSION_CLIPPED = (
     "Lower the learning rate; the gradient norm has stayed far above its history for "
-    "several steps (check the evidence's lr for a jump).",
+    "several steps (an LR jump outside the schedule is named in the summary as the likely "
+    "cause).",
     "Clipping is on, so each update is bounded, but the optimizer keeps being pushed off "
     "course: clipping hides the cause, it does not fix it.",
     "Check the layers named in the evidence for missing normalisation or a bad init.",

@@ -9,6 +9,10 @@ The finding names where it started, so the fix can start there:
 * forward pass (the loss is non-finite): a NaN born in the forward pass poisons every
   gradient, so the gradients cannot say where; the client's per-module output check
   (``nonfinite_modules``, forward order) can: the first module listed is named.
+* the loss computation (the loss is non-finite, the client checked every module output,
+  ``nonfinite_module_count`` 0, and all were finite): the NaN is made after the last
+  module, in the loss arithmetic; origin ``loss``, pass ``loss``. Only a step with no
+  ``nonfinite_module_count`` at all is said to have had no per-module check.
 * backward pass (the loss is finite, gradients are not): a NaN born in the backward pass
   reaches the parameters on the input side of where it appeared and leaves the output
   side finite, so the first non-finite gradient in backward order (output side first, the
@@ -186,7 +190,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
                     "parameters_measured": len(table) if table is not None else None,
                     "consecutive_steps": st.streak,
                     # Backward order says nothing when the forward pass poisoned them all.
-                    "first_layer": layers[0] if layers and pass_ != "forward" else None,
+                    "first_layer": layers[0] if layers and pass_ not in ("forward", "loss") else None,
                     "grad_norm_growth": growth}
         if st.overflow_origin is not None:
             evidence["last_overflow_origin"] = st.overflow_origin
@@ -224,6 +228,11 @@ def _origin(rec: StepRecord, bad: list[str], layers: list[str]
         more = f", {n_mod} module outputs non-finite in all" if n_mod > 1 else ""
         return (modules[0], f"forward pass: the output of {modules[0]} went non-finite "
                 f"first{more}", "forward")
+    if forward and n_mod == 0 and rec.nonfinite_module_count is not None:
+        # Measured, not guessed: the client checked every module's output and all were
+        # finite, so the arithmetic after the last module made it.
+        return ("loss", "every module output finite; the loss is not: the NaN is made in "
+                "the loss computation (check log/div/softmax of the targets)", "loss")
     if forward:
         clause = (f"{len(layers)} parameter gradient(s) non-finite (a forward NaN reaches "
                   f"every gradient; per-module output checks were not reported)"

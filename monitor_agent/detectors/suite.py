@@ -34,7 +34,7 @@ from typing import Any
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
 from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.detectors.nan_inf import NanInfDetector
-from monitor_agent.detectors.support.base import Detector
+from monitor_agent.detectors.support.base import Detector, Explainer
 from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.records.types import Finding, Record, StepRecord
 
@@ -52,6 +52,7 @@ class DetectorSuite:
             for cls in DETECTOR_CLASSES
             if cls.type not in self.settings.disabled
         ]
+        self.explainers = [d for d in self.detectors if isinstance(d, Explainer)]
 
     def update(self, record: Record) -> list[Finding]:
         """Judge one record (any kind, any rank of this run); return its findings."""
@@ -60,7 +61,7 @@ class DetectorSuite:
         for det in self.detectors:
             findings.extend(det.update(record))
         self.ctx.after(record)
-        return self._mark(findings)
+        return self._mark(self._explain(findings))
 
     def preview(self, record: StepRecord) -> list[Finding]:
         """The nan_inf finding of a step that arrived ahead of its turn, changing no state
@@ -98,6 +99,20 @@ class DetectorSuite:
         for det in self.detectors:
             if det.type in saved:
                 det.restore(saved[det.type])
+
+    def _explain(self, findings: list[Finding]) -> list[Finding]:
+        """A finding whose cause another detector saw (an LR jump in force) says so in its
+        message, where every channel shows it, and first in its evidence."""
+        if not findings or not self.explainers:
+            return findings
+        out = []
+        for f in findings:
+            cause = next((c for e in self.explainers if (c := e.explain(f)) is not None), None)
+            if cause is not None:
+                f = dataclasses.replace(f, message=f"{f.message}; likely cause: {cause}",
+                                        evidence={"likely_cause": cause, **f.evidence})
+            out.append(f)
+        return out
 
     def _mark(self, findings: list[Finding]) -> list[Finding]:
         log_only = self.settings.log_only

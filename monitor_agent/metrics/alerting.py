@@ -28,7 +28,7 @@ __all__ = ["BUCKETS", "OUTCOMES", "REASONS", "UNDELIVERED", "AlertingMetrics"]
 
 REASONS: tuple[str, ...] = (
     "first", "repeat_elapsed", "resolved", "suppressed", "cooldown", "silenced",
-    "acknowledged", "replayed", "log_only", "unmatched", "previewed",
+    "acknowledged", "replayed", "log_only", "unmatched", "previewed", "grouped",
 )
 
 

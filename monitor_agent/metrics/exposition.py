@@ -449,6 +449,8 @@ class RunRenderer:
         extra = "".join(
             f',{k}="{escape(v)}"'
             for k, v in sorted(run.labels.items())
-            if k not in ("project", "run_id", "rank", "status")
+            if k not in ("project", "run_id", "rank", "status", "verdict")
         )
-        self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}"', 1)
+        # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
+        self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'
+                 f'verdict="{run.verdict_label}"', 1)

@@ -88,8 +88,9 @@ ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, ch
 RUN_INFO = MetricName(
     "training_run_info",
     "info",
-    "Static facts of a run: user labels (pod, node, ...) and status; value 1.",
-    ("status",),
+    "Static facts of a run: user labels (pod, node, ...), status and verdict (healthy or "
+    "unhealthy_<cause>); value 1.",
+    ("status", "verdict"),
 )
 ALERTS_FIRING = _g("training_alerts_firing", "Alerts firing for the run.", "alertname", "severity")
 ALERT_ACTIVE = _g(

@@ -48,6 +48,7 @@ from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.records.types import (
     EndRecord,
     EvalRecord,
@@ -277,6 +278,8 @@ class Engine:
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
+        if run.verdict.observe(record, findings):
+            self._store_verdict(run)
         if findings and quiet:
             run.count_findings(findings)
         elif findings:
@@ -306,7 +309,21 @@ class Engine:
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
-            self.alerts.run_ended(run.run_id, record.status, arrival, record.step)
+            verdict = self._store_verdict(run)
+            self.alerts.run_ended(run.run_id, record.status, arrival, record.step,
+                                  verdict=verdict.words)
+
+    def _store_verdict(self, run: RunState) -> Verdict:
+        """Put the run's verdict on its row when it changed (a cause, a NaN stretch, the
+        end): what the API shows once the run has left memory."""
+        verdict = run.verdict.verdict(run.status)
+        text = verdict.to_json()
+        if text != run.stored_verdict:
+            self.store.set_verdict(run.run_id, text)
+            run.stored_verdict = text
+            run.verdict_label = verdict.label
+            run.version += 1
+        return verdict
 
     def _cap_layers(self, run: RunState, record: StepRecord) -> StepRecord:
         record, dropped = cap_layers(record, run.layer_names,

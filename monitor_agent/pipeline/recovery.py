@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from monitor_agent.pipeline.run_state import RankState, RunState
@@ -57,6 +58,7 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "suite": suite.snapshot(),
         "status": run.status,
         "findings": [[t, s, c] for (t, s), c in run.findings.items()],
+        "verdict": asdict(run.verdict),
         "ranks": {
             str(rank): {f: getattr(state, f) for f in _RANK_FIELDS}
             for rank, state in run.ranks.items()
@@ -75,6 +77,7 @@ def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float,
     run.first_seen = row.first_seen
     run.last_arrival = min(row.last_seen, now)
     run.status = row.status
+    run.stored_verdict = row.verdict
     if row.run_record:
         record = _stored(row.run_record, run.run_id)
         run.run = record if isinstance(record, RunRecord) else None
@@ -104,6 +107,8 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
     suite.restore(state["suite"])
     run.status = state.get("status", run.status)
     run.findings = {(t, s): int(c) for t, s, c in state.get("findings", [])}
+    run.verdict.restore(state.get("verdict") or {})
+    run.verdict_label = run.verdict.verdict(run.status).label
     for rank, fields in state.get("ranks", {}).items():
         rs = run.ranks[int(rank)] = RankState()
         for name in _RANK_FIELDS:

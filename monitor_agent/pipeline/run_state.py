@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_agent.pipeline.verdict import VerdictTracker
 from monitor_agent.records.limits import MAX_NAME_LEN, scrub
 from monitor_agent.records.types import (
     ActivationTable,
@@ -79,6 +80,11 @@ class RunState:
     version: int = 0
     # Layer names the detectors track, capped (a name bomb must not grow memory forever).
     layer_names: set[str] = field(default_factory=set)
+    verdict: VerdictTracker = field(default_factory=VerdictTracker)
+    stored_verdict: str | None = None  # the verdict JSON last written to the run's row
+    # The verdict's label, a plain string the exposition reads from its own thread (the
+    # tracker's dicts change on the engine thread).
+    verdict_label: str = "healthy"
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:

@@ -16,6 +16,7 @@ from typing import Any
 
 from monitor_agent.pipeline.progress import run_progress
 from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.store import StoredAttempt, StoredRun
@@ -45,6 +46,9 @@ class RunListing:
     attempts: int = field(default=1, metadata={
         "description": "Attempts of the run id (pipeline/attempts.py): 1 unless a process "
                        "reused it."})
+    verdict: Verdict | None = field(default=None, metadata={"description": (
+        "Healthy or unhealthy, with the cause and the step it began (pipeline/verdict.py); "
+        "null for a run stored before verdicts were.")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,7 @@ class RunSummary:
     findings: int
     worst_finding: str | None
     last_seen: float
+    verdict: Verdict | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,15 @@ class RunDetail:
     recent_findings: list[dict[str, Any]]
     last_step: int | None
     ranks: dict[str, dict[str, Any]] | None
+    verdict: Verdict | None
     attempts: list[AttemptView] = field(default_factory=list)
+
+
+def verdict_of(row: StoredRun, live: RunState | None) -> Verdict | None:
+    """The live run's verdict as of now, else the one stored on its row."""
+    if live is not None:
+        return live.verdict.verdict(live.status)
+    return Verdict.from_json(row.verdict)
 
 
 def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
@@ -114,6 +127,7 @@ def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
         last_seen=row.last_seen,
         findings=findings,
         attempts=attempts,
+        verdict=verdict_of(row, live),
     )
 
 
@@ -148,6 +162,7 @@ def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
         findings=sum(severities.values()),
         worst_finding=max(severities, key=Severity.parse, default=None),
         last_seen=row.last_seen,
+        verdict=verdict_of(row, live),
     )
 
 
@@ -169,6 +184,7 @@ def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int]
         recent_findings=[wire.loads(b) for b in recent],
         last_step=_last_step(live, stored_last_step),
         ranks=ranks,
+        verdict=verdict_of(row, live),
         attempts=attempts or [],
     )
 

@@ -32,7 +32,6 @@ from typing import Any
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
-SCHEMA_VERSION = 2
 KIND_ORDER = ("run", "step", "eval", "end")
 """Within a step, records are read in this order of kinds (then by rank)."""
 _KIND_ORDER_SQL = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(KIND_ORDER))
@@ -156,6 +155,10 @@ _MIGRATIONS: tuple[str, ...] = (
     DROP TABLE detector_state;
     ALTER TABLE detector_state_v2 RENAME TO detector_state;
     """,
+    # The run's verdict (pipeline/verdict.py), JSON: shown after the run leaves memory.
+    """
+    ALTER TABLE runs ADD COLUMN verdict TEXT;
+    """,
 )
 
 
@@ -201,6 +204,7 @@ class StoredRun:
     last_seen: float
     ended_at: float | None
     last_step: int | None = None  # of its current history (pipeline/attempts.py)
+    verdict: str | None = None  # pipeline/verdict.py's Verdict as JSON; None before one
 
 
 def _thinned(back: list[int]) -> set[int]:
@@ -298,6 +302,9 @@ class Store:
         self._write(
             "UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?", (status, ended_at, run_id)
         )
+
+    def set_verdict(self, run_id: str, verdict: str) -> None:
+        self._write("UPDATE runs SET verdict = ? WHERE run_id = ?", (verdict, run_id))
 
     def insert_findings(self, findings: Sequence[dict[str, Any]]) -> None:
         if not findings:
@@ -439,7 +446,8 @@ class Store:
     # -- reads ----------------------------------------------------------------------------
 
     def runs(self, run_id: str | None = None) -> list[StoredRun]:
-        sql = ("SELECT run_id, run_record, status, first_seen, last_seen, ended_at, last_step "
+        sql = ("SELECT run_id, run_record, status, first_seen, last_seen, ended_at, last_step, "
+               "verdict "
                "FROM runs")
         if run_id is not None:
             rows = self._db.query(sql + " WHERE run_id = ?", (run_id,))
@@ -450,7 +458,8 @@ class Store:
     def runs_chunk(self, after: tuple[float, str] | None, max_rows: int) -> list[StoredRun]:
         """Stored runs after ``after`` (``(first_seen, run_id)``), oldest first, without
         their run record: a page of the runs list."""
-        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at, last_step FROM runs"
+        sql = ("SELECT run_id, NULL, status, first_seen, last_seen, ended_at, last_step, verdict "
+               "FROM runs"
                + (" WHERE (first_seen, run_id) > (?, ?)" if after is not None else "")
                + " ORDER BY first_seen, run_id LIMIT ?")
         params = (*after, max_rows) if after is not None else (max_rows,)

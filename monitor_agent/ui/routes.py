@@ -28,7 +28,7 @@ HTTP. The series answer is ``series_answer``, read here from a history of three 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -192,7 +192,9 @@ async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep
         for alert in await run_in_threadpool(alerting.list_alerts, state="firing",
                                              limit=10_000):
             firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-        rows = [RunSummaryOut(**asdict(s), firing_alerts=firing.get(s.run_id, 0))
+        # Field by field, not asdict: the verdict stays a Verdict, as the model declares it.
+        rows = [RunSummaryOut(**{f.name: getattr(s, f.name) for f in fields(s)},
+                              firing_alerts=firing.get(s.run_id, 0))
                 for s in await runner.call(queries.run_summaries)]
         body = await run_in_threadpool(lambda: RunsOut(runs=rows).model_dump_json().encode())
         return answered(slots, body)

@@ -13,6 +13,7 @@ from monitor_agent.alerting.rules import (
     load_rules,
     parse_duration,
     parse_rules,
+    shadowed,
 )
 from monitor_agent.records.types import Finding, Severity
 
@@ -51,6 +52,8 @@ def test_defaults_follow_the_issue():
         ("memory_pressure", Severity.ERROR, "TrainingMemoryPressureCritical"),
         ("memory_pressure", Severity.WARNING, "TrainingMemoryPressure"),
         ("stalled", Severity.ERROR, "TrainingStalled"),
+        ("category_divergence", Severity.WARNING, "TrainingCategoryDivergence"),
+        ("lr_jump", Severity.WARNING, "TrainingLrJump"),
         ("brand_new_type", Severity.WARNING, "TrainingFinding"),
         ("brand_new_type", Severity.INFO, None),
     ],
@@ -58,6 +61,33 @@ def test_defaults_follow_the_issue():
 def test_first_matching_rule_wins(type_, severity, expected):
     rule = first_match(load_rules(None), finding(type_, severity), {})
     assert (rule.name if rule else None) == expected
+
+
+def test_a_rule_below_one_that_takes_all_its_findings_is_named_at_load(caplog):
+    rules = parse_rules("""
+routes: {chat: [slack]}
+rules:
+  - name: Anything
+    match: {types: ["*"], min_severity: warning}
+  - name: Divergence
+    match: {types: [divergence]}
+""")
+    assert shadowed(rules) == [
+        "alert rules <rules>: rule Divergence never matches: rule Anything above it takes "
+        "every divergence finding first (first match wins); move Divergence above Anything"]
+    assert "rule Divergence never matches" in caplog.text
+    assert shadowed(load_rules(None)) == []  # the shipped rules have none
+    # Narrower above broader is fine, and so is a catch-all limited by labels.
+    assert not shadowed(parse_rules("""
+routes: {chat: [slack]}
+rules:
+  - name: GptOnly
+    match: {types: ["*"], labels: {project: gpt}}
+  - name: Divergence
+    match: {types: [divergence]}
+  - name: Anything
+    match: {types: ["*"]}
+"""))
 
 
 def test_labels_and_value_conditions():

@@ -16,7 +16,8 @@ TOKEN = "s3cret-token-value"
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz")}
 # The web UI's shells and assets hold no data (the page asks the API, with the token the
 # user types in), so they load without it.
-UI_SHELLS = {("GET", "/"), ("GET", "/runs/{run_id}"), ("GET", "/ui/static/{path:path}")}
+UI_SHELLS = {("GET", "/"), ("GET", "/runs/{run_id}"), ("GET", "/compare"),
+             ("GET", "/ui/static/{path:path}")}
 
 
 @pytest.fixture

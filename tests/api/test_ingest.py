@@ -179,7 +179,8 @@ def test_metrics_cover_the_run(server):
         'training_update_ratio{project="demo",run_id="m",rank="0"} 0.001',
         'training_layer_grad_norm{project="demo",run_id="m",rank="0",layer="b.weight"} 0.7',
         'training_step_duration_seconds_bucket{project="demo",run_id="m",rank="0",le="0.05"} 5',
-        'training_run_info{project="demo",run_id="m",pod="p-1",status="running"} 1',
+        'training_run_info{project="demo",run_id="m",pod="p-1",status="running",'
+        'verdict="healthy"} 1',
         'training_val_loss{project="demo",run_id="m",rank="0"} 1.5',
         'monitor_agent_ingest_records_total{outcome="accepted"}',
     ):

@@ -67,6 +67,8 @@ def _run(receiver, tmp_path, run_id, fault_at, kind, steps=6, every=1000, scale_
         model[2].fire = kind == "forward" and step == fault_at
         model[3].fire = kind == "backward" and step == fault_at
         loss = model(torch.randn(16, 8, generator=gen)).pow(2).mean()
+        if kind == "loss" and step == fault_at:  # after every module: the loss arithmetic
+            loss = loss + torch.log(-loss.detach())
         (loss * (10.0 if step == scale_at else 1.0)).backward()
         opt.step()
         opt.zero_grad()
@@ -91,6 +93,17 @@ def test_forward_nan_names_the_module_whose_output_went_non_finite_first(receive
     rec = parse_record(bad)
     assert rec.nonfinite_modules == ("2", "3", "5")
     assert math.isnan(rec.grad_norms.stats["grad_norm"][0])
+
+
+def test_a_nan_made_in_the_loss_reports_every_module_output_finite(receiver, tmp_path):
+    steps = _run(receiver, tmp_path, "loss-nan", fault_at=4, kind="loss")
+    bad = steps[4]
+    assert bad["loss"] == "NaN"
+    # The check ran and found every output finite: a measurement, sent where it matters.
+    assert bad["nonfinite_module_count"] == 0 and "nonfinite_modules" not in bad
+    for step in (1, 2, 3):  # healthy steps stay as small as before
+        assert "nonfinite_module_count" not in steps[step]
+    assert parse_record(bad).nonfinite_module_count == 0
 
 
 def test_backward_nan_leaves_the_output_side_gradients_finite(receiver, tmp_path):

@@ -102,6 +102,23 @@ def test_a_forward_nan_names_the_first_module_whose_output_went_non_finite():
     assert f.evidence["non_finite_layers"] == 4
 
 
+def test_a_nan_made_in_the_loss_says_every_module_output_was_finite():
+    n = names(4)
+    recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
+    # The client checked every module output (count 0): all finite, the loss is not.
+    recs.append(step(20, loss=NAN, grad_norm=NAN, nonfinite_module_count=0,
+                     grad_norms=grad_table(n, [NAN] * 4)))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.evidence["pass"] == "loss" and f.evidence["origin"] == "loss"
+    assert ("every module output finite; the loss is not: the NaN is made in the loss "
+            "computation") in f.message
+    assert "not reported" not in f.message and f.evidence["first_layer"] is None
+    # Only a step that carries no module check at all says none was reported.
+    recs[-1] = step(20, loss=NAN, grad_norm=NAN, grad_norms=grad_table(n, [NAN] * 4))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.evidence["pass"] == "forward" and "checks were not reported" in f.message
+
+
 def test_a_backward_nan_names_the_output_side_parameter_and_how_many():
     n = names(4)  # input -> output
     recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]

@@ -87,7 +87,8 @@ def test_cache_follows_run_changes():
 def test_user_labels_go_on_run_info_only():
     exp, _ = _exp([_run("r", labels={"project": "p", "pod": 'we"ird'})])
     text = exp.render().decode()
-    assert 'training_run_info{project="p",run_id="r",pod="we\\"ird",status="running"} 1' in text
+    assert ('training_run_info{project="p",run_id="r",pod="we\\"ird",status="running",'
+            'verdict="healthy"} 1') in text
     assert "pod=" not in [ln for ln in text.splitlines() if ln.startswith("training_loss{")][0]
 
 

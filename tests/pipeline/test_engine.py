@@ -61,7 +61,8 @@ class RecordingSink:
         self.calls.append(("preview", run, [f.type for f in findings]))
         return len(findings)
 
-    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None) -> None:
+    def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
+                  verdict: str | None = None) -> None:
         self.calls.append(("run_ended", run_id, status, step))
 
     def tick(self, now: float) -> None:

@@ -41,6 +41,8 @@ def test_runs_page_lists_the_fed_run(browser, fed, shots: Path):
     assert cells[0] == fed.run_id and cells[1] == "traces"
     assert cells[3] == str(fed.run_id and fed.get(f"/v1/runs/{fed.run_id}")["last_step"])
     assert cells[5].split()[0] == str(len(fed.get(f"/v1/runs/{fed.run_id}/findings")["findings"]))
+    verdict = fed.get(f"/v1/runs/{fed.run_id}")["verdict"]  # under the status
+    assert row.find_element(By.CSS_SELECTOR, ".verdict").text == verdict["words"]
     browser.save_screenshot(str(shots / "runs.png"))
 
 
@@ -62,6 +64,9 @@ def test_run_page_draws_every_chart_and_marks_every_finding(browser, fed, shots:
         f["step"] for f in findings)
     ranks = browser.find_elements(By.CSS_SELECTOR, "#rank option")
     assert [o.text for o in ranks] == ["0", "1"]
+    verdict = browser.find_element(By.ID, "verdict")  # in the header, beside the status
+    assert verdict.text == detail["verdict"]["words"]
+    assert "verdict-" + detail["verdict"]["state"] in verdict.get_attribute("class")
     browser.save_screenshot(str(shots / "run.png"))
 
 

@@ -44,3 +44,11 @@ class Detector(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
     def restore(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Explainer(Protocol):
+    """A detector whose finding may be the cause of others (``lr_jump``): asked of each
+    finding of the same run, it answers the cause in force at its step, or None."""
+
+    def explain(self, finding: Finding) -> str | None: ...

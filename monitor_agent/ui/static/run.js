@@ -299,6 +299,9 @@
     const latest = r.latest || stored;
     document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
     document.getElementById("status").className = "status status-" + detail.status;
+    const verdict = document.getElementById("verdict");  // the run's verdict, in its header
+    verdict.textContent = detail.verdict ? detail.verdict.words : "";
+    verdict.className = detail.verdict ? "verdict verdict-" + detail.verdict.state : "verdict";
     const fact = (id, label, value, raw) => el("div", {}, el("b", {id, "data-value": raw === undefined ? "" : String(raw)}, value), el("span", {}, label));
     const step = [detail.last_step, stored.step].find(v => v != null && v >= 0) ?? null;
     // The last step's rate may be an eval or checkpoint step's: the header shows the median
@@ -346,7 +349,8 @@
       el("td", {}, a.alertname),
       el("td", {class: "state-" + a.state}, a.state + (a.silenced ? " · silenced" : "") +
          (a.acked_by !== null && a.acked_at ? ` · acked by ${a.acked_by || "someone"}` : "")),
-      el("td", {class: "msg"}, a.summary),
+      el("td", {class: "msg"}, a.summary,  // and what was grouped under this page
+         a.related_summary ? el("div", {class: "muted related"}, a.related_summary) : ""),
       el("td", {}, a.last_step == null ? "" : "step " + a.last_step),
       el("td", {}, a.state === "resolved" ? "" : el("span", {},
         el("button", {class: "btn ack", onclick: () => act(`/v1/alerts/${a.fingerprint}/ack`, {by: "web UI"}, "acknowledged")}, "acknowledge"), " ",

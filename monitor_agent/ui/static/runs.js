@@ -50,7 +50,8 @@
     });
     return el("tr", {"data-run": r.run_id},
       el("td", {}, pick), el("td", {}, link), el("td", {}, r.project || "–"),
-      el("td", {class: "status status-" + r.status}, r.status + (r.active ? "" : " (stored)")),
+      el("td", {class: "status status-" + r.status}, r.status + (r.active ? "" : " (stored)"),
+        r.verdict ? el("div", {class: "verdict verdict-" + r.verdict.state}, r.verdict.words) : ""),
       el("td", {}, r.last_step == null || r.last_step < 0 ? el("span", {class: "muted"}, "no steps yet") : String(r.last_step)),
       el("td", {}, progress),
       el("td", {}, findings),

@@ -1,0 +1,134 @@
+"""lr_jump: real schedules (torch's own schedulers) are the schedule, a x10/x30/x100 jump is
+not; the findings that follow while it is in force name it as their likely cause."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from synth_records import assert_restore_equivalent, feed, noise, of_type, only, run, step
+
+from monitor_agent.detectors import DetectorSettings, DetectorSuite
+from monitor_agent.records.types import Severity
+
+STEPS = 1200
+BASE = 3e-4
+
+
+def _lrs(make_scheduler, steps: int = STEPS, plateau_losses=None) -> list[float]:
+    """The LR each step of a real torch scheduler gives (what the client reads)."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE)
+    sched = make_scheduler(opt)
+    out = []
+    for i in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if plateau_losses is not None:
+            sched.step(plateau_losses(i))
+        else:
+            sched.step()
+    return out
+
+
+def _warmup_cosine(opt):
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1e-3, total_iters=100)
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 100)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[100])
+
+
+SCHEDULES = {
+    "warmup+cosine": lambda: _lrs(_warmup_cosine),
+    "step decay x0.1": lambda: _lrs(lambda o: torch.optim.lr_scheduler.MultiStepLR(
+        o, milestones=[300, 600, 900], gamma=0.1)),
+    "onecycle": lambda: _lrs(lambda o: torch.optim.lr_scheduler.OneCycleLR(
+        o, max_lr=1e-2, total_steps=STEPS)),
+    "constant": lambda: [BASE] * STEPS,
+    "reduce on plateau": lambda: _lrs(
+        lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, factor=0.1, patience=20),
+        plateau_losses=lambda i: 1.0 if i > 200 else 2.0 - i / 200),
+    "cosine warm restarts": lambda: _lrs(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=200)),
+    "linear decay to 0": lambda: _lrs(lambda o: torch.optim.lr_scheduler.LinearLR(
+        o, start_factor=1.0, end_factor=0.0, total_iters=STEPS)),
+}
+
+
+def _lr_only() -> DetectorSuite:
+    """The lr_jump detector alone (and present: a quiet schedule means it judged it)."""
+    suite = only("lr_jump")
+    assert [d.type for d in suite.detectors] == ["lr_jump"]
+    return suite
+
+
+def _records(lrs: list[float]) -> list:
+    return [run()] + [step(i, lr=lr, loss=2.0 + noise(i)) for i, lr in enumerate(lrs, start=1)]
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_real_schedules_are_the_schedule(name):
+    lrs = SCHEDULES[name]()
+    assert feed(_lr_only(), _records(lrs)) == []
+
+
+@pytest.mark.parametrize("name", ["warmup+cosine", "constant", "onecycle", "step decay x0.1"])
+@pytest.mark.parametrize("factor", [10, 30, 100])
+def test_a_jump_of_an_order_of_magnitude_or_more_is_found_and_named(name, factor):
+    lrs = SCHEDULES[name]()
+    at = 250  # past warmup, above every LR used before (see the ceiling rule)
+    jumped = [lr * (factor if i >= at else 1) for i, lr in enumerate(lrs, start=1)]
+    (f,) = feed(_lr_only(), _records(jumped))
+    assert f.step == at and f.severity == Severity.WARNING
+    assert f"LR x{factor} at step {at}: " in f.message
+    assert "outside the run's schedule" in f.message
+    assert math.isclose(f.evidence["ratio_to_previous"], jumped[at - 1] / jumped[at - 2],
+                        rel_tol=1e-5)
+
+
+def test_a_jump_during_declared_warmup_is_the_schedule():
+    # A constant warmup LR, then the base LR, 10x (the run declares its warmup).
+    lrs = [BASE / 10 if i <= 100 else BASE for i in range(1, 400)]
+    recs = [run(warmup_steps=100)] + _records(lrs)[1:]
+    assert feed(_lr_only(), recs) == []
+
+
+def test_an_lr_that_keeps_climbing_is_reported_once():
+    lrs = [BASE * (10 ** min(max(i - 299, 0), 5)) for i in range(1, 400)]  # x10 per step
+    (f,) = feed(_lr_only(), _records(lrs))
+    assert f.step == 300
+
+
+def test_findings_that_follow_while_it_is_in_force_name_it_as_their_likely_cause():
+    suite = DetectorSuite(DetectorSettings())
+    recs = [run()]
+    for i in range(1, 400):
+        lr = BASE * (100 if i >= 300 else 1)
+        loss = 2.0 + noise(i) if i < 305 else 2.0 * 1.6 ** (i - 304)
+        grad = 1.0 + noise(i, 0.1) if i < 305 else 1.5 ** (i - 304)
+        recs.append(step(i, lr=lr, loss=loss, grad_norm=grad))
+    found = feed(suite, recs)
+    (jump,) = of_type(found, "lr_jump")
+    assert jump.step == 300
+    pages = [f for f in found if f.type in ("divergence", "grad_explosion", "loss_spike")]
+    assert pages, [f.type for f in found]
+    for f in pages:
+        assert f.message.endswith("; likely cause: LR x100 at step 300: 0.0003 -> 0.03, "
+                                  "outside the run's schedule"), f.message
+        assert next(iter(f.evidence)) == "likely_cause"
+
+
+def test_a_later_fault_is_not_blamed_on_a_jump_long_undone():
+    suite = DetectorSuite(DetectorSettings())
+    recs = [run()]
+    for i in range(1, 800):
+        lr = BASE * (100 if 300 <= i < 310 else 1)
+        recs.append(step(i, lr=lr, loss=float("nan") if i == 700 else 2.0 + noise(i)))
+    found = feed(suite, recs)
+    assert [f.step for f in of_type(found, "lr_jump")] == [300]
+    (nan,) = of_type(found, "nan_inf")
+    assert "likely cause" not in nan.message and "likely_cause" not in nan.evidence
+
+
+def test_restore_mid_stream_changes_nothing():
+    lrs = [BASE * (100 if i >= 300 else 1) for i in range(1, 400)]
+    assert_restore_equivalent(_lr_only, _records(lrs), cut=200)

@@ -1,0 +1,81 @@
+"""A run's verdict (pipeline/verdict.py) from its own findings: what counts, how a NaN is
+said, and that it is stored so a run out of memory shows the same verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.pipeline.queries import RunQueries
+from monitor_agent.pipeline.verdict import LABELS, VerdictTracker
+from monitor_agent.records import schemas
+from monitor_agent.records.types import Finding, Severity, StepRecord
+from monitor_agent.settings import load_settings
+from monitor_agent.storage.store import Store
+
+
+def _step(step: int, loss: float, rank: int = 0) -> StepRecord:
+    return StepRecord(run_id="r", step=step, time=float(step), loss=loss, rank=rank)
+
+
+def _finding(ftype: str, step: int, severity: Severity = Severity.ERROR, **evidence) -> Finding:
+    return Finding(ftype, severity, "r", step, "m", evidence=evidence)
+
+
+def test_warnings_and_job_problems_leave_a_run_healthy():
+    tracker = VerdictTracker()
+    tracker.observe(_step(10, 2.0), [_finding("loss_spike", 10, Severity.WARNING),
+                                     _finding("stalled", 10), _finding("memory_pressure", 10)])
+    assert tracker.verdict("completed").text == "completed, healthy"
+    assert tracker.verdict("completed").label == "healthy"
+
+
+def test_a_nan_the_run_recovered_from_is_said_so():
+    tracker = VerdictTracker()
+    tracker.observe(_step(300, float("nan")), [_finding("nan_inf", 300, Severity.CRITICAL)])
+    tracker.observe(_step(301, 2.0), [])
+    assert tracker.verdict("completed").words == "unhealthy: NaN at step 300"
+
+
+def test_a_nan_stretch_is_dated_from_where_it_began_and_ranks_count_together():
+    tracker = VerdictTracker()
+    tracker.observe(_step(300, float("nan")), [_finding("nan_inf", 300, Severity.CRITICAL)])
+    tracker.observe(_step(350, 2.0), [])
+    tracker.observe(_step(400, float("nan"), rank=1), [])
+    tracker.observe(_step(401, 2.0, rank=0), [])   # rank 1 is still NaN
+    assert tracker.verdict("running").words == "unhealthy: NaN since step 400"
+
+
+def test_the_first_cause_leads_and_a_nan_the_run_is_still_in_follows():
+    tracker = VerdictTracker()
+    cause = "LR x100 at step 200: 0.02 -> 2, outside the run's schedule"
+    tracker.observe(_step(203, 5.0), [_finding("grad_explosion", 203, likely_cause=cause)])
+    tracker.observe(_step(204, 9.0), [_finding("divergence", 204, likely_cause=cause)])
+    tracker.observe(_step(219, float("nan")), [_finding("nan_inf", 219, Severity.CRITICAL)])
+    v = tracker.verdict("completed")
+    assert v.text == ("completed, unhealthy: gradient explosion at step 203 after LR x100 at "
+                      "step 200; NaN since step 219")
+    assert (v.cause, v.step, v.label) == ("grad_explosion", 203, "unhealthy_grad_explosion")
+    assert v.label in LABELS
+
+
+def test_the_verdict_is_stored_and_shown_once_the_run_left_memory(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path)
+    engine = Engine(settings, Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    lines = [{"kind": "step", "run_id": "r", "step": s, "time": float(s),
+              "loss": 2.0 if s < 30 else "NaN"} for s in range(1, 41)]
+    lines.append({"kind": "end", "run_id": "r", "step": 40, "time": 41.0, "status": "completed"})
+    engine.ingest([Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(lines)],
+                  now=50.0)
+    queries = RunQueries(engine.store, engine.registry)
+    (live,) = queries.run_listings()
+    engine.registry.expire(now=50.0 + settings.ended_run_ttl_seconds + 1)
+    (stored,) = queries.run_listings()
+    assert (live.active, stored.active) == (True, False)
+    assert stored.verdict == live.verdict
+    assert stored.verdict is not None
+    assert stored.verdict.text == "completed, unhealthy: NaN since step 30"
+    assert queries.run_detail("r").verdict == live.verdict
