@@ -39,7 +39,10 @@ def test_per_layer_warnings_after_a_page_are_counted_under_it(harness: Harness):
     # With the page resolved, the same warnings alert on their own again, one per layer.
     for f in tails(400, layers=3):
         harness.handle(f)
-    assert len(harness.alerting.list_alerts(run_id="r1", state="pending")) == 3
+    # (pending or already firing: group_wait runs on the wall clock, not the harness's)
+    alone = [a for a in harness.alerting.list_alerts(run_id="r1")
+             if a.alertname == "TrainingGradientHealth" and a.state != "resolved"]
+    assert len(alone) == 3
 
 
 def test_a_replayed_finding_is_not_counted_twice(harness: Harness):

@@ -144,8 +144,9 @@ def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparamete
     _trainer(tmp_path, callback, steps=2, accum=1).train()
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "hf-kw" and run["labels"]["project"] == "hf"
+    # the given hyperparameters, not the Trainer's; and the Trainer's plan
     assert run["config"] == {"lr": 1e-3, "grad_clip": 0.5, "layer_stats_every": 25,
-                             "hist_every": 0}  # the given hyperparameters, not the Trainer's
+                             "hist_every": 0, "total_steps": 2}
 
 
 def test_hf_callback_old_spellings_still_work_and_warn():

@@ -85,7 +85,8 @@ def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
     trainer.fit(Regressor(), _loader())
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "pl-cfg"  # the module saved no hparams: only the watch settings
-    assert run["config"] == {"grad_clip": 0.05, "layer_stats_every": 3, "hist_every": 0}
+    assert run["config"] == {"grad_clip": 0.05, "layer_stats_every": 3, "hist_every": 0,
+                             "total_steps": 4}  # the trainer's plan
     steps = receiver.of_kind("step")
     assert all(r["clip_threshold"] == 0.05 for r in steps)  # Lightning's clip, recorded
     assert [bool(r.get("layers")) for r in steps] == [True, False, False, True]
@@ -105,7 +106,7 @@ def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperp
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "pl-kw" and run["labels"]["project"] == "pl"
     assert run["config"] == {"lr": 1e-2, "grad_clip": None, "layer_stats_every": 25,
-                             "hist_every": 0}
+                             "hist_every": 0, "total_steps": 2}
 
 
 def test_lightning_callback_old_spellings_still_work_and_warn():
