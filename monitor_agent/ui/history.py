@@ -174,8 +174,11 @@ def _nonfinite(value: Any) -> bool:
 
 def _column(values: Any) -> np.ndarray:
     """Stored numbers as float32; missing or not a number is NaN, the spelled non-finite
-    strings are what they say. Floats, the common case, take no Python call."""
-    return np.array([v if v.__class__ is float else _nan(v) for v in values], dtype=np.float32)
+    strings are what they say. Floats, the common case, take no Python call. A float beyond
+    float32's range is drawn as the infinity it becomes there, without a warning."""
+    with np.errstate(over="ignore"):
+        return np.array([v if v.__class__ is float else _nan(v) for v in values],
+                        dtype=np.float32)
 
 
 def _scatter(pos: tuple[np.ndarray, int] | None, values: np.ndarray) -> np.ndarray:
