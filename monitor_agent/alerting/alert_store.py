@@ -32,6 +32,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, fields
+from typing import Any
 
 from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
@@ -77,17 +78,22 @@ class AlertStore:
     # -- alerts ---------------------------------------------------------------------------
 
     def alerts(self, state: str | None = None, run_id: str | None = None, limit: int = 1000,
-               *, unresolved: bool = False) -> list[StoredAlert]:
-        """Newest first; ``state`` one of pending, firing, resolved (else any), or
-        ``unresolved``: pending and firing."""
-        sql, params = "SELECT * FROM alerts WHERE 1 = 1", []
+               *, unresolved: bool = False,
+               before: tuple[float, str] | None = None) -> list[StoredAlert]:
+        """Newest first (then by fingerprint, so the order is total); ``state`` one of
+        pending, firing, resolved (else any), or ``unresolved``: pending and firing;
+        ``before``: only those after this ``(started_at, fingerprint)`` in that order."""
+        sql, params = "SELECT * FROM alerts WHERE 1 = 1", list[Any]()
         if state in ("pending", "firing", "resolved"):
             sql, params = sql + " AND state = ?", [state]
         elif unresolved:
             sql += " AND state != 'resolved'"
         if run_id is not None:
             sql, params = sql + " AND run_id = ?", [*params, run_id]
-        rows = self.db.query(sql + " ORDER BY started_at DESC LIMIT ?", [*params, limit])
+        if before is not None:
+            sql, params = sql + " AND (started_at, fingerprint) < (?, ?)", [*params, *before]
+        rows = self.db.query(sql + " ORDER BY started_at DESC, fingerprint DESC LIMIT ?",
+                             [*params, limit])
         return [_alert(r) for r in rows]
 
     def active(self) -> list[StoredAlert]:

@@ -195,11 +195,20 @@ class Alerting:
     # -- the API's side -------------------------------------------------------------------
 
     def list_alerts(self, state: str | None = None, run_id: str | None = None,
-                    limit: int = 1000) -> list[AlertView]:
-        """Newest first; ``state`` silenced means firing or pending under a silence."""
-        found = self.store.alerts(state, run_id, limit, unresolved=state == "silenced")
-        views = self._views(found)
-        return [v for v in views if v.silenced] if state == "silenced" else views
+                    limit: int = 1000, before: tuple[float, str] | None = None,
+                    ) -> list[AlertView]:
+        """Newest first; ``state`` silenced means firing or pending under a silence;
+        ``before``: the alerts after this ``(started_at, fingerprint)`` (a page's end)."""
+        if state != "silenced":
+            return self._views(self.store.alerts(state, run_id, limit, before=before))
+        out: list[AlertView] = []
+        while len(out) < limit:  # read on until enough are silenced, or none are left
+            found = self.store.alerts(state, run_id, limit, unresolved=True, before=before)
+            out += [v for v in self._views(found) if v.silenced]
+            if len(found) < limit:
+                break
+            before = (found[-1].started_at, found[-1].fingerprint)
+        return out[:limit]
 
     def active_alerts(self) -> list[AlertView]:
         """Pending and firing alerts (silenced ones included: they still fire)."""

@@ -1,7 +1,7 @@
 """``/v1/alerts`` and ``/v1/silences``: what fires, what is muted, who owns it.
 
 ``GET /v1/alerts?state=firing`` lists the firing alerts, newest first, each with how its
-latest notification went per channel. ``POST /v1/silences`` mutes the alerts matching its
+latest notification went per channel, a page at a time (``next`` links the following one). ``POST /v1/silences`` mutes the alerts matching its
 body for ``duration_seconds`` (``DELETE /v1/silences/{id}`` ends it early), and
 ``POST /v1/alerts/{fingerprint}/ack`` with ``{"by": "ana"}`` stops an alert's reminders.
 Writes need the bearer token when one is set (``Authorization: Bearer <token>``);
@@ -23,17 +23,26 @@ A silence names at least one matcher; a body without one is answered 422 with th
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monitor_agent.alerting.silences import MATCHERS
-from monitor_agent.api.deps import AlertingDep, ReadSlotsDep, require_read, require_write
+from monitor_agent.api.deps import (
+    AlertingDep,
+    ReadSlotsDep,
+    ServicesDep,
+    require_read,
+    require_write,
+)
 from monitor_agent.api.models import AlertOut, AlertsOut, SilenceOut, SilencesOut
-from monitor_agent.api.streamed_page import built_in_slot
+from monitor_agent.api.streamed_page import Page, streamed
 from monitor_agent.records import wire
 
 router = APIRouter(tags=["alerts"])
+BEFORE = r"^[0-9.e+-]{1,40}:[0-9a-f]{1,64}$"  # STARTED_AT:FINGERPRINT, from a page's `next`
 Text = Field(default="", max_length=1000)
 Matcher = Field(default=None, min_length=1, max_length=256)
 
@@ -72,25 +81,60 @@ def _json(obj: Any, status: int = 200) -> Response:
 # Plain ``def`` handlers: alerting's calls are SQLite work, run in a worker thread.
 
 
-@router.get("/v1/alerts", response_model=AlertsOut, summary="Alerts, newest first",
+@router.get("/v1/alerts", response_model=AlertsOut,
+            summary="Alerts, newest first, a page at a time",
             dependencies=[Depends(require_read)])
-def list_alerts(
+async def list_alerts(
     alerting: AlertingDep,
+    services: ServicesDep,
     slots: ReadSlotsDep,
     state: Literal["pending", "firing", "resolved", "silenced"] | None = Query(
         None, description="Only alerts in this state (silenced: firing under a silence)."),
     run_id: str | None = Query(None, max_length=256),
     limit: int = Query(1000, ge=1, le=10_000),
+    before: str | None = Query(None, max_length=100, pattern=BEFORE, description=(
+        "Continue after this alert (STARTED_AT:FINGERPRINT), as the previous page's `next` "
+        "says.")),
 ) -> Response:
-    def build() -> bytes:
-        alerts = alerting.list_alerts(state=state, run_id=run_id, limit=limit)
+    start = None
+    if before is not None:
+        started, _, fingerprint = before.partition(":")
+        try:
+            start = (float(started), fingerprint)
+        except ValueError:
+            raise HTTPException(
+                422, f"before: {started!r} is not a time; use the `next` link") from None
+
+    def chunk(key: tuple[float, str] | None, max_rows: int,
+              max_bytes: int) -> list[tuple[tuple[float, str], bytes]]:
+        alerts = alerting.list_alerts(state=state, run_id=run_id, limit=max_rows, before=key)
         # Per channel, how the latest notification of each alert went: an undelivered page
         # is visible here (state "failed" with the receiver's answer), not only in a log.
-        delivery = alerting.delivery_states()
-        return wire.dumps({"alerts": [
-            {**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})} for a in alerts]})
-    # Up to 10 000 alerts: a large read, in a read slot (api/streamed_page.py).
-    return built_in_slot(slots, build)
+        delivery = alerting.delivery_states() if alerts else {}
+        out: list[tuple[tuple[float, str], bytes]] = []
+        size = 0
+        for a in alerts:
+            body = wire.dumps({**a.to_dict(), "delivery": delivery.get(a.fingerprint, {})})
+            if out and size + len(body) > max_bytes:
+                break
+            out.append(((a.started_at, a.fingerprint), body))
+            size += len(body)
+        return out
+
+    async def fetch(key: Any, max_rows: int, max_bytes: int) -> Any:
+        # The alert database has its own lock: read it in a worker, not on the event loop.
+        return await run_in_threadpool(chunk, key, max_rows, max_bytes)
+
+    def link(key: tuple[float, str]) -> str:
+        params = [("limit", limit), *((("state", state),) if state else ()),
+                  *((("run_id", run_id),) if run_id is not None else ()),
+                  ("before", f"{key[0]!r}:{key[1]}")]
+        return f"/v1/alerts?{urlencode(params)}"
+
+    # A page at a time, written as it is read (api/streamed_page.py): up to 10 000 alerts,
+    # each with its delivery, must not be built whole.
+    page = Page(b'{"alerts":[', fetch, limit, services.settings.read_page_bytes, link)
+    return await streamed(slots, page, start, "")
 
 
 @router.post("/v1/alerts/{fingerprint}/ack", response_model=AlertOut,

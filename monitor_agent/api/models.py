@@ -145,6 +145,8 @@ class ListedAlertOut(AlertView):
 
 class AlertsOut(BaseModel):
     alerts: list[ListedAlertOut] = Field(description="Newest first.")
+    next: str | None = Field(default=None, description=(
+        "The following page (a link with `before=`); null once nothing follows."))
 
 
 @with_config(_EVERY_KEY)

@@ -18,13 +18,14 @@ So one answer holds one chunk: its stored bodies, their converted copy (a bare `
 grows by its quotes, at most 1.5 times), and that copy in the transport's buffer; at most
 ``4 x max(CHUNK_BYTES, max_record_bytes)`` = 16 MiB with the defaults, whatever is stored.
 ``ReadSlots`` lets ``max_read_streams`` (4) large answers be in progress at once: these, and
-those built whole (``built_in_slot``: the charts, at most 16 MiB each as well, the alerts
-list, the runs page). One more page is answered 503 at once, so a waiting reader holds
+those built whole (``built_in_slot``: the charts, at most 16 MiB each as well, and the runs
+page). One more page is answered 503 at once, so a waiting reader holds
 nothing; with pages and charts, every large read answer together holds at most 64 MiB,
 README's budget for a request.
 
-api/runs.py answers records and findings this way. The pieces of one answer, with a fetch
-that has two chunks of stored lines (one holding a bare NaN) and a page of three items::
+api/runs.py answers records and findings this way, api/alerts.py the alerts list. The
+pieces of one answer, with a fetch that has two chunks of stored lines (one holding a bare
+NaN) and a page of three items::
 
     >>> import asyncio
     >>> stored = [(1, b'{"loss": 2.5}'), (2, b'{"loss": NaN}'), (3, b'{"loss": 1.0}')]
@@ -140,7 +141,7 @@ class StreamedAnswer(StreamingResponse):
 
 
 SLOT_WAIT = 2.0
-"""Seconds an answer built whole (a chart, the alerts, the runs page) waits for a read
+"""Seconds an answer built whole (a chart, the runs page) waits for a read
 slot: a page asks for several at once, each built in milliseconds, and should get them
 all. A worker thread waits, never the event loop."""
 
