@@ -30,9 +30,6 @@ from typing import Any
 
 from monitor_agent.records import schemas
 
-_TOP = {kind: frozenset(model.model_fields) for kind, model in (
-    ("run", schemas.RunModel), ("step", schemas.StepModel), ("eval", schemas.EvalModel),
-    ("end", schemas.EndModel))}
 _NESTED = {
     "layers": frozenset(schemas.LayerModel.__annotations__),
     "activations": frozenset(schemas.ActivationModel.__annotations__),
@@ -46,7 +43,7 @@ _FREE_FORM = ("config", "model", "hardware")
 
 def verbatim_ok(obj: dict[str, Any], raw: bytes) -> bool:
     """True when ``raw`` (the line ``obj`` was parsed from, already validated) may be stored."""
-    if not obj.keys() <= _TOP.get(str(obj.get("kind")), frozenset()):
+    if not obj.keys() <= schemas.TOP_FIELDS.get(str(obj.get("kind")), frozenset()):
         return False
     keys = len(obj)
     for section, allowed in _NESTED.items():

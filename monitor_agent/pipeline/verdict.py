@@ -113,16 +113,8 @@ class VerdictTracker:
         before = (len(self.first), self.nan_since)
         if isinstance(record, StepRecord) and record.loss is not None:
             bad = not math.isfinite(record.loss)
-            ranks = set(self.nan_ranks)
-            if bad:
-                if not ranks:
-                    self.nan_since = record.step
-                ranks.add(record.rank)
-            else:
-                ranks.discard(record.rank)
-                if not ranks:
-                    self.nan_since = None
-            self.nan_ranks = sorted(ranks)
+            if bad != (record.rank in self.nan_ranks):  # this rank's NaN stretch began/ended
+                self._nan_rank(record, bad)
         for f in findings:
             if (f.type in CAUSES and f.severity >= Severity.ERROR and not f.log_only
                     and f.type not in self.first):
@@ -131,6 +123,18 @@ class VerdictTracker:
                 if isinstance(cause, str):  # "LR x100 at step 300: a -> b, ...": its name
                     self.behind[f.type] = cause.split(":")[0][:80]
         return (len(self.first), self.nan_since) != before
+
+    def _nan_rank(self, record: StepRecord, bad: bool) -> None:
+        ranks = set(self.nan_ranks)
+        if bad:
+            if not ranks:
+                self.nan_since = record.step
+            ranks.add(record.rank)
+        else:
+            ranks.discard(record.rank)
+            if not ranks:
+                self.nan_since = None
+        self.nan_ranks = sorted(ranks)
 
     def verdict(self, status: str) -> Verdict:
         """The verdict for a run in ``status`` (running, completed, failed, stopped)."""

@@ -220,7 +220,7 @@ class StepModel(_Wire):
         metrics = data.get("metrics")
         if metrics is not None and not isinstance(metrics, dict):
             return data  # the field's own validation says what is wrong with it
-        moved = {k: v for k, v in data.items() if k not in cls.model_fields
+        moved = {k: v for k, v in data.items() if k not in TOP_FIELDS["step"]
                  and _plain_scalar(k, v)}
         if not moved:
             return data
@@ -284,6 +284,11 @@ RecordModel = Annotated[
     RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
 ]
 WireRecord = RunModel | StepModel | EvalModel | EndModel
+TOP_FIELDS: dict[str, frozenset[str]] = {
+    kind: frozenset(model.model_fields) for kind, model in (
+        ("run", RunModel), ("step", StepModel), ("eval", EvalModel), ("end", EndModel))}
+"""Each kind's top-level fields. Read once: pydantic builds ``model_fields`` on each
+access (microseconds), and ingest asks for every record (``verbatim``, ``_own_scalars``)."""
 _RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
 
 

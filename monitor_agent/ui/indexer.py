@@ -107,6 +107,9 @@ class HistoryIndexer:
         self._db: History | None = None
         self._checked = False
         self._noted = True  # catch_up notes the source only after _reconcile found none
+        # run id -> the latest attempt whose records were judged for a refold (settled, and
+        # folded again if it replaced history): its other records then ask no database.
+        self._judged: dict[str, int] = {}
         self._failure: str | None = None
         self._repair = threading.Event()
         self._stop = threading.Event()
@@ -203,11 +206,13 @@ class HistoryIndexer:
 
     def _fresh_builder(self) -> None:
         """Forget the builder's per-run caches: they are reloaded from the tables."""
+        self._judged.clear()
         if self._db is not None:
             self.builder = HistoryBuilder(self._db, self.ema_alpha, self.default_warmup,
                                           self.max_names)
 
     def _close(self) -> None:
+        self._judged.clear()
         if self._db is not None:
             checkpoint(self._db)  # the history file alone is complete after a stop
             self._db.close()
@@ -361,14 +366,21 @@ class HistoryIndexer:
     def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int) -> bool:
         """Whether ``attempt`` is settled, replaced some of the run's history, and its
         history was not folded again for it yet."""
+        if attempt <= self._judged.get(run_id, 1):
+            return False
         assert self._db is not None
         row = self._db.execute("SELECT number FROM attempts WHERE run_id = ?",
                                (run_id,)).fetchone()
-        if attempt <= (row[0] if row else 1):
+        folded = row[0] if row else 1
+        if attempt <= folded:
+            self._judged[run_id] = folded
             return False
         found = src.execute("SELECT kind, superseded_from FROM attempts WHERE run_id = ? AND "
                             "number = ?", (run_id, attempt)).fetchone()
-        return found is not None and found[0] != "pending" and found[1] is not None
+        if found is None or found[0] == "pending":
+            return False  # not settled yet: its next record asks again
+        self._judged[run_id] = attempt
+        return found[1] is not None
 
     def _refold(self, src: sqlite3.Connection, run_id: str, before_id: int,
                 attempt: int) -> None:
