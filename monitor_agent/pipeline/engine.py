@@ -297,6 +297,9 @@ class Engine:
             replayed += 1
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
+        # A rollback rebuilt the verdict from what is left of the history: the row says so
+        # too, the moment it happens or, after a kill -9 in between, on the next load.
+        self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
 
     def _apply(self, run: RunState, record: Record, arrival: float) -> None:

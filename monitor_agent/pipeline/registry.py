@@ -38,6 +38,7 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.attempts import RunAttempts
 from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.pipeline.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
@@ -152,6 +153,7 @@ class RunRegistry:
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
             if after is not None:  # None: never stored, a new run
+                live.state.verdict.rollbacks = self._rollbacks(live)
                 self._replay(live, after, now, quiet)
         except Exception as exc:
             self.evict(run_id)
@@ -161,6 +163,11 @@ class RunRegistry:
         self._reanalyse.discard(run_id)
         return live
 
+    def _rollbacks(self, live: LiveRun) -> list[Rollback]:
+        """What the run gave up by rolling back, as its verdict says it (verdict.py)."""
+        bodies = self.store.abandoned_findings(live.run_id, tuple(CAUSES))
+        return rollbacks_of(live.attempts.attempts, [wire.loads(b) for b in bodies])
+
     def rebuild(self, run_id: str, now: float) -> LiveRun:
         """Load a run again from its current history, after a new attempt replaced part of
         it (pipeline/attempts.py): the state its detectors had just before the attempt's
@@ -168,7 +175,8 @@ class RunRegistry:
         a few, spaced by powers of two in steps), so the newest one left is restored and
         the kept records after it are fed again (every one when none is left: a restart,
         or a resume further back than any snapshot). Quiet: those records were judged and
-        paged about already (a resolved alert must not page again)."""
+        paged about already (a resolved alert must not page again). The verdict is judged
+        on what is left, and names what was given up (verdict.py ``rollbacks_of``)."""
         self._runs.pop(run_id, None)
         return self.load(run_id, now, quiet=True)
 

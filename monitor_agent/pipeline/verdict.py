@@ -41,6 +41,17 @@ A run whose loss goes NaN at step 300 and stays so to its end at step 600::
     'run ended unhealthy: NaN since step 300'
     >>> VerdictTracker().verdict("running").text, VerdictTracker().verdict("completed").text
     ('healthy so far', 'completed, healthy')
+
+A run is judged on its current history (pipeline/attempts.py): a rollback (a resumed
+attempt that replaced steps, e.g. the closed loop's rollback to a clean checkpoint) rebuilds
+the tracker at the checkpoint's step, so a fault on the abandoned steps no longer counts.
+It is not forgotten either: ``rollbacks`` (read from the store each time the run is loaded,
+``rollbacks_of``, so a restart says the same) puts it after the verdict::
+
+    >>> healed = VerdictTracker(rollbacks=[Rollback(to_step=1100, abandoned=(
+    ...     ("divergence", 1205),))])
+    >>> print(healed.verdict("completed").text)
+    completed, healthy (rolled back once: divergence at step 1205 abandoned)
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from monitor_agent.records.types import Finding, Record, Severity, StepRecord
+from monitor_agent.storage.store import StoredAttempt
 
 CAUSES: dict[str, str] = {
     "nan_inf": "NaN", "divergence": "divergence", "grad_explosion": "gradient explosion",
@@ -98,6 +110,40 @@ class Verdict:
                    step=data.get("step"), words=data.get("words") or data["text"])
 
 
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """A resumed attempt that replaced steps: the run went back to ``to_step`` (its next
+    step was ``to_step + 1``) and gave up the steps after it; ``abandoned``: the first step
+    of each cause (``CAUSES``) found on those steps, by step."""
+
+    to_step: int
+    abandoned: tuple[tuple[str, int], ...] = ()
+
+
+def rollbacks_of(attempts: list[StoredAttempt], abandoned: list[dict[str, Any]]
+                 ) -> list[Rollback]:
+    """The run's rollbacks since it last started over, from its attempts and the findings
+    about replaced steps (``Store.abandoned_findings``); each finding counts for the first
+    resumed attempt that replaced its step. A restart (a new run reusing the id) replaced
+    the whole history: what came before it is another run's, not a rollback of this one."""
+    restart = max((a.number for a in attempts if a.kind == "restarted"), default=0)
+    resumed = [a for a in attempts if a.number > restart and a.kind == "resumed"
+               and a.superseded_from is not None and a.start_step is not None]
+    found: dict[int, dict[str, int]] = {a.number: {} for a in resumed}
+    for f in abandoned:
+        if f.get("type") not in CAUSES or f.get("log_only") or int(f.get("attempt", 1)) < restart:
+            continue
+        step = int(f["step"])
+        by = next((a for a in resumed if a.number > int(f.get("attempt", 1))
+                   and a.start_step is not None and a.start_step <= step), None)
+        if by is not None:
+            first = found[by.number]
+            first[f["type"]] = min(step, first.get(f["type"], step))
+    return [Rollback(a.start_step - 1, tuple(sorted(found[a.number].items(),
+                                                    key=lambda kv: (kv[1], kv[0]))))
+            for a in resumed if a.start_step is not None]
+
+
 @dataclass(slots=True)
 class VerdictTracker:
     """A run's causes so far (see module docstring); snapshot with ``asdict``."""
@@ -106,6 +152,9 @@ class VerdictTracker:
     behind: dict[str, str] = field(default_factory=dict)  # cause type -> its likely cause
     nan_since: int | None = None   # start of the current non-finite stretch, if any
     nan_ranks: list[int] = field(default_factory=list)  # ranks whose last loss is non-finite
+    # Derived from the store on every load (``rollbacks_of``), not from a snapshot: a
+    # rollback settles in the store before any snapshot can hold it.
+    rollbacks: list[Rollback] = field(default_factory=list)
 
     def observe(self, record: Record, findings: list[Finding]) -> bool:
         """Fold in one record and the findings the detectors made of it; True when that
@@ -140,7 +189,7 @@ class VerdictTracker:
         """The verdict for a run in ``status`` (running, completed, failed, stopped)."""
         ended = status != "running"
         if not self.first:
-            words = "healthy" if ended else "healthy so far"
+            words = ("healthy" if ended else "healthy so far") + self._rolled_back()
             return Verdict("healthy", f"{status}, {words}" if ended else words, words=words)
         causes = sorted(self.first.items(), key=lambda kv: (kv[1], kv[0]))
         cause, step = causes[0]
@@ -148,7 +197,17 @@ class VerdictTracker:
         second = [t for t, _ in causes[1:] if t == "nan_inf" and self.nan_since is not None]
         named = [cause, *(second or [t for t, _ in causes[1:2]])]
         words = "unhealthy: " + "; ".join(self._words(t, self.first[t]) for t in named)
+        words += self._rolled_back()
         return Verdict("unhealthy", f"{status}, {words}" if ended else words, cause, step, words)
+
+    def _rolled_back(self) -> str:
+        """`` (rolled back twice: divergence at step 1205 abandoned; ...)``, or nothing."""
+        if not self.rollbacks:
+            return ""
+        n = len(self.rollbacks)
+        times = {1: "once", 2: "twice"}.get(n, f"{n} times")
+        gone = [f"{CAUSES[t]} at step {s}" for r in self.rollbacks for t, s in r.abandoned[:1]]
+        return f" (rolled back {times}" + (f": {'; '.join(gone)} abandoned)" if gone else ")")
 
     def _words(self, cause: str, step: int) -> str:
         if cause == "nan_inf":

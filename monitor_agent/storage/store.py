@@ -610,6 +610,17 @@ class Store:
         )
         return [row[0] for row in rows]
 
+    def abandoned_findings(self, run_id: str, types: Sequence[str]) -> list[bytes]:
+        """The run's findings of ``types`` at error severity or above about steps a later
+        attempt replaced (the abandoned branches of pipeline/attempts.py), oldest first.
+        Few by nature (they page): the verdict reads them whenever the run is loaded."""
+        marks = ",".join("?" * len(types))
+        rows = self._db.query(
+            f"SELECT body FROM findings f WHERE run_id = ? AND type IN ({marks}) AND "
+            "severity IN ('error', 'critical') AND NOT (1"
+            f"{_current(True)}) ORDER BY id", (run_id, *types))
+        return [row[0] for row in rows]
+
     def finding_counts(self, run_id: str) -> dict[str, int]:
         return dict(self._db.query(
             "SELECT type, COUNT(*) FROM findings WHERE run_id = ? GROUP BY type", (run_id,)
