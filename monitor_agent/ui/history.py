@@ -105,6 +105,12 @@ CREATE TABLE IF NOT EXISTS matrices (
     run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
     PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS attempts (run_id TEXT PRIMARY KEY, number INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS branches (
+    run_id TEXT, attempt INTEGER, to_step INTEGER NOT NULL,
+    PRIMARY KEY (run_id, attempt)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS branch_steps (
+    run_id TEXT, attempt INTEGER, rank INTEGER, step INTEGER, loss REAL, grad_norm REAL,
+    PRIMARY KEY (run_id, attempt, rank, step)) WITHOUT ROWID;
 """
 
 
@@ -112,6 +118,15 @@ RUN_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "
               "user_scalars", "user_blocks", "matrices")
 """Every table holding a run's history, keyed by run id (``attempts`` says which attempt
 it was folded for, and outlives a refold)."""
+
+BRANCH_TABLES = ("branches", "branch_steps")
+"""The abandoned branches of a run (``indexer.branch``): keyed by the resumed attempt that
+abandoned each, kept across refolds, dropped when a restart replaces the whole run."""
+
+MAX_BRANCH_POINTS = 1000
+"""Steps kept per rank of an abandoned branch, evenly spaced, its last step always among
+them: a chart draws it as context at most about this wide, and a resume far back (100,000
+abandoned steps of a GPT, tens of kB each) reads this many records once, not all of them."""
 
 History: TypeAlias = sqlite3.Connection
 """A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""

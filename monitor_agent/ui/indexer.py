@@ -8,7 +8,10 @@ Charts draw a run's current history (pipeline/attempts.py): a record a later att
 replaced before it was folded is skipped, and the first step of an attempt that replaced
 history already folded (a resume from a checkpoint, a new run reusing the id) drops the
 run's history and folds its current history again, once per attempt (the history's
-``attempts`` table remembers which): one line, never a sawtooth of two branches.
+``attempts`` table remembers which): one line, never a sawtooth of two branches. What a
+resume abandoned (a rollback to a checkpoint) is kept beside it, once, as a branch of its
+own (``branch``): the steps it replaced, thinned to ``MAX_BRANCH_POINTS`` per rank, which
+the run page draws faded, ending where it was given up.
 
 The app starts one with its databases (serving/app.py: ``HistoryIndexer(settings.db_path,
 services.history_db, ema_alpha, default_warmup)``, ``start()``, and ``stop()`` on shutdown);
@@ -36,6 +39,7 @@ hand::
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -52,7 +56,9 @@ from monitor_agent.storage.database import (
     transaction,
 )
 from monitor_agent.ui.history import (
+    BRANCH_TABLES,
     HISTORY_SOURCE,
+    MAX_BRANCH_POINTS,
     MAX_NAMES,
     RUN_TABLES,
     History,
@@ -333,8 +339,10 @@ class HistoryIndexer:
         row_id, body, run_id, attempt, superseded_by = row
         if superseded_by is not None:
             return
-        if attempt > 1 and self._replaces_history(src, run_id, attempt):
+        replaced = self._replaces_history(src, run_id, attempt) if attempt > 1 else None
+        if replaced is not None:
             self.builder.commit()
+            self.branch(src, run_id, attempt, replaced)
             self._refold(src, run_id, row_id, attempt)
         self.builder.add(wire.loads(body))
 
@@ -363,24 +371,58 @@ class HistoryIndexer:
         log.warning("chart history: %s skipped (%s: %s)", what, type(exc).__name__,
                     str(exc)[:200])
 
-    def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int) -> bool:
-        """Whether ``attempt`` is settled, replaced some of the run's history, and its
-        history was not folded again for it yet."""
+    def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int
+                          ) -> tuple[str, int, int, int] | None:
+        """(kind, start step, first and last step replaced) when ``attempt`` is settled,
+        replaced some of the run's history, and its history was not folded again for it
+        yet; else None."""
         if attempt <= self._judged.get(run_id, 1):
-            return False
+            return None
         assert self._db is not None
         row = self._db.execute("SELECT number FROM attempts WHERE run_id = ?",
                                (run_id,)).fetchone()
         folded = row[0] if row else 1
         if attempt <= folded:
             self._judged[run_id] = folded
-            return False
-        found = src.execute("SELECT kind, superseded_from FROM attempts WHERE run_id = ? AND "
-                            "number = ?", (run_id, attempt)).fetchone()
+            return None
+        found = src.execute("SELECT kind, start_step, superseded_from, superseded_to FROM "
+                            "attempts WHERE run_id = ? AND number = ?",
+                            (run_id, attempt)).fetchone()
         if found is None or found[0] == "pending":
-            return False  # not settled yet: its next record asks again
+            return None  # not settled yet: its next record asks again
         self._judged[run_id] = attempt
-        return found[1] is not None
+        return None if found[2] is None else found
+
+    def branch(self, src: sqlite3.Connection, run_id: str, attempt: int,
+               replaced: tuple[str, int, int, int]) -> None:
+        """Keep what ``attempt`` abandoned as a branch, in one transaction (done again
+        after a crash before the refold, it writes the same rows): the step records it
+        replaced, every ``stride``-th step and the last, per rank; their loss and grad
+        norm. A restart replaced a whole other run: its branches go, none is kept."""
+        assert self._db is not None
+        kind, start, lo, hi = replaced
+        stride = max(1, -(-(hi - lo + 1) // MAX_BRANCH_POINTS))
+        with storage_errors(source="storage"):
+            rows = [] if kind == "restarted" else src.execute(
+                "SELECT id, rank, step, body FROM records WHERE run_id = ? AND kind = 'step' "
+                "AND superseded_by = ? AND step BETWEEN ? AND ? AND ((step - ?) % ? = 0 OR "
+                "step = ?)", (run_id, attempt, lo, hi, lo, stride, hi)).fetchall()
+        points = []
+        for row_id, rank, step, body in rows:
+            try:
+                obj = wire.loads(body)
+                points.append((run_id, attempt, rank, step, _num(obj.get("loss")),
+                               _num(obj.get("grad_norm"))))
+            except Exception as exc:  # stored but odd: that point is left out
+                self._skipped(f"record {row_id} (abandoned branch)", exc)
+        with transaction(self._db, source=HISTORY_SOURCE) as db:
+            if kind == "restarted":
+                for table in BRANCH_TABLES:
+                    db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                return
+            db.execute("INSERT OR REPLACE INTO branches VALUES (?, ?, ?)",
+                       (run_id, attempt, start - 1))
+            db.executemany("INSERT OR REPLACE INTO branch_steps VALUES (?,?,?,?,?,?)", points)
 
     def _refold(self, src: sqlite3.Connection, run_id: str, before_id: int,
                 attempt: int) -> None:
@@ -405,8 +447,16 @@ class HistoryIndexer:
             self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?)", (run_id, attempt))
 
 
-HISTORY_TABLES = (*RUN_TABLES, "attempts")
+HISTORY_TABLES = (*RUN_TABLES, "attempts", *BRANCH_TABLES)
 """Every table of the history keyed by run id (history.SCHEMA)."""
+
+
+def _num(value: object) -> float | None:
+    """A stored number as a branch keeps it; a non-finite one is no value (a gap)."""
+    value = wire.nonfinite_to_float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _first_run(src: sqlite3.Connection) -> tuple[str, float] | None:

@@ -45,6 +45,18 @@ class RankStepTimes(BaseModel):
     ranks: dict[str, Values] = Field(description="Max step time per bucket, by rank.")
 
 
+class BranchOut(BaseModel):
+    """Steps a resumed attempt abandoned (a rollback to a checkpoint): drawn apart from
+    the run's current history, ending where they were given up."""
+
+    attempt: int = Field(description="The resumed attempt that abandoned these steps.")
+    rolled_back_to: int = Field(description="The step the run went back to (it went on at "
+                                "the next one).")
+    steps: list[int] = Field(description="Abandoned steps, evenly thinned, the last kept.")
+    loss: list[float | None]
+    grad_norm: list[float | None]
+
+
 class SeriesOut(BaseModel):
     """A run's per-step scalars downsampled to at most ``points`` buckets."""
 
@@ -77,6 +89,9 @@ class SeriesOut(BaseModel):
     total_steps: int | None
     layers: list[str] = Field(description="Parameter names in model order.")
     modules: list[str] = Field(description="Module names with activation stats.")
+    branches: list[BranchOut] = Field(
+        default_factory=list, description="What rollbacks abandoned, oldest first: each the "
+        "replaced steps of this rank in the range (pipeline/attempts.py).")
 
 
 class MatrixOut(BaseModel):

@@ -53,6 +53,7 @@ from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history
 from monitor_agent.ui.models import (
     Band,
+    BranchOut,
     Evals,
     MatrixOut,
     RankStepTimes,
@@ -141,6 +142,7 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
             db, run_id, rank, lo, hi, points, user[:sr.USER_CHARTS]).items()},
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],
         layers=meta["layers"], modules=meta["modules"],
+        branches=[BranchOut.model_validate(b) for b in sr.branches(db, run_id, rank, start, end)],
     )
 
 

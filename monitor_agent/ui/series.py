@@ -149,6 +149,28 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
 
 
 @storage_errors(source=HISTORY_SOURCE)
+def branches(db: sqlite3.Connection, run_id: str, rank: int, start: int | None = None,
+             end: int | None = None) -> list[dict[str, Any]]:
+    """The run's abandoned branches (indexer.py ``branch``) for one rank, oldest first:
+    the step it was rolled back to and the abandoned steps' loss and grad norm within
+    [start, end]. Each holds at most ``MAX_BRANCH_POINTS`` steps, and a run at most
+    ``max_attempts_per_run`` branches."""
+    out = []
+    for attempt, to_step in db.execute("SELECT attempt, to_step FROM branches WHERE "
+                                       "run_id = ? ORDER BY attempt", (run_id,)).fetchall():
+        rows = db.execute(
+            "SELECT step, loss, grad_norm FROM branch_steps WHERE run_id = ? AND attempt = ? "
+            "AND rank = ? AND step BETWEEN ? AND ? ORDER BY step",
+            (run_id, attempt, rank, start if start is not None else -1,
+             end if end is not None else 2**62)).fetchall()
+        if rows:
+            steps, loss, grad = zip(*rows, strict=True)
+            out.append({"attempt": attempt, "rolled_back_to": to_step, "steps": list(steps),
+                        "loss": _clean(loss), "grad_norm": _clean(grad)})
+    return out
+
+
+@storage_errors(source=HISTORY_SOURCE)
 def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
     """The last stored step's values (the page's header for a run no longer in memory)."""
     row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "

@@ -233,3 +233,38 @@ def test_the_update_ratio_alert_limit_shows_where_the_curve_reaches_it(browser, 
     browser.save_screenshot(str(shots / "run-update-limit.png"))
     open_run(browser, lr_runs, "baseline")  # a healthy ratio: no limit in its range
     assert browser.execute_script("return window.runPage.charts.update.limitsShown") == []
+
+
+def test_a_rollback_draws_the_abandoned_branch_apart_from_the_resumed_history(
+        browser, lr_runs, shots: Path):
+    """A run diverges at step 300 and is rolled back to its checkpoint at step 250 (the
+    client draws a fresh attempt token and sends 251, 252, ... again): the loss chart draws
+    the resumed history as its line and steps 251-330 as a faded branch of their own, with
+    the rollback point marked, not a sawtooth of both in one line."""
+    import math
+
+    import httpx
+
+    def steps(token: str, first: int, last: int, diverge: bool) -> list[dict]:
+        return [{"kind": "step", "run_id": "rolled", "step": s, "time": 1.0 + s,
+                 "attempt": token, "grad_norm": 1.0 + 0.1 * math.sin(s),
+                 "loss": (2.0 * 1.15 ** (s - 299) if diverge and s >= 300 else
+                          2.5 - s / 1000 + 0.03 * math.sin(s * 1.7))}
+                for s in range(first, last + 1)]
+
+    for batch in (steps("a", 1, 330, diverge=True), steps("b", 251, 450, diverge=False)):
+        res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10,
+                         json={"records": batch})
+        assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/rolled")
+    shown = WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "const u = window.runPage.charts.loss, s = window.runPage.series; "
+        "return document.body.dataset.loaded === '1' && s && s.range[1] === 450 "
+        "&& u && u.branchesShown && u.branchesShown.length && u.branchesShown"))
+    assert shown == [{"attempt": 2, "rolled_back_to": 250, "last": 330, "points": 80}]
+    # The current history is one line: each step once, the resumed values from step 251 on.
+    series = browser.execute_script("return window.runPage.series")
+    assert series["steps"] == list(range(1, 451))
+    assert max(series["series"]["loss"]["mean"][250:]) < 2.5
+    browser.execute_script("document.getElementById('chart-loss').scrollIntoView()")
+    browser.save_screenshot(str(shots / "run-rollback-branch.png"))

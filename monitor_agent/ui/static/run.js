@@ -70,7 +70,7 @@
       series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
       legend: {live: true},
       hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : []),
-        ...(def.limits ? [drawLimits] : [])]},
+        ...(def.limits ? [drawLimits] : []), ...(BRANCHED[def.id] ? [u_ => drawBranches(u_, BRANCHED[def.id], def.id)] : [])]},
     }, data, card.querySelector(".plot"));
     u._key = key;
     u._box = def.box;
@@ -143,6 +143,50 @@
     }
     plotLabel(u, `NaN/Inf at ${bad.length} step(s)`, "#b00020", top + 4 * devicePixelRatio);
     ctx.restore();
+  }
+  // What a rollback abandoned (series.branches): the replaced steps as a faded dashed line
+  // apart from the current history, a marker where the run went back ("rolled back to
+  // step C") and an x where the branch was given up, held at the plot's edge when the
+  // diverged values are above the current history's scale (which they do not stretch).
+  const BRANCHED = {loss: "loss", grad: "grad_norm"};
+  function drawBranches(u, key, id) {
+    const branches = (S.series && S.series.branches) || [];
+    const ctx = u.ctx, dpr = devicePixelRatio, {left, top, width, height} = u.bbox;
+    u.branchesShown = [];  // for the tests
+    for (const b of branches) {
+      const pts = b.steps.map((x, i) => [x, b[key][i]]).filter(([x, y]) => y !== null &&
+        !(PlotView.isLog(id) && y <= 0));
+      if (!pts.length) continue;
+      const px = pts.map(([x, y]) => [u.valToPos(x, "x", true), u.valToPos(y, "y", true)]);
+      ctx.save();
+      ctx.beginPath(); ctx.rect(left, top, width, height); ctx.clip();
+      ctx.strokeStyle = "#b0002088"; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash([6 * dpr, 4 * dpr]);
+      ctx.beginPath();
+      px.forEach(([x, y], i) => i ? ctx.lineTo(x, y) : ctx.moveTo(x, y));
+      ctx.stroke();
+      const back = u.valToPos(b.rolled_back_to, "x", true);
+      ctx.strokeStyle = "#555555aa"; ctx.lineWidth = dpr; ctx.setLineDash([2 * dpr, 3 * dpr]);
+      ctx.beginPath(); ctx.moveTo(back, top); ctx.lineTo(back, top + height); ctx.stroke();
+      const [ex, ey] = px[px.length - 1], yy = Math.min(Math.max(ey, top + 6 * dpr), top + height - 6 * dpr);
+      ctx.setLineDash([]); ctx.strokeStyle = "#b00020"; ctx.lineWidth = 2 * dpr;
+      const r = 4 * dpr;
+      ctx.beginPath(); ctx.moveTo(ex - r, yy - r); ctx.lineTo(ex + r, yy + r);
+      ctx.moveTo(ex - r, yy + r); ctx.lineTo(ex + r, yy - r); ctx.stroke();
+      ctx.restore();
+      const last = pts[pts.length - 1][0];
+      if (back >= left && back <= left + width) {
+        ctx.save();
+        ctx.font = `${11 * dpr}px system-ui, sans-serif`;
+        ctx.textBaseline = "top";
+        const text = `rolled back to step ${b.rolled_back_to}`;
+        const w = ctx.measureText(text).width;
+        const x = Math.min(back + 4 * dpr, left + width - w - 4 * dpr), y = top + height - 18 * dpr;
+        ctx.fillStyle = "#ffffffcc"; ctx.fillRect(x - 2 * dpr, y - dpr, w + 4 * dpr, 14 * dpr);
+        ctx.fillStyle = "#555"; ctx.fillText(text, x, y);
+        ctx.restore();
+      }
+      u.branchesShown.push({attempt: b.attempt, rolled_back_to: b.rolled_back_to, last, points: pts.length});
+    }
   }
   // A label kept whole inside the plot area (canvas pixels), on a white backing.
   function plotLabel(u, text, colour, y) {
