@@ -178,6 +178,7 @@
         ctx.save();
         ctx.font = `${11 * dpr}px system-ui, sans-serif`;
         ctx.textBaseline = "top";
+        ctx.textAlign = "left";  // uPlot's axes leave it as they drew their labels
         const text = `rolled back to step ${b.rolled_back_to}`;
         const w = ctx.measureText(text).width;
         const x = Math.min(back + 4 * dpr, left + width - w - 4 * dpr), y = top + height - 18 * dpr;
