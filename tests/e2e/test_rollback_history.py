@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from receivers import Receiver
 from sidecar_process import SidecarProcess
 

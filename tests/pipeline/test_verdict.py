@@ -79,3 +79,30 @@ def test_the_verdict_is_stored_and_shown_once_the_run_left_memory(tmp_path: Path
     assert stored.verdict is not None
     assert stored.verdict.text == "completed, unhealthy: NaN since step 30"
     assert queries.run_detail("r").verdict == live.verdict
+
+
+def test_rollbacks_count_the_resumes_since_the_last_restart_and_name_what_each_abandoned():
+    from monitor_agent.pipeline.verdict import Rollback, rollbacks_of
+    from monitor_agent.storage.store import StoredAttempt
+
+    attempts = [StoredAttempt(1, "first", 1, 0.0, None, None),
+                StoredAttempt(2, "restarted", 1, 1.0, 1, 900),   # a new run reusing the id
+                StoredAttempt(3, "resumed", 1201, 2.0, 1201, 1500),
+                StoredAttempt(4, "resumed", 1801, 3.0, None, None),  # a relaunch past the end
+                StoredAttempt(5, "resumed", 1001, 4.0, 1001, 1900)]
+    abandoned = [
+        {"type": "divergence", "step": 800, "attempt": 1},        # the other run's
+        {"type": "grad_explosion", "step": 1310, "attempt": 2},
+        {"type": "divergence", "step": 1305, "attempt": 2},
+        {"type": "nan_inf", "step": 1350, "attempt": 2, "log_only": True},
+        {"type": "stalled", "step": 1400, "attempt": 2},          # not a cause
+        {"type": "nan_inf", "step": 1850, "attempt": 4},          # replaced by attempt 5
+        {"type": "nan_inf", "step": 1100, "attempt": 3},
+    ]
+    found = rollbacks_of(attempts, abandoned)
+    assert found == [Rollback(1200, (("divergence", 1305), ("grad_explosion", 1310))),
+                     Rollback(1000, (("nan_inf", 1100),))]
+    tracker = VerdictTracker(rollbacks=found)
+    assert tracker.verdict("completed").text == (
+        "completed, healthy (rolled back twice: divergence at step 1305; NaN at step 1100 "
+        "abandoned)")
