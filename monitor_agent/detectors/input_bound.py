@@ -104,10 +104,14 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
         mid = sorted(medians)[len(medians) // 2]
         msg = (f"the run is input-bound: every rank waits on its data loader for {mid:.0%} of "
                f"the step (median of the last {self.settings.input_bound_window} steps, "
-               f"{low:.0%} to {high:.0%} across {len(medians)} ranks); the model idles while "
+               f"{low:.0%} to {high:.0%} across {_ranks(len(medians))}); the model idles while "
                "data loads")
         evidence = {"data_share": mid, "min_rank_share": low, "max_rank_share": high,
                     "ranks": len(medians), "data_time": rec.data_time,
                     "step_time": rec.step_time}
         return [self.finding(rec, msg, value=low, threshold=limit, evidence=evidence,
                              suggestions=INPUT_BOUND)]
+
+
+def _ranks(n: int) -> str:
+    return "1 rank" if n == 1 else f"{n} ranks"
