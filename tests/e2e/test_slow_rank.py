@@ -7,12 +7,14 @@ cause. Every rank's loader slowed: one input-bound page for the run, and no stra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from receivers import Receiver
@@ -53,10 +55,8 @@ def _pages(slack: Receiver, sc, run_id: str, alert: str) -> list[str]:
         texts = [r.body.decode() for r in slack.accepted()]
         if any(run_id in t and "RESOLVED" in t.upper() for t in texts):
             break
-        try:
+        with contextlib.suppress(TimeoutError):
             slack.wait_for(len(slack.accepted()) + 1, timeout=0.2)
-        except TimeoutError:
-            pass
     return [t for t in texts if run_id in t and alert in t and "FIRING" in t]
 
 
@@ -72,6 +72,11 @@ def test_one_slow_loader_pages_once_naming_the_rank_and_data_loading(
     steps = [r for r in paging_sidecar.records("slow-loader") if r["kind"] == "step"]
     waits = {r["rank"]: r["sync_wait_time"] for r in steps if r["step"] == 40}
     assert min(waits, key=waits.__getitem__) == 2  # the one rank that does not wait
+    # the per-rank split is on /metrics too (capped with the other per-rank gauges)
+    metrics = httpx.get(paging_sidecar.url + "/metrics", timeout=10).text
+    for name in ("training_sync_wait_seconds", "training_compute_seconds"):
+        assert sum(line.startswith(name + "{") and 'run_id="slow-loader"' in line
+                   for line in metrics.splitlines()) == 4, name
 
 
 @pytest.mark.slow
