@@ -11,6 +11,9 @@ whose own time is ``straggler_ratio`` x theirs is the straggler, and the larger 
 data time and extra compute time names the cause. A rank whose own work is as fast as the
 others' but whose step is ``straggler_ratio`` x longer, the extra in ``sync_wait_time``, is
 slow in the collective itself (its link, its NIC): that is the third cause.
+Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
+there, its host timestamps being launch times), the others' own time is their step less
+the straggler's extra loading, which they spend waiting for it; the same ratio applies.
 
 Four ranks, rank 2's loader 410 ms per batch where the others take 12 ms; the others wait
 for it in the all-reduce::
@@ -143,6 +146,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             return []
         ratio = st.times.median() / float(np.median([o.times.median() for o in peers]))
         cause = None
+        if ratio < self.settings.straggler_ratio:
+            ratio = max(ratio, self._data_only_ratio(st, peers))
         if ratio >= self.settings.straggler_ratio:
             cause = "own"
         elif self._slow_in_collective(st, peers):
@@ -150,6 +155,19 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         if cause is None or not self.due(rec):
             return []
         return [self._report(rec, st, peers, ratio, cause)]
+
+    @staticmethod
+    def _data_only_ratio(st: RankTimes, peers: list[RankTimes]) -> float:
+        """Its own-time ratio when only ``data_time`` splits the step (a CUDA run: the
+        client sends no compute or wait there). In synchronous data parallelism the others
+        wait for its extra loading, so their own time is their step less that extra."""
+        if finite(_median(st.compute)) or finite(_median(st.wait)):
+            return math.nan
+        extra = _median(st.data) - _peer_median(peers, "data")
+        base = _peer_median(peers, "step") - extra
+        if not (finite(extra) and extra > 0 and finite(base) and base > 0):
+            return math.nan
+        return _median(st.step) / base
 
     def _slow_in_collective(self, st: RankTimes, peers: list[RankTimes]) -> bool:
         """Its step is ``straggler_ratio`` x the others' and the extra is all-reduce wait."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from synth_records import assert_restore_equivalent, feed, noise, only, step
 
 
@@ -86,3 +88,13 @@ def test_a_rank_slow_in_the_all_reduce_itself_is_named_as_such():
 def test_balanced_breakdowns_name_no_one():
     assert feed(only("straggler"), _breakdown(60, None, "data")) == []
     assert feed(only("straggler"), _breakdown(60, 0, "data"))[0].evidence["cause"] == "data"
+
+
+def test_a_slow_loader_is_found_from_data_time_alone():
+    """A CUDA run: the client sends data_time but no compute or wait (launch times)."""
+    recs = [replace(r, compute_time=None, sync_wait_time=None)
+            for r in _breakdown(60, 2, "data")]
+    found = feed(only("straggler"), recs)
+    assert found and {f.rank for f in found} == {2}
+    assert found[0].evidence["cause"] == "data"
+    assert "its data loading takes 410 ms" in found[0].message
