@@ -30,6 +30,7 @@ and count host transfers made on the training thread by the hooks and log_step.
     python bench/client_overhead.py --only-distributions   # bare step + distributions
     python bench/client_overhead.py --only-activations     # bare step + activation hooks
     python bench/client_overhead.py --only-origin          # bare step + origin figures
+    python bench/client_overhead.py --only-timings         # the all-reduce-wait hooks
 """
 
 from __future__ import annotations
@@ -449,6 +450,68 @@ def report_origin(f: dict) -> None:
           f"gate sends them (non-finite or > 2x the median global norm), 0 B otherwise")
 
 
+def timings_costs(model, opt, batch, device, reps, url) -> dict:
+    """A distributed run's default configuration, with the step-timing hooks attached and
+    detached in turn, interleaved round by round (the same Monitor: only the hooks differ).
+    The hooks' own cost is timed alone too: a whole-step difference under 1% is inside a
+    shared machine's noise, while the hooks' calls can be counted and clocked exactly."""
+    mon = Monitor(url=url, run_id="bench-timings",
+                  settings=MonitorConfig(install_hooks=False, linger=0.2, world_size=2))
+    mon.watch(model, opt, grad_clip=1.0)
+    timings = mon._timings
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    step = 0
+
+    def monitored():
+        nonlocal step
+        step += 1
+        forward_backward(model, batch)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        mon.log_step(step, loss=1.0, tokens=batch.numel())
+
+    stats = mon._stats
+    for rnd in range(reps * 5 + 1):
+        for name in times:
+            timings.detach()
+            stats.detach()
+            if name == "with":
+                timings.attach()  # first, as watch() does: its pre-hook runs first
+            stats.attach()
+            t = timed(monitored, device, 1)
+            if rnd:
+                times[name].append(t)
+    mon.flush(30)
+    mon.close(timeout=30)
+    params = timings.params
+    calls = 2000
+    start = time.perf_counter()
+    for _ in range(calls):
+        for p in params:
+            timings._gradient_done(p)
+        timings._optimizer_step()
+        timings.take()
+    per_step = (time.perf_counter() - start) / calls
+    return {"timings_rounds": reps * 5, "timings_params": len(params),
+            "timings_without_s": statistics.median(times["without"]),
+            "timings_with_s": statistics.median(times["with"]),
+            "timings_pairs": [b / a for a, b in zip(times["without"], times["with"],
+                                                     strict=True)],
+            "timings_hooks_s": per_step}
+
+
+def report_timings(f: dict) -> None:
+    a, b = f["timings_without_s"], f["timings_with_s"]
+    pairs = sorted(f["timings_pairs"])
+    print(f"timings (issue 23), {f['timings_rounds']} interleaved rounds, medians: without "
+          f"the wait hooks {a * 1e3:.1f} ms, with {b * 1e3:.1f} ms (ratio {b / a:.4f}; "
+          f"paired ratios p25 {pairs[len(pairs) // 4]:.4f} p50 {pairs[len(pairs) // 2]:.4f} "
+          f"p75 {pairs[3 * len(pairs) // 4]:.4f})")
+    hooks = f["timings_hooks_s"]
+    print(f"  the hooks alone: {hooks * 1e6:.1f} us per step ({f['timings_params']} gradient "
+          f"hooks + the optimizer pre-hook + take), {hooks / a:.5%} of the step")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="client overhead on a 124M GPT-2-shaped model")
     p.add_argument("--device", default="cpu")
@@ -462,12 +525,17 @@ def main() -> None:
                    help="measure only the bare step and the distribution statistics")
     p.add_argument("--only-origin", action="store_true",
                    help="measure only the bare step and the origin figures (issue 17)")
+    p.add_argument("--only-timings", action="store_true",
+                   help="measure only the all-reduce-wait hooks (issue 23)")
     args = p.parse_args()
     device = torch.device(args.device)
     url = start_sink()
     model, opt, batch = build(args, device)
     n_params = sum(p.numel() for p in model.parameters())
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
+    if args.only_timings:
+        report_timings(timings_costs(model, opt, batch, device, args.reps, url))
+        return
     bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
     origin = origin_costs(model, opt, batch, device, args.reps, url)
     if args.only_origin:

@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # imported where used: importing monitor_client must not impo
     from monitor_client._activations import ActivationStats
     from monitor_client._finite import FiniteFlags
     from monitor_client._stats import GradStats
+    from monitor_client._timings import StepTimings
 
 __all__ = ["Monitor"]
 
@@ -167,6 +168,7 @@ class Monitor:
         self._stats: GradStats | None = None
         self._acts: ActivationStats | None = None
         self._finite: FiniteFlags | None = None
+        self._timings: StepTimings | None = None
         self._preflight: Preflight | None = None
         self._optimizer: Any = None
         self._scaler: Any = None
@@ -238,6 +240,8 @@ class Monitor:
         param = next(model.parameters())
         every = cfg.layer_stats_every
         group = _model_info.default_group() if cfg.sharded else None
+        if self.world_size > 1:  # before GradStats: its pre-hook is compute, not the wait
+            self._watch_timings(model, optimizer)
         self._stats = GradStats(model, optimizer, grad_clip=cfg.grad_clip,
                                 apply_clip=cfg.apply_clip, layer_stats_every=every,
                                 reduce_group=group,
@@ -278,6 +282,14 @@ class Monitor:
         if self._acts.skipped:
             self._warner.warn("activations", "%d modules beyond max_activation_modules=%d "
                               "are not hooked", self._acts.skipped, len(self._acts.names))
+
+    def _watch_timings(self, model: Any, optimizer: Any) -> None:
+        from monitor_client._timings import StepTimings
+
+        if self._timings is not None:
+            self._timings.detach()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._timings = StepTimings(params, optimizer).attach()
 
     def _watch_finite(self, model: Any) -> None:
         from monitor_client._finite import FiniteFlags
@@ -332,6 +344,8 @@ class Monitor:
         if data_time is None and self._data_time:
             data_time = self._data_time
         self._data_time = 0.0
+        if self._timings is not None:
+            self._split(fields, step_time, data_time, self._timings.take())
         self._send_run()
         record = {"kind": "step", "run_id": self.run_id, "step": int(step),
                   "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
@@ -341,6 +355,17 @@ class Monitor:
         self._last_step = int(step)
         urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
         self._submit(self._pending(record, loss), urgent=urgent)
+
+    @staticmethod
+    def _split(fields: dict[str, Any], step_time: float, data_time: float | None,
+               wait: float | None) -> None:
+        """This rank's all-reduce wait and own compute (``_timings.py``), unless the
+        script passed its own."""
+        if wait is None or "sync_wait_time" in fields or "compute_time" in fields:
+            return
+        wait = min(wait, step_time)
+        fields["sync_wait_time"] = wait
+        fields["compute_time"] = max(step_time - (data_time or 0.0) - wait, 0.0)
 
     def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
@@ -483,6 +508,8 @@ class Monitor:
             self._acts.detach()
         if self._finite is not None:
             self._finite.detach()
+        if self._timings is not None:
+            self._timings.detach()
         self._send_run()
         self._submit({"kind": "end", "run_id": self.run_id, "attempt": self.attempt,
                       "step": self._last_step,

@@ -31,6 +31,7 @@ from monitor_agent.detectors.gain_drift import GainDriftDetector
 from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
+from monitor_agent.detectors.input_bound import InputBoundDetector
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
 from monitor_agent.detectors.loss_spike import LossSpikeDetector
 from monitor_agent.detectors.lr_jump import LrJumpDetector
@@ -59,6 +60,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     EffectiveLrDetector,
     # the LR rose far outside the run's own schedule (the likely cause of what follows)
     LrJumpDetector,
+    # every rank waits on its data loader (the input pipeline sets the pace)
+    InputBoundDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

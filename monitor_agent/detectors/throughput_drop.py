@@ -26,9 +26,9 @@ A run at 4000 tokens/s that drops to 1600 at step 150 while data loading takes o
     ...                        "step_time": 0.5, "data_time": 0.01 if s < 150 else 0.3})
     ...          for s in range(1, 201)]
     >>> found = [f for rec in steps for f in suite.update(rec)]
-    >>> [(f.type, f.step, f.severity.label) for f in found]
-    [('throughput_drop', 179, 'warning')]
-    >>> print(found[0].message)
+    >>> [(f.type, f.step, f.severity.label) for f in found]   # input_bound: data is 60%
+    [('input_bound', 160, 'warning'), ('throughput_drop', 179, 'warning')]
+    >>> print(found[-1].message)
     tokens/s median 1.6e+03 over the last 20 steps is 0.40x the median 4e+03 of the 154 steps
     before, for 20 steps in a row (19 s); data loading now 60% of the step
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from synth_records import assert_restore_equivalent, feed, noise, only, step
 
 
@@ -34,3 +36,65 @@ def test_quiet_with_balanced_ranks_or_a_single_rank():
 
 def test_restore_mid_stream_changes_nothing():
     assert_restore_equivalent(lambda: only("straggler"), _ddp(500, 300), cut=550)
+
+
+def _breakdown(n: int, slow_rank: int | None, slow: str, ranks: int = 4) -> list:
+    """Synchronous DDP: every rank's step_time is the slowest rank's own time plus the
+    all-reduce; only the breakdown (data, compute, wait) differs between ranks."""
+    recs = []
+    for i in range(1, n):
+        own = {r: (0.012 * (1 + noise(i + r, 0.2)), 0.05 * (1 + noise(i * 7 + r, 0.1)))
+               for r in range(ranks)}
+        if slow_rank is not None and slow == "data":
+            own[slow_rank] = (0.41, own[slow_rank][1])
+        if slow_rank is not None and slow == "compute":
+            own[slow_rank] = (own[slow_rank][0], 0.3)
+        step_time = max(d + c for d, c in own.values()) + 0.005
+        for r, (d, c) in own.items():
+            recs.append(step(i, rank=r, step_time=step_time, data_time=d, compute_time=c,
+                             sync_wait_time=step_time - d - c))
+    return recs
+
+
+def test_slow_data_loading_is_named_as_the_cause():
+    found = feed(only("straggler"), _breakdown(60, 2, "data"))
+    assert found and {f.rank for f in found} == {2}
+    assert found[0].evidence["cause"] == "data"
+    assert "rank 2 is the straggler: its data loading takes 410 ms" in found[0].message
+    assert "waiting for it in the all-reduce" in found[0].message
+    assert any("num_workers" in s for s in found[0].suggestions)
+
+
+def test_slow_own_compute_is_named_as_the_cause():
+    found = feed(only("straggler"), _breakdown(60, 1, "compute"))
+    assert found and {f.rank for f in found} == {1}
+    assert found[0].evidence["cause"] == "compute"
+    assert "its own compute takes 300 ms" in found[0].message
+
+
+def test_a_rank_slow_in_the_all_reduce_itself_is_named_as_such():
+    recs = []
+    for i in range(1, 60):
+        for r in range(4):
+            wait = 0.3 if r == 3 else 0.01  # its own work as fast as the others'
+            recs.append(step(i, rank=r, step_time=0.06 + wait, data_time=0.01,
+                             compute_time=0.05 * (1 + noise(i + r, 0.1)), sync_wait_time=wait))
+    found = feed(only("straggler"), recs)
+    assert found and {f.rank for f in found} == {3}
+    assert found[0].evidence["cause"] == "collective"
+    assert "waits 300 ms in the gradient all-reduce" in found[0].message
+
+
+def test_balanced_breakdowns_name_no_one():
+    assert feed(only("straggler"), _breakdown(60, None, "data")) == []
+    assert feed(only("straggler"), _breakdown(60, 0, "data"))[0].evidence["cause"] == "data"
+
+
+def test_a_slow_loader_is_found_from_data_time_alone():
+    """A CUDA run: the client sends data_time but no compute or wait (launch times)."""
+    recs = [replace(r, compute_time=None, sync_wait_time=None)
+            for r in _breakdown(60, 2, "data")]
+    found = feed(only("straggler"), recs)
+    assert found and {f.rank for f in found} == {2}
+    assert found[0].evidence["cause"] == "data"
+    assert "its data loading takes 410 ms" in found[0].message

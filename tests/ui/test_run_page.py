@@ -268,3 +268,34 @@ def test_a_rollback_draws_the_abandoned_branch_apart_from_the_resumed_history(
     assert max(series["series"]["loss"]["mean"][250:]) < 2.5
     browser.execute_script("document.getElementById('chart-loss').scrollIntoView()")
     browser.save_screenshot(str(shots / "run-rollback-branch.png"))
+
+
+def test_a_straggler_finding_shows_where_its_step_goes_next_to_the_other_ranks(browser,
+                                                                                lr_runs):
+    import httpx
+
+    records = [{"kind": "run", "run_id": "slow-loader", "time": 1.0, "rank": r}
+               for r in range(4)]
+    for s in range(1, 31):  # rank 2 loads each batch for 410 ms, the others wait for it
+        for r in range(4):
+            data = 0.41 if r == 2 else 0.012
+            records.append({"kind": "step", "run_id": "slow-loader", "step": s, "rank": r,
+                            "time": 1.0 + s, "loss": 2.0, "step_time": 0.47,
+                            "data_time": data, "compute_time": 0.05,
+                            "sync_wait_time": 0.42 - data})
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=30,
+                     json={"records": records})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/slow-loader")
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, "#findings tr[data-type='straggler'] table.breakdown"))
+    # read in one go: the page re-renders its findings as the run's state is polled
+    table = browser.execute_script("""
+        const t = document.querySelector('#findings table.breakdown');
+        const cells = tr => [...tr.children].map(c => c.textContent);
+        return {heads: cells(t.tHead.rows[0]), rows: [...t.tBodies[0].rows].map(cells),
+                cause: t.querySelector('td.cause').textContent};""")
+    assert table["heads"] == ["", "data loading", "compute", "all-reduce wait"]
+    assert table["rows"] == [["rank 2", "410 ms", "50 ms", "10 ms"],
+                             ["other ranks (median)", "12 ms", "50 ms", "408 ms"]]
+    assert table["cause"] == "410 ms"

@@ -10,7 +10,7 @@ const Charts = (() => {
     nan_inf: "loss", loss_spike: "loss", divergence: "loss", plateau: "loss", overfitting: "loss",
     loss_scale_collapse: "loss", grad_explosion: "grad", grad_vanishing: "grad",
     clip_saturation: "grad", update_ratio_high: "update", update_ratio_low: "update",
-    throughput_drop: "speed", stalled: "speed", lr_jump: "lr", straggler: "steptime", memory_pressure: "memory",
+    throughput_drop: "speed", stalled: "speed", lr_jump: "lr", straggler: "steptime", input_bound: "steptime", memory_pressure: "memory",
     dead_layer: "heat_grad", gain_drift: "heat_grad", grad_distribution: "quantiles",
     activation_blowup: "heat_act", dead_units: "heat_zero", category_divergence: "category",
   };

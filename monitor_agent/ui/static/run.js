@@ -440,6 +440,21 @@
     }
     return out;
   }
+  // Where a straggler's step goes next to the other ranks' (medians of the finding's
+  // window): data loading, own compute, the wait in the gradient all-reduce.
+  const BREAKDOWN = [["data", "data loading"], ["compute", "compute"], ["sync_wait", "all-reduce wait"]];
+  function breakdownTable(f) {
+    const ev = f.evidence || {};
+    const cols = BREAKDOWN.filter(([k]) => typeof ev[k + "_time"] === "number");
+    if (!cols.length) return "";
+    const ms = v => typeof v === "number" ? `${fmt(v * 1000, 3)} ms` : "–";
+    const cause = ev.cause === "collective" ? "sync_wait" : ev.cause;
+    const row = (who, prefix) => el("tr", {}, el("th", {}, who),
+      ...cols.map(([k]) => el("td", {class: k === cause ? "cause" : ""}, ms(ev[prefix + k + "_time"]))));
+    return el("table", {class: "breakdown"},
+      el("thead", {}, el("tr", {}, el("th", {}, ""), ...cols.map(([, label]) => el("th", {}, label)))),
+      el("tbody", {}, row(`rank ${f.rank}`, ""), row("other ranks (median)", "others_")));
+  }
   const SEVERITY = ["info", "warning", "error", "critical"];
   function renderFindings() {
     const eps = episodes(S.findings);
@@ -450,7 +465,8 @@
       el("td", {}, first === last ? "step " + first : `steps ${first}–${last}`),
       el("td", {}, count > 1 ? el("span", {class: "count"}, count + "×") : ""),
       el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
-      el("td", {}, f.type), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""))));
+      el("td", {}, f.type), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""),
+        ...(f.type === "straggler" ? [breakdownTable(f)] : []))));
     document.querySelector("#findings tbody").replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", {class: "empty"}, "No findings: nothing looked wrong."))]));
   }
