@@ -234,7 +234,8 @@ class Episodes:
             self._refresh(tx, firing, silences, now)
 
     def _transition(self, tx: AlertTx, alert: StoredAlert, reason: Reason,
-                    now: float, ended: str | None = None) -> Item | None:
+                    now: float, ended: str | None = None,
+                    closed: str = "closed with the run") -> Item | None:
         if reason is not Reason.RESOLVED:
             return self._mark_sent(tx, alert, reason, now)
         # Nobody was told it fired (silenced throughout): close quietly.
@@ -242,7 +243,8 @@ class Episodes:
         tx.resolve(alert.fingerprint, now, told)
         if not told:
             return None
-        return to_event(alert, "resolved", reason.value, now, ended=ended), alert.channels
+        return (to_event(alert, "resolved", reason.value, now, ended=ended, closed=closed),
+                alert.channels)
 
     def _mark_sent(self, tx: AlertTx, alert: StoredAlert, reason: Reason, now: float) -> Item:
         tx.mark_sent(alert.fingerprint, now)
@@ -270,6 +272,22 @@ class Episodes:
             # The steps from ``start_step`` on were abandoned: a finding the resumed history
             # brings there is news, not a replay of the old one (lifecycle.on_finding).
             tx.rewind(run_id, start_step - 1)
+            self._close_abandoned(tx, run_id, start_step, now)
+
+    def _close_abandoned(self, tx: AlertTx, run_id: str, start_step: int, now: float) -> None:
+        """Open alerts whose latest finding is about a step the new attempt replaced are
+        about a history that no longer exists: closed, saying so. A fault the resumed
+        history still has is found again by detectors rebuilt from before ``start_step``
+        (pipeline/registry.py), and begins an episode of its own."""
+        abandoned = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
+                     if _finding_step(a) >= start_step]
+        ended = f"run rolled back to step {start_step - 1}"
+        closed = f"closed: steps {start_step} on were abandoned"
+        items = [item for a in abandoned if (item := self._transition(
+            tx, a, Reason.RESOLVED, now, ended=ended, closed=closed)) is not None]
+        for _ in abandoned:
+            self._count(Reason.RESOLVED)
+        self._enqueue(tx, items, now)
 
     def run_ended(self, run_id: str, status: str, now: float, step: int | None,
                   verdict: str | None = None) -> None:
@@ -317,6 +335,11 @@ class Episodes:
 def _identity(rule: Rule, f: Finding) -> dict[str, str]:
     values = {"layer": f.layer, "rank": str(f.rank)}
     return {k: v for k in rule.fingerprint if (v := values.get(k)) is not None}
+
+
+def _finding_step(alert: StoredAlert) -> int:
+    step = alert.finding_data().get("step")
+    return step if isinstance(step, int) else -1
 
 
 def _since(alert: StoredAlert) -> float:

@@ -56,11 +56,12 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
 
 
 def to_event(alert: StoredAlert, status: str, reason: str, now: float,
-             ended: str | None = None) -> AlertEvent:
+             ended: str | None = None, closed: str = "closed with the run") -> AlertEvent:
     """What channels are told of ``alert`` (its latest finding, the action a rule took).
 
     ``ended``: the alert closes because its run ended ("run ended unhealthy: NaN since
-    step 300"); the summary leads with it, so a resolve does not read as a recovery."""
+    step 300", or "run rolled back to step 250"); the summary leads with it, then ``closed``
+    says why it closed, so a resolve does not read as a recovery."""
     finding = alert.finding_data()
     summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
     if alert.action:  # the page says what the run already did about it
@@ -69,7 +70,7 @@ def to_event(alert: StoredAlert, status: str, reason: str, now: float,
         summary = f"{summary}; {alert.checkpoint}"
         evidence = {**evidence, "checkpoint": alert.checkpoint}
     if ended:
-        summary = f"{ended} (closed with the run; last finding: {summary})"
+        summary = f"{ended} ({closed}; last finding: {summary})"
     if related := RelatedFindings.from_json(alert.related).summary():
         summary = f"{summary}; {related}"  # the findings that follow from it, grouped here
     return AlertEvent(

@@ -88,6 +88,23 @@ def test_a_resume_applies_it_and_past_the_budget_the_run_is_stopped(rolling: Har
     assert any("rollback budget 2 spent" in s for s in pages), pages
 
 
+def test_the_resume_closes_the_alerts_about_the_abandoned_steps(rolling: Harness):
+    """The fault's history was abandoned: its alert closes (resolve sent), instead of
+    firing on and swallowing a new fault of the resumed history into its episode."""
+    [decided] = _handle(rolling, nan(step=250, rank=0))
+    _handle(rolling, nan(step=190, rank=1))  # a finding about history the resume keeps
+    rolling.drain()
+    rolling.pd.wait_for(2, timeout=5)
+    rolling.alerting.attempt_settled("r1", decided["plan"]["skip_from"], rolling.clock())
+    rolling.drain()
+    states = {a.rank: a.state for a in rolling.alerting.list_alerts(run_id="r1")}
+    assert states == {0: "resolved", 1: "firing"}
+    [resolve] = [p.json for p in rolling.pd.wait_for(3, timeout=5)][2:]
+    assert resolve["event_action"] == "resolve"
+    [again] = _handle(rolling, nan(step=240, rank=0))  # the resumed history's own fault
+    assert again["plan"]["number"] == 2
+
+
 def test_with_no_clean_checkpoint_before_the_fault_the_run_is_stopped(rolling: Harness):
     # The checkpoint at 200 is after the onset (evidence onset_step 150): not a target.
     fault = nan(step=250, evidence={"onset_step": 150})
