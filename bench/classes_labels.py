@@ -1,7 +1,9 @@
 """``labels.json`` of the class recordings (``classes_runs.py``), from what each one measurably did.
 
 Same schema as ``tests/traces/corpus/labels.json`` (``half`` from the seed: see
-``classes_runs.py``), plus ``shape`` (``burst``, ``kept``, ``jump``). Nothing here runs a
+``classes_runs.py``), plus ``shape`` (``burst``, ``kept``, ``jump``) and, on bursts,
+``returned_step``: the first step after the burst whose loss is back within 1.5x of the
+pre-fault median (null: not within the recording). Nothing here runs a
 detector; every window comes from the recorded numbers (pre-fault medians over the 50 steps
 before the fault), with the number in ``evidence``:
 
@@ -45,7 +47,8 @@ def _grad_spikes(after: list[dict], pre_grad: float) -> list[int]:
             if not _finite(r["grad_norm"]) or r["grad_norm"] >= GRAD_SPIKE * pre_grad]
 
 
-def _expected(run: dict, steps: list[dict], shape: str) -> tuple[list[dict], list[str], list[str]]:
+def _expected(run: dict, steps: list[dict], shape: str, extra: dict
+              ) -> tuple[list[dict], list[str], list[str]]:
     fault = run["fault_step"]
     pre = [r for r in steps if fault - 50 <= r["step"] < fault]
     pre_loss, pre_grad = _med(r["loss"] for r in pre), _med(r["grad_norm"] for r in pre)
@@ -69,6 +72,7 @@ def _expected(run: dict, steps: list[dict], shape: str) -> tuple[list[dict], lis
         back = next((r["step"] for r in after[n:] if r["loss"] <= SPIKE_RATIO * pre_loss), None)
         why.append(f"{n} bad batches from step {fault}: loss up to {peak:.3g} "
                    f"({peak / pre_loss:.1f}x), back within {SPIKE_RATIO:g}x at step {back}")
+        extra["returned_step"] = back
         if peak >= SPIKE_RATIO * pre_loss:
             expected.append({"type": "loss_spike", "severity": "warning", "first_step": fault,
                              "last_step": fault + n + 1})
@@ -99,7 +103,8 @@ def label(path: Path) -> dict:
     steps = [r for r in records if r["kind"] == "step" and r.get("rank", 0) == 0]
     evals = [r for r in records if r["kind"] == "eval"]
     shape = path.name.split("_")[0].rstrip("0123456789")
-    expected, why, allowed = _expected(run, steps, shape)
+    extra: dict = {}
+    expected, why, allowed = _expected(run, steps, shape, extra)
     measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     exp_types = {e["type"] for e in expected}
@@ -109,7 +114,7 @@ def label(path: Path) -> dict:
             "fault": run.get("fault"), "fault_params": run.get("fault_params", {}),
             "model": f"{run['arch']}, {run['optimizer']} lr {run['lr']:g}, batch "
                      f"{run['batch_size']}, clip {run.get('grad_clip')}, seed {run['seed']}",
-            "steps_recorded": len(steps), "expected": expected, "allowed": allowed,
+            "steps_recorded": len(steps), **extra, "expected": expected, "allowed": allowed,
             "evidence": "; ".join(why),
             "notes": "; ".join(f"{t}: {measured[t]}" for t in sorted(measured)) or "none"}
 

@@ -71,6 +71,7 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
+ONSET_Z = 3.0  # per-step sigmas above the reference that date a level rise's onset
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
 
 
@@ -331,7 +332,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             st.held, st.onset = 0, None
             return []
         if st.held == 0:
-            st.onset = self._onset(st, before + math.log1p(s.divergence_rise))
+            st.onset = self._onset(st, before + max(math.log1p(s.divergence_rise),
+                                                    ONSET_Z * sigma))
             st.peak = now
             st.lr_before = (math.exp(st.lrs.median())
                             if len(st.lrs) >= s.min_history_steps else None)
@@ -364,12 +366,14 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                              evidence=evidence, suggestions=DIVERGENCE)]
 
     def _onset(self, st: DivergenceState, band: float) -> int:
-        """The first step of the recent window whose own log loss is above ``band`` (the
-        rise the level needs): where the loss left its level, a few steps before its
-        median did."""
+        """The first step of the recent window whose own log loss is above ``band``: where
+        the loss left its level, a few steps before its median did. The band is the rise
+        the level needs, or ``ONSET_Z`` per-step sigmas where the loss is noisier than that
+        (a single step 3 sigma up is a tail one step in 700 reaches: within a 10-step window
+        the first one is the excursion's, not noise)."""
         values, steps = st.recent.values(), st.recent_at.values()
         above = np.flatnonzero(values >= band)
-        return int(steps[above[0]] if len(above) else steps[-1])
+        return int(steps[above[0]] if len(above) else steps[0])
 
     def _persists(self, rec: StepRecord, st: DivergenceState, before: float, now: float
                   ) -> str | None:

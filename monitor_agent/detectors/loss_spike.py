@@ -100,7 +100,7 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
         if not self.due(rec):
             return []
         msg = f"loss {fmt(rec.loss)} is {ratio:.1f}x its EMA {fmt(ema)} (z={z:.1f})"
-        evidence = {"loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
+        evidence = {"onset_step": rec.step, "loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
                     "limit_ratio": s.spike_ratio, "limit_z": s.spike_z,
                     "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
         return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,

@@ -46,7 +46,9 @@ def test_creeping_rise_is_caught_by_the_level_rule():
     level_only = feed(only("divergence", divergence_steps=1000), recs)
     assert level_only and level_only[0].evidence["rule"] == "level"
     f = level_only[0]
-    assert 300 < f.step < 370 and f.evidence["consecutive_steps"] == 5
+    # a creep with no raised lr behind it must hold divergence_persist steps from its onset
+    assert 300 < f.step < 370 and f.step - f.evidence["onset_step"] >= 30
+    assert 300 <= f.evidence["onset_step"] < f.step
     assert f"{f.evidence['consecutive_steps']} steps in a row" in f.message
     assert "+" in f.message and f.evidence["median"] > f.evidence["earlier_median"]
 
@@ -72,7 +74,9 @@ def test_losing_the_progress_made_is_a_divergence_even_at_low_loss():
     recs += [step(i, loss=2.0 * math.exp(rng.normal(0, 0.1)), grad_norm=0.5)
              for i in range(400, 450)]
     found = feed(only("divergence"), recs)
-    assert found and 400 < found[0].step <= 420 and found[0].evidence["rule"] == "level"
+    # no raised lr behind it: judged once it has held divergence_persist (30) steps
+    assert found and 400 < found[0].step <= 440 and found[0].evidence["rule"] == "level"
+    assert found[0].evidence["onset_step"] == 400
     assert found[0].evidence["progress_lost"] > 0.25
 
 
