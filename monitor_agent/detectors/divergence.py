@@ -15,10 +15,32 @@ several steps in a row, because one bad batch rises once and falls back:
   ``divergence_rise`` above it as a ratio, and must have given back at least
   ``divergence_progress`` of what the run had learnt (start level minus earlier level) -
   the absolute floor that keeps a noisy near-zero classification loss (0.036 -> 0.075 out
-  of a start at 2.3) from ever counting, however large its ratio. It fires when all three
-  hold on ``divergence_hold`` consecutive steps (held, not a bump that recovered). Never
-  compared with the lowest value seen: the minimum of a noisy series is its most extreme
-  outlier.
+  of a start at 2.3) from ever counting, however large its ratio. Never compared with the
+  lowest value seen: the minimum of a noisy series is its most extreme outlier.
+
+  A level shift that persists is a divergence; a burst of bad batches that returns to its
+  level is a ``loss_spike`` (the remedies differ: roll back vs skip), and for as long as
+  the bad batches last the two look the same. So the level rule fires only on evidence
+  that the shift persists, while all three conditions hold on every step since:
+
+  - its cause is still applied: the lr is at least ``divergence_lr_jump`` x its median
+    from before the rise (an LR jump the optimizer applies again every step), after
+    ``divergence_hold`` steps; or
+  - time: ``divergence_persist`` (30) steps from the onset, the longest burst of bad
+    batches we class as a spike (20 in a row: a bad shard or file; bursts of 1..20 are
+    recorded in ``tests/traces/classes``) plus one recent window (10), so that the recent
+    median is made of post-burst steps only; and the level has given back less than
+    ``divergence_give_back`` (half) of its excursion, peak recent median minus the
+    reference, in the excursion's own units: once bad batches stop, the loss on good data
+    falls at once from the loss on bad ones, even if the damaged model needs a while to
+    re-learn (a CNN knocked to chance by 20 of them sits at chance, far below its
+    burst's peak); a divergence holds on to its level; or
+  - a whole ``baseline_window`` (100 steps) from the onset without coming back, whatever
+    the shape (a divergence that overshot and settled higher).
+
+  Measured on the class recordings' held-out seeds (``bench/detection.py``): divergence
+  precision 33% -> 90%; the LR-kept runs are paged as early as before (the cause rule);
+  a shift with no LR behind it is paged 30 steps after its onset instead of about 10.
 * runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
@@ -34,7 +56,11 @@ several steps in a row, because one bad batch rises once and falls back:
   steps before the loss moves).
 
 Every finding names the parameter whose gradient norm left its own band first, when one
-has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence.
+has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence; and
+``onset_step``, the first step its own evidence shows the signal leaving its band (level:
+the first step of the recent window above the rise the level needs, or 3 per-step sigmas;
+runaway: the first rising step; jump: the first oversized update), which the checkpoint
+ledger uses to judge which checkpoint is clean.
 
 A healthy run for 100 steps, then loss and grad norm climbing together for three (a
 learning rate too high, caught before the NaN); the one bad batch and the gradient get

@@ -6,10 +6,20 @@ norms, in units of their robust spread ``sigma = MAD_TO_SIGMA * MAD``. A step is
 noise an explosion) and ``r >= explosion_z * sigma`` (6 sigma: a tail a healthy run's
 gradient noise does not reach on one step, let alone on several; at low loss a CNN's grad
 norm swings 50x from batch to batch, and its sigma says so). It fires on
-``explosion_steps`` elevated steps in a row: a gradient that stays blown up is an optimizer
-driving the weights somewhere bad (an LR too high, with or without clipping); one huge
-batch that the next step forgets is a bad batch, reported by ``loss_spike`` instead. A
-streak cut short by a non-finite gradient (it outgrew the float range) fires on that step.
+``explosion_steps`` elevated steps in a row, or on ``explosion_steps`` isolated spikes
+within ``explosion_window`` (50) steps, consecutive or not, rising from a level still in
+its band (the median of the last 10 norms under the ratio floor): a gradient that stays
+blown up, or keeps being kicked out of its band, is an optimizer driving the weights
+somewhere bad (an LR too high: AdamW after an LR jump spikes 4-15x with collapsed norms
+between, rarely twice in a row). One huge batch that the next steps forget is a bad batch,
+reported by ``loss_spike`` instead. The window: on the healthy public and corpus runs
+(40,850 steps) a step beyond the band occurs 2.9 times per 10,000 steps, so 3 within 50
+steps by chance is of order C(50,3) p^3 = 5e-7 per window; and 50 is half the baseline
+window, so the median the spikes are judged against is still the level before them. A
+gradient whose whole level drifts up (a deep tanh net leaving its plateau) is not spikes:
+the in-a-row rule judges it. A streak cut short by a non-finite gradient (it outgrew the
+float range) fires on that step. Every finding carries ``onset_step``: the first spike in
+the window (per parameter: the first reading of its streak).
 
 Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space) on
 ``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the

@@ -128,21 +128,16 @@ def test_a_nan_gradient_out_of_the_blue_is_not_an_explosion():
 
 def test_isolated_spikes_within_the_window_are_an_explosion_dated_to_the_first():
     # AdamW after an LR jump: spikes of 9-15x (over 6 sigma) with the norm collapsing back,
-    # never two in a row; the third within explosion_window steps fires
-    spikes = {110: 9.0, 118: 15.0, 127: 10.0, 140: 12.0}
-    recs = [run()] + _steady(110) + [step(i, grad_norm=spikes.get(i, 0.8 + noise(i, 0.2)))
-                                     for i in range(110, 160)]
+    # never two in a row. Three spread wider than explosion_window (50) steps are separate
+    # bad batches; the third within the window fires.
+    spikes = {100: 10.0, 160: 10.0, 220: 10.0, 310: 9.0, 318: 15.0, 327: 10.0, 340: 12.0}
+    recs = [run()] + _steady(100) + [step(i, grad_norm=spikes.get(i, 0.8 + noise(i, 0.2)))
+                                     for i in range(100, 360)]
     found = feed(only("grad_explosion"), recs)
-    assert [f.step for f in found] == [127]
+    assert [f.step for f in found] == [327]
     f = found[0]
-    assert f.evidence["onset_step"] == 110 and f.evidence["spikes_in_window"] == 3
-    assert f.evidence["consecutive_steps"] == 1 and "since step 110" in f.message
-
-
-def test_spikes_further_apart_than_the_window_are_separate_bad_batches():
-    recs = [run()] + _steady(100) + [step(i, grad_norm=10.0 if i in (100, 160, 220) else
-                                          1.0 + noise(i, 0.3)) for i in range(100, 300)]
-    assert feed(only("grad_explosion"), recs) == []
+    assert f.evidence["onset_step"] == 310 and f.evidence["spikes_in_window"] == 3
+    assert f.evidence["consecutive_steps"] == 1 and "since step 310" in f.message
 
 
 def test_a_streak_is_dated_to_its_first_step():
