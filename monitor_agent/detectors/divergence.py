@@ -359,7 +359,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             return []
         if st.held == 0:
             st.onset = self._onset(st, before + max(math.log1p(s.divergence_rise),
-                                                    ONSET_Z * sigma))
+                                                    ONSET_Z * sigma), rec.step)
             st.peak = now
             st.lr_before = (math.exp(st.lrs.median())
                             if len(st.lrs) >= s.min_history_steps else None)
@@ -391,14 +391,17 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         return [self.finding(rec, msg, value=level_now, threshold=level_before,
                              evidence=evidence, suggestions=DIVERGENCE)]
 
-    def _onset(self, st: DivergenceState, band: float) -> int:
+    def _onset(self, st: DivergenceState, band: float, now: int) -> int:
         """The first step of the recent window whose own log loss is above ``band``: where
         the loss left its level, a few steps before its median did. The band is the rise
         the level needs, or ``ONSET_Z`` per-step sigmas where the loss is noisier than that
         (a single step 3 sigma up is a tail one step in 700 reaches: within a 10-step window
         the first one is the excursion's, not noise)."""
         values, steps = st.recent.values(), st.recent_at.values()
+        values = values[len(values) - len(steps):]  # a snapshot from before steps were kept
         above = np.flatnonzero(values >= band)
+        if not len(steps):
+            return now
         return int(steps[above[0]] if len(above) else steps[0])
 
     def _persists(self, rec: StepRecord, st: DivergenceState, before: float, now: float
@@ -409,12 +412,13 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         lasted = rec.step - (st.onset if st.onset is not None else rec.step)
         if lasted >= s.baseline_window:
             return f"not back within a whole {s.baseline_window}-step baseline window"
-        raised = (st.lr_before is not None and finite(rec.lr)
-                  and rec.lr >= s.divergence_lr_jump * st.lr_before)
-        if raised and st.held >= s.divergence_hold:
-            return (f"while the lr {fmt(rec.lr)} is {rec.lr / st.lr_before:.0f}x its median "
-                    f"{fmt(st.lr_before)} before the rise (the cause is still applied)")
-        peak, level, base = math.exp(st.peak or now), math.exp(now), math.exp(before)
+        lr, lr_before = rec.lr, st.lr_before
+        if (lr is not None and lr_before is not None and finite(lr)
+                and lr >= s.divergence_lr_jump * lr_before and st.held >= s.divergence_hold):
+            return (f"while the lr {fmt(lr)} is {lr / lr_before:.0f}x its median "
+                    f"{fmt(lr_before)} before the rise (the cause is still applied)")
+        peak = math.exp(st.peak if st.peak is not None else now)
+        level, base = math.exp(now), math.exp(before)
         returned = (peak - level) / max(peak - base, 1e-12)
         if lasted >= s.divergence_persist and returned < s.divergence_give_back:
             return (f"having given back {returned:.0%} of its peak {fmt(peak)}: it holds, a "
