@@ -40,7 +40,8 @@ several steps in a row, because one bad batch rises once and falls back:
 
   Measured on the class recordings' held-out seeds (``bench/detection.py``): divergence
   precision 33% -> 90%; the LR-kept runs are paged as early as before (the cause rule);
-  a shift with no LR behind it is paged 30 steps after its onset instead of about 10.
+  a shift with no LR behind it is paged 30 steps after its onset instead of about 8
+  (``dead_relu_mlp``'s bias shift at step 200: paged at 230 instead of 208).
 * runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
