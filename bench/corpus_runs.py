@@ -11,7 +11,8 @@ LM losses), gradient accumulation, eval cadence (an eval pause lands in the next
 checkpoint (the loss starts low). The faults are mechanisms on shapes the public set lacks:
 
 * ``lr_spike``: every param group's LR x ``factor`` from ``fault_step`` on (persists);
-* ``bad_batch``: one batch at ``fault_step`` with random labels (recovers);
+* ``bad_batch``: one batch at ``fault_step`` with random labels (recovers), or ``burst``
+  of them in a row;
 * ``nan_hidden``: the RNN's initial state is NaN for the batch at ``fault_step``;
 * ``inf_input``: one input pixel is +inf at ``fault_step``.
 
@@ -55,6 +56,7 @@ class Spec:
     fault: str | None = None
     fault_step: int | None = None
     factor: float = 1.0
+    burst: int = 1  # bad_batch: this many bad batches in a row from fault_step
     model_kw: dict = field(default_factory=dict)
     layer_every: int = 1  # per-layer statistics every this many steps
 
@@ -100,7 +102,8 @@ def batch_size(spec: Spec, step: int, first: int, total: int) -> int:
 def config_of(spec: Spec, task) -> dict:
     return {"scenario": spec.fault or "healthy", "fault_step": spec.fault_step,
             "fault": FAULTS.get(spec.fault), "fault_params": (
-                {"factor": spec.factor} if spec.fault == "lr_spike" else {}),
+                {"factor": spec.factor} if spec.fault == "lr_spike" else
+                {"burst": spec.burst} if spec.fault == "bad_batch" else {}),
             "seed": spec.seed, "arch": spec.arch, "model_kw": spec.model_kw,
             "optimizer": spec.opt, "lr": spec.lr, "schedule": spec.schedule,
             "warmup_steps": spec.warmup, "total_steps": spec.steps, "batch_size": spec.batch,
@@ -172,7 +175,8 @@ def run(spec: Spec, monitor) -> list[dict]:
         size = batch_size(spec, step, first, last - first + 1)
         x, y = task.batch(size * spec.accum, gen)
         hit = step == spec.fault_step
-        if hit and spec.fault == "bad_batch":
+        if spec.fault == "bad_batch" and spec.fault_step is not None and \
+                spec.fault_step <= step < spec.fault_step + spec.burst:
             y = torch.randint(0, int(y.max()) + 1, y.shape, generator=gen)
         if hit and spec.fault == "inf_input":
             x = x.clone()

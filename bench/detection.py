@@ -18,8 +18,13 @@ healthy steps, healthy runs paged, recall and delay, on the public set and on ea
 the corpus (``tests/traces/corpus``: ``tune`` is what thresholds were checked on,
 ``heldout`` is reported only).
 
-Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--no-cost]
-[--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
+Then the classes (``precision.class_scores``): spike vs divergence vs explosion on the
+class recordings (``tests/traces/classes``, ``classes_runs.py``): per class, precision
+(caught over caught + raised where the label neither expects nor allows it), recall and
+delay, on the ``tune`` seed and the held-out seeds.
+
+Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--classes DIR]
+[--no-cost] [--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from precision import load_set, precision, print_precision
+from precision import class_scores, load_set, precision, print_class_scores, print_precision
 
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
 from monitor_agent.records import schemas, wire
@@ -42,6 +47,7 @@ from monitor_agent.records.types import EndRecord, LayerTable, QuantileTable, Re
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
 CORPUS = TRACES.parent / "corpus"
+CLASSES = TRACES.parent / "classes"
 RECIPE_TYPES = {"loss_spike", "divergence", "grad_explosion", "nan_inf"}
 LEAD_TYPES = {"divergence", "grad_explosion"}
 EPISODE_STEPS = 100
@@ -344,6 +350,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--classes", type=Path, default=CLASSES)
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--precision-only", action="store_true")
     ap.add_argument("--details", action="store_true", help="list every false alarm and miss")
@@ -356,6 +363,10 @@ def main() -> None:
         for half in ("tune", "heldout"):
             print_precision(f"precision, corpus {half} half",
                             precision(load_set(args.corpus, half)), args.details)
+    if (args.classes / "labels.json").exists():
+        for half in ("tune", "heldout"):
+            print_class_scores(f"spike / divergence / explosion, class recordings {half} half",
+                               class_scores(load_set(args.classes, half)), args.details)
     if not args.no_cost:
         print_cost()
 

@@ -161,3 +161,59 @@ def print_precision(title: str, s: SetScore, details: bool = False) -> None:
           f"{len(s.paged_runs):>11}{f'{tot_caught}/{tot_exp}':>9}")
     for line in s.unexplained if details else ():
         print("  " + line[:200])
+
+
+CLASSES = ("loss_spike", "divergence", "grad_explosion")
+
+
+@dataclass
+class ClassScore:
+    expected: int = 0
+    caught: int = 0
+    false: list[str] = field(default_factory=list)  # raised where the label neither expects
+    missed: list[str] = field(default_factory=list)  # nor allows it / expected, not in window
+    delays: list[int] = field(default_factory=list)
+
+
+def class_scores(traces: list[tuple[dict, Path]]) -> dict[str, ClassScore]:
+    """Per class (spike, divergence, explosion) over fault runs: caught (first finding of
+    the type inside its expected window), false (raised on a run whose label neither
+    expects nor allows it) and the delay from the window's first step."""
+    out = {c: ClassScore() for c in CLASSES}
+    for label, path in traces:
+        findings, _ = findings_of(path)
+        first: dict[str, Finding] = {}
+        for f in sorted(findings, key=lambda f: f.step):
+            first.setdefault(f.type, f)
+        name = label["file"].split(".")[0]
+        exp = {e["type"]: e for e in label["expected"]}
+        for c in CLASSES:
+            cs, f = out[c], first.get(c)
+            if c in exp:
+                cs.expected += 1
+                if f is not None and exp[c]["first_step"] <= f.step <= exp[c]["last_step"]:
+                    cs.caught += 1
+                    cs.delays.append(f.step - exp[c]["first_step"])
+                else:
+                    cs.missed.append(f"{name} ({f.step if f else 'never'})")
+            elif f is not None and c not in label["allowed"]:
+                cs.false.append(f"{name} @{f.step}")
+    return out
+
+
+def print_class_scores(title: str, scores: dict[str, ClassScore], details: bool = False
+                       ) -> None:
+    print(f"\n{title}")
+    print(f"{'class':16}{'precision':>10}{'recall':>9}{'false':>7}{'delay':>7}{'max delay':>10}")
+    for c, cs in scores.items():
+        raised = cs.caught + len(cs.false)
+        prec = f"{cs.caught / raised:.0%}" if raised else "-"
+        rec = f"{cs.caught}/{cs.expected}" if cs.expected else "-"
+        delay = f"{sum(cs.delays) / len(cs.delays):.1f}" if cs.delays else "-"
+        worst = str(max(cs.delays)) if cs.delays else "-"
+        print(f"{c:16}{prec:>10}{rec:>9}{len(cs.false):>7}{delay:>7}{worst:>10}")
+        if details:
+            for line in cs.false:
+                print(f"  false {c}: {line}")
+            for line in cs.missed:
+                print(f"  missed {c}: {line}")

@@ -40,6 +40,7 @@ step (a precursor must come before the NaN).
 
     python bench/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
     python bench/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
+    python bench/record_traces.py --classes  # spike/divergence/explosion, classes_runs.py
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from monitor_client import CategoryLoss, Monitor, MonitorConfig, WatchConfig  # 
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "traces"
 CORPUS = OUT / "corpus"
+CLASSES = OUT / "classes"
 EVERY = 5
 EVAL_EVERY = 25
 # MLP eval categories: the teacher's classes in three groups.
@@ -269,6 +271,24 @@ def record_corpus(only: list[str], shard: str) -> None:
         write_corpus_labels(CORPUS)
 
 
+def record_classes(only: list[str], shard: str) -> None:
+    """The class recordings (``classes_runs.py``): one file per run, then their labels."""
+    from classes_runs import SPECS
+    from corpus_runs import run
+
+    index, count = (int(v) for v in shard.split("/"))
+    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
+    for spec in todo:
+        start = time.perf_counter()
+        path = write(spec.name, run(spec, monitor), CLASSES)
+        print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+    if count == 1:
+        from classes_labels import write_class_labels
+
+        write_class_labels(CLASSES)
+
+
 def main() -> None:
     import argparse
 
@@ -276,6 +296,7 @@ def main() -> None:
     parser.add_argument("--corpus", action="store_true", help="record tests/traces/corpus")
     parser.add_argument("--only", nargs="*", default=[], help="corpus runs by name")
     parser.add_argument("--shard", default="0/1", help="I/N: every N-th corpus run from I")
+    parser.add_argument("--classes", action="store_true", help="record tests/traces/classes")
     parser.add_argument("--labels", action="store_true", help="only (re)write corpus labels")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -286,6 +307,9 @@ def main() -> None:
         return
     if args.corpus:
         record_corpus(args.only, args.shard)
+        return
+    if args.classes:
+        record_classes(args.only, args.shard)
         return
     recorded = {}
     for name, fn in SCENARIOS.items():

@@ -15,10 +15,33 @@ several steps in a row, because one bad batch rises once and falls back:
   ``divergence_rise`` above it as a ratio, and must have given back at least
   ``divergence_progress`` of what the run had learnt (start level minus earlier level) -
   the absolute floor that keeps a noisy near-zero classification loss (0.036 -> 0.075 out
-  of a start at 2.3) from ever counting, however large its ratio. It fires when all three
-  hold on ``divergence_hold`` consecutive steps (held, not a bump that recovered). Never
-  compared with the lowest value seen: the minimum of a noisy series is its most extreme
-  outlier.
+  of a start at 2.3) from ever counting, however large its ratio. Never compared with the
+  lowest value seen: the minimum of a noisy series is its most extreme outlier.
+
+  A level shift that persists is a divergence; a burst of bad batches that returns to its
+  level is a ``loss_spike`` (the remedies differ: roll back vs skip), and for as long as
+  the bad batches last the two look the same. So the level rule fires only on evidence
+  that the shift persists, while all three conditions hold on every step since:
+
+  - its cause is still applied: the lr is at least ``divergence_lr_jump`` x its median
+    from before the rise (an LR jump the optimizer applies again every step), after
+    ``divergence_hold`` steps; or
+  - time: ``divergence_persist`` (30) steps from the onset, the longest burst of bad
+    batches we class as a spike (20 in a row: a bad shard or file; bursts of 1..20 are
+    recorded in ``tests/traces/classes``) plus one recent window (10), so that the recent
+    median is made of post-burst steps only; and the level has given back less than
+    ``divergence_give_back`` (half) of its excursion, peak recent median minus the
+    reference, in the excursion's own units: once bad batches stop, the loss on good data
+    falls at once from the loss on bad ones, even if the damaged model needs a while to
+    re-learn (a CNN knocked to chance by 20 of them sits at chance, far below its
+    burst's peak); a divergence holds on to its level; or
+  - a whole ``baseline_window`` (100 steps) from the onset without coming back, whatever
+    the shape (a divergence that overshot and settled higher).
+
+  Measured on the class recordings' held-out seeds (``bench/detection.py``): divergence
+  precision 33% -> 90%; the LR-kept runs are paged as early as before (the cause rule);
+  a shift with no LR behind it is paged 30 steps after its onset instead of about 8
+  (``dead_relu_mlp``'s bias shift at step 200: paged at 230 instead of 208).
 * runaway: ``divergence_steps`` consecutive steps on which the loss rose, stands above
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
@@ -34,7 +57,11 @@ several steps in a row, because one bad batch rises once and falls back:
   steps before the loss moves).
 
 Every finding names the parameter whose gradient norm left its own band first, when one
-has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence.
+has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence; and
+``onset_step``, the first step its own evidence shows the signal leaving its band (level:
+the first step of the recent window above the rise the level needs, or 3 per-step sigmas;
+runaway: the first rising step; jump: the first oversized update), which the checkpoint
+ledger uses to judge which checkpoint is clean.
 
 A healthy run for 100 steps, then loss and grad norm climbing together for three (a
 learning rate too high, caught before the NaN); the one bad batch and the gradient get
@@ -71,6 +98,7 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, amp_overflow, finite, median
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
+ONSET_Z = 3.0  # per-step sigmas above the reference that date a level rise's onset
 MEDIAN_SE = 1.2533  # standard error of a median of n normal values: 1.2533 sigma / sqrt(n)
 
 
@@ -125,8 +153,18 @@ class DivergenceSettings(SharedSettings):
     )
     divergence_hold: int = Field(
         default=5, ge=1,
-        description="Consecutive steps the level rule and the update jump rule must hold (not "
-        "recover).",
+        description="Consecutive steps the update jump rule, and the level rule while the lr "
+        "that rose with it stays raised, must hold (not recover).",
+    )
+    divergence_persist: int = Field(
+        default=30, ge=1,
+        description="Level rule with no raised lr behind it: steps from its onset the level "
+        "must have held (longer than a burst of bad batches, which is a loss_spike)...",
+    )
+    divergence_give_back: float = Field(
+        default=0.5, gt=0, le=1,
+        description="...while having given back less than this fraction of its excursion's "
+        "peak (a burst that ended gives most of it back at once).",
     )
 
 
@@ -143,6 +181,12 @@ class DivergenceState:
     streak: int = 0
     streak_start_loss: float | None = None
     held: int = 0
+    recent_at: Window = field(default_factory=lambda: Window.of(0))  # the steps of ``recent``
+    onset: int | None = None  # the first step of the current level excursion
+    peak: float | None = None  # its highest recent median (log)
+    lr_before: float | None = None  # the lr median when it began
+    streak_start: int | None = None  # the first step of the runaway streak
+    jump_start: int | None = None  # the first step of the update jump streak
     best_level: float | None = None  # the lowest full earlier-window median (log)
     best_step: int | None = None
     jumps: int = 0
@@ -159,6 +203,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         s = self.settings
         return DivergenceState(grads=Window.of(s.baseline_window),
                                recent=Window.of(s.divergence_window),
+                               recent_at=Window.of(s.divergence_window),
                                earlier=Window.of(s.baseline_window),
                                ratios=Window.of(s.baseline_window),
                                lrs=Window.of(s.baseline_window))
@@ -169,16 +214,18 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         if not finite(rec.loss):
             found = self._ran_off(rec, st) if rec.loss is not None else []
             return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
-        self._fold_loss(rec.loss, st)
+        self._fold_loss(rec.step, rec.loss, st)
         found = self._jump(rec, st)
         found = self._fast(rec, st) or self._level(rec, st) or found
         st.prev_loss = rec.loss
+        if finite(rec.lr) and rec.lr > 0:  # after the rules: the median they judge excludes it
+            st.lrs.add(math.log(rec.lr))
         if finite(rec.grad_norm) and rec.grad_norm > 0:
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
         return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
 
-    def _fold_loss(self, loss: float, st: DivergenceState) -> None:
+    def _fold_loss(self, step: int, loss: float, st: DivergenceState) -> None:
         if len(st.first) < self.settings.min_history_steps:
             st.first.append(loss)
         if loss <= 0:
@@ -186,6 +233,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         if st.recent.full:  # the oldest recent value moves into the earlier window
             st.earlier.add(st.recent.values()[0])
         st.recent.add(math.log(loss))
+        st.recent_at.add(step)
 
     def _reference(self, rec: StepRecord, st: DivergenceState) -> float | None:
         """The level a rise is measured from (log loss): the earlier window's median, or the
@@ -217,11 +265,10 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         big = (med is not None and not self.ctx.in_warmup(rec.step)
                and ratio > s.update_ratio_max and ratio >= s.divergence_jump * med)
         lr_med = math.exp(st.lrs.median()) if len(st.lrs) >= s.min_history_steps else None
-        if finite(rec.lr) and rec.lr > 0:
-            st.lrs.add(math.log(rec.lr))
         if not big:  # the jump's own steps stay out of the median they are judged against
             st.ratios.add(ratio)
         st.jumps = st.jumps + 1 if big else 0
+        st.jump_start = (st.jump_start or rec.step) if big else None
         lr_jump = (rec.lr / lr_med if big and lr_med and finite(rec.lr) else None)
         by_lr = lr_jump is not None and lr_jump >= s.divergence_lr_jump
         if med is None or (st.jumps < s.divergence_hold and not by_lr) or not self.due(rec):
@@ -231,7 +278,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         msg = (f"update/param ratio {fmt(ratio)} is {ratio / med:.0f}x its median {fmt(med)} "
                f"and above {fmt(s.update_ratio_max)}, {cause}: steps this large precede "
                f"divergence")
-        evidence = {"rule": "update_jump", "update_ratio": ratio, "median_ratio": med,
+        evidence = {"rule": "update_jump", "onset_step": st.jump_start,
+                    "update_ratio": ratio, "median_ratio": med,
                     "consecutive_steps": st.jumps, "lr": rec.lr, "lr_median": lr_med,
                     "loss": rec.loss, "grad_norm": rec.grad_norm}
         return [self.finding(rec, msg, value=ratio, threshold=s.update_ratio_max,
@@ -257,10 +305,10 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
 
     def _fast(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         if not self._rising(rec, st):
-            st.streak, st.streak_start_loss = 0, None
+            st.streak, st.streak_start_loss, st.streak_start = 0, None, None
             return []
         if st.streak == 0:
-            st.streak_start_loss = st.prev_loss
+            st.streak_start_loss, st.streak_start = st.prev_loss, rec.step
         st.streak += 1
         if st.streak < self.settings.divergence_steps or not self.due(rec):
             return []
@@ -268,7 +316,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         msg = (f"loss rose {st.streak} steps in a row to {fmt(rec.loss)} (from "
                f"{fmt(st.streak_start_loss)}) while grad norm grew to {fmt(rec.grad_norm)} "
                f"({fmt((rec.grad_norm or math.nan) / med)}x its median {fmt(med)})")
-        evidence = {"rule": "runaway", "consecutive_steps": st.streak, "loss": rec.loss,
+        evidence = {"rule": "runaway", "onset_step": st.streak_start,
+                    "consecutive_steps": st.streak, "loss": rec.loss,
                     "loss_before": st.streak_start_loss, "ema": self.ctx.ema_loss(rec.rank),
                     "grad_norm": rec.grad_norm, "grad_median": med, "lr": rec.lr}
         return [self.finding(rec, msg, value=rec.loss, threshold=self.ctx.ema_loss(rec.rank),
@@ -277,13 +326,14 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
     def _ran_off(self, rec: StepRecord, st: DivergenceState) -> list[Finding]:
         """A runaway streak cut short by a non-finite loss: it could not hold any longer
         because it left the float range, which is the divergence completing."""
-        streak, st.streak = st.streak, 0
+        (streak, start), st.streak, st.streak_start = (st.streak, st.streak_start), 0, None
         if streak == 0 or streak >= self.settings.divergence_steps or not self.due(rec):
             return []
         msg = (f"loss rose {streak} step(s) in a row to {fmt(st.prev_loss)} (from "
                f"{fmt(st.streak_start_loss)}) while the grad norm grew, then went "
                f"{rec.loss} at step {rec.step}")
-        evidence = {"rule": "runaway", "consecutive_steps": streak + 1, "loss": rec.loss,
+        evidence = {"rule": "runaway", "onset_step": start,
+                    "consecutive_steps": streak + 1, "loss": rec.loss,
                     "loss_before": st.streak_start_loss, "last_finite_loss": st.prev_loss,
                     "grad_norm": rec.grad_norm, "lr": rec.lr}
         return [self.finding(rec, msg, value=st.prev_loss, threshold=st.streak_start_loss,
@@ -295,7 +345,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         s = self.settings
         ref = self._reference(rec, st)
         if ref is None or not st.recent.full or self.ctx.in_warmup(rec.step):
-            st.held = 0
+            st.held, st.onset = 0, None
             return []
         floor = self._floor(st, ref)
         now, before = st.recent.median(), ref
@@ -305,8 +355,19 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         rise = now - before
         up = (rise >= math.log1p(s.divergence_rise) and rise >= s.divergence_z * se
               and math.exp(now) >= floor)
-        st.held = st.held + 1 if up else 0
-        if st.held < s.divergence_hold or not self.due(rec):
+        if not up:
+            st.held, st.onset = 0, None
+            return []
+        if st.held == 0:
+            st.onset = self._onset(st, before + max(math.log1p(s.divergence_rise),
+                                                    ONSET_Z * sigma), rec.step)
+            st.peak = now
+            st.lr_before = (math.exp(st.lrs.median())
+                            if len(st.lrs) >= s.min_history_steps else None)
+        st.held += 1
+        st.peak = max(st.peak if st.peak is not None else now, now)
+        why = self._persists(rec, st, before, now)
+        if why is None or not self.due(rec):
             return []
         level_now, level_before = math.exp(now), math.exp(before)
         start = median(np.asarray(st.first))
@@ -317,14 +378,50 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                  f"its median {fmt(level_before)} over the {len(st.earlier)} steps before")
         msg = (f"loss median {fmt(level_now)} over the last {len(st.recent)} steps is "
                f"{level_now / level_before - 1:+.0%} above {which} "
-               f"({rise / max(se, 1e-12):.0f} standard errors), for {st.held} steps in a row")
+               f"({rise / max(se, 1e-12):.0f} standard errors), for {st.held} steps in a row "
+               f"since step {st.onset}, {why}")
         if start > level_before:
             msg += f"; {given_back:.0%} of the progress from {fmt(start)} is lost"
-        evidence = {"rule": "level", "median": level_now, "earlier_median": level_before,
-                    "earlier_is_best": best,
+        evidence = {"rule": "level", "onset_step": st.onset, "median": level_now,
+                    "earlier_median": level_before, "earlier_is_best": best,
                     "rise_in_stderr": rise / max(se, 1e-12), "noise_sigma_log": sigma,
                     "start": start,
                     "progress_lost": given_back if start > level_before else None,
-                    "consecutive_steps": st.held, "lr": rec.lr}
+                    "consecutive_steps": st.held, "peak_median": math.exp(st.peak),
+                    "lr": rec.lr, "lr_before": st.lr_before}
         return [self.finding(rec, msg, value=level_now, threshold=level_before,
                              evidence=evidence, suggestions=DIVERGENCE)]
+
+    def _onset(self, st: DivergenceState, band: float, now: int) -> int:
+        """The first step of the recent window whose own log loss is above ``band``: where
+        the loss left its level, a few steps before its median did. The band is the rise
+        the level needs, or ``ONSET_Z`` per-step sigmas where the loss is noisier than that
+        (a single step 3 sigma up is a tail one step in 700 reaches: within a 10-step window
+        the first one is the excursion's, not noise)."""
+        values, steps = st.recent.values(), st.recent_at.values()
+        values = values[len(values) - len(steps):]  # a snapshot from before steps were kept
+        above = np.flatnonzero(values >= band)
+        if not len(steps):
+            return now
+        return int(steps[above[0]] if len(above) else steps[0])
+
+    def _persists(self, rec: StepRecord, st: DivergenceState, before: float, now: float
+                  ) -> str | None:
+        """Why the excursion is a persisting shift and not a burst that will return (None:
+        not shown yet). See the module docstring's level rule."""
+        s = self.settings
+        lasted = rec.step - (st.onset if st.onset is not None else rec.step)
+        if lasted >= s.baseline_window:
+            return f"not back within a whole {s.baseline_window}-step baseline window"
+        lr, lr_before = rec.lr, st.lr_before
+        if (lr is not None and lr_before is not None and finite(lr)
+                and lr >= s.divergence_lr_jump * lr_before and st.held >= s.divergence_hold):
+            return (f"while the lr {fmt(lr)} is {lr / lr_before:.0f}x its median "
+                    f"{fmt(lr_before)} before the rise (the cause is still applied)")
+        peak = math.exp(st.peak if st.peak is not None else now)
+        level, base = math.exp(now), math.exp(before)
+        returned = (peak - level) / max(peak - base, 1e-12)
+        if lasted >= s.divergence_persist and returned < s.divergence_give_back:
+            return (f"having given back {returned:.0%} of its peak {fmt(peak)}: it holds, a "
+                    f"burst would have returned")
+        return None

@@ -6,10 +6,20 @@ norms, in units of their robust spread ``sigma = MAD_TO_SIGMA * MAD``. A step is
 noise an explosion) and ``r >= explosion_z * sigma`` (6 sigma: a tail a healthy run's
 gradient noise does not reach on one step, let alone on several; at low loss a CNN's grad
 norm swings 50x from batch to batch, and its sigma says so). It fires on
-``explosion_steps`` elevated steps in a row: a gradient that stays blown up is an optimizer
-driving the weights somewhere bad (an LR too high, with or without clipping); one huge
-batch that the next step forgets is a bad batch, reported by ``loss_spike`` instead. A
-streak cut short by a non-finite gradient (it outgrew the float range) fires on that step.
+``explosion_steps`` elevated steps in a row, or on ``explosion_steps`` isolated spikes
+within ``explosion_window`` (50) steps, consecutive or not, rising from a level still in
+its band (the median of the last 10 norms under the ratio floor): a gradient that stays
+blown up, or keeps being kicked out of its band, is an optimizer driving the weights
+somewhere bad (an LR too high: AdamW after an LR jump spikes 4-15x with collapsed norms
+between, rarely twice in a row). One huge batch that the next steps forget is a bad batch,
+reported by ``loss_spike`` instead. The window: on the healthy public and corpus runs
+(40,850 steps) a step beyond the band occurs 2.9 times per 10,000 steps, so 3 within 50
+steps by chance is of order C(50,3) p^3 = 5e-7 per window; and 50 is half the baseline
+window, so the median the spikes are judged against is still the level before them. A
+gradient whose whole level drifts up (a deep tanh net leaving its plateau) is not spikes:
+the in-a-row rule judges it. A streak cut short by a non-finite gradient (it outgrew the
+float range) fires on that step. Every finding carries ``onset_step``: the first spike in
+the window (per parameter: the first reading of its streak).
 
 Per parameter: its grad norm ``layer_explosion_ratio`` x its own EMA (log space) on
 ``explosion_steps`` readings in a row, the EMA frozen while the streak lasts (so the
@@ -57,6 +67,7 @@ from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
 from monitor_agent.records.types import Finding, LayerTable, Severity, StepRecord
 
 LAYER_ALPHA = 0.95  # per-layer baseline: about the last 20 steps
+LEVEL_STEPS = 10  # the level isolated spikes rise from: the median of this many steps
 SIGMA_FLOOR = 1e-3  # log units: a perfectly constant grad norm still has rounding noise
 
 
@@ -91,7 +102,13 @@ class GradExplosionSettings(SharedSettings):
     )
     explosion_steps: int = Field(
         default=3, ge=1,
-        description="...on this many steps in a row (one bad batch is a loss_spike).",
+        description="...on this many steps in a row, or this many isolated spikes within "
+        "explosion_window steps (one bad batch is a loss_spike).",
+    )
+    explosion_window: int = Field(
+        default=50, ge=1,
+        description="Steps within which explosion_steps isolated spikes (the level between "
+        "them back in its band) are an explosion.",
     )
     explosion_warmup_factor: float = Field(
         default=5.0, ge=1, description="During warmup the explosion ratio is multiplied by this."
@@ -107,8 +124,10 @@ class ExplosionState:
     grads: Window
     streak: int = 0
     streak_min_ratio: float = math.inf
+    spikes: list[int] = field(default_factory=list)  # steps of the spikes in the window
     layers: LayerEma = field(default_factory=LayerEma)
     layer_streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    layer_onset: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
@@ -152,18 +171,33 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         median, sigma = st.grads.median(), max(st.grads.mad(), SIGMA_FLOOR)
         r = log_g - median
         floor = s.explosion_ratio * self._warm(rec)
+        st.spikes = [k for k in st.spikes if k > rec.step - s.explosion_window]
         if r < math.log(floor) or r < s.explosion_z * sigma:
             st.streak, st.streak_min_ratio = 0, math.inf
             return []
         st.streak += 1
         st.streak_min_ratio = min(st.streak_min_ratio, math.exp(r))
-        if st.streak < s.explosion_steps or not self.due(rec):
+        st.spikes.append(rec.step)
+        # The level the spikes rise from: the median of the last few steps before this one.
+        # Isolated spikes rise from a level still in its band; a level that moved up as a
+        # whole is a drift of the gradient (judged by the in-a-row rule), not spikes.
+        level = math.exp(float(np.median(st.grads.values()[-LEVEL_STEPS:])) - median)
+        isolated = len(st.spikes) >= s.explosion_steps and level < floor
+        if (st.streak < s.explosion_steps and not isolated) or not self.due(rec):
             return []
         ratio, base = math.exp(r), math.exp(median)
-        msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
-               f"({r / sigma:.0f} sigma) and has stayed at least {st.streak_min_ratio:.1f}x "
-               f"for {st.streak} steps in a row")
-        evidence = {"grad_norm": rec.grad_norm, "median": base, "ratio": ratio,
+        if st.streak >= s.explosion_steps:
+            msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
+                   f"({r / sigma:.0f} sigma) and has stayed at least "
+                   f"{st.streak_min_ratio:.1f}x for {st.streak} steps in a row")
+        else:
+            msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
+                   f"({r / sigma:.0f} sigma), spike {len(st.spikes)} beyond its band "
+                   f"in {rec.step - st.spikes[0] + 1} steps (since step {st.spikes[0]}), "
+                   f"with the norm back near its level between them")
+        evidence = {"onset_step": st.spikes[0], "spikes_in_window": len(st.spikes),
+                    "window_steps": s.explosion_window, "level_ratio": level,
+                    "grad_norm": rec.grad_norm, "median": base, "ratio": ratio,
                     "z": r / sigma, "consecutive_steps": st.streak,
                     "min_ratio_in_streak": st.streak_min_ratio, "limit_ratio": floor,
                     "limit_z": s.explosion_z, "in_warmup": self.ctx.in_warmup(rec.step),
@@ -181,7 +215,8 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         base = math.exp(st.grads.median())
         msg = (f"grad norm went {rec.grad_norm} after {st.streak} step(s) at least "
                f"{st.streak_min_ratio:.1f}x its median {fmt(base)}")
-        evidence = {"grad_norm": rec.grad_norm, "median": base,
+        evidence = {"onset_step": st.spikes[0] if st.spikes else rec.step,
+                    "grad_norm": rec.grad_norm, "median": base,
                     "consecutive_steps": st.streak + 1,
                     "min_ratio_in_streak": st.streak_min_ratio,
                     "clip_threshold": rec.clip_threshold, "lr": rec.lr, "loss": rec.loss}
@@ -203,7 +238,10 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         limit = self.settings.layer_explosion_ratio * self._warm(rec)
         hit = ratio >= limit
         st.layer_streak = grown(st.layer_streak, view.size, 0)
+        st.layer_onset = grown(st.layer_onset, view.size, 0)
         streak = st.layer_streak
+        st.layer_onset[view.slots] = np.where(hit & (streak[view.slots] == 0), rec.step,
+                                              st.layer_onset[view.slots])
         streak[view.slots] = np.where(hit, streak[view.slots] + 1, 0)
         # The streak's readings stay out of the baseline: it must not learn the explosion.
         st.layers.add(view.slots, np.where(hit, np.nan, logs), LAYER_ALPHA, view.size)
@@ -219,7 +257,8 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
                    f"at least {limit:.0f}x for {k} steps in a row")
             found.append(self.finding(
                 rec, msg, value=g, threshold=g / ratio[c], layer=name,
-                evidence={"ratio": float(ratio[c]), "limit_ratio": limit,
+                evidence={"onset_step": int(st.layer_onset[view.slots[c]]),
+                          "ratio": float(ratio[c]), "limit_ratio": limit,
                           "consecutive_steps": k},
                 suggestions=GRAD_EXPLOSION,
             ))

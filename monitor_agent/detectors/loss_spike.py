@@ -10,7 +10,9 @@ heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that e
 is a spike whatever the spread. The spike itself never enters the EMA before it is judged,
 and MAD ignores earlier spikes in the window.
 
-A spike is a warning: one bad batch that the run recovers from. What persists is judged by
+Its ``onset_step`` is its own step: a spike is judged on the step it happens.
+
+A spike is a warning: one bad batch, or a burst of them, that the run recovers from. What persists is judged by
 ``divergence`` (the loss level holding high) and ``grad_explosion`` (the gradient staying
 high), which page.
 
@@ -100,7 +102,7 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
         if not self.due(rec):
             return []
         msg = f"loss {fmt(rec.loss)} is {ratio:.1f}x its EMA {fmt(ema)} (z={z:.1f})"
-        evidence = {"loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
+        evidence = {"onset_step": rec.step, "loss": rec.loss, "ema": ema, "ratio": ratio, "z": z,
                     "limit_ratio": s.spike_ratio, "limit_z": s.spike_z,
                     "grad_norm": rec.grad_norm, "spikes_so_far": st.spikes}
         return [self.finding(rec, msg, value=rec.loss, threshold=ema, evidence=evidence,

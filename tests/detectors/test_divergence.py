@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
+from class_traces import expected, recordings
+from detector_harness import replay_trace
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
 from monitor_agent.records.types import Severity
@@ -46,7 +49,9 @@ def test_creeping_rise_is_caught_by_the_level_rule():
     level_only = feed(only("divergence", divergence_steps=1000), recs)
     assert level_only and level_only[0].evidence["rule"] == "level"
     f = level_only[0]
-    assert 300 < f.step < 370 and f.evidence["consecutive_steps"] == 5
+    # a creep with no raised lr behind it must hold divergence_persist steps from its onset
+    assert 300 < f.step < 370 and f.step - f.evidence["onset_step"] >= 30
+    assert 300 <= f.evidence["onset_step"] < f.step
     assert f"{f.evidence['consecutive_steps']} steps in a row" in f.message
     assert "+" in f.message and f.evidence["median"] > f.evidence["earlier_median"]
 
@@ -72,7 +77,9 @@ def test_losing_the_progress_made_is_a_divergence_even_at_low_loss():
     recs += [step(i, loss=2.0 * math.exp(rng.normal(0, 0.1)), grad_norm=0.5)
              for i in range(400, 450)]
     found = feed(only("divergence"), recs)
-    assert found and 400 < found[0].step <= 420 and found[0].evidence["rule"] == "level"
+    # no raised lr behind it: judged once it has held divergence_persist (30) steps
+    assert found and 400 < found[0].step <= 440 and found[0].evidence["rule"] == "level"
+    assert found[0].evidence["onset_step"] == 400
     assert found[0].evidence["progress_lost"] > 0.25
 
 
@@ -148,3 +155,39 @@ def test_a_runaway_cut_short_by_the_nan_fires_on_the_nan_step():
 def test_a_nan_out_of_the_blue_is_nan_infs_alone():
     recs = _healthy(200) + [step(200, loss=float("nan"), grad_norm=float("nan"))]
     assert feed(only("divergence"), recs) == []
+
+
+# -- the class recordings: a burst that returns is a spike, a shift that persists is not ----
+
+
+@pytest.mark.parametrize("label,path", [r for r in recordings("burst")
+                                        if r[0]["returned_step"] is not None],
+                         ids=lambda v: v["file"][:-9] if isinstance(v, dict) else "")
+def test_a_burst_of_bad_batches_that_returns_is_never_a_divergence(label, path):
+    # 1..20 bad batches in a row on an MLP, a CNN and a GPT; main paged every burst of 5+
+    found = [f for f in replay_trace(path) if f.type == "divergence"]
+    assert found == [], [(f.step, f.message) for f in found]
+
+
+@pytest.mark.parametrize("label,path", [r for r in recordings("kept") + recordings("jump")
+                                        if expected(r[0], "divergence")],
+                         ids=lambda v: v["file"][:-9] if isinstance(v, dict) else "")
+def test_an_lr_raised_and_kept_is_a_divergence_in_its_window_with_its_onset(label, path):
+    window = expected(label, "divergence")
+    found = [f for f in replay_trace(path) if f.type == "divergence"]
+    assert found and window["first_step"] <= found[0].step <= window["last_step"]
+    onset = found[0].evidence["onset_step"]
+    assert label["fault_step"] <= onset <= found[0].step
+
+
+def test_a_level_shift_with_no_lr_behind_it_waits_for_persistence_and_then_pages():
+    # the same jump held 50 steps pages, dated to its onset; held 20 and back, it does not
+    recs = _healthy(300)
+    level = recs[-1].loss
+    held = recs + [step(i, loss=3 * level * (1 + noise(i, 0.03))) for i in range(300, 350)]
+    found = feed(only("divergence", divergence_steps=1000), held)
+    assert found and found[0].evidence["onset_step"] == 300
+    assert 330 <= found[0].step < 350 and "burst would have returned" in found[0].message
+    burst = recs + [step(i, loss=(3 if i < 320 else 1) * level * (1 + noise(i, 0.03)))
+                    for i in range(300, 400)]
+    assert feed(only("divergence", divergence_steps=1000), burst) == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from class_traces import expected, recordings
+from detector_harness import replay_trace
 from synth_records import assert_restore_equivalent, feed, noise, of_type, only, run, step
 
 from monitor_agent.records.types import Severity
@@ -66,3 +69,13 @@ def test_an_order_of_magnitude_is_a_spike_even_where_batches_are_heavy_tailed():
     found = feed(only("loss_spike"), recs + [spike])
     assert [(f.step, f.severity) for f in found] == [(300, Severity.WARNING)]
     assert found[0].evidence["ratio"] >= 10 and found[0].evidence["z"] < 6
+
+
+@pytest.mark.parametrize("label,path", recordings("burst"),
+                         ids=lambda v: v["file"][:-9] if isinstance(v, dict) else "")
+def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch(label, path):
+    # real runs: 1..20 bad batches in a row on an MLP, a CNN and a GPT (tests/traces/classes)
+    window = expected(label, "loss_spike")
+    found = [f for f in replay_trace(path) if f.type == "loss_spike"]
+    assert found and window["first_step"] <= found[0].step <= window["last_step"]
+    assert found[0].evidence["onset_step"] == found[0].step == label["fault_step"]
