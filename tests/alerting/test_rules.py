@@ -54,6 +54,7 @@ def test_defaults_follow_the_issue():
         ("stalled", Severity.ERROR, "TrainingStalled"),
         ("category_divergence", Severity.WARNING, "TrainingCategoryDivergence"),
         ("lr_jump", Severity.WARNING, "TrainingLrJump"),
+        ("rank_outlier", Severity.WARNING, "TrainingRankOutlier"),
         ("brand_new_type", Severity.WARNING, "TrainingFinding"),
         ("brand_new_type", Severity.INFO, None),
     ],
