@@ -105,15 +105,10 @@ class NanInfSettings(SharedSettings):
         description="nan_inf reports again when non-finite this many steps in a row (what a "
         "rule's action_after: 2 acts on).",
     )
-    nan_first_rank_wait_steps: int = Field(
-        default=2, ge=0, le=100,
-        description="In a multi-rank run the first NaN is paged once every rank has reported "
-        "its step, or once any rank is this many steps past it (a rank that stopped sending).",
-    )
     nan_first_rank_wait_seconds: float = Field(
-        default=30.0, gt=0,
-        description="Safety net only: the NaN is paged this long after it arrived even if no "
-        "rank moved on (every rank stopped or hangs after it).",
+        default=5.0, gt=0, le=600,
+        description="In a multi-rank run the first NaN is paged once every rank has reported "
+        "its step (or ended); a rank gone without either is waited for this long at most.",
     )
 
 
@@ -139,6 +134,9 @@ class NanEpisode:
         return bool(self.lead)
 
 
+_MAX_WAITED_RANKS = 4096  # ranks never heard from that are waited for (a forged count is cheap)
+
+
 def non_finite_fields(rec: StepRecord) -> list[str]:
     """The global fields that make ``rec`` a nan_inf finding. On an AMP overflow step only
     a non-finite loss counts: inf gradients are the loss scaler working."""
@@ -156,17 +154,22 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     With several ranks the run's episode is judged once, not once per rank: the first
     non-finite record to arrive need not be the first rank's (ranks' records interleave,
     and a follower's reduced gradient is NaN at the very step the culprit's loss is), so
-    the findings of the episode's first step are held until every rank still sending has
-    reported that step, then one finding names the rank that broke first
-    (support/first_rank.py: its local loss non-finite at the earliest step) and how the
-    others followed. The wait is in the run's own steps: non-finite steps are sent
-    without the client's linger, and in synchronous data parallelism no rank completes
-    step p + 1 before every rank completed step p, so a rank ``nan_first_rank_wait_steps``
-    (2) steps behind the most advanced one, with its step-p record still missing, has
-    stopped sending (dead or hung) and is reported as not heard from. A rank's end
-    record counts as reported. Only if no rank moves on at all (all of them stopped)
-    does the clock decide, ``nan_first_rank_wait_seconds`` (30 s) after the first break
-    arrived: a safety net so no NaN page is lost, not the usual path. With one rank
+    the findings of the episode's first step ``p`` are held until every rank has reported
+    step ``p`` (or a later one, or its end record), then one finding names the rank that
+    broke first (support/first_rank.py: its local loss non-finite at the earliest step)
+    and how the others followed.
+
+    The wait is the run's own step ``p``, no more: under data parallelism every rank's
+    step-``p`` record is non-finite (the reduced gradient is), and the client sends a
+    non-finite step without its linger, so the last of them arrives within one delivery
+    of the first. Steps cannot bound it further: a rank ahead by any number of steps in
+    *delivery* does not make a missing rank dead (in synchronous data parallelism no rank
+    gets past step ``p + 1`` before every rank finished step ``p``; a live sidecar sees
+    one rank's batch run 13 steps ahead of the others' on a loaded machine), and a rank
+    that did die leaves its peers blocked in the next all-reduce, sending nothing more.
+    So for a rank gone with neither its step nor its end record the clock decides,
+    ``nan_first_rank_wait_seconds`` (5 s: ten client lingers) after the first break
+    arrived, naming it as not heard from: a safety net, not the usual path. With one rank
     there is nobody to wait for and the finding goes out with its record. Until every
     rank is finite again, later findings (repeats, the persistence milestone) come from
     the first rank(s) only, so a rule's ``action_after`` counts the run's episode, not
@@ -229,18 +232,21 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         return st.streak if st is not None else 0
 
     def _settle(self, rank: int, step: int) -> list[Finding]:
-        """Decide the episode when every rank still sending has reported its first step."""
+        """Decide the episode once every rank reported its first step or ended."""
         first = min(b.step for b in self.episode.breaks.values())
         last = self._last_steps(rank, step)
         ended = {r for r, info in self.ctx.ranks().items() if info.ended}
-        waiting = [r for r, s in last.items() if s < first and r not in ended and r != rank]
-        if waiting and max(last.values()) < first + self.settings.nan_first_rank_wait_steps:
+        if any(s < first and r not in ended for r, s in last.items()):
             return []
         return self._decide(last)
 
     def _last_steps(self, rank: int | None = None, step: int = -1) -> dict[int, int]:
-        """Every rank that sent a step (and ``rank``, whose ``step`` is being judged)."""
+        """Every rank's latest step: the ranks that sent one, ``rank`` at the ``step``
+        being judged, and, at -1, the ones the run record says report but that have not
+        been heard from yet (their first batch may still be lingering in their client)."""
         last = {r: info.last_step for r, info in self.ctx.ranks().items() if info.steps}
+        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS)):
+            last.setdefault(r, -1)
         if rank is not None:
             last[rank] = max(step, last.get(rank, -1))
         return last

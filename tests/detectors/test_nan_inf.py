@@ -17,7 +17,7 @@ from synth_records import (
 
 from monitor_agent.detectors import nan_inf as tips
 from monitor_agent.records import wire
-from monitor_agent.records.types import RunRecord, Severity
+from monitor_agent.records.types import EndRecord, RunRecord, Severity
 
 NAN, INF = math.nan, math.inf
 
@@ -180,7 +180,7 @@ def _ddp_nan(ranks: int = 4, bad: int = 2, at: int = 50, n: int = 56, silent: in
     """A DDP run: rank ``bad``'s local loss goes NaN at ``at``; every rank's reduced
     gradient is NaN at that step, and every loss from the next one. The culprit's records
     arrive last at each step (``late_first``); ``silent`` stops sending before ``at``."""
-    recs: list = [RunRecord(run_id="r", time=0.0, rank=r,
+    recs: list = [RunRecord(run_id="r", time=0.0, rank=r, hardware={"reporting_ranks": ranks},
                             labels={"hostname": f"pod-{r}", "node": f"gpu-node-{r}"})
                   for r in range(ranks)]
     order = sorted(range(ranks), key=lambda r: (r == bad) if late_first else -(r == bad))
@@ -217,14 +217,39 @@ def test_the_order_records_arrive_in_does_not_change_the_answer():
     assert (found[0].step, found[0].rank, found[0].evidence["first_rank"]) == (50, 2, 2)
 
 
-def test_a_rank_that_stopped_sending_is_waited_for_a_bounded_number_of_steps():
+def test_a_rank_that_is_behind_in_delivery_is_waited_for_however_far_behind():
+    recs = _ddp_nan()
+    culprit = [r for r in recs if r.kind == "step" and r.rank == 2 and r.step >= 45]
+    ahead = [r for r in recs if r not in culprit]  # rank 2's last batch arrives last
+    suite = only("nan_inf")
+    assert feed(suite, ahead) == []
+    found = feed(suite, culprit)
+    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (50, 2, "0, 1, 3")
+
+
+def test_a_rank_not_heard_from_at_all_yet_is_waited_for():
+    # Its client's first batch (run record and all) is still lingering: the other ranks'
+    # run records say four ranks report.
+    recs = _ddp_nan()
+    culprit = [r for r in recs if r.rank == 2]
+    suite = only("nan_inf")
+    assert feed(suite, [r for r in recs if r.rank != 2]) == []
+    found = feed(suite, culprit)
+    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (50, 2, "0, 1, 3")
+
+
+def test_a_rank_gone_silent_is_decided_by_its_end_record_or_the_clock():
     recs = _ddp_nan(silent=3)
     suite = only("nan_inf")
-    deciding = next(rec for rec in recs if suite.update(rec))
-    # Decided when a rank reached step 50 + nan_first_rank_wait_steps, not before.
-    assert deciding.step == 52
-    found = feed(only("nan_inf"), recs)
-    assert found[0].rank == 2 and "rank 3 not heard from since (step 49)" in found[0].message
+    assert feed(suite, recs) == []  # rank 3 may still send its step 50
+    assert suite.tick(recs[-1].time + 1.0) == []
+    [found] = suite.tick(recs[-1].time + 6.0)
+    assert found.rank == 2 and "rank 3 not heard from since (step 49)" in found.message
+    suite = only("nan_inf")
+    feed(suite, recs)
+    [found] = suite.update(EndRecord(run_id="r", step=49, time=recs[-1].time, rank=3,
+                                     status="failed"))
+    assert found.rank == 2 and found.evidence["followed"] == "0, 1"
 
 
 def test_every_rank_broken_at_once_is_a_shared_cause():
@@ -233,17 +258,6 @@ def test_every_rank_broken_at_once_is_a_shared_cause():
     found = feed(only("nan_inf"), recs)
     assert found[0].evidence["first_rank"] is None
     assert found[0].message.startswith("NaN at step 50 in every rank's local loss at once")
-
-
-def test_the_clock_decides_only_when_every_rank_stopped():
-    recs = [step(i, rank=r) for i in range(1, 50) for r in range(2)]
-    recs.append(step(50, rank=1, grad_norm=NAN))  # then both ranks go silent
-    suite = only("nan_inf")
-    assert feed(suite, recs) == []
-    assert suite.tick(recs[-1].time + 5.0) == []
-    found = suite.tick(recs[-1].time + 31.0)
-    assert [(f.step, f.rank) for f in found] == [(50, 1)]
-    assert "rank 0 not heard from since (step 49)" in found[0].message
 
 
 def test_restore_while_the_first_rank_is_undecided_changes_nothing():

@@ -70,6 +70,7 @@ class ContextState:
     layer_names: list[str] = field(default_factory=list)
     ranks: dict[str, RankFacts] = field(default_factory=dict)
     ended: bool = False
+    reporting_ranks: int = 0  # how many ranks send records (run record), 0: not said
 
 
 class DetectorContext:
@@ -96,6 +97,9 @@ class DetectorContext:
             self.rank(record.rank).bands.update(self.align(record.layer_grads), record.step)
 
     def _observe_run(self, record: RunRecord) -> None:
+        reporting = _as_int(record.hardware.get("reporting_ranks"))
+        if reporting is not None:
+            self.state.reporting_ranks = reporting
         host = host_label(record.labels)
         if host is not None:
             self.rank(record.rank).host = host
