@@ -219,10 +219,8 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
             if ep.decided and rec.rank in ep.lead:
                 out += held
             return out
-        if rec.rank in ep.lead or not any(self._streak(r) for r in ep.lead):
-            out = found
-        else:  # a follower's repeat: the episode's page already names it
-            out = []
+        # A follower's repeat is left out: the episode's page already names it.
+        out = found if rec.rank in ep.lead or not any(self._streak(r) for r in ep.lead) else []
         if not any(s.streak for s in self.ranks.values()):
             self.episode = NanEpisode()  # every rank finite again: the episode is over
         return out
