@@ -126,6 +126,7 @@ class NanEpisode:
 
     breaks: dict[int, RankBreak] = field(default_factory=dict)
     held: dict[int, Finding] = field(default_factory=dict)
+    later: list[Finding] = field(default_factory=list)  # repeats/milestones while undecided
     opened_at: float | None = None   # record time of the first break to arrive
     lead: list[int] = field(default_factory=list)  # set once decided
 
@@ -214,10 +215,11 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         if not ep.breaks:
             return found
         if not ep.decided:
-            held = found if rec.rank in ep.breaks else []  # a milestone while undecided
+            ep.later += found  # a repeat or milestone of a broken rank, while undecided
             out = self._settle(rec.rank, rec.step)
-            if ep.decided and rec.rank in ep.lead:
-                out += held
+            if ep.decided:  # the first rank(s)' own, in order, after the onset
+                out += [f for f in ep.later if f.rank in ep.lead]
+                ep.later = []
             return out
         # A follower's repeat is left out: the episode's page already names it.
         out = found if rec.rank in ep.lead or not any(self._streak(r) for r in ep.lead) else []
@@ -271,12 +273,14 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         ep = self.episode
         return {"breaks": {str(r): dump(b) for r, b in ep.breaks.items()},
                 "held": {str(r): f.to_dict() for r, f in ep.held.items()},
+                "later": [f.to_dict() for f in ep.later],
                 "opened_at": ep.opened_at, "lead": list(ep.lead)}
 
     def restore_extra(self, data: dict[str, Any]) -> None:
         self.episode = NanEpisode(
             breaks={int(r): RankBreak(**b) for r, b in (data.get("breaks") or {}).items()},
             held={int(r): _finding_of(f) for r, f in (data.get("held") or {}).items()},
+            later=[_finding_of(f) for f in data.get("later") or []],
             opened_at=data.get("opened_at"), lead=[int(r) for r in data.get("lead") or []])
 
     def _judge(self, rec: StepRecord, st: NanState) -> list[Finding]:

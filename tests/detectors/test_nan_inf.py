@@ -227,6 +227,15 @@ def test_a_rank_that_is_behind_in_delivery_is_waited_for_however_far_behind():
     assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (50, 2, "0, 1, 3")
 
 
+def test_the_first_ranks_milestone_that_arrived_before_the_decision_is_kept():
+    # Rank 2 sends steps 50-55 (its persistence milestone at 52) before the others' 50.
+    recs = _ddp_nan()
+    late = [r for r in recs if r.kind == "step" and r.rank != 2 and r.step >= 50]
+    suite = only("nan_inf")
+    assert feed(suite, [r for r in recs if r not in late]) == []
+    assert [(f.step, f.rank) for f in feed(suite, late)] == [(50, 2), (52, 2)]
+
+
 def test_a_rank_not_heard_from_at_all_yet_is_waited_for():
     # Its client's first batch (run record and all) is still lingering: the other ranks'
     # run records say four ranks report.

@@ -32,17 +32,18 @@ def main() -> None:
     for name in ("nan-rank", "nan-step", "corrupt-rank", "corrupt-from"):
         p.add_argument(f"--{name}", type=int, default=-1)
     p.add_argument("--corrupt-scale", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(0)  # the same initial weights on every rank, as DDP broadcasts them
+    torch.manual_seed(args.seed)  # the same initial weights on every rank, as DDP's broadcast
     target = torch.randn(16, 1)
     model = DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.Generator().manual_seed(1000 + rank)  # this rank's shard
+    data = torch.Generator().manual_seed(1000 * (args.seed + 1) + rank)  # this rank's shard
 
     mon = monitor_client.Monitor(url=args.url, project="ddp-faults", run_id=args.run_id,
                                  total_steps=args.steps)
