@@ -81,7 +81,7 @@ RANK_OUTLIER = (
 _STALE_STEPS = 64  # a step some rank never sends is judged this far behind the newest
 _MIN_RANKS = 3     # below this a rank has no peers' spread to be judged against
 _REL_FLOOR = 1e-4  # of the peers' median: float32 rounding and kernel nondeterminism
-_PAIRWISE_MAX = 64  # peers, beyond which their MAD measures sigma (pairs would be O(n^2))
+_PAIRWISE_MAX = 16  # peers; beyond, their MAD measures sigma (the median's own zero is 1/17th)
 _PAIR_TO_SIGMA = math.sqrt(2) * 0.6745  # median |x_i - x_j| of a normal, in sigmas
 
 
