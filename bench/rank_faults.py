@@ -25,8 +25,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
-from sidecar_process import SidecarProcess  # noqa: E402
 from test_rank_faults import WORLD, _job  # noqa: E402
+
+from sidecar_process import SidecarProcess  # noqa: E402
 
 
 def findings(sc: SidecarProcess, run_id: str, ftype: str) -> list[dict]:
@@ -47,9 +48,10 @@ def main() -> None:
             _job(sc.url, run_id, "--steps", str(args.steps), "--seed", str(k))
             false += findings(sc, run_id, "rank_outlier")
         rank_steps = args.healthy * args.steps * WORLD
-        print(f"healthy: {args.healthy} runs x {args.steps} steps x {WORLD} ranks = "
-              f"{rank_steps} rank-steps; rank_outlier findings: {len(false)} "
-              f"({1e4 * len(false) / rank_steps:.2f} per 10k rank-steps)")
+        if rank_steps:
+            print(f"healthy: {args.healthy} runs x {args.steps} steps x {WORLD} ranks = "
+                  f"{rank_steps} rank-steps; rank_outlier findings: {len(false)} "
+                  f"({1e4 * len(false) / rank_steps:.2f} per 10k rank-steps)")
         for f in false:
             print("   ", f["step"], f["rank"], f["message"])
         _job(sc.url, "shard", "--steps", "120", "--corrupt-rank", "3", "--corrupt-from", "40",
