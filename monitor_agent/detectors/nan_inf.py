@@ -170,7 +170,11 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     that did die leaves its peers blocked in the next all-reduce, sending nothing more.
     So for a rank gone with neither its step nor its end record the clock decides,
     ``nan_first_rank_wait_seconds`` (5 s: ten client lingers) after the first break
-    arrived, naming it as not heard from: a safety net, not the usual path. With one rank
+    arrived, naming it as not heard from: a safety net, not the usual path. A rank the
+    run record counts (``hardware.reporting_ranks``) but never heard from at all is waited
+    for only in the run's first ``nan_first_rank_wait_seconds`` (its client's first batch
+    may still be lingering); later it reports to another sidecar (one per node, where each
+    sees its node's ranks) and is not waited for. With one rank
     there is nobody to wait for and the finding goes out with its record. Until every
     rank is finite again, later findings (repeats, the persistence milestone) come from
     the first rank(s) only, so a rule's ``action_after`` counts the run's episode, not
@@ -184,6 +188,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     def __init__(self, settings: NanInfSettings, ctx: DetectorContext) -> None:
         super().__init__(settings, ctx)
         self.episode = NanEpisode()
+        self.started: float | None = None  # record time of the run's first step here
 
     def new_rank(self) -> NanState:
         return NanState()
@@ -191,7 +196,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     def update(self, record: Record) -> list[Finding]:
         if isinstance(record, EndRecord) and self.episode.breaks and not self.episode.decided:
             # The rank's end counts as its report (ctx marked it ended before the detectors).
-            return self._settle(record.rank, record.step)
+            return self._settle(record.rank, record.step, record.time)
         return super().update(record)
 
     def tick(self, now: float) -> list[Finding]:
@@ -202,6 +207,8 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         return []
 
     def on_step(self, rec: StepRecord, st: NanState) -> list[Finding]:
+        if self.started is None:
+            self.started = rec.time
         found = self._judge(rec, st)
         ep = self.episode
         if st.streak and rec.rank not in ep.breaks and not ep.decided:
@@ -216,7 +223,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
             return found
         if not ep.decided:
             ep.later += found  # a repeat or milestone of a broken rank, while undecided
-            out = self._settle(rec.rank, rec.step)
+            out = self._settle(rec.rank, rec.step, rec.time)
             if ep.decided:  # the first rank(s)' own, in order, after the onset
                 out += [f for f in ep.later if f.rank in ep.lead]
                 ep.later = []
@@ -231,21 +238,26 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         st = self.ranks.get(rank)
         return st.streak if st is not None else 0
 
-    def _settle(self, rank: int, step: int) -> list[Finding]:
+    def _settle(self, rank: int, step: int, now: float) -> list[Finding]:
         """Decide the episode once every rank reported its first step or ended."""
         first = min(b.step for b in self.episode.breaks.values())
-        last = self._last_steps(rank, step)
+        last = self._last_steps(rank, step, now)
         ended = {r for r, info in self.ctx.ranks().items() if info.ended}
         if any(s < first and r not in ended for r, s in last.items()):
             return []
         return self._decide(last)
 
-    def _last_steps(self, rank: int | None = None, step: int = -1) -> dict[int, int]:
+    def _last_steps(self, rank: int | None = None, step: int = -1,
+                    now: float | None = None) -> dict[int, int]:
         """Every rank's latest step: the ranks that sent one, ``rank`` at the ``step``
-        being judged, and, at -1, the ones the run record says report but that have not
-        been heard from yet (their first batch may still be lingering in their client)."""
+        being judged, and, at -1, in the run's first ``nan_first_rank_wait_seconds``
+        only, the ones the run record says report but that have not been heard from yet
+        (their client's first batch may still be lingering). Later, a rank never heard
+        from reports elsewhere (one sidecar per node) and is not waited for."""
         last = {r: info.last_step for r, info in self.ctx.ranks().items() if info.steps}
-        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS)):
+        young = (now is not None and self.started is not None
+                 and now - self.started < self.settings.nan_first_rank_wait_seconds)
+        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS) if young else 0):
             last.setdefault(r, -1)
         if rank is not None:
             last[rank] = max(step, last.get(rank, -1))
@@ -271,12 +283,14 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
 
     def snapshot_extra(self) -> dict[str, Any]:
         ep = self.episode
-        return {"breaks": {str(r): dump(b) for r, b in ep.breaks.items()},
+        return {"started": self.started,
+                "breaks": {str(r): dump(b) for r, b in ep.breaks.items()},
                 "held": {str(r): f.to_dict() for r, f in ep.held.items()},
                 "later": [f.to_dict() for f in ep.later],
                 "opened_at": ep.opened_at, "lead": list(ep.lead)}
 
     def restore_extra(self, data: dict[str, Any]) -> None:
+        self.started = data.get("started")
         self.episode = NanEpisode(
             breaks={int(r): RankBreak(**b) for r, b in (data.get("breaks") or {}).items()},
             held={int(r): _finding_of(f) for r, f in (data.get("held") or {}).items()},

@@ -236,15 +236,23 @@ def test_the_first_ranks_milestone_that_arrived_before_the_decision_is_kept():
     assert [(f.step, f.rank) for f in feed(suite, late)] == [(50, 2), (52, 2)]
 
 
-def test_a_rank_not_heard_from_at_all_yet_is_waited_for():
-    # Its client's first batch (run record and all) is still lingering: the other ranks'
-    # run records say four ranks report.
-    recs = _ddp_nan()
+def test_a_rank_not_heard_from_at_all_yet_is_waited_for_in_the_runs_first_seconds():
+    # NaN at step 5, 2 s into the run: rank 2's client's first batch (run record and all)
+    # is still lingering, and the other ranks' run records say four ranks report.
+    recs = _ddp_nan(at=5, n=9)
     culprit = [r for r in recs if r.rank == 2]
     suite = only("nan_inf")
     assert feed(suite, [r for r in recs if r.rank != 2]) == []
     found = feed(suite, culprit)
-    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (50, 2, "0, 1, 3")
+    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (5, 2, "0, 1, 3")
+
+
+def test_ranks_never_heard_from_later_report_elsewhere_and_are_not_waited_for():
+    # One sidecar per node: this one sees rank 1 only, of the two the run records count.
+    recs = [rec for rec in _ddp_nan(ranks=2, bad=1) if rec.rank == 1]
+    found = feed(only("nan_inf"), recs)
+    assert (found[0].step, found[0].rank) == (50, 1)
+    assert found[0].message.startswith("loss is nan")  # as a single rank's, at once
 
 
 def test_a_rank_gone_silent_is_decided_by_its_end_record_or_the_clock():
