@@ -473,7 +473,11 @@ class Monitor:
         self._submit({"kind": "run", "run_id": self.run_id, "attempt": self.attempt,
                       "time": time.time(),
                       "rank": self.rank, "config": self.config,
-                      "model": self._model_info, "hardware": self._hardware,
+                      "model": self._model_info,
+                      # How many ranks send records: the sidecar waits for each of them
+                      # before it names the rank that went NaN first.
+                      "hardware": {**self._hardware, "reporting_ranks":
+                                   1 if self.settings.rank0_only else self.world_size},
                       "labels": self._labels})
 
     def counters(self) -> Counters | None:

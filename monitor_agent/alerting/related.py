@@ -18,7 +18,8 @@ the API shows them on the page's alert, and none is an alert or a message of its
 * F would begin a new alert episode (one already open goes on as it was), and its rule
   takes no action (a stop or checkpoint rule must still act);
 * F is about the model, not the job: ``throughput_drop``, ``memory_pressure``,
-  ``straggler`` and ``stalled`` are independent problems with their own fixes, and
+  ``straggler``, ``stalled`` and ``rank_outlier`` (a sick GPU or shard) are independent
+  problems with their own fixes, and
   ``lr_jump`` is a cause the pages cite, never a consequence.
 
 Of several such pages, the most severe (then the earliest) takes it. A finding replayed
@@ -48,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from monitor_agent.records.types import Finding, Severity
 
 NOT_CONSEQUENCES = frozenset({"throughput_drop", "memory_pressure", "straggler", "stalled",
-                              "lr_jump"})
+                              "lr_jump", "rank_outlier"})
 MAX_KEYS = 256  # distinct (type, layer) remembered per page: bounds a name bomb
 
 

@@ -39,6 +39,7 @@ from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
 from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
+from monitor_agent.detectors.rank_outlier import RankOutlierDetector
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
@@ -62,6 +63,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     LrJumpDetector,
     # every rank waits on its data loader (the input pipeline sets the pace)
     InputBoundDetector,
+    # one rank's local loss far outside its peers' spread (a sick GPU, a corrupt shard)
+    RankOutlierDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -55,6 +55,7 @@ from monitor_agent.detectors.memory_pressure import MemoryPressureSettings
 from monitor_agent.detectors.nan_inf import NanInfSettings
 from monitor_agent.detectors.overfitting import OverfittingSettings
 from monitor_agent.detectors.plateau import PlateauSettings
+from monitor_agent.detectors.rank_outlier import RankOutlierSettings
 from monitor_agent.detectors.stalled import StalledSettings
 from monitor_agent.detectors.straggler import StragglerSettings
 from monitor_agent.detectors.support.common import DetectorBase
@@ -99,7 +100,8 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    InputBoundSettings, GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
+    InputBoundSettings, RankOutlierSettings, GradDistributionSettings, ActivationBlowupSettings,
+    DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
     ClipSaturationSettings, GainDriftSettings, UpdateRatioSettings, DeadLayerSettings,
@@ -136,6 +138,7 @@ class DetectorSettings(
     effective_lr_shift = KnobsOf(SharedSettings)
     lr_jump = KnobsOf(SharedSettings)
     input_bound = KnobsOf(InputBoundSettings)
+    rank_outlier = KnobsOf(RankOutlierSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

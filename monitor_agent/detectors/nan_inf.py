@@ -49,15 +49,26 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.context import DetectorContext
+from monitor_agent.detectors.support.first_rank import RankBreak, attribute
 from monitor_agent.detectors.support.nonfinite import nonfinite_mask, nonfinite_params
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.state import dump
 from monitor_agent.detectors.support.stats import Window, amp_overflow, finite
-from monitor_agent.records.types import EvalRecord, Finding, Severity, StepRecord
+from monitor_agent.records.types import (
+    EndRecord,
+    EvalRecord,
+    Finding,
+    Record,
+    Severity,
+    StepRecord,
+)
 
 _GLOBAL_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
 NAN_AT_START = (
@@ -94,6 +105,11 @@ class NanInfSettings(SharedSettings):
         description="nan_inf reports again when non-finite this many steps in a row (what a "
         "rule's action_after: 2 acts on).",
     )
+    nan_first_rank_wait_seconds: float = Field(
+        default=5.0, gt=0, le=600,
+        description="In a multi-rank run the first NaN is paged once every rank has reported "
+        "its step (or ended); a rank gone without either is waited for this long at most.",
+    )
 
 
 @dataclass(slots=True)
@@ -101,6 +117,25 @@ class NanState:
     grads: Window = field(default_factory=lambda: Window.of(50))
     streak: int = 0  # consecutive steps with a non-finite value
     overflow_origin: str | None = None  # first non-finite unscaled grad of the last skip
+
+
+@dataclass(slots=True)
+class NanEpisode:
+    """A run's non-finite episode across its ranks: each rank's first break, the findings
+    held back until the first rank is decided, and the ranks then named first."""
+
+    breaks: dict[int, RankBreak] = field(default_factory=dict)
+    held: dict[int, Finding] = field(default_factory=dict)
+    later: list[Finding] = field(default_factory=list)  # repeats/milestones while undecided
+    opened_at: float | None = None   # record time of the first break to arrive
+    lead: list[int] = field(default_factory=list)  # set once decided
+
+    @property
+    def decided(self) -> bool:
+        return bool(self.lead)
+
+
+_MAX_WAITED_RANKS = 4096  # ranks never heard from that are waited for (a forged count is cheap)
 
 
 def non_finite_fields(rec: StepRecord) -> list[str]:
@@ -116,16 +151,154 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     One more when the run is still non-finite ``nan_persist_steps`` steps in a row: that
     second finding is what a rule's ``action: stop, action_after: 2`` waits for, so one
     bad batch that the run recovers from does not stop it.
+
+    With several ranks the run's episode is judged once, not once per rank: the first
+    non-finite record to arrive need not be the first rank's (ranks' records interleave,
+    and a follower's reduced gradient is NaN at the very step the culprit's loss is), so
+    the findings of the episode's first step ``p`` are held until every rank has reported
+    step ``p`` (or a later one, or its end record), then one finding names the rank that
+    broke first (support/first_rank.py: its local loss non-finite at the earliest step)
+    and how the others followed.
+
+    The wait is the run's own step ``p``, no more: under data parallelism every rank's
+    step-``p`` record is non-finite (the reduced gradient is), and the client sends a
+    non-finite step without its linger, so the last of them arrives within one delivery
+    of the first. Steps cannot bound it further: a rank ahead by any number of steps in
+    *delivery* does not make a missing rank dead (in synchronous data parallelism no rank
+    gets past step ``p + 1`` before every rank finished step ``p``; a live sidecar sees
+    one rank's batch run 13 steps ahead of the others' on a loaded machine), and a rank
+    that did die leaves its peers blocked in the next all-reduce, sending nothing more.
+    So for a rank gone with neither its step nor its end record the clock decides,
+    ``nan_first_rank_wait_seconds`` (5 s: ten client lingers) after the first break
+    arrived, naming it as not heard from: a safety net, not the usual path. A rank the
+    run record counts (``hardware.reporting_ranks``) but never heard from at all is waited
+    for only in the run's first ``nan_first_rank_wait_seconds`` (its client's first batch
+    may still be lingering); later it reports to another sidecar (one per node, where each
+    sees its node's ranks) and is not waited for. With one rank
+    there is nobody to wait for and the finding goes out with its record. Until every
+    rank is finite again, later findings (repeats, the persistence milestone) come from
+    the first rank(s) only, so a rule's ``action_after`` counts the run's episode, not
+    ranks.
     """
 
     type = "nan_inf"
     severity = Severity.CRITICAL
     settings_model = NanInfSettings
 
+    def __init__(self, settings: NanInfSettings, ctx: DetectorContext) -> None:
+        super().__init__(settings, ctx)
+        self.episode = NanEpisode()
+        self.started: float | None = None  # record time of the run's first step here
+
     def new_rank(self) -> NanState:
         return NanState()
 
+    def update(self, record: Record) -> list[Finding]:
+        if isinstance(record, EndRecord) and self.episode.breaks and not self.episode.decided:
+            # The rank's end counts as its report (ctx marked it ended before the detectors).
+            return self._settle(record.rank, record.step, record.time)
+        return super().update(record)
+
+    def tick(self, now: float) -> list[Finding]:
+        ep = self.episode
+        if (ep.breaks and not ep.decided and ep.opened_at is not None
+                and now - ep.opened_at >= self.settings.nan_first_rank_wait_seconds):
+            return self._decide()
+        return []
+
     def on_step(self, rec: StepRecord, st: NanState) -> list[Finding]:
+        if self.started is None:
+            self.started = rec.time
+        found = self._judge(rec, st)
+        ep = self.episode
+        if st.streak and rec.rank not in ep.breaks and not ep.decided:
+            ep.breaks[rec.rank] = RankBreak(rec.step, non_finite_fields(rec) or ["parameters"],
+                                            rec.loss, rec.grad_norm)
+            if ep.opened_at is None:
+                ep.opened_at = rec.time
+            if found:
+                ep.held[rec.rank] = found[0]
+                found = []
+        if not ep.breaks:
+            return found
+        if not ep.decided:
+            ep.later += found  # a repeat or milestone of a broken rank, while undecided
+            out = self._settle(rec.rank, rec.step, rec.time)
+            if ep.decided:  # the first rank(s)' own, in order, after the onset
+                out += [f for f in ep.later if f.rank in ep.lead]
+                ep.later = []
+            return out
+        # A follower's repeat is left out: the episode's page already names it.
+        out = found if rec.rank in ep.lead or not any(self._streak(r) for r in ep.lead) else []
+        if not any(s.streak for s in self.ranks.values()):
+            self.episode = NanEpisode()  # every rank finite again: the episode is over
+        return out
+
+    def _streak(self, rank: int) -> int:
+        st = self.ranks.get(rank)
+        return st.streak if st is not None else 0
+
+    def _settle(self, rank: int, step: int, now: float) -> list[Finding]:
+        """Decide the episode once every rank reported its first step or ended."""
+        first = min(b.step for b in self.episode.breaks.values())
+        last = self._last_steps(rank, step, now)
+        ended = {r for r, info in self.ctx.ranks().items() if info.ended}
+        if any(s < first and r not in ended for r, s in last.items()):
+            return []
+        return self._decide(last)
+
+    def _last_steps(self, rank: int | None = None, step: int = -1,
+                    now: float | None = None) -> dict[int, int]:
+        """Every rank's latest step: the ranks that sent one, ``rank`` at the ``step``
+        being judged, and, at -1, in the run's first ``nan_first_rank_wait_seconds``
+        only, the ones the run record says report but that have not been heard from yet
+        (their client's first batch may still be lingering). Later, a rank never heard
+        from reports elsewhere (one sidecar per node) and is not waited for."""
+        last = {r: info.last_step for r, info in self.ctx.ranks().items() if info.steps}
+        young = (now is not None and self.started is not None
+                 and now - self.started < self.settings.nan_first_rank_wait_seconds)
+        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS) if young else 0):
+            last.setdefault(r, -1)
+        if rank is not None:
+            last[rank] = max(step, last.get(rank, -1))
+        return last
+
+    def _decide(self, last: dict[int, int] | None = None) -> list[Finding]:
+        ep = self.episode
+        last = last if last is not None else self._last_steps()
+        who = attribute(ep.breaks, last, {r: info.host for r, info in self.ctx.ranks().items()})
+        ep.lead = who.lead
+        # The first rank's own finding carries where it started (forward/loss/backward); a
+        # rank whose repeat limit held its finding back leaves the word to another's.
+        held = ep.held.get(who.lead[0]) or next(iter(ep.held.values()), None)
+        if held is None or len(last) <= 1:
+            return [held] if held is not None else []  # one rank: its own finding, as it was
+        suggestions = held.suggestions
+        if who.evidence["first_rank"] is not None:
+            suggestions = (f"Inspect rank {who.lead[0]}'s batch and host first: the other "
+                           f"ranks only received its NaN.", *suggestions)
+        return [dataclasses.replace(
+            held, rank=who.lead[0], message=f"{who.message}. {held.message}",
+            evidence={**who.evidence, **held.evidence}, suggestions=suggestions)]
+
+    def snapshot_extra(self) -> dict[str, Any]:
+        ep = self.episode
+        return {"started": self.started,
+                "breaks": {str(r): dump(b) for r, b in ep.breaks.items()},
+                "held": {str(r): f.to_dict() for r, f in ep.held.items()},
+                "later": [f.to_dict() for f in ep.later],
+                "opened_at": ep.opened_at, "lead": list(ep.lead)}
+
+    def restore_extra(self, data: dict[str, Any]) -> None:
+        self.started = data.get("started")
+        self.episode = NanEpisode(
+            breaks={int(r): RankBreak(**b) for r, b in (data.get("breaks") or {}).items()},
+            held={int(r): _finding_of(f) for r, f in (data.get("held") or {}).items()},
+            later=[_finding_of(f) for f in data.get("later") or []],
+            opened_at=data.get("opened_at"), lead=[int(r) for r in data.get("lead") or []])
+
+    def _judge(self, rec: StepRecord, st: NanState) -> list[Finding]:
+        """This rank's own finding for ``rec`` (the single-rank rule)."""
         bad = non_finite_fields(rec)
         layers = self._bad_layers(rec)
         if amp_overflow(rec):
@@ -246,6 +419,16 @@ def _origin(rec: StepRecord, bad: list[str], layers: list[str]
         return (layers[0], f"{what}{len(layers)}{of} parameter(s) non-finite, first on the "
                 f"output side {layers[0]}", kind)
     return None, None, "backward" if "grad_norm" in bad else "parameter"
+
+
+def _finding_of(d: dict[str, Any]) -> Finding:
+    """A held finding back from a snapshot (``Finding.to_dict``'s inverse)."""
+    return Finding(type=d["type"], severity=Severity.parse(d["severity"]), run_id=d["run_id"],
+                   step=int(d["step"]), message=d["message"], rank=int(d["rank"]),
+                   layer=d.get("layer"), value=d.get("value"), threshold=d.get("threshold"),
+                   evidence=dict(d.get("evidence") or {}),
+                   suggestions=tuple(d.get("suggestions") or ()), time=d.get("time"),
+                   log_only=bool(d.get("log_only")), attempt=int(d.get("attempt") or 1))
 
 
 def _nonfinite(x: float | None) -> bool:

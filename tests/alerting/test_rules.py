@@ -55,6 +55,7 @@ def test_defaults_follow_the_issue():
         ("category_divergence", Severity.WARNING, "TrainingCategoryDivergence"),
         ("lr_jump", Severity.WARNING, "TrainingLrJump"),
         ("input_bound", Severity.WARNING, "TrainingInputBound"),
+        ("rank_outlier", Severity.WARNING, "TrainingRankOutlier"),
         ("brand_new_type", Severity.WARNING, "TrainingFinding"),
         ("brand_new_type", Severity.INFO, None),
     ],

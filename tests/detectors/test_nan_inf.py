@@ -16,7 +16,8 @@ from synth_records import (
 )
 
 from monitor_agent.detectors import nan_inf as tips
-from monitor_agent.records.types import Severity
+from monitor_agent.records import wire
+from monitor_agent.records.types import EndRecord, RunRecord, Severity
 
 NAN, INF = math.nan, math.inf
 
@@ -169,3 +170,120 @@ def test_preview_skips_finite_steps_amp_overflows_and_layer_only_nans():
     assert [f.step for f in suite.preview(step(2, loss=INF, skipped=True))] == [2]
     disabled = only("loss_spike")
     assert disabled.preview(step(2, loss=NAN)) == []
+
+
+# -- several ranks: which one broke first ------------------------------------------------
+
+
+def _ddp_nan(ranks: int = 4, bad: int = 2, at: int = 50, n: int = 56, silent: int | None = None,
+             late_first: bool = True) -> list:
+    """A DDP run: rank ``bad``'s local loss goes NaN at ``at``; every rank's reduced
+    gradient is NaN at that step, and every loss from the next one. The culprit's records
+    arrive last at each step (``late_first``); ``silent`` stops sending before ``at``."""
+    recs: list = [RunRecord(run_id="r", time=0.0, rank=r, hardware={"reporting_ranks": ranks},
+                            labels={"hostname": f"pod-{r}", "node": f"gpu-node-{r}"})
+                  for r in range(ranks)]
+    order = sorted(range(ranks), key=lambda r: (r == bad) if late_first else -(r == bad))
+    for i in range(1, n):
+        for r in order:
+            if r == silent and i >= at:
+                continue
+            if i < at:
+                recs.append(step(i, rank=r))
+            elif i == at:
+                recs.append(step(i, rank=r, loss=NAN if r == bad else 2.0, grad_norm=NAN))
+            else:
+                recs.append(step(i, rank=r, loss=NAN, grad_norm=NAN))
+    return recs
+
+
+def test_the_rank_that_broke_first_is_named_once_for_the_run():
+    found = feed(only("nan_inf"), _ddp_nan())
+    first = found[0]
+    assert (first.step, first.rank) == (50, 2)
+    assert first.evidence["first_rank"] == 2 and first.evidence["first_host"] == "gpu-node-2"
+    assert first.evidence["followed"] == "0, 1, 3"
+    assert first.message.startswith(
+        "NaN first on rank 2 (host gpu-node-2) at step 50: its local loss is nan; ranks 0, 1, "
+        "3 followed at step 50 through the gradient all-reduce (their loss finite, grad_norm "
+        "nan)")
+    assert first.suggestions[0].startswith("Inspect rank 2's batch")
+    # One episode: the onset, then the persistence milestone, both from the first rank.
+    assert [(f.step, f.rank) for f in found] == [(50, 2), (52, 2)]
+
+
+def test_the_order_records_arrive_in_does_not_change_the_answer():
+    found = feed(only("nan_inf"), _ddp_nan(late_first=False))
+    assert (found[0].step, found[0].rank, found[0].evidence["first_rank"]) == (50, 2, 2)
+
+
+def test_a_rank_that_is_behind_in_delivery_is_waited_for_however_far_behind():
+    recs = _ddp_nan()
+    culprit = [r for r in recs if r.kind == "step" and r.rank == 2 and r.step >= 45]
+    ahead = [r for r in recs if r not in culprit]  # rank 2's last batch arrives last
+    suite = only("nan_inf")
+    assert feed(suite, ahead) == []
+    found = feed(suite, culprit)
+    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (50, 2, "0, 1, 3")
+
+
+def test_the_first_ranks_milestone_that_arrived_before_the_decision_is_kept():
+    # Rank 2 sends steps 50-55 (its persistence milestone at 52) before the others' 50.
+    recs = _ddp_nan()
+    late = [r for r in recs if r.kind == "step" and r.rank != 2 and r.step >= 50]
+    suite = only("nan_inf")
+    assert feed(suite, [r for r in recs if r not in late]) == []
+    assert [(f.step, f.rank) for f in feed(suite, late)] == [(50, 2), (52, 2)]
+
+
+def test_a_rank_not_heard_from_at_all_yet_is_waited_for_in_the_runs_first_seconds():
+    # NaN at step 5, 2 s into the run: rank 2's client's first batch (run record and all)
+    # is still lingering, and the other ranks' run records say four ranks report.
+    recs = _ddp_nan(at=5, n=9)
+    culprit = [r for r in recs if r.rank == 2]
+    suite = only("nan_inf")
+    assert feed(suite, [r for r in recs if r.rank != 2]) == []
+    found = feed(suite, culprit)
+    assert (found[0].step, found[0].rank, found[0].evidence["followed"]) == (5, 2, "0, 1, 3")
+
+
+def test_ranks_never_heard_from_later_report_elsewhere_and_are_not_waited_for():
+    # One sidecar per node: this one sees rank 1 only, of the two the run records count.
+    recs = [rec for rec in _ddp_nan(ranks=2, bad=1) if rec.rank == 1]
+    found = feed(only("nan_inf"), recs)
+    assert (found[0].step, found[0].rank) == (50, 1)
+    assert found[0].message.startswith("loss is nan")  # as a single rank's, at once
+
+
+def test_a_rank_gone_silent_is_decided_by_its_end_record_or_the_clock():
+    recs = _ddp_nan(silent=3)
+    suite = only("nan_inf")
+    assert feed(suite, recs) == []  # rank 3 may still send its step 50
+    assert suite.tick(recs[-1].time + 1.0) == []
+    [found] = suite.tick(recs[-1].time + 6.0)
+    assert found.rank == 2 and "rank 3 not heard from since (step 49)" in found.message
+    suite = only("nan_inf")
+    feed(suite, recs)
+    [found] = suite.update(EndRecord(run_id="r", step=49, time=recs[-1].time, rank=3,
+                                     status="failed"))
+    assert found.rank == 2 and found.evidence["followed"] == "0, 1"
+
+
+def test_every_rank_broken_at_once_is_a_shared_cause():
+    recs = [step(i, rank=r) for i in range(1, 50) for r in range(3)]
+    recs += [step(i, rank=r, loss=NAN, grad_norm=NAN) for i in range(50, 53) for r in range(3)]
+    found = feed(only("nan_inf"), recs)
+    assert found[0].evidence["first_rank"] is None
+    assert found[0].message.startswith("NaN at step 50 in every rank's local loss at once")
+
+
+def test_restore_while_the_first_rank_is_undecided_changes_nothing():
+    recs = _ddp_nan()
+    cut = next(k for k, r in enumerate(recs) if r.kind == "step" and r.step == 50) + 1
+    assert_restore_equivalent(lambda: only("nan_inf"), recs, cut=cut)
+    # The held finding and the breaks come back: the restored suite still names rank 2.
+    first = only("nan_inf")
+    assert feed(first, recs[:cut]) == []
+    restored = only("nan_inf")
+    restored.restore(wire.loads(wire.dumps(first.snapshot())))
+    assert feed(restored, recs[cut:])[0].evidence["first_rank"] == 2

@@ -6,12 +6,18 @@ step 300 and diverges, then goes NaN."""
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import httpx
+import orjson
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
+
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
 
 # Text whose box is wider than the box that clips it, anywhere on the page (axis labels are
 # canvas text: the axis size is checked against the widest label's measured width).
@@ -331,3 +337,39 @@ def test_checkpoints_are_marked_on_the_loss_chart_clean_or_suspect(browser, lr_r
     WebDriverWait(browser, 5).until(lambda d: tip.is_displayed())
     assert "step 450" in tip.text and "suspect:" in tip.text
     browser.find_element(By.ID, "chart-loss").screenshot(str(shots / "run-checkpoints.png"))
+
+
+def test_a_multi_rank_runs_findings_name_their_rank(browser, tmp_path):
+    """Four ranks: rank 3's shard goes bad at step 60 (rank_outlier), then rank 0's loss
+    goes NaN at step 150 and the others follow through the all-reduce (nan_inf, named on
+    rank 0: the row says so, not only ranks other than 0)."""
+    rnd = random.Random(0)
+    records: list[dict] = [{"kind": "run", "run_id": "ddp4", "time": 1.0, "rank": r,
+                            "hardware": {"reporting_ranks": 4},
+                            "labels": {"hostname": f"node-{r}"}} for r in range(4)]
+    for s in range(1, 161):
+        for r in range(4):
+            loss = 2.0 + math.exp(-s / 50) + rnd.gauss(0, 0.05)
+            loss *= 3.0 if r == 3 and 60 <= s < 150 else 1.0
+            grad = 1.0 + rnd.gauss(0, 0.05)
+            if s >= 150:
+                loss = "NaN" if r == 0 or s > 150 else loss
+                grad = "NaN"
+            records.append({"kind": "step", "run_id": "ddp4", "step": s, "time": 1.0 + s,
+                            "rank": r, "loss": loss, "grad_norm": grad})
+    with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
+        body = b"\n".join(orjson.dumps(r) for r in records)
+        res = httpx.post(srv.url + "/v1/records", content=body, timeout=60,
+                         headers={"content-type": "application/x-ndjson"})
+        assert res.status_code < 300, res.text
+        browser.get(f"{srv.url}/runs/ddp4")
+        WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+            "return document.body.dataset.loaded === '1'"))
+        WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+            By.CSS_SELECTOR, "#findings tr.episode[data-type='nan_inf']"))
+        text = {t: browser.find_element(
+            By.CSS_SELECTOR, f"#findings tr.episode[data-type='{t}']").text
+            for t in ("rank_outlier", "nan_inf")}
+    assert "rank_outlier · rank 3" in text["rank_outlier"], text
+    assert "nan_inf · rank 0" in text["nan_inf"], text
+    assert "NaN first on rank 0 (host node-0) at step 150" in text["nan_inf"], text

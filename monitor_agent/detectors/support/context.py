@@ -47,6 +47,8 @@ class RankFacts:
     steps: int = 0
     last_step: int = -1
     last_time: float | None = None
+    host: str | None = None  # the node it runs on, from its run record's labels
+    ended: bool = False  # its end record arrived
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class ContextState:
     layer_names: list[str] = field(default_factory=list)
     ranks: dict[str, RankFacts] = field(default_factory=dict)
     ended: bool = False
+    reporting_ranks: int = 0  # how many ranks send records (run record), 0: not said
 
 
 class DetectorContext:
@@ -87,12 +90,19 @@ class DetectorContext:
             self._observe_run(record)
         elif isinstance(record, EndRecord):
             self.state.ended = True
+            self.rank(record.rank).ended = True
         elif (isinstance(record, StepRecord) and record.layer_grads is not None
               and not amp_overflow(record)):
             # Before the detectors judge the step, so a finding names this step's layers.
             self.rank(record.rank).bands.update(self.align(record.layer_grads), record.step)
 
     def _observe_run(self, record: RunRecord) -> None:
+        reporting = _as_int(record.hardware.get("reporting_ranks"))
+        if reporting is not None:
+            self.state.reporting_ranks = reporting
+        host = host_label(record.labels)
+        if host is not None:
+            self.rank(record.rank).host = host
         warmup = _as_int(record.config.get("warmup_steps"))
         if warmup is not None:
             self.state.warmup = warmup
@@ -126,6 +136,7 @@ class DetectorContext:
         info = self.rank(record.rank)
         info.steps += 1
         info.last_step = record.step
+        info.ended = False  # a step after its end: the rank is back
         info.last_time = record.time
         if record.loss is not None and math.isfinite(record.loss):
             info.ema.add(record.loss)
@@ -178,6 +189,12 @@ class DetectorContext:
         }
         self._slots = SlotIndex(self.state.layer_names)
         self._cache = None
+
+
+def host_label(labels: dict[str, str]) -> str | None:
+    """The node a rank runs on: Kubernetes' ``node`` (the machine; ``hostname`` is the pod
+    there), else ``hostname``, as the client's run record labels them."""
+    return labels.get("node") or labels.get("hostname") or None
 
 
 def _as_int(value: Any) -> int | None:

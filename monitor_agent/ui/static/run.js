@@ -125,10 +125,13 @@
     box.append(m);
     return m;
   }
+  // A finding's rank, where the run has several (rank 0 of a one-rank run says nothing);
+  // a NaN page names the rank that broke first, a rank_outlier warning the sick rank.
+  const rankOf = f => (f.rank || (S.nranks || 0) > 1 ? " · rank " + f.rank : "");
   function findingHtml(f) {
     const ev = Object.entries(f.evidence || {}).map(([k, v]) => `  ${esc(k)}: ${esc(typeof v === "number" ? fmt(v) : JSON.stringify(v))}`).join("\n");
     const tips = (f.suggestions || []).map(s => "  • " + esc(s)).join("\n");
-    return `<b>${esc(f.type)}</b> · ${esc(f.severity)} · step ${f.step}${f.rank ? " · rank " + f.rank : ""}${f.layer ? " · " + esc(f.layer) : ""}\n` +
+    return `<b>${esc(f.type)}</b> · ${esc(f.severity)} · step ${f.step}${rankOf(f)}${f.layer ? " · " + esc(f.layer) : ""}\n` +
       `${esc(f.message)}${ev ? "\n\nevidence:\n" + ev : ""}${tips ? "\n\nwhat to try next:\n" + tips : ""}\n\n(click to zoom to step ${f.step})`;
   }
   function drawNonfinite(u) {
@@ -500,7 +503,7 @@
       el("td", {}, first === last ? "step " + first : `steps ${first}–${last}`),
       el("td", {}, count > 1 ? el("span", {class: "count"}, count + "×") : ""),
       el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
-      el("td", {}, f.type), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""),
+      el("td", {"data-rank": f.rank}, f.type + rankOf(f)), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""),
         ...(f.type === "straggler" ? [breakdownTable(f)] : []))));
     document.querySelector("#findings tbody").replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", {class: "empty"}, "No findings: nothing looked wrong."))]));
@@ -659,6 +662,7 @@
   }
 
   function renderRanks(ranks) {
+    if (S.nranks !== ranks.length) { S.nranks = ranks.length; renderFindings(); }
     const sel = document.getElementById("rank");
     if (sel.options.length !== ranks.length) {
       sel.replaceChildren(...ranks.map(r => el("option", {value: r}, String(r))));

@@ -1,0 +1,77 @@
+"""rank_outlier: one rank's local loss far outside its peers' spread, for several steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from synth_records import assert_restore_equivalent, feed, only, step
+
+from monitor_agent.records.types import RunRecord
+
+
+def _ddp(n: int = 300, ranks: int = 4, bad: int = 2, from_step: int = 10**9,
+         scale: float = 1.0, seed: int = 0, lag: int = 0) -> list:
+    """Ranks' local losses: a shared decaying curve plus each rank's own batch noise
+    (Gaussian, sd 0.05, with a hard batch 5x as noisy one step in 50); rank ``bad``'s loss
+    is multiplied by ``scale`` from ``from_step``. Rank ``bad``'s records arrive ``lag``
+    steps behind the others'."""
+    rng = np.random.default_rng(seed)
+    recs: list = [RunRecord(run_id="r", time=0.0, rank=r, labels={"hostname": f"node-{r}"})
+                  for r in range(ranks)]
+    per_step = []
+    for i in range(1, n):
+        row = []
+        for r in range(ranks):
+            sd = 0.25 if rng.random() < 0.02 else 0.05
+            loss = 2.0 + 1.5 * math.exp(-i / 80) + rng.normal(0, sd)
+            if r == bad and i >= from_step:
+                loss *= scale
+            row.append(step(i, rank=r, loss=loss))
+        per_step.append(row)
+    for k, row in enumerate(per_step):
+        recs += [rec for r, rec in enumerate(row) if r != bad]
+        if k >= lag:
+            recs.append(per_step[k - lag][bad])
+    recs += [row[bad] for row in per_step[len(per_step) - lag:]] if lag else []
+    return recs
+
+
+def test_a_rank_with_a_corrupt_shard_is_named_with_its_host_and_onset():
+    found = feed(only("rank_outlier"), _ddp(from_step=150, scale=1.5))
+    assert found and {f.rank for f in found} == {2}
+    first = found[0]
+    assert 150 <= first.step <= 158 and first.evidence["since_step"] >= 150
+    assert first.evidence["host"] == "node-2" and first.evidence["z"] > 6
+    assert first.message.startswith("rank 2 (host node-2): local loss")
+    assert "peers' sigmas above them" in first.message
+
+
+def test_a_rank_far_below_its_peers_is_named_too():
+    found = feed(only("rank_outlier"), _ddp(from_step=150, scale=0.3, bad=0))
+    assert found and found[0].rank == 0 and "below them" in found[0].message
+
+
+def test_a_rank_whose_records_arrive_late_is_judged_on_the_same_steps():
+    found = feed(only("rank_outlier"), _ddp(from_step=150, scale=1.5, lag=7))
+    assert found and found[0].rank == 2 and 150 <= found[0].step <= 158
+
+
+def test_quiet_on_healthy_runs_of_three_to_sixteen_ranks():
+    for ranks in (3, 4, 8, 16):
+        for seed in range(2):
+            assert feed(only("rank_outlier"), _ddp(n=800, ranks=ranks, seed=seed)) == []
+
+
+def test_two_ranks_have_no_peers_spread_and_say_nothing():
+    assert feed(only("rank_outlier"), _ddp(ranks=2, bad=1, from_step=50, scale=3.0)) == []
+
+
+def test_a_non_finite_loss_is_left_to_nan_inf():
+    recs = _ddp(from_step=150, scale=math.nan)
+    assert feed(only("rank_outlier"), recs) == []
+
+
+def test_restore_mid_stretch_changes_nothing():
+    recs = _ddp(from_step=150, scale=1.5, lag=3)
+    assert_restore_equivalent(lambda: only("rank_outlier"), recs, cut=4 + 152 * 4)
