@@ -38,6 +38,7 @@ from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
 from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
+from monitor_agent.detectors.skip_budget import SkipBudgetDetector
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
@@ -59,6 +60,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     EffectiveLrDetector,
     # the LR rose far outside the run's own schedule (the likely cause of what follows)
     LrJumpDetector,
+    # the client's step guard keeps skipping steps: a broken run it would otherwise hide
+    SkipBudgetDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -54,6 +54,7 @@ from monitor_agent.detectors.memory_pressure import MemoryPressureSettings
 from monitor_agent.detectors.nan_inf import NanInfSettings
 from monitor_agent.detectors.overfitting import OverfittingSettings
 from monitor_agent.detectors.plateau import PlateauSettings
+from monitor_agent.detectors.skip_budget import SkipBudgetSettings
 from monitor_agent.detectors.stalled import StalledSettings
 from monitor_agent.detectors.straggler import StragglerSettings
 from monitor_agent.detectors.support.common import DetectorBase
@@ -98,7 +99,7 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
+    SkipBudgetSettings, GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
     ClipSaturationSettings, GainDriftSettings, UpdateRatioSettings, DeadLayerSettings,
@@ -134,6 +135,7 @@ class DetectorSettings(
     grad_distribution = KnobsOf(GradDistributionSettings)
     effective_lr_shift = KnobsOf(SharedSettings)
     lr_jump = KnobsOf(SharedSettings)
+    skip_budget = KnobsOf(SkipBudgetSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod
