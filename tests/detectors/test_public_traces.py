@@ -78,7 +78,8 @@ def test_every_type_is_proven_somewhere():
     unit_only = {"update_ratio_high", "gain_drift", "category_divergence",
                  "dead_units", "activation_blowup",  # these two: also tests/traces recordings
                  "grad_distribution",  # public traces carry no grad_hist quantiles
-                 "effective_lr_shift"}
+                 "effective_lr_shift",
+                 "skip_budget"}  # needs the client's step guard; also tests/e2e/test_step_guard.py
     assert expected | unit_only == set(FINDING_TYPES)
     for ftype in unit_only:
         assert (Path(__file__).parent / f"test_{ftype}.py").exists()
