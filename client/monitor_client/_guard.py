@@ -157,7 +157,7 @@ class StepGuard:
             if self._had_found_inf:
                 opt.found_inf = self._scaler_found_inf  # type: ignore[attr-defined]
             elif hasattr(opt, "found_inf"):
-                del opt.found_inf  # type: ignore[attr-defined]
+                del opt.found_inf
             self._scaler_found_inf = None
         for p, grad in self._held:
             p.grad = grad
