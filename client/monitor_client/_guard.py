@@ -24,7 +24,11 @@ How the step is skipped, by optimizer:
   on device, exactly like a GradScaler skip: Adam's step counter is incremented and then
   decremented by ``found_inf`` (torch/optim/adam.py ``_fused_adam``), so state is bit-for-bit
   unchanged. Under a GradScaler the scaler's own ``found_inf`` is already set: ours is added
-  to it, and the scaler's is put back after the step. No host sync.
+  to it, and the scaler's is put back after the step. No host sync, except until the
+  optimizer has taken its first step: fused SGD allocates its momentum buffers with
+  ``empty_like`` on the first step and a ``found_inf`` skip leaves them uninitialised (the
+  next step then reads garbage), so until one step was taken the flag is read on the host
+  and a skip is done the non-fused way below.
 - any other optimizer cannot skip on device, so the flag is read on the host and, when
   set, every gradient is detached from its parameter for the duration of ``step()``
   (``torch.optim`` passes over a parameter whose ``.grad`` is None: no update, no weight
@@ -101,6 +105,8 @@ class StepGuard:
         self._had_found_inf = False
         self._scaler_found_inf: Any = None
         self._held: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._stepped_once = False  # the optimizer has taken a step: its state exists
+        self._flag_set = False
         self._handles: list[Any] = []
 
     @property
@@ -139,26 +145,29 @@ class StepGuard:
         scaler_inf = getattr(opt, "found_inf", None)
         skip, code = self._decide(norm, scaler_inf)
         self._code = code
-        if self.fused:
+        if self.fused and self._stepped_once:
             self._had_found_inf = hasattr(opt, "found_inf")
             self._scaler_found_inf = scaler_inf
             flag = skip.float()
             if scaler_inf is not None:
                 flag = (flag + scaler_inf.to(flag.device)).clamp(max=1.0)
             opt.found_inf = flag  # type: ignore[attr-defined]
+            self._flag_set = True
         elif bool(skip):  # non-fused: one host read (free on CPU, a sync on CUDA)
             self._held = [(p, p.grad) for p in self.stats.params]
             for p, _ in self._held:
                 p.grad = None
+        else:
+            self._stepped_once = True
 
     def after_step(self) -> None:
         opt = self.optimizer
-        if self.fused:
+        if self._flag_set:  # put back what was there: the GradScaler's flag, or nothing
             if self._had_found_inf:
                 opt.found_inf = self._scaler_found_inf  # type: ignore[attr-defined]
             elif hasattr(opt, "found_inf"):
                 del opt.found_inf
-            self._scaler_found_inf = None
+            self._scaler_found_inf, self._flag_set = None, False
         for p, grad in self._held:
             p.grad = grad
         self._held = []
