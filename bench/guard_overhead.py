@@ -100,7 +100,7 @@ def main() -> None:
               f"step unguarded {f['unguarded'] * 1e3:8.1f} ms, guarded "
               f"{f['guarded'] * 1e3:8.1f} ms, ratio of medians {f['ratio_of_medians']:.4f}, "
               f"median paired ratio {f['median_paired_ratio']:.4f}; the guard's hooks alone "
-              f"{f['hooks_s'] * 1e6:.0f} us = {f['hooks_s'] / f['unguarded']:.3%} of a step")
+              f"{f['hooks_s'] * 1e6:.0f} us = {f['hooks_s'] / f['unguarded']:.4%} of a step")
 
 
 if __name__ == "__main__":
