@@ -232,7 +232,7 @@ class Monitor:
         still work until the next release, with a ``DeprecationWarning``.
         """
         cfg = watch_settings(self.settings.watch, settings,
-                             dict(grad_clip=grad_clip, guard=guard or None), legacy)
+                             dict(grad_clip=grad_clip, guard=guard), legacy)
         self._watch(model, optimizer, scaler, cfg)
 
     @_guard

@@ -167,3 +167,17 @@ def test_a_nan_on_the_very_first_step_is_skipped_exactly(kind):
     assert guarded[0] == {0: "nonfinite_grad", 1: "nonfinite_grad", 24: "grad_norm_outlier"}
     assert _same(guarded, _train(kind, faults, guard=False, skip=set(faults)))
     assert all(torch.isfinite(p).all() for p in guarded[1])
+
+
+def test_the_guard_keyword_fills_the_monitors_watch_settings(tmp_path, monkeypatch):
+    mon = Monitor(project="guard", settings=MonitorConfig(
+        enabled=False, spool_dir=tmp_path, watch=WatchConfig(guard=GuardConfig(k=5.0))))
+    seen: list[WatchConfig] = []
+    monkeypatch.setattr(mon, "_watch", lambda model, opt, scaler, cfg: seen.append(cfg))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)                          # the Monitor's own
+    mon.watch(model, opt, guard=True)              # the defaults
+    mon.watch(model, opt, guard=GuardConfig(k=4.0))
+    assert [cfg.guard for cfg in seen] == [GuardConfig(k=5.0), GuardConfig(),
+                                           GuardConfig(k=4.0)]
