@@ -37,6 +37,7 @@ swallows its own errors into rate-limited warnings: monitoring never raises into
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -66,6 +67,7 @@ from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
     from monitor_client._activations import ActivationStats
     from monitor_client._finite import FiniteFlags
+    from monitor_client._guard import StepGuard
     from monitor_client._stats import GradStats
     from monitor_client._timings import StepTimings
 
@@ -169,6 +171,7 @@ class Monitor:
         self._acts: ActivationStats | None = None
         self._finite: FiniteFlags | None = None
         self._timings: StepTimings | None = None
+        self._step_guard: StepGuard | None = None
         self._preflight: Preflight | None = None
         self._optimizer: Any = None
         self._scaler: Any = None
@@ -210,12 +213,15 @@ class Monitor:
 
     # -- hooking the model -----------------------------------------------------------------
     def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              scaler: Any = None, settings: WatchConfig | None = None, **legacy: Any) -> None:
+              scaler: Any = None, guard: Any = None, settings: WatchConfig | None = None,
+              **legacy: Any) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` (max global gradient L2 norm) is applied inside the optimizer pre-hook
         from the norm we measure anyway (remove your own ``clip_grad_norm_``); ``scaler``
-        is the GradScaler whose loss scale is recorded each step. What else it measures is
+        is the GradScaler whose loss scale is recorded each step; ``guard`` (True, or a
+        ``GuardConfig``) skips a step whose gradient is non-finite or an outlier, on the
+        device (``_guard.py``), each skip logged with ``skipped``/``skip_reason``. What else it measures is
         a ``WatchConfig`` (each knob, with units, in ``config.py``): ``settings``, else the
         Monitor's (``MonitorConfig.watch``), with ``grad_clip`` applied.
 
@@ -227,7 +233,8 @@ class Monitor:
         (``layer_stats_every=``, ``activations=``, ...) and ``config=`` (now ``settings=``)
         still work until the next release, with a ``DeprecationWarning``.
         """
-        cfg = watch_settings(self.settings.watch, settings, dict(grad_clip=grad_clip), legacy)
+        cfg = watch_settings(self.settings.watch, settings,
+                             dict(grad_clip=grad_clip, guard=guard), legacy)
         self._watch(model, optimizer, scaler, cfg)
 
     @_guard
@@ -248,6 +255,8 @@ class Monitor:
                                 snapshot_budget_bytes=cfg.snapshot_budget_bytes,
                                 hist_every=cfg.hist_every).attach(cfg.pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
+        if cfg.guard is not None:
+            self._watch_guard(optimizer, cfg)
         self.config.setdefault("grad_clip", cfg.grad_clip)
         self.config.setdefault("layer_stats_every", every)
         self.config.setdefault("hist_every", cfg.hist_every)
@@ -290,6 +299,20 @@ class Monitor:
             self._timings.detach()
         params = [p for p in model.parameters() if p.requires_grad]
         self._timings = StepTimings(params, optimizer).attach()
+
+    def _watch_guard(self, optimizer: Any, cfg: WatchConfig) -> None:
+        from monitor_client._guard import StepGuard
+
+        assert self._stats is not None and cfg.guard is not None
+        if self._step_guard is not None:
+            self._step_guard.detach()
+        self._step_guard = StepGuard(self._stats, optimizer, cfg.guard).attach()
+        self.config.setdefault("guard", dataclasses.asdict(cfg.guard))
+        if self._step_guard.syncs:
+            self._warner.warn("guard", "the step guard reads its decision on the host for "
+                              "%s (a non-fused optimizer cannot skip on the device): one "
+                              "device sync per step; fused=True avoids it",
+                              type(optimizer).__name__)
 
     def _watch_finite(self, model: Any) -> None:
         from monitor_client._finite import FiniteFlags
@@ -380,6 +403,8 @@ class Monitor:
             self._acts.add_to(pack)
         if self._finite is not None:
             self._finite.add_to(pack)
+        if self._step_guard is not None:
+            self._step_guard.add_to(pack)
         if pack.stepped and self._preflight is not None and not self._preflight.done:
             self._preflight.after_first_step(self._optimizer)
         for name, value in list(record.items()):  # device values among the extra fields
@@ -390,6 +415,8 @@ class Monitor:
             record["clip_threshold"] = stats.grad_clip
             if not pack.stepped:
                 record["skipped"] = True
+                if self._scaler is not None:  # the scaler did not call step(): an overflow
+                    record["skip_reason"] = "loss_scale"
         for name, value in (("loss", loss), ("loss_scale", scale)):
             if _is_tensor(value):
                 pack.add(name, value)
@@ -514,6 +541,8 @@ class Monitor:
             self._finite.detach()
         if self._timings is not None:
             self._timings.detach()
+        if self._step_guard is not None:
+            self._step_guard.detach()
         self._send_run()
         self._submit({"kind": "end", "run_id": self.run_id, "attempt": self.attempt,
                       "step": self._last_step,

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from monitor_client import _activations, _distributions, _finite
+from monitor_client import _activations, _distributions, _finite, _guard
 
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
 _HIST_FIELDS = ("grad_hist", "param_hist")
@@ -110,7 +110,11 @@ class StatsPack:
         for name, names, width in self.layout:
             chunk = flat[pos:pos + width]
             pos += width
-            if names is None:
+            if name == "skip_code":  # the step guard's decision (_guard.py)
+                reason = _guard.skip_reason(chunk[0])
+                if reason is not None:
+                    out.update(skipped=True, skip_reason=reason)
+            elif names is None:
                 out[name] = chunk[0]
             elif name in _HIST_FIELDS:  # (P, 8 + bins) rows (_distributions.py)
                 bins = width // len(names) - len(_distributions.QUANTILES)
@@ -191,6 +195,8 @@ class GradStats:
         self._measured = False
         self._snapshot: list[torch.Tensor] | None = None
         self._snap_idx: list[int] = []
+        # This step's global pre-clip norm, on device, for the step guard (_guard.py).
+        self.last_grad_norm: torch.Tensor | None = None
 
     @property
     def monitored(self) -> bool:
@@ -277,6 +283,7 @@ class GradStats:
             return
         norms = _norms(grads)
         total = self._global_from(norms)
+        self.last_grad_norm = total
         self._pack.add("grad_norm", total)
         # The per-parameter norms the global one is made of: free, and read with the same
         # host copy; the sender decides whether they go out (_gate.py).

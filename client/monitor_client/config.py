@@ -56,7 +56,56 @@ DEFAULT_CLOSE_TIMEOUT = 2.0
 DEFAULT_URL = "http://127.0.0.1:9400"
 
 __all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_HIST_EVERY", "DEFAULT_LAYER_STATS_EVERY",
-           "DEFAULT_URL", "MonitorConfig", "WatchConfig"]
+           "DEFAULT_URL", "GuardConfig", "MonitorConfig", "WatchConfig"]
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """The step guard's numbers (``watch(..., guard=True)`` takes these defaults; what the
+    guard does is in ``_guard.py``).
+
+    A step is skipped when its global pre-clip gradient norm is non-finite, or above
+    ``median + k * sigma`` of the last ``window`` taken steps' norms, with
+    ``sigma = max(1.4826 * MAD, floor * median)``; nothing is judged an outlier before
+    ``min_history`` norms are in the window.
+
+    Fields, with units and why:
+        k: robust sigmas above the median (default 6, OLMo-core's choice): for normal noise
+            a taken step passes 6 sigma about once in 10^9 steps, so a skip is a fault, not
+            an unlucky batch; gradient-norm noise is heavier-tailed than normal, which is
+            why this is not lower.
+        window: taken steps whose norms make the band (default 128, as OLMo-core): long
+            enough that the median and MAD are steady (the MAD's relative standard error
+            is about 1.1/sqrt(n), ~10% at 128), short enough to follow the norm's drift
+            over training (warmup, LR decay).
+        min_history: norms in the window before any outlier judgement (default 64): the
+            MAD of fewer has a relative error above ~15%, so "6 sigma" could really be 4.
+            Non-finite gradients are skipped from the first step.
+        floor: the least sigma, as a fraction of the median (default 0.1): a norm that
+            is nearly constant (MAD ~ 0, e.g. a clipped or saturated run) would otherwise
+            make every wiggle "6 sigma"; with 0.1 nothing below 1.6x the median is ever
+            skipped, and real single-batch spikes are several times the median.
+
+        >>> GuardConfig().k, GuardConfig().window
+        (6.0, 128)
+        >>> GuardConfig(min_history=200)
+        Traceback (most recent call last):
+        ValueError: GuardConfig.min_history must be between 1 and window=128, not 200
+    """
+
+    k: float = 6.0
+    window: int = 128
+    min_history: int = 64
+    floor: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive(self, "k")
+        _whole(self, "window")
+        _whole(self, "min_history")
+        if self.min_history > self.window:
+            raise ValueError(f"GuardConfig.min_history must be between 1 and window="
+                             f"{self.window}, not {self.min_history}")
+        _at_least(self, "floor", 0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +134,8 @@ class WatchConfig:
         activation_every: activation statistics every N steps (None: ``layer_stats_every``).
         max_activation_modules: at most this many modules hooked (None: 64).
         finite_flags: sum each leaf module's output to name where a NaN was born.
+        guard: skip an optimizer step whose gradient is non-finite or an outlier
+            (``GuardConfig``; True: its defaults; None or False: off). Needs ``pre_hook``.
     """
 
     grad_clip: float | None = None
@@ -102,8 +153,17 @@ class WatchConfig:
     activation_every: int | None = None
     max_activation_modules: int | None = None
     finite_flags: bool = True
+    guard: GuardConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.guard is True or self.guard is False:
+            object.__setattr__(self, "guard", GuardConfig() if self.guard else None)
+        if self.guard is not None and not isinstance(self.guard, GuardConfig):
+            raise TypeError("WatchConfig.guard must be a GuardConfig, True or None, not "
+                            f"{type(self.guard).__name__}")
+        if self.guard is not None and not self.pre_hook:
+            raise ValueError("WatchConfig.guard needs pre_hook=True: the guard decides in "
+                             "the optimizer pre-hook, after the gradients are measured")
         if self.grad_clip is not None and _number(self, "grad_clip") == 0:
             object.__setattr__(self, "grad_clip", None)  # frozen; 0 spells "off"
         if self.grad_clip is not None:

@@ -40,6 +40,7 @@ from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.rank_outlier import RankOutlierDetector
+from monitor_agent.detectors.skip_budget import SkipBudgetDetector
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
@@ -65,6 +66,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     InputBoundDetector,
     # one rank's local loss far outside its peers' spread (a sick GPU, a corrupt shard)
     RankOutlierDetector,
+    # the client's step guard keeps skipping steps: a broken run it would otherwise hide
+    SkipBudgetDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -56,6 +56,7 @@ from monitor_agent.detectors.nan_inf import NanInfSettings
 from monitor_agent.detectors.overfitting import OverfittingSettings
 from monitor_agent.detectors.plateau import PlateauSettings
 from monitor_agent.detectors.rank_outlier import RankOutlierSettings
+from monitor_agent.detectors.skip_budget import SkipBudgetSettings
 from monitor_agent.detectors.stalled import StalledSettings
 from monitor_agent.detectors.straggler import StragglerSettings
 from monitor_agent.detectors.support.common import DetectorBase
@@ -100,8 +101,8 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    InputBoundSettings, RankOutlierSettings, GradDistributionSettings, ActivationBlowupSettings,
-    DeadUnitsSettings,
+    InputBoundSettings, RankOutlierSettings, SkipBudgetSettings, GradDistributionSettings,
+    ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
     ClipSaturationSettings, GainDriftSettings, UpdateRatioSettings, DeadLayerSettings,
@@ -139,6 +140,7 @@ class DetectorSettings(
     lr_jump = KnobsOf(SharedSettings)
     input_bound = KnobsOf(InputBoundSettings)
     rank_outlier = KnobsOf(RankOutlierSettings)
+    skip_budget = KnobsOf(SkipBudgetSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

@@ -114,7 +114,7 @@ class LossScaleCollapseDetector(DetectorBase[LossScaleCollapseSettings]):
                              suggestions=LOSS_SCALE)]
 
     def _count(self, rec: StepRecord, st: ScaleState) -> None:
-        if amp_overflow(rec):
+        if amp_overflow(rec) and rec.skip_reason in (None, "loss_scale"):  # not a guard skip
             bad = nonfinite_params(self.ctx, rec)
             if bad:
                 st.overflow_origin = bad[0]

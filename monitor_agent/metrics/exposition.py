@@ -180,6 +180,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
         n.LAST_CLEAN_CHECKPOINT, n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
+        n.SKIPPED_STEPS_BY_REASON,
         n.EFFECTIVE_LR,
         *(g for g, _ in LAYER_GAUGES),
         n.LAYER_EFFECTIVE_LR,
@@ -332,6 +333,9 @@ class RunRenderer:
         self.add(n.LAST_STEP.name, labels, state.last_step if state.last_step >= 0 else None)
         for metric, attr in RANK_COUNTERS:
             self.add(metric.name + "_total", labels, getattr(state, attr))
+        for reason, count in sorted(state.skipped_by_reason.items()):  # schema-bounded
+            self.add(n.SKIPPED_STEPS_BY_REASON.name + "_total", f'{labels},reason="{reason}"',
+                     count)
         self._eval(labels, state)
         self._histogram(labels, state)
         self._progress(labels, state)

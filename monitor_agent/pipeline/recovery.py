@@ -60,7 +60,8 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "findings": [[t, s, c] for (t, s), c in run.findings.items()],
         "verdict": asdict(run.verdict),
         "ranks": {
-            str(rank): {f: getattr(state, f) for f in _RANK_FIELDS}
+            str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS},
+                        "skipped_by_reason": dict(state.skipped_by_reason)}
             for rank, state in run.ranks.items()
         },
     }
@@ -113,6 +114,8 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
         rs = run.ranks[int(rank)] = RankState()
         for name in _RANK_FIELDS:
             setattr(rs, name, wire.nonfinite_to_float(fields[name]))
+        rs.skipped_by_reason = {str(k): int(v)  # absent from snapshots older than the guard
+                                for k, v in (fields.get("skipped_by_reason") or {}).items()}
         rs.loss_ema = suite.ema_loss(int(rank))
 
 

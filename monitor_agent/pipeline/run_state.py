@@ -59,6 +59,7 @@ class RankState:
     tokens_total: float = 0.0
     samples_total: float = 0.0
     skipped_total: int = 0
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)  # schemas' skip_reason
     step_time_counts: list[int] = field(default_factory=list)
     step_time_sum: float = 0.0
     loss_ema: float | None = None
@@ -124,6 +125,9 @@ class RunState:
         state.tokens_total += _finite_or_zero(record.tokens)
         state.samples_total += _finite_or_zero(record.samples)
         state.skipped_total += int(record.skipped)
+        if record.skipped:  # a skip with no reason is what it always was: the loss scaler
+            reason = record.skip_reason or "loss_scale"
+            state.skipped_by_reason[reason] = state.skipped_by_reason.get(reason, 0) + 1
         st = record.step_time
         if st is not None and st == st and st >= 0:
             state.step_time_counts[bisect.bisect_left(buckets, st)] += 1

@@ -188,6 +188,8 @@ class StepModel(_Wire):
     mfu: Num = None
     loss_scale: Num = None
     skipped: bool | None = None
+    # Why the optimizer skipped the step: the client's step guard, or the GradScaler.
+    skip_reason: Literal["nonfinite_grad", "grad_norm_outlier", "loss_scale"] | None = None
     memory: MemoryModel | None = None
     gpu: Annotated[dict[Name, Num], Field(max_length=64)] | None = None
     layers: Annotated[dict[Name, LayerModel], Field(max_length=MAX_LAYERS)] | None = None

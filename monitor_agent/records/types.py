@@ -255,6 +255,7 @@ class StepRecord:
     mfu: float | None = None
     loss_scale: float | None = None
     skipped: bool = wire_field(bool, default=False)
+    skip_reason: str | None = None  # schemas.StepModel's literal; None: not skipped/unknown
     memory: Memory | None = wire_field(lambda m: from_fields(Memory, m))
     gpu: dict[str, float | None] | None = wire_field(dict)
     layers: LayerTable | None = wire_field(LayerTable.from_mapping)

@@ -55,6 +55,11 @@ HISTORY_SOURCE = "chart history"
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
 MAX_USER_SCALARS = 256
+# The steps table's ``nonfinite`` flags: 1 the loss, 2 the grad norm is NaN/Inf; and this
+# bit, a step the client's step guard skipped (drawn as a mark, like a NaN step): one
+# flag column and one partial index serve every "mark this step" the charts draw.
+GUARD_SKIPPED = 4
+GUARD_SKIP_REASONS = ("nonfinite_grad", "grad_norm_outlier")
 """Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
 script logging a fresh name every step must not grow the history without bound."""
 
@@ -282,6 +287,8 @@ class HistoryBuilder:
             "loss_scale": _num(obj.get("loss_scale")),
         }
         bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
+        if obj.get("skipped") and obj.get("skip_reason") in GUARD_SKIP_REASONS:
+            bad |= GUARD_SKIPPED  # a mark on the chart, found through the same partial index
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)
         if "metrics" in obj:

@@ -73,6 +73,9 @@ class SeriesOut(BaseModel):
         default_factory=list, description="The update-ratio detector's hard limits [min, max]: "
         "it fires when the median ratio leaves them.")
     nonfinite_steps: list[int] = Field(description="Steps whose loss or grad norm was NaN/Inf.")
+    skipped_steps: list[int] = Field(
+        default_factory=list, description="Steps the client's step guard skipped "
+        "(skip_reason nonfinite_grad or grad_norm_outlier).")
     evals: Evals
     rank_step_time: RankStepTimes
     latest: dict[str, float | None] = Field(description="The last stored step's values.")

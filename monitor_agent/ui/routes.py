@@ -129,6 +129,7 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
         run_id=run_id, rank=rank, ranks=sr.ranks(db, run_id), range=[lo, hi],
         count=found.get("count", 0), bucketed=found["bucketed"], steps=found["steps"],
         series=found["series"], nonfinite_steps=found["nonfinite_steps"],
+        skipped_steps=found["skipped_steps"],
         update_band=Band.model_validate(
             sr.update_band(found["steps"], meta["warmup"] or 0, meta["total_steps"])),
         evals=Evals.model_validate(sr.evals(db, run_id, rank, start, end, points)),

@@ -39,7 +39,7 @@ from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors
 from monitor_agent.ui import vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
-from monitor_agent.ui.history import HISTORY_SOURCE, MATRICES, QUANTILE_WIDTH
+from monitor_agent.ui.history import GUARD_SKIPPED, HISTORY_SOURCE, MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
 
@@ -125,7 +125,8 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
     """Every per-step scalar of one rank over [start, end], at most ``points`` buckets."""
     found = step_range(db, run_id, rank)
     if found is None:
-        return {"steps": [], "series": {}, "bucketed": False, "nonfinite_steps": []}
+        return {"steps": [], "series": {}, "bucketed": False, "nonfinite_steps": [],
+                "skipped_steps": []}
     lo, hi = max(found[0], start if start is not None else found[0]), min(
         found[1], end if end is not None else found[1])
     where, args = "run_id=? AND rank=? AND step BETWEEN ? AND ?", [run_id, rank, lo, hi]
@@ -142,10 +143,13 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
     else:
         steps, series = _bucketed(db, run_id, rank, lo, hi, points)
     series = {c: v for c, v in series.items() if any(x is not None for x in v["mean"] or ())}
-    bad = [r[0] for r in db.execute(f"SELECT step FROM steps INDEXED BY steps_nonfinite WHERE "
-                                    f"{where} AND nonfinite != 0 ORDER BY step LIMIT 1000", args)]
+    flagged = db.execute(f"SELECT step, nonfinite FROM steps INDEXED BY steps_nonfinite WHERE "
+                         f"{where} AND nonfinite != 0 ORDER BY step LIMIT 1000", args).fetchall()
+    bad = [step for step, flags in flagged if flags & ~GUARD_SKIPPED]
+    skipped = [step for step, flags in flagged if flags & GUARD_SKIPPED]
     return {"steps": steps, "series": series, "bucketed": count > points,
-            "nonfinite_steps": bad, "range": [lo, hi], "count": count}
+            "nonfinite_steps": bad, "skipped_steps": skipped, "range": [lo, hi],
+            "count": count}
 
 
 @storage_errors(source=HISTORY_SOURCE)

@@ -46,7 +46,7 @@ def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
 def test_watch_keywords_are_the_watch_configs_fields_with_the_same_defaults():
     keywords = _defaults(Monitor.watch, skip={"settings", "scaler"})
     fields = _fields(WatchConfig)
-    assert keywords == {k: fields[k] for k in keywords} == {"grad_clip": None}
+    assert keywords == {k: fields[k] for k in keywords} == {"grad_clip": None, "guard": None}
     assert set(fields) - set(keywords) == set(LEGACY_WATCH_KEYWORDS)
 
 

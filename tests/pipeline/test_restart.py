@@ -47,3 +47,31 @@ def test_restart_keeps_runs_history_and_detector_state(tmp_path: Path, how: str)
         assert _ema(sc.url, "r") == pytest.approx(expected_ema, rel=1e-9)
     finally:
         sc.stop()
+
+
+def _skipped(url: str, run_id: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        rf'training_skipped_steps_by_reason_total{{project="[^"]*",run_id="{run_id}",'
+        r'rank="0",reason="(\w+)"} (\S+)', text)}
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_restart_keeps_the_skipped_steps_by_reason(tmp_path: Path, how: str):
+    reasons = {10: "grad_norm_outlier", 20: "nonfinite_grad", 70: "grad_norm_outlier",
+               75: "loss_scale"}
+    steps = _steps("g", 1, 81)
+    for rec in steps:
+        if rec["step"] in reasons:
+            rec.update(skipped=True, skip_reason=reasons[rec["step"]])
+    sc = SidecarProcess(tmp_path / "data").start()
+    try:
+        sc.post(steps[:60])
+        assert _skipped(sc.url, "g") == {"grad_norm_outlier": 1, "nonfinite_grad": 1}
+        getattr(sc, how)()
+        sc.start()
+        sc.post(steps)  # re-sent from the start: duplicates count nothing twice
+        assert _skipped(sc.url, "g") == {"grad_norm_outlier": 2, "nonfinite_grad": 1,
+                                         "loss_scale": 1}
+    finally:
+        sc.stop()

@@ -373,3 +373,34 @@ def test_a_multi_rank_runs_findings_name_their_rank(browser, tmp_path):
     assert "rank_outlier · rank 3" in text["rank_outlier"], text
     assert "nan_inf · rank 0" in text["nan_inf"], text
     assert "NaN first on rank 0 (host node-0) at step 150" in text["nan_inf"], text
+
+
+def test_steps_the_step_guard_skipped_are_marked_on_the_loss_and_grad_charts(browser, lr_runs,
+                                                                              shots: Path):
+    import httpx
+
+    skipped = {40: "grad_norm_outlier", 95: "nonfinite_grad", 150: "grad_norm_outlier"}
+
+    def step(s: int) -> dict:
+        rec = {"kind": "step", "run_id": "guarded", "step": s, "time": 1.0 + s,
+               "loss": 3.0 - s / 100, "grad_norm": 1.0 + 0.05 * (s % 7), "clip_threshold": 5.0}
+        if s in skipped:
+            rec.update(skipped=True, skip_reason=skipped[s], loss=30.0,
+                       grad_norm="NaN" if skipped[s] == "nonfinite_grad" else 900.0)
+        return rec
+
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10,
+                     json={"records": [step(s) for s in range(1, 201)]})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/guarded")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+        "return document.body.dataset.loaded === '1' && !!window.runPage.charts.grad"))
+    assert browser.execute_script("return window.runPage.series.skipped_steps") == [40, 95, 150]
+    shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+        "const c = window.runPage.charts; return c.loss.skippedShown && "
+        "[c.loss.skippedShown, c.grad.skippedShown]"))
+    assert shown == [3, 3]
+    browser.execute_script("document.getElementById('chart-loss').scrollIntoView()")
+    browser.save_screenshot(str(shots / "run-guard-skips.png"))
+    open_run(browser, lr_runs, "baseline")  # a run with no skips: no marks
+    assert browser.execute_script("return window.runPage.charts.loss.skippedShown") == 0

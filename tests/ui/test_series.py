@@ -69,6 +69,17 @@ def test_non_finite_values_are_listed_not_lost():
     assert out["series"]["loss"]["mean"][11] is None
 
 
+def test_steps_the_guard_skipped_are_listed_apart_from_non_finite_ones():
+    skip = {"skipped": True, "skip_reason": "grad_norm_outlier"}
+    db = build(steps(5_000, {300: skip, 301: {"loss": "NaN"}, 4_000: {**skip, "grad_norm": "NaN",
+                                                                     "skip_reason": "nonfinite_grad"},
+                             4_500: {"skipped": True, "skip_reason": "loss_scale"}}))
+    out = sr.scalars(db, "r", points=100)  # bucketed: the marks are exact steps all the same
+    assert out["bucketed"]
+    assert out["skipped_steps"] == [300, 4_000]
+    assert out["nonfinite_steps"] == [301, 4_000]
+
+
 def test_layer_matrix_is_in_model_order_with_max_per_bucket():
     recs = steps(1000)
     for rec in recs[1:]:

@@ -69,7 +69,7 @@
       // NaN/Inf steps are drawn as red ticks on the loss chart instead of a gap.
       series: [{label: "step"}, ...lines.map(l => Object.assign({label: l.label, spanGaps: true}, l.opts))],
       legend: {live: true},
-      hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : []),
+      hooks: {setSelect: [onSelect], ready: [u_ => u_.over.addEventListener("dblclick", resetZoom)], draw: [u_ => placeMarkers(def.id, u_), ...(def.id === "loss" ? [drawNonfinite] : []), ...(def.id === "loss" || def.id === "grad" ? [drawSkipped] : []),
         ...(def.limits ? [drawLimits] : []), ...(BRANCHED[def.id] ? [u_ => drawBranches(u_, BRANCHED[def.id], def.id)] : [])]},
     }, data, card.querySelector(".plot"));
     u._key = key;
@@ -191,6 +191,27 @@
       }
       u.branchesShown.push({attempt: b.attempt, rolled_back_to: b.rolled_back_to, last, points: pts.length});
     }
+  }
+
+  // A mark per step the client's step guard skipped (its optimizer update never happened).
+  function drawSkipped(u) {
+    const skipped = (S.series && S.series.skipped_steps) || [];
+    u.skippedShown = 0;  // for the tests
+    if (!skipped.length) return;
+    const ctx = u.ctx, {top, height, left, width} = u.bbox, dpr = devicePixelRatio;
+    ctx.save();
+    ctx.fillStyle = "#d97706";
+    for (const step of skipped) {
+      const x = u.valToPos(step, "x", true);
+      if (x < left || x > left + width) continue;
+      u.skippedShown += 1;
+      ctx.beginPath();  // a downward triangle on the top edge, a dotted line below it
+      ctx.moveTo(x - 5 * dpr, top); ctx.lineTo(x + 5 * dpr, top); ctx.lineTo(x, top + 8 * dpr);
+      ctx.fill();
+      ctx.fillRect(x - 0.5 * dpr, top + 8 * dpr, dpr, height - 8 * dpr);
+    }
+    plotLabel(u, `step guard skipped ${skipped.length} step(s)`, "#b45309", top + 20 * dpr);
+    ctx.restore();
   }
   // A label kept whole inside the plot area (canvas pixels), on a white backing.
   function plotLabel(u, text, colour, y) {

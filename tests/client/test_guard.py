@@ -1,0 +1,183 @@
+"""The step guard (_guard.py) decides on the device and skips exactly: a guarded run's
+parameters and optimizer state equal those of a run that never called step() on the
+skipped steps, for fused and non-fused optimizers, NaN gradients, a GradScaler and
+clipping; each skipped step is a step record with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client._guard import StepGuard
+from monitor_client._stats import GradStats
+from monitor_client.config import GuardConfig
+
+STEPS = 40
+CONFIG = GuardConfig(min_history=16, window=32)
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _batch(step: int, faults: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(64, 8, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+    if faults.get(step) == "spike":
+        y = y * 1e3  # one corrupted batch (labels x1000): its gradient is ~1e3x the usual
+    if faults.get(step) == "nan":
+        y = y * float("nan")
+    return x, y
+
+
+def _optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = model.parameters()
+    return {"adamw_fused": lambda: torch.optim.AdamW(params, lr=1e-2, fused=True),
+            "adamw": lambda: torch.optim.AdamW(params, lr=1e-2, foreach=True),
+            "sgd_fused": lambda: torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True),
+            "sgd": lambda: torch.optim.SGD(params, lr=1e-2, momentum=0.9)}[kind]()
+
+
+def _train(kind: str, faults: dict[int, str], *, guard: bool, skip: set[int] = frozenset(),
+           clip: float | None = None, scaler: bool = False):
+    """Train STEPS steps; with ``guard`` the guard decides, else ``skip`` lists the steps
+    on which step() is simply not called (the reference). Returns the skip reasons seen,
+    the parameters and the optimizer state."""
+    model = _model()
+    opt = _optimizer(kind, model)
+    amp = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) if scaler else None
+    stats = GradStats(model, opt, grad_clip=clip).attach() if guard or clip else None
+    step_guard = StepGuard(stats, opt, CONFIG).attach() if guard else None
+    reasons: dict[int, str] = {}
+    for step in range(STEPS):
+        x, y = _batch(step, faults)
+        loss = (model(x) - y).pow(2).mean()
+        if amp is not None:
+            amp.scale(loss).backward()
+            amp.step(opt)
+            amp.update()
+        else:
+            loss.backward()
+            if step not in skip:
+                opt.step()
+        opt.zero_grad()
+        if stats is not None:
+            pack = stats.take()
+            if step_guard is not None:
+                step_guard.add_to(pack)
+            host = pack.vector()  # None: step() was not called and the grads are zeroed
+            reason = pack.decode(host.tolist()).get("skip_reason") if host is not None else None
+            if reason:
+                reasons[step] = reason
+    assert not hasattr(opt, "found_inf"), "the guard must not leave its flag behind"
+    params = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+             for s in opt.state.values()]
+    return reasons, params, state
+
+
+def _same(a, b) -> bool:
+    _, pa, sa = a
+    _, pb, sb = b
+    if not all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True)):
+        return False
+    return all(s1.keys() == s2.keys() and all(
+        torch.equal(s1[k], s2[k]) if torch.is_tensor(s1[k]) else s1[k] == s2[k] for k in s1)
+        for s1, s2 in zip(sa, sb, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["adamw_fused", "adamw", "sgd_fused", "sgd"])
+def test_spikes_and_nans_are_skipped_exactly_and_nothing_else(kind):
+    faults = {20: "spike", 27: "nan", 33: "spike"}
+    guarded = _train(kind, faults, guard=True)
+    assert guarded[0] == {20: "grad_norm_outlier", 27: "nonfinite_grad",
+                          33: "grad_norm_outlier"}
+    reference = _train(kind, faults, guard=False, skip=set(faults))
+    assert _same(guarded, reference)  # parameters, moments and step counts: bit-identical
+    assert not _same(guarded, _train(kind, {}, guard=False))  # and the steps were taken
+
+
+def test_nothing_is_judged_an_outlier_before_the_minimum_history():
+    reasons, *_ = _train("adamw_fused", {5: "spike", 6: "nan"}, guard=True)
+    assert reasons == {6: "nonfinite_grad"}
+
+
+def test_with_clipping_the_guard_judges_the_pre_clip_norm_and_skips_exactly():
+    faults = {25: "spike"}
+    guarded = _train("adamw_fused", faults, guard=True, clip=0.5)
+    assert guarded[0] == {25: "grad_norm_outlier"}
+    assert _same(guarded, _train("adamw_fused", faults, guard=False, skip={25}, clip=0.5))
+
+
+@pytest.mark.parametrize("kind", ["adamw_fused", "adamw"])
+def test_under_a_grad_scaler_an_overflow_is_the_scalers_and_a_spike_is_ours(kind):
+    faults = {22: "spike", 30: "nan"}
+    reasons, params, _ = _train(kind, faults, guard=True, scaler=True)
+    # fused: the scaler sets found_inf and step() runs, so the guard names the reason;
+    # non-fused: the scaler never calls step() on an overflow (the Monitor says loss_scale)
+    expected = {22: "grad_norm_outlier"} | ({30: "loss_scale"} if kind == "adamw_fused" else {})
+    assert reasons == expected
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+def test_the_monitor_logs_each_skipped_step_with_its_reason(receiver, tmp_path):
+    mon = Monitor(url=receiver.url, project="guard", run_id="guard-1",
+                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                         watch=WatchConfig(guard=CONFIG)))
+    model = _model()
+    opt = _optimizer("adamw_fused", model)
+    mon.watch(model, opt)
+    faults = {20: "spike", 31: "nan"}
+    for step in range(STEPS):
+        x, y = _batch(step, faults)
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step + 1, loss=loss.detach())
+    mon.close(timeout=10)
+    steps = receiver.of_kind("step")
+    assert len(steps) == STEPS
+    assert {r["step"]: r["skip_reason"] for r in steps if r.get("skipped")} == {
+        21: "grad_norm_outlier", 32: "nonfinite_grad"}
+    run = receiver.of_kind("run")[0]
+    assert run["config"]["guard"]["k"] == 6.0
+
+
+def test_guard_settings_are_checked_before_training():
+    assert WatchConfig(guard=True).guard == GuardConfig()
+    assert WatchConfig(guard=False).guard is None
+    with pytest.raises(ValueError, match="pre_hook"):
+        WatchConfig(guard=True, pre_hook=False)
+    with pytest.raises(TypeError, match="GuardConfig"):
+        WatchConfig(guard="yes")
+    with pytest.raises(ValueError, match="floor"):
+        GuardConfig(floor=-1)
+
+
+@pytest.mark.parametrize("kind", ["adamw_fused", "adamw", "sgd_fused", "sgd"])
+def test_a_nan_on_the_very_first_step_is_skipped_exactly(kind):
+    # fused SGD allocates its momentum with empty_like on its first step: a found_inf skip
+    # there would leave garbage behind, so the guard skips the first steps on the host
+    faults = {0: "nan", 1: "nan", 24: "spike"}
+    guarded = _train(kind, faults, guard=True)
+    assert guarded[0] == {0: "nonfinite_grad", 1: "nonfinite_grad", 24: "grad_norm_outlier"}
+    assert _same(guarded, _train(kind, faults, guard=False, skip=set(faults)))
+    assert all(torch.isfinite(p).all() for p in guarded[1])
+
+
+def test_the_guard_keyword_fills_the_monitors_watch_settings(tmp_path, monkeypatch):
+    mon = Monitor(project="guard", settings=MonitorConfig(
+        enabled=False, spool_dir=tmp_path, watch=WatchConfig(guard=GuardConfig(k=5.0))))
+    seen: list[WatchConfig] = []
+    monkeypatch.setattr(mon, "_watch", lambda model, opt, scaler, cfg: seen.append(cfg))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)                          # the Monitor's own
+    mon.watch(model, opt, guard=True)              # the defaults
+    mon.watch(model, opt, guard=GuardConfig(k=4.0))
+    assert [cfg.guard for cfg in seen] == [GuardConfig(k=5.0), GuardConfig(),
+                                           GuardConfig(k=4.0)]
