@@ -101,7 +101,7 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    InputBoundSettings, RankOutlierSettings, SkipBudgetSettings, GradDistributionSettings,
+    SkipBudgetSettings, RankOutlierSettings, InputBoundSettings, GradDistributionSettings,
     ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
