@@ -35,6 +35,8 @@ A plan, and the helpers a loop needs to apply it::
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import threading
 import time
@@ -42,8 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "PlanBook",
-           "RollbackPlan"]
+__all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
+           "PlanBook", "RollbackPlan", "read_resume_file", "write_resume_file"]
 
 # The sidecar's caps on a ``checkpoint`` record (monitor_agent/records/limits.py): a path the
 # sidecar would refuse is refused here, with the reason, instead of dying in the spool.
@@ -55,6 +57,8 @@ CHECKPOINT_TAG_MAX = 200
 # on a loaded sidecar, short enough that a sidecar that is down costs one bounded stall.
 FETCH_TIMEOUT = 10.0
 _FETCH_PAUSE = 0.2
+# Where the HF and Lightning callbacks leave a plan for the launcher that relaunches the run.
+RESUME_FILE = "monitor_rollback.json"
 
 
 @dataclass(frozen=True)
@@ -218,3 +222,26 @@ def _all_reduce(dist: Any, value: int, how: str) -> int:
     op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.MIN
     dist.all_reduce(tensor, op=op)
     return int(tensor.item())
+
+
+def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,
+                      **extra: Any) -> str:
+    """Write ``plan`` (and ``extra``, e.g. the framework's resume argument) as
+    ``<directory>/monitor_rollback.json`` for the launcher; atomic, so a launcher never reads
+    half a plan. Returns the file's path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(os.fspath(directory), RESUME_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as out:
+        json.dump({**plan.as_dict(), **extra}, out, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_resume_file(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The plan a previous process left in ``directory``, or None (absent or unreadable)."""
+    try:
+        with open(os.path.join(os.fspath(directory), RESUME_FILE), encoding="utf-8") as src:
+            found = json.load(src)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("id"), int) else None
