@@ -58,9 +58,10 @@ def _silence(row: sqlite3.Row) -> Silence:
 
 
 def _action(row: sqlite3.Row) -> Action:
+    plan = json.loads(row["plan"]) if row["plan"] else None
     return Action(id=row["id"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                   type=row["type"], step=row["step"], message=row["message"],
-                  created_at=row["created_at"], honoured_step=row["honoured_step"])
+                  created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan)
 
 
 class AlertStore:
@@ -233,15 +234,52 @@ class AlertTx:
 
     def add_action(self, action: Action, fingerprint: str) -> Action:
         """Store an action (its ``id`` assigned here) and note it on its alert."""
+        plan = json.dumps(action.plan, sort_keys=True) if action.plan is not None else None
         cur = self.conn.execute(
             "INSERT INTO actions (run_id, action, rule, type, step, fingerprint, message, "
-            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "created_at, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (action.run_id, action.action, action.rule, action.type, action.step, fingerprint,
-             action.message, action.created_at),
+             action.message, action.created_at, plan),
         )
         self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
                           (action.message, fingerprint))
         return Action(**{**action.to_dict(), "id": int(cur.lastrowid or 0)})
+
+    def rollbacks(self, run_id: str) -> list[Action]:
+        """The run's rollback decisions, oldest first (``plan["number"]`` 1, 2, ...)."""
+        rows = self.conn.execute("SELECT * FROM actions WHERE run_id = ? AND action = "
+                                 "'rollback' ORDER BY id", (run_id,)).fetchall()
+        return [_action(r) for r in rows]
+
+    def has_action(self, run_id: str, rule: str, action: str) -> bool:
+        """Whether ``rule`` ever took ``action`` for the run."""
+        return self.conn.execute(
+            "SELECT 1 FROM actions WHERE run_id = ? AND rule = ? AND action = ? LIMIT 1",
+            (run_id, rule, action)).fetchone() is not None
+
+    def rewind(self, run_id: str, step: int) -> None:
+        """The run's history after ``step`` was replaced by a new attempt: its open alerts
+        last saw at most ``step``."""
+        self.conn.execute("UPDATE alerts SET last_step = ? WHERE run_id = ? AND state != "
+                          "'resolved' AND last_step > ?", (step, run_id, step))
+
+    def note_action(self, fingerprint: str, message: str) -> None:
+        """An alert whose finding an action already taken for its run answers (a rollback
+        decided on another rank's alert): its pages say what was done."""
+        self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
+                          (message, fingerprint))
+
+    def set_checkpoint(self, fingerprint: str, line: str | None) -> None:
+        """The run's last clean checkpoint as the alert's next page names it."""
+        self.conn.execute("UPDATE alerts SET checkpoint = ? WHERE fingerprint = ?",
+                          (line, fingerprint))
+
+    def pending_rollbacks(self, run_id: str) -> list[tuple[Action, str]]:
+        """Rollbacks of a run not yet applied, with the fingerprint of each one's alert."""
+        rows = self.conn.execute(
+            "SELECT * FROM actions WHERE run_id = ? AND action = 'rollback' AND "
+            "honoured_step IS NULL", (run_id,)).fetchall()
+        return [(_action(r), r["fingerprint"]) for r in rows]
 
     def open_stops(self, run_id: str, through_step: int) -> list[tuple[Action, str]]:
         """Stop requests of a run at or before ``through_step`` not yet honoured, with the

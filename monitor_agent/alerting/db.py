@@ -112,6 +112,12 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE alerts ADD COLUMN related TEXT;
     """,
+    # A rollback's plan (alerting/rollback.py), JSON, decided once and kept with its
+    # action; and the run's last clean checkpoint as the alert's pages name it.
+    """
+    ALTER TABLE actions ADD COLUMN plan TEXT;
+    ALTER TABLE alerts ADD COLUMN checkpoint TEXT;
+    """,
 )
 
 

@@ -114,12 +114,13 @@ class Episodes:
             return False, None
         if reason is Reason.FIRST:
             tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
-            return True, self._act(tx, rule, f, fp, 1, now)
+            return True, self._act(tx, run, rule, f, fp, 1, now)
         self._count(reason)
         if reason is not Reason.SUPPRESSED or alert is None:
             return False, None
         self._merge(tx, alert, rule, f, now, previewed)
-        return False, self._act(tx, rule, f, fp, alert.count + 1, now)
+        tx.set_checkpoint(fp, run.checkpoint_line)
+        return False, self._act(tx, run, rule, f, fp, alert.count + 1, now)
 
     def _group(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, now: float) -> bool:
         """Count ``f`` under the open page it follows from (alerting/related.py), if any;
@@ -148,11 +149,13 @@ class Episodes:
             finding=alert.finding if keep else wire.dumps(f.to_dict()),
             layer=(alert.layer or f.layer) if keep else f.layer, severity=severity)
 
-    def _act(self, tx: AlertTx, rule: Rule, f: Finding, fp: str, count: int,
+    def _act(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, fp: str, count: int,
              now: float) -> Action | None:
         if not actions.due(rule, count):
             return None
-        action = actions.take(tx, rule, f, fp, now)
+        action = actions.take(tx, rule, f, fp, now, run)
+        if action is None:
+            return None
         log.warning("%s (run %s, %s)", action.message, f.run_id, f.type)
         return action
 
@@ -175,6 +178,7 @@ class Episodes:
             pending_since=now, last_seen=now, last_step=f.step, count=count,
             finding=wire.dumps(f.to_dict()),
             dashboard_url=dashboard_url(self.settings.grafana_url, run.run_id, f.time or now),
+            checkpoint=run.checkpoint_line,
         )
 
     # -- clock-driven work ----------------------------------------------------------------
@@ -256,6 +260,16 @@ class Episodes:
             tx.refreshed([a.fingerprint for a in stale], now)
             self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
                           now)
+
+    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+        """A new attempt resumed at ``start_step``: pending rollbacks it applies are done,
+        and the run may decide its next one (alerting/rollback.py)."""
+        with self.store.tx() as tx:
+            for action in actions.applied_rollbacks(tx, run_id, start_step):
+                log.warning("run %s resumed at step %d: %s", run_id, start_step, action.message)
+            # The steps from ``start_step`` on were abandoned: a finding the resumed history
+            # brings there is news, not a replay of the old one (lifecycle.on_finding).
+            tx.rewind(run_id, start_step - 1)
 
     def run_ended(self, run_id: str, status: str, now: float, step: int | None,
                   verdict: str | None = None) -> None:

@@ -65,6 +65,9 @@ def to_event(alert: StoredAlert, status: str, reason: str, now: float,
     summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
     if alert.action:  # the page says what the run already did about it
         summary, evidence = f"{summary}; {alert.action}", {**evidence, "action": alert.action}
+    if alert.checkpoint:  # which save is safe, so the reader need not work it out
+        summary = f"{summary}; {alert.checkpoint}"
+        evidence = {**evidence, "checkpoint": alert.checkpoint}
     if ended:
         summary = f"{ended} (closed with the run; last finding: {summary})"
     if related := RelatedFindings.from_json(alert.related).summary():

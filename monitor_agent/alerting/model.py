@@ -44,6 +44,12 @@ class RunContext:
     project: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    # The run's clean checkpoints, oldest first, as (step, path): what a rollback may go
+    # back to (pipeline/checkpoint_ledger.py judges them; current history only).
+    clean_checkpoints: tuple[tuple[int, str], ...] = ()
+    # What pages say of them ("last clean checkpoint: step 11800, <path>"); None when the
+    # run reported no checkpoint.
+    checkpoint_line: str | None = None
 
     def match_labels(self) -> dict[str, str]:
         """Run labels for rule matching; the project counts as a label too."""
@@ -62,14 +68,17 @@ class Action:
 
     id: int
     run_id: str
-    action: str = field(metadata={"description": "stop or checkpoint."})
+    action: str = field(metadata={"description": "stop, checkpoint or rollback."})
     rule: str
     type: str
     step: int = field(metadata={"description": "Step of the finding that triggered it."})
     message: str
     created_at: float
-    honoured_step: int | None = field(
-        default=None, metadata={"description": "stop: the step the trainer stopped at."})
+    honoured_step: int | None = field(default=None, metadata={"description": (
+        "stop: the step the trainer stopped at; rollback: the step the run resumed at.")})
+    plan: dict[str, Any] | None = field(default=None, metadata={"description": (
+        "rollback: checkpoint_step, checkpoint_path, skip_from, skip_to, lr_factor, "
+        "lr_steps, number, budget (alerting/rollback.py); null for other actions.")})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +121,7 @@ class StoredAlert:
     dashboard_url: str | None = None
     action: str | None = None   # what a rule asked of the run, as pages say it
     related: str | None = None  # findings grouped under it (alerting/related.py), JSON
+    checkpoint: str | None = None  # the run's last clean checkpoint, as pages say it
 
     def finding_data(self) -> dict[str, Any]:
         data: dict[str, Any] = wire.loads(self.finding)

@@ -1,4 +1,6 @@
-"""Actions back to the trainer: a rule may ask the run to ``stop`` or to ``checkpoint``.
+"""Actions back to the trainer: a rule may ask the run to ``stop``, to ``checkpoint`` or
+to ``rollback`` (to its last clean checkpoint, skipping the data past the fault: decided
+once per run, see alerting/rollback.py).
 
 An action is taken once per alert episode, when the episode's ``action_after``-th matching
 finding arrives (``action_after: 3`` on ``nan_inf`` = "stop on repeated NaN"). It is
@@ -39,14 +41,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from monitor_agent.alerting import rollback
 from monitor_agent.alerting.alert_store import AlertTx
-from monitor_agent.alerting.model import Action
+from monitor_agent.alerting.model import Action, RunContext
 from monitor_agent.alerting.rules import Rule
 from monitor_agent.records.types import Finding
 
-__all__ = ["ACTIONS", "Action", "describe", "due", "honour_stops", "take"]
+__all__ = ["ACTIONS", "Action", "applied_rollbacks", "describe", "due", "honour_stops", "take"]
 
-ACTIONS: tuple[str, ...] = ("stop", "checkpoint")
+ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback")
 """Actions the trainer is asked to take; ``notify-only`` (the default) takes none."""
 
 
@@ -58,16 +61,61 @@ def describe(action: str, step: int, rule: str, honoured_step: int | None = None
 
 
 def due(rule: Rule, count: int) -> bool:
-    """Whether the ``count``-th finding of an episode triggers the rule's action."""
+    """Whether the ``count``-th finding of an episode triggers the rule's action.
+
+    A rollback is due on every finding from the ``action_after``-th on: the episode outlives
+    a rollback (its alert stays open while the resumed run goes on), and a fault that comes
+    back after the resume must decide again; ``take`` keeps it to one decision per fault
+    (none while one is pending) and one stop."""
+    if rule.action == "rollback":
+        return count >= rule.action_after
     return rule.action in ACTIONS and count == rule.action_after
 
 
-def take(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float) -> Action:
-    """Record the action inside the caller's transaction and note it on the alert."""
+def take(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float,
+         run: RunContext | None = None) -> Action | None:
+    """Record the action inside the caller's transaction and note it on the alert; None
+    when a rollback is already pending for the run (decided once: alerting/rollback.py)."""
+    if rule.action == "rollback":
+        return _rollback(tx, rule, finding, fingerprint, now, run or RunContext(finding.run_id))
     action = Action(id=0, run_id=finding.run_id, action=rule.action, rule=rule.name,
                     type=finding.type, step=finding.step,
                     message=describe(rule.action, finding.step, rule.name), created_at=now)
     return tx.add_action(action, fingerprint)
+
+
+def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float,
+              run: RunContext) -> Action | None:
+    pending = tx.pending_rollbacks(finding.run_id)
+    if pending:  # another rank's finding, or this one replayed: decided already, and this
+        tx.note_action(fingerprint, pending[-1][0].message)  # alert's pages say so too
+        return None
+    if tx.has_action(finding.run_id, rule.name, "stop"):
+        return None
+    number = len(tx.rollbacks(finding.run_id)) + 1
+    kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number)
+    if isinstance(plan, str):
+        action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
+                        type=finding.type, step=finding.step,
+                        message=f"{plan} (rule {rule.name}, {finding.type} at step "
+                                f"{finding.step})", created_at=now)
+    else:
+        action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
+                        type=finding.type, step=finding.step, message=rollback.describe(plan),
+                        created_at=now, plan=plan)
+    return tx.add_action(action, fingerprint)
+
+
+def applied_rollbacks(tx: AlertTx, run_id: str, start_step: int) -> list[Action]:
+    """An attempt of the run settled at ``start_step``: its pending rollbacks whose window
+    begins at or after it are applied there (``honoured_step``)."""
+    done = []
+    for old, fingerprint in tx.pending_rollbacks(run_id):
+        if old.plan is not None and start_step <= old.plan["skip_from"]:
+            new = replace(old, honoured_step=start_step)
+            tx.honour(old, new, fingerprint)
+            done.append(new)
+    return done
 
 
 def honour_stops(tx: AlertTx, run_id: str, step: int) -> list[Action]:

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES, USUAL_SEVERITY
 from monitor_agent.records.types import Finding, Severity
@@ -112,8 +120,28 @@ class RuleModel(_Strict):
     repeat_interval: Duration | None = None
     resolve_after: Duration | None = None
     fingerprint: list[FingerprintLabel] = Field(default_factory=_by_layer)
-    action: Literal["stop", "checkpoint", "notify-only"] = "notify-only"
+    action: Literal["stop", "checkpoint", "rollback", "notify-only"] = "notify-only"
     action_after: int = Field(1, ge=1, le=1_000_000)
+    # action: rollback only (alerting/rollback.py; defaults on ``Rule``).
+    rollback_skip_margin: int | None = Field(None, ge=0, le=10_000_000)
+    rollback_lr_factor: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    rollback_lr_steps: int | None = Field(None, ge=1, le=10_000_000)
+    rollback_budget: int | None = Field(None, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _rollback_fields(self) -> RuleModel:
+        given = [k for k in _ROLLBACK_FIELDS if getattr(self, k) is not None]
+        if given and self.action != "rollback":
+            raise ValueError(f"{', '.join(given)} only apply to action: rollback "
+                             f"(this rule's action is {self.action})")
+        if (self.rollback_lr_factor is None) != (self.rollback_lr_steps is None):
+            raise ValueError("rollback_lr_factor and rollback_lr_steps go together: the LR "
+                             "is scaled by the factor for that many steps after the resume")
+        return self
+
+
+_ROLLBACK_FIELDS = ("rollback_skip_margin", "rollback_lr_factor", "rollback_lr_steps",
+                    "rollback_budget")
 
 
 class DefaultsModel(_Strict):
@@ -145,8 +173,19 @@ class Rule:
     value_above: float | None = None
     value_below: float | None = None
     fingerprint: tuple[str, ...] = ("layer",)
-    action: str = "notify-only"   # stop | checkpoint | notify-only (see alerting/rule_actions.py)
+    action: str = "notify-only"   # stop | checkpoint | rollback | notify-only (rule_actions.py)
     action_after: int = 1         # matching findings in one episode before acting
+    # Steps past the fault's step whose batches a rollback skips too (alerting/rollback.py).
+    # PaLM restarted ~100 steps before each spike and skipped 200-500 batches; the window
+    # here already begins at the checkpoint, before the onset, so 200 past the fault is
+    # PaLM's lower end: enough to leave the batches that drove the fault behind without
+    # throwing away more data than it did.
+    rollback_skip_margin: int = 200
+    rollback_lr_factor: float | None = None  # LR x this for rollback_lr_steps after a resume
+    rollback_lr_steps: int | None = None
+    # Rollbacks per run before the rule stops it instead: a fault that comes back twice
+    # after going back to clean weights is not a bad batch, and a human must look.
+    rollback_budget: int = 2
 
     def matches(self, finding: Finding, run_labels: dict[str, str]) -> bool:
         if "*" not in self.types and finding.type not in self.types:
@@ -259,6 +298,7 @@ def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule
         value_above=r.when.value_above, value_below=r.when.value_below,
         fingerprint=tuple(dict.fromkeys(r.fingerprint)),
         action=r.action, action_after=r.action_after,
+        **{k: v for k in _ROLLBACK_FIELDS if (v := getattr(r, k)) is not None},
     )
 
 

@@ -181,6 +181,10 @@ class Alerting:
             self.outbox.prune(now - KEEP_DONE_S)
             self._last_prune = now
 
+    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+        """An attempt of the run resumed at ``start_step``: a pending rollback is applied."""
+        self.episodes.attempt_settled(run_id, start_step, now)
+
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:
         """A completed run resolves its alerts now; a failed one keeps them until clear.

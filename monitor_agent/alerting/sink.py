@@ -45,6 +45,11 @@ class AlertSink(Protocol):
         """Clock-driven work: resolves, repeats, re-sends."""
         ...
 
+    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+        """A new attempt of the run resumed (or restarted) at ``start_step``: a pending
+        rollback whose window begins at or after it was applied."""
+        ...
+
 
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
@@ -60,4 +65,7 @@ class NullSink:
         return None
 
     def tick(self, now: float) -> None:
+        return None
+
+    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         return None

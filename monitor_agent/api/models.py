@@ -179,6 +179,32 @@ class ActionOut(Action):
     pass
 
 
+class CheckpointOut(BaseModel):
+    step: int = Field(description="The optimizer step whose state the checkpoint holds.")
+    path: str
+    rank: int
+    time: float | None
+    attempt: str = Field(description="The attempt token of the process that saved it.")
+    bytes: int | None
+    tag: str | None
+    status: Literal["clean", "suspect"] = Field(description=(
+        "suspect: a page-worthy fault began at or before its step and was in force there "
+        "(pipeline/checkpoint_ledger.py)."))
+    reason: str | None = Field(description="Why it is suspect; null when clean.")
+
+
+class LastCleanOut(BaseModel):
+    step: int
+    path: str
+
+
+class CheckpointsOut(BaseModel):
+    run_id: str
+    checkpoints: list[CheckpointOut] = Field(description="Oldest first.")
+    last_clean: LastCleanOut | None = Field(description=(
+        "The newest clean checkpoint (what a rollback goes back to); null when none."))
+
+
 class ActionsOut(BaseModel):
     run_id: str
     actions: list[ActionOut] = Field(description="Oldest first.")

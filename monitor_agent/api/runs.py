@@ -44,7 +44,7 @@ from monitor_agent.storage.store import KIND_ORDER
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
 KINDS = KIND_ORDER
-AFTER = r"^-?[0-9]{1,19}:(run|step|eval|end):[0-9]{1,19}$"
+AFTER = r"^-?[0-9]{1,19}:(run|step|eval|end|checkpoint):[0-9]{1,19}$"
 
 
 @router.get("/v1/runs", response_model=RunsListOut,

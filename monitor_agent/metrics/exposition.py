@@ -178,7 +178,7 @@ FAMILIES: tuple[Family, ...] = tuple(
     for m in (
         *(g for g, _ in STEP_GAUGES),
         n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
-        n.PROGRESS, n.ETA, n.STEP_DURATION,
+        n.LAST_CLEAN_CHECKPOINT, n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
         n.EFFECTIVE_LR,
         *(g for g, _ in LAYER_GAUGES),
@@ -451,6 +451,8 @@ class RunRenderer:
             for k, v in sorted(run.labels.items())
             if k not in ("project", "run_id", "rank", "status", "verdict")
         )
+        # A plain int the engine thread keeps up; the ledger itself is not read from here.
+        self.add(n.LAST_CLEAN_CHECKPOINT.name, self.run_labels, run.ledger.last_clean_step)
         # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
         self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'
                  f'verdict="{run.verdict_label}"', 1)

@@ -63,6 +63,7 @@ GPU_POWER = _g("training_gpu_power_watts", "GPU power draw from NVML.")
 LAST_STEP = _g("training_last_step", "Latest optimizer step received.")
 LAST_STEP_TS = _g("training_last_step_timestamp_seconds", "Unix time of the latest step record.")
 PROGRESS = _g("training_progress_ratio", "Fraction of total_steps (else total_tokens) done (0..1).")
+LAST_CLEAN_CHECKPOINT = _g("training_last_clean_checkpoint_step", "Step of the run's last clean checkpoint (pipeline/checkpoint_ledger.py); absent when it has none.")
 ETA = _g("training_eta_seconds", "Estimated seconds until total_steps (else total_tokens) is reached.")
 STEP_DURATION = MetricName(
     "training_step_duration_seconds", "histogram", "Wall time of whole optimizer steps."
@@ -84,7 +85,7 @@ ACT_MAX_ABS = _g("training_activation_max_abs", "Largest absolute value of a mod
 ACT_ZERO = _g("training_activation_zero_ratio", "Fraction of exactly-zero entries of a module's output.", "module")
 ACT_DEAD = _g("training_activation_dead_ratio", "Fraction of a ReLU-family module's units zero for the whole batch.", "module")
 ACT_NONFINITE = _g("training_activation_nonfinite", "NaN/Inf entries in a module's output.", "module")
-ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint).", "action", "rule")
+ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint, rollback).", "action", "rule")
 RUN_INFO = MetricName(
     "training_run_info",
     "info",

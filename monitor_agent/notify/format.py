@@ -115,7 +115,7 @@ def evidence(event: AlertEvent) -> dict[str, Any]:
 
 def evidence_line(event: AlertEvent) -> str | None:
     """``evidence of the <type> finding at step N: k=v, ...`` (None when there is none)."""
-    items = [(k, v) for k, v in event.evidence.items() if k != "action"]
+    items = [(k, v) for k, v in event.evidence.items() if k not in ("action", "checkpoint")]
     if not items:
         return None
     shown = ", ".join(f"{k}={num(v) if isinstance(v, float) else v}" for k, v in items[:12])

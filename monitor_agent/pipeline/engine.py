@@ -43,6 +43,7 @@ from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.admission import AdmissionBudget
+from monitor_agent.pipeline.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -50,6 +51,7 @@ from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.records.types import (
+    CheckpointRecord,
     EndRecord,
     EvalRecord,
     Finding,
@@ -59,7 +61,7 @@ from monitor_agent.records.types import (
 )
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
-from monitor_agent.storage.store import RecordRow, Store, StoredAttempt
+from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,7 @@ class Engine:
     ) -> list[_Admitted]:
         admitted: list[_Admitted] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
+        paths: dict[tuple[str, int, int], str] = {}  # the batch's own checkpoints
         budget = AdmissionBudget(self.settings)
         for item in items:
             record = item.record
@@ -213,7 +216,10 @@ class Engine:
                     if new:
                         budget.took_run(record.run_id)
                     reason, label = budget.refuse_rank(live.state, record.rank), "too_many_ranks"
-                    if reason is None:
+                    if reason is None and isinstance(record, CheckpointRecord):
+                        reason, label = _future_checkpoint(live.state, record, seen), \
+                            "checkpoint"
+                    elif reason is None:
                         reason = implausible_step(live.state, record, seen,
                                                   self.settings.max_step_jump, now)
                         label = "implausible_step"
@@ -227,6 +233,12 @@ class Engine:
                 result.rejected.append({"index": item.index, "reason": entry})
                 self.metrics.rejections.labels(reason="too_many_attempts").inc()
                 continue
+            if isinstance(record, CheckpointRecord):
+                clash = _checkpoint_clash(live, record, entry.attempt, paths)
+                if clash is not None:
+                    result.rejected.append({"index": item.index, "reason": clash})
+                    self.metrics.rejections.labels(reason="checkpoint").inc()
+                    continue
             admitted.append(entry)
         return admitted
 
@@ -247,6 +259,9 @@ class Engine:
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
             book = self.registry.rebuild(record.run_id, now).attempts
+            # A pending rollback is applied once an attempt resumes at or before its
+            # window (alerting/rollback.py).
+            self.alerts.attempt_settled(record.run_id, record.step, now)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
@@ -270,6 +285,10 @@ class Engine:
         already replaced it (pipeline/attempts.py): stored as history, never analysed."""
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
+        if isinstance(record, CheckpointRecord):
+            if not superseded:
+                self._checkpoint(run, record, attempt)
+            return
         if superseded or (isinstance(record, StepRecord | EvalRecord) and run.is_late(record)):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
@@ -278,6 +297,9 @@ class Engine:
             record = self._cap_layers(run, record)
         self._apply(run, record, now if arrival is None else arrival)
         findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
+        for f in findings:  # before alerting: a page names the checkpoint judged with it
+            if run.ledger.observe(f):
+                run.version += 1
         if run.verdict.observe(record, findings):
             self._store_verdict(run)
         if findings and quiet:
@@ -312,6 +334,15 @@ class Engine:
             verdict = self._store_verdict(run)
             self.alerts.run_ended(run.run_id, record.status, arrival, record.step,
                                   verdict=verdict.words)
+
+    def _checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
+        """Keep a checkpoint in the run's ledger (stored, so a restart keeps it)."""
+        stored = self.store.add_checkpoint(StoredCheckpoint(
+            run.run_id, record.step, attempt, record.rank, record.path, record.time,
+            record.bytes, record.tag, record.attempt))
+        run.ledger.add(LedgerEntry(stored.step, stored.path, stored.rank, stored.time,
+                                   stored.attempt, stored.bytes, stored.tag, stored.token))
+        run.version += 1
 
     def _store_verdict(self, run: RunState) -> Verdict:
         """Put the run's verdict on its row when it changed (a cause, a NaN stretch, the
@@ -414,9 +445,39 @@ class Engine:
 
 def _context(run: RunState) -> RunContext:
     config = run.run.config if run.run is not None else {}
+    clean = tuple((e.step, e.path) for e in run.ledger.clean())
     return RunContext(
-        run_id=run.run_id, project=run.project or None, labels=run.labels, config=config
+        run_id=run.run_id, project=run.project or None, labels=run.labels, config=config,
+        clean_checkpoints=clean, checkpoint_line=run.ledger.line(),
     )
+
+
+def _future_checkpoint(run: RunState, record: CheckpointRecord,
+                       seen: dict[tuple[str, int], int]) -> str | None:
+    """Why a checkpoint's step cannot be real yet: past the run's latest step from any
+    rank (this batch's included) plus ``CHECKPOINT_STEP_SLACK``, or None."""
+    latest = max([run.last_step, *(s for (r, _), s in seen.items() if r == record.run_id)])
+    if record.step <= latest + CHECKPOINT_STEP_SLACK:
+        return None
+    return (f"step: checkpoint step {record.step} of run {record.run_id} is in the future: "
+            f"the run's latest step from any rank is {latest} (send the checkpoint after "
+            f"the step it holds; slack {CHECKPOINT_STEP_SLACK})")
+
+
+def _checkpoint_clash(live: LiveRun, record: CheckpointRecord, attempt: int,
+                      paths: dict[tuple[str, int, int], str]) -> str | None:
+    """Why a checkpoint contradicts the ledger (the same step of the same attempt under
+    another path), or None; an identical one is a duplicate, not a clash."""
+    key = (record.run_id, record.step, attempt)
+    known = live.state.ledger.get(record.step, attempt)
+    path = known.path if known is not None else paths.get(key)
+    if path is None:
+        paths[key] = record.path
+        return None
+    if path == record.path:
+        return None
+    return (f"path: run {record.run_id} already has a checkpoint at step {record.step} "
+            f"(path {path[:200]!r}); a step has one checkpoint per attempt")
 
 
 def _bare_context(record: Record) -> RunContext:

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from monitor_agent.pipeline import views
+from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger, judged_dict
 from monitor_agent.pipeline.registry import RunRegistry
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
@@ -101,6 +103,20 @@ class RunQueries:
         return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
                             self.store.findings(run_id, limit=20), row.last_step,
                             views.attempt_views(self.store.attempts(run_id)))
+
+    def checkpoints(self, run_id: str) -> dict[str, Any] | None:
+        """The run's checkpoint ledger, judged (``GET /v1/runs/{id}/checkpoints``,
+        pipeline/checkpoint_ledger.py); None: no such run."""
+        live = self._live(run_id)
+        if live is not None:
+            ledger = live.ledger
+        elif self.store.run_row(run_id) is not None:
+            ledger = CheckpointLedger.load(self.store, run_id)
+        else:
+            return None
+        last = ledger.last_clean()
+        return {"run_id": run_id, "checkpoints": [judged_dict(j) for j in ledger.judged()],
+                "last_clean": None if last is None else {"step": last.step, "path": last.path}}
 
     def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
                       kinds: Sequence[str], max_rows: int, max_bytes: int,

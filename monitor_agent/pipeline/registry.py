@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.attempts import RunAttempts
+from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
@@ -151,6 +152,7 @@ class RunRegistry:
                                                     live.attempts)
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
+            live.state.ledger = CheckpointLedger.load(self.store, run_id)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now, quiet)
         except Exception as exc:

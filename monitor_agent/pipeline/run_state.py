@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.verdict import VerdictTracker
 from monitor_agent.records.limits import MAX_NAME_LEN, scrub
 from monitor_agent.records.types import (
@@ -85,6 +86,9 @@ class RunState:
     # The verdict's label, a plain string the exposition reads from its own thread (the
     # tracker's dicts change on the engine thread).
     verdict_label: str = "healthy"
+    # The checkpoints it reported, judged clean or suspect; loaded from the store with the
+    # run (registry.py), not part of its snapshot.
+    ledger: CheckpointLedger = field(default_factory=CheckpointLedger)
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:

@@ -56,6 +56,10 @@ MIN_INT, MAX_INT = -(2**63), 2**63 - 1  # SQLite INTEGER, orjson, float(): all h
 # Numbers in all histograms of one record (edges + counts + quantiles, grad and param).
 # The client's default (16 bins, 8 quantiles) is 41 per layer: 6,000 layers fit.
 MAX_HIST_VALUES = 1 << 18
+# A checkpoint record's ``path`` (a file path or URL: PATH_MAX on Linux is 4096 bytes) and
+# its free-form ``tag``.
+MAX_CHECKPOINT_PATH_LEN = 4096
+MAX_CHECKPOINT_TAG_LEN = 200
 
 _BAD_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _BAD_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")

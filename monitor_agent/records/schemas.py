@@ -280,13 +280,37 @@ class EndModel(_Wire):
 
 
 
+def _checkpoint_path(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("path: contains a NUL character")
+    return limits.check_text(value, limits.MAX_CHECKPOINT_PATH_LEN, "path", name=False)
+
+
+def _checkpoint_tag(value: str) -> str:
+    return limits.check_text(value, limits.MAX_CHECKPOINT_TAG_LEN, "tag")
+
+
+class CheckpointModel(_Wire):
+    kind: Literal["checkpoint"]
+    run_id: RunId
+    step: Step
+    time: Time
+    rank: Rank = 0
+    attempt: AttemptToken | None = None
+    # The budget is checked before the characters, so a 1 MB path is refused by its length.
+    path: Annotated[str, StringConstraints(min_length=1), AfterValidator(_checkpoint_path)]
+    bytes: Annotated[int, Field(ge=0, le=2**62, strict=True)] | None = None
+    tag: Annotated[str, AfterValidator(_checkpoint_tag)] | None = None
+
+
 RecordModel = Annotated[
-    RunModel | StepModel | EvalModel | EndModel, Field(discriminator="kind")
+    RunModel | StepModel | EvalModel | EndModel | CheckpointModel, Field(discriminator="kind")
 ]
-WireRecord = RunModel | StepModel | EvalModel | EndModel
+WireRecord = RunModel | StepModel | EvalModel | EndModel | CheckpointModel
 TOP_FIELDS: dict[str, frozenset[str]] = {
     kind: frozenset(model.model_fields) for kind, model in (
-        ("run", RunModel), ("step", StepModel), ("eval", EvalModel), ("end", EndModel))}
+        ("run", RunModel), ("step", StepModel), ("eval", EvalModel), ("end", EndModel),
+        ("checkpoint", CheckpointModel))}
 """Each kind's top-level fields. Read once: pydantic builds ``model_fields`` on each
 access (microseconds), and ingest asks for every record (``verbatim``, ``_own_scalars``)."""
 _RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
@@ -316,8 +340,8 @@ def validate(obj: Any) -> WireRecord:
     if not isinstance(obj, dict):
         raise RecordError(f"a record must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("kind")
-    if kind not in ("run", "step", "eval", "end"):
-        raise RecordError(f"kind: must be one of run, step, eval, end (got {kind!r})")
+    if kind not in t.RECORD_TYPES:
+        raise RecordError(f"kind: must be one of {', '.join(t.RECORD_TYPES)} (got {kind!r})")
     try:
         return _RECORD.validate_python(obj)
     except ValidationError as exc:

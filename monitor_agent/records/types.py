@@ -336,9 +336,27 @@ class EndRecord:
     kind: str = "end"
 
 
-Record = RunRecord | StepRecord | EvalRecord | EndRecord
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A checkpoint the trainer saved: ``step`` is the optimizer step whose state it holds
+    (loading it, the loop's next step is ``step + 1``); the sidecar's ledger judges it
+    clean or suspect (pipeline/checkpoint_ledger.py)."""
+
+    run_id: str
+    step: int
+    time: float
+    path: str
+    rank: int = 0
+    bytes: int | None = None
+    tag: str | None = None
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
+    kind: str = "checkpoint"
+
+
+Record = RunRecord | StepRecord | EvalRecord | EndRecord | CheckpointRecord
 RECORD_TYPES: dict[str, type[Record]] = {
     "run": RunRecord, "step": StepRecord, "eval": EvalRecord, "end": EndRecord,
+    "checkpoint": CheckpointRecord,
 }
 _T = TypeVar("_T")
 # How each dataclass is filled from a wire object, worked out once per class rather than per

@@ -32,7 +32,7 @@ from typing import Any
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
-KIND_ORDER = ("run", "step", "eval", "end")
+KIND_ORDER = ("run", "step", "eval", "end", "checkpoint")
 """Within a step, records are read in this order of kinds (then by rank)."""
 _KIND_ORDER_SQL = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(KIND_ORDER))
                    + f" ELSE {len(KIND_ORDER)} END")
@@ -159,6 +159,23 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN verdict TEXT;
     """,
+    # The checkpoint ledger (pipeline/checkpoint_ledger.py): one row per checkpoint a run's
+    # attempt reported at a step; a later attempt that replaced the step (a resume from
+    # before it, a restart) leaves it out of the current history, as for findings.
+    """
+    CREATE TABLE checkpoints (
+        run_id  TEXT NOT NULL,
+        step    INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        rank    INTEGER NOT NULL,
+        path    TEXT NOT NULL,
+        time    REAL,
+        bytes   INTEGER,
+        tag     TEXT,
+        token   TEXT,      -- the sending process's attempt token
+        PRIMARY KEY (run_id, step, attempt)
+    );
+    """,
 )
 
 
@@ -174,6 +191,21 @@ class RecordRow:
     body: bytes
     attempt: int = 1
     superseded_by: int | None = None  # stored already replaced by a later attempt
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """One row of the checkpoint ledger: a checkpoint an attempt of a run reported."""
+
+    run_id: str
+    step: int
+    attempt: int
+    rank: int
+    path: str
+    time: float | None
+    bytes: int | None = None
+    tag: str | None = None
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +351,23 @@ class Store:
             "attempt) VALUES (?,?,?,?,?,?,?,?,?)",
             rows,
         )
+
+    @storage_errors("cannot store a checkpoint")
+    def add_checkpoint(self, c: StoredCheckpoint) -> StoredCheckpoint:
+        """Keep a checkpoint in the ledger, once per (run, step, attempt); return the row
+        the ledger holds for that key (an earlier one wins: the engine refused a different
+        path for it before storing, so a replay or another rank's copy is the same)."""
+        with self._db.tx() as conn:
+            conn.execute(
+                "INSERT INTO checkpoints (run_id, step, attempt, rank, path, time, bytes, tag, "
+                "token) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                (c.run_id, c.step, c.attempt, c.rank, c.path, c.time, c.bytes, c.tag,
+                 c.token))
+            row = conn.execute(
+                "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token FROM checkpoints "
+                "WHERE run_id = ? AND step = ? AND attempt = ?",
+                (c.run_id, c.step, c.attempt)).fetchone()
+        return StoredCheckpoint(*row)
 
     @storage_errors("cannot store a snapshot")
     def save_detector_state(self, run_id: str, last_id: int, state: bytes,
@@ -608,6 +657,22 @@ class Store:
             "ORDER BY id DESC LIMIT ?",
             (run_id, limit)
         )
+        return [row[0] for row in rows]
+
+    def checkpoints(self, run_id: str) -> list[StoredCheckpoint]:
+        """The checkpoints of the run's current history (none a later attempt replaced),
+        oldest first."""
+        rows = self._db.query(
+            "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token FROM checkpoints f "
+            f"WHERE run_id = ?{_current(True)} ORDER BY step, attempt", (run_id,))
+        return [StoredCheckpoint(*row) for row in rows]
+
+    def page_findings(self, run_id: str) -> list[bytes]:
+        """The run's findings of severity error and up about its current history, oldest
+        first: what the checkpoint ledger judges by (few: each one paged someone)."""
+        rows = self._db.query(
+            "SELECT body FROM findings f WHERE run_id = ? AND severity IN ('error', 'critical')"
+            f"{_current(True)} ORDER BY id", (run_id,))
         return [row[0] for row in rows]
 
     def finding_counts(self, run_id: str) -> dict[str, int]:

@@ -1,0 +1,119 @@
+"""``action: rollback`` (alerting/rollback.py): one decision per run and fault for every
+rank, its plan stored with the alert and paged, a budget that turns into a stop, and
+rule files that say it (or say it wrong)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alert_harness import FakeClock, Harness, nan
+from monitor_agent.alerting import RunContext
+from monitor_agent.alerting.rules import RuleError, parse_rules
+from receivers import Receiver
+
+RULES = """
+routes: {page: [pagerduty]}
+rules:
+  - name: RollbackOnNaN
+    match: {types: [nan_inf]}
+    severity: critical
+    fingerprint: [rank]
+    action: rollback
+    rollback_skip_margin: 50
+    rollback_lr_factor: 0.5
+    rollback_lr_steps: 100
+    rollback_budget: 2
+"""
+CLEAN = ((100, "/ckpt/step-100.pt"), (200, "/ckpt/step-200.pt"))
+LINE = "last clean checkpoint: step 200, /ckpt/step-200.pt"
+
+
+@pytest.fixture
+def rolling(tmp_path: Path, clock: FakeClock):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    with Receiver("slack") as slack, Receiver("pagerduty") as pd:
+        h = Harness(tmp_path, clock, slack, pd, rules_file=rules)
+        try:
+            yield h
+        finally:
+            h.alerting.stop(timeout=5)
+
+
+def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE) -> list[dict]:
+    run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line)
+    return h.alerting.handle(run, list(findings), h.clock())
+
+
+def test_two_ranks_reporting_the_same_fault_get_one_decision(rolling: Harness):
+    [decided] = _handle(rolling, nan(step=250, rank=0))
+    # Rank 1's NaN is its own alert (fingerprint [rank]), and still no second decision.
+    assert _handle(rolling, nan(step=250, rank=1)) == []
+    assert _handle(rolling, nan(step=251, rank=0), nan(step=251, rank=1)) == []
+    assert decided["action"] == "rollback"
+    assert decided["plan"] == {"checkpoint_step": 200, "checkpoint_path": "/ckpt/step-200.pt",
+                               "skip_from": 201, "skip_to": 300, "lr_factor": 0.5,
+                               "lr_steps": 100, "number": 1, "budget": 2}
+    assert decided["message"] == ("rolled back to step 200 (/ckpt/step-200.pt), skipping "
+                                  "batches 201-300; LR x0.5 for 100 steps")
+    # Every rank polls the same dict, the plan included, after a restart too.
+    rolling.restart()
+    [polled] = [a.to_dict() for a in rolling.alerting.actions_for_run("r1")]
+    assert polled == decided
+    rolling.drain()
+    summaries = [p.json["payload"]["summary"] for p in rolling.pd.wait_for(2, timeout=5)]
+    assert all(decided["message"] in s and LINE in s for s in summaries), summaries
+
+
+def test_a_resume_applies_it_and_past_the_budget_the_run_is_stopped(rolling: Harness):
+    [first] = _handle(rolling, nan(step=250))
+    rolling.alerting.attempt_settled("r1", 260, rolling.clock())  # not at the window: pending
+    assert _handle(rolling, nan(step=262)) == []
+    rolling.alerting.attempt_settled("r1", 201, rolling.clock())
+    [applied] = rolling.alerting.actions_for_run("r1")
+    assert (applied.id, applied.honoured_step) == (first["id"], 201)
+    [second] = _handle(rolling, nan(step=240))
+    assert (second["action"], second["plan"]["number"], second["plan"]["skip_to"]) == (
+        "rollback", 2, 290)
+    rolling.alerting.attempt_settled("r1", 201, rolling.clock())
+    [stop] = _handle(rolling, nan(step=230))
+    assert stop["action"] == "stop" and stop["plan"] is None
+    assert stop["message"].startswith("rollback budget 2 spent: stopping; a human must look")
+    assert _handle(rolling, nan(step=231)) == []  # one stop, not one per finding
+    rolling.drain()
+    pages = [p.json["payload"]["summary"] for p in rolling.pd.wait_for(1, timeout=5)]
+    assert any("rollback budget 2 spent" in s for s in pages), pages
+
+
+def test_with_no_clean_checkpoint_before_the_fault_the_run_is_stopped(rolling: Harness):
+    # The checkpoint at 200 is after the onset (evidence onset_step 150): not a target.
+    fault = nan(step=250, evidence={"onset_step": 150})
+    [stop] = _handle(rolling, fault, clean=((200, "/ckpt/step-200.pt"),),
+                     line="no clean checkpoint reported")
+    assert stop["action"] == "stop"
+    assert stop["message"].startswith("no clean checkpoint to roll back to: stopping")
+    assert _handle(rolling, nan(step=251, rank=3)) == []  # stopped: nothing more to decide
+
+
+def test_rule_files_with_rollback_load_and_bad_fields_are_refused():
+    [rule] = parse_rules(RULES)
+    assert (rule.action, rule.rollback_skip_margin, rule.rollback_lr_factor,
+            rule.rollback_lr_steps, rule.rollback_budget) == ("rollback", 50, 0.5, 100, 2)
+    [plain] = parse_rules("routes: {page: [console], chat: [console]}\nrules:\n"
+                          "  - {name: R, match: {types: [divergence]}, action: rollback}\n")
+    assert (plain.rollback_skip_margin, plain.rollback_budget, plain.rollback_lr_factor) == (
+        200, 2, None)
+    bad = {
+        "action: stop, rollback_budget: 3": "only apply to action: rollback",
+        "action: rollback, rollback_lr_factor: 0.5": "go together",
+        "action: rollback, rollback_lr_factor: 2, rollback_lr_steps: 5": "less than or equal to 1",
+        "action: rollback, rollback_budget: 0": "greater than or equal to 1",
+        "action: rollback, rollback_skip_margin: -1": "greater than or equal to 0",
+        "action: rollback, rollback_budgett: 2": "unknown field",
+    }
+    for fields, why in bad.items():
+        with pytest.raises(RuleError, match=why):
+            parse_rules("routes: {page: [console], chat: [console]}\nrules:\n"
+                        f"  - {{name: R, match: {{types: [nan_inf]}}, {fields}}}\n")
