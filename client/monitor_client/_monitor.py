@@ -60,8 +60,10 @@ from monitor_client._preflight import Preflight
 from monitor_client._rollback import (
     CHECKPOINT_PATH_MAX,
     CHECKPOINT_TAG_MAX,
+    FETCH_TIMEOUT,
     PlanBook,
     RollbackPlan,
+    barrier,
 )
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool, spool_directory
@@ -502,9 +504,16 @@ class Monitor:
 
         Draws a fresh attempt token (docs/format.md, ``attempt``), so the replayed steps
         ``resume_step``, ... are a resumed attempt of the run (the earlier ones from there on
-        kept as the abandoned branch), not duplicates of what was sent before.
+        kept as the abandoned branch), not duplicates of what was sent before. Call it on
+        every rank, as ``rollback_plan()``: first each rank delivers what it logged under the
+        old token (bounded by ``FETCH_TIMEOUT``), then, distributed, the ranks meet at a
+        barrier. Otherwise one rank's resumed steps can reach the sidecar before another
+        rank's last steps of the abandoned branch, and those would land after the resume
+        settled, as if they were current.
         """
-        self._plans.applied(plan.id)
+        if self._sender is not None:
+            self._sender.flush(FETCH_TIMEOUT)
+        barrier(self._plans.applied, plan.id)
         self.attempt = new_token()
         self._attempt_notice.token = self.attempt
         self._last_step = plan.checkpoint_step

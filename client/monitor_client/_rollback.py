@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
-           "PlanBook", "RollbackPlan", "read_resume_file", "write_resume_file"]
+           "PlanBook", "RollbackPlan", "barrier", "read_resume_file", "write_resume_file"]
 
 # The sidecar's caps on a ``checkpoint`` record (monitor_agent/records/limits.py): a path the
 # sidecar would refuse is refused here, with the reason, instead of dying in the spool.
@@ -199,6 +199,14 @@ class PlanBook:
         if _all_reduce(dist, 1 if usable else 0, "min") == 0:
             return None
         return plan
+
+
+def barrier(then: Callable[[int], None], plan_id: int) -> None:
+    """Meet every rank (when distributed), then ``then(plan_id)``."""
+    dist = _distributed()
+    if dist is not None:
+        dist.barrier()
+    then(plan_id)
 
 
 def _distributed() -> Any:
