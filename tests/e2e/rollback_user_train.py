@@ -100,8 +100,6 @@ while step < steps:
         resumed = plan
         mon.rolled_back(plan)  # monitor
         print("rollback", plan.id, plan.checkpoint_step, plan.skip_to, file=log, flush=True)
-    elif plan is None and mon.should_stop():  # monitor: a budget spent ends in a stop
-        break
 mon.close()  # monitor
 if world > 1:
     dist.destroy_process_group()
