@@ -476,8 +476,11 @@ class Monitor:
         (torch.distributed initialised): every rank gets the same plan at the same call, or
         none does. Every ``check_every``-th call the ranks agree by one all_reduce of the
         newest plan id (a rank that lacks that plan fetches it, bounded); ``_rollback.py``
-        says why and what it costs. ``check_every`` must be the same on every rank. Never
-        raises: a failure on one rank reads as "no plan here" only outside the collectives.
+        says why and what it costs. ``check_every`` must be the same on every rank. A failed
+        fetch is a warning (that rank says "not yet" and all look again at the next agreed
+        call); a failing collective raises like the job's own would, since swallowing it on
+        one rank would leave the others waiting at the next one. With ``enabled=False`` it
+        is None without a collective: set it alike on every rank.
         """
         if not self.settings.enabled:
             return None
