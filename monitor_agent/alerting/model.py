@@ -174,6 +174,9 @@ class AlertView:
     related_summary: str | None = field(default=None, metadata={"description": (
         "What they were, e.g. '+11 related findings (grad_distribution heavy_tail in 11 "
         "layers)'.")})
+    checkpoint: str | None = field(default=None, metadata={"description": (
+        "The run's last clean checkpoint as its pages name it ('last clean checkpoint: step "
+        "11800, <path>'); null when the run reported no checkpoint.")})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,4 +195,5 @@ class AlertView:
             last_step=alert.last_step, count=alert.count, resolved_at=alert.resolved_at,
             acked_by=alert.acked_by, acked_at=alert.acked_at, dashboard_url=alert.dashboard_url,
             action=alert.action, related=related.count, related_summary=related.summary() or None,
+            checkpoint=alert.checkpoint,
         )

@@ -14,7 +14,7 @@ One schema for all four kinds, chosen by ``kind``; a number also admits the thre
 
     >>> schema = record_schema()
     >>> sorted(schema["discriminator"]["mapping"]), schema["discriminator"]["propertyName"]
-    (['end', 'eval', 'run', 'step'], 'kind')
+    (['checkpoint', 'end', 'eval', 'run', 'step'], 'kind')
     >>> schema["$defs"]["StepModel"]["properties"]["loss"]["anyOf"]
     [{'type': 'number'}, {'$ref': '#/$defs/NonFinite'}, {'type': 'null'}]
 """

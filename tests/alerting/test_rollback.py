@@ -4,6 +4,7 @@ rule files that say it (or say it wrong)."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,13 @@ def test_rule_files_with_rollback_load_and_bad_fields_are_refused():
         with pytest.raises(RuleError, match=why):
             parse_rules("routes: {page: [console], chat: [console]}\nrules:\n"
                         f"  - {{name: R, match: {{types: [nan_inf]}}, {fields}}}\n")
+
+
+def test_the_commented_example_in_the_default_rules_is_a_working_rollback_rule():
+    text = resources.files("monitor_agent").joinpath("default_rules.yaml").read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "- {name: RollbackOnDivergence" in line)
+    example = "\n".join(line.lstrip("#").strip() for line in lines[start:start + 3])
+    [rule] = parse_rules(f"routes: {{page: [console], chat: [console]}}\nrules:\n  {example}\n")
+    assert (rule.name, rule.action, rule.rollback_lr_factor, rule.rollback_budget) == (
+        "RollbackOnDivergence", "rollback", 0.5, 2)

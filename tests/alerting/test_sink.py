@@ -11,7 +11,7 @@ from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.records.types import Finding, Severity
 
-SINK_METHODS = ("handle", "preview", "run_ended", "tick")
+SINK_METHODS = ("handle", "preview", "run_ended", "tick", "attempt_settled")
 
 
 def test_alerting_and_null_sink_have_the_protocols_signatures():

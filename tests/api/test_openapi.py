@@ -83,7 +83,9 @@ def _records() -> list[dict[str, Any]]:
               "loss": 2.0 if s < 8 else "NaN", "grad_norm": 1.0, "lr": 1e-3,
               "tokens": 512, "step_time": 0.1} for s in range(1, 10)]
     ev = {"kind": "eval", "run_id": "doc", "step": 5, "time": 106.0, "val_loss": 2.1}
-    return [run, *steps, ev]
+    ckpts = [{"kind": "checkpoint", "run_id": "doc", "step": s, "time": 110.0,
+              "path": f"/ckpt/{s}.pt", "bytes": 1 << 20, "tag": "periodic"} for s in (4, 9)]
+    return [run, *steps, ev, *ckpts]
 
 
 @pytest.mark.timeout(120)
@@ -93,7 +95,7 @@ def test_real_answers_match_the_document(tmp_path: Path):
         c = Checker(srv.url, doc)
         c.call("GET", "/healthz")
         c.call("GET", "/readyz")
-        assert c.call("POST", "/v1/records", json={"records": _records()})["accepted"] == 11
+        assert c.call("POST", "/v1/records", json={"records": _records()})["accepted"] == 13
         c.call("POST", "/v1/records/preview", json={"records": [
             {"kind": "step", "run_id": "doc", "step": 20, "time": 130.0, "loss": "NaN"}]})
         [listed] = c.call("GET", "/v1/runs")["runs"]
@@ -106,6 +108,8 @@ def test_real_answers_match_the_document(tmp_path: Path):
         assert c.call("GET", "/v1/runs/{run_id}/findings",
                       path="/v1/runs/doc/findings")["findings"]
         c.call("GET", "/v1/runs/{run_id}/actions", path="/v1/runs/doc/actions")
+        ledger = c.call("GET", "/v1/runs/{run_id}/checkpoints", path="/v1/runs/doc/checkpoints")
+        assert [c["status"] for c in ledger["checkpoints"]] == ["clean", "suspect"]
         alerts = c.call("GET", "/v1/alerts")["alerts"]
         fp = alerts[0]["fingerprint"]
         c.call("POST", "/v1/alerts/{fingerprint}/ack", path=f"/v1/alerts/{fp}/ack",

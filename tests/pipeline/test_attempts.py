@@ -49,8 +49,10 @@ def test_a_resumed_attempt_is_judged_from_the_state_at_its_start_step(tmp_path: 
     assert [(f.type, f.step, f.attempt) for f in resumed.findings] == [("nan_inf", 145, 2)]
     assert _findings(store) == [("nan_inf", 5, 1), ("nan_inf", 140, 1), ("nan_inf", 145, 2)]
     # Rebuilding the kept steps 1-119 paged nobody again (their NaN at step 5 was paged
-    # when it arrived), and attempt 1's end no longer ends the run.
-    assert [(c[0], c[2]) for c in sink.calls] == [("handle", ["nan_inf"])]
+    # when it arrived), and attempt 1's end no longer ends the run; alerting heard of the
+    # resume at step 120 (a pending rollback would be applied there).
+    assert [(c[0], c[2]) for c in sink.calls] == [("attempt_settled", 120),
+                                                  ("handle", ["nan_inf"])]
     run = engine.registry.get("r").state
     assert (run.ranks[0].last_step, run.ranks[0].steps_total, run.status) == (
         150, 150, "running")

@@ -68,6 +68,9 @@ class RecordingSink:
     def tick(self, now: float) -> None:
         self.calls.append(("tick", now))
 
+    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+        self.calls.append(("attempt_settled", run_id, start_step))
+
 
 def _items(objs: list[dict]) -> list[Incoming]:
     return [Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(objs)]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -233,3 +235,33 @@ def test_the_update_ratio_alert_limit_shows_where_the_curve_reaches_it(browser, 
     browser.save_screenshot(str(shots / "run-update-limit.png"))
     open_run(browser, lr_runs, "baseline")  # a healthy ratio: no limit in its range
     assert browser.execute_script("return window.runPage.charts.update.limitsShown") == []
+
+
+def test_checkpoints_are_marked_on_the_loss_chart_clean_or_suspect(browser, lr_runs,
+                                                                   shots: Path):
+    saves = [{"kind": "checkpoint", "run_id": "lr-x100", "step": s, "time": 1.5 + s,
+              "path": f"/ckpt/lr-x100/step-{s}.pt", "tag": "periodic"} for s in (100, 250, 450)]
+    res = httpx.post(lr_runs.url + "/v1/records", json={"records": saves}, timeout=30,
+                     headers=lr_runs.headers)
+    assert res.json()["accepted"] == 3, res.text
+    ledger = lr_runs.get("/v1/runs/lr-x100/checkpoints")
+    want = [(c["step"], c["status"]) for c in ledger["checkpoints"]]
+    # The LR jump at 300 sends the run to divergence, then NaN: the save at 450 holds it.
+    assert want == [(100, "clean"), (250, "clean"), (450, "suspect")], ledger
+    open_run(browser, lr_runs, "lr-x100")
+    WebDriverWait(browser, 20).until(lambda d: len(d.find_elements(
+        By.CSS_SELECTOR, "#chart-loss .ckpt-mark")) == 3)
+    marks = browser.find_elements(By.CSS_SELECTOR, "#chart-loss .ckpt-mark")
+    shown = [(int(m.get_attribute("data-step")), m.get_attribute("data-status")) for m in marks]
+    assert shown == want
+    lefts = [m.rect["x"] for m in marks]
+    assert lefts == sorted(lefts) and all(m.is_displayed() for m in marks)
+    assert [m.value_of_css_property("border-left-color") for m in marks][1:] == [
+        "rgba(26, 127, 55, 1)", "rgba(191, 135, 0, 1)"]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})",
+                           browser.find_element(By.ID, "chart-loss"))
+    ActionChains(browser).move_to_element(marks[2]).perform()
+    tip = browser.find_element(By.ID, "tip")
+    WebDriverWait(browser, 5).until(lambda d: tip.is_displayed())
+    assert "step 450" in tip.text and "suspect:" in tip.text
+    browser.find_element(By.ID, "chart-loss").screenshot(str(shots / "run-checkpoints.png"))

@@ -185,7 +185,42 @@
   function visibleCharts() {
     return [...document.querySelectorAll("#charts .card")].filter(c => c.style.display !== "none").map(c => c.id).join();
   }
+  // -- checkpoint markers: the run's ledger (GET .../checkpoints), a diamond per save on the
+  // loss chart, green when clean, amber when suspect (the tooltip says why) -------------
+  function checkpointHtml(c) {
+    return `<b>checkpoint</b> · step ${c.step} · <b>${esc(c.status)}</b>${c.tag ? " · " + esc(c.tag) : ""}\n` +
+      `${esc(c.path)}${c.reason ? "\n\nsuspect: " + esc(c.reason) : "\n\nclean: safe to roll back to"}`;
+  }
+  function placeCheckpoints(u) {
+    const box = u.over;
+    if (!box._ckpts || box._ckpts.key !== S.ckptKey) {
+      box.querySelectorAll(".ckpt-mark").forEach(n => n.remove());
+      box._ckpts = (S.ckpts || []).map(c => {
+        const m = el("div", {class: "ckpt-mark " + c.status, "data-step": c.step, "data-status": c.status});
+        m.addEventListener("mouseenter", e => tip(checkpointHtml(c), e));
+        m.addEventListener("mousemove", e => tip(checkpointHtml(c), e));
+        m.addEventListener("mouseleave", () => tip(null));
+        box.append(m);
+        return [c, m];
+      });
+      box._ckpts.key = S.ckptKey;
+    }
+    const {min, max} = u.scales.x;
+    for (const [c, m] of box._ckpts) {
+      m.classList.toggle("hidden", c.step < min || c.step > max);
+      m.style.left = u.valToPos(c.step, "x") + "px";
+      m.style.height = box.clientHeight + "px";
+    }
+  }
+  async function loadCheckpoints() {
+    if (report) return;  // a static report has no ledger
+    const ckpts = (await api(`${base}/checkpoints`).catch(() => ({checkpoints: []}))).checkpoints;
+    const key = JSON.stringify(ckpts.map(c => [c.step, c.attempt, c.status]));
+    if (key !== S.ckptKey) { S.ckpts = ckpts; S.ckptKey = key; }
+  }
+
   function placeMarkers(id, u) {
+    if (id === "loss") placeCheckpoints(u);
     const box = u.over;
     let marks = box._marks;
     const key = S.findingsKey + "/" + visibleCharts();
@@ -521,6 +556,7 @@
       const [detail, series] = await Promise.all([api(base), api(`${base}/series?${q}`).catch(e => {
         if (e.status === 404) return null; throw e; })]);
       S.detail = detail;
+      await loadCheckpoints();
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
       if (total !== S.lastFindings) await loadFindings(total);
       if (series) {
