@@ -58,6 +58,14 @@ from monitor_client._gate import NormGate
 from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
 from monitor_client._preflight import Preflight
+from monitor_client._rollback import (
+    CHECKPOINT_PATH_MAX,
+    CHECKPOINT_TAG_MAX,
+    FETCH_TIMEOUT,
+    PlanBook,
+    RollbackPlan,
+    barrier,
+)
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool, spool_directory
 from monitor_client._transport import HttpTransport
@@ -162,6 +170,8 @@ class Monitor:
         self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
         self._warner = Warner()
         self._inbox = ActionInbox(self._warn_action)
+        self._plans = PlanBook()
+        self._inbox.add_callback(self._plans.receive)
         self._labels = _run_info.build_labels(
             cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
@@ -487,6 +497,83 @@ class Monitor:
     def actions(self) -> list[dict[str, Any]]:
         """Every action received so far, oldest first."""
         return self._inbox.received()
+
+    # -- closing the loop: the checkpoint ledger and rollback plans (_rollback.py) -------
+    @_guard
+    def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
+                         bytes: int | None = None, tag: str | None = None) -> None:
+        """Tell the sidecar the state after optimizer step ``step`` is saved at ``path``.
+
+        The sidecar keeps a ledger of the run's checkpoints, judges each clean or suspect,
+        and a rollback rule sends the run back to the last clean one. Call it after the save
+        completed (a checkpoint that is not on disk must not become a rollback target); it
+        returns at once and never raises.
+        """
+        if not self.active:
+            return
+        where = os.fspath(path)
+        if not where or len(where) > CHECKPOINT_PATH_MAX or "\0" in where:
+            raise ValueError(f"checkpoint path must be 1-{CHECKPOINT_PATH_MAX} characters "
+                             "without NUL")
+        self._send_run()
+        self._submit({"kind": "checkpoint", "run_id": self.run_id, "rank": self.rank,
+                      "attempt": self.attempt, "time": time.time(), "step": int(step),
+                      "path": where, "bytes": None if bytes is None else int(bytes),
+                      "tag": None if tag is None else str(tag)[:CHECKPOINT_TAG_MAX]})
+
+    def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
+        """The rollback to apply now, or None; call it once per optimizer step on every rank.
+
+        Single process: the newest plan received and not yet applied. Distributed
+        (torch.distributed initialised): every rank gets the same plan at the same call, or
+        none does. Every ``check_every``-th call the ranks agree by one all_reduce of the
+        newest plan id (a rank that lacks that plan fetches it, bounded); ``_rollback.py``
+        says why and what it costs. ``check_every`` must be the same on every rank. A failed
+        fetch is a warning (that rank says "not yet" and all look again at the next agreed
+        call); a failing collective raises like the job's own would, since swallowing it on
+        one rank would leave the others waiting at the next one. With ``enabled=False`` it
+        is None without a collective: set it alike on every rank.
+        """
+        if not self.settings.enabled:
+            return None
+        return self._plans.agreed(max(int(check_every), 1), self._fetch_plan)
+
+    def _fetch_plan(self, plan_id: int) -> None:
+        try:
+            transport = (self._sender.transport if self._sender is not None
+                         else HttpTransport(self.settings.url or os.environ.get(
+                             "MONITOR_AGENT_URL") or DEFAULT_URL,
+                             self.settings.token or os.environ.get("MONITOR_AGENT_TOKEN"),
+                             timeout=self.settings.timeout))
+            found = transport.actions(self.run_id, max(plan_id - 1, 0))
+            if found:
+                self._inbox.receive(found)
+        except Exception as exc:  # noqa: BLE001 - inside a collective: never raise
+            self._warner.warn("rollback_plan", "fetching rollback plan %d failed: %r",
+                              plan_id, exc)
+
+    @_guard
+    def rolled_back(self, plan: RollbackPlan) -> None:
+        """Mark ``plan`` applied: the process reloaded its checkpoint and its next step is
+        ``plan.resume_step``.
+
+        Draws a fresh attempt token (docs/format.md, ``attempt``), so the replayed steps
+        ``resume_step``, ... are a resumed attempt of the run (the earlier ones from there on
+        kept as the abandoned branch), not duplicates of what was sent before. Call it on
+        every rank, as ``rollback_plan()``: first each rank delivers what it logged under the
+        old token (bounded by ``FETCH_TIMEOUT``), then, distributed, the ranks meet at a
+        barrier. Otherwise one rank's resumed steps can reach the sidecar before another
+        rank's last steps of the abandoned branch, and those would land after the resume
+        settled, as if they were current.
+        """
+        if self._sender is not None:
+            self._sender.flush(FETCH_TIMEOUT)
+        barrier(self._plans.applied, plan.id)
+        self.attempt = new_token()
+        self._attempt_notice.token = self.attempt
+        self._last_step = plan.checkpoint_step
+        self._last_t, self._data_time = time.perf_counter(), 0.0
+        self._run_sent = False  # a new attempt opens with its run record, as a relaunch does
 
     # -- lifecycle -----------------------------------------------------------------------
     def _submit(self, item: Any, urgent: bool = False) -> None:

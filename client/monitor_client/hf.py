@@ -22,11 +22,25 @@ What it does, and why:
 - Actions from alert rules are honoured after each step: ``stop`` sets
   ``control.should_training_stop`` (the run ends ``stopped``), ``checkpoint`` sets
   ``control.should_save``.
+- Every save is reported to the sidecar's checkpoint ledger (``on_save``: the Trainer has
+  just written ``<output_dir>/checkpoint-<global_step>``; rank 0 reports it).
+- A rollback plan stops training and is left for the launcher, not applied in place: the
+  Trainer owns its loop, and only ``train(resume_from_checkpoint=...)`` restores model,
+  optimizer, scheduler, RNG and data position together. So at the step every rank agreed on
+  (``Monitor.rollback_plan()``), the callback writes ``<output_dir>/monitor_rollback.json``
+  (the plan's fields and ``resume_from_checkpoint``), sets
+  ``control.should_training_stop``, and the run ends ``stopped`` saying so. The launcher
+  relaunches with ``trainer.train(resume_from_checkpoint=plan["resume_from_checkpoint"])``;
+  the relaunched callback finds the file and marks that plan applied, so it is not taken
+  again. The Trainer's resume replays the batches after the checkpoint in their original
+  order: skipping the window (``skip_batches`` optimizer steps' worth) is the launcher's, by
+  the dataset it passes (README, "Closing the loop").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +48,7 @@ from transformers import TrainerCallback
 
 from monitor_client._arguments import monitor_settings
 from monitor_client._monitor import Monitor
+from monitor_client._rollback import RollbackPlan, read_resume_file, write_resume_file
 from monitor_client.config import MonitorConfig
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
@@ -74,6 +89,7 @@ class MonitorCallback(TrainerCallback):
         self._label_counts: list[Any] = []
         self._restore_clip: float | None = None
         self._handles: list[Any] = []
+        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made at the start of training when none was given)."""
@@ -91,6 +107,9 @@ class MonitorCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         mon = self.monitor if self.monitor is not None else self._make_monitor(args)
         self.monitor = mon
+        left = read_resume_file(args.output_dir)
+        if left is not None:  # relaunched for that plan: it is done, not an order again
+            mon._plans.applied(left["id"])
         if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", int(state.max_steps))
         clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
@@ -142,7 +161,19 @@ class MonitorCallback(TrainerCallback):
             control.should_training_stop = True
         if mon.should_checkpoint():
             control.should_save = True
+        plan = mon.rollback_plan()
+        if plan is not None and self.rollback is None:
+            self.rollback = plan
+            if state.is_world_process_zero:
+                write_resume_file(args.output_dir, plan,
+                                  resume_from_checkpoint=plan.checkpoint_path)
+            control.should_training_stop = True
         return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self._mon().checkpoint_saved(state.global_step, os.path.join(
+                args.output_dir, f"checkpoint-{state.global_step}"), tag="hf")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = dict(metrics or {})
@@ -156,7 +187,11 @@ class MonitorCallback(TrainerCallback):
             handle.remove()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
-        self._mon().close()
+        if self.rollback is not None:
+            self._mon().close(status="stopped", error=f"stopped to roll back: "
+                              f"{self.rollback.message or self.rollback.checkpoint_path}")
+        else:
+            self._mon().close()
 
 
 def _plain_value(value: Any) -> bool:

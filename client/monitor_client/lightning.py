@@ -17,11 +17,30 @@ batch size as ``samples``; pass ``tokens_per_sample=`` for tokens/s and MFU. The
 Actions from alert rules are honoured after each optimizer step: ``stop`` sets
 ``trainer.should_stop`` (the run ends ``stopped``), ``checkpoint`` saves
 ``monitor-step<N>.ckpt`` under ``checkpoint_dir`` (default: the trainer's root dir).
+
+Saves are reported to the sidecar's checkpoint ledger (rank 0). Lightning tells a callback
+that a checkpoint is being made (``on_save_checkpoint``) before the file exists and without
+its path, and names no public "file just written" (``last_model_path`` is set only with
+``save_last``; ``best_model_path`` is the best by the monitored metric, not the newest). So
+at the next batch start and at the end of fitting, after every ``ModelCheckpoint`` has run,
+the callback reads each one's newest save (``_last_checkpoint_saved`` and
+``_last_global_step_saved``, falling back to ``last_model_path``) and reports the ones not
+reported yet; ``monitor-step<N>.ckpt`` saves are reported as they are written.
+
+A rollback plan stops the fit and is left for the launcher, not applied in place: only
+``fit(ckpt_path=...)`` restores module, optimizers, schedulers and loop progress together,
+and a fit loop cannot be rewound from inside a callback. At the step every rank agreed on
+(``Monitor.rollback_plan()``), it writes ``<checkpoint_dir>/monitor_rollback.json`` (the
+plan's fields and ``ckpt_path``), sets ``trainer.should_stop``, and the run ends ``stopped``
+saying so; the launcher calls ``trainer.fit(module, ckpt_path=plan["ckpt_path"])`` and
+skips the window in the data it passes (README, "Closing the loop"). The relaunched callback
+finds the file and marks that plan applied, so it is not taken again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +48,7 @@ import lightning.pytorch as pl
 
 from monitor_client._arguments import monitor_settings
 from monitor_client._monitor import Monitor
+from monitor_client._rollback import RollbackPlan, read_resume_file, write_resume_file
 from monitor_client.config import MonitorConfig
 
 
@@ -70,6 +90,8 @@ class MonitorCallback(pl.Callback):
         self._losses: list[Any] = []
         self._samples = 0
         self._last_step = 0
+        self._reported: set[tuple[int, str]] = set()
+        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made when fitting starts when none was given)."""
@@ -88,6 +110,9 @@ class MonitorCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module):
         mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
         self.monitor = mon
+        left = read_resume_file(self._directory(trainer))
+        if left is not None:  # relaunched for that plan: it is done, not an order again
+            mon._plans.applied(left["id"])
         planned = _planned_steps(trainer)
         if planned is not None:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", planned)
@@ -97,6 +122,23 @@ class MonitorCallback(pl.Callback):
             mon.settings.watch, grad_clip=clip, apply_clip=False,
             pre_hook=False))
         self._last_step = trainer.global_step
+
+    def _directory(self, trainer: Any) -> str:
+        return self.checkpoint_dir or trainer.default_root_dir
+
+    def _report_saves(self, trainer: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            path = (getattr(callback, "_last_checkpoint_saved", "")
+                    or getattr(callback, "last_model_path", ""))
+            step = getattr(callback, "_last_global_step_saved", None)
+            if path and isinstance(step, int) and (step, path) not in self._reported:
+                self._reported.add((step, path))
+                self._mon().checkpoint_saved(step, path, tag="lightning")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._report_saves(trainer)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self._mon().before_optimizer_step()
@@ -121,11 +163,18 @@ class MonitorCallback(pl.Callback):
         if mon.should_stop():
             trainer.should_stop = True
         if mon.should_checkpoint():
-            import os
-
-            directory = self.checkpoint_dir or trainer.default_root_dir
-            trainer.save_checkpoint(os.path.join(directory,
-                                                 f"monitor-step{trainer.global_step}.ckpt"))
+            path = os.path.join(self._directory(trainer),
+                                f"monitor-step{trainer.global_step}.ckpt")
+            trainer.save_checkpoint(path)
+            if trainer.is_global_zero:
+                mon.checkpoint_saved(trainer.global_step, path, tag="monitor")
+        plan = mon.rollback_plan()
+        if plan is not None and self.rollback is None:
+            self.rollback = plan
+            if trainer.is_global_zero:
+                write_resume_file(self._directory(trainer), plan,
+                                  ckpt_path=plan.checkpoint_path)
+            trainer.should_stop = True
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -143,7 +192,12 @@ class MonitorCallback(pl.Callback):
             self.monitor.close(status="failed", error=f"{type(exception).__name__}: {exception}")
 
     def on_fit_end(self, trainer, pl_module):
-        self._mon().close()
+        self._report_saves(trainer)
+        if self.rollback is not None:
+            self._mon().close(status="stopped", error=f"stopped to roll back: "
+                              f"{self.rollback.message or self.rollback.checkpoint_path}")
+        else:
+            self._mon().close()
 
 
 def _batch_size(batch: Any) -> int:

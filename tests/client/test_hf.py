@@ -23,16 +23,17 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _trainer(tmp_path, callback, steps=6, accum=2, model=None):
+def _trainer(tmp_path, callback, steps=6, accum=2, model=None, **overrides):
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
                                      n_positions=16)
     torch.manual_seed(0)
     model = model or transformers.GPT2LMHeadModel(config)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
-        gradient_accumulation_steps=accum, learning_rate=1e-3, max_grad_norm=0.5,
-        logging_steps=1, eval_strategy="steps", eval_steps=3, save_strategy="no",
-        report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    args = transformers.TrainingArguments(**{
+        "output_dir": str(tmp_path / "out"), "max_steps": steps, "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": accum, "learning_rate": 1e-3, "max_grad_norm": 0.5,
+        "logging_steps": 1, "eval_strategy": "steps", "eval_steps": 3, "save_strategy": "no",
+        "report_to": [], "use_cpu": True, "disable_tqdm": True, "dataloader_num_workers": 0,
+        **overrides})
     return transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
                                 eval_dataset=Tokens(n=8), callbacks=[callback])
 
@@ -158,3 +159,57 @@ def test_hf_callback_old_spellings_still_work_and_warn():
         callback = MonitorCallback(url="http://127.0.0.1:1", linger=0.1)
     assert got[0].filename == __file__
     assert callback.settings == MonitorConfig(url="http://127.0.0.1:1", linger=0.1)
+
+
+def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
+        tmp_path):
+    import json
+    import time
+
+    from actions_stand_in import StandIn, rollback_action
+
+    stand_in = StandIn()
+    out = tmp_path / "out"
+    action = rollback_action(checkpoint_step=2, checkpoint_path=str(out / "checkpoint-2"),
+                             skip_from=3, skip_to=6)
+
+    def run(**train):
+        mon = Monitor(url=stand_in.url, run_id="hf-rollback", settings=MonitorConfig(
+            spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
+
+        class Decide(transformers.TrainerCallback):
+            """The sidecar decides after step 3 (runs after the monitor's callback)."""
+
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step == 3 and not stand_in.actions:
+                    stand_in.publish(action)
+                    while not mon.actions():
+                        time.sleep(0.01)
+
+        trainer = _trainer(tmp_path, MonitorCallback(mon), steps=12, accum=1, eval_strategy="no",
+                           save_strategy="steps", save_steps=2)
+        trainer.add_callback(Decide())
+        trainer.train(**train)
+        return trainer, mon
+
+    try:
+        first, mon = run()
+        left = json.loads((out / "monitor_rollback.json").read_text())
+        relaunched, mon2 = run(resume_from_checkpoint=left["resume_from_checkpoint"])
+    finally:
+        stand_in.close()
+    # It stopped at the next step, the one the plan was in hand at, and said why.
+    assert first.state.global_step == 4
+    assert [(r["step"], r["path"]) for r in stand_in.of_kind("checkpoint")
+            if r["attempt"] == mon.attempt] == [(2, str(out / "checkpoint-2")),
+                                                (4, str(out / "checkpoint-4"))]
+    assert (left["id"], left["checkpoint_step"], left["skip_to"]) == (5, 2, 6)
+    assert left["resume_from_checkpoint"] == str(out / "checkpoint-2")
+    [end] = [r for r in stand_in.of_kind("end") if r["attempt"] == mon.attempt]
+    assert end["status"] == "stopped" and "rolled back to step 20" in end["error"]
+    # The relaunch resumes from the checkpoint and does not take the same plan again.
+    assert relaunched.state.global_step == 12
+    steps = [r["step"] for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt]
+    assert steps == list(range(3, 13))
+    assert [r["status"] for r in stand_in.of_kind("end") if r["attempt"] == mon2.attempt] == [
+        "completed"]

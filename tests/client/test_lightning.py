@@ -118,3 +118,57 @@ def test_lightning_callback_old_spellings_still_work_and_warn():
         callback = MonitorCallback(project="p", spool_dir="/tmp/x")
     assert got[0].filename == __file__
     assert callback.settings == MonitorConfig(project="p", spool_dir="/tmp/x")
+
+
+def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
+        tmp_path):
+    import json
+    import time
+
+    from actions_stand_in import StandIn, rollback_action
+
+    stand_in = StandIn()
+    ckpts = tmp_path / "ckpts"
+    saved = str(ckpts / "epoch=0-step=2.ckpt")
+    action = rollback_action(checkpoint_step=2, checkpoint_path=saved, skip_from=3, skip_to=6)
+
+    def fit(**kw):
+        mon = Monitor(url=stand_in.url, run_id="pl-rollback", settings=MonitorConfig(
+            spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
+
+        class Decide(pl.Callback):
+            """The sidecar decides after step 3 (runs after the monitor's callback)."""
+
+            def on_train_batch_end(self, trainer, *args):
+                if trainer.global_step == 3 and not stand_in.actions:
+                    stand_in.publish(action)
+                    while not mon.actions():
+                        time.sleep(0.01)
+
+        saves = pl.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=2,
+                                             save_top_k=-1)
+        trainer = pl.Trainer(max_steps=12, callbacks=[MonitorCallback(mon), Decide(), saves],
+                             accelerator="cpu", logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp_path,
+                             limit_val_batches=0)
+        trainer.fit(Regressor(), _loader(128), **kw)
+        return trainer, mon
+
+    try:
+        first, mon = fit()
+        left = json.loads((tmp_path / "monitor_rollback.json").read_text())
+        relaunched, mon2 = fit(ckpt_path=left["ckpt_path"])
+    finally:
+        stand_in.close()
+    assert first.global_step == 4  # the step the plan was in hand at, not the planned end
+    assert [(r["step"], r["path"]) for r in stand_in.of_kind("checkpoint")
+            if r["attempt"] == mon.attempt] == [(2, saved), (4, str(ckpts / "epoch=0-step=4.ckpt"))]
+    assert (left["id"], left["checkpoint_step"], left["ckpt_path"]) == (5, 2, saved)
+    [end] = [r for r in stand_in.of_kind("end") if r["attempt"] == mon.attempt]
+    assert end["status"] == "stopped" and "rolled back to step 20" in end["error"]
+    # The relaunch resumes from the checkpoint and does not take the same plan again.
+    assert relaunched.global_step == 12
+    steps = [r["step"] for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt]
+    assert steps == list(range(3, 13))
+    assert [r["status"] for r in stand_in.of_kind("end") if r["attempt"] == mon2.attempt] == [
+        "completed"]

@@ -1,0 +1,172 @@
+"""The client's side of a rollback: the plan, ``checkpoint_saved``, ``rollback_plan()`` and
+``rolled_back()`` against a loopback stand-in of the sidecar's wire contract (ingest answers
+carrying actions, ``GET /v1/runs/{id}/actions``), and two real gloo ranks agreeing on one plan.
+
+The end-to-end proofs against the real sidecar, whose rules decide the plan, are in
+tests/e2e/test_rollback_loop.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from actions_stand_in import PLAN, StandIn
+from actions_stand_in import rollback_action as _action
+
+from monitor_client import Monitor, MonitorConfig
+from monitor_client._rollback import PlanBook, RollbackPlan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def stand_in():
+    server = StandIn()
+    yield server
+    server.close()
+
+
+def test_plan_reads_the_contract_and_refuses_holes():
+    plan = RollbackPlan.from_action(_action())
+    assert plan is not None and plan.id == 5 and plan.rule == "RollBack" and plan.step == 35
+    assert (plan.checkpoint_step, plan.resume_step, plan.skip_batches) == (20, 21, 20)
+    assert [plan.lr_multiplier(s) for s in (20, 21, 30, 31)] == [1.0, 0.5, 0.5, 1.0]
+    assert RollbackPlan.from_action(_action(lr_factor=None)).lr_multiplier(21) == 1.0
+    assert plan.as_dict()["checkpoint_path"] == "/ckpt/step-20.pt"
+    broken = _action()
+    del broken["plan"]["checkpoint_path"]
+    assert RollbackPlan.from_action(broken) is None
+    assert RollbackPlan.from_action(_action(skip_to=10)) is None  # a window before C
+    assert RollbackPlan.from_action({"id": 1, "action": "stop"}) is None
+
+
+def test_plan_book_newest_pending_and_honoured_plans_are_history():
+    book = PlanBook()
+    book.receive({"id": 2, "action": "stop"})
+    assert book.newest() is None
+    book.receive(_action(3))
+    book.receive({**_action(4), "honoured_step": 21})  # a relaunch reading history back
+    assert book.newest().id == 3
+    book.receive(_action(6))
+    assert book.newest().id == 6
+    book.applied(6)
+    assert book.newest().id == 3
+    book.applied(3)
+    assert book.newest() is None
+
+
+def _monitor(url: str, tmp_path: Path, run_id: str = "rb") -> Monitor:
+    return Monitor(url=url, run_id=run_id,
+                   settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                          linger=0.01))
+
+
+def test_checkpoint_saved_sends_the_contract_record_and_refuses_bad_paths(stand_in, tmp_path,
+                                                                          caplog):
+    mon = _monitor(stand_in.url, tmp_path)
+    mon.checkpoint_saved(20, tmp_path / "step-20.pt", bytes=1234, tag="periodic")
+    mon.checkpoint_saved(21, "x" * 5000)  # never raises into training: a warning
+    assert "checkpoint path must be 1-4096 characters" in caplog.text
+    mon.checkpoint_saved(22, "a\0b")
+    assert mon.close(timeout=10)
+    [record] = stand_in.of_kind("checkpoint")
+    assert record == {"kind": "checkpoint", "run_id": "rb", "rank": 0, "attempt": mon.attempt,
+                      "time": record["time"], "step": 20, "path": str(tmp_path / "step-20.pt"),
+                      "bytes": 1234, "tag": "periodic"}
+
+
+def _wait(predicate, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_plan_reaches_the_loop_and_rolled_back_opens_a_new_attempt(stand_in, tmp_path):
+    mon = _monitor(stand_in.url, tmp_path)
+    seen: list[dict] = []
+    mon.on_action(seen.append)
+    for step in range(1, 36):
+        mon.log_step(step, loss=1.0)
+    assert mon.rollback_plan() is None
+    stand_in.publish(_action())
+    mon.log_step(36, loss=1.0)
+    _wait(lambda: seen)
+    plan = mon.rollback_plan()
+    assert plan == RollbackPlan.from_action(_action()) and seen[0]["plan"] == PLAN
+    assert mon.rollback_plan() == plan  # until it is applied
+    before = mon.attempt
+    mon.rolled_back(plan)
+    assert mon.rollback_plan() is None and mon.attempt != before
+    for step in range(plan.resume_step, plan.resume_step + 3):
+        mon.log_step(step, loss=1.0)
+    assert mon.close(timeout=10) and not mon.should_stop()
+    replayed = [r for r in stand_in.records if r.get("attempt") == mon.attempt]
+    assert [r["kind"] for r in replayed] == ["run", "step", "step", "step", "end"]
+    assert [r.get("step") for r in replayed[1:]] == [21, 22, 23, 23]
+
+
+def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):
+    mon = _monitor(stand_in.url, tmp_path)
+    stand_in.publish({"id": 9, "action": "stop", "rule": "RollBack", "step": 35,
+                      "message": "rollback budget spent (2 of 2): stop requested at step 35"})
+    mon.log_step(1, loss=1.0)
+    _wait(mon.should_stop)
+    assert mon.rollback_plan() is None and "budget" in mon.stop_reason()
+    mon.close(timeout=10)
+
+
+RANK_SCRIPT = """
+import os, sys, time
+import torch.distributed as dist
+from monitor_client import Monitor, MonitorConfig
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+mon = Monitor(url=sys.argv[2], run_id="agree", settings=MonitorConfig(
+    spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
+mon._sender.poll_interval = 3600.0  # rank 1 hears of the plan only by asking at agreement
+for call in range(1, 200):
+    mon.log_step(call, loss=1.0)
+    if rank == 0 and call == 12:  # rank 0 has it in an ingest answer, rank 1 does not
+        while mon.actions() == []:
+            time.sleep(0.01)
+    plan = mon.rollback_plan(check_every=5)
+    if plan is not None:
+        print(f"rank {rank} plan {plan.id} at call {call} had={len(mon.actions())}", flush=True)
+        mon.rolled_back(plan)
+        break
+dist.barrier()
+mon.close(timeout=10)
+"""
+
+
+def test_two_ranks_get_the_same_plan_at_the_same_call(tmp_path):
+    stand_in = StandIn(answer_ranks=(0,))
+    stand_in.publish(_action())
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    try:
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), stand_in.url,
+                                   str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        stand_in.close()
+    assert all(p.returncode == 0 for p in procs), outs
+    lines = [out.strip().splitlines()[-1] for out, _ in outs]
+    # Rank 0 had the plan from call 12; the agreement at call 15 hands it to both, rank 1
+    # fetching it from the actions endpoint (its poll was switched off).
+    assert lines == ["rank 0 plan 5 at call 15 had=1", "rank 1 plan 5 at call 15 had=1"]
+    assert stand_in.gets >= 1
