@@ -31,6 +31,7 @@ from monitor_agent.detectors.gain_drift import GainDriftDetector
 from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
+from monitor_agent.detectors.hang import HangDetector
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
 from monitor_agent.detectors.loss_spike import LossSpikeDetector
 from monitor_agent.detectors.lr_jump import LrJumpDetector
@@ -59,6 +60,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     EffectiveLrDetector,
     # the LR rose far outside the run's own schedule (the likely cause of what follows)
     LrJumpDetector,
+    # where a stuck run is stuck, per rank (the client's hang reports), and gone processes
+    HangDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

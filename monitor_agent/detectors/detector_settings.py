@@ -48,6 +48,7 @@ from monitor_agent.detectors.gain_drift import GainDriftSettings
 from monitor_agent.detectors.grad_distribution import GradDistributionSettings
 from monitor_agent.detectors.grad_explosion import GradExplosionSettings
 from monitor_agent.detectors.grad_vanishing import GradVanishingSettings
+from monitor_agent.detectors.hang import HangSettings
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseSettings
 from monitor_agent.detectors.loss_spike import LossSpikeSettings
 from monitor_agent.detectors.memory_pressure import MemoryPressureSettings
@@ -98,7 +99,7 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
+    HangSettings, GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
     ClipSaturationSettings, GainDriftSettings, UpdateRatioSettings, DeadLayerSettings,
@@ -134,6 +135,7 @@ class DetectorSettings(
     grad_distribution = KnobsOf(GradDistributionSettings)
     effective_lr_shift = KnobsOf(SharedSettings)
     lr_jump = KnobsOf(SharedSettings)
+    hang = KnobsOf(HangSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

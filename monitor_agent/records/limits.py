@@ -56,6 +56,12 @@ MIN_INT, MAX_INT = -(2**63), 2**63 - 1  # SQLite INTEGER, orjson, float(): all h
 # Numbers in all histograms of one record (edges + counts + quantiles, grad and param).
 # The client's default (16 bins, 8 quantiles) is 41 per layer: 6,000 layers fit.
 MAX_HIST_VALUES = 1 << 18
+# A hang record (a stuck process's thread stacks): what the client keeps is at most
+# HANG_STACK_BYTES of JSON (client/monitor_client/_watchdog.py); the sidecar allows twice
+# that for clients of other languages and refuses the rest, naming the budget.
+MAX_HANG_THREADS = 256
+MAX_HANG_FRAMES = 128         # per thread, innermost kept by the client
+MAX_HANG_STACK_BYTES = 128 * 1024
 
 _BAD_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _BAD_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
@@ -145,6 +151,11 @@ def hist_values(*sections: dict[str, Any] | None) -> int:
         for h in (sec or {}).values():
             total += len(h["edges"]) + len(h["counts"]) + len(h.get("quantiles", ()))
     return total
+
+
+def stack_bytes(threads: list[Any]) -> int:
+    """The size of a hang record's stacks as JSON (what ``MAX_HANG_STACK_BYTES`` bounds)."""
+    return len(orjson.dumps(threads))
 
 
 def safe(text: str, limit: int = 64) -> str:
