@@ -16,8 +16,9 @@ doing. This detector gathers those reports and judges the run on the clock (``ti
   silence with no report is a process that can no longer report: killed or crashed.
 
 One finding per run while hung (``fingerprint: []`` in the rule), first emitted once every
-known rank is hung or gone, or ``hang_settle_seconds`` after the first report (so the page
-reads the whole picture, not the first rank to time out), and repeated every
+known rank is hung or gone, or ``hang_settle_seconds`` after the first report unless a
+silent rank is past its watchdog's limit and so about to be judged gone (so the page reads
+the whole picture, not the first rank to time out), and repeated every
 ``hang_repeat_seconds`` while it lasts, which keeps the alert open; a step from every
 reported rank ends it and the rule's ``resolve_after`` resolves it.
 
@@ -171,9 +172,15 @@ class HangDetector(DetectorBase[HangSettings]):
             self.run.first_report, self.run.picture = None, []
             return []
         picture = sorted(f"{'h' if r in hung else 'g'}{r}" for r in (*hung, *gone))
-        settled = len(hung) + len(gone) == len(self.ranks) or (
-            self.run.first_report is not None
-            and now - self.run.first_report >= self.settings.hang_settle_seconds) or not hung
+        # A silent rank past the limit its watchdog would report at, but not yet gone, is
+        # waited for (at most until it is judged gone): the page should name it.
+        pending = [r for r, st in self.ranks.items() if r not in hung and r not in gone
+                   and st.last_time is not None
+                   and (limit := self.expected_limit(st, peer_limit)) is not None
+                   and now - st.last_time > limit]
+        settled = len(hung) + len(gone) == len(self.ranks) or not hung or (
+            not pending and self.run.first_report is not None
+            and now - self.run.first_report >= self.settings.hang_settle_seconds)
         if not settled:
             return []
         last = self.run.last_emit
@@ -202,7 +209,7 @@ class HangDetector(DetectorBase[HangSettings]):
                  now: float) -> Finding:
         by_frame = Counter(st.stuck_in for st in hung.values())
         common = by_frame.most_common(1)[0][0] if hung else ""
-        odd = {r: st for r, st in hung.items() if st.stuck_in != common or len(by_frame) == 1}
+        odd = {r: st for r, st in hung.items() if st.stuck_in != common}
         waiting = sorted(r for r, st in hung.items() if r not in odd)
         parts = []
         for r, st in sorted(gone.items()):
@@ -228,8 +235,9 @@ class HangDetector(DetectorBase[HangSettings]):
         ranks_table = {str(r): _row(st, "hung" if r in hung else "gone" if r in gone
                                     else "running", now)
                        for r, st in sorted(self.ranks.items())}
-        first = min(odd or gone or hung)
-        head = (odd or gone or hung)[first]
+        named = gone or odd or hung  # the rank the page is about: gone, else the odd one out
+        first = min(named)
+        head = named[first]
         return Finding(
             type=self.type, severity=self.severity, run_id=head.run_id,
             step=max(st.last_step for st in self.ranks.values()), rank=first,
