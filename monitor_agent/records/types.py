@@ -207,7 +207,7 @@ class Memory:
 
 
 @dataclass(frozen=True, slots=True)
-class Watchdog:
+class WatchdogDeclaration:
     """The client's hang watchdog as the run record declares it (docs/format.md)."""
 
     floor_seconds: float
@@ -227,7 +227,8 @@ class RunRecord:
     hardware: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
-    watchdog: Watchdog | None = wire_field(lambda w: from_fields(Watchdog, w))
+    watchdog: WatchdogDeclaration | None = wire_field(
+        lambda w: from_fields(WatchdogDeclaration, w))
     kind: str = "run"
 
     @property
@@ -394,7 +395,7 @@ def _plan(cls: type) -> _Plan:
 
 
 _PLANS: dict[type, _Plan] = {cls: _plan(cls)
-                             for cls in (Memory, Watchdog, *RECORD_TYPES.values())}
+                             for cls in (Memory, WatchdogDeclaration, *RECORD_TYPES.values())}
 
 
 def from_fields(cls: type[_T], source: Any) -> _T:

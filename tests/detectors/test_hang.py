@@ -7,14 +7,14 @@ import dataclasses
 
 from synth_records import DT, T0, assert_restore_equivalent, feed, only, step
 
-from monitor_agent.records.types import HangRecord, RunRecord, Watchdog
+from monitor_agent.records.types import HangRecord, RunRecord, WatchdogDeclaration
 
 ALL_REDUCE = ("torch/distributed/distributed_c10d.py", "all_reduce", 3252)
 
 
 def _run(watchdog: bool = True) -> RunRecord:
     return RunRecord(run_id="r", time=T0, hardware={"world_size": 4},
-                     watchdog=Watchdog(floor_seconds=30.0, factor=5.0) if watchdog else None)
+                     watchdog=WatchdogDeclaration(floor_seconds=30.0, factor=5.0) if watchdog else None)
 
 
 def _hang(rank: int, at: int, where: tuple[str, str, int] = ALL_REDUCE,
