@@ -53,6 +53,7 @@ each second::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import site
@@ -178,7 +179,7 @@ class Watchdog:
         return threads, omitted
 
     def _frames(self, frame: Any) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         while frame is not None and len(out) < MAX_FRAMES:
             code = frame.f_code
             where, user = self._place(code.co_filename)
@@ -231,10 +232,8 @@ def _library_roots() -> list[str]:
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         if paths.get(key):
             roots.add(os.path.abspath(paths[key]))
-    try:
+    with contextlib.suppress(AttributeError):  # an old virtualenv's site module lacks it
         roots.update(os.path.abspath(p) for p in site.getsitepackages())
-    except AttributeError:  # old virtualenv's site module
-        pass
     roots.add(os.path.dirname(_PACKAGE))  # monitor_client itself, wherever it lies
     return sorted(roots, key=len, reverse=True)
 

@@ -7,6 +7,7 @@ is gone, with no stacks. No timing assertions: each waits for what it expects.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -68,10 +69,8 @@ def _launch(tmp: Path, url: str, run_id: str, mode: str) -> list[subprocess.Pope
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:  # each rank's session: the rank and any child it forked
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=30)
 
 
@@ -85,10 +84,8 @@ def _wait_text(slack: Receiver, *needles: str, timeout: float = 180.0) -> str:
         for text in _texts(slack):
             if all(n in text for n in needles):
                 return text
-        try:
+        with contextlib.suppress(TimeoutError):
             slack.wait_for(len(slack.accepted()) + 1, timeout=0.5)
-        except TimeoutError:
-            pass
     raise AssertionError(f"no message with {needles}; got {_texts(slack)}")
 
 
