@@ -453,7 +453,27 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     capture_s = time.perf_counter() - t0
     stop.set()
     record = made[0]
-    return {"watchdog_step_s": {k: statistics.median(v) for k, v in times.items()},
+    # What the watchdog adds to a step, timed directly: on the training thread the beat
+    # and the four phase-hook calls; on its own thread one wake-up (at most one a second).
+    probe = Watchdog(60.0, lambda r: None, {"run_id": "bench-watchdog", "rank": 0},
+                     threaded=False)
+    n = 200_000
+    t0 = time.perf_counter()
+    for i in range(n):
+        probe.phase.enter("forward")
+        probe.phase.enter("backward")
+        probe.phase.enter("optimizer")
+        probe.phase.enter("data")
+        probe.beat(i)
+    per_step_s = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    for _ in range(n // 10):
+        probe.check(time.monotonic())
+    per_wake_s = (time.perf_counter() - t0) / (n // 10)
+    bare = statistics.median(times["off"])
+    return {"watchdog_training_thread_s": per_step_s, "watchdog_wake_s": per_wake_s,
+            "watchdog_direct_ratio": (per_step_s + per_wake_s * max(bare, 1.0)) / bare,
+            "watchdog_step_s": {k: statistics.median(v) for k, v in times.items()},
             "watchdog_rounds": len(times["on"]), "watchdog_ratio_median": statistics.median(
                 ratios), "watchdog_ratio_q1": q[0], "watchdog_ratio_q3": q[2],
             "hang_threads": len(record["threads"]), "hang_threads_omitted":
@@ -468,6 +488,9 @@ def report_watchdog(f: dict) -> None:
     print(f"  step off {s['off']:.4f} s   on {s['on']:.4f} s   on/off per round: median "
           f"{f['watchdog_ratio_median']:.4f} (quartiles {f['watchdog_ratio_q1']:.4f} .. "
           f"{f['watchdog_ratio_q3']:.4f}) -> cost {100 * (f['watchdog_ratio_median'] - 1):+.2f}%")
+    print(f"  timed directly: {1e6 * f['watchdog_training_thread_s']:.2f} us per step on the "
+          f"training thread (beat + 4 phase hooks), {1e6 * f['watchdog_wake_s']:.2f} us per "
+          f"wake-up (1/s) -> {100 * f['watchdog_direct_ratio']:.5f}% of the step")
     print(f"  hang record, 60 extra threads 30 frames deep: {f['hang_threads']} threads kept, "
           f"{f['hang_threads_omitted']} omitted, stacks {f['hang_stack_bytes']} B (cap "
           f"{f['hang_stack_cap']} B), record {f['hang_record_bytes']} B, made in "
