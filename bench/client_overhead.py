@@ -18,6 +18,11 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
                        GELU modules), the unmonitored step's post-hook, amortised over the
                        default interval; whole steps bare / monitored / unmonitored
 
+  watchdog             (issue 23) whole steps in the default configuration with the hang
+                       watchdog on (its thread, the phase hooks, the per-step beat) and
+                       off, interleaved round by round; and the size of a hang record for a
+                       process with 60 threads (``--only-watchdog``)
+
   origin               (issue 17) whole steps in the default configuration with and
                        without the forward finite sums (one per leaf module), interleaved;
                        the per-parameter norms' share of the sender thread's one host copy;
@@ -31,6 +36,7 @@ and count host transfers made on the training thread by the hooks and log_step.
     python bench/client_overhead.py --only-activations     # bare step + activation hooks
     python bench/client_overhead.py --only-origin          # bare step + origin figures
     python bench/client_overhead.py --only-timings         # the all-reduce-wait hooks
+    python bench/client_overhead.py --only-watchdog        # watchdog on/off + record size
 """
 
 from __future__ import annotations
@@ -381,6 +387,117 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
             "grad_norms_gzip_bytes": len(gzip.compress(body))}
 
 
+def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
+    """Default configuration, watchdog on vs off, interleaved round by round (``reps``
+    steps a round, ``reps * 4`` rounds); the paired per-round ratio's spread is the noise
+    the cost is judged against. Then a hang record of a process with 60 more threads."""
+    from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
+
+    mon = Monitor(url=url, run_id="bench-watchdog",
+                  settings=MonitorConfig(install_hooks=False, linger=0.2, watchdog=False))
+    mon.watch(model, opt, grad_clip=1.0)
+    step = 0
+
+    def monitored():
+        nonlocal step
+        step += 1
+        forward_backward(model, batch)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        mon.log_step(step, loss=1.0, tokens=batch.numel())
+
+    def arm(on: bool) -> None:
+        if mon._watchdog is not None:
+            mon._watchdog.stop()
+            mon._phase.detach()
+            mon._watchdog = None
+        if on:  # as Monitor._start builds it: a fresh thread, started by the next beat
+            mon._watchdog = Watchdog(60.0, mon._send_hang, {"run_id": mon.run_id, "rank": 0},
+                                     mon._phase, 0)
+            mon._phase.attach(model, opt)
+
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for rnd in range(reps * 4 + 1):
+        order = ("off", "on") if rnd % 2 else ("on", "off")
+        for name in order:
+            arm(name == "on")
+            t = statistics.median(timed(monitored, device, 1) for _ in range(reps))
+            if rnd:
+                times[name].append(t)
+    arm(False)
+    mon.flush(30)
+    mon.close(timeout=30)
+    ratios = sorted(on / off for on, off in zip(times["on"], times["off"], strict=True))
+    q = statistics.quantiles(ratios, n=4)
+    # A process with 60 more threads, each 30 frames deep, as loader workers' feeders are.
+    stop, ready = threading.Event(), threading.Barrier(61)
+
+    def deep(depth: int) -> None:
+        if depth:
+            deep(depth - 1)
+            return
+        ready.wait()
+        stop.wait()
+
+    pool = [threading.Thread(target=deep, args=(30,), daemon=True) for _ in range(60)]
+    for t in pool:
+        t.start()
+    ready.wait()
+    dog = Watchdog(60.0, lambda r: None, {"run_id": "bench-watchdog", "rank": 0},
+                   threaded=False)
+    dog.beat(1)
+    made: list[dict] = []
+    reader = threading.Thread(target=lambda: made.append(dog.record(70.0, 60.0, 0.0)))
+    t0 = time.perf_counter()
+    reader.start()
+    reader.join()
+    capture_s = time.perf_counter() - t0
+    stop.set()
+    record = made[0]
+    # What the watchdog adds to a step, timed directly: on the training thread the beat
+    # and the four phase-hook calls; on its own thread one wake-up (at most one a second).
+    probe = Watchdog(60.0, lambda r: None, {"run_id": "bench-watchdog", "rank": 0},
+                     threaded=False)
+    n = 200_000
+    t0 = time.perf_counter()
+    for i in range(n):
+        probe.phase.enter("forward")
+        probe.phase.enter("backward")
+        probe.phase.enter("optimizer")
+        probe.phase.enter("data")
+        probe.beat(i)
+    per_step_s = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    for _ in range(n // 10):
+        probe.check(time.monotonic())
+    per_wake_s = (time.perf_counter() - t0) / (n // 10)
+    bare = statistics.median(times["off"])
+    return {"watchdog_training_thread_s": per_step_s, "watchdog_wake_s": per_wake_s,
+            "watchdog_direct_ratio": (per_step_s + per_wake_s * max(bare, 1.0)) / bare,
+            "watchdog_step_s": {k: statistics.median(v) for k, v in times.items()},
+            "watchdog_rounds": len(times["on"]), "watchdog_ratio_median": statistics.median(
+                ratios), "watchdog_ratio_q1": q[0], "watchdog_ratio_q3": q[2],
+            "hang_threads": len(record["threads"]), "hang_threads_omitted":
+                record["threads_omitted"], "hang_stack_bytes": len(json.dumps(record["threads"])),
+            "hang_record_bytes": len(json.dumps(record)), "hang_stack_cap": HANG_STACK_BYTES,
+            "hang_capture_s": capture_s}
+
+
+def report_watchdog(f: dict) -> None:
+    s = f["watchdog_step_s"]
+    print(f"watchdog (issue 23), default config, {f['watchdog_rounds']} interleaved rounds:")
+    print(f"  step off {s['off']:.4f} s   on {s['on']:.4f} s   on/off per round: median "
+          f"{f['watchdog_ratio_median']:.4f} (quartiles {f['watchdog_ratio_q1']:.4f} .. "
+          f"{f['watchdog_ratio_q3']:.4f}) -> cost {100 * (f['watchdog_ratio_median'] - 1):+.2f}%")
+    print(f"  timed directly: {1e6 * f['watchdog_training_thread_s']:.2f} us per step on the "
+          f"training thread (beat + 4 phase hooks), {1e6 * f['watchdog_wake_s']:.2f} us per "
+          f"wake-up (1/s) -> {100 * f['watchdog_direct_ratio']:.5f}% of the step")
+    print(f"  hang record, 60 extra threads 30 frames deep: {f['hang_threads']} threads kept, "
+          f"{f['hang_threads_omitted']} omitted, stacks {f['hang_stack_bytes']} B (cap "
+          f"{f['hang_stack_cap']} B), record {f['hang_record_bytes']} B, made in "
+          f"{1e3 * f['hang_capture_s']:.1f} ms")
+
+
 @torch.no_grad()
 def forward_finite_costs(model, batch, device, reps, flags) -> dict:
     """Forward passes with and without the finite hooks, interleaved; and the sums alone
@@ -523,6 +640,8 @@ def main() -> None:
                    help="measure only the bare step and the activation statistics")
     p.add_argument("--only-distributions", action="store_true",
                    help="measure only the bare step and the distribution statistics")
+    p.add_argument("--only-watchdog", action="store_true",
+                   help="measure only the watchdog on/off steps and a hang record's size")
     p.add_argument("--only-origin", action="store_true",
                    help="measure only the bare step and the origin figures (issue 17)")
     p.add_argument("--only-timings", action="store_true",
@@ -537,6 +656,9 @@ def main() -> None:
         report_timings(timings_costs(model, opt, batch, device, args.reps, url))
         return
     bare = timed(lambda: bare_step(model, opt, batch), device, args.reps)
+    if args.only_watchdog:
+        report_watchdog(watchdog_costs(model, opt, batch, device, args.reps, url))
+        return
     origin = origin_costs(model, opt, batch, device, args.reps, url)
     if args.only_origin:
         report_origin(origin)

@@ -57,6 +57,7 @@ from monitor_client._exit_hooks import ExitHooks, outcome_of
 from monitor_client._gate import NormGate
 from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
+from monitor_client._phase import PhaseTracker
 from monitor_client._preflight import Preflight
 from monitor_client._rollback import (
     CHECKPOINT_PATH_MAX,
@@ -70,6 +71,7 @@ from monitor_client._sender import Sender
 from monitor_client._spool import Spool, spool_directory
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
+from monitor_client._watchdog import Watchdog
 from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
 
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
@@ -191,6 +193,11 @@ class Monitor:
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self.close_timeout = cfg.close_timeout
         self._sender = self._make_sender(cfg) if self.active else None
+        # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
+        self._phase = PhaseTracker()
+        self._watchdog = Watchdog(cfg.watchdog_floor, self._send_hang, {
+            "run_id": self.run_id, "rank": self.rank, "attempt": self.attempt},
+            self._phase, self.rank) if self.active and cfg.watchdog else None
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
         if self.active and cfg.install_hooks:
             self._exit_hooks.install()
@@ -283,6 +290,8 @@ class Monitor:
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if cfg.sharded else "global")
         self._model_info = _model_info.describe_model(model, self._stats.names)
+        if self._watchdog is not None:
+            self._phase.attach(model, optimizer)
         if cfg.activations:
             self._watch_activations(model, optimizer, cfg.activations,
                                     cfg.activation_every or every, cfg.max_activation_modules)
@@ -388,6 +397,9 @@ class Monitor:
         self._last_step = int(step)
         urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
         self._submit(self._pending(record, loss), urgent=urgent)
+        if self._watchdog is not None:
+            self._phase.enter("data")
+            self._watchdog.beat(int(step))
 
     @staticmethod
     def _split(fields: dict[str, Any], step_time: float, data_time: float | None,
@@ -452,6 +464,7 @@ class Monitor:
         """Yield from ``iterable``, adding the time spent waiting on it to ``data_time``."""
         iterator = iter(iterable)
         while True:
+            self._phase.enter("data")
             start = time.perf_counter()
             try:
                 item = next(iterator)
@@ -473,6 +486,8 @@ class Monitor:
                       "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
                       "epoch": _scalar(epoch),
                       "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
+        if self._watchdog is not None:
+            self._watchdog.touch()
 
     # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
     def should_stop(self) -> bool:
@@ -576,6 +591,10 @@ class Monitor:
         self._run_sent = False  # a new attempt opens with its run record, as a relaunch does
 
     # -- lifecycle -----------------------------------------------------------------------
+    def _send_hang(self, record: dict[str, Any]) -> None:
+        """The watchdog's report (its own thread): urgent, it must not wait for a batch."""
+        self._submit(record, urgent=True)
+
     def _submit(self, item: Any, urgent: bool = False) -> None:
         if self._sender is not None:  # None only while inactive, when nothing is sent
             self._sender.submit(item, urgent=urgent)
@@ -592,7 +611,8 @@ class Monitor:
                       # before it names the rank that went NaN first.
                       "hardware": {**self._hardware, "reporting_ranks":
                                    1 if self.settings.rank0_only else self.world_size},
-                      "labels": self._labels})
+                      "labels": self._labels,
+                      "watchdog": self._watchdog.declaration() if self._watchdog else None})
 
     def counters(self) -> Counters | None:
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
@@ -630,6 +650,9 @@ class Monitor:
             self._timings.detach()
         if self._step_guard is not None:
             self._step_guard.detach()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._phase.detach()
         self._send_run()
         self._submit({"kind": "end", "run_id": self.run_id, "attempt": self.attempt,
                       "step": self._last_step,

@@ -206,6 +206,11 @@ class MonitorConfig:
         close_timeout: seconds ``close()`` waits for the last records.
         gpu_probe: "auto" (NVML on CUDA devices), None (off), or a probe object.
         install_hooks: end the run on exit / uncaught exception (atexit, excepthook).
+        watchdog: a thread that sends one ``hang`` record (the threads' Python stacks,
+            what the process was doing) when no step completes within
+            max(watchdog_floor, 5 x the median step time) (``_watchdog.py``).
+        watchdog_floor: seconds; no hang is reported sooner (checkpoints, evals; default
+            60, well inside the collective timeouts).
         enabled: False makes every method a no-op.
         watch: what ``watch()`` measures unless told otherwise (a ``WatchConfig``).
     """
@@ -229,6 +234,8 @@ class MonitorConfig:
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     gpu_probe: Any = "auto"
     install_hooks: bool = True
+    watchdog: bool = True
+    watchdog_floor: float = 60.0
     enabled: bool = True
     watch: WatchConfig = field(default_factory=WatchConfig)
 
@@ -256,6 +263,7 @@ class MonitorConfig:
             _positive(self, "spool_max_age", allow_inf=True)
         _at_least(self, "linger", 0)
         _at_least(self, "close_timeout", 0)
+        _positive(self, "watchdog_floor")
         _check_timeout(self.timeout)
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from monitor_agent.records.types import Finding, Severity
 
 NOT_CONSEQUENCES = frozenset({"throughput_drop", "memory_pressure", "straggler", "stalled",
-                              "lr_jump", "rank_outlier"})
+                              "lr_jump", "rank_outlier", "hang"})
 MAX_KEYS = 256  # distinct (type, layer) remembered per page: bounds a name bomb
 
 

@@ -31,6 +31,7 @@ from monitor_agent.detectors.gain_drift import GainDriftDetector
 from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
+from monitor_agent.detectors.hang import HangDetector
 from monitor_agent.detectors.input_bound import InputBoundDetector
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseDetector
 from monitor_agent.detectors.loss_spike import LossSpikeDetector
@@ -68,6 +69,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     RankOutlierDetector,
     # the client's step guard keeps skipping steps: a broken run it would otherwise hide
     SkipBudgetDetector,
+    # where a stuck run is stuck, per rank (the client's hang reports), and gone processes
+    HangDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

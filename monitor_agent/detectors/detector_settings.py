@@ -48,6 +48,7 @@ from monitor_agent.detectors.gain_drift import GainDriftSettings
 from monitor_agent.detectors.grad_distribution import GradDistributionSettings
 from monitor_agent.detectors.grad_explosion import GradExplosionSettings
 from monitor_agent.detectors.grad_vanishing import GradVanishingSettings
+from monitor_agent.detectors.hang import HangSettings
 from monitor_agent.detectors.input_bound import InputBoundSettings
 from monitor_agent.detectors.loss_scale_collapse import LossScaleCollapseSettings
 from monitor_agent.detectors.loss_spike import LossSpikeSettings
@@ -101,8 +102,8 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    SkipBudgetSettings, RankOutlierSettings, InputBoundSettings, GradDistributionSettings,
-    ActivationBlowupSettings, DeadUnitsSettings,
+    HangSettings, SkipBudgetSettings, RankOutlierSettings, InputBoundSettings,
+    GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
     ClipSaturationSettings, GainDriftSettings, UpdateRatioSettings, DeadLayerSettings,
@@ -141,6 +142,7 @@ class DetectorSettings(
     input_bound = KnobsOf(InputBoundSettings)
     rank_outlier = KnobsOf(RankOutlierSettings)
     skip_budget = KnobsOf(SkipBudgetSettings)
+    hang = KnobsOf(HangSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

@@ -186,7 +186,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.LAYER_EFFECTIVE_LR,
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
-        n.FINDINGS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
+        n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
 
@@ -457,6 +457,7 @@ class RunRenderer:
         )
         # A plain int the engine thread keeps up; the ledger itself is not read from here.
         self.add(n.LAST_CLEAN_CHECKPOINT.name, self.run_labels, run.ledger.last_clean_step)
+        self.add(n.HUNG_RANKS.name, self.run_labels, len(run.hung_ranks))
         # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
         self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'
                  f'verdict="{run.verdict_label}"', 1)

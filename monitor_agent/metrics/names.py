@@ -74,6 +74,8 @@ SAMPLES = _c("training_samples", "Samples consumed.")
 SKIPPED_STEPS = _c("training_skipped_steps", "Optimizer steps skipped (by the loss scaler or the client's step guard).")
 SKIPPED_STEPS_BY_REASON = _c("training_skipped_steps_by_reason", "Optimizer steps skipped, by reason: nonfinite_grad, grad_norm_outlier (the client's step guard), loss_scale.", "reason")
 FINDINGS = _c("training_findings", "Detector findings raised.", "type", "severity")
+HUNG_RANKS = _g("training_hung_ranks", "Ranks the latest hang finding named stuck or gone "
+                "(0 once each has stepped again).")
 LAYER_GRAD_NORM = _g("training_layer_grad_norm", "Per-parameter gradient L2 norm.", "layer")
 LAYER_EFFECTIVE_LR = _g("training_layer_effective_learning_rate", "Per-parameter ||update|| / ||clipped gradient||.", "layer")
 LAYER_UPDATE_RATIO = _g("training_layer_update_ratio", "Per-parameter ||update|| / ||param||.", "layer")

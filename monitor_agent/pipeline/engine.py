@@ -45,7 +45,7 @@ from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.admission import AdmissionBudget
 from monitor_agent.pipeline.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.pipeline.layer_cap import cap_layers
-from monitor_agent.pipeline.plausible import implausible_step
+from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
@@ -223,6 +223,8 @@ class Engine:
                         reason = implausible_step(live.state, record, seen,
                                                   self.settings.max_step_jump, now)
                         label = "implausible_step"
+                    if reason is None:
+                        reason, label = forged_rank(live.state, record), "forged_rank"
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()

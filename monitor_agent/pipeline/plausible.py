@@ -33,7 +33,7 @@ is given for (the API answers 422 for it)::
 from __future__ import annotations
 
 from monitor_agent.pipeline.run_state import RankState, RunState
-from monitor_agent.records.types import Record, RunRecord
+from monitor_agent.records.types import HangRecord, Record, RunRecord
 
 PACE_HEADROOM = 10.0
 
@@ -57,6 +57,30 @@ def implausible_step(
                 f"more than {allowed - latest} steps after its latest step {latest} "
                 f"(max_step_jump={max_jump} plus the run's pace)")
     seen[key] = max(seen.get(key, -1), record.step)
+    return None
+
+
+def forged_rank(run: RunState, record: Record) -> str | None:
+    """Why a hang report cannot be from the rank it names, or None: one at or past the
+    world size the run record declared (``hardware.world_size``) is forged or misaddressed,
+    and would put a rank that does not exist on the page (a negative rank is refused by
+    the schema).
+
+        >>> from monitor_agent.records.schemas import parse_record
+        >>> run = RunState.new("r1", now=0.0)
+        >>> run.apply_run(parse_record({"kind": "run", "run_id": "r1",
+        ...                             "hardware": {"world_size": 4}}))
+        >>> hang = {"kind": "hang", "run_id": "r1", "step": 0, "time": 0.0, "stuck_seconds": 9.0}
+        >>> print(forged_rank(run, parse_record({**hang, "rank": 7})))
+        rank: 7 is not a rank of run r1 (its run record declares world_size 4)
+    """
+    if not isinstance(record, HangRecord):
+        return None
+    hardware = run.run.hardware if run.run is not None else {}
+    size = hardware.get("world_size")
+    if isinstance(size, int) and not isinstance(size, bool) and record.rank >= size:
+        return (f"rank: {record.rank} is not a rank of run {record.run_id} (its run record "
+                f"declares world_size {size})")
     return None
 
 

@@ -80,6 +80,9 @@ class RunState:
     last_record_id: int = 0
     snapshot_record_id: int = 0
     version: int = 0
+    # Ranks the latest ``hang`` finding named hung or gone; a rank's next step takes it out
+    # (``training_hung_ranks``).
+    hung_ranks: set[int] = field(default_factory=set)
     # Layer names the detectors track, capped (a name bomb must not grow memory forever).
     layer_names: set[str] = field(default_factory=set)
     verdict: VerdictTracker = field(default_factory=VerdictTracker)
@@ -119,6 +122,7 @@ class RunState:
 
     def apply_step(self, record: StepRecord, arrival: float, buckets: tuple[float, ...]) -> None:
         state = self.rank(record.rank)
+        self.hung_ranks.discard(record.rank)
         if not state.step_time_counts:
             state.step_time_counts = [0] * (len(buckets) + 1)
         state.steps_total += 1
@@ -169,6 +173,9 @@ class RunState:
         for f in findings:
             key = (f.type, f.severity.label)
             self.findings[key] = self.findings.get(key, 0) + 1
+            if f.type == "hang":
+                self.hung_ranks = {int(r) for r in (*f.evidence.get("hung_ranks", ()),
+                                                    *f.evidence.get("gone_ranks", ()))}
         if findings:
             self.version += 1
 

@@ -61,6 +61,13 @@ MAX_HIST_VALUES = 1 << 18
 MAX_CHECKPOINT_PATH_LEN = 4096
 MAX_CHECKPOINT_TAG_LEN = 200
 
+# A hang record (a stuck process's thread stacks): what the client keeps is at most
+# HANG_STACK_BYTES of JSON (client/monitor_client/_watchdog.py); the sidecar allows twice
+# that for clients of other languages and refuses the rest, naming the budget.
+MAX_HANG_THREADS = 256
+MAX_HANG_FRAMES = 128         # per thread, innermost kept by the client
+MAX_HANG_STACK_BYTES = 128 * 1024
+
 _BAD_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _BAD_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
@@ -149,6 +156,11 @@ def hist_values(*sections: dict[str, Any] | None) -> int:
         for h in (sec or {}).values():
             total += len(h["edges"]) + len(h["counts"]) + len(h.get("quantiles", ()))
     return total
+
+
+def stack_bytes(threads: list[Any]) -> int:
+    """The size of a hang record's stacks as JSON (what ``MAX_HANG_STACK_BYTES`` bounds)."""
+    return len(orjson.dumps(threads))
 
 
 def safe(text: str, limit: int = 64) -> str:

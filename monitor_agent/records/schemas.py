@@ -138,6 +138,15 @@ class HistModel(TypedDict):
 FreeForm = dict[str, Any]
 
 
+class WatchdogModel(_Wire):
+    # The client's hang watchdog (docs/format.md, "hang"): declared on the run record so
+    # the sidecar can tell a rank that went silent without a hang report (its process is
+    # gone) from one that is merely slow.
+    floor_seconds: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+    factor: Annotated[float, Field(gt=1, le=1000, allow_inf_nan=False)]
+    warmup_steps: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] = 5
+
+
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
@@ -150,6 +159,7 @@ class RunModel(_Wire):
     labels: Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)] = Field(
         default_factory=dict
     )
+    watchdog: WatchdogModel | None = None
 
     @field_validator("config", "model", "hardware")
     @classmethod
@@ -305,14 +315,62 @@ class CheckpointModel(_Wire):
     tag: Annotated[str, AfterValidator(_checkpoint_tag)] | None = None
 
 
+def _frame_text(value: str) -> str:
+    return limits.check_text(value, MAX_NAME_LEN, "frame", name=True)
+
+
+FrameText = Annotated[str, AfterValidator(_frame_text)]
+
+
+class FrameModel(TypedDict):
+    # One Python frame; ``user`` marks the script's own code (not the standard library
+    # or an installed package): the page quotes the innermost one as "called from".
+    file: FrameText
+    line: Annotated[int, Field(ge=0, le=2**31, strict=True)]
+    function: FrameText
+    user: NotRequired[bool]
+
+
+class ThreadModel(TypedDict):
+    name: FrameText
+    training: NotRequired[bool]  # the thread that calls log_step (first in the list)
+    frames: Annotated[list[FrameModel], Field(max_length=limits.MAX_HANG_FRAMES)]
+
+
+class HangModel(_Wire):
+    kind: Literal["hang"]
+    run_id: RunId
+    step: Step  # the last step the rank completed
+    time: Time
+    rank: Rank = 0
+    attempt: AttemptToken | None = None
+    stuck_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    limit_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    phase: Literal["data", "forward", "backward", "optimizer", "unknown"] = "unknown"
+    phase_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    threads: Annotated[list[ThreadModel], Field(max_length=limits.MAX_HANG_THREADS)] = Field(
+        default_factory=list)
+    threads_omitted: Annotated[int, Field(ge=0, le=2**31, strict=True)] = 0
+    nccl_trace: Annotated[str, AfterValidator(_error_text)] | None = None
+
+    @model_validator(mode="after")
+    def _stack_budget(self) -> HangModel:
+        size = limits.stack_bytes(self.threads)
+        if size > limits.MAX_HANG_STACK_BYTES:
+            raise ValueError(f"threads: {size} bytes of stacks exceed the budget of "
+                             f"{limits.MAX_HANG_STACK_BYTES} per hang record")
+        return self
+
+
 RecordModel = Annotated[
-    RunModel | StepModel | EvalModel | EndModel | CheckpointModel, Field(discriminator="kind")
+    RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel,
+    Field(discriminator="kind"),
 ]
-WireRecord = RunModel | StepModel | EvalModel | EndModel | CheckpointModel
+WireRecord = RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel
 TOP_FIELDS: dict[str, frozenset[str]] = {
     kind: frozenset(model.model_fields) for kind, model in (
         ("run", RunModel), ("step", StepModel), ("eval", EvalModel), ("end", EndModel),
-        ("checkpoint", CheckpointModel))}
+        ("checkpoint", CheckpointModel), ("hang", HangModel))}
 """Each kind's top-level fields. Read once: pydantic builds ``model_fields`` on each
 access (microseconds), and ingest asks for every record (``verbatim``, ``_own_scalars``)."""
 _RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)

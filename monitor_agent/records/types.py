@@ -207,6 +207,15 @@ class Memory:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchdogDeclaration:
+    """The client's hang watchdog as the run record declares it (docs/format.md)."""
+
+    floor_seconds: float
+    factor: float
+    warmup_steps: int = 5
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The first record of a run: hyper-parameters, model shape, hardware, labels."""
 
@@ -218,6 +227,8 @@ class RunRecord:
     hardware: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
+    watchdog: WatchdogDeclaration | None = wire_field(
+        lambda w: from_fields(WatchdogDeclaration, w))
     kind: str = "run"
 
     @property
@@ -354,10 +365,38 @@ class CheckpointRecord:
     kind: str = "checkpoint"
 
 
-Record = RunRecord | StepRecord | EvalRecord | EndRecord | CheckpointRecord
+@dataclass(frozen=True, slots=True)
+class HangRecord:
+    """A rank's watchdog saw no step complete for longer than its limit: where each of the
+    process's threads is (``threads``: dicts of name, training, frames; frames outermost
+    first, each a dict of file, line, function, user), what it was last doing."""
+
+    run_id: str
+    step: int  # the last step the rank completed
+    time: float
+    stuck_seconds: float
+    rank: int = 0
+    limit_seconds: float | None = None
+    phase: str = "unknown"
+    phase_seconds: float | None = None
+    threads: tuple[dict[str, Any], ...] = wire_field(tuple, default=())
+    threads_omitted: int = 0
+    nccl_trace: str | None = None
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
+    kind: str = "hang"
+
+    def training_frames(self) -> list[dict[str, Any]]:
+        """The frames of the thread that runs the training loop (else the first thread)."""
+        for thread in self.threads:
+            if thread.get("training"):
+                return list(thread.get("frames") or ())
+        return list(self.threads[0].get("frames") or ()) if self.threads else []
+
+
+Record = RunRecord | StepRecord | EvalRecord | EndRecord | CheckpointRecord | HangRecord
 RECORD_TYPES: dict[str, type[Record]] = {
     "run": RunRecord, "step": StepRecord, "eval": EvalRecord, "end": EndRecord,
-    "checkpoint": CheckpointRecord,
+    "checkpoint": CheckpointRecord, "hang": HangRecord,
 }
 _T = TypeVar("_T")
 # How each dataclass is filled from a wire object, worked out once per class rather than per
@@ -373,7 +412,8 @@ def _plan(cls: type) -> _Plan:
                   for f in fields if _CONVERT in f.metadata))
 
 
-_PLANS: dict[type, _Plan] = {cls: _plan(cls) for cls in (Memory, *RECORD_TYPES.values())}
+_PLANS: dict[type, _Plan] = {cls: _plan(cls)
+                             for cls in (Memory, WatchdogDeclaration, *RECORD_TYPES.values())}
 
 
 def from_fields(cls: type[_T], source: Any) -> _T:

@@ -52,6 +52,7 @@ def test_defaults_follow_the_issue():
         ("memory_pressure", Severity.ERROR, "TrainingMemoryPressureCritical"),
         ("memory_pressure", Severity.WARNING, "TrainingMemoryPressure"),
         ("stalled", Severity.ERROR, "TrainingStalled"),
+        ("hang", Severity.CRITICAL, "TrainingHung"),
         ("category_divergence", Severity.WARNING, "TrainingCategoryDivergence"),
         ("lr_jump", Severity.WARNING, "TrainingLrJump"),
         ("input_bound", Severity.WARNING, "TrainingInputBound"),

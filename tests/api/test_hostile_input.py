@@ -217,3 +217,73 @@ def test_run_ids_a_url_cannot_reach_are_refused_with_the_reason(srv):
     r = _post(srv, _steps("..dots.are.fine..", [1]))
     assert r.status_code == 200 and r.json()["accepted"] == 1
     assert httpx.get(srv.url + "/v1/runs/..dots.are.fine..").status_code == 200
+
+
+# -- hang records (issue 23): a hostile stack, broken text, a forged rank -----------------
+
+def _hang(run_id: str, rank: int = 0, **extra) -> dict:
+    frames = [{"file": "train.py", "line": 88, "function": "main", "user": True}]
+    return {"kind": "hang", "run_id": run_id, "step": 3, "time": 1010.0, "rank": rank,
+            "stuck_seconds": 30.0, "threads": [{"name": "MainThread", "training": True,
+                                                "frames": frames}], **extra}
+
+
+def _hung_run(srv, run_id: str) -> None:
+    run = {"kind": "run", "run_id": run_id, "hardware": {"world_size": 2}}
+    assert _post(srv, [run, *_steps(run_id, range(1, 4)),
+                       *_steps(run_id, range(1, 4), rank=1)]).status_code == 200
+
+
+def _hangs_stored(srv, run_id: str) -> list[dict]:
+    return [r for r in _stored(srv, run_id) if r["kind"] == "hang"]
+
+
+def test_a_hang_record_with_a_100_mb_stack_is_413_and_stores_nothing(srv):
+    _hung_run(srv, "hang-huge")
+    frame = {"file": "x" * 200, "line": 1, "function": "f" * 200}
+    threads = [{"name": "t", "frames": [frame] * 100}] * 2600  # about 100 MB of JSON
+    body = json.dumps({"records": [_hang("hang-huge", threads=threads)]}).encode()
+    assert len(body) > 100_000_000
+    r = _raw(srv, body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "max_body_bytes" in r.text
+    assert _hangs_stored(srv, "hang-huge") == []
+    assert _post(srv, [_hang("hang-huge")]).status_code == 200  # a sane one is stored
+    assert len(_hangs_stored(srv, "hang-huge")) == 1
+
+
+def test_a_hang_record_over_the_stack_budget_is_422_naming_it(srv):
+    _hung_run(srv, "hang-budget")
+    frame = {"file": "x" * 200, "line": 1, "function": "f" * 200}
+    threads = [{"name": f"t{i}", "frames": [frame] * 100} for i in range(5)]  # ~210 KiB
+    r = _post(srv, [_hang("hang-budget", threads=threads)])
+    assert r.status_code == 422
+    assert f"exceed the budget of {limits.MAX_HANG_STACK_BYTES}" in r.text
+    assert _hangs_stored(srv, "hang-budget") == []
+
+
+def test_non_utf8_frames_are_a_clear_4xx_and_store_nothing(srv):
+    _hung_run(srv, "hang-utf8")
+    line = json.dumps(_hang("hang-utf8")).encode().replace(b'"main"', b'"ma\xff\xfein"')
+    r = _raw(srv, line, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.text and "UTF-8" in r.text
+    r = _raw(srv, line + b"\n")  # NDJSON: the line alone is rejected
+    assert r.status_code == 422 and "UTF-8" in r.text
+    lone = _hang("hang-utf8")
+    lone["threads"][0]["frames"][0]["function"] = "ma\ud800in"  # a lone surrogate, escaped
+    r = _raw(srv, json.dumps({"records": [lone]}).encode(),
+             headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "surrogate" in r.text
+    assert _hangs_stored(srv, "hang-utf8") == []
+
+
+@pytest.mark.parametrize("rank", [2, 1_000, -1])
+def test_a_hang_record_from_a_forged_rank_is_422_and_stores_nothing(srv, rank):
+    run_id = f"hang-forged{rank}".replace("-1", "m1")
+    _hung_run(srv, run_id)
+    r = _post(srv, [_hang(run_id, rank=rank)])
+    assert r.status_code == 422
+    assert ("world_size 2" in r.text) if rank >= 0 else ("rank" in r.text and ">= 0" in r.text
+                                                          or "greater than" in r.text)
+    assert _hangs_stored(srv, run_id) == []
+    assert _post(srv, [_hang(run_id, rank=1)]).status_code == 200  # a real rank is stored
+    assert [h["rank"] for h in _hangs_stored(srv, run_id)] == [1]

@@ -124,3 +124,25 @@ def test_series_caps_keep_what_fits_and_report_the_rest_once():
     assert caps.keep("max_runs", 0, caps.max_runs) == 0
     assert drops == [("max_layers", 3)]
     assert SeriesCaps().keep("max_ranks", 300, 256) == 256  # no callback: cut silently
+
+
+def test_hung_ranks_count_the_latest_hang_finding_until_each_rank_steps_again():
+    from monitor_agent.metrics.exposition import RunRenderer, SeriesCaps
+    from monitor_agent.records.types import Finding, Severity
+
+    run = RunState.new("hung", now=0.0)
+    for rank in (0, 1, 2):
+        run.apply_step(StepRecord(run_id="hung", step=5, time=5.0, rank=rank), 5.0,
+                       STEP_DURATION_BUCKETS)
+    def hung() -> float:
+        line = RunRenderer(run, SeriesCaps()).render()["training_hung_ranks"]
+        assert line.startswith('training_hung_ranks{project="",run_id="hung"} ')
+        return float(line.split()[-1])
+
+    assert hung() == 0
+    run.count_findings([Finding("hang", Severity.CRITICAL, "hung", 5, "rank 2 stuck",
+                                evidence={"hung_ranks": [0, 1], "gone_ranks": [2]})])
+    assert hung() == 3
+    run.apply_step(StepRecord(run_id="hung", step=6, time=6.0, rank=0), 6.0,
+                   STEP_DURATION_BUCKETS)
+    assert hung() == 2

@@ -404,3 +404,47 @@ def test_steps_the_step_guard_skipped_are_marked_on_the_loss_and_grad_charts(bro
     browser.save_screenshot(str(shots / "run-guard-skips.png"))
     open_run(browser, lr_runs, "baseline")  # a run with no skips: no marks
     assert browser.execute_script("return window.runPage.charts.loss.skippedShown") == 0
+
+
+def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
+    """Issue 23: the hang finding's row carries a per-rank table: the rank stuck elsewhere,
+    the one waiting in all_reduce, the last completed step of each."""
+    import time
+
+    import httpx
+
+    from live_server import LiveServer
+    from monitor_agent.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path, tick_interval_seconds=0.05)
+    now = time.time()
+    frames = {0: ("torch/distributed/distributed_c10d.py", "all_reduce"),
+              1: ("train.py", "wait_for_batch")}
+    records = [{"kind": "run", "run_id": "hung", "hardware": {"world_size": 2}}]
+    records += [{"kind": "step", "run_id": "hung", "step": s, "rank": r, "loss": 1.0,
+                 "time": now - 60 + s} for s in range(1, 8) for r in (0, 1)]
+    records += [{"kind": "hang", "run_id": "hung", "step": 7, "rank": r, "time": now,
+                 "stuck_seconds": 53.0, "limit_seconds": 30.0, "phase": "backward",
+                 "threads": [{"name": "MainThread", "training": True, "frames": [
+                     {"file": "train.py", "line": 88, "function": "main", "user": True},
+                     {"file": f, "line": 9, "function": fn, "user": f == "train.py"}]}]}
+                for r, (f, fn) in frames.items()]
+    with LiveServer(settings) as srv:
+        assert httpx.post(srv.url + "/v1/records", json={"records": records},
+                          timeout=30).status_code == 200
+        deadline = time.monotonic() + 60
+        while not [f for f in httpx.get(f"{srv.url}/v1/runs/hung/findings", timeout=10)
+                   .json()["findings"] if f["type"] == "hang"]:
+            assert time.monotonic() < deadline, "no hang finding"
+            time.sleep(0.1)
+        browser.get(f"{srv.url}/runs/hung")
+        WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+            By.CSS_SELECTOR, "#findings tr.episode[data-type='hang'] table.hang-ranks"))
+        row = browser.find_element(By.CSS_SELECTOR, "#findings tr.episode[data-type='hang']")
+        assert "rank 1 stuck 53 s in train.py:wait_for_batch" in row.text
+        cells = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                 for tr in row.find_elements(By.CSS_SELECTOR, "table.hang-ranks tr[data-state]")]
+        assert cells == [
+            ["0", "hung", "7", "53 s", "backward",
+             "torch/distributed/distributed_c10d.py:all_reduce ← train.py:88"],
+            ["1", "hung", "7", "53 s", "backward", "train.py:wait_for_batch ← train.py:88"]]

@@ -515,6 +515,23 @@
       el("tbody", {}, row(`rank ${f.rank}`, ""), row("other ranks (median)", "others_")));
   }
   const SEVERITY = ["info", "warning", "error", "critical"];
+  // A hang (detectors/hang.py): per rank, from the episode's latest finding, the last
+  // completed step and what it is doing, so "one rank is stuck or gone, the rest wait in
+  // all_reduce" reads at a glance. Text nodes only: frames are the client's data.
+  function hangTable(first, lastStep) {
+    const f = S.findings.filter(g => g.type === "hang" && g.step <= lastStep).pop() || first;
+    const ranks = Object.entries((f.evidence || {}).ranks || {});
+    if (!ranks.length) return "";
+    const head = el("tr", {}, ...["rank", "state", "last step", "stuck", "phase", "where"].map(h => el("th", {}, h)));
+    const rows = ranks.map(([r, v]) => el("tr", {"data-state": v.state},
+      el("td", {}, r), el("td", {}, v.state), el("td", {}, String(v.last_step)),
+      el("td", {}, v.stuck_seconds != null ? fmt(v.stuck_seconds) + " s" :
+        v.silent_seconds != null ? `silent ${fmt(v.silent_seconds)} s` : ""),
+      el("td", {}, v.phase || ""),
+      el("td", {}, v.stuck_in ? v.stuck_in + (v.called_from ? ` ← ${v.called_from}` : "") :
+        v.state === "gone" ? "process gone: no hang report" : "")));
+    return el("table", {class: "hang-ranks"}, head, ...rows);
+  }
   function renderFindings() {
     const eps = episodes(S.findings);
     document.getElementById("findings-count").textContent =
@@ -525,7 +542,8 @@
       el("td", {}, count > 1 ? el("span", {class: "count"}, count + "×") : ""),
       el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
       el("td", {"data-rank": f.rank}, f.type + rankOf(f)), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""),
-        ...(f.type === "straggler" ? [breakdownTable(f)] : []))));
+        ...(f.type === "straggler" ? [breakdownTable(f)] : []),
+        ...(f.type === "hang" ? [hangTable(f, last)] : []))));
     document.querySelector("#findings tbody").replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", {class: "empty"}, "No findings: nothing looked wrong."))]));
   }

@@ -1,0 +1,51 @@
+"""What the training thread was last seen doing: data, forward, backward or optimizer.
+
+Set by hooks that already run each step (a forward pre/post hook on the watched model, the
+optimizer's step pre/post hooks, ``Monitor.timed``, ``log_step``): two attribute stores per
+call, no lock (one writer, the training thread; the watchdog reads a value at most one
+phase old). Forward's end is taken as the start of backward: the loss and the backward
+pass follow it, and a collective inside backward (DDP's all-reduce) is then "backward".
+
+    >>> import time
+    >>> tracker = PhaseTracker()
+    >>> tracker.enter("forward")
+    >>> tracker.phase, tracker.seconds(time.monotonic()) < 1.0
+    ('forward', True)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class PhaseTracker:
+    """The current phase and since when (``time.monotonic``)."""
+
+    __slots__ = ("phase", "since", "_handles")
+
+    def __init__(self) -> None:
+        self.phase = "unknown"
+        self.since = time.monotonic()
+        self._handles: list[Any] = []
+
+    def enter(self, phase: str) -> None:
+        self.phase, self.since = phase, time.monotonic()
+
+    def seconds(self, now: float) -> float:
+        return max(now - self.since, 0.0)
+
+    def attach(self, model: Any, optimizer: Any) -> None:
+        """Hook ``model``'s forward (root module only) and ``optimizer``'s step."""
+        self.detach()
+        self._handles = [
+            model.register_forward_pre_hook(lambda *_: self.enter("forward")),
+            model.register_forward_hook(lambda *_: self.enter("backward")),
+            optimizer.register_step_pre_hook(lambda *_: self.enter("optimizer")),
+            optimizer.register_step_post_hook(lambda *_: self.enter("data")),
+        ]
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

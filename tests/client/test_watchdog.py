@@ -1,0 +1,141 @@
+"""The hang watchdog (client/monitor_client/_watchdog.py): one hang record while the
+training thread is blocked in C code, through the real Monitor and sender to a loopback
+endpoint that validates with the sidecar's own schema; its size bound with 60 threads."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+import monitor_client
+from monitor_agent.records.schemas import parse_record
+from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
+from monitor_client.config import MonitorConfig
+
+
+def _until(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def blocked_in_c(fd: int) -> bytes:
+    return os.read(fd, 1)  # a C call that releases the GIL, as a collective's wait does
+
+
+def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp_path):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd", settings=MonitorConfig(
+        linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
+    mon.watch(model, opt)
+    for step in range(1, 7):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=1.0)
+    read_end, write_end = os.pipe()
+    # Released by another thread once the hang record has arrived: the trainer itself is
+    # blocked in os.read the whole time, holding no GIL.
+    releaser = threading.Thread(target=lambda: (_until(lambda: receiver.of_kind("hang")),
+                                                os.write(write_end, b"x")), daemon=True)
+    releaser.start()
+    blocked_in_c(read_end)
+    releaser.join()
+    mon.log_step(7, loss=1.0)
+    mon.close()
+    hangs = receiver.of_kind("hang")
+    assert len(hangs) == 1
+    hang = hangs[0]
+    assert hang["step"] == 6 and hang["rank"] == 0 and hang["phase"] == "data"
+    assert hang["stuck_seconds"] > hang["limit_seconds"] >= 0.5
+    training = hang["threads"][0]
+    assert training["training"] is True
+    assert training["frames"][-1]["function"] == "blocked_in_c"
+    assert training["frames"][-1]["file"].endswith("test_watchdog.py")
+    assert training["frames"][-1]["user"] is True
+    assert all(not t.get("training") for t in hang["threads"][1:])
+    run = receiver.of_kind("run")[0]
+    assert run["watchdog"] == {"floor_seconds": 0.5, "factor": 5.0, "warmup_steps": 5}
+    assert [r["step"] for r in receiver.of_kind("step")] == list(range(1, 8))
+
+
+def test_the_phase_is_what_the_hooks_saw_last(receiver, tmp_path):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-phase", settings=MonitorConfig(
+        linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
+    mon.watch(model, opt)
+    mon.log_step(1, loss=1.0)
+    model(torch.ones(2, 4))
+    assert mon._phase.phase == "backward"
+    opt.step()
+    assert mon._phase.phase == "data"
+    mon.close()
+
+
+def test_off_means_no_thread_and_no_declaration(receiver, tmp_path):
+    before = {t.name for t in threading.enumerate()}
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-off", settings=MonitorConfig(
+        linger=0.0, watchdog=False, spool_dir=str(tmp_path), gpu_probe=None))
+    mon.log_step(1, loss=1.0)
+    assert "monitor_client-watchdog" not in {t.name for t in threading.enumerate()} - before
+    mon.close()
+    assert receiver.of_kind("run")[0].get("watchdog") is None
+
+
+def test_a_floor_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match="watchdog_floor must be > 0"):
+        MonitorConfig(watchdog_floor=0)
+
+
+def _deep(depth: int, ready: threading.Barrier, stop: threading.Event) -> None:
+    if depth:
+        _deep(depth - 1, ready, stop)
+        return
+    ready.wait()
+    stop.wait()
+
+
+def test_sixty_threads_fit_the_documented_cap_training_thread_first():
+    stop = threading.Event()
+    ready = threading.Barrier(61)
+    threads = [threading.Thread(target=_deep, args=(80, ready, stop), name=f"worker-{i:02d}",
+                                daemon=True) for i in range(60)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    try:
+        dog = Watchdog(floor=1.0, send=lambda r: None, header={"run_id": "r", "rank": 0},
+                       threaded=False)
+        dog.beat(3)  # this thread is the training thread; the record is made on another
+        made: list[dict] = []
+        reader = threading.Thread(target=lambda: made.append(
+            dog.record(stuck=10.0, limit=5.0, now=time.monotonic())))
+        reader.start()
+        reader.join()
+        record = made[0]
+    finally:
+        stop.set()
+    size = len(json.dumps(record["threads"]))
+    assert size <= HANG_STACK_BYTES
+    assert record["threads"][0]["training"] is True
+    assert len(record["threads"]) + record["threads_omitted"] >= 61
+    assert all(len(t["frames"]) <= 48 for t in record["threads"])
+    assert parse_record(record).kind == "hang"  # the sidecar accepts what the client bounds
+
+
+def test_a_failing_send_never_reaches_training():
+    def broken(record):
+        raise RuntimeError("sender gone")
+
+    dog = Watchdog(floor=0.05, send=broken, header={"run_id": "r", "rank": 0})
+    dog.beat(1)
+    _until(lambda: dog.errors >= 1, timeout=30)
+    dog.stop()

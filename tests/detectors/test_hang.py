@@ -1,0 +1,120 @@
+"""hang: the client's hang reports gathered per rank, judged on an injected clock; a rank
+silent with no report is a process that is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from synth_records import DT, T0, assert_restore_equivalent, feed, only, step
+
+from monitor_agent.records.types import HangRecord, RunRecord, WatchdogDeclaration
+
+ALL_REDUCE = ("torch/distributed/distributed_c10d.py", "all_reduce", 3252)
+
+
+def _run(watchdog: bool = True) -> RunRecord:
+    return RunRecord(run_id="r", time=T0, hardware={"world_size": 4},
+                     watchdog=WatchdogDeclaration(floor_seconds=30.0, factor=5.0) if watchdog else None)
+
+
+def _hang(rank: int, at: int, where: tuple[str, str, int] = ALL_REDUCE,
+          stuck: float = 40.0) -> HangRecord:
+    file, fn, line = where
+    frames = ({"file": "train.py", "line": 88, "function": "main", "user": True},
+              {"file": file, "line": line, "function": fn, "user": file == "train.py"})
+    return HangRecord(run_id="r", step=at, time=T0 + at * DT + stuck, stuck_seconds=stuck,
+                      rank=rank, limit_seconds=30.0, phase="backward",
+                      threads=({"name": "MainThread", "training": True, "frames": frames},))
+
+
+def _steps(ranks: range, upto: int) -> list:
+    return [step(i, rank=r) for i in range(1, upto + 1) for r in ranks]
+
+
+def test_one_rank_elsewhere_is_named_with_its_frame_and_the_rest_wait():
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(4), 20)])
+    feed(suite, [_hang(0, 20), _hang(1, 20), _hang(3, 20),
+                 _hang(2, 20, ("data/loader.py", "next_batch", 12))])
+    last = T0 + 20 * DT
+    found = suite.tick(last + 41.0)
+    assert [f.type for f in found] == ["hang"]
+    f = found[0]
+    assert f.rank == 2 and f.step == 20
+    assert f.message.startswith("rank 2 stuck 40 s in data/loader.py:next_batch, called from "
+                                "train.py:88; ranks 0-1,3 wait in "
+                                "torch/distributed/distributed_c10d.py:all_reduce")
+    assert f.evidence["ranks"]["2"]["phase"] == "backward"
+    assert f.evidence["hung_ranks"] == [0, 1, 2, 3] and f.evidence["gone_ranks"] == []
+    # pages once: nothing new until the repeat interval, which keeps the alert open
+    assert suite.tick(last + 42.0) == []
+    assert len(suite.tick(last + 41.0 + 61.0)) == 1
+
+
+def test_waits_for_the_other_ranks_reports_before_judging():
+    suite = only("hang", hang_settle_seconds=15.0)
+    feed(suite, [_run(watchdog=False), *_steps(range(4), 20)])
+    feed(suite, [_hang(0, 20)])
+    report = T0 + 20 * DT + 40.0
+    assert suite.tick(report + 1.0) == []           # ranks 1-3 may still report
+    feed(suite, [_hang(r, 20) for r in (1, 2, 3)])
+    found = suite.tick(report + 2.0)                 # every rank accounted for
+    assert [f.evidence["hung_ranks"] for f in found] == [[0, 1, 2, 3]]
+    assert found[0].message.startswith("ranks 0-3 stuck 40 s in "
+                                       "torch/distributed/distributed_c10d.py:all_reduce")
+
+
+def test_judges_after_the_settle_time_when_the_others_still_step():
+    suite = only("hang", hang_settle_seconds=15.0)
+    feed(suite, [_run(), *_steps(range(2), 20)])
+    feed(suite, [_hang(0, 20)])
+    report = T0 + 20 * DT + 40.0
+    feed(suite, [dataclasses.replace(step(i, rank=1), time=report - 20.0 + i)
+                 for i in range(21, 35)])
+    assert suite.tick(report + 1.0) == []
+    found = suite.tick(report + 16.0)
+    assert [f.evidence["hung_ranks"] for f in found] == [[0]]
+
+
+def test_a_step_after_the_hang_ends_it():
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(2), 20)])
+    feed(suite, [_hang(0, 20), _hang(1, 20)])
+    assert len(suite.tick(T0 + 20 * DT + 41.0)) == 1
+    feed(suite, [step(21, rank=0), step(21, rank=1)])
+    assert suite.tick(T0 + 21 * DT + 45.0) == []   # within their watchdogs' limit x 2
+
+
+def test_a_rank_silent_without_a_report_is_gone_while_its_peers_wait():
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(4), 20), *_steps(range(3), 21)[60:]])
+    feed(suite, [_hang(r, 21) for r in range(3)])
+    silent_since = T0 + 20 * DT  # rank 3's last step
+    assert suite.tick(silent_since + 59.0) == []      # within 2 x its watchdog's 30 s
+    found = suite.tick(silent_since + 61.0)
+    assert len(found) == 1
+    f = found[0]
+    assert f.rank == 3 and f.evidence["gone_ranks"] == [3]
+    assert f.message.startswith("rank 3 sent nothing for 61 s and no hang report: its process "
+                                "is gone (killed or crashed); ranks 0-2 wait 40 s in "
+                                "torch/distributed/distributed_c10d.py:all_reduce")
+    assert "stuck_in" not in f.evidence["ranks"]["3"]
+
+
+def test_without_a_declared_watchdog_or_reports_silence_is_left_to_stalled():
+    suite = only("hang")
+    feed(suite, [_run(watchdog=False), *_steps(range(2), 20)])
+    assert suite.tick(T0 + 10**6) == []
+
+
+def test_a_single_rank_run_with_a_watchdog_that_falls_silent_is_gone():
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(1), 20)])
+    found = suite.tick(T0 + 20 * DT + 61.0)
+    assert [f.evidence["gone_ranks"] for f in found] == [[0]]
+
+
+def test_snapshot_and_restore_keep_the_reports():
+    recs = [_run(), *_steps(range(4), 20), _hang(0, 20), _hang(1, 20), _hang(2, 20)]
+    assert_restore_equivalent(lambda: only("hang"), recs, cut=len(recs) - 1,
+                              final_tick=T0 + 20 * DT + 100.0)
