@@ -29,7 +29,7 @@ from pydantic import Field
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window
-from monitor_agent.records.types import Finding, Severity, StepRecord
+from monitor_agent.records.types import Finding, HangRecord, Record, Severity, StepRecord
 
 MIN_INTERVALS = 5  # intervals needed before the median step interval means anything
 
@@ -61,6 +61,7 @@ class Liveness:
     run_id: str = ""
     last_step: int = -1
     last_time: float | None = None
+    hang_step: int = -1  # the step its watchdog reported it stuck after (-1: none)
 
 
 class StalledDetector(DetectorBase[StalledSettings]):
@@ -73,7 +74,16 @@ class StalledDetector(DetectorBase[StalledSettings]):
     def new_rank(self) -> Liveness:
         return Liveness(intervals=Window.of(self.settings.baseline_window))
 
+    def update(self, record: Record) -> list[Finding]:
+        if isinstance(record, HangRecord):
+            st = self._rank(record.rank)
+            if record.step >= st.last_step:
+                st.hang_step = record.step
+        return super().update(record)
+
     def on_step(self, rec: StepRecord, st: Liveness) -> list[Finding]:
+        if rec.step > st.hang_step:
+            st.hang_step = -1  # it moved on
         if st.last_time is not None and rec.time > st.last_time:
             st.intervals.add(rec.time - st.last_time)
         st.run_id, st.last_step = rec.run_id, rec.step
@@ -88,6 +98,10 @@ class StalledDetector(DetectorBase[StalledSettings]):
 
     def tick(self, now: float) -> list[Finding]:
         if self.ctx.state.ended:
+            return []
+        if any(st.hang_step >= 0 for st in self.ranks.values()):
+            # A rank's watchdog reported where it is stuck: the ``hang`` page says more
+            # than a silence can (every rank's frame, and which processes are gone).
             return []
         found = []
         for rank, st in sorted(self.ranks.items()):

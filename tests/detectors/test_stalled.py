@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_records import DT, assert_restore_equivalent, feed, only, run, step
 
-from monitor_agent.records.types import EndRecord
+from monitor_agent.records.types import EndRecord, HangRecord
 
 
 def _steps(n: int) -> list:
@@ -38,6 +38,21 @@ def test_an_ended_run_never_stalls():
     recs.append(EndRecord(run_id="r", step=49, time=recs[-1].time + 0.1))
     feed(suite, recs)
     assert suite.tick(recs[-1].time + 10**6) == []
+
+
+def test_a_silence_its_watchdog_reported_is_left_to_the_hang_page():
+    """A rank that reported where it is stuck is the ``hang`` detector's page (every rank's
+    frame, the processes that are gone): a second page for the same silence would repeat
+    it with less. Its next step ends that, and a later silence is a stall again."""
+    suite = only("stalled", stall_min_seconds=60.0)
+    recs = _steps(50)
+    feed(suite, recs)
+    last = recs[-1].time
+    feed(suite, [HangRecord(run_id="r", step=49, time=last + 30.0, stuck_seconds=30.0)])
+    assert suite.tick(last + 100.0) == []
+    feed(suite, [step(i) for i in range(50, 60)])
+    last = 1_700_000_000.0 + 59 * DT
+    assert [f.step for f in suite.tick(last + 100.0)] == [59]
 
 
 def test_a_resumed_run_is_quiet_again():
