@@ -210,7 +210,8 @@ class Episodes:
 
     def _fire(self, tx: AlertTx, alert: StoredAlert, silences: list[Silence],
               now: float) -> Item | None:
-        reason = lc.on_flush(alert.timing(), silenced_by(silences, alert), now)
+        reason = lc.on_flush(alert.timing(), silenced_by(silences, alert), now,
+                             acted=alert.action is not None)
         self._count(reason)
         if reason is not Reason.FIRST:
             tx.fire_quietly(alert.fingerprint)
@@ -272,11 +273,14 @@ class Episodes:
             # The steps from ``start_step`` on were abandoned: a finding the resumed history
             # brings there is news, not a replay of the old one (lifecycle.on_finding).
             tx.rewind(run_id, start_step - 1)
+        self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
+        with self.store.tx() as tx:
             self._close_abandoned(tx, run_id, start_step, now)
 
     def _close_abandoned(self, tx: AlertTx, run_id: str, start_step: int, now: float) -> None:
         """Open alerts whose latest finding is about a step the new attempt replaced are
-        about a history that no longer exists: closed, saying so. A fault the resumed
+        about a history that no longer exists: closed, saying so (after their first page
+        went out: a rollback's page says what was done, however fast the run applied it). A fault the resumed
         history still has is found again by detectors rebuilt from before ``start_step``
         (pipeline/registry.py), and begins an episode of its own."""
         abandoned = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)

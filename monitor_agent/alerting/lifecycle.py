@@ -75,11 +75,15 @@ def on_finding(alert: Timing | None, step: int) -> Reason:
     return Reason.FIRST if alert.state == "resolved" else Reason.SUPPRESSED
 
 
-def on_flush(alert: Timing, silenced: bool, now: float) -> Reason:
-    """May people hear of this firing alert now? FIRST, or why not (SILENCED, COOLDOWN)."""
+def on_flush(alert: Timing, silenced: bool, now: float, acted: bool = False) -> Reason:
+    """May people hear of this firing alert now? FIRST, or why not (SILENCED, COOLDOWN).
+
+    ``acted``: a rule took an action in this episode (a rollback, a stop): what was done to
+    the run is told at once, cooldown or not, as it is to an alert already firing."""
     if silenced:
         return Reason.SILENCED
-    if alert.notified_at is not None and now - alert.notified_at < alert.cooldown:
+    if (not acted and alert.notified_at is not None
+            and now - alert.notified_at < alert.cooldown):
         return Reason.COOLDOWN
     return Reason.FIRST
 

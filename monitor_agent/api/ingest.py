@@ -311,6 +311,9 @@ def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int
 def _parse(data: bytes, what: str) -> Any:
     try:
         return wire.loads(data)
+    except UnicodeDecodeError as exc:
+        raise BadRequest(400, f"{what} is not valid JSON: not UTF-8 text (byte {exc.start}: "
+                              f"{exc.reason})") from None
     except (ValueError, RecursionError) as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise BadRequest(400, f"{what} is not valid JSON: {detail}") from None

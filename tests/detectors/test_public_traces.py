@@ -81,7 +81,8 @@ def test_every_type_is_proven_somewhere():
                  "effective_lr_shift",
                  "rank_outlier",  # needs 3+ ranks (the public traces have 2 at most): also
                  # proven on real 4-process DDP runs in tests/e2e/test_rank_faults.py
-                 "skip_budget"}  # needs the client's step guard; also tests/e2e/test_step_guard.py
+                 "skip_budget",  # needs the client's step guard; also tests/e2e/test_step_guard.py
+                 "hang"}  # needs the client's watchdog; also tests/e2e/test_hung_ranks.py
     assert expected | unit_only == set(FINDING_TYPES)
     for ftype in unit_only:
         assert (Path(__file__).parent / f"test_{ftype}.py").exists()

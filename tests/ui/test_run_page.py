@@ -440,10 +440,14 @@ def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
         browser.get(f"{srv.url}/runs/hung")
         WebDriverWait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode[data-type='hang'] table.hang-ranks"))
-        row = browser.find_element(By.CSS_SELECTOR, "#findings tr.episode[data-type='hang']")
-        assert "rank 1 stuck 53 s in train.py:wait_for_batch" in row.text
-        cells = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                 for tr in row.find_elements(By.CSS_SELECTOR, "table.hang-ranks tr[data-state]")]
+        # read in one go: the page re-renders its findings as the run's state is polled
+        row = browser.execute_script("""
+            const row = document.querySelector("#findings tr.episode[data-type='hang']");
+            return {text: row.innerText, cells: [...row.querySelectorAll(
+                "table.hang-ranks tr[data-state]")].map(
+                tr => [...tr.querySelectorAll("td")].map(td => td.innerText))};""")
+        assert "rank 1 stuck 53 s in train.py:wait_for_batch" in row["text"]
+        cells = row["cells"]
         assert cells == [
             ["0", "hung", "7", "53 s", "backward",
              "torch/distributed/distributed_c10d.py:all_reduce ← train.py:88"],
