@@ -4,7 +4,8 @@ The decision is pure: ``tick(now)`` compares ``now`` (injected: wall time live, 
 time in replay, where a trace without an end record gets a last tick
 ``stall_horizon_seconds`` after its last record) with each rank's last step time. The
 limit is ``stall_factor`` x the median interval between its steps, never less than
-``stall_min_seconds``. An ended run never stalls.
+``stall_min_seconds``. An ended run never stalls, and neither does one whose rank reported a
+hang at its last step (the client's watchdog): the ``hang`` page says where every rank is.
 
 Ten steps a second apart, then silence: 299 s later is within ``stall_min_seconds``, 301 s
 is a stall::
