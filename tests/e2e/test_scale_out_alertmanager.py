@@ -130,6 +130,10 @@ def incident(cluster: Cluster) -> dict:
     pages = [n for p, n in cluster.wait_notified(FIRST, "firing") if p == "/pagerduty"]
     assert len(pages) == 1, cluster.notifications().summary()
     page = pages[0]
+    # Its notification log reaches the peers by gossip (every 100 ms here): killed before
+    # that, a peer sends the page too, which is Alertmanager HA's at-least-once by design,
+    # and on a loaded CI machine the log can lag; give it ten gossip rounds first.
+    time.sleep(1.0)
     killed = cluster.am.urls.index(page["externalURL"])
     cluster.am.kill(killed)
     before = [sent_and_failed(sc) for sc in cluster.sidecars]

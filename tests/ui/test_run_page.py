@@ -393,8 +393,10 @@ def test_steps_the_step_guard_skipped_are_marked_on_the_loss_and_grad_charts(bro
                      json={"records": [step(s) for s in range(1, 201)]})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/guarded")
-    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
-        "return document.body.dataset.loaded === '1' && !!window.runPage.charts.grad"))
+    # The chart history folds the records on its own thread: wait until it has all 200.
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "const s = window.runPage.series; return document.body.dataset.loaded === '1' && "
+        "!!window.runPage.charts.grad && s && s.range[1] === 200"))
     assert browser.execute_script("return window.runPage.series.skipped_steps") == [40, 95, 150]
     shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
         "const c = window.runPage.charts; return c.loss.skippedShown && "
