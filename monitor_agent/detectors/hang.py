@@ -54,6 +54,7 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.context import DetectorContext
+from monitor_agent.detectors.support.liveness import Liveness
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window
 from monitor_agent.records.types import Finding, HangRecord, Record, RunRecord, Severity, StepRecord
@@ -91,12 +92,7 @@ class HangSettings(SharedSettings):
 
 
 @dataclass(slots=True)
-class RankHang:
-    intervals: Window
-    run_id: str = ""
-    last_step: int = -1
-    last_time: float | None = None
-    hang_step: int = -1          # the step of an open hang report (-1: none)
+class RankHang(Liveness):
     hang_time: float = 0.0       # when it was sent (the run's clock)
     stuck_seconds: float = 0.0
     limit_seconds: float = 0.0
@@ -138,24 +134,17 @@ class HangDetector(DetectorBase[HangSettings]):
         return super().update(record)
 
     def on_step(self, rec: StepRecord, st: RankHang) -> list[Finding]:
-        if st.last_time is not None and rec.time > st.last_time:
-            st.intervals.add(rec.time - st.last_time)
-        st.run_id, st.last_step = rec.run_id, max(st.last_step, rec.step)
-        st.last_time = rec.time if st.last_time is None else max(st.last_time, rec.time)
-        if st.hang_step >= 0 and rec.step > st.hang_step:
-            st.hang_step = -1  # it moved on: this rank is no longer hung
+        st.saw_step(rec)
         return []
 
     def _on_hang(self, rec: HangRecord, st: RankHang) -> None:
-        if rec.step < st.last_step:
+        if not st.saw_hang(rec):
             return  # a report older than a step we already have: it moved on since
         frames = rec.training_frames()
-        st.run_id, st.hang_step, st.hang_time = rec.run_id, rec.step, rec.time
+        st.hang_time = rec.time
         st.stuck_seconds, st.limit_seconds = rec.stuck_seconds, rec.limit_seconds or 0.0
         st.phase, st.nccl_trace = rec.phase, rec.nccl_trace or ""
         st.stuck_in, st.called_from = stuck_frame(frames)
-        if st.last_time is None:
-            st.last_step = rec.step
         if self.run.first_report is None:
             self.run.first_report = rec.time
 

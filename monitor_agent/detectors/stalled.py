@@ -23,11 +23,10 @@ is a stall::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.liveness import Liveness
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window
 from monitor_agent.records.types import Finding, HangRecord, Record, Severity, StepRecord
@@ -56,15 +55,6 @@ class StalledSettings(SharedSettings):
     )
 
 
-@dataclass(slots=True)
-class Liveness:
-    intervals: Window
-    run_id: str = ""
-    last_step: int = -1
-    last_time: float | None = None
-    hang_step: int = -1  # the step its watchdog reported it stuck after (-1: none)
-
-
 class StalledDetector(DetectorBase[StalledSettings]):
     """Error when a rank is silent for ``stall_factor`` x its median step interval."""
 
@@ -77,18 +67,11 @@ class StalledDetector(DetectorBase[StalledSettings]):
 
     def update(self, record: Record) -> list[Finding]:
         if isinstance(record, HangRecord):
-            st = self._rank(record.rank)
-            if record.step >= st.last_step:
-                st.hang_step = record.step
+            self._rank(record.rank).saw_hang(record)
         return super().update(record)
 
     def on_step(self, rec: StepRecord, st: Liveness) -> list[Finding]:
-        if rec.step > st.hang_step:
-            st.hang_step = -1  # it moved on
-        if st.last_time is not None and rec.time > st.last_time:
-            st.intervals.add(rec.time - st.last_time)
-        st.run_id, st.last_step = rec.run_id, rec.step
-        st.last_time = rec.time if st.last_time is None else max(st.last_time, rec.time)
+        st.saw_step(rec)
         return []
 
     def limit(self, st: Liveness) -> float | None:
