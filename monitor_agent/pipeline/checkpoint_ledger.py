@@ -157,6 +157,8 @@ class CheckpointLedger:
     entries: dict[tuple[int, int], LedgerEntry] = field(default_factory=dict)
     faults: set[Fault] = field(default_factory=set)
     last_clean_step: int | None = None
+    # Judged again only when an entry or a fault is added: every page's RunContext reads it.
+    _judged: list[Judged] = field(default_factory=list, repr=False)
 
     @classmethod
     def load(cls, store: Store, run_id: str) -> CheckpointLedger:
@@ -189,15 +191,14 @@ class CheckpointLedger:
         return True
 
     def judged(self) -> list[Judged]:
-        return judge(list(self.entries.values()), sorted(self.faults, key=_fault_order))
+        return list(self._judged)
 
     def clean(self) -> list[LedgerEntry]:
         """The clean checkpoints, oldest first."""
-        return [j.entry for j in self.judged() if j.status == "clean"]
+        return [j.entry for j in self._judged if j.status == "clean"]
 
     def last_clean(self) -> LedgerEntry | None:
-        clean = self.clean()
-        return clean[-1] if clean else None
+        return next((j.entry for j in reversed(self._judged) if j.status == "clean"), None)
 
     def line(self) -> str | None:
         """What every page of the run says of it; None when the run reported no checkpoint."""
@@ -209,6 +210,7 @@ class CheckpointLedger:
         return f"last clean checkpoint: step {last.step}, {last.path}"
 
     def _refresh(self) -> None:
+        self._judged = judge(list(self.entries.values()), sorted(self.faults, key=_fault_order))
         last = self.last_clean()
         self.last_clean_step = None if last is None else last.step
 
