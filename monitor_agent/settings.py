@@ -41,6 +41,7 @@ from pydantic_settings import (
 )
 
 from monitor_agent.alerting.alerting_settings import AlertingSettings
+from monitor_agent.cluster.cluster_settings import ClusterSettings
 from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.records.yaml_errors import yaml_error_line
 
@@ -156,6 +157,7 @@ class Settings(BaseSettings):
 
     detectors: DetectorSettings = Field(default_factory=DetectorSettings)
     alerting: AlertingSettings = Field(default_factory=AlertingSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -30,6 +30,9 @@ LAYERS: dict[str, int] = {
     # Delivery knows a Notification and nothing of rules; detectors know records.
     "notify": 2, "detectors": 2,
     "alerting": 3,
+    # One run, one brain: which sidecar leads a multi-node run, the digests and the link
+    # to the leader (no rules, no engine: those are handed in).
+    "cluster": 3,
     "settings": 4,
     # Records in, live runs, durability, and the read side.
     "pipeline": 5,

@@ -192,6 +192,7 @@ class Monitor:
         self._outcome: tuple[str, str | None] = ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self.close_timeout = cfg.close_timeout
+        self._placement = _run_info.detect_placement(self.info, self._url(cfg))
         self._sender = self._make_sender(cfg) if self.active else None
         # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
         self._phase = PhaseTracker()
@@ -205,8 +206,12 @@ class Monitor:
     def _warn_action(self, where: str, exc: Exception) -> None:
         self._warner.warn(where, "action callback failed (ignored): %r", exc)
 
+    @staticmethod
+    def _url(cfg: MonitorConfig) -> str:
+        return cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+
     def _make_sender(self, cfg: MonitorConfig) -> Sender:
-        url = cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+        url = self._url(cfg)
         token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
         base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
@@ -612,7 +617,10 @@ class Monitor:
                       "hardware": {**self._hardware, "reporting_ranks":
                                    1 if self.settings.rank0_only else self.world_size},
                       "labels": self._labels,
-                      "watchdog": self._watchdog.declaration() if self._watchdog else None})
+                      "watchdog": self._watchdog.declaration() if self._watchdog else None,
+                      # Where this rank's node sits in a multi-node job: node 0's sidecar
+                      # leads the run (one page per fault, one decision for every rank).
+                      "cluster": self._placement})
 
     def counters(self) -> Counters | None:
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""

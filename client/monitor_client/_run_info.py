@@ -131,6 +131,62 @@ def describe_hardware(device: Any, info: RankInfo, peak_flops: float | None) -> 
     return hardware
 
 
+_NODE_RANK_VARS = ("MONITOR_AGENT_NODE_RANK", "GROUP_RANK", "NODE_RANK", "PET_NODE_RANK",
+                   "SLURM_NODEID")
+_NODES_VARS = ("MONITOR_AGENT_NODES", "GROUP_WORLD_SIZE", "NNODES", "PET_NNODES",
+               "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+
+
+def detect_placement(info: RankInfo, sidecar_url: str) -> dict[str, Any] | None:
+    """Where this rank's node sits in a multi-node job, for the run record's ``cluster``
+    (docs/format.md): node rank and node count from the launcher, and the leader, the
+    sidecar of node 0: ``MONITOR_AGENT_LEADER_URL``, else ``http://$MASTER_ADDR`` at the port
+    of this rank's own sidecar (every node runs one, on the same port). None when the job
+    is not multi-node or says too little to tell.
+
+        >>> from unittest import mock
+        >>> env = {"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "8",
+        ...        "MASTER_ADDR": "gpu-node-0"}
+        >>> with mock.patch.dict(os.environ, env, clear=True):
+        ...     detect_placement(RankInfo(9, 16, 1), "http://127.0.0.1:9400")
+        {'node_rank': 1, 'nodes': 2, 'local_world_size': 8, 'leader_url': 'http://gpu-node-0:9400'}
+        >>> with mock.patch.dict(os.environ, {}, clear=True):
+        ...     detect_placement(RankInfo(0, 1, 0), "http://127.0.0.1:9400") is None
+        True
+    """
+    local = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+    node, nodes = _env_int(*_NODE_RANK_VARS), _env_int(*_NODES_VARS)
+    if node is None and local:  # torchrun without its group variables: ranks fill nodes
+        node = info.rank // local
+    if nodes is None and local and info.world_size >= local:
+        nodes = -(-info.world_size // local)
+    if node is None or nodes is None or nodes <= 1 or not 0 <= node < nodes:
+        return None
+    leader = os.environ.get("MONITOR_AGENT_LEADER_URL") or _leader_url(sidecar_url)
+    return {"node_rank": node, "nodes": nodes, "local_world_size": local,
+            "leader_url": leader}
+
+
+def _leader_url(sidecar_url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        return None
+    parts = urlsplit(sidecar_url)
+    host = f"[{master}]" if ":" in master and not master.startswith("[") else master
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme or 'http'}://{host}{port}"
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as fh:

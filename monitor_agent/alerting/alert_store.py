@@ -59,7 +59,7 @@ def _silence(row: sqlite3.Row) -> Silence:
 
 def _action(row: sqlite3.Row) -> Action:
     plan = json.loads(row["plan"]) if row["plan"] else None
-    return Action(id=row["id"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
+    return Action(id=row["seq"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                   type=row["type"], step=row["step"], message=row["message"],
                   created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan)
 
@@ -127,10 +127,33 @@ class AlertStore:
     # -- actions --------------------------------------------------------------------------
 
     def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
-        """A run's actions with ``id > after``, oldest first."""
-        rows = self.db.query("SELECT * FROM actions WHERE run_id = ? AND id > ? ORDER BY id "
+        """A run's actions with ``id > after``, oldest first (an action's id is its number
+        within its run)."""
+        rows = self.db.query("SELECT * FROM actions WHERE run_id = ? AND seq > ? ORDER BY seq "
                              "LIMIT ?", (run_id, after, limit))
         return [_action(r) for r in rows]
+
+    def adopt(self, run_id: str, actions: Sequence[Action], origin: str) -> list[Action]:
+        """Keep the actions the run's leader decided (monitor_agent/cluster), under the
+        leader's ids, for this sidecar's ranks to read; an honoured one updates the copy.
+        Returns those that were new here."""
+        fresh = []
+        with self.db.tx() as conn:
+            for a in actions:
+                plan = json.dumps(a.plan, sort_keys=True) if a.plan is not None else None
+                known = conn.execute("SELECT 1 FROM actions WHERE run_id = ? AND seq = ?",
+                                     (run_id, a.id)).fetchone()
+                conn.execute(
+                    "INSERT INTO actions (run_id, seq, origin, action, rule, type, step, "
+                    "fingerprint, message, created_at, honoured_step, plan) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?) "
+                    "ON CONFLICT (run_id, seq) DO UPDATE SET message = excluded.message, "
+                    "honoured_step = COALESCE(actions.honoured_step, excluded.honoured_step)",
+                    (run_id, a.id, origin, a.action, a.rule, a.type, a.step, a.message,
+                     a.created_at, a.honoured_step, plan))
+                if known is None:
+                    fresh.append(a)
+        return fresh
 
     def stop_requested(self, run_id: str) -> bool:
         """Whether any rule ever asked this run to stop."""
@@ -235,20 +258,22 @@ class AlertTx:
     def add_action(self, action: Action, fingerprint: str) -> Action:
         """Store an action (its ``id`` assigned here) and note it on its alert."""
         plan = json.dumps(action.plan, sort_keys=True) if action.plan is not None else None
-        cur = self.conn.execute(
-            "INSERT INTO actions (run_id, action, rule, type, step, fingerprint, message, "
-            "created_at, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (action.run_id, action.action, action.rule, action.type, action.step, fingerprint,
-             action.message, action.created_at, plan),
+        seq = self.conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM actions WHERE run_id = ?",
+                                (action.run_id,)).fetchone()[0]
+        self.conn.execute(
+            "INSERT INTO actions (run_id, seq, action, rule, type, step, fingerprint, message, "
+            "created_at, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (action.run_id, seq, action.action, action.rule, action.type, action.step,
+             fingerprint, action.message, action.created_at, plan),
         )
         self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
                           (action.message, fingerprint))
-        return Action(**{**action.to_dict(), "id": int(cur.lastrowid or 0)})
+        return Action(**{**action.to_dict(), "id": int(seq)})
 
     def rollbacks(self, run_id: str) -> list[Action]:
         """The run's rollback decisions, oldest first (``plan["number"]`` 1, 2, ...)."""
         rows = self.conn.execute("SELECT * FROM actions WHERE run_id = ? AND action = "
-                                 "'rollback' ORDER BY id", (run_id,)).fetchall()
+                                 "'rollback' ORDER BY seq", (run_id,)).fetchall()
         return [_action(r) for r in rows]
 
     def has_action(self, run_id: str, rule: str, action: str) -> bool:
@@ -291,7 +316,8 @@ class AlertTx:
 
     def honour(self, old: Action, new: Action, fingerprint: str) -> None:
         """The action ``old`` became ``new`` (honoured); its alert says so unless it moved on."""
-        self.conn.execute("UPDATE actions SET honoured_step = ?, message = ? WHERE id = ?",
-                          (new.honoured_step, new.message, old.id))
+        self.conn.execute("UPDATE actions SET honoured_step = ?, message = ? "
+                          "WHERE run_id = ? AND seq = ?",
+                          (new.honoured_step, new.message, old.run_id, old.id))
         self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ? AND action = ?",
                           (new.message, fingerprint, old.message))

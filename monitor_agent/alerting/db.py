@@ -118,6 +118,16 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE actions ADD COLUMN plan TEXT;
     ALTER TABLE alerts ADD COLUMN checkpoint TEXT;
     """,
+    # One run, one brain (monitor_agent/cluster): an action's id is its number within its
+    # run (``seq``), so the leader's plan 2 is plan 2 on every node sidecar that serves it;
+    # ``origin`` is the leader that decided it (NULL: this sidecar).
+    """
+    ALTER TABLE actions ADD COLUMN seq INTEGER;
+    UPDATE actions SET seq = (SELECT COUNT(*) FROM actions a
+                              WHERE a.run_id = actions.run_id AND a.id <= actions.id);
+    CREATE UNIQUE INDEX actions_seq ON actions (run_id, seq);
+    ALTER TABLE actions ADD COLUMN origin TEXT;
+    """,
 )
 
 

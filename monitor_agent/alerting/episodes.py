@@ -63,12 +63,14 @@ class Episodes:
     # -- findings -------------------------------------------------------------------------
 
     def handle(self, run: RunContext, findings: list[Finding],
-               now: float) -> tuple[bool, list[Action]]:
-        """One record's findings: (whether an episode began, the actions rules took)."""
+               now: float, told: bool = False) -> tuple[bool, list[Action]]:
+        """One record's findings: (whether an episode began, the actions rules took).
+        ``told``: people heard of them already (``AlertSink.handle``): the episode fires
+        quietly, as if this sidecar had paged it, and no rule acts."""
         started, taken = False, []
         with self.store.tx() as tx:
             for finding in findings:
-                began, action = self._one(tx, run, finding, now)
+                began, action = self._one(tx, run, finding, now, told)
                 started |= began
                 if action is not None:
                     taken.append(action)
@@ -96,8 +98,8 @@ class Episodes:
     def _rule(self, run: RunContext, f: Finding) -> Rule | None:
         return None if f.log_only else first_match(self.rules, f, run.match_labels())
 
-    def _one(self, tx: AlertTx, run: RunContext, f: Finding,
-             now: float) -> tuple[bool, Action | None]:
+    def _one(self, tx: AlertTx, run: RunContext, f: Finding, now: float,
+             told: bool = False) -> tuple[bool, Action | None]:
         rule = self._rule(run, f)
         if rule is None:
             self._count(Reason.LOG_ONLY if f.log_only else Reason.UNMATCHED)
@@ -112,15 +114,20 @@ class Episodes:
         if reason is Reason.FIRST and self._group(tx, run, rule, f, now):
             self._count(Reason.GROUPED)
             return False, None
+        if reason is Reason.FIRST and told:
+            tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
+            tx.mark_sent(fp, now)
+            self._count(Reason.TOLD)
+            return False, None
         if reason is Reason.FIRST:
             tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
-            return True, self._act(tx, run, rule, f, fp, 1, now)
+            return True, None if told else self._act(tx, run, rule, f, fp, 1, now)
         self._count(reason)
         if reason is not Reason.SUPPRESSED or alert is None:
             return False, None
         self._merge(tx, alert, rule, f, now, previewed)
         tx.set_checkpoint(fp, run.checkpoint_line)
-        return False, self._act(tx, run, rule, f, fp, alert.count + 1, now)
+        return False, None if told else self._act(tx, run, rule, f, fp, alert.count + 1, now)
 
     def _group(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, now: float) -> bool:
         """Count ``f`` under the open page it follows from (alerting/related.py), if any;
@@ -152,6 +159,12 @@ class Episodes:
     def _act(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, fp: str, count: int,
              now: float) -> Action | None:
         if not actions.due(rule, count):
+            return None
+        if f.partial_view:  # a decision for every rank needs every rank in view
+            self._count(Reason.PARTIAL)
+            log.warning("run %s: rule %s would act on %s, but the run's view is partial: "
+                        "no action (%s)", f.run_id, rule.name, f.type,
+                        f.evidence.get("view_reason"))
             return None
         action = actions.take(tx, rule, f, fp, now, run)
         if action is None:

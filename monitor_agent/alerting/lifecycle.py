@@ -40,6 +40,8 @@ class Reason(enum.StrEnum):
     ACTION = "action"                  # a rule acted (stop, checkpoint): re-told at once
     PREVIEWED = "previewed"            # begun by a NaN step sent ahead of its backlog
     GROUPED = "grouped"                # follows from an open page: counted under it
+    TOLD = "told_elsewhere"            # a node sidecar paged it while the run leader was away
+    PARTIAL = "partial_view"           # made without the whole run in view: paged, no action
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,12 +145,14 @@ class Alerting:
 
     # -- the engine's side (AlertSink) ----------------------------------------------------
 
-    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
+    def handle(self, run: RunContext, findings: list[Finding], now: float,
+               told: bool = False) -> list[dict[str, Any]]:
         """Turn one record's findings into alert state; fast, no network.
 
         Returns the actions rules took (stop, checkpoint) as dicts, for the ingest response.
+        ``told``: findings people were paged about already (``AlertSink.handle``).
         """
-        started, taken = self.episodes.handle(run, findings, now)
+        started, taken = self.episodes.handle(run, findings, now, told)
         if started:
             self._flush_now.set()
         return [a.to_dict() for a in taken]
@@ -245,6 +247,11 @@ class Alerting:
     def expire_silence(self, silence_id: str) -> bool:
         """End a silence now; False if there is no such active silence."""
         return self.store.expire_silence(silence_id, self.clock())
+
+    def adopt_actions(self, run_id: str, actions: list[Action], leader: str) -> list[Action]:
+        """Keep the actions the run's leader decided, for this node sidecar's ranks
+        (monitor_agent/cluster); returns those new here."""
+        return self.store.adopt(run_id, actions, leader)
 
     def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
         """Actions rules took for a run, ``id > after``, oldest first (the poll endpoint)."""

@@ -27,8 +27,11 @@ from monitor_agent.records.types import Finding
 class AlertSink(Protocol):
     """What the engine calls, on its own thread, as records and ticks go by."""
 
-    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
-        """One record's findings; returns the actions rules took (for the ingest answer)."""
+    def handle(self, run: RunContext, findings: list[Finding], now: float,
+               told: bool = False) -> list[dict[str, Any]]:
+        """One record's findings; returns the actions rules took (for the ingest answer).
+        ``told``: people were paged about them already (a node sidecar did, while this one,
+        the run's leader, was away): recorded as firing, not paged again, no action."""
         ...
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
@@ -54,7 +57,8 @@ class AlertSink(Protocol):
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
 
-    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict[str, Any]]:
+    def handle(self, run: RunContext, findings: list[Finding], now: float,
+               told: bool = False) -> list[dict[str, Any]]:
         return []
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:

@@ -121,10 +121,10 @@ async def read_records(request: Request) -> tuple[list[Incoming], list[dict[str,
     settings = state.settings
     if not state.readiness.ready:
         raise BadRequest(503, f"not ready: {state.readiness.why_not}; retry later")
-    body = await _read_limited(request, settings.max_body_bytes)
+    body = await read_limited(request, settings.max_body_bytes)
     objs = await run_in_threadpool(_decode, body, request.headers, settings)
     del body
-    valid, rejected = await run_in_threadpool(_validate, objs, settings.max_record_bytes)
+    valid, rejected = await run_in_threadpool(validate_records, objs, settings.max_record_bytes)
     state.metrics.records.labels(outcome="rejected").inc(len(rejected))
     if rejected:
         state.metrics.rejections.labels(reason="invalid").inc(len(rejected))
@@ -173,7 +173,7 @@ def reason_label(status: int) -> str:
             503: "unavailable"}.get(status, "body")
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+async def read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"body of {declared} bytes exceeds max_body_bytes={limit}")
@@ -207,7 +207,7 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
     encoding = headers.get("content-encoding", "identity").strip().lower()
     chunks: Iterator[bytes]
     if encoding == "gzip":
-        chunks = _gunzip(body, settings.max_decompressed_bytes)
+        chunks = gunzip(body, settings.max_decompressed_bytes)
     elif encoding in ("", "identity"):
         chunks = iter((body,))
     else:
@@ -220,7 +220,7 @@ def _decode(body: bytes, headers: Any, settings: Any) -> list[Any]:
             415, f"unsupported Content-Type {ctype!r}; use application/json or application/x-ndjson"
         )
     whole = b"".join(chunks)
-    _check_values(_values(whole), settings.max_values_per_request)
+    check_values(count_values(whole), settings.max_values_per_request)
     objs = _json_batch(whole)
     del whole
     _check_records(len(objs), settings.max_records_per_request)
@@ -233,7 +233,7 @@ def _check_records(count: int, limit: int) -> None:
                               "split the batch")
 
 
-def _values(data: bytes) -> int:
+def count_values(data: bytes) -> int:
     """About how many JSON values parsing ``data`` would build, counted on the bytes: the
     values in each array or object are one more than the commas between them, so commas
     plus containers opened is at least the count (commas or brackets inside strings only
@@ -243,7 +243,7 @@ def _values(data: bytes) -> int:
     return data.count(b",") + data.count(b"{") + data.count(b"[")
 
 
-def _check_values(values: int, limit: int) -> None:
+def check_values(values: int, limit: int) -> None:
     """Bound the objects that parsing would build, before building them (``_values``;
     nesting without commas is cut by the parser's depth limit). A few passes over the
     bytes; 1 MiB of dense numbers is ~40 MiB of Python objects."""
@@ -256,7 +256,7 @@ INFLATE_CHUNK = 1 << 20
 """Bytes inflated at a time: a gzip body is never held inflated whole, only as lines."""
 
 
-def _gunzip(body: bytes, limit: int) -> Iterator[bytes]:
+def gunzip(body: bytes, limit: int) -> Iterator[bytes]:
     """The inflated body, a chunk at a time, stopping with a 413 past ``limit`` bytes.
 
     Every member of a multi-member body is read (RFC 1952: a file may be several members,
@@ -308,7 +308,7 @@ def _split_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes | int
         yield skipping if skipping >= 0 else tail
 
 
-def _parse(data: bytes, what: str) -> Any:
+def parse_json(data: bytes, what: str) -> Any:
     try:
         return wire.loads(data)
     except UnicodeDecodeError as exc:
@@ -320,7 +320,7 @@ def _parse(data: bytes, what: str) -> Any:
 
 
 def _json_batch(body: bytes) -> list[Any]:
-    obj = _parse(body, "body")
+    obj = parse_json(body, "body")
     if isinstance(obj, dict) and isinstance(obj.get("records"), list):
         return obj["records"]
     if isinstance(obj, list):
@@ -360,15 +360,15 @@ def _ndjson_into(objs: list[Any], chunks: Iterable[bytes], settings: Any) -> Non
             objs.append(_Unparsed(f"line {lineno}: {line} bytes exceed "
                                   f"max_record_bytes={max_record}"))
             continue
-        values += _values(line)
-        _check_values(values, settings.max_values_per_request)
+        values += count_values(line)
+        check_values(values, settings.max_values_per_request)
         try:
-            objs.append(_Line(_parse(line, f"line {lineno}"), line))
+            objs.append(_Line(parse_json(line, f"line {lineno}"), line))
         except BadRequest as exc:
             objs.append(_Unparsed(exc.reason))
 
 
-def _validate(
+def validate_records(
     objs: list[Any], max_record_bytes: int
 ) -> tuple[list[Incoming], list[dict[str, Any]]]:
     """Validate each record and choose the bytes to store: the client's line when it holds

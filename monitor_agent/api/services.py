@@ -194,6 +194,8 @@ class Services:
     rejections: RejectionLog = field(default_factory=RejectionLog)
     token_health: TokenHealth = field(default_factory=TokenHealth)
     backends: Backends | None = None
+    # This sidecar's id (cluster/identity.py): named in every peer exchange.
+    sidecar: str = ""
     read_slots: ReadSlots = field(init=False)
     """Large read answers in progress (api/streamed_page.py): at most max_read_streams."""
 

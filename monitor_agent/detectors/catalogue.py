@@ -79,5 +79,10 @@ USUAL_SEVERITY: dict[str, Severity] = {cls.type: cls.severity for cls in DETECTO
 FINDING_TYPES: tuple[str, ...] = tuple(USUAL_SEVERITY)
 """Every finding type, in the catalogue's order: ``FORMAT_TYPES``, then the ones added since."""
 
+RUN_SCOPED_TYPES: frozenset[str] = frozenset(
+    cls.type for cls in DETECTOR_CLASSES if cls.scope == "run")
+"""The types that judge ranks against each other (``DetectorBase.scope``): in a multi-node
+run only its leader makes them (monitor_agent/cluster)."""
+
 FORMAT_TYPES: tuple[str, ...] = FINDING_TYPES[:17]
 """The original format's 17 types (the ones the labelled traces in tests/traces/public use)."""

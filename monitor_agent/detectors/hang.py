@@ -117,6 +117,7 @@ class HangDetector(DetectorBase[HangSettings]):
     type = "hang"
     severity = Severity.CRITICAL
     settings_model = HangSettings
+    scope = "run"
 
     def __init__(self, settings: HangSettings, ctx: DetectorContext) -> None:
         super().__init__(settings, ctx)
@@ -155,8 +156,11 @@ class HangDetector(DetectorBase[HangSettings]):
             return []
         hung = {r: st for r, st in self.ranks.items() if st.hang_step >= 0}
         peer_limit = max((st.limit_seconds for st in hung.values()), default=0.0)
+        # A run leader that cannot hear a node (its sidecar is away) does not know whether
+        # that node's ranks run: unreachable, never "gone" (monitor_agent/cluster).
+        unheard = sorted(r for r in self.ranks if r not in hung and r in self.ctx.unreachable)
         gone = {r: st for r, st in self.ranks.items()
-                if r not in hung and self._gone(st, now, peer_limit)}
+                if r not in hung and r not in unheard and self._gone(st, now, peer_limit)}
         if not hung and not gone:
             self.run.first_report, self.run.picture = None, []
             return []
@@ -164,10 +168,10 @@ class HangDetector(DetectorBase[HangSettings]):
         # A silent rank past the limit its watchdog would report at, but not yet gone, is
         # waited for (at most until it is judged gone): the page should name it.
         pending = [r for r, st in self.ranks.items() if r not in hung and r not in gone
-                   and st.last_time is not None
+                   and r not in unheard and st.last_time is not None
                    and (limit := self.expected_limit(st, peer_limit)) is not None
                    and now - st.last_time > limit]
-        settled = len(hung) + len(gone) == len(self.ranks) or not hung or (
+        settled = len(hung) + len(gone) + len(unheard) == len(self.ranks) or not hung or (
             not pending and self.run.first_report is not None
             and now - self.run.first_report >= self.settings.hang_settle_seconds)
         if not settled:
@@ -177,7 +181,7 @@ class HangDetector(DetectorBase[HangSettings]):
                 and now - last < self.settings.hang_repeat_seconds):
             return []
         self.run.picture, self.run.last_emit = picture, now
-        return [self._finding(hung, gone, now)]
+        return [self._finding(hung, gone, now, unheard)]
 
     def expected_limit(self, st: RankHang, peer_limit: float) -> float | None:
         """When this rank's watchdog would have reported, if it is alive (None: unknown)."""
@@ -195,7 +199,7 @@ class HangDetector(DetectorBase[HangSettings]):
         return now - st.last_time > self.settings.gone_factor * limit
 
     def _finding(self, hung: dict[int, RankHang], gone: dict[int, RankHang],
-                 now: float) -> Finding:
+                 now: float, unheard: list[int] | None = None) -> Finding:
         by_frame = Counter(st.stuck_in for st in hung.values())
         common = by_frame.most_common(1)[0][0] if hung else ""
         odd = {r: st for r, st in hung.items() if st.stuck_in != common}
@@ -218,6 +222,9 @@ class HangDetector(DetectorBase[HangSettings]):
                              + (f", called from {st.called_from}" if st.called_from else ""))
             if waiting:
                 parts.append(f"{_ranks(waiting)} wait in {common}")
+        if unheard:
+            parts.append(f"{_ranks(unheard)} not heard from: their node's sidecar is away, "
+                         "so whether they run is not known")
         steps = sorted({st.hang_step for st in hung.values()} | {st.last_step
                                                                  for st in gone.values()})
         message = "; ".join(parts) + f" (last completed step {_ranks(steps, word='')})"
@@ -232,6 +239,7 @@ class HangDetector(DetectorBase[HangSettings]):
             step=max(st.last_step for st in self.ranks.values()), rank=first,
             value=float(len(hung) + len(gone)), threshold=None, message=message,
             evidence={"hung_ranks": sorted(hung), "gone_ranks": sorted(gone),
+                      "unreachable_ranks": list(unheard or ()),
                       "stuck_in": head.stuck_in, "called_from": head.called_from,
                       "ranks": ranks_table},
             suggestions=GONE + HUNG if gone else HUNG, time=now,

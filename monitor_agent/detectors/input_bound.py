@@ -83,6 +83,7 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
     type = "input_bound"
     severity = Severity.WARNING
     settings_model = InputBoundSettings
+    scope = "run"
 
     def new_rank(self) -> DataShare:
         return DataShare(shares=Window.of(self.settings.input_bound_window))

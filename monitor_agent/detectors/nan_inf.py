@@ -184,6 +184,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
     type = "nan_inf"
     severity = Severity.CRITICAL
     settings_model = NanInfSettings
+    scope = "run"
 
     def __init__(self, settings: NanInfSettings, ctx: DetectorContext) -> None:
         super().__init__(settings, ctx)
@@ -293,8 +294,8 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         self.started = data.get("started")
         self.episode = NanEpisode(
             breaks={int(r): RankBreak(**b) for r, b in (data.get("breaks") or {}).items()},
-            held={int(r): _finding_of(f) for r, f in (data.get("held") or {}).items()},
-            later=[_finding_of(f) for f in data.get("later") or []],
+            held={int(r): Finding.from_dict(f) for r, f in (data.get("held") or {}).items()},
+            later=[Finding.from_dict(f) for f in data.get("later") or []],
             opened_at=data.get("opened_at"), lead=[int(r) for r in data.get("lead") or []])
 
     def _judge(self, rec: StepRecord, st: NanState) -> list[Finding]:
@@ -419,16 +420,6 @@ def _origin(rec: StepRecord, bad: list[str], layers: list[str]
         return (layers[0], f"{what}{len(layers)}{of} parameter(s) non-finite, first on the "
                 f"output side {layers[0]}", kind)
     return None, None, "backward" if "grad_norm" in bad else "parameter"
-
-
-def _finding_of(d: dict[str, Any]) -> Finding:
-    """A held finding back from a snapshot (``Finding.to_dict``'s inverse)."""
-    return Finding(type=d["type"], severity=Severity.parse(d["severity"]), run_id=d["run_id"],
-                   step=int(d["step"]), message=d["message"], rank=int(d["rank"]),
-                   layer=d.get("layer"), value=d.get("value"), threshold=d.get("threshold"),
-                   evidence=dict(d.get("evidence") or {}),
-                   suggestions=tuple(d.get("suggestions") or ()), time=d.get("time"),
-                   log_only=bool(d.get("log_only")), attempt=int(d.get("attempt") or 1))
 
 
 def _nonfinite(x: float | None) -> bool:

@@ -123,6 +123,7 @@ class RankOutlierDetector(DetectorBase[RankOutlierSettings]):
     type = "rank_outlier"
     severity = Severity.WARNING
     settings_model = RankOutlierSettings
+    scope = "run"
 
     def __init__(self, settings: RankOutlierSettings, ctx: DetectorContext) -> None:
         super().__init__(settings, ctx)

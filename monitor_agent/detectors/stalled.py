@@ -61,6 +61,7 @@ class StalledDetector(DetectorBase[StalledSettings]):
     type = "stalled"
     severity = Severity.ERROR
     settings_model = StalledSettings
+    scope = "run"
 
     def new_rank(self) -> Liveness:
         return Liveness(intervals=Window.of(self.settings.baseline_window))

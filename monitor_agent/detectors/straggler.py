@@ -126,6 +126,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
     type = "straggler"
     severity = Severity.WARNING
     settings_model = StragglerSettings
+    scope = "run"
 
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window

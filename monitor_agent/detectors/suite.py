@@ -53,12 +53,17 @@ class DetectorSuite:
             if cls.type not in self.settings.disabled
         ]
         self.explainers = [d for d in self.detectors if isinstance(d, Explainer)]
+        self.run_scoped = [d for d in self.detectors if getattr(d, "scope", "rank") == "run"]
 
-    def update(self, record: Record) -> list[Finding]:
-        """Judge one record (any kind, any rank of this run); return its findings."""
+    def update(self, record: Record, remote: bool = False) -> list[Finding]:
+        """Judge one record (any kind, any rank of this run); return its findings.
+
+        ``remote``: a digest another node's sidecar forwarded to this one, the run's leader
+        (monitor_agent/cluster): only the cross-rank (``scope = "run"``) detectors judge it;
+        that node's sidecar judged the rest and forwards its findings."""
         self.ctx.observe(record)
         findings: list[Finding] = []
-        for det in self.detectors:
+        for det in self.run_scoped if remote else self.detectors:
             findings.extend(det.update(record))
         self.ctx.after(record)
         return self._mark(self._explain(findings))

@@ -129,6 +129,12 @@ OUTBOX_OLDEST_PENDING = "monitor_agent_outbox_oldest_pending_age_seconds"  # gau
 NOTIFICATION_DEADLINE_EXCEEDED = "monitor_agent_notification_deadline_exceeded"  # counter, channel
 ALERT_DECISIONS = "monitor_agent_alert_decisions"  # counter, label reason
 BUILD_INFO = "monitor_agent_build_info"  # gauge 1, label version
+# One run, one brain (monitor_agent/cluster): a node sidecar's link to its run leaders.
+LEADER_EXCHANGES = "monitor_agent_leader_exchanges"  # counter, label outcome
+UPLINK_QUEUED = "monitor_agent_uplink_queued"  # gauge: digests and findings owed to leaders
+UPLINK_DROPPED = "monitor_agent_uplink_dropped"  # counter: step digests let go (cap)
+UPLINK_BYTES = "monitor_agent_uplink_bytes"  # counter: bytes posted to leaders (gzip)
+PEER_ITEMS = "monitor_agent_peer_items"  # counter, label kind: what leaders received
 
 RUN_METRICS: tuple[MetricName, ...] = tuple(
     v for v in globals().values() if isinstance(v, MetricName)

@@ -74,6 +74,25 @@ class SelfMetrics:
         )
         for part in ("chart_history", "exposition"):
             self.background_errors.labels(part=part)
+        self.leader_exchanges = Counter(
+            names.LEADER_EXCHANGES, "A node sidecar's exchanges with its run leaders, by "
+            "outcome (ok, failed, refused).", ["outcome"], registry=registry)
+        self.uplink_queued = Gauge(
+            names.UPLINK_QUEUED, "Digests and findings a node sidecar owes its run leaders.",
+            registry=registry)
+        self.uplink_dropped = Counter(
+            names.UPLINK_DROPPED, "Step digests let go because a leader stayed away past "
+            "cluster.uplink_max_rows.", registry=registry)
+        self.uplink_bytes = Counter(
+            names.UPLINK_BYTES, "Bytes a node sidecar posted to its run leaders (gzip).",
+            registry=registry)
+        self.peer_items = Counter(
+            names.PEER_ITEMS, "What this sidecar, as a run leader, received from node "
+            "sidecars, by kind (digest, finding, heartbeat).", ["kind"], registry=registry)
+        for outcome in ("ok", "failed", "refused"):
+            self.leader_exchanges.labels(outcome=outcome)
+        for kind in ("digest", "finding", "heartbeat"):
+            self.peer_items.labels(kind=kind)
         build = Gauge(names.BUILD_INFO, "Build information.", ["version"], registry=registry)
         build.labels(version=version).set(1)
         for outcome in ("accepted", "duplicate", "rejected", "late"):

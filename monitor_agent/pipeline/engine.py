@@ -38,7 +38,12 @@ from typing import Any
 
 from monitor_agent.alerting.model import RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
+from monitor_agent.cluster.digest import digest
+from monitor_agent.cluster.link_state import LinkBook
+from monitor_agent.cluster.placement import leader_of
 from monitor_agent.detectors import DetectorSuite
+from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
+from monitor_agent.detectors.support.context import host_label
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
@@ -50,6 +55,7 @@ from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import Verdict
+from monitor_agent.records import wire
 from monitor_agent.records.types import (
     CheckpointRecord,
     EndRecord,
@@ -62,6 +68,7 @@ from monitor_agent.records.types import (
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
+from monitor_agent.storage.uplink import DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,33 @@ class Incoming:
     index: int
     record: Record
     body: bytes
+    # The node rank of the sidecar that forwarded it to this one, the run's leader, as a
+    # digest (monitor_agent/cluster); None for a record of this sidecar's own client.
+    origin: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRun:
+    """A run a node sidecar follows, as it reports it: the node its ranks run on (their
+    run records' ``cluster.node_rank``), that node's host and the ranks it hears."""
+
+    run_id: str
+    node: int
+    host: str | None = None
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerBatch:
+    """What a node sidecar sends its run leader in one exchange (api/peer.py): the
+    digests of its ranks' records (``Incoming.origin``: their node), its detectors'
+    findings (each with its ``storage.uplink`` flags) and the runs it follows (its
+    heartbeat)."""
+
+    sidecar: str
+    items: list[Incoming] = field(default_factory=list)
+    findings: list[tuple[Finding, int]] = field(default_factory=list)
+    runs: list[PeerRun] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,6 +122,8 @@ class IngestResult:
     findings: list[Finding] = field(default_factory=list)
     # (run id, token) -> the attempt its records went to (``attempt_view``), per batch.
     attempts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # What this node sidecar owes the run leaders it follows (monitor_agent/cluster).
+    uplink: list[UplinkRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +151,10 @@ class Engine:
         self.registry = RunRegistry(settings, store, replay=self._replay)
         self.retention = Retention(store, settings.retention_steps)
         self._last_snapshot = 0.0
+        # How each run leader this sidecar forwards to is answering (cluster/link.py
+        # writes it; routing a finding reads it).
+        self.links = LinkBook(settings.cluster.peer_timeout_seconds)
+        self._ticked = IngestResult()  # what a tick owes the leaders, queued at its end
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -144,7 +184,8 @@ class Engine:
                 assert live is not None  # admitted just now, on this thread
                 self._process(live, entry.item.record, row_id, now, result,
                               attempt=entry.attempt,
-                              superseded=entry.superseded_by is not None)
+                              superseded=entry.superseded_by is not None,
+                              body=entry.item.body, origin=entry.item.origin)
             self._finish(result)
         except Exception as exc:
             # Kept in memory, the runs would count these records as judged and the retry
@@ -281,24 +322,33 @@ class Engine:
         attempt: int = 1,
         superseded: bool = False,
         quiet: bool = False,
+        body: bytes | None = None,
+        origin: int | None = None,
     ) -> None:
         """``arrival`` is when the record reached us (``now`` unless replaying the store);
         ``attempt`` the run's attempt it came from; ``superseded`` when a later attempt
-        already replaced it (pipeline/attempts.py): stored as history, never analysed."""
+        already replaced it (pipeline/attempts.py): stored as history, never analysed.
+        ``body`` is its stored JSON (forwarded as a digest when this sidecar follows the
+        run's leader); ``origin`` the node whose sidecar forwarded it here, the leader
+        (None: this sidecar's own client's)."""
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
         if isinstance(record, CheckpointRecord):
             if not superseded:
                 self._checkpoint(run, record, attempt)
+            self._forward(run, record, body, result, quiet, origin)
             return
         if superseded or (isinstance(record, StepRecord | EvalRecord) and run.is_late(record)):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
+            self._forward(run, record, body, result, quiet, origin)
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
-        self._apply(run, record, now if arrival is None else arrival)
-        findings = [dataclasses.replace(f, attempt=attempt) for f in self._detect(live, record)]
+        self._apply(run, record, now if arrival is None else arrival, origin)
+        self._forward(run, record, body, result, quiet, origin)
+        findings = [dataclasses.replace(f, attempt=attempt)
+                    for f in self._detect(live, record, origin is not None)]
         for f in findings:  # before alerting: a page names the checkpoint judged with it
             if run.ledger.observe(f):
                 run.version += 1
@@ -307,7 +357,7 @@ class Engine:
         if findings and quiet:
             run.count_findings(findings)
         elif findings:
-            self._handle_findings(run, findings, now, result)
+            self._route(run, findings, now, result, origin)
 
     def _replay(self, live: LiveRun, after: int, now: float, quiet: bool = False) -> None:
         """Feed a restored run the records stored after its snapshot, through the very
@@ -315,24 +365,28 @@ class Engine:
         ``quiet`` (a run rebuilt for a new attempt, registry.py): state only; the records
         were judged, their findings stored and paged about, when they first arrived."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
-        for row_id, attempt, record in recovery.stored_tail(self.store, live.run_id, after):
-            self._process(live, record, row_id, now, result, arrival=arrival, attempt=attempt,
-                          quiet=quiet)
+        for row in recovery.stored_tail(self.store, live.run_id, after):
+            self._process(live, row.record, row.row_id, now, result, arrival=arrival,
+                          attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
             replayed += 1
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
+        self._queue(result)
         # A rollback rebuilt the verdict from what is left of the history: the row says so
         # too, the moment it happens or, after a kill -9 in between, on the next load.
         self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
 
-    def _apply(self, run: RunState, record: Record, arrival: float) -> None:
+    def _apply(self, run: RunState, record: Record, arrival: float,
+               origin: int | None = None) -> None:
         if isinstance(record, StepRecord):
             run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
         elif isinstance(record, EvalRecord):
             run.apply_eval(record, arrival)
         elif isinstance(record, RunRecord):
-            run.apply_run(record)
+            run.apply_run(record, remote=origin is not None)
+            if origin is None:
+                self._place(run, record)
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
@@ -368,10 +422,10 @@ class Engine:
             self.metrics.dropped_series.labels(reason="max_layer_names").inc(dropped)
         return record
 
-    def _detect(self, live: LiveRun, record: Record) -> list[Finding]:
+    def _detect(self, live: LiveRun, record: Record, remote: bool = False) -> list[Finding]:
         t0 = time.perf_counter()
         try:
-            findings = live.suite.update(record)
+            findings = live.suite.update(record, remote)
         except Exception:  # a detector bug must never cost a stored record
             self.metrics.detector_errors.inc()
             log.exception("detector failed on %s step %s", record.run_id, record.step)
@@ -382,15 +436,180 @@ class Engine:
         return findings
 
     def _handle_findings(
-        self, run: RunState, findings: list[Finding], now: float, result: IngestResult
+        self, run: RunState, findings: list[Finding], now: float, result: IngestResult,
+        told: bool = False,
     ) -> None:
+        """Page (and let rules act on) findings judged here; ``told``: paged already, by
+        a node sidecar while this one, the run's leader, was away (recorded, not paged)."""
+        partial = self._partial(run, now)
+        if partial is not None:
+            findings = [f.seen_partially(f"the run's view is partial: {partial}")
+                        for f in findings]
         run.count_findings(findings)
         result.findings.extend(findings)
-        result.actions.extend(self.alerts.handle(_context(run), findings, now))
+        context = _context(run)
+        taken = (self.alerts.handle(context, findings, now, told=True) if told
+                 else self.alerts.handle(context, findings, now))
+        result.actions.extend(taken)
+
+    # -- one run, one brain (monitor_agent/cluster) ----------------------------------------
+
+    def _place(self, run: RunState, record: RunRecord) -> None:
+        """Whether this sidecar judges the run or forwards it to the run's leader."""
+        try:
+            leader = leader_of(record.cluster, self.settings.cluster)
+        except ValueError as exc:
+            if run.leader is None:
+                log.warning("run %s: %s; judging its ranks here alone", run.run_id, exc)
+            leader = None
+        node = record.cluster.node_rank if record.cluster is not None else None
+        if (leader, node) != (run.leader, run.node):
+            run.leader, run.node = leader, node
+            run.version += 1
+
+    def _following(self, run: RunState) -> str | None:
+        """The leader this sidecar forwards the run to, or None when it judges it here."""
+        leader = run.leader
+        return None if leader is None or self.links.is_self(leader) else leader
+
+    def _forward(self, run: RunState, record: Record, body: bytes | None,
+                 result: IngestResult, quiet: bool, origin: int | None) -> None:
+        """Queue the digest of a record of this sidecar's own ranks for the run's leader."""
+        leader = self._following(run) if origin is None and not quiet else None
+        if leader is None or body is None:
+            return
+        flags = DROPPABLE if isinstance(record, StepRecord) else 0
+        result.uplink.append(UplinkRow(leader, run.run_id, "record",
+                                       digest(record.kind, body), flags))
+
+    def _route(self, run: RunState, findings: list[Finding], now: float,
+               result: IngestResult, origin: int | None = None) -> None:
+        """Findings of a followed run go to its leader, which pages for the whole run; only
+        while the leader is away are they paged here, marked as a partial view (and
+        forwarded still, so the leader records them without paging them twice)."""
+        leader = self._following(run) if origin is None else None
+        if leader is None:
+            self._handle_findings(run, findings, now, result)
+            return
+        lost = self.links.lost(leader, now)
+        for f in findings:
+            flags = (LOCAL_VIEW if f.type in RUN_SCOPED_TYPES else 0) | (PAGED if lost else 0)
+            result.uplink.append(UplinkRow(leader, run.run_id, "finding",
+                                           wire.dumps(f.to_dict()), flags))
+        if lost:
+            why = self.links.why(leader, now)
+            self._handle_findings(run, [f.seen_partially(why) for f in findings], now, result)
+        else:
+            run.count_findings(findings)
+            result.findings.extend(findings)
+
+    def _partial(self, run: RunState, now: float) -> str | None:
+        """Why the leader's view of a running multi-node run is partial, or None."""
+        if run.roster.expected <= 1 or run.status != "running":
+            return None
+        return run.roster.partial(now, self.settings.cluster.peer_timeout_seconds,
+                                  run.first_seen)
+
+    def ingest_peer(self, batch: PeerBatch, now: float) -> IngestResult:
+        """A node sidecar's exchange with this one, the leader of its runs: its digests go
+        through ``ingest`` (judged by the cross-rank detectors only), its findings are
+        paged here for the whole run, and its heartbeat keeps its node in the runs' view.
+
+        Raises as ``ingest`` does; a finding's effects are committed before the answer."""
+        result = self.ingest(batch.items, now) if batch.items else IngestResult()
+        for peer in batch.runs:
+            live = self.registry.get(peer.run_id)
+            if live is not None and peer.node > 0:
+                live.state.roster.heard(peer.node, batch.sidecar, peer.host,
+                                        list(peer.ranks), now)
+        by_run: dict[str, list[tuple[Finding, int]]] = {}
+        for finding, flags in batch.findings:
+            by_run.setdefault(finding.run_id, []).append((finding, flags))
+        found = IngestResult()
+        try:
+            for run_id, items in by_run.items():
+                live = self.registry.get(run_id) or self.registry.admit(run_id, now)
+                if live is not None:
+                    self._remote_findings(live, items, now, found)
+            if found.findings:
+                self.store.insert_findings([f.to_dict() for f in found.findings])
+        except Exception as exc:
+            for run_id in by_run:
+                self.registry.evict(run_id)
+            if isinstance(exc, StorageError):
+                raise StorageError(f"a node sidecar's findings not stored: {exc}") from exc
+            raise
+        result.actions.extend(found.actions)
+        return result
+
+    def _remote_findings(self, live: LiveRun, items: list[tuple[Finding, int]], now: float,
+                         result: IngestResult) -> None:
+        """A node sidecar's findings about its own ranks: the run's, counted once here.
+        A cross-rank one made from that node's view alone is left out (this sidecar
+        judges those from every node's digests) unless the node paged it while this one
+        was away: then it is recorded as told, so the same fault is not paged twice."""
+        run = live.state
+        attempt = max(live.attempts.current, 1)
+        fresh: list[Finding] = []
+        told: list[Finding] = []
+        for finding, flags in items:
+            if flags & LOCAL_VIEW and not flags & PAGED:
+                continue
+            f = dataclasses.replace(finding, attempt=attempt)
+            if run.ledger.observe(f):
+                run.version += 1
+            (told if flags & PAGED else fresh).append(f)
+        if run.verdict.observe(None, fresh + told):
+            self._store_verdict(run)
+        if told:
+            self._handle_findings(run, told, now, result, told=True)
+        if fresh:
+            self._handle_findings(run, fresh, now, result)
+
+    def followed(self) -> list[tuple[str, PeerRun]]:
+        """(leader, run) for every run in memory this sidecar forwards to a leader: what
+        its heartbeat names (cluster/link.py asks, on the engine thread)."""
+        out = []
+        for live in self.registry:
+            run = live.state
+            leader = self._following(run)
+            if leader is not None and run.node is not None:
+                host = host_label(run.run.labels) if run.run is not None else None
+                out.append((leader, PeerRun(run.run_id, run.node, host,
+                                            tuple(sorted(run.ranks)))))
+        return out
+
+    def page_stranded(self, leader: str, now: float, why: str | None) -> int:
+        """Page here what is owed to ``leader`` and nobody paged: it has been away too long
+        (``why``, said in each page as a partial view), or it turned out to be this very
+        sidecar (``why`` None: the run was never followed). Returns how many."""
+        queued = self.store.uplink.stranded(leader)
+        by_run: dict[str, list[Finding]] = {}
+        for q in queued:
+            try:
+                by_run.setdefault(q.run_id, []).append(Finding.from_dict(wire.loads(q.body)))
+            except (KeyError, TypeError, ValueError):
+                continue
+        result = IngestResult()
+        for run_id, findings in by_run.items():
+            if why is not None:
+                findings = [f.seen_partially(why) for f in findings]
+            live = self.registry.get(run_id)
+            context = _context(live.state) if live is not None else RunContext(run_id)
+            result.actions.extend(self.alerts.handle(context, findings, now))
+        self.store.uplink.mark_paged([q.id for q in queued])
+        return sum(len(f) for f in by_run.values())
 
     def _finish(self, result: IngestResult) -> None:
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
+        self._queue(result)
+
+    def _queue(self, result: IngestResult) -> None:
+        """What this sidecar owes the run leaders it follows: stored, then sent."""
+        if result.uplink:
+            self.store.uplink.put(result.uplink, time.time())
+            self.links.queued()
         m = self.metrics.records
         m.labels(outcome="accepted").inc(result.accepted)
         m.labels(outcome="duplicate").inc(result.duplicates)
@@ -410,6 +629,8 @@ class Engine:
             findings.extend(self._tick_run(live, now))
         if findings:
             self.store.insert_findings([f.to_dict() for f in findings])
+        self._queue(self._ticked)
+        self._ticked = IngestResult()
         self.alerts.tick(now)
         self.registry.expire(now)
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
@@ -428,6 +649,9 @@ class Engine:
             return []
         # Map sidecar time onto the run's clock: immune to client/sidecar clock skew.
         record_now = last_time + (now - run.last_arrival)
+        if run.roster.expected > 1:  # the leader's: silent because unheard, not gone
+            live.suite.ctx.unreachable = run.roster.unreachable(
+                now, self.settings.cluster.peer_timeout_seconds, run.first_seen)
         try:
             found = live.suite.tick(record_now)
         except Exception:
@@ -437,7 +661,10 @@ class Engine:
         if found:
             found = [dataclasses.replace(f, attempt=max(live.attempts.current, 1))
                      for f in found]
-            self._handle_findings(run, found, now, IngestResult())
+            result = IngestResult()
+            self._route(run, found, now, result)
+            self._ticked.uplink.extend(result.uplink)
+            return result.findings
         return found
 
     def _count_runs(self) -> None:
@@ -507,4 +734,5 @@ def _row(item: Incoming, attempt: int = 1, superseded_by: int | None = None) -> 
         body=item.body,
         attempt=attempt,
         superseded_by=superseded_by,
+        origin=item.origin,
     )

@@ -25,9 +25,9 @@ never stored), and ``stored_tail`` is what the engine then replays::
     >>> after = restore_run(engine.store, run, suite, now=4.0)
     >>> after, run.ranks[0].steps_total   # the snapshot covers rows 1 and 2
     (2, 2)
-    >>> [(row_id, attempt, record.step)
-    ...  for row_id, attempt, record in stored_tail(engine.store, "r1", after)]
-    [(3, 1, 3)]
+    >>> [(row.row_id, row.attempt, row.record.step, row.origin)
+    ...  for row in stored_tail(engine.store, "r1", after)]
+    [(3, 1, 3, None)]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records import schemas, wire
@@ -93,15 +93,24 @@ def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float,
     return after
 
 
-def stored_tail(store: Store, run_id: str,
-                after: int) -> Iterator[tuple[int, int, Record]]:
+class StoredRecord(NamedTuple):
+    """A stored record as recovery feeds it again: its row, attempt, the record, its
+    stored JSON and, for a run leader's digest, the node it came from (cluster/)."""
+
+    row_id: int
+    attempt: int
+    record: Record
+    body: bytes
+    origin: int | None
+
+
+def stored_tail(store: Store, run_id: str, after: int) -> Iterator[StoredRecord]:
     """The run's current history (pipeline/attempts.py) stored after row ``after``, in
-    arrival order, as (row id, attempt, record); rows that no longer validate are skipped
-    (``_stored``)."""
-    for row_id, attempt, body in store.records_after(run_id, after):
+    arrival order; rows that no longer validate are skipped (``_stored``)."""
+    for row_id, attempt, body, origin in store.records_after(run_id, after):
         record = _stored(body, run_id)
         if record is not None:
-            yield row_id, attempt, record
+            yield StoredRecord(row_id, attempt, record, body, origin)
 
 
 def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -> None:

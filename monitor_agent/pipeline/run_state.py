@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_agent.cluster.roster import Roster
 from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.verdict import VerdictTracker
 from monitor_agent.records.limits import MAX_NAME_LEN, scrub
@@ -93,6 +94,13 @@ class RunState:
     # The checkpoints it reported, judged clean or suspect; loaded from the store with the
     # run (registry.py), not part of its snapshot.
     ledger: CheckpointLedger = field(default_factory=CheckpointLedger)
+    # One run, one brain (monitor_agent/cluster). ``leader``: the URL of the sidecar that
+    # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
+    # it judges the run here, alone or as its leader); ``roster``: as the leader, the
+    # nodes it hears from. Both follow from run records (replayed with the run).
+    leader: str | None = None
+    node: int | None = None  # this sidecar's node in the run (its ranks' run records)
+    roster: Roster = field(default_factory=Roster)
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:
@@ -116,7 +124,13 @@ class RunState:
             state = self.ranks[rank] = RankState()
         return state
 
-    def apply_run(self, record: RunRecord) -> None:
+    def apply_run(self, record: RunRecord, remote: bool = False) -> None:
+        """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
+        only when none of this sidecar's own ranks sent one (its labels name that node)."""
+        if record.cluster is not None:
+            self.roster.expect(record.cluster.nodes, record.cluster.local_world_size)
+        if remote and self.run is not None:
+            return
         self.run = record
         self.version += 1
 

@@ -156,8 +156,9 @@ class VerdictTracker:
     # rollback settles in the store before any snapshot can hold it.
     rollbacks: list[Rollback] = field(default_factory=list)
 
-    def observe(self, record: Record, findings: list[Finding]) -> bool:
-        """Fold in one record and the findings the detectors made of it; True when that
+    def observe(self, record: Record | None, findings: list[Finding]) -> bool:
+        """Fold in one record and the findings the detectors made of it (``record`` None:
+        findings a node sidecar made of its ranks, for this run leader); True when that
         may have changed the verdict (a cause, or a NaN stretch began or ended)."""
         before = (len(self.first), self.nan_since)
         if isinstance(record, StepRecord) and record.loss is not None:

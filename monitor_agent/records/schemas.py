@@ -147,6 +147,16 @@ class WatchdogModel(_Wire):
     warmup_steps: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] = 5
 
 
+class ClusterModel(_Wire):
+    # Where the sending rank's node sits in a multi-node job (docs/format.md, "cluster"):
+    # node 0's sidecar leads the run; the others forward digests to ``leader_url``.
+    node_rank: Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
+    nodes: Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
+    local_world_size: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+    leader_url: Annotated[str, StringConstraints(max_length=2048),
+                          AfterValidator(_name)] | None = None
+
+
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
@@ -160,6 +170,7 @@ class RunModel(_Wire):
         default_factory=dict
     )
     watchdog: WatchdogModel | None = None
+    cluster: ClusterModel | None = None
 
     @field_validator("config", "model", "hardware")
     @classmethod

@@ -216,6 +216,17 @@ class WatchdogDeclaration:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterPlacement:
+    """Where a rank's node sits in a multi-node job, as its run record says
+    (docs/format.md, ``cluster``): node 0's sidecar leads the run (monitor_agent/cluster)."""
+
+    node_rank: int
+    nodes: int
+    local_world_size: int | None = None
+    leader_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The first record of a run: hyper-parameters, model shape, hardware, labels."""
 
@@ -229,6 +240,7 @@ class RunRecord:
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     watchdog: WatchdogDeclaration | None = wire_field(
         lambda w: from_fields(WatchdogDeclaration, w))
+    cluster: ClusterPlacement | None = wire_field(lambda c: from_fields(ClusterPlacement, c))
     kind: str = "run"
 
     @property
@@ -413,7 +425,8 @@ def _plan(cls: type) -> _Plan:
 
 
 _PLANS: dict[type, _Plan] = {cls: _plan(cls)
-                             for cls in (Memory, WatchdogDeclaration, *RECORD_TYPES.values())}
+                             for cls in (Memory, WatchdogDeclaration, ClusterPlacement,
+                                         *RECORD_TYPES.values())}
 
 
 def from_fields(cls: type[_T], source: Any) -> _T:
@@ -482,3 +495,30 @@ class Finding:
             "log_only": self.log_only,
             "attempt": self.attempt,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """``to_dict``'s inverse (a snapshot's held finding, a node sidecar's forwarded
+        one); KeyError, ValueError or TypeError for a dict that is not one."""
+        return cls(type=str(d["type"]), severity=Severity.parse(d["severity"]),
+                   run_id=str(d["run_id"]), step=int(d["step"]), message=str(d["message"]),
+                   rank=int(d.get("rank") or 0), layer=d.get("layer"), value=d.get("value"),
+                   threshold=d.get("threshold"), evidence=dict(d.get("evidence") or {}),
+                   suggestions=tuple(str(s) for s in d.get("suggestions") or ()),
+                   time=d.get("time"), log_only=bool(d.get("log_only")),
+                   attempt=int(d.get("attempt") or 1))
+
+    @property
+    def partial_view(self) -> bool:
+        """Made without the whole run in view (a node sidecar whose run leader is away,
+        or a leader that does not hear every node: monitor_agent/cluster): it is paged,
+        saying so, but no rule acts on it."""
+        return self.evidence.get("view") == "partial"
+
+    def seen_partially(self, why: str) -> Finding:
+        """This finding, marked as made from a partial view of the run, and why."""
+        if self.partial_view:
+            return self
+        return dataclasses.replace(
+            self, message=f"{self.message} [partial view: {why}]",
+            evidence={"view": "partial", "view_reason": why, **self.evidence})

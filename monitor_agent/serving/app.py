@@ -12,7 +12,7 @@ under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests thr
     >>> app = create_app(Settings())
     >>> sorted(app.openapi()["paths"])
     ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
-     '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
+     '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
      '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/checkpoints', '/v1/runs/{run_id}/findings',
      '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
      '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']
@@ -34,9 +34,10 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent import __version__
 from monitor_agent.alerting import Alerting
-from monitor_agent.api import actions, alerts, checkpoints, health, ingest, preview, runs
+from monitor_agent.api import actions, alerts, checkpoints, health, ingest, peer, preview, runs
 from monitor_agent.api.deps import services
 from monitor_agent.api.services import Backends, Readiness, Services
+from monitor_agent.cluster.identity import sidecar_id
 from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.notify.redact import SecretRedactor
@@ -45,6 +46,7 @@ from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import limits, wire
 from monitor_agent.serving.browser_guard import BrowserGuard, fastapi_docs_pages
+from monitor_agent.serving.leader_link import leader_link
 from monitor_agent.settings import Settings, TokenError
 from monitor_agent.storage.data_lock import DataDirLock
 from monitor_agent.storage.database import StorageError
@@ -70,7 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Training-run health monitor: ingest, detect, alert, expose.",
         lifespan=lifespan,
     )
-    for module in (ingest, preview, runs, actions, checkpoints, alerts, health):
+    for module in (ingest, preview, runs, actions, checkpoints, alerts, health, peer):
         app.include_router(module.router)
     app.include_router(ui.api)
     app.include_router(ui.pages)
@@ -191,6 +193,7 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     except StorageError as exc:
         unwritable = f"storage: {exc}"
     engine = Engine(settings, store, metrics, alerting)
+    services.sidecar = await runner.call(sidecar_id, settings.data_dir)
     recovered = await runner.call(engine.recover, time.time())
     log.info("recovered %d active runs from %s", recovered, settings.db_path)
     queries = RunQueries(store, engine.registry)
@@ -214,6 +217,10 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     opened.push_async_callback(runner.call, _shutdown, engine, store)
     opened.callback(alerting.stop, timeout=5.0)
     opened.callback(history.stop)
+    # A node sidecar's link to its run leaders (one run, one brain: cluster/); stopped
+    # before the engine it reads from.
+    link = leader_link(settings, runner, engine, alerting, metrics, services.sidecar)
+    opened.callback(link.stop)
     services.readiness.repairs[HISTORY_SOURCE] = history.request_repair
     services.readiness.watch(history.problem)
     services.readiness.watch(alerting.problem)
@@ -221,6 +228,7 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     # Last: its presence means "open" to the storage gate.
     services.backends = Backends(engine, queries, alerting, exposition)
     alerting.start()
+    link.start()
     services.readiness.set(unwritable)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_agent.records import wire
+from monitor_agent.storage import uplink
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 KIND_ORDER = ("run", "step", "eval", "checkpoint", "hang", "end")
@@ -176,6 +177,13 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run_id, step, attempt)
     );
     """,
+    # One run, one brain (monitor_agent/cluster): a record a node sidecar forwarded to this
+    # one, the run's leader, as a digest: ``origin`` is that node's rank (NULL: a record of
+    # this sidecar's own client). The leader judges those across ranks only.
+    """
+    ALTER TABLE records ADD COLUMN origin INTEGER;
+    """,
+    *uplink.MIGRATIONS,
 )
 
 
@@ -191,6 +199,7 @@ class RecordRow:
     body: bytes
     attempt: int = 1
     superseded_by: int | None = None  # stored already replaced by a later attempt
+    origin: int | None = None  # the node rank a run leader's digest came from (cluster/)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +279,7 @@ class Store:
     ) -> None:
         self._db = Database(path, _MIGRATIONS, busy_timeout_ms=busy_timeout_ms)
         self.path = self._db.path
+        self.uplink = uplink.UplinkQueue(self._db)
         self._max_pages: int | None = None
         if max_bytes is not None:
             # Past this size writes fail exactly as on a full disk: the same code path.
@@ -309,10 +319,10 @@ class Store:
 
     def _insert_one(self, conn: sqlite3.Connection, row: RecordRow, now: float) -> int | None:
         cur = conn.execute(
-            "INSERT INTO records (run_id, rank, kind, step, time, body, attempt, superseded_by) "
-            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+            "INSERT INTO records (run_id, rank, kind, step, time, body, attempt, superseded_by, "
+            "origin) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
             (row.run_id, row.rank, row.kind, row.step, row.time, row.body, row.attempt,
-             row.superseded_by),
+             row.superseded_by, row.origin),
         )
         if cur.rowcount == 0:
             return None
@@ -611,11 +621,13 @@ class Store:
         rows = [r for r in self.runs(run_id) if r.run_id == run_id]
         return rows[0] if rows else None
 
-    def records_after(self, run_id: str, after_id: int) -> list[tuple[int, int, bytes]]:
-        """(id, attempt, body) of the run's current history stored after ``after_id``, in
-        arrival order (for recovery: replaced records are never fed again)."""
+    def records_after(self, run_id: str,
+                      after_id: int) -> list[tuple[int, int, bytes, int | None]]:
+        """(id, attempt, body, origin) of the run's current history stored after
+        ``after_id``, in arrival order (for recovery: replaced records are never fed
+        again); ``origin``: the node a leader's digest came from, None for its own."""
         return self._db.query(
-            "SELECT id, attempt, body FROM records WHERE run_id = ? AND id > ? "
+            "SELECT id, attempt, body, origin FROM records WHERE run_id = ? AND id > ? "
             "AND superseded_by IS NULL ORDER BY id",
             (run_id, after_id),
         )

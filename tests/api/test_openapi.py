@@ -98,6 +98,12 @@ def test_real_answers_match_the_document(tmp_path: Path):
         assert c.call("POST", "/v1/records", json={"records": _records()})["accepted"] == 13
         c.call("POST", "/v1/records/preview", json={"records": [
             {"kind": "step", "run_id": "doc", "step": 20, "time": 130.0, "loss": "NaN"}]})
+        peer = c.call("POST", "/v1/peer/digests", json={
+            "sidecar": "node-1-sidecar",
+            "runs": [{"run_id": "doc", "node": 1, "ranks": [1], "known_action": 0}],
+            "records": [{"kind": "step", "run_id": "doc", "rank": 1, "step": 5,
+                         "time": 106.0, "loss": 2.0}], "findings": []})
+        assert peer["accepted"] == 1 and "doc" in peer["runs"]
         [listed] = c.call("GET", "/v1/runs")["runs"]
         assert listed["active"] is True
         detail = c.call("GET", "/v1/runs/{run_id}", path="/v1/runs/doc")

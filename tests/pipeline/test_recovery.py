@@ -60,8 +60,8 @@ def test_the_tail_after_the_snapshot_replays_and_a_bad_row_is_skipped(tmp_path: 
     assert after is not None and after == run.snapshot_record_id > 0
     assert run.ranks[0].last_step == 5  # from the snapshot, before the tail
     tail = list(recovery.stored_tail(store, "r", after))
-    assert [r.step for _, _, r in tail] == [6, 7, 8]
-    assert all(isinstance(r, StepRecord) for _, _, r in tail)
+    assert [row.record.step for row in tail] == [6, 7, 8]
+    assert all(isinstance(row.record, StepRecord) for row in tail)
 
     again = Engine(settings, store, SelfMetrics(CollectorRegistry()))
     assert again.recover(now=12.0) == 1

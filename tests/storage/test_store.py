@@ -49,7 +49,7 @@ def test_state_survives_reopening(tmp_path: Path):
     store.close()
     again = Store(tmp_path / "m.sqlite")
     assert again.detector_state("r") == (1, b'{"x": 1}')
-    assert [row_id for row_id, _, _ in again.records_after("r", 1)] == [2]
+    assert [row[0] for row in again.records_after("r", 1)] == [2]
     assert again.run_row("r").status == "running"
 
 

@@ -70,6 +70,10 @@ class DetectorBase(Generic[S]):
     severity: ClassVar[Severity] = Severity.WARNING
     #: Its own knobs (a ``SharedSettings`` subclass); ``DetectorSettings`` extends it.
     settings_model: ClassVar[SettingsModel] = SharedSettings
+    #: "rank": it judges each rank's own records, on the sidecar its rank reports to.
+    #: "run": it judges the ranks against each other, so in a multi-node run only the
+    #: run's leader, which hears every rank (monitor_agent/cluster), makes its findings.
+    scope: ClassVar[str] = "rank"
 
     def __init__(self, settings: S, ctx: DetectorContext) -> None:
         self.settings = settings

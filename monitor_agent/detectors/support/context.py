@@ -81,6 +81,10 @@ class DetectorContext:
         self.state = ContextState(warmup=settings.default_warmup_steps)
         self._slots = SlotIndex(self.state.layer_names)
         self._cache: tuple[tuple[str, ...], LayerView] | None = None
+        # Ranks the run's leader cannot hear (their node's sidecar is away:
+        # monitor_agent/cluster): silent for that, not because they are gone. Set by the
+        # engine before each tick; not part of the snapshot.
+        self.unreachable: set[int] = set()
 
     # -- run facts ------------------------------------------------------------------------
 

@@ -1,0 +1,209 @@
+"""``POST /v1/peer/digests``: a node sidecar's exchange with the leader of its runs.
+
+One run, one brain (monitor_agent/cluster): the sidecar of each node of a multi-node run
+forwards the digests of its ranks' records and its detectors' findings here, to the
+sidecar of node 0, which judges the run across ranks, pages for the whole run and decides
+its actions. The body (JSON, usually gzip)::
+
+    {"sidecar": "<the node sidecar's id>",
+     "runs": [{"run_id": "gpt-7", "node": 1, "host": "gpu-node-1", "ranks": [2, 3],
+               "known_action": 0}],
+     "records": [<digests: records less their per-layer payload, docs/format.md>],
+     "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}]}
+
+Each digest is validated and stored as any record (one bad one costs only itself, as in
+``POST /v1/records``); the answer says what was stored and, per run, the actions this
+leader took after ``known_action`` (the node sidecar keeps them for its ranks), and this
+sidecar's id (a node sidecar that reaches itself stops forwarding). Same token as ingest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from monitor_agent.api.deps import require_write, services
+from monitor_agent.api.ingest import (
+    BODY_ERRORS,
+    RETRY_AFTER_S,
+    BadRequest,
+    Rejection,
+    check_values,
+    count_values,
+    gunzip,
+    parse_json,
+    read_limited,
+    reason_label,
+    sorted_rejections,
+    validate_records,
+)
+from monitor_agent.pipeline.engine import Incoming, PeerBatch, PeerRun
+from monitor_agent.records import limits
+from monitor_agent.records.types import Finding
+from monitor_agent.storage.database import StorageError
+
+router = APIRouter(tags=["peer"])
+
+MAX_RUNS = 10_000
+MAX_RANKS_LISTED = 100_000
+
+
+class PeerRunOut(BaseModel):
+    actions: list[dict[str, Any]] = Field(
+        default_factory=list, description="Actions this leader took for the run after the "
+        "node sidecar's known_action, oldest first (GET /v1/runs/{id}/actions' items).")
+
+
+class PeerResponse(BaseModel):
+    sidecar: str = Field(description="This sidecar's id (cluster/identity.py).")
+    accepted: int = Field(description="Digests stored now.")
+    duplicates: int = Field(description="Digests already stored (a retry).")
+    findings: int = Field(description="Findings taken (paged here for the whole run).")
+    rejected: list[Rejection] = Field(default_factory=list)
+    runs: dict[str, PeerRunOut] = Field(default_factory=dict)
+
+
+@router.post(
+    "/v1/peer/digests", response_model=PeerResponse, dependencies=[Depends(require_write)],
+    summary="A node sidecar forwards its ranks' digests and findings to the run's leader",
+    responses={**BODY_ERRORS, 503: {"description": "Cannot store right now; retry later"}},
+)
+async def post_digests(request: Request) -> PeerResponse:
+    state = services(request)
+    try:
+        return await _exchange(request)
+    except BadRequest as exc:
+        status, reason = exc.status, exc.reason
+    state.metrics.rejections.labels(reason=reason_label(status)).inc()
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    raise HTTPException(status, reason, headers=headers)
+
+
+async def _exchange(request: Request) -> PeerResponse:
+    state = services(request)
+    settings = state.settings
+    if not state.readiness.ready:
+        raise BadRequest(503, f"not ready: {state.readiness.why_not}; retry later")
+    body = await read_limited(request, settings.max_body_bytes)
+    envelope = await run_in_threadpool(_decode, body, request.headers.get(
+        "content-encoding", "identity"), settings)
+    del body
+    runs, sidecar = _runs(envelope), _text(envelope.get("sidecar"), "sidecar", 64)
+    nodes = {r.run_id: r.node for r in runs}
+    records = envelope.get("records") or []
+    if not isinstance(records, list):
+        raise BadRequest(400, "records: must be a list of records")
+    valid, rejected = await run_in_threadpool(validate_records, records,
+                                              settings.max_record_bytes)
+    items: list[Incoming] = []
+    for item in valid:
+        node = nodes.get(item.record.run_id)
+        if node is None or node < 1:
+            rejected.append({"index": item.index, "reason": "run_id: not one of the runs "
+                             "this exchange names with its node (runs[].node >= 1)"})
+            continue
+        items.append(dataclasses.replace(item, origin=node))
+    findings = _findings(envelope.get("findings"), set(nodes))
+    batch = PeerBatch(sidecar, items, findings, runs)
+    m = state.metrics.peer_items
+    m.labels(kind="digest").inc(len(items))
+    m.labels(kind="finding").inc(len(findings))
+    m.labels(kind="heartbeat").inc()
+    try:
+        result = await state.runner.call(state.engine.ingest_peer, batch, time.time())
+    except StorageError as exc:
+        state.readiness.failed(exc)
+        raise BadRequest(503, f"cannot store right now ({exc}); retry later") from None
+    rejected.extend(result.rejected)
+    known = {r.run_id: r.known for r in runs}
+    answer = {}
+    for run_id, after in known.items():
+        found = await run_in_threadpool(state.alerting.actions_for_run, run_id, after, 100)
+        answer[run_id] = PeerRunOut(actions=[a.to_dict() for a in found])
+    return PeerResponse(sidecar=state.sidecar, accepted=result.accepted,
+                        duplicates=result.duplicates, findings=len(findings),
+                        rejected=sorted_rejections(rejected), runs=answer)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Run(PeerRun):
+    known: int = 0
+
+
+def _decode(body: bytes, encoding: str, settings: Any) -> dict[str, Any]:
+    encoding = encoding.strip().lower()
+    if encoding == "gzip":
+        body = b"".join(gunzip(body, settings.max_decompressed_bytes))
+    elif encoding not in ("", "identity"):
+        raise BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+    check_values(count_values(body), settings.max_values_per_request)
+    obj = parse_json(body, "body")
+    if not isinstance(obj, dict):
+        raise BadRequest(400, 'body must be {"sidecar": ..., "runs": [...], "records": [...], '
+                              '"findings": [...]}')
+    return obj
+
+
+def _text(value: Any, what: str, size: int) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= size:
+        raise BadRequest(400, f"{what}: must be a string of 1-{size} characters")
+    return limits.safe(value, size)
+
+
+def _int(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(400, f"{what}: must be an integer in {low}..{high}")
+    return value
+
+
+def _runs(envelope: dict[str, Any]) -> list[_Run]:
+    """The runs the node sidecar follows (its heartbeat), each with its node and ranks."""
+    raw = envelope.get("runs")
+    if not isinstance(raw, list) or len(raw) > MAX_RUNS:
+        raise BadRequest(400, f"runs: must be a list of at most {MAX_RUNS} runs")
+    out, listed = [], 0
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict):
+            raise BadRequest(400, f"runs[{i}]: must be an object")
+        ranks = r.get("ranks") or []
+        if not isinstance(ranks, list):
+            raise BadRequest(400, f"runs[{i}].ranks: must be a list")
+        listed += len(ranks)
+        if listed > MAX_RANKS_LISTED:
+            raise BadRequest(413, f"runs: more than {MAX_RANKS_LISTED} ranks listed")
+        host = r.get("host")
+        out.append(_Run(
+            run_id=_text(r.get("run_id"), f"runs[{i}].run_id", limits.MAX_NAME_LEN),
+            node=_int(r.get("node"), f"runs[{i}].node", -1, 1_000_000),
+            host=limits.safe(host, limits.MAX_NAME_LEN) if isinstance(host, str) else None,
+            ranks=tuple(_int(x, f"runs[{i}].ranks", 0, 1_000_000) for x in ranks),
+            known=_int(r.get("known_action", 0), f"runs[{i}].known_action", 0, 2**62)))
+    return out
+
+
+def _findings(raw: Any, runs: set[str]) -> list[tuple[Finding, int]]:
+    """The node sidecar's findings, each of a run it names; text cut to the edge's budgets
+    (a page carries it)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest(400, "findings: must be a list")
+    out = []
+    for i, item in enumerate(raw):
+        try:
+            finding = Finding.from_dict(item["finding"])
+            flags = _int(item.get("flags", 0), f"findings[{i}].flags", 0, 255)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRequest(400, f"findings[{i}]: not a finding ({exc})") from None
+        if finding.run_id not in runs:
+            raise BadRequest(400, f"findings[{i}].run_id: not one of the runs named")
+        out.append((dataclasses.replace(
+            finding, message=limits.scrub(finding.message, limits.MAX_TEXT_LEN),
+            suggestions=tuple(limits.scrub(s, limits.MAX_TEXT_LEN)
+                              for s in finding.suggestions[:8])), flags))
+    return out
