@@ -107,7 +107,7 @@ class PeerBatch:
     sidecar: str
     items: list[Incoming] = field(default_factory=list)
     findings: list[tuple[Finding, int]] = field(default_factory=list)
-    runs: list[PeerRun] = field(default_factory=list)
+    runs: Sequence[PeerRun] = ()
 
 
 @dataclass(slots=True)
