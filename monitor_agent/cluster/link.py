@@ -233,7 +233,7 @@ class LeaderLink:
         link = self.book.get(leader)
         if link.failing_since is None:
             log.warning("run leader %s does not answer (%s); its runs' findings are paged "
-                        "here after %.0f s", leader, why, self.settings.peer_timeout_seconds)
+                        "here after %g s", leader, why, self.settings.peer_timeout_seconds)
         link.failed(now, why)
         if self.metrics is not None:
             self.metrics.leader_exchanges.labels(outcome="failed").inc()

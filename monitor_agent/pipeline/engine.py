@@ -463,6 +463,8 @@ class Engine:
                 log.warning("run %s: %s; judging its ranks here alone", run.run_id, exc)
             leader = None
         node = record.cluster.node_rank if record.cluster is not None else None
+        if node is not None:
+            run.roster.local.add(node)
         if (leader, node) != (run.leader, run.node):
             run.leader, run.node = leader, node
             run.version += 1
@@ -515,22 +517,34 @@ class Engine:
         through ``ingest`` (judged by the cross-rank detectors only), its findings are
         paged here for the whole run, and its heartbeat keeps its node in the runs' view.
 
+        Findings the node paged itself while this leader was away go first: they are about
+        what the digests behind them say, so this leader's own judgement of those digests
+        joins the alert they began instead of paging it again.
+
         Raises as ``ingest`` does; a finding's effects are committed before the answer."""
+        told = [(f, flags) for f, flags in batch.findings if flags & PAGED]
+        found = self._peer_findings(told, now)
         result = self.ingest(batch.items, now) if batch.items else IngestResult()
         for peer in batch.runs:
             live = self.registry.get(peer.run_id)
             if live is not None and peer.node > 0:
                 live.state.roster.heard(peer.node, batch.sidecar, peer.host,
                                         list(peer.ranks), now)
+        later = self._peer_findings([(f, flags) for f, flags in batch.findings
+                                     if not flags & PAGED], now)
+        result.actions.extend(found.actions + later.actions)
+        return result
+
+    def _peer_findings(self, items: list[tuple[Finding, int]], now: float) -> IngestResult:
         by_run: dict[str, list[tuple[Finding, int]]] = {}
-        for finding, flags in batch.findings:
+        for finding, flags in items:
             by_run.setdefault(finding.run_id, []).append((finding, flags))
         found = IngestResult()
         try:
-            for run_id, items in by_run.items():
+            for run_id, found_here in by_run.items():
                 live = self.registry.get(run_id) or self.registry.admit(run_id, now)
                 if live is not None:
-                    self._remote_findings(live, items, now, found)
+                    self._remote_findings(live, found_here, now, found)
             if found.findings:
                 self.store.insert_findings([f.to_dict() for f in found.findings])
         except Exception as exc:
@@ -539,8 +553,7 @@ class Engine:
             if isinstance(exc, StorageError):
                 raise StorageError(f"a node sidecar's findings not stored: {exc}") from exc
             raise
-        result.actions.extend(found.actions)
-        return result
+        return found
 
     def _remote_findings(self, live: LiveRun, items: list[tuple[Finding, int]], now: float,
                          result: IngestResult) -> None:
