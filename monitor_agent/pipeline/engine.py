@@ -65,6 +65,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
@@ -301,10 +302,9 @@ class Engine:
         if settled is not None and settled.kind != "first":
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
-            book = self.registry.rebuild(record.run_id, now).attempts
-            # A pending rollback is applied once an attempt resumes at or before its
-            # window (alerting/rollback.py).
-            self.alerts.attempt_settled(record.run_id, record.step, now)
+            live = self.registry.rebuild(record.run_id, now)
+            book = live.attempts
+            self._lifecycle(live, live.lifecycle.settled(settled), now)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
@@ -345,7 +345,7 @@ class Engine:
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
-        self._apply(run, record, now if arrival is None else arrival, origin)
+        self._apply(live, record, now if arrival is None else arrival, origin)
         self._forward(run, record, body, result, quiet, origin)
         findings = [dataclasses.replace(f, attempt=attempt)
                     for f in self._detect(live, record, origin is not None)]
@@ -365,6 +365,11 @@ class Engine:
         ``quiet`` (a run rebuilt for a new attempt, registry.py): state only; the records
         were judged, their findings stored and paged about, when they first arrived."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
+        # Its lifecycle goes on from what is durable: the store's status, alerting's open
+        # actions (a rollback decided and not yet applied, a stop not yet honoured).
+        live.lifecycle = RunLifecycle(live.state.status)
+        live.lifecycle.acted(self.alerts.open_actions(live.run_id))
+        live.state.phase = live.lifecycle.describe()
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -377,8 +382,9 @@ class Engine:
         self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
 
-    def _apply(self, run: RunState, record: Record, arrival: float,
+    def _apply(self, live: LiveRun, record: Record, arrival: float,
                origin: int | None = None) -> None:
+        run = live.state
         if isinstance(record, StepRecord):
             run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
         elif isinstance(record, EvalRecord):
@@ -390,9 +396,7 @@ class Engine:
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
-            verdict = self._store_verdict(run)
-            self.alerts.run_ended(run.run_id, record.status, arrival, record.step,
-                                  verdict=verdict.words)
+            self._lifecycle(live, live.lifecycle.ended(record.status, record.step), arrival)
 
     def _checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
         """Keep a checkpoint in the run's ledger (stored, so a restart keeps it)."""
@@ -451,6 +455,33 @@ class Engine:
         taken = (self.alerts.handle(context, findings, now, told=True) if told
                  else self.alerts.handle(context, findings, now))
         result.actions.extend(taken)
+        if taken:
+            self.acted(run.run_id, taken, now)
+
+    # -- the run's lifecycle (runs/lifecycle.py) -------------------------------------------
+
+    def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
+        """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
+        live = self.registry.get(run_id)
+        if live is not None:
+            self._lifecycle(live, live.lifecycle.acted(actions), now)
+
+    def _lifecycle(self, live: LiveRun, events: list[Event], now: float) -> None:
+        """Hand each of a run's lifecycle events to whatever consumes it."""
+        run = live.state
+        for event in events:
+            if isinstance(event, AttemptSettled) and event.attempt.kind != "first":
+                # Alerting applies a rollback this attempt resumed at, closes the alerts
+                # about what it abandoned, and may decide again (alerting/rollback.py).
+                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
+            elif isinstance(event, Ended):
+                verdict = self._store_verdict(run)
+                self.alerts.run_ended(run.run_id, event.status, now, event.step,
+                                      verdict=verdict.words)
+        phase = live.lifecycle.describe()
+        if phase != run.phase:
+            run.phase = phase
+            run.version += 1
 
     # -- one run, one brain (monitor_agent/cluster) ----------------------------------------
 
