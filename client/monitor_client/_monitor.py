@@ -69,6 +69,7 @@ from monitor_client._rollback import (
 )
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool, spool_directory
+from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client._watchdog import Watchdog
@@ -386,38 +387,32 @@ class Monitor:
         if data_time is None and self._data_time:
             data_time = self._data_time
         self._data_time = 0.0
-        if self._timings is not None:
-            self._split(fields, step_time, data_time, self._timings.take())
+        wait = self._timings.take() if self._timings is not None else None
         self._send_run()
         record = {"kind": "step", "run_id": self.run_id, "step": int(step),
                   "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
-                  "lr": _plain(lr) if lr is not None else self._lr(), "grad_norm": grad_norm,
+                  "lr": (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr(),
+                  "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
         self._last_step = int(step)
+        if wait is not None and not isinstance(wait, float):
+            device_wait, wait = wait, None  # CUDA events: read by the sender (_timings.py)
+        else:
+            device_wait = None
+        split(record, wait)
         urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
-        self._submit(self._pending(record, loss), urgent=urgent)
+        self._submit(self._pending(record, loss, device_wait), urgent=urgent)
         if self._watchdog is not None:
             self._phase.enter("data")
             self._watchdog.beat(int(step))
 
-    @staticmethod
-    def _split(fields: dict[str, Any], step_time: float, data_time: float | None,
-               wait: float | None) -> None:
-        """This rank's all-reduce wait and own compute (``_timings.py``), unless the
-        script passed its own."""
-        if wait is None or "sync_wait_time" in fields or "compute_time" in fields:
-            return
-        wait = min(wait, step_time)
-        fields["sync_wait_time"] = wait
-        fields["compute_time"] = max(step_time - (data_time or 0.0) - wait, 0.0)
-
-    def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
+    def _pending(self, record: dict[str, Any], loss: Any, wait: Any = None) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
         stats = self._stats
         scale = self._loss_scale()
-        if stats is None and not _is_tensor(loss):
-            return PendingStep(record, probes=self._probes)
+        if stats is None and not any(_is_tensor(v) for v in (loss, *record.values())):
+            return PendingStep(record, probes=self._probes, wait=wait)
         from monitor_client._stats import StatsPack
 
         pack = stats.take() if stats is not None else StatsPack()
@@ -444,13 +439,20 @@ class Monitor:
                 pack.add(name, value)
             elif value is not None:
                 record[name] = float(value)
-        return PendingStep(record, pack, self._probes)
+        return PendingStep(record, pack, self._probes, wait)
 
     def _lr(self) -> Any:
         if self._optimizer is None:
             return None
         lr = self._optimizer.param_groups[0].get("lr")
-        return lr if not _is_tensor(lr) else float(lr)
+        if not _is_tensor(lr):
+            return lr
+        if lr.device.type == "cpu":
+            return float(lr)
+        # A device LR (capturable optimizers): float() would be a host sync on the training
+        # thread; a copy travels with the statistics instead (the scheduler changes the
+        # tensor in place before the sender reads it).
+        return lr.detach().clone()
 
     def _loss_scale(self) -> Any:
         scaler = self._scaler

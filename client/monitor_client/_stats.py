@@ -188,6 +188,7 @@ class GradStats:
         self._chunk_start = 0
         self.overhead_s = 0.0  # time spent in the hooks, left out of step_time
         self._buffers: dict[int, torch.Tensor] = {}
+        self._numel_cache: dict[tuple[tuple[str, ...], str], torch.Tensor] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -290,13 +291,26 @@ class GradStats:
         self._pack.add("param_grad_norm", norms, layers=names)
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)
-            self._pack.add("layer_grad", _grad_moments(grads, norms), layers=names)
+            self._pack.add("layer_grad", _grad_moments(grads, norms, self._numels(names, grads)),
+                           layers=names)
         if self.hist_step:  # also before clipping
             self._pack.add("grad_hist", self._dist.measure(grads), layers=names)
         if self.apply_clip and self.grad_clip is not None:  # apply_clip implies a clip
             # The same arithmetic as clip_grad_norm_(foreach=True), reusing our norm.
             coef = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].device))
+
+    def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
+        """Each gradient's element count as a float32 device vector, made once per set of
+        parameters: building it from a Python list is a host-to-device copy, which on CUDA
+        waits for the device (a host sync on the training thread every monitored step)."""
+        key = (tuple(names), str(grads[0].device))
+        numel = self._numel_cache.get(key)
+        if numel is None:
+            numel = torch.tensor([g.numel() for g in grads], dtype=torch.float32).to(
+                grads[0].device)
+            self._numel_cache = {key: numel}  # one set at a time: bounded
+        return numel
 
     def _all_reduce_sq(self, sq: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -358,12 +372,13 @@ class GradStats:
         return self._all_reduce_sq(norms.square().sum()).sqrt()
 
 
-def _grad_moments(grads: list[torch.Tensor], norms: torch.Tensor) -> torch.Tensor:
+def _grad_moments(grads: list[torch.Tensor], norms: torch.Tensor,
+                  numel: torch.Tensor) -> torch.Tensor:
     """(P, 5) table: L2 norm, mean, std, max-abs, zero fraction; 3 more passes over grads.
 
-    The std comes from the sum of squares we already have (norm^2), not another pass.
+    ``numel`` holds each gradient's element count (float32, on their device). The std
+    comes from the sum of squares we already have (norm^2), not another pass.
     """
-    numel = torch.tensor([g.numel() for g in grads], dtype=torch.float32, device=norms.device)
     sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
     nonzero = torch.stack([torch.count_nonzero(g) for g in grads]).float()
     mean = sums / numel
