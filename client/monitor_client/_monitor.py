@@ -79,6 +79,7 @@ if TYPE_CHECKING:  # imported where used: importing monitor_client must not impo
     from monitor_client._activations import ActivationStats
     from monitor_client._finite import FiniteFlags
     from monitor_client._guard import StepGuard
+    from monitor_client._nvml import GpuSampler
     from monitor_client._stats import GradStats
     from monitor_client._timings import StepTimings
 
@@ -185,6 +186,7 @@ class Monitor:
         self._finite: FiniteFlags | None = None
         self._timings: StepTimings | None = None
         self._step_guard: StepGuard | None = None
+        self._gpu_sampler: GpuSampler | None = None
         self._preflight: Preflight | None = None
         self._optimizer: Any = None
         self._scaler: Any = None
@@ -288,6 +290,8 @@ class Monitor:
         if cfg.finite_flags:
             self._watch_finite(model)
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
+        if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
+            self._hardware.update(self._gpu_sampler.describe())
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if cfg.sharded else "global")
         self._model_info = _model_info.describe_model(model, self._stats.names)
@@ -356,14 +360,23 @@ class Monitor:
                               "collator's masking and the max length", record.get("step"))
 
     def _gpu(self, device: Any) -> Any:
-        choice = self.settings.gpu_probe
-        if choice != "auto":
-            return choice
-        if not str(device).startswith("cuda"):
-            return None
-        from monitor_client._nvml import nvml_probe
+        """The GPU probe (NVML on a CUDA device, or the settings' own), read every
+        ``gpu_sample_interval`` s on a thread of its own (``_nvml.py``), never per step."""
+        from monitor_client._nvml import GpuSampler, nvml_probe
 
-        return nvml_probe(device.index or 0)
+        if self._gpu_sampler is not None:
+            self._gpu_sampler.close()
+            self._gpu_sampler = None
+        probe = self.settings.gpu_probe
+        if isinstance(probe, str) and probe == "auto":
+            probe = None
+            if str(device).startswith("cuda"):
+                probe = nvml_probe(device.index or 0, _cuda_uuid(device))
+        if probe is None:
+            return None
+        sampler = self._gpu_sampler = GpuSampler(probe, self.settings.gpu_sample_interval)
+        sampler.start().wait_first(1.0)  # once, at watch(): the first steps carry a reading
+        return sampler
 
     @_guard
     def before_optimizer_step(self) -> None:
@@ -652,6 +665,8 @@ class Monitor:
             self._timings.detach()
         if self._step_guard is not None:
             self._step_guard.detach()
+        if self._gpu_sampler is not None:
+            self._gpu_sampler.close()
         if self._watchdog is not None:
             self._watchdog.stop()
             self._phase.detach()
@@ -679,6 +694,18 @@ class Monitor:
 
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _cuda_uuid(device: Any) -> str | None:
+    """The CUDA device's UUID, which names the same GPU to NVML whatever
+    ``CUDA_VISIBLE_DEVICES`` renumbered (None when torch cannot say)."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        return str(uuid) if uuid is not None else None
+    except Exception:  # noqa: BLE001 - then NVML is asked by index
+        return None
 
 
 def _finite(value: Any) -> bool:
