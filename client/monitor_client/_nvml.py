@@ -71,6 +71,14 @@ THROTTLE_FLAGS = {
     "throttle_power": SW_POWER_CAP | HW_POWER_BRAKE,
     "throttle_hw_slowdown": HW_SLOWDOWN,
 }
+# Every key a reading can hold (docs/format.md, ``gpu``, describes each).
+FIELDS = ("utilization", "temperature_c", "power_w", "power_limit_w", "sm_clock_mhz",
+          "sm_clock_max_mhz", "throttle_reasons", *THROTTLE_FLAGS, "ecc_corrected_volatile",
+          "ecc_corrected_aggregate", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
+          "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+          "remapped_rows_pending", "remapped_rows_failure", "pcie_link_width",
+          "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "xid_count", "xid_last",
+          "gpu_lost", "nvml_errors")
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 MAX_XIDS_PER_READ = 64  # events drained per sample; a storm beyond is counted next time
 

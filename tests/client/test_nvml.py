@@ -15,6 +15,7 @@ import torch
 
 from monitor_client import Monitor, MonitorConfig
 from monitor_client._nvml import (
+    FIELDS,
     FUNCTION_NOT_FOUND,
     GPU_IS_LOST,
     HW_SLOWDOWN,
@@ -156,6 +157,7 @@ def test_a_healthy_gpu_reads_every_signal_and_says_which_gpu_it_is():
     nvml = FakeNvml()
     probe = NvmlProbe(nvml, handle=0)
     assert probe.read() == H100_READING
+    assert set(H100_READING) <= set(FIELDS)  # what docs/format.md describes
     assert probe.describe() == {"gpu_index": 3, "gpu_uuid": "GPU-1b2c3d4e-0000-1111-2222-333344445555",
                                 "gpu_pci_bus_id": "00000000:1B:00.0",
                                 "driver_version": "580.159.04"}  # no serial: unsupported
