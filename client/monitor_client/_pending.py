@@ -59,7 +59,7 @@ class PendingStep:
                 if record.get(key) is None:
                     record[key] = value
         if self.wait is not None:  # after the pack's copy: its events are done by now
-            split(record, self.wait.seconds())
+            split(record, *self.wait.read())
         self._gate(record)
         drop_finite_report(record)
         if self.probes.on_host is not None:

@@ -30,12 +30,25 @@ hook: the one the gradient kernels went to). The gap between them on the device'
 clock is the time the stream spent from its last local gradient to the end of the
 all-reduce work it was made to wait for: NCCL's wait. Recording an event queues a marker
 and returns (a few microseconds, no sync); nothing on the training thread reads them.
-``take()`` hands the step's pair (a ``DeviceWait``) to the step record, and the sender
-thread reads it one or more steps later with ``query()``, which never waits: a pair whose
-work is not done yet gives no split for that step (``seconds()`` is None) rather than a
-wait (the sender reads a step after its statistics' own event completed, so in practice
-every pair is done by then). Pairs are recycled through a free list shared with the
-sender thread (a ``deque``, whose ``append``/``popleft`` are atomic under the GIL).
+
+``compute_time`` on CUDA is measured on the device's clock too: the step's span is the
+gap between the optimizer-step events of this step and the one before (one whole step
+of the training stream: the previous optimizer update, data, forward, backward, the
+wait), and ``compute_time = span - data_time - sync_wait_time``. The host's ``step_time``
+would do only while the host keeps pace with the device: without a sync in the loop the
+host runs ahead of a busy GPU by many steps, and a host interval then measures kernel
+launches (issue 34's device check saw 24 ms "compute" for a step whose GPU work took 30:
+the host launched the next step while the stream waited in the all-reduce). The data
+wait is the host's (``mon.timed``): the device idles for it only when the host is not
+ahead, so with a host far ahead and a slow loader compute reads low by up to that wait.
+
+``take()`` hands the step's events (a ``DeviceWait``) to the step record, and the sender
+thread reads them one or more steps later with ``query()``, which never waits: events
+whose work is not done yet give no split for that step (``read()`` is ``(None, None)``)
+rather than a wait (the sender reads a step after its statistics' own event completed,
+so in practice they are done by then). Each step makes its own two events (creating one
+costs a microsecond or two; it is destroyed when its record is sent), so nothing is
+shared between the training thread and the sender but the finished objects.
 
 Only one event per step marks the last gradient: the hooks of every parameter note which
 fired last (an attribute store), and only the hook of the parameter that was last on the
@@ -47,8 +60,7 @@ records per step instead of one per parameter.
 
 The data-ready and forward-end boundaries the client also knows (``mon.timed``, the
 forward hook) are not recorded: the split needs exactly the gap between the last local
-gradient and the optimizer step; the rest of the step is ``step_time - data_time`` on
-both devices, so ``compute_time`` means the same thing on CPU and CUDA.
+gradient and the optimizer step, and the step's span; data is the host's wait.
 
 A step on CPU whose backward ends and whose optimizer step starts 50 ms later (the peers'
 all-reduce, here a sleep)::
@@ -67,7 +79,8 @@ all-reduce, here a sleep)::
 
 The same with events: a stand-in for ``torch.cuda.Event`` whose clock the example sets
 (tests/client/test_timings.py has a fuller one). The first step learns which parameter's
-gradient comes last, the second is measured, and its pair is read afterwards::
+gradient comes last; on the second, 0.03 s pass from its last gradient to its optimizer
+step, in a step of 10 s on the device::
 
     >>> class Event:
     ...     now = 0.0                                 # the device's clock, in seconds
@@ -80,15 +93,14 @@ gradient comes last, the second is measured, and its pair is read afterwards::
     ...     model(torch.ones(2, 3)).sum().backward()
     ...     Event.now += 0.03                         # ... and the optimizer 30 ms later
     ...     opt.step()
-    ...     pair = timings.take()
-    >>> round(pair.seconds(), 6), pair.seconds()      # on the sender thread; read once
-    (0.03, None)
+    ...     events = timings.take()
+    >>> [round(x, 6) for x in events.read()]          # on the sender thread: (wait, span)
+    [0.03, 10.0]
     >>> timings.detach()
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 from collections.abc import Callable
@@ -111,32 +123,30 @@ def device_events(params: list[Any]) -> EventMaker | None:
 
 
 class DeviceWait:
-    """One step's two CUDA events: the last local gradient, and the optimizer step's start.
+    """One step's CUDA events: its last local gradient (None when this step has none that
+    counts), its optimizer step's start, and the previous step's (None on the first).
 
-    ``seconds()`` (the sender thread) is the gap between them on the device's clock, or
-    None while either has not completed; either way the pair then goes back to the free
-    list it came from, for a later step to record again.
+    ``read()`` (the sender thread) gives ``(wait, span)`` in seconds on the device's clock:
+    last gradient to optimizer step, and optimizer step to optimizer step; each None when
+    an event is missing or its work not done yet (``query()``: never a wait).
     """
 
-    __slots__ = ("grad", "start", "free")
+    __slots__ = ("grad", "start", "previous")
 
-    def __init__(self, make: EventMaker) -> None:
-        self.grad, self.start = make(), make()
-        # The free list it goes back to once read; None while it is there (read once).
-        self.free: collections.deque[DeviceWait] | None = None
+    def __init__(self, grad: Any, start: Any, previous: Any) -> None:
+        self.grad, self.start, self.previous = grad, start, previous
 
-    def seconds(self) -> float | None:
-        free, self.free = self.free, None
-        if free is None:  # already read: the events may be recording a later step now
+    def read(self) -> tuple[float | None, float | None]:
+        return _gap(self.grad, self.start), _gap(self.previous, self.start)
+
+
+def _gap(first: Any, second: Any) -> float | None:
+    try:
+        if first is None or not (first.query() and second.query()):  # never waits
             return None
-        try:
-            if not (self.grad.query() and self.start.query()):  # query(): never waits
-                return None
-            return max(float(self.grad.elapsed_time(self.start)), 0.0) / 1000.0  # ms -> s
-        except Exception:  # noqa: BLE001 - a driver error costs this step's split only
-            return None
-        finally:
-            free.append(self)
+        return max(float(first.elapsed_time(second)), 0.0) / 1000.0  # ms -> s
+    except Exception:  # noqa: BLE001 - a driver error costs this step's split only
+        return None
 
 
 class StepTimings:
@@ -144,8 +154,8 @@ class StepTimings:
 
     ``take()`` once per ``log_step`` returns the all-reduce wait: seconds (CPU), a
     ``DeviceWait`` to read later (CUDA: ``events`` makes the events, by default
-    ``device_events(params)``), or ``None`` when this step has no valid gap (a timestamp
-    missing or out of order, the last gradient not the one expected).
+    ``device_events(params)``), or ``None`` when this step has no valid gap on CPU (a
+    timestamp missing or out of order) or no optimizer step on CUDA.
     """
 
     def __init__(self, params: list[Any], optimizer: Any,
@@ -153,13 +163,13 @@ class StepTimings:
         self.params = params
         self.optimizer = optimizer
         self.events = events if events is not None else device_events(params)
-        self._free: collections.deque[DeviceWait] = collections.deque()
-        self._pair: DeviceWait | None = None
         self._last_grad: float | None = None   # host clock
         self._step_start: float | None = None
+        self._grad_event: Any = None           # this step's events (CUDA)
+        self._start_event: Any = None
+        self._previous_start: Any = None       # the last step's optimizer event
         self._seen: int | None = None          # the parameter whose gradient came last
         self._expect: int | None = None        # ... on the step before (events only)
-        self._grad_marked = False              # the expected parameter recorded this step
         self._late_grad = False                # a gradient after the pre-hook (a closure)
         self._handles: list[Any] = []
 
@@ -188,67 +198,63 @@ class StepTimings:
         if self.events is None:
             self._last_grad = time.perf_counter()
         elif index == self._expect:
-            self._event_pair().grad.record()
-            self._grad_marked = True
+            if self._grad_event is None:
+                self._grad_event = self.events()
+            self._grad_event.record()  # again per micro-batch: the last one counts
 
     def _optimizer_step(self, *_: Any) -> None:
         if self._step_start is not None:  # a closure-driven step may call it again
             return
         self._step_start = time.perf_counter()
-        if self.events is not None and self._grad_marked:
-            self._event_pair().start.record()
-
-    def _event_pair(self) -> DeviceWait:
-        if self._pair is None:
-            assert self.events is not None
-            pair = self._free.popleft() if self._free else DeviceWait(self.events)
-            pair.free = self._free
-            self._pair = pair
-        return self._pair
+        if self.events is not None:
+            self._start_event = self.events()
+            self._start_event.record()
 
     def take(self) -> float | DeviceWait | None:
         """This step's all-reduce wait (see the class docstring), and start the next step
         afresh.
 
         A step whose optimizer pre-hook ran before its last gradient (an optimizer
-        ``step(closure)`` runs backward inside the step) has no such gap: ``None``.
+        ``step(closure)`` runs backward inside the step) has no such gap.
         """
-        grad, start, late = self._last_grad, self._step_start, self._late_grad
-        marked, seen = self._grad_marked, self._seen
+        grad, start, late, seen = self._last_grad, self._step_start, self._late_grad, self._seen
+        grad_event, start_event = self._grad_event, self._start_event
         self._last_grad = self._step_start = self._seen = None
-        self._grad_marked = self._late_grad = False
+        self._grad_event = self._start_event = None
+        self._late_grad = False
         if self.events is None:
             if grad is None or start is None or start < grad or late:
                 return None
             return start - grad
-        # Events: valid when the parameter that was last this step recorded the event.
-        valid = marked and start is not None and not late and seen == self._expect
+        if start_event is None:  # no optimizer step (a GradScaler skipped it): no span
+            return None
+        # The wait counts when the parameter that came last this step recorded the event.
+        counts = grad_event is not None and not late and seen == self._expect
         if seen is not None:
             self._expect = seen
-        pair, self._pair = self._pair, None
-        if not valid:
-            if pair is not None:
-                pair.free = None
-                self._free.append(pair)
-            return None
-        return pair
+        previous, self._previous_start = self._previous_start, start_event
+        return DeviceWait(grad_event if counts else None, start_event, previous)
 
 
-def split(record: dict[str, Any], wait: float | None) -> None:
+def split(record: dict[str, Any], wait: float | None, span: float | None = None) -> None:
     """Fill ``sync_wait_time`` and ``compute_time`` of a step record from its all-reduce
-    wait (seconds), unless the script passed either itself (``log_step(...,
+    wait (seconds) and the step's length: ``span`` (on CUDA, the device's) or else its
+    ``step_time``; unless the script passed either field itself (``log_step(...,
     sync_wait_time=...)``: theirs win) or the wait is unknown::
 
         >>> record = {"step_time": 0.5, "data_time": 0.1}
         >>> split(record, 0.15); record["sync_wait_time"], round(record["compute_time"], 9)
         (0.15, 0.25)
+        >>> record = {"step_time": 0.5, "data_time": 0.1}    # the device's step was 0.8 s
+        >>> split(record, 0.15, span=0.8); round(record["compute_time"], 9)
+        0.55
     """
     if wait is None or record.get("sync_wait_time") is not None \
             or record.get("compute_time") is not None:
         return
-    step_time = record.get("step_time")
-    if step_time is None:
+    length = span if span is not None else record.get("step_time")
+    if length is None:
         return
-    wait = min(wait, step_time)
+    wait = min(wait, length)
     record["sync_wait_time"] = wait
-    record["compute_time"] = max(step_time - (record.get("data_time") or 0.0) - wait, 0.0)
+    record["compute_time"] = max(length - (record.get("data_time") or 0.0) - wait, 0.0)
