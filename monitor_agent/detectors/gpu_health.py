@@ -308,7 +308,7 @@ class GpuHealthDetector(DetectorBase[GpuHealthSettings]):
             return None
         new, st.xids = count - st.xids, count
         last = gpu.get("xid_last")
-        code = int(last) if finite(last) else None
+        code = int(last) if finite(last) and 0 <= last < 2**31 else None  # an XID is small
         meaning = XID_MEANING.get(code, "see NVIDIA's XID catalogue") if code is not None \
             else "unknown"
         severity = Severity.CRITICAL if code in CRITICAL_XIDS else Severity.ERROR
