@@ -35,12 +35,14 @@ and returns (a few microseconds, no sync); nothing on the training thread reads 
 gap between the optimizer-step events of this step and the one before (one whole step
 of the training stream: the previous optimizer update, data, forward, backward, the
 wait), and ``compute_time = span - data_time - sync_wait_time``. The host's ``step_time``
-would do only while the host keeps pace with the device: without a sync in the loop the
-host runs ahead of a busy GPU by many steps, and a host interval then measures kernel
-launches (issue 34's device check saw 24 ms "compute" for a step whose GPU work took 30:
-the host launched the next step while the stream waited in the all-reduce). The data
-wait is the host's (``mon.timed``): the device idles for it only when the host is not
-ahead, so with a host far ahead and a slow loader compute reads low by up to that wait.
+gives the same while the host keeps pace with the device (a loss read every step, a launch
+queue that is full), but without a sync in the loop the host can run ahead of a busy GPU,
+and its interval then measures kernel launches rather than the device's step; the
+device's own span also jitters less from step to step. On a step bound by the host's
+launches the two agree (the GPU idles between kernels, and the span shows that idle time
+as compute, which it is: the rank's own work sets the pace). The data wait is the host's
+(``mon.timed``): the device idles for it only when the host is not ahead, so with a host
+far ahead and a slow loader compute reads low by up to that wait.
 
 ``take()`` hands the step's events (a ``DeviceWait``) to the step record, and the sender
 thread reads them one or more steps later with ``query()``, which never waits: events
