@@ -14,12 +14,20 @@ a non-finite loss counts on such a step. This is the sidecar's rule (``amp_overf
 monitor_agent/detectors/support/stats.py, which the ``nan_inf`` detector applies), said
 again here in the record's own terms.
 
-A NaN loss is alarming; an AMP overflow is not, nor is anything but a step::
+A step the client's step guard skipped (``skip_reason`` ``nonfinite_grad`` or
+``grad_norm_outlier``) is not alarming either, whatever its loss: the weights never saw it,
+and the sidecar pages only when the guard's skips exceed their budget.
+
+A NaN loss is alarming; an AMP overflow is not, nor a step the guard skipped, nor anything
+but a step::
 
     >>> is_alarming({"kind": "step", "loss": float("nan")})
     True
     >>> is_alarming({"kind": "step", "loss": 2.0, "grad_norm": float("inf"),
     ...              "loss_scale": 65536.0})
+    False
+    >>> is_alarming({"kind": "step", "loss": float("nan"), "skipped": True,
+    ...              "skip_reason": "nonfinite_grad"})
     False
     >>> is_alarming({"kind": "eval", "val_loss": float("nan")})
     False
@@ -30,10 +38,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# The step guard's reasons (_guard.py): a step it skipped left the weights untouched.
+GUARD_SKIP_REASONS = ("nonfinite_grad", "grad_norm_outlier")
+
 
 def is_alarming(record: Any) -> bool:
     """A step whose loss or grad norm is NaN/Inf, other than a loss-scaler overflow."""
     if not isinstance(record, dict) or record.get("kind") != "step":
+        return False
+    if record.get("skipped") is True and record.get("skip_reason") in GUARD_SKIP_REASONS:
         return False
     loss, grad_norm = record.get("loss"), record.get("grad_norm")
     if _amp_overflow(record, loss, grad_norm):

@@ -6,6 +6,11 @@ detector, marks findings of ``log_only`` types, and snapshots/restores everythin
 JSON-able dict so a sidecar restart changes nothing. Which detectors exist, and in which
 order they judge a record, is catalogue.py's ``DETECTOR_CLASSES``.
 
+A step the client's step guard skipped (``StepRecord.guard_skipped``) never reached the
+weights: only ``skip_budget`` judges it as sent; every other detector sees its timing but
+not its loss, gradients or layers (``_guarded``), so a skipped NaN or spike neither pages
+nor enters the loss EMA, and one skip pages nobody.
+
 A run's records in order, a tick of the clock after an hour of silence, and the state taken
 back through JSON by a fresh suite (what a sidecar restart does), which then neither forgets
 the loss EMA nor reports the same stall again::
@@ -61,16 +66,19 @@ class DetectorSuite:
         ``remote``: a digest another node's sidecar forwarded to this one, the run's leader
         (monitor_agent/cluster): only the cross-rank (``scope = "run"``) detectors judge it;
         that node's sidecar judged the rest and forwards its findings."""
-        self.ctx.observe(record)
+        judged = _guarded(record)
+        self.ctx.observe(judged)
         findings: list[Finding] = []
         for det in self.run_scoped if remote else self.detectors:
-            findings.extend(det.update(record))
-        self.ctx.after(record)
+            findings.extend(det.update(record if det.type == "skip_budget" else judged))
+        self.ctx.after(judged)
         return self._mark(self._explain(findings))
 
     def preview(self, record: StepRecord) -> list[Finding]:
         """The nan_inf finding of a step that arrived ahead of its turn, changing no state
         (``NanInfDetector.preview``); [] when nan_inf is disabled or the step is finite."""
+        if record.guard_skipped:
+            return []
         for det in self.detectors:
             if isinstance(det, NanInfDetector):
                 found = det.preview(record)
@@ -126,3 +134,18 @@ class DetectorSuite:
         return [
             dataclasses.replace(f, log_only=True) if f.type in log_only else f for f in findings
         ]
+
+
+# What a guard-skipped step carries about the weights, which its batch never reached.
+_UNAPPLIED = dict(loss=None, grad_norm=None, param_norm=None, update_norm=None, layers=None,
+                  grad_hist=None, param_hist=None, grad_quantiles=None, param_quantiles=None,
+                  activations=None, grad_norms=None, nonfinite_modules=None,
+                  nonfinite_module_count=None)
+
+
+def _guarded(record: Record) -> Record:
+    """``record``, or for a step the guard skipped, the step without what it would have
+    done to the weights (its timing and the skip itself stay)."""
+    if isinstance(record, StepRecord) and record.guard_skipped:
+        return dataclasses.replace(record, **_UNAPPLIED)  # type: ignore[arg-type]
+    return record

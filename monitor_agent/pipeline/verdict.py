@@ -161,7 +161,7 @@ class VerdictTracker:
         findings a node sidecar made of its ranks, for this run leader); True when that
         may have changed the verdict (a cause, or a NaN stretch began or ended)."""
         before = (len(self.first), self.nan_since)
-        if isinstance(record, StepRecord) and record.loss is not None:
+        if isinstance(record, StepRecord) and record.loss is not None and not record.guard_skipped:
             bad = not math.isfinite(record.loss)
             if bad != (record.rank in self.nan_ranks):  # this rank's NaN stretch began/ended
                 self._nan_rank(record, bad)

@@ -254,6 +254,11 @@ class RunRecord:
         return list(order) if isinstance(order, list) else None
 
 
+GUARD_SKIP_REASONS: tuple[str, ...] = ("nonfinite_grad", "grad_norm_outlier")
+"""``skip_reason`` values of a step the client's step guard skipped (not the GradScaler's
+``loss_scale``): the weights and optimizer state never saw its batch."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One optimizer step as measured on one rank."""
@@ -300,6 +305,11 @@ class StepRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "step"
+
+    @property
+    def guard_skipped(self) -> bool:
+        """The client's step guard skipped this step: its batch never reached the weights."""
+        return self.skipped and self.skip_reason in GUARD_SKIP_REASONS
 
     @property
     def update_ratio(self) -> float | None:

@@ -39,6 +39,7 @@ import numpy as np
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
 from monitor_agent.records import wire
+from monitor_agent.records.types import GUARD_SKIP_REASONS
 from monitor_agent.storage.database import read_only_uri, storage_errors, transaction
 from monitor_agent.ui import blocks, vectors
 from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
@@ -55,13 +56,12 @@ HISTORY_SOURCE = "chart history"
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
 MAX_USER_SCALARS = 256
+"""Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
+script logging a fresh name every step must not grow the history without bound."""
 # The steps table's ``nonfinite`` flags: 1 the loss, 2 the grad norm is NaN/Inf; and this
 # bit, a step the client's step guard skipped (drawn as a mark, like a NaN step): one
 # flag column and one partial index serve every "mark this step" the charts draw.
 GUARD_SKIPPED = 4
-GUARD_SKIP_REASONS = ("nonfinite_grad", "grad_norm_outlier")
-"""Distinct user scalar names kept per run (``user_scalars``); later names are dropped: a
-script logging a fresh name every step must not grow the history without bound."""
 
 MAX_NAMES = 2000
 """Columns a run's chart history keeps per name space (the app passes its
@@ -269,7 +269,10 @@ class HistoryBuilder:
     def _add_step(self, obj: dict[str, Any]) -> None:
         run_id, rank, step = obj["run_id"], int(obj.get("rank", 0)), int(obj["step"])
         memory = obj.get("memory") or {}
-        loss = _num(obj.get("loss"))
+        # A step the guard skipped never reached the weights: its loss (a bad batch's, often
+        # huge) stays out of the line, the axis and the EMA; the chart marks the step.
+        guarded = bool(obj.get("skipped")) and obj.get("skip_reason") in GUARD_SKIP_REASONS
+        loss = None if guarded else _num(obj.get("loss"))
         ema = self._ema_state(run_id, rank)
         if loss is not None:
             ema.add(loss)
@@ -286,8 +289,9 @@ class HistoryBuilder:
             "step_time": _num(obj.get("step_time")), "data_time": _num(obj.get("data_time")),
             "loss_scale": _num(obj.get("loss_scale")),
         }
-        bad = int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm")))
-        if obj.get("skipped") and obj.get("skip_reason") in GUARD_SKIP_REASONS:
+        bad = int(not guarded and _nonfinite(obj.get("loss")))
+        bad |= 2 * int(_nonfinite(obj.get("grad_norm")))
+        if guarded:
             bad |= GUARD_SKIPPED  # a mark on the chart, found through the same partial index
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)

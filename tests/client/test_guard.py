@@ -144,7 +144,7 @@ def test_the_monitor_logs_each_skipped_step_with_its_reason(receiver, tmp_path):
     assert {r["step"]: r["skip_reason"] for r in steps if r.get("skipped")} == {
         21: "grad_norm_outlier", 32: "nonfinite_grad"}
     run = receiver.of_kind("run")[0]
-    assert run["config"]["guard"]["k"] == 6.0
+    assert run["config"]["guard"]["k"] == 10.0
 
 
 def test_guard_settings_are_checked_before_training():

@@ -48,7 +48,8 @@ def _watched(mon: Monitor, monkeypatch) -> list[WatchConfig]:
 
 def test_all_lists_the_public_api_and_no_module():
     assert sorted(monitor_client.__all__) == [
-        "CategoryLoss", "Counters", "Monitor", "MonitorConfig", "WatchConfig"]
+        "CategoryLoss", "Counters", "GuardConfig", "Monitor", "MonitorConfig", "RollbackPlan",
+        "WatchConfig"]
     for name in monitor_client.__all__:
         assert not isinstance(getattr(monitor_client, name), type(monitor_client)), name
     namespace: dict = {}

@@ -50,3 +50,33 @@ def test_the_count_survives_a_snapshot_and_restore():
     restored = _suite()
     restored.restore(suite.snapshot())
     assert [f.step for f in _budget(restored, records[25:])] == [30]
+
+
+def test_a_step_the_guard_skipped_pages_nothing_and_leaves_the_loss_ema_alone():
+    """Issue 31: a NaN the guard skipped (weights untouched) and a spike it skipped page
+    nobody, do not make the run unhealthy and stay out of the loss EMA; a skip with no
+    guard reason (a step the trainer never took) is not the guard's and is not counted."""
+    from monitor_agent.pipeline.verdict import VerdictTracker
+
+    suite, verdict = DetectorSuite(DetectorSettings()), VerdictTracker()
+    bad = {150: {"loss": "NaN", "grad_norm": "NaN", "skipped": True,
+                 "skip_reason": "nonfinite_grad"},
+           170: {"loss": 6000.0, "grad_norm": 900.0, "skipped": True,
+                 "skip_reason": "grad_norm_outlier"},
+           180: {"loss": 2.0, "grad_norm": 1.0, "skipped": True}}
+    found = []
+    for s in range(1, 201):
+        rec = parse_record({"kind": "step", "run_id": "r", "step": s, "time": float(s),
+                            "loss": 2.0 + 0.01 * (s % 5), "grad_norm": 1.0 + 0.01 * (s % 3),
+                            **bad.get(s, {})})
+        out = suite.update(rec)
+        verdict.observe(rec, out)
+        found += out
+    assert [(f.type, f.severity.label) for f in found if f.severity.label != "info"] == []
+    assert 2.0 <= suite.ema_loss() <= 2.05
+    assert verdict.verdict("completed").text == "completed, healthy"
+    assert suite.preview(parse_record({"kind": "step", "run_id": "r", "step": 201,
+                                       "time": 201.0, **bad[150]})) == []
+    # Not a page on its own, but counted: the budget (5 in 500 by default) sees both.
+    state = suite.snapshot()["detectors"]["skip_budget"]
+    assert "150" in str(state) and "170" in str(state) and "180" not in str(state)

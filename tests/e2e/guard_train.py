@@ -2,7 +2,7 @@
 
 A small MLP regresses a fixed linear target with fused AdamW; the batches at the steps
 given by ``--spike`` have their labels scaled x1000 (one corrupted batch: a gradient ~1e3x
-the usual). Prints, one per line, ``step <n> <param checksum>`` so the test can see the
+the usual) and those given by ``--nan`` are NaN (a NaN loss and gradient). Prints, one per line, ``step <n> <param checksum>`` so the test can see the
 loop ran to the end.
 
     python tests/e2e/guard_train.py --url URL --run-id ID --steps 200 --spike 90 130
@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--spike", type=int, nargs="*", default=[])
+    parser.add_argument("--nan", type=int, nargs="*", default=[])
     parser.add_argument("--spool-dir", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -43,6 +44,8 @@ def main() -> None:
         y = x @ target + 0.1 * torch.randn(128, 1, generator=gen)
         if step in args.spike:
             y = y * 1000.0
+        if step in args.nan:
+            y = y * float("nan")
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         opt.step()

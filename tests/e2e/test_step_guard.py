@@ -2,7 +2,9 @@
 single-batch gradient spikes at known steps, against a real sidecar with the default rules
 and a PagerDuty receiver. The guard skips exactly those steps and no others; the sidecar
 stores each with its reason and counts them per reason in /metrics; spikes within the skip
-budget page nobody, and the one that exceeds it pages once, naming count, reasons and steps."""
+budget page nobody (a NaN batch the guard skipped included: the weights never saw it, so the
+run stays healthy and its loss EMA ordinary), and the one that exceeds it pages once, naming
+count, reasons and steps."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from monitor_agent.detectors import DetectorSettings
+from monitor_agent.detectors.support.stats import Ema
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 220
@@ -31,11 +36,12 @@ def guard_sidecar(tmp_path, sidecar_factory, pd_receiver):
     return sidecar_factory(config=config).start()
 
 
-def _train(url: str, run_id: str, spikes: list[int], tmp_path: Path) -> None:
+def _train(url: str, run_id: str, spikes: list[int], tmp_path: Path,
+           nans: tuple[int, ...] = ()) -> None:
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(REPO / "tests" / "e2e" / "guard_train.py"), "--url", url,
            "--run-id", run_id, "--steps", str(STEPS), "--spool-dir", str(tmp_path / run_id),
-           "--spike", *map(str, spikes)]
+           "--spike", *map(str, spikes), "--nan", *map(str, nans)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stdout + proc.stderr
 
@@ -55,9 +61,18 @@ def _pages(pd_receiver, run_id: str) -> list[str]:
 def test_spikes_are_skipped_exactly_and_page_only_past_the_budget(guard_sidecar, pd_receiver,
                                                                      tmp_path):
     sc = guard_sidecar
-    within = [90, 130]  # BUDGET - 1 spikes: the guard handles them, nobody is paged
-    _train(sc.url, "guard-within", within, tmp_path)
-    assert _skipped(sc, "guard-within") == dict.fromkeys(within, "grad_norm_outlier")
+    # BUDGET - 1 skips, a spike and a NaN batch: the guard handles them, nobody is paged.
+    _train(sc.url, "guard-within", [90], tmp_path, nans=(130,))
+    assert _skipped(sc, "guard-within") == {90: "grad_norm_outlier", 130: "nonfinite_grad"}
+    run = httpx.get(f"{sc.url}/v1/runs/guard-within", timeout=10).json()
+    assert run["verdict"]["state"] == "healthy", run["verdict"]
+    # The header's loss EMA is the EMA of the steps the weights saw (a skipped spike's loss,
+    # ~1e6 here, would dominate it for hundreds of steps).
+    ema = Ema(DetectorSettings().ema_alpha)
+    for r in sc.records("guard-within"):
+        if r["kind"] == "step" and not r.get("skipped"):
+            ema.add(r["loss"])
+    assert run["ranks"]["0"]["loss_ema"] == pytest.approx(ema.value, rel=1e-6)
 
     beyond = [90, 130, 170]  # the BUDGET-th skip within 200 steps pages
     _train(sc.url, "guard-beyond", beyond, tmp_path)

@@ -80,6 +80,17 @@ def test_steps_the_guard_skipped_are_listed_apart_from_non_finite_ones():
     assert out["nonfinite_steps"] == [301, 4_000]
 
 
+def test_a_guard_skipped_steps_loss_stays_out_of_the_line_and_the_ema():
+    """Issue 31: the batch the guard skipped never reached the weights; its loss (6000
+    here) must not set the loss axis nor lift the EMA the header shows."""
+    skip = {"skipped": True, "skip_reason": "grad_norm_outlier", "loss": 6000.0}
+    out = sr.scalars(build(steps(20, {12: skip})), "r", points=100)
+    loss = out["series"]["loss"]["mean"]
+    assert loss[11] is None and max(v for v in loss if v is not None) < 10
+    assert max(v for v in out["series"]["loss_ema"]["mean"] if v is not None) < 10
+    assert out["skipped_steps"] == [12] and out["nonfinite_steps"] == []
+
+
 def test_layer_matrix_is_in_model_order_with_max_per_bucket():
     recs = steps(1000)
     for rec in recs[1:]:
