@@ -84,7 +84,10 @@ if TYPE_CHECKING:  # imported where used: importing monitor_client must not impo
     from monitor_client._stats import GradStats
     from monitor_client._timings import StepTimings
 
-__all__ = ["Monitor"]
+__all__ = ["STOP_GRACE", "Monitor"]
+
+# Steps a trainer may take after should_stop() told it to stop and still have honoured it.
+STOP_GRACE = 10
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -179,6 +182,10 @@ class Monitor:
         self._inbox.add_callback(self._plans.receive)
         # should_stop()'s agreement across ranks (_agreement.py).
         self._stop_agreed, self._stop_calls, self._stop_held = False, 0, 0
+        # The step at which should_stop() first told the trainer to stop: the run ends
+        # "stopped" only when it then stopped there (a loop that never asked, or went on,
+        # did not honour the stop, and the end record must not say it did).
+        self._stop_told: int | None = None
         self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
             cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
@@ -523,10 +530,12 @@ class Monitor:
         (``_agreement.py``). With ``enabled=False`` it is False without a collective.
         """
         if self._stop_agreed:
-            return True
+            return self._told_stop()
         dist = distributed()
         if dist is None or not self.settings.enabled:
-            return self._inbox.should_stop() if self.settings.enabled else False
+            if self.settings.enabled and self._inbox.should_stop():
+                return self._told_stop()
+            return False
         self._stop_calls += 1
         if self._stop_calls % max(int(check_every), 1):
             return False
@@ -540,11 +549,16 @@ class Monitor:
         verdict = unanimous(dist, agreed, 1 if mine is not None else None)  # any stop will do
         if verdict.act:
             self._stop_agreed = True
-            return True
+            return self._told_stop()
         self._stop_held += 1
         if mine is None:
             self._report_held("stop", verdict, self._stop_held, int(check_every))
         return False
+
+    def _told_stop(self) -> bool:
+        if self._stop_told is None:
+            self._stop_told = self._last_step
+        return True
 
     def should_checkpoint(self) -> bool:
         """True once per checkpoint request from an alert rule: save now."""
@@ -710,7 +724,11 @@ class Monitor:
             return True
         self._closed = True
         status, error = (status, error) if status else self._outcome
-        stopped = self._stop_agreed or (distributed() is None and self._inbox.should_stop())
+        # Honoured: the trainer was told (should_stop() returned True) and stopped within
+        # STOP_GRACE steps of it (a framework finishing its accumulation or its logging
+        # interval); one that never asked, or trained on, ends as it ended.
+        told = self._stop_told
+        stopped = told is not None and self._last_step <= told + STOP_GRACE
         if status == "completed" and stopped:
             # The end record's step is where the trainer honoured the stop; the sidecar
             # reports that step on the alert and the actions API.

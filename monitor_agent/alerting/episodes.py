@@ -315,6 +315,10 @@ class Episodes:
                 for action in actions.honour_stops(tx, run_id, step):
                     log.warning("%s (run %s)", action.message, run_id)
                     self._announce(tx, action, now)
+        elif step is not None:  # it ended otherwise: a stop still open was never honoured
+            with self.store.tx() as tx:
+                for action in actions.ignored_stops(tx, run_id, status, step):
+                    log.warning("%s (run %s)", action.message, run_id)
         if status != "completed":
             return
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first

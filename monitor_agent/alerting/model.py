@@ -50,6 +50,14 @@ class RunContext:
     # What pages say of them ("last clean checkpoint: step 11800, <path>"); None when the
     # run reported no checkpoint.
     checkpoint_line: str | None = None
+    # Data positions (docs/format.md ``data_position``), for a rollback plan: each clean
+    # checkpoint's (step -> the position its state resumes from), each rank's latest
+    # (step, position, positions per step), and the windows the run's applied rollbacks
+    # skip already (a later plan skips them too).
+    checkpoint_positions: dict[int, int] = field(default_factory=dict)
+    data: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    skipped: tuple[tuple[int, int], ...] = ()
+    skipped_unit: str = "positions"  # or "steps": a plan of a run without data positions
 
     def match_labels(self) -> dict[str, str]:
         """Run labels for rule matching; the project counts as a label too."""

@@ -9,20 +9,34 @@ already stored. The decision is an ``Action`` whose ``plan`` says:
 - ``checkpoint_step`` C and ``checkpoint_path``: the run's last clean checkpoint before
   the fault's onset (pipeline/checkpoint_ledger.py judges clean; only checkpoints of the
   run's current history are candidates, so one a restart replaced is never chosen);
+- ``resume_position`` and ``skip``, in **data positions** (docs/format.md
+  ``data_position``: batches, or samples, of the run's data stream consumed, counted over
+  the whole run): the stream resumes after ``resume_position``, the position C's state
+  left it at, and never trains the positions of any ``[first, last]`` window in ``skip``.
+  The new window runs from ``resume_position + 1`` to the fault's position plus
+  ``rollback_skip_margin`` steps' worth of positions (the rank's median per step). After a
+  rollback, step and position differ (the resumed run jumped over a window), so a plan in
+  steps would send the data back to the wrong place; and windows add up: ``skip`` also
+  holds every window the run's earlier rollbacks skipped, so a second rollback to the
+  same checkpoint never trains the first window again. A run that reports no data position
+  gets the same plan counted in steps (``positions: "steps"``: one batch per step);
 - ``skip_from`` = C + 1 .. ``skip_to`` = the fault's step + ``rollback_skip_margin``: the
-  batches the loop must never train on (its data loader is fast-forwarded by
-  ``skip_to - C`` batches after reloading C);
+  same window in steps, which is what applies the plan (below);
 - ``lr_factor``/``lr_steps``: optionally, the LR is scaled for that many steps after;
 - ``number`` (this run's n-th rollback) and ``budget`` (``rollback_budget``).
 
 A rollback is *applied* when an attempt of the run settles at a step at or before its
 ``skip_from`` (the client resumes with a fresh attempt token at C + 1, pipeline/attempts.py);
-``honoured_step`` is then that step and the next fault may decide again. Past the budget,
+``honoured_step`` is then that step and the next fault may decide again. What the resumed
+run then trains is checked against ``skip`` (detectors/window_trained.py). Past the budget,
 or with no clean checkpoint to go to, the action taken is ``stop``, and the page says why:
 a run must not loop forever, and with nothing safe to go back to a human must look.
 
 The plan is stored in the same transaction as the alert (``actions.plan``), so a sidecar
 killed between the decision and its delivery serves the same plan after the restart.
+
+A run at one batch per step, checkpointed at 11000 and 11800 (data positions 11000 and
+11800), diverges at 12050; a first rollback had skipped batches 11301-11350 already::
 
     >>> from monitor_agent.records.types import Severity
     >>> rule = Rule(name="RollbackOnDivergence", types=("divergence",), channels=("console",),
@@ -31,11 +45,16 @@ killed between the decision and its delivery serves the same plan after the rest
     >>> fault = Finding("divergence", Severity.ERROR, "gpt-7", step=12050, message="diverged",
     ...                 evidence={"onset_step": 11900})
     >>> clean = ((11000, "/ckpt/step-11000.pt"), (11800, "/ckpt/step-11800.pt"))
-    >>> action, plan = decide(rule, fault, clean, number=1)
-    >>> action, plan["checkpoint_step"], plan["skip_from"], plan["skip_to"]
-    ('rollback', 11800, 11801, 12250)
+    >>> data = Positions(checkpoints={11000: 11000, 11800: 11850},
+    ...                  latest={0: (12050, 12100, 1)}, skipped=((11301, 11350),))
+    >>> action, plan = decide(rule, fault, clean, number=2, data=data)
+    >>> action, plan["checkpoint_step"], plan["resume_position"], plan["skip"]
+    ('rollback', 11800, 11850, [[11301, 11350], [11851, 12300]])
     >>> describe(plan)
-    'rolled back to step 11800 (/ckpt/step-11800.pt), skipping batches 11801-12250; LR x0.5 for 500 steps'
+    'rolled back to step 11800 (/ckpt/step-11800.pt, data position 11850), skipping batches 11301-11350, 11851-12300; LR x0.5 for 500 steps'
+    >>> _, steps_only = decide(rule, fault, clean, number=1)
+    >>> describe(steps_only)
+    'rolled back to step 11800 (/ckpt/step-11800.pt), skipping batches 11801-12250 (counted as steps: the run reports no data position); LR x0.5 for 500 steps'
     >>> decide(rule, fault, clean, number=3)
     ('stop', 'rollback budget 2 spent: stopping; a human must look')
     >>> decide(rule, fault, (), number=1)
@@ -44,12 +63,27 @@ killed between the decision and its delivery serves the same plan after the rest
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.alerting.rules import Rule
 from monitor_agent.records.types import Finding
 
-__all__ = ["decide", "describe", "onset_of"]
+__all__ = ["Positions", "decide", "describe", "merge", "onset_of", "windows_of"]
+
+_WINDOWS_SHOWN = 4  # a message lists this many windows, then "and N more"
+
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """What a plan in data positions needs to know of the run (``RunContext``): each clean
+    checkpoint's position (step -> position), each rank's latest (step, position,
+    positions per step), and the windows its applied rollbacks skip already."""
+
+    checkpoints: dict[int, int] = field(default_factory=dict)
+    latest: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    skipped: tuple[tuple[int, int], ...] = ()
+    skipped_unit: str = "positions"  # what ``skipped`` counts: "positions" or "steps"
 
 
 def onset_of(finding: Finding) -> int:
@@ -60,10 +94,34 @@ def onset_of(finding: Finding) -> int:
     return onset
 
 
+def merge(windows: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[list[int]]:
+    """Inclusive ``[first, last]`` windows, sorted, overlapping or adjacent ones joined.
+
+        >>> merge([(301, 330), (320, 355), (356, 360), (100, 120)])
+        [[100, 120], [301, 360]]
+    """
+    out: list[list[int]] = []
+    for first, last in sorted((int(a), int(b)) for a, b in windows if int(b) >= int(a)):
+        if out and first <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], last)
+        else:
+            out.append([first, last])
+    return out
+
+
+def windows_of(plan: dict[str, Any]) -> list[tuple[int, int]]:
+    """A plan's windows, in its own unit (a plan from before data positions: its steps)."""
+    skip = plan.get("skip")
+    if isinstance(skip, list):
+        return [(int(w[0]), int(w[1])) for w in skip]
+    return [(int(plan["skip_from"]), int(plan["skip_to"]))]
+
+
 def decide(rule: Rule, finding: Finding, clean: tuple[tuple[int, str], ...],
-           number: int) -> tuple[str, dict[str, Any] | str]:
+           number: int, data: Positions | None = None) -> tuple[str, dict[str, Any] | str]:
     """("rollback", plan) or ("stop", why): the ``number``-th rollback of the run for the
-    fault ``finding``, given its clean checkpoints (oldest first)."""
+    fault ``finding``, given its clean checkpoints (oldest first) and what it reported of
+    its data positions (``data``; None or empty: the plan counts steps)."""
     if number > rule.rollback_budget:
         return "stop", f"rollback budget {rule.rollback_budget} spent: stopping; a human must look"
     onset = onset_of(finding)
@@ -71,9 +129,23 @@ def decide(rule: Rule, finding: Finding, clean: tuple[tuple[int, str], ...],
     if not before:
         return "stop", "no clean checkpoint to roll back to: stopping; a human must look"
     step, path = before[-1]
+    margin = rule.rollback_skip_margin
+    skip_to = max(finding.step + margin, step + 1)
+    data = data or Positions()
+    resume = data.checkpoints.get(step)
+    place = data.latest.get(finding.rank) or (min(data.latest.values()) if data.latest else None)
+    if resume is not None and place is not None:
+        last_step, last_position, per_step = place
+        at_fault = last_position - max(last_step - finding.step, 0) * per_step
+        window = (resume + 1, max(at_fault + margin * per_step, resume + 1))
+        unit = "positions"
+    else:  # the run reports no data position: one batch per step, as the loop counts them
+        resume, window, unit = step, (step + 1, skip_to), "steps"
+    earlier = data.skipped if data.skipped_unit == unit else ()
     return "rollback", {
-        "checkpoint_step": step, "checkpoint_path": path, "skip_from": step + 1,
-        "skip_to": max(finding.step + rule.rollback_skip_margin, step + 1),
+        "checkpoint_step": step, "checkpoint_path": path, "resume_position": resume,
+        "skip": merge([*earlier, window]), "positions": unit,
+        "skip_from": step + 1, "skip_to": skip_to,
         "lr_factor": rule.rollback_lr_factor,
         "lr_steps": rule.rollback_lr_steps if rule.rollback_lr_factor is not None else None,
         "number": number, "budget": rule.rollback_budget,
@@ -82,8 +154,17 @@ def decide(rule: Rule, finding: Finding, clean: tuple[tuple[int, str], ...],
 
 def describe(plan: dict[str, Any]) -> str:
     """The sentence pages carry about a rollback."""
-    text = (f"rolled back to step {plan['checkpoint_step']} ({plan['checkpoint_path']}), "
-            f"skipping batches {plan['skip_from']}-{plan['skip_to']}")
+    windows = [f"{a}-{b}" if a != b else str(a) for a, b in windows_of(plan)]
+    if len(windows) > _WINDOWS_SHOWN:
+        windows = [*windows[:_WINDOWS_SHOWN], f"and {len(windows) - _WINDOWS_SHOWN} more"]
+    where = plan["checkpoint_path"]
+    counted = ""
+    if plan.get("positions") == "positions":
+        where = f"{where}, data position {plan['resume_position']}"
+    elif plan.get("positions") == "steps":
+        counted = " (counted as steps: the run reports no data position)"
+    text = (f"rolled back to step {plan['checkpoint_step']} ({where}), skipping batches "
+            f"{', '.join(windows)}{counted}")
     if plan.get("lr_factor") is not None:
         text += f"; LR x{plan['lr_factor']:g} for {plan['lr_steps']} steps"
     return text

@@ -15,6 +15,11 @@ R"; when the run's end record arrives with status ``stopped``, its step is the s
 trainer stopped at (``honoured``), and the alert then says "run stopped at step M by rule
 R (stop requested at step N)".
 
+A stop the trainer never honours (its loop never asks ``should_stop()``, or goes on after
+it) is not reported as honoured: when the run ends ``completed`` or ``failed`` with the stop
+open, its alert says "stop requested at step N by rule R, not honoured: the run went on to
+step M and ended completed" (``ignored_stops``).
+
 A rule that stops a run on its second NaN, the stop it asks for, and the trainer
 honouring it two steps later::
 
@@ -47,16 +52,22 @@ from monitor_agent.alerting.model import Action, RunContext
 from monitor_agent.alerting.rules import Rule
 from monitor_agent.records.types import Finding
 
-__all__ = ["ACTIONS", "Action", "applied_rollbacks", "describe", "due", "honour_stops", "take"]
+__all__ = ["ACTIONS", "Action", "applied_rollbacks", "describe", "due", "honour_stops",
+           "ignored_stops", "take"]
 
 ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback")
 """Actions the trainer is asked to take; ``notify-only`` (the default) takes none."""
 
 
-def describe(action: str, step: int, rule: str, honoured_step: int | None = None) -> str:
-    """The sentence pages carry, so whoever is paged knows what the run did about it."""
+def describe(action: str, step: int, rule: str, honoured_step: int | None = None,
+             ended: tuple[str, int] | None = None) -> str:
+    """The sentence pages carry, so whoever is paged knows what the run did about it
+    (``ended``: how and where a run that never honoured its stop ended)."""
     if action == "stop" and honoured_step is not None:
         return f"run stopped at step {honoured_step} by rule {rule} (stop requested at step {step})"
+    if action == "stop" and ended is not None:
+        return (f"stop requested at step {step} by rule {rule}, not honoured: the run went on "
+                f"to step {ended[1]} and ended {ended[0]}")
     return f"{action} requested at step {step} by rule {rule}"
 
 
@@ -93,7 +104,8 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
     if tx.has_action(finding.run_id, rule.name, "stop"):
         return None
     number = len(tx.rollbacks(finding.run_id)) + 1
-    kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number)
+    kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number, rollback.Positions(
+        run.checkpoint_positions, run.data, run.skipped, run.skipped_unit))
     if isinstance(plan, str):
         action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
                         type=finding.type, step=finding.step,
@@ -123,6 +135,17 @@ def honour_stops(tx: AlertTx, run_id: str, step: int) -> list[Action]:
     done = []
     for old, fingerprint in tx.open_stops(run_id, step):
         new = replace(old, message=describe("stop", old.step, old.rule, step), honoured_step=step)
+        tx.honour(old, new, fingerprint)
+        done.append(new)
+    return done
+
+
+def ignored_stops(tx: AlertTx, run_id: str, status: str, step: int) -> list[Action]:
+    """The run ended ``status`` (not ``stopped``) at ``step`` with stop requests open: the
+    trainer never honoured them. Their alerts say so; they stay unhonoured."""
+    done = []
+    for old, fingerprint in tx.open_stops(run_id, step):
+        new = replace(old, message=describe("stop", old.step, old.rule, ended=(status, step)))
         tx.honour(old, new, fingerprint)
         done.append(new)
     return done

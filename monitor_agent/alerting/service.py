@@ -258,9 +258,10 @@ class Alerting:
         return self.store.actions_for_run(run_id, after, limit)
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's rollbacks and stops not yet honoured, oldest first (``AlertSink``)."""
+        """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
+        first (``AlertSink``)."""
         return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
-                if a.honoured_step is None and a.action in ("rollback", "stop")]
+                if a.action == "rollback" or (a.action == "stop" and a.honoured_step is None)]
 
     def stop_requested(self, run_id: str) -> bool:
         return self.store.stop_requested(run_id)

@@ -54,8 +54,9 @@ class AlertSink(Protocol):
         ...
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's actions not yet honoured (a pending rollback, an open stop), oldest
-        first: what its lifecycle resumes from when the run loads (runs/lifecycle.py)."""
+        """The run's actions not yet honoured (a pending rollback, an open stop) and its
+        applied rollbacks (``honoured_step`` set), oldest first: what its lifecycle resumes
+        from when the run loads (runs/lifecycle.py)."""
         ...
 
 

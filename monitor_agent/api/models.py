@@ -190,6 +190,8 @@ class CheckpointOut(BaseModel):
     attempt: str = Field(description="The attempt token of the process that saved it.")
     bytes: int | None
     tag: str | None
+    data_position: int | None = Field(default=None, description=(
+        "The data position its state resumes from (docs/format.md); null when not reported."))
     status: Literal["clean", "suspect"] = Field(description=(
         "suspect: a page-worthy fault began at or before its step and was in force there "
         "(pipeline/checkpoint_ledger.py)."))

@@ -49,6 +49,7 @@ from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
 from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
+from monitor_agent.detectors.window_trained import WindowTrainedDetector
 from monitor_agent.records.types import Severity
 
 DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
@@ -77,6 +78,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     ActionHeldDetector,
     # a rank's GPU failing (ECC, row remaps, XIDs, lost) or slowing it (throttle, PCIe)
     GpuHealthDetector,
+    # after a rollback, the resumed run trained data its plan said to skip
+    WindowTrainedDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -145,6 +145,7 @@ class DetectorSettings(
     skip_budget = KnobsOf(SkipBudgetSettings)
     hang = KnobsOf(HangSettings)
     action_held = KnobsOf(SharedSettings)
+    window_trained = KnobsOf(SharedSettings)
     gpu_health = KnobsOf(GpuHealthSettings)
 
     @field_validator("disabled", "log_only")

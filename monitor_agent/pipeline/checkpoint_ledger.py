@@ -72,6 +72,8 @@ class LedgerEntry:
     bytes: int | None = None
     tag: str | None = None
     token: str | None = None
+    # The data position its state resumes from (docs/format.md); None when not reported.
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,7 @@ class CheckpointLedger:
         ledger = cls()
         for c in store.checkpoints(run_id):
             ledger.entries[(c.step, c.attempt)] = LedgerEntry(
-                c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag, c.token)
+                c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag, c.token, c.position)
         for body in store.page_findings(run_id):
             fault = Fault.from_stored(wire.loads(body))
             if fault is not None:
@@ -224,5 +226,5 @@ def judged_dict(j: Judged) -> dict[str, Any]:
     e = j.entry
     return {"step": e.step, "path": e.path, "rank": e.rank, "time": e.time,
             "attempt": e.token if e.token is not None else str(e.attempt), "bytes": e.bytes,
-            "tag": e.tag, "status": j.status, "reason": j.reason}
+            "tag": e.tag, "data_position": e.position, "status": j.status, "reason": j.reason}
 

@@ -43,7 +43,7 @@ from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.placement import leader_of
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
-from monitor_agent.detectors.support.context import host_label
+from monitor_agent.detectors.support.context import SkipPlan, host_label
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
@@ -65,7 +65,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RunLifecycle
+from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
@@ -375,6 +375,7 @@ class Engine:
         live.lifecycle = RunLifecycle(live.state.status)
         live.lifecycle.acted(self.alerts.open_actions(live.run_id))
         live.state.phase = live.lifecycle.describe()
+        self._applied(live)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -406,12 +407,19 @@ class Engine:
             self._lifecycle(live, live.lifecycle.ended(record.status, record.step), arrival)
 
     def _checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
-        """Keep a checkpoint in the run's ledger (stored, so a restart keeps it)."""
+        """Keep a checkpoint in the run's ledger (stored, so a restart keeps it), with the
+        data position its state resumes from: the record's own, else that of its rank's
+        step record of the same step (sent just before it, on the same queue)."""
+        position = record.data_position
+        rank = run.ranks.get(record.rank)
+        if position is None and rank is not None and rank.data_step == record.step:
+            position = rank.data_position
         stored = self.store.add_checkpoint(StoredCheckpoint(
             run.run_id, record.step, attempt, record.rank, record.path, record.time,
-            record.bytes, record.tag, record.attempt))
+            record.bytes, record.tag, record.attempt, position))
         run.ledger.add(LedgerEntry(stored.step, stored.path, stored.rank, stored.time,
-                                   stored.attempt, stored.bytes, stored.tag, stored.token))
+                                   stored.attempt, stored.bytes, stored.tag, stored.token,
+                                   stored.position))
         run.version += 1
 
     def _store_verdict(self, run: RunState) -> Verdict:
@@ -481,6 +489,10 @@ class Engine:
                 # Alerting applies a rollback this attempt resumed at, closes the alerts
                 # about what it abandoned, and may decide again (alerting/rollback.py).
                 self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
+                self._applied(live)  # a restart forgets earlier windows
+            elif isinstance(event, RolledBack):
+                self._applied(live)
+                self._store_verdict(run)  # the attempt is a rollback, not a crash's resume
             elif isinstance(event, Ended):
                 verdict = self._store_verdict(run)
                 self.alerts.run_ended(run.run_id, event.status, now, event.step,
@@ -489,6 +501,19 @@ class Engine:
         if phase != run.phase:
             run.phase = phase
             run.version += 1
+
+    def _applied(self, live: LiveRun) -> None:
+        """The run's newest applied rollback, where its consumers read it: the windows a
+        later plan skips too (``RunState.skipped``), the windows the resumed run's data is
+        checked against (detectors/window_trained.py), and the verdict's account of every
+        resumed attempt (a rollback, or a resume after a crash)."""
+        run, applied = live.state, live.lifecycle.applied
+        run.skipped = applied.skip if applied is not None else ()
+        run.skipped_unit = applied.unit if applied is not None else "positions"
+        live.suite.ctx.skip_plan = None if applied is None else SkipPlan(
+            applied.action_id, applied.skip, applied.resume_position, applied.start_step,
+            applied.unit)
+        run.verdict.rollbacks = self.registry.rollbacks(live)
 
     # -- one run, one brain (monitor_agent/cluster) ----------------------------------------
 
@@ -728,10 +753,15 @@ class Engine:
 
 def _context(run: RunState) -> RunContext:
     config = run.run.config if run.run is not None else {}
-    clean = tuple((e.step, e.path) for e in run.ledger.clean())
+    clean = run.ledger.clean()
     return RunContext(
         run_id=run.run_id, project=run.project or None, labels=run.labels, config=config,
-        clean_checkpoints=clean, checkpoint_line=run.ledger.line(),
+        clean_checkpoints=tuple((e.step, e.path) for e in clean),
+        checkpoint_line=run.ledger.line(),
+        checkpoint_positions={e.step: e.position for e in clean if e.position is not None},
+        data={r: (s.data_step, s.data_position, s.per_step) for r, s in run.ranks.items()
+              if s.data_position is not None},
+        skipped=run.skipped, skipped_unit=run.skipped_unit,
     )
 
 

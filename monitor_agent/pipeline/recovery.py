@@ -51,6 +51,8 @@ _RANK_FIELDS = (
     "last_step", "last_eval_step", "steps_total", "tokens_total", "samples_total",
     "skipped_total", "step_time_counts", "step_time_sum",
 )
+# Absent from snapshots older than data positions (issue 31): restored when present.
+_DATA_FIELDS = ("data_position", "data_step", "data_deltas")
 
 
 def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "findings": [[t, s, c] for (t, s), c in run.findings.items()],
         "verdict": asdict(run.verdict),
         "ranks": {
-            str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS},
+            str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS + _DATA_FIELDS},
                         "skipped_by_reason": dict(state.skipped_by_reason),
                         "remote": state.remote}
             for rank, state in run.ranks.items()
@@ -126,6 +128,9 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
             setattr(rs, name, wire.nonfinite_to_float(fields[name]))
         rs.skipped_by_reason = {str(k): int(v)  # absent from snapshots older than the guard
                                 for k, v in (fields.get("skipped_by_reason") or {}).items()}
+        for name in _DATA_FIELDS:
+            if name in fields:
+                setattr(rs, name, fields[name])
         rs.loss_ema = suite.ema_loss(int(rank))
         rs.remote = bool(fields.get("remote"))  # absent from snapshots before the leader
 

@@ -159,7 +159,6 @@ class RunRegistry:
                                              snapshot=False)
             live.state.ledger = CheckpointLedger.load(self.store, run_id)
             if after is not None:  # None: never stored, a new run
-                live.state.verdict.rollbacks = self._rollbacks(live)
                 self._replay(live, after, now, quiet)
         except Exception as exc:
             self.evict(run_id)
@@ -169,10 +168,14 @@ class RunRegistry:
         self._reanalyse.discard(run_id)
         return live
 
-    def _rollbacks(self, live: LiveRun) -> list[Rollback]:
-        """What the run gave up by rolling back, as its verdict says it (verdict.py)."""
+    def rollbacks(self, live: LiveRun) -> list[Rollback]:
+        """What the run gave up by rolling back or resuming, as its verdict says it
+        (verdict.py): each resumed attempt named by its lifecycle as a rollback, a resume
+        after a crash or a resume from a checkpoint (runs/lifecycle.py ``resume_kind``)."""
         bodies = self.store.abandoned_findings(live.run_id, tuple(CAUSES))
-        return rollbacks_of(live.attempts.attempts, [wire.loads(b) for b in bodies])
+        ends = self.store.attempt_ends(live.run_id)
+        return rollbacks_of(live.attempts.attempts, [wire.loads(b) for b in bodies],
+                            lambda a: live.lifecycle.resume_kind(a, ends.get(a.number - 1)))
 
     def rebuild(self, run_id: str, now: float) -> LiveRun:
         """Load a run again from its current history, after a new attempt replaced part of

@@ -38,6 +38,8 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 
+_DATA_DELTAS = 16  # a median of 16 ignores the jump a skipped window makes, and a few more
+
 
 @dataclass(slots=True)
 class RankState:
@@ -64,9 +66,29 @@ class RankState:
     step_time_counts: list[int] = field(default_factory=list)
     step_time_sum: float = 0.0
     loss_ema: float | None = None
+    # The data stream's position (docs/format.md ``data_position``) at the rank's latest
+    # step that sent one, that step, and the positions each of its last steps consumed
+    # (a rollback plan turns its margin, in steps, into positions with their median).
+    data_position: int | None = None
+    data_step: int = -1
+    data_deltas: list[int] = field(default_factory=list)
     # Its records reach this sidecar, the run's leader, as digests from its node's sidecar
     # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
     remote: bool = False
+
+    def took_data(self, step: int, position: int) -> None:
+        """Step ``step`` left the data stream at ``position``."""
+        if self.data_step == step - 1 and self.data_position is not None:
+            delta = position - self.data_position
+            if delta > 0:
+                self.data_deltas = [*self.data_deltas[1 - _DATA_DELTAS:], delta]
+        self.data_position, self.data_step = position, step
+
+    @property
+    def per_step(self) -> int:
+        """Data positions one step consumes (1 until two consecutive steps said)."""
+        deltas = sorted(self.data_deltas)
+        return deltas[len(deltas) // 2] if deltas else 1
 
 
 @dataclass(slots=True)
@@ -104,6 +126,11 @@ class RunState:
     # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
     # string the views read.
     phase: str = "running"
+    # The data windows the run's newest applied rollback skips (its plan's ``skip``, which
+    # holds every earlier one's too) and their unit: what a later plan skips as well, and
+    # what the resumed run's positions are checked against (detectors/window_trained.py).
+    skipped: tuple[tuple[int, int], ...] = ()
+    skipped_unit: str = "positions"
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
@@ -152,6 +179,8 @@ class RunState:
         if record.skipped:  # a skip with no reason is what it always was: the loss scaler
             reason = record.skip_reason or "loss_scale"
             state.skipped_by_reason[reason] = state.skipped_by_reason.get(reason, 0) + 1
+        if record.data_position is not None:
+            state.took_data(record.step, record.data_position)
         st = record.step_time
         if st is not None and st == st and st >= 0:
             state.step_time_counts[bisect.bisect_left(buckets, st)] += 1

@@ -3,7 +3,8 @@ and the step it began.
 
 A run is *unhealthy* once it has a finding of error severity or above of a type that says
 the model itself went wrong (``CAUSES``: NaN/Inf, divergence, gradient explosion, blown-up
-activations, a collapsed loss scale). Those pages resolve when the run ends or the findings
+activations, a collapsed loss scale, or data a rollback skipped trained again after it:
+the weights then saw what the rollback was for). Those pages resolve when the run ends or the findings
 stop, but what they reported happened to the weights: a resolved alert is not a recovery,
 so the verdict never goes back to healthy. Stalls, memory pressure, throughput and the
 warnings are about the job or are not sure enough to judge a run by; they do not count.
@@ -52,12 +53,19 @@ It is not forgotten either: ``rollbacks`` (read from the store each time the run
     ...     ("divergence", 1205),))])
     >>> print(healed.verdict("completed").text)
     completed, healthy (rolled back once: divergence at step 1205 abandoned)
+
+A resume that applied no rollback plan is said as what it was (runs/lifecycle.py)::
+
+    >>> print(VerdictTracker(rollbacks=[Rollback(to_step=300, kind="crash")]).verdict(
+    ...     "completed").text)
+    completed, healthy (resumed after a crash once)
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -67,6 +75,7 @@ from monitor_agent.storage.store import StoredAttempt
 CAUSES: dict[str, str] = {
     "nan_inf": "NaN", "divergence": "divergence", "grad_explosion": "gradient explosion",
     "activation_blowup": "activation blow-up", "loss_scale_collapse": "loss-scale collapse",
+    "window_trained": "skipped data trained again",
 }
 """Finding types that make a run unhealthy (at error severity or above), and their words."""
 
@@ -114,14 +123,17 @@ class Verdict:
 class Rollback:
     """A resumed attempt that replaced steps: the run went back to ``to_step`` (its next
     step was ``to_step + 1``) and gave up the steps after it; ``abandoned``: the first step
-    of each cause (``CAUSES``) found on those steps, by step."""
+    of each cause (``CAUSES``) found on those steps, by step. ``kind``: ``rollback`` (it
+    applied a rollback plan), ``crash`` (a relaunch after the process died or failed) or
+    ``resume`` (from a checkpoint after a clean end; runs/lifecycle.py ``resume_kind``)."""
 
     to_step: int
     abandoned: tuple[tuple[str, int], ...] = ()
+    kind: str = "rollback"
 
 
-def rollbacks_of(attempts: list[StoredAttempt], abandoned: list[dict[str, Any]]
-                 ) -> list[Rollback]:
+def rollbacks_of(attempts: list[StoredAttempt], abandoned: list[dict[str, Any]],
+                 kind_of: Callable[[StoredAttempt], str] | None = None) -> list[Rollback]:
     """The run's rollbacks since it last started over, from its attempts and the findings
     about replaced steps (``Store.abandoned_findings``); each finding counts for the first
     resumed attempt that replaced its step. A restart (a new run reusing the id) replaced
@@ -140,7 +152,8 @@ def rollbacks_of(attempts: list[StoredAttempt], abandoned: list[dict[str, Any]]
             first = found[by.number]
             first[f["type"]] = min(step, first.get(f["type"], step))
     return [Rollback(a.start_step - 1, tuple(sorted(found[a.number].items(),
-                                                    key=lambda kv: (kv[1], kv[0]))))
+                                                    key=lambda kv: (kv[1], kv[0]))),
+                     kind_of(a) if kind_of is not None else "rollback")
             for a in resumed if a.start_step is not None]
 
 
@@ -202,13 +215,19 @@ class VerdictTracker:
         return Verdict("unhealthy", f"{status}, {words}" if ended else words, cause, step, words)
 
     def _rolled_back(self) -> str:
-        """`` (rolled back twice: divergence at step 1205 abandoned; ...)``, or nothing."""
-        if not self.rollbacks:
-            return ""
-        n = len(self.rollbacks)
-        times = {1: "once", 2: "twice"}.get(n, f"{n} times")
-        gone = [f"{CAUSES[t]} at step {s}" for r in self.rollbacks for t, s in r.abandoned[:1]]
-        return f" (rolled back {times}" + (f": {'; '.join(gone)} abandoned)" if gone else ")")
+        """`` (rolled back twice: divergence at step 1205 abandoned; resumed after a crash
+        once)``, or nothing."""
+        parts = []
+        for kind, said in (("rollback", "rolled back"), ("crash", "resumed after a crash"),
+                           ("resume", "resumed from a checkpoint")):
+            these = [r for r in self.rollbacks if r.kind == kind]
+            if not these:
+                continue
+            n = len(these)
+            times = {1: "once", 2: "twice"}.get(n, f"{n} times")
+            gone = [f"{CAUSES.get(t, t)} at step {s}" for r in these for t, s in r.abandoned[:1]]
+            parts.append(f"{said} {times}" + (f": {'; '.join(gone)} abandoned" if gone else ""))
+        return f" ({'; '.join(parts)})" if parts else ""
 
     def _words(self, cause: str, step: int) -> str:
         if cause == "nan_inf":

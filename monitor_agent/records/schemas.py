@@ -186,6 +186,13 @@ class RunModel(_Wire):
 
 
 
+DataPosition = Annotated[int, Field(
+    ge=0, le=2**62, strict=True,
+    description="Batches (or samples) of the run's data stream consumed so far: the position "
+    "of the last one trained. Counted over the whole run, across epochs; a rollback plan "
+    "names the positions to resume from and to skip (docs/format.md).")]
+
+
 class StepModel(_Wire):
     kind: Literal["step"]
     run_id: RunId
@@ -209,6 +216,9 @@ class StepModel(_Wire):
     mfu: Num = None
     loss_scale: Num = None
     skipped: bool | None = None
+    # How far the run's data stream has been consumed once this step trained: a count of
+    # batches (or samples), the position of the last one the step trained (docs/format.md).
+    data_position: DataPosition | None = None
     # Why the optimizer skipped the step: the client's step guard, or the GradScaler.
     skip_reason: Literal["nonfinite_grad", "grad_norm_outlier", "loss_scale"] | None = None
     memory: MemoryModel | None = None
@@ -328,6 +338,8 @@ class CheckpointModel(_Wire):
     path: Annotated[str, StringConstraints(min_length=1), AfterValidator(_checkpoint_path)]
     bytes: Annotated[int, Field(ge=0, le=2**62, strict=True)] | None = None
     tag: Annotated[str, AfterValidator(_checkpoint_tag)] | None = None
+    # The data position the checkpoint's state resumes from (the step's ``data_position``).
+    data_position: DataPosition | None = None
 
 
 def _frame_text(value: str) -> str:

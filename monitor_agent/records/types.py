@@ -284,6 +284,8 @@ class StepRecord:
     loss_scale: float | None = None
     skipped: bool = wire_field(bool, default=False)
     skip_reason: str | None = None  # schemas.StepModel's literal; None: not skipped/unknown
+    # Batches (or samples) of the run's data stream consumed through this step.
+    data_position: int | None = None
     memory: Memory | None = wire_field(lambda m: from_fields(Memory, m))
     gpu: dict[str, float | None] | None = wire_field(dict)
     layers: LayerTable | None = wire_field(LayerTable.from_mapping)
@@ -383,6 +385,7 @@ class CheckpointRecord:
     rank: int = 0
     bytes: int | None = None
     tag: str | None = None
+    data_position: int | None = None  # where its state resumes the data stream
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "checkpoint"
 

@@ -15,17 +15,25 @@ store keeps the status, the verdict and the charts read what that left):
 - ``RollbackDecided`` / ``StopRequested``: the run's leader decided an action (a rule's
   ``action: rollback`` or ``stop``); the run now **awaits its resume** from the plan's
   checkpoint (in place, or by a relaunch) or **is stopping**.
-- ``RolledBack``: an attempt settled at or before the pending plan's window: applied.
+- ``RolledBack``: an attempt settled at or before the pending plan's window: applied. The
+  newest applied plan (``applied``) is what the resumed run's data positions are checked
+  against (its ``skip`` holds every earlier window too), until a restart replaces the run.
 - ``Ended``: an end record; a ``stopped`` end honours the stop requested (or not: a run
-  that ends ``completed`` with a stop pending never honoured it).
+  that ends ``completed`` with a stop pending never honoured it, and ``stop_ignored`` says
+  so). A run that ends with a rollback pending (a framework's callback stopped it for a
+  relaunch) is **waiting for its relaunch** until the new attempt arrives.
 
 The phases: ``running`` -> ``awaiting_resume`` (a plan is pending) -> ``running`` (it was
-applied) ...; ``running`` -> ``stopping`` -> ``ended``; any -> ``ended`` on an end record,
-and ``ended`` -> ``running`` when a new attempt settles. ``describe()`` says the phase as
-people read it.
+applied) ...; ``awaiting_resume`` -> ``awaiting_relaunch`` when the process ends with the
+plan pending; ``running`` -> ``stopping`` -> ``ended``; any -> ``ended`` on an end record,
+and ``ended`` -> ``running`` when a new attempt settles. A resumed attempt that applied no
+plan is said as what it was (``resume_kind``): a resume after a crash (the process before
+it sent no end record, or ended ``failed``), or from a checkpoint after a clean end.
+``describe()`` says the phase as people read it.
 
 What it holds is derived from durable state when a run loads (its attempts and status from
-the store, its open actions from alerting), so a restart tells the same story.
+the store, its actions from alerting: the open ones and the applied rollbacks), so a
+restart tells the same story.
 
 A run that diverges, is told to roll back to its checkpoint at step 300, and resumes there::
 
@@ -40,8 +48,18 @@ A run that diverges, is told to roll back to its checkpoint at step 300, and res
     >>> resumed = StoredAttempt(2, "resumed", 301, 0.0, 301, 350)
     >>> [type(e).__name__ for e in life.settled(resumed)]
     ['AttemptSettled', 'RolledBack']
-    >>> life.phase.value, life.describe()
-    ('running', 'running')
+    >>> life.phase.value, life.describe(), life.applied.skip
+    ('running', 'running', ((301, 545),))
+
+The same run under a framework whose callback stops the process to be relaunched::
+
+    >>> life = RunLifecycle(status="running")
+    >>> _ = life.acted([{"id": 1, "action": "rollback", "step": 345, "plan": {
+    ...     "checkpoint_step": 300, "checkpoint_path": "/c/checkpoint-300", "skip_from": 301,
+    ...     "skip_to": 545}}])
+    >>> _ = life.ended("stopped", 346)
+    >>> print(life.describe())
+    waiting for relaunch from checkpoint step 300 (/c/checkpoint-300): rollback 1 decided at step 345
 """
 
 from __future__ import annotations
@@ -56,6 +74,7 @@ from monitor_agent.storage.store import StoredAttempt
 class Phase(enum.StrEnum):
     RUNNING = "running"
     AWAITING_RESUME = "awaiting_resume"  # a rollback plan is pending
+    AWAITING_RELAUNCH = "awaiting_relaunch"  # the process ended with a plan pending
     STOPPING = "stopping"                # a stop was requested, not yet honoured
     ENDED = "ended"                      # ``status`` says how
 
@@ -72,12 +91,21 @@ class RollbackDecided:
     checkpoint_path: str
     skip_from: int
     decided_at_step: int
+    # The plan's data windows (alerting/rollback.py ``skip``), where the data resumes, and
+    # what they count ("positions", or "steps" for a run without data positions).
+    skip: tuple[tuple[int, int], ...] = ()
+    resume_position: int | None = None
+    unit: str = "steps"
 
 
 @dataclass(frozen=True, slots=True)
 class RolledBack:
     action_id: int
     start_step: int
+    # The plan applied (its windows, where the data resumed, their unit).
+    skip: tuple[tuple[int, int], ...] = ()
+    resume_position: int | None = None
+    unit: str = "steps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +119,8 @@ class Ended:
     status: str
     step: int
     stop_honoured: bool  # a stop was pending and the run ended ``stopped``
+    # A stop was pending and the run ended otherwise (``completed``: it never honoured it).
+    stop_ignored: bool = False
 
 
 Event = AttemptSettled | RollbackDecided | RolledBack | StopRequested | Ended
@@ -103,11 +133,15 @@ class RunLifecycle:
         self.status = status
         self.rollback: RollbackDecided | None = None
         self.stop: StopRequested | None = None
+        self.applied: RolledBack | None = None  # the newest rollback applied
+        # Start step -> action id of every rollback applied: which resumed attempts were
+        # rollbacks, and which were resumes after a crash or a clean end.
+        self.applied_starts: dict[int, int] = {}
 
     @property
     def phase(self) -> Phase:
         if self.status != "running":
-            return Phase.ENDED
+            return Phase.AWAITING_RELAUNCH if self.rollback is not None else Phase.ENDED
         if self.rollback is not None:
             return Phase.AWAITING_RESUME
         if self.stop is not None:
@@ -120,9 +154,14 @@ class RunLifecycle:
         if attempt.kind == "first":
             return events
         self.status = "running"  # a resume or restart: the run goes on, whatever ended it
+        if attempt.kind == "restarted":  # a new run reusing the id: earlier windows are moot
+            self.applied, self.applied_starts = None, {}
         pending, start = self.rollback, attempt.start_step
         if pending is not None and start is not None and start <= pending.skip_from:
-            events.append(RolledBack(pending.action_id, start))
+            self.applied = RolledBack(pending.action_id, start, pending.skip,
+                                      pending.resume_position, pending.unit)
+            self.applied_starts[start] = pending.action_id
+            events.append(self.applied)
             self.rollback = None
         self.stop = None  # the stopped process is gone; a stop for the new one comes anew
         return events
@@ -131,26 +170,48 @@ class RunLifecycle:
         """Actions the run's leader decided (here, or adopted from it)."""
         events: list[Event] = []
         for a in actions:
-            if a.get("honoured_step") is not None:
+            if not isinstance(a.get("id"), int):
+                continue  # not an action of the run's leader (each has its sequence number)
+            kind, plan, honoured = a.get("action"), a.get("plan"), a.get("honoured_step")
+            if kind == "rollback" and isinstance(plan, dict) and honoured is not None:
+                self._history(int(a["id"]), int(honoured), plan)  # applied: history
+                continue
+            if honoured is not None:
                 continue  # history, not an order
-            kind, plan = a.get("action"), a.get("plan")
             if kind == "rollback" and isinstance(plan, dict):
+                skip, resume, unit = _windows(plan)
                 self.rollback = RollbackDecided(
                     int(a["id"]), int(plan["checkpoint_step"]), str(plan["checkpoint_path"]),
-                    int(plan["skip_from"]), int(a.get("step") or 0))
+                    int(plan["skip_from"]), int(a.get("step") or 0), skip, resume, unit)
                 events.append(self.rollback)
             elif kind == "stop" and self.stop is None:
                 self.stop = StopRequested(int(a["id"]), int(a.get("step") or 0))
                 events.append(self.stop)
         return events
 
+    def _history(self, action_id: int, start: int, plan: dict[str, Any]) -> None:
+        """A rollback applied before this lifecycle was made (the run loaded again)."""
+        self.applied_starts[start] = action_id
+        if self.applied is None or action_id > self.applied.action_id:
+            skip, resume, unit = _windows(plan)
+            self.applied = RolledBack(action_id, start, skip, resume, unit)
+
     def ended(self, status: str, step: int) -> list[Event]:
         """An end record (``status``: completed, failed or stopped)."""
         honoured = self.stop is not None and status == "stopped"
+        ignored = self.stop is not None and status == "completed"
         self.status = status
-        if honoured:
+        if honoured or ignored:
             self.stop = None
-        return [Ended(status, step, honoured)]
+        return [Ended(status, step, honoured, ignored)]
+
+    def resume_kind(self, attempt: StoredAttempt, before_ended: str | None) -> str:
+        """What a resumed attempt was: ``rollback`` (it applied a plan), ``crash`` (the
+        process before it ended ``failed`` or sent no end record: killed) or ``resume``
+        (from a checkpoint after a clean end)."""
+        if attempt.start_step is not None and attempt.start_step in self.applied_starts:
+            return "rollback"
+        return "crash" if before_ended in (None, "failed") else "resume"
 
     def describe(self) -> str:
         """The phase as people read it."""
@@ -160,6 +221,23 @@ class RunLifecycle:
             return (f"awaiting resume from checkpoint step {r.checkpoint_step} "
                     f"({r.checkpoint_path}), rollback {r.action_id} decided at step "
                     f"{r.decided_at_step}")
+        if phase is Phase.AWAITING_RELAUNCH and self.rollback is not None:
+            r = self.rollback
+            return (f"waiting for relaunch from checkpoint step {r.checkpoint_step} "
+                    f"({r.checkpoint_path}): rollback {r.action_id} decided at step "
+                    f"{r.decided_at_step}")
         if phase is Phase.STOPPING and self.stop is not None:
             return f"stopping: stop {self.stop.action_id} requested at step {self.stop.step}"
         return "running" if phase is Phase.RUNNING else self.status
+
+
+def _windows(plan: dict[str, Any]) -> tuple[tuple[tuple[int, int], ...], int | None, str]:
+    """A plan's data windows, where its data resumes, and their unit (a plan from before
+    data positions: its step window, counted in steps)."""
+    skip = plan.get("skip")
+    resume = plan.get("resume_position")
+    if isinstance(skip, list) and skip:
+        unit = "positions" if plan.get("positions") == "positions" else "steps"
+        return (tuple((int(w[0]), int(w[1])) for w in skip),
+                int(resume) if resume is not None else None, unit)
+    return ((int(plan["skip_from"]), int(plan["skip_to"])),), None, "steps"

@@ -184,6 +184,11 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE records ADD COLUMN origin INTEGER;
     """,
     *uplink.MIGRATIONS,
+    # The data position a checkpoint's state resumes from (docs/format.md): a rollback to
+    # it names where the data stream resumes, not only the step.
+    """
+    ALTER TABLE checkpoints ADD COLUMN position INTEGER;
+    """,
 )
 
 
@@ -215,6 +220,7 @@ class StoredCheckpoint:
     bytes: int | None = None
     tag: str | None = None
     token: str | None = None
+    position: int | None = None  # the data position its state resumes from
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,12 +376,12 @@ class Store:
         with self._db.tx() as conn:
             conn.execute(
                 "INSERT INTO checkpoints (run_id, step, attempt, rank, path, time, bytes, tag, "
-                "token) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                "token, position) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 (c.run_id, c.step, c.attempt, c.rank, c.path, c.time, c.bytes, c.tag,
-                 c.token))
+                 c.token, c.position))
             row = conn.execute(
-                "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token FROM checkpoints "
-                "WHERE run_id = ? AND step = ? AND attempt = ?",
+                "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token, position "
+                "FROM checkpoints WHERE run_id = ? AND step = ? AND attempt = ?",
                 (c.run_id, c.step, c.attempt)).fetchone()
         return StoredCheckpoint(*row)
 
@@ -640,6 +646,22 @@ class Store:
             (run_id,))
         return [StoredAttempt(*row) for row in rows]
 
+    def attempt_ends(self, run_id: str) -> dict[int, str]:
+        """Attempt number -> how its processes ended (their ``end`` records, replaced ones
+        included; ``failed`` over ``stopped`` over ``completed`` when ranks differ); an
+        attempt whose processes sent no end record (killed) is absent."""
+        worst = {"completed": 0, "stopped": 1, "failed": 2}
+        ends: dict[int, str] = {}
+        for attempt, body in self._db.query(
+                "SELECT attempt, body FROM records WHERE run_id = ? AND kind = 'end'", (run_id,)):
+            try:
+                status = str(wire.loads(body).get("status"))
+            except (TypeError, ValueError, AttributeError):
+                continue
+            if worst.get(status, 2) >= worst.get(ends.get(attempt, "completed"), 0):
+                ends[attempt] = status if status in worst else "failed"
+        return ends
+
     def attempt_tokens(self, run_id: str) -> list[tuple[str, int, int]]:
         """(token, rank that first sent it, attempt number) of every process of the run."""
         return self._db.query(
@@ -686,8 +708,9 @@ class Store:
         """The checkpoints of the run's current history (none a later attempt replaced),
         oldest first."""
         rows = self._db.query(
-            "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token FROM checkpoints f "
-            f"WHERE run_id = ?{_current(True)} ORDER BY step, attempt", (run_id,))
+            "SELECT run_id, step, attempt, rank, path, time, bytes, tag, token, position "
+            f"FROM checkpoints f WHERE run_id = ?{_current(True)} ORDER BY step, attempt",
+            (run_id,))
         return [StoredCheckpoint(*row) for row in rows]
 
     def page_findings(self, run_id: str) -> list[bytes]:

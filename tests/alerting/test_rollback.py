@@ -43,8 +43,13 @@ def rolling(tmp_path: Path, clock: FakeClock):
             h.alerting.stop(timeout=5)
 
 
-def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE) -> list[dict]:
-    run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line)
+def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE,
+            positions: bool = True) -> list[dict]:
+    """``positions``: the run reports its data positions, one batch per step (the
+    checkpoint at step C resumes the data at position C)."""
+    data = {"checkpoint_positions": {s: s for s, _ in clean},
+            "data": {f.rank: (f.step, f.step, 1) for f in findings}} if positions else {}
+    run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line, **data)
     return h.alerting.handle(run, list(findings), h.clock())
 
 
@@ -55,10 +60,12 @@ def test_two_ranks_reporting_the_same_fault_get_one_decision(rolling: Harness):
     assert _handle(rolling, nan(step=251, rank=0), nan(step=251, rank=1)) == []
     assert decided["action"] == "rollback"
     assert decided["plan"] == {"checkpoint_step": 200, "checkpoint_path": "/ckpt/step-200.pt",
+                               "resume_position": 200, "skip": [[201, 300]],
+                               "positions": "positions",
                                "skip_from": 201, "skip_to": 300, "lr_factor": 0.5,
                                "lr_steps": 100, "number": 1, "budget": 2}
-    assert decided["message"] == ("rolled back to step 200 (/ckpt/step-200.pt), skipping "
-                                  "batches 201-300; LR x0.5 for 100 steps")
+    assert decided["message"] == ("rolled back to step 200 (/ckpt/step-200.pt, data position "
+                                  "200), skipping batches 201-300; LR x0.5 for 100 steps")
     # Every rank polls the same dict, the plan included, after a restart too.
     rolling.restart()
     [polled] = [a.to_dict() for a in rolling.alerting.actions_for_run("r1")]

@@ -80,6 +80,31 @@ def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, t
     assert "run stopped at step 8 by rule StopNow" in str(alerts)
 
 
+def test_a_stop_the_trainer_never_honoured_is_not_reported_as_honoured(sidecar_factory,
+                                                                       tmp_path):
+    """Issue 31: a loop that never asks should_stop() runs to its end; the run ends
+    "completed", and the alert says the stop was not honoured, not "run stopped"."""
+    sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
+    mon = Monitor(url=sc.url, run_id="mon-ignored",
+                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                         linger=0.01))
+    got = threading.Event()
+    mon.on_action(lambda a: got.set())
+    for step in range(1, 6):
+        mon.log_step(step, loss=2.0)
+    mon.log_step(6, loss=float("nan"))
+    assert got.wait(10)
+    for step in range(7, 40):  # it never asks, and trains to the end
+        mon.log_step(step, loss=2.0)
+    assert mon.close()
+    end = [r for r in sc.records("mon-ignored") if r["kind"] == "end"][0]
+    assert (end["status"], end["step"]) == ("completed", 39)
+    [action] = httpx.get(f"{sc.url}/v1/runs/mon-ignored/actions", timeout=10).json()["actions"]
+    assert action["honoured_step"] is None
+    assert action["message"] == ("stop requested at step 6 by rule StopNow, not honoured: the "
+                                 "run went on to step 39 and ended completed")
+
+
 def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     steps = [{"kind": "step", "run_id": "poll-me", "step": 1, "time": 1.0, "loss": "NaN"}]

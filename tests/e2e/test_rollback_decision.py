@@ -2,7 +2,9 @@
 delivery: a real sidecar subprocess, two ranks posting raw records, the triggering answer
 dropped, SIGKILL, restart; every rank then polls the same decision exactly once, the
 replayed findings decide nothing again, a resume applies it, and past the budget the run
-is stopped with a page saying why."""
+is stopped with a page saying why. The plans name data positions: the second rollback to
+the same checkpoint also skips the first one's window (the resumed run jumped over it, so
+step and position differ), and a resume that trains the window again is paged."""
 
 from __future__ import annotations
 
@@ -26,16 +28,25 @@ rules:
     action: rollback
     rollback_skip_margin: 20
     rollback_budget: 2
+  - name: TrainingWindowTrained
+    match: {types: [window_trained]}
+    severity: error
+    fingerprint: []
 """
 
 
-def _step(step: int, rank: int, token: str, loss: float | str = 2.0) -> dict[str, Any]:
+def _step(step: int, rank: int, token: str, loss: float | str = 2.0,
+          skipped: int = 0) -> dict[str, Any]:
+    """One batch per step; ``skipped``: batches the data stream jumped over since step 1."""
     return {"kind": "step", "run_id": RUN, "rank": rank, "step": step, "time": 1000.0 + step,
-            "loss": loss, "grad_norm": 1.0, "attempt": f"{token}{rank}"}
+            "loss": loss, "grad_norm": 1.0, "attempt": f"{token}{rank}",
+            "data_position": step + skipped}
 
 
-def _both(steps: range, token: str, nan_at: int | None = None) -> list[dict[str, Any]]:
-    return [_step(s, r, token, "NaN" if s == nan_at else 2.0) for s in steps for r in (0, 1)]
+def _both(steps: range, token: str, nan_at: int | None = None,
+          skipped: int = 0) -> list[dict[str, Any]]:
+    return [_step(s, r, token, "NaN" if s == nan_at else 2.0, skipped)
+            for s in steps for r in (0, 1)]
 
 
 def _post_dropping_the_answer(url: str, records: list[dict[str, Any]]) -> int:
@@ -65,7 +76,7 @@ def test_the_decision_survives_kill_9_and_every_rank_gets_it_once(
                       f"url: '{pd_receiver.url}/v2/enqueue'}}\n")
     sc = sidecar_factory(config=config).start()
     ckpt = {"kind": "checkpoint", "run_id": RUN, "rank": 0, "step": 20, "time": 1020.5,
-            "path": "/ckpt/step-20.pt", "attempt": "a0"}
+            "path": "/ckpt/step-20.pt", "attempt": "a0", "data_position": 20}
     assert sc.post(_both(range(1, 31), "a") + [ckpt]).json()["accepted"] == 61
 
     # Step 31 is NaN on both ranks (DDP's all-reduce carries rank 0's to rank 1): the NaN
@@ -80,9 +91,11 @@ def test_the_decision_survives_kill_9_and_every_rank_gets_it_once(
     [decided] = polls[0]["actions"]
     assert decided["action"] == "rollback" and decided["honoured_step"] is None
     assert decided["plan"] == {"checkpoint_step": 20, "checkpoint_path": "/ckpt/step-20.pt",
-                               "skip_from": 21, "skip_to": 51, "lr_factor": None,
-                               "lr_steps": None, "number": 1, "budget": 2}
-    assert decided["message"] == "rolled back to step 20 (/ckpt/step-20.pt), skipping batches 21-51"
+                               "resume_position": 20, "skip": [[21, 51]],
+                               "positions": "positions", "skip_from": 21, "skip_to": 51,
+                               "lr_factor": None, "lr_steps": None, "number": 1, "budget": 2}
+    assert decided["message"] == ("rolled back to step 20 (/ckpt/step-20.pt, data position 20), "
+                                  "skipping batches 21-51")
     assert _poll(sc.url, polls[0]["last_id"])["actions"] == []  # exactly once per poller
     # Recovery replayed the stored tail, the NaN step with it: no second decision.
     assert re.search(rf"run {RUN}: restored, replayed [1-9]", sc.log()), sc.log()[-2000:]
@@ -91,23 +104,35 @@ def test_the_decision_survives_kill_9_and_every_rank_gets_it_once(
     assert sc.post([_step(32, 0, "a", "NaN"), _step(32, 1, "a", "NaN")]).json()["actions"] == []
     assert [a["id"] for a in _poll(sc.url)["actions"]] == [decided["id"]]
 
-    # Both ranks reload step 20 and go on at 21 under new tokens: the rollback is applied.
-    assert sc.post(_both(range(21, 31), "b")).status_code == 200
+    # Both ranks reload step 20 and go on at 21 under new tokens, their data past the
+    # window (batch 52 at step 21): the rollback is applied.
+    assert sc.post(_both(range(21, 31), "b", skipped=31)).status_code == 200
     [applied] = _poll(sc.url)["actions"]
     assert applied["honoured_step"] == 21
     # The run's history no longer holds the NaN at 31: the save at 20 is clean again.
     ledger = httpx.get(f"{sc.url}/v1/runs/{RUN}/checkpoints").json()
     assert ledger["last_clean"] == {"step": 20, "path": "/ckpt/step-20.pt"}
 
-    # The fault comes back at 35: the second rollback, the same for both ranks.
-    [second] = sc.post(_both(range(31, 36), "b", nan_at=35)).json()["actions"]
+    # The fault comes back at 35 (batch 66): the second rollback, to the same checkpoint;
+    # its window starts at the checkpoint's batch and holds the first one's.
+    [second] = sc.post(_both(range(31, 36), "b", nan_at=35, skipped=31)).json()["actions"]
     assert (second["action"], second["plan"]["number"], second["plan"]["skip_to"]) == (
         "rollback", 2, 55)
+    assert (second["plan"]["resume_position"], second["plan"]["skip"]) == (20, [[21, 86]])
     assert [p["actions"] for p in (_poll(sc.url, decided["id"]), _poll(sc.url, decided["id"]))] \
         == [[second], [second]]
 
-    # Resumed again, and again NaN: the budget of 2 is spent, so the run is stopped.
+    # Resumed again, but this loop fast-forwards nothing: batch 21 at step 21, inside the
+    # window. It is paged, with the batches, and the run is not healthy for it.
     assert sc.post(_both(range(21, 31), "c")).status_code == 200
+    found = httpx.get(f"{sc.url}/v1/runs/{RUN}/findings", timeout=10).json()["findings"]
+    trained = [f for f in found if f["type"] == "window_trained"]
+    assert trained and trained[0]["step"] == 21 and trained[0]["evidence"]["window"] == [21, 86]
+    assert "step 21 trained batch 21, inside rollback 2's skip window 21-86" in \
+        trained[0]["message"]
+    verdict = httpx.get(f"{sc.url}/v1/runs/{RUN}", timeout=10).json()["verdict"]
+    assert verdict["state"] == "unhealthy" and verdict["cause"] == "window_trained", verdict
+    # And again NaN: the budget of 2 is spent, so the run is stopped.
     [stop] = sc.post(_both(range(31, 34), "c", nan_at=33)).json()["actions"]
     assert stop["action"] == "stop" and stop["plan"] is None
     assert stop["message"].startswith("rollback budget 2 spent: stopping; a human must look")
@@ -121,5 +146,7 @@ def test_the_decision_survives_kill_9_and_every_rank_gets_it_once(
             break
         time.sleep(0.05)
     assert any("rollback budget 2 spent: stopping; a human must look" in p for p in pages), pages
-    assert any("rolled back to step 20 (/ckpt/step-20.pt), skipping batches 21-51" in p
-               and "last clean checkpoint: step 20, /ckpt/step-20.pt" in p for p in pages), pages
+    assert any("rolled back to step 20 (/ckpt/step-20.pt, data position 20), skipping batches "
+               "21-51" in p and "last clean checkpoint: step 20, /ckpt/step-20.pt" in p
+               for p in pages), pages
+    assert any("TrainingWindowTrained" in p and "batch 21" in p for p in pages), pages

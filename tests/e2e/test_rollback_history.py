@@ -152,11 +152,14 @@ def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: P
         # (b) A new fault after the resume is caught against the pre-fault level.
         assert ("loss_spike", SPIKE) in resumed, resumed
 
-        # The verdict: judged on the current history, naming what the rollback abandoned.
+        # The verdict: judged on the current history, naming what the resume abandoned. No
+        # rule decided a rollback plan here, and the first process sent no end record: the
+        # sidecar says what it saw, a resume after a crash (issue 31), not a rollback.
         abandoned = [f for f in _get(sc, f"/v1/runs/{RUN}/findings?limit=1000")["findings"]
                      if f["type"] == "divergence"]
         onset = min(f["step"] for f in abandoned)
-        want = f"completed, healthy (rolled back once: divergence at step {onset} abandoned)"
+        want = (f"completed, healthy (resumed after a crash once: divergence at step {onset} "
+                "abandoned)")
         answers = _answers(sc)
         assert answers["verdict"]["text"] == want
         assert answers["verdict"]["state"] == "healthy"

@@ -106,3 +106,28 @@ def test_rollbacks_count_the_resumes_since_the_last_restart_and_name_what_each_a
     assert tracker.verdict("completed").text == (
         "completed, healthy (rolled back twice: divergence at step 1305; NaN at step 1100 "
         "abandoned)")
+
+
+def _resumed_run(ended: str | None) -> str:
+    """A run that trains steps 1-50, ends ``ended`` (None: the process was killed and sent
+    no end record), and is relaunched from its checkpoint at step 30 by hand: no rollback
+    plan. Its verdict's words."""
+    engine = Engine(load_settings(), Store(":memory:"), SelfMetrics(CollectorRegistry()))
+    lines = [{"kind": "step", "run_id": "r", "step": s, "time": float(s), "loss": 2.0,
+              "attempt": "a"} for s in range(1, 51)]
+    if ended is not None:
+        lines.append({"kind": "end", "run_id": "r", "step": 50, "time": 51.0, "status": ended,
+                      "attempt": "a"})
+    resumed = [{"kind": "step", "run_id": "r", "step": s, "time": 60.0 + s, "loss": 2.0,
+                "attempt": "b"} for s in range(31, 41)]
+    for now, batch in ((100.0, lines), (101.0, resumed)):
+        engine.ingest([Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(batch)],
+                      now=now)
+    return RunQueries(engine.store, engine.registry).run_detail("r").verdict.words
+
+
+def test_a_resume_that_applied_no_rollback_is_said_as_what_it_was():
+    """Issue 31: a crash-resume is not "rolled back once"."""
+    assert _resumed_run(None) == "healthy so far (resumed after a crash once)"
+    assert _resumed_run("failed") == "healthy so far (resumed after a crash once)"
+    assert _resumed_run("completed") == "healthy so far (resumed from a checkpoint once)"

@@ -44,7 +44,9 @@ def test_a_stop_is_honoured_only_by_a_stopped_end():
     [stop] = life.acted([{"id": 2, "action": "stop", "step": 40}])
     assert isinstance(stop, StopRequested) and life.describe() == \
         "stopping: stop 2 requested at step 40"
-    assert life.ended("completed", 90) == [Ended("completed", 90, stop_honoured=False)]
+    # It ran on to its end: a stop it never honoured, said so (not "stopped").
+    assert life.ended("completed", 90) == [Ended("completed", 90, stop_honoured=False,
+                                                 stop_ignored=True)]
     again = RunLifecycle()
     again.acted([{"id": 2, "action": "stop", "step": 40}])
     assert again.ended("stopped", 42) == [Ended("stopped", 42, stop_honoured=True)]

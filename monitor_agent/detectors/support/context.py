@@ -52,6 +52,20 @@ class RankFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class SkipPlan:
+    """The run's newest applied rollback plan, as detectors/window_trained.py checks the
+    resumed run against it: the plan's action id, its data windows (inclusive, every earlier
+    rollback's included), where its data resumed, the first step of the resumed attempt and
+    the unit (``positions``; ``steps`` when the run reports no data position)."""
+
+    action_id: int
+    skip: tuple[tuple[int, int], ...]
+    resume_position: int | None
+    start_step: int
+    unit: str
+
+
+@dataclass(frozen=True, slots=True)
 class LayerView:
     """A record's layer table aligned to the run: ``order`` lists its columns from input
     to output, ``slots`` maps each column to the run's stable per-layer index."""
@@ -85,6 +99,9 @@ class DetectorContext:
         # monitor_agent/cluster): silent for that, not because they are gone. Set by the
         # engine before each tick; not part of the snapshot.
         self.unreachable: set[int] = set()
+        # The run's newest applied rollback (runs/lifecycle.py), set by the engine when the
+        # run loads and when a rollback is applied; not part of the snapshot.
+        self.skip_plan: SkipPlan | None = None
 
     # -- run facts ------------------------------------------------------------------------
 
