@@ -14,7 +14,8 @@ The public API is this package's ``__all__``::
 
     >>> import monitor_client
     >>> monitor_client.__all__
-    ['CategoryLoss', 'Counters', 'GuardConfig', 'Monitor', 'MonitorConfig', 'RollbackPlan', 'WatchConfig']
+    ['CategoryLoss', 'Counters', 'DataStream', 'GuardConfig', 'Monitor', 'MonitorConfig',
+     'RollbackPlan', 'WatchConfig']
 
 with ``monitor_client.config`` and the framework callbacks ``monitor_client.hf`` and
 ``monitor_client.lightning``; the modules whose names start with ``_`` are the
@@ -24,10 +25,11 @@ torch; ``hf`` and ``lightning`` import their frameworks only when used.
 
 from monitor_client._categories import CategoryLoss
 from monitor_client._counters import Counters
+from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
 from monitor_client._rollback import RollbackPlan
 from monitor_client.config import GuardConfig, MonitorConfig, WatchConfig
 
-__all__ = ["CategoryLoss", "Counters", "GuardConfig", "Monitor", "MonitorConfig", "RollbackPlan",
-           "WatchConfig"]
+__all__ = ["CategoryLoss", "Counters", "DataStream", "GuardConfig", "Monitor", "MonitorConfig",
+           "RollbackPlan", "WatchConfig"]
 __version__ = "0.1.0"

@@ -54,6 +54,7 @@ from monitor_client._agreement import Consensus, distributed, newest, unanimous
 from monitor_client._arguments import monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
+from monitor_client._data import DataStream
 from monitor_client._exit_hooks import ExitHooks, outcome_of
 from monitor_client._gate import NormGate
 from monitor_client._memory import CpuMemory, memory_probe
@@ -186,6 +187,9 @@ class Monitor:
         # "stopped" only when it then stopped there (a loop that never asked, or went on,
         # did not honour the stop, and the end record must not say it did).
         self._stop_told: int | None = None
+        # The data (_data.py): the DataStream timed() wraps, and the last step's position.
+        self._stream: DataStream | None = None
+        self._last_position: tuple[int, int] | None = None
         self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
             cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
@@ -405,8 +409,17 @@ class Monitor:
     def log_step(self, step: int, loss: Any = None, *, tokens: float | None = None,
                  samples: float | None = None, lr: float | None = None,
                  grad_norm: float | None = None, data_time: float | None = None,
-                 **fields: Any) -> None:
-        """Record optimizer step ``step``; returns at once (nothing waits on the device)."""
+                 data_position: int | None = None, **fields: Any) -> None:
+        """Record optimizer step ``step``; returns at once (nothing waits on the device).
+
+        ``data_position``: how far the run's data is consumed once this step trained (the
+        position of its last batch, counted over the whole run: ``DataStream.position``;
+        filled in from the ``DataStream`` that ``timed()`` wraps). A rollback plan names
+        positions, and the sidecar checks a resumed run's against it."""
+        if data_position is None and self._stream is not None:
+            data_position = self._stream.position
+        if data_position is not None:
+            self._last_position = (int(step), int(data_position))
         if not self.active:
             return
         now = time.perf_counter()
@@ -424,6 +437,8 @@ class Monitor:
                   "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
+        if data_position is not None:
+            record["data_position"] = int(data_position)
         self._last_step = int(step)
         if wait is not None and not isinstance(wait, float):
             device_wait, wait = wait, None  # CUDA events: read by the sender (_timings.py)
@@ -492,7 +507,10 @@ class Monitor:
         return scale.clone() if scale is not None else scaler.get_scale()
 
     def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Yield from ``iterable``, adding the time spent waiting on it to ``data_time``."""
+        """Yield from ``iterable``, adding the time spent waiting on it to ``data_time``; a
+        ``DataStream``'s position then goes with each ``log_step``."""
+        if isinstance(iterable, DataStream):
+            self._stream = iterable
         iterator = iter(iterable)
         while True:
             self._phase.enter("data")
@@ -582,14 +600,19 @@ class Monitor:
     # -- closing the loop: the checkpoint ledger and rollback plans (_rollback.py) -------
     @_guard
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
-                         bytes: int | None = None, tag: str | None = None) -> None:
+                         bytes: int | None = None, tag: str | None = None,
+                         data_position: int | None = None) -> None:
         """Tell the sidecar the state after optimizer step ``step`` is saved at ``path``.
 
         The sidecar keeps a ledger of the run's checkpoints, judges each clean or suspect,
-        and a rollback rule sends the run back to the last clean one. Call it after the save
-        completed (a checkpoint that is not on disk must not become a rollback target); it
-        returns at once and never raises.
+        and a rollback rule sends the run back to the last clean one, resuming the data at
+        the checkpoint's ``data_position`` (default: the one logged with step ``step``).
+        Call it after the save completed (a checkpoint that is not on disk must not become
+        a rollback target); it returns at once and never raises.
         """
+        if data_position is None and self._last_position is not None \
+                and self._last_position[0] == int(step):
+            data_position = self._last_position[1]
         if not self.active:
             return
         where = os.fspath(path)
@@ -597,10 +620,13 @@ class Monitor:
             raise ValueError(f"checkpoint path must be 1-{CHECKPOINT_PATH_MAX} characters "
                              "without NUL")
         self._send_run()
-        self._submit({"kind": "checkpoint", "run_id": self.run_id, "rank": self.rank,
-                      "attempt": self.attempt, "time": time.time(), "step": int(step),
-                      "path": where, "bytes": None if bytes is None else int(bytes),
-                      "tag": None if tag is None else str(tag)[:CHECKPOINT_TAG_MAX]})
+        record = {"kind": "checkpoint", "run_id": self.run_id, "rank": self.rank,
+                  "attempt": self.attempt, "time": time.time(), "step": int(step),
+                  "path": where, "bytes": None if bytes is None else int(bytes),
+                  "tag": None if tag is None else str(tag)[:CHECKPOINT_TAG_MAX]}
+        if data_position is not None:
+            record["data_position"] = int(data_position)
+        self._submit(record)
 
     def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
         """The rollback to apply now, or None; call it once per optimizer step on every rank.

@@ -10,15 +10,19 @@ the plan is handed out only at every ``check_every``-th call. At the default of 
 rollback starts at most 10 steps after its plan reached the first rank, against the
 hundreds of steps a rollback replays anyway.
 
-A plan, and the helpers a loop needs to apply it::
+A plan names data positions (README, "Closing the loop"): the data resumes after
+``resume_position`` and never trains a position inside one of the ``skip`` windows, every
+earlier rollback's included. A second rollback to the checkpoint of step 100 (position
+100), after a first one skipped batches 101-130::
 
     >>> plan = RollbackPlan.from_action({"id": 3, "action": "rollback", "rule": "RollBack",
-    ...     "step": 140, "message": "rolled back to step 100 (ckpt/100.pt), skipping batches "
-    ...     "101-150; LR x0.5 for 20 steps", "plan": {"checkpoint_step": 100,
-    ...     "checkpoint_path": "ckpt/100.pt", "skip_from": 101, "skip_to": 150,
-    ...     "lr_factor": 0.5, "lr_steps": 20, "number": 1, "budget": 2}})
-    >>> plan.resume_step, plan.skip_batches
-    (101, 50)
+    ...     "step": 140, "message": "rolled back to step 100 (ckpt/100.pt, data position 100), "
+    ...     "skipping batches 101-190; LR x0.5 for 20 steps", "plan": {"checkpoint_step": 100,
+    ...     "checkpoint_path": "ckpt/100.pt", "resume_position": 100, "skip": [[101, 190]],
+    ...     "positions": "positions", "skip_from": 101, "skip_to": 150,
+    ...     "lr_factor": 0.5, "lr_steps": 20, "number": 2, "budget": 2}})
+    >>> plan.resume_step, plan.resume_position, plan.skip, plan.skips(150), plan.skips(191)
+    (101, 100, ((101, 190),), True, False)
     >>> [plan.lr_multiplier(s) for s in (100, 101, 120, 121)]
     [1.0, 0.5, 0.5, 1.0]
 """
@@ -61,9 +65,11 @@ class RollbackPlan:
 
     Applying it: reload model, optimizer, scheduler and RNG state from ``checkpoint_path``
     (the state after optimizer step ``checkpoint_step``); the loop's next step is
-    ``resume_step``; fast-forward the data by ``skip_batches`` batches past where the
-    checkpoint left it, so the batches of steps ``skip_from``..``skip_to`` are never trained
-    on; multiply the LR by ``lr_multiplier(step)``; then ``Monitor.rolled_back(plan)``.
+    ``resume_step``; resume the data after the position the checkpoint saved (the sidecar's
+    copy of it: ``resume_position``) and leave out every position ``skips()`` names
+    (``DataStream.seek(position, skip=plan.skip)`` does both); multiply the LR by
+    ``lr_multiplier(step)``; then ``Monitor.rolled_back(plan)``. ``skip_from``/``skip_to``
+    are the fault's window in steps (what the sidecar applies the plan by).
     """
 
     id: int
@@ -78,6 +84,11 @@ class RollbackPlan:
     lr_steps: int | None
     number: int
     budget: int
+    # The data: where it resumes, the windows it never trains (inclusive, positions), and
+    # what they count ("positions"; "steps" when the run reported no data position).
+    resume_position: int = 0
+    skip: tuple[tuple[int, int], ...] = ()
+    positions: str = "steps"
     # What every rank's copy is compared by before any acts (_agreement.py).
     digest: int = field(default=0, compare=False)
 
@@ -90,6 +101,10 @@ class RollbackPlan:
             return None
         try:
             factor, steps = plan.get("lr_factor"), plan.get("lr_steps")
+            skip = plan.get("skip")
+            windows = (tuple((int(w[0]), int(w[1])) for w in skip) if isinstance(skip, list)
+                       else ((int(plan["skip_from"]), int(plan["skip_to"])),))
+            resume = plan.get("resume_position")
             made = cls(id=int(action["id"]), rule=str(action.get("rule") or ""),
                        message=str(action.get("message") or ""),
                        step=int(action.get("step") or plan["skip_to"]),
@@ -99,6 +114,9 @@ class RollbackPlan:
                        lr_factor=None if factor is None else float(factor),
                        lr_steps=None if steps is None else int(steps),
                        number=int(plan.get("number") or 1), budget=int(plan.get("budget") or 1),
+                       resume_position=int(resume if resume is not None
+                                           else plan["checkpoint_step"]),
+                       skip=windows, positions=str(plan.get("positions") or "steps"),
                        digest=content_digest(action))
         except (KeyError, TypeError, ValueError):
             return None
@@ -111,8 +129,18 @@ class RollbackPlan:
 
     @property
     def skip_batches(self) -> int:
-        """Batches to fast-forward the loader by, from where the checkpoint left it."""
-        return self.skip_to - self.checkpoint_step
+        """Positions to fast-forward by from ``resume_position`` to the next one the plan
+        keeps: right for a loop that counts its data in one run of positions, as long as
+        no window lies further ahead. ``DataStream.seek(position, skip=plan.skip)`` is
+        right in every case; prefer it."""
+        position = self.resume_position + 1
+        while self.skips(position):
+            position = next(b for a, b in self.skip if a <= position <= b) + 1
+        return position - 1 - self.resume_position
+
+    def skips(self, position: int) -> bool:
+        """Whether the data at ``position`` is one the plan never trains."""
+        return any(a <= position <= b for a, b in self.skip)
 
     def lr_multiplier(self, step: int) -> float:
         """``lr_factor`` for the ``lr_steps`` steps from ``resume_step`` on, else 1.0: scale
@@ -125,7 +153,19 @@ class RollbackPlan:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (what the framework callbacks write for the launcher)."""
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["skip"] = [list(w) for w in self.skip]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RollbackPlan | None:
+        """A plan back from ``as_dict`` (the resume file); None when it is not one."""
+        try:
+            fields = {f.name for f in dataclasses.fields(cls)}
+            made = cls(**{k: v for k, v in data.items() if k in fields})
+            return dataclasses.replace(made, skip=tuple((int(a), int(b)) for a, b in made.skip))
+        except (TypeError, ValueError):
+            return None
 
 
 class PlanBook:
@@ -222,10 +262,12 @@ def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,
     return path
 
 
-def read_resume_file(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The plan a previous process left in ``directory``, or None (absent or unreadable)."""
+def read_resume_file(directory: str | os.PathLike[str],
+                     name: str = RESUME_FILE) -> dict[str, Any] | None:
+    """The plan a previous process left in ``directory`` (as ``name``), or None (absent or
+    unreadable)."""
     try:
-        with open(os.path.join(os.fspath(directory), RESUME_FILE), encoding="utf-8") as src:
+        with open(os.path.join(os.fspath(directory), name), encoding="utf-8") as src:
             found = json.load(src)
     except (OSError, ValueError):
         return None

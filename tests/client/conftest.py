@@ -144,10 +144,11 @@ def stopped_receiver():
 
 @pytest.fixture
 def plain_loop_shape(tmp_path):
-    """The step shape a plain training loop produces (the reference for the adapters)."""
+    """The step shape a plain training loop produces (the reference for the adapters), its
+    data counted by a DataStream as the README's loop does."""
     import torch
 
-    from monitor_client import Monitor, MonitorConfig, WatchConfig
+    from monitor_client import DataStream, Monitor, MonitorConfig, WatchConfig
 
     rec = Receiver().start()
     try:
@@ -157,12 +158,14 @@ def plain_loop_shape(tmp_path):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)
-        for step in (1, 2, 3):
+        data = DataStream(torch.utils.data.DataLoader(torch.randn(24, 4), batch_size=8))
+        for step, x in enumerate(data, 1):
             opt.zero_grad()
-            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss = model(x).pow(2).mean()
             loss.backward()
             opt.step()
-            mon.log_step(step, loss=loss.detach(), tokens=32, samples=8)
+            mon.log_step(step, loss=loss.detach(), tokens=32, samples=8,
+                         data_position=data.position)
         mon.close(timeout=10)
         return step_shape(rec.records)
     finally:

@@ -48,8 +48,8 @@ def _watched(mon: Monitor, monkeypatch) -> list[WatchConfig]:
 
 def test_all_lists_the_public_api_and_no_module():
     assert sorted(monitor_client.__all__) == [
-        "CategoryLoss", "Counters", "GuardConfig", "Monitor", "MonitorConfig", "RollbackPlan",
-        "WatchConfig"]
+        "CategoryLoss", "Counters", "DataStream", "GuardConfig", "Monitor", "MonitorConfig",
+        "RollbackPlan", "WatchConfig"]
     for name in monitor_client.__all__:
         assert not isinstance(getattr(monitor_client, name), type(monitor_client)), name
     namespace: dict = {}
@@ -60,7 +60,7 @@ def test_all_lists_the_public_api_and_no_module():
 def test_implementation_modules_are_private():
     found = {m.name for m in pkgutil.iter_modules(monitor_client.__path__)}
     public = {name for name in found if not name.startswith("_")}
-    assert public == {"config", "hf", "lightning"}
+    assert public == {"config", "hf", "lightning", "relaunch"}
     for name in ("sender", "spool", "transport", "encode", "gate", "pending", "counters",
                  "finite", "alarming", "warn", "exit_hooks", "preflight", "run_info",
                  "monitor", "stats", "flops", "actions"):

@@ -1,15 +1,19 @@
-"""A user's plain training loop that closes the loop with the monitor: it reports its
-checkpoints, and when the sidecar decides a rollback it reloads the last clean one and skips
-the data window (README, "Closing the loop"). The monitoring is the lines marked
-``# monitor``; everything else is the user's.
+"""A user's plain training loop that closes the loop with the monitor, written from the
+README's "Closing the loop": it counts its data with ``monitor_client.DataStream``, reports
+its checkpoints, and when the sidecar decides a rollback it reloads the checkpoint, resumes
+the data where that checkpoint left it and leaves the plan's windows out, scales the LR
+with the plan's factor through its torch scheduler, and honours a stop. The monitoring is
+the lines marked ``# monitor``; everything else is the user's.
 
-Its data is a stream of numbered batches (batch ``i`` is the same on every run and rank
-keeps its own shard of it). A corrupt stretch of the stream, batches ``poison_from`` to
-``poison_from + poison_len - 1``, has targets off by growing powers of ten: the loss and the
-gradients run away from the first of them on (a divergence at a known step). Every batch id
-trained on is written to ``<out_dir>/batches-r<rank>.log`` as ``<step> <batch>`` and each
-rollback as ``rollback <id> <checkpoint_step> <skip_to>``, so a test can check what was
-consumed. With ``WORLD_SIZE`` > 1 it runs DDP over gloo (``RANK``, ``MASTER_ADDR``/``PORT``).
+Its data is a dataset of numbered samples read in order (``DistributedSampler`` shards it
+when ``WORLD_SIZE`` > 1, so batch position ``p`` of every rank holds samples of global
+batch ``p``). Two corrupt stretches, batches ``poison`` (e.g. ``65-70,95-100``), have
+targets off by growing powers of ten: the loss and gradients run away from the first of
+them on (a divergence at a known batch). Every batch trained is written to
+``<out_dir>/batches-r<rank>.log`` as ``<step> <position> <first sample id>`` and each
+rollback as ``rollback <id> <checkpoint_step> <windows>``, so a test can check what was
+consumed. ``--ignore_window`` is the mistake the sidecar must catch: the loop resumes the
+data at the checkpoint and skips nothing.
 
     python rollback_user_train.py --url=http://127.0.0.1:9400 --run_id=demo --out_dir=out
 """
@@ -29,8 +33,9 @@ run_id = "rollback-demo"
 out_dir = "out"
 steps = 200
 ckpt_every = 10
-poison_from = 65
-poison_len = 12
+poison = "65-70,95-100"
+batch_size = 16
+ignore_window = 0
 step_delay = 0.05  # a real model's step takes this long at least; this one is tiny
 for arg in sys.argv[1:]:
     key, val = arg[2:].split("=", 1)
@@ -43,63 +48,89 @@ os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(0)
 torch.set_num_threads(1)
 W_TRUE = torch.randn(8, 1)
+CORRUPT = [tuple(map(int, s.split("-"))) for s in poison.split(",") if s]
 
 
-def batch(i):
-    """Batch ``i`` of the stream (this rank's shard)."""
-    g = torch.Generator().manual_seed(1000 * i + rank)
-    x = torch.randn(16, 8, generator=g)
-    y = x @ W_TRUE + 0.01 * torch.randn(16, 1, generator=g)
-    if poison_from <= i < poison_from + poison_len:
-        y = y * 10.0 ** (1 + i - poison_from)
-    return x, y
+class Numbered(torch.utils.data.Dataset):
+    """Sample ``i``: the same on every run; corrupt when its global batch is poisoned."""
 
+    def __len__(self):
+        return batch_size * world * 400  # 400 batches a rank: the run stays in one epoch
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(8, generator=g)
+        y = x @ W_TRUE + 0.01 * torch.randn(1, generator=g)
+        batch = i // (batch_size * world) + 1
+        for first, last in CORRUPT:
+            if first <= batch <= last:
+                y = y * 10.0 ** (1 + batch - first)
+        return x, y, i
+
+
+dataset = Numbered()
+sampler = torch.utils.data.DistributedSampler(dataset, shuffle=False) if world > 1 else None
+loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+data = monitor_client.DataStream(loader)  # monitor: counts batches by position, can skip them
 
 model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
 if world > 1:
     model = nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+plan = None
 mon = monitor_client.Monitor(url=url, project="rollback-demo", run_id=run_id,  # monitor
                              total_steps=steps)  # monitor
 mon.watch(model, opt)  # monitor
 log = open(os.path.join(out_dir, f"batches-r{rank}.log"), "w")  # noqa: SIM115 - the run's log
 
-step, consumed, resumed = 0, 0, None
+step = 0
 while step < steps:
-    step += 1
-    consumed += 1
-    x, y = batch(consumed)
-    print(step, consumed, file=log, flush=True)
-    loss = nn.functional.mse_loss(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    for group, lr in zip(opt.param_groups, sched.get_last_lr(), strict=True):  # the plan's LR factor
-        group["lr"] = lr * (resumed.lr_multiplier(step) if resumed else 1.0)
-    opt.step()
-    sched.step()
-    mon.log_step(step, loss=loss.detach(), samples=16)  # monitor
-    time.sleep(step_delay)
-    if step % ckpt_every == 0:
-        path = os.path.join(out_dir, f"ckpt-{step}.pt")
-        if rank == 0:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                        "sched": sched.state_dict(), "rng": torch.get_rng_state(),
-                        "step": step, "consumed": consumed}, path)
-            mon.checkpoint_saved(step, path)  # monitor
-        if world > 1:
-            dist.barrier()
-    plan = mon.rollback_plan()  # monitor
-    if plan is not None:  # monitor
-        state = torch.load(plan.checkpoint_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
-        torch.set_rng_state(state["rng"])
-        step, consumed = state["step"], state["consumed"] + plan.skip_batches
-        resumed = plan
-        mon.rolled_back(plan)  # monitor
-        print("rollback", plan.id, plan.checkpoint_step, plan.skip_to, file=log, flush=True)
+    for x, y, ids in mon.timed(data):  # monitor: timed() sends data.position with each step
+        step += 1
+        print(step, data.position, int(ids[0]), file=log, flush=True)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        factor = plan.lr_multiplier(step) if plan else 1.0  # monitor: 1.0 outside its window
+        for group in opt.param_groups:
+            group["lr"] *= factor
+        opt.step()
+        used_lr = opt.param_groups[0]["lr"]
+        for group in opt.param_groups:  # the scheduler goes on from its own LR
+            group["lr"] /= factor
+        sched.step()
+        mon.log_step(step, loss=loss.detach(), samples=len(x), lr=used_lr)  # monitor
+        time.sleep(step_delay)
+        if step % ckpt_every == 0:
+            path = os.path.join(out_dir, f"ckpt-{step}.pt")
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "rng": torch.get_rng_state(),
+                            "step": step, "position": data.position}, path)
+                mon.checkpoint_saved(step, path)  # monitor: after the save
+            if world > 1:
+                dist.barrier()
+        if mon.should_stop():  # monitor: a rule stopped the run
+            steps = step
+            break
+        found = mon.rollback_plan()  # monitor: every step, on every rank
+        if found is not None:  # monitor
+            plan = found
+            state = torch.load(plan.checkpoint_path, weights_only=False)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            torch.set_rng_state(state["rng"])
+            step = state["step"]  # the next step is plan.resume_step
+            # where the checkpoint left the data, every window of the plan left out
+            data.seek(state["position"], skip=() if ignore_window else plan.skip)
+            mon.rolled_back(plan)  # monitor
+            print("rollback", plan.id, plan.checkpoint_step,
+                  ",".join(f"{a}-{b}" for a, b in plan.skip), file=log, flush=True)
+            break  # the data restarts from the seek
+        if step >= steps:
+            break
 mon.close()  # monitor
 if world > 1:
     dist.destroy_process_group()
