@@ -24,34 +24,53 @@ What it does, and why:
   ``control.should_save``.
 - Every save is reported to the sidecar's checkpoint ledger (``on_save``: the Trainer has
   just written ``<output_dir>/checkpoint-<global_step>``; rank 0 reports it).
+- The data is counted by position (``monitor_client.DataStream``'s batch sampler, put into the
+  Trainer's own DataLoader at the start of training): each step's ``data_position`` goes to
+  the sidecar, and each save leaves ``monitor_data.json`` (the position and the windows
+  skipped so far) in its ``checkpoint-<step>`` directory. A resume then restarts the data
+  there, not where the Trainer's step count puts it (``args.ignore_data_skip`` is set for
+  the run: its fast-forward by steps lands in the wrong place once a window was skipped, and
+  a shuffled sampler's order would change with a shorter dataset); the checkpoint's RNG
+  state is loaded as the Trainer's own skip would have. ``take_over_data=False`` leaves the
+  data to the Trainer (then no window can be skipped). A map-style dataset is needed; an
+  iterable one is left as it is, with a warning when a plan asks for a skip.
 - A rollback plan stops training and is left for the launcher, not applied in place: the
   Trainer owns its loop, and only ``train(resume_from_checkpoint=...)`` restores model,
   optimizer, scheduler, RNG and data position together. So at the step every rank agreed on
   (``Monitor.rollback_plan()``), the callback writes ``<output_dir>/monitor_rollback.json``
-  (the plan's fields and ``resume_from_checkpoint``), sets
-  ``control.should_training_stop``, and the run ends ``stopped`` saying so. The launcher
-  relaunches with ``trainer.train(resume_from_checkpoint=plan["resume_from_checkpoint"])``;
-  the relaunched callback finds the file and marks that plan applied, so it is not taken
-  again. The Trainer's resume replays the batches after the checkpoint in their original
-  order: skipping the window (``skip_batches`` optimizer steps' worth) is the launcher's, by
-  the dataset it passes (README, "Closing the loop").
+  (the plan's fields and ``resume_from_checkpoint``), prints the rollback in the training
+  log, sets ``control.should_training_stop``, ends the run ``stopped`` saying so and raises
+  ``RollbackExit``: the process exits with code 75 (``exit_on_rollback=False``: training
+  just returns). ``python -m monitor_client.relaunch --dir <output_dir> -- python train.py
+  ...`` relaunches it with ``--resume_from_checkpoint=<checkpoint>``; the relaunched
+  callback takes the plan it was relaunched for (_resume.py): it marks it applied, resumes
+  the data at the plan's position leaving every skipped window out, multiplies the LR by
+  ``lr_factor`` for ``lr_steps`` steps (around each optimizer step, the scheduler left
+  alone) and consumes the plan file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from monitor_client._arguments import monitor_settings
+from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._monitor import Monitor
-from monitor_client._rollback import RollbackPlan, read_resume_file, write_resume_file
+from monitor_client._resume import LrScale, RollbackExit, announce, consume, relaunch_plan
+from monitor_client._rollback import RollbackPlan, write_resume_file
 from monitor_client.config import MonitorConfig
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
+DATA_FILE = "monitor_data.json"  # in each checkpoint-<step>: where its data resumes
+log = logging.getLogger("monitor_client")
 
 
 class MonitorCallback(TrainerCallback):
@@ -78,9 +97,12 @@ class MonitorCallback(TrainerCallback):
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
-                 take_over_clipping: bool = True, **legacy: Any) -> None:
+                 take_over_clipping: bool = True, take_over_data: bool = True,
+                 exit_on_rollback: bool = True, **legacy: Any) -> None:
         self.monitor = monitor
         self.take_over_clipping = take_over_clipping
+        self.take_over_data = take_over_data
+        self.exit_on_rollback = exit_on_rollback
         self.settings = monitor_settings("MonitorCallback", config, settings, dict(
             url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
         self._losses: list[Any] = []
@@ -90,6 +112,14 @@ class MonitorCallback(TrainerCallback):
         self._restore_clip: float | None = None
         self._handles: list[Any] = []
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
+        # The plan this process was relaunched for, and the file it came from (_resume.py).
+        self.relaunched: RollbackPlan | None = None
+        self._plan_file: Path | None = None
+        self._data: StreamBatches | None = None
+        self._position: int | None = None
+        self._restore_skip: bool | None = None
+        self._lr = LrScale(None)
+        self._step_lr: Any = None
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made at the start of training when none was given)."""
@@ -104,14 +134,24 @@ class MonitorCallback(TrainerCallback):
             settings = dataclasses.replace(settings, hparams=hparams)
         return Monitor(settings=settings)
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None,
+                       train_dataloader=None, **kwargs):
         mon = self.monitor if self.monitor is not None else self._make_monitor(args)
         self.monitor = mon
-        left = read_resume_file(args.output_dir)
-        if left is not None:  # relaunched for that plan: it is done, not an order again
-            mon._plans.applied(left["id"])
+        found = relaunch_plan(args.output_dir)
+        plan = None
+        if found is not None:  # relaunched for that plan: it is done, not an order again
+            mon._plans.applied(found[0].id)
+            if found[0].checkpoint_step == state.global_step:  # resumed from its checkpoint
+                plan, self._plan_file = found
+                self.relaunched, self._lr = plan, LrScale(plan)
         if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", int(state.max_steps))
+        if self.take_over_data and train_dataloader is not None:
+            self._take_over_data(args, state, train_dataloader, plan)
+        elif plan is not None and plan.skip:
+            log.warning("monitor_client: the rollback's windows (%s) are not skipped: "
+                        "take_over_data=False", plan.skip)
         clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
         take_over = self.take_over_clipping and clip is not None and not (
             args.deepspeed or args.fsdp)
@@ -127,11 +167,40 @@ class MonitorCallback(TrainerCallback):
             model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
             model.register_forward_hook(self._capture_loss, with_kwargs=True)]
 
+    def _take_over_data(self, args, state, loader, plan: RollbackPlan | None) -> None:
+        """Count the Trainer's batches by data position, resumed where the checkpoint (or
+        the plan) left the data, the windows left out (module docstring)."""
+        position, skip = 0, () if plan is None else plan.skip
+        if state.global_step > 0:
+            checkpoint = (plan.checkpoint_path if plan is not None else
+                          os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+            saved = _read_data_file(checkpoint)
+            if saved is not None:
+                position, skip = saved[0], merge_windows([*saved[1], *skip])
+            elif plan is not None:
+                position = plan.resume_position
+            else:  # a checkpoint from before positions: the Trainer's own count
+                position = state.global_step * args.gradient_accumulation_steps
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        self._data = attach(loader, position, skip, seed=seed)
+        if self._data is None:
+            if skip:
+                log.warning("monitor_client: the rollback's windows (%s) cannot be skipped: "
+                            "the training dataset is an iterable one; skip them in it", skip)
+            return
+        self._position = position
+        # Its fast-forward by steps would land elsewhere: the data resumes by position.
+        self._restore_skip, args.ignore_data_skip = args.ignore_data_skip, True
+        if state.global_step > 0:
+            _load_rng(checkpoint, args.process_index)
+
     def _count_inputs(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if module.training and hasattr(ids, "shape") and len(ids.shape) >= 1:
             self._tokens += ids.numel()
             self._samples += ids.shape[0]
+        if module.training and self._data is not None:
+            self._position = self._data.took()  # the micro-batch being trained
         labels = kwargs.get("labels")
         if module.training and hasattr(labels, "ne") and labels.numel():
             self._label_counts.append(labels.ne(IGNORE_INDEX).sum())  # stays on the device
@@ -141,6 +210,17 @@ class MonitorCallback(TrainerCallback):
         if module.training and loss is not None:
             self._losses.append(loss.detach())
             self._sum_losses = kwargs.get("num_items_in_batch") is not None
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        opt = getattr(optimizer, "optimizer", optimizer)
+        self._lr.apply(opt, state.global_step + 1)
+        # The LR this step uses (a plan's factor included): on_step_end comes after the
+        # scheduler stepped, when the group holds the next step's.
+        groups = getattr(opt, "param_groups", None)
+        self._step_lr = groups[0].get("lr") if groups else None
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self._lr.restore()
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch
@@ -152,11 +232,18 @@ class MonitorCallback(TrainerCallback):
         extra: dict[str, Any] = {}
         if self._label_counts:
             extra["min_label_count"] = torch.stack(self._label_counts).min()
+        if isinstance(self._step_lr, int | float):
+            extra["lr"] = float(self._step_lr)
         mon = self._mon()
         mon.log_step(state.global_step, loss=loss, tokens=self._tokens or None,
-                     samples=self._samples or None, **extra)
+                     samples=self._samples or None, data_position=self._position, **extra)
         self._losses, self._tokens, self._samples = [], 0, 0
         self._label_counts = []
+        if self._plan_file is not None and self.relaunched is not None:
+            # Every rank read it at train begin (step 1's all-reduce came after): consumed.
+            if state.is_world_process_zero:
+                consume(self._plan_file, self.relaunched)
+            self._plan_file = None
         if mon.should_stop():
             control.should_training_stop = True
         if mon.should_checkpoint():
@@ -164,16 +251,21 @@ class MonitorCallback(TrainerCallback):
         plan = mon.rollback_plan()
         if plan is not None and self.rollback is None:
             self.rollback = plan
+            path = os.path.join(args.output_dir, "monitor_rollback.json")
             if state.is_world_process_zero:
-                write_resume_file(args.output_dir, plan,
-                                  resume_from_checkpoint=plan.checkpoint_path)
+                path = write_resume_file(args.output_dir, plan,
+                                         resume_from_checkpoint=plan.checkpoint_path)
+                announce(plan, path, "--resume_from_checkpoint")
             control.should_training_stop = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self._mon().checkpoint_saved(state.global_step, os.path.join(
-                args.output_dir, f"checkpoint-{state.global_step}"), tag="hf")
+            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if self._data is not None:  # where this checkpoint resumes the data
+                _write_data_file(checkpoint, self._position or 0, self._data.stream.windows)
+            self._mon().checkpoint_saved(state.global_step, checkpoint, tag="hf",
+                                         data_position=self._position)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = dict(metrics or {})
@@ -185,14 +277,68 @@ class MonitorCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         for handle in self._handles:
             handle.remove()
+        self._lr.restore()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
+        if self._restore_skip is not None:
+            args.ignore_data_skip, self._restore_skip = self._restore_skip, None
         if self.rollback is not None:
             self._mon().close(status="stopped", error=f"stopped to roll back: "
                               f"{self.rollback.message or self.rollback.checkpoint_path}")
+            if self.exit_on_rollback:
+                raise RollbackExit(self.rollback)
         else:
             self._mon().close()
 
 
 def _plain_value(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
+
+
+def _write_data_file(checkpoint: str, position: int, skip: tuple[tuple[int, int], ...]) -> None:
+    """``checkpoint/monitor_data.json``: where that state resumes the data, and the windows
+    skipped so far (a crash-resume from it skips them too)."""
+    try:
+        os.makedirs(checkpoint, exist_ok=True)
+        with open(os.path.join(checkpoint, DATA_FILE), "w", encoding="utf-8") as out:
+            json.dump({"data_position": int(position), "skip": [list(w) for w in skip]}, out)
+    except OSError as exc:
+        log.warning("monitor_client: could not write %s in %s: %r", DATA_FILE, checkpoint, exc)
+
+
+def _read_data_file(checkpoint: str) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+    try:
+        with open(os.path.join(checkpoint, DATA_FILE), encoding="utf-8") as src:
+            found = json.load(src)
+        return int(found["data_position"]), merge_windows(found.get("skip") or ())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _load_rng(checkpoint: str, process_index: int) -> None:
+    """The checkpoint's RNG states, as the Trainer loads them when it skips the data itself
+    (with ``ignore_data_skip`` it does not, mid-epoch)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    for name in (f"rng_state_{process_index}.pth", "rng_state.pth"):
+        path = os.path.join(checkpoint, name)
+        if os.path.isfile(path):
+            break
+    else:
+        return
+    try:
+        state = torch.load(path, weights_only=False)
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.random.set_rng_state(state["cpu"])
+        if torch.cuda.is_available() and "cuda" in state:
+            cuda = state["cuda"]
+            if isinstance(cuda, list | tuple):
+                torch.cuda.random.set_rng_state_all(cuda)
+            else:
+                torch.cuda.random.set_rng_state(cuda)
+    except Exception as exc:  # noqa: BLE001 - a resume without it still resumes the data
+        log.warning("monitor_client: could not load the RNG state of %s: %r", checkpoint, exc)

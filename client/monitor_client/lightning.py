@@ -27,29 +27,48 @@ the callback reads each one's newest save (``_last_checkpoint_saved`` and
 ``_last_global_step_saved``, falling back to ``last_model_path``) and reports the ones not
 reported yet; ``monitor-step<N>.ckpt`` saves are reported as they are written.
 
+The data: a plain DataLoader restarts its epoch from its first batch on ``fit(ckpt_path=)``
+(Lightning warns, and only for a map-style dataset), so pass the train loader wrapped,
+``trainer.fit(module, monitor_client.DataStream(loader))`` (or return one from
+``train_dataloader()``): a stateful loader, whose position Lightning keeps in every
+checkpoint and gives back on resume, counted by data position (each step's
+``data_position`` goes to the sidecar). Without it no position is sent and no window can
+be skipped (a warning says so when a plan has one).
+
 A rollback plan stops the fit and is left for the launcher, not applied in place: only
 ``fit(ckpt_path=...)`` restores module, optimizers, schedulers and loop progress together,
 and a fit loop cannot be rewound from inside a callback. At the step every rank agreed on
 (``Monitor.rollback_plan()``), it writes ``<checkpoint_dir>/monitor_rollback.json`` (the
-plan's fields and ``ckpt_path``), sets ``trainer.should_stop``, and the run ends ``stopped``
-saying so; the launcher calls ``trainer.fit(module, ckpt_path=plan["ckpt_path"])`` and
-skips the window in the data it passes (README, "Closing the loop"). The relaunched callback
-finds the file and marks that plan applied, so it is not taken again.
+plan's fields and ``ckpt_path``), prints the rollback in the training log, sets
+``trainer.should_stop``, ends the run ``stopped`` saying so, and raises ``RollbackExit`` at
+the end of the fit: the process exits with code 75 (``exit_on_rollback=False``: ``fit``
+just returns). ``python -m monitor_client.relaunch --dir <checkpoint_dir> -- python train.py
+...`` relaunches it with ``--ckpt_path=<checkpoint>``; the relaunched callback takes the plan
+it was relaunched for (_resume.py): marks it applied, leaves the plan's windows out of the
+``DataStream`` (resumed where the checkpoint left it), multiplies the LR by ``lr_factor``
+for ``lr_steps`` steps (around each optimizer step, the scheduler left alone) and consumes
+the plan file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 
 from monitor_client._arguments import monitor_settings
+from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
-from monitor_client._rollback import RollbackPlan, read_resume_file, write_resume_file
+from monitor_client._resume import LrScale, RollbackExit, announce, consume, relaunch_plan
+from monitor_client._rollback import RollbackPlan, write_resume_file
 from monitor_client.config import MonitorConfig
+
+log = logging.getLogger("monitor_client")
 
 
 class MonitorCallback(pl.Callback):
@@ -80,7 +99,8 @@ class MonitorCallback(pl.Callback):
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
-                 checkpoint_dir: str | None = None, **legacy: Any) -> None:
+                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True,
+                 **legacy: Any) -> None:
         self.monitor = monitor
         self.settings = monitor_settings("MonitorCallback", config, settings, dict(
             url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
@@ -92,6 +112,12 @@ class MonitorCallback(pl.Callback):
         self._last_step = 0
         self._reported: set[tuple[int, str]] = set()
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
+        self.exit_on_rollback = exit_on_rollback
+        # The plan this process was relaunched for, and the file it came from (_resume.py).
+        self.relaunched: RollbackPlan | None = None
+        self._plan_file: Path | None = None
+        self._streams: list[DataStream] = []
+        self._lr = LrScale(None)
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made when fitting starts when none was given)."""
@@ -110,9 +136,6 @@ class MonitorCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module):
         mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
         self.monitor = mon
-        left = read_resume_file(self._directory(trainer))
-        if left is not None:  # relaunched for that plan: it is done, not an order again
-            mon._plans.applied(left["id"])
         planned = _planned_steps(trainer)
         if planned is not None:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", planned)
@@ -122,6 +145,27 @@ class MonitorCallback(pl.Callback):
             mon.settings.watch, grad_clip=clip, apply_clip=False,
             pre_hook=False))
         self._last_step = trainer.global_step
+
+    def on_train_start(self, trainer, pl_module):
+        """After the checkpoint restored the loop and the DataStream's position (module
+        docstring): the plan this process was relaunched for, if any."""
+        self._streams = _streams(trainer)
+        found = relaunch_plan(self._directory(trainer))
+        if found is None:
+            return
+        plan, path = found
+        self._mon()._plans.applied(plan.id)  # relaunched for that plan: not an order again
+        if plan.checkpoint_step != trainer.global_step:
+            return  # a plan file left from an earlier relaunch
+        self.relaunched, self._plan_file, self._lr = plan, path, LrScale(plan)
+        for stream in self._streams:
+            if stream.position == 0 and plan.resume_position:  # a checkpoint without it
+                stream.seek(plan.resume_position, plan.skip)
+            else:
+                stream.add_skip(plan.skip)
+        if plan.skip and not self._streams:
+            log.warning("monitor_client: the rollback's windows (%s) cannot be skipped: wrap "
+                        "the train loader in monitor_client.DataStream", plan.skip)
 
     def _directory(self, trainer: Any) -> str:
         return self.checkpoint_dir or trainer.default_root_dir
@@ -142,6 +186,7 @@ class MonitorCallback(pl.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self._mon().before_optimizer_step()
+        self._lr.apply(optimizer, trainer.global_step + 1)  # put back before the scheduler
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -150,12 +195,20 @@ class MonitorCallback(pl.Callback):
         self._samples += _batch_size(batch)
         if trainer.global_step == self._last_step:
             return  # accumulating: the optimizer has not stepped yet
+        lr = self._lr.lr
+        self._lr.restore()
         self._last_step = trainer.global_step
         total = sum(self._losses[1:], self._losses[0]) if self._losses else None
         samples = self._samples or None
         tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
-        self._mon().log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens)
+        position = self._streams[0].position if self._streams else None
+        self._mon().log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens,
+                             data_position=position, **({"lr": lr} if lr is not None else {}))
         self._losses, self._samples = [], 0
+        if self._plan_file is not None and self.relaunched is not None:
+            if trainer.is_global_zero:  # every rank read it at train start: consumed
+                consume(self._plan_file, self.relaunched)
+            self._plan_file = None
         self._honour_actions(trainer)
 
     def _honour_actions(self, trainer) -> None:
@@ -172,8 +225,9 @@ class MonitorCallback(pl.Callback):
         if plan is not None and self.rollback is None:
             self.rollback = plan
             if trainer.is_global_zero:
-                write_resume_file(self._directory(trainer), plan,
-                                  ckpt_path=plan.checkpoint_path)
+                path = write_resume_file(self._directory(trainer), plan,
+                                         ckpt_path=plan.checkpoint_path)
+                announce(plan, path, "--ckpt_path")
             trainer.should_stop = True
 
     def on_validation_epoch_end(self, trainer, pl_module):
@@ -188,16 +242,32 @@ class MonitorCallback(pl.Callback):
                               metrics=extra)
 
     def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, RollbackExit):
+            return  # our own exit, after the run ended "stopped" for the rollback
         if self.monitor is not None:
             self.monitor.close(status="failed", error=f"{type(exception).__name__}: {exception}")
 
     def on_fit_end(self, trainer, pl_module):
         self._report_saves(trainer)
+        self._lr.restore()
         if self.rollback is not None:
             self._mon().close(status="stopped", error=f"stopped to roll back: "
                               f"{self.rollback.message or self.rollback.checkpoint_path}")
+            if self.exit_on_rollback:
+                raise RollbackExit(self.rollback)
         else:
             self._mon().close()
+
+
+def _streams(trainer: Any) -> list[DataStream]:
+    """The DataStreams among the fit's train loaders."""
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    loaders = list(getattr(combined, "flattened", None) or [])
+    if not loaders:
+        found = getattr(trainer, "train_dataloader", None)
+        loaders = list(found.values()) if isinstance(found, dict) else (
+            list(found) if isinstance(found, list | tuple) else [found])
+    return [loader for loader in loaders if isinstance(loader, DataStream)]
 
 
 def _batch_size(batch: Any) -> int:

@@ -174,6 +174,14 @@ class RunDetailOut(BaseModel):
     verdict: Verdict | None = Field(description=(
         "Healthy or unhealthy, with the cause and the step it began; null for a run stored "
         "before verdicts were."))
+    phase: str = Field(default="running", description=(
+        "Where the run is in its lifecycle (runs/lifecycle.py), as people read it: "
+        "'running', 'awaiting resume from checkpoint step 300 (...), rollback 1 decided at "
+        "step 345', 'waiting for relaunch from checkpoint step 300 (...)', 'stopping: ...', "
+        "or how it ended."))
+    leader: str | None = Field(default=None, description=(
+        "In a multi-node run led by another sidecar: that sidecar's URL; null when this one "
+        "judges the run."))
 
 
 @with_config(_EVERY_KEY)

@@ -100,6 +100,8 @@ def _detail(run: RunDetail, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         "last_step": run.last_step,
         "attempts": [asdict(a) for a in run.attempts],
         "verdict": run.verdict.to_dict() if run.verdict is not None else None,
+        "phase": run.phase,
+        "leader": run.leader,
     }
     if run.ranks is not None:  # in memory: what only live state knows
         detail["ranks"] = run.ranks

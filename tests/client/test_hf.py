@@ -162,18 +162,22 @@ def test_hf_callback_old_spellings_still_work_and_warn():
 
 
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
-        tmp_path):
+        tmp_path, capfd):
     import json
     import time
 
     from actions_stand_in import StandIn, rollback_action
 
+    from monitor_client._resume import RollbackExit
+
     stand_in = StandIn()
     out = tmp_path / "out"
+    # Back to step 2 (data position 2), leaving out batches 3-6; LR x0.5 for 3 steps.
     action = rollback_action(checkpoint_step=2, checkpoint_path=str(out / "checkpoint-2"),
-                             skip_from=3, skip_to=6)
+                             skip_from=3, skip_to=6, resume_position=2, skip=[[3, 6]],
+                             positions="positions", lr_factor=0.5, lr_steps=3)
 
-    def run(**train):
+    def trainer(**train):
         mon = Monitor(url=stand_in.url, run_id="hf-rollback", settings=MonitorConfig(
             spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
 
@@ -186,30 +190,44 @@ def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_laun
                     while not mon.actions():
                         time.sleep(0.01)
 
-        trainer = _trainer(tmp_path, MonitorCallback(mon), steps=12, accum=1, eval_strategy="no",
-                           save_strategy="steps", save_steps=2)
-        trainer.add_callback(Decide())
-        trainer.train(**train)
-        return trainer, mon
+        made = _trainer(tmp_path, MonitorCallback(mon), steps=12, accum=1, eval_strategy="no",
+                        save_strategy="steps", save_steps=2)
+        made.add_callback(Decide())
+        return made, mon
 
     try:
-        first, mon = run()
+        first, mon = trainer()
+        with pytest.raises(RollbackExit) as exited:
+            first.train()
         left = json.loads((out / "monitor_rollback.json").read_text())
-        relaunched, mon2 = run(resume_from_checkpoint=left["resume_from_checkpoint"])
+        relaunched, mon2 = trainer()
+        relaunched.train(resume_from_checkpoint=left["resume_from_checkpoint"])
     finally:
         stand_in.close()
-    # It stopped at the next step, the one the plan was in hand at, and said why.
-    assert first.state.global_step == 4
-    assert [(r["step"], r["path"]) for r in stand_in.of_kind("checkpoint")
-            if r["attempt"] == mon.attempt] == [(2, str(out / "checkpoint-2")),
-                                                (4, str(out / "checkpoint-4"))]
+    # It stopped at the next step, the one the plan was in hand at, said why, and exited
+    # with the code a launcher relaunches on.
+    assert first.state.global_step == 4 and exited.value.code == 75
+    assert "rollback 1/2 (rule RollBack)" in capfd.readouterr().err
+    assert [(r["step"], r["path"], r["data_position"]) for r in stand_in.of_kind("checkpoint")
+            if r["attempt"] == mon.attempt] == [(2, str(out / "checkpoint-2"), 2),
+                                                (4, str(out / "checkpoint-4"), 4)]
+    assert json.loads((out / "checkpoint-2" / "monitor_data.json").read_text()) == {
+        "data_position": 2, "skip": []}
     assert (left["id"], left["checkpoint_step"], left["skip_to"]) == (5, 2, 6)
     assert left["resume_from_checkpoint"] == str(out / "checkpoint-2")
     [end] = [r for r in stand_in.of_kind("end") if r["attempt"] == mon.attempt]
     assert end["status"] == "stopped" and "rolled back to step 20" in end["error"]
-    # The relaunch resumes from the checkpoint and does not take the same plan again.
+    # The relaunch resumes from the checkpoint, does not take the same plan again, resumes
+    # the data after batch 2 leaving 3-6 out, halves the LR for 3 steps, and consumes the
+    # plan file.
     assert relaunched.state.global_step == 12
-    steps = [r["step"] for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt]
-    assert steps == list(range(3, 13))
+    steps = {r["step"]: r for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt}
+    assert sorted(steps) == list(range(3, 13))
+    assert [steps[s]["data_position"] for s in range(3, 13)] == list(range(7, 17))
+    before = {r["step"]: r["lr"] for r in stand_in.of_kind("step") if r["attempt"] == mon.attempt}
+    assert [steps[s]["lr"] for s in (3, 4)] == pytest.approx([before[3] / 2, before[4] / 2])
+    assert steps[6]["lr"] > steps[5]["lr"]  # the factor ended, the schedule goes on
     assert [r["status"] for r in stand_in.of_kind("end") if r["attempt"] == mon2.attempt] == [
         "completed"]
+    assert not (out / "monitor_rollback.json").exists()
+    assert (out / "monitor_rollback.5.applied.json").exists()

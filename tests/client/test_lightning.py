@@ -5,7 +5,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from client_shapes import step_shape  # noqa: E402
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import DataStream, Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def _fit(receiver, tmp_path, run_id, model, steps=6, accum=2):
                          accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path, num_sanity_val_steps=0)
-    trainer.fit(model, _loader(), _loader(16))
+    trainer.fit(model, DataStream(_loader()), _loader(16))
     return trainer
 
 
@@ -121,54 +121,80 @@ def test_lightning_callback_old_spellings_still_work_and_warn():
 
 
 def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
-        tmp_path):
+        tmp_path, capfd):
     import json
     import time
 
     from actions_stand_in import StandIn, rollback_action
 
+    from monitor_client._resume import RollbackExit
+
     stand_in = StandIn()
     ckpts = tmp_path / "ckpts"
     saved = str(ckpts / "epoch=0-step=2.ckpt")
-    action = rollback_action(checkpoint_step=2, checkpoint_path=saved, skip_from=3, skip_to=6)
+    action = rollback_action(checkpoint_step=2, checkpoint_path=saved, skip_from=3, skip_to=6,
+                             resume_position=2, skip=[[3, 6]], positions="positions",
+                             lr_factor=0.5, lr_steps=3)
 
-    def fit(**kw):
+    def trainer(kw_seen: list, dirpath=ckpts, steps=12):
         mon = Monitor(url=stand_in.url, run_id="pl-rollback", settings=MonitorConfig(
             spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
 
         class Decide(pl.Callback):
             """The sidecar decides after step 3 (runs after the monitor's callback)."""
 
-            def on_train_batch_end(self, trainer, *args):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                kw_seen.append(batch[0][:, 0].tolist())
                 if trainer.global_step == 3 and not stand_in.actions:
                     stand_in.publish(action)
                     while not mon.actions():
                         time.sleep(0.01)
 
-        saves = pl.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=2,
+        saves = pl.callbacks.ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2,
                                              save_top_k=-1)
-        trainer = pl.Trainer(max_steps=12, callbacks=[MonitorCallback(mon), Decide(), saves],
-                             accelerator="cpu", logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, default_root_dir=tmp_path,
-                             limit_val_batches=0)
-        trainer.fit(Regressor(), _loader(128), **kw)
-        return trainer, mon
+        made = pl.Trainer(max_steps=steps, callbacks=[MonitorCallback(mon), Decide(), saves],
+                          accelerator="cpu", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path,
+                          limit_val_batches=0)
+        return made, mon
 
+    def data():
+        loader = _loader(128)
+        return DataStream(torch.utils.data.DataLoader(loader.dataset, batch_size=8,
+                                                      shuffle=True))
+
+    reference: list = []
+    ref_trainer, _ = trainer(reference, dirpath=tmp_path / "reference", steps=16)
+    stand_in.actions.append({"id": 99, "action": "checkpoint"})  # no rollback for it
+    first_seen: list = []
+    relaunch_seen: list = []
     try:
-        first, mon = fit()
+        ref_trainer.fit(Regressor(), data())
+        first, mon = trainer(first_seen)
+        stand_in.actions.clear()
+        with pytest.raises(RollbackExit) as exited:
+            first.fit(Regressor(), data())
         left = json.loads((tmp_path / "monitor_rollback.json").read_text())
-        relaunched, mon2 = fit(ckpt_path=left["ckpt_path"])
+        relaunched, mon2 = trainer(relaunch_seen)
+        relaunched.fit(Regressor(), data(), ckpt_path=left["ckpt_path"])
     finally:
         stand_in.close()
-    assert first.global_step == 4  # the step the plan was in hand at, not the planned end
+    assert first.global_step == 4 and exited.value.code == 75  # stopped where it had the plan
+    assert "rollback 1/2 (rule RollBack)" in capfd.readouterr().err
     assert [(r["step"], r["path"]) for r in stand_in.of_kind("checkpoint")
             if r["attempt"] == mon.attempt] == [(2, saved), (4, str(ckpts / "epoch=0-step=4.ckpt"))]
     assert (left["id"], left["checkpoint_step"], left["ckpt_path"]) == (5, 2, saved)
     [end] = [r for r in stand_in.of_kind("end") if r["attempt"] == mon.attempt]
     assert end["status"] == "stopped" and "rolled back to step 20" in end["error"]
-    # The relaunch resumes from the checkpoint and does not take the same plan again.
+    # The relaunch resumes from the checkpoint and does not take the same plan again; its
+    # data resumes after batch 2 (not at batch 1), batches 3-6 left out, the order the
+    # reference run had; the LR is halved for 3 steps; the plan file is consumed.
     assert relaunched.global_step == 12
-    steps = [r["step"] for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt]
-    assert steps == list(range(3, 13))
-    assert [r["status"] for r in stand_in.of_kind("end") if r["attempt"] == mon2.attempt] == [
-        "completed"]
+    steps = {r["step"]: r for r in stand_in.of_kind("step") if r["attempt"] == mon2.attempt}
+    assert sorted(steps) == list(range(3, 13))
+    assert [steps[s]["data_position"] for s in range(3, 13)] == list(range(7, 17))
+    assert relaunch_seen == reference[6:16]
+    before = {r["step"]: r["lr"] for r in stand_in.of_kind("step") if r["attempt"] == mon.attempt}
+    assert [steps[s]["lr"] for s in (3, 4, 5, 6)] == pytest.approx(
+        [before[3] / 2, before[4] / 2, before[4] / 2, before[4]])
+    assert not (tmp_path / "monitor_rollback.json").exists()

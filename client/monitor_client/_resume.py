@@ -1,0 +1,117 @@
+"""A rollback under a framework that owns its loop (HF ``Trainer``, Lightning): stop, say so,
+exit with a code a launcher tests, and, relaunched from the plan's checkpoint, take the
+rest of the plan (its data windows, its LR factor) and consume the plan file.
+
+Neither framework can rewind its loop from a callback: only ``train(resume_from_checkpoint=)``
+/ ``fit(ckpt_path=)`` restore model, optimizer, scheduler, RNG and loop position together.
+So at the step every rank agreed on, the callback:
+
+1. writes the plan, with the framework's resume argument, to ``monitor_rollback.json``
+   (``write_resume_file``) and prints the rollback in the training log (``announce``);
+2. stops training, ends the run ``stopped`` ("stopped to roll back: ..."), and then raises
+   ``RollbackExit``: the process exits with ``ROLLBACK_EXIT`` (75, ``EX_TEMPFAIL``: "try
+   again") instead of going on to whatever the script does after a finished training (a
+   final save of weights that were rolled back);
+3. relaunched (``python -m monitor_client.relaunch`` does it: ``relaunch.py``), finds the
+   plan it was relaunched for (``relaunch_plan``: the file the launcher passed in
+   ``MONITOR_ROLLBACK_PLAN``, else ``monitor_rollback.json`` left in place by a launcher of
+   the user's own), marks it applied, resumes the data at the plan's position leaving its
+   windows out, scales the LR for ``lr_steps`` steps (``LrScale``) and, when it read the
+   file in place, consumes it (``consume``), so a later relaunch does not take it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from monitor_client._rollback import RESUME_FILE, RollbackPlan, read_resume_file
+
+__all__ = ["PLAN_ENV", "ROLLBACK_EXIT", "LrScale", "RollbackExit", "announce", "consume",
+           "relaunch_plan"]
+
+log = logging.getLogger("monitor_client")
+
+ROLLBACK_EXIT = 75
+"""The exit code of a process that stopped to roll back (sysexits' EX_TEMPFAIL: try again):
+a launcher relaunches on it, from the plan's checkpoint."""
+PLAN_ENV = "MONITOR_ROLLBACK_PLAN"
+"""Where ``python -m monitor_client.relaunch`` tells the relaunched process its plan is."""
+
+
+class RollbackExit(SystemExit):
+    """Raised by a framework callback once training stopped for a rollback: the process
+    exits with ``ROLLBACK_EXIT`` unless the script catches it."""
+
+    def __init__(self, plan: RollbackPlan) -> None:
+        super().__init__(ROLLBACK_EXIT)
+        self.plan = plan
+
+
+def announce(plan: RollbackPlan, path: str, argument: str) -> None:
+    """Say in the training log what happens now (stderr and the ``monitor_client`` log)."""
+    text = (f"monitor_client: rollback {plan.number}/{plan.budget} (rule {plan.rule or '?'}): "
+            f"{plan.message or plan.checkpoint_path}. Training stops here; the plan is in "
+            f"{path}. Relaunch with {argument}={plan.checkpoint_path} (python -m "
+            f"monitor_client.relaunch does it); this process exits with code {ROLLBACK_EXIT}.")
+    log.warning("%s", text)
+    print(text, file=sys.stderr, flush=True)
+
+
+def relaunch_plan(directory: str | os.PathLike[str]) -> tuple[RollbackPlan, Path] | None:
+    """The plan this process was relaunched for, and the file it came from: the one named
+    in ``MONITOR_ROLLBACK_PLAN``, else ``<directory>/monitor_rollback.json``; None when
+    neither holds a plan."""
+    named = os.environ.get(PLAN_ENV)
+    for path in ([Path(named)] if named else []) + [Path(directory) / RESUME_FILE]:
+        found = read_resume_file(path.parent, path.name)
+        plan = RollbackPlan.from_dict(found) if found is not None else None
+        if plan is not None:
+            return plan, path
+    return None
+
+
+def consume(path: Path, plan: RollbackPlan) -> Path | None:
+    """Move an unconsumed plan file aside (``monitor_rollback.<id>.applied.json``) once this
+    process applied it; the new path, or None when it was not the in-place file."""
+    if path.name != RESUME_FILE or not path.exists():
+        return None
+    done = path.with_name(f"monitor_rollback.{plan.id}.applied.json")
+    try:
+        os.replace(path, done)
+    except OSError as exc:
+        log.warning("monitor_client: could not consume %s: %r", path, exc)
+        return None
+    return done
+
+
+class LrScale:
+    """The plan's LR factor on an optimizer the framework's scheduler drives: each group's
+    LR is multiplied just before the optimizer step and put back right after it, so the
+    scheduler's own state and schedule are untouched and the factor ends on its own."""
+
+    def __init__(self, plan: RollbackPlan | None) -> None:
+        self.plan = plan
+        self._saved: list[tuple[dict[str, Any], Any]] = []
+        self.lr: float | None = None  # the first group's LR of the last scaled step
+
+    def apply(self, optimizer: Any, step: int) -> None:
+        """Before optimizer step ``step``."""
+        self.restore()
+        factor = self.plan.lr_multiplier(step) if self.plan is not None else 1.0
+        self.lr = None
+        if factor == 1.0 or optimizer is None:
+            return
+        for group in getattr(optimizer, "param_groups", []):
+            self._saved.append((group, group["lr"]))
+            group["lr"] = group["lr"] * factor
+        if self._saved:
+            self.lr = float(self._saved[0][0]["lr"])
+
+    def restore(self) -> None:
+        for group, lr in self._saved:
+            group["lr"] = lr
+        self._saved = []
