@@ -62,15 +62,21 @@ class Episodes:
 
     # -- findings -------------------------------------------------------------------------
 
-    def handle(self, run: RunContext, findings: list[Finding],
-               now: float, told: bool = False) -> tuple[bool, list[Action]]:
+    def handle(self, run: RunContext, findings: list[Finding], now: float,
+               told: bool = False, closed: bool = False) -> tuple[bool, list[Action]]:
         """One record's findings: (whether an episode began, the actions rules took).
         ``told``: people heard of them already (``AlertSink.handle``): the episode fires
-        quietly, as if this sidecar had paged it, and no rule acts."""
+        quietly, as if this sidecar had paged it, and no rule acts; ``closed``: they heard
+        it resolve too, so its resolve here goes out to nobody."""
         started, taken = False, []
         with self.store.tx() as tx:
             for finding in findings:
                 began, action = self._one(tx, run, finding, now, told)
+                if closed:
+                    rule = self._rule(run, finding)
+                    if rule is not None:
+                        tx.resolved_elsewhere(lc.fingerprint(run.run_id, rule.name,
+                                                             _identity(rule, finding)))
                 started |= began
                 if action is not None:
                     taken.append(action)
@@ -252,8 +258,9 @@ class Episodes:
                     closed: str = "closed with the run") -> Item | None:
         if reason is not Reason.RESOLVED:
             return self._mark_sent(tx, alert, reason, now)
-        # Nobody was told it fired (silenced throughout): close quietly.
-        told = alert.notified == "firing"
+        # Nobody was told it fired (silenced throughout), or the node sidecar that paged it
+        # told its resolve already: close quietly.
+        told = alert.notified == "firing" and not alert.resolved_elsewhere
         tx.resolve(alert.fingerprint, now, told)
         if not told:
             return None

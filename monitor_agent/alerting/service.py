@@ -146,13 +146,13 @@ class Alerting:
     # -- the engine's side (AlertSink) ----------------------------------------------------
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
         """Turn one record's findings into alert state; fast, no network.
 
         Returns the actions rules took (stop, checkpoint) as dicts, for the ingest response.
         ``told``: findings people were paged about already (``AlertSink.handle``).
         """
-        started, taken = self.episodes.handle(run, findings, now, told)
+        started, taken = self.episodes.handle(run, findings, now, told, closed)
         if started:
             self._flush_now.set()
         return [a.to_dict() for a in taken]

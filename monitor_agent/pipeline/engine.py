@@ -69,7 +69,7 @@ from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RunLifecy
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
-from monitor_agent.storage.uplink import DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
+from monitor_agent.storage.uplink import CLOSED, DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ class Engine:
                               superseded=entry.superseded_by is not None,
                               body=entry.item.body, origin=entry.item.origin)
             self._finish(result)
+            self._open_actions({a.item.record.run_id for a in admitted}, result)
         except Exception as exc:
             # Kept in memory, the runs would count these records as judged and the retry
             # as a duplicate: the page would be lost. Evicted, they are judged again.
@@ -448,7 +449,7 @@ class Engine:
 
     def _handle_findings(
         self, run: RunState, findings: list[Finding], now: float, result: IngestResult,
-        told: bool = False,
+        told: bool = False, closed: bool = False,
     ) -> None:
         """Page (and let rules act on) findings judged here; ``told``: paged already, by
         a node sidecar while this one, the run's leader, was away (recorded, not paged)."""
@@ -459,13 +460,26 @@ class Engine:
         run.count_findings(findings)
         result.findings.extend(findings)
         context = _context(run)
-        taken = (self.alerts.handle(context, findings, now, told=True) if told
+        taken = (self.alerts.handle(context, findings, now, told=True, closed=closed) if told
                  else self.alerts.handle(context, findings, now))
         result.actions.extend(taken)
         if taken:
             self.acted(run.run_id, taken, now)
 
     # -- the run's lifecycle (runs/lifecycle.py) -------------------------------------------
+
+    def _open_actions(self, run_ids: set[str], result: IngestResult) -> None:
+        """Every ingest answer carries its runs' open actions (the client keeps each once):
+        a plan decided on another rank's finding, or by the leader on another node's,
+        reaches this rank with its next answer, not its next poll."""
+        given = {a.get("id") for a in result.actions}
+        for run_id in run_ids:
+            live = self.registry.get(run_id)
+            if live is None:
+                continue
+            for action in live.lifecycle.open_actions():
+                if action.get("id") not in given:
+                    result.actions.append(action)
 
     def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
         """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
@@ -485,6 +499,12 @@ class Engine:
                 verdict = self._store_verdict(run)
                 self.alerts.run_ended(run.run_id, event.status, now, event.step,
                                       verdict=verdict.words)
+                leader = self._following(run)
+                if (leader is not None and event.status == "completed"
+                        and self.links.lost(leader, now)):
+                    # Its partial-view pages just resolved here, saying so: the leader,
+                    # catching up, keeps them to itself (no second resolve).
+                    self.store.uplink.mark_closed(leader, run.run_id)
         phase = live.lifecycle.describe()
         if phase != run.phase:
             run.phase = phase
@@ -603,17 +623,20 @@ class Engine:
         attempt = max(live.attempts.current, 1)
         fresh: list[Finding] = []
         told: list[Finding] = []
+        closed: list[Finding] = []
         for finding, flags in items:
             if flags & LOCAL_VIEW and not flags & PAGED:
                 continue
             f = dataclasses.replace(finding, attempt=attempt)
             if run.ledger.observe(f):
                 run.version += 1
-            (told if flags & PAGED else fresh).append(f)
-        if run.verdict.observe(None, fresh + told):
+            (closed if flags & CLOSED else told if flags & PAGED else fresh).append(f)
+        if run.verdict.observe(None, fresh + told + closed):
             self._store_verdict(run)
         if told:
             self._handle_findings(run, told, now, result, told=True)
+        if closed:
+            self._handle_findings(run, closed, now, result, told=True, closed=True)
         if fresh:
             self._handle_findings(run, fresh, now, result)
 
