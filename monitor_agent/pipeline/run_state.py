@@ -98,6 +98,9 @@ class RunState:
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the
     # nodes it hears from. Both follow from run records (replayed with the run).
+    # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
+    # string the views read.
+    phase: str = "running"
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
