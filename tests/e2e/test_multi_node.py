@@ -237,17 +237,25 @@ def settled(pair: Pair, run_id: str) -> None:
     wait_until(f"{run_id} settled", quiet)
 
 
-def one_page(pair: Pair, run_id: str, alertname: str) -> str:
-    """The one page about the run, from the leader; its text."""
+def alertnames(page: Received) -> list[str]:
+    """``[FIRING:2] run r: A, B`` -> ``["A", "B"]``."""
+    return page.json["text"].splitlines()[0].split(": ")[-1].split(", ")
+
+
+def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] = ()) -> str:
+    """The text of the one message that pages ``alertname`` about the run. Every message
+    about the run comes from the leader, and none pages anything but ``alertname`` and the
+    ``besides`` alerts the same fault also raises."""
     settled(pair, run_id)
     pages = pair.pages(run_id)
-    if len(pages) != 1:
-        print("\n\n".join(f"{sender(p)}: {text(p)}" for p in pages))
-    assert len(pages) == 1 and sender(pages[0]) == "node0", [
-        (sender(p), text(p)) for p in pages]
-    assert alertname in pages[0].json["text"]
-    print(f"\n{run_id} page:\n{text(pages[0])}")
-    return text(pages[0])
+    print(f"\n{run_id}: {len(pages)} message(s)\n" + "\n\n".join(
+        f"from {sender(p)}: {text(p)}" for p in pages))
+    assert {sender(p) for p in pages} == {"node0"}, [(sender(p), text(p)) for p in pages]
+    found = [p for p in pages if alertname in alertnames(p)]
+    assert len(found) == 1, [text(p) for p in pages]
+    others = {a for p in pages for a in alertnames(p)} - {alertname, *besides}
+    assert not others, [text(p) for p in pages]
+    return text(found[0])
 
 
 # -- the fault table -----------------------------------------------------------------------
@@ -296,3 +304,160 @@ def test_a_slow_loader_on_rank_2_is_one_straggler_page(pair):
         job.wait()
     page = one_page(pair, run_id, "TrainingStraggler")
     assert "rank 2 is the straggler: its data loading takes" in page, page
+
+
+# -- one decision for every rank: the rollback -----------------------------------------------
+
+# The script's own pace (step_delay 0.05 s): a plan decided on node 1's finding reaches the
+# ranks through their clients' action poll (every 5 s) and the next agreed call (every 10
+# steps); the 135 steps after the fault leave it time to.
+STEPS, POISON_FROM, POISON_LEN, CKPT_EVERY = 200, 65, 12, 10
+# Warnings the poisoned stretch raises besides the divergence, each from the leader: the loss
+# spike that starts it and the ranks whose loss leaves the others' meanwhile.
+ROLLBACK_ALSO = ("TrainingLossSpike", "TrainingRankOutlier")
+
+
+def _rollback_args(run_id: str, *extra: str) -> tuple[str, ...]:
+    return ("--url={url}", f"--run_id={run_id}", "--out_dir={work}/out", f"--steps={STEPS}",
+            f"--ckpt_every={CKPT_EVERY}", f"--poison_from={POISON_FROM}",
+            f"--poison_len={POISON_LEN}", *extra)
+
+
+def _trained(out: Path, rank: int) -> tuple[list[tuple[int, int]], list[tuple[int, ...]]]:
+    """(step, batch) pairs the rank trained on, in order, and the rollbacks it applied:
+    (steps trained before it, plan id, checkpoint step, skip_to)."""
+    trained: list[tuple[int, int]] = []
+    rollbacks: list[tuple[int, ...]] = []
+    for line in (out / f"batches-r{rank}.log").read_text().splitlines():
+        words = line.split()
+        if words[0] == "rollback":
+            rollbacks.append((len(trained), *map(int, words[1:])))
+        else:
+            trained.append((int(words[0]), int(words[1])))
+    return trained, rollbacks
+
+
+def _weights(out: Path) -> set[str]:
+    return {(out / f"weights-r{r}.txt").read_text() for r in range(NODES * PER_NODE)}
+
+
+def _one_rollback(pair: Pair, run_id: str) -> dict[str, Any]:
+    """The one plan, the same on both sidecars, applied by all four ranks at the same
+    step of the abandoned branch, the resumed branch past the window to the end, one model."""
+    settled(pair, run_id)
+    for sc in pair.sidecars:  # what each sidecar knows of the decision, for the log
+        held = [r for r in sc.records(run_id) if r["kind"] == "agreement"]
+        print(f"\n{run_id} on {sc.url}: actions "
+              f"{get(sc, f'/v1/runs/{run_id}/actions')['actions']}; agreement records {held}")
+    actions = get(pair.leader, f"/v1/runs/{run_id}/actions")["actions"]
+    assert [a["action"] for a in actions] == ["rollback"], actions
+    [action] = actions
+    adopted = get(pair.node, f"/v1/runs/{run_id}/actions")["actions"]
+    assert [(a["id"], a["plan"]) for a in adopted] == [(action["id"], action["plan"])]
+    plan, out = action["plan"], pair.tmp / run_id / "out"
+    applied = {r: _trained(out, r) for r in range(NODES * PER_NODE)}
+    for rank, (trained, rollbacks) in applied.items():
+        assert [r[1:] for r in rollbacks] == [
+            (action["id"], plan["checkpoint_step"], plan["skip_to"])], (rank, rollbacks)
+        after = trained[rollbacks[0][0]:]
+        c, skip_to = plan["checkpoint_step"], plan["skip_to"]
+        assert [s for s, _ in after] == list(range(c + 1, STEPS + 1)), rank
+        assert after[0][1] == skip_to + 1 and not [
+            b for _, b in after if b <= skip_to or POISON_FROM <= b < POISON_FROM + POISON_LEN]
+    # The same step of the abandoned branch on every rank: one decision, no split.
+    assert len({rollbacks[0][0] for _, rollbacks in applied.values()}) == 1, applied
+    assert len(_weights(out)) == 1, "the ranks' weights differ after the rollback"
+    run = get(pair.leader, f"/v1/runs/{run_id}")
+    assert run["status"] == "completed" and run["verdict"]["state"] == "healthy", run
+    return action
+
+
+def test_a_divergence_rolls_all_four_ranks_back_at_one_step_rank_0_reporting_saves(pair):
+    run_id = "brain-rollback"
+    with torchrun(pair, run_id, "rollback_user_train.py", *_rollback_args(run_id)) as job:
+        job.wait()
+    action = _one_rollback(pair, run_id)
+    plan = action["plan"]
+    page = one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
+    assert (f"rolled back to step {plan['checkpoint_step']} ({plan['checkpoint_path']}), "
+            f"skipping batches {plan['skip_from']}-{plan['skip_to']}") in page, page
+
+
+def test_only_node_1_corrupt_every_rank_reporting_saves_is_one_plan_for_the_job(pair):
+    run_id = "brain-rollback-node1"
+    with torchrun(pair, run_id, "rollback_user_train.py",
+                  *_rollback_args(run_id, "--save_on=all", "--poison_ranks=2,3")) as job:
+        job.wait()
+    action = _one_rollback(pair, run_id)
+    one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
+    ledger = get(pair.leader, f"/v1/runs/{run_id}/checkpoints")["checkpoints"]
+    assert {c["path"] for c in ledger} >= {action["plan"]["checkpoint_path"]}
+
+
+# -- the leader SIGKILLed mid-run ----------------------------------------------------------
+
+
+def _at_step(sc: SidecarProcess, run_id: str, step: int) -> bool:
+    """Whether ``sc`` holds step ``step`` of all four ranks."""
+    return {r["rank"] for r in sc.records(run_id, since_step=step - 1)
+            if r["kind"] == "step" and r["step"] == step} == set(range(NODES * PER_NODE))
+
+
+def _partial(page: str, pair: Pair) -> None:
+    assert f"[partial view: the run's leader {pair.leader.url} has not answered for" in page, \
+        page
+
+
+def test_leader_killed_before_a_nan_node_1_pages_it_partially_and_no_page_twice(pair):
+    run_id, steps = "brain-nan-kill", 14
+    work = pair.tmp / run_id
+    with torchrun(pair, run_id, "ddp_rank_fault_train.py", "--url", "{url}", "--run-id",
+                  run_id, "--steps", str(steps), "--nan-rank", "2", "--nan-step", "10",
+                  "--pause-at", "6", "--pause-file", "{work}/go", "--hold-file",
+                  "{work}/end") as job:
+        wait_until("the leader to hear every rank", lambda: _at_step(pair.leader, run_id, 5))
+        pair.leader.kill()
+        (work / "go").write_text("go")
+        [page] = wait_until("node 1's own NaN page",
+                            lambda: pair.pages(run_id, "TrainingNanInf"))
+        assert sender(page) == "node1"
+        pair.leader.start()  # on its data dir and port, as a restarted Pod's sidecar
+        wait_until("the leader to catch up", lambda: _at_step(pair.leader, run_id, steps))
+        (work / "end").write_text("end")
+        job.wait()
+    page = one_page(pair, run_id, "TrainingNanInf")
+    _partial(page, pair)
+    assert "NaN first on rank 2 (host gpu-node-1) at step 10: its local loss is nan" in page
+    # The leader kept the node's page as sent: its alert fires, and it paged nothing itself.
+    alerts = get(pair.leader, "/v1/alerts", run_id=run_id)["alerts"]
+    assert [a["alertname"] for a in alerts if a["state"] == "firing"] == ["TrainingNanInf"]
+
+
+def test_leader_killed_before_a_divergence_no_rank_acts_and_the_job_ends(pair):
+    run_id = "brain-rollback-kill"
+    work = pair.tmp / run_id
+    with torchrun(pair, run_id, "rollback_user_train.py", *_rollback_args(
+            run_id, "--pause_at=50", "--pause_file={work}/go",
+            "--hold_file={work}/end")) as job:
+        wait_until("the leader to hear every rank", lambda: _at_step(pair.leader, run_id, 49))
+        pair.leader.kill()
+        (work / "go").write_text("go")
+        wait_until("node 1's own divergence page",
+                   lambda: pair.pages(run_id, "RollbackOnDivergence"))
+        wait_until("the job to finish training", lambda: len(_weights_done(work / "out")) == 4)
+        pair.leader.start()
+        wait_until("the leader to catch up", lambda: _at_step(pair.leader, run_id, STEPS))
+        (work / "end").write_text("end")
+        job.wait()
+    page = one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
+    _partial(page, pair)
+    assert "rolled back" not in page, page
+    out = work / "out"
+    assert [_trained(out, r)[1] for r in range(NODES * PER_NODE)] == [[]] * 4
+    assert len(_weights(out)) == 1
+    for sc in pair.sidecars:
+        assert get(sc, f"/v1/runs/{run_id}/actions")["actions"] == [], sc.url
+
+
+def _weights_done(out: Path) -> list[Path]:
+    return list(out.glob("weights-r*.txt"))
