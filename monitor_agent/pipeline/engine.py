@@ -230,6 +230,11 @@ class Engine:
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)
             findings = suite.preview(record)
+            leader = self._following(live.state) if live is not None else None
+            if findings and leader is not None:
+                if not self.links.lost(leader, now):
+                    continue  # the run's leader pages it, from the digest on its way there
+                findings = [f.seen_partially(self.links.why(leader, now)) for f in findings]
             if findings:
                 context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
@@ -385,6 +390,8 @@ class Engine:
     def _apply(self, live: LiveRun, record: Record, arrival: float,
                origin: int | None = None) -> None:
         run = live.state
+        if origin is not None:
+            run.rank(record.rank).remote = True
         if isinstance(record, StepRecord):
             run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
         elif isinstance(record, EvalRecord):

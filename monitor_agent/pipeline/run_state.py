@@ -64,6 +64,9 @@ class RankState:
     step_time_counts: list[int] = field(default_factory=list)
     step_time_sum: float = 0.0
     loss_ema: float | None = None
+    # Its records reach this sidecar, the run's leader, as digests from its node's sidecar
+    # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
+    remote: bool = False
 
 
 @dataclass(slots=True)

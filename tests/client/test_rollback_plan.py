@@ -122,6 +122,15 @@ def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):
     mon.close(timeout=10)
 
 
+def _gloo_env() -> dict[str, str]:
+    """The environment of two gloo ranks on loopback, importing this checkout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 RANK_SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
@@ -152,11 +161,7 @@ def test_two_ranks_get_the_same_plan_at_the_same_call(tmp_path):
     stand_in.publish(_action())
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = _gloo_env()
     try:
         procs = [subprocess.Popen([sys.executable, str(script), str(r), stand_in.url,
                                    str(tmp_path)], env=env, stdout=subprocess.PIPE,
@@ -203,11 +208,7 @@ def _two_ranks(tmp_path: Path, stand_ins: list[StandIn], mode: str,
     test publishes ``later`` to rank 1's stand-in. Returns each rank's last line."""
     script, flag = tmp_path / "held.py", tmp_path / "flag"
     script.write_text(HELD_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = _gloo_env()
     procs = [subprocess.Popen([sys.executable, str(script), str(r), stand_ins[r].url,
                                str(tmp_path), mode, str(flag)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

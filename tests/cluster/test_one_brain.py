@@ -105,7 +105,15 @@ def test_a_nan_on_node_1_is_one_page_from_the_leader_naming_rank_and_host(tmp_pa
         _job(lead.url, node.url, range(1, 31), nan_from=20)
         pages = _eventually(lambda: [t for t in _texts(slack0) if "TrainingNanInf" in t])
         time.sleep(1.0)  # anything else would have come by now
+        exposed = [httpx.get(u + "/metrics", timeout=5).text for u in (lead.url, node.url)]
+        detail = httpx.get(f"{lead.url}/v1/runs/{RUN}", timeout=5).json()
     assert len(pages) == 1 and not _texts(slack1), (pages, _texts(slack1))
+    # The leader judges and charts every rank, but each rank is exposed once, by its node's
+    # sidecar: Prometheus would count the others twice.
+    assert sorted(detail["ranks"]) == ["0", "1", "2", "3"]
+    loss = 'training_loss{project="",run_id="job",rank="%d"}'
+    assert [loss % r in exposed[0] for r in range(4)] == [True, True, False, False]
+    assert [loss % r in exposed[1] for r in range(4)] == [False, False, True, True]
     assert "NaN first on rank 2 (host gpu-node-1) at step 20" in pages[0]
     assert "ranks 0, 1, 3 followed at step 20" in pages[0]
 
