@@ -235,6 +235,13 @@ class Engine:
                 if not self.links.lost(leader, now):
                     continue  # the run's leader pages it, from the digest on its way there
                 findings = [f.seen_partially(self.links.why(leader, now)) for f in findings]
+            elif findings and live is not None and self._leads(live.state):
+                # Its in-order copy is judged with every node's ranks (which rank went NaN
+                # first), and what a node sidecar paged while this one was away arrives with
+                # the node's digests: one rank's preview would page that rank as the origin,
+                # and page again what the node paged (a restarted leader's ranks preview
+                # their spooled NaN steps before the node has caught it up).
+                continue
             if findings:
                 context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
@@ -506,6 +513,11 @@ class Engine:
         if (leader, node) != (run.leader, run.node):
             run.leader, run.node = leader, node
             run.version += 1
+
+    def _leads(self, run: RunState) -> bool:
+        """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's)."""
+        return (self.settings.cluster.enabled and run.node == 0 and run.leader is None
+                and run.roster.expected > 1)
 
     def _following(self, run: RunState) -> str | None:
         """The leader this sidecar forwards the run to, or None when it judges it here."""
