@@ -161,10 +161,10 @@ class Job:
                          for n, log in enumerate(self.logs))
 
 
-@contextlib.contextmanager
-def torchrun(pair: Pair, run_id: str, script: str, *args: str) -> Iterator[Job]:
+def launch(pair: Pair, run_id: str, script: str, *args: str) -> Job:
     """The job's two nodes, each ``torchrun --nnodes 2 --nproc-per-node 2 --node-rank N``
-    on loopback, its ranks posting to their node's sidecar (``{url}`` in ``args``)."""
+    on loopback, its ranks posting to their node's sidecar (``{url}`` in ``args``; ``{work}``
+    is the job's own directory)."""
     port, work = free_port(), pair.tmp / run_id
     work.mkdir()
     procs, logs = [], []
@@ -182,7 +182,13 @@ def torchrun(pair: Pair, run_id: str, script: str, *args: str) -> Iterator[Job]:
         with logs[-1].open("wb") as log:
             procs.append(subprocess.Popen(cmd, env=env, cwd=work, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
-    job = Job(run_id, procs, logs)
+    return Job(run_id, procs, logs)
+
+
+@contextlib.contextmanager
+def torchrun(pair: Pair, run_id: str, script: str, *args: str) -> Iterator[Job]:
+    """``launch``, killed on the way out whatever happened."""
+    job = launch(pair, run_id, script, *args)
     try:
         yield job
     finally:
@@ -227,12 +233,13 @@ def _delivered(sc: SidecarProcess, run_id: str) -> bool:
     return all(d["state"] != "pending" for a in alerts for d in a["delivery"].values())
 
 
-def settled(pair: Pair, run_id: str) -> None:
-    """Wait until nothing more about ``run_id`` is on its way: the leader has the run's end,
-    node 1 owes it nothing, and every notification of either sidecar is out."""
+def settled(pair: Pair, run_id: str, ended: bool = True) -> None:
+    """Wait until nothing more about ``run_id`` is on its way: the leader has the run's end
+    (unless not ``ended``), node 1 owes it nothing, and every notification of either
+    sidecar is out."""
     def quiet() -> bool:
         run = get(pair.leader, f"/v1/runs/{run_id}")
-        return (run["status"] != "running" and _queued(pair.node) == 0
+        return ((run["status"] != "running" or not ended) and _queued(pair.node) == 0
                 and all(_delivered(sc, run_id) for sc in pair.sidecars))
     wait_until(f"{run_id} settled", quiet)
 
@@ -242,15 +249,18 @@ def alertnames(page: Received) -> list[str]:
     return page.json["text"].splitlines()[0].split(": ")[-1].split(", ")
 
 
-def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] = ()) -> str:
+def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] = (),
+             by: str = "node0", ended: bool = True) -> str:
     """The text of the one message that pages ``alertname`` about the run. Every message
-    about the run comes from the leader, and none pages anything but ``alertname`` and the
-    ``besides`` alerts the same fault also raises."""
-    settled(pair, run_id)
+    about the run comes from ``by`` (the leader's webhook path, unless it was away), and none
+    pages anything but ``alertname`` and the ``besides`` alerts the same fault also raises."""
+    settled(pair, run_id, ended)
     pages = pair.pages(run_id)
     print(f"\n{run_id}: {len(pages)} message(s)\n" + "\n\n".join(
         f"from {sender(p)}: {text(p)}" for p in pages))
-    assert {sender(p) for p in pages} == {"node0"}, [(sender(p), text(p)) for p in pages]
+    # With the leader up, nothing about the run comes from node 1, resolves included.
+    told = pair.messages(run_id) if by == "node0" else pages
+    assert {sender(m) for m in told} == {by}, [(sender(m), text(m)) for m in told]
     found = [p for p in pages if alertname in alertnames(p)]
     assert len(found) == 1, [text(p) for p in pages]
     others = {a for p in pages for a in alertnames(p)} - {alertname, *besides}
@@ -260,12 +270,64 @@ def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] =
 
 # -- the fault table -----------------------------------------------------------------------
 
+# One rollback rule decides on divergence. The script's own pace (step_delay 0.05 s): a plan
+# decided on node 1's finding reaches the ranks through their clients' action poll (every
+# 5 s) and the next agreed call (every 10 steps); the 135 steps after the fault leave it time.
+STEPS, POISON_FROM, POISON_LEN, CKPT_EVERY = 200, 65, 12, 10
+# Warnings the poisoned stretch raises besides the divergence, each from the leader: the loss
+# spike that starts it and the ranks whose loss leaves the others' meanwhile.
+ROLLBACK_ALSO = ("TrainingLossSpike", "TrainingRankOutlier")
 
-def test_nan_on_rank_2_pages_once_naming_it_and_its_node(pair):
+
+def _rollback_args(run_id: str, *extra: str, steps: int = STEPS) -> tuple[str, ...]:
+    return ("--url={url}", f"--run_id={run_id}", "--out_dir={work}/out", f"--steps={steps}",
+            f"--ckpt_every={CKPT_EVERY}", f"--poison_from={POISON_FROM}",
+            f"--poison_len={POISON_LEN}", *extra)
+
+
+# The jobs of the scenarios that keep the leader up: (wave, script, args). A wave's jobs run
+# at once (their steps' sleeps overlap; three jobs' 18 processes fit a CI machine), started
+# by the first test that needs one of them; the next wave starts once its tests run.
+JOBS: dict[str, tuple[int, str, tuple[str, ...]]] = {
+    "brain-nan": (1, "ddp_rank_fault_train.py", (
+        "--url", "{url}", "--run-id", "brain-nan", "--steps", "12", "--nan-rank", "2",
+        "--nan-step", "8")),
+    "brain-hang": (1, "hang_user_train.py", ("{url}", "brain-hang", "block:3", "{work}")),
+    "brain-shard": (1, "ddp_rank_fault_train.py", (
+        "--url", "{url}", "--run-id", "brain-shard", "--steps", "120", "--corrupt-rank", "1",
+        "--corrupt-from", "20", "--corrupt-steps", "100", "--corrupt-shuffle",
+        "--step-time", "0.02")),
+    "brain-slow": (2, "slow_loader_ddp.py", (
+        "--url", "{url}", "--run-id", "brain-slow", "--slow-ranks", "2", "--steps", "24",
+        "--delay", "0.15", "--step-time", "0.02")),
+    "brain-rollback": (2, "rollback_user_train.py", _rollback_args("brain-rollback")),
+    "brain-rollback-node1": (2, "rollback_user_train.py", _rollback_args(
+        "brain-rollback-node1", "--save_on=all", "--poison_ranks=2,3")),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(pair: Pair) -> Iterator[Callable[[str], Job]]:
+    """``jobs(run_id)``: that scenario's job, its wave launched if it was not yet."""
+    launched: dict[str, Job] = {}
+
+    def job(run_id: str) -> Job:
+        wave = JOBS[run_id][0]
+        for other, (w, script, args) in JOBS.items():
+            if w == wave and other not in launched:
+                launched[other] = launch(pair, other, script, *args)
+        return launched[run_id]
+
+    try:
+        yield job
+    finally:
+        for started in launched.values():
+            started.kill()
+
+
+def test_nan_on_rank_2_pages_once_naming_it_and_its_node(pair, jobs):
     run_id = "brain-nan"
-    with torchrun(pair, run_id, "ddp_rank_fault_train.py", "--url", "{url}", "--run-id",
-                  run_id, "--steps", "12", "--nan-rank", "2", "--nan-step", "8") as job:
-        job.wait()
+    jobs(run_id).wait()
     page = one_page(pair, run_id, "TrainingNanInf")
     assert ("NaN first on rank 2 (host gpu-node-1) at step 8: its local loss is nan; "
             "ranks 0, 1, 3 followed at step 8 through the gradient all-reduce") in page, page
@@ -274,53 +336,33 @@ def test_nan_on_rank_2_pages_once_naming_it_and_its_node(pair):
     assert (onset["rank"], onset["evidence"]["first_host"]) == (2, "gpu-node-1")
 
 
-def test_a_rank_blocked_before_all_reduce_is_one_hang_page(pair):
+def test_a_rank_blocked_before_all_reduce_is_one_hang_page(pair, jobs):
     run_id = "brain-hang"
-    with torchrun(pair, run_id, "hang_user_train.py", "{url}", run_id, "block:3",
-                  "{work}") as job:
-        wait_until("the hang page", lambda: pair.pages(run_id, "TrainingHung"))
-        (pair.tmp / run_id / "release").write_text("go")
-        job.wait()
+    job = jobs(run_id)
+    wait_until("the hang page", lambda: pair.pages(run_id, "TrainingHung"))
+    (pair.tmp / run_id / "release").write_text("go")
+    job.wait()
     page = one_page(pair, run_id, "TrainingHung")
     assert "rank 3 stuck" in page and "hang_user_train.py:wait_for_release" in page, page
     assert "ranks 0-2 wait in torch/distributed/distributed_c10d.py:all_reduce" in page, page
 
 
-def test_a_corrupt_shard_on_rank_1_is_one_outlier_warning(pair):
+def test_a_corrupt_shard_on_rank_1_is_one_outlier_warning(pair, jobs):
     run_id = "brain-shard"
-    with torchrun(pair, run_id, "ddp_rank_fault_train.py", "--url", "{url}", "--run-id",
-                  run_id, "--steps", "120", "--corrupt-rank", "1", "--corrupt-from", "20",
-                  "--corrupt-steps", "100", "--corrupt-shuffle", "--step-time", "0.02") as job:
-        job.wait()
+    jobs(run_id).wait()
     page = one_page(pair, run_id, "TrainingRankOutlier")
     assert "rank 1 (host gpu-node-0): local loss" in page, page
     assert {f["rank"] for f in findings(pair.leader, run_id, "rank_outlier")} == {1}
 
 
-def test_a_slow_loader_on_rank_2_is_one_straggler_page(pair):
+def test_a_slow_loader_on_rank_2_is_one_straggler_page(pair, jobs):
     run_id = "brain-slow"
-    with torchrun(pair, run_id, "slow_loader_ddp.py", "--url", "{url}", "--run-id", run_id,
-                  "--slow-ranks", "2", "--steps", "40", "--delay", "0.3") as job:
-        job.wait()
+    jobs(run_id).wait()
     page = one_page(pair, run_id, "TrainingStraggler")
     assert "rank 2 is the straggler: its data loading takes" in page, page
 
 
 # -- one decision for every rank: the rollback -----------------------------------------------
-
-# The script's own pace (step_delay 0.05 s): a plan decided on node 1's finding reaches the
-# ranks through their clients' action poll (every 5 s) and the next agreed call (every 10
-# steps); the 135 steps after the fault leave it time to.
-STEPS, POISON_FROM, POISON_LEN, CKPT_EVERY = 200, 65, 12, 10
-# Warnings the poisoned stretch raises besides the divergence, each from the leader: the loss
-# spike that starts it and the ranks whose loss leaves the others' meanwhile.
-ROLLBACK_ALSO = ("TrainingLossSpike", "TrainingRankOutlier")
-
-
-def _rollback_args(run_id: str, *extra: str) -> tuple[str, ...]:
-    return ("--url={url}", f"--run_id={run_id}", "--out_dir={work}/out", f"--steps={STEPS}",
-            f"--ckpt_every={CKPT_EVERY}", f"--poison_from={POISON_FROM}",
-            f"--poison_len={POISON_LEN}", *extra)
 
 
 def _trained(out: Path, rank: int) -> tuple[list[tuple[int, int]], list[tuple[int, ...]]]:
@@ -372,10 +414,10 @@ def _one_rollback(pair: Pair, run_id: str) -> dict[str, Any]:
     return action
 
 
-def test_a_divergence_rolls_all_four_ranks_back_at_one_step_rank_0_reporting_saves(pair):
+def test_a_divergence_rolls_all_four_ranks_back_at_one_step_rank_0_reporting_saves(
+        pair, jobs):
     run_id = "brain-rollback"
-    with torchrun(pair, run_id, "rollback_user_train.py", *_rollback_args(run_id)) as job:
-        job.wait()
+    jobs(run_id).wait()
     action = _one_rollback(pair, run_id)
     plan = action["plan"]
     page = one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
@@ -383,11 +425,10 @@ def test_a_divergence_rolls_all_four_ranks_back_at_one_step_rank_0_reporting_sav
             f"skipping batches {plan['skip_from']}-{plan['skip_to']}") in page, page
 
 
-def test_only_node_1_corrupt_every_rank_reporting_saves_is_one_plan_for_the_job(pair):
+def test_only_node_1_corrupt_every_rank_reporting_saves_is_one_plan_for_the_job(
+        pair, jobs):
     run_id = "brain-rollback-node1"
-    with torchrun(pair, run_id, "rollback_user_train.py",
-                  *_rollback_args(run_id, "--save_on=all", "--poison_ranks=2,3")) as job:
-        job.wait()
+    jobs(run_id).wait()
     action = _one_rollback(pair, run_id)
     one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
     ledger = get(pair.leader, f"/v1/runs/{run_id}/checkpoints")["checkpoints"]
@@ -408,56 +449,79 @@ def _partial(page: str, pair: Pair) -> None:
         page
 
 
-def test_leader_killed_before_a_nan_node_1_pages_it_partially_and_no_page_twice(pair):
-    run_id, steps = "brain-nan-kill", 14
-    work = pair.tmp / run_id
-    with torchrun(pair, run_id, "ddp_rank_fault_train.py", "--url", "{url}", "--run-id",
-                  run_id, "--steps", str(steps), "--nan-rank", "2", "--nan-step", "10",
-                  "--pause-at", "6", "--pause-file", "{work}/go", "--hold-file",
-                  "{work}/end") as job:
-        wait_until("the leader to hear every rank", lambda: _at_step(pair.leader, run_id, 5))
+NAN_KILL, NAN_KILL_STEPS = "brain-nan-kill", 14
+ROLLBACK_KILL, ROLLBACK_KILL_STEPS = "brain-rollback-kill", 120  # no plan to wait for
+
+
+@pytest.fixture(scope="module")
+def leader_killed(pair: Pair) -> None:
+    """Two jobs through one SIGKILL of the leader. Each holds before its fault until the
+    leader has heard every rank; the leader is killed and both go on: a NaN on rank 2 at
+    step 10 (that job then holds before closing), a divergence of every rank's data from
+    step 65 (that job trains to its end). Node 1's sidecar pages both, partially; then the
+    leader is restarted on its data directory and port, as a Pod's restarted sidecar, its
+    own ranks replay their spools (the NaN job's; the other job's ranks are gone) and node 1
+    catches it up; the NaN job then ends."""
+    nan_work, rb_work = pair.tmp / NAN_KILL, pair.tmp / ROLLBACK_KILL
+    with torchrun(pair, NAN_KILL, "ddp_rank_fault_train.py", "--url", "{url}", "--run-id",
+                  NAN_KILL, "--steps", str(NAN_KILL_STEPS), "--nan-rank", "2",
+                  "--nan-step", "10", "--pause-at", "6", "--pause-file", "{work}/go",
+                  "--hold-file", "{work}/end") as nan_job, \
+            torchrun(pair, ROLLBACK_KILL, "rollback_user_train.py", *_rollback_args(
+                ROLLBACK_KILL, "--pause_at=50", "--pause_file={work}/go",
+                steps=ROLLBACK_KILL_STEPS)) as rollback_job:
+        wait_until("the leader to hear every rank", lambda: _at_step(
+            pair.leader, NAN_KILL, 5) and _at_step(pair.leader, ROLLBACK_KILL, 49))
         pair.leader.kill()
-        (work / "go").write_text("go")
-        [page] = wait_until("node 1's own NaN page",
-                            lambda: pair.pages(run_id, "TrainingNanInf"))
-        assert sender(page) == "node1"
-        pair.leader.start()  # on its data dir and port, as a restarted Pod's sidecar
-        wait_until("the leader to catch up", lambda: _at_step(pair.leader, run_id, steps))
-        (work / "end").write_text("end")
-        job.wait()
-    page = one_page(pair, run_id, "TrainingNanInf")
+        for work in (nan_work, rb_work):
+            (work / "go").write_text("go")
+        wait_until("node 1's own pages", lambda: pair.pages(NAN_KILL, "TrainingNanInf")
+                   and pair.pages(ROLLBACK_KILL, "RollbackOnDivergence"))
+        rollback_job.wait()  # trained to its end on a partial view: nobody decided anything
+        pair.leader.start()
+        wait_until("the leader to catch up", lambda: _at_step(
+            pair.leader, NAN_KILL, NAN_KILL_STEPS) and {
+                r["rank"] for r in pair.leader.records(
+                    ROLLBACK_KILL, since_step=ROLLBACK_KILL_STEPS - 1)
+                if r["kind"] == "end"} == {2, 3})
+        (nan_work / "end").write_text("end")
+        nan_job.wait()
+
+
+def test_leader_killed_before_a_nan_node_1_pages_it_partially_and_no_page_twice(
+        pair, leader_killed):
+    page = one_page(pair, NAN_KILL, "TrainingNanInf", by="node1")
     _partial(page, pair)
     assert "NaN first on rank 2 (host gpu-node-1) at step 10: its local loss is nan" in page
-    # The leader kept the node's page as sent: its alert fires, and it paged nothing itself.
-    alerts = get(pair.leader, "/v1/alerts", run_id=run_id)["alerts"]
-    assert [a["alertname"] for a in alerts if a["state"] == "firing"] == ["TrainingNanInf"]
+    # The leader keeps the node's page as its own alert (told: not paged again) and judged
+    # the NaN from every rank once caught up.
+    alerts = get(pair.leader, "/v1/alerts", run_id=NAN_KILL)["alerts"]
+    assert [a["alertname"] for a in alerts] == ["TrainingNanInf"], alerts
+    [onset, *_] = sorted(findings(pair.leader, NAN_KILL, "nan_inf"), key=lambda f: f["step"])
+    assert (onset["step"], onset["rank"]) == (10, 2), onset
 
 
-def test_leader_killed_before_a_divergence_no_rank_acts_and_the_job_ends(pair):
-    run_id = "brain-rollback-kill"
-    work = pair.tmp / run_id
-    with torchrun(pair, run_id, "rollback_user_train.py", *_rollback_args(
-            run_id, "--pause_at=50", "--pause_file={work}/go",
-            "--hold_file={work}/end")) as job:
-        wait_until("the leader to hear every rank", lambda: _at_step(pair.leader, run_id, 49))
-        pair.leader.kill()
-        (work / "go").write_text("go")
-        wait_until("node 1's own divergence page",
-                   lambda: pair.pages(run_id, "RollbackOnDivergence"))
-        wait_until("the job to finish training", lambda: len(_weights_done(work / "out")) == 4)
-        pair.leader.start()
-        wait_until("the leader to catch up", lambda: _at_step(pair.leader, run_id, STEPS))
-        (work / "end").write_text("end")
-        job.wait()
-    page = one_page(pair, run_id, "RollbackOnDivergence", besides=ROLLBACK_ALSO)
-    _partial(page, pair)
-    assert "rolled back" not in page, page
-    out = work / "out"
+def test_leader_killed_before_a_divergence_no_rank_acts_and_the_job_ends(
+        pair, leader_killed):
+    out = pair.tmp / ROLLBACK_KILL / "out"
     assert [_trained(out, r)[1] for r in range(NODES * PER_NODE)] == [[]] * 4
     assert len(_weights(out)) == 1
+    # Node 1 paged the divergence saying its view is partial, and took no action; the leader
+    # back (its own ranks' records of this job stay in their spools) pages nothing node 1
+    # paged, nor decides anything.
+    page = one_page(pair, ROLLBACK_KILL, "RollbackOnDivergence", besides=ROLLBACK_ALSO,
+                    by="node1", ended=False)
+    _partial(page, pair)
+    assert "rolled back" not in page, page
     for sc in pair.sidecars:
-        assert get(sc, f"/v1/runs/{run_id}/actions")["actions"] == [], sc.url
+        assert get(sc, f"/v1/runs/{ROLLBACK_KILL}/actions")["actions"] == [], sc.url
 
 
-def _weights_done(out: Path) -> list[Path]:
-    return list(out.glob("weights-r*.txt"))
+@pytest.mark.xfail(strict=True, reason="the node sidecar resolves the alert it paged while "
+                   "the leader was away, and the leader resolves its told copy of it too")
+def test_leader_killed_each_alert_resolves_once(pair, leader_killed):
+    for run_id in (NAN_KILL, ROLLBACK_KILL):
+        settled(pair, run_id, ended=False)
+        resolved = [(sender(m), m.json["text"].splitlines()[0]) for m in pair.messages(run_id)
+                    if "[RESOLVED:" in m.json["text"]]
+        assert len(resolved) == len({title for _, title in resolved}), resolved
