@@ -2,20 +2,23 @@
 
 A 4-rank gloo job launched as users launch a multi-node job: two ``torchrun`` "nodes" of two
 ranks each on loopback (``--nnodes 2 --node-rank N``), every rank's real client posting to
-its own node's sidecar (a real ``monitor-agent serve`` subprocess each), both sidecars with
-the same config (the shipped alert rules plus a rollback rule, one Slack-protocol receiver)
-except what the docs ask of a node sidecar whose leader is not on ``MASTER_ADDR`` at its
-own port: ``cluster.leader_url`` (here ``MONITOR_AGENT_CLUSTER__LEADER_URL``). Node 0's
-sidecar leads the run; node 1's forwards to it.
+its own node's sidecar (a real ``monitor-agent serve`` subprocess each). Both sidecars have
+the same config (the shipped alert rules, with a rollback rule for divergence in place of
+``TrainingDivergence``; the same token; one Slack-protocol receiver, each sidecar on a
+webhook path of its own so a page says who sent it) plus what the docs ask of a node
+sidecar whose leader is not on ``MASTER_ADDR`` at its own port:
+``MONITOR_AGENT_CLUSTER__LEADER_URL``. Node 0's sidecar leads; node 1's forwards to it.
 
 For each fault of the issue's table the receiver gets exactly one page about the run, from
-the leader, naming the right rank, frame, host and cause, and the job exits 0. Then the
-leader is SIGKILLed in the middle of a run: node 1's sidecar pages the fault itself, saying
-its view is partial, and the leader, restarted, catches up without paging it again.
+the leader, naming the right rank, frame, host and cause; a rollback is one plan that all
+four ranks apply at the same step, ending with one model; every job exits 0. Then the leader
+is SIGKILLed in the middle of two jobs (a NaN, a divergence): node 1's sidecar pages each
+fault itself, saying its view is partial, no rank acts, and the leader, restarted, catches
+up without paging again.
 
-One sidecar pair serves the module (each scenario its own run id); the kill scenario comes
-last and leaves the leader running again. No timing assertions: each step waits for what it
-expects, with a deadline.
+One sidecar pair serves the module (each scenario its own run id). The leader-up scenarios'
+jobs run three at a time; the kill comes last and leaves the leader running again. No
+timing assertions: each step waits for what it expects, with a deadline.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 E2E = Path(__file__).resolve().parent
 NODES, PER_NODE = 2, 2
+TOKEN = "one-brain-e2e-token-0123456789"
 ROLLBACK_RULE = {"name": "RollbackOnDivergence", "match": {"types": ["divergence"]},
                  "severity": "critical", "fingerprint": [], "action": "rollback",
                  "rollback_skip_margin": 20, "rollback_budget": 2}
@@ -99,12 +103,14 @@ def text(page: Received) -> str:
 
 def _config(tmp: Path, slack: Receiver, node: int) -> Path:
     shipped = yaml.safe_load((REPO / "monitor_agent" / "default_rules.yaml").read_text())
-    shipped["rules"].insert(0, ROLLBACK_RULE)
+    shipped["rules"] = [ROLLBACK_RULE if r["name"] == "TrainingDivergence" else r
+                        for r in shipped["rules"]]
     rules = tmp / "rules.yaml"
     rules.write_text(yaml.safe_dump(shipped, sort_keys=False))
     config = tmp / f"config-node{node}.yaml"
     config.write_text(
         "tick_interval_seconds: 0.5\n"
+        f"token: {TOKEN}\n"  # the same on every node: the leader takes node 1's digests
         "alerting:\n"
         f"  rules_file: {rules}\n"
         "  group_wait_seconds: 0.05\n"
@@ -170,7 +176,7 @@ def launch(pair: Pair, run_id: str, script: str, *args: str) -> Job:
     procs, logs = [], []
     for node, sc in enumerate(pair.sidecars):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "NODE_NAME": f"gpu-node-{node}",
-               "MONITOR_AGENT_URL": sc.url,
+               "MONITOR_AGENT_URL": sc.url, "MONITOR_AGENT_TOKEN": TOKEN,
                "MONITOR_AGENT_SPOOL_DIR": str(work / f"spool-node{node}"),
                "PYTHONPATH": os.pathsep.join([str(REPO / "client"), str(REPO),
                                               os.environ.get("PYTHONPATH", "")])}
@@ -274,9 +280,10 @@ def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] =
 # decided on node 1's finding reaches the ranks through their clients' action poll (every
 # 5 s) and the next agreed call (every 10 steps); the 135 steps after the fault leave it time.
 STEPS, POISON_FROM, POISON_LEN, CKPT_EVERY = 200, 65, 12, 10
-# Warnings the poisoned stretch raises besides the divergence, each from the leader: the loss
-# spike that starts it and the ranks whose loss leaves the others' meanwhile.
-ROLLBACK_ALSO = ("TrainingLossSpike", "TrainingRankOutlier")
+# What the poisoned stretch raises besides the divergence, each from the leader: the loss
+# spike that starts it, the gradient blow-up with it (grouped under the divergence's page, or
+# in the same message when it comes first) and the ranks whose loss leaves the others'.
+ROLLBACK_ALSO = ("TrainingLossSpike", "TrainingGradExplosion", "TrainingRankOutlier")
 
 
 def _rollback_args(run_id: str, *extra: str, steps: int = STEPS) -> tuple[str, ...]:
