@@ -306,6 +306,18 @@ class Episodes:
             self._count(Reason.RESOLVED)
         self._enqueue(tx, items, now)
 
+    def hand_over(self, run_id: str, now: float) -> int:
+        """The run's leader is back and has the findings this node sidecar paged while it
+        was away (recorded there as told): the open partial-view alerts here are its to
+        close now, so they close quietly here; one resolve, the leader's, goes out."""
+        with self.store.tx() as tx:
+            mine = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
+                    if a.finding_data().get("evidence", {}).get("view") == "partial"]
+            for alert in mine:
+                tx.resolve(alert.fingerprint, now, told=False)
+                self._count(Reason.HANDED_OVER)
+        return len(mine)
+
     def run_ended(self, run_id: str, status: str, now: float, step: int | None,
                   verdict: str | None = None) -> None:
         """A completed run resolves its alerts now, saying how it ended (``verdict``); a

@@ -248,6 +248,11 @@ class Alerting:
         """End a silence now; False if there is no such active silence."""
         return self.store.expire_silence(silence_id, self.clock())
 
+    def hand_over(self, run_id: str, now: float) -> int:
+        """The run's leader has what this node sidecar paged while it was away: its
+        partial-view alerts here close quietly (``Episodes.hand_over``)."""
+        return self.episodes.hand_over(run_id, now)
+
     def adopt_actions(self, run_id: str, actions: list[Action], leader: str) -> list[Action]:
         """Keep the actions the run's leader decided, for this node sidecar's ranks
         (monitor_agent/cluster); returns those new here."""

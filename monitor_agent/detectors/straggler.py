@@ -10,7 +10,9 @@ does NOT wait in the all-reduce while the others do. Each rank's median over
 whose own time is ``straggler_ratio`` x theirs is the straggler, and the larger of its extra
 data time and extra compute time names the cause. A rank whose own work is as fast as the
 others' but whose step is ``straggler_ratio`` x longer, the extra in ``sync_wait_time``, is
-slow in the collective itself (its link, its NIC): that is the third cause.
+slow in the collective itself (its link, its NIC): that is the third cause. A rank slow in
+its own compute whose GPU throttles (the NVML throttle reasons in the record's ``gpu``
+object) while most other ranks' GPUs do not is a straggler with that cause, ``gpu_throttle``.
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
@@ -64,8 +66,15 @@ STRAGGLER_COLLECTIVE = (
     "(NIC errors, a slower path, NCCL_SOCKET_IFNAME / NCCL_IB_HCA picking the wrong device).",
     "Check that the host is not oversubscribed (other jobs on its network or CPUs).",
 )
+STRAGGLER_THROTTLE = (
+    "Its GPU throttles while the others' do not: thermal, check that node's cooling (fans, "
+    "airflow, inlet temperature); power, its power supply and power cap (nvidia-smi -q -d "
+    "POWER,PERFORMANCE); hardware slowdown, both.",
+    "Drain the node and reset the GPU (nvidia-smi -r), then run DCGM diagnostics before it "
+    "takes jobs again (the gpu_health finding names the GPU).",
+)
 SUGGESTIONS = {"data": STRAGGLER_DATA, "compute": STRAGGLER_COMPUTE,
-               "collective": STRAGGLER_COLLECTIVE}
+               "collective": STRAGGLER_COLLECTIVE, "gpu_throttle": STRAGGLER_THROTTLE}
 
 
 class StragglerSettings(SharedSettings):
@@ -84,6 +93,7 @@ class RankTimes:
     compute: Window
     wait: Window
     step: Window
+    throttle: Window   # the GPU's throttle reasons per step (throttle_code), NaN unknown
 
 
 def own_time(rec: StepRecord) -> float | None:
@@ -121,7 +131,8 @@ def _ms(x: float) -> str:
 
 class StragglerDetector(DetectorBase[StragglerSettings]):
     """Warning for a rank whose median own time is ``straggler_ratio`` x the others', with
-    the cause (``evidence["cause"]``: data, compute or collective)."""
+    the cause (``evidence["cause"]``: data, compute, collective, or gpu_throttle: its own
+    compute is slow and its GPU throttles while the others' do not, ``throttle_cause``)."""
 
     type = "straggler"
     severity = Severity.WARNING
@@ -131,7 +142,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window
         return RankTimes(times=Window.of(n), data=Window.of(n), compute=Window.of(n),
-                         wait=Window.of(n), step=Window.of(n))
+                         wait=Window.of(n), step=Window.of(n), throttle=Window.of(n))
 
     def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
         t = own_time(rec)
@@ -142,6 +153,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         st.compute.add(compute_of(rec))
         st.wait.add(_num(rec.sync_wait_time))
         st.step.add(_num(rec.step_time))
+        st.throttle.add(throttle_code(rec))
         peers = [o for r, o in self.ranks.items() if r != rec.rank and o.times.full]
         if not st.times.full or not peers:
             return []
@@ -189,16 +201,59 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             cause = "data" if extra_data > extra_compute else "compute"
         msg = _message(rec.rank, cause, mine, theirs, st.times.median(),
                        float(np.median([o.times.median() for o in peers])))
+        throttle = throttle_cause(st, peers) if cause == "compute" else None
+        if throttle is not None:  # a rank slow in its own compute whose GPU throttles
+            cause, msg = "gpu_throttle", msg + throttle[1]
         own, others = st.times.median(), float(np.median([o.times.median() for o in peers]))
         evidence = {"cause": cause, "own_time": own, "others_median": others, "ratio": ratio,
+                    "throttle": throttle[0] if throttle is not None else None,
                     "ranks": len(peers) + 1,
                     "data_time": mine["data"], "others_data_time": theirs["data"],
                     "compute_time": mine["compute"], "others_compute_time": theirs["compute"],
                     "sync_wait_time": mine["wait"], "others_sync_wait_time": theirs["wait"]}
         return self.finding(rec, msg, value=own, threshold=others * self.settings.straggler_ratio,
-                            evidence={k: v for k, v in evidence.items()
-                                      if not (isinstance(v, float) and math.isnan(v))},
+                            evidence={k: v for k, v in evidence.items() if v is not None
+                                      and not (isinstance(v, float) and math.isnan(v))},
                             suggestions=SUGGESTIONS[cause])
+
+
+# -- the GPU's throttle reasons as a straggler's cause (issue 34) ------------------------------
+# The client sends NVML's throttle reasons as 0/1 in the step record's ``gpu`` object; a rank
+# slow in its own compute whose GPU throttles on most of its window while most other ranks'
+# do not is a straggler with that cause (a throttle every rank shares, such as all GPUs at
+# their power cap, explains nothing about this one).
+THROTTLE_BITS = (("throttle_thermal", 1, "thermal"), ("throttle_power", 2, "power"),
+                 ("throttle_hw_slowdown", 4, "hardware slowdown"))
+
+
+def throttle_code(rec: StepRecord) -> float:
+    """This step's throttle reasons as bits (thermal 1, power 2, hardware slowdown 4); NaN
+    when the record says nothing about them."""
+    gpu = rec.gpu or {}
+    said = [(gpu.get(key), bit) for key, bit, _ in THROTTLE_BITS if gpu.get(key) is not None]
+    if not said:
+        return math.nan
+    return float(sum(bit for value, bit in said if finite(value) and value > 0))
+
+
+def _throttled(w: Window, bit: int) -> tuple[int, bool]:
+    """Steps of the window with ``bit`` set, and whether that is most of those that say."""
+    v = w.values()
+    v = v[~np.isnan(v)].astype(int)
+    on = int(((v & bit) > 0).sum())
+    return on, len(v) > 0 and on * 2 >= len(v)
+
+
+def throttle_cause(st: RankTimes, peers: list[RankTimes]) -> tuple[str, str] | None:
+    """The throttle reason the straggler's GPU shows on most of its steps and fewer than half
+    of the other ranks' GPUs on most of theirs: (reason, a clause for the message)."""
+    for _, bit, name in THROTTLE_BITS:
+        on, most = _throttled(st.throttle, bit)
+        sharing = sum(_throttled(o.throttle, bit)[1] for o in peers)
+        if most and sharing * 2 < len(peers):
+            return name, (f"; its GPU throttles ({name}) on {on} of its last {len(st.throttle)} "
+                          f"steps, {sharing} of {len(peers)} other ranks' GPUs on most of theirs")
+    return None
 
 
 def _peer_median(peers: list[RankTimes], name: str) -> float:

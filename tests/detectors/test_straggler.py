@@ -98,3 +98,30 @@ def test_a_slow_loader_is_found_from_data_time_alone():
     assert found and {f.rank for f in found} == {2}
     assert found[0].evidence["cause"] == "data"
     assert "its data loading takes 410 ms" in found[0].message
+
+
+def _throttled(recs: list, ranks: set[int], key: str = "throttle_thermal") -> list:
+    """The same records with the NVML throttle flags the client sends in ``gpu``."""
+    return [replace(r, gpu={"throttle_thermal": 0.0, "throttle_power": 0.0,
+                            "throttle_hw_slowdown": 0.0, **({key: 1.0} if r.rank in ranks else {}),
+                            "sm_clock_mhz": 1980.0})
+            for r in recs]
+
+
+def test_a_slow_compute_rank_whose_gpu_throttles_names_the_throttle():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute"), {1}))
+    assert found and {f.rank for f in found} == {1}
+    f = found[0]
+    assert (f.evidence["cause"], f.evidence["throttle"]) == ("gpu_throttle", "thermal")
+    assert "its own compute takes 300 ms" in f.message
+    assert "its GPU throttles (thermal) on 20 of its last 20 steps, 0 of " in f.message
+    assert any("cooling" in s for s in f.suggestions)
+
+
+def test_a_throttle_every_rank_shares_is_not_the_cause():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute"), {0, 1, 2, 3},
+                                               key="throttle_power"))
+    assert found and found[0].evidence["cause"] == "compute" and "throttle" not in found[0].evidence
+    # nor is a throttle on a rank whose own compute is not what is slow
+    found = feed(only("straggler"), _throttled(_breakdown(60, 2, "data"), {2}))
+    assert found and found[0].evidence["cause"] == "data"
