@@ -263,10 +263,10 @@ def one_page(pair: Pair, run_id: str, alertname: str, besides: tuple[str, ...] =
     print(f"\n{run_id}: {len(pages)} message(s)\n" + "\n\n".join(
         f"from {sender(p)}: {text(p)}" for p in pages))
     for sc in pair.sidecars:  # what each sidecar made of it, for a failure's log
-        found = get(sc, f"/v1/runs/{run_id}/findings", limit=10000)["findings"]
+        made = get(sc, f"/v1/runs/{run_id}/findings", limit=10000)["findings"]
         print(f"findings on {sc.url}: " + ", ".join(
             f"{f['type']}@{f['step']}/r{f['rank']}{'/partial' if 'view' in f['evidence'] else ''}"
-            for f in found))
+            for f in made))
     # With the leader up, nothing about the run comes from node 1, resolves included.
     told = pair.messages(run_id) if by == "node0" else pages
     assert {sender(m) for m in told} == {by}, [(sender(m), text(m)) for m in told]
