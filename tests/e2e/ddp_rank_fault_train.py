@@ -79,7 +79,8 @@ def main() -> None:
                 args.corrupt_steps < 0 or step < args.corrupt_from + args.corrupt_steps):
             y = y[torch.randperm(len(y), generator=data)] if args.corrupt_shuffle \
                 else y * args.corrupt_scale
-        time.sleep(args.step_time)
+        if args.step_time:
+            time.sleep(args.step_time)
         loss = (model(x) - y).pow(2).mean()
         loss.backward()  # DDP all-reduces the gradients here
         optimizer.step()
