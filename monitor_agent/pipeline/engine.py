@@ -55,7 +55,7 @@ from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import Verdict
-from monitor_agent.records import wire
+from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import (
     CheckpointRecord,
     EndRecord,
@@ -236,6 +236,13 @@ class Engine:
                 if not self.links.lost(leader, now):
                     continue  # the run's leader pages it, from the digest on its way there
                 findings = [f.seen_partially(self.links.why(leader, now)) for f in findings]
+            elif findings and live is not None and self._leads(live.state):
+                # Its in-order copy is judged with every node's ranks (which rank went NaN
+                # first), and what a node sidecar paged while this one was away arrives with
+                # the node's digests: one rank's preview would page that rank as the origin,
+                # and page again what the node paged (a restarted leader's ranks preview
+                # their spooled NaN steps before the node has caught it up).
+                continue
             if findings:
                 context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
@@ -376,6 +383,8 @@ class Engine:
         live.lifecycle = RunLifecycle(live.state.status)
         live.lifecycle.acted(self.alerts.open_actions(live.run_id))
         live.state.phase = live.lifecycle.describe()
+        if after:
+            self._restore_placement(live.state)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -526,6 +535,28 @@ class Engine:
         if (leader, node) != (run.leader, run.node):
             run.leader, run.node = leader, node
             run.version += 1
+
+    def _restore_placement(self, run: RunState) -> None:
+        """Where a run restored from its snapshot sits. The tail replayed after the
+        snapshot no longer holds the run records that placed it, so each rank's last one
+        is read back: this node's own say whom the run follows, if anyone, and every one
+        how many nodes a leader waits for."""
+        for rank in sorted(run.ranks):
+            body = self.store.last_record(run.run_id, rank, "run")
+            try:
+                record = schemas.parse_record(wire.loads(body)) if body is not None else None
+            except (schemas.RecordError, ValueError):
+                continue  # as recovery skips a stored record today's rules reject
+            if isinstance(record, RunRecord):
+                remote = run.ranks[rank].remote
+                run.apply_run(record, remote=remote)
+                if not remote:
+                    self._place(run, record)
+
+    def _leads(self, run: RunState) -> bool:
+        """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's)."""
+        return (self.settings.cluster.enabled and run.node == 0 and run.leader is None
+                and run.roster.expected > 1)
 
     def _following(self, run: RunState) -> str | None:
         """The leader this sidecar forwards the run to, or None when it judges it here."""
