@@ -137,6 +137,13 @@ class RunLifecycle:
         # Start step -> action id of every rollback applied: which resumed attempts were
         # rollbacks, and which were resumes after a crash or a clean end.
         self.applied_starts: dict[int, int] = {}
+        self._open: dict[int, dict[str, Any]] = {}  # id -> the action, as decided
+
+    def open_actions(self) -> list[dict[str, Any]]:
+        """The actions the run is to take and has not (a pending rollback, an open stop),
+        as decided: every ingest answer of the run carries them, so each rank learns of
+        them from its next answer whichever rank's finding decided them."""
+        return list(self._open.values())
 
     @property
     def phase(self) -> Phase:
@@ -163,7 +170,10 @@ class RunLifecycle:
             self.applied_starts[start] = pending.action_id
             events.append(self.applied)
             self.rollback = None
-        self.stop = None  # the stopped process is gone; a stop for the new one comes anew
+            self._open.pop(pending.action_id, None)
+        if self.stop is not None:  # the stopped process is gone; a new one's stop comes anew
+            self._open.pop(self.stop.action_id, None)
+        self.stop = None
         return events
 
     def acted(self, actions: list[dict[str, Any]]) -> list[Event]:
@@ -178,6 +188,8 @@ class RunLifecycle:
                 continue
             if honoured is not None:
                 continue  # history, not an order
+            if kind in ("rollback", "stop"):
+                self._open[int(a["id"])] = dict(a)
             if kind == "rollback" and isinstance(plan, dict):
                 skip, resume, unit = _windows(plan)
                 self.rollback = RollbackDecided(
@@ -201,7 +213,8 @@ class RunLifecycle:
         honoured = self.stop is not None and status == "stopped"
         ignored = self.stop is not None and status == "completed"
         self.status = status
-        if honoured or ignored:
+        if (honoured or ignored) and self.stop is not None:
+            self._open.pop(self.stop.action_id, None)
             self.stop = None
         return [Ended(status, step, honoured, ignored)]
 

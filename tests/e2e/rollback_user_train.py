@@ -11,13 +11,21 @@ batch ``p``). Two corrupt stretches, batches ``poison`` (e.g. ``65-70,95-100``),
 targets off by growing powers of ten: the loss and gradients run away from the first of
 them on (a divergence at a known batch). Every batch trained is written to
 ``<out_dir>/batches-r<rank>.log`` as ``<step> <position> <first sample id>`` and each
-rollback as ``rollback <id> <checkpoint_step> <windows>``, so a test can check what was
+rollback as ``rollback <id> <checkpoint_step> <skip_to> <windows>``, so a test can check what was
 consumed. ``--ignore_window`` is the mistake the sidecar must catch: the loop resumes the
-data at the checkpoint and skips nothing.
+data at the checkpoint and skips nothing. With ``WORLD_SIZE`` > 1 it runs DDP over gloo
+(``RANK``, ``MASTER_ADDR``/``PORT``: ``torchrun`` sets them), rank 0 saves the checkpoints
+and, by default, reports them alone (``--save_on=all``: every rank reports the same file once
+it is saved); ``--poison_ranks=2,3`` corrupts only those ranks' shards (``--poison_from`` and
+``--poison_len`` give one stretch). At the end each rank writes a digest of its weights to
+``<out_dir>/weights-r<rank>.txt`` (one job, one model: they must all be equal).
+``--pause_at=S --pause_file=F`` holds every rank before step S until F exists and
+``--hold_file=F`` before ``mon.close()``, for a test that acts on the sidecars meanwhile.
 
     python rollback_user_train.py --url=http://127.0.0.1:9400 --run_id=demo --out_dir=out
 """
 
+import hashlib
 import os
 import sys
 import time
@@ -34,14 +42,26 @@ out_dir = "out"
 steps = 200
 ckpt_every = 10
 poison = "65-70,95-100"
+poison_from, poison_len = 0, 0  # one stretch, instead of ``poison``
 batch_size = 16
 ignore_window = 0
 step_delay = 0.05  # a real model's step takes this long at least; this one is tiny
+save_on = "rank0"  # or "all"
+poison_ranks = ""  # e.g. "2,3"; empty: every rank's shard
+pause_at, pause_file, hold_file = 0, "", ""
 for arg in sys.argv[1:]:
     key, val = arg[2:].split("=", 1)
     globals()[key] = type(globals()[key])(val)
+if poison_len:
+    poison = f"{poison_from}-{poison_from + poison_len - 1}"
 
 rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def wait_for(path):
+    while path and not os.path.exists(path):
+        time.sleep(0.05)
+
 if world > 1:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 os.makedirs(out_dir, exist_ok=True)
@@ -62,8 +82,9 @@ class Numbered(torch.utils.data.Dataset):
         x = torch.randn(8, generator=g)
         y = x @ W_TRUE + 0.01 * torch.randn(1, generator=g)
         batch = i // (batch_size * world) + 1
+        poisoned = not poison_ranks or str(i % world) in poison_ranks.split(",")
         for first, last in CORRUPT:
-            if first <= batch <= last:
+            if poisoned and first <= batch <= last:
                 y = y * 10.0 ** (1 + batch - first)
         return x, y, i
 
@@ -88,6 +109,8 @@ step = 0
 while step < steps:
     for x, y, ids in mon.timed(data):  # monitor: timed() sends data.position with each step
         step += 1
+        if step == pause_at:
+            wait_for(pause_file)
         print(step, data.position, int(ids[0]), file=log, flush=True)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
@@ -108,9 +131,12 @@ while step < steps:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                             "sched": sched.state_dict(), "rng": torch.get_rng_state(),
                             "step": step, "position": data.position}, path)
-                mon.checkpoint_saved(step, path)  # monitor: after the save
+                if save_on == "rank0":
+                    mon.checkpoint_saved(step, path)  # monitor: after the save
             if world > 1:
                 dist.barrier()
+            if save_on == "all":
+                mon.checkpoint_saved(step, path)  # monitor
         if mon.should_stop():  # monitor: a rule stopped the run
             steps = step
             break
@@ -126,11 +152,15 @@ while step < steps:
             # where the checkpoint left the data, every window of the plan left out
             data.seek(state["position"], skip=() if ignore_window else plan.skip)
             mon.rolled_back(plan)  # monitor
-            print("rollback", plan.id, plan.checkpoint_step,
+            print("rollback", plan.id, plan.checkpoint_step, plan.skip_to,
                   ",".join(f"{a}-{b}" for a, b in plan.skip), file=log, flush=True)
             break  # the data restarts from the seek
         if step >= steps:
             break
+weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+with open(os.path.join(out_dir, f"weights-r{rank}.txt"), "w") as f:
+    f.write(weights.hexdigest())
+wait_for(hold_file)
 mon.close()  # monitor
 if world > 1:
     dist.destroy_process_group()

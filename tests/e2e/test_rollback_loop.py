@@ -98,7 +98,7 @@ def _consumed(out: Path, rank: int) -> tuple[list[tuple[int, int]], list[tuple]]
     for line in (out / f"batches-r{rank}.log").read_text().splitlines():
         words = line.split()
         if words[0] == "rollback":
-            windows = [tuple(map(int, w.split("-"))) for w in words[3].split(",")]
+            windows = [tuple(map(int, w.split("-"))) for w in words[4].split(",")]
             rollbacks.append((len(trained), int(words[1]), int(words[2]), windows))
         else:
             trained.append((int(words[0]), int(words[1])))
