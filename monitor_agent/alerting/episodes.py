@@ -25,8 +25,10 @@ NaN alert's life::
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from monitor_agent.alerting import lifecycle as lc
+from monitor_agent.alerting import rollback
 from monitor_agent.alerting import rule_actions as actions
 from monitor_agent.alerting.alert_store import AlertStore, AlertTx
 from monitor_agent.alerting.alerting_settings import AlertingSettings
@@ -47,6 +49,16 @@ log = logging.getLogger(__name__)
 Item = tuple[AlertEvent, tuple[str, ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A rollback due for ``finding`` (its alert ``fingerprint``), waiting since ``since``."""
+
+    rule: Rule
+    finding: Finding
+    fingerprint: str
+    since: float
+
+
 class Episodes:
     """The alert state machine over the store, with the outbox in the same transactions."""
 
@@ -59,6 +71,9 @@ class Episodes:
         self.outbox = outbox
         self.notifiers = notifiers
         self.metrics = metrics
+        # Rollbacks due but waiting for a checkpoint rank to catch up, by run (``_wait``):
+        # in memory only; after a restart the next finding of the episode decides anew.
+        self.deferred: dict[str, Deferred] = {}
 
     # -- findings -------------------------------------------------------------------------
 
@@ -172,11 +187,50 @@ class Episodes:
                         "no action (%s)", f.run_id, rule.name, f.type,
                         f.evidence.get("view_reason"))
             return None
+        if rule.action == "rollback" and self._wait(tx, run, rule, f, fp, now):
+            return None
         action = actions.take(tx, rule, f, fp, now, run)
         if action is None:
             return None
         log.warning("%s (run %s, %s)", action.message, f.run_id, f.type)
         return action
+
+    def _wait(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, fp: str,
+              now: float) -> bool:
+        """Whether a due rollback waits for the ranks that report checkpoints to reach the
+        fault's onset (alerting/rollback.py ``behind``); ``retry`` decides it later."""
+        late = rollback.behind(run.rank_steps, run.checkpoint_ranks, f)
+        waiting = self.deferred.get(run.run_id)
+        since = waiting.since if waiting is not None else now
+        if not late or now - since >= rollback.ROLLBACK_WAIT_SECONDS:
+            self.deferred.pop(run.run_id, None)
+            return False
+        if waiting is None and tx.pending_rollbacks(run.run_id):
+            return False  # decided already: take() notes it
+        self.deferred[run.run_id] = Deferred(rule, f, fp, since)
+        tx.note_action(fp, f"rollback waits for rank {', '.join(map(str, late))} to report "
+                           f"up to step {rollback.onset_of(f)} (a save before the fault may "
+                           "be on its way)")
+        return True
+
+    def retry(self, run: RunContext, now: float) -> list[Action]:
+        """Decide a rollback that waited (``_wait``), once the ranks caught up or the wait
+        is over; the actions taken."""
+        waiting = self.deferred.get(run.run_id)
+        if waiting is None:
+            return []
+        if rollback.behind(run.rank_steps, run.checkpoint_ranks, waiting.finding) and \
+                now - waiting.since < rollback.ROLLBACK_WAIT_SECONDS:
+            return []
+        del self.deferred[run.run_id]
+        with self.store.tx() as tx:
+            action = actions.take(tx, waiting.rule, waiting.finding, waiting.fingerprint, now,
+                                  run)
+            if action is None:
+                return []
+            log.warning("%s (run %s, %s)", action.message, run.run_id, waiting.finding.type)
+            self._announce(tx, action, now)
+        return [action]
 
     def _announce(self, tx: AlertTx, action: Action, now: float) -> None:
         """People already paged about this alert hear of the action now, cooldown or not."""

@@ -58,6 +58,10 @@ class RunContext:
     data: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     skipped: tuple[tuple[int, int], ...] = ()
     skipped_unit: str = "positions"  # or "steps": a plan of a run without data positions
+    # Each rank's latest step, and the ranks that report checkpoints: a rollback waits for
+    # those to reach the fault's onset (alerting/rollback.py ``behind``).
+    rank_steps: dict[int, int] = field(default_factory=dict)
+    checkpoint_ranks: tuple[int, ...] = ()
 
     def match_labels(self) -> dict[str, str]:
         """Run labels for rule matching; the project counts as a label too."""
@@ -188,12 +192,20 @@ class AlertView:
     checkpoint: str | None = field(default=None, metadata={"description": (
         "The run's last clean checkpoint as its pages name it ('last clean checkpoint: step "
         "11800, <path>'); null when the run reported no checkpoint.")})
+    step: int | None = field(default=None, metadata={"description": (
+        "The step of its latest finding (``last_step`` is where the run's history stands for "
+        "it: after a rollback, the checkpoint's step).")})
+    paged: bool = field(default=False, metadata={"description": (
+        "Its rule routes it to the 'page' route (someone is woken; a 'chat' route only "
+        "posts), and it went out: firing or resolved, not silenced.")})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def of(cls, alert: StoredAlert, silenced: bool) -> AlertView:
+    def of(cls, alert: StoredAlert, silenced: bool, route: str | None = None) -> AlertView:
+        """``route``: its rule's (None: the rule is gone; then its severity says, as the
+        default routes do: error and critical page)."""
         finding = alert.finding_data()
         suggestions = finding.get("suggestions") or []
         related = RelatedFindings.from_json(alert.related)
@@ -206,5 +218,11 @@ class AlertView:
             last_step=alert.last_step, count=alert.count, resolved_at=alert.resolved_at,
             acked_by=alert.acked_by, acked_at=alert.acked_at, dashboard_url=alert.dashboard_url,
             action=alert.action, related=related.count, related_summary=related.summary() or None,
-            checkpoint=alert.checkpoint,
+            checkpoint=alert.checkpoint, step=_int(finding.get("step")),
+            paged=(route == "page" if route is not None else alert.severity in (
+                "error", "critical")) and alert.state != "pending" and not silenced,
         )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

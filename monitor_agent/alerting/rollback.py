@@ -69,7 +69,16 @@ from typing import Any
 from monitor_agent.alerting.rules import Rule
 from monitor_agent.records.types import Finding
 
-__all__ = ["Positions", "decide", "describe", "merge", "onset_of", "windows_of"]
+__all__ = ["ROLLBACK_WAIT_SECONDS", "Positions", "behind", "decide", "describe", "merge",
+           "onset_of", "windows_of"]
+
+ROLLBACK_WAIT_SECONDS = 5.0
+"""How long a rollback decision waits for the ranks that report checkpoints to reach the
+fault's onset (``behind``). Each rank posts on its own queue, so another rank's records of
+the fault can arrive before the checkpoint rank's record of the last save before it (a run
+saved at 50 and 60, corrupt from 61: deciding at once went back to 50). A client posts
+every ``linger`` (0.5 s) and retries within a second; 5 s covers that without holding a real
+fault's rollback noticeably (the nan_inf first-rank wait is the same)."""
 
 _WINDOWS_SHOWN = 4  # a message lists this many windows, then "and N more"
 
@@ -92,6 +101,24 @@ def onset_of(finding: Finding) -> int:
     if not isinstance(onset, int) or isinstance(onset, bool) or onset > finding.step:
         return finding.step
     return onset
+
+
+def behind(ranks: dict[int, int], checkpoint_ranks: tuple[int, ...],
+           finding: Finding) -> list[int]:
+    """The ranks whose checkpoints before the fault's onset may not have arrived yet: those
+    that report checkpoints (every rank, before any did) whose latest step is before the
+    onset. A rank's checkpoint records travel in order with its steps, so once its step at
+    the onset is here, so is every save before it.
+
+        >>> from monitor_agent.records.types import Severity
+        >>> fault = Finding("divergence", Severity.ERROR, "r", step=66, message="",
+        ...                 evidence={"onset_step": 61})
+        >>> behind({0: 59, 1: 66}, (0,), fault), behind({0: 61, 1: 66}, (0,), fault)
+        ([0], [])
+    """
+    onset = onset_of(finding)
+    who = checkpoint_ranks or tuple(ranks)
+    return sorted(r for r in who if ranks.get(r, -1) < onset)
 
 
 def merge(windows: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[list[int]]:

@@ -186,6 +186,8 @@ class Rule:
     # Rollbacks per run before the rule stops it instead: a fault that comes back twice
     # after going back to clean weights is not a bad batch, and a human must look.
     rollback_budget: int = 2
+    # The route its channels come from: "page" (someone is woken) or another, e.g. "chat".
+    route: str = "page"
 
     def matches(self, finding: Finding, run_labels: dict[str, str]) -> bool:
         if "*" not in self.types and finding.type not in self.types:
@@ -288,7 +290,7 @@ def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule
         )
     d = model.defaults
     return Rule(
-        name=r.name, types=tuple(r.match.types), channels=tuple(model.routes[route]),
+        name=r.name, types=tuple(r.match.types), channels=tuple(model.routes[route]), route=route,
         cooldown=d.cooldown if r.cooldown is None else r.cooldown,
         repeat_interval=d.repeat_interval if r.repeat_interval is None else r.repeat_interval,
         resolve_after=d.resolve_after if r.resolve_after is None else r.resolve_after,

@@ -157,6 +157,16 @@ class Alerting:
             self._flush_now.set()
         return [a.to_dict() for a in taken]
 
+    def waiting(self, run_id: str) -> bool:
+        """Whether a rollback of the run waits for a checkpoint rank (``retry``)."""
+        return run_id in self.episodes.deferred
+
+    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        """Decide a rollback that waited for the ranks that report checkpoints to reach
+        the fault's onset (alerting/rollback.py ``behind``), once they did or the wait is
+        over; the actions taken, as ``handle`` returns them."""
+        return [a.to_dict() for a in self.episodes.retry(run, now)]
+
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
         ahead of a backlog, see ``Engine.preview`` in pipeline/engine.py); return how many began.
@@ -225,7 +235,8 @@ class Alerting:
 
     def _views(self, alerts: list[StoredAlert]) -> list[AlertView]:
         active = self.silences()
-        return [AlertView.of(a, silenced_by(active, a)) for a in alerts]
+        routes = {r.name: r.route for r in self.rules}
+        return [AlertView.of(a, silenced_by(active, a), routes.get(a.rule)) for a in alerts]
 
     def acknowledge(self, fingerprint: str, by: str) -> AlertView | None:
         """Someone owns it: no more reminders; channels that know acks (PagerDuty) hear it."""

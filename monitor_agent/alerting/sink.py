@@ -60,6 +60,16 @@ class AlertSink(Protocol):
         from when the run loads (runs/lifecycle.py)."""
         ...
 
+    def waiting(self, run_id: str) -> bool:
+        """Whether a rollback of the run waits for a rank that reports checkpoints to reach
+        the fault's onset (alerting/rollback.py ``behind``)."""
+        ...
+
+    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        """Decide such a rollback once the ranks caught up or the wait is over; the actions
+        taken."""
+        ...
+
 
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
@@ -80,6 +90,12 @@ class NullSink:
 
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         return None
+
+    def waiting(self, run_id: str) -> bool:
+        return False
+
+    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        return []
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         return []

@@ -371,6 +371,19 @@ class Engine:
             run.count_findings(findings)
         elif findings:
             self._route(run, findings, now, result, origin)
+        if not quiet:
+            self._retry(run, now, result)
+
+    def _retry(self, run: RunState, now: float, result: IngestResult) -> None:
+        """A rollback that waited for a rank to report up to the fault's onset (a save
+        before it may have been on its way, alerting/rollback.py ``behind``): decided once
+        the ranks caught up or the wait is over."""
+        if not self.alerts.waiting(run.run_id):
+            return
+        taken = self.alerts.retry(_context(run), now)
+        if taken:
+            result.actions.extend(taken)
+            self.acted(run.run_id, taken, now)
 
     def _replay(self, live: LiveRun, after: int, now: float, quiet: bool = False) -> None:
         """Feed a restored run the records stored after its snapshot, through the very
@@ -405,6 +418,9 @@ class Engine:
             run.rank(record.rank).remote = True
         if isinstance(record, StepRecord):
             run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
+            if live.lifecycle.silent is not None:  # it was only quiet
+                live.lifecycle.heard()
+                self._lifecycle(live, [], arrival)
         elif isinstance(record, EvalRecord):
             run.apply_eval(record, arrival)
         elif isinstance(record, RunRecord):
@@ -528,7 +544,7 @@ class Engine:
                     self.store.uplink.mark_closed(leader, run.run_id)
         phase = live.lifecycle.describe()
         if phase != run.phase:
-            run.phase = phase
+            run.phase, run.phase_state = phase, live.lifecycle.phase.value
             run.version += 1
 
     def _applied(self, live: LiveRun) -> None:
@@ -772,6 +788,7 @@ class Engine:
 
     def _tick_run(self, live: LiveRun, now: float) -> list[Finding]:
         run = live.state
+        self._retry(run, now, self._ticked)  # a wait that ran out with nothing arriving
         if run.status != "running" or not run.ranks:
             return []
         last_time = max((r.last.time for r in run.ranks.values() if r.last), default=None)
@@ -788,6 +805,9 @@ class Engine:
             self.metrics.detector_errors.inc()
             log.exception("detector tick failed for %s", run.run_id)
             return []
+        silence = _silence(found, record_now - last_time)
+        if silence is not None:
+            self._lifecycle(live, live.lifecycle.went_silent(run.last_step, *silence), now)
         if found:
             found = [dataclasses.replace(f, attempt=max(live.attempts.current, 1))
                      for f in found]
@@ -816,7 +836,27 @@ def _context(run: RunState) -> RunContext:
         data={r: (s.data_step, s.data_position, s.per_step) for r, s in run.ranks.items()
               if s.data_position is not None},
         skipped=run.skipped, skipped_unit=run.skipped_unit,
+        rank_steps={r: s.last_step for r, s in run.ranks.items()},
+        checkpoint_ranks=tuple(sorted({e.rank for e in run.ledger.entries.values()})),
     )
+
+
+def _silence(found: list[Finding], silent_for: float) -> tuple[float, bool] | None:
+    """(limit, gone) when a tick's findings say the whole run went silent: a ``stalled``
+    finding whose limit the run's newest record is older than (every rank is quiet, not
+    one), or a ``hang`` finding that judged every reporting rank's process gone."""
+    for f in found:
+        if f.type == "stalled" and f.threshold is not None and silent_for > f.threshold:
+            return float(f.threshold), False
+        ranks, gone = f.evidence.get("ranks"), f.evidence.get("gone_ranks")
+        if (f.type == "hang" and isinstance(ranks, dict) and gone and len(gone) == len(ranks)
+                and not f.evidence.get("hung_ranks")):
+            return float(min(_num(v.get("silent_seconds")) for v in ranks.values())), True
+    return None
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _future_checkpoint(run: RunState, record: CheckpointRecord,

@@ -50,12 +50,18 @@ def run_progress(run: RunState, state: RankState) -> Progress | None:
     return _by_tokens(run, total) if total is not None else None
 
 
+def _going(run: RunState) -> bool:
+    """Whether the run makes progress an ETA can extrapolate: running, not silent (a
+    process that died leaves no time to go)."""
+    return run.status == "running" and run.phase_state != "silent"
+
+
 def _by_steps(run: RunState, state: RankState, total: float) -> Progress | None:
     if state.last_step < 0:
         return None
     counted = sum(state.step_time_counts)
     eta = None
-    if run.status == "running" and counted:
+    if _going(run) and counted:
         eta = max(total - state.last_step, 0) * state.step_time_sum / counted
     return Progress(min(state.last_step / total, 1.0), "steps", eta)
 
@@ -68,6 +74,6 @@ def _by_tokens(run: RunState, total: float) -> Progress | None:
     # Ranks work in parallel: the run's pace is its tokens over the slowest rank's time.
     busy = max(r.step_time_sum for r in ranks)
     eta = None
-    if run.status == "running" and busy > 0:
+    if _going(run) and busy > 0:
         eta = max(total - done, 0.0) / (done / busy)
     return Progress(min(done / total, 1.0), "tokens", eta)

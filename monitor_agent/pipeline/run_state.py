@@ -126,6 +126,7 @@ class RunState:
     # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
     # string the views read.
     phase: str = "running"
+    phase_state: str = "running"  # the lifecycle's Phase value ("silent": no ETA)
     # The data windows the run's newest applied rollback skips (its plan's ``skip``, which
     # holds every earlier one's too) and their unit: what a later plan skips as well, and
     # what the resumed run's positions are checked against (detectors/window_trained.py).

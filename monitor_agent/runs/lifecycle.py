@@ -26,7 +26,10 @@ store keeps the status, the verdict and the charts read what that left):
 The phases: ``running`` -> ``awaiting_resume`` (a plan is pending) -> ``running`` (it was
 applied) ...; ``awaiting_resume`` -> ``awaiting_relaunch`` when the process ends with the
 plan pending; ``running`` -> ``stopping`` -> ``ended``; any -> ``ended`` on an end record,
-and ``ended`` -> ``running`` when a new attempt settles. A resumed attempt that applied no
+and ``ended`` -> ``running`` when a new attempt settles. A running run that nothing is
+heard from for longer than its stall limit, with no end record, is ``silent`` (``Silent``:
+its process most likely died, as a SIGTERM or SIGKILL leaves it) until its next record.
+A resumed attempt that applied no
 plan is said as what it was (``resume_kind``): a resume after a crash (the process before
 it sent no end record, or ended ``failed``), or from a checkpoint after a clean end.
 ``describe()`` says the phase as people read it.
@@ -73,6 +76,7 @@ from monitor_agent.storage.store import StoredAttempt
 
 class Phase(enum.StrEnum):
     RUNNING = "running"
+    SILENT = "silent"                    # running, but nothing heard for a stall: likely dead
     AWAITING_RESUME = "awaiting_resume"  # a rollback plan is pending
     AWAITING_RELAUNCH = "awaiting_relaunch"  # the process ended with a plan pending
     STOPPING = "stopping"                # a stop was requested, not yet honoured
@@ -115,6 +119,17 @@ class StopRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class Silent:
+    """Nothing from any rank of a running run for longer than its stall limit, and no end
+    record: its process most likely died (killed by SIGKILL/SIGTERM, or crashed without a
+    word); ``gone``: the ranks' watchdogs would have reported a hang, and did not."""
+
+    step: int
+    limit_seconds: float
+    gone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Ended:
     status: str
     step: int
@@ -123,7 +138,7 @@ class Ended:
     stop_ignored: bool = False
 
 
-Event = AttemptSettled | RollbackDecided | RolledBack | StopRequested | Ended
+Event = AttemptSettled | RollbackDecided | RolledBack | StopRequested | Silent | Ended
 
 
 class RunLifecycle:
@@ -138,6 +153,7 @@ class RunLifecycle:
         # rollbacks, and which were resumes after a crash or a clean end.
         self.applied_starts: dict[int, int] = {}
         self._open: dict[int, dict[str, Any]] = {}  # id -> the action, as decided
+        self.silent: Silent | None = None  # until the next record (not durable: re-judged)
 
     def open_actions(self) -> list[dict[str, Any]]:
         """The actions the run is to take and has not (a pending rollback, an open stop),
@@ -149,6 +165,8 @@ class RunLifecycle:
     def phase(self) -> Phase:
         if self.status != "running":
             return Phase.AWAITING_RELAUNCH if self.rollback is not None else Phase.ENDED
+        if self.silent is not None:
+            return Phase.SILENT
         if self.rollback is not None:
             return Phase.AWAITING_RESUME
         if self.stop is not None:
@@ -208,8 +226,21 @@ class RunLifecycle:
             skip, resume, unit = _windows(plan)
             self.applied = RolledBack(action_id, start, skip, resume, unit)
 
+    def went_silent(self, step: int, limit_seconds: float, gone: bool = False) -> list[Event]:
+        """Nothing heard from any rank for ``limit_seconds`` after step ``step`` (the stall
+        or hang detectors' judgement, Engine._tick_run)."""
+        if self.status != "running" or (self.silent is not None and self.silent.gone >= gone):
+            return []
+        self.silent = Silent(step, limit_seconds, gone)
+        return [self.silent]
+
+    def heard(self) -> None:
+        """A record arrived: the run is not silent (any more)."""
+        self.silent = None
+
     def ended(self, status: str, step: int) -> list[Event]:
         """An end record (``status``: completed, failed or stopped)."""
+        self.silent = None
         honoured = self.stop is not None and status == "stopped"
         ignored = self.stop is not None and status == "completed"
         self.status = status
@@ -239,6 +270,13 @@ class RunLifecycle:
             return (f"waiting for relaunch from checkpoint step {r.checkpoint_step} "
                     f"({r.checkpoint_path}): rollback {r.action_id} decided at step "
                     f"{r.decided_at_step}")
+        if phase is Phase.SILENT and self.silent is not None:
+            s = self.silent
+            limit = f"{s.limit_seconds / 60:.0f} min" if s.limit_seconds >= 120 else \
+                f"{s.limit_seconds:.0f} s"
+            why = ("its ranks' watchdogs did not report a hang: the process is gone" if s.gone
+                   else "its process most likely died (killed, or crashed without a word)")
+            return f"silent since step {s.step}: nothing for over {limit}, no end record; {why}"
         if phase is Phase.STOPPING and self.stop is not None:
             return f"stopping: stop {self.stop.action_id} requested at step {self.stop.step}"
         return "running" if phase is Phase.RUNNING else self.status

@@ -49,7 +49,11 @@ def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE,
     checkpoint at step C resumes the data at position C)."""
     data = {"checkpoint_positions": {s: s for s, _ in clean},
             "data": {f.rank: (f.step, f.step, 1) for f in findings}} if positions else {}
-    run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line, **data)
+    # Rank 0 reports the saves; rank 1 is where its finding is (every rank caught up,
+    # unless ``positions`` is off: then rank 0 is at step 238, before any onset here).
+    steps = {0: max(f.step for f in findings) if positions else 238, 1: 252}
+    run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line, **data,
+                     rank_steps=steps, checkpoint_ranks=(0,))
     return h.alerting.handle(run, list(findings), h.clock())
 
 
@@ -156,3 +160,31 @@ def test_the_commented_example_in_the_default_rules_is_a_working_rollback_rule()
     [rule] = parse_rules(f"routes: {{page: [console], chat: [console]}}\nrules:\n  {example}\n")
     assert (rule.name, rule.action, rule.rollback_lr_factor, rule.rollback_budget) == (
         "RollbackOnDivergence", "rollback", 0.5, 2)
+
+
+def _saving_run(rank0_at: int, clean: tuple) -> RunContext:
+    """Rank 0 saves (every 10 steps) and has reached ``rank0_at``; rank 1 is at 252."""
+    return RunContext("r1", clean_checkpoints=clean, checkpoint_line=LINE,
+                      rank_steps={0: rank0_at, 1: 252}, checkpoint_ranks=(0,))
+
+
+def test_a_rollback_waits_for_the_saving_rank_to_reach_the_faults_onset(rolling: Harness):
+    """Issue 31: rank 1's fault (onset 241) arrives while rank 0, which saves, is at step
+    238: its save at 240 may be on its way, so the decision waits for it, not going back to
+    200 meanwhile; once rank 0 is past the onset it is decided, with the save at 240."""
+    fault = nan(step=241, rank=1)
+    assert _handle(rolling, fault, clean=CLEAN, positions=False) == []
+    assert rolling.alerting.waiting("r1")
+    assert rolling.alerting.retry(_saving_run(239, CLEAN), rolling.clock()) == []
+    with_240 = (*CLEAN, (240, "/ckpt/step-240.pt"))
+    [decided] = rolling.alerting.retry(_saving_run(241, with_240), rolling.clock())
+    assert decided["plan"]["checkpoint_step"] == 240 and not rolling.alerting.waiting("r1")
+
+
+def test_the_wait_is_bounded(rolling: Harness):
+    assert _handle(rolling, nan(step=241, rank=1), clean=CLEAN, positions=False) == []
+    rolling.clock.advance(4.0)
+    assert rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock()) == []
+    rolling.clock.advance(1.5)  # rank 0 silent past ROLLBACK_WAIT_SECONDS: decide with what is known
+    [decided] = rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock())
+    assert decided["plan"]["checkpoint_step"] == 200

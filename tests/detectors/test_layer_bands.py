@@ -81,3 +81,25 @@ def test_a_non_finite_gradient_is_out_of_band_at_once():
 
 def test_restore_mid_stream_changes_nothing():
     assert_restore_equivalent(lambda: only("grad_explosion"), _explosion(2, 0), cut=101)
+
+
+def test_a_departure_long_before_the_faults_onset_is_not_named_as_its_origin():
+    """Issue 31: a layer flared (two readings out) 60 steps before a divergence began; it is
+    within the episode horizon, but the fault's onset says it is another story."""
+    from monitor_agent.detectors.support.layer_bands import locate
+    from monitor_agent.records.types import Finding, Severity
+
+    ctx, bands = DetectorContext(DetectorSettings()), LayerBands()
+    for i in range(1, 71):
+        boost = {1: 8.0} if i in (10, 11) else {}  # the stray flare
+        if i >= 68:
+            boost[3] = 6.0 * (i - 67)  # where the fault begins
+        bands.update(ctx.align(grad_table(N, _layer_grads(i, boost))), i)
+    fault = Finding("divergence", Severity.ERROR, "r", 70, "diverged",
+                    evidence={"onset_step": 70})
+    [named] = locate([fault], bands, ctx)
+    assert named.evidence["first_layer_out"] == N[3], named.evidence
+    assert named.evidence["first_layer_out_step"] == 68
+    # Without an onset the horizon alone decides, and the flare is still the first out.
+    [plain] = locate([Finding("grad_explosion", Severity.ERROR, "r", 70, "exploded")], bands, ctx)
+    assert plain.evidence["first_layer_out"] == N[1]

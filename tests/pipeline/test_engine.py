@@ -74,6 +74,12 @@ class RecordingSink:
     def open_actions(self, run_id: str) -> list[dict]:
         return []
 
+    def waiting(self, run_id: str) -> bool:
+        return False
+
+    def retry(self, run: RunContext, now: float) -> list[dict]:
+        return []
+
 
 def _items(objs: list[dict]) -> list[Incoming]:
     return [Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(objs)]

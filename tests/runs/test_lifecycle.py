@@ -59,3 +59,19 @@ def test_a_new_attempt_makes_an_ended_run_running_again():
     restarted = StoredAttempt(2, "restarted", 1, 0.0, 1, 500)
     assert [type(e) for e in life.settled(restarted)] == [AttemptSettled]
     assert life.status == "running" and life.phase is Phase.RUNNING
+
+
+def test_a_silent_run_is_said_so_until_it_is_heard_from():
+    from monitor_agent.runs.lifecycle import Silent
+
+    life = RunLifecycle()
+    [silent] = life.went_silent(400, 300.0)
+    assert isinstance(silent, Silent) and life.phase is Phase.SILENT
+    assert life.describe() == ("silent since step 400: nothing for over 5 min, no end record; "
+                               "its process most likely died (killed, or crashed without a word)")
+    assert life.went_silent(400, 300.0) == []  # told once
+    assert life.went_silent(400, 120.0, gone=True)  # the watchdogs' word is stronger
+    life.heard()
+    assert life.phase is Phase.RUNNING
+    life.ended("completed", 500)
+    assert life.went_silent(500, 300.0) == [] and life.phase is Phase.ENDED

@@ -45,6 +45,12 @@ block's 5x at step 12::
     ...     bands.update(ctx.align(LayerTable.from_norms(norms(step))), step)
     >>> [(name, left, round(ratio)) for name, left, ratio in bands.first_out(ctx, now=12)]
     [('embed.weight', 11, 18), ('blocks.0.weight', 12, 5)]
+
+A fault whose onset is step 30 names neither: they left 19 and 18 steps before it, more
+than ``ONSET_SLACK``, another episode than the one the fault began with::
+
+    >>> bands.first_out(ctx, now=40, since=30 - ONSET_SLACK)
+    []
 """
 
 from __future__ import annotations
@@ -65,6 +71,11 @@ BAND_Z = 4.0
 BAND_RATIO = 2.0
 SIGMA_FLOOR = 1e-3  # log units
 HORIZON = 100  # steps an episode is remembered after its parameter came back
+# How far before a finding's onset (its evidence's ``onset_step``: where the loss left its
+# level) a parameter may have left its band and still be named as where the fault began:
+# gradients flare a few steps before the loss they drive rises. A departure earlier than
+# that is another episode (a stray flare 60 steps before a divergence is not its origin).
+ONSET_SLACK = 10
 
 
 @dataclass(slots=True)
@@ -126,18 +137,26 @@ class LayerBands:
         recent = np.isnan(self.back_at) | (self.confirmed & (now - self.back_at <= HORIZON))
         return np.isfinite(self.left_at) & recent
 
-    def first_out(self, ctx: Any, now: int, k: int = 5) -> list[tuple[str, int, float]]:
+    def first_out(self, ctx: Any, now: int, k: int = 5,
+                  since: int | None = None) -> list[tuple[str, int, float]]:
         """Up to ``k`` parameters of the current episode: (name, step it left, ratio then),
-        earliest first; on the same step the farthest out first."""
-        idx = np.flatnonzero(self._episode(now))
+        earliest first; on the same step the farthest out first. ``since``: only those that
+        left at or after that step."""
+        episode = self._episode(now)
+        if since is not None:
+            episode &= self.left_at >= since
+        idx = np.flatnonzero(episode)
         if not len(idx):
             return []
         order = np.lexsort((-np.nan_to_num(self.ratio[idx], posinf=1e300), self.left_at[idx]))
         return [(ctx.layer_name(int(s)), int(self.left_at[s]), float(self.ratio[s]))
                 for s in idx[order][:k]]
 
-    def count_out(self, now: int) -> int:
-        return int(self._episode(now).sum())
+    def count_out(self, now: int, since: int | None = None) -> int:
+        episode = self._episode(now)
+        if since is not None:
+            episode &= self.left_at >= since
+        return int(episode.sum())
 
 
 def _median_mad(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -171,13 +190,20 @@ def describe(first: list[tuple[str, int, float]], total: int) -> tuple[str, dict
 
 
 def locate(findings: list, bands: LayerBands, ctx: Any) -> list:
-    """``findings`` with the first layer out of its band added to message and evidence."""
-    if not findings:
-        return findings
-    now = findings[0].step
-    clause, evidence = describe(bands.first_out(ctx, now), bands.count_out(now))
-    if "first_layer_out_ratio" in evidence and math.isfinite(evidence["first_layer_out_ratio"]):
-        evidence["first_layer_out_ratio"] = float(f"{evidence['first_layer_out_ratio']:.4g}")
-    # First in the evidence: a page shows the first dozen items (notify/format.py).
-    return [dataclasses.replace(f, message=f.message + clause,
-                                evidence={**evidence, **f.evidence}) for f in findings]
+    """``findings`` with the first layer out of its band added to message and evidence; a
+    finding that says where its fault began (``onset_step``) names only a parameter that
+    left its band at most ``ONSET_SLACK`` steps before that."""
+    out = []
+    for f in findings:
+        onset = f.evidence.get("onset_step")
+        since = onset - ONSET_SLACK if isinstance(onset, int) and not isinstance(
+            onset, bool) else None
+        clause, evidence = describe(bands.first_out(ctx, f.step, since=since),
+                                    bands.count_out(f.step, since=since))
+        ratio = evidence.get("first_layer_out_ratio")
+        if isinstance(ratio, float) and math.isfinite(ratio):
+            evidence["first_layer_out_ratio"] = float(f"{ratio:.4g}")
+        # First in the evidence: a page shows the first dozen items (notify/format.py).
+        out.append(dataclasses.replace(f, message=f.message + clause,
+                                       evidence={**evidence, **f.evidence}))
+    return out

@@ -61,6 +61,7 @@
     void hi;
     const axes = PlotView.axes(log, def.y2);
     const scales = {x: {time: false}, y: {distr: log ? 3 : 1}};
+    if (BRANCHED[def.id]) scales.y.range = (u_, lo, hi) => branchRange(u_, def.id, lo, hi);
     if (def.y2) scales[def.y2] = {};
     u = new uPlot({
       width: plotWidth(def.box), height: def.box ? 160 : 220, scales, axes, bands,
@@ -152,6 +153,34 @@
   // step C") and an x where the branch was given up, held at the plot's edge when the
   // diverged values are above the current history's scale (which they do not stretch).
   const BRANCHED = {loss: "loss", grad: "grad_norm"};
+  // The y range of a chart with abandoned branches: stretched to a branch's values when
+  // they stay within ten current ranges (linear) or three decades (log) of it, so the
+  // fault a rollback was for is on the scale; beyond that the current history would flatten
+  // into a line, so the branch is drawn clipped, its peak labelled (drawBranches).
+  const BRANCH_REACH = 10, BRANCH_DECADES = 3;
+  function branchExtent(u, key, id) {
+    const log = PlotView.isLog(id), {min, max} = u.scales.x;
+    let lo = Infinity, hi = -Infinity, at = null;
+    for (const b of (S.series && S.series.branches) || []) {
+      b.steps.forEach((x, i) => {
+        const y = b[key][i];
+        if (y === null || !Number.isFinite(y) || (log && y <= 0)) return;
+        if (min != null && (x < min || x > max)) return;
+        lo = Math.min(lo, y);
+        if (y > hi) { hi = y; at = x; }
+      });
+    }
+    return {lo, hi, at};
+  }
+  function branchRange(u, id, lo, hi) {
+    const log = PlotView.isLog(id), b = branchExtent(u, BRANCHED[id], id);
+    if (Number.isFinite(b.hi)) {
+      const reach = log ? hi * 10 ** BRANCH_DECADES : hi + BRANCH_REACH * Math.max(hi - lo, Math.abs(hi) * 0.1);
+      if (b.hi > hi && b.hi <= reach) hi = b.hi;
+      if (b.lo < lo && (log ? b.lo >= lo / 10 ** BRANCH_DECADES : b.lo >= lo - BRANCH_REACH * Math.max(hi - lo, 1e-12))) lo = b.lo;
+    }
+    return log ? uPlot.rangeLog(lo, hi, 10, true) : uPlot.rangeNum(lo, hi, 0.1, true);
+  }
   function drawBranches(u, key, id) {
     const branches = (S.series && S.series.branches) || [];
     const ctx = u.ctx, dpr = devicePixelRatio, {left, top, width, height} = u.bbox;
@@ -190,6 +219,21 @@
         ctx.restore();
       }
       u.branchesShown.push({attempt: b.attempt, rolled_back_to: b.rolled_back_to, last, points: pts.length});
+    }
+    // A branch beyond the scale (clipped): an arrow at its peak, with the value.
+    const peak = branchExtent(u, key, id), ymax = u.scales.y.max;
+    u.branchPeak = null;
+    if (Number.isFinite(peak.hi) && ymax != null && peak.hi > ymax) {
+      const x = Math.min(Math.max(u.valToPos(peak.at, "x", true), left + 6 * dpr), left + width - 6 * dpr);
+      ctx.save();
+      ctx.fillStyle = "#b00020";
+      ctx.beginPath();  // an upward triangle on the top edge: "it goes on up there"
+      ctx.moveTo(x - 5 * dpr, top + 8 * dpr); ctx.lineTo(x + 5 * dpr, top + 8 * dpr); ctx.lineTo(x, top);
+      ctx.fill();
+      ctx.restore();
+      plotLabel(u, `abandoned branch peaks at ${MA.compact(peak.hi)} (step ${peak.at}), off the scale`,
+                "#b00020", top + 36 * dpr);
+      u.branchPeak = {value: peak.hi, step: peak.at};
     }
   }
 
@@ -254,8 +298,9 @@
   function visibleCharts() {
     return [...document.querySelectorAll("#charts .card")].filter(c => c.style.display !== "none").map(c => c.id).join();
   }
-  // -- checkpoint markers: the run's ledger (GET .../checkpoints), a diamond per save on the
-  // loss chart, green when clean, amber when suspect (the tooltip says why) -------------
+  // -- checkpoint markers: the run's ledger (GET .../checkpoints), a small diamond per save
+  // on the loss chart's bottom edge (not a line through the curve), green when clean, amber
+  // when suspect (the tooltip says why) -------------------------------------------------
   function checkpointHtml(c) {
     return `<b>checkpoint</b> · step ${c.step} · <b>${esc(c.status)}</b>${c.tag ? " · " + esc(c.tag) : ""}\n` +
       `${esc(c.path)}${c.reason ? "\n\nsuspect: " + esc(c.reason) : "\n\nclean: safe to roll back to"}`;
@@ -275,10 +320,10 @@
       box._ckpts.key = S.ckptKey;
     }
     const {min, max} = u.scales.x;
-    for (const [c, m] of box._ckpts) {
+    for (const [c, m] of box._ckpts) {  // a short tick on the bottom edge: the curve stays clear
       m.classList.toggle("hidden", c.step < min || c.step > max);
       m.style.left = u.valToPos(c.step, "x") + "px";
-      m.style.height = box.clientHeight + "px";
+      m.style.top = Math.max(box.clientHeight - 12, 0) + "px";
     }
   }
   async function loadCheckpoints() {
@@ -518,11 +563,13 @@
          (a.acked_by !== null && a.acked_at ? ` · acked by ${a.acked_by || "someone"}` : "")),
       el("td", {class: "msg"}, a.summary,  // and what was grouped under this page
          a.related_summary ? el("div", {class: "muted related"}, a.related_summary) : ""),
-      el("td", {}, a.last_step == null ? "" : "step " + a.last_step),
+      // The latest finding's step (last_step is where the history stands for it: after a
+      // rollback, the checkpoint's step).
+      el("td", {}, (a.step ?? a.last_step) == null ? "" : "step " + (a.step ?? a.last_step)),
       el("td", {}, a.state === "resolved" ? "" : el("span", {},
         el("button", {class: "btn ack", onclick: () => act(`/v1/alerts/${a.fingerprint}/ack`, {by: "web UI"}, "acknowledged")}, "acknowledge"), " ",
         el("button", {class: "btn silence", onclick: () => act("/v1/silences", {run_id: runId, type: a.type, duration_seconds: 3600, comment: "from the run page", created_by: "web UI"}, "silenced for 1 h")}, "silence 1 h")))));
-    box.replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...["severity", "alert", "state", "summary", "last", ""].map(h => el("th", {}, h)))), el("tbody", {}, ...rows)));
+    box.replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...["severity", "alert", "state", "summary", "step", ""].map(h => el("th", {}, h)))), el("tbody", {}, ...rows)));
   }
   function say(text, kind = "") {  // an action's outcome stays up a while, polls or not
     S.said = {text, kind, until: Date.now() + 8000};
@@ -597,11 +644,17 @@
   }
   function renderFindings() {
     const eps = episodes(S.findings);
+    // Findings about steps a later attempt replaced (a rollback's abandoned branch): listed
+    // after the current history's, marked, so the fault a rollback was for stays in sight.
+    const gone = episodes(S.abandoned || []).map(e => Object.assign(e, {abandoned: true}));
     document.getElementById("findings-count").textContent =
-      `(${eps.length} episode${eps.length === 1 ? "" : "s"}, ${S.findings.length} finding${S.findings.length === 1 ? "" : "s"})`;
-    const rows = eps.map(({f, first, last, count}) => el("tr", {class: "episode", "data-type": f.type,
-        "data-count": count, onclick: () => (count > 1 ? zoomRange(first - 5, last + 5) : zoomTo(first))},
-      el("td", {}, first === last ? "step " + first : `steps ${first}–${last}`),
+      `(${eps.length} episode${eps.length === 1 ? "" : "s"}, ${S.findings.length} finding${S.findings.length === 1 ? "" : "s"}` +
+      (gone.length ? `; ${gone.length} on abandoned steps)` : ")");
+    const rows = [...eps, ...gone].map(({f, first, last, count, abandoned}) => el("tr", {
+        class: "episode" + (abandoned ? " abandoned" : ""), "data-type": f.type, "data-count": count,
+        onclick: () => (count > 1 ? zoomRange(first - 5, last + 5) : zoomTo(first))},
+      el("td", {}, (first === last ? "step " + first : `steps ${first}–${last}`),
+        abandoned ? el("div", {class: "muted"}, "abandoned (rolled back)") : ""),
       el("td", {}, count > 1 ? el("span", {class: "count"}, count + "×") : ""),
       el("td", {}, el("span", {class: "sev sev-" + f.severity}, f.severity)),
       el("td", {"data-rank": f.rank}, f.type + rankOf(f)), el("td", {class: "msg"}, f.message + (f.layer ? ` (${f.layer})` : ""),
@@ -622,8 +675,12 @@
     const firsts = new Map();
     for (const f of [...S.findings].sort((a, b) => a.step - b.step))
       if (!firsts.has(f.type)) firsts.set(f.type, f);
-    // Paged: an alert of the kind went out (a pending one has not yet; a silenced one never).
-    const paged = new Set((detail.alerts || []).filter(a => a.state !== "pending" && !a.silenced).map(a => a.type));
+    // What a rollback abandoned, after the current history: the fault it was for.
+    for (const f of [...(S.abandoned || [])].sort((a, b) => a.step - b.step))
+      if (!firsts.has("abandoned " + f.type)) firsts.set("abandoned " + f.type, Object.assign({}, f, {abandoned: true}));
+    // Paged: an alert of the kind woke someone (its rule's route is "page", and it went
+    // out): a warning posted to chat is not "paged".
+    const paged = new Set((detail.alerts || []).filter(a => a.paged).map(a => a.type));
     const verdict = typeof detail.verdict === "string" ? detail.verdict : detail.verdict &&
       (detail.verdict.summary || detail.verdict.text || detail.verdict.message || null);
     const key = JSON.stringify([[...firsts.values()].map(f => [f.type, f.step]), [...paged], verdict]);
@@ -634,7 +691,8 @@
         title: f.message, onclick: () => zoomTo(f.step)},
       i ? el("span", {class: "arrow"}, " → ") : "",
       el("span", {class: "sev sev-" + f.severity}, f.type.replace(/_/g, " ")),
-      ` at step ${f.step}`, paged.has(f.type) ? el("b", {class: "paged"}, " (paged)") : ""));
+      ` at step ${f.step}`, f.abandoned ? el("span", {class: "muted"}, " (abandoned: rolled back)") : "",
+      paged.has(f.type) ? el("b", {class: "paged"}, " (paged)") : ""));
     const more = items.length > TIMELINE_KINDS ? [el("span", {class: "muted"}, ` +${items.length - TIMELINE_KINDS} more kinds`)] : [];
     document.getElementById("timeline").replaceChildren(
       ...(verdict ? [el("div", {class: "verdict", id: "verdict"}, verdict)] : []),
@@ -759,7 +817,12 @@
   }
 
   async function loadFindings(total) {
-    S.findings = (await api(`${base}/findings?limit=10000&current=true`)).findings;
+    const [current, all] = await Promise.all([api(`${base}/findings?limit=10000&current=true`),
+                                              api(`${base}/findings?limit=10000`)]);
+    S.findings = current.findings;
+    const key = f => JSON.stringify([f.attempt, f.type, f.step, f.rank, f.layer, f.message]);
+    const kept = new Set(S.findings.map(key));
+    S.abandoned = all.findings.filter(f => !kept.has(key(f)));
     S.lastFindings = total < 0 ? S.findings.length : total;
     S.findingsKey = (S.findingsKey || 0) + 1;
     renderFindings();
