@@ -100,9 +100,11 @@ class RunQueries:
         row = self.store.run_row(run_id)
         if row is None:
             return None
-        return views.detail(row, self._live(run_id), self.store.finding_counts(run_id),
+        live = self._live(run_id)
+        return views.detail(row, live, self.store.finding_counts(run_id),
                             self.store.findings(run_id, limit=20), row.last_step,
-                            views.attempt_views(self.store.attempts(run_id)))
+                            views.attempt_views(self.store.attempts(run_id),
+                                                live.verdict.rollbacks if live else ()))
 
     def checkpoints(self, run_id: str) -> dict[str, Any] | None:
         """The run's checkpoint ledger, judged (``GET /v1/runs/{id}/checkpoints``,

@@ -11,12 +11,13 @@ The API's and the UI's answers derive from these views (``api/models.py``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.pipeline.progress import run_progress
 from monitor_agent.pipeline.run_state import RankState, RunState
-from monitor_agent.pipeline.verdict import Verdict
+from monitor_agent.pipeline.verdict import Rollback, Verdict
 from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.store import StoredAttempt, StoredRun
@@ -66,6 +67,10 @@ class AttemptView:
     last_step: int | None
     steps: int = field(metadata={"description": "Its step records, replaced ones included."})
     current: bool = field(metadata={"description": "The latest attempt."})
+    why: str | None = field(default=None, metadata={"description": (
+        "For a resumed attempt of a run in memory: 'rollback' (it applied a rollback plan), "
+        "'crash' (the process before it died or failed) or 'resume' (after a clean end); "
+        "runs/lifecycle.py resume_kind.")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +144,19 @@ def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
     )
 
 
-def attempt_views(attempts: list[StoredAttempt]) -> list[AttemptView]:
+def attempt_views(attempts: list[StoredAttempt],
+                  rollbacks: Sequence[Rollback] = ()) -> list[AttemptView]:
+    """The run's attempts; ``rollbacks``: the verdict's account of its resumes (what each
+    resumed attempt was), for a run in memory."""
     latest = attempts[-1].number if attempts else 0
+    why = {r.to_step + 1: r.kind for r in rollbacks}
     return [AttemptView(
         number=a.number, kind=a.kind, start_step=a.start_step, started_at=a.started_at,
         superseded_from=a.superseded_from, superseded_to=a.superseded_to,
         first_step=a.first_step, last_step=a.last_step, steps=a.steps,
-        current=a.number == latest) for a in attempts]
+        current=a.number == latest,
+        why=why.get(a.start_step) if a.kind == "resumed" and a.start_step is not None
+        else None) for a in attempts]
 
 
 def _last_step(live: RunState | None, stored: int | None) -> int | None:

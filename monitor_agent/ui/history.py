@@ -289,10 +289,10 @@ class HistoryBuilder:
             "step_time": _num(obj.get("step_time")), "data_time": _num(obj.get("data_time")),
             "loss_scale": _num(obj.get("loss_scale")),
         }
-        bad = int(not guarded and _nonfinite(obj.get("loss")))
-        bad |= 2 * int(_nonfinite(obj.get("grad_norm")))
-        if guarded:
-            bad |= GUARD_SKIPPED  # a mark on the chart, found through the same partial index
+        # A guard-skipped step is its own mark: its NaN (the reason it was skipped) is not
+        # a NaN of the run's, which the red NaN marks stand for.
+        bad = GUARD_SKIPPED if guarded else (
+            int(_nonfinite(obj.get("loss"))) | 2 * int(_nonfinite(obj.get("grad_norm"))))  # a mark on the chart, found through the same partial index
         self._steps.append((run_id, rank, step, bad, *(row[c] for c in SCALARS)))
         self._add_vectors(run_id, rank, step, obj)
         if "metrics" in obj:

@@ -199,6 +199,7 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
         rows = WebDriverWait(browser, 20).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "#attempts tbody tr"))
         cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    # Attempt 1 sent no end record and no rollback plan was applied: a crash's resume.
     assert cells == [["1", "first", "1–40", "", ""],
-                     ["2", "resumed from a checkpoint", "25–60", "steps 25–40 of earlier attempts",
+                     ["2", "resumed after a crash", "25–60", "steps 25–40 of earlier attempts",
                       "current"]]

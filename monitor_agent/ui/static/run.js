@@ -231,8 +231,8 @@
       ctx.moveTo(x - 5 * dpr, top + 8 * dpr); ctx.lineTo(x + 5 * dpr, top + 8 * dpr); ctx.lineTo(x, top);
       ctx.fill();
       ctx.restore();
-      plotLabel(u, `abandoned branch peaks at ${MA.compact(peak.hi)} (step ${peak.at}), off the scale`,
-                "#b00020", top + 36 * dpr);
+      plotLabel(u, `abandoned peak ${MA.compact(peak.hi)} @ ${peak.at} ↑`, "#b00020",
+                top + 36 * dpr);
       u.branchPeak = {value: peak.hi, step: peak.at};
     }
   }
@@ -542,10 +542,14 @@
     const range = (a, b) => a == null ? "–" : a === b ? String(a) : `${a}–${b}`;
     const kinds = {first: "first", resumed: "resumed from a checkpoint",
       restarted: "a new run reusing the id", pending: "starting"};
+    // What a resume was (runs/lifecycle.py): a rollback plan applied, a relaunch after the
+    // process died, or a resume after a clean end.
+    const whys = {rollback: "rolled back (a rollback plan)", crash: "resumed after a crash",
+      resume: "resumed from a checkpoint"};
     document.getElementById("attempts").replaceChildren(
       el("thead", {}, el("tr", {}, ...["attempt", "what", "steps", "replaced (abandoned)", ""].map(h => el("th", {}, h)))),
       el("tbody", {}, ...attempts.map(a => el("tr", {"data-attempt": String(a.number), "data-kind": a.kind},
-        el("td", {}, String(a.number)), el("td", {}, kinds[a.kind] || a.kind),
+        el("td", {}, String(a.number)), el("td", {}, whys[a.why] || kinds[a.kind] || a.kind),
         el("td", {}, range(a.first_step, a.last_step)),
         el("td", {}, a.superseded_from == null ? "" : "steps " + range(a.superseded_from, a.superseded_to) + " of earlier attempts"),
         el("td", {class: "muted"}, a.current ? "current" : "")))));
