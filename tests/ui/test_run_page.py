@@ -568,7 +568,7 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
 
         post(steps("a", 1, 340, 0, diverge=True))
         [plan] = [a for a in httpx.get(f"{srv.url}/v1/runs/planned/actions").json()["actions"]]
-        c, [(first, last)] = plan["plan"]["checkpoint_step"], plan["plan"]["skip"]
+        c, [(_, last)] = plan["plan"]["checkpoint_step"], plan["plan"]["skip"]
         post([{"kind": "end", "run_id": "planned", "step": 341, "time": 342.0, "attempt": "a",
                "status": "stopped", "error": "stopped to roll back"}])
         browser.get(f"{srv.url}/runs/planned")
