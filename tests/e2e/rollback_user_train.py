@@ -119,11 +119,10 @@ while step < steps:
         for group in opt.param_groups:
             group["lr"] *= factor
         opt.step()
-        used_lr = opt.param_groups[0]["lr"]
+        mon.log_step(step, loss=loss.detach(), samples=len(x))  # monitor: the LR used goes with it
         for group in opt.param_groups:  # the scheduler goes on from its own LR
             group["lr"] /= factor
         sched.step()
-        mon.log_step(step, loss=loss.detach(), samples=len(x), lr=used_lr)  # monitor
         time.sleep(step_delay)
         if step % ckpt_every == 0:
             path = os.path.join(out_dir, f"ckpt-{step}.pt")
