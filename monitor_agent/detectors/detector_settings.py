@@ -145,8 +145,8 @@ class DetectorSettings(
     skip_budget = KnobsOf(SkipBudgetSettings)
     hang = KnobsOf(HangSettings)
     action_held = KnobsOf(SharedSettings)
-    window_trained = KnobsOf(SharedSettings)
     gpu_health = KnobsOf(GpuHealthSettings)
+    window_trained = KnobsOf(SharedSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod
