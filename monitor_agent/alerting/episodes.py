@@ -262,8 +262,12 @@ class Episodes:
         by_run: dict[str, list[StoredAlert]] = {}
         for alert in self.store.alerts("pending", limit=-1):
             by_run.setdefault(alert.run_id, []).append(alert)
+        # A run whose rollback waits for a rank to catch up (``_wait``) is paged once it is
+        # decided (at most ROLLBACK_WAIT_SECONDS later), so its page says what was done.
+        held = {run: d.since + rollback.ROLLBACK_WAIT_SECONDS for run, d in
+                self.deferred.items() if d.since + rollback.ROLLBACK_WAIT_SECONDS > now}
         due = {run: rs for run, rs in by_run.items()
-               if min(_since(r) for r in rs) + wait <= now}
+               if min(_since(r) for r in rs) + wait <= now and run not in held}
         for run_id in due:
             # One transaction per run: an alert that cannot be worded (a stored finding
             # that no longer parses) holds back its own run's page, not every run's.
@@ -277,7 +281,7 @@ class Episodes:
                 raise
             except Exception:
                 log.exception("cannot page run %s; its alerts stay pending", run_id)
-        later = [min(_since(r) for r in rs) + wait - now
+        later = [max(min(_since(r) for r in rs) + wait, held.get(run, now)) - now
                  for run, rs in by_run.items() if run not in due]
         return min(later) if later else None
 

@@ -176,9 +176,16 @@ def test_a_rollback_waits_for_the_saving_rank_to_reach_the_faults_onset(rolling:
     assert _handle(rolling, fault, clean=CLEAN, positions=False) == []
     assert rolling.alerting.waiting("r1")
     assert rolling.alerting.retry(_saving_run(239, CLEAN), rolling.clock()) == []
+    # Its page is held meanwhile, so the one page says what was done.
+    rolling.alerting.episodes.flush(rolling.clock())
+    assert [a.state for a in rolling.alerting.list_alerts(run_id="r1")] == ["pending"]
     with_240 = (*CLEAN, (240, "/ckpt/step-240.pt"))
     [decided] = rolling.alerting.retry(_saving_run(241, with_240), rolling.clock())
     assert decided["plan"]["checkpoint_step"] == 240 and not rolling.alerting.waiting("r1")
+    rolling.alerting.episodes.flush(rolling.clock())
+    rolling.drain()
+    [page] = [p.json["payload"]["summary"] for p in rolling.pd.wait_for(1, timeout=5)]
+    assert "rolled back to step 240 (/ckpt/step-240.pt)" in page, page
 
 
 def test_the_wait_is_bounded(rolling: Harness):
