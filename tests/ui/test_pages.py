@@ -203,3 +203,35 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
     assert cells == [["1", "first", "1–40", "", ""],
                      ["2", "resumed after a crash", "25–60", "steps 25–40 of earlier attempts",
                       "current"]]
+
+
+def test_a_long_verdict_wraps_and_the_runs_list_fits_a_1400px_screen(browser, tmp_path: Path,
+                                                                       shots: Path):
+    """Issue 31: a run with two causes and rollbacks has a long verdict; it wraps in its
+    column, and no column is pushed off the screen."""
+    import math
+
+    def attempt(token: str, first: int, last: int) -> list[dict]:
+        out = []  # a divergence from 150, then NaN from 200 to the end
+        for s in range(first, last + 1):
+            loss = 2.0 + 0.02 * math.sin(s) if s < 150 else 2.0 * 1.2 ** (s - 149)
+            out.append({"kind": "step", "run_id": "long-verdict", "step": s, "time": 1.0 + s,
+                        "attempt": token, "loss": "NaN" if s >= 200 else loss,
+                        "grad_norm": "NaN" if s >= 200 else 1.0 + (s >= 150) * (s - 149)})
+        return out
+
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        for batch in (attempt("a", 1, 240), attempt("b", 120, 260)):  # relaunched by hand
+            assert httpx.post(srv.url + "/v1/records", json={"records": batch},
+                              timeout=30).status_code == 200
+        words = httpx.get(srv.url + "/v1/runs/long-verdict", timeout=10).json()["verdict"]["words"]
+        assert len(words) > 80 and "resumed after a crash once" in words, words
+        browser.get(srv.url + "/")
+        row = WebDriverWait(browser, 10).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run='long-verdict']"))[0]
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        cells = row.find_elements(By.TAG_NAME, "td")
+        assert width <= 1400 and all(c.rect["x"] + c.rect["width"] <= 1400 for c in cells), (
+            width, [c.rect for c in cells])
+        assert row.find_element(By.CSS_SELECTOR, ".verdict").text == words
+        browser.save_screenshot(str(shots / "runs-long-verdict.png"))
