@@ -32,9 +32,7 @@ def test_the_public_healthy_traces_lose_no_step_to_the_guard():
                if name.startswith("public/")]
     assert sum(len(n) for _, n in healthy) > 5000
     skipped = {name: bench.replay(norms, GuardConfig()) for name, norms in healthy}
-    assert not any(skipped.values()), skipped
-    # The band it replaced skipped dozens of the same healthy steps (39).
-    assert sum(len(bench.former_band(norms)) for _, norms in healthy) > 20
+    assert not any(skipped.values()), skipped  # (the band it replaced skipped 39 of them)
 
 
 def test_a_corrupt_batch_of_a_healthy_run_is_still_skipped():

@@ -396,6 +396,7 @@ class Engine:
         live.lifecycle = RunLifecycle(live.state.status)
         live.lifecycle.acted(self.alerts.open_actions(live.run_id))
         live.state.phase = live.lifecycle.describe()
+        live.state.phase_state = live.lifecycle.phase.value
         self._applied(live)
         if after:
             self._restore_placement(live.state)
