@@ -33,6 +33,8 @@ LAYERS: dict[str, int] = {
     # One run, one brain: which sidecar leads a multi-node run, the digests and the link
     # to the leader (no rules, no engine: those are handed in).
     "cluster": 3,
+    # A run's own facts (its lifecycle), read by the pipeline.
+    "runs": 4,
     "settings": 4,
     # Records in, live runs, durability, and the read side.
     "pipeline": 5,

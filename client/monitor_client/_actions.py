@@ -85,6 +85,11 @@ class ActionInbox:
         with self._lock:
             return self._stop is not None
 
+    def stop_action(self) -> dict[str, Any] | None:
+        """The first stop a rule asked for, or None."""
+        with self._lock:
+            return dict(self._stop) if self._stop else None
+
     @property
     def stop_reason(self) -> str | None:
         with self._lock:

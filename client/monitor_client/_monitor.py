@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from monitor_client import _run_info
 from monitor_client._actions import ActionInbox
+from monitor_client._agreement import Consensus, distributed, newest, unanimous
 from monitor_client._arguments import monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
@@ -174,6 +175,9 @@ class Monitor:
         self._inbox = ActionInbox(self._warn_action)
         self._plans = PlanBook()
         self._inbox.add_callback(self._plans.receive)
+        # should_stop()'s agreement across ranks (_agreement.py).
+        self._stop_agreed, self._stop_calls, self._stop_held = False, 0, 0
+        self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
             cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
@@ -495,9 +499,37 @@ class Monitor:
             self._watchdog.touch()
 
     # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
-    def should_stop(self) -> bool:
-        """True once an alert rule asked this run to stop (e.g. repeated NaN); sticky."""
-        return self._inbox.should_stop()
+    def should_stop(self, check_every: int = 10) -> bool:
+        """True once an alert rule asked this run to stop (e.g. repeated NaN); sticky.
+
+        Distributed (torch.distributed initialised): every rank stops at the same call or
+        none does, like ``rollback_plan()``: call it once per step on every rank, with the
+        same ``check_every``; a stop some ranks honour and others not is a hung job
+        (``_agreement.py``). With ``enabled=False`` it is False without a collective.
+        """
+        if self._stop_agreed:
+            return True
+        dist = distributed()
+        if dist is None or not self.settings.enabled:
+            return self._inbox.should_stop() if self.settings.enabled else False
+        self._stop_calls += 1
+        if self._stop_calls % max(int(check_every), 1):
+            return False
+        mine = self._inbox.stop_action()
+        agreed = newest(dist, int(mine["id"]) if mine else 0)
+        if agreed == 0:
+            return False
+        if mine is None:
+            self._fetch_actions(agreed)
+            mine = self._inbox.stop_action()
+        verdict = unanimous(dist, agreed, 1 if mine is not None else None)  # any stop will do
+        if verdict.act:
+            self._stop_agreed = True
+            return True
+        self._stop_held += 1
+        if mine is None:
+            self._report_held("stop", verdict, self._stop_held, int(check_every))
+        return False
 
     def should_checkpoint(self) -> bool:
         """True once per checkpoint request from an alert rule: save now."""
@@ -556,9 +588,26 @@ class Monitor:
         """
         if not self.settings.enabled:
             return None
-        return self._plans.agreed(max(int(check_every), 1), self._fetch_plan)
+        every = max(int(check_every), 1)
+        return self._plans.agreed(every, self._fetch_actions, lambda verdict, rounds, _plan:
+                                  self._report_held("rollback", verdict, rounds, every))
 
-    def _fetch_plan(self, plan_id: int) -> None:
+    def _report_held(self, action: str, verdict: Consensus, rounds: int, every: int) -> None:
+        """Tell the sidecar this rank held the job's action back (it pages that); at the
+        1st, 2nd, 4th, 8th, ... agreed call in a row, so a lasting hold is told, not
+        flooded."""
+        if rounds & (rounds - 1):
+            return
+        why = ("this rank's sidecar does not have it" if verdict.why == "missing"
+               else "this rank holds another content under the same id")
+        self._submit({"kind": "agreement", "run_id": self.run_id, "attempt": self.attempt,
+                      "rank": self.rank, "time": time.time(), "step": self._last_step,
+                      "action_id": verdict.action_id, "action": action,
+                      "outcome": verdict.why, "rounds": rounds, "check_every": every,
+                      "detail": f"{why} ({self._last_fetch_error or 'no error fetching'})"},
+                     urgent=True)
+
+    def _fetch_actions(self, plan_id: int) -> None:
         try:
             transport = (self._sender.transport if self._sender is not None
                          else HttpTransport(self.settings.url or os.environ.get(
@@ -566,10 +615,13 @@ class Monitor:
                              self.settings.token or os.environ.get("MONITOR_AGENT_TOKEN"),
                              timeout=self.settings.timeout))
             found = transport.actions(self.run_id, max(plan_id - 1, 0))
+            self._last_fetch_error = None if found is not None else \
+                "the actions endpoint did not answer"
             if found:
                 self._inbox.receive(found)
         except Exception as exc:  # noqa: BLE001 - inside a collective: never raise
-            self._warner.warn("rollback_plan", "fetching rollback plan %d failed: %r",
+            self._last_fetch_error = repr(exc)[:200]
+            self._warner.warn("rollback_plan", "fetching action %d failed: %r",
                               plan_id, exc)
 
     @_guard
@@ -643,7 +695,8 @@ class Monitor:
             return True
         self._closed = True
         status, error = (status, error) if status else self._outcome
-        if status == "completed" and self._inbox.should_stop():
+        stopped = self._stop_agreed or (distributed() is None and self._inbox.should_stop())
+        if status == "completed" and stopped:
             # The end record's step is where the trainer honoured the stop; the sidecar
             # reports that step on the alert and the actions API.
             status = "stopped"

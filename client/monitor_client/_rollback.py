@@ -1,23 +1,14 @@
 """The rollback plan a rule's ``action: rollback`` sends (docs/alerting.md), and one decision
 for every rank.
 
-The sidecar decides once per run and sends every rank the identical action; this module turns
-it into a frozen ``RollbackPlan`` and makes every rank of a distributed job act on it at the
-same step. Ranks learn of an action at different steps (one in its ingest answer, another at
-its next poll, seconds later), and a rank that reloads a checkpoint while another takes its
-next step deadlocks or silently desyncs the job (metaseq#521). So in a distributed run
-(``torch.distributed`` initialised, world size > 1) the plan is only handed out at agreed
-calls: every ``check_every``-th call of ``Monitor.rollback_plan()`` (every rank calls it once
-per optimizer step, so the calls line up) all ranks ``all_reduce(MAX)`` the id of the newest
-plan they hold; a rank that has not got that plan yet fetches it from the actions endpoint
-(bounded, ``FETCH_TIMEOUT``), then an ``all_reduce(MIN)`` of "I have it" settles whether
-everyone acts now or all of them look again at the next agreed call. Nothing diverges and
-nobody waits on a rank that never comes.
-
-Cost: one all_reduce of one int64 every ``check_every`` steps, plus a second one only while a
-plan is pending. The all_reduce's ``item()`` is a host sync, which is why it is not done every
-step: at the default of 10 a rollback starts at most 10 steps after its plan reached the first
-rank, against the hundreds of steps a rollback replays anyway.
+The run's leader sidecar decides once per run and every rank's sidecar serves the identical
+action; this module turns it into a frozen ``RollbackPlan`` and, through ``_agreement.py``,
+makes every rank of a distributed job act on it at the same call, or none (a rank that
+lacks the plan, or holds another one under the same id, holds the whole job back and its
+sidecar pages that). Every rank calls ``Monitor.rollback_plan()`` once per optimizer step;
+the plan is handed out only at every ``check_every``-th call. At the default of 10 a
+rollback starts at most 10 steps after its plan reached the first rank, against the
+hundreds of steps a rollback replays anyway.
 
 A plan, and the helpers a loop needs to apply it::
 
@@ -37,26 +28,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from monitor_client._agreement import Consensus, content_digest, distributed, newest, unanimous
 
 __all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
            "PlanBook", "RollbackPlan", "barrier", "read_resume_file", "write_resume_file"]
+
+Held = Callable[[Consensus, int, "RollbackPlan | None"], None]
+"""Told each time an agreed call held a plan back: (why, how many calls in a row, this
+rank's copy or None)."""
 
 # The sidecar's caps on a ``checkpoint`` record (monitor_agent/records/limits.py): a path the
 # sidecar would refuse is refused here, with the reason, instead of dying in the spool.
 CHECKPOINT_PATH_MAX = 4096
 CHECKPOINT_TAG_MAX = 200
 
-# How long a rank that lacks the agreed plan asks the actions endpoint for it before telling
-# the others "not yet" (they all look again at the next agreed call): a few poll round trips
-# on a loaded sidecar, short enough that a sidecar that is down costs one bounded stall.
+# How long ``rolled_back`` waits for the records of the abandoned branch to reach the
+# sidecar before the ranks meet at the barrier.
 FETCH_TIMEOUT = 10.0
-_FETCH_PAUSE = 0.2
 # Where the HF and Lightning callbacks leave a plan for the launcher that relaunches the run.
 RESUME_FILE = "monitor_rollback.json"
 
@@ -85,6 +78,8 @@ class RollbackPlan:
     lr_steps: int | None
     number: int
     budget: int
+    # What every rank's copy is compared by before any acts (_agreement.py).
+    digest: int = field(default=0, compare=False)
 
     @classmethod
     def from_action(cls, action: dict[str, Any]) -> RollbackPlan | None:
@@ -103,7 +98,8 @@ class RollbackPlan:
                        skip_from=int(plan["skip_from"]), skip_to=int(plan["skip_to"]),
                        lr_factor=None if factor is None else float(factor),
                        lr_steps=None if steps is None else int(steps),
-                       number=int(plan.get("number") or 1), budget=int(plan.get("budget") or 1))
+                       number=int(plan.get("number") or 1), budget=int(plan.get("budget") or 1),
+                       digest=content_digest(action))
         except (KeyError, TypeError, ValueError):
             return None
         return made if made.skip_to >= made.checkpoint_step else None
@@ -146,6 +142,7 @@ class PlanBook:
         self._plans: dict[int, RollbackPlan] = {}
         self._done: set[int] = set()
         self._calls = 0
+        self._held: dict[int, int] = {}  # plan id -> agreed calls in a row it was held back
 
     def receive(self, action: dict[str, Any]) -> None:
         plan = RollbackPlan.from_action(action)
@@ -170,66 +167,46 @@ class PlanBook:
         with self._lock:
             return self._plans.get(plan_id)
 
-    def agreed(self, check_every: int,
-               fetch: Callable[[int], None]) -> RollbackPlan | None:
-        """The plan every rank acts on now, or None (see the module docstring).
+    def agreed(self, check_every: int, fetch: Callable[[int], None],
+               held: Held | None = None) -> RollbackPlan | None:
+        """The plan every rank acts on now, or None (see ``_agreement.py``).
 
         Single process: the newest pending plan, at once. Distributed: decided only at every
-        ``check_every``-th call, by all_reduce; ``fetch(plan_id)`` asks the sidecar for a plan
-        this rank has not received yet (it lands here through ``receive``).
+        ``check_every``-th call; ``fetch(plan_id)`` asks the sidecar once for a plan this
+        rank has not received (it lands here through ``receive``); ``held`` hears why a
+        plan every rank should act on was held back.
         """
-        dist = _distributed()
+        dist = distributed()
         if dist is None:
             return self.newest()
         self._calls += 1
         if self._calls % check_every:
             return None
-        newest = self.newest()
-        agreed = _all_reduce(dist, newest.id if newest else 0, "max")
+        top = self.newest()
+        agreed = newest(dist, top.id if top else 0)
         if agreed == 0:
             return None
-        deadline = time.monotonic() + FETCH_TIMEOUT
-        while self.get(agreed) is None and time.monotonic() < deadline:
+        if self.get(agreed) is None:
             fetch(agreed)
-            if self.get(agreed) is None:
-                time.sleep(_FETCH_PAUSE)
         plan = self.get(agreed)
         with self._lock:  # another rank's newer plan wins even if this one saw it applied
             usable = plan is not None and agreed not in self._done
-        if _all_reduce(dist, 1 if usable else 0, "min") == 0:
-            return None
-        return plan
+        verdict = unanimous(dist, agreed, plan.digest if usable and plan is not None else None)
+        if verdict.act:
+            self._held.pop(agreed, None)
+            return plan
+        self._held[agreed] = rounds = self._held.get(agreed, 0) + 1
+        if held is not None and (not usable or verdict.why == "mismatch"):
+            held(verdict, rounds, plan if usable else None)
+        return None
 
 
 def barrier(then: Callable[[int], None], plan_id: int) -> None:
     """Meet every rank (when distributed), then ``then(plan_id)``."""
-    dist = _distributed()
+    dist = distributed()
     if dist is not None:
         dist.barrier()
     then(plan_id)
-
-
-def _distributed() -> Any:
-    """torch.distributed when a multi-process group is up (only if torch is imported)."""
-    if "torch" not in sys.modules:
-        return None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    return dist
-
-
-def _all_reduce(dist: Any, value: int, how: str) -> int:
-    import torch
-
-    # NCCL reduces only device tensors; gloo and the others take host ones.
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.MIN
-    dist.all_reduce(tensor, op=op)
-    return int(tensor.item())
 
 
 def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,

@@ -257,6 +257,11 @@ class Alerting:
         """Actions rules took for a run, ``id > after``, oldest first (the poll endpoint)."""
         return self.store.actions_for_run(run_id, after, limit)
 
+    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's rollbacks and stops not yet honoured, oldest first (``AlertSink``)."""
+        return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
+                if a.honoured_step is None and a.action in ("rollback", "stop")]
+
     def stop_requested(self, run_id: str) -> bool:
         return self.store.stop_requested(run_id)
 

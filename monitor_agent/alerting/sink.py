@@ -53,6 +53,11 @@ class AlertSink(Protocol):
         rollback whose window begins at or after it was applied."""
         ...
 
+    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's actions not yet honoured (a pending rollback, an open stop), oldest
+        first: what its lifecycle resumes from when the run loads (runs/lifecycle.py)."""
+        ...
+
 
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
@@ -73,3 +78,6 @@ class NullSink:
 
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         return None
+
+    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+        return []

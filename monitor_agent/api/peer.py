@@ -103,9 +103,9 @@ async def _exchange(request: Request) -> PeerResponse:
     items: list[Incoming] = []
     for item in valid:
         node = nodes.get(item.record.run_id)
-        if node is None or node < 1:
+        if node is None:
             rejected.append({"index": item.index, "reason": "run_id: not one of the runs "
-                             "this exchange names with its node (runs[].node >= 1)"})
+                             "this exchange names (runs[].run_id)"})
             continue
         items.append(dataclasses.replace(item, origin=node))
     findings = _findings(envelope.get("findings"), set(nodes))

@@ -41,18 +41,31 @@ PEER_PATH = "/v1/peer/digests"
 
 
 class OwedItem(Protocol):
-    id: int
-    run_id: str
-    kind: str
-    body: bytes
-    flags: int
+    """A queued digest or finding (``storage.uplink.UplinkItem``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def flags(self) -> int: ...
 
 
 class FollowedRun(Protocol):
-    run_id: str
-    node: int
-    host: str | None
-    ranks: tuple[int, ...]
+    """A run this sidecar follows (``pipeline.engine.PeerRun``)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
 
 
 class Port(Protocol):
@@ -169,7 +182,7 @@ class LeaderLink:
                     for q in items if q.kind == "finding"]
         names = {r.run_id for r in runs}
         # A run owed items but no longer in memory here still says which node it is from.
-        extra = [{"run_id": run_id, "node": -1, "host": None, "ranks": []}
+        extra: list[dict[str, Any]] = [{"run_id": run_id, "node": -1, "host": None, "ranks": []}
                  for run_id in sorted({q.run_id for q in items} - names)]
         return wire.dumps({
             "sidecar": self.sidecar,
@@ -220,7 +233,7 @@ class LeaderLink:
         link = self.book.get(leader)
         if link.failing_since is None:
             log.warning("run leader %s does not answer (%s); its runs' findings are paged "
-                        "here after %.0f s", leader, why, self.settings.peer_timeout_seconds)
+                        "here after %g s", leader, why, self.settings.peer_timeout_seconds)
         link.failed(now, why)
         if self.metrics is not None:
             self.metrics.leader_exchanges.labels(outcome="failed").inc()

@@ -44,6 +44,7 @@ class Roster:
     nodes: dict[int, NodeSeen] = field(default_factory=dict)
     expected: int = 1
     local_world_size: int | None = None
+    local: set[int] = field(default_factory=lambda: {0})  # nodes of this sidecar's own ranks
 
     def expect(self, nodes: int, local_world_size: int | None = None) -> None:
         self.expected = max(self.expected, nodes)
@@ -63,7 +64,9 @@ class Roster:
         """(node rank, when last heard or None) of every node whose view the leader lacks."""
         grace = max(START_GRACE_SECONDS, 3 * timeout)
         out: list[tuple[int, float | None]] = []
-        for node in range(1, self.expected):
+        for node in range(self.expected):
+            if node in self.local:
+                continue
             seen = self.nodes.get(node)
             if seen is None:
                 if now - started >= grace:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from monitor_agent.detectors.action_held import ActionHeldDetector
 from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
 from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
 from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
@@ -71,6 +72,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     SkipBudgetDetector,
     # where a stuck run is stuck, per rank (the client's hang reports), and gone processes
     HangDetector,
+    # the job's action (a rollback, a stop) held back: not every rank could take it
+    ActionHeldDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

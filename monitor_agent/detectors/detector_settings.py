@@ -143,6 +143,7 @@ class DetectorSettings(
     rank_outlier = KnobsOf(RankOutlierSettings)
     skip_budget = KnobsOf(SkipBudgetSettings)
     hang = KnobsOf(HangSettings)
+    action_held = KnobsOf(SharedSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

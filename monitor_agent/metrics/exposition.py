@@ -316,7 +316,9 @@ class RunRenderer:
         self.out.setdefault(family, []).append(f"{family}{{{labels}}} {fmt(value)}\n")
 
     def render(self) -> dict[str, str]:
-        ranks = sorted(self.run.ranks.items())
+        # A run leader's digests of other nodes' ranks are not exposed here: each node's
+        # sidecar exposes its own ranks, and Prometheus would count them twice.
+        ranks = sorted((r, s) for r, s in self.run.ranks.items() if not s.remote)
         ranks = ranks[: self.caps.keep("max_ranks", len(ranks), self.caps.max_ranks)]
         for rank, state in ranks:
             self._rank(f'{self.run_labels},rank="{rank}"', rank, state)

@@ -65,6 +65,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
@@ -107,7 +108,7 @@ class PeerBatch:
     sidecar: str
     items: list[Incoming] = field(default_factory=list)
     findings: list[tuple[Finding, int]] = field(default_factory=list)
-    runs: list[PeerRun] = field(default_factory=list)
+    runs: Sequence[PeerRun] = ()
 
 
 @dataclass(slots=True)
@@ -229,6 +230,11 @@ class Engine:
                 continue  # its in-order copy was judged already
             suite = live.suite if live is not None else DetectorSuite(self.settings.detectors)
             findings = suite.preview(record)
+            leader = self._following(live.state) if live is not None else None
+            if findings and leader is not None:
+                if not self.links.lost(leader, now):
+                    continue  # the run's leader pages it, from the digest on its way there
+                findings = [f.seen_partially(self.links.why(leader, now)) for f in findings]
             if findings:
                 context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
@@ -301,10 +307,9 @@ class Engine:
         if settled is not None and settled.kind != "first":
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
-            book = self.registry.rebuild(record.run_id, now).attempts
-            # A pending rollback is applied once an attempt resumes at or before its
-            # window (alerting/rollback.py).
-            self.alerts.attempt_settled(record.run_id, record.step, now)
+            live = self.registry.rebuild(record.run_id, now)
+            book = live.attempts
+            self._lifecycle(live, live.lifecycle.settled(settled), now)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
@@ -345,7 +350,7 @@ class Engine:
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
-        self._apply(run, record, now if arrival is None else arrival, origin)
+        self._apply(live, record, now if arrival is None else arrival, origin)
         self._forward(run, record, body, result, quiet, origin)
         findings = [dataclasses.replace(f, attempt=attempt)
                     for f in self._detect(live, record, origin is not None)]
@@ -365,6 +370,11 @@ class Engine:
         ``quiet`` (a run rebuilt for a new attempt, registry.py): state only; the records
         were judged, their findings stored and paged about, when they first arrived."""
         result, arrival, replayed = IngestResult(), live.state.last_arrival, 0
+        # Its lifecycle goes on from what is durable: the store's status, alerting's open
+        # actions (a rollback decided and not yet applied, a stop not yet honoured).
+        live.lifecycle = RunLifecycle(live.state.status)
+        live.lifecycle.acted(self.alerts.open_actions(live.run_id))
+        live.state.phase = live.lifecycle.describe()
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -377,8 +387,11 @@ class Engine:
         self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
 
-    def _apply(self, run: RunState, record: Record, arrival: float,
+    def _apply(self, live: LiveRun, record: Record, arrival: float,
                origin: int | None = None) -> None:
+        run = live.state
+        if origin is not None:
+            run.rank(record.rank).remote = True
         if isinstance(record, StepRecord):
             run.apply_step(record, arrival, metric_names.STEP_DURATION_BUCKETS)
         elif isinstance(record, EvalRecord):
@@ -390,9 +403,7 @@ class Engine:
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
-            verdict = self._store_verdict(run)
-            self.alerts.run_ended(run.run_id, record.status, arrival, record.step,
-                                  verdict=verdict.words)
+            self._lifecycle(live, live.lifecycle.ended(record.status, record.step), arrival)
 
     def _checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
         """Keep a checkpoint in the run's ledger (stored, so a restart keeps it)."""
@@ -451,6 +462,33 @@ class Engine:
         taken = (self.alerts.handle(context, findings, now, told=True) if told
                  else self.alerts.handle(context, findings, now))
         result.actions.extend(taken)
+        if taken:
+            self.acted(run.run_id, taken, now)
+
+    # -- the run's lifecycle (runs/lifecycle.py) -------------------------------------------
+
+    def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
+        """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
+        live = self.registry.get(run_id)
+        if live is not None:
+            self._lifecycle(live, live.lifecycle.acted(actions), now)
+
+    def _lifecycle(self, live: LiveRun, events: list[Event], now: float) -> None:
+        """Hand each of a run's lifecycle events to whatever consumes it."""
+        run = live.state
+        for event in events:
+            if isinstance(event, AttemptSettled) and event.attempt.kind != "first":
+                # Alerting applies a rollback this attempt resumed at, closes the alerts
+                # about what it abandoned, and may decide again (alerting/rollback.py).
+                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
+            elif isinstance(event, Ended):
+                verdict = self._store_verdict(run)
+                self.alerts.run_ended(run.run_id, event.status, now, event.step,
+                                      verdict=verdict.words)
+        phase = live.lifecycle.describe()
+        if phase != run.phase:
+            run.phase = phase
+            run.version += 1
 
     # -- one run, one brain (monitor_agent/cluster) ----------------------------------------
 
@@ -463,6 +501,8 @@ class Engine:
                 log.warning("run %s: %s; judging its ranks here alone", run.run_id, exc)
             leader = None
         node = record.cluster.node_rank if record.cluster is not None else None
+        if node is not None:
+            run.roster.local.add(node)
         if (leader, node) != (run.leader, run.node):
             run.leader, run.node = leader, node
             run.version += 1
@@ -515,22 +555,34 @@ class Engine:
         through ``ingest`` (judged by the cross-rank detectors only), its findings are
         paged here for the whole run, and its heartbeat keeps its node in the runs' view.
 
+        Findings the node paged itself while this leader was away go first: they are about
+        what the digests behind them say, so this leader's own judgement of those digests
+        joins the alert they began instead of paging it again.
+
         Raises as ``ingest`` does; a finding's effects are committed before the answer."""
+        told = [(f, flags) for f, flags in batch.findings if flags & PAGED]
+        found = self._peer_findings(told, now)
         result = self.ingest(batch.items, now) if batch.items else IngestResult()
         for peer in batch.runs:
             live = self.registry.get(peer.run_id)
             if live is not None and peer.node > 0:
                 live.state.roster.heard(peer.node, batch.sidecar, peer.host,
                                         list(peer.ranks), now)
+        later = self._peer_findings([(f, flags) for f, flags in batch.findings
+                                     if not flags & PAGED], now)
+        result.actions.extend(found.actions + later.actions)
+        return result
+
+    def _peer_findings(self, items: list[tuple[Finding, int]], now: float) -> IngestResult:
         by_run: dict[str, list[tuple[Finding, int]]] = {}
-        for finding, flags in batch.findings:
+        for finding, flags in items:
             by_run.setdefault(finding.run_id, []).append((finding, flags))
         found = IngestResult()
         try:
-            for run_id, items in by_run.items():
+            for run_id, found_here in by_run.items():
                 live = self.registry.get(run_id) or self.registry.admit(run_id, now)
                 if live is not None:
-                    self._remote_findings(live, items, now, found)
+                    self._remote_findings(live, found_here, now, found)
             if found.findings:
                 self.store.insert_findings([f.to_dict() for f in found.findings])
         except Exception as exc:
@@ -539,8 +591,7 @@ class Engine:
             if isinstance(exc, StorageError):
                 raise StorageError(f"a node sidecar's findings not stored: {exc}") from exc
             raise
-        result.actions.extend(found.actions)
-        return result
+        return found
 
     def _remote_findings(self, live: LiveRun, items: list[tuple[Finding, int]], now: float,
                          result: IngestResult) -> None:

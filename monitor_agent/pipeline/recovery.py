@@ -61,7 +61,8 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "verdict": asdict(run.verdict),
         "ranks": {
             str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS},
-                        "skipped_by_reason": dict(state.skipped_by_reason)}
+                        "skipped_by_reason": dict(state.skipped_by_reason),
+                        "remote": state.remote}
             for rank, state in run.ranks.items()
         },
     }
@@ -126,6 +127,7 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
         rs.skipped_by_reason = {str(k): int(v)  # absent from snapshots older than the guard
                                 for k, v in (fields.get("skipped_by_reason") or {}).items()}
         rs.loss_ema = suite.ema_loss(int(rank))
+        rs.remote = bool(fields.get("remote"))  # absent from snapshots before the leader
 
 
 def _reload_latest(store: Store, run: RunState) -> None:

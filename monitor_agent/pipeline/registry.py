@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
@@ -41,6 +41,7 @@ from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.records import wire
+from monitor_agent.runs.lifecycle import RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
@@ -55,6 +56,9 @@ class LiveRun:
     state: RunState
     suite: DetectorSuite
     attempts: RunAttempts
+    # Its lifecycle (runs/lifecycle.py): derived on load from the store's status and
+    # alerting's open actions (Engine._replay), kept on by the engine's events.
+    lifecycle: RunLifecycle = field(default_factory=RunLifecycle)
 
     @property
     def run_id(self) -> str:

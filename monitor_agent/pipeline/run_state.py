@@ -64,6 +64,9 @@ class RankState:
     step_time_counts: list[int] = field(default_factory=list)
     step_time_sum: float = 0.0
     loss_ema: float | None = None
+    # Its records reach this sidecar, the run's leader, as digests from its node's sidecar
+    # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
+    remote: bool = False
 
 
 @dataclass(slots=True)
@@ -98,6 +101,9 @@ class RunState:
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the
     # nodes it hears from. Both follow from run records (replayed with the run).
+    # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
+    # string the views read.
+    phase: str = "running"
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)

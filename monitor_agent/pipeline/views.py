@@ -106,6 +106,14 @@ class RunDetail:
     ranks: dict[str, dict[str, Any]] | None
     verdict: Verdict | None
     attempts: list[AttemptView] = field(default_factory=list)
+    phase: str = field(default="running", metadata={"description": (
+        "Where the run is in its lifecycle (runs/lifecycle.py), as people read it: "
+        "'running', 'awaiting resume from checkpoint step 300 (...), rollback 1 decided at "
+        "step 345', 'stopping: ...', or how it ended.")})
+    leader: str | None = field(default=None, metadata={"description": (
+        "In a multi-node run whose leader is another sidecar (this one forwards its ranks' "
+        "digests there): that sidecar's URL, where the run's pages and actions are decided. "
+        "Null when this sidecar judges the run (alone or as its leader).")})
 
 
 def verdict_of(row: StoredRun, live: RunState | None) -> Verdict | None:
@@ -186,6 +194,8 @@ def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int]
         ranks=ranks,
         verdict=verdict_of(row, live),
         attempts=attempts or [],
+        phase=live.phase if live is not None else row.status,
+        leader=live.leader if live is not None else None,
     )
 
 

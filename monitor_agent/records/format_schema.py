@@ -10,11 +10,11 @@ pydantic describes a float as ``{"type": "number"}``, but on the wire NaN and th
 infinities travel as the strings "NaN", "Infinity" and "-Infinity" (docs/format.md), so
 every number here also admits those three strings.
 
-One schema for all five kinds, chosen by ``kind``; a number also admits the three strings::
+One schema for all seven kinds, chosen by ``kind``; a number also admits the three strings::
 
     >>> schema = record_schema()
     >>> sorted(schema["discriminator"]["mapping"]), schema["discriminator"]["propertyName"]
-    (['checkpoint', 'end', 'eval', 'hang', 'run', 'step'], 'kind')
+    (['agreement', 'checkpoint', 'end', 'eval', 'hang', 'run', 'step'], 'kind')
     >>> schema["$defs"]["StepModel"]["properties"]["loss"]["anyOf"]
     [{'type': 'number'}, {'$ref': '#/$defs/NonFinite'}, {'type': 'null'}]
 """

@@ -373,15 +373,34 @@ class HangModel(_Wire):
         return self
 
 
+class AgreementModel(_Wire):
+    # A rank held the job's action back (docs/format.md, "agreement"): at an agreed call it
+    # lacked the action, or held another content under its id, so no rank acted.
+    kind: Literal["agreement"]
+    run_id: RunId
+    step: Step  # the rank's last step
+    time: Time
+    rank: Rank = 0
+    attempt: AttemptToken | None = None
+    action_id: Annotated[int, Field(ge=1, le=2**62, strict=True)]
+    action: Literal["rollback", "stop"]
+    outcome: Literal["missing", "mismatch"]
+    rounds: Annotated[int, Field(ge=1, le=2**31, strict=True)] = 1
+    check_every: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+    detail: Annotated[str, AfterValidator(_error_text)] | None = None
+
+
 RecordModel = Annotated[
-    RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel,
+    RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel | AgreementModel,
     Field(discriminator="kind"),
 ]
-WireRecord = RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel
+WireRecord = (RunModel | StepModel | EvalModel | EndModel | CheckpointModel | HangModel
+              | AgreementModel)
 TOP_FIELDS: dict[str, frozenset[str]] = {
     kind: frozenset(model.model_fields) for kind, model in (
         ("run", RunModel), ("step", StepModel), ("eval", EvalModel), ("end", EndModel),
-        ("checkpoint", CheckpointModel), ("hang", HangModel))}
+        ("checkpoint", CheckpointModel), ("hang", HangModel),
+        ("agreement", AgreementModel))}
 """Each kind's top-level fields. Read once: pydantic builds ``model_fields`` on each
 access (microseconds), and ingest asks for every record (``verbatim``, ``_own_scalars``)."""
 _RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)

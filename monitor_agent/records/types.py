@@ -405,10 +405,31 @@ class HangRecord:
         return list(self.threads[0].get("frames") or ()) if self.threads else []
 
 
-Record = RunRecord | StepRecord | EvalRecord | EndRecord | CheckpointRecord | HangRecord
+@dataclass(frozen=True, slots=True)
+class AgreementRecord:
+    """A rank held the job's action back at an agreed call (docs/format.md): it lacked the
+    action (``missing``) or held another content under its id (``mismatch``), so no rank
+    acted (client/monitor_client/_agreement.py)."""
+
+    run_id: str
+    step: int  # the rank's last step
+    time: float
+    action_id: int
+    action: str
+    outcome: str
+    rank: int = 0
+    rounds: int = 1
+    check_every: int | None = None
+    detail: str | None = None
+    attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
+    kind: str = "agreement"
+
+
+Record = (RunRecord | StepRecord | EvalRecord | EndRecord | CheckpointRecord | HangRecord
+          | AgreementRecord)
 RECORD_TYPES: dict[str, type[Record]] = {
     "run": RunRecord, "step": StepRecord, "eval": EvalRecord, "end": EndRecord,
-    "checkpoint": CheckpointRecord, "hang": HangRecord,
+    "checkpoint": CheckpointRecord, "hang": HangRecord, "agreement": AgreementRecord,
 }
 _T = TypeVar("_T")
 # How each dataclass is filled from a wire object, worked out once per class rather than per

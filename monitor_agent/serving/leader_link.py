@@ -7,6 +7,7 @@ where ``GET /v1/runs/{id}/actions`` and the ingest answers serve them to this no
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from monitor_agent.alerting import Alerting
@@ -67,8 +68,10 @@ class EnginePort:
                     plan=a.get("plan") if isinstance(a.get("plan"), dict) else None))
             except (KeyError, TypeError, ValueError):
                 continue
-        if kept:
-            self.alerting.adopt_actions(run_id, kept, leader)
+        fresh = self.alerting.adopt_actions(run_id, kept, leader) if kept else []
+        if fresh:  # the run now awaits its resume, or is stopping (runs/lifecycle.py)
+            self.runner.submit(self.engine.acted, run_id, [a.to_dict() for a in fresh],
+                               time.time())
 
 
 def leader_link(settings: Settings, runner: EngineRunner, engine: Engine, alerting: Alerting,

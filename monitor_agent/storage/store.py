@@ -33,7 +33,7 @@ from monitor_agent.records import wire
 from monitor_agent.storage import uplink
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
-KIND_ORDER = ("run", "step", "eval", "checkpoint", "hang", "end")
+KIND_ORDER = ("run", "step", "eval", "checkpoint", "hang", "agreement", "end")
 """Within a step, records are read in this order of kinds (then by rank)."""
 _KIND_ORDER_SQL = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(KIND_ORDER))
                    + f" ELSE {len(KIND_ORDER)} END")

@@ -122,6 +122,15 @@ def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):
     mon.close(timeout=10)
 
 
+def _gloo_env() -> dict[str, str]:
+    """The environment of two gloo ranks on loopback, importing this checkout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 RANK_SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
@@ -152,11 +161,7 @@ def test_two_ranks_get_the_same_plan_at_the_same_call(tmp_path):
     stand_in.publish(_action())
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = _gloo_env()
     try:
         procs = [subprocess.Popen([sys.executable, str(script), str(r), stand_in.url,
                                    str(tmp_path)], env=env, stdout=subprocess.PIPE,
@@ -170,3 +175,96 @@ def test_two_ranks_get_the_same_plan_at_the_same_call(tmp_path):
     # fetching it from the actions endpoint (its poll was switched off).
     assert lines == ["rank 0 plan 5 at call 15 had=1", "rank 1 plan 5 at call 15 had=1"]
     assert stand_in.gets >= 1
+
+
+HELD_SCRIPT = """
+import sys, time
+import torch.distributed as dist
+from monitor_client import Monitor, MonitorConfig
+
+rank, mode, flag = int(sys.argv[1]), sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+mon = Monitor(url=sys.argv[2], run_id="held", settings=MonitorConfig(
+    spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
+mon._sender.poll_interval = 3600.0  # each rank hears only from its own stand-in, when asked
+for call in range(1, 400):
+    mon.log_step(call, loss=1.0)
+    if call == 38 and rank == 0:
+        open(flag, "w").close()  # the test now gives rank 1's sidecar the action too
+    acted = mon.should_stop(check_every=5) if mode == "stop" else \\
+        mon.rollback_plan(check_every=5)
+    if acted:
+        print(f"rank {rank} acts at call {call}", flush=True)
+        break
+    time.sleep(0.005)
+dist.barrier()
+mon.close(timeout=10)
+"""
+
+
+def _two_ranks(tmp_path: Path, stand_ins: list[StandIn], mode: str,
+               later: dict | None) -> list[str]:
+    """Two gloo ranks, each on its own stand-in sidecar; once rank 0 reaches call 38 the
+    test publishes ``later`` to rank 1's stand-in. Returns each rank's last line."""
+    script, flag = tmp_path / "held.py", tmp_path / "flag"
+    script.write_text(HELD_SCRIPT)
+    env = _gloo_env()
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), stand_ins[r].url,
+                               str(tmp_path), mode, str(flag)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    if later is not None:
+        _wait(flag.exists, timeout=60)
+        stand_ins[1].publish(later)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [(out.strip().splitlines() or ["(none)"])[-1] for out, _ in outs]
+
+
+def test_a_rank_whose_sidecar_lacks_the_plan_holds_every_rank_back_and_says_so(tmp_path):
+    stand_ins = [StandIn(answer_ranks=(0,)), StandIn(answer_ranks=())]
+    stand_ins[0].publish(_action())
+    try:
+        lines = _two_ranks(tmp_path, stand_ins, "plan", later=_action())
+        held = stand_ins[1].of_kind("agreement")
+        assert not stand_ins[0].of_kind("agreement")  # rank 0 had it: not its doing
+    finally:
+        for s in stand_ins:
+            s.close()
+    # Neither rank acted while rank 1 lacked it; both act at the same call once it has it.
+    calls = {line.split()[-1] for line in lines}
+    assert len(calls) == 1 and int(calls.pop()) >= 40, lines
+    assert held and held[0]["action_id"] == 5 and held[0]["outcome"] == "missing"
+    assert [h["rounds"] for h in held][:2] == [1, 2] and held[0]["action"] == "rollback"
+
+
+def test_two_contents_under_one_plan_id_are_never_acted_on(tmp_path):
+    stand_ins = [StandIn(answer_ranks=(0,)), StandIn(answer_ranks=(1,))]
+    stand_ins[0].publish(_action())
+    stand_ins[1].publish(_action(skip_to=60))  # another sidecar's "plan 5"
+    try:
+        lines = _two_ranks(tmp_path, stand_ins, "plan", later=None)
+        held = [*stand_ins[0].of_kind("agreement"), *stand_ins[1].of_kind("agreement")]
+    finally:
+        for s in stand_ins:
+            s.close()
+    assert lines == ["(none)", "(none)"]  # a split job is worse than no rollback
+    assert {(h["rank"], h["outcome"]) for h in held} == {(0, "mismatch"), (1, "mismatch")}
+
+
+def test_a_stop_is_honoured_by_every_rank_at_the_same_call_or_by_none(tmp_path):
+    stop = {"id": 9, "action": "stop", "rule": "StopOnNaN", "step": 30,
+            "message": "stop requested at step 30 by rule StopOnNaN"}
+    stand_ins = [StandIn(answer_ranks=(0,)), StandIn(answer_ranks=())]
+    stand_ins[0].publish(stop)
+    try:
+        lines = _two_ranks(tmp_path, stand_ins, "stop", later=stop)
+        held = stand_ins[1].of_kind("agreement")
+        ends = [r["status"] for s in stand_ins for r in s.of_kind("end")]
+    finally:
+        for s in stand_ins:
+            s.close()
+    calls = {line.split()[-1] for line in lines}
+    assert len(calls) == 1 and int(calls.pop()) >= 40, lines
+    assert held and held[0]["action"] == "stop" and held[0]["outcome"] == "missing"
+    assert ends == ["stopped", "stopped"]

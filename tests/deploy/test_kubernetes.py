@@ -14,12 +14,13 @@ from conftest import DEPLOY, RULE_FILES
 K8S = DEPLOY / "kubernetes"
 
 
-def load(name: str) -> dict:
-    return yaml.safe_load((K8S / name).read_text())
+def load(name: str, kind: str | None = None) -> dict:
+    docs = list(yaml.safe_load_all((K8S / name).read_text()))
+    return next(d for d in docs if kind is None or d["kind"] == kind)
 
 
 def pod() -> dict:
-    return load("training-job.yaml")["spec"]["template"]
+    return load("training-job.yaml", "Job")["spec"]["template"]
 
 
 def test_sidecar_is_a_native_sidecar_init_container() -> None:
@@ -47,6 +48,29 @@ def test_trainer_reaches_the_sidecar_over_loopback_with_the_shared_token() -> No
     assert token_volume["secret"]["secretName"] == secret["name"] == load("secret.example.yaml")["metadata"]["name"]
     sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert sidecar_env["MONITOR_AGENT_TOKEN_FILE"].endswith("/" + secret["key"])
+
+
+def test_every_node_finds_the_leader_from_what_torchrun_already_has() -> None:
+    """One run, one brain: node 0's sidecar leads; the others reach it at MASTER_ADDR, on
+    the port every node's sidecar listens on, through the Job's headless Service, and its
+    Host check accepts the name (no allowed_hosts to set)."""
+    from monitor_agent.serving.browser_guard import host_allowed
+
+    job, service = load("training-job.yaml", "Job"), load("training-job.yaml", "Service")
+    spec = pod()["spec"]
+    sidecar, (trainer,) = spec["initContainers"][0], spec["containers"]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] > 1
+    assert spec["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in trainer["command"]
+    assert "--master-addr=$(MASTER_ADDR)" in trainer["command"]
+    master = env["MASTER_ADDR"].replace("$(POD_NAMESPACE)", "default")
+    assert master.startswith(f"{job['metadata']['name']}-0.{service['metadata']['name']}.")
+    assert host_allowed(master, [])
+    port = sidecar["ports"][0]["containerPort"]
+    assert env["MONITOR_AGENT_URL"].endswith(f":{port}") and "0.0.0.0" in sidecar["args"]
+    assert port in {p["port"] for p in service["spec"]["ports"]}
 
 
 def test_podmonitor_selects_the_pod_and_names_the_job_the_rules_match() -> None:

@@ -401,8 +401,16 @@
     const r = (detail.ranks || {})[String(S.rank)] || {loss_ema: stored.loss_ema,
       val_loss: S.series && S.series.evals.val_loss.filter(v => v !== null).pop()};
     const latest = r.latest || stored;
-    document.getElementById("status").textContent = detail.status + (detail.active ? "" : " (stored)");
+    // Where the run is in its lifecycle, when it says more than the status ("awaiting resume
+    // from checkpoint step 300 ...", "stopping: ...").
+    const phase = detail.phase && detail.phase !== detail.status ? " · " + detail.phase : "";
+    document.getElementById("status").textContent = detail.status + phase + (detail.active ? "" : " (stored)");
     document.getElementById("status").className = "status status-" + detail.status;
+    // On a node sidecar of a multi-node run: the run's pages and actions come from its leader.
+    document.getElementById("leader").replaceChildren(...(detail.leader ? [
+      "node sidecar of this run; ",
+      el("a", {href: detail.leader + "/runs/" + encodeURIComponent(detail.run_id)}, "its leader"),
+      " sees every rank"] : []));
     const verdict = document.getElementById("verdict");  // the run's verdict, in its header
     verdict.textContent = detail.verdict ? detail.verdict.words : "";
     verdict.className = detail.verdict ? "verdict verdict-" + detail.verdict.state : "verdict";
