@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import statistics
 import sys
@@ -202,10 +203,8 @@ class Node:
 async def node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats,
                     measuring: list[bool], stop: asyncio.Event) -> None:
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(node.wake.wait(), timeout=1.0)
-        except TimeoutError:
-            pass  # a heartbeat: the link posts at least every heartbeat_seconds
+        with contextlib.suppress(TimeoutError):  # a heartbeat: the link posts at least
+            await asyncio.wait_for(node.wake.wait(), timeout=1.0)  # every heartbeat_seconds
         node.wake.clear()
         content, steps, kind = node.envelope()
         start = time.perf_counter()

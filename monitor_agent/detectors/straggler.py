@@ -1,5 +1,6 @@
 """``straggler``: one rank's own time far above the other ranks' of the same run, and what
-it spends the extra time on: data loading, its own compute, or waiting in the collective.
+it spends the extra time on: data loading, its own compute, or waiting in the collective;
+or every rank of one node slow against the other nodes.
 
 In synchronous data parallelism every rank waits for the slowest at the gradient
 all-reduce, so ``step_time`` is the same on every rank; the straggler shows in how its step
@@ -14,6 +15,26 @@ slow in the collective itself (its link, its NIC): that is the third cause.
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
+The cause is named in one place, ``judge`` (its inputs: the medians of one rank, or of one
+node's ranks, and of the rest).
+
+**A whole node slow.** Ranks carry their host (the run record's ``node``/``hostname``
+label). When every rank of one host (two or more) is ``straggler_ratio`` x slower than the
+median of the ranks on the *other* hosts, by the same test and with the cause named the
+same way, the page says so once, "node gpu-3 (ranks 24-31) is slow as a whole", instead
+of naming its ranks one by one: what they share (the host's CPUs, storage, network,
+power) is what to look at. A host holding half the ranks or more is judged against the
+rest too, where a rank-by-rank view would see half its peers slow and call nobody.
+
+**When, and at what cost.** A step is judged once, when every rank still sending has
+reported it (or the newest rank is 64 steps past it: ``support/front.py``, at O(log ranks)
+a record): each rank that reported since the last judgement is judged against the others,
+the window medians of every rank taken in one sort of a ranks x window array and each
+rank's "median of the others" read off one sorted array (leave one out). So a record costs
+O(log ranks) amortised, not the O(ranks) medians per record of judging each record as it
+arrives, which cost 5 ms a record at 256 ranks and cannot keep up with a run leader hearing
+1024 ranks a second. At the leader of a multi-node run (monitor_agent/cluster) that view
+is the whole run's: the straggler and its cause are named over all nodes.
 
 Four ranks, rank 2's loader 410 ms per batch where the others take 12 ms; the others wait
 for it in the all-reduce::
@@ -32,19 +53,39 @@ for it in the all-reduce::
     >>> print(found[0].message)
     rank 2 is the straggler: its data loading takes 410 ms vs 12 ms on the other ranks (their
     extra time is waiting for it in the all-reduce: 398 ms)
+
+Three hosts of two ranks; both ranks of gpu-1 compute 300 ms where the others take 50::
+
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> for r in range(6):
+    ...     _ = suite.update(parse_record({"kind": "run", "run_id": "r", "rank": r,
+    ...                                    "labels": {"hostname": f"gpu-{r // 2}"}}))
+    >>> def rec(s, r):
+    ...     compute = 0.3 if r in (2, 3) else 0.05
+    ...     return parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                          "rank": r, "step_time": 0.32, "data_time": 0.01,
+    ...                          "compute_time": compute, "sync_wait_time": 0.31 - compute})
+    >>> found = [f for s in range(1, 21) for r in range(6) for f in suite.update(rec(s, r))]
+    >>> [(f.type, f.step, f.rank, f.evidence["host"], f.evidence["cause"]) for f in found]
+    [('straggler', 20, 2, 'gpu-1', 'compute')]
+    >>> print(found[0].message)
+    node gpu-1 (ranks 2-3) is slow as a whole: its own compute takes 300 ms vs 50 ms on the
+    other nodes (their extra time is waiting for it in the all-reduce: 250 ms)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.detectors.support.stats import Window, finite
+from monitor_agent.detectors.support.stats import Window, finite, sorted_median
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
 STRAGGLER_COMPUTE = (
@@ -66,6 +107,9 @@ STRAGGLER_COLLECTIVE = (
 )
 SUGGESTIONS = {"data": STRAGGLER_DATA, "compute": STRAGGLER_COMPUTE,
                "collective": STRAGGLER_COLLECTIVE}
+NODE_FIRST = ("Every rank of that node is slow, not one GPU: look at what they share (the "
+              "host's CPUs and memory bandwidth, its storage and network, its power and "
+              "cooling), or drain the node.",)
 
 
 class StragglerSettings(SharedSettings):
@@ -73,7 +117,8 @@ class StragglerSettings(SharedSettings):
 
     straggler_ratio: float = Field(
         default=1.5, gt=1, description="A rank's median own time (or, for a rank slow in the "
-        "collective, step time) over the others' median.")
+        "collective, step time) over the others' median; the same for a node's ranks over "
+        "the other nodes'.")
     straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
 
 
@@ -84,6 +129,9 @@ class RankTimes:
     compute: Window
     wait: Window
     step: Window
+
+
+QUANTITIES = ("times", "data", "compute", "wait", "step")  # RankTimes' windows, Times' order
 
 
 def own_time(rec: StepRecord) -> float | None:
@@ -109,24 +157,125 @@ def _num(x: float | None) -> float:
     return x if finite(x) else math.nan
 
 
-def _median(w: Window) -> float:
-    v = w.values()
-    v = v[~np.isnan(v)]
-    return float(np.median(v)) if len(v) else math.nan
-
-
 def _ms(x: float) -> str:
     return f"{x * 1000:.0f} ms" if x >= 0.0095 else f"{x * 1000:.1f} ms"
 
 
+# -- the cause: what a slow rank (or node) spends its extra time on ---------------------------
+# Everything that names a cause is here; the detector below only gathers the medians.
+
+
+@dataclass(frozen=True, slots=True)
+class Times:
+    """Window medians of one rank (or of one node's ranks, or of the others): its own time
+    and its step's parts, NaN where the records do not say."""
+
+    own: float
+    data: float
+    compute: float
+    wait: float
+    step: float
+
+
+@dataclass(frozen=True, slots=True)
+class Slowness:
+    ratio: float  # its own time over theirs (or, slow in the collective, its step's ratio)
+    cause: str    # a key of SUGGESTIONS
+
+
+def judge(mine: Times, theirs: Times, threshold: float) -> Slowness | None:
+    """Whether ``mine`` is a straggler against ``theirs`` and why; None when it is not.
+
+    Its own time ``threshold`` x theirs (or, when only ``data_time`` splits the step, its
+    step over theirs less its extra loading): the cause is the larger of its extra data
+    time and its extra compute time. Else, its step ``threshold`` x theirs with over half
+    the extra waiting in the all-reduce: the collective itself.
+
+        >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
+        >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
+        Slowness(ratio=5.166666666666667, cause='compute')
+        >>> judge(Times(0.06, 0.01, 0.05, 0.6, 0.66), theirs, 1.5).cause
+        'collective'
+        >>> judge(theirs, theirs, 1.5) is None
+        True
+    """
+    ratio = mine.own / theirs.own
+    if ratio < threshold:
+        ratio = max(ratio, _data_only_ratio(mine, theirs))
+    if ratio >= threshold:
+        return Slowness(ratio, _own_cause(mine, theirs))
+    if _slow_in_collective(mine, theirs, threshold):
+        return Slowness(ratio, "collective")
+    return None
+
+
+def _own_cause(mine: Times, theirs: Times) -> str:
+    """Slow in its own work: the larger extra of data loading and compute names it."""
+    extra_data = mine.data - theirs.data if finite(mine.data) else -math.inf
+    extra_compute = mine.compute - theirs.compute if finite(mine.compute) else -math.inf
+    return "data" if extra_data > extra_compute else "compute"
+
+
+def _data_only_ratio(mine: Times, theirs: Times) -> float:
+    """Its own-time ratio when only ``data_time`` splits the step (a CUDA run: the client
+    sends no compute or wait there). In synchronous data parallelism the others wait for
+    its extra loading, so their own time is their step less that extra."""
+    if finite(mine.compute) or finite(mine.wait):
+        return math.nan
+    extra = mine.data - theirs.data
+    base = theirs.step - extra
+    if not (finite(extra) and extra > 0 and finite(base) and base > 0):
+        return math.nan
+    return mine.step / base
+
+
+def _slow_in_collective(mine: Times, theirs: Times, threshold: float) -> bool:
+    """Its step is ``threshold`` x the others' and the extra is all-reduce wait."""
+    if not (mine.step >= threshold * theirs.step and mine.wait > theirs.wait):
+        return False
+    return mine.wait - theirs.wait > (mine.step - theirs.step) / 2
+
+
+def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> str:
+    """``who``: "rank 2 is the straggler", "node gpu-3 (ranks 24-31) is slow as a whole";
+    ``others``: "the other ranks", "the other nodes"."""
+    head = f"{who}: "
+    if cause == "collective":
+        return (head + f"it waits {_ms(mine.wait)} in the gradient all-reduce vs "
+                f"{_ms(theirs.wait)} on {others}, while its own work takes "
+                f"{_ms(mine.own)} vs {_ms(theirs.own)}")
+    part = "data loading" if cause == "data" else "own compute"
+    value, their = (mine.data, theirs.data) if cause == "data" else (mine.compute, theirs.compute)
+    if finite(value) and finite(their):
+        body = f"its {part} takes {_ms(value)} vs {_ms(their)} on {others}"
+    else:  # compute_time and sync_wait_time unreported: only its own time as a whole
+        body = f"its own work takes {_ms(mine.own)} vs {_ms(theirs.own)} on {others}"
+    if finite(mine.wait) and finite(theirs.wait) and theirs.wait > mine.wait:
+        body += (" (their extra time is waiting for it in the all-reduce: "
+                 f"{_ms(theirs.wait - mine.wait)})")
+    return head + body
+
+
+# -- the detector ------------------------------------------------------------------------------
+
+
 class StragglerDetector(DetectorBase[StragglerSettings]):
-    """Warning for a rank whose median own time is ``straggler_ratio`` x the others', with
-    the cause (``evidence["cause"]``: data, compute or collective)."""
+    """Warning for a rank whose median own time is ``straggler_ratio`` x the others', or
+    for a node all of whose ranks are that much slower than the other nodes', with the
+    cause (``evidence["cause"]``: data, compute or collective). Judged once a step, when
+    every live rank reported it (module docstring)."""
 
     type = "straggler"
     severity = Severity.WARNING
     settings_model = StragglerSettings
     scope = "run"
+
+    def __init__(self, settings: StragglerSettings, ctx: DetectorContext) -> None:
+        super().__init__(settings, ctx)
+        self.run_id = ""
+        self.judged = -1  # the step the last judgement covered
+        # rank -> (step, time) of its latest timed record since the last judgement
+        self.fresh: dict[int, tuple[int, float]] = {}
 
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window
@@ -135,91 +284,197 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
     def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
         t = own_time(rec)
-        if t is None or t <= 0:
+        if t is not None and t > 0:
+            st.times.add(t)
+            st.data.add(_num(rec.data_time))
+            st.compute.add(compute_of(rec))
+            st.wait.add(_num(rec.sync_wait_time))
+            st.step.add(_num(rec.step_time))
+            self.run_id = rec.run_id
+            self.fresh[rec.rank] = (rec.step, rec.time)
+        through = self.ctx.front.judged_through()
+        if through <= self.judged or not self.fresh:
             return []
-        st.times.add(t)
-        st.data.add(_num(rec.data_time))
-        st.compute.add(compute_of(rec))
-        st.wait.add(_num(rec.sync_wait_time))
-        st.step.add(_num(rec.step_time))
-        peers = [o for r, o in self.ranks.items() if r != rec.rank and o.times.full]
-        if not st.times.full or not peers:
-            return []
-        ratio = st.times.median() / float(np.median([o.times.median() for o in peers]))
-        cause = None
-        if ratio < self.settings.straggler_ratio:
-            ratio = max(ratio, self._data_only_ratio(st, peers))
-        if ratio >= self.settings.straggler_ratio:
-            cause = "own"
-        elif self._slow_in_collective(st, peers):
-            cause = "collective"
-        if cause is None or not self.due(rec):
-            return []
-        return [self._report(rec, st, peers, ratio, cause)]
+        self.judged = through
+        fresh, self.fresh = self.fresh, {}
+        return self._judge(fresh)
 
-    @staticmethod
-    def _data_only_ratio(st: RankTimes, peers: list[RankTimes]) -> float:
-        """Its own-time ratio when only ``data_time`` splits the step (a CUDA run: the
-        client sends no compute or wait there). In synchronous data parallelism the others
-        wait for its extra loading, so their own time is their step less that extra."""
-        if finite(_median(st.compute)) or finite(_median(st.wait)):
+    def _judge(self, fresh: dict[int, tuple[int, float]]) -> list[Finding]:
+        full = [r for r, st in self.ranks.items() if st.times.full]
+        if len(full) < 2:
+            return []
+        index = {r: i for i, r in enumerate(full)}
+        med = {q: _row_medians(np.stack([getattr(self.ranks[r], q).buf for r in full]))
+               for q in QUANTITIES}
+        threshold = self.settings.straggler_ratio
+        hosts = {r: self.ctx.rank(r).host for r in self.ranks}
+        out: list[Finding] = []
+        named: set[int] = set()
+        for host, ranks, verdict, mine, theirs in self._slow_nodes(full, index, med, hosts):
+            first = ranks[0]
+            named.update(ranks)
+            if not any(r in fresh for r in ranks):
+                continue
+            step, time = fresh.get(first) or next(fresh[r] for r in ranks if r in fresh)
+            if self.repeat.due(f"node/{host}", step, self.settings.repeat_every_steps):
+                out.append(self._finding(
+                    first, step, time, verdict, mine, theirs, len(full), hosts,
+                    who=f"node {host} ({_span(ranks)}) is slow as a whole",
+                    others="the other nodes", node=ranks))
+        loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
+        for r in sorted(fresh):
+            i = index.get(r)
+            if i is None or r in named:
+                continue
+            mine, theirs = _times(med, i), _times(loo, i)
+            found = judge(mine, theirs, threshold)
+            step, time = fresh[r]
+            if found is None or not self.repeat.due(f"{r}/", step,
+                                                    self.settings.repeat_every_steps):
+                continue
+            out.append(self._finding(r, step, time, found, mine, theirs, len(full), hosts,
+                                     who=f"rank {r} is the straggler", others="the other ranks"))
+        return out
+
+    def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
+                    hosts: dict[int, str | None]
+                    ) -> list[tuple[str, list[int], Slowness, Times, Times]]:
+        """Hosts (of two or more ranks, all with a full window) every rank of which is a
+        straggler against the median of the ranks on the other hosts: (host, its ranks,
+        the verdict on its ranks' medians, those medians, the others')."""
+        by_host: dict[str, list[int]] = {}
+        for r in sorted(self.ranks):
+            by_host.setdefault(hosts[r] or "", []).append(r)
+        by_host.pop("", None)
+        if len(by_host) < 2:
+            return []
+        threshold = self.settings.straggler_ratio
+        rest = {q: _Sorted(med[q]) for q in QUANTITIES}
+        out = []
+        for host, ranks in by_host.items():
+            if len(ranks) < 2 or any(r not in index for r in ranks):
+                continue
+            rows = [index[r] for r in ranks]
+            theirs = Times(*(rest[q].median_without(rows) for q in QUANTITIES))
+            verdicts = [judge(_times(med, i), theirs, threshold) for i in rows]
+            if not all(verdicts):
+                continue
+            mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
+            verdict = judge(mine, theirs, threshold) or verdicts[0]
+            assert verdict is not None
+            out.append((host, ranks, verdict, mine, theirs))
+        return out
+
+    def _finding(self, rank: int, step: int, time: float, verdict: Slowness, mine: Times,
+                 theirs: Times, ranks: int, hosts: dict[int, str | None], *, who: str,
+                 others: str, node: list[int] | None = None) -> Finding:
+        cause = verdict.cause
+        host = hosts.get(rank)
+        n_hosts = len({h for h in hosts.values() if h})
+        evidence = {"cause": cause, "own_time": mine.own, "others_median": theirs.own,
+                    "ratio": verdict.ratio, "ranks": ranks,
+                    "data_time": mine.data, "others_data_time": theirs.data,
+                    "compute_time": mine.compute, "others_compute_time": theirs.compute,
+                    "sync_wait_time": mine.wait, "others_sync_wait_time": theirs.wait,
+                    "host": host, "hosts": n_hosts if n_hosts > 1 else None,
+                    "node_ranks": _span(node, "") if node else None}
+        rec = StepRecord(run_id=self.run_id, step=step, time=time, rank=rank)
+        suggestions = (NODE_FIRST if node else ()) + SUGGESTIONS[cause]
+        return self.finding(rec, _message(who, others, cause, mine, theirs), value=mine.own,
+                            threshold=theirs.own * self.settings.straggler_ratio,
+                            evidence={k: v for k, v in evidence.items() if v is not None
+                                      and not (isinstance(v, float) and math.isnan(v))},
+                            suggestions=suggestions)
+
+    def snapshot_extra(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "judged": self.judged,
+                "fresh": {str(r): list(v) for r, v in self.fresh.items()}}
+
+    def restore_extra(self, data: dict[str, Any]) -> None:
+        self.run_id = str(data.get("run_id") or "")
+        self.judged = int(data.get("judged", -1))
+        self.fresh = {int(r): (int(v[0]), float(v[1]))
+                      for r, v in (data.get("fresh") or {}).items()}
+
+
+# -- medians of many windows at once -----------------------------------------------------------
+
+
+def _times(med: dict[str, np.ndarray], i: int) -> Times:
+    return Times(*(float(med[q][i]) for q in QUANTITIES))
+
+
+def _row_medians(rows: np.ndarray) -> np.ndarray:
+    """Each row's median over its non-NaN values (NaN where it has none): one sort of the
+    whole array (NaN sorts last) and the middle of each row's numbers."""
+    s = np.sort(rows, axis=1)
+    k = np.count_nonzero(~np.isnan(s), axis=1)
+    lo = np.take_along_axis(s, np.maximum((k - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(s, np.minimum(k // 2, s.shape[1] - 1)[:, None], axis=1)[:, 0]
+    return np.where(k > 0, 0.5 * (lo + hi), np.nan)
+
+
+def _loo_medians(values: np.ndarray) -> np.ndarray:
+    """For each entry, the median of the others' non-NaN values (NaN where there are none):
+    the middle of one sorted array with the entry's own index skipped."""
+    return _Sorted(values).leave_one_out()
+
+
+class _Sorted:
+    """The non-NaN values of an array, sorted, with each entry's place among them."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.n = len(values)
+        keep = np.flatnonzero(~np.isnan(values))
+        order = np.argsort(values[keep], kind="stable")
+        self.sorted = values[keep][order]
+        self.pos = np.full(self.n, -1, dtype=np.intp)
+        self.pos[keep[order]] = np.arange(len(keep))
+
+    def leave_one_out(self) -> np.ndarray:
+        m = len(self.sorted)
+        out = np.full(self.n, np.nan)
+        if m == 0:
+            return out
+        own = self.pos >= 0
+        out[~own] = sorted_median(self.sorted)
+        if m >= 2:
+            p = self.pos[own]
+            lo, hi = (m - 2) // 2, (m - 1) // 2
+            out[own] = 0.5 * (self.sorted[lo + (lo >= p)] + self.sorted[hi + (hi >= p)])
+        return out
+
+    def median_without(self, rows: list[int]) -> float:
+        """The median of the values of every entry but ``rows``."""
+        gone = sorted(int(p) for p in self.pos[rows] if p >= 0)
+        m = len(self.sorted) - len(gone)
+        if m <= 0:
             return math.nan
-        extra = _median(st.data) - _peer_median(peers, "data")
-        base = _peer_median(peers, "step") - extra
-        if not (finite(extra) and extra > 0 and finite(base) and base > 0):
-            return math.nan
-        return _median(st.step) / base
+        return 0.5 * (self._at((m - 1) // 2, gone) + self._at(m // 2, gone))
 
-    def _slow_in_collective(self, st: RankTimes, peers: list[RankTimes]) -> bool:
-        """Its step is ``straggler_ratio`` x the others' and the extra is all-reduce wait."""
-        mine, theirs = _median(st.step), float(np.nanmedian([_median(o.step) for o in peers]))
-        wait, their_wait = _median(st.wait), _peer_median(peers, "wait")
-        if not (mine >= self.settings.straggler_ratio * theirs and wait > their_wait):
-            return False
-        return wait - their_wait > (mine - theirs) / 2
-
-    def _report(self, rec: StepRecord, st: RankTimes, peers: list[RankTimes], ratio: float,
-                cause: str) -> Finding:
-        mine = {k: _median(getattr(st, k)) for k in ("data", "compute", "wait")}
-        theirs = {k: _peer_median(peers, k) for k in ("data", "compute", "wait")}
-        if cause == "own":
-            extra_data = mine["data"] - theirs["data"] if finite(mine["data"]) else -math.inf
-            extra_compute = mine["compute"] - theirs["compute"] \
-                if finite(mine["compute"]) else -math.inf
-            cause = "data" if extra_data > extra_compute else "compute"
-        msg = _message(rec.rank, cause, mine, theirs, st.times.median(),
-                       float(np.median([o.times.median() for o in peers])))
-        own, others = st.times.median(), float(np.median([o.times.median() for o in peers]))
-        evidence = {"cause": cause, "own_time": own, "others_median": others, "ratio": ratio,
-                    "ranks": len(peers) + 1,
-                    "data_time": mine["data"], "others_data_time": theirs["data"],
-                    "compute_time": mine["compute"], "others_compute_time": theirs["compute"],
-                    "sync_wait_time": mine["wait"], "others_sync_wait_time": theirs["wait"]}
-        return self.finding(rec, msg, value=own, threshold=others * self.settings.straggler_ratio,
-                            evidence={k: v for k, v in evidence.items()
-                                      if not (isinstance(v, float) and math.isnan(v))},
-                            suggestions=SUGGESTIONS[cause])
+    def _at(self, t: int, gone: list[int]) -> float:
+        """The ``t``-th of the sorted values once those at ``gone`` are taken out."""
+        for p in gone:
+            if p > t:
+                break
+            t += 1
+        return float(self.sorted[t])
 
 
-def _peer_median(peers: list[RankTimes], name: str) -> float:
-    meds = [m for m in (_median(getattr(o, name)) for o in peers) if finite(m)]
-    return float(np.median(meds)) if meds else math.nan
+def _finite_median(values: np.ndarray) -> float:
+    v = values[~np.isnan(values)]
+    return sorted_median(np.sort(v)) if len(v) else math.nan
 
 
-def _message(rank: int, cause: str, mine: dict[str, float], theirs: dict[str, float],
-             own: float, others: float) -> str:
-    head = f"rank {rank} is the straggler: "
-    if cause == "collective":
-        return (head + f"it waits {_ms(mine['wait'])} in the gradient all-reduce vs "
-                f"{_ms(theirs['wait'])} on the other ranks, while its own work takes "
-                f"{_ms(own)} vs {_ms(others)}")
-    part = "data loading" if cause == "data" else "own compute"
-    key = "data" if cause == "data" else "compute"
-    if finite(mine[key]) and finite(theirs[key]):
-        body = f"its {part} takes {_ms(mine[key])} vs {_ms(theirs[key])} on the other ranks"
-    else:  # compute_time and sync_wait_time unreported: only its own time as a whole
-        body = f"its own work takes {_ms(own)} vs {_ms(others)} on the other ranks"
-    if finite(mine["wait"]) and finite(theirs["wait"]) and theirs["wait"] > mine["wait"]:
-        body += (" (their extra time is waiting for it in the all-reduce: "
-                 f"{_ms(theirs['wait'] - mine['wait'])})")
-    return head + body
+def _span(ranks: list[int], word: str = "rank") -> str:
+    """[2, 3, 5] -> "ranks 2-3, 5" (``word`` "": "2-3, 5")."""
+    parts: list[str] = []
+    for r in ranks:
+        if parts and r == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    text = ", ".join(parts)
+    if not word:
+        return text
+    return f"{word}s {text}" if len(ranks) > 1 else f"{word} {text}"
