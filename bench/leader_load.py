@@ -162,7 +162,14 @@ class Stats:
     ingest_ms: list[float] = field(default_factory=list)
     peer_bytes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # kind -> (gz, n)
     failures: int = 0
+    rejected: int = 0
+    reasons: set[str] = field(default_factory=set)
     lateness: list[float] = field(default_factory=list)
+
+    def took(self, answer: dict[str, Any]) -> None:
+        for r in answer.get("rejected") or []:
+            self.rejected += 1
+            self.reasons.add(str(r.get("reason"))[:120])
 
 
 class Node:
@@ -200,8 +207,16 @@ class Node:
                 fault.action = action
 
 
-async def node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats,
-                    measuring: list[bool], stop: asyncio.Event) -> None:
+async def node_loop(url: str, node: Node, stats: Stats, measuring: list[bool],
+                    stop: asyncio.Event) -> None:
+    # A client of its own, as each node sidecar's link has: one connection, kept alive
+    # (one pool for every node costs the generator a scan of all connections per request).
+    async with httpx.AsyncClient(timeout=60) as http:
+        await _node_loop(http, url, node, stats, measuring, stop)
+
+
+async def _node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats,
+                     measuring: list[bool], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):  # a heartbeat: the link posts at least
             await asyncio.wait_for(node.wake.wait(), timeout=1.0)  # every heartbeat_seconds
@@ -211,7 +226,8 @@ async def node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats,
         try:
             resp = await http.post(url + "/v1/peer/digests", headers=PEER_HEADERS,
                                    content=content)
-            answer = resp.json() if resp.status_code == 200 else {}
+            answer = resp.json() if resp.status_code in (200, 422) else {}
+            stats.took(answer)
             if resp.status_code != 200:
                 stats.failures += 1
         except httpx.TransportError:
@@ -231,6 +247,8 @@ async def post_records(http: httpx.AsyncClient, url: str, records: list[dict[str
     try:
         resp = await http.post(url + "/v1/records", headers=HEADERS, content=body(records))
         stats.failures += resp.status_code != 200
+        if resp.status_code in (200, 422):
+            stats.took(resp.json())
     except httpx.TransportError:
         stats.failures += 1
         return
@@ -244,15 +262,16 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
     measuring = [False]
     stop = asyncio.Event()
     nodes = [Node(job, n) for n in range(1, job.nodes)]
-    conns = job.nodes + job.per_node * 2 + 8
-    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     me = psutil.Process()
     pending: set[asyncio.Task[None]] = set()
     rss_peak = 0.0
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-        await asyncio.gather(*(post_records(http, url, [job.run_record(r)], stats, False)
+    async with contextlib.AsyncExitStack() as stack:
+        # node 0's ranks: a client each, as each rank's Monitor has its own sender
+        local = [await stack.enter_async_context(httpx.AsyncClient(timeout=60))
+                 for _ in range(job.per_node)]
+        await asyncio.gather(*(post_records(local[r], url, [job.run_record(r)], stats, False)
                                for r in range(job.per_node)))
-        loops = [asyncio.create_task(node_loop(http, url, n, stats, measuring, stop))
+        loops = [asyncio.create_task(node_loop(url, n, stats, measuring, stop))
                  for n in nodes]
         t0 = time.perf_counter()
         ticks = args.warmup + int(args.seconds)
@@ -295,7 +314,7 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
                                     "step": step, "time": wall + 0.01,
                                     "path": f"/ckpt/{RUN}/step-{step}.pt",
                                     "attempt": job.token(0)})
-                task = asyncio.create_task(post_records(http, url, records, stats,
+                task = asyncio.create_task(post_records(local[rank], url, records, stats,
                                                         measuring[0]))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
@@ -361,7 +380,10 @@ def report(job: Job, res: dict[str, Any], args: argparse.Namespace, load: tuple[
     late = pct(stats.lateness, 0.99)
     print(f"\nleader under {job.nodes} nodes x {job.per_node} ranks = {job.world} ranks at "
           f"1 step/s, {res['wall']:.0f} s measured after {args.warmup} s warm-up "
-          f"(generator late99 {1e3 * late:.0f} ms, failures {stats.failures}):")
+          f"(generator late99 {1e3 * late:.0f} ms, failed POSTs {stats.failures}, "
+          f"records refused {stats.rejected}):")
+    for reason in sorted(stats.reasons)[:3]:
+        print(f"  refused: {reason}")
     print(f"  leader CPU            {res['cpu']:.3f} cores (process CPU time / wall)")
     print(f"  leader RSS            {res['rss'] / 2**20:.0f} MB (peak {res['rss_peak'] / 2**20:.0f})")
     print(f"  digest POST answer    p50 {pct(stats.peer_ms, 0.5):.1f} ms  p99 "
@@ -426,6 +448,7 @@ def main() -> None:
         leader.start()
         try:
             proc = psutil.Process(leader.proc.pid)  # type: ignore[union-attr]
+            print(f"leader sidecar: pid {proc.pid}, {leader.url}", flush=True)
             res = asyncio.run(drive(leader.url, job, args, proc))
         finally:
             leader.stop()

@@ -118,7 +118,7 @@ class Settings(BaseSettings):
     )
     max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
     max_ranks_per_run: int = Field(
-        256, ge=1, description="Ranks one run may have (~25 KiB of state each); records of "
+        4096, ge=1, description="Ranks one run may have (~25 KiB of state each); records of "
         "further new ranks are rejected alone (422).",
     )
     ended_run_ttl_seconds: float = Field(

@@ -236,6 +236,21 @@ def _slow_in_collective(mine: Times, theirs: Times, threshold: float) -> bool:
     return mine.wait - theirs.wait > (mine.step - theirs.step) / 2
 
 
+def _maybe_slow(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
+                threshold: float) -> np.ndarray:
+    """Which of many ranks ``judge`` could call slow (a superset: it is asked only about
+    these), on arrays of their medians keyed by ``QUANTITIES``: its own time or its step
+    ``threshold`` x theirs, or only ``data_time`` said and more of it. A cause that shows
+    neither way must be added here too."""
+    t = threshold * (1 - 1e-9)  # a ratio at the threshold, whatever the rounding
+    with np.errstate(invalid="ignore"):
+        own = mine["times"] >= t * theirs["times"]
+        step = mine["step"] >= t * theirs["step"]
+        data_only = np.isnan(mine["compute"]) & np.isnan(mine["wait"]) \
+            & (mine["data"] > theirs["data"])
+    return own | step | data_only
+
+
 def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> str:
     """``who``: "rank 2 is the straggler", "node gpu-3 (ranks 24-31) is slow as a whole";
     ``others``: "the other ranks", "the other nodes"."""
@@ -322,9 +337,10 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                     who=f"node {host} ({_span(ranks)}) is slow as a whole",
                     others="the other nodes", node=ranks))
         loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
+        maybe = _maybe_slow(med, loo, threshold)
         for r in sorted(fresh):
             i = index.get(r)
-            if i is None or r in named:
+            if i is None or r in named or not maybe[i]:
                 continue
             mine, theirs = _times(med, i), _times(loo, i)
             found = judge(mine, theirs, threshold)
@@ -348,14 +364,27 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         by_host.pop("", None)
         if len(by_host) < 2:
             return []
+        named = [(h, ranks) for h, ranks in by_host.items()
+                 if len(ranks) >= 2 and all(r in index for r in ranks)]
+        if not named:
+            return []
         threshold = self.settings.straggler_ratio
-        rest = {q: _Sorted(med[q]) for q in QUANTITIES}
+        groups = [np.array([index[r] for r in ranks]) for _, ranks in named]
+        # The others' medians per host, then per rank (its host's), for the prefilter.
+        rest = {q: _medians_without(med[q], groups) for q in QUANTITIES}
+        of_host = np.full(len(full), -1)
+        for g, rows in enumerate(groups):
+            of_host[rows] = g
+        placed = of_host >= 0
+        theirs_by_rank = {q: np.where(placed, rest[q][np.maximum(of_host, 0)], np.nan)
+                          for q in QUANTITIES}
+        maybe = _maybe_slow(med, theirs_by_rank, threshold)
         out = []
-        for host, ranks in by_host.items():
-            if len(ranks) < 2 or any(r not in index for r in ranks):
+        for g, (host, ranks) in enumerate(named):
+            rows = groups[g]
+            if not maybe[rows].all():
                 continue
-            rows = [index[r] for r in ranks]
-            theirs = Times(*(rest[q].median_without(rows) for q in QUANTITIES))
+            theirs = Times(*(float(rest[q][g]) for q in QUANTITIES))
             verdicts = [judge(_times(med, i), theirs, threshold) for i in rows]
             if not all(verdicts):
                 continue
@@ -444,21 +473,35 @@ class _Sorted:
             out[own] = 0.5 * (self.sorted[lo + (lo >= p)] + self.sorted[hi + (hi >= p)])
         return out
 
-    def median_without(self, rows: list[int]) -> float:
-        """The median of the values of every entry but ``rows``."""
-        gone = sorted(int(p) for p in self.pos[rows] if p >= 0)
-        m = len(self.sorted) - len(gone)
-        if m <= 0:
-            return math.nan
-        return 0.5 * (self._at((m - 1) // 2, gone) + self._at(m // 2, gone))
 
-    def _at(self, t: int, gone: list[int]) -> float:
-        """The ``t``-th of the sorted values once those at ``gone`` are taken out."""
-        for p in gone:
-            if p > t:
-                break
-            t += 1
-        return float(self.sorted[t])
+def _medians_without(values: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """For each group of entries, the median of the non-NaN values of every other entry:
+    the middle of one sorted array with the group's places skipped, for every group at
+    once (the ``t``-th value left is at ``t`` plus the skipped places at or before it, a
+    fixed point reached in at most one step per skipped place)."""
+    srt = _Sorted(values)
+    m = len(srt.sorted)
+    width = max(len(g) for g in groups)
+    gone = np.full((len(groups), width), m + width)  # past any place: never skipped
+    for h, g in enumerate(groups):
+        places = np.sort(srt.pos[g])
+        places = places[places >= 0]
+        gone[h, :len(places)] = places
+    left = m - np.count_nonzero(gone < m, axis=1)
+    out = np.full(len(groups), np.nan)
+    ok = left > 0
+    if not ok.any():
+        return out
+
+    def at(t: np.ndarray) -> np.ndarray:
+        j = t.copy()
+        for _ in range(width + 1):
+            j = t + np.count_nonzero(gone <= j[:, None], axis=1)
+        return srt.sorted[np.minimum(j, m - 1)]
+
+    lo, hi = at((left - 1) // 2), at(left // 2)
+    out[ok] = (0.5 * (lo + hi))[ok]
+    return out
 
 
 def _finite_median(values: np.ndarray) -> float:

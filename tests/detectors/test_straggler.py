@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 from synth_records import assert_restore_equivalent, feed, noise, only, step
 
-from monitor_agent.detectors.straggler import _loo_medians, _row_medians, _Sorted
+from monitor_agent.detectors.straggler import _loo_medians, _medians_without, _row_medians
 from monitor_agent.records.types import RunRecord
 
 
@@ -192,12 +192,13 @@ def test_the_medians_of_others_are_the_slow_ones():
             others = others[~np.isnan(others)]
             want = float(np.median(others)) if len(others) else np.nan
             assert loo[i] == want or (np.isnan(loo[i]) and np.isnan(want))
-        rows = sorted(rng.choice(n, size=min(n, 5), replace=False).tolist())
-        rest = np.delete(values, rows)
-        rest = rest[~np.isnan(rest)]
-        want = float(np.median(rest)) if len(rest) else np.nan
-        got = _Sorted(values).median_without(rows)
-        assert got == want or (np.isnan(got) and np.isnan(want))
+        groups = [rng.choice(n, size=int(rng.integers(1, min(n, 9) + 1)), replace=False)
+                  for _ in range(6)]
+        for rows, got in zip(groups, _medians_without(values, groups), strict=True):
+            rest = np.delete(values, rows)
+            rest = rest[~np.isnan(rest)]
+            want = float(np.median(rest)) if len(rest) else np.nan
+            assert got == want or (np.isnan(got) and np.isnan(want))
         windows = rng.choice([0.1, 0.3, np.nan], size=(n, 6))
         for row, m in zip(windows, _row_medians(windows), strict=True):
             kept = row[~np.isnan(row)]

@@ -48,11 +48,13 @@ class StepFront:
         if self.steps.get(rank) == step:
             return
         self.steps[rank] = step
-        if len(self._low) > 2 * len(self.steps) + 32:
+        heapq.heappush(self._low, (step, rank))
+        heapq.heappush(self._high, (-step, rank))
+        # A rank moving on leaves its old entry behind in both heaps (in the newest heap
+        # at the bottom, where no read pops it): rebuilt once stale entries outnumber
+        # live ones, O(ranks) every O(ranks) records.
+        if max(len(self._low), len(self._high)) > 2 * len(self.steps) + 32:
             self._rebuild()
-        else:
-            heapq.heappush(self._low, (step, rank))
-            heapq.heappush(self._high, (-step, rank))
 
     def left(self, rank: int) -> None:
         """``rank`` ended (its end record): no step of it is waited for any more."""
