@@ -118,8 +118,11 @@ class Settings(BaseSettings):
     )
     max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
     max_ranks_per_run: int = Field(
-        4096, ge=1, description="Ranks one run may have (~25 KiB of state each); records of "
-        "further new ranks are rejected alone (422).",
+        4096, ge=1, description="Ranks one run may have; records of further new ranks are "
+        "rejected alone (422). A multi-node run's leader holds every rank of the run: about "
+        "40 KiB each there (a 1024-rank run, 128 nodes x 8, adds 36 MB: bench/leader_load.py), "
+        "more for a rank sending per-layer stats to this sidecar; 4096 ranks, a 512-node "
+        "job, is about 160 MiB.",
     )
     ended_run_ttl_seconds: float = Field(
         900.0, ge=0, description="An ended run leaves /metrics and memory after this long."
