@@ -54,13 +54,13 @@ def _encode_nonfinite(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _encode_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        if _all_finite_numbers(obj):
+        if all_finite_numbers(obj):
             return obj  # a detector snapshot is mostly windows of numbers: one C pass each
         return [_encode_nonfinite(v) for v in obj]
     return obj
 
 
-def _all_finite_numbers(seq: list[Any] | tuple[Any, ...]) -> bool:
+def all_finite_numbers(seq: list[Any] | tuple[Any, ...]) -> bool:
     """Whether ``seq`` holds only numbers, all finite: their sum is then finite (a NaN or
     an infinity makes it non-finite; a sum too large to be finite only sends the list the
     slow way); anything else than a number makes ``sum`` raise."""

@@ -50,7 +50,10 @@ def dump(obj: Any) -> Any:
         return {name: dump(getattr(obj, name)) for name in names}
     if isinstance(obj, np.ndarray):
         values = obj.tolist()
-        if obj.dtype.kind == "f" and not np.isfinite(obj).all():
+        if obj.dtype.kind == "f" and obj.ndim == 1:
+            for i in np.flatnonzero(~np.isfinite(obj)).tolist():  # a window's empty slots
+                values[i] = wire.encode_nonfinite(values[i])
+        elif obj.dtype.kind == "f" and not np.isfinite(obj).all():
             return wire.encode_nonfinite(values)
         return values
     if isinstance(obj, dict):
@@ -67,6 +70,8 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
+        if wire.all_finite_numbers(value):
+            return value  # a window of numbers: one C pass, not one call a value
         return [plain(v) for v in value]
     return nonfinite_to_float(value)
 
@@ -80,9 +85,15 @@ def load_into(obj: Any, data: dict[str, Any]) -> Any:
         if dataclasses.is_dataclass(current):
             load_into(current, value)
             continue
-        if isinstance(current, np.ndarray):
-            value = np.array(plain(value), dtype=current.dtype)
-        else:
-            value = plain(value)
-        setattr(obj, f.name, value)
+        setattr(obj, f.name, _array(value, current.dtype)
+                if isinstance(current, np.ndarray) else plain(value))
     return obj
+
+
+def _array(value: Any, dtype: np.dtype[Any]) -> np.ndarray:
+    """A dumped array back: numpy reads the non-finite strings itself ("NaN",
+    "-Infinity"), at C speed; anything else goes value by value."""
+    try:
+        return np.array(value, dtype=dtype)
+    except (TypeError, ValueError):
+        return np.array(plain(value), dtype=dtype)
