@@ -75,6 +75,7 @@ ROLLBACK_RULE = {"name": "RollbackOnFault", "match": {"types": ["nan_inf", "dive
                  "severity": "critical", "fingerprint": [], "action": "rollback",
                  "rollback_skip_margin": 20, "rollback_budget": 100}
 DECISION_TIMEOUT = 30.0  # seconds a fault waits for every node to hold its plan
+SETTLE = 8  # steps after a resume (the leader rebuilds the run) not counted as steady
 
 
 def write_config(tmp: Path) -> Path:
@@ -158,8 +159,9 @@ class Fault:
 
 @dataclass
 class Stats:
-    peer_ms: list[float] = field(default_factory=list)
-    ingest_ms: list[float] = field(default_factory=list)
+    peer_ms: list[tuple[float, bool]] = field(default_factory=list)  # (ms, sent in steady)
+    ingest_ms: list[tuple[float, bool]] = field(default_factory=list)
+    cpu: list[tuple[float, float, bool]] = field(default_factory=list)  # (wall, cpu, steady)
     peer_bytes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # kind -> (gz, n)
     failures: int = 0
     rejected: int = 0
@@ -235,14 +237,14 @@ async def _node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats
             continue
         now = time.perf_counter()
         if measuring[0]:
-            stats.peer_ms.append(1e3 * (now - start))
+            stats.peer_ms.append((1e3 * (now - start), measuring[1]))
             if steps:
                 stats.peer_bytes.setdefault(kind, []).append((len(content), steps))
         node.adopt(answer, now)
 
 
 async def post_records(http: httpx.AsyncClient, url: str, records: list[dict[str, Any]],
-                       stats: Stats, measuring: bool) -> None:
+                       stats: Stats, measuring: bool, steady: bool = False) -> None:
     start = time.perf_counter()
     try:
         resp = await http.post(url + "/v1/records", headers=HEADERS, content=body(records))
@@ -253,13 +255,13 @@ async def post_records(http: httpx.AsyncClient, url: str, records: list[dict[str
         stats.failures += 1
         return
     if measuring:
-        stats.ingest_ms.append(1e3 * (time.perf_counter() - start))
+        stats.ingest_ms.append((1e3 * (time.perf_counter() - start), steady))
 
 
 async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Process
                 ) -> dict[str, Any]:
     stats = Stats()
-    measuring = [False]
+    measuring = [False, False]  # measuring; steady (no fault open, settled after a resume)
     stop = asyncio.Event()
     nodes = [Node(job, n) for n in range(1, job.nodes)]
     me = psutil.Process()
@@ -276,6 +278,7 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
         t0 = time.perf_counter()
         ticks = args.warmup + int(args.seconds)
         next_fault = args.warmup + args.first_fault
+        resumed = -10**9  # the tick of the last resume
         begin: tuple[Any, Any, float] | None = None
         for tick in range(ticks):
             due = t0 + tick
@@ -298,13 +301,17 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
                 if "checkpoint_step" in plan:
                     job.step = plan["checkpoint_step"] + 1
                     job.epoch += 1
-                next_fault = tick + args.fault_every
+                next_fault, resumed = tick + args.fault_every, tick
             if job.fault is None and measuring[0] and tick >= next_fault \
                     and tick < ticks - args.fault_every // 2:
                 node = 1 + len(job.faults) * 37 % (job.nodes - 1)
                 job.fault = Fault(args.fault, job.step, job.epoch, node,
                                   node * job.per_node + len(job.faults) % job.per_node,
                                   sent=now)
+            measuring[1] = job.fault is None and tick - resumed >= SETTLE
+            if measuring[0]:
+                cpu = proc.cpu_times()
+                stats.cpu.append((now, cpu.user + cpu.system, measuring[1]))
             step, wall = job.step, time.time()
             job.step += 1
             for rank in range(job.per_node):
@@ -315,7 +322,7 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
                                     "path": f"/ckpt/{RUN}/step-{step}.pt",
                                     "attempt": job.token(0)})
                 task = asyncio.create_task(post_records(local[rank], url, records, stats,
-                                                        measuring[0]))
+                                                        measuring[0], measuring[1]))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
             for n in nodes:
@@ -354,6 +361,15 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
 
 
+def _cpu(series: list[tuple[float, float, bool]], steady: bool) -> float:
+    """Leader cores over the ticks that were (or were not) steady."""
+    wall = cpu = 0.0
+    for (t0, c0, quiet), (t1, c1, _) in zip(series, series[1:], strict=False):
+        if quiet == steady:
+            wall, cpu = wall + t1 - t0, cpu + c1 - c0
+    return cpu / wall if wall else float("nan")
+
+
 def byte_table(job: Job, stats: Stats) -> None:
     print("\ndigest bytes per rank per step (the whole record vs its digest):")
     print(f"  {'step kind':<22} {'record JSON':>11} {'record gzip':>11} {'digest JSON':>11} "
@@ -384,13 +400,16 @@ def report(job: Job, res: dict[str, Any], args: argparse.Namespace, load: tuple[
           f"records refused {stats.rejected}):")
     for reason in sorted(stats.reasons)[:3]:
         print(f"  refused: {reason}")
-    print(f"  leader CPU            {res['cpu']:.3f} cores (process CPU time / wall)")
+    steady = _cpu(stats.cpu, True)
+    print(f"  leader CPU            {res['cpu']:.3f} cores (process CPU time / wall); steady "
+          f"{steady:.3f}, around faults and resumes {_cpu(stats.cpu, False):.3f}")
     print(f"  leader RSS            {res['rss'] / 2**20:.0f} MB (peak {res['rss_peak'] / 2**20:.0f})")
-    print(f"  digest POST answer    p50 {pct(stats.peer_ms, 0.5):.1f} ms  p99 "
-          f"{pct(stats.peer_ms, 0.99):.1f} ms  max {max(stats.peer_ms, default=0):.1f} ms  "
-          f"({len(stats.peer_ms)} POSTs)")
-    print(f"  node 0 record POST    p50 {pct(stats.ingest_ms, 0.5):.1f} ms  p99 "
-          f"{pct(stats.ingest_ms, 0.99):.1f} ms  ({len(stats.ingest_ms)} POSTs)")
+    for name, got in (("digest POST answer ", stats.peer_ms), ("node 0 record POST ", stats.ingest_ms)):
+        every = [ms for ms, _ in got]
+        calm = [ms for ms, quiet in got if quiet]
+        print(f"  {name}   p50 {pct(every, 0.5):.1f} ms  p99 {pct(every, 0.99):.1f} ms  max "
+              f"{max(every, default=0):.1f} ms ({len(every)} POSTs); steady p50 "
+              f"{pct(calm, 0.5):.1f} ms  p99 {pct(calm, 0.99):.1f} ms")
     lat = [x for f in job.faults if (x := f.latency(job.nodes)) is not None]
     first = [min(f.got.values()) - f.sent for f in job.faults if f.got]
     missed = [f for f in job.faults if f.latency(job.nodes) is None]
@@ -447,7 +466,8 @@ def main() -> None:
                                      "MONITOR_AGENT_LOG_LEVEL": "warning"})
         leader.start()
         try:
-            proc = psutil.Process(leader.proc.pid)  # type: ignore[union-attr]
+            assert leader.proc is not None
+            proc = psutil.Process(leader.proc.pid)
             print(f"leader sidecar: pid {proc.pid}, {leader.url}", flush=True)
             res = asyncio.run(drive(leader.url, job, args, proc))
         finally:
