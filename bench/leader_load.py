@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import psutil
 import yaml
 
@@ -446,13 +447,22 @@ def main() -> None:
                     help="steps from one resume to the next fault")
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="8 x 8 for 40 s: a sanity run")
+    ap.add_argument("--records", type=Path, help="client records captured before "
+                    "(--save-records), instead of capturing them now (which needs torch)")
+    ap.add_argument("--save-records", type=Path, help="keep the captured records here")
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.ranks_per_node, args.seconds = 8, 8, 40.0
     if args.nodes < 2:
         ap.error("--nodes must be at least 2 (node 0 is the leader's own)")
 
-    tpl = Templates(capture_client_records())
+    if args.records is not None:
+        captured = [orjson.loads(line) for line in args.records.read_bytes().splitlines()]
+    else:
+        captured = capture_client_records()
+    if args.save_records is not None:
+        args.save_records.write_bytes(b"\n".join(orjson.dumps(r) for r in captured))
+    tpl = Templates(captured)
     job = Job(tpl, args.nodes, args.ranks_per_node, args.ckpt_every)
     sample = job.record(5, 77, 1.7e9)
     assert wire.loads(digest("step", wire.dumps(sample))) == job.digest_of(5, 77, 1.7e9)
