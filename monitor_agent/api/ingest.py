@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
@@ -90,13 +90,15 @@ class BadRequest(Exception):
     responses={**BODY_ERRORS, 429: {"description": "Too many active runs"},
                503: {"description": "Cannot store right now; retry later"}},
 )
-async def post_records(request: Request) -> IngestResponse:
+async def post_records(request: Request) -> Response:
     state = services(request)
     t0 = time.perf_counter()
     code = "200"
     try:
         response, code = await _ingest(request)
-        return response
+        # The model's own JSON, serialised here: handed the model, FastAPI would validate
+        # it against response_model again first, on the event loop, for every batch.
+        return Response(response.model_dump_json(), media_type="application/json")
     except BadRequest as exc:
         # Keep only status and reason: the exception's traceback holds the frames, and so
         # the (inflated) body, for as long as anything references the exception.

@@ -23,7 +23,7 @@ import dataclasses
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
@@ -73,10 +73,14 @@ class PeerResponse(BaseModel):
     summary="A node sidecar forwards its ranks' digests and findings to the run's leader",
     responses={**BODY_ERRORS, 503: {"description": "Cannot store right now; retry later"}},
 )
-async def post_digests(request: Request) -> PeerResponse:
+async def post_digests(request: Request) -> Response:
     state = services(request)
     try:
-        return await _exchange(request)
+        answer = await _exchange(request)
+        # Serialised here, the model's own JSON (the answer the route documents): handed
+        # the model, FastAPI validates it against response_model again first, on the event
+        # loop, for each of a hundred exchanges a second at a leader of 128 nodes.
+        return Response(answer.model_dump_json(), media_type="application/json")
     except BadRequest as exc:
         status, reason = exc.status, exc.reason
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
