@@ -125,7 +125,8 @@ class FiniteFlags:
             if not module.training:
                 return
             out = output[0] if isinstance(output, tuple | list) and output else output
-            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+            # (an empty output sums to 0: finite, so no numel() call for it)
+            if isinstance(out, torch.Tensor) and out.dtype.is_floating_point:
                 self._sums.append(out.detach().sum(dtype=torch.float32))
                 self._fired.append(i)
 

@@ -84,12 +84,25 @@ class CudaMemory:
         self.total_bytes = torch.cuda.mem_get_info(self.device)[1]
 
     def read(self) -> dict[str, Any]:
-        stats = self._torch.cuda.memory_stats(self.device)
+        allocated, reserved = self._nested()
         return {"device": str(self.device),
-                "allocated_bytes": stats.get("allocated_bytes.all.current"),
-                "reserved_bytes": stats.get("reserved_bytes.all.current"),
-                "peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
+                "allocated_bytes": allocated.get("current"),
+                "reserved_bytes": reserved.get("current"),
+                "peak_allocated_bytes": allocated.get("peak"),
                 "total_bytes": self.total_bytes}
+
+    def _nested(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The allocator's counters as it keeps them: ``memory_stats`` flattens some 150
+        keys in Python on every call, GIL held, once per step record; the two needed
+        here are read from the nested dict instead (the public call when that fails)."""
+        try:
+            stats = self._torch._C._cuda_memoryStats(self.device.index or 0)
+            return stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+        except Exception:  # noqa: BLE001 - a torch without the private call
+            flat = self._torch.cuda.memory_stats(self.device)
+            return ({"current": flat.get("allocated_bytes.all.current"),
+                     "peak": flat.get("allocated_bytes.all.peak")},
+                    {"current": flat.get("reserved_bytes.all.current")})
 
 
 def memory_probe(device: Any) -> MemoryProbe:

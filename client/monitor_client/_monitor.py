@@ -70,6 +70,7 @@ from monitor_client._rollback import (
 )
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool, spool_directory
+from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client._watchdog import Watchdog
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # imported where used: importing monitor_client must not impo
     from monitor_client._activations import ActivationStats
     from monitor_client._finite import FiniteFlags
     from monitor_client._guard import StepGuard
+    from monitor_client._nvml import GpuSampler
     from monitor_client._stats import GradStats
     from monitor_client._timings import StepTimings
 
@@ -188,6 +190,7 @@ class Monitor:
         self._finite: FiniteFlags | None = None
         self._timings: StepTimings | None = None
         self._step_guard: StepGuard | None = None
+        self._gpu_sampler: GpuSampler | None = None
         self._preflight: Preflight | None = None
         self._optimizer: Any = None
         self._scaler: Any = None
@@ -296,6 +299,8 @@ class Monitor:
         if cfg.finite_flags:
             self._watch_finite(model)
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
+        if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
+            self._hardware.update(self._gpu_sampler.describe())
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if cfg.sharded else "global")
         self._model_info = _model_info.describe_model(model, self._stats.names)
@@ -364,14 +369,23 @@ class Monitor:
                               "collator's masking and the max length", record.get("step"))
 
     def _gpu(self, device: Any) -> Any:
-        choice = self.settings.gpu_probe
-        if choice != "auto":
-            return choice
-        if not str(device).startswith("cuda"):
-            return None
-        from monitor_client._nvml import nvml_probe
+        """The GPU probe (NVML on a CUDA device, or the settings' own), read every
+        ``gpu_sample_interval`` s on a thread of its own (``_nvml.py``), never per step."""
+        from monitor_client._nvml import GpuSampler, nvml_probe
 
-        return nvml_probe(device.index or 0)
+        if self._gpu_sampler is not None:
+            self._gpu_sampler.close()
+            self._gpu_sampler = None
+        probe = self.settings.gpu_probe
+        if isinstance(probe, str) and probe == "auto":
+            probe = None
+            if str(device).startswith("cuda"):
+                probe = nvml_probe(device.index or 0, _cuda_uuid(device))
+        if probe is None:
+            return None
+        sampler = self._gpu_sampler = GpuSampler(probe, self.settings.gpu_sample_interval)
+        sampler.start().wait_first(1.0)  # once, at watch(): the first steps carry a reading
+        return sampler
 
     @_guard
     def before_optimizer_step(self) -> None:
@@ -395,38 +409,32 @@ class Monitor:
         if data_time is None and self._data_time:
             data_time = self._data_time
         self._data_time = 0.0
-        if self._timings is not None:
-            self._split(fields, step_time, data_time, self._timings.take())
+        wait = self._timings.take() if self._timings is not None else None
         self._send_run()
         record = {"kind": "step", "run_id": self.run_id, "step": int(step),
                   "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
-                  "lr": _plain(lr) if lr is not None else self._lr(), "grad_norm": grad_norm,
+                  "lr": (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr(),
+                  "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
         self._last_step = int(step)
+        if wait is not None and not isinstance(wait, float):
+            device_wait, wait = wait, None  # CUDA events: read by the sender (_timings.py)
+        else:
+            device_wait = None
+        split(record, wait)
         urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
-        self._submit(self._pending(record, loss), urgent=urgent)
+        self._submit(self._pending(record, loss, device_wait), urgent=urgent)
         if self._watchdog is not None:
             self._phase.enter("data")
             self._watchdog.beat(int(step))
 
-    @staticmethod
-    def _split(fields: dict[str, Any], step_time: float, data_time: float | None,
-               wait: float | None) -> None:
-        """This rank's all-reduce wait and own compute (``_timings.py``), unless the
-        script passed its own."""
-        if wait is None or "sync_wait_time" in fields or "compute_time" in fields:
-            return
-        wait = min(wait, step_time)
-        fields["sync_wait_time"] = wait
-        fields["compute_time"] = max(step_time - (data_time or 0.0) - wait, 0.0)
-
-    def _pending(self, record: dict[str, Any], loss: Any) -> PendingStep:
+    def _pending(self, record: dict[str, Any], loss: Any, wait: Any = None) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
         stats = self._stats
         scale = self._loss_scale()
-        if stats is None and not _is_tensor(loss):
-            return PendingStep(record, probes=self._probes)
+        if stats is None and not any(_is_tensor(v) for v in (loss, *record.values())):
+            return PendingStep(record, probes=self._probes, wait=wait)
         from monitor_client._stats import StatsPack
 
         pack = stats.take() if stats is not None else StatsPack()
@@ -453,13 +461,20 @@ class Monitor:
                 pack.add(name, value)
             elif value is not None:
                 record[name] = float(value)
-        return PendingStep(record, pack, self._probes)
+        return PendingStep(record, pack, self._probes, wait)
 
     def _lr(self) -> Any:
         if self._optimizer is None:
             return None
         lr = self._optimizer.param_groups[0].get("lr")
-        return lr if not _is_tensor(lr) else float(lr)
+        if not _is_tensor(lr):
+            return lr
+        if lr.device.type == "cpu":
+            return float(lr)
+        # A device LR (capturable optimizers): float() would be a host sync on the training
+        # thread; a copy travels with the statistics instead (the scheduler changes the
+        # tensor in place before the sender reads it).
+        return lr.detach().clone()
 
     def _loss_scale(self) -> Any:
         scaler = self._scaler
@@ -711,6 +726,8 @@ class Monitor:
             self._timings.detach()
         if self._step_guard is not None:
             self._step_guard.detach()
+        if self._gpu_sampler is not None:
+            self._gpu_sampler.close()
         if self._watchdog is not None:
             self._watchdog.stop()
             self._phase.detach()
@@ -738,6 +755,18 @@ class Monitor:
 
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _cuda_uuid(device: Any) -> str | None:
+    """The CUDA device's UUID, which names the same GPU to NVML whatever
+    ``CUDA_VISIBLE_DEVICES`` renumbered (None when torch cannot say)."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        return str(uuid) if uuid is not None else None
+    except Exception:  # noqa: BLE001 - then NVML is asked by index
+        return None
 
 
 def _finite(value: Any) -> bool:

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_client._timings import split
+
 
 @dataclass
 class Probes:
@@ -46,6 +48,7 @@ class PendingStep:
     record: dict[str, Any]
     pack: Any = None             # StatsPack: device tensors and their layout
     probes: Probes = field(default_factory=Probes)
+    wait: Any = None             # DeviceWait: the all-reduce wait's CUDA events (_timings.py)
 
     def materialize(self) -> dict[str, Any]:
         record = self.record
@@ -55,6 +58,8 @@ class PendingStep:
             for key, value in decoded.items():
                 if record.get(key) is None:
                     record[key] = value
+        if self.wait is not None:  # after the pack's copy: its events are done by now
+            split(record, *self.wait.read())
         self._gate(record)
         drop_finite_report(record)
         if self.probes.on_host is not None:

@@ -204,7 +204,12 @@ class MonitorConfig:
         linger: seconds the sender waits to batch records.
         timeout: HTTP (connect, read) timeouts in seconds, or one for both.
         close_timeout: seconds ``close()`` waits for the last records.
-        gpu_probe: "auto" (NVML on CUDA devices), None (off), or a probe object.
+        gpu_probe: "auto" (NVML on CUDA devices), None (off), or a probe object (anything
+            with ``read() -> dict | None``, ``_nvml.py``).
+        gpu_sample_interval: seconds between two readings of the GPU probe, on a thread of
+            its own (default 1: NVML's ECC and row-remap queries take up to milliseconds,
+            and a throttle or a new ECC error matters within seconds, not within a step);
+            each step record carries the latest reading.
         install_hooks: end the run on exit / uncaught exception (atexit, excepthook).
         watchdog: a thread that sends one ``hang`` record (the threads' Python stacks,
             what the process was doing) when no step completes within
@@ -233,6 +238,7 @@ class MonitorConfig:
     timeout: float | tuple[float, float] = (2.0, 10.0)
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     gpu_probe: Any = "auto"
+    gpu_sample_interval: float = 1.0
     install_hooks: bool = True
     watchdog: bool = True
     watchdog_floor: float = 60.0
@@ -264,6 +270,7 @@ class MonitorConfig:
         _at_least(self, "linger", 0)
         _at_least(self, "close_timeout", 0)
         _positive(self, "watchdog_floor")
+        _positive(self, "gpu_sample_interval")
         _check_timeout(self.timeout)
 
 

@@ -257,6 +257,11 @@ class AlertTx:
         self.conn.execute("UPDATE alerts SET related = ? WHERE fingerprint = ?",
                           (related, fingerprint))
 
+    def resolved_elsewhere(self, fingerprint: str) -> None:
+        """People were told this episode resolved, by the node sidecar that paged it."""
+        self.conn.execute("UPDATE alerts SET resolved_elsewhere = 1 WHERE fingerprint = ?",
+                          (fingerprint,))
+
     def fire_quietly(self, fingerprint: str) -> None:
         """Firing, but nobody told (a silence or cooldown holds it): ``tick`` sends later."""
         self.conn.execute("UPDATE alerts SET state = 'firing', pending_since = NULL, "

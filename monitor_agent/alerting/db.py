@@ -128,6 +128,12 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX actions_seq ON actions (run_id, seq);
     ALTER TABLE actions ADD COLUMN origin TEXT;
     """,
+    # An episode a node sidecar paged and closed (its run ended) while the run's leader was
+    # away: the leader keeps it, to fold its own findings of the same fault into, and sends
+    # no second resolve.
+    """
+    ALTER TABLE alerts ADD COLUMN resolved_elsewhere INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

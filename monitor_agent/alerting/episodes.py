@@ -62,15 +62,21 @@ class Episodes:
 
     # -- findings -------------------------------------------------------------------------
 
-    def handle(self, run: RunContext, findings: list[Finding],
-               now: float, told: bool = False) -> tuple[bool, list[Action]]:
+    def handle(self, run: RunContext, findings: list[Finding], now: float,
+               told: bool = False, closed: bool = False) -> tuple[bool, list[Action]]:
         """One record's findings: (whether an episode began, the actions rules took).
         ``told``: people heard of them already (``AlertSink.handle``): the episode fires
-        quietly, as if this sidecar had paged it, and no rule acts."""
+        quietly, as if this sidecar had paged it, and no rule acts; ``closed``: they heard
+        it resolve too, so its resolve here goes out to nobody."""
         started, taken = False, []
         with self.store.tx() as tx:
             for finding in findings:
                 began, action = self._one(tx, run, finding, now, told)
+                if closed:
+                    rule = self._rule(run, finding)
+                    if rule is not None:
+                        tx.resolved_elsewhere(lc.fingerprint(run.run_id, rule.name,
+                                                             _identity(rule, finding)))
                 started |= began
                 if action is not None:
                     taken.append(action)
@@ -252,8 +258,9 @@ class Episodes:
                     closed: str = "closed with the run") -> Item | None:
         if reason is not Reason.RESOLVED:
             return self._mark_sent(tx, alert, reason, now)
-        # Nobody was told it fired (silenced throughout): close quietly.
-        told = alert.notified == "firing"
+        # Nobody was told it fired (silenced throughout), or the node sidecar that paged it
+        # told its resolve already: close quietly.
+        told = alert.notified == "firing" and not alert.resolved_elsewhere
         tx.resolve(alert.fingerprint, now, told)
         if not told:
             return None
@@ -305,6 +312,18 @@ class Episodes:
         for _ in abandoned:
             self._count(Reason.RESOLVED)
         self._enqueue(tx, items, now)
+
+    def hand_over(self, run_id: str, now: float) -> int:
+        """The run's leader is back and has the findings this node sidecar paged while it
+        was away (recorded there as told): the open partial-view alerts here are its to
+        close now, so they close quietly here; one resolve, the leader's, goes out."""
+        with self.store.tx() as tx:
+            mine = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
+                    if a.finding_data().get("evidence", {}).get("view") == "partial"]
+            for alert in mine:
+                tx.resolve(alert.fingerprint, now, told=False)
+                self._count(Reason.HANDED_OVER)
+        return len(mine)
 
     def run_ended(self, run_id: str, status: str, now: float, step: int | None,
                   verdict: str | None = None) -> None:

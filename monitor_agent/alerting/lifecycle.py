@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     GROUPED = "grouped"                # follows from an open page: counted under it
     TOLD = "told_elsewhere"            # a node sidecar paged it while the run leader was away
     PARTIAL = "partial_view"           # made without the whole run in view: paged, no action
+    HANDED_OVER = "handed_over"        # a node's partial-view page, now the run leader's to close
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,9 @@ class StoredAlert:
     action: str | None = None   # what a rule asked of the run, as pages say it
     related: str | None = None  # findings grouped under it (alerting/related.py), JSON
     checkpoint: str | None = None  # the run's last clean checkpoint, as pages say it
+    # A node sidecar paged it and told its resolve while the run's leader was away: the
+    # leader closes it without a second resolve (monitor_agent/cluster).
+    resolved_elsewhere: bool = False
 
     def finding_data(self) -> dict[str, Any]:
         data: dict[str, Any] = wire.loads(self.finding)

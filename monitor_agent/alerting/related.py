@@ -18,8 +18,9 @@ the API shows them on the page's alert, and none is an alert or a message of its
 * F would begin a new alert episode (one already open goes on as it was), and its rule
   takes no action (a stop or checkpoint rule must still act);
 * F is about the model, not the job: ``throughput_drop``, ``memory_pressure``,
-  ``straggler``, ``stalled`` and ``rank_outlier`` (a sick GPU or shard) are independent
-  problems with their own fixes, and
+  ``straggler``, ``stalled``, ``rank_outlier`` (a sick GPU or shard), ``hang`` and
+  ``gpu_health`` (a failing GPU, often the cause of the page, not its consequence) are
+  independent problems with their own fixes, and
   ``lr_jump`` is a cause the pages cite, never a consequence.
 
 Of several such pages, the most severe (then the earliest) takes it. A finding replayed
@@ -49,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from monitor_agent.records.types import Finding, Severity
 
 NOT_CONSEQUENCES = frozenset({"throughput_drop", "memory_pressure", "straggler", "stalled",
-                              "lr_jump", "rank_outlier", "hang"})
+                              "lr_jump", "rank_outlier", "hang", "gpu_health"})
 MAX_KEYS = 256  # distinct (type, layer) remembered per page: bounds a name bomb
 
 

@@ -146,13 +146,13 @@ class Alerting:
     # -- the engine's side (AlertSink) ----------------------------------------------------
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
         """Turn one record's findings into alert state; fast, no network.
 
         Returns the actions rules took (stop, checkpoint) as dicts, for the ingest response.
         ``told``: findings people were paged about already (``AlertSink.handle``).
         """
-        started, taken = self.episodes.handle(run, findings, now, told)
+        started, taken = self.episodes.handle(run, findings, now, told, closed)
         if started:
             self._flush_now.set()
         return [a.to_dict() for a in taken]
@@ -247,6 +247,11 @@ class Alerting:
     def expire_silence(self, silence_id: str) -> bool:
         """End a silence now; False if there is no such active silence."""
         return self.store.expire_silence(silence_id, self.clock())
+
+    def hand_over(self, run_id: str, now: float) -> int:
+        """The run's leader has what this node sidecar paged while it was away: its
+        partial-view alerts here close quietly (``Episodes.hand_over``)."""
+        return self.episodes.hand_over(run_id, now)
 
     def adopt_actions(self, run_id: str, actions: list[Action], leader: str) -> list[Action]:
         """Keep the actions the run's leader decided, for this node sidecar's ranks

@@ -28,10 +28,11 @@ class AlertSink(Protocol):
     """What the engine calls, on its own thread, as records and ticks go by."""
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
         """One record's findings; returns the actions rules took (for the ingest answer).
         ``told``: people were paged about them already (a node sidecar did, while this one,
-        the run's leader, was away): recorded as firing, not paged again, no action."""
+        the run's leader, was away): recorded as firing, not paged again, no action;
+        ``closed``: that sidecar told their resolve too (its run ended meanwhile)."""
         ...
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
@@ -63,7 +64,7 @@ class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
         return []
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:

@@ -57,7 +57,10 @@ class IngestResponse(BaseModel):
     late: int = Field(default=0, description="Stored, but older than the run's latest step.")
     rejected: list[Rejection] = Field(default_factory=list)
     actions: list[dict[str, Any]] = Field(
-        default_factory=list, description="Actions the trainer should take (stop, checkpoint)."
+        default_factory=list, description="Actions the trainer should take: those this "
+        "batch made a rule take (stop, checkpoint, rollback) and the run's open ones not yet "
+        "honoured (a pending rollback, a stop), whichever rank's records decided them; "
+        "each has an id, so a client keeps each once."
     )
     attempts: list[IngestAttemptOut] = Field(
         default_factory=list,

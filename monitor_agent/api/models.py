@@ -115,6 +115,9 @@ class RankOut(BaseModel):
     progress_ratio: float | None = Field(default=None, description="When the run states its plan.")
     progress_basis: Literal["steps", "tokens"] | None = None
     eta_seconds: float | None = Field(default=None, description="While running, when known.")
+    gpu: dict[str, Measured] | None = Field(
+        default=None, description="The rank's GPU as its last step reported it (NVML: "
+        "docs/format.md, gpu), when it sends one.")
 
 
 class FindingTotals(BaseModel):

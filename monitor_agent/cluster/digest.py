@@ -5,10 +5,12 @@ rank whose loss left its peers, the straggler and its cause), keeps the run's ch
 ledger, verdict and actions, and draws the run's charts: scalars per rank and step. The
 per-layer tables, histograms, activations and the script's own scalars stay on the node
 sidecar, whose detectors judge them and forward only their findings. So a step's digest is
-the step record less ``layers``, ``grad_hist``, ``param_hist``, ``activations``, ``gpu``
-and ``metrics`` (a few hundred bytes: ``bench/leader_load.py`` measures it), and keeps
-``grad_norms`` only on a step whose gradient norm is not finite (where the client sends
-them: the NaN page names the first parameter from them). Every other kind (run, eval,
+the step record less ``layers``, ``grad_hist``, ``param_hist``, ``activations`` and
+``metrics`` (a few hundred bytes: ``bench/leader_load.py`` measures it); of ``gpu`` it keeps
+the throttle reasons (the straggler's cause across nodes, detectors/straggler.py; the rest
+is judged by the node's own ``gpu_health``), and it keeps ``grad_norms`` only on a step
+whose gradient norm is not finite (where the client sends them: the NaN page names the
+first parameter from them). Every other kind (run, eval,
 end, checkpoint, hang) is small or rare and goes as it is.
 
 The digest is the record's own JSON with keys taken out, so the leader validates and
@@ -25,10 +27,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from monitor_agent.detectors.straggler import THROTTLE_BITS
 from monitor_agent.records import wire
 
-HEAVY_STEP_FIELDS = ("layers", "grad_hist", "param_hist", "activations", "gpu", "metrics")
+HEAVY_STEP_FIELDS = ("layers", "grad_hist", "param_hist", "activations", "metrics")
 """What stays on the node sidecar (its detectors judge it there)."""
+GPU_KEPT = tuple(key for key, _, _ in THROTTLE_BITS)
+"""The part of a step's ``gpu`` object the leader judges (the straggler's throttle cause)."""
 
 
 def digest(kind: str, body: bytes) -> bytes:
@@ -38,12 +43,15 @@ def digest(kind: str, body: bytes) -> bytes:
     obj: dict[str, Any] = wire.loads(body)
     heavy = [k for k in HEAVY_STEP_FIELDS if k in obj]
     keep_norms = "grad_norms" in obj and _nonfinite(obj.get("grad_norm"))
-    if not heavy and ("grad_norms" not in obj or keep_norms):
+    if not heavy and "gpu" not in obj and ("grad_norms" not in obj or keep_norms):
         return body
     for k in heavy:
         del obj[k]
     if not keep_norms:
         obj.pop("grad_norms", None)
+    gpu = obj.pop("gpu", None)
+    if isinstance(gpu, dict) and (kept := {k: gpu[k] for k in GPU_KEPT if k in gpu}):
+        obj["gpu"] = kept
     return wire.dumps(obj)
 
 

@@ -34,6 +34,7 @@ import httpx
 from monitor_agent.cluster.cluster_settings import ClusterSettings
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.records import wire
+from monitor_agent.storage.uplink import PAGED
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class Port(Protocol):
     def known_action(self, run_id: str) -> int: ...
 
     def adopt(self, run_id: str, actions: list[dict[str, Any]], leader: str) -> None: ...
+
+    def hand_over(self, run_id: str) -> None: ...
 
 
 class LinkMetrics(Protocol):
@@ -223,6 +226,11 @@ class LeaderLink:
             link.is_self = True
             return  # nothing was stored there twice: it is this very database
         self.port.ack([q.id for q in items])
+        # What this node paged while the leader was away is the leader's now (it recorded
+        # it as told): one resolve, the leader's, closes each incident.
+        for run_id in sorted({q.run_id for q in items if q.kind == "finding"
+                              and q.flags & PAGED}):
+            self.port.hand_over(run_id)
         for run_id, about in (answer.get("runs") or {}).items():
             actions = about.get("actions") if isinstance(about, dict) else None
             if isinstance(run_id, str) and isinstance(actions, list) and actions:

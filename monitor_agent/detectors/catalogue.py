@@ -29,6 +29,7 @@ from monitor_agent.detectors.dead_units import DeadUnitsDetector
 from monitor_agent.detectors.divergence import DivergenceDetector
 from monitor_agent.detectors.effective_lr import EffectiveLrDetector
 from monitor_agent.detectors.gain_drift import GainDriftDetector
+from monitor_agent.detectors.gpu_health import GpuHealthDetector
 from monitor_agent.detectors.grad_distribution import GradDistributionDetector
 from monitor_agent.detectors.grad_explosion import GradExplosionDetector
 from monitor_agent.detectors.grad_vanishing import GradVanishingDetector
@@ -74,6 +75,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     HangDetector,
     # the job's action (a rollback, a stop) held back: not every rank could take it
     ActionHeldDetector,
+    # a rank's GPU failing (ECC, row remaps, XIDs, lost) or slowing it (throttle, PCIe)
+    GpuHealthDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -45,6 +45,7 @@ from monitor_agent.detectors.dead_layer import DeadLayerSettings
 from monitor_agent.detectors.dead_units import DeadUnitsSettings
 from monitor_agent.detectors.divergence import DivergenceSettings
 from monitor_agent.detectors.gain_drift import GainDriftSettings
+from monitor_agent.detectors.gpu_health import GpuHealthSettings
 from monitor_agent.detectors.grad_distribution import GradDistributionSettings
 from monitor_agent.detectors.grad_explosion import GradExplosionSettings
 from monitor_agent.detectors.grad_vanishing import GradVanishingSettings
@@ -102,7 +103,7 @@ class KnobsOf(Generic[M]):
 # model's base, left implicit), because pydantic orders fields by the reversed MRO: shared
 # knobs first, then each detector's in catalogue order, as YAML dumps and the schema list them.
 class DetectorSettings(
-    HangSettings, SkipBudgetSettings, RankOutlierSettings, InputBoundSettings,
+    GpuHealthSettings, HangSettings, SkipBudgetSettings, RankOutlierSettings, InputBoundSettings,
     GradDistributionSettings, ActivationBlowupSettings, DeadUnitsSettings,
     CategoryDivergenceSettings, StalledSettings, StragglerSettings, LossScaleCollapseSettings,
     MemoryPressureSettings, ThroughputDropSettings, OverfittingSettings, PlateauSettings,
@@ -144,6 +145,7 @@ class DetectorSettings(
     skip_budget = KnobsOf(SkipBudgetSettings)
     hang = KnobsOf(HangSettings)
     action_held = KnobsOf(SharedSettings)
+    gpu_health = KnobsOf(GpuHealthSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

@@ -11,7 +11,9 @@ does NOT wait in the all-reduce while the others do. Each rank's median over
 whose own time is ``straggler_ratio`` x theirs is the straggler, and the larger of its extra
 data time and extra compute time names the cause. A rank whose own work is as fast as the
 others' but whose step is ``straggler_ratio`` x longer, the extra in ``sync_wait_time``, is
-slow in the collective itself (its link, its NIC): that is the third cause.
+slow in the collective itself (its link, its NIC): that is the third cause. A rank slow in
+its own compute whose GPU throttles (the NVML throttle reasons in the record's ``gpu``
+object) while most other ranks' GPUs do not is a straggler with that cause, ``gpu_throttle``.
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
@@ -105,8 +107,15 @@ STRAGGLER_COLLECTIVE = (
     "(NIC errors, a slower path, NCCL_SOCKET_IFNAME / NCCL_IB_HCA picking the wrong device).",
     "Check that the host is not oversubscribed (other jobs on its network or CPUs).",
 )
+STRAGGLER_THROTTLE = (
+    "Its GPU throttles while the others' do not: thermal, check that node's cooling (fans, "
+    "airflow, inlet temperature); power, its power supply and power cap (nvidia-smi -q -d "
+    "POWER,PERFORMANCE); hardware slowdown, both.",
+    "Drain the node and reset the GPU (nvidia-smi -r), then run DCGM diagnostics before it "
+    "takes jobs again (the gpu_health finding names the GPU).",
+)
 SUGGESTIONS = {"data": STRAGGLER_DATA, "compute": STRAGGLER_COMPUTE,
-               "collective": STRAGGLER_COLLECTIVE}
+               "collective": STRAGGLER_COLLECTIVE, "gpu_throttle": STRAGGLER_THROTTLE}
 NODE_FIRST = ("Every rank of that node is slow, not one GPU: look at what they share (the "
               "host's CPUs and memory bandwidth, its storage and network, its power and "
               "cooling), or drain the node.",)
@@ -129,6 +138,7 @@ class RankTimes:
     compute: Window
     wait: Window
     step: Window
+    throttle: Window   # the GPU's throttle reasons per step (throttle_code), NaN unknown
 
 
 QUANTITIES = ("times", "data", "compute", "wait", "step")  # RankTimes' windows, Times' order
@@ -271,6 +281,58 @@ def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> s
     return head + body
 
 
+# The GPU's throttle reasons as a straggler's cause (issue 34): the client sends NVML's
+# throttle reasons as 0/1 in the step record's ``gpu`` object (a digest keeps them); a rank
+# slow in its own compute whose GPU throttles on most of its window while most other ranks'
+# do not is a straggler with that cause (a throttle every rank shares, such as all GPUs at
+# their power cap, explains nothing about this one). A node: every one of its ranks' GPUs.
+THROTTLE_BITS = (("throttle_thermal", 1, "thermal"), ("throttle_power", 2, "power"),
+                 ("throttle_hw_slowdown", 4, "hardware slowdown"))
+
+
+def throttle_code(rec: StepRecord) -> float:
+    """This step's throttle reasons as bits (thermal 1, power 2, hardware slowdown 4); NaN
+    when the record says nothing about them."""
+    gpu = rec.gpu or {}
+    said = [(gpu.get(key), bit) for key, bit, _ in THROTTLE_BITS if gpu.get(key) is not None]
+    if not said:
+        return math.nan
+    return float(sum(bit for value, bit in said if finite(value) and value > 0))
+
+
+class Throttles:
+    """Per reason, how many steps of each rank's window its GPU throttled, and whether on
+    most of those that say (one pass over a ranks x window array of ``throttle_code``)."""
+
+    def __init__(self, codes: np.ndarray) -> None:
+        said = ~np.isnan(codes)
+        bits = np.where(said, codes, 0).astype(int)
+        self.window = codes.shape[1]
+        self.said = said.sum(axis=1)
+        self.on = {bit: ((bits & bit) > 0).sum(axis=1) for _, bit, _ in THROTTLE_BITS}
+
+    def most(self, bit: int) -> np.ndarray:
+        return (self.said > 0) & (self.on[bit] * 2 >= self.said)
+
+    def cause(self, rows: np.ndarray, others: np.ndarray) -> tuple[str, str] | None:
+        """The throttle reason the GPUs of ``rows`` (one rank, or a node's) show on most of
+        their steps and fewer than half of the ``others``' GPUs on most of theirs: (reason,
+        a clause for the message)."""
+        for _, bit, name in THROTTLE_BITS:
+            most = self.most(bit)
+            sharing = int(most[others].sum())
+            if not most[rows].all() or sharing * 2 >= len(others):
+                continue
+            if len(rows) == 1:
+                return name, (f"; its GPU throttles ({name}) on {int(self.on[bit][rows[0]])} "
+                              f"of its last {self.window} steps, {sharing} of {len(others)} "
+                              "other ranks' GPUs on most of theirs")
+            return name, (f"; each of its GPUs throttles ({name}) on most of its last "
+                          f"{self.window} steps, {sharing} of {len(others)} other nodes' "
+                          "GPUs on most of theirs")
+        return None
+
+
 # -- the detector ------------------------------------------------------------------------------
 
 
@@ -295,7 +357,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window
         return RankTimes(times=Window.of(n), data=Window.of(n), compute=Window.of(n),
-                         wait=Window.of(n), step=Window.of(n))
+                         wait=Window.of(n), step=Window.of(n), throttle=Window.of(n))
 
     def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
         t = own_time(rec)
@@ -305,6 +367,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             st.compute.add(compute_of(rec))
             st.wait.add(_num(rec.sync_wait_time))
             st.step.add(_num(rec.step_time))
+            st.throttle.add(throttle_code(rec))
             self.run_id = rec.run_id
             self.fresh[rec.rank] = (rec.step, rec.time)
         through = self.ctx.front.judged_through()
@@ -325,6 +388,14 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         hosts = {r: self.ctx.rank(r).host for r in self.ranks}
         out: list[Finding] = []
         named: set[int] = set()
+        throttles: list[Throttles] = []  # made once, when some straggler is slow in compute
+
+        def throttle(rows: list[int], others: list[int]) -> tuple[str, str] | None:
+            if not throttles:
+                throttles.append(Throttles(np.stack([self.ranks[r].throttle.buf
+                                                     for r in full])))
+            return throttles[0].cause(np.array(rows), np.array(others, dtype=np.intp))
+
         for host, ranks, verdict, mine, theirs in self._slow_nodes(full, index, med, hosts):
             first = ranks[0]
             named.update(ranks)
@@ -332,10 +403,13 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                 continue
             step, time = fresh.get(first) or next(fresh[r] for r in ranks if r in fresh)
             if self.repeat.due(f"node/{host}", step, self.settings.repeat_every_steps):
+                rows = [index[r] for r in ranks]
+                why = throttle(rows, [i for i in range(len(full)) if i not in set(rows)]) \
+                    if verdict.cause == "compute" else None
                 out.append(self._finding(
                     first, step, time, verdict, mine, theirs, len(full), hosts,
                     who=f"node {host} ({_span(ranks)}) is slow as a whole",
-                    others="the other nodes", node=ranks))
+                    others="the other nodes", node=ranks, throttle=why))
         loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
         maybe = _maybe_slow(med, loo, threshold)
         for r in sorted(fresh):
@@ -348,8 +422,11 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             if found is None or not self.repeat.due(f"{r}/", step,
                                                     self.settings.repeat_every_steps):
                 continue
+            why = throttle([i], [k for k in range(len(full)) if k != i]) \
+                if found.cause == "compute" else None
             out.append(self._finding(r, step, time, found, mine, theirs, len(full), hosts,
-                                     who=f"rank {r} is the straggler", others="the other ranks"))
+                                     who=f"rank {r} is the straggler", others="the other ranks",
+                                     throttle=why))
         return out
 
     def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
@@ -396,12 +473,17 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
     def _finding(self, rank: int, step: int, time: float, verdict: Slowness, mine: Times,
                  theirs: Times, ranks: int, hosts: dict[int, str | None], *, who: str,
-                 others: str, node: list[int] | None = None) -> Finding:
+                 others: str, node: list[int] | None = None,
+                 throttle: tuple[str, str] | None = None) -> Finding:
         cause = verdict.cause
+        message = _message(who, others, cause, mine, theirs)
+        if throttle is not None:  # slow in its own compute, and its GPU throttles
+            cause, message = "gpu_throttle", message + throttle[1]
         host = hosts.get(rank)
         n_hosts = len({h for h in hosts.values() if h})
         evidence = {"cause": cause, "own_time": mine.own, "others_median": theirs.own,
                     "ratio": verdict.ratio, "ranks": ranks,
+                    "throttle": throttle[0] if throttle is not None else None,
                     "data_time": mine.data, "others_data_time": theirs.data,
                     "compute_time": mine.compute, "others_compute_time": theirs.compute,
                     "sync_wait_time": mine.wait, "others_sync_wait_time": theirs.wait,
@@ -409,7 +491,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                     "node_ranks": _span(node, "") if node else None}
         rec = StepRecord(run_id=self.run_id, step=step, time=time, rank=rank)
         suggestions = (NODE_FIRST if node else ()) + SUGGESTIONS[cause]
-        return self.finding(rec, _message(who, others, cause, mine, theirs), value=mine.own,
+        return self.finding(rec, message, value=mine.own,
                             threshold=theirs.own * self.settings.straggler_ratio,
                             evidence={k: v for k, v in evidence.items() if v is not None
                                       and not (isinstance(v, float) and math.isnan(v))},

@@ -29,7 +29,7 @@ __all__ = ["BUCKETS", "OUTCOMES", "REASONS", "UNDELIVERED", "AlertingMetrics"]
 REASONS: tuple[str, ...] = (
     "first", "repeat_elapsed", "resolved", "suppressed", "cooldown", "silenced",
     "acknowledged", "replayed", "log_only", "unmatched", "previewed", "grouped",
-    "told_elsewhere", "partial_view",
+    "told_elsewhere", "partial_view", "handed_over",
 )
 
 

@@ -77,6 +77,15 @@ def _gpu_attr(key: str) -> Callable[[StepRecord], float | None]:
     return lambda rec: rec.gpu.get(key) if rec.gpu else None
 
 
+def _remap_pending(rec: StepRecord) -> float | None:
+    # A remapped row (Ampere and later) or a retired page (earlier) waiting for a reset.
+    if not rec.gpu:
+        return None
+    found = [v for v in (rec.gpu.get("remapped_rows_pending"),
+                         rec.gpu.get("retired_pages_pending")) if v is not None]
+    return max(found) if found else None
+
+
 # Gauges read off the latest step record of each rank.
 STEP_GAUGES: tuple[tuple[n.MetricName, Callable[[StepRecord], float | None]], ...] = (
     (n.LOSS, _step_attr("loss")),
@@ -99,7 +108,31 @@ STEP_GAUGES: tuple[tuple[n.MetricName, Callable[[StepRecord], float | None]], ..
     (n.GPU_UTIL, _gpu_attr("utilization")),
     (n.GPU_TEMP, _gpu_attr("temperature_c")),
     (n.GPU_POWER, _gpu_attr("power_w")),
+    (n.GPU_POWER_LIMIT, _gpu_attr("power_limit_w")),
+    (n.GPU_SM_CLOCK, _gpu_attr("sm_clock_mhz")),
+    (n.GPU_SM_CLOCK_MAX, _gpu_attr("sm_clock_max_mhz")),
+    (n.GPU_REMAP_PENDING, _remap_pending),
+    (n.GPU_REMAP_FAILURE, _gpu_attr("remapped_rows_failure")),
+    (n.GPU_PCIE_WIDTH, _gpu_attr("pcie_link_width")),
+    (n.GPU_PCIE_WIDTH_MAX, _gpu_attr("pcie_link_width_max")),
+    (n.GPU_PCIE_GEN, _gpu_attr("pcie_link_gen")),
+    (n.GPU_PCIE_GEN_MAX, _gpu_attr("pcie_link_gen_max")),
+    (n.GPU_XID_EVENTS, _gpu_attr("xid_count")),
+    (n.GPU_LAST_XID, _gpu_attr("xid_last")),
+    (n.GPU_LOST, _gpu_attr("gpu_lost")),
     (n.LAST_STEP_TS, _step_attr("time")),
+)
+# GPU gauges with a label of their own: (family, label values, the gpu key), per rank.
+GPU_LABELLED: tuple[tuple[n.MetricName, str, str], ...] = (
+    (n.GPU_THROTTLE, 'reason="thermal"', "throttle_thermal"),
+    (n.GPU_THROTTLE, 'reason="power"', "throttle_power"),
+    (n.GPU_THROTTLE, 'reason="hw_slowdown"', "throttle_hw_slowdown"),
+    (n.GPU_ECC_ERRORS, 'error="corrected",counter="volatile"', "ecc_corrected_volatile"),
+    (n.GPU_ECC_ERRORS, 'error="corrected",counter="aggregate"', "ecc_corrected_aggregate"),
+    (n.GPU_ECC_ERRORS, 'error="uncorrected",counter="volatile"', "ecc_uncorrected_volatile"),
+    (n.GPU_ECC_ERRORS, 'error="uncorrected",counter="aggregate"', "ecc_uncorrected_aggregate"),
+    (n.GPU_REMAPPED_ROWS, 'kind="correctable"', "remapped_rows_correctable"),
+    (n.GPU_REMAPPED_ROWS, 'kind="uncorrectable"', "remapped_rows_uncorrectable"),
 )
 LAYER_GAUGES: tuple[tuple[n.MetricName, str], ...] = (
     (n.LAYER_GRAD_NORM, "grad_norm"),
@@ -177,6 +210,7 @@ FAMILIES: tuple[Family, ...] = tuple(
     _family(m)
     for m in (
         *(g for g, _ in STEP_GAUGES),
+        *dict.fromkeys(g for g, _, _ in GPU_LABELLED),
         n.LOSS_EMA, n.VAL_LOSS, n.EVAL_TRAIN_LOSS, n.EVAL_METRIC, n.CATEGORY_LOSS, n.LAST_STEP,
         n.LAST_CLEAN_CHECKPOINT, n.PROGRESS, n.ETA, n.STEP_DURATION,
         *(c for c, _ in RANK_COUNTERS),
@@ -330,6 +364,9 @@ class RunRenderer:
         if rec is not None:
             for metric, getter in STEP_GAUGES:
                 self.add(metric.name, labels, getter(rec))
+            if rec.gpu:  # a closed set of label values: no cardinality from the record
+                for metric, extra, key in GPU_LABELLED:
+                    self.add(metric.name, f"{labels},{extra}", rec.gpu.get(key))
         self.add(n.LOSS_EMA.name, labels, state.loss_ema)
         self.add(n.EFFECTIVE_LR.name, labels, state.last_effective_lr)
         self.add(n.LAST_STEP.name, labels, state.last_step if state.last_step >= 0 else None)

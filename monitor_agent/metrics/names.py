@@ -60,6 +60,29 @@ SYNC_WAIT = _g("training_sync_wait_seconds", "Seconds the latest step waited on 
 GPU_UTIL = _g("training_gpu_utilization_ratio", "GPU utilisation (0..1) from NVML.")
 GPU_TEMP = _g("training_gpu_temperature_celsius", "GPU temperature from NVML.")
 GPU_POWER = _g("training_gpu_power_watts", "GPU power draw from NVML.")
+GPU_POWER_LIMIT = _g("training_gpu_power_limit_watts", "GPU enforced power limit from NVML.")
+GPU_SM_CLOCK = _g("training_gpu_sm_clock_mhz", "GPU SM clock from NVML.")
+GPU_SM_CLOCK_MAX = _g("training_gpu_sm_clock_max_mhz", "GPU maximum SM clock from NVML.")
+GPU_THROTTLE = _g("training_gpu_throttle", "1 while NVML reports the GPU's clocks held down "
+                  "for this reason (thermal, power, hw_slowdown), else 0.", "reason")
+GPU_ECC_ERRORS = _g("training_gpu_ecc_errors", "GPU ECC error count from NVML (error: "
+                    "corrected|uncorrected; counter: volatile = since the driver loaded, "
+                    "aggregate = the GPU's life).", "error", "counter")
+GPU_REMAPPED_ROWS = _g("training_gpu_remapped_rows", "GPU memory rows remapped, by the error "
+                       "kind that caused it (correctable|uncorrectable).", "kind")
+GPU_REMAP_PENDING = _g("training_gpu_row_remap_pending", "1 while a row remap (or, before "
+                       "Ampere, a page retirement) waits for a GPU reset.")
+GPU_REMAP_FAILURE = _g("training_gpu_row_remap_failure", "1 once a row remap failed (no spare "
+                       "rows left).")
+GPU_PCIE_WIDTH = _g("training_gpu_pcie_link_width", "GPU PCIe link width (lanes) now.")
+GPU_PCIE_WIDTH_MAX = _g("training_gpu_pcie_link_width_max", "GPU PCIe link width at most.")
+GPU_PCIE_GEN = _g("training_gpu_pcie_link_generation", "GPU PCIe link generation now.")
+GPU_PCIE_GEN_MAX = _g("training_gpu_pcie_link_generation_max", "GPU PCIe link generation at "
+                      "most.")
+GPU_XID_EVENTS = _g("training_gpu_xid_events", "XID critical-error events the client saw since "
+                    "it started.")
+GPU_LAST_XID = _g("training_gpu_last_xid", "The XID of the last XID event the client saw.")
+GPU_LOST = _g("training_gpu_lost", "1 while NVML reports the GPU lost or needing a reset.")
 LAST_STEP = _g("training_last_step", "Latest optimizer step received.")
 LAST_STEP_TS = _g("training_last_step_timestamp_seconds", "Unix time of the latest step record.")
 PROGRESS = _g("training_progress_ratio", "Fraction of total_steps (else total_tokens) done (0..1).")

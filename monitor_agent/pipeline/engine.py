@@ -55,7 +55,7 @@ from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import Verdict
-from monitor_agent.records import wire
+from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import (
     CheckpointRecord,
     EndRecord,
@@ -69,7 +69,7 @@ from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RunLifecy
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
-from monitor_agent.storage.uplink import DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
+from monitor_agent.storage.uplink import CLOSED, DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ class Engine:
                               superseded=entry.superseded_by is not None,
                               body=entry.item.body, origin=entry.item.origin)
             self._finish(result)
+            self._open_actions({a.item.record.run_id for a in admitted}, result)
         except Exception as exc:
             # Kept in memory, the runs would count these records as judged and the retry
             # as a duplicate: the page would be lost. Evicted, they are judged again.
@@ -235,6 +236,13 @@ class Engine:
                 if not self.links.lost(leader, now):
                     continue  # the run's leader pages it, from the digest on its way there
                 findings = [f.seen_partially(self.links.why(leader, now)) for f in findings]
+            elif findings and live is not None and self._leads(live.state):
+                # Its in-order copy is judged with every node's ranks (which rank went NaN
+                # first), and what a node sidecar paged while this one was away arrives with
+                # the node's digests: one rank's preview would page that rank as the origin,
+                # and page again what the node paged (a restarted leader's ranks preview
+                # their spooled NaN steps before the node has caught it up).
+                continue
             if findings:
                 context = _context(live.state) if live is not None else _bare_context(record)
                 begun += self.alerts.preview(context, findings, now)
@@ -375,6 +383,8 @@ class Engine:
         live.lifecycle = RunLifecycle(live.state.status)
         live.lifecycle.acted(self.alerts.open_actions(live.run_id))
         live.state.phase = live.lifecycle.describe()
+        if after:
+            self._restore_placement(live.state)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -448,7 +458,7 @@ class Engine:
 
     def _handle_findings(
         self, run: RunState, findings: list[Finding], now: float, result: IngestResult,
-        told: bool = False,
+        told: bool = False, closed: bool = False,
     ) -> None:
         """Page (and let rules act on) findings judged here; ``told``: paged already, by
         a node sidecar while this one, the run's leader, was away (recorded, not paged)."""
@@ -459,13 +469,26 @@ class Engine:
         run.count_findings(findings)
         result.findings.extend(findings)
         context = _context(run)
-        taken = (self.alerts.handle(context, findings, now, told=True) if told
+        taken = (self.alerts.handle(context, findings, now, told=True, closed=closed) if told
                  else self.alerts.handle(context, findings, now))
         result.actions.extend(taken)
         if taken:
             self.acted(run.run_id, taken, now)
 
     # -- the run's lifecycle (runs/lifecycle.py) -------------------------------------------
+
+    def _open_actions(self, run_ids: set[str], result: IngestResult) -> None:
+        """Every ingest answer carries its runs' open actions (the client keeps each once):
+        a plan decided on another rank's finding, or by the leader on another node's,
+        reaches this rank with its next answer, not its next poll."""
+        given = {a.get("id") for a in result.actions}
+        for run_id in run_ids:
+            live = self.registry.get(run_id)
+            if live is None:
+                continue
+            for action in live.lifecycle.open_actions():
+                if action.get("id") not in given:
+                    result.actions.append(action)
 
     def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
         """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
@@ -485,6 +508,12 @@ class Engine:
                 verdict = self._store_verdict(run)
                 self.alerts.run_ended(run.run_id, event.status, now, event.step,
                                       verdict=verdict.words)
+                leader = self._following(run)
+                if (leader is not None and event.status == "completed"
+                        and self.links.lost(leader, now)):
+                    # Its partial-view pages just resolved here, saying so: the leader,
+                    # catching up, keeps them to itself (no second resolve).
+                    self.store.uplink.mark_closed(leader, run.run_id)
         phase = live.lifecycle.describe()
         if phase != run.phase:
             run.phase = phase
@@ -506,6 +535,28 @@ class Engine:
         if (leader, node) != (run.leader, run.node):
             run.leader, run.node = leader, node
             run.version += 1
+
+    def _restore_placement(self, run: RunState) -> None:
+        """Where a run restored from its snapshot sits. The tail replayed after the
+        snapshot no longer holds the run records that placed it, so each rank's last one
+        is read back: this node's own say whom the run follows, if anyone, and every one
+        how many nodes a leader waits for."""
+        for rank in sorted(run.ranks):
+            body = self.store.last_record(run.run_id, rank, "run")
+            try:
+                record = schemas.parse_record(wire.loads(body)) if body is not None else None
+            except (schemas.RecordError, ValueError):
+                continue  # as recovery skips a stored record today's rules reject
+            if isinstance(record, RunRecord):
+                remote = run.ranks[rank].remote
+                run.apply_run(record, remote=remote)
+                if not remote:
+                    self._place(run, record)
+
+    def _leads(self, run: RunState) -> bool:
+        """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's)."""
+        return (self.settings.cluster.enabled and run.node == 0 and run.leader is None
+                and run.roster.expected > 1)
 
     def _following(self, run: RunState) -> str | None:
         """The leader this sidecar forwards the run to, or None when it judges it here."""
@@ -603,17 +654,20 @@ class Engine:
         attempt = max(live.attempts.current, 1)
         fresh: list[Finding] = []
         told: list[Finding] = []
+        closed: list[Finding] = []
         for finding, flags in items:
             if flags & LOCAL_VIEW and not flags & PAGED:
                 continue
             f = dataclasses.replace(finding, attempt=attempt)
             if run.ledger.observe(f):
                 run.version += 1
-            (told if flags & PAGED else fresh).append(f)
-        if run.verdict.observe(None, fresh + told):
+            (closed if flags & CLOSED else told if flags & PAGED else fresh).append(f)
+        if run.verdict.observe(None, fresh + told + closed):
             self._store_verdict(run)
         if told:
             self._handle_findings(run, told, now, result, told=True)
+        if closed:
+            self._handle_findings(run, closed, now, result, told=True, closed=True)
         if fresh:
             self._handle_findings(run, fresh, now, result)
 

@@ -214,6 +214,8 @@ def rank_view(run: RunState, state: RankState) -> dict[str, Any]:
         "val_loss": ev.val_loss if ev else None,
         "eval_metrics": dict(ev.metrics) if ev else {},
     }
+    if rec is not None and rec.gpu:  # the run page's GPU table (NVML, docs/format.md)
+        view["gpu"] = dict(rec.gpu)
     found = run_progress(run, state)
     if found is not None:
         view["progress_ratio"], view["progress_basis"] = found.ratio, found.basis

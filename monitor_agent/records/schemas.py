@@ -212,7 +212,11 @@ class StepModel(_Wire):
     # Why the optimizer skipped the step: the client's step guard, or the GradScaler.
     skip_reason: Literal["nonfinite_grad", "grad_norm_outlier", "loss_scale"] | None = None
     memory: MemoryModel | None = None
-    gpu: Annotated[dict[Name, Num], Field(max_length=64)] | None = None
+    # The rank's GPU as NVML last saw it: docs/format.md lists the keys the client sends.
+    gpu: Annotated[dict[Name, Num], Field(
+        max_length=64, description="The rank's GPU from NVML, name -> number (docs/format.md "
+        "lists the keys: utilization, temperature_c, power_w, sm_clock_mhz, throttle_*, "
+        "ecc_*, remapped_rows_*, pcie_link_*, xid_count, gpu_lost, ...).")] | None = None
     layers: Annotated[dict[Name, LayerModel], Field(max_length=MAX_LAYERS)] | None = None
     grad_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None
     param_hist: Annotated[dict[Name, HistModel], Field(max_length=MAX_LAYERS)] | None = None

@@ -103,6 +103,13 @@ class RunLifecycle:
         self.status = status
         self.rollback: RollbackDecided | None = None
         self.stop: StopRequested | None = None
+        self._open: dict[int, dict[str, Any]] = {}  # id -> the action, as decided
+
+    def open_actions(self) -> list[dict[str, Any]]:
+        """The actions the run is to take and has not (a pending rollback, an open stop),
+        as decided: every ingest answer of the run carries them, so each rank learns of
+        them from its next answer whichever rank's finding decided them."""
+        return list(self._open.values())
 
     @property
     def phase(self) -> Phase:
@@ -124,16 +131,21 @@ class RunLifecycle:
         if pending is not None and start is not None and start <= pending.skip_from:
             events.append(RolledBack(pending.action_id, start))
             self.rollback = None
-        self.stop = None  # the stopped process is gone; a stop for the new one comes anew
+            self._open.pop(pending.action_id, None)
+        if self.stop is not None:  # the stopped process is gone; a new one's stop comes anew
+            self._open.pop(self.stop.action_id, None)
+        self.stop = None
         return events
 
     def acted(self, actions: list[dict[str, Any]]) -> list[Event]:
         """Actions the run's leader decided (here, or adopted from it)."""
         events: list[Event] = []
         for a in actions:
-            if a.get("honoured_step") is not None:
+            if a.get("honoured_step") is not None or not isinstance(a.get("id"), int):
                 continue  # history, not an order
             kind, plan = a.get("action"), a.get("plan")
+            if kind in ("rollback", "stop"):
+                self._open[int(a["id"])] = dict(a)
             if kind == "rollback" and isinstance(plan, dict):
                 self.rollback = RollbackDecided(
                     int(a["id"]), int(plan["checkpoint_step"]), str(plan["checkpoint_path"]),
@@ -148,7 +160,8 @@ class RunLifecycle:
         """An end record (``status``: completed, failed or stopped)."""
         honoured = self.stop is not None and status == "stopped"
         self.status = status
-        if honoured:
+        if honoured and self.stop is not None:
+            self._open.pop(self.stop.action_id, None)
             self.stop = None
         return [Ended(status, step, honoured)]
 

@@ -54,6 +54,9 @@ class EnginePort:
         found = self.alerting.actions_for_run(run_id, 0, 1000)
         return max((a.id for a in found), default=0)
 
+    def hand_over(self, run_id: str) -> None:
+        self.alerting.hand_over(run_id, time.time())
+
     def adopt(self, run_id: str, actions: list[dict[str, Any]], leader: str) -> None:
         kept = []
         for a in actions:

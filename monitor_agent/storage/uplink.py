@@ -37,6 +37,7 @@ from monitor_agent.storage.database import Database, storage_errors
 PAGED = 1
 LOCAL_VIEW = 2
 DROPPABLE = 4
+CLOSED = 8  # paged here and its resolve told here too (the run ended while the leader was away)
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -120,6 +121,15 @@ class UplinkQueue:
         with self._db.tx() as conn:
             conn.executemany("UPDATE uplink SET flags = flags | ? WHERE id = ?",
                              [(PAGED, i) for i in ids])
+
+    @storage_errors("cannot mark findings closed")
+    def mark_closed(self, leader: str, run_id: str) -> None:
+        """The run ended here while ``leader`` was away, and what was paged here about it
+        was resolved here, saying so: the leader is to send no second resolve."""
+        with self._db.tx() as conn:
+            conn.execute("UPDATE uplink SET flags = flags | ? WHERE leader = ? AND run_id = ? "
+                         "AND kind = 'finding' AND flags & ? != 0", (CLOSED, leader, run_id,
+                                                                      PAGED))
 
     def depth(self, leader: str) -> int:
         return int(self._db.query("SELECT COUNT(*) FROM uplink WHERE leader = ?",

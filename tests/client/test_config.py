@@ -39,7 +39,7 @@ def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
     # every other field is reached through settings= (and, until the next release, the old
     # keyword of its name)
     # (fields added since the keywords were removed never had a keyword: settings= only)
-    assert set(fields) - set(keywords) - {"watchdog", "watchdog_floor"} == set(
+    assert set(fields) - set(keywords) - {"watchdog", "watchdog_floor", "gpu_sample_interval"} == set(
         LEGACY_MONITOR_KEYWORDS) - {"layer_stats_every", "hist_every"}
     assert {"layer_stats_every", "hist_every"} <= set(_fields(WatchConfig))
 

@@ -22,6 +22,9 @@ def test_a_step_loses_its_per_layer_payload_and_keeps_every_scalar():
     got = wire.loads(small)
     assert not set(HEAVY_STEP_FIELDS) & set(got)
     assert got == _step()
+    throttled = wire.loads(digest("step", wire.dumps(_step(gpu={
+        "utilization": 0.9, "throttle_power": 1, "ecc_uncorrected_volatile": 0}))))
+    assert throttled["gpu"] == {"throttle_power": 1}  # the straggler's cause, across nodes
     assert len(small) * 20 < len(body)
     schemas.parse_record(got)  # the leader validates it as any record
 

@@ -154,9 +154,14 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
                 if a["alertname"] == "StopOnNaN"])
             queued = _eventually(lambda: httpx.get(node.url + "/metrics", timeout=5).text
                                  .count("monitor_agent_uplink_queued 0.0"))
+            # Node 1's page is the leader's incident now: it closes quietly here, so the
+            # one resolve the incident gets is the leader's.
+            handed = _eventually(lambda: [a["state"] for a in httpx.get(
+                f"{node.url}/v1/alerts", timeout=5).json()["alerts"]] == ["resolved"])
             time.sleep(1.0)
-    assert told and told[0]["state"] == "firing" and queued
+    assert told and told[0]["state"] == "firing" and queued and handed
     assert not [t for t in _texts(slack0) if "FIRING" in t], _texts(slack0)
+    assert not [t for t in _texts(slack1) if "RESOLVED" in t], _texts(slack1)
 
 
 def test_a_leader_url_that_reaches_this_very_sidecar_judges_the_run_here(tmp_path):

@@ -82,7 +82,8 @@ def test_every_type_is_proven_somewhere():
                  "rank_outlier",  # needs 3+ ranks (the public traces have 2 at most): also
                  # proven on real 4-process DDP runs in tests/e2e/test_rank_faults.py
                  "skip_budget",  # needs the client's step guard; also tests/e2e/test_step_guard.py
-                 "hang"}  # needs the client's watchdog; also tests/e2e/test_hung_ranks.py
+                 "hang",  # needs the client's watchdog; also tests/e2e/test_hung_ranks.py
+                 "gpu_health"}  # needs NVML readings: tests/detectors/test_gpu_health.py
     assert expected | unit_only == set(FINDING_TYPES)
     for ftype in unit_only:
         assert (Path(__file__).parent / f"test_{ftype}.py").exists()

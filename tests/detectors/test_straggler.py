@@ -203,3 +203,42 @@ def test_the_medians_of_others_are_the_slow_ones():
         for row, m in zip(windows, _row_medians(windows), strict=True):
             kept = row[~np.isnan(row)]
             assert m == float(np.median(kept)) if len(kept) else np.isnan(m)
+
+
+def _throttled(recs: list, ranks: set[int], key: str = "throttle_thermal") -> list:
+    """The same records with the NVML throttle flags the client sends in ``gpu``."""
+    return [replace(r, gpu={"throttle_thermal": 0.0, "throttle_power": 0.0,
+                            "throttle_hw_slowdown": 0.0, **({key: 1.0} if r.rank in ranks else {}),
+                            "sm_clock_mhz": 1980.0})
+            for r in recs]
+
+
+def test_a_slow_compute_rank_whose_gpu_throttles_names_the_throttle():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute"), {1}))
+    assert found and {f.rank for f in found} == {1}
+    f = found[0]
+    assert (f.evidence["cause"], f.evidence["throttle"]) == ("gpu_throttle", "thermal")
+    assert "its own compute takes 300 ms" in f.message
+    assert "its GPU throttles (thermal) on 20 of its last 20 steps, 0 of " in f.message
+    assert any("cooling" in s for s in f.suggestions)
+
+
+def test_a_throttle_every_rank_shares_is_not_the_cause():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute"), {0, 1, 2, 3},
+                                               key="throttle_power"))
+    assert found and found[0].evidence["cause"] == "compute" and "throttle" not in found[0].evidence
+    # nor is a throttle on a rank whose own compute is not what is slow
+    found = feed(only("straggler"), _throttled(_breakdown(60, 2, "data"), {2}))
+    assert found and found[0].evidence["cause"] == "data"
+
+
+def test_a_whole_node_whose_gpus_throttle_names_the_throttle():
+    recs = _cluster(80, ranks=16, per_host=4, slow={4, 5, 6, 7})
+    slow = {4, 5, 6, 7}
+    found = feed(only("straggler"), [r if isinstance(r, RunRecord)
+                                     else _throttled([r], slow, "throttle_power")[0]
+                                     for r in recs])
+    assert found and found[0].message.startswith("node gpu-1 (ranks 4-7) is slow as a whole")
+    assert (found[0].evidence["cause"], found[0].evidence["throttle"]) == ("gpu_throttle", "power")
+    assert "each of its GPUs throttles (power) on most of its last 20 steps, 0 of 12 other " \
+        "nodes' GPUs" in found[0].message

@@ -54,6 +54,9 @@ def main() -> None:
     p.add_argument("--delay", type=float, default=0.12)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--spool-dir", default=None)
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds of each step's "
+                   "compute at least (a real model's kernels; this one's take a millisecond, "
+                   "a scheduler's hiccup on a loaded machine)")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
@@ -70,6 +73,8 @@ def main() -> None:
                                  total_steps=args.steps, settings=settings)
     mon.watch(model, optimizer, grad_clip=1.0)
     for step, x in enumerate(mon.timed(loader), 1):
+        if args.step_time:
+            time.sleep(args.step_time)
         loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         loss.backward()
         optimizer.step()

@@ -71,6 +71,9 @@ class RecordingSink:
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         self.calls.append(("attempt_settled", run_id, start_step))
 
+    def open_actions(self, run_id: str) -> list[dict]:
+        return []
+
 
 def _items(objs: list[dict]) -> list[Incoming]:
     return [Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(objs)]

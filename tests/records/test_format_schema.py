@@ -131,3 +131,13 @@ def test_docs_format_names_every_field_and_finding_type():
     missing = sorted(n for n in names | set(FINDING_TYPES)
                      if not re.search(rf"[`\"{{ ]{re.escape(n)}[`\",}} ]", doc))
     assert not missing, f"docs/format.md does not describe: {missing}"
+
+
+def test_docs_format_describes_every_gpu_key_the_client_sends():
+    from pathlib import Path
+
+    from monitor_client._nvml import FIELDS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    missing = [k for k in FIELDS if f"`{k}`" not in doc]
+    assert not missing, f"docs/format.md's gpu table does not describe: {missing}"

@@ -454,3 +454,49 @@ def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
             ["0", "hung", "7", "53 s", "backward",
              "torch/distributed/distributed_c10d.py:all_reduce ← train.py:88"],
             ["1", "hung", "7", "53 s", "backward", "train.py:wait_for_batch ← train.py:88"]]
+
+
+def test_the_gpu_table_shows_each_ranks_gpu_and_marks_what_is_wrong(browser, lr_runs,
+                                                                   shots: Path):
+    """Issue 34: per rank, the node and GPU from its run record and its latest NVML reading;
+    rank 1's GPU throttles (thermal) and reported uncorrectable ECC errors."""
+    healthy = {"utilization": 0.97, "temperature_c": 70.0, "power_w": 650.0,
+               "power_limit_w": 700.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
+               "throttle_reasons": 0.0, "throttle_thermal": 0.0, "throttle_power": 0.0,
+               "throttle_hw_slowdown": 0.0, "ecc_uncorrected_volatile": 0.0,
+               "ecc_uncorrected_aggregate": 0.0, "ecc_corrected_volatile": 0.0,
+               "ecc_corrected_aggregate": 12.0, "remapped_rows_correctable": 0.0,
+               "remapped_rows_uncorrectable": 0.0, "remapped_rows_pending": 0.0,
+               "remapped_rows_failure": 0.0, "pcie_link_width": 16.0,
+               "pcie_link_width_max": 16.0, "pcie_link_gen": 5.0, "pcie_link_gen_max": 5.0,
+               "xid_count": 0.0}
+    sick = {**healthy, "temperature_c": 91.0, "sm_clock_mhz": 1410.0, "throttle_reasons": 96.0,
+            "throttle_thermal": 1.0, "ecc_uncorrected_volatile": 2.0,
+            "ecc_uncorrected_aggregate": 2.0, "remapped_rows_pending": 1.0}
+    records: list[dict] = [{"kind": "run", "run_id": "gpu-table", "time": 1.0, "rank": r,
+                            "labels": {"hostname": f"gpu-node-{r}"},
+                            "hardware": {"device_name": "NVIDIA H100 80GB HBM3", "gpu_index": r,
+                                         "gpu_pci_bus_id": f"00000000:{r + 16:02X}:00.0"}}
+                           for r in range(2)]
+    for s in range(1, 11):
+        for r in range(2):
+            records.append({"kind": "step", "run_id": "gpu-table", "step": s, "rank": r,
+                            "time": 1.0 + s, "loss": 2.0, "step_time": 0.1,
+                            "gpu": sick if r == 1 and s >= 5 else healthy})
+    res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=30,
+                     json={"records": records})
+    assert res.status_code == 200, res.text
+    browser.get(f"{lr_runs.url}/runs/gpu-table")
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "return document.querySelectorAll('#gpus tbody tr').length === 2 && "
+        "document.querySelector('#gpus tbody tr td:nth-child(2)').textContent !== ''"))
+    rows = browser.execute_script("""
+        return [...document.querySelectorAll('#gpus tbody tr')].map(tr =>
+            [...tr.children].map(td => [td.textContent, td.className === 'bad']));""")
+    browser.save_screenshot(str(shots / "gpu-table.png"))
+    by_rank = {r[0][0]: r for r in rows}
+    assert by_rank["0"][1][0] == "gpu-node-0"
+    assert by_rank["1"][2][0] == "GPU 1 · NVIDIA H100 80GB HBM3 · PCI 00000000:11:00.0"
+    assert not any(bad for _, bad in by_rank["0"])
+    bad = {text for text, flagged in by_rank["1"] if flagged}
+    assert bad == {"1410 / 1980", "thermal", "2 / 2", "0 unc. · 0 corr. · reset pending"}

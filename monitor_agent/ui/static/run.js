@@ -433,6 +433,61 @@
            r.progress_ratio == null ? "no ETA" : Math.round(r.progress_ratio * 100) + "%", r.progress_ratio));
   }
 
+  // Each rank's GPU (issue 34): its latest NVML reading (GET /v1/runs/{id}: ranks[r].gpu)
+  // with its node and GPU from the rank's run record (read once; the report has no records,
+  // and then shows the rank alone). A cell in red is one the gpu_health detector judges: a
+  // throttle, uncorrectable ECC errors, a pending or failed remap, a PCIe link below its
+  // maximum, XID events, a lost GPU.
+  async function loadDevices() {
+    if (S.devices) return;
+    S.devices = {};
+    try {
+      const got = await api(`${base}/records?since_step=-1&kind=run&limit=1000`);
+      for (const r of got.records || []) {
+        const hw = r.hardware || {}, labels = r.labels || {};
+        S.devices[String(r.rank || 0)] = {node: labels.node || labels.hostname || "",
+          gpu: [hw.gpu_index != null ? "GPU " + hw.gpu_index : "", hw.device_name || "",
+                hw.gpu_pci_bus_id ? "PCI " + hw.gpu_pci_bus_id : ""].filter(Boolean).join(" · ")};
+      }
+    } catch (e) { /* a report, or records not readable: ranks without their node */ }
+  }
+
+  function renderGpus(detail) {
+    const ranks = Object.entries(detail.ranks || {}).filter(([, r]) => r.gpu && Object.keys(r.gpu).length);
+    const card = document.getElementById("gpus-card");
+    card.hidden = !ranks.length;
+    if (card.hidden) return;
+    const n = v => v == null ? "–" : String(Math.round(v * 100) / 100);
+    const cell = (text, bad, key) => el("td", {class: bad ? "bad" : "", "data-key": key}, text);
+    const head = ["rank", "node", "GPU", "temp °C", "power W", "SM clock MHz", "throttle",
+      "ECC uncorrectable (volatile/life)", "ECC corrected", "remapped rows", "PCIe link", "XID"];
+    const rows = ranks.map(([rank, r]) => {
+      const g = r.gpu, who = (S.devices || {})[rank] || {};
+      const throttle = [["throttle_thermal", "thermal"], ["throttle_power", "power"],
+        ["throttle_hw_slowdown", "hw slowdown"]].filter(([k]) => g[k] > 0).map(([, w]) => w);
+      const narrow = g.pcie_link_width < g.pcie_link_width_max, slowLink = g.pcie_link_gen < g.pcie_link_gen_max;
+      const pending = g.remapped_rows_pending > 0 || g.retired_pages_pending > 0;
+      return el("tr", {"data-rank": rank},
+        el("td", {}, rank), el("td", {}, who.node || ""), el("td", {}, who.gpu || ""),
+        cell(n(g.temperature_c), false, "temperature_c"),
+        cell(`${n(g.power_w)} / ${n(g.power_limit_w)}`, false, "power_w"),
+        cell(`${n(g.sm_clock_mhz)} / ${n(g.sm_clock_max_mhz)}`, throttle.length > 0, "sm_clock_mhz"),
+        cell(g.gpu_lost > 0 ? "GPU LOST" : throttle.join(", ") || (g.throttle_reasons != null ? "none" : "–"),
+             throttle.length > 0 || g.gpu_lost > 0, "throttle"),
+        cell(`${n(g.ecc_uncorrected_volatile)} / ${n(g.ecc_uncorrected_aggregate)}`,
+             g.ecc_uncorrected_volatile > 0, "ecc_uncorrected"),
+        cell(`${n(g.ecc_corrected_volatile)} / ${n(g.ecc_corrected_aggregate)}`, false, "ecc_corrected"),
+        cell(`${n(g.remapped_rows_uncorrectable)} unc. · ${n(g.remapped_rows_correctable)} corr.` +
+             (pending ? " · reset pending" : "") + (g.remapped_rows_failure > 0 ? " · FAILED" : ""),
+             pending || g.remapped_rows_failure > 0, "remapped_rows"),
+        cell(g.pcie_link_gen == null ? "–" : `gen ${n(g.pcie_link_gen)}/${n(g.pcie_link_gen_max)} ` +
+             `x${n(g.pcie_link_width)}/x${n(g.pcie_link_width_max)}`, narrow || (slowLink && g.utilization >= 0.5), "pcie"),
+        cell(g.xid_count > 0 ? `${n(g.xid_count)} (last ${n(g.xid_last)})` : n(g.xid_count), g.xid_count > 0, "xid"));
+    });
+    document.getElementById("gpus").replaceChildren(
+      el("thead", {}, el("tr", {}, ...head.map(h => el("th", {}, h)))), el("tbody", {}, ...rows));
+  }
+
   function renderAttempts(attempts) {
     // Only a reused run id has more than one: each attempt's steps, what it was taken for,
     // and the earlier steps it replaced (kept, abandoned; GET .../records?attempt=N).
@@ -683,6 +738,8 @@
       renderTimeline(detail);
       renderConfig(detail);
       renderAttempts(detail.attempts || []);
+      if (Object.values(detail.ranks || {}).some(r => r.gpu)) await loadDevices();
+      renderGpus(detail);
       renderAlerts(detail.alerts || []);
       if (matrices) {
         (await matrices)();

@@ -1,0 +1,72 @@
+"""A sidecar restarted from a run's snapshot knows where the run's nodes sit, as before.
+
+A snapshot covers the records up to it, and a restart replays only those after it; the run
+records that place the run (its ``cluster``) came first, so they are not replayed. Seen in
+tests/e2e/test_multi_node.py: the leader, SIGKILLed and restarted once a snapshot covered
+the run records, no longer knew it led a two-node run (it paged its ranks' previews, and
+said nothing of a node it did not hear); a node sidecar would stop following its leader and
+page every fault itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.records import schemas
+from monitor_agent.settings import Settings
+from monitor_agent.storage.store import Store
+
+RUN = "job"
+LEADER = "http://gpu-node-0:9400"
+
+
+def _engine(path: Path, **cluster: object) -> Engine:
+    return Engine(Settings(cluster=cluster), Store(str(path)), SelfMetrics(CollectorRegistry()))
+
+
+def _ingest(engine: Engine, records: list[dict], now: float) -> None:
+    engine.ingest([Incoming(i, *schemas.parse_for_store(r)) for i, r in enumerate(records)],
+                  now)
+
+
+def _node(engine: Engine, node: int, now: float) -> None:
+    """Node ``node``'s two ranks: run records, steps 1-3, a snapshot, steps 4-5."""
+    ranks = (2 * node, 2 * node + 1)
+    _ingest(engine, [{"kind": "run", "run_id": RUN, "rank": r, "time": 1.0,
+                      "hardware": {"reporting_ranks": 4},
+                      "labels": {"hostname": f"gpu-node-{node}"},
+                      "cluster": {"node_rank": node, "nodes": 2, "local_world_size": 2,
+                                  "leader_url": LEADER}} for r in ranks], now)
+    for step in range(1, 6):
+        _ingest(engine, [{"kind": "step", "run_id": RUN, "rank": r, "step": step,
+                          "time": 1000.0 + step, "loss": 2.0} for r in ranks], now + step)
+        if step == 3:
+            live = engine.registry.get(RUN)
+            assert live is not None
+            engine.registry.snapshot(live)
+
+
+def _restarted(path: Path, **cluster: object) -> Engine:
+    engine = _engine(path, **cluster)
+    assert engine.recover(2000.0) == 1
+    return engine
+
+
+def test_a_restarted_leader_still_leads_its_two_node_run(tmp_path):
+    _node(_engine(tmp_path / "monitor.sqlite"), 0, 1000.0)
+    run = _restarted(tmp_path / "monitor.sqlite").registry.get(RUN).state
+    assert (run.node, run.leader, run.roster.expected) == (0, None, 2)
+    assert run.run is not None and run.run.labels["hostname"] == "gpu-node-0"
+
+
+def test_a_restarted_node_sidecar_still_follows_its_leader(tmp_path):
+    _node(_engine(tmp_path / "monitor.sqlite"), 1, 1000.0)
+    engine = _restarted(tmp_path / "monitor.sqlite")
+    run = engine.registry.get(RUN).state
+    assert (run.node, run.leader) == (1, LEADER)
+    assert [(leader, r.run_id, r.node, r.ranks) for leader, r in engine.followed()] == [
+        (LEADER, RUN, 1, (2, 3))]

@@ -1,0 +1,81 @@
+"""bench/gpu_check.py, the one command for a device (issue 34), keeps working on a machine
+without a GPU: it says what it skips and why, still pages a NaN through a real sidecar, and
+its report reads a GPU run's figures against their targets (a recorded H100 run's here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+
+
+def _module():
+    if "gpu_check" in sys.modules:
+        return sys.modules["gpu_check"]
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_on_a_cpu_machine_it_skips_what_needs_a_gpu_and_pages_a_nan(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    # In this process (torch is imported already); CI's machine has no GPU, which is the point.
+    assert _module().main(["--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    lines = [ln for ln in printed.splitlines() if " : " in ln or ln.startswith("nan")]
+    skipped = {ln.split(":")[0].strip() for ln in lines if "skipped: needs a CUDA GPU" in ln}
+    assert skipped == {"overhead", "syncs", "memory", "split", "nvml"}, printed
+    nan = json.loads(out.read_text())["nan"]
+    assert nan["paged"] and nan["alertname"] == "TrainingNanInf", nan
+    assert "nan" in nan["message"].lower() and nan["seconds_after_log_step"] < 30
+
+
+# What one H100 80GB HBM3 run printed (the figures of /work/.device/2/gc2.json, abridged).
+H100 = {
+    "overhead": {"plain_s": 0.04344, "monitored_s": 0.04845, "ratio": 1.1152,
+                 "paired_ratio_median": 1.1082, "paired_ratio_range": [1.0891, 1.1569],
+                 "rounds": 8, "steps_per_round": 25, "tokens_per_step": 8192,
+                 "model_params": 124439808,
+                 "memory": {"record": {"allocated_bytes": 3573274624, "reserved_bytes":
+                                       13228834816, "peak_allocated_bytes": 11530154496,
+                                       "total_bytes": 85017493504},
+                            "torch": {"allocated_bytes": 3573274112, "reserved_bytes":
+                                      13228834816, "peak_allocated_bytes": 11530154496,
+                                      "total_bytes": 85017493504}}},
+    "syncs": {"default": {"per_step": 0.0, "steps": 55, "where": {},
+                          "background_thread_syncs": 56},
+              "guard_fused": {"per_step": 0.0, "steps": 55, "where": {},
+                              "background_thread_syncs": 54},
+              "guard_foreach": {"per_step": 1.0, "steps": 55,
+                                "where": {"_guard.py:156 before_step": 55},
+                                "background_thread_syncs": 52}},
+    "split": {"simulated_all_reduce_ms": 20.0, "steps": 40, "split_steps": 37,
+              "event_wait_s": 0.019926, "reference_wait_s": 0.020187,
+              "event_compute_s": 0.02395, "reference_compute_s": 0.04941,
+              "wait_error": 0.0129, "compute_error": 0.5153},
+    "nvml": {"reading": {"temperature_c": 52.0, "sm_clock_mhz": 1980.0, "xid_count": 0.0},
+             "first_read_s": 0.002, "read_s": 0.0014, "unsupported": ["retired_pages"],
+             "describe": {"gpu_index": 0, "gpu_pci_bus_id": "00000000:00:06.0"},
+             "torch_uuid": "e7044d61-4974-185d-d533-185762f73ed0"},
+    "nan": {"error": "ModuleNotFoundError: No module named 'httptools'"},
+}
+
+
+def test_the_report_sets_each_figure_against_its_target():
+    lines = _module().report(H100, cuda=True)
+    text = "\n".join(lines)
+    by = {ln.split(":")[0].strip(): ln for ln in lines}
+    assert "ratio 1.1152" in by["overhead"] and by["overhead"].endswith("FAIL")
+    assert "syncs    : guard_foreach        1.00 per step" in text
+    assert [ln.endswith("PASS") for ln in lines if ln.startswith("syncs")] == [True] * 3
+    assert "peak in the last record == max_memory_allocated: True   PASS" in text
+    assert "(1.3%)" in by["split"] and "(51.5%)" in by["split"] and by["split"].endswith("FAIL")
+    assert "not given by this driver/GPU: retired_pages" in text
+    assert "nan      : ERROR ModuleNotFoundError: No module named 'httptools'" in text
