@@ -17,8 +17,8 @@ object) while most other ranks' GPUs do not is a straggler with that cause, ``gp
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
-The cause is named in one place, ``judge`` (its inputs: the medians of one rank, or of one
-node's ranks, and of the rest).
+Causes are named in one section of this module ("the cause"): ``judge`` on the medians of
+one rank (or of one node's ranks) and of the rest, ``Throttles`` for a GPU that throttles.
 
 **A whole node slow.** Ranks carry their host (the run record's ``node``/``hostname``
 label). When every rank of one host (two or more) is ``straggler_ratio`` x slower than the
