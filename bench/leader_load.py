@@ -30,13 +30,16 @@ the plan. Once every node has it, the job does what the plan says: every rank re
 checkpoint and goes on from its next step under a new attempt token (the leader rebuilds
 the run), and the next fault may decide again (the rule's ``rollback_budget`` is 100).
 
-Printed: the leader's CPU (process CPU time / wall, in cores) and RSS, the answer latency
-of the digest POSTs and of node 0's record POSTs, digest bytes per rank per step (raw JSON
-and gzip, plain and per-layer steps; the whole record vs its digest), decision latency
-p50/p99 over the faults, and the load generator's own CPU (it shares the machine).
+Printed: the leader's CPU (process CPU time / wall, in cores; also apart for the steady
+seconds and for those around a fault and the resume after it, when the leader decides and
+rebuilds the run) and RSS, the answer latency of the digest POSTs and of node 0's record
+POSTs, digest bytes per rank per step (raw JSON and gzip, plain and per-layer steps; the
+whole record vs its digest), decision latency p50/p99 over the faults, and the load
+generator's own CPU (it shares the machine; each simulated node has its own client).
 
     python bench/leader_load.py [--nodes 128] [--ranks-per-node 8] [--seconds 180]
     python bench/leader_load.py --quick          # 8 x 8, a sanity run
+    python bench/leader_load.py --save-records r.jsonl ...; ... --records r.jsonl  # no torch
 
 Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s.
 """
