@@ -129,6 +129,10 @@ class StragglerSettings(SharedSettings):
         "collective, step time) over the others' median; the same for a node's ranks over "
         "the other nodes'.")
     straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
+    straggler_min_extra_seconds: float = Field(
+        default=0.02, ge=0, description="No rank (or node) is a straggler whose extra time "
+        "per step over the others is less than this, whatever the ratio: below it is the "
+        "host's own timing noise, not a slow rank.")
 
 
 @dataclass(slots=True)
@@ -193,13 +197,22 @@ class Slowness:
     cause: str    # a key of SUGGESTIONS
 
 
-def judge(mine: Times, theirs: Times, threshold: float) -> Slowness | None:
+def judge(mine: Times, theirs: Times, threshold: float,
+          floor: float = 0.0) -> Slowness | None:
     """Whether ``mine`` is a straggler against ``theirs`` and why; None when it is not.
 
     Its own time ``threshold`` x theirs (or, when only ``data_time`` splits the step, its
     step over theirs less its extra loading): the cause is the larger of its extra data
     time and its extra compute time. Else, its step ``threshold`` x theirs with over half
     the extra waiting in the all-reduce: the collective itself.
+
+    Either way the extra must be at least ``floor`` seconds a step
+    (``straggler_min_extra_seconds``, 20 ms): a ratio of milliseconds is the host's own
+    noise, not a slow rank. A runnable thread on a busy host waits a scheduler period
+    (several ms) before it runs, Python hands the GIL over every 5 ms, and a tiny step's
+    parts move by that much from one step to the next; a 0.9 ms step against 0.5 ms is
+    1.8x and says nothing. What a real straggler costs is its extra time times every rank
+    that waits for it: below 20 ms a step that is at most 2% of a one-second step.
 
         >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
         >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
@@ -212,11 +225,19 @@ def judge(mine: Times, theirs: Times, threshold: float) -> Slowness | None:
     ratio = mine.own / theirs.own
     if ratio < threshold:
         ratio = max(ratio, _data_only_ratio(mine, theirs))
-    if ratio >= threshold:
+    if ratio >= threshold and _extra(mine, theirs) >= floor:
         return Slowness(ratio, _own_cause(mine, theirs))
-    if _slow_in_collective(mine, theirs, threshold):
+    if _slow_in_collective(mine, theirs, threshold) and mine.step - theirs.step >= floor:
         return Slowness(ratio, "collective")
     return None
+
+
+def _extra(mine: Times, theirs: Times) -> float:
+    """Its extra seconds a step: of its own time, or (only ``data_time`` said) of loading."""
+    extra = mine.own - theirs.own
+    if finite(mine.compute) or finite(mine.wait) or not finite(mine.data - theirs.data):
+        return extra
+    return max(extra, mine.data - theirs.data)
 
 
 def _own_cause(mine: Times, theirs: Times) -> str:
@@ -417,7 +438,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             if i is None or r in named or not maybe[i]:
                 continue
             mine, theirs = _times(med, i), _times(loo, i)
-            found = judge(mine, theirs, threshold)
+            found = judge(mine, theirs, threshold, self.settings.straggler_min_extra_seconds)
             step, time = fresh[r]
             if found is None or not self.repeat.due(f"{r}/", step,
                                                     self.settings.repeat_every_steps):
@@ -462,11 +483,12 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             if not maybe[rows].all():
                 continue
             theirs = Times(*(float(rest[q][g]) for q in QUANTITIES))
-            verdicts = [judge(_times(med, i), theirs, threshold) for i in rows]
+            floor = self.settings.straggler_min_extra_seconds
+            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
             if not all(verdicts):
                 continue
             mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
-            verdict = judge(mine, theirs, threshold) or verdicts[0]
+            verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
             assert verdict is not None
             out.append((host, ranks, verdict, mine, theirs))
         return out

@@ -242,3 +242,19 @@ def test_a_whole_node_whose_gpus_throttle_names_the_throttle():
     assert (found[0].evidence["cause"], found[0].evidence["throttle"]) == ("gpu_throttle", "power")
     assert "each of its GPUs throttles (power) on most of its last 20 steps, 0 of 12 other " \
         "nodes' GPUs" in found[0].message
+
+
+def test_a_ratio_of_milliseconds_is_noise_not_a_straggler():
+    """0.9 ms of own work against 0.5 ms is 1.8x and 0.4 ms: the host's timing noise, below
+    ``straggler_min_extra_seconds``; the same ratio at 60 ms against 33 ms is a straggler."""
+    def run(scale: float) -> list:
+        recs = []
+        for i in range(1, 200):
+            for r in range(4):
+                own = scale * (0.9 if r == 2 and i >= 100 else 0.5) * (1 + noise(i + r, 0.05))
+                recs.append(step(i, rank=r, step_time=scale * 1.0,
+                                 sync_wait_time=scale * 1.0 - own, compute_time=own))
+        return recs
+    assert feed(only("straggler"), run(0.001)) == []
+    found = feed(only("straggler"), run(0.066))
+    assert found and {f.rank for f in found} == {2}
