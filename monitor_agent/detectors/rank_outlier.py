@@ -20,7 +20,10 @@ a record nothing per rank; the judgement itself, once a step, sorts the step's l
   the median of their pairwise distances scaled to a Gaussian sigma (a plain MAD of two or
   three peers is biased low: it counts the median's own zero distance), pooled as the
   median over the last ``rank_outlier_noise_steps`` (20) steps (one step's spread of
-  three peers is itself a noisy number, near zero by chance now and then), floored at
+  three peers is itself a noisy number, near zero by chance now and then), and never
+  below the peers' spread at the step judged (a divergence of the whole run spreads every
+  rank's loss apart at once: the pooled spread lags behind it, this one does not; a rank
+  with a corrupt shard is left out of its own peers, whose spread stays quiet), floored at
   1e-4 of the peers' median: ranks fed identical data agree to float32 rounding and
   nondeterministic kernels (atomics) well inside that, so a difference beyond the floor
   is a real one, not arithmetic.
@@ -157,7 +160,10 @@ class RankOutlierDetector(DetectorBase[RankOutlierSettings]):
             centre = float(centres[i])
             st = self._rank(r)
             st.spread.add(float(spreads[i]))
-            sigma = max(st.spread.median(), _REL_FLOOR * abs(centre), 1e-12)
+            # Never below the peers' spread at this very step: when the whole run moves at
+            # once (a divergence) the peers spread apart together, and a rank as far from
+            # them as they are from each other is not news.
+            sigma = max(st.spread.median(), float(spreads[i]), _REL_FLOOR * abs(centre), 1e-12)
             z = (values[i] - centre) / sigma
             side = int(np.sign(z)) if abs(z) >= self.settings.rank_outlier_z else 0
             st.sides = (st.sides + [side])[-self.settings.rank_outlier_window:]
