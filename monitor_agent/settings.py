@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         64, ge=1, description="Runs one request may bring into memory (~150 KiB each, their "
         "detector state); records of further ones are rejected alone, to send again.",
     )
+    max_new_ranks_per_request: int = Field(
+        256, ge=1, description="Ranks one request may bring into memory (~35 KiB each, their "
+        "counters and detector state); records of further new ones are rejected alone, to "
+        "send again. A run grows to max_ranks_per_run over several requests (each rank's "
+        "client, or each node's sidecar, sends its own).",
+    )
     run_displace_after_seconds: float = Field(
         600.0, ge=0, description="When max_active_runs are in memory, a new run displaces "
         "the run silent longest if it has been silent this long (snapshotted first; it "
@@ -118,8 +124,11 @@ class Settings(BaseSettings):
     )
     max_ranks_exposed: int = Field(256, ge=1, description="Ranks rendered per run.")
     max_ranks_per_run: int = Field(
-        256, ge=1, description="Ranks one run may have (~25 KiB of state each); records of "
-        "further new ranks are rejected alone (422).",
+        4096, ge=1, description="Ranks one run may have; records of further new ranks are "
+        "rejected alone (422). A multi-node run's leader holds every rank of the run: about "
+        "35-40 KiB each there (a 1024-rank run, 128 nodes x 8, adds 36 MB: "
+        "bench/leader_load.py); 4096 ranks, a 512-node job, about 160 MiB, brought in "
+        "max_new_ranks_per_request at a time.",
     )
     ended_run_ttl_seconds: float = Field(
         900.0, ge=0, description="An ended run leaves /metrics and memory after this long."

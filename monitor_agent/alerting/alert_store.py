@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, fields
@@ -64,17 +65,34 @@ def _action(row: sqlite3.Row) -> Action:
                   created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan)
 
 
+_MAX_KNOWN_RUNS = 10_000
+
+
 class AlertStore:
     """Alerts, silences and actions in alerting's database (``alerting/db.py``)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Runs known to hold no action past an id (run -> (id, generation)), as of the
+        # actions' generation, which every commit that adds one moves on: a run's leader
+        # answers each node's exchange, a hundred a second, with the actions it has not
+        # seen, and nearly always there are none; it knows so without a query.
+        self._generation = 0
+        self._none_after: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
 
     @contextmanager
     def tx(self) -> Iterator[AlertTx]:
         """One transaction: every write through the ``AlertTx`` commits together."""
         with self.db.tx() as conn:
-            yield AlertTx(conn)
+            tx = AlertTx(conn)
+            yield tx
+        if tx.added_actions:
+            self._actions_added()
+
+    def _actions_added(self) -> None:
+        with self._lock:
+            self._generation += 1
 
     # -- alerts ---------------------------------------------------------------------------
 
@@ -129,9 +147,22 @@ class AlertStore:
     def actions_for_run(self, run_id: str, after: int = 0, limit: int = 100) -> list[Action]:
         """A run's actions with ``id > after``, oldest first (an action's id is its number
         within its run)."""
+        generation = self._generation  # before the query: an action added meanwhile moves it
         rows = self.db.query("SELECT * FROM actions WHERE run_id = ? AND seq > ? ORDER BY seq "
                              "LIMIT ?", (run_id, after, limit))
+        if not rows:
+            seen = self._none_after.get(run_id)
+            if seen is None or seen[1] != generation or after < seen[0]:
+                if len(self._none_after) >= _MAX_KNOWN_RUNS:
+                    self._none_after.clear()  # made-up run ids must not grow it forever
+                self._none_after[run_id] = (after, generation)
         return [_action(r) for r in rows]
+
+    def no_actions_after(self, run_id: str, after: int) -> bool:
+        """Whether ``actions_for_run(run_id, after)`` is known to be empty, without a query
+        (False: ask it)."""
+        seen = self._none_after.get(run_id)
+        return seen is not None and seen[1] == self._generation and after >= seen[0]
 
     def adopt(self, run_id: str, actions: Sequence[Action], origin: str) -> list[Action]:
         """Keep the actions the run's leader decided (monitor_agent/cluster), under the
@@ -153,6 +184,8 @@ class AlertStore:
                      a.created_at, a.honoured_step, plan))
                 if known is None:
                     fresh.append(a)
+        if fresh:
+            self._actions_added()
         return fresh
 
     def stop_requested(self, run_id: str) -> bool:
@@ -172,6 +205,7 @@ class AlertTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn  # for the outbox's row in the same transaction
+        self.added_actions = False
 
     def _alerts(self, where: str, params: Sequence[object] = ()) -> list[StoredAlert]:
         return [_alert(r) for r in self.conn.execute(f"SELECT * FROM alerts WHERE {where}",
@@ -273,6 +307,7 @@ class AlertTx:
         )
         self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
                           (action.message, fingerprint))
+        self.added_actions = True
         return Action(**{**action.to_dict(), "id": int(seq)})
 
     def rollbacks(self, run_id: str) -> list[Action]:

@@ -273,6 +273,11 @@ class Alerting:
         """Actions rules took for a run, ``id > after``, oldest first (the poll endpoint)."""
         return self.store.actions_for_run(run_id, after, limit)
 
+    def no_actions_after(self, run_id: str, after: int) -> bool:
+        """Known without a query that ``actions_for_run(run_id, after)`` is empty (it was,
+        and no action was added since); a cheap check for the event loop."""
+        return self.store.no_actions_after(run_id, after)
+
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""

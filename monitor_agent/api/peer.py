@@ -23,7 +23,7 @@ import dataclasses
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
@@ -73,10 +73,14 @@ class PeerResponse(BaseModel):
     summary="A node sidecar forwards its ranks' digests and findings to the run's leader",
     responses={**BODY_ERRORS, 503: {"description": "Cannot store right now; retry later"}},
 )
-async def post_digests(request: Request) -> PeerResponse:
+async def post_digests(request: Request) -> Response:
     state = services(request)
     try:
-        return await _exchange(request)
+        answer = await _exchange(request)
+        # Serialised here, the model's own JSON (the answer the route documents): handed
+        # the model, FastAPI validates it against response_model again first, on the event
+        # loop, for each of a hundred exchanges a second at a leader of 128 nodes.
+        return Response(answer.model_dump_json(), media_type="application/json")
     except BadRequest as exc:
         status, reason = exc.status, exc.reason
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
@@ -90,16 +94,12 @@ async def _exchange(request: Request) -> PeerResponse:
     if not state.readiness.ready:
         raise BadRequest(503, f"not ready: {state.readiness.why_not}; retry later")
     body = await read_limited(request, settings.max_body_bytes)
-    envelope = await run_in_threadpool(_decode, body, request.headers.get(
-        "content-encoding", "identity"), settings)
+    envelope, valid, rejected = await run_in_threadpool(
+        _decode_and_validate, body, request.headers.get("content-encoding", "identity"),
+        settings)
     del body
     runs, sidecar = _runs(envelope), _text(envelope.get("sidecar"), "sidecar", 64)
     nodes = {r.run_id: r.node for r in runs}
-    records = envelope.get("records") or []
-    if not isinstance(records, list):
-        raise BadRequest(400, "records: must be a list of records")
-    valid, rejected = await run_in_threadpool(validate_records, records,
-                                              settings.max_record_bytes)
     items: list[Incoming] = []
     for item in valid:
         node = nodes.get(item.record.run_id)
@@ -123,7 +123,9 @@ async def _exchange(request: Request) -> PeerResponse:
     known = {r.run_id: r.known for r in runs}
     answer = {}
     for run_id, after in known.items():
-        found = await run_in_threadpool(state.alerting.actions_for_run, run_id, after, 100)
+        # Usually nothing new: known without a query (and a worker thread) per exchange.
+        found = [] if state.alerting.no_actions_after(run_id, after) else \
+            await run_in_threadpool(state.alerting.actions_for_run, run_id, after, 100)
         answer[run_id] = PeerRunOut(actions=[a.to_dict() for a in found])
     return PeerResponse(sidecar=state.sidecar, accepted=result.accepted,
                         duplicates=result.duplicates, findings=len(findings),
@@ -133,6 +135,19 @@ async def _exchange(request: Request) -> PeerResponse:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Run(PeerRun):
     known: int = 0
+
+
+def _decode_and_validate(body: bytes, encoding: str, settings: Any
+                         ) -> tuple[dict[str, Any], list[Incoming], list[dict[str, Any]]]:
+    """The envelope, its valid records and the rejections of the others: one worker
+    thread hop per exchange."""
+    envelope = _decode(body, encoding, settings)
+    del body
+    records = envelope.get("records") or []
+    if not isinstance(records, list):
+        raise BadRequest(400, "records: must be a list of records")
+    valid, rejected = validate_records(records, settings.max_record_bytes)
+    return envelope, valid, rejected
 
 
 def _decode(body: bytes, encoding: str, settings: Any) -> dict[str, Any]:

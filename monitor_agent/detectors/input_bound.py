@@ -39,12 +39,14 @@ Two ranks whose loaders take 60 ms of a 100 ms step::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite
 from monitor_agent.records.types import Finding, Severity, StepRecord
@@ -88,6 +90,10 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
     def new_rank(self) -> DataShare:
         return DataShare(shares=Window.of(self.settings.input_bound_window))
 
+    def __init__(self, settings: InputBoundSettings, ctx: DetectorContext) -> None:
+        super().__init__(settings, ctx)
+        self.judged = -1  # the step the last judgement covered
+
     def on_step(self, rec: StepRecord, st: DataShare) -> list[Finding]:
         if not (finite(rec.data_time) and finite(rec.step_time) and rec.step_time > 0):
             return []
@@ -95,14 +101,22 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
         if st.seen <= SKIP_FIRST_STEPS:
             return []
         st.shares.add(min(max(rec.data_time / rec.step_time, 0.0), 1.0))
-        medians = [o.shares.median() if o.shares.full else math.nan for o in self.ranks.values()]
-        if not all(finite(m) for m in medians):  # every rank judged on a full window
+        # Judged once a step, when every live rank reported it (support/front.py): the
+        # record that completes the step judges it, O(ranks) once a step rather than a
+        # median of every rank's window on every record.
+        through = self.ctx.front.judged_through()
+        if through <= self.judged:
             return []
-        low, high = min(medians), max(medians)
+        self.judged = through
+        windows = [o.shares for o in self.ranks.values()]
+        if not all(w.full for w in windows):  # every rank judged on a full window
+            return []
+        medians = _medians(np.stack([w.buf for w in windows]))
+        low, high = float(medians[0]), float(medians[-1])
         limit = self.settings.input_bound_share
         if low < limit or not self.repeat.due("run", rec.step, self.settings.repeat_every_steps):
             return []
-        mid = sorted(medians)[len(medians) // 2]
+        mid = float(medians[len(medians) // 2])
         msg = (f"the run is input-bound: every rank waits on its data loader for {mid:.0%} of "
                f"the step (median of the last {self.settings.input_bound_window} steps, "
                f"{low:.0%} to {high:.0%} across {_ranks(len(medians))}); the model idles while "
@@ -112,6 +126,21 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
                     "step_time": rec.step_time}
         return [self.finding(rec, msg, value=low, threshold=limit, evidence=evidence,
                              suggestions=INPUT_BOUND)]
+
+    def snapshot_extra(self) -> dict[str, Any]:
+        return {"judged": self.judged}
+
+    def restore_extra(self, data: dict[str, Any]) -> None:
+        self.judged = int(data.get("judged", -1))
+
+
+def _medians(windows: np.ndarray) -> np.ndarray:
+    """Each full window's median (a row each), sorted: one sort of the ranks x window
+    array, the middle column(s) read off."""
+    s = np.sort(windows, axis=1)
+    n = s.shape[1]
+    mid = s[:, n // 2] if n % 2 else 0.5 * (s[:, n // 2 - 1] + s[:, n // 2])
+    return np.sort(mid)
 
 
 def _ranks(n: int) -> str:

@@ -129,6 +129,7 @@ class NanEpisode:
     later: list[Finding] = field(default_factory=list)  # repeats/milestones while undecided
     opened_at: float | None = None   # record time of the first break to arrive
     lead: list[int] = field(default_factory=list)  # set once decided
+    first: int | None = None  # the earliest step of ``breaks`` (derived: not snapshotted)
 
     @property
     def decided(self) -> bool:
@@ -190,6 +191,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         super().__init__(settings, ctx)
         self.episode = NanEpisode()
         self.started: float | None = None  # record time of the run's first step here
+        self.streaking = 0  # ranks whose streak is open (derived from theirs: not snapshotted)
 
     def new_rank(self) -> NanState:
         return NanState()
@@ -215,6 +217,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         if st.streak and rec.rank not in ep.breaks and not ep.decided:
             ep.breaks[rec.rank] = RankBreak(rec.step, non_finite_fields(rec) or ["parameters"],
                                             rec.loss, rec.grad_norm)
+            ep.first = rec.step if ep.first is None else min(ep.first, rec.step)
             if ep.opened_at is None:
                 ep.opened_at = rec.time
             if found:
@@ -231,7 +234,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
             return out
         # A follower's repeat is left out: the episode's page already names it.
         out = found if rec.rank in ep.lead or not any(self._streak(r) for r in ep.lead) else []
-        if not any(s.streak for s in self.ranks.values()):
+        if not self.streaking:
             self.episode = NanEpisode()  # every rank finite again: the episode is over
         return out
 
@@ -240,13 +243,30 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         return st.streak if st is not None else 0
 
     def _settle(self, rank: int, step: int, now: float) -> list[Finding]:
-        """Decide the episode once every rank reported its first step or ended."""
-        first = min(b.step for b in self.episode.breaks.values())
-        last = self._last_steps(rank, step, now)
-        ended = {r for r, info in self.ctx.ranks().items() if info.ended}
-        if any(s < first and r not in ended for r, s in last.items()):
-            return []
-        return self._decide(last)
+        """Decide the episode once every rank reported its first step or ended.
+
+        Per record while the episode waits, O(1) (the context's step front: the slowest
+        live rank, this one counted), not a pass over every rank: at a run leader every
+        rank's step is non-finite at once, a thousand records each waiting for the rest."""
+        first = self.episode.first
+        if first is None:
+            first = self.episode.first = min(b.step for b in self.episode.breaks.values())
+        front = self.ctx.front
+        if len(front) and front.slowest < first:
+            return []  # a live rank has not reported the first step yet
+        if self._young(now):  # ranks the run record counts, not heard from yet
+            infos = self.ctx.state.ranks
+            for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS)):
+                info = infos.get(str(r))
+                if r != rank and (info is None or not (info.steps or info.ended)):
+                    return []
+        return self._decide(self._last_steps(rank, step, now))
+
+    def _young(self, now: float | None) -> bool:
+        """In the run's first ``nan_first_rank_wait_seconds``: a rank not heard from yet may
+        still be lingering over its first batch."""
+        return (now is not None and self.started is not None
+                and now - self.started < self.settings.nan_first_rank_wait_seconds)
 
     def _last_steps(self, rank: int | None = None, step: int = -1,
                     now: float | None = None) -> dict[int, int]:
@@ -256,9 +276,8 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
         (their client's first batch may still be lingering). Later, a rank never heard
         from reports elsewhere (one sidecar per node) and is not waited for."""
         last = {r: info.last_step for r, info in self.ctx.ranks().items() if info.steps}
-        young = (now is not None and self.started is not None
-                 and now - self.started < self.settings.nan_first_rank_wait_seconds)
-        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS) if young else 0):
+        for r in range(min(self.ctx.state.reporting_ranks, _MAX_WAITED_RANKS)
+                       if self._young(now) else 0):
             last.setdefault(r, -1)
         if rank is not None:
             last[rank] = max(step, last.get(rank, -1))
@@ -292,6 +311,7 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
 
     def restore_extra(self, data: dict[str, Any]) -> None:
         self.started = data.get("started")
+        self.streaking = sum(1 for st in self.ranks.values() if st.streak)
         self.episode = NanEpisode(
             breaks={int(r): RankBreak(**b) for r, b in (data.get("breaks") or {}).items()},
             held={int(r): Finding.from_dict(f) for r, f in (data.get("held") or {}).items()},
@@ -307,10 +327,12 @@ class NanInfDetector(DetectorBase[NanInfSettings]):
                 st.overflow_origin = layers[0]
             layers = layers if bad else []
         if not bad and not layers:
+            self.streaking -= st.streak > 0
             st.streak = 0
             if finite(rec.grad_norm) and rec.grad_norm > 0:
                 st.grads.add(math.log(rec.grad_norm))
             return []
+        self.streaking += st.streak == 0
         st.streak += 1
         persisting = st.streak == self.settings.nan_persist_steps
         if not persisting and not self.due(rec):  # the milestone leaves the repeat clock be

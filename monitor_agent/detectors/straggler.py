@@ -1,5 +1,6 @@
 """``straggler``: one rank's own time far above the other ranks' of the same run, and what
-it spends the extra time on: data loading, its own compute, or waiting in the collective.
+it spends the extra time on: data loading, its own compute, or waiting in the collective;
+or every rank of one node slow against the other nodes.
 
 In synchronous data parallelism every rank waits for the slowest at the gradient
 all-reduce, so ``step_time`` is the same on every rank; the straggler shows in how its step
@@ -16,6 +17,26 @@ object) while most other ranks' GPUs do not is a straggler with that cause, ``gp
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
+Causes are named in one section of this module ("the cause"): ``judge`` on the medians of
+one rank (or of one node's ranks) and of the rest, ``Throttles`` for a GPU that throttles.
+
+**A whole node slow.** Ranks carry their host (the run record's ``node``/``hostname``
+label). When every rank of one host (two or more) is ``straggler_ratio`` x slower than the
+median of the ranks on the *other* hosts, by the same test and with the cause named the
+same way, the page says so once, "node gpu-3 (ranks 24-31) is slow as a whole", instead
+of naming its ranks one by one: what they share (the host's CPUs, storage, network,
+power) is what to look at. A host holding half the ranks or more is judged against the
+rest too, where a rank-by-rank view would see half its peers slow and call nobody.
+
+**When, and at what cost.** A step is judged once, when every rank still sending has
+reported it (or the newest rank is 64 steps past it: ``support/front.py``, at O(log ranks)
+a record): each rank that reported since the last judgement is judged against the others,
+the window medians of every rank taken in one sort of a ranks x window array and each
+rank's "median of the others" read off one sorted array (leave one out). So a record costs
+O(log ranks) amortised, not the O(ranks) medians per record of judging each record as it
+arrives, which cost 5 ms a record at 256 ranks and cannot keep up with a run leader hearing
+1024 ranks a second. At the leader of a multi-node run (monitor_agent/cluster) that view
+is the whole run's: the straggler and its cause are named over all nodes.
 
 Four ranks, rank 2's loader 410 ms per batch where the others take 12 ms; the others wait
 for it in the all-reduce::
@@ -34,19 +55,39 @@ for it in the all-reduce::
     >>> print(found[0].message)
     rank 2 is the straggler: its data loading takes 410 ms vs 12 ms on the other ranks (their
     extra time is waiting for it in the all-reduce: 398 ms)
+
+Three hosts of two ranks; both ranks of gpu-1 compute 300 ms where the others take 50::
+
+    >>> suite = DetectorSuite(DetectorSettings())
+    >>> for r in range(6):
+    ...     _ = suite.update(parse_record({"kind": "run", "run_id": "r", "rank": r,
+    ...                                    "labels": {"hostname": f"gpu-{r // 2}"}}))
+    >>> def rec(s, r):
+    ...     compute = 0.3 if r in (2, 3) else 0.05
+    ...     return parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
+    ...                          "rank": r, "step_time": 0.32, "data_time": 0.01,
+    ...                          "compute_time": compute, "sync_wait_time": 0.31 - compute})
+    >>> found = [f for s in range(1, 21) for r in range(6) for f in suite.update(rec(s, r))]
+    >>> [(f.type, f.step, f.rank, f.evidence["host"], f.evidence["cause"]) for f in found]
+    [('straggler', 20, 2, 'gpu-1', 'compute')]
+    >>> print(found[0].message)
+    node gpu-1 (ranks 2-3) is slow as a whole: its own compute takes 300 ms vs 50 ms on the
+    other nodes (their extra time is waiting for it in the all-reduce: 250 ms)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.detectors.support.stats import Window, finite
+from monitor_agent.detectors.support.stats import Window, finite, sorted_median
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
 STRAGGLER_COMPUTE = (
@@ -75,6 +116,9 @@ STRAGGLER_THROTTLE = (
 )
 SUGGESTIONS = {"data": STRAGGLER_DATA, "compute": STRAGGLER_COMPUTE,
                "collective": STRAGGLER_COLLECTIVE, "gpu_throttle": STRAGGLER_THROTTLE}
+NODE_FIRST = ("Every rank of that node is slow, not one GPU: look at what they share (the "
+              "host's CPUs and memory bandwidth, its storage and network, its power and "
+              "cooling), or drain the node.",)
 
 
 class StragglerSettings(SharedSettings):
@@ -82,8 +126,13 @@ class StragglerSettings(SharedSettings):
 
     straggler_ratio: float = Field(
         default=1.5, gt=1, description="A rank's median own time (or, for a rank slow in the "
-        "collective, step time) over the others' median.")
+        "collective, step time) over the others' median; the same for a node's ranks over "
+        "the other nodes'.")
     straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
+    straggler_min_extra_seconds: float = Field(
+        default=0.02, ge=0, description="No rank (or node) is a straggler whose extra time "
+        "per step over the others is less than this, whatever the ratio: below it is the "
+        "host's own timing noise, not a slow rank.")
 
 
 @dataclass(slots=True)
@@ -94,6 +143,9 @@ class RankTimes:
     wait: Window
     step: Window
     throttle: Window   # the GPU's throttle reasons per step (throttle_code), NaN unknown
+
+
+QUANTITIES = ("times", "data", "compute", "wait", "step")  # RankTimes' windows, Times' order
 
 
 def own_time(rec: StepRecord) -> float | None:
@@ -119,109 +171,142 @@ def _num(x: float | None) -> float:
     return x if finite(x) else math.nan
 
 
-def _median(w: Window) -> float:
-    v = w.values()
-    v = v[~np.isnan(v)]
-    return float(np.median(v)) if len(v) else math.nan
-
-
 def _ms(x: float) -> str:
     return f"{x * 1000:.0f} ms" if x >= 0.0095 else f"{x * 1000:.1f} ms"
 
 
-class StragglerDetector(DetectorBase[StragglerSettings]):
-    """Warning for a rank whose median own time is ``straggler_ratio`` x the others', with
-    the cause (``evidence["cause"]``: data, compute, collective, or gpu_throttle: its own
-    compute is slow and its GPU throttles while the others' do not, ``throttle_cause``)."""
-
-    type = "straggler"
-    severity = Severity.WARNING
-    settings_model = StragglerSettings
-    scope = "run"
-
-    def new_rank(self) -> RankTimes:
-        n = self.settings.straggler_window
-        return RankTimes(times=Window.of(n), data=Window.of(n), compute=Window.of(n),
-                         wait=Window.of(n), step=Window.of(n), throttle=Window.of(n))
-
-    def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
-        t = own_time(rec)
-        if t is None or t <= 0:
-            return []
-        st.times.add(t)
-        st.data.add(_num(rec.data_time))
-        st.compute.add(compute_of(rec))
-        st.wait.add(_num(rec.sync_wait_time))
-        st.step.add(_num(rec.step_time))
-        st.throttle.add(throttle_code(rec))
-        peers = [o for r, o in self.ranks.items() if r != rec.rank and o.times.full]
-        if not st.times.full or not peers:
-            return []
-        ratio = st.times.median() / float(np.median([o.times.median() for o in peers]))
-        cause = None
-        if ratio < self.settings.straggler_ratio:
-            ratio = max(ratio, self._data_only_ratio(st, peers))
-        if ratio >= self.settings.straggler_ratio:
-            cause = "own"
-        elif self._slow_in_collective(st, peers):
-            cause = "collective"
-        if cause is None or not self.due(rec):
-            return []
-        return [self._report(rec, st, peers, ratio, cause)]
-
-    @staticmethod
-    def _data_only_ratio(st: RankTimes, peers: list[RankTimes]) -> float:
-        """Its own-time ratio when only ``data_time`` splits the step (a CUDA run: the
-        client sends no compute or wait there). In synchronous data parallelism the others
-        wait for its extra loading, so their own time is their step less that extra."""
-        if finite(_median(st.compute)) or finite(_median(st.wait)):
-            return math.nan
-        extra = _median(st.data) - _peer_median(peers, "data")
-        base = _peer_median(peers, "step") - extra
-        if not (finite(extra) and extra > 0 and finite(base) and base > 0):
-            return math.nan
-        return _median(st.step) / base
-
-    def _slow_in_collective(self, st: RankTimes, peers: list[RankTimes]) -> bool:
-        """Its step is ``straggler_ratio`` x the others' and the extra is all-reduce wait."""
-        mine, theirs = _median(st.step), float(np.nanmedian([_median(o.step) for o in peers]))
-        wait, their_wait = _median(st.wait), _peer_median(peers, "wait")
-        if not (mine >= self.settings.straggler_ratio * theirs and wait > their_wait):
-            return False
-        return wait - their_wait > (mine - theirs) / 2
-
-    def _report(self, rec: StepRecord, st: RankTimes, peers: list[RankTimes], ratio: float,
-                cause: str) -> Finding:
-        mine = {k: _median(getattr(st, k)) for k in ("data", "compute", "wait")}
-        theirs = {k: _peer_median(peers, k) for k in ("data", "compute", "wait")}
-        if cause == "own":
-            extra_data = mine["data"] - theirs["data"] if finite(mine["data"]) else -math.inf
-            extra_compute = mine["compute"] - theirs["compute"] \
-                if finite(mine["compute"]) else -math.inf
-            cause = "data" if extra_data > extra_compute else "compute"
-        msg = _message(rec.rank, cause, mine, theirs, st.times.median(),
-                       float(np.median([o.times.median() for o in peers])))
-        throttle = throttle_cause(st, peers) if cause == "compute" else None
-        if throttle is not None:  # a rank slow in its own compute whose GPU throttles
-            cause, msg = "gpu_throttle", msg + throttle[1]
-        own, others = st.times.median(), float(np.median([o.times.median() for o in peers]))
-        evidence = {"cause": cause, "own_time": own, "others_median": others, "ratio": ratio,
-                    "throttle": throttle[0] if throttle is not None else None,
-                    "ranks": len(peers) + 1,
-                    "data_time": mine["data"], "others_data_time": theirs["data"],
-                    "compute_time": mine["compute"], "others_compute_time": theirs["compute"],
-                    "sync_wait_time": mine["wait"], "others_sync_wait_time": theirs["wait"]}
-        return self.finding(rec, msg, value=own, threshold=others * self.settings.straggler_ratio,
-                            evidence={k: v for k, v in evidence.items() if v is not None
-                                      and not (isinstance(v, float) and math.isnan(v))},
-                            suggestions=SUGGESTIONS[cause])
+# -- the cause: what a slow rank (or node) spends its extra time on ---------------------------
+# Everything that names a cause is here; the detector below only gathers the medians.
 
 
-# -- the GPU's throttle reasons as a straggler's cause (issue 34) ------------------------------
-# The client sends NVML's throttle reasons as 0/1 in the step record's ``gpu`` object; a rank
+@dataclass(frozen=True, slots=True)
+class Times:
+    """Window medians of one rank (or of one node's ranks, or of the others): its own time
+    and its step's parts, NaN where the records do not say."""
+
+    own: float
+    data: float
+    compute: float
+    wait: float
+    step: float
+
+
+@dataclass(frozen=True, slots=True)
+class Slowness:
+    ratio: float  # its own time over theirs (or, slow in the collective, its step's ratio)
+    cause: str    # a key of SUGGESTIONS
+
+
+def judge(mine: Times, theirs: Times, threshold: float,
+          floor: float = 0.0) -> Slowness | None:
+    """Whether ``mine`` is a straggler against ``theirs`` and why; None when it is not.
+
+    Its own time ``threshold`` x theirs (or, when only ``data_time`` splits the step, its
+    step over theirs less its extra loading): the cause is the larger of its extra data
+    time and its extra compute time. Else, its step ``threshold`` x theirs with over half
+    the extra waiting in the all-reduce: the collective itself.
+
+    Either way the extra must be at least ``floor`` seconds a step
+    (``straggler_min_extra_seconds``, 20 ms): a ratio of milliseconds is the host's own
+    noise, not a slow rank. A runnable thread on a busy host waits a scheduler period
+    (several ms) before it runs, Python hands the GIL over every 5 ms, and a tiny step's
+    parts move by that much from one step to the next; a 0.9 ms step against 0.5 ms is
+    1.8x and says nothing. What a real straggler costs is its extra time times every rank
+    that waits for it: below 20 ms a step that is at most 2% of a one-second step.
+
+        >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
+        >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
+        Slowness(ratio=5.166666666666667, cause='compute')
+        >>> judge(Times(0.06, 0.01, 0.05, 0.6, 0.66), theirs, 1.5).cause
+        'collective'
+        >>> judge(theirs, theirs, 1.5) is None
+        True
+    """
+    ratio = mine.own / theirs.own
+    if ratio < threshold:
+        ratio = max(ratio, _data_only_ratio(mine, theirs))
+    if ratio >= threshold and _extra(mine, theirs) >= floor:
+        return Slowness(ratio, _own_cause(mine, theirs))
+    if _slow_in_collective(mine, theirs, threshold) and mine.step - theirs.step >= floor:
+        return Slowness(ratio, "collective")
+    return None
+
+
+def _extra(mine: Times, theirs: Times) -> float:
+    """Its extra seconds a step: of its own time, or (only ``data_time`` said) of loading."""
+    extra = mine.own - theirs.own
+    if finite(mine.compute) or finite(mine.wait) or not finite(mine.data - theirs.data):
+        return extra
+    return max(extra, mine.data - theirs.data)
+
+
+def _own_cause(mine: Times, theirs: Times) -> str:
+    """Slow in its own work: the larger extra of data loading and compute names it."""
+    extra_data = mine.data - theirs.data if finite(mine.data) else -math.inf
+    extra_compute = mine.compute - theirs.compute if finite(mine.compute) else -math.inf
+    return "data" if extra_data > extra_compute else "compute"
+
+
+def _data_only_ratio(mine: Times, theirs: Times) -> float:
+    """Its own-time ratio when only ``data_time`` splits the step (a CUDA run: the client
+    sends no compute or wait there). In synchronous data parallelism the others wait for
+    its extra loading, so their own time is their step less that extra."""
+    if finite(mine.compute) or finite(mine.wait):
+        return math.nan
+    extra = mine.data - theirs.data
+    base = theirs.step - extra
+    if not (finite(extra) and extra > 0 and finite(base) and base > 0):
+        return math.nan
+    return mine.step / base
+
+
+def _slow_in_collective(mine: Times, theirs: Times, threshold: float) -> bool:
+    """Its step is ``threshold`` x the others' and the extra is all-reduce wait."""
+    if not (mine.step >= threshold * theirs.step and mine.wait > theirs.wait):
+        return False
+    return mine.wait - theirs.wait > (mine.step - theirs.step) / 2
+
+
+def _maybe_slow(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
+                threshold: float) -> np.ndarray:
+    """Which of many ranks ``judge`` could call slow (a superset: it is asked only about
+    these), on arrays of their medians keyed by ``QUANTITIES``: its own time or its step
+    ``threshold`` x theirs, or only ``data_time`` said and more of it. A cause that shows
+    neither way must be added here too."""
+    t = threshold * (1 - 1e-9)  # a ratio at the threshold, whatever the rounding
+    with np.errstate(invalid="ignore"):
+        own = mine["times"] >= t * theirs["times"]
+        step = mine["step"] >= t * theirs["step"]
+        data_only = np.isnan(mine["compute"]) & np.isnan(mine["wait"]) \
+            & (mine["data"] > theirs["data"])
+    return own | step | data_only
+
+
+def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> str:
+    """``who``: "rank 2 is the straggler", "node gpu-3 (ranks 24-31) is slow as a whole";
+    ``others``: "the other ranks", "the other nodes"."""
+    head = f"{who}: "
+    if cause == "collective":
+        return (head + f"it waits {_ms(mine.wait)} in the gradient all-reduce vs "
+                f"{_ms(theirs.wait)} on {others}, while its own work takes "
+                f"{_ms(mine.own)} vs {_ms(theirs.own)}")
+    part = "data loading" if cause == "data" else "own compute"
+    value, their = (mine.data, theirs.data) if cause == "data" else (mine.compute, theirs.compute)
+    if finite(value) and finite(their):
+        body = f"its {part} takes {_ms(value)} vs {_ms(their)} on {others}"
+    else:  # compute_time and sync_wait_time unreported: only its own time as a whole
+        body = f"its own work takes {_ms(mine.own)} vs {_ms(theirs.own)} on {others}"
+    if finite(mine.wait) and finite(theirs.wait) and theirs.wait > mine.wait:
+        body += (" (their extra time is waiting for it in the all-reduce: "
+                 f"{_ms(theirs.wait - mine.wait)})")
+    return head + body
+
+
+# The GPU's throttle reasons as a straggler's cause (issue 34): the client sends NVML's
+# throttle reasons as 0/1 in the step record's ``gpu`` object (a digest keeps them); a rank
 # slow in its own compute whose GPU throttles on most of its window while most other ranks'
 # do not is a straggler with that cause (a throttle every rank shares, such as all GPUs at
-# their power cap, explains nothing about this one).
+# their power cap, explains nothing about this one). A node: every one of its ranks' GPUs.
 THROTTLE_BITS = (("throttle_thermal", 1, "thermal"), ("throttle_power", 2, "power"),
                  ("throttle_hw_slowdown", 4, "hardware slowdown"))
 
@@ -236,45 +321,307 @@ def throttle_code(rec: StepRecord) -> float:
     return float(sum(bit for value, bit in said if finite(value) and value > 0))
 
 
-def _throttled(w: Window, bit: int) -> tuple[int, bool]:
-    """Steps of the window with ``bit`` set, and whether that is most of those that say."""
-    v = w.values()
-    v = v[~np.isnan(v)].astype(int)
-    on = int(((v & bit) > 0).sum())
-    return on, len(v) > 0 and on * 2 >= len(v)
+class Throttles:
+    """Per reason, how many steps of each rank's window its GPU throttled, and whether on
+    most of those that say (one pass over a ranks x window array of ``throttle_code``)."""
+
+    def __init__(self, codes: np.ndarray) -> None:
+        said = ~np.isnan(codes)
+        bits = np.where(said, codes, 0).astype(int)
+        self.window = codes.shape[1]
+        self.said = said.sum(axis=1)
+        self.on = {bit: ((bits & bit) > 0).sum(axis=1) for _, bit, _ in THROTTLE_BITS}
+
+    def most(self, bit: int) -> np.ndarray:
+        return (self.said > 0) & (self.on[bit] * 2 >= self.said)
+
+    def cause(self, rows: np.ndarray, others: np.ndarray) -> tuple[str, str] | None:
+        """The throttle reason the GPUs of ``rows`` (one rank, or a node's) show on most of
+        their steps and fewer than half of the ``others``' GPUs on most of theirs: (reason,
+        a clause for the message)."""
+        for _, bit, name in THROTTLE_BITS:
+            most = self.most(bit)
+            sharing = int(most[others].sum())
+            if not most[rows].all() or sharing * 2 >= len(others):
+                continue
+            if len(rows) == 1:
+                return name, (f"; its GPU throttles ({name}) on {int(self.on[bit][rows[0]])} "
+                              f"of its last {self.window} steps, {sharing} of {len(others)} "
+                              "other ranks' GPUs on most of theirs")
+            return name, (f"; each of its GPUs throttles ({name}) on most of its last "
+                          f"{self.window} steps, {sharing} of {len(others)} other nodes' "
+                          "GPUs on most of theirs")
+        return None
 
 
-def throttle_cause(st: RankTimes, peers: list[RankTimes]) -> tuple[str, str] | None:
-    """The throttle reason the straggler's GPU shows on most of its steps and fewer than half
-    of the other ranks' GPUs on most of theirs: (reason, a clause for the message)."""
-    for _, bit, name in THROTTLE_BITS:
-        on, most = _throttled(st.throttle, bit)
-        sharing = sum(_throttled(o.throttle, bit)[1] for o in peers)
-        if most and sharing * 2 < len(peers):
-            return name, (f"; its GPU throttles ({name}) on {on} of its last {len(st.throttle)} "
-                          f"steps, {sharing} of {len(peers)} other ranks' GPUs on most of theirs")
-    return None
+# -- the detector ------------------------------------------------------------------------------
 
 
-def _peer_median(peers: list[RankTimes], name: str) -> float:
-    meds = [m for m in (_median(getattr(o, name)) for o in peers) if finite(m)]
-    return float(np.median(meds)) if meds else math.nan
+class StragglerDetector(DetectorBase[StragglerSettings]):
+    """Warning for a rank whose median own time is ``straggler_ratio`` x the others', or
+    for a node all of whose ranks are that much slower than the other nodes', with the
+    cause (``evidence["cause"]``: data, compute or collective). Judged once a step, when
+    every live rank reported it (module docstring)."""
+
+    type = "straggler"
+    severity = Severity.WARNING
+    settings_model = StragglerSettings
+    scope = "run"
+
+    def __init__(self, settings: StragglerSettings, ctx: DetectorContext) -> None:
+        super().__init__(settings, ctx)
+        self.run_id = ""
+        self.judged = -1  # the step the last judgement covered
+        # rank -> (step, time) of its latest timed record since the last judgement
+        self.fresh: dict[int, tuple[int, float]] = {}
+
+    def new_rank(self) -> RankTimes:
+        n = self.settings.straggler_window
+        return RankTimes(times=Window.of(n), data=Window.of(n), compute=Window.of(n),
+                         wait=Window.of(n), step=Window.of(n), throttle=Window.of(n))
+
+    def on_step(self, rec: StepRecord, st: RankTimes) -> list[Finding]:
+        t = own_time(rec)
+        if t is not None and t > 0:
+            st.times.add(t)
+            st.data.add(_num(rec.data_time))
+            st.compute.add(compute_of(rec))
+            st.wait.add(_num(rec.sync_wait_time))
+            st.step.add(_num(rec.step_time))
+            st.throttle.add(throttle_code(rec))
+            self.run_id = rec.run_id
+            self.fresh[rec.rank] = (rec.step, rec.time)
+        through = self.ctx.front.judged_through()
+        if through <= self.judged or not self.fresh:
+            return []
+        self.judged = through
+        fresh, self.fresh = self.fresh, {}
+        return self._judge(fresh)
+
+    def _judge(self, fresh: dict[int, tuple[int, float]]) -> list[Finding]:
+        full = [r for r, st in self.ranks.items() if st.times.full]
+        if len(full) < 2:
+            return []
+        index = {r: i for i, r in enumerate(full)}
+        med = {q: _row_medians(np.stack([getattr(self.ranks[r], q).buf for r in full]))
+               for q in QUANTITIES}
+        threshold = self.settings.straggler_ratio
+        hosts = {r: self.ctx.rank(r).host for r in self.ranks}
+        out: list[Finding] = []
+        named: set[int] = set()
+        throttles: list[Throttles] = []  # made once, when some straggler is slow in compute
+
+        def throttle(rows: list[int], others: list[int]) -> tuple[str, str] | None:
+            if not throttles:
+                throttles.append(Throttles(np.stack([self.ranks[r].throttle.buf
+                                                     for r in full])))
+            return throttles[0].cause(np.array(rows), np.array(others, dtype=np.intp))
+
+        for host, ranks, verdict, mine, theirs in self._slow_nodes(full, index, med, hosts):
+            first = ranks[0]
+            named.update(ranks)
+            if not any(r in fresh for r in ranks):
+                continue
+            step, time = fresh.get(first) or next(fresh[r] for r in ranks if r in fresh)
+            if self.repeat.due(f"node/{host}", step, self.settings.repeat_every_steps):
+                rows = [index[r] for r in ranks]
+                why = throttle(rows, [i for i in range(len(full)) if i not in set(rows)]) \
+                    if verdict.cause == "compute" else None
+                out.append(self._finding(
+                    first, step, time, verdict, mine, theirs, len(full), hosts,
+                    who=f"node {host} ({_span(ranks)}) is slow as a whole",
+                    others="the other nodes", node=ranks, throttle=why))
+        loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
+        maybe = _maybe_slow(med, loo, threshold)
+        for r in sorted(fresh):
+            i = index.get(r)
+            if i is None or r in named or not maybe[i]:
+                continue
+            mine, theirs = _times(med, i), _times(loo, i)
+            found = judge(mine, theirs, threshold, self.settings.straggler_min_extra_seconds)
+            step, time = fresh[r]
+            if found is None or not self.repeat.due(f"{r}/", step,
+                                                    self.settings.repeat_every_steps):
+                continue
+            why = throttle([i], [k for k in range(len(full)) if k != i]) \
+                if found.cause == "compute" else None
+            out.append(self._finding(r, step, time, found, mine, theirs, len(full), hosts,
+                                     who=f"rank {r} is the straggler", others="the other ranks",
+                                     throttle=why))
+        return out
+
+    def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
+                    hosts: dict[int, str | None]
+                    ) -> list[tuple[str, list[int], Slowness, Times, Times]]:
+        """Hosts (of two or more ranks, all with a full window) every rank of which is a
+        straggler against the median of the ranks on the other hosts: (host, its ranks,
+        the verdict on its ranks' medians, those medians, the others')."""
+        by_host: dict[str, list[int]] = {}
+        for r in sorted(self.ranks):
+            by_host.setdefault(hosts[r] or "", []).append(r)
+        by_host.pop("", None)
+        if len(by_host) < 2:
+            return []
+        named = [(h, ranks) for h, ranks in by_host.items()
+                 if len(ranks) >= 2 and all(r in index for r in ranks)]
+        if not named:
+            return []
+        threshold = self.settings.straggler_ratio
+        groups = [np.array([index[r] for r in ranks]) for _, ranks in named]
+        # The others' medians per host, then per rank (its host's), for the prefilter.
+        rest = {q: _medians_without(med[q], groups) for q in QUANTITIES}
+        of_host = np.full(len(full), -1)
+        for g, rows in enumerate(groups):
+            of_host[rows] = g
+        placed = of_host >= 0
+        theirs_by_rank = {q: np.where(placed, rest[q][np.maximum(of_host, 0)], np.nan)
+                          for q in QUANTITIES}
+        maybe = _maybe_slow(med, theirs_by_rank, threshold)
+        out = []
+        for g, (host, ranks) in enumerate(named):
+            rows = groups[g]
+            if not maybe[rows].all():
+                continue
+            theirs = Times(*(float(rest[q][g]) for q in QUANTITIES))
+            floor = self.settings.straggler_min_extra_seconds
+            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
+            if not all(verdicts):
+                continue
+            mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
+            verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
+            assert verdict is not None
+            out.append((host, ranks, verdict, mine, theirs))
+        return out
+
+    def _finding(self, rank: int, step: int, time: float, verdict: Slowness, mine: Times,
+                 theirs: Times, ranks: int, hosts: dict[int, str | None], *, who: str,
+                 others: str, node: list[int] | None = None,
+                 throttle: tuple[str, str] | None = None) -> Finding:
+        cause = verdict.cause
+        message = _message(who, others, cause, mine, theirs)
+        if throttle is not None:  # slow in its own compute, and its GPU throttles
+            cause, message = "gpu_throttle", message + throttle[1]
+        host = hosts.get(rank)
+        n_hosts = len({h for h in hosts.values() if h})
+        evidence = {"cause": cause, "own_time": mine.own, "others_median": theirs.own,
+                    "ratio": verdict.ratio, "ranks": ranks,
+                    "throttle": throttle[0] if throttle is not None else None,
+                    "data_time": mine.data, "others_data_time": theirs.data,
+                    "compute_time": mine.compute, "others_compute_time": theirs.compute,
+                    "sync_wait_time": mine.wait, "others_sync_wait_time": theirs.wait,
+                    "host": host, "hosts": n_hosts if n_hosts > 1 else None,
+                    "node_ranks": _span(node, "") if node else None}
+        rec = StepRecord(run_id=self.run_id, step=step, time=time, rank=rank)
+        suggestions = (NODE_FIRST if node else ()) + SUGGESTIONS[cause]
+        return self.finding(rec, message, value=mine.own,
+                            threshold=theirs.own * self.settings.straggler_ratio,
+                            evidence={k: v for k, v in evidence.items() if v is not None
+                                      and not (isinstance(v, float) and math.isnan(v))},
+                            suggestions=suggestions)
+
+    def snapshot_extra(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "judged": self.judged,
+                "fresh": {str(r): list(v) for r, v in self.fresh.items()}}
+
+    def restore_extra(self, data: dict[str, Any]) -> None:
+        self.run_id = str(data.get("run_id") or "")
+        self.judged = int(data.get("judged", -1))
+        self.fresh = {int(r): (int(v[0]), float(v[1]))
+                      for r, v in (data.get("fresh") or {}).items()}
 
 
-def _message(rank: int, cause: str, mine: dict[str, float], theirs: dict[str, float],
-             own: float, others: float) -> str:
-    head = f"rank {rank} is the straggler: "
-    if cause == "collective":
-        return (head + f"it waits {_ms(mine['wait'])} in the gradient all-reduce vs "
-                f"{_ms(theirs['wait'])} on the other ranks, while its own work takes "
-                f"{_ms(own)} vs {_ms(others)}")
-    part = "data loading" if cause == "data" else "own compute"
-    key = "data" if cause == "data" else "compute"
-    if finite(mine[key]) and finite(theirs[key]):
-        body = f"its {part} takes {_ms(mine[key])} vs {_ms(theirs[key])} on the other ranks"
-    else:  # compute_time and sync_wait_time unreported: only its own time as a whole
-        body = f"its own work takes {_ms(own)} vs {_ms(others)} on the other ranks"
-    if finite(mine["wait"]) and finite(theirs["wait"]) and theirs["wait"] > mine["wait"]:
-        body += (" (their extra time is waiting for it in the all-reduce: "
-                 f"{_ms(theirs['wait'] - mine['wait'])})")
-    return head + body
+# -- medians of many windows at once -----------------------------------------------------------
+
+
+def _times(med: dict[str, np.ndarray], i: int) -> Times:
+    return Times(*(float(med[q][i]) for q in QUANTITIES))
+
+
+def _row_medians(rows: np.ndarray) -> np.ndarray:
+    """Each row's median over its non-NaN values (NaN where it has none): one sort of the
+    whole array (NaN sorts last) and the middle of each row's numbers."""
+    s = np.sort(rows, axis=1)
+    k = np.count_nonzero(~np.isnan(s), axis=1)
+    lo = np.take_along_axis(s, np.maximum((k - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(s, np.minimum(k // 2, s.shape[1] - 1)[:, None], axis=1)[:, 0]
+    return np.where(k > 0, 0.5 * (lo + hi), np.nan)
+
+
+def _loo_medians(values: np.ndarray) -> np.ndarray:
+    """For each entry, the median of the others' non-NaN values (NaN where there are none):
+    the middle of one sorted array with the entry's own index skipped."""
+    return _Sorted(values).leave_one_out()
+
+
+class _Sorted:
+    """The non-NaN values of an array, sorted, with each entry's place among them."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.n = len(values)
+        keep = np.flatnonzero(~np.isnan(values))
+        order = np.argsort(values[keep], kind="stable")
+        self.sorted = values[keep][order]
+        self.pos = np.full(self.n, -1, dtype=np.intp)
+        self.pos[keep[order]] = np.arange(len(keep))
+
+    def leave_one_out(self) -> np.ndarray:
+        m = len(self.sorted)
+        out = np.full(self.n, np.nan)
+        if m == 0:
+            return out
+        own = self.pos >= 0
+        out[~own] = sorted_median(self.sorted)
+        if m >= 2:
+            p = self.pos[own]
+            lo, hi = (m - 2) // 2, (m - 1) // 2
+            out[own] = 0.5 * (self.sorted[lo + (lo >= p)] + self.sorted[hi + (hi >= p)])
+        return out
+
+
+def _medians_without(values: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """For each group of entries, the median of the non-NaN values of every other entry:
+    the middle of one sorted array with the group's places skipped, for every group at
+    once (the ``t``-th value left is at ``t`` plus the skipped places at or before it, a
+    fixed point reached in at most one step per skipped place)."""
+    srt = _Sorted(values)
+    m = len(srt.sorted)
+    width = max(len(g) for g in groups)
+    gone = np.full((len(groups), width), m + width)  # past any place: never skipped
+    for h, g in enumerate(groups):
+        places = np.sort(srt.pos[g])
+        places = places[places >= 0]
+        gone[h, :len(places)] = places
+    left = m - np.count_nonzero(gone < m, axis=1)
+    out = np.full(len(groups), np.nan)
+    ok = left > 0
+    if not ok.any():
+        return out
+
+    def at(t: np.ndarray) -> np.ndarray:
+        j = t.copy()
+        for _ in range(width + 1):
+            j = t + np.count_nonzero(gone <= j[:, None], axis=1)
+        return srt.sorted[np.minimum(j, m - 1)]
+
+    lo, hi = at((left - 1) // 2), at(left // 2)
+    out[ok] = (0.5 * (lo + hi))[ok]
+    return out
+
+
+def _finite_median(values: np.ndarray) -> float:
+    v = values[~np.isnan(values)]
+    return sorted_median(np.sort(v)) if len(v) else math.nan
+
+
+def _span(ranks: list[int], word: str = "rank") -> str:
+    """[2, 3, 5] -> "ranks 2-3, 5" (``word`` "": "2-3, 5")."""
+    parts: list[str] = []
+    for r in ranks:
+        if parts and r == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    text = ", ".join(parts)
+    if not word:
+        return text
+    return f"{word}s {text}" if len(ranks) > 1 else f"{word} {text}"

@@ -1,12 +1,13 @@
-"""What one request may add to the sidecar's memory: new runs, and new ranks of a run.
+"""What one request may add to the sidecar's memory: new runs, and new ranks.
 
 Bytes and values are budgeted at the edge (``api/ingest.py``), but what a record costs
 once admitted depends on whether it is the first of its run or rank: a new run brings a
 detector suite into memory (~150 KiB, ``bench/chaos.py --sections amplification``), a new
-rank its counters and per-rank detector state (tens of KiB). So a request may bring at
-most ``max_new_runs_per_request`` runs into memory, and no run holds more than
-``max_ranks_per_run`` ranks; a record over either is rejected alone, with a reason naming
-the budget, before anything is built for it.
+rank its counters and per-rank detector state (~35 KiB). So a request may bring at most
+``max_new_runs_per_request`` runs and ``max_new_ranks_per_request`` ranks into memory, and
+no run holds more than ``max_ranks_per_run`` ranks (a multi-node run's leader holds every
+rank of it, each node's sidecar bringing its own); a record over any is rejected alone,
+with a reason naming the budget, before anything is built for it.
 
 A run with 2 ranks meets a cap of 2; its third rank is refused, its own ranks are not::
 
@@ -20,6 +21,12 @@ A run with 2 ranks meets a cap of 2; its third rank is refused, its own ranks ar
     rank 7 would be run r1's third rank, more than max_ranks_per_run=2
     >>> budget.took_run("r1"); print(budget.refuse_run("r2"))
     run r2 is new, and this request brought max_new_runs_per_request=1 runs into memory already; send its records again in another request
+
+A request that would bring a thousand new ranks brings ``max_new_ranks_per_request``::
+
+    >>> budget = AdmissionBudget(Settings(max_new_ranks_per_request=2))
+    >>> print([budget.refuse_rank(run, r) for r in range(3)][-1])
+    rank 2 of run r1 is new, and this request brought max_new_ranks_per_request=2 ranks into memory already; send its records again in another request
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ class AdmissionBudget:
     def __init__(self, settings: Settings) -> None:
         self.max_new_runs = settings.max_new_runs_per_request
         self.max_ranks = settings.max_ranks_per_run
+        self.max_new_ranks = settings.max_new_ranks_per_request
         self._runs: set[str] = set()
         self._ranks: dict[str, set[int]] = {}  # ranks of this request not in the run yet
+        self._new_ranks = 0
 
     def refuse_run(self, run_id: str) -> str | None:
         """Why a run not in memory may not be loaded for this request; None: it may."""
@@ -56,8 +65,13 @@ class AdmissionBudget:
         pending = self._ranks.setdefault(run.run_id, set())
         if rank in pending:
             return None
+        if self._new_ranks >= self.max_new_ranks:
+            return (f"rank {rank} of run {run.run_id} is new, and this request brought "
+                    f"max_new_ranks_per_request={self.max_new_ranks} ranks into memory "
+                    "already; send its records again in another request")
         if len(run.ranks) + len(pending) < self.max_ranks:
             pending.add(rank)
+            self._new_ranks += 1
             return None
         nth = len(run.ranks) + len(pending) + 1
         return (f"rank {rank} would be run {run.run_id}'s {_ordinal(nth)} rank, more than "

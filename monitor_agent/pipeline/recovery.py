@@ -56,8 +56,9 @@ _DATA_FIELDS = ("data_position", "data_step", "data_deltas")
 
 
 def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
-    return {
-        "suite": suite.snapshot(),
+    """The run's state to keep, its non-finite floats as strings (the suite's snapshot
+    writes its own so): ``wire.dumps_prepared`` serialises it."""
+    return {"suite": suite.snapshot(), **wire.encode_nonfinite({
         "status": run.status,
         "findings": [[t, s, c] for (t, s), c in run.findings.items()],
         "verdict": asdict(run.verdict),
@@ -67,7 +68,7 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
                         "remote": state.remote}
             for rank, state in run.ranks.items()
         },
-    }
+    })}
 
 
 def restore_run(store: Store, run: RunState, suite: DetectorSuite, now: float,

@@ -244,5 +244,6 @@ class RunRegistry:
         run = live.state
         state = recovery.snapshot_run(run, live.suite)
         top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
-        self.store.save_detector_state(run.run_id, run.last_record_id, wire.dumps(state), top)
+        self.store.save_detector_state(run.run_id, run.last_record_id,
+                                       wire.dumps_prepared(state), top)
         run.snapshot_record_id = run.last_record_id

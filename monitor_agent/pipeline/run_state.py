@@ -135,6 +135,12 @@ class RunState:
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
+    # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
+    # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
+    # otherwise. -1 until first read, then worked out once (a restored run's ranks come
+    # from its snapshot, not from steps).
+    _top_step: int = field(default=-1, repr=False)
+    _top_known: bool = field(default=False, repr=False)
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:
@@ -204,6 +210,7 @@ class RunState:
         if state.first_arrival is None:
             state.first_step, state.first_arrival = record.step, arrival
         state.last_step = max(state.last_step, record.step)
+        self._top_step = max(self._top_step, record.step)
         state.last_arrival = self.last_arrival = arrival
         self.version += 1
 
@@ -239,7 +246,11 @@ class RunState:
 
     @property
     def last_step(self) -> int:
-        return max((r.last_step for r in self.ranks.values()), default=-1)
+        """The latest step any rank sent (-1: none yet)."""
+        if not self._top_known:
+            self._top_step = max((r.last_step for r in self.ranks.values()), default=-1)
+            self._top_known = True
+        return self._top_step
 
 
 def _finite_or_zero(value: float | None) -> float:

@@ -54,14 +54,38 @@ def _encode_nonfinite(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _encode_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if all_finite_numbers(obj):
+            return obj  # a detector snapshot is mostly windows of numbers: one C pass each
         return [_encode_nonfinite(v) for v in obj]
     return obj
+
+
+def all_finite_numbers(seq: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``seq`` holds only numbers, all finite: their sum is then finite (a NaN or
+    an infinity makes it non-finite; a sum too large to be finite only sends the list the
+    slow way); anything else than a number makes ``sum`` raise."""
+    try:
+        return math.isfinite(sum(seq))
+    except (TypeError, OverflowError):
+        return False
+
+
+def encode_nonfinite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (in it, or in its dicts and lists) written as
+    docs/format.md's string: what ``dumps`` writes, ready for ``dumps_prepared``."""
+    return _encode_nonfinite(obj)
 
 
 def dumps(obj: Any) -> bytes:
     """Serialise to JSON bytes, writing non-finite floats as docs/format.md's strings."""
     # orjson would silently write NaN as null, losing exactly the data we care about.
-    encoded = _encode_nonfinite(obj)
+    return dumps_prepared(_encode_nonfinite(obj))
+
+
+def dumps_prepared(encoded: Any) -> bytes:
+    """``dumps`` of an object whose non-finite floats are strings already
+    (``encode_nonfinite``, or a detector snapshot: ``detectors.support.state.dump``
+    writes them so): no second walk over every value of a large snapshot."""
     try:
         return orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:

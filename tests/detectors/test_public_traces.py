@@ -84,7 +84,7 @@ def test_every_type_is_proven_somewhere():
                  "skip_budget",  # needs the client's step guard; also tests/e2e/test_step_guard.py
                  "hang",  # needs the client's watchdog; also tests/e2e/test_hung_ranks.py
                  "gpu_health",  # needs NVML readings: tests/detectors/test_gpu_health.py
-                 "action_held",  # needs agreement records from distributed ranks
+                 "action_held",  # needs agreement records: tests/e2e/test_multi_node.py
                  "window_trained"}  # needs a rollback plan: tests/e2e/test_rollback_loop.py
     assert expected | unit_only == set(FINDING_TYPES)
     for ftype in unit_only:

@@ -75,3 +75,38 @@ def test_a_non_finite_loss_is_left_to_nan_inf():
 def test_restore_mid_stretch_changes_nothing():
     recs = _ddp(from_step=150, scale=1.5, lag=3)
     assert_restore_equivalent(lambda: only("rank_outlier"), recs, cut=4 + 152 * 4)
+
+
+def test_many_ranks_are_judged_on_the_same_numbers_as_few():
+    """Past 16 peers the leave-one-out medians come off one sorted array: the same numbers
+    as taking each rank's peers apart, ties included."""
+    from monitor_agent.detectors.rank_outlier import _spread, peer_stats
+    from monitor_agent.detectors.support.stats import median
+
+    rng = np.random.default_rng(5)
+    for n in (3, 17, 18, 19, 64, 301):
+        values = np.round(rng.normal(2.0, 0.05, n), 2)  # rounded: ties
+        centres, spreads = peer_stats(values)
+        for i in range(n):
+            peers = np.delete(values, i)
+            assert centres[i] == median(peers)
+            assert spreads[i] == _spread(peers, median(peers))
+
+
+def test_a_rank_with_a_corrupt_shard_is_named_among_many():
+    found = feed(only("rank_outlier"), _ddp(n=200, ranks=64, bad=40, from_step=150, scale=1.5))
+    assert found and {f.rank for f in found} == {40} and 150 <= found[0].step <= 158
+
+
+def test_a_divergence_of_the_whole_run_names_no_rank():
+    """Every rank's loss runs away at once, each by its own batches: the peers spread apart
+    with it, and no rank is apart from them (the pooled spread alone lags behind)."""
+    rng = np.random.default_rng(3)
+    recs: list = [RunRecord(run_id="r", time=0.0, rank=r, labels={"hostname": f"node-{r}"})
+                  for r in range(4)]
+    for i in range(1, 260):
+        grow = 1.0 if i < 200 else 1.35 ** (i - 200)
+        recs += [step(i, rank=r, loss=(2.0 + rng.normal(0, 0.05)) * grow
+                      * (1 + (rng.normal(0, 0.3) if i >= 200 else 0.0)))
+                 for r in range(4)]
+    assert feed(only("rank_outlier"), recs) == []

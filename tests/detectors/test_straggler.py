@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from synth_records import assert_restore_equivalent, feed, noise, only, step
+
+from monitor_agent.detectors.straggler import _loo_medians, _medians_without, _row_medians
+from monitor_agent.records.types import RunRecord
 
 
 def _ddp(n: int, slow_from: int, ranks: int = 2, with_compute: bool = True) -> list:
@@ -100,6 +104,107 @@ def test_a_slow_loader_is_found_from_data_time_alone():
     assert "its data loading takes 410 ms" in found[0].message
 
 
+def _hosts(ranks: int, per_host: int) -> list:
+    return [RunRecord(run_id="r", time=0.0, rank=r, labels={"hostname": f"gpu-{r // per_host}"})
+            for r in range(ranks)]
+
+
+def _cluster(n: int, ranks: int, per_host: int, slow: set[int], slow_from: int = 30,
+             factor: float = 3.0) -> list:
+    """Synchronous DDP on ranks // per_host hosts: the ``slow`` ranks' compute is
+    ``factor`` x from ``slow_from``; everyone waits for the slowest in the all-reduce."""
+    recs = _hosts(ranks, per_host)
+    for i in range(1, n):
+        compute = {r: 0.05 * (1 + noise(i * 13 + r, 0.1))
+                   * (factor if r in slow and i >= slow_from else 1.0) for r in range(ranks)}
+        step_time = max(compute.values()) + 0.015
+        for r in range(ranks):
+            recs.append(step(i, rank=r, step_time=step_time, data_time=0.01,
+                             compute_time=compute[r],
+                             sync_wait_time=step_time - 0.01 - compute[r]))
+    return recs
+
+
+def test_a_whole_slow_node_is_named_once_not_rank_by_rank():
+    found = feed(only("straggler"), _cluster(80, ranks=16, per_host=4, slow={4, 5, 6, 7}))
+    assert found and {f.rank for f in found} == {4}
+    first = found[0]
+    assert 30 <= first.step <= 45, first.step  # the windows' medians cross 1.5x
+    assert first.message.startswith("node gpu-1 (ranks 4-7) is slow as a whole: its own "
+                                    "compute takes")
+    assert "ms on the other nodes (their extra time is waiting for it" in first.message
+    assert first.evidence["host"] == "gpu-1" and first.evidence["node_ranks"] == "4-7"
+    assert first.evidence["cause"] == "compute" and first.evidence["hosts"] == 4
+    assert first.suggestions[0].startswith("Every rank of that node is slow")
+
+
+def test_a_node_holding_half_the_ranks_is_judged_against_the_other_node():
+    """Two hosts: a rank of the slow one has as many slow peers as fast ones, so no rank
+    is a straggler against all the others; against the other node, each is."""
+    found = feed(only("straggler"), _cluster(80, ranks=4, per_host=2, slow={0, 1}))
+    assert [f.message.split(":")[0] for f in found][:1] == [
+        "node gpu-0 (ranks 0-1) is slow as a whole"]
+
+
+def test_one_slow_rank_of_a_node_is_a_straggler_of_its_own():
+    found = feed(only("straggler"), _cluster(80, ranks=16, per_host=4, slow={6}))
+    assert found and {f.rank for f in found} == {6}
+    assert found[0].message.startswith("rank 6 is the straggler: its own compute takes")
+    assert found[0].evidence["host"] == "gpu-1" and "node_ranks" not in found[0].evidence
+
+
+def test_one_host_is_no_node_finding():
+    """Every rank on one machine (a single-node job): no other node to be slower than."""
+    found = feed(only("straggler"), _cluster(80, ranks=4, per_host=4, slow={1}))
+    assert found and {f.rank for f in found} == {1}
+    assert found[0].message.startswith("rank 1 is the straggler")
+
+
+def test_a_rank_whose_records_arrive_late_is_judged_on_its_step():
+    """Rank 3's records arrive 5 steps behind the others': each step is judged once it has
+    them all (the other ranks' windows move on meanwhile), the straggler still found."""
+    recs = _breakdown(60, 3, "data")
+    late = [r for r in recs if r.rank == 3]
+    rest = [r for r in recs if r.rank != 3]
+    mixed = []
+    for i in range(1, 60):
+        mixed += [r for r in rest if r.step == i]
+        mixed += [r for r in late if r.step == i - 5]
+    mixed += [r for r in late if r.step >= 55]
+    found = feed(only("straggler"), mixed)
+    assert found and {f.rank for f in found} == {3} and found[0].evidence["cause"] == "data"
+
+
+def test_restore_mid_stream_with_nodes_changes_nothing():
+    assert_restore_equivalent(lambda: only("straggler"),
+                              _cluster(90, ranks=8, per_host=2, slow={2, 3}), cut=8 + 40 * 8 + 3)
+
+
+def test_the_medians_of_others_are_the_slow_ones():
+    """The sorted shortcuts give what a median of the other entries gives, ties and NaN
+    (a rank that does not say) included."""
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 7, 64, 257):
+        values = rng.choice([0.1, 0.2, 0.2, 0.3, 0.5, np.nan], size=n) * rng.choice([1, 1.5], n)
+        loo = _loo_medians(values)
+        for i in range(n):
+            others = np.delete(values, i)
+            others = others[~np.isnan(others)]
+            want = float(np.median(others)) if len(others) else np.nan
+            assert loo[i] == want or (np.isnan(loo[i]) and np.isnan(want))
+        groups = [rng.choice(n, size=int(rng.integers(1, min(n, 9) + 1)), replace=False)
+                  for _ in range(6)]
+        for rows, got in zip(groups, _medians_without(values, groups), strict=True):
+            rest = np.delete(values, rows)
+            rest = rest[~np.isnan(rest)]
+            want = float(np.median(rest)) if len(rest) else np.nan
+            assert got == want or (np.isnan(got) and np.isnan(want))
+        windows = rng.choice([0.1, 0.3, np.nan], size=(n, 6))
+        for row, m in zip(windows, _row_medians(windows), strict=True):
+            kept = row[~np.isnan(row)]
+            assert m == float(np.median(kept)) if len(kept) else np.isnan(m)
+
+
 def _throttled(recs: list, ranks: set[int], key: str = "throttle_thermal") -> list:
     """The same records with the NVML throttle flags the client sends in ``gpu``."""
     return [replace(r, gpu={"throttle_thermal": 0.0, "throttle_power": 0.0,
@@ -125,3 +230,31 @@ def test_a_throttle_every_rank_shares_is_not_the_cause():
     # nor is a throttle on a rank whose own compute is not what is slow
     found = feed(only("straggler"), _throttled(_breakdown(60, 2, "data"), {2}))
     assert found and found[0].evidence["cause"] == "data"
+
+
+def test_a_whole_node_whose_gpus_throttle_names_the_throttle():
+    recs = _cluster(80, ranks=16, per_host=4, slow={4, 5, 6, 7})
+    slow = {4, 5, 6, 7}
+    found = feed(only("straggler"), [r if isinstance(r, RunRecord)
+                                     else _throttled([r], slow, "throttle_power")[0]
+                                     for r in recs])
+    assert found and found[0].message.startswith("node gpu-1 (ranks 4-7) is slow as a whole")
+    assert (found[0].evidence["cause"], found[0].evidence["throttle"]) == ("gpu_throttle", "power")
+    assert "each of its GPUs throttles (power) on most of its last 20 steps, 0 of 12 other " \
+        "nodes' GPUs" in found[0].message
+
+
+def test_a_ratio_of_milliseconds_is_noise_not_a_straggler():
+    """0.9 ms of own work against 0.5 ms is 1.8x and 0.4 ms: the host's timing noise, below
+    ``straggler_min_extra_seconds``; the same ratio at 60 ms against 33 ms is a straggler."""
+    def run(scale: float) -> list:
+        recs = []
+        for i in range(1, 200):
+            for r in range(4):
+                own = scale * (0.9 if r == 2 and i >= 100 else 0.5) * (1 + noise(i + r, 0.05))
+                recs.append(step(i, rank=r, step_time=scale * 1.0,
+                                 sync_wait_time=scale * 1.0 - own, compute_time=own))
+        return recs
+    assert feed(only("straggler"), run(0.001)) == []
+    found = feed(only("straggler"), run(0.066))
+    assert found and {f.rank for f in found} == {2}

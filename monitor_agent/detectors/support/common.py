@@ -97,7 +97,7 @@ class DetectorBase(Generic[S]):
         return {
             "ranks": {str(r): dump(s) for r, s in self.ranks.items()},
             "repeat": dump(self.repeat),
-            "extra": self.snapshot_extra(),
+            "extra": dump(self.snapshot_extra()),
         }
 
     def restore(self, state: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor_agent.detectors.support.front import StepFront
 from monitor_agent.detectors.support.layer_bands import LayerBands
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import SlotIndex
@@ -102,6 +103,9 @@ class DetectorContext:
         # The run's newest applied rollback (runs/lifecycle.py), set by the engine when the
         # run loads and when a rollback is applied; not part of the snapshot.
         self.skip_plan: SkipPlan | None = None
+        # The live ranks' newest and slowest steps, for the detectors that judge a step
+        # once every rank reported it; derived from ``state.ranks`` (rebuilt on restore).
+        self.front = StepFront()
 
     # -- run facts ------------------------------------------------------------------------
 
@@ -112,10 +116,14 @@ class DetectorContext:
         elif isinstance(record, EndRecord):
             self.state.ended = True
             self.rank(record.rank).ended = True
-        elif (isinstance(record, StepRecord) and record.layer_grads is not None
-              and not amp_overflow(record)):
-            # Before the detectors judge the step, so a finding names this step's layers.
-            self.rank(record.rank).bands.update(self.align(record.layer_grads), record.step)
+            self.front.left(record.rank)
+        elif isinstance(record, StepRecord):
+            # Before the detectors judge the step: the front counts it, and a finding names
+            # this step's layers.
+            self.front.saw(record.rank, record.step)
+            if record.layer_grads is not None and not amp_overflow(record):
+                self.rank(record.rank).bands.update(self.align(record.layer_grads),
+                                                    record.step)
 
     def _observe_run(self, record: RunRecord) -> None:
         reporting = _as_int(record.hardware.get("reporting_ranks"))
@@ -210,6 +218,10 @@ class DetectorContext:
         }
         self._slots = SlotIndex(self.state.layer_names)
         self._cache = None
+        self.front = StepFront()
+        for r, info in self.state.ranks.items():
+            if info.steps and not info.ended:
+                self.front.saw(int(r), info.last_step)
 
 
 def host_label(labels: dict[str, str]) -> str | None:
