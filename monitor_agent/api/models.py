@@ -218,6 +218,49 @@ class CheckpointsOut(BaseModel):
         "The newest clean checkpoint (what a rollback goes back to); null when none."))
 
 
+class IncidentOut(BaseModel):
+    kind: str = Field(description="hang, restart or rollback.")
+    step: int = Field(description="The last step before a hang; the step a restart or "
+                      "rollback resumed at.")
+    start: float = Field(description="Unix time it began.")
+    seconds: float = Field(description="Wall-clock seconds it cost the run.")
+    gpu_hours: float
+    attempt: int
+    open: bool = Field(description="Still going (a hang not recovered yet).")
+    detail: dict[str, float] = Field(description="Its seconds by part (a hang's undetected "
+                                     "and detected; a restart's gap, start-up, discarded).")
+    words: str = Field(description='"this hang cost 14 min x 64 GPUs = 15 GPU-hours".')
+
+
+class GoodputAttemptOut(BaseModel):
+    attempt: int
+    start: float
+    end: float
+    wall_seconds: float
+    productive_seconds: float
+    badput_seconds: dict[str, float] = Field(description="Non-zero causes only.")
+
+
+class GoodputOut(BaseModel):
+    run_id: str
+    start: float | None
+    end: float | None
+    wall_seconds: float = Field(description="From the run's first record to its latest "
+                                "(or now, while a hang is open).")
+    productive_seconds: float = Field(description="Steps kept in the current history.")
+    goodput_ratio: float | None = Field(description="productive / wall; null before any time.")
+    badput_seconds: dict[str, float] = Field(description=(
+        "Seconds by cause (runs/goodput.py CAUSES); with productive they add up to wall."))
+    badput_seconds_total: float
+    gpus: int = Field(description="The run's world size: GPU-hours are seconds x gpus / 3600.")
+    gpu_hours: float
+    productive_gpu_hours: float
+    badput_gpu_hours: dict[str, float]
+    summary: str = Field(description='"goodput 93.1%: 4.2% restarts, 1.9% rollback, ...".')
+    attempts: list[GoodputAttemptOut]
+    incidents: list[IncidentOut] = Field(description="Oldest first (the newest 200).")
+
+
 class ActionsOut(BaseModel):
     run_id: str
     actions: list[ActionOut] = Field(description="Oldest first.")

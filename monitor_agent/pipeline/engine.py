@@ -346,6 +346,7 @@ class Engine:
         (None: this sidecar's own client's)."""
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
+        run.goodput.feed(record, attempt, row_id)  # every record, superseded ones too
         if isinstance(record, CheckpointRecord):
             if not superseded:
                 self._checkpoint(run, record, attempt)
@@ -530,6 +531,9 @@ class Engine:
                 # about what it abandoned, and may decide again (alerting/rollback.py).
                 self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
                 self._applied(live)  # a restart forgets earlier windows
+                why = ("rollback" if any(isinstance(e, RolledBack) for e in events)
+                       else "restart" if event.attempt.kind == "restarted" else "resume")
+                run.goodput.settled(event.attempt.number, event.attempt.start_step, why)
             elif isinstance(event, RolledBack):
                 self._applied(live)
                 self._store_verdict(run)  # the attempt is a rollback, not a crash's resume

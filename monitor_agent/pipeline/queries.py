@@ -120,6 +120,18 @@ class RunQueries:
         return {"run_id": run_id, "checkpoints": [judged_dict(j) for j in ledger.judged()],
                 "last_clean": None if last is None else {"step": last.step, "path": last.path}}
 
+    def goodput(self, run_id: str, now: float) -> dict[str, Any] | None:
+        """Where the run's time went (``GET /v1/runs/{id}/goodput``, runs/goodput.py);
+        None: no such run."""
+        live = self._live(run_id)
+        if live is not None:
+            book = live.goodput
+        elif self.store.run_row(run_id) is not None:
+            book = self.registry._goodput(run_id)
+        else:
+            return None
+        return {"run_id": run_id, **book.report(now).to_dict()}
+
     def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
                       kinds: Sequence[str], max_rows: int, max_bytes: int,
                       attempt: int | None = None,

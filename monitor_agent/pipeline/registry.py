@@ -41,6 +41,7 @@ from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.pipeline.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.records import wire
+from monitor_agent.runs.goodput import GoodputLedger
 from monitor_agent.runs.lifecycle import RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
@@ -131,9 +132,11 @@ class RunRegistry:
     def full(self) -> bool:
         return len(self._runs) >= self.settings.max_active_runs
 
-    def load(self, run_id: str, now: float, quiet: bool = False) -> LiveRun:
+    def load(self, run_id: str, now: float, quiet: bool = False,
+             goodput: GoodputLedger | None = None) -> LiveRun:
         """Bring a run into memory: fresh, or rebuilt from its snapshot and stored tail
-        (``quiet``: the tail was judged before; see ``Replay``).
+        (``quiet``: the tail was judged before; see ``Replay``). Its goodput ledger is
+        ``goodput`` (a rebuild keeps the one it had) or the one last kept in the store.
 
         Raises StorageError, or whatever replaying its tail raised (the run stays out of
         memory, marked to be analysed again: a half-replayed run would skip records)."""
@@ -158,6 +161,7 @@ class RunRegistry:
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
             live.state.ledger = CheckpointLedger.load(self.store, run_id)
+            live.state.goodput = goodput if goodput is not None else self._goodput(run_id)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now, quiet)
         except Exception as exc:
@@ -186,8 +190,23 @@ class RunRegistry:
         or a resume further back than any snapshot). Quiet: those records were judged and
         paged about already (a resolved alert must not page again). The verdict is judged
         on what is left, and names what was given up (verdict.py ``rollbacks_of``)."""
-        self._runs.pop(run_id, None)
-        return self.load(run_id, now, quiet=True)
+        old = self._runs.pop(run_id, None)
+        # The ledger keeps what the rebuilt history forgets: the work it discarded.
+        return self.load(run_id, now, quiet=True,
+                         goodput=old.state.goodput if old is not None else None)
+
+    def _goodput(self, run_id: str) -> GoodputLedger:
+        """The run's goodput ledger as last kept; a new one when there is none, or when it
+        cannot be read (derived state: the stored records it had not seen feed it)."""
+        blob = self.store.goodput(run_id)
+        if blob is None:
+            return GoodputLedger()
+        try:
+            return GoodputLedger.from_state(wire.loads(blob))
+        except Exception:
+            log.exception("run %s: its goodput ledger cannot be restored; starting anew",
+                          run_id)
+            return GoodputLedger()
 
     def evict(self, run_id: str) -> None:
         """Forget a run's in-memory state (no snapshot): its stored tail is replayed when
@@ -246,4 +265,6 @@ class RunRegistry:
         top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
         self.store.save_detector_state(run.run_id, run.last_record_id,
                                        wire.dumps_prepared(state), top)
+        self.store.save_goodput(run.run_id, run.goodput.last_row,
+                                wire.dumps(run.goodput.to_state()))
         run.snapshot_record_id = run.last_record_id

@@ -37,6 +37,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.goodput import GoodputLedger
 
 _DATA_DELTAS = 16  # a median of 16 ignores the jump a skipped window makes, and a few more
 
@@ -119,6 +120,9 @@ class RunState:
     # The checkpoints it reported, judged clean or suspect; loaded from the store with the
     # run (registry.py), not part of its snapshot.
     ledger: CheckpointLedger = field(default_factory=CheckpointLedger)
+    # Where its time went (runs/goodput.py): kept in its own table, restored with the run
+    # and carried over a rebuild (registry.py), not part of its snapshot.
+    goodput: GoodputLedger = field(default_factory=GoodputLedger)
     # One run, one brain (monitor_agent/cluster). ``leader``: the URL of the sidecar that
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the

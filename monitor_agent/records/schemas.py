@@ -72,6 +72,8 @@ AttemptToken = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$"),
 ]
 Num = float | None
+# A duration the client measured (an eval's, a checkpoint save's): finite and >= 0.
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
 
 
 def _plain_scalar(name: Any, value: Any) -> bool:
@@ -293,6 +295,7 @@ class EvalModel(_Wire):
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] = Field(
         default_factory=dict
     )
+    seconds: Seconds = None  # how long the evaluation took (the goodput ledger's)
 
     @model_validator(mode="after")
     def _names(self) -> EvalModel:
@@ -340,6 +343,7 @@ class CheckpointModel(_Wire):
     tag: Annotated[str, AfterValidator(_checkpoint_tag)] | None = None
     # The data position the checkpoint's state resumes from (the step's ``data_position``).
     data_position: DataPosition | None = None
+    seconds: Seconds = None  # how long the save took (the goodput ledger's)
 
 
 def _frame_text(value: str) -> str:

@@ -354,6 +354,7 @@ class EvalRecord:
     train_loss: float | None = None
     epoch: float | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)
+    seconds: float | None = None  # how long the evaluation took (runs/goodput.py)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "eval"
 
@@ -386,6 +387,7 @@ class CheckpointRecord:
     bytes: int | None = None
     tag: str | None = None
     data_position: int | None = None  # where its state resumes the data stream
+    seconds: float | None = None  # how long the save took (runs/goodput.py)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "checkpoint"
 

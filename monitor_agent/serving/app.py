@@ -14,7 +14,7 @@ under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests thr
     ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
      '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
      '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/checkpoints', '/v1/runs/{run_id}/findings',
-     '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
+     '/v1/runs/{run_id}/goodput', '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
      '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']
 """
 
@@ -34,7 +34,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from monitor_agent import __version__
 from monitor_agent.alerting import Alerting
-from monitor_agent.api import actions, alerts, checkpoints, health, ingest, peer, preview, runs
+from monitor_agent.api import (
+    actions,
+    alerts,
+    checkpoints,
+    goodput,
+    health,
+    ingest,
+    peer,
+    preview,
+    runs,
+)
 from monitor_agent.api.deps import services
 from monitor_agent.api.services import Backends, Readiness, Services
 from monitor_agent.cluster.identity import sidecar_id
@@ -72,7 +82,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Training-run health monitor: ingest, detect, alert, expose.",
         lifespan=lifespan,
     )
-    for module in (ingest, preview, runs, actions, checkpoints, alerts, health, peer):
+    for module in (ingest, preview, runs, actions, checkpoints, goodput, alerts, health, peer):
         app.include_router(module.router)
     app.include_router(ui.api)
     app.include_router(ui.pages)

@@ -189,6 +189,16 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE checkpoints ADD COLUMN position INTEGER;
     """,
+    # The goodput ledger (runs/goodput.py), JSON: where the run's time went, kept beside
+    # its snapshots (a rebuilt history forgets the work it discarded; the ledger must not).
+    """
+    CREATE TABLE goodput (
+        run_id     TEXT PRIMARY KEY,
+        last_id    INTEGER NOT NULL,
+        state      BLOB NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
 )
 
 
@@ -407,6 +417,17 @@ class Store:
             conn.executemany("DELETE FROM detector_state WHERE run_id = ? AND last_id = ?",
                              [(run_id, row_id) for i, (row_id, _) in enumerate(rows)
                               if i not in keep])
+
+    @storage_errors("cannot store a goodput ledger")
+    def save_goodput(self, run_id: str, last_id: int, state: bytes) -> None:
+        """Keep a run's goodput ledger (runs/goodput.py) as of record ``last_id``."""
+        self._write("INSERT OR REPLACE INTO goodput (run_id, last_id, state, updated_at) "
+                    "VALUES (?,?,?,?)", (run_id, last_id, state, time.time()))
+
+    def goodput(self, run_id: str) -> bytes | None:
+        """The run's goodput ledger as last kept, or None."""
+        rows = self._db.query("SELECT state FROM goodput WHERE run_id = ?", (run_id,))
+        return rows[0][0] if rows else None
 
     def prune(self, run_id: str, rank: int, through_step: int, limit: int = 1 << 62) -> int:
         """Drop the step records of one run and rank up to ``through_step``, at most
