@@ -15,7 +15,7 @@ P = 'project=~"$project"'
 BY_RUN = "by (project, run_id)"
 RUN_COLUMNS = {"project": "Project", "run_id": "Run", "status": "Status", "Value #B": "Step",
                "Value #C": "Progress", "Value #D": "Tokens/s", "Value #E": "Since last step",
-               "Value #F": "Firing alerts", "Value #G": "ETA"}
+               "Value #F": "Firing alerts", "Value #G": "ETA", "Value #H": "Goodput"}
 RUN_LINK = ("/d/monitor-agent-training-run?var-run=${__value.raw}"
             "&var-project=${__data.fields.project}&${__url_time_range}")
 UP = [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
@@ -36,9 +36,10 @@ def runs(g: Grid) -> list[Json]:
         target(f"time() - max {BY_RUN} (training_last_step_timestamp_seconds{{{P}}})"),
         target(f"sum {BY_RUN} (training_alerts_firing{{{P}}})"),
         target(f"max {BY_RUN} (training_eta_seconds{{{P}}})"),
+        target(f"max {BY_RUN} (training_goodput_ratio{{{P}}})"),
     ]
     units = [override("Progress", unit="percentunit"), override("Since last step", unit="s"),
-             override("ETA", unit="s"),
+             override("ETA", unit="s"), override("Goodput", unit="percentunit"),
              override("Tokens/s", unit="short"), override("Step", unit="none"),
              override("Firing alerts", unit="none"),
              override("Run", links=[{"title": "Open in Training run", "url": RUN_LINK}])]
@@ -59,6 +60,29 @@ def runs(g: Grid) -> list[Json]:
         timeseries("Step time p95 per run", [target(
             f"max {BY_RUN} (project_run_rank:training_step_duration_seconds:p95_rate5m{{{P}}})",
             "{{run_id}}")], unit="s", pos=g.place(12, 8)),
+    ]
+
+
+FLEET_GOODPUT = (f"sum(training_productive_seconds{{{P}}} * on(project, run_id) group_left "
+                 f"training_run_gpus{{{P}}}) / sum(training_run_wall_seconds{{{P}}} "
+                 f"* on(project, run_id) group_left training_run_gpus{{{P}}})")
+BADPUT_GPU_HOURS = (f"sum by (cause) (training_badput_seconds_total{{{P}}} "
+                    f"* on(project, run_id) group_left training_run_gpus{{{P}}}) / 3600")
+
+
+def goodput(g: Grid) -> list[Json]:
+    """Where the fleet's GPU time went (runs/goodput.py): each run is exposed once, by
+    the sidecar that judges it, so these sums over every sidecar count it once."""
+    return [
+        g.row("Goodput"),
+        stat("Fleet goodput", [target(FLEET_GOODPUT, instant=True)], unit="percentunit",
+             pos=g.place(6, 8), steps=[("red", None), ("orange", 0.9), ("green", 0.95)],
+             description="Productive GPU-seconds over all GPU-seconds of every run held: "
+             "steps kept in each run's history, weighted by its world size."),
+        timeseries("Badput by cause (GPU-hours)", [target(BADPUT_GPU_HOURS, "{{cause}}")],
+                   unit="short", pos=g.place(18, 8),
+                   description="GPU-hours lost per cause, summed over runs: start-up, input, "
+                   "checkpoints, eval, hangs, restarts, rollbacks, skipped steps, stragglers."),
     ]
 
 
@@ -119,6 +143,6 @@ def sidecars(g: Grid) -> list[Json]:
 
 def build() -> Json:
     g = Grid()
-    panels = [*runs(g), *alerts(g), *sidecars(g)]
+    panels = [*runs(g), *goodput(g), *alerts(g), *sidecars(g)]
     return dashboard(UID, "Fleet", panels, variables(), annotations=[],
                      description="Every training run and every monitor-agent sidecar.")

@@ -209,6 +209,10 @@ class Monitor:
         self._last_step = 0
         self._outcome: tuple[str, str | None] = ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
+        # perf_counter of this process's latest loop record (log_step, log_eval,
+        # checkpoint_saved): an eval's or a save's ``seconds`` is the time since (None
+        # before the first; the goodput ledger, monitor_agent/runs/goodput.py, reads them).
+        self._loop_t: float | None = None
         self.close_timeout = cfg.close_timeout
         self._placement = _run_info.detect_placement(self.info, self._url(cfg))
         self._sender = self._make_sender(cfg) if self.active else None
@@ -424,6 +428,7 @@ class Monitor:
             return
         now = time.perf_counter()
         step_time, self._last_t = now - self._last_t, now
+        self._loop_t = now
         if self._stats is not None:  # like the shared traces: step_time excludes our hooks
             step_time = max(step_time - self._stats.pop_overhead(), 0.0)
         if data_time is None and self._data_time:
@@ -524,19 +529,45 @@ class Monitor:
 
     @_guard
     def log_eval(self, step: int, val_loss: Any = None, *, train_loss: Any = None,
-                 epoch: float | None = None, metrics: dict[str, Any] | None = None) -> None:
-        """Record a validation result at optimizer step ``step``."""
+                 epoch: float | None = None, metrics: dict[str, Any] | None = None,
+                 seconds: float | None = None) -> None:
+        """Record a validation result at optimizer step ``step``.
+
+        ``seconds``: how long the evaluation took; by default the time since this
+        process's previous ``log_step``, ``log_eval`` or ``checkpoint_saved`` (the
+        evaluation that ran in between, when called right after it, as loops do)."""
+        took = self._since_loop(seconds)
         if not self.active:
             return
         self._send_run()
-        self._submit({"kind": "eval", "run_id": self.run_id, "attempt": self.attempt,
-                      "step": int(step),
-                      "time": time.time(), "rank": self.rank,
-                      "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
-                      "epoch": _scalar(epoch),
-                      "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}})
+        record = {"kind": "eval", "run_id": self.run_id, "attempt": self.attempt,
+                  "step": int(step), "time": time.time(), "rank": self.rank,
+                  "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
+                  "epoch": _scalar(epoch),
+                  "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}}
+        if took is not None:
+            record["seconds"] = took
+        self._submit(record)
         if self._watchdog is not None:
             self._watchdog.touch()
+
+    def _since_loop(self, seconds: Any) -> float | None:
+        """An eval's or a save's duration: ``seconds`` when given (a finite number >= 0,
+        else a warning and none), else the time since the previous loop record; the loop
+        clock restarts now either way."""
+        now = time.perf_counter()
+        since, self._loop_t = self._loop_t, now
+        if seconds is None:
+            return None if since is None else max(now - since, 0.0)
+        try:
+            value = float(seconds)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            self._warner.warn("seconds", "seconds=%r is not a finite number >= 0: not sent",
+                              seconds)
+            return None
+        return value
 
     # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
     def should_stop(self, check_every: int = 10) -> bool:
@@ -601,15 +632,19 @@ class Monitor:
     @_guard
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
                          bytes: int | None = None, tag: str | None = None,
-                         data_position: int | None = None) -> None:
+                         data_position: int | None = None,
+                         seconds: float | None = None) -> None:
         """Tell the sidecar the state after optimizer step ``step`` is saved at ``path``.
 
         The sidecar keeps a ledger of the run's checkpoints, judges each clean or suspect,
         and a rollback rule sends the run back to the last clean one, resuming the data at
         the checkpoint's ``data_position`` (default: the one logged with step ``step``).
         Call it after the save completed (a checkpoint that is not on disk must not become
-        a rollback target); it returns at once and never raises.
+        a rollback target); it returns at once and never raises. ``seconds``: how long the
+        save took; by default the time since this process's previous ``log_step``,
+        ``log_eval`` or ``checkpoint_saved`` (the save, when called right after it).
         """
+        took = self._since_loop(seconds)
         if data_position is None and self._last_position is not None \
                 and self._last_position[0] == int(step):
             data_position = self._last_position[1]
@@ -626,6 +661,8 @@ class Monitor:
                   "tag": None if tag is None else str(tag)[:CHECKPOINT_TAG_MAX]}
         if data_position is not None:
             record["data_position"] = int(data_position)
+        if took is not None:
+            record["seconds"] = took
         self._submit(record)
 
     def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
@@ -700,6 +737,7 @@ class Monitor:
         self._attempt_notice.token = self.attempt
         self._last_step = plan.checkpoint_step
         self._last_t, self._data_time = time.perf_counter(), 0.0
+        self._loop_t = self._last_t  # an eval right after the reload times the eval alone
         self._run_sent = False  # a new attempt opens with its run record, as a relaunch does
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -23,7 +23,11 @@ What it does, and why:
   ``control.should_training_stop`` (the run ends ``stopped``), ``checkpoint`` sets
   ``control.should_save``.
 - Every save is reported to the sidecar's checkpoint ledger (``on_save``: the Trainer has
-  just written ``<output_dir>/checkpoint-<global_step>``; rank 0 reports it).
+  just written ``<output_dir>/checkpoint-<global_step>``; rank 0 reports it). Its
+  ``seconds`` is the client's default, the time since the step's record (or the
+  evaluation's, when one ran at that step): the Trainer saves right after its step and
+  evaluation, and calls ``on_save`` as soon as the save is done. An evaluation's
+  ``seconds`` is the Trainer's own ``eval_runtime``.
 - The data is counted by position (``monitor_client.DataStream``'s batch sampler, put into the
   Trainer's own DataLoader at the start of training): each step's ``data_position`` goes to
   the sidecar, and each save leaves ``monitor_data.json`` (the position and the windows
@@ -261,9 +265,15 @@ class MonitorCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = dict(metrics or {})
         val = metrics.pop("eval_loss", None)
+        # The Trainer timed the evaluation loop itself (``<prefix>_runtime``): its own
+        # measure, which also holds for an evaluation before the first step or after the
+        # last (the client's default, the time since its previous record, would not).
+        runtime = next((v for k, v in metrics.items() if k.endswith("_runtime")
+                        and isinstance(v, int | float) and v >= 0), None)
         extra = {k.removeprefix("eval_"): v for k, v in metrics.items()
                  if isinstance(v, int | float) and not k.endswith(("_runtime", "per_second"))}
-        self._mon().log_eval(state.global_step, val_loss=val, epoch=state.epoch, metrics=extra)
+        self._mon().log_eval(state.global_step, val_loss=val, epoch=state.epoch, metrics=extra,
+                             seconds=runtime)
 
     def on_train_end(self, args, state, control, **kwargs):
         for handle in self._handles:

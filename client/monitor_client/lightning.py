@@ -27,6 +27,14 @@ the callback reads each one's newest save (``_last_checkpoint_saved`` and
 ``_last_global_step_saved``, falling back to ``last_model_path``) and reports the ones not
 reported yet; ``monitor-step<N>.ckpt`` saves are reported as they are written.
 
+How long each took (the ``seconds`` of eval and checkpoint records, the goodput ledger's):
+a save reported later is timed from ``on_save_checkpoint`` (its dict is being made, the
+write comes next) to its file's modification time (the write done); a save whose file
+cannot be read so (a remote path, a weights-only save, which calls no callback) gets the
+client's default, the time since the previous record. A validation is timed from
+``on_validation_start`` to ``on_validation_epoch_end``: the client's default would also
+hold a ``ModelCheckpoint`` save that ran between the step and the validation.
+
 The data: a plain DataLoader restarts its epoch from its first batch on ``fit(ckpt_path=)``
 (Lightning warns, and only for a map-style dataset), so pass the train loader wrapped,
 ``trainer.fit(module, monitor_client.DataStream(loader))`` (or return one from
@@ -55,6 +63,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,6 +124,8 @@ class MonitorCallback(pl.Callback):
         self.exit_on_rollback = exit_on_rollback
         self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._streams: list[DataStream] = []
+        self._val_start: float | None = None  # perf_counter at on_validation_start
+        self._save_starts: deque[float] = deque(maxlen=16)  # time.time() of recent saves
 
     @property
     def relaunched(self) -> RollbackPlan | None:
@@ -176,7 +188,23 @@ class MonitorCallback(pl.Callback):
             step = getattr(callback, "_last_global_step_saved", None)
             if path and isinstance(step, int) and (step, path) not in self._reported:
                 self._reported.add((step, path))
-                self._mon().checkpoint_saved(step, path, tag="lightning")
+                self._mon().checkpoint_saved(step, path, tag="lightning",
+                                             seconds=self._save_seconds(path))
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self._save_starts.append(time.time())  # the write of this dict comes next
+
+    def _save_seconds(self, path: str) -> float | None:
+        """From the newest save begun before ``path`` was written to its writing (its
+        modification time); None when that cannot be told."""
+        try:
+            written = os.path.getmtime(path)
+        except (OSError, TypeError, ValueError):
+            return None
+        began = max((t for t in self._save_starts if t <= written), default=None)
+        if began is None or written > time.time():
+            return None
+        return written - began
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._report_saves(trainer)
@@ -212,9 +240,11 @@ class MonitorCallback(pl.Callback):
         if mon.should_checkpoint():
             path = os.path.join(self._directory(trainer),
                                 f"monitor-step{trainer.global_step}.ckpt")
+            began = time.perf_counter()
             trainer.save_checkpoint(path)
             if trainer.is_global_zero:
-                mon.checkpoint_saved(trainer.global_step, path, tag="monitor")
+                mon.checkpoint_saved(trainer.global_step, path, tag="monitor",
+                                     seconds=time.perf_counter() - began)
         plan = mon.rollback_plan()
         if plan is not None and self.rollback is None:
             self.rollback = plan
@@ -224,7 +254,11 @@ class MonitorCallback(pl.Callback):
                 announce(plan, path, "--ckpt_path")
             trainer.should_stop = True
 
+    def on_validation_start(self, trainer, pl_module):
+        self._val_start = time.perf_counter()
+
     def on_validation_epoch_end(self, trainer, pl_module):
+        began, self._val_start = self._val_start, None
         if trainer.sanity_checking:
             return
         metrics = dict(trainer.callback_metrics)
@@ -233,7 +267,8 @@ class MonitorCallback(pl.Callback):
         val = metrics.pop(key, None) if key else None
         extra = {k: v for k, v in metrics.items() if k.startswith("val")}
         self._mon().log_eval(trainer.global_step, val_loss=val, epoch=trainer.current_epoch,
-                              metrics=extra)
+                             metrics=extra, seconds=None if began is None
+                             else time.perf_counter() - began)
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, RollbackExit):

@@ -25,6 +25,7 @@ NaN alert's life::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from monitor_agent.alerting import lifecycle as lc
@@ -59,6 +60,11 @@ class Deferred:
     since: float
 
 
+Costs = Callable[[str, str, int, bool], str | None]
+"""``costs(run_id, alert type, finding step, rolled_back)``: what the incident a resolving
+alert was about cost the run ("this hang cost 14 min x 64 GPUs = 15 GPU-hours"), or None."""
+
+
 class Episodes:
     """The alert state machine over the store, with the outbox in the same transactions."""
 
@@ -74,6 +80,9 @@ class Episodes:
         # Rollbacks due but waiting for a checkpoint rank to catch up, by run (``_wait``):
         # in memory only; after a restart the next finding of the episode decides anew.
         self.deferred: dict[str, Deferred] = {}
+        # What a resolved alert's incident cost the run (runs/goodput.py), from the engine:
+        # ``costs(run_id, alert type, finding step, rolled_back)`` -> words, or None.
+        self.costs: Costs | None = None
 
     # -- findings -------------------------------------------------------------------------
 
@@ -322,8 +331,15 @@ class Episodes:
         tx.resolve(alert.fingerprint, now, told)
         if not told:
             return None
-        return (to_event(alert, "resolved", reason.value, now, ended=ended, closed=closed),
-                alert.channels)
+        cost = None
+        if self.costs is not None:
+            try:
+                cost = self.costs(alert.run_id, alert.type, _finding_step(alert),
+                                  closed.startswith("closed: steps"))
+            except Exception:  # the page goes out without its cost rather than not at all
+                log.exception("cannot cost the incident of alert %s", alert.fingerprint)
+        return (to_event(alert, "resolved", reason.value, now, ended=ended, closed=closed,
+                         cost=cost), alert.channels)
 
     def _mark_sent(self, tx: AlertTx, alert: StoredAlert, reason: Reason, now: float) -> Item:
         tx.mark_sent(alert.fingerprint, now)

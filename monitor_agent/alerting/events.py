@@ -56,12 +56,14 @@ def dashboard_url(grafana_url: str | None, run_id: str, at: float) -> str | None
 
 
 def to_event(alert: StoredAlert, status: str, reason: str, now: float,
-             ended: str | None = None, closed: str = "closed with the run") -> AlertEvent:
+             ended: str | None = None, closed: str = "closed with the run",
+             cost: str | None = None) -> AlertEvent:
     """What channels are told of ``alert`` (its latest finding, the action a rule took).
 
     ``ended``: the alert closes because its run ended ("run ended unhealthy: NaN since
     step 300", or "run rolled back to step 250"); the summary leads with it, then ``closed``
-    says why it closed, so a resolve does not read as a recovery."""
+    says why it closed, so a resolve does not read as a recovery. ``cost``: what its
+    incident cost the run (runs/goodput.py), said last."""
     finding = alert.finding_data()
     summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
     if alert.action:  # the page says what the run already did about it
@@ -73,6 +75,8 @@ def to_event(alert: StoredAlert, status: str, reason: str, now: float,
         summary = f"{ended} ({closed}; last finding: {summary})"
     if related := RelatedFindings.from_json(alert.related).summary():
         summary = f"{summary}; {related}"  # the findings that follow from it, grouped here
+    if cost:
+        summary, evidence = f"{summary}; {cost}", {**evidence, "cost": cost}
     return AlertEvent(
         fingerprint=alert.fingerprint, run_id=alert.run_id, alertname=alert.rule,
         type=alert.type, severity=alert.severity, status=status,

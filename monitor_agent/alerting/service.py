@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 from monitor_agent.alerting.alert_store import AlertStore
 from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.db import open_alert_db
-from monitor_agent.alerting.episodes import Episodes
+from monitor_agent.alerting.episodes import Costs, Episodes
 from monitor_agent.alerting.model import Action, AlertView, RunContext, StoredAlert
 from monitor_agent.alerting.rules import Rule, load_rules
 from monitor_agent.alerting.silences import Silence, silenced_by
@@ -192,6 +192,10 @@ class Alerting:
         if now - self._last_prune >= PRUNE_EVERY_S:
             self.outbox.prune(now - KEEP_DONE_S)
             self._last_prune = now
+
+    def cost_with(self, costs: Costs) -> None:
+        """Resolving pages say what their incident cost (runs/goodput.py, the engine's)."""
+        self.episodes.costs = costs
 
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         """An attempt of the run resumed at ``start_step``: a pending rollback is applied."""

@@ -18,10 +18,13 @@ The engine is given one (``Engine(settings, store, metrics, alerts=alerting)``; 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from monitor_agent.alerting.model import RunContext
 from monitor_agent.records.types import Finding
+
+if TYPE_CHECKING:
+    from monitor_agent.alerting.episodes import Costs
 
 
 class AlertSink(Protocol):
@@ -60,6 +63,10 @@ class AlertSink(Protocol):
         from when the run loads (runs/lifecycle.py)."""
         ...
 
+    def cost_with(self, costs: Costs) -> None:
+        """Say what each resolving incident cost the run (alerting/episodes.py ``Costs``)."""
+        ...
+
     def waiting(self, run_id: str) -> bool:
         """Whether a rollback of the run waits for a rank that reports checkpoints to reach
         the fault's onset (alerting/rollback.py ``behind``)."""
@@ -90,6 +97,9 @@ class NullSink:
 
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         return None
+
+    def cost_with(self, costs: Costs) -> None:
+        pass
 
     def waiting(self, run_id: str) -> bool:
         return False

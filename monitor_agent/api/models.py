@@ -22,7 +22,7 @@ string::
     >>> schema = TypeAdapter(RunListingOut).json_schema(mode="serialization")
     >>> schema["required"]
     ['run_id', 'status', 'active', 'last_step', 'first_seen', 'last_seen', 'findings',
-     'attempts', 'verdict']
+     'attempts', 'verdict', 'goodput']
     >>> schema["properties"]["active"]["description"]
     'In memory: records arrived within the run TTL.'
     >>> TypeAdapter(Measured).json_schema()["anyOf"]

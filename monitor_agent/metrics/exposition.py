@@ -220,6 +220,8 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.LAYER_EFFECTIVE_LR,
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
+        n.GOODPUT_RATIO, n.PRODUCTIVE_SECONDS, n.BADPUT_SECONDS, n.RUN_WALL_SECONDS,
+        n.RUN_GPUS,
         n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
@@ -481,6 +483,22 @@ class RunRenderer:
                 if v == v or stat in ("mean", "std", "max_abs"):  # NaN stats are data
                     out.append(f"{metric.name}{{{lab}}} {fmt(v)}\n")
 
+    def _goodput(self) -> None:
+        """The run's goodput ledger as the engine thread last reported it (an immutable
+        ``GoodputReport``); a node sidecar following a leader leaves it to the leader, so a
+        fleet sum counts each run once."""
+        report = self.run.goodput_view
+        if report is None or self.run.leader is not None or report.wall <= 0:
+            return
+        labels = self.run_labels
+        self.add(n.GOODPUT_RATIO.name, labels, report.ratio)
+        self.add(n.PRODUCTIVE_SECONDS.name, labels, report.productive)
+        self.add(n.RUN_WALL_SECONDS.name, labels, report.wall)
+        self.add(n.RUN_GPUS.name, labels, report.gpus)
+        for cause, seconds in report.badput.items():
+            self.add(n.BADPUT_SECONDS.name + "_total", f'{labels},cause="{cause}"',
+                     max(seconds, 0.0))
+
     def _run_level(self) -> None:
         run = self.run
         for (ftype, severity), count in sorted(run.findings.items()):
@@ -497,6 +515,7 @@ class RunRenderer:
         # A plain int the engine thread keeps up; the ledger itself is not read from here.
         self.add(n.LAST_CLEAN_CHECKPOINT.name, self.run_labels, run.ledger.last_clean_step)
         self.add(n.HUNG_RANKS.name, self.run_labels, len(run.hung_ranks))
+        self._goodput()
         # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
         self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'
                  f'verdict="{run.verdict_label}"', 1)

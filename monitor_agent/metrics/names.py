@@ -111,6 +111,13 @@ ACT_MAX_ABS = _g("training_activation_max_abs", "Largest absolute value of a mod
 ACT_ZERO = _g("training_activation_zero_ratio", "Fraction of exactly-zero entries of a module's output.", "module")
 ACT_DEAD = _g("training_activation_dead_ratio", "Fraction of a ReLU-family module's units zero for the whole batch.", "module")
 ACT_NONFINITE = _g("training_activation_nonfinite", "NaN/Inf entries in a module's output.", "module")
+# Where the run's time went (runs/goodput.py), exposed by the sidecar that judges the run
+# (alone, or its leader), so fleet sums across sidecars count each run once.
+GOODPUT_RATIO = _g("training_goodput_ratio", "Productive training time / wall-clock time since the run started (runs/goodput.py).")
+PRODUCTIVE_SECONDS = _g("training_productive_seconds", "Wall-clock seconds of steps kept in the run's current history (a rollback takes its discarded steps back out).")
+BADPUT_SECONDS = _c("training_badput_seconds", "Wall-clock seconds lost, by cause: startup, input, checkpoint, eval, hang_undetected, hang_detected, restart, rollback, resume, skipped, loss_scale, straggler, unaccounted.", "cause")
+RUN_WALL_SECONDS = _g("training_run_wall_seconds", "Wall-clock seconds from the run's first record to its latest: productive + every badput cause.")
+RUN_GPUS = _g("training_run_gpus", "The run's world size: its GPU-seconds are its seconds times this.")
 ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint, rollback).", "action", "rule")
 RUN_INFO = MetricName(
     "training_run_info",

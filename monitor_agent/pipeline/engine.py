@@ -65,6 +65,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.goodput import cost_words
 from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
@@ -156,6 +157,7 @@ class Engine:
         # writes it; routing a finding reads it).
         self.links = LinkBook(settings.cluster.peer_timeout_seconds)
         self._ticked = IngestResult()  # what a tick owes the leaders, queued at its end
+        self.alerts.cost_with(self._incident_cost)
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -453,7 +455,7 @@ class Engine:
     def _store_verdict(self, run: RunState) -> Verdict:
         """Put the run's verdict on its row when it changed (a cause, a NaN stretch, the
         end): what the API shows once the run has left memory."""
-        verdict = run.verdict.verdict(run.status)
+        verdict = run.judged()
         text = verdict.to_json()
         if text != run.stored_verdict:
             self.store.set_verdict(run.run_id, text)
@@ -527,13 +529,14 @@ class Engine:
         run = live.state
         for event in events:
             if isinstance(event, AttemptSettled) and event.attempt.kind != "first":
+                # The ledger first: the pages closed below say what the restart cost.
+                why = ("rollback" if any(isinstance(e, RolledBack) for e in events)
+                       else "restart" if event.attempt.kind == "restarted" else "resume")
+                run.goodput.settled(event.attempt.number, event.attempt.start_step, why)
                 # Alerting applies a rollback this attempt resumed at, closes the alerts
                 # about what it abandoned, and may decide again (alerting/rollback.py).
                 self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
                 self._applied(live)  # a restart forgets earlier windows
-                why = ("rollback" if any(isinstance(e, RolledBack) for e in events)
-                       else "restart" if event.attempt.kind == "restarted" else "resume")
-                run.goodput.settled(event.attempt.number, event.attempt.start_step, why)
             elif isinstance(event, RolledBack):
                 self._applied(live)
                 self._store_verdict(run)  # the attempt is a rollback, not a crash's resume
@@ -777,6 +780,7 @@ class Engine:
         self.registry.reload_evicted(now)
         findings: list[Finding] = []
         for live in self.registry:
+            self._goodput_view(live.state, now)
             findings.extend(self._tick_run(live, now))
         if findings:
             self.store.insert_findings([f.to_dict() for f in findings])
@@ -791,16 +795,46 @@ class Engine:
         self._count_runs()
         return findings
 
+    def _incident_cost(self, run_id: str, kind: str, step: int, rolled_back: bool
+                       ) -> str | None:
+        """What the incident a resolving alert was about cost its run (runs/goodput.py):
+        a hang (``hang``, ``stalled``), the straggler tax so far, or the rollback or
+        restart that closed an alert about the steps it abandoned. None for the rest."""
+        live = self.registry.get(run_id)
+        if live is None:
+            return None
+        book = live.state.goodput
+        if rolled_back:
+            inc = book.last_incident("rollback", "restart")
+            return None if inc is None else inc.words(book.gpus) + " so far"
+        if kind in ("hang", "stalled"):
+            inc = book.last_incident("hang")
+            if inc is None or inc.step < step - 1:
+                return None
+            return inc.words(book.gpus)
+        if kind == "straggler":
+            tax = book.report().badput["straggler"]
+            return f"the straggler tax so far: {cost_words(tax, book.gpus)}" if tax > 0 else None
+        return None
+
+    def _goodput_view(self, run: RunState, now: float) -> None:
+        """Report the run's goodput ledger where /metrics reads it, when it moved (or a
+        hang is open: its cost grows with the clock, the run's own)."""
+        book = run.goodput
+        view = run.goodput_view
+        if view is not None and book.hang is None and view.rows_seen == book.last_row:
+            return
+        run.goodput_view = book.report(run.clock(now))
+        run.version += 1
+
     def _tick_run(self, live: LiveRun, now: float) -> list[Finding]:
         run = live.state
         self._retry(run, now, self._ticked)  # a wait that ran out with nothing arriving
         if run.status != "running" or not run.ranks:
             return []
-        last_time = max((r.last.time for r in run.ranks.values() if r.last), default=None)
-        if last_time is None:
+        record_now = run.clock(now)
+        if record_now is None:
             return []
-        # Map sidecar time onto the run's clock: immune to client/sidecar clock skew.
-        record_now = last_time + (now - run.last_arrival)
         if run.roster.expected > 1:  # the leader's: silent because unheard, not gone
             live.suite.ctx.unreachable = run.roster.unreachable(
                 now, self.settings.cluster.peer_timeout_seconds, run.first_seen)
@@ -810,7 +844,7 @@ class Engine:
             self.metrics.detector_errors.inc()
             log.exception("detector tick failed for %s", run.run_id)
             return []
-        silence = _silence(found, record_now - last_time)
+        silence = _silence(found, now - run.last_arrival)
         if silence is not None:
             self._lifecycle(live, live.lifecycle.went_silent(run.last_step, *silence), now)
         if found:

@@ -27,6 +27,7 @@ here, directly::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -45,6 +46,10 @@ class RunQueries:
     def __init__(self, store: Store, registry: RunRegistry) -> None:
         self.store = store
         self.registry = registry
+        # Goodput ratios of runs out of memory, by run id, with the run's last_seen when
+        # read: a stored ledger changes only while its run is in memory, which moves
+        # last_seen (so the runs lists decode each stored ledger once, not every poll).
+        self._stored_ratios: dict[str, tuple[float, float | None]] = {}
 
     def _live(self, run_id: str) -> RunState | None:
         live = self.registry.get(run_id)
@@ -57,33 +62,54 @@ class RunQueries:
         hold ingest for the whole render (~100 ms at 100k series, bench/exposition.py)."""
         return self.registry.states()
 
-    def run_listings(self) -> list[views.RunListing]:
+    def run_listings(self, now: float | None = None) -> list[views.RunListing]:
         """Every stored run, oldest first (``GET /v1/runs``): its fields from the store
         where the run is not in memory, so leaving memory changes none of them."""
-        return [self._listing(row) for row in self.store.runs()]
+        return [self._listing(row, now) for row in self.store.runs()]
 
-    def _listing(self, row: StoredRun) -> views.RunListing:
+    def _listing(self, row: StoredRun, now: float | None = None) -> views.RunListing:
+        live = self._live(row.run_id)
         return views.listing(
-            row, self._live(row.run_id), row.last_step,
+            row, live, row.last_step,
             sum(self.store.finding_counts(row.run_id).values()),
-            max(1, len(self.store.attempts(row.run_id))))
+            max(1, len(self.store.attempts(row.run_id))),
+            self.goodput_ratio(row, live, now))
+
+    def goodput_ratio(self, row: StoredRun, live: RunState | None,
+                      now: float | None = None) -> float | None:
+        """The run's goodput ratio as ``goodput`` reports it (None before any time): a live
+        run's ledger, or the one last kept for a run out of memory. ``now``: sidecar time
+        (default: the clock), which only an open hang's cost follows."""
+        now = time.time() if now is None else now
+        if live is not None:
+            self._stored_ratios.pop(row.run_id, None)
+            return live.goodput.report(live.clock(now) or now).ratio
+        cached = self._stored_ratios.get(row.run_id)
+        if cached is not None and cached[0] == row.last_seen:
+            return cached[1]
+        book = self.registry.stored_goodput(row.run_id)
+        ratio = book.report(now).ratio
+        if book.hang is None:  # an open hang's cost grows with the clock
+            self._stored_ratios[row.run_id] = (row.last_seen, ratio)
+        return ratio
 
     def listings_chunk(self, after: tuple[float, str] | None, max_rows: int,
-                       max_bytes: int) -> list[tuple[tuple[float, str], bytes]]:
+                       max_bytes: int, now: float | None = None,
+                       ) -> list[tuple[tuple[float, str], bytes]]:
         """The next stored runs of a ``GET /v1/runs`` page as JSON, each with its key
         ``(first_seen, run_id)``: at most ``max_rows``, and ``max_bytes`` (but at least one)."""
         out: list[tuple[tuple[float, str], bytes]] = []
         total = 0
         for row in self.store.runs_chunk(after, max_rows):
-            body = wire.dumps(asdict(self._listing(row)))
+            body = wire.dumps(asdict(self._listing(row, now)))
             if out and total + len(body) > max_bytes:
                 break
             out.append(((row.first_seen, row.run_id), body))
             total += len(body)
         return out
 
-    def run_summaries(self) -> list[views.RunSummary]:
-        """Every stored run with its progress and worst finding (the runs page)."""
+    def run_summaries(self, now: float | None = None) -> list[views.RunSummary]:
+        """Every stored run with its progress, worst finding and goodput (the runs page)."""
         out = []
         for row in self.store.runs():
             live = self._live(row.run_id)
@@ -92,7 +118,8 @@ class RunQueries:
                 body = self.store.last_record(row.run_id, 0, "step")
                 last = wire.loads(body).get("step") if body is not None else None
             severities = self.store.finding_severity_counts(row.run_id)
-            out.append(views.summary(row, live, severities, last))
+            out.append(views.summary(row, live, severities, last,
+                                     self.goodput_ratio(row, live, now)))
         return out
 
     def run_detail(self, run_id: str) -> views.RunDetail | None:
@@ -126,8 +153,9 @@ class RunQueries:
         live = self._live(run_id)
         if live is not None:
             book = live.goodput
+            now = live.clock(now) or now
         elif self.store.run_row(run_id) is not None:
-            book = self.registry._goodput(run_id)
+            book = self.registry.stored_goodput(run_id)
         else:
             return None
         return {"run_id": run_id, **book.report(now).to_dict()}

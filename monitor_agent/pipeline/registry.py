@@ -161,7 +161,7 @@ class RunRegistry:
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
             live.state.ledger = CheckpointLedger.load(self.store, run_id)
-            live.state.goodput = goodput if goodput is not None else self._goodput(run_id)
+            live.state.goodput = goodput if goodput is not None else self.stored_goodput(run_id)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now, quiet)
         except Exception as exc:
@@ -195,9 +195,10 @@ class RunRegistry:
         return self.load(run_id, now, quiet=True,
                          goodput=old.state.goodput if old is not None else None)
 
-    def _goodput(self, run_id: str) -> GoodputLedger:
+    def stored_goodput(self, run_id: str) -> GoodputLedger:
         """The run's goodput ledger as last kept; a new one when there is none, or when it
-        cannot be read (derived state: the stored records it had not seen feed it)."""
+        cannot be read (derived state: the stored records it had not seen feed it). What a
+        run out of memory answers (``RunQueries.goodput``, the runs lists)."""
         blob = self.store.goodput(run_id)
         if blob is None:
             return GoodputLedger()

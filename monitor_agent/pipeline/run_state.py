@@ -27,7 +27,7 @@ from typing import Any
 
 from monitor_agent.cluster.roster import Roster
 from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
-from monitor_agent.pipeline.verdict import VerdictTracker
+from monitor_agent.pipeline.verdict import Verdict, VerdictTracker
 from monitor_agent.records.limits import MAX_NAME_LEN, scrub
 from monitor_agent.records.types import (
     ActivationTable,
@@ -37,7 +37,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.goodput import GoodputLedger
+from monitor_agent.runs.goodput import GoodputLedger, GoodputReport
 
 _DATA_DELTAS = 16  # a median of 16 ignores the jump a skipped window makes, and a few more
 
@@ -123,6 +123,9 @@ class RunState:
     # Where its time went (runs/goodput.py): kept in its own table, restored with the run
     # and carried over a rebuild (registry.py), not part of its snapshot.
     goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    # Its report as of the engine's latest tick: immutable, what /metrics reads from the
+    # scrape's thread (the ledger's dicts change on the engine thread).
+    goodput_view: GoodputReport | None = None
     # One run, one brain (monitor_agent/cluster). ``leader``: the URL of the sidecar that
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the
@@ -145,6 +148,27 @@ class RunState:
     # from its snapshot, not from steps).
     _top_step: int = field(default=-1, repr=False)
     _top_known: bool = field(default=False, repr=False)
+
+    def judged(self) -> Verdict:
+        """The run's verdict as of now (pipeline/verdict.py). An ended run's says what it
+        cost too: "completed, healthy; goodput 93.1%: 4.2% restarts, ..." (runs/goodput.py;
+        a node sidecar following a leader leaves that to the leader's ledger)."""
+        verdict = self.verdict.verdict(self.status)
+        if self.status == "running" or self.leader is not None:
+            return verdict
+        report = self.goodput.report()
+        if report.ratio is None:
+            return verdict
+        said = report.summary()
+        return dataclasses.replace(verdict, text=f"{verdict.text}; {said}",
+                                   words=f"{verdict.words}; {said}")
+
+    def clock(self, now: float) -> float | None:
+        """Sidecar time ``now`` on the run's own clock (its latest step's time plus what
+        passed here since it arrived): immune to client/sidecar clock skew. None before
+        any step."""
+        last = max((r.last.time for r in self.ranks.values() if r.last), default=None)
+        return None if last is None else last + (now - self.last_arrival)
 
     @classmethod
     def new(cls, run_id: str, now: float) -> RunState:

@@ -22,6 +22,9 @@ from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.store import StoredAttempt, StoredRun
 
+GOODPUT = ("Productive training time / wall-clock time since the run started "
+           "(GET /v1/runs/{id}/goodput, runs/goodput.py); null before any time is measured.")
+
 # The scalars of a rank's latest step that GET /v1/runs/{id} shows, in this order.
 LATEST = (
     "loss", "lr", "grad_norm", "clip_threshold", "param_norm", "update_norm", "update_ratio",
@@ -50,6 +53,7 @@ class RunListing:
     verdict: Verdict | None = field(default=None, metadata={"description": (
         "Healthy or unhealthy, with the cause and the step it began (pipeline/verdict.py); "
         "null for a run stored before verdicts were.")})
+    goodput: float | None = field(default=None, metadata={"description": GOODPUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class RunSummary:
     worst_finding: str | None
     last_seen: float
     verdict: Verdict | None
+    goodput: float | None = field(metadata={"description": GOODPUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +129,14 @@ class RunDetail:
 def verdict_of(row: StoredRun, live: RunState | None) -> Verdict | None:
     """The live run's verdict as of now, else the one stored on its row."""
     if live is not None:
-        return live.verdict.verdict(live.status)
+        return live.judged()
     return Verdict.from_json(row.verdict)
 
 
 def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
-            findings: int, attempts: int) -> RunListing:
-    """``stored_last_step``: the store's, used when the run is not in memory."""
+            findings: int, attempts: int, goodput: float | None = None) -> RunListing:
+    """``stored_last_step``: the store's, used when the run is not in memory; ``goodput``:
+    the run's goodput ratio (``RunQueries.goodput_ratio``)."""
     return RunListing(
         run_id=row.run_id,
         status=live.status if live else row.status,
@@ -141,6 +147,7 @@ def listing(row: StoredRun, live: RunState | None, stored_last_step: int | None,
         findings=findings,
         attempts=attempts,
         verdict=verdict_of(row, live),
+        goodput=goodput,
     )
 
 
@@ -166,9 +173,10 @@ def _last_step(live: RunState | None, stored: int | None) -> int | None:
 
 
 def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
-            stored_last_step: int | None) -> RunSummary:
+            stored_last_step: int | None, goodput: float | None = None) -> RunSummary:
     """``severities``: stored finding counts by severity; ``stored_last_step``: rank 0's
-    last stored step, shown when the run is not in memory."""
+    last stored step, shown when the run is not in memory; ``goodput``: the run's goodput
+    ratio (``RunQueries.goodput_ratio``)."""
     progress = None
     if live is not None and live.ranks:
         progress = run_progress(live, live.ranks[min(live.ranks)])
@@ -182,6 +190,7 @@ def summary(row: StoredRun, live: RunState | None, severities: dict[str, int],
         worst_finding=max(severities, key=Severity.parse, default=None),
         last_seen=row.last_seen,
         verdict=verdict_of(row, live),
+        goodput=goodput,
     )
 
 

@@ -73,7 +73,7 @@ checkpoint for 2 s after step 8 (steps take 1 s)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -105,7 +105,7 @@ CAUSE_WORDS: dict[str, str] = {
 TYPICAL_STEPS = 8  # steps whose median interval is a typical step (start-up, hangs)
 FLOOR_WINDOW = 256  # data times the loader's healthy floor is the 10th percentile of
 FLOOR_EVERY = 16  # steps between updates of that floor (a percentile per step is waste)
-MARKS_KEPT = 1024  # steps whose cumulative productive time is kept for a resume's discard
+MARKS_KEPT = 1024  # recent steps (at least) whose cumulative productive time is kept
 MAX_INCIDENTS = 200  # the newest kept (a run that restarts forever must not grow memory)
 
 
@@ -125,7 +125,10 @@ class Incident:
         return self.seconds * gpus / 3600.0
 
     def words(self, gpus: int) -> str:
-        """"this hang cost 14 min x 64 GPUs = 15 GPU-hours"."""
+        """"this hang cost 14 min x 64 GPUs = 15 GPU-hours" ("has cost ... so far" while
+        it is open)."""
+        if self.open:
+            return f"this {self.kind} has cost {cost_words(self.seconds, gpus)} so far"
         return f"this {self.kind} cost {cost_words(self.seconds, gpus)}"
 
     def to_dict(self, gpus: int) -> dict[str, Any]:
@@ -203,6 +206,7 @@ class GoodputReport:
     gpus: int
     attempts: list[dict[str, Any]]
     incidents: list[dict[str, Any]]
+    rows_seen: int = 0  # the ledger's last record row it covers
 
     @property
     def ratio(self) -> float | None:
@@ -270,7 +274,9 @@ class GoodputLedger:
         if attempt > self.current:
             self._begin(attempt, t)
         att = self.attempts.get(attempt)
-        if att is None:  # an attempt older than the first one heard: history only
+        if att is None or attempt < self.current:
+            # An attempt older than the first one heard, or a superseded one's late record
+            # (its time was charged when the next attempt began): history only.
             return
         att.last = max(att.last, t)
         self.end = t if self.end is None else max(self.end, t)
@@ -280,13 +286,13 @@ class GoodputLedger:
             if isinstance(size, int) and size > self.world_size:
                 self.world_size = size
             return
-        if attempt < self.current:
-            return  # a superseded attempt's late record: its time was charged at the switch
         if isinstance(record, HangRecord):
             self._hung(record, att)
         elif isinstance(record, StepRecord):
             if self.timeline_rank is None:
-                self.timeline_rank = record.rank
+                # The lowest rank heard (every rank's run record comes before its steps),
+                # not whichever step arrived first: a script evaluates on rank 0.
+                self.timeline_rank = min(self.ranks)
             if record.sync_wait_time is not None and math.isfinite(record.sync_wait_time):
                 att.waits[record.rank] = att.waits.get(record.rank, 0.0) + max(
                     record.sync_wait_time, 0.0)
@@ -359,6 +365,11 @@ class GoodputLedger:
         key = (att.number, record.step)
         if key in self.hung_steps or self.hang is not None:
             return
+        if att.prev is not None and record.time < att.prev:
+            # Reported before the timeline's latest step, which arrived first (another
+            # rank's or node's records lag): that step was the recovery, its interval is
+            # charged already; opening the hang now would charge the next step's as hang.
+            return
         self.hung_steps.add(key)
         last = att.prev if att.prev is not None else record.time - record.stuck_seconds
         since = last + (att.typical or 0.0)
@@ -383,14 +394,20 @@ class GoodputLedger:
 
     def _aside(self, record: EvalRecord | CheckpointRecord, att: _Attempt) -> None:
         seconds = record.seconds
-        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-            return
+        if seconds is None or not math.isfinite(seconds) or seconds < 0:
+            seconds = 0.0  # not measured
         if isinstance(record, CheckpointRecord):
             key = (att.number, record.step)
             if key in self.checkpoints:
                 return
-            self.checkpoints.add(key)  # its step's mark outlives the window (_kept)
+            # Its step's mark outlives the window (_kept), timed or not (an older client
+            # sends no seconds): a resume from it discards only the steps after it.
+            self.checkpoints.add(key)
+            if not seconds:
+                return
             att.buckets.add("checkpoint", seconds)
+        elif not seconds:
+            return
         elif record.rank == self.timeline_rank:
             att.buckets.add("eval", seconds)
         else:
@@ -468,7 +485,7 @@ class GoodputLedger:
         first, _ = self.kept_steps.get(att.number, (step, step))
         self.kept_steps[att.number] = (min(first, step), step)
         self.marks[step] = (att.number, self.cum[att.number])
-        if len(self.marks) > MARKS_KEPT + len(self.checkpoints):
+        if len(self.marks) > 2 * MARKS_KEPT + len(self.checkpoints):  # pruned in batches
             keep = {s for _, s in self.checkpoints}
             for s in sorted(self.marks)[: len(self.marks) - MARKS_KEPT]:
                 if s not in keep:
@@ -519,17 +536,26 @@ class GoodputLedger:
         # Whatever the attempts' own walls leave out (overlaps, clocks) is unaccounted,
         # so the buckets add up to the run's wall-clock time exactly.
         total.badput["unaccounted"] += wall - total.productive - sum(total.badput.values())
-        incidents = [i.to_dict(self.gpus) for i in self.incidents]
+        incidents = []
+        for inc in self.incidents:
+            hang = self.hang
+            if inc.open and hang is not None and now is not None:  # its cost as of now
+                before = max(hang.reported - hang.since, 0.0)
+                after = max(now - hang.reported, 0.0)
+                inc = replace(inc, seconds=before + after,
+                              detail={"undetected": before, "detected": after})
+            incidents.append(inc.to_dict(self.gpus))
         return GoodputReport(first, end, wall, total.productive, total.badput, self.gpus,
-                             rows, incidents)
+                             rows, incidents, self.last_row)
 
     def open_hang_cost(self, now: float) -> float:
         h = self.hang
         return 0.0 if h is None else max(now - h.since, 0.0)
 
-    def last_incident(self, kind: str) -> Incident | None:
+    def last_incident(self, *kinds: str) -> Incident | None:
+        """The newest incident of one of ``kinds``."""
         for inc in reversed(self.incidents):
-            if inc.kind == kind:
+            if inc.kind in kinds:
                 return inc
         return None
 

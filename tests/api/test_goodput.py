@@ -5,6 +5,7 @@ exactly those costs, adding up to the wall-clock time, and survive a sidecar res
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,10 @@ def test_each_injected_cost_is_its_own_bucket_and_they_add_up(tmp_path: Path):
         assert _goodput(server) == before
 
 
-def _costs(server: LiveServer) -> dict[str, Any]:
-    assert httpx.get(server.url + "/v1/runs/nope/goodput").status_code == 404
-    t = _attempt_one(server)
-    g = _goodput(server)
+def _costs(srv: LiveServer) -> dict[str, Any]:
+    assert httpx.get(srv.url + "/v1/runs/nope/goodput").status_code == 404
+    t = _attempt_one(srv)
+    g = _goodput(srv)
     bad = g["badput_seconds"]
     assert g["gpus"] == 2
     assert bad["startup"] == pytest.approx(3.0)
@@ -95,18 +96,30 @@ def _costs(server: LiveServer) -> dict[str, Any]:
     [hang] = [i for i in g["incidents"] if i["kind"] == "hang"]
     assert hang["seconds"] == pytest.approx(20.0) and not hang["open"]
     assert "20 s x 2 GPUs" in hang["words"]
+    # /metrics says the same once the engine's tick reported the ledger.
+    labels = 'project="",run_id="gp"'
+    want = {f'training_badput_seconds_total{{{labels},cause="input"}} 4.0',
+            f'training_badput_seconds_total{{{labels},cause="hang_detected"}} 10.0',
+            f"training_run_gpus{{{labels}}} 2.0",
+            f"training_run_wall_seconds{{{labels}}} {t - T0!r}"}
+    deadline = time.monotonic() + 10
+    while not want <= set(lines := httpx.get(srv.url + "/metrics").text.splitlines()):
+        assert time.monotonic() < deadline, sorted(want - set(lines))
+        time.sleep(0.2)
+    [ratio] = [ln for ln in lines if ln.startswith("training_goodput_ratio{")]
+    assert float(ratio.split()[-1]) == pytest.approx(g["goodput_ratio"])
 
     # Relaunched 30 s after the crash, from the checkpoint at step 10: steps 11-20 are done
     # again (their productive time is discarded work), and the new process is up 2 s
     # before its first step.
     t2 = t + 30.0
-    _post(server, _run(t2, "b"))
+    _post(srv, _run(t2, "b"))
     t2 += 3.0
-    _post(server, _step(11, t2, "b"))
+    _post(srv, _step(11, t2, "b"))
     for step in range(12, 25):
         t2 += 1.0
-        _post(server, _step(step, t2, "b"))
-    g = _goodput(server)
+        _post(srv, _step(step, t2, "b"))
+    g = _goodput(srv)
     bad = g["badput_seconds"]
     assert bad["restart"] == pytest.approx(30.0)
     assert bad["startup"] == pytest.approx(3.0 + 2.0)

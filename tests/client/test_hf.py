@@ -231,3 +231,33 @@ def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_laun
         "completed"]
     assert not (out / "monitor_rollback.json").exists()
     assert (out / "monitor_rollback.5.applied.json").exists()
+
+
+class SlowTokens(Tokens):
+    """An evaluation set that takes 0.05 s a sample to read: an evaluation of known length."""
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.05)
+        return super().__getitem__(i)
+
+
+def test_hf_eval_seconds_is_the_trainers_runtime_and_a_save_times_itself(receiver, tmp_path):
+    mon = _monitor(receiver, tmp_path, "hf-seconds")
+    trainer = _trainer(tmp_path, MonitorCallback(mon), steps=6, accum=1, save_strategy="steps",
+                       save_steps=3)
+    trainer.eval_dataset = SlowTokens(n=8)
+    trainer.train()
+    runtimes = {h["step"]: h["eval_runtime"] for h in trainer.state.log_history
+                if "eval_runtime" in h}
+    evals = {r["step"]: r for r in receiver.of_kind("eval")}
+    assert sorted(evals) == [3, 6]
+    for step, ev in evals.items():
+        assert ev["seconds"] == pytest.approx(runtimes[step]) and ev["seconds"] >= 0.4
+    # Each save follows its step's evaluation: its seconds run from the eval's record (the
+    # default, the time since the previous record), so they hold the save alone.
+    for save in receiver.of_kind("checkpoint"):
+        ev = evals[save["step"]]
+        assert 0 < save["seconds"] <= save["time"] - ev["time"] + 0.01
+        assert save["seconds"] < ev["seconds"]

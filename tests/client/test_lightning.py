@@ -198,3 +198,45 @@ def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_t
     assert [steps[s]["lr"] for s in (3, 4, 5, 6)] == pytest.approx(
         [before[3] / 2, before[4] / 2, before[4] / 2, before[4]])
     assert not (tmp_path / "monitor_rollback.json").exists()
+
+
+class SlowValidation(Regressor):
+    def validation_step(self, batch, batch_idx):
+        import time
+
+        time.sleep(0.1)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_lightning_times_validation_and_saves_apart(receiver, tmp_path):
+    """A save of 0.3 s (slow storage) right after step 2, then a validation of 0.2 s: the
+    eval record's seconds hold the validation alone, the checkpoint's the save alone (the
+    client's default would give the eval both, and the save the next batch's fetch)."""
+    import time
+
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    class SlowStorage(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            time.sleep(0.3)
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    mon = Monitor(url=receiver.url, run_id="pl-seconds",
+                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
+                                         linger=0.02))
+    saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2,
+                                         save_top_k=-1)
+    trainer = pl.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=2,
+                         callbacks=[MonitorCallback(mon), saves], plugins=[SlowStorage()],
+                         accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path,
+                         num_sanity_val_steps=0)
+    trainer.fit(SlowValidation(), DataStream(_loader()), _loader(16))
+    evals = receiver.of_kind("eval")
+    checkpoints = receiver.of_kind("checkpoint")
+    assert [r["step"] for r in evals] == [2, 4]
+    assert [r["step"] for r in checkpoints] == [2, 4]
+    for r in evals:
+        assert 0.2 <= r["seconds"] < 0.2 + 0.25, r
+    for r in checkpoints:
+        assert 0.3 <= r["seconds"] < 0.3 + 0.25, r

@@ -205,3 +205,68 @@ def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
     end = receiver.of_kind("end")[0]
     assert end["status"] == "failed" and "ValueError: boom" in end["error"]
     assert end["step"] == 1
+
+
+def test_eval_and_checkpoint_carry_the_seconds_since_the_previous_loop_record(receiver,
+                                                                              tmp_path):
+    """An eval's and a save's ``seconds`` (the goodput ledger's) is the time since the
+    previous ``log_step``/``log_eval``/``checkpoint_saved``: the evaluation or save that ran
+    in between; ``log_step``'s step_time still spans everything since the previous step."""
+    import time
+
+    mon = _mon(receiver.url, tmp_path, run_id="seconds-1")
+    mon.checkpoint_saved(0, tmp_path / "init.pt")  # no loop record before it: not measured
+    mon.log_step(1, loss=1.0)
+    time.sleep(0.2)  # the evaluation
+    mon.log_eval(1, val_loss=0.5)
+    time.sleep(0.1)  # the save
+    mon.checkpoint_saved(1, tmp_path / "step-1.pt")
+    mon.log_step(2, loss=1.0)
+    time.sleep(0.05)
+    mon.log_eval(2, val_loss=0.5, seconds=7.5)  # the script's own measure wins
+    mon.checkpoint_saved(2, tmp_path / "step-2.pt", seconds=0)
+    assert mon.close(timeout=10)
+    evals = {r["step"]: r for r in receiver.of_kind("eval")}
+    saves = {r["step"]: r for r in receiver.of_kind("checkpoint")}
+    steps = {r["step"]: r for r in receiver.of_kind("step")}
+    assert "seconds" not in saves[0]
+    assert 0.2 <= evals[1]["seconds"] < 0.3
+    assert 0.1 <= saves[1]["seconds"] < 0.2
+    assert steps[2]["step_time"] >= 0.3  # unchanged: the eval and the save are in it
+    assert evals[2]["seconds"] == 7.5 and saves[2]["seconds"] == 0.0
+    for obj in receiver.records:
+        parse_record(obj)
+
+
+def test_a_bad_seconds_is_left_out_with_a_warning_and_the_record_still_sent(receiver, tmp_path,
+                                                                             caplog):
+    mon = _mon(receiver.url, tmp_path, run_id="seconds-bad")
+    mon.log_step(1, loss=1.0)
+    mon.log_eval(1, val_loss=0.5, seconds=-1.0)
+    mon.checkpoint_saved(1, tmp_path / "a.pt", seconds=float("nan"))
+    mon.log_eval(2, val_loss=0.5, seconds="soon")
+    assert mon.close(timeout=10)
+    assert [r["step"] for r in receiver.of_kind("eval")] == [1, 2]
+    assert [r["step"] for r in receiver.of_kind("checkpoint")] == [1]
+    assert not any("seconds" in r for r in receiver.records if r["kind"] != "run")
+    assert "is not a finite number >= 0" in caplog.text
+
+
+def test_rolled_back_restarts_the_loop_clock(receiver, tmp_path):
+    """After a rollback's reload, an eval right away times the eval, not the reload."""
+    import time
+
+    from monitor_client._rollback import RollbackPlan
+
+    mon = _mon(receiver.url, tmp_path, run_id="seconds-rb")
+    mon.log_step(10, loss=1.0)
+    time.sleep(0.2)  # the reload
+    plan = RollbackPlan.from_action({
+        "id": 1, "action": "rollback", "step": 10, "plan": {
+            "checkpoint_step": 5, "checkpoint_path": "/c/5.pt", "skip_from": 6, "skip_to": 9}})
+    assert plan is not None
+    mon.rolled_back(plan)
+    mon.log_eval(5, val_loss=0.5)
+    assert mon.close(timeout=10)
+    [ev] = receiver.of_kind("eval")
+    assert ev["seconds"] < 0.1

@@ -118,11 +118,15 @@ def test_a_run_nan_to_its_end_ends_unhealthy_everywhere(tmp_path, sidecar_factor
         _train(sc.url, tmp_path, "nan-300", 600, lr=0.02, nan_loss_from=300)
 
         listed = _wait(lambda: (r := _listed(sc.url, "nan-300"))["status"] == "completed" and r)
-        assert listed["verdict"] == {
-            "state": "unhealthy", "text": "completed, unhealthy: NaN since step 300",
-            "cause": "nan_inf", "step": 300, "words": "unhealthy: NaN since step 300"}
+        # An ended run's verdict says what it cost too (runs/goodput.py).
+        verdict = listed["verdict"]
+        assert (verdict["state"], verdict["cause"], verdict["step"]) == (
+            "unhealthy", "nan_inf", 300)
+        assert verdict["text"].startswith("completed, unhealthy: NaN since step 300; "
+                                          "goodput "), verdict
+        assert verdict["words"].startswith("unhealthy: NaN since step 300; goodput ")
         detail = httpx.get(f"{sc.url}/v1/runs/nan-300", timeout=10).json()
-        assert detail["verdict"]["text"] == "completed, unhealthy: NaN since step 300"
+        assert detail["verdict"]["text"] == verdict["text"]
 
         metrics = httpx.get(f"{sc.url}/metrics", timeout=10).text
         info = [ln for ln in metrics.splitlines()
@@ -142,4 +146,4 @@ def test_a_run_nan_to_its_end_ends_unhealthy_everywhere(tmp_path, sidecar_factor
         sc.kill()
         sc.start()
         again = _listed(sc.url, "nan-300")["verdict"]
-        assert again["text"] == "completed, unhealthy: NaN since step 300", json.dumps(again)
+        assert again["text"] == verdict["text"], json.dumps(again)

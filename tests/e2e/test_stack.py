@@ -352,3 +352,24 @@ def test_variables_offer_the_fed_runs_and_ranks(fired: Stack) -> None:
     assert runs == set(FED)
     ranks = fired.query('training_last_step{run_id="straggler_ddp_gpt"}')
     assert {s["metric"]["rank"] for s in ranks} == {"0", "1"}
+
+
+def test_fleet_goodput_panel_is_the_runs_ledgers_summed(fired: Stack) -> None:
+    """The Fleet dashboard's goodput stat, queried from the real Prometheus, is what the
+    sidecar's own ledgers say (``GET /v1/runs/{id}/goodput``), GPU-weighted over the fed
+    runs; the badput panel splits the same time by cause."""
+    from dashboards import fleet
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    ledgers = [httpx.get(f"{fired.fed.url}/v1/runs/{run}/goodput", headers=auth,
+                         timeout=10).json() for run in FED]
+    want = (sum(g["productive_seconds"] * g["gpus"] for g in ledgers)
+            / sum(g["wall_seconds"] * g["gpus"] for g in ledgers))
+    [sample] = fired.query(substitute(fleet.FLEET_GOODPUT, {"project": PROJECT}, BUILTINS))
+    # A run whose hang is still open grows its wall time between the scrape and the read.
+    assert float(sample["value"][1]) == pytest.approx(want, rel=0.02)
+    causes = {s["metric"]["cause"]: float(s["value"][1]) for s in fired.query(
+        substitute(fleet.BADPUT_GPU_HOURS, {"project": PROJECT}, BUILTINS))}
+    assert set(causes) >= {"startup", "input", "hang_detected", "unaccounted"}
+    spent = sum(g["badput_seconds"]["startup"] * g["gpus"] for g in ledgers) / 3600
+    assert causes["startup"] == pytest.approx(spent, rel=0.02)

@@ -71,6 +71,9 @@ class RecordingSink:
     def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
         self.calls.append(("attempt_settled", run_id, start_step))
 
+    def cost_with(self, costs: object) -> None:
+        self.costs = costs
+
     def open_actions(self, run_id: str) -> list[dict]:
         return []
 

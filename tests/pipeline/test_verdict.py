@@ -77,7 +77,10 @@ def test_the_verdict_is_stored_and_shown_once_the_run_left_memory(tmp_path: Path
     assert (live.active, stored.active) == (True, False)
     assert stored.verdict == live.verdict
     assert stored.verdict is not None
-    assert stored.verdict.text == "completed, unhealthy: NaN since step 30"
+    # Ended, it says what the run cost (runs/goodput.py): its last second, from step 40
+    # to the end record, is time no step explains.
+    assert stored.verdict.text == ("completed, unhealthy: NaN since step 30; goodput 97.5%: "
+                                   "2.5% unaccounted")
     assert queries.run_detail("r").verdict == live.verdict
 
 

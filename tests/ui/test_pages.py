@@ -40,7 +40,7 @@ def test_runs_page_lists_the_fed_run(browser, fed, shots: Path):
     cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:]  # after the tick box
     assert cells[0] == fed.run_id and cells[1] == "traces"
     assert cells[3] == str(fed.run_id and fed.get(f"/v1/runs/{fed.run_id}")["last_step"])
-    assert cells[5].split()[0] == str(len(fed.get(f"/v1/runs/{fed.run_id}/findings")["findings"]))
+    assert cells[6].split()[0] == str(len(fed.get(f"/v1/runs/{fed.run_id}/findings")["findings"]))
     verdict = fed.get(f"/v1/runs/{fed.run_id}")["verdict"]  # under the status
     assert row.find_element(By.CSS_SELECTOR, ".verdict").text == verdict["words"]
     browser.save_screenshot(str(shots / "runs.png"))

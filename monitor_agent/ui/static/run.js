@@ -555,6 +555,132 @@
         el("td", {class: "muted"}, a.current ? "current" : "")))));
   }
 
+  // -- goodput: where the run's wall-clock time went (GET .../goodput, runs/goodput.py) ----
+  // A bar of productive time and each badput cause, proportional; a table of the causes
+  // that cost anything; each incident (hang, restart, rollback) with its cost on the
+  // timeline. A report (no ledger) hides the card.
+
+  // Causes in the ledger's order (runs/goodput.py CAUSES), as people read them.
+  const CAUSES = {
+    startup: ["start-up", "#8e7cc3"], input: ["input (data loader)", "#e09b00"],
+    checkpoint: ["checkpoints", "#3c7fd8"], eval: ["eval", "#5a9fd6"],
+    hang_undetected: ["hang before detection", "#b00020"],
+    hang_detected: ["hang after detection", "#e4572e"], restart: ["restarts", "#8d5a36"],
+    rollback: ["rollback", "#c2185b"], resume: ["resumed work (done twice)", "#d0679c"],
+    skipped: ["skipped steps", "#9e9d24"], loss_scale: ["loss-scale skips", "#c7b43a"],
+    straggler: ["straggler", "#00897b"], unaccounted: ["unaccounted", "#9aa1ae"],
+  };
+  const PRODUCTIVE = ["productive", "#2e9d5b"];
+  const causeOf = k => CAUSES[k] || [k.replace(/_/g, " "), "#6b7385"];
+  const pct = v => (v * 100).toFixed(1) + "%";
+  const secs = s => s < 100 ? s.toFixed(1) + " s" :
+    `${Math.round(s).toLocaleString("en-US")} s (${duration(s)})`;
+  const gpuHours = h => h === 0 ? "0" : h >= 100 ? Math.round(h).toLocaleString("en-US") :
+    String(Number(h.toPrecision(3)));
+
+  async function loadGoodput() {
+    if (report) return;  // a static report has no ledger
+    const g = await api(`${base}/goodput`).catch(() => null);
+    const key = JSON.stringify(g);
+    if (key === S.goodputKey) return;  // untouched: a hovered segment keeps its tooltip
+    S.goodputKey = key;
+    S.goodput = g;
+    if (S.goodputTip) { tip(null); S.goodputTip = false; }  // its element is about to go
+    renderGoodput(g);
+    renderIncidents(g ? g.incidents : []);
+  }
+
+  function renderGoodput(g) {
+    const card = document.getElementById("goodput-card");
+    card.hidden = !g || !(g.wall_seconds > 0);
+    if (card.hidden) return;
+    const wall = g.wall_seconds, total = g.badput_seconds_total, lost = total * g.gpus / 3600;
+    const bad = Object.entries(g.badput_seconds).filter(([, v]) => v > 0);
+    const ratio = document.getElementById("goodput-ratio");
+    ratio.textContent = g.goodput_ratio == null ? "–" : pct(g.goodput_ratio);
+    ratio.className = g.goodput_ratio == null ? "" : g.goodput_ratio >= 0.9 ? "good" :
+      g.goodput_ratio >= 0.7 ? "fair" : "poor";
+    document.getElementById("goodput-summary").textContent = g.summary;
+    document.getElementById("goodput-totals").textContent =
+      `${secs(wall)} wall-clock · ${g.gpus} GPU${g.gpus === 1 ? "" : "s"} · ` +
+      `${gpuHours(g.gpu_hours)} GPU-hours, ${gpuHours(lost)} lost`;
+    // Every part with its share (flex-grow by seconds: proportional; a sliver stays visible).
+    const parts = [["productive", PRODUCTIVE, g.productive_seconds, g.productive_gpu_hours],
+      ...bad.map(([k, v]) => [k, causeOf(k), v, g.badput_gpu_hours[k] || 0])];
+    const partHtml = (label, v, h) => `<b>${esc(label)}</b>\n${secs(v)} · ${pct(v / wall)} of ` +
+      `wall-clock · ${gpuHours(h)} GPU-hours`;
+    document.getElementById("goodput-bar").replaceChildren(...parts.filter(([, , v]) => v > 0).map(
+      ([k, [label, colour], v, h]) => {
+        const seg = el("div", {class: "seg", "data-cause": k, "data-seconds": String(v),
+          "data-label": `${label} ${pct(v / wall)}`, "data-share": pct(v / wall),
+          style: `flex: ${v} 1 0; background: ${colour}`});
+        hoverTip(seg, () => partHtml(label, v, h));
+        return seg;
+      }));
+    fitBarLabels();
+    document.getElementById("goodput-legend").replaceChildren(...parts.map(([k, [label, colour], v]) =>
+      el("span", {class: "chip", "data-cause": k}, el("i", {style: `background: ${colour}`}),
+         `${label} ${pct(v / wall)}`)));
+    const row = (k, label, colour, v, h, cls = "") => el("tr", {"data-cause": k, class: cls},
+      el("td", {}, colour ? el("i", {class: "swatch", style: `background: ${colour}`}) : "", label),
+      el("td", {class: "num"}, secs(v)), el("td", {class: "num"}, pct(v / wall)),
+      el("td", {class: "num"}, gpuHours(h)));
+    document.getElementById("goodput-table").replaceChildren(
+      el("thead", {}, el("tr", {}, ...["badput cause", "seconds", "% of wall-clock", "GPU-hours"].map(
+        (h, i) => el("th", {class: i ? "num" : ""}, h)))),
+      el("tbody", {}, ...(bad.length ? bad.map(([k, v]) => row(k, causeOf(k)[0], causeOf(k)[1], v,
+          g.badput_gpu_hours[k] || 0)) :
+        [el("tr", {}, el("td", {class: "empty", colspan: "4"}, "No badput: every second went to training."))])),
+      el("tfoot", {}, row("total", "total badput", null, total, lost, "total"),
+         row("productive", "productive", PRODUCTIVE[1], g.productive_seconds, g.productive_gpu_hours, "productive")));
+  }
+
+  function hoverTip(node, html) {
+    const show = e => { S.goodputTip = true; tip(html(), e); };
+    node.addEventListener("mouseenter", show);
+    node.addEventListener("mousemove", show);
+    node.addEventListener("mouseleave", () => { S.goodputTip = false; tip(null); });
+  }
+
+  // A segment says what it is where that fits ("restarts 31.6%"), else its share, else
+  // nothing (the legend and the tooltip say it): never a clipped word.
+  function fitBarLabels() {
+    for (const seg of document.querySelectorAll("#goodput-bar .seg")) {
+      for (const text of [seg.dataset.label, seg.dataset.share, ""]) {
+        const words = el("span", {}, text);
+        seg.replaceChildren(words);
+        if (!text || words.getBoundingClientRect().width + 10 <= seg.clientWidth) break;
+      }
+    }
+  }
+
+  // The incidents on the timeline strip, newest last, each with what it cost ("this hang
+  // cost 20 s x 2 GPUs = 0.011 GPU-hours"); a click zooms to its step.
+  const INCIDENTS_SHOWN = 6;
+  const INCIDENT_WHAT = {hang: "after step", restart: "resumed at step",
+    resume: "resumed at step", rollback: "resumed at step"};
+  function renderIncidents(incidents) {
+    const box = document.getElementById("incidents");
+    box.hidden = !incidents.length;
+    const shown = incidents.slice(-INCIDENTS_SHOWN);
+    const partsOf = i => Object.entries(i.detail || {}).filter(([, v]) => v > 0)
+      .map(([k, v]) => `  ${esc(k.replace(/_/g, " "))}: ${secs(v)}`).join("\n");
+    box.replaceChildren(el("span", {class: "muted label"}, "incidents"), ...shown.map(i => {
+      const html = `<b>${esc(i.kind)}</b> · step ${i.step} · attempt ${i.attempt}` +
+        `${i.open ? " · still going" : ""}\n${esc(i.words)}` +
+        (partsOf(i) ? "\n\nof which:\n" + partsOf(i) : "") + `\n\n(click to zoom to step ${i.step})`;
+      const item = el("div", {class: "incident", "data-kind": i.kind, "data-step": String(i.step),
+          "data-seconds": String(i.seconds), onclick: () => zoomTo(i.step)},
+        el("span", {class: "kind kind-" + i.kind}, i.kind),
+        ` ${INCIDENT_WHAT[i.kind] || "at step"} ${i.step}`,
+        i.attempt > 1 ? el("span", {class: "muted"}, ` (attempt ${i.attempt})`) : "", " · ",
+        el("span", {class: "cost"}, i.words), i.open ? el("b", {class: "paged"}, " (still going)") : "");
+      hoverTip(item, () => html);
+      return item;
+    }), ...(incidents.length > shown.length ?
+      [el("span", {class: "muted"}, `+${incidents.length - shown.length} earlier`)] : []));
+  }
+
   function renderAlerts(alerts) {
     const box = document.getElementById("alerts"), seen = JSON.stringify(alerts);
     if (seen === S.alertsSeen) return;  // untouched rows: a button stays under the pointer
@@ -785,6 +911,7 @@
         if (e.status === 404) return null; throw e; })]);
       S.detail = detail;
       await loadCheckpoints();
+      await loadGoodput();
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
       if (total !== S.lastFindings) await loadFindings(total);
       if (series) {
@@ -856,6 +983,7 @@
   addEventListener("resize", () => {
     for (const u of Object.values(S.charts)) u.setSize({width: plotWidth(u._box), height: u._box ? 160 : 220});
     drawHeats();
+    fitBarLabels();
   });
   MA.tokenBox(refresh);
   refresh();

@@ -55,6 +55,10 @@
                        r.verdict.words) : ""),
       el("td", {}, r.last_step == null || r.last_step < 0 ? el("span", {class: "muted"}, "no steps yet") : String(r.last_step)),
       el("td", {}, progress),
+      // Productive time / wall-clock (runs/goodput.py); blank before any time is measured.
+      el("td", {class: "goodput" + (r.goodput == null ? "" : r.goodput < 0.7 ? " poor" : r.goodput < 0.9 ? " fair" : ""),
+                "data-value": r.goodput == null ? "" : String(r.goodput)},
+         r.goodput == null ? "" : (r.goodput * 100).toFixed(1) + "%"),
       el("td", {}, findings),
       el("td", {class: r.firing_alerts ? "state-firing" : ""}, String(r.firing_alerts)),
       el("td", {}, ago(r.last_seen)));

@@ -1,0 +1,266 @@
+"""The goodput ledger (monitor_agent/runs/goodput.py) fed records of known timing: a rollback's
+discarded work, skipped and loss-scale steps, the straggler tax of 4 ranks, a hang still open
+read as of ``now``, and a ledger that goes through its stored state and on. Over real HTTP,
+tests/api/test_goodput.py; with a real training job, tests/e2e/test_goodput_faults.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from monitor_agent.records.types import (
+    CheckpointRecord,
+    EndRecord,
+    EvalRecord,
+    HangRecord,
+    RunRecord,
+    StepRecord,
+)
+from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger, GoodputReport
+
+T0 = 1_000.0
+
+
+class Feed:
+    """Feeds one ledger records in arrival order, numbering their rows."""
+
+    def __init__(self, book: GoodputLedger | None = None) -> None:
+        self.book = book or GoodputLedger()
+        self.row = 0
+
+    def __call__(self, record, attempt: int = 1) -> None:
+        self.row += 1
+        self.book.feed(record, attempt, self.row)
+
+
+def _steps(feed: Feed, first: int, last: int, t: float, attempt: int = 1, every: float = 1.0,
+           **fields) -> float:
+    """Steps ``first..last`` of rank 0, one every ``every`` s after ``t``; returns the last
+    one's time."""
+    for step in range(first, last + 1):
+        t += every
+        feed(StepRecord("r", step, time=t, data_time=0.01, **fields), attempt)
+    return t
+
+
+def _adds_up(r: GoodputReport) -> None:
+    assert r.productive + sum(r.badput.values()) == pytest.approx(r.wall)
+    for a in r.attempts:
+        assert a["productive_seconds"] + sum(a["badput_seconds"].values()) == pytest.approx(
+            a["wall_seconds"])
+
+
+def test_a_rollback_moves_the_steps_it_discarded_out_of_productive():
+    """Steps take 1 s; checkpoint at 10; at step 20 the run rolls back to it (the reload
+    takes 3 s) and does steps 11-25 again: the first 11-20 were work thrown away."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(CheckpointRecord("r", 10, time=t, path="/c/10.pt"))
+    t = _steps(feed, 11, 20, t)
+    # The engine's order: the new attempt's run record, its first step settles it (the
+    # lifecycle's RolledBack: a plan was pending), then that step is fed.
+    t += 3.0
+    feed(RunRecord("r", time=t), attempt=2)
+    feed.book.settled(2, 11, "rollback")
+    t = _steps(feed, 11, 25, t, attempt=2)
+    r = feed.book.report()
+    assert r.badput["rollback"] == pytest.approx(10.0)
+    assert r.badput["resume"] == 0.0
+    assert r.badput["restart"] == pytest.approx(3.0)  # the reload, between the attempts
+    assert r.productive == pytest.approx(25.0)  # steps 1-25 once each
+    assert r.wall == pytest.approx(t - T0)
+    _adds_up(r)
+    [inc] = [i for i in r.incidents if i["kind"] == "rollback"]
+    assert inc["step"] == 11 and inc["attempt"] == 2
+    assert inc["detail"]["discarded"] == pytest.approx(10.0)
+    assert inc["detail"]["gap"] == pytest.approx(3.0)
+    assert inc["detail"].get("startup", 0.0) == pytest.approx(0.0)
+    assert inc["seconds"] == pytest.approx(13.0)
+
+
+def test_skipped_and_loss_scale_steps_are_their_own_badput():
+    """The step guard skips steps 5 and 9 (their batches never reached the weights), the
+    GradScaler overflows at 12-14: each such interval is badput, by reason."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = T0
+    for step in range(1, 21):
+        t += 1.0
+        reason = ("grad_norm_outlier" if step in (5, 9) else
+                  "loss_scale" if 12 <= step <= 14 else None)
+        feed(StepRecord("r", step, time=t, data_time=0.01, skipped=reason is not None,
+                        skip_reason=reason, loss_scale=1024.0))
+    r = feed.book.report()
+    assert r.badput["skipped"] == pytest.approx(2.0)
+    assert r.badput["loss_scale"] == pytest.approx(3.0)
+    assert r.productive == pytest.approx(15.0)
+    _adds_up(r)
+    assert r.summary() == "goodput 75.0%: 15.0% loss-scale skips, 10.0% skipped steps"
+
+
+def test_the_straggler_tax_of_four_ranks_is_the_median_wait_less_the_slowest_ranks():
+    """Rank 3 takes 0.2 s longer each step; ranks 0-2 wait for it at every all-reduce (and
+    every rank pays the 10 ms collective): 20 steps cost 20 x 0.2 s."""
+    feed = Feed()
+    for rank in range(4):
+        feed(RunRecord("r", time=T0, rank=rank, hardware={"world_size": 4}))
+    t = T0
+    for step in range(1, 21):
+        t += 1.0
+        for rank in range(4):
+            wait = 0.01 + (0.0 if rank == 3 else 0.2)
+            feed(StepRecord("r", step, time=t, rank=rank, data_time=0.01,
+                            sync_wait_time=wait))
+    r = feed.book.report()
+    assert r.gpus == 4
+    assert r.badput["straggler"] == pytest.approx(20 * 0.2)
+    assert r.productive == pytest.approx(20.0 - 4.0)
+    _adds_up(r)
+    # GPU-hours: the run's seconds times its 4 ranks.
+    assert r.to_dict()["badput_gpu_hours"]["straggler"] == pytest.approx(4.0 * 4 / 3600)
+
+
+def test_an_open_hang_is_reported_as_of_now():
+    """Steps take 1 s; after step 10 nothing for a while; the watchdog says so 5 s after the
+    step (4 s after step 11 should have ended). Read 30 s after step 10, still hung."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(HangRecord("r", 10, time=t + 5.0, stuck_seconds=5.0, limit_seconds=4.0))
+    assert feed.book.open_hang_cost(t + 30.0) == pytest.approx(29.0)
+    r = feed.book.report(now=t + 30.0)
+    assert r.badput["hang_undetected"] == pytest.approx(4.0)
+    assert r.badput["hang_detected"] == pytest.approx(25.0)
+    assert r.wall == pytest.approx(t + 30.0 - T0) and r.end == pytest.approx(t + 30.0)
+    assert r.productive == pytest.approx(10.0)
+    _adds_up(r)
+    [hang] = r.incidents
+    assert hang["kind"] == "hang" and hang["open"] and hang["step"] == 10
+    # As of its latest record (no ``now``), the hang has cost nothing yet.
+    assert feed.book.report().wall == pytest.approx(t + 5.0 - T0)
+    # It recovers: step 11 comes 40 s after step 10, and closes it.
+    feed(StepRecord("r", 11, time=t + 40.0, data_time=0.01))
+    r = feed.book.report(now=t + 50.0)
+    assert r.badput["hang_undetected"] + r.badput["hang_detected"] == pytest.approx(39.0)
+    [hang] = r.incidents
+    assert not hang["open"] and hang["seconds"] == pytest.approx(39.0)
+    assert r.wall == pytest.approx(t + 40.0 - T0)  # closed: ``now`` no longer counts
+    _adds_up(r)
+
+
+def _story() -> list[tuple]:
+    """A 2-rank run with every kind of event, as the engine hands them to the ledger:
+    ("feed", record, attempt) or ("settle", attempt, start step, why). Steps take 1 s; a 2 s
+    save after step 12; a hang after step 16 its watchdog reports; the process dies, and a
+    relaunch 10 s later resumes from the checkpoint."""
+    events: list[tuple] = [("feed", RunRecord("r", time=T0, rank=r, hardware={"world_size": 2}),
+                            1) for r in (0, 1)]
+    t = T0
+    for step in range(1, 17):
+        t += 1.0 + (2.0 if step == 13 else 0.0)
+        events += [("feed", StepRecord("r", step, time=t, rank=r, data_time=0.01,
+                                       sync_wait_time=0.01 + 0.1 * r), 1) for r in (0, 1)]
+        if step == 12:
+            events.append(("feed", CheckpointRecord("r", 12, time=t + 2.0, path="/c/12",
+                                                    seconds=2.0), 1))
+    events.append(("feed", HangRecord("r", 16, time=t + 7.0, stuck_seconds=7.0), 1))
+    events.append(("feed", EndRecord("r", 16, time=t + 9.0, status="failed"), 1))
+    t += 19.0
+    events.append(("feed", RunRecord("r", time=t), 2))
+    events.append(("settle", 2, 13, "resume"))
+    for step in range(13, 31):
+        t += 1.0 + (1.5 if step == 13 else 0.0)
+        events.append(("feed", StepRecord("r", step, time=t, data_time=0.01), 2))
+    return events
+
+
+def _play(book: GoodputLedger, events: list[tuple], first_row: int = 1) -> None:
+    for row, event in enumerate(events, first_row):
+        if event[0] == "feed":
+            book.feed(event[1], event[2], row)
+        else:
+            book.settled(*event[1:])
+
+
+def test_the_stored_state_goes_on_as_the_ledger_would():
+    """Kept (``to_state``, as JSON) and restored (``from_state``) at any point of a run (an
+    open hang, a settle waiting for its attempt, ...), the ledger reads the same and goes on
+    to the same report as one never interrupted."""
+    events = _story()
+    whole = GoodputLedger()
+    _play(whole, events)
+    final = whole.report()
+    _adds_up(final)
+    assert final.badput["checkpoint"] == pytest.approx(2.0)
+    assert final.badput["resume"] > 0 and final.badput["hang_detected"] > 0
+    assert final.badput["straggler"] > 0
+    for cut in range(len(events) + 1):
+        kept = GoodputLedger()
+        _play(kept, events[:cut])
+        restored = GoodputLedger.from_state(json.loads(json.dumps(kept.to_state())))
+        assert restored.to_state() == kept.to_state()
+        assert restored.report(now=T0 + 200.0) == kept.report(now=T0 + 200.0), cut
+        _play(restored, events[cut:], first_row=cut + 1)
+        assert restored.report() == final, cut
+    # A record it has seen (an older row id) changes nothing.
+    before = whole.to_state()
+    whole.feed(StepRecord("r", 31, time=T0 + 999.0), 2, 5)
+    assert whole.to_state() == before
+
+
+def test_a_hang_report_that_arrives_after_its_recovery_charges_no_later_step():
+    """Another rank's (or node's) report of a hang at step 10 reaches the ledger only after
+    the timeline's step 11, the recovery, did: step 12's second is a step, not a hang, and
+    nothing is charged twice (no negative ``unaccounted``)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t10 = _steps(feed, 1, 10, T0)
+    feed(StepRecord("r", 11, time=t10 + 20.0, data_time=0.01))
+    feed(HangRecord("r", 10, time=t10 + 5.0, stuck_seconds=5.0, rank=1))
+    feed(StepRecord("r", 12, time=t10 + 21.0, data_time=0.01))
+    r = feed.book.report()
+    assert r.badput["hang_detected"] == r.badput["hang_undetected"] == 0.0
+    assert r.badput["unaccounted"] >= 0.0 and r.productive == pytest.approx(r.wall)
+    assert feed.book.hang is None and r.incidents == []
+    _adds_up(r)
+
+
+def test_the_timeline_is_the_lowest_rank_whichever_rank_s_step_arrives_first():
+    """Two ranks; rank 1's records happen to arrive first; rank 0 alone evaluates (2 s after
+    step 10): the evaluation is eval time, not a step's."""
+    feed = Feed()
+    for rank in (0, 1):
+        feed(RunRecord("r", time=T0, rank=rank, hardware={"world_size": 2}))
+    t = T0
+    for step in range(1, 21):
+        t += 1.0 + (2.0 if step == 11 else 0.0)
+        for rank in (1, 0):
+            feed(StepRecord("r", step, time=t, rank=rank, data_time=0.01))
+        if step == 10:
+            feed(EvalRecord("r", 10, time=t + 2.0, rank=0, val_loss=1.0, seconds=2.0))
+    r = feed.book.report()
+    assert feed.book.timeline_rank == 0
+    assert r.badput["eval"] == pytest.approx(2.0) and r.productive == pytest.approx(20.0)
+    _adds_up(r)
+
+
+def test_a_resume_far_past_an_untimed_checkpoint_discards_only_the_steps_after_it():
+    """An older client's checkpoint (no ``seconds``) at step 100; the process dies at step
+    2600, more steps on than the ledger keeps marks for; the relaunch resumes at 101: steps
+    101-2600 were done twice, steps 1-100 were not."""
+    last = 2 * MARKS_KEPT + 552
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 100, T0)
+    feed(CheckpointRecord("r", 100, time=t, path="/c/100"))
+    t = _steps(feed, 101, last, t)
+    feed(EndRecord("r", last, time=t, status="failed"))
+    feed(RunRecord("r", time=t + 10.0), attempt=2)
+    feed.book.settled(2, 101, "resume")
+    _steps(feed, 101, 110, t + 10.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == pytest.approx(last - 100)
+    assert r.productive == pytest.approx(110.0)
+    _adds_up(r)
