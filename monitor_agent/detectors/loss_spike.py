@@ -10,6 +10,11 @@ heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that e
 is a spike whatever the spread. The spike itself never enters the EMA before it is judged,
 and MAD ignores earlier spikes in the window.
 
+A loss with no zero to take ratios from (``signed``: it went below zero, or the run
+declared it ``signed`` or ``nonstationary``, ``support/context.py``) is judged in its own
+units: ``loss - EMA`` against the last ``baseline_window`` such residuals, a spike at
+``spike_z`` robust sigmas, with no ratio (a ratio to an EMA near zero is any number).
+
 Its ``onset_step`` is its own step: a spike is judged on the step it happens.
 
 A spike is a warning: one bad batch, or a burst of them, that the run recovers from. What persists is judged by
@@ -34,7 +39,7 @@ A loss around 2.0 for 59 steps, then one batch at 5.0::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
@@ -68,6 +73,7 @@ class LossSpikeSettings(SharedSettings):
 class SpikeState:
     residuals: Window
     spikes: int = 0
+    lin_residuals: Window = field(default_factory=lambda: Window.of(0))  # loss - EMA
 
 
 class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
@@ -78,10 +84,13 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
     settings_model = LossSpikeSettings
 
     def new_rank(self) -> SpikeState:
-        return SpikeState(residuals=Window.of(self.settings.baseline_window))
+        n = self.settings.baseline_window
+        return SpikeState(residuals=Window.of(n), lin_residuals=Window.of(n))
 
     def on_step(self, rec: StepRecord, st: SpikeState) -> list[Finding]:
         ema = self.ctx.ema_loss(rec.rank)
+        if finite(rec.loss) and ema is not None and self.ctx.loss_kind(rec.rank) != "error":
+            return self._signed(rec, st, rec.loss, ema)
         if not finite(rec.loss) or ema is None or ema <= 0 or rec.loss <= 0:
             return []
         resid = math.log(rec.loss / ema)
@@ -89,6 +98,27 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
         if len(st.residuals) >= self.settings.min_history_steps:
             found = self._judge(rec, st, rec.loss, ema, resid)
         st.residuals.add(resid)
+        return found
+
+    def _signed(self, rec: StepRecord, st: SpikeState, loss: float, ema: float
+                ) -> list[Finding]:
+        """A loss with no zero: ``loss - EMA`` in robust sigmas of its own residuals."""
+        s, resid = self.settings, loss - ema
+        found: list[Finding] = []
+        if len(st.lin_residuals) >= s.min_history_steps:
+            z = robust_z(resid, st.lin_residuals)
+            if z >= s.spike_z:
+                st.spikes += 1
+                if self.due(rec):
+                    msg = (f"loss {fmt(loss)} is {fmt(resid)} above its EMA {fmt(ema)} "
+                           f"(z={z:.1f} of its own noise; a signed loss has no ratio)")
+                    evidence = {"onset_step": rec.step, "loss": loss, "ema": ema,
+                                "excess": resid, "z": z, "limit_z": s.spike_z,
+                                "units": "linear", "grad_norm": rec.grad_norm,
+                                "spikes_so_far": st.spikes}
+                    found = [self.finding(rec, msg, value=loss, threshold=ema,
+                                          evidence=evidence, suggestions=LOSS_SPIKE)]
+        st.lin_residuals.add(resid)
         return found
 
     def _judge(self, rec: StepRecord, st: SpikeState, loss: float, ema: float, resid: float

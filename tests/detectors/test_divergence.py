@@ -191,3 +191,48 @@ def test_a_level_shift_with_no_lr_behind_it_waits_for_persistence_and_then_pages
     burst = recs + [step(i, loss=(3 if i < 320 else 1) * level * (1 + noise(i, 0.03)))
                     for i in range(300, 400)]
     assert feed(only("divergence", divergence_steps=1000), burst) == []
+
+
+# -- losses that are not positive and falling (issue 32) --------------------------------------
+
+
+def _actor_critic(n: int = 2400, seed: int = 0, **config) -> list:
+    """An actor-critic-like loss around zero, of either sign: its payoffs are redrawn every
+    400 steps, after which the loss jumps and the policy relearns it."""
+    rng = np.random.default_rng(seed)
+    recs, wander = [run(**config)], 0.0
+    for i in range(1, n):
+        since = i % 400
+        level = 0.03 + 0.15 * math.exp(-since / 60) * (i >= 400)
+        wander = 0.9 * wander + 0.03 * rng.standard_normal()  # episodes overlap: smooth noise
+        loss = level + wander + 0.03 * rng.standard_normal()
+        recs.append(step(i, loss=loss, grad_norm=1.0 + 0.2 * rng.random()))
+    return recs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_signed_loss_that_relearns_after_each_change_never_pages(seed):
+    found = feed(only("divergence"), _actor_critic(seed=seed))
+    assert not [f for f in found if f.severity.pages]
+    info = [f for f in found if f.severity == Severity.INFO]
+    assert len(info) <= 1  # said once, if at all
+    if info:
+        assert info[0].evidence["rule"] == "no_level"
+
+
+def test_a_declared_nonstationary_loss_is_said_once_and_never_judged_by_level():
+    found = feed(only("divergence"), _actor_critic(loss_kind="rl"))
+    assert [f.severity for f in found] == [Severity.INFO]
+    assert "nonstationary" in found[0].message
+
+
+def test_a_signed_loss_that_learnt_and_climbs_back_is_a_divergence_in_its_own_units():
+    """A Gaussian NLL falling from 2 to -3 (a real level, of either sign), then climbing
+    back to 0 and staying: judged in linear units of its noise, not as a percentage."""
+    recs = [run()] + [step(i, loss=-3 + 5 * math.exp(-i / 60) + noise(i, 0.05))
+                      for i in range(1, 500)]
+    recs += [step(i, loss=0.0 + noise(i, 0.05)) for i in range(500, 600)]
+    found = [f for f in feed(only("divergence"), recs) if f.severity.pages]
+    assert found and found[0].evidence["units"] == "linear"
+    assert 500 <= found[0].step <= 540
+    assert "standard errors of its own noise" in found[0].message

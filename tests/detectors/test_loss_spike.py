@@ -79,3 +79,15 @@ def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch
     found = [f for f in replay_trace(path) if f.type == "loss_spike"]
     assert found and window["first_step"] <= found[0].step <= window["last_step"]
     assert found[0].evidence["onset_step"] == found[0].step == label["fault_step"]
+
+
+def test_a_signed_loss_is_judged_in_its_own_noise_not_as_a_ratio():
+    """Around zero of either sign, loss / EMA is any number: 0.3 over an EMA of 0.01 is
+    30x and nothing. One batch 20 of its own sigmas out is still a spike."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    recs = [run()] + [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
+    assert of_type(feed(only("loss_spike"), recs), "loss_spike") == []
+    recs.append(step(300, loss=1.5))
+    found = of_type(feed(only("loss_spike"), recs), "loss_spike")
+    assert [f.step for f in found] == [300] and found[0].evidence["units"] == "linear"
