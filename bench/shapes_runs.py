@@ -1,12 +1,14 @@
 """The shape recordings (``tests/traces/shapes/``): run shapes the other corpora lack.
 
 Real CPU training runs (one thread, fixed seeds) monitored by the real client
-(``Monitor.watch``, per-layer statistics every ``LAYER_EVERY`` steps, as the class
-recordings), on losses whose level, sign or noise is unlike a classifier's:
+(``Monitor.watch``, per-layer statistics every ``LAYER_EVERY`` = 20 steps, as the class
+recordings; 40 on the 146-parameter residual MLP), on losses whose level, sign or noise is unlike a classifier's:
 
 * ``ac``: actor-critic on a contextual bandit (16 contexts, 4 arms) whose payoff table is
   redrawn every 400 steps: the loss (policy + 0.5 value - 0.01 entropy) sits near zero,
-  changes sign, and jumps at each redraw while the policy relearns.
+  changes sign, and jumps at each redraw while the policy relearns. ``acnorm``: a harder
+  bandit (32 contexts, 8 arms, reward noise 0.5) with per-batch normalised advantages and
+  entropy bonus 0.05: the policy stays stochastic and the loss swings -0.2..0.3 all run.
 * ``dqn``: a Q-network on a 6x6 gridworld (32 parallel agents, epsilon-greedy, a replay
   buffer, a target network synced every 100 steps): the TD loss is nonstationary by design.
 * ``infonce``: a contrastive encoder on two noised, masked views of the same inputs, with a
@@ -28,7 +30,8 @@ Faults (labels from what each recording measurably did, ``shapes_labels.py``):
   ``fault_step`` on, on the corpus MLP and the MoE: a recurring gradient problem (the grad
   norm ~40x its level on each; the CNN, whose loss is ~0.001 by then, and the pre-LN
   residual MLP, whose LayerNorms absorb the scale, barely notice x30 and were dropped).
-* ``burst``: 6 batches in a row with random labels under bf16, then clean data: the run
+* ``burst``: 6 batches in a row with random labels under bf16, then clean data, on the
+  corpus MLP and CNN (whose loss is ~0.01 by then, so the burst is a 1000x jump): the run
   recovers (a spike, not a divergence nor an explosion).
 * ``kept``: LR x30 kept from ``fault_step`` on the actor-critic (SGD momentum 0.02: the
   policy and value blow up within ~20 steps) and on the contrastive run (SGD momentum 0.05:
@@ -80,6 +83,7 @@ class Shape:
     factor: float = 30.0
     burst: int = 6
     arch: str = "mlp"  # the corpus task of the classifier shapes
+    layer_every: int = LAYER_EVERY  # per-layer statistics every this many steps
     params: dict = field(default_factory=dict)
 
 
@@ -180,19 +184,25 @@ class Bandit(Job):
 
     crosses_zero = noisy = True
 
-    def __init__(self, spec: Shape, contexts: int = 16, arms: int = 4) -> None:
+    def __init__(self, spec: Shape) -> None:
         torch.manual_seed(spec.seed)
+        contexts, arms = spec.params.get("contexts", 16), spec.params.get("arms", 4)
+        self.noise = spec.params.get("noise", 0.1)
         self.trunk = nn.Sequential(nn.Linear(contexts, 64), nn.Tanh(), nn.Linear(64, 64),
                                    nn.Tanh())
         self.pi, self.v = nn.Linear(64, arms), nn.Linear(64, 1)
         self.model = nn.ModuleDict({"trunk": self.trunk, "pi": self.pi, "v": self.v})
         self.contexts, self.arms = contexts, arms
         self.redraw = spec.params.get("redraw", 400)
+        self.norm_adv = spec.params.get("norm_adv", False)
+        self.ent = spec.params.get("entropy", 0.01)
         self.table_gen = torch.Generator().manual_seed(spec.seed + 500)
         self.table = torch.rand(contexts, arms, generator=self.table_gen)
-        self.desc = "actor-critic MLP 16-64-64 (tanh), policy 4 + value heads"
+        self.desc = (f"actor-critic MLP {contexts}-64-64 (tanh), policy {arms} + value heads, "
+                     f"entropy bonus {self.ent:g}"
+                     + (", advantages normalised per batch" if self.norm_adv else ""))
         self.data = (f"contextual bandit, {contexts} contexts x {arms} arms, U(0,1) payoffs "
-                     f"+ N(0, 0.1) noise, table redrawn every {self.redraw} steps")
+                     f"+ N(0, {self.noise:g}) noise, table redrawn every {self.redraw} steps")
 
     def batch(self, step: int, gen: torch.Generator, size: int) -> tuple:
         if step > 1 and (step - 1) % self.redraw == 0:
@@ -202,7 +212,7 @@ class Bandit(Job):
         with torch.no_grad():
             probs = self.pi(self.trunk(x)).softmax(-1)
         a = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        r = self.table[c, a] + 0.1 * torch.randn(size, generator=gen)
+        r = self.table[c, a] + self.noise * torch.randn(size, generator=gen)
         return x, a, r
 
     def loss(self, x, a, r):
@@ -210,9 +220,11 @@ class Bandit(Job):
         logp = self.pi(h).log_softmax(-1)
         v = self.v(h).squeeze(1)
         adv = (r - v).detach()
+        if self.norm_adv:  # per-batch advantage normalisation (A2C/PPO implementations)
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         policy = -(logp.gather(1, a[:, None]).squeeze(1) * adv).mean()
         entropy = -(logp.exp() * logp).sum(-1).mean()
-        return policy + 0.5 * ((r - v) ** 2).mean() - 0.01 * entropy
+        return policy + 0.5 * ((r - v) ** 2).mean() - self.ent * entropy
 
     def random_labels(self, batch, gen):
         raise NotImplementedError
@@ -405,7 +417,7 @@ def run(spec: Shape, monitor) -> list[dict]:
         if spec.amp == "fp16" else None
     mon, cap = monitor(spec.name, config_of(spec, job))
     mon.watch(job.model, opt, grad_clip=spec.clip, scaler=scaler,
-              settings=WatchConfig(layer_stats_every=LAYER_EVERY, hist_every=0))
+              settings=WatchConfig(layer_stats_every=spec.layer_every, hist_every=0))
     recur = set(recur_steps(spec)) if spec.fault == "recur" else set()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.amp)
     status = "completed"
@@ -446,30 +458,37 @@ def run(spec: Shape, monitor) -> list[dict]:
 
 
 S = Shape
-HEALTHY = {  # kind: (steps, lr, extra)
-    "ac": (1600, 3e-3, dict(opt="adam")),
-    "dqn": (1500, 1e-3, dict(opt="adam")),
-    "infonce": (800, 1e-3, dict(batch=128)),
-    "ddpm": (1500, 1e-3, dict(batch=128)),
-    "bf16": (800, 1e-3, dict(amp="bf16")),
-    "fp16": (800, 1e-3, dict(amp="fp16")),
-    "accum": (800, 1e-3, dict(batch=32, accum=(1, 2, 4, 8))),
-    "wd": (1000, 1e-3, dict(wd=0.7)),
-    "moe": (1000, 1e-3, dict()),
-    "resmlp": (800, 1e-3, dict()),
+# A harder bandit (32 contexts, 8 arms, reward noise 0.5) with per-batch normalised
+# advantages and entropy bonus 0.05: the policy stays stochastic and the loss swings
+# -0.2..0.3 around +0.12 all run.
+ACNORM = {"norm_adv": True, "entropy": 0.05, "contexts": 32, "arms": 8, "noise": 0.5}
+HEALTHY = {  # name: (kind, steps, lr, extra)
+    "ac": ("ac", 1600, 3e-3, dict(opt="adam")),
+    "acnorm": ("ac", 1600, 3e-3, dict(opt="adam", params=ACNORM)),
+    "dqn": ("dqn", 1500, 1e-3, dict(opt="adam")),
+    "infonce": ("infonce", 800, 1e-3, dict(batch=128)),
+    "ddpm": ("ddpm", 1500, 1e-3, dict(batch=128)),
+    "bf16": ("bf16", 800, 1e-3, dict(amp="bf16")),
+    "fp16": ("fp16", 800, 1e-3, dict(amp="fp16")),
+    "accum": ("accum", 800, 1e-3, dict(batch=32, accum=(1, 2, 4, 8))),
+    "wd": ("wd", 1000, 1e-3, dict(wd=0.7)),
+    "moe": ("moe", 1000, 1e-3, dict()),
+    "resmlp": ("resmlp", 800, 1e-3, dict(layer_every=40)),  # 146 parameters: fewer rows
 }
 
 
 def _specs() -> list[Shape]:
     out = []
     for seed in SEEDS:
-        for kind, (steps, lr, extra) in HEALTHY.items():
-            out.append(S(f"h_{kind}_s{seed}", kind, steps, lr, seed=seed, **extra))
+        for name, (kind, steps, lr, extra) in HEALTHY.items():
+            out.append(S(f"h_{name}_s{seed}", kind, steps, lr, seed=seed, **extra))
         for arch in ("mlp", "moe"):
             out.append(S(f"recur30_{arch}_s{seed}", arch, 600, 1e-3, seed=seed,
                          fault="recur", fault_step=200))
         out.append(S(f"burst6_bf16_s{seed}", "bf16", 400, 1e-3, seed=seed, amp="bf16",
                      fault="burst", fault_step=200))
+        out.append(S(f"burst6_bf16_cnn_s{seed}", "bf16", 400, 2e-3, seed=seed, amp="bf16",
+                     arch="cnn", batch=32, fault="burst", fault_step=200))
         out.append(S(f"kept30_ac_s{seed}", "ac", 1000, 0.02, seed=seed, opt="sgdm",
                      fault="kept", fault_step=600))
         out.append(S(f"kept100_ac_adam_s{seed}", "ac", 1000, 3e-3, seed=seed, opt="adam",
