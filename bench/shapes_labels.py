@@ -31,7 +31,8 @@ numbers, with the number in ``evidence``:
   (outside [p5, p95] only: allowed); on other losses it is ``classes_labels``'s rule
   (>= 1.3x the pre-fault median; 1.1x..1.3x allowed). ``grad_explosion`` (error) as in
   ``classes_labels``: at least 3 of the 50 steps after the fault with a grad norm >= 4x
-  the pre-fault median; window from the fault to 10 steps after the third.
+  the pre-fault median; window from the fault to 10 steps after the third. ``plateau`` and
+  the per-layer findings are allowed after it (the weights were thrown).
 * ``nan_inf`` (critical): the first non-finite loss or grad norm, exactly; after it every
   loss/gradient type is allowed.
 
@@ -126,8 +127,10 @@ def _kept(run, steps, nan, spikes, expected, why, allowed) -> None:
     if len(spikes) >= GRAD_SPIKES:
         expected.append({"type": "grad_explosion", "severity": "error", "first_step": fault,
                          "last_step": min(spikes[GRAD_SPIKES - 1] + 10, cap)})
+    # the weights were thrown: per-layer findings follow, and a collapsed policy stops
+    # learning (a plateau after it is true)
     allowed += ["lr_jump", "loss_spike", "update_ratio_high", "clip_saturation", "dead_layer",
-                "grad_vanishing", "gain_drift"]
+                "grad_vanishing", "gain_drift", "plateau"]
 
 
 def _fault(run, steps, extra) -> tuple[list[dict], list[str], list[str], list[str]]:
