@@ -199,7 +199,8 @@ def class_scores(traces: list[tuple[dict, Path]]) -> dict[str, ClassScore]:
         findings, _ = findings_of(path)
         first: dict[str, Finding] = {}
         for f in sorted(findings, key=lambda f: f.step):
-            first.setdefault(f.type, f)
+            if f.severity > Severity.INFO:  # an info finding raises no alarm of its class
+                first.setdefault(f.type, f)
         name = label["file"].split(".")[0]
         exp = {e["type"]: e for e in label["expected"]}
         for c in CLASSES:

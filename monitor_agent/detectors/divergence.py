@@ -65,12 +65,19 @@ linear units: the level rule's rise ``divergence_z`` standard errors of its leve
 correlated, as overlapping RL episodes are, differences undercount how far a median
 wanders), and at least ``divergence_progress`` of its progress (start median minus the
 reference) given back, with no percentage rule; the runaway's loss ``divergence_z`` of
-those sigmas above its EMA instead of ``divergence_ratio`` x it. A progress that is itself
-under ``divergence_z`` standard errors is no level: the loss learnt nothing its noise can
-tell from chance (an actor-critic loss relearning after each change of its payoffs), so a
-rise from it is not judged; one ``info`` finding says so, once a run, as it does at once
-for a run that declares its loss ``nonstationary`` (``rl``, ``gan``, ...). The runaway and
-jump rules, which judge the gradient and the updates too, still page on such a run.
+those sigmas above its EMA instead of ``divergence_ratio`` x it. That is for a loss
+declared ``signed`` (a density's NLL, which settles to a level of either sign). A loss
+that goes below zero with nothing declared, or one declared ``nonstationary`` (``rl``,
+``gan``, ...), has no stable level by default - an actor-critic or TD loss moves with its
+targets (its payoffs are redrawn, its policy relearns) - so no level rise pages on it,
+except one that a raised lr still drives (``divergence_lr_jump`` x its median from before:
+the optimizer's, not the environment's); one ``info`` finding says so, once a run.
+
+Any kind: a progress (start median minus the reference) under ``divergence_z`` standard
+errors of the same noise is no level either - the loss learnt nothing its noise can tell
+from chance (a DQN's TD loss sitting near zero from its first steps), so a rise from it is
+not judged; the same ``info`` finding says so. The runaway and jump rules, which judge the
+gradient and the updates too, still page on such runs.
 
 Every finding names the parameter whose gradient norm left its own band first, when one
 has (``support/layer_bands.py``): ``first_layer_out`` and the order in the evidence; and
@@ -246,8 +253,12 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         self._fold_loss(rec.step, rec.loss, st)
         found = self._jump(rec, st)
         kind = self.ctx.loss_kind(rec.rank)
-        level = (self._unlevelled(rec, st, "nonstationary") if kind == "nonstationary"
-                 else self._level(rec, st, linear=kind == "signed"))
+        if kind == "nonstationary" or (kind == "signed" and self.ctx.state.loss_kind != "signed"):
+            # No level to judge (said once), except a rise the raised lr still drives.
+            level = (self._level(rec, st, linear=True, lr_only=True)
+                     or self._unlevelled(rec, st, kind))
+        else:
+            level = self._level(rec, st, linear=kind == "signed")
         found = self._fast(rec, st, linear=kind != "error") or level or found
         st.prev_loss = rec.loss
         if finite(rec.lr) and rec.lr > 0:  # after the rules: the median they judge excludes it
@@ -390,8 +401,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
 
     # -- level: the recent loss level far above the earlier one, and holding ----------------
 
-    def _level(self, rec: StepRecord, st: DivergenceState, linear: bool = False
-               ) -> list[Finding]:
+    def _level(self, rec: StepRecord, st: DivergenceState, linear: bool = False,
+               lr_only: bool = False) -> list[Finding]:
         s = self.settings
         ref = self._reference(rec, st, linear)
         recent, earlier = (st.lin_recent, st.lin_earlier) if linear else (st.recent, st.earlier)
@@ -404,25 +415,29 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         se = MEDIAN_SE * sigma * math.sqrt(1 / len(recent) + 1 / len(earlier))
         rise = now - before
         start = median(np.asarray(st.first))
-        if linear:
-            # No zero to take ratios from: the rise and the progress in the loss's own
-            # units. A loss that has not moved from its start by divergence_z standard
-            # errors has learnt nothing its noise can tell from chance: it has no level
-            # to diverge from (an RL loss around zero, relearning after each change).
-            learnt = start - before
-            learnt_se = MEDIAN_SE * sigma * math.sqrt(1 / len(st.first) + 1 / len(earlier))
-            levelled = learnt >= s.divergence_z * max(learnt_se, 1e-12)
-            noisy_rise = rise >= s.divergence_z * se
-            if noisy_rise and not levelled:
-                return self._unlevelled(rec, st, "no_progress", learnt=learnt,
-                                        learnt_se=learnt_se, level=before)
-            up = noisy_rise and levelled and rise >= s.divergence_progress * learnt
+        # A loss that has not moved from its start by divergence_z standard errors has
+        # learnt nothing its noise can tell from chance: it has no level to diverge from
+        # (a TD loss whose targets move, relearning after each change). Said once, as info.
+        learnt = (start - before if linear
+                  else math.log(start) - before if start > 0 else -math.inf)
+        learnt_se = MEDIAN_SE * sigma * math.sqrt(1 / len(st.first) + 1 / len(earlier))
+        levelled = learnt >= s.divergence_z * max(learnt_se, 1e-12)
+        if lr_only:  # a loss with no level: only the rise in its own noise, if the lr drives it
+            up, levelled = rise >= s.divergence_z * se, True
+            band = before + ONSET_Z * sigma
+        elif linear:
+            # No zero to take ratios from: the rise and the progress in the loss's own units.
+            up = rise >= s.divergence_z * se and rise >= s.divergence_progress * learnt
             band = before + max(s.divergence_progress * max(learnt, 0.0), ONSET_Z * sigma)
         else:
             floor = self._floor(st, ref)
             up = (rise >= math.log1p(s.divergence_rise) and rise >= s.divergence_z * se
                   and math.exp(now) >= floor)
             band = before + max(math.log1p(s.divergence_rise), ONSET_Z * sigma)
+        if up and not levelled:
+            st.held, st.onset = 0, None
+            return self._unlevelled(rec, st, "no_progress", learnt=learnt, learnt_se=learnt_se,
+                                    level=back(before), linear=linear)
         if not up:
             st.held, st.onset = 0, None
             return []
@@ -433,7 +448,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                             if len(st.lrs) >= s.min_history_steps else None)
         st.held += 1
         st.peak = max(st.peak if st.peak is not None else now, now)
-        why = self._persists(rec, st, before, now, back)
+        why = self._persists(rec, st, before, now, back, lr_only)
         if why is None or not self.due(rec):
             return []
         level_now, level_before = back(now), back(before)
@@ -466,11 +481,10 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
 
     def _unlevelled(self, rec: StepRecord, st: DivergenceState, why: str,
                     learnt: float = math.nan, learnt_se: float = math.nan,
-                    level: float = math.nan) -> list[Finding]:
+                    level: float = math.nan, linear: bool = True) -> list[Finding]:
         """Once a run: an info finding that this loss has no stable level, so no level
         judgement pages on it (declared ``nonstationary``, or a signed loss whose progress
         from its start is within its own noise)."""
-        st.held, st.onset = 0, None
         if st.said or len(st.first) < self.settings.min_history_steps:
             return []
         st.said = True
@@ -478,14 +492,24 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             msg = ("the run declares its loss nonstationary (loss_kind): it has no stable "
                    "level, so divergence's level rule, plateau and overfitting do not judge "
                    "it; gradients, non-finite values and a runaway still do")
+        elif why == "signed":
+            msg = (f"the loss went below zero ({fmt(rec.loss)} at step "
+                   f"{self.ctx.rank(rec.rank).negative_loss_step}): it is no error measured "
+                   "from zero, so a rise of its level is no percentage of anything, and a "
+                   "loss of either sign (an RL or TD objective) has no stable level by "
+                   "design: no level rise pages on it; gradients, non-finite values and a "
+                   "runaway (judged in its own noise) still do. A run whose signed loss "
+                   "does settle (a density's NLL) can declare loss_kind: signed to have its "
+                   "level judged in its own units")
         else:
-            msg = (f"the loss takes both signs and its best level {fmt(level)} is "
-                   f"{fmt(learnt)} below its start {fmt(median(np.asarray(st.first)))}, "
-                   f"{learnt / max(learnt_se, 1e-12):.1f} standard errors of its own noise "
-                   f"(under {self.settings.divergence_z:g}): it has learnt no stable level a "
-                   "rise could be judged against, so no level rise pages; gradients, "
-                   "non-finite values and a runaway still do (a run can declare loss_kind "
-                   "in its config)")
+            start = median(np.asarray(st.first))
+            moved = fmt(start - level) if linear else f"{start / level - 1:+.0%}"
+            msg = (f"the loss's best level {fmt(level)} is {moved} from its start "
+                   f"{fmt(start)}, {learnt / max(learnt_se, 1e-12):.1f} standard errors of "
+                   f"its own noise (under {self.settings.divergence_z:g}): it has learnt no "
+                   "stable level a rise could be judged against, so no level rise pages; "
+                   "gradients, non-finite values and a runaway still do (a run can declare "
+                   "loss_kind in its config)")
         evidence = {"rule": "no_level", "why": why, "learnt": learnt,
                     "learnt_stderr": learnt_se, "loss": rec.loss}
         return [self.finding(rec, msg, value=rec.loss, evidence=evidence,
@@ -506,18 +530,22 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         return int(steps[above[0]] if len(above) else steps[0])
 
     def _persists(self, rec: StepRecord, st: DivergenceState, before: float, now: float,
-                  back: Callable[[float], float] = math.exp) -> str | None:
+                  back: Callable[[float], float] = math.exp, lr_only: bool = False
+                  ) -> str | None:
         """Why the excursion is a persisting shift and not a burst that will return (None:
-        not shown yet). See the module docstring's level rule."""
+        not shown yet). See the module docstring's level rule. ``lr_only``: a loss with no
+        level, whose rise only its cause still applied (a raised lr) makes a divergence."""
         s = self.settings
         lasted = rec.step - (st.onset if st.onset is not None else rec.step)
-        if lasted >= s.baseline_window:
+        if lasted >= s.baseline_window and not lr_only:
             return f"not back within a whole {s.baseline_window}-step baseline window"
         lr, lr_before = rec.lr, st.lr_before
         if (lr is not None and lr_before is not None and finite(lr)
                 and lr >= s.divergence_lr_jump * lr_before and st.held >= s.divergence_hold):
             return (f"while the lr {fmt(lr)} is {lr / lr_before:.0f}x its median "
                     f"{fmt(lr_before)} before the rise (the cause is still applied)")
+        if lr_only:
+            return None
         peak = back(st.peak if st.peak is not None else now)
         level, base = back(now), back(before)
         returned = (peak - level) / max(peak - base, 1e-12)

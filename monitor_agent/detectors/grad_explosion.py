@@ -35,14 +35,18 @@ last was more than 10 steps back). What they are:
   C(50,3) p^3 = 5e-7 per window; 50 is half the baseline window, so the median the spikes
   are judged against is still the level before them.
 * *recurring* (this page): ``explosion_recur_count`` (5) separate episodes within
-  ``explosion_recur_window`` (1000) steps, whatever their spacing (one batch with inputs
-  x30 every 35-70 steps: each alone a bad batch, too far apart for the 50-step window), with
-  the count, the mean period and the gaps in the message. Its false rate: on the 59
-  recorded runs with no expected finding (public, corpus, classes, origin: 42,232 steps)
-  episodes occur 2.8 times per 10,000 steps and never more than 2 within 1000 steps;
-  as a Poisson count of mean 0.28 per 1000 steps, 5 or more is 1.4e-5 per window, about
-  1e-4 per 10,000 steps. 1000 steps is ten baseline windows: a slow pattern still shows,
-  while one healthy run's handful of outliers does not add up to five.
+  ``explosion_recur_window`` (1000) steps, or ``explosion_recur_decades`` (3) of them whose
+  peak is ``explosion_recur_ratio`` (10) x the median or more - an order of magnitude, the
+  same kind of outlier each time - whatever their spacing (one batch with inputs x30 every
+  35-70 steps: each alone a bad batch, too far apart for the 50-step window), with the
+  count, the mean period and the gaps in the message. Its false rate: on the recorded runs
+  with no expected finding (public, corpus, classes, origin and the shapes tune half:
+  54,400 steps) episodes occur 2.6 times per 10,000 steps, never more than 2 within 1000
+  steps, and episodes 10x out 0.37 times per 10,000 steps, never 2 within 1000. As Poisson
+  counts, 5 or more of mean 0.26 per 1000 steps is 7e-6 per window, 3 or more of mean
+  0.037 is 8e-6: about 1e-4 per 10,000 steps each (windows slide). 1000 steps is ten
+  baseline windows: a slow pattern still shows, while one healthy run's handful of
+  outliers does not add up.
 
 One huge batch that the next steps forget is a bad batch, reported by ``loss_spike``.
 Every finding carries ``rule`` (``in_a_row``, ``isolated``, ``recurring``) and
@@ -172,6 +176,16 @@ class GradExplosionSettings(SharedSettings):
     explosion_recur_window: int = Field(
         default=1000, ge=1, description="...within this many steps.",
     )
+    explosion_recur_ratio: float = Field(
+        default=10.0, gt=1,
+        description="An episode whose peak is this many times the median (an order of "
+        "magnitude) counts toward explosion_recur_decades...",
+    )
+    explosion_recur_decades: int = Field(
+        default=3, ge=2,
+        description="...and this many of them within explosion_recur_window steps are a "
+        "recurring problem too.",
+    )
     layer_explosion_ratio: float = Field(
         default=100.0, gt=1, description="A parameter's grad norm / its own EMA that is an "
         "explosion (explosion_steps readings in a row)."
@@ -185,7 +199,7 @@ class ExplosionState:
     streak_min_ratio: float = math.inf
     spikes: list[int] = field(default_factory=list)  # steps of the spikes in the window
     episodes: list[int] = field(default_factory=list)  # first steps, in the recur window
-    episode_sizes: list[int] = field(default_factory=list)  # out-of-band steps of each
+    episode_peaks: list[float] = field(default_factory=list)  # the peak ratio of each
     last_spike: int = -1
     lrs: Window = field(default_factory=lambda: Window.of(0))  # log lr
     lr_before: float | None = None  # the lr median before the current episode
@@ -238,21 +252,32 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
             st.lrs.add(math.log(rec.lr))
         return found
 
-    def _episode(self, rec: StepRecord, st: ExplosionState) -> None:
+    def _episode(self, rec: StepRecord, st: ExplosionState, ratio: float) -> None:
         """Count this out-of-band step into its episode: a new one when the last spike is
         more than ``LEVEL_STEPS`` back (a burst of bad batches is one episode, however many
         of its steps leave the band)."""
         s = self.settings
         if st.last_spike < 0 or rec.step - st.last_spike > LEVEL_STEPS:
             st.episodes.append(rec.step)
-            st.episode_sizes.append(0)
+            st.episode_peaks.append(0.0)
             st.lr_before = (math.exp(st.lrs.median())
                             if len(st.lrs) >= s.min_history_steps else None)
-        st.episode_sizes[-1] += 1
+        st.episode_peaks[-1] = max(st.episode_peaks[-1], ratio)
         st.last_spike = rec.step
         keep = [i for i, k in enumerate(st.episodes) if k > rec.step - s.explosion_recur_window]
         st.episodes = [st.episodes[i] for i in keep]
-        st.episode_sizes = [st.episode_sizes[i] for i in keep]
+        st.episode_peaks = [st.episode_peaks[i] for i in keep]
+
+    def _recurring(self, st: ExplosionState) -> list[int] | None:
+        """The first steps of the episodes that make a recurring problem, None if none do:
+        ``explosion_recur_count`` episodes in the window, or ``explosion_recur_decades`` of
+        them an order of magnitude out (module docstring)."""
+        s = self.settings
+        if len(st.episodes) >= s.explosion_recur_count:
+            return st.episodes
+        big = [k for k, peak in zip(st.episodes, st.episode_peaks, strict=True)
+               if peak >= s.explosion_recur_ratio]
+        return big if len(big) >= s.explosion_recur_decades else None
 
     def _lr_raised(self, rec: StepRecord, st: ExplosionState) -> float | None:
         """The lr over its median from before the episode, when at least
@@ -274,7 +299,7 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         st.streak += 1
         st.streak_min_ratio = min(st.streak_min_ratio, math.exp(r))
         st.spikes.append(rec.step)
-        self._episode(rec, st)
+        self._episode(rec, st, math.exp(r))
         # The level the spikes rise from: the median of the last few steps before this one.
         # Isolated spikes rise from a level still in its band; a level that moved up as a
         # whole is a drift of the gradient (judged by the in-a-row rule), not spikes.
@@ -286,7 +311,8 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         lr_up = self._lr_raised(rec, st)
         lasted = rec.step - st.spikes[0] + 1
         persists = lr_up is not None or lasted > s.explosion_burst_steps
-        recurring = len(st.episodes) >= s.explosion_recur_count
+        episodes = self._recurring(st)
+        recurring = episodes is not None
         burst = st.streak >= s.explosion_steps or isolated
         if burst and st.burst_onset < 0:
             st.burst_onset, st.burst_median, st.burst_sigma = st.spikes[0], median, sigma
@@ -298,16 +324,18 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         ratio, base = math.exp(r), math.exp(median)
         why = (f"; the lr {fmt(rec.lr)} is {lr_up:.0f}x its median {fmt(st.lr_before)} from "
                f"before it (the cause is still applied)" if lr_up is not None else "")
-        if recurring and not ((st.streak >= s.explosion_steps or isolated) and persists):
-            span = rec.step - st.episodes[0]
-            gaps = np.diff(st.episodes)
+        if episodes is not None and not (burst and persists):
+            span = rec.step - episodes[0]
+            gaps = np.diff(episodes)
+            far = ("" if len(episodes) >= s.explosion_recur_count
+                   else f" at least {s.explosion_recur_ratio:.0f}x")
             msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
-                   f"({r / sigma:.0f} sigma): out of its band {len(st.episodes)} separate "
-                   f"times in {span + 1} steps (since step {st.episodes[0]}), about every "
-                   f"{span / (len(st.episodes) - 1):.0f} steps (gaps {int(gaps.min())}-"
+                   f"({r / sigma:.0f} sigma): out of its band{far} {len(episodes)} separate "
+                   f"times in {span + 1} steps (since step {episodes[0]}), about every "
+                   f"{span / (len(episodes) - 1):.0f} steps (gaps {int(gaps.min())}-"
                    f"{int(gaps.max())}), with the norm back at its level between them: a "
                    f"recurring gradient problem, not one bad batch")
-            rule, onset = "recurring", st.episodes[0]
+            rule, onset = "recurring", episodes[0]
         elif st.streak >= s.explosion_steps:
             msg = (f"grad norm {fmt(rec.grad_norm)} is {ratio:.0f}x its median {fmt(base)} "
                    f"({r / sigma:.0f} sigma) and has stayed at least "

@@ -226,13 +226,38 @@ def test_a_declared_nonstationary_loss_is_said_once_and_never_judged_by_level():
     assert "nonstationary" in found[0].message
 
 
-def test_a_signed_loss_that_learnt_and_climbs_back_is_a_divergence_in_its_own_units():
+def _nll(**config) -> list:
     """A Gaussian NLL falling from 2 to -3 (a real level, of either sign), then climbing
-    back to 0 and staying: judged in linear units of its noise, not as a percentage."""
-    recs = [run()] + [step(i, loss=-3 + 5 * math.exp(-i / 60) + noise(i, 0.05))
-                      for i in range(1, 500)]
-    recs += [step(i, loss=0.0 + noise(i, 0.05)) for i in range(500, 600)]
-    found = [f for f in feed(only("divergence"), recs) if f.severity.pages]
+    back to 0 at step 500 and staying."""
+    recs = [run(**config)] + [step(i, loss=-3 + 5 * math.exp(-i / 60) + noise(i, 0.05))
+                              for i in range(1, 500)]
+    return recs + [step(i, loss=0.0 + noise(i, 0.05)) for i in range(500, 600)]
+
+
+def test_a_declared_signed_loss_that_learnt_and_climbs_back_is_a_divergence_in_its_units():
+    found = [f for f in feed(only("divergence"), _nll(loss_kind="signed")) if f.severity.pages]
     assert found and found[0].evidence["units"] == "linear"
     assert 500 <= found[0].step <= 540
     assert "standard errors of its own noise" in found[0].message
+
+
+def test_a_loss_that_goes_negative_unsaid_is_said_to_have_no_level_once():
+    """Nothing declared: a loss of either sign may be an RL objective whose level moves by
+    design, so its level pages on nothing (an info says so once)."""
+    found = feed(only("divergence"), _nll())
+    assert [(f.severity, f.evidence["why"]) for f in found] == [(Severity.INFO, "signed")]
+    assert "went below zero" in found[0].message
+
+
+def test_a_loss_with_no_level_still_diverges_while_a_raised_lr_drives_it():
+    """An actor-critic loss (either sign, no level) under an lr kept 30x from step 1200:
+    its rise is the optimizer's, the cause still applied."""
+    recs = _actor_critic(1200)
+    recs += [step(i, loss=0.6 + 0.05 * math.sin(i), grad_norm=1.1, lr=3e-2)
+             for i in range(1200, 1300)]
+    recs = [r if r.kind != "step" or r.step >= 1200 else step(r.step, loss=r.loss,
+                                                               grad_norm=r.grad_norm, lr=1e-3)
+            for r in recs]
+    found = [f for f in feed(only("divergence"), recs) if f.severity.pages]
+    assert found and 1200 <= found[0].step <= 1215
+    assert "the cause is still applied" in found[0].message

@@ -99,7 +99,8 @@ LOSS_KINDS = {
 ``Monitor(config={"loss_kind": ...})``), and what the loss-level detectors make of it:
 
 * ``auto`` (the default, nothing said): an ``error`` until the loss first goes below zero,
-  ``signed`` from then on;
+  ``signed`` from then on - but with no level ``divergence`` judges (a loss of either sign
+  that nobody declared may be an RL objective, whose level moves by design);
 * ``error``: a non-negative error that falls as the run learns (cross-entropy, MSE): its
   changes are judged as ratios (in log units) against its own noise;
 * ``signed``: a loss with no zero to measure ratios from (an NLL of a density, a loss
