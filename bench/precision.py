@@ -86,7 +86,8 @@ def load_set(directory: Path, half: str | None = None) -> list[tuple[dict, Path]
 def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScore) -> None:
     first: dict[str, Finding] = {}
     for f in sorted(findings, key=lambda f: f.step):
-        first.setdefault(f.type, f)
+        if f.severity > Severity.INFO:  # an info finding (a note) is no detection of its type
+            first.setdefault(f.type, f)
     # the nan_inf window closes at the first non-finite loss (AMP: overflows open it earlier)
     nan = next((e["last_step"] for e in label["expected"] if e["type"] == "nan_inf"), None)
     missed_before = len(total.unexplained)
