@@ -532,7 +532,7 @@ ACNORM = {"norm_adv": True, "entropy": 0.05, "contexts": 32, "arms": 8, "noise":
 HEALTHY = {  # name: (kind, steps, lr, extra)
     "ac": ("ac", 1600, 3e-3, dict(opt="adam")),
     "acnorm": ("ac", 1600, 3e-3, dict(opt="adam", params=ACNORM)),
-    "dqn": ("dqn", 1500, 1e-3, dict(opt="adam")),
+    "dqn": ("dqn", 1200, 1e-3, dict(opt="adam")),
     "infonce": ("infonce", 800, 1e-3, dict(batch=128)),
     "ddpm": ("ddpm", 1500, 1e-3, dict(batch=128)),
     "bf16": ("bf16", 800, 1e-3, dict(amp="bf16")),
@@ -540,7 +540,7 @@ HEALTHY = {  # name: (kind, steps, lr, extra)
     "accum": ("accum", 800, 1e-3, dict(batch=32, accum=(1, 2, 4, 8))),
     "wd": ("wd", 1000, 1e-3, dict(wd=0.7)),
     "moe": ("moe", 1000, 1e-3, dict()),
-    "resmlp": ("resmlp", 800, 1e-3, dict(layer_every=40)),  # 146 parameters: fewer rows
+    "resmlp": ("resmlp", 600, 1e-3, dict(layer_every=40)),  # 146 parameters: fewer rows
 }
 
 
@@ -564,7 +564,7 @@ def _specs() -> list[Shape]:
                      opt="sgdm", fault="kept", fault_step=400))
         out.append(S(f"nan_ddpm_s{seed}", "ddpm", 500, 1e-3, seed=seed, batch=128,
                      fault="nan", fault_step=400))
-        for kind, steps, batch in (("mlp", 600, 32), ("ddpm", 800, 64)):  # 2 ranks
+        for kind, steps, batch in (("mlp", 500, 32), ("ddpm", 600, 64)):  # 2 ranks
             out.append(S(f"h_ddp_{kind}_s{seed}", kind, steps, 1e-3, seed=seed, batch=batch,
                          layer_every=40, params={"ddp_ranks": 2}))
     return out
