@@ -2,7 +2,7 @@
 
 Real CPU training runs (one thread, fixed seeds) monitored by the real client
 (``Monitor.watch``, per-layer statistics every ``LAYER_EVERY`` = 20 steps, as the class
-recordings; 40 on the 146-parameter residual MLP), on losses whose level, sign or noise is unlike a classifier's:
+recordings; 40 on the 146-parameter residual MLP and the 2-rank runs), on losses whose level, sign or noise is unlike a classifier's:
 
 * ``ac``: actor-critic on a contextual bandit (16 contexts, 4 arms) whose payoff table is
   redrawn every 400 steps: the loss (policy + 0.5 value - 0.01 entropy) sits near zero,
@@ -23,6 +23,10 @@ recordings; 40 on the 146-parameter residual MLP), on losses whose level, sign o
 * ``moe``: a mixture of 4 expert MLPs with a top-1 router and a Switch load-balancing loss
   (x0.1: at x0.01 the router sent every input to one expert by step ~40).
 * ``resmlp``: a deep narrow pre-LN residual MLP (24 blocks, width 32).
+* ``ddp_mlp``, ``ddp_ddpm``: the corpus MLP and the diffusion run on 2 gloo DDP ranks (two
+  processes on this host, the real client in each, no sidecar): both ranks' step records
+  in one trace, interleaved by time, each with ``rank``, ``compute_time`` and
+  ``sync_wait_time``; rank 0's run and end records (as the public ``straggler_ddp_gpt``).
 
 Faults (labels from what each recording measurably did, ``shapes_labels.py``):
 
@@ -52,6 +56,7 @@ import copy
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from corpus_models import make_task
@@ -410,6 +415,8 @@ def _opt(spec: Shape, params) -> torch.optim.Optimizer:
 
 def run(spec: Shape, monitor) -> list[dict]:
     """Train ``spec``; ``monitor(name, config)`` returns (Monitor, capture with .records)."""
+    if spec.params.get("ddp_ranks"):
+        return run_ddp(spec)
     job = make_job(spec)
     opt = _opt(spec, job.params())
     gen = torch.Generator().manual_seed(spec.seed + 100)
@@ -457,6 +464,66 @@ def run(spec: Shape, monitor) -> list[dict]:
     return cap.records
 
 
+def _ddp_worker(rank: int, spec: Shape, port: int, out: str) -> None:
+    """One rank of a 2-rank gloo DDP run: its own Monitor and capture, its records to a file."""
+    import os
+
+    import record_traces
+    import torch.distributed as dist
+
+    from monitor_agent.records import wire
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    job = make_job(spec)
+    inner = job.model
+    job.model = nn.parallel.DistributedDataParallel(inner)
+    opt = _opt(spec, inner.parameters())
+    gen = torch.Generator().manual_seed(spec.seed + 100 + 1000 * rank)  # each rank its data
+    config = {**config_of(spec, job), "ddp": {"backend": "gloo", "world_size": 2}}
+    mon, cap = record_traces.monitor(spec.name, config)
+    mon.watch(inner, opt, grad_clip=spec.clip,
+              settings=WatchConfig(layer_stats_every=spec.layer_every, hist_every=0))
+    for step in range(1, spec.steps + 1):
+        loss = job.loss(*job.batch(step, gen, spec.batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss.detach(), samples=spec.batch, tokens=spec.batch)
+    mon.close(status="completed")
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.jsonl", "wb") as fh:
+        for rec in cap.records:
+            fh.write(wire.dumps(rec) + b"\n")
+
+
+def run_ddp(spec: Shape) -> list[dict]:
+    """Two gloo ranks on this host, each with the real client (no sidecar); one trace: rank
+    0's run and end records and both ranks' steps, interleaved by time (as the public
+    ``straggler_ddp_gpt``)."""
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_ddp_worker, args=(spec, port, out), nprocs=2, join=True)
+        ranks = [[json.loads(line) for line in Path(f"{out}/rank{r}.jsonl").read_text().splitlines()]
+                 for r in (0, 1)]
+    head = [r for r in ranks[0] if r["kind"] == "run"][:1]
+    tail = [r for r in ranks[0] if r["kind"] == "end"]
+    steps = sorted((r for recs in ranks for r in recs if r["kind"] == "step"),
+                   key=lambda r: (r["time"], r["rank"]))
+    return head + steps + tail
+
+
 S = Shape
 # A harder bandit (32 contexts, 8 arms, reward noise 0.5) with per-batch normalised
 # advantages and entropy bonus 0.05: the policy stays stochastic and the loss swings
@@ -465,7 +532,7 @@ ACNORM = {"norm_adv": True, "entropy": 0.05, "contexts": 32, "arms": 8, "noise":
 HEALTHY = {  # name: (kind, steps, lr, extra)
     "ac": ("ac", 1600, 3e-3, dict(opt="adam")),
     "acnorm": ("ac", 1600, 3e-3, dict(opt="adam", params=ACNORM)),
-    "dqn": ("dqn", 1500, 1e-3, dict(opt="adam")),
+    "dqn": ("dqn", 1200, 1e-3, dict(opt="adam")),
     "infonce": ("infonce", 800, 1e-3, dict(batch=128)),
     "ddpm": ("ddpm", 1500, 1e-3, dict(batch=128)),
     "bf16": ("bf16", 800, 1e-3, dict(amp="bf16")),
@@ -473,7 +540,7 @@ HEALTHY = {  # name: (kind, steps, lr, extra)
     "accum": ("accum", 800, 1e-3, dict(batch=32, accum=(1, 2, 4, 8))),
     "wd": ("wd", 1000, 1e-3, dict(wd=0.7)),
     "moe": ("moe", 1000, 1e-3, dict()),
-    "resmlp": ("resmlp", 800, 1e-3, dict(layer_every=40)),  # 146 parameters: fewer rows
+    "resmlp": ("resmlp", 600, 1e-3, dict(layer_every=40)),  # 146 parameters: fewer rows
 }
 
 
@@ -497,6 +564,9 @@ def _specs() -> list[Shape]:
                      opt="sgdm", fault="kept", fault_step=400))
         out.append(S(f"nan_ddpm_s{seed}", "ddpm", 500, 1e-3, seed=seed, batch=128,
                      fault="nan", fault_step=400))
+        for kind, steps, batch in (("mlp", 500, 32), ("ddpm", 600, 64)):  # 2 ranks
+            out.append(S(f"h_ddp_{kind}_s{seed}", kind, steps, 1e-3, seed=seed, batch=batch,
+                         layer_every=40, params={"ddp_ranks": 2}))
     return out
 
 
