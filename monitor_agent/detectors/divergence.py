@@ -493,7 +493,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                    "level, so divergence's level rule, plateau and overfitting do not judge "
                    "it; gradients, non-finite values and a runaway still do")
         elif why == "signed":
-            msg = (f"the loss went below zero ({fmt(rec.loss)} at step "
+            msg = (f"the loss went below zero (at step "
                    f"{self.ctx.rank(rec.rank).negative_loss_step}): it is no error measured "
                    "from zero, so a rise of its level is no percentage of anything, and a "
                    "loss of either sign (an RL or TD objective) has no stable level by "
