@@ -252,13 +252,13 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
         self._fold_loss(rec.step, rec.loss, st)
         found = self._jump(rec, st)
-        kind = self.ctx.loss_kind(rec.rank)
-        if kind == "nonstationary" or (kind == "signed" and self.ctx.state.loss_kind != "signed"):
+        kind, units = self.ctx.loss_kind(rec.rank), self.ctx.level_units(rec.rank)
+        if units is None:
             # No level to judge (said once), except a rise the raised lr still drives.
             level = (self._level(rec, st, linear=True, lr_only=True)
                      or self._unlevelled(rec, st, kind))
         else:
-            level = self._level(rec, st, linear=kind == "signed")
+            level = self._level(rec, st, linear=units == "linear")
         found = self._fast(rec, st, linear=kind != "error") or level or found
         st.prev_loss = rec.loss
         if finite(rec.lr) and rec.lr > 0:  # after the rules: the median they judge excludes it

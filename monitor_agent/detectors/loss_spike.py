@@ -10,10 +10,18 @@ heavy-tailed (a CNN at loss 0.001 has batches at 0.05) the MAD is so wide that e
 is a spike whatever the spread. The spike itself never enters the EMA before it is judged,
 and MAD ignores earlier spikes in the window.
 
-A loss with no zero to take ratios from (``signed``: it went below zero, or the run
-declared it ``signed`` or ``nonstationary``, ``support/context.py``) is judged in its own
-units: ``loss - EMA`` against the last ``baseline_window`` such residuals, a spike at
-``spike_z`` robust sigmas, with no ratio (a ratio to an EMA near zero is any number).
+Which level, in which units, is the context's one judgement
+(``DetectorContext.level_units``, ``support/context.py``), shared with ``divergence``,
+``plateau`` and ``overfitting``. A loss the run declared ``signed`` has no zero to take
+ratios from: it is judged in its own units, ``loss - EMA`` against the last
+``baseline_window`` such residuals, a spike at ``spike_z`` robust sigmas, with no ratio (a
+ratio to an EMA near zero is any number). A loss with no stable level - declared
+``nonstationary``, or one that went below zero with nothing declared (an RL objective) - is
+not judged at all: "far above its recent level" means nothing where the level moves by
+design. An actor-critic loss's noise shrinks as its policy converges, so each payoff redraw
+stands 20-170 of its own recent sigmas out (``tests/traces/shapes`` ``h_ac*``, tune half:
+3 false warnings a run, none after); a bad batch there still shows in the gradient
+(``grad_explosion``) and a non-finite loss (``nan_inf``).
 
 Its ``onset_step`` is its own step: a spike is judged on the step it happens.
 
@@ -88,8 +96,10 @@ class LossSpikeDetector(DetectorBase[LossSpikeSettings]):
         return SpikeState(residuals=Window.of(n), lin_residuals=Window.of(n))
 
     def on_step(self, rec: StepRecord, st: SpikeState) -> list[Finding]:
-        ema = self.ctx.ema_loss(rec.rank)
-        if finite(rec.loss) and ema is not None and self.ctx.loss_kind(rec.rank) != "error":
+        ema, units = self.ctx.ema_loss(rec.rank), self.ctx.level_units(rec.rank)
+        if units is None:
+            return []  # no stable level to be far above (support/context.py)
+        if finite(rec.loss) and ema is not None and units == "linear":
             return self._signed(rec, st, rec.loss, ema)
         if not finite(rec.loss) or ema is None or ema <= 0 or rec.loss <= 0:
             return []

@@ -83,11 +83,25 @@ def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch
 
 def test_a_signed_loss_is_judged_in_its_own_noise_not_as_a_ratio():
     """Around zero of either sign, loss / EMA is any number: 0.3 over an EMA of 0.01 is
-    30x and nothing. One batch 20 of its own sigmas out is still a spike."""
+    30x and nothing. One batch 20 of its own sigmas out is still a spike, on a loss the run
+    declared signed (one that settles to a level)."""
     import numpy as np
     rng = np.random.default_rng(0)
-    recs = [run()] + [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
+    recs = [run(loss_kind="signed")]
+    recs += [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
     assert of_type(feed(only("loss_spike"), recs), "loss_spike") == []
     recs.append(step(300, loss=1.5))
     found = of_type(feed(only("loss_spike"), recs), "loss_spike")
     assert [f.step for f in found] == [300] and found[0].evidence["units"] == "linear"
+
+
+@pytest.mark.parametrize("config", [{}, {"loss_kind": "rl"}, {"loss_kind": "nonstationary"}])
+def test_a_loss_with_no_stable_level_has_no_spike_above_it(config):
+    """A loss of either sign nobody declared, or one declared nonstationary, has no stable
+    level (support/context.py's level_units): the same batch 30 sigmas out is no spike."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    recs = [run(**config)]
+    recs += [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
+    recs.append(step(300, loss=1.5))
+    assert of_type(feed(only("loss_spike"), recs), "loss_spike") == []

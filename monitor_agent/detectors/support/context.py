@@ -209,6 +209,36 @@ class DetectorContext:
             return "signed"  # a declared "error" that goes negative is not one
         return "error" if kind == "auto" else kind
 
+    def level_units(self, rank: int = 0) -> str | None:
+        """The one judgement of whether this rank's loss has a stable level, and in what
+        units the loss-level detectors (``divergence``'s level rule, ``loss_spike``,
+        ``plateau``, ``overfitting``) measure a move away from it: ``"log"`` for an
+        ``error`` (a ratio to its level, in log units), ``"linear"`` for a loss the run
+        declared ``signed`` (its own units: no zero to take a ratio from), ``None`` where it
+        has no stable level - declared ``nonstationary``, or a loss that went below zero
+        with nothing declared (an RL or TD objective, whose level moves by design as its
+        targets are redrawn). "Far above its recent level" means nothing where the level
+        moves by design, so none of them judges one; gradients, non-finite values and the
+        runaway rule still do.
+
+            >>> from monitor_agent.detectors import DetectorSettings
+            >>> ctx = DetectorContext(DetectorSettings())
+            >>> ctx.level_units()
+            'log'
+            >>> ctx.rank(0).negative_loss_step = 40  # the loss went below zero at step 40
+            >>> ctx.level_units() is None, ctx.loss_kind()
+            (True, 'signed')
+            >>> ctx.state.loss_kind = "signed"  # the run declared it
+            >>> ctx.level_units()
+            'linear'
+        """
+        kind = self.loss_kind(rank)
+        if kind == "error":
+            return "log"
+        if kind == "signed" and self.state.loss_kind == "signed":
+            return "linear"
+        return None
+
     def ema_loss(self, rank: int = 0) -> float | None:
         info = self.state.ranks.get(str(rank))
         return info.ema.value if info is not None else None
