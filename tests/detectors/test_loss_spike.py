@@ -71,6 +71,21 @@ def test_an_order_of_magnitude_is_a_spike_even_where_batches_are_heavy_tailed():
     assert found[0].evidence["ratio"] >= 10 and found[0].evidence["z"] < 6
 
 
+def test_an_order_of_magnitude_is_no_spike_where_the_runs_own_batches_reach_one():
+    # A TD loss near zero: its batches routinely reach 10-20x its EMA, so a 17x one at a
+    # modest z is its normal; one a decade above anything in its last 100 steps is a spike.
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    losses = 0.001 * np.exp(rng.standard_normal(300))  # heavy-tailed: max ~ 15-20x
+    recs = [run()] + [step(i, loss=float(v)) for i, v in enumerate(losses[1:], start=1)]
+    normal = step(300, loss=0.017)
+    assert feed(only("loss_spike"), recs + [normal]) == []
+    huge = step(300, loss=1.0)
+    found = feed(only("loss_spike"), recs + [huge])
+    assert [(f.step, f.severity) for f in found] == [(300, Severity.WARNING)]
+
+
 @pytest.mark.parametrize("label,path", recordings("burst"),
                          ids=lambda v: v["file"][:-9] if isinstance(v, dict) else "")
 def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch(label, path):
