@@ -46,6 +46,13 @@ several steps in a row, because one bad batch rises once and falls back:
   ``divergence_ratio`` x its EMA and above the progress floor, while the grad norm also
   rose and stands above ``divergence_grad_ratio`` x its median (an LR too high, caught
   before the NaN); a shorter streak that ends in a non-finite loss fires on that step.
+  A ratio says something only against the loss's own noise: 1.2x is 2.4 per-step sigmas
+  of a GPT's log-loss (sigma 0.075) and a fifth of one of a DQN's TD loss near zero, whose
+  batches swing by 10x. So each rising step must also stand ``divergence_runaway_z`` (3)
+  per-step sigmas of the log-loss (the earlier window's, as the level rule measures it)
+  above the EMA: a single step that far up is a tail one step in 700 reaches, three rising
+  in a row with the gradient is none; where the noise is narrow the ratio binds first, as
+  before (the recorded LR runaways on a GPT stand 3.2-18 sigmas up from their first step).
 * jump: after warmup, ``divergence_hold`` consecutive steps whose update/param ratio is
   above the hard limit ``update_ratio_max`` (each step rewrote over 10% of the weights)
   and ``divergence_jump`` x its rolling median: an LR jump the optimizer keeps applying,
@@ -145,6 +152,11 @@ class DivergenceSettings(SharedSettings):
     divergence_ratio: float = Field(
         default=1.2, gt=1,
         description="loss / EMA from which a rising step counts toward divergence.",
+    )
+    divergence_runaway_z: float = Field(
+        default=3.0, gt=0,
+        description="Runaway rule: log(loss / EMA) on each rising step at least this many "
+        "per-step sigmas of the log-loss (as well as divergence_ratio).",
     )
     divergence_grad_ratio: float = Field(
         default=2.0, gt=1, description="grad norm / its median from which a rising step counts."
@@ -354,8 +366,15 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             loss_up = (loss > st.prev_loss and finite(sigma)
                        and loss - ema >= s.divergence_z * max(sigma, 1e-12))
         else:
+            # A ratio is noise-free only where the log-loss is narrow: on a loss whose own
+            # steps swing by 1.2x and more (a TD loss near zero), the rise must also stand
+            # divergence_runaway_z per-step sigmas of its log-loss above its EMA.
+            sigma = (_step_sigma(st.earlier) if len(st.earlier) >= s.min_history_steps
+                     else math.nan)
             loss_up = (loss > st.prev_loss and loss >= s.divergence_ratio * abs(ema)
-                       and (floor is None or loss >= floor))
+                       and (floor is None or loss >= floor)
+                       and (not finite(sigma) or ema <= 0
+                            or math.log(loss / ema) >= s.divergence_runaway_z * sigma))
         if not finite(rec.grad_norm) or st.prev_grad is None:
             return loss_up
         med = math.exp(st.grads.median())

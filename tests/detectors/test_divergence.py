@@ -261,3 +261,17 @@ def test_a_loss_with_no_level_still_diverges_while_a_raised_lr_drives_it():
     found = [f for f in feed(only("divergence"), recs) if f.severity.pages]
     assert found and 1200 <= found[0].step <= 1215
     assert "the cause is still applied" in found[0].message
+
+
+@pytest.mark.parametrize("log_noise,pages", [(1.0, False), (0.03, True)])
+def test_a_runaway_must_stand_out_of_the_log_losss_own_noise(log_noise, pages):
+    """Loss and grad norm rising 3 steps in a row to 2-4x the EMA: a runaway on a loss
+    whose steps scatter by 3%, the ordinary swing of a TD loss whose steps scatter by e^1."""
+    rng = np.random.default_rng(0)
+    recs = [run()] + [step(i, loss=0.001 * math.exp(log_noise * rng.standard_normal()),
+                           grad_norm=1.0 + 0.1 * rng.random()) for i in range(1, 300)]
+    ema = 0.001 * math.exp(log_noise**2 / 2)
+    recs += [step(300 + k, loss=ema * r, grad_norm=g)
+             for k, (r, g) in enumerate([(1.3, 3.0), (2.0, 5.0), (4.0, 8.0)])]
+    found = [f for f in feed(only("divergence"), recs) if f.evidence.get("rule") == "runaway"]
+    assert bool(found) == pages
