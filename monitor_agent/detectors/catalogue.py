@@ -58,9 +58,11 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     # was) is a loss_spike; a gradient out of its band (6 robust sigmas, 3x) that persists -
     # its raised lr still applied, past 20 steps, not back after it - or recurs (5 episodes,
     # or 3 of them 10x out, within 1000 steps) is a grad_explosion; a loss level 6 standard
-    # errors of its own noise above its best, holding, is a divergence. A loss of either
-    # sign is judged in its own units, never as a percentage (support/context.py's
-    # LOSS_KINDS).
+    # errors of its own noise above its best, holding (past any level swing the run came
+    # back from on its own), is a divergence. A loss of either sign is judged in its own
+    # units, never as a percentage; one with no stable level (declared nonstationary, or
+    # below zero undeclared) gets no spike or level judgement (support/context.py's
+    # LOSS_KINDS and level_units).
     NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
     GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
     GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,

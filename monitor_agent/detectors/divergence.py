@@ -38,6 +38,17 @@ several steps in a row, because one bad batch rises once and falls back:
   - a whole ``baseline_window`` (100 steps) from the onset without coming back, whatever
     the shape (a divergence that overshot and settled higher).
 
+  The time and whole-window rules take "it holds" from the run itself where it has shown
+  otherwise: a level that has risen, held past ``divergence_persist`` steps and come back
+  on its own without paging is the run's own level swing (a DQN's TD loss rises 5-40x at
+  each target-network sync and settles within 50 steps, ``tests/traces/shapes``
+  ``h_dqn_s1``), and a new rise no higher than the largest level such a swing still held
+  at that age (``recovered_rise`` in the evidence) shows no persistence the run has not
+  already recovered from. The cause rule (a raised lr still applied) is not affected:
+  the optimizer's cause is no part of the run's own dynamics. A burst of bad batches
+  that came back within ``divergence_persist`` steps counts for nothing here (it never
+  held that long), so a later divergence is judged as before.
+
   Measured on the class recordings' held-out seeds (``bench/detection.py``): divergence
   precision 33% -> 90%; the LR-kept runs are paged as early as before (the cause rule);
   a shift with no LR behind it is paged 30 steps after its onset instead of about 8
@@ -235,6 +246,12 @@ class DivergenceState:
     best_lin: float | None = None
     best_lin_step: int | None = None
     said: bool = False  # the info that the loss has no level to judge was given
+    # The rise the current excursion still held divergence_persist steps or more after its
+    # onset, whether it paged, and the largest such rise of an excursion that came back
+    # without paging (log, or linear units): the run's own level swing (module docstring).
+    held_rise: float | None = None
+    paged: bool = False
+    recovered: float | None = None
 
 
 class DivergenceDetector(DetectorBase[DivergenceSettings]):
@@ -426,7 +443,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         ref = self._reference(rec, st, linear)
         recent, earlier = (st.lin_recent, st.lin_earlier) if linear else (st.recent, st.earlier)
         if ref is None or not recent.full or self.ctx.in_warmup(rec.step):
-            st.held, st.onset = 0, None
+            self._ended(st)
             return []
         back = _same if linear else math.exp
         now, before = recent.median(), ref
@@ -454,11 +471,11 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                   and math.exp(now) >= floor)
             band = before + max(math.log1p(s.divergence_rise), ONSET_Z * sigma)
         if up and not levelled:
-            st.held, st.onset = 0, None
+            self._ended(st)
             return self._unlevelled(rec, st, "no_progress", learnt=learnt, learnt_se=learnt_se,
                                     level=back(before), linear=linear)
         if not up:
-            st.held, st.onset = 0, None
+            self._ended(st)
             return []
         if st.held == 0:
             st.onset = self._onset(st, band, rec.step, linear)
@@ -467,9 +484,12 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                             if len(st.lrs) >= s.min_history_steps else None)
         st.held += 1
         st.peak = max(st.peak if st.peak is not None else now, now)
+        if rec.step - (st.onset if st.onset is not None else rec.step) >= s.divergence_persist:
+            st.held_rise = max(st.held_rise if st.held_rise is not None else rise, rise)
         why = self._persists(rec, st, before, now, back, lr_only)
         if why is None or not self.due(rec):
             return []
+        st.paged = True
         level_now, level_before = back(now), back(before)
         given_back = (level_now - level_before) / max(start - level_before, 1e-12)
         best = ref < earlier.median()
@@ -492,11 +512,20 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                     "start": start,
                     "progress_lost": given_back if start > level_before else None,
                     "consecutive_steps": st.held, "peak_median": back(st.peak),
+                    "recovered_rise": st.recovered,
                     "lr": rec.lr, "lr_before": st.lr_before}
         if not linear:
             evidence["noise_sigma_log"] = sigma
         return [self.finding(rec, msg, value=level_now, threshold=level_before,
                              evidence=evidence, suggestions=DIVERGENCE)]
+
+    def _ended(self, st: DivergenceState) -> None:
+        """The level is back within its band: an excursion that held past a burst's length
+        and came back without paging is the run's own level swing (``recovered``)."""
+        if st.held and not st.paged and st.held_rise is not None:
+            st.recovered = max(st.recovered if st.recovered is not None else st.held_rise,
+                               st.held_rise)
+        st.held, st.onset, st.held_rise, st.paged = 0, None, None, False
 
     def _unlevelled(self, rec: StepRecord, st: DivergenceState, why: str,
                     learnt: float = math.nan, learnt_se: float = math.nan,
@@ -556,7 +585,10 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         level, whose rise only its cause still applied (a raised lr) makes a divergence."""
         s = self.settings
         lasted = rec.step - (st.onset if st.onset is not None else rec.step)
-        if lasted >= s.baseline_window and not lr_only:
+        # Past its own swing: a level no higher than one this run has held as long and
+        # come back from on its own shows no persistence (module docstring).
+        beyond = st.recovered is None or now - before > st.recovered
+        if lasted >= s.baseline_window and not lr_only and beyond:
             return f"not back within a whole {s.baseline_window}-step baseline window"
         lr, lr_before = rec.lr, st.lr_before
         if (lr is not None and lr_before is not None and finite(lr)
@@ -568,7 +600,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         peak = back(st.peak if st.peak is not None else now)
         level, base = back(now), back(before)
         returned = (peak - level) / max(peak - base, 1e-12)
-        if lasted >= s.divergence_persist and returned < s.divergence_give_back:
+        if lasted >= s.divergence_persist and returned < s.divergence_give_back and beyond:
             return (f"having given back {returned:.0%} of its peak {fmt(peak)}: it holds, a "
                     f"burst would have returned")
         return None

@@ -275,3 +275,35 @@ def test_a_runaway_must_stand_out_of_the_log_losss_own_noise(log_noise, pages):
              for k, (r, g) in enumerate([(1.3, 3.0), (2.0, 5.0), (4.0, 8.0)])]
     found = [f for f in feed(only("divergence"), recs) if f.evidence.get("rule") == "runaway"]
     assert bool(found) == pages
+
+
+def _swinging(swings: tuple[int, ...], shift: float, seed: int = 0) -> list:
+    """A TD-like loss falling from 0.02 to 0.01 that swings up ~30x at each step in
+    ``swings`` and settles back within 50 steps; from step 700 its level moves to ``shift``
+    x and stays."""
+    rng = np.random.default_rng(seed)
+    recs = [run()]
+    for i in range(1, 900):
+        level = 0.01 * (1 + math.exp(-i / 40))
+        for s0 in swings:
+            if i >= s0:
+                level *= 1 + 30 * math.exp(-(i - s0) / 12)
+        level *= shift if i >= 700 else 1.0
+        recs.append(step(i, loss=level * math.exp(0.05 * rng.standard_normal()),
+                         grad_norm=1.0 + 0.1 * rng.random()))
+    return recs
+
+
+def _paged(recs: list) -> list:
+    return [f for f in feed(only("divergence"), recs) if f.severity.pages]
+
+
+def test_a_level_no_higher_than_the_runs_own_recovered_swings_does_not_page():
+    # the swings held past a burst's 30 steps (3.5x there) and came back on their own: a
+    # level shift to 3x is within them; to 10x it is beyond, and without swings 3x pages
+    assert _paged(_swinging((300, 500), 1.0)) == []
+    assert _paged(_swinging((300, 500), 3.0)) == []
+    beyond = _paged(_swinging((300, 500), 10.0))
+    assert beyond and beyond[0].evidence["rule"] == "level" and beyond[0].step > 700
+    assert beyond[0].evidence["recovered_rise"] is not None
+    assert _paged(_swinging((), 3.0))
