@@ -90,6 +90,11 @@ that goes below zero with nothing declared, or one declared ``nonstationary`` (`
 targets (its payoffs are redrawn, its policy relearns) - so no level rise pages on it,
 except one that a raised lr still drives (``divergence_lr_jump`` x its median from before:
 the optimizer's, not the environment's); one ``info`` finding says so, once a run.
+The runaway rule judges a ratio (in log units, in its own log noise, as for an error)
+wherever the loss has stayed positive and is not declared ``signed``, whatever else is
+declared: a TD loss declared ``nonstationary`` is still a squared error near zero, whose
+batches swing by 10x; in linear units its spread (the MAD of values packed near zero)
+would make every such swing dozens of sigmas.
 
 Any kind: a progress (start median minus the reference) under ``divergence_z`` standard
 errors of the same noise is no level either - the loss learnt nothing its noise can tell
@@ -288,7 +293,11 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                      or self._unlevelled(rec, st, kind))
         else:
             level = self._level(rec, st, linear=units == "linear")
-        found = self._fast(rec, st, linear=kind != "error") or level or found
+        # The runaway takes a ratio wherever the loss has a zero to take one from: it
+        # stayed positive and was not declared signed (a TD loss declared nonstationary is
+        # still an error measured from zero; its linear spread misses its heavy tail).
+        ratio = kind != "signed" and self.ctx.rank(rec.rank).negative_loss_step < 0
+        found = self._fast(rec, st, linear=not ratio) or level or found
         st.prev_loss = rec.loss
         if finite(rec.lr) and rec.lr > 0:  # after the rules: the median they judge excludes it
             st.lrs.add(math.log(rec.lr))

@@ -307,3 +307,17 @@ def test_a_level_no_higher_than_the_runs_own_recovered_swings_does_not_page():
     assert beyond and beyond[0].evidence["rule"] == "level" and beyond[0].step > 700
     assert beyond[0].evidence["recovered_rise"] is not None
     assert _paged(_swinging((), 3.0))
+
+
+@pytest.mark.parametrize("rise,pages", [((5, 8, 12), False), ((25, 400, 6000), True)])
+def test_a_positive_loss_declared_nonstationary_runs_away_in_its_log_noise(rise, pages):
+    """A TD loss declared nonstationary stays a positive error: its runaway is judged as a
+    ratio in its log noise, not in the linear spread of values packed near zero."""
+    rng = np.random.default_rng(0)
+    recs = [run(loss_kind="td")]
+    recs += [step(i, loss=0.001 * math.exp(rng.standard_normal()),
+                  grad_norm=1.0 + 0.1 * rng.random()) for i in range(1, 300)]
+    recs += [step(300 + k, loss=0.0016 * r, grad_norm=3.0 * (k + 1))
+             for k, r in enumerate(rise)]
+    found = [f for f in feed(only("divergence"), recs) if f.evidence.get("rule") == "runaway"]
+    assert bool(found) == pages
