@@ -225,7 +225,9 @@ class MonitorConfig:
             sidecar judges it by its values): "error" (a non-negative loss that falls),
             "signed" (a loss of either sign that settles, a density's NLL: judged in its
             own units), "nonstationary" (also "rl", "td", "actor_critic", "gan",
-            "adversarial": no stable level by design, so no level judgement pages on it).
+            "adversarial": no stable level by design, so no level judgement - spike,
+            level rise, plateau, overfitting - is made on it; a DQN's TD loss, which stays
+            positive, needs it said).
         run_id: None: ``MONITOR_AGENT_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``,
             else generated (and broadcast from rank 0 under torch.distributed).
         token: bearer token (None: ``MONITOR_AGENT_TOKEN``).
