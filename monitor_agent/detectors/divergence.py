@@ -135,7 +135,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from pydantic import Field
@@ -569,8 +569,11 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
                    "loss_kind in its config)")
         evidence = {"rule": "no_level", "why": why, "learnt": learnt,
                     "learnt_stderr": learnt_se, "loss": rec.loss}
-        return [self.finding(rec, msg, value=rec.loss, evidence=evidence,
-                             severity=Severity.INFO)]
+        # A note, not an alarm: recorded and listed with the run's findings, but no rule
+        # matches it (a rule on ``divergence`` with ``action: rollback`` or ``severity:
+        # critical`` would otherwise act on, or page, the very absence of a judgement).
+        note = self.finding(rec, msg, value=rec.loss, evidence=evidence, severity=Severity.INFO)
+        return [replace(note, log_only=True)]
 
     def _onset(self, st: DivergenceState, band: float, now: int, linear: bool = False) -> int:
         """The first step of the recent window whose own loss (log loss) is above

@@ -249,6 +249,14 @@ def test_a_loss_that_goes_negative_unsaid_is_said_to_have_no_level_once():
     assert "went below zero" in found[0].message
 
 
+def test_the_no_level_note_is_log_only_so_no_rule_acts_on_it():
+    """The note that no level is judged is no alarm: a rule on divergence that rolls back or
+    pages critical must not act on it (the multi-node e2e: a rank's shuffled labels left
+    its loss no progress, and the note stopped the job through RollbackOnDivergence)."""
+    (note,) = feed(only("divergence"), _nll())
+    assert note.severity == Severity.INFO and note.log_only
+
+
 def test_a_loss_with_no_level_still_diverges_while_a_raised_lr_drives_it():
     """An actor-critic loss (either sign, no level) under an lr kept 30x from step 1200:
     its rise is the optimizer's, the cause still applied."""
