@@ -30,8 +30,8 @@ from typing import Any
 
 from monitor_client._rollback import RESUME_FILE, RollbackPlan, read_resume_file
 
-__all__ = ["PLAN_ENV", "ROLLBACK_EXIT", "LrScale", "RollbackExit", "announce", "consume",
-           "relaunch_plan"]
+__all__ = ["PLAN_ENV", "ROLLBACK_EXIT", "LrScale", "Relaunch", "RollbackExit", "announce",
+           "consume", "relaunch_plan"]
 
 log = logging.getLogger("monitor_client")
 
@@ -115,3 +115,37 @@ class LrScale:
         for group, lr in self._saved:
             group["lr"] = lr
         self._saved = []
+
+
+class Relaunch:
+    """A framework callback's side of step 3 (module docstring): the plan this process was
+    relaunched for, its LR factor, and the file to consume once training is under way."""
+
+    def __init__(self) -> None:
+        self.plan: RollbackPlan | None = None
+        self.lr = LrScale(None)
+        self._file: Path | None = None
+
+    def take(self, directory: str | os.PathLike[str], plans: Any, step: int
+             ) -> RollbackPlan | None:
+        """At train start, ``step`` the loop's resumed step: the plan, when this process
+        resumed from its checkpoint. Any plan found is marked applied in ``plans`` (the
+        Monitor's ledger): it is done, not an order again; one for another checkpoint is a
+        file left from an earlier relaunch."""
+        found = relaunch_plan(directory)
+        if found is None:
+            return None
+        plan, path = found
+        plans.applied(plan.id)
+        if plan.checkpoint_step != step:
+            return None
+        self.plan, self._file, self.lr = plan, path, LrScale(plan)
+        return plan
+
+    def consume_once(self, zero: bool) -> None:
+        """After the first step: every rank read the file at train start (the step's
+        collectives came after), so the global rank zero (``zero``) consumes it."""
+        if self._file is not None and self.plan is not None:
+            if zero:
+                consume(self._file, self.plan)
+            self._file = None

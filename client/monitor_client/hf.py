@@ -56,7 +56,6 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -64,7 +63,7 @@ from transformers import TrainerCallback
 from monitor_client._arguments import monitor_settings
 from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._monitor import Monitor
-from monitor_client._resume import LrScale, RollbackExit, announce, consume, relaunch_plan
+from monitor_client._resume import Relaunch, RollbackExit, announce
 from monitor_client._rollback import RollbackPlan, write_resume_file
 from monitor_client.config import MonitorConfig
 
@@ -112,14 +111,16 @@ class MonitorCallback(TrainerCallback):
         self._restore_clip: float | None = None
         self._handles: list[Any] = []
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
-        # The plan this process was relaunched for, and the file it came from (_resume.py).
-        self.relaunched: RollbackPlan | None = None
-        self._plan_file: Path | None = None
+        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._data: StreamBatches | None = None
         self._position: int | None = None
         self._restore_skip: bool | None = None
-        self._lr = LrScale(None)
         self._step_lr: Any = None
+
+    @property
+    def relaunched(self) -> RollbackPlan | None:
+        """The plan this process was relaunched for, or None."""
+        return self._relaunch.plan
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made at the start of training when none was given)."""
@@ -138,13 +139,7 @@ class MonitorCallback(TrainerCallback):
                        train_dataloader=None, **kwargs):
         mon = self.monitor if self.monitor is not None else self._make_monitor(args)
         self.monitor = mon
-        found = relaunch_plan(args.output_dir)
-        plan = None
-        if found is not None:  # relaunched for that plan: it is done, not an order again
-            mon._plans.applied(found[0].id)
-            if found[0].checkpoint_step == state.global_step:  # resumed from its checkpoint
-                plan, self._plan_file = found
-                self.relaunched, self._lr = plan, LrScale(plan)
+        plan = self._relaunch.take(args.output_dir, mon._plans, state.global_step)
         if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", int(state.max_steps))
         if self.take_over_data and train_dataloader is not None:
@@ -213,14 +208,14 @@ class MonitorCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         opt = getattr(optimizer, "optimizer", optimizer)
-        self._lr.apply(opt, state.global_step + 1)
+        self._relaunch.lr.apply(opt, state.global_step + 1)
         # The LR this step uses (a plan's factor included): on_step_end comes after the
         # scheduler stepped, when the group holds the next step's.
         groups = getattr(opt, "param_groups", None)
         self._step_lr = groups[0].get("lr") if groups else None
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self._lr.restore()
+        self._relaunch.lr.restore()
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch
@@ -239,11 +234,7 @@ class MonitorCallback(TrainerCallback):
                      samples=self._samples or None, data_position=self._position, **extra)
         self._losses, self._tokens, self._samples = [], 0, 0
         self._label_counts = []
-        if self._plan_file is not None and self.relaunched is not None:
-            # Every rank read it at train begin (step 1's all-reduce came after): consumed.
-            if state.is_world_process_zero:
-                consume(self._plan_file, self.relaunched)
-            self._plan_file = None
+        self._relaunch.consume_once(state.is_world_process_zero)
         if mon.should_stop():
             control.should_training_stop = True
         if mon.should_checkpoint():
@@ -277,7 +268,7 @@ class MonitorCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         for handle in self._handles:
             handle.remove()
-        self._lr.restore()
+        self._relaunch.lr.restore()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
         if self._restore_skip is not None:

@@ -56,7 +56,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -64,7 +63,7 @@ import lightning.pytorch as pl
 from monitor_client._arguments import monitor_settings
 from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
-from monitor_client._resume import LrScale, RollbackExit, announce, consume, relaunch_plan
+from monitor_client._resume import Relaunch, RollbackExit, announce
 from monitor_client._rollback import RollbackPlan, write_resume_file
 from monitor_client.config import MonitorConfig
 
@@ -113,11 +112,13 @@ class MonitorCallback(pl.Callback):
         self._reported: set[tuple[int, str]] = set()
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
         self.exit_on_rollback = exit_on_rollback
-        # The plan this process was relaunched for, and the file it came from (_resume.py).
-        self.relaunched: RollbackPlan | None = None
-        self._plan_file: Path | None = None
+        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._streams: list[DataStream] = []
-        self._lr = LrScale(None)
+
+    @property
+    def relaunched(self) -> RollbackPlan | None:
+        """The plan this process was relaunched for, or None."""
+        return self._relaunch.plan
 
     def _mon(self) -> Monitor:
         """The run's Monitor (made when fitting starts when none was given)."""
@@ -150,14 +151,10 @@ class MonitorCallback(pl.Callback):
         """After the checkpoint restored the loop and the DataStream's position (module
         docstring): the plan this process was relaunched for, if any."""
         self._streams = _streams(trainer)
-        found = relaunch_plan(self._directory(trainer))
-        if found is None:
+        plan = self._relaunch.take(self._directory(trainer), self._mon()._plans,
+                                   trainer.global_step)
+        if plan is None:
             return
-        plan, path = found
-        self._mon()._plans.applied(plan.id)  # relaunched for that plan: not an order again
-        if plan.checkpoint_step != trainer.global_step:
-            return  # a plan file left from an earlier relaunch
-        self.relaunched, self._plan_file, self._lr = plan, path, LrScale(plan)
         for stream in self._streams:
             if stream.position == 0 and plan.resume_position:  # a checkpoint without it
                 stream.seek(plan.resume_position, plan.skip)
@@ -186,7 +183,7 @@ class MonitorCallback(pl.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self._mon().before_optimizer_step()
-        self._lr.apply(optimizer, trainer.global_step + 1)  # put back before the scheduler
+        self._relaunch.lr.apply(optimizer, trainer.global_step + 1)  # put back before the scheduler
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -195,8 +192,8 @@ class MonitorCallback(pl.Callback):
         self._samples += _batch_size(batch)
         if trainer.global_step == self._last_step:
             return  # accumulating: the optimizer has not stepped yet
-        lr = self._lr.lr
-        self._lr.restore()
+        lr = self._relaunch.lr.lr
+        self._relaunch.lr.restore()
         self._last_step = trainer.global_step
         total = sum(self._losses[1:], self._losses[0]) if self._losses else None
         samples = self._samples or None
@@ -205,10 +202,7 @@ class MonitorCallback(pl.Callback):
         self._mon().log_step(trainer.global_step, loss=total, samples=samples, tokens=tokens,
                              data_position=position, **({"lr": lr} if lr is not None else {}))
         self._losses, self._samples = [], 0
-        if self._plan_file is not None and self.relaunched is not None:
-            if trainer.is_global_zero:  # every rank read it at train start: consumed
-                consume(self._plan_file, self.relaunched)
-            self._plan_file = None
+        self._relaunch.consume_once(trainer.is_global_zero)
         self._honour_actions(trainer)
 
     def _honour_actions(self, trainer) -> None:
@@ -249,7 +243,7 @@ class MonitorCallback(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self._report_saves(trainer)
-        self._lr.restore()
+        self._relaunch.lr.restore()
         if self.rollback is not None:
             self._mon().close(status="stopped", error=f"stopped to roll back: "
                               f"{self.rollback.message or self.rollback.checkpoint_path}")
