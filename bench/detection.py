@@ -23,8 +23,13 @@ class recordings (``tests/traces/classes``, ``classes_runs.py``): per class, pre
 (caught over caught + raised where the label neither expects nor allows it), recall and
 delay, on the ``tune`` seed and the held-out seeds.
 
+Then the shapes (``tests/traces/shapes``, ``shapes_runs.py``: actor-critic, DQN, InfoNCE,
+diffusion, AMP, MoE, ... healthy and faulty), per half (seed 1 ``tune``, seeds 2-3
+``heldout``): the precision table above (healthy runs paged and by what, false warnings per
+10k healthy steps, recall per type, faulty runs fully caught) and the class table.
+
 Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--classes DIR]
-[--no-cost] [--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
+[--shapes DIR] [--no-cost] [--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from monitor_agent.records.types import EndRecord, LayerTable, QuantileTable, Re
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
 CORPUS = TRACES.parent / "corpus"
 CLASSES = TRACES.parent / "classes"
+SHAPES = TRACES.parent / "shapes"
 RECIPE_TYPES = {"loss_spike", "divergence", "grad_explosion", "nan_inf"}
 LEAD_TYPES = {"divergence", "grad_explosion"}
 EPISODE_STEPS = 100
@@ -351,6 +357,7 @@ def main() -> None:
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--classes", type=Path, default=CLASSES)
+    ap.add_argument("--shapes", type=Path, default=SHAPES)
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--precision-only", action="store_true")
     ap.add_argument("--details", action="store_true", help="list every false alarm and miss")
@@ -367,6 +374,12 @@ def main() -> None:
         for half in ("tune", "heldout"):
             print_class_scores(f"spike / divergence / explosion, class recordings {half} half",
                                class_scores(load_set(args.classes, half)), args.details)
+    if (args.shapes / "labels.json").exists():
+        for half in ("tune", "heldout"):
+            traces = load_set(args.shapes, half)
+            print_precision(f"precision, shapes {half} half", precision(traces), args.details)
+            print_class_scores(f"spike / divergence / explosion, shapes {half} half",
+                               class_scores(traces), args.details)
     if not args.no_cost:
         print_cost()
 

@@ -52,6 +52,9 @@ class SetScore:
     healthy_steps: int = 0
     healthy_runs: int = 0
     paged_runs: set[str] = field(default_factory=set)
+    paged_by: dict[str, dict[str, int]] = field(default_factory=dict)  # run: {type: pages}
+    fault_runs: int = 0
+    fault_runs_caught: int = 0  # every expected finding inside its window, right severity
     unexplained: list[str] = field(default_factory=list)  # one line per false alarm / miss
     per_type: dict[str, TypeScore] = field(default_factory=lambda: defaultdict(TypeScore))
 
@@ -83,9 +86,11 @@ def load_set(directory: Path, half: str | None = None) -> list[tuple[dict, Path]
 def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScore) -> None:
     first: dict[str, Finding] = {}
     for f in sorted(findings, key=lambda f: f.step):
-        first.setdefault(f.type, f)
+        if f.severity > Severity.INFO:  # an info finding (a note) is no detection of its type
+            first.setdefault(f.type, f)
     # the nan_inf window closes at the first non-finite loss (AMP: overflows open it earlier)
     nan = next((e["last_step"] for e in label["expected"] if e["type"] == "nan_inf"), None)
+    missed_before = len(total.unexplained)
     for e in label["expected"]:
         ts = total.per_type[e["type"]]
         ts.expected += 1
@@ -101,6 +106,9 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
             total.unexplained.append(f"{label['file']}: missed {e['type']} {e['severity']} "
                                      f"{e['first_step']}..{e['last_step']}, {got}")
     name = label["file"]
+    if label["expected"]:
+        total.fault_runs += 1
+        total.fault_runs_caught += len(total.unexplained) == missed_before
     if label["healthy"]:
         total.healthy_steps += steps
         total.healthy_runs += 1
@@ -110,6 +118,8 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
                 ts.false_pages += 1
                 ts.runs_paged.add(name)
                 total.paged_runs.add(name)
+                by = total.paged_by.setdefault(name, {})
+                by[f.type] = by.get(f.type, 0) + 1
                 total.unexplained.append(f"{name}: PAGE {f.type} @{f.step}: {f.message}")
             elif f.severity == Severity.WARNING:
                 if f.type in label["allowed"]:
@@ -159,6 +169,12 @@ def print_precision(title: str, s: SetScore, details: bool = False) -> None:
               f"{lead:>6}{ts.fault_false:>9}")
     print(f"{'all':22}{tot_p * per10k:>10.2f}{tot_w * per10k:>10.2f}{'':>9}"
           f"{len(s.paged_runs):>11}{f'{tot_caught}/{tot_exp}':>9}")
+    if s.fault_runs:
+        print(f"faulty runs with every expected finding caught: {s.fault_runs_caught}/"
+              f"{s.fault_runs}")
+    for run, by in sorted(s.paged_by.items()):
+        print(f"  paged: {run.split('.')[0]}: " + ", ".join(f"{t} x{n}" for t, n in
+                                                           sorted(by.items())))
     for line in s.unexplained if details else ():
         print("  " + line[:200])
 
@@ -184,7 +200,8 @@ def class_scores(traces: list[tuple[dict, Path]]) -> dict[str, ClassScore]:
         findings, _ = findings_of(path)
         first: dict[str, Finding] = {}
         for f in sorted(findings, key=lambda f: f.step):
-            first.setdefault(f.type, f)
+            if f.severity > Severity.INFO:  # an info finding raises no alarm of its class
+                first.setdefault(f.type, f)
         name = label["file"].split(".")[0]
         exp = {e["type"]: e for e in label["expected"]}
         for c in CLASSES:

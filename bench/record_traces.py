@@ -41,6 +41,7 @@ step (a precursor must come before the NaN).
     python bench/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
     python bench/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
     python bench/record_traces.py --classes  # spike/divergence/explosion, classes_runs.py
+    python bench/record_traces.py --shapes   # run shapes (RL, AMP, MoE, ...), shapes_runs.py
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from monitor_client import CategoryLoss, Monitor, MonitorConfig, WatchConfig  # 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "traces"
 CORPUS = OUT / "corpus"
 CLASSES = OUT / "classes"
+SHAPES = OUT / "shapes"
 EVERY = 5
 EVAL_EVERY = 25
 # MLP eval categories: the teacher's classes in three groups.
@@ -235,11 +237,15 @@ def write(name: str, records: list, out: Path = OUT) -> Path:
 
 
 def _rounded(obj):
-    """7 significant digits, as the public traces: float32 statistics carry no more."""
+    """7 significant digits, as the public traces: float32 statistics carry no more. Wall
+    clock ``time`` keeps 0.1 ms (as the public traces): at 7 digits a Unix time moves in
+    1000 s jumps, which replays as a stall and breaks the rank interleaving of DDP traces
+    (the corpus and class recordings were written before this and carry such times)."""
     if isinstance(obj, float):
         return float(f"{obj:.7g}") if math.isfinite(obj) else obj
     if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
+        return {k: round(v, 4) if k == "time" and isinstance(v, float) else _rounded(v)
+                for k, v in obj.items()}
     if isinstance(obj, list):
         return [_rounded(v) for v in obj]
     return obj
@@ -289,6 +295,23 @@ def record_classes(only: list[str], shard: str) -> None:
         write_class_labels(CLASSES)
 
 
+def record_shapes(only: list[str], shard: str) -> None:
+    """The shape recordings (``shapes_runs.py``): one file per run, then their labels."""
+    from shapes_runs import SPECS, run
+
+    index, count = (int(v) for v in shard.split("/"))
+    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
+    for spec in todo:
+        start = time.perf_counter()
+        path = write(spec.name, run(spec, monitor), SHAPES)
+        print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+    if count == 1:
+        from shapes_labels import write_shape_labels
+
+        write_shape_labels(SHAPES)
+
+
 def main() -> None:
     import argparse
 
@@ -297,9 +320,16 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="corpus runs by name")
     parser.add_argument("--shard", default="0/1", help="I/N: every N-th corpus run from I")
     parser.add_argument("--classes", action="store_true", help="record tests/traces/classes")
-    parser.add_argument("--labels", action="store_true", help="only (re)write corpus labels")
+    parser.add_argument("--shapes", action="store_true", help="record tests/traces/shapes")
+    parser.add_argument("--labels", action="store_true", help="only (re)write corpus labels "
+                        "(with --shapes: the shape labels)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.labels and args.shapes:
+        from shapes_labels import write_shape_labels
+
+        write_shape_labels(SHAPES)
+        return
     if args.labels:
         from corpus_labels import write_corpus_labels
 
@@ -310,6 +340,9 @@ def main() -> None:
         return
     if args.classes:
         record_classes(args.only, args.shard)
+        return
+    if args.shapes:
+        record_shapes(args.only, args.shard)
         return
     recorded = {}
     for name, fn in SCENARIOS.items():

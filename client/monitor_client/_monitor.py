@@ -118,7 +118,9 @@ class Monitor:
     The keywords are what nearly every script sets: ``url`` (None: ``MONITOR_AGENT_URL``,
     else http://127.0.0.1:9400), ``project``, ``config`` (the run's hyperparameters, a
     JSON-able dict shown with the run), ``total_steps`` (the optimizer steps planned: the
-    run page's progress and ETA come from it), ``run_id`` (None: from the launcher, else
+    run page's progress and ETA come from it), ``loss_kind`` (what the loss is, when it is not
+a non-negative error that falls: "signed", or "nonstationary" for RL and GAN objectives;
+``MonitorConfig``), ``run_id`` (None: from the launcher, else
     generated), ``token`` (None: ``MONITOR_AGENT_TOKEN``) and ``labels``. Every other knob
     is a field of ``settings``, a ``MonitorConfig`` (``config.py``, with units), whose
     ``watch`` is what ``watch()`` measures unless told otherwise. A value that makes no
@@ -147,11 +149,13 @@ class Monitor:
 
     def __init__(self, url: str | None = None, project: str | None = None,
                  config: Mapping[str, Any] | None = None, *, total_steps: int | None = None,
+                 loss_kind: str | None = None,
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
                  **legacy: Any) -> None:
         self._start(monitor_settings("Monitor", config, settings, dict(
-            url=url, project=project, total_steps=total_steps, run_id=run_id, token=token,
+            url=url, project=project, total_steps=total_steps, loss_kind=loss_kind,
+            run_id=run_id, token=token,
             labels=labels), legacy))
 
     @property
@@ -170,6 +174,8 @@ class Monitor:
         self.project, self.config = cfg.project, dict(cfg.hparams or {})
         if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
             self.config["total_steps"] = int(cfg.total_steps)
+        if cfg.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
+            self.config["loss_kind"] = cfg.loss_kind
         self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
         # This process's records are one attempt of the run id (docs/format.md).
         self.attempt = new_token()

@@ -204,6 +204,11 @@ class WatchConfig:
                 _positive(self, name)
 
 
+LOSS_KINDS = frozenset({"auto", "error", "signed", "nonstationary", "rl", "td",
+                        "actor_critic", "gan", "adversarial"})
+"""What ``loss_kind`` may say (the sidecar's ``detectors/support/context.py`` reads it)."""
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
     """Where a ``Monitor`` reports, as whom, and how much it may buffer.
@@ -216,6 +221,13 @@ class MonitorConfig:
         total_steps: optimizer steps the run will take; sent as ``config["total_steps"]``,
             from which the sidecar shows progress and an ETA (None: no ETA, unless the
             hyperparameters carry ``total_steps`` themselves).
+        loss_kind: what the loss is, sent as ``config["loss_kind"]`` (None: not said, the
+            sidecar judges it by its values): "error" (a non-negative loss that falls),
+            "signed" (a loss of either sign that settles, a density's NLL: judged in its
+            own units), "nonstationary" (also "rl", "td", "actor_critic", "gan",
+            "adversarial": no stable level by design, so no level judgement - spike,
+            level rise, plateau, overfitting - is made on it; a DQN's TD loss, which stays
+            positive, needs it said).
         run_id: None: ``MONITOR_AGENT_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``,
             else generated (and broadcast from rank 0 under torch.distributed).
         token: bearer token (None: ``MONITOR_AGENT_TOKEN``).
@@ -249,6 +261,7 @@ class MonitorConfig:
     project: str | None = None
     hparams: Mapping[str, Any] | None = None
     total_steps: int | None = None
+    loss_kind: str | None = None
     run_id: str | None = None
     token: str | None = None
     labels: Mapping[str, Any] | None = None
@@ -281,6 +294,9 @@ class MonitorConfig:
                             f"{type(self.watch).__name__}")
         if self.total_steps is not None:
             _whole(self, "total_steps")
+        if self.loss_kind is not None and self.loss_kind not in LOSS_KINDS:
+            raise ValueError(f"MonitorConfig.loss_kind={self.loss_kind!r} must be one of "
+                             f"{', '.join(sorted(LOSS_KINDS))}")
         if self.rank is not None:
             _at_least(self, "rank", 0)
         if self.world_size is not None:

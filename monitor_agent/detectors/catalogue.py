@@ -53,7 +53,16 @@ from monitor_agent.detectors.window_trained import WindowTrainedDetector
 from monitor_agent.records.types import Severity
 
 DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
-    # the original format's 17 types
+    # the original format's 17 types. Spike, explosion, divergence (docs/format.md, "Finding
+    # types"): a burst of bad batches the run recovers from (up to 20 steps, the lr where it
+    # was) is a loss_spike; a gradient out of its band (6 robust sigmas, 3x) that persists -
+    # its raised lr still applied, past 20 steps, not back after it - or recurs (5 episodes,
+    # or 3 of them 10x out, within 1000 steps) is a grad_explosion; a loss level 6 standard
+    # errors of its own noise above its best, holding (past any level swing the run came
+    # back from on its own), is a divergence. A loss of either sign is judged in its own
+    # units, never as a percentage; one with no stable level (declared nonstationary, or
+    # below zero undeclared) gets no spike or level judgement (support/context.py's
+    # LOSS_KINDS and level_units).
     NanInfDetector, LossSpikeDetector, DivergenceDetector, GradExplosionDetector,
     GradVanishingDetector, DeadLayerDetector, UpdateRatioHighDetector, UpdateRatioLowDetector,
     GainDriftDetector, ClipSaturationDetector, PlateauDetector, OverfittingDetector,

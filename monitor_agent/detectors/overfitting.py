@@ -6,7 +6,10 @@ On every eval: the gap ``(val - train) / train`` is banded (mild from
 best so far. Fires when val is ``overfit_val_rise`` above its best while train loss kept
 falling and the gap is at least mild, on ``overfit_evals`` evals in a row, or when the gap
 is high and val has not improved for ``overfit_evals`` evals. The train loss
-is the eval record's ``train_loss``, else the rank's loss EMA.
+is the eval record's ``train_loss``, else the rank's loss EMA. A gap and a rise are
+fractions of a positive train loss: judged only for a loss of kind ``error``
+(``DetectorContext.level_units`` is ``"log"``, ``support/context.py``), not one that went below zero (a fraction of a level near zero is
+any number) nor one declared ``nonstationary`` (its val loss moves with its target).
 
 Three evals: the val loss rises from its best of 2.6 on two in a row while train keeps falling::
 
@@ -87,7 +90,8 @@ class OverfittingDetector(DetectorBase[OverfittingSettings]):
 
     def on_eval(self, rec: EvalRecord, st: OverfitState) -> list[Finding]:
         train = rec.train_loss if finite(rec.train_loss) else self.ctx.ema_loss(rec.rank)
-        if not finite(rec.val_loss) or not finite(train) or train <= 0:
+        if (not finite(rec.val_loss) or not finite(train) or train <= 0
+                or self.ctx.level_units(rec.rank) != "log"):
             return []
         if st.best_val is None or rec.val_loss < st.best_val:
             st.best_val, st.best_step, st.train_at_best = rec.val_loss, rec.step, train

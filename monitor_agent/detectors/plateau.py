@@ -6,7 +6,10 @@ window against the median of its first quarter; improvement below
 ``plateau_min_improvement`` (relative) is flat, and when the loss has also not improved
 since the run's first steps the run is not learning. A flat stretch after progress is
 normal (the tail of a decaying schedule) and is judged on the val loss instead (info): no
-new best for ``plateau_evals`` evaluations.
+new best for ``plateau_evals`` evaluations. The training-loss rule judges only a loss of
+kind ``error`` (``DetectorContext.level_units`` is ``"log"``, ``support/context.py``): a loss
+that goes below zero, or one declared ``nonstationary``, has no stable level at all, and one
+declared ``signed`` has no zero a relative improvement is a fraction of.
 
 A loss that barely moves from 4.6 from the first step: once the window is full, not learning::
 
@@ -86,8 +89,8 @@ class PlateauDetector(DetectorBase[PlateauSettings]):
         return PlateauState(losses=Window.of(w), lrs=Window.of(w))
 
     def on_step(self, rec: StepRecord, st: PlateauState) -> list[Finding]:
-        if not finite(rec.loss):
-            return []
+        if not finite(rec.loss) or self.ctx.level_units(rec.rank) != "log":
+            return []  # flat "as a fraction of its level": only an error from zero has one
         if len(st.first) < self.settings.min_history_steps:
             st.first.append(rec.loss)
         st.losses.add(rec.loss)

@@ -10,8 +10,12 @@ does NOT wait in the all-reduce while the others do. Each rank's median over
 ``straggler_window`` steps is compared with the median of the other ranks' medians; a rank
 whose own time is ``straggler_ratio`` x theirs is the straggler, and the larger of its extra
 data time and extra compute time names the cause. A rank whose own work is as fast as the
-others' but whose step is ``straggler_ratio`` x longer, the extra in ``sync_wait_time``, is
-slow in the collective itself (its link, its NIC): that is the third cause. A rank slow in
+others' but which the others wait for in the all-reduce - their ``sync_wait_time`` above
+its own by ``straggler_ratio - 1`` x their own work or more - is late to the collective for
+reasons outside its data and compute (its link, its NIC, a host stall between its
+measured parts): that is the third cause, ``collective``. It names the rank that is late,
+the one that waits LEAST: with equal own work, the rank that waits longest is the one that
+arrived first. A rank slow in
 its own compute whose GPU throttles (the NVML throttle reasons in the record's ``gpu``
 object) while most other ranks' GPUs do not is a straggler with that cause, ``gpu_throttle``.
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
@@ -103,8 +107,10 @@ STRAGGLER_DATA = (
     "decode samples make one rank's loading slower.",
 )
 STRAGGLER_COLLECTIVE = (
-    "Its time goes into the gradient all-reduce itself: check that host's network link "
-    "(NIC errors, a slower path, NCCL_SOCKET_IFNAME / NCCL_IB_HCA picking the wrong device).",
+    "It reaches the gradient all-reduce late with its own work as fast as the others': check "
+    "that host's network link (NIC errors, a slower path, NCCL_SOCKET_IFNAME / NCCL_IB_HCA "
+    "picking the wrong device), and what that rank does between its measured parts "
+    "(logging, checkpoints or evaluation on that rank only, garbage collection).",
     "Check that the host is not oversubscribed (other jobs on its network or CPUs).",
 )
 STRAGGLER_THROTTLE = (
@@ -203,8 +209,10 @@ def judge(mine: Times, theirs: Times, threshold: float,
 
     Its own time ``threshold`` x theirs (or, when only ``data_time`` splits the step, its
     step over theirs less its extra loading): the cause is the larger of its extra data
-    time and its extra compute time. Else, its step ``threshold`` x theirs with over half
-    the extra waiting in the all-reduce: the collective itself.
+    time and its extra compute time. Else, the others wait for it in the all-reduce: their
+    wait above its own by ``threshold - 1`` x their own work or more, their step stretched
+    ``threshold`` x by it (``_late_to_collective``): late to the collective itself. Never
+    the rank that waits most: with equal own work that is the one that arrived first.
 
     Either way the extra must be at least ``floor`` seconds a step
     (``straggler_min_extra_seconds``, 20 ms): a ratio of milliseconds is the host's own
@@ -217,8 +225,10 @@ def judge(mine: Times, theirs: Times, threshold: float,
         >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
         >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
         Slowness(ratio=5.166666666666667, cause='compute')
-        >>> judge(Times(0.06, 0.01, 0.05, 0.6, 0.66), theirs, 1.5).cause
+        >>> judge(Times(0.06, 0.01, 0.05, 0.005, 0.32), theirs, 1.5).cause
         'collective'
+        >>> judge(Times(0.06, 0.01, 0.05, 0.6, 0.66), theirs, 1.5) is None  # early, waits
+        True
         >>> judge(theirs, theirs, 1.5) is None
         True
     """
@@ -227,8 +237,9 @@ def judge(mine: Times, theirs: Times, threshold: float,
         ratio = max(ratio, _data_only_ratio(mine, theirs))
     if ratio >= threshold and _extra(mine, theirs) >= floor:
         return Slowness(ratio, _own_cause(mine, theirs))
-    if _slow_in_collective(mine, theirs, threshold) and mine.step - theirs.step >= floor:
-        return Slowness(ratio, "collective")
+    late = _late_to_collective(mine, theirs, threshold)
+    if late is not None and theirs.wait - mine.wait >= floor:
+        return Slowness(late, "collective")
     return None
 
 
@@ -260,26 +271,33 @@ def _data_only_ratio(mine: Times, theirs: Times) -> float:
     return mine.step / base
 
 
-def _slow_in_collective(mine: Times, theirs: Times, threshold: float) -> bool:
-    """Its step is ``threshold`` x the others' and the extra is all-reduce wait."""
-    if not (mine.step >= threshold * theirs.step and mine.wait > theirs.wait):
-        return False
-    return mine.wait - theirs.wait > (mine.step - theirs.step) / 2
+def _late_to_collective(mine: Times, theirs: Times, threshold: float) -> float | None:
+    """The others wait for it in the all-reduce: their wait above its own, added to their
+    own work, is ``threshold`` x their own work (their step stretched that much by it);
+    that ratio, else None. Whoever arrives last waits least, so the late rank is the one
+    with LESS wait than the others, never more (with equal own work, the rank that waits
+    longer arrived first)."""
+    excess = theirs.wait - mine.wait
+    if not (finite(excess) and excess > 0 and finite(theirs.own) and theirs.own > 0):
+        return None
+    ratio = (theirs.own + excess) / theirs.own
+    return ratio if ratio >= threshold else None
 
 
 def _maybe_slow(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
                 threshold: float) -> np.ndarray:
     """Which of many ranks ``judge`` could call slow (a superset: it is asked only about
     these), on arrays of their medians keyed by ``QUANTITIES``: its own time or its step
-    ``threshold`` x theirs, or only ``data_time`` said and more of it. A cause that shows
-    neither way must be added here too."""
+    ``threshold`` x theirs, the others waiting for it (``_late_to_collective``), or only
+    ``data_time`` said and more of it. A cause that shows none of these ways must be added
+    here too."""
     t = threshold * (1 - 1e-9)  # a ratio at the threshold, whatever the rounding
     with np.errstate(invalid="ignore"):
         own = mine["times"] >= t * theirs["times"]
-        step = mine["step"] >= t * theirs["step"]
+        late = theirs["wait"] - mine["wait"] >= (t - 1) * theirs["times"]
         data_only = np.isnan(mine["compute"]) & np.isnan(mine["wait"]) \
             & (mine["data"] > theirs["data"])
-    return own | step | data_only
+    return own | late | data_only
 
 
 def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> str:
@@ -287,9 +305,10 @@ def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> s
     ``others``: "the other ranks", "the other nodes"."""
     head = f"{who}: "
     if cause == "collective":
-        return (head + f"it waits {_ms(mine.wait)} in the gradient all-reduce vs "
-                f"{_ms(theirs.wait)} on {others}, while its own work takes "
-                f"{_ms(mine.own)} vs {_ms(theirs.own)}")
+        return (head + f"it is late to the gradient all-reduce: {others} wait "
+                f"{_ms(theirs.wait)} there for it vs {_ms(mine.wait)} it waits, while its "
+                f"own work takes {_ms(mine.own)} vs {_ms(theirs.own)} (its time goes outside "
+                f"its data and compute: its link, or its host)")
     part = "data loading" if cause == "data" else "own compute"
     value, their = (mine.data, theirs.data) if cause == "data" else (mine.compute, theirs.compute)
     if finite(value) and finite(their):

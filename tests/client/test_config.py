@@ -165,3 +165,11 @@ def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path
     assert by_object["labels"] == by_keywords["labels"]
     steps = [r for r in receiver.of_kind("step") if r["run_id"] == "obj"]
     assert [bool(r.get("layers")) for r in steps] == [True, False, True]
+
+
+def test_loss_kind_is_sent_in_the_run_config_and_checked_before_training():
+    mon = Monitor(loss_kind="rl", settings=MonitorConfig(enabled=False))
+    assert mon.config == {"loss_kind": "rl"} and mon.settings.loss_kind == "rl"
+    assert "loss_kind" not in Monitor(settings=MonitorConfig(enabled=False)).config
+    with pytest.raises(ValueError, match="loss_kind='reward'"):
+        MonitorConfig(loss_kind="reward")

@@ -21,7 +21,8 @@ def _layer_grads(i: int, boost: dict[int, float]) -> list[float]:
 
 
 def _explosion(first: int, second: int) -> list:
-    """Layer ``first`` leaves at step 100, ``second`` at 102, global explosion from 103."""
+    """Layer ``first`` leaves at step 100, ``second`` at 102, global explosion from 103,
+    under an lr raised 10x at step 100 (the cause, still applied)."""
     recs = [run(layer_order=N)]
     for i in range(1, 110):
         boost = {}
@@ -30,7 +31,8 @@ def _explosion(first: int, second: int) -> list:
         if i >= 102:
             boost[second] = 5.0 * (i - 101)
         g = 1.0 + noise(i, 0.2) if i < 103 else 10.0 * (i - 102)
-        recs.append(step(i, grad_norm=g, grad_norms=grad_table(N, _layer_grads(i, boost))))
+        recs.append(step(i, grad_norm=g, grad_norms=grad_table(N, _layer_grads(i, boost)),
+                         lr=1e-3 if i < 100 else 1e-2))
     return recs
 
 

@@ -71,6 +71,21 @@ def test_an_order_of_magnitude_is_a_spike_even_where_batches_are_heavy_tailed():
     assert found[0].evidence["ratio"] >= 10 and found[0].evidence["z"] < 6
 
 
+def test_an_order_of_magnitude_is_no_spike_where_the_runs_own_batches_reach_one():
+    # A TD loss near zero: its batches routinely reach 10-20x its EMA, so a 17x one at a
+    # modest z is its normal; one a decade above anything in its last 100 steps is a spike.
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    losses = 0.001 * np.exp(rng.standard_normal(300))  # heavy-tailed: max ~ 15-20x
+    recs = [run()] + [step(i, loss=float(v)) for i, v in enumerate(losses[1:], start=1)]
+    normal = step(300, loss=0.017)
+    assert feed(only("loss_spike"), recs + [normal]) == []
+    huge = step(300, loss=1.0)
+    found = feed(only("loss_spike"), recs + [huge])
+    assert [(f.step, f.severity) for f in found] == [(300, Severity.WARNING)]
+
+
 @pytest.mark.parametrize("label,path", recordings("burst"),
                          ids=lambda v: v["file"][:-9] if isinstance(v, dict) else "")
 def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch(label, path):
@@ -79,3 +94,29 @@ def test_every_recorded_burst_of_bad_batches_is_a_spike_dated_to_its_first_batch
     found = [f for f in replay_trace(path) if f.type == "loss_spike"]
     assert found and window["first_step"] <= found[0].step <= window["last_step"]
     assert found[0].evidence["onset_step"] == found[0].step == label["fault_step"]
+
+
+def test_a_signed_loss_is_judged_in_its_own_noise_not_as_a_ratio():
+    """Around zero of either sign, loss / EMA is any number: 0.3 over an EMA of 0.01 is
+    30x and nothing. One batch 20 of its own sigmas out is still a spike, on a loss the run
+    declared signed (one that settles to a level)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    recs = [run(loss_kind="signed")]
+    recs += [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
+    assert of_type(feed(only("loss_spike"), recs), "loss_spike") == []
+    recs.append(step(300, loss=1.5))
+    found = of_type(feed(only("loss_spike"), recs), "loss_spike")
+    assert [f.step for f in found] == [300] and found[0].evidence["units"] == "linear"
+
+
+@pytest.mark.parametrize("config", [{}, {"loss_kind": "rl"}, {"loss_kind": "nonstationary"}])
+def test_a_loss_with_no_stable_level_has_no_spike_above_it(config):
+    """A loss of either sign nobody declared, or one declared nonstationary, has no stable
+    level (support/context.py's level_units): the same batch 30 sigmas out is no spike."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    recs = [run(**config)]
+    recs += [step(i, loss=0.01 + 0.05 * rng.standard_normal()) for i in range(1, 300)]
+    recs.append(step(300, loss=1.5))
+    assert of_type(feed(only("loss_spike"), recs), "loss_spike") == []

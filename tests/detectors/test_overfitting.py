@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from synth_records import assert_restore_equivalent, eval_rec, feed, only, step
+from synth_records import assert_restore_equivalent, eval_rec, feed, only, run, step
 
 from monitor_agent.detectors import overfitting as tips
 
@@ -47,3 +47,10 @@ def test_train_loss_falls_back_to_the_loss_ema():
 def test_restore_mid_stream_changes_nothing():
     pairs = [(3.0, 3.2), (2.6, 2.5), (2.7, 2.3), (2.9, 2.1), (2.95, 2.0), (3.1, 1.8)] * 30
     assert_restore_equivalent(lambda: only("overfitting"), _evals(pairs), cut=3)
+
+
+def test_a_declared_nonstationary_loss_is_not_judged_for_overfitting():
+    evals = [eval_rec(s, val, train) for s, val, train in
+             [(100, 2.6, 2.5), (200, 2.9, 2.1), (300, 3.0, 2.0), (400, 3.1, 1.9)]]
+    assert feed(only("overfitting"), [run()] + evals)  # the control
+    assert feed(only("overfitting"), [run(loss_kind="gan")] + evals) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from synth_records import assert_restore_equivalent, eval_rec, feed, noise, only, run, step
+from synth_records import assert_restore_equivalent, eval_rec, feed, noise, of_type, only, run, step
 
 from monitor_agent.records.types import Severity
 
@@ -60,3 +60,11 @@ def test_after_the_lr_was_raised_it_does_not_advise_raising_it():
     assert found[0].evidence["lr"] == 1e-4 and found[0].evidence["lr_window_start"] == 1e-7
     plain = [run()] + [step(i, loss=4.59 * (1 + noise(i, 0.003)), lr=1e-7) for i in range(1, 300)]
     assert feed(only("plateau"), plain)[0].suggestions == tips.PLATEAU
+
+
+def test_a_signed_or_nonstationary_loss_is_not_judged_flat_as_a_fraction_of_its_level():
+    flat = [step(i, loss=4.6 - 0.0001 * i) for i in range(1, 260)]
+    assert of_type(feed(only("plateau"), [run()] + flat), "plateau")  # the control
+    assert not of_type(feed(only("plateau"), [run(loss_kind="rl")] + flat), "plateau")
+    signed = [step(i, loss=-4.6 - 0.0001 * i) for i in range(1, 260)]
+    assert not of_type(feed(only("plateau"), [run()] + signed), "plateau")

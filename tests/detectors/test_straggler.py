@@ -76,17 +76,49 @@ def test_slow_own_compute_is_named_as_the_cause():
     assert "its own compute takes 300 ms" in found[0].message
 
 
-def test_a_rank_slow_in_the_all_reduce_itself_is_named_as_such():
+def _late(ranks: int, late: int | None, extra: float, steps: int = 60) -> list:
+    """Equal own work on every rank (60 ms); rank ``late`` reaches the all-reduce ``extra``
+    seconds after the others (outside its data and compute), so they wait for it there and
+    it waits least."""
     recs = []
-    for i in range(1, 60):
-        for r in range(4):
-            wait = 0.3 if r == 3 else 0.01  # its own work as fast as the others'
-            recs.append(step(i, rank=r, step_time=0.06 + wait, data_time=0.01,
+    for i in range(1, steps):
+        for r in range(ranks):
+            wait = 0.005 + (0.0 if r == late else extra)
+            recs.append(step(i, rank=r, step_time=0.065 + extra, data_time=0.01,
                              compute_time=0.05 * (1 + noise(i + r, 0.1)), sync_wait_time=wait))
-    found = feed(only("straggler"), recs)
+    return recs
+
+
+def test_the_rank_late_to_the_all_reduce_is_named_not_the_ones_that_wait():
+    found = feed(only("straggler"), _late(4, 3, 0.3))
     assert found and {f.rank for f in found} == {3}
     assert found[0].evidence["cause"] == "collective"
-    assert "waits 300 ms in the gradient all-reduce" in found[0].message
+    assert "it is late to the gradient all-reduce: the other ranks wait 305 ms there for it " \
+        "vs 5.0 ms it waits" in found[0].message, found[0].message
+
+
+def test_with_two_ranks_the_late_one_is_the_one_that_waits_least():
+    """Two ranks of equal own work: the one that waits longer arrived first; the straggler
+    is the other."""
+    found = feed(only("straggler"), _late(2, 1, 0.1))
+    assert found and {f.rank for f in found} == {1}
+    assert found[0].evidence["cause"] == "collective"
+
+
+def test_two_healthy_ranks_a_few_ms_apart_are_no_straggler():
+    """One rank reaching the all-reduce a few ms after the other (its logging, the host's
+    scheduler) is 1.3x nothing, and under straggler_min_extra_seconds: nobody is named,
+    whichever way the ratio goes."""
+    assert feed(only("straggler"), _late(2, 1, 0.015, steps=400)) == []
+    assert feed(only("straggler"), _late(2, None, 0.0, steps=400)) == []
+    # a tiny CPU step (5 ms of own work) where 10 ms of wait is 3x: still under the floor
+    recs = []
+    for i in range(1, 400):
+        for r in range(2):
+            wait = 0.011 if r == 0 else 0.001
+            recs.append(step(i, rank=r, step_time=0.016, data_time=0.001,
+                             compute_time=0.004 * (1 + noise(i + r, 0.3)), sync_wait_time=wait))
+    assert feed(only("straggler"), recs) == []
 
 
 def test_balanced_breakdowns_name_no_one():

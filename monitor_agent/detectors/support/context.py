@@ -50,6 +50,7 @@ class RankFacts:
     last_time: float | None = None
     host: str | None = None  # the node it runs on, from its run record's labels
     ended: bool = False  # its end record arrived
+    negative_loss_step: int = -1  # the first step whose loss was below zero (-1: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,29 @@ class ContextState:
     ranks: dict[str, RankFacts] = field(default_factory=dict)
     ended: bool = False
     reporting_ranks: int = 0  # how many ranks send records (run record), 0: not said
+    loss_kind: str = "auto"  # the objective the run declared (``LOSS_KINDS``), "auto": not said
+
+
+LOSS_KINDS = {
+    "auto": "auto", "error": "error", "signed": "signed",
+    "nonstationary": "nonstationary", "rl": "nonstationary", "td": "nonstationary",
+    "actor_critic": "nonstationary", "gan": "nonstationary", "adversarial": "nonstationary",
+}
+"""What a run may declare as its objective (the run record's ``config["loss_kind"]``,
+``Monitor(config={"loss_kind": ...})``), and what the loss-level detectors make of it:
+
+* ``auto`` (the default, nothing said): an ``error`` until the loss first goes below zero,
+  ``signed`` from then on - but with no level ``divergence`` judges (a loss of either sign
+  that nobody declared may be an RL objective, whose level moves by design);
+* ``error``: a non-negative error that falls as the run learns (cross-entropy, MSE): its
+  changes are judged as ratios (in log units) against its own noise;
+* ``signed``: a loss with no zero to measure ratios from (an NLL of a density, a loss
+  around zero of either sign): judged in its own linear units, its noise and its progress;
+* ``nonstationary`` (``rl``, ``td``, ``actor_critic``, ``gan``, ``adversarial``): a loss
+  with no stable level by design (its target moves): no level judgement (divergence's
+  level rule, plateau, overfitting) pages or warns on it; ``divergence`` says so once, as
+  an info finding. Gradients, non-finite values and the runaway rule still judge the run.
+"""
 
 
 class DetectorContext:
@@ -121,6 +145,10 @@ class DetectorContext:
             # Before the detectors judge the step: the front counts it, and a finding names
             # this step's layers.
             self.front.saw(record.rank, record.step)
+            if record.loss is not None and -math.inf < record.loss < 0:
+                info = self.rank(record.rank)
+                if info.negative_loss_step < 0:
+                    info.negative_loss_step = record.step
             if record.layer_grads is not None and not amp_overflow(record):
                 self.rank(record.rank).bands.update(self.align(record.layer_grads),
                                                     record.step)
@@ -136,6 +164,9 @@ class DetectorContext:
         if warmup is not None:
             self.state.warmup = warmup
         self.state.total_steps = _as_int(record.config.get("total_steps"))
+        kind = record.config.get("loss_kind")
+        if isinstance(kind, str) and kind.strip().lower() in LOSS_KINDS:
+            self.state.loss_kind = LOSS_KINDS[kind.strip().lower()]
         order = record.layer_order
         if order:
             self.state.layer_order = [str(n) for n in order]
@@ -169,6 +200,44 @@ class DetectorContext:
         info.last_time = record.time
         if record.loss is not None and math.isfinite(record.loss):
             info.ema.add(record.loss)
+
+    def loss_kind(self, rank: int = 0) -> str:
+        """How the loss-level detectors judge this rank's loss (``LOSS_KINDS``): what the run
+        declared, else ``signed`` once its loss went below zero, else ``error``."""
+        kind = self.state.loss_kind
+        if kind in ("error", "auto") and self.rank(rank).negative_loss_step >= 0:
+            return "signed"  # a declared "error" that goes negative is not one
+        return "error" if kind == "auto" else kind
+
+    def level_units(self, rank: int = 0) -> str | None:
+        """The one judgement of whether this rank's loss has a stable level, and in what
+        units the loss-level detectors (``divergence``'s level rule, ``loss_spike``,
+        ``plateau``, ``overfitting``) measure a move away from it: ``"log"`` for an
+        ``error`` (a ratio to its level, in log units), ``"linear"`` for a loss the run
+        declared ``signed`` (its own units: no zero to take a ratio from), ``None`` where it
+        has no stable level - declared ``nonstationary``, or a loss that went below zero
+        with nothing declared (an RL or TD objective, whose level moves by design as its
+        targets are redrawn). "Far above its recent level" means nothing where the level
+        moves by design, so none of them judges one; gradients, non-finite values and the
+        runaway rule still do.
+
+            >>> from monitor_agent.detectors import DetectorSettings
+            >>> ctx = DetectorContext(DetectorSettings())
+            >>> ctx.level_units()
+            'log'
+            >>> ctx.rank(0).negative_loss_step = 40  # the loss went below zero at step 40
+            >>> ctx.level_units() is None, ctx.loss_kind()
+            (True, 'signed')
+            >>> ctx.state.loss_kind = "signed"  # the run declared it
+            >>> ctx.level_units()
+            'linear'
+        """
+        kind = self.loss_kind(rank)
+        if kind == "error":
+            return "log"
+        if kind == "signed" and self.state.loss_kind == "signed":
+            return "linear"
+        return None
 
     def ema_loss(self, rank: int = 0) -> float | None:
         info = self.state.ranks.get(str(rank))
