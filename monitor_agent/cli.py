@@ -206,23 +206,32 @@ def _export(args: argparse.Namespace) -> int:
 def _push_spool(args: argparse.Namespace) -> int:
     import os
 
-    from monitor_agent.tools.push_spool import PushError, http_post, push, segments
+    from monitor_agent.tools.push_spool import PushError, SpoolFileError, http_post, push, scan
 
     url = args.url or os.environ.get("MONITOR_AGENT_URL") or "http://127.0.0.1:9400"
     token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
     try:
-        report = push(segments(args.path), http_post(url, token), keep=args.keep)
-    except PushError as exc:
+        report = push(scan(args.path), http_post(url, token), keep=args.keep)
+    except (PushError, SpoolFileError) as exc:
         print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # unreadable or undeletable files: say which, no traceback
         print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
         return 1
     print(f"pushed {args.path} to {url}: {report.summary()}")
-    for line in report.refused[:20]:
-        print(f"  refused: {line}")
-    if len(report.refused) > 20:
-        print(f"  ... and {len(report.refused) - 20} more refused")
+    for label, lines, count in (("refused", report.refused_lines, report.refused),
+                                ("refused for now", report.waiting_lines, report.waiting),
+                                ("kept", report.kept, len(report.kept)),
+                                ("skipped", report.skipped, len(report.skipped))):
+        shown = lines[:20]
+        for line in shown:
+            print(f"  {label}: {line}")
+        if count > len(shown):
+            print(f"  ... and {count - len(shown)} more {label}")
+    if report.waiting:  # not done: a script that pushes should push again, later
+        print(f"monitor-agent push-spool: {report.waiting} records were refused for now; "
+              "their files are kept: push again later", file=sys.stderr)
+        return 1
     return 0
 
 

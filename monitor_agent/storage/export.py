@@ -7,8 +7,9 @@ each, non-finite numbers spelled as docs/format.md says.
 
 The file is written whole or not at all (a temporary file beside it, renamed at the end):
 a mistyped run id, an unreachable sidecar or a full disk leave an existing file as it was.
-A target inside the data directory, or any SQLite database, is refused before anything is
-read, and every failure is an ``ExportError`` that says what to fix.
+A target inside the data directory, any SQLite database, or anything but a regular file (a
+device node, a FIFO, a socket, a symbolic link: the rename would replace it) is refused
+before anything is read, and every failure is an ``ExportError`` that says what to fix.
 
 A data directory with two steps of one run (stored out of order), exported, then a
 mistyped run id that leaves the file alone::
@@ -40,6 +41,7 @@ from __future__ import annotations
 import gzip
 import os
 import sqlite3
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -130,6 +132,9 @@ def _write(out: Path, records: Iterable[dict[str, Any]]) -> int:
                     sink.write(wire.dumps(rec) + b"\n")
                     count += 1
         if count:
+            # Again at the last moment: the export took a while, and something other than
+            # a regular file may have been put there since the first look.
+            _refuse_non_regular(out, _lstat(out))
             os.replace(tmp, out)
     except OSError as exc:
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from None
@@ -139,16 +144,48 @@ def _write(out: Path, records: Iterable[dict[str, Any]]) -> int:
 
 
 def _check_target(out: Path) -> None:
-    """Refuse, before reading anything, a target that cannot or must not be written."""
-    if out.is_dir():
+    """Refuse, before reading anything, a target that cannot or must not be written.
+
+    Only a regular file is ever replaced: the rename at the end puts a new regular file in
+    place of whatever has the name, so a device node (as root: a system device), a FIFO
+    (which would also hang the check below), a socket or a symbolic link at ``out`` is
+    refused, not replaced. Looked at with ``lstat``, never through a link."""
+    st = _lstat(out)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise ExportError(f"{out} is a directory; name the trace file to write "
                           "(e.g. run.jsonl.gz)")
+    _refuse_non_regular(out, st)
     if not out.parent.is_dir():
         raise ExportError(f"directory {out.parent} does not exist")
-    try:
-        with out.open("rb") as fh:
-            head = fh.read(len(SQLITE_MAGIC))
+    if st is None:
+        return
+    try:  # no link followed, no wait for a writer: it was a regular file a moment ago
+        fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return
+    with os.fdopen(fd, "rb") as fh:
+        _refuse_non_regular(out, os.fstat(fh.fileno()))  # swapped since the lstat
+        head = fh.read(len(SQLITE_MAGIC))
     if head == SQLITE_MAGIC:
         raise ExportError(f"{out} is an SQLite database; refusing to overwrite it with a trace")
+
+
+def _refuse_non_regular(out: Path, st: os.stat_result | None) -> None:
+    if st is None or stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ExportError(f"{out} is a symbolic link; export replaces only a regular file: "
+                          "name the file itself")
+    kind = ("a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+            "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    raise ExportError(f"{out} is {kind}; export replaces only a regular file: name another")
+
+
+def _lstat(out: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(out)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ExportError(f"cannot look at {out}: {exc.strerror}") from None

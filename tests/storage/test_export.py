@@ -137,3 +137,45 @@ def test_a_resumed_run_exports_its_current_history_by_either_route(tmp_path: Pat
     assert exported == list(wire.iter_trace(by_url))
     assert [(r["step"], r["loss"]) for r in exported] == [
         (s, 3.0 if s <= 10 else 2.0) for s in range(1, 31)]
+
+
+def test_export_replaces_only_a_regular_file(tmp_path: Path):
+    """A device node (as root, a system device), a symbolic link or a FIFO at the target is
+    refused and left as it was: the rename that ends an export would put a regular file in
+    its place, and a FIFO would hang the look at what is there."""
+    import os
+    import stat
+
+    from monitor_agent.storage.store import RecordRow, Store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(data / "monitor.sqlite")
+    store.insert_records([RecordRow("r", 0, "step", 1, None, wire.dumps(
+        {"kind": "step", "run_id": "r", "step": 1, "loss": 1.0}))])
+    store.close()
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text("someone's file\n")
+    targets = {"link.jsonl": lambda p: p.symlink_to(victim),
+               "dangling.jsonl": lambda p: p.symlink_to(tmp_path / "nowhere"),
+               "fifo.jsonl": os.mkfifo}
+    try:  # /dev/null's twin; only where this process may make device nodes (root)
+        os.mknod(tmp_path / "probe", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        os.unlink(tmp_path / "probe")
+        targets["device.jsonl"] = lambda p: os.mknod(p, stat.S_IFCHR | 0o600,
+                                                      os.makedev(1, 3))
+    except PermissionError:
+        pass
+    for name, make in targets.items():
+        make(tmp_path / name)
+        before = os.lstat(tmp_path / name)
+        proc = _cli("r", "-o", str(tmp_path / name), "--data-dir", str(data))
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
+        assert "only a regular file" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        after = os.lstat(tmp_path / name)
+        assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), name
+    assert victim.read_text() == "someone's file\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    proc = _cli("r", "-o", str(victim), "--data-dir", str(data))  # a regular file: replaced
+    assert proc.returncode == 0 and victim.read_text().startswith('{"kind":"step"')
