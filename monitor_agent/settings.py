@@ -160,8 +160,19 @@ class Settings(BaseSettings):
         "may carry; a longer answer ends with a `next` link.",
     )
     tick_interval_seconds: float = Field(1.0, gt=0, le=60)
+    failpoint: str | None = Field(
+        None, description="Crash tests only: the name of a commit boundary "
+        "(pipeline/failpoints.py) at which the process kills itself with SIGKILL, to prove "
+        "that a restart recovers from a crash there. Never set it in production.",
+    )
     snapshot_interval_seconds: float = Field(
         10.0, gt=0, description="How often detector state is persisted (restart recovery)."
+    )
+    snapshot_every_steps: int = Field(
+        64, ge=1, description="A run's detector state is also persisted each time its "
+        "latest step moved this far since the last time, and as often while it is rebuilt "
+        "for a resume: a resume to any step finds a snapshot about this far below it and "
+        "replays only the records since (pipeline/registry.py).",
     )
 
     detectors: DetectorSettings = Field(default_factory=DetectorSettings)

@@ -5,6 +5,12 @@ it arrived), validates payloads the way the real service does (Slack answers 400
 ``invalid_payload``, PagerDuty 400 ``invalid event``), and can be scripted to answer with
 429 + Retry-After, 500s, a 400 or a delay (for timeouts). Reusable by any test.
 
+Each enforces its service's documented size limits, so a test that gets a page accepted
+proves it would not be refused: PagerDuty's 512 KB an event and 1024 characters a summary
+(``pagerduty_errors``), Block Kit's per-block limits (``slack_errors``: 50 blocks, a
+header's 150 characters, a section's 3000, ...), and for the generic webhook the 1 MiB of
+the proxy most often in front of one (nginx's ``client_max_body_size``, 413).
+
 Example::
 
     with Receiver("pagerduty") as pd:
@@ -63,6 +69,7 @@ class Receiver:
         self._script: deque[Reply] = deque()
         self._cond = threading.Condition()
         self._closing = threading.Event()
+        self.block_errors: list[str] = []  # slack: why the last blocks were refused
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
@@ -116,24 +123,26 @@ class Receiver:
             req.json = json.loads(req.body)
         except ValueError:
             return self._invalid(["body is not JSON"])
-        errors = self._validate(req.json)
+        if self.protocol == "webhook" and len(req.body) > WEBHOOK_MAX_BODY_BYTES:
+            return Reply(413, "<html>413 Request Entity Too Large</html>")
+        errors = self._validate(req.json, len(req.body))
         if errors:
             return self._invalid(errors)
         return self._success(req.json)
 
-    def _validate(self, body: Any) -> list[str]:
+    def _validate(self, body: Any, size: int) -> list[str]:
         if self.protocol == "slack":
             ok = isinstance(body, dict) and (body.get("text") or body.get("blocks"))
             if not ok:
                 return ["missing text and blocks"]
-            blocks = body.get("blocks") or []
-            if len(blocks) > 50:
+            self.block_errors = slack_errors(body.get("blocks") or [])
+            if self.block_errors:
                 return ["invalid_blocks"]
-            if slack_block_text(blocks) > SLACK_MAX_BLOCK_TEXT:
+            if slack_block_text(body.get("blocks") or []) > SLACK_MAX_BLOCK_TEXT:
                 return ["msg_blocks_too_long"]
             return []
         if self.protocol == "pagerduty":
-            return pagerduty_errors(body)
+            return pagerduty_errors(body, size)
         if self.protocol == "alertmanager":
             ok = isinstance(body, list) and all(isinstance(a, dict) and a.get("labels") for a in body)
             return [] if ok else ["expected a list of alerts with labels"]
@@ -163,6 +172,68 @@ class Receiver:
 
 
 SLACK_MAX_BLOCK_TEXT = 12_000  # what users report Slack refusing (msg_blocks_too_long)
+SLACK_MAX_BLOCKS = 50
+# Block Kit's documented limits (api.slack.com/reference/block-kit): characters of text.
+SLACK_TEXT_LIMITS = {"header": 150, "section": 3000, "field": 2000, "context": 3000,
+                     "button": 75, "url": 3000, "block_id": 255}
+PD_MAX_EVENT_BYTES = 512_000  # "Events API payloads are limited to 512 KB" (its overview)
+PD_MAX_SUMMARY = 1024
+WEBHOOK_MAX_BODY_BYTES = 1 << 20
+
+
+def slack_errors(blocks: Any) -> list[str]:
+    """What Slack refuses (``invalid_blocks``) in these blocks, by Block Kit's documented
+    limits, naming the block and the limit."""
+    if not isinstance(blocks, list):
+        return ["blocks must be a list"]
+    if len(blocks) > SLACK_MAX_BLOCKS:
+        return [f"{len(blocks)} blocks: at most {SLACK_MAX_BLOCKS}"]
+    lim, errors = SLACK_TEXT_LIMITS, []
+
+    def check(where: str, text: Any, limit: int) -> None:
+        if not isinstance(text, str) or not text:
+            errors.append(f"{where}: no text")
+        elif len(text) > limit:
+            errors.append(f"{where}: {len(text)} characters, at most {limit}")
+
+    for i, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        where = f"blocks[{i}] ({kind})"
+        if not isinstance(block, dict):
+            errors.append(f"{where}: not an object")
+            continue
+        if "block_id" in block:
+            check(f"{where}.block_id", block["block_id"], lim["block_id"])
+        if kind == "header":
+            check(where, (block.get("text") or {}).get("text"), lim["header"])
+        elif kind == "section":
+            if "text" in block:
+                check(where, (block.get("text") or {}).get("text"), lim["section"])
+            fields = block.get("fields") or []
+            if len(fields) > 10:
+                errors.append(f"{where}: {len(fields)} fields, at most 10")
+            for j, field_ in enumerate(fields):
+                check(f"{where}.fields[{j}]", field_.get("text"), lim["field"])
+        elif kind == "context":
+            elements = block.get("elements") or []
+            if not 1 <= len(elements) <= 10:
+                errors.append(f"{where}: {len(elements)} elements, 1 to 10")
+            for j, element in enumerate(elements):
+                if element.get("type") in ("mrkdwn", "plain_text"):
+                    check(f"{where}.elements[{j}]", element.get("text"), lim["context"])
+        elif kind == "actions":
+            elements = block.get("elements") or []
+            if not 1 <= len(elements) <= 25:
+                errors.append(f"{where}: {len(elements)} elements, 1 to 25")
+            for j, element in enumerate(elements):
+                if element.get("type") == "button":
+                    check(f"{where}.elements[{j}].text", (element.get("text") or {}).get("text"),
+                          lim["button"])
+                    if "url" in element:
+                        check(f"{where}.elements[{j}].url", element["url"], lim["url"])
+        elif kind != "divider":
+            errors.append(f"{where}: a block type these messages do not use")
+    return errors
 
 
 def slack_block_text(blocks: Any) -> int:
@@ -175,11 +246,13 @@ def slack_block_text(blocks: Any) -> int:
     return 0
 
 
-def pagerduty_errors(body: Any) -> list[str]:
-    """What PagerDuty's Events API v2 would reject in this event."""
+def pagerduty_errors(body: Any, size: int = 0) -> list[str]:
+    """What PagerDuty's Events API v2 would reject in this event (``size``: its bytes)."""
     if not isinstance(body, dict):
         return ["event must be an object"]
     errors = []
+    if size > PD_MAX_EVENT_BYTES:
+        errors.append(f"event is {size} bytes: larger than 512 KB")
     if not body.get("routing_key"):
         errors.append("'routing_key' is missing or blank")
     if body.get("event_action") not in PD_ACTIONS:
@@ -193,7 +266,7 @@ def pagerduty_errors(body: Any) -> list[str]:
                 errors.append(f"'payload.{key}' is missing or blank")
         if p.get("severity") not in PD_SEVERITIES:
             errors.append("'payload.severity' is invalid")
-        if len(str(p.get("summary") or "")) > 1024:
+        if len(str(p.get("summary") or "")) > PD_MAX_SUMMARY:
             errors.append("'payload.summary' is too long")
     elif not body.get("dedup_key"):
         errors.append("'dedup_key' is required to acknowledge or resolve")

@@ -10,17 +10,21 @@ calls*: every ``check_every``-th call of ``Monitor.rollback_plan()`` or
 
 1. one ``all_reduce(MAX)`` of the newest action id each rank holds: the job's newest;
 2. a rank that lacks that action asks its sidecar for it once (bounded);
-3. one ``all_reduce(MAX)`` of ``[digest, -digest, missing]``: every rank acts now only if
-   every rank holds the action and every rank's copy has the same content (the digest of
-   its id, kind and plan): ids alone are not enough, two sidecars could each call
-   different decisions "plan 1". Otherwise no rank acts, all look again at the next
-   agreed call, and the ranks that lacked it (or held another content) tell their sidecar
+3. one ``all_reduce(MAX)`` of ``[digest, -digest, missing, known]``: every rank acts now
+   only if every rank holds the action and every rank's copy has the same content (the
+   digest of its id, kind and plan): ids alone are not enough, two sidecars could each
+   call different decisions "plan 1"; and, for a rollback plan, only if some rank of the
+   job reported its checkpoint (``known``: this process called ``checkpoint_saved`` with
+   that step and path; usually rank 0, which saves). A plan naming a checkpoint no rank of
+   the job saved is not one to reload, whoever put it in the sidecar's ledger. Otherwise
+   no rank acts, all look again at the next agreed call, and the ranks that lacked it (or
+   held another content, or found no rank that saved its checkpoint) tell their sidecar
    (an ``agreement`` record), which pages that the action is held back and why.
 
 Nothing diverges and nobody waits on a rank that never comes: a rank that cannot reach its
 sidecar costs the job one bounded fetch per agreed call, not a deadlock.
 
-Cost: one all_reduce of one int64 every ``check_every`` calls, plus one of three while an
+Cost: one all_reduce of one int64 every ``check_every`` calls, plus one of four while an
 action is pending. Each ``item()`` is a host sync, which is why it is not every step.
 
 The digest of a plan is the same wherever it is computed::
@@ -53,7 +57,8 @@ def content_digest(action: dict[str, Any]) -> int:
 @dataclass(frozen=True)
 class Consensus:
     """What an agreed call decided: ``act``, or why not (``missing``: some rank lacks the
-    action; ``mismatch``: ranks hold different contents under the same id)."""
+    action; ``mismatch``: ranks hold different contents under the same id; ``unreported``:
+    no rank reported the checkpoint a rollback plan names)."""
 
     act: bool
     action_id: int = 0
@@ -76,15 +81,19 @@ def newest(dist: Any, action_id: int) -> int:
     return _all_reduce_max(dist, [action_id])[0]
 
 
-def unanimous(dist: Any, action_id: int, digest: int | None) -> Consensus:
+def unanimous(dist: Any, action_id: int, digest: int | None, known: bool = True) -> Consensus:
     """Whether every rank holds action ``action_id`` with the same content (``digest``;
-    None: this rank lacks it or may not act on it)."""
+    None: this rank lacks it or may not act on it) and some rank vouches for it (``known``:
+    this rank reported the plan's checkpoint)."""
     mine = digest or 0
-    top, neg_low, missing = _all_reduce_max(dist, [mine, -mine, 0 if digest else 1])
+    top, neg_low, missing, vouched = _all_reduce_max(
+        dist, [mine, -mine, 0 if digest else 1, 1 if known else 0])
     if missing:
         return Consensus(False, action_id, "missing")
     if top != -neg_low:
         return Consensus(False, action_id, "mismatch")
+    if not vouched:
+        return Consensus(False, action_id, "unreported")
     return Consensus(True, action_id)
 
 

@@ -70,7 +70,7 @@ from monitor_client._rollback import (
     barrier,
 )
 from monitor_client._sender import Sender
-from monitor_client._spool import Spool, spool_directory
+from monitor_client._spool import Spool, private_directory, spool_directory
 from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
@@ -245,12 +245,20 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = spool_directory(base, self.run_id, self.rank)
         legacy = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
-        if legacy != directory and legacy.is_dir() and not directory.exists():
-            with contextlib.suppress(OSError):  # a spool left under the old spelling of the id
-                legacy.rename(directory)
         transport = HttpTransport(url, token, timeout=cfg.timeout)
-        spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
+        try:  # private to this user, or not used (_spool.py): a spool is replayed as ours
+            private_directory(base, base=True)
+            if legacy != directory and legacy.is_dir() and not directory.exists():
+                with contextlib.suppress(OSError):  # a spool left under the id's old spelling
+                    legacy.rename(directory)
+            spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
+        except OSError as exc:
+            elsewhere = Path(tempfile.mkdtemp(prefix="monitor_client-spool-")) / directory.name
+            self._warner.warn("spool_unsafe", "spool %s not used (%s); spooling to %s instead "
+                              "(nothing left there is replayed)", directory, exc, elsewhere)
+            spool = Spool(elsewhere, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
         return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
+                      owner=(self.run_id, self.rank),
                       warner=self._warner, on_actions=self._inbox.receive,
                       on_attempts=self._attempt_notice.receive,
                       poll=lambda: self._poll_actions(transport),
@@ -660,6 +668,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if not where or len(where) > CHECKPOINT_PATH_MAX or "\0" in where:
             raise ValueError(f"checkpoint path must be 1-{CHECKPOINT_PATH_MAX} characters "
                              "without NUL")
+        self._plans.vouch(int(step), where)  # a plan may send this process back to it
         self._send_run()
         record = {"kind": "checkpoint", "run_id": self.run_id, "rank": self.rank,
                   "attempt": self.attempt, "time": time.time(), "step": int(step),
@@ -670,6 +679,15 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if took is not None:
             record["seconds"] = took
         self._submit(record)
+
+    @_guard
+    def resumed_from(self, step: int, path: str | os.PathLike[str]) -> None:
+        """Say this process loaded the checkpoint of step ``step`` at ``path`` (a relaunch
+        that resumed from an earlier process's save): a rollback plan may then send it back
+        there too. A plan is handed out only for a checkpoint this process (distributed:
+        some rank of the job) reported with ``checkpoint_saved`` or named here; nothing is
+        sent to the sidecar."""
+        self._plans.vouch(int(step), os.fspath(path))
 
     def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
         """The rollback to apply now, or None; call it once per optimizer step on every rank.
@@ -696,8 +714,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         flooded."""
         if rounds & (rounds - 1):
             return
-        why = ("this rank's sidecar does not have it" if verdict.why == "missing"
-               else "this rank holds another content under the same id")
+        if verdict.why == "unreported":
+            self._warner.warn("rollback_unreported", "rollback plan %d names a checkpoint no "
+                              "rank of this job reported with checkpoint_saved() (or "
+                              "resumed_from()): it is not loaded", verdict.action_id)
+        why = {"missing": "this rank's sidecar does not have it",
+               "unreported": "no rank of this job reported the checkpoint it names "
+                             "(checkpoint_saved): it is not loaded"}.get(
+            verdict.why, "this rank holds another content under the same id")
         self._submit({"kind": "agreement", "run_id": self.run_id, "attempt": self.attempt,
                       "rank": self.rank, "time": time.time(), "step": self._last_step,
                       "action_id": verdict.action_id, "action": action,
@@ -741,6 +765,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         barrier(self._plans.applied, plan.id)
         self.attempt = new_token()
         self._attempt_notice.token = self.attempt
+        if self._watchdog is not None:  # its hang reports are the new attempt's too
+            self._watchdog.header["attempt"] = self.attempt
         self._last_step = plan.checkpoint_step
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self._loop_t = self._last_t  # an eval right after the reload times the eval alone

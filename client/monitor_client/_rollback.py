@@ -183,14 +183,27 @@ class PlanBook:
         self._done: set[int] = set()
         self._calls = 0
         self._held: dict[int, int] = {}  # plan id -> agreed calls in a row it was held back
+        # (step, path) of every checkpoint this process reported (``checkpoint_saved``) or
+        # resumed from (``resumed_from``): the only ones a plan may send it back to.
+        self._vouched: set[tuple[int, str]] = set()
+
+    def vouch(self, step: int, path: str) -> None:
+        with self._lock:
+            self._vouched.add((int(step), str(path)))
+
+    def vouches(self, plan: RollbackPlan) -> bool:
+        """Whether this process saved (or resumed from) the checkpoint ``plan`` names."""
+        with self._lock:
+            return (plan.checkpoint_step, plan.checkpoint_path) in self._vouched
 
     def receive(self, action: dict[str, Any]) -> None:
         plan = RollbackPlan.from_action(action)
         if plan is None:
             return
         with self._lock:
-            if action.get("honoured_step") is not None:
-                self._done.add(plan.id)
+            if action.get("honoured_step") is not None or \
+                    action.get("withdrawn_by") is not None:
+                self._done.add(plan.id)  # applied, or replaced before it was: no order
             self._plans.setdefault(plan.id, plan)
 
     def applied(self, plan_id: int) -> None:
@@ -214,11 +227,19 @@ class PlanBook:
         Single process: the newest pending plan, at once. Distributed: decided only at every
         ``check_every``-th call; ``fetch(plan_id)`` asks the sidecar once for a plan this
         rank has not received (it lands here through ``receive``); ``held`` hears why a
-        plan every rank should act on was held back.
+        plan every rank should act on was held back. Either way a plan is handed out only
+        when this process (distributed: some rank of the job) reported the checkpoint it
+        names: one the sidecar's ledger got from anywhere else is refused (``unreported``).
         """
         dist = distributed()
         if dist is None:
-            return self.newest()
+            top = self.newest()
+            if top is None or self.vouches(top):
+                return top
+            self._held[top.id] = rounds = self._held.get(top.id, 0) + 1
+            if held is not None:
+                held(Consensus(False, top.id, "unreported"), rounds, top)
+            return None
         self._calls += 1
         if self._calls % check_every:
             return None
@@ -231,12 +252,14 @@ class PlanBook:
         plan = self.get(agreed)
         with self._lock:  # another rank's newer plan wins even if this one saw it applied
             usable = plan is not None and agreed not in self._done
-        verdict = unanimous(dist, agreed, plan.digest if usable and plan is not None else None)
+        known = usable and plan is not None and self.vouches(plan)
+        verdict = unanimous(dist, agreed, plan.digest if usable and plan is not None else None,
+                            known)
         if verdict.act:
             self._held.pop(agreed, None)
             return plan
         self._held[agreed] = rounds = self._held.get(agreed, 0) + 1
-        if held is not None and (not usable or verdict.why == "mismatch"):
+        if held is not None and (not usable or verdict.why in ("mismatch", "unreported")):
             held(verdict, rounds, plan if usable else None)
         return None
 

@@ -48,6 +48,7 @@ loopback HTTP server, tests/client/conftest.py); ``close()`` stops the thread::
 from __future__ import annotations
 
 import collections
+import json
 import random
 import threading
 import time
@@ -92,8 +93,10 @@ class Sender:
                  on_actions: Callable[[list[dict]], None] | None = None,
                  poll: Callable[[], None] | None = None, poll_interval: float = 5.0,
                  on_attempts: Callable[[list[dict]], None] | None = None,
-                 name: str = "") -> None:
+                 name: str = "", owner: tuple[str, int] | None = None) -> None:
         self.transport, self.spool = transport, spool
+        # Whose records the spool may hold, (run id, rank): a replay sends no other line.
+        self.owner = owner
         # Whose records these are ("run 'gpt-7' rank 0"), for every message about the
         # spool: a user with a spool directory in hand must know which run it holds.
         self.name = name or "records"
@@ -350,13 +353,36 @@ class Sender:
             lines = self.spool.peek(self.batch_records, self.batch_bytes)
             if not lines:
                 return
-            done = self._post_all(lines)
-            self.spool.ack(done)
-            if done < len(lines):
+            ours = [i for i, line in enumerate(lines) if self._ours(line)]
+            done = self._post_all([lines[i] for i in ours])
+            # Settled: every line before the first of ours not delivered (foreign ones too).
+            settled = len(lines) if done == len(ours) else ours[done]
+            if foreign := settled - done:
+                self._foreign(foreign)
+            self.spool.ack(settled)
+            if settled < len(lines):
                 return
         if not len(self.spool):  # every spooled alarming record was delivered in order
             self._alarm_waiting = False
             self._previews.clear()
+
+    def _ours(self, line: bytes) -> bool:
+        """Whether a spooled line is a record of this sender's own run and rank (a spool
+        is replayed under this process's token: it sends no one else's records)."""
+        if self.owner is None:
+            return True
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return False
+        return (isinstance(record, dict) and record.get("run_id") == self.owner[0]
+                and record.get("rank", 0) == self.owner[1])
+
+    def _foreign(self, n: int) -> None:
+        self.warner.warn("spool_foreign", "%s: spool %s held %d records of another run or "
+                         "rank, or unreadable; not sent, dropped", self.name,
+                         self.spool.directory, n)
+        self._count(dropped=n, settled=n)
 
     def _post_all(self, lines: list[bytes]) -> int:
         """Post ``lines`` in size-bounded chunks; return how many were settled, in order."""

@@ -19,6 +19,18 @@ record first has to wait, and removed when a closing process leaves it empty, so
 runs leave nothing behind. A spool a process left behind is replayed by the next Monitor
 with that run id and rank, or sent by hand with ``monitor-agent push-spool DIR``.
 
+A spool is replayed with the next job's token, so it must hold only what this user's own
+processes wrote: the directories are private (``private_directory``). A run's spool
+directory is made mode 0700; one found must be a real directory (not a symlink) owned by
+this user, and is narrowed to 0700. The directory that holds them (``spool_dir``, default
+``$TMPDIR/monitor_client-spool``) is made 0700 too, and one found must be a real
+directory of this user's or root's that no other user can write to, unless it is sticky
+(``/tmp``: nobody can move another user's entries); it is never changed. Anything else
+raises ``SpoolUnsafe`` and the client spools elsewhere, privately (``Monitor``), rather
+than replay records anyone could have planted. Segments are made 0600 and must be this
+user's regular files. (The sender sends only its own run's and rank's lines too,
+_sender.py.)
+
 Two records wait; the sidecar takes the first::
 
     >>> import tempfile
@@ -39,6 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -73,6 +87,56 @@ def spool_directory(base: str | Path, run_id: str, rank: int) -> Path:
     return Path(base) / f"{name}-r{int(rank)}"
 
 
+class SpoolUnsafe(OSError):
+    """A spool directory or segment another user could have written: not used."""
+
+
+def private_directory(path: str | Path, base: bool = False) -> Path:
+    """``path`` as a directory only this user can use: made 0700 (parents as usual) when
+    missing; an existing one must be a real directory owned by this user, and is narrowed
+    to 0700. ``base``, a directory that holds spools (the user may have chosen it: it is
+    never changed): this user's or root's, and writable by nobody else unless sticky (as
+    ``/tmp`` is: nobody can move another user's entries). Raises ``SpoolUnsafe`` (an
+    ``OSError``) otherwise."""
+    path = Path(path)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=True)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode):  # a symlink, a file, a FIFO: not ours to fill
+        raise SpoolUnsafe(f"spool directory {path} is not a directory of its own "
+                          "(a symlink or a file)")
+    uid = _uid()
+    if uid is None:
+        return path
+    if base:
+        if found.st_uid not in (uid, 0):
+            raise SpoolUnsafe(f"spool directory {path} belongs to another user (uid "
+                              f"{found.st_uid})")
+        if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+            raise SpoolUnsafe(f"spool directory {path} is writable by other users (mode "
+                              f"{stat.S_IMODE(found.st_mode):o}, not sticky)")
+        return path
+    if found.st_uid != uid:
+        raise SpoolUnsafe(f"spool directory {path} belongs to another user (uid "
+                          f"{found.st_uid}): what it holds could be anyone's records")
+    if stat.S_IMODE(found.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _check_segment(path: Path) -> None:
+    found = os.lstat(path)
+    uid = _uid()
+    if not stat.S_ISREG(found.st_mode) or (uid is not None and found.st_uid != uid):
+        raise SpoolUnsafe(f"spool segment {path} is not a regular file of this user's: "
+                          "its records could be anyone's")
+
+
+def _uid() -> int | None:
+    """This process's user id; None where there is none (Windows)."""
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
 def is_essential(line: bytes) -> bool:
     """run/eval/end records are kept even when the spool is full (cheap prefix check)."""
     return b'"kind":"step"' not in line[:40]
@@ -90,7 +154,11 @@ class Spool:
         self.segment_bytes = segment_bytes or min(4 << 20, max(max_bytes // 8, 64))
         self.dropped = 0
         self._lock = threading.Lock()
+        if os.path.lexists(self.directory):  # left by an earlier process: only if ours
+            private_directory(self.directory)
         self._segments = sorted(self.directory.glob(f"*{_SUFFIX}"))
+        for segment in self._segments:
+            _check_segment(segment)
         self._head_offset = 0
         self._peeked: tuple[int, int] | None = None  # (lines, bytes) returned by peek
         self._bytes = sum(p.stat().st_size for p in self._segments)
@@ -160,11 +228,12 @@ class Spool:
     def _open_new_segment(self) -> BinaryIO:
         if self._writer is not None:
             self._writer.close()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)
         last = int(self._segments[-1].stem) if self._segments else 0
         path = self.directory / f"{last + 1:012d}{_SUFFIX}"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        self._writer = os.fdopen(os.open(path, flags, 0o600), "ab")
         self._segments.append(path)
-        self._writer = path.open("ab")
         return self._writer
 
     def peek(self, max_records: int, max_bytes: int = 4 << 20) -> list[bytes]:

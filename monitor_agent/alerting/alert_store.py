@@ -62,7 +62,8 @@ def _action(row: sqlite3.Row) -> Action:
     plan = json.loads(row["plan"]) if row["plan"] else None
     return Action(id=row["seq"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                   type=row["type"], step=row["step"], message=row["message"],
-                  created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan)
+                  created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan,
+                  withdrawn_by=row["withdrawn_by"])
 
 
 _MAX_KNOWN_RUNS = 10_000
@@ -126,6 +127,21 @@ class AlertStore:
         rows = self.db.query("SELECT * FROM silences ORDER BY created_at DESC")
         return [_silence(r) for r in rows]
 
+    def silences_page(self, active_at: float | None, before: tuple[float, str] | None,
+                      limit: int) -> list[Silence]:
+        """A page of ``GET /v1/silences``: newest first, after ``before`` ((created_at, id)),
+        at most ``limit``; only those in force at ``active_at`` unless it is None."""
+        sql = "SELECT * FROM silences WHERE 1"
+        params: list[Any] = []
+        if active_at is not None:
+            sql += " AND ends_at > ?"
+            params.append(active_at)
+        if before is not None:
+            sql += " AND (created_at, id) < (?, ?)"
+            params.extend(before)
+        rows = self.db.query(sql + " ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+        return [_silence(r) for r in rows]
+
     def add_silence(self, s: Silence) -> None:
         with self.tx() as tx:
             tx.conn.execute(
@@ -176,12 +192,13 @@ class AlertStore:
                                      (run_id, a.id)).fetchone()
                 conn.execute(
                     "INSERT INTO actions (run_id, seq, origin, action, rule, type, step, "
-                    "fingerprint, message, created_at, honoured_step, plan) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?) "
+                    "fingerprint, message, created_at, honoured_step, plan, withdrawn_by) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?) "
                     "ON CONFLICT (run_id, seq) DO UPDATE SET message = excluded.message, "
-                    "honoured_step = COALESCE(actions.honoured_step, excluded.honoured_step)",
+                    "honoured_step = COALESCE(actions.honoured_step, excluded.honoured_step), "
+                    "withdrawn_by = COALESCE(actions.withdrawn_by, excluded.withdrawn_by)",
                     (run_id, a.id, origin, a.action, a.rule, a.type, a.step, a.message,
-                     a.created_at, a.honoured_step, plan))
+                     a.created_at, a.honoured_step, plan, a.withdrawn_by))
                 if known is None:
                     fresh.append(a)
         if fresh:
@@ -267,6 +284,19 @@ class AlertTx:
         self.conn.execute("UPDATE alerts SET state = 'firing', pending_since = NULL, "
                           "notified = NULL WHERE fingerprint = ?", (fingerprint,))
 
+    def newcomers(self, fingerprints: Sequence[str]) -> dict[str, str]:
+        """fingerprint -> the source of its run, for the alerts begun while their run was
+        new (``StoredAlert.newcomer``); established runs' alerts are left out."""
+        out: dict[str, str] = {}
+        unique = list(dict.fromkeys(fingerprints))
+        for i in range(0, len(unique), 500):
+            chunk = unique[i:i + 500]
+            rows = self.conn.execute(
+                f"SELECT fingerprint, newcomer FROM alerts WHERE newcomer IS NOT NULL AND "
+                f"fingerprint IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
+            out.update((r[0], r[1]) for r in rows)
+        return out
+
     def mark_sent(self, fingerprint: str, now: float) -> None:
         """Firing, and people are told now (first page, repeat, or an action)."""
         self.conn.execute(
@@ -343,7 +373,7 @@ class AlertTx:
         """Rollbacks of a run not yet applied, with the fingerprint of each one's alert."""
         rows = self.conn.execute(
             "SELECT * FROM actions WHERE run_id = ? AND action = 'rollback' AND "
-            "honoured_step IS NULL", (run_id,)).fetchall()
+            "honoured_step IS NULL AND withdrawn_by IS NULL", (run_id,)).fetchall()
         return [(_action(r), r["fingerprint"]) for r in rows]
 
     def open_stops(self, run_id: str, through_step: int) -> list[tuple[Action, str]]:
@@ -353,6 +383,16 @@ class AlertTx:
             "SELECT * FROM actions WHERE run_id = ? AND action = 'stop' AND "
             "honoured_step IS NULL AND step <= ?", (run_id, through_step)).fetchall()
         return [(_action(r), r["fingerprint"]) for r in rows]
+
+    def withdraw(self, old: Action, by: Action, why: str, fingerprint: str) -> None:
+        """The pending rollback ``old`` is replaced by ``by`` (its checkpoint turned
+        suspect); its alert names the new plan."""
+        self.conn.execute("UPDATE actions SET withdrawn_by = ?, message = ? "
+                          "WHERE run_id = ? AND seq = ?",
+                          (by.id, f"withdrawn: {why}; replaced by action {by.id}",
+                           old.run_id, old.id))
+        self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ? AND action = ?",
+                          (by.message, fingerprint, old.message))
 
     def honour(self, old: Action, new: Action, fingerprint: str) -> None:
         """The action ``old`` became ``new`` (honoured); its alert says so unless it moved on."""

@@ -13,7 +13,7 @@ latest version::
     >>> db = open_alert_db(":memory:")
     >>> tables = db.query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
     >>> [row["name"] for row in tables]
-    ['actions', 'alerts', 'outbox', 'silences', 'sqlite_sequence']
+    ['actions', 'alerts', 'outbox', 'outbox_folded', 'silences', 'sqlite_sequence']
     >>> db.query("PRAGMA user_version")[0][0] == len(_MIGRATIONS)
     True
 """
@@ -133,6 +133,34 @@ _MIGRATIONS: tuple[str, ...] = (
     # no second resolve.
     """
     ALTER TABLE alerts ADD COLUMN resolved_elsewhere INTEGER NOT NULL DEFAULT 0;
+    """,
+    # A pending rollback whose checkpoint turned suspect is withdrawn for a new plan
+    # (alerting/rollback.py ``revise``): the id of the one that replaced it.
+    """
+    ALTER TABLE actions ADD COLUMN withdrawn_by INTEGER;
+    """,
+    # What a flood of made-up runs cannot do (notify/fairness.py): each message's severity
+    # class, its run and, for a new run's, where the run came from; a summary of new runs'
+    # pages (1 still taking more, 2 sealed at its first attempt) and the alerts folded into
+    # it. An alert remembers whether its run was new when its episode began (``newcomer``:
+    # that run's source).
+    """
+    ALTER TABLE outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN run_id TEXT;
+    ALTER TABLE outbox ADD COLUMN source TEXT;
+    ALTER TABLE outbox ADD COLUMN summary INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX outbox_open_summary ON outbox (channel, source) WHERE summary = 1;
+    CREATE TABLE outbox_folded (
+        channel     TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        summary_id  INTEGER NOT NULL,
+        run_id      TEXT NOT NULL,
+        alertname   TEXT NOT NULL,
+        severity    TEXT NOT NULL,
+        PRIMARY KEY (channel, fingerprint)
+    );
+    CREATE INDEX outbox_folded_summary ON outbox_folded (summary_id);
+    ALTER TABLE alerts ADD COLUMN newcomer TEXT;
     """,
 )
 

@@ -241,6 +241,52 @@ class Episodes:
             self._announce(tx, action, now)
         return [action]
 
+    def revise(self, run: RunContext, now: float) -> list[Action]:
+        """Withdraw each pending rollback whose checkpoint is no longer clean and decide
+        it again.
+
+        A finding that arrived after the decision can make the plan's checkpoint suspect
+        (pipeline/checkpoint_ledger.py): another rank's records of an earlier onset, say.
+        Such a plan would send the run back to damaged weights. So it is withdrawn, and the
+        same fault is decided again from before that checkpoint: to the last clean one
+        before it, under the same rollback number (the budget is not spent twice). With
+        none left, the run is asked to stop. The ranks learn of the new plan from their
+        next answer, as of any action, and people already paged hear of it."""
+        clean = {step for step, _ in run.clean_checkpoints}
+        taken: list[Action] = []
+        with self.store.tx() as tx:
+            for old, fp in tx.pending_rollbacks(run.run_id):
+                plan = old.plan or {}
+                step = plan.get("checkpoint_step")
+                rule = next((r for r in self.rules if r.name == old.rule), None)
+                if not isinstance(step, int) or step in clean or rule is None:
+                    continue
+                fault = Finding(old.type, Severity.ERROR, run.run_id, step=old.step,
+                                message="", evidence={"onset_step": step})
+                number = plan.get("number")
+                kind, new_plan = rollback.decide(
+                    rule, fault, run.clean_checkpoints, number if isinstance(number, int)
+                    else 1, rollback.Positions(run.checkpoint_positions, run.data,
+                                               run.skipped, run.skipped_unit))
+                why = f"checkpoint step {step} turned suspect"
+                if isinstance(new_plan, str):
+                    action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
+                                    type=old.type, step=old.step, created_at=now,
+                                    message=f"{new_plan} (rule {rule.name}: the rollback to "
+                                            f"step {step} was withdrawn, {why})")
+                else:
+                    action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
+                                    type=old.type, step=old.step, created_at=now,
+                                    message=f"{rollback.describe(new_plan)} (revised: {why})",
+                                    plan=new_plan)
+                new = tx.add_action(action, fp)
+                tx.withdraw(old, new, why, fp)
+                log.warning("run %s: rollback %d withdrawn (%s); now: %s", run.run_id, old.id,
+                            why, new.message)
+                self._announce(tx, new, now)
+                taken.append(new)
+        return taken
+
     def _announce(self, tx: AlertTx, action: Action, now: float) -> None:
         """People already paged about this alert hear of the action now, cooldown or not."""
         for alert in tx.paged_with_action(action.run_id, action.rule, action.message):
@@ -261,6 +307,7 @@ class Episodes:
             finding=wire.dumps(f.to_dict()),
             dashboard_url=dashboard_url(self.settings.grafana_url, run.run_id, f.time or now),
             checkpoint=run.checkpoint_line,
+            newcomer=run.newcomer(now, self.settings.outbox.new_run_seconds),
         )
 
     # -- clock-driven work ----------------------------------------------------------------
@@ -439,8 +486,16 @@ class Episodes:
     # -- helpers --------------------------------------------------------------------------
 
     def _enqueue(self, tx: AlertTx, items: list[Item], now: float) -> None:
+        if not items:
+            return
+        # A message about alerts begun while their run was new says where the run came
+        # from: the outbox sends it after established runs' and budgets it per source
+        # (notify/fairness.py). One established alert in it makes it an established one.
+        newcomers = tx.newcomers([event.fingerprint for event, _ in items])
         for channel, note in notifications(items, self.notifiers, now):
-            self.outbox.enqueue(tx.conn, channel, note, now)
+            sources = {newcomers.get(e.fingerprint) for e in note.events}
+            source = sources.pop() if len(sources) == 1 else None
+            self.outbox.enqueue(tx.conn, channel, note, now, source=source)
 
     def _count(self, reason: Reason) -> None:
         self.metrics.decisions.labels(reason=reason.value).inc()

@@ -25,6 +25,7 @@ finding's message and first suggestion::
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -46,7 +47,8 @@ class RunContext:
     config: dict[str, Any] = field(default_factory=dict)
     # The run's clean checkpoints, oldest first, as (step, path): what a rollback may go
     # back to (pipeline/checkpoint_ledger.py judges them; current history only).
-    clean_checkpoints: tuple[tuple[int, str], ...] = ()
+    # A sequence (the engine hands a view of its ledger: read it within the call).
+    clean_checkpoints: Sequence[tuple[int, str]] = ()
     # What pages say of them ("last clean checkpoint: step 11800, <path>"); None when the
     # run reported no checkpoint.
     checkpoint_line: str | None = None
@@ -54,7 +56,7 @@ class RunContext:
     # checkpoint's (step -> the position its state resumes from), each rank's latest
     # (step, position, positions per step), and the windows the run's applied rollbacks
     # skip already (a later plan skips them too).
-    checkpoint_positions: dict[int, int] = field(default_factory=dict)
+    checkpoint_positions: Mapping[int, int] = field(default_factory=dict)
     data: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     skipped: tuple[tuple[int, int], ...] = ()
     skipped_unit: str = "positions"  # or "steps": a plan of a run without data positions
@@ -62,6 +64,11 @@ class RunContext:
     # those to reach the fault's onset (alerting/rollback.py ``behind``).
     rank_steps: dict[int, int] = field(default_factory=dict)
     checkpoint_ranks: tuple[int, ...] = ()
+    # When the run's first record reached the sidecar (None: not known, taken as long ago)
+    # and the address that sent it (None: not known): what tells a new run's page from an
+    # established run's when made-up runs flood the outbox (notify/fairness.py).
+    first_seen: float | None = None
+    source: str | None = None
 
     def match_labels(self) -> dict[str, str]:
         """Run labels for rule matching; the project counts as a label too."""
@@ -69,6 +76,19 @@ class RunContext:
         if self.project and "project" not in labels:
             labels["project"] = self.project
         return labels
+
+    def newcomer(self, now: float, new_run_seconds: float) -> str | None:
+        """The run's source if it is new at ``now`` (first seen less than
+        ``new_run_seconds`` ago), else None; a source not known is "unknown".
+
+            >>> RunContext("r", first_seen=100.0, source="10.0.0.7").newcomer(130.0, 300.0)
+            '10.0.0.7'
+            >>> RunContext("r", first_seen=100.0).newcomer(500.0, 300.0) is None
+            True
+        """
+        if self.first_seen is None or now - self.first_seen >= new_run_seconds:
+            return None
+        return self.source or "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +111,9 @@ class Action:
     plan: dict[str, Any] | None = field(default=None, metadata={"description": (
         "rollback: checkpoint_step, checkpoint_path, skip_from, skip_to, lr_factor, "
         "lr_steps, number, budget (alerting/rollback.py); null for other actions.")})
+    withdrawn_by: int | None = field(default=None, metadata={"description": (
+        "rollback: the id of the plan that replaced this one before it was applied (its "
+        "checkpoint turned suspect); null otherwise. A withdrawn plan is not an order.")})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,6 +160,10 @@ class StoredAlert:
     # A node sidecar paged it and told its resolve while the run's leader was away: the
     # leader closes it without a second resolve (monitor_agent/cluster).
     resolved_elsewhere: bool = False
+    # The run was new when this episode began (``RunContext.is_new``): where it came from.
+    # Its messages go after established runs' and count against the source's budget of
+    # new runs' pages (notify/fairness.py). None: an established run.
+    newcomer: str | None = None
 
     def finding_data(self) -> dict[str, Any]:
         data: dict[str, Any] = wire.loads(self.finding)

@@ -63,6 +63,7 @@ A run at one batch per step, checkpointed at 11000 and 11800 (data positions 110
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,7 @@ class Positions:
     checkpoint's position (step -> position), each rank's latest (step, position,
     positions per step), and the windows its applied rollbacks skip already."""
 
-    checkpoints: dict[int, int] = field(default_factory=dict)
+    checkpoints: Mapping[int, int] = field(default_factory=dict)
     latest: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     skipped: tuple[tuple[int, int], ...] = ()
     skipped_unit: str = "positions"  # what ``skipped`` counts: "positions" or "steps"
@@ -144,7 +145,7 @@ def windows_of(plan: dict[str, Any]) -> list[tuple[int, int]]:
     return [(int(plan["skip_from"]), int(plan["skip_to"]))]
 
 
-def decide(rule: Rule, finding: Finding, clean: tuple[tuple[int, str], ...],
+def decide(rule: Rule, finding: Finding, clean: Sequence[tuple[int, str]],
            number: int, data: Positions | None = None) -> tuple[str, dict[str, Any] | str]:
     """("rollback", plan) or ("stop", why): the ``number``-th rollback of the run for the
     fault ``finding``, given its clean checkpoints (oldest first) and what it reported of

@@ -167,6 +167,10 @@ class Alerting:
         over; the actions taken, as ``handle`` returns them."""
         return [a.to_dict() for a in self.episodes.retry(run, now)]
 
+    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        """A pending rollback whose checkpoint turned suspect, decided again."""
+        return [a.to_dict() for a in self.episodes.revise(run, now)]
+
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
         ahead of a backlog, see ``Engine.preview`` in pipeline/engine.py); return how many began.
@@ -259,6 +263,12 @@ class Alerting:
         found, now = self.store.silences(), self.clock()
         return found if include_expired else [s for s in found if s.active(now)]
 
+    def silences_page(self, include_expired: bool, before: tuple[float, str] | None,
+                      limit: int) -> list[Silence]:
+        """A page of silences, newest first (``AlertStore.silences_page``)."""
+        return self.store.silences_page(None if include_expired else self.clock(), before,
+                                        limit)
+
     def expire_silence(self, silence_id: str) -> bool:
         """End a silence now; False if there is no such active silence."""
         return self.store.expire_silence(silence_id, self.clock())
@@ -286,7 +296,8 @@ class Alerting:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""
         return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
-                if a.action == "rollback" or (a.action == "stop" and a.honoured_step is None)]
+                if (a.action == "rollback" and a.withdrawn_by is None)
+                or (a.action == "stop" and a.honoured_step is None)]
 
     def stop_requested(self, run_id: str) -> bool:
         return self.store.stop_requested(run_id)

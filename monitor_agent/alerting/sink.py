@@ -77,6 +77,11 @@ class AlertSink(Protocol):
         taken."""
         ...
 
+    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        """Withdraw a pending rollback whose checkpoint is no longer among ``run``'s clean
+        ones and decide it again (alerting/episodes.py ``revise``); the actions taken."""
+        ...
+
 
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
@@ -105,6 +110,9 @@ class NullSink:
         return False
 
     def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        return []
+
+    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
         return []
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
 """``/v1/alerts`` and ``/v1/silences``: what fires, what is muted, who owns it.
 
 ``GET /v1/alerts?state=firing`` lists the firing alerts, newest first, each with how its
-latest notification went per channel, a page at a time (``next`` links the following one). ``POST /v1/silences`` mutes the alerts matching its
+latest notification went per channel, a page at a time (``next`` links the following one);
+``GET /v1/silences`` the silences in force (``include_expired=true``: all), newest first, a
+page at a time as well. ``POST /v1/silences`` mutes the alerts matching its
 body for ``duration_seconds`` (``DELETE /v1/silences/{id}`` ends it early), and
 ``POST /v1/alerts/{fingerprint}/ack`` with ``{"by": "ana"}`` stops an alert's reminders.
 Writes need the bearer token when one is set (``Authorization: Bearer <token>``);
@@ -38,7 +40,7 @@ from monitor_agent.api.deps import (
     require_write,
 )
 from monitor_agent.api.models import AlertOut, AlertsOut, SilenceOut, SilencesOut
-from monitor_agent.api.streamed_page import Page, streamed
+from monitor_agent.api.streamed_page import Page, built_in_slot, streamed
 from monitor_agent.records import wire
 
 router = APIRouter(tags=["alerts"])
@@ -160,10 +162,34 @@ def add_silence(body: SilenceIn, alerting: AlertingDep) -> Response:
 
 
 @router.get("/v1/silences", response_model=SilencesOut,
-            summary="Silences (active only unless asked)", dependencies=[Depends(require_read)])
-def list_silences(alerting: AlertingDep, include_expired: bool = False) -> Response:
-    found = alerting.silences(include_expired=include_expired)
-    return _json({"silences": [s.to_dict() for s in found]})
+            summary="Silences (active only unless asked), newest first, a page at a time",
+            dependencies=[Depends(require_read)])
+def list_silences(
+    alerting: AlertingDep, slots: ReadSlotsDep, include_expired: bool = False,
+    limit: int = Query(1000, ge=1, le=10_000),
+    before: str | None = Query(None, max_length=100, pattern=BEFORE, description=(
+        "Continue after this silence (CREATED_AT:ID), as the previous page's `next` says.")),
+) -> Response:
+    start = None
+    if before is not None:
+        created, _, silence_id = before.partition(":")
+        try:
+            start = (float(created), silence_id)
+        except ValueError:
+            raise HTTPException(
+                422, f"before: {created!r} is not a time; use the `next` link") from None
+
+    def build() -> bytes:
+        # Expired silences are kept: years of them must not be one answer (~1 KB each).
+        found = alerting.silences_page(include_expired, start, limit)
+        follows = None
+        if len(found) == limit:
+            last = found[-1]
+            params = [("limit", limit), *((("include_expired", "true"),) if include_expired
+                                          else ()), ("before", f"{last.created_at!r}:{last.id}")]
+            follows = f"/v1/silences?{urlencode(params)}"
+        return wire.dumps({"silences": [s.to_dict() for s in found], "next": follows})
+    return built_in_slot(slots, build)
 
 
 @router.delete("/v1/silences/{id}", status_code=204, summary="End a silence now",

@@ -153,7 +153,11 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     if not valid:
         return IngestResponse(accepted=0, duplicates=0), "200"
     try:
-        result = await state.runner.call(state.engine.ingest, valid, time.time())
+        peer = request.client.host if request.client is not None else None
+        # The run's own lane: another run's requests queued at once wait for one of its
+        # calls at most, not all of them (pipeline/runner.py).
+        result = await state.runner.call(state.engine.ingest, valid, time.time(), peer,
+                                         lane=valid[0].record.run_id)
     except StorageError as exc:
         state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store records right now ({exc}); retry later") from None

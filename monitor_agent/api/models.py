@@ -132,6 +132,9 @@ class DeliveryOut(BaseModel):
     attempts: int
     last_error: str | None
     done_at: float | None
+    summarised: bool = Field(False, description=(
+        "It went out in a summary of new runs' pages (notify/fairness.py), not alone; "
+        "state, attempts and error are the summary's."))
 
 
 @with_config(_EVERY_KEY)
@@ -204,6 +207,9 @@ class CheckpointOut(BaseModel):
         "suspect: a page-worthy fault began at or before its step and was in force there "
         "(pipeline/checkpoint_ledger.py)."))
     reason: str | None = Field(description="Why it is suspect; null when clean.")
+    also: int | None = Field(default=None, description=(
+        "Only in an answer thinned for a chart (`points=`): how many other checkpoints of "
+        "its part of the range it stands for."))
 
 
 class LastCleanOut(BaseModel):
@@ -213,9 +219,11 @@ class LastCleanOut(BaseModel):
 
 class CheckpointsOut(BaseModel):
     run_id: str
-    checkpoints: list[CheckpointOut] = Field(description="Oldest first.")
+    checkpoints: list[CheckpointOut] = Field(description="Oldest first, a page at a time.")
     last_clean: LastCleanOut | None = Field(description=(
         "The newest clean checkpoint (what a rollback goes back to); null when none."))
+    next: str | None = Field(
+        description="The following page's path and query; null once nothing follows.")
 
 
 class IncidentOut(BaseModel):
@@ -275,4 +283,6 @@ class SilenceOut(Silence):
 
 
 class SilencesOut(BaseModel):
-    silences: list[SilenceOut]
+    silences: list[SilenceOut] = Field(description="Newest first, a page at a time.")
+    next: str | None = Field(description=(
+        "The following page (a link with `before=`); null once nothing follows."))

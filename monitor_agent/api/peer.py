@@ -115,7 +115,10 @@ async def _exchange(request: Request) -> PeerResponse:
     m.labels(kind="finding").inc(len(findings))
     m.labels(kind="heartbeat").inc()
     try:
-        result = await state.runner.call(state.engine.ingest_peer, batch, time.time())
+        # The lane of the run it is about (pipeline/runner.py): with that run's own ingest.
+        lane = runs[0].run_id if len(nodes) == 1 else None
+        result = await state.runner.call(state.engine.ingest_peer, batch, time.time(),
+                                         lane=lane)
     except StorageError as exc:
         state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store right now ({exc}); retry later") from None

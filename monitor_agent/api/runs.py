@@ -44,7 +44,9 @@ from monitor_agent.storage.store import KIND_ORDER
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
 KINDS = KIND_ORDER
-AFTER = r"^-?[0-9]{1,19}:(run|step|eval|end|checkpoint):[0-9]{1,19}$"
+AFTER = rf"^-?[0-9]{{1,19}}:({'|'.join(KINDS)}):[0-9]{{1,19}}$"
+"""A record's key as a page's ``next`` writes it: every stored kind (``KIND_ORDER``), so a
+page that ends on a hang or an agreement record has a link this route takes."""
 
 
 @router.get("/v1/runs", response_model=RunsListOut,
@@ -128,7 +130,7 @@ async def get_records(
 ) -> Response:
     bad = [k for k in kind if k not in KINDS]
     if bad:
-        raise HTTPException(422, f"kind: unknown kind(s) {bad}; use run, step, eval, end")
+        raise HTTPException(422, f"kind: unknown kind(s) {bad}; use {', '.join(KINDS)}")
     start = None
     if after is not None:
         step, name, rank = after.split(":")

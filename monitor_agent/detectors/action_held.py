@@ -46,6 +46,8 @@ ACTION_HELD = (
     "follows the same leader (cluster.leader_url, MASTER_ADDR).",
     "Nothing is lost meanwhile: the job trains on; act by hand (stop it, or relaunch from "
     "the plan's checkpoint) if the hold lasts.",
+    "An 'unreported' plan names a checkpoint that no process of the job reported with "
+    "checkpoint_saved(): check who else writes to this run id (GET /v1/runs/{id}/checkpoints).",
 )
 
 
@@ -73,8 +75,9 @@ class ActionHeldDetector(DetectorBase[SharedSettings]):
         if key in self.state.told:
             return []
         self.state.told = [*self.state.told[-63:], key]
-        lacks = "lacks it" if record.outcome == "missing" else \
-            "holds another content under its id"
+        lacks = {"missing": "lacks it",
+                 "unreported": "refuses it: no rank of the job reported the checkpoint it "
+                               "names"}.get(record.outcome, "holds another content under its id")
         why = f" ({record.detail})" if record.detail else ""
         every = f" every {record.check_every} steps" if record.check_every else ""
         message = (f"{record.action} {record.action_id} held back at step {record.step}: "

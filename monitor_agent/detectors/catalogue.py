@@ -48,6 +48,7 @@ from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.throughput_drop import ThroughputDropDetector
+from monitor_agent.detectors.two_jobs import TwoJobsDetector
 from monitor_agent.detectors.update_ratio import UpdateRatioHighDetector, UpdateRatioLowDetector
 from monitor_agent.detectors.window_trained import WindowTrainedDetector
 from monitor_agent.records.types import Severity
@@ -89,6 +90,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     GpuHealthDetector,
     # after a rollback, the resumed run trained data its plan said to skip
     WindowTrainedDetector,
+    # a replaced attempt of the run id still sending: two live jobs on one run id
+    TwoJobsDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

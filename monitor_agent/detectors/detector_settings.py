@@ -147,6 +147,7 @@ class DetectorSettings(
     action_held = KnobsOf(SharedSettings)
     gpu_health = KnobsOf(GpuHealthSettings)
     window_trained = KnobsOf(SharedSettings)
+    two_jobs = KnobsOf(SharedSettings)
 
     @field_validator("disabled", "log_only")
     @classmethod

@@ -24,7 +24,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from monitor_agent.metrics import names
 
-OUTCOMES: tuple[str, ...] = ("sent", "retried", "failed", "dropped")
+# summarised: a new run's message folded into its source's summary, or a follow-up of
+# one that was (notify/fairness.py), instead of a message of its own.
+OUTCOMES: tuple[str, ...] = ("sent", "retried", "failed", "dropped", "summarised")
 # Why a notification was given up on (a bounded set: the label must not take free text).
 UNDELIVERED: tuple[str, ...] = (
     "http_400", "http_401", "http_403", "http_404", "http_410", "http_413", "http_other",

@@ -7,7 +7,10 @@ sidecar's alerts time out), and a resolve is an alert whose ``endsAt`` has passe
 
 Labels are only the stable identity of the alert (alertname, run_id, project, severity, the
 fingerprint's layer/rank, the run's own labels): anything that changes between findings
-would make Alertmanager see a new alert. Everything else goes into annotations.
+would make Alertmanager see a new alert. Everything else goes into annotations, each at
+most ``MAX_ANNOTATION`` characters (Alertmanager documents no limit, but what it forwards
+them to does: Slack's 3000 a section, PagerDuty's 1024 a summary); a longer one keeps its
+start (``format.cut_text``: the culprit is named first).
 
 ``endsAt`` is computed when a message is sent, not when it was queued: a retry delivered
 after an outage would otherwise arrive already expired, i.e. resolved. Alertmanager answers
@@ -51,6 +54,7 @@ from monitor_agent.notify.base import AlertEvent, Notification, Outcome, Outcome
 
 log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MAX_ANNOTATION = 4000
 
 
 class AlertmanagerNotifier:
@@ -138,7 +142,7 @@ def _annotations(e: AlertEvent) -> dict[str, str]:
         notes["suggestions"] = "\n".join(e.suggestions)
     if e.dashboard_url:
         notes["dashboard"] = e.dashboard_url
-    return notes
+    return {k: fmt.cut_text(v, MAX_ANNOTATION) for k, v in notes.items()}
 
 
 def _iso(ts: float) -> str:

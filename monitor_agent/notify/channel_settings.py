@@ -155,6 +155,27 @@ class OutboxSettings(_Section):
     max_retry_after_seconds: float = Field(
         default=300.0, gt=0, description="Cap on a receiver's Retry-After."
     )
+    # A flood of new runs cannot bury or crowd out a page (notify/fairness.py,
+    # docs/alerting.md "What a flood cannot do").
+    reserved_for_pages: float = Field(
+        default=0.1, ge=0, lt=1, description="Share of max_pending only pages (error, "
+        "critical) of established runs and summaries of new runs' pages may use: whatever "
+        "else fills the outbox, a real page still finds room."
+    )
+    new_run_seconds: float = Field(
+        default=300.0, ge=0, description="A run is new for this long after its first record "
+        "reached the sidecar: its alerts' messages go after established runs' of the same "
+        "severity, and its pages count against new_run_burst. 0: no run is new."
+    )
+    new_run_burst: int = Field(
+        default=10, ge=0, description="Pages (error, critical) about new runs' alerts, per "
+        "channel and source (the address that first sent the run), sent one by one per "
+        "new_run_window_seconds; the rest go out as one summary per window."
+    )
+    new_run_window_seconds: float = Field(
+        default=60.0, gt=0, description="The window of new_run_burst, and the least time "
+        "between two summaries of one source on one channel."
+    )
 
 
 def _redact_userinfo(url: str) -> str:

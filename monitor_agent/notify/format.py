@@ -22,9 +22,11 @@ one run, in one message::
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 from monitor_agent.notify.base import AlertEvent, Notification
+from monitor_agent.records import wire
 
 _STATUS = {"firing": "FIRING", "resolved": "RESOLVED", "acknowledged": "ACKNOWLEDGED"}
 
@@ -136,3 +138,135 @@ def plain(note: Notification) -> str:
         if e.dashboard_url:
             lines.append(f"  dashboard: {e.dashboard_url}")
     return "\n".join(lines)
+
+
+# -- what fits a channel ------------------------------------------------------------------
+#
+# Each channel has documented limits (PagerDuty: 512 KB an event, a 1024-character summary;
+# Slack: 3000 characters a section, 150 a header; see each notifier), and an alert's text and
+# evidence have none of their own: a hang of 256 ranks stuck in distinct frames names every
+# rank (~200 KB of message, ~1 MB of per-rank table). A payload over its channel's limit is
+# refused, and a refused page is a lost page. So what does not fit is cut, by one rule that
+# keeps the culprit: every message here names the rank or layer it is about first, and the
+# evidence keeps, in order, what is small (which finding, the action, the checkpoint), the
+# entries about the alert's own rank and layer, then the others in their order while they
+# fit; what was cut is said (``cut``), and the whole finding stays in
+# ``GET /v1/runs/{id}/findings``.
+
+SMALL_BYTES = 512
+"""An evidence item of at most this much JSON is kept whole before any large one is cut."""
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and how much was cut
+    (the start: each message names its culprit first)::
+
+        >>> cut_text("rank 3 stuck in train.py:load; rank 7 stuck in ...", 40)
+        'rank 3 stuck in train.py:lo… [+23 chars]'
+        >>> len(cut_text("x" * 10_000, 3000)) <= 3000
+        True
+    """
+    if len(text) <= limit:
+        return text
+    room = limit - len(f"… [+{len(text)} chars]")
+    if room <= 0:
+        return text[:limit]
+    return f"{text[:room]}… [+{len(text) - room} chars]"
+
+
+def culprit(event: AlertEvent) -> tuple[str, ...]:
+    """The evidence keys that are about the alert's own rank and layer (a per-rank or
+    per-layer table's entry for them)."""
+    return tuple(k for k in (None if event.rank is None else str(event.rank), event.layer)
+                 if k)
+
+
+def fit_evidence(evidence: dict[str, Any], budget: int, about: Collection[str] = (),
+                 whole: str = "") -> dict[str, Any]:
+    """``evidence`` in at most ``budget`` bytes of JSON (``wire.dumps``), cut by the rule
+    above: whole when it fits; else the small items, then each large one in an equal share
+    of what is left: a table (a mapping) keeps its entries named in ``about`` first, then
+    the others in order while they fit; a list its first items; a text its start. ``cut``
+    says what was left out and, with ``whole``, where the whole of it is.
+
+    A hang of 256 ranks, fitted into 4 KB, keeps rank 7's row (the odd one out)::
+
+        >>> rows = {str(r): {"state": "hung", "stuck_in": f"f{r}.py:wait", "nccl_trace": "x" * 400}
+        ...         for r in range(256)}
+        >>> ev = {"hung_ranks": list(range(256)), "stuck_in": "f7.py:wait", "ranks": rows}
+        >>> fitted = fit_evidence(ev, 4096, about=("7",), whole="GET /v1/runs/g/findings")
+        >>> len(wire.dumps(fitted)) <= 4096, list(fitted["ranks"]), len(fitted["hung_ranks"])
+        (True, ['7', '0', '1', '2', '3', '4'], 256)
+        >>> fitted["cut"]
+        'to fit the channel: ranks: 6 of 256 entries; the whole evidence: GET /v1/runs/g/findings'
+    """
+    if _size(evidence) <= budget:
+        return evidence
+    cuts: list[str] = []
+    tail = f"; the whole evidence: {whole}" if whole else ""
+    # The braces, and the note with its key: at most 200 characters name what was cut.
+    room = budget - 2 - _size("cut") - 2 - _size("to fit the channel: " + "x" * 220 + tail)
+    kept: dict[str, Any] = {}
+    large = []
+    for key, value in evidence.items():
+        size = _size(key) + _size(value) + 2
+        if _size(value) > SMALL_BYTES:
+            large.append((key, value))
+        elif size <= room:
+            kept[key], room = value, room - size
+        else:
+            cuts.append(f"{key}: left out")
+    for i, (key, value) in enumerate(large):
+        share = room // (len(large) - i) - _size(key) - 2
+        part, said = _cut(value, share, about)
+        if part is None:
+            cuts.append(f"{key}: left out")
+            continue
+        kept[key], room = part, room - _size(key) - _size(part) - 2
+        if said:
+            cuts.append(f"{key}: {said}")
+    out = {k: kept[k] for k in evidence if k in kept}
+    out["cut"] = cut_text("to fit the channel: " + "; ".join(cuts), 220) + tail
+    return out
+
+
+def _cut(value: Any, room: int, about: Collection[str]) -> tuple[Any, str]:
+    """``value`` in at most ``room`` bytes of JSON and what was cut ("" nothing); None
+    when not even a start of it fits."""
+    if _size(value) <= room:
+        return value, ""
+    if isinstance(value, str):
+        text = value
+        while text and _size(text) > room:  # characters may take several bytes each
+            text = cut_text(value, max(min(len(text) - 1, room * len(text) // _size(text)), 0))
+        return (text, f"{len(value) - len(text)} characters cut") if text else (None, "")
+    if isinstance(value, dict):
+        first = [k for k in value if str(k) in about]
+        out: dict[Any, Any] = {}
+        room -= 2
+        for key in first + [k for k in value if str(k) not in about]:
+            size = _size(str(key)) + _size(value[key]) + 2
+            if size <= room:
+                out[key], room = value[key], room - size
+            elif key in first:  # the culprit's own entry: its start, rather than nothing
+                part, _ = _cut(value[key], room - _size(str(key)) - 2, ())
+                if part is not None:
+                    out[key], room = part, room - _size(str(key)) - _size(part) - 2
+            else:
+                break
+        return (out, f"{len(out)} of {len(value)} entries") if out else (None, "")
+    if isinstance(value, list | tuple):
+        items: list[Any] = []
+        room -= 2
+        for item in value:
+            size = _size(item) + 1
+            if size > room:
+                break
+            items.append(item)
+            room -= size
+        return (items, f"first {len(items)} of {len(value)} items") if items else (None, "")
+    return None, ""
+
+
+def _size(value: Any) -> int:
+    return len(wire.dumps(value))

@@ -20,6 +20,11 @@ What a page can count on:
   ``failed`` with reason ``outbox_full``. Every end that is not ``sent`` is an ERROR log
   line, a count in ``monitor_agent_notifications_undelivered_total{channel,reason}`` and
   the delivery state ``GET /v1/alerts`` shows.
+- **A flood cannot bury a page** (``fairness.py``). Among the messages due, critical news
+  goes before error news and both before the rest; established runs' before new runs';
+  then round robin between runs. New runs' pages are budgeted per channel and source,
+  the rest folded into one summary per window, and the last share of ``max_pending`` is kept
+  for established runs' pages: a made-up run id cannot take a real page's turn or room.
 
 The outbox table lives in alerting's database (``alerting/db.py`` creates it, so a
 notification commits with the alert state that caused it); all SQL on it is here. A SQLite
@@ -69,6 +74,16 @@ from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification, Notifier, Outcome, OutcomeKind
 from monitor_agent.notify.channel_settings import OutboxSettings
 from monitor_agent.notify.deadline import AttemptDeadline
+from monitor_agent.notify.fairness import (
+    LOWEST,
+    NewRunBudget,
+    Queued,
+    is_news,
+    order_key,
+    priority,
+    summary_fingerprint,
+    summary_note,
+)
 from monitor_agent.records import wire
 from monitor_agent.storage.database import Database
 
@@ -97,17 +112,6 @@ class RetryPolicy:
         backoff = min(self.cap, self.base * 2 ** (attempts - 1))
         # Jitter in [backoff/2, backoff): sidecars that failed together do not retry together.
         return backoff * (0.5 + rand / 2)
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A pending notification as the sender reads it (columns in SELECT order)."""
-
-    id: int
-    created_at: float
-    attempts: int
-    next_at: float
-    fingerprints: str | None
 
 
 def sendable(rows: list[Queued]) -> list[Queued]:
@@ -156,6 +160,10 @@ class Outbox:
         self.notifiers = notifiers
         self.policy = RetryPolicy.from_settings(settings)
         self.max_pending = settings.max_pending
+        # The last share of the cap: only established runs' pages and summaries use it.
+        self.reserve = int(settings.max_pending * settings.reserved_for_pages)
+        self.budget = NewRunBudget(settings.new_run_burst, settings.new_run_window_seconds)
+        self.window = settings.new_run_window_seconds
         self.attempt_timeout = settings.attempt_timeout_seconds
         self.metrics = metrics
         self.clock = clock
@@ -166,37 +174,126 @@ class Outbox:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_send: dict[str, float] = {}
+        # Per channel, run -> when its last message went out (the round robin), and per
+        # (channel, source) when its next summary may be due.
+        self._served: dict[str, dict[str, float]] = {name: {} for name in notifiers}
+        self._next_summary: dict[tuple[str, str], float] = {}
         self._pending = self.db.query("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")[0][0]
         metrics.pending.set(self._pending)
 
     # -- queue ----------------------------------------------------------------------------
 
-    def enqueue(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float) -> bool:
+    def enqueue(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float,
+                source: str | None = None) -> bool:
         """Add a notification inside the caller's transaction; False if the queue is full.
 
-        A notification that finds the queue full is stored as already ``failed`` (reason
-        ``outbox_full``), so its alerts show why nobody heard of them."""
+        ``source``: the notification is about alerts begun while their run was new, and
+        the run came from there (None: an established run's). New runs' pages past the
+        source's budget on this channel are folded into its summary; reminders,
+        re-sends, acks and resolves of alerts that went out only in a summary are not sent
+        (the summary told of them). A notification that finds no room is stored as
+        already ``failed`` (reason ``outbox_full``), so its alerts show why nobody heard
+        of them; only established runs' pages may use the last ``reserve`` places."""
+        rank = priority(note)
+        kept = self._unfolded(conn, channel, note)
+        if kept is None:
+            self.metrics.notifications.labels(channel=channel, outcome="summarised").inc()
+            return True
+        note = kept
+        news = any(is_news(e) for e in note.events)
+        if source is not None and rank < LOWEST and not self.budget.take(channel, source, now):
+            return self._fold(conn, channel, note, source, rank, now)
         fingerprints = " ".join(e.fingerprint for e in note.events)
-        if self._pending >= self.max_pending:
-            error = f"outbox full ({self._pending} pending), max_pending={self.max_pending}"
-            conn.execute(
-                "INSERT INTO outbox (channel, body, created_at, next_at, state, last_error, "
-                "done_at, fingerprints) VALUES (?,?,?,?,'failed',?,?,?)",
-                (channel, wire.dumps(note.to_dict()), now, now, error, now, fingerprints),
-            )
-            self.metrics.notifications.labels(channel=channel, outcome="dropped").inc()
-            self.metrics.undelivered.labels(channel=channel, reason="outbox_full").inc()
-            log.error("%s: NOT QUEUED, a %s notification for %s", error, channel, note.group)
+        if news:  # told one by one from now on: its follow-ups are sent too
+            conn.executemany("DELETE FROM outbox_folded WHERE channel = ? AND fingerprint = ?",
+                             [(channel, e.fingerprint) for e in note.events])
+        limit = self.max_pending if source is None and rank < 2 else \
+            self.max_pending - self.reserve
+        if self._pending >= limit:
+            self._refuse(conn, channel, note, now, fingerprints, limit)
             return False
         conn.execute(
-            "INSERT INTO outbox (channel, body, created_at, next_at, fingerprints) "
-            "VALUES (?,?,?,?,?)",
-            (channel, wire.dumps(note.to_dict()), now, now, fingerprints),
+            "INSERT INTO outbox (channel, body, created_at, next_at, fingerprints, priority, "
+            "run_id, source) VALUES (?,?,?,?,?,?,?,?)",
+            (channel, wire.dumps(note.to_dict()), now, now, fingerprints, rank, note.group,
+             source),
         )
+        self._queued(channel)
+        return True
+
+    def _queued(self, channel: str) -> None:
         self._set_pending(self._pending + 1)
         # Safe before the commit: the sender's read waits on the database lock that this
         # transaction holds, so it sees the row once committed.
         self._wake[channel].set()
+
+    def _refuse(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float,
+                fingerprints: str, limit: int) -> None:
+        error = f"outbox full ({self._pending} pending), max_pending={self.max_pending}"
+        if limit < self.max_pending:
+            error += (f"; the last {self.max_pending - limit} places are kept for pages of "
+                      "established runs")
+        conn.execute(
+            "INSERT INTO outbox (channel, body, created_at, next_at, state, last_error, "
+            "done_at, fingerprints, priority, run_id) VALUES (?,?,?,?,'failed',?,?,?,?,?)",
+            (channel, wire.dumps(note.to_dict()), now, now, error, now, fingerprints,
+             priority(note), note.group),
+        )
+        self.metrics.notifications.labels(channel=channel, outcome="dropped").inc()
+        self.metrics.undelivered.labels(channel=channel, reason="outbox_full").inc()
+        log.error("%s: NOT QUEUED, a %s notification for %s", error, channel, note.group)
+
+    def _unfolded(self, conn: sqlite3.Connection, channel: str,
+                  note: Notification) -> Notification | None:
+        """``note`` without the follow-ups of alerts that went out only in a summary on
+        this channel; None when nothing is left to send."""
+        follow = [e.fingerprint for e in note.events if not is_news(e)]
+        if not follow:
+            return note
+        folded = {r[0] for r in conn.execute(
+            f"SELECT fingerprint FROM outbox_folded WHERE channel = ? AND fingerprint IN "
+            f"({', '.join('?' * len(follow))})", (channel, *follow)).fetchall()}
+        if not folded:
+            return note
+        events = tuple(e for e in note.events if is_news(e) or e.fingerprint not in folded)
+        return dataclasses.replace(note, events=events) if events else None
+
+    def _fold(self, conn: sqlite3.Connection, channel: str, note: Notification, source: str,
+              rank: int, now: float) -> bool:
+        """Fold a new run's news into the source's open summary on this channel (one is
+        opened if none is: due at once, or a window after the previous one)."""
+        found = conn.execute("SELECT id FROM outbox WHERE channel = ? AND source = ? AND "
+                             "summary = 1 AND state = 'pending'", (channel, source)).fetchone()
+        if found is not None:
+            summary_id = found[0]
+            conn.execute("UPDATE outbox SET priority = MIN(priority, ?) WHERE id = ?",
+                         (rank, summary_id))
+        else:
+            ident = summary_fingerprint(channel, source, repr(now))
+            if self._pending >= self.max_pending:
+                self._refuse(conn, channel, note, now,
+                             " ".join(e.fingerprint for e in note.events), self.max_pending)
+                return False
+            key = (channel, source)
+            due = max(now, self._next_summary.get(key, now))
+            if len(self._next_summary) >= 10_000:  # made-up sources must not grow it
+                self._next_summary = {k: t for k, t in self._next_summary.items() if t > now}
+            self._next_summary[key] = due + self.window
+            body = summary_note(source, [(e.run_id, e.alertname, e.severity)
+                                         for e in note.events], ident, now, now,
+                                self.budget.burst, self.window)
+            summary_id = conn.execute(
+                "INSERT INTO outbox (channel, body, created_at, next_at, fingerprints, "
+                "priority, run_id, source, summary) VALUES (?,?,?,?,?,?,?,?,1)",
+                (channel, wire.dumps(body.to_dict()), now, due, ident, rank, body.group,
+                 source)).lastrowid
+            self._queued(channel)
+        conn.executemany(
+            "INSERT OR REPLACE INTO outbox_folded (channel, fingerprint, summary_id, run_id, "
+            "alertname, severity) VALUES (?,?,?,?,?,?)",
+            [(channel, e.fingerprint, summary_id, e.run_id, e.alertname, e.severity)
+             for e in note.events])
+        self.metrics.notifications.labels(channel=channel, outcome="summarised").inc()
         return True
 
     def _set_pending(self, value: int) -> None:
@@ -210,7 +307,8 @@ class Outbox:
     # -- delivery -------------------------------------------------------------------------
 
     def deliver_next(self, channel: str, client: httpx.Client) -> float | None:
-        """Try the channel's sendable notification that has been due longest, if any is.
+        """Try the channel's sendable notification that goes first (``fairness.order_key``:
+        severity, established runs, round robin between runs, due longest), if any is due.
 
         Returns seconds until something may be due again (0: go on now), None when empty.
         """
@@ -227,16 +325,39 @@ class Outbox:
         if max(soonest, ready) > now:  # all in backoff (a receiver is down): skip the scan
             return max(soonest, ready) - now
         rows = [Queued(*r) for r in self.db.query(
-            "SELECT id, created_at, attempts, next_at, fingerprints FROM outbox "
-            "WHERE channel = ? AND state = 'pending' ORDER BY id", (channel,))]
-        row = min(sendable(rows), key=lambda r: (r.next_at, r.id))
-        if row.next_at > now:
-            return row.next_at - now
-        [(body,)] = self.db.query("SELECT body FROM outbox WHERE id = ?", (row.id,))
+            "SELECT id, created_at, attempts, next_at, fingerprints, priority, run_id, source, "
+            "summary FROM outbox WHERE channel = ? AND state = 'pending' ORDER BY id",
+            (channel,))]
+        candidates = sendable(rows)
+        due = [r for r in candidates if r.next_at <= now]
+        if not due:
+            return min(r.next_at for r in candidates) - now
+        served = self._served[channel]
+        row = min(due, key=lambda r: order_key(r, served))
+        body = self._seal(row, now) if row.summary == 1 else \
+            self.db.query("SELECT body FROM outbox WHERE id = ?", (row.id,))[0][0]
         outcome = self._attempt(channel, body, client)
-        self._last_send[channel] = self.clock()
+        self._last_send[channel] = sent = self.clock()
+        if len(served) >= 10_000:  # keep the runs served last; the others count as never
+            for run in sorted(served, key=served.__getitem__)[:5_000]:
+                del served[run]
+        served[row.run_id or ""] = sent
         self._record(row, channel, outcome, self.clock())
         return 0.0
+
+    def _seal(self, row: Queued, now: float) -> bytes:
+        """A summary's first attempt: worded with every alert folded into it so far, and
+        closed (what comes later opens the next one). The body it is sent with."""
+        with self.db.tx() as conn:
+            folded = conn.execute(
+                "SELECT run_id, alertname, severity FROM outbox_folded WHERE summary_id = ? "
+                "ORDER BY rowid", (row.id,)).fetchall()
+            note = summary_note(row.source or "unknown", [tuple(r) for r in folded],
+                                row.fingerprints or "", row.created_at, now,
+                                self.budget.burst, self.window)
+            body = wire.dumps(note.to_dict())
+            conn.execute("UPDATE outbox SET body = ?, summary = 2 WHERE id = ?", (body, row.id))
+        return body
 
     def _expire(self, channel: str, now: float) -> None:
         """End every pending message older than max_age, tried or not, queued behind
@@ -298,22 +419,30 @@ class Outbox:
             log.error("%s notification %d NOT DELIVERED (%s): %s", channel, row_id, reason, error)
 
     def delivery_states(self) -> dict[str, dict[str, dict[str, object]]]:
-        """fingerprint -> channel -> the latest notification's state, attempts and error."""
+        """fingerprint -> channel -> the latest notification's state, attempts and error;
+        an alert folded into a summary has the summary's (``summarised``: true)."""
         rows = self.db.query(
-            "SELECT channel, state, attempts, last_error, done_at, fingerprints FROM outbox "
-            "WHERE fingerprints IS NOT NULL ORDER BY id")
+            "SELECT id, channel, state, attempts, last_error, done_at, fingerprints, 0 "
+            "FROM outbox WHERE fingerprints IS NOT NULL AND summary = 0 "
+            "UNION ALL SELECT o.id, f.channel, o.state, o.attempts, o.last_error, o.done_at, "
+            "f.fingerprint, 1 FROM outbox_folded f JOIN outbox o ON o.id = f.summary_id "
+            "ORDER BY 1")
         out: dict[str, dict[str, dict[str, object]]] = {}
         for row in rows:
-            view = {"state": row["state"], "attempts": row["attempts"],
-                    "last_error": row["last_error"], "done_at": row["done_at"]}
-            for fp in row["fingerprints"].split():
-                out.setdefault(fp, {})[row["channel"]] = view
+            view: dict[str, object] = {"state": row[2], "attempts": row[3],
+                                       "last_error": row[4], "done_at": row[5]}
+            if row[7]:
+                view["summarised"] = True
+            for fp in row[6].split():
+                out.setdefault(fp, {})[row[1]] = view
         return out
 
     def prune(self, older_than: float) -> None:
         """Forget delivered and abandoned notifications finished before ``older_than``."""
         with self.db.tx() as conn:
             conn.execute("DELETE FROM outbox WHERE state != 'pending' AND done_at < ?", (older_than,))
+            conn.execute("DELETE FROM outbox_folded WHERE summary_id NOT IN "
+                         "(SELECT id FROM outbox)")
 
     # -- threads --------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ The ``dedup_key`` is derived from the alert's fingerprint, so a re-sent trigger 
 repeat, a second sidecar) lands on the same incident and the resolve closes it. 429 and
 5xx are retried by the outbox; 400 means the event is invalid and is not.
 
+An event stays within the Events API's limits, so a large alert is never refused (a lost
+page): a summary of at most 1024 characters and at most ``MAX_EVENT_BYTES`` in all, its
+evidence cut by the rule that keeps the culprit (``format.fit_evidence``).
+
 What a trigger and its resolve carry (``send`` POSTs these; tests/notify/test_outbox.py
 sends them to a local receiver that answers as PagerDuty does)::
 
@@ -26,15 +30,21 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from monitor_agent.notify import format as fmt
 from monitor_agent.notify.base import AlertEvent, Notification, Outcome, OutcomeKind, post_json
+from monitor_agent.records import wire
 
 _ACTIONS = {"firing": "trigger", "resolved": "resolve", "acknowledged": "acknowledge"}
 # PagerDuty's severities are exactly ours: critical, error, warning, info.
 _SEVERITIES = ("critical", "error", "warning", "info")
+MAX_EVENT_BYTES = 512_000
+"""The Events API v2 takes events of at most 512 KB (its overview, "Size Limits"): 512,000
+bytes of JSON is within that whichever kilobyte is meant."""
+MAX_SUMMARY = 1024  # characters of ``payload.summary`` (documented)
 
 
 def dedup_key(fingerprint: str) -> str:
@@ -76,7 +86,7 @@ class PagerDutyNotifier:
         if e.status != "firing":
             return body
         body["payload"] = {
-            "summary": fmt.headline(e)[:1024],
+            "summary": fmt.cut_text(fmt.headline(e), MAX_SUMMARY),
             "source": f"monitor-agent/{e.run_id}",
             "severity": e.severity if e.severity in _SEVERITIES else "error",
             "timestamp": datetime.fromtimestamp(e.started_at, UTC).isoformat(),
@@ -89,7 +99,21 @@ class PagerDutyNotifier:
         if e.dashboard_url:
             body["client_url"] = e.dashboard_url
             body["links"] = [{"href": e.dashboard_url, "text": f"Grafana: run {e.run_id}"}]
+        return _within_limit(body, e)
+
+
+def _within_limit(body: dict[str, Any], e: AlertEvent) -> dict[str, Any]:
+    """The event as it is when it fits ``MAX_EVENT_BYTES``, else with its evidence cut to
+    what is left (everything else of an event is small)."""
+    size = len(wire.dumps(body))
+    if size <= MAX_EVENT_BYTES:
         return body
+    details = body["payload"]["custom_details"]
+    room = MAX_EVENT_BYTES - (size - len(wire.dumps(details["evidence"])))
+    details["evidence"] = fmt.fit_evidence(
+        details["evidence"], room, fmt.culprit(e),
+        whole=f"GET /v1/runs/{quote(e.run_id, safe='')}/findings")
+    return body
 
 
 def _details(e: AlertEvent) -> dict[str, Any]:

@@ -9,7 +9,11 @@ Slack refuses a message whose blocks hold too much text (``msg_blocks_too_long``
 by users above ~12,000 characters though no limit is documented), so a message keeps its
 block text under ``MAX_BLOCK_TEXT`` by summarising the alerts that do not fit; and any 400
 to a Block Kit message is answered by sending the same news again as plain text, so a
-refused layout never costs the page.
+refused layout never costs the page. Every block keeps within Block Kit's documented limits
+(at most 50 blocks; a header's text 150 characters, a section's 3000, a context element's
+3000, a button's 75 and its URL 3000): a long summary is cut from its end
+(``format.cut_text``: it names its culprit first) so that where, the measured value and
+what to try still show; a URL too long for a button gets no button.
 
 One alert's message, and a send to a receiver that refuses its blocks (an
 ``httpx.MockTransport`` here; tests/notify/test_slack_delivery.py uses a local receiver
@@ -41,6 +45,8 @@ from monitor_agent.notify.base import AlertEvent, Notification, Outcome, Outcome
 MAX_ALERTS_SHOWN = 10  # Slack allows 50 blocks; 4 per alert plus the header stays under it.
 MAX_BLOCK_TEXT = 10_000  # characters of text in all blocks: under the ~12,000 Slack refuses
 MAX_PLAIN_TEXT = 4_000   # Slack truncates longer top-level text
+MAX_SECTION_TEXT = 3_000  # Block Kit: a section's text, a context element's, a button's URL
+MAX_HEADER_TEXT = 150
 _ICON = {"critical": ":red_circle:", "error": ":large_orange_circle:",
          "warning": ":large_yellow_circle:", "info": ":large_blue_circle:"}
 
@@ -81,7 +87,8 @@ def blocks(note: Notification) -> list[dict[str, Any]]:
     icon = ":white_check_mark:" if note.status == "resolved" else _ICON.get(
         max(note.events, key=_rank).severity, ":bell:")
     out: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": f"{icon} {fmt.title(note)}"[:150],
+        {"type": "header", "text": {"type": "plain_text",
+                                    "text": fmt.cut_text(f"{icon} {fmt.title(note)}", MAX_HEADER_TEXT),
                                     "emoji": True}},
     ]
     used, shown = block_text(out), 0
@@ -128,36 +135,41 @@ def _rank(event: AlertEvent) -> int:
 
 def _event_blocks(e: AlertEvent) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": _section_text(e)[:3000]}}]
+        {"type": "section", "text": {"type": "mrkdwn", "text": _section_text(e)}}]
     facts = [f"severity *{e.severity}*", f"{e.count} finding{'s' if e.count != 1 else ''}"]
     if e.project:
         facts.insert(0, f"project *{_escape(e.project)}*")
     if e.acked_by:
         facts.append(f"acknowledged by {_escape(e.acked_by)}")
     out.append(_context(" · ".join(facts)))
-    if e.dashboard_url:
+    if e.dashboard_url and len(e.dashboard_url) <= MAX_SECTION_TEXT:  # a cut URL is no link
         out.append({"type": "actions", "elements": [{
             "type": "button", "text": {"type": "plain_text", "text": "Open in Grafana"},
-            "url": e.dashboard_url[:3000],
+            "url": e.dashboard_url,
         }]})
     out.append({"type": "divider"})
     return out
 
 
 def _section_text(e: AlertEvent) -> str:
+    """The alert's section: what, where, the measured value and what to try, in at most
+    ``MAX_SECTION_TEXT`` characters; the summary (and then what to try) is what is cut."""
     status = {"resolved": "Resolved: ", "acknowledged": "Acknowledged: "}.get(e.status, "")
-    lines = [f"*{status}{_escape(e.alertname)}*: {_escape(e.summary)}",
-             f"*Where:* {_escape(fmt.where(e))}"]
+    lead = f"*{status}{_escape(e.alertname)}*: "
+    rest = [f"*Where:* {_escape(fmt.where(e))}"]
     if (value := fmt.value_line(e)) is not None:
-        lines.append(f"*Measured:* {value}")
+        rest.append(f"*Measured:* {value}")
     if e.status == "firing" and e.suggestions:
-        lines.append("*What to try:*")
-        lines.extend(f"• {_escape(s)}" for s in e.suggestions[:3])
-    return "\n".join(lines)
+        rest.append("*What to try:*")
+        rest.extend(f"• {_escape(s)}" for s in e.suggestions[:3])
+    tail = fmt.cut_text("\n" + "\n".join(rest), MAX_SECTION_TEXT // 2)
+    room = MAX_SECTION_TEXT - len(lead) - len(tail)
+    return fmt.cut_text(lead + fmt.cut_text(_escape(e.summary), room) + tail, MAX_SECTION_TEXT)
 
 
 def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:3000]}]}
+    return {"type": "context", "elements": [{"type": "mrkdwn",
+                                             "text": fmt.cut_text(text, MAX_SECTION_TEXT)}]}
 
 
 def _escape(text: str) -> str:

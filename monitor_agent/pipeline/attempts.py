@@ -31,6 +31,14 @@ reads default to the current history. Settling a resumed or restarted attempt re
 run in memory at its start step: the newest detector snapshot below it, plus the kept
 records after that snapshot (registry.py ``RunRegistry.rebuild``).
 
+A token is also the writer's identity (one bearer token is shared by every job): a
+``checkpoint`` record never begins or joins an attempt, and is taken only under a token
+already placed, from a rank that sent step records in that attempt (``writer``). Records
+without a token share the legacy token: a run of old clients works as before, and a
+token-less checkpoint cannot land in an attempt begun by token-carrying ones. A replaced
+attempt that keeps sending is a second live job on the run id: the engine judges and pages
+it apart (``Engine._rival``, detectors/two_jobs.py); it does not take the history back.
+
 A closed-loop rollback to step S (the same processes reload a checkpoint and send S, S+1,
 ... again) is a resumed attempt too: open the next attempt settled at S
 (``settle``/``settled``, ``Store.settle_attempt``) and point the run's current tokens at
@@ -50,9 +58,10 @@ checkpoint at 1200, the third starts over at step 1::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from monitor_agent.records.types import EvalRecord, Record, StepRecord
+from monitor_agent.records.types import CheckpointRecord, EvalRecord, Record, StepRecord
 from monitor_agent.storage.store import Store, StoredAttempt
 
 LEGACY_TOKEN = ""  # records without an ``attempt`` field: one implicit attempt
@@ -86,12 +95,16 @@ class RunAttempts:
 
     attempts: list[StoredAttempt]
     tokens: dict[str, tuple[int, int]]  # token -> (attempt number, rank that first sent it)
+    # (attempt number, rank) of the ranks that sent step records in each attempt: the
+    # processes that train there, the only ones a checkpoint is taken from (``writer``).
+    stepped: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
     @classmethod
     def load(cls, store: Store, run_id: str) -> RunAttempts:
         return cls(store.attempts(run_id),
                    {token: (number, rank) for token, rank, number in
-                    store.attempt_tokens(run_id)})
+                    store.attempt_tokens(run_id)},
+                   {(number, rank) for number, rank in store.attempt_ranks(run_id)})
 
     @property
     def current(self) -> int:
@@ -143,6 +156,29 @@ class RunAttempts:
         store.settle_attempt(record.run_id, done)
         self.replace(done)
         return token, number, done
+
+    def writer(self, record: CheckpointRecord,
+               batch: Collection[tuple[str, int, int]] = ()) -> str | None:
+        """Why ``record``, a checkpoint, does not come from a process that trains in its
+        attempt, or None. Its token must be one the run already placed (a checkpoint never
+        begins or joins an attempt), and its rank must have sent a step record in that
+        attempt (stored, or earlier in this ``batch``: (run id, attempt, rank)). A
+        checkpoint becomes a rollback target that every rank reloads: one from a process
+        that never trained in the attempt is not one to reload."""
+        token = record.attempt or LEGACY_TOKEN
+        known = self.tokens.get(token)
+        if known is None:
+            sent = f"attempt token {token!r}" if token else "no attempt token"
+            return (f"attempt: a checkpoint of run {record.run_id} with {sent} that none of "
+                    "its records carried before: a checkpoint is taken only from a process "
+                    "that sent steps in its attempt")
+        number = known[0]
+        if (number, record.rank) in self.stepped or \
+                (record.run_id, number, record.rank) in batch:
+            return None
+        return (f"rank: rank {record.rank} sent no step in attempt {number} of run "
+                f"{record.run_id}: a checkpoint is taken only from a rank that trains in "
+                "its attempt")
 
     def superseded_by(self, number: int, kind: str, step: int) -> int | None:
         """The later attempt that replaced a record of attempt ``number`` (one that

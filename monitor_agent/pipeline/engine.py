@@ -41,7 +41,7 @@ from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.placement import leader_of
-from monitor_agent.detectors import DetectorSuite
+from monitor_agent.detectors import DetectorSuite, two_jobs
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
 from monitor_agent.detectors.support.context import SkipPlan, host_label
 from monitor_agent.metrics import names as metric_names
@@ -49,6 +49,7 @@ from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.admission import AdmissionBudget
 from monitor_agent.pipeline.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
+from monitor_agent.pipeline.failpoints import Failpoints
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -73,6 +74,8 @@ from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredC
 from monitor_agent.storage.uplink import CLOSED, DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
 
 log = logging.getLogger(__name__)
+
+MAX_RIVALS = 64  # replaced attempts still sending, judged at once (``Engine._rival``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class IngestResult:
     attempts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     # What this node sidecar owes the run leaders it follows (monitor_agent/cluster).
     uplink: list[UplinkRow] = field(default_factory=list)
+    resumed: bool = False  # a record of the batch settled a resumed or restarted attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +161,16 @@ class Engine:
         # writes it; routing a finding reads it).
         self.links = LinkBook(settings.cluster.peer_timeout_seconds)
         self._ticked = IngestResult()  # what a tick owes the leaders, queued at its end
+        self.replayed = 0  # stored records fed again to rebuild runs (the tests count them)
+        # (run id, attempt) -> the detectors of a replaced attempt still sending (``_rival``)
+        self._rivals: dict[tuple[str, int], DetectorSuite] = {}
+        self.failpoints = Failpoints(settings.failpoint)
         self.alerts.cost_with(self._incident_cost)
 
     # -- ingest ---------------------------------------------------------------------------
 
-    def ingest(self, items: Sequence[Incoming], now: float) -> IngestResult:
+    def ingest(self, items: Sequence[Incoming], now: float,
+               source: str | None = None) -> IngestResult:
         """Store a validated batch in one transaction, then run it through detection.
 
         Raises StorageError (-> 503) when the records, or anything they cause (findings,
@@ -172,19 +181,23 @@ class Engine:
         a record is acknowledged only once its alert state is durable, whatever failed.
         """
         result = IngestResult()
-        admitted = self._admit(items, result, now)
+        admitted = self._admit(items, result, now, source)
         rows = [_row(a.item, a.attempt, a.superseded_by) for a in admitted]
         t0 = time.perf_counter()
         ids = self.store.insert_records(rows)
         self.metrics.store_duration.observe(time.perf_counter() - t0)
+        if result.resumed:
+            self.failpoints.reached("records_stored")
         try:
             for entry, row_id in zip(admitted, ids, strict=True):
+                live = self.registry.get(entry.item.record.run_id)
+                assert live is not None  # admitted just now, on this thread
+                if isinstance(entry.item.record, StepRecord):  # stored: its rank trains here
+                    live.attempts.stepped.add((entry.attempt, entry.item.record.rank))
                 if row_id is None:
                     result.duplicates += 1
                     continue
                 result.accepted += 1
-                live = self.registry.get(entry.item.record.run_id)
-                assert live is not None  # admitted just now, on this thread
                 self._process(live, entry.item.record, row_id, now, result,
                               attempt=entry.attempt,
                               superseded=entry.superseded_by is not None,
@@ -199,6 +212,8 @@ class Engine:
             if isinstance(exc, StorageError):
                 raise StorageError(f"records stored, their alerts not: {exc}") from exc
             raise
+        for run_id in {a.item.record.run_id for a in admitted}:  # their effects are durable
+            self.registry.snapshot_advanced(self.registry.get(run_id), now)
         return result
 
     def preview(self, items: Sequence[Incoming], now: float) -> int:
@@ -251,11 +266,13 @@ class Engine:
         return begun
 
     def _admit(
-        self, items: Sequence[Incoming], result: IngestResult, now: float
+        self, items: Sequence[Incoming], result: IngestResult, now: float,
+        source: str | None = None,
     ) -> list[_Admitted]:
         admitted: list[_Admitted] = []
         seen: dict[tuple[str, int], int] = {}  # the batch's own steps count as history
         paths: dict[tuple[str, int, int], str] = {}  # the batch's own checkpoints
+        stepped: set[tuple[str, int, int]] = set()  # (run, attempt, rank) of its steps
         budget = AdmissionBudget(self.settings)
         for item in items:
             record = item.record
@@ -272,16 +289,22 @@ class Engine:
                 else:
                     if new:
                         budget.took_run(record.run_id)
+                        # Where a run came from (the request's peer): a flood of made-up
+                        # runs is budgeted per source in the outbox (notify/fairness.py).
+                        live.state.source = live.state.source or source
                     reason, label = budget.refuse_rank(live.state, record.rank), "too_many_ranks"
                     if reason is None and isinstance(record, CheckpointRecord):
                         reason, label = _future_checkpoint(live.state, record, seen), \
                             "checkpoint"
+                        if reason is None and item.origin is None:  # a digest: checked there
+                            reason = live.attempts.writer(record, stepped)
                     elif reason is None:
                         reason = implausible_step(live.state, record, seen,
                                                   self.settings.max_step_jump, now)
                         label = "implausible_step"
                     if reason is None:
-                        reason, label = forged_rank(live.state, record), "forged_rank"
+                        reason, label = forged_rank(live.state, record, stepped,
+                                                    item.origin is not None), "forged_rank"
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()
@@ -292,6 +315,8 @@ class Engine:
                 result.rejected.append({"index": item.index, "reason": entry})
                 self.metrics.rejections.labels(reason="too_many_attempts").inc()
                 continue
+            if isinstance(record, StepRecord):
+                stepped.add((record.run_id, entry.attempt, record.rank))
             if isinstance(record, CheckpointRecord):
                 clash = _checkpoint_clash(live, record, entry.attempt, paths)
                 if clash is not None:
@@ -319,7 +344,10 @@ class Engine:
                      settled.kind, record.step)
             live = self.registry.rebuild(record.run_id, now)
             book = live.attempts
+            self.failpoints.reached("attempt_settled")
             self._lifecycle(live, live.lifecycle.settled(settled), now)
+            self.failpoints.reached("rollback_applied")
+            result.resumed = True
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
@@ -354,6 +382,10 @@ class Engine:
                 self._checkpoint(run, record, attempt)
             self._forward(run, record, body, result, quiet, origin)
             return
+        if superseded and arrival is None and not quiet and \
+                self._rival(live, record, attempt, now, result, origin):
+            self._forward(run, record, body, result, quiet, origin)
+            return
         if superseded or (isinstance(record, StepRecord | EvalRecord) and run.is_late(record)):
             # Out-of-order or re-sent history: stored, but detectors only see time forward.
             result.late += 1
@@ -365,9 +397,19 @@ class Engine:
         self._forward(run, record, body, result, quiet, origin)
         findings = [dataclasses.replace(f, attempt=attempt)
                     for f in self._detect(live, record, origin is not None)]
+        judged = False
         for f in findings:  # before alerting: a page names the checkpoint judged with it
             if run.ledger.observe(f):
                 run.version += 1
+                judged = True
+        pending = live.lifecycle.rollback
+        if judged and pending is not None and not quiet:
+            # The pending plan's checkpoint may have just turned suspect: decided again.
+            revised = self.alerts.revise(_context(run), now)
+            if revised:
+                live.lifecycle.withdrawn(pending.action_id)
+                result.actions.extend(revised)
+                self.acted(run.run_id, revised, now)
         if run.verdict.observe(record, findings):
             self._store_verdict(run)
         if findings and quiet:
@@ -376,6 +418,45 @@ class Engine:
             self._route(run, findings, now, result, origin)
         if not quiet:
             self._retry(run, now, result)
+
+    def _rival(self, live: LiveRun, record: Record, attempt: int, now: float,
+               result: IngestResult, origin: int | None) -> bool:
+        """Judge a record of a replaced attempt that comes from a job still running, and
+        say whether it did (detectors/two_jobs.py states the rule): its ``time`` is after
+        the attempt that replaced it began (a spool delivered late holds records from
+        before its process ended). The first pages ``two_jobs``; each is judged by a suite
+        of the attempt's own and its findings paged as a partial view (no rule acts on
+        another job's history). The suites live in memory only, ``MAX_RIVALS`` at most."""
+        later = live.attempts.superseded_by(attempt, record.kind, record.step)
+        if later is None or record.time is None:
+            return False
+        began = live.attempts.get(later)
+        if record.time <= began.started_at:
+            return False
+        key, found = (record.run_id, attempt), []
+        suite = self._rivals.pop(key, None)
+        if suite is None:
+            if len(self._rivals) >= MAX_RIVALS:
+                self._rivals.pop(next(iter(self._rivals)))
+            suite = DetectorSuite(self.settings.detectors)
+            if two_jobs.TwoJobsDetector.type not in self.settings.detectors.disabled:
+                found.append(two_jobs.finding(record, attempt, later, began.start_step,
+                                              began.started_at))
+        if not isinstance(record, EndRecord):
+            self._rivals[key] = suite  # an ended job's suite goes
+        why = (f"attempt {attempt}, a job still running that attempt {later} replaced: "
+               "not the run's history")
+        try:
+            judged = suite.update(record, origin is not None)
+        except Exception:  # a detector bug must never cost a stored record
+            self.metrics.detector_errors.inc()
+            log.exception("detector failed on %s step %s", record.run_id, record.step)
+            judged = []
+        found += [dataclasses.replace(f, attempt=attempt).seen_partially(why) for f in judged]
+        result.late += 1  # history, as the run's reads see it
+        if found:
+            self._route(live.state, found, now, result, origin)
+        return True
 
     def _retry(self, run: RunState, now: float, result: IngestResult) -> None:
         """A rollback that waited for a rank to report up to the fault's onset (a save
@@ -407,13 +488,48 @@ class Engine:
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
             replayed += 1
+            if quiet:  # effects durable already: snapshots as it goes (registry.rebuild)
+                self.registry.snapshot_advanced(live, now)
+        self.replayed += replayed
         if result.findings:
             self.store.insert_findings([f.to_dict() for f in result.findings])
         self._queue(result)
+        if not quiet:
+            self._reconcile(live, now)
         # A rollback rebuilt the verdict from what is left of the history: the row says so
         # too, the moment it happens or, after a kill -9 in between, on the next load.
         self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
+
+    def _reconcile(self, live: LiveRun, now: float) -> None:
+        """Make the two databases agree after a crash between their commits
+        (pipeline/failpoints.py). The record store settles a new attempt before alerting
+        hears of it: an attempt settled here whose news never reached alerting is told
+        again, as it would have been live. The rollback still pending there is applied if
+        the attempt started after it was decided, at or before its window. The goodput
+        ledger settles every attempt it has not settled yet."""
+        lifecycle, run = live.lifecycle, live.state
+        pending = lifecycle.rollback
+        decided = None if pending is None else next(
+            (a.get("created_at") for a in lifecycle.open_actions()
+             if a.get("id") == pending.action_id), None)
+        for attempt in live.attempts.attempts:
+            if attempt.kind not in ("resumed", "restarted") or attempt.start_step is None:
+                continue
+            applies = (pending is not None and isinstance(decided, int | float)
+                       and attempt.start_step <= pending.skip_from
+                       and attempt.started_at >= decided)
+            if applies:
+                log.warning("run %s: attempt %d resumed at step %d applied rollback %d "
+                            "before a crash; alerting is told now", run.run_id,
+                            attempt.number, attempt.start_step,
+                            pending.action_id if pending is not None else 0)
+                self._lifecycle(live, lifecycle.settled(attempt), now)
+                pending = None
+            elif attempt.number not in run.goodput.settled_attempts:
+                why = ("rollback" if attempt.start_step in lifecycle.applied_starts
+                       else "restart" if attempt.kind == "restarted" else "resume")
+                run.goodput.settled(attempt.number, attempt.start_step, why)
 
     def _apply(self, live: LiveRun, record: Record, arrival: float,
                origin: int | None = None) -> None:
@@ -789,7 +905,7 @@ class Engine:
         self.alerts.tick(now)
         self.registry.expire(now)
         if now - self._last_snapshot >= self.settings.snapshot_interval_seconds:
-            self.registry.snapshot_all()
+            self.registry.snapshot_all(now)
             self._last_snapshot = now
         self.retention.prune_some(self.registry.states())
         self._count_runs()
@@ -866,17 +982,18 @@ class Engine:
 
 def _context(run: RunState) -> RunContext:
     config = run.run.config if run.run is not None else {}
-    clean = run.ledger.clean()
+    ledger = run.ledger  # views of it, O(1) however many checkpoints (checkpoint_ledger.py)
     return RunContext(
         run_id=run.run_id, project=run.project or None, labels=run.labels, config=config,
-        clean_checkpoints=tuple((e.step, e.path) for e in clean),
-        checkpoint_line=run.ledger.line(),
-        checkpoint_positions={e.step: e.position for e in clean if e.position is not None},
+        clean_checkpoints=ledger.clean_view(),
+        checkpoint_line=ledger.line(),
+        checkpoint_positions=ledger.positions_view(),
         data={r: (s.data_step, s.data_position, s.per_step) for r, s in run.ranks.items()
               if s.data_position is not None},
         skipped=run.skipped, skipped_unit=run.skipped_unit,
         rank_steps={r: s.last_step for r, s in run.ranks.items()},
-        checkpoint_ranks=tuple(sorted({e.rank for e in run.ledger.entries.values()})),
+        checkpoint_ranks=ledger.ranks(),
+        first_seen=run.first_seen, source=run.source,
     )
 
 

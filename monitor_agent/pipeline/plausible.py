@@ -13,7 +13,11 @@ inflate it), and 10x covers a trainer that speeds up (smaller eval, warmed-up ke
 that skips logging. A client that was cut off by an outage resumes within that bound: its
 gap grows with the time it was away. ``max_step_jump`` (default 100,000) is the floor for a
 run too young to have a pace; a trainer that logs sparser than that sends ``step`` in its own
-units. A new rank (no history) accepts any step: there is nothing to protect yet.
+units. A new rank's first step is judged the same way against the run's other ranks (their
+latest step and pace): the ranks of one run step together, and a new rank's ``2**53`` would
+otherwise carry the run's latest step there, and with it the check that refuses a
+checkpoint from the future. Only the first rank of a new run accepts any step: there is
+nothing to protect yet (a run resumed under a fresh sidecar starts wherever it is).
 
 A rank at step 10 sends step 11, then step 2**53; the engine rejects the record a reason
 is given for (the API answers 422 for it)::
@@ -28,9 +32,20 @@ is given for (the API answers 422 for it)::
     >>> print(implausible_step(run, step(2**53), seen={}, max_jump=100_000, now=101.0))
     step: 9007199254740992 is implausible for run r1 rank 0: more than 100000 steps after its
     latest step 10 (max_step_jump=100000 plus the run's pace)
+
+A new rank 3 of the same run, whose first step is ``2**53``::
+
+    >>> third = parse_record({"kind": "step", "run_id": "r1", "step": 2**53, "time": 100.0,
+    ...                       "rank": 3})
+    >>> print(implausible_step(run, third, seen={}, max_jump=100_000, now=101.0))
+    step: 9007199254740992 is implausible for run r1 rank 3: more than 100000 steps after the
+    run's latest step 10, and the rank has no history of its own (max_step_jump=100000 plus
+    the run's pace)
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records.types import HangRecord, Record, RunRecord
@@ -48,23 +63,34 @@ def implausible_step(
     state = run.ranks.get(record.rank)
     latest = max(state.last_step if state else -1, state.last_eval_step if state else -1,
                  seen.get(key, -1))
-    if latest < 0:
-        seen[key] = max(seen.get(key, -1), record.step)
-        return None
+    whose = "its latest step"
+    if latest < 0:  # a new rank: its first step is judged against the run's other ranks
+        state = max(run.ranks.values(), key=lambda r: r.last_step, default=None)
+        latest = max([run.last_step, *(s for (r, _), s in seen.items() if r == record.run_id)])
+        whose = "the run's latest step"
+        if latest < 0:  # the run's first rank: nothing to protect yet
+            seen[key] = max(seen.get(key, -1), record.step)
+            return None
     allowed = latest + max_jump + _pace_allowance(run, state, now)
     if record.step > allowed:
+        alone = ", and the rank has no history of its own" if whose != "its latest step" else ""
         return (f"step: {record.step} is implausible for run {record.run_id} rank {record.rank}: "
-                f"more than {allowed - latest} steps after its latest step {latest} "
+                f"more than {allowed - latest} steps after {whose} {latest}{alone} "
                 f"(max_step_jump={max_jump} plus the run's pace)")
     seen[key] = max(seen.get(key, -1), record.step)
     return None
 
 
-def forged_rank(run: RunState, record: Record) -> str | None:
+def forged_rank(run: RunState, record: Record,
+                stepped: Collection[tuple[str, int, int]] = (),
+                remote: bool = False) -> str | None:
     """Why a hang report cannot be from the rank it names, or None: one at or past the
-    world size the run record declared (``hardware.world_size``) is forged or misaddressed,
-    and would put a rank that does not exist on the page (a negative rank is refused by
-    the schema).
+    world size the run record declared (``hardware.world_size``, a checked integer:
+    records/schemas.py) is forged or misaddressed, and would put a rank that does not exist
+    on the page (a negative rank is refused by the schema). A run that declares no world
+    size takes hang reports only from ranks it has heard steps from (the watchdog starts at
+    a rank's first step), here or earlier in the batch (``stepped``: (run id, attempt,
+    rank)); ``remote``: a digest a node sidecar forwarded, checked there.
 
         >>> from monitor_agent.records.schemas import parse_record
         >>> run = RunState.new("r1", now=0.0)
@@ -73,15 +99,24 @@ def forged_rank(run: RunState, record: Record) -> str | None:
         >>> hang = {"kind": "hang", "run_id": "r1", "step": 0, "time": 0.0, "stuck_seconds": 9.0}
         >>> print(forged_rank(run, parse_record({**hang, "rank": 7})))
         rank: 7 is not a rank of run r1 (its run record declares world_size 4)
+        >>> print(forged_rank(RunState.new("r2", now=0.0), parse_record({**hang, "run_id": "r2"})))
+        rank: 0 has sent run r2 no step, and the run declares no world_size: a hang report
+        comes from a rank that stepped
     """
     if not isinstance(record, HangRecord):
         return None
     hardware = run.run.hardware if run.run is not None else {}
     size = hardware.get("world_size")
-    if isinstance(size, int) and not isinstance(size, bool) and record.rank >= size:
-        return (f"rank: {record.rank} is not a rank of run {record.run_id} (its run record "
-                f"declares world_size {size})")
-    return None
+    if isinstance(size, int) and not isinstance(size, bool):
+        if record.rank >= size:
+            return (f"rank: {record.rank} is not a rank of run {record.run_id} (its run "
+                    f"record declares world_size {size})")
+        return None
+    if remote or record.rank in run.ranks or any(
+            r == record.run_id and k == record.rank for r, _, k in stepped):
+        return None
+    return (f"rank: {record.rank} has sent run {record.run_id} no step, and the run declares "
+            "no world_size: a hang report comes from a rank that stepped")
 
 
 def _pace_allowance(run: RunState, state: RankState | None, now: float) -> int:

@@ -27,13 +27,14 @@ here, directly::
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from monitor_agent.pipeline import views
-from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger, judged_dict
+from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger, Judged, LedgerEntry
 from monitor_agent.pipeline.registry import RunRegistry
 from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import wire
@@ -50,6 +51,9 @@ class RunQueries:
         # read: a stored ledger changes only while its run is in memory, which moves
         # last_seen (so the runs lists decode each stored ledger once, not every poll).
         self._stored_ratios: dict[str, tuple[float, float | None]] = {}
+        # The ledger of the last run out of memory whose checkpoints were read, with its
+        # last_seen (as above): paging through or polling a stored run loads it once.
+        self._stored_ledger: tuple[str, float, CheckpointLedger] | None = None
 
     def _live(self, run_id: str) -> RunState | None:
         live = self.registry.get(run_id)
@@ -133,19 +137,44 @@ class RunQueries:
                             views.attempt_views(self.store.attempts(run_id),
                                                 live.verdict.rollbacks if live else ()))
 
-    def checkpoints(self, run_id: str) -> dict[str, Any] | None:
-        """The run's checkpoint ledger, judged (``GET /v1/runs/{id}/checkpoints``,
-        pipeline/checkpoint_ledger.py); None: no such run."""
+    def checkpoints(self, run_id: str, after: tuple[int, int] | None = None,
+                    limit: int | None = None, start: int | None = None,
+                    end: int | None = None,
+                    ) -> tuple[list[Judged], LedgerEntry | None] | None:
+        """A slice of the run's checkpoint ledger, judged (``GET /v1/runs/{id}/checkpoints``,
+        pipeline/checkpoint_ledger.py), oldest first: those after ``after`` (step, attempt
+        number), at most ``limit``, or those of steps ``start``..``end``; with the last
+        clean one. None: no such run. A slice costs O(log n + its length) once the ledger
+        has judged its entries (``CheckpointLedger.judged``); they are immutable, so the
+        caller turns them into JSON off the engine thread."""
+        ledger = self._ledger(run_id)
+        if ledger is None:
+            return None
+        judged = ledger.judged()
+        lo, hi = 0, len(judged)
+        if after is not None:
+            lo = bisect.bisect_right(judged, after, key=checkpoint_key)
+        if start is not None:
+            lo = max(lo, bisect.bisect_left(judged, start, key=lambda j: j.entry.step))
+        if end is not None:
+            hi = bisect.bisect_right(judged, end, key=lambda j: j.entry.step)
+        if limit is not None:
+            hi = min(hi, lo + limit)
+        return judged[lo:hi], ledger.last_clean()
+
+    def _ledger(self, run_id: str) -> CheckpointLedger | None:
         live = self._live(run_id)
         if live is not None:
-            ledger = live.ledger
-        elif self.store.run_row(run_id) is not None:
-            ledger = CheckpointLedger.load(self.store, run_id)
-        else:
+            return live.ledger
+        row = self.store.run_row(run_id)
+        if row is None:
             return None
-        last = ledger.last_clean()
-        return {"run_id": run_id, "checkpoints": [judged_dict(j) for j in ledger.judged()],
-                "last_clean": None if last is None else {"step": last.step, "path": last.path}}
+        cached = self._stored_ledger
+        if cached is not None and cached[0] == run_id and cached[1] == row.last_seen:
+            return cached[2]
+        ledger = CheckpointLedger.load(self.store, run_id)
+        self._stored_ledger = (run_id, row.last_seen, ledger)
+        return ledger
 
     def goodput(self, run_id: str, now: float) -> dict[str, Any] | None:
         """Where the run's time went (``GET /v1/runs/{id}/goodput``, runs/goodput.py);
@@ -178,3 +207,8 @@ class RunQueries:
         """The next chunk of a run's stored finding lines, newest first (``current``: of
         its current history)."""
         return self.store.findings_chunk(run_id, before_id, max_rows, max_bytes, current)
+
+
+def checkpoint_key(judged: Judged) -> tuple[int, int]:
+    """Where a checkpoint stands in the ledger's order: (step, attempt number)."""
+    return (judged.entry.step, judged.entry.attempt)

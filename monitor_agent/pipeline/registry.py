@@ -2,7 +2,9 @@
 
 A run is loaded on its first record (fresh, or rebuilt from its snapshot and stored tail),
 dropped when its time-to-live passes (after a snapshot), evicted when its effects could
-not be committed (analysed again later), and snapshotted on a timer. Keeping the state and
+not be committed (analysed again later), and snapshotted on a timer and by step distance
+(``snapshot_advanced``: each ``snapshot_every_steps`` steps it moves, also while it is
+rebuilt for a resume, so a resume to any step finds a snapshot near below it). Keeping the state and
 the suite in one ``LiveRun`` is what keeps them from drifting apart: there is one dict, and
 every way into or out of it is a method here.
 
@@ -31,6 +33,7 @@ nothing::
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -60,6 +63,10 @@ class LiveRun:
     # Its lifecycle (runs/lifecycle.py): derived on load from the store's status and
     # alerting's open actions (Engine._replay), kept on by the engine's events.
     lifecycle: RunLifecycle = field(default_factory=RunLifecycle)
+    # The run's latest step when its newest snapshot was taken (-1: none yet): one is taken
+    # again once it moved ``snapshot_every_steps`` on (``RunRegistry.snapshot_advanced``).
+    snapshot_step: int = -1
+    snapshot_at: float = -math.inf  # when, on the engine's clock
 
     @property
     def run_id(self) -> str:
@@ -81,6 +88,7 @@ class RunRegistry:
         self._runs: dict[str, LiveRun] = {}
         # Runs whose last records were stored but not all of their effects: analysed again.
         self._reanalyse: set[str] = set()
+        self.snapshots = 0  # taken since start (the tests count them)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -160,6 +168,7 @@ class RunRegistry:
                                                     live.attempts)
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
+            live.snapshot_step = live.state.last_step  # the restored snapshot's (or -1)
             live.state.ledger = CheckpointLedger.load(self.store, run_id)
             live.state.goodput = goodput if goodput is not None else self.stored_goodput(run_id)
             if after is not None:  # None: never stored, a new run
@@ -185,11 +194,17 @@ class RunRegistry:
         """Load a run again from its current history, after a new attempt replaced part of
         it (pipeline/attempts.py): the state its detectors had just before the attempt's
         start step. The snapshots covering a replaced step went with it (the store keeps
-        a few, spaced by powers of two in steps), so the newest one left is restored and
-        the kept records after it are fed again (every one when none is left: a restart,
-        or a resume further back than any snapshot). Quiet: those records were judged and
-        paged about already (a resolved alert must not page again). The verdict is judged
-        on what is left, and names what was given up (verdict.py ``rollbacks_of``)."""
+        them spaced by powers of two in steps back from the newest, the newest ones
+        ``snapshot_every_steps`` apart), so the newest one left is restored and the kept
+        records after it are fed again (every one when none is left: a restart, or a
+        resume further back than any snapshot), taking a snapshot each
+        ``snapshot_every_steps`` steps as they go (``snapshot_advanced``): so the next
+        resume, one step further back say, finds one within about twice that below its
+        start and replays no more than that, however often the run walks back (each
+        resume replayed the whole history before, O(history) a record). Quiet: those
+        records were judged and paged about already (a resolved alert must not page
+        again). The verdict is judged on what is left, and names what was given up
+        (verdict.py ``rollbacks_of``)."""
         old = self._runs.pop(run_id, None)
         # The ledger keeps what the rebuilt history forgets: the work it discarded.
         return self.load(run_id, now, quiet=True,
@@ -254,13 +269,36 @@ class RunRegistry:
 
     # -- snapshots ------------------------------------------------------------------------
 
-    def snapshot_all(self) -> None:
-        """Snapshot every run with records its last snapshot does not cover."""
+    def snapshot_all(self, now: float | None = None) -> None:
+        """Snapshot every run with records its last snapshot does not cover, unless one was
+        taken in the ``snapshot_interval_seconds`` before ``now`` (by step distance: a run
+        moving fast is not snapshotted twice as often)."""
+        recent = math.inf if now is None else now - self.settings.snapshot_interval_seconds
         for live in list(self._runs.values()):
-            if live.state.last_record_id > live.state.snapshot_record_id:
-                self.snapshot(live)
+            if (live.state.last_record_id > live.state.snapshot_record_id
+                    and live.snapshot_at <= recent):
+                self.snapshot(live, now)
 
-    def snapshot(self, live: LiveRun) -> None:
+    def snapshot_advanced(self, live: LiveRun | None, now: float | None = None) -> None:
+        """Snapshot the run if its latest step moved ``snapshot_every_steps`` since its last
+        snapshot (O(1) when not: the engine asks after each batch, and a rebuild after each
+        record it replays). Only once the records it covers have had their effects made
+        durable: a run evicted on a failed commit is analysed again from its snapshot. A
+        snapshot that cannot be written is left to the next one (derived state)."""
+        if live is None:
+            return
+        run = live.state
+        if (run.last_step - live.snapshot_step < self.settings.snapshot_every_steps
+                or run.last_record_id <= run.snapshot_record_id):
+            return
+        try:
+            self.snapshot(live, now)
+        except StorageError as exc:
+            log.warning("run %s: snapshot not stored: %s", live.run_id, exc)
+
+    def snapshot(self, live: LiveRun, now: float | None = None) -> None:
+        """Keep the run's detector state and goodput ledger in the store (``now``: when,
+        on the engine's clock; None: not counted as recent by ``snapshot_all``)."""
         run = live.state
         state = recovery.snapshot_run(run, live.suite)
         top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
@@ -269,3 +307,6 @@ class RunRegistry:
         self.store.save_goodput(run.run_id, run.goodput.last_row,
                                 wire.dumps(run.goodput.to_state()))
         run.snapshot_record_id = run.last_record_id
+        live.snapshot_step = run.last_step
+        live.snapshot_at = now if now is not None else -math.inf
+        self.snapshots += 1

@@ -100,6 +100,9 @@ class RunState:
     first_seen: float
     last_arrival: float
     run: RunRecord | None = None
+    # The address of the request that brought the run into memory (api/ingest.py), if
+    # known: the outbox budgets new runs' pages per source (notify/fairness.py).
+    source: str | None = None
     status: str = "running"
     ended_at: float | None = None
     ranks: dict[int, RankState] = field(default_factory=dict)

@@ -184,7 +184,27 @@ class RunModel(_Wire):
             if not isinstance(project, str):
                 raise ValueError("config.project: must be a string (it is a label value)")
             limits.check_text(project, MAX_NAME_LEN, "config.project")
+        if info.field_name == "hardware":
+            _check_sizes(value)
         return value
+
+
+# The counts of ``hardware`` that bound which ranks may speak for the run (a ``hang`` from a
+# rank at or past ``world_size`` is refused): checked here like ``rank`` itself, a JSON
+# integer 1..1,000,000, so ``4.0``, ``"4"`` or ``true`` cannot switch that check off.
+_SIZE_KEYS = ("world_size", "reporting_ranks")
+_MAX_RANKS = 1_000_000
+
+
+def _check_sizes(hardware: dict[str, Any]) -> None:
+    for key in _SIZE_KEYS:
+        value = hardware.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) \
+                or not 1 <= value <= _MAX_RANKS:
+            raise ValueError(f"hardware.{key}: must be a JSON integer 1..{_MAX_RANKS} "
+                             f"(got {limits.safe(repr(value))[:40]})")
 
 
 
@@ -404,7 +424,8 @@ class AgreementModel(_Wire):
     attempt: AttemptToken | None = None
     action_id: Annotated[int, Field(ge=1, le=2**62, strict=True)]
     action: Literal["rollback", "stop"]
-    outcome: Literal["missing", "mismatch"]
+    # ``unreported``: no rank of the job reported the checkpoint a rollback plan names.
+    outcome: Literal["missing", "mismatch", "unreported"]
     rounds: Annotated[int, Field(ge=1, le=2**31, strict=True)] = 1
     check_every: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
     detail: Annotated[str, AfterValidator(_error_text)] | None = None

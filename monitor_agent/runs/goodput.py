@@ -260,6 +260,7 @@ class GoodputLedger:
         self._floor_due = 0
         self._pending_gap = 0.0  # the restart gap before the newest attempt, until it settles
         self._settles: dict[int, tuple[int, str]] = {}  # attempt -> settled before it began
+        self.settled_attempts: set[int] = set()  # each is settled once (a restart re-checks)
 
     # -- feeding ----------------------------------------------------------------------------
 
@@ -322,12 +323,13 @@ class GoodputLedger:
     def settled(self, attempt: int, start_step: int | None, why: str) -> None:
         """The engine's lifecycle placed ``attempt``: it resumed at ``start_step`` (``why``:
         ``rollback``, ``resume`` or ``restart``). Work from that step on is discarded."""
-        if start_step is None:
+        if start_step is None or attempt in self.settled_attempts:
             return
         att = self.attempts.get(attempt)
         if att is None:  # its first record is in the same batch: when it begins
             self._settles[attempt] = (start_step, why)
             return
+        self.settled_attempts.add(attempt)
         cause = "rollback" if why == "rollback" else "resume"
         lost = 0.0
         for number, (first, last) in list(self.kept_steps.items()):
@@ -577,6 +579,7 @@ class GoodputLedger:
             "data_times": self.data_times, "floor": self.floor,
             "pending_gap": self._pending_gap,
             "settles": {str(k): list(v) for k, v in self._settles.items()},
+            "settled_attempts": sorted(self.settled_attempts),
             "attempts": [[a.number, a.start, a.last, a.buckets.productive,
                           a.buckets.badput, a.prev, a.steps, a.first_interval,
                           a.intervals, a.typical, a.excluded,
@@ -606,6 +609,7 @@ class GoodputLedger:
         book._pending_gap = float(data.get("pending_gap", 0.0))
         book._settles = {int(k): (int(v[0]), str(v[1]))
                          for k, v in data.get("settles", {}).items()}
+        book.settled_attempts = {int(n) for n in data.get("settled_attempts", ())}
         for (number, start, last, productive, badput, prev, steps, first, intervals,
              typical, excluded, waits, ended) in data["attempts"]:
             badput = {**dict.fromkeys(CAUSES, 0.0), **badput}

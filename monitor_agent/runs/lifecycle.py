@@ -206,6 +206,9 @@ class RunLifecycle:
                 continue
             if honoured is not None:
                 continue  # history, not an order
+            if a.get("withdrawn_by") is not None:  # replaced before it was applied
+                self.withdrawn(int(a["id"]))
+                continue
             if kind in ("rollback", "stop"):
                 self._open[int(a["id"])] = dict(a)
             if kind == "rollback" and isinstance(plan, dict):
@@ -218,6 +221,13 @@ class RunLifecycle:
                 self.stop = StopRequested(int(a["id"]), int(a.get("step") or 0))
                 events.append(self.stop)
         return events
+
+    def withdrawn(self, action_id: int) -> None:
+        """The pending rollback ``action_id`` was withdrawn before it was applied (its
+        checkpoint turned suspect, alerting/episodes.py ``revise``): no longer an order."""
+        self._open.pop(action_id, None)
+        if self.rollback is not None and self.rollback.action_id == action_id:
+            self.rollback = None
 
     def _history(self, action_id: int, start: int, plan: dict[str, Any]) -> None:
         """A rollback applied before this lifecycle was made (the run loaded again)."""

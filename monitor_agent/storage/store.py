@@ -199,6 +199,18 @@ _MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # Which ranks sent step records in each attempt (pipeline/attempts.py): a checkpoint
+    # is accepted only from one of them, the processes that train in that attempt.
+    """
+    CREATE TABLE attempt_ranks (
+        run_id  TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        rank    INTEGER NOT NULL,
+        PRIMARY KEY (run_id, attempt, rank)
+    );
+    INSERT OR IGNORE INTO attempt_ranks (run_id, attempt, rank)
+        SELECT DISTINCT run_id, attempt, rank FROM records WHERE kind = 'step';
+    """,
 )
 
 
@@ -318,12 +330,17 @@ class Store:
         now = time.time()
         ids: list[int | None] = []
         sent: dict[tuple[str, int], list[int]] = {}  # (run, attempt) -> its new steps
+        stepped: set[tuple[str, int, int]] = set()  # (run, attempt, rank) that sent them
         with self._db.tx() as conn:
             for row in rows:
                 row_id = self._insert_one(conn, row, now)
                 ids.append(row_id)
                 if row_id is not None and row.kind == "step":
                     sent.setdefault((row.run_id, row.attempt), []).append(row.step)
+                    stepped.add((row.run_id, row.attempt, row.rank))
+            conn.executemany(
+                "INSERT OR IGNORE INTO attempt_ranks (run_id, attempt, rank) VALUES (?,?,?)",
+                sorted(stepped))
             for (run_id, attempt), steps in sent.items():
                 conn.execute(
                     "UPDATE attempts SET first_step = MIN(COALESCE(first_step, ?), ?), "
@@ -687,6 +704,11 @@ class Store:
         """(token, rank that first sent it, attempt number) of every process of the run."""
         return self._db.query(
             "SELECT token, rank, number FROM attempt_tokens WHERE run_id = ?", (run_id,))
+
+    def attempt_ranks(self, run_id: str) -> list[tuple[int, int]]:
+        """(attempt number, rank) of every rank that sent a step record in an attempt."""
+        return self._db.query(
+            "SELECT attempt, rank FROM attempt_ranks WHERE run_id = ?", (run_id,))
 
     def history_span(self, run_id: str, before_attempt: int) -> tuple[int | None, int | None]:
         """First and last step of the run's current history that attempts before

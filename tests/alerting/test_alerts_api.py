@@ -77,6 +77,28 @@ def test_silences_create_list_expire(server: LiveServer):
     assert len(expired["silences"]) == 1
 
 
+def test_silences_are_listed_a_page_at_a_time(server: LiveServer):
+    """Issue 35: expired silences are kept, so the list is paged like every other."""
+    made = []
+    for i in range(5):
+        body = {"run_id": f"r{i}", "duration_seconds": 600, "comment": "c" * 900}
+        made.append(httpx.post(server.url + "/v1/silences", json=body, headers=AUTH).json())
+    httpx.delete(f"{server.url}/v1/silences/{made[0]['id']}", headers=AUTH)
+    pages, path = [], "/v1/silences?limit=2&include_expired=true"
+    while path is not None:
+        got = httpx.get(server.url + path, timeout=10).json()
+        pages.append([s["id"] for s in got["silences"]])
+        path = got["next"]
+    newest_first = [s["id"] for s in sorted(made, key=lambda s: (s["created_at"], s["id"]),
+                                            reverse=True)]
+    assert [i for page in pages for i in page] == newest_first
+    assert [len(page) for page in pages] == [2, 2, 1]
+    active = httpx.get(server.url + "/v1/silences?limit=10").json()
+    assert {s["id"] for s in active["silences"]} == {s["id"] for s in made[1:]}
+    assert active["next"] is None
+    assert httpx.get(server.url + "/v1/silences?before=soon:ab").status_code == 422
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

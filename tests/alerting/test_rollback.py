@@ -195,3 +195,33 @@ def test_the_wait_is_bounded(rolling: Harness):
     rolling.clock.advance(1.5)  # rank 0 silent past ROLLBACK_WAIT_SECONDS: decide with what is known
     [decided] = rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock())
     assert decided["plan"]["checkpoint_step"] == 200
+
+
+def test_a_plan_whose_checkpoint_turns_suspect_is_withdrawn_and_decided_again(
+        rolling: Harness):
+    [decided] = _handle(rolling, nan(step=250, rank=0))
+    assert decided["plan"]["checkpoint_step"] == 200
+    run = RunContext("r1", clean_checkpoints=CLEAN, checkpoint_positions={100: 100, 200: 200},
+                     data={0: (250, 250, 1)}, rank_steps={0: 250, 1: 252},
+                     checkpoint_ranks=(0,))
+    assert rolling.alerting.revise(run, rolling.clock()) == []  # still clean: nothing to do
+    # A finding that arrived later made the save at 200 suspect: the plan goes back to 100,
+    # as rollback number 1 still (the budget is not spent twice).
+    suspect = RunContext("r1", clean_checkpoints=CLEAN[:1], checkpoint_positions={100: 100},
+                         data={0: (250, 250, 1)}, rank_steps={0: 250, 1: 252},
+                         checkpoint_ranks=(0,))
+    [revised] = rolling.alerting.revise(suspect, rolling.clock())
+    assert (revised["action"], revised["plan"]["checkpoint_step"], revised["plan"]["number"]) \
+        == ("rollback", 100, 1)
+    assert revised["message"].endswith("(revised: checkpoint step 200 turned suspect)")
+    old, new = rolling.alerting.actions_for_run("r1")
+    assert (old.id, old.withdrawn_by, new.id) == (decided["id"], new.id, revised["id"])
+    assert old.message.startswith("withdrawn: checkpoint step 200 turned suspect")
+    # What the run's lifecycle and its ranks read: the new plan only, once.
+    assert [a["id"] for a in rolling.alerting.open_actions("r1")] == [revised["id"]]
+    assert rolling.alerting.revise(suspect, rolling.clock()) == []
+    # No clean checkpoint left before the fault: the run is asked to stop instead.
+    none_left = RunContext("r1", rank_steps={0: 250, 1: 252}, checkpoint_ranks=(0,))
+    [stop] = rolling.alerting.revise(none_left, rolling.clock())
+    assert stop["action"] == "stop" and stop["message"].startswith(
+        "no clean checkpoint to roll back to: stopping; a human must look")

@@ -108,6 +108,59 @@ def test_a_checkpoint_a_restart_replaced_leaves_the_ledger(server):
     # The run id is used again from step 1: attempt "a"'s history, its save included, is
     # no longer the run's; nothing of it may be rolled back to.
     _post(server, [{**_step(s), "attempt": "b"} for s in range(1, 6)])
-    assert _ledger(server) == {"run_id": "led", "checkpoints": [], "last_clean": None}
+    assert _ledger(server) == {"run_id": "led", "checkpoints": [], "last_clean": None,
+                               "next": None}
     metrics = httpx.get(server.url + "/metrics").text
     assert "training_last_clean_checkpoint_step{" not in metrics
+
+
+# -- issue 35: the ledger is read a page at a time, or thinned for a chart -----------------
+
+LONG = "/ckpt/" + "d" * 3000  # ~3 KB a checkpoint: 35 of them exceed the smallest page
+
+
+def _walk(srv: LiveServer, path: str) -> list[dict[str, Any]]:
+    pages = []
+    while path is not None:
+        r = httpx.get(srv.url + path, timeout=10)
+        assert r.status_code == 200, r.text
+        pages.append(r.json())
+        path = pages[-1]["next"]
+    return pages
+
+
+def test_the_ledger_is_read_a_page_at_a_time_within_the_read_budget(tmp_path: Path):
+    page_bytes = 64 * 1024  # the smallest read_page_bytes
+    with LiveServer(load_settings(data_dir=tmp_path, read_page_bytes=page_bytes)) as srv:
+        _post(srv, [_step(s) for s in range(1, 61)]
+              + [_ckpt(s, path=f"{LONG}/step-{s}.pt") for s in range(2, 61, 2)])
+        _post(srv, [_step(s, "NaN") for s in range(61, 71)]
+              + [_ckpt(s, path=f"{LONG}/step-{s}.pt") for s in range(62, 71, 2)])
+        # The default page holds what read_page_bytes allows (plus the one that crosses
+        # it), then links to the rest: one GET never carries the whole ledger.
+        first = httpx.get(srv.url + "/v1/runs/led/checkpoints", timeout=10)
+        body = first.json()
+        assert body["next"] is not None and len(body["checkpoints"]) < 35
+        assert len(first.content) < page_bytes + 8 * 1024
+        pages = _walk(srv, "/v1/runs/led/checkpoints?limit=7")
+        thinned = httpx.get(srv.url + "/v1/runs/led/checkpoints?points=4", timeout=10).json()
+        ranged = httpx.get(srv.url + "/v1/runs/led/checkpoints?points=100&start=20&end=30",
+                           timeout=10).json()
+        bad = httpx.get(srv.url + "/v1/runs/led/checkpoints?after=12:step", timeout=10)
+        missing = httpx.get(srv.url + "/v1/runs/nope/checkpoints?points=4", timeout=10)
+    ledger = [c for page in pages for c in page["checkpoints"]]
+    assert all(len(page["checkpoints"]) <= 7 for page in pages) and len(pages) == 6
+    assert [(c["step"], c["status"]) for c in ledger] == (
+        [(s, "clean") for s in range(2, 61, 2)] + [(s, "suspect") for s in range(62, 71, 2)])
+    assert {tuple(p["last_clean"].items()) for p in pages} == {
+        (("step", 60), ("path", f"{LONG}/step-60.pt"))}
+    assert ledger[:len(body["checkpoints"])] == body["checkpoints"]
+    # Thinned: at most 4 (and the last clean one), each standing for the others of its
+    # quarter of the range; the last clean and a suspect one are among them.
+    marks = thinned["checkpoints"]
+    assert thinned["next"] is None and len(marks) <= 5
+    assert sum(1 + c["also"] for c in marks) == 35
+    assert {(c["step"], c["status"]) for c in marks} >= {(60, "clean"), (62, "suspect")}
+    assert [c["step"] for c in ranged["checkpoints"]] == list(range(20, 31, 2))
+    assert bad.status_code == 422 and "after" in bad.text
+    assert missing.status_code == 404

@@ -147,3 +147,24 @@ def test_findings_of_replaced_steps_stay_stored_and_leave_the_current_view(tmp_p
                             timeout=10).json()["findings"]
     assert [(f["type"], f["step"], f["attempt"]) for f in every] == [("nan_inf", 30, 1)]
     assert current == []
+
+
+def test_a_page_ending_on_a_hang_or_agreement_record_links_to_one_the_route_takes(
+        tmp_path: Path):
+    """Issue 35: every stored kind is a cursor's kind, so ``export --url`` and any client
+    following ``next`` read past a page that ends on a hang or an agreement record."""
+    records: list[dict] = [{"kind": "run", "run_id": "h", "time": 0.0,
+                            "hardware": {"world_size": 2}}]
+    records += [{"kind": "step", "run_id": "h", "rank": r, "step": s, "time": float(s),
+                 "loss": 1.0} for s in range(1, 4) for r in (0, 1)]
+    records += [{"kind": "hang", "run_id": "h", "rank": r, "step": 3, "time": 40.0,
+                 "stuck_seconds": 37.0, "threads": [{"name": "MainThread", "frames": [
+                     {"file": "train.py", "line": 88, "function": "main"}]}]} for r in (0, 1)]
+    records.append({"kind": "agreement", "run_id": "h", "rank": 1, "step": 3, "time": 41.0,
+                    "action_id": 1, "action": "stop", "outcome": "missing"})
+    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+        res = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
+        assert res.status_code == 200 and res.json()["accepted"] == len(records), res.text
+        pages = _follow(srv, "/v1/runs/h/records?since_step=-1&limit=1", "records")
+    kinds = [r["kind"] for page in pages for r in page]
+    assert kinds == ["run"] + ["step"] * 6 + ["hang", "hang", "agreement"], kinds

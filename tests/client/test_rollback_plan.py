@@ -61,6 +61,15 @@ def test_plan_book_newest_pending_and_honoured_plans_are_history():
     assert book.newest() is None
 
 
+def test_a_withdrawn_plan_is_no_order():
+    # Plan 7's checkpoint turned suspect before anyone applied it; plan 8 replaced it.
+    book = PlanBook()
+    book.receive({**_action(7), "withdrawn_by": 8})
+    assert book.newest() is None
+    book.receive(_action(8))
+    assert book.newest().id == 8
+
+
 def _monitor(url: str, tmp_path: Path, run_id: str = "rb") -> Monitor:
     return Monitor(url=url, run_id=run_id,
                    settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
@@ -94,6 +103,8 @@ def test_plan_reaches_the_loop_and_rolled_back_opens_a_new_attempt(stand_in, tmp
     mon.on_action(seen.append)
     for step in range(1, 36):
         mon.log_step(step, loss=1.0)
+        if step == 20:
+            mon.checkpoint_saved(20, "/ckpt/step-20.pt")  # the plan's checkpoint
     assert mon.rollback_plan() is None
     stand_in.publish(_action())
     mon.log_step(36, loss=1.0)
@@ -104,12 +115,34 @@ def test_plan_reaches_the_loop_and_rolled_back_opens_a_new_attempt(stand_in, tmp
     before = mon.attempt
     mon.rolled_back(plan)
     assert mon.rollback_plan() is None and mon.attempt != before
+    assert mon._watchdog.header["attempt"] == mon.attempt  # a hang report is the new attempt's
     for step in range(plan.resume_step, plan.resume_step + 3):
         mon.log_step(step, loss=1.0)
     assert mon.close(timeout=10) and not mon.should_stop()
     replayed = [r for r in stand_in.records if r.get("attempt") == mon.attempt]
     assert [r["kind"] for r in replayed] == ["run", "step", "step", "step", "end"]
     assert [r.get("step") for r in replayed[1:]] == [21, 22, 23, 23]
+
+
+def test_a_plan_for_a_checkpoint_this_process_never_reported_is_refused(stand_in, tmp_path,
+                                                                      caplog):
+    # Whoever holds the write token can put a checkpoint in the sidecar's ledger; the plan
+    # that names it must not make the trainer load it.
+    mon = _monitor(stand_in.url, tmp_path)
+    for step in range(1, 36):
+        mon.log_step(step, loss=1.0)
+    mon.checkpoint_saved(20, "/ckpt/other-20.pt")  # its own save of step 20 is elsewhere
+    stand_in.publish(_action())
+    mon.log_step(36, loss=1.0)
+    _wait(lambda: mon.actions())
+    assert [mon.rollback_plan() for _ in range(4)] == [None] * 4
+    assert "names a checkpoint no rank of this job reported" in caplog.text
+    mon.resumed_from(20, "/ckpt/step-20.pt")  # a relaunch that resumed from it may go back
+    assert mon.rollback_plan() == RollbackPlan.from_action(_action())
+    assert mon.close(timeout=10)
+    held = stand_in.of_kind("agreement")
+    assert [(h["action_id"], h["outcome"], h["rounds"]) for h in held] == [
+        (5, "unreported", 1), (5, "unreported", 2), (5, "unreported", 4)]
 
 
 def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):
@@ -141,6 +174,8 @@ dist.init_process_group("gloo", rank=rank, world_size=2)
 mon = Monitor(url=sys.argv[2], run_id="agree", settings=MonitorConfig(
     spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
 mon._sender.poll_interval = 3600.0  # rank 1 hears of the plan only by asking at agreement
+if rank == 0:  # the plan's checkpoint: rank 0 saved it, rank 1 learns so at the agreement
+    mon.checkpoint_saved(20, "/ckpt/step-20.pt")
 for call in range(1, 200):
     mon.log_step(call, loss=1.0)
     if rank == 0 and call == 12:  # rank 0 has it in an ingest answer, rank 1 does not
@@ -187,6 +222,8 @@ dist.init_process_group("gloo", rank=rank, world_size=2)
 mon = Monitor(url=sys.argv[2], run_id="held", settings=MonitorConfig(
     spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
 mon._sender.poll_interval = 3600.0  # each rank hears only from its own stand-in, when asked
+if rank == 0 and mode != "unreported":  # rank 0 saved the plan's checkpoint
+    mon.checkpoint_saved(20, "/ckpt/step-20.pt")
 for call in range(1, 400):
     mon.log_step(call, loss=1.0)
     if call == 38 and rank == 0:
@@ -250,6 +287,20 @@ def test_two_contents_under_one_plan_id_are_never_acted_on(tmp_path):
             s.close()
     assert lines == ["(none)", "(none)"]  # a split job is worse than no rollback
     assert {(h["rank"], h["outcome"]) for h in held} == {(0, "mismatch"), (1, "mismatch")}
+
+
+def test_a_plan_no_rank_reported_the_checkpoint_of_is_acted_on_by_none(tmp_path):
+    stand_ins = [StandIn(answer_ranks=(0,)), StandIn(answer_ranks=(1,))]
+    for stand_in in stand_ins:
+        stand_in.publish(_action())  # both sidecars serve it; no rank saved step 20
+    try:
+        lines = _two_ranks(tmp_path, stand_ins, "unreported", later=None)
+        held = [*stand_ins[0].of_kind("agreement"), *stand_ins[1].of_kind("agreement")]
+    finally:
+        for s in stand_ins:
+            s.close()
+    assert lines == ["(none)", "(none)"]
+    assert {(h["rank"], h["outcome"]) for h in held} == {(0, "unreported"), (1, "unreported")}
 
 
 def test_a_stop_is_honoured_by_every_rank_at_the_same_call_or_by_none(tmp_path):

@@ -142,7 +142,7 @@ while step < steps:
         found = mon.rollback_plan()  # monitor: every step, on every rank
         if found is not None:  # monitor
             plan = found
-            state = torch.load(plan.checkpoint_path, weights_only=False)
+            state = torch.load(plan.checkpoint_path, weights_only=True)  # never unpickle code
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             sched.load_state_dict(state["sched"])

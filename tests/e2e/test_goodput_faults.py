@@ -43,6 +43,11 @@ SCRIPT = Path(__file__).with_name("goodput_train.py")
 ROLLBACK_SCRIPT = Path(__file__).with_name("rollback_user_train.py")
 REL = 0.05  # each bucket against its injected cost
 WALL = 0.01  # the buckets against the wall-clock time
+# The loader's own hand-over jitter, which the ledger rightly charges as input (a step that
+# waited longer than the loader's floor waited): a fraction of a millisecond a step on an
+# idle machine, up to about 0.2 ms more on a loaded 2-core one (measured: 1.275 s of input
+# for 1.2 s injected over 350 steps). Allowed on top of the injected loader sleeps.
+JITTER_PER_STEP = 0.0005
 RULES = """
 routes: {page: [console]}
 rules:
@@ -156,7 +161,8 @@ def test_each_injected_fault_costs_what_it_cost_in_its_own_bucket(sidecar, tmp_p
     crash, ups = at["crash", 150], [e for e in clock if e["event"] == "up"]
     assert len(ups) == 2
 
-    assert bad["input"] == pytest.approx(4 * 0.3, rel=REL)
+    steps = 150 + (200 - 120)  # attempt 1 to its crash, attempt 2 from the checkpoint
+    assert 4 * 0.3 * (1 - REL) <= bad["input"] <= 4 * 0.3 * (1 + REL) + JITTER_PER_STEP * steps
     assert bad["eval"] == pytest.approx(2 * 0.5, rel=REL)
     assert bad["checkpoint"] == pytest.approx(2 * 0.5, rel=REL)
     hang = bad["hang_undetected"] + bad["hang_detected"]

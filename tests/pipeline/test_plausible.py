@@ -20,10 +20,20 @@ def _run_with_history(steps: int, seconds: float) -> RunState:
     return run
 
 
-def test_a_new_rank_accepts_any_step_and_the_batch_counts_as_history():
+def test_a_new_run_s_first_rank_accepts_any_step_and_the_batch_counts_as_history():
     run, seen = RunState.new("r", now=0.0), {}
     assert implausible_step(run, _step(2**53 - 1), seen, 1000, now=0.0) is None
     assert implausible_step(run, _step(2**53), {("r", 0): 5}, 1000, now=0.0) is not None
+
+
+def test_a_new_rank_of_a_running_run_is_judged_against_its_other_ranks():
+    run = _run_with_history(300, seconds=300.0)
+    reason = implausible_step(run, _step(2**53, rank=7), {}, 1000, now=1300.0)
+    assert reason and "rank 7" in reason and "the run's latest step 300" in reason
+    assert implausible_step(run, _step(301, rank=7), {}, 1000, now=1300.0) is None
+    # The batch's own steps of other ranks count as the run's history too.
+    fresh = RunState.new("r", now=0.0)
+    assert implausible_step(fresh, _step(2**53, rank=1), {("r", 0): 5}, 1000, now=0.0)
 
 
 def test_far_ahead_is_refused_within_the_jump_is_not():

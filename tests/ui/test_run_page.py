@@ -618,3 +618,71 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
         browser.execute_script("document.getElementById('chart-loss').scrollIntoView()")
         browser.find_element(By.ID, "chart-loss").screenshot(
             str(shots / "run-after-rollback-loss.png"))
+
+
+def test_thousands_of_checkpoints_and_findings_draw_a_capped_number_of_marks(browser, tmp_path,
+                                                                          shots: Path):
+    """Issue 35: the run page drew one element per checkpoint and per finding, each placed
+    with a reflow, and a run with 20,000 checkpoints froze the tab. Marks are now capped
+    like the charts' points, one per few pixels at most, each standing for the others of
+    its slice: the last clean checkpoint and the critical finding among them."""
+    from monitor_agent.records.types import Finding, Severity
+    from monitor_agent.storage.store import Store, StoredCheckpoint
+
+    settings = load_settings(data_dir=tmp_path / "data")
+    n = 4000
+    steps = [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s,
+              "loss": 3.0 - s / 4000} for s in range(1, n + 1)]
+    with LiveServer(settings) as srv:
+        for i in range(0, n, 1000):
+            assert httpx.post(srv.url + "/v1/records", json={"records": steps[i:i + 1000]},
+                              timeout=60).status_code == 200
+        WebDriverWait(browser, 30, poll_frequency=0.2).until(lambda _: httpx.get(
+            f"{srv.url}/v1/runs/many/series?points=10", timeout=10).json()["range"][1] == n)
+    # Stored as a long run would have stored them (its ingest is not what this is about):
+    # a save every step, a warning every step up to 3000, then the loss goes NaN at 3500.
+    store = Store(settings.db_path)
+    for s in range(1, n + 1):
+        store.add_checkpoint(StoredCheckpoint("many", s, 1, 0, f"/ckpt/step-{s}.pt", 1.0 + s))
+    warn = [Finding("loss_spike", Severity.WARNING, "many", step=s, message="a spike",
+                    time=1.0 + s).to_dict() for s in range(1, 3001)]
+    nan = Finding("nan_inf", Severity.CRITICAL, "many", step=3500, message="loss is NaN",
+                  time=3501.0)
+    store.insert_findings([*warn, nan.to_dict()])
+    store.close()
+    with LiveServer(settings) as srv:
+        ledger = httpx.get(f"{srv.url}/v1/runs/many/checkpoints?limit=1", timeout=10).json()
+        assert ledger["last_clean"]["step"] == 3499
+        browser.get(f"{srv.url}/runs/many")
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script(
+            "const u = window.runPage.charts.loss; return document.body.dataset.loaded === '1'"
+            " && u && u.ckptsShown > 0 && u.marksShown > 0"))
+        got = browser.execute_script("""
+            const box = window.runPage.charts.loss.over;
+            const read = sel => [...box.querySelectorAll(sel)].map(m => [+m.dataset.step,
+                m.dataset.status || m.dataset.type, +m.dataset.count]);
+            const {min, max} = window.runPage.charts.loss.scales.x;
+            return {width: box.clientWidth, ckpts: read('.ckpt-mark'), marks: read('.marker'),
+                    range: [min, max]};""")
+        cap = got["width"] // 6 + 1
+        ckpts, marks = got["ckpts"], got["marks"]
+        assert 10 < len(ckpts) <= cap and 10 < len(marks) <= cap, (got["width"], len(ckpts),
+                                                                   len(marks))
+        # Every checkpoint and finding in the chart's range is accounted for by the mark
+        # standing for it.
+        lo, hi = got["range"]
+        assert sum(c for _, _, c in ckpts) == n
+        assert sum(c for _, _, c in marks) == len([s for s in range(1, 3001) if lo <= s <= hi]) + 1
+        assert [3499, "clean"] in [m[:2] for m in ckpts]
+        assert "suspect" in {s for _, s, _ in ckpts}
+        assert [3500, "nan_inf"] in [m[:2] for m in marks]
+        # A mark clear of the findings' (none between 3000 and 3500) says what it stands for.
+        step = next(s for s, _, c in ckpts if 3050 < s < 3450 and c > 1)
+        mark = browser.find_element(By.CSS_SELECTOR, f"#chart-loss .ckpt-mark[data-step='{step}']")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})",
+                               browser.find_element(By.ID, "chart-loss"))
+        ActionChains(browser).move_to_element(mark).perform()
+        tip = browser.find_element(By.ID, "tip")
+        WebDriverWait(browser, 5).until(lambda d: tip.is_displayed())
+        assert f"step {step}" in tip.text and "more checkpoints near here" in tip.text
+        browser.find_element(By.ID, "chart-loss").screenshot(str(shots / "run-many-marks.png"))

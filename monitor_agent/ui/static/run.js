@@ -117,10 +117,11 @@
     const shown = id => { const c = document.getElementById("chart-" + id); return c && c.style.display !== "none"; };
     return shown(want) ? want : "loss";
   }
-  function markerFor(f, box) {
-    const m = el("div", {class: "marker " + f.severity, "data-type": f.type, "data-step": f.step});
-    m.addEventListener("mouseenter", e => tip(findingHtml(f), e));
-    m.addEventListener("mousemove", e => tip(findingHtml(f), e));
+  function markerFor(f, box, n = 1) {
+    const m = el("div", {class: "marker " + f.severity, "data-type": f.type, "data-step": f.step,
+                         "data-count": n});
+    m.addEventListener("mouseenter", e => tip(findingHtml(f) + more(n), e));
+    m.addEventListener("mousemove", e => tip(findingHtml(f) + more(n), e));
     m.addEventListener("mouseleave", () => tip(null));
     m.addEventListener("click", () => zoomTo(f.step));
     box.append(m);
@@ -298,72 +299,104 @@
   function visibleCharts() {
     return [...document.querySelectorAll("#charts .card")].filter(c => c.style.display !== "none").map(c => c.id).join();
   }
-  // -- checkpoint markers: the run's ledger (GET .../checkpoints), a small diamond per save
-  // on the loss chart's bottom edge (not a line through the curve), green when clean, amber
-  // when suspect (the tooltip says why) -------------------------------------------------
-  function checkpointHtml(c) {
+  // -- markers are capped like the charts' points: the server answers a chart one bucket
+  // per pixel, and a chart draws at most one marker per MARK_PX pixels. A run with 10,000
+  // findings or 20,000 checkpoints draws a few hundred marks, not one element per item (each
+  // placed with a reflow: that froze a tab for ten minutes). Up to that many, every item has
+  // its own mark; past it, each MARK_PX-wide slice shows the one that matters most (the most
+  // severe finding, the earliest of those; the last clean checkpoint, else a suspect one)
+  // and says how many others it stands for. --------------------------------------------
+  const MARK_PX = 6;
+  const MARK_RANK = {info: 0, warning: 1, error: 2, critical: 3};
+  function thinMarks(items, xOf, lo, hi, width, better) {
+    const inside = items.filter(it => it.step >= lo && it.step <= hi);
+    const out = inside.map(it => ({item: it, x: xOf(it.step), n: 1 + (it.also || 0)}));
+    if (out.length <= Math.max(1, Math.floor(width / MARK_PX))) return out;
+    const slices = new Map();
+    for (const mark of out) {
+      const b = Math.floor(mark.x / MARK_PX), got = slices.get(b);
+      if (!got) { slices.set(b, mark); continue; }
+      if (better(mark.item, got.item)) { mark.n += got.n; slices.set(b, mark); } else got.n += mark.n;
+    }
+    return [...slices.values()];
+  }
+  const worseFinding = (a, b) => (MARK_RANK[a.severity] || 0) - (MARK_RANK[b.severity] || 0) > 0 ||
+    (a.severity === b.severity && a.step < b.step);
+  const more = n => n > 1 ? `\n\n(and ${n - 1} more near here: zoom in to see them)` : "";
+
+  // -- checkpoint markers: the run's ledger (GET .../checkpoints?points=, thinned on the
+  // server like a series), a small diamond per save on the loss chart's bottom edge (not a
+  // line through the curve), green when clean, amber when suspect (the tooltip says why) ---
+  function checkpointHtml(c, n) {
     return `<b>checkpoint</b> · step ${c.step} · <b>${esc(c.status)}</b>${c.tag ? " · " + esc(c.tag) : ""}\n` +
-      `${esc(c.path)}${c.reason ? "\n\nsuspect: " + esc(c.reason) : "\n\nclean: safe to roll back to"}`;
+      `${esc(c.path)}${c.reason ? "\n\nsuspect: " + esc(c.reason) : "\n\nclean: safe to roll back to"}` +
+      more(n).replace("more near", "more checkpoints near");
+  }
+  function betterCheckpoint(a, b) {
+    const rank = c => S.lastClean && c.step === S.lastClean.step && c.path === S.lastClean.path ? 2 :
+      c.status === "suspect" ? 1 : 0;
+    return rank(a) > rank(b);
   }
   function placeCheckpoints(u) {
-    const box = u.over;
-    if (!box._ckpts || box._ckpts.key !== S.ckptKey) {
-      box.querySelectorAll(".ckpt-mark").forEach(n => n.remove());
-      box._ckpts = (S.ckpts || []).map(c => {
-        const m = el("div", {class: "ckpt-mark " + c.status, "data-step": c.step, "data-status": c.status});
-        m.addEventListener("mouseenter", e => tip(checkpointHtml(c), e));
-        m.addEventListener("mousemove", e => tip(checkpointHtml(c), e));
-        m.addEventListener("mouseleave", () => tip(null));
-        box.append(m);
-        return [c, m];
-      });
-      box._ckpts.key = S.ckptKey;
+    const box = u.over, {min, max} = u.scales.x, width = box.clientWidth;
+    const key = [S.ckptKey, min, max, width, box.clientHeight].join("|");
+    if (box._ckptKey === key) return;
+    box._ckptKey = key;
+    box.querySelectorAll(".ckpt-mark").forEach(n => n.remove());
+    const top = Math.max(box.clientHeight - 12, 0) + "px";  // read once: no reflow per mark
+    const marks = thinMarks(S.ckpts || [], s => u.valToPos(s, "x"), min, max, width, betterCheckpoint);
+    const frag = document.createDocumentFragment();
+    for (const {item: c, x, n} of marks) {  // a short tick on the bottom edge: the curve stays clear
+      const m = el("div", {class: "ckpt-mark " + c.status, "data-step": c.step, "data-status": c.status,
+                           "data-count": n});
+      m.addEventListener("mouseenter", e => tip(checkpointHtml(c, n), e));
+      m.addEventListener("mousemove", e => tip(checkpointHtml(c, n), e));
+      m.addEventListener("mouseleave", () => tip(null));
+      m.style.left = x + "px";
+      m.style.top = top;
+      frag.append(m);
     }
-    const {min, max} = u.scales.x;
-    for (const [c, m] of box._ckpts) {  // a short tick on the bottom edge: the curve stays clear
-      m.classList.toggle("hidden", c.step < min || c.step > max);
-      m.style.left = u.valToPos(c.step, "x") + "px";
-      m.style.top = Math.max(box.clientHeight - 12, 0) + "px";
-    }
+    box.append(frag);
+    u.ckptsShown = marks.length;  // for the tests
   }
   async function loadCheckpoints() {
     if (report) return;  // a static report has no ledger
-    const ckpts = (await api(`${base}/checkpoints`).catch(() => ({checkpoints: []}))).checkpoints;
-    const key = JSON.stringify(ckpts.map(c => [c.step, c.attempt, c.status]));
-    if (key !== S.ckptKey) { S.ckpts = ckpts; S.ckptKey = key; }
+    const q = new URLSearchParams({points: Math.max(1, Math.floor(plotWidth() / MARK_PX))});
+    if (S.view) { q.set("start", Math.max(0, Math.floor(S.view[0]))); q.set("end", Math.ceil(S.view[1])); }
+    const got = await api(`${base}/checkpoints?${q}`).catch(() => ({checkpoints: [], last_clean: null}));
+    const ckpts = got.checkpoints;
+    const key = JSON.stringify([got.last_clean, ckpts.map(c => [c.step, c.attempt, c.status, c.also])]);
+    if (key !== S.ckptKey) { S.ckpts = ckpts; S.lastClean = got.last_clean; S.ckptKey = key; }
   }
 
+  function findingMarks(id, box, xOf, lo, hi) {  // the capped marks of one chart's findings
+    const marks = thinMarks(S.findings.filter(f => targetOf(f) === id), xOf, lo, hi, box.clientWidth,
+                            worseFinding);
+    box.querySelectorAll(".marker").forEach(n => n.remove());
+    const frag = document.createDocumentFragment();
+    const out = marks.map(({item: f, x, n}) => { const m = markerFor(f, frag, n); m.style.left = x + "px"; return m; });
+    box.append(frag);
+    return out;
+  }
   function placeMarkers(id, u) {
     if (id === "loss") placeCheckpoints(u);
-    const box = u.over;
-    let marks = box._marks;
-    const key = S.findingsKey + "/" + visibleCharts();
-    if (!marks || marks.key !== key) {
-      box.querySelectorAll(".marker").forEach(n => n.remove());
-      marks = box._marks = S.findings.filter(f => targetOf(f) === id).map(f => [f, markerFor(f, box)]);
-      marks.key = key;
-    }
-    const {min, max} = u.scales.x;
-    for (const [f, m] of marks) {
-      const off = f.step < min || f.step > max;
-      m.classList.toggle("hidden", off);
-      m.style.left = u.valToPos(f.step, "x") + "px";
-      m.style.height = box.clientHeight + "px";
-    }
+    const box = u.over, {min, max} = u.scales.x;
+    const key = [S.findingsKey, visibleCharts(), min, max, box.clientWidth, box.clientHeight].join("/");
+    if (box._marksKey === key) return;  // kept across redraws: a hover survives
+    box._marksKey = key;
+    const marks = findingMarks(id, box, s => u.valToPos(s, "x"), min, max);
+    const height = box.clientHeight + "px";  // read once, then written: no reflow per mark
+    for (const m of marks) m.style.height = height;
+    u.marksShown = marks.length;  // for the tests
   }
   function placeHeatMarkers(id, heat) {
-    const box = heat.box, key = S.findingsKey + "/" + visibleCharts();
-    if (!box._marks || box._marks.key !== key) {  // kept across redraws: a hover survives
-      box.querySelectorAll(".marker").forEach(n => n.remove());
-      box._marks = S.findings.filter(g => targetOf(g) === id).map(f => [f, markerFor(f, box)]);
-      box._marks.key = key;
-    }
-    const [lo, hi] = heat.range;
-    for (const [f, m] of box._marks) {
-      m.classList.toggle("hidden", f.step < lo || f.step > hi);
-      m.style.left = heat.markLeft(f.step) + "px";
-      m.style.height = heat.canvas.clientHeight + "px";
-    }
+    const box = heat.box, [lo, hi] = heat.range;
+    const key = [S.findingsKey, visibleCharts(), lo, hi, box.clientWidth, heat.canvas.clientHeight].join("/");
+    if (box._marksKey === key) return;  // kept across redraws: a hover survives
+    box._marksKey = key;
+    const marks = findingMarks(id, box, s => heat.markLeft(s), lo, hi);
+    const height = heat.canvas.clientHeight + "px";
+    for (const m of marks) m.style.height = height;
   }
 
   // -- heatmaps and quantiles -----------------------------------------------------------
@@ -910,7 +943,7 @@
       const [detail, series] = await Promise.all([api(base), api(`${base}/series?${q}`).catch(e => {
         if (e.status === 404) return null; throw e; })]);
       S.detail = detail;
-      await loadCheckpoints();
+      if (due || S.ckptKey === undefined) await loadCheckpoints();  // thinned: with the matrices
       await loadGoodput();
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
       if (total !== S.lastFindings) await loadFindings(total);

@@ -1,0 +1,226 @@
+"""What a flood cannot do to the outbox (notify/fairness.py), on an injected clock against
+real local receivers: severity first, established runs before new ones, round robin between
+runs, new runs' news budgeted per source and summarised, room kept for real pages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from monitor_agent.alerting.db import open_alert_db
+from monitor_agent.metrics.delivery import DeliveryMetrics
+from monitor_agent.notify.base import Notification
+from monitor_agent.notify.channel_settings import OutboxSettings
+from monitor_agent.notify.fairness import priority
+from monitor_agent.notify.outbox import Outbox
+from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.slack import SlackNotifier
+from receivers import Receiver, Reply
+from sample_events import T0, event
+
+KEY = "0123456789abcdef0123456789abcdef"
+SOURCE = "10.0.0.66"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def pd() -> Iterator[Receiver]:
+    with Receiver("pagerduty") as r:
+        yield r
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client() as c:
+        yield c
+
+
+def make(tmp: Path, notifier, clock: Clock, **limits) -> Outbox:
+    settings = OutboxSettings(backoff_base_seconds=1, backoff_cap_seconds=8, **limits)
+    return Outbox(open_alert_db(tmp / "a.sqlite"), {notifier.name: notifier}, settings,
+                  DeliveryMetrics(CollectorRegistry(), [notifier.name]), clock,
+                  rand=lambda: 0.5)
+
+
+def page(run: str, severity: str = "critical", status: str = "firing", n: int = 0,
+         reason: str = "first"):
+    return event(status, fingerprint=f"{run}-{n}", run_id=run, severity=severity,
+                 reason=reason)
+
+
+def put(outbox: Outbox, channel: str, *events, source: str | None = None) -> list[bool]:
+    with outbox.db.tx() as conn:
+        return [outbox.enqueue(conn, channel, Notification(e.run_id, (e,), outbox.clock()),
+                               outbox.clock(), source=source) for e in events]
+
+
+def drain(outbox: Outbox, channel: str, client: httpx.Client, clock: Clock) -> None:
+    while (wait := outbox.deliver_next(channel, client)) is not None:
+        clock.now += wait
+
+
+def runs_paged(receiver: Receiver) -> list[str]:
+    """The run each PagerDuty event is about, in the order they arrived."""
+    return [r.json["payload"]["custom_details"]["run_id"] if r.json["event_action"] == "trigger"
+            else f"{r.json['event_action']}:{r.json['dedup_key'].removeprefix('monitor-agent-')}"
+            for r in receiver.requests]
+
+
+def test_critical_news_goes_before_queued_warnings_and_follow_ups(tmp_path, pd, client):
+    """Warnings and resolves of other runs were queued first; a critical page jumps them,
+    an error page comes next, and a critical *reminder* is no news: it waits its turn."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    put(outbox, "pagerduty", *[page(f"warn-{i}", "warning") for i in range(3)],
+        page("old", "critical", "resolved"), page("nag", "critical", reason="repeat_elapsed"),
+        page("err", "error"), page("real", "critical"))
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd)[:2] == ["real", "err"]
+    assert sorted(runs_paged(pd)[2:]) == sorted(["warn-0", "warn-1", "warn-2", "nag",
+                                                 "resolve:old-0"])
+
+
+def test_an_established_runs_page_goes_before_new_runs_pages(tmp_path, client):
+    """Slack sends one message a second: 30 pages of new runs were queued first, the
+    established run's page is the next one out all the same."""
+    with Receiver("slack") as slack:
+        clock = Clock()
+        outbox = make(tmp_path, SlackNotifier(slack.url, min_interval=1.0), clock,
+                      new_run_burst=100)
+        put(outbox, "slack", *[page(f"fake-{i}") for i in range(30)], source=SOURCE)
+        put(outbox, "slack", page("real"))
+        outbox.deliver_next("slack", client)
+        clock.now += 1.0
+        outbox.deliver_next("slack", client)
+        assert "run real:" in slack.requests[0].json["text"]
+
+
+def test_runs_take_turns(tmp_path, pd, client):
+    """Run a queued three pages (one per alert), run b one after them: b's goes second."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    put(outbox, "pagerduty", *[page("a", n=n) for n in range(3)], page("b"))
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == ["a", "b", "a", "a"]
+
+
+def test_new_runs_past_the_budget_are_one_summary_and_their_follow_ups_stay_quiet(
+        tmp_path, pd, client):
+    """Two pages of new runs per window from one source go out one by one; the other 38 are
+    one summary naming them, each alert's delivery says so, and their resolves are not
+    sent (nobody heard of them one by one). Another source has a budget of its own."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=2)
+    flood = [page(f"fake-{i:02d}") for i in range(40)]
+    put(outbox, "pagerduty", *flood, source=SOURCE)
+    put(outbox, "pagerduty", page("elsewhere"), source="10.0.0.99")
+    assert outbox.pending == 4  # 2 pages, the summary, the other source's page
+    drain(outbox, "pagerduty", client, clock)
+    triggers = [r.json for r in pd.requests]
+    assert [t["payload"]["custom_details"]["run_id"] for t in triggers] == [
+        "fake-00", "fake-01", f"new runs from {SOURCE}", "elsewhere"]
+    summary = triggers[2]["payload"]
+    assert summary["severity"] == "critical"
+    assert "38 new runs paged" in summary["summary"] and "fake-02" in summary["summary"]
+    states = outbox.delivery_states()
+    assert states["fake-17-0"]["pagerduty"] == {"state": "sent", "attempts": 0,
+                                               "last_error": None, "done_at": clock.now,
+                                               "summarised": True}
+    assert "summarised" not in states["fake-00-0"]["pagerduty"]
+    put(outbox, "pagerduty", *[page(e.run_id, status="resolved") for e in flood])
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd)[4:] == ["resolve:fake-00-0", "resolve:fake-01-0"]
+
+
+def test_a_summary_is_closed_at_its_first_attempt(tmp_path, pd, client):
+    """What arrives after a summary's first attempt (here a 500) opens the next summary,
+    due a window later; the first is retried with what it had."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  new_run_window_seconds=60)
+    pd.script(Reply(500))
+    put(outbox, "pagerduty", *[page(f"a-{i}") for i in range(3)], source=SOURCE)
+    outbox.deliver_next("pagerduty", client)  # sealed with 3, then failed
+    put(outbox, "pagerduty", *[page(f"b-{i}") for i in range(2)], source=SOURCE)
+    drain(outbox, "pagerduty", client, clock)
+    summaries = [r.json["payload"]["summary"] for r in pd.accepted()]
+    assert len(summaries) == 2
+    assert "3 new runs" in summaries[0] and "a-2" in summaries[0] and "b-0" not in summaries[0]
+    assert "2 new runs" in summaries[1] and "b-1" in summaries[1]
+    assert pd.accepted()[1].at >= pd.accepted()[0].at  # the second came after the retry
+
+
+def test_the_last_places_are_kept_for_established_runs_pages(tmp_path, pd):
+    """max_pending 10 with a fifth reserved: warnings and new runs' pages stop at 8; an
+    established run's critical and error pages still fit, then nothing does."""
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), max_pending=10,
+                  reserved_for_pages=0.2, new_run_burst=100)
+    assert put(outbox, "pagerduty", *[page(f"w-{i}", "warning") for i in range(8)]) == [True] * 8
+    assert put(outbox, "pagerduty", page("w-8", "warning")) == [False]
+    assert put(outbox, "pagerduty", page("fake"), source=SOURCE) == [False]
+    assert put(outbox, "pagerduty", page("real"), page("real2", "error")) == [True, True]
+    assert put(outbox, "pagerduty", page("real3")) == [False]
+    states = outbox.delivery_states()
+    assert "kept for pages of established runs" in states["w-8-0"]["pagerduty"]["last_error"]
+    assert states["real3-0"]["pagerduty"]["last_error"].startswith("outbox full (10 pending)")
+    assert states["real-0"]["pagerduty"]["state"] == "pending"
+
+
+def test_news_and_follow_ups():
+    assert priority(Notification("r", (page("r"),), T0)) == 0
+    assert priority(Notification("r", (page("r", "error"),), T0)) == 1
+    for follow_up in (page("r", status="resolved"), page("r", reason="repeat_elapsed"),
+                      page("r", reason="refresh"), page("r", status="acknowledged")):
+        assert priority(Notification("r", (follow_up,), T0)) == 2
+
+
+def test_new_runs_warnings_are_not_budgeted_only_ordered(tmp_path, pd):
+    """The budget is for pages: a new run's warning is queued alone whatever the budget
+    (rules 1 and 2 already send it after every page)."""
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), new_run_burst=0)
+    put(outbox, "pagerduty", page("fake-w", "warning"), source=SOURCE)
+    put(outbox, "pagerduty", page("fake-c"), source=SOURCE)
+    rows = outbox.db.query("SELECT run_id, summary FROM outbox ORDER BY id")
+    assert [(r["run_id"], r["summary"]) for r in rows] == [
+        ("fake-w", 0), (f"new runs from {SOURCE}", 1)]
+
+
+def test_alerting_marks_a_new_runs_episodes_and_budgets_their_pages(tmp_path):
+    """Through alerting: a run first seen a minute ago is new (its source rides on its
+    messages), one first seen an hour ago is not; 12 new runs of one source page 10 times
+    alone and once as a summary, the established run alone."""
+    from monitor_agent.alerting import Alerting, AlertingSettings
+    from monitor_agent.alerting.model import RunContext
+    from monitor_agent.records.types import Finding, Severity
+
+    settings = AlertingSettings(console={"enabled": True})
+    alerting = Alerting(settings, tmp_path / "a.sqlite", CollectorRegistry(), clock=lambda: T0)
+    now = T0
+    for i in range(12):
+        run = RunContext(f"fake-{i}", first_seen=now - 60, source=SOURCE)
+        alerting.handle(run, [Finding("nan_inf", Severity.CRITICAL, run.run_id, step=1, message="NaN")], now)
+    real = RunContext("real", first_seen=now - 3600, source=SOURCE)
+    alerting.handle(real, [Finding("nan_inf", Severity.CRITICAL, "real", step=900, message="NaN")], now)
+    alerting.flush(now + 1)
+    assert {a.run_id: a.newcomer for a in alerting.store.alerts(limit=100)} == {
+        **{f"fake-{i}": SOURCE for i in range(12)}, "real": None}
+    rows = alerting.db.query("SELECT run_id, source, summary FROM outbox ORDER BY id")
+    alone = {r["run_id"] for r in rows if r["summary"] == 0}
+    assert "real" in alone and len(alone) == 11  # the flush takes runs in no set order
+    assert [r["run_id"] for r in rows if r["summary"]] == [f"new runs from {SOURCE}"]
+    assert next(r["source"] for r in rows if r["run_id"] == "real") is None
+    states = alerting.delivery_states()
+    folded = [a for a in alerting.store.alerts(limit=100) if a.run_id not in alone]
+    assert len(folded) == 2
+    assert all(states[a.fingerprint]["console"]["summarised"] is True for a in folded)
