@@ -403,8 +403,9 @@ class Engine:
                 run.version += 1
                 judged = True
         pending = live.lifecycle.rollback
-        if judged and pending is not None and not quiet:
-            # The pending plan's checkpoint may have just turned suspect: decided again.
+        if judged and pending is not None and not quiet and run.leader is None:
+            # The pending plan's checkpoint may have just turned suspect: decided again,
+            # by the sidecar that decides the run's actions (a node sidecar adopts them).
             revised = self.alerts.revise(_context(run), now)
             if revised:
                 live.lifecycle.withdrawn(pending.action_id)
