@@ -528,9 +528,8 @@ class Engine:
                 self._lifecycle(live, lifecycle.settled(attempt), now)
                 pending = None
             elif attempt.number not in run.goodput.settled_attempts:
-                why = ("rollback" if attempt.start_step in lifecycle.applied_starts
-                       else "restart" if attempt.kind == "restarted" else "resume")
-                run.goodput.settled(attempt.number, attempt.start_step, why)
+                _settle_goodput(run, attempt,
+                                attempt.start_step in lifecycle.applied_starts)
 
     def _apply(self, live: LiveRun, record: Record, arrival: float,
                origin: int | None = None) -> None:
@@ -647,9 +646,8 @@ class Engine:
         for event in events:
             if isinstance(event, AttemptSettled) and event.attempt.kind != "first":
                 # The ledger first: the pages closed below say what the restart cost.
-                why = ("rollback" if any(isinstance(e, RolledBack) for e in events)
-                       else "restart" if event.attempt.kind == "restarted" else "resume")
-                run.goodput.settled(event.attempt.number, event.attempt.start_step, why)
+                _settle_goodput(run, event.attempt,
+                                any(isinstance(e, RolledBack) for e in events))
                 # Alerting applies a rollback this attempt resumed at, closes the alerts
                 # about what it abandoned, and may decide again (alerting/rollback.py).
                 self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
@@ -979,6 +977,14 @@ class Engine:
             counts["running" if run.status == "running" else "ended"] += 1
         for state, value in counts.items():
             self.metrics.runs.labels(state=state).set(value)
+
+
+def _settle_goodput(run: RunState, attempt: StoredAttempt, rolled_back: bool) -> None:
+    """The goodput ledger's account of a new attempt: the work it replaced is rollback
+    badput when it applied a plan, else resume (runs/goodput.py ``settled``)."""
+    why = ("rollback" if rolled_back else "restart" if attempt.kind == "restarted"
+           else "resume")
+    run.goodput.settled(attempt.number, attempt.start_step, why)
 
 
 def _context(run: RunState) -> RunContext:

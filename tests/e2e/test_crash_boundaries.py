@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e import two_ranks
 
 from monitor_agent.pipeline.failpoints import BOUNDARIES
 
@@ -32,17 +33,9 @@ rules:
 """
 
 
-def _step(step: int, rank: int, token: str, loss: float | str = 2.0,
-          skipped: int = 0) -> dict[str, Any]:
-    return {"kind": "step", "run_id": RUN, "rank": rank, "step": step, "time": 1000.0 + step,
-            "loss": loss, "grad_norm": 1.0, "attempt": f"{token}{rank}",
-            "data_position": step + skipped}
-
-
 def _both(steps: range, token: str, nan_at: int | None = None,
           skipped: int = 0) -> list[dict[str, Any]]:
-    return [_step(s, r, token, "NaN" if s == nan_at else 2.0, skipped)
-            for s in steps for r in (0, 1)]
+    return two_ranks.both(RUN, steps, token, nan_at, skipped)
 
 
 def _actions(url: str) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from e2e import two_ranks
 
 RUN = "roll"
 RULES = """
@@ -37,16 +38,12 @@ rules:
 
 def _step(step: int, rank: int, token: str, loss: float | str = 2.0,
           skipped: int = 0) -> dict[str, Any]:
-    """One batch per step; ``skipped``: batches the data stream jumped over since step 1."""
-    return {"kind": "step", "run_id": RUN, "rank": rank, "step": step, "time": 1000.0 + step,
-            "loss": loss, "grad_norm": 1.0, "attempt": f"{token}{rank}",
-            "data_position": step + skipped}
+    return two_ranks.step(RUN, step, rank, token, loss, skipped)
 
 
 def _both(steps: range, token: str, nan_at: int | None = None,
           skipped: int = 0) -> list[dict[str, Any]]:
-    return [_step(s, r, token, "NaN" if s == nan_at else 2.0, skipped)
-            for s in steps for r in (0, 1)]
+    return two_ranks.both(RUN, steps, token, nan_at, skipped)
 
 
 def _post_dropping_the_answer(url: str, records: list[dict[str, Any]]) -> int:
