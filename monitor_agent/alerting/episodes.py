@@ -269,16 +269,12 @@ class Episodes:
                     else 1, rollback.Positions(run.checkpoint_positions, run.data,
                                                run.skipped, run.skipped_unit))
                 why = f"checkpoint step {step} turned suspect"
-                if isinstance(new_plan, str):
-                    action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
-                                    type=old.type, step=old.step, created_at=now,
-                                    message=f"{new_plan} (rule {rule.name}: the rollback to "
-                                            f"step {step} was withdrawn, {why})")
-                else:
-                    action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
-                                    type=old.type, step=old.step, created_at=now,
-                                    message=f"{rollback.describe(new_plan)} (revised: {why})",
-                                    plan=new_plan)
+                message = (f"{new_plan} (rule {rule.name}: the rollback to step {step} was "
+                           f"withdrawn, {why})" if isinstance(new_plan, str)
+                           else f"{rollback.describe(new_plan)} (revised: {why})")
+                action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
+                                type=old.type, step=old.step, created_at=now, message=message,
+                                plan=None if isinstance(new_plan, str) else new_plan)
                 new = tx.add_action(action, fp)
                 tx.withdraw(old, new, why, fp)
                 log.warning("run %s: rollback %d withdrawn (%s); now: %s", run.run_id, old.id,
