@@ -1,5 +1,6 @@
 """What the README tells a newcomer to run works as written: the quickstart snippet against
-a real sidecar, and the sample monitor-agent.yaml through check-config."""
+a real sidecar, and the sample monitor-agent.yaml through check-config; and the README stays
+a front door, with every page of docs/ in its index."""
 
 from __future__ import annotations
 
@@ -53,3 +54,16 @@ def test_the_sample_config_passes_check_config():
     assert "monitor-agent.yaml" in (REPO / "README.md").read_text()
     comments = [ln for ln in sample.read_text().splitlines() if ln.lstrip().startswith("#")]
     assert len(comments) >= 20
+
+
+def test_the_readme_is_a_front_door_and_the_index_lists_every_page():
+    """README.md stays short (the rest lives under docs/), and docs/README.md, the index,
+    links every page of docs/ and docs/reference/, so a new page cannot go unfound."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, "README.md grew: move the detail to a page in docs/"
+    assert "(docs/README.md)" in readme
+    index = (REPO / "docs" / "README.md").read_text()
+    pages = sorted(p.relative_to(REPO / "docs").as_posix()
+                   for p in (REPO / "docs").rglob("*.md") if p.name != "README.md")
+    missing = [page for page in pages if f"]({page})" not in index]
+    assert not missing, f"docs/README.md does not list: {missing}"
