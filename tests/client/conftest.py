@@ -145,7 +145,7 @@ def stopped_receiver():
 @pytest.fixture
 def plain_loop_shape(tmp_path):
     """The step shape a plain training loop produces (the reference for the adapters), its
-    data counted by a DataStream as the README's loop does."""
+    data counted by a DataStream as docs/actions.md's loop does."""
     import torch
 
     from monitor_client import DataStream, Monitor, MonitorConfig, WatchConfig

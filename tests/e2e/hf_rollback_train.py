@@ -1,5 +1,5 @@
-"""A user's HuggingFace ``Trainer`` script with the monitor's callback, written from the
-README and client/README.md: a small regression model, a shuffled sampler (the Trainer's
+"""A user's HuggingFace ``Trainer`` script with the monitor's callback, written from
+docs/actions.md and docs/client.md: a small regression model, a shuffled sampler (the Trainer's
 default), checkpoints every 10 steps, and ``--resume_from_checkpoint`` parsed and passed
 on, so ``python -m monitor_client.relaunch`` can relaunch it after a rollback. Samples
 ``--poison`` (ids) have NaN targets: the loss goes NaN at the batch that holds them.

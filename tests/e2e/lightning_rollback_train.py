@@ -1,5 +1,5 @@
-"""A user's Lightning script with the monitor's callback, written from the README and
-client/README.md: a small regression module, a shuffled DataLoader wrapped in
+"""A user's Lightning script with the monitor's callback, written from docs/actions.md and
+docs/client.md: a small regression module, a shuffled DataLoader wrapped in
 ``monitor_client.DataStream`` (so a resumed fit resumes the data where the checkpoint left
 it), checkpoints every 10 steps, and ``--ckpt_path`` parsed and passed on, so
 ``python -m monitor_client.relaunch`` can relaunch it after a rollback. Samples

@@ -1,5 +1,5 @@
-"""A user's plain training loop that closes the loop with the monitor, written from the
-README's "Closing the loop": it counts its data with ``monitor_client.DataStream``, reports
+"""A user's plain training loop that closes the loop with the monitor, written from
+docs/actions.md, "Closing the loop": it counts its data with ``monitor_client.DataStream``, reports
 its checkpoints, and when the sidecar decides a rollback it reloads the checkpoint, resumes
 the data where that checkpoint left it and leaves the plan's windows out, scales the LR
 with the plan's factor through its torch scheduler, and honours a stop. The monitoring is

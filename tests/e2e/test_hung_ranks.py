@@ -146,7 +146,7 @@ def test_a_killed_rank_is_told_apart_from_a_hang(tmp_path, sidecar_factory):
             assert json.dumps(records).count('"training": true') >= 3
         finally:
             _kill(procs)
-        # Killed with no end record, the run stays as its last word left it (README): hung,
+        # Killed with no end record, the run stays as its last word left it (docs/findings.md): hung,
         # its one page open, until it is relaunched, ends or leaves memory.
         detail = httpx.get(f"{sc.url}/v1/runs/hang-kill", timeout=10).json()
         assert detail["status"] == "running"

@@ -1,6 +1,6 @@
 """The closed loop on real parts (issues 22 and 31): a real sidecar whose rule says
-``action: rollback`` on divergence, and a user's plain CPU training loop written from the
-README (``rollback_user_train.py``) whose data turns corrupt twice, at known batches.
+``action: rollback`` on divergence, and a user's plain CPU training loop written from
+docs/actions.md (``rollback_user_train.py``) whose data turns corrupt twice, at known batches.
 
 The first corrupt stretch rolls the run back to its last clean checkpoint, skipping a
 window of data positions; the run resumes past that window, meets the second stretch, and

@@ -28,7 +28,7 @@ from monitor_agent.storage.database import read_only_uri
 
 NOISE_MIB = 1.0
 MiB = 1024 * 1024
-PEAK_BUDGET_MIB = 64.0  # the README's budget: peak RSS of any one request
+PEAK_BUDGET_MIB = 64.0  # docs/hostile-input.md's budget: peak RSS of any one request
 
 
 def attack_cases() -> list[Case]:

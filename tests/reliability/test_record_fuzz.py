@@ -1,6 +1,6 @@
 """Fuzz POST /v1/records with mutated real records (issue 12); see record_fuzz.py.
 
-Budgets (README, "Hostile input"): no 5xx; /healthz always 200; /metrics parses and
+Budgets (docs/hostile-input.md): no 5xx; /healthz always 200; /metrics parses and
 ``promtool check metrics`` passes; the victim run's history unchanged; the sidecar's RSS
 never above RSS_BUDGET_MIB.
 """
@@ -14,7 +14,7 @@ from record_fuzz import Checker, fuzz_cases, promtool_ok, rss_mib, seed_records
 from sidecar_process import SidecarProcess
 
 CASES = 4000
-RSS_BUDGET_MIB = 256.0   # the README's budget for a sidecar under hostile input
+RSS_BUDGET_MIB = 256.0   # docs/hostile-input.md's budget for a sidecar under hostile input
 FULL_CHECK_EVERY = 10
 
 

@@ -4,7 +4,7 @@ A real sidecar process holding 8 MiB of records; 60 clients, more than ``max_con
 each send ``GET /v1/runs/big/records?limit=10000`` (55 bytes) and never read. Before the
 read-side bounds each answer was built whole and held in its connection's write buffer for
 ever (30 such clients held +2.7 GB), and the cap could shed none of them, so /healthz and
-ingest were refused. Now (README, "Hostile input"): all read answers together stay within
+ingest were refused. Now (docs/hostile-input.md): all read answers together stay within
 READ_BUDGET_MIB of RSS, /healthz and ingest are answered during the attack, every reader
 is dropped once its writes waited ``write_timeout_seconds``, and the run still reads in
 full afterwards (the read slots came back).
@@ -19,7 +19,7 @@ from stalled_readers import Shape, attack, close_all, closed_by_sidecar, records
 
 from sidecar_process import SidecarProcess
 
-READ_BUDGET_MIB = 64.0   # README: what every read answer together may hold
+READ_BUDGET_MIB = 64.0   # docs/hostile-input.md: what every read answer together may hold
 READERS = 60
 MAX_CONNECTIONS = 40
 WRITE_TIMEOUT = 2.0
