@@ -45,7 +45,7 @@ class AlertSink(Protocol):
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:
         """The run's end record arrived (``step``: where a stopped run stopped; ``verdict``:
-        how it ended, e.g. "unhealthy: NaN since step 300", pipeline/verdict.py)."""
+        how it ended, e.g. "unhealthy: NaN since step 300", runs/verdict.py)."""
         ...
 
     def tick(self, now: float) -> None:

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from monitor_agent.api.deps import ExpositionDep, MetricsDep, ServicesDep, require_read
 from monitor_agent.api.models import HealthOut, ReadyOut
-from monitor_agent.metrics.exposition import CONTENT_TYPE
+from monitor_agent.reads.exposition import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
 

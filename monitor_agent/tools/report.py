@@ -9,13 +9,13 @@ and data are inlined: the file opens from disk with the network off.
 run that hung after eight steps: its stall finding is embedded, and nothing is fetched::
 
     >>> import json, tempfile
-    >>> from monitor_agent.pipeline.replay import replay_files
+    >>> from monitor_agent.pipeline.trace_judge import judge_traces
     >>> steps = [{"kind": "step", "run_id": "r1", "step": s, "time": 10.0 * s, "loss": 2.0}
     ...          for s in range(1, 9)]
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     trace, out = Path(tmp, "hung.jsonl"), Path(tmp, "report.html")
     ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
-    ...     [run] = replay_files([trace], Settings())
+    ...     [run] = judge_traces([trace], Settings())
     ...     print(write_report(trace, run, out, Settings()))
     ...     html = out.read_text()
     r1
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from monitor_agent.pipeline.replay import ReplayRun
+from monitor_agent.pipeline.trace_judge import JudgedTrace
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
 from monitor_agent.ui import series as sr
@@ -47,7 +47,7 @@ MATRIX_POINTS = 1500
 QUANTILE_LAYERS = 40        # the layers whose gradient quantiles are embedded, at most
 
 
-def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> str:
+def write_report(trace: Path, run: JudgedTrace, out: Path, settings: Settings) -> str:
     """Write the report of ``trace`` (already replayed into ``run``); returns its run id."""
     db = open_history(":memory:")
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
@@ -80,7 +80,7 @@ def _main_run(db: History) -> str | None:
     return row[0] if row else None
 
 
-def _answers(db: History, run_id: str, run: ReplayRun, status: str,
+def _answers(db: History, run_id: str, run: JudgedTrace, status: str,
              settings: Settings) -> dict[str, Any]:
     base = "/v1/runs/" + quote(run_id, safe="")
     findings = [f.to_dict() for f in run.findings if f.run_id == run_id]

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
-from monitor_agent.pipeline.queries import RunQueries
+from monitor_agent.reads.queries import RunQueries
 from monitor_agent.records import schemas
 from monitor_agent.runs.goodput import GoodputLedger
 from monitor_agent.settings import load_settings
