@@ -2,7 +2,7 @@
 
 The engine hands findings to a sink and knows nothing else of rules, silences or channels.
 ``Alerting`` is the real one; ``NullSink`` stands in where nothing should page (a bare
-replay, tests of the pipeline alone), so the engine never checks for ``None``.
+the trace judge, tests of the pipeline alone), so the engine never checks for ``None``.
 
 The engine is given one (``Engine(settings, store, metrics, alerts=alerting)``; without
 ``alerts`` it uses a ``NullSink``) and calls it with each record's findings::

@@ -1,5 +1,5 @@
 """The backtest report: one self-contained HTML file with the run page's charts and every
-finding of a replay marked, so a rule change can be judged on a past run.
+finding the trace judge found marked, so a rule change can be judged on a past run.
 
 The page is the very run page the sidecar serves; instead of calling the API it reads the
 answers embedded in the file (same shapes, built by the same functions). Scripts, styles
@@ -48,14 +48,14 @@ QUANTILE_LAYERS = 40        # the layers whose gradient quantiles are embedded, 
 
 
 def write_report(trace: Path, run: JudgedTrace, out: Path, settings: Settings) -> str:
-    """Write the report of ``trace`` (already replayed into ``run``); returns its run id."""
+    """Write the report of ``trace`` (already judged into ``run``); returns its run id."""
     db = open_history(":memory:")
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
                              settings.detectors.default_warmup_steps, settings.max_layers_exposed)
     status: dict[str, str] = {}
     for index, obj in enumerate(wire.iter_trace(trace)):
         if index in run.rejected_at:
-            continue  # replay rejected (and counted) it: the charts show what it judged
+            continue  # the trace judge rejected (and counted) it: the charts show what it judged
         try:
             builder.add(obj)
         except Exception as exc:  # a value the fold cannot take costs itself, not the page
