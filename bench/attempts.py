@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from monitor_agent.metrics.sidecar import SelfMetrics  # noqa: E402
 from monitor_agent.pipeline.engine import Engine, Incoming  # noqa: E402
-from monitor_agent.pipeline.queries import RunQueries  # noqa: E402
+from monitor_agent.reads.queries import RunQueries  # noqa: E402
 from monitor_agent.records import schemas  # noqa: E402
 from monitor_agent.settings import Settings  # noqa: E402
 from monitor_agent.storage.store import Store  # noqa: E402

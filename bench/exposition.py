@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from monitor_agent.metrics.exposition import Exposition  # noqa: E402
 from monitor_agent.metrics.sidecar import SelfMetrics  # noqa: E402
 from monitor_agent.pipeline.engine import Engine, Incoming  # noqa: E402
+from monitor_agent.reads.exposition import Exposition  # noqa: E402
 from monitor_agent.records import schemas  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
 from monitor_agent.storage.store import Store  # noqa: E402

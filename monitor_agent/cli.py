@@ -34,7 +34,7 @@ from monitor_agent.settings import ConfigError, Settings, load_settings
 if TYPE_CHECKING:  # both import heavy modules; the CLI imports them only when needed
     from tqdm import tqdm
 
-    from monitor_agent.pipeline.replay import ReplayRun
+    from monitor_agent.pipeline.trace_judge import JudgedTrace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +149,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from monitor_agent.pipeline.replay import replay_files
+    from monitor_agent.pipeline.trace_judge import judge_traces
 
     settings = load_settings(_config_path(args.config))
     _setup_logging("warning")
@@ -162,7 +162,7 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     bar = _progress_bar(args.files, disable=args.quiet)
     try:
-        runs = replay_files(args.files, settings, on_record=bar.update if bar else None)
+        runs = judge_traces(args.files, settings, on_record=bar.update if bar else None)
     except wire.TraceError as exc:  # names the file, line and column: no traceback
         print(f"monitor-agent replay: {exc}", file=sys.stderr)
         return 2
@@ -243,7 +243,7 @@ def _progress_bar(files: list[Path], disable: bool) -> tqdm | None:
     return tqdm(desc="replaying", unit="rec", file=sys.stderr)
 
 
-def _print_summary(runs: list[ReplayRun]) -> None:
+def _print_summary(runs: list[JudgedTrace]) -> None:
     print(f"{'trace':40} {'records':>8} {'last':>6} {'end':>4}  findings (type: count @first step)")
     for run in runs:
         first: dict[str, int] = {}

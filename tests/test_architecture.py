@@ -1,9 +1,10 @@
 """The import graph: dependencies point one way and nothing imports in a circle.
 
-docs/architecture.md: api -> pipeline -> (detectors, alerting -> notify) -> storage / records. Every
-module of the sidecar sits on a layer below; a module may import only from a lower layer or
-from its own package. Imports inside functions and under ``TYPE_CHECKING`` count as well: a
-lazy import that breaks a cycle at run time still ties the two files together for a reader.
+docs/architecture.md: api -> reads -> pipeline -> runs -> (detectors, alerting -> notify) ->
+storage / records. Every module of the sidecar sits on a layer below; a module may import
+only from a lower layer or from its own package. Imports inside functions and under
+``TYPE_CHECKING`` count as well: a lazy import that breaks a cycle at run time still ties
+the two files together for a reader.
 
 A new module must be placed in ``LAYERS`` (the test says so): that is where a newcomer reads
 what may depend on what.
@@ -33,12 +34,14 @@ LAYERS: dict[str, int] = {
     # One run, one brain: which sidecar leads a multi-node run, the digests and the link
     # to the leader (no rules, no engine: those are handed in).
     "cluster": 3,
-    # A run's own facts (its lifecycle), read by the pipeline.
+    # A run's own facts (its state, progress, verdict, checkpoints, lifecycle, goodput),
+    # written by the pipeline and read by the read side.
     "runs": 4,
     "settings": 4,
-    # Records in, live runs, durability, and the read side.
+    # The write path: records and the clock in, live runs, durability.
     "pipeline": 5,
-    "metrics.exposition": 6,  # renders the pipeline's run state: above it, beside the API
+    # The read side: queries and views of runs, and run state rendered for /metrics.
+    "reads": 6,
     # The edges: HTTP, pages, the app that wires them, tools, the command line.
     "api": 7, "ui": 8, "serving": 9, "tools": 10, "cli": 11, "__main__": 12,
 }

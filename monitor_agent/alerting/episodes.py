@@ -246,7 +246,7 @@ class Episodes:
         it again.
 
         A finding that arrived after the decision can make the plan's checkpoint suspect
-        (pipeline/checkpoint_ledger.py): another rank's records of an earlier onset, say.
+        (runs/checkpoint_ledger.py): another rank's records of an earlier onset, say.
         Such a plan would send the run back to damaged weights. So it is withdrawn, and the
         same fault is decided again from before that checkpoint: to the last clean one
         before it, under the same rollback number (the budget is not spent twice). With

@@ -46,7 +46,7 @@ class RunContext:
     labels: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     # The run's clean checkpoints, oldest first, as (step, path): what a rollback may go
-    # back to (pipeline/checkpoint_ledger.py judges them; current history only).
+    # back to (runs/checkpoint_ledger.py judges them; current history only).
     # A sequence (the engine hands a view of its ledger: read it within the call).
     clean_checkpoints: Sequence[tuple[int, str]] = ()
     # What pages say of them ("last clean checkpoint: step 11800, <path>"); None when the

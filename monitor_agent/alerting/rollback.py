@@ -7,7 +7,7 @@ reporting the same divergence, or a finding replayed after a crash, get the one 
 already stored. The decision is an ``Action`` whose ``plan`` says:
 
 - ``checkpoint_step`` C and ``checkpoint_path``: the run's last clean checkpoint before
-  the fault's onset (pipeline/checkpoint_ledger.py judges clean; only checkpoints of the
+  the fault's onset (runs/checkpoint_ledger.py judges clean; only checkpoints of the
   run's current history are candidates, so one a restart replaced is never chosen);
 - ``resume_position`` and ``skip``, in **data positions** (docs/format.md
   ``data_position``: batches, or samples, of the run's data stream consumed, counted over

@@ -2,7 +2,7 @@
 
 The engine hands findings to a sink and knows nothing else of rules, silences or channels.
 ``Alerting`` is the real one; ``NullSink`` stands in where nothing should page (a bare
-replay, tests of the pipeline alone), so the engine never checks for ``None``.
+the trace judge, tests of the pipeline alone), so the engine never checks for ``None``.
 
 The engine is given one (``Engine(settings, store, metrics, alerts=alerting)``; without
 ``alerts`` it uses a ``NullSink``) and calls it with each record's findings::
@@ -45,7 +45,7 @@ class AlertSink(Protocol):
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:
         """The run's end record arrived (``step``: where a stopped run stopped; ``verdict``:
-        how it ended, e.g. "unhealthy: NaN since step 300", pipeline/verdict.py)."""
+        how it ended, e.g. "unhealthy: NaN since step 300", runs/verdict.py)."""
         ...
 
     def tick(self, now: float) -> None:

@@ -4,7 +4,7 @@ The checkpoints the trainer reported (``checkpoint`` records, docs/format.md) of
 current history, oldest first, each ``clean`` or ``suspect`` with the reason, and the last
 clean one: which save is safe to go back to, so the person paged at 3 AM need not work
 it out. Judged on the engine thread from the run's findings as they stand now
-(pipeline/checkpoint_ledger.py), so a fault found after a save can make it suspect later.
+(runs/checkpoint_ledger.py), so a fault found after a save can make it suspect later.
 
 A run may report tens of thousands of checkpoints (one every few steps of a long run), so
 the list is read as every list is (api/streamed_page.py): a page of at most ``limit``
@@ -31,9 +31,9 @@ from fastapi.concurrency import run_in_threadpool
 from monitor_agent.api.deps import QueriesDep, ReadSlotsDep, RunnerDep, ServicesDep, require_read
 from monitor_agent.api.models import CheckpointsOut
 from monitor_agent.api.streamed_page import SLOT_WAIT, Page, answered, streamed
-from monitor_agent.pipeline.checkpoint_ledger import Judged, LedgerEntry, judged_dict
-from monitor_agent.pipeline.queries import checkpoint_key
+from monitor_agent.reads.queries import checkpoint_key
 from monitor_agent.records import wire
+from monitor_agent.runs.checkpoint_ledger import Judged, LedgerEntry, judged_dict
 
 router = APIRouter(tags=["runs"], dependencies=[Depends(require_read)])
 AFTER = r"^-?[0-9]{1,19}:[0-9]{1,10}$"
@@ -131,7 +131,7 @@ def thin(judged: Sequence[Judged], points: int,
     carries ``also``: the others of its part that it stands for. Fewer than ``points``
     are shown as they are::
 
-        >>> from monitor_agent.pipeline.checkpoint_ledger import judge, Fault
+        >>> from monitor_agent.runs.checkpoint_ledger import judge, Fault
         >>> ledger = judge([LedgerEntry(s, f"/c/{s}", 0, None, 1) for s in range(10, 101, 10)],
         ...                [Fault("nan_inf", rank=0, onset=75, step=75)])
         >>> [(c["step"], c["status"], c["also"]) for c in thin(ledger, 2, ledger[6].entry)]

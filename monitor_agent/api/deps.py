@@ -22,10 +22,10 @@ from fastapi.concurrency import run_in_threadpool
 from monitor_agent.alerting import Alerting
 from monitor_agent.api.services import Services
 from monitor_agent.api.streamed_page import ReadSlots
-from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.reads.exposition import Exposition
+from monitor_agent.reads.queries import RunQueries
 from monitor_agent.settings import TokenError
 
 

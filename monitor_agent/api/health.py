@@ -4,7 +4,7 @@
 ``GET /readyz`` answers 200 ``{"status": "ready"}`` when records can be stored and every
 part works (no database corrupt, every background thread alive and working), else 503
 ``{"status": "not ready", "reason": ...}``, every problem joined by "; " (``Readiness`` in
-api/services.py); ``GET /metrics`` is the Prometheus text exposition: it names runs and
+api/readiness.py); ``GET /metrics`` is the Prometheus text exposition: it names runs and
 their values, so with ``auth_reads`` it needs the token like every other read (Prometheus
 sends it with ``authorization: {credentials_file: ...}`` in its scrape config).
 tests/api/test_health.py asks them over real HTTP (and has promtool check the exposition).
@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from monitor_agent.api.deps import ExpositionDep, MetricsDep, ServicesDep, require_read
 from monitor_agent.api.models import HealthOut, ReadyOut
-from monitor_agent.metrics.exposition import CONTENT_TYPE
+from monitor_agent.reads.exposition import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
 

@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, with_config
 
 from monitor_agent.alerting.model import Action, AlertView
 from monitor_agent.alerting.silences import Silence
-from monitor_agent.pipeline.verdict import Verdict
-from monitor_agent.pipeline.views import AttemptView, RunListing
+from monitor_agent.reads.views import AttemptView, RunListing
+from monitor_agent.runs.verdict import Verdict
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 Measured = float | NonFinite | None
@@ -205,7 +205,7 @@ class CheckpointOut(BaseModel):
         "The data position its state resumes from (docs/format.md); null when not reported."))
     status: Literal["clean", "suspect"] = Field(description=(
         "suspect: a page-worthy fault began at or before its step and was in force there "
-        "(pipeline/checkpoint_ledger.py)."))
+        "(runs/checkpoint_ledger.py)."))
     reason: str | None = Field(description="Why it is suspect; null when clean.")
     also: int | None = Field(default=None, description=(
         "Only in an answer thinned for a chart (`points=`): how many other checkpoints of "

@@ -15,7 +15,7 @@ current history unless ``attempt=N`` asks for what one attempt sent, pipeline/at
 (api/streamed_page.py); ``"next"`` is the link to the following page (``after=`` a run's
 FIRST_SEEN:RUN_ID, or a record's STEP:KIND:RANK; ``before=`` a finding's id), null once
 nothing follows.
-pipeline/queries.py shows the read side's answers built from a run; tests/api/test_ingest.py
+reads/queries.py shows the read side's answers built from a run; tests/api/test_ingest.py
 reads these routes over real HTTP.
 """
 
@@ -38,7 +38,7 @@ from monitor_agent.api.deps import (
 )
 from monitor_agent.api.models import FindingsOut, RecordsOut, RunDetailOut, RunsListOut
 from monitor_agent.api.streamed_page import Page, streamed
-from monitor_agent.pipeline.views import RunDetail
+from monitor_agent.reads.views import RunDetail
 from monitor_agent.records import wire
 from monitor_agent.storage.store import KIND_ORDER
 

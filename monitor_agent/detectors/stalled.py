@@ -1,7 +1,7 @@
 """``stalled``: no step from a rank for much longer than its usual step interval.
 
 The decision is pure: ``tick(now)`` compares ``now`` (injected: wall time live, record
-time in replay, where a trace without an end record gets a last tick
+time offline (pipeline/trace_judge.py), where a trace without an end record gets a last tick
 ``stall_horizon_seconds`` after its last record) with each rank's last step time. The
 limit is ``stall_factor`` x the median interval between its steps, never less than
 ``stall_min_seconds``. An ended run never stalls, and neither does one whose rank reported a

@@ -1,4 +1,4 @@
-"""All detectors of one run behind one object: what the engine and replay drive.
+"""All detectors of one run behind one object: what the engine drives, live and offline.
 
 One ``DetectorSuite`` per run sees every rank's records in arrival order. It keeps the
 shared ``DetectorContext`` (config, layer order, per-rank loss EMA), runs every enabled

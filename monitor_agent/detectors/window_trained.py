@@ -18,7 +18,7 @@ jumped over the window shows a large delta but trained only its last n.
 An error, once per plan and rank at the first step that trains inside a window (naming the
 positions and the window), and once more when that stretch ends, with every position it
 trained there: the page says which batches were trained again. It makes the run's verdict
-unhealthy (pipeline/verdict.py): a rollback whose window was not honoured has not removed
+unhealthy (runs/verdict.py): a rollback whose window was not honoured has not removed
 the data it was for. A plan counted in steps (the run reports no data position) cannot be
 checked and is not.
 

@@ -1,3 +1,3 @@
-"""Metrics: every metric name (names), the sidecar's self-metrics (sidecar, delivery,
-alerting), and the run metrics renderer behind /metrics (exposition).
+"""Metrics: every metric name (names) and the sidecar's self-metrics (sidecar, delivery,
+alerting). The run metrics behind /metrics are rendered by reads/exposition.py.
 """

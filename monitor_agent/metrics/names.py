@@ -86,7 +86,7 @@ GPU_LOST = _g("training_gpu_lost", "1 while NVML reports the GPU lost or needing
 LAST_STEP = _g("training_last_step", "Latest optimizer step received.")
 LAST_STEP_TS = _g("training_last_step_timestamp_seconds", "Unix time of the latest step record.")
 PROGRESS = _g("training_progress_ratio", "Fraction of total_steps (else total_tokens) done (0..1).")
-LAST_CLEAN_CHECKPOINT = _g("training_last_clean_checkpoint_step", "Step of the run's last clean checkpoint (pipeline/checkpoint_ledger.py); absent when it has none.")
+LAST_CLEAN_CHECKPOINT = _g("training_last_clean_checkpoint_step", "Step of the run's last clean checkpoint (runs/checkpoint_ledger.py); absent when it has none.")
 ETA = _g("training_eta_seconds", "Estimated seconds until total_steps (else total_tokens) is reached.")
 STEP_DURATION = MetricName(
     "training_step_duration_seconds", "histogram", "Wall time of whole optimizer steps."

@@ -11,7 +11,7 @@ with a reason naming the budget, before anything is built for it.
 
 A run with 2 ranks meets a cap of 2; its third rank is refused, its own ranks are not::
 
-    >>> from monitor_agent.pipeline.run_state import RunState
+    >>> from monitor_agent.runs.run_state import RunState
     >>> from monitor_agent.settings import Settings
     >>> budget = AdmissionBudget(Settings(max_ranks_per_run=2, max_new_runs_per_request=1))
     >>> run = RunState.new("r1", now=0.0)
@@ -31,7 +31,7 @@ A request that would bring a thousand new ranks brings ``max_new_ranks_per_reque
 
 from __future__ import annotations
 
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.runs.run_state import RunState
 from monitor_agent.settings import Settings
 
 

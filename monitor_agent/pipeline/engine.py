@@ -1,12 +1,12 @@
-"""record -> store -> detectors -> alerting -> run state: the one pipeline, live and replay.
+"""record -> store -> detectors -> alerting -> run state: the one pipeline, live and offline.
 
 The engine is synchronous and single-threaded by contract: the app calls it from one worker
-thread, replay calls it inline with a virtual clock. Nothing about detection exists only in
+thread, the trace judge (trace_judge.py) inline with the records' clock. Nothing about detection exists only in
 the live path. Its one job is feeding records (and the clock) through each run; the runs
 in memory belong to ``registry.RunRegistry`` and the API's questions to
-``queries.RunQueries``.
+``reads.queries.RunQueries``.
 
-The engine sees no wire models: the edge (the API, replay) validates with ``schemas`` and
+The engine sees no wire models: the edge (the API, the trace judge) validates with ``schemas`` and
 hands it ``Incoming`` records, the ``types`` dataclass plus the JSON to store.
 
 Three steps of a run, the last with a NaN loss, then the same batch again (a client's
@@ -48,14 +48,11 @@ from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.admission import AdmissionBudget
-from monitor_agent.pipeline.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.pipeline.failpoints import Failpoints
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
-from monitor_agent.pipeline.run_state import RunState
-from monitor_agent.pipeline.verdict import Verdict
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import (
     CheckpointRecord,
@@ -66,8 +63,11 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.runs.goodput import cost_words
 from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
+from monitor_agent.runs.run_state import RunState
+from monitor_agent.runs.verdict import Verdict
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records.types import HangRecord, Record, RunRecord
+from monitor_agent.runs.run_state import RankState, RunState
 
 PACE_HEADROOM = 10.0
 

@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import EvalRecord, Record, RunRecord, StepRecord
+from monitor_agent.runs.run_state import RankState, RunState
 from monitor_agent.storage.store import Store
 
 if TYPE_CHECKING:

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.attempts import RunAttempts
-from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
-from monitor_agent.pipeline.run_state import RunState
-from monitor_agent.pipeline.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.records import wire
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
 from monitor_agent.runs.goodput import GoodputLedger
 from monitor_agent.runs.lifecycle import RunLifecycle
+from monitor_agent.runs.run_state import RunState
+from monitor_agent.runs.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.runs.run_state import RunState
 from monitor_agent.storage.store import Store
 
 PRUNE_PASS_TICKS = 10      # ticks (seconds) per full retention pass over the runs

@@ -1,4 +1,4 @@
-"""Wire models of docs/format.md, used only at the edges (the ingest API and trace replay).
+"""Wire models of docs/format.md, used only at the edges (the ingest API and the trace judge).
 
 They validate one record at a time so a batch can accept the good records and say exactly
 why each bad one was rejected; ``to_record`` hands the rest of the sidecar the plain

@@ -377,7 +377,7 @@ class EndRecord:
 class CheckpointRecord:
     """A checkpoint the trainer saved: ``step`` is the optimizer step whose state it holds
     (loading it, the loop's next step is ``step + 1``); the sidecar's ledger judges it
-    clean or suspect (pipeline/checkpoint_ledger.py)."""
+    clean or suspect (runs/checkpoint_ledger.py)."""
 
     run_id: str
     step: int

@@ -45,15 +45,17 @@ from monitor_agent.api import (
     preview,
     runs,
 )
+from monitor_agent.api.backends import Backends
 from monitor_agent.api.deps import services
-from monitor_agent.api.services import Backends, Readiness, Services
+from monitor_agent.api.readiness import Readiness
+from monitor_agent.api.services import Services
 from monitor_agent.cluster.identity import sidecar_id
-from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.pipeline.engine import Engine
-from monitor_agent.pipeline.queries import RunQueries
 from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.reads.exposition import Exposition
+from monitor_agent.reads.queries import RunQueries
 from monitor_agent.records import limits, wire
 from monitor_agent.serving.browser_guard import BrowserGuard, fastapi_docs_pages
 from monitor_agent.serving.leader_link import leader_link

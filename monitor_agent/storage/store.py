@@ -156,11 +156,11 @@ _MIGRATIONS: tuple[str, ...] = (
     DROP TABLE detector_state;
     ALTER TABLE detector_state_v2 RENAME TO detector_state;
     """,
-    # The run's verdict (pipeline/verdict.py), JSON: shown after the run leaves memory.
+    # The run's verdict (runs/verdict.py), JSON: shown after the run leaves memory.
     """
     ALTER TABLE runs ADD COLUMN verdict TEXT;
     """,
-    # The checkpoint ledger (pipeline/checkpoint_ledger.py): one row per checkpoint a run's
+    # The checkpoint ledger (runs/checkpoint_ledger.py): one row per checkpoint a run's
     # attempt reported at a step; a later attempt that replaced the step (a resume from
     # before it, a restart) leaves it out of the current history, as for findings.
     """
@@ -273,7 +273,7 @@ class StoredRun:
     last_seen: float
     ended_at: float | None
     last_step: int | None = None  # of its current history (pipeline/attempts.py)
-    verdict: str | None = None  # pipeline/verdict.py's Verdict as JSON; None before one
+    verdict: str | None = None  # runs/verdict.py's Verdict as JSON; None before one
 
 
 def _thinned(back: list[int]) -> set[int]:

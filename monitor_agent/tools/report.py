@@ -1,5 +1,5 @@
 """The backtest report: one self-contained HTML file with the run page's charts and every
-finding of a replay marked, so a rule change can be judged on a past run.
+finding the trace judge found marked, so a rule change can be judged on a past run.
 
 The page is the very run page the sidecar serves; instead of calling the API it reads the
 answers embedded in the file (same shapes, built by the same functions). Scripts, styles
@@ -9,13 +9,13 @@ and data are inlined: the file opens from disk with the network off.
 run that hung after eight steps: its stall finding is embedded, and nothing is fetched::
 
     >>> import json, tempfile
-    >>> from monitor_agent.pipeline.replay import replay_files
+    >>> from monitor_agent.pipeline.trace_judge import judge_traces
     >>> steps = [{"kind": "step", "run_id": "r1", "step": s, "time": 10.0 * s, "loss": 2.0}
     ...          for s in range(1, 9)]
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     trace, out = Path(tmp, "hung.jsonl"), Path(tmp, "report.html")
     ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
-    ...     [run] = replay_files([trace], Settings())
+    ...     [run] = judge_traces([trace], Settings())
     ...     print(write_report(trace, run, out, Settings()))
     ...     html = out.read_text()
     r1
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from monitor_agent.pipeline.replay import ReplayRun
+from monitor_agent.pipeline.trace_judge import JudgedTrace
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
 from monitor_agent.ui import series as sr
@@ -47,15 +47,15 @@ MATRIX_POINTS = 1500
 QUANTILE_LAYERS = 40        # the layers whose gradient quantiles are embedded, at most
 
 
-def write_report(trace: Path, run: ReplayRun, out: Path, settings: Settings) -> str:
-    """Write the report of ``trace`` (already replayed into ``run``); returns its run id."""
+def write_report(trace: Path, run: JudgedTrace, out: Path, settings: Settings) -> str:
+    """Write the report of ``trace`` (already judged into ``run``); returns its run id."""
     db = open_history(":memory:")
     builder = HistoryBuilder(db, settings.detectors.ema_alpha,
                              settings.detectors.default_warmup_steps, settings.max_layers_exposed)
     status: dict[str, str] = {}
     for index, obj in enumerate(wire.iter_trace(trace)):
         if index in run.rejected_at:
-            continue  # replay rejected (and counted) it: the charts show what it judged
+            continue  # the trace judge rejected (and counted) it: the charts show what it judged
         try:
             builder.add(obj)
         except Exception as exc:  # a value the fold cannot take costs itself, not the page
@@ -80,7 +80,7 @@ def _main_run(db: History) -> str | None:
     return row[0] if row else None
 
 
-def _answers(db: History, run_id: str, run: ReplayRun, status: str,
+def _answers(db: History, run_id: str, run: JudgedTrace, status: str,
              settings: Settings) -> dict[str, Any]:
     base = "/v1/runs/" + quote(run_id, safe="")
     findings = [f.to_dict() for f in run.findings if f.run_id == run_id]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from monitor_agent.pipeline.views import RunSummary
+from monitor_agent.reads.views import RunSummary
 
 Values = list[float | None]
 

@@ -9,7 +9,8 @@ import pytest
 from fastapi import HTTPException
 from prometheus_client import CollectorRegistry
 
-from monitor_agent.api.services import Readiness, Services
+from monitor_agent.api.readiness import Readiness
+from monitor_agent.api.services import Services
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.settings import load_settings
@@ -31,13 +32,3 @@ def test_backends_are_refused_with_a_503_until_open(tmp_path: Path):
         assert services.history_db == tmp_path / "history.sqlite"
     finally:
         runner.close()
-
-
-def test_readiness_is_exported_as_a_gauge():
-    registry = CollectorRegistry()
-    readiness = Readiness(SelfMetrics(registry, "test"))
-    readiness.set("storage: disk full")
-    assert not readiness.ready
-    assert registry.get_sample_value("monitor_agent_ready") == 0
-    readiness.set(None)
-    assert readiness.ready and registry.get_sample_value("monitor_agent_ready") == 1

@@ -11,7 +11,7 @@ The rule, strict but fair, per trace:
 
 Each trace runs twice: through ``DetectorSuite`` directly (the local harness, records'
 time as the clock, a final tick ``stall_horizon_seconds`` after a trace without an end
-record) and through the product's ``monitor_agent.pipeline.replay.replay_files`` (the same engine
+record) and through the product's ``monitor_agent.pipeline.trace_judge.judge_traces`` (the same engine
 as live ingest). Removing any detector makes at least one of these fail; the two types no
 public trace expects (``update_ratio_high``, ``gain_drift``) are proven by their unit tests.
 """
@@ -36,9 +36,9 @@ def _labels() -> list[dict]:
 
 
 def _replay(path: Path) -> list[Finding]:
-    from monitor_agent.pipeline.replay import replay_files
+    from monitor_agent.pipeline.trace_judge import judge_traces
 
-    return replay_files([path])[0].findings
+    return judge_traces([path])[0].findings
 
 
 def problems(label: dict, findings: list[Finding]) -> list[str]:

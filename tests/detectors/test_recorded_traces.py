@@ -1,6 +1,6 @@
 """The activation detectors on real recorded runs: ``tests/traces`` (bench/record_traces.py).
 
-Same rule and same two drivers (``DetectorSuite`` directly and ``monitor_agent.pipeline.replay``) as
+Same rule and same two drivers (``DetectorSuite`` directly and ``monitor_agent.pipeline.trace_judge``) as
 the public traces: expected findings first fire inside their windows, anything else that
 fires is listed in ``allowed``, healthy runs page nothing; and a healthy run raises none of
 the activation types at all.

@@ -56,7 +56,7 @@ def test_a_step_the_guard_skipped_pages_nothing_and_leaves_the_loss_ema_alone():
     """Issue 31: a NaN the guard skipped (weights untouched) and a spike it skipped page
     nobody, do not make the run unhealthy and stay out of the loss EMA; a skip with no
     guard reason (a step the trainer never took) is not the guard's and is not counted."""
-    from monitor_agent.pipeline.verdict import VerdictTracker
+    from monitor_agent.runs.verdict import VerdictTracker
 
     suite, verdict = DetectorSuite(DetectorSettings()), VerdictTracker()
     bad = {150: {"loss": "NaN", "grad_norm": "NaN", "skipped": True,

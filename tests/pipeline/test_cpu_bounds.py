@@ -25,17 +25,17 @@ from prometheus_client import CollectorRegistry
 from monitor_agent.detectors.gpu_health import GpuHealthDetector, GpuHealthSettings
 from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline.checkpoint_ledger import (
-    CheckpointLedger,
-    LedgerEntry,
-    _fault_order,
-    judge,
-)
 from monitor_agent.pipeline.engine import Engine, Incoming
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.schemas import parse_record
 from monitor_agent.records.types import Finding, Severity
+from monitor_agent.runs.checkpoint_ledger import (
+    CheckpointLedger,
+    LedgerEntry,
+    _fault_order,
+    judge,
+)
 from monitor_agent.settings import Settings
 from monitor_agent.storage.store import Store
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from monitor_agent.pipeline.plausible import implausible_step
-from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records.types import StepRecord
+from monitor_agent.runs.run_state import RunState
 
 
 def _step(step: int, rank: int = 0) -> StepRecord:

@@ -12,9 +12,9 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.engine import Engine, Incoming
-from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import StepRecord
+from monitor_agent.runs.run_state import RunState
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import RecordRow, Store
 

@@ -9,7 +9,7 @@ import httpx
 
 from live_server import LiveServer
 from monitor_agent.cli import main
-from monitor_agent.pipeline.replay import replay_files
+from monitor_agent.pipeline.trace_judge import judge_traces
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings, load_settings
 from monitor_agent.storage import export
@@ -18,7 +18,7 @@ TRACE = Path(__file__).resolve().parents[1] / "traces" / "category_shift_mlp.jso
 
 
 def _findings(path: Path) -> list[tuple]:
-    run = replay_files([path], Settings())[0]
+    run = judge_traces([path], Settings())[0]
     return sorted((f.type, f.step, f.rank, f.layer) for f in run.findings)
 
 

@@ -9,7 +9,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from ui_checks import CANVAS_COLOURS, CHARTS
 
 from monitor_agent.cli import main
-from monitor_agent.pipeline.replay import replay_files
+from monitor_agent.pipeline.trace_judge import judge_traces
 from monitor_agent.settings import Settings
 
 TRACE = Path(__file__).resolve().parents[1] / "traces" / "activation_blowup_gpt.jsonl.gz"
@@ -22,7 +22,7 @@ def test_report_opens_offline_with_every_chart_and_finding(browser, tmp_path: Pa
     assert f"report of run activation_blowup_gpt: {report}" in capsys.readouterr().out
     html = report.read_text()
     assert "<script src=" not in html and "<link " not in html  # every asset inlined
-    findings = replay_files([TRACE], Settings())[0].findings
+    findings = judge_traces([TRACE], Settings())[0].findings
 
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.emulateNetworkConditions", {

@@ -2,7 +2,7 @@
 
 A detector is a small stateful object with no I/O, no clock and no logging: feed it records
 in order, it returns findings. ``tick(now)`` lets clock-driven detectors (``stalled``) judge
-silence with a clock the caller injects (wall time live, record time in replay).
+silence with a clock the caller injects (wall time live, record time offline).
 ``snapshot()`` returns JSON-serialisable state and ``restore()`` takes it back, so a sidecar
 restart changes nothing. ``DetectorSuite`` holds its detectors as ``Detector``s;
 ``DetectorBase`` (common.py) is the usual way to write one.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitor_agent.pipeline.run_state import RankState, RunState
+from monitor_agent.runs.run_state import RankState, RunState
 
 
 @dataclass(frozen=True, slots=True)

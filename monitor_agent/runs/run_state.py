@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.cluster.roster import Roster
-from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
-from monitor_agent.pipeline.verdict import Verdict, VerdictTracker
 from monitor_agent.records.limits import MAX_NAME_LEN, scrub
 from monitor_agent.records.types import (
     ActivationTable,
@@ -37,7 +35,9 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
 from monitor_agent.runs.goodput import GoodputLedger, GoodputReport
+from monitor_agent.runs.verdict import Verdict, VerdictTracker
 
 _DATA_DELTAS = 16  # a median of 16 ignores the jump a skipped window makes, and a few more
 
@@ -153,7 +153,7 @@ class RunState:
     _top_known: bool = field(default=False, repr=False)
 
     def judged(self) -> Verdict:
-        """The run's verdict as of now (pipeline/verdict.py). An ended run's says what it
+        """The run's verdict as of now (runs/verdict.py). An ended run's says what it
         cost too: "completed, healthy; goodput 93.1%: 4.2% restarts, ..." (runs/goodput.py;
         a node sidecar following a leader leaves that to the leader's ledger)."""
         verdict = self.verdict.verdict(self.status)

@@ -12,7 +12,7 @@ and up, current history, not log-only):
 - A checkpoint at step C is **suspect** when some fault began at or before C and was still
   in force at C. A fault that damages the weights (``verdict.CAUSES``: NaN/Inf,
   divergence, gradient explosion, activation blow-up, loss-scale collapse) stays in force
-  until the history holding it is replaced (a rollback or restart): as pipeline/verdict.py
+  until the history holding it is replaced (a rollback or restart): as runs/verdict.py
   argues, a resolved alert is not a recovery, and weights saved after the damage carry
   it. Any other page-worthy fault (a stall, memory pressure) is about the job, not the
   weights: it is in force from its onset to the step it was found at.
@@ -48,9 +48,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from monitor_agent.pipeline.verdict import CAUSES
 from monitor_agent.records import wire
 from monitor_agent.records.types import Finding, Severity
+from monitor_agent.runs.verdict import CAUSES
 from monitor_agent.storage.store import Store
 
 Status = Literal["clean", "suspect"]

@@ -1,6 +1,6 @@
 """The read side: what the API and the UI ask of runs, answered as copies.
 
-Live run state is written by the engine thread only (runner.py); a handler that read it on
+Live run state is written by the engine thread only (pipeline/runner.py); a handler that read it on
 the event loop could see a rank half-updated. So every method here is called through
 ``EngineRunner.call`` (on that thread), and builds the views of ``views.py`` from the
 store's rows and the run in memory: what leaves is a copy nothing mutates afterwards.
@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from monitor_agent.pipeline import views
-from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger, Judged, LedgerEntry
 from monitor_agent.pipeline.registry import RunRegistry
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads import views
 from monitor_agent.records import wire
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger, Judged, LedgerEntry
+from monitor_agent.runs.run_state import RunState
 from monitor_agent.storage.store import Store, StoredRun
 
 
@@ -142,7 +142,7 @@ class RunQueries:
                     end: int | None = None,
                     ) -> tuple[list[Judged], LedgerEntry | None] | None:
         """A slice of the run's checkpoint ledger, judged (``GET /v1/runs/{id}/checkpoints``,
-        pipeline/checkpoint_ledger.py), oldest first: those after ``after`` (step, attempt
+        runs/checkpoint_ledger.py), oldest first: those after ``after`` (step, attempt
         number), at most ``limit``, or those of steps ``start``..``end``; with the last
         clean one. None: no such run. A slice costs O(log n + its length) once the ledger
         has judged its entries (``CheckpointLedger.judged``); they are immutable, so the

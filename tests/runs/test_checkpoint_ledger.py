@@ -1,4 +1,4 @@
-"""The checkpoint ledger (pipeline/checkpoint_ledger.py) through the engine and a real
+"""The checkpoint ledger (runs/checkpoint_ledger.py) through the engine and a real
 SQLite store: a fault found after a save, with its onset before it, makes that save
 suspect after the fact, and the judgement is the same once the run is reloaded."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.sidecar import SelfMetrics
-from monitor_agent.pipeline.checkpoint_ledger import CheckpointLedger
 from monitor_agent.pipeline.engine import Engine, Incoming
 from monitor_agent.records import schemas
 from monitor_agent.records.types import Finding, Severity
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
 from monitor_agent.settings import Settings
 from monitor_agent.storage.store import Store
 

@@ -12,7 +12,7 @@ Every label-cardinality cap (runs, ranks, layers, eval series) goes through one
 The app passes ``engine.registry.states`` and its self-metrics registry; here two runs
 in memory, one over a cap of one::
 
-    >>> from monitor_agent.pipeline.run_state import RunState
+    >>> from monitor_agent.runs.run_state import RunState
     >>> runs = [RunState.new(run_id, now=now) for run_id, now in (("gpt-7", 0.0), ("gpt-8", 1.0))]
     >>> nan = StepRecord(run_id="gpt-7", step=300, time=5.0, loss=float("nan"))
     >>> runs[0].apply_step(nan, arrival=5.0, buckets=n.STEP_DURATION_BUCKETS)
@@ -37,10 +37,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFIX
 from monitor_agent.metrics import names as n
-from monitor_agent.pipeline.progress import run_progress
-from monitor_agent.pipeline.run_state import RankState, RunState
 from monitor_agent.records.limits import scrub
 from monitor_agent.records.types import QUANTILE_LEVELS, QuantileTable, StepRecord
+from monitor_agent.runs.progress import run_progress
+from monitor_agent.runs.run_state import RankState, RunState
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ def _clip(text: str, limit: int = 200) -> str:
 class RunRenderer:
     """Renders the lines of one run, family by family, within ``caps``::
 
-        >>> from monitor_agent.pipeline.run_state import RunState
+        >>> from monitor_agent.runs.run_state import RunState
         >>> run = RunState.new("gpt-7", now=0.0)
         >>> step = StepRecord(run_id="gpt-7", step=10, time=5.0, loss=2.5, lr=3e-4)
         >>> run.apply_step(step, arrival=5.0, buckets=n.STEP_DURATION_BUCKETS)

@@ -7,10 +7,10 @@ import math
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from monitor_agent.metrics.exposition import Exposition, escape, fmt
 from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads.exposition import Exposition, escape, fmt
 from monitor_agent.records.types import LayerTable, RunRecord, StepRecord
+from monitor_agent.runs.run_state import RunState
 
 
 def _run(run_id: str, layers: int = 3, ranks: int = 1, labels: dict | None = None) -> RunState:
@@ -115,7 +115,7 @@ def test_category_losses_get_their_own_family_and_a_cap():
 
 
 def test_series_caps_keep_what_fits_and_report_the_rest_once():
-    from monitor_agent.metrics.exposition import SeriesCaps
+    from monitor_agent.reads.exposition import SeriesCaps
 
     drops: list[tuple[str, int]] = []
     caps = SeriesCaps(max_layers=2, on_drop=lambda r, c: drops.append((r, c)))
@@ -127,7 +127,7 @@ def test_series_caps_keep_what_fits_and_report_the_rest_once():
 
 
 def test_hung_ranks_count_the_latest_hang_finding_until_each_rank_steps_again():
-    from monitor_agent.metrics.exposition import RunRenderer, SeriesCaps
+    from monitor_agent.reads.exposition import RunRenderer, SeriesCaps
     from monitor_agent.records.types import Finding, Severity
 
     run = RunState.new("hung", now=0.0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
-from monitor_agent.pipeline.progress import run_progress
-from monitor_agent.pipeline.run_state import RunState
 from monitor_agent.records.types import RunRecord, StepRecord
+from monitor_agent.runs.progress import run_progress
+from monitor_agent.runs.run_state import RunState
 
 
 def _run(config: dict, steps: int, ranks: int = 1, step_time: float = 2.0) -> RunState:

@@ -3,10 +3,10 @@ copies that later engine work does not change under a handler's feet."""
 
 from __future__ import annotations
 
-from monitor_agent.pipeline import views as run_views
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads import views as run_views
 from monitor_agent.records import wire
 from monitor_agent.records.types import EvalRecord, RunRecord, StepRecord
+from monitor_agent.runs.run_state import RunState
 from monitor_agent.storage.store import StoredRun
 
 BUCKETS = (0.1, 1.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads.exposition import Exposition
 from monitor_agent.records.types import LayerTable, RunRecord, StepRecord
+from monitor_agent.runs.run_state import RunState
 
 LABELS = 'project="p",run_id="r",rank="0"'
 

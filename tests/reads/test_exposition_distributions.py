@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.names import RUN_METRICS, STEP_DURATION_BUCKETS
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads.exposition import Exposition
 from monitor_agent.records import schemas
+from monitor_agent.runs.run_state import RunState
 
 Q = [-3.0, -2.0, -0.5, 0.125, 0.5, 1.5, 2.0, 3.0]
 

@@ -1,4 +1,4 @@
-"""A run's verdict (pipeline/verdict.py) from its own findings: what counts, how a NaN is
+"""A run's verdict (runs/verdict.py) from its own findings: what counts, how a NaN is
 said, and that it is stored so a run out of memory shows the same verdict."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
-from monitor_agent.pipeline.queries import RunQueries
-from monitor_agent.pipeline.verdict import LABELS, VerdictTracker
+from monitor_agent.reads.queries import RunQueries
 from monitor_agent.records import schemas
 from monitor_agent.records.types import Finding, Severity, StepRecord
+from monitor_agent.runs.verdict import LABELS, VerdictTracker
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import Store
 
@@ -85,7 +85,7 @@ def test_the_verdict_is_stored_and_shown_once_the_run_left_memory(tmp_path: Path
 
 
 def test_rollbacks_count_the_resumes_since_the_last_restart_and_name_what_each_abandoned():
-    from monitor_agent.pipeline.verdict import Rollback, rollbacks_of
+    from monitor_agent.runs.verdict import Rollback, rollbacks_of
     from monitor_agent.storage.store import StoredAttempt
 
     attempts = [StoredAttempt(1, "first", 1, 0.0, None, None),

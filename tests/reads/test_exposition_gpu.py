@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor_agent.metrics.exposition import Exposition
 from monitor_agent.metrics.names import RUN_METRICS, STEP_DURATION_BUCKETS
-from monitor_agent.pipeline.run_state import RunState
+from monitor_agent.reads.exposition import Exposition
 from monitor_agent.records import schemas
+from monitor_agent.runs.run_state import RunState
 
 READING = {"utilization": 0.97, "temperature_c": 83.0, "power_w": 690.0, "power_limit_w": 700.0,
            "sm_clock_mhz": 1410.0, "sm_clock_max_mhz": 1980.0, "throttle_reasons": 96.0,

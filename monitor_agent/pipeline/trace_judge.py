@@ -1,4 +1,7 @@
-"""Offline replay: trace files through the very same engine, with the records' clock.
+"""The trace judge: trace files judged offline by the very same engine, on the records' clock.
+
+``monitor-agent replay`` is its command. (Elsewhere "replay" means other things: the
+client sending its spool again, and the engine feeding a restored run its stored tail.)
 
 Before each record the engine ticks at that record's ``time``; a trace that stops without
 an ``end`` record gets one last tick ``detectors.stall_horizon_seconds`` past its last
@@ -13,7 +16,7 @@ tick finds the hang (``monitor-agent replay`` calls this and prints a summary pe
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     trace = Path(tmp, "hung.jsonl")
     ...     _ = trace.write_text("".join(json.dumps(step) + "\\n" for step in steps))
-    ...     [run] = replay_files([trace], Settings())
+    ...     [run] = judge_traces([trace], Settings())
     >>> run.records, run.ended, [(f.step, f.type) for f in run.findings]
     (8, False, [(8, 'stalled')])
 """
@@ -38,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class ReplayRun:
-    """What one trace file produced."""
+class JudgedTrace:
+    """What judging one trace file found."""
 
     path: Path
     run_ids: set[str] = field(default_factory=set)
@@ -51,22 +54,22 @@ class ReplayRun:
     findings: list[Finding] = field(default_factory=list)
 
 
-def replay_files(
+def judge_traces(
     paths: Iterable[str | Path],
     settings: Settings | None = None,
     on_record: Callable[[], None] | None = None,
-) -> list[ReplayRun]:
-    """Replay each trace in its own in-memory engine; return findings per file."""
+) -> list[JudgedTrace]:
+    """Judge each trace in its own in-memory engine; return what each file produced."""
     settings = settings or load_settings()
-    return [replay_file(Path(p), settings, on_record) for p in paths]
+    return [judge_trace(Path(p), settings, on_record) for p in paths]
 
 
-def replay_file(
+def judge_trace(
     path: Path, settings: Settings, on_record: Callable[[], None] | None = None
-) -> ReplayRun:
+) -> JudgedTrace:
     store = Store(":memory:")
     engine = Engine(settings, store, SelfMetrics(CollectorRegistry()))
-    out = ReplayRun(path=path)
+    out = JudgedTrace(path=path)
     last_time: float | None = None
     try:
         for index, obj in enumerate(wire.iter_trace(path)):

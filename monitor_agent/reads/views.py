@@ -2,11 +2,11 @@
 
 Live run state is written by the engine thread only (pipeline/runner.py); an HTTP handler
 that read it on the event loop could see a rank half-updated. So the read side
-(``pipeline/queries.py``'s ``RunQueries``) builds these views on that thread, from the
+(``reads/queries.py``'s ``RunQueries``) builds these views on that thread, from the
 store's row and the run in memory, and hands back copies that nothing mutates afterwards.
 The API's and the UI's answers derive from these views (``api/models.py``,
 ``ui/models.py``): ``metadata={"description": ...}`` is what /openapi.json says of a field.
-``pipeline/queries.py`` shows them built from a run.
+``reads/queries.py`` shows them built from a run.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.pipeline.progress import run_progress
-from monitor_agent.pipeline.run_state import RankState, RunState
-from monitor_agent.pipeline.verdict import Rollback, Verdict
 from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
+from monitor_agent.runs.progress import run_progress
+from monitor_agent.runs.run_state import RankState, RunState
+from monitor_agent.runs.verdict import Rollback, Verdict
 from monitor_agent.storage.store import StoredAttempt, StoredRun
 
 GOODPUT = ("Productive training time / wall-clock time since the run started "
@@ -51,7 +51,7 @@ class RunListing:
         "description": "Attempts of the run id (pipeline/attempts.py): 1 unless a process "
                        "reused it."})
     verdict: Verdict | None = field(default=None, metadata={"description": (
-        "Healthy or unhealthy, with the cause and the step it began (pipeline/verdict.py); "
+        "Healthy or unhealthy, with the cause and the step it began (runs/verdict.py); "
         "null for a run stored before verdicts were.")})
     goodput: float | None = field(default=None, metadata={"description": GOODPUT})
 
