@@ -31,7 +31,7 @@ from pydantic.fields import FieldInfo
 
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.metrics import exposition
+from monitor_agent.reads import exposition
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.metrics.sidecar import SelfMetrics
@@ -177,7 +177,7 @@ def self_metric_rows() -> list[MetricRow]:
 def metrics_page() -> str:
     run_labels = ", ".join(f"`{label}`" for label in metric_names.RUN_LABELS)
     lines = _header("Prometheus metrics", "monitor_agent/metrics/names.py, the exposition's "
-                    "families (monitor_agent/metrics/exposition.py) and the self-metrics "
+                    "families (monitor_agent/reads/exposition.py) and the self-metrics "
                     "registries (monitor_agent/metrics/sidecar.py, alerting.py, delivery.py)")
     lines += [_markdown(_first_paragraph(metric_names.__doc__.split("\n\n", 1)[1])), "",
               "## Run metrics", "",
