@@ -197,8 +197,6 @@ def _path_through(graph: dict[str, set[str]], component: list[str]) -> list[str]
 # ``StorageError`` (storage/database.py), which every store raises for a SQLite failure.
 SQLITE_OWNERS = (
     "storage/",  # the one helper (database.py), the record store, export
-    "alerting/alert_store.py", "alerting/db.py",  # alert state: its SQL, its schema
-    "notify/outbox.py",  # the outbox's SQL, in alerting's database
     # The chart history: its own database (history.py), the aggregates written with it
     # (blocks.py), its reads (series.py), and the indexer that fills it from the records.
     "ui/history.py", "ui/blocks.py", "ui/series.py", "ui/indexer.py",

@@ -35,10 +35,17 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import quote
 
-RowFactory = type[sqlite3.Row] | None
+Connection: TypeAlias = sqlite3.Connection
+"""The connection a ``Database.tx()`` hands its body: a store's SQL inside one transaction
+(``AlertTx``, ``Outbox.enqueue``, the chart history's aggregates) runs on it."""
+
+Row: TypeAlias = sqlite3.Row
+"""A row read by column name (``row["run_id"]``): pass it as ``row_factory``."""
+
+RowFactory = type[Row] | None
 
 
 def read_only_uri(path: Path | str) -> str:
