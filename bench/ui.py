@@ -31,11 +31,11 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "client")]
 
+from monitor_agent.history.indexer import HistoryIndexer  # noqa: E402
 from monitor_agent.serving.embedded import EmbeddedServer, free_port  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
 from monitor_agent.storage.database import read_only_uri  # noqa: E402
 from monitor_agent.storage.store import RecordRow, Store  # noqa: E402
-from monitor_agent.ui.indexer import HistoryIndexer  # noqa: E402
 
 LAYERS = [f"blocks.{i // 6}.{p}" for i, p in
           enumerate(["attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "mlp.fc.weight",
