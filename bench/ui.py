@@ -31,11 +31,11 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "client")]
 
+from monitor_agent.history.indexer import HistoryIndexer  # noqa: E402
 from monitor_agent.serving.embedded import EmbeddedServer, free_port  # noqa: E402
 from monitor_agent.settings import load_settings  # noqa: E402
-from monitor_agent.storage.database import read_only_uri  # noqa: E402
+from monitor_agent.storage.database import Database  # noqa: E402
 from monitor_agent.storage.store import RecordRow, Store  # noqa: E402
-from monitor_agent.ui.indexer import HistoryIndexer  # noqa: E402
 
 LAYERS = [f"blocks.{i // 6}.{p}" for i, p in
           enumerate(["attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "mlp.fc.weight",
@@ -93,7 +93,7 @@ def feed(data: Path, run_id: str, steps: int, layer_every: int, hist_every: int)
 
 def index(data: Path) -> float:
     indexer = HistoryIndexer(data / "monitor.sqlite", data / "history.sqlite", 0.99, 0)
-    src = sqlite3.connect(read_only_uri(data / "monitor.sqlite"), uri=True)
+    src = Database(data / "monitor.sqlite", (), readonly=True)
     t0 = time.perf_counter()
     while indexer.catch_up(src):
         pass

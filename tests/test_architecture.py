@@ -34,6 +34,11 @@ LAYERS: dict[str, int] = {
     # One run, one brain: which sidecar leads a multi-node run, the digests and the link
     # to the leader (no rules, no engine: those are handed in).
     "cluster": 3,
+    # The chart history: a copy of the stored records folded for charts. It knows records,
+    # storage and the detectors' maths (the loss EMA, eval categories, the update bands),
+    # nothing of alerts or the engine: its indexer reads the record store's file on a
+    # connection of its own, so the pipeline never feeds it; api serves it, tools report it.
+    "history": 3,
     # A run's own facts (its state, progress, verdict, checkpoints, lifecycle, goodput),
     # written by the pipeline and read by the read side.
     "runs": 4,
@@ -196,15 +201,11 @@ def _path_through(graph: dict[str, set[str]], component: list[str]) -> list[str]
         seen.add(step)
 
 
-# The storage boundary: only these modules may mention sqlite3. Everything above catches
-# ``StorageError`` (storage/database.py), which every store raises for a SQLite failure.
+# The storage boundary: only storage may mention sqlite3. Every other store (alerting's, the
+# outbox, the chart history) reaches SQLite through its ``Database``, ``Connection`` and
+# ``Row``, and everything above catches ``StorageError`` (storage/database.py).
 SQLITE_OWNERS = (
     "storage/",  # the one helper (database.py), the record store, export
-    "alerting/alert_store.py", "alerting/db.py",  # alert state: its SQL, its schema
-    "notify/outbox.py",  # the outbox's SQL, in alerting's database
-    # The chart history: its own database (history.py), the aggregates written with it
-    # (blocks.py), its reads (series.py), and the indexer that fills it from the records.
-    "ui/history.py", "ui/blocks.py", "ui/series.py", "ui/indexer.py",
 )
 
 

@@ -28,7 +28,6 @@ outbox's row with ``outbox.enqueue(tx.conn, ...)`` inside the same ``with``)::
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,7 +37,7 @@ from typing import Any
 from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.records.types import Severity
-from monitor_agent.storage.database import Database
+from monitor_agent.storage.database import Connection, Database, Row
 
 # What a new episode writes; the rest (what people were last told, and when) is kept
 # from an earlier episode of the same fingerprint, so its cooldown still counts.
@@ -47,18 +46,18 @@ _EPISODE = tuple(f.name for f in fields(StoredAlert) if f.name not in _KEPT)
 _JSON = ("identity", "labels", "channels")
 
 
-def _alert(row: sqlite3.Row) -> StoredAlert:
-    values = {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row)
+def _alert(row: Row) -> StoredAlert:
+    values = {k: row[k] for k in row.keys()}  # noqa: SIM118 (a Row iterates its values)
     values["identity"], values["labels"] = json.loads(row["identity"]), json.loads(row["labels"])
     values["channels"] = tuple(json.loads(row["channels"]))
     return StoredAlert(**values)
 
 
-def _silence(row: sqlite3.Row) -> Silence:
-    return Silence(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row)
+def _silence(row: Row) -> Silence:
+    return Silence(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (a Row iterates its values)
 
 
-def _action(row: sqlite3.Row) -> Action:
+def _action(row: Row) -> Action:
     plan = json.loads(row["plan"]) if row["plan"] else None
     return Action(id=row["seq"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                   type=row["type"], step=row["step"], message=row["message"],
@@ -220,7 +219,7 @@ class AlertStore:
 class AlertTx:
     """The writes (and the reads they depend on) inside one ``AlertStore.tx()``."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn  # for the outbox's row in the same transaction
         self.added_actions = False
 

@@ -20,10 +20,9 @@ latest version::
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
-from monitor_agent.storage.database import Database
+from monitor_agent.storage.database import Database, Row
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -170,5 +169,5 @@ def open_alert_db(path: Path | str) -> Database:
 
     Its failures are ``StorageError``s whose ``source`` is "alert storage" (what readiness
     says when a page could not be made durable)."""
-    return Database(path, _MIGRATIONS, threadsafe=True, row_factory=sqlite3.Row,
+    return Database(path, _MIGRATIONS, threadsafe=True, row_factory=Row,
                     source="alert storage")

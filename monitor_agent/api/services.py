@@ -93,5 +93,5 @@ class Services:
 
     @property
     def history_db(self) -> Path:
-        """The charts' copy of the history (ui/indexer.py keeps it current)."""
+        """The charts' copy of the history (history/indexer.py keeps it current)."""
         return self.settings.data_dir / "history.sqlite"

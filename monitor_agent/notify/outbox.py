@@ -62,7 +62,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -85,7 +84,7 @@ from monitor_agent.notify.fairness import (
     summary_note,
 )
 from monitor_agent.records import wire
-from monitor_agent.storage.database import Database
+from monitor_agent.storage.database import Connection, Database
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ class Outbox:
 
     # -- queue ----------------------------------------------------------------------------
 
-    def enqueue(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float,
+    def enqueue(self, conn: Connection, channel: str, note: Notification, now: float,
                 source: str | None = None) -> bool:
         """Add a notification inside the caller's transaction; False if the queue is full.
 
@@ -227,7 +226,7 @@ class Outbox:
         # transaction holds, so it sees the row once committed.
         self._wake[channel].set()
 
-    def _refuse(self, conn: sqlite3.Connection, channel: str, note: Notification, now: float,
+    def _refuse(self, conn: Connection, channel: str, note: Notification, now: float,
                 fingerprints: str, limit: int) -> None:
         error = f"outbox full ({self._pending} pending), max_pending={self.max_pending}"
         if limit < self.max_pending:
@@ -243,7 +242,7 @@ class Outbox:
         self.metrics.undelivered.labels(channel=channel, reason="outbox_full").inc()
         log.error("%s: NOT QUEUED, a %s notification for %s", error, channel, note.group)
 
-    def _unfolded(self, conn: sqlite3.Connection, channel: str,
+    def _unfolded(self, conn: Connection, channel: str,
                   note: Notification) -> Notification | None:
         """``note`` without the follow-ups of alerts that went out only in a summary on
         this channel; None when nothing is left to send."""
@@ -258,7 +257,7 @@ class Outbox:
         events = tuple(e for e in note.events if is_news(e) or e.fingerprint not in folded)
         return dataclasses.replace(note, events=events) if events else None
 
-    def _fold(self, conn: sqlite3.Connection, channel: str, note: Notification, source: str,
+    def _fold(self, conn: Connection, channel: str, note: Notification, source: str,
               rank: int, now: float) -> bool:
         """Fold a new run's news into the source's open summary on this channel (one is
         opened if none is: due at once, or a window after the previous one)."""

@@ -5,7 +5,7 @@ that read it on the event loop could see a rank half-updated. So the read side
 (``reads/queries.py``'s ``RunQueries``) builds these views on that thread, from the
 store's row and the run in memory, and hands back copies that nothing mutates afterwards.
 The API's and the UI's answers derive from these views (``api/models.py``,
-``ui/models.py``): ``metadata={"description": ...}`` is what /openapi.json says of a field.
+``api/runs_page.py``): ``metadata={"description": ...}`` is what /openapi.json says of a field.
 ``reads/queries.py`` shows them built from a run.
 """
 

@@ -37,6 +37,7 @@ from monitor_agent.alerting import Alerting
 from monitor_agent.api import (
     actions,
     alerts,
+    charts,
     checkpoints,
     goodput,
     health,
@@ -44,12 +45,15 @@ from monitor_agent.api import (
     peer,
     preview,
     runs,
+    runs_page,
 )
 from monitor_agent.api.backends import Backends
 from monitor_agent.api.deps import services
 from monitor_agent.api.readiness import Readiness
 from monitor_agent.api.services import Services
 from monitor_agent.cluster.identity import sidecar_id
+from monitor_agent.history.indexer import HistoryIndexer
+from monitor_agent.history.schema import HISTORY_SOURCE
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.pipeline.engine import Engine
@@ -63,9 +67,7 @@ from monitor_agent.settings import Settings, TokenError
 from monitor_agent.storage.data_lock import DataDirLock
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
-from monitor_agent.ui import routes as ui
-from monitor_agent.ui.history import HISTORY_SOURCE
-from monitor_agent.ui.indexer import HistoryIndexer
+from monitor_agent.ui import pages
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +86,9 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Training-run health monitor: ingest, detect, alert, expose.",
         lifespan=lifespan,
     )
-    for module in (ingest, preview, runs, actions, checkpoints, goodput, alerts, health, peer):
+    for module in (ingest, preview, runs, actions, checkpoints, goodput, alerts, health, peer,
+                   charts, runs_page, pages):
         app.include_router(module.router)
-    app.include_router(ui.api)
-    app.include_router(ui.pages)
     app.add_middleware(StorageGate)
     # Added last, so outermost: its headers reach every answer, the gate's 503 included.
     app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts,

@@ -1,14 +1,17 @@
 """``Database``: one SQLite connection with the sidecar's pragmas, migrations and ``tx()``;
 ``StorageError``, the one error type of the stores, and ``storage_errors``, which makes one.
 
-Both databases use it: the record store (``storage/store.py``, one engine thread) and alerting's
-(``alerting/db.py``, shared by the engine, API and delivery threads, so ``threadsafe``).
-BEGIN / COMMIT / ROLLBACK are written here and nowhere else.
+Every database uses it: the record store (``storage/store.py``, one engine thread), alerting's
+(``alerting/db.py``, shared by the engine, API and delivery threads, so ``threadsafe``) and
+the chart history (``history/schema.py``: its indexer thread writes, each chart request reads
+on a ``readonly`` one of its own). BEGIN / COMMIT / ROLLBACK are written here and nowhere
+else.
 
 The storage boundary: no ``sqlite3.Error`` leaves a store. ``Database`` turns every one into
 a ``StorageError`` (the SQLite error chained as its ``__cause__``), and so does a ``tx()`` for
-whatever its body executes (``AlertTx``, ``Outbox.enqueue``); the chart history, which brings
-its own connection, wraps its methods in ``storage_errors``. Callers catch ``StorageError``.
+whatever its body executes (``AlertTx``, ``Outbox.enqueue``, the history's aggregates); a
+store that reads rows after the call (a cursor's ``fetchmany``) wraps that in
+``storage_errors``. Callers catch ``StorageError``.
 
 A transaction whose second statement fails commits nothing, and says so as a
 ``StorageError``::
@@ -35,10 +38,17 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import quote
 
-RowFactory = type[sqlite3.Row] | None
+Connection: TypeAlias = sqlite3.Connection
+"""The connection a ``Database.tx()`` hands its body: a store's SQL inside one transaction
+(``AlertTx``, ``Outbox.enqueue``, the chart history's aggregates) runs on it."""
+
+Row: TypeAlias = sqlite3.Row
+"""A row read by column name (``row["run_id"]``): pass it as ``row_factory``."""
+
+RowFactory = type[Row] | None
 
 
 def read_only_uri(path: Path | str) -> str:
@@ -118,8 +128,7 @@ def transaction(conn: sqlite3.Connection, *,
     a SQLite error, in the body or the COMMIT, leaves as ``StorageError`` (``source``).
 
     IMMEDIATE takes the write lock up front, so a busy database fails here (after
-    busy_timeout) rather than halfway through. ``Database.tx`` uses it; so does the chart
-    history (ui/history.py), whose connection the indexer and the report bring themselves.
+    busy_timeout) rather than halfway through. ``Database.tx`` uses it.
     """
     with storage_errors(source=source):
         conn.execute("BEGIN IMMEDIATE")
@@ -138,30 +147,41 @@ class Database:
     ``threadsafe`` guards every use with one re-entrant lock (a ``tx`` may call ``query``);
     without it the caller promises a single thread and pays for no lock.
     ``migrations[i]`` upgrades the schema from ``PRAGMA user_version`` i to i + 1.
+    ``readonly`` opens an existing file for reads only (``read_only_uri``), unmigrated.
     Every method raises ``StorageError`` (with ``source``), never ``sqlite3.Error``.
     """
 
     def __init__(self, path: Path | str, migrations: Sequence[str], *, threadsafe: bool = False,
                  row_factory: RowFactory = None, busy_timeout_ms: int = 5000,
-                 source: str = "storage") -> None:
+                 source: str = "storage", readonly: bool = False) -> None:
         self.path = str(path)
         self._source = source
+        self._readonly = readonly
         self._errors = storage_errors(source=source)
-        if self.path != ":memory:":
+        if self.path != ":memory:" and not readonly:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:  # a read-only or missing data directory
                 raise StorageError(str(exc), source=source) from exc
         with self._errors:  # a corrupt file, an unreadable one, a full disk at migration
-            self._conn = sqlite3.connect(self.path, isolation_level=None,
-                                         check_same_thread=False)
+            if readonly:
+                # A reader beside the process that writes the file: it neither changes the
+                # journal mode nor migrates (the writer does both), and a missing file is
+                # an error here rather than a new empty database.
+                self._conn = sqlite3.connect(read_only_uri(self.path), uri=True,
+                                             isolation_level=None, check_same_thread=False)
+            else:
+                self._conn = sqlite3.connect(self.path, isolation_level=None,
+                                             check_same_thread=False)
             self._conn.row_factory = row_factory
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL in WAL mode is durable across process crashes (kill -9; not power
-            # loss): the failure a sidecar meets. FULL would cost an fsync per transaction.
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._migrate(migrations)
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode is durable across process crashes (kill -9; not power
+                # loss): the failure a sidecar meets. FULL would cost an fsync per
+                # transaction.
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._migrate(migrations)
         self._lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if threadsafe else contextlib.nullcontext())
 
@@ -219,9 +239,11 @@ class Database:
 
     def close(self) -> None:
         """Checkpoint the WAL into the database file (TRUNCATE) and close: after a clean
-        stop the ``.sqlite`` file alone holds everything, so copying it is a backup."""
+        stop the ``.sqlite`` file alone holds everything, so copying it is a backup. A
+        read-only one just closes: the WAL is its writer's to empty."""
         with self._lock, self._errors:
-            checkpoint(self._conn)
+            if not self._readonly:
+                checkpoint(self._conn)
             self._conn.close()
 
 

@@ -31,11 +31,11 @@ from pydantic.fields import FieldInfo
 
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.reads import exposition
 from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.notify.channels import ALL_CHANNELS
+from monitor_agent.reads import exposition
 from monitor_agent.serving.app import create_app
 from monitor_agent.settings import Settings, load_settings
 

@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from monitor_agent.api.charts import series_answer
+from monitor_agent.history import series as sr
+from monitor_agent.history.blocks import SCALARS
+from monitor_agent.history.builder import HistoryBuilder
+from monitor_agent.history.schema import History, open_history
 from monitor_agent.pipeline.trace_judge import JudgedTrace
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings
-from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import SCALARS, History, HistoryBuilder, open_history
-from monitor_agent.ui.routes import series_answer
 
 log = logging.getLogger(__name__)
 STATIC = resources.files("monitor_agent.ui") / "static"

@@ -1,1 +1,1 @@
-"""The web UI: runs page, run page, chart history and the HTML report."""
+"""The web UI: the runs, run and compare pages and their static files."""

@@ -87,7 +87,7 @@ def test_new_layer_names_every_step_do_not_grow_the_chart_history_with_their_squ
         time.sleep(0.1)
     stored = _history_rows(history, "SELECT SUM(LENGTH(data)) FROM matrices WHERE "
                                     "run_id = 'layer-bomb' AND stat = 'grad_norm'")[0]
-    # Each step carried one number: stored as one position and one value (ui/vectors.py)
+    # Each step carried one number: stored as one position and one value (history/vectors.py)
     # behind an 8-byte header, not as a vector of every name seen so far.
     assert stored <= steps * (8 + 8)
     answer = httpx.get(capped.url + "/v1/runs/layer-bomb/matrix/grad_norm",

@@ -14,8 +14,6 @@ import monitor_agent
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 TX_SQL = re.compile(r"(BEGIN|COMMIT|ROLLBACK|END TRANSACTION|SAVEPOINT|RELEASE)\b")
-# Not moved onto Database yet (issue 16 split the work by owner): the UI's history index.
-NOT_YET: set[str] = set()
 V1 = ("CREATE TABLE t (x INTEGER);",)
 V2 = (*V1, "ALTER TABLE t ADD COLUMN y TEXT;")
 
@@ -47,6 +45,26 @@ def test_pragmas_wal_and_normal_sync(tmp_path: Path):
     assert db.query("PRAGMA journal_mode")[0][0] == "wal"
     assert db.query("PRAGMA synchronous")[0][0] == 1  # NORMAL
     assert db.query("PRAGMA busy_timeout")[0][0] == 1234
+
+
+def test_a_read_only_database_reads_as_it_is_and_writes_nothing(tmp_path: Path):
+    """``readonly``: a reader beside the writer (a chart request, the history's indexer
+    reading the records) sees the file unmigrated and cannot change it; a missing file is
+    an error, not a new database."""
+    path = tmp_path / "d.sqlite"
+    writer = Database(path, V1)
+    writer.execute("INSERT INTO t VALUES (1)")
+    reader = Database(path, V2, readonly=True, source="chart history")
+    assert reader.query("SELECT * FROM t") == [(1,)]  # V2 not applied: the writer migrates
+    assert reader.query("PRAGMA user_version") == [(1,)]
+    with pytest.raises(StorageError, match="readonly") as caught:
+        reader.execute("INSERT INTO t VALUES (2)")
+    assert caught.value.source == "chart history"
+    reader.close()
+    writer.close()
+    with pytest.raises(StorageError):
+        Database(tmp_path / "absent.sqlite", V1, readonly=True)
+    assert not (tmp_path / "absent.sqlite").exists()
 
 
 def test_tx_commits_together_or_not_at_all(tmp_path: Path):
@@ -97,7 +115,7 @@ def test_transaction_statements_are_written_only_in_database_py():
     root = Path(monitor_agent.__file__).parent
     offenders = []
     for path in root.rglob("*.py"):
-        if path.relative_to(root).as_posix() in {"storage/database.py", *NOT_YET}:
+        if path.relative_to(root).as_posix() in {"storage/database.py"}:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             text = node.value if isinstance(node, ast.Constant) else None

@@ -13,7 +13,7 @@ from ui_checks import CANVAS_COLOURS, CHARTS
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from monitor_agent.ui.routes import STATIC
+from monitor_agent.ui.pages import STATIC
 
 
 def open_run_page(browser, fed) -> None:

@@ -1,28 +1,22 @@
-"""The chart history and its downsampling: what a chart gets is what was recorded."""
+"""The chart history's downsampled reads: what a chart gets is what was recorded."""
 
 from __future__ import annotations
 
 import base64
-import json
-import math
 import sqlite3
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
-from live_server import LiveServer
-from monitor_agent.settings import load_settings
+from monitor_agent.history import series as sr
+from monitor_agent.history.builder import MAX_USER_SCALARS, HistoryBuilder
+from monitor_agent.history.schema import History, open_history
 from monitor_agent.storage.database import StorageError
-from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import MAX_USER_SCALARS, SCHEMA, HistoryBuilder, open_history
 
 
-def build(records: list[dict]) -> sqlite3.Connection:
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+def build(records: list[dict]) -> History:
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
     for rec in records:
         builder.add(rec)
@@ -128,8 +122,7 @@ def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
 def test_user_scalar_blocks_keep_a_one_step_spike_and_the_mean_at_any_zoom():
     recs = steps(20_000, {s: {"metrics": {"acc": 0.5}} for s in range(1, 20_001)})
     recs[12_345]["metrics"]["acc"] = 9.0  # step 12,345 (recs[0] is the run record)
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
     for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
         builder.add(rec)
@@ -186,62 +179,9 @@ def test_update_band_follows_the_detectors_phases():
     assert band == {"low": [1e-3, 1e-4, 1e-5], "high": [1e-2, 1e-3, 1e-4]}
 
 
-def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
-    settings = load_settings(data_dir=tmp_path, token="t0k", auth_reads=True)
-    auth = {"Authorization": "Bearer t0k"}
-    body = "\n".join(json.dumps(r) for r in steps(300, {150: {"loss": 9.0}}))
-    with LiveServer(settings) as srv:
-        res = httpx.post(srv.url + "/v1/records", content=body, timeout=30,
-                         headers={**auth, "content-type": "application/x-ndjson"})
-        assert res.status_code == 200, res.text
-        assert httpx.get(srv.url + "/v1/runs/r/series").status_code == 401  # auth_reads
-        deadline = time.monotonic() + 20
-        while True:
-            res = httpx.get(srv.url + "/v1/runs/r/series?points=30", headers=auth)
-            if res.status_code == 200 and res.json()["count"] == 300 or \
-                    time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        out = res.json()
-        assert out["count"] == 300 and len(out["steps"]) == 30 and out["bucketed"]
-        assert max(out["series"]["loss"]["max"]) == 9.0
-        assert out["warmup"] == 10 and out["total_steps"] == 300
-        assert len(out["update_band"]["low"]) == 30
-        assert out["update_limits"] == [1e-7, 0.1] and out["user_names"] == []
-        zoom = httpx.get(srv.url + "/v1/runs/r/series?points=30&start=100&end=200",
-                         headers=auth).json()
-        assert zoom["range"] == [100, 200] and zoom["count"] == 101
-        assert 100 <= zoom["steps"][0] < zoom["steps"][-1] <= 200
-        bad = httpx.get(srv.url + "/v1/runs/r/series?points=1", headers=auth)
-        assert bad.status_code == 422
-        assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404
-        assert math.isfinite(out["series"]["loss"]["mean"][0])
-
-
-def test_step_metrics_sent_over_http_come_back_in_the_series(tmp_path: Path):
-    settings = load_settings(data_dir=tmp_path)
-    recs = steps(50, {s: {"metrics": {"accuracy": s / 50}} for s in range(1, 51)})
-    with LiveServer(settings) as srv:
-        res = httpx.post(srv.url + "/v1/records", json={"records": recs}, timeout=30)
-        assert res.status_code == 200, res.text
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            out = httpx.get(srv.url + "/v1/runs/r/series?points=100").json()
-            if out.get("count") == 50:
-                break
-            time.sleep(0.1)
-        assert out["user_names"] == ["accuracy"]
-        assert out["user_scalars"]["accuracy"]["steps"] == list(range(1, 51))
-        assert out["user_scalars"]["accuracy"]["mean"][-1] == 1.0
-        bad = httpx.post(srv.url + "/v1/records", timeout=30, json={"records": [
-            {"kind": "step", "run_id": "r", "step": 51, "time": 1.0, "metrics": {"a": "x"}}]})
-        assert bad.status_code == 422 and "metrics" in bad.text
-
-
 def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():
     recs = steps(20_000, {7_777: {"loss": 50.0}, 19_999: {"loss": 0.5}})
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
     for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
         builder.add(rec)
@@ -265,8 +205,7 @@ def test_layer_blocks_keep_a_one_step_layer_spike_at_any_zoom():
     for rec in recs[1:]:
         rec["layers"] = {"a": {"grad_norm": 7.0 if rec["step"] == 12_345 else 1.0},
                          "b": {"grad_norm": 0.5}}
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
     for i, rec in enumerate(recs):
         builder.add(rec)
@@ -284,22 +223,10 @@ def test_layer_blocks_keep_a_one_step_layer_spike_at_any_zoom():
 
 
 
-def test_the_history_raises_storage_errors_not_sqlite_ones(tmp_path: Path):
-    with pytest.raises(StorageError) as caught:
-        open_history(tmp_path / "absent.sqlite", readonly=True)
-    assert isinstance(caught.value.__cause__, sqlite3.Error)
-    db = build(steps(5))
-    db.close()
-    with pytest.raises(StorageError) as caught:
-        sr.scalars(db, "r")
-    assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)
-
-
 def test_a_heatmap_answer_is_bounded_in_cells_whatever_the_run_sent():
     # A run at the chart's name cap (2,000) over 1,200 steps: 2,400,000 cells at full
     # resolution; the answer trades buckets for names instead.
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    db.executescript(SCHEMA)
+    db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
     layers = {f"l{i}": {"grad_norm": 1.0} for i in range(2000)}
     for s in range(1, 1201):
@@ -310,3 +237,14 @@ def test_a_heatmap_answer_is_bounded_in_cells_whatever_the_run_sent():
     cells = len(base64.b64decode(out["values_f32"])) // 4
     assert len(out["names"]) == 2000
     assert cells == len(out["names"]) * len(out["steps"]) <= sr.MAX_MATRIX_CELLS
+
+
+def test_the_history_raises_storage_errors_not_sqlite_ones(tmp_path: Path):
+    with pytest.raises(StorageError) as caught:
+        open_history(tmp_path / "absent.sqlite", readonly=True)
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    db = build(steps(5))
+    db.close()
+    with pytest.raises(StorageError) as caught:
+        sr.scalars(db, "r")
+    assert isinstance(caught.value.__cause__, sqlite3.ProgrammingError)

@@ -1,16 +1,9 @@
-"""Response models of the chart endpoints and the runs page (the OpenAPI page documents them).
-
-A runs-page line is the pipeline's ``RunSummary`` plus what alerting knows (derived from
-it, as ``api/models.py`` derives answers from the internal views).
-"""
+"""Response models of the chart endpoints (api/charts.py): a run's downsampled series and a
+per-layer matrix (the OpenAPI page documents them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, Field
-
-from monitor_agent.reads.views import RunSummary
 
 Values = list[float | None]
 
@@ -107,13 +100,3 @@ class MatrixOut(BaseModel):
                             "NaN where a layer has no value in a bucket.")
     layer: str | None = Field(default=None, description="grad_quantiles: the parameter shown; its 8 "
                               "quantile rows replace the names.")
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummaryOut(RunSummary):
-    # No docstring: the OpenAPI page would show it as the model's description.
-    firing_alerts: int
-
-
-class RunsOut(BaseModel):
-    runs: list[RunSummaryOut]

@@ -1,16 +1,12 @@
-"""The web UI: the runs page, the run page, their static assets and the chart endpoints.
+"""``GET /v1/runs/{run_id}/series`` and ``/matrix/{stat}``: the charts' reads of the history.
 
-Pages are static HTML that fetch JSON from the API with the token the user typed (kept
-in the tab's sessionStorage), so the page is exactly as protected as the API. History for
-charts is read from the history database (``history.py``) on a read-only connection of
-the request's own; live engine facts (status, progress) go through the engine thread.
+A run's per-step scalars in at most ``points`` buckets, and a per-layer statistic as a
+layers x buckets matrix, read from the chart history (``history/``) on a read-only
+connection of the request's own; tests/api/test_charts.py asks them over real HTTP. The
+series answer is ``series_answer`` (the report embeds the very same one), read here from a
+history of three steps::
 
-``GET /v1/runs/gpt-7/series?points=800`` answers a run's per-step scalars in at most 800
-buckets, and ``GET /v1/runs/gpt-7/matrix/grad_norm?points=400`` a per-layer statistic as a
-layers x buckets matrix (``series.matrix``); tests/ui/test_series.py asks them over real
-HTTP. The series answer is ``series_answer``, read here from a history of three steps::
-
-    >>> from monitor_agent.ui.history import HistoryBuilder
+    >>> from monitor_agent.history.builder import HistoryBuilder
     >>> db = open_history(":memory:")
     >>> builder = HistoryBuilder(db)
     >>> builder.add({"kind": "run", "run_id": "gpt-7", "config": {"total_steps": 100}})
@@ -28,44 +24,28 @@ HTTP. The series answer is ``series_answer``, read here from a history of three 
 
 from __future__ import annotations
 
-from dataclasses import fields
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse
 
-from monitor_agent.api.deps import (
-    AlertingDep,
-    HistoryDep,
-    QueriesDep,
-    ReadSlotsDep,
-    RunnerDep,
-    ServicesDep,
-    require_read,
-)
-from monitor_agent.api.streamed_page import SLOT_WAIT, answered, built_in_slot
-from monitor_agent.detectors.detector_settings import DetectorSettings
-from monitor_agent.storage.database import StorageError
-from monitor_agent.ui import series as sr
-from monitor_agent.ui.history import History, open_history
-from monitor_agent.ui.models import (
+from monitor_agent.api.chart_models import (
     Band,
     BranchOut,
     Evals,
     MatrixOut,
     RankStepTimes,
-    RunsOut,
-    RunSummaryOut,
     SeriesOut,
     UserSeries,
 )
+from monitor_agent.api.deps import HistoryDep, ReadSlotsDep, ServicesDep, require_read
+from monitor_agent.api.streamed_page import built_in_slot
+from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.history import series as sr
+from monitor_agent.history.schema import History, open_history
+from monitor_agent.storage.database import StorageError
 
-STATIC = resources.files("monitor_agent.ui") / "static"
-pages = APIRouter(include_in_schema=False)
-api = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
+router = APIRouter(tags=["ui"], dependencies=[Depends(require_read)])
 Rank = Query(0, ge=0, le=2**31, description="Which rank's series.")
 Points = Query(1000, ge=2, le=sr.MAX_POINTS, description="At most this many buckets.")
 
@@ -74,32 +54,6 @@ def _step(what: str) -> Any:
     # One Query object per parameter: FastAPI binds a shared one to a single name.
     return Query(None, ge=-1, le=2**62, description=f"{what} step of the range (default: "
                  f"the run's {what.lower()}).")
-
-
-@pages.get("/", response_class=HTMLResponse)
-def runs_page() -> HTMLResponse:
-    return HTMLResponse((STATIC / "runs.html").read_text())
-
-
-@pages.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(run_id: str) -> HTMLResponse:
-    return HTMLResponse((STATIC / "run.html").read_text())
-
-
-@pages.get("/compare", response_class=HTMLResponse)
-def compare_page() -> HTMLResponse:
-    return HTMLResponse((STATIC / "compare.html").read_text())
-
-
-@pages.get("/ui/static/{path:path}")
-def static(path: str) -> Response:
-    target = STATIC.joinpath(*[p for p in path.split("/") if p not in ("", ".", "..")])
-    if not target.is_file():
-        raise HTTPException(404, f"no asset {path!r}")
-    kind = {"js": "text/javascript", "css": "text/css", "png": "image/png"}.get(
-        path.rsplit(".", 1)[-1], "application/octet-stream")
-    return Response(target.read_bytes(), media_type=kind,
-                    headers={"Cache-Control": "max-age=300"})
 
 
 def _history(path: Path) -> History:
@@ -147,8 +101,8 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
     )
 
 
-@api.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
-         summary="Per-step scalars of a run, downsampled on the server for charts")
+@router.get("/v1/runs/{run_id}/series", response_model=SeriesOut,
+            summary="Per-step scalars of a run, downsampled on the server for charts")
 def get_series(run_id: str, history: HistoryDep, services: ServicesDep, slots: ReadSlotsDep,
                points: int = Points, rank: int = Rank, start: int | None = _step("First"),
                end: int | None = _step("Last")) -> Response:
@@ -166,8 +120,8 @@ def get_series(run_id: str, history: HistoryDep, services: ServicesDep, slots: R
     return built_in_slot(slots, build)
 
 
-@api.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
-         summary="A per-layer statistic as a layers x step-buckets matrix")
+@router.get("/v1/runs/{run_id}/matrix/{stat}", response_model=MatrixOut,
+            summary="A per-layer statistic as a layers x step-buckets matrix")
 def get_matrix(
     run_id: str, history: HistoryDep, slots: ReadSlotsDep,
     stat: Literal["grad_norm", "update_ratio", "act_max_abs", "act_zero_frac", "grad_quantiles"],
@@ -183,24 +137,3 @@ def get_matrix(
             db.close()
         return out.model_dump_json().encode()
     return built_in_slot(slots, build)
-
-
-@api.get("/v1/ui/runs", response_model=RunsOut, summary="One line per run for the runs page")
-async def get_runs(queries: QueriesDep, runner: RunnerDep, alerting: AlertingDep,
-                   slots: ReadSlotsDep) -> Response:
-    await run_in_threadpool(slots.take, SLOT_WAIT)  # a large read (api/streamed_page.py)
-    try:
-        firing: dict[str, int] = {}
-        # The alert database has its own lock: read it in a worker, not on the event loop.
-        for alert in await run_in_threadpool(alerting.list_alerts, state="firing",
-                                             limit=10_000):
-            firing[alert.run_id] = firing.get(alert.run_id, 0) + 1
-        # Field by field, not asdict: the verdict stays a Verdict, as the model declares it.
-        rows = [RunSummaryOut(**{f.name: getattr(s, f.name) for f in fields(s)},
-                              firing_alerts=firing.get(s.run_id, 0))
-                for s in await runner.call(queries.run_summaries)]
-        body = await run_in_threadpool(lambda: RunsOut(runs=rows).model_dump_json().encode())
-        return answered(slots, body)
-    except BaseException:
-        slots.give()
-        raise

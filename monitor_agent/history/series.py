@@ -5,12 +5,13 @@ each bucket's min, max and mean, so a one-step spike stays visible however far o
 view is. Per-layer vectors are bucketed with numpy (max per bucket: a heatmap is read for
 the layer that blew up, not for the average one). Where a range holds fewer steps than
 ``points`` the values come back as stored.
-Every query raises ``StorageError``, not ``sqlite3.Error``, when the history fails.
+Every query raises ``StorageError`` when the history fails.
 
 The chart endpoints read ``open_history(settings.data_dir / "history.sqlite",
 readonly=True)``. A run of 100 steps with a one-step spike, drawn in 10 points::
 
-    >>> from monitor_agent.ui.history import HistoryBuilder, open_history
+    >>> from monitor_agent.history.builder import HistoryBuilder
+    >>> from monitor_agent.history.schema import open_history
     >>> db = open_history(":memory:")
     >>> builder = HistoryBuilder(db)
     >>> for step in range(1, 101):
@@ -29,17 +30,17 @@ from __future__ import annotations
 
 import base64
 import math
-import sqlite3
 from typing import Any
 
 import numpy as np
 
 from monitor_agent.detectors.support.phase import UPDATE_BANDS, phase_of
+from monitor_agent.history import vectors
+from monitor_agent.history.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+from monitor_agent.history.builder import GUARD_SKIPPED, MATRICES, QUANTILE_WIDTH
+from monitor_agent.history.schema import HISTORY_SOURCE, History
 from monitor_agent.records import wire
 from monitor_agent.storage.database import storage_errors
-from monitor_agent.ui import vectors
-from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
-from monitor_agent.ui.history import GUARD_SKIPPED, HISTORY_SOURCE, MATRICES, QUANTILE_WIDTH
 
 MAX_POINTS = 10_000
 
@@ -58,7 +59,7 @@ def _clean(values: Any) -> list[float | None]:
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int] | None:
+def step_range(db: History, run_id: str, rank: int) -> tuple[int, int] | None:
     """First and last step of a rank: two index probes (a COUNT would read every row)."""
     where = "FROM steps WHERE run_id=? AND rank=? ORDER BY step"
     first = db.execute(f"SELECT step {where} LIMIT 1", (run_id, rank)).fetchone()
@@ -68,7 +69,7 @@ def step_range(db: sqlite3.Connection, run_id: str, rank: int) -> tuple[int, int
     return first[0], last[0]
 
 
-def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+def _count(db: History, run_id: str, rank: int, lo: int, hi: int,
            points: int) -> int:
     """Steps stored in [lo, hi]: exact when few, from the coarsest blocks when many (a
     block straddling an end counts whole; only the bucketing decision depends on it)."""
@@ -85,13 +86,13 @@ def _count(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def has_run(db: sqlite3.Connection, run_id: str) -> bool:
+def has_run(db: History, run_id: str) -> bool:
     """Whether the history holds the run's run record."""
     return db.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
+def ranks(db: History, run_id: str) -> list[int]:
     """The ranks of a run, one index probe each (no scan of the steps)."""
     out: list[int] = []
     while True:
@@ -103,7 +104,7 @@ def ranks(db: sqlite3.Connection, run_id: str) -> list[int]:
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def run_meta(db: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+def run_meta(db: History, run_id: str) -> dict[str, Any]:
     row = db.execute("SELECT warmup, total_steps, project FROM runs WHERE run_id=?",
                      (run_id,)).fetchone()
     names = dict(db.execute("SELECT space, names FROM names WHERE run_id=?", (run_id,)))
@@ -120,7 +121,7 @@ def _bucket_sql(lo: int, hi: int, points: int) -> tuple[str, list[Any]]:
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | None = None,
+def scalars(db: History, run_id: str, rank: int = 0, start: int | None = None,
             end: int | None = None, points: int = 1000) -> dict[str, Any]:
     """Every per-step scalar of one rank over [start, end], at most ``points`` buckets."""
     found = step_range(db, run_id, rank)
@@ -153,7 +154,7 @@ def scalars(db: sqlite3.Connection, run_id: str, rank: int = 0, start: int | Non
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def branches(db: sqlite3.Connection, run_id: str, rank: int, start: int | None = None,
+def branches(db: History, run_id: str, rank: int, start: int | None = None,
              end: int | None = None) -> list[dict[str, Any]]:
     """The run's abandoned branches (indexer.py ``branch``) for one rank, oldest first:
     the step it was rolled back to and the abandoned steps' loss and grad norm within
@@ -175,7 +176,7 @@ def branches(db: sqlite3.Connection, run_id: str, rank: int, start: int | None =
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
+def latest(db: History, run_id: str, rank: int) -> dict[str, Any]:
     """The last stored step's values (the page's header for a run no longer in memory)."""
     row = db.execute(f"SELECT step, {', '.join(SCALARS)} FROM steps WHERE run_id=? AND rank=? "
                      "ORDER BY step DESC LIMIT 1", (run_id, rank)).fetchone()
@@ -185,7 +186,7 @@ def latest(db: sqlite3.Connection, run_id: str, rank: int) -> dict[str, Any]:
 
 
 @storage_errors()
-def recent_throughput(db: sqlite3.Connection, run_id: str, rank: int) -> float | None:
+def recent_throughput(db: History, run_id: str, rank: int) -> float | None:
     """The median tokens/s of the last ``RECENT_STEPS`` steps that report one."""
     # Among the last 4 x RECENT_STEPS steps only: a run that never reports tokens/s must
     # not cost a scan of all its steps on every poll.
@@ -196,7 +197,7 @@ def recent_throughput(db: sqlite3.Connection, run_id: str, rank: int) -> float |
 
 
 @storage_errors()
-def user_names(db: sqlite3.Connection, run_id: str) -> list[str]:
+def user_names(db: History, run_id: str) -> list[str]:
     """The run's user scalar names, first logged first (history.user_scalars)."""
     row = db.execute("SELECT names FROM names WHERE run_id=? AND space='user'",
                      (run_id,)).fetchone()
@@ -204,7 +205,7 @@ def user_names(db: sqlite3.Connection, run_id: str) -> list[str]:
 
 
 @storage_errors()
-def user_series(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+def user_series(db: History, run_id: str, rank: int, lo: int, hi: int,
                 points: int, names: list[str]) -> dict[str, dict[str, Any]]:
     """Each named user scalar on its own steps in [lo, hi], at most ``points`` buckets
     (min/max only where a bucket held several steps). Non-finite values are null. Long
@@ -244,7 +245,7 @@ def block_level(lo: int, hi: int, points: int) -> int | None:
     return next((lv for lv in reversed(BLOCK_LEVELS) if lv * 2 <= width), None)
 
 
-def _bucketed(db: sqlite3.Connection, run_id: str, rank: int, lo: int, hi: int,
+def _bucketed(db: History, run_id: str, rank: int, lo: int, hi: int,
               points: int) -> tuple[list[int], dict[str, dict[str, list[float | None] | None]]]:
     level = block_level(lo, hi, points)
     if level is None:
@@ -275,7 +276,7 @@ def update_band(steps: list[int], warmup: int, total: int | None) -> dict[str, l
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
+def rank_step_times(db: History, run_id: str, lo: int, hi: int,
                     points: int) -> dict[str, Any]:
     """Step time per rank on shared buckets (max per bucket: a straggler is a slow step)."""
     level = block_level(lo, hi, points)
@@ -300,7 +301,7 @@ def rank_step_times(db: sqlite3.Connection, run_id: str, lo: int, hi: int,
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def evals(db: sqlite3.Connection, run_id: str, rank: int, lo: int | None, hi: int | None,
+def evals(db: History, run_id: str, rank: int, lo: int | None, hi: int | None,
           points: int) -> dict[str, Any]:
     """Validation loss and per-category eval losses (evals are few: stride when not)."""
     rows = db.execute("SELECT step, val_loss, categories FROM evals WHERE run_id=? AND rank=? "
@@ -326,7 +327,7 @@ range costs its answer, not its rows (300k stored steps of 6000 layers are 7 GB)
 
 
 @storage_errors(source=HISTORY_SOURCE)
-def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
+def matrix(db: History, run_id: str, stat: str, rank: int = 0,
            start: int | None = None, end: int | None = None, points: int = 500,
            layer: str | None = None) -> dict[str, Any]:
     """A per-layer statistic as a (names x buckets) matrix, row-major, in model order.
@@ -402,7 +403,7 @@ def matrix(db: sqlite3.Connection, run_id: str, stat: str, rank: int = 0,
     return out
 
 
-def _matrix_rows(db: sqlite3.Connection, run_id: str, rank: int, stat: str,
+def _matrix_rows(db: History, run_id: str, rank: int, stat: str,
                  start: int | None, end: int | None, points: int) -> tuple[str, tuple]:
     """The query of the range's (step, vector) rows, in step order: the stored ones, or
     per-layer maxima of blocks (placed at their middle step) when the range spans at

@@ -26,7 +26,7 @@ hand::
     >>> store.insert_records([RecordRow("gpt-7", 0, "step", 1, 1.0, wire.dumps(step))])
     [1]
     >>> indexer = HistoryIndexer(store.path, Path(tmp.name, "history.sqlite"), 0.99, 0)
-    >>> src = sqlite3.connect(store.path)
+    >>> src = Database(store.path, (), readonly=True)
     >>> indexer.catch_up(src)   # True: a whole batch was folded, there may be more
     False
     >>> indexer.builder.db.execute("SELECT run_id, step, loss FROM steps").fetchall()
@@ -41,30 +41,21 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from monitor_agent.records import wire
-from monitor_agent.storage.database import (
-    StorageError,
-    checkpoint,
-    read_only_uri,
-    storage_errors,
-    transaction,
-)
-from monitor_agent.ui.history import (
+from monitor_agent.history.builder import MAX_NAMES, HistoryBuilder
+from monitor_agent.history.schema import (
     BRANCH_TABLES,
     HISTORY_SOURCE,
-    MAX_BRANCH_POINTS,
-    MAX_NAMES,
-    RUN_TABLES,
+    HISTORY_TABLES,
     History,
-    HistoryBuilder,
     open_history,
 )
+from monitor_agent.records import wire
+from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +65,11 @@ RETRY_S = 5.0
 # store's to report, a history that cannot open at all (no rights, a directory in its
 # place) is the history's own.
 REPORT_AFTER = 3
+
+MAX_BRANCH_POINTS = 1000
+"""Steps kept per rank of an abandoned branch, evenly spaced, its last step always among
+them: a chart draws it as context at most about this wide, and a resume far back (100,000
+abandoned steps of a GPT, tens of kB each) reads this many records once, not all of them."""
 
 
 class HistoryIndexer:
@@ -202,13 +198,9 @@ class HistoryIndexer:
                 self._checked = True
                 self._quick_check()
 
-    @storage_errors(source=HISTORY_SOURCE)
     def _quick_check(self) -> None:
         assert self._db is not None
-        found = [row[0] for row in self._db.execute("PRAGMA quick_check(5)")]
-        if found != ["ok"]:
-            raise StorageError(f"database disk image is malformed: {'; '.join(found)}",
-                               source=HISTORY_SOURCE, corrupt=True)
+        self._db.check_integrity()
 
     def _fresh_builder(self) -> None:
         """Forget the builder's per-run caches: they are reloaded from the tables."""
@@ -220,8 +212,7 @@ class HistoryIndexer:
     def _close(self) -> None:
         self._judged.clear()
         if self._db is not None:
-            checkpoint(self._db)  # the history file alone is complete after a stop
-            self._db.close()
+            self._db.close()  # checkpointed: the history file alone is complete after a stop
             self._db = None
 
     def _rebuild(self, why: str) -> None:
@@ -230,7 +221,7 @@ class HistoryIndexer:
         self._repair.clear()
         try:
             self._close()
-        except sqlite3.Error:
+        except StorageError:
             self._db = None  # a corrupt file may refuse even that; it is moved aside anyway
         aside = self.history_db.with_name(self.history_db.name + ".corrupt")
         for suffix in ("", "-wal", "-shm"):
@@ -247,7 +238,7 @@ class HistoryIndexer:
         self._noted = False  # nor does it know its source yet: catch_up notes it
 
     @storage_errors(source=HISTORY_SOURCE)
-    def _reconcile(self, src: sqlite3.Connection) -> None:
+    def _reconcile(self, src: Database) -> None:
         """Make the history a copy of these records: rebuilt when it was folded from
         another records database, without the runs these records do not know.
 
@@ -281,7 +272,7 @@ class HistoryIndexer:
         if unknown:
             log.warning("chart history: dropping %d runs the records do not know (%s)",
                         len(unknown), ", ".join(unknown[:5]))
-            with transaction(self._db, source=HISTORY_SOURCE) as db:
+            with self._db.tx() as db:
                 for table in HISTORY_TABLES:
                     db.executemany(f"DELETE FROM {table} WHERE run_id = ?",
                                    [(r,) for r in unknown])
@@ -295,12 +286,11 @@ class HistoryIndexer:
             self._db.execute("INSERT OR REPLACE INTO source VALUES (0, ?, ?)", first)
         self._noted = first is not None
 
-    @storage_errors()
-    def _records(self) -> sqlite3.Connection:
+    def _records(self) -> Database:
         """The read-only connection to the sidecar's records."""
-        return sqlite3.connect(read_only_uri(self.records_db), uri=True)
+        return Database(self.records_db, (), readonly=True)
 
-    def catch_up(self, src: sqlite3.Connection) -> bool:
+    def catch_up(self, src: Database) -> bool:
         """Fold one batch of new records; True when there may be more (StorageError when
         either database fails, its ``source`` saying which). A record the fold cannot take
         is skipped, the batch folded again one record at a time around it."""
@@ -331,7 +321,7 @@ class HistoryIndexer:
             self._one_by_one(src, rows)
         return len(rows) == self.BATCH
 
-    def _fold(self, src: sqlite3.Connection, row: tuple[int, bytes, str, int, int | None]
+    def _fold(self, src: Database, row: tuple[int, bytes, str, int, int | None]
               ) -> None:
         """Fold one stored record: none a later attempt replaced; a record of an attempt
         that replaced part of its run's history first folds that run again from what is
@@ -346,7 +336,7 @@ class HistoryIndexer:
             self._refold(src, run_id, row_id, attempt)
         self.builder.add(wire.loads(body))
 
-    def _one_by_one(self, src: sqlite3.Connection,
+    def _one_by_one(self, src: Database,
                     rows: list[tuple[int, bytes, str, int, int | None]]) -> None:
         """Fold and commit each record alone, so the one that fails is the only one lost
         (a fresh builder each time: a failed fold may have half-updated its caches)."""
@@ -371,7 +361,7 @@ class HistoryIndexer:
         log.warning("chart history: %s skipped (%s: %s)", what, type(exc).__name__,
                     str(exc)[:200])
 
-    def _replaces_history(self, src: sqlite3.Connection, run_id: str, attempt: int
+    def _replaces_history(self, src: Database, run_id: str, attempt: int
                           ) -> tuple[str, int, int, int] | None:
         """(kind, start step, first and last step replaced) when ``attempt`` is settled,
         replaced some of the run's history, and its history was not folded again for it
@@ -393,7 +383,7 @@ class HistoryIndexer:
         self._judged[run_id] = attempt
         return None if found[2] is None else found
 
-    def branch(self, src: sqlite3.Connection, run_id: str, attempt: int,
+    def branch(self, src: Database, run_id: str, attempt: int,
                replaced: tuple[str, int, int, int]) -> None:
         """Keep what ``attempt`` abandoned as a branch, in one transaction (done again
         after a crash before the refold, it writes the same rows): the step records it
@@ -415,7 +405,7 @@ class HistoryIndexer:
                                _num(obj.get("grad_norm"))))
             except Exception as exc:  # stored but odd: that point is left out
                 self._skipped(f"record {row_id} (abandoned branch)", exc)
-        with transaction(self._db, source=HISTORY_SOURCE) as db:
+        with self._db.tx() as db:
             if kind == "restarted":
                 for table in BRANCH_TABLES:
                     db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
@@ -424,7 +414,7 @@ class HistoryIndexer:
                        (run_id, attempt, start - 1))
             db.executemany("INSERT OR REPLACE INTO branch_steps VALUES (?,?,?,?,?,?)", points)
 
-    def _refold(self, src: sqlite3.Connection, run_id: str, before_id: int,
+    def _refold(self, src: Database, run_id: str, before_id: int,
                 attempt: int) -> None:
         """The run's history folded again from its current history before ``before_id``."""
         assert self._db is not None
@@ -447,10 +437,6 @@ class HistoryIndexer:
             self._db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?)", (run_id, attempt))
 
 
-HISTORY_TABLES = (*RUN_TABLES, "attempts", *BRANCH_TABLES)
-"""Every table of the history keyed by run id (history.SCHEMA)."""
-
-
 def _num(value: object) -> float | None:
     """A stored number as a branch keeps it; a non-finite one is no value (a gap)."""
     value = wire.nonfinite_to_float(value)
@@ -459,7 +445,7 @@ def _num(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _first_run(src: sqlite3.Connection) -> tuple[str, float] | None:
+def _first_run(src: Database) -> tuple[str, float] | None:
     """The records database's first run (its identity, see ``_reconcile``), or None."""
     row = src.execute("SELECT run_id, first_seen FROM runs ORDER BY rowid LIMIT 1").fetchone()
     return (row[0], row[1]) if row else None

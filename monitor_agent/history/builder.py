@@ -1,4 +1,5 @@
-"""The chart history: a compact, column-wise copy of the records, built for fast reads.
+"""``HistoryBuilder``: folds records into the chart history, a compact, column-wise copy
+of the records built for fast reads.
 
 Stored records are JSON lines (a GPT step with layer stats and histograms is tens of kB);
 parsing 200,000 of them per page view would take minutes. ``HistoryBuilder`` folds each
@@ -6,12 +7,13 @@ record once into narrow SQLite rows: one row of scalars per step, one float32 ve
 step for each per-layer statistic (layers in model order), so a chart reads only the
 columns it draws. ``indexer.HistoryIndexer`` keeps that copy in step with the database
 from a thread of its own, through a read-only connection (engine state is never touched).
-A SQLite failure of ``open_history``, ``add`` or ``commit`` leaves as ``StorageError``
-(source ``HISTORY_SOURCE``).
+A SQLite failure of ``add`` or ``commit`` leaves as ``StorageError`` (source
+``HISTORY_SOURCE``, ``schema.py``).
 
 The indexer folds the stored lines, the report (tools/report.py) a trace's; three steps of a
 run with two layers, then what a chart reads::
 
+    >>> from monitor_agent.history.schema import open_history
     >>> db = open_history(":memory:")
     >>> builder = HistoryBuilder(db, ema_alpha=0.99)
     >>> for step in (1, 2, 3):
@@ -30,28 +32,24 @@ run with two layers, then what a chart reads::
 from __future__ import annotations
 
 import math
-import sqlite3
-from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
 from monitor_agent.detectors.category_divergence import category_losses
 from monitor_agent.detectors.support.stats import Ema
+from monitor_agent.history import blocks, vectors
+from monitor_agent.history.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+from monitor_agent.history.schema import HISTORY_SOURCE, RUN_TABLES, History
 from monitor_agent.records import wire
 from monitor_agent.records.types import GUARD_SKIP_REASONS
-from monitor_agent.storage.database import read_only_uri, storage_errors, transaction
-from monitor_agent.ui import blocks, vectors
-from monitor_agent.ui.blocks import BLOCK_LEVELS, BLOCKED_MATRICES, SCALARS
+from monitor_agent.storage.database import storage_errors
 
 MATRICES: dict[str, str] = {
     "grad_norm": "param", "update_ratio": "param",
     "act_max_abs": "module", "act_zero_frac": "module", "grad_quantiles": "param",
 }
 """Per-step vectors and the name space (parameters or modules) their entries follow."""
-
-HISTORY_SOURCE = "chart history"
-"""How its ``StorageError``s name it: readiness repairs this one instead of giving up."""
 
 QUANTILE_WIDTH = 8  # min, p1, p25, p50, p75, p95, p99, max (types.QUANTILE_LEVELS)
 
@@ -70,86 +68,6 @@ has a slot for every name known when it was folded (``vectors`` stores it sparse
 are empty); past this many names, new ones are not charted (they are stored, and the
 detectors track up to ``max_layer_names_per_run``), which bounds a vector at
 ``MAX_NAMES`` slots and a heatmap at ``MAX_NAMES`` rows."""
-
-_BLOCK_COLS = ", ".join(f"{c}_min REAL, {c}_max REAL, {c}_sum REAL, {c}_n INTEGER"
-                        for c in SCALARS)
-
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS cursor (id INTEGER PRIMARY KEY CHECK (id = 0), last_id INTEGER);
-CREATE TABLE IF NOT EXISTS source (
-    id INTEGER PRIMARY KEY CHECK (id = 0), run_id TEXT NOT NULL, first_seen REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, warmup INTEGER, total_steps INTEGER, project TEXT);
-CREATE TABLE IF NOT EXISTS names (
-    run_id TEXT, space TEXT, names TEXT NOT NULL, PRIMARY KEY (run_id, space)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ema (
-    run_id TEXT, rank INTEGER, raw REAL, n INTEGER, PRIMARY KEY (run_id, rank)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT, rank INTEGER, step INTEGER, nonfinite INTEGER NOT NULL DEFAULT 0,
-    {", ".join(f"{c} REAL" for c in SCALARS)},
-    PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS steps_nonfinite ON steps (run_id, rank, step) WHERE nonfinite != 0;
-CREATE TABLE IF NOT EXISTS step_blocks (
-    run_id TEXT, rank INTEGER, level INTEGER, block INTEGER, n INTEGER, step_sum REAL,
-    {_BLOCK_COLS},
-    PRIMARY KEY (run_id, rank, level, block)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS matrix_blocks (
-    run_id TEXT, rank INTEGER, stat TEXT, level INTEGER, block INTEGER, data BLOB NOT NULL,
-    PRIMARY KEY (run_id, rank, stat, level, block)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS evals (
-    run_id TEXT, rank INTEGER, step INTEGER, val_loss REAL, categories TEXT,
-    PRIMARY KEY (run_id, rank, step)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS user_scalars (
-    run_id TEXT, rank INTEGER, name INTEGER, step INTEGER, value REAL,
-    PRIMARY KEY (run_id, rank, name, step)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS user_blocks (
-    run_id TEXT, rank INTEGER, name INTEGER, level INTEGER, block INTEGER, n INTEGER,
-    step_sum REAL, vmin REAL, vmax REAL, vsum REAL, vn INTEGER,
-    PRIMARY KEY (run_id, rank, name, level, block)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS matrices (
-    run_id TEXT, rank INTEGER, stat TEXT, step INTEGER, data BLOB NOT NULL,
-    PRIMARY KEY (run_id, rank, stat, step)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS attempts (run_id TEXT PRIMARY KEY, number INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS branches (
-    run_id TEXT, attempt INTEGER, to_step INTEGER NOT NULL,
-    PRIMARY KEY (run_id, attempt)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS branch_steps (
-    run_id TEXT, attempt INTEGER, rank INTEGER, step INTEGER, loss REAL, grad_norm REAL,
-    PRIMARY KEY (run_id, attempt, rank, step)) WITHOUT ROWID;
-"""
-
-
-RUN_TABLES = ("runs", "names", "ema", "steps", "step_blocks", "matrix_blocks", "evals",
-              "user_scalars", "user_blocks", "matrices")
-"""Every table holding a run's history, keyed by run id (``attempts`` says which attempt
-it was folded for, and outlives a refold)."""
-
-BRANCH_TABLES = ("branches", "branch_steps")
-"""The abandoned branches of a run (``indexer.branch``): keyed by the resumed attempt that
-abandoned each, kept across refolds, dropped when a restart replaces the whole run."""
-
-MAX_BRANCH_POINTS = 1000
-"""Steps kept per rank of an abandoned branch, evenly spaced, its last step always among
-them: a chart draws it as context at most about this wide, and a resume far back (100,000
-abandoned steps of a GPT, tens of kB each) reads this many records once, not all of them."""
-
-History: TypeAlias = sqlite3.Connection
-"""A connection to a chart history, as ``open_history`` gives it and ``series`` reads it."""
-
-
-@storage_errors(source=HISTORY_SOURCE)
-def open_history(path: Path | str, *, readonly: bool = False) -> History:
-    """A connection to the history database (created with its schema unless read-only)."""
-    if readonly:
-        db = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
-    else:
-        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.executescript(SCHEMA)
-    db.execute("PRAGMA busy_timeout = 5000")
-    return db
-
 
 def _num(value: Any) -> float | None:
     """A stored float: non-finite values become NULL (SQLite cannot hold NaN)."""
@@ -394,7 +312,7 @@ class HistoryBuilder:
         """Drop a run's whole history (and what is cached of it), committed at once: a new
         attempt replaced part of it (pipeline/attempts.py) and it is folded again from
         the run's current history. Call after ``commit``: nothing of the run may wait."""
-        with transaction(self.db, source=HISTORY_SOURCE) as db:
+        with self.db.tx() as db:
             for table in RUN_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         self._names = {k: v for k, v in self._names.items() if k[0] != run_id}
@@ -406,7 +324,7 @@ class HistoryBuilder:
 
     def commit(self, last_id: int | None = None) -> None:
         """Write everything folded since the last commit in one transaction."""
-        with transaction(self.db, source=HISTORY_SOURCE) as db:
+        with self.db.tx() as db:
             cols = ", ".join(SCALARS)
             marks = ",".join("?" * (4 + len(SCALARS)))
             db.executemany(f"INSERT OR REPLACE INTO steps (run_id, rank, step, nonfinite, "

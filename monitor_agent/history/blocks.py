@@ -6,11 +6,12 @@ per-layer max of each layer statistic (``matrix_blocks``); each
 level is rebuilt from the one below for the blocks a commit touched. A whole-run chart of
 200,000 steps in 1,000 buckets then reads 3,125 blocks of 64 instead of 200,000 rows.
 
-``HistoryBuilder.commit`` (history.py) calls both for the level-16 blocks its rows fall in,
+``HistoryBuilder.commit`` (builder.py) calls both for the level-16 blocks its rows fall in,
 as ``(run_id, rank, block)`` and ``(run_id, rank, stat, block)``. A run of 100 steps with a
 spike at step 37, whose blocks are then rebuilt once the spike is gone::
 
-    >>> from monitor_agent.ui.history import HistoryBuilder, open_history
+    >>> from monitor_agent.history.builder import HistoryBuilder
+    >>> from monitor_agent.history.schema import open_history
     >>> db = open_history(":memory:")
     >>> builder = HistoryBuilder(db)
     >>> for step in range(1, 101):
@@ -21,7 +22,8 @@ spike at step 37, whose blocks are then rebuilt once the spike is gone::
     >>> db.execute(levels).fetchall()
     [(16, 7, 100, 9.0), (64, 2, 100, 9.0), (256, 1, 100, 9.0)]
     >>> _ = db.execute("UPDATE steps SET loss = 2.0 WHERE step = 37")
-    >>> aggregate_steps(db, {("gpt-7", 0, 37 // 16)})   # block 2 of level 16 changed
+    >>> with db.tx() as conn:   # block 2 of level 16 changed
+    ...     aggregate_steps(conn, {("gpt-7", 0, 37 // 16)})
     >>> db.execute(levels).fetchall()
     [(16, 7, 100, 2.0), (64, 2, 100, 2.0), (256, 1, 100, 2.0)]
     >>> db.close()
@@ -29,11 +31,10 @@ spike at step 37, whose blocks are then rebuilt once the spike is gone::
 
 from __future__ import annotations
 
-import sqlite3
-
 import numpy as np
 
-from monitor_agent.ui import vectors
+from monitor_agent.history import vectors
+from monitor_agent.storage.database import Connection
 
 SCALARS: tuple[str, ...] = (
     "loss", "loss_ema", "lr", "grad_norm", "clip_threshold", "update_ratio",
@@ -50,7 +51,7 @@ BLOCKED_MATRICES: tuple[str, ...] = ("grad_norm", "update_ratio", "act_max_abs",
 they are recorded every ``hist_every`` steps, few enough to read as stored."""
 
 
-def aggregate_steps(db: sqlite3.Connection, blocks: set[tuple[str, int, int]]) -> None:
+def aggregate_steps(db: Connection, blocks: set[tuple[str, int, int]]) -> None:
     """Recompute the touched blocks of every level from the level below (or the steps)."""
     below = None
     for level in BLOCK_LEVELS:
@@ -77,7 +78,7 @@ def _block_sql(level: int, below: int | None) -> str:
             "AND block BETWEEN ? AND ?")
 
 
-def aggregate_user(db: sqlite3.Connection, touched: set[tuple[str, int, int, int]]) -> None:
+def aggregate_user(db: Connection, touched: set[tuple[str, int, int, int]]) -> None:
     """Recompute the touched level-16 blocks of the script's own scalars and the levels
     above: ``(run_id, rank, name index, block)``. A run logging accuracy every step for
     200,000 steps is then read in blocks too, not row by row."""
@@ -102,7 +103,7 @@ def aggregate_user(db: sqlite3.Connection, touched: set[tuple[str, int, int, int
         below = level
 
 
-def aggregate_matrices(db: sqlite3.Connection, touched: set[tuple[str, int, str, int]]) -> None:
+def aggregate_matrices(db: Connection, touched: set[tuple[str, int, str, int]]) -> None:
     """Recompute the per-layer max of the touched level-16 blocks and the levels above."""
     below = None
     for level in BLOCK_LEVELS:

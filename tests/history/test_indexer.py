@@ -3,19 +3,18 @@ real engine filled (pipeline/attempts.py decides what a resume replaced)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from monitor_agent.history import series
+from monitor_agent.history.indexer import MAX_BRANCH_POINTS, HistoryIndexer
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
 from monitor_agent.records import schemas
 from monitor_agent.settings import Settings
+from monitor_agent.storage.database import Database
 from monitor_agent.storage.store import Store
-from monitor_agent.ui import series
-from monitor_agent.ui.history import MAX_BRANCH_POINTS
-from monitor_agent.ui.indexer import HistoryIndexer
 
 
 def _send(engine: Engine, token: str, steps: range) -> None:
@@ -27,7 +26,7 @@ def _send(engine: Engine, token: str, steps: range) -> None:
 
 
 def _catch_up(indexer: HistoryIndexer, store: Store) -> None:
-    src = sqlite3.connect(store.path)
+    src = Database(store.path, (), readonly=True)
     try:
         while indexer.catch_up(src):
             pass

@@ -1,0 +1,77 @@
+"""``/v1/runs/{id}/series`` over real HTTP: the sidecar folds what it ingests into the chart
+history and answers it downsampled."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import httpx
+
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
+
+
+def steps(n: int, over: dict[int, dict] | None = None) -> list[dict]:
+    out = [{"kind": "run", "run_id": "r", "config": {"warmup_steps": 10, "total_steps": n},
+            "model": {"layer_order": ["b", "a"]}}]
+    for s in range(1, n + 1):
+        rec = {"kind": "step", "run_id": "r", "step": s, "time": 1.0 + s, "loss": 2.0,
+               "grad_norm": 1.0, "param_norm": 10.0, "update_norm": 0.01}
+        rec.update((over or {}).get(s, {}))
+        out.append(rec)
+    return out
+
+
+def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path, token="t0k", auth_reads=True)
+    auth = {"Authorization": "Bearer t0k"}
+    body = "\n".join(json.dumps(r) for r in steps(300, {150: {"loss": 9.0}}))
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", content=body, timeout=30,
+                         headers={**auth, "content-type": "application/x-ndjson"})
+        assert res.status_code == 200, res.text
+        assert httpx.get(srv.url + "/v1/runs/r/series").status_code == 401  # auth_reads
+        deadline = time.monotonic() + 20
+        while True:
+            res = httpx.get(srv.url + "/v1/runs/r/series?points=30", headers=auth)
+            if res.status_code == 200 and res.json()["count"] == 300 or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        out = res.json()
+        assert out["count"] == 300 and len(out["steps"]) == 30 and out["bucketed"]
+        assert max(out["series"]["loss"]["max"]) == 9.0
+        assert out["warmup"] == 10 and out["total_steps"] == 300
+        assert len(out["update_band"]["low"]) == 30
+        assert out["update_limits"] == [1e-7, 0.1] and out["user_names"] == []
+        zoom = httpx.get(srv.url + "/v1/runs/r/series?points=30&start=100&end=200",
+                         headers=auth).json()
+        assert zoom["range"] == [100, 200] and zoom["count"] == 101
+        assert 100 <= zoom["steps"][0] < zoom["steps"][-1] <= 200
+        bad = httpx.get(srv.url + "/v1/runs/r/series?points=1", headers=auth)
+        assert bad.status_code == 422
+        assert httpx.get(srv.url + "/v1/runs/nope/series", headers=auth).status_code == 404
+        assert math.isfinite(out["series"]["loss"]["mean"][0])
+
+
+def test_step_metrics_sent_over_http_come_back_in_the_series(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path)
+    recs = steps(50, {s: {"metrics": {"accuracy": s / 50}} for s in range(1, 51)})
+    with LiveServer(settings) as srv:
+        res = httpx.post(srv.url + "/v1/records", json={"records": recs}, timeout=30)
+        assert res.status_code == 200, res.text
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = httpx.get(srv.url + "/v1/runs/r/series?points=100").json()
+            if out.get("count") == 50:
+                break
+            time.sleep(0.1)
+        assert out["user_names"] == ["accuracy"]
+        assert out["user_scalars"]["accuracy"]["steps"] == list(range(1, 51))
+        assert out["user_scalars"]["accuracy"]["mean"][-1] == 1.0
+        bad = httpx.post(srv.url + "/v1/records", timeout=30, json={"records": [
+            {"kind": "step", "run_id": "r", "step": 51, "time": 1.0, "metrics": {"a": "x"}}]})
+        assert bad.status_code == 422 and "metrics" in bad.text
