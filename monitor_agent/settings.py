@@ -40,9 +40,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from monitor_agent.alerting.alerting_settings import AlertingSettings
-from monitor_agent.cluster.cluster_settings import ClusterSettings
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.cluster.settings import ClusterSettings
+from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.records.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024

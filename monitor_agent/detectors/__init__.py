@@ -5,7 +5,7 @@ Layout: each module here is one detector (``update_ratio.py``: the high/low pair
 declares, next to its logic, its knobs (a ``SharedSettings`` subclass), its type and usual
 severity, and its suggestions. ``catalogue.DETECTOR_CLASSES`` is the one registry: the suite
 runs what it lists, ``FINDING_TYPES`` / ``USUAL_SEVERITY`` are read from it, and
-``DetectorSettings`` (detector_settings.py: flat, with one typed view per detector) is
+``DetectorSettings`` (settings.py: flat, with one typed view per detector) is
 checked against it by tests/detectors/test_registry.py. What the detectors share lives in
 ``support/``; a detector never imports another detector.
 
@@ -26,7 +26,7 @@ One suite per run, a knob changed by its flat name; records go in, findings come
 """
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.suite import DetectorSuite
 
 __all__ = ["FINDING_TYPES", "DetectorSettings", "DetectorSuite"]

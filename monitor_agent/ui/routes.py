@@ -47,7 +47,7 @@ from monitor_agent.api.deps import (
     require_read,
 )
 from monitor_agent.api.streamed_page import SLOT_WAIT, answered, built_in_slot
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.ui import series as sr
 from monitor_agent.ui.history import History, open_history

@@ -13,15 +13,15 @@ from pydantic import Field, ValidationError
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, USUAL_SEVERITY
-from monitor_agent.detectors.detector_settings import KnobsOf, compose_settings
 from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.settings import KnobsOf, compose_settings
 from monitor_agent.detectors.support.base import Detector
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.records.types import Severity
 
 PACKAGE = Path(__file__).resolve().parents[2] / "monitor_agent" / "detectors"
-NOT_DETECTORS = {"__init__", "catalogue", "detector_settings", "suite"}
+NOT_DETECTORS = {"__init__", "catalogue", "settings", "suite"}
 
 
 def _models() -> list[type[SharedSettings]]:

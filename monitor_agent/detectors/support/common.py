@@ -7,7 +7,7 @@ carry a description), declares its per-rank state as a dataclass returned by ``n
 (handed to ``on_step`` as ``st``) and implements ``on_step`` (and ``on_eval`` or ``tick``
 when it needs them). Listing the class in ``DETECTOR_CLASSES`` (detectors/catalogue.py)
 registers it, and its settings model goes into ``DetectorSettings``
-(detectors/detector_settings.py).
+(detectors/settings.py).
 
 A detector of a loss above a fixed limit, with no per-rank state, driven on its own; the
 third step is still high but within ``repeat_every_steps`` of the first report::

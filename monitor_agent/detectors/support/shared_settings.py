@@ -1,5 +1,5 @@
 """The knobs more than one detector reads, or the suite itself: every detector's settings
-model extends ``SharedSettings``, and ``DetectorSettings`` (detectors/detector_settings.py)
+model extends ``SharedSettings``, and ``DetectorSettings`` (detectors/settings.py)
 extends them all, flat. A detector's own model adds its knobs, and the shared ones come
 along::
 
