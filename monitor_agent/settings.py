@@ -43,6 +43,7 @@ from pydantic_settings import (
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.cluster.settings import ClusterSettings
 from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024
@@ -241,12 +242,12 @@ class Settings(BaseSettings):
         return self.model_dump(mode="json")
 
 
-class TokenError(RuntimeError):
-    """The configured bearer token cannot be read now (so nothing it guards may pass)."""
-
-
-class ConfigError(ValueError):
+class ConfigError(MonitorAgentError, ValueError):
     """A configuration problem, worded for the person fixing the file."""
+
+
+class TokenError(ConfigError):
+    """The configured bearer token cannot be read now (so nothing it guards may pass)."""
 
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:

@@ -38,6 +38,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from monitor_agent.errors import MonitorAgentError
+
 RowFactory = type[sqlite3.Row] | None
 
 
@@ -53,7 +55,7 @@ def read_only_uri(path: Path | str) -> str:
     return f"file://{quote(str(Path(path).absolute()))}?mode=ro"
 
 
-class StorageError(RuntimeError):
+class StorageError(MonitorAgentError, RuntimeError):
     """The store could not do that now: disk full, read-only, locked, corrupt, I/O.
 
     The one error type above the storage boundary; the SQLite error, if one caused it, is
