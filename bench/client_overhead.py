@@ -47,74 +47,25 @@ import statistics
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    bare_step,
+    build,
+    forward_backward,
+    monitored_step,
+    start_sink,
+    sync,
+    timed,
+)
+
 from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client._stats import GradStats  # noqa: E402
 from monitor_client.config import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, reps):
-    """Median wall seconds of ``fn`` over ``reps`` runs (device work included)."""
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-class Sink(BaseHTTPRequestHandler):
-    """A loopback endpoint that accepts everything (the network is not what we measure)."""
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = b'{"accepted": 0, "duplicates": 0, "rejected": []}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def start_sink() -> str:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def build(args, device):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).to(device)  # 124M parameters, tied head
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device)
-    return model, opt, batch
-
-
-def forward_backward(model, batch):
-    model(batch, labels=batch).loss.backward()
-
-
-def bare_step(model, opt, batch):
-    forward_backward(model, batch)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=False)
 
 
 def naive_stats(model, snapshot):
@@ -334,15 +285,7 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
     mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
     flags = mon._finite
     times = {"bare": [], "default_no_finite": [], "default": []}
-    step = 0
-
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
+    monitored = monitored_step(mon, model, opt, batch)
 
     stats = mon._stats
     for rnd in range(reps * 5 + 1):
@@ -396,15 +339,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-watchdog",
                   settings=MonitorConfig(install_hooks=False, linger=0.2, watchdog=False))
     mon.watch(model, opt, grad_clip=1.0)
-    step = 0
-
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
+    monitored = monitored_step(mon, model, opt, batch)
 
     def arm(on: bool) -> None:
         if mon._watchdog is not None:
@@ -577,15 +512,7 @@ def timings_costs(model, opt, batch, device, reps, url) -> dict:
     mon.watch(model, opt, grad_clip=1.0)
     timings = mon._timings
     times: dict[str, list[float]] = {"without": [], "with": []}
-    step = 0
-
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
+    monitored = monitored_step(mon, model, opt, batch)
 
     stats = mon._stats
     for rnd in range(reps * 5 + 1):

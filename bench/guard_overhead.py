@@ -24,7 +24,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "client"))
 sys.path.insert(0, str(HERE))
-from client_overhead import build, forward_backward, start_sink, timed  # noqa: E402
+from harness import build, forward_backward, monitored_step, start_sink, timed  # noqa: E402
 
 from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client._guard import StepGuard  # noqa: E402
@@ -37,15 +37,7 @@ def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
     mon.watch(model, opt, grad_clip=1.0)
     guard = mon._step_guard
     assert isinstance(guard, StepGuard)
-    step = 0
-
-    def one():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
+    one = monitored_step(mon, model, opt, batch)
 
     times: dict[str, list[float]] = {"unguarded": [], "guarded": []}
     for rnd in range(n + 1):
