@@ -47,6 +47,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,6 +58,7 @@ from harness import (  # noqa: E402
     bare_step,
     build,
     forward_backward,
+    interleaved,
     monitored_step,
     start_sink,
     sync,
@@ -283,23 +285,23 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-origin",
                   settings=MonitorConfig(install_hooks=False, linger=0.2))
     mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
-    flags = mon._finite
-    times = {"bare": [], "default_no_finite": [], "default": []}
+    flags, stats = mon._finite, mon._stats
     monitored = monitored_step(mon, model, opt, batch)
 
-    stats = mon._stats
-    for rnd in range(reps * 5 + 1):
-        for name in times:
+    def configured(with_stats: bool, with_finite: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             stats.detach()
             flags.detach()
-            if name != "bare":
+            if with_stats:
                 stats.attach()
-            if name == "default":
+            if with_finite:
                 flags.attach()
-            t = timed((lambda: bare_step(model, opt, batch)) if name == "bare" else monitored,
-                      device, 1)
-            if rnd:
-                times[name].append(t)
+            return monitored if with_stats else lambda: bare_step(model, opt, batch)
+        return arm
+
+    times = interleaved({"bare": configured(False, False),
+                         "default_no_finite": configured(True, False),
+                         "default": configured(True, True)}, reps * 5, device)
     fwd = forward_finite_costs(model, batch, device, reps, flags)
     mon.flush(30)
     mon.close(timeout=30)
@@ -351,14 +353,14 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
                                      mon._phase, 0)
             mon._phase.attach(model, opt)
 
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    for rnd in range(reps * 4 + 1):
-        order = ("off", "on") if rnd % 2 else ("on", "off")
-        for name in order:
-            arm(name == "on")
-            t = statistics.median(timed(monitored, device, 1) for _ in range(reps))
-            if rnd:
-                times[name].append(t)
+    def armed(on: bool) -> Callable[[], Callable[[], None]]:
+        def setup() -> Callable[[], None]:
+            arm(on)
+            return monitored
+        return setup
+
+    times = interleaved({"off": armed(False), "on": armed(True)}, reps * 4, device,
+                        alternate=True, reps=reps)
     arm(False)
     mon.flush(30)
     mon.close(timeout=30)
@@ -510,29 +512,28 @@ def timings_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-timings",
                   settings=MonitorConfig(install_hooks=False, linger=0.2, world_size=2))
     mon.watch(model, opt, grad_clip=1.0)
-    timings = mon._timings
-    times: dict[str, list[float]] = {"without": [], "with": []}
+    timings, stats = mon._timings, mon._stats
     monitored = monitored_step(mon, model, opt, batch)
 
-    stats = mon._stats
-    for rnd in range(reps * 5 + 1):
-        for name in times:
+    def hooked(with_timings: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             timings.detach()
             stats.detach()
-            if name == "with":
+            if with_timings:
                 timings.attach()  # first, as watch() does: its pre-hook runs first
             stats.attach()
-            t = timed(monitored, device, 1)
-            if rnd:
-                times[name].append(t)
+            return monitored
+        return arm
+
+    times = interleaved({"without": hooked(False), "with": hooked(True)}, reps * 5, device)
     mon.flush(30)
     mon.close(timeout=30)
     params = timings.params
     calls = 2000
     start = time.perf_counter()
     for _ in range(calls):
-        for p in params:
-            timings._gradient_done(p)
+        for i, p in enumerate(params):  # as attach() registers it: index, parameter
+            timings._gradient_done(i, p)
         timings._optimizer_step()
         timings.take()
     per_step = (time.perf_counter() - start) / calls

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,7 +25,14 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "client"))
 sys.path.insert(0, str(HERE))
-from harness import build, forward_backward, monitored_step, start_sink, timed  # noqa: E402
+from harness import (  # noqa: E402
+    build,
+    forward_backward,
+    interleaved,
+    monitored_step,
+    start_sink,
+    timed,
+)
 
 from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client._guard import StepGuard  # noqa: E402
@@ -39,16 +47,16 @@ def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
     assert isinstance(guard, StepGuard)
     one = monitored_step(mon, model, opt, batch)
 
-    times: dict[str, list[float]] = {"unguarded": [], "guarded": []}
-    for rnd in range(n + 1):
-        order = list(times) if rnd % 2 else list(reversed(times))
-        for name in order:
+    def guarded(on: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             guard.detach()
-            if name == "guarded":
+            if on:
                 guard.attach()
-            t = timed(one, device, 1)
-            if rnd:  # round 0 warms both up
-                times[name].append(t)
+            return one
+        return arm
+
+    times = interleaved({"unguarded": guarded(False), "guarded": guarded(True)}, n, device,
+                        alternate=True)
     guard.attach()
     forward_backward(model, batch)  # gradients present, as in the pre-hook
     mon._stats.before_step()

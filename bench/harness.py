@@ -91,3 +91,21 @@ def monitored_step(mon, model, opt, batch) -> Callable[[], None]:
         mon.log_step(step, loss=1.0, tokens=batch.numel())
 
     return one
+
+
+def interleaved(arms: dict[str, Callable[[], Callable[[], object]]], rounds: int, device, *,
+                alternate: bool = False, reps: int = 1) -> dict[str, list[float]]:
+    """Each arm's step timed once a round (the median of ``reps`` runs), the arms in turn,
+    for ``rounds`` rounds after a warm-up round whose times are dropped, so drift and the
+    machine's other load fall on every arm alike. ``arms[name]()`` sets that arm up and
+    returns the step to time; ``alternate`` runs the arms in reverse every other round
+    (even ones), so no arm always follows the same one."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for rnd in range(rounds + 1):
+        order = list(arms) if not alternate or rnd % 2 else list(reversed(arms))
+        for name in order:
+            step = arms[name]()
+            t = statistics.median(timed(step, device, 1) for _ in range(reps))
+            if rnd:
+                times[name].append(t)
+    return times
