@@ -59,6 +59,7 @@ from harness import (  # noqa: E402
     build,
     forward_backward,
     interleaved,
+    model_arguments,
     monitored_step,
     start_sink,
     sync,
@@ -559,9 +560,7 @@ def report_timings(f: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="client overhead on a 124M GPT-2-shaped model")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128)
+    model_arguments(p)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true", help="also print the figures as JSON")
     p.add_argument("--only-activations", action="store_true",

@@ -29,6 +29,7 @@ from harness import (  # noqa: E402
     build,
     forward_backward,
     interleaved,
+    model_arguments,
     monitored_step,
     start_sink,
     timed,
@@ -78,9 +79,7 @@ def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="step guard cost on a 124M GPT-2-shaped model")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128)
+    model_arguments(p)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--reps", type=int, default=5)  # build()'s argument; unused here
     args = p.parse_args()

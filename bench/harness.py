@@ -9,6 +9,7 @@ network is not what is measured.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import threading
 import time
@@ -54,6 +55,13 @@ def start_sink() -> str:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``build`` reads, and the device the steps run on."""
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
 
 
 def build(args, device):
