@@ -47,74 +47,28 @@ import statistics
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    bare_step,
+    build,
+    forward_backward,
+    interleaved,
+    model_arguments,
+    monitored_step,
+    start_sink,
+    sync,
+    timed,
+)
+
 from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client._stats import GradStats  # noqa: E402
 from monitor_client.config import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, reps):
-    """Median wall seconds of ``fn`` over ``reps`` runs (device work included)."""
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-class Sink(BaseHTTPRequestHandler):
-    """A loopback endpoint that accepts everything (the network is not what we measure)."""
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = b'{"accepted": 0, "duplicates": 0, "rejected": []}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def start_sink() -> str:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def build(args, device):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).to(device)  # 124M parameters, tied head
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device)
-    return model, opt, batch
-
-
-def forward_backward(model, batch):
-    model(batch, labels=batch).loss.backward()
-
-
-def bare_step(model, opt, batch):
-    forward_backward(model, batch)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=False)
 
 
 def naive_stats(model, snapshot):
@@ -332,31 +286,23 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-origin",
                   settings=MonitorConfig(install_hooks=False, linger=0.2))
     mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
-    flags = mon._finite
-    times = {"bare": [], "default_no_finite": [], "default": []}
-    step = 0
+    flags, stats = mon._finite, mon._stats
+    monitored = monitored_step(mon, model, opt, batch)
 
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
-
-    stats = mon._stats
-    for rnd in range(reps * 5 + 1):
-        for name in times:
+    def configured(with_stats: bool, with_finite: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             stats.detach()
             flags.detach()
-            if name != "bare":
+            if with_stats:
                 stats.attach()
-            if name == "default":
+            if with_finite:
                 flags.attach()
-            t = timed((lambda: bare_step(model, opt, batch)) if name == "bare" else monitored,
-                      device, 1)
-            if rnd:
-                times[name].append(t)
+            return monitored if with_stats else lambda: bare_step(model, opt, batch)
+        return arm
+
+    times = interleaved({"bare": configured(False, False),
+                         "default_no_finite": configured(True, False),
+                         "default": configured(True, True)}, reps * 5, device)
     fwd = forward_finite_costs(model, batch, device, reps, flags)
     mon.flush(30)
     mon.close(timeout=30)
@@ -396,15 +342,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-watchdog",
                   settings=MonitorConfig(install_hooks=False, linger=0.2, watchdog=False))
     mon.watch(model, opt, grad_clip=1.0)
-    step = 0
-
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
+    monitored = monitored_step(mon, model, opt, batch)
 
     def arm(on: bool) -> None:
         if mon._watchdog is not None:
@@ -416,14 +354,14 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
                                      mon._phase, 0)
             mon._phase.attach(model, opt)
 
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    for rnd in range(reps * 4 + 1):
-        order = ("off", "on") if rnd % 2 else ("on", "off")
-        for name in order:
-            arm(name == "on")
-            t = statistics.median(timed(monitored, device, 1) for _ in range(reps))
-            if rnd:
-                times[name].append(t)
+    def armed(on: bool) -> Callable[[], Callable[[], None]]:
+        def setup() -> Callable[[], None]:
+            arm(on)
+            return monitored
+        return setup
+
+    times = interleaved({"off": armed(False), "on": armed(True)}, reps * 4, device,
+                        alternate=True, reps=reps)
     arm(False)
     mon.flush(30)
     mon.close(timeout=30)
@@ -575,37 +513,28 @@ def timings_costs(model, opt, batch, device, reps, url) -> dict:
     mon = Monitor(url=url, run_id="bench-timings",
                   settings=MonitorConfig(install_hooks=False, linger=0.2, world_size=2))
     mon.watch(model, opt, grad_clip=1.0)
-    timings = mon._timings
-    times: dict[str, list[float]] = {"without": [], "with": []}
-    step = 0
+    timings, stats = mon._timings, mon._stats
+    monitored = monitored_step(mon, model, opt, batch)
 
-    def monitored():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
-
-    stats = mon._stats
-    for rnd in range(reps * 5 + 1):
-        for name in times:
+    def hooked(with_timings: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             timings.detach()
             stats.detach()
-            if name == "with":
+            if with_timings:
                 timings.attach()  # first, as watch() does: its pre-hook runs first
             stats.attach()
-            t = timed(monitored, device, 1)
-            if rnd:
-                times[name].append(t)
+            return monitored
+        return arm
+
+    times = interleaved({"without": hooked(False), "with": hooked(True)}, reps * 5, device)
     mon.flush(30)
     mon.close(timeout=30)
     params = timings.params
     calls = 2000
     start = time.perf_counter()
     for _ in range(calls):
-        for p in params:
-            timings._gradient_done(p)
+        for i, p in enumerate(params):  # as attach() registers it: index, parameter
+            timings._gradient_done(i, p)
         timings._optimizer_step()
         timings.take()
     per_step = (time.perf_counter() - start) / calls
@@ -631,9 +560,7 @@ def report_timings(f: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="client overhead on a 124M GPT-2-shaped model")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128)
+    model_arguments(p)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true", help="also print the figures as JSON")
     p.add_argument("--only-activations", action="store_true",

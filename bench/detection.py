@@ -44,11 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from precision import class_scores, load_set, precision, print_class_scores, print_precision
+from precision import (
+    class_scores,
+    load_set,
+    precision,
+    print_class_scores,
+    print_precision,
+    replayed,
+)
 
-from monitor_agent.detectors import DetectorSettings, DetectorSuite
+from monitor_agent.detectors import DetectorSuite
 from monitor_agent.records import schemas, wire
-from monitor_agent.records.types import EndRecord, LayerTable, QuantileTable, Record, StepRecord
+from monitor_agent.records.types import LayerTable, QuantileTable, Record, StepRecord
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces" / "public"
 CORPUS = TRACES.parent / "corpus"
@@ -84,17 +91,7 @@ class Score:
 
 
 def ours(records: list[Record]) -> list[Alarm]:
-    settings = DetectorSettings()
-    suite, last, ended, out = DetectorSuite(settings), None, False, []
-    for rec in records:
-        if rec.time is not None:
-            last = rec.time
-            out += suite.tick(rec.time)
-        out += suite.update(rec)
-        ended |= isinstance(rec, EndRecord)
-    if last is not None and not ended:
-        out += suite.tick(last + settings.stall_horizon_seconds)
-    return [Alarm(f.step, f.type, f.severity.pages) for f in out]
+    return [Alarm(f.step, f.type, f.severity.pages) for f in replayed(records)]
 
 
 def _losses(records: list[Record]) -> Iterable[StepRecord]:

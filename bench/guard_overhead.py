@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,7 +25,15 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "client"))
 sys.path.insert(0, str(HERE))
-from client_overhead import build, forward_backward, start_sink, timed  # noqa: E402
+from harness import (  # noqa: E402
+    build,
+    forward_backward,
+    interleaved,
+    model_arguments,
+    monitored_step,
+    start_sink,
+    timed,
+)
 
 from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
 from monitor_client._guard import StepGuard  # noqa: E402
@@ -37,26 +46,18 @@ def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
     mon.watch(model, opt, grad_clip=1.0)
     guard = mon._step_guard
     assert isinstance(guard, StepGuard)
-    step = 0
+    one = monitored_step(mon, model, opt, batch)
 
-    def one():
-        nonlocal step
-        step += 1
-        forward_backward(model, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        mon.log_step(step, loss=1.0, tokens=batch.numel())
-
-    times: dict[str, list[float]] = {"unguarded": [], "guarded": []}
-    for rnd in range(n + 1):
-        order = list(times) if rnd % 2 else list(reversed(times))
-        for name in order:
+    def guarded(on: bool) -> Callable[[], Callable[[], None]]:
+        def arm() -> Callable[[], None]:
             guard.detach()
-            if name == "guarded":
+            if on:
                 guard.attach()
-            t = timed(one, device, 1)
-            if rnd:  # round 0 warms both up
-                times[name].append(t)
+            return one
+        return arm
+
+    times = interleaved({"unguarded": guarded(False), "guarded": guarded(True)}, n, device,
+                        alternate=True)
     guard.attach()
     forward_backward(model, batch)  # gradients present, as in the pre-hook
     mon._stats.before_step()
@@ -78,9 +79,7 @@ def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="step guard cost on a 124M GPT-2-shaped model")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128)
+    model_arguments(p)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--reps", type=int, default=5)  # build()'s argument; unused here
     args = p.parse_args()

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 from monitor_agent.records import schemas, wire
-from monitor_agent.records.types import EndRecord, Finding, Severity, StepRecord
+from monitor_agent.records.types import EndRecord, Finding, Record, Severity, StepRecord
 
 
 @dataclass
@@ -60,21 +61,26 @@ class SetScore:
 
 
 def findings_of(path: Path, settings: DetectorSettings | None = None) -> tuple[list[Finding], int]:
-    """The suite's findings on one trace (replay's driving: ticks at record time, a last
-    tick a stall horizon after a trace without an end record) and its rank-0 step count."""
+    """The suite's findings on one trace (``replayed``) and its rank-0 step count."""
+    records = [schemas.parse_record(obj) for obj in wire.iter_trace(path)]
+    steps = sum(isinstance(rec, StepRecord) and rec.rank == 0 for rec in records)
+    return replayed(records, settings), steps
+
+
+def replayed(records: Iterable[Record], settings: DetectorSettings | None = None) -> list[Finding]:
+    """The suite's findings on ``records`` driven as replay drives it: ticks at record time,
+    a last tick a stall horizon after records with no end record."""
     settings = settings or DetectorSettings()
-    suite, out, last, ended, steps = DetectorSuite(settings), [], None, False, 0
-    for obj in wire.iter_trace(path):
-        rec = schemas.parse_record(obj)
+    suite, out, last, ended = DetectorSuite(settings), [], None, False
+    for rec in records:
         if rec.time is not None:
             last = rec.time
             out += suite.tick(rec.time)
         out += suite.update(rec)
         ended |= isinstance(rec, EndRecord)
-        steps += isinstance(rec, StepRecord) and rec.rank == 0
     if last is not None and not ended:
         out += suite.tick(last + settings.stall_horizon_seconds)
-    return out, steps
+    return out
 
 
 def load_set(directory: Path, half: str | None = None) -> list[tuple[dict, Path]]:

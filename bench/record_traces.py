@@ -52,6 +52,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -262,54 +263,42 @@ SCENARIOS = {
 
 def record_corpus(only: list[str], shard: str) -> None:
     """The precision corpus (``corpus_runs.py``): one file per run, then its labels."""
+    from corpus_labels import write_corpus_labels
     from corpus_runs import SPECS, run
 
-    index, count = (int(v) for v in shard.split("/"))
-    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
-    for spec in todo:
-        start = time.perf_counter()
-        path = write(spec.name, run(spec, monitor), CORPUS)
-        print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
-              f"{time.perf_counter() - start:.1f} s", flush=True)
-    if count == 1:
-        from corpus_labels import write_corpus_labels
-
-        write_corpus_labels(CORPUS)
+    _record(SPECS, run, CORPUS, write_corpus_labels, only, shard)
 
 
 def record_classes(only: list[str], shard: str) -> None:
     """The class recordings (``classes_runs.py``): one file per run, then their labels."""
+    from classes_labels import write_class_labels
     from classes_runs import SPECS
     from corpus_runs import run
 
-    index, count = (int(v) for v in shard.split("/"))
-    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
-    for spec in todo:
-        start = time.perf_counter()
-        path = write(spec.name, run(spec, monitor), CLASSES)
-        print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
-              f"{time.perf_counter() - start:.1f} s", flush=True)
-    if count == 1:
-        from classes_labels import write_class_labels
-
-        write_class_labels(CLASSES)
+    _record(SPECS, run, CLASSES, write_class_labels, only, shard)
 
 
 def record_shapes(only: list[str], shard: str) -> None:
     """The shape recordings (``shapes_runs.py``): one file per run, then their labels."""
+    from shapes_labels import write_shape_labels
     from shapes_runs import SPECS, run
 
+    _record(SPECS, run, SHAPES, write_shape_labels, only, shard)
+
+
+def _record(specs: list, run: Callable, out_dir: Path, label: Callable[[Path], None],
+            only: list[str], shard: str) -> None:
+    """Record this shard's share of ``specs`` (``index/count``; ``only`` names some), one
+    file each in ``out_dir``; the labels only when one shard recorded them all."""
     index, count = (int(v) for v in shard.split("/"))
-    todo = [s for i, s in enumerate(SPECS) if i % count == index and (not only or s.name in only)]
+    todo = [s for i, s in enumerate(specs) if i % count == index and (not only or s.name in only)]
     for spec in todo:
         start = time.perf_counter()
-        path = write(spec.name, run(spec, monitor), SHAPES)
+        path = write(spec.name, run(spec, monitor), out_dir)
         print(f"{spec.name}: {path.stat().st_size / 1024:.0f} KiB, "
               f"{time.perf_counter() - start:.1f} s", flush=True)
     if count == 1:
-        from shapes_labels import write_shape_labels
-
-        write_shape_labels(SHAPES)
+        label(out_dir)
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from monitor_agent import __version__
+from monitor_agent.alerting.rules import RuleError
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records import wire
 from monitor_agent.settings import ConfigError, Settings, load_settings
 
@@ -45,15 +47,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except ConfigError as exc:
-        print(f"monitor-agent: {exc}", file=sys.stderr)
-        return 2
+    except MonitorAgentError as exc:
+        # Worded for the person at the terminal already: one line, no traceback. A broken
+        # config or rules file is the whole tool's; any other failure names the command.
+        where = "" if isinstance(exc, ConfigError | RuleError) else f" {args.command}"
+        print(f"monitor-agent{where}: {exc}", file=sys.stderr)
+        return args.failed
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="monitor-agent", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"monitor-agent {__version__}")
-    sub = p.add_subparsers(metavar="COMMAND")
+    # ``failed``: the exit status of a command that fails with a MonitorAgentError.
+    p.set_defaults(failed=2)
+    sub = p.add_subparsers(metavar="COMMAND", dest="command")
 
     s = sub.add_parser("serve", help="run the sidecar (HTTP ingest, detectors, alerts, /metrics)")
     s.add_argument("--host", help="bind address (env MONITOR_AGENT_HOST; default 127.0.0.1)")
@@ -80,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                      "env MONITOR_AGENT_DATA_DIR or monitor-data)")
     src.add_argument("--url", help="a running sidecar, e.g. http://127.0.0.1:9400")
     e.add_argument("--token", help="bearer token for --url (env MONITOR_AGENT_TOKEN)")
-    e.set_defaults(func=_export)
+    e.set_defaults(func=_export, failed=1)
 
     ps = sub.add_parser("push-spool", help="send the records a client left in its spool")
     ps.add_argument("path", type=Path, help="a run's spool directory (<run_id>-r<rank>), the "
@@ -89,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                     "http://127.0.0.1:9400)")
     ps.add_argument("--token", help="bearer token (env MONITOR_AGENT_TOKEN)")
     ps.add_argument("--keep", action="store_true", help="keep the files once sent")
-    ps.set_defaults(func=_push_spool)
+    ps.set_defaults(func=_push_spool, failed=1)
 
     c = sub.add_parser("check-config", help="validate a YAML config file and its rules")
     c.add_argument("file", type=Path)
@@ -121,18 +128,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from monitor_agent.serving.app import create_app
     from monitor_agent.serving.server import return_freed_memory, uvicorn_config
-    from monitor_agent.storage.data_lock import DataDirInUse, DataDirLock
+    from monitor_agent.storage.data_lock import DataDirLock
 
     settings = load_settings(
         _config_path(args.config), host=args.host, port=args.port, data_dir=args.data_dir,
         log_level=args.log_level,
     )
     _setup_logging(settings.log_level)
-    try:  # one clear line now; the app's lifespan takes the lock for real, for its life
-        DataDirLock(settings.data_dir).acquire().release()
-    except DataDirInUse as exc:
-        print(f"monitor-agent serve: {exc}", file=sys.stderr)
-        return 2
+    # One clear line now (DataDirInUse); the app's lifespan takes the lock for real, for its life.
+    DataDirLock(settings.data_dir).acquire().release()
     return_freed_memory()
     app = create_app(settings)
     config = uvicorn_config(app, settings, settings.host, settings.port,
@@ -161,11 +165,8 @@ def _replay(args: argparse.Namespace) -> int:
         print("monitor-agent replay: --report takes exactly one trace file", file=sys.stderr)
         return 2
     bar = _progress_bar(args.files, disable=args.quiet)
-    try:
+    try:  # a TraceError names the file, line and column
         runs = judge_traces(args.files, settings, on_record=bar.update if bar else None)
-    except wire.TraceError as exc:  # names the file, line and column: no traceback
-        print(f"monitor-agent replay: {exc}", file=sys.stderr)
-        return 2
     finally:
         if bar:
             bar.close()
@@ -186,19 +187,15 @@ def _replay(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import os
 
-    from monitor_agent.storage.export import ExportError, export_from_data_dir, export_from_url
+    from monitor_agent.storage.export import export_from_data_dir, export_from_url
 
-    try:
-        if args.url:
-            token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
-            count = export_from_url(args.url, args.run_id, args.output, token)
-        else:
-            data_dir = args.data_dir or Path(os.environ.get("MONITOR_AGENT_DATA_DIR",
-                                                            "monitor-data"))
-            count = export_from_data_dir(data_dir, args.run_id, args.output)
-    except ExportError as exc:
-        print(f"monitor-agent export: {exc}", file=sys.stderr)
-        return 1
+    if args.url:
+        token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
+        count = export_from_url(args.url, args.run_id, args.output, token)
+    else:
+        data_dir = args.data_dir or Path(os.environ.get("MONITOR_AGENT_DATA_DIR",
+                                                        "monitor-data"))
+        count = export_from_data_dir(data_dir, args.run_id, args.output)
     print(f"{count} records of run {args.run_id} written to {args.output}")
     return 0
 
@@ -206,15 +203,12 @@ def _export(args: argparse.Namespace) -> int:
 def _push_spool(args: argparse.Namespace) -> int:
     import os
 
-    from monitor_agent.tools.push_spool import PushError, SpoolFileError, http_post, push, scan
+    from monitor_agent.tools.push_spool import http_post, push, scan
 
     url = args.url or os.environ.get("MONITOR_AGENT_URL") or "http://127.0.0.1:9400"
     token = args.token or os.environ.get("MONITOR_AGENT_TOKEN")
     try:
         report = push(scan(args.path), http_post(url, token), keep=args.keep)
-    except (PushError, SpoolFileError) as exc:
-        print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
-        return 1
     except OSError as exc:  # unreadable or undeletable files: say which, no traceback
         print(f"monitor-agent push-spool: {exc}", file=sys.stderr)
         return 1
@@ -261,13 +255,9 @@ def _print_summary(runs: list[JudgedTrace]) -> None:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
-    from monitor_agent.alerting import RuleError, load_rules
+    from monitor_agent.alerting import load_rules
 
-    try:
-        rules = load_rules(settings.alerting.rules_file)
-    except RuleError as exc:
-        print(f"monitor-agent: {exc}", file=sys.stderr)
-        return 2
+    rules = load_rules(settings.alerting.rules_file)
     print(f"{args.file}: OK ({len(rules)} alert rules)")
     print(_redacted_yaml(settings))
     return 0

@@ -40,9 +40,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from monitor_agent.alerting.alerting_settings import AlertingSettings
-from monitor_agent.cluster.cluster_settings import ClusterSettings
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.alerting.settings import AlertingSettings
+from monitor_agent.cluster.settings import ClusterSettings
+from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024
@@ -241,12 +242,12 @@ class Settings(BaseSettings):
         return self.model_dump(mode="json")
 
 
-class TokenError(RuntimeError):
-    """The configured bearer token cannot be read now (so nothing it guards may pass)."""
-
-
-class ConfigError(ValueError):
+class ConfigError(MonitorAgentError, ValueError):
     """A configuration problem, worded for the person fixing the file."""
+
+
+class TokenError(ConfigError):
+    """The configured bearer token cannot be read now (so nothing it guards may pass)."""
 
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:

@@ -24,6 +24,9 @@ PACKAGES = {"monitor_agent": ROOT / "monitor_agent",
 
 # Lowest first. A key is a module, or a package standing for everything inside it.
 LAYERS: dict[str, int] = {
+    # The one base of the sidecar's errors, which each package's own error derives from:
+    # below everything (numbered so that no other layer moves).
+    "errors": -1,
     # The record and its wire form: knows nothing but the format and its budgets.
     "records": 0,
     # SQLite behind one helper and one error type; metric names and self-metrics.

@@ -14,10 +14,10 @@ here on ":memory:" and not started, a first NaN finding becomes a firing alert::
     [('TrainingNanInf', 'critical', 'firing')]
 """
 
-from monitor_agent.alerting.alerting_settings import AlertingSettings
-from monitor_agent.alerting.model import AlertView, RunContext
+from monitor_agent.alerting.alerts import AlertView, RunContext
 from monitor_agent.alerting.rules import Rule, RuleError, load_rules
 from monitor_agent.alerting.service import Alerting
+from monitor_agent.alerting.settings import AlertingSettings
 
 __all__ = ["Alerting", "AlertingSettings", "AlertView", "Rule", "RuleError", "RunContext",
            "load_rules"]

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import astuple, fields
 from typing import Any
 
-from monitor_agent.alerting.model import Action, StoredAlert
+from monitor_agent.alerting.alerts import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.database import Connection, Database, Row

@@ -32,12 +32,12 @@ from monitor_agent.alerting import lifecycle as lc
 from monitor_agent.alerting import rollback
 from monitor_agent.alerting import rule_actions as actions
 from monitor_agent.alerting.alert_store import AlertStore, AlertTx
-from monitor_agent.alerting.alerting_settings import AlertingSettings
+from monitor_agent.alerting.alerts import Action, RunContext, StoredAlert
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
-from monitor_agent.alerting.model import Action, RunContext, StoredAlert
 from monitor_agent.alerting.related import RelatedFindings, follows
 from monitor_agent.alerting.rules import Rule, first_match
+from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence, silenced_by
 from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.base import AlertEvent, Notifier

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from urllib.parse import quote
 
-from monitor_agent.alerting.model import StoredAlert
+from monitor_agent.alerting.alerts import StoredAlert
 from monitor_agent.alerting.related import RelatedFindings
 from monitor_agent.notify.base import AlertEvent, Notification, Notifier
 from monitor_agent.records import wire

@@ -48,7 +48,7 @@ from dataclasses import replace
 
 from monitor_agent.alerting import rollback
 from monitor_agent.alerting.alert_store import AlertTx
-from monitor_agent.alerting.model import Action, RunContext
+from monitor_agent.alerting.alerts import Action, RunContext
 from monitor_agent.alerting.rules import Rule
 from monitor_agent.records.types import Finding
 

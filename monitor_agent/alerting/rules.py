@@ -45,6 +45,7 @@ from pydantic import (
 )
 
 from monitor_agent.detectors.catalogue import FINDING_TYPES, USUAL_SEVERITY
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.records.yaml_errors import yaml_error_line
 
@@ -55,7 +56,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
-class RuleError(ValueError):
+class RuleError(MonitorAgentError, ValueError):
     """The rules file is invalid; the message names the file, the field and the fix."""
 
 

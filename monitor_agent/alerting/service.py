@@ -42,11 +42,11 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting.alert_store import AlertStore
-from monitor_agent.alerting.alerting_settings import AlertingSettings
+from monitor_agent.alerting.alerts import Action, AlertView, RunContext, StoredAlert
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.episodes import Costs, Episodes
-from monitor_agent.alerting.model import Action, AlertView, RunContext, StoredAlert
 from monitor_agent.alerting.rules import Rule, load_rules
+from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.alerting.silences import Silence, silenced_by
 from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.channels import (

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from monitor_agent.alerting.model import StoredAlert
+from monitor_agent.alerting.alerts import StoredAlert
 
 MATCHERS: tuple[str, ...] = ("run_id", "type", "alertname", "layer")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.records.types import Finding
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ from monitor_agent.api.chart_models import (
 )
 from monitor_agent.api.deps import HistoryDep, ReadSlotsDep, ServicesDep, require_read
 from monitor_agent.api.streamed_page import built_in_slot
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.detectors.settings import DetectorSettings
+from monitor_agent.detectors.update_ratio import UpdateRatioSettings
 from monitor_agent.history import series as sr
 from monitor_agent.history.schema import History, open_history
 from monitor_agent.storage.database import StorageError
@@ -71,7 +72,7 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
                   detectors: DetectorSettings | None = None) -> SeriesOut | None:
     """The whole series answer (the report embeds the very same one); ``detectors`` are the
     sidecar's detector settings (default: the defaults)."""
-    knobs = detectors or DetectorSettings()
+    detectors = detectors or DetectorSettings()
     meta = sr.run_meta(db, run_id)
     found = sr.scalars(db, run_id, rank, start, end, points)
     if (not found["steps"] and not meta["layers"] and sr.step_range(db, run_id, rank) is None
@@ -91,8 +92,9 @@ def series_answer(db: History, run_id: str, rank: int, start: int | None,
             sr.rank_step_times(db, run_id, lo, hi, points)),
         latest=sr.latest(db, run_id, rank),
         recent_tokens_per_second=sr.recent_throughput(db, run_id, rank),
-        update_limits=[knobs.update_ratio_min, knobs.update_ratio_max],
-        repeat_every_steps=knobs.repeat_every_steps, user_names=user,
+        update_limits=[detectors.knobs(UpdateRatioSettings).update_ratio_min,
+                       detectors.update_ratio_max],
+        repeat_every_steps=detectors.repeat_every_steps, user_names=user,
         user_scalars={n: UserSeries.model_validate(v) for n, v in sr.user_series(
             db, run_id, rank, lo, hi, points, user[:sr.USER_CHARTS]).items()},
         warmup=meta["warmup"] or 0, total_steps=meta["total_steps"],

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.heap import release_freed_memory
 from monitor_agent.api.verbatim import verbatim_ok
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
 from monitor_agent.storage.database import StorageError
@@ -77,7 +78,7 @@ BODY_ERRORS: dict[int | str, dict[str, str]] = {
 """How any route that reads a batch of records (ingest, preview) refuses a body."""
 
 
-class BadRequest(Exception):
+class BadRequest(MonitorAgentError):
     """A request refused as a whole: ``status`` and a ``reason`` naming what is wrong."""
 
     def __init__(self, status: int, reason: str) -> None:

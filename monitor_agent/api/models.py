@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, with_config
 
-from monitor_agent.alerting.model import Action, AlertView
+from monitor_agent.alerting.alerts import Action, AlertView
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.reads.views import AttemptView, RunListing
 from monitor_agent.runs.verdict import Verdict

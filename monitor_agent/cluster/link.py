@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from monitor_agent.cluster.cluster_settings import ClusterSettings
 from monitor_agent.cluster.link_state import LinkBook
+from monitor_agent.cluster.settings import ClusterSettings
 from monitor_agent.records import wire
 from monitor_agent.storage.uplink import PAGED
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from monitor_agent.cluster.cluster_settings import ClusterSettings, checked_url
+from monitor_agent.cluster.settings import ClusterSettings, checked_url
 from monitor_agent.records.types import ClusterPlacement
 
 

@@ -2,9 +2,9 @@
 usual severities read from them.
 
 A detector declares its type, severity, knobs and suggestions in its own file; listing its
-class here is what makes the suite run it and the rules/format validation know its type;
-``DetectorSettings`` (detector_settings.py) lists its settings model and typed view, and a
-test fails until it does. The order is the catalogue's, the one docs/format.md lists the
+class here (one line, and its import) is all that registers it: the suite runs it, the
+rules/format validation know its type, and ``DetectorSettings`` (settings.py) is composed
+from the settings models of the classes listed here. The order is the catalogue's, the one docs/format.md lists the
 types in: the 17 types of the original format first (``FORMAT_TYPES``), then the ones added
 since (it is also the order findings of one record come out in)::
 

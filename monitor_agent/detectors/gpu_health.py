@@ -74,6 +74,7 @@ import numpy as np
 from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
+from monitor_agent.detectors.support.own_time import own_time
 from monitor_agent.detectors.support.ranked import RankedValues
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite
@@ -231,7 +232,7 @@ class GpuHealthDetector(DetectorBase[GpuHealthSettings]):
         return [self._finding(rec, found)] if found else []
 
     def _times(self, rec: StepRecord, st: GpuRank, gpu: dict[str, float | None]) -> None:
-        own = _own_time(rec)
+        own = own_time(rec)
         if own is None:
             return
         st.own.add(own)
@@ -417,16 +418,6 @@ class GpuHealthDetector(DetectorBase[GpuHealthSettings]):
                             evidence={k: v for k, v in facts.items()
                                       if v is not None and not (isinstance(v, float) and v != v)},
                             suggestions=suggestions, severity=head.severity)
-
-
-def _own_time(rec: StepRecord) -> float | None:
-    """Data + compute: the rank's own part of the step (as the straggler page reads it)."""
-    data = rec.data_time if finite(rec.data_time) else 0.0
-    if finite(rec.compute_time):
-        return rec.compute_time + data
-    if finite(rec.step_time) and finite(rec.sync_wait_time):
-        return rec.step_time - rec.sync_wait_time
-    return rec.step_time if finite(rec.step_time) and rec.step_time > 0 else None
 
 
 @dataclass(slots=True)

@@ -90,6 +90,7 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.context import DetectorContext
+from monitor_agent.detectors.support.own_time import own_time
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window, finite, sorted_median
 from monitor_agent.records.types import Finding, Severity, StepRecord
@@ -152,16 +153,6 @@ class RankTimes:
 
 
 QUANTITIES = ("times", "data", "compute", "wait", "step")  # RankTimes' windows, Times' order
-
-
-def own_time(rec: StepRecord) -> float | None:
-    """Data + compute time: the part of the step that is this rank's own doing."""
-    data = rec.data_time if finite(rec.data_time) else 0.0
-    if finite(rec.compute_time):
-        return rec.compute_time + data
-    if finite(rec.step_time) and finite(rec.sync_wait_time):
-        return rec.step_time - rec.sync_wait_time
-    return rec.step_time if finite(rec.step_time) else None
 
 
 def compute_of(rec: StepRecord) -> float:

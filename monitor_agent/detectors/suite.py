@@ -37,8 +37,8 @@ import dataclasses
 from typing import Any
 
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES
-from monitor_agent.detectors.detector_settings import DetectorSettings
 from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.support.base import Detector, Explainer
 from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.records.types import Finding, Record, StepRecord

@@ -1,7 +1,7 @@
 """Channel and outbox settings: Slack, PagerDuty, Alertmanager, webhook, console, outbox.
 
 They live beside the channels they configure, so adding a channel touches ``notify/``
-alone; ``alerting/alerting_settings.py`` composes them into ``AlertingSettings``
+alone; ``alerting/settings.py`` composes them into ``AlertingSettings``
 (``alerting.slack``, ``alerting.outbox``, ...). Secrets (webhook URLs, routing keys) are
 ``SecretStr``: never in repr, logs or API answers; each has a ``*_file`` twin that reads it
 from a file (Docker/Kubernetes secrets)::

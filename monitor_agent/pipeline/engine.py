@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
 from monitor_agent.cluster.link_state import LinkBook

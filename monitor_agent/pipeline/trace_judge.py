@@ -92,7 +92,7 @@ def judge_trace(
             if on_record is not None:
                 on_record()
         if last_time is not None and not out.ended:
-            horizon = settings.detectors.stalled.stall_horizon_seconds
+            horizon = settings.detectors.stall_horizon_seconds
             out.findings.extend(engine.tick(last_time + horizon))
     finally:
         store.close()

@@ -13,7 +13,7 @@ record with the JSON the store keeps for it (defaults filled in)::
     ('StepRecord', 1, nan)
     >>> parse_record({"kind": "step", "run_id": "r", "step": True, "time": 0.0})
     Traceback (most recent call last):
-    monitor_agent.records.schemas.RecordError: step: Input should be a valid integer
+    monitor_agent.records.RecordError: step: Input should be a valid integer
     >>> record, body = parse_for_store({"kind": "end", "run_id": "r", "time": 9.0})
     >>> body
     b'{"kind":"end","run_id":"r","step":0,"time":9.0,"rank":0,"status":"completed"}'
@@ -37,7 +37,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from monitor_agent.records import limits
+from monitor_agent.records import RecordError, limits
 from monitor_agent.records import types as t
 from monitor_agent.records.limits import MAX_NAME_LEN
 
@@ -445,10 +445,6 @@ TOP_FIELDS: dict[str, frozenset[str]] = {
 """Each kind's top-level fields. Read once: pydantic builds ``model_fields`` on each
 access (microseconds), and ingest asks for every record (``verbatim``, ``_own_scalars``)."""
 _RECORD: TypeAdapter[WireRecord] = TypeAdapter(RecordModel)
-
-
-class RecordError(ValueError):
-    """A record that does not follow docs/format.md; the message names the field."""
 
 
 def explain(exc: ValidationError) -> str:

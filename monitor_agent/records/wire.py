@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from monitor_agent.records import RecordError
+
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -149,7 +151,7 @@ def open_trace(path: str | Path):
     return path.open("rb")
 
 
-class TraceError(ValueError):
+class TraceError(RecordError):
     """A trace file that cannot be read; the message starts ``file:line[:column]:``."""
 
 

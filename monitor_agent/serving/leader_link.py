@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from monitor_agent.alerting import Alerting
-from monitor_agent.alerting.model import Action
+from monitor_agent.alerting.alerts import Action
 from monitor_agent.cluster.link import FollowedRun, LeaderLink, OwedItem
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine

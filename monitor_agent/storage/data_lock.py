@@ -30,12 +30,14 @@ import logging
 import os
 from pathlib import Path
 
+from monitor_agent.storage.database import StorageError
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "monitor-agent.lock"
 
 
-class DataDirInUse(RuntimeError):
+class DataDirInUse(StorageError):
     """Another live process holds the data directory's lock; the message names its pid."""
 
 

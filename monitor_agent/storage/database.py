@@ -41,6 +41,8 @@ from types import TracebackType
 from typing import Any, TypeAlias
 from urllib.parse import quote
 
+from monitor_agent.errors import MonitorAgentError
+
 Connection: TypeAlias = sqlite3.Connection
 """The connection a ``Database.tx()`` hands its body: a store's SQL inside one transaction
 (``AlertTx``, ``Outbox.enqueue``, the chart history's aggregates) runs on it."""
@@ -63,7 +65,7 @@ def read_only_uri(path: Path | str) -> str:
     return f"file://{quote(str(Path(path).absolute()))}?mode=ro"
 
 
-class StorageError(RuntimeError):
+class StorageError(MonitorAgentError, RuntimeError):
     """The store could not do that now: disk full, read-only, locked, corrupt, I/O.
 
     The one error type above the storage boundary; the SQLite error, if one caused it, is

@@ -51,13 +51,13 @@ from urllib.parse import quote
 import httpx
 
 from monitor_agent.records import wire
-from monitor_agent.storage.database import read_only_uri
+from monitor_agent.storage.database import StorageError, read_only_uri
 
 PAGE = 10_000  # the records endpoint's largest page
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-class ExportError(RuntimeError):
+class ExportError(StorageError):
     """The run cannot be exported (unknown run, unreachable sidecar, refused token)."""
 
 

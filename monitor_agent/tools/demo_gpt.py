@@ -42,16 +42,17 @@ import torch.nn.functional as F
 from torch import nn
 
 import monitor_client
+from monitor_agent.tools import ToolError
 
 VOCAB = ["\t", "\n"] + [chr(c) for c in range(32, 127)]
 FAULTS = ("none", "nan", "lr-spike", "frozen-layer", "slow-data", "leak")
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(ToolError):
     """Training stopped because the loss stayed NaN/inf."""
 
 
-class StoppedByMonitor(RuntimeError):
+class StoppedByMonitor(ToolError):
     """An alert rule of the sidecar asked this run to stop."""
 
 

@@ -67,6 +67,7 @@ from typing import Any, BinaryIO
 
 import httpx
 
+from monitor_agent.tools import ToolError
 from monitor_agent.tools.spool_files import (
     Directory,
     Listing,
@@ -95,7 +96,7 @@ Post = Callable[[list[bytes]], tuple[int, Any]]
 """One POST of JSON lines to /v1/records: the HTTP status and the decoded JSON answer."""
 
 
-class PushError(Exception):
+class PushError(ToolError):
     """The sidecar cannot take the spool now (unreachable, wrong token, ...): nothing was
     deleted; the message says why."""
 

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from monitor_agent.tools import ToolError
+
 SUFFIX = ".ndjson"
 # As client/monitor_client/_spool.py names a segment (``_open_new_segment``).
 SEGMENT_NAME = re.compile(r"[0-9]{12}\.ndjson")
@@ -55,7 +57,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class SpoolFileError(Exception):
+class SpoolFileError(ToolError):
     """The named path cannot be pushed (missing, a link, not a file or directory, nothing
     in it); the message says why."""
 

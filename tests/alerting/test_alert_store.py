@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from monitor_agent.alerting.alert_store import AlertStore
+from monitor_agent.alerting.alerts import Action, StoredAlert
 from monitor_agent.alerting.db import open_alert_db
-from monitor_agent.alerting.model import Action, StoredAlert
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.storage.database import StorageError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from monitor_agent.alerting.alerting_settings import PAGERDUTY_EVENTS_URL, AlertingSettings
+from monitor_agent.alerting.settings import PAGERDUTY_EVENTS_URL, AlertingSettings
 from monitor_agent.settings import ConfigError, load_settings
 
 SLACK = "https://hooks.slack.com/services/T0/B0/verysecret"

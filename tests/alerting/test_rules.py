@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from monitor_agent.alerting.alerting_settings import AlertingSettings
 from monitor_agent.alerting.rules import (
     RuleError,
     first_match,
@@ -15,6 +14,7 @@ from monitor_agent.alerting.rules import (
     parse_rules,
     shadowed,
 )
+from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.records.types import Finding, Severity
 
 GOOD = """

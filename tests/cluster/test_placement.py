@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitor_agent.cluster.cluster_settings import ClusterSettings
 from monitor_agent.cluster.placement import leader_of
+from monitor_agent.cluster.settings import ClusterSettings
 from monitor_agent.records.types import ClusterPlacement
 
 NODE1 = ClusterPlacement(node_rank=1, nodes=2, local_world_size=8,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from synth_records import assert_restore_equivalent, feed, grad_table, names, noise, only, run, step
 
-from monitor_agent.detectors.detector_settings import DetectorSettings
+from monitor_agent.detectors.settings import DetectorSettings
 from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.layer_bands import HORIZON, LayerBands
 

@@ -1,7 +1,8 @@
 """The detector registry (catalogue.DETECTOR_CLASSES) and what is assembled from it: the
-finding types, their usual severities and the flat DetectorSettings (written out, with one
-typed view per detector, and checked against the registry here); plus the package
-layout rules that keep a detector one file (no detector imports a sibling detector)."""
+finding types, their usual severities and the flat DetectorSettings (composed from the
+registered detectors' settings models, and reaching the sidecar's settings); plus the
+package layout rules that keep a detector one file (no detector imports a sibling
+detector)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from pydantic import Field, ValidationError
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 from monitor_agent.detectors.catalogue import DETECTOR_CLASSES, USUAL_SEVERITY
-from monitor_agent.detectors.detector_settings import KnobsOf, compose_settings
 from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.settings import compose_settings
 from monitor_agent.detectors.support.base import Detector
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.records.types import Severity
 
 PACKAGE = Path(__file__).resolve().parents[2] / "monitor_agent" / "detectors"
-NOT_DETECTORS = {"__init__", "catalogue", "detector_settings", "suite"}
+NOT_DETECTORS = {"__init__", "catalogue", "settings", "suite"}
 
 
 def _models() -> list[type[SharedSettings]]:
@@ -54,24 +55,28 @@ def test_no_knob_is_declared_by_two_detectors():
             owner[name] = model.__name__
 
 
-def test_every_registered_detector_has_a_view_typed_as_its_settings_model():
-    # The view's model is what mypy types ``settings.<type>`` as: KnobsOf(LossSpikeSettings)
-    # is a KnobsOf[LossSpikeSettings]. Registered without a view, or a view of no detector
-    # (or of another model), fails here.
-    views = {n: v for n, v in vars(DetectorSettings).items() if isinstance(v, KnobsOf)}
-    assert list(views) == list(FINDING_TYPES)
-    settings = DetectorSettings()
+def test_each_registered_detectors_knobs_reach_the_sidecar_settings():
+    """A registered detector's knobs are ``detectors.<knob>`` in the sidecar's settings
+    (YAML and env), with the defaults, limits and descriptions its own model declares."""
+    from monitor_agent.settings import Settings
+
+    schema = Settings.model_json_schema()
+    section = schema["$defs"][schema["properties"]["detectors"]["$ref"].rsplit("/", 1)[1]]
     for cls in DETECTOR_CLASSES:
-        assert views[cls.type].model is cls.settings_model, cls.type
-        assert getattr(settings, cls.type) is settings  # the object the detector is handed
-    assert not set(views) & set(DetectorSettings.model_fields)
+        own = cls.settings_model.model_json_schema()["properties"]
+        for knob, declared in own.items():
+            assert section["properties"].get(knob) == declared, (cls.type, knob)
+            assert declared.get("description"), f"{cls.type}: {knob} has no description"
+    # The detector is handed the sidecar's section itself, typed as its own model.
+    settings = Settings().detectors
+    assert all(isinstance(settings, cls.settings_model) for cls in DETECTOR_CLASSES)
 
 
-def test_the_written_out_settings_are_the_registrys_composition():
-    composed = compose_settings(DETECTOR_CLASSES)
-    assert DetectorSettings.__bases__ == composed.__bases__
-    assert list(DetectorSettings.model_fields) == list(composed.model_fields)
-    assert DetectorSettings.model_json_schema() == composed.model_json_schema()
+def test_knobs_come_out_shared_first_then_in_catalogue_order():
+    order = list(SharedSettings.model_fields)
+    for model in _models():
+        order += [k for k in model.model_fields if k not in order]
+    assert list(DetectorSettings.model_fields) == order
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from monitor_agent.alerting.alerting_settings import AlertingSettings
+from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.notify.channels import build_notifiers, describe_channels
 
 

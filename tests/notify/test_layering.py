@@ -29,5 +29,5 @@ def test_notify_never_imports_alerting():
 
 
 def test_rules_do_not_import_settings():
-    assert not any(m.startswith("monitor_agent.alerting.alerting_settings")
+    assert not any(m.startswith("monitor_agent.alerting.settings")
                    for m in imports(ROOT / "alerting" / "rules.py"))

@@ -201,7 +201,7 @@ def test_alerting_marks_a_new_runs_episodes_and_budgets_their_pages(tmp_path):
     messages), one first seen an hour ago is not; 12 new runs of one source page 10 times
     alone and once as a summary, the established run alone."""
     from monitor_agent.alerting import Alerting, AlertingSettings
-    from monitor_agent.alerting.model import RunContext
+    from monitor_agent.alerting.alerts import RunContext
     from monitor_agent.records.types import Finding, Severity
 
     settings = AlertingSettings(console={"enabled": True})

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from live_server import LiveServer
-from monitor_agent.alerting.model import RunContext
+from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming

@@ -6,8 +6,8 @@ A detector subclasses ``DetectorBase[ItsSettings]``, names its ``type``, its usu
 carry a description), declares its per-rank state as a dataclass returned by ``new_rank()``
 (handed to ``on_step`` as ``st``) and implements ``on_step`` (and ``on_eval`` or ``tick``
 when it needs them). Listing the class in ``DETECTOR_CLASSES`` (detectors/catalogue.py)
-registers it, and its settings model goes into ``DetectorSettings``
-(detectors/detector_settings.py).
+registers it, and ``DetectorSettings`` (detectors/settings.py) takes its settings model
+from there.
 
 A detector of a loss above a fixed limit, with no per-rank state, driven on its own; the
 third step is still high but within ``repeat_every_steps`` of the first report::

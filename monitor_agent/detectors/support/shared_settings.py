@@ -1,17 +1,24 @@
 """The knobs more than one detector reads, or the suite itself: every detector's settings
-model extends ``SharedSettings``, and ``DetectorSettings`` (detectors/detector_settings.py)
+model extends ``SharedSettings``, and ``DetectorSettings`` (detectors/settings.py)
 extends them all, flat. A detector's own model adds its knobs, and the shared ones come
-along::
+along; code outside a detector reads one detector's knobs typed through ``knobs``::
 
+    >>> from monitor_agent.detectors import DetectorSettings
     >>> from monitor_agent.detectors.loss_spike import LossSpikeSettings
     >>> knobs = LossSpikeSettings(spike_ratio=1.5)
     >>> knobs.spike_ratio, knobs.baseline_window, knobs.repeat_every_steps
     (1.5, 100, 100)
+    >>> DetectorSettings(spike_z=8).knobs(LossSpikeSettings).spike_z
+    8.0
 """
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field
+
+M = TypeVar("M", bound="SharedSettings")
 
 
 class SharedSettings(BaseModel):
@@ -59,3 +66,10 @@ class SharedSettings(BaseModel):
         description="Replay: a trace without an end record is judged this long after its last "
         "record (must exceed the stall limit).",
     )
+
+    def knobs(self, model: type[M]) -> M:
+        """This object, typed as ``model``, one detector's settings model: what a type
+        checker needs to read that detector's knobs on the flat ``DetectorSettings``."""
+        if not isinstance(self, model):
+            raise TypeError(f"{type(self).__name__} does not extend {model.__name__}")
+        return self

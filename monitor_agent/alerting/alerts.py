@@ -1,4 +1,5 @@
-"""Alerting's data: a run's context, a stored alert, and the view the sidecar shows.
+"""The alerts: a stored alert, the view the sidecar shows, a rule's action, and the run
+context a finding is judged in.
 
 ``StoredAlert`` is one row of the alerts table as ``alert_store.py`` returns it (the
 lifecycle works on these); ``AlertView`` is what the API, exposition and UI see. The API's
