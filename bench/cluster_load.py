@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--max-ranks", type=int, default=256)
     ap.add_argument("--p99-ms", type=float, default=100.0)
     ap.add_argument("--scrape", type=float, default=15.0,
-                    help="seconds between /metrics reads (the README's scrape interval)")
+                    help="seconds between /metrics reads (the deploy configs' scrape interval)")
     ap.add_argument("--nodes", type=int, default=128)
     ap.add_argument("--ranks-per-node", type=int, default=8)
     args = ap.parse_args()

@@ -19,7 +19,7 @@ flag beats the file, a secret is shown redacted, and a misspelt key is refused b
     ...     except ConfigError as exc:
     ...         print(exc)
     invalid configuration in .../monitor-agent.yaml:
-      retension_steps: unknown setting (check the spelling; see the README's configuration table)
+      retension_steps: unknown setting (check the spelling; see docs/reference/configuration.md)
     >>> settings.port, settings.retention_steps
     (9600, 5000)
     >>> settings.redacted()["alerting"]["slack"]["webhook_url"]
@@ -50,7 +50,7 @@ MiB = 1024 * 1024
 
 
 class Settings(BaseSettings):
-    """Everything the sidecar can be told; see the README's configuration table."""
+    """Everything the sidecar can be told; see docs/reference/configuration.md."""
 
     model_config = SettingsConfigDict(
         env_prefix="MONITOR_AGENT_", env_nested_delimiter="__", extra="forbid"
@@ -289,6 +289,6 @@ def explain_config_error(exc: ValidationError, source: Path | str | None) -> str
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown setting (check the spelling; see the README's configuration table)"
+            msg = "unknown setting (check the spelling; see docs/reference/configuration.md)"
         lines.append(f"  {field}: {msg}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ grows by its quotes, at most 1.5 times), and that copy in the transport's buffer
 those built whole (``built_in_slot``: the charts, at most 16 MiB each as well, and the runs
 page). One more page is answered 503 at once, so a waiting reader holds
 nothing; with pages and charts, every large read answer together holds at most 64 MiB,
-README's budget for a request.
+docs/hostile-input.md's budget for a request.
 
 api/runs.py answers records and findings this way, api/alerts.py the alerts list. The
 pieces of one answer, with a fetch that has two chunks of stored lines (one holding a bare
