@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_gpt import VOCAB, framework_exit_status, load_text  # noqa: E402
 
-from monitor_client import MonitorConfig  # noqa: E402
+from monitor_client import MonitorSettings  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def main() -> int:
             eval_strategy="steps", eval_steps=50, per_device_eval_batch_size=16,
             save_strategy="no", report_to=[], use_cpu=True)
         callback = MonitorCallback(url=args.url, project="hf-gpt", run_id=args.run_id,
-                                   settings=MonitorConfig(linger=args.linger,
+                                   settings=MonitorSettings(linger=args.linger,
                                                           spool_dir=args.spool_dir))
         extra = [InjectNaN(model, args.inject_nan)] if args.inject_nan else []
         trainer = transformers.Trainer(

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_gpt import VOCAB, CharGPT, framework_exit_status, load_text  # noqa: E402
 
-from monitor_client import MonitorConfig  # noqa: E402
+from monitor_client import MonitorSettings  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main() -> int:
     val = torch.utils.data.DataLoader(Windows(data[split:], 64), batch_size=16)
     callback = MonitorCallback(url=args.url, project="lightning-gpt", run_id=args.run_id,
                                tokens_per_sample=64,
-                               settings=MonitorConfig(linger=args.linger, spool_dir=args.spool_dir))
+                               settings=MonitorSettings(linger=args.linger, spool_dir=args.spool_dir))
     trainer = pl.Trainer(max_steps=args.steps, gradient_clip_val=1.0, val_check_interval=50,
                          limit_val_batches=4, accelerator="cpu", logger=False,
                          enable_checkpointing=False, callbacks=[callback])

@@ -1,5 +1,5 @@
 """How the arguments of ``Monitor(...)``, ``watch(...)`` and the framework callbacks become
-a ``MonitorConfig`` / ``WatchConfig`` (``config.py``, where each knob is defined and checked).
+a ``MonitorSettings`` / ``WatchSettings`` (``settings.py``, where each knob is defined and checked).
 
 A keyword fills the field of its name (``config``: ``hparams``) where ``settings`` leave the
 default; one that contradicts a value the settings chose is a ``TypeError``. The old
@@ -15,11 +15,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from monitor_client.config import MonitorConfig, WatchConfig
+from monitor_client.settings import MonitorSettings, WatchSettings
 
 # The keywords that Monitor(...) and watch(...) no longer take, until the next release:
 # each fills the config field of its name (Monitor's layer_stats_every and hist_every: the
-# fields of its WatchConfig, MonitorConfig.watch).
+# fields of its WatchSettings, MonitorSettings.watch).
 LEGACY_MONITOR_KEYWORDS = ("rank", "world_size", "rank0_only", "layer_stats_every",
                            "hist_every", "spool_dir", "spool_max_bytes", "spool_max_age",
                            "max_queue", "linger", "timeout", "close_timeout", "gpu_probe",
@@ -33,10 +33,10 @@ _FOR_WATCH = ("layer_stats_every", "hist_every")  # Monitor's legacy keywords fo
 _CALLER = 3
 
 
-def monitor_settings(where: str, config: MonitorConfig | Mapping[str, Any] | None,
-                     settings: MonitorConfig | None, keywords: dict[str, Any],
-                     legacy: dict[str, Any]) -> MonitorConfig:
-    """The ``MonitorConfig`` for the arguments of ``Monitor(...)`` (or of a callback that
+def monitor_settings(where: str, config: MonitorSettings | Mapping[str, Any] | None,
+                     settings: MonitorSettings | None, keywords: dict[str, Any],
+                     legacy: dict[str, Any]) -> MonitorSettings:
+    """The ``MonitorSettings`` for the arguments of ``Monitor(...)`` (or of a callback that
     makes one): ``settings`` with ``config`` (the hyperparameters) and ``keywords`` (the
     other arguments, by their field names) filled in.
 
@@ -44,20 +44,20 @@ def monitor_settings(where: str, config: MonitorConfig | Mapping[str, Any] | Non
     applied the same way, with a ``DeprecationWarning``, as is a config object passed as
     ``config``. Any other name is a ``TypeError``, as for any function.
     """
-    if isinstance(config, MonitorConfig):
+    if isinstance(config, MonitorSettings):
         if settings is not None:
-            raise TypeError(f"{where}(): got a MonitorConfig as both config= and settings=")
-        warnings.warn(f"{where}(config=MonitorConfig(...)) is deprecated and will be removed "
-                      f"in the next release: pass it as {where}(settings=MonitorConfig(...)); "
+            raise TypeError(f"{where}(): got a MonitorSettings as both config= and settings=")
+        warnings.warn(f"{where}(config=MonitorSettings(...)) is deprecated and will be removed "
+                      f"in the next release: pass it as {where}(settings=MonitorSettings(...)); "
                       "config= is the run's hyperparameters", DeprecationWarning,
                       stacklevel=_CALLER)
         settings, config = config, None
     if settings is None:
-        settings = MonitorConfig()
-    elif not isinstance(settings, MonitorConfig):
-        raise TypeError(f"{where}(settings=...) takes a MonitorConfig, not "
+        settings = MonitorSettings()
+    elif not isinstance(settings, MonitorSettings):
+        raise TypeError(f"{where}(settings=...) takes a MonitorSettings, not "
                         f"{type(settings).__name__}")
-    legacy = _take_legacy(where, legacy, LEGACY_MONITOR_KEYWORDS, "MonitorConfig")
+    legacy = _take_legacy(where, legacy, LEGACY_MONITOR_KEYWORDS, "MonitorSettings")
     keywords = {**keywords, **{k: v for k, v in legacy.items() if k not in _FOR_WATCH}}
     if config is not None:
         keywords["hparams"] = dict(config)  # a copy: the caller's dict is left alone
@@ -67,9 +67,9 @@ def monitor_settings(where: str, config: MonitorConfig | Mapping[str, Any] | Non
     return merged if watch is merged.watch else dataclasses.replace(merged, watch=watch)
 
 
-def watch_settings(base: WatchConfig, settings: WatchConfig | None,
-                   keywords: dict[str, Any], legacy: dict[str, Any]) -> WatchConfig:
-    """The ``WatchConfig`` for the arguments of ``watch(...)``.
+def watch_settings(base: WatchSettings, settings: WatchSettings | None,
+                   keywords: dict[str, Any], legacy: dict[str, Any]) -> WatchSettings:
+    """The ``WatchSettings`` for the arguments of ``watch(...)``.
 
     ``settings`` when given, with the keywords filled in (as ``monitor_settings`` does);
     else ``base`` (the Monitor's) with every keyword that is not at its default applied.
@@ -80,22 +80,22 @@ def watch_settings(base: WatchConfig, settings: WatchConfig | None,
         old = legacy.pop("config")
         if settings is not None:
             raise TypeError("watch(): got both config= and settings=")
-        warnings.warn("watch(config=WatchConfig(...)) is deprecated and will be removed in "
-                      "the next release: pass it as watch(settings=WatchConfig(...))",
+        warnings.warn("watch(config=WatchSettings(...)) is deprecated and will be removed in "
+                      "the next release: pass it as watch(settings=WatchSettings(...))",
                       DeprecationWarning, stacklevel=_CALLER)
         settings = old
     keywords = {**keywords, **_take_legacy("watch", legacy, LEGACY_WATCH_KEYWORDS,
-                                           "WatchConfig")}
+                                           "WatchSettings")}
     # watch(layer_stats_every=None or 0) and watch(hist_every=None) meant "the Monitor's".
     keywords = {k: v for k, v in keywords.items()
                 if not (k in _FOR_WATCH and v is None)
                 and not (k == "layer_stats_every" and v == 0)}
     if settings is not None:
-        if not isinstance(settings, WatchConfig):
-            raise TypeError(f"watch(settings=...) takes a WatchConfig, not "
+        if not isinstance(settings, WatchSettings):
+            raise TypeError(f"watch(settings=...) takes a WatchSettings, not "
                             f"{type(settings).__name__}")
         return _merge(settings, keywords, "watch")
-    return dataclasses.replace(base, **_changed(WatchConfig, keywords))
+    return dataclasses.replace(base, **_changed(WatchSettings, keywords))
 
 
 def _take_legacy(where: str, legacy: dict[str, Any], known: tuple[str, ...],
@@ -106,10 +106,10 @@ def _take_legacy(where: str, legacy: dict[str, Any], known: tuple[str, ...],
         raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
     if legacy:
         given = ", ".join(f"{k}=..." for k in legacy)
-        own = [f"{k}=..." for k in legacy if not (config == "MonitorConfig" and k in _FOR_WATCH)]
-        inner = [f"{k}=..." for k in legacy if config == "MonitorConfig" and k in _FOR_WATCH]
+        own = [f"{k}=..." for k in legacy if not (config == "MonitorSettings" and k in _FOR_WATCH)]
+        inner = [f"{k}=..." for k in legacy if config == "MonitorSettings" and k in _FOR_WATCH]
         if inner:
-            own.append(f"watch=WatchConfig({', '.join(inner)})")
+            own.append(f"watch=WatchSettings({', '.join(inner)})")
         warnings.warn(f"{where}({given}) is deprecated and will be removed in the next "
                       f"release: pass settings={config}({', '.join(own)})",
                       DeprecationWarning, stacklevel=_CALLER + 1)

@@ -13,7 +13,7 @@ endpoint (the tests use a loopback server, tests/client/conftest.py)::
     >>> sidecar = SimpleNamespace(base="stand-in", endpoint="stand-in", close=lambda: None,
     ...     post=lambda lines: got.extend(map(json.loads, lines)) or PostResult(PostOutcome.OK))
     >>> spool = tempfile.TemporaryDirectory()
-    >>> mon = Monitor(project="demo", settings=MonitorConfig(spool_dir=spool.name))
+    >>> mon = Monitor(project="demo", settings=MonitorSettings(spool_dir=spool.name))
     >>> mon._sender.transport = sidecar           # where it would POST to the sidecar
     >>> model = torch.nn.Linear(4, 1)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -30,7 +30,7 @@ endpoint (the tests use a loopback server, tests/client/conftest.py)::
 
 ``log_step`` reads nothing from the device: the statistics stay there until the sender
 thread copies them to the host (see ``_pending.py``). A nonsensical setting raises at once,
-before training starts (``config.py`` names the field); after that every public method
+before training starts (``settings.py`` names the field); after that every public method
 swallows its own errors into rate-limited warnings: monitoring never raises into training.
 """
 
@@ -75,7 +75,7 @@ from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client._watchdog import Watchdog
-from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
+from monitor_client.settings import DEFAULT_URL, MonitorSettings, WatchSettings
 
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
     from monitor_client._activations import ActivationStats
@@ -120,9 +120,9 @@ class Monitor:
     JSON-able dict shown with the run), ``total_steps`` (the optimizer steps planned: the
     run page's progress and ETA come from it), ``loss_kind`` (what the loss is, when it is not
 a non-negative error that falls: "signed", or "nonstationary" for RL and GAN objectives;
-``MonitorConfig``), ``run_id`` (None: from the launcher, else
+``MonitorSettings``), ``run_id`` (None: from the launcher, else
     generated), ``token`` (None: ``MONITOR_AGENT_TOKEN``) and ``labels``. Every other knob
-    is a field of ``settings``, a ``MonitorConfig`` (``config.py``, with units), whose
+    is a field of ``settings``, a ``MonitorSettings`` (``settings.py``, with units), whose
     ``watch`` is what ``watch()`` measures unless told otherwise. A value that makes no
     sense raises ``ValueError``/``TypeError`` here, before training starts; after that
     nothing raises.
@@ -131,19 +131,19 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
     is refused before anything starts. As a context manager, the run ends with the block
     (``enabled=False`` here: every method a no-op, no thread, nothing sent)::
 
-        >>> settings = MonitorConfig(project="gpt", linger=0.2, enabled=False,
-        ...                          watch=WatchConfig(layer_stats_every=10, activations=True))
+        >>> settings = MonitorSettings(project="gpt", linger=0.2, enabled=False,
+        ...                          watch=WatchSettings(layer_stats_every=10, activations=True))
         >>> with Monitor(config={"lr": 3e-4}, settings=settings) as mon:
         ...     mon.log_step(1, loss=2.0)
         >>> mon.settings.project, mon.settings.hparams, mon.settings.watch.layer_stats_every
         ('gpt', {'lr': 0.0003}, 10)
         >>> Monitor(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: Monitor(): got settings=MonitorConfig(...) and keywords that contradict it:
+        TypeError: Monitor(): got settings=MonitorSettings(...) and keywords that contradict it:
         project='bert' (settings has 'gpt'); ...
 
     The keywords removed in favour of ``settings`` (``linger=``, ``spool_dir=``, ...) and a
-    ``MonitorConfig`` passed as ``config`` still work until the next release, with a
+    ``MonitorSettings`` passed as ``config`` still work until the next release, with a
     ``DeprecationWarning`` naming the new spelling.
     """
 
@@ -151,7 +151,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                  config: Mapping[str, Any] | None = None, *, total_steps: int | None = None,
                  loss_kind: str | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  **legacy: Any) -> None:
         self._start(monitor_settings("Monitor", config, settings, dict(
             url=url, project=project, total_steps=total_steps, loss_kind=loss_kind,
@@ -159,13 +159,13 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             labels=labels), legacy))
 
     @property
-    def monitor_config(self) -> MonitorConfig:
+    def monitor_config(self) -> MonitorSettings:
         """Deprecated: ``settings``."""
         warnings.warn("Monitor.monitor_config is deprecated and will be removed in the next "
                       "release: use Monitor.settings", DeprecationWarning, stacklevel=2)
         return self.settings
 
-    def _start(self, cfg: MonitorConfig) -> None:
+    def _start(self, cfg: MonitorSettings) -> None:
         self.settings = cfg
         found = _run_info.detect_rank()
         self.rank = found.rank if cfg.rank is None else cfg.rank
@@ -235,10 +235,10 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._warner.warn(where, "action callback failed (ignored): %r", exc)
 
     @staticmethod
-    def _url(cfg: MonitorConfig) -> str:
+    def _url(cfg: MonitorSettings) -> str:
         return cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
 
-    def _make_sender(self, cfg: MonitorConfig) -> Sender:
+    def _make_sender(self, cfg: MonitorSettings) -> Sender:
         url = self._url(cfg)
         token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
         base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
@@ -271,17 +271,17 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
     # -- hooking the model -----------------------------------------------------------------
     def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              scaler: Any = None, guard: Any = None, settings: WatchConfig | None = None,
+              scaler: Any = None, guard: Any = None, settings: WatchSettings | None = None,
               **legacy: Any) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` (max global gradient L2 norm) is applied inside the optimizer pre-hook
         from the norm we measure anyway (remove your own ``clip_grad_norm_``); ``scaler``
         is the GradScaler whose loss scale is recorded each step; ``guard`` (True, or a
-        ``GuardConfig``) skips a step whose gradient is non-finite or an outlier, on the
+        ``GuardSettings``) skips a step whose gradient is non-finite or an outlier, on the
         device (``_guard.py``), each skip logged with ``skipped``/``skip_reason``. What else it measures is
-        a ``WatchConfig`` (each knob, with units, in ``config.py``): ``settings``, else the
-        Monitor's (``MonitorConfig.watch``), with ``grad_clip`` applied.
+        a ``WatchSettings`` (each knob, with units, in ``settings.py``): ``settings``, else the
+        Monitor's (``MonitorSettings.watch``), with ``grad_clip`` applied.
 
         Per-layer statistics every ``layer_stats_every`` steps, distributions every
         ``hist_every``, activations when asked (``_activations.py``), forward finite flags
@@ -296,7 +296,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._watch(model, optimizer, scaler, cfg)
 
     @_guard
-    def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchConfig) -> None:
+    def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchSettings) -> None:
         if not self.active:
             return
         from monitor_client import _flops, _model_info
@@ -362,7 +362,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         params = [p for p in model.parameters() if p.requires_grad]
         self._timings = StepTimings(params, optimizer).attach()
 
-    def _watch_guard(self, optimizer: Any, cfg: WatchConfig) -> None:
+    def _watch_guard(self, optimizer: Any, cfg: WatchSettings) -> None:
         from monitor_client._guard import StepGuard
 
         assert self._stats is not None and cfg.guard is not None

@@ -7,7 +7,7 @@ Two layers, both behind the one-method ``GpuProbe`` interface (``read() -> dict 
   and aggregate, corrected and uncorrected), retired pages / remapped rows pending, clock
   throttle reasons (thermal, power, hardware slowdown), the SM clock against its maximum,
   the PCIe link's width and generation against theirs, and XID critical-error events.
-- ``GpuSampler`` calls a probe every ``MonitorConfig.gpu_sample_interval`` seconds (default
+- ``GpuSampler`` calls a probe every ``MonitorSettings.gpu_sample_interval`` seconds (default
   1) on the thread ``monitor-client-gpu`` and keeps the latest reading; the sender thread
   attaches it to each step record. Neither the training thread nor the sender ever calls
   NVML per step: an NVML call can take milliseconds (ECC and row-remap queries go to the

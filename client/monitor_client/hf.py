@@ -69,7 +69,7 @@ from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._monitor import Monitor
 from monitor_client._resume import Relaunch, RollbackExit, announce
 from monitor_client._rollback import RollbackPlan, write_resume_file
-from monitor_client.config import MonitorConfig
+from monitor_client.settings import MonitorSettings
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 DATA_FILE = "monitor_data.json"  # in each checkpoint-<step>: where its data resumes
@@ -82,15 +82,15 @@ class MonitorCallback(TrainerCallback):
     Without a ``monitor``, one is made at the start of training from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
     Trainer's arguments, unless ``settings.hparams`` names them), ``run_id``, ``token``,
-    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
-    monitor's ``WatchConfig`` with the clipping set by the Trainer's ``max_grad_norm``.
+    ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
+    monitor's ``WatchSettings`` with the clipping set by the Trainer's ``max_grad_norm``.
 
     Used as ``Trainer(..., callbacks=[MonitorCallback(project="gpt", settings=settings)])``
     (tests/client/test_hf.py trains with it). Until training starts it holds only the
     checked settings::
 
-        >>> from monitor_client.config import WatchConfig
-        >>> settings = MonitorConfig(watch=WatchConfig(activations=True))
+        >>> from monitor_client.settings import WatchSettings
+        >>> settings = MonitorSettings(watch=WatchSettings(activations=True))
         >>> callback = MonitorCallback(project="gpt", settings=settings)
         >>> callback.monitor, callback.settings.project, callback.settings.watch.activations
         (None, 'gpt', True)
@@ -99,7 +99,7 @@ class MonitorCallback(TrainerCallback):
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  take_over_clipping: bool = True, take_over_data: bool = True,
                  exit_on_rollback: bool = True, **legacy: Any) -> None:
         self.monitor = monitor
@@ -159,7 +159,7 @@ class MonitorCallback(TrainerCallback):
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
         watch = mon.settings.watch
         seq_len = watch.seq_len or getattr(getattr(model, "config", None), "n_positions", None)
-        # The Trainer decides the clipping; everything else is the monitor's WatchConfig.
+        # The Trainer decides the clipping; everything else is the monitor's WatchSettings.
         mon.watch(model, opt, settings=dataclasses.replace(
             watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
         self._handles = [

@@ -75,7 +75,7 @@ from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
 from monitor_client._resume import Relaunch, RollbackExit, announce
 from monitor_client._rollback import RollbackPlan, write_resume_file
-from monitor_client.config import MonitorConfig
+from monitor_client.settings import MonitorSettings
 
 log = logging.getLogger("monitor_client")
 
@@ -86,27 +86,27 @@ class MonitorCallback(pl.Callback):
     Without a ``monitor``, one is made when fitting starts from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
     module's ``hparams``, unless ``settings.hparams`` names them), ``run_id``, ``token``,
-    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
-    monitor's ``WatchConfig`` with Lightning's clipping value and ``pre_hook=False``.
+    ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
+    monitor's ``WatchSettings`` with Lightning's clipping value and ``pre_hook=False``.
 
     Used as ``L.Trainer(callbacks=[MonitorCallback(project="gpt", settings=settings)])``
     (tests/client/test_lightning.py fits with it). Until fitting starts it holds only the
     checked settings; a keyword that contradicts them is refused at once::
 
-        >>> from monitor_client.config import WatchConfig
-        >>> settings = MonitorConfig(project="gpt", watch=WatchConfig(hist_every=0))
+        >>> from monitor_client.settings import WatchSettings
+        >>> settings = MonitorSettings(project="gpt", watch=WatchSettings(hist_every=0))
         >>> callback = MonitorCallback(tokens_per_sample=1024, settings=settings)
         >>> callback.monitor, callback.settings.project, callback.settings.watch.hist_every
         (None, 'gpt', 0)
         >>> MonitorCallback(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: MonitorCallback(): got settings=MonitorConfig(...) and keywords that ...
+        TypeError: MonitorCallback(): got settings=MonitorSettings(...) and keywords that ...
     """
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
                  checkpoint_dir: str | None = None, exit_on_rollback: bool = True,
                  **legacy: Any) -> None:
@@ -153,7 +153,7 @@ class MonitorCallback(pl.Callback):
         if planned is not None:  # the plan, for progress and the ETA
             mon.config.setdefault("total_steps", planned)
         clip = trainer.gradient_clip_val or None
-        # Lightning clips, and steps through a closure; the rest is the monitor's WatchConfig.
+        # Lightning clips, and steps through a closure; the rest is the monitor's WatchSettings.
         mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
             mon.settings.watch, grad_clip=clip, apply_clip=False,
             pre_hook=False))

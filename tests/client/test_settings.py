@@ -1,4 +1,4 @@
-"""MonitorConfig / WatchConfig: the keywords of ``Monitor``/``watch`` are a few of their
+"""MonitorSettings / WatchSettings: the keywords of ``Monitor``/``watch`` are a few of their
 fields, with the same names and defaults, and ``settings=`` carries the rest; one place
 rejects nonsense; settings and keywords that contradict them are a TypeError; and a run
 reported through a config object is the run the keywords report."""
@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._arguments import LEGACY_MONITOR_KEYWORDS, LEGACY_WATCH_KEYWORDS
 
 
@@ -32,7 +32,7 @@ def _deprecated(func, *args, **kwargs):
 
 def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
     keywords = _defaults(Monitor.__init__, skip={"config", "settings"})
-    fields = _fields(MonitorConfig)
+    fields = _fields(MonitorSettings)
     assert keywords == {k: fields[k] for k in keywords}
     # Monitor(config={...}) is the hyperparameters, as it always was
     assert _defaults(Monitor.__init__)["config"] is fields.pop("hparams") is None
@@ -41,34 +41,34 @@ def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
     # (fields added since the keywords were removed never had a keyword: settings= only)
     assert set(fields) - set(keywords) - {"watchdog", "watchdog_floor", "gpu_sample_interval"} == set(
         LEGACY_MONITOR_KEYWORDS) - {"layer_stats_every", "hist_every"}
-    assert {"layer_stats_every", "hist_every"} <= set(_fields(WatchConfig))
+    assert {"layer_stats_every", "hist_every"} <= set(_fields(WatchSettings))
 
 
 def test_watch_keywords_are_the_watch_configs_fields_with_the_same_defaults():
     keywords = _defaults(Monitor.watch, skip={"settings", "scaler"})
-    fields = _fields(WatchConfig)
+    fields = _fields(WatchSettings)
     assert keywords == {k: fields[k] for k in keywords} == {"grad_clip": None, "guard": None}
     assert set(fields) - set(keywords) == set(LEGACY_WATCH_KEYWORDS)
 
 
 def test_keywords_build_the_config_the_object_states():
-    cfg = MonitorConfig(project="p", hparams={"lr": 0.1}, run_id="r1", linger=0.1,
-                        enabled=False, watch=WatchConfig(layer_stats_every=7, hist_every=0))
-    by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", settings=MonitorConfig(
-        linger=0.1, enabled=False, watch=WatchConfig(layer_stats_every=7, hist_every=0)))
+    cfg = MonitorSettings(project="p", hparams={"lr": 0.1}, run_id="r1", linger=0.1,
+                        enabled=False, watch=WatchSettings(layer_stats_every=7, hist_every=0))
+    by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", settings=MonitorSettings(
+        linger=0.1, enabled=False, watch=WatchSettings(layer_stats_every=7, hist_every=0)))
     by_object = Monitor(settings=cfg)
     assert by_keywords.settings == cfg == by_object.settings
     for mon in (by_keywords, by_object):
         assert (mon.run_id, mon.project, mon.config) == ("r1", "p", {"lr": 0.1})
         assert (mon.layer_stats_every, mon.hist_every, mon.active) == (7, 0, False)
     hparams = {"lr": 0.1}
-    mon = Monitor(config=hparams, settings=MonitorConfig(enabled=False))
+    mon = Monitor(config=hparams, settings=MonitorSettings(enabled=False))
     mon.config["grad_clip"] = 1.0  # the Monitor's copy: the caller's dict is left alone
     assert hparams == {"lr": 0.1} and mon.settings.hparams == {"lr": 0.1}
 
 
 def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
-    cfg = MonitorConfig(project="p", enabled=False, watch=WatchConfig(layer_stats_every=5))
+    cfg = MonitorSettings(project="p", enabled=False, watch=WatchSettings(layer_stats_every=5))
     with pytest.raises(TypeError, match=r"project='q' \(settings has 'p'\)"):
         Monitor(project="q", settings=cfg)
     with pytest.raises(TypeError, match="layer_stats_every=9"):
@@ -82,31 +82,31 @@ def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
 
 
 def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path):
-    mon = Monitor(url="http://127.0.0.1:1", run_id="w", settings=MonitorConfig(
-        spool_dir=tmp_path, install_hooks=False, watch=WatchConfig(layer_stats_every=3)))
+    mon = Monitor(url="http://127.0.0.1:1", run_id="w", settings=MonitorSettings(
+        spool_dir=tmp_path, install_hooks=False, watch=WatchSettings(layer_stats_every=3)))
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(TypeError, match=r"grad_clip=2\.0 \(settings has 1\.0\)"):
-        mon.watch(model, opt, settings=WatchConfig(grad_clip=1.0), grad_clip=2.0)
-    with pytest.raises(TypeError, match="takes a WatchConfig"):
+        mon.watch(model, opt, settings=WatchSettings(grad_clip=1.0), grad_clip=2.0)
+    with pytest.raises(TypeError, match="takes a WatchSettings"):
         mon.watch(model, opt, settings={"grad_clip": 1.0})  # type: ignore[arg-type]
-    mon.watch(model, opt, grad_clip=0.5)  # keywords apply over the Monitor's WatchConfig
+    mon.watch(model, opt, grad_clip=0.5)  # keywords apply over the Monitor's WatchSettings
     assert (mon.config["grad_clip"], mon.config["layer_stats_every"]) == (0.5, 3)
     assert mon.config["hist_every"] == 50
     mon.close(timeout=0)
 
 
 @pytest.mark.parametrize(("build", "message"), [
-    (lambda: MonitorConfig(max_queue=0), "MonitorConfig.max_queue must be a finite number >= 1"),
-    (lambda: MonitorConfig(linger=-1), "linger"),
-    (lambda: MonitorConfig(spool_max_bytes=0), "spool_max_bytes"),
-    (lambda: MonitorConfig(spool_max_age=0), "spool_max_age must be > 0"),
-    (lambda: MonitorConfig(timeout=(1.0, -1.0)), "timeout must be seconds > 0"),
-    (lambda: MonitorConfig(rank=2, world_size=2), "rank=2 must be below world_size=2"),
-    (lambda: WatchConfig(layer_stats_every=0), "WatchConfig.layer_stats_every"),
-    (lambda: WatchConfig(hist_every=-1), "hist_every"),
-    (lambda: WatchConfig(grad_clip=-1.0), "grad_clip must be > 0"),
-    (lambda: WatchConfig(peak_flops=float("inf")), "peak_flops must be > 0"),
+    (lambda: MonitorSettings(max_queue=0), "MonitorSettings.max_queue must be a finite number >= 1"),
+    (lambda: MonitorSettings(linger=-1), "linger"),
+    (lambda: MonitorSettings(spool_max_bytes=0), "spool_max_bytes"),
+    (lambda: MonitorSettings(spool_max_age=0), "spool_max_age must be > 0"),
+    (lambda: MonitorSettings(timeout=(1.0, -1.0)), "timeout must be seconds > 0"),
+    (lambda: MonitorSettings(rank=2, world_size=2), "rank=2 must be below world_size=2"),
+    (lambda: WatchSettings(layer_stats_every=0), "WatchSettings.layer_stats_every"),
+    (lambda: WatchSettings(hist_every=-1), "hist_every"),
+    (lambda: WatchSettings(grad_clip=-1.0), "grad_clip must be > 0"),
+    (lambda: WatchSettings(peak_flops=float("inf")), "peak_flops must be > 0"),
     (lambda: _deprecated(Monitor, max_queue=0, enabled=False), "max_queue"),
 ])
 def test_nonsense_is_refused_where_the_config_is_built(build, message):
@@ -115,10 +115,10 @@ def test_nonsense_is_refused_where_the_config_is_built(build, message):
 
 
 @pytest.mark.parametrize(("build", "message"), [
-    (lambda: MonitorConfig(hparams=[("lr", 1)]), "hparams must be a dict, not list"),
-    (lambda: MonitorConfig(watch={"grad_clip": 1.0}), "watch must be a WatchConfig"),
-    (lambda: WatchConfig(layer_stats_every="10"), "must be a number, not '10'"),
-    (lambda: WatchConfig(hist_every=float("nan")), "must be a number"),
+    (lambda: MonitorSettings(hparams=[("lr", 1)]), "hparams must be a dict, not list"),
+    (lambda: MonitorSettings(watch={"grad_clip": 1.0}), "watch must be a WatchSettings"),
+    (lambda: WatchSettings(layer_stats_every="10"), "must be a number, not '10'"),
+    (lambda: WatchSettings(hist_every=float("nan")), "must be a number"),
 ])
 def test_wrong_types_are_type_errors(build, message):
     with pytest.raises(TypeError, match=message):
@@ -126,18 +126,18 @@ def test_wrong_types_are_type_errors(build, message):
 
 
 def test_values_that_mean_something_pass():
-    WatchConfig(grad_clip=float("inf"), hist_every=0, snapshot_budget_bytes=1)
+    WatchSettings(grad_clip=float("inf"), hist_every=0, snapshot_budget_bytes=1)
     # 0 is how scripts say "no clipping" (nanoGPT: grad_clip = 0.0 "disables")
-    assert WatchConfig(grad_clip=0.0) == WatchConfig(grad_clip=0) == WatchConfig()
-    MonitorConfig(spool_max_age=None, linger=0, timeout=3, close_timeout=0, rank=0,
+    assert WatchSettings(grad_clip=0.0) == WatchSettings(grad_clip=0) == WatchSettings()
+    MonitorSettings(spool_max_age=None, linger=0, timeout=3, close_timeout=0, rank=0,
                   world_size=1, hparams={}, labels={"team": "x"})
 
 
 def test_configs_are_frozen_values():
-    cfg = MonitorConfig(project="p")
+    cfg = MonitorSettings(project="p")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.project = "q"  # type: ignore[misc]
-    assert dataclasses.replace(cfg, project="q") == MonitorConfig(project="q")
+    assert dataclasses.replace(cfg, project="q") == MonitorSettings(project="q")
 
 
 def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path):
@@ -154,10 +154,10 @@ def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path
         return next(r for r in receiver.of_kind("run") if r["run_id"] == mon.run_id)
 
     common = dict(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                  watch=WatchConfig(hist_every=0, layer_stats_every=2))
+                  watch=WatchSettings(hist_every=0, layer_stats_every=2))
     by_keywords = run(Monitor(url=receiver.url, project="p", config={"lr": 0.1}, run_id="kw",
-                              labels={"team": "x"}, settings=MonitorConfig(**common)))
-    cfg = MonitorConfig(url=receiver.url, project="p", hparams={"lr": 0.1}, run_id="obj",
+                              labels={"team": "x"}, settings=MonitorSettings(**common)))
+    cfg = MonitorSettings(url=receiver.url, project="p", hparams={"lr": 0.1}, run_id="obj",
                         labels={"team": "x"}, **common)
     by_object = run(Monitor(settings=cfg))
     assert by_object["config"] == by_keywords["config"] == {
@@ -168,8 +168,8 @@ def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path
 
 
 def test_loss_kind_is_sent_in_the_run_config_and_checked_before_training():
-    mon = Monitor(loss_kind="rl", settings=MonitorConfig(enabled=False))
+    mon = Monitor(loss_kind="rl", settings=MonitorSettings(enabled=False))
     assert mon.config == {"loss_kind": "rl"} and mon.settings.loss_kind == "rl"
-    assert "loss_kind" not in Monitor(settings=MonitorConfig(enabled=False)).config
+    assert "loss_kind" not in Monitor(settings=MonitorSettings(enabled=False)).config
     with pytest.raises(ValueError, match="loss_kind='reward'"):
-        MonitorConfig(loss_kind="reward")
+        MonitorSettings(loss_kind="reward")
