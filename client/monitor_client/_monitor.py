@@ -36,14 +36,12 @@ swallows its own errors into rate-limited warnings: monitoring never raises into
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -51,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from monitor_client import _run_info
 from monitor_client._actions import ActionInbox
 from monitor_client._agreement import Consensus, distributed, newest, unanimous
-from monitor_client._arguments import monitor_settings, watch_settings
+from monitor_client._arguments import hyperparameters, monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
 from monitor_client._data import DataStream
@@ -132,46 +130,34 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
     (``enabled=False`` here: every method a no-op, no thread, nothing sent)::
 
         >>> settings = MonitorSettings(project="gpt", linger=0.2, enabled=False,
-        ...                          watch=WatchSettings(layer_stats_every=10, activations=True))
+        ...                            watch=WatchSettings(layer_stats_every=10, activations=True))
         >>> with Monitor(config={"lr": 3e-4}, settings=settings) as mon:
         ...     mon.log_step(1, loss=2.0)
-        >>> mon.settings.project, mon.settings.hparams, mon.settings.watch.layer_stats_every
+        >>> mon.settings.project, mon.config, mon.settings.watch.layer_stats_every
         ('gpt', {'lr': 0.0003}, 10)
         >>> Monitor(project="bert", settings=settings)
         Traceback (most recent call last):
         TypeError: Monitor(): got settings=MonitorSettings(...) and keywords that contradict it:
         project='bert' (settings has 'gpt'); ...
-
-    The keywords removed in favour of ``settings`` (``linger=``, ``spool_dir=``, ...) and a
-    ``MonitorSettings`` passed as ``config`` still work until the next release, with a
-    ``DeprecationWarning`` naming the new spelling.
     """
 
     def __init__(self, url: str | None = None, project: str | None = None,
                  config: Mapping[str, Any] | None = None, *, total_steps: int | None = None,
                  loss_kind: str | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
-                 **legacy: Any) -> None:
-        self._start(monitor_settings("Monitor", config, settings, dict(
+                 labels: Mapping[str, Any] | None = None,
+                 settings: MonitorSettings | None = None) -> None:
+        self._start(monitor_settings("Monitor", settings, dict(
             url=url, project=project, total_steps=total_steps, loss_kind=loss_kind,
-            run_id=run_id, token=token,
-            labels=labels), legacy))
+            run_id=run_id, token=token, labels=labels)), hyperparameters("Monitor", config))
 
-    @property
-    def monitor_config(self) -> MonitorSettings:
-        """Deprecated: ``settings``."""
-        warnings.warn("Monitor.monitor_config is deprecated and will be removed in the next "
-                      "release: use Monitor.settings", DeprecationWarning, stacklevel=2)
-        return self.settings
-
-    def _start(self, cfg: MonitorSettings) -> None:
+    def _start(self, cfg: MonitorSettings, config: dict[str, Any]) -> None:
         self.settings = cfg
         found = _run_info.detect_rank()
         self.rank = found.rank if cfg.rank is None else cfg.rank
         self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
         self.info = _run_info.RankInfo(self.rank, self.world_size, found.local_rank)
-        self.project, self.config = cfg.project, dict(cfg.hparams or {})
+        self.project, self.config = cfg.project, config
         if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
             self.config["total_steps"] = int(cfg.total_steps)
         if cfg.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
@@ -244,13 +230,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = spool_directory(base, self.run_id, self.rank)
-        legacy = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
         transport = HttpTransport(url, token, timeout=cfg.timeout)
         try:  # private to this user, or not used (_spool.py): a spool is replayed as ours
             private_directory(base, base=True)
-            if legacy != directory and legacy.is_dir() and not directory.exists():
-                with contextlib.suppress(OSError):  # a spool left under the id's old spelling
-                    legacy.rename(directory)
             spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
         except OSError as exc:
             elsewhere = Path(tempfile.mkdtemp(prefix="monitor_client-spool-")) / directory.name
@@ -271,8 +253,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
     # -- hooking the model -----------------------------------------------------------------
     def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              scaler: Any = None, guard: Any = None, settings: WatchSettings | None = None,
-              **legacy: Any) -> None:
+              scaler: Any = None, guard: Any = None,
+              settings: WatchSettings | None = None) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` (max global gradient L2 norm) is applied inside the optimizer pre-hook
@@ -287,12 +269,10 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         ``hist_every``, activations when asked (``_activations.py``), forward finite flags
         (``_finite.py``), and once, after the first step, the memory pre-flight
         (``_preflight.py``). A contradictory or nonsensical setting raises at once; any other
-        failure is a warning. The keywords removed in favour of ``settings``
-        (``layer_stats_every=``, ``activations=``, ...) and ``config=`` (now ``settings=``)
-        still work until the next release, with a ``DeprecationWarning``.
+        failure is a warning.
         """
         cfg = watch_settings(self.settings.watch, settings,
-                             dict(grad_clip=grad_clip, guard=guard), legacy)
+                             dict(grad_clip=grad_clip, guard=guard))
         self._watch(model, optimizer, scaler, cfg)
 
     @_guard

@@ -64,7 +64,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from monitor_client._arguments import monitor_settings
+from monitor_client._arguments import hyperparameters, monitor_settings
 from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._monitor import Monitor
 from monitor_client._resume import Relaunch, RollbackExit, announce
@@ -81,7 +81,7 @@ class MonitorCallback(TrainerCallback):
 
     Without a ``monitor``, one is made at the start of training from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    Trainer's arguments, unless ``settings.hparams`` names them), ``run_id``, ``token``,
+    Trainer's arguments, unless ``config`` names them), ``run_id``, ``token``,
     ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
     monitor's ``WatchSettings`` with the clipping set by the Trainer's ``max_grad_norm``.
 
@@ -101,13 +101,14 @@ class MonitorCallback(TrainerCallback):
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  take_over_clipping: bool = True, take_over_data: bool = True,
-                 exit_on_rollback: bool = True, **legacy: Any) -> None:
+                 exit_on_rollback: bool = True) -> None:
         self.monitor = monitor
         self.take_over_clipping = take_over_clipping
         self.take_over_data = take_over_data
         self.exit_on_rollback = exit_on_rollback
-        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
+        self.settings = monitor_settings("MonitorCallback", settings, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels))
+        self.config = None if config is None else hyperparameters("MonitorCallback", config)
         self._losses: list[Any] = []
         self._sum_losses = False
         self._tokens = self._samples = 0
@@ -133,11 +134,10 @@ class MonitorCallback(TrainerCallback):
         return self.monitor
 
     def _make_monitor(self, args: Any) -> Monitor:
-        settings = self.settings
-        if settings.hparams is None:
-            hparams = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
-            settings = dataclasses.replace(settings, hparams=hparams)
-        return Monitor(settings=settings)
+        config = self.config
+        if config is None:
+            config = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
+        return Monitor(config=config, settings=self.settings)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):

@@ -70,7 +70,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from monitor_client._arguments import monitor_settings
+from monitor_client._arguments import hyperparameters, monitor_settings
 from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
 from monitor_client._resume import Relaunch, RollbackExit, announce
@@ -85,7 +85,7 @@ class MonitorCallback(pl.Callback):
 
     Without a ``monitor``, one is made when fitting starts from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    module's ``hparams``, unless ``settings.hparams`` names them), ``run_id``, ``token``,
+    module's ``hparams``, unless ``config`` names them), ``run_id``, ``token``,
     ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
     monitor's ``WatchSettings`` with Lightning's clipping value and ``pre_hook=False``.
 
@@ -108,11 +108,11 @@ class MonitorCallback(pl.Callback):
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
-                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True,
-                 **legacy: Any) -> None:
+                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True) -> None:
         self.monitor = monitor
-        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
+        self.settings = monitor_settings("MonitorCallback", settings, dict(
+            url=url, project=project, run_id=run_id, token=token, labels=labels))
+        self.config = None if config is None else hyperparameters("MonitorCallback", config)
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
@@ -139,12 +139,11 @@ class MonitorCallback(pl.Callback):
         return self.monitor
 
     def _make_monitor(self, pl_module: Any) -> Monitor:
-        settings = self.settings
-        if settings.hparams is None:
-            hparams = {k: v for k, v in dict(pl_module.hparams).items()
-                       if v is None or isinstance(v, str | int | float | bool)}
-            settings = dataclasses.replace(settings, hparams=hparams)
-        return Monitor(settings=settings)
+        config = self.config
+        if config is None:
+            config = {k: v for k, v in dict(pl_module.hparams).items()
+                      if v is None or isinstance(v, str | int | float | bool)}
+        return Monitor(config=config, settings=self.settings)
 
     def on_fit_start(self, trainer, pl_module):
         mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)

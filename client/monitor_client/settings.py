@@ -3,7 +3,7 @@
 ``Monitor(...)`` and ``Monitor.watch(...)`` take only what nearly every script sets (where
 to report, as which run, with which hyperparameters; the clipping threshold); every other
 knob is a field of one of these two frozen dataclasses, documented with its unit below and
-passed as ``settings=``. A config object rejects a nonsensical value when it is built,
+passed as ``settings=``. A settings object rejects a nonsensical value when it is built,
 naming the field; it compares by value, and ``dataclasses.replace`` makes a variant.
 
 A script passes them as ``Monitor(project="gpt", config={"lr": 3e-4}, settings=settings)``;
@@ -12,7 +12,7 @@ clipping at 1.0. Building, refusing nonsense, and a variant::
 
     >>> import dataclasses
     >>> settings = MonitorSettings(spool_dir="/scratch/spool", linger=0.2,
-    ...                          watch=WatchSettings(layer_stats_every=10, activations=True))
+    ...                            watch=WatchSettings(layer_stats_every=10, activations=True))
     >>> settings.watch.layer_stats_every, settings.max_queue
     (10, 10000)
     >>> WatchSettings(hist_every=-1)
@@ -22,15 +22,10 @@ clipping at 1.0. Building, refusing nonsense, and a variant::
     >>> quick.linger, settings.linger, quick == dataclasses.replace(settings, linger=0.0)
     (0.0, 0.2, True)
 
-A keyword argument fills the field of the same name (``config``: ``hparams``); given
-together with ``settings``, it may fill a field the settings leave at its default or repeat
-their value, but one that contradicts a value the settings chose is a ``TypeError``.
-
-Until the next release the old spellings still work, each with a ``DeprecationWarning``
-naming the new one: the removed keywords (``Monitor(linger=0.2)``, ``watch(...,
-activations=True)``), which fill the same fields, and a config object passed as
-``config=`` (``Monitor(config=MonitorSettings(...))``, ``watch(..., config=WatchSettings(...))``),
-which is now ``settings=``.
+A keyword argument fills the field of the same name; given together with ``settings``, it
+may fill a field the settings leave at its default or repeat their value, but one that
+contradicts a value the settings chose is a ``TypeError``. The run's hyperparameters are
+not a setting: they are ``Monitor(config={...})``.
 """
 
 from __future__ import annotations
@@ -216,8 +211,6 @@ class MonitorSettings:
     Fields, with units:
         url: the sidecar (None: ``MONITOR_AGENT_URL``, else http://127.0.0.1:9400).
         project: the project label.
-        hparams: the run's hyperparameters (JSON-able), sent once in the run record as its
-            ``config``; ``Monitor(config={...})`` fills it.
         total_steps: optimizer steps the run will take; sent as ``config["total_steps"]``,
             from which the sidecar shows progress and an ETA (None: no ETA, unless the
             hyperparameters carry ``total_steps`` themselves).
@@ -259,7 +252,6 @@ class MonitorSettings:
 
     url: str | None = None
     project: str | None = None
-    hparams: Mapping[str, Any] | None = None
     total_steps: int | None = None
     loss_kind: str | None = None
     run_id: str | None = None
@@ -284,11 +276,9 @@ class MonitorSettings:
     watch: WatchSettings = field(default_factory=WatchSettings)
 
     def __post_init__(self) -> None:
-        for name in ("hparams", "labels"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, Mapping):
-                raise TypeError(f"MonitorSettings.{name} must be a dict, not "
-                                f"{type(value).__name__}")
+        if self.labels is not None and not isinstance(self.labels, Mapping):
+            raise TypeError(f"MonitorSettings.labels must be a dict, not "
+                            f"{type(self.labels).__name__}")
         if not isinstance(self.watch, WatchSettings):
             raise TypeError("MonitorSettings.watch must be a WatchSettings, not "
                             f"{type(self.watch).__name__}")

@@ -122,7 +122,7 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
     assert all("min_label_count" not in r for r in steps)
 
 
-def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
+def test_hf_callback_passes_monitor_settings_through(receiver, tmp_path):
     cfg = MonitorSettings(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
                         install_hooks=False, linger=0.02,
                         watch=WatchSettings(layer_stats_every=2, hist_every=0))
@@ -150,15 +150,11 @@ def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparamete
                              "hist_every": 0, "total_steps": 2}
 
 
-def test_hf_callback_old_spellings_still_work_and_warn():
-    cfg = MonitorSettings(run_id="hf-old", enabled=False)
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorSettings"):
-        assert MonitorCallback(config=cfg).settings is cfg
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(linger=\.\.\.\) is "
-                      r"deprecated .*settings=MonitorSettings\(linger=\.\.\.\)") as got:
-        callback = MonitorCallback(url="http://127.0.0.1:1", linger=0.1)
-    assert got[0].filename == __file__
-    assert callback.settings == MonitorSettings(url="http://127.0.0.1:1", linger=0.1)
+def test_hf_callback_refuses_a_settings_field_as_a_keyword():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'linger'"):
+        MonitorCallback(project="p", linger=0.1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="run's hyperparameters, a dict, not MonitorSettings"):
+        MonitorCallback(config=MonitorSettings())  # type: ignore[arg-type]
 
 
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(

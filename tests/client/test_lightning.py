@@ -73,7 +73,7 @@ def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
     assert [r["step"] for r in receiver.of_kind("step")] == [1, 2, 3]
 
 
-def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
+def test_lightning_callback_passes_monitor_settings_through(receiver, tmp_path):
     cfg = MonitorSettings(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
                         install_hooks=False, linger=0.02,
                         watch=WatchSettings(layer_stats_every=3, hist_every=0))
@@ -109,15 +109,11 @@ def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperp
                              "hist_every": 0, "total_steps": 2}
 
 
-def test_lightning_callback_old_spellings_still_work_and_warn():
-    cfg = MonitorSettings(run_id="pl-old", enabled=False)
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorSettings"):
-        assert MonitorCallback(config=cfg).settings is cfg
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(spool_dir=\.\.\.\) is "
-                      r"deprecated .*settings=MonitorSettings\(spool_dir=\.\.\.\)") as got:
-        callback = MonitorCallback(project="p", spool_dir="/tmp/x")
-    assert got[0].filename == __file__
-    assert callback.settings == MonitorSettings(project="p", spool_dir="/tmp/x")
+def test_lightning_callback_refuses_a_settings_field_as_a_keyword():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'spool_dir'"):
+        MonitorCallback(project="p", spool_dir="/tmp/x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="run's hyperparameters, a dict, not MonitorSettings"):
+        MonitorCallback(config=MonitorSettings())  # type: ignore[arg-type]
 
 
 def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(

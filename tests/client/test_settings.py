@@ -1,7 +1,8 @@
 """MonitorSettings / WatchSettings: the keywords of ``Monitor``/``watch`` are a few of their
-fields, with the same names and defaults, and ``settings=`` carries the rest; one place
-rejects nonsense; settings and keywords that contradict them are a TypeError; and a run
-reported through a config object is the run the keywords report."""
+fields, with the same names and defaults, and ``settings=`` carries the rest; ``config=`` is
+the run's hyperparameters and nothing else; one place rejects nonsense; settings and keywords
+that contradict them are a TypeError; and a run reported through a settings object is the run
+the keywords report."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 import torch
 
 from monitor_client import Monitor, MonitorSettings, WatchSettings
-from monitor_client._arguments import LEGACY_MONITOR_KEYWORDS, LEGACY_WATCH_KEYWORDS
 
 
 def _defaults(func, skip=()) -> dict:
@@ -25,38 +25,27 @@ def _fields(cls) -> dict:
             if f.default is not dataclasses.MISSING}
 
 
-def _deprecated(func, *args, **kwargs):
-    with pytest.warns(DeprecationWarning):
-        return func(*args, **kwargs)
-
-
-def test_monitor_keywords_are_the_configs_fields_with_the_same_defaults():
+def test_monitor_keywords_are_the_settings_fields_with_the_same_defaults():
     keywords = _defaults(Monitor.__init__, skip={"config", "settings"})
     fields = _fields(MonitorSettings)
     assert keywords == {k: fields[k] for k in keywords}
-    # Monitor(config={...}) is the hyperparameters, as it always was
-    assert _defaults(Monitor.__init__)["config"] is fields.pop("hparams") is None
-    # every other field is reached through settings= (and, until the next release, the old
-    # keyword of its name)
-    # (fields added since the keywords were removed never had a keyword: settings= only)
-    assert set(fields) - set(keywords) - {"watchdog", "watchdog_floor", "gpu_sample_interval"} == set(
-        LEGACY_MONITOR_KEYWORDS) - {"layer_stats_every", "hist_every"}
-    assert {"layer_stats_every", "hist_every"} <= set(_fields(WatchSettings))
+    # Monitor(config={...}) is the hyperparameters: no setting of that name or meaning
+    assert _defaults(Monitor.__init__)["config"] is None
+    assert not {"config", "hparams"} & set(fields)
 
 
-def test_watch_keywords_are_the_watch_configs_fields_with_the_same_defaults():
+def test_watch_keywords_are_the_watch_settings_fields_with_the_same_defaults():
     keywords = _defaults(Monitor.watch, skip={"settings", "scaler"})
     fields = _fields(WatchSettings)
     assert keywords == {k: fields[k] for k in keywords} == {"grad_clip": None, "guard": None}
-    assert set(fields) - set(keywords) == set(LEGACY_WATCH_KEYWORDS)
 
 
-def test_keywords_build_the_config_the_object_states():
-    cfg = MonitorSettings(project="p", hparams={"lr": 0.1}, run_id="r1", linger=0.1,
-                        enabled=False, watch=WatchSettings(layer_stats_every=7, hist_every=0))
+def test_keywords_build_the_settings_the_object_states():
+    cfg = MonitorSettings(project="p", run_id="r1", linger=0.1, enabled=False,
+                          watch=WatchSettings(layer_stats_every=7, hist_every=0))
     by_keywords = Monitor(project="p", config={"lr": 0.1}, run_id="r1", settings=MonitorSettings(
         linger=0.1, enabled=False, watch=WatchSettings(layer_stats_every=7, hist_every=0)))
-    by_object = Monitor(settings=cfg)
+    by_object = Monitor(config={"lr": 0.1}, settings=cfg)
     assert by_keywords.settings == cfg == by_object.settings
     for mon in (by_keywords, by_object):
         assert (mon.run_id, mon.project, mon.config) == ("r1", "p", {"lr": 0.1})
@@ -64,24 +53,21 @@ def test_keywords_build_the_config_the_object_states():
     hparams = {"lr": 0.1}
     mon = Monitor(config=hparams, settings=MonitorSettings(enabled=False))
     mon.config["grad_clip"] = 1.0  # the Monitor's copy: the caller's dict is left alone
-    assert hparams == {"lr": 0.1} and mon.settings.hparams == {"lr": 0.1}
+    assert hparams == {"lr": 0.1}
 
 
-def test_a_config_and_keywords_that_contradict_it_are_a_type_error():
+def test_settings_and_keywords_that_contradict_them_are_a_type_error():
     cfg = MonitorSettings(project="p", enabled=False, watch=WatchSettings(layer_stats_every=5))
     with pytest.raises(TypeError, match=r"project='q' \(settings has 'p'\)"):
         Monitor(project="q", settings=cfg)
-    with pytest.raises(TypeError, match="layer_stats_every=9"):
-        _deprecated(Monitor, settings=cfg, layer_stats_every=9)
-    # Repeating the config's value, or leaving a keyword at its default, is no conflict.
+    # Repeating the settings' value, or leaving a keyword at its default, is no conflict.
     assert Monitor(None, "p", settings=cfg).settings is cfg
-    assert _deprecated(Monitor, None, "p", settings=cfg, linger=0.5).settings is cfg
     # A keyword fills a field the settings leave at its default.
     assert Monitor(url="http://h:1", settings=cfg).settings == dataclasses.replace(
         cfg, url="http://h:1")
 
 
-def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path):
+def test_watch_takes_watch_settings_and_refuses_contradicting_keywords(tmp_path):
     mon = Monitor(url="http://127.0.0.1:1", run_id="w", settings=MonitorSettings(
         spool_dir=tmp_path, install_hooks=False, watch=WatchSettings(layer_stats_every=3)))
     model = torch.nn.Linear(4, 2)
@@ -107,15 +93,16 @@ def test_watch_takes_a_watch_config_and_refuses_contradicting_keywords(tmp_path)
     (lambda: WatchSettings(hist_every=-1), "hist_every"),
     (lambda: WatchSettings(grad_clip=-1.0), "grad_clip must be > 0"),
     (lambda: WatchSettings(peak_flops=float("inf")), "peak_flops must be > 0"),
-    (lambda: _deprecated(Monitor, max_queue=0, enabled=False), "max_queue"),
 ])
-def test_nonsense_is_refused_where_the_config_is_built(build, message):
+def test_nonsense_is_refused_where_the_settings_are_built(build, message):
     with pytest.raises(ValueError, match=message):
         build()
 
 
 @pytest.mark.parametrize(("build", "message"), [
-    (lambda: MonitorSettings(hparams=[("lr", 1)]), "hparams must be a dict, not list"),
+    (lambda: Monitor(config=[("lr", 1)]), r"Monitor\(config=...\) is the run's hyperparameters, "
+                                          "a dict, not list"),
+    (lambda: MonitorSettings(labels=[("team", "x")]), "labels must be a dict, not list"),
     (lambda: MonitorSettings(watch={"grad_clip": 1.0}), "watch must be a WatchSettings"),
     (lambda: WatchSettings(layer_stats_every="10"), "must be a number, not '10'"),
     (lambda: WatchSettings(hist_every=float("nan")), "must be a number"),
@@ -130,17 +117,17 @@ def test_values_that_mean_something_pass():
     # 0 is how scripts say "no clipping" (nanoGPT: grad_clip = 0.0 "disables")
     assert WatchSettings(grad_clip=0.0) == WatchSettings(grad_clip=0) == WatchSettings()
     MonitorSettings(spool_max_age=None, linger=0, timeout=3, close_timeout=0, rank=0,
-                  world_size=1, hparams={}, labels={"team": "x"})
+                    world_size=1, labels={"team": "x"})
 
 
-def test_configs_are_frozen_values():
+def test_settings_are_frozen_values():
     cfg = MonitorSettings(project="p")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.project = "q"  # type: ignore[misc]
     assert dataclasses.replace(cfg, project="q") == MonitorSettings(project="q")
 
 
-def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path):
+def test_a_run_reported_through_settings_matches_the_keywords(receiver, tmp_path):
     def run(mon: Monitor) -> dict:
         model = torch.nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -157,9 +144,9 @@ def test_a_run_reported_through_a_config_matches_the_keywords(receiver, tmp_path
                   watch=WatchSettings(hist_every=0, layer_stats_every=2))
     by_keywords = run(Monitor(url=receiver.url, project="p", config={"lr": 0.1}, run_id="kw",
                               labels={"team": "x"}, settings=MonitorSettings(**common)))
-    cfg = MonitorSettings(url=receiver.url, project="p", hparams={"lr": 0.1}, run_id="obj",
-                        labels={"team": "x"}, **common)
-    by_object = run(Monitor(settings=cfg))
+    cfg = MonitorSettings(url=receiver.url, project="p", run_id="obj", labels={"team": "x"},
+                          **common)
+    by_object = run(Monitor(config={"lr": 0.1}, settings=cfg))
     assert by_object["config"] == by_keywords["config"] == {
         "lr": 0.1, "grad_clip": None, "layer_stats_every": 2, "hist_every": 0}
     assert by_object["labels"] == by_keywords["labels"]
