@@ -92,7 +92,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _guard(
+def _never_raises(
     method: Callable[Concatenate[Monitor, P], R],
 ) -> Callable[Concatenate[Monitor, P], R | None]:
     """Turn any exception of a public method into a rate-limited warning (a private
@@ -275,7 +275,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                              dict(grad_clip=grad_clip, guard=guard))
         self._watch(model, optimizer, scaler, cfg)
 
-    @_guard
+    @_never_raises
     def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchSettings) -> None:
         if not self.active:
             return
@@ -396,14 +396,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         sampler.start().wait_first(1.0)  # once, at watch(): the first steps carry a reading
         return sampler
 
-    @_guard
+    @_never_raises
     def before_optimizer_step(self) -> None:
         """Measure gradients now (frameworks whose optimizer step runs a closure)."""
         if self._stats is not None:
             self._stats.before_step()
 
     # -- per step ------------------------------------------------------------------------
-    @_guard
+    @_never_raises
     def log_step(self, step: int, loss: Any = None, *, tokens: float | None = None,
                  samples: float | None = None, lr: float | None = None,
                  grad_norm: float | None = None, data_time: float | None = None,
@@ -521,7 +521,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             self._data_time += time.perf_counter() - start
             yield item
 
-    @_guard
+    @_never_raises
     def log_eval(self, step: int, val_loss: Any = None, *, train_loss: Any = None,
                  epoch: float | None = None, metrics: dict[str, Any] | None = None,
                  seconds: float | None = None) -> None:
@@ -623,7 +623,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         return self._inbox.received()
 
     # -- closing the loop: the checkpoint ledger and rollback plans (_rollback.py) -------
-    @_guard
+    @_never_raises
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
                          bytes: int | None = None, tag: str | None = None,
                          data_position: int | None = None,
@@ -660,7 +660,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             record["seconds"] = took
         self._submit(record)
 
-    @_guard
+    @_never_raises
     def resumed_from(self, step: int, path: str | os.PathLike[str]) -> None:
         """Say this process loaded the checkpoint of step ``step`` at ``path`` (a relaunch
         that resumed from an earlier process's save): a rollback plan may then send it back
@@ -726,7 +726,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             self._warner.warn("rollback_plan", "fetching action %d failed: %r",
                               plan_id, exc)
 
-    @_guard
+    @_never_raises
     def rolled_back(self, plan: RollbackPlan) -> None:
         """Mark ``plan`` applied: the process reloaded its checkpoint and its next step is
         ``plan.resume_step``.
@@ -783,12 +783,12 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
         return self._sender.counters() if self._sender else None
 
-    @_guard
+    @_never_raises
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` s for everything logged so far to reach the sidecar."""
         return self._sender.flush(timeout) if self._sender else True
 
-    @_guard
+    @_never_raises
     def close(self, status: str | None = None, error: str | None = None,
               timeout: float | None = None) -> bool:
         """Send ``end`` (completed unless an uncaught exception said otherwise) and flush.
