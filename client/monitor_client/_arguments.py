@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from monitor_client._errors import SettingsTypeError
 from monitor_client.settings import MonitorSettings, WatchSettings
 
 
@@ -22,7 +23,7 @@ def hyperparameters(where: str, config: Mapping[str, Any] | None) -> dict[str, A
     if config is None:
         return {}
     if not isinstance(config, Mapping):
-        raise TypeError(f"{where}(config=...) is the run's hyperparameters, a dict, not "
+        raise SettingsTypeError(f"{where}(config=...) is the run's hyperparameters, a dict, not "
                         f"{type(config).__name__}")
     return dict(config)
 
@@ -35,7 +36,7 @@ def monitor_settings(where: str, settings: MonitorSettings | None,
     if settings is None:
         settings = MonitorSettings()
     elif not isinstance(settings, MonitorSettings):
-        raise TypeError(f"{where}(settings=...) takes a MonitorSettings, not "
+        raise SettingsTypeError(f"{where}(settings=...) takes a MonitorSettings, not "
                         f"{type(settings).__name__}")
     return _merge(settings, keywords, where)
 
@@ -52,7 +53,7 @@ def watch_settings(base: WatchSettings, settings: WatchSettings | None,
     if settings is None:
         return dataclasses.replace(base, **_changed(WatchSettings, keywords))
     if not isinstance(settings, WatchSettings):
-        raise TypeError(f"watch(settings=...) takes a WatchSettings, not "
+        raise SettingsTypeError(f"watch(settings=...) takes a WatchSettings, not "
                         f"{type(settings).__name__}")
     return _merge(settings, keywords, "watch")
 
@@ -66,7 +67,7 @@ def _merge(settings: Any, keywords: dict[str, Any], where: str) -> Any:
     clashes = [f"{k}={v!r} (settings has {getattr(settings, k)!r})" for k, v in chosen.items()
                if not _same(getattr(settings, k), defaults[k])]
     if clashes:
-        raise TypeError(f"{where}(): got settings={type(settings).__name__}(...) and keywords "
+        raise SettingsTypeError(f"{where}(): got settings={type(settings).__name__}(...) and keywords "
                         f"that contradict it: {', '.join(clashes)}; pass one or the other, "
                         "or dataclasses.replace(settings, ...)")
     return dataclasses.replace(settings, **chosen) if chosen else settings

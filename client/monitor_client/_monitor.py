@@ -137,7 +137,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         ('gpt', {'lr': 0.0003}, 10)
         >>> Monitor(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: Monitor(): got settings=MonitorSettings(...) and keywords that contradict it:
+        monitor_client._errors.SettingsTypeError: Monitor(): got settings=MonitorSettings(...) and keywords that contradict it:
         project='bert' (settings has 'gpt'); ...
     """
 

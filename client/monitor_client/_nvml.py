@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from monitor_client._errors import MonitorClientError
+
 
 class GpuProbe(Protocol):
     def read(self) -> dict[str, float] | None: ...
@@ -83,7 +85,7 @@ XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 MAX_XIDS_PER_READ = 64  # events drained per sample; a storm beyond is counted next time
 
 
-class _Lost(Exception):
+class _Lost(MonitorClientError):
     """NVML said the GPU is gone: the reading ends with ``gpu_lost``."""
 
 

@@ -100,7 +100,7 @@ class MonitorCallback(pl.Callback):
         (None, 'gpt', 0)
         >>> MonitorCallback(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: MonitorCallback(): got settings=MonitorSettings(...) and keywords that ...
+        monitor_client._errors.SettingsTypeError: MonitorCallback(): got settings=MonitorSettings(...) and keywords that ...
     """
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,

@@ -17,15 +17,17 @@ clipping at 1.0. Building, refusing nonsense, and a variant::
     (10, 10000)
     >>> WatchSettings(hist_every=-1)
     Traceback (most recent call last):
-    ValueError: WatchSettings.hist_every must be a finite number >= 0, not -1
+    monitor_client._errors.SettingsValueError: WatchSettings.hist_every must be a finite
+    number >= 0, not -1
     >>> quick = dataclasses.replace(settings, linger=0.0)    # settings itself is unchanged
     >>> quick.linger, settings.linger, quick == dataclasses.replace(settings, linger=0.0)
     (0.0, 0.2, True)
 
 A keyword argument fills the field of the same name; given together with ``settings``, it
 may fill a field the settings leave at its default or repeat their value, but one that
-contradicts a value the settings chose is a ``TypeError``. The run's hyperparameters are
-not a setting: they are ``Monitor(config={...})``.
+contradicts a value the settings chose is a ``TypeError``. Each refusal is a
+``MonitorClientError`` too (``_errors.py``). The run's hyperparameters are not a setting:
+they are ``Monitor(config={...})``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 from typing import Any
+
+from monitor_client._errors import SettingsTypeError, SettingsValueError
 
 # Per-layer statistics cost ~10 passes over the parameters (bench/client_overhead.py);
 # every 25 steps keeps that under 1% of a typical step, and under 0.5% amortised.
@@ -105,7 +109,8 @@ class GuardSettings:
         (10.0, 128, 16, 0.15)
         >>> GuardSettings(min_history=200)
         Traceback (most recent call last):
-        ValueError: GuardSettings.min_history must be between 1 and window=128, not 200
+        monitor_client._errors.SettingsValueError: GuardSettings.min_history must be between 1
+        and window=128, not 200
     """
 
     k: float = 10.0
@@ -119,11 +124,11 @@ class GuardSettings:
         _whole(self, "window")
         _whole(self, "min_history")
         if self.min_history > self.window:
-            raise ValueError(f"GuardSettings.min_history must be between 1 and window="
+            raise SettingsValueError(f"GuardSettings.min_history must be between 1 and window="
                              f"{self.window}, not {self.min_history}")
         _whole(self, "level")
         if self.level > self.window:
-            raise ValueError(f"GuardSettings.level must be between 1 and window="
+            raise SettingsValueError(f"GuardSettings.level must be between 1 and window="
                              f"{self.window}, not {self.level}")
         _at_least(self, "floor", 0)
 
@@ -179,10 +184,10 @@ class WatchSettings:
         if self.guard is True or self.guard is False:
             object.__setattr__(self, "guard", GuardSettings() if self.guard else None)
         if self.guard is not None and not isinstance(self.guard, GuardSettings):
-            raise TypeError("WatchSettings.guard must be a GuardSettings, True or None, not "
+            raise SettingsTypeError("WatchSettings.guard must be a GuardSettings, True or None, not "
                             f"{type(self.guard).__name__}")
         if self.guard is not None and not self.pre_hook:
-            raise ValueError("WatchSettings.guard needs pre_hook=True: the guard decides in "
+            raise SettingsValueError("WatchSettings.guard needs pre_hook=True: the guard decides in "
                              "the optimizer pre-hook, after the gradients are measured")
         if self.grad_clip is not None and _number(self, "grad_clip") == 0:
             object.__setattr__(self, "grad_clip", None)  # frozen; 0 spells "off"
@@ -277,22 +282,22 @@ class MonitorSettings:
 
     def __post_init__(self) -> None:
         if self.labels is not None and not isinstance(self.labels, Mapping):
-            raise TypeError(f"MonitorSettings.labels must be a dict, not "
+            raise SettingsTypeError(f"MonitorSettings.labels must be a dict, not "
                             f"{type(self.labels).__name__}")
         if not isinstance(self.watch, WatchSettings):
-            raise TypeError("MonitorSettings.watch must be a WatchSettings, not "
+            raise SettingsTypeError("MonitorSettings.watch must be a WatchSettings, not "
                             f"{type(self.watch).__name__}")
         if self.total_steps is not None:
             _whole(self, "total_steps")
         if self.loss_kind is not None and self.loss_kind not in LOSS_KINDS:
-            raise ValueError(f"MonitorSettings.loss_kind={self.loss_kind!r} must be one of "
+            raise SettingsValueError(f"MonitorSettings.loss_kind={self.loss_kind!r} must be one of "
                              f"{', '.join(sorted(LOSS_KINDS))}")
         if self.rank is not None:
             _at_least(self, "rank", 0)
         if self.world_size is not None:
             _at_least(self, "world_size", 1)
             if self.rank is not None and self.rank >= self.world_size:
-                raise ValueError(f"MonitorSettings.rank={self.rank} must be below "
+                raise SettingsValueError(f"MonitorSettings.rank={self.rank} must be below "
                                  f"world_size={self.world_size}")
         _at_least(self, "spool_max_bytes", 1)
         _at_least(self, "max_queue", 1)
@@ -308,28 +313,28 @@ class MonitorSettings:
 def _number(owner: object, name: str) -> float:
     value = getattr(owner, name)
     if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
-        raise TypeError(f"{type(owner).__name__}.{name} must be a number, not {value!r}")
+        raise SettingsTypeError(f"{type(owner).__name__}.{name} must be a number, not {value!r}")
     return float(value)
 
 
 def _at_least(owner: object, name: str, low: float) -> None:
     value = _number(owner, name)
     if value < low or math.isinf(value):
-        raise ValueError(f"{type(owner).__name__}.{name} must be a finite number >= {low:g},"
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be a finite number >= {low:g},"
                          f" not {getattr(owner, name)!r}")
 
 
 def _whole(owner: object, name: str) -> None:
     _at_least(owner, name, 1)
     if _number(owner, name) != int(getattr(owner, name)):
-        raise ValueError(f"{type(owner).__name__}.{name} must be a whole number, not "
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be a whole number, not "
                          f"{getattr(owner, name)!r}")
 
 
 def _positive(owner: object, name: str, allow_inf: bool = False) -> None:
     value = _number(owner, name)
     if value <= 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{type(owner).__name__}.{name} must be > 0, not "
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be > 0, not "
                          f"{getattr(owner, name)!r}")
 
 
@@ -338,5 +343,5 @@ def _check_timeout(timeout: Any) -> None:
     ok = len(parts) in (1, 2) and all(
         isinstance(p, Real) and not isinstance(p, bool) and float(p) > 0 for p in parts)
     if not ok:
-        raise ValueError("MonitorSettings.timeout must be seconds > 0, or a (connect, read) "
+        raise SettingsValueError("MonitorSettings.timeout must be seconds > 0, or a (connect, read) "
                          f"pair of them, not {timeout!r}")

@@ -34,8 +34,8 @@ def _model_and_optimizer():
 
 def test_all_lists_the_public_api_and_no_module():
     assert sorted(monitor_client.__all__) == [
-        "CategoryLoss", "Counters", "DataStream", "GuardSettings", "Monitor", "MonitorSettings",
-        "RollbackPlan", "WatchSettings"]
+        "CategoryLoss", "Counters", "DataStream", "GuardSettings", "Monitor", "MonitorClientError",
+        "MonitorSettings", "RollbackPlan", "WatchSettings"]
     for name in monitor_client.__all__:
         assert not isinstance(getattr(monitor_client, name), type(monitor_client)), name
     namespace: dict = {}
