@@ -78,6 +78,7 @@ from typing import Any
 
 import torch
 
+from monitor_client._hooks import Hooks
 from monitor_client.settings import GuardSettings
 
 __all__ = ["SKIP_REASONS", "StepGuard", "judge", "level_of", "new_window", "skip_reason"]
@@ -178,7 +179,7 @@ class StepGuard:
         self._held: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._stepped_once = False  # the optimizer has taken a step: its state exists
         self._flag_set = False
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
 
     @property
     def syncs(self) -> bool:
@@ -188,16 +189,11 @@ class StepGuard:
 
     def attach(self) -> StepGuard:
         """Hook the optimizer; call after ``GradStats.attach`` (its pre-hook measures first)."""
-        self._handles.append(self.optimizer.register_step_pre_hook(
-            lambda *_: self.before_step()))
-        self._handles.append(self.optimizer.register_step_post_hook(
-            lambda *_: self.after_step()))
+        self._hooks.around_step(self.optimizer, self.before_step, self.after_step)
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def add_to(self, pack: Any) -> None:
         """Put this step's decision into its ``StatsPack`` (read with its one host copy)."""

@@ -66,6 +66,7 @@ from transformers import TrainerCallback
 
 from monitor_client._arguments import hyperparameters, monitor_settings
 from monitor_client._data import StreamBatches, attach, merge_windows
+from monitor_client._hooks import Hooks
 from monitor_client._monitor import Monitor
 from monitor_client._resume import Relaunch, RollbackExit, announce
 from monitor_client._rollback import RollbackPlan, write_resume_file
@@ -114,7 +115,7 @@ class MonitorCallback(TrainerCallback):
         self._tokens = self._samples = 0
         self._label_counts: list[Any] = []
         self._restore_clip: float | None = None
-        self._handles: list[Any] = []
+        self._hooks = Hooks()  # on the model: its inputs counted, its loss read
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
         self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._data: StreamBatches | None = None
@@ -162,9 +163,8 @@ class MonitorCallback(TrainerCallback):
         # The Trainer decides the clipping; everything else is the monitor's WatchSettings.
         mon.watch(model, opt, settings=dataclasses.replace(
             watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
-        self._handles = [
-            model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
-            model.register_forward_hook(self._capture_loss, with_kwargs=True)]
+        self._hooks.add(model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
+                        model.register_forward_hook(self._capture_loss, with_kwargs=True))
 
     def _take_over_data(self, args, state, loader, plan: RollbackPlan | None) -> None:
         """Count the Trainer's batches by data position, resumed where the checkpoint (or
@@ -276,8 +276,7 @@ class MonitorCallback(TrainerCallback):
                              seconds=runtime)
 
     def on_train_end(self, args, state, control, **kwargs):
-        for handle in self._handles:
-            handle.remove()
+        self._hooks.remove()
         self._relaunch.lr.restore()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
