@@ -64,12 +64,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from monitor_client._arguments import hyperparameters, monitor_settings
+from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._hooks import Hooks
 from monitor_client._monitor import Monitor
-from monitor_client._resume import Relaunch, RollbackExit, announce
-from monitor_client._rollback import RollbackPlan, write_resume_file
+from monitor_client._rollback import RollbackPlan
 from monitor_client.settings import MonitorSettings
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
@@ -77,12 +76,13 @@ DATA_FILE = "monitor_data.json"  # in each checkpoint-<step>: where its data res
 log = logging.getLogger("monitor_client")
 
 
-class MonitorCallback(TrainerCallback):
-    """Report a HuggingFace Trainer run to monitor_agent.
+class MonitorCallback(FrameworkCallback, TrainerCallback):
+    """Report a HuggingFace Trainer run to monitor_agent (``_callbacks.py``: what it shares
+    with the Lightning callback).
 
     Without a ``monitor``, one is made at the start of training from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    Trainer's arguments, unless ``config`` names them), ``run_id``, ``token``,
+    Trainer's arguments), ``run_id``, ``token``,
     ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
     monitor's ``WatchSettings`` with the clipping set by the Trainer's ``max_grad_norm``.
 
@@ -97,56 +97,35 @@ class MonitorCallback(TrainerCallback):
         (None, 'gpt', True)
     """
 
+    resume_argument = "resume_from_checkpoint"
+
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  take_over_clipping: bool = True, take_over_data: bool = True,
                  exit_on_rollback: bool = True) -> None:
-        self.monitor = monitor
+        super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
+                         token=token, labels=labels, settings=settings,
+                         exit_on_rollback=exit_on_rollback)
         self.take_over_clipping = take_over_clipping
         self.take_over_data = take_over_data
-        self.exit_on_rollback = exit_on_rollback
-        self.settings = monitor_settings("MonitorCallback", settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels))
-        self.config = None if config is None else hyperparameters("MonitorCallback", config)
         self._losses: list[Any] = []
         self._sum_losses = False
         self._tokens = self._samples = 0
         self._label_counts: list[Any] = []
         self._restore_clip: float | None = None
         self._hooks = Hooks()  # on the model: its inputs counted, its loss read
-        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
-        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._data: StreamBatches | None = None
         self._position: int | None = None
         self._restore_skip: bool | None = None
         self._step_lr: Any = None
 
-    @property
-    def relaunched(self) -> RollbackPlan | None:
-        """The plan this process was relaunched for, or None."""
-        return self._relaunch.plan
-
-    def _mon(self) -> Monitor:
-        """The run's Monitor (made at the start of training when none was given)."""
-        if self.monitor is None:
-            raise RuntimeError("MonitorCallback: training has not started")
-        return self.monitor
-
-    def _make_monitor(self, args: Any) -> Monitor:
-        config = self.config
-        if config is None:
-            config = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
-        return Monitor(config=config, settings=self.settings)
-
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):
-        mon = self.monitor if self.monitor is not None else self._make_monitor(args)
-        self.monitor = mon
+        mon = self._start(args.to_dict, state.max_steps if state.max_steps and
+                          state.max_steps > 0 else None)
         plan = self._relaunch.take(args.output_dir, mon._plans, state.global_step)
-        if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
-            mon.config.setdefault("total_steps", int(state.max_steps))
         if self.take_over_data and train_dataloader is not None:
             self._take_over_data(args, state, train_dataloader, plan)
         elif plan is not None and plan.skip:
@@ -239,19 +218,9 @@ class MonitorCallback(TrainerCallback):
         self._losses, self._tokens, self._samples = [], 0, 0
         self._label_counts = []
         self._relaunch.consume_once(state.is_world_process_zero)
-        if mon.should_stop():
-            control.should_training_stop = True
-        if mon.should_checkpoint():
-            control.should_save = True
-        plan = mon.rollback_plan()
-        if plan is not None and self.rollback is None:
-            self.rollback = plan
-            path = os.path.join(args.output_dir, "monitor_rollback.json")
-            if state.is_world_process_zero:
-                path = write_resume_file(args.output_dir, plan,
-                                         resume_from_checkpoint=plan.checkpoint_path)
-                announce(plan, path, "--resume_from_checkpoint")
-            control.should_training_stop = True
+        self._honour_actions(args.output_dir, state.is_world_process_zero,
+                             stop=lambda: setattr(control, "should_training_stop", True),
+                             save=lambda: setattr(control, "should_save", True))
         return control
 
     def on_save(self, args, state, control, **kwargs):
@@ -277,22 +246,11 @@ class MonitorCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hooks.remove()
-        self._relaunch.lr.restore()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
         if self._restore_skip is not None:
             args.ignore_data_skip, self._restore_skip = self._restore_skip, None
-        if self.rollback is not None:
-            self._mon().close(status="stopped", error=f"stopped to roll back: "
-                              f"{self.rollback.message or self.rollback.checkpoint_path}")
-            if self.exit_on_rollback:
-                raise RollbackExit(self.rollback)
-        else:
-            self._mon().close()
-
-
-def _plain_value(value: Any) -> bool:
-    return value is None or isinstance(value, str | int | float | bool)
+        self._end()
 
 
 def _write_data_file(checkpoint: str, position: int, skip: tuple[tuple[int, int], ...]) -> None:

@@ -70,22 +70,22 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from monitor_client._arguments import hyperparameters, monitor_settings
+from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
-from monitor_client._resume import Relaunch, RollbackExit, announce
-from monitor_client._rollback import RollbackPlan, write_resume_file
+from monitor_client._resume import RollbackExit
 from monitor_client.settings import MonitorSettings
 
 log = logging.getLogger("monitor_client")
 
 
-class MonitorCallback(pl.Callback):
-    """Report a Lightning run to monitor_agent.
+class MonitorCallback(FrameworkCallback, pl.Callback):
+    """Report a Lightning run to monitor_agent (``_callbacks.py``: what it shares with the
+    HF callback).
 
     Without a ``monitor``, one is made when fitting starts from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    module's ``hparams``, unless ``config`` names them), ``run_id``, ``token``,
+    module's ``hparams``), ``run_id``, ``token``,
     ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
     monitor's ``WatchSettings`` with Lightning's clipping value and ``pre_hook=False``.
 
@@ -100,8 +100,10 @@ class MonitorCallback(pl.Callback):
         (None, 'gpt', 0)
         >>> MonitorCallback(project="bert", settings=settings)
         Traceback (most recent call last):
-        monitor_client._errors.SettingsTypeError: MonitorCallback(): got settings=MonitorSettings(...) and keywords that ...
+        monitor_client._errors.SettingsTypeError: MonitorCallback(): got settings=... that ...
     """
+
+    resume_argument = "ckpt_path"
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
@@ -109,10 +111,9 @@ class MonitorCallback(pl.Callback):
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
                  checkpoint_dir: str | None = None, exit_on_rollback: bool = True) -> None:
-        self.monitor = monitor
-        self.settings = monitor_settings("MonitorCallback", settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels))
-        self.config = None if config is None else hyperparameters("MonitorCallback", config)
+        super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
+                         token=token, labels=labels, settings=settings,
+                         exit_on_rollback=exit_on_rollback)
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
@@ -120,37 +121,12 @@ class MonitorCallback(pl.Callback):
         self._samples = 0
         self._last_step = 0
         self._reported: set[tuple[int, str]] = set()
-        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
-        self.exit_on_rollback = exit_on_rollback
-        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._streams: list[DataStream] = []
         self._val_start: float | None = None  # perf_counter at on_validation_start
         self._save_starts: deque[float] = deque(maxlen=16)  # time.time() of recent saves
 
-    @property
-    def relaunched(self) -> RollbackPlan | None:
-        """The plan this process was relaunched for, or None."""
-        return self._relaunch.plan
-
-    def _mon(self) -> Monitor:
-        """The run's Monitor (made when fitting starts when none was given)."""
-        if self.monitor is None:
-            raise RuntimeError("MonitorCallback: fitting has not started")
-        return self.monitor
-
-    def _make_monitor(self, pl_module: Any) -> Monitor:
-        config = self.config
-        if config is None:
-            config = {k: v for k, v in dict(pl_module.hparams).items()
-                      if v is None or isinstance(v, str | int | float | bool)}
-        return Monitor(config=config, settings=self.settings)
-
     def on_fit_start(self, trainer, pl_module):
-        mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
-        self.monitor = mon
-        planned = _planned_steps(trainer)
-        if planned is not None:  # the plan, for progress and the ETA
-            mon.config.setdefault("total_steps", planned)
+        mon = self._start(lambda: dict(pl_module.hparams), _planned_steps(trainer))
         clip = trainer.gradient_clip_val or None
         # Lightning clips, and steps through a closure; the rest is the monitor's WatchSettings.
         mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
@@ -230,28 +206,18 @@ class MonitorCallback(pl.Callback):
                              data_position=position, **({"lr": lr} if lr is not None else {}))
         self._losses, self._samples = [], 0
         self._relaunch.consume_once(trainer.is_global_zero)
-        self._honour_actions(trainer)
+        self._honour_actions(self._directory(trainer), trainer.is_global_zero,
+                             stop=lambda: setattr(trainer, "should_stop", True),
+                             save=lambda: self._save_now(trainer))
 
-    def _honour_actions(self, trainer) -> None:
-        mon = self._mon()
-        if mon.should_stop():
-            trainer.should_stop = True
-        if mon.should_checkpoint():
-            path = os.path.join(self._directory(trainer),
-                                f"monitor-step{trainer.global_step}.ckpt")
-            began = time.perf_counter()
-            trainer.save_checkpoint(path)
-            if trainer.is_global_zero:
-                mon.checkpoint_saved(trainer.global_step, path, tag="monitor",
-                                     seconds=time.perf_counter() - began)
-        plan = mon.rollback_plan()
-        if plan is not None and self.rollback is None:
-            self.rollback = plan
-            if trainer.is_global_zero:
-                path = write_resume_file(self._directory(trainer), plan,
-                                         ckpt_path=plan.checkpoint_path)
-                announce(plan, path, "--ckpt_path")
-            trainer.should_stop = True
+    def _save_now(self, trainer: Any) -> None:
+        """An alert rule's checkpoint request: saved now, and reported from rank zero."""
+        path = os.path.join(self._directory(trainer), f"monitor-step{trainer.global_step}.ckpt")
+        began = time.perf_counter()
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            self._mon().checkpoint_saved(trainer.global_step, path, tag="monitor",
+                                         seconds=time.perf_counter() - began)
 
     def on_validation_start(self, trainer, pl_module):
         self._val_start = time.perf_counter()
@@ -277,14 +243,7 @@ class MonitorCallback(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self._report_saves(trainer)
-        self._relaunch.lr.restore()
-        if self.rollback is not None:
-            self._mon().close(status="stopped", error=f"stopped to roll back: "
-                              f"{self.rollback.message or self.rollback.checkpoint_path}")
-            if self.exit_on_rollback:
-                raise RollbackExit(self.rollback)
-        else:
-            self._mon().close()
+        self._end()
 
 
 def _streams(trainer: Any) -> list[DataStream]:

@@ -150,13 +150,6 @@ def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparamete
                              "hist_every": 0, "total_steps": 2}
 
 
-def test_hf_callback_refuses_a_settings_field_as_a_keyword():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'linger'"):
-        MonitorCallback(project="p", linger=0.1)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="run's hyperparameters, a dict, not MonitorSettings"):
-        MonitorCallback(config=MonitorSettings())  # type: ignore[arg-type]
-
-
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
         tmp_path, capfd):
     import json
