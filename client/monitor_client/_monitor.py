@@ -810,16 +810,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             # reports that step on the alert and the actions API.
             status = "stopped"
             error = error or f"stopped at step {self._last_step}: {self._inbox.stop_reason}"
-        if self._stats is not None:
-            self._stats.detach()
-        if self._acts is not None:
-            self._acts.detach()
-        if self._finite is not None:
-            self._finite.detach()
-        if self._timings is not None:
-            self._timings.detach()
-        if self._step_guard is not None:
-            self._step_guard.detach()
+        for hooked in (self._stats, self._acts, self._finite, self._timings, self._step_guard):
+            if hooked is not None:
+                hooked.detach()
         if self._gpu_sampler is not None:
             self._gpu_sampler.close()
         if self._watchdog is not None:

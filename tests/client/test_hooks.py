@@ -4,6 +4,7 @@ whatever ``watch()`` measured (a hook left behind would run in the next training
 from __future__ import annotations
 
 import torch
+from training_steps import log_steps
 
 from monitor_client import GuardSettings, Monitor, MonitorSettings, WatchSettings
 from monitor_client._hooks import Hooks
@@ -25,11 +26,7 @@ def test_a_closed_monitor_leaves_no_hook_on_the_model_or_the_optimizer(receiver,
         watch=WatchSettings(activations=True, guard=GuardSettings())))
     mon.watch(model, opt, grad_clip=1.0)
     hooked = _hook_counts(model, opt)
-    for step in (1, 2):
-        model(torch.ones(3, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log_step(step, loss=1.0)
+    log_steps(mon, model, opt, (1, 2))
     assert mon.close(timeout=10)
     # stats, guard, timings (world_size 2), finite flags, activations, the watchdog's phase
     assert hooked > 10 and _hook_counts(model, opt) == 0

@@ -11,6 +11,7 @@ import inspect
 
 import pytest
 import torch
+from training_steps import log_steps
 
 from monitor_client import Monitor, MonitorSettings, WatchSettings
 
@@ -132,11 +133,7 @@ def test_a_run_reported_through_settings_matches_the_keywords(receiver, tmp_path
         model = torch.nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)
-        for step in range(1, 4):
-            model(torch.ones(3, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-            mon.log_step(step, loss=1.0)
+        log_steps(mon, model, opt, range(1, 4))
         assert mon.close(timeout=10)
         return next(r for r in receiver.of_kind("run") if r["run_id"] == mon.run_id)
 

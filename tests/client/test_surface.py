@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from training_steps import log_steps
 
 import monitor_client
 from monitor_client import Monitor, MonitorSettings, WatchSettings
@@ -65,11 +66,7 @@ def test_the_small_surface_reports_a_run_without_a_warning(receiver, tmp_path):
                           spool_dir=tmp_path, install_hooks=False, linger=0.02,
                           watch=WatchSettings(layer_stats_every=2, hist_every=0)))
         mon.watch(model, opt, grad_clip=1.0)
-        for step in range(1, 4):
-            model(torch.ones(3, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-            mon.log_step(step, loss=1.0)
+        log_steps(mon, model, opt, range(1, 4))
         assert mon.close(timeout=10)
     assert (mon.settings.url, mon.settings.project, mon.settings.token) == (
         receiver.url, "surface", "t0k3n")

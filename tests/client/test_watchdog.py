@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from training_steps import log_steps
 
 import monitor_client
 from monitor_agent.records.schemas import parse_record
@@ -35,11 +36,7 @@ def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp
     mon = monitor_client.Monitor(url=receiver.url, run_id="wd", settings=MonitorSettings(
         linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
     mon.watch(model, opt)
-    for step in range(1, 7):
-        model(torch.ones(2, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log_step(step, loss=1.0)
+    log_steps(mon, model, opt, range(1, 7), batch=2)
     read_end, write_end = os.pipe()
     # Released by another thread once the hang record has arrived: the trainer itself is
     # blocked in os.read the whole time, holding no GIL.
