@@ -151,24 +151,24 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             url=url, project=project, total_steps=total_steps, loss_kind=loss_kind,
             run_id=run_id, token=token, labels=labels)), hyperparameters("Monitor", config))
 
-    def _start(self, cfg: MonitorSettings, config: dict[str, Any]) -> None:
-        self.settings = cfg
+    def _start(self, settings: MonitorSettings, config: dict[str, Any]) -> None:
+        self.settings = settings
         found = _run_info.detect_rank()
-        self.rank = found.rank if cfg.rank is None else cfg.rank
-        self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
+        self.rank = found.rank if settings.rank is None else settings.rank
+        self.world_size = found.world_size if settings.world_size is None else settings.world_size
         self.info = _run_info.RankInfo(self.rank, self.world_size, found.local_rank)
-        self.project, self.config = cfg.project, config
-        if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
-            self.config["total_steps"] = int(cfg.total_steps)
-        if cfg.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
-            self.config["loss_kind"] = cfg.loss_kind
-        self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
+        self.project, self.config = settings.project, config
+        if settings.total_steps is not None:  # the sidecar reads the plan from the run's config
+            self.config["total_steps"] = int(settings.total_steps)
+        if settings.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
+            self.config["loss_kind"] = settings.loss_kind
+        self.run_id = _run_info.resolve_run_id(settings.run_id, settings.project, self.info)
         # This process's records are one attempt of the run id (docs/format.md).
         self.attempt = new_token()
         self._attempt_notice = AttemptNotice(self.run_id, self.attempt)
-        self.layer_stats_every = cfg.watch.layer_stats_every
-        self.hist_every = cfg.watch.hist_every
-        self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
+        self.layer_stats_every = settings.watch.layer_stats_every
+        self.hist_every = settings.watch.hist_every
+        self.active = settings.enabled and not (settings.rank0_only and self.rank != 0)
         self._warner = Warner()
         self._inbox = ActionInbox(self._warn_action)
         self._plans = PlanBook()
@@ -184,7 +184,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._last_position: tuple[int, int] | None = None
         self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
-            cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
+            settings.project, dict(settings.labels) if settings.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
         self._hardware = _run_info.describe_hardware("cpu", self.info, None)
@@ -205,41 +205,41 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         # checkpoint_saved): an eval's or a save's ``seconds`` is the time since (None
         # before the first; the goodput ledger, monitor_agent/runs/goodput.py, reads them).
         self._loop_t: float | None = None
-        self.close_timeout = cfg.close_timeout
-        self._placement = _run_info.detect_placement(self.info, self._url(cfg))
-        self._sender = self._make_sender(cfg) if self.active else None
+        self.close_timeout = settings.close_timeout
+        self._placement = _run_info.detect_placement(self.info, self._url(settings))
+        self._sender = self._make_sender(settings) if self.active else None
         # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
         self._phase = PhaseTracker()
-        self._watchdog = Watchdog(cfg.watchdog_floor, self._send_hang, {
+        self._watchdog = Watchdog(settings.watchdog_floor, self._send_hang, {
             "run_id": self.run_id, "rank": self.rank, "attempt": self.attempt},
-            self._phase, self.rank) if self.active and cfg.watchdog else None
+            self._phase, self.rank) if self.active and settings.watchdog else None
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
-        if self.active and cfg.install_hooks:
+        if self.active and settings.install_hooks:
             self._exit_hooks.install()
 
     def _warn_action(self, where: str, exc: Exception) -> None:
         self._warner.warn(where, "action callback failed (ignored): %r", exc)
 
     @staticmethod
-    def _url(cfg: MonitorSettings) -> str:
-        return cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+    def _url(settings: MonitorSettings) -> str:
+        return settings.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
 
-    def _make_sender(self, cfg: MonitorSettings) -> Sender:
-        url = self._url(cfg)
-        token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
-        base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
+    def _make_sender(self, settings: MonitorSettings) -> Sender:
+        url = self._url(settings)
+        token = settings.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
+        base = settings.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = spool_directory(base, self.run_id, self.rank)
-        transport = HttpTransport(url, token, timeout=cfg.timeout)
+        transport = HttpTransport(url, token, timeout=settings.timeout)
         try:  # private to this user, or not used (_spool.py): a spool is replayed as ours
             private_directory(base, base=True)
-            spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
+            spool = Spool(directory, max_bytes=settings.spool_max_bytes, max_age=settings.spool_max_age)
         except OSError as exc:
             elsewhere = Path(tempfile.mkdtemp(prefix="monitor_client-spool-")) / directory.name
             self._warner.warn("spool_unsafe", "spool %s not used (%s); spooling to %s instead "
                               "(nothing left there is replayed)", directory, exc, elsewhere)
-            spool = Spool(elsewhere, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
-        return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
+            spool = Spool(elsewhere, max_bytes=settings.spool_max_bytes, max_age=settings.spool_max_age)
+        return Sender(transport, spool, max_queue=settings.max_queue, linger=settings.linger,
                       owner=(self.run_id, self.rank),
                       warner=self._warner, on_actions=self._inbox.receive,
                       on_attempts=self._attempt_notice.receive,
@@ -271,53 +271,53 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         (``_preflight.py``). A contradictory or nonsensical setting raises at once; any other
         failure is a warning.
         """
-        cfg = watch_settings(self.settings.watch, settings,
-                             dict(grad_clip=grad_clip, guard=guard))
-        self._watch(model, optimizer, scaler, cfg)
+        watching = watch_settings(self.settings.watch, settings,
+                                  dict(grad_clip=grad_clip, guard=guard))
+        self._watch(model, optimizer, scaler, watching)
 
     @_never_raises
-    def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchSettings) -> None:
+    def _watch(self, model: Any, optimizer: Any, scaler: Any, settings: WatchSettings) -> None:
         if not self.active:
             return
         from monitor_client import _flops, _model_info
         from monitor_client._stats import GradStats
 
         param = next(model.parameters())
-        every = cfg.layer_stats_every
-        group = _model_info.default_group() if cfg.sharded else None
+        every = settings.layer_stats_every
+        group = _model_info.default_group() if settings.sharded else None
         if self.world_size > 1:  # before GradStats: its pre-hook is compute, not the wait
             self._watch_timings(model, optimizer)
-        self._stats = GradStats(model, optimizer, grad_clip=cfg.grad_clip,
-                                apply_clip=cfg.apply_clip, layer_stats_every=every,
+        self._stats = GradStats(model, optimizer, grad_clip=settings.grad_clip,
+                                apply_clip=settings.apply_clip, layer_stats_every=every,
                                 reduce_group=group,
-                                snapshot_budget_bytes=cfg.snapshot_budget_bytes,
-                                hist_every=cfg.hist_every).attach(cfg.pre_hook)
+                                snapshot_budget_bytes=settings.snapshot_budget_bytes,
+                                hist_every=settings.hist_every).attach(settings.pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
-        if cfg.guard is not None:
-            self._watch_guard(optimizer, cfg)
-        self.config.setdefault("grad_clip", cfg.grad_clip)
+        if settings.guard is not None:
+            self._watch_guard(optimizer, settings)
+        self.config.setdefault("grad_clip", settings.grad_clip)
         self.config.setdefault("layer_stats_every", every)
-        self.config.setdefault("hist_every", cfg.hist_every)
-        peak, dtype = _model_info.resolve_peak_flops(param, cfg.peak_flops, cfg.compute_dtype)
+        self.config.setdefault("hist_every", settings.hist_every)
+        peak, dtype = _model_info.resolve_peak_flops(param, settings.peak_flops, settings.compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
-                              flops_per_token=cfg.flops_per_token or _flops.flops_per_token(
-                                  model, cfg.seq_len), peak_flops=peak,
+                              flops_per_token=settings.flops_per_token or _flops.flops_per_token(
+                                  model, settings.seq_len), peak_flops=peak,
                               world_size=self.world_size, gate=NormGate(),
                               on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
-        if cfg.finite_flags:
+        if settings.finite_flags:
             self._watch_finite(model)
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
         if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
             self._hardware.update(self._gpu_sampler.describe())
         self._hardware.update(compute_dtype=dtype,
-                              stats_scope="rank_local_shard" if cfg.sharded else "global")
+                              stats_scope="rank_local_shard" if settings.sharded else "global")
         self._model_info = _model_info.describe_model(model, self._stats.names)
         if self._watchdog is not None:
             self._phase.attach(model, optimizer)
-        if cfg.activations:
-            self._watch_activations(model, optimizer, cfg.activations,
-                                    cfg.activation_every or every, cfg.max_activation_modules)
+        if settings.activations:
+            self._watch_activations(model, optimizer, settings.activations,
+                                    settings.activation_every or every, settings.max_activation_modules)
         self._send_run()
         self._last_t = time.perf_counter()
 
@@ -342,14 +342,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         params = [p for p in model.parameters() if p.requires_grad]
         self._timings = StepTimings(params, optimizer).attach()
 
-    def _watch_guard(self, optimizer: Any, cfg: WatchSettings) -> None:
+    def _watch_guard(self, optimizer: Any, settings: WatchSettings) -> None:
         from monitor_client._guard import StepGuard
 
-        assert self._stats is not None and cfg.guard is not None
+        assert self._stats is not None and settings.guard is not None
         if self._step_guard is not None:
             self._step_guard.detach()
-        self._step_guard = StepGuard(self._stats, optimizer, cfg.guard).attach()
-        self.config.setdefault("guard", dataclasses.asdict(cfg.guard))
+        self._step_guard = StepGuard(self._stats, optimizer, settings.guard).attach()
+        self.config.setdefault("guard", dataclasses.asdict(settings.guard))
         if self._step_guard.syncs:
             self._warner.warn("guard", "the step guard reads its decision on the host for "
                               "%s (a non-fused optimizer cannot skip on the device): one "
