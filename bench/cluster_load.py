@@ -97,7 +97,7 @@ def capture_client_records(tensors: int = 150, steps: int = 50) -> list[dict[str
     with tempfile.TemporaryDirectory() as spool:
         mon = Monitor(f"http://127.0.0.1:{server.server_address[1]}", "bench", run_id="capture",
                       settings=MonitorSettings(rank=0, world_size=1, spool_dir=spool,
-                                             install_hooks=False))
+                                               install_hooks=False))
         mon.watch(model, opt, grad_clip=1.0)
         for step in range(1, steps + 1):
             loss = model(torch.randn(8, 16)).pow(2).mean()

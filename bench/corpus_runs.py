@@ -161,7 +161,7 @@ def run(spec: Spec, monitor) -> list[dict]:
     mon, cap = monitor(spec.name, config_of(spec, task))
     mon.watch(task.model, opt, grad_clip=spec.clip,
               settings=WatchSettings(seq_len=task.seq_len, layer_stats_every=spec.layer_every,
-                                   hist_every=0))
+                                     hist_every=0))
     last = first + spec.steps - 1 if spec.finetune else spec.steps
     status = "completed"
     for step in range(first, last + 1):

@@ -96,7 +96,7 @@ class Capture:
 def monitor(name: str, config: dict) -> tuple[Monitor, Capture]:
     mon = Monitor(url="http://127.0.0.1:9", project="traces", run_id=name, config=config,
                   settings=MonitorSettings(install_hooks=False,
-                                         spool_dir=f"/tmp/record-traces-{os.getpid()}"))
+                                           spool_dir=f"/tmp/record-traces-{os.getpid()}"))
     mon._sender.close(0.1)  # the in-memory capture replaces the HTTP sender
     mon._sender = capture = Capture()
     return mon, capture
@@ -120,7 +120,7 @@ def run_mlp(name: str, fault_step: int | None, shift: float = 3.0, steps: int = 
     mon, cap = monitor(name, config)
     mon.watch(model, opt,
               settings=WatchSettings(layer_stats_every=EVERY, activations=True,
-                                   activation_every=EVERY, hist_every=EVERY))
+                                     activation_every=EVERY, hist_every=EVERY))
     val_groups = [GROUPS[int(c)] for c in y_val]
     gen = torch.Generator().manual_seed(5)
     for step in range(1, steps + 1):
@@ -199,7 +199,7 @@ def run_gpt(name: str, fault_step: int | None, growth: float = 1.15, steps: int 
     mon, cap = monitor(name, config)
     mon.watch(model, opt, grad_clip=1.0,
               settings=WatchSettings(seq_len=64, layer_stats_every=EVERY, activations=True,
-                                   activation_every=EVERY, hist_every=EVERY))
+                                     activation_every=EVERY, hist_every=EVERY))
     gen, eval_gen = torch.Generator().manual_seed(8), torch.Generator().manual_seed(9)
     status = "completed"
     for step in range(1, steps + 1):

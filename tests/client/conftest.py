@@ -154,7 +154,7 @@ def plain_loop_shape(tmp_path):
     try:
         mon = Monitor(url=rec.url, run_id="plain-shape",
                       settings=MonitorSettings(spool_dir=tmp_path / "plain", install_hooks=False,
-                                             linger=0.02, watch=WatchSettings(layer_stats_every=4)))
+                                               linger=0.02, watch=WatchSettings(layer_stats_every=4)))
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)

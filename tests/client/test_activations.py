@@ -140,7 +140,7 @@ def test_monitor_to_a_live_sidecar_shows_the_gauges(tmp_path):
     with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
         mon = Monitor(url=srv.url, project="acts", run_id="acts-1",
                       settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                             linger=0.02, timeout=(0.5, 5.0)))
+                                               linger=0.02, timeout=(0.5, 5.0)))
         model = _tiny_run(mon)
         assert mon.close(timeout=20)
         assert _hooks(model) == 0  # close() removed every hook

@@ -55,7 +55,7 @@ def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, t
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     mon = Monitor(url=sc.url, run_id="mon-stop",
                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.01))
+                                           linger=0.01))
     got = threading.Event()
     mon.on_action(lambda a: got.set())
     for step in range(1, 6):
@@ -87,7 +87,7 @@ def test_a_stop_the_trainer_never_honoured_is_not_reported_as_honoured(sidecar_f
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     mon = Monitor(url=sc.url, run_id="mon-ignored",
                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.01))
+                                           linger=0.01))
     got = threading.Event()
     mon.on_action(lambda a: got.set())
     for step in range(1, 6):
@@ -111,7 +111,7 @@ def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
     assert httpx.post(sc.url + "/v1/records", json={"records": steps}).json()["actions"]
     mon = Monitor(url=sc.url, run_id="poll-me",
                   settings=MonitorSettings(rank=1, world_size=2, install_hooks=False,
-                                         spool_dir=tmp_path / "spool", linger=0.01))
+                                           spool_dir=tmp_path / "spool", linger=0.01))
     mon._sender.poll_interval = 0.05  # the default polls every 5 s
     deadline = time.monotonic() + 10
     while not mon.should_stop():

@@ -94,7 +94,7 @@ def test_wrong_token_and_wrong_path_against_the_real_sidecar(sidecar_factory, tm
         caplog.clear()
         mon = Monitor(url=url, token=token, run_id=f"mistake-{status}",
                       settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
-                                             linger=0.02))
+                                               linger=0.02))
         for step in range(1, 6):
             mon.log_step(step, loss=1.0)
         mon.close()
@@ -116,7 +116,7 @@ def test_https_to_the_plain_http_sidecar_is_named_a_scheme_mismatch(sidecar, tmp
     url = sidecar.url.replace("http://", "https://")
     mon = Monitor(url=url, run_id="https-by-mistake",
                   settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
-                                         linger=0.02))
+                                           linger=0.02))
     for step in range(1, 6):
         mon.log_step(step, loss=1.0)
     mon.close()
@@ -156,7 +156,7 @@ def test_close_is_bounded_when_nothing_answers(tmp_path, caplog):
     with _Silent() as silent:
         mon = Monitor(url=silent.url, run_id="hung",
                       settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
-                                             linger=0.02, timeout=(2.0, 30.0), close_timeout=0.5))
+                                               linger=0.02, timeout=(2.0, 30.0), close_timeout=0.5))
         for step in range(1, 20):
             mon.log_step(step, loss=1.0)
         start = time.perf_counter()

@@ -128,7 +128,7 @@ def test_monitor_to_live_sidecar_exposes_quantiles_and_stores_grad_hist(tmp_path
     with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
         mon = Monitor(url=srv.url, project="dist", run_id="dist-1",
                       settings=MonitorSettings(spool_dir=tmp_path / "s", install_hooks=False,
-                                             linger=0.02, watch=WatchSettings(hist_every=3)))
+                                               linger=0.02, watch=WatchSettings(hist_every=3)))
         model = _model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)

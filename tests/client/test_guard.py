@@ -126,7 +126,7 @@ def test_under_a_grad_scaler_an_overflow_is_the_scalers_and_a_spike_is_ours(kind
 def test_the_monitor_logs_each_skipped_step_with_its_reason(receiver, tmp_path):
     mon = Monitor(url=receiver.url, project="guard", run_id="guard-1",
                   settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         watch=WatchSettings(guard=CONFIG)))
+                                           watch=WatchSettings(guard=CONFIG)))
     model = _model()
     opt = _optimizer("adamw_fused", model)
     mon.watch(model, opt)

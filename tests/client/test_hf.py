@@ -41,7 +41,7 @@ def _trainer(tmp_path, callback, steps=6, accum=2, model=None, **overrides):
 def _monitor(receiver, tmp_path, run_id):
     return Monitor(url=receiver.url, run_id=run_id,
                    settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                          linger=0.02, watch=WatchSettings(layer_stats_every=4)))
+                                            linger=0.02, watch=WatchSettings(layer_stats_every=4)))
 
 
 def test_hf_trainer_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_shape):
@@ -124,8 +124,8 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
 
 def test_hf_callback_passes_monitor_settings_through(receiver, tmp_path):
     cfg = MonitorSettings(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
-                        install_hooks=False, linger=0.02,
-                        watch=WatchSettings(layer_stats_every=2, hist_every=0))
+                          install_hooks=False, linger=0.02,
+                          watch=WatchSettings(layer_stats_every=2, hist_every=0))
     trainer = _trainer(tmp_path, MonitorCallback(settings=cfg), steps=3, accum=1)
     trainer.train()
     run = receiver.of_kind("run")[0]

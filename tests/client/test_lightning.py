@@ -40,7 +40,7 @@ def _loader(n=64):
 def _fit(receiver, tmp_path, run_id, model, steps=6, accum=2):
     mon = Monitor(url=receiver.url, run_id=run_id,
                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.02, watch=WatchSettings(layer_stats_every=4)))
+                                           linger=0.02, watch=WatchSettings(layer_stats_every=4)))
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accum,
                          gradient_clip_val=0.05, val_check_interval=4, limit_val_batches=2,
                          callbacks=[MonitorCallback(mon, tokens_per_sample=4)],
@@ -75,8 +75,8 @@ def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
 
 def test_lightning_callback_passes_monitor_settings_through(receiver, tmp_path):
     cfg = MonitorSettings(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
-                        install_hooks=False, linger=0.02,
-                        watch=WatchSettings(layer_stats_every=3, hist_every=0))
+                          install_hooks=False, linger=0.02,
+                          watch=WatchSettings(layer_stats_every=3, hist_every=0))
     trainer = pl.Trainer(max_steps=4, gradient_clip_val=0.05, limit_val_batches=0,
                          callbacks=[MonitorCallback(settings=cfg, tokens_per_sample=4)],
                          accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -212,7 +212,7 @@ def test_lightning_times_validation_and_saves_apart(receiver, tmp_path):
 
     mon = Monitor(url=receiver.url, run_id="pl-seconds",
                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.02))
+                                           linger=0.02))
     saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2,
                                          save_top_k=-1)
     trainer = pl.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=2,

@@ -42,7 +42,7 @@ def _mon(url, tmp_path, run_id, labels=None, **settings):
     settings.setdefault("linger", 0.02)
     return Monitor(url=url, project="unit test", config={"lr": 1e-2}, run_id=run_id,
                    labels=labels, settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False,
-                                                         timeout=(0.5, 5.0), **settings))
+                                                           timeout=(0.5, 5.0), **settings))
 
 
 def test_plain_loop_against_the_real_sidecar(sidecar, tmp_path):

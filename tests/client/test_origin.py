@@ -58,7 +58,7 @@ def _model():
 def _run(receiver, tmp_path, run_id, fault_at, kind, steps=6, every=1000, scale_at=None):
     mon = Monitor(url=receiver.url, project="origin", run_id=run_id,
                   settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         timeout=(0.5, 5.0)))
+                                           timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt, settings=WatchSettings(layer_stats_every=every))
@@ -256,7 +256,7 @@ def test_each_micro_batch_is_checked(accum):
 def test_a_skipped_amp_step_carries_its_unscaled_per_parameter_norms(receiver, tmp_path):
     mon = Monitor(url=receiver.url, project="origin", run_id="amp-origin",
                   settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         timeout=(0.5, 5.0)))
+                                           timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)

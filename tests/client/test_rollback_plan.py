@@ -73,7 +73,7 @@ def test_a_withdrawn_plan_is_no_order():
 def _monitor(url: str, tmp_path: Path, run_id: str = "rb") -> Monitor:
     return Monitor(url=url, run_id=run_id,
                    settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
-                                          linger=0.01))
+                                            linger=0.01))
 
 
 def test_checkpoint_saved_sends_the_contract_record_and_refuses_bad_paths(stand_in, tmp_path,

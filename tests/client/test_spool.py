@@ -146,7 +146,7 @@ def test_spool_directories_and_segments_are_made_private(stopped_receiver, tmp_p
     base = tmp_path / "fresh" / "spool"
     mon = Monitor(url=stopped_receiver.url, run_id="private",
                   settings=MonitorSettings(spool_dir=base, install_hooks=False, linger=0.01,
-                                         close_timeout=0.5))
+                                           close_timeout=0.5))
     mon.log_step(1, loss=1.0)
     mon.close(timeout=0.5)  # nobody listens: it stays spooled
     run_dir = spool_directory(base, "private", 0)

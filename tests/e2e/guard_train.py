@@ -35,8 +35,8 @@ def main() -> None:
     mon = Monitor(url=args.url, project="guard-e2e", run_id=args.run_id,
                   total_steps=args.steps,
                   settings=MonitorSettings(spool_dir=args.spool_dir, linger=0.05,
-                                         install_hooks=False,
-                                         watch=WatchSettings(guard=True)))
+                                           install_hooks=False,
+                                           watch=WatchSettings(guard=True)))
     mon.watch(model, opt, grad_clip=1.0)
     gen = torch.Generator().manual_seed(1)
     for step in range(1, args.steps + 1):

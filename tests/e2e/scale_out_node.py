@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
     mons = [Monitor(args.sidecar, args.project, run_id=args.run_id, token=args.token or None,
                     settings=MonitorSettings(rank=r, world_size=world,
-                                           spool_dir=control / f"spool{args.node}",
-                                           install_hooks=False, gpu_probe=None)) for r in ranks]
+                                             spool_dir=control / f"spool{args.node}",
+                                             install_hooks=False, gpu_probe=None)) for r in ranks]
     for mon, model, opt in zip(mons, models, opts, strict=True):
         mon.watch(model, opt, grad_clip=1.0)
     sync = torch.zeros(1)

@@ -91,7 +91,7 @@ def train(cluster: Cluster, run: str, nan_rank: int, steps: int = 6) -> None:
     """Two ranks, one per sidecar, ``steps`` healthy steps with one NaN loss on ``nan_rank``."""
     mons = [Monitor(sc.url, PROJECT, run_id=run, token=TOKEN,
                     settings=MonitorSettings(rank=rank, world_size=2,
-                                           spool_dir=cluster.tmp / "spool", install_hooks=False))
+                                             spool_dir=cluster.tmp / "spool", install_hooks=False))
             for rank, sc in enumerate(cluster.sidecars)]
     for step in range(1, steps + 1):
         for rank, mon in enumerate(mons):
