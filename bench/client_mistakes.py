@@ -40,7 +40,7 @@ import json, logging, os, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 import monitor_client
 mon = monitor_client.Monitor(url=os.environ["URL"], token=os.environ.get("TOKEN") or None,
-                             run_id="mistake", settings=monitor_client.MonitorConfig(
+                             run_id="mistake", settings=monitor_client.MonitorSettings(
                                  spool_dir=os.environ["SPOOL"], linger=0.05))
 for step in range(1, 51):
     mon.log_step(step, loss=1.0)

@@ -66,9 +66,9 @@ from harness import (  # noqa: E402
     timed,
 )
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client._stats import GradStats  # noqa: E402
-from monitor_client.config import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
+from monitor_client.settings import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
 
 
 def naive_stats(model, snapshot):
@@ -137,8 +137,8 @@ def distribution_costs(model, opt, batch, device, reps):
 def monitored_steps(model, opt, batch, device, reps, url):
     """Whole steps, interleaved round by round so a noisy machine affects all alike."""
     mon = Monitor(url=url, run_id="bench-steps",
-                  settings=MonitorConfig(install_hooks=False, linger=0.2))
-    mon.watch(model, opt, grad_clip=1.0, settings=WatchConfig(layer_stats_every=1))
+                  settings=MonitorSettings(install_hooks=False, linger=0.2))
+    mon.watch(model, opt, grad_clip=1.0, settings=WatchSettings(layer_stats_every=1))
     stats = mon._stats  # toggled between configurations instead of building three models
     times = {"bare": [], "global_only": [], "per_layer": []}
 
@@ -166,8 +166,8 @@ def monitored_steps(model, opt, batch, device, reps, url):
 def transfer_count(model, opt, batch):
     """Host transfers on the training thread during the hooks and log_step of a step."""
     mon = Monitor(url="http://127.0.0.1:9", run_id="bench-sync",
-                  settings=MonitorConfig(install_hooks=False))
-    mon.watch(model, opt, grad_clip=1.0, settings=WatchConfig(layer_stats_every=1, pre_hook=False))
+                  settings=MonitorSettings(install_hooks=False))
+    mon.watch(model, opt, grad_clip=1.0, settings=WatchSettings(layer_stats_every=1, pre_hook=False))
     forward_backward(model, batch)
     calls = []
     originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__float__", "cpu")}
@@ -261,8 +261,8 @@ def enqueue_latency(url, device, n=2000):
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     mon = Monitor(url=url, run_id="bench-enqueue",
-                  settings=MonitorConfig(install_hooks=False, max_queue=100_000))
-    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=10**9))
+                  settings=MonitorSettings(install_hooks=False, max_queue=100_000))
+    mon.watch(model, opt, settings=WatchSettings(layer_stats_every=10**9))
     x = torch.randn(4, 64, device=device)
     lat = []
     for i in range(n):
@@ -284,7 +284,7 @@ def origin_costs(model, opt, batch, device, reps, url) -> dict:
     from monitor_client._stats import StatsPack
 
     mon = Monitor(url=url, run_id="bench-origin",
-                  settings=MonitorConfig(install_hooks=False, linger=0.2))
+                  settings=MonitorSettings(install_hooks=False, linger=0.2))
     mon.watch(model, opt, grad_clip=1.0)  # defaults: layer stats every 25, finite sums on
     flags, stats = mon._finite, mon._stats
     monitored = monitored_step(mon, model, opt, batch)
@@ -340,7 +340,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
 
     mon = Monitor(url=url, run_id="bench-watchdog",
-                  settings=MonitorConfig(install_hooks=False, linger=0.2, watchdog=False))
+                  settings=MonitorSettings(install_hooks=False, linger=0.2, watchdog=False))
     mon.watch(model, opt, grad_clip=1.0)
     monitored = monitored_step(mon, model, opt, batch)
 
@@ -511,7 +511,7 @@ def timings_costs(model, opt, batch, device, reps, url) -> dict:
     The hooks' own cost is timed alone too: a whole-step difference under 1% is inside a
     shared machine's noise, while the hooks' calls can be counted and clocked exactly."""
     mon = Monitor(url=url, run_id="bench-timings",
-                  settings=MonitorConfig(install_hooks=False, linger=0.2, world_size=2))
+                  settings=MonitorSettings(install_hooks=False, linger=0.2, world_size=2))
     mon.watch(model, opt, grad_clip=1.0)
     timings, stats = mon._timings, mon._stats
     monitored = monitored_step(mon, model, opt, batch)

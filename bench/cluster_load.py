@@ -61,7 +61,7 @@ def capture_client_records(tensors: int = 150, steps: int = 50) -> list[dict[str
     """What the real client sends for ``steps`` steps of a ``tensors``-tensor model."""
     import torch
 
-    from monitor_client import Monitor, MonitorConfig
+    from monitor_client import Monitor, MonitorSettings
 
     got: list[dict[str, Any]] = []
 
@@ -96,8 +96,8 @@ def capture_client_records(tensors: int = 150, steps: int = 50) -> list[dict[str
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with tempfile.TemporaryDirectory() as spool:
         mon = Monitor(f"http://127.0.0.1:{server.server_address[1]}", "bench", run_id="capture",
-                      settings=MonitorConfig(rank=0, world_size=1, spool_dir=spool,
-                                             install_hooks=False))
+                      settings=MonitorSettings(rank=0, world_size=1, spool_dir=spool,
+                                               install_hooks=False))
         mon.watch(model, opt, grad_clip=1.0)
         for step in range(1, steps + 1):
             loss = model(torch.randn(8, 16)).pow(2).mean()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from corpus_models import make_task
 
-from monitor_client import WatchConfig
+from monitor_client import WatchSettings
 
 # arch, optimizer, lr, schedule, warmup, batch, steps, clip, accum, eval_every + extras
 EVAL_BATCHES = 4
@@ -160,8 +160,8 @@ def run(spec: Spec, monitor) -> list[dict]:
             opt = make_opt(spec.opt, task.model.parameters(), spec.lr / 10)
     mon, cap = monitor(spec.name, config_of(spec, task))
     mon.watch(task.model, opt, grad_clip=spec.clip,
-              settings=WatchConfig(seq_len=task.seq_len, layer_stats_every=spec.layer_every,
-                                   hist_every=0))
+              settings=WatchSettings(seq_len=task.seq_len, layer_stats_every=spec.layer_every,
+                                     hist_every=0))
     last = first + spec.steps - 1 if spec.finetune else spec.steps
     status = "completed"
     for step in range(first, last + 1):

@@ -62,7 +62,7 @@ for path in (ROOT, ROOT / "client"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 
 SECTIONS = ("overhead", "syncs", "memory", "split", "nvml", "nan")
 EXTRA_SECTIONS = ("ablation",)  # not run unless named
@@ -208,7 +208,7 @@ class Sink:
 
 
 def monitor(url: str, run_id: str, spool: str, **settings: Any) -> Monitor:
-    return Monitor(url=url, run_id=run_id, settings=MonitorConfig(
+    return Monitor(url=url, run_id=run_id, settings=MonitorSettings(
         install_hooks=False, spool_dir=spool, linger=0.2, **settings))
 
 
@@ -268,10 +268,10 @@ def overhead(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
 
 ABLATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("default", {}),
-    ("no_finite_flags", {"watch": WatchConfig(finite_flags=False)}),
+    ("no_finite_flags", {"watch": WatchSettings(finite_flags=False)}),
     ("no_gpu_probe", {"gpu_probe": None}),
     ("no_watchdog", {"watchdog": False}),
-    ("none_of_these", {"watch": WatchConfig(finite_flags=False), "gpu_probe": None,
+    ("none_of_these", {"watch": WatchSettings(finite_flags=False), "gpu_probe": None,
                        "watchdog": False}),
 )
 
@@ -549,7 +549,7 @@ def nan_paged(rig: Rig, spool: str, steps: int = 12, at: int = 8,
     data = rig.batches()
     run_id = f"gpu-check-nan-{int(time.time())}"
     with EmbeddedServer(settings) as srv:
-        mon = Monitor(url=srv.url, run_id=run_id, settings=MonitorConfig(
+        mon = Monitor(url=srv.url, run_id=run_id, settings=MonitorSettings(
             install_hooks=False, spool_dir=spool, watchdog=False))
         mon.watch(model, opt, grad_clip=1.0)
         logged_at = None

@@ -35,14 +35,14 @@ from harness import (  # noqa: E402
     timed,
 )
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client._guard import StepGuard  # noqa: E402
 
 
 def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:
     mon = Monitor(url=url, run_id=f"bench-guard-{label}",
-                  settings=MonitorConfig(install_hooks=False, linger=0.2,
-                                         watch=WatchConfig(guard=True)))
+                  settings=MonitorSettings(install_hooks=False, linger=0.2,
+                                           watch=WatchSettings(guard=True)))
     mon.watch(model, opt, grad_clip=1.0)
     guard = mon._step_guard
     assert isinstance(guard, StepGuard)

@@ -41,7 +41,7 @@ import torch
 from monitor_agent.records import wire
 from monitor_client._guard import StepGuard, judge, level_of, new_window
 from monitor_client._stats import GradStats
-from monitor_client.config import GuardConfig
+from monitor_client.settings import GuardSettings
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "traces"
 LABELLED = ("public", "corpus", "classes")  # directories with a labels.json
@@ -88,7 +88,7 @@ def _norms(path: Path, before: int | None) -> list[tuple[int, float]]:
     return out
 
 
-def replay(norms: list[tuple[int, float]], config: GuardConfig) -> list[tuple[int, float, float]]:
+def replay(norms: list[tuple[int, float]], config: GuardSettings) -> list[tuple[int, float, float]]:
     """The steps the guard's decision skips on a recorded run: (step, norm, x its level)."""
     window, pos = new_window(config)
     skipped = []
@@ -120,7 +120,7 @@ def former_band(norms: list[tuple[int, float]]) -> list[int]:
     return skipped
 
 
-def recorded(config: GuardConfig, root: Path = TRACES) -> Tally:
+def recorded(config: GuardSettings, root: Path = TRACES) -> Tally:
     tally = Tally()
     for name, norms in healthy_norms(root):
         tally.runs += 1
@@ -129,7 +129,7 @@ def recorded(config: GuardConfig, root: Path = TRACES) -> Tally:
     return tally
 
 
-def recorded_spikes(config: GuardConfig, root: Path = TRACES) -> list[tuple[str, int, float, bool]]:
+def recorded_spikes(config: GuardSettings, root: Path = TRACES) -> list[tuple[str, int, float, bool]]:
     """Each recorded single-batch fault's first step: (trace, step, x level, skipped)."""
     out = []
     for directory in LABELLED:
@@ -154,7 +154,7 @@ SHAPES = ("mlp_adamw_fused", "mlp_sgd_momentum", "mlp_adam_foreach", "cnn_adamw"
 
 
 def own_run(shape: str, steps: int, seed: int, spikes: tuple[int, ...] = (),
-            config: GuardConfig | None = None) -> list[int]:
+            config: GuardSettings | None = None) -> list[int]:
     """Train ``shape`` for ``steps`` steps with the guard on; the steps it skipped."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -173,7 +173,7 @@ def own_run(shape: str, steps: int, seed: int, spikes: tuple[int, ...] = (),
            "mlp_adam_foreach": lambda: torch.optim.Adam(params, lr=1e-3, foreach=True),
            "cnn_adamw": lambda: torch.optim.AdamW(params, lr=2e-3)}[shape]()
     stats = GradStats(model, opt, grad_clip=1.0).attach()
-    guard = StepGuard(stats, opt, config or GuardConfig()).attach()
+    guard = StepGuard(stats, opt, config or GuardSettings()).attach()
     skipped = []
     for step in range(1, steps + 1):
         if shape.startswith("cnn"):
@@ -200,7 +200,7 @@ def own_run(shape: str, steps: int, seed: int, spikes: tuple[int, ...] = (),
     return skipped
 
 
-def own(steps: int, seeds: tuple[int, ...] = (1, 2, 3), config: GuardConfig | None = None
+def own(steps: int, seeds: tuple[int, ...] = (1, 2, 3), config: GuardSettings | None = None
         ) -> tuple[Tally, dict[str, tuple[tuple[int, ...], list[int]]]]:
     """Healthy runs of each shape and seed, then each shape once with three spikes."""
     tally = Tally()
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--details", action="store_true", help="list every false skip")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = GuardConfig()
+    config = GuardSettings()
     print(f"step guard: skips a norm k={config.k:g} noise sigmas of its log's step-to-step "
           f"change over {config.window} steps (at least {config.floor:g}: nothing under "
           f"{math.exp(config.k * config.floor):.1f}x) above its level (median of the last "

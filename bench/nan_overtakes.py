@@ -42,7 +42,7 @@ SCRIPT = """
 import os, sys, time
 import monitor_client
 mon = monitor_client.Monitor(url=os.environ["URL"], run_id="nan-overtakes",
-                             settings=monitor_client.MonitorConfig(
+                             settings=monitor_client.MonitorSettings(
                                  spool_dir=os.environ["SPOOL"], linger=0.05,
                                  max_queue=int(os.environ["MAXQ"])))
 pad = "x" * int(os.environ["PAD"])

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_traces import monitor, write  # noqa: E402
 from trace_models import PRINTABLE, CharGPT, char_data, teacher_data  # noqa: E402
 
-from monitor_client import WatchConfig  # noqa: E402
+from monitor_client import WatchSettings  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "traces" / "origin"
 FAULT_STEP = {"nan_forward_gpt": 120, "lr_spike_gpt": 150, "input_scale_mlp": 150}
@@ -63,7 +63,7 @@ def run_gpt(name: str, steps: int = 200) -> list[dict]:
               "fault": "lr x30" if spike else f"NaN in {ORIGIN_LAYER}'s forward output"}
     target = model.blocks[1].mlp_fc
     mon, cap = monitor(name, config)
-    mon.watch(model, opt, grad_clip=clip, settings=WatchConfig(seq_len=64))
+    mon.watch(model, opt, grad_clip=clip, settings=WatchSettings(seq_len=64))
     gen = torch.Generator().manual_seed(8)
     status, bad = "completed", 0
     for step in range(1, steps + 1):

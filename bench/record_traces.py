@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trace_labels import write_labels  # noqa: E402
 from trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data  # noqa: E402
 
-from monitor_client import CategoryLoss, Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import CategoryLoss, Monitor, MonitorSettings, WatchSettings  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "traces"
 CORPUS = OUT / "corpus"
@@ -96,8 +96,8 @@ class Capture:
 
 def monitor(name: str, config: dict) -> tuple[Monitor, Capture]:
     mon = Monitor(url="http://127.0.0.1:9", project="traces", run_id=name, config=config,
-                  settings=MonitorConfig(install_hooks=False,
-                                         spool_dir=f"/tmp/record-traces-{os.getpid()}"))
+                  settings=MonitorSettings(install_hooks=False,
+                                           spool_dir=f"/tmp/record-traces-{os.getpid()}"))
     mon._sender.close(0.1)  # the in-memory capture replaces the HTTP sender
     mon._sender = capture = Capture()
     return mon, capture
@@ -120,8 +120,8 @@ def run_mlp(name: str, fault_step: int | None, shift: float = 3.0, steps: int = 
               "hist_every": EVERY, "eval_every": EVAL_EVERY}
     mon, cap = monitor(name, config)
     mon.watch(model, opt,
-              settings=WatchConfig(layer_stats_every=EVERY, activations=True,
-                                   activation_every=EVERY, hist_every=EVERY))
+              settings=WatchSettings(layer_stats_every=EVERY, activations=True,
+                                     activation_every=EVERY, hist_every=EVERY))
     val_groups = [GROUPS[int(c)] for c in y_val]
     gen = torch.Generator().manual_seed(5)
     for step in range(1, steps + 1):
@@ -199,8 +199,8 @@ def run_gpt(name: str, fault_step: int | None, growth: float = 1.15, steps: int 
               "activation_every": EVERY, "hist_every": EVERY, "eval_every": EVAL_EVERY}
     mon, cap = monitor(name, config)
     mon.watch(model, opt, grad_clip=1.0,
-              settings=WatchConfig(seq_len=64, layer_stats_every=EVERY, activations=True,
-                                   activation_every=EVERY, hist_every=EVERY))
+              settings=WatchSettings(seq_len=64, layer_stats_every=EVERY, activations=True,
+                                     activation_every=EVERY, hist_every=EVERY))
     gen, eval_gen = torch.Generator().manual_seed(8), torch.Generator().manual_seed(9)
     status = "completed"
     for step in range(1, steps + 1):

@@ -25,11 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 def rank_main(rank: int, calls: int, every: int) -> None:
     import torch.distributed as dist
 
-    from monitor_client import Monitor, MonitorConfig
+    from monitor_client import Monitor, MonitorSettings
 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     spool = tempfile.TemporaryDirectory()
-    mon = Monitor(url="http://127.0.0.1:9", run_id="bench-agree", settings=MonitorConfig(
+    mon = Monitor(url="http://127.0.0.1:9", run_id="bench-agree", settings=MonitorSettings(
         install_hooks=False, spool_dir=spool.name))
     dist.barrier()
     start = time.perf_counter()

@@ -64,7 +64,7 @@ from torch import nn
 from torch.nn import functional as F
 from trace_models import teacher_data
 
-from monitor_client import WatchConfig
+from monitor_client import WatchSettings
 
 LAYER_EVERY = 20
 SEEDS = (1, 2, 3)
@@ -424,7 +424,7 @@ def run(spec: Shape, monitor) -> list[dict]:
         if spec.amp == "fp16" else None
     mon, cap = monitor(spec.name, config_of(spec, job))
     mon.watch(job.model, opt, grad_clip=spec.clip, scaler=scaler,
-              settings=WatchConfig(layer_stats_every=spec.layer_every, hist_every=0))
+              settings=WatchSettings(layer_stats_every=spec.layer_every, hist_every=0))
     recur = set(recur_steps(spec)) if spec.fault == "recur" else set()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.amp)
     status = "completed"
@@ -485,7 +485,7 @@ def _ddp_worker(rank: int, spec: Shape, port: int, out: str) -> None:
     config = {**config_of(spec, job), "ddp": {"backend": "gloo", "world_size": 2}}
     mon, cap = record_traces.monitor(spec.name, config)
     mon.watch(inner, opt, grad_clip=spec.clip,
-              settings=WatchConfig(layer_stats_every=spec.layer_every, hist_every=0))
+              settings=WatchSettings(layer_stats_every=spec.layer_every, hist_every=0))
     for step in range(1, spec.steps + 1):
         loss = job.loss(*job.batch(step, gen, spec.batch))
         loss.backward()

@@ -10,7 +10,6 @@ nan``): the weights then go NaN. An alert rule with ``action: stop`` makes the c
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -20,9 +19,14 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_gpt import VOCAB, framework_exit_status, load_text  # noqa: E402
+from train_gpt import (  # noqa: E402
+    VOCAB,
+    framework_arguments,
+    framework_exit_status,
+    framework_settings,
+    load_text,
+)
 
-from monitor_client import MonitorConfig  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
 
@@ -58,14 +62,8 @@ class InjectNaN(transformers.TrainerCallback):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:9400")
-    p.add_argument("--run-id", default=None)
-    p.add_argument("--steps", type=int, default=100)
+    p = framework_arguments(__doc__)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--inject-nan", type=int, default=0, help="step with an inf activation")
-    p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
-    p.add_argument("--spool-dir", default=None)
     args = p.parse_args()
     data, _ = load_text(400_000)
     split = int(0.9 * len(data))
@@ -79,8 +77,7 @@ def main() -> int:
             eval_strategy="steps", eval_steps=50, per_device_eval_batch_size=16,
             save_strategy="no", report_to=[], use_cpu=True)
         callback = MonitorCallback(url=args.url, project="hf-gpt", run_id=args.run_id,
-                                   settings=MonitorConfig(linger=args.linger,
-                                                          spool_dir=args.spool_dir))
+                                   settings=framework_settings(args))
         extra = [InjectNaN(model, args.inject_nan)] if args.inject_nan else []
         trainer = transformers.Trainer(
             model=model, args=training, callbacks=[callback, *extra],

@@ -10,7 +10,6 @@ status is then 3.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,9 +18,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_gpt import VOCAB, CharGPT, framework_exit_status, load_text  # noqa: E402
+from train_gpt import (  # noqa: E402
+    VOCAB,
+    CharGPT,
+    framework_arguments,
+    framework_exit_status,
+    framework_settings,
+    load_text,
+)
 
-from monitor_client import MonitorConfig  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
 
@@ -56,21 +61,13 @@ class LitGPT(pl.LightningModule):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:9400")
-    p.add_argument("--run-id", default=None)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--inject-nan", type=int, default=0, help="step with an inf activation")
-    p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
-    p.add_argument("--spool-dir", default=None)
-    args = p.parse_args()
+    args = framework_arguments(__doc__).parse_args()
     data, _ = load_text(400_000)
     split = int(0.9 * len(data))
     train = torch.utils.data.DataLoader(Windows(data[:split], 64), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(Windows(data[split:], 64), batch_size=16)
     callback = MonitorCallback(url=args.url, project="lightning-gpt", run_id=args.run_id,
-                               tokens_per_sample=64,
-                               settings=MonitorConfig(linger=args.linger, spool_dir=args.spool_dir))
+                               tokens_per_sample=64, settings=framework_settings(args))
     trainer = pl.Trainer(max_steps=args.steps, gradient_clip_val=1.0, val_check_interval=50,
                          limit_val_batches=4, accelerator="cpu", logger=False,
                          enable_checkpointing=False, callbacks=[callback])

@@ -12,6 +12,7 @@ wheel; this script runs them from a checkout and lends its pieces to ``hf_traine
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +21,26 @@ sys.path[:0] = [str(_REPO), str(_REPO / "client")]
 import monitor_client  # noqa: E402
 from monitor_agent.tools.demo_gpt import VOCAB, CharGPT, load_text, main  # noqa: E402
 
-__all__ = ["VOCAB", "CharGPT", "framework_exit_status", "load_text", "main"]
+__all__ = ["VOCAB", "CharGPT", "framework_arguments", "framework_exit_status",
+           "framework_settings", "load_text", "main"]
+
+
+def framework_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line the HF and Lightning examples share (``doc``: the script's
+    docstring, whose first paragraph describes it)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:9400")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--inject-nan", type=int, default=0, help="step with an inf activation")
+    p.add_argument("--linger", type=float, default=0.5, help="client batching delay (s)")
+    p.add_argument("--spool-dir", default=None)
+    return p
+
+
+def framework_settings(args: argparse.Namespace) -> monitor_client.MonitorSettings:
+    """The client settings those command lines choose."""
+    return monitor_client.MonitorSettings(linger=args.linger, spool_dir=args.spool_dir)
 
 
 def framework_exit_status(mon: monitor_client.Monitor) -> int:

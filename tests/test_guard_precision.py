@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from monitor_client.config import GuardConfig
+from monitor_client.settings import GuardSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_the_public_healthy_traces_lose_no_step_to_the_guard():
     healthy = [(name, norms) for name, norms in bench.healthy_norms()
                if name.startswith("public/")]
     assert sum(len(n) for _, n in healthy) > 5000
-    skipped = {name: bench.replay(norms, GuardConfig()) for name, norms in healthy}
+    skipped = {name: bench.replay(norms, GuardSettings()) for name, norms in healthy}
     assert not any(skipped.values()), skipped  # (the band it replaced skipped 39 of them)
 
 

@@ -50,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from monitor_client._hooks import Hooks
+
 FIELDS = ("mean", "std", "max_abs", "zero_frac", "dead_frac", "nonfinite")
 DEFAULT_MAX_MODULES = 64
 
@@ -139,17 +141,17 @@ class ActivationStats:
         self.modules = [m for _, m in chosen]
         self.every = max(1, int(every))
         self._optimizer = optimizer
-        self._opt_handle = None
-        self._handles: dict[int, Any] = {}
+        self._hooks = Hooks()  # the optimizer's; the modules' forward hooks are _armed
+        self._armed: dict[int, Any] = {}
         self._found: dict[int, torch.Tensor] = {}
         self._steps = 0
 
     @property
     def armed(self) -> bool:
-        return bool(self._handles)
+        return bool(self._armed)
 
     def attach(self) -> ActivationStats:
-        self._opt_handle = self._optimizer.register_step_post_hook(lambda *_: self.after_step())
+        self._hooks.around_step(self._optimizer, after=self.after_step)
         if self._steps % self.every == 0:
             self.arm()
         return self
@@ -164,20 +166,18 @@ class ActivationStats:
 
     def arm(self) -> None:
         for i, module in enumerate(self.modules):
-            if i not in self._handles:
-                self._handles[i] = module.register_forward_hook(self._hook(i))
+            if i not in self._armed:
+                self._armed[i] = module.register_forward_hook(self._hook(i))
 
     def disarm(self) -> None:
-        for handle in self._handles.values():
+        for handle in self._armed.values():
             handle.remove()
-        self._handles.clear()
+        self._armed.clear()
 
     def detach(self) -> None:
         """Remove every hook (forward and optimizer); nothing of ours stays on the model."""
         self.disarm()
-        if self._opt_handle is not None:
-            self._opt_handle.remove()
-            self._opt_handle = None
+        self._hooks.remove()
 
     def _hook(self, i: int) -> Callable:
         dead = zero_clamping(self.modules[i])
@@ -188,7 +188,7 @@ class ActivationStats:
             out = output[0] if isinstance(output, tuple | list) and output else output
             if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
                 self._found[i] = measure(out, dead)
-            handle = self._handles.pop(i, None)  # fired once: gone until the next monitored step
+            handle = self._armed.pop(i, None)  # fired once: gone until the next monitored step
             if handle is not None:
                 handle.remove()
 

@@ -58,6 +58,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from monitor_client._hooks import Hooks
+
 DEFAULT_MAX_MODULES = 512
 MAX_NAMED = 32  # modules named in a record; the count says how many there were
 
@@ -106,19 +108,17 @@ class FiniteFlags:
         chosen = chosen[:max_modules]
         self.names = [n for n, _ in chosen]
         self.modules = [m for _, m in chosen]
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
         self._sums: list[torch.Tensor] = []  # one per firing, aligned with _fired
         self._fired: list[int] = []
 
     def attach(self) -> FiniteFlags:
-        self._handles = [m.register_forward_hook(self._hook(i))
-                         for i, m in enumerate(self.modules)]
+        self._hooks.add(*(m.register_forward_hook(self._hook(i))
+                          for i, m in enumerate(self.modules)))
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def _hook(self, i: int) -> Callable:
         def hook(module: nn.Module, args: Any, output: Any) -> None:

@@ -10,7 +10,7 @@ sees still-scaled gradients):
   than ``k`` noise sigmas above its current level: the median log-norm of the last
   ``level`` taken steps, the noise the robust spread of the step-to-step changes of the
   last ``window`` taken log-norms (at least ``floor``), judged once ``min_history`` are in
-  (the numbers are ``GuardConfig``'s, reasoned in ``config.py``: a gradient norm's noise is
+  (the numbers are ``GuardSettings``'s, reasoned in ``settings.py``: a gradient norm's noise is
   a spread of ratios, and a skip loses training, so the band is wide: at the defaults
   nothing under 4.5x the level is skipped, and 2 of 61,267 recorded healthy steps were).
   One-sided: a small gradient is never a reason to skip. Skipped norms never enter the
@@ -51,12 +51,12 @@ step's ``StatsPack`` and is decoded with its one host copy into ``skipped``/``sk
 A linear model whose gradient is steady, then one batch scaled x1000, then a NaN::
 
     >>> from monitor_client._stats import GradStats
-    >>> from monitor_client.config import GuardConfig
+    >>> from monitor_client.settings import GuardSettings
     >>> torch.manual_seed(0) and None
     >>> model = torch.nn.Linear(4, 1)
     >>> opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     >>> stats = GradStats(model, opt).attach()
-    >>> guard = StepGuard(stats, opt, GuardConfig(min_history=8)).attach()
+    >>> guard = StepGuard(stats, opt, GuardSettings(min_history=8)).attach()
     >>> reasons = []
     >>> for step in range(12):
     ...     x = torch.randn(256, 4) * (1000.0 if step == 10 else 1.0)
@@ -78,7 +78,8 @@ from typing import Any
 
 import torch
 
-from monitor_client.config import GuardConfig
+from monitor_client._hooks import Hooks
+from monitor_client.settings import GuardSettings
 
 __all__ = ["SKIP_REASONS", "StepGuard", "judge", "level_of", "new_window", "skip_reason"]
 
@@ -90,7 +91,7 @@ _MAD_TO_SIGMA = 1.4826  # MAD x this = sigma for a normal distribution
 _TINY = 1e-30
 
 
-def new_window(config: GuardConfig, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def new_window(config: GuardSettings, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """An empty window (``config.window`` NaN log-norms) and its write position."""
     return (torch.full((config.window,), float("nan"), device=device),
             torch.zeros((), dtype=torch.long, device=device))
@@ -101,7 +102,7 @@ def _oldest_first(window: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return window.index_select(0, (pos + torch.arange(size, device=window.device)) % size)
 
 
-def level_of(window: torch.Tensor, pos: torch.Tensor, config: GuardConfig) -> torch.Tensor:
+def level_of(window: torch.Tensor, pos: torch.Tensor, config: GuardSettings) -> torch.Tensor:
     """The norm's current level ``judge`` compares with (not its log): the median norm of
     the last ``config.level`` taken steps (NaN while the window is empty)."""
     ordered = _oldest_first(window, pos)
@@ -109,7 +110,7 @@ def level_of(window: torch.Tensor, pos: torch.Tensor, config: GuardConfig) -> to
 
 
 @torch.no_grad()
-def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: GuardConfig,
+def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: GuardSettings,
           scaler_inf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Whether to skip the step whose global gradient norm is ``norm`` (a 0-d tensor), and
     its code (0 taken, 1 ``nonfinite_grad``, 2 ``grad_norm_outlier``, 3 ``loss_scale``: the
@@ -120,9 +121,9 @@ def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: G
     noise the robust spread of the step-to-step changes over the window (1.4826 x their
     MAD / sqrt 2, at least ``config.floor``): a trend (a norm falling 100x early in
     training) moves the level, not the noise, and a skip means "k times the run's own
-    step-to-step noise above where it is now" (``GuardConfig`` reasons the numbers).
+    step-to-step noise above where it is now" (``GuardSettings`` reasons the numbers).
 
-        >>> config = GuardConfig(min_history=4, window=8, level=4)
+        >>> config = GuardSettings(min_history=4, window=8, level=4)
         >>> window, pos = new_window(config)
         >>> codes = [int(judge(window, pos, torch.tensor(v), config)[1])
         ...          for v in (1.0, 1.1, 0.9, 1.0, 4.0, 6.0, float("nan"))]
@@ -164,7 +165,7 @@ class StepGuard:
     """Skips a bad optimizer step on device; see the module docstring."""
 
     def __init__(self, stats: Any, optimizer: torch.optim.Optimizer,
-                 config: GuardConfig) -> None:
+                 config: GuardSettings) -> None:
         self.stats = stats
         self.optimizer = optimizer
         self.config = config
@@ -178,7 +179,7 @@ class StepGuard:
         self._held: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._stepped_once = False  # the optimizer has taken a step: its state exists
         self._flag_set = False
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
 
     @property
     def syncs(self) -> bool:
@@ -188,16 +189,11 @@ class StepGuard:
 
     def attach(self) -> StepGuard:
         """Hook the optimizer; call after ``GradStats.attach`` (its pre-hook measures first)."""
-        self._handles.append(self.optimizer.register_step_pre_hook(
-            lambda *_: self.before_step()))
-        self._handles.append(self.optimizer.register_step_post_hook(
-            lambda *_: self.after_step()))
+        self._hooks.around_step(self.optimizer, self.before_step, self.after_step)
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def add_to(self, pack: Any) -> None:
         """Put this step's decision into its ``StatsPack`` (read with its one host copy)."""

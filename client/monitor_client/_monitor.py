@@ -13,7 +13,7 @@ endpoint (the tests use a loopback server, tests/client/conftest.py)::
     >>> sidecar = SimpleNamespace(base="stand-in", endpoint="stand-in", close=lambda: None,
     ...     post=lambda lines: got.extend(map(json.loads, lines)) or PostResult(PostOutcome.OK))
     >>> spool = tempfile.TemporaryDirectory()
-    >>> mon = Monitor(project="demo", settings=MonitorConfig(spool_dir=spool.name))
+    >>> mon = Monitor(project="demo", settings=MonitorSettings(spool_dir=spool.name))
     >>> mon._sender.transport = sidecar           # where it would POST to the sidecar
     >>> model = torch.nn.Linear(4, 1)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -30,20 +30,18 @@ endpoint (the tests use a loopback server, tests/client/conftest.py)::
 
 ``log_step`` reads nothing from the device: the statistics stay there until the sender
 thread copies them to the host (see ``_pending.py``). A nonsensical setting raises at once,
-before training starts (``config.py`` names the field); after that every public method
+before training starts (``settings.py`` names the field); after that every public method
 swallows its own errors into rate-limited warnings: monitoring never raises into training.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -51,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from monitor_client import _run_info
 from monitor_client._actions import ActionInbox
 from monitor_client._agreement import Consensus, distributed, newest, unanimous
-from monitor_client._arguments import monitor_settings, watch_settings
+from monitor_client._arguments import hyperparameters, monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
 from monitor_client._data import DataStream
@@ -75,7 +73,7 @@ from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client._watchdog import Watchdog
-from monitor_client.config import DEFAULT_URL, MonitorConfig, WatchConfig
+from monitor_client.settings import DEFAULT_URL, MonitorSettings, WatchSettings
 
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
     from monitor_client._activations import ActivationStats
@@ -94,7 +92,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _guard(
+def _never_raises(
     method: Callable[Concatenate[Monitor, P], R],
 ) -> Callable[Concatenate[Monitor, P], R | None]:
     """Turn any exception of a public method into a rate-limited warning (a private
@@ -120,9 +118,9 @@ class Monitor:
     JSON-able dict shown with the run), ``total_steps`` (the optimizer steps planned: the
     run page's progress and ETA come from it), ``loss_kind`` (what the loss is, when it is not
 a non-negative error that falls: "signed", or "nonstationary" for RL and GAN objectives;
-``MonitorConfig``), ``run_id`` (None: from the launcher, else
+``MonitorSettings``), ``run_id`` (None: from the launcher, else
     generated), ``token`` (None: ``MONITOR_AGENT_TOKEN``) and ``labels``. Every other knob
-    is a field of ``settings``, a ``MonitorConfig`` (``config.py``, with units), whose
+    is a field of ``settings``, a ``MonitorSettings`` (``settings.py``, with units), whose
     ``watch`` is what ``watch()`` measures unless told otherwise. A value that makes no
     sense raises ``ValueError``/``TypeError`` here, before training starts; after that
     nothing raises.
@@ -131,58 +129,46 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
     is refused before anything starts. As a context manager, the run ends with the block
     (``enabled=False`` here: every method a no-op, no thread, nothing sent)::
 
-        >>> settings = MonitorConfig(project="gpt", linger=0.2, enabled=False,
-        ...                          watch=WatchConfig(layer_stats_every=10, activations=True))
+        >>> settings = MonitorSettings(project="gpt", linger=0.2, enabled=False,
+        ...                            watch=WatchSettings(layer_stats_every=10, activations=True))
         >>> with Monitor(config={"lr": 3e-4}, settings=settings) as mon:
         ...     mon.log_step(1, loss=2.0)
-        >>> mon.settings.project, mon.settings.hparams, mon.settings.watch.layer_stats_every
+        >>> mon.settings.project, mon.config, mon.settings.watch.layer_stats_every
         ('gpt', {'lr': 0.0003}, 10)
         >>> Monitor(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: Monitor(): got settings=MonitorConfig(...) and keywords that contradict it:
+        monitor_client._errors.SettingsTypeError: Monitor(): got settings=MonitorSettings(...) and keywords that contradict it:
         project='bert' (settings has 'gpt'); ...
-
-    The keywords removed in favour of ``settings`` (``linger=``, ``spool_dir=``, ...) and a
-    ``MonitorConfig`` passed as ``config`` still work until the next release, with a
-    ``DeprecationWarning`` naming the new spelling.
     """
 
     def __init__(self, url: str | None = None, project: str | None = None,
                  config: Mapping[str, Any] | None = None, *, total_steps: int | None = None,
                  loss_kind: str | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
-                 **legacy: Any) -> None:
-        self._start(monitor_settings("Monitor", config, settings, dict(
+                 labels: Mapping[str, Any] | None = None,
+                 settings: MonitorSettings | None = None) -> None:
+        self._start(monitor_settings("Monitor", settings, dict(
             url=url, project=project, total_steps=total_steps, loss_kind=loss_kind,
-            run_id=run_id, token=token,
-            labels=labels), legacy))
+            run_id=run_id, token=token, labels=labels)), hyperparameters("Monitor", config))
 
-    @property
-    def monitor_config(self) -> MonitorConfig:
-        """Deprecated: ``settings``."""
-        warnings.warn("Monitor.monitor_config is deprecated and will be removed in the next "
-                      "release: use Monitor.settings", DeprecationWarning, stacklevel=2)
-        return self.settings
-
-    def _start(self, cfg: MonitorConfig) -> None:
-        self.settings = cfg
+    def _start(self, settings: MonitorSettings, config: dict[str, Any]) -> None:
+        self.settings = settings
         found = _run_info.detect_rank()
-        self.rank = found.rank if cfg.rank is None else cfg.rank
-        self.world_size = found.world_size if cfg.world_size is None else cfg.world_size
+        self.rank = found.rank if settings.rank is None else settings.rank
+        self.world_size = found.world_size if settings.world_size is None else settings.world_size
         self.info = _run_info.RankInfo(self.rank, self.world_size, found.local_rank)
-        self.project, self.config = cfg.project, dict(cfg.hparams or {})
-        if cfg.total_steps is not None:  # the sidecar reads the plan from the run's config
-            self.config["total_steps"] = int(cfg.total_steps)
-        if cfg.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
-            self.config["loss_kind"] = cfg.loss_kind
-        self.run_id = _run_info.resolve_run_id(cfg.run_id, cfg.project, self.info)
+        self.project, self.config = settings.project, config
+        if settings.total_steps is not None:  # the sidecar reads the plan from the run's config
+            self.config["total_steps"] = int(settings.total_steps)
+        if settings.loss_kind is not None:  # how the sidecar judges the loss (docs/format.md)
+            self.config["loss_kind"] = settings.loss_kind
+        self.run_id = _run_info.resolve_run_id(settings.run_id, settings.project, self.info)
         # This process's records are one attempt of the run id (docs/format.md).
         self.attempt = new_token()
         self._attempt_notice = AttemptNotice(self.run_id, self.attempt)
-        self.layer_stats_every = cfg.watch.layer_stats_every
-        self.hist_every = cfg.watch.hist_every
-        self.active = cfg.enabled and not (cfg.rank0_only and self.rank != 0)
+        self.layer_stats_every = settings.watch.layer_stats_every
+        self.hist_every = settings.watch.hist_every
+        self.active = settings.enabled and not (settings.rank0_only and self.rank != 0)
         self._warner = Warner()
         self._inbox = ActionInbox(self._warn_action)
         self._plans = PlanBook()
@@ -198,7 +184,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._last_position: tuple[int, int] | None = None
         self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
-            cfg.project, dict(cfg.labels) if cfg.labels is not None else None)
+            settings.project, dict(settings.labels) if settings.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
         self._hardware = _run_info.describe_hardware("cpu", self.info, None)
@@ -219,45 +205,41 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         # checkpoint_saved): an eval's or a save's ``seconds`` is the time since (None
         # before the first; the goodput ledger, monitor_agent/runs/goodput.py, reads them).
         self._loop_t: float | None = None
-        self.close_timeout = cfg.close_timeout
-        self._placement = _run_info.detect_placement(self.info, self._url(cfg))
-        self._sender = self._make_sender(cfg) if self.active else None
+        self.close_timeout = settings.close_timeout
+        self._placement = _run_info.detect_placement(self.info, self._url(settings))
+        self._sender = self._make_sender(settings) if self.active else None
         # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
         self._phase = PhaseTracker()
-        self._watchdog = Watchdog(cfg.watchdog_floor, self._send_hang, {
+        self._watchdog = Watchdog(settings.watchdog_floor, self._send_hang, {
             "run_id": self.run_id, "rank": self.rank, "attempt": self.attempt},
-            self._phase, self.rank) if self.active and cfg.watchdog else None
+            self._phase, self.rank) if self.active and settings.watchdog else None
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
-        if self.active and cfg.install_hooks:
+        if self.active and settings.install_hooks:
             self._exit_hooks.install()
 
     def _warn_action(self, where: str, exc: Exception) -> None:
         self._warner.warn(where, "action callback failed (ignored): %r", exc)
 
     @staticmethod
-    def _url(cfg: MonitorConfig) -> str:
-        return cfg.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
+    def _url(settings: MonitorSettings) -> str:
+        return settings.url or os.environ.get("MONITOR_AGENT_URL") or DEFAULT_URL
 
-    def _make_sender(self, cfg: MonitorConfig) -> Sender:
-        url = self._url(cfg)
-        token = cfg.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
-        base = cfg.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
+    def _make_sender(self, settings: MonitorSettings) -> Sender:
+        url = self._url(settings)
+        token = settings.token or os.environ.get("MONITOR_AGENT_TOKEN") or None
+        base = settings.spool_dir or os.environ.get("MONITOR_AGENT_SPOOL_DIR") or (
             Path(tempfile.gettempdir()) / "monitor_client-spool")
         directory = spool_directory(base, self.run_id, self.rank)
-        legacy = Path(base) / f"{_run_info.sanitize_label_name(self.run_id)}-r{self.rank}"
-        transport = HttpTransport(url, token, timeout=cfg.timeout)
+        transport = HttpTransport(url, token, timeout=settings.timeout)
         try:  # private to this user, or not used (_spool.py): a spool is replayed as ours
             private_directory(base, base=True)
-            if legacy != directory and legacy.is_dir() and not directory.exists():
-                with contextlib.suppress(OSError):  # a spool left under the id's old spelling
-                    legacy.rename(directory)
-            spool = Spool(directory, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
+            spool = Spool(directory, max_bytes=settings.spool_max_bytes, max_age=settings.spool_max_age)
         except OSError as exc:
             elsewhere = Path(tempfile.mkdtemp(prefix="monitor_client-spool-")) / directory.name
             self._warner.warn("spool_unsafe", "spool %s not used (%s); spooling to %s instead "
                               "(nothing left there is replayed)", directory, exc, elsewhere)
-            spool = Spool(elsewhere, max_bytes=cfg.spool_max_bytes, max_age=cfg.spool_max_age)
-        return Sender(transport, spool, max_queue=cfg.max_queue, linger=cfg.linger,
+            spool = Spool(elsewhere, max_bytes=settings.spool_max_bytes, max_age=settings.spool_max_age)
+        return Sender(transport, spool, max_queue=settings.max_queue, linger=settings.linger,
                       owner=(self.run_id, self.rank),
                       warner=self._warner, on_actions=self._inbox.receive,
                       on_attempts=self._attempt_notice.receive,
@@ -271,73 +253,71 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
     # -- hooking the model -----------------------------------------------------------------
     def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              scaler: Any = None, guard: Any = None, settings: WatchConfig | None = None,
-              **legacy: Any) -> None:
+              scaler: Any = None, guard: Any = None,
+              settings: WatchSettings | None = None) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
         ``grad_clip`` (max global gradient L2 norm) is applied inside the optimizer pre-hook
         from the norm we measure anyway (remove your own ``clip_grad_norm_``); ``scaler``
         is the GradScaler whose loss scale is recorded each step; ``guard`` (True, or a
-        ``GuardConfig``) skips a step whose gradient is non-finite or an outlier, on the
+        ``GuardSettings``) skips a step whose gradient is non-finite or an outlier, on the
         device (``_guard.py``), each skip logged with ``skipped``/``skip_reason``. What else it measures is
-        a ``WatchConfig`` (each knob, with units, in ``config.py``): ``settings``, else the
-        Monitor's (``MonitorConfig.watch``), with ``grad_clip`` applied.
+        a ``WatchSettings`` (each knob, with units, in ``settings.py``): ``settings``, else the
+        Monitor's (``MonitorSettings.watch``), with ``grad_clip`` applied.
 
         Per-layer statistics every ``layer_stats_every`` steps, distributions every
         ``hist_every``, activations when asked (``_activations.py``), forward finite flags
         (``_finite.py``), and once, after the first step, the memory pre-flight
         (``_preflight.py``). A contradictory or nonsensical setting raises at once; any other
-        failure is a warning. The keywords removed in favour of ``settings``
-        (``layer_stats_every=``, ``activations=``, ...) and ``config=`` (now ``settings=``)
-        still work until the next release, with a ``DeprecationWarning``.
+        failure is a warning.
         """
-        cfg = watch_settings(self.settings.watch, settings,
-                             dict(grad_clip=grad_clip, guard=guard), legacy)
-        self._watch(model, optimizer, scaler, cfg)
+        watching = watch_settings(self.settings.watch, settings,
+                                  dict(grad_clip=grad_clip, guard=guard))
+        self._watch(model, optimizer, scaler, watching)
 
-    @_guard
-    def _watch(self, model: Any, optimizer: Any, scaler: Any, cfg: WatchConfig) -> None:
+    @_never_raises
+    def _watch(self, model: Any, optimizer: Any, scaler: Any, settings: WatchSettings) -> None:
         if not self.active:
             return
         from monitor_client import _flops, _model_info
         from monitor_client._stats import GradStats
 
         param = next(model.parameters())
-        every = cfg.layer_stats_every
-        group = _model_info.default_group() if cfg.sharded else None
+        every = settings.layer_stats_every
+        group = _model_info.default_group() if settings.sharded else None
         if self.world_size > 1:  # before GradStats: its pre-hook is compute, not the wait
             self._watch_timings(model, optimizer)
-        self._stats = GradStats(model, optimizer, grad_clip=cfg.grad_clip,
-                                apply_clip=cfg.apply_clip, layer_stats_every=every,
+        self._stats = GradStats(model, optimizer, grad_clip=settings.grad_clip,
+                                apply_clip=settings.apply_clip, layer_stats_every=every,
                                 reduce_group=group,
-                                snapshot_budget_bytes=cfg.snapshot_budget_bytes,
-                                hist_every=cfg.hist_every).attach(cfg.pre_hook)
+                                snapshot_budget_bytes=settings.snapshot_budget_bytes,
+                                hist_every=settings.hist_every).attach(settings.pre_hook)
         self._optimizer, self._scaler = optimizer, scaler
-        if cfg.guard is not None:
-            self._watch_guard(optimizer, cfg)
-        self.config.setdefault("grad_clip", cfg.grad_clip)
+        if settings.guard is not None:
+            self._watch_guard(optimizer, settings)
+        self.config.setdefault("grad_clip", settings.grad_clip)
         self.config.setdefault("layer_stats_every", every)
-        self.config.setdefault("hist_every", cfg.hist_every)
-        peak, dtype = _model_info.resolve_peak_flops(param, cfg.peak_flops, cfg.compute_dtype)
+        self.config.setdefault("hist_every", settings.hist_every)
+        peak, dtype = _model_info.resolve_peak_flops(param, settings.peak_flops, settings.compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
-                              flops_per_token=cfg.flops_per_token or _flops.flops_per_token(
-                                  model, cfg.seq_len), peak_flops=peak,
+                              flops_per_token=settings.flops_per_token or _flops.flops_per_token(
+                                  model, settings.seq_len), peak_flops=peak,
                               world_size=self.world_size, gate=NormGate(),
                               on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
-        if cfg.finite_flags:
+        if settings.finite_flags:
             self._watch_finite(model)
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
         if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
             self._hardware.update(self._gpu_sampler.describe())
         self._hardware.update(compute_dtype=dtype,
-                              stats_scope="rank_local_shard" if cfg.sharded else "global")
+                              stats_scope="rank_local_shard" if settings.sharded else "global")
         self._model_info = _model_info.describe_model(model, self._stats.names)
         if self._watchdog is not None:
             self._phase.attach(model, optimizer)
-        if cfg.activations:
-            self._watch_activations(model, optimizer, cfg.activations,
-                                    cfg.activation_every or every, cfg.max_activation_modules)
+        if settings.activations:
+            self._watch_activations(model, optimizer, settings.activations,
+                                    settings.activation_every or every, settings.max_activation_modules)
         self._send_run()
         self._last_t = time.perf_counter()
 
@@ -362,14 +342,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         params = [p for p in model.parameters() if p.requires_grad]
         self._timings = StepTimings(params, optimizer).attach()
 
-    def _watch_guard(self, optimizer: Any, cfg: WatchConfig) -> None:
+    def _watch_guard(self, optimizer: Any, settings: WatchSettings) -> None:
         from monitor_client._guard import StepGuard
 
-        assert self._stats is not None and cfg.guard is not None
+        assert self._stats is not None and settings.guard is not None
         if self._step_guard is not None:
             self._step_guard.detach()
-        self._step_guard = StepGuard(self._stats, optimizer, cfg.guard).attach()
-        self.config.setdefault("guard", dataclasses.asdict(cfg.guard))
+        self._step_guard = StepGuard(self._stats, optimizer, settings.guard).attach()
+        self.config.setdefault("guard", dataclasses.asdict(settings.guard))
         if self._step_guard.syncs:
             self._warner.warn("guard", "the step guard reads its decision on the host for "
                               "%s (a non-fused optimizer cannot skip on the device): one "
@@ -416,14 +396,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         sampler.start().wait_first(1.0)  # once, at watch(): the first steps carry a reading
         return sampler
 
-    @_guard
+    @_never_raises
     def before_optimizer_step(self) -> None:
         """Measure gradients now (frameworks whose optimizer step runs a closure)."""
         if self._stats is not None:
             self._stats.before_step()
 
     # -- per step ------------------------------------------------------------------------
-    @_guard
+    @_never_raises
     def log_step(self, step: int, loss: Any = None, *, tokens: float | None = None,
                  samples: float | None = None, lr: float | None = None,
                  grad_norm: float | None = None, data_time: float | None = None,
@@ -541,7 +521,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             self._data_time += time.perf_counter() - start
             yield item
 
-    @_guard
+    @_never_raises
     def log_eval(self, step: int, val_loss: Any = None, *, train_loss: Any = None,
                  epoch: float | None = None, metrics: dict[str, Any] | None = None,
                  seconds: float | None = None) -> None:
@@ -643,7 +623,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         return self._inbox.received()
 
     # -- closing the loop: the checkpoint ledger and rollback plans (_rollback.py) -------
-    @_guard
+    @_never_raises
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
                          bytes: int | None = None, tag: str | None = None,
                          data_position: int | None = None,
@@ -680,7 +660,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             record["seconds"] = took
         self._submit(record)
 
-    @_guard
+    @_never_raises
     def resumed_from(self, step: int, path: str | os.PathLike[str]) -> None:
         """Say this process loaded the checkpoint of step ``step`` at ``path`` (a relaunch
         that resumed from an earlier process's save): a rollback plan may then send it back
@@ -746,7 +726,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             self._warner.warn("rollback_plan", "fetching action %d failed: %r",
                               plan_id, exc)
 
-    @_guard
+    @_never_raises
     def rolled_back(self, plan: RollbackPlan) -> None:
         """Mark ``plan`` applied: the process reloaded its checkpoint and its next step is
         ``plan.resume_step``.
@@ -803,12 +783,12 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
         return self._sender.counters() if self._sender else None
 
-    @_guard
+    @_never_raises
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` s for everything logged so far to reach the sidecar."""
         return self._sender.flush(timeout) if self._sender else True
 
-    @_guard
+    @_never_raises
     def close(self, status: str | None = None, error: str | None = None,
               timeout: float | None = None) -> bool:
         """Send ``end`` (completed unless an uncaught exception said otherwise) and flush.
@@ -830,16 +810,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             # reports that step on the alert and the actions API.
             status = "stopped"
             error = error or f"stopped at step {self._last_step}: {self._inbox.stop_reason}"
-        if self._stats is not None:
-            self._stats.detach()
-        if self._acts is not None:
-            self._acts.detach()
-        if self._finite is not None:
-            self._finite.detach()
-        if self._timings is not None:
-            self._timings.detach()
-        if self._step_guard is not None:
-            self._step_guard.detach()
+        for hooked in (self._stats, self._acts, self._finite, self._timings, self._step_guard):
+            if hooked is not None:
+                hooked.detach()
         if self._gpu_sampler is not None:
             self._gpu_sampler.close()
         if self._watchdog is not None:

@@ -7,7 +7,7 @@ Two layers, both behind the one-method ``GpuProbe`` interface (``read() -> dict 
   and aggregate, corrected and uncorrected), retired pages / remapped rows pending, clock
   throttle reasons (thermal, power, hardware slowdown), the SM clock against its maximum,
   the PCIe link's width and generation against theirs, and XID critical-error events.
-- ``GpuSampler`` calls a probe every ``MonitorConfig.gpu_sample_interval`` seconds (default
+- ``GpuSampler`` calls a probe every ``MonitorSettings.gpu_sample_interval`` seconds (default
   1) on the thread ``monitor-client-gpu`` and keeps the latest reading; the sender thread
   attaches it to each step record. Neither the training thread nor the sender ever calls
   NVML per step: an NVML call can take milliseconds (ECC and row-remap queries go to the
@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from monitor_client._errors import MonitorClientError
+
 
 class GpuProbe(Protocol):
     def read(self) -> dict[str, float] | None: ...
@@ -83,7 +85,7 @@ XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 MAX_XIDS_PER_READ = 64  # events drained per sample; a storm beyond is counted next time
 
 
-class _Lost(Exception):
+class _Lost(MonitorClientError):
     """NVML said the GPU is gone: the reading ends with ``gpu_lost``."""
 
 

@@ -18,16 +18,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from monitor_client._hooks import Hooks
+
 
 class PhaseTracker:
     """The current phase and since when (``time.monotonic``)."""
 
-    __slots__ = ("phase", "since", "_handles")
+    __slots__ = ("phase", "since", "_hooks")
 
     def __init__(self) -> None:
         self.phase = "unknown"
         self.since = time.monotonic()
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
 
     def enter(self, phase: str) -> None:
         self.phase, self.since = phase, time.monotonic()
@@ -38,14 +40,10 @@ class PhaseTracker:
     def attach(self, model: Any, optimizer: Any) -> None:
         """Hook ``model``'s forward (root module only) and ``optimizer``'s step."""
         self.detach()
-        self._handles = [
-            model.register_forward_pre_hook(lambda *_: self.enter("forward")),
-            model.register_forward_hook(lambda *_: self.enter("backward")),
-            optimizer.register_step_pre_hook(lambda *_: self.enter("optimizer")),
-            optimizer.register_step_post_hook(lambda *_: self.enter("data")),
-        ]
+        self._hooks.add(model.register_forward_pre_hook(lambda *_: self.enter("forward")),
+                        model.register_forward_hook(lambda *_: self.enter("backward")))
+        self._hooks.around_step(optimizer, lambda: self.enter("optimizer"),
+                                lambda: self.enter("data"))
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._hooks.remove()

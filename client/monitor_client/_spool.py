@@ -59,6 +59,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
+from monitor_client._errors import MonitorClientError
+
 _SUFFIX = ".ndjson"
 # File-name bytes most file systems allow (255), less room for "-r<rank>" and a hash.
 _MAX_NAME = 200
@@ -87,7 +89,7 @@ def spool_directory(base: str | Path, run_id: str, rank: int) -> Path:
     return Path(base) / f"{name}-r{int(rank)}"
 
 
-class SpoolUnsafe(OSError):
+class SpoolUnsafe(MonitorClientError, OSError):
     """A spool directory or segment another user could have written: not used."""
 
 

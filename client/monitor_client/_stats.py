@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from monitor_client import _activations, _distributions, _finite, _guard
+from monitor_client._hooks import Hooks
 
 _LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
 _HIST_FIELDS = ("grad_hist", "param_hist")
@@ -202,7 +203,7 @@ class GradStats:
         self.snapshot_budget_bytes = snapshot_budget_bytes
         self.reduce_group = reduce_group  # sharded params: all-reduce the global squares
         self._optimizer = optimizer
-        self._handles: list = []
+        self._hooks = Hooks()
         self._steps = 0
         self._chunk_start = 0
         self.overhead_s = 0.0  # time spent in the hooks, left out of step_time
@@ -230,17 +231,12 @@ class GradStats:
 
     def attach(self, pre_hook: bool = True) -> GradStats:
         """Register the optimizer hooks (the pre-hook is optional for closure-based loops)."""
-        if pre_hook:
-            self._handles.append(self._optimizer.register_step_pre_hook(
-                lambda *_: self.before_step()))
-        self._handles.append(self._optimizer.register_step_post_hook(
-            lambda *_: self.after_step()))
+        self._hooks.around_step(self._optimizer, self.before_step if pre_hook else None,
+                                self.after_step)
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     @torch.no_grad()
     def before_step(self) -> None:

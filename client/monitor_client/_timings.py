@@ -108,6 +108,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from monitor_client._hooks import Hooks
+
 EventMaker = Callable[[], Any]
 
 
@@ -173,7 +175,7 @@ class StepTimings:
         self._seen: int | None = None          # the parameter whose gradient came last
         self._expect: int | None = None        # ... on the step before (events only)
         self._late_grad = False                # a gradient after the pre-hook (a closure)
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
 
     @property
     def on_device(self) -> bool:
@@ -182,16 +184,13 @@ class StepTimings:
 
     def attach(self) -> StepTimings:
         """Register the hooks (call before other optimizer pre-hooks: theirs are compute)."""
-        self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_step))
-        for i, p in enumerate(self.params):
-            self._handles.append(p.register_post_accumulate_grad_hook(
-                functools.partial(self._gradient_done, i)))
+        self._hooks.around_step(self.optimizer, before=self._optimizer_step)
+        self._hooks.add(*(p.register_post_accumulate_grad_hook(
+            functools.partial(self._gradient_done, i)) for i, p in enumerate(self.params)))
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def _gradient_done(self, index: int, _param: Any) -> None:
         if self._step_start is not None:

@@ -11,7 +11,7 @@ Why x5 (as NVIDIA's NVRx): step times of a healthy run vary by a few percent, an
 occasional longer step (a checkpoint, a logging step) is rarely more than a few medians;
 five medians is far outside the step's own noise yet, for a sub-second step, far inside
 any collective timeout (NCCL's default is 10 minutes). The median, not the mean, so one
-long step does not raise the limit. The floor (``MonitorConfig.watchdog_floor``, default
+long step does not raise the limit. The floor (``MonitorSettings.watchdog_floor``, default
 60 s) covers the legitimately long pauses that are not steps (evals, checkpoints).
 
 Past the limit it sends ONE ``hang`` record per stuck step (docs/format.md): the Python

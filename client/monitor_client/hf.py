@@ -64,88 +64,68 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from monitor_client._arguments import monitor_settings
+from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import StreamBatches, attach, merge_windows
+from monitor_client._hooks import Hooks
 from monitor_client._monitor import Monitor
-from monitor_client._resume import Relaunch, RollbackExit, announce
-from monitor_client._rollback import RollbackPlan, write_resume_file
-from monitor_client.config import MonitorConfig
+from monitor_client._rollback import RollbackPlan
+from monitor_client.settings import MonitorSettings
 
 IGNORE_INDEX = -100  # transformers' (and torch's cross_entropy's) default
 DATA_FILE = "monitor_data.json"  # in each checkpoint-<step>: where its data resumes
 log = logging.getLogger("monitor_client")
 
 
-class MonitorCallback(TrainerCallback):
-    """Report a HuggingFace Trainer run to monitor_agent.
+class MonitorCallback(FrameworkCallback, TrainerCallback):
+    """Report a HuggingFace Trainer run to monitor_agent (``_callbacks.py``: what it shares
+    with the Lightning callback).
 
     Without a ``monitor``, one is made at the start of training from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    Trainer's arguments, unless ``settings.hparams`` names them), ``run_id``, ``token``,
-    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
-    monitor's ``WatchConfig`` with the clipping set by the Trainer's ``max_grad_norm``.
+    Trainer's arguments), ``run_id``, ``token``,
+    ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
+    monitor's ``WatchSettings`` with the clipping set by the Trainer's ``max_grad_norm``.
 
     Used as ``Trainer(..., callbacks=[MonitorCallback(project="gpt", settings=settings)])``
     (tests/client/test_hf.py trains with it). Until training starts it holds only the
     checked settings::
 
-        >>> from monitor_client.config import WatchConfig
-        >>> settings = MonitorConfig(watch=WatchConfig(activations=True))
+        >>> from monitor_client.settings import WatchSettings
+        >>> settings = MonitorSettings(watch=WatchSettings(activations=True))
         >>> callback = MonitorCallback(project="gpt", settings=settings)
         >>> callback.monitor, callback.settings.project, callback.settings.watch.activations
         (None, 'gpt', True)
     """
 
+    resume_argument = "resume_from_checkpoint"
+
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  take_over_clipping: bool = True, take_over_data: bool = True,
-                 exit_on_rollback: bool = True, **legacy: Any) -> None:
-        self.monitor = monitor
+                 exit_on_rollback: bool = True) -> None:
+        super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
+                         token=token, labels=labels, settings=settings,
+                         exit_on_rollback=exit_on_rollback)
         self.take_over_clipping = take_over_clipping
         self.take_over_data = take_over_data
-        self.exit_on_rollback = exit_on_rollback
-        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
         self._losses: list[Any] = []
         self._sum_losses = False
         self._tokens = self._samples = 0
         self._label_counts: list[Any] = []
         self._restore_clip: float | None = None
-        self._handles: list[Any] = []
-        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
-        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
+        self._hooks = Hooks()  # on the model: its inputs counted, its loss read
         self._data: StreamBatches | None = None
         self._position: int | None = None
         self._restore_skip: bool | None = None
         self._step_lr: Any = None
 
-    @property
-    def relaunched(self) -> RollbackPlan | None:
-        """The plan this process was relaunched for, or None."""
-        return self._relaunch.plan
-
-    def _mon(self) -> Monitor:
-        """The run's Monitor (made at the start of training when none was given)."""
-        if self.monitor is None:
-            raise RuntimeError("MonitorCallback: training has not started")
-        return self.monitor
-
-    def _make_monitor(self, args: Any) -> Monitor:
-        settings = self.settings
-        if settings.hparams is None:
-            hparams = {k: v for k, v in args.to_dict().items() if _plain_value(v)}
-            settings = dataclasses.replace(settings, hparams=hparams)
-        return Monitor(settings=settings)
-
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):
-        mon = self.monitor if self.monitor is not None else self._make_monitor(args)
-        self.monitor = mon
+        mon = self._start(args.to_dict, state.max_steps if state.max_steps and
+                          state.max_steps > 0 else None)
         plan = self._relaunch.take(args.output_dir, mon._plans, state.global_step)
-        if state.max_steps and state.max_steps > 0:  # the plan, for progress and the ETA
-            mon.config.setdefault("total_steps", int(state.max_steps))
         if self.take_over_data and train_dataloader is not None:
             self._take_over_data(args, state, train_dataloader, plan)
         elif plan is not None and plan.skip:
@@ -159,12 +139,11 @@ class MonitorCallback(TrainerCallback):
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
         watch = mon.settings.watch
         seq_len = watch.seq_len or getattr(getattr(model, "config", None), "n_positions", None)
-        # The Trainer decides the clipping; everything else is the monitor's WatchConfig.
+        # The Trainer decides the clipping; everything else is the monitor's WatchSettings.
         mon.watch(model, opt, settings=dataclasses.replace(
             watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
-        self._handles = [
-            model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
-            model.register_forward_hook(self._capture_loss, with_kwargs=True)]
+        self._hooks.add(model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
+                        model.register_forward_hook(self._capture_loss, with_kwargs=True))
 
     def _take_over_data(self, args, state, loader, plan: RollbackPlan | None) -> None:
         """Count the Trainer's batches by data position, resumed where the checkpoint (or
@@ -239,19 +218,9 @@ class MonitorCallback(TrainerCallback):
         self._losses, self._tokens, self._samples = [], 0, 0
         self._label_counts = []
         self._relaunch.consume_once(state.is_world_process_zero)
-        if mon.should_stop():
-            control.should_training_stop = True
-        if mon.should_checkpoint():
-            control.should_save = True
-        plan = mon.rollback_plan()
-        if plan is not None and self.rollback is None:
-            self.rollback = plan
-            path = os.path.join(args.output_dir, "monitor_rollback.json")
-            if state.is_world_process_zero:
-                path = write_resume_file(args.output_dir, plan,
-                                         resume_from_checkpoint=plan.checkpoint_path)
-                announce(plan, path, "--resume_from_checkpoint")
-            control.should_training_stop = True
+        self._honour_actions(args.output_dir, state.is_world_process_zero,
+                             stop=lambda: setattr(control, "should_training_stop", True),
+                             save=lambda: setattr(control, "should_save", True))
         return control
 
     def on_save(self, args, state, control, **kwargs):
@@ -276,24 +245,12 @@ class MonitorCallback(TrainerCallback):
                              seconds=runtime)
 
     def on_train_end(self, args, state, control, **kwargs):
-        for handle in self._handles:
-            handle.remove()
-        self._relaunch.lr.restore()
+        self._hooks.remove()
         if self._restore_clip is not None:
             args.max_grad_norm, self._restore_clip = self._restore_clip, None
         if self._restore_skip is not None:
             args.ignore_data_skip, self._restore_skip = self._restore_skip, None
-        if self.rollback is not None:
-            self._mon().close(status="stopped", error=f"stopped to roll back: "
-                              f"{self.rollback.message or self.rollback.checkpoint_path}")
-            if self.exit_on_rollback:
-                raise RollbackExit(self.rollback)
-        else:
-            self._mon().close()
-
-
-def _plain_value(value: Any) -> bool:
-    return value is None or isinstance(value, str | int | float | bool)
+        self._end()
 
 
 def _write_data_file(checkpoint: str, position: int, skip: tuple[tuple[int, int], ...]) -> None:

@@ -70,49 +70,50 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from monitor_client._arguments import monitor_settings
+from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
-from monitor_client._resume import Relaunch, RollbackExit, announce
-from monitor_client._rollback import RollbackPlan, write_resume_file
-from monitor_client.config import MonitorConfig
+from monitor_client._resume import RollbackExit
+from monitor_client.settings import MonitorSettings
 
 log = logging.getLogger("monitor_client")
 
 
-class MonitorCallback(pl.Callback):
-    """Report a Lightning run to monitor_agent.
+class MonitorCallback(FrameworkCallback, pl.Callback):
+    """Report a Lightning run to monitor_agent (``_callbacks.py``: what it shares with the
+    HF callback).
 
     Without a ``monitor``, one is made when fitting starts from the same arguments as
     ``Monitor(...)``: ``url``, ``project``, ``config`` (the hyperparameters; default: the
-    module's ``hparams``, unless ``settings.hparams`` names them), ``run_id``, ``token``,
-    ``labels`` and ``settings`` (a ``MonitorConfig``, checked here). ``watch`` gets the
-    monitor's ``WatchConfig`` with Lightning's clipping value and ``pre_hook=False``.
+    module's ``hparams``), ``run_id``, ``token``,
+    ``labels`` and ``settings`` (a ``MonitorSettings``, checked here). ``watch`` gets the
+    monitor's ``WatchSettings`` with Lightning's clipping value and ``pre_hook=False``.
 
     Used as ``L.Trainer(callbacks=[MonitorCallback(project="gpt", settings=settings)])``
     (tests/client/test_lightning.py fits with it). Until fitting starts it holds only the
     checked settings; a keyword that contradicts them is refused at once::
 
-        >>> from monitor_client.config import WatchConfig
-        >>> settings = MonitorConfig(project="gpt", watch=WatchConfig(hist_every=0))
+        >>> from monitor_client.settings import WatchSettings
+        >>> settings = MonitorSettings(project="gpt", watch=WatchSettings(hist_every=0))
         >>> callback = MonitorCallback(tokens_per_sample=1024, settings=settings)
         >>> callback.monitor, callback.settings.project, callback.settings.watch.hist_every
         (None, 'gpt', 0)
         >>> MonitorCallback(project="bert", settings=settings)
         Traceback (most recent call last):
-        TypeError: MonitorCallback(): got settings=MonitorConfig(...) and keywords that ...
+        monitor_client._errors.SettingsTypeError: MonitorCallback(): got settings=... that ...
     """
+
+    resume_argument = "ckpt_path"
 
     def __init__(self, monitor: Monitor | None = None, *, url: str | None = None,
                  project: str | None = None, config: Mapping[str, Any] | None = None,
                  run_id: str | None = None, token: str | None = None,
-                 labels: Mapping[str, Any] | None = None, settings: MonitorConfig | None = None,
+                 labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
-                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True,
-                 **legacy: Any) -> None:
-        self.monitor = monitor
-        self.settings = monitor_settings("MonitorCallback", config, settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels), legacy)
+                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True) -> None:
+        super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
+                         token=token, labels=labels, settings=settings,
+                         exit_on_rollback=exit_on_rollback)
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key
@@ -120,40 +121,14 @@ class MonitorCallback(pl.Callback):
         self._samples = 0
         self._last_step = 0
         self._reported: set[tuple[int, str]] = set()
-        self.rollback: RollbackPlan | None = None  # the plan this process stopped for
-        self.exit_on_rollback = exit_on_rollback
-        self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
         self._streams: list[DataStream] = []
         self._val_start: float | None = None  # perf_counter at on_validation_start
         self._save_starts: deque[float] = deque(maxlen=16)  # time.time() of recent saves
 
-    @property
-    def relaunched(self) -> RollbackPlan | None:
-        """The plan this process was relaunched for, or None."""
-        return self._relaunch.plan
-
-    def _mon(self) -> Monitor:
-        """The run's Monitor (made when fitting starts when none was given)."""
-        if self.monitor is None:
-            raise RuntimeError("MonitorCallback: fitting has not started")
-        return self.monitor
-
-    def _make_monitor(self, pl_module: Any) -> Monitor:
-        settings = self.settings
-        if settings.hparams is None:
-            hparams = {k: v for k, v in dict(pl_module.hparams).items()
-                       if v is None or isinstance(v, str | int | float | bool)}
-            settings = dataclasses.replace(settings, hparams=hparams)
-        return Monitor(settings=settings)
-
     def on_fit_start(self, trainer, pl_module):
-        mon = self.monitor if self.monitor is not None else self._make_monitor(pl_module)
-        self.monitor = mon
-        planned = _planned_steps(trainer)
-        if planned is not None:  # the plan, for progress and the ETA
-            mon.config.setdefault("total_steps", planned)
+        mon = self._start(lambda: dict(pl_module.hparams), _planned_steps(trainer))
         clip = trainer.gradient_clip_val or None
-        # Lightning clips, and steps through a closure; the rest is the monitor's WatchConfig.
+        # Lightning clips, and steps through a closure; the rest is the monitor's WatchSettings.
         mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
             mon.settings.watch, grad_clip=clip, apply_clip=False,
             pre_hook=False))
@@ -231,28 +206,18 @@ class MonitorCallback(pl.Callback):
                              data_position=position, **({"lr": lr} if lr is not None else {}))
         self._losses, self._samples = [], 0
         self._relaunch.consume_once(trainer.is_global_zero)
-        self._honour_actions(trainer)
+        self._honour_actions(self._directory(trainer), trainer.is_global_zero,
+                             stop=lambda: setattr(trainer, "should_stop", True),
+                             save=lambda: self._save_now(trainer))
 
-    def _honour_actions(self, trainer) -> None:
-        mon = self._mon()
-        if mon.should_stop():
-            trainer.should_stop = True
-        if mon.should_checkpoint():
-            path = os.path.join(self._directory(trainer),
-                                f"monitor-step{trainer.global_step}.ckpt")
-            began = time.perf_counter()
-            trainer.save_checkpoint(path)
-            if trainer.is_global_zero:
-                mon.checkpoint_saved(trainer.global_step, path, tag="monitor",
-                                     seconds=time.perf_counter() - began)
-        plan = mon.rollback_plan()
-        if plan is not None and self.rollback is None:
-            self.rollback = plan
-            if trainer.is_global_zero:
-                path = write_resume_file(self._directory(trainer), plan,
-                                         ckpt_path=plan.checkpoint_path)
-                announce(plan, path, "--ckpt_path")
-            trainer.should_stop = True
+    def _save_now(self, trainer: Any) -> None:
+        """An alert rule's checkpoint request: saved now, and reported from rank zero."""
+        path = os.path.join(self._directory(trainer), f"monitor-step{trainer.global_step}.ckpt")
+        began = time.perf_counter()
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            self._mon().checkpoint_saved(trainer.global_step, path, tag="monitor",
+                                         seconds=time.perf_counter() - began)
 
     def on_validation_start(self, trainer, pl_module):
         self._val_start = time.perf_counter()
@@ -278,14 +243,7 @@ class MonitorCallback(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self._report_saves(trainer)
-        self._relaunch.lr.restore()
-        if self.rollback is not None:
-            self._mon().close(status="stopped", error=f"stopped to roll back: "
-                              f"{self.rollback.message or self.rollback.checkpoint_path}")
-            if self.exit_on_rollback:
-                raise RollbackExit(self.rollback)
-        else:
-            self._mon().close()
+        self._end()
 
 
 def _streams(trainer: Any) -> list[DataStream]:

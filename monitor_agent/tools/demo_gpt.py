@@ -213,7 +213,7 @@ def train(args: argparse.Namespace, mon: monitor_client.Monitor) -> None:
     val_files = files_from(files, split)
     model, opt = build(args, state)
     peak = args.peak_flops if args.peak_flops > 0 else measure_peak_flops()
-    # the Monitor's WatchConfig (--layer-stats-every), with what only the loop knows
+    # the Monitor's WatchSettings (--layer-stats-every), with what only the loop knows
     mon.watch(model, opt, grad_clip=args.grad_clip, settings=dataclasses.replace(
         mon.settings.watch, seq_len=args.seq_len, peak_flops=peak))
     gen, leaked, bad = torch.Generator().manual_seed(args.seed), [], 0
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(args).items() if k not in skip}
     config.update(optimizer="adamw", total_steps=args.steps, warmup_steps=args.warmup)
     mon = monitor_client.Monitor(url=args.url, project=args.project, config=config,
-                                 run_id=args.run_id, settings=monitor_client.MonitorConfig(
-                                     spool_dir=args.spool_dir, watch=monitor_client.WatchConfig(
+                                 run_id=args.run_id, settings=monitor_client.MonitorSettings(
+                                     spool_dir=args.spool_dir, watch=monitor_client.WatchSettings(
                                          layer_stats_every=args.layer_stats_every)))
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     say(f"run {mon.run_id}: {args.steps} steps, fault {args.inject}@{args.inject_step}")

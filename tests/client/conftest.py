@@ -148,13 +148,13 @@ def plain_loop_shape(tmp_path):
     data counted by a DataStream as docs/actions.md's loop does."""
     import torch
 
-    from monitor_client import DataStream, Monitor, MonitorConfig, WatchConfig
+    from monitor_client import DataStream, Monitor, MonitorSettings, WatchSettings
 
     rec = Receiver().start()
     try:
         mon = Monitor(url=rec.url, run_id="plain-shape",
-                      settings=MonitorConfig(spool_dir=tmp_path / "plain", install_hooks=False,
-                                             linger=0.02, watch=WatchConfig(layer_stats_every=4)))
+                      settings=MonitorSettings(spool_dir=tmp_path / "plain", install_hooks=False,
+                                               linger=0.02, watch=WatchSettings(layer_stats_every=4)))
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)

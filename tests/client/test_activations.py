@@ -11,7 +11,7 @@ from torch import nn
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._activations import ActivationStats, default_filter, measure
 from monitor_client._stats import StatsPack
 
@@ -126,7 +126,7 @@ def _tiny_run(mon: Monitor, steps: int = 7) -> nn.Module:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mon.watch(model, opt,
-              settings=WatchConfig(layer_stats_every=4, activations=True, activation_every=3))
+              settings=WatchSettings(layer_stats_every=4, activations=True, activation_every=3))
     for step in range(1, steps + 1):
         loss = model(torch.randn(16, 8)).pow(2).mean()
         loss.backward()
@@ -139,8 +139,8 @@ def _tiny_run(mon: Monitor, steps: int = 7) -> nn.Module:
 def test_monitor_to_a_live_sidecar_shows_the_gauges(tmp_path):
     with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
         mon = Monitor(url=srv.url, project="acts", run_id="acts-1",
-                      settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                             linger=0.02, timeout=(0.5, 5.0)))
+                      settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                               linger=0.02, timeout=(0.5, 5.0)))
         model = _tiny_run(mon)
         assert mon.close(timeout=20)
         assert _hooks(model) == 0  # close() removed every hook

@@ -6,7 +6,7 @@ import httpx
 import pytest
 import torch
 
-from monitor_client import CategoryLoss, Monitor, MonitorConfig
+from monitor_client import CategoryLoss, Monitor, MonitorSettings
 
 
 def test_each_sample_counts_once_whatever_its_length():
@@ -39,7 +39,7 @@ def test_categories_past_the_cap_are_counted_not_kept():
 
 def test_category_losses_reach_the_sidecar_metrics(sidecar, tmp_path):
     mon = Monitor(url=sidecar.url, project="cats", run_id="cats-1",
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02))
     cats = CategoryLoss()
     cats.add(torch.tensor([[1.0, 1.0], [2.0, 4.0]]), ["code", "prose"])
     mon.log_step(1, loss=1.0)

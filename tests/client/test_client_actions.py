@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._actions import ActionInbox
 from monitor_client._transport import PostOutcome, classify
 
@@ -54,8 +54,8 @@ def _stop_rules(tmp: Path) -> Path:
 def test_monitor_stops_on_the_answer_and_ends_the_run_stopped(sidecar_factory, tmp_path):
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     mon = Monitor(url=sc.url, run_id="mon-stop",
-                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.01))
+                  settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                           linger=0.01))
     got = threading.Event()
     mon.on_action(lambda a: got.set())
     for step in range(1, 6):
@@ -86,8 +86,8 @@ def test_a_stop_the_trainer_never_honoured_is_not_reported_as_honoured(sidecar_f
     "completed", and the alert says the stop was not honoured, not "run stopped"."""
     sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
     mon = Monitor(url=sc.url, run_id="mon-ignored",
-                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.01))
+                  settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                           linger=0.01))
     got = threading.Event()
     mon.on_action(lambda a: got.set())
     for step in range(1, 6):
@@ -110,8 +110,8 @@ def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
     steps = [{"kind": "step", "run_id": "poll-me", "step": 1, "time": 1.0, "loss": "NaN"}]
     assert httpx.post(sc.url + "/v1/records", json={"records": steps}).json()["actions"]
     mon = Monitor(url=sc.url, run_id="poll-me",
-                  settings=MonitorConfig(rank=1, world_size=2, install_hooks=False,
-                                         spool_dir=tmp_path / "spool", linger=0.01))
+                  settings=MonitorSettings(rank=1, world_size=2, install_hooks=False,
+                                           spool_dir=tmp_path / "spool", linger=0.01))
     mon._sender.poll_interval = 0.05  # the default polls every 5 s
     deadline = time.monotonic() + 10
     while not mon.should_stop():

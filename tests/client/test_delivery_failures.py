@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool
 from monitor_client._transport import HttpTransport, PostOutcome, classify, url_problem
@@ -93,8 +93,8 @@ def test_wrong_token_and_wrong_path_against_the_real_sidecar(sidecar_factory, tm
                                (sc.url + "/api", "right-token", "404")):
         caplog.clear()
         mon = Monitor(url=url, token=token, run_id=f"mistake-{status}",
-                      settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
-                                             linger=0.02))
+                      settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
+                                               linger=0.02))
         for step in range(1, 6):
             mon.log_step(step, loss=1.0)
         mon.close()
@@ -115,8 +115,8 @@ def test_https_to_the_plain_http_sidecar_is_named_a_scheme_mismatch(sidecar, tmp
                                                                      caplog):
     url = sidecar.url.replace("http://", "https://")
     mon = Monitor(url=url, run_id="https-by-mistake",
-                  settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
-                                         linger=0.02))
+                  settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
+                                           linger=0.02))
     for step in range(1, 6):
         mon.log_step(step, loss=1.0)
     mon.close()
@@ -155,8 +155,8 @@ class _Silent:
 def test_close_is_bounded_when_nothing_answers(tmp_path, caplog):
     with _Silent() as silent:
         mon = Monitor(url=silent.url, run_id="hung",
-                      settings=MonitorConfig(install_hooks=False, spool_dir=tmp_path / "spool",
-                                             linger=0.02, timeout=(2.0, 30.0), close_timeout=0.5))
+                      settings=MonitorSettings(install_hooks=False, spool_dir=tmp_path / "spool",
+                                               linger=0.02, timeout=(2.0, 30.0), close_timeout=0.5))
         for step in range(1, 20):
             mon.log_step(step, loss=1.0)
         start = time.perf_counter()

@@ -11,7 +11,7 @@ from test_client_stats import _loss, _model, _spy_host_copies
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._distributions import QUANTILES, Distributions, decode_rows
 from monitor_client._stats import GradStats
 
@@ -127,8 +127,8 @@ def test_distributions_add_no_host_copy_to_the_hooks(monkeypatch):
 def test_monitor_to_live_sidecar_exposes_quantiles_and_stores_grad_hist(tmp_path):
     with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
         mon = Monitor(url=srv.url, project="dist", run_id="dist-1",
-                      settings=MonitorConfig(spool_dir=tmp_path / "s", install_hooks=False,
-                                             linger=0.02, watch=WatchConfig(hist_every=3)))
+                      settings=MonitorSettings(spool_dir=tmp_path / "s", install_hooks=False,
+                                               linger=0.02, watch=WatchSettings(hist_every=3)))
         model = _model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mon.watch(model, opt, grad_clip=1.0)

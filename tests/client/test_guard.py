@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._guard import StepGuard
 from monitor_client._stats import GradStats
-from monitor_client.config import GuardConfig
+from monitor_client.settings import GuardSettings
 
 STEPS = 40
-CONFIG = GuardConfig(min_history=16, window=32)
+CONFIG = GuardSettings(min_history=16, window=32)
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -125,8 +125,8 @@ def test_under_a_grad_scaler_an_overflow_is_the_scalers_and_a_spike_is_ours(kind
 
 def test_the_monitor_logs_each_skipped_step_with_its_reason(receiver, tmp_path):
     mon = Monitor(url=receiver.url, project="guard", run_id="guard-1",
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         watch=WatchConfig(guard=CONFIG)))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                           watch=WatchSettings(guard=CONFIG)))
     model = _model()
     opt = _optimizer("adamw_fused", model)
     mon.watch(model, opt)
@@ -148,14 +148,14 @@ def test_the_monitor_logs_each_skipped_step_with_its_reason(receiver, tmp_path):
 
 
 def test_guard_settings_are_checked_before_training():
-    assert WatchConfig(guard=True).guard == GuardConfig()
-    assert WatchConfig(guard=False).guard is None
+    assert WatchSettings(guard=True).guard == GuardSettings()
+    assert WatchSettings(guard=False).guard is None
     with pytest.raises(ValueError, match="pre_hook"):
-        WatchConfig(guard=True, pre_hook=False)
-    with pytest.raises(TypeError, match="GuardConfig"):
-        WatchConfig(guard="yes")
+        WatchSettings(guard=True, pre_hook=False)
+    with pytest.raises(TypeError, match="GuardSettings"):
+        WatchSettings(guard="yes")
     with pytest.raises(ValueError, match="floor"):
-        GuardConfig(floor=-1)
+        GuardSettings(floor=-1)
 
 
 @pytest.mark.parametrize("kind", ["adamw_fused", "adamw", "sgd_fused", "sgd"])
@@ -170,14 +170,14 @@ def test_a_nan_on_the_very_first_step_is_skipped_exactly(kind):
 
 
 def test_the_guard_keyword_fills_the_monitors_watch_settings(tmp_path, monkeypatch):
-    mon = Monitor(project="guard", settings=MonitorConfig(
-        enabled=False, spool_dir=tmp_path, watch=WatchConfig(guard=GuardConfig(k=5.0))))
-    seen: list[WatchConfig] = []
+    mon = Monitor(project="guard", settings=MonitorSettings(
+        enabled=False, spool_dir=tmp_path, watch=WatchSettings(guard=GuardSettings(k=5.0))))
+    seen: list[WatchSettings] = []
     monkeypatch.setattr(mon, "_watch", lambda model, opt, scaler, cfg: seen.append(cfg))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon.watch(model, opt)                          # the Monitor's own
     mon.watch(model, opt, guard=True)              # the defaults
-    mon.watch(model, opt, guard=GuardConfig(k=4.0))
-    assert [cfg.guard for cfg in seen] == [GuardConfig(k=5.0), GuardConfig(),
-                                           GuardConfig(k=4.0)]
+    mon.watch(model, opt, guard=GuardSettings(k=4.0))
+    assert [cfg.guard for cfg in seen] == [GuardSettings(k=5.0), GuardSettings(),
+                                           GuardSettings(k=4.0)]

@@ -7,7 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from client_shapes import step_shape  # noqa: E402
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
 
@@ -40,8 +40,8 @@ def _trainer(tmp_path, callback, steps=6, accum=2, model=None, **overrides):
 
 def _monitor(receiver, tmp_path, run_id):
     return Monitor(url=receiver.url, run_id=run_id,
-                   settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                          linger=0.02, watch=WatchConfig(layer_stats_every=4)))
+                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                            linger=0.02, watch=WatchSettings(layer_stats_every=4)))
 
 
 def test_hf_trainer_run_has_the_plain_loop_shape(receiver, tmp_path, plain_loop_shape):
@@ -122,10 +122,10 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
     assert all("min_label_count" not in r for r in steps)
 
 
-def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
-    cfg = MonitorConfig(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
-                        install_hooks=False, linger=0.02,
-                        watch=WatchConfig(layer_stats_every=2, hist_every=0))
+def test_hf_callback_passes_monitor_settings_through(receiver, tmp_path):
+    cfg = MonitorSettings(url=receiver.url, run_id="hf-cfg", spool_dir=tmp_path / "spool",
+                          install_hooks=False, linger=0.02,
+                          watch=WatchSettings(layer_stats_every=2, hist_every=0))
     trainer = _trainer(tmp_path, MonitorCallback(settings=cfg), steps=3, accum=1)
     trainer.train()
     run = receiver.of_kind("run")[0]
@@ -139,26 +139,15 @@ def test_hf_callback_passes_a_monitor_config_through(receiver, tmp_path):
 def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparameters(
         receiver, tmp_path):
     callback = MonitorCallback(url=receiver.url, project="hf", config={"lr": 1e-3},
-                               run_id="hf-kw", settings=MonitorConfig(
+                               run_id="hf-kw", settings=MonitorSettings(
                                    spool_dir=tmp_path / "spool", install_hooks=False,
-                                   linger=0.02, watch=WatchConfig(hist_every=0)))
+                                   linger=0.02, watch=WatchSettings(hist_every=0)))
     _trainer(tmp_path, callback, steps=2, accum=1).train()
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "hf-kw" and run["labels"]["project"] == "hf"
     # the given hyperparameters, not the Trainer's; and the Trainer's plan
     assert run["config"] == {"lr": 1e-3, "grad_clip": 0.5, "layer_stats_every": 25,
                              "hist_every": 0, "total_steps": 2}
-
-
-def test_hf_callback_old_spellings_still_work_and_warn():
-    cfg = MonitorConfig(run_id="hf-old", enabled=False)
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorConfig"):
-        assert MonitorCallback(config=cfg).settings is cfg
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(linger=\.\.\.\) is "
-                      r"deprecated .*settings=MonitorConfig\(linger=\.\.\.\)") as got:
-        callback = MonitorCallback(url="http://127.0.0.1:1", linger=0.1)
-    assert got[0].filename == __file__
-    assert callback.settings == MonitorConfig(url="http://127.0.0.1:1", linger=0.1)
 
 
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
@@ -178,7 +167,7 @@ def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_laun
                              positions="positions", lr_factor=0.5, lr_steps=3)
 
     def trainer(**train):
-        mon = Monitor(url=stand_in.url, run_id="hf-rollback", settings=MonitorConfig(
+        mon = Monitor(url=stand_in.url, run_id="hf-rollback", settings=MonitorSettings(
             spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
 
         class Decide(transformers.TrainerCallback):

@@ -5,7 +5,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from client_shapes import step_shape  # noqa: E402
 
-from monitor_client import DataStream, Monitor, MonitorConfig, WatchConfig  # noqa: E402
+from monitor_client import DataStream, Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
 
 
@@ -39,8 +39,8 @@ def _loader(n=64):
 
 def _fit(receiver, tmp_path, run_id, model, steps=6, accum=2):
     mon = Monitor(url=receiver.url, run_id=run_id,
-                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.02, watch=WatchConfig(layer_stats_every=4)))
+                  settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                           linger=0.02, watch=WatchSettings(layer_stats_every=4)))
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accum,
                          gradient_clip_val=0.05, val_check_interval=4, limit_val_batches=2,
                          callbacks=[MonitorCallback(mon, tokens_per_sample=4)],
@@ -73,10 +73,10 @@ def test_lightning_exception_ends_the_run_failed(receiver, tmp_path):
     assert [r["step"] for r in receiver.of_kind("step")] == [1, 2, 3]
 
 
-def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
-    cfg = MonitorConfig(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
-                        install_hooks=False, linger=0.02,
-                        watch=WatchConfig(layer_stats_every=3, hist_every=0))
+def test_lightning_callback_passes_monitor_settings_through(receiver, tmp_path):
+    cfg = MonitorSettings(url=receiver.url, run_id="pl-cfg", spool_dir=tmp_path / "spool",
+                          install_hooks=False, linger=0.02,
+                          watch=WatchSettings(layer_stats_every=3, hist_every=0))
     trainer = pl.Trainer(max_steps=4, gradient_clip_val=0.05, limit_val_batches=0,
                          callbacks=[MonitorCallback(settings=cfg, tokens_per_sample=4)],
                          accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -95,9 +95,9 @@ def test_lightning_callback_passes_a_monitor_config_through(receiver, tmp_path):
 def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperparameters(
         receiver, tmp_path):
     callback = MonitorCallback(url=receiver.url, project="pl", config={"lr": 1e-2},
-                               run_id="pl-kw", tokens_per_sample=4, settings=MonitorConfig(
+                               run_id="pl-kw", tokens_per_sample=4, settings=MonitorSettings(
                                    spool_dir=tmp_path / "spool", install_hooks=False,
-                                   linger=0.02, watch=WatchConfig(hist_every=0)))
+                                   linger=0.02, watch=WatchSettings(hist_every=0)))
     trainer = pl.Trainer(max_steps=2, limit_val_batches=0, callbacks=[callback],
                          accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
@@ -107,17 +107,6 @@ def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperp
     assert run["run_id"] == "pl-kw" and run["labels"]["project"] == "pl"
     assert run["config"] == {"lr": 1e-2, "grad_clip": None, "layer_stats_every": 25,
                              "hist_every": 0, "total_steps": 2}
-
-
-def test_lightning_callback_old_spellings_still_work_and_warn():
-    cfg = MonitorConfig(run_id="pl-old", enabled=False)
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(config=MonitorConfig"):
-        assert MonitorCallback(config=cfg).settings is cfg
-    with pytest.warns(DeprecationWarning, match=r"MonitorCallback\(spool_dir=\.\.\.\) is "
-                      r"deprecated .*settings=MonitorConfig\(spool_dir=\.\.\.\)") as got:
-        callback = MonitorCallback(project="p", spool_dir="/tmp/x")
-    assert got[0].filename == __file__
-    assert callback.settings == MonitorConfig(project="p", spool_dir="/tmp/x")
 
 
 def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
@@ -137,7 +126,7 @@ def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_t
                              lr_factor=0.5, lr_steps=3)
 
     def trainer(kw_seen: list, dirpath=ckpts, steps=12):
-        mon = Monitor(url=stand_in.url, run_id="pl-rollback", settings=MonitorConfig(
+        mon = Monitor(url=stand_in.url, run_id="pl-rollback", settings=MonitorSettings(
             spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
 
         class Decide(pl.Callback):
@@ -222,8 +211,8 @@ def test_lightning_times_validation_and_saves_apart(receiver, tmp_path):
             super().save_checkpoint(checkpoint, path, storage_options)
 
     mon = Monitor(url=receiver.url, run_id="pl-seconds",
-                  settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                         linger=0.02))
+                  settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                           linger=0.02))
     saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2,
                                          save_top_k=-1)
     trainer = pl.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=2,

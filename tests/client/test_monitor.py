@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from monitor_agent.records.schemas import parse_record
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def _train(mon, steps=12, seed=0, accum=1, eval_every=5, clip=None):
     model = _model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if mon is not None:
-        mon.watch(model, opt, grad_clip=clip, settings=WatchConfig(layer_stats_every=4))
+        mon.watch(model, opt, grad_clip=clip, settings=WatchSettings(layer_stats_every=4))
     gen = torch.Generator().manual_seed(seed)
     for step in range(1, steps + 1):
         for _ in range(accum):
@@ -41,8 +41,8 @@ def _train(mon, steps=12, seed=0, accum=1, eval_every=5, clip=None):
 def _mon(url, tmp_path, run_id, labels=None, **settings):
     settings.setdefault("linger", 0.02)
     return Monitor(url=url, project="unit test", config={"lr": 1e-2}, run_id=run_id,
-                   labels=labels, settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False,
-                                                         timeout=(0.5, 5.0), **settings))
+                   labels=labels, settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False,
+                                                           timeout=(0.5, 5.0), **settings))
 
 
 def test_plain_loop_against_the_real_sidecar(sidecar, tmp_path):
@@ -128,7 +128,7 @@ def test_nan_loss_and_gradients_reach_the_sidecar_as_nan(receiver, tmp_path):
     mon = _mon(receiver.url, tmp_path, run_id="nan-1")
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=1))
+    mon.watch(model, opt, settings=WatchSettings(layer_stats_every=1))
     loss = model(torch.randn(4, 8)).sum() * float("nan")
     loss.backward()
     opt.step()
@@ -189,9 +189,9 @@ def test_every_rank_sends_by_default_with_its_rank(receiver, tmp_path):
 def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
     script = textwrap.dedent(f"""
         import torch
-        from monitor_client import Monitor, MonitorConfig
+        from monitor_client import Monitor, MonitorSettings
         mon = Monitor(url={receiver.url!r}, run_id="crash-1",
-                      settings=MonitorConfig(spool_dir={str(tmp_path)!r}, linger=0.02))
+                      settings=MonitorSettings(spool_dir={str(tmp_path)!r}, linger=0.02))
         model = torch.nn.Linear(2, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)

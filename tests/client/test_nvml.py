@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._nvml import (
     FIELDS,
     FUNCTION_NOT_FOUND,
@@ -289,7 +289,7 @@ def test_a_monitor_sends_the_readings_with_its_steps_read_on_the_sampler_thread(
         receiver, tmp_path):
     nvml = FakeNvml()
     nvml.throttle = SW_THERMAL
-    mon = Monitor(url=receiver.url, run_id="gpu-signals", settings=MonitorConfig(
+    mon = Monitor(url=receiver.url, run_id="gpu-signals", settings=MonitorSettings(
         spool_dir=tmp_path, install_hooks=False, linger=0.02,
         gpu_probe=NvmlProbe(nvml, handle=0), gpu_sample_interval=0.01))
     model = torch.nn.Linear(4, 1)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from monitor_agent.records.schemas import parse_record
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._finite import FiniteFlags
 from monitor_client._gate import NormGate
 from monitor_client._preflight import Preflight, optimizer_state_bytes
@@ -57,11 +57,11 @@ def _model():
 
 def _run(receiver, tmp_path, run_id, fault_at, kind, steps=6, every=1000, scale_at=None):
     mon = Monitor(url=receiver.url, project="origin", run_id=run_id,
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         timeout=(0.5, 5.0)))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                           timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon.watch(model, opt, settings=WatchConfig(layer_stats_every=every))
+    mon.watch(model, opt, settings=WatchSettings(layer_stats_every=every))
     gen = torch.Generator().manual_seed(1)
     for step in range(1, steps + 1):
         model[2].fire = kind == "forward" and step == fault_at
@@ -209,7 +209,7 @@ def test_monitor_warns_once_at_start_on_a_small_device(receiver, tmp_path, monke
     probe = FakeCuda(total=3 * params, allocated=params, peak=3 * params)
     monkeypatch.setattr(monitor_module, "memory_probe", lambda device: probe)
     mon = Monitor(url=receiver.url, project="origin", run_id="preflight",
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     mon.watch(model, opt)
     for step in (1, 2, 3):
@@ -223,7 +223,7 @@ def test_monitor_warns_once_at_start_on_a_small_device(receiver, tmp_path, monke
 
 def test_a_batch_without_a_label_that_counts_is_warned_about(receiver, tmp_path, caplog):
     mon = Monitor(url=receiver.url, project="origin", run_id="labels",
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt)
@@ -255,8 +255,8 @@ def test_each_micro_batch_is_checked(accum):
 
 def test_a_skipped_amp_step_carries_its_unscaled_per_parameter_norms(receiver, tmp_path):
     mon = Monitor(url=receiver.url, project="origin", run_id="amp-origin",
-                  settings=MonitorConfig(spool_dir=tmp_path, install_hooks=False, linger=0.02,
-                                         timeout=(0.5, 5.0)))
+                  settings=MonitorSettings(spool_dir=tmp_path, install_hooks=False, linger=0.02,
+                                           timeout=(0.5, 5.0)))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)

@@ -19,7 +19,7 @@ import pytest
 from actions_stand_in import PLAN, StandIn
 from actions_stand_in import rollback_action as _action
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._rollback import PlanBook, RollbackPlan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,8 +72,8 @@ def test_a_withdrawn_plan_is_no_order():
 
 def _monitor(url: str, tmp_path: Path, run_id: str = "rb") -> Monitor:
     return Monitor(url=url, run_id=run_id,
-                   settings=MonitorConfig(spool_dir=tmp_path / "spool", install_hooks=False,
-                                          linger=0.01))
+                   settings=MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False,
+                                            linger=0.01))
 
 
 def test_checkpoint_saved_sends_the_contract_record_and_refuses_bad_paths(stand_in, tmp_path,
@@ -167,11 +167,11 @@ def _gloo_env() -> dict[str, str]:
 RANK_SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", rank=rank, world_size=2)
-mon = Monitor(url=sys.argv[2], run_id="agree", settings=MonitorConfig(
+mon = Monitor(url=sys.argv[2], run_id="agree", settings=MonitorSettings(
     spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
 mon._sender.poll_interval = 3600.0  # rank 1 hears of the plan only by asking at agreement
 if rank == 0:  # the plan's checkpoint: rank 0 saved it, rank 1 learns so at the agreement
@@ -215,11 +215,11 @@ def test_two_ranks_get_the_same_plan_at_the_same_call(tmp_path):
 HELD_SCRIPT = """
 import sys, time
 import torch.distributed as dist
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 
 rank, mode, flag = int(sys.argv[1]), sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", rank=rank, world_size=2)
-mon = Monitor(url=sys.argv[2], run_id="held", settings=MonitorConfig(
+mon = Monitor(url=sys.argv[2], run_id="held", settings=MonitorSettings(
     spool_dir=sys.argv[3] + f"/r{rank}", install_hooks=False, linger=0.01))
 mon._sender.poll_interval = 3600.0  # each rank hears only from its own stand-in, when asked
 if rank == 0 and mode != "unreported":  # rank 0 saved the plan's checkpoint

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._spool import Spool, spool_directory
 
 
@@ -117,7 +117,7 @@ def test_a_spool_someone_else_could_have_written_is_never_replayed(receiver, tmp
         _planted(mine)
         base.chmod(0o777)
     mon = Monitor(url=receiver.url, run_id="victim",
-                  settings=MonitorConfig(spool_dir=base, install_hooks=False, linger=0.01))
+                  settings=MonitorSettings(spool_dir=base, install_hooks=False, linger=0.01))
     assert _close_and_sent(mon, receiver) == []
     assert "not used" in caplog.text
     assert [r["step"] for r in receiver.of_kind("step")] == [1]  # the run itself is monitored
@@ -135,7 +135,7 @@ def test_a_replay_sends_only_its_own_runs_and_ranks_records(receiver, tmp_path, 
         fh.write(json.dumps({"kind": "step", "run_id": "victim", "rank": 0, "step": 8,
                              "time": 1.0}) + "\n")  # its own, left by its last process
     mon = Monitor(url=receiver.url, run_id="victim",
-                  settings=MonitorConfig(spool_dir=base, install_hooks=False, linger=0.01))
+                  settings=MonitorSettings(spool_dir=base, install_hooks=False, linger=0.01))
     assert _close_and_sent(mon, receiver) == []
     assert [(r["rank"], r["step"]) for r in receiver.of_kind("step")] == [(0, 8), (0, 1)]
     assert "held 3 records of another run or rank" in caplog.text
@@ -145,8 +145,8 @@ def test_a_replay_sends_only_its_own_runs_and_ranks_records(receiver, tmp_path, 
 def test_spool_directories_and_segments_are_made_private(stopped_receiver, tmp_path):
     base = tmp_path / "fresh" / "spool"
     mon = Monitor(url=stopped_receiver.url, run_id="private",
-                  settings=MonitorConfig(spool_dir=base, install_hooks=False, linger=0.01,
-                                         close_timeout=0.5))
+                  settings=MonitorSettings(spool_dir=base, install_hooks=False, linger=0.01,
+                                           close_timeout=0.5))
     mon.log_step(1, loss=1.0)
     mon.close(timeout=0.5)  # nobody listens: it stays spooled
     run_dir = spool_directory(base, "private", 0)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from monitor_client._timings import StepTimings
 
 WAIT = 0.05
@@ -17,8 +17,8 @@ WAIT = 0.05
 
 def _train(url: str, tmp_path, world_size: int, steps: int = 4, **log) -> None:
     mon = Monitor(url=url, project="timings", run_id=f"timings-{world_size}",
-                  settings=MonitorConfig(spool_dir=tmp_path, world_size=world_size, rank=0,
-                                         install_hooks=False, gpu_probe=None))
+                  settings=MonitorSettings(spool_dir=tmp_path, world_size=world_size, rank=0,
+                                           install_hooks=False, gpu_probe=None))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt)
@@ -208,8 +208,8 @@ def _train_on_events(url, tmp_path, monkeypatch, waits, **log):
     # The boundary: these parameters "are on CUDA", so the split's points are events.
     monkeypatch.setattr("monitor_client._timings.device_events", lambda params: FakeEvent)
     mon = Monitor(url=url, project="timings", run_id="timings-events",
-                  settings=MonitorConfig(spool_dir=tmp_path, world_size=4, rank=0,
-                                         install_hooks=False, gpu_probe=None, linger=0.05))
+                  settings=MonitorSettings(spool_dir=tmp_path, world_size=4, rank=0,
+                                           install_hooks=False, gpu_probe=None, linger=0.05))
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt)

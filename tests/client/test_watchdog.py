@@ -11,11 +11,12 @@ import time
 
 import pytest
 import torch
+from training_steps import log_steps
 
 import monitor_client
 from monitor_agent.records.schemas import parse_record
 from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
-from monitor_client.config import MonitorConfig
+from monitor_client.settings import MonitorSettings
 
 
 def _until(predicate, timeout: float = 60.0) -> None:
@@ -32,14 +33,10 @@ def blocked_in_c(fd: int) -> bytes:
 def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp_path):
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = monitor_client.Monitor(url=receiver.url, run_id="wd", settings=MonitorConfig(
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd", settings=MonitorSettings(
         linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
     mon.watch(model, opt)
-    for step in range(1, 7):
-        model(torch.ones(2, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log_step(step, loss=1.0)
+    log_steps(mon, model, opt, range(1, 7), batch=2)
     read_end, write_end = os.pipe()
     # Released by another thread once the hang record has arrived: the trainer itself is
     # blocked in os.read the whole time, holding no GIL.
@@ -69,7 +66,7 @@ def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp
 def test_the_phase_is_what_the_hooks_saw_last(receiver, tmp_path):
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-phase", settings=MonitorConfig(
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-phase", settings=MonitorSettings(
         linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
     mon.watch(model, opt)
     mon.log_step(1, loss=1.0)
@@ -82,7 +79,7 @@ def test_the_phase_is_what_the_hooks_saw_last(receiver, tmp_path):
 
 def test_off_means_no_thread_and_no_declaration(receiver, tmp_path):
     before = {t.name for t in threading.enumerate()}
-    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-off", settings=MonitorConfig(
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-off", settings=MonitorSettings(
         linger=0.0, watchdog=False, spool_dir=str(tmp_path), gpu_probe=None))
     mon.log_step(1, loss=1.0)
     assert "monitor_client-watchdog" not in {t.name for t in threading.enumerate()} - before
@@ -92,7 +89,7 @@ def test_off_means_no_thread_and_no_declaration(receiver, tmp_path):
 
 def test_a_floor_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="watchdog_floor must be > 0"):
-        MonitorConfig(watchdog_floor=0)
+        MonitorSettings(watchdog_floor=0)
 
 
 def _deep(depth: int, ready: threading.Barrier, stop: threading.Event) -> None:

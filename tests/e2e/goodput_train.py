@@ -112,7 +112,7 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     held_out = torch.randn(64, 32, generator=torch.Generator().manual_seed(-1))
-    settings = monitor_client.MonitorConfig(  # monitor
+    settings = monitor_client.MonitorSettings(  # monitor
         linger=0.05, gpu_probe=None, watchdog_floor=args.watchdog_floor)  # monitor
     mon = monitor_client.Monitor(url=args.url, project="goodput", run_id=args.run_id,  # monitor
                                  total_steps=args.steps, settings=settings)  # monitor

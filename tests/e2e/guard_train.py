@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from monitor_client import Monitor, MonitorConfig, WatchConfig
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 
 
 def main() -> None:
@@ -34,9 +34,9 @@ def main() -> None:
     target = torch.randn(16, 1)
     mon = Monitor(url=args.url, project="guard-e2e", run_id=args.run_id,
                   total_steps=args.steps,
-                  settings=MonitorConfig(spool_dir=args.spool_dir, linger=0.05,
-                                         install_hooks=False,
-                                         watch=WatchConfig(guard=True)))
+                  settings=MonitorSettings(spool_dir=args.spool_dir, linger=0.05,
+                                           install_hooks=False,
+                                           watch=WatchSettings(guard=True)))
     mon.watch(model, opt, grad_clip=1.0)
     gen = torch.Generator().manual_seed(1)
     for step in range(1, args.steps + 1):

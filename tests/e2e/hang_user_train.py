@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import monitor_client
-from monitor_client.config import MonitorConfig
+from monitor_client.settings import MonitorSettings
 
 if len(sys.argv) == 5:  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT in the env
     rank, world, port = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None
@@ -53,7 +53,7 @@ dist.init_process_group("gloo", init_method=None if port is None else f"tcp://12
 torch.manual_seed(rank)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-mon = monitor_client.Monitor(url=url, project="hang", run_id=run_id, settings=MonitorConfig(
+mon = monitor_client.Monitor(url=url, project="hang", run_id=run_id, settings=MonitorSettings(
     linger=0.05, watchdog_floor=3.0, gpu_probe=None))
 mon.watch(model, optimizer)
 for step in range(1, 13):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> None:
                                   torch.nn.Linear(32, 1)) for _ in ranks]
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
     mons = [Monitor(args.sidecar, args.project, run_id=args.run_id, token=args.token or None,
-                    settings=MonitorConfig(rank=r, world_size=world,
-                                           spool_dir=control / f"spool{args.node}",
-                                           install_hooks=False, gpu_probe=None)) for r in ranks]
+                    settings=MonitorSettings(rank=r, world_size=world,
+                                             spool_dir=control / f"spool{args.node}",
+                                             install_hooks=False, gpu_probe=None)) for r in ranks]
     for mon, model, opt in zip(mons, models, opts, strict=True):
         mon.watch(model, opt, grad_clip=1.0)
     sync = torch.zeros(1)

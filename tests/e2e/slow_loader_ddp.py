@@ -68,7 +68,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = Samples(BATCH * args.steps, seed=rank, delay=args.delay if slow else 0.0)
     loader = DataLoader(data, batch_size=BATCH, shuffle=False)
-    settings = monitor_client.MonitorConfig(spool_dir=args.spool_dir, gpu_probe=None)
+    settings = monitor_client.MonitorSettings(spool_dir=args.spool_dir, gpu_probe=None)
     mon = monitor_client.Monitor(args.url, project="slowrank", run_id=args.run_id,
                                  total_steps=args.steps, settings=settings)
     mon.watch(model, optimizer, grad_clip=1.0)

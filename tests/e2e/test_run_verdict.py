@@ -19,7 +19,7 @@ import httpx
 import torch
 from torch import nn
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from receivers import Receiver
 
 
@@ -43,8 +43,8 @@ def _train(url: str, tmp: Path, run_id: str, steps: int, *, lr: float,
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     mon = Monitor(url=url, project="verdict", run_id=run_id, config={"warmup_steps": 0},
-                  settings=MonitorConfig(spool_dir=tmp / run_id, install_hooks=False,
-                                         linger=0.02, timeout=(0.5, 5.0)))
+                  settings=MonitorSettings(spool_dir=tmp / run_id, install_hooks=False,
+                                           linger=0.02, timeout=(0.5, 5.0)))
     mon.watch(model, opt)
     gen = torch.Generator().manual_seed(1)
     for step in range(1, steps + 1):

@@ -27,7 +27,7 @@ from e2e.cluster import AlertmanagerCluster, Notifications
 from e2e.test_stack import have, wait_until
 from e2e.webhook import Webhook
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 from sidecar_process import REPO, SidecarProcess
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -90,8 +90,8 @@ class Cluster:
 def train(cluster: Cluster, run: str, nan_rank: int, steps: int = 6) -> None:
     """Two ranks, one per sidecar, ``steps`` healthy steps with one NaN loss on ``nan_rank``."""
     mons = [Monitor(sc.url, PROJECT, run_id=run, token=TOKEN,
-                    settings=MonitorConfig(rank=rank, world_size=2,
-                                           spool_dir=cluster.tmp / "spool", install_hooks=False))
+                    settings=MonitorSettings(rank=rank, world_size=2,
+                                             spool_dir=cluster.tmp / "spool", install_hooks=False))
             for rank, sc in enumerate(cluster.sidecars)]
     for step in range(1, steps + 1):
         for rank, mon in enumerate(mons):

@@ -91,9 +91,9 @@ def receiver_records(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         mon = monitor_client.Monitor(url=f"http://127.0.0.1:{server.server_address[1]}",
-                                     run_id="schema", settings=monitor_client.MonitorConfig(
+                                     run_id="schema", settings=monitor_client.MonitorSettings(
                                          spool_dir=tmp_path, install_hooks=False, linger=0.01,
-                                         watch=monitor_client.WatchConfig(
+                                         watch=monitor_client.WatchSettings(
                                              hist_every=2, layer_stats_every=2,
                                              activations=True, peak_flops=1e11)))
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 
-from monitor_client import Monitor, MonitorConfig
+from monitor_client import Monitor, MonitorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _monitor(url: str, spool: Path, run_id: str, token: str | None = None) -> Monitor:
-    return Monitor(url=url, run_id=run_id, token=token, settings=MonitorConfig(
+    return Monitor(url=url, run_id=run_id, token=token, settings=MonitorSettings(
         install_hooks=False, spool_dir=spool, linger=0.02, close_timeout=0.5,
         timeout=(0.3, 1.0)))
 

@@ -1,9 +1,9 @@
-"""``MonitorConfig`` and ``WatchConfig``: the client's knobs, each defined and checked here.
+"""``MonitorSettings`` and ``WatchSettings``: the client's knobs, each defined and checked here.
 
 ``Monitor(...)`` and ``Monitor.watch(...)`` take only what nearly every script sets (where
 to report, as which run, with which hyperparameters; the clipping threshold); every other
 knob is a field of one of these two frozen dataclasses, documented with its unit below and
-passed as ``settings=``. A config object rejects a nonsensical value when it is built,
+passed as ``settings=``. A settings object rejects a nonsensical value when it is built,
 naming the field; it compares by value, and ``dataclasses.replace`` makes a variant.
 
 A script passes them as ``Monitor(project="gpt", config={"lr": 3e-4}, settings=settings)``;
@@ -11,26 +11,23 @@ A script passes them as ``Monitor(project="gpt", config={"lr": 3e-4}, settings=s
 clipping at 1.0. Building, refusing nonsense, and a variant::
 
     >>> import dataclasses
-    >>> settings = MonitorConfig(spool_dir="/scratch/spool", linger=0.2,
-    ...                          watch=WatchConfig(layer_stats_every=10, activations=True))
+    >>> settings = MonitorSettings(spool_dir="/scratch/spool", linger=0.2,
+    ...                            watch=WatchSettings(layer_stats_every=10, activations=True))
     >>> settings.watch.layer_stats_every, settings.max_queue
     (10, 10000)
-    >>> WatchConfig(hist_every=-1)
+    >>> WatchSettings(hist_every=-1)
     Traceback (most recent call last):
-    ValueError: WatchConfig.hist_every must be a finite number >= 0, not -1
+    monitor_client._errors.SettingsValueError: WatchSettings.hist_every must be a finite
+    number >= 0, not -1
     >>> quick = dataclasses.replace(settings, linger=0.0)    # settings itself is unchanged
     >>> quick.linger, settings.linger, quick == dataclasses.replace(settings, linger=0.0)
     (0.0, 0.2, True)
 
-A keyword argument fills the field of the same name (``config``: ``hparams``); given
-together with ``settings``, it may fill a field the settings leave at its default or repeat
-their value, but one that contradicts a value the settings chose is a ``TypeError``.
-
-Until the next release the old spellings still work, each with a ``DeprecationWarning``
-naming the new one: the removed keywords (``Monitor(linger=0.2)``, ``watch(...,
-activations=True)``), which fill the same fields, and a config object passed as
-``config=`` (``Monitor(config=MonitorConfig(...))``, ``watch(..., config=WatchConfig(...))``),
-which is now ``settings=``.
+A keyword argument fills the field of the same name; given together with ``settings``, it
+may fill a field the settings leave at its default or repeat their value, but one that
+contradicts a value the settings chose is a ``TypeError``. Each refusal is a
+``MonitorClientError`` too (``_errors.py``). The run's hyperparameters are not a setting:
+they are ``Monitor(config={...})``.
 """
 
 from __future__ import annotations
@@ -42,6 +39,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from monitor_client._errors import SettingsTypeError, SettingsValueError
+
 # Per-layer statistics cost ~10 passes over the parameters (bench/client_overhead.py);
 # every 25 steps keeps that under 1% of a typical step, and under 0.5% amortised.
 DEFAULT_LAYER_STATS_EVERY = 25
@@ -52,15 +51,15 @@ DEFAULT_HIST_EVERY = 50
 # What close() (and so the end of the script) may wait for an unresponsive sidecar: long
 # enough for a healthy one to take the last batch, short enough not to be noticed.
 DEFAULT_CLOSE_TIMEOUT = 2.0
-# Where the sidecar listens when neither MonitorConfig.url nor MONITOR_AGENT_URL says.
+# Where the sidecar listens when neither MonitorSettings.url nor MONITOR_AGENT_URL says.
 DEFAULT_URL = "http://127.0.0.1:9400"
 
 __all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_HIST_EVERY", "DEFAULT_LAYER_STATS_EVERY",
-           "DEFAULT_URL", "GuardConfig", "MonitorConfig", "WatchConfig"]
+           "DEFAULT_URL", "GuardSettings", "MonitorSettings", "WatchSettings"]
 
 
 @dataclass(frozen=True)
-class GuardConfig:
+class GuardSettings:
     """The step guard's numbers (``watch(..., guard=True)`` takes these defaults; what the
     guard does is in ``_guard.py``).
 
@@ -106,11 +105,12 @@ class GuardConfig:
             recorded random-label batches of a GPT: 5.5-7x); milder ones are the
             loss-spike detector's to report, not a reason to drop data.
 
-        >>> GuardConfig().k, GuardConfig().window, GuardConfig().level, GuardConfig().floor
+        >>> GuardSettings().k, GuardSettings().window, GuardSettings().level, GuardSettings().floor
         (10.0, 128, 16, 0.15)
-        >>> GuardConfig(min_history=200)
+        >>> GuardSettings(min_history=200)
         Traceback (most recent call last):
-        ValueError: GuardConfig.min_history must be between 1 and window=128, not 200
+        monitor_client._errors.SettingsValueError: GuardSettings.min_history must be between 1
+        and window=128, not 200
     """
 
     k: float = 10.0
@@ -124,17 +124,17 @@ class GuardConfig:
         _whole(self, "window")
         _whole(self, "min_history")
         if self.min_history > self.window:
-            raise ValueError(f"GuardConfig.min_history must be between 1 and window="
+            raise SettingsValueError(f"GuardSettings.min_history must be between 1 and window="
                              f"{self.window}, not {self.min_history}")
         _whole(self, "level")
         if self.level > self.window:
-            raise ValueError(f"GuardConfig.level must be between 1 and window="
+            raise SettingsValueError(f"GuardSettings.level must be between 1 and window="
                              f"{self.window}, not {self.level}")
         _at_least(self, "floor", 0)
 
 
 @dataclass(frozen=True)
-class WatchConfig:
+class WatchSettings:
     """What ``Monitor.watch`` measures, and how (see its docstring for each effect).
 
     Fields, with units:
@@ -160,7 +160,7 @@ class WatchConfig:
         max_activation_modules: at most this many modules hooked (None: 64).
         finite_flags: sum each leaf module's output to name where a NaN was born.
         guard: skip an optimizer step whose gradient is non-finite or an outlier
-            (``GuardConfig``; True: its defaults; None or False: off). Needs ``pre_hook``.
+            (``GuardSettings``; True: its defaults; None or False: off). Needs ``pre_hook``.
     """
 
     grad_clip: float | None = None
@@ -178,16 +178,16 @@ class WatchConfig:
     activation_every: int | None = None
     max_activation_modules: int | None = None
     finite_flags: bool = True
-    guard: GuardConfig | None = None
+    guard: GuardSettings | None = None
 
     def __post_init__(self) -> None:
         if self.guard is True or self.guard is False:
-            object.__setattr__(self, "guard", GuardConfig() if self.guard else None)
-        if self.guard is not None and not isinstance(self.guard, GuardConfig):
-            raise TypeError("WatchConfig.guard must be a GuardConfig, True or None, not "
+            object.__setattr__(self, "guard", GuardSettings() if self.guard else None)
+        if self.guard is not None and not isinstance(self.guard, GuardSettings):
+            raise SettingsTypeError("WatchSettings.guard must be a GuardSettings, True or None, not "
                             f"{type(self.guard).__name__}")
         if self.guard is not None and not self.pre_hook:
-            raise ValueError("WatchConfig.guard needs pre_hook=True: the guard decides in "
+            raise SettingsValueError("WatchSettings.guard needs pre_hook=True: the guard decides in "
                              "the optimizer pre-hook, after the gradients are measured")
         if self.grad_clip is not None and _number(self, "grad_clip") == 0:
             object.__setattr__(self, "grad_clip", None)  # frozen; 0 spells "off"
@@ -210,14 +210,12 @@ LOSS_KINDS = frozenset({"auto", "error", "signed", "nonstationary", "rl", "td",
 
 
 @dataclass(frozen=True)
-class MonitorConfig:
+class MonitorSettings:
     """Where a ``Monitor`` reports, as whom, and how much it may buffer.
 
     Fields, with units:
         url: the sidecar (None: ``MONITOR_AGENT_URL``, else http://127.0.0.1:9400).
         project: the project label.
-        hparams: the run's hyperparameters (JSON-able), sent once in the run record as its
-            ``config``; ``Monitor(config={...})`` fills it.
         total_steps: optimizer steps the run will take; sent as ``config["total_steps"]``,
             from which the sidecar shows progress and an ETA (None: no ETA, unless the
             hyperparameters carry ``total_steps`` themselves).
@@ -254,12 +252,11 @@ class MonitorConfig:
         watchdog_floor: seconds; no hang is reported sooner (checkpoints, evals; default
             60, well inside the collective timeouts).
         enabled: False makes every method a no-op.
-        watch: what ``watch()`` measures unless told otherwise (a ``WatchConfig``).
+        watch: what ``watch()`` measures unless told otherwise (a ``WatchSettings``).
     """
 
     url: str | None = None
     project: str | None = None
-    hparams: Mapping[str, Any] | None = None
     total_steps: int | None = None
     loss_kind: str | None = None
     run_id: str | None = None
@@ -281,28 +278,26 @@ class MonitorConfig:
     watchdog: bool = True
     watchdog_floor: float = 60.0
     enabled: bool = True
-    watch: WatchConfig = field(default_factory=WatchConfig)
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
     def __post_init__(self) -> None:
-        for name in ("hparams", "labels"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, Mapping):
-                raise TypeError(f"MonitorConfig.{name} must be a dict, not "
-                                f"{type(value).__name__}")
-        if not isinstance(self.watch, WatchConfig):
-            raise TypeError("MonitorConfig.watch must be a WatchConfig, not "
+        if self.labels is not None and not isinstance(self.labels, Mapping):
+            raise SettingsTypeError(f"MonitorSettings.labels must be a dict, not "
+                            f"{type(self.labels).__name__}")
+        if not isinstance(self.watch, WatchSettings):
+            raise SettingsTypeError("MonitorSettings.watch must be a WatchSettings, not "
                             f"{type(self.watch).__name__}")
         if self.total_steps is not None:
             _whole(self, "total_steps")
         if self.loss_kind is not None and self.loss_kind not in LOSS_KINDS:
-            raise ValueError(f"MonitorConfig.loss_kind={self.loss_kind!r} must be one of "
+            raise SettingsValueError(f"MonitorSettings.loss_kind={self.loss_kind!r} must be one of "
                              f"{', '.join(sorted(LOSS_KINDS))}")
         if self.rank is not None:
             _at_least(self, "rank", 0)
         if self.world_size is not None:
             _at_least(self, "world_size", 1)
             if self.rank is not None and self.rank >= self.world_size:
-                raise ValueError(f"MonitorConfig.rank={self.rank} must be below "
+                raise SettingsValueError(f"MonitorSettings.rank={self.rank} must be below "
                                  f"world_size={self.world_size}")
         _at_least(self, "spool_max_bytes", 1)
         _at_least(self, "max_queue", 1)
@@ -318,28 +313,28 @@ class MonitorConfig:
 def _number(owner: object, name: str) -> float:
     value = getattr(owner, name)
     if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
-        raise TypeError(f"{type(owner).__name__}.{name} must be a number, not {value!r}")
+        raise SettingsTypeError(f"{type(owner).__name__}.{name} must be a number, not {value!r}")
     return float(value)
 
 
 def _at_least(owner: object, name: str, low: float) -> None:
     value = _number(owner, name)
     if value < low or math.isinf(value):
-        raise ValueError(f"{type(owner).__name__}.{name} must be a finite number >= {low:g},"
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be a finite number >= {low:g},"
                          f" not {getattr(owner, name)!r}")
 
 
 def _whole(owner: object, name: str) -> None:
     _at_least(owner, name, 1)
     if _number(owner, name) != int(getattr(owner, name)):
-        raise ValueError(f"{type(owner).__name__}.{name} must be a whole number, not "
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be a whole number, not "
                          f"{getattr(owner, name)!r}")
 
 
 def _positive(owner: object, name: str, allow_inf: bool = False) -> None:
     value = _number(owner, name)
     if value <= 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{type(owner).__name__}.{name} must be > 0, not "
+        raise SettingsValueError(f"{type(owner).__name__}.{name} must be > 0, not "
                          f"{getattr(owner, name)!r}")
 
 
@@ -348,5 +343,5 @@ def _check_timeout(timeout: Any) -> None:
     ok = len(parts) in (1, 2) and all(
         isinstance(p, Real) and not isinstance(p, bool) and float(p) > 0 for p in parts)
     if not ok:
-        raise ValueError("MonitorConfig.timeout must be seconds > 0, or a (connect, read) "
+        raise SettingsValueError("MonitorSettings.timeout must be seconds > 0, or a (connect, read) "
                          f"pair of them, not {timeout!r}")
