@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from eventually import eventually
 
 from receivers import Receiver
 from sidecar_process import SidecarProcess
@@ -115,13 +116,12 @@ def _answers(sc: SidecarProcess) -> dict[str, Any]:
 def _series(sc: SidecarProcess) -> dict[str, Any]:
     """The run page's series once the chart history has folded the run's last step (the
     indexer follows the records from a thread of its own)."""
-    deadline = time.monotonic() + 20
-    while True:
+    def folded() -> dict[str, Any]:
         r = httpx.get(f"{sc.url}/v1/runs/{RUN}/series?points=2000", timeout=10)
-        if r.status_code == 200 and r.json()["range"][1] == END or time.monotonic() > deadline:
-            r.raise_for_status()
-            return r.json()
-        time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["range"][1] == END, r.text[:200]
+        return r.json()
+
+    return eventually(folded, timeout=20, interval=0.1, what="the history folded the last step")
 
 
 def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: Path):
