@@ -1,11 +1,10 @@
 """eventually(): how a test waits for what another thread or process does.
 
 A check is called until it passes: it returns without raising ``AssertionError`` (or one
-of ``retry_on``) and its value is not a falsy one other than ``None``, so both a predicate
-(``lambda: receiver.count() >= 2``) and an assertion block (a function that asserts and
-returns nothing) work. A predicate whose "not yet" is ``None`` must say ``is not None``.
-Anything else it raises ends the wait at once (a process that exited is no reason to
-keep polling).
+of ``retry_on``), with a truthy value. A lambda is a predicate (``lambda: receiver.count()
+>= 2``; ``lambda: d.get(k)``'s ``None`` is "not yet", never a pass); a named function may
+also be an assertion block, which passes by returning nothing. Anything else a check
+raises ends the wait at once (a process that exited is no reason to keep polling).
 
 Every timeout is multiplied by ``MONITOR_TEST_TIME_SCALE`` (default 1): a slow or shared
 CI box sets 3 rather than each test growing its own margin. Timeouts are there to stop a
@@ -31,9 +30,11 @@ def scaled(seconds: float) -> float:
 
 
 def eventually(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
-               what: str = "", retry_on: tuple[type[BaseException], ...] = ()) -> T:
+               what: str = "", retry_on: tuple[type[BaseException], ...] = (),
+               context: Callable[[], str] | None = None) -> T:
     """Call ``check`` until it passes and return its value; after ``timeout`` (scaled)
-    seconds raise ``AssertionError`` naming ``what`` and the last failure."""
+    seconds raise ``AssertionError`` naming ``what`` and the last failure, followed by
+    ``context()`` (the logs of the processes involved, say)."""
     limit = scaled(timeout)
     deadline = time.monotonic() + limit
     last: object = None
@@ -43,11 +44,13 @@ def eventually(check: Callable[[], T], timeout: float = 10.0, interval: float = 
         except (AssertionError, *retry_on) as exc:
             last = exc
         else:
-            if value is None or value:
+            if value or (value is None and getattr(check, "__name__", "") != "<lambda>"):
                 return value
             last = f"the check returned {value!r}"
         if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"{what or getattr(check, '__name__', 'condition')}: not so after {limit:g} s;"
-                f" last: {last}") from (last if isinstance(last, BaseException) else None)
+            message = (f"{what or getattr(check, '__name__', 'condition')}: not so after "
+                       f"{limit:g} s; last: {last}")
+            if context is not None:
+                message += "\n" + context()
+            raise AssertionError(message) from (last if isinstance(last, BaseException) else None)
         time.sleep(interval)

@@ -32,8 +32,10 @@ def test_a_timeout_names_what_was_awaited_and_the_last_failure():
 
     with pytest.raises(AssertionError, match=r"the pages: not so after 0\.01 s; last: 2 pages"):
         eventually(check, timeout=0.01, interval=0, what="the pages")
-    with pytest.raises(AssertionError, match="last: the check returned \\[\\]"):
-        eventually(lambda: [], timeout=0.01, interval=0)
+    with pytest.raises(AssertionError, match="last: the check returned \\[\\]\nsidecar log"):
+        eventually(lambda: [], timeout=0.01, interval=0, context=lambda: "sidecar log")
+    with pytest.raises(AssertionError, match="last: the check returned None"):
+        eventually(lambda: {}.get("page"), timeout=0.01, interval=0)
 
 
 def test_other_errors_end_the_wait_at_once_unless_retried():

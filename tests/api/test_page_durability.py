@@ -98,7 +98,7 @@ def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
             r = httpx.post(sc.url + "/v1/records", json=_batch(range(11, 14), nan_at=12),
                            timeout=60)
             assert r.status_code == 503, r.text
-            time.sleep(1.0)
+            time.sleep(1.0)  # the store stays locked a while: the page must wait it out
             sc.kill()
             lock.execute("ROLLBACK")
             lock.close()

@@ -42,7 +42,7 @@ def test_permanent_answers_are_said_once_and_nothing_piles_up(receiver, tmp_path
     sender = _sender(receiver.url, tmp_path)
     for i in range(20):
         sender.submit(_step(i))
-        time.sleep(0.005)
+        time.sleep(0.005)  # spread over several posts, each refused
     assert sender.close(timeout=5) is False
     [error] = _errors(caplog)
     assert f"{receiver.url}/v1/records" in error and str(status) in error and "Fix:" in error

@@ -172,7 +172,7 @@ if rank == 0:  # the plan's checkpoint: rank 0 saved it, rank 1 learns so at the
 for call in range(1, 200):
     mon.log_step(call, loss=1.0)
     if rank == 0 and call == 12:  # rank 0 has it in an ingest answer, rank 1 does not
-        while mon.actions() == []:
+        while mon.actions() == []:  # the rank's own process: bounded by communicate(timeout)
             time.sleep(0.01)
     plan = mon.rollback_plan(check_every=5)
     if plan is not None:
@@ -226,7 +226,7 @@ for call in range(1, 400):
     if acted:
         print(f"rank {rank} acts at call {call}", flush=True)
         break
-    time.sleep(0.005)
+    time.sleep(0.005)  # a training step's pace
 dist.barrier()
 mon.close(timeout=10)
 """

@@ -55,13 +55,13 @@ def test_sidecar_killed_mid_run_loses_nothing_and_keeps_order(receiver, tmp_path
     def produce():
         for i in range(300):
             sender.submit(_step(i))
-            time.sleep(0.002)
+            time.sleep(0.002)  # a training loop's pace: records keep coming through the outage
 
     producer = threading.Thread(target=produce)
     producer.start()
-    time.sleep(0.15)
+    time.sleep(0.15)  # some records delivered before the sidecar goes away
     receiver.stop()
-    time.sleep(0.3)
+    time.sleep(0.3)  # and some submitted while it is away
     receiver.start()
     producer.join()
     assert sender.close(timeout=10)

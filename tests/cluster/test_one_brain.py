@@ -152,7 +152,7 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
             # one resolve the incident gets is the leader's.
             handed = eventually(lambda: [a["state"] for a in httpx.get(
                 f"{node.url}/v1/alerts", timeout=5).json()["alerts"]] == ["resolved"], timeout=20)
-            time.sleep(1.0)
+            time.sleep(1.0)  # a page from either sidecar would have come by now
     assert told and told[0]["state"] == "firing" and queued and handed
     assert not [t for t in _texts(slack0) if "FIRING" in t], _texts(slack0)
     assert not [t for t in _texts(slack1) if "RESOLVED" in t], _texts(slack1)
@@ -166,5 +166,5 @@ def test_a_leader_url_that_reaches_this_very_sidecar_judges_the_run_here(tmp_pat
             _post(srv.url, [_run_record(r) for r in (2, 3)] * (step == 1)
                   + [_step(r, step, nan_from=20) for r in (2, 3)])
         pages = eventually(lambda: [t for t in _texts(slack) if "TrainingNanInf" in t], timeout=20)
-        time.sleep(1.0)
+        time.sleep(1.0)  # a second page would have come by now
     assert len(pages) == 1 and "partial view" not in pages[0], pages

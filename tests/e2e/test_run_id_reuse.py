@@ -29,7 +29,7 @@ for step in range(first, last + 1):
 if go != "-":  # wait for the test to bring the sidecar back, then deliver the spool
     pathlib.Path(go + ".logged").touch()
     while not pathlib.Path(go).exists():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the test's go-ahead; it bounds the wait
     print("flushed", mon.flush(timeout=60), file=sys.stderr)
 mon.close(timeout=30)
 """

@@ -177,10 +177,10 @@ def test_both_pages_work_under_their_content_security_policy(browser, fed):
         browser.get(fed.url + "/")
         WebDriverWait(browser, 10).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))
-        time.sleep(0.3)
+        time.sleep(0.3)  # a violation is reported after the fact: give one time to come
         listed = browser.execute_script("return window.__csp")
         open_run_page(browser, fed)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the same for the run page
         drawn = browser.execute_script("return window.__csp")
     finally:
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
