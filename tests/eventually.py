@@ -37,11 +37,12 @@ def eventually(check: Callable[[], T], timeout: float = 10.0, interval: float = 
     ``context()`` (the logs of the processes involved, say)."""
     limit = scaled(timeout)
     deadline = time.monotonic() + limit
+    retried: tuple[type[BaseException], ...] = (AssertionError, *retry_on)
     last: object = None
     while True:
         try:
             value = check()
-        except (AssertionError, *retry_on) as exc:
+        except retried as exc:
             last = exc
         else:
             if value or (value is None and getattr(check, "__name__", "") != "<lambda>"):
