@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from sidecar_process import free_port
 
 BINARY = "prometheus-alertmanager"
@@ -59,17 +59,16 @@ class AlertmanagerProcess:
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def ready() -> None:
+            if proc.poll() is not None:
                 raise RuntimeError((self.dir / "am.log").read_text())
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("alertmanager did not become ready")
+            assert httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
+
+        eventually(ready, timeout=30, interval=0.05, what="alertmanager ready",
+                   retry_on=(httpx.HTTPError,))
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:

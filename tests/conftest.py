@@ -1,4 +1,8 @@
-"""Shared fixtures: a real sidecar (subprocess or in-process uvicorn) and trace paths."""
+"""Shared fixtures: a real sidecar (subprocess or in-process uvicorn) and trace paths.
+
+A test waits for another thread or process with ``eventually()`` (tests/eventually.py),
+never a loop of its own; on a slow box, ``MONITOR_TEST_TIME_SCALE=3`` stretches every wait.
+"""
 
 from __future__ import annotations
 

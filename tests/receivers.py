@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from eventually import eventually
+
 PD_ACTIONS = ("trigger", "acknowledge", "resolve")
 PD_SEVERITIES = ("critical", "error", "warning", "info")
 
@@ -95,15 +97,13 @@ class Receiver:
 
     def wait_for(self, n: int, timeout: float = 10.0, accepted_only: bool = False) -> list[Received]:
         """Wait until ``n`` requests arrived (or were accepted); return them all."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self._matching(accepted_only)) < n:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    got = [(r.status, r.json) for r in self.requests]
-                    raise TimeoutError(f"{self.protocol}: wanted {n} requests, got {got}")
-                self._cond.wait(left)
-            return list(self._matching(accepted_only))
+        def arrived() -> list[Received]:
+            with self._cond:
+                got = self._matching(accepted_only)
+                assert len(got) >= n, [(r.status, r.json) for r in self.requests]
+                return list(got)
+
+        return eventually(arrived, timeout=timeout, what=f"{self.protocol}: {n} requests")
 
     def accepted(self) -> list[Received]:
         with self._cond:

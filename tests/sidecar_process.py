@@ -17,12 +17,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from eventually import eventually
 from monitor_agent.serving.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,17 +62,17 @@ class SidecarProcess:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"sidecar exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"sidecar not ready after {timeout}s:\n{self.log()}")
+            res = httpx.get(self.url + "/readyz", timeout=1.0)
+            assert res.status_code == 200, res.text
+
+        try:
+            eventually(ready, timeout=timeout, interval=0.05, what="the sidecar ready",
+                       retry_on=(httpx.HTTPError,))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log()}") from None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks run, exactly like an OOM kill or a node loss."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -33,13 +33,9 @@ def _nan_run(url: str, run_id: str = "r1") -> None:
 
 
 def _firing(url: str) -> list[dict]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alerts = httpx.get(url + "/v1/alerts", params={"state": "firing"}).json()["alerts"]
-        if alerts:
-            return alerts
-        time.sleep(0.02)
-    raise AssertionError("no alert fired")
+    return eventually(
+        lambda: httpx.get(url + "/v1/alerts", params={"state": "firing"}).json()["alerts"],
+        what="an alert fired")
 
 
 def test_alerts_list_ack_and_filters(server: LiveServer):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -34,14 +34,12 @@ def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):
                          headers={**auth, "content-type": "application/x-ndjson"})
         assert res.status_code == 200, res.text
         assert httpx.get(srv.url + "/v1/runs/r/series").status_code == 401  # auth_reads
-        deadline = time.monotonic() + 20
-        while True:
+        def indexed() -> dict:
             res = httpx.get(srv.url + "/v1/runs/r/series?points=30", headers=auth)
-            if res.status_code == 200 and res.json()["count"] == 300 or \
-                    time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        out = res.json()
+            assert res.status_code == 200 and res.json()["count"] == 300, res.text[:200]
+            return res.json()
+
+        out = eventually(indexed, timeout=20, interval=0.1, what="300 steps charted")
         assert out["count"] == 300 and len(out["steps"]) == 30 and out["bucketed"]
         assert max(out["series"]["loss"]["max"]) == 9.0
         assert out["warmup"] == 10 and out["total_steps"] == 300
@@ -63,12 +61,12 @@ def test_step_metrics_sent_over_http_come_back_in_the_series(tmp_path: Path):
     with LiveServer(settings) as srv:
         res = httpx.post(srv.url + "/v1/records", json={"records": recs}, timeout=30)
         assert res.status_code == 200, res.text
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def indexed() -> dict:
             out = httpx.get(srv.url + "/v1/runs/r/series?points=100").json()
-            if out.get("count") == 50:
-                break
-            time.sleep(0.1)
+            assert out.get("count") == 50, out.get("count")
+            return out
+
+        out = eventually(indexed, timeout=20, interval=0.1, what="50 steps charted")
         assert out["user_names"] == ["accuracy"]
         assert out["user_scalars"]["accuracy"]["steps"] == list(range(1, 51))
         assert out["user_scalars"]["accuracy"]["mean"][-1] == 1.0

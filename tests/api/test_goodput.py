@@ -5,13 +5,13 @@ exactly those costs, adding up to the wall-clock time, and survive a sidecar res
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -102,10 +102,12 @@ def _costs(srv: LiveServer) -> dict[str, Any]:
             f'training_badput_seconds_total{{{labels},cause="hang_detected"}} 10.0',
             f"training_run_gpus{{{labels}}} 2.0",
             f"training_run_wall_seconds{{{labels}}} {t - T0!r}"}
-    deadline = time.monotonic() + 10
-    while not want <= set(lines := httpx.get(srv.url + "/metrics").text.splitlines()):
-        assert time.monotonic() < deadline, sorted(want - set(lines))
-        time.sleep(0.2)
+    def exposed() -> list[str]:
+        lines = httpx.get(srv.url + "/metrics").text.splitlines()
+        assert want <= set(lines), sorted(want - set(lines))
+        return lines
+
+    lines = eventually(exposed, interval=0.2, what="the goodput series on /metrics")
     [ratio] = [ln for ln in lines if ln.startswith("training_goodput_ratio{")]
     assert float(ratio.split()[-1]) == pytest.approx(g["goodput_ratio"])
 

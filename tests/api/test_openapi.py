@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.serving.app import create_app
 from monitor_agent.settings import load_settings
@@ -138,12 +139,8 @@ def test_real_answers_match_the_document(tmp_path: Path):
 
 def _wait_for_history(url: str) -> None:
     """The charts' history is indexed from a thread of its own: wait until it has the run."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def caught_up() -> None:
         r = httpx.get(url + "/v1/runs/doc/series", timeout=10)
-        if r.status_code == 200 and r.json()["count"] >= 9:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"history never caught up: {r.status_code} {r.text[:200]}")
+        assert r.status_code == 200 and r.json()["count"] >= 9, f"{r.status_code} {r.text[:200]}"
+
+    eventually(caught_up, timeout=60, interval=0.2, what="the chart history has the run")

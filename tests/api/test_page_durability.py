@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from receivers import Receiver
@@ -33,15 +34,6 @@ rules:
 def _batch(steps, nan_at: int) -> dict:
     return {"records": [{"kind": "step", "run_id": "dur", "step": s, "time": 1000.0 + s,
                          "loss": "NaN" if s == nan_at else 1.0} for s in steps]}
-
-
-def _wait(pred, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_page_survives_an_alert_store_that_cannot_commit(tmp_path: Path):
@@ -72,13 +64,15 @@ def test_a_page_survives_an_alert_store_that_cannot_commit(tmp_path: Path):
             again = httpx.post(url, json=batch, timeout=60)
             assert again.status_code in (200, 503), again.text
             if again.status_code == 503:  # readiness not restored by a tick yet
-                assert _wait(lambda: httpx.get(srv.url + "/readyz").status_code == 200)
+                eventually(lambda: httpx.get(srv.url + "/readyz").status_code == 200,
+                           timeout=20, what="ready again")
                 again = httpx.post(url, json=batch, timeout=60)
             assert again.status_code == 200 and again.json()["duplicates"] == 3
             pages = pd.wait_for(1, timeout=20, accepted_only=True)
             assert pages[0].json["event_action"] == "trigger"
             assert pages[0].json["payload"]["custom_details"]["step"] == 12
-            assert _wait(lambda: httpx.get(srv.url + "/readyz").status_code == 200)
+            eventually(lambda: httpx.get(srv.url + "/readyz").status_code == 200,
+                       timeout=20, what="ready again")
 
 
 def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
@@ -104,7 +98,7 @@ def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
             r = httpx.post(sc.url + "/v1/records", json=_batch(range(11, 14), nan_at=12),
                            timeout=60)
             assert r.status_code == 503, r.text
-            time.sleep(1.0)
+            time.sleep(1.0)  # the store stays locked a while: the page must wait it out
             sc.kill()
             lock.execute("ROLLBACK")
             lock.close()

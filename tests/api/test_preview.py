@@ -5,11 +5,11 @@ findings and actions as a run delivered in order); the route refuses what ingest
 from __future__ import annotations
 
 import gzip
-import time
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -43,12 +43,12 @@ def _pages(pd_receiver, run: str) -> list[dict]:
 
 
 def _wait_pages(pd_receiver, run: str, n: int, timeout: float = 10.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(_pages(pd_receiver, run)) >= n:
-            return _pages(pd_receiver, run)
-        time.sleep(0.02)
-    raise AssertionError(f"no page for {run}: {[r.json for r in pd_receiver.requests]}")
+    def paged() -> list[dict]:
+        pages = _pages(pd_receiver, run)
+        assert len(pages) >= n, [r.json for r in pd_receiver.requests]
+        return pages
+
+    return eventually(paged, timeout=timeout, what=f"{n} pages for {run}")
 
 
 def test_a_preview_pages_before_the_backlog_and_the_in_order_copy_joins_it(
@@ -176,10 +176,9 @@ def test_previews_of_runs_not_in_memory_count_against_the_new_run_budget(sidecar
             {"kind": "step", "run_id": run, "step": 1, "time": 1.0, "loss": 1.0},
             {"kind": "end", "run_id": run, "step": 1, "time": 2.0})])
         assert r.status_code == 200 and r.json()["accepted"] == 2 * len(batch), r.text
-    deadline = time.monotonic() + 20
-    while any(httpx.get(f"{sc.url}/v1/runs/{run}").json().get("active") for run in runs):
-        assert time.monotonic() < deadline, "ended runs should leave memory"
-        time.sleep(0.1)
+    eventually(lambda: not any(httpx.get(f"{sc.url}/v1/runs/{run}").json().get("active")
+                               for run in runs),
+               timeout=20, interval=0.1, what="the ended runs left memory")
     nans = [{"kind": "step", "run_id": run, "step": 2, "time": 3.0, "loss": "NaN"}
             for run in runs]
     answer = _preview(sc.url, nans).json()

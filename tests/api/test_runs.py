@@ -5,12 +5,12 @@ whether it is in memory or not."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
@@ -116,14 +116,13 @@ def test_a_run_that_left_memory_answers_like_a_live_one(tmp_path: Path):
         [live] = httpx.get(srv.url + "/v1/runs", timeout=10).json()["runs"]
         live_detail = httpx.get(srv.url + "/v1/runs/ttl", timeout=10).json()
         assert live["active"] and live["last_step"] == 12 and live["findings"] >= 1
-        deadline = time.monotonic() + 30
-        while True:
+        def stored_only() -> dict:
             [stored] = httpx.get(srv.url + "/v1/runs", timeout=10).json()["runs"]
-            if not stored["active"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+            assert not stored["active"], stored
+            return stored
+
+        stored = eventually(stored_only, timeout=30, interval=0.2, what="the run left memory")
         detail = httpx.get(srv.url + "/v1/runs/ttl", timeout=10).json()
-    assert not stored["active"], "the run never left memory"
     assert {k: v for k, v in stored.items() if k != "active"} == {
         k: v for k, v in live.items() if k != "active"}
     assert detail["last_step"] == live_detail["last_step"] == 12

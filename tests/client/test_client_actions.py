@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._actions import ActionInbox
 from monitor_client._transport import PostOutcome, classify
@@ -113,9 +113,13 @@ def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
                   settings=MonitorSettings(rank=1, world_size=2, install_hooks=False,
                                            spool_dir=tmp_path / "spool", linger=0.01))
     mon._sender.poll_interval = 0.05  # the default polls every 5 s
-    deadline = time.monotonic() + 10
-    while not mon.should_stop():
-        assert time.monotonic() < deadline, "the poll never brought the stop"
-        mon.log_step(int(time.monotonic() * 1000) % 10**6, loss=1.0)
-        time.sleep(0.05)
+    steps = iter(range(1, 10**6))
+
+    def stopped() -> bool:
+        if mon.should_stop():
+            return True
+        mon.log_step(next(steps), loss=1.0)  # a training loop keeps stepping meanwhile
+        return False
+
+    eventually(stopped, interval=0.05, what="the poll brought the stop")
     mon.close()

@@ -7,6 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from client_shapes import step_shape  # noqa: E402
 
+from eventually import eventually  # noqa: E402
 from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
 
@@ -153,7 +154,6 @@ def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparamete
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(
         tmp_path, capfd):
     import json
-    import time
 
     from actions_stand_in import StandIn, rollback_action
 
@@ -176,8 +176,7 @@ def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_laun
             def on_step_end(self, args, state, control, **kw):
                 if state.global_step == 3 and not stand_in.actions:
                     stand_in.publish(action)
-                    while not mon.actions():
-                        time.sleep(0.01)
+                    eventually(mon.actions, what="the published plan reached the client")
 
         made = _trainer(tmp_path, MonitorCallback(mon), steps=12, accum=1, eval_strategy="no",
                         save_strategy="steps", save_steps=2)
@@ -228,7 +227,7 @@ class SlowTokens(Tokens):
     def __getitem__(self, i):
         import time
 
-        time.sleep(0.05)
+        time.sleep(0.05)  # the slow read that makes the evaluation's length known
         return super().__getitem__(i)
 
 

@@ -222,7 +222,7 @@ def test_eval_and_checkpoint_carry_the_seconds_since_the_previous_loop_record(re
     time.sleep(0.1)  # the save
     mon.checkpoint_saved(1, tmp_path / "step-1.pt")
     mon.log_step(2, loss=1.0)
-    time.sleep(0.05)
+    time.sleep(0.05)  # time the script's own figure overrides
     mon.log_eval(2, val_loss=0.5, seconds=7.5)  # the script's own measure wins
     mon.checkpoint_saved(2, tmp_path / "step-2.pt", seconds=0)
     assert mon.close(timeout=10)
@@ -230,8 +230,9 @@ def test_eval_and_checkpoint_carry_the_seconds_since_the_previous_loop_record(re
     saves = {r["step"]: r for r in receiver.of_kind("checkpoint")}
     steps = {r["step"]: r for r in receiver.of_kind("step")}
     assert "seconds" not in saves[0]
-    assert 0.2 <= evals[1]["seconds"] < 0.3
-    assert 0.1 <= saves[1]["seconds"] < 0.2
+    assert evals[1]["seconds"] >= 0.2 and saves[1]["seconds"] >= 0.1
+    # each measured from the loop's previous record: two spans of step 2's, not overlapping
+    assert evals[1]["seconds"] + saves[1]["seconds"] <= steps[2]["step_time"]
     assert steps[2]["step_time"] >= 0.3  # unchanged: the eval and the save are in it
     assert evals[2]["seconds"] == 7.5 and saves[2]["seconds"] == 0.0
     for obj in receiver.records:
@@ -269,4 +270,4 @@ def test_rolled_back_restarts_the_loop_clock(receiver, tmp_path):
     mon.log_eval(5, val_loss=0.5)
     assert mon.close(timeout=10)
     [ev] = receiver.of_kind("eval")
-    assert ev["seconds"] < 0.1
+    assert ev["seconds"] < 0.2  # measured from step 10 it would hold the 0.2 s reload

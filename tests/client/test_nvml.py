@@ -268,7 +268,7 @@ def test_the_sampler_keeps_the_last_reading_while_a_probe_hangs_or_raises():
     try:
         assert sampler.wait_first(5.0) and sampler.read() == H100_READING
         nvml.hang = threading.Event()  # the next call blocks, as on a dying GPU
-        time.sleep(0.05)
+        time.sleep(0.05)  # the sampler's next call is made, and blocks
         assert sampler.read() == H100_READING  # at once, the last reading
     finally:
         assert nvml.hang is not None
@@ -308,7 +308,7 @@ def test_a_monitor_sends_the_readings_with_its_steps_read_on_the_sampler_thread(
     hardware = receiver.of_kind("run")[0]["hardware"]
     assert hardware["gpu_uuid"].startswith("GPU-1b2c") and hardware["gpu_index"] == 3
     assert nvml.threads == {"monitor-client-gpu"}  # never the training or sender thread
-    time.sleep(0.05)
+    time.sleep(0.05)  # a call already under way when close() returned lands
     calls = sum(nvml.calls.values())
-    time.sleep(0.1)
+    time.sleep(0.1)  # ten sampling intervals: a running sampler would have called again
     assert sum(nvml.calls.values()) == calls  # close() stopped the sampler

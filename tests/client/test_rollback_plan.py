@@ -12,13 +12,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from actions_stand_in import PLAN, StandIn
 from actions_stand_in import rollback_action as _action
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._rollback import PlanBook, RollbackPlan
 
@@ -90,13 +90,6 @@ def test_checkpoint_saved_sends_the_contract_record_and_refuses_bad_paths(stand_
                       "bytes": 1234, "tag": "periodic"}
 
 
-def _wait(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_plan_reaches_the_loop_and_rolled_back_opens_a_new_attempt(stand_in, tmp_path):
     mon = _monitor(stand_in.url, tmp_path)
     seen: list[dict] = []
@@ -108,7 +101,7 @@ def test_plan_reaches_the_loop_and_rolled_back_opens_a_new_attempt(stand_in, tmp
     assert mon.rollback_plan() is None
     stand_in.publish(_action())
     mon.log_step(36, loss=1.0)
-    _wait(lambda: seen)
+    eventually(lambda: seen, timeout=15, what="the plan reached on_action")
     plan = mon.rollback_plan()
     assert plan == RollbackPlan.from_action(_action()) and seen[0]["plan"] == PLAN
     assert mon.rollback_plan() == plan  # until it is applied
@@ -134,7 +127,7 @@ def test_a_plan_for_a_checkpoint_this_process_never_reported_is_refused(stand_in
     mon.checkpoint_saved(20, "/ckpt/other-20.pt")  # its own save of step 20 is elsewhere
     stand_in.publish(_action())
     mon.log_step(36, loss=1.0)
-    _wait(lambda: mon.actions())
+    eventually(lambda: mon.actions(), timeout=15, what="the client holds the plan")
     assert [mon.rollback_plan() for _ in range(4)] == [None] * 4
     assert "names a checkpoint no rank of this job reported" in caplog.text
     mon.resumed_from(20, "/ckpt/step-20.pt")  # a relaunch that resumed from it may go back
@@ -150,7 +143,7 @@ def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):
     stand_in.publish({"id": 9, "action": "stop", "rule": "RollBack", "step": 35,
                       "message": "rollback budget spent (2 of 2): stop requested at step 35"})
     mon.log_step(1, loss=1.0)
-    _wait(mon.should_stop)
+    eventually(mon.should_stop, timeout=15, what="should_stop()")
     assert mon.rollback_plan() is None and "budget" in mon.stop_reason()
     mon.close(timeout=10)
 
@@ -179,7 +172,7 @@ if rank == 0:  # the plan's checkpoint: rank 0 saved it, rank 1 learns so at the
 for call in range(1, 200):
     mon.log_step(call, loss=1.0)
     if rank == 0 and call == 12:  # rank 0 has it in an ingest answer, rank 1 does not
-        while mon.actions() == []:
+        while mon.actions() == []:  # the rank's own process: bounded by communicate(timeout)
             time.sleep(0.01)
     plan = mon.rollback_plan(check_every=5)
     if plan is not None:
@@ -233,7 +226,7 @@ for call in range(1, 400):
     if acted:
         print(f"rank {rank} acts at call {call}", flush=True)
         break
-    time.sleep(0.005)
+    time.sleep(0.005)  # a training step's pace
 dist.barrier()
 mon.close(timeout=10)
 """
@@ -251,7 +244,7 @@ def _two_ranks(tmp_path: Path, stand_ins: list[StandIn], mode: str,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]
     if later is not None:
-        _wait(flag.exists, timeout=60)
+        eventually(flag.exists, timeout=60, what=f"the ranks reached {flag.name}")
         stand_ins[1].publish(later)
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs

@@ -232,7 +232,7 @@ def test_a_cuda_run_sends_the_event_split_read_off_the_training_thread(
         # step_time (microseconds here: nothing waits on the fake device) plays no part
         span = 10.0 + waits[k] - waits[k - 1]
         assert r["compute_time"] == pytest.approx(span - waits[k])
-        assert r["step_time"] < 5.0
+        assert r["step_time"] < span  # the host's, not the device's
     # read by the sender thread, never by the training thread, and never waited on
     assert FakeEvent.readers and threading.current_thread().name not in FakeEvent.readers
 

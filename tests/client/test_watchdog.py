@@ -14,16 +14,10 @@ import torch
 from training_steps import log_steps
 
 import monitor_client
+from eventually import eventually
 from monitor_agent.records.schemas import parse_record
 from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
 from monitor_client.settings import MonitorSettings
-
-
-def _until(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def blocked_in_c(fd: int) -> bytes:
@@ -40,8 +34,9 @@ def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp
     read_end, write_end = os.pipe()
     # Released by another thread once the hang record has arrived: the trainer itself is
     # blocked in os.read the whole time, holding no GIL.
-    releaser = threading.Thread(target=lambda: (_until(lambda: receiver.of_kind("hang")),
-                                                os.write(write_end, b"x")), daemon=True)
+    releaser = threading.Thread(target=lambda: (
+        eventually(lambda: receiver.of_kind("hang"), timeout=60, what="the hang record"),
+        os.write(write_end, b"x")), daemon=True)
     releaser.start()
     blocked_in_c(read_end)
     releaser.join()
@@ -134,5 +129,5 @@ def test_a_failing_send_never_reaches_training():
 
     dog = Watchdog(floor=0.05, send=broken, header={"run_id": "r", "rank": 0})
     dog.beat(1)
-    _until(lambda: dog.errors >= 1, timeout=30)
+    eventually(lambda: dog.errors >= 1, timeout=30, what="the watchdog's error counted")
     dog.stop()

@@ -9,11 +9,11 @@ A single-node run's preview still pages at once (the canary here)."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 
+from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
 from receivers import Receiver
@@ -52,8 +52,6 @@ def test_the_leader_of_a_multi_node_run_pages_no_preview(tmp_path):
                       + [_step(run_id, r, s) for s in range(1, 6) for r in (0, 1)])
             _post(srv.url, "/v1/records/preview", [_step("job", 0, 8, nan=True)])
             _post(srv.url, "/v1/records/preview", [_step("canary", 0, 8, nan=True)])
-            deadline = time.monotonic() + 20
-            while not any("run canary:" in r.body.decode() for r in slack.accepted()):
-                assert time.monotonic() < deadline, "the single-node preview paged nothing"
-                time.sleep(0.05)
+            eventually(lambda: any("run canary:" in r.body.decode() for r in slack.accepted()),
+                       timeout=20, what="the single-node preview's page")
             assert not [r.body for r in slack.accepted() if "run job:" in r.body.decode()]

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
 from receivers import Receiver
@@ -84,15 +85,6 @@ def _texts(slack: Receiver) -> list[str]:
     return [r.json["text"] for r in slack.requests if isinstance(r.json, dict)]
 
 
-def _eventually(predicate: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = predicate()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
 def test_a_nan_on_node_1_is_one_page_from_the_leader_naming_rank_and_host(tmp_path):
     with Receiver("slack") as slack0, Receiver("slack") as slack1, \
             sidecar(tmp_path / "n0", slack0) as lead, \
@@ -103,7 +95,7 @@ def test_a_nan_on_node_1_is_one_page_from_the_leader_naming_rank_and_host(tmp_pa
             _post(node.url, [{**_run_record(rank), "cluster": {
                 "node_rank": 1, "nodes": 2, "local_world_size": 2, "leader_url": lead_url}}])
         _job(lead.url, node.url, range(1, 31), nan_from=20)
-        pages = _eventually(lambda: [t for t in _texts(slack0) if "TrainingNanInf" in t])
+        pages = eventually(lambda: [t for t in _texts(slack0) if "TrainingNanInf" in t], timeout=20)
         time.sleep(1.0)  # anything else would have come by now
         exposed = [httpx.get(u + "/metrics", timeout=5).text for u in (lead.url, node.url)]
         detail = httpx.get(f"{lead.url}/v1/runs/{RUN}", timeout=5).json()
@@ -124,8 +116,8 @@ def test_the_leaders_decision_reaches_node_1_under_the_same_id(tmp_path):
             sidecar(tmp_path / "n1", slack1, rules=STOP_ON_NAN, leader_url=lead.url) as node:
         _job(lead.url, node.url, range(1, 26), nan_from=20)
         leader = httpx.get(f"{lead.url}/v1/runs/{RUN}/actions", timeout=5).json()
-        got = _eventually(lambda: httpx.get(f"{node.url}/v1/runs/{RUN}/actions",
-                                            timeout=5).json()["actions"])
+        got = eventually(lambda: httpx.get(f"{node.url}/v1/runs/{RUN}/actions",
+                                            timeout=5).json()["actions"], timeout=20)
     [stop] = leader["actions"]
     assert stop["id"] == 1 and stop["action"] == "stop"
     assert [(a["id"], a["action"], a["message"]) for a in got] == \
@@ -141,7 +133,7 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
         for step in range(1, 26):
             _post(node.url, [_run_record(2), _run_record(3)] * (step == 1)
                   + [_step(r, step, nan_from=20) for r in (2, 3)])
-        pages = _eventually(lambda: [t for t in _texts(slack1) if "StopOnNaN" in t])
+        pages = eventually(lambda: [t for t in _texts(slack1) if "StopOnNaN" in t], timeout=20)
         assert len(pages) == 1, _texts(slack1)
         assert "[partial view: the run's leader " + leader_url in pages[0]
         # Which of the episode's findings the page carries (the decision naming rank 2 first,
@@ -151,16 +143,16 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
         assert actions["actions"] == []  # no decision on a partial view
         # The leader comes back: node 1 catches it up, and it pages nothing again.
         with sidecar(tmp_path / "n0", slack0, port=port, rules=STOP_ON_NAN) as lead:
-            told = _eventually(lambda: [a for a in httpx.get(
+            told = eventually(lambda: [a for a in httpx.get(
                 f"{lead.url}/v1/alerts", timeout=5).json()["alerts"]
-                if a["alertname"] == "StopOnNaN"])
-            queued = _eventually(lambda: httpx.get(node.url + "/metrics", timeout=5).text
-                                 .count("monitor_agent_uplink_queued 0.0"))
+                if a["alertname"] == "StopOnNaN"], timeout=20)
+            queued = eventually(lambda: httpx.get(node.url + "/metrics", timeout=5).text
+                                 .count("monitor_agent_uplink_queued 0.0"), timeout=20)
             # Node 1's page is the leader's incident now: it closes quietly here, so the
             # one resolve the incident gets is the leader's.
-            handed = _eventually(lambda: [a["state"] for a in httpx.get(
-                f"{node.url}/v1/alerts", timeout=5).json()["alerts"]] == ["resolved"])
-            time.sleep(1.0)
+            handed = eventually(lambda: [a["state"] for a in httpx.get(
+                f"{node.url}/v1/alerts", timeout=5).json()["alerts"]] == ["resolved"], timeout=20)
+            time.sleep(1.0)  # a page from either sidecar would have come by now
     assert told and told[0]["state"] == "firing" and queued and handed
     assert not [t for t in _texts(slack0) if "FIRING" in t], _texts(slack0)
     assert not [t for t in _texts(slack1) if "RESOLVED" in t], _texts(slack1)
@@ -173,6 +165,6 @@ def test_a_leader_url_that_reaches_this_very_sidecar_judges_the_run_here(tmp_pat
         for step in range(1, 31):
             _post(srv.url, [_run_record(r) for r in (2, 3)] * (step == 1)
                   + [_step(r, step, nan_from=20) for r in (2, 3)])
-        pages = _eventually(lambda: [t for t in _texts(slack) if "TrainingNanInf" in t])
-        time.sleep(1.0)
+        pages = eventually(lambda: [t for t in _texts(slack) if "TrainingNanInf" in t], timeout=20)
+        time.sleep(1.0)  # a second page would have come by now
     assert len(pages) == 1 and "partial view" not in pages[0], pages

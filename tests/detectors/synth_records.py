@@ -100,7 +100,8 @@ def assert_restore_equivalent(
     final_tick: float | None = None,
 ) -> None:
     """Snapshot mid-stream through the wire format; the restored suite must then raise
-    exactly the findings the uninterrupted one raises."""
+    exactly the findings the uninterrupted one raises, and there must be some: a cut
+    after the last finding would compare nothing with nothing and prove nothing."""
     straight = make()
     feed(straight, records[:cut])
     expected = feed(straight, records[cut:])
@@ -113,9 +114,31 @@ def assert_restore_equivalent(
     if final_tick is not None:
         expected += straight.tick(final_tick)
         got += restored.tick(final_tick)
+    assert expected, (f"no finding after the cut at {cut} of {len(records)} records: "
+                      "put the cut before something that fires (assert_restore_silent "
+                      "for a test about silence)")
     assert [f.to_dict() for f in got] == [f.to_dict() for f in expected]
     for rank in (0, 1):
         assert restored.ema_loss(rank) == straight.ema_loss(rank)
+
+
+def assert_restore_silent(
+    make: Callable[[], DetectorSuite], records: list[Record], cut: int,
+) -> None:
+    """Snapshot after a finding fired; neither the uninterrupted suite nor the restored one
+    may raise anything after the cut. Only worth asserting when something fired before the
+    cut: the snapshot then carries the episode that keeps the restored suite quiet."""
+    before = feed(make(), records[:cut])
+    assert before, f"nothing fired before the cut at {cut}: the silence after it proves nothing"
+    straight = make()
+    feed(straight, records[:cut])
+    assert feed(straight, records[cut:]) == [], "the uninterrupted suite fired after the cut"
+    first = make()
+    feed(first, records[:cut])
+    restored = make()
+    restored.restore(wire.loads(wire.dumps(first.snapshot())))
+    got = feed(restored, records[cut:])
+    assert got == [], f"the restored suite fired again: {[f.message for f in got]}"
 
 
 def geometric(n: int, first: float, last: float) -> np.ndarray:

@@ -209,7 +209,7 @@ def test_a_rank_whose_records_arrive_late_is_judged_on_its_step():
 
 def test_restore_mid_stream_with_nodes_changes_nothing():
     assert_restore_equivalent(lambda: only("straggler"),
-                              _cluster(90, ranks=8, per_host=2, slow={2, 3}), cut=8 + 40 * 8 + 3)
+                              _cluster(90, ranks=8, per_host=2, slow={2, 3}), cut=8 + 32 * 8 + 3)
 
 
 def test_the_medians_of_others_are_the_slow_ones():

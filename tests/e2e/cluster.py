@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 import yaml
-from e2e.test_stack import DEPLOY, Binary, wait_until
+from e2e.test_stack import DEPLOY, Binary
 
+from eventually import eventually
 from sidecar_process import free_port
 
 # Seconds of the repo's clock per second of the test's: 5m windows become 15 s, for: 1m 3 s,
@@ -141,8 +142,9 @@ class AlertmanagerCluster:
         for i in range(len(self.web)):
             self.procs[i] = Binary(self.args(i), self.tmp / f"am{i}.log",
                                    f"{self.urls[i]}/-/ready")
-        wait_until(lambda: all(len(self.peers(i)) == len(self.web) for i in range(len(self.web))),
-                   30, "every replica to see every peer", self.logs)
+        eventually(lambda: all(len(self.peers(i)) == len(self.web) for i in range(len(self.web))),
+                   timeout=30, interval=0.5, what="every replica to see every peer",
+                   context=self.logs)
         return self
 
     def peers(self, i: int) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ import monitor_client
 
 def _wait_for(path: Path) -> None:
     while not path.exists():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the test's go-ahead (a file): its timeout bounds it
 
 
 def main() -> None:
@@ -80,7 +80,7 @@ def main() -> None:
             y = y[torch.randperm(len(y), generator=data)] if args.corrupt_shuffle \
                 else y * args.corrupt_scale
         if args.step_time:
-            time.sleep(args.step_time)
+            time.sleep(args.step_time)  # a step's compute
         loss = (model(x) - y).pow(2).mean()
         loss.backward()  # DDP all-reduces the gradients here
         optimizer.step()

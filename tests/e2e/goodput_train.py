@@ -98,7 +98,7 @@ def main() -> None:
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
             if i % (BATCH * world) == 0 and i // (BATCH * world) + 1 in slow_batches:
-                time.sleep(args.loader_sleep)
+                time.sleep(args.loader_sleep)  # the loader time the ledger must book
             return self.x[i], self.y[i]
 
     data = Samples()
@@ -134,6 +134,7 @@ def main() -> None:
 
     step = first
     for x, y in mon.timed(stream):  # monitor: data_time and data_position with each step
+        # a step's compute, the slow rank's longer
         time.sleep(args.step_time + (args.slow if rank == args.slow_rank else 0.0))
         loss = (model(x) - y).pow(2).mean()
         loss.backward()

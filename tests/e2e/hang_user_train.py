@@ -38,13 +38,13 @@ blocked_rank = int(blocked or 2)
 
 def wait_for_release() -> None:
     while not (workdir / "release").exists():
-        time.sleep(0.1)
+        time.sleep(0.1)  # the test's go-ahead (a file): the test's timeout bounds it
 
 
 def die_keeping_sockets_open() -> None:
     if os.fork() == 0:  # the child holds the inherited sockets; nothing else
         while True:
-            time.sleep(3600)
+            time.sleep(3600)  # a child that only holds the sockets
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -60,7 +60,7 @@ rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1
 
 def wait_for(path):
     while path and not os.path.exists(path):
-        time.sleep(0.05)
+        time.sleep(0.05)  # the test's go-ahead (a file): its timeout bounds it
 
 if world > 1:
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -123,7 +123,7 @@ while step < steps:
         for group in opt.param_groups:  # the scheduler goes on from its own LR
             group["lr"] /= factor
         sched.step()
-        time.sleep(step_delay)
+        time.sleep(step_delay)  # a step's pace, so the plan arrives mid-run
         if step % ckpt_every == 0:
             path = os.path.join(out_dir, f"ckpt-{step}.pt")
             if rank == 0:

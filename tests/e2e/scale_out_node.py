@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             opt.zero_grad()
             slow = rank == args.slow_rank and (control / "slow").exists()
+            # a step's compute, the slow rank's longer
             time.sleep(args.compute * (args.slow_factor if slow else 1.0))
             losses.append(loss.detach())
             computes.append(time.perf_counter() - start)

@@ -42,7 +42,7 @@ class Samples(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.per_sample:
-            time.sleep(self.per_sample)
+            time.sleep(self.per_sample)  # the slow loader under test
         return self.x[i]
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     mon.watch(model, optimizer, grad_clip=1.0)
     for step, x in enumerate(mon.timed(loader), 1):
         if args.step_time:
-            time.sleep(args.step_time)
+            time.sleep(args.step_time)  # a step's compute
         loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         loss.backward()
         optimizer.step()

@@ -3,12 +3,12 @@ mid-incident nothing is paged twice and the resolve still arrives."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from receivers import Receiver
 
 KEY = "e2e-routing-key-0123456789abcdef"
@@ -47,10 +47,7 @@ def _steps(start: int, stop: int, nan_from: int) -> list[dict]:
 
 def _wait_confirmed(url: str) -> None:
     sent = 'monitor_agent_notifications_total{channel="pagerduty",outcome="sent"} 1.0'
-    deadline = time.monotonic() + 10
-    while sent not in httpx.get(url + "/metrics").text:
-        assert time.monotonic() < deadline, "the page was never confirmed"
-        time.sleep(0.02)
+    eventually(lambda: sent in httpx.get(url + "/metrics").text, what="the page confirmed")
 
 
 def _actions(pd: Receiver) -> list[str]:
@@ -75,9 +72,7 @@ def test_page_survives_a_crash_without_duplicates_and_resolves(tmp_path, sidecar
         # The client re-sends what it was unsure of, and the run keeps producing NaN.
         assert sc.post([run, *_steps(1, 9, nan_from=6)]).status_code == 200
 
-        deadline = time.monotonic() + 20
-        while "resolve" not in _actions(pd) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: "resolve" in _actions(pd), timeout=20, what="the resolve")
         assert _actions(pd) == ["trigger", "resolve"]
         slack.wait_for(2, timeout=10, accepted_only=True)  # its own sender thread: may lag
         assert [r.json["text"][:12] for r in slack.accepted()] == ["[FIRING:1] r", "[RESOLVED:1]"]

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from alertmanager_process import AlertmanagerProcess, available
+from eventually import eventually
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.records.types import Finding, Severity
 from receivers import Receiver
@@ -22,13 +23,12 @@ pytestmark = [
 
 
 def _wait(hook: Receiver, status: str, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in hook.requests:
-            if r.json and r.json.get("status") == status:
-                return r.json
-        time.sleep(0.05)
-    raise AssertionError(f"no {status} notification; got {[r.json for r in hook.requests]}")
+    def notified() -> dict:
+        found = [r.json for r in hook.requests if r.json and r.json.get("status") == status]
+        assert found, [r.json for r in hook.requests]
+        return found[0]
+
+    return eventually(notified, timeout=timeout, what=f"a {status} notification")
 
 
 def test_alertmanager_routes_our_alert_and_its_resolve(tmp_path: Path):

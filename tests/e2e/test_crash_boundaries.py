@@ -9,7 +9,6 @@ and the next NaN was neither acted on nor paged."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from e2e import two_ranks
 
+from eventually import eventually
 from monitor_agent.pipeline.failpoints import BOUNDARIES
 
 RUN = "crash"
@@ -78,10 +78,9 @@ def test_a_kill_at_each_resume_boundary_leaves_the_rollback_applied_and_the_next
     # The next NaN decides the second rollback and is paged.
     second = sc.post(_both(range(35, 36), "b", nan_at=35, skipped=31)).json()["actions"]
     assert [(a["action"], a["plan"]["number"]) for a in second] == [("rollback", 2)], second
-    deadline = time.monotonic() + 15
-    while not any(_details(r.json).get("step") == 35 for r in pd_receiver.requests if r.json):
-        assert time.monotonic() < deadline, [r.json for r in pd_receiver.requests]
-        time.sleep(0.05)
+    eventually(lambda: any(_details(r.json).get("step") == 35
+                           for r in pd_receiver.requests if r.json),
+               timeout=15, what="the second rollback's page")
 
 
 def _details(event: dict[str, Any]) -> dict[str, Any]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from receivers import Receiver
 from sidecar_process import SidecarProcess
 
@@ -84,12 +84,12 @@ def _get(sidecar: SidecarProcess, path: str) -> dict:
 
 def _settled(sidecar: SidecarProcess, run_id: str, want: str) -> dict:
     """The run once its status is ``want`` (its end record went through)."""
-    deadline = time.monotonic() + 15
-    while True:
+    def settled() -> dict:
         run = _get(sidecar, f"/v1/runs/{run_id}")
-        if run.get("status") == want or time.monotonic() > deadline:
-            return run
-        time.sleep(0.05)
+        assert run.get("status") == want, run.get("status")
+        return run
+
+    return eventually(settled, timeout=15, what=f"{run_id} {want}")
 
 
 @pytest.mark.slow

@@ -151,7 +151,7 @@ def test_each_injected_fault_costs_what_it_cost_in_its_own_bucket(sidecar, tmp_p
                        "--crash-at", "150", ok=False)
     assert crashed.returncode == 1 and "node lost after step 150" in crashed.stderr, \
         crashed.stderr[-3000:]
-    time.sleep(gap)
+    time.sleep(gap)  # the relaunch gap the ledger must book
     _train(sidecar.url, "gp-faults", tmp_path, "--steps", "200", *faults,
            "--resume", str(tmp_path / "ckpt-120.pt"))
     g = _goodput(sidecar.url, "gp-faults")

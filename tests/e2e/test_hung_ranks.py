@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from monitor_agent.serving.embedded import free_port
 from receivers import Receiver
 
@@ -79,14 +79,13 @@ def _texts(slack: Receiver) -> list[str]:
 
 
 def _wait_text(slack: Receiver, *needles: str, timeout: float = 180.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for text in _texts(slack):
-            if all(n in text for n in needles):
-                return text
-        with contextlib.suppress(TimeoutError):
-            slack.wait_for(len(slack.accepted()) + 1, timeout=0.5)
-    raise AssertionError(f"no message with {needles}; got {_texts(slack)}")
+    def found() -> str:
+        texts = _texts(slack)
+        match = [text for text in texts if all(n in text for n in needles)]
+        assert match, texts
+        return match[0]
+
+    return eventually(found, timeout=timeout, interval=0.1, what=f"a message with {needles}")
 
 
 def _logs(tmp: Path) -> str:

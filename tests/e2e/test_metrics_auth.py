@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e.test_stack import DEPLOY, Binary, have, wait_until
+from e2e.test_stack import DEPLOY, Binary, have
 
+from eventually import eventually
 from sidecar_process import SidecarProcess, free_port
 
 TOKEN = "scrape-token-7d41c2"
@@ -49,9 +50,10 @@ def test_prometheus_scrapes_a_guarded_metrics_endpoint_with_the_token(tmp_path: 
                               params={"query": expr})
                 return list(r.json()["data"]["result"])
 
-            wait_until(lambda: query('training_loss{run_id="scraped"}'), 30,
-                       "the run's loss scraped with the token", prom.tail)
-            up = wait_until(lambda: query('up{job="no-token"}'), 30, "the tokenless scrape")
+            eventually(lambda: query('training_loss{run_id="scraped"}'), timeout=30, interval=0.5,
+                       what="the run's loss scraped with the token", context=prom.tail)
+            up = eventually(lambda: query('up{job="no-token"}'), timeout=30, interval=0.5,
+                            what="the tokenless scrape")
             assert up[0]["value"][1] == "0"  # 401: Prometheus marks the target down
             assert query('up{job="monitor-agent"}')[0]["value"][1] == "1"
         finally:

@@ -38,6 +38,7 @@ import httpx
 import pytest
 import yaml
 
+from eventually import eventually
 from receivers import Received, Receiver
 from sidecar_process import REPO, SidecarProcess, free_port
 
@@ -204,16 +205,8 @@ def torchrun(pair: Pair, run_id: str, script: str, *args: str) -> Iterator[Job]:
 # -- waiting for the sidecars --------------------------------------------------------------
 
 
-def wait_until(what: str, cond: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            got = cond()
-            if got:
-                return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+# A sidecar of the pair may be restarting: its refused connections are retried.
+SIDECAR_DOWN = (httpx.HTTPError,)
 
 
 def get(sc: SidecarProcess, path: str, **params: Any) -> Any:
@@ -245,7 +238,7 @@ def settled(pair: Pair, run_id: str, ended: bool = True) -> None:
         return ((run["status"] != "running" or not ended)
                 and ended_ranks(pair.leader, run_id) >= {2, 3}
                 and all(_delivered(sc, run_id) for sc in pair.sidecars))
-    wait_until(f"{run_id} settled", quiet)
+    eventually(quiet, timeout=120, what=f"{run_id} settled", retry_on=SIDECAR_DOWN)
 
 
 def alertnames(page: Received) -> list[str]:
@@ -349,7 +342,8 @@ def test_nan_on_rank_2_pages_once_naming_it_and_its_node(pair, jobs):
 def test_a_rank_blocked_before_all_reduce_is_one_hang_page(pair, jobs):
     run_id = "brain-hang"
     job = jobs(run_id)
-    wait_until("the hang page", lambda: pair.pages(run_id, "TrainingHung"))
+    eventually(lambda: pair.pages(run_id, "TrainingHung"), timeout=120, what="the hang page",
+               retry_on=SIDECAR_DOWN)
     (pair.tmp / run_id / "release").write_text("go")
     job.wait()
     page = one_page(pair, run_id, "TrainingHung")
@@ -379,10 +373,8 @@ def test_a_slow_loader_on_rank_2_is_one_straggler_page(pair, jobs):
         return any(ln.startswith("training_goodput_ratio{") and f'run_id="{run_id}"' in ln
                    for ln in httpx.get(sc.url + "/metrics", timeout=10).text.splitlines())
 
-    deadline = time.monotonic() + 30
-    while not exposed(pair.leader):
-        assert time.monotonic() < deadline, "the leader never exposed the run's goodput"
-        time.sleep(0.5)
+    eventually(lambda: exposed(pair.leader), timeout=30, interval=0.5,
+               what="the leader exposed the run's goodput")
     assert not exposed(pair.node)
 
 
@@ -496,18 +488,21 @@ def leader_killed(pair: Pair) -> None:
             torchrun(pair, ROLLBACK_KILL, "rollback_user_train.py", *_rollback_args(
                 ROLLBACK_KILL, "--pause_at=50", "--pause_file={work}/go",
                 steps=ROLLBACK_KILL_STEPS)) as rollback_job:
-        wait_until("the leader to hear every rank", lambda: _at_step(
-            pair.leader, NAN_KILL, 5) and _at_step(pair.leader, ROLLBACK_KILL, 49))
+        eventually(lambda: _at_step(
+            pair.leader, NAN_KILL, 5) and _at_step(pair.leader, ROLLBACK_KILL, 49),
+            timeout=120, what="the leader to hear every rank", retry_on=SIDECAR_DOWN)
         pair.leader.kill()
         for work in (nan_work, rb_work):
             (work / "go").write_text("go")
-        wait_until("node 1's own pages", lambda: pair.pages(NAN_KILL, "TrainingNanInf")
-                   and pair.pages(ROLLBACK_KILL, "RollbackOnDivergence"))
+        eventually(lambda: pair.pages(NAN_KILL, "TrainingNanInf")
+                   and pair.pages(ROLLBACK_KILL, "RollbackOnDivergence"),
+                   timeout=120, what="node 1's own pages", retry_on=SIDECAR_DOWN)
         rollback_job.wait()  # trained to its end on a partial view: nobody decided anything
         pair.leader.start()
-        wait_until("the leader to catch up", lambda: _at_step(
+        eventually(lambda: _at_step(
             pair.leader, NAN_KILL, NAN_KILL_STEPS)
-            and ended_ranks(pair.leader, ROLLBACK_KILL) == {2, 3})
+            and ended_ranks(pair.leader, ROLLBACK_KILL) == {2, 3},
+            timeout=120, what="the leader to catch up", retry_on=SIDECAR_DOWN)
         (nan_work / "end").write_text("end")
         nan_job.wait()
 

@@ -14,10 +14,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("nanogpt_user_train.py")
@@ -43,8 +44,12 @@ def test_grad_clip_zero_is_no_clipping_and_total_steps_gives_progress(sidecar, t
     assert len(steps) == 120 and all(r.get("clip_threshold") is None for r in steps)
     # the script's own scalar, passed as a keyword as a wandb.log user would, is charted
     assert all(r["metrics"]["iter_ms"] > 0 for r in steps)
-    series = _eventually(lambda: httpx.get(f"{sidecar.url}/v1/runs/nano-plain/series",
-                                           timeout=10).json(), lambda s: s.get("user_names"))
+    def charted() -> dict:  # the chart history folds on its own thread
+        series = httpx.get(f"{sidecar.url}/v1/runs/nano-plain/series", timeout=10).json()
+        assert series.get("user_names"), series
+        return series
+
+    series = eventually(charted, timeout=15, interval=0.1, what="the script's scalar charted")
     assert series["user_names"] == ["iter_ms"] and series["user_scalars"]["iter_ms"]["steps"]
     detail = httpx.get(f"{sidecar.url}/v1/runs/nano-plain", timeout=10).json()
     assert detail["ranks"]["0"]["progress_ratio"] == 1.0
@@ -99,11 +104,3 @@ def test_an_lr_jump_off_the_schedule_is_named_and_the_pages_cite_it(sidecar, tmp
     assert all(cause in f["message"] for f in pages), pages
 
 
-def _eventually(get, ok, timeout: float = 15.0):
-    """What ``get`` answers once ``ok`` holds (the chart history folds on its own thread)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = get()
-        if ok(found) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)

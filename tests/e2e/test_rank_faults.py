@@ -15,11 +15,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from eventually import eventually
 from receivers import Receiver
 from sidecar_process import REPO, SidecarProcess, free_port
 
@@ -62,13 +62,13 @@ def _job(url: str, run_id: str, *flags: str) -> None:
 
 
 def _messages(slack: Receiver, needle: str, timeout: float = 20.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def hits() -> list[str]:
         texts = [json.dumps(r.json) for r in slack.requests if r.json]
-        hits = [t for t in texts if needle in t]
-        if hits or time.monotonic() > deadline:
-            return hits
-        time.sleep(0.1)
+        found = [t for t in texts if needle in t]
+        assert found, texts
+        return found
+
+    return eventually(hits, timeout=timeout, interval=0.1, what=f"a message with {needle!r}")
 
 
 def _findings(sc: SidecarProcess, run_id: str, ftype: str) -> list[dict]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from e2e import two_ranks
+
+from eventually import eventually
 
 RUN = "roll"
 RULES = """
@@ -138,13 +139,13 @@ def test_the_decision_survives_kill_9_and_every_rank_gets_it_once(
     assert stop["message"].startswith("rollback budget 2 spent: stopping; a human must look")
     assert _poll(sc.url)["stop"] is True
     assert [a["action"] for a in _poll(sc.url)["actions"]] == ["rollback", "rollback", "stop"]
-    deadline = time.monotonic() + 15
-    while True:
+    def paged() -> list[str]:
         pages = [r.json["payload"]["summary"] for r in pd_receiver.requests
                  if r.json and "payload" in r.json]  # resolves carry none
-        if any("rollback budget 2 spent" in p for p in pages) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        assert any("rollback budget 2 spent" in p for p in pages), pages
+        return pages
+
+    pages = eventually(paged, timeout=15, what="the page of the spent budget")
     assert any("rollback budget 2 spent: stopping; a human must look" in p for p in pages), pages
     assert any("rolled back to step 20 (/ckpt/step-20.pt, data position 20), skipping batches "
                "21-51" in p and "last clean checkpoint: step 20, /ckpt/step-20.pt" in p

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from eventually import eventually
 from receivers import Receiver
 from sidecar_process import SidecarProcess
 
@@ -115,13 +116,12 @@ def _answers(sc: SidecarProcess) -> dict[str, Any]:
 def _series(sc: SidecarProcess) -> dict[str, Any]:
     """The run page's series once the chart history has folded the run's last step (the
     indexer follows the records from a thread of its own)."""
-    deadline = time.monotonic() + 20
-    while True:
+    def folded() -> dict[str, Any]:
         r = httpx.get(f"{sc.url}/v1/runs/{RUN}/series?points=2000", timeout=10)
-        if r.status_code == 200 and r.json()["range"][1] == END or time.monotonic() > deadline:
-            r.raise_for_status()
-            return r.json()
-        time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["range"][1] == END, r.text[:200]
+        return r.json()
+
+    return eventually(folded, timeout=20, interval=0.1, what="the history folded the last step")
 
 
 def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: Path):
@@ -140,7 +140,7 @@ def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: P
         assert first is not None and first["attempts"][0]["kind"] == "resumed"
         assert (first["accepted"], first["duplicates"], first["late"]) == (BATCH, 0, 0)
         _post(sc, _end("b"))
-        time.sleep(0.5)
+        time.sleep(0.5)  # what the end sets off, and any page again, comes now
 
         # (a) Nothing paged again for the abandoned fault: the resumed steps are judged
         # from the detectors' state at the checkpoint, and that state never diverged.
@@ -206,7 +206,7 @@ def test_retries_and_a_kill_9_mid_resume_leave_the_same_history(tmp_path: Path):
                 for batch in new[1:]:
                     _post(sc, batch)
                 _post(sc, _end("b"))
-                time.sleep(0.5)
+                time.sleep(0.5)  # what the end sets off comes now
                 results.append(_answers(sc))
         plain, killed = results
         assert plain["attempts"][1]["superseded_from"] == CHECKPOINT + 1

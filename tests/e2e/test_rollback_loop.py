@@ -17,13 +17,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from receivers import Receiver
 from sidecar_process import SidecarProcess
 
@@ -110,13 +110,13 @@ def _actions(url: str, run_id: str) -> list[dict]:
 
 
 def _pages(pd: Receiver, run_id: str, want: str) -> list[str]:
-    """The run's pages once one says ``want`` (or after 15 s)."""
-    deadline = time.monotonic() + 15
-    while True:
+    """The run's pages once one says ``want``."""
+    def paged() -> list[str]:
         pages = [str(r.json) for r in pd.requests if r.json and run_id in str(r.json)]
-        if any(want in p for p in pages) or time.monotonic() > deadline:
-            return pages
-        time.sleep(0.05)
+        assert any(want in p for p in pages), pages
+        return pages
+
+    return eventually(paged, timeout=15, what=f"a page of {run_id} saying {want}")
 
 
 def _check_rank(out: Path, rank: int, plans: list[dict]) -> list[tuple[int, int]]:

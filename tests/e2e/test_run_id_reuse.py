@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "gpt-exp-1"
@@ -29,7 +30,7 @@ for step in range(first, last + 1):
 if go != "-":  # wait for the test to bring the sidecar back, then deliver the spool
     pathlib.Path(go + ".logged").touch()
     while not pathlib.Path(go).exists():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the test's go-ahead; it bounds the wait
     print("flushed", mon.flush(timeout=60), file=sys.stderr)
 mon.close(timeout=30)
 """
@@ -71,15 +72,16 @@ def _attempts(url: str) -> list[dict]:
 
 def _series_loss(url: str) -> dict[int, float]:
     """The loss chart as the run page draws it, once the chart history caught up."""
-    deadline = time.monotonic() + 20
-    while True:
+    def caught_up() -> dict[int, float]:
         body = httpx.get(f"{url}/v1/runs/{RUN_ID}/series", timeout=10).json()
-        assert not body["bucketed"]
+        if body["bucketed"]:
+            raise RuntimeError("the loss chart is bucketed: this test reads every step")
         found = {int(s): v for s, v in zip(body["steps"], body["series"]["loss"]["mean"],
                                            strict=True)}
-        if found and max(found) == max(_steps(url)) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
+        assert found and max(found) == max(_steps(url)), sorted(found)[-3:]
+        return found
+
+    return eventually(caught_up, timeout=20, interval=0.2, what="the chart history caught up")
 
 
 def test_the_same_script_twice_with_a_fixed_run_id_keeps_both_runs(sidecar, tmp_path):
@@ -131,10 +133,12 @@ def test_a_second_run_spooled_while_the_sidecar_was_down_is_its_own_attempt(
     sidecar.stop()
     go = tmp_path / "go"
     proc = _train(tmp_path, sidecar.url, 1, 30, offset=20.0, go=str(go), wait=False)
-    deadline = time.monotonic() + 60
-    while not Path(f"{go}.logged").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, _stderr(proc)
-        time.sleep(0.05)
+    def logged() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(_stderr(proc))
+        return Path(f"{go}.logged").exists()
+
+    eventually(logged, timeout=60, what="the trainer logged against the stopped sidecar")
     sidecar.start()
     go.touch()
     proc.wait(120)

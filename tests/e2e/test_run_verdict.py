@@ -12,13 +12,13 @@ client, a real sidecar process with the shipped rules and a real Slack-protocol 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import torch
 from torch import nn
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from receivers import Receiver
 
@@ -62,15 +62,6 @@ def _train(url: str, tmp: Path, run_id: str, steps: int, *, lr: float,
     mon.close(timeout=10)
 
 
-def _wait(what, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = what()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
-
-
 def _texts(slack: Receiver, run_id: str) -> list[str]:
     return [r.body.decode() for r in slack.accepted() if run_id in r.body.decode()]
 
@@ -90,7 +81,7 @@ def test_an_lr_jump_is_named_and_the_pages_that_follow_cite_it(tmp_path, sidecar
             got = httpx.get(f"{sc.url}/v1/runs/lr-x100/findings", timeout=10).json()["findings"]
             return got if any(f["type"] == "lr_jump" for f in got) else []
 
-        found = _wait(findings)
+        found = eventually(findings, timeout=20, what="the lr_jump finding")
         (jump,) = [f for f in found if f["type"] == "lr_jump"]
         assert jump["step"] == 200
         assert jump["message"].startswith("LR x100 at step 200: 0.02 -> 2, outside the run's "
@@ -100,12 +91,13 @@ def test_an_lr_jump_is_named_and_the_pages_that_follow_cite_it(tmp_path, sidecar
         assert pages, [f["type"] for f in found]
         assert all(cause in f["message"] for f in pages), [f["message"] for f in pages]
         # The page itself says it, in the summary every channel shows.
-        page = _wait(lambda: [json.loads(r.body)["text"] for r in slack.accepted()
-                              if "TrainingDivergence" in r.body.decode()])
+        page = eventually(lambda: [json.loads(r.body)["text"] for r in slack.accepted()
+                                   if "TrainingDivergence" in r.body.decode()],
+                          timeout=20, what="the divergence page")
         assert page and cause.replace("->", "-&gt;") in page[0], page  # Slack escapes >
         # The run ends unhealthy, and says after what.
-        verdict = _wait(lambda: (v := _listed(sc.url, "lr-x100")["verdict"])["text"].startswith(
-            "completed") and v)
+        verdict = eventually(lambda: (v := _listed(sc.url, "lr-x100")["verdict"])["text"]
+                             .startswith("completed") and v, timeout=20, what="the verdict")
         assert verdict["state"] == "unhealthy" and verdict["step"] > 200, verdict
         assert "after LR x100 at step 200" in verdict["text"], verdict
 
@@ -117,7 +109,8 @@ def test_a_run_nan_to_its_end_ends_unhealthy_everywhere(tmp_path, sidecar_factor
         sc.start()
         _train(sc.url, tmp_path, "nan-300", 600, lr=0.02, nan_loss_from=300)
 
-        listed = _wait(lambda: (r := _listed(sc.url, "nan-300"))["status"] == "completed" and r)
+        listed = eventually(lambda: (r := _listed(sc.url, "nan-300"))["status"] == "completed"
+                            and r, timeout=20, what="nan-300 completed")
         # An ended run's verdict says what it cost too (runs/goodput.py).
         verdict = listed["verdict"]
         assert (verdict["state"], verdict["cause"], verdict["step"]) == (
@@ -134,7 +127,8 @@ def test_a_run_nan_to_its_end_ends_unhealthy_everywhere(tmp_path, sidecar_factor
         assert len(info) == 1 and 'verdict="unhealthy_nan_inf"' in info[0], info
 
         # The NaN page says what was measured: every module output finite, the loss not.
-        texts = _wait(lambda: [t for t in _texts(slack, "nan-300") if "RESOLVED" in t])
+        texts = eventually(lambda: [t for t in _texts(slack, "nan-300") if "RESOLVED" in t],
+                           timeout=20, what="nan-300's resolve")
         firing = [t for t in _texts(slack, "nan-300") if "FIRING" in t and "TrainingNanInf" in t]
         assert firing and "every module output finite; the loss is not: the NaN is made in " \
             "the loss computation" in firing[0], firing

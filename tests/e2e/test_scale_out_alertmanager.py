@@ -24,9 +24,10 @@ import httpx
 import pytest
 import yaml
 from e2e.cluster import AlertmanagerCluster, Notifications
-from e2e.test_stack import have, wait_until
+from e2e.test_stack import have
 from e2e.webhook import Webhook
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from sidecar_process import REPO, SidecarProcess
 
@@ -74,9 +75,10 @@ class Cluster:
 
     def wait_notified(self, run: str, status: str) -> list[tuple[str, dict]]:
         # Critical: PagerDuty and, through `continue`, Slack.
-        wait_until(lambda: {p for p, _ in self.notified(run, status)} == {"/pagerduty", "/slack"},
-                   WAIT, f"{status} TrainingNanInf of {run} at both receivers",
-                   lambda: f"{self.notifications().summary()}\n{self.am.logs()}")
+        eventually(lambda: {p for p, _ in self.notified(run, status)} == {"/pagerduty", "/slack"},
+                   timeout=WAIT, interval=0.5,
+                   what=f"{status} TrainingNanInf of {run} at both receivers",
+                   context=lambda: f"{self.notifications().summary()}\n{self.am.logs()}")
         return self.notified(run, status)
 
     def stop(self) -> None:

@@ -37,9 +37,10 @@ from e2e.cluster import (
     compressed_rules,
     write_prometheus_config,
 )
-from e2e.test_stack import Binary, have, wait_until
+from e2e.test_stack import Binary, have
 from e2e.webhook import Webhook
 
+from eventually import eventually
 from sidecar_process import REPO, SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -95,8 +96,8 @@ class Job:
                    f"--token={TOKEN}", f"--slow-rank={SLOW_RANK}"]
             log = (self.tmp / f"node{node}.log").open("wb")
             self.nodes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        wait_until(lambda: self.ranks_seen() == NODES * RANKS, 90, "all 16 ranks in Prometheus",
-                   self.logs)
+        eventually(lambda: self.ranks_seen() == NODES * RANKS, timeout=90, interval=0.5,
+                   what="all 16 ranks in Prometheus", context=self.logs)
 
     def ranks_seen(self) -> int:
         result = self.query(f'count(training_last_step{{run_id="{RUN}"}} > 3)')
@@ -157,8 +158,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 @pytest.fixture(scope="module")
 def straggled(job: Job) -> Job:
     (job.control / "slow").touch()
-    wait_until(lambda: firing(job, "TrainingRankStraggler"), ALERT_WAIT,
-               "TrainingRankStraggler at the receiver", job.logs)
+    eventually(lambda: firing(job, "TrainingRankStraggler"), timeout=ALERT_WAIT, interval=0.5,
+               what="TrainingRankStraggler at the receiver", context=job.logs)
     return job
 
 
@@ -168,9 +169,9 @@ def hung(straggled: Job) -> Job:
     job.hang(HUNG_NODE)
     # A page goes to PagerDuty and on to Slack, which may hold it one group_interval.
     pages = ("/pagerduty", "/slack")
-    wait_until(lambda: firing(job, "TrainingRunStalled", *pages)
-               and firing(job, "MonitorAgentDown", *pages),
-               ALERT_WAIT, "TrainingRunStalled and MonitorAgentDown at the receiver", job.logs)
+    eventually(lambda: firing(job, "TrainingRunStalled", *pages)
+               and firing(job, "MonitorAgentDown", *pages), timeout=ALERT_WAIT, interval=0.5,
+               what="TrainingRunStalled and MonitorAgentDown at the receiver", context=job.logs)
     time.sleep(8)  # two peer timeouts more: a late duplicate from another replica would land
     return job
 

@@ -36,10 +36,10 @@ from e2e.test_stack import (
     post,
     trace_records,
     values_for,
-    wait_until,
 )
 
 from dashboards.queries import substitute
+from eventually import eventually
 from sidecar_process import SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -117,8 +117,8 @@ class Pipeline:
                 part = recs[:cut] if half.start == 0 else recs[cut:]
                 post(self.sidecar.url, part)
                 steps[name] = max(r["step"] for r in part if r["kind"] == "step")
-            wait_until(lambda steps=steps: self.arrived(steps), 60,
-                       f"the receiver to hold {steps}", self.logs)
+            eventually(lambda steps=steps: self.arrived(steps), timeout=60, interval=0.5,
+                       what=f"the receiver to hold {steps}", context=self.logs)
 
     def arrived(self, steps: dict[str, int]) -> bool:
         seen = {s["metric"]["run_id"]: float(s["value"][1])
@@ -150,9 +150,10 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         pipe.start()
         pipe.feed()
         # Recording rules over rates need the second half; the stalled run's alert its `for`.
-        wait_until(lambda: pipe.query("project_run_rank:training_step_duration_seconds:p50_rate5m")
+        eventually(lambda: pipe.query("project_run_rank:training_step_duration_seconds:p50_rate5m")
                    and pipe.query('ALERTS{alertname="TrainingRunStalled", alertstate="firing"}'),
-                   60, "the receiver's recording and alerting rules", pipe.logs)
+                   timeout=60, interval=0.5, what="the receiver's recording and alerting rules",
+                   context=pipe.logs)
         yield pipe
     finally:
         pipe.stop()

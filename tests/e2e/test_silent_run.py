@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from eventually import eventually
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys, time
@@ -22,21 +24,12 @@ import monitor_client
 mon = monitor_client.Monitor(run_id=sys.argv[1], total_steps=10_000)
 for step in range(1, 10_001):
     mon.log_step(step, loss=2.0)
-    time.sleep(0.05)
+    time.sleep(0.05)  # a step's pace, until the test kills it
 """
 
 
 def _detail(url: str, run_id: str) -> dict:
     return httpx.get(f"{url}/v1/runs/{run_id}", timeout=10).json()
-
-
-def _until(what, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = what()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.1)
 
 
 def test_a_killed_run_is_marked_silent_after_its_stall_limit(tmp_path, sidecar_factory):
@@ -49,14 +42,16 @@ def test_a_killed_run_is_marked_silent_after_its_stall_limit(tmp_path, sidecar_f
            "MONITOR_AGENT_SPOOL_DIR": str(tmp_path / "spool")}
     proc = subprocess.Popen([sys.executable, str(script), "killed"], env=env)
     try:
-        assert _until(lambda: (_detail(sc.url, "killed").get("last_step") or 0) >= 30)
+        eventually(lambda: (_detail(sc.url, "killed").get("last_step") or 0) >= 30,
+                   timeout=30, what="step 30 stored")
         running = _detail(sc.url, "killed")
         assert running["phase"] == "running" and "eta_seconds" in running["ranks"]["0"]
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
     finally:
         proc.kill()
-    silent = _until(lambda: (d := _detail(sc.url, "killed"))["phase"].startswith("silent") and d)
+    silent = eventually(lambda: (d := _detail(sc.url, "killed"))["phase"].startswith("silent")
+                        and d, timeout=30, what="the run marked silent")
     assert silent, _detail(sc.url, "killed")
     assert silent["status"] == "running"
     assert silent["phase"].startswith(f"silent since step {silent['last_step']}: nothing for "
@@ -67,4 +62,5 @@ def test_a_killed_run_is_marked_silent_after_its_stall_limit(tmp_path, sidecar_f
     late = {"kind": "step", "run_id": "killed", "step": silent["last_step"] + 1,
             "time": time.time(), "loss": 2.0}
     assert sc.post([late]).status_code == 200
-    assert _until(lambda: _detail(sc.url, "killed")["phase"] == "running")
+    eventually(lambda: _detail(sc.url, "killed")["phase"] == "running", timeout=30,
+               what="the run running again")

@@ -7,7 +7,6 @@ cause. Every rank's loader slowed: one input-bound page for the run, and no stra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eventually import eventually
 from receivers import Receiver
 from sidecar_process import free_port
 
@@ -51,12 +51,12 @@ def _train(url: str, run_id: str, slow: str, tmp: Path) -> None:
 def _pages(slack: Receiver, sc, run_id: str, alert: str) -> list[str]:
     """The firing Slack messages of ``alert`` for ``run_id``, once the run's end was
     handled (its alerts resolved: nothing more is coming)."""
-    for _ in range(100):
+    def resolved() -> list[str]:
         texts = [r.body.decode() for r in slack.accepted()]
-        if any(run_id in t and "RESOLVED" in t.upper() for t in texts):
-            break
-        with contextlib.suppress(TimeoutError):
-            slack.wait_for(len(slack.accepted()) + 1, timeout=0.2)
+        assert any(run_id in t and "RESOLVED" in t.upper() for t in texts), texts
+        return texts
+
+    texts = eventually(resolved, timeout=20, interval=0.1, what=f"{run_id}'s alerts resolved")
     return [t for t in texts if run_id in t and alert in t and "FIRING" in t]
 
 

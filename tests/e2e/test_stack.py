@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import yaml
 from e2e.webhook import Webhook
 
 from dashboards.queries import iter_queries, substitute
+from eventually import eventually
 from monitor_agent.records import wire
 from sidecar_process import SidecarProcess, free_port
 
@@ -61,7 +62,8 @@ class Binary:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-        wait_until(lambda: self._ready(ready_url), 30, f"{args[0]} ready", self.tail)
+        eventually(lambda: self._ready(ready_url), timeout=30, interval=0.5,
+                   what=f"{args[0]} ready", context=self.tail)
 
     def _ready(self, url: str) -> bool:
         if self.proc.poll() is not None:
@@ -80,17 +82,6 @@ class Binary:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str,
-               context: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{context()}")
 
 
 def prometheus_config(path: Path, sidecars: list[str], prom: str, am: str) -> None:
@@ -191,8 +182,8 @@ class Stack:
             for recs in half.values():
                 post(self.fed.url, recs)
             steps = {n: max(r["step"] for r in recs if r["kind"] == "step") for n, recs in half.items()}
-            wait_until(lambda steps=steps: self._scraped(steps), 60, f"Prometheus to see {steps}",
-                       self.fed.log)
+            eventually(lambda steps=steps: self._scraped(steps), timeout=60, interval=0.5,
+                       what=f"Prometheus to see {steps}", context=self.fed.log)
 
     def _scraped(self, steps: dict[str, int]) -> bool:
         seen = {s["metric"]["run_id"]: float(s["value"][1]) for s in
@@ -201,7 +192,8 @@ class Stack:
 
     def kill_doomed_once_scraped(self) -> None:
         up = f'up{{instance="{self.down_instance}"}} == 1'
-        wait_until(lambda: self.query(up), 30, "the doomed sidecar's first scrape")
+        eventually(lambda: self.query(up), timeout=30, interval=0.5,
+                   what="the doomed sidecar's first scrape")
         self.doomed.kill()
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -267,8 +259,9 @@ def fired(stack: Stack) -> Stack:
         pages = stack.hook.bodies("/pagerduty")
         return bool(mentions(pages, "MonitorAgentDown", stack.down_instance)
                     and mentions(pages, "TrainingRunStalled", STALLED))
-    wait_until(paged, ALERT_WAIT, "MonitorAgentDown and TrainingRunStalled at the webhook",
-               lambda: f"{stack.hook.received}\n{stack.logs()}")
+    eventually(paged, timeout=ALERT_WAIT, interval=0.5,
+               what="MonitorAgentDown and TrainingRunStalled at the webhook",
+               context=lambda: f"{stack.hook.received}\n{stack.logs()}")
     return stack
 
 
@@ -276,7 +269,8 @@ def test_sidecar_down_pages_and_posts_to_slack(fired: Stack) -> None:
     (page, *_) = mentions(fired.hook.bodies("/pagerduty"), "MonitorAgentDown", fired.down_instance)
     assert page["routing_key"] == "e2e-routing-key-0123456789abcdef" and page["event_action"] == "trigger"
     assert page["payload"]["severity"] == "error"
-    wait_until(lambda: mentions(fired.hook.bodies("/slack"), "MonitorAgentDown"), 30, "Slack copy")
+    eventually(lambda: mentions(fired.hook.bodies("/slack"), "MonitorAgentDown"),
+               timeout=30, interval=0.5, what="Slack copy")
     # The live sidecar is not reported down.
     fed = f"127.0.0.1:{fired.fed.port}"
     assert not mentions(fired.hook.bodies("/pagerduty"), "MonitorAgentDown", fed)
@@ -307,8 +301,8 @@ def test_straggler_rule_picks_the_slow_rank(fired: Stack) -> None:
 
 def test_a_page_of_a_run_inhibits_its_warnings(fired: Stack) -> None:
     slack = fired.hook.bodies("/slack")
-    wait_until(lambda: mentions(fired.hook.bodies("/slack"), "E2ELossSpikeAlone"), 30,
-               "an uninhibited warning in Slack")
+    eventually(lambda: mentions(fired.hook.bodies("/slack"), "E2ELossSpikeAlone"),
+               timeout=30, interval=0.5, what="an uninhibited warning in Slack")
     assert mentions(fired.hook.bodies("/pagerduty"), "E2ENanInf")
     assert not mentions(fired.hook.bodies("/pagerduty"), "E2ELossSpike")
     assert not mentions(slack + fired.hook.bodies("/slack"), "E2ELossSpikeMuted")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from monitor_agent.detectors import DetectorSettings
 from monitor_agent.detectors.support.stats import Ema
 
@@ -78,10 +78,8 @@ def test_spikes_are_skipped_exactly_and_page_only_past_the_budget(guard_sidecar,
     _train(sc.url, "guard-beyond", beyond, tmp_path)
     assert _skipped(sc, "guard-beyond") == dict.fromkeys(beyond, "grad_norm_outlier")
 
-    deadline = time.monotonic() + 20
-    while not _pages(pd_receiver, "guard-beyond") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    pages = _pages(pd_receiver, "guard-beyond")
+    pages = eventually(lambda: _pages(pd_receiver, "guard-beyond"), timeout=20,
+                       what="the skip budget's page")
     assert pages and all("TrainingSkipBudget" in p for p in pages), pages
     assert "skipped 3 of the last 200 steps" in pages[0], pages
     assert "grad_norm_outlier x3" in pages[0] and "steps 90, 130, 170" in pages[0], pages

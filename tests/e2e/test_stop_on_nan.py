@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 INJECT = 12
@@ -46,13 +47,12 @@ def _check_stopped(sc, pd_receiver, run_id: str, proc) -> int:
     # from its end record, not the step it was asked at (before the end record arrives, a
     # page says "stop requested at step N"; the first page may already come after it).
     stopped = f"run stopped at step {last} by rule StopOnRepeatedNaN ({requested.split(' by')[0]})"
-    deadline = time.monotonic() + 10
-    while True:
+    def paged() -> list[str]:
         summaries = [r.json["payload"]["summary"] for r in pd_receiver.requests if r.json]
-        if any(stopped in s for s in summaries) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert any(stopped in s for s in summaries), summaries
+        assert any(stopped in s for s in summaries), summaries
+        return summaries
+
+    summaries = eventually(paged, what="the page saying where the run stopped")
     if last != ACTION_STEP:
         assert not any(f"run stopped at step {ACTION_STEP} " in s for s in summaries), summaries
     [action] = httpx.get(f"{sc.url}/v1/runs/{run_id}/actions", timeout=10).json()["actions"]

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import time
-
+from eventually import eventually
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.notify.channels import build_notifiers, describe_channels
 
@@ -33,8 +32,6 @@ def test_a_bare_sidecar_prints_its_alerts_and_names_its_channels(sidecar):
     steps = [{"kind": "step", "run_id": "fresh", "step": s, "time": 1000.0 + s,
               "loss": "NaN" if s >= 5 else 2.0, "grad_norm": 1.0} for s in range(1, 7)]
     assert sidecar.post([{"kind": "run", "run_id": "fresh"}, *steps]).status_code == 200
-    deadline = time.monotonic() + 15
-    while "[FIRING" not in sidecar.log():
-        assert time.monotonic() < deadline, sidecar.log()
-        time.sleep(0.05)
+    eventually(lambda: "[FIRING" in sidecar.log(), timeout=15, what="the console page",
+               context=sidecar.log)
     assert "TrainingNanInf" in sidecar.log() and "run fresh" in sidecar.log()

@@ -5,7 +5,6 @@ through a real sidecar."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
@@ -241,13 +241,6 @@ def _delivery(srv: LiveServer, run_id: str) -> dict:
     return alert["delivery"].get("pagerduty", {})
 
 
-def _until(pred, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (got := pred()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
-
-
 def _metric(srv: LiveServer, line_start: str) -> float:
     for line in httpx.get(srv.url + "/metrics").text.splitlines():
         if line.startswith(line_start):
@@ -267,7 +260,7 @@ def test_a_page_that_fails_does_not_hold_back_another_runs_page(tmp_path, pd):
         assert page.json["payload"]["custom_details"]["run_id"] == "b"
         a = _delivery(srv, "a")
         assert (a["state"], a["attempts"]) == ("pending", 1) and "HTTP 500" in a["last_error"]
-        assert _until(lambda: _delivery(srv, "b").get("state") == "sent")
+        eventually(lambda: _delivery(srv, "b").get("state") == "sent", timeout=20, what="b sent")
 
 
 def test_a_trickling_receiver_costs_one_bounded_attempt_then_the_page_goes_out(tmp_path, pd):
@@ -276,7 +269,7 @@ def test_a_trickling_receiver_costs_one_bounded_attempt_then_the_page_goes_out(t
     pd.script(Reply(202, {"status": "success"}, trickle=1.0))
     with _sidecar(tmp_path, pd, attempt_timeout_seconds=0.5, backoff_base_seconds=0.1) as srv:
         _nan(srv, "t")
-        assert _until(lambda: _delivery(srv, "t").get("state") == "sent")
+        eventually(lambda: _delivery(srv, "t").get("state") == "sent", timeout=20, what="t sent")
         assert _delivery(srv, "t")["attempts"] == 1
         deadline = 'monitor_agent_notification_deadline_exceeded_total{channel="pagerduty"}'
         assert _metric(srv, deadline) == 1
@@ -289,7 +282,8 @@ def test_a_page_past_max_age_ends_failed_not_pending(tmp_path, pd):
     with _sidecar(tmp_path, pd, attempt_timeout_seconds=0.3, backoff_base_seconds=0.1,
                   max_age_seconds=1.0) as srv:
         _nan(srv, "m")
-        assert _until(lambda: _delivery(srv, "m").get("state") == "failed")
+        eventually(lambda: _delivery(srv, "m").get("state") == "failed", timeout=20,
+                   what="m failed")
         failed = _delivery(srv, "m")
         assert failed["attempts"] >= 1 and "expired" in failed["last_error"]
         expired = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="expired"}'
@@ -305,7 +299,7 @@ def test_a_page_that_finds_the_outbox_full_shows_failed_with_the_reason(tmp_path
         _nan(srv, "a")
         pd.wait_for(1)
         _nan(srv, "b")
-        full = _until(lambda: _delivery(srv, "b"))
+        full = eventually(lambda: _delivery(srv, "b"), timeout=20, what="b's delivery state")
         assert (full["state"], full["attempts"]) == ("failed", 0)
         assert "outbox full" in full["last_error"] and "max_pending=1" in full["last_error"]
         dropped = 'monitor_agent_notifications_undelivered_total{channel="pagerduty",reason="outbox_full"}'

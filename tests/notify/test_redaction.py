@@ -8,11 +8,11 @@ neither in the sidecar's log (whatever logger wrote it) nor in ``outbox.last_err
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from monitor_agent.notify.redact import MASK, SecretRedactor
 from receivers import Receiver, Reply
 from sidecar_process import SidecarProcess
@@ -47,15 +47,12 @@ def test_echoed_secret_path_is_redacted_in_logs_and_outbox(tmp_path: Path):
             assert r.status_code == 200
             slack.wait_for(1)
             db = sqlite3.connect(tmp_path / "data" / "alerts.sqlite")
-            deadline = time.monotonic() + 10
-            errors: list = []
-            while time.monotonic() < deadline and not errors:
-                errors = db.execute("SELECT last_error FROM outbox WHERE state = 'failed'"
-                                    ).fetchall()
-                time.sleep(0.1)
+            errors = eventually(lambda: db.execute(
+                "SELECT last_error FROM outbox WHERE state = 'failed'").fetchall(),
+                interval=0.1, what="the failed delivery stored")
             db.close()
-            time.sleep(0.3)
-            log = sc.log()
+            log = eventually(lambda: "Cannot POST" in (text := sc.log()) and text,
+                             what="the failure logged")
     assert errors and "Cannot POST" in errors[0][0] and MASK in errors[0][0]
     assert SECRET not in errors[0][0]
     assert "Cannot POST" in log  # the failure is logged...
@@ -105,12 +102,13 @@ def test_pagerduty_key_echoed_after_a_prefix_is_masked_in_log_outbox_and_api(tmp
                       "loss": "NaN" if s == 3 else 1.0} for s in range(1, 5)]
             assert httpx.post(sc.url + "/v1/records", json={"records": steps}).status_code == 200
             pd.wait_for(1)
-            deadline = time.monotonic() + 10
-            delivery: dict = {}
-            while time.monotonic() < deadline and "failed" not in str(delivery):
+            def failed() -> dict:
                 alerts = httpx.get(sc.url + "/v1/alerts").json()["alerts"]
                 delivery = alerts[0]["delivery"] if alerts else {}
-                time.sleep(0.1)
+                assert "failed" in str(delivery), delivery
+                return delivery
+
+            delivery = eventually(failed, interval=0.1, what="the delivery failed")
             db = sqlite3.connect(tmp_path / "data" / "alerts.sqlite")
             errors = [e for (e,) in db.execute("SELECT last_error FROM outbox")]
             db.close()

@@ -7,12 +7,12 @@ The local Slack receiver refuses what Slack refuses (more than 50 blocks, more t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.notify.base import OutcomeKind
 from monitor_agent.notify.slack import SlackNotifier
@@ -73,11 +73,13 @@ def test_an_undelivered_page_is_visible_in_api_metric_and_log(tmp_path: Path, ca
                       "loss": "NaN" if s == 2 else 1.0} for s in range(1, 4)]
             assert httpx.post(srv.url + "/v1/records", json={"records": steps}).status_code == 200
             slack.wait_for(2)
-            deadline, delivery = time.monotonic() + 10, {}
-            while time.monotonic() < deadline and delivery.get("state") != "failed":
+            def failed() -> dict:
                 alerts = httpx.get(srv.url + "/v1/alerts").json()["alerts"]
                 delivery = alerts[0]["delivery"].get("slack", {}) if alerts else {}
-                time.sleep(0.05)
+                assert delivery.get("state") == "failed", delivery
+                return delivery
+
+            delivery = eventually(failed, what="the Slack delivery failed")
             metrics = httpx.get(srv.url + "/metrics").text
     assert delivery["state"] == "failed" and "invalid_payload" in delivery["last_error"]
     assert _metric(metrics, "monitor_agent_notifications_undelivered_total",

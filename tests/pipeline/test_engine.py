@@ -4,13 +4,13 @@ engine's one seam to alerting, ``AlertSink``: what it is told, and that none is 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.alerting.sink import AlertSink
@@ -37,9 +37,8 @@ def test_retention_keeps_the_newest_steps_of_every_rank(tmp_path: Path):
             records.append({"kind": "eval", "run_id": run, "step": 10, "time": 1010.5,
                             "val_loss": 1.0})
             assert httpx.post(srv.url + "/v1/records", json={"records": records}).is_success
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(_stored_steps(srv.url, "b", 1)) > 100:
-            time.sleep(0.05)
+        eventually(lambda: len(_stored_steps(srv.url, "b", 1)) <= 100, timeout=20,
+                   what="retention trimmed run b")
         for run in ("a", "b"):
             for rank in (0, 1):
                 assert _stored_steps(srv.url, run, rank) == list(range(101, 201))

@@ -195,7 +195,7 @@ def layer_names_over_time(url: str, pid: int, history_path: Path, steps: int,
     while time.monotonic() < deadline:  # the history folds on its own thread
         if history("SELECT MAX(step) FROM steps WHERE run_id = 'name-drift'") >= steps:
             break
-        time.sleep(0.2)
+        time.sleep(0.2)  # a report, not a check: it says where the history got to
     return Row(f"{steps} steps, one new layer name each", sent, 0, status, max(peak, 0.0),
                max(rss_mib(pid) - before, 0.0), history_bytes() - stored0)
 

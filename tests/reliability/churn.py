@@ -93,6 +93,7 @@ def churn(url: str, pid: int, runs: int, ttl: float, batch: int = 100,
         report.rss_peak = probe.peak_rss_bytes
         deadline = time.monotonic() + ttl + 30
         while time.monotonic() < deadline:
+            # a measurement: runs on /metrics after their ttl, sampled
             time.sleep(max(ttl / 2, 0.2))
             report.runs_on_metrics_after = _runs_on_metrics(http, url)
             health = http.get(url + "/metrics").text

@@ -232,7 +232,7 @@ def ranks_at_rate(url: str, pid: int, ranks: int = 256, steps: int = 30, rate: f
             if step > warmup:  # the step's records, served one after another
                 report.requests.append((ranks, burst))
                 slowest = max(slowest, *took)
-            time.sleep(max(1.0 / rate - burst, 0.0))
+            time.sleep(max(1.0 / rate - burst, 0.0))  # the load's rate
     victim.__exit__()
     report.victim = victim.latencies
     report.cpu_seconds, report.wall_seconds = _cpu(pid) - cpu0, time.perf_counter() - t0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -31,11 +32,14 @@ def steps(run: str, start: int, n: int = 20) -> dict:
 
 
 def wait_ready(url: str, timeout: float = 15.0) -> float:
-    """Seconds until /readyz says 200 (AssertionError after ``timeout``)."""
+    """Seconds until /readyz says 200, which bench/chaos.py reports (AssertionError after
+    ``timeout``, scaled)."""
+    def ready() -> None:
+        res = httpx.get(url + "/readyz")
+        assert res.status_code == 200, res.text
+
     start = time.monotonic()
-    while httpx.get(url + "/readyz").status_code != 200:
-        assert time.monotonic() - start < timeout, httpx.get(url + "/readyz").text
-        time.sleep(0.05)
+    eventually(ready, timeout=timeout, interval=0.05, what="/readyz 200 again")
     return time.monotonic() - start
 
 

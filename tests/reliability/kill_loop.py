@@ -114,7 +114,7 @@ def _wait_for_resolves(pd: Receiver, timeout: float) -> None:
         if keys and all(a == "resolve" for a in keys.values()):
             time.sleep(1.0)  # a late duplicate would show up now
             return
-        time.sleep(0.1)
+        time.sleep(0.1)  # a report, not a check: the caller judges what came
 
 
 def _loss_ema(url: str, run_id: str) -> float | None:
@@ -163,7 +163,7 @@ def run_trainer(tmp: Path, run_id: str, steps: int, kills: int, seed: int,
         try:
             trainer = _trainer(sc.url, run_id, steps, tmp / f"spool-{run_id}")
             while out.kills < kills and trainer.poll() is None:
-                time.sleep(rng.uniform(*gap))
+                time.sleep(rng.uniform(*gap))  # the gap between kills
                 if trainer.poll() is None:
                     sc.kill()
                     out.kills += 1

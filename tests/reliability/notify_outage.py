@@ -197,14 +197,14 @@ def _outage(report, http, sc, slack, pd, gate, seconds, runs) -> None:
     end, started = time.monotonic() + seconds, time.monotonic()
     for i in range(runs):  # spread the pages over the outage
         report.outage_ms.append(_post_run(http, sc.url, f"nan-{i}", True))
-        time.sleep(seconds / runs / 3)
+        time.sleep(seconds / runs / 3)  # the pages spread over the outage
     while time.monotonic() < end:
         if time.monotonic() - started > seconds / 2 and gate._listener is not None:
             gate.close()  # the second half: connections refused
         report.outage_ms.append(_post_run(http, sc.url, f"ok-{len(report.outage_ms)}", False))
         text = http.get(sc.url + "/metrics").text
         report.max_pending = max(report.max_pending, _metric(text, "monitor_agent_outbox_pending"))
-        time.sleep(0.2)
+        time.sleep(0.2)  # traffic during the outage, sampled
     report.failed_attempts = len(slack.requests) + len(pd.requests)
 
 
@@ -217,8 +217,8 @@ def _recover(report, http, sc, slack, pd, gate, runs) -> None:
         text = http.get(sc.url + "/metrics").text
         if _metric(text, "monitor_agent_outbox_pending") == 0:
             break
-        time.sleep(0.5)
-    time.sleep(1.0)
+        time.sleep(0.5)  # a report, not a check: the caller judges it
+    time.sleep(1.0)  # a late duplicate would show up now
     for r in pd.accepted():
         if r.json["event_action"] == "trigger":
             report.pages[r.json["dedup_key"]] += 1

@@ -155,7 +155,7 @@ def _await(report: FloodReport, receivers: dict[str, Receiver], before: dict[str
                     ch.latency_s, ch.ahead = q.at - sent_at, i - before[name]
                     del pending[name]
                     break
-        time.sleep(0.02)
+        time.sleep(0.02)  # measures each channel's latency: none is a result
     for name in pending:
         report.channels[name].ahead = len(receivers[name].requests) - before[name]
 
@@ -166,7 +166,7 @@ def _drain(http: httpx.Client, url: str, seconds: float) -> None:
         for line in http.get(url + "/metrics").text.splitlines():
             if line.startswith("monitor_agent_outbox_pending ") and float(line.split()[1]) == 0:
                 return
-        time.sleep(0.5)
+        time.sleep(0.5)  # a report, not a check: the caller judges it
 
 
 def _queued_ahead(report: FloodReport, db: Path) -> None:

@@ -143,6 +143,7 @@ def soak(url: str, pid: int, seconds: float, runs: int = 50, rate: float = 400.0
             window_end = min(end, time.monotonic() + window)
             renders = []
             while time.monotonic() < window_end:  # scrape like Prometheus would, every 5 s
+                # scrape like Prometheus
                 time.sleep(min(scrape_every, max(0.0, window_end - time.monotonic())))
                 renders.append(_render_ms(http, url))
             lat, err = load.take()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from sidecar_process import SidecarProcess
@@ -34,16 +34,6 @@ def _steps(run_id: str, steps, **extra) -> list[dict]:
 
 def _post(url: str, records: list[dict]) -> httpx.Response:
     return httpx.post(url + "/v1/records", json={"records": records}, timeout=30)
-
-
-def _wait_for(check, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
 
 
 def _series(url: str, run_id: str) -> httpx.Response:
@@ -72,14 +62,16 @@ def _filled(data: Path, run_id: str = "r1", steps: int = 300) -> None:
     with LiveServer(load_settings(data_dir=data)) as srv:
         for lo in range(1, steps + 1, 100):
             assert _post(srv.url, _steps(run_id, range(lo, lo + 100))).status_code == 200
-        _wait_for(_charted(srv.url, run_id, steps), "the run charted")
+        eventually(_charted(srv.url, run_id, steps),
+                   timeout=30, interval=0.1, what="the run charted")
 
 
 def test_a_corrupt_chart_history_is_moved_aside_and_rebuilt(tmp_path: Path, caplog):
     _filled(tmp_path)
     _damage(tmp_path / "history.sqlite")
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
-        series = _wait_for(_charted(srv.url, "r1", 300), "the charts rebuilt")
+        series = eventually(_charted(srv.url, "r1", 300),
+                            timeout=30, interval=0.1, what="the charts rebuilt")
         assert series.json()["count"] == 300
         assert httpx.get(srv.url + "/readyz").json() == {"status": "ready"}
     assert (tmp_path / "history.sqlite.corrupt").is_file()
@@ -93,7 +85,8 @@ def test_history_follows_its_records_when_the_records_database_is_replaced(tmp_p
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
         # Fewer records than the old history had folded: they must not hide behind its cursor.
         assert _post(srv.url, _steps("new", range(1, 11))).status_code == 200
-        _wait_for(_charted(srv.url, "new", 10), "the new run charted")
+        eventually(_charted(srv.url, "new", 10),
+                   timeout=30, interval=0.1, what="the new run charted")
         assert _series(srv.url, "gone").status_code == 404  # no chart of a run not stored
 
 
@@ -103,8 +96,8 @@ def test_a_corrupt_record_store_is_not_ready_and_refuses_ingest(tmp_path: Path):
     # last) still read, so it opens and recovers; on main it served 200s over the damage.
     _damage(tmp_path / "monitor.sqlite", 0.35, 0.65)
     with LiveServer(load_settings(data_dir=tmp_path, tick_interval_seconds=0.1)) as srv:
-        ready = _wait_for(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
-                          and r, "readyz red")
+        ready = eventually(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
+                           and r, timeout=30, interval=0.1, what="readyz red")
         assert "storage is corrupt: database disk image is malformed" in ready.json()["reason"]
         refused = _post(srv.url, _steps("r1", [301]))
         assert refused.status_code == 503, refused.text
@@ -124,7 +117,8 @@ def test_after_a_clean_stop_the_sqlite_files_alone_are_a_complete_backup(tmp_pat
     data, backup = tmp_path / "data", tmp_path / "backup"
     with SidecarProcess(data) as sc:
         assert sc.post(_steps("paged", [1, 2], loss="NaN")).status_code == 200
-        _wait_for(lambda: httpx.get(sc.url + "/v1/alerts").json()["alerts"], "an alert")
+        eventually(lambda: httpx.get(sc.url + "/v1/alerts").json()["alerts"],
+                   timeout=30, interval=0.1, what="an alert")
     backup.mkdir()
     for path in data.glob("*.sqlite"):  # what a naive backup copies
         shutil.copy(path, backup / path.name)
@@ -142,15 +136,16 @@ def test_a_chart_history_damaged_while_serving_is_rebuilt_and_never_answers_500(
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
         for lo in (1, 101, 201):
             assert _post(srv.url, _steps("live", range(lo, lo + 100))).status_code == 200
-        _wait_for(_charted(srv.url, "live", 300), "the run charted")
+        eventually(_charted(srv.url, "live", 300), timeout=30, interval=0.1, what="the run charted")
         with sqlite3.connect(tmp_path / "history.sqlite") as db:  # its pages into the file
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         _damage(tmp_path / "history.sqlite")
         # Whoever meets the damage first, a reader or the indexer's own fold, has it moved
         # aside and rebuilt; meanwhile readers get a 503 saying so, or the partial rebuild.
         answers = []
-        series = _wait_for(lambda: answers.append(r := _series(srv.url, "live")) or (
-            r.status_code == 200 and r.json()["range"][1] == 300 and r), "the charts rebuilt")
+        series = eventually(lambda: answers.append(r := _series(srv.url, "live")) or (
+            r.status_code == 200 and r.json()["range"][1] == 300 and r),
+            timeout=30, interval=0.1, what="the charts rebuilt")
         assert series.json()["count"] == 300
         for r in answers:
             assert r.status_code in (200, 404, 503), r.text  # never a 500

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from cardinality import label_bomb, layer_bomb, run_bomb
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -80,11 +80,9 @@ def test_new_layer_names_every_step_do_not_grow_the_chart_history_with_their_squ
     result = layer_bomb(capped.url, os.getpid(), names=steps, per_record=1, per_batch=100)
     assert result.accepted == steps
     history = tmp_path / "history.sqlite"
-    deadline = time.monotonic() + 60
-    while _history_rows(history, "SELECT MAX(step) FROM steps WHERE run_id = 'layer-bomb'"
-                        )[0] != steps:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually(lambda: _history_rows(
+        history, "SELECT MAX(step) FROM steps WHERE run_id = 'layer-bomb'")[0] == steps,
+        timeout=60, interval=0.1, what="the history folded every step")
     stored = _history_rows(history, "SELECT SUM(LENGTH(data)) FROM matrices WHERE "
                                     "run_id = 'layer-bomb' AND stat = 'grad_norm'")[0]
     # Each step carried one number: stored as one position and one value (history/vectors.py)

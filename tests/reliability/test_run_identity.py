@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -125,14 +126,6 @@ def _findings(srv: LiveServer, run: str) -> list[dict[str, Any]]:
     return r.json()["findings"]
 
 
-def _wait(predicate, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while not (found := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return found
-
-
 def test_a_second_live_job_on_one_run_id_is_paged_and_the_first_still_judged(srv):
     run = "shared-id"
     began = time.time()
@@ -147,14 +140,16 @@ def test_a_second_live_job_on_one_run_id_is_paged_and_the_first_still_judged(srv
     nan = _post(srv, _steps(run, range(52, 53), "job-a", t0=time.time() - 52,
                             loss="NaN")).json()
     assert nan["accepted"] == 1
-    found = _wait(lambda: {f["type"]: f for f in _findings(srv, run)}
-                  if len(_findings(srv, run)) >= 2 else None)
+    found = eventually(lambda: {f["type"]: f for f in _findings(srv, run)}
+                       if len(_findings(srv, run)) >= 2 else None, timeout=15,
+                       what="both findings")
     assert set(found) == {"two_jobs", "nan_inf"}
     assert "two live jobs on run id shared-id: attempt 1 (rank 0) sent step 52" in \
         found["two_jobs"]["message"]
     assert found["nan_inf"]["attempt"] == 1 and found["nan_inf"]["step"] == 52
     assert found["nan_inf"]["evidence"]["view"] == "partial"  # paged; no rule acts on it
-    alerts = _wait(lambda: httpx.get(srv.url + "/v1/alerts").json()["alerts"] or None)
+    alerts = eventually(lambda: httpx.get(srv.url + "/v1/alerts").json()["alerts"], timeout=15,
+                        what="the alerts")
     assert {a["type"] for a in alerts} >= {"two_jobs", "nan_inf"}
     # Once: job A's next record is judged, not paged about the two jobs again.
     _post(srv, _steps(run, range(53, 54), "job-a", t0=time.time() - 53))

@@ -53,7 +53,7 @@ def _exercise(sc: SidecarProcess, slack: Receiver, pd: Receiver) -> list[str]:
     pd.wait_for(3, timeout=30)
     texts.append(httpx.post(sc.url + "/v1/records", headers=auth, json={"records": [
         {"kind": "end", "run_id": "leak", "step": 9, "time": 1010.0, "status": "completed"}]}).text)
-    time.sleep(1.5)
+    time.sleep(1.5)  # what the end sets off (resolves, their log lines) is searched too
     return texts
 
 

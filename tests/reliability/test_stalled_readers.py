@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 from stalled_readers import Shape, attack, close_all, closed_by_sidecar, records_path, seed_run
 
+from eventually import scaled
 from sidecar_process import SidecarProcess
 
 READ_BUDGET_MIB = 64.0   # docs/hostile-input.md: what every read answer together may hold
@@ -39,7 +40,7 @@ def test_readers_that_never_read_stay_within_the_budget_and_are_dropped(tmp_path
             assert row.peak_mib <= READ_BUDGET_MIB, row.line()
             # Each reader is closed by the sidecar: a stalled answer after the write
             # deadline, a refused one (503) as an idle connection.
-            waited = WRITE_TIMEOUT + KEEP_ALIVE + 5.0
+            waited = scaled(WRITE_TIMEOUT + KEEP_ALIVE + 5.0)
             assert all(closed_by_sidecar(s, waited) for s in row.sockets)
         finally:
             close_all(row.sockets)

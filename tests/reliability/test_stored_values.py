@@ -11,12 +11,12 @@ import gzip
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
@@ -30,16 +30,6 @@ HUGE = int("9" * 401)  # orjson gives up, the stdlib parses it: a Python int of 
 def _steps(run_id: str, steps, **extra) -> list[dict]:
     return [{"kind": "step", "run_id": run_id, "step": s, "time": 1000.0 + s, "loss": 1.0,
              **extra} for s in steps]
-
-
-def _wait_for(check, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.fixture
@@ -101,8 +91,9 @@ def test_chart_history_skips_a_stored_value_it_cannot_fold_and_goes_on(tmp_path:
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
         r = httpx.post(srv.url + "/v1/records", json={"records": _steps("later", range(1, 6))})
         assert r.status_code == 200, r.text
-        series = _wait_for(lambda: (s := httpx.get(srv.url + "/v1/runs/later/series"))
-                           .status_code == 200 and s, "the later run's charts")
+        series = eventually(lambda: (s := httpx.get(srv.url + "/v1/runs/later/series"))
+                            .status_code == 200 and s,
+                           timeout=30, interval=0.1, what="the later run's charts")
         assert series.json()["range"] == [1, 5]
         # The old run's steps are charted too: only its run record was skipped.
         assert httpx.get(srv.url + "/v1/runs/old/series").json()["range"] == [1, 2]
@@ -139,8 +130,8 @@ def test_a_chart_history_that_cannot_work_fails_readyz_with_the_reason(tmp_path:
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
         assert httpx.post(srv.url + "/v1/records",
                           json={"records": _steps("blind", [1])}).status_code == 200
-        ready = _wait_for(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
-                          and r, "readyz red", timeout=60)
+        ready = eventually(lambda: (r := httpx.get(srv.url + "/readyz")).status_code == 503
+                           and r, timeout=60, interval=0.1, what="readyz red")
         assert ready.json()["reason"].startswith("chart history: "), ready.text
         assert "retrying" in ready.json()["reason"]
         # Records are still taken: a broken history costs charts, never a record.

@@ -5,12 +5,12 @@ rebinding (Host), and cannot frame the run page (the headers every answer carrie
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.serving.browser_guard import inline_script_hashes
 from monitor_agent.settings import load_settings
@@ -31,13 +31,9 @@ def _firing_nan_alert(url: str) -> dict:
     records = [{"kind": "step", "run_id": "r1", "step": s, "time": 1000.0 + s,
                 "loss": "NaN" if s == 6 else 2.0} for s in range(1, 7)]
     assert httpx.post(url + "/v1/records", json={"records": records}).status_code == 200
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alerts = httpx.get(url + "/v1/alerts", params={"state": "firing"}).json()["alerts"]
-        if alerts:
-            return alerts[0]
-        time.sleep(0.02)
-    raise AssertionError("no alert fired")
+    return eventually(
+        lambda: httpx.get(url + "/v1/alerts", params={"state": "firing"}).json()["alerts"],
+        what="an alert fired")[0]
 
 
 def test_a_cross_origin_page_cannot_end_a_run_or_ack_its_alert(server):

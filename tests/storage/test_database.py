@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import monitor_agent
+from eventually import eventually
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
 TX_SQL = re.compile(r"(BEGIN|COMMIT|ROLLBACK|END TRANSACTION|SAVEPOINT|RELEASE)\b")
@@ -166,7 +167,6 @@ def test_a_data_dir_with_uri_characters_serves_charts_and_exports(tmp_path: Path
     """``#``, ``?`` and ``%`` in the data directory's path are path characters, not URI
     syntax: the read-only connections (charts' indexer, chart reads, export) open the very
     files, and nothing is created outside the data directory."""
-    import time
 
     import httpx
 
@@ -181,14 +181,11 @@ def test_a_data_dir_with_uri_characters_serves_charts_and_exports(tmp_path: Path
              for s in range(1, 21)]
     with LiveServer(load_settings(data_dir=data)) as srv:
         assert httpx.post(srv.url + "/v1/records", json={"records": steps}).status_code == 200
-        deadline, res = time.monotonic() + 20, None
-        while time.monotonic() < deadline:
+        def indexed() -> None:
             res = httpx.get(srv.url + "/v1/runs/r/series", params={"points": 10})
-            if res.status_code == 200 and res.json()["range"] == [1, 20]:
-                break
-            time.sleep(0.1)
-        assert res is not None and res.status_code == 200 and res.json()["range"] == [1, 20], (
-            res and res.text)
+            assert res.status_code == 200 and res.json()["range"] == [1, 20], res.text
+
+        eventually(indexed, timeout=20, interval=0.1, what="the chart history of r")
     out = tmp_path / "r.jsonl"
     assert export_from_data_dir(data, "r", out) == 20
     assert sorted(p.name for p in parent.iterdir()) == [name]

@@ -8,11 +8,11 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,13 +33,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _alert_types(url: str, run_id: str) -> set[str]:
-    deadline = time.monotonic() + 15
-    while True:
-        found = httpx.get(f"{url}/v1/alerts", params={"run_id": run_id}, timeout=5).json()
-        types = {a.get("type") for a in found["alerts"]}
-        if types or time.monotonic() > deadline:
-            return types
-        time.sleep(0.1)
+    """The types of the run's alerts, once it has any."""
+    return eventually(lambda: {a.get("type") for a in httpx.get(
+        f"{url}/v1/alerts", params={"run_id": run_id}, timeout=5).json()["alerts"]},
+        timeout=15, interval=0.1, what=f"an alert of {run_id}")
 
 
 def test_a_spool_left_while_the_sidecar_was_down_is_pushed_later_and_pages(

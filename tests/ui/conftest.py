@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import gzip
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -96,13 +96,12 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedRun]:
 
 
 def _wait_indexed(run: FedRun) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def caught_up() -> None:
         res = httpx.get(f"{run.url}/v1/runs/{run.run_id}/series?points=10&rank=1", timeout=10)
-        if res.status_code == 200 and res.json()["range"][1] == run.last_step:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the chart history never caught up with the fed records")
+        assert res.status_code == 200 and res.json()["range"][1] == run.last_step, res.text[:200]
+
+    eventually(caught_up, timeout=30, interval=0.1,
+               what="the chart history caught up with the fed records")
 
 
 @pytest.fixture
@@ -189,11 +188,10 @@ def lr_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LrRuns]:
                 res = httpx.post(srv.url + "/v1/records", content=body, timeout=60, headers={
                     **fed.headers, "content-type": "application/x-ndjson"})
                 assert res.status_code < 300, res.text
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def caught_up() -> None:
             counts = [httpx.get(f"{srv.url}/v1/runs/{r}/series?points=10", timeout=10)
                       for r in runs]
-            if all(c.status_code == 200 and c.json()["range"][1] == 600 for c in counts):
-                break
-            time.sleep(0.1)
+            assert all(c.status_code == 200 and c.json()["range"][1] == 600 for c in counts)
+
+        eventually(caught_up, timeout=30, interval=0.1, what="the three runs' chart history")
         yield fed

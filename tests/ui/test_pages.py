@@ -11,6 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from ui_checks import CANVAS_COLOURS, CHARTS
 
+from eventually import scaled
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_agent.ui.pages import STATIC
@@ -87,13 +88,14 @@ def test_a_finding_marker_shows_its_evidence_and_zooms_to_its_step(browser, fed)
     assert lo < step < hi and hi - lo < fed.last_step / 2
 
 
-def test_a_live_step_appears_within_two_seconds(browser, fed):
+def test_a_live_step_appears_without_a_reload(browser, fed):
     open_run_page(browser, fed)
     step = fed.last_step + 1
     fed.post_records([{"kind": "step", "run_id": fed.run_id, "step": step,
                        "time": time.time(), "loss": 2.125, "step_time": 0.02}])
     fed.last_step = step
-    WebDriverWait(browser, 2, poll_frequency=0.05).until(lambda d: d.execute_script(
+    # The page polls each second (run.js); the wait only stops a page that never shows it.
+    WebDriverWait(browser, scaled(10), poll_frequency=0.05).until(lambda d: d.execute_script(
         "const u = window.runPage.charts.loss;"
         "return document.getElementById('last-step').textContent === arguments[0] && "
         "u.data[0][u.data[0].length - 1] === +arguments[0]", str(step)))
@@ -175,10 +177,10 @@ def test_both_pages_work_under_their_content_security_policy(browser, fed):
         browser.get(fed.url + "/")
         WebDriverWait(browser, 10).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))
-        time.sleep(0.3)
+        time.sleep(0.3)  # a violation is reported after the fact: give one time to come
         listed = browser.execute_script("return window.__csp")
         open_run_page(browser, fed)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the same for the run page
         drawn = browser.execute_script("return window.__csp")
     finally:
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",

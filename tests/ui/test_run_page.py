@@ -16,6 +16,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 
@@ -446,11 +447,9 @@ def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
     with LiveServer(settings) as srv:
         assert httpx.post(srv.url + "/v1/records", json={"records": records},
                           timeout=30).status_code == 200
-        deadline = time.monotonic() + 60
-        while not [f for f in httpx.get(f"{srv.url}/v1/runs/hung/findings", timeout=10)
-                   .json()["findings"] if f["type"] == "hang"]:
-            assert time.monotonic() < deadline, "no hang finding"
-            time.sleep(0.1)
+        eventually(lambda: [f for f in httpx.get(f"{srv.url}/v1/runs/hung/findings", timeout=10)
+                            .json()["findings"] if f["type"] == "hang"],
+                   timeout=60, interval=0.1, what="the hang finding")
         browser.get(f"{srv.url}/runs/hung")
         WebDriverWait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode[data-type='hang'] table.hang-ranks"))
