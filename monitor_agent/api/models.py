@@ -254,7 +254,8 @@ class GoodputOut(BaseModel):
     start: float | None
     end: float | None
     wall_seconds: float = Field(description="From the run's first record to its latest "
-                                "(or now, while a hang is open).")
+                                "(or now, while a hang is open); attempts whose clocks "
+                                "overlap count each one's own time.")
     productive_seconds: float = Field(description="Steps kept in the current history.")
     goodput_ratio: float | None = Field(description="productive / wall; null before any time.")
     badput_seconds: dict[str, float] = Field(description=(

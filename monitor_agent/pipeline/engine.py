@@ -485,6 +485,7 @@ class Engine:
         self._applied(live)
         if after:
             self._restore_placement(live.state)
+        self._catch_up_goodput(live, after)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
                           attempt=row.attempt, quiet=quiet, body=row.body, origin=row.origin)
@@ -501,6 +502,19 @@ class Engine:
         # too, the moment it happens or, after a kill -9 in between, on the next load.
         self._store_verdict(live.state)
         log.info("run %s: restored, replayed %d records", live.run_id, replayed)
+
+    def _catch_up_goodput(self, live: LiveRun, after: int) -> None:
+        """Feed the run's goodput ledger every record stored after its own saved position
+        (``after``, the detectors' snapshot, for a ledger never kept): the ones a later
+        attempt replaced too, which the detectors' replay leaves out. Kept less often than
+        the records come (with the snapshots), a ledger restored after a kill -9 would
+        otherwise never see the abandoned branch's records stored after it was kept, and
+        charge less of it to the resume than the ledger that saw them live. A rebuild's
+        ledger (carried over) has seen them all: nothing to feed."""
+        book = live.state.goodput
+        start = book.last_row or after
+        for row in recovery.stored_tail(self.store, live.run_id, start, replaced=True):
+            book.feed(row.record, row.attempt, row.row_id)
 
     def _reconcile(self, live: LiveRun, now: float) -> None:
         """Make the two databases agree after a crash between their commits

@@ -108,10 +108,12 @@ class StoredRecord(NamedTuple):
     origin: int | None
 
 
-def stored_tail(store: Store, run_id: str, after: int) -> Iterator[StoredRecord]:
+def stored_tail(store: Store, run_id: str, after: int,
+                replaced: bool = False) -> Iterator[StoredRecord]:
     """The run's current history (pipeline/attempts.py) stored after row ``after``, in
-    arrival order; rows that no longer validate are skipped (``_stored``)."""
-    for row_id, attempt, body, origin in store.records_after(run_id, after):
+    arrival order (``replaced``: with the records later attempts replaced); rows that no
+    longer validate are skipped (``_stored``)."""
+    for row_id, attempt, body, origin in store.records_after(run_id, after, replaced):
         record = _stored(body, run_id)
         if record is not None:
             yield StoredRecord(row_id, attempt, record, body, origin)

@@ -1,9 +1,10 @@
 """Where a run's time went: a goodput ledger, kept from the records the client already sends.
 
 Wall-clock time from the run's first record to its latest (its end, or now while a hang is
-open) is split into **productive** training, the steps kept in the run's current history,
-and **badput** by cause (``CAUSES``). The buckets add up to the wall-clock time, per run
-and per attempt; GPU-seconds are those times the run's world size (``gpus``).
+open; an attempt whose clock overlaps the one it replaced counts its own time) is split
+into **productive** training, the steps kept in the run's current history, and **badput**
+by cause (``CAUSES``). The buckets add up to the wall-clock time, per run and per attempt;
+GPU-seconds are those times the run's world size (``gpus``).
 
 The timeline is one rank's (the lowest the first attempt heard, rank 0 in practice: under
 DDP every rank steps together, so one rank's clock is the job's). Each interval between two
@@ -47,8 +48,11 @@ seconds and GPU-hours; the page that resolves one says it, as does the run's ver
 
 The ledger sees each stored record once, in arrival order (``feed``'s row id), including
 those of older attempts a newer one superseded; it is kept in its own table and restored
-with the run (``to_state`` / ``from_state``), and carried over when a new attempt rebuilds
-the run's detectors, so it keeps what the rebuilt history forgets.
+with the run (``to_state`` / ``from_state``), then fed every record stored after its kept
+position, superseded ones too (the engine's ``_catch_up_goodput``), and carried over when a
+new attempt rebuilds the run's detectors, so it keeps what the rebuilt history forgets. An
+attempt settled after its records were fed again (a restart between the two) comes to the
+account of one settled before its first record (``settled``).
 
 A run up 2 s before its first step, whose loader made step 6 wait 1 s, and which saved a
 checkpoint for 2 s after step 8 (steps take 1 s)::
@@ -174,7 +178,7 @@ class Buckets:
 class _Attempt:
     number: int
     start: float  # its first record's time
-    last: float  # its latest record's time (any rank)
+    last: float  # its latest record's time (any rank); hung until relaunched: the relaunch
     buckets: Buckets = field(default_factory=Buckets)
     prev: float | None = None  # the timeline rank's latest step (or the start), for intervals
     steps: int = 0
@@ -258,7 +262,6 @@ class GoodputLedger:
         self.data_times: list[float] = []
         self.floor = 0.0
         self._floor_due = 0
-        self._pending_gap = 0.0  # the restart gap before the newest attempt, until it settles
         self._settles: dict[int, tuple[int, str]] = {}  # attempt -> settled before it began
         self.settled_attempts: set[int] = set()  # each is settled once (a restart re-checks)
 
@@ -314,15 +317,22 @@ class GoodputLedger:
         gap = max(t - before.last, 0.0)
         if self.hang is not None:  # hung until killed and relaunched: the hang's cost
             self._close_hang(before, t)
+            before.last = max(before.last, t)  # it held the job until then: its wall
             gap = 0.0
         att.buckets.add("restart", gap)
-        self._pending_gap = gap
         if attempt in self._settles:
             self.settled(attempt, *self._settles.pop(attempt))
 
     def settled(self, attempt: int, start_step: int | None, why: str) -> None:
         """The engine's lifecycle placed ``attempt``: it resumed at ``start_step`` (``why``:
-        ``rollback``, ``resume`` or ``restart``). Work from that step on is discarded."""
+        ``rollback``, ``resume`` or ``restart``). Work from that step on is discarded.
+
+        Live, an attempt settles before its first record is fed (pending in ``_settles``
+        until it begins); a sidecar restarted after a kill -9 settles it after feeding the
+        records stored since the ledger was kept (engine ``_reconcile``). Both come to the
+        same account: the gap is the attempt's own (not whichever attempt began last), the
+        start-up it has been charged already is its incident's, and the incident takes its
+        place before the attempt's own (its hangs)."""
         if start_step is None or attempt in self.settled_attempts:
             return
         att = self.attempts.get(attempt)
@@ -347,12 +357,21 @@ class GoodputLedger:
                 del self.kept_steps[number]
             else:
                 self.kept_steps[number] = (first, start_step - 1)
-        gap, self._pending_gap = self._pending_gap, 0.0
+        gap = att.buckets.badput["restart"]  # _begin's, the gap before this attempt
         # A relaunch after a crash or a kill is a restart to the people paying for it; the
         # work it did again is ``resume`` badput.
         kind = "rollback" if cause == "rollback" else "restart"
-        self._incident(Incident(kind, start_step, att.start, gap + lost, attempt,
-                                detail={"discarded": lost, "gap": gap}))
+        incident = Incident(kind, start_step, att.start, gap + lost, attempt,
+                            detail={"discarded": lost, "gap": gap})
+        # Its start-up so far, as _relaunch_cost would have added it (same sums, same order).
+        if att.steps:
+            _add_startup(incident, att.first_interval or 0.0)
+            if att.typical is not None:
+                _add_startup(incident, -min(att.typical, att.first_interval or 0.0))
+        at = next((i for i, inc in enumerate(self.incidents) if inc.attempt >= attempt),
+                  len(self.incidents))
+        self.incidents.insert(at, incident)
+        del self.incidents[: max(len(self.incidents) - MAX_INCIDENTS, 0)]
 
     def _cum_before(self, attempt: int, step: int) -> float:
         """The attempt's cumulative productive time through step ``step - 1`` (the nearest
@@ -461,8 +480,7 @@ class GoodputLedger:
         """A restart's or rollback's cost includes its new attempt's start-up."""
         for inc in reversed(self.incidents):
             if inc.attempt == att.number and inc.kind in ("restart", "rollback"):
-                inc.seconds += seconds
-                inc.detail["startup"] = inc.detail.get("startup", 0.0) + seconds
+                _add_startup(inc, seconds)
                 return
 
     def _input(self, record: StepRecord, rest: float) -> float:
@@ -510,7 +528,7 @@ class GoodputLedger:
 
     def report(self, now: float | None = None) -> GoodputReport:
         """The ledger as of its latest record (and ``now`` for a hang still open)."""
-        total, rows = Buckets(), []
+        total, rows, walls = Buckets(), [], 0.0
         end = self.end
         for number in sorted(self.attempts):
             att = self.attempts[number]
@@ -526,6 +544,7 @@ class GoodputLedger:
                 b.add("hang_detected", max(now - self.hang.reported, 0.0))
                 end = max(end or now, now)
             wall = a_end - att.start + b.badput["restart"]
+            walls += wall
             b.add("unaccounted", wall - b.productive - sum(b.badput.values()))
             rows.append({"attempt": number, "start": att.start, "end": a_end,
                          "wall_seconds": wall, "productive_seconds": b.productive,
@@ -534,9 +553,17 @@ class GoodputLedger:
             for k, v in b.badput.items():
                 total.badput[k] += v
         first = min((a.start for a in self.attempts.values()), default=None)
-        wall = (end - first) if first is not None and end is not None else 0.0
-        # Whatever the attempts' own walls leave out (overlaps, clocks) is unaccounted,
-        # so the buckets add up to the run's wall-clock time exactly.
+        # The run's wall is its attempts' walls summed (each from the end of the one
+        # before it, or from its own first record where the two overlap): attempts one
+        # after another add up to the span from the first record to the latest. One whose
+        # clock is behind the attempt it replaced (a relaunch on another host's clock, or
+        # records stamped by step) overlaps it, and the span would count that time once
+        # while both attempts fill it, the new one with work the old one's ``resume`` or
+        # ``rollback`` already charges: productive + badput past 100%, an unaccounted
+        # below zero ("goodput 99.6%: 17.8% resumed work").
+        wall = walls
+        # Whatever the attempts' own walls leave out (clocks) is unaccounted, so the
+        # buckets add up to the run's wall-clock time exactly.
         total.badput["unaccounted"] += wall - total.productive - sum(total.badput.values())
         incidents = []
         for inc in self.incidents:
@@ -576,8 +603,7 @@ class GoodputLedger:
             "cum": {str(k): v for k, v in self.cum.items()},
             "marks": {str(k): list(v) for k, v in self.marks.items()},
             "kept_steps": {str(k): list(v) for k, v in self.kept_steps.items()},
-            "data_times": self.data_times, "floor": self.floor,
-            "pending_gap": self._pending_gap,
+            "data_times": self.data_times, "floor": self.floor, "floor_due": self._floor_due,
             "settles": {str(k): list(v) for k, v in self._settles.items()},
             "settled_attempts": sorted(self.settled_attempts),
             "attempts": [[a.number, a.start, a.last, a.buckets.productive,
@@ -606,7 +632,7 @@ class GoodputLedger:
         book.kept_steps = {int(k): (int(v[0]), int(v[1]))
                            for k, v in data["kept_steps"].items()}
         book.data_times, book.floor = list(data["data_times"]), float(data["floor"])
-        book._pending_gap = float(data.get("pending_gap", 0.0))
+        book._floor_due = int(data.get("floor_due", 0))
         book._settles = {int(k): (int(v[0]), str(v[1]))
                          for k, v in data.get("settles", {}).items()}
         book.settled_attempts = {int(n) for n in data.get("settled_attempts", ())}
@@ -618,6 +644,11 @@ class GoodputLedger:
                 first, list(intervals), typical, excluded,
                 {int(r): float(w) for r, w in waits.items()}, bool(ended))
         return book
+
+
+def _add_startup(incident: Incident, seconds: float) -> None:
+    incident.seconds += seconds
+    incident.detail["startup"] = incident.detail.get("startup", 0.0) + seconds
 
 
 def _straggler_tax(waits: dict[int, float]) -> float:

@@ -665,14 +665,17 @@ class Store:
         rows = [r for r in self.runs(run_id) if r.run_id == run_id]
         return rows[0] if rows else None
 
-    def records_after(self, run_id: str,
-                      after_id: int) -> list[tuple[int, int, bytes, int | None]]:
+    def records_after(self, run_id: str, after_id: int, replaced: bool = False,
+                      ) -> list[tuple[int, int, bytes, int | None]]:
         """(id, attempt, body, origin) of the run's current history stored after
         ``after_id``, in arrival order (for recovery: replaced records are never fed
-        again); ``origin``: the node a leader's digest came from, None for its own."""
+        again to the detectors); ``replaced``: those a later attempt replaced too (the
+        goodput ledger sees every stored record); ``origin``: the node a leader's digest
+        came from, None for its own."""
+        current = "" if replaced else "AND superseded_by IS NULL "
         return self._db.query(
             "SELECT id, attempt, body, origin FROM records WHERE run_id = ? AND id > ? "
-            "AND superseded_by IS NULL ORDER BY id",
+            f"{current}ORDER BY id",
             (run_id, after_id),
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.detectors import DetectorSuite
@@ -68,3 +69,38 @@ def test_the_tail_after_the_snapshot_replays_and_a_bad_row_is_skipped(tmp_path: 
     assert again.registry.get("r").state.ranks[0].last_step == 8  # the engine replayed the tail
     assert again.registry.get("r").state.last_record_id == tail[-1][0]
     store.close()
+
+
+def _resume_run(token: str, first: int, last: int) -> list[dict]:
+    return [{"kind": "step", "run_id": "r", "step": s, "time": 1000.0 + s, "attempt": token,
+             "loss": 2.0} for s in range(first, last + 1)]
+
+
+def test_a_restart_feeds_the_goodput_ledger_the_replaced_records_stored_since_it_was_kept(
+        tmp_path: Path):
+    """The ledger is kept with the snapshots, here after step 325 of an attempt that goes on
+    to 330; a resume from step 251 replaces 251-330, and the sidecar is killed once its
+    first batch is stored. The detectors' replay feeds only the current history: the
+    restarted ledger must still see steps 326-330, or it charges 75 s to the resume where
+    the sidecar never killed charged 80 s (tests/e2e/test_rollback_history.py)."""
+    reports = []
+    for kill in (False, True):
+        settings = load_settings(data_dir=tmp_path / str(kill), snapshot_every_steps=100_000)
+        store = Store(tmp_path / f"{kill}.sqlite")
+        engine = Engine(settings, store, SelfMetrics(CollectorRegistry()))
+        for first in range(1, 326, 25):
+            _ingest(engine, _resume_run("a", first, first + 24), now=10.0)
+        engine.registry.snapshot_all()
+        _ingest(engine, _resume_run("a", 326, 330), now=11.0)
+        _ingest(engine, _resume_run("b", 251, 275), now=12.0)
+        if kill:  # SIGKILL: nothing more kept; a new process on the same database
+            engine = Engine(settings, store, SelfMetrics(CollectorRegistry()))
+            assert engine.recover(now=13.0) == 1
+            _ingest(engine, _resume_run("b", 251, 275), now=13.0)  # its answer was lost
+        for first in range(276, 451, 25):
+            _ingest(engine, _resume_run("b", first, first + 24), now=14.0)
+        reports.append(engine.registry.get("r").state.goodput.report())
+        store.close()
+    plain, killed = reports
+    assert plain.badput["resume"] == pytest.approx(80.0)
+    assert killed == plain
