@@ -7,8 +7,11 @@ iterable of batches works the same, drawing and dropping."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import pytest
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from monitor_client import DataStream, RollbackPlan
@@ -44,8 +47,7 @@ def _reference(make, batches: int) -> dict[int, list[int]]:
     return dict(_run(DataStream(make()), batches))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_shuffled_loader_resumes_with_the_reference_order_minus_the_windows(workers):
+def check_shuffled_resume(workers: int) -> None:
     def make():
         return DataLoader(Numbered(40), batch_size=4, shuffle=True, num_workers=workers)
     ref = _reference(make, 40)  # four data epochs of 10 batches
@@ -57,6 +59,22 @@ def test_a_shuffled_loader_resumes_with_the_reference_order_minus_the_windows(wo
     assert all(ids == ref[p] for p, ids in resumed)
     # Each data epoch is a fresh shuffle of every sample, whatever was skipped.
     assert sorted(sum((ref[p] for p in range(11, 21)), [])) == list(range(40))
+
+
+def test_a_shuffled_loader_resumes_with_the_reference_order_minus_the_windows():
+    check_shuffled_resume(0)
+
+
+def test_a_loader_with_worker_processes_resumes_the_same():
+    """Worker processes are forked: from the test process, a worker inherits whatever lock
+    another test's thread held at that instant and can hang on it. A training script forks
+    from its own process, so the check runs in a fresh interpreter, as a script would."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join(map(str, (here, here.parents[1] / "client", here.parents[1])))
+    done = subprocess.run(
+        [sys.executable, "-c", "import test_data_stream as t; t.check_shuffled_resume(2)"],
+        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_skipped_batches_are_never_loaded():
