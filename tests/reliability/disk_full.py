@@ -52,7 +52,8 @@ class DiskReport:
     readyz: int = 0                # /readyz status while full
     readyz_reason: str = ""
     recovered_after_s: float = -1  # from growing the disk to ready again
-    accepted_after: int = 0        # records of the write after recovery
+    accepted_after: int = 0        # records of the write after recovery (the refused one again)
+    duplicates_after: int = 0      # ... of those, already stored by the refused write
     statuses: list[int] = field(default_factory=list)
 
     def line(self) -> str:
@@ -60,7 +61,7 @@ class DiskReport:
                 f"(acknowledged == stored: {self.accepted == self.stored}); then HTTP "
                 f"{self.refusal} '{self.refusal_detail[:60]}', /readyz {self.readyz}; "
                 f"space freed -> ready in {self.recovered_after_s:.2f} s, next write "
-                f"accepted {self.accepted_after}")
+                f"accepted {self.accepted_after}, duplicates {self.duplicates_after}")
 
 
 def disk_full(mountpoint, size: str = "3m") -> DiskReport:
@@ -84,5 +85,7 @@ def disk_full(mountpoint, size: str = "3m") -> DiskReport:
         sh(f"mount -o remount,size=64m {mountpoint}")
         report.recovered_after_s = wait_ready(srv.url)
         again = httpx.post(srv.url + "/v1/records", json=steps("full", step), timeout=10)
-        report.accepted_after = again.json().get("accepted", 0) if again.status_code == 200 else 0
+        if again.status_code == 200:
+            report.accepted_after = again.json().get("accepted", 0)
+            report.duplicates_after = again.json().get("duplicates", 0)
     return report

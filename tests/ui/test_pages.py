@@ -198,9 +198,12 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
             assert httpx.post(srv.url + "/v1/records", json={"records": batch},
                               timeout=10).status_code == 200
         browser.get(f"{srv.url}/runs/reused")
-        rows = WebDriverWait(browser, 20).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#attempts tbody tr"))
-        cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+        # Read in one script: the page redraws the table as it polls, and cells read one
+        # WebDriver call at a time can belong to a row that was just replaced.
+        cells = WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+            "const rows = [...document.querySelectorAll('#attempts tbody tr')];"
+            "return rows.length ? rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
+            " : null;"))
     # Attempt 1 sent no end record and no rollback plan was applied: a crash's resume.
     assert cells == [["1", "first", "1–40", "", ""],
                      ["2", "resumed after a crash", "25–60", "steps 25–40 of earlier attempts",
