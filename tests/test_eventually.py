@@ -27,7 +27,9 @@ def test_an_assertion_block_passes_when_it_stops_raising():
     assert len(seen) == 3
 
 
-def test_a_timeout_names_what_was_awaited_and_the_last_failure():
+def test_a_timeout_names_what_was_awaited_and_the_last_failure(monkeypatch):
+    monkeypatch.setattr(waits, "TIME_SCALE", 1.0)  # whatever the run's scale: seconds as given
+
     def check() -> None:
         raise AssertionError("2 pages, want 3")
 
