@@ -26,6 +26,14 @@ prints, in one run and side by side with their targets:
              HTTP server, detectors, alert rules and outbox) and a webhook receiver; the
              time from ``log_step`` to the page arriving
 
+Two more sections run only when named (``--sections ablation,profile``):
+
+  ablation   whole steps with one part of the client off at a time (the finite check, or
+             its full form; the GPU probe; the watchdog), interleaved with plain steps
+  profile    torch.profiler over plain and monitored steps: the device time and kernel
+             count of each, the kernels the client adds by name, and the host's time to
+             issue a step from an idle queue (host- or GPU-bound)
+
 On a machine without a CUDA GPU it runs too (CI runs it: tests/test_gpu_check.py): every
 section that needs a GPU prints that it is skipped and why, and ``nan`` runs on the CPU with
 a tiny model.
@@ -65,7 +73,7 @@ for path in (ROOT, ROOT / "client"):
 from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 
 SECTIONS = ("overhead", "syncs", "memory", "split", "nvml", "nan")
-EXTRA_SECTIONS = ("ablation",)  # not run unless named
+EXTRA_SECTIONS = ("ablation", "profile")  # not run unless named
 CLIENT_THREADS = ("monitor-client-sender", "monitor-client-gpu", "monitor_client-watchdog")
 TARGETS = {"overhead": 1.01, "split": 0.05}
 
@@ -268,6 +276,7 @@ def overhead(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
 
 ABLATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("default", {}),
+    ("finite_full", {"watch": WatchSettings(finite_flags="full")}),
     ("no_finite_flags", {"watch": WatchSettings(finite_flags=False)}),
     ("no_gpu_probe", {"gpu_probe": None}),
     ("no_watchdog", {"watchdog": False}),
@@ -326,6 +335,72 @@ def ablation(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
     return {"host_issue_s": issued, "step_s": whole, "batch": rig.batch, "seq": rig.seq,
             "plain_s": plain, "rounds": rounds, "steps_per_round": per_round,
             "ratio": {k: statistics.median(v) / plain for k, v in times.items()}}
+
+
+def profile(rig: Rig, sink: Sink, spool: str, steps: int) -> dict[str, Any]:
+    """Where a monitored step's extra time goes: the device time and kernel count of a plain
+    and a monitored step (torch.profiler, per step), the kernels the client adds, by name,
+    and the host's time to issue one step from an idle queue (which, against the device
+    time, says whether the step is bound by the host's launches or by the GPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    plain_model, mon_model = rig.model(), rig.model()
+    opts = {False: rig.optimizer(plain_model, True), True: rig.optimizer(mon_model, True)}
+    models = {False: plain_model, True: mon_model}
+    data = rig.batches()
+    mon = monitor(sink.url, "gpu-check-profile", spool)
+    mon.watch(mon_model, opts[True], grad_clip=1.0)
+    n = 0
+
+    def step(monitored: bool) -> None:
+        nonlocal n
+        model, opt = models[monitored], opts[monitored]
+        loss = rig.loss(model, data[0])
+        loss.backward()
+        if not monitored:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if monitored:
+            n += 1
+            mon.log_step(n, loss=loss.detach(), tokens=rig.tokens)
+
+    out: dict[str, Any] = {"steps": steps}
+    kernels: dict[str, dict[str, float]] = {}
+    for monitored in (False, True):
+        name = "monitored" if monitored else "plain"
+        issue = []
+        for _ in range(5):
+            step(monitored)
+            sync(rig.device)
+            start = time.perf_counter()
+            step(monitored)
+            issue.append(time.perf_counter() - start)
+            sync(rig.device)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step(monitored)
+            sync(rig.device)
+        by_name: dict[str, float] = {}
+        launches = 0
+        for e in prof.key_averages():
+            if e.device_type != DeviceType.CUDA:
+                continue
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = e.self_cuda_time_total
+            by_name[e.key] = by_name.get(e.key, 0.0) + us / steps
+            launches += e.count
+        kernels[name] = by_name
+        out[name] = {"device_ms": sum(by_name.values()) / 1e3, "kernels": launches / steps,
+                     "host_issue_ms": statistics.median(issue) * 1e3}
+    mon.close(timeout=30)
+    added = {k: kernels["monitored"].get(k, 0.0) - kernels["plain"].get(k, 0.0)
+             for k in set(kernels["monitored"]) | set(kernels["plain"])}
+    out["added_us"] = dict(sorted(added.items(), key=lambda kv: -kv[1])[:12])
+    return out
 
 
 def _memory(sink: Sink, run_id: str, device: torch.device) -> dict[str, Any]:
@@ -650,6 +725,15 @@ def report(res: dict[str, Any], cuda: bool) -> list[str]:
                      f"its {ab['step_s'] * 1e3:.2f} ms ({'host' if ab['host_issue_s'] > 0.8 * ab['step_s'] else 'GPU'}-bound)")
         lines.append("ablation : ratio to plain: " + ", ".join(
             f"{k} {v:.4f}" for k, v in ab["ratio"].items() if k != "plain"))
+    pr = res.get("profile")
+    if pr is not None:
+        for name in ("plain", "monitored"):
+            v = pr[name]
+            lines.append(f"profile  : {name:<9} device {v['device_ms']:.2f} ms/step in "
+                         f"{v['kernels']:.0f} kernels; the host issues a step in "
+                         f"{v['host_issue_ms']:.2f} ms")
+        lines.append("profile  : kernels the client adds (us/step): " + ", ".join(
+            f"{k[:60]} {v:+.0f}" for k, v in pr["added_us"].items()))
     nv = res.get("nvml")
     if nv is None:
         lines.append(f"nvml     : skipped: {why}")
@@ -730,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
                                            10 if args.quick else 55)),
         ("ablation", {"ablation"}, lambda: ablation(big, sink, spool, 2 if args.quick else 4,
                                                     5 if args.quick else 25)),
+        ("profile", {"profile"}, lambda: profile(big, sink, spool, 3 if args.quick else 10)),
         ("split", {"split"}, lambda: split(wide, sink, spool, model(),
                                            5.0 if args.quick else 20.0,
                                            12 if args.quick else 40)),

@@ -38,7 +38,7 @@ def test_on_a_cpu_machine_it_skips_what_needs_a_gpu_and_pages_a_nan(tmp_path, ca
     assert "nan" in nan["message"].lower() and nan["seconds_after_log_step"] >= 0
 
 
-# What one H100 80GB HBM3 run printed (the figures of /work/.device/2/gc2.json, abridged).
+# What the first H100 80GB HBM3 run printed (abridged): the report's FAIL and ERROR paths.
 H100 = {
     "overhead": {"plain_s": 0.04344, "monitored_s": 0.04845, "ratio": 1.1152,
                  "paired_ratio_median": 1.1082, "paired_ratio_range": [1.0891, 1.1569],
@@ -80,3 +80,26 @@ def test_the_report_sets_each_figure_against_its_target():
     assert "(1.3%)" in by["split"] and "(51.5%)" in by["split"] and by["split"].endswith("FAIL")
     assert "not given by this driver/GPU: retired_pages" in text
     assert "nan      : ERROR ModuleNotFoundError: No module named 'httptools'" in text
+
+
+# The ablation and profile sections of a later H100 run (abridged).
+PARTS = {
+    "ablation": {"host_issue_s": 0.03503, "step_s": 0.04799, "batch": 8, "seq": 1024,
+                 "plain_s": 0.04329, "rounds": 4, "steps_per_round": 25,
+                 "ratio": {"plain": 1.0, "default": 1.0148, "finite_full": 1.08,
+                           "no_finite_flags": 1.0294}},
+    "profile": {"steps": 10,
+                "plain": {"device_ms": 43.29, "kernels": 862.0, "host_issue_ms": 32.25},
+                "monitored": {"device_ms": 45.41, "kernels": 991.0, "host_issue_ms": 44.66},
+                "added_us": {"reduce_kernel<512, 1, ReduceOp<float>": 597.9, "Memset": 45.1}},
+}
+
+
+def test_the_report_says_what_each_part_costs_and_where_the_device_time_went():
+    lines = _module().report(PARTS, cuda=True)
+    by = [ln for ln in lines if ln.startswith(("ablation", "profile"))]
+    assert "the host issues one in 35.03 ms of its 47.99 ms (GPU-bound)" in by[0]
+    assert "default 1.0148, finite_full 1.0800, no_finite_flags 1.0294" in by[1]
+    assert "plain     device 43.29 ms/step in 862 kernels" in by[2]
+    assert "monitored device 45.41 ms/step in 991 kernels" in by[3]
+    assert "reduce_kernel<512, 1, ReduceOp<float> +598, Memset +45" in by[4]

@@ -306,7 +306,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                               on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
         if settings.finite_flags:
-            self._watch_finite(model)
+            self._watch_finite(model, full=settings.finite_flags == "full")
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
         if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
             self._hardware.update(self._gpu_sampler.describe())
@@ -356,12 +356,12 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                               "device sync per step; fused=True avoids it",
                               type(optimizer).__name__)
 
-    def _watch_finite(self, model: Any) -> None:
+    def _watch_finite(self, model: Any, full: bool) -> None:
         from monitor_client._finite import FiniteFlags
 
         if self._finite is not None:
             self._finite.detach()
-        self._finite = FiniteFlags(model).attach()
+        self._finite = FiniteFlags(model, full=full).attach()
         if self._finite.skipped:
             self._warner.warn("finite", "%d leaf modules beyond the first %d get no "
                               "finite check", self._finite.skipped, len(self._finite.names))
@@ -482,7 +482,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                 pack.add(name, value)
             elif value is not None:
                 record[name] = float(value)
-        return PendingStep(record, pack, self._probes, wait)
+        return PendingStep(record, pack.seal(), self._probes, wait)
 
     def _lr(self) -> Any:
         if self._optimizer is None:

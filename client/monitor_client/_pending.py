@@ -98,7 +98,8 @@ def drop_finite_report(record: dict[str, Any]) -> dict[str, Any]:
     """Drop an all-finite module report (``_finite.decode``'s count 0) from a step whose
     loss is finite too: there it says nothing, and healthy steps stay as small as before.
 
-    >>> drop_finite_report({"loss": 2.5, "nonfinite_module_count": 0})
+    >>> drop_finite_report({"loss": 2.5, "nonfinite_module_count": 0,
+    ...                     "nonfinite_check": "sampled"})
     {'loss': 2.5}
     >>> drop_finite_report({"loss": float("nan"), "nonfinite_module_count": 0})
     {'loss': nan, 'nonfinite_module_count': 0}
@@ -107,4 +108,5 @@ def drop_finite_report(record: dict[str, Any]) -> dict[str, Any]:
     finite_loss = isinstance(loss, int | float) and math.isfinite(loss)
     if record.get("nonfinite_module_count") == 0 and (finite_loss or loss is None):
         del record["nonfinite_module_count"]
+        record.pop("nonfinite_check", None)
     return record

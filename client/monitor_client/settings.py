@@ -158,7 +158,9 @@ class WatchSettings:
             ``(name, module) -> bool`` filter.
         activation_every: activation statistics every N steps (None: ``layer_stats_every``).
         max_activation_modules: at most this many modules hooked (None: 64).
-        finite_flags: sum each leaf module's output to name where a NaN was born.
+        finite_flags: name the module where a forward NaN appeared: ``"sampled"``
+            (default; True means it) sums each row's first 32 bytes of every leaf
+            module's output, ``"full"`` every element, False none (``_finite.py``).
         guard: skip an optimizer step whose gradient is non-finite or an outlier
             (``GuardSettings``; True: its defaults; None or False: off). Needs ``pre_hook``.
     """
@@ -177,10 +179,15 @@ class WatchSettings:
     activations: Any = False
     activation_every: int | None = None
     max_activation_modules: int | None = None
-    finite_flags: bool = True
+    finite_flags: bool | str = "sampled"
     guard: GuardSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.finite_flags is True:
+            object.__setattr__(self, "finite_flags", "sampled")
+        if self.finite_flags not in (False, None, "sampled", "full"):
+            raise SettingsValueError("WatchSettings.finite_flags must be \"sampled\", \"full\", "
+                                     f"True or False, not {self.finite_flags!r}")
         if self.guard is True or self.guard is False:
             object.__setattr__(self, "guard", GuardSettings() if self.guard else None)
         if self.guard is not None and not isinstance(self.guard, GuardSettings):

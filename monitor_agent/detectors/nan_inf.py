@@ -11,8 +11,11 @@ The finding names where it started, so the fix can start there:
   (``nonfinite_modules``, forward order) can: the first module listed is named.
 * the loss computation (the loss is non-finite, the client checked every module output,
   ``nonfinite_module_count`` 0, and all were finite): the NaN is made after the last
-  module, in the loss arithmetic; origin ``loss``, pass ``loss``. Only a step with no
-  ``nonfinite_module_count`` at all is said to have had no per-module check.
+  module, in the loss arithmetic; origin ``loss``, pass ``loss``. After the client's
+  default ``sampled`` check (``nonfinite_check``: each row's first features) the finding
+  says the NaN may also sit in features of the last output the sample did not read. Only
+  a step with no ``nonfinite_module_count`` at all is said to have had no per-module
+  check.
 * backward pass (the loss is finite, gradients are not): a NaN born in the backward pass
   reaches the parameters on the input side of where it appeared and leaves the output
   side finite, so the first non-finite gradient in backward order (output side first, the
@@ -425,6 +428,14 @@ def _origin(rec: StepRecord, bad: list[str], layers: list[str]
         return (modules[0], f"forward pass: the output of {modules[0]} went non-finite "
                 f"first{more}", "forward")
     if forward and n_mod == 0 and rec.nonfinite_module_count is not None:
+        if rec.nonfinite_check == "sampled":
+            # Only each row's first features were read (the client's default): a value
+            # confined to other features of the last module's output is not excluded.
+            return ("loss", "every module output finite where sampled (each row's first "
+                    "features); the loss is not: the NaN is made in the loss computation "
+                    "(check log/div/softmax of the targets) or in unsampled features of the "
+                    "last module's output (WatchSettings(finite_flags=\"full\") reads every "
+                    "element)", "loss")
         # Measured, not guessed: the client checked every module's output and all were
         # finite, so the arithmetic after the last module made it.
         return ("loss", "every module output finite; the loss is not: the NaN is made in "

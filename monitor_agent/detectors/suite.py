@@ -140,7 +140,7 @@ class DetectorSuite:
 _UNAPPLIED = dict(loss=None, grad_norm=None, param_norm=None, update_norm=None, layers=None,
                   grad_hist=None, param_hist=None, grad_quantiles=None, param_quantiles=None,
                   activations=None, grad_norms=None, nonfinite_modules=None,
-                  nonfinite_module_count=None)
+                  nonfinite_module_count=None, nonfinite_check=None)
 
 
 def _guarded(record: Record) -> Record:

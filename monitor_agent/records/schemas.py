@@ -262,6 +262,8 @@ class StepModel(_Wire):
     grad_norms: Annotated[dict[Name, Num], Field(max_length=MAX_LAYERS)] | None = None
     nonfinite_modules: Annotated[list[Name], Field(max_length=MAX_NAMED_MODULES)] | None = None
     nonfinite_module_count: Annotated[int, Field(ge=0, le=2**31)] | None = None
+    # What the client read of each output: every element, or each row's first features.
+    nonfinite_check: Literal["full", "sampled"] | None = None
     # The script's own numbers (accuracy, perplexity, ...), as an eval's: charted by the UI.
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] | None = None
 

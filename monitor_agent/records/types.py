@@ -302,6 +302,7 @@ class StepRecord:
     # the forward pass broke), and how many there were in all.
     nonfinite_modules: tuple[str, ...] | None = wire_field(tuple)
     nonfinite_module_count: int | None = None
+    nonfinite_check: str | None = None  # "full" (every element) or "sampled" (_finite.py)
     # The script's own numbers (log_step(..., metrics=...)): charted, never judged.
     metrics: dict[str, float | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

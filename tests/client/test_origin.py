@@ -21,12 +21,13 @@ class Faulty(nn.Linear):
     """A Linear whose output turns NaN in one chosen element when ``fire`` is set."""
 
     fire = False
+    at = (0, 0)
 
     def forward(self, x):
         out = super().forward(x)
         if self.fire:
             out = out.clone()
-            out[0, 0] = float("nan")
+            out[self.at] = float("nan")
         return out
 
 
@@ -84,7 +85,7 @@ def test_forward_nan_names_the_module_whose_output_went_non_finite_first(receive
     # Forward order: the Faulty Linear "2", then what is downstream of it (the Tanh "4"
     # cannot create a NaN, so it is not checked).
     assert bad["nonfinite_modules"] == ["2", "3", "5"]
-    assert bad["nonfinite_module_count"] == 3
+    assert bad["nonfinite_module_count"] == 3 and bad["nonfinite_check"] == "sampled"
     # Every gradient is poisoned: they cannot tell where it was born, but they go out.
     assert set(bad["grad_norms"]) == {f"{i}.{w}" for i in (0, 2, 5) for w in ("weight", "bias")}
     assert all(v == "NaN" for v in bad["grad_norms"].values())
@@ -101,8 +102,10 @@ def test_a_nan_made_in_the_loss_reports_every_module_output_finite(receiver, tmp
     assert bad["loss"] == "NaN"
     # The check ran and found every output finite: a measurement, sent where it matters.
     assert bad["nonfinite_module_count"] == 0 and "nonfinite_modules" not in bad
+    assert parse_record(bad).nonfinite_check == "sampled"
     for step in (1, 2, 3):  # healthy steps stay as small as before
         assert "nonfinite_module_count" not in steps[step]
+        assert "nonfinite_check" not in steps[step]
     assert parse_record(bad).nonfinite_module_count == 0
 
 
@@ -148,6 +151,78 @@ def test_finite_flags_skip_eval_forwards_and_detach_cleanly():
     assert flags._sums == []
     flags.detach()
     assert all(not m._forward_hooks for m in model.modules())
+
+
+class Block(nn.Module):
+    """A repeated block: a linear map on the residual stream, then a norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm = Faulty(16, 16), nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(x + self.fc(x))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.head = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _flagged(flags: FiniteFlags, model: nn.Module, x: torch.Tensor) -> dict:
+    from monitor_client._stats import StatsPack
+
+    model(x)
+    pack = StatsPack()
+    flags.add_to(pack)
+    return pack.decode(pack.vector().tolist())
+
+
+def test_the_default_check_names_the_block_and_the_full_check_the_module_in_it():
+    model = Stack()
+    sampled, full = FiniteFlags(model), FiniteFlags(model, full=True)
+    # Each element of a ModuleList is one unit; the leaves outside the blocks stay.
+    assert sorted(sampled.names) == ["blocks.0", "blocks.1", "blocks.2", "head", "inp"]
+    assert {"blocks.0.fc", "blocks.0.norm"} < set(full.names) and len(full.names) == 8
+    model.blocks[1].fc.fire = True
+    for flags, first in ((sampled, "blocks.1"), (full, "blocks.1.fc")):
+        flags.attach()
+        got = _flagged(flags, model, torch.randn(4, 8))
+        flags.detach()
+        assert got["nonfinite_modules"][0] == first, got
+        assert got["nonfinite_check"] == flags.check
+
+
+def test_a_value_outside_each_rows_sample_is_named_where_a_module_first_mixes_it():
+    # 64 float32 features a row: the sample reads the first 8. A NaN in feature 40 of one
+    # row is not read in the module that made it; the next linear map spreads it over its
+    # whole output row, where the sample sees it. The full check names the maker.
+    torch.manual_seed(0)
+    model = nn.Sequential(Faulty(8, 64), nn.Linear(64, 4))
+    model[0].fire, model[0].at = True, (1, 40)
+    for full, named in ((False, ["1"]), (True, ["0", "1"])):
+        flags = FiniteFlags(model, full=full).attach()
+        got = _flagged(flags, model, torch.randn(4, 8))
+        flags.detach()
+        assert got["nonfinite_modules"] == named, (full, got)
+
+
+def test_finite_flags_settings():
+    assert WatchSettings().finite_flags == "sampled"
+    assert WatchSettings(finite_flags=True).finite_flags == "sampled"
+    assert WatchSettings(finite_flags="full").finite_flags == "full"
+    assert not WatchSettings(finite_flags=False).finite_flags
+    with pytest.raises(ValueError, match="finite_flags must be"):
+        WatchSettings(finite_flags="every")
 
 
 class FakeCuda:

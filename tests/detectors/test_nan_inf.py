@@ -120,6 +120,20 @@ def test_a_nan_made_in_the_loss_says_every_module_output_was_finite():
     assert f.evidence["pass"] == "forward" and "checks were not reported" in f.message
 
 
+def test_after_a_sampled_check_the_loss_is_not_said_to_be_the_only_place_left():
+    n = names(4)
+    recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
+    # The client's default check read each row's first features: a value confined to other
+    # features of the last output is not excluded, and the finding says so.
+    recs.append(step(20, loss=NAN, grad_norm=NAN, nonfinite_module_count=0,
+                     nonfinite_check="sampled", grad_norms=grad_table(n, [NAN] * 4)))
+    (f,) = feed(only("nan_inf"), recs)
+    assert f.evidence["pass"] == "loss" and f.evidence["origin"] == "loss"
+    assert "every module output finite where sampled" in f.message
+    assert "unsampled features of the last module's output" in f.message
+    assert "every module output finite;" not in f.message
+
+
 def test_a_backward_nan_names_the_output_side_parameter_and_how_many():
     n = names(4)  # input -> output
     recs = [run(layer_order=n)] + [step(i) for i in range(1, 20)]
