@@ -66,9 +66,11 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "client"):
+for path in (ROOT, ROOT / "client", ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+from harness import sync  # noqa: E402
 
 from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 
@@ -166,10 +168,19 @@ class Rig:
     def tokens(self) -> int:
         return self.batch * self.seq
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def step(self, model: nn.Module, opt: torch.optim.Optimizer,
+             xy: tuple[torch.Tensor, torch.Tensor], mon: Monitor | None = None,
+             n: int = 0) -> None:
+        """One whole step: plain (``clip_grad_norm_``, then the optimizer) or, with ``mon``,
+        monitored (the client clips in the optimizer's pre-hook; ``log_step(n)``)."""
+        loss = self.loss(model, xy)
+        loss.backward()
+        if mon is None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if mon is not None:
+            mon.log_step(n, loss=loss.detach(), tokens=self.tokens)
 
 
 # -- a loopback sink that keeps what the client sends -------------------------------------------
@@ -232,20 +243,12 @@ def overhead(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
     step = 0
 
     def plain() -> None:
-        loss = rig.loss(plain_model, data[0])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(plain_model.parameters(), 1.0)
-        plain_opt.step()
-        plain_opt.zero_grad(set_to_none=True)
+        rig.step(plain_model, plain_opt, data[0])
 
     def monitored() -> None:
         nonlocal step
         step += 1
-        loss = rig.loss(mon_model, data[0])
-        loss.backward()
-        mon_opt.step()
-        mon_opt.zero_grad(set_to_none=True)
-        mon.log_step(step, loss=loss.detach(), tokens=rig.tokens)
+        rig.step(mon_model, mon_opt, data[0], mon, step)
 
     for fn in (plain, monitored, plain, monitored):  # warm-up: kernels, allocator, hooks
         for _ in range(3):
@@ -295,14 +298,7 @@ def ablation(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
     data = rig.batches()
 
     def step(mon: Monitor | None, n: int) -> None:
-        loss = rig.loss(model, data[0])
-        loss.backward()
-        if mon is None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if mon is not None:
-            mon.log_step(n, loss=loss.detach(), tokens=rig.tokens)
+        rig.step(model, opt, data[0], mon, n)
 
     for n in range(3):
         step(None, n)
@@ -356,16 +352,8 @@ def profile(rig: Rig, sink: Sink, spool: str, steps: int) -> dict[str, Any]:
 
     def step(monitored: bool) -> None:
         nonlocal n
-        model, opt = models[monitored], opts[monitored]
-        loss = rig.loss(model, data[0])
-        loss.backward()
-        if not monitored:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if monitored:
-            n += 1
-            mon.log_step(n, loss=loss.detach(), tokens=rig.tokens)
+        n += monitored
+        rig.step(models[monitored], opts[monitored], data[0], mon if monitored else None, n)
 
     out: dict[str, Any] = {"steps": steps}
     kernels: dict[str, dict[str, float]] = {}

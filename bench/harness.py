@@ -1,6 +1,7 @@
-"""The harness the client-cost benchmarks share (client_overhead.py, guard_overhead.py): the
-124M GPT-2-shaped model, one training step bare or with the client, a loopback sink the
-client sends to, and a timer that waits for the device.
+"""The harness the client-cost benchmarks share (client_overhead.py, guard_overhead.py;
+gpu_check.py takes its ``sync``): the 124M GPT-2-shaped model, one training step bare or
+with the client, a loopback sink the client sends to, and a timer that waits for the
+device.
 
 The steps are whole: forward + backward, the optimizer (where the client's hooks measure
 and clip), zero_grad and, monitored, ``log_step``; the sink accepts everything, so the

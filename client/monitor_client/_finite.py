@@ -6,14 +6,16 @@ module, in the order the forward pass ran them, whose output holds a NaN or an i
 where it appeared (or the first one that saw it: non-module code between two modules, such
 as a ``softmax`` written inline, is named by the next module that consumes its result).
 
-``FiniteFlags`` puts a forward hook on every leaf module (no children; at most
+``FiniteFlags(full=True)`` puts a forward hook on every leaf module (no children; at most
 ``max_modules`` of them, in registration order) except those that cannot turn finite
 inputs into a non-finite output: dropout, identity and the elementwise activations
 (ReLU family, GELU, SiLU, tanh, sigmoid, ... and classes named ``*Activation`` /
 ``*Dropout``). Their output is non-finite only when their input already was, so the module
 before them (or the one after, for inline code) names the origin as well, and a
-transformer block needs 6 hooks instead of 10. On a training forward the hook queues one
-``sum(dtype=float32)``: one reduction kernel, no host sync, no boolean temporary. A sum
+transformer block needs 6 hooks instead of 10. By default (``unit_modules``) each element
+of a ``ModuleList``, a model's repeated blocks, is hooked as one unit instead, with the
+leaves outside the blocks. On a training forward the hook queues a float32 sum of the
+output (below: of all of it, or of a sample): no host sync, no boolean temporary. A sum
 is non-finite exactly when some element is (NaN and inf propagate), except when finite
 values overflow float32 together, i.e. elements already near 1e38 - an output that is
 effectively infinite anyway. The sums join the step's ``StatsPack`` and reach the host with
@@ -27,8 +29,9 @@ step in bf16 (batch 8 x 1024) it is about 2.9 GB, 1.3 ms of an H100's 43 ms step
 bench/gpu_check.py), and a check that reads every element cannot cost less than reading
 it. By default (``full=False``) the hook sums each *row's* first 32 bytes (the leading
 16 bf16 or 8 float32 features of every token; a row is everything but the last
-dimension): one memory sector per row, about 1/50 of those bytes, and the same single
-kernel. The reasoning: the non-finite values a forward makes are whole rows in the shapes
+dimension): one memory sector per row, about 1/50 of those bytes, in two small
+reductions (the rows, then their sums). The reasoning: the non-finite values a forward
+makes are whole rows in the shapes
 that cause them - a bad input row, a norm of a row that overflowed, a softmax row that
 went NaN, attention spreading a bad key to every later query, any linear map fed a bad
 row - and a whole row is seen in its first features, so the first sampled module that
@@ -155,12 +158,11 @@ def sample(out: torch.Tensor) -> torch.Tensor:
 
 
 class FiniteFlags:
-    """Forward hooks recording each leaf module's output sum; see the module docstring."""
+    """Forward hooks recording each hooked module's output sum; see the module docstring."""
 
     def __init__(self, model: nn.Module, max_modules: int = DEFAULT_MAX_MODULES,
                  full: bool = False) -> None:
         self.full = full
-        self.check = "full" if full else "sampled"
         chosen = leaf_modules(model) if full else unit_modules(model)
         self.skipped = max(len(chosen) - max_modules, 0)
         chosen = chosen[:max_modules]
@@ -169,6 +171,11 @@ class FiniteFlags:
         self._hooks = Hooks()
         self._sums: list[torch.Tensor] = []  # one per firing, aligned with _fired
         self._fired: list[int] = []
+
+    @property
+    def check(self) -> str:
+        """What the record says was read: ``"full"`` or ``"sampled"``."""
+        return "full" if self.full else "sampled"
 
     def attach(self) -> FiniteFlags:
         self._hooks.add(*(m.register_forward_hook(self._hook(i))
@@ -203,4 +210,5 @@ class FiniteFlags:
         sums, fired = self._sums, self._fired
         self._sums, self._fired = [], []
         if sums:
-            pack.add_each(f"output_sum_{self.check}", sums, [self.names[i] for i in fired])
+            pack.add_each("output_sum", sums, [self.names[i] for i in fired])
+            pack.finite_check = self.check

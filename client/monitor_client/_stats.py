@@ -74,6 +74,7 @@ class StatsPack:
     layers: list[str] | None = None   # set on monitored steps: every watched parameter
     stepped: bool = False
     event: Any = None                 # a torch.cuda.Event recorded once the pack is whole
+    finite_check: str = "full"        # what the "output_sum" values read (_finite.py)
 
     def add(self, name: str, value: torch.Tensor, layers: list[str] | None = None) -> None:
         # No tensor op here: log_step calls this, and any torch op may hand the GIL to
@@ -105,7 +106,7 @@ class StatsPack:
         if not self.values:
             return None
         device = self.values[0].device
-        if self.event is not None and device.type == "cuda":
+        if self.event is not None:  # sealed on CUDA
             return self._vector_off_stream(device)
         return self._flat(device).cpu()
 
@@ -173,8 +174,8 @@ class StatsPack:
                 out.setdefault("activations", {})[names[0]] = _activations.decode(names, chunk)
             elif name == "param_grad_norm":  # every step; _gate.py decides if it is sent
                 out["grad_norms"] = dict(zip(names, chunk, strict=True))
-            elif name.startswith("output_sum_"):  # _finite.py: forward order, per module
-                out.update(_finite.decode(names, chunk, name.removeprefix("output_sum_")))
+            elif name == "output_sum":  # _finite.py: forward order, one sum per module
+                out.update(_finite.decode(names, chunk, self.finite_check))
             elif layers is not None:
                 _fill_layers(layers, name, names, chunk)
         if layers is not None:

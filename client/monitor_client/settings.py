@@ -159,8 +159,9 @@ class WatchSettings:
         activation_every: activation statistics every N steps (None: ``layer_stats_every``).
         max_activation_modules: at most this many modules hooked (None: 64).
         finite_flags: name the module where a forward NaN appeared: ``"sampled"``
-            (default; True means it) sums each row's first 32 bytes of every leaf
-            module's output, ``"full"`` every element, False none (``_finite.py``).
+            (default; True means it) sums each row's first 32 bytes of each repeated
+            block's (``ModuleList`` element's) and outside leaf's output, ``"full"`` every
+            element of every leaf module's, False none (``_finite.py``).
         guard: skip an optimizer step whose gradient is non-finite or an outlier
             (``GuardSettings``; True: its defaults; None or False: off). Needs ``pre_hook``.
     """

@@ -31,6 +31,8 @@ spike at step 37, whose blocks are then rebuilt once the spike is gone::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from monitor_agent.history import vectors
@@ -51,19 +53,27 @@ BLOCKED_MATRICES: tuple[str, ...] = ("grad_norm", "update_ratio", "act_max_abs",
 they are recorded every ``hist_every`` steps, few enough to read as stored."""
 
 
-def aggregate_steps(db: Connection, blocks: set[tuple[str, int, int]]) -> None:
-    """Recompute the touched blocks of every level from the level below (or the steps)."""
+def _by_level(touched: set[tuple]) -> Iterator[tuple[int, int | None, tuple, int, int]]:
+    """Every touched block of every level, finest first, as ``(level, below, key, first,
+    last)``: ``key`` ends with the block's index, ``below`` is the level it is rebuilt from
+    (None: the rows themselves) and ``first..last`` the steps, or the blocks of ``below``,
+    it covers. A touched block's parent one level up is touched too."""
     below = None
     for level in BLOCK_LEVELS:
         if below is not None:
-            blocks = {(run, rank, b * below // level) for run, rank, b in blocks}
-        for run_id, rank, block in blocks:
-            db.execute(_block_sql(level, below), (
-                run_id, rank, level, block, run_id, rank, block * level,
-                (block + 1) * level - 1) if below is None else (
-                run_id, rank, level, block, run_id, rank, below, block * level // below,
-                (block + 1) * level // below - 1))
+            touched = {(*key[:-1], key[-1] * below // level) for key in touched}
+        unit = below or 1
+        for key in touched:
+            yield level, below, key, key[-1] * level // unit, (key[-1] + 1) * level // unit - 1
         below = level
+
+
+def aggregate_steps(db: Connection, blocks: set[tuple[str, int, int]]) -> None:
+    """Recompute the touched blocks of every level from the level below (or the steps)."""
+    for level, below, (run_id, rank, block), first, last in _by_level(blocks):
+        source = () if below is None else (below,)
+        db.execute(_block_sql(level, below),
+                   (run_id, rank, level, block, run_id, rank, *source, first, last))
 
 
 def _block_sql(level: int, below: int | None) -> str:
@@ -82,49 +92,35 @@ def aggregate_user(db: Connection, touched: set[tuple[str, int, int, int]]) -> N
     """Recompute the touched level-16 blocks of the script's own scalars and the levels
     above: ``(run_id, rank, name index, block)``. A run logging accuracy every step for
     200,000 steps is then read in blocks too, not row by row."""
-    below = None
-    for level in BLOCK_LEVELS:
-        if below is not None:
-            touched = {(run, rank, name, b * below // level) for run, rank, name, b in touched}
-        for run_id, rank, name, block in touched:
-            if below is None:
-                db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, COUNT(*), "
-                           "SUM(step), MIN(value), MAX(value), SUM(value), COUNT(value) FROM "
-                           "user_scalars WHERE run_id=? AND rank=? AND name=? AND step BETWEEN "
-                           "? AND ?", (run_id, rank, name, level, block, run_id, rank, name,
-                                       block * level, (block + 1) * level - 1))
-            else:
-                db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, SUM(n), "
-                           "SUM(step_sum), MIN(vmin), MAX(vmax), SUM(vsum), SUM(vn) FROM "
-                           "user_blocks WHERE run_id=? AND rank=? AND name=? AND level=? AND "
-                           "block BETWEEN ? AND ?", (run_id, rank, name, level, block, run_id,
-                                                     rank, name, below, block * level // below,
-                                                     (block + 1) * level // below - 1))
-        below = level
+    for level, below, (run_id, rank, name, block), first, last in _by_level(touched):
+        key = (run_id, rank, name, level, block, run_id, rank, name)
+        if below is None:
+            db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, COUNT(*), "
+                       "SUM(step), MIN(value), MAX(value), SUM(value), COUNT(value) FROM "
+                       "user_scalars WHERE run_id=? AND rank=? AND name=? AND step BETWEEN "
+                       "? AND ?", (*key, first, last))
+        else:
+            db.execute("INSERT OR REPLACE INTO user_blocks SELECT ?, ?, ?, ?, ?, SUM(n), "
+                       "SUM(step_sum), MIN(vmin), MAX(vmax), SUM(vsum), SUM(vn) FROM "
+                       "user_blocks WHERE run_id=? AND rank=? AND name=? AND level=? AND "
+                       "block BETWEEN ? AND ?", (*key, below, first, last))
 
 
 def aggregate_matrices(db: Connection, touched: set[tuple[str, int, str, int]]) -> None:
     """Recompute the per-layer max of the touched level-16 blocks and the levels above."""
-    below = None
-    for level in BLOCK_LEVELS:
-        if below is not None:
-            touched = {(run, rank, stat, b * below // level) for run, rank, stat, b in touched}
-        for run_id, rank, stat, block in touched:
-            if below is None:
-                rows = db.execute(
-                    "SELECT data FROM matrices WHERE run_id=? AND rank=? AND stat=? AND step "
-                    "BETWEEN ? AND ?", (run_id, rank, stat, block * level,
-                                        (block + 1) * level - 1)).fetchall()
-            else:
-                rows = db.execute(
-                    "SELECT data FROM matrix_blocks WHERE run_id=? AND rank=? AND stat=? AND "
-                    "level=? AND block BETWEEN ? AND ?",
-                    (run_id, rank, stat, below, block * level // below,
-                     (block + 1) * level // below - 1)).fetchall()
-            if rows:
-                db.execute("INSERT OR REPLACE INTO matrix_blocks VALUES (?,?,?,?,?,?)",
-                           (run_id, rank, stat, level, block, _fmax(r[0] for r in rows)))
-        below = level
+    for level, below, (run_id, rank, stat, block), first, last in _by_level(touched):
+        if below is None:
+            rows = db.execute(
+                "SELECT data FROM matrices WHERE run_id=? AND rank=? AND stat=? AND step "
+                "BETWEEN ? AND ?", (run_id, rank, stat, first, last)).fetchall()
+        else:
+            rows = db.execute(
+                "SELECT data FROM matrix_blocks WHERE run_id=? AND rank=? AND stat=? AND "
+                "level=? AND block BETWEEN ? AND ?",
+                (run_id, rank, stat, below, first, last)).fetchall()
+        if rows:
+            db.execute("INSERT OR REPLACE INTO matrix_blocks VALUES (?,?,?,?,?,?)",
+                       (run_id, rank, stat, level, block, _fmax(r[0] for r in rows)))
 
 
 def _fmax(blobs) -> bytes:

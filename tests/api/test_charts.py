@@ -8,21 +8,11 @@ import math
 from pathlib import Path
 
 import httpx
+from chart_records import steps
 
 from eventually import eventually
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
-
-
-def steps(n: int, over: dict[int, dict] | None = None) -> list[dict]:
-    out = [{"kind": "run", "run_id": "r", "config": {"warmup_steps": 10, "total_steps": n},
-            "model": {"layer_order": ["b", "a"]}}]
-    for s in range(1, n + 1):
-        rec = {"kind": "step", "run_id": "r", "step": s, "time": 1.0 + s, "loss": 2.0,
-               "grad_norm": 1.0, "param_norm": 10.0, "update_norm": 0.01}
-        rec.update((over or {}).get(s, {}))
-        out.append(rec)
-    return out
 
 
 def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):

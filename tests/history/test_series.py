@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chart_records import steps
 
 from monitor_agent.history import series as sr
 from monitor_agent.history.builder import MAX_USER_SCALARS, HistoryBuilder
@@ -15,24 +16,17 @@ from monitor_agent.history.schema import History, open_history
 from monitor_agent.storage.database import StorageError
 
 
-def build(records: list[dict]) -> History:
+def build(records: list[dict], commit_every: int | None = None) -> History:
+    """The history of ``records``; ``commit_every``: commits that split blocks, as the
+    live indexer's do."""
     db = open_history(":memory:")
     builder = HistoryBuilder(db, ema_alpha=0.9)
-    for rec in records:
+    for i, rec in enumerate(records):
         builder.add(rec)
+        if commit_every and i % commit_every == 0:
+            builder.commit()
     builder.commit()
     return db
-
-
-def steps(n: int, over: dict[int, dict] | None = None) -> list[dict]:
-    out = [{"kind": "run", "run_id": "r", "config": {"warmup_steps": 10, "total_steps": n},
-            "model": {"layer_order": ["b", "a"]}}]
-    for s in range(1, n + 1):
-        rec = {"kind": "step", "run_id": "r", "step": s, "time": 1.0 + s, "loss": 2.0,
-               "grad_norm": 1.0, "param_norm": 10.0, "update_norm": 0.01}
-        rec.update((over or {}).get(s, {}))
-        out.append(rec)
-    return out
 
 
 def test_a_one_step_spike_survives_downsampling():
@@ -122,13 +116,7 @@ def test_the_scripts_own_scalars_are_charted_on_their_own_steps():
 def test_user_scalar_blocks_keep_a_one_step_spike_and_the_mean_at_any_zoom():
     recs = steps(20_000, {s: {"metrics": {"acc": 0.5}} for s in range(1, 20_001)})
     recs[12_345]["metrics"]["acc"] = 9.0  # step 12,345 (recs[0] is the run record)
-    db = open_history(":memory:")
-    builder = HistoryBuilder(db, ema_alpha=0.9)
-    for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
-        builder.add(rec)
-        if i % 1500 == 0:
-            builder.commit()
-    builder.commit()
+    db = build(recs, commit_every=1500)
     for points, level in ((10, 256), (100, 64), (300, 16), (5000, None)):
         assert sr.block_level(1, 20_000, points) == level
         acc = sr.user_series(db, "r", 0, 1, 20_000, points, ["acc"])["acc"]
@@ -181,13 +169,7 @@ def test_update_band_follows_the_detectors_phases():
 
 def test_pre_aggregated_blocks_agree_with_the_steps_across_commits():
     recs = steps(20_000, {7_777: {"loss": 50.0}, 19_999: {"loss": 0.5}})
-    db = open_history(":memory:")
-    builder = HistoryBuilder(db, ema_alpha=0.9)
-    for i, rec in enumerate(recs):  # commits that split blocks, as the live indexer does
-        builder.add(rec)
-        if i % 997 == 0:
-            builder.commit()
-    builder.commit()
+    db = build(recs, commit_every=997)
     for points, level in ((10, 256), (100, 64), (300, 16), (5000, None)):
         assert sr.block_level(1, 20_000, points) == level
         out = sr.scalars(db, "r", points=points)
