@@ -3,6 +3,8 @@ and the whole way through a real Monitor and a live sidecar."""
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import numpy as np
 import pytest
@@ -42,10 +44,12 @@ def test_small_tensors_are_covered_whole_and_large_ones_sampled_within_range():
     dist = Distributions(sample=256)
     small = torch.arange(10.0)
     assert set(dist.gather([small])[0].tolist()) == set(range(10))
-    big = torch.randn(100_000)
+    big = torch.randn(100_000, generator=torch.Generator().manual_seed(7))
     row = dist.measure([big])[0]
     assert big.min() <= row[0] <= row[3] <= row[7] <= big.max()
-    assert abs(float(row[3]) - float(big.median())) < 0.2  # the median of 256 draws
+    # The median of n = 256 draws of N(0, 1) has a standard error of sqrt(pi / 2n) ~ 0.078;
+    # five of them leave a right sampler no chance to fail, and a biased one no room.
+    assert abs(float(row[3]) - float(big.median())) < 5 * (math.pi / (2 * 256)) ** 0.5
 
 
 def test_sample_width_is_bounded_for_a_huge_tensor():
