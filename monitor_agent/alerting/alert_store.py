@@ -353,9 +353,11 @@ class AlertTx:
 
     def rewind(self, run_id: str, step: int) -> None:
         """The run's history after ``step`` was replaced by a new attempt: its open alerts
-        last saw at most ``step``."""
-        self.conn.execute("UPDATE alerts SET last_step = ? WHERE run_id = ? AND state != "
-                          "'resolved' AND last_step > ?", (step, run_id, step))
+        last saw at most ``step``, and began at most there (what the new attempt finds
+        after ``step`` comes after them)."""
+        self.conn.execute("UPDATE alerts SET last_step = ?, first_step = MIN(first_step, ?) "
+                          "WHERE run_id = ? AND state != 'resolved' AND last_step > ?",
+                          (step, step, run_id, step))
 
     def note_action(self, fingerprint: str, message: str) -> None:
         """An alert whose finding an action already taken for its run answers (a rollback

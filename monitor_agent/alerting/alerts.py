@@ -165,6 +165,9 @@ class StoredAlert:
     # Its messages go after established runs' and count against the source's budget of
     # new runs' pages (notify/fairness.py). None: an established run.
     newcomer: str | None = None
+    # The step the episode began at (its first finding's, or its preview's); what may be
+    # grouped under it follows it in steps, not only in arrival (alerting/related.py).
+    first_step: int | None = None
 
     def finding_data(self) -> dict[str, Any]:
         data: dict[str, Any] = wire.loads(self.finding)

@@ -161,6 +161,11 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX outbox_folded_summary ON outbox_folded (summary_id);
     ALTER TABLE alerts ADD COLUMN newcomer TEXT;
     """,
+    # The step an episode began at (alerting/related.py: only findings at or after it can
+    # follow from it). NULL for episodes stored before: they group as they did.
+    """
+    ALTER TABLE alerts ADD COLUMN first_step INTEGER;
+    """,
 )
 
 

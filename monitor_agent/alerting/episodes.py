@@ -166,8 +166,8 @@ class Episodes:
         pages = tx.open_pages(run.run_id)
         silences = tx.active_silences(now) if pages else []
         for page in pages:
-            if follows(page.severity, page.state, severity, f, acts) and not silenced_by(
-                    silences, page):
+            if follows(page.severity, page.state, page.first_step, severity, f, acts) \
+                    and not silenced_by(silences, page):
                 related = RelatedFindings.from_json(page.related)
                 if related.add(f):
                     tx.set_related(page.fingerprint, related.to_json())
@@ -304,6 +304,7 @@ class Episodes:
             dashboard_url=dashboard_url(self.settings.grafana_url, run.run_id, f.time or now),
             checkpoint=run.checkpoint_line,
             newcomer=run.newcomer(now, self.settings.outbox.new_run_seconds),
+            first_step=f.step,
         )
 
     # -- clock-driven work ----------------------------------------------------------------

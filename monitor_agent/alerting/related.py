@@ -10,8 +10,11 @@ the API shows them on the page's alert, and none is an alert or a message of its
 **Follows from**, precisely: a finding F follows from an alert P when
 
 * P is a page of the same run (its severity is error or critical) and is open (pending
-  or firing): its window runs from its first finding until it resolves. Findings of a
-  run are judged in arrival order, so an open page began at or before F;
+  or firing): its window runs from its first finding until it resolves;
+* F's step is at or after the step P began at. Arrival order is not enough: a NaN step
+  the client sent ahead of its backlog (``/v1/records/preview``) begins its page before
+  the steps that came first are judged, and a warning 100 steps before the NaN is no
+  consequence of it: it alerts on its own, as it does when the records arrive in order;
 * no silence covers P: grouping stands on people hearing the page, and a silence on it
   must not mute what it does not cover;
 * F's alert would be less severe than P (``Rule.severity_for``);
@@ -54,13 +57,15 @@ NOT_CONSEQUENCES = frozenset({"throughput_drop", "memory_pressure", "straggler",
 MAX_KEYS = 256  # distinct (type, layer) remembered per page: bounds a name bomb
 
 
-def follows(page_severity: str, page_state: str, finding_severity: Severity,
-            finding: Finding, acts: bool) -> bool:
+def follows(page_severity: str, page_state: str, page_first_step: int | None,
+            finding_severity: Severity, finding: Finding, acts: bool) -> bool:
     """Whether ``finding`` (whose alert would have ``finding_severity``) follows from an
-    open alert of ``page_severity`` in ``page_state`` on the same run (module docstring)."""
+    open alert of ``page_severity`` in ``page_state``, begun at ``page_first_step`` (None:
+    stored before the step was kept), on the same run (module docstring)."""
     page = Severity.parse(page_severity)
-    return (page.pages and page_state in ("pending", "firing") and finding_severity < page
-            and not acts and finding.type not in NOT_CONSEQUENCES)
+    after = page_first_step is None or finding.step >= page_first_step
+    return (page.pages and page_state in ("pending", "firing") and after
+            and finding_severity < page and not acts and finding.type not in NOT_CONSEQUENCES)
 
 
 @dataclass(slots=True)

@@ -55,6 +55,18 @@ def test_a_new_episode_keeps_when_people_were_last_told(store: AlertStore):
     assert again.resolved_at is None and again.started_at == T0 + 500
 
 
+def test_a_rewind_moves_an_open_episode_back_to_the_new_attempts_start(store: AlertStore):
+    # A rollback replaced the history after step 99: the open page (begun at 150) spans
+    # the new attempt from there, so what the new attempt finds can follow from it.
+    with store.tx() as tx:
+        tx.begin_episode(pending(first_step=150, last_step=160))
+        tx.begin_episode(pending("fp2", first_step=None, last_step=160))  # stored before
+        tx.begin_episode(pending("fp3", first_step=40, last_step=60))     # before the fork
+        tx.rewind("r1", 99)
+    steps = {a.fingerprint: (a.first_step, a.last_step) for a in store.alerts()}
+    assert steps == {"fp1": (99, 99), "fp2": (None, 99), "fp3": (40, 60)}
+
+
 def test_merge_fire_and_resolve_change_only_their_fields(store: AlertStore):
     with store.tx() as tx:
         tx.begin_episode(pending())

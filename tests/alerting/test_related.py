@@ -3,7 +3,8 @@ page that counts them, not one alert per layer; through real Slack/PagerDuty rec
 
 from __future__ import annotations
 
-from alert_harness import Harness
+from alert_harness import Harness, nan
+from monitor_agent.alerting import RunContext
 from monitor_agent.records.types import Finding, Severity
 
 
@@ -62,3 +63,22 @@ def test_a_silenced_page_does_not_swallow_what_follows(harness: Harness):
     alerts = {a.alertname: a for a in harness.alerting.list_alerts(run_id="r1")}
     assert sorted(alerts) == ["TrainingDivergence", "TrainingGradientHealth"]
     assert alerts["TrainingDivergence"].related == 0
+
+
+def test_a_warning_from_before_a_previewed_page_alerts_on_its_own(harness: Harness):
+    # A NaN step sent ahead of its backlog begins its page first; the backlog's older
+    # steps are judged after it. What they found happened before the NaN: not its
+    # consequence, so it alerts as it would have had the records come in order.
+    run = RunContext("r1", project="proj", labels={"team": "nlp"})
+    assert harness.alerting.preview(run, [nan(step=150)], harness.clock()) == 1
+    (before,) = tails(50, layers=1)
+    after = tails(160, layers=2)[1]  # another layer: not the open warning's episode
+    harness.handle(before)
+    harness.handle(nan(step=150))  # the NaN step's in-order copy
+    harness.handle(after)
+    harness.drain()
+    alerts = {a.alertname: a for a in harness.alerting.list_alerts(run_id="r1")}
+    assert sorted(alerts) == ["TrainingGradientHealth", "TrainingNanInf"]
+    assert alerts["TrainingGradientHealth"].step == 50
+    assert alerts["TrainingNanInf"].related == 1  # the warning at step 160
+    assert harness.decisions()["grouped"] == 1
