@@ -68,11 +68,16 @@ def test_a_shuffled_loader_resumes_with_the_reference_order_minus_the_windows():
 def test_a_loader_with_worker_processes_resumes_the_same():
     """Worker processes are forked: from the test process, a worker inherits whatever lock
     another test's thread held at that instant and can hang on it. A training script forks
-    from its own process, so the check runs in a fresh interpreter, as a script would."""
+    from its own process, so the checks with workers run in a fresh interpreter, as a
+    script would."""
+    _fresh_interpreter("check_shuffled_resume(2)")
+
+
+def _fresh_interpreter(call: str) -> None:
     here = Path(__file__).resolve().parent
     path = os.pathsep.join(map(str, (here, here.parents[1] / "client", here.parents[1])))
     done = subprocess.run(
-        [sys.executable, "-c", "import test_data_stream as t; t.check_shuffled_resume(2)"],
+        [sys.executable, "-c", f"from test_data_stream import *; {call}"],
         env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -123,7 +128,7 @@ def test_the_state_mid_epoch_resumes_the_same_batches():
     assert [b.tolist() for b in again] == rest and len(seen) + len(rest) == 10
 
 
-def test_an_abandoned_prefetch_is_drawn_again():
+def check_abandoned_prefetch() -> None:
     data = DataStream(DataLoader(Numbered(40), batch_size=4, shuffle=True, num_workers=2))
     ref = _reference(lambda: DataLoader(Numbered(40), batch_size=4, shuffle=True), 12)
     it = iter(data)
@@ -131,6 +136,10 @@ def test_an_abandoned_prefetch_is_drawn_again():
     del it
     assert [(data.position, b.tolist()) for b in itertools.islice(data, 3)] == \
         [(p, ref[p]) for p in (3, 4, 5)]
+
+
+def test_an_abandoned_prefetch_is_drawn_again():
+    _fresh_interpreter("check_abandoned_prefetch()")
 
 
 def test_a_plain_iterable_of_batches_is_numbered_and_skipped_too():
