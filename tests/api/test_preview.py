@@ -184,3 +184,24 @@ def test_previews_of_runs_not_in_memory_count_against_the_new_run_budget(sidecar
     answer = _preview(sc.url, nans).json()
     assert answer["received"] == 20 and answer["alerts"] == 8
     assert len(httpx.get(sc.url + "/v1/alerts").json()["alerts"]) == 8
+
+
+def test_a_preview_changes_when_the_page_goes_out_not_what_is_alerted(sidecar):
+    """A warning from before the NaN (the gradient clipped on most steps) alerts on its own
+    whether the NaN step was previewed ahead of its backlog or not: the page a preview
+    begins early groups only what comes after its step (alerting/related.py)."""
+    def steps(run: str, span: range) -> list[dict]:
+        return [{"kind": "step", "run_id": run, "step": s, "time": 1000.0 + s,
+                 "loss": "NaN" if s >= 60 else 2.0 - 0.01 * s, "grad_norm": 1.8,
+                 "clip_threshold": 1.0} for s in span]
+
+    def alerts(run: str) -> dict[str, int]:
+        found = httpx.get(sidecar.url + "/v1/alerts", params={"run_id": run}).json()["alerts"]
+        return {a["alertname"]: a["related"] for a in found}
+
+    assert sidecar.post(steps("ref", range(1, 71))).status_code == 200
+    assert sidecar.post(steps("prev", range(1, 11))).status_code == 200
+    assert _preview(sidecar.url, steps("prev", range(60, 61))).json()["alerts"] == 1
+    assert sidecar.post(steps("prev", range(11, 71))).status_code == 200  # the backlog
+    assert "TrainingGradientHealth" in alerts("ref") and "TrainingNanInf" in alerts("ref")
+    assert alerts("prev") == alerts("ref")
