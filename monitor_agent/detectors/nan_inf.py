@@ -428,18 +428,17 @@ def _origin(rec: StepRecord, bad: list[str], layers: list[str]
         return (modules[0], f"forward pass: the output of {modules[0]} went non-finite "
                 f"first{more}", "forward")
     if forward and n_mod == 0 and rec.nonfinite_module_count is not None:
-        if rec.nonfinite_check == "sampled":
-            # Only each row's first features were read (the client's default): a value
-            # confined to other features of the last module's output is not excluded.
-            return ("loss", "every module output finite where sampled (each row's first "
-                    "features); the loss is not: the NaN is made in the loss computation "
-                    "(check log/div/softmax of the targets) or in unsampled features of the "
-                    "last module's output (WatchSettings(finite_flags=\"full\") reads every "
-                    "element)", "loss")
         # Measured, not guessed: the client checked every module's output and all were
-        # finite, so the arithmetic after the last module made it.
-        return ("loss", "every module output finite; the loss is not: the NaN is made in "
-                "the loss computation (check log/div/softmax of the targets)", "loss")
+        # finite, so the arithmetic after the last module made it. After the default
+        # sampled check (each row's first features) a value confined to other features of
+        # the last module's output is not excluded, and the finding says so.
+        sampled = rec.nonfinite_check == "sampled"
+        where = " where sampled (each row's first features)" if sampled else ""
+        also = (" or in unsampled features of the last module's output (WatchSettings("
+                "finite_flags=\"full\") reads every element)") if sampled else ""
+        return ("loss", f"every module output finite{where}; the loss is not: the NaN is "
+                f"made in the loss computation (check log/div/softmax of the targets){also}",
+                "loss")
     if forward:
         clause = (f"{len(layers)} parameter gradient(s) non-finite (a forward NaN reaches "
                   f"every gradient; per-module output checks were not reported)"
