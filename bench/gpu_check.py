@@ -374,7 +374,9 @@ def profile(rig: Rig, sink: Sink, spool: str, steps: int) -> dict[str, Any]:
         by_name: dict[str, float] = {}
         launches = 0
         for e in prof.key_averages():
-            if e.device_type != DeviceType.CUDA:
+            # A user annotation on the device (``Optimizer.step#AdamW.step``) spans the
+            # kernels launched inside it: counting it too would count them twice.
+            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
                 continue
             us = getattr(e, "self_device_time_total", None)
             if us is None:
