@@ -16,13 +16,15 @@ For each leader (the sidecar of node 0 of a run this one follows) an exchange:
    for those runs, each saying the run's view is partial, and goes on queueing: the
    leader catches up when it is back, and records those pages without paging them again.
 
-**No leader delays another.** Exchanges run on a pool of ``MAX_EXCHANGES`` threads, one
-at a time per leader, each under ``post_timeout_seconds`` (connect, send, each read). A
-leader that has not answered yet (new, or failing) may hold at most ``UNPROVEN_SHARE``
-of them, taking turns (the one tried longest ago first), so leaders that answer always
-find a thread: twenty dead leaders named by made-up run records leave a real run's
-forwarding as it was (``bench/chaos.py --sections peer``). Paging what a lost leader is
-owed does not wait for an exchange with it.
+**No leader delays another.** Each leader's exchange runs on a thread of its own (a pool
+of ``MAX_EXCHANGES``, one exchange at a time per leader), under ``post_timeout_seconds``
+(connect, send, each read): a leader that never answers holds only its own. The leaders
+a sidecar may forward to are the ones its configuration allows (cluster/placement.py:
+``leader_url``, ``master_addr``, the ``leader_hosts`` entries, loopback at its own port),
+so there are never more of them than that, whatever run records name; past
+``MAX_EXCHANGES`` they take turns, the one tried longest ago first. Twenty dead leaders
+leave a real run's forwarding as it was (``bench/chaos.py --sections peer``). Paging what
+a lost leader is owed does not wait for an exchange with it.
 
 The training step never waits on any of it: the engine only queues (in the transaction
 that stores a batch's findings) and wakes the link.
@@ -51,10 +53,9 @@ from monitor_agent.storage.uplink import PAGED
 log = logging.getLogger(__name__)
 
 PEER_PATH = "/v1/peer/digests"
-MAX_EXCHANGES = 8
-"""Exchanges in flight at once, each with its own leader (threads of the link's pool)."""
-UNPROVEN_SHARE = 0.5
-"""The share of them that leaders which have not answered yet (new, or failing) may hold."""
+MAX_EXCHANGES = 64
+"""Exchanges in flight at once, each with its own leader (threads of the link's pool,
+started as needed): more than the leaders a sidecar's configuration allows."""
 
 
 class OwedItem(Protocol):
@@ -123,7 +124,7 @@ class LeaderLink:
         self.settings, self.book, self.sidecar, self.port = settings, book, sidecar, port
         self.token, self.metrics, self.clock = token, metrics, clock
         self._client = httpx.Client(transport=transport, timeout=settings.post_timeout_seconds,
-                                    limits=httpx.Limits(max_connections=MAX_EXCHANGES * 2))
+                                    limits=httpx.Limits(max_connections=MAX_EXCHANGES))
         self._pool = ThreadPoolExecutor(MAX_EXCHANGES, thread_name_prefix="leader-link")
         self._flying: dict[str, Future[bool]] = {}  # leader -> its exchange in flight
         self._tried: dict[str, float] = {}  # leader -> when its last exchange began
@@ -132,8 +133,9 @@ class LeaderLink:
         self._thread: threading.Thread | None = None
         self._last_post: dict[str, float] = {}
         self._limit: dict[str, int] = {}  # items per post, halved after a 413
-        # (leader, run) -> since when the leader does not take the run (``deferred``).
-        self._deferred: dict[tuple[str, str], float] = {}
+        # leader -> run -> since when the leader does not take the run (``deferred``); each
+        # leader's own dict is touched only by its exchange, one at a time.
+        self._deferred: dict[str, dict[str, float]] = {}
         book.on_queued = self.wake
 
     def start(self) -> None:
@@ -162,9 +164,9 @@ class LeaderLink:
             self._wake.wait(self.settings.heartbeat_seconds)
 
     def run_once(self) -> None:
-        """Start an exchange with every leader that is owed something or is due a
-        heartbeat and has none in flight, as the pool's shares allow; page what the
-        leaders that are lost are owed."""
+        """Start an exchange with every leader that has none in flight (it posts if the
+        leader is owed something or due a heartbeat), the one tried longest ago first;
+        page what the leaders that are lost are owed."""
         by_leader: dict[str, list[FollowedRun]] = {}
         for leader, run in self.port.followed():
             by_leader.setdefault(leader, []).append(run)
@@ -173,27 +175,13 @@ class LeaderLink:
             if self._flying[leader].done():
                 del self._flying[leader]
         self._page_lost(leaders)
-        unproven_cap = int(MAX_EXCHANGES * UNPROVEN_SHARE)
-        unproven = sum(1 for x in self._flying if not self._proven(x))
-        # Leaders that answer first; then the others, the one tried longest ago first.
-        order = sorted(leaders - set(self._flying),
-                       key=lambda x: (not self._proven(x), self._tried.get(x, 0.0), x))
-        for leader in order:
+        for leader in sorted(leaders - set(self._flying), key=lambda x: self._tried.get(x, 0.0)):
             if len(self._flying) >= MAX_EXCHANGES:
                 break
-            if not self._proven(leader):
-                if unproven >= unproven_cap:
-                    continue
-                unproven += 1
             self._tried[leader] = self.clock()
             future = self._pool.submit(self._exchange, leader, by_leader.get(leader, []))
             future.add_done_callback(self._done)
             self._flying[leader] = future
-
-    def _proven(self, leader: str) -> bool:
-        """Whether the leader answered its last exchange (a new one has not yet)."""
-        link = self.book.get(leader)
-        return link.last_ok is not None and link.failing_since is None
 
     def _done(self, future: Future[bool]) -> None:
         try:
@@ -248,9 +236,9 @@ class LeaderLink:
     def _resting(self, leader: str, now: float) -> list[str]:
         """Runs the leader did not take at its last answer, less than a heartbeat ago:
         their items wait for the next heartbeat rather than go again at once."""
-        rest = self.settings.heartbeat_seconds
-        return [run for (x, run), since in self._deferred.items()
-                if x == leader and now - self._last_post.get(leader, 0.0) < rest]
+        if now - self._last_post.get(leader, 0.0) >= self.settings.heartbeat_seconds:
+            return []
+        return list(self._deferred.get(leader, {}))
 
     def _body(self, runs: list[FollowedRun], items: list[OwedItem]) -> bytes:
         records = [wire.loads(q.body) for q in items if q.kind == "record"]
@@ -327,12 +315,13 @@ class LeaderLink:
                now: float) -> None:
         """Keep track of the runs ``leader`` does not take: one it has not taken for
         ``peer_timeout_seconds`` has what it is owed paged here (a partial view)."""
+        mine = self._deferred.setdefault(leader, {})
         for run_id in sent - set(deferred):
-            self._deferred.pop((leader, run_id), None)
+            mine.pop(run_id, None)
         for run_id, why in deferred.items():
             if run_id not in sent:
                 continue
-            since = self._deferred.setdefault((leader, run_id), now)
+            since = mine.setdefault(run_id, now)
             if now - since >= self.settings.peer_timeout_seconds:
                 reason = (f"the run's leader {leader} has not taken it for "
                           f"{now - since:.0f} s ({why[:200]})")
