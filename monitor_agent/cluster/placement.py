@@ -38,6 +38,15 @@ says how to allow the leader. What the link sends is its own credential
     ValueError: cluster: the ranks name the leader node-0:9400, which this sidecar may not forward to: ...
     >>> leader_of(node1, ClusterSettings(leader_hosts=["node-0:9400"]), own_port=9500)
     'http://node-0:9400'
+
+A job whose node 0 may change between attempts (an elastic re-rendezvous picks another)
+lists its nodes, or the domain they share (``'*.train-gpt.default.svc'``: any name under
+it, at the sidecar's port)::
+
+    >>> pod3 = ClusterPlacement(node_rank=1, nodes=3,
+    ...                         leader_url="http://train-gpt-2.train-gpt.default.svc:9400")
+    >>> leader_of(pod3, ClusterSettings(leader_hosts=["*.train-gpt.default.svc"]), 9400)
+    'http://train-gpt-2.train-gpt.default.svc:9400'
 """
 
 from __future__ import annotations
@@ -87,7 +96,12 @@ def allowed(host: str, port: int, settings: ClusterSettings, own_port: int) -> b
     if port == own_port and (_loopback(host) or (
             settings.master_addr is not None and host == settings.master_addr.lower())):
         return True
-    return (host, port) in {host_port(e, own_port) for e in settings.leader_hosts}
+    for entry in settings.leader_hosts:
+        listed, listed_port = host_port(entry, own_port)
+        if listed_port == port and (host == listed or (
+                listed.startswith("*.") and host.endswith(listed[1:]))):
+            return True
+    return False
 
 
 def _loopback(host: str) -> bool:

@@ -41,7 +41,8 @@ class ClusterSettings(BaseModel):
     leader_hosts: list[str] = Field(
         default_factory=list, description="Leaders a client-derived leader URL may name "
         "besides the defaults (loopback and master_addr, each at this sidecar's own port): "
-        "'host' (at this sidecar's port) or 'host:port'. A leader URL comes from a rank's "
+        "'host' (at this sidecar's port), 'host:port', or '*.domain' (any name under it: a "
+        "job whose node 0 may change between attempts). A leader URL comes from a rank's "
         "run record, so anyone holding the write token could name any host: the sidecar "
         "forwards only to a leader its own configuration allows (cluster/placement.py).")
     master_addr: str | None = Field(

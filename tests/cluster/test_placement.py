@@ -65,3 +65,15 @@ def test_loopback_at_the_own_port_and_listed_leaders_pinned_by_port():
 def test_a_malformed_leader_hosts_entry_is_refused_by_name():
     with pytest.raises(ValueError, match="'node:x' is not 'host' or 'host:port'"):
         ClusterSettings(leader_hosts=["node:x"])
+
+
+def test_a_domain_wildcard_admits_any_node_0_of_the_job_and_nothing_else():
+    """A relaunch after an elastic re-rendezvous may name another node 0."""
+    job = ClusterSettings(leader_hosts=["*.train-gpt.ns.svc"])
+    for node0 in ("train-gpt-0", "train-gpt-3"):
+        url = f"http://{node0}.train-gpt.ns.svc:9400"
+        assert leader_of(ClusterPlacement(1, 3, leader_url=url), job, PORT) == url
+    for url in ("http://train-gpt.ns.svc.evil.com:9400", "http://x.train-gpt.ns.svc:9555",
+                "http://other.ns.svc:9400"):
+        with pytest.raises(ValueError, match="may not forward to"):
+            leader_of(ClusterPlacement(1, 3, leader_url=url), job, PORT)

@@ -148,7 +148,9 @@ def page_latency(tmp: Path, dead: int = 20, flood: bool = True, trials: int = 3,
 
 def _one_nan(http: httpx.Client, lead: str, node: str, slack: Receiver, run: str,
              lead_port: int, wait: float) -> float:
-    """A 2x2 run trains 20 steps; node 1's rank 2 goes NaN first: seconds to the page."""
+    """A 2x2 run trains 20 steps; at step 21 node 1's ranks' loss is NaN and every rank's
+    reduced gradient too (node 0's ranks report theirs as the NaN reaches them): seconds
+    from node 1's NaN to the leader's page."""
     cluster = {"nodes": 2, "local_world_size": 2, "leader_url": f"http://localhost:{lead_port}"}
     _post(http, lead, [{"kind": "run", "run_id": run, "rank": r, "attempt": f"{run}-{r}",
                         "cluster": {**cluster, "node_rank": 0}} for r in (0, 1)])
@@ -160,6 +162,7 @@ def _one_nan(http: httpx.Client, lead: str, node: str, slack: Receiver, run: str
     before = len(slack.requests)
     t0 = time.monotonic()
     _post(http, node, [_step(run, 21, r, nan=True) for r in (2, 3)])
+    _post(http, lead, [{**_step(run, 21, r), "grad_norm": "NaN"} for r in (0, 1)])
     deadline = t0 + wait
     while time.monotonic() < deadline:
         if any(f"run {run}:" in str((r.json or {}).get("text", "")) and "FIRING" in str(
