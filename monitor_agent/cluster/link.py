@@ -35,6 +35,7 @@ the engine's side on its thread); a fake one and a local HTTP leader are enough 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import threading
@@ -129,6 +130,7 @@ class LeaderLink:
         self._flying: dict[str, Future[bool]] = {}  # leader -> its exchange in flight
         self._tried: dict[str, float] = {}  # leader -> when its last exchange began
         self._wake = threading.Event()
+        self._queued = 0  # how many times something was queued (``wake``)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_post: dict[str, float] = {}
@@ -151,7 +153,9 @@ class LeaderLink:
         self._client.close()
 
     def wake(self) -> None:
-        """Something was queued (or an exchange ended): look again now."""
+        """Something was queued: look again now (an exchange under way when it was looks
+        again as soon as it ends: ``_done``)."""
+        self._queued += 1
         self._wake.set()
 
     def _loop(self) -> None:
@@ -180,17 +184,19 @@ class LeaderLink:
                 break
             self._tried[leader] = self.clock()
             future = self._pool.submit(self._exchange, leader, by_leader.get(leader, []))
-            future.add_done_callback(self._done)
+            future.add_done_callback(functools.partial(self._done, queued=self._queued))
             self._flying[leader] = future
 
-    def _done(self, future: Future[bool]) -> None:
+    def _done(self, future: Future[bool], queued: int) -> None:
+        """An exchange ended: look again at once if it left more to send, or if something
+        was queued while it was under way (it may be owed to this very leader)."""
         try:
             more = future.result()
         except Exception:  # noqa: BLE001 - one exchange's bug is logged, not the link's end
             log.exception("leader link: an exchange failed; retrying")
             more = False
-        if more:
-            self.wake()
+        if more or self._queued != queued:
+            self._wake.set()
 
     def _page_lost(self, leaders: set[str]) -> None:
         """Page here what leaders that are lost are owed, whether or not an exchange with

@@ -8,7 +8,7 @@
   to the leader's page, each of ``trials`` times.
 - ``malformed_flood``: an honest client posts a step every ``interval`` s to a leader while
   another floods its peer door with exchanges whose one finding is malformed
-  (``"layer": ["a"]``) under the link's credential (the write token where the sidecar has
+  (``"layer": ["a"]``, ``log_only``) under the link's credential (the write token where the sidecar has
   no other). Reports the share of the honest requests refused and what the flood got.
 
 bench/chaos.py ``--sections peer`` prints both; run it on two checkouts for before and
@@ -148,9 +148,9 @@ def page_latency(tmp: Path, dead: int = 20, flood: bool = True, trials: int = 3,
 
 def _one_nan(http: httpx.Client, lead: str, node: str, slack: Receiver, run: str,
              lead_port: int, wait: float) -> float:
-    """A 2x2 run trains 20 steps; at step 21 node 1's ranks' loss is NaN and every rank's
-    reduced gradient too (node 0's ranks report theirs as the NaN reaches them): seconds
-    from node 1's NaN to the leader's page."""
+    """A 2x2 run trains 20 steps; at step 21 node 1's ranks go NaN, node 0's do not (their
+    step 21 comes too, so the leader need not wait for them): what the leader pages it
+    knows from node 1's digests only. Seconds from node 1's NaN to the leader's page."""
     cluster = {"nodes": 2, "local_world_size": 2, "leader_url": f"http://localhost:{lead_port}"}
     _post(http, lead, [{"kind": "run", "run_id": run, "rank": r, "attempt": f"{run}-{r}",
                         "cluster": {**cluster, "node_rank": 0}} for r in (0, 1)])
@@ -162,7 +162,7 @@ def _one_nan(http: httpx.Client, lead: str, node: str, slack: Receiver, run: str
     before = len(slack.requests)
     t0 = time.monotonic()
     _post(http, node, [_step(run, 21, r, nan=True) for r in (2, 3)])
-    _post(http, lead, [{**_step(run, 21, r), "grad_norm": "NaN"} for r in (0, 1)])
+    _post(http, lead, [_step(run, 21, r) for r in (0, 1)])
     deadline = t0 + wait
     while time.monotonic() < deadline:
         if any(f"run {run}:" in str((r.json or {}).get("text", "")) and "FIRING" in str(
@@ -261,8 +261,9 @@ def malformed_flood(tmp: Path, seconds: float = 40.0, interval: float = 0.25,
 
 def _malformed(lead: str, credential: str, stop: threading.Event, answers: dict[int, int],
                interval: float) -> None:
+    # log_only: recorded, not paged, so nothing before the store meets the bad layer.
     finding = {"type": "nan_inf", "severity": "critical", "run_id": "led", "step": 1,
-               "rank": 2, "message": "m", "layer": ["a"]}
+               "rank": 2, "message": "m", "layer": ["a"], "log_only": True}
     body = {"sidecar": "node-1", "runs": [{"run_id": "led", "node": 1, "ranks": [2],
                                            "known_action": 0}],
             "records": [], "findings": [{"flags": 0, "finding": finding}]}
