@@ -23,6 +23,7 @@ So at the step every rank agreed on, the callback:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -103,7 +104,7 @@ class LrScale:
         self.restore()
         factor = self.plan.lr_multiplier(step) if self.plan is not None else 1.0
         self.lr = None
-        if factor == 1.0 or optimizer is None:
+        if factor == 1.0 or optimizer is None or not _factor(factor):
             return
         for group in getattr(optimizer, "param_groups", []):
             self._saved.append((group, group["lr"]))
@@ -149,3 +150,10 @@ class Relaunch:
             if zero:
                 consume(self._file, self.plan)
             self._file = None
+
+
+def _factor(value: object) -> bool:
+    """A factor an LR may be scaled by: a finite number in (0, 1] (a plan that says
+    otherwise was not made by a sidecar: ``RollbackPlan.problem``; it scales nothing)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= 1)

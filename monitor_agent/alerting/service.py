@@ -292,6 +292,13 @@ class Alerting:
         and no action was added since); a cheap check for the event loop."""
         return self.store.no_actions_after(run_id, after)
 
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        """Whether the run has an action ``action_id`` of kind ``action`` (``AlertSink``)."""
+        if self.store.no_actions_after(run_id, action_id - 1):
+            return False
+        found = self.store.actions_for_run(run_id, action_id - 1, 1)
+        return bool(found) and found[0].id == action_id and found[0].action == action
+
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""

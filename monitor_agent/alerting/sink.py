@@ -63,6 +63,11 @@ class AlertSink(Protocol):
         from when the run loads (runs/lifecycle.py)."""
         ...
 
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        """Whether this sidecar decided the run's action ``action_id`` as ``action`` (an
+        ``agreement`` record is about one: records/types.py ``AgreementRecord``)."""
+        ...
+
     def cost_with(self, costs: Costs) -> None:
         """Say what each resolving incident cost the run (alerting/episodes.py ``Costs``)."""
         ...
@@ -117,3 +122,6 @@ class NullSink:
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         return []
+
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        return True  # it decides nothing, so it cannot tell (a trace judged offline)

@@ -46,6 +46,33 @@ def test_plan_reads_the_contract_and_refuses_holes():
     assert RollbackPlan.from_action({"id": 1, "action": "stop"}) is None
 
 
+@pytest.mark.parametrize("plan", [
+    {"lr_factor": float("nan")}, {"lr_factor": -1.0}, {"lr_factor": 0.0},
+    {"lr_factor": 1e308}, {"lr_factor": "abc"}, {"lr_factor": True},
+    {"skip": [[21, 10**15]]}, {"skip": [[40, 21]]}, {"checkpoint_step": "20"},
+    {"skip_from": 2**60},
+])
+def test_a_plan_with_absurd_numbers_is_no_plan(plan):
+    """Hostile input, part five: a plan whose LR factor is not a finite number in (0, 1],
+    whose windows skip more than any run's data or are no windows, or whose counts are not
+    JSON integers, is refused whole, from an action and from the resume file alike; the
+    LR scaling a framework callback does never raises, whatever a plan says."""
+    from monitor_client._resume import LrScale
+
+    assert RollbackPlan.from_action(_action(**plan)) is None
+    good = RollbackPlan.from_action(_action())
+    assert good is not None
+    assert RollbackPlan.from_dict({**good.as_dict(), **plan}) is None
+    forged = RollbackPlan(**{**good.as_dict(), "skip": good.skip, "lr_factor": "abc"})
+
+    class Optimizer:
+        param_groups = [{"lr": 0.1}]
+
+    scale = LrScale(forged)
+    scale.apply(Optimizer(), step=good.resume_step)  # an LR factor of "abc": no raise
+    assert Optimizer.param_groups[0]["lr"] == 0.1
+
+
 def test_plan_book_newest_pending_and_honoured_plans_are_history():
     book = PlanBook()
     book.receive({"id": 2, "action": "stop"})
