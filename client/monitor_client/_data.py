@@ -18,7 +18,8 @@ times that way). So the data says where it is:
 - Resuming at ``position`` and skipping windows happens at the batch sampler: the
   skipped batches' indices are drawn and dropped, never loaded, and every other batch
   keeps its place in the order (a shuffled sampler is not re-shuffled by the skip: the
-  dataset's length does not change).
+  dataset's length does not change). Whole epochs inside a window are jumped by
+  arithmetic, so a window of any size costs at most one epoch of index draws.
 - Each ``iter()`` yields one epoch's worth, ``len(stream)`` batches, continuing the stream
   (a stretch may span two data epochs once windows were skipped): a framework's epoch
   accounting stays what it was without the skips.
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -121,6 +123,16 @@ class _Stream:
     def skipped(self, position: int) -> bool:
         return any(a <= position <= b for a, b in self.windows)
 
+    def kept_from(self, position: int) -> int:
+        """The first position at or after ``position`` that no window leaves out: one pass
+        over the (sorted, merged) windows, whatever their size."""
+        for first, last in self.windows:
+            if first <= position <= last:
+                position = last + 1
+            elif first > position:
+                break
+        return position
+
     def take(self) -> tuple[int, Any] | None:
         """The next kept (position, item), or None when the stream ran dry."""
         if self._source is None:
@@ -128,21 +140,39 @@ class _Stream:
         return next(self._source, None)
 
     def _numbered(self, start: int) -> Iterator[tuple[int, Any]]:
+        """(position, item) of every kept position after ``start``. Skipping costs what the
+        source allows, never the size of a window: with a known epoch length whole epochs
+        are jumped by arithmetic (each epoch's order is a function of its number), and
+        inside an epoch the items before the next kept position are drawn and dropped at
+        most once (a batch sampler draws indices, nothing is loaded). A source without a
+        length (an iterable dataset, a stream) can only be read past, item by item."""
         length = self.epoch_len
-        epoch = start // length if length else 0
-        position = epoch * length if length else 0
+        want = self.kept_from(start + 1)  # the next position to hand out
+        epoch = (want - 1) // length if length else 0
+        base = epoch * length if length else 0  # the position before the epoch's first
         while True:
             self.set_epoch(epoch)
-            count = 0
-            for item in self.items:
-                position += 1
-                count += 1
-                if position <= start or self.skipped(position):
-                    continue
-                yield position, item
-            if count == 0:
+            source, at, drew = iter(self.items), base, False
+            while not (length and want > base + length):  # else the epoch's rest is skipped
+                dropped = _drop(source, want - at - 1)
+                at += dropped
+                item = next(source, _END) if at == want - 1 else _END
+                if item is _END:
+                    drew = drew or dropped > 0
+                    break
+                at, drew = at + 1, True
+                yield at, item
+                want = self.kept_from(at + 1)
+            else:
+                drew = True  # jumped, not run dry
+            if not drew:
                 return  # an empty or one-shot iterable: nothing more to number
-            epoch += 1
+            if length:  # the epoch of ``want`` (a pass shorter than its length ends early)
+                epoch = max((want - 1) // length, epoch + 1)
+                base = epoch * length
+                want = self.kept_from(max(want, base + 1))
+            else:
+                epoch, base = epoch + 1, at
 
     def set_epoch(self, epoch: int) -> None:
         """Make data epoch ``epoch``'s order a function of the epoch (module docstring)."""
@@ -158,6 +188,17 @@ class _Stream:
                 set_epoch(epoch)
             if isinstance(holder, torch.utils.data.RandomSampler):
                 holder.generator = torch.Generator().manual_seed(self.seed + epoch)
+
+
+_END = object()
+
+
+def _drop(source: Iterator[Any], count: int) -> int:
+    """Draw ``count`` items of ``source`` and drop them; how many there were."""
+    dropped = 0
+    for _ in itertools.islice(source, max(count, 0)):
+        dropped += 1
+    return dropped
 
 
 def _samplers(items: Any) -> list[Any]:

@@ -67,7 +67,8 @@ def relaunch_plan(directory: str | os.PathLike[str]) -> tuple[RollbackPlan, Path
     neither holds a plan."""
     named = os.environ.get(PLAN_ENV)
     for path in ([Path(named)] if named else []) + [Path(directory) / RESUME_FILE]:
-        found = read_resume_file(path.parent, path.name)
+        found = read_resume_file(path.parent, path.name, refused=lambda why: log.warning(
+            "monitor_client: rollback plan file refused: %s", why))
         plan = RollbackPlan.from_dict(found) if found is not None else None
         if plan is not None:
             return plan, path

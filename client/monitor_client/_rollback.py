@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_client._agreement import Consensus, content_digest, distributed, newest, unanimous
+from monitor_client._plain_file import read_json
 
 __all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
            "PlanBook", "RollbackPlan", "barrier", "read_resume_file", "write_resume_file"]
@@ -285,13 +286,18 @@ def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,
     return path
 
 
-def read_resume_file(directory: str | os.PathLike[str],
-                     name: str = RESUME_FILE) -> dict[str, Any] | None:
-    """The plan a previous process left in ``directory`` (as ``name``), or None (absent or
-    unreadable)."""
+def read_resume_file(directory: str | os.PathLike[str], name: str = RESUME_FILE,
+                     refused: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The plan a previous process left in ``directory`` (as ``name``), or None: absent,
+    not JSON, not a plan, or not a regular file of bounded size (_plain_file.py: a symlink
+    or a FIFO planted there is neither followed nor waited on), which ``refused`` hears."""
+    path = os.path.join(os.fspath(directory), name)
     try:
-        with open(os.path.join(os.fspath(directory), name), encoding="utf-8") as src:
-            found = json.load(src)
-    except (OSError, ValueError):
+        found = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        if refused is not None:
+            refused(f"{path}: {exc}")
         return None
     return found if isinstance(found, dict) and isinstance(found.get("id"), int) else None

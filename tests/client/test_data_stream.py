@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler
 
 from monitor_client import DataStream, RollbackPlan
 
@@ -160,3 +160,45 @@ def test_a_plan_is_what_seek_takes():
     data = DataStream(DataLoader(Numbered(40), batch_size=4))
     data.seek(plan.resume_position, skip=plan.skip)
     assert [data.position for _ in itertools.islice(data, 3)] == [8, 10, 11]
+
+
+class CountedBatches(BatchSampler):
+    """A shuffled batch sampler that counts the batches it draws (``drawn``)."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        super().__init__(RandomSampler(range(n)), batch_size, drop_last=False)
+        self.drawn = 0
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.drawn += 1
+            yield batch
+
+
+def test_a_window_of_any_size_is_jumped_not_walked():
+    # Seeking walked every skipped position: (1, 10**7) took 7.9 s to the first batch and
+    # (1, 10**12) never yielded. Whole epochs are jumped now; at most one epoch is drawn.
+    def make():
+        sampler = CountedBatches(40, 4)  # 10 batches an epoch
+        return DataLoader(Numbered(40), batch_sampler=sampler), sampler
+    for first, last in ((1, 10**6), (1, 10**12), (5, 10**9)):
+        loader, sampler = make()
+        data = DataStream(loader)
+        data.seek(0, skip=[(first, last), (last + 2, last + 2)])
+        kept = [*range(1, first), last + 1, last + 3, last + 4]
+        assert [p for p, _ in _run(data, len(kept))] == kept
+        assert sampler.drawn <= 2 * len(loader), (first, last, sampler.drawn)
+
+
+def test_a_jumped_stream_yields_the_reference_batches():
+    def make():
+        return DataLoader(Numbered(40), batch_size=4, shuffle=True)
+    ref = _reference(make, 60)  # six data epochs
+    data = DataStream(make())
+    data.seek(3, skip=[(5, 31), (33, 33), (40, 52)])
+    got = _run(data, 6)
+    assert [p for p, _ in got] == [4, 32, 34, 35, 36, 37]
+    assert all(ids == ref[p] for p, ids in got)
+    late = DataStream(make())
+    late.seek(0, skip=[(1, 54)])  # five epochs and a half jumped
+    assert _run(late, 3) == [(p, ref[p]) for p in (55, 56, 57)]
