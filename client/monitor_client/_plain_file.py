@@ -35,6 +35,8 @@ import os
 import stat
 from typing import Any
 
+from monitor_client._errors import MonitorClientError
+
 __all__ = ["MAX_BYTES", "Refused", "read_json"]
 
 MAX_BYTES = 4 << 20
@@ -42,7 +44,7 @@ MAX_BYTES = 4 << 20
 most 4096 characters each) is about 1 MiB."""
 
 
-class Refused(ValueError):
+class Refused(MonitorClientError, ValueError):
     """The file is there but is not one to read (a symlink, not a regular file, too big)."""
 
 
