@@ -177,12 +177,15 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         elif state.global_step > 0:  # a checkpoint from before positions: the Trainer's count
             position = state.global_step * args.gradient_accumulation_steps
         seed = args.data_seed if args.data_seed is not None else args.seed
-        self._data = attach(loader, position, skip, seed=seed)
+        # Several processes over a stream: accelerate reads it on the main process and
+        # dispatches each step's batches, so no process's batches are its own to count.
+        dispatched = args.world_size > 1 and _streamed(loader)
+        self._data = None if dispatched else attach(loader, position, skip, seed=seed)
         if self._data is None:
             if skip:
                 log.warning("monitor_client: the rollback's windows (%s) cannot be skipped: "
-                            "the training DataLoader is neither over a map-style nor over an "
-                            "iterable dataset", skip)
+                            "the training data is %s", skip, "a stream dispatched to several "
+                            "processes" if dispatched else "not in a DataLoader")
             return
         self._mon()._counting_data(self._data.stream.skips_by)
         if plan is not None:
@@ -316,6 +319,13 @@ def _read_data_file(checkpoint: str) -> DataFile | None:
                         found.get("checkpoints") or [])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _streamed(loader: Any) -> bool:
+    """Whether the Trainer's DataLoader reads an ``IterableDataset``."""
+    import torch
+
+    return isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset)
 
 
 def _load_rng(checkpoint: str, process_index: int) -> None:
