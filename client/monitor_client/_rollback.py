@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_client._agreement import Consensus, content_digest, distributed, newest, unanimous
+from monitor_client._plain_file import read_json
 
-__all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
+__all__ = ["CHAIN_MAX", "CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
            "PlanBook", "RollbackPlan", "barrier", "read_resume_file", "write_resume_file"]
 
 Held = Callable[[Consensus, int, "RollbackPlan | None"], None]
@@ -52,6 +53,11 @@ rank's copy or None)."""
 CHECKPOINT_PATH_MAX = 4096
 CHECKPOINT_TAG_MAX = 200
 
+# How many of the job's checkpoints a process hands on to the next one (``PlanBook.chain``):
+# the newest, by step. A rollback goes to the last clean checkpoint before a fault's onset,
+# one of the newest few saves; 256 of them, at the 4096-character path limit, stay within
+# the 4 MiB a plan file may hold (_plain_file.py).
+CHAIN_MAX = 256
 # How long ``rolled_back`` waits for the records of the abandoned branch to reach the
 # sidecar before the ranks meet at the barrier.
 FETCH_TIMEOUT = 10.0
@@ -247,13 +253,35 @@ class PlanBook:
         self._done: set[int] = set()
         self._calls = 0
         self._held: dict[int, int] = {}  # plan id -> agreed calls in a row it was held back
-        # (step, path) of every checkpoint this process reported (``checkpoint_saved``) or
-        # resumed from (``resumed_from``): the only ones a plan may send it back to.
+        # (step, path) of every checkpoint this process reported (``checkpoint_saved``),
+        # resumed from (``resumed_from``), or inherited from the job's process before it
+        # (``inherit``: a plan file's or a checkpoint's record of the job's saves): the
+        # only ones a plan may send it back to.
         self._vouched: set[tuple[int, str]] = set()
 
     def vouch(self, step: int, path: str) -> None:
         with self._lock:
             self._vouched.add((int(step), str(path)))
+
+    def chain(self) -> list[list[Any]]:
+        """The job's checkpoints this process vouches for, ``[step, path]``, oldest first
+        (the newest ``CHAIN_MAX``): what the next process of the job inherits (a plan file,
+        a checkpoint's own record of the saves before it)."""
+        with self._lock:
+            return [[s, p] for s, p in sorted(self._vouched)[-CHAIN_MAX:]]
+
+    def inherit(self, chain: Any) -> int:
+        """Vouch for the checkpoints of ``chain`` (what ``chain()`` gave an earlier process
+        of the job); entries that are not ``[step, path]`` are ignored. How many taken."""
+        taken = 0
+        for entry in chain[-CHAIN_MAX:] if isinstance(chain, list) else ():
+            if (isinstance(entry, list | tuple) and len(entry) == 2
+                    and isinstance(entry[0], int) and not isinstance(entry[0], bool)
+                    and isinstance(entry[1], str)
+                    and 0 < len(entry[1]) <= CHECKPOINT_PATH_MAX):
+                self.vouch(entry[0], entry[1])
+                taken += 1
+        return taken
 
     def vouches(self, plan: RollbackPlan) -> bool:
         """Whether this process saved (or resumed from) the checkpoint ``plan`` names."""
@@ -292,8 +320,9 @@ class PlanBook:
         ``check_every``-th call; ``fetch(plan_id)`` asks the sidecar once for a plan this
         rank has not received (it lands here through ``receive``); ``held`` hears why a
         plan every rank should act on was held back. Either way a plan is handed out only
-        when this process (distributed: some rank of the job) reported the checkpoint it
-        names: one the sidecar's ledger got from anywhere else is refused (``unreported``).
+        when this process (distributed: some rank of the job) vouches for the checkpoint it
+        names (``vouch``, ``inherit``): one the sidecar's ledger got from anywhere else is
+        refused (``unreported``; the Monitor then stops the run).
         """
         dist = distributed()
         if dist is None:
@@ -349,13 +378,18 @@ def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,
     return path
 
 
-def read_resume_file(directory: str | os.PathLike[str],
-                     name: str = RESUME_FILE) -> dict[str, Any] | None:
-    """The plan a previous process left in ``directory`` (as ``name``), or None (absent or
-    unreadable)."""
+def read_resume_file(directory: str | os.PathLike[str], name: str = RESUME_FILE,
+                     refused: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The plan a previous process left in ``directory`` (as ``name``), or None: absent,
+    not JSON, not a plan, or not a regular file of bounded size (_plain_file.py: a symlink
+    or a FIFO planted there is neither followed nor waited on), which ``refused`` hears."""
+    path = os.path.join(os.fspath(directory), name)
     try:
-        with open(os.path.join(os.fspath(directory), name), encoding="utf-8") as src:
-            found = json.load(src)
-    except (OSError, ValueError):
+        found = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        if refused is not None:
+            refused(f"{path}: {exc}")
         return None
     return found if isinstance(found, dict) and isinstance(found.get("id"), int) else None

@@ -171,6 +171,10 @@ class Alerting:
         """A pending rollback whose checkpoint turned suspect, decided again."""
         return [a.to_dict() for a in self.episodes.revise(run, now)]
 
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+        """A pending rollback the job refused to load, withdrawn for a stop."""
+        return [a.to_dict() for a in self.episodes.refused(run, action_id, now)]
+
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
         ahead of a backlog, see ``Engine.preview`` in pipeline/engine.py); return how many began.

@@ -87,6 +87,11 @@ class AlertSink(Protocol):
         ones and decide it again (alerting/episodes.py ``revise``); the actions taken."""
         ...
 
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+        """Withdraw pending rollback ``action_id``, which the job refused to load, for a
+        stop (alerting/episodes.py ``refused``); the actions taken."""
+        ...
+
 
 class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
@@ -118,6 +123,9 @@ class NullSink:
         return []
 
     def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+        return []
+
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
         return []
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:

@@ -482,6 +482,8 @@ class Engine:
                 live.lifecycle.withdrawn(pending.action_id)
                 result.actions.extend(revised)
                 self.acted(run.run_id, revised, now)
+        if isinstance(record, AgreementRecord) and not quiet and run.leader is None:
+            self._refused(live, record, now, result)
         if run.verdict.observe(record, findings):
             self._store_verdict(run)
         if findings and quiet:
@@ -490,6 +492,22 @@ class Engine:
             self._route(run, findings, now, result, origin)
         if not quiet:
             self._retry(run, now, result)
+
+    def _refused(self, live: LiveRun, record: AgreementRecord, now: float,
+                 result: IngestResult) -> None:
+        """The job refused its pending rollback (``unreported``: the plan names a
+        checkpoint no process of the job saved, so no rank loads it, and the client stops
+        the run): withdrawn for a stop, so the run's page and phase say it stopped rather
+        than wait for a relaunch (alerting/episodes.py ``refused``)."""
+        pending = live.lifecycle.rollback
+        if (record.outcome != "unreported" or record.action != "rollback" or pending is None
+                or pending.action_id != record.action_id):
+            return
+        taken = self.alerts.refused(_context(live.state), record.action_id, now)
+        if taken:
+            live.lifecycle.withdrawn(record.action_id)
+            result.actions.extend(taken)
+            self.acted(live.run_id, taken, now)
 
     def _rival(self, live: LiveRun, record: Record, attempt: int, now: float,
                result: IngestResult, origin: int | None) -> bool:
@@ -1196,6 +1214,7 @@ def _context(run: RunState) -> RunContext:
         data={r: (s.data_step, s.data_position, s.per_step) for r, s in run.ranks.items()
               if s.data_position is not None},
         skipped=run.skipped, skipped_unit=run.skipped_unit,
+        skips_by=run.run.skips_by if run.run is not None else None,
         rank_steps={r: s.last_step for r, s in run.ranks.items()},
         checkpoint_ranks=ledger.ranks(),
         first_seen=run.first_seen, source=run.source,

@@ -182,6 +182,12 @@ class ClusterModel(_Wire):
                           AfterValidator(_name)] | None = None
 
 
+class DataModel(_Wire):
+    # How the run leaves a rollback plan's windows out (docs/format.md, "run"): in a
+    # map-style dataset's batch sampler, or by reading past them in a stream.
+    skips_by: Literal["sampler", "reading"]
+
+
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
@@ -196,6 +202,7 @@ class RunModel(_Wire):
     )
     watchdog: WatchdogModel | None = None
     cluster: ClusterModel | None = None
+    data: DataModel | None = None
 
     @field_validator("config", "model", "hardware")
     @classmethod

@@ -241,6 +241,8 @@ class RunRecord:
     watchdog: WatchdogDeclaration | None = wire_field(
         lambda w: from_fields(WatchdogDeclaration, w))
     cluster: ClusterPlacement | None = wire_field(lambda c: from_fields(ClusterPlacement, c))
+    # How it leaves a rollback plan's windows out: "sampler" or "reading" (``data``).
+    skips_by: str | None = wire_field(lambda d: d.skips_by, source="data")
     kind: str = "run"
 
     @property

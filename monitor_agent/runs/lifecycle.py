@@ -232,7 +232,8 @@ class RunLifecycle:
 
     def withdrawn(self, action_id: int) -> None:
         """The pending rollback ``action_id`` was withdrawn before it was applied (its
-        checkpoint turned suspect, alerting/episodes.py ``revise``): no longer an order."""
+        checkpoint turned suspect, alerting/episodes.py ``revise``, or the job refused it,
+        ``refused``): no longer an order."""
         self._open.pop(action_id, None)
         if self.rollback is not None and self.rollback.action_id == action_id:
             self.rollback = None
