@@ -483,7 +483,7 @@ class Engine:
                 result.actions.extend(revised)
                 self.acted(run.run_id, revised, now)
         if isinstance(record, AgreementRecord) and not quiet and run.leader is None:
-            self._refused(live, record, now, result)
+            self._plan_refused(live, record, now, result)
         if run.verdict.observe(record, findings):
             self._store_verdict(run)
         if findings and quiet:
@@ -493,7 +493,7 @@ class Engine:
         if not quiet:
             self._retry(run, now, result)
 
-    def _refused(self, live: LiveRun, record: AgreementRecord, now: float,
+    def _plan_refused(self, live: LiveRun, record: AgreementRecord, now: float,
                  result: IngestResult) -> None:
         """The job refused its pending rollback (``unreported``: the plan names a
         checkpoint no process of the job saved, so no rank loads it, and the client stops
