@@ -232,6 +232,7 @@ class StepModel(_Wire):
     samples: Num = None
     step_time: Num = None
     data_time: Num = None
+    data_idle_time: Num = None
     compute_time: Num = None
     sync_wait_time: Num = None
     tokens_per_second: Num = None
