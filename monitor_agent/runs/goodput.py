@@ -13,8 +13,8 @@ of its records is charged once:
 
 - ``startup``: from an attempt's first record (its run record: the process is up) to its
   first step, less one typical step (the median interval of the attempt's next
-  ``TYPICAL_STEPS`` steps, charged to the first step once they are in): process launch,
-  model build, compile, loader spin-up.
+  ``TYPICAL_STEPS`` steps, charged to the first step once they are in, its typical data
+  wait to ``input``): process launch, model build, compile, loader spin-up.
 - ``eval`` / ``checkpoint``: the ``seconds`` an eval or checkpoint record says it took
   (the client measures the time since its previous step, eval or checkpoint record: the
   evaluation or the save that ran in between), taken out of the next step's interval.
@@ -227,7 +227,8 @@ class _Attempt:
     # the timeline's latest step interval (where a late one of them sits).
     aside: dict[str, float] = field(default_factory=dict)
     last_interval: float = 0.0
-    first_wait: float = 0.0  # the first step's wait for data (input once it is a step)
+    first_wait: float = 0.0  # the first step's wait for data (its loader's spin-up too)
+    waits: list[float] = field(default_factory=list)  # the data waits of ``intervals``
 
 
 @dataclass(slots=True)
@@ -381,7 +382,10 @@ class GoodputLedger:
             wait = min(wait, max(step, 0.0))
         sums = att.sums.get(record.rank)
         if sums is None:
-            sums = att.sums[record.rank] = RankSums()
+            # Its first step of the attempt is not summed: its interval is start-up, and its
+            # wait holds the ranks' start-up skew (one up before the others waits for them).
+            att.sums[record.rank] = RankSums()
+            return
         compute = compute_of(record)
         sums.wait += wait
         sums.data += record.input_wait or 0.0
@@ -557,6 +561,7 @@ class GoodputLedger:
             rest = max(rest - self._close_hang(att, t), 0.0)
         elif att.typical is None and len(att.intervals) < TYPICAL_STEPS:
             att.intervals.append(rest)
+            att.waits.append(min(record.input_wait or 0.0, rest))
             if len(att.intervals) == TYPICAL_STEPS:
                 self._typical_known(att)
         rest -= self._input(record, rest)
@@ -571,7 +576,10 @@ class GoodputLedger:
         att.typical = float(np.median(att.intervals))
         first = att.first_interval or 0.0
         charge = min(att.typical, first)  # the first step itself was a step
-        waited = min(att.first_wait, charge)  # ... which waited for its data as any does
+        # ... which waited for its data as a typical step does; the rest of its wait (the
+        # loader's workers starting, its first read) is start-up.
+        waited = min(att.first_wait, float(np.median(att.waits)) if att.waits else 0.0,
+                     charge)
         att.buckets.badput["startup"] -= charge
         att.buckets.add("input", waited)
         att.buckets.productive += charge - waited
@@ -725,7 +733,7 @@ class GoodputLedger:
                           a.buckets.badput, a.prev, a.steps, a.first_interval,
                           a.intervals, a.typical, a.excluded,
                           {str(r): w.to_list() for r, w in a.sums.items()}, a.ended,
-                          a.aside, a.last_interval, a.first_wait]
+                          a.aside, a.last_interval, a.first_wait, a.waits]
                          for a in self.attempts.values()],
         }
 
@@ -757,14 +765,14 @@ class GoodputLedger:
         for (number, start, last, productive, badput, prev, steps, first, intervals,
              typical, excluded, sums, ended, *more) in data["attempts"]:
             badput = {**dict.fromkeys(CAUSES, 0.0), **badput}
-            aside, last_interval, first_wait = more if more else ({}, 0.0, 0.0)
+            aside, last_interval, first_wait, waits = more if more else ({}, 0.0, 0.0, [])
             book.attempts[int(number)] = _Attempt(
                 int(number), start, last, Buckets(productive, badput), prev, int(steps),
                 first, list(intervals), typical, excluded,
                 {int(r): RankSums.from_list(w) if isinstance(w, list) else RankSums(
                     float(w), steps=1) for r, w in sums.items()}, bool(ended),
                 {str(k): float(v) for k, v in aside.items()}, float(last_interval),
-                float(first_wait))
+                float(first_wait), [float(w) for w in waits])
         return book
 
 

@@ -5,7 +5,8 @@ ledger's ``straggler_data`` / ``straggler_compute`` / ``straggler_collective`` c
 
 Under data parallelism every rank waits at the gradient all-reduce for the slowest one, so
 the slowest rank is the one that waits *least* (it arrives last). Over an attempt each
-rank's ``sync_wait_time``, data wait and compute are summed (``RankSums``); the straggler is
+rank's ``sync_wait_time``, data wait and compute are summed (``RankSums``, from its second
+step: the first one's wait holds the ranks' start-up skew); the straggler is
 the least-waiting rank and the **tax** is the median of the *other* ranks' summed waits less
 its own: how much shorter the job's steps would have been at the others' pace. Sums, not
 per-step figures: the slowest rank of one step is noise and averages out, a rank that is
