@@ -99,7 +99,6 @@ from typing import Any
 
 import numpy as np
 
-from monitor_agent.detectors.straggler import compute_of
 from monitor_agent.detectors.support.context import host_label
 from monitor_agent.records.types import (
     CheckpointRecord,
@@ -136,6 +135,7 @@ DEVICE_WORDS: dict[str | None, tuple[str, str, str]] = {
 """What a run's ranks are, by its run records' ``hardware.device`` (one, many, the hours):
 a CPU-only run's are not GPUs, and a run that did not say is counted in ranks."""
 
+_INF = math.inf
 TYPICAL_STEPS = 8  # steps whose median interval is a typical step (start-up, hangs)
 MARKS_KEPT = 1024  # recent steps (at least) whose cumulative productive time is kept
 MAX_INCIDENTS = 200  # the newest kept (a run that restarts forever must not grow memory)
@@ -336,23 +336,26 @@ class GoodputLedger:
             # An attempt older than the first one heard, or a superseded one's late record
             # (its time was charged when the next attempt began): history only.
             return
-        att.last = max(att.last, t)
-        self.end = t if self.end is None else max(self.end, t)
-        self.ranks.add(record.rank)
-        if isinstance(record, RunRecord):
-            self._described(record)
-            return
-        if isinstance(record, HangRecord):
-            self._hung(record, att)
-        elif isinstance(record, StepRecord):
+        if t > att.last:
+            att.last = t
+        if self.end is None or t > self.end:
+            self.end = t
+        rank = record.rank
+        self.ranks.add(rank)
+        if isinstance(record, StepRecord):  # most records: ahead of the rarer kinds
             if self.timeline_rank is None:
                 # The lowest rank heard (every rank's run record comes before its steps),
                 # not whichever step arrived first: a script evaluates on rank 0.
                 self.timeline_rank = min(self.ranks)
-            self.stepped.add(record.rank)
-            self._sum(record, att)
-            if record.rank == self.timeline_rank:
+            self.stepped.add(rank)
+            if record.sync_wait_time is not None:
+                self._sum(record, att)
+            if rank == self.timeline_rank:
                 self._step(record, att)
+        elif isinstance(record, RunRecord):
+            self._described(record)
+        elif isinstance(record, HangRecord):
+            self._hung(record, att)
         elif isinstance(record, EvalRecord | CheckpointRecord):
             self._aside(record, att)
         elif isinstance(record, EndRecord) and record.rank == self.timeline_rank:
@@ -371,25 +374,32 @@ class GoodputLedger:
             self.hosts[record.rank] = host[:128]
 
     def _sum(self, record: StepRecord, att: _Attempt) -> None:
-        """A rank's step parts, summed for the straggler tax (runs/straggler_tax.py). Its
-        all-reduce wait sits in its step: capped by ``step_time`` where it says one."""
-        wait = record.sync_wait_time
-        if wait is None or not math.isfinite(wait):
-            return
-        step = record.step_time
-        wait = max(wait, 0.0)
-        if step is not None and math.isfinite(step):
-            wait = min(wait, max(step, 0.0))
+        """A rank's step parts, summed for the straggler tax (runs/straggler_tax.py): its
+        all-reduce wait, which sits in its step (capped by ``step_time`` where it says
+        one), its data wait (``input_wait``) and its compute (``compute_time``, else the
+        step less the two waits, as detectors/straggler.py's ``compute_of``). Every rank's
+        every step comes here: written for that (no call per part)."""
         sums = att.sums.get(record.rank)
         if sums is None:
             # Its first step of the attempt is not summed: its interval is start-up, and its
             # wait holds the ranks' start-up skew (one up before the others waits for them).
             att.sums[record.rank] = RankSums()
             return
-        compute = compute_of(record)
+        wait, step = record.sync_wait_time, record.step_time
+        if wait is None or not _INF > wait > -_INF:  # NaN fails both
+            return
+        if step is not None and wait > step and step < _INF:
+            wait = step
+        if wait < 0.0:
+            wait = 0.0
+        data = record.input_wait or 0.0
+        compute = record.compute_time
+        if compute is None and step is not None:
+            compute = step - wait - data
         sums.wait += wait
-        sums.data += record.input_wait or 0.0
-        sums.compute += compute if math.isfinite(compute) and compute > 0 else 0.0
+        sums.data += data
+        if compute is not None and _INF > compute > 0.0:
+            sums.compute += compute
         sums.steps += 1
 
     def _begin(self, attempt: int, t: float) -> None:

@@ -81,17 +81,19 @@ class StragglerTax:
 def straggler_tax(sums: dict[int, RankSums], hosts: dict[int, str]) -> StragglerTax | None:
     """The attempt's tax and its cause (module docstring); None with fewer than two ranks
     reporting waits, or when no rank waits less than the others' median."""
-    ranks = [r for r, s in sums.items() if s.steps]
+    ranks = sorted(r for r, s in sums.items() if s.steps)
     if len(ranks) < 2:
         return None
-    slow = min(ranks, key=lambda r: (sums[r].wait, r))
-    others = [sums[r] for r in ranks if r != slow]
-    tax = float(np.median([o.wait for o in others])) - sums[slow].wait
+    # One array, one median per part (a report reads it: 256 ranks in well under 1 ms).
+    table = np.array([(sums[r].wait, sums[r].data, sums[r].compute) for r in ranks])
+    at = int(np.argmin(table[:, 0]))  # the least-waiting; the lowest rank of equals
+    slow, mine = ranks[at], table[at]
+    wait, data, compute = np.median(np.delete(table, at, axis=0), axis=0).tolist()
+    tax = wait - float(mine[0])
     if not tax > 0:
         return None
-    mine = sums[slow]
-    extra_data = max(mine.data - float(np.median([o.data for o in others])), 0.0)
-    extra_compute = max(mine.compute - float(np.median([o.compute for o in others])), 0.0)
+    extra_data = max(float(mine[1]) - data, 0.0)
+    extra_compute = max(float(mine[2]) - compute, 0.0)
     own = extra_data + extra_compute
     if own >= tax:  # its own work explains the whole tax: shared in proportion
         parts = {"data": tax * extra_data / own, "compute": tax * extra_compute / own,
