@@ -520,12 +520,19 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         iterator = iter(iterable)
         while True:
             self._phase.enter("data")
+            # On CUDA, events around the wait: the device's idle part of it (_timings.py).
+            timings = self._timings if self._timings is not None \
+                and self._timings.on_device else None
+            if timings is not None:
+                timings.data_began()
             start = time.perf_counter()
             try:
                 item = next(iterator)
             except StopIteration:
                 return
             self._data_time += time.perf_counter() - start
+            if timings is not None:
+                timings.data_ended()
             yield item
 
     def _counting_data(self, skips_by: str) -> None:

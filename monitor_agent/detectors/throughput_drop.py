@@ -96,8 +96,9 @@ def speed_of(rec: StepRecord) -> float | None:
 
 
 def data_share(rec: StepRecord) -> float:
-    if finite(rec.data_time) and finite(rec.step_time) and rec.step_time > 0:
-        return rec.data_time / rec.step_time
+    wait = rec.input_wait  # the device's wait for data, as the goodput ledger's input
+    if wait is not None and finite(rec.step_time) and rec.step_time > 0:
+        return wait / rec.step_time
     return float("nan")
 
 

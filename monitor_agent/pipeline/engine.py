@@ -68,7 +68,7 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
-from monitor_agent.runs.goodput import cost_words
+from monitor_agent.runs.goodput import STRAGGLER_CAUSES, cost_words
 from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.runs.verdict import Verdict
@@ -1161,15 +1161,17 @@ class Engine:
         book = live.state.goodput
         if rolled_back:
             inc = book.last_incident("rollback", "restart")
-            return None if inc is None else inc.words(book.gpus) + " so far"
+            return None if inc is None else inc.words(book.gpus, book.device) + " so far"
         if kind in ("hang", "stalled"):
             inc = book.last_incident("hang")
             if inc is None or inc.step < step - 1:
                 return None
-            return inc.words(book.gpus)
+            return inc.words(book.gpus, book.device)
         if kind == "straggler":
-            tax = book.report().badput["straggler"]
-            return f"the straggler tax so far: {cost_words(tax, book.gpus)}" if tax > 0 else None
+            bad = book.report().badput
+            tax = sum(bad[cause] for cause in STRAGGLER_CAUSES)
+            return (f"the straggler tax so far: {cost_words(tax, book.gpus, book.device)}"
+                    if tax > 0 else None)
         return None
 
     def _goodput_view(self, run: RunState, now: float) -> None:
