@@ -23,6 +23,11 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
                        off, interleaved round by round; and the size of a hang record for a
                        process with 60 threads (``--only-watchdog``)
 
+  tiny steps           (issue 45) a 1 ms and a 10 ms CPU step (small MLPs): the whole
+                       step's cost of each configuration against the bare loop, each knob
+                       on/off, and the training thread's share timed per call
+                       (``--only-tiny``; tiny_steps.py says how)
+
   origin               (issue 17) whole steps in the default configuration with and
                        without the forward finite sums (one per leaf module), interleaved;
                        the per-parameter norms' share of the sender thread's one host copy;
@@ -37,6 +42,7 @@ and count host transfers made on the training thread by the hooks and log_step.
     python bench/client_overhead.py --only-origin          # bare step + origin figures
     python bench/client_overhead.py --only-timings         # the all-reduce-wait hooks
     python bench/client_overhead.py --only-watchdog        # watchdog on/off + record size
+    python bench/client_overhead.py --only-tiny            # 1 ms and 10 ms steps, per knob
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_steps  # noqa: E402
 from harness import (  # noqa: E402
     bare_step,
     build,
@@ -573,9 +580,24 @@ def main() -> None:
                    help="measure only the bare step and the origin figures (issue 17)")
     p.add_argument("--only-timings", action="store_true",
                    help="measure only the all-reduce-wait hooks (issue 23)")
+    p.add_argument("--only-tiny", action="store_true",
+                   help="measure only the 1 ms and 10 ms CPU steps, knob by knob (issue 45)")
+    p.add_argument("--tiny-rounds", type=int, default=12, help="interleaved rounds (tiny)")
+    p.add_argument("--tiny-steps", type=int, default=100, help="steps per arm and round")
+    p.add_argument("--tiny-sizes", nargs="+", default=list(tiny_steps.SIZES),
+                   choices=list(tiny_steps.SIZES))
+    p.add_argument("--tiny-optional", action="store_true",
+                   help="also the knobs the default leaves off (full finite, activations, "
+                        "guard)")
     args = p.parse_args()
     device = torch.device(args.device)
     url = start_sink()
+    if args.only_tiny:
+        torch.set_num_threads(1)
+        tiny_steps.report([tiny_steps.measure(size, url, args.tiny_rounds, args.tiny_steps,
+                                              args.tiny_optional)
+                           for size in args.tiny_sizes])
+        return
     model, opt, batch = build(args, device)
     n_params = sum(p.numel() for p in model.parameters())
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads
