@@ -131,3 +131,39 @@ def test_a_failing_send_never_reaches_training():
     dog.beat(1)
     eventually(lambda: dog.errors >= 1, timeout=30, what="the watchdog's error counted")
     dog.stop()
+
+
+def test_code_without_a_file_in_the_scripts_namespace_is_the_scripts_own():
+    """``python -c`` and ``exec`` of a script's text run as ``<string>``: the frames of
+    code run in ``__main__`` (or a namespace no module owns) are marked ``user``; code a
+    library made in its own module's namespace (a dataclass's ``__init__``) is not."""
+    import string
+
+    released = threading.Event()
+    script: dict = {"__name__": "__main__"}
+    exec(compile("def wait_here(ev):\n    ev.wait()\n", "<string>", "exec"), script)
+    exec(compile("def library_wait(ev):\n    ev.wait()\n", "<string>", "exec"), vars(string))
+    try:
+        dog = Watchdog(60.0, lambda r: None, {"run_id": "r", "rank": 0}, threaded=False)
+        for target, mine in ((script["wait_here"], True), (string.library_wait, False)):
+            worker = threading.Thread(target=target, args=(released,))
+            worker.start()
+            dog.training_ident = worker.ident
+            frames = eventually(lambda: _waiting(dog), timeout=30, what="the thread waiting")
+            released.set()
+            worker.join()
+            released.clear()
+            # threading.py's waits are innermost: below them, the code that called them
+            caller = next(f for f in reversed(frames) if f["file"] != "threading.py")
+            assert (caller["file"], caller["function"], caller["user"]) == (
+                "<string>", target.__name__, mine)
+            assert frames[-1]["file"] == "threading.py" and frames[-1]["user"] is False
+    finally:
+        del string.library_wait
+
+
+def _waiting(dog: Watchdog) -> list[dict]:
+    threads, _ = dog.stacks()
+    frames = threads[0]["frames"]
+    assert threads[0].get("training") and frames[-1]["function"] == "wait", frames[-3:]
+    return frames
