@@ -359,7 +359,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
         if on:  # as Monitor._start builds it: a fresh thread, started by the next beat
             mon._watchdog = Watchdog(60.0, mon._send_hang, {"run_id": mon.run_id, "rank": 0},
                                      mon._phase, 0)
-            mon._phase.attach(model, opt)
+            mon._phase.attach([(model, opt)])
 
     def armed(on: bool) -> Callable[[], Callable[[], None]]:
         def setup() -> Callable[[], None]:

@@ -37,13 +37,30 @@ class PhaseTracker:
     def seconds(self, now: float) -> float:
         return max(now - self.since, 0.0)
 
-    def attach(self, model: Any, optimizer: Any) -> None:
-        """Hook ``model``'s forward (root module only) and ``optimizer``'s step."""
+    def attach(self, watched: list[tuple[Any, Any]]) -> None:
+        """Hook each model's forward (root module only) and each optimizer's step (none:
+        a loop that updates its parameters by hand), dropping the hooks of before."""
         self.detach()
-        self._hooks.add(model.register_forward_pre_hook(lambda *_: self.enter("forward")),
-                        model.register_forward_hook(lambda *_: self.enter("backward")))
-        self._hooks.around_step(optimizer, lambda: self.enter("optimizer"),
-                                lambda: self.enter("data"))
+        for model, optimizer in watched:
+            self._hooks.add(model.register_forward_pre_hook(self._forward),
+                            model.register_forward_hook(self._backward))
+            if optimizer is not None:
+                self._hooks.add(optimizer.register_step_pre_hook(self._optimizer),
+                                optimizer.register_step_post_hook(self._data))
+
+    # The hooks themselves: bound methods, not lambdas around enter(), since they run on
+    # every step (two attribute stores; nothing here can fail).
+    def _forward(self, *_: Any) -> None:
+        self.phase, self.since = "forward", time.monotonic()
+
+    def _backward(self, *_: Any) -> None:
+        self.phase, self.since = "backward", time.monotonic()
+
+    def _optimizer(self, *_: Any) -> None:
+        self.phase, self.since = "optimizer", time.monotonic()
+
+    def _data(self, *_: Any) -> None:
+        self.phase, self.since = "data", time.monotonic()
 
     def detach(self) -> None:
         self._hooks.remove()
