@@ -218,7 +218,7 @@ class FiniteFlags:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if not module.training:
                 return
-            out = output[0] if isinstance(output, tuple | list) and output else output
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
             # (an empty output sums to 0: finite, so no numel() call for it)
             if isinstance(out, torch.Tensor) and out.dtype.is_floating_point:
                 self._sums.append(self._sum(out.detach()))
@@ -227,7 +227,7 @@ class FiniteFlags:
         return hook
 
     def _sum(self, out: torch.Tensor) -> torch.Tensor:
-        if self.full or out.dim() < 2 or out.numel() <= WHOLE_ELEMENTS:
+        if self.full or out.ndim < 2 or out.numel() <= WHOLE_ELEMENTS:
             return out.sum(dtype=_sum_dtype(out))
         # Rows first, then the row sums: one reduction over a strided view of 32-byte rows
         # ran 8-22 us a module on an H100 (a poor launch shape); two contiguous ones are

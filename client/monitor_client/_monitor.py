@@ -916,7 +916,7 @@ def _lr_of(optimizer: Any) -> Any:
     lr = optimizer.param_groups[0].get("lr")
     if not _is_tensor(lr):
         return lr
-    if lr.device.type == "cpu":
+    if lr.is_cpu:
         return float(lr)
     # A device LR (capturable optimizers): float() would be a host sync on the training
     # thread; a copy travels with the statistics instead (the scheduler changes the

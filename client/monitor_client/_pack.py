@@ -101,7 +101,7 @@ class StatsPack:
         loss, the forward's sums, the statistics, a loss scale or LR copied after the
         optimizer step): the copy waits for it, whatever stream the training used.
         Recording an event queues a marker; nothing waits here."""
-        if self.values and self.values[0].device.type == "cuda":
+        if self.values and self.values[0].is_cuda:  # (an attribute: no device object made)
             self.event = torch.cuda.Event()
             self.event.record()
         return self
@@ -114,10 +114,10 @@ class StatsPack:
         training thread may wait for, the GIL being shared)."""
         if not self.values:
             return None
-        if self.event is None and all(v.device.type == "cpu" for v in self.values):
+        if self.event is None and all(v.is_cpu for v in self.values):
             out: list[float] = []
             for v in self.values:
-                if v.dim() == 0:
+                if v.ndim == 0:
                     out.append(v.item())
                 else:
                     out.extend(v.detach().reshape(-1).tolist())
