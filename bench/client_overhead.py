@@ -582,8 +582,9 @@ def main() -> None:
                    help="measure only the all-reduce-wait hooks (issue 23)")
     p.add_argument("--only-tiny", action="store_true",
                    help="measure only the 1 ms and 10 ms CPU steps, knob by knob (issue 45)")
-    p.add_argument("--tiny-rounds", type=int, default=12, help="interleaved rounds (tiny)")
-    p.add_argument("--tiny-steps", type=int, default=100, help="steps per arm and round")
+    p.add_argument("--tiny-rounds", type=int, default=8, help="interleaved rounds (tiny)")
+    p.add_argument("--tiny-block", type=float, default=1.0,
+                   help="seconds each arm runs per round (tiny)")
     p.add_argument("--tiny-sizes", nargs="+", default=list(tiny_steps.SIZES),
                    choices=list(tiny_steps.SIZES))
     p.add_argument("--tiny-optional", action="store_true",
@@ -594,7 +595,7 @@ def main() -> None:
     url = start_sink()
     if args.only_tiny:
         torch.set_num_threads(1)
-        tiny_steps.report([tiny_steps.measure(size, url, args.tiny_rounds, args.tiny_steps,
+        tiny_steps.report([tiny_steps.measure(size, url, args.tiny_rounds, args.tiny_block,
                                               args.tiny_optional)
                            for size in args.tiny_sizes])
         return

@@ -18,16 +18,22 @@ trained as a plain loop and under the client in several configurations ("arms"):
   +full_finite, +activations, +guard: the default with that optional knob on
 
 Each arm has its own copy of the model and its own Monitor (sending to a loopback sink
-that accepts everything), built once; every round runs ``--tiny-steps`` steps of each arm
-in turn (the order reversed every other round) and keeps the median step time of each, so
-the machine's other load falls on every arm alike. An arm's cost is the median over rounds
-of its round median minus the bare arm's of the same round (``+clip`` against
-``bare+clip``): the whole step, the sender thread's share included. A knob's cost is the
-default's minus the arm without it (or the arm with it minus the default).
+that accepts everything), built once; every round runs each arm in turn for a block of
+``--tiny-block`` seconds (at least two of the sender's 0.5 s lingers, so most of an arm's
+sender work lands in its own block; the order reversed every other round) and keeps the
+median step time of each block, so the machine's other load falls on every arm alike. An
+arm's cost is the median over rounds of its block median minus the bare arm's of the same
+round (``+clip`` against ``bare+clip``): the whole step, the sender thread's share
+included. A knob's cost is the default's minus the arm without it (or the arm with it
+minus the default). On a shared, loaded machine these differences carry its noise; the two
+direct figures below do not depend on the load the same way:
 
-The training thread's own share is also timed directly, per call, around the client's
-entry points on the default arm (``log_step``, the optimizer hooks, the forward hooks):
-microseconds that do not depend on the machine's load the way whole steps do.
+* the training thread's own share, timed per call around the client's entry points on the
+  default arm (``log_step``, the optimizer hooks, the forward hooks): the median call
+  times the calls a step makes (a preempted call does not count);
+* the sender thread's work per step record, on its own core when there is one: the
+  median time to turn one of the default arm's pending records into its JSON line (the
+  host copy, naming the numbers, the probes, the encoding).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import functools
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,10 +93,14 @@ def _arm(name: str, width: int, url: str, spool: str) -> Arm:
     return Arm(name, model, opt, mon)
 
 
-def _steps(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> list[float]:
+def _steps(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int,
+           seconds: float = 0.0) -> list[float]:
+    """``n`` steps from step ``first``, or as many more as fill ``seconds``."""
     model, opt, mon = arm.model, arm.opt, arm.mon
-    times = []
-    for step in range(first, first + n):
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    step = first
+    while len(times) < n or time.perf_counter() < end:
         start = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -100,6 +111,7 @@ def _steps(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> li
         if mon is not None:
             mon.log_step(step, loss=loss, samples=x.shape[0])
         times.append(time.perf_counter() - start)
+        step += 1
     return times
 
 
@@ -112,9 +124,11 @@ class SizeResult:
     bare_s: float
     cost_s: dict[str, float]      # arm -> median paired whole-step cost (s)
     parts_s: dict[str, float]     # training-thread part -> s per step (default arm)
+    sender_s: float               # the sender thread's work per step record (default arm)
 
 
-def measure(size: str, url: str, rounds: int, steps: int, optional: bool) -> SizeResult:
+def measure(size: str, url: str, rounds: int, block: float, optional: bool,
+            steps: int = 100) -> SizeResult:
     width, batch = SIZES[size]
     torch.manual_seed(1)
     x, y = torch.randn(batch, 32), torch.randn(batch, 1)
@@ -125,13 +139,16 @@ def measure(size: str, url: str, rounds: int, steps: int, optional: bool) -> Siz
         arms = [_arm(name, width, url, spool) for name in names]
         for arm in arms:  # warm-up: optimizer state, the first monitored step, pre-flight
             _steps(arm, x, y, 30, 1)
-        step = 31
+        step = {arm.name: 31 for arm in arms}
         for rnd in range(rounds):
             order = arms if rnd % 2 == 0 else arms[::-1]
             for arm in order:
-                arm.times.append(statistics.median(_steps(arm, x, y, steps, step)))
-            step += steps
-        parts = _parts(next(a for a in arms if a.name == "default"), x, y, steps * 4, step)
+                times = _steps(arm, x, y, 1, step[arm.name], block)
+                step[arm.name] += len(times)
+                arm.times.append(statistics.median(times))
+        default = next(a for a in arms if a.name == "default")
+        parts = _parts(default, x, y, steps * 4, step["default"])
+        sender = _sender_work(default, x, y, steps * 4, step["default"] + steps * 4)
         for arm in arms:
             if arm.mon is not None:
                 arm.mon.close(timeout=5)
@@ -142,7 +159,8 @@ def measure(size: str, url: str, rounds: int, steps: int, optional: bool) -> Siz
             continue
         base = by["bare+clip"] if arm.name == "+clip" else by["bare"]
         cost[arm.name] = statistics.median(a - b for a, b in zip(arm.times, base, strict=True))
-    return SizeResult(size, width, batch, rounds, statistics.median(by["bare"]), cost, parts)
+    return SizeResult(size, width, batch, rounds, statistics.median(by["bare"]), cost, parts,
+                      sender)
 
 
 def _parts(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> dict[str, float]:
@@ -150,7 +168,7 @@ def _parts(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> di
     client's callbacks wrapped in a clock for ``n`` more steps, then unwrapped."""
     mon = arm.mon
     assert mon is not None
-    spent: dict[str, float] = {}
+    spent: dict[str, list[float]] = defaultdict(list)
 
     def clocked(label: str, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -159,7 +177,7 @@ def _parts(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> di
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+                spent[label].append(time.perf_counter() - start)
         return run
 
     patched: list[tuple[object, str, object]] = []
@@ -177,7 +195,31 @@ def _parts(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> di
     _steps(arm, x, y, n, first)
     for owner, attr, fn in reversed(patched):
         setattr(owner, attr, fn)
-    return {k: v / n for k, v in spent.items()}
+    # The median call, times the calls a step makes: a call the machine preempted is an
+    # outlier, not the client's cost.
+    return {k: statistics.median(v) * len(v) / n for k, v in spent.items()}
+
+
+def _sender_work(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> float:
+    """The median time to turn one of the arm's step records into its line: what its
+    sender thread does per step (the records are kept from it for the measurement)."""
+    from monitor_client._encode import dumps_line
+
+    mon = arm.mon
+    assert mon is not None
+    kept: list = []
+    submit = mon._submit
+    mon._submit = lambda item, urgent=False: kept.append(item)  # type: ignore[method-assign]
+    try:
+        _steps(arm, x, y, n, first)
+    finally:
+        mon._submit = submit  # type: ignore[method-assign]
+    times = []
+    for item in kept:
+        start = time.perf_counter()
+        dumps_line(item.materialize() if hasattr(item, "materialize") else item)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _hook_functions(model: torch.nn.Module, opt: torch.optim.Optimizer):
@@ -229,3 +271,5 @@ def report(results: list[SizeResult]) -> None:
               f"{total / bare * 100:.2f}% of the bare step")
         for label, value in sorted(r.parts_s.items(), key=lambda kv: -kv[1]):
             print(f"    {label:36s} {value * 1e6:8.1f} us")
+        print(f"  sender thread, per step record (default): {r.sender_s * 1e6:.1f} us = "
+              f"{r.sender_s / bare * 100:.2f}% of the bare step, on another core when free")

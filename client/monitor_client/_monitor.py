@@ -474,37 +474,36 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             data_time = self._data_time
         self._data_time = 0.0
         wait = self._timings.take() if self._timings is not None else None
-        self._send_run()
-        record = {"kind": "step", "run_id": self.run_id, "step": int(step),
-                  "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
+        if not self._run_sent:
+            self._send_run()
+        step = int(step)
+        plain_loss = _plain(loss)
+        record = {"kind": "step", "run_id": self.run_id, "step": step,
+                  "time": time.time(), "rank": self.rank, "attempt": self.attempt,
+                  "loss": plain_loss,
                   "lr": (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr(),
                   "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
         if data_position is not None:
             record["data_position"] = int(data_position)
-        self._last_step = int(step)
-        if wait is not None and not isinstance(wait, float):
-            device_wait, wait = wait, None  # CUDA events: read by the sender (_timings.py)
-        else:
-            device_wait = None
-        split(record, wait)
-        urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
-        self._submit(self._pending(record, loss, device_wait), urgent=urgent)
+        self._last_step = step
+        if isinstance(wait, float):  # host timestamps; CUDA events are the sender's to read
+            split(record, wait)
+            wait = None
+        urgent = not (_finite(plain_loss) and _finite(grad_norm))
+        self._submit(self._pending(record, loss, wait), urgent=urgent)
         if self._watchdog is not None:
             self._phase.enter("data")
-            self._watchdog.beat(int(step))
+            self._watchdog.beat(step)
 
     def _pending(self, record: dict[str, Any], loss: Any, wait: Any = None) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
         models = self._models
-        scale = self._loss_scale()
-        if not models and self._finite is None and not any(
-                _is_tensor(v) for v in (loss, *record.values())):
+        scale: Any = self._loss_scale() if models else None
+        if not models and not any(_is_tensor(v) for v in (loss, *record.values())):
             return PendingStep(record, probes=self._probes, wait=wait)
-        from monitor_client._pack import StatsPack
-
-        pack = models.take() if models else StatsPack()
+        pack = models.take() if models else _empty_pack()
         if self._finite is not None:
             self._finite.add_to(pack)
         first = models.first
@@ -535,8 +534,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         return PendingStep(record, pack.seal(), self._probes, wait)
 
     def _lr(self) -> Any:
-        first = self._models.first
-        return _lr_of(first.optimizer) if first is not None else None
+        entries = self._models.entries
+        return _lr_of(entries[0].optimizer) if entries else None
 
     @staticmethod
     def _model_lr(pack: Any, entry: Watched) -> None:
@@ -907,6 +906,12 @@ def _is_tensor(value: Any) -> bool:
 
 # Types a record's value has when it is a plain host value: no tensor check needed.
 _PLAIN = (int, float, str, bool)
+
+
+def _empty_pack() -> Any:
+    from monitor_client._pack import StatsPack  # here: importing the client imports no torch
+
+    return StatsPack()
 
 
 def _lr_of(optimizer: Any) -> Any:
