@@ -359,7 +359,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
         if on:  # as Monitor._start builds it: a fresh thread, started by the next beat
             mon._watchdog = Watchdog(60.0, mon._send_hang, {"run_id": mon.run_id, "rank": 0},
                                      mon._phase, 0)
-            mon._phase.attach([(model, opt)])
+            mon._phase.attach([opt])
 
     def armed(on: bool) -> Callable[[], Callable[[], None]]:
         def setup() -> Callable[[], None]:
@@ -400,15 +400,15 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     stop.set()
     record = made[0]
     # What the watchdog adds to a step, timed directly: on the training thread the beat
-    # and the four phase-hook calls; on its own thread one wake-up (at most one a second).
+    # and the phase's calls (two optimizer hooks, log_step's; forward and backward are read
+    # from the stack at a hang); on its own thread one wake-up (at most one a second).
     probe = Watchdog(60.0, lambda r: None, {"run_id": "bench-watchdog", "rank": 0},
                      threaded=False)
     n = 200_000
     t0 = time.perf_counter()
     for i in range(n):
-        probe.phase.enter("forward")
-        probe.phase.enter("backward")
         probe.phase.enter("optimizer")
+        probe.phase.enter("data")
         probe.phase.enter("data")
         probe.beat(i)
     per_step_s = (time.perf_counter() - t0) / n
@@ -435,7 +435,7 @@ def report_watchdog(f: dict) -> None:
           f"{f['watchdog_ratio_median']:.4f} (quartiles {f['watchdog_ratio_q1']:.4f} .. "
           f"{f['watchdog_ratio_q3']:.4f}) -> cost {100 * (f['watchdog_ratio_median'] - 1):+.2f}%")
     print(f"  timed directly: {1e6 * f['watchdog_training_thread_s']:.2f} us per step on the "
-          f"training thread (beat + 4 phase hooks), {1e6 * f['watchdog_wake_s']:.2f} us per "
+          f"training thread (beat + 3 phase calls), {1e6 * f['watchdog_wake_s']:.2f} us per "
           f"wake-up (1/s) -> {100 * f['watchdog_direct_ratio']:.5f}% of the step")
     print(f"  hang record, 60 extra threads 30 frames deep: {f['hang_threads']} threads kept, "
           f"{f['hang_threads_omitted']} omitted, stacks {f['hang_stack_bytes']} B (cap "

@@ -312,7 +312,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._models.put(watched, replaces)
         self._watch_finite()
         if self._watchdog is not None:
-            self._phase.attach([(w.model, w.optimizer) for w in self._models.entries])
+            self._phase.attach([w.optimizer for w in self._models.entries])
         self._model_info = self._models.describe()
         if not first:
             return  # the run's device, probes and pre-flight are the first model's

@@ -18,7 +18,8 @@ Past the limit it sends ONE ``hang`` record per stuck step (docs/format.md): the
 stacks of the process's threads from ``sys._current_frames()`` (the training thread, the
 one that calls ``log_step``, first; each stack its innermost ``MAX_FRAMES`` frames; the
 whole at most ``HANG_STACK_BYTES`` of JSON, threads past it counted in
-``threads_omitted``), the phase the training thread was last seen in (``_phase.py``), the
+``threads_omitted``), the phase the training thread is in (``_phase.py``: from its stack,
+else the last one the client saw begin), the
 last completed step, how long it has been stuck, and the NCCL flight recorder's dump path
 when ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0. Frames keep the path below their
 ``site-packages`` or standard-library root (``torch/distributed/distributed_c10d.py``) and
@@ -68,7 +69,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from monitor_client._phase import PhaseTracker
+from monitor_client._phase import PhaseTracker, on_stack
 
 FACTOR = 5.0
 WARMUP_STEPS = 5
@@ -146,10 +147,12 @@ class Watchdog:
 
     def record(self, stuck: float, limit: float, now: float) -> dict[str, Any]:
         threads, omitted = self.stacks()
+        training: list[dict[str, Any]] = next((t["frames"] for t in threads if t.get("training")), [])
         rec: dict[str, Any] = {
             "kind": "hang", **self.header, "step": self._step, "time": time.time(),
             "stuck_seconds": round(stuck, 3), "limit_seconds": round(limit, 3),
-            "phase": self.phase.phase, "phase_seconds": round(self.phase.seconds(now), 3),
+            "phase": on_stack(training) or self.phase.phase,
+            "phase_seconds": round(self.phase.seconds(now), 3),
             "threads": threads, "threads_omitted": omitted,
         }
         trace = nccl_trace_path(self.rank)
