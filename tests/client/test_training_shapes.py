@@ -97,6 +97,42 @@ def test_float64_keeps_what_float32_cannot_hold(receiver, tmp_path):
     assert steps[0]["loss"] == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["no_watch", "float32_model"])
+def test_a_float64_loss_tensor_is_not_narrowed(receiver, tmp_path, watched):
+    """A loss computed in float64 and passed as the tensor (the LBFGS time-series example
+    without ``watch()``, or a float32 model whose loss is summed in double) arrives with its
+    own value: a finite 1e+44 was packed as float32 and arrived as inf (paged as NaN)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = _monitor(receiver, tmp_path, f"f64-loss-{watched}")
+    if watched:
+        mon.watch(model, opt)
+    losses = [1e44 * step for step in range(1, STEPS + 1)]
+    for step, value in enumerate(losses, 1):
+        loss = model(torch.ones(1, 4)).double().sum() * 0 + value
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, f"f64-loss-{watched}")
+    assert [r["loss"] for r in steps] == pytest.approx(losses)
+
+
+def test_the_device_copy_keeps_a_float64_value():
+    """The copy made on an accelerator (one vector of every value) widens to float64 when a
+    value is float64, rather than narrowing it to float32."""
+    from monitor_client._pack import StatsPack
+
+    pack = StatsPack()
+    pack.add("grad_norm", torch.tensor(3.0))
+    pack.add("loss", torch.tensor(1e44, dtype=torch.float64))
+    pack.add("output_sum", torch.tensor([1.0, 2.0]), layers=["a", "b"])
+    vector = pack.vector()
+    assert vector is not None and vector.dtype == torch.float64
+    assert vector.tolist() == [3.0, 1e44, 1.0, 2.0]
+
+
 @pytest.mark.parametrize("kind", ["fused", "foreach"])
 def test_fused_and_foreach_adamw(receiver, tmp_path, kind):
     model = _mlp()
