@@ -221,7 +221,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.GOODPUT_RATIO, n.PRODUCTIVE_SECONDS, n.BADPUT_SECONDS, n.RUN_WALL_SECONDS,
-        n.RUN_GPUS,
+        n.RUN_GPUS, n.STRAGGLER_SECONDS,
         n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
@@ -498,6 +498,12 @@ class RunRenderer:
         for cause, seconds in report.badput.items():
             self.add(n.BADPUT_SECONDS.name + "_total", f'{labels},cause="{cause}"',
                      max(seconds, 0.0))
+        tax = report.straggler
+        if tax is not None:  # who the straggler is: one rank and node, at most, per run
+            who = f'rank="{tax.rank}",node="{escape(tax.node or "")}"'
+            for part, seconds in tax.parts.items():
+                self.add(n.STRAGGLER_SECONDS.name, f'{labels},cause="straggler_{part}",{who}',
+                         seconds)
 
     def _run_level(self) -> None:
         run = self.run

@@ -76,6 +76,9 @@ class RankState:
     # Its records reach this sidecar, the run's leader, as digests from its node's sidecar
     # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
     remote: bool = False
+    # Which node sidecar forwards them (its id @ the connection's address, api/peer.py):
+    # a finding about this rank is taken only from that one (Engine._peer_finding_refusal).
+    via: str | None = None
 
     def took_data(self, step: int, position: int) -> None:
         """Step ``step`` left the data stream at ``position``."""
@@ -132,7 +135,7 @@ class RunState:
     # One run, one brain (monitor_agent/cluster). ``leader``: the URL of the sidecar that
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the
-    # nodes it hears from. Both follow from run records (replayed with the run).
+    # nodes it hears from. Both follow from the run record that placed the run.
     # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
     # string the views read.
     phase: str = "running"
@@ -145,6 +148,7 @@ class RunState:
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
+    placed_by: int | None = None  # the attempt whose run record set the three (engine._place)
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
     # otherwise. -1 until first read, then worked out once (a restored run's ranks come
@@ -197,9 +201,9 @@ class RunState:
 
     def apply_run(self, record: RunRecord, remote: bool = False) -> None:
         """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
-        only when none of this sidecar's own ranks sent one (its labels name that node)."""
-        if record.cluster is not None:
-            self.roster.expect(record.cluster.nodes, record.cluster.local_world_size)
+        only when none of this sidecar's own ranks sent one (its labels name that node).
+        Where the run sits in a multi-node job is not taken from here: the engine places
+        it (pipeline/engine.py ``Engine._place``)."""
         if remote and self.run is not None:
             return
         self.run = record
