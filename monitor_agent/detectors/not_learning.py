@@ -134,10 +134,10 @@ class NotLearningDetector(DetectorBase[SharedSettings]):
             st.zero_grad = _extend(st.zero_grad, rec.step, grad == 0.0)
         if rec.update_norm is not None and rec.param_norm:
             st.zero_update = _extend(st.zero_update, rec.step, rec.update_norm == 0.0)
-        if loss is not None and math.isfinite(loss):
-            if self.ctx.loss_kind(rec.rank) == "error":
-                st.zero_loss = _extend(st.zero_loss, rec.step, loss == 0.0)
-        if loss is not None and math.isfinite(loss) and rec.layers is not None:
+        finite = loss is not None and math.isfinite(loss)
+        if finite and self.ctx.loss_kind(rec.rank) == "error":
+            st.zero_loss = _extend(st.zero_loss, rec.step, loss == 0.0)
+        if finite and rec.layers is not None:
             same = (st.prev_loss is not None and loss == st.prev_loss
                     and grad is not None and grad == st.prev_grad)
             # the first step of a repeat is the one repeated: it began the constant stretch

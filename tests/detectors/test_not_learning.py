@@ -7,7 +7,6 @@ from synth_records import assert_restore_equivalent, feed, layers, noise, only, 
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
 
-
 MEASURED = layers(["fc.weight"], [0.25])  # the client measured this step's gradients
 
 
