@@ -33,16 +33,26 @@ def test_every_chart_ships_with_the_package():
         assert "http://" not in page and "https://" not in page  # air-gapped clusters
 
 
+def row_of(browser, run_id: str) -> tuple[list[str], str]:
+    """A run's row of the runs page: its cells' text and its verdict, read in one look (the
+    page redraws its rows on every poll, so an element held across reads goes stale)."""
+    def read(d) -> tuple[list[str], str]:
+        row = d.find_element(By.CSS_SELECTOR, f"tr[data-run='{run_id}']")
+        return ([td.text for td in row.find_elements(By.TAG_NAME, "td")],
+                row.find_element(By.CSS_SELECTOR, ".verdict").text)
+
+    return wait(browser, 10).until(read)
+
+
 def test_runs_page_lists_the_fed_run(browser, fed, shots: Path):
     browser.get(fed.url + "/")
-    row = wait(browser, 10).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))[0]
-    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:]  # after the tick box
+    cells, shown = row_of(browser, fed.run_id)
+    cells = cells[1:]  # after the tick box
     assert cells[0] == fed.run_id and cells[1] == "traces"
     assert cells[3] == str(fed.run_id and fed.get(f"/v1/runs/{fed.run_id}")["last_step"])
     assert cells[6].split()[0] == str(len(fed.get(f"/v1/runs/{fed.run_id}/findings")["findings"]))
     verdict = fed.get(f"/v1/runs/{fed.run_id}")["verdict"]  # under the status
-    assert row.find_element(By.CSS_SELECTOR, ".verdict").text == verdict["words"]
+    assert shown == verdict["words"]
     browser.save_screenshot(str(shots / "runs.png"))
 
 
@@ -236,11 +246,10 @@ def test_a_long_verdict_wraps_and_the_runs_list_fits_a_1400px_screen(browser, tm
         words = httpx.get(srv.url + "/v1/runs/long-verdict", timeout=10).json()["verdict"]["words"]
         assert len(words) > 80 and "resumed after a crash once" in words, words
         browser.get(srv.url + "/")
-        row = wait(browser, 10).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run='long-verdict']"))[0]
+        rects = wait(browser, 10).until(lambda d: [
+            td.rect for td in d.find_element(By.CSS_SELECTOR, "tr[data-run='long-verdict']")
+            .find_elements(By.TAG_NAME, "td")])
         width = browser.execute_script("return document.documentElement.scrollWidth")
-        cells = row.find_elements(By.TAG_NAME, "td")
-        assert width <= 1400 and all(c.rect["x"] + c.rect["width"] <= 1400 for c in cells), (
-            width, [c.rect for c in cells])
-        assert row.find_element(By.CSS_SELECTOR, ".verdict").text == words
+        assert width <= 1400 and all(r["x"] + r["width"] <= 1400 for r in rects), (width, rects)
+        assert row_of(browser, "long-verdict")[1] == words
         browser.save_screenshot(str(shots / "runs-long-verdict.png"))
