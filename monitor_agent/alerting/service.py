@@ -57,6 +57,7 @@ from monitor_agent.notify.channels import (
 )
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
+from monitor_agent.records.actions import RESTART_ACTIONS
 from monitor_agent.records.types import Finding
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ class Alerting:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""
         return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
-                if (a.action == "rollback" and a.withdrawn_by is None)
+                if (a.action in ("rollback", *RESTART_ACTIONS) and a.withdrawn_by is None)
                 or (a.action == "stop" and a.honoured_step is None)]
 
     def stop_requested(self, run_id: str) -> bool:

@@ -249,6 +249,27 @@ class GoodputAttemptOut(BaseModel):
     badput_seconds: dict[str, float] = Field(description="Non-zero causes only.")
 
 
+class RecoveryOut(BaseModel):
+    kind: str = Field(description="hang (a hang, and the relaunch that ended it) or restart "
+                      "(a relaunch after a crash).")
+    step: int = Field(description="The step before the failure.")
+    start: float = Field(description="Unix time it began.")
+    seconds: float = Field(description="Until the first step after it (the time to recover).")
+    lost_seconds: float = Field(description="Work re-done after the relaunch.")
+    open: bool = Field(description="Not recovered yet.")
+
+
+class EttrOut(BaseModel):
+    ettr: float | None = Field(description="Effective training time ratio: productive / wall "
+                               "(the goodput ratio).")
+    time_to_start_seconds: float | None = Field(
+        description="The first attempt's start-up: its first record to its first step.")
+    failures: int = Field(description="Hangs and relaunches after a crash (runs/ettr.py).")
+    time_to_recover_seconds: list[RecoveryOut] = Field(description="Each failure, oldest first.")
+    time_to_recover_p50_seconds: float | None
+    time_to_recover_p99_seconds: float | None
+
+
 class GoodputOut(BaseModel):
     run_id: str
     start: float | None
@@ -268,6 +289,7 @@ class GoodputOut(BaseModel):
     summary: str = Field(description='"goodput 93.1%: 4.2% restarts, 1.9% rollback, ...".')
     attempts: list[GoodputAttemptOut]
     incidents: list[IncidentOut] = Field(description="Oldest first (the newest 200).")
+    ettr: EttrOut = Field(description="Meta's effective-training-time figures (runs/ettr.py).")
 
 
 class ActionsOut(BaseModel):

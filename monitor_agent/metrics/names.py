@@ -118,6 +118,12 @@ PRODUCTIVE_SECONDS = _g("training_productive_seconds", "Wall-clock seconds of st
 BADPUT_SECONDS = _c("training_badput_seconds", "Wall-clock seconds lost, by cause: startup, input, checkpoint, eval, hang_undetected, hang_detected, restart, rollback, resume, skipped, loss_scale, straggler, unaccounted.", "cause")
 RUN_WALL_SECONDS = _g("training_run_wall_seconds", "Wall-clock seconds from the run's first record to its latest (attempts whose clocks overlap: each one's own): productive + every badput cause.")
 RUN_GPUS = _g("training_run_gpus", "The run's world size: its GPU-seconds are its seconds times this.")
+# Meta's effective-training-time figures (runs/ettr.py), from the same ledger.
+TIME_TO_START = _g("training_time_to_start_seconds", "The run's first attempt's start-up: its first record to its first step, less one typical step (runs/ettr.py).")
+FAILURES = _c("training_failures", "Failures of the run's infrastructure: hangs and relaunches after a crash (a hang its relaunch ended counts once; rollbacks are not failures).")
+TIME_TO_RECOVER = MetricName(
+    "training_time_to_recover_seconds", "histogram",
+    "Seconds from each recovered failure of the run to its first step after it (runs/ettr.py).")
 ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint, rollback).", "action", "rule")
 RUN_INFO = MetricName(
     "training_run_info",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.alerting.alerts import RunContext
+from monitor_agent.alerting.alerts import NodeView, RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
 from monitor_agent.cluster.link_state import LinkBook
@@ -64,6 +64,7 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
+from monitor_agent.runs.ettr import ettr_of, recovery_words
 from monitor_agent.runs.goodput import cost_words
 from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
 from monitor_agent.runs.run_state import RunState
@@ -339,6 +340,8 @@ class Engine:
             return placed
         token, number, settled = placed
         book = live.attempts
+        live.state.attempt = max(book.current, 1)
+        live.state.relaunching = book.get(book.current).kind == "pending"
         if settled is not None and settled.kind != "first":
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
@@ -935,7 +938,14 @@ class Engine:
         book = live.state.goodput
         if rolled_back:
             inc = book.last_incident("rollback", "restart")
-            return None if inc is None else inc.words(book.gpus) + " so far"
+            if inc is None:
+                return None
+            if inc.kind == "restart":  # a relaunch: the failure it ended, start to end
+                report = book.report()
+                found = ettr_of({"incidents": report.incidents}, None).recoveries
+                if found and found[-1].start <= inc.start:
+                    return recovery_words(found[-1], book.gpus)
+            return inc.words(book.gpus) + " so far"
         if kind in ("hang", "stalled"):
             inc = book.last_incident("hang")
             if inc is None or inc.step < step - 1:
@@ -1015,7 +1025,37 @@ def _context(run: RunState) -> RunContext:
         rank_steps={r: s.last_step for r, s in run.ranks.items()},
         checkpoint_ranks=ledger.ranks(),
         first_seen=run.first_seen, source=run.source,
+        world=_world(run), nodes=_nodes(run),
+        launcher=run.run.launcher if run.run is not None else None,
+        attempt=run.attempt, relaunching=run.relaunching,
     )
+
+
+def _world(run: RunState) -> int:
+    """The job's ranks: what its run record says report (else the ranks heard)."""
+    hardware = run.run.hardware if run.run is not None else {}
+    for key in ("reporting_ranks", "world_size"):
+        value = hardware.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return max(len(run.ranks), 1)
+
+
+def _nodes(run: RunState) -> tuple[NodeView, ...]:
+    """The nodes of a multi-node run as its leader hears them (empty: one node): its own,
+    whose ranks are those not forwarded by another node, and each node the roster heard."""
+    roster = run.roster
+    if roster.expected <= 1 or run.leader is not None:
+        return ()
+    here = run.node if run.node is not None else 0
+    heard = {n: seen for n, seen in roster.nodes.items() if n != here}
+    remote = {r for seen in heard.values() for r in seen.ranks}
+    own = tuple(sorted(r for r, s in run.ranks.items() if not s.remote and r not in remote))
+    host = host_label(run.run.labels) if run.run is not None else None
+    views = [NodeView(here, host, None, own)]
+    views += [NodeView(n, seen.host, seen.sidecar, tuple(sorted(seen.ranks)))
+              for n, seen in sorted(heard.items())]
+    return tuple(views)
 
 
 def _silence(found: list[Finding], silent_for: float) -> tuple[float, bool] | None:

@@ -145,6 +145,10 @@ class RunState:
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
+    # The run's latest attempt (pipeline/attempts.py), and whether it is pending (a new
+    # process sent records, no step yet): a restart decision reads both.
+    attempt: int = 1
+    relaunching: bool = False
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
     # otherwise. -1 until first read, then worked out once (a restored run's ranks come
