@@ -7,7 +7,8 @@ Started by ``torchrun`` on each node (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``,
 ``TORCHELASTIC_RESTART_COUNT``, ``MASTER_ADDR`` from it), gloo on CPU. Each rank appends one
 JSON line per event to ``<out>/ranks/node<N>.local<L>.jsonl``: ``start`` (rank, world,
 attempt), ``resume`` (the checkpoint's step and weights' digest), ``step`` (loss, weights'
-digest after the step, step seconds, data position), ``checkpoint`` (rank 0: step, path,
+digest after the step, step seconds and the part spent loading its batch, data
+position), ``checkpoint`` (rank 0: step, path,
 digest), and at the end ``<out>/final/rank<R>.json`` (the final weights' digest), so a test
 can check that every step after a restart follows the checkpoint it resumed from and that
 every rank ends with the same weights.
@@ -162,6 +163,7 @@ def main() -> None:
     while step < args.steps:
         for x, y in mon.timed(data):
             step += 1
+            loaded = time.monotonic()  # since the previous step ended: this batch's loading
             loss = (ddp(x) - y).pow(2).mean()
             if injected.due("nan", step):
                 loss = loss * float("nan")
@@ -176,8 +178,7 @@ def main() -> None:
                 time.sleep(args.step_time)
             now = time.monotonic()
             log("step", step=step, loss=float(loss.detach()), digest=digest(model),
-                position=data.position, seconds=now - last)
-            last = now
+                position=data.position, seconds=now - last, data_seconds=loaded - last)
             if step % args.checkpoint_every == 0 and rank == 0:
                 path = args.checkpoint_dir / f"ckpt-{step:08d}.pt"
                 tmp = path.with_suffix(".tmp")
@@ -187,6 +188,7 @@ def main() -> None:
                 os.replace(tmp, path)  # whole or absent, whenever a kill lands
                 mon.checkpoint_saved(step, path)
                 log("checkpoint", step=step, path=str(path), digest=digest(model))
+            last = time.monotonic()
             if step >= args.steps:
                 break
 
