@@ -402,14 +402,16 @@ class Episodes:
             self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
                           now)
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
         """A new attempt resumed at ``start_step``: pending rollbacks it applies are done,
         and the run may decide its next one (alerting/rollback.py)."""
         with self.store.tx() as tx:
             for action in actions.applied_rollbacks(tx, run_id, start_step):
                 log.warning("run %s resumed at step %d: %s", run_id, start_step, action.message)
             # The alert's resolve (below) says it: one page per incident, one resolve.
-            restarted = actions.applied_restarts(tx, run_id, start_step, now)
+            restarted = actions.applied_restarts(tx, run_id, start_step, now,
+                                                 now if started is None else started)
             for action in restarted:
                 log.warning("run %s: %s", run_id, action.message)
             # The steps from ``start_step`` on were abandoned: a finding the resumed history

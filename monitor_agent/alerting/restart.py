@@ -22,9 +22,10 @@ keeping every window earlier rollbacks skipped (``records/actions.py`` ``Restart
   run on one node has no other node to compare with: "the same node twice" needs two.
 - ``Stop``: the run cannot be healed safely, and a human must look (the page says why):
   its restarts in the last ``restart_window`` reached ``restart_budget``; the same fault
-  came back within ``restart_cure_steps`` of the last restart's resume (the restart did
-  not cure it: stop, never loop); leaving the node out would exceed the run's
-  ``exclude_budget`` or leave fewer nodes than the job's minimum (no spare capacity).
+  came back within ``restart_cure_steps`` of the last restart's resume with no node to
+  leave out (the restart did not cure it: stop, never loop); leaving the node out would
+  exceed the run's ``exclude_budget`` or leave fewer nodes than the job's minimum (no
+  spare capacity).
 - ``Hold``: no action, and the page says why: the stuck rank is in an evaluation or a
   checkpoint save (a slow phase is not a fault to restart for), or the job's launcher does
   not restart it (its run record's ``launcher`` says so, or says nothing): then a restart
@@ -69,11 +70,14 @@ and there is no spare to take node 1's place) stops instead::
     >>> print(decide(rule, later, static, past, now=2200.0).why)
     leaving node 1 (gpu-node-1) out leaves 1 node, below the job's minimum of 2: stopping; a human must look
 
-And the same fault 30 steps after a restart resumed is one the restart did not cure::
+And a hang that names no node (every rank waits in the same collective) 30 steps after a
+restart resumed is one the restart did not cure::
 
-    >>> print(decide(rule, later, run, now=2200.0,
+    >>> stuck = Finding("hang", Severity.CRITICAL, "job", step=960, rank=0, message="hung",
+    ...                 evidence={"hung_ranks": [0, 1, 2, 3], "gone_ranks": [], "ranks": {}})
+    >>> print(decide(rule, stuck, run, now=2200.0,
     ...              history=(Past(1000.0, "restart", first.plan, honoured_step=930),)).why)
-    the restart did not cure it: gone again at step 960, 30 steps after the restart resumed at step 930 (restart_cure_steps 100): stopping; a human must look
+    the restart did not cure it: hang again at step 960, 30 steps after the restart resumed at step 930 (restart_cure_steps 100): stopping; a human must look
 """
 
 from __future__ import annotations
@@ -221,12 +225,14 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     if number > rule.restart_budget:
         return Stop(f"restart budget spent ({rule.restart_budget} within "
                     f"{_duration(rule.restart_window)}): stopping; a human must look")
-    cured = _not_cured(rule, fault, finding, history)
-    if cured is not None:
-        return Stop(cured)
     exclude = _exclusion(rule, fault, finding, run, history, now)
     if isinstance(exclude, Stop):
         return exclude
+    # A fault back soon after a restart that names no node to leave out: the restart did
+    # not cure it (with a node to blame, leaving it out is the next remedy, not a stop).
+    cured = None if exclude else _not_cured(rule, fault, finding, history)
+    if cured is not None:
+        return Stop(cured)
     plan = _plan(rule, fault, run, exclude, number)
     below = _below_minimum(plan, run)
     if below is not None:

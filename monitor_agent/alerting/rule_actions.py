@@ -193,14 +193,17 @@ def _history(tx: AlertTx, run_id: str) -> list[restart.Past]:
     return out
 
 
-def applied_restarts(tx: AlertTx, run_id: str, start_step: int, now: float) -> list[Action]:
-    """An attempt of the run settled at ``start_step``: the job was relaunched, so its
-    pending restarts decided before now were carried out (``honoured_step``), and their
-    alerts say when training resumed."""
+def applied_restarts(tx: AlertTx, run_id: str, start_step: int, now: float,
+                     started: float) -> list[Action]:
+    """An attempt of the run that began at ``started`` settled at ``start_step`` (now):
+    the job was relaunched, so its pending restarts decided before it began were carried
+    out (``honoured_step``), and their alerts say when training resumed. One decided after
+    it began was not (the attempt's first record came before it: a node's ranks whose
+    launcher had relaunched them already)."""
     done = []
     for old, fingerprint in tx.pending_restarts(run_id):
         plan = RestartPlan.from_dict(old.plan)
-        if plan is None or old.created_at > now:
+        if plan is None or old.created_at > started:
             continue
         took = max(now - old.created_at, 0.0)
         message = (f"{plan.describe(done=True)}; training resumed at step {start_step}, "

@@ -202,9 +202,11 @@ class Alerting:
         """Resolving pages say what their incident cost (runs/goodput.py, the engine's)."""
         self.episodes.costs = costs
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
-        """An attempt of the run resumed at ``start_step``: a pending rollback is applied."""
-        self.episodes.attempt_settled(run_id, start_step, now)
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
+        """An attempt of the run resumed at ``start_step``: a pending rollback is
+        applied, and a restart decided before it began (``started``) carried out."""
+        self.episodes.attempt_settled(run_id, start_step, now, started)
 
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:

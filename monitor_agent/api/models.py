@@ -292,6 +292,20 @@ class GoodputOut(BaseModel):
     ettr: EttrOut = Field(description="Meta's effective-training-time figures (runs/ettr.py).")
 
 
+class NodeOut(BaseModel):
+    sidecar: str = Field(description="This sidecar's id (what a run's leader names it by).")
+    node_name: str = Field(description="This node's name as a drain names it (the "
+                           "scheduler's; default the short hostname).")
+    drained: bool = Field(description="A run's leader left this node out (cluster/drain.py).")
+    mode: str = Field(description="cluster.drain.mode: none, slurm or command.")
+    run_id: str | None = None
+    action_id: int | None = None
+    reason: str | None = Field(default=None, description="Why, as the scheduler records it.")
+    at: float | None = Field(default=None, description="Unix time of the decision here.")
+    outcome: str | None = Field(default=None, description="recorded (mode none), pending, "
+                                "done, or failed: <why> (the drain command's result).")
+
+
 class ActionsOut(BaseModel):
     run_id: str
     actions: list[ActionOut] = Field(description="Oldest first.")

@@ -45,6 +45,15 @@ class Roster:
     expected: int = 1
     local_world_size: int | None = None
     local: set[int] = field(default_factory=lambda: {0})  # nodes of this sidecar's own ranks
+    # When the job last re-formed (a new attempt: its nodes and their ranks may differ): a
+    # node not heard since is missed only after the first-report grace from then.
+    since: float = 0.0
+
+    def reformed(self, now: float) -> None:
+        """A new attempt of the run settled: what was heard of its nodes is the old job's
+        (a node left out, node ranks renumbered); each node's next heartbeat says anew."""
+        self.nodes.clear()
+        self.since = now
 
     def expect(self, nodes: int, local_world_size: int | None = None) -> None:
         self.expected = max(self.expected, nodes)
@@ -63,6 +72,7 @@ class Roster:
     def missing(self, now: float, timeout: float, started: float) -> list[tuple[int, float | None]]:
         """(node rank, when last heard or None) of every node whose view the leader lacks."""
         grace = max(START_GRACE_SECONDS, 3 * timeout)
+        started = max(started, self.since)
         out: list[tuple[int, float | None]] = []
         for node in range(self.expected):
             if node in self.local:

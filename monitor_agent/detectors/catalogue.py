@@ -43,6 +43,7 @@ from monitor_agent.detectors.nan_inf import NanInfDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.rank_outlier import RankOutlierDetector
+from monitor_agent.detectors.relaunched import RelaunchedDetector
 from monitor_agent.detectors.skip_budget import SkipBudgetDetector
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
@@ -92,6 +93,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     WindowTrainedDetector,
     # a replaced attempt of the run id still sending: two live jobs on one run id
     TwoJobsDetector,
+    # the job's launcher relaunched it after a crash (no person, no action of ours)
+    RelaunchedDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

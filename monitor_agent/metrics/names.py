@@ -171,6 +171,7 @@ UPLINK_QUEUED = "monitor_agent_uplink_queued"  # gauge: digests and findings owe
 UPLINK_DROPPED = "monitor_agent_uplink_dropped"  # counter: step digests let go (cap)
 UPLINK_BYTES = "monitor_agent_uplink_bytes"  # counter: bytes posted to leaders (gzip)
 PEER_ITEMS = "monitor_agent_peer_items"  # counter, label kind: what leaders received
+NODE_DRAINED = "monitor_agent_node_drained"  # gauge: 1 while a run's leader left this node out
 
 RUN_METRICS: tuple[MetricName, ...] = tuple(
     v for v in globals().values() if isinstance(v, MetricName)

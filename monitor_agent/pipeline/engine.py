@@ -39,9 +39,10 @@ from typing import Any
 from monitor_agent.alerting.alerts import NodeView, RunContext
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
+from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.placement import leader_of
-from monitor_agent.detectors import DetectorSuite, two_jobs
+from monitor_agent.detectors import DetectorSuite, relaunched, two_jobs
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
 from monitor_agent.detectors.support.context import SkipPlan, host_label
 from monitor_agent.metrics import names as metric_names
@@ -54,6 +55,7 @@ from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.records import schemas, wire
+from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
 from monitor_agent.records.types import (
     CheckpointRecord,
     EndRecord,
@@ -66,7 +68,14 @@ from monitor_agent.records.types import (
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.runs.ettr import ettr_of, recovery_words
 from monitor_agent.runs.goodput import cost_words
-from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
+from monitor_agent.runs.lifecycle import (
+    AttemptSettled,
+    Ended,
+    Event,
+    Restarted,
+    RolledBack,
+    RunLifecycle,
+)
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.runs.verdict import Verdict
 from monitor_agent.settings import Settings
@@ -167,6 +176,10 @@ class Engine:
         self._rivals: dict[tuple[str, int], DetectorSuite] = {}
         self.failpoints = Failpoints(settings.failpoint)
         self.alerts.cost_with(self._incident_cost)
+        # This sidecar's id (cluster/identity.py) and its node's drain (cluster/drain.py),
+        # set by the app: a decision that leaves this node out drains it.
+        self.identity = ""
+        self.node_drain: NodeDrain | None = None
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -345,17 +358,35 @@ class Engine:
         if settled is not None and settled.kind != "first":
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
+            before = live.state
+            crashed = (before.status in ("running", "failed") and not before.hung_ranks,
+                       before.last_step, now - before.last_arrival)
             live = self.registry.rebuild(record.run_id, now)
             book = live.attempts
             self.failpoints.reached("attempt_settled")
-            self._lifecycle(live, live.lifecycle.settled(settled), now)
+            events = live.lifecycle.settled(settled)
+            self._lifecycle(live, events, now)
             self.failpoints.reached("rollback_applied")
             result.resumed = True
+            if crashed[0] and not any(isinstance(e, RolledBack | Restarted) for e in events):
+                self._relaunched(live, settled, crashed[1], crashed[2], now, result)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
         return _Admitted(item, number,
                          book.superseded_by(number, record.kind, record.step))
+
+    def _relaunched(self, live: LiveRun, attempt: StoredAttempt, last_step: int, gap: float,
+                    now: float, result: IngestResult) -> None:
+        """Page that the job's launcher relaunched it after a crash (an attempt with no end
+        record, or a failed one, and no hang open: detectors/relaunched.py), where the run
+        is judged (a node sidecar leaves it to the leader, which sees the attempt too)."""
+        if relaunched.RelaunchedDetector.type in self.settings.detectors.disabled or \
+                self._following(live.state) is not None:
+            return
+        found = relaunched.finding(live.run_id, attempt.number, attempt.start_step or 0,
+                                   last_step if last_step >= 0 else None, gap)
+        self._route(live.state, [found], now, result)
 
     def _process(
         self,
@@ -564,6 +595,7 @@ class Engine:
             run.apply_run(record, remote=origin is not None)
             if origin is None:
                 self._place(run, record)
+                self._retire(live)
         elif isinstance(record, EndRecord):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
@@ -656,6 +688,35 @@ class Engine:
         live = self.registry.get(run_id)
         if live is not None:
             self._lifecycle(live, live.lifecycle.acted(actions), now)
+        self._drain(live, run_id, actions)
+
+    def _retire(self, live: LiveRun) -> None:
+        """Forget the ranks past the job's world size: a relaunch re-formed it with fewer
+        (a node left out), and their kept history must not make them hung or awaited."""
+        world = _world(live.state)
+        gone = {r for r in live.state.ranks if r >= world}
+        if gone and world < len(live.state.ranks):
+            live.state.retire(gone)
+            live.suite.retire(gone)
+
+    def _drain(self, live: LiveRun | None, run_id: str, actions: list[dict[str, Any]]
+               ) -> None:
+        """Drain this node when a restart leaves it out (cluster/drain.py): a node the plan
+        names by this sidecar's id, or (``leads``: the run is judged here) by none, the
+        leader's own node."""
+        if self.node_drain is None:
+            return
+        leads = live is not None and live.state.leader is None
+        for action in actions:
+            if action.get("action") not in RESTART_ACTIONS or \
+                    action.get("honoured_step") is not None:
+                continue
+            plan = RestartPlan.from_dict(action.get("plan"))
+            for node in plan.exclude if plan is not None else ():
+                if (node.sidecar == self.identity) if node.sidecar else leads:
+                    self.node_drain.drain(run_id, int(action["id"]), node.why)
+                    if live is not None and not leads:
+                        live.state.left_out = live.state.attempt
 
     def _lifecycle(self, live: LiveRun, events: list[Event], now: float) -> None:
         """Hand each of a run's lifecycle events to whatever consumes it."""
@@ -667,8 +728,12 @@ class Engine:
                                 any(isinstance(e, RolledBack) for e in events))
                 # Alerting applies a rollback this attempt resumed at, closes the alerts
                 # about what it abandoned, and may decide again (alerting/rollback.py).
-                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
+                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now,
+                                            event.attempt.started_at)
                 self._applied(live)  # a restart forgets earlier windows
+                run.roster.reformed(now)
+                run.left_out = None
+                self._retire(live)
             elif isinstance(event, RolledBack):
                 self._applied(live)
                 self._store_verdict(run)  # the attempt is a rollback, not a crash's resume
@@ -859,7 +924,7 @@ class Engine:
         for live in self.registry:
             run = live.state
             leader = self._following(run)
-            if leader is not None and run.node is not None:
+            if leader is not None and run.node is not None and run.left_out is None:
                 host = host_label(run.run.labels) if run.run is not None else None
                 out.append((leader, PeerRun(run.run_id, run.node, host,
                                             tuple(sorted(run.ranks)))))
@@ -1043,19 +1108,26 @@ def _world(run: RunState) -> int:
 
 def _nodes(run: RunState) -> tuple[NodeView, ...]:
     """The nodes of a multi-node run as its leader hears them (empty: one node): its own,
-    whose ranks are those not forwarded by another node, and each node the roster heard."""
+    whose ranks are those not forwarded by another node, each node the roster heard since
+    the job last re-formed, and the others it expects (not heard yet: their ranks by
+    ``local_world_size``)."""
     roster = run.roster
     if roster.expected <= 1 or run.leader is not None:
         return ()
     here = run.node if run.node is not None else 0
-    heard = {n: seen for n, seen in roster.nodes.items() if n != here}
+    live = set(run.ranks)
+    heard = {n: seen for n, seen in roster.nodes.items() if n != here and n < roster.expected}
     remote = {r for seen in heard.values() for r in seen.ranks}
     own = tuple(sorted(r for r, s in run.ranks.items() if not s.remote and r not in remote))
     host = host_label(run.run.labels) if run.run is not None else None
-    views = [NodeView(here, host, None, own)]
-    views += [NodeView(n, seen.host, seen.sidecar, tuple(sorted(seen.ranks)))
-              for n, seen in sorted(heard.items())]
-    return tuple(views)
+    views = {here: NodeView(here, host, None, own)}
+    for n in range(roster.expected):
+        seen = heard.get(n)
+        if seen is not None:
+            views[n] = NodeView(n, seen.host, seen.sidecar, tuple(sorted(seen.ranks & live)))
+        elif n not in views:
+            views[n] = NodeView(n, None, None, tuple(sorted(roster.ranks_of(n) & live)))
+    return tuple(views[n] for n in sorted(views))
 
 
 def _silence(found: list[Finding], silent_for: float) -> tuple[float, bool] | None:

@@ -122,6 +122,7 @@ class RestartDecided:
     action_id: int
     decided_at_step: int
     said: str  # the plan as pages say it (records/actions.py ``RestartPlan.describe``)
+    decided_at: float = 0.0  # when (the leader's clock): an attempt begun after carries it out
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,9 @@ class RunLifecycle:
             events.append(self.applied)
             self.rollback = None
             self._open.pop(pending.action_id, None)
-        if self.restart is not None:  # the job came back: the restart was carried out
+        if self.restart is not None and attempt.started_at >= self.restart.decided_at:
+            # The job came back: the restart was carried out (an attempt begun before it
+            # was decided is a relaunch of the launcher's own, and it still waits).
             events.append(Restarted(self.restart.action_id, start or 0))
             self._open.pop(self.restart.action_id, None)
             self.restart = None
@@ -249,7 +252,9 @@ class RunLifecycle:
             elif kind in ("restart", "exclude"):
                 plan = RestartPlan.from_dict(plan)
                 said = plan.describe() if plan is not None else str(a.get("message") or "")
-                self.restart = RestartDecided(int(a["id"]), int(a.get("step") or 0), said)
+                at = a.get("created_at")
+                self.restart = RestartDecided(int(a["id"]), int(a.get("step") or 0), said,
+                                              float(at) if isinstance(at, int | float) else 0.0)
                 events.append(self.restart)
         return events
 

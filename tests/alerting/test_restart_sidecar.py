@@ -111,3 +111,34 @@ def _detail(url: str) -> dict:
 
     body: dict = httpx.get(f"{url}/v1/runs/heal", timeout=10).json()
     return body
+
+
+RELAUNCH_RULES = """
+routes: {page: [slack]}
+rules:
+  - {name: RestartOnHang, match: {types: [hang]}, severity: critical, fingerprint: [],
+     cooldown: 30m, resolve_after: 3s, action: restart}
+  - {name: TrainingRelaunched, match: {types: [relaunched]}, severity: warning,
+     route: page, fingerprint: [], resolve_after: 3s}
+"""
+
+
+def test_a_crash_the_launcher_relaunched_on_its_own_is_one_page_saying_so(tmp_path: Path):
+    with Receiver("slack") as slack, sidecar(tmp_path, slack, rules=RELAUNCH_RULES) as srv:
+        _job(srv.url, range(1, 13))  # rank 1 killed after step 12: no end record
+        _job(srv.url, range(9, 15), attempt=2)  # torchrun restarted the group from step 8
+        page = eventually(lambda: [t for t in texts(slack) if "TrainingRelaunched" in t],
+                          timeout=20)
+        assert ("the job's launcher relaunched it after a crash: attempt 1 stopped at step "
+                "12 with no end record") in page[0]
+        assert "attempt 2 resumed at step 9" in page[0]
+        # A resume after a clean end is no crash: nothing pages.
+        post(srv.url, [{"kind": "end", "run_id": "heal", "rank": r, "step": 14,
+                        "time": 2e9, "attempt": f"a2r{r}", "status": "completed"}
+                       for r in (0, 1)])
+        _job(srv.url, range(13, 16), attempt=3)
+        eventually(lambda: [a for a in _detail(srv.url)["attempts"] if a["number"] == 3],
+                   timeout=20)
+        assert len([t for t in texts(slack) if "TrainingRelaunched" in t and
+                    "RESOLVED" not in t]) == 1
+        assert actions(srv.url) == []

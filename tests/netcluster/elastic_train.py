@@ -1,7 +1,9 @@
 """A small elastic DDP job for the netcluster harness, instrumented as docs/client.md and
 docs/actions.md say: ``monitor_client.Monitor``, ``watch``, ``timed(DataStream)``, a
 checkpoint every ``--checkpoint-every`` steps reported with ``checkpoint_saved``, and on a
-(re)start the last checkpoint loaded and named with ``resumed_from``.
+(re)start the checkpoint to resume from loaded and named with ``resumed_from``: the one
+``mon.resume_plan`` names when the monitor restarted the job (its last clean checkpoint,
+docs/actions.md "Healing"), else the newest saved.
 
 Started by ``torchrun`` on each node (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``,
 ``TORCHELASTIC_RESTART_COUNT``, ``MASTER_ADDR`` from it), gloo on CPU. Each rank appends one
@@ -56,6 +58,8 @@ def parse() -> argparse.Namespace:
                    help="seconds each step sleeps besides its compute (a paced job)")
     p.add_argument("--collective-timeout", type=float, default=120.0,
                    help="gloo's timeout: how long a rank waits in a collective for a stuck one")
+    p.add_argument("--watchdog-floor", type=float, default=60.0,
+                   help="MonitorSettings.watchdog_floor: no hang is reported sooner")
     return p.parse_args()
 
 
@@ -133,11 +137,12 @@ def main() -> None:
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    settings = monitor_client.MonitorSettings()
+    settings = monitor_client.MonitorSettings(watchdog_floor=args.watchdog_floor)
     if env.get("NETCLUSTER_FAKE_GPU") == "1":
         from monitor_client._nvml import nvml_probe  # the client's NVML code, fake pynvml
 
-        settings = monitor_client.MonitorSettings(gpu_probe=nvml_probe(local))
+        settings = monitor_client.MonitorSettings(gpu_probe=nvml_probe(local),
+                                                  watchdog_floor=args.watchdog_floor)
     mon = monitor_client.Monitor(project=args.project, run_id=args.run_id,
                                  config={"lr": 0.01, "batch_size": args.batch,
                                          "width": args.width},
@@ -145,17 +150,21 @@ def main() -> None:
 
     step = 0
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    plan = mon.resume_plan(args.checkpoint_dir)  # the monitor's restart: every rank alike
     chosen = [latest_checkpoint(args.checkpoint_dir) if rank == 0 else ""]
     dist.broadcast_object_list(chosen, src=0)  # every rank resumes from the same one
+    if plan is not None:
+        chosen = [plan.checkpoint_path]
     if chosen[0]:
         state = torch.load(chosen[0], weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
-        data.seek(int(state["position"]))
+        data.seek(int(state["position"]), skip=plan.skip if plan is not None else ())
         mon.resumed_from(step, chosen[0])
         log("resume", step=step, path=chosen[0], digest=digest(model),
-            saved_digest=state["digest"], position=int(state["position"]))
+            saved_digest=state["digest"], position=int(state["position"]),
+            plan=plan.id if plan is not None else None)
 
     ddp = DistributedDataParallel(model)
     mon.watch(ddp, optimizer)

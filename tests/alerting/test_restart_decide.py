@@ -108,6 +108,11 @@ def test_the_same_fault_soon_after_the_resume_stops_instead_of_looping():
     assert isinstance(decision, Stop)
     assert decision.why.startswith("the restart did not cure it: hang again at step 290, "
                                    "89 steps after the restart resumed at step 201")
+    # With a node to blame (its rank gone again), leaving it out is the next remedy.
+    gone = plan_of(decide(RESTART, hang(gone=(3,)), RUN, (), now=0.0))
+    again = decide(RESTART, hang(step=290, gone=(3,)), RUN, (restarted(0.0, gone, 201),),
+                   now=60.0)
+    assert isinstance(again, Restart) and again.kind == "exclude"
     # A fault of another kind, or past restart_cure_steps, is a new one.
     assert isinstance(decide(RESTART, xid(step=290), RUN, (restarted(0.0, first, 201),),
                              now=60.0), Restart)

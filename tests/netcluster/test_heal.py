@@ -1,0 +1,154 @@
+"""Healing without a person (issue 43) on the namespace cluster: three nodes, one sidecar
+each, a torchrun elastic job across them (``--nnodes=2:3``, ``--max-restarts=3``) whose
+script resumes where the monitor's restart says (``mon.resume_plan``). Faults, each in a
+job of its own:
+
+- a rank SIGSTOPped (frozen: no hang report of its own): the others report the hang, the
+  leader restarts every rank from the last clean checkpoint, node 1 is not left out (one
+  incident);
+- an XID 79 on node 2's GPU (the fake NVML): the job restarts without node 2, which its
+  sidecar drains; nodes 0 and 1 finish the job;
+- a NaN on node 1, twice: the first incident restarts the job from the clean checkpoint
+  before it, the second, on the same node within the hour, leaves node 1 out.
+
+For each: every node still in the job exits 0, no person acting; every rank ends with the
+same weights; every step after a resume follows the checkpoint it resumed from; exactly one
+page per incident, saying what was done. About three minutes of CPU on an idle 2-core
+machine (bench/heal.py measures the same under a longer schedule)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from eventually import eventually
+from netcluster import Cluster
+from netcluster.elastic import ElasticJob
+from receivers import Receiver
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STEPS, EVERY = 60, 10
+RULES = """
+routes: {page: [slack]}
+rules:
+  - {name: RestartOnHang, match: {types: [hang]}, severity: critical, fingerprint: [],
+     cooldown: 30m, resolve_after: 30s, action: restart}
+  - {name: RestartOnGpuFault, match: {types: [gpu_health], min_severity: critical},
+     severity: critical, fingerprint: [], cooldown: 30m, resolve_after: 30s, action: restart}
+  - {name: RestartOnNaN, match: {types: [nan_inf]}, severity: critical, fingerprint: [],
+     cooldown: 60s, resolve_after: 30s, action: restart}
+"""
+
+
+@pytest.fixture(scope="module")
+def healing(tmp_path_factory: pytest.TempPathFactory,
+            privileged: None) -> Iterator[tuple[Cluster, Receiver]]:
+    tmp = tmp_path_factory.mktemp("heal")
+    with Cluster(tmp, nodes=3) as cluster, Receiver("slack", host=cluster.bridge_ip) as slack:
+        (tmp / "rules.yaml").write_text(RULES)
+        cluster.start_sidecars({
+            "detectors": {"hang_settle_seconds": 1.0, "hang_repeat_seconds": 5.0},
+            "alerting": {"rules_file": str(tmp / "rules.yaml"), "group_wait_seconds": 0.2,
+                         "slack": {"webhook_url": f"{slack.url}/hook",
+                                   "min_interval_seconds": 0}}})
+        yield cluster, slack
+
+
+def _job(cluster: Cluster, run: str) -> ElasticJob:
+    return cluster.elastic_job(run, steps=STEPS, checkpoint_every=EVERY, max_restarts=3,
+                               min_nodes=2, script_args=[
+                                   "--step-time=0.1", "--watchdog-floor=3",
+                                   "--collective-timeout=600"])
+
+
+def _pages(slack: Receiver, run: str) -> list[str]:
+    texts = [r.json["text"] for r in slack.requests if isinstance(r.json, dict)]
+    return [t for t in texts if f"run {run}" in t and "RESOLVED" not in t]
+
+
+def _actions(cluster: Cluster, run: str) -> list[dict[str, Any]]:
+    assert cluster.sidecars is not None
+    found: list[dict[str, Any]] = cluster.sidecars.get(0, f"/v1/runs/{run}/actions")["actions"]
+    return found
+
+
+def _follows_its_checkpoints(job: ElasticJob, resumes: int) -> None:
+    """Every resume loaded what was saved, each rank trained every step from it on without
+    a gap (until the next restart, or the end), and every rank ends with the same weights."""
+    saved = {e["step"]: e["digest"] for e in job.events("checkpoint")}
+    found = job.events("resume")
+    assert len({e["attempt"] for e in found}) == resumes, found
+    last = max(e["attempt"] for e in found)
+    for r in found:
+        assert r["digest"] == r["saved_digest"] == saved[r["step"]], r
+        steps = [e["step"] for e in job.events("step") if e["pid"] == r["pid"]]
+        end = STEPS if r["attempt"] == last else r["step"] + len(steps)
+        assert steps == list(range(r["step"] + 1, end + 1)), (r["pid"], steps[:5])
+    finals = job.finals()
+    assert len({f["digest"] for f in finals.values()}) == 1, finals
+    assert {f["step"] for f in finals.values()} == {STEPS}
+
+
+def test_a_frozen_rank_restarts_every_rank_from_the_clean_checkpoint(healing) -> None:
+    cluster, slack = healing
+    job = _job(cluster, "heal-stop").start()
+    job.wait_step(25, timeout=300)
+    cluster.faults.stop_rank(node=1, local_rank=0)
+    assert job.wait(timeout=600) == {0: 0, 1: 0, 2: 0}, job.logs()
+    [restart] = _actions(cluster, "heal-stop")
+    assert restart["action"] == "restart" and restart["plan"]["exclude"] == [], restart
+    assert restart["honoured_step"] == restart["plan"]["checkpoint_step"] + 1
+    _follows_its_checkpoints(job, resumes=1)
+    resumed = {e["plan"] for e in job.events("resume")}
+    assert resumed == {restart["id"]}  # every rank resumed from the monitor's plan
+    pages = eventually(lambda: _pages(slack, "heal-stop"), timeout=30)
+    assert len(pages) == 1, pages
+    assert "restart all 6 ranks from checkpoint" in pages[0]
+    for node in range(3):
+        assert cluster.sidecars.get(node, "/v1/node")["drained"] is False
+
+
+def test_an_xid_79_restarts_the_job_without_its_node_which_is_drained(healing) -> None:
+    cluster, slack = healing
+    job = _job(cluster, "heal-xid").start()
+    job.wait_step(25, timeout=300)
+    cluster.faults.xid(node=2, code=79)
+    codes = job.wait(timeout=600)
+    assert (codes[0], codes[1]) == (0, 0) and codes[2] != 0, (codes, job.logs())
+    [left] = _actions(cluster, "heal-xid")
+    assert left["action"] == "exclude", left
+    assert [n["node"] for n in left["plan"]["exclude"]] == [2]
+    assert "hard GPU error (xid 79)" in left["plan"]["exclude"][0]["why"]
+    node2 = cluster.sidecars.get(2, "/v1/node")
+    assert node2["drained"] and node2["run_id"] == "heal-xid", node2
+    assert not cluster.sidecars.get(1, "/v1/node")["drained"]
+    finals = job.finals()
+    assert {f["world"] for f in finals.values()} == {4}  # re-formed on nodes 0 and 1
+    _follows_its_checkpoints(job, resumes=1)
+    pages = eventually(lambda: _pages(slack, "heal-xid"), timeout=30)
+    assert len(pages) == 1 and "node 2 (node2) left out" in pages[0], pages
+    cleared = httpx.delete(f"{cluster.sidecars[2].url}/v1/node/drain", timeout=10,
+                           headers={"Authorization": f"Bearer {cluster.sidecars.token}"})
+    assert cleared.status_code == 200 and not cleared.json()["drained"]
+
+
+def test_a_nan_on_the_same_node_twice_leaves_that_node_out(healing) -> None:
+    cluster, slack = healing
+    job = _job(cluster, "heal-nan")
+    cluster.faults.nan(node=1, step=24, local_rank=0)
+    cluster.faults.nan(node=1, step=44, local_rank=0)
+    job.start()
+    codes = job.wait(timeout=600)
+    assert (codes[0], codes[2]) == (0, 0) and codes[1] != 0, (codes, job.logs())
+    first, second = _actions(cluster, "heal-nan")
+    assert (first["action"], first["plan"]["exclude"]) == ("restart", []), first
+    assert second["action"] == "exclude", second
+    assert [n["node"] for n in second["plan"]["exclude"]] == [1]
+    assert "2nd incident on it within 1 h" in second["plan"]["exclude"][0]["why"]
+    _follows_its_checkpoints(job, resumes=2)
+    pages = eventually(lambda: _pages(slack, "heal-nan"), timeout=30)
+    assert len(pages) == 2, pages
