@@ -1,10 +1,10 @@
 """One node of the cluster: a network namespace with its own address and hostname, a CPU
 cgroup holding every process it runs, and a working directory of its own.
 
-``node.command(argv)`` is ``argv`` run *on* the node: inside its namespace (``ip netns
-exec``, which also mounts the node's ``/etc/hosts``), in a UTS namespace whose hostname is
-the node's (``unshare --uts``: pages and ``socket.gethostname()`` name the node), in the
-node's cgroup. ``node.popen(argv, log=...)`` starts it.
+``node.command(argv)`` is ``argv`` run *on* the node: in the node's cgroup, inside its
+network namespace, with the node's ``/etc/hosts`` (every node by name) mounted in a mount
+namespace of its own, and in a UTS namespace whose hostname is the node's (pages and
+``socket.gethostname()`` name the node). ``node.popen(argv, log=...)`` starts it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from netcluster.cgroups import NodeCgroup
+from netcluster.network import ETC_NETNS
 
 
 @dataclass
@@ -30,11 +31,18 @@ class Node:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def command(self, argv: list[str]) -> list[str]:
-        # The cgroup first: ``ip netns exec`` mounts the namespace's own /sys, which hides
-        # /sys/fs/cgroup from what runs inside.
+        # The cgroup first, from the host's view of /sys/fs/cgroup. Then the node's network
+        # namespace, entered with nsenter rather than ``ip netns exec``: that one remounts
+        # /sys for the namespace, which hides /sys/fs/cgroup (slurmd will not start without
+        # it). What ``ip netns exec`` adds is done here in a mount namespace of the
+        # process's own: the node's /etc/hosts and resolv.conf; and its hostname in a UTS one.
+        etc = ETC_NETNS / self.netns
+        setup = (f"mount --bind {etc / 'hosts'} /etc/hosts && "
+                 f"mount --bind {etc / 'resolv.conf'} /etc/resolv.conf && "
+                 'hostname "$0" && exec "$@"')
         return ["sh", "-c", f'{self.cgroup.join_script()} && exec "$@"', "netcluster",
-                "ip", "netns", "exec", self.netns, "unshare", "--uts",
-                "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname, *argv]
+                "nsenter", f"--net=/run/netns/{self.netns}", "unshare", "--mount", "--uts",
+                "sh", "-c", setup, self.hostname, *argv]
 
     def popen(self, argv: list[str], log: Path, env: dict[str, str] | None = None,
               cwd: Path | None = None) -> subprocess.Popen[bytes]:

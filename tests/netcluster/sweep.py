@@ -45,7 +45,10 @@ def leftovers(prefix: str | None = None) -> Leftovers:
 
 
 def remove(found: Leftovers) -> None:
-    """Processes first (every cgroup's), then links, namespaces, files, cgroups."""
+    """Processes first (every cgroup's), then links, namespaces, files, cgroups. Goes on
+    past what it cannot remove and raises at the end, naming it (a process still holding a
+    cgroup: a zombie its parent never reaped)."""
+    failed: list[str] = []
     for group in found.cgroups:
         for child in [group, *(d for d in group.iterdir() if d.is_dir())]:
             cgroups.kill_all_in(child)
@@ -56,9 +59,13 @@ def remove(found: Leftovers) -> None:
     for ns in found.etc:
         shutil.rmtree(network.ETC_NETNS / ns, ignore_errors=True)
     for group in found.cgroups:
-        for child in sorted(group.glob("*/"), reverse=True):
-            cgroups.rmdir(child)
-        cgroups.rmdir(group)
+        for d in [*sorted(group.glob("*/"), reverse=True), group]:
+            try:
+                cgroups.rmdir(d)
+            except OSError as exc:
+                failed.append(f"{d}: {exc}")
+    if failed:
+        raise RuntimeError("netcluster: could not remove " + "; ".join(failed))
 
 
 def sweep() -> Leftovers:

@@ -65,12 +65,14 @@ def test_a_dead_runs_leftovers_are_swept_and_a_live_ones_kept(tmp_path: Path, pr
     dead.wait()  # its pid is free now: a test runner that was SIGKILLed mid-test
     with Cluster(tmp_path / "live", nodes=1) as live:
         orphan = Cluster(tmp_path / "orphan", nodes=1, names=Names(pid=dead.pid)).up()
-        sleeper = orphan.workers[0].popen(["sleep", "300"], log=tmp_path / "sleep.log")
+        node = orphan.workers[0]
+        node.run(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 &"])  # not our child
+        (sleeper,) = node.pids()
         atexit.unregister(orphan.down)  # as if its process had died: nobody tears it down
         gone = sweep()
         assert gone.netns == [orphan.names.netns(0)], gone
         assert not leftovers(orphan.names.prefix), leftovers(orphan.names.prefix)
-        assert sleeper.wait(10) == -9  # the orphan's processes went with it
+        assert not Path(f"/proc/{sleeper}").exists() or _zombie(sleeper)  # it went too
         assert len(live.leftovers().netns) == 1  # a live process's cluster is untouched
 
 
