@@ -43,6 +43,7 @@ class Roster:
 
     nodes: dict[int, NodeSeen] = field(default_factory=dict)
     expected: int = 1
+    attempt: int = 0  # the run's attempt whose run records said ``expected`` (0: unknown)
     local_world_size: int | None = None
     local: set[int] = field(default_factory=lambda: {0})  # nodes of this sidecar's own ranks
     # When the job last re-formed (a new attempt: its nodes and their ranks may differ): a
@@ -51,12 +52,21 @@ class Roster:
 
     def reformed(self, now: float) -> None:
         """A new attempt of the run settled: what was heard of its nodes is the old job's
-        (a node left out, node ranks renumbered); each node's next heartbeat says anew."""
+        (a node left out, node ranks renumbered); each node's next heartbeat says where it
+        is, and the new attempt's run records how many there are (``expect``)."""
         self.nodes.clear()
         self.since = now
 
-    def expect(self, nodes: int, local_world_size: int | None = None) -> None:
-        self.expected = max(self.expected, nodes)
+    def expect(self, nodes: int, local_world_size: int | None = None, attempt: int = 0) -> None:
+        """A run record of ``attempt`` (0: not known) says the job has ``nodes`` nodes: a
+        newer attempt's count replaces the old job's (a re-formed job may have fewer), one
+        of the same attempt raises it, an older one's changes nothing."""
+        if attempt > self.attempt:
+            self.attempt, self.expected = attempt, nodes
+        elif attempt == self.attempt or not attempt:
+            self.expected = max(self.expected, nodes)
+        else:
+            return
         if local_world_size is not None:
             self.local_world_size = local_world_size
 

@@ -5,7 +5,9 @@ torchrun elastic restarts the worker group on its own when a rank's process dies
 SIGKILL, the OOM killer, a segfault) while ``--max-restarts`` lasts, within seconds: long
 before the ranks' silence could be judged a hang. The monitor then sees only the new
 attempt of the run settle, resumed from a checkpoint, after an attempt that sent no end
-record (pipeline/attempts.py; runs/lifecycle.py ``resume_kind`` "crash"). That is an
+record, or a failed one (pipeline/attempts.py; runs/lifecycle.py ``resume_kind`` "crash"),
+of a job whose ranks said their launcher runs them again (the run record's ``launcher``:
+a relaunch by hand is not this, and an older client says nothing). That is an
 incident all the same, healed by the launcher: this finding says what happened and what
 was done, once, so every incident has its page (its resolve says what it cost: the
 relaunch's gap, start-up and the work re-done, runs/goodput.py).

@@ -359,7 +359,9 @@ class Engine:
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
             before = live.state
-            crashed = (before.status in ("running", "failed") and not before.hung_ranks,
+            launcher = before.run.launcher if before.run is not None else None
+            crashed = (before.status in ("running", "failed") and not before.hung_ranks
+                       and launcher is not None and launcher.restarts,
                        before.last_step, now - before.last_arrival)
             live = self.registry.rebuild(record.run_id, now)
             book = live.attempts
@@ -379,8 +381,9 @@ class Engine:
     def _relaunched(self, live: LiveRun, attempt: StoredAttempt, last_step: int, gap: float,
                     now: float, result: IngestResult) -> None:
         """Page that the job's launcher relaunched it after a crash (an attempt with no end
-        record, or a failed one, and no hang open: detectors/relaunched.py), where the run
-        is judged (a node sidecar leaves it to the leader, which sees the attempt too)."""
+        record, or a failed one, no hang open, and a launcher its ranks said runs them
+        again: detectors/relaunched.py), where the run is judged (a node sidecar leaves it
+        to the leader, which sees the attempt too)."""
         if relaunched.RelaunchedDetector.type in self.settings.detectors.disabled or \
                 self._following(live.state) is not None:
             return
@@ -427,7 +430,7 @@ class Engine:
             return
         if isinstance(record, StepRecord):
             record = self._cap_layers(run, record)
-        self._apply(live, record, now if arrival is None else arrival, origin)
+        self._apply(live, record, now if arrival is None else arrival, origin, attempt)
         self._forward(run, record, body, result, quiet, origin)
         findings = [dataclasses.replace(f, attempt=attempt)
                     for f in self._detect(live, record, origin is not None)]
@@ -580,7 +583,7 @@ class Engine:
                                 attempt.start_step in lifecycle.applied_starts)
 
     def _apply(self, live: LiveRun, record: Record, arrival: float,
-               origin: int | None = None) -> None:
+               origin: int | None = None, attempt: int = 0) -> None:
         run = live.state
         if origin is not None:
             run.rank(record.rank).remote = True
@@ -592,7 +595,7 @@ class Engine:
         elif isinstance(record, EvalRecord):
             run.apply_eval(record, arrival)
         elif isinstance(record, RunRecord):
-            run.apply_run(record, remote=origin is not None)
+            run.apply_run(record, remote=origin is not None, attempt=attempt)
             if origin is None:
                 self._place(run, record)
                 self._retire(live)
@@ -707,13 +710,17 @@ class Engine:
         if self.node_drain is None:
             return
         leads = live is not None and live.state.leader is None
+        local = {r for r, s in live.state.ranks.items() if not s.remote} if live else set()
         for action in actions:
             if action.get("action") not in RESTART_ACTIONS or \
                     action.get("honoured_step") is not None:
                 continue
             plan = RestartPlan.from_dict(action.get("plan"))
             for node in plan.exclude if plan is not None else ():
-                if (node.sidecar == self.identity) if node.sidecar else leads:
+                # Named by no sidecar: the leader's own node, if its own ranks run there
+                # (a leader that only relays other nodes' ranks drains nothing of its own).
+                own = leads and bool(local) and (not node.ranks or bool(set(node.ranks) & local))
+                if (node.sidecar == self.identity) if node.sidecar else own:
                     self.node_drain.drain(run_id, int(action["id"]), node.why)
                     if live is not None and not leads:
                         live.state.left_out = live.state.attempt

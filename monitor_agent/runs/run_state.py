@@ -203,11 +203,12 @@ class RunState:
             state = self.ranks[rank] = RankState()
         return state
 
-    def apply_run(self, record: RunRecord, remote: bool = False) -> None:
-        """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
-        only when none of this sidecar's own ranks sent one (its labels name that node)."""
+    def apply_run(self, record: RunRecord, remote: bool = False, attempt: int = 0) -> None:
+        """Take a rank's run record (of the run's ``attempt``, 0: not known); a ``remote``
+        one (another node's, through its sidecar) only when none of this sidecar's own ranks
+        sent one (its labels name that node)."""
         if record.cluster is not None:
-            self.roster.expect(record.cluster.nodes, record.cluster.local_world_size)
+            self.roster.expect(record.cluster.nodes, record.cluster.local_world_size, attempt)
         if remote and self.run is not None:
             return
         self.run = record

@@ -12,7 +12,7 @@ under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests thr
     >>> app = create_app(Settings())
     >>> sorted(app.openapi()["paths"])
     ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
-     '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
+     '/v1/node', '/v1/node/drain', '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
      '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/checkpoints', '/v1/runs/{run_id}/findings',
      '/v1/runs/{run_id}/goodput', '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
      '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']

@@ -65,12 +65,12 @@ def post(url: str, records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_record(rank: int, ranks: int, attempt: int = 1, per_node: int | None = None,
                launcher: dict[str, Any] | None = None, leader: str | None = None,
-               nodes: int | None = None) -> dict[str, Any]:
+               nodes: int | None = None, watchdog_floor: float = 1.0) -> dict[str, Any]:
     record: dict[str, Any] = {
         "kind": "run", "run_id": RUN, "rank": rank, "time": time.time(),
         "attempt": token(rank, attempt),
         "hardware": {"reporting_ranks": ranks, "world_size": ranks},
-        "watchdog": {"floor_seconds": 1.0, "factor": 5.0},
+        "watchdog": {"floor_seconds": watchdog_floor, "factor": 5.0},
         "launcher": TORCHRUN if launcher is None else launcher}
     if per_node is not None:
         node = rank // per_node

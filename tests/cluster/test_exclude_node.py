@@ -50,7 +50,10 @@ def _records(attempt: int, ranks: int, placement: dict[int, int], steps: range,
         for rank, node in placement.items():
             batch = out.setdefault(node, [])
             if s == steps.start:
-                record = run_record(rank, ranks, attempt, launcher=ELASTIC, leader=leader)
+                # A watchdog slow to judge a rank gone: the hangs here are the ones posted
+                # (a loaded machine's gaps between two posts are not a dead rank).
+                record = run_record(rank, ranks, attempt, launcher=ELASTIC, leader=leader,
+                                    watchdog_floor=30.0)
                 record["labels"] = {"hostname": f"gpu-node-{node}"}
                 record["cluster"] = {"node_rank": node, "nodes": nodes, "local_world_size": 2,
                                      "leader_url": leader}

@@ -5,7 +5,8 @@ decided resumes it (else it resumes from its own newest save, as it would withou
 monitor). The monitoring is the lines marked ``# monitor``; the rest is the user's.
 
 DDP over gloo, one process per rank as ``torchrun --nnodes=MIN:MAX --max-restarts=N`` starts
-it. Faults, injected on the job's first launch only (``TORCHELASTIC_RESTART_COUNT`` 0), at
+it (or ``srun``, one task per node, requeued by its batch script). Faults, injected on the
+job's first launch only (``TORCHELASTIC_RESTART_COUNT``, or ``SLURM_RESTART_COUNT``, 0), at
 step ``--fault-step`` on rank ``--fault-rank``: ``hang`` (the rank sleeps before its
 forward: the others wait in the all-reduce), ``stop`` (the rank SIGSTOPs itself: frozen,
 no hang report), ``kill`` (SIGKILL), ``xid`` (its GPU probe reports XID 79, NVML's "fallen
@@ -70,12 +71,13 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    launch = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    launch = int(os.environ.get("TORCHELASTIC_RESTART_COUNT")  # torchrun's restarts,
+                 or os.environ.get("SLURM_RESTART_COUNT") or 0)  # or Slurm's requeues
     first = launch == 0
     host = socket.gethostname()
     ckpt_dir = args.out / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    xid = args.out / f"xid-r{rank}"
+    xid = args.out / f"xid-r{rank}-{launch}"  # this rank's GPU on this launch only
 
     torch.manual_seed(0)
     target = torch.randn(8, 1)
