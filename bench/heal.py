@@ -124,6 +124,7 @@ def run_arm(name: str, args: argparse.Namespace, tmp: Path) -> Arm:
     run = f"heal-{name}-{os.getpid()}"
     with _sidecar(out, rules) as srv:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MONITOR_AGENT_URL": srv.url,
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch/pytorch#135712
                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "client")])}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                "--nproc-per-node=2", "--max-restarts=50", "--rdzv-backend=c10d",

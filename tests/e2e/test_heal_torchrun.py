@@ -45,7 +45,9 @@ def test_a_hung_rank_restarts_the_job_from_its_clean_checkpoint_and_it_completes
     with Receiver("slack") as slack:
         sc = sidecar_factory(config=_config(tmp_path, slack)).start()
         out = tmp_path / "out"
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
+        # With the agent's store shared (torch >= 2.5's default), a group restarted in the
+        # same rendezvous can read the previous round's addresses (pytorch/pytorch#135712).
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "client")])}
         torchrun = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
