@@ -186,3 +186,20 @@ def test_no_clean_checkpoint_restarts_from_the_start():
     assert (plan.checkpoint_step, plan.checkpoint_path, plan.resume_position) == (
         None, None, None)
     assert plan.describe().startswith("restart all 8 ranks from the start (no clean checkpoint")
+
+
+def test_a_partial_view_never_restarts(tmp_path):
+    """A finding made without every node in view (a node not heard) pages, saying so, and
+    no rule acts on it: a restart decided then could leave ranks behind."""
+    from prometheus_client import CollectorRegistry
+
+    from monitor_agent.alerting import Alerting, AlertingSettings
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("routes: {page: [console]}\nrules:\n  - {name: Restart, match: {types: "
+                     "[hang]}, severity: critical, fingerprint: [], action: restart}\n")
+    alerting = Alerting(AlertingSettings(rules_file=str(rules)), ":memory:",
+                        CollectorRegistry())
+    partial = hang(gone=(3,)).seen_partially("node 1 (gpu-node-1) not heard from for 12 s")
+    assert alerting.handle(RUN, [partial], now=0.0) == []
+    assert alerting.handle(RUN, [hang(gone=(3,))], now=1.0)[0]["action"] == "restart"
