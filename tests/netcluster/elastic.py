@@ -157,6 +157,30 @@ class ElasticJob:
                     out.append(event)
         return sorted(out, key=lambda e: e["time"])
 
+    def recent(self, kind: str = "step", tail_bytes: int = 32768) -> list[dict[str, Any]]:
+        """The newest lines of every rank's log (the last ``tail_bytes`` of each file, the
+        newest process's lines only): cheap to call every second on a long run."""
+        out: list[dict[str, Any]] = []
+        for path in sorted((self.out / "ranks").glob("*.jsonl")):
+            node, local = path.stem.split(".")
+            with path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - tail_bytes))
+                lines = fh.read().split(b"\n")
+            events = []
+            for line in lines[1:] if size > tail_bytes else lines:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by the tail or by a SIGKILL
+            newest = events[-1]["pid"] if events else None
+            for event in events:
+                if event["pid"] == newest and event["event"] == kind:
+                    event.update(node=int(node[4:]), local_rank=int(local[5:]))
+                    out.append(event)
+        return out
+
     def finals(self) -> dict[int, dict[str, Any]]:
         """{rank: its final record} of the attempt that finished."""
         return {int(p.stem[4:]): json.loads(p.read_text())
