@@ -16,7 +16,9 @@ steps (``--width``, ``--layers``), runs throughout; each phase is measured over
   pace; how much depends on the share of the step that is compute);
 * ``--rate``: node 1's link capped by tc tbf, the step time over the baseline;
 * SIGKILL of node 1's local rank 0: seconds to the first step of the restarted group, and
-  the steps it went back (to the last checkpoint).
+  the checkpoint it resumed from;
+* the last node leaves (agent and ranks SIGKILLed; the job runs ``--nnodes=N-1:N``):
+  seconds until the other nodes train again without it.
 
 Needs root. Run: ``python bench/netcluster_check.py [--nodes 4] [--factors 1.1,1.3,2]``
 """
@@ -104,9 +106,10 @@ def main() -> None:
     p.add_argument("--width", type=int, default=384)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--factors", default="1.1,1.3,2")
+    p.add_argument("--factors", default="1.1,1.3,2", help="'' for none")
     p.add_argument("--rate", default="200mbit",
-                   help="node 1's link cap (a step all-reduces ~2x the 2.4 MB of gradients)")
+                   help="node 1's link cap (a step all-reduces ~2x the 2.4 MB of gradients; "
+                   "'' for none)")
     p.add_argument("--settle", type=int, default=5)
     p.add_argument("--window", type=int, default=30)
     p.add_argument("--converge", type=float, default=20.0,
@@ -125,7 +128,8 @@ def main() -> None:
         cluster.start_sidecars()
         print(f"sidecars up: {time.monotonic() - t0:.1f} s")
         job = cluster.elastic_job(run, steps=10**7, nproc_per_node=args.nproc,
-                                  checkpoint_every=100, max_restarts=3, script_args=[
+                                  min_nodes=args.nodes - 1, checkpoint_every=100,
+                                  max_restarts=3, script_args=[
                                       f"--width={args.width}", f"--layers={args.layers}",
                                       f"--batch={args.batch}"])
         global JOB
@@ -149,7 +153,7 @@ def main() -> None:
         print(f"throttle of node{SICK}, held for {args.converge:g} s, then {args.window} steps:")
         print("asked  open-loop cores  held cores  forward x peers  compute x peers (client)"
               "  step x baseline")
-        for factor in [float(f) for f in args.factors.split(",")]:
+        for factor in [float(f) for f in args.factors.split(",") if f]:
             held = cluster.faults.throttle(SICK, factor, job=job)
             open_loop = held.quota_cores
             time.sleep(args.converge)
@@ -161,20 +165,35 @@ def main() -> None:
                   f"{sick / other:24.2f}  {step / base:15.2f}")
             window(job, args.settle, 2)
 
-        cluster.faults.cap_link(SICK, rate=args.rate)
-        a, b, step, _ = window(job, args.settle, args.window)
-        cluster.faults.uncap_link(SICK)
-        print(f"link of node{SICK} capped at {args.rate}: step x {step / base:.2f}")
+        if args.rate:
+            cluster.faults.cap_link(SICK, rate=args.rate)
+            a, b, step, _ = window(job, args.settle, args.window)
+            cluster.faults.uncap_link(SICK)
+            print(f"link of node{SICK} capped at {args.rate}: step x {step / base:.2f}")
 
         before = last_step(job)
         t_kill = time.time()
         cluster.faults.kill_rank(SICK, 0)
-        resumed = wait_for(lambda: job.recent("resume"), "the restarted group")
-        pid = next(e["pid"] for e in resumed if e["rank"] == 0)
+        resumed = wait_for(lambda: [e for e in job.recent("resume") if e["rank"] == 0],
+                           "the restarted group")
+        pid = resumed[0]["pid"]
         first = wait_for(lambda: [e for e in rank0_steps(job) if e["pid"] == pid],
                          "a step of the restarted group")[0]
         print(f"SIGKILL of node{SICK} rank 0 at step ~{before}: training again after "
               f"{first['time'] - t_kill:.1f} s, from checkpoint step {resumed[0]['step']}")
+
+        gone = args.nodes - 1
+        wait_for(lambda: last_step(job) >= first["step"] + args.settle, "the group going")
+        before, t_leave = last_step(job), time.time()
+        job.leave(gone)
+        world = (args.nodes - 1) * args.nproc
+        resumed = wait_for(lambda: [e for e in job.recent("resume")
+                                    if e["rank"] == 0 and e["world"] == world], "re-formed")
+        first = wait_for(lambda: [e for e in rank0_steps(job) if e["pid"] == resumed[0]["pid"]],
+                         "a step of the re-formed group")[0]
+        print(f"node{gone} leaves at step ~{before}: the other {args.nodes - 1} nodes train "
+              f"again after {first['time'] - t_leave:.1f} s, from checkpoint step "
+              f"{resumed[0]['step']}")
         job.kill()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventually import eventually, scaled
+from netcluster.faults import environ
 
 if TYPE_CHECKING:
     from netcluster.cluster import Cluster
@@ -132,6 +133,20 @@ class ElasticJob:
         ended = {i: p.returncode for i, p in self.procs.items() if p.poll() is not None}
         if ended and all(code != 0 for code in ended.values()) and len(ended) == len(self.procs):
             raise RuntimeError(f"{self.run_id}: every torchrun exited: {ended}\n{self.logs()}")
+
+    def leave(self, i: int) -> None:
+        """Node ``i`` leaves the job: its agent and its workers SIGKILLed (a node lost, or
+        one left out). Its agent says no goodbye: a SIGTERMed agent would close the
+        rendezvous for everyone; the others see its heartbeat stop, their workers' next
+        collective fail, and re-form without it (down to ``min_nodes``)."""
+        node = self.cluster.workers[i]
+        proc = self.procs[i]
+        victims = {proc.pid} | {pid for pid in node.pids()
+                                if environ(pid).get("TORCHELASTIC_RUN_ID") == self.run_id}
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
 
     def kill(self) -> None:
         """Every agent and its workers (each agent's session), SIGKILL."""

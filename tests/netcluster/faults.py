@@ -51,7 +51,7 @@ class Faults:
         their environment: what torchrun set them)."""
         found: dict[int, int] = {}
         for pid in self.cluster.workers[node].pids():
-            env = _environ(pid)
+            env = environ(pid)
             if "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env:
                 found[int(env["LOCAL_RANK"])] = pid
         return found
@@ -177,7 +177,7 @@ class Faults:
                     os.kill(pid, signal.SIGCONT)
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
