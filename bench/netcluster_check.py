@@ -10,8 +10,8 @@ steps (``--width``, ``--layers``), runs throughout; each phase is measured over
 * baseline: the job's step time (rank 0's step-to-step wall time, median);
 * throttle ``f`` for each ``--factors``: node 1's CPU quota cut to what it used / f, then
   held at ``f`` by the controller of netcluster/throttle.py for ``--converge`` seconds;
-  achieved: node 1's forward pass over the other nodes' in the same steps (the controller's
-  own measure), the compute time its ranks' clients report to their sidecar over the
+  achieved: node 1's compute (forward and backward up to the all-reduce) over the other
+  nodes' in the same steps (the controller's own measure), the compute time its ranks' clients report to their sidecar over the
   others', and the job's step time over the baseline (in lockstep the slow node sets the
   pace; how much depends on the share of the step that is compute);
 * ``--rate``: node 1's link capped by tc tbf, the step time over the baseline;
@@ -69,7 +69,7 @@ def last_step(job: ElasticJob) -> int:
 
 def window(job: ElasticJob, settle: int, size: int) -> tuple[int, int, float, float]:
     """Let ``settle`` steps pass, then measure ``size``: (first, last, median step s, the
-    sick node's median forward pass over the other nodes')."""
+    sick node's median compute over the other nodes')."""
     start = last_step(job) + settle
     wait_for(lambda: last_step(job) >= start + size, f"step {start + size}")
     events = [e for e in job.recent("step", tail_bytes=1 << 18)
@@ -77,8 +77,8 @@ def window(job: ElasticJob, settle: int, size: int) -> tuple[int, int, float, fl
     times = {e["step"]: e["time"] for e in events if e["rank"] == 0}
     gaps = [times[s] - times[s - 1] for s in range(start + 1, start + size + 1)
             if s in times and s - 1 in times]
-    sick = statistics.median(e["forward_seconds"] for e in events if e["node"] == SICK)
-    rest = statistics.median(e["forward_seconds"] for e in events if e["node"] != SICK)
+    sick = statistics.median(e["compute_seconds"] for e in events if e["node"] == SICK)
+    rest = statistics.median(e["compute_seconds"] for e in events if e["node"] != SICK)
     return start, start + size, statistics.median(gaps), sick / rest
 
 
@@ -147,11 +147,11 @@ def main() -> None:
         a, b, base, base_fwd = window(job, args.settle, args.window)
         base_sick = compute_times(cluster, run, SICK, a, b)
         base_other = others(cluster, run, a, b)
-        print(f"baseline: step {base * 1000:.0f} ms; node{SICK}'s forward / the others' "
+        print(f"baseline: step {base * 1000:.0f} ms; node{SICK}'s compute / the others' "
               f"{base_fwd:.2f}; its compute (client) {base_sick * 1000:.0f} ms, the others' "
               f"{base_other * 1000:.0f} ms")
         print(f"throttle of node{SICK}, held for {args.converge:g} s, then {args.window} steps:")
-        print("asked  open-loop cores  held cores  forward x peers  compute x peers (client)"
+        print("asked  open-loop cores  held cores  compute x peers  compute x peers (client)"
               "  step x baseline")
         for factor in [float(f) for f in args.factors.split(",") if f]:
             held = cluster.faults.throttle(SICK, factor, job=job)

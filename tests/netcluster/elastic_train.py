@@ -7,8 +7,8 @@ Started by ``torchrun`` on each node (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``,
 ``TORCHELASTIC_RESTART_COUNT``, ``MASTER_ADDR`` from it), gloo on CPU. Each rank appends one
 JSON line per event to ``<out>/ranks/node<N>.local<L>.jsonl``: ``start`` (rank, world,
 attempt), ``resume`` (the checkpoint's step and weights' digest), ``step`` (loss, weights'
-digest after the step, step seconds, the part spent loading its batch and the forward
-pass's, data position), ``checkpoint`` (rank 0: step, path,
+digest after the step, step seconds, the part spent loading its batch, the forward pass's
+and the compute's: forward and backward up to the all-reduce, data position), ``checkpoint`` (rank 0: step, path,
 digest), and at the end ``<out>/final/rank<R>.json`` (the final weights' digest), so a test
 can check that every step after a restart follows the checkpoint it resumed from and that
 every rank ends with the same weights.
@@ -160,6 +160,10 @@ def main() -> None:
 
     ddp = DistributedDataParallel(model)
     mon.watch(ddp, optimizer)
+    # The first layer's weight gradient is the last one backward computes, and DDP's
+    # all-reduce of the (single) bucket waits for it: up to here a step is compute alone.
+    grads_ready = [0.0]
+    model[0].weight.register_hook(lambda g: grads_ready.__setitem__(0, time.monotonic()))
     last = time.monotonic()
     while step < args.steps:
         for x, y in mon.timed(data):
@@ -181,7 +185,7 @@ def main() -> None:
             now = time.monotonic()
             log("step", step=step, loss=float(loss.detach()), digest=digest(model),
                 position=data.position, seconds=now - last, data_seconds=loaded - last,
-                forward_seconds=forward)
+                forward_seconds=forward, compute_seconds=grads_ready[0] - loaded)
             if step % args.checkpoint_every == 0 and rank == 0:
                 path = args.checkpoint_dir / f"ckpt-{step:08d}.pt"
                 tmp = path.with_suffix(".tmp")

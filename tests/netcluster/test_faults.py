@@ -157,7 +157,7 @@ def test_a_ranks_own_faults_act_at_their_step_once(faulty_job: dict) -> None:
 
 
 class RankLogs:
-    """What a job's rank logs say, written by the test: forward-pass seconds per node."""
+    """What a job's rank logs say, written by the test: compute seconds per node."""
 
     def __init__(self) -> None:
         self.events: list[dict] = []
@@ -165,10 +165,10 @@ class RankLogs:
     def recent(self, kind: str = "step", tail_bytes: int = 0) -> list[dict]:
         return list(self.events)
 
-    def steps(self, first: int, last: int, forward: dict[int, float]) -> None:
+    def steps(self, first: int, last: int, compute: dict[int, float]) -> None:
         for step in range(first, last + 1):
-            self.events += [{"step": step, "node": node, "forward_seconds": seconds}
-                            for node, seconds in forward.items() for _ in range(2)]
+            self.events += [{"step": step, "node": node, "compute_seconds": seconds}
+                            for node, seconds in compute.items() for _ in range(2)]
 
 
 def test_a_held_throttle_moves_the_quota_until_the_node_is_as_slow_as_asked(

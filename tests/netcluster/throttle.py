@@ -7,11 +7,12 @@ times as long. That holds on a quiet machine. On a shared one the node's share o
 swings with everyone else's load, and so does what a window measures: on a 2-core machine
 at load 17 an open-loop 1.1 ran the job 2-5 times slower (bench/netcluster_check.py).
 
-Held (``job`` given): a controller thread compares, every ``interval`` seconds, the forward
-pass of the node's ranks with the other ranks' in the same steps (the same work, the same
+Held (``job`` given): a controller thread compares, every ``interval`` seconds, the compute
+of the node's ranks with the other ranks' in the same steps (the same work, the same
 moment: the machine's load cancels out) and moves the quota until the ratio is
 ``factor``: multiplicatively, a bounded step at a time, only on steps run under the
-quota it set. The forward pass has no collective, so its time is the rank's compute alone.
+quota it set. A rank's compute is its forward and backward up to the all-reduce
+(``compute_seconds`` in elastic_train.py's log): no collective inside.
 """
 
 from __future__ import annotations
@@ -73,13 +74,13 @@ class Controller(threading.Thread):
         return max(steps, default=0)
 
     def slowdown(self) -> float | None:
-        """Median forward time of the node's ranks over the others', on the steps since
+        """Median compute time of the node's ranks over the others', on the steps since
         the last change; None until each side has ``MIN_STEPS`` of them."""
         mine, peers = [], []
         for e in self.job.recent("step"):
             if e["step"] > self._since + 1:  # one step of settling after a change
                 (mine if e["node"] == self.throttle.node else peers).append(
-                    e["forward_seconds"])
+                    e["compute_seconds"])
         if len(mine) < MIN_STEPS or len(peers) < MIN_STEPS:
             return None
         return statistics.median(mine) / statistics.median(peers)
