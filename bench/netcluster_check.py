@@ -51,7 +51,8 @@ def wait_for(check: Any, what: str, timeout: float = 600.0) -> Any:
         value = check()
         if value:
             return value
-        if JOB is not None and any(p.poll() is not None for p in JOB.procs.values()):
+        if JOB is not None and any(p.poll() is not None for i, p in JOB.procs.items()
+                                   if i not in JOB.left):
             raise SystemExit(f"an agent exited while waiting for {what}:\n{JOB.logs()}")
         time.sleep(0.2)
     raise SystemExit(f"timed out waiting for {what}" + (f"\n{JOB.logs()}" if JOB else ""))

@@ -56,6 +56,7 @@ class ElasticJob:
         self.out = self.dir / "out"
         self.checkpoints = self.dir / "checkpoints"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.left: set[int] = set()  # nodes that left the job (``leave``)
 
     @property
     def endpoint(self) -> str:
@@ -101,6 +102,7 @@ class ElasticJob:
     def start_node(self, i: int) -> subprocess.Popen[bytes]:
         """Node ``i``'s agent (again: a node that rejoins, or joins late)."""
         node = self.cluster.workers[i]
+        self.left.discard(i)
         self.procs[i] = node.popen(self.command(node), log=self.agent_log(i),
                                    env=self.env(node), cwd=self.dir)
         return self.procs[i]
@@ -141,6 +143,7 @@ class ElasticJob:
         collective fail, and re-form without it (down to ``min_nodes``)."""
         node = self.cluster.workers[i]
         proc = self.procs[i]
+        self.left.add(i)
         victims = {proc.pid} | {pid for pid in node.pids()
                                 if environ(pid).get("TORCHELASTIC_RUN_ID") == self.run_id}
         for pid in victims:
