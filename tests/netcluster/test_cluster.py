@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eventually import eventually
 from netcluster import Cluster, Names
 from netcluster.sweep import leftovers, sweep
@@ -87,3 +89,16 @@ def test_names_fit_the_kernels_limits() -> None:
     names = Names(pid=4194304, number=99)
     assert max(len(names.bridge), len(names.veth(63)), len(names.prefix + "hc")) <= 15
     assert Names().pid == os.getpid() and Names().prefix != Names().prefix  # one per cluster
+
+
+def test_without_the_privilege_a_test_skips_saying_why_and_fails_under_ci(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from netcluster import conftest
+
+    monkeypatch.setattr(conftest, "unavailable", lambda: "needs root (...)")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        conftest.require_cluster()
+    monkeypatch.setenv("CI", "true")  # CI runs as root: there it is a broken machine
+    with pytest.raises(pytest.fail.Exception, match="needs root"):
+        conftest.require_cluster()
