@@ -20,6 +20,7 @@ ROOT = Path("/sys/fs/cgroup")
 # The CFS period under a quota: 10 ms rather than the default 100 ms, so a step of tens of
 # milliseconds is slowed evenly instead of running free and then sitting out a whole period.
 PERIOD_US = 10_000
+LONG_PERIOD_US = 100_000  # the kernel's default, for quotas under MIN_QUOTA_US / PERIOD_US
 MIN_QUOTA_US = 1_000  # the kernel's floor
 
 
@@ -102,13 +103,18 @@ class NodeCgroup:
 
     def set_quota(self, cores: float | None) -> int:
         """Cap the node at ``cores`` CPUs (None: no cap); returns the quota in us per
-        ``PERIOD_US``, -1 when uncapped."""
-        quota = -1 if cores is None else max(MIN_QUOTA_US, round(cores * PERIOD_US))
+        period (``PERIOD_US``, or ``LONG_PERIOD_US`` under a tenth of a CPU), -1 when
+        uncapped."""
+        period = PERIOD_US
+        if cores is not None and cores * period < MIN_QUOTA_US:
+            period = LONG_PERIOD_US  # below a tenth of a CPU: the kernel's floor needs it
+        quota = -1 if cores is None else max(MIN_QUOTA_US, round(cores * period))
         if self.v2:
-            (self.cpu_dir / "cpu.max").write_text(
-                f"{'max' if quota < 0 else quota} {PERIOD_US}")
+            (self.cpu_dir / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period}")
         else:
-            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            # quota first when lifting it: a period shorter than the quota is refused
+            (self.cpu_dir / "cpu.cfs_quota_us").write_text("-1")
+            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(period))
             (self.cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
         return quota
 

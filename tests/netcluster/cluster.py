@@ -92,6 +92,8 @@ class Cluster:
         if not self._up:
             return
         self._up = False
+        if self._faults is not None:
+            self._faults.stop_controllers()
         for job in self.jobs:
             job.kill()
         if self.slurm is not None:

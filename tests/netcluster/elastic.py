@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventually import eventually, scaled
+from netcluster.faults import environ
 
 if TYPE_CHECKING:
     from netcluster.cluster import Cluster
@@ -55,6 +56,7 @@ class ElasticJob:
         self.out = self.dir / "out"
         self.checkpoints = self.dir / "checkpoints"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.left: set[int] = set()  # nodes that left the job (``leave``)
 
     @property
     def endpoint(self) -> str:
@@ -100,6 +102,7 @@ class ElasticJob:
     def start_node(self, i: int) -> subprocess.Popen[bytes]:
         """Node ``i``'s agent (again: a node that rejoins, or joins late)."""
         node = self.cluster.workers[i]
+        self.left.discard(i)
         self.procs[i] = node.popen(self.command(node), log=self.agent_log(i),
                                    env=self.env(node), cwd=self.dir)
         return self.procs[i]
@@ -133,6 +136,21 @@ class ElasticJob:
         if ended and all(code != 0 for code in ended.values()) and len(ended) == len(self.procs):
             raise RuntimeError(f"{self.run_id}: every torchrun exited: {ended}\n{self.logs()}")
 
+    def leave(self, i: int) -> None:
+        """Node ``i`` leaves the job: its agent and its workers SIGKILLed (a node lost, or
+        one left out). Its agent says no goodbye: a SIGTERMed agent would close the
+        rendezvous for everyone; the others see its heartbeat stop, their workers' next
+        collective fail, and re-form without it (down to ``min_nodes``)."""
+        node = self.cluster.workers[i]
+        proc = self.procs[i]
+        self.left.add(i)
+        victims = {proc.pid} | {pid for pid in node.pids()
+                                if environ(pid).get("TORCHELASTIC_RUN_ID") == self.run_id}
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+
     def kill(self) -> None:
         """Every agent and its workers (each agent's session), SIGKILL."""
         for proc in self.procs.values():
@@ -156,6 +174,30 @@ class ElasticJob:
                     event.update(node=int(node[4:]), local_rank=int(local[5:]))
                     out.append(event)
         return sorted(out, key=lambda e: e["time"])
+
+    def recent(self, kind: str = "step", tail_bytes: int = 32768) -> list[dict[str, Any]]:
+        """The newest lines of every rank's log (the last ``tail_bytes`` of each file, the
+        newest process's lines only): cheap to call every second on a long run."""
+        out: list[dict[str, Any]] = []
+        for path in sorted((self.out / "ranks").glob("*.jsonl")):
+            node, local = path.stem.split(".")
+            with path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - tail_bytes))
+                lines = fh.read().split(b"\n")
+            events = []
+            for line in lines[1:] if size > tail_bytes else lines:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by the tail or by a SIGKILL
+            newest = events[-1]["pid"] if events else None
+            for event in events:
+                if event["pid"] == newest and event["event"] == kind:
+                    event.update(node=int(node[4:]), local_rank=int(local[5:]))
+                    out.append(event)
+        return out
 
     def finals(self) -> dict[int, dict[str, Any]]:
         """{rank: its final record} of the attempt that finished."""

@@ -9,8 +9,8 @@ Started by ``torchrun`` on each node (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``,
 ``TORCHELASTIC_RESTART_COUNT``, ``MASTER_ADDR`` from it), gloo on CPU. Each rank appends one
 JSON line per event to ``<out>/ranks/node<N>.local<L>.jsonl``: ``start`` (rank, world,
 attempt), ``resume`` (the checkpoint's step and weights' digest), ``step`` (loss, weights'
-digest after the step, step seconds and the part spent loading its batch, data
-position), ``checkpoint`` (rank 0: step, path,
+digest after the step, step seconds, the part spent loading its batch, the forward pass's
+and the compute's: forward and backward up to the all-reduce, data position), ``checkpoint`` (rank 0: step, path,
 digest), and at the end ``<out>/final/rank<R>.json`` (the final weights' digest), so a test
 can check that every step after a restart follows the checkpoint it resumed from and that
 every rank ends with the same weights.
@@ -73,8 +73,8 @@ class Log:
         self.base: dict[str, Any] = {}
 
     def __call__(self, event: str, **fields: Any) -> None:
-        self.fh.write(json.dumps({"event": event, "time": time.time(), **self.base,
-                                  **fields}) + "\n")
+        self.fh.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
+                                  **self.base, **fields}) + "\n")
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -109,13 +109,14 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     log.base = {"rank": rank, "world": world, "group_rank": int(env.get("GROUP_RANK", "0")),
-                "attempt": attempt, "pid": os.getpid()}
+                "attempt": attempt}
     log("start", master=env.get("MASTER_ADDR"), hostname=os.uname().nodename)
     injected = Injected(env.get("NETCLUSTER_FAULTS"), local, attempt)
 
     gen = torch.Generator().manual_seed(1234)  # the same data on every rank and attempt
     x_all = torch.randn(args.samples, args.width, generator=gen)
-    y_all = x_all @ torch.randn(args.width, 1, generator=gen) + 0.1 * torch.randn(
+    w_true = torch.randn(args.width, 1, generator=gen) / args.width**0.5  # targets of unit scale
+    y_all = x_all @ w_true + 0.1 * torch.randn(
         args.samples, 1, generator=gen)
 
     def collate(batch: list[Any]) -> Any:
@@ -168,12 +169,17 @@ def main() -> None:
 
     ddp = DistributedDataParallel(model)
     mon.watch(ddp, optimizer)
+    # The first layer's weight gradient is the last one backward computes, and DDP's
+    # all-reduce of the (single) bucket waits for it: up to here a step is compute alone.
+    grads_ready = [0.0]
+    model[0].weight.register_hook(lambda g: grads_ready.__setitem__(0, time.monotonic()))
     last = time.monotonic()
     while step < args.steps:
         for x, y in mon.timed(data):
             step += 1
             loaded = time.monotonic()  # since the previous step ended: this batch's loading
             loss = (ddp(x) - y).pow(2).mean()
+            forward = time.monotonic() - loaded  # compute alone: no collective in a forward
             if injected.due("nan", step):
                 loss = loss * float("nan")
             loss.backward()  # DDP all-reduces the gradients here
@@ -187,7 +193,8 @@ def main() -> None:
                 time.sleep(args.step_time)
             now = time.monotonic()
             log("step", step=step, loss=float(loss.detach()), digest=digest(model),
-                position=data.position, seconds=now - last, data_seconds=loaded - last)
+                position=data.position, seconds=now - last, data_seconds=loaded - last,
+                forward_seconds=forward, compute_seconds=grads_ready[0] - loaded)
             if step % args.checkpoint_every == 0 and rank == 0:
                 path = args.checkpoint_dir / f"ckpt-{step:08d}.pt"
                 tmp = path.with_suffix(".tmp")

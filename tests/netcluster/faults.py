@@ -5,7 +5,7 @@
 ``stop_rank(node, lr)``       SIGSTOP of one rank (a hang); ``cont_rank`` undoes it
 ``xid(node, code, gpu)``      an XID event on one GPU of the node (fake NVML)
 ``ecc(node, count, gpu)``     uncorrectable ECC errors on one GPU (fake NVML)
-``throttle(node, factor)``    the node's CPU quota cut so its work runs ``factor`` x slower
+``throttle(node, f, job)``    the node's CPU quota cut so its work runs ``f`` x slower
 ``cap_link(node, rate)``      the node's link capped by ``tc tbf``, both directions
 ``slow_loader(node, s)``      every batch of the node's ranks ``s`` seconds later
 ``bitflip(node, step, bit)``  one bit of a gradient flipped on the node's ranks at a step
@@ -22,34 +22,23 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netcluster import network
 from netcluster.fault_files import GPU, TRAIN, FaultFiles
+from netcluster.throttle import Controller, Throttle, measure_usage
 
 if TYPE_CHECKING:
     from netcluster.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class Throttle:
-    """What ``throttle`` did: the node used ``used_cores`` CPUs over the window before;
-    its quota is now ``quota_cores`` (``used_cores / factor``)."""
-
-    node: int
-    factor: float
-    used_cores: float
-    quota_cores: float
-    quota_us: int
-    period_us: int
+    from netcluster.elastic import ElasticJob
 
 
 class Faults:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._files: dict[int, FaultFiles] = {}
+        self._controllers: dict[int, Controller] = {}
 
     def files(self, node: int) -> FaultFiles:
         if node not in self._files:
@@ -62,7 +51,7 @@ class Faults:
         their environment: what torchrun set them)."""
         found: dict[int, int] = {}
         for pid in self.cluster.workers[node].pids():
-            env = _environ(pid)
+            env = environ(pid)
             if "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env:
                 found[int(env["LOCAL_RANK"])] = pid
         return found
@@ -98,28 +87,33 @@ class Faults:
             str(gpu), count))
 
     # -- CPU ---------------------------------------------------------------------------------
-    def throttle(self, node: int, factor: float, window: float = 3.0,
-                 used_cores: float | None = None) -> Throttle:
-        """Cut ``node``'s CPU so its work runs ``factor`` times slower: the quota becomes
-        the CPU the node's processes used over the last ``window`` seconds (measured now,
-        unless ``used_cores`` says), divided by ``factor``. Bound by that quota, work that
-        needed the CPU it had takes ``factor`` times as long; ``bench/netcluster_check.py``
-        measures what a job's steps show."""
+    def throttle(self, node: int, factor: float, job: ElasticJob | None = None,
+                 window: float = 3.0, used_cores: float | None = None) -> Throttle:
+        """Cut ``node``'s CPU quota so its work runs ``factor`` times slower: to the CPU
+        its processes used over ``window`` seconds (or ``used_cores``) over ``factor``,
+        then, with ``job``, held at ``factor`` against the job's other ranks by a
+        controller (netcluster/throttle.py says why a machine shared with other load needs
+        one). ``throttle.achieved`` is the slowdown last measured."""
         if factor < 1:
             raise ValueError(f"a slowdown factor is >= 1, got {factor}")
+        self.unthrottle(node)
         group = self.cluster.workers[node].cgroup
         if used_cores is None:
-            group.set_quota(None)
-            before, t0 = group.usage_seconds(), time.monotonic()
-            time.sleep(window)
-            used_cores = (group.usage_seconds() - before) / (time.monotonic() - t0)
+            used_cores = measure_usage(group, window)
         if used_cores <= 0:
             raise RuntimeError(f"node{node} used no CPU over {window} s: nothing to slow down")
-        quota = group.set_quota(used_cores / factor)
-        q, period = group.quota()
-        return Throttle(node, factor, used_cores, quota / period, q, period)
+        group.set_quota(used_cores / factor)
+        quota, period = group.quota()
+        held = Throttle(node, factor, used_cores, quota / period)
+        if job is not None:
+            self._controllers[node] = Controller(held, group, job)
+            self._controllers[node].start()
+        return held
 
     def unthrottle(self, node: int) -> None:
+        controller = self._controllers.pop(node, None)
+        if controller is not None:
+            controller.stop()
         self.cluster.workers[node].cgroup.set_quota(None)
 
     # -- network -----------------------------------------------------------------------------
@@ -165,9 +159,15 @@ class Faults:
         """The step faults ``node``'s ranks carried out (id, kind, step, rank, attempt)."""
         return self.files(node).fired()
 
+    def stop_controllers(self) -> None:
+        for controller in self._controllers.values():
+            controller.stop()
+        self._controllers.clear()
+
     def reset(self) -> None:
         """Every fault taken back: quotas lifted, links uncapped, files cleared, stopped
         ranks continued."""
+        self.stop_controllers()
         for i in range(len(self.cluster.workers)):
             self.unthrottle(i)
             self.uncap_link(i)
@@ -177,7 +177,7 @@ class Faults:
                     os.kill(pid, signal.SIGCONT)
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):

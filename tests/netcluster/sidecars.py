@@ -81,9 +81,11 @@ class NodeSidecars:
         return {"MONITOR_AGENT_URL": f"http://127.0.0.1:{PORT}",
                 "MONITOR_AGENT_TOKEN": self.token}
 
-    def start(self) -> NodeSidecars:
-        with ThreadPoolExecutor(len(self.procs)) as pool:  # nodes boot in parallel
-            list(pool.map(SidecarProcess.start, self.procs))
+    def start(self, timeout: float = 120.0) -> NodeSidecars:
+        """Every node's sidecar, booted in parallel as nodes do (several on a shared 2-core
+        machine take far longer than one: ``timeout`` each, scaled)."""
+        with ThreadPoolExecutor(len(self.procs)) as pool:
+            list(pool.map(lambda p: p.start(timeout), self.procs))
         return self
 
     def stop(self) -> None:

@@ -12,7 +12,9 @@ inside their node's cgroup, so the cluster's teardown ends them like any other p
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +26,13 @@ if TYPE_CHECKING:
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # namespaces of their own: no clash with anyone's
 
 
+def runtime_dir(prefix: str) -> Path:
+    """``/tmp/<prefix>-slurm``: short, and named for the sweep (netcluster/sweep.py)."""
+    return Path(tempfile.gettempdir()) / f"{prefix}-slurm"
+
+
 def unavailable() -> str | None:
     """None if the Slurm and munge binaries are here, else what to install."""
-    import shutil
-
     missing = [b for b in ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol",
                            "squeue") if shutil.which(b) is None]
     if missing:
@@ -41,15 +46,18 @@ class Slurm:
 
     def __init__(self, cluster: Cluster, partition: str = "main") -> None:
         self.cluster = cluster
-        self.dir = cluster.dir / "slurm"
+        self.dir = cluster.dir / "slurm"  # configuration and logs
+        # Sockets live here: munged's, and slurmd's per job step in its spool directory. A
+        # Unix socket's path has at most 107 bytes, which a test's tmp_path can overrun.
+        self.run_dir = runtime_dir(cluster.names.prefix)
         self.partition = partition
         self.conf = self.dir / "slurm.conf"
-        self.socket = self.dir / "munge" / "munge.socket"
+        self.socket = self.run_dir / "munge" / "socket"
         self.procs: list[subprocess.Popen[bytes]] = []
 
     # -- configuration ----------------------------------------------------------------------
     def config(self) -> str:
-        d, head = self.dir, self.cluster.head()
+        d, r, head = self.dir, self.run_dir, self.cluster.head()
         nodes = self.cluster.workers
         lines = [
             f"ClusterName={self.cluster.names.prefix.replace('-', '_')}",
@@ -57,8 +65,8 @@ class Slurm:
             f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.socket}",
             "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}/%n",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d}/slurmd.%n.pid",
+            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}/%n",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r}/slurmd.%n.pid",
             f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d}/slurmd.%n.log",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
@@ -82,20 +90,21 @@ class Slurm:
         why = unavailable()
         if why:
             raise RuntimeError(why)
+        self.dir.mkdir(parents=True, exist_ok=True)
         for sub in ("munge", "state", *(f"spool/{n.hostname}" for n in self.cluster.workers)):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir / "munge", 0o700)
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir / "munge", 0o700)
         self.conf.write_text(self.config())
         head = self.cluster.head()
-        key = self.dir / "munge" / "munge.key"  # this cluster's own key
+        key = self.run_dir / "munge" / "munge.key"  # this cluster's own key
         subprocess.run(["mungekey", "--create", f"--keyfile={key}", "--force"], check=True,
                        capture_output=True)
         os.chmod(key, 0o600)
-        m = self.dir / "munge"
+        m = self.run_dir / "munge"
         self.procs.append(head.popen(
             ["munged", "--foreground", "--force", f"--socket={self.socket}", f"--key-file={key}",
-             f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
-             f"--seed-file={m / 'munged.seed'}"], log=m / "munged.out"))
+             f"--pid-file={m / 'munged.pid'}", f"--log-file={self.dir / 'munged.log'}",
+             f"--seed-file={m / 'munged.seed'}"], log=self.dir / "munged.out"))
         eventually(self.socket.exists, timeout=timeout, what="munged's socket",
                    context=self.logs)
         env = self.env()
@@ -122,6 +131,7 @@ class Slurm:
                 proc.kill()
                 proc.wait(5)
         self.procs.clear()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- the client commands -----------------------------------------------------------------
     def cmd(self, *argv: str, check: bool = True) -> str:
@@ -173,8 +183,7 @@ class Slurm:
 
     def logs(self) -> str:
         parts = []
-        for path in sorted(self.dir.glob("*.log")) + sorted(self.dir.glob("*.out")) + [
-                self.dir / "munge" / "munged.log"]:
+        for path in sorted(self.dir.glob("*.log")) + sorted(self.dir.glob("*.out")):
             if path.exists():
                 parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-2000:]}")
         return "\n".join(parts)

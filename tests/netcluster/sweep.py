@@ -9,6 +9,7 @@ a running cluster and is never touched. ``Cluster.up()`` sweeps first.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +23,10 @@ class Leftovers:
     links: list[str] = field(default_factory=list)
     cgroups: list[Path] = field(default_factory=list)
     etc: list[str] = field(default_factory=list)
+    tmp: list[Path] = field(default_factory=list)  # Slurm's sockets and state
 
     def __bool__(self) -> bool:
-        return bool(self.netns or self.links or self.cgroups or self.etc)
+        return bool(self.netns or self.links or self.cgroups or self.etc or self.tmp)
 
 
 def leftovers(prefix: str | None = None) -> Leftovers:
@@ -35,13 +37,16 @@ def leftovers(prefix: str | None = None) -> Leftovers:
             return False
         if prefix is None:
             return True
-        # "nc1a-1" owns "nc1a-1b" and "nc1a-1n0", not cluster 10's "nc1a-10b"
-        return name == prefix or (name.startswith(prefix) and name[len(prefix)].isalpha())
+        # "nc1a-1" owns "nc1a-1b", "nc1a-1n0", "nc1a-1-slurm", not cluster 10's "nc1a-10b"
+        rest = name[len(prefix):] if name.startswith(prefix) else "?"
+        return rest == "" or rest[0].isalpha() or rest[0] == "-"
 
     return Leftovers(netns=[n for n in network.netns_list() if ours(n)],
                      links=[n for n in network.link_list() if ours(n)],
                      cgroups=cgroups.leftover_groups(ours),
-                     etc=[n for n in network.etc_netns_list() if ours(n)])
+                     etc=[n for n in network.etc_netns_list() if ours(n)],
+                     tmp=[p for p in Path(tempfile.gettempdir()).glob("nc*-slurm")
+                          if ours(p.name)])
 
 
 def remove(found: Leftovers) -> None:
@@ -58,6 +63,8 @@ def remove(found: Leftovers) -> None:
         network.remove_netns(ns)
     for ns in found.etc:
         shutil.rmtree(network.ETC_NETNS / ns, ignore_errors=True)
+    for path in found.tmp:
+        shutil.rmtree(path, ignore_errors=True)
     for group in found.cgroups:
         for d in [*sorted(group.glob("*/"), reverse=True), group]:
             try:
@@ -79,6 +86,7 @@ def sweep() -> Leftovers:
     gone = Leftovers(netns=[n for n in found.netns if dead(n)],
                      links=[n for n in found.links if dead(n)],
                      cgroups=[g for g in found.cgroups if dead(g.name)],
-                     etc=[n for n in found.etc if dead(n)])
+                     etc=[n for n in found.etc if dead(n)],
+                     tmp=[p for p in found.tmp if dead(p.name)])
     remove(gone)
     return gone

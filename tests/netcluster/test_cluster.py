@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eventually import eventually
 from netcluster import Cluster, Names
 from netcluster.sweep import leftovers, sweep
@@ -87,3 +89,18 @@ def test_names_fit_the_kernels_limits() -> None:
     names = Names(pid=4194304, number=99)
     assert max(len(names.bridge), len(names.veth(63)), len(names.prefix + "hc")) <= 15
     assert Names().pid == os.getpid() and Names().prefix != Names().prefix  # one per cluster
+
+
+def test_without_the_privilege_a_test_skips_saying_why_and_fails_under_ci(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from netcluster import conftest
+
+    monkeypatch.setattr(conftest, "unavailable", lambda: "needs root (...)")
+    outcomes = []
+    for ci in ("", "true"):  # CI runs as root: there a missing privilege is a broken machine
+        monkeypatch.setenv("CI", ci)
+        with pytest.raises(BaseException) as got:  # a skip or a failure, told apart below
+            conftest.require_cluster()
+        assert "needs root" in str(got.value)
+        outcomes.append(got.type)
+    assert outcomes == [pytest.skip.Exception, pytest.fail.Exception]

@@ -1,9 +1,16 @@
-"""A torchrun elastic job across three namespace nodes, one sidecar per node as
-docs/scaling-out.md deploys them, and one rank SIGKILLed mid-run: torchrun's own
-``--max-restarts`` restarts the whole group (no monitor action), every rank resumes from
-the last checkpoint, the job completes with exit 0 and every rank ends with the same
-weights; the leader sidecar holds every rank's records as one run, its second attempt a
-resume. One job serves the module (about a minute of CPU on an idle 2-core machine)."""
+"""A torchrun elastic job across three namespace nodes (``--nnodes=2:3``), one sidecar per
+node as docs/scaling-out.md deploys them, and two faults, with no monitor action (torchrun
+alone; this proves the harness the healing tests build on):
+
+1. one rank SIGKILLed mid-run: torchrun's ``--max-restarts`` restarts the whole group,
+   every rank resumes from the last checkpoint;
+2. later node 2 leaves (its agent and ranks SIGKILLed): the other two nodes re-form
+   without it, at a world of 4, and resume from the last checkpoint.
+
+The job completes (exit 0 on the nodes that stayed), every step after each restart follows
+the checkpoint it resumed from, every rank ends with the same weights, and the leader
+sidecar holds every rank's records as one run of three attempts. One job serves the module
+(a few minutes of CPU on a shared 2-core machine, most of it torch's imports)."""
 
 from __future__ import annotations
 
@@ -15,11 +22,12 @@ import pytest
 
 from eventually import eventually
 from netcluster import Cluster
+from netcluster.elastic import ElasticJob
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-RUN = "elastic-kill"
-STEPS, EVERY, KILL_AT = 60, 10, 25
+RUN = "elastic-faults"
+STEPS, EVERY, KILL_AT, LEAVE_AT = 120, 10, 25, 45
 
 
 @pytest.fixture(scope="module")
@@ -29,54 +37,79 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, privileged: None) -> Itera
         yield cluster
 
 
+def _saved(job: ElasticJob) -> int:
+    return max(e["step"] for e in job.events("checkpoint"))
+
+
 @pytest.fixture(scope="module")
-def killed(cluster: Cluster) -> dict[str, Any]:
-    """The job, its rank local 0 of node 1 SIGKILLed once a checkpoint is behind it."""
-    job = cluster.elastic_job(RUN, steps=STEPS, checkpoint_every=EVERY, max_restarts=2,
-                              script_args=["--step-time=0.1"])
+def faulted(cluster: Cluster) -> dict[str, Any]:
+    job = cluster.elastic_job(RUN, steps=STEPS, checkpoint_every=EVERY, min_nodes=2,
+                              max_restarts=3, script_args=["--step-time=0.1"])
     job.start()
-    job.wait_step(KILL_AT, timeout=300)
-    checkpoints = [e["step"] for e in job.events("checkpoint")]
-    pid = cluster.faults.kill_rank(node=1, local_rank=0)
-    codes = job.wait(timeout=400)
-    return {"job": job, "codes": codes, "pid": pid, "saved_before_kill": max(checkpoints)}
+    job.wait_step(KILL_AT, timeout=400)
+    out: dict[str, Any] = {"job": job, "saved_before_kill": _saved(job)}
+    out["killed"] = cluster.faults.kill_rank(node=1, local_rank=0)
+
+    def restarted_at(step: int) -> bool:  # the newest processes: resumed, and at ``step``
+        resumed = {r["pid"] for r in job.recent("resume")}
+        return any(e["step"] >= step and e["pid"] in resumed for e in job.recent("step"))
+
+    eventually(lambda: restarted_at(LEAVE_AT), timeout=400, interval=0.5,
+               what=f"the restarted group at step {LEAVE_AT}", context=job.logs)
+    out["saved_before_leave"] = _saved(job)
+    job.leave(2)
+    out["codes"] = job.wait(timeout=500)
+    return out
 
 
-def test_the_job_completes_after_torchrun_restarts_the_group(killed: dict[str, Any]) -> None:
-    job = killed["job"]
-    assert killed["codes"] == {0: 0, 1: 0, 2: 0}, job.logs()
-    starts = job.events("start")
-    assert killed["pid"] in {e["pid"] for e in starts}
-    # every rank of every node started twice: the whole group restarted, not the one rank
-    by_rank: dict[int, int] = {}
-    for e in starts:
-        by_rank[e["rank"]] = by_rank.get(e["rank"], 0) + 1
-    assert by_rank == {r: 2 for r in range(6)}, by_rank
+def _processes(job: ElasticJob) -> list[list[dict[str, Any]]]:
+    """The start events, grouped by round (each process of a round starts after every
+    process of the one before)."""
+    rounds: list[list[dict[str, Any]]] = []
+    for start in job.events("start"):
+        if not rounds or len(rounds[-1]) == rounds[-1][0]["world"]:
+            rounds.append([])
+        rounds[-1].append(start)
+    return rounds
 
 
-def test_every_step_after_the_restart_follows_the_last_checkpoint(
-        killed: dict[str, Any]) -> None:
-    job = killed["job"]
-    resumes = job.events("resume")
-    assert len(resumes) == 6
+def test_the_job_completes_on_the_nodes_that_stayed(faulted: dict[str, Any]) -> None:
+    job = faulted["job"]
+    assert faulted["codes"] == {0: 0, 1: 0, 2: -9}, job.logs()
+    rounds = _processes(job)
+    assert [len(r) for r in rounds] == [6, 6, 4], [len(r) for r in rounds]
+    # the SIGKILL restarted every rank, not the one; after the leave node 2 runs nothing
+    assert faulted["killed"] in {e["pid"] for e in rounds[0]}
+    assert {e["rank"] for e in rounds[1]} == set(range(6))
+    assert {e["node"] for e in rounds[2]} == {0, 1}
+    assert {e["world"] for e in rounds[2]} == {4}
+
+
+def test_every_step_after_a_restart_follows_the_last_checkpoint(
+        faulted: dict[str, Any]) -> None:
+    job = faulted["job"]
     saved = {e["step"]: e["digest"] for e in job.events("checkpoint")}
+    resumes = job.events("resume")
+    assert len(resumes) == 6 + 4
+    steps = job.events("step")
     for r in resumes:
-        # at least the one saved before the kill (a later one may have landed before the
-        # agents stopped the group), and exactly the weights that were saved
-        assert r["step"] >= killed["saved_before_kill"]
+        # the checkpoint saved before the fault at least (a later one may land before the
+        # agents stop the group), and exactly the weights it saved
+        floor = faulted["saved_before_kill" if r["world"] == 6 else "saved_before_leave"]
+        assert r["step"] >= floor
         assert r["digest"] == r["saved_digest"] == saved[r["step"]]
-    resumed_pids = {e["pid"]: e["step"] for e in resumes}
-    for pid, step in resumed_pids.items():
-        steps = [e["step"] for e in job.events("step") if e["pid"] == pid]
-        assert steps == list(range(step + 1, STEPS + 1)), (pid, steps[:5])
+        mine = [e["step"] for e in steps if e["pid"] == r["pid"]]
+        assert mine == list(range(r["step"] + 1, r["step"] + 1 + len(mine))), mine[:5]
+        if r["world"] == 4:
+            assert mine[-1] == STEPS
     finals = job.finals()
-    assert sorted(finals) == list(range(6))
+    assert sorted(finals) == [0, 1, 2, 3]
     assert len({f["digest"] for f in finals.values()}) == 1, finals  # one model at the end
-    assert {f["step"] for f in finals.values()} == {STEPS}
+    assert {(f["step"], f["world"]) for f in finals.values()} == {(STEPS, 4)}
 
 
 def test_the_leader_sidecar_sees_every_rank_as_one_run(
-        cluster: Cluster, killed: dict[str, Any]) -> None:
+        cluster: Cluster, faulted: dict[str, Any]) -> None:
     sidecars = cluster.sidecars
     assert sidecars is not None
 
@@ -88,10 +121,9 @@ def test_the_leader_sidecar_sees_every_rank_as_one_run(
 
     run = eventually(completed, timeout=60, what="the leader's view of the run",
                      retry_on=(httpx.HTTPError,), context=sidecars.logs)
-    assert [a["kind"] for a in run["attempts"]] == ["first", "resumed"], run["attempts"]
-    assert run["attempts"][1]["start_step"] > killed["saved_before_kill"]
-    assert run["run"]["cluster"]["nodes"] == 3
-    # each node's sidecar holds its own two ranks' records; node 0's leads the run
-    for node in (1, 2):
-        local = sidecars.get(node, f"/v1/runs/{RUN}")
-        assert set(local["ranks"]) == {str(2 * node), str(2 * node + 1)}, local["ranks"]
+    kinds = [a["kind"] for a in run["attempts"]]
+    assert kinds == ["first", "resumed", "resumed"], run["attempts"]
+    assert run["attempts"][1]["start_step"] > faulted["saved_before_kill"]
+    assert run["attempts"][2]["start_step"] > faulted["saved_before_leave"]
+    # each node's sidecar holds its own ranks' records; node 0's leads the run
+    assert set(sidecars.get(2, f"/v1/runs/{RUN}")["ranks"]) == {"4", "5"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +36,9 @@ def test_a_throttle_caps_every_process_of_the_node_and_the_kernel_enforces_it(
     before = _throttled(small_cluster, 0)
     applied = small_cluster.faults.throttle(0, 2.0, window=1.0)
     assert applied.used_cores > 0
-    assert node.cgroup.quota() == (applied.quota_us, applied.period_us)
-    assert applied.quota_us == round(applied.used_cores / 2.0 * applied.period_us)
+    quota, period = node.cgroup.quota()
+    assert quota / period == applied.quota_cores
+    assert quota == round(applied.used_cores / 2.0 * period)  # half what it used
     # the kernel holds the node's processes back, period after period
     eventually(lambda: _throttled(small_cluster, 0) > before + 10, timeout=20,
                what="node0's processes throttled")
@@ -93,8 +95,8 @@ def test_an_xid_and_an_ecc_count_reach_the_clients_nvml_code_on_that_node_only(
     for readings in first.values():
         assert [g["xid_count"] for g in readings] == [0.0, 0.0]
         assert [g["ecc_uncorrected_volatile"] for g in readings] == [0.0, 0.0]
-    small_cluster.faults.xid(1, code=79, gpu=0)
-    small_cluster.faults.ecc(1, count=2, gpu=1)
+    small_cluster.faults.xid(1, code=79, gpu=1)
+    small_cluster.faults.ecc(1, count=2, gpu=0)
     after = {}
     for i, r in readers.items():
         r.stdin.write("\n")  # type: ignore[union-attr]
@@ -102,9 +104,9 @@ def test_an_xid_and_an_ecc_count_reach_the_clients_nvml_code_on_that_node_only(
         after[i] = json.loads(r.stdout.readline())  # type: ignore[union-attr]
         r.wait(10)
     gpu0, gpu1 = after[1]
-    assert (gpu0["xid_count"], gpu0["xid_last"]) == (1.0, 79.0)
-    assert gpu1["xid_count"] == 0.0 and gpu1["ecc_uncorrected_volatile"] == 2.0
-    assert gpu0["ecc_uncorrected_volatile"] == 0.0
+    assert (gpu1["xid_count"], gpu1["xid_last"]) == (1.0, 79.0)
+    assert gpu0["xid_count"] == 0.0 and gpu0["ecc_uncorrected_volatile"] == 2.0
+    assert gpu1["ecc_uncorrected_volatile"] == 0.0
     for g in after[0]:  # the other node's GPUs are healthy
         assert g["xid_count"] == 0.0 and g["ecc_uncorrected_volatile"] == 0.0
 
@@ -152,3 +154,45 @@ def test_a_ranks_own_faults_act_at_their_step_once(faulty_job: dict) -> None:
     fired0, fired1 = faulty_job["fired"]
     assert [(f["id"], f["step"]) for f in fired0] == [(faulty_job["flip"], 4)]
     assert [(f["id"], f["step"]) for f in fired1] == [(faulty_job["nan"], 8)]
+
+
+class RankLogs:
+    """What a job's rank logs say, written by the test: compute seconds per node."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def recent(self, kind: str = "step", tail_bytes: int = 0) -> list[dict]:
+        return list(self.events)
+
+    def steps(self, first: int, last: int, compute: dict[int, float]) -> None:
+        for step in range(first, last + 1):
+            self.events += [{"step": step, "node": node, "compute_seconds": seconds}
+                            for node, seconds in compute.items() for _ in range(2)]
+
+
+def test_a_held_throttle_moves_the_quota_until_the_node_is_as_slow_as_asked(
+        small_cluster: Cluster) -> None:
+    from netcluster.throttle import Controller, Throttle
+
+    group = small_cluster.workers[1].cgroup
+    group.set_quota(0.5)
+    held = Throttle(node=1, factor=1.3, used_cores=0.65, quota_cores=0.5)
+    logs = RankLogs()
+    controller = Controller(held, group, logs, interval=0.05)  # type: ignore[arg-type]
+    controller.start()
+    try:
+        logs.steps(1, 8, {0: 0.010, 1: 0.020})  # node 1 twice as slow: too slow, more CPU
+        eventually(lambda: held.history, timeout=10, what="a first update")
+        assert held.achieved == 2.0 and held.quota_cores > 0.5
+        quota, period = group.quota()
+        assert quota / period == held.quota_cores
+        raised = held.quota_cores
+        logs.steps(9, 16, {0: 0.010, 1: 0.010})  # now not slow at all: less CPU
+        eventually(lambda: held.quota_cores < raised, timeout=10, what="the quota lowered")
+        assert held.achieved == 1.0
+        updates = len(held.history)
+        time.sleep(0.3)  # six intervals without a step under the new quota: no update
+        assert len(held.history) == updates
+    finally:
+        controller.stop()

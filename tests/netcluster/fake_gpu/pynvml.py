@@ -24,8 +24,14 @@ NVML_ERROR_TIMEOUT = 10
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 
 _init_time: float | None = None
-_delivered: dict[int, int] = {}  # GPU index -> XID events handed out
-_registered: set[int] = set()  # GPUs whose XID events this process asked for
+
+
+class EventSet:
+    """An event set: the GPUs registered with it and the XIDs it has handed out."""
+
+    def __init__(self) -> None:
+        self.gpus: set[int] = set()
+        self.delivered: dict[int, int] = {}
 
 
 class NVMLError(Exception):
@@ -119,25 +125,25 @@ def nvmlDeviceGetMaxPcieLinkGeneration(h: int) -> int:  # noqa: N802
     return 5
 
 
-def nvmlEventSetCreate() -> str:  # noqa: N802
-    return "events"
+def nvmlEventSetCreate() -> EventSet:  # noqa: N802
+    return EventSet()
 
 
-def nvmlDeviceRegisterEvents(h: int, types: int, events: Any) -> None:  # noqa: N802
-    _registered.add(int(h))
+def nvmlDeviceRegisterEvents(h: int, types: int, events: EventSet) -> None:  # noqa: N802
+    events.gpus.add(int(h))
 
 
-def nvmlEventSetWait_v2(events: Any, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
-    """The next XID raised since ``nvmlInit`` on a GPU registered for events."""
+def nvmlEventSetWait_v2(events: EventSet, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
+    """The next XID raised since ``nvmlInit`` on a GPU registered with ``events``."""
     since = _init_time or 0.0
-    for gpu in sorted(_registered):
+    for gpu in sorted(events.gpus):
         raised = [e for e in _faults().get("xid", [])
                   if int(e["gpu"]) == gpu and float(e["time"]) >= since]
-        if len(raised) > _delivered.get(gpu, 0):
-            event = raised[_delivered.get(gpu, 0)]
-            _delivered[gpu] = _delivered.get(gpu, 0) + 1
+        done = events.delivered.get(gpu, 0)
+        if len(raised) > done:
+            events.delivered[gpu] = done + 1
             return SimpleNamespace(eventType=NVML_EVENT_TYPE_XID_CRITICAL_ERROR, device=gpu,
-                                   eventData=int(event["code"]))
+                                   eventData=int(raised[done]["code"]))
     raise NVMLError(NVML_ERROR_TIMEOUT)
 
 
