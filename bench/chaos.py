@@ -14,9 +14,10 @@ behaviour with small versions of the same harness functions).
     python bench/chaos.py --sections flood --flood-runs 0 120 5100 10000
 
     python bench/chaos.py --sections cpu --cpu-checkpoints 20000 --cpu-ranks 256
+    python bench/chaos.py --sections peer --peer-dead 20 --peer-seconds 40
 
 Sections: kills, notify, disk, soak, churn, cardinality, fuzz, amplification, readers, flood,
-cpu.
+cpu, peer.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"),
 from sidecar_process import SidecarProcess  # noqa: E402
 
 SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz", "amplification",
-            "readers", "flood", "cpu")
+            "readers", "flood", "cpu", "peer")
 QUIET = {"MONITOR_AGENT_LOG_LEVEL": "warning"}
 
 
@@ -330,6 +331,33 @@ def section_cpu(args: argparse.Namespace, tmp: Path) -> None:
             print(attack(sc.url, sc.proc.pid).line(), flush=True)
 
 
+def section_peer(args: argparse.Namespace, tmp: Path) -> None:
+    """The peer door and the leader link under attack (issue 48, classes 3 and 6): a real
+    2-node run's NaN page latency (node 1's NaN, paged by node 0's sidecar) alone, with
+    ``--peer-dead`` leaders that never answer followed by node 1's sidecar, and with those
+    and a flood of node exchanges at the leader's peer door under the write token; then
+    the share of an honest client's ingest (4 requests a second) refused while the peer
+    door is flooded with exchanges whose one finding is malformed (``"layer": ["a"]``),
+    under the link's credential (tests/reliability/peer_chaos.py).
+
+    Before and after, the same 2-core machine (shared, load 15-30), the committed code
+    before the fix (833dc7e) against the fix, default sizes:
+
+    - the NaN page alone 0.1 s -> 0.1 s; beside 20 dead leaders 40.1 s -> 0.1 s (a link
+      serving leaders one after another waited each one's post_timeout_seconds); with a
+      peer-door flood too 39.2 s -> 0.1 s (the flood's exchanges 200 -> 401);
+    - honest ingest refused during the malformed-finding flood: 135 of 160 (84%, /readyz
+      not ready 138 times) -> 0 of 159 (0%; the flood's exchanges 503 -> 422)."""
+    from peer_chaos import malformed_flood, page_latency
+
+    for dead, flood in ((0, False), (args.peer_dead, False), (args.peer_dead, True)):
+        (tmp / f"peer-{dead}-{flood}").mkdir()
+        print(page_latency(tmp / f"peer-{dead}-{flood}", dead=dead, flood=flood,
+                           trials=args.peer_trials).line(), flush=True)
+    (tmp / "peer-malformed").mkdir()
+    print(malformed_flood(tmp / "peer-malformed", seconds=args.peer_seconds).line(), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default=",".join(SECTIONS),
@@ -369,6 +397,10 @@ def main() -> None:
     ap.add_argument("--cpu-walks", type=int, default=50)
     ap.add_argument("--cpu-ranks", type=int, default=256)
     ap.add_argument("--cpu-rank-steps", type=int, default=30)
+    ap.add_argument("--peer-dead", type=int, default=20, help="leaders that never answer")
+    ap.add_argument("--peer-trials", type=int, default=3, help="NaN pages timed per setting")
+    ap.add_argument("--peer-seconds", type=float, default=40.0,
+                    help="seconds of the malformed-finding flood")
     args = ap.parse_args()
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)

@@ -28,6 +28,8 @@ flag beats the file, a secret is shown redacted, and a misspelt key is refused b
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +49,7 @@ from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records.yaml_errors import yaml_error_line
 
 MiB = 1024 * 1024
+PEER_LABEL = b"monitor-agent leader link v1"  # what the derived link credential signs
 
 
 class Settings(BaseSettings):
@@ -64,6 +67,11 @@ class Settings(BaseSettings):
         ".internal, .lan, .svc, ...) and this machine's own names (DNS rebinding guard; "
         "'*.example.com' matches subdomains, '*' turns the check off).",
     )
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list, description="Reverse proxies (IP addresses or networks) whose "
+        "X-Forwarded-For / X-Forwarded-Proto headers are believed. Empty (the default): none; "
+        "a request's source is the address that connected, which is what the per-source "
+        "budgets (a flood of new runs' pages, notify/fairness.py) count by.")
     data_dir: Path = Field(Path("monitor-data"), description="Where the SQLite files live.")
     token: SecretStr | None = Field(None, description="Bearer token for writes and admin calls.")
     token_file: Path | None = Field(None, description="File holding the token (Docker secrets).")
@@ -97,6 +105,15 @@ class Settings(BaseSettings):
         1000, ge=1, description="Attempts of one run id (processes that reused it, "
         "pipeline/attempts.py); records that would begin another get 422. Each attempt that "
         "replaces history costs one pass over the run's kept records.",
+    )
+    attempt_quiet_seconds: float = Field(
+        10.0, gt=0, le=3600, description="A new process of a rank the run's current attempt "
+        "already has (a relaunch, or a second job on the same run id) replaces that attempt's "
+        "history only once it ended, went silent, was asked to relaunch (a rollback or stop "
+        "pending), or has sent nothing for this long (or five of its step intervals, if "
+        "longer); until then the new process's records get 409 and its client sends them "
+        "again. Still refused after this long while the attempt keeps sending: paged as "
+        "two_jobs (pipeline/attempts.py).",
     )
     max_active_runs: int = Field(
         10_000, ge=1, description="Runs held in memory; records of further new runs get 429."
@@ -199,8 +216,11 @@ class Settings(BaseSettings):
         if self.token is not None and not self.token.get_secret_value():
             # An empty MONITOR_AGENT_TOKEN is how compose and .env say "no token".
             self.token = None
+        if self.cluster.peer_token is not None and self.cluster.peer_token_file is not None:
+            raise ValueError("cluster: set either peer_token or peer_token_file, not both")
         try:
             self.token_value()  # refuse to start on a token that cannot be the one meant
+            self.peer_token_value()
         except TokenError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -228,6 +248,34 @@ class Settings(BaseSettings):
         if not text:
             raise TokenError(f"token_file: {self.token_file} is empty or only whitespace")
         return text
+
+    def peer_token_value(self) -> str | None:
+        """The leader link's credential now (``cluster.peer_token``): what a node sidecar
+        sends its run's leader and what ``POST /v1/peer/digests`` requires; None when no
+        token of any kind is configured (then every door is open). Unset, it is derived
+        from the write token (HMAC-SHA256 of a fixed label): the write token itself never
+        leaves this sidecar. TokenError as ``token_value``."""
+        cluster = self.cluster
+        if cluster.peer_token is not None:
+            value = cluster.peer_token.get_secret_value().strip()
+            if not value:
+                raise TokenError("cluster.peer_token: is empty; set a real one or unset it")
+            return value
+        if cluster.peer_token_file is not None:
+            try:
+                text = cluster.peer_token_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise TokenError(f"cluster.peer_token_file: cannot read "
+                                 f"{cluster.peer_token_file}: {why}") from None
+            if not text:
+                raise TokenError(f"cluster.peer_token_file: {cluster.peer_token_file} is "
+                                 "empty or only whitespace")
+            return text
+        token = self.token_value()
+        if token is None:
+            return None
+        return hmac.new(token.encode(), PEER_LABEL, hashlib.sha256).hexdigest()
 
     @property
     def db_path(self) -> Path:

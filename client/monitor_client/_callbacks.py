@@ -77,8 +77,8 @@ class FrameworkCallback:
         plan = mon.rollback_plan()
         if plan is not None and self.rollback is None:
             self.rollback = plan
-            if rank_zero:
-                path = write_resume_file(directory, plan,
+            if rank_zero:  # with the job's checkpoints, which the relaunch inherits
+                path = write_resume_file(directory, plan, checkpoints=mon.job_checkpoints(),
                                          **{self.resume_argument: plan.checkpoint_path})
                 announce(plan, path, f"--{self.resume_argument}")
             stop()

@@ -15,10 +15,14 @@ times that way). So the data says where it is:
   ``RandomSampler`` gets a generator seeded with ``seed + e``. So the order of positions is
   the same in every process that makes the same stream: a relaunch, a rollback, another
   rank (each with its own ``DistributedSampler`` shard, at the same positions).
-- Resuming at ``position`` and skipping windows happens at the batch sampler: the
-  skipped batches' indices are drawn and dropped, never loaded, and every other batch
-  keeps its place in the order (a shuffled sampler is not re-shuffled by the skip: the
-  dataset's length does not change).
+- Resuming at ``position`` and skipping windows happens at the batch sampler of a
+  map-style dataset: the skipped batches' indices are drawn and dropped, never loaded,
+  and every other batch keeps its place in the order (a shuffled sampler is not
+  re-shuffled by the skip: the dataset's length does not change). Whole epochs inside a
+  window are jumped by arithmetic, so a window of any size costs at most one epoch of
+  index draws. A streamed source (an ``IterableDataset``, HF ``datasets`` streaming, any
+  re-iterable of batches) has no index to leave out: its skipped batches are read past,
+  made and dropped (``skips_by``: "sampler" or "reading"; _stream.py).
 - Each ``iter()`` yields one epoch's worth, ``len(stream)`` batches, continuing the stream
   (a stretch may span two data epochs once windows were skipped): a framework's epoch
   accounting stays what it was without the skips.
@@ -28,8 +32,8 @@ Used three ways: a plain loop wraps its ``DataLoader`` (``DataStream(loader)``) 
 ``data.position`` with its checkpoint and, on a plan, ``data.seek(saved, skip=plan.skip)``;
 Lightning takes it as a stateful loader (``state_dict``/``load_state_dict``: its checkpoint
 keeps the position, so ``fit(ckpt_path=...)`` resumes the data where the step was, which a
-plain DataLoader does not); the HF callback puts the same batch sampler into the
-Trainer's own DataLoader (``attach``).
+plain DataLoader does not); the HF callback puts the same stream into the Trainer's own
+DataLoader (``attach``: its batch sampler, or for an iterable dataset its iteration).
 
 A shuffled loader of 10 batches a data epoch, resumed at position 3 and skipping 5-7::
 
@@ -49,156 +53,13 @@ A shuffled loader of 10 batches a data epoch, resumed at position 3 and skipping
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from monitor_client._stream import Stream, StreamBatches, Window, merge_windows
+
 __all__ = ["DataStream", "StreamBatches", "attach", "merge_windows"]
-
-Window = tuple[int, int]
-
-
-def merge_windows(windows: Iterable[Iterable[int]]) -> tuple[Window, ...]:
-    """Inclusive ``(first, last)`` windows, sorted, overlapping or adjacent ones joined.
-
-        >>> merge_windows([(301, 330), (320, 355), (100, 120)])
-        ((100, 120), (301, 355))
-    """
-    out: list[list[int]] = []
-    for first, last in sorted((int(w[0]), int(w[1])) for w in (tuple(w) for w in windows)):
-        if last < first:
-            continue
-        if out and first <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], last)
-        else:
-            out.append([first, last])
-    return tuple((a, b) for a, b in out)
-
-
-class _Stream:
-    """The endless, numbered sequence of a batch sampler's (or an iterable's) items, from
-    a position on, windows left out; shared by ``StreamBatches`` and ``DataStream``."""
-
-    def __init__(self, items: Any, seed: int) -> None:
-        self.items = items
-        self.seed = int(seed)
-        self.windows: tuple[Window, ...] = ()
-        self.position = 0      # the last position consumed
-        self.chunk_done = 0    # consumed in the current epoch's worth (see module docstring)
-        # Positions handed out (to a DataLoader that may prefetch) and not yet consumed.
-        self.handed: collections.deque[int] = collections.deque()
-        self._source: Iterator[tuple[int, Any]] | None = None
-
-    @property
-    def epoch_len(self) -> int | None:
-        try:
-            return len(self.items)
-        except TypeError:
-            return None
-
-    def seek(self, position: int, skip: Iterable[Iterable[int]] = ()) -> None:
-        self.windows = merge_windows([*self.windows, *skip])
-        self.position, self.chunk_done = int(position), 0
-        self.restart()
-
-    def restart(self) -> None:
-        """Draw again from the consumed position (what was handed out and not consumed, a
-        prefetch, is drawn again in order)."""
-        self.handed.clear()
-        self._source = None
-
-    def took(self) -> int:
-        """The loop consumed the next batch handed out: its position. An epoch's worth
-        consumed starts the next one (``chunk_done`` back to 0)."""
-        if self.handed:
-            self.position = self.handed.popleft()
-            self.chunk_done += 1
-            if self.epoch_len and self.chunk_done >= self.epoch_len:
-                self.chunk_done = 0
-        return self.position
-
-    def skipped(self, position: int) -> bool:
-        return any(a <= position <= b for a, b in self.windows)
-
-    def take(self) -> tuple[int, Any] | None:
-        """The next kept (position, item), or None when the stream ran dry."""
-        if self._source is None:
-            self._source = self._numbered(self.position)
-        return next(self._source, None)
-
-    def _numbered(self, start: int) -> Iterator[tuple[int, Any]]:
-        length = self.epoch_len
-        epoch = start // length if length else 0
-        position = epoch * length if length else 0
-        while True:
-            self.set_epoch(epoch)
-            count = 0
-            for item in self.items:
-                position += 1
-                count += 1
-                if position <= start or self.skipped(position):
-                    continue
-                yield position, item
-            if count == 0:
-                return  # an empty or one-shot iterable: nothing more to number
-            epoch += 1
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make data epoch ``epoch``'s order a function of the epoch (module docstring)."""
-        import torch
-
-        seen: set[int] = set()
-        for holder in _samplers(self.items):
-            if id(holder) in seen:
-                continue
-            seen.add(id(holder))
-            set_epoch = getattr(holder, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
-            if isinstance(holder, torch.utils.data.RandomSampler):
-                holder.generator = torch.Generator().manual_seed(self.seed + epoch)
-
-
-def _samplers(items: Any) -> list[Any]:
-    """The batch sampler, its samplers, and a wrapped one's (accelerate's shard)."""
-    out = [items]
-    for name in ("batch_sampler", "sampler"):
-        inner = getattr(items, name, None)
-        if inner is not None and inner is not items:
-            out += _samplers(inner)
-    return out
-
-
-class StreamBatches:
-    """A batch sampler over a ``_Stream``: each ``iter()`` yields one epoch's worth of
-    kept batches (``len`` of the wrapped batch sampler), appending each one's position to
-    ``stream.handed``; ``took()`` pops them as the loop consumes the batches in order."""
-
-    def __init__(self, stream: _Stream) -> None:
-        self.stream = stream
-
-    def __len__(self) -> int:
-        return self.stream.epoch_len or 0
-
-    def __iter__(self) -> Iterator[Any]:
-        stream = self.stream
-        if stream.handed:  # a prefetch abandoned: draw those batches again
-            stream.restart()
-        for _ in range(max(len(self) - stream.chunk_done, 0)):
-            got = stream.take()
-            if got is None:
-                return
-            stream.handed.append(got[0])
-            yield got[1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """A framework's epoch is not the data's: the stream sets its own (ignored)."""
-
-    def took(self) -> int:
-        """The loop consumed the next batch: its position (the last one, when the loop
-        consumed more than was handed out)."""
-        return self.stream.took()
 
 
 class DataStream:
@@ -206,9 +67,12 @@ class DataStream:
     module docstring says how; README "Closing the loop" has the loop).
 
     ``loader``: a ``torch.utils.data.DataLoader`` over a map-style dataset (skips happen in
-    its batch sampler: nothing skipped is loaded, nothing else moves), or any re-iterable
-    of batches, one epoch per pass (then skipped batches are drawn and dropped). ``seed``:
-    what a shuffled ``RandomSampler``'s order is drawn from, with the epoch.
+    its batch sampler: nothing skipped is loaded, nothing else moves), or a DataLoader over
+    an iterable dataset or any re-iterable of batches, one epoch per pass (then skipped
+    batches are read past: made and dropped; ``skips_by`` says which). Without a length
+    (a stream) it has none either: ``len()`` raises ``TypeError``, as the loader's would,
+    and one ``iter()`` runs on across passes until the source runs dry. ``seed``: what a
+    shuffled ``RandomSampler``'s order is drawn from, with the epoch.
 
     ``position`` is the last batch consumed; ``seek(position, skip=plan.skip)`` resumes
     after ``position`` and leaves out the windows (they add up); ``state_dict`` /
@@ -219,14 +83,15 @@ class DataStream:
         self._batches: StreamBatches | None = None
         sampler = _batch_sampler(loader)
         if sampler is not None:
-            self._stream = _Stream(sampler, seed)
+            self._stream = Stream(sampler, seed, sampler=True)
             self._batches = StreamBatches(self._stream)
             self._iterable: Any = _sibling(loader, self._batches)
         else:
-            self._stream = _Stream(loader, seed)
+            self._stream = Stream(loader, seed)
             self._iterable = None
-        # A framework that prefetches (Lightning does not, for a sized loader) reports
-        # consumption itself (``took``); a plain loop consumes as it is handed a batch.
+        # A framework that prefetches (Lightning does, for a loader without a length)
+        # reports consumption itself (``took``); a plain loop consumes as it is handed a
+        # batch.
         self.reported = False
 
     @property
@@ -237,6 +102,12 @@ class DataStream:
     @property
     def skip(self) -> tuple[Window, ...]:
         return self._stream.windows
+
+    @property
+    def skips_by(self) -> str:
+        """How a window is left out: "sampler" (a map-style dataset's batch sampler, nothing
+        loaded) or "reading" (a stream: its batches are read past)."""
+        return self._stream.skips_by
 
     def seek(self, position: int, skip: Iterable[Iterable[int]] = ()) -> None:
         """Resume after ``position``; never yield a position inside ``skip``'s windows
@@ -249,34 +120,36 @@ class DataStream:
         self._stream.windows = merge_windows([*self._stream.windows, *skip])
 
     def __len__(self) -> int:
-        return self._stream.epoch_len or 0
+        length = self._stream.epoch_len
+        if length is None:
+            raise TypeError("a DataStream over a source without a length has none")
+        return length
 
     def __iter__(self) -> Iterator[Any]:
-        stream = self._stream
-        if self._iterable is not None:
-            for batch in self._iterable:
-                if not self.reported:
-                    self.took()
-                yield batch
-            return
-        if stream.handed:
-            stream.restart()
-        length = stream.epoch_len
-        remaining = length - stream.chunk_done if length else None
-        while remaining is None or remaining > 0:
-            got = stream.take()
-            if got is None:
-                return
-            stream.handed.append(got[0])
+        batches = self._iterable if self._iterable is not None else self._stream.chunk()
+        for batch in batches:
             if not self.reported:
                 self.took()
-            yield got[1]
-            remaining = None if remaining is None else remaining - 1
+            yield batch
 
     def took(self) -> int:
         """The loop consumed the next batch handed out: its position (a framework that
         prefetches calls it as it consumes, with ``reported`` set)."""
         return self._stream.took()
+
+    @property
+    def fetched_ahead(self) -> int:
+        """Batches handed out and not consumed yet (a framework's prefetch)."""
+        return len(self._stream.handed)
+
+    def report_consumption(self) -> None:
+        """From now on the caller says when it consumes a batch (``took``): a framework that
+        fetches ahead (Lightning does, for a loader without a length) and says so once
+        it is about to train, maybe after it fetched: what it fetched since the stream was
+        sought or restored is handed out, not consumed."""
+        if not self.reported:
+            self.reported = True
+            self._stream.unconsume()
 
     def state_dict(self) -> dict[str, Any]:
         stream = self._stream
@@ -285,27 +158,73 @@ class DataStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Where a checkpoint left the data; windows already set (a plan's) are kept."""
-        self.seek(int(state.get("position", 0)), state.get("skip") or ())
-        self._stream.chunk_done = int(state.get("chunk_done", 0))
+        self._stream.seek(int(state.get("position", 0)), state.get("skip") or (),
+                          int(state.get("chunk_done", 0)))
 
 
 def attach(loader: Any, position: int = 0, skip: Iterable[Iterable[int]] = (),
            seed: int = 0) -> StreamBatches | None:
-    """Put a ``StreamBatches`` into ``loader`` (a DataLoader, or accelerate's wrapper of one,
-    as the HF Trainer builds it), in place: its batches then come from the stream, resumed
-    after ``position`` and leaving ``skip`` out. None when ``loader`` has no batch sampler
-    over a map-style dataset (an iterable dataset): nothing can be skipped there."""
+    """Make ``loader`` (a DataLoader, or accelerate's wrapper of one, as the HF Trainer
+    builds it) yield a stream resumed after ``position`` and leaving ``skip`` out, in
+    place: over a map-style dataset its batch sampler becomes a ``StreamBatches``; over an
+    iterable dataset its iteration reads its own passes through one (skipped batches read
+    past). None when it is neither (nothing can be counted there)."""
     base = _base(loader)
     sampler = _batch_sampler(base)
-    if sampler is None:
+    if sampler is not None:
+        stream = Stream(sampler, seed, sampler=True)
+    elif _iterable_loader(base):
+        stream = Stream(_Passes(base, type(base)), seed)
+    else:
         return None
-    stream = _Stream(sampler, seed)
     stream.seek(position, skip)
     batches = StreamBatches(stream)
-    # DataLoader refuses to set batch_sampler after it is built; its iterators read it
-    # afresh at each iter(), so the instance attribute is all there is to change.
-    object.__setattr__(base, "batch_sampler", batches)
+    if sampler is not None:
+        # DataLoader refuses to set batch_sampler after it is built; its iterators read it
+        # afresh at each iter(), so the instance attribute is all there is to change.
+        object.__setattr__(base, "batch_sampler", batches)
+    else:
+        object.__setattr__(base, "_monitor_batches", batches)
+        object.__setattr__(base, "__class__", _streamed(type(base)))
     return batches
+
+
+class _Passes:
+    """A DataLoader's own passes (``cls.__iter__``: its class's before ``attach``), what a
+    stream over an iterable dataset reads; ``len`` as the loader's (none for a stream)."""
+
+    def __init__(self, loader: Any, cls: Any) -> None:
+        self.loader, self.cls = loader, cls
+        self.dataset = loader.dataset  # a set_epoch dataset is told the pass (_stream.py)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.cls.__iter__(self.loader)
+
+
+_STREAMED: dict[type, type] = {}
+
+
+def _streamed(cls: type) -> type:
+    """``cls`` iterating its ``_monitor_batches`` (``attach``): a subclass, so whoever
+    iterates the loader, ``iter()`` or accelerate's ``base_dataloader.__iter__()``, gets
+    the stream."""
+    if cls not in _STREAMED:
+        def __iter__(self: Any) -> Iterator[Any]:  # noqa: N807 - the loader's iteration
+            return iter(self._monitor_batches)
+
+        _STREAMED[cls] = type(f"Streamed{cls.__name__}", (cls,), {"__iter__": __iter__})
+    return _STREAMED[cls]
+
+
+def _iterable_loader(loader: Any) -> bool:
+    """Whether ``loader`` is a DataLoader over an iterable dataset."""
+    import torch
+
+    return isinstance(loader, torch.utils.data.DataLoader) and isinstance(
+        loader.dataset, torch.utils.data.IterableDataset)
 
 
 def _base(loader: Any) -> Any:

@@ -180,8 +180,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         # "stopped" only when it then stopped there (a loop that never asked, or went on,
         # did not honour the stop, and the end record must not say it did).
         self._stop_told: int | None = None
+        # Why the job stops without a rule's stop: a rollback plan it refused to load
+        # (``_refuse``), which leaves the run on the fault the plan was to take it from.
+        self._refused: str | None = None
         # The data (_data.py): the DataStream timed() wraps, and the last step's position.
         self._stream: DataStream | None = None
+        # How the data leaves a plan's windows out ("sampler" or "reading", _stream.py),
+        # said on the run record so pages say it; None until a DataStream is seen.
+        self._skips_by: str | None = None
         self._last_position: tuple[int, int] | None = None
         self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
@@ -527,6 +533,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         ``DataStream``'s position then goes with each ``log_step``."""
         if isinstance(iterable, DataStream):
             self._stream = iterable
+            self._counting_data(iterable.skips_by)
         iterator = iter(iterable)
         while True:
             self._phase.enter("data")
@@ -537,6 +544,13 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                 return
             self._data_time += time.perf_counter() - start
             yield item
+
+    def _counting_data(self, skips_by: str) -> None:
+        """The run counts its data by position, and leaves a plan's windows out by
+        ``skips_by``: "sampler" (a map-style dataset's batch sampler) or "reading" (a
+        stream, read past); sent with the run record, and said in rollback pages.
+        ``timed(DataStream)`` and the framework callbacks (the package's own) call it."""
+        self._skips_by = skips_by if skips_by in ("sampler", "reading") else None
 
     @_never_raises
     def log_eval(self, step: int, val_loss: Any = None, *, train_loss: Any = None,
@@ -582,7 +596,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
     # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
     def should_stop(self, check_every: int = 10) -> bool:
-        """True once an alert rule asked this run to stop (e.g. repeated NaN); sticky.
+        """True once an alert rule asked this run to stop (e.g. repeated NaN), or once
+        every rank held back a rollback plan that names a checkpoint no process of the job
+        saved (it is never loaded, and training on would keep the fault); sticky.
 
         Distributed (torch.distributed initialised): every rank stops at the same call or
         none does, like ``rollback_plan()``: call it once per step on every rank, with the
@@ -625,11 +641,12 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         return self._inbox.take_checkpoint()
 
     def stop_reason(self) -> str | None:
-        """Why the run was asked to stop ("stop requested at step N by rule R"), or None.
+        """Why the run was asked to stop ("stop requested at step N by rule R", or a
+        rollback plan it refused), or None.
 
         A method, like ``should_stop()``: ``if mon.should_stop(): print(mon.stop_reason())``.
         """
-        return self._inbox.stop_reason
+        return self._refused or self._inbox.stop_reason
 
     def on_action(self, callback: Any) -> None:
         """Call ``callback(action_dict)`` for each new action (on the sender thread)."""
@@ -678,13 +695,26 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._submit(record)
 
     @_never_raises
-    def resumed_from(self, step: int, path: str | os.PathLike[str]) -> None:
+    def resumed_from(self, step: int, path: str | os.PathLike[str], *,
+                     earlier: Any = None) -> None:
         """Say this process loaded the checkpoint of step ``step`` at ``path`` (a relaunch
         that resumed from an earlier process's save): a rollback plan may then send it back
-        there too. A plan is handed out only for a checkpoint this process (distributed:
-        some rank of the job) reported with ``checkpoint_saved`` or named here; nothing is
-        sent to the sidecar."""
+        there too, or to one of ``earlier``, the job's saves before it (what
+        ``job_checkpoints()`` returned when that checkpoint was saved: keep it in the
+        checkpoint). A plan is handed out only for a checkpoint this process (distributed:
+        some rank of the job) reported with ``checkpoint_saved``, resumed from, or
+        inherited so; nothing is sent to the sidecar."""
         self._plans.vouch(int(step), os.fspath(path))
+        if earlier is not None:
+            self._plans.inherit(earlier)
+
+    def job_checkpoints(self) -> list[list[Any]]:
+        """The job's checkpoints this process may roll back to, ``[step, path]`` oldest
+        first (the newest 256): the ones it reported with ``checkpoint_saved``, resumed
+        from, or inherited. Save it with a checkpoint and hand it to ``resumed_from(...,
+        earlier=)`` when a later process resumes from that checkpoint (the framework
+        callbacks do both), so a rollback of that process may go back past its resume."""
+        return self._plans.chain()
 
     def resume_plan(self, checkpoint_dir: str | os.PathLike[str],
                     timeout: float = 30.0) -> RollbackPlan | None:
@@ -747,7 +777,20 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return None
         every = max(int(check_every), 1)
         return self._plans.agreed(every, self._fetch_actions, lambda verdict, rounds, _plan:
-                                  self._report_held("rollback", verdict, rounds, every))
+                                  self._held_rollback(verdict, rounds, every))
+
+    def _held_rollback(self, verdict: Consensus, rounds: int, every: int) -> None:
+        """A plan every rank holds back. One it refused (``unreported``: it names a
+        checkpoint no process of the job saved) is never loaded, so the run would train on
+        from the fault the plan was to take it from: it stops, as a rule's stop or a spent
+        rollback budget stops it. Every rank reached this verdict at the same agreed call
+        (_agreement.py), so every rank stops at its next ``should_stop()``."""
+        if verdict.why == "unreported" and self._refused is None:
+            self._refused = (f"rollback plan {verdict.action_id} names a checkpoint no "
+                             "process of this job saved or resumed from: not loaded; "
+                             "stopping, a human must look")
+            self._stop_agreed = True
+        self._report_held("rollback", verdict, rounds, every)
 
     def _report_held(self, action: str, verdict: Consensus, rounds: int, every: int) -> None:
         """Tell the sidecar this rank held the job's action back (it pages that); at the
@@ -758,7 +801,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if verdict.why == "unreported":
             self._warner.warn("rollback_unreported", "rollback plan %d names a checkpoint no "
                               "rank of this job reported with checkpoint_saved() (or "
-                              "resumed_from()): it is not loaded", verdict.action_id)
+                              "resumed_from()): it is not loaded, and the run stops "
+                              "(should_stop())", verdict.action_id)
         why = {"missing": "this rank's sidecar does not have it",
                "unreported": "no rank of this job reported the checkpoint it names "
                              "(checkpoint_saved): it is not loaded"}.get(
@@ -840,7 +884,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       # leads the run (one page per fault, one decision for every rank).
                       "cluster": self._placement,
                       # What runs it again on a restart (_launcher.py, _restart.py).
-                      "launcher": {**self._launcher, "restarts": self._restart.enabled}})
+                      "launcher": {**self._launcher, "restarts": self._restart.enabled},
+                      **({"data": {"skips_by": self._skips_by}} if self._skips_by else {})})
 
     def counters(self) -> Counters | None:
         """sent / spooled / pending / rejected / dropped counts (None when inactive)."""
@@ -872,7 +917,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             # The end record's step is where the trainer honoured the stop; the sidecar
             # reports that step on the alert and the actions API.
             status = "stopped"
-            error = error or f"stopped at step {self._last_step}: {self._inbox.stop_reason}"
+            error = error or f"stopped at step {self._last_step}: {self.stop_reason()}"
         for hooked in (self._stats, self._acts, self._finite, self._timings, self._step_guard):
             if hooked is not None:
                 hooked.detach()

@@ -15,14 +15,17 @@ So at the step every rank agreed on, the callback:
 3. relaunched (``python -m monitor_client.relaunch`` does it: ``relaunch.py``), finds the
    plan it was relaunched for (``relaunch_plan``: the file the launcher passed in
    ``MONITOR_ROLLBACK_PLAN``, else ``monitor_rollback.json`` left in place by a launcher of
-   the user's own), marks it applied, resumes the data at the plan's position leaving its
-   windows out, scales the LR for ``lr_steps`` steps (``LrScale``) and, when it read the
-   file in place, consumes it (``consume``), so a later relaunch does not take it again.
+   the user's own), marks it applied, vouches for the checkpoint it resumed from and the
+   job's earlier ones the file hands on (so a second and a third rollback act), resumes
+   the data at the plan's position leaving its windows out, scales the LR for
+   ``lr_steps`` steps (``LrScale``) and, when it read the file in place, consumes it
+   (``consume``), so a later relaunch does not take it again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -31,7 +34,7 @@ from typing import Any
 from monitor_client._rollback import RESUME_FILE, RollbackPlan, read_resume_file
 
 __all__ = ["PLAN_ENV", "ROLLBACK_EXIT", "LrScale", "Relaunch", "RollbackExit", "announce",
-           "consume", "relaunch_plan"]
+           "consume", "relaunch_plan", "say_resumed", "skipping"]
 
 log = logging.getLogger("monitor_client")
 
@@ -61,16 +64,42 @@ def announce(plan: RollbackPlan, path: str, argument: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def relaunch_plan(directory: str | os.PathLike[str]) -> tuple[RollbackPlan, Path] | None:
-    """The plan this process was relaunched for, and the file it came from: the one named
-    in ``MONITOR_ROLLBACK_PLAN``, else ``<directory>/monitor_rollback.json``; None when
-    neither holds a plan."""
+def skipping(windows: Any, skips_by: str) -> str:
+    """How a run's windows are left out, as the training log and pages say it.
+
+    >>> skipping([(101, 121), (130, 130)], "reading")
+    'batches 101-121, 130 skipped by reading past them (streamed data)'
+    >>> skipping([(101, 121)], "sampler")
+    'batches 101-121 left out in the sampler (never loaded)'
+    """
+    said = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in windows)
+    if skips_by == "reading":
+        return f"batches {said} skipped by reading past them (streamed data)"
+    return f"batches {said} left out in the sampler (never loaded)"
+
+
+def say_resumed(plan: RollbackPlan, position: int, windows: Any, skips_by: str) -> None:
+    """Say in the training log how the relaunched run resumed its data for ``plan``."""
+    ahead = [(a, b) for a, b in windows if b > position]
+    text = (f"monitor_client: rollback {plan.number}/{plan.budget}: resumed from checkpoint "
+            f"step {plan.checkpoint_step} ({plan.checkpoint_path}); the data resumes after "
+            f"position {position}" + (f", {skipping(ahead, skips_by)}" if ahead else ""))
+    log.warning("%s", text)
+    print(text, file=sys.stderr, flush=True)
+
+
+def relaunch_plan(directory: str | os.PathLike[str]
+                  ) -> tuple[RollbackPlan, Path, dict[str, Any]] | None:
+    """The plan this process was relaunched for, the file it came from and what that file
+    holds: the one named in ``MONITOR_ROLLBACK_PLAN``, else
+    ``<directory>/monitor_rollback.json``; None when neither holds a plan."""
     named = os.environ.get(PLAN_ENV)
     for path in ([Path(named)] if named else []) + [Path(directory) / RESUME_FILE]:
-        found = read_resume_file(path.parent, path.name)
+        found = read_resume_file(path.parent, path.name, refused=lambda why: log.warning(
+            "monitor_client: rollback plan file refused: %s", why))
         plan = RollbackPlan.from_dict(found) if found is not None else None
-        if plan is not None:
-            return plan, path
+        if plan is not None and found is not None:
+            return plan, path, found
     return None
 
 
@@ -103,7 +132,7 @@ class LrScale:
         self.restore()
         factor = self.plan.lr_multiplier(step) if self.plan is not None else 1.0
         self.lr = None
-        if factor == 1.0 or optimizer is None:
+        if factor == 1.0 or optimizer is None or not _factor(factor):
             return
         for group in getattr(optimizer, "param_groups", []):
             self._saved.append((group, group["lr"]))
@@ -130,15 +159,20 @@ class Relaunch:
              ) -> RollbackPlan | None:
         """At train start, ``step`` the loop's resumed step: the plan, when this process
         resumed from its checkpoint. Any plan found is marked applied in ``plans`` (the
-        Monitor's ledger): it is done, not an order again; one for another checkpoint is a
-        file left from an earlier relaunch."""
+        Monitor's ``PlanBook``): it is done, not an order again; one for another checkpoint
+        is a file left from an earlier relaunch. The plan's checkpoint, which this process
+        resumed from, and the job's checkpoints the file hands on (``checkpoints``: what
+        the process that wrote it vouched for) are this job's: a later plan may send this
+        process back to any of them."""
         found = relaunch_plan(directory)
         if found is None:
             return None
-        plan, path = found
+        plan, path, raw = found
         plans.applied(plan.id)
         if plan.checkpoint_step != step:
             return None
+        plans.vouch(plan.checkpoint_step, plan.checkpoint_path)
+        plans.inherit(raw.get("checkpoints"))
         self.plan, self._file, self.lr = plan, path, LrScale(plan)
         return plan
 
@@ -149,3 +183,10 @@ class Relaunch:
             if zero:
                 consume(self._file, self.plan)
             self._file = None
+
+
+def _factor(value: object) -> bool:
+    """A factor an LR may be scaled by: a finite number in (0, 1] (a plan that says
+    otherwise was not made by a sidecar: ``RollbackPlan.problem``; it scales nothing)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= 1)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -38,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_client._agreement import Consensus, content_digest, distributed, newest, unanimous
+from monitor_client._plain_file import read_json
 
-__all__ = ["CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
+__all__ = ["CHAIN_MAX", "CHECKPOINT_PATH_MAX", "CHECKPOINT_TAG_MAX", "FETCH_TIMEOUT", "RESUME_FILE",
            "PlanBook", "RollbackPlan", "barrier", "read_resume_file", "write_resume_file"]
 
 Held = Callable[[Consensus, int, "RollbackPlan | None"], None]
@@ -51,11 +53,21 @@ rank's copy or None)."""
 CHECKPOINT_PATH_MAX = 4096
 CHECKPOINT_TAG_MAX = 200
 
+# How many of the job's checkpoints a process hands on to the next one (``PlanBook.chain``):
+# the newest, by step. A rollback goes to the last clean checkpoint before a fault's onset,
+# one of the newest few saves; 256 of them, at the 4096-character path limit, stay within
+# the 4 MiB a plan file may hold (_plain_file.py).
+CHAIN_MAX = 256
 # How long ``rolled_back`` waits for the records of the abandoned branch to reach the
 # sidecar before the ranks meet at the barrier.
 FETCH_TIMEOUT = 10.0
 # Where the HF and Lightning callbacks leave a plan for the launcher that relaunches the run.
 RESUME_FILE = "monitor_rollback.json"
+# The bounds of a plan (``RollbackPlan.problem``): what the sidecar's rules can decide.
+MAX_COUNT = 2**53
+MAX_WINDOWS = 10_000
+MAX_LR_STEPS = 10_000_000
+MAX_SKIPPED = 2**40  # no run's data stream holds this many batches or samples (1.1e12)
 
 
 @dataclass(frozen=True)
@@ -102,25 +114,27 @@ class RollbackPlan:
         try:
             factor, steps = plan.get("lr_factor"), plan.get("lr_steps")
             skip = plan.get("skip")
-            windows = (tuple((int(w[0]), int(w[1])) for w in skip) if isinstance(skip, list)
-                       else ((int(plan["skip_from"]), int(plan["skip_to"])),))
+            windows = (tuple((_count(w[0]), _count(w[1])) for w in skip)
+                       if isinstance(skip, list)
+                       else ((_count(plan["skip_from"]), _count(plan["skip_to"])),))
             resume = plan.get("resume_position")
-            made = cls(id=int(action["id"]), rule=str(action.get("rule") or ""),
+            made = cls(id=_count(action["id"]), rule=str(action.get("rule") or ""),
                        message=str(action.get("message") or ""),
-                       step=int(action.get("step") or plan["skip_to"]),
-                       checkpoint_step=int(plan["checkpoint_step"]),
+                       step=_count(action.get("step") or plan["skip_to"]),
+                       checkpoint_step=_count(plan["checkpoint_step"]),
                        checkpoint_path=str(plan["checkpoint_path"]),
-                       skip_from=int(plan["skip_from"]), skip_to=int(plan["skip_to"]),
-                       lr_factor=None if factor is None else float(factor),
-                       lr_steps=None if steps is None else int(steps),
-                       number=int(plan.get("number") or 1), budget=int(plan.get("budget") or 1),
-                       resume_position=int(resume if resume is not None
-                                           else plan["checkpoint_step"]),
+                       skip_from=_count(plan["skip_from"]), skip_to=_count(plan["skip_to"]),
+                       lr_factor=None if factor is None else _number(factor),
+                       lr_steps=None if steps is None else _count(steps),
+                       number=_count(plan.get("number") or 1),
+                       budget=_count(plan.get("budget") or 1),
+                       resume_position=_count(resume if resume is not None
+                                              else plan["checkpoint_step"]),
                        skip=windows, positions=str(plan.get("positions") or "steps"),
                        digest=content_digest(action))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
-        return made if made.skip_to >= made.checkpoint_step else None
+        return made if made.problem() is None else None
 
     @property
     def resume_step(self) -> int:
@@ -163,9 +177,65 @@ class RollbackPlan:
         try:
             fields = {f.name for f in dataclasses.fields(cls)}
             made = cls(**{k: v for k, v in data.items() if k in fields})
-            return dataclasses.replace(made, skip=tuple((int(a), int(b)) for a, b in made.skip))
-        except (TypeError, ValueError):
+            made = dataclasses.replace(made, skip=tuple((int(a), int(b)) for a, b in made.skip))
+        except (TypeError, ValueError, OverflowError):
             return None
+        return made if made.problem() is None else None
+
+    def problem(self) -> str | None:
+        """Why this is not a plan any sidecar decides, or None: every count a JSON integer
+        in range (steps and positions 0..2**53, windows first <= last, at most
+        ``MAX_WINDOWS`` of them skipping at most ``MAX_SKIPPED`` positions in all), the
+        checkpoint before the window, ``lr_factor`` None or a finite
+        number in (0, 1] with ``lr_steps`` 1..``MAX_LR_STEPS`` (the sidecar's rules allow no
+        other: monitor_agent/alerting/rules.py). A plan that breaks one is dropped whole:
+        applied, NaN or 1e308 would make the LR nan or absurd, and a window of 10**15
+        positions would skip the rest of the data.
+
+            >>> base = {"id": 1, "action": "rollback", "plan": {"checkpoint_step": 10,
+            ...         "checkpoint_path": "c", "skip_from": 11, "skip_to": 20}}
+            >>> [RollbackPlan.from_action({**base, "plan": {**base["plan"], "lr_factor": f,
+            ...      "lr_steps": 5}}) is None for f in (0.5, float("nan"), -1, 1e308, "abc")]
+            [False, True, True, True, True]
+            >>> RollbackPlan.from_action({**base, "plan": {**base["plan"],
+            ...                                            "skip": [[101, 10**15]]}}) is None
+            True
+        """
+        ints = (self.id, self.step, self.checkpoint_step, self.skip_from, self.skip_to,
+                self.number, self.budget, self.resume_position,
+                *(x for w in self.skip for x in w))
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
+                   for x in ints):
+            return "a step, position or count is not an integer in 0..2**53"
+        if not self.checkpoint_step < self.skip_from <= self.skip_to:
+            return "the window is not after the checkpoint"
+        if len(self.skip) > MAX_WINDOWS or any(a > b for a, b in self.skip):
+            return "the windows are not [first, last] pairs"
+        if sum(b - a + 1 for a, b in self.skip) > MAX_SKIPPED:
+            return f"the windows skip more than {MAX_SKIPPED} positions"
+        if self.lr_factor is None:  # no LR change (lr_steps, if any, says nothing)
+            return None
+        factor, steps = self.lr_factor, self.lr_steps
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or \
+                not math.isfinite(factor) or not 0 < factor <= 1:
+            return "lr_factor is not a finite number in (0, 1]"
+        if isinstance(steps, bool) or not isinstance(steps, int) or \
+                not 1 <= steps <= MAX_LR_STEPS:
+            return f"lr_steps is not an integer in 1..{MAX_LR_STEPS}"
+        return None
+
+
+def _count(value: Any) -> int:
+    """A plan's integer as JSON carries it: not a string, not a bool, not a float."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r:.40}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r:.40}")
+    return float(value)
 
 
 class PlanBook:
@@ -183,13 +253,35 @@ class PlanBook:
         self._done: set[int] = set()
         self._calls = 0
         self._held: dict[int, int] = {}  # plan id -> agreed calls in a row it was held back
-        # (step, path) of every checkpoint this process reported (``checkpoint_saved``) or
-        # resumed from (``resumed_from``): the only ones a plan may send it back to.
+        # (step, path) of every checkpoint this process reported (``checkpoint_saved``),
+        # resumed from (``resumed_from``), or inherited from the job's process before it
+        # (``inherit``: a plan file's or a checkpoint's record of the job's saves): the
+        # only ones a plan may send it back to.
         self._vouched: set[tuple[int, str]] = set()
 
     def vouch(self, step: int, path: str) -> None:
         with self._lock:
             self._vouched.add((int(step), str(path)))
+
+    def chain(self) -> list[list[Any]]:
+        """The job's checkpoints this process vouches for, ``[step, path]``, oldest first
+        (the newest ``CHAIN_MAX``): what the next process of the job inherits (a plan file,
+        a checkpoint's own record of the saves before it)."""
+        with self._lock:
+            return [[s, p] for s, p in sorted(self._vouched)[-CHAIN_MAX:]]
+
+    def inherit(self, chain: Any) -> int:
+        """Vouch for the checkpoints of ``chain`` (what ``chain()`` gave an earlier process
+        of the job); entries that are not ``[step, path]`` are ignored. How many taken."""
+        taken = 0
+        for entry in chain[-CHAIN_MAX:] if isinstance(chain, list) else ():
+            if (isinstance(entry, list | tuple) and len(entry) == 2
+                    and isinstance(entry[0], int) and not isinstance(entry[0], bool)
+                    and isinstance(entry[1], str)
+                    and 0 < len(entry[1]) <= CHECKPOINT_PATH_MAX):
+                self.vouch(entry[0], entry[1])
+                taken += 1
+        return taken
 
     def vouches(self, plan: RollbackPlan) -> bool:
         """Whether this process saved (or resumed from) the checkpoint ``plan`` names."""
@@ -228,8 +320,9 @@ class PlanBook:
         ``check_every``-th call; ``fetch(plan_id)`` asks the sidecar once for a plan this
         rank has not received (it lands here through ``receive``); ``held`` hears why a
         plan every rank should act on was held back. Either way a plan is handed out only
-        when this process (distributed: some rank of the job) reported the checkpoint it
-        names: one the sidecar's ledger got from anywhere else is refused (``unreported``).
+        when this process (distributed: some rank of the job) vouches for the checkpoint it
+        names (``vouch``, ``inherit``): one the sidecar's ledger got from anywhere else is
+        refused (``unreported``; the Monitor then stops the run).
         """
         dist = distributed()
         if dist is None:
@@ -285,13 +378,18 @@ def write_resume_file(directory: str | os.PathLike[str], plan: RollbackPlan,
     return path
 
 
-def read_resume_file(directory: str | os.PathLike[str],
-                     name: str = RESUME_FILE) -> dict[str, Any] | None:
-    """The plan a previous process left in ``directory`` (as ``name``), or None (absent or
-    unreadable)."""
+def read_resume_file(directory: str | os.PathLike[str], name: str = RESUME_FILE,
+                     refused: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The plan a previous process left in ``directory`` (as ``name``), or None: absent,
+    not JSON, not a plan, or not a regular file of bounded size (_plain_file.py: a symlink
+    or a FIFO planted there is neither followed nor waited on), which ``refused`` hears."""
+    path = os.path.join(os.fspath(directory), name)
     try:
-        with open(os.path.join(os.fspath(directory), name), encoding="utf-8") as src:
-            found = json.load(src)
-    except (OSError, ValueError):
+        found = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        if refused is not None:
+            refused(f"{path}: {exc}")
         return None
     return found if isinstance(found, dict) and isinstance(found.get("id"), int) else None

@@ -28,16 +28,18 @@ What it does, and why:
   evaluation's, when one ran at that step): the Trainer saves right after its step and
   evaluation, and calls ``on_save`` as soon as the save is done. An evaluation's
   ``seconds`` is the Trainer's own ``eval_runtime``.
-- The data is counted by position (``monitor_client.DataStream``'s batch sampler, put into the
-  Trainer's own DataLoader at the start of training): each step's ``data_position`` goes to
-  the sidecar, and each save leaves ``monitor_data.json`` (the position and the windows
-  skipped so far) in its ``checkpoint-<step>`` directory. A resume then restarts the data
+- The data is counted by position (``monitor_client.DataStream``'s stream, put into the
+  Trainer's own DataLoader at the start of training: its batch sampler for a map-style
+  dataset, its iteration for an ``IterableDataset``, whose windows are then read past): each
+  step's ``data_position`` goes to the sidecar, and each save leaves ``monitor_data.json``
+  (the position, the windows skipped so far and the job's saves before it) in its
+  ``checkpoint-<step>`` directory. A resume then restarts the data
   there, not where the Trainer's step count puts it (``args.ignore_data_skip`` is set for
   the run: its fast-forward by steps lands in the wrong place once a window was skipped, and
   a shuffled sampler's order would change with a shorter dataset); the checkpoint's RNG
   state is loaded as the Trainer's own skip would have. ``take_over_data=False`` leaves the
-  data to the Trainer (then no window can be skipped). A map-style dataset is needed; an
-  iterable one is left as it is, with a warning when a plan asks for a skip.
+  data to the Trainer (then no window can be skipped). A resumed run vouches for the
+  checkpoint it resumed from and the saves that file names: a later plan may go back there.
 - A rollback plan stops training and is left for the launcher, not applied in place: the
   Trainer owns its loop, and only ``train(resume_from_checkpoint=...)`` restores model,
   optimizer, scheduler, RNG and data position together. So at the step every rank agreed on
@@ -68,6 +70,8 @@ from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import StreamBatches, attach, merge_windows
 from monitor_client._hooks import Hooks
 from monitor_client._monitor import Monitor
+from monitor_client._plain_file import read_json
+from monitor_client._resume import say_resumed
 from monitor_client._rollback import RollbackPlan
 from monitor_client.settings import MonitorSettings
 
@@ -126,8 +130,9 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         mon = self._start(args.to_dict, state.max_steps if state.max_steps and
                           state.max_steps > 0 else None)
         plan = self._relaunch.take(args.output_dir, mon._plans, state.global_step)
+        saved = self._resumed_from(args, state, plan)
         if self.take_over_data and train_dataloader is not None:
-            self._take_over_data(args, state, train_dataloader, plan)
+            self._take_over_data(args, state, train_dataloader, plan, saved)
         elif plan is not None and plan.skip:
             log.warning("monitor_client: the rollback's windows (%s) are not skipped: "
                         "take_over_data=False", plan.skip)
@@ -145,32 +150,52 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         self._hooks.add(model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
                         model.register_forward_hook(self._capture_loss, with_kwargs=True))
 
-    def _take_over_data(self, args, state, loader, plan: RollbackPlan | None) -> None:
+    def _resumed_from(self, args, state, plan: RollbackPlan | None) -> DataFile | None:
+        """A resumed run (``state.global_step`` > 0): the checkpoint it resumed from (the
+        plan's, else ``<output_dir>/checkpoint-<step>``) and what this callback left in it
+        (``monitor_data.json``: where its data resumes, the job's saves before it). A
+        checkpoint that holds that file was saved by this job: a later plan may send the
+        run back to it, or to one of the saves it names."""
+        if state.global_step <= 0:
+            return None
+        checkpoint = (plan.checkpoint_path if plan is not None else
+                      os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        saved = _read_data_file(checkpoint)
+        if saved is not None:
+            self._mon().resumed_from(state.global_step, checkpoint, earlier=saved.checkpoints)
+        return saved
+
+    def _take_over_data(self, args, state, loader, plan: RollbackPlan | None,
+                        saved: DataFile | None) -> None:
         """Count the Trainer's batches by data position, resumed where the checkpoint (or
         the plan) left the data, the windows left out (module docstring)."""
         position, skip = 0, () if plan is None else plan.skip
-        if state.global_step > 0:
-            checkpoint = (plan.checkpoint_path if plan is not None else
-                          os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
-            saved = _read_data_file(checkpoint)
-            if saved is not None:
-                position, skip = saved[0], merge_windows([*saved[1], *skip])
-            elif plan is not None:
-                position = plan.resume_position
-            else:  # a checkpoint from before positions: the Trainer's own count
-                position = state.global_step * args.gradient_accumulation_steps
+        if saved is not None and saved.position is not None:
+            position, skip = saved.position, merge_windows([*saved.skip, *skip])
+        elif plan is not None:
+            position = plan.resume_position
+        elif state.global_step > 0:  # a checkpoint from before positions: the Trainer's count
+            position = state.global_step * args.gradient_accumulation_steps
         seed = args.data_seed if args.data_seed is not None else args.seed
-        self._data = attach(loader, position, skip, seed=seed)
+        # Several processes over a stream: accelerate reads it on the main process and
+        # dispatches each step's batches, so no process's batches are its own to count.
+        dispatched = args.world_size > 1 and _streamed(loader)
+        self._data = None if dispatched else attach(loader, position, skip, seed=seed)
         if self._data is None:
             if skip:
                 log.warning("monitor_client: the rollback's windows (%s) cannot be skipped: "
-                            "the training dataset is an iterable one; skip them in it", skip)
+                            "the training data is %s", skip, "a stream dispatched to several "
+                            "processes" if dispatched else "not in a DataLoader")
             return
+        self._mon()._counting_data(self._data.stream.skips_by)
+        if plan is not None:
+            say_resumed(plan, position, self._data.stream.windows, self._data.stream.skips_by)
         self._position = position
         # Its fast-forward by steps would land elsewhere: the data resumes by position.
         self._restore_skip, args.ignore_data_skip = args.ignore_data_skip, True
         if state.global_step > 0:
-            _load_rng(checkpoint, args.process_index)
+            _load_rng(plan.checkpoint_path if plan is not None else os.path.join(
+                args.output_dir, f"checkpoint-{state.global_step}"), args.process_index)
 
     def _count_inputs(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -226,10 +251,13 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            if self._data is not None:  # where this checkpoint resumes the data
-                _write_data_file(checkpoint, self._position or 0, self._data.stream.windows)
-            self._mon().checkpoint_saved(state.global_step, checkpoint, tag="hf",
-                                         data_position=self._position)
+            mon = self._mon()
+            # Where this checkpoint resumes the data, and the job's saves before it.
+            _write_data_file(checkpoint, DataFile(
+                self._position or 0, self._data.stream.windows if self._data else (),
+                mon.job_checkpoints()), counted=self._data is not None)
+            mon.checkpoint_saved(state.global_step, checkpoint, tag="hf",
+                                 data_position=self._position)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = dict(metrics or {})
@@ -253,24 +281,51 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         self._end()
 
 
-def _write_data_file(checkpoint: str, position: int, skip: tuple[tuple[int, int], ...]) -> None:
-    """``checkpoint/monitor_data.json``: where that state resumes the data, and the windows
-    skipped so far (a crash-resume from it skips them too)."""
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """What ``monitor_data.json`` in a ``checkpoint-<step>`` holds: the data position that
+    state resumes after, the windows skipped so far (a crash-resume from it skips them too),
+    and the job's checkpoints saved before it (``Monitor.job_checkpoints``)."""
+
+    position: int | None  # None: the data was not counted
+    skip: tuple[tuple[int, int], ...]
+    checkpoints: list[Any]
+
+
+def _write_data_file(checkpoint: str, data: DataFile, counted: bool) -> None:
+    """``checkpoint/monitor_data.json`` (``counted``: the data was counted by position;
+    else the file holds the job's checkpoints only)."""
+    found: dict[str, Any] = {"checkpoints": data.checkpoints}
+    if counted and data.position is not None:
+        found.update(data_position=int(data.position), skip=[list(w) for w in data.skip])
     try:
         os.makedirs(checkpoint, exist_ok=True)
         with open(os.path.join(checkpoint, DATA_FILE), "w", encoding="utf-8") as out:
-            json.dump({"data_position": int(position), "skip": [list(w) for w in skip]}, out)
+            json.dump(found, out)
     except OSError as exc:
         log.warning("monitor_client: could not write %s in %s: %r", DATA_FILE, checkpoint, exc)
 
 
-def _read_data_file(checkpoint: str) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+def _read_data_file(checkpoint: str) -> DataFile | None:
+    """What the callback left in ``checkpoint`` (a regular file of bounded size:
+    _plain_file.py), or None; a file without a position resumes the data by steps."""
     try:
-        with open(os.path.join(checkpoint, DATA_FILE), encoding="utf-8") as src:
-            found = json.load(src)
-        return int(found["data_position"]), merge_windows(found.get("skip") or ())
+        found = read_json(os.path.join(checkpoint, DATA_FILE))
+        if not isinstance(found, dict):
+            return None
+        position = found.get("data_position")
+        return DataFile(int(position) if position is not None else None,
+                        merge_windows(found.get("skip") or ()),
+                        found.get("checkpoints") or [])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _streamed(loader: Any) -> bool:
+    """Whether the Trainer's DataLoader reads an ``IterableDataset``."""
+    import torch
+
+    return isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset)
 
 
 def _load_rng(checkpoint: str, process_index: int) -> None:

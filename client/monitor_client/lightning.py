@@ -40,8 +40,12 @@ The data: a plain DataLoader restarts its epoch from its first batch on ``fit(ck
 ``trainer.fit(module, monitor_client.DataStream(loader))`` (or return one from
 ``train_dataloader()``): a stateful loader, whose position Lightning keeps in every
 checkpoint and gives back on resume, counted by data position (each step's
-``data_position`` goes to the sidecar). Without it no position is sent and no window can
-be skipped (a warning says so when a plan has one).
+``data_position`` goes to the sidecar), over a map-style dataset or a stream alike (a
+stream's windows are read past). Lightning fetches a batch ahead of a loader without a
+length, so the callback counts each batch as its step starts. Without it no position is sent
+and no window can be skipped (a warning says so when a plan has one). Each checkpoint keeps
+the job's saves before it (the callback's ``state_dict``): a fit resumed from it vouches for
+them and for the checkpoint itself, so a later plan may go back there.
 
 A rollback plan stops the fit and is left for the launcher, not applied in place: only
 ``fit(ckpt_path=...)`` restores module, optimizers, schedulers and loop progress together,
@@ -73,7 +77,7 @@ import lightning.pytorch as pl
 from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import DataStream
 from monitor_client._monitor import Monitor
-from monitor_client._resume import RollbackExit
+from monitor_client._resume import RollbackExit, say_resumed
 from monitor_client.settings import MonitorSettings
 
 log = logging.getLogger("monitor_client")
@@ -124,30 +128,60 @@ class MonitorCallback(FrameworkCallback, pl.Callback):
         self._streams: list[DataStream] = []
         self._val_start: float | None = None  # perf_counter at on_validation_start
         self._save_starts: deque[float] = deque(maxlen=16)  # time.time() of recent saves
+        # The job's checkpoints the checkpoint resumed from kept (``load_state_dict``);
+        # None when it kept none (not saved under this callback).
+        self._inherited: list[Any] | None = None
 
     def on_fit_start(self, trainer, pl_module):
-        mon = self._start(lambda: dict(pl_module.hparams), _planned_steps(trainer))
-        clip = trainer.gradient_clip_val or None
-        # Lightning clips, and steps through a closure; the rest is the monitor's WatchSettings.
-        mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
-            mon.settings.watch, grad_clip=clip, apply_clip=False,
-            pre_hook=False))
-        self._last_step = trainer.global_step
+        self._start(lambda: dict(pl_module.hparams), _planned_steps(trainer))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What each Lightning checkpoint keeps of this callback: the job's checkpoints
+        saved before it (``Monitor.job_checkpoints``), which a fit resumed from it inherits."""
+        return {"checkpoints": self.monitor.job_checkpoints() if self.monitor else []}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._inherited = state_dict.get("checkpoints") or []
 
     def on_train_start(self, trainer, pl_module):
         """After the checkpoint restored the loop and the DataStream's position (module
-        docstring): the plan this process was relaunched for, if any."""
+        docstring): the checkpoint resumed from, the plan this process was relaunched for,
+        and the data, counted as Lightning consumes it."""
+        mon = self._mon()
         self._streams = _streams(trainer)
-        plan = self._relaunch.take(self._directory(trainer), self._mon()._plans,
-                                   trainer.global_step)
+        for stream in self._streams:
+            # Lightning fetches a batch ahead of a loader without a length (already, by
+            # now): the batch being trained is the one consumed (on_train_batch_start).
+            stream.report_consumption()
+            mon._counting_data(stream.skips_by)
+        # Watched once the data is known: the run record, which watch() sends, says how
+        # the data leaves windows out. Lightning clips, and steps through a closure; the
+        # rest is the monitor's WatchSettings.
+        mon.watch(pl_module, trainer.optimizers[0], settings=dataclasses.replace(
+            mon.settings.watch, grad_clip=trainer.gradient_clip_val or None, apply_clip=False,
+            pre_hook=False))
+        self._last_step = trainer.global_step
+        plan = self._relaunch.take(self._directory(trainer), mon._plans, trainer.global_step)
+        if self._inherited is not None and trainer.ckpt_path and trainer.global_step > 0:
+            # A checkpoint that holds this callback's state was saved by this job.
+            mon.resumed_from(trainer.global_step, trainer.ckpt_path, earlier=self._inherited)
         if plan is None:
             return
+        ahead = any(s.fetched_ahead for s in self._streams)
         for stream in self._streams:
             if stream.position == 0 and plan.resume_position:  # a checkpoint without it
                 stream.seek(plan.resume_position, plan.skip)
             else:
                 stream.add_skip(plan.skip)
-        if plan.skip and not self._streams:
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is not None and ahead:
+            # Lightning fetched ahead of a stream before the windows were known: fetch
+            # again (the stream draws those positions anew, the windows left out).
+            iter(fetcher)
+        if self._streams:
+            data = self._streams[0]
+            say_resumed(plan, data.position, data.skip, data.skips_by)
+        elif plan.skip:
             log.warning("monitor_client: the rollback's windows (%s) cannot be skipped: wrap "
                         "the train loader in monitor_client.DataStream", plan.skip)
 
@@ -182,6 +216,8 @@ class MonitorCallback(FrameworkCallback, pl.Callback):
         return written - began
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        for stream in self._streams:
+            stream.took()  # this batch: its position goes with the step
         self._report_saves(trainer)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):

@@ -15,7 +15,10 @@ Lightning; ``--arg`` names another), replacing one given before, and with
 ``MONITOR_ROLLBACK_PLAN`` naming the consumed file, where the relaunched callback reads
 the plan it was relaunched for (its data windows, its LR factor). A plan already waiting
 in ``<dir>`` when it starts (the process exited before the launcher ran this helper) is
-taken at once: the first launch is already the relaunch. Every relaunch is said on stderr. It stops after ``--max-relaunches`` (default 10; the sidecar's rollback budget
+taken at once: the first launch is already the relaunch. The plan file is read only when it
+is a regular file of at most 4 MiB (a symlink is not followed, a FIFO not waited on:
+_plain_file.py); any other is refused, saying why. Every relaunch is said on stderr. It
+stops after ``--max-relaunches`` (default 10; the sidecar's rollback budget
 stops a run long before) and exits with the command's last exit code. Under ``torchrun``,
 put it outside: ``python -m monitor_client.relaunch --dir out -- torchrun ... train.py``.
 
@@ -68,6 +71,10 @@ def _say(text: str) -> None:
     print(f"monitor_client.relaunch: {text}", file=sys.stderr, flush=True)
 
 
+def _refused(why: str) -> None:
+    _say(f"plan file refused: {why}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m monitor_client.relaunch",
@@ -89,16 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     relaunches = 0
     directory = Path(args.dir)
-    waiting = read_resume_file(directory) is not None  # left by a process that exited
+    waiting = read_resume_file(directory, refused=_refused) is not None  # left by one that exited
     while True:
         code = ROLLBACK_EXIT if waiting else subprocess.call(command, env=env)
         waiting = False
         if code != ROLLBACK_EXIT:
             return code
-        plan = read_resume_file(directory)
+        plan = read_resume_file(directory, refused=_refused)
         if plan is None:
             _say(f"the command exited with {ROLLBACK_EXIT} but {directory / RESUME_FILE} "
-                 "holds no plan: not relaunching")
+                 "holds no plan it can take: not relaunching")
             return code
         if relaunches >= args.max_relaunches:
             _say(f"{relaunches} relaunches already (--max-relaunches): not relaunching")

@@ -76,6 +76,9 @@ class RunContext:
     data: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     skipped: tuple[tuple[int, int], ...] = ()
     skipped_unit: str = "positions"  # or "steps": a plan of a run without data positions
+    # How the run leaves windows out ("sampler", "reading"; None: it did not say), as its
+    # latest run record declares: a plan's page says it.
+    skips_by: str | None = None
     # Each rank's latest step, and the ranks that report checkpoints: a rollback waits for
     # those to reach the fault's onset (alerting/rollback.py ``behind``).
     rank_steps: dict[int, int] = field(default_factory=dict)

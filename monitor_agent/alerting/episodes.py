@@ -267,7 +267,7 @@ class Episodes:
                 kind, new_plan = rollback.decide(
                     rule, fault, run.clean_checkpoints, number if isinstance(number, int)
                     else 1, rollback.Positions(run.checkpoint_positions, run.data,
-                                               run.skipped, run.skipped_unit))
+                                               run.skipped, run.skipped_unit, run.skips_by))
                 why = f"checkpoint step {step} turned suspect"
                 message = (f"{new_plan} (rule {rule.name}: the rollback to step {step} was "
                            f"withdrawn, {why})" if isinstance(new_plan, str)
@@ -279,6 +279,34 @@ class Episodes:
                 tx.withdraw(old, new, why, fp)
                 log.warning("run %s: rollback %d withdrawn (%s); now: %s", run.run_id, old.id,
                             why, new.message)
+                self._announce(tx, new, now)
+                taken.append(new)
+        return taken
+
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[Action]:
+        """The job refused pending rollback ``action_id`` (an ``agreement`` record, outcome
+        ``unreported``: it names a checkpoint no process of the job saved, so no rank loads
+        it). The run would train on from the fault the plan was to take it from, so the
+        plan is withdrawn for a stop, as a spent budget stops the run, and the client
+        stops on its own at the same call (``Monitor.should_stop``); people already paged
+        hear of it."""
+        taken: list[Action] = []
+        with self.store.tx() as tx:
+            for old, fp in tx.pending_rollbacks(run.run_id):
+                if old.id != action_id:
+                    continue
+                path = (old.plan or {}).get("checkpoint_path")
+                why = f"the job refused it (no process of the job saved {path})"
+                action = Action(id=0, run_id=run.run_id, action="stop", rule=old.rule,
+                                type=old.type, step=old.step, created_at=now,
+                                message=f"rollback {old.id} refused by the job: it names a "
+                                        f"checkpoint no process of the job saved ({path}); "
+                                        "stopping; a human must look (rule "
+                                        f"{old.rule}, {old.type} at step {old.step})")
+                new = tx.add_action(action, fp)
+                tx.withdraw(old, new, why, fp)
+                log.warning("run %s: rollback %d refused by the job; now: %s", run.run_id,
+                            old.id, new.message)
                 self._announce(tx, new, now)
                 taken.append(new)
         return taken

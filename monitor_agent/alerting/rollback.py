@@ -22,6 +22,9 @@ already stored. The decision is an ``Action`` whose ``plan`` says:
   gets the same plan counted in steps (``positions: "steps"``: one batch per step);
 - ``skip_from`` = C + 1 .. ``skip_to`` = the fault's step + ``rollback_skip_margin``: the
   same window in steps, which is what applies the plan (below);
+- ``skips_by``: how the run leaves the windows out, as its run record said (``data``): in
+  a map-style dataset's batch sampler, or by reading past them in a stream; the page says
+  which;
 - ``lr_factor``/``lr_steps``: optionally, the LR is scaled for that many steps after;
 - ``number`` (this run's n-th rollback) and ``budget`` (``rollback_budget``).
 
@@ -52,6 +55,10 @@ A run at one batch per step, checkpointed at 11000 and 11800 (data positions 110
     ('rollback', 11800, 11850, [[11301, 11350], [11851, 12300]])
     >>> describe(plan)
     'rolled back to step 11800 (/ckpt/step-11800.pt, data position 11850), skipping batches 11301-11350, 11851-12300; LR x0.5 for 500 steps'
+    >>> streamed = Positions(checkpoints={11800: 11850}, latest={0: (12050, 12100, 1)},
+    ...                      skips_by="reading")
+    >>> describe(decide(rule, fault, clean, number=1, data=streamed)[1])
+    'rolled back to step 11800 (/ckpt/step-11800.pt, data position 11850), skipping batches 11851-12300 by reading past them (streamed data); LR x0.5 for 500 steps'
     >>> _, steps_only = decide(rule, fault, clean, number=1)
     >>> describe(steps_only)
     'rolled back to step 11800 (/ckpt/step-11800.pt), skipping batches 11801-12250 (counted as steps: the run reports no data position); LR x0.5 for 500 steps'
@@ -82,6 +89,9 @@ every ``linger`` (0.5 s) and retries within a second; 5 s covers that without ho
 fault's rollback noticeably (the nan_inf first-rank wait is the same)."""
 
 _WINDOWS_SHOWN = 4  # a message lists this many windows, then "and N more"
+# What a page adds to the windows, from how the run said it leaves them out.
+_SKIPS_BY = {"sampler": ", left out in the sampler (never loaded)",
+             "reading": " by reading past them (streamed data)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,9 @@ class Positions:
     latest: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     skipped: tuple[tuple[int, int], ...] = ()
     skipped_unit: str = "positions"  # what ``skipped`` counts: "positions" or "steps"
+    # How the run leaves a window out (its run record's ``data.skips_by``): "sampler" (a
+    # map-style dataset's batch sampler) or "reading" (a stream, read past); None: unsaid.
+    skips_by: str | None = None
 
 
 def onset_of(finding: Finding) -> int:
@@ -170,9 +183,10 @@ def decide(rule: Rule, finding: Finding, clean: Sequence[tuple[int, str]],
     else:  # the run reports no data position: one batch per step, as the loop counts them
         resume, window, unit = step, (step + 1, skip_to), "steps"
     earlier = data.skipped if data.skipped_unit == unit else ()
+    how = {"skips_by": data.skips_by} if unit == "positions" and data.skips_by else {}
     return "rollback", {
         "checkpoint_step": step, "checkpoint_path": path, "resume_position": resume,
-        "skip": merge([*earlier, window]), "positions": unit,
+        "skip": merge([*earlier, window]), "positions": unit, **how,
         "skip_from": step + 1, "skip_to": skip_to,
         "lr_factor": rule.rollback_lr_factor,
         "lr_steps": rule.rollback_lr_steps if rule.rollback_lr_factor is not None else None,
@@ -192,7 +206,7 @@ def describe(plan: dict[str, Any]) -> str:
     elif plan.get("positions") == "steps":
         counted = " (counted as steps: the run reports no data position)"
     text = (f"rolled back to step {plan['checkpoint_step']} ({where}), skipping batches "
-            f"{', '.join(windows)}{counted}")
+            f"{', '.join(windows)}{counted}{_SKIPS_BY.get(str(plan.get('skips_by')), '')}")
     if plan.get("lr_factor") is not None:
         text += f"; LR x{plan['lr_factor']:g} for {plan['lr_steps']} steps"
     return text

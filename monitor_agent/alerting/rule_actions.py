@@ -121,7 +121,7 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
             return healed
     number = len(tx.rollbacks(finding.run_id)) + 1
     kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number, rollback.Positions(
-        run.checkpoint_positions, run.data, run.skipped, run.skipped_unit))
+        run.checkpoint_positions, run.data, run.skipped, run.skipped_unit, run.skips_by))
     if isinstance(plan, str):
         action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
                         type=finding.type, step=finding.step,

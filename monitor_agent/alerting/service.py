@@ -172,6 +172,10 @@ class Alerting:
         """A pending rollback whose checkpoint turned suspect, decided again."""
         return [a.to_dict() for a in self.episodes.revise(run, now)]
 
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+        """A pending rollback the job refused to load, withdrawn for a stop."""
+        return [a.to_dict() for a in self.episodes.refused(run, action_id, now)]
+
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
         ahead of a backlog, see ``Engine.preview`` in pipeline/engine.py); return how many began.
@@ -294,6 +298,13 @@ class Alerting:
         """Known without a query that ``actions_for_run(run_id, after)`` is empty (it was,
         and no action was added since); a cheap check for the event loop."""
         return self.store.no_actions_after(run_id, after)
+
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        """Whether the run has an action ``action_id`` of kind ``action`` (``AlertSink``)."""
+        if self.store.no_actions_after(run_id, action_id - 1):
+            return False
+        found = self.store.actions_for_run(run_id, action_id - 1, 1)
+        return bool(found) and found[0].id == action_id and found[0].action == action
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest

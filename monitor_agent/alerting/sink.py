@@ -65,6 +65,11 @@ class AlertSink(Protocol):
         from when the run loads (runs/lifecycle.py)."""
         ...
 
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        """Whether this sidecar decided the run's action ``action_id`` as ``action`` (an
+        ``agreement`` record is about one: records/types.py ``AgreementRecord``)."""
+        ...
+
     def cost_with(self, costs: Costs) -> None:
         """Say what each resolving incident cost the run (alerting/episodes.py ``Costs``)."""
         ...
@@ -82,6 +87,11 @@ class AlertSink(Protocol):
     def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
         """Withdraw a pending rollback whose checkpoint is no longer among ``run``'s clean
         ones and decide it again (alerting/episodes.py ``revise``); the actions taken."""
+        ...
+
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+        """Withdraw pending rollback ``action_id``, which the job refused to load, for a
+        stop (alerting/episodes.py ``refused``); the actions taken."""
         ...
 
 
@@ -118,5 +128,11 @@ class NullSink:
     def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
         return []
 
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+        return []
+
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         return []
+
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        return True  # it decides nothing, so it cannot tell (a trace judged offline)

@@ -97,11 +97,24 @@ async def require_write(request: Request) -> None:
         check_write(request)
 
 
-def check_write(request: Request) -> None:
-    """``require_write``'s check (it may read the token file: not on the event loop)."""
+async def require_peer(request: Request) -> None:
+    """The leader link's own credential (``cluster.peer_token``, or the one derived from
+    the write token: ``Settings.peer_token_value``), not the write token: a job holding
+    the write token is no node sidecar, and a host that receives the link's credential
+    never learns the write token. Fails closed like ``require_write``."""
+    settings = services(request).settings
+    if settings.token_file is not None or settings.cluster.peer_token_file is not None:
+        await run_in_threadpool(check_write, request, True)
+    else:
+        check_write(request, True)
+
+
+def check_write(request: Request, peer: bool = False) -> None:
+    """``require_write``'s check (it may read the token file: not on the event loop);
+    ``peer``: ``require_peer``'s."""
     found = services(request)
     try:
-        token = found.settings.token_value()
+        token = found.settings.peer_token_value() if peer else found.settings.token_value()
     except TokenError as exc:
         # Fail closed: a token that cannot be read now guards everything it guarded.
         found.token_health.unavailable(str(exc))
@@ -117,9 +130,11 @@ def check_write(request: Request) -> None:
         why = "wrong bearer token" if given and scheme.lower() == "bearer" else (
             "no bearer token")
         found.rejections.rejected(request, why)
+        what = ("the leader link's credential (cluster.peer_token; the write token is not "
+                "it)" if peer else "<token>")
         raise HTTPException(
             status_code=401,
-            detail="missing or invalid bearer token (send 'Authorization: Bearer <token>')",
+            detail=f"missing or invalid bearer token (send 'Authorization: Bearer {what}')",
             headers={"WWW-Authenticate": "Bearer"},
         )
 

@@ -23,6 +23,7 @@ from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.heap import release_freed_memory
 from monitor_agent.api.verbatim import verbatim_ok
 from monitor_agent.errors import MonitorAgentError
+from monitor_agent.pipeline.attempts import AttemptWaits
 from monitor_agent.pipeline.engine import Incoming
 from monitor_agent.records import schemas, wire
 from monitor_agent.storage.database import StorageError
@@ -91,7 +92,9 @@ class BadRequest(MonitorAgentError):
     response_model=IngestResponse,
     dependencies=[Depends(require_write)],
     summary="Ingest a batch of records (JSON {records: [...]} or NDJSON; gzip accepted)",
-    responses={**BODY_ERRORS, 429: {"description": "Too many active runs"},
+    responses={**BODY_ERRORS, 409: {"description": (
+        "A new process of a run whose current job still sends (pipeline/attempts.py): "
+        "retry later")}, 429: {"description": "Too many active runs"},
                503: {"description": "Cannot store right now; retry later"}},
 )
 async def post_records(request: Request) -> Response:
@@ -114,8 +117,8 @@ async def post_records(request: Request) -> Response:
     if status == 413:
         await run_in_threadpool(release_freed_memory)
     state.metrics.rejections.labels(reason=reason_label(status)).inc()
-    # 429 and 503 are "later": say when, so clients and proxies back off alike.
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    # 409, 429 and 503 are "later": say when, so clients and proxies back off alike.
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (409, 429, 503) else None
     raise HTTPException(status, reason, headers=headers)
 
 
@@ -145,7 +148,7 @@ def _decode_and_validate(body: bytes, headers: Any, settings: Any
                          ) -> tuple[list[Incoming], list[dict[str, Any]]]:
     objs = _decode(body, headers, settings)
     del body
-    return validate_records(objs, settings.max_record_bytes)
+    return validate_records(objs, settings.max_record_bytes, arrival=time.time())
 
 
 async def _ingest(request: Request) -> tuple[Any, str]:
@@ -162,6 +165,8 @@ async def _ingest(request: Request) -> tuple[Any, str]:
     except StorageError as exc:
         state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store records right now ({exc}); retry later") from None
+    except AttemptWaits as exc:  # a new process while the run's job still sends: later
+        raise BadRequest(409, exc.reason) from None
     rejected.extend(result.rejected)
     response = IngestResponse(
         accepted=result.accepted, duplicates=result.duplicates, late=result.late,
@@ -188,8 +193,8 @@ def summary(rejected: list[dict[str, Any]]) -> str:
 
 
 def reason_label(status: int) -> str:
-    return {401: "auth", 413: "too_large", 422: "invalid", 429: "too_many_runs",
-            503: "unavailable"}.get(status, "body")
+    return {401: "auth", 409: "attempt_waits", 413: "too_large", 422: "invalid",
+            429: "too_many_runs", 503: "unavailable"}.get(status, "body")
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
@@ -388,10 +393,12 @@ def _ndjson_into(objs: list[Any], chunks: Iterable[bytes], settings: Any) -> Non
 
 
 def validate_records(
-    objs: list[Any], max_record_bytes: int
+    objs: list[Any], max_record_bytes: int, arrival: float | None = None,
 ) -> tuple[list[Incoming], list[dict[str, Any]]]:
     """Validate each record and choose the bytes to store: the client's line when it holds
-    only fields docs/format.md defines (verbatim.py), else the record re-serialised."""
+    only fields docs/format.md defines (verbatim.py), else the record re-serialised.
+    ``arrival``: the sidecar's clock now; a record's ``time`` may be ahead of it only by
+    ``limits.MAX_CLOCK_AHEAD_SECONDS`` (both doors: ingest and the peer door)."""
     valid, rejected = [], []
     for index, obj in enumerate(objs):
         try:
@@ -401,6 +408,8 @@ def validate_records(
             if isinstance(obj, _Line):
                 obj, raw = obj.obj, obj.raw
             model = schemas.validate(obj)
+            if arrival is not None:
+                schemas.check_arrival(model, arrival)
             if raw is not None and verbatim_ok(obj, raw):
                 body = raw
             else:

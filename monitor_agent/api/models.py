@@ -198,7 +198,9 @@ class CheckpointOut(BaseModel):
     path: str
     rank: int
     time: float | None
-    attempt: str = Field(description="The attempt token of the process that saved it.")
+    attempt: str = Field(description="Which process saved it: a digest of its attempt token "
+                         "('h-' and 16 hex digits; the token itself is a write capability "
+                         "and no read shows it: records/tokens.py).")
     bytes: int | None
     tag: str | None
     data_position: int | None = Field(default=None, description=(

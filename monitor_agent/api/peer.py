@@ -11,10 +11,18 @@ its actions. The body (JSON, usually gzip)::
      "records": [<digests: records less their per-layer payload, docs/format.md>],
      "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}]}
 
-Each digest is validated and stored as any record (one bad one costs only itself, as in
-``POST /v1/records``); the answer says what was stored and, per run, the actions this
-leader took after ``known_action`` (the node sidecar keeps them for its ranks), and this
-sidecar's id (a node sidecar that reaches itself stops forwarding). Same token as ingest.
+The door takes the leader link's own credential (``cluster.peer_token``), not the write
+token, and checks what it takes as ``POST /v1/records`` does (docs/hostile-input.md,
+"Every door checks the same things"): each digest is validated and admitted as any record
+(schema, arrival time, rank, step, the writer of a checkpoint, a hang's rank, an
+agreement's action), each finding field by field (records/finding_schema.py); one bad item
+costs only itself (``rejected``, ``rejected_findings``), and a body whose every item is bad
+is a 422. Only runs this sidecar leads, from a node of the run's placement, are taken
+(pipeline/engine.py ``Engine.ingest_peer``): the items of any other run are left with the
+node sidecar (``deferred``, with why), which sends them again and pages them itself if
+this never changes. The answer says, per run led here, the actions this leader took after
+``known_action`` (the node sidecar keeps them for its ranks), and this sidecar's id (a
+node sidecar that reaches itself stops forwarding).
 """
 
 from __future__ import annotations
@@ -25,9 +33,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from monitor_agent.api.deps import require_write, services
+from monitor_agent.api.deps import require_peer, services
 from monitor_agent.api.ingest import (
     BODY_ERRORS,
     RETRY_AFTER_S,
@@ -43,7 +51,9 @@ from monitor_agent.api.ingest import (
     validate_records,
 )
 from monitor_agent.pipeline.engine import Incoming, PeerBatch, PeerRun
-from monitor_agent.records import limits
+from monitor_agent.records import RecordError, limits
+from monitor_agent.records.finding_schema import parse_finding
+from monitor_agent.records.schemas import RunId
 from monitor_agent.records.types import Finding
 from monitor_agent.storage.database import StorageError
 
@@ -51,6 +61,7 @@ router = APIRouter(tags=["peer"])
 
 MAX_RUNS = 10_000
 MAX_RANKS_LISTED = 100_000
+_RUN_ID: TypeAdapter[str] = TypeAdapter(RunId)
 
 
 class PeerRunOut(BaseModel):
@@ -64,12 +75,19 @@ class PeerResponse(BaseModel):
     accepted: int = Field(description="Digests stored now.")
     duplicates: int = Field(description="Digests already stored (a retry).")
     findings: int = Field(description="Findings taken (paged here for the whole run).")
-    rejected: list[Rejection] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(
+        default_factory=list, description="Digests refused for good (index into records).")
+    rejected_findings: list[Rejection] = Field(
+        default_factory=list, description="Findings refused for good (index into findings).")
+    deferred: dict[str, str] = Field(
+        default_factory=dict, description="Runs whose items were not taken, and why: this "
+        "sidecar does not lead the run (yet), or the node is not one of its placement. The "
+        "node sidecar keeps them and sends them again.")
     runs: dict[str, PeerRunOut] = Field(default_factory=dict)
 
 
 @router.post(
-    "/v1/peer/digests", response_model=PeerResponse, dependencies=[Depends(require_write)],
+    "/v1/peer/digests", response_model=PeerResponse, dependencies=[Depends(require_peer)],
     summary="A node sidecar forwards its ranks' digests and findings to the run's leader",
     responses={**BODY_ERRORS, 503: {"description": "Cannot store right now; retry later"}},
 )
@@ -108,12 +126,18 @@ async def _exchange(request: Request) -> PeerResponse:
                              "this exchange names (runs[].run_id)"})
             continue
         items.append(dataclasses.replace(item, origin=node))
-    findings = _findings(envelope.get("findings"), set(nodes))
+    findings, bad = _findings(envelope.get("findings"), set(nodes))
     batch = PeerBatch(sidecar, items, findings, runs)
     m = state.metrics.peer_items
     m.labels(kind="digest").inc(len(items))
     m.labels(kind="finding").inc(len(findings))
     m.labels(kind="heartbeat").inc()
+    sent = len(envelope.get("records") or []) + len(envelope.get("findings") or [])
+    if sent and len(rejected) + len(bad) == sent:  # every item refused for good: 422
+        what, first = ("record", rejected[0]) if rejected else ("finding", bad[0])
+        more = f" (and {sent - 1} more)" if sent > 1 else ""
+        raise BadRequest(422, f"nothing taken: {what} {first['index']}: {first['reason']}"
+                              f"{more}")
     try:
         # The lane of the run it is about (pipeline/runner.py): with that run's own ingest.
         lane = runs[0].run_id if len(nodes) == 1 else None
@@ -123,16 +147,20 @@ async def _exchange(request: Request) -> PeerResponse:
         state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store right now ({exc}); retry later") from None
     rejected.extend(result.rejected)
-    known = {r.run_id: r.known for r in runs}
+    bad.extend(result.rejected_findings)
     answer = {}
-    for run_id, after in known.items():
+    for run in runs:
+        if run.run_id in result.deferred:
+            continue
         # Usually nothing new: known without a query (and a worker thread) per exchange.
-        found = [] if state.alerting.no_actions_after(run_id, after) else \
-            await run_in_threadpool(state.alerting.actions_for_run, run_id, after, 100)
-        answer[run_id] = PeerRunOut(actions=[a.to_dict() for a in found])
+        found = [] if state.alerting.no_actions_after(run.run_id, run.known) else \
+            await run_in_threadpool(state.alerting.actions_for_run, run.run_id, run.known, 100)
+        answer[run.run_id] = PeerRunOut(actions=[a.to_dict() for a in found])
     return PeerResponse(sidecar=state.sidecar, accepted=result.accepted,
-                        duplicates=result.duplicates, findings=len(findings),
-                        rejected=sorted_rejections(rejected), runs=answer)
+                        duplicates=result.duplicates, findings=result.taken,
+                        rejected=sorted_rejections(rejected),
+                        rejected_findings=sorted_rejections(bad),
+                        deferred=result.deferred, runs=answer)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,13 +171,14 @@ class _Run(PeerRun):
 def _decode_and_validate(body: bytes, encoding: str, settings: Any
                          ) -> tuple[dict[str, Any], list[Incoming], list[dict[str, Any]]]:
     """The envelope, its valid records and the rejections of the others: one worker
-    thread hop per exchange."""
+    thread hop per exchange. The same validation as ``POST /v1/records``."""
     envelope = _decode(body, encoding, settings)
     del body
     records = envelope.get("records") or []
     if not isinstance(records, list):
         raise BadRequest(400, "records: must be a list of records")
-    valid, rejected = validate_records(records, settings.max_record_bytes)
+    valid, rejected = validate_records(records, settings.max_record_bytes,
+                                       arrival=time.time())
     return envelope, valid, rejected
 
 
@@ -170,7 +199,10 @@ def _decode(body: bytes, encoding: str, settings: Any) -> dict[str, Any]:
 def _text(value: Any, what: str, size: int) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= size:
         raise BadRequest(400, f"{what}: must be a string of 1-{size} characters")
-    return limits.safe(value, size)
+    try:
+        return limits.check_text(value, size, what)
+    except ValueError as exc:
+        raise BadRequest(400, str(exc)) from None
 
 
 def _int(value: Any, what: str, low: int, high: int) -> int:
@@ -195,33 +227,42 @@ def _runs(envelope: dict[str, Any]) -> list[_Run]:
         if listed > MAX_RANKS_LISTED:
             raise BadRequest(413, f"runs: more than {MAX_RANKS_LISTED} ranks listed")
         host = r.get("host")
+        run_id = r.get("run_id")
+        try:
+            run_id = _RUN_ID.validate_python(run_id)
+        except ValidationError:
+            raise BadRequest(400, f"runs[{i}].run_id: not a run id (docs/format.md)") from None
         out.append(_Run(
-            run_id=_text(r.get("run_id"), f"runs[{i}].run_id", limits.MAX_NAME_LEN),
+            run_id=run_id,
             node=_int(r.get("node"), f"runs[{i}].node", -1, 1_000_000),
-            host=limits.safe(host, limits.MAX_NAME_LEN) if isinstance(host, str) else None,
+            host=None if host is None else _text(host, f"runs[{i}].host", limits.MAX_NAME_LEN),
             ranks=tuple(_int(x, f"runs[{i}].ranks", 0, 1_000_000) for x in ranks),
             known=_int(r.get("known_action", 0), f"runs[{i}].known_action", 0, 2**62)))
     return out
 
 
-def _findings(raw: Any, runs: set[str]) -> list[tuple[Finding, int]]:
-    """The node sidecar's findings, each of a run it names; text cut to the edge's budgets
-    (a page carries it)."""
+def _findings(raw: Any, runs: set[str]
+              ) -> tuple[list[tuple[Finding, int]], list[dict[str, Any]]]:
+    """The node sidecar's findings, each validated field by field
+    (records/finding_schema.py) and of a run the exchange names; and the rejections of
+    the others (one bad finding costs only itself, as a bad record does)."""
     if raw is None:
-        return []
+        return [], []
     if not isinstance(raw, list):
         raise BadRequest(400, "findings: must be a list")
-    out = []
+    out, bad = [], []
     for i, item in enumerate(raw):
         try:
-            finding = Finding.from_dict(item["finding"])
-            flags = _int(item.get("flags", 0), f"findings[{i}].flags", 0, 255)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequest(400, f"findings[{i}]: not a finding ({exc})") from None
-        if finding.run_id not in runs:
-            raise BadRequest(400, f"findings[{i}].run_id: not one of the runs named")
-        out.append((dataclasses.replace(
-            finding, message=limits.scrub(finding.message, limits.MAX_TEXT_LEN),
-            suggestions=tuple(limits.scrub(s, limits.MAX_TEXT_LEN)
-                              for s in finding.suggestions[:8])), flags))
-    return out
+            if not isinstance(item, dict):
+                raise RecordError("must be {\"flags\": N, \"finding\": {...}}")
+            flags = item.get("flags", 0)
+            if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= 255:
+                raise RecordError("flags: must be an integer in 0..255")
+            finding = parse_finding(item.get("finding"))
+            if finding.run_id not in runs:
+                raise RecordError("run_id: not one of the runs this exchange names")
+        except RecordError as exc:
+            bad.append({"index": i, "reason": str(exc)})
+            continue
+        out.append((finding, flags))
+    return out, bad

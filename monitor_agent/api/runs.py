@@ -148,7 +148,8 @@ async def get_records(
                   ("after", f"{key[0]}:{KINDS[key[1]]}:{key[2]}")]
         return f"/v1/runs/{quote(run_id, safe='')}/records?{urlencode(params)}"
 
-    page = Page(_head(run_id, "records"), fetch, limit, services.settings.read_page_bytes, link)
+    page = Page(_head(run_id, "records"), fetch, limit, services.settings.read_page_bytes, link,
+                records=True)
     return await streamed(slots, page, start, f"no run {run_id!r}")
 
 

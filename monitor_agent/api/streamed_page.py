@@ -54,7 +54,7 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from monitor_agent.records import wire
+from monitor_agent.records import tokens, wire
 
 CHUNK_ROWS = 1000
 CHUNK_BYTES = 256 * 1024
@@ -99,6 +99,7 @@ class Page:
     limit: int
     page_bytes: int
     link: Callable[[Any], str]
+    records: bool = False  # stored records: their attempt tokens shown as digests
 
     async def pieces(self, first: Rows) -> AsyncIterator[bytes]:
         yield self.head
@@ -108,7 +109,7 @@ class Page:
             count += len(rows)
             size += sum(len(body) for _, body in rows)
             joined = await run_in_threadpool(_joined, [body for _, body in rows],
-                                             count == len(rows))
+                                             count == len(rows), self.records)
             rows = ()  # the stored bodies are not needed while the client reads the chunk
             yield joined
             del joined
@@ -120,8 +121,10 @@ class Page:
         yield b'],"next":' + wire.dumps(follows) + b"}"
 
 
-def _joined(bodies: list[bytes], first: bool) -> bytes:
+def _joined(bodies: list[bytes], first: bool, records: bool = False) -> bytes:
     out = b",".join([wire.stored_to_wire(body) for body in bodies])
+    if records:  # a stored record's attempt token is a write capability: its digest
+        out = tokens.redact(out)
     return out if first else b"," + out
 
 

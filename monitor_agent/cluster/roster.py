@@ -57,16 +57,10 @@ class Roster:
         self.nodes.clear()
         self.since = now
 
-    def expect(self, nodes: int, local_world_size: int | None = None, attempt: int = 0) -> None:
-        """A run record of ``attempt`` (0: not known) says the job has ``nodes`` nodes: a
-        newer attempt's count replaces the old job's (a re-formed job may have fewer), one
-        of the same attempt raises it, an older one's changes nothing."""
-        if attempt > self.attempt:
-            self.attempt, self.expected = attempt, nodes
-        elif attempt == self.attempt or not attempt:
-            self.expected = max(self.expected, nodes)
-        else:
-            return
+    def expect(self, nodes: int, local_world_size: int | None = None) -> None:
+        """The job has ``nodes`` nodes (its placing run record: ``Engine._place``, which
+        starts a new roster when a re-formed job's attempt settles)."""
+        self.expected = max(self.expected, nodes)
         if local_world_size is not None:
             self.local_world_size = local_world_size
 

@@ -19,9 +19,11 @@ or not on the same port as every node's sidecar (several sidecars on one host, i
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from monitor_agent.cluster.drain import DrainSettings
 
@@ -39,10 +41,26 @@ class ClusterSettings(BaseModel):
         "whose ranks report here from a node other than 0. Unset: the URL each rank's "
         "client derives (http://$MASTER_ADDR:<the port of its own sidecar>).")
     leader_hosts: list[str] = Field(
-        default_factory=list, description="Hosts a client-derived leader URL may name "
-        "(empty: any). A leader URL comes from the training job's environment, so anyone "
-        "holding the write token can point this sidecar's digests at a host; list the job's "
-        "node names to rule that out.")
+        default_factory=list, description="Leaders a client-derived leader URL may name "
+        "besides the defaults (loopback and master_addr, each at this sidecar's own port): "
+        "'host' (at this sidecar's port), 'host:port', or '*.domain' (any name under it: a "
+        "job whose node 0 may change between attempts). A leader URL comes from a rank's "
+        "run record, so anyone holding the write token could name any host: the sidecar "
+        "forwards only to a leader its own configuration allows (cluster/placement.py).")
+    master_addr: str | None = Field(
+        default_factory=lambda: os.environ.get("MASTER_ADDR") or None, description="The "
+        "job's rendezvous host (default: this sidecar's own MASTER_ADDR environment "
+        "variable, as the launcher or the Pod spec sets it for the ranks): a client-derived "
+        "leader URL on it, at this sidecar's port, is followed without listing it.")
+    peer_token: SecretStr | None = Field(
+        default=None, description="The credential of the leader link: what a node sidecar "
+        "sends its run's leader and what the leader's POST /v1/peer/digests requires. "
+        "Unset: derived from the write token (an HMAC of it: the token itself is never "
+        "sent to a leader, but any holder of the token can derive it); set it, the same on "
+        "every node's sidecar and given to no job, so that only sidecars speak for a node.")
+    peer_token_file: Path | None = Field(
+        default=None, description="File holding peer_token (a mounted Secret); read on "
+        "every use, so a rotated file applies at once.")
     peer_timeout_seconds: float = Field(
         default=3.0, gt=0, le=300, description="A leader that has not acknowledged for this "
         "long is lost: the node sidecar pages on its own, saying the run's view is partial; "
@@ -59,10 +77,22 @@ class ClusterSettings(BaseModel):
         "leader leaves its node out (cluster/drain.py): say so at GET /v1/node, and run "
         "the configured drain (slurm's scontrol, or a command of the operator's).")
     uplink_max_rows: int = Field(
-        default=500_000, ge=1000, description="Digests kept for a leader that is away "
-        "(about 300 bytes each); past it the oldest step digests go (findings, hang, "
-        "checkpoint, run and end records are kept), counted in "
+        default=500_000, ge=1000, description="Digests and findings kept for every leader "
+        "together (about 300 bytes a step digest) while leaders are away or slow; past it "
+        "(or past uplink_max_bytes) items go in this order, oldest first within each: step "
+        "digests, the other digests but run, checkpoint and end records, findings already "
+        "paged here, run/checkpoint/end digests, the rest (storage/uplink.py); counted in "
         "monitor_agent_uplink_dropped_total.")
+    uplink_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024, description="Bytes of queued digests and "
+        "findings kept for every leader together (uplink_max_rows says what goes first).")
+
+    @field_validator("leader_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            host_port(entry, 1)  # ValueError naming the entry
+        return value
 
     @field_validator("leader_url")
     @classmethod
@@ -80,3 +110,23 @@ def checked_url(value: str) -> str:
         raise ValueError("must be an http:// or https:// URL, e.g. http://node-0:9400 "
                          f"(got {value[:200]!r})")
     return value.rstrip("/")
+
+
+def host_port(entry: str, default_port: int) -> tuple[str, int]:
+    """A ``leader_hosts`` entry as (host, port): 'gpu-node-0' at ``default_port``,
+    'gpu-node-0:9500', '[fd00::1]:9400'; lower-cased (host names are case-blind).
+
+        >>> host_port("GPU-Node-0", 9400), host_port("10.0.0.5:9500", 9400)
+        (('gpu-node-0', 9400), ('10.0.0.5', 9500))
+        >>> host_port("node:x", 9400)
+        Traceback (most recent call last):
+        ValueError: leader_hosts: 'node:x' is not 'host' or 'host:port'
+    """
+    try:
+        parts = urlsplit(f"//{entry.strip()}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if not host or parts.path or parts.query:
+        raise ValueError(f"leader_hosts: {entry[:200]!r} is not 'host' or 'host:port'")
+    return host.lower(), port or default_port

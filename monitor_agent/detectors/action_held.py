@@ -80,9 +80,12 @@ class ActionHeldDetector(DetectorBase[SharedSettings]):
                                "names"}.get(record.outcome, "holds another content under its id")
         why = f" ({record.detail})" if record.detail else ""
         every = f" every {record.check_every} steps" if record.check_every else ""
+        then = (f"no rank acts until every rank has it, the job keeps training and looks "
+                f"again{every}")
+        if record.outcome == "unreported":  # never loaded: training on keeps the fault
+            then = "no rank loads it, and the job stops rather than train on from the fault"
         message = (f"{record.action} {record.action_id} held back at step {record.step}: "
-                   f"rank {record.rank} {lacks}{why}; no rank acts until every rank has "
-                   f"it, the job keeps training and looks again{every}")
+                   f"rank {record.rank} {lacks}{why}; {then}")
         return [Finding(type=self.type, severity=self.severity, run_id=record.run_id,
                         step=record.step, rank=record.rank, message=message,
                         value=float(record.rounds), time=record.time,

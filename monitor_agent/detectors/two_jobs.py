@@ -76,3 +76,28 @@ def finding(record: Record, earlier: int, later: int, later_start: int | None,
                              "later_start_step": later_start,
                              "seconds_after": round(after, 3)},
                    suggestions=TWO_JOBS, attempt=later)
+
+
+def held(record: Record, holder: int, waiting: int, waited: float) -> Finding:
+    """The page: attempt ``waiting`` (a new process, ``record`` its latest try) has been
+    refused for ``waited`` seconds while attempt ``holder`` of the run keeps sending: it is
+    a second live job, not a relaunch (pipeline/attempts.py ``holds_history``).
+
+        >>> from monitor_agent.records.types import StepRecord
+        >>> print(held(StepRecord(run_id="gpt-7", step=1, time=1010.0, rank=0), holder=1,
+        ...            waiting=2, waited=12.0).message)
+        two live jobs on run id gpt-7: attempt 2 (rank 0) has tried for 12 s to begin while
+        attempt 1 keeps sending; attempt 1 keeps the run's history, attempt 2's records are
+        refused (409) until attempt 1 ends or stops sending
+    """
+    what = f"{record.run_id}: attempt {waiting} (rank {record.rank})"
+    message = (f"two live jobs on run id {what} has tried for {waited:.0f} s to begin while "
+               f"attempt {holder} keeps sending; attempt {holder} keeps the run's history, "
+               f"attempt {waiting}'s records are refused (409) until attempt {holder} ends "
+               "or stops sending")
+    return Finding(type=TwoJobsDetector.type, severity=TwoJobsDetector.severity,
+                   run_id=record.run_id, step=max(record.step, 0), rank=record.rank,
+                   message=message, value=float(waiting), time=record.time,
+                   evidence={"earlier_attempt": holder, "later_attempt": waiting,
+                             "waited_seconds": round(waited, 3), "held": True},
+                   suggestions=TWO_JOBS, attempt=holder)

@@ -39,6 +39,21 @@ token-less checkpoint cannot land in an attempt begun by token-carrying ones. A 
 attempt that keeps sending is a second live job on the run id: the engine judges and pages
 it apart (``Engine._rival``, detectors/two_jobs.py); it does not take the history back.
 
+**A new attempt supersedes a live job only when that job stopped** (docs/format.md, "Who
+may write what"). A token joins or begins an attempt as above, but the record that would
+*settle* a new attempt (replace the history) is refused as a whole request with 409, which
+a client retries with its records kept, while the run's current attempt still holds it
+(``holds_history``): it sent a record within ``quiet`` seconds (``attempt_quiet_seconds``,
+or ``QUIET_STEPS`` of its own step intervals if longer), it has not ended, it is not
+silent, and no action asks for a relaunch (a rollback or stop pending: the lifecycle's
+``expects_new_attempt``). A relaunch comes after its job stopped, so it waits at most that
+long; one record from a stranger does not make a job that keeps sending stop. A digest a
+node sidecar forwards settles as it settled there (that sidecar applied the rule to its
+own ranks). Until it settles, a new attempt's records (its run record, an end record from
+a process that died before its first step) are held: stored, not applied to the run, and
+replayed when it settles (``owner``). The attempt that owns the run's history also owns
+its placement in a multi-node job (pipeline/engine.py ``Engine._place``).
+
 A closed-loop rollback to step S (the same processes reload a checkpoint and send S, S+1,
 ... again) is a resumed attempt too: open the next attempt settled at S
 (``settle``/``settled``, ``Store.settle_attempt``) and point the run's current tokens at
@@ -61,10 +76,47 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from monitor_agent.errors import MonitorAgentError
 from monitor_agent.records.types import CheckpointRecord, EvalRecord, Record, StepRecord
 from monitor_agent.storage.store import Store, StoredAttempt
 
 LEGACY_TOKEN = ""  # records without an ``attempt`` field: one implicit attempt
+QUIET_STEPS = 5.0
+"""A job that stepped every T seconds and has sent nothing for this many T (or for
+``attempt_quiet_seconds``, whichever is longer) has stopped, or paused (an evaluation, a
+save): a new attempt may replace it."""
+
+
+class AttemptWaits(MonitorAgentError):
+    """A record would settle a new attempt of a run whose current attempt still holds
+    its history (``holds_history``): refused as a whole request, to be sent again."""
+
+    def __init__(self, reason: str, attempt: int) -> None:
+        super().__init__(reason)
+        self.reason, self.attempt = reason, attempt
+
+
+def holds_history(run_id: str, current: int, relaunch_expected: bool, silent_for: float,
+                  step_interval: float | None, quiet_floor: float) -> str | None:
+    """Why attempt ``current`` of ``run_id`` still holds the run's history against a new
+    attempt, or None when a new one may replace it: the run ended, went silent or awaits a
+    relaunch (``relaunch_expected``), or nothing of ``current`` arrived for ``quiet`` s.
+
+        >>> holds_history("r", 1, False, silent_for=30.0, step_interval=0.5, quiet_floor=10)
+        >>> print(holds_history("r", 1, False, silent_for=0.4, step_interval=0.5,
+        ...                     quiet_floor=10))
+        attempt: run r's attempt 1 is live (its last record arrived 0.4 s ago): a new process begins the next attempt once attempt 1 ends, sends nothing for 10 s or is asked to relaunch (a rollback, a stop); a second job needs a run id of its own. Retry later.
+        >>> holds_history("r", 1, True, silent_for=0.4, step_interval=0.5, quiet_floor=10)
+    """
+    if relaunch_expected:
+        return None
+    quiet = max(quiet_floor, QUIET_STEPS * (step_interval or 0.0))
+    if silent_for >= quiet:
+        return None
+    return (f"attempt: run {run_id}'s attempt {current} is live (its last record arrived "
+            f"{silent_for:.1f} s ago): a new process begins the next attempt once attempt "
+            f"{current} ends, sends nothing for {quiet:.0f} s or is asked to relaunch (a "
+            "rollback, a stop); a second job needs a run id of its own. Retry later.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +163,16 @@ class RunAttempts:
         """The latest attempt's number (0 before the run's first record)."""
         return self.attempts[-1].number if self.attempts else 0
 
+    @property
+    def owner(self) -> int:
+        """The attempt whose records are the run's history now: the newest settled one
+        (attempt 1 before its first step; 0 before the run's first record). A later one,
+        still pending, owns nothing yet: its records are held."""
+        for attempt in reversed(self.attempts):
+            if attempt.kind != "pending":
+                return attempt.number
+        return 1 if self.attempts else 0
+
     def get(self, number: int) -> StoredAttempt:
         return self.attempts[number - 1]
 
@@ -127,11 +189,13 @@ class RunAttempts:
     def replace(self, attempt: StoredAttempt) -> None:
         self.attempts[attempt.number - 1] = attempt
 
-    def place_record(self, store: Store, record: Record, now: float,
-                     limit: int) -> tuple[str, int, StoredAttempt | None] | str:
+    def place_record(self, store: Store, record: Record, now: float, limit: int,
+                     held: str | None = None) -> tuple[str, int, StoredAttempt | None] | str:
         """(token, attempt number, the attempt if the record just settled it) for one
         arriving record, stored as decided (a new token at once, so a retry finds it); or
-        why it may not begin an attempt (``limit``: ``max_attempts_per_run``)."""
+        why it may not begin an attempt (``limit``: ``max_attempts_per_run``). ``held``:
+        why the run's current attempt still holds its history (``holds_history``): a
+        record that would settle a later attempt raises ``AttemptWaits`` with it."""
         token = record.attempt or LEGACY_TOKEN
         known = self.tokens.get(token)
         if known is not None:
@@ -151,6 +215,8 @@ class RunAttempts:
         # Not on an end record: a process that fails before its first step ends only itself.
         if pending.kind != "pending" or not isinstance(record, StepRecord | EvalRecord):
             return token, number, None
+        if held is not None and number > self.owner:
+            raise AttemptWaits(held, number)
         found = settle(number, record.step, store.history_span(record.run_id, number))
         done = settled(pending, record.step, found)
         store.settle_attempt(record.run_id, done)

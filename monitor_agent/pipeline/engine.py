@@ -37,11 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_agent.alerting.alerts import NodeView, RunContext
+from monitor_agent.alerting.plan_check import RunBounds
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
 from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.placement import leader_of
+from monitor_agent.cluster.roster import Roster
 from monitor_agent.detectors import DetectorSuite, relaunched, two_jobs
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
 from monitor_agent.detectors.support.context import SkipPlan, host_label
@@ -49,6 +51,7 @@ from monitor_agent.metrics import names as metric_names
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.admission import AdmissionBudget
+from monitor_agent.pipeline.attempts import AttemptWaits, holds_history
 from monitor_agent.pipeline.failpoints import Failpoints
 from monitor_agent.pipeline.layer_cap import cap_layers
 from monitor_agent.pipeline.plausible import forged_rank, implausible_step
@@ -57,6 +60,7 @@ from monitor_agent.pipeline.retention import Retention
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
 from monitor_agent.records.types import (
+    AgreementRecord,
     CheckpointRecord,
     EndRecord,
     EvalRecord,
@@ -81,7 +85,15 @@ from monitor_agent.runs.verdict import Verdict
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import RecordRow, Store, StoredAttempt, StoredCheckpoint
-from monitor_agent.storage.uplink import CLOSED, DROPPABLE, LOCAL_VIEW, PAGED, UplinkRow
+from monitor_agent.storage.uplink import (
+    CLOSED,
+    DROPPABLE,
+    LOCAL_VIEW,
+    PAGED,
+    VITAL,
+    UplinkItem,
+    UplinkRow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +152,11 @@ class IngestResult:
     # What this node sidecar owes the run leaders it follows (monitor_agent/cluster).
     uplink: list[UplinkRow] = field(default_factory=list)
     resumed: bool = False  # a record of the batch settled a resumed or restarted attempt
+    # A node sidecar's exchange (``ingest_peer``): runs whose items were left with it, and
+    # why; the findings taken, and those refused (index into the exchange's findings).
+    deferred: dict[str, str] = field(default_factory=dict)
+    taken: int = 0
+    rejected_findings: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +191,8 @@ class Engine:
         self.replayed = 0  # stored records fed again to rebuild runs (the tests count them)
         # (run id, attempt) -> the detectors of a replaced attempt still sending (``_rival``)
         self._rivals: dict[tuple[str, int], DetectorSuite] = {}
+        # (run id, attempt) of new attempts held back and paged as a second job (_held_back)
+        self._held_told: dict[tuple[str, int], None] = {}
         self.failpoints = Failpoints(settings.failpoint)
         self.alerts.cost_with(self._incident_cost)
         # This sidecar's id (cluster/identity.py) and its node's drain (cluster/drain.py),
@@ -306,19 +325,7 @@ class Engine:
                         # Where a run came from (the request's peer): a flood of made-up
                         # runs is budgeted per source in the outbox (notify/fairness.py).
                         live.state.source = live.state.source or source
-                    reason, label = budget.refuse_rank(live.state, record.rank), "too_many_ranks"
-                    if reason is None and isinstance(record, CheckpointRecord):
-                        reason, label = _future_checkpoint(live.state, record, seen), \
-                            "checkpoint"
-                        if reason is None and item.origin is None:  # a digest: checked there
-                            reason = live.attempts.writer(record, stepped)
-                    elif reason is None:
-                        reason = implausible_step(live.state, record, seen,
-                                                  self.settings.max_step_jump, now)
-                        label = "implausible_step"
-                    if reason is None:
-                        reason, label = forged_rank(live.state, record, stepped,
-                                                    item.origin is not None), "forged_rank"
+                    reason, label = self._refused(live, item, seen, stepped, budget, now)
             if reason is not None:
                 result.rejected.append({"index": item.index, "reason": reason})
                 self.metrics.rejections.labels(reason=label).inc()
@@ -340,6 +347,34 @@ class Engine:
             admitted.append(entry)
         return admitted
 
+    def _refused(self, live: LiveRun, item: Incoming, seen: dict[tuple[str, int], int],
+                 stepped: set[tuple[str, int, int]], budget: AdmissionBudget,
+                 now: float) -> tuple[str | None, str]:
+        """Why a record may not join its run, and the label it is counted under; (None,
+        "") when it may. The same checks for a record of this sidecar's own client and
+        for a digest a node sidecar forwarded (docs/hostile-input.md, "Every door")."""
+        record, run = item.record, live.state
+        reason = budget.refuse_rank(run, record.rank)
+        if reason is not None:
+            return reason, "too_many_ranks"
+        if isinstance(record, CheckpointRecord):
+            reason = _future_checkpoint(run, record, seen) or \
+                live.attempts.writer(record, stepped)
+            return reason, "checkpoint"
+        reason = implausible_step(run, record, seen, self.settings.max_step_jump, now)
+        if reason is not None:
+            return reason, "implausible_step"
+        reason = forged_rank(run, record, stepped)
+        if reason is None and isinstance(record, AgreementRecord) and run.leader is None \
+                and not self.alerts.took_action(run.run_id, record.action_id, record.action):
+            # The sidecar that decides the run's actions knows each one; a node sidecar
+            # (``run.leader``) may lack one (that is what the record may say): its leader
+            # checks the digest.
+            reason = (f"action_id: run {run.run_id} has no {record.action} action "
+                      f"{record.action_id}: an agreement record is about an action the "
+                      "run's sidecar decided")
+        return reason, "forged_rank"
+
     def _attempt(self, live: LiveRun, item: Incoming, result: IngestResult,
                  now: float) -> _Admitted | str:
         """The attempt ``item`` belongs to (pipeline/attempts.py), or why it may not begin
@@ -347,8 +382,15 @@ class Engine:
         attempt settles on its first step or eval; one that replaced history reloads the
         run from what is left of it."""
         record = item.record
-        placed = live.attempts.place_record(self.store, record, now,
-                                            self.settings.max_attempts_per_run)
+        # A digest settles as it settled on its node's sidecar, which held its own ranks
+        # to the rule (pipeline/attempts.py ``holds_history``).
+        held = self._holds_history(live, now) if item.origin is None else None
+        try:
+            placed = live.attempts.place_record(self.store, record, now,
+                                                self.settings.max_attempts_per_run, held)
+        except AttemptWaits as exc:
+            self._held_back(live, record, exc.attempt, now)
+            raise
         if isinstance(placed, str):
             return placed
         token, number, settled = placed
@@ -391,6 +433,30 @@ class Engine:
                                    last_step if last_step >= 0 else None, gap)
         self._route(live.state, [found], now, result)
 
+    def _holds_history(self, live: LiveRun, now: float) -> str | None:
+        """Why the run's current attempt may not be replaced now (``holds_history``)."""
+        run = live.state
+        return holds_history(run.run_id, live.attempts.owner,
+                             live.lifecycle.expects_new_attempt, now - run.last_arrival,
+                             _step_interval(run), self.settings.attempt_quiet_seconds)
+
+    def _held_back(self, live: LiveRun, record: Record, attempt: int, now: float) -> None:
+        """A new attempt still refused once it has waited as long as a job stops in: two
+        jobs write the run id. Paged once (``two_jobs``); the one that was there keeps
+        the history, and the other's records are refused until it stops."""
+        began = live.attempts.get(attempt).started_at
+        key = (record.run_id, attempt)
+        if now - began < self.settings.attempt_quiet_seconds or key in self._held_told or \
+                two_jobs.TwoJobsDetector.type in self.settings.detectors.disabled:
+            return
+        if len(self._held_told) >= MAX_RIVALS:
+            self._held_told.pop(next(iter(self._held_told)))
+        self._held_told[key] = None
+        result = IngestResult()
+        finding = two_jobs.held(record, live.attempts.owner, attempt, now - began)
+        self._route(live.state, [finding], now, result)
+        self._finish(result)
+
     def _process(
         self,
         live: LiveRun,
@@ -414,6 +480,11 @@ class Engine:
         run = live.state
         run.last_record_id = max(run.last_record_id, row_id)
         run.goodput.feed(record, attempt, row_id)  # every record, superseded ones too
+        if attempt > live.attempts.owner:
+            # A new attempt not settled yet (its run record, or the end of a process that
+            # died before its first step): held, applied when it settles (attempts.py).
+            self._forward(run, record, body, result, quiet, origin)
+            return
         if isinstance(record, CheckpointRecord):
             if not superseded:
                 self._checkpoint(run, record, attempt)
@@ -448,6 +519,8 @@ class Engine:
                 live.lifecycle.withdrawn(pending.action_id)
                 result.actions.extend(revised)
                 self.acted(run.run_id, revised, now)
+        if isinstance(record, AgreementRecord) and not quiet and run.leader is None:
+            self._plan_refused(live, record, now, result)
         if run.verdict.observe(record, findings):
             self._store_verdict(run)
         if findings and quiet:
@@ -456,6 +529,22 @@ class Engine:
             self._route(run, findings, now, result, origin)
         if not quiet:
             self._retry(run, now, result)
+
+    def _plan_refused(self, live: LiveRun, record: AgreementRecord, now: float,
+                 result: IngestResult) -> None:
+        """The job refused its pending rollback (``unreported``: the plan names a
+        checkpoint no process of the job saved, so no rank loads it, and the client stops
+        the run): withdrawn for a stop, so the run's page and phase say it stopped rather
+        than wait for a relaunch (alerting/episodes.py ``refused``)."""
+        pending = live.lifecycle.rollback
+        if (record.outcome != "unreported" or record.action != "rollback" or pending is None
+                or pending.action_id != record.action_id):
+            return
+        taken = self.alerts.refused(_context(live.state), record.action_id, now)
+        if taken:
+            live.lifecycle.withdrawn(record.action_id)
+            result.actions.extend(taken)
+            self.acted(live.run_id, taken, now)
 
     def _rival(self, live: LiveRun, record: Record, attempt: int, now: float,
                result: IngestResult, origin: int | None) -> bool:
@@ -521,7 +610,7 @@ class Engine:
         live.state.phase_state = live.lifecycle.phase.value
         self._applied(live)
         if after:
-            self._restore_placement(live.state)
+            self._restore_placement(live)
         self._catch_up_goodput(live, after)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
@@ -583,7 +672,7 @@ class Engine:
                                 attempt.start_step in lifecycle.applied_starts)
 
     def _apply(self, live: LiveRun, record: Record, arrival: float,
-               origin: int | None = None, attempt: int = 0) -> None:
+               origin: int | None = None, attempt: int = 1) -> None:
         run = live.state
         if origin is not None:
             run.rank(record.rank).remote = True
@@ -595,11 +684,11 @@ class Engine:
         elif isinstance(record, EvalRecord):
             run.apply_eval(record, arrival)
         elif isinstance(record, RunRecord):
-            run.apply_run(record, remote=origin is not None, attempt=attempt)
+            run.apply_run(record, remote=origin is not None)
             if origin is None:
-                self._place(run, record)
+                self._place(live, record, attempt)
                 self._retire(live)
-        elif isinstance(record, EndRecord):
+        elif isinstance(record, EndRecord) and _ends_run(live, record, attempt):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
             self._lifecycle(live, live.lifecycle.ended(record.status, record.step), arrival)
@@ -685,6 +774,18 @@ class Engine:
             for action in live.lifecycle.open_actions():
                 if action.get("id") not in given:
                     result.actions.append(action)
+
+    def run_bounds(self, run_id: str) -> RunBounds | None:
+        """The run as this sidecar knows it, for checking the actions a leader decided for
+        it (alerting/plan_check.py); None when it is not in memory."""
+        live = self.registry.get(run_id)
+        if live is None or not live.state.ranks:
+            return None
+        ranks = live.state.ranks.values()
+        positions = [r.data_position for r in ranks if r.data_position is not None]
+        return RunBounds(latest_step=max(r.last_step for r in ranks),
+                         latest_position=max(positions) if positions else None,
+                         per_step=max((r.per_step for r in ranks), default=1))
 
     def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
         """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
@@ -774,37 +875,46 @@ class Engine:
 
     # -- one run, one brain (monitor_agent/cluster) ----------------------------------------
 
-    def _place(self, run: RunState, record: RunRecord) -> None:
-        """Whether this sidecar judges the run or forwards it to the run's leader."""
+    def _place(self, live: LiveRun, record: RunRecord, attempt: int) -> None:
+        """Whether this sidecar judges the run or forwards it to the run's leader, and how
+        many nodes a leader waits for: set by the first run record of this sidecar's own
+        ranks in the attempt that owns the run's history, changed only when a later
+        attempt settles (a relaunch, whose placement may differ: ``RunRegistry.rebuild``
+        replays its run record). A run record of another attempt, a second one of the same
+        attempt (another rank, or any process that joined it), or a node sidecar's
+        forwarded one never moves it (docs/format.md, "Who may write what")."""
+        run = live.state
+        if attempt != live.attempts.owner or run.placed_by == attempt:
+            return
         try:
-            leader = leader_of(record.cluster, self.settings.cluster)
+            leader = leader_of(record.cluster, self.settings.cluster, self.settings.port)
         except ValueError as exc:
-            if run.leader is None:
-                log.warning("run %s: %s; judging its ranks here alone", run.run_id, exc)
+            log.warning("run %s: %s; judging its ranks here alone", run.run_id, exc)
             leader = None
-        node = record.cluster.node_rank if record.cluster is not None else None
-        if node is not None:
-            run.roster.local.add(node)
-        if (leader, node) != (run.leader, run.node):
-            run.leader, run.node = leader, node
-            run.version += 1
+        cluster = record.cluster
+        run.roster = Roster()
+        if cluster is not None:
+            run.roster.expect(cluster.nodes, cluster.local_world_size)
+            run.roster.local = {cluster.node_rank}
+        run.leader, run.node = leader, cluster.node_rank if cluster is not None else None
+        run.placed_by = attempt
+        run.version += 1
 
-    def _restore_placement(self, run: RunState) -> None:
+    def _restore_placement(self, live: LiveRun) -> None:
         """Where a run restored from its snapshot sits. The tail replayed after the
-        snapshot no longer holds the run records that placed it, so each rank's last one
-        is read back: this node's own say whom the run follows, if anyone, and every one
-        how many nodes a leader waits for."""
-        for rank in sorted(run.ranks):
-            body = self.store.last_record(run.run_id, rank, "run")
+        snapshot may no longer hold the run record that placed it, so the first one of
+        this sidecar's own ranks in the attempt that owns the run is read back (and the
+        run's description, from the latest run record of that attempt)."""
+        owner = live.attempts.owner
+        found = self.store.placing_records(live.run_id, sorted(live.state.ranks), owner)
+        for body in found:
             try:
-                record = schemas.parse_record(wire.loads(body)) if body is not None else None
+                record = schemas.parse_record(wire.loads(body))
             except (schemas.RecordError, ValueError):
                 continue  # as recovery skips a stored record today's rules reject
             if isinstance(record, RunRecord):
-                remote = run.ranks[rank].remote
-                run.apply_run(record, remote=remote)
-                if not remote:
-                    self._place(run, record)
+                live.state.apply_run(record)
+                self._place(live, record, owner)
 
     def _leads(self, run: RunState) -> bool:
         """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's)."""
@@ -822,7 +932,8 @@ class Engine:
         leader = self._following(run) if origin is None and not quiet else None
         if leader is None or body is None:
             return
-        flags = DROPPABLE if isinstance(record, StepRecord) else 0
+        flags = DROPPABLE if isinstance(record, StepRecord) else \
+            VITAL if isinstance(record, RunRecord | CheckpointRecord | EndRecord) else 0
         result.uplink.append(UplinkRow(leader, run.run_id, "record",
                                        digest(record.kind, body), flags))
 
@@ -856,26 +967,82 @@ class Engine:
 
     def ingest_peer(self, batch: PeerBatch, now: float) -> IngestResult:
         """A node sidecar's exchange with this one, the leader of its runs: its digests go
-        through ``ingest`` (judged by the cross-rank detectors only), its findings are
-        paged here for the whole run, and its heartbeat keeps its node in the runs' view.
+        through ``ingest`` (the same checks as a client's records; judged by the
+        cross-rank detectors only), its findings are paged here for the whole run, and its
+        heartbeat keeps its node in the runs' view. Only runs this sidecar leads, from a
+        node of the run's placement (``_peer_refusal``), are taken: the rest of the
+        exchange is left with the node sidecar (``deferred``) to send again.
 
         Findings the node paged itself while this leader was away go first: they are about
         what the digests behind them say, so this leader's own judgement of those digests
         joins the alert they began instead of paging it again.
 
         Raises as ``ingest`` does; a finding's effects are committed before the answer."""
-        told = [(f, flags) for f, flags in batch.findings if flags & PAGED]
+        deferred: dict[str, str] = {}
+        nodes: dict[str, int] = {}
+        for peer in batch.runs:
+            peer = self._known_node(peer, batch.sidecar)
+            why = self._peer_refusal(peer, now)
+            if why is not None:
+                deferred[peer.run_id] = why
+            nodes[peer.run_id] = peer.node
+        items, refused = [], []
+        for item in batch.items:
+            if item.record.run_id in deferred:
+                continue
+            item = dataclasses.replace(item, origin=nodes[item.record.run_id])
+            live = self.registry.get(item.record.run_id)
+            rank = live.state.ranks.get(item.record.rank) if live is not None else None
+            if rank is not None and not rank.remote:
+                refused.append({"index": item.index, "reason": (
+                    f"rank: rank {item.record.rank} of run {item.record.run_id} reports to "
+                    "this sidecar itself: a node sidecar forwards only its own ranks")})
+                continue
+            items.append(item)
+        findings = [(f, flags) for f, flags in batch.findings if f.run_id not in deferred]
+        told = [(f, flags) for f, flags in findings if flags & PAGED]
         found = self._peer_findings(told, now)
-        result = self.ingest(batch.items, now) if batch.items else IngestResult()
+        result = self.ingest(items, now) if items else IngestResult()
+        result.rejected.extend(refused)
         for peer in batch.runs:
             live = self.registry.get(peer.run_id)
-            if live is not None and peer.node > 0:
-                live.state.roster.heard(peer.node, batch.sidecar, peer.host,
+            if live is not None and peer.run_id not in deferred:
+                live.state.roster.heard(nodes[peer.run_id], batch.sidecar, peer.host,
                                         list(peer.ranks), now)
-        later = self._peer_findings([(f, flags) for f, flags in batch.findings
+        later = self._peer_findings([(f, flags) for f, flags in findings
                                      if not flags & PAGED], now)
         result.actions.extend(found.actions + later.actions)
+        result.deferred, result.taken = deferred, len(findings)
         return result
+
+    def _known_node(self, peer: PeerRun, sidecar: str) -> PeerRun:
+        """A run a node sidecar owes items of but no longer holds in memory comes as node
+        -1: the node that sidecar was heard as for the run, if this leader heard it."""
+        live = self.registry.get(peer.run_id)
+        if peer.node >= 0 or live is None:
+            return peer
+        node = next((n for n, seen in live.state.roster.nodes.items()
+                     if seen.sidecar == sidecar), -1)
+        return dataclasses.replace(peer, node=node)
+
+    def _peer_refusal(self, peer: PeerRun, now: float) -> str | None:
+        """Why a node sidecar's items of ``peer``'s run are not taken here (now), or None:
+        this sidecar does not lead the run (its own node 0 ranks have not placed it here,
+        or placed it elsewhere), or the node is not one of the run's placement."""
+        live = self.registry.get(peer.run_id)
+        if live is None and self.store.run_row(peer.run_id) is not None:
+            live = self.registry.admit(peer.run_id, now)
+        if live is None:
+            return (f"run {peer.run_id}: no rank of it reported to this sidecar (the leader "
+                    "is node 0's sidecar, placed by node 0's ranks)")
+        run = live.state
+        if not self._leads(run):
+            return f"run {peer.run_id}: this sidecar does not lead it (its ranks here " + (
+                f"are node {run.node}'s)" if run.node is not None else "name no node)")
+        if not 1 <= peer.node < run.roster.expected:
+            return (f"run {peer.run_id}: node {peer.node} is not a node of its placement "
+                    f"(nodes 1..{run.roster.expected - 1} follow this leader)")
+        return None
 
     def _peer_findings(self, items: list[tuple[Finding, int]], now: float) -> IngestResult:
         by_run: dict[str, list[tuple[Finding, int]]] = {}
@@ -884,7 +1051,7 @@ class Engine:
         found = IngestResult()
         try:
             for run_id, found_here in by_run.items():
-                live = self.registry.get(run_id) or self.registry.admit(run_id, now)
+                live = self.registry.get(run_id)  # led here: ingest_peer loaded it
                 if live is not None:
                     self._remote_findings(live, found_here, now, found)
             if found.findings:
@@ -937,11 +1104,18 @@ class Engine:
                                             tuple(sorted(run.ranks)))))
         return out
 
-    def page_stranded(self, leader: str, now: float, why: str | None) -> int:
-        """Page here what is owed to ``leader`` and nobody paged: it has been away too long
-        (``why``, said in each page as a partial view), or it turned out to be this very
-        sidecar (``why`` None: the run was never followed). Returns how many."""
-        queued = self.store.uplink.stranded(leader)
+    def page_stranded(self, leader: str, now: float, why: str | None,
+                      run_id: str | None = None) -> int:
+        """Page here what is owed to ``leader`` (of ``run_id``, or every run) and nobody
+        paged: it has been away too long, or will not take the run (``why``, said in each
+        page as a partial view), or it turned out to be this very sidecar (``why`` None:
+        the run was never followed). Returns how many."""
+        queued = self.store.uplink.stranded(leader, run_id)
+        paged = self._page_owed(queued, now, why)
+        self.store.uplink.mark_paged([q.id for q in queued])
+        return paged
+
+    def _page_owed(self, queued: Sequence[UplinkItem], now: float, why: str | None) -> int:
         by_run: dict[str, list[Finding]] = {}
         for q in queued:
             try:
@@ -955,7 +1129,6 @@ class Engine:
             live = self.registry.get(run_id)
             context = _context(live.state) if live is not None else RunContext(run_id)
             result.actions.extend(self.alerts.handle(context, findings, now))
-        self.store.uplink.mark_paged([q.id for q in queued])
         return sum(len(f) for f in by_run.values())
 
     def _finish(self, result: IngestResult) -> None:
@@ -966,7 +1139,15 @@ class Engine:
     def _queue(self, result: IngestResult) -> None:
         """What this sidecar owes the run leaders it follows: stored, then sent."""
         if result.uplink:
-            self.store.uplink.put(result.uplink, time.time())
+            queue, cluster = self.store.uplink, self.settings.cluster
+            queue.put(result.uplink, time.time())
+            dropped, unheard = queue.trim(cluster.uplink_max_rows, cluster.uplink_max_bytes)
+            if dropped:
+                self.metrics.uplink_dropped.inc(dropped)
+                # Dropped before any leader had them, and paged by nobody: paged here.
+                self._page_owed(unheard, time.time(), "the queue for the run's leader was "
+                                "over its bound (cluster.uplink_max_rows/_bytes)")
+            self.metrics.uplink_queued.set(queue.rows)
             self.links.queued()
         m = self.metrics.records
         m.labels(outcome="accepted").inc(result.accepted)
@@ -1075,6 +1256,27 @@ class Engine:
             self.metrics.runs.labels(state=state).set(value)
 
 
+def _ends_run(live: LiveRun, record: EndRecord, attempt: int) -> bool:
+    """Whether an end record ends the run: it comes from a rank that trained in its
+    attempt, or nobody trained in it (a job that failed before its first step). A process
+    that joined without training ends only itself, as one that died before its first step
+    does (pipeline/attempts.py)."""
+    stepped = live.attempts.stepped
+    return (attempt, record.rank) in stepped or not any(n == attempt for n, _ in stepped)
+
+
+def _step_interval(run: RunState) -> float | None:
+    """Seconds of sidecar time per step of the run's busiest rank since it was first heard
+    (None before it has a pace): the scale a pause of the run is judged in."""
+    best: float | None = None
+    for rank in run.ranks.values():
+        if rank.first_arrival is None or rank.last_step <= rank.first_step:
+            continue
+        interval = (rank.last_arrival - rank.first_arrival) / (rank.last_step - rank.first_step)
+        best = interval if best is None else min(best, interval)
+    return best
+
+
 def _settle_goodput(run: RunState, attempt: StoredAttempt, rolled_back: bool) -> None:
     """The goodput ledger's account of a new attempt: the work it replaced is rollback
     badput when it applied a plan, else resume (runs/goodput.py ``settled``)."""
@@ -1094,6 +1296,7 @@ def _context(run: RunState) -> RunContext:
         data={r: (s.data_step, s.data_position, s.per_step) for r, s in run.ranks.items()
               if s.data_position is not None},
         skipped=run.skipped, skipped_unit=run.skipped_unit,
+        skips_by=run.run.skips_by if run.run is not None else None,
         rank_steps={r: s.last_step for r, s in run.ranks.items()},
         checkpoint_ranks=ledger.ranks(),
         first_seen=run.first_seen, source=run.source,

@@ -82,15 +82,15 @@ def implausible_step(
 
 
 def forged_rank(run: RunState, record: Record,
-                stepped: Collection[tuple[str, int, int]] = (),
-                remote: bool = False) -> str | None:
+                stepped: Collection[tuple[str, int, int]] = ()) -> str | None:
     """Why a hang report cannot be from the rank it names, or None: one at or past the
     world size the run record declared (``hardware.world_size``, a checked integer:
     records/schemas.py) is forged or misaddressed, and would put a rank that does not exist
     on the page (a negative rank is refused by the schema). A run that declares no world
     size takes hang reports only from ranks it has heard steps from (the watchdog starts at
     a rank's first step), here or earlier in the batch (``stepped``: (run id, attempt,
-    rank)); ``remote``: a digest a node sidecar forwarded, checked there.
+    rank)). A digest a node sidecar forwarded is checked the same way at the run's leader,
+    which holds every node's steps.
 
         >>> from monitor_agent.records.schemas import parse_record
         >>> run = RunState.new("r1", now=0.0)
@@ -112,7 +112,7 @@ def forged_rank(run: RunState, record: Record,
             return (f"rank: {record.rank} is not a rank of run {record.run_id} (its run "
                     f"record declares world_size {size})")
         return None
-    if remote or record.rank in run.ranks or any(
+    if record.rank in run.ranks or any(
             r == record.run_id and k == record.rank for r, _, k in stepped):
         return None
     return (f"rank: {record.rank} has sent run {record.run_id} no step, and the run declares "

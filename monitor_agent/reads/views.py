@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.records import wire
+from monitor_agent.records import tokens, wire
 from monitor_agent.records.types import Severity
 from monitor_agent.runs.progress import run_progress
 from monitor_agent.runs.run_state import RankState, RunState
@@ -207,7 +207,8 @@ def detail(row: StoredRun, live: RunState | None, finding_counts: dict[str, int]
         first_seen=row.first_seen,
         last_seen=row.last_seen,
         ended_at=row.ended_at,
-        run=wire.loads(row.run_record) if row.run_record else None,
+        # A run record's attempt token is a write capability: shown as its digest.
+        run=tokens.redact_obj(wire.loads(row.run_record)) if row.run_record else None,
         finding_counts=finding_counts,
         recent_findings=[wire.loads(b) for b in recent],
         last_step=_last_step(live, stored_last_step),

@@ -61,6 +61,21 @@ MAX_HIST_VALUES = 1 << 18
 MAX_CHECKPOINT_PATH_LEN = 4096
 MAX_CHECKPOINT_TAG_LEN = 200
 
+# Durations the client measures (an eval's or a checkpoint save's ``seconds``, a step's
+# timings, a hang's): no single interval of a training process lasts a month (a save or an
+# evaluation takes minutes, a hang is reported once the watchdog's limit, at most a day by
+# its schema, has passed). The bound keeps every sum of them exact: one 1e308 made a run's
+# goodput ledger infinite and its unaccounted time NaN. Where a duration sits between two
+# records, the ledger caps it by that interval too (runs/goodput.py).
+MAX_DURATION_SECONDS = 30 * 86400.0
+# A record's ``time`` is the client's clock when it was made, and it is sent after that:
+# it can be ahead of the sidecar's clock at arrival only by the skew between the two
+# clocks. NTP keeps machines milliseconds apart; a hardware clock kept in local time is
+# at most 14 hours off. A day covers both; a time further ahead (1e300) is not a clock,
+# and would own every figure that spans a run's time (its goodput, the fleet's). Spooled
+# records arrive late, so there is no bound on age (only >= 0: Unix time).
+MAX_CLOCK_AHEAD_SECONDS = 86400.0
+
 # A hang record (a stuck process's thread stacks): what the client keeps is at most
 # HANG_STACK_BYTES of JSON (client/monitor_client/_watchdog.py); the sidecar allows twice
 # that for clients of other languages and refuses the rest, naming the budget.
@@ -82,6 +97,21 @@ def check_text(value: str, max_len: int, where: str, *, name: bool = True) -> st
             "a control character"
         raise ValueError(f"{where}: contains {what} ({ascii(bad.group())}) at {bad.start()}")
     return value
+
+
+def check_time(value: float | None, arrival: float, where: str = "time") -> None:
+    """A record's ``time`` against its arrival (``MAX_CLOCK_AHEAD_SECONDS``).
+
+        >>> check_time(1000.0, arrival=2000.0)
+        >>> check_time(1e300, arrival=2000.0)
+        Traceback (most recent call last):
+        ValueError: time: 1e+300 is 1e+300 s ahead of the sidecar's clock (2000); a record's time is when it was made, at most 86400 s ahead (the clocks' skew): fix the client's clock
+    """
+    if value is not None and value > arrival + MAX_CLOCK_AHEAD_SECONDS:
+        raise ValueError(f"{where}: {value:g} is {value - arrival:.6g} s ahead of the "
+                         f"sidecar's clock ({arrival:.0f}); a record's time is when it was "
+                         f"made, at most {MAX_CLOCK_AHEAD_SECONDS:g} s ahead (the clocks' "
+                         "skew): fix the client's clock")
 
 
 def check_path_segment(value: str, where: str) -> str:

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -62,9 +63,11 @@ RunId = Annotated[
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LEN)]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")]
 LabelValue = Annotated[str, AfterValidator(_name)]
-# Strict: a JSON true or "12" is not a step, and a record's time must be a real instant.
+# Strict: a JSON true or "12" is not a step, and a record's time must be a real instant
+# (Unix seconds: not before 1970; how far ahead of the sidecar's clock it may be is checked
+# against its arrival, ``limits.check_time``).
 Step = Annotated[int, Field(ge=0, le=2**53, strict=True)]
-Time = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Time = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
 Rank = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
 # Which process sent the record (docs/format.md, "attempt"): a token the client draws once
 # per Monitor; a run id's records under a new token are a new attempt of that run.
@@ -72,8 +75,28 @@ AttemptToken = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$"),
 ]
 Num = float | None
-# A duration the client measured (an eval's, a checkpoint save's): finite and >= 0.
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
+# A duration the client measured (an eval's, a checkpoint save's, a hang's): a JSON number
+# (not "5", not true), finite, >= 0 and at most ``limits.MAX_DURATION_SECONDS``.
+Duration = Annotated[float, Field(strict=True, ge=0, le=limits.MAX_DURATION_SECONDS,
+                                  allow_inf_nan=False)]
+Seconds = Duration | None
+
+
+def _timing(value: Any) -> Any:
+    """A step's timing (``step_time``, ``data_time``, ...): a JSON number, or the wire's
+    NaN/Infinity (data: detectors skip it); a finite one is a duration (>= 0, at most
+    ``limits.MAX_DURATION_SECONDS``). Not ``"5"`` or ``true``."""
+    if value is None or value in ("NaN", "Infinity", "-Infinity"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a JSON number (seconds)")
+    if value == value and abs(value) != float("inf") and \
+            not 0 <= value <= limits.MAX_DURATION_SECONDS:
+        raise ValueError(f"must be a duration in seconds, 0..{limits.MAX_DURATION_SECONDS:g}")
+    return value
+
+
+Timing = Annotated[Num, BeforeValidator(_timing)]
 
 
 def _plain_scalar(name: Any, value: Any) -> bool:
@@ -171,6 +194,12 @@ class LauncherModel(_Wire):
     max_nodes: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
 
 
+class DataModel(_Wire):
+    # How the run leaves a rollback plan's windows out (docs/format.md, "run"): in a
+    # map-style dataset's batch sampler, or by reading past them in a stream.
+    skips_by: Literal["sampler", "reading"]
+
+
 class RunModel(_Wire):
     kind: Literal["run"]
     run_id: RunId
@@ -186,6 +215,7 @@ class RunModel(_Wire):
     watchdog: WatchdogModel | None = None
     cluster: ClusterModel | None = None
     launcher: LauncherModel | None = None
+    data: DataModel | None = None
 
     @field_validator("config", "model", "hardware")
     @classmethod
@@ -243,10 +273,10 @@ class StepModel(_Wire):
     update_norm: Num = None
     tokens: Num = None
     samples: Num = None
-    step_time: Num = None
-    data_time: Num = None
-    compute_time: Num = None
-    sync_wait_time: Num = None
+    step_time: Timing = None
+    data_time: Timing = None
+    compute_time: Timing = None
+    sync_wait_time: Timing = None
     tokens_per_second: Num = None
     mfu: Num = None
     loss_scale: Num = None
@@ -410,11 +440,11 @@ class HangModel(_Wire):
     time: Time
     rank: Rank = 0
     attempt: AttemptToken | None = None
-    stuck_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    limit_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    stuck_seconds: Duration
+    limit_seconds: Annotated[Duration, Field(gt=0)] | None = None
     phase: Literal["data", "forward", "backward", "optimizer", "eval", "checkpoint",
                    "unknown"] = "unknown"
-    phase_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    phase_seconds: Seconds = None
     threads: Annotated[list[ThreadModel], Field(max_length=limits.MAX_HANG_THREADS)] = Field(
         default_factory=list)
     threads_omitted: Annotated[int, Field(ge=0, le=2**31, strict=True)] = 0
@@ -489,6 +519,15 @@ def validate(obj: Any) -> WireRecord:
         return _RECORD.validate_python(obj)
     except ValidationError as exc:
         raise RecordError(explain(exc)) from None
+
+
+def check_arrival(model: WireRecord, arrival: float) -> None:
+    """RecordError when the record's ``time`` is further ahead of ``arrival`` (the
+    sidecar's clock) than clocks can be apart (``limits.check_time``)."""
+    try:
+        limits.check_time(model.time, arrival)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def to_record(model: WireRecord) -> t.Record:

@@ -257,6 +257,8 @@ class RunRecord:
     cluster: ClusterPlacement | None = wire_field(lambda c: from_fields(ClusterPlacement, c))
     launcher: LauncherDeclaration | None = wire_field(
         lambda w: from_fields(LauncherDeclaration, w))
+    # How it leaves a rollback plan's windows out: "sampler" or "reading" (``data``).
+    skips_by: str | None = wire_field(lambda d: d.skips_by, source="data")
     kind: str = "run"
 
     @property

@@ -48,7 +48,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from monitor_agent.records import wire
+from monitor_agent.records import tokens, wire
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.runs.verdict import CAUSES
 from monitor_agent.storage.store import Store
@@ -430,7 +430,9 @@ def _fault_order(f: Fault) -> tuple[int, int, str, int, str]:
 def judged_dict(j: Judged) -> dict[str, Any]:
     """One checkpoint as ``GET /v1/runs/{run_id}/checkpoints`` shows it."""
     e = j.entry
+    # The token is a write capability (records/tokens.py): its digest, never the token.
     return {"step": e.step, "path": e.path, "rank": e.rank, "time": e.time,
-            "attempt": e.token if e.token is not None else str(e.attempt), "bytes": e.bytes,
+            "attempt": tokens.shown(e.token) if e.token is not None else str(e.attempt),
+            "bytes": e.bytes,
             "tag": e.tag, "data_position": e.position, "status": j.status, "reason": j.reason}
 

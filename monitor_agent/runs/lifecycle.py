@@ -196,6 +196,14 @@ class RunLifecycle:
             return Phase.STOPPING
         return Phase.RUNNING
 
+    @property
+    def expects_new_attempt(self) -> bool:
+        """Whether a new attempt may replace the run's current one now without waiting for
+        it to go quiet (pipeline/attempts.py ``holds_history``): the run ended, went
+        silent, or an action asks its processes to go (a rollback pending: they resume or
+        are relaunched; a stop)."""
+        return self.phase is not Phase.RUNNING
+
     def settled(self, attempt: StoredAttempt) -> list[Event]:
         """An attempt's first step placed it (pipeline/attempts.py)."""
         events: list[Event] = [AttemptSettled(attempt)]
@@ -260,7 +268,8 @@ class RunLifecycle:
 
     def withdrawn(self, action_id: int) -> None:
         """The pending rollback ``action_id`` was withdrawn before it was applied (its
-        checkpoint turned suspect, alerting/episodes.py ``revise``): no longer an order."""
+        checkpoint turned suspect, alerting/episodes.py ``revise``, or the job refused it,
+        ``refused``): no longer an order."""
         self._open.pop(action_id, None)
         if self.rollback is not None and self.rollback.action_id == action_id:
             self.rollback = None

@@ -132,7 +132,7 @@ class RunState:
     # One run, one brain (monitor_agent/cluster). ``leader``: the URL of the sidecar that
     # leads this multi-node run, when this one is a node sidecar forwarding to it (None:
     # it judges the run here, alone or as its leader); ``roster``: as the leader, the
-    # nodes it hears from. Both follow from run records (replayed with the run).
+    # nodes it hears from. Both follow from the run record that placed the run.
     # Its lifecycle's phase as people read it (runs/lifecycle.py ``describe``): a plain
     # string the views read.
     phase: str = "running"
@@ -153,6 +153,7 @@ class RunState:
     # ranks are gone, so it no longer reports the run to the leader, until a later attempt
     # brings ranks here again (cluster/drain.py).
     left_out: int | None = None
+    placed_by: int | None = None  # the attempt whose run record set the three (engine._place)
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
     # otherwise. -1 until first read, then worked out once (a restored run's ranks come
@@ -203,12 +204,11 @@ class RunState:
             state = self.ranks[rank] = RankState()
         return state
 
-    def apply_run(self, record: RunRecord, remote: bool = False, attempt: int = 0) -> None:
-        """Take a rank's run record (of the run's ``attempt``, 0: not known); a ``remote``
-        one (another node's, through its sidecar) only when none of this sidecar's own ranks
-        sent one (its labels name that node)."""
-        if record.cluster is not None:
-            self.roster.expect(record.cluster.nodes, record.cluster.local_world_size, attempt)
+    def apply_run(self, record: RunRecord, remote: bool = False) -> None:
+        """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
+        only when none of this sidecar's own ranks sent one (its labels name that node).
+        Where the run sits in a multi-node job is not taken from here: the engine places
+        it (pipeline/engine.py ``Engine._place``)."""
         if remote and self.run is not None:
             return
         self.run = record

@@ -128,10 +128,10 @@ async def _storage_failed(request: Request, exc: Exception) -> Response:
 def _secrets(settings: Settings) -> list[str | None]:
     a = settings.alerting
     try:
-        token = settings.token_value()
+        token, peer = settings.token_value(), settings.peer_token_value()
     except TokenError:  # refused when the settings were built; gone since: nothing to mask
-        token = None
-    return [token, a.slack.secret(), a.webhook.secret(), a.pagerduty.secret(),
+        token = peer = None
+    return [token, peer, a.slack.secret(), a.webhook.secret(), a.pagerduty.secret(),
             *[u for u in a.alertmanager.urls if "@" in u]]
 
 

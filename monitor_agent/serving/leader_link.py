@@ -7,25 +7,29 @@ where ``GET /v1/runs/{id}/actions`` and the ingest answers serve them to this no
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from monitor_agent.alerting import Alerting
 from monitor_agent.alerting.alerts import Action
+from monitor_agent.alerting.plan_check import action_problem
 from monitor_agent.cluster.link import FollowedRun, LeaderLink, OwedItem
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
 from monitor_agent.pipeline.runner import EngineRunner
 from monitor_agent.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 class EnginePort:
     """``cluster.link.Port`` over the engine (its thread) and alerting (thread-safe)."""
 
     def __init__(self, runner: EngineRunner, engine: Engine, alerting: Alerting,
-                 metrics: SelfMetrics, max_rows: int) -> None:
+                 metrics: SelfMetrics) -> None:
         self.runner, self.engine, self.alerting = runner, engine, alerting
-        self.metrics, self.max_rows = metrics, max_rows
+        self.metrics = metrics
 
     def followed(self) -> list[tuple[str, FollowedRun]]:
         return list(self.runner.submit(self.engine.followed))
@@ -33,22 +37,20 @@ class EnginePort:
     def leaders(self) -> list[str]:
         return self.runner.submit(self.engine.store.uplink.leaders)
 
-    def batch(self, leader: str, limit: int) -> list[OwedItem]:
-        def read() -> list[OwedItem]:
-            queue = self.engine.store.uplink
-            dropped = queue.trim(leader, self.max_rows)
-            if dropped:
-                self.metrics.uplink_dropped.inc(dropped)
-            self.metrics.uplink_queued.set(sum(queue.depth(x) for x in queue.leaders()))
-            return list(queue.batch(leader, limit))
-        return self.runner.submit(read)
+    def batch(self, leader: str, limit: int, skip: list[str]) -> list[OwedItem]:
+        return list(self.runner.submit(self.engine.store.uplink.batch, leader, limit, skip))
 
     def ack(self, ids: list[int]) -> None:
         if ids:
-            self.runner.submit(self.engine.store.uplink.ack, ids)
+            def ack() -> None:
+                queue = self.engine.store.uplink
+                queue.ack(ids)
+                self.metrics.uplink_queued.set(queue.rows)
+            self.runner.submit(ack)
 
-    def page_stranded(self, leader: str, now: float, why: str | None) -> int:
-        return self.runner.submit(self.engine.page_stranded, leader, now, why)
+    def page_stranded(self, leader: str, now: float, why: str | None,
+                      run_id: str | None = None) -> int:
+        return self.runner.submit(self.engine.page_stranded, leader, now, why, run_id)
 
     def known_action(self, run_id: str) -> int:
         found = self.alerting.actions_for_run(run_id, 0, 1000)
@@ -58,8 +60,17 @@ class EnginePort:
         self.alerting.hand_over(run_id, time.time())
 
     def adopt(self, run_id: str, actions: list[dict[str, Any]], leader: str) -> None:
+        """Keep the leader's actions for this node's ranks: each checked as this sidecar's
+        own rules could have decided it about the run as it knows it (alerting/plan_check.py);
+        one that is not is dropped, saying why."""
         kept = []
+        bounds = self.runner.submit(self.engine.run_bounds, run_id)
         for a in actions:
+            why = action_problem(a, bounds)
+            if why is not None:
+                log.warning("run %s: action %s from the leader %s dropped: %s", run_id,
+                            str(a.get("id"))[:20], leader, why)
+                continue
             try:
                 kept.append(Action(
                     id=int(a["id"]), run_id=run_id, action=str(a["action"]),
@@ -80,6 +91,6 @@ class EnginePort:
 def leader_link(settings: Settings, runner: EngineRunner, engine: Engine, alerting: Alerting,
                 metrics: SelfMetrics, sidecar: str) -> LeaderLink:
     """The link thread (not started) of this sidecar."""
-    port = EnginePort(runner, engine, alerting, metrics, settings.cluster.uplink_max_rows)
-    return LeaderLink(settings.cluster, engine.links, sidecar, port, settings.token_value,
+    port = EnginePort(runner, engine, alerting, metrics)
+    return LeaderLink(settings.cluster, engine.links, sidecar, port, settings.peer_token_value,
                       metrics)

@@ -173,5 +173,11 @@ def protocol_class(settings: Settings) -> type[GuardedProtocol]:
 
 def uvicorn_config(app: Any, settings: Settings, host: str, port: int,
                    **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's config for the app. Proxy headers (``X-Forwarded-For``) are believed only
+    from the proxies ``forwarded_allow_ips`` lists, and not at all by default: uvicorn's
+    own default believes them from loopback, so any local process could claim any address
+    and be a new source for every budget kept per source (notify/fairness.py)."""
+    proxies = settings.forwarded_allow_ips
     return uvicorn.Config(app, host=host, port=port, http=protocol_class(settings),
-                          timeout_keep_alive=5, **kwargs)
+                          timeout_keep_alive=5, proxy_headers=bool(proxies),
+                          forwarded_allow_ips=",".join(proxies) if proxies else "", **kwargs)

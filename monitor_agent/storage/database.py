@@ -82,6 +82,13 @@ class StorageError(MonitorAgentError, RuntimeError):
         self.corrupt = corrupt
 
 
+class UnstorableValue(MonitorAgentError, ValueError):
+    """A value handed to the store that SQLite cannot bind (a list where a column wants
+    text, an integer past 64 bits). The edge's checks keep every such value out
+    (records/limits.py); one that gets past them is a bug above the store, not the store
+    failing: it must not make the sidecar not ready, nor refuse every other client."""
+
+
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes: the low byte)
 
 
@@ -104,6 +111,9 @@ class _StorageErrors(contextlib.ContextDecorator):
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if isinstance(exc, sqlite3.InterfaceError):  # binding a value it cannot store
+            message = f"{self.doing}: {exc}" if self.doing else str(exc)
+            raise UnstorableValue(message) from exc
         if isinstance(exc, sqlite3.Error):
             message = f"{self.doing}: {exc}" if self.doing else str(exc)
             raise StorageError(message, source=self.source, corrupt=is_corrupt(exc)) from exc

@@ -3,7 +3,8 @@
 From the data directory (a read-only SQLite connection: safe beside a running sidecar) or
 from a running sidecar's API (paged through ``/v1/runs/{id}/records``). Records come out
 in the order the store keeps them (step, then run/step/eval/end, then rank), one JSON line
-each, non-finite numbers spelled as docs/format.md says.
+each, non-finite numbers spelled as docs/format.md says, attempt tokens as reads show them
+(a digest: a trace file is handed around, a token is a write capability: records/tokens.py).
 
 The file is written whole or not at all (a temporary file beside it, renamed at the end):
 a mistyped run id, an unreachable sidecar or a full disk leave an existing file as it was.
@@ -50,7 +51,7 @@ from urllib.parse import quote
 
 import httpx
 
-from monitor_agent.records import wire
+from monitor_agent.records import tokens, wire
 from monitor_agent.storage.database import StorageError, read_only_uri
 
 PAGE = 10_000  # the records endpoint's largest page
@@ -78,7 +79,8 @@ def export_from_data_dir(data_dir: Path, run_id: str, out: Path) -> int:
             f"SELECT body FROM records WHERE run_id = ?{current} ORDER BY step, CASE kind "
             "WHEN 'run' THEN 0 WHEN 'step' THEN 1 WHEN 'eval' THEN 2 ELSE 3 END, rank",
             (run_id,))
-        count = _write(out, (wire.loads(body) for (body,) in rows))
+        # Either route writes the same file: attempt tokens as the API shows them.
+        count = _write(out, (tokens.redact_obj(wire.loads(body)) for (body,) in rows))
     finally:
         db.close()
     if count == 0:

@@ -41,11 +41,12 @@ def token(rank: int, attempt: int = 1) -> str:
 
 @contextmanager
 def sidecar(tmp: Path, slack: Receiver, rules: str = RESTART_RULES, port: int | None = None,
-            **cluster: Any) -> Iterator[EmbeddedServer]:
+            quiet: float = 10.0, **cluster: Any) -> Iterator[EmbeddedServer]:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "rules.yaml").write_text(rules)
     settings = Settings(
         port=port or free_port(), data_dir=tmp, tick_interval_seconds=0.1,
+        attempt_quiet_seconds=quiet,
         detectors={"hang_settle_seconds": 0.5, "hang_repeat_seconds": 1.0},
         alerting={"rules_file": str(tmp / "rules.yaml"), "group_wait_seconds": 0.05,
                   "slack": {"webhook_url": slack.url + "/hook", "min_interval_seconds": 0}},

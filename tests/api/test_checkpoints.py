@@ -103,7 +103,8 @@ def test_bad_checkpoints_are_refused_naming_the_field_and_change_nothing(server)
 
 def test_a_checkpoint_a_restart_replaced_leaves_the_ledger(server):
     _post(server, [{**_step(s), "attempt": "a"} for s in range(1, 31)]
-          + [_ckpt(30, attempt="a")])
+          + [_ckpt(30, attempt="a"), {"kind": "end", "run_id": "led", "step": 30,
+                                      "time": 1100.0, "attempt": "a"}])
     assert _ledger(server)["last_clean"]["step"] == 30
     # The run id is used again from step 1: attempt "a"'s history, its save included, is
     # no longer the run's; nothing of it may be rolled back to.

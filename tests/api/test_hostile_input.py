@@ -59,7 +59,7 @@ def _metrics_ok(srv) -> str:
 
 def test_a_far_ahead_step_is_422_and_erases_nothing(srv):
     assert _post(srv, _steps("victim", range(1, 301))).json()["accepted"] == 300
-    r = _post(srv, _steps("victim", [2**53]))
+    r = _post(srv, _steps("victim", [2**53], time=1301.0))
     assert r.status_code == 422 and "implausible" in r.json()["detail"], r.text
     # Within the jump budget, but far ahead: accepted, and still no wipe by retention
     # (which keeps at least retention_steps records, not "steps after the largest").

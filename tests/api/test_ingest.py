@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from live_server import LiveServer
+from monitor_agent.records.tokens import shown
 from monitor_agent.settings import load_settings
 
 
@@ -232,10 +233,12 @@ def test_other_ranks_of_a_launch_join_its_attempt(server):
         return [{"kind": "step", "run_id": "ddp", "rank": r, "step": s, "time": 1.0 + s,
                  "loss": 1.0, "attempt": token} for s in steps]
 
-    for batch in (rank(0, "a0", range(1, 11)), rank(1, "a1", range(1, 11)),
+    crashed = {"kind": "end", "run_id": "ddp", "rank": 0, "step": 10, "time": 12.0,
+               "status": "failed", "attempt": "a0"}  # the launch ended: relaunched at 6
+    for batch in (rank(0, "a0", range(1, 11)), rank(1, "a1", range(1, 11)) + [crashed],
                   rank(1, "b1", range(6, 16)), rank(0, "b0", range(6, 16))):
         r = httpx.post(server.url + "/v1/records", json={"records": batch}, timeout=10)
-        assert r.json()["accepted"] == 10, r.text
+        assert r.json()["accepted"] == len(batch), r.text
     detail = httpx.get(f"{server.url}/v1/runs/ddp", timeout=10).json()
     assert [(a["number"], a["kind"], a["start_step"]) for a in detail["attempts"]] == [
         (1, "first", 1), (2, "resumed", 6)]
@@ -243,7 +246,8 @@ def test_other_ranks_of_a_launch_join_its_attempt(server):
                         params={"kind": "step", "limit": 100}).json()["records"]
     assert sorted((r["rank"], r["step"]) for r in current) == sorted(
         (rk, s) for rk in (0, 1) for s in range(1, 16))
-    assert {r["attempt"] for r in current if r["step"] >= 6} == {"b0", "b1"}
+    # Which processes sent them, as reads show a token: its digest (records/tokens.py).
+    assert {r["attempt"] for r in current if r["step"] >= 6} == {shown("b0"), shown("b1")}
 
 
 def test_a_bad_attempt_token_is_refused_with_a_reason(server):
@@ -254,14 +258,15 @@ def test_a_bad_attempt_token_is_refused_with_a_reason(server):
 
 
 def test_records_past_max_attempts_per_run_are_refused_with_a_reason(tmp_path: Path):
-    def batch(token: str) -> list[dict]:
+    def batch(token: str) -> list[dict]:  # each process runs two steps and ends
         return [{"kind": "step", "run_id": "many", "step": s, "time": 1.0 + s, "loss": 1.0,
-                 "attempt": token} for s in (1, 2)]
+                 "attempt": token} for s in (1, 2)] + [
+            {"kind": "end", "run_id": "many", "step": 2, "time": 4.0, "attempt": token}]
 
     with LiveServer(load_settings(data_dir=tmp_path, max_attempts_per_run=2)) as srv:
         for token in ("a", "b"):
             r = httpx.post(srv.url + "/v1/records", json={"records": batch(token)}, timeout=10)
-            assert r.json()["accepted"] == 2, r.text
+            assert r.json()["accepted"] == 3, r.text
         refused = httpx.post(srv.url + "/v1/records", json={"records": batch("c")}, timeout=10)
         detail = httpx.get(f"{srv.url}/v1/runs/many", timeout=10).json()
     assert refused.status_code == 422

@@ -79,7 +79,8 @@ class Checker:
 
 def _records() -> list[dict[str, Any]]:
     run = {"kind": "run", "run_id": "doc", "config": {"total_steps": 100},
-           "labels": {"project": "p"}}
+           "labels": {"project": "p"},  # node 0 of two: this sidecar leads it
+           "cluster": {"node_rank": 0, "nodes": 2, "local_world_size": 1}}
     steps = [{"kind": "step", "run_id": "doc", "step": s, "time": 100.0 + s,
               "loss": 2.0 if s < 8 else "NaN", "grad_norm": 1.0, "lr": 1e-3,
               "tokens": 512, "step_time": 0.1} for s in range(1, 10)]

@@ -110,10 +110,12 @@ def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
             sc.stop()
 
 
-def test_a_nan_step_at_time_1e308_with_grafana_links_is_paged(tmp_path: Path):
+def test_a_nan_step_at_time_1e308_is_refused_naming_time_and_the_real_one_paged(
+        tmp_path: Path):
     """Building the dashboard link from ``time: 1e308`` overflowed after the records were
-    committed: 500, the retry a duplicate, and no page ever. Any time is data: the step is
-    acknowledged and paged, its link without a time range."""
+    committed: 500, the retry a duplicate, and no page ever. A record's time is bounded
+    against its arrival now (records/limits.py ``MAX_CLOCK_AHEAD_SECONDS``): 1e308 is a 422
+    naming ``time`` and stores nothing; the step with a real time is paged, with its link."""
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     with Receiver("pagerduty") as pd:
@@ -125,9 +127,11 @@ def test_a_nan_step_at_time_1e308_with_grafana_links_is_paged(tmp_path: Path):
             assert httpx.post(url, json=_batch(range(1, 11), -1)).status_code == 200
             nan = {"kind": "step", "run_id": "dur", "step": 11, "time": 1e308, "loss": "NaN"}
             r = httpx.post(url, json={"records": [nan]}, timeout=60)
+            assert r.status_code == 422 and "time: 1e+308 is" in r.text, r.text
+            r = httpx.post(url, json={"records": [{**nan, "time": 1011.0}]}, timeout=60)
             assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
             [page] = pd.wait_for(1, timeout=20, accepted_only=True)
             assert page.json["payload"]["custom_details"]["step"] == 11
-            assert page.json["client_url"].endswith("?var-run=dur")
+            assert "var-run=dur" in page.json["client_url"]
             [alert] = httpx.get(srv.url + "/v1/alerts").json()["alerts"]
             assert alert["delivery"]["pagerduty"]["state"] == "sent"

@@ -135,8 +135,10 @@ def test_findings_of_replaced_steps_stay_stored_and_leave_the_current_view(tmp_p
         return [{"kind": "step", "run_id": "re", "step": s, "time": 1.0 + s, "attempt": token,
                  "loss": float("nan") if s == nan_at else 2.0} for s in range(first, last + 1)]
 
+    crashed = {"kind": "end", "run_id": "re", "step": 40, "time": 42.0, "status": "failed",
+               "attempt": "a"}
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
-        for batch in (steps("a", 1, 40, nan_at=30), steps("b", 25, 50, nan_at=-1)):
+        for batch in (steps("a", 1, 40, nan_at=30) + [crashed], steps("b", 25, 50, nan_at=-1)):
             r = httpx.post(srv.url + "/v1/records", timeout=10,
                            content=b"\n".join(wire.dumps(x) for x in batch),
                            headers={"Content-Type": "application/x-ndjson"})
@@ -155,15 +157,24 @@ def test_a_page_ending_on_a_hang_or_agreement_record_links_to_one_the_route_take
     records: list[dict] = [{"kind": "run", "run_id": "h", "time": 0.0,
                             "hardware": {"world_size": 2}}]
     records += [{"kind": "step", "run_id": "h", "rank": r, "step": s, "time": float(s),
-                 "loss": 1.0} for s in range(1, 4) for r in (0, 1)]
+                 "loss": "NaN" if (s, r) == (3, 1) else 1.0}  # a stop rule stops it: action 1
+                for s in range(1, 4) for r in (0, 1)]
     records += [{"kind": "hang", "run_id": "h", "rank": r, "step": 3, "time": 40.0,
                  "stuck_seconds": 37.0, "threads": [{"name": "MainThread", "frames": [
                      {"file": "train.py", "line": 88, "function": "main"}]}]} for r in (0, 1)]
-    records.append({"kind": "agreement", "run_id": "h", "rank": 1, "step": 3, "time": 41.0,
-                    "action_id": 1, "action": "stop", "outcome": "missing"})
-    with LiveServer(load_settings(data_dir=tmp_path)) as srv:
+    # Rank 1 held that stop back (an agreement record is about an action the run took).
+    held = {"kind": "agreement", "run_id": "h", "rank": 1, "step": 3, "time": 41.0,
+            "action_id": 1, "action": "stop", "outcome": "missing"}
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("routes: {page: [console]}\nrules:\n  - {name: StopOnNaN, match: "
+                     "{types: [nan_inf]}, severity: critical, action: stop}\n")
+    settings = load_settings(data_dir=tmp_path / "data", alerting={"rules_file": rules})
+    with LiveServer(settings) as srv:
         res = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
         assert res.status_code == 200 and res.json()["accepted"] == len(records), res.text
+        assert [a["action"] for a in res.json()["actions"]] == ["stop"]
+        res = httpx.post(srv.url + "/v1/records", json={"records": [held]}, timeout=30)
+        assert res.status_code == 200 and res.json()["accepted"] == 1, res.text
         pages = _follow(srv, "/v1/runs/h/records?since_step=-1&limit=1", "records")
     kinds = [r["kind"] for page in pages for r in page]
     assert kinds == ["run"] + ["step"] * 6 + ["hang", "hang", "agreement"], kinds

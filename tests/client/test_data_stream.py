@@ -12,9 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+)
 
 from monitor_client import DataStream, RollbackPlan
+from monitor_client._data import attach
 
 
 class Numbered(Dataset):
@@ -160,3 +169,96 @@ def test_a_plan_is_what_seek_takes():
     data = DataStream(DataLoader(Numbered(40), batch_size=4))
     data.seek(plan.resume_position, skip=plan.skip)
     assert [data.position for _ in itertools.islice(data, 3)] == [8, 10, 11]
+
+
+class CountedBatches(BatchSampler):
+    """A shuffled batch sampler that counts the batches it draws (``drawn``)."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        super().__init__(RandomSampler(range(n)), batch_size, drop_last=False)
+        self.drawn = 0
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.drawn += 1
+            yield batch
+
+
+def test_a_window_of_any_size_is_jumped_not_walked():
+    # Seeking walked every skipped position: (1, 10**7) took 7.9 s to the first batch and
+    # (1, 10**12) never yielded. Whole epochs are jumped now; at most one epoch is drawn.
+    def make():
+        sampler = CountedBatches(40, 4)  # 10 batches an epoch
+        return DataLoader(Numbered(40), batch_sampler=sampler), sampler
+    for first, last in ((1, 10**6), (1, 10**12), (5, 10**9)):
+        loader, sampler = make()
+        data = DataStream(loader)
+        data.seek(0, skip=[(first, last), (last + 2, last + 2)])
+        kept = [*range(1, first), last + 1, last + 3, last + 4]
+        assert [p for p, _ in _run(data, len(kept))] == kept
+        assert sampler.drawn <= 2 * len(loader), (first, last, sampler.drawn)
+
+
+def test_a_jumped_stream_yields_the_reference_batches():
+    def make():
+        return DataLoader(Numbered(40), batch_size=4, shuffle=True)
+    ref = _reference(make, 60)  # six data epochs
+    data = DataStream(make())
+    data.seek(3, skip=[(5, 31), (33, 33), (40, 52)])
+    got = _run(data, 6)
+    assert [p for p, _ in got] == [4, 32, 34, 35, 36, 37]
+    assert all(ids == ref[p] for p, ids in got)
+    late = DataStream(make())
+    late.seek(0, skip=[(1, 54)])  # five epochs and a half jumped
+    assert _run(late, 3) == [(p, ref[p]) for p in (55, 56, 57)]
+
+
+class Streamed(IterableDataset):
+    """A stream of sample ids, reshuffled each pass by ``set_epoch`` (as HF ``datasets``'
+    streaming shuffle is); every sample made is counted (``made``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch, self.made = n, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch))
+        for i in order.tolist():
+            self.made += 1
+            yield i
+
+
+def test_a_stream_is_counted_by_position_and_its_windows_read_past():
+    def make():
+        return DataLoader(Streamed(40), batch_size=4)  # 10 batches a pass, no length known
+    ref = _reference(make, 25)  # over three passes, each its own order
+    assert sorted(sum((ref[p] for p in range(11, 21)), [])) == list(range(40))
+    data = DataStream(make())
+    assert data.skips_by == "reading"
+    try:
+        len(data)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a stream has no length (len 0 made Lightning train nothing)")
+    data.seek(3, skip=[(5, 12)])  # across the first pass's end
+    got = _run(data, 6)
+    assert [p for p, _ in got] == [4, 13, 14, 15, 16, 17]
+    assert all(ids == ref[p] for p, ids in got)
+
+
+def test_attach_makes_a_streamed_loader_yield_the_stream():
+    dataset = Streamed(40)
+    loader = DataLoader(dataset, batch_size=4)
+    ref = _reference(lambda: DataLoader(Streamed(40), batch_size=4), 20)
+    batches = attach(loader, position=2, skip=[(4, 6)])
+    assert batches is not None and batches.stream.skips_by == "reading"
+    got = []
+    for batch in loader:  # whoever iterates the loader now reads the stream
+        got.append((batches.took(), batch.tolist()))
+        if len(got) == 5:
+            break
+    assert got == [(p, ref[p]) for p in (3, 7, 8, 9, 10)]
+    assert dataset.made == 10 * 4  # batches 1-10 made: the skipped ones read past

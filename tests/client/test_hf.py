@@ -199,8 +199,16 @@ def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_laun
     assert [(r["step"], r["path"], r["data_position"]) for r in stand_in.of_kind("checkpoint")
             if r["attempt"] == mon.attempt] == [(2, str(out / "checkpoint-2"), 2),
                                                 (4, str(out / "checkpoint-4"), 4)]
+    # Each save names the job's saves before it, and the plan file the ones the process
+    # vouched for when it stopped: a relaunched process inherits them and vouches for the
+    # one it resumed from (a second plan to it acts there, before any save of its own).
+    ckpt = {step: str(out / f"checkpoint-{step}") for step in (2, 4, 6)}
     assert json.loads((out / "checkpoint-2" / "monitor_data.json").read_text()) == {
-        "data_position": 2, "skip": []}
+        "data_position": 2, "skip": [], "checkpoints": []}
+    assert left["checkpoints"] == [[2, ckpt[2]]]
+    assert mon2.job_checkpoints()[:3] == [[2, ckpt[2]], [4, ckpt[4]], [6, ckpt[6]]]
+    assert json.loads((out / "checkpoint-6" / "monitor_data.json").read_text())[
+        "checkpoints"] == [[2, ckpt[2]], [4, ckpt[4]]]
     assert (left["id"], left["checkpoint_step"], left["skip_to"]) == (5, 2, 6)
     assert left["resume_from_checkpoint"] == str(out / "checkpoint-2")
     [end] = [r for r in stand_in.of_kind("end") if r["attempt"] == mon.attempt]

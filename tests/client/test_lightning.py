@@ -230,3 +230,54 @@ def test_lightning_times_validation_and_saves_apart(receiver, tmp_path):
         assert 0.2 <= r["seconds"] < 0.2 + 0.3, r
     for r in checkpoints:
         assert 0.3 <= r["seconds"] < 0.3 + 0.2, r
+
+
+class Numbers(torch.utils.data.IterableDataset):
+    """A stream of samples ``(x, y, i)``, sample ``i`` the ``i``-th to arrive."""
+
+    def __iter__(self):
+        for i in range(400):
+            g = torch.Generator().manual_seed(i)
+            x = torch.randn(8, generator=g)
+            yield x, x.sum(dim=0, keepdim=True), i
+
+
+class Logged(Regressor):
+    """Logs the first sample id of each batch it trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.trained: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y, i = batch
+        self.trained.append(int(i[0]))
+        return super().training_step((x, y), batch_idx)
+
+
+def test_lightning_counts_a_stream_by_the_batch_it_trains_and_resumes_there(receiver,
+                                                                            tmp_path):
+    # Lightning fetches a batch ahead of a loader without a length; the position each step
+    # sends is the batch it trained, and a fit resumed from a save resumes the stream
+    # after it, not at the stream's start. (A DataStream over a stream used to say its
+    # length was 0.)
+    def fit(run_id, ckpt_path=None, steps=6):
+        mon = Monitor(url=receiver.url, run_id=run_id, settings=MonitorSettings(
+            spool_dir=tmp_path / "spool", install_hooks=False, linger=0.02))
+        module = Logged()
+        saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3,
+                                             save_top_k=-1)
+        trainer = pl.Trainer(max_steps=steps, callbacks=[MonitorCallback(mon), saves],
+                             accelerator="cpu", logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(module, DataStream(torch.utils.data.DataLoader(Numbers(), batch_size=4)),
+                    ckpt_path=ckpt_path)
+        return module, mon
+    first, mon = fit("pl-stream")
+    assert first.trained == [0, 4, 8, 12, 16, 20]
+    sent = [(r["step"], r["data_position"]) for r in receiver.of_kind("step")
+            if r["attempt"] == mon.attempt]
+    assert sent == [(s, s) for s in range(1, 7)]
+    assert receiver.of_kind("run")[0]["data"] == {"skips_by": "reading"}
+    again, _ = fit("pl-stream", ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt"))
+    assert again.trained == [12, 16, 20]  # positions 4-6: the stream resumed after 3

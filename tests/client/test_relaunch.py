@@ -6,6 +6,7 @@ limit. Real subprocesses."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_an_exit_75_without_a_plan_is_not_relaunched(tmp_path):
         [sys.executable, "-m", "monitor_client.relaunch", "--dir", str(tmp_path), "--",
          sys.executable, str(script)], capture_output=True, text=True, timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "client")})
-    assert proc.returncode == 75 and "holds no plan: not relaunching" in proc.stderr
+    assert proc.returncode == 75 and "holds no plan it can take: not relaunching" in proc.stderr
 
 
 def test_a_plan_waiting_when_it_starts_is_taken_at_once(tmp_path):
@@ -84,3 +85,36 @@ def test_a_plan_waiting_when_it_starts_is_taken_at_once(tmp_path):
     assert code == 0 and [launch["argv"] for launch in launches] == [["--lr", "1",
                                                                      "--ckpt_path=c-7"]]
     assert launches[0]["plan"] == str(tmp_path / "monitor_rollback.4.json")
+
+
+def _launch_with(tmp_path: Path, plan_file: Path) -> subprocess.CompletedProcess:
+    """The helper over a command that exits 75 as soon as it runs, ``plan_file`` being
+    what it finds as ``monitor_rollback.json`` (left before it starts)."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys; sys.exit(75)")
+    return subprocess.run(
+        [sys.executable, "-m", "monitor_client.relaunch", "--dir", str(plan_file.parent), "--",
+         sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "client")})
+
+
+def test_a_plan_file_that_is_a_symlink_to_a_fifo_is_refused_not_waited_on(tmp_path):
+    # A plain open() of the FIFO blocks until a writer comes: the helper hung forever.
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "monitor_rollback.json").symlink_to(tmp_path / "pipe")
+    proc = _launch_with(tmp_path, tmp_path / "monitor_rollback.json")
+    assert proc.returncode == 75, proc.stderr
+    assert "plan file refused" in proc.stderr and "symlink: not followed" in proc.stderr
+    assert "holds no plan it can take: not relaunching" in proc.stderr
+
+
+def test_a_plan_file_past_the_size_bound_is_refused_unread(tmp_path):
+    # A valid plan padded past 4 MiB: read whole before, and relaunched from (a 1.5 GB one
+    # died with MemoryError); refused now from its size alone.
+    plan = {"id": 1, "number": 1, "checkpoint_path": "c-1", "resume_from_checkpoint": "c-1",
+            "message": "x" * (5 << 20)}
+    (tmp_path / "monitor_rollback.json").write_text(json.dumps(plan))
+    proc = _launch_with(tmp_path, tmp_path / "monitor_rollback.json")
+    assert proc.returncode == 75, proc.stderr
+    assert "bytes, more than 4194304" in proc.stderr
+    assert "relaunching" not in proc.stderr.replace("not relaunching", "")

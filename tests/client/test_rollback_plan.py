@@ -46,6 +46,33 @@ def test_plan_reads_the_contract_and_refuses_holes():
     assert RollbackPlan.from_action({"id": 1, "action": "stop"}) is None
 
 
+@pytest.mark.parametrize("plan", [
+    {"lr_factor": float("nan")}, {"lr_factor": -1.0}, {"lr_factor": 0.0},
+    {"lr_factor": 1e308}, {"lr_factor": "abc"}, {"lr_factor": True},
+    {"skip": [[21, 10**15]]}, {"skip": [[40, 21]]}, {"checkpoint_step": "20"},
+    {"skip_from": 2**60},
+])
+def test_a_plan_with_absurd_numbers_is_no_plan(plan):
+    """Hostile input, part five: a plan whose LR factor is not a finite number in (0, 1],
+    whose windows skip more than any run's data or are no windows, or whose counts are not
+    JSON integers, is refused whole, from an action and from the resume file alike; the
+    LR scaling a framework callback does never raises, whatever a plan says."""
+    from monitor_client._resume import LrScale
+
+    assert RollbackPlan.from_action(_action(**plan)) is None
+    good = RollbackPlan.from_action(_action())
+    assert good is not None
+    assert RollbackPlan.from_dict({**good.as_dict(), **plan}) is None
+    forged = RollbackPlan(**{**good.as_dict(), "skip": good.skip, "lr_factor": "abc"})
+
+    class Optimizer:
+        param_groups = [{"lr": 0.1}]
+
+    scale = LrScale(forged)
+    scale.apply(Optimizer(), step=good.resume_step)  # an LR factor of "abc": no raise
+    assert Optimizer.param_groups[0]["lr"] == 0.1
+
+
 def test_plan_book_newest_pending_and_honoured_plans_are_history():
     book = PlanBook()
     book.receive({"id": 2, "action": "stop"})
@@ -136,6 +163,55 @@ def test_a_plan_for_a_checkpoint_this_process_never_reported_is_refused(stand_in
     held = stand_in.of_kind("agreement")
     assert [(h["action_id"], h["outcome"], h["rounds"]) for h in held] == [
         (5, "unreported", 1), (5, "unreported", 2), (5, "unreported", 4)]
+
+
+def test_a_refused_plan_stops_the_run_rather_than_train_on_from_its_fault(stand_in,
+                                                                         tmp_path):
+    # The plan is never loaded, so the run would go on from the fault it was to leave (a
+    # relaunched HF job trained NaN for its ~100 remaining steps): it stops, saying why.
+    mon = _monitor(stand_in.url, tmp_path)
+    for step in range(1, 36):
+        mon.log_step(step, loss=1.0)
+    mon.checkpoint_saved(30, "/ckpt/step-30.pt")  # not the plan's
+    assert not mon.should_stop()
+    stand_in.publish(_action())
+    mon.log_step(36, loss=float("nan"))
+    eventually(lambda: mon.actions(), timeout=15, what="the client holds the plan")
+    assert mon.rollback_plan() is None
+    assert mon.should_stop() and mon.should_stop()  # sticky
+    assert mon.stop_reason() == ("rollback plan 5 names a checkpoint no process of this job "
+                                 "saved or resumed from: not loaded; stopping, a human must "
+                                 "look")
+    assert mon.close(timeout=10)
+    [end] = stand_in.of_kind("end")
+    assert end["status"] == "stopped" and end["step"] == 36
+    assert end["error"] == f"stopped at step 36: {mon.stop_reason()}"
+
+
+def test_a_resumed_process_may_go_back_to_the_jobs_earlier_saves_it_inherited(stand_in,
+                                                                            tmp_path):
+    # Process 1 saved steps 10 and 20 and kept its chain with the save of step 20; process
+    # 2 resumed from it. A plan to step 10 (a save of process 1, not the one process 2
+    # resumed from) acts; a checkpoint in no process's chain is still refused.
+    first = _monitor(stand_in.url, tmp_path, run_id="chain")
+    first.log_step(10, loss=1.0)
+    first.checkpoint_saved(10, "/ckpt/step-10.pt")
+    first.log_step(20, loss=1.0)
+    kept = first.job_checkpoints()  # saved with the checkpoint of step 20
+    first.checkpoint_saved(20, "/ckpt/step-20.pt")
+    assert kept == [[10, "/ckpt/step-10.pt"]]
+    assert first.job_checkpoints() == [[10, "/ckpt/step-10.pt"], [20, "/ckpt/step-20.pt"]]
+    first.close(timeout=10)
+    second = _monitor(stand_in.url, tmp_path, run_id="chain")
+    second.resumed_from(20, "/ckpt/step-20.pt", earlier=kept)
+    assert second.job_checkpoints() == first.job_checkpoints()
+    book = second._plans
+    for number, (step, path) in enumerate(((10, "/ckpt/step-10.pt"), (20, "/ckpt/step-20.pt"),
+                                           (10, "/elsewhere/step-10.pt")), start=1):
+        book.receive(_action(number, checkpoint_step=step, checkpoint_path=path, skip_to=40))
+    assert [book.vouches(book.get(n)) for n in (1, 2, 3)] == [True, True, False]
+    assert book.inherit([[5, "/x"], ["6", "/y"], [7, ""], "junk", [8]]) == 1
+    second.close(timeout=10)
 
 
 def test_a_stop_instead_of_a_plan_still_stops(stand_in, tmp_path):

@@ -86,10 +86,12 @@ def _texts(slack: Receiver) -> list[str]:
 
 
 def test_a_nan_on_node_1_is_one_page_from_the_leader_naming_rank_and_host(tmp_path):
+    port = free_port()
     with Receiver("slack") as slack0, Receiver("slack") as slack1, \
-            sidecar(tmp_path / "n0", slack0) as lead, \
-            sidecar(tmp_path / "n1", slack1) as node:
-        # Node 1's sidecar follows the URL its ranks' clients name (MASTER_ADDR + port).
+            sidecar(tmp_path / "n0", slack0, port=port) as lead, \
+            sidecar(tmp_path / "n1", slack1, leader_hosts=[f"127.0.0.1:{port}"]) as node:
+        # Node 1's sidecar follows the URL its ranks' clients name (MASTER_ADDR + port):
+        # on one host the sidecars' ports differ, so it is listed (cluster.leader_hosts).
         lead_url = lead.url
         for rank in (2, 3):
             _post(node.url, [{**_run_record(rank), "cluster": {
@@ -141,8 +143,11 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
         assert "rank 2" in pages[0] and "nan" in pages[0]
         actions = httpx.get(f"{node.url}/v1/runs/{RUN}/actions", timeout=5).json()
         assert actions["actions"] == []  # no decision on a partial view
-        # The leader comes back: node 1 catches it up, and it pages nothing again.
+        # The leader comes back, its own ranks' clients send their run records again (a
+        # leader takes a node's digests only for runs its own node 0 ranks placed there):
+        # node 1 catches it up, and it pages nothing again.
         with sidecar(tmp_path / "n0", slack0, port=port, rules=STOP_ON_NAN) as lead:
+            _post(lead.url, [_run_record(0), _run_record(1)])
             told = eventually(lambda: [a for a in httpx.get(
                 f"{lead.url}/v1/alerts", timeout=5).json()["alerts"]
                 if a["alertname"] == "StopOnNaN"], timeout=20)

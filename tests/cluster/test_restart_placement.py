@@ -25,7 +25,9 @@ LEADER = "http://gpu-node-0:9400"
 
 
 def _engine(path: Path, **cluster: object) -> Engine:
-    return Engine(Settings(cluster=cluster), Store(str(path)), SelfMetrics(CollectorRegistry()))
+    # The sidecar's own MASTER_ADDR names the job's leader host (cluster/placement.py).
+    settings = Settings(cluster={"master_addr": "gpu-node-0", **cluster})
+    return Engine(settings, Store(str(path)), SelfMetrics(CollectorRegistry()))
 
 
 def _ingest(engine: Engine, records: list[dict], now: float) -> None:

@@ -73,6 +73,33 @@ def test_every_node_finds_the_leader_from_what_torchrun_already_has() -> None:
     assert port in {p["port"] for p in service["spec"]["ports"]}
 
 
+def test_a_node_sidecar_follows_the_leader_its_ranks_name_with_a_credential_of_its_own(
+        ) -> None:
+    """Hostile input, part five: a sidecar follows a leader its ranks name only on its own
+    MASTER_ADDR at its own port, so the Pod gives the sidecar the trainer's MASTER_ADDR;
+    the link's credential is a Secret key only the sidecar mounts (no job speaks for a
+    node)."""
+    from monitor_agent.cluster.placement import leader_of
+    from monitor_agent.cluster.settings import ClusterSettings
+    from monitor_agent.records.types import ClusterPlacement
+
+    spec = pod()["spec"]
+    sidecar, (trainer,) = spec["initContainers"][0], spec["containers"]
+    trainer_env = {e["name"]: e for e in trainer["env"]}
+    sidecar_env = {e["name"]: e for e in sidecar["env"]}
+    assert sidecar_env["MASTER_ADDR"]["value"] == trainer_env["MASTER_ADDR"]["value"]
+    master = sidecar_env["MASTER_ADDR"]["value"].replace("$(POD_NAMESPACE)", "default")
+    port = sidecar["ports"][0]["containerPort"]
+    named = ClusterPlacement(node_rank=1, nodes=2, leader_url=f"http://{master}:{port}")
+    assert leader_of(named, ClusterSettings(master_addr=master), port) == named.leader_url
+    peer_file = sidecar_env["MONITOR_AGENT_CLUSTER__PEER_TOKEN_FILE"]["value"]
+    volume = next(v for v in spec["volumes"] if "secret" in v)
+    items = {i["key"]: i["path"] for i in volume["secret"]["items"]}
+    assert peer_file.endswith("/" + items["peer_token"])
+    assert "peer_token" in load("secret.example.yaml")["stringData"]
+    assert "peer_token" not in str(trainer)  # the trainer has only the write token
+
+
 def test_podmonitor_selects_the_pod_and_names_the_job_the_rules_match() -> None:
     monitor = load("podmonitor.yaml")
     labels = pod()["metadata"]["labels"]

@@ -77,6 +77,10 @@ def _post(sc: SidecarProcess, batch: list[dict[str, Any]]) -> dict[str, Any]:
 def _first_attempt(sc: SidecarProcess) -> None:
     for batch in _batches("a", 1, ABANDONED_TO, _diverging):
         _post(sc, batch)
+    # The process fails (its client's exit hook says so): the relaunch may replace it at
+    # once (a new attempt does not replace a job that is still sending).
+    _post(sc, [{"kind": "end", "run_id": RUN, "step": ABANDONED_TO,
+                "time": 1000.0 + ABANDONED_TO + 1, "status": "failed", "attempt": "a"}])
 
 
 def _get(sc: SidecarProcess, path: str) -> Any:
@@ -153,7 +157,7 @@ def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: P
         assert ("loss_spike", SPIKE) in resumed, resumed
 
         # The verdict: judged on the current history, naming what the resume abandoned. No
-        # rule decided a rollback plan here, and the first process sent no end record: the
+        # rule decided a rollback plan here, and the first process ended failed: the
         # sidecar says what it saw, a resume after a crash (issue 31), not a rollback.
         abandoned = [f for f in _get(sc, f"/v1/runs/{RUN}/findings?limit=1000")["findings"]
                      if f["type"] == "divergence"]

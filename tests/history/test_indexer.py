@@ -17,12 +17,12 @@ from monitor_agent.storage.database import Database
 from monitor_agent.storage.store import Store
 
 
-def _send(engine: Engine, token: str, steps: range) -> None:
+def _send(engine: Engine, token: str, steps: range, now: float = 1.0) -> None:
     lines = [{"kind": "step", "run_id": "r", "step": s, "time": float(s), "attempt": token,
               "loss": 2.0 + (s % 7) / 100, "grad_norm": 1.0} for s in steps]
     for i in range(0, len(lines), 500):
         engine.ingest([Incoming(j, *schemas.parse_for_store(o))
-                       for j, o in enumerate(lines[i:i + 500])], now=1.0)
+                       for j, o in enumerate(lines[i:i + 500])], now=now)
 
 
 def _catch_up(indexer: HistoryIndexer, store: Store) -> None:
@@ -39,7 +39,7 @@ def test_a_long_abandoned_branch_is_kept_thinned_and_a_restart_drops_it(tmp_path
     engine = Engine(Settings(), store, SelfMetrics(CollectorRegistry()))
     indexer = HistoryIndexer(store.path, tmp_path / "history.sqlite", 0.99, 0)
     _send(engine, "a", range(1, 3001))
-    _send(engine, "b", range(501, 601))  # rolled back to step 500: 501..3000 abandoned
+    _send(engine, "b", range(501, 601), now=100.0)  # rolled back to 500: 501..3000 abandoned
     _catch_up(indexer, store)
     db = indexer.builder.db
 
@@ -59,13 +59,13 @@ def test_a_long_abandoned_branch_is_kept_thinned_and_a_restart_drops_it(tmp_path
     assert series.scalars(db, "r", points=10_000)["steps"] == list(range(1, 601))
 
     # A second rollback keeps the first branch and adds its own.
-    _send(engine, "c", range(551, 561))
+    _send(engine, "c", range(551, 561), now=200.0)
     _catch_up(indexer, store)
     assert [(b["attempt"], b["rolled_back_to"], b["steps"][0], b["steps"][-1])
             for b in series.branches(db, "r", 0)] == [(2, 500, 501, 3000), (3, 550, 551, 600)]
 
     # A new run reusing the id starts over: the old run's branches are not its own.
-    _send(engine, "d", range(1, 11))
+    _send(engine, "d", range(1, 11), now=300.0)
     _catch_up(indexer, store)
     assert series.branches(db, "r", 0) == []
     assert series.scalars(db, "r")["steps"] == list(range(1, 11))

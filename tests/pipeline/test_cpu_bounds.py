@@ -132,9 +132,9 @@ def _walk_back(tmp_path: Path, every: int, steps: int = 240, ranks: int = 2,
         _ingest(engine, [_step("w", s, r) for s in range(first, first + 8)
                          for r in range(ranks)])
     replayed = []
-    for k in range(1, walks + 1):  # each new attempt one step earlier than the last
-        before = engine.replayed
-        _ingest(engine, [_step("w", steps - k, 0, f"walk-{k}")])
+    for k in range(1, walks + 1):  # each new attempt one step earlier than the last,
+        before = engine.replayed  # a minute after the one before stopped
+        _ingest(engine, [_step("w", steps - k, 0, f"walk-{k}")], now=1000.0 + 60 * k)
         replayed.append(engine.replayed - before)
     return engine, replayed
 

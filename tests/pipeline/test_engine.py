@@ -77,6 +77,9 @@ class RecordingSink:
     def open_actions(self, run_id: str) -> list[dict]:
         return []
 
+    def took_action(self, run_id: str, action_id: int, action: str) -> bool:
+        return action == "stop"  # the one action it asks for
+
     def waiting(self, run_id: str) -> bool:
         return False
 

@@ -92,13 +92,14 @@ def test_a_restart_feeds_the_goodput_ledger_the_replaced_records_stored_since_it
             _ingest(engine, _resume_run("a", first, first + 24), now=10.0)
         engine.registry.snapshot_all()
         _ingest(engine, _resume_run("a", 326, 330), now=11.0)
-        _ingest(engine, _resume_run("b", 251, 275), now=12.0)
+        # The resume comes after attempt a stopped (a relaunch takes its time).
+        _ingest(engine, _resume_run("b", 251, 275), now=72.0)
         if kill:  # SIGKILL: nothing more kept; a new process on the same database
             engine = Engine(settings, store, SelfMetrics(CollectorRegistry()))
-            assert engine.recover(now=13.0) == 1
-            _ingest(engine, _resume_run("b", 251, 275), now=13.0)  # its answer was lost
+            assert engine.recover(now=73.0) == 1
+            _ingest(engine, _resume_run("b", 251, 275), now=73.0)  # its answer was lost
         for first in range(276, 451, 25):
-            _ingest(engine, _resume_run("b", first, first + 24), now=14.0)
+            _ingest(engine, _resume_run("b", first, first + 24), now=74.0)
         reports.append(engine.registry.get("r").state.goodput.report())
         store.close()
     plain, killed = reports

@@ -169,7 +169,7 @@ def checkpoint_flood(url: str, pid: int, checkpoints: int = 20_000, batch: int =
 def walk_back(url: str, pid: int, steps: int = 2000, ranks: int = 8, walks: int = 50,
               batch: int = 2000, interval: float = 0.05) -> AttackReport:
     """A run of ``steps`` x ``ranks`` (sent first, not timed), then ``walks`` new attempts,
-    each a single record one step earlier than the last."""
+    each a single record one step earlier than the last, after the attempt before ended."""
     report = AttackReport(f"walk-back resumes ({walks} attempts, one step back each, on "
                           f"{steps:,} steps x {ranks} ranks)")
     with httpx.Client(timeout=TIMEOUT) as http:
@@ -183,6 +183,11 @@ def walk_back(url: str, pid: int, steps: int = 2000, ranks: int = 8, walks: int 
         cpu0, t0 = _cpu(pid), time.perf_counter()
         with Victim(url, interval=interval) as victim:
             for k in range(1, walks + 1):
+                # The attempt before ends (a relaunch follows its process's end: a new
+                # attempt does not replace a live one); the resume is what is timed.
+                _post(http, url, [{"kind": "end", "run_id": "walk", "step": steps - k + 1,
+                                   "time": time.time(), "status": "failed",
+                                   "attempt": f"walk-{k - 1}" if k > 1 else "a0"}])
                 report.requests.append((1, _post(http, url, [
                     _step("walk", steps - k, 0, f"walk-{k}", t=time.time())])))
     report.victim = victim.latencies

@@ -123,7 +123,7 @@ def _resumed_run(ended: str | None) -> str:
                       "attempt": "a"})
     resumed = [{"kind": "step", "run_id": "r", "step": s, "time": 60.0 + s, "loss": 2.0,
                 "attempt": "b"} for s in range(31, 41)]
-    for now, batch in ((100.0, lines), (101.0, resumed)):
+    for now, batch in ((100.0, lines), (160.0, resumed)):  # relaunched a minute later
         engine.ingest([Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(batch)],
                       now=now)
     return RunQueries(engine.store, engine.registry).run_detail("r").verdict.words

@@ -125,10 +125,12 @@ def test_a_resumed_run_exports_its_current_history_by_either_route(tmp_path: Pat
         return [{"kind": "step", "run_id": "re", "step": s, "time": 1.0 + s, "loss": loss,
                  "attempt": token} for s in range(first, last + 1)]
 
+    ended = {"kind": "end", "run_id": "re", "step": 20, "time": 22.0, "status": "failed",
+             "attempt": "a"}  # the first process ends; the second resumes from step 11
     with LiveServer(load_settings(data_dir=tmp_path / "data")) as srv:
-        for batch in (steps("a", 1, 20, 3.0), steps("b", 11, 30, 2.0)):
+        for batch in (steps("a", 1, 20, 3.0) + [ended], steps("b", 11, 30, 2.0)):
             assert httpx.post(srv.url + "/v1/records", json={"records": batch},
-                              timeout=10).json()["accepted"] == 20
+                              timeout=10).json()["accepted"] == len(batch)
         by_url, by_dir = tmp_path / "url.jsonl", tmp_path / "dir.jsonl"
         assert main(["export", "re", "-o", str(by_url), "--url", srv.url]) == 0
         assert main(["export", "re", "-o", str(by_dir), "--data-dir",

@@ -193,8 +193,10 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
         return [{"kind": "step", "run_id": "reused", "step": s, "time": 1.0 + s,
                  "loss": loss, "attempt": token} for s in range(first, last + 1)]
 
+    crashed = {"kind": "end", "run_id": "reused", "step": 40, "time": 42.0,
+               "status": "failed", "attempt": "a"}
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
-        for batch in (steps("a", 1, 40, 3.0), steps("b", 25, 60, 2.0)):
+        for batch in (steps("a", 1, 40, 3.0) + [crashed], steps("b", 25, 60, 2.0)):
             assert httpx.post(srv.url + "/v1/records", json={"records": batch},
                               timeout=10).status_code == 200
         browser.get(f"{srv.url}/runs/reused")
@@ -204,7 +206,7 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
             "const rows = [...document.querySelectorAll('#attempts tbody tr')];"
             "return rows.length ? rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
             " : null;"))
-    # Attempt 1 sent no end record and no rollback plan was applied: a crash's resume.
+    # Attempt 1 ended failed and no rollback plan was applied: a crash's resume.
     assert cells == [["1", "first", "1–40", "", ""],
                      ["2", "resumed after a crash", "25–60", "steps 25–40 of earlier attempts",
                       "current"]]
@@ -225,8 +227,11 @@ def test_a_long_verdict_wraps_and_the_runs_list_fits_a_1400px_screen(browser, tm
                         "grad_norm": "NaN" if s >= 200 else 1.0 + (s >= 150) * (s - 149)})
         return out
 
+    crashed = {"kind": "end", "run_id": "long-verdict", "step": 240, "time": 242.0,
+               "status": "failed", "attempt": "a"}
     with LiveServer(load_settings(data_dir=tmp_path)) as srv:
-        for batch in (attempt("a", 1, 240), attempt("b", 120, 260)):  # relaunched by hand
+        # Relaunched by hand once the first process failed.
+        for batch in (attempt("a", 1, 240) + [crashed], attempt("b", 120, 260)):
             assert httpx.post(srv.url + "/v1/records", json={"records": batch},
                               timeout=30).status_code == 200
         words = httpx.get(srv.url + "/v1/runs/long-verdict", timeout=10).json()["verdict"]["words"]

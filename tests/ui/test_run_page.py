@@ -264,7 +264,10 @@ def test_a_rollback_draws_the_abandoned_branch_apart_from_the_resumed_history(
                           2.5 - s / 1000 + 0.03 * math.sin(s * 1.7))}
                 for s in range(first, last + 1)]
 
-    for batch in (steps("a", 1, 330, diverge=True), steps("b", 251, 450, diverge=False)):
+    stopped = {"kind": "end", "run_id": "rolled", "step": 330, "time": 332.0,
+               "status": "failed", "attempt": "a"}  # the diverged process ends; relaunched
+    for batch in (steps("a", 1, 330, diverge=True) + [stopped],
+                  steps("b", 251, 450, diverge=False)):
         res = httpx.post(lr_runs.url + "/v1/records", headers=lr_runs.headers, timeout=10,
                          json={"records": batch})
         assert res.status_code == 200, res.text
