@@ -406,6 +406,7 @@ class Engine:
                        and launcher is not None and launcher.restarts,
                        before.last_step, now - before.last_arrival)
             live = self.registry.rebuild(record.run_id, now)
+            live.suite.ctx.attempt_began = record.time  # its ranks start now (hang.py)
             book = live.attempts
             self.failpoints.reached("attempt_settled")
             events = live.lifecycle.settled(settled)
