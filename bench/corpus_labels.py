@@ -239,6 +239,15 @@ def _allowed(run: dict, steps: list[dict], evals: list[dict]) -> dict[str, str]:
     return out
 
 
+def crash_expected(end: dict) -> list[dict]:
+    """A recording that ended ``failed`` (its script died of an exception) expects a
+    ``crashed`` page at its end record's step (the last step it logged)."""
+    if end.get("status") != "failed":
+        return []
+    return [{"type": "crashed", "severity": "error", "first_step": end["step"],
+             "last_step": end["step"]}]
+
+
 def label(path: Path) -> dict:
     records = _read(path)
     run = records[0]["config"]
@@ -247,6 +256,7 @@ def label(path: Path) -> dict:
     end = next((r for r in records if r["kind"] == "end"), {})
     expected, why, allowed = ([], [], []) if run["fault_step"] is None else \
         _fault_expected(run, steps)
+    expected += crash_expected(end)
     measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     exp_types = {e["type"] for e in expected}

@@ -12,7 +12,8 @@ Per finding type, over the traces of one set:
 * recall: expected findings whose first finding of that type lies in the window with the
   label's severity (the rule of ``tests/detectors/test_public_traces.py``), the mean
   delay in steps from the window's first step to that finding, and on traces that go
-  non-finite the mean lead: steps from that finding to the first non-finite step;
+  non-finite the mean lead: steps from that finding to the first non-finite step (findings
+  at or before it: one after it, a crash, leads nothing);
 * faulty runs: unexplained findings (type neither expected nor allowed) and pages whose
   type no expected finding pages for (a warning-class fault must not page).
 
@@ -105,8 +106,8 @@ def score_trace(label: dict, findings: list[Finding], steps: int, total: SetScor
                 f.severity == Severity.parse(e["severity"]):
             ts.caught += 1
             ts.delays.append(f.step - e["first_step"])
-            if nan is not None and e["type"] != "nan_inf":
-                ts.leads.append(nan - f.step)
+            if nan is not None and e["type"] != "nan_inf" and f.step <= nan:
+                ts.leads.append(nan - f.step)  # after the NaN (a crash) it led nothing
         else:
             got = f"first at {f.step} ({f.severity.label})" if f else "never"
             total.unexplained.append(f"{label['file']}: missed {e['type']} {e['severity']} "

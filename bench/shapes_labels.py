@@ -46,7 +46,7 @@ import json
 from pathlib import Path
 
 from classes_labels import GRAD_SPIKE, GRAD_SPIKES, GRAD_WINDOW
-from corpus_labels import _allowed, _finite, _first_nonfinite, _med, _read
+from corpus_labels import _allowed, _finite, _first_nonfinite, _med, _read, crash_expected
 from shapes_runs import half_of
 
 SPIKE_RATIO = 1.5
@@ -172,6 +172,7 @@ def label(path: Path) -> dict:
     extra: dict = {}
     healthy = run["fault_step"] is None
     expected, why, allowed, never = ([], [], [], []) if healthy else _fault(run, steps, extra)
+    expected += crash_expected(end)
     measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     dropped = set(never)

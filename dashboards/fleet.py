@@ -79,6 +79,12 @@ def recover(q: float) -> str:
             f"(training_time_to_recover_seconds_bucket{{{P}}}))")
 
 
+STRAGGLER_GPU_HOURS = (f"training_straggler_badput_seconds{{{P}}} * on(project, run_id) "
+                       f"group_left training_run_gpus{{{P}}} / 3600 > 0")
+STRAGGLER_COLUMNS = {"project": "Project", "run_id": "Run", "cause": "Cause", "rank": "Rank",
+                     "node": "Node", "Value": "GPU-hours"}
+
+
 def goodput(g: Grid) -> list[Json]:
     """Where the fleet's GPU time went (runs/goodput.py): each run is exposed once, by
     the sidecar that judges it, so these sums over every sidecar count it once."""
@@ -90,8 +96,19 @@ def goodput(g: Grid) -> list[Json]:
              "steps kept in each run's history, weighted by its world size."),
         timeseries("Badput by cause (GPU-hours)", [target(BADPUT_GPU_HOURS, "{{cause}}")],
                    unit="short", pos=g.place(18, 8),
-                   description="GPU-hours lost per cause, summed over runs: start-up, input, "
-                   "checkpoints, eval, hangs, restarts, rollbacks, skipped steps, stragglers."),
+                   description="GPU-hours lost per cause, summed over runs: start-up, input "
+                   "(the device waiting for data), checkpoints, eval, hangs, restarts, "
+                   "rollbacks, skipped steps, and stragglers by what the straggler spends "
+                   "the others' time on (straggler_data: its data loading; straggler_compute;"
+                   " straggler_collective: late to the all-reduce). The same causes as the "
+                   "findings: an input_bound run's time is input, a slow loader on one rank "
+                   "is straggler_data."),
+        table("Straggler tax by run", [target(STRAGGLER_GPU_HOURS, instant=True,
+                                              fmt="table")],
+              columns=STRAGGLER_COLUMNS, hide=("Time", "job", "instance"), pos=g.place(24, 6),
+              overrides=[override("GPU-hours", unit="short")],
+              description="Each run's straggler (its newest attempt with one): the rank, its "
+              "node, and the GPU-hours it cost by what it spent them on."),
         stat("Failures", [target(FAILURES, instant=True)], unit="none", pos=g.place(6, 4),
              description="Hangs and relaunches after a crash over the runs held (a hang its "
              "relaunch ended counts once; rollbacks are not failures)."),

@@ -24,8 +24,16 @@ import sys
 from collections.abc import Callable
 
 
-def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str]:
-    """(status, error) for an exception that ended the run."""
+def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str | None]:
+    """(status, error) for an exception that ended the run: Ctrl-C is the user's stop, a
+    ``sys.exit()`` with code 0 or none the script ending on its own (as it ends when
+    nothing raises), anything else a crash, which the sidecar pages (detectors/crashed.py).
+
+        >>> outcome_of(SystemExit, SystemExit(0)), outcome_of(SystemExit, SystemExit(2))
+        (('completed', None), ('failed', 'SystemExit: 2'))
+    """
+    if issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
+        return "completed", None
     status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
     return status, f"{exc_type.__name__}: {exc}"[:4000]
 
@@ -46,7 +54,7 @@ class ExitHooks:
     """
 
     def __init__(self, on_exit: Callable[[], object],
-                 on_exception: Callable[[str, str], object]) -> None:
+                 on_exception: Callable[[str, str | None], object]) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
 

@@ -537,12 +537,19 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         iterator = iter(iterable)
         while True:
             self._phase.enter("data")
+            # On CUDA, events around the wait: the device's idle part of it (_timings.py).
+            timings = self._timings if self._timings is not None \
+                and self._timings.on_device else None
+            if timings is not None:
+                timings.data_began()
             start = time.perf_counter()
             try:
                 item = next(iterator)
             except StopIteration:
                 return
             self._data_time += time.perf_counter() - start
+            if timings is not None:
+                timings.data_ended()
             yield item
 
     def _counting_data(self, skips_by: str) -> None:
@@ -913,11 +920,13 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         # interval); one that never asked, or trained on, ends as it ended.
         told = self._stop_told
         stopped = told is not None and self._last_step <= told + STOP_GRACE
-        if status == "completed" and stopped:
+        if status in ("completed", "failed") and stopped:
             # The end record's step is where the trainer honoured the stop; the sidecar
-            # reports that step on the alert and the actions API.
+            # reports that step on the alert and the actions API. A trainer that leaves
+            # its loop by raising once told to stop honoured it too: not a crash.
+            said = f"stopped at step {self._last_step}: {self.stop_reason()}"
+            error = (error or said) if status == "completed" else f"{said}; it left by {error}"
             status = "stopped"
-            error = error or f"stopped at step {self._last_step}: {self.stop_reason()}"
         for hooked in (self._stats, self._acts, self._finite, self._timings, self._step_guard):
             if hooked is not None:
                 hooked.detach()
@@ -936,7 +945,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return True
         return self._sender.close(self.close_timeout if timeout is None else timeout)
 
-    def _set_outcome(self, status: str, error: str) -> None:
+    def _set_outcome(self, status: str, error: str | None) -> None:
         self._outcome = (status, error)
 
     def __enter__(self) -> Monitor:

@@ -60,9 +60,23 @@ another parameter turns out to be last (a parameter with no gradient, a differen
 gives no split, and the next one learns the new order. That keeps it at two event
 records per step instead of one per parameter.
 
-The data-ready and forward-end boundaries the client also knows (``mon.timed``, the
-forward hook) are not recorded: the split needs exactly the gap between the last local
-gradient and the optimizer step, and the step's span; data is the host's wait.
+**The device's wait for data** (``data_idle_time``). The data wait ``mon.timed`` measures
+is the host's: on CUDA the device idles for it only where the work queued before it is done
+(a loop that reads its loss every step has nothing queued; one that runs ahead of a busy GPU
+may have a whole step). So ``mon.timed`` records two more events on the training stream
+around each wait for a batch (``data_began`` / ``data_ended``): the stream reaches the first
+once the work queued before the wait is done, and the second, with nothing queued between
+them, once the host has its batch; the gap between them on the device's clock is the time
+the stream sat idle for data, 0 when the queued work outlasted the wait. Summed over the
+step's waits, capped by ``data_time``, it is the step's ``data_idle_time``: what the goodput
+ledger charges as ``input`` and ``input_bound`` judges. ``compute_time`` is then the span
+less that idle time (not the host's wait) and the all-reduce wait: the device's own work,
+also where the host runs ahead. On CPU nothing of this is recorded: the thread's wait is
+the device's.
+
+The forward-end boundary the client also knows (the forward hook) is not recorded: the
+split needs exactly the gap between the last local gradient and the optimizer step, the
+step's span, and the idle time around the data waits.
 
 A step on CPU whose backward ends and whose optimizer step starts 50 ms later (the peers'
 all-reduce, here a sleep)::
@@ -96,8 +110,16 @@ step, in a step of 10 s on the device::
     ...     Event.now += 0.03                         # ... and the optimizer 30 ms later
     ...     opt.step()
     ...     events = timings.take()
-    >>> [round(x, 6) for x in events.read()]          # on the sender thread: (wait, span)
+    >>> [round(x, 6) for x in events.read()[:2]]      # on the sender thread: (wait, span)
     [0.03, 10.0]
+
+A step whose batch the device waits 40 ms for: the stream's queued work ends at 20.0 s, the
+host has its batch at 20.04 s (``mon.timed`` records around the wait)::
+
+    >>> Event.now = 20.0; timings.data_began(); Event.now = 20.04; timings.data_ended()
+    >>> Event.now = 30.0; model(torch.ones(2, 3)).sum().backward(); opt.step()
+    >>> round(timings.take().read()[2], 6)          # the device's idle time for data
+    0.04
     >>> timings.detach()
 """
 
@@ -128,20 +150,32 @@ def device_events(params: list[Any]) -> EventMaker | None:
 
 class DeviceWait:
     """One step's CUDA events: its last local gradient (None when this step has none that
-    counts), its optimizer step's start, and the previous step's (None on the first).
+    counts), its optimizer step's start, the previous step's (None on the first), and the
+    pairs around each of its waits for data.
 
-    ``read()`` (the sender thread) gives ``(wait, span)`` in seconds on the device's clock:
-    last gradient to optimizer step, and optimizer step to optimizer step; each None when
-    an event is missing or its work not done yet (``query()``: never a wait).
+    ``read()`` (the sender thread) gives ``(wait, span, idle)`` in seconds on the device's
+    clock: last gradient to optimizer step, optimizer step to optimizer step, and the idle
+    time across the data waits; each None when an event is missing or its work not done yet
+    (``query()``: never a wait), ``idle`` also when the step did not wait through
+    ``mon.timed``.
     """
 
-    __slots__ = ("grad", "start", "previous")
+    __slots__ = ("grad", "start", "previous", "data")
 
-    def __init__(self, grad: Any, start: Any, previous: Any) -> None:
+    def __init__(self, grad: Any, start: Any, previous: Any,
+                 data: list[tuple[Any, Any]] | None = None) -> None:
         self.grad, self.start, self.previous = grad, start, previous
+        self.data = data or []
 
-    def read(self) -> tuple[float | None, float | None]:
-        return _gap(self.grad, self.start), _gap(self.previous, self.start)
+    def read(self) -> tuple[float | None, float | None, float | None]:
+        idle: float | None = None
+        for began, ended in self.data:
+            gap = _gap(began, ended)
+            if gap is None:
+                idle = None
+                break
+            idle = (idle or 0.0) + gap
+        return _gap(self.grad, self.start), _gap(self.previous, self.start), idle
 
 
 def _gap(first: Any, second: Any) -> float | None:
@@ -175,6 +209,8 @@ class StepTimings:
         self._seen: int | None = None          # the parameter whose gradient came last
         self._expect: int | None = None        # ... on the step before (events only)
         self._late_grad = False                # a gradient after the pre-hook (a closure)
+        self._data_began: Any = None           # the open data wait's first event (CUDA)
+        self._data: list[tuple[Any, Any]] = []  # this step's data waits' event pairs
         self._hooks = Hooks()
 
     @property
@@ -211,6 +247,28 @@ class StepTimings:
             self._start_event = self.events()
             self._start_event.record()
 
+    def data_began(self) -> None:
+        """The training thread asks the loader for a batch (``mon.timed``; CUDA only)."""
+        self._data_began = self._recorded()
+
+    def data_ended(self) -> None:
+        """... and has it: the pair's gap is the device's idle time for it."""
+        began, self._data_began = self._data_began, None
+        ended = self._recorded() if began is not None else None
+        if ended is not None:
+            self._data.append((began, ended))
+
+    def _recorded(self) -> Any:
+        """An event recorded on the current stream now; None if the driver refused (a
+        step's idle time is lost, never training)."""
+        try:
+            assert self.events is not None
+            event = self.events()
+            event.record()
+            return event
+        except Exception:  # noqa: BLE001 - monitoring never raises into the loop
+            return None
+
     def take(self) -> float | DeviceWait | None:
         """This step's all-reduce wait (see the class docstring), and start the next step
         afresh.
@@ -220,6 +278,7 @@ class StepTimings:
         """
         grad, start, late, seen = self._last_grad, self._step_start, self._late_grad, self._seen
         grad_event, start_event = self._grad_event, self._start_event
+        data, self._data = self._data, []
         self._last_grad = self._step_start = self._seen = None
         self._grad_event = self._start_event = None
         self._late_grad = False
@@ -234,14 +293,17 @@ class StepTimings:
         if seen is not None:
             self._expect = seen
         previous, self._previous_start = self._previous_start, start_event
-        return DeviceWait(grad_event if counts else None, start_event, previous)
+        return DeviceWait(grad_event if counts else None, start_event, previous, data)
 
 
-def split(record: dict[str, Any], wait: float | None, span: float | None = None) -> None:
+def split(record: dict[str, Any], wait: float | None, span: float | None = None,
+          idle: float | None = None) -> None:
     """Fill ``sync_wait_time`` and ``compute_time`` of a step record from its all-reduce
     wait (seconds) and the step's length: ``span`` (on CUDA, the device's) or else its
     ``step_time``; unless the script passed either field itself (``log_step(...,
-    sync_wait_time=...)``: theirs win) or the wait is unknown::
+    sync_wait_time=...)``: theirs win) or the wait is unknown. ``idle`` (CUDA): the
+    device's idle time across the data waits, the step's ``data_idle_time`` (at most its
+    ``data_time``), which the compute then leaves out instead of the host's wait::
 
         >>> record = {"step_time": 0.5, "data_time": 0.1}
         >>> split(record, 0.15); record["sync_wait_time"], round(record["compute_time"], 9)
@@ -249,7 +311,14 @@ def split(record: dict[str, Any], wait: float | None, span: float | None = None)
         >>> record = {"step_time": 0.5, "data_time": 0.1}    # the device's step was 0.8 s
         >>> split(record, 0.15, span=0.8); round(record["compute_time"], 9)
         0.55
+        >>> record = {"step_time": 0.5, "data_time": 0.1}    # it idled 20 ms of the 100
+        >>> split(record, 0.15, span=0.5, idle=0.02)
+        >>> record["data_idle_time"], round(record["compute_time"], 9)
+        (0.02, 0.33)
     """
+    data = record.get("data_time")
+    if idle is not None and record.get("data_idle_time") is None:
+        record["data_idle_time"] = min(idle, data) if data is not None else idle
     if wait is None or record.get("sync_wait_time") is not None \
             or record.get("compute_time") is not None:
         return
@@ -257,5 +326,7 @@ def split(record: dict[str, Any], wait: float | None, span: float | None = None)
     if length is None:
         return
     wait = min(wait, length)
+    waited = record.get("data_idle_time")
+    waited = waited if waited is not None else data
     record["sync_wait_time"] = wait
-    record["compute_time"] = max(length - (record.get("data_time") or 0.0) - wait, 0.0)
+    record["compute_time"] = max(length - (waited or 0.0) - wait, 0.0)

@@ -76,6 +76,7 @@ import lightning.pytorch as pl
 
 from monitor_client._callbacks import FrameworkCallback
 from monitor_client._data import DataStream
+from monitor_client._exit_hooks import outcome_of
 from monitor_client._monitor import Monitor
 from monitor_client._resume import RollbackExit, say_resumed
 from monitor_client.settings import MonitorSettings
@@ -274,8 +275,8 @@ class MonitorCallback(FrameworkCallback, pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, RollbackExit):
             return  # our own exit, after the run ended "stopped" for the rollback
-        if self.monitor is not None:
-            self.monitor.close(status="failed", error=f"{type(exception).__name__}: {exception}")
+        if self.monitor is not None:  # Ctrl-C is the user's stop, not a crash
+            self.monitor.close(*outcome_of(type(exception), exception))
 
     def on_fit_end(self, trainer, pl_module):
         self._report_saves(trainer)

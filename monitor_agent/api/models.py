@@ -242,6 +242,23 @@ class IncidentOut(BaseModel):
     words: str = Field(description='"this hang cost 14 min x 64 GPUs = 15 GPU-hours".')
 
 
+class StragglerOut(BaseModel):
+    seconds: float = Field(description="The tax: the other ranks' median summed all-reduce "
+                           "wait less the straggler's (runs/straggler_tax.py).")
+    rank: int = Field(description="The straggler: the rank that waited least.")
+    node: str | None = Field(description="Its node (run record labels); null if unnamed.")
+    who: str = Field(description='"rank 2 on gpu-1", or "node gpu-1 (ranks 2-3)" when the '
+                     "whole node is slow.")
+    parts: dict[str, float] = Field(description="The tax by what the straggler spends it "
+                                    "on: data, compute, collective.")
+
+
+class DeviceWordsOut(BaseModel):
+    one: str = Field(description='"GPU", "CPU process", or "rank" when the run did not say.')
+    many: str
+    hours: str = Field(description='"GPU-hours", "process-hours" or "rank-hours".')
+
+
 class GoodputAttemptOut(BaseModel):
     attempt: int
     start: float
@@ -249,6 +266,8 @@ class GoodputAttemptOut(BaseModel):
     wall_seconds: float
     productive_seconds: float
     badput_seconds: dict[str, float] = Field(description="Non-zero causes only.")
+    straggler: StragglerOut | None = Field(
+        default=None, description="This attempt's straggler tax and who caused it.")
 
 
 class RecoveryOut(BaseModel):
@@ -284,10 +303,18 @@ class GoodputOut(BaseModel):
     badput_seconds: dict[str, float] = Field(description=(
         "Seconds by cause (runs/goodput.py CAUSES); with productive they add up to wall."))
     badput_seconds_total: float
-    gpus: int = Field(description="The run's world size: GPU-hours are seconds x gpus / 3600.")
+    gpus: int = Field(description="The ranks the run was seen stepping on (GPUs, or CPU "
+                      "processes: device_words), not the world size it declares: GPU-hours "
+                      "are seconds x gpus / 3600.")
     gpu_hours: float
     productive_gpu_hours: float
     badput_gpu_hours: dict[str, float]
+    device: str | None = Field(default=None, description="The run records' hardware.device "
+                               "(cuda or cpu); null when they did not say.")
+    device_words: DeviceWordsOut = Field(description="What its ranks are called.")
+    straggler: StragglerOut | None = Field(
+        default=None, description="The newest attempt's straggler tax with a straggler, "
+        "naming it (the straggler_* causes of badput_seconds hold every attempt's).")
     summary: str = Field(description='"goodput 93.1%: 4.2% restarts, 1.9% rollback, ...".')
     attempts: list[GoodputAttemptOut]
     incidents: list[IncidentOut] = Field(description="Oldest first (the newest 200).")

@@ -127,7 +127,8 @@ async def _exchange(request: Request) -> PeerResponse:
             continue
         items.append(dataclasses.replace(item, origin=node))
     findings, bad = _findings(envelope.get("findings"), set(nodes))
-    batch = PeerBatch(sidecar, items, findings, runs)
+    batch = PeerBatch(sidecar, items, findings, runs,
+                      address=request.client.host if request.client else None)
     m = state.metrics.peer_items
     m.labels(kind="digest").inc(len(items))
     m.labels(kind="finding").inc(len(findings))

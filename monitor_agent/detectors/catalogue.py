@@ -24,6 +24,7 @@ from monitor_agent.detectors.action_held import ActionHeldDetector
 from monitor_agent.detectors.activation_blowup import ActivationBlowupDetector
 from monitor_agent.detectors.category_divergence import CategoryDivergenceDetector
 from monitor_agent.detectors.clip_saturation import ClipSaturationDetector
+from monitor_agent.detectors.crashed import CrashedDetector
 from monitor_agent.detectors.dead_layer import DeadLayerDetector
 from monitor_agent.detectors.dead_units import DeadUnitsDetector
 from monitor_agent.detectors.divergence import DivergenceDetector
@@ -40,6 +41,7 @@ from monitor_agent.detectors.loss_spike import LossSpikeDetector
 from monitor_agent.detectors.lr_jump import LrJumpDetector
 from monitor_agent.detectors.memory_pressure import MemoryPressureDetector
 from monitor_agent.detectors.nan_inf import NanInfDetector
+from monitor_agent.detectors.not_learning import NotLearningDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.rank_outlier import RankOutlierDetector
@@ -95,6 +97,10 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     TwoJobsDetector,
     # the job's launcher relaunched it after a crash (no person, no action of ours)
     RelaunchedDetector,
+    # the run stopped learning: exact zeros or exact repeats where a learning run moves
+    NotLearningDetector,
+    # the training process died of an exception (its end record says which)
+    CrashedDetector,
 )
 """One class per finding type, in the catalogue's order (docs/format.md lists them so)."""
 

@@ -73,6 +73,17 @@ several steps in a row, because one bad batch rises once and falls back:
   ``divergence_lr_jump`` x its rolling median on that step, the cause is the LR, which the
   optimizer applies again on every step: judged at once (the earliest warning there is,
   steps before the loss moves).
+* early: a loss more than 2**24 times the highest the run had reported (float32's
+  significand: every value it knew is below the new one's rounding error), on any step,
+  the first included: the size of the jump is its own evidence, so it needs none of the
+  history the rules above wait ``min_history_steps`` for (an LBFGS run of 15 steps whose
+  loss rose 30 decades; ``support/ceiling.py`` argues the number). Judged where the
+  runaway takes ratios (a loss measured from zero).
+
+A divergence the lr rule attributes to a raised lr starts at or after the step the lr rose
+(``onset_step``): an excursion that began before it is the run's own (an actor-critic's or
+a GAN's loss moves as it learns), so the rule dates the excursion from the lr's rise and
+waits until the steps since then hold on their own (``_caused``).
 
 **Losses that are not a positive error falling toward zero** (``support/context.py``'s
 ``loss_kind``: an RL or TD loss around zero of either sign, a density's NLL, a GAN's):
@@ -140,6 +151,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import Field
 
+from monitor_agent.detectors.support.ceiling import PRECISION, Ceiling, Jump
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.layer_bands import locate
 from monitor_agent.detectors.support.shared_settings import SharedSettings
@@ -238,6 +250,7 @@ class DivergenceState:
     onset: int | None = None  # the first step of the current level excursion
     peak: float | None = None  # its highest recent median (log)
     lr_before: float | None = None  # the lr median when it began
+    lr_raised_at: int | None = None  # the first step of the lr's current raised stretch
     streak_start: int | None = None  # the first step of the runaway streak
     jump_start: int | None = None  # the first step of the update jump streak
     best_level: float | None = None  # the lowest full earlier-window median (log)
@@ -257,6 +270,7 @@ class DivergenceState:
     held_rise: float | None = None
     paged: bool = False
     recovered: float | None = None
+    ceiling: Ceiling = field(default_factory=Ceiling)  # the early rule's (support/ceiling.py)
 
 
 class DivergenceDetector(DetectorBase[DivergenceSettings]):
@@ -285,6 +299,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             found = self._ran_off(rec, st) if rec.loss is not None else []
             return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
         self._fold_loss(rec.step, rec.loss, st)
+        self._fold_lr(rec, st)
+        jump = st.ceiling.observe(rec.step, rec.loss)
         found = self._jump(rec, st)
         kind, units = self.ctx.loss_kind(rec.rank), self.ctx.level_units(rec.rank)
         if units is None:
@@ -298,6 +314,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         # still an error measured from zero; its linear spread misses its heavy tail).
         ratio = kind != "signed" and self.ctx.rank(rec.rank).negative_loss_step < 0
         found = self._fast(rec, st, linear=not ratio) or level or found
+        if not found and jump is not None and ratio:
+            found = self._early(rec, jump)
         st.prev_loss = rec.loss
         if finite(rec.lr) and rec.lr > 0:  # after the rules: the median they judge excludes it
             st.lrs.add(math.log(rec.lr))
@@ -305,6 +323,15 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             st.prev_grad = rec.grad_norm
             st.grads.add(math.log(rec.grad_norm))
         return locate(found, self.ctx.rank(rec.rank).bands, self.ctx)
+
+    def _fold_lr(self, rec: StepRecord, st: DivergenceState) -> None:
+        """Where the lr's current raised stretch began (``divergence_lr_jump`` x its median
+        before it): the earliest step a divergence the raised lr drives can start at."""
+        s = self.settings
+        if not finite(rec.lr) or len(st.lrs) < s.min_history_steps:
+            return
+        raised = rec.lr >= s.divergence_lr_jump * math.exp(st.lrs.median())
+        st.lr_raised_at = (st.lr_raised_at or rec.step) if raised else None
 
     def _fold_loss(self, step: int, loss: float, st: DivergenceState) -> None:
         if len(st.first) < self.settings.min_history_steps:
@@ -345,6 +372,22 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         level = math.exp(ref)
         learnt = max(median(np.asarray(st.first)) - level, 0.0)
         return level + self.settings.divergence_progress * learnt
+
+    # -- early: a loss beyond float precision above the run's highest, no history needed -----
+
+    def _early(self, rec: StepRecord, jump: Jump) -> list[Finding]:
+        if not self.due(rec):
+            return []
+        msg = (f"loss {fmt(rec.loss)} is {jump.decades:.0f} decades above the highest the run "
+               f"had reported ({fmt(jump.highest)} at step {jump.highest_step}), more than "
+               f"float32's 7 digits tell apart: the loss exploded")
+        if jump.onset < rec.step:
+            msg += f", rising since step {jump.onset}"
+        evidence = {"rule": "early", "onset_step": jump.onset, "loss": rec.loss,
+                    "highest_loss": jump.highest, "highest_step": jump.highest_step,
+                    "decades": jump.decades, "grad_norm": rec.grad_norm, "lr": rec.lr}
+        return [self.finding(rec, msg, value=rec.loss, threshold=jump.highest * PRECISION,
+                             evidence=evidence, suggestions=DIVERGENCE)]
 
     # -- jump: updates far too large, step after step -----------------------------------------
 
@@ -495,7 +538,7 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         st.peak = max(st.peak if st.peak is not None else now, now)
         if rec.step - (st.onset if st.onset is not None else rec.step) >= s.divergence_persist:
             st.held_rise = max(st.held_rise if st.held_rise is not None else rise, rise)
-        why = self._persists(rec, st, before, now, back, lr_only)
+        why = self._persists(rec, st, before, now, back, lr_only, band, linear)
         if why is None or not self.due(rec):
             return []
         st.paged = True
@@ -575,26 +618,51 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
         note = self.finding(rec, msg, value=rec.loss, evidence=evidence, severity=Severity.INFO)
         return [replace(note, log_only=True)]
 
-    def _onset(self, st: DivergenceState, band: float, now: int, linear: bool = False) -> int:
+    def _caused(self, rec: StepRecord, st: DivergenceState, band: float, linear: bool
+                ) -> bool:
+        """Whether the excursion, dated from the raised lr on, holds as long as the lr rule
+        needs (``divergence_hold`` steps): a divergence attributed to an lr that rose
+        starts at or after it. An excursion that began before the lr rose is not the lr's
+        doing (the run's own level moves: an actor-critic's loss grows with its episodes
+        as it learns), so it is re-dated to the first step at or after the rise above the
+        band; none yet, or too recent, and the lr rule waits."""
+        cause = st.lr_raised_at
+        if cause is None or st.onset is None or st.onset >= cause:
+            return True
+        onset = self._onset(st, band, rec.step, linear, not_before=cause)
+        if onset is None or rec.step - onset + 1 < self.settings.divergence_hold:
+            return False
+        st.onset, st.held = onset, rec.step - onset + 1
+        return True
+
+    def _onset(self, st: DivergenceState, band: float, now: int, linear: bool = False,
+               not_before: int | None = None) -> int | None:
         """The first step of the recent window whose own loss (log loss) is above
         ``band``: where the loss left its level, a few steps before its median did. The
         band is the rise the level needs, or ``ONSET_Z`` per-step sigmas where the loss is
         noisier than that (a single step 3 sigma up is a tail one step in 700 reaches:
-        within a 10-step window the first one is the excursion's, not noise)."""
+        within a 10-step window the first one is the excursion's, not noise).
+        ``not_before``: only steps from there on count (None when none is above)."""
         recent, at = (st.lin_recent, st.lin_at) if linear else (st.recent, st.recent_at)
         values, steps = recent.values(), at.values()
         values = values[len(values) - len(steps):]  # a snapshot from before steps were kept
+        if not_before is not None:
+            keep = steps >= not_before
+            values, steps = values[keep], steps[keep]
+            above = np.flatnonzero(values >= band)
+            return int(steps[above[0]]) if len(above) else None
         above = np.flatnonzero(values >= band)
         if not len(steps):
             return now
         return int(steps[above[0]] if len(above) else steps[0])
 
     def _persists(self, rec: StepRecord, st: DivergenceState, before: float, now: float,
-                  back: Callable[[float], float] = math.exp, lr_only: bool = False
-                  ) -> str | None:
+                  back: Callable[[float], float] = math.exp, lr_only: bool = False,
+                  band: float = math.inf, linear: bool = False) -> str | None:
         """Why the excursion is a persisting shift and not a burst that will return (None:
         not shown yet). See the module docstring's level rule. ``lr_only``: a loss with no
-        level, whose rise only its cause still applied (a raised lr) makes a divergence."""
+        level, whose rise only its cause still applied (a raised lr) makes a divergence.
+        A rise the raised lr drives starts at or after the lr rose (``_caused``)."""
         s = self.settings
         lasted = rec.step - (st.onset if st.onset is not None else rec.step)
         # Past its own swing: a level no higher than one this run has held as long and
@@ -604,7 +672,8 @@ class DivergenceDetector(DetectorBase[DivergenceSettings]):
             return f"not back within a whole {s.baseline_window}-step baseline window"
         lr, lr_before = rec.lr, st.lr_before
         if (lr is not None and lr_before is not None and finite(lr)
-                and lr >= s.divergence_lr_jump * lr_before and st.held >= s.divergence_hold):
+                and lr >= s.divergence_lr_jump * lr_before and st.held >= s.divergence_hold
+                and self._caused(rec, st, band, linear)):
             return (f"while the lr {fmt(lr)} is {lr / lr_before:.0f}x its median "
                     f"{fmt(lr_before)} before the rise (the cause is still applied)")
         if lr_only:

@@ -1,9 +1,12 @@
 """``input_bound``: every rank of the run waits on its data loader for a large share of
 each step: the input pipeline, not the model, sets the pace.
 
-Statistic: each rank's median ``data_time / step_time`` over its last ``input_bound_window``
-steps (after its first ``SKIP_FIRST_STEPS``: a loader's workers start and fill their queues
-then). The run is input-bound when every rank's median is at least ``input_bound_share``.
+Statistic: each rank's median share of the step the device waits for data over its last
+``input_bound_window`` steps (after its first ``SKIP_FIRST_STEPS``: a loader's workers start
+and fill their queues then). The wait is ``StepRecord.input_wait``: the loader's wait
+(``data_time``), or on a GPU the part of it the device spent idle (``data_idle_time``),
+the very seconds the goodput ledger charges as ``input``, so the two never disagree. The
+run is input-bound when every rank's median is at least ``input_bound_share``.
 
 Why 0.5: the baseline is the run's own step without the wait. A share of 0.5 is a step
 that waits on data as long as it computes: the accelerator idles half the time and a
@@ -95,12 +98,13 @@ class InputBoundDetector(DetectorBase[InputBoundSettings]):
         self.judged = -1  # the step the last judgement covered
 
     def on_step(self, rec: StepRecord, st: DataShare) -> list[Finding]:
-        if not (finite(rec.data_time) and finite(rec.step_time) and rec.step_time > 0):
+        wait = rec.input_wait
+        if wait is None or not (finite(rec.step_time) and rec.step_time > 0):
             return []
         st.seen += 1
         if st.seen <= SKIP_FIRST_STEPS:
             return []
-        st.shares.add(min(max(rec.data_time / rec.step_time, 0.0), 1.0))
+        st.shares.add(min(wait / rec.step_time, 1.0))
         # Judged once a step, when every live rank reported it (support/front.py): the
         # record that completes the step judges it, O(ranks) once a step rather than a
         # median of every rank's window on every record.

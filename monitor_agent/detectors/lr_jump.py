@@ -32,7 +32,9 @@ findings of ``EXPLAINS`` types (divergence, gradient explosion, loss spike, NaN,
 activations, oversized updates) from the jump's step until ``EXPLAIN_AFTER`` steps after
 the LR was last in force (the weights an LR blew up stay blown up for a while after it is
 undone). ``DetectorSuite`` asks ``explain`` of each such finding and puts the answer into
-its message and, first, its evidence, so a page carries the cause in its summary.
+its message and, first, its evidence, so a page carries the cause in its summary. A finding
+whose own evidence dates its onset (``onset_step``) before the jump began before its
+would-be cause, so the jump does not explain it.
 
 A constant LR for 60 steps, then x100 at step 61 (3e-4 -> 3e-2)::
 
@@ -149,8 +151,10 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
         or the finding's type is not one an LR jump causes."""
         if finding.type not in EXPLAINS:
             return None
+        onset = finding.evidence.get("onset_step")
+        began = onset if isinstance(onset, int) and onset <= finding.step else finding.step
         for st in self.ranks.values():
-            if st.jump_step >= 0 and st.jump_step <= finding.step <= (
+            if st.jump_step >= 0 and st.jump_step <= began and finding.step <= (
                     st.in_force_until + EXPLAIN_AFTER):
                 return str(st.jump_text)
         return None

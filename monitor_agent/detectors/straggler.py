@@ -159,7 +159,7 @@ def compute_of(rec: StepRecord) -> float:
     if finite(rec.compute_time):
         return rec.compute_time
     if finite(rec.step_time) and finite(rec.sync_wait_time):
-        data = rec.data_time if finite(rec.data_time) else 0.0
+        data = rec.input_wait or 0.0
         return rec.step_time - rec.sync_wait_time - data
     return math.nan
 
@@ -394,7 +394,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         t = own_time(rec)
         if t is not None and t > 0:
             st.times.add(t)
-            st.data.add(_num(rec.data_time))
+            st.data.add(_num(rec.input_wait))
             st.compute.add(compute_of(rec))
             st.wait.add(_num(rec.sync_wait_time))
             st.step.add(_num(rec.step_time))

@@ -72,7 +72,9 @@ class DetectorSuite:
         for det in self.run_scoped if remote else self.detectors:
             findings.extend(det.update(record if det.type == "skip_budget" else judged))
         self.ctx.after(judged)
-        return self._mark(self._explain(findings))
+        findings = self._mark(self._explain(findings))
+        self.ctx.saw(findings)
+        return findings
 
     def preview(self, record: StepRecord) -> list[Finding]:
         """The nan_inf finding of a step that arrived ahead of its turn, changing no state
@@ -90,7 +92,9 @@ class DetectorSuite:
         findings: list[Finding] = []
         for det in self.detectors:
             findings.extend(det.tick(now))
-        return self._mark(findings)
+        findings = self._mark(findings)
+        self.ctx.saw(findings)
+        return findings
 
     def retire(self, ranks: set[int]) -> None:
         """Forget ``ranks``: a relaunched job re-formed with fewer (torchrun's re-rendezvous

@@ -1,5 +1,12 @@
-"""``throughput_drop``: tokens/s (or steps/s) much worse than the run's own baseline, for
-a sustained stretch.
+"""``throughput_drop``: tokens/s (or samples/s, or steps/s) much worse than the run's own
+baseline, for a sustained stretch.
+
+Speed is work per second in the unit the step reports: tokens when it reports tokens (or
+the client's ``tokens_per_second``), else samples, else steps. A step whose work varies
+(an RL step of one episode, whose length grows as the agent learns; a packed or bucketed
+batch) is judged per unit of that work, so a longer step that did more is no slowdown;
+only a run that reports neither is judged in steps. A run that changes the unit it
+reports (tokens from some step on) starts its baseline again in the new unit.
 
 Statistic: the median speed of the last ``throughput_window`` steps over the median of
 the ``throughput_baseline_window`` steps before them; below ``throughput_ratio`` is slow,
@@ -85,19 +92,25 @@ class SpeedState:
     seen: int = 0
     slow_steps: int = 0
     slow_since: float | None = None
+    unit: str = ""  # what the baseline measures: "tokens/s", "samples/s" or "steps/s"
 
 
-def speed_of(rec: StepRecord) -> float | None:
+def speed_of(rec: StepRecord) -> tuple[float, str] | None:
+    """Work per second and its unit: tokens, else samples, else steps (module docstring)."""
     if finite(rec.tokens_per_second) and rec.tokens_per_second > 0:
-        return rec.tokens_per_second
-    if finite(rec.step_time) and rec.step_time > 0:
-        return (rec.tokens if finite(rec.tokens) and rec.tokens > 0 else 1.0) / rec.step_time
-    return None
+        return rec.tokens_per_second, "tokens/s"
+    if not (finite(rec.step_time) and rec.step_time > 0):
+        return None
+    for work, unit in ((rec.tokens, "tokens/s"), (rec.samples, "samples/s")):
+        if finite(work) and work > 0:
+            return work / rec.step_time, unit
+    return 1.0 / rec.step_time, "steps/s"
 
 
 def data_share(rec: StepRecord) -> float:
-    if finite(rec.data_time) and finite(rec.step_time) and rec.step_time > 0:
-        return rec.data_time / rec.step_time
+    wait = rec.input_wait  # the device's wait for data, as the goodput ledger's input
+    if wait is not None and finite(rec.step_time) and rec.step_time > 0:
+        return wait / rec.step_time
     return float("nan")
 
 
@@ -116,10 +129,18 @@ class ThroughputDropDetector(DetectorBase[ThroughputDropSettings]):
                           baseline_data=Window.of(s.throughput_baseline_window))
 
     def on_step(self, rec: StepRecord, st: SpeedState) -> list[Finding]:
-        speed = speed_of(rec)
+        measured = speed_of(rec)
         st.seen += 1
-        if speed is None or st.seen <= SKIP_FIRST_STEPS:
+        if measured is None or st.seen <= SKIP_FIRST_STEPS:
             return []
+        speed, unit = measured
+        if unit != st.unit:  # another unit: speeds in the old one say nothing of it
+            if st.unit:
+                fresh = self.new_rank()
+                st.recent, st.baseline = fresh.recent, fresh.baseline
+                st.recent_data, st.baseline_data = fresh.recent_data, fresh.baseline_data
+                st.slow_steps, st.slow_since = 0, None
+            st.unit = unit
         if st.recent.full:  # the oldest recent value moves into the baseline
             st.baseline.add(st.recent.values()[0])
             st.baseline_data.add(st.recent_data.values()[0])
@@ -145,7 +166,7 @@ class ThroughputDropDetector(DetectorBase[ThroughputDropSettings]):
             return []
         data_now, data_base = _nanmedian(st.recent_data), _nanmedian(st.baseline_data)
         starved = finite(data_now) and data_now > max(2 * (data_base or 0.0), 0.1)
-        unit = "tokens/s" if finite(rec.tokens_per_second) else "steps/s"
+        unit = st.unit
         lasted = (rec.time - st.slow_since) if rec.time is not None and st.slow_since else None
         took = f" ({fmt(lasted)} s)" if lasted is not None else ""
         msg = (f"{unit} median {fmt(now)} over the last {st.recent.n} steps is {ratio:.2f}x "

@@ -115,9 +115,10 @@ ACT_NONFINITE = _g("training_activation_nonfinite", "NaN/Inf entries in a module
 # (alone, or its leader), so fleet sums across sidecars count each run once.
 GOODPUT_RATIO = _g("training_goodput_ratio", "Productive training time / wall-clock time since the run started (runs/goodput.py).")
 PRODUCTIVE_SECONDS = _g("training_productive_seconds", "Wall-clock seconds of steps kept in the run's current history (a rollback takes its discarded steps back out).")
-BADPUT_SECONDS = _c("training_badput_seconds", "Wall-clock seconds lost, by cause: startup, input, checkpoint, eval, hang_undetected, hang_detected, restart, rollback, resume, skipped, loss_scale, straggler, unaccounted.", "cause")
+BADPUT_SECONDS = _c("training_badput_seconds", "Wall-clock seconds lost, by cause: startup, input (the device waiting for data), checkpoint, eval, hang_undetected, hang_detected, restart, rollback, resume, skipped, loss_scale, straggler_data, straggler_compute, straggler_collective (the straggler tax by what the straggler spends it on), unaccounted.", "cause")
+STRAGGLER_SECONDS = _g("training_straggler_badput_seconds", "The straggler tax of the run's newest attempt that has one, by cause (straggler_data, straggler_compute, straggler_collective), naming the straggler: its rank and node ('' when its run record names none).", "cause", "rank", "node")
 RUN_WALL_SECONDS = _g("training_run_wall_seconds", "Wall-clock seconds from the run's first record to its latest (attempts whose clocks overlap: each one's own): productive + every badput cause.")
-RUN_GPUS = _g("training_run_gpus", "The run's world size: its GPU-seconds are its seconds times this.")
+RUN_GPUS = _g("training_run_gpus", "The ranks the run was seen stepping on (GPUs; CPU processes for a CPU-only run): its device-seconds are its seconds times this.")
 # Meta's effective-training-time figures (runs/ettr.py), from the same ledger.
 TIME_TO_START = _g("training_time_to_start_seconds", "The run's first attempt's start-up: its first record to its first step, less one typical step (runs/ettr.py).")
 FAILURES = _c("training_failures", "Failures of the run's infrastructure: hangs and relaunches after a crash (a hang its relaunch ended counts once; rollbacks are not failures).")

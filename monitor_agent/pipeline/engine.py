@@ -71,7 +71,7 @@ from monitor_agent.records.types import (
 )
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.runs.ettr import ettr_of, recovery_words
-from monitor_agent.runs.goodput import cost_words
+from monitor_agent.runs.goodput import STRAGGLER_CAUSES, cost_words
 from monitor_agent.runs.lifecycle import (
     AttemptSettled,
     Ended,
@@ -135,6 +135,12 @@ class PeerBatch:
     items: list[Incoming] = field(default_factory=list)
     findings: list[tuple[Finding, int]] = field(default_factory=list)
     runs: Sequence[PeerRun] = ()
+    address: str | None = None  # the connection's (api/peer.py), not the body's word
+
+    @property
+    def forwarder(self) -> str:
+        """Who forwards: the node sidecar's id at the address it connects from."""
+        return f"{self.sidecar}@{self.address or '?'}"
 
 
 @dataclass(slots=True)
@@ -1000,11 +1006,27 @@ class Engine:
                     "this sidecar itself: a node sidecar forwards only its own ranks")})
                 continue
             items.append(item)
-        findings = [(f, flags) for f, flags in batch.findings if f.run_id not in deferred]
+        carried = {(item.record.run_id, item.record.rank) for item in items}
+        findings, refused_findings = [], []
+        for index, (f, flags) in enumerate(batch.findings):
+            if f.run_id in deferred:
+                continue
+            why = self._peer_finding_refusal(f, nodes[f.run_id], batch.forwarder, carried)
+            if why is None:
+                findings.append((f, flags))
+            else:
+                refused_findings.append({"index": index, "reason": why})
         told = [(f, flags) for f, flags in findings if flags & PAGED]
         found = self._peer_findings(told, now)
         result = self.ingest(items, now) if items else IngestResult()
         result.rejected.extend(refused)
+        result.rejected_findings.extend(refused_findings)
+        taken = {r["index"] for r in result.rejected}
+        for item in items:
+            if item.index not in taken:
+                live = self.registry.get(item.record.run_id)
+                if live is not None:
+                    live.state.rank(item.record.rank).via = batch.forwarder
         for peer in batch.runs:
             live = self.registry.get(peer.run_id)
             if live is not None and peer.run_id not in deferred:
@@ -1015,6 +1037,29 @@ class Engine:
         result.actions.extend(found.actions + later.actions)
         result.deferred, result.taken = deferred, len(findings)
         return result
+
+    def _peer_finding_refusal(self, finding: Finding, node: int, forwarder: str,
+                              carried: set[tuple[str, int]]) -> str | None:
+        """Why a node sidecar's finding may not be taken here, or None. A finding acts on
+        the run (its rules may roll back, stop, restart), so it is taken only about a
+        rank whose records that very node sidecar forwards: a rank it forwarded before
+        (``RankState.via``: its id at the address it connects from), or one whose records
+        ride this exchange and pass the checks of ``/v1/records`` with it. A caller that
+        holds the link's credential but not the rank's records (the credential is derived
+        from the write token unless ``cluster.peer_token`` is set) cannot make the leader
+        act on another node's rank, nor on this sidecar's own."""
+        live = self.registry.get(finding.run_id)
+        rank = live.state.ranks.get(finding.rank) if live is not None else None
+        where = f"rank {finding.rank} of run {finding.run_id}"
+        if rank is not None and not rank.remote:
+            return f"rank: {where} reports to this sidecar itself, not through node {node}"
+        if rank is not None and rank.via is not None and rank.via != forwarder:
+            return (f"rank: {where} is forwarded by another node sidecar ({rank.via}); a "
+                    "finding is taken only from the sidecar that forwards the rank's records")
+        if (rank is None or rank.via is None) and (finding.run_id, finding.rank) not in carried:
+            return (f"rank: no record of {where} reached this leader from node {node}; a "
+                    "finding is taken only about a rank whose records its sidecar forwards")
+        return None
 
     def _known_node(self, peer: PeerRun, sidecar: str) -> PeerRun:
         """A run a node sidecar owes items of but no longer holds in memory comes as node
@@ -1198,16 +1243,18 @@ class Engine:
                 report = book.report()
                 found = ettr_of({"incidents": report.incidents}, None).recoveries
                 if found and found[-1].start <= inc.start:
-                    return recovery_words(found[-1], book.gpus)
-            return inc.words(book.gpus) + " so far"
+                    return recovery_words(found[-1], book.gpus, book.device)
+            return inc.words(book.gpus, book.device) + " so far"
         if kind in ("hang", "stalled"):
             inc = book.last_incident("hang")
             if inc is None or inc.step < step - 1:
                 return None
-            return inc.words(book.gpus)
+            return inc.words(book.gpus, book.device)
         if kind == "straggler":
-            tax = book.report().badput["straggler"]
-            return f"the straggler tax so far: {cost_words(tax, book.gpus)}" if tax > 0 else None
+            bad = book.report().badput
+            tax = sum(bad[cause] for cause in STRAGGLER_CAUSES)
+            return (f"the straggler tax so far: {cost_words(tax, book.gpus, book.device)}"
+                    if tax > 0 else None)
         return None
 
     def _goodput_view(self, run: RunState, now: float) -> None:

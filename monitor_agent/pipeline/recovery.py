@@ -65,7 +65,7 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "ranks": {
             str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS + _DATA_FIELDS},
                         "skipped_by_reason": dict(state.skipped_by_reason),
-                        "remote": state.remote}
+                        "remote": state.remote, "via": state.via}
             for rank, state in run.ranks.items()
         },
     })}
@@ -135,6 +135,8 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
             if name in fields:
                 setattr(rs, name, fields[name])
         rs.loss_ema = suite.ema_loss(int(rank))
+        via = fields.get("via")
+        rs.via = via if isinstance(via, str) else None
         rs.remote = bool(fields.get("remote"))  # absent from snapshots before the leader
 
 

@@ -223,7 +223,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.GOODPUT_RATIO, n.PRODUCTIVE_SECONDS, n.BADPUT_SECONDS, n.RUN_WALL_SECONDS,
-        n.RUN_GPUS, n.TIME_TO_START, n.FAILURES, n.TIME_TO_RECOVER,
+        n.RUN_GPUS, n.STRAGGLER_SECONDS, n.TIME_TO_START, n.FAILURES, n.TIME_TO_RECOVER,
         n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
@@ -500,6 +500,12 @@ class RunRenderer:
         for cause, seconds in report.badput.items():
             self.add(n.BADPUT_SECONDS.name + "_total", f'{labels},cause="{cause}"',
                      max(seconds, 0.0))
+        tax = report.straggler
+        if tax is not None:  # who the straggler is: one rank and node, at most, per run
+            who = f'rank="{tax.rank}",node="{escape(tax.node or "")}"'
+            for part, seconds in tax.parts.items():
+                self.add(n.STRAGGLER_SECONDS.name, f'{labels},cause="straggler_{part}",{who}',
+                         seconds)
         self._ettr(labels, report)
 
     def _ettr(self, labels: str, report: GoodputReport) -> None:

@@ -275,6 +275,7 @@ class StepModel(_Wire):
     samples: Num = None
     step_time: Timing = None
     data_time: Timing = None
+    data_idle_time: Timing = None
     compute_time: Timing = None
     sync_wait_time: Timing = None
     tokens_per_second: Num = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -295,6 +296,9 @@ class StepRecord:
     samples: float | None = None
     step_time: float | None = None
     data_time: float | None = None
+    # The part of data_time the device spent idle (CUDA: the training stream, from two
+    # events around the wait); absent on CPU, where the thread's wait is the device's.
+    data_idle_time: float | None = None
     compute_time: float | None = None
     sync_wait_time: float | None = None
     tokens_per_second: float | None = None
@@ -326,6 +330,18 @@ class StepRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "step"
+
+    @property
+    def input_wait(self) -> float | None:
+        """Seconds the device waited for data this step: ``data_idle_time`` where the client
+        measured it (a GPU: the loader's wait less what the device spent on work queued
+        before it), else ``data_time`` (CPU, or a synchronous loop: the training thread's
+        wait is the device's). None when neither is a finite number >= 0. The goodput
+        ledger's ``input`` badput and ``input_bound`` both read it (docs/goodput.md)."""
+        for value in (self.data_idle_time, self.data_time):
+            if value is not None and math.isfinite(value) and value >= 0:
+                return value
+        return None
 
     @property
     def guard_skipped(self) -> bool:

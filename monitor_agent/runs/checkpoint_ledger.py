@@ -50,7 +50,7 @@ from typing import Any, Literal, overload
 
 from monitor_agent.records import tokens, wire
 from monitor_agent.records.types import Finding, Severity
-from monitor_agent.runs.verdict import CAUSES
+from monitor_agent.runs.verdict import CAUSES, ENDINGS
 from monitor_agent.storage.store import Store
 
 Status = Literal["clean", "suspect"]
@@ -92,8 +92,10 @@ class Fault:
 
     @classmethod
     def of(cls, finding: Finding) -> Fault | None:
-        """The fault a finding stands for, or None when it pages nobody."""
-        if finding.log_only or not finding.severity.pages:
+        """The fault a finding stands for, or None when it pages nobody or says nothing
+        of any checkpoint (a crash, ``verdict.ENDINGS``: the process died after its last
+        step, whose save is as good as it was)."""
+        if finding.log_only or not finding.severity.pages or finding.type in ENDINGS:
             return None
         return cls._build(finding.type, finding.rank, finding.step, finding.layer,
                           finding.evidence)
@@ -101,7 +103,8 @@ class Fault:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> Fault | None:
         """The fault of a stored finding's JSON (``Finding.to_dict``)."""
-        if data.get("log_only") or Severity.parse(data["severity"]) < Severity.ERROR:
+        if (data.get("log_only") or Severity.parse(data["severity"]) < Severity.ERROR
+                or data["type"] in ENDINGS):
             return None
         return cls._build(data["type"], int(data.get("rank", 0)), int(data["step"]),
                           data.get("layer"), data.get("evidence") or {})

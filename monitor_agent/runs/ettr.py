@@ -127,19 +127,20 @@ def _recoveries(incidents: Sequence[Mapping[str, Any]]) -> list[Recovery]:
     return out
 
 
-def recovery_words(recovery: Recovery, gpus: int) -> str:
+def recovery_words(recovery: Recovery, gpus: int, device: str | None = "cuda") -> str:
     """What a relaunch that ended a failure cost, as the resolving page says it.
 
         >>> recovery_words(Recovery("hang", 40, 100.0, 42.0, 8.0), gpus=16)
         'this incident cost 50 s x 16 GPUs = 0.22 GPU-hours so far: 42 s to recover (from the fault to the first step after the relaunch), 8.0 s of work re-done'
     """
-    return (f"this incident cost {cost_words(recovery.seconds + recovery.lost, gpus)} so far: "
+    cost = cost_words(recovery.seconds + recovery.lost, gpus, device)
+    return (f"this incident cost {cost} so far: "
             f"{_span(recovery.seconds)} to recover (from the fault to the first step after "
             f"the relaunch), {_span(recovery.lost)} of work re-done")
 
 
 def _span(seconds: float) -> str:
-    return cost_words(seconds, 1)
+    return cost_words(seconds, 1, None)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

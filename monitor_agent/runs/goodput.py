@@ -4,7 +4,8 @@ Wall-clock time from the run's first record to its latest (its end, or now while
 open; an attempt whose clock overlaps the one it replaced counts its own time) is split
 into **productive** training, the steps kept in the run's current history, and **badput**
 by cause (``CAUSES``). The buckets add up to the wall-clock time, per run and per attempt;
-GPU-seconds are those times the run's world size (``gpus``).
+device-seconds are those times the ranks the run was seen stepping on (``gpus``: GPUs, or
+CPU processes for a CPU-only run: ``DEVICE_WORDS``).
 
 The timeline is one rank's (the lowest the first attempt heard, rank 0 in practice: under
 DDP every rank steps together, so one rank's clock is the job's). Each interval between two
@@ -12,15 +13,27 @@ of its records is charged once:
 
 - ``startup``: from an attempt's first record (its run record: the process is up) to its
   first step, less one typical step (the median interval of the attempt's next
-  ``TYPICAL_STEPS`` steps, charged to the first step once they are in): process launch,
-  model build, compile, loader spin-up.
+  ``TYPICAL_STEPS`` steps, charged to the first step once they are in, its typical data
+  wait to ``input``): process launch, model build, compile, loader spin-up.
 - ``eval`` / ``checkpoint``: the ``seconds`` an eval or checkpoint record says it took
   (the client measures the time since its previous step, eval or checkpoint record: the
   evaluation or the save that ran in between), taken out of the next step's interval.
-  A checkpoint counts once per step, whichever rank saved it.
-- ``input``: a step's ``data_time`` beyond the loader's healthy floor, the 10th percentile
-  of its last ``FLOOR_WINDOW`` data times: the time a ready batch takes to hand over,
-  which every step pays; what a step waited beyond it the loader made it wait.
+  A checkpoint counts once per step, whichever rank saved it. A duration is capped by the
+  interval it sits in (``_aside``): from the timeline's latest step to the record, less
+  what other evals and saves of that interval took (a record arriving after the next
+  step: that step's interval), and what the next step's interval cannot hold is given
+  back; a record claiming 1e308 seconds costs at most the time that passed.
+- ``input``: the time the device waited for data (``StepRecord.input_wait``): on CPU, or
+  with a synchronous loader, the training thread's whole wait in the loader
+  (``data_time``); on a GPU the part of it the device spent idle (``data_idle_time``: the
+  client's CUDA events around the wait), where work queued before it did not cover it.
+  No floor is taken off: a floor read off the waits themselves (their 10th percentile, as
+  this ledger once did) is the whole wait of a loader that is slow on every step (no
+  prefetch, too few workers, remote storage), which then read 0% input while
+  ``input_bound`` said the model idles 80% of the time. A prefetching loader's hand-over
+  of a ready batch is the training thread waiting for data too, and is charged: a
+  fraction of a millisecond to a few (tests/e2e: a healthy prefetching run stays above
+  99% goodput).
 - ``hang_undetected`` / ``hang_detected``: a ``hang`` record (any rank's watchdog) for the
   last completed step: from where that step's successor should have ended (one typical
   step after it) to the watchdog's report, then from the report to the recovery (the next
@@ -33,12 +46,16 @@ of its records is charged once:
   resume after a crash or a restart.
 - ``skipped`` / ``loss_scale``: the interval of a step the client's step guard skipped, or
   the GradScaler skipped on an overflow: its batch never reached the weights.
-- ``straggler``: under data parallelism every rank waits at the gradient all-reduce for the
-  slowest; a rank's ``sync_wait_time`` summed over an attempt is what it waited. The tax is
-  the median rank's total wait less the least-waiting rank's (the slowest one, which only
-  pays the collective itself): what the job's steps would be shorter at the median rank's
-  pace. Charged out of productive time. Summed waits, not per-step ones: the slowest rank
-  of a single step is noise and averages out; a rank that is slow step after step is not.
+- ``straggler_data`` / ``straggler_compute`` / ``straggler_collective``: under data
+  parallelism every rank waits at the gradient all-reduce for the slowest. Per attempt,
+  the tax is the other ranks' median summed ``sync_wait_time`` less the least-waiting
+  rank's (the straggler's), split by what the straggler spends its extra time on, and
+  naming it (runs/straggler_tax.py: the ``straggler`` finding's vocabulary). Charged out
+  of productive time; where the timeline rank is the straggler, its extra data wait is
+  already the timeline's ``input`` and moves from there to ``straggler_data`` (one wait,
+  one cause). So a job whose rank 2 loads slowly reads "straggler: data loading (rank 2
+  on gpu-1)", and a job whose every rank loads slowly reads ``input``, as ``input_bound``
+  says.
 - ``unaccounted``: wall-clock time no record explains (the time after the timeline rank's
   last record that other ranks' records cover, or a clock that went backwards).
 
@@ -54,8 +71,8 @@ new attempt rebuilds the run's detectors, so it keeps what the rebuilt history f
 attempt settled after its records were fed again (a restart between the two) comes to the
 account of one settled before its first record (``settled``).
 
-A run up 2 s before its first step, whose loader made step 6 wait 1 s, and which saved a
-checkpoint for 2 s after step 8 (steps take 1 s)::
+A run up 2 s before its first step, whose loader made step 6 wait 1 s more than the 10 ms
+every step waits, and which saved a checkpoint for 2 s after step 8 (steps take 1 s)::
 
     >>> from monitor_agent.records.types import CheckpointRecord, RunRecord, StepRecord
     >>> book, t = GoodputLedger(), 100.0
@@ -68,10 +85,10 @@ checkpoint for 2 s after step 8 (steps take 1 s)::
     ...         book.feed(CheckpointRecord("r", 8, time=t + 2.0, path="/c/8", seconds=2.0),
     ...                   1, 2 * step + 1)
     >>> r = book.report()
-    >>> r.wall, r.productive, {k: v for k, v in r.badput.items() if v}
-    (16.0, 12.0, {'startup': 1.0, 'input': 1.0, 'checkpoint': 2.0})
+    >>> r.wall, round(r.productive, 6), {k: round(v, 6) for k, v in r.badput.items() if round(v, 6)}
+    (16.0, 11.88, {'startup': 1.0, 'input': 1.12, 'checkpoint': 2.0})
     >>> r.summary()
-    'goodput 75.0%: 12.5% checkpoints, 6.2% start-up, 6.2% input'
+    'goodput 74.2%: 12.5% checkpoints, 7.0% input, 6.2% start-up'
 """
 
 from __future__ import annotations
@@ -82,6 +99,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor_agent.detectors.support.context import host_label
 from monitor_agent.records.types import (
     CheckpointRecord,
     EndRecord,
@@ -91,10 +109,12 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs.straggler_tax import PARTS, RankSums, StragglerTax, straggler_tax
 
 CAUSES: tuple[str, ...] = (
     "startup", "input", "checkpoint", "eval", "hang_undetected", "hang_detected",
-    "restart", "rollback", "resume", "skipped", "loss_scale", "straggler", "unaccounted",
+    "restart", "rollback", "resume", "skipped", "loss_scale", "straggler_data",
+    "straggler_compute", "straggler_collective", "unaccounted",
 )
 """Badput causes, in the order people read them (docs/goodput.md)."""
 
@@ -102,13 +122,21 @@ CAUSE_WORDS: dict[str, str] = {
     "startup": "start-up", "input": "input", "checkpoint": "checkpoints", "eval": "eval",
     "hang_undetected": "hang before detection", "hang_detected": "hang after detection",
     "restart": "restarts", "rollback": "rollback", "resume": "resumed work",
-    "skipped": "skipped steps", "loss_scale": "loss-scale skips", "straggler": "straggler",
-    "unaccounted": "unaccounted",
+    "skipped": "skipped steps", "loss_scale": "loss-scale skips",
+    "straggler_data": "straggler: data loading", "straggler_compute": "straggler: compute",
+    "straggler_collective": "straggler: collective", "unaccounted": "unaccounted",
 }
+STRAGGLER_CAUSES: dict[str, str] = {f"straggler_{part}": part for part in PARTS}
+"""The straggler tax's causes, each the part of runs/straggler_tax.py it holds."""
+DEVICE_WORDS: dict[str | None, tuple[str, str, str]] = {
+    "cuda": ("GPU", "GPUs", "GPU-hours"), "cpu": ("CPU process", "CPU processes",
+                                                 "process-hours"),
+    None: ("rank", "ranks", "rank-hours")}
+"""What a run's ranks are, by its run records' ``hardware.device`` (one, many, the hours):
+a CPU-only run's are not GPUs, and a run that did not say is counted in ranks."""
 
+_INF = math.inf
 TYPICAL_STEPS = 8  # steps whose median interval is a typical step (start-up, hangs)
-FLOOR_WINDOW = 256  # data times the loader's healthy floor is the 10th percentile of
-FLOOR_EVERY = 16  # steps between updates of that floor (a percentile per step is waste)
 MARKS_KEPT = 1024  # recent steps (at least) whose cumulative productive time is kept
 MAX_INCIDENTS = 200  # the newest kept (a run that restarts forever must not grow memory)
 
@@ -128,26 +156,33 @@ class Incident:
     def gpu_hours(self, gpus: int) -> float:
         return self.seconds * gpus / 3600.0
 
-    def words(self, gpus: int) -> str:
+    def words(self, gpus: int, device: str | None = "cuda") -> str:
         """"this hang cost 14 min x 64 GPUs = 15 GPU-hours" ("has cost ... so far" while
         it is open)."""
+        cost = cost_words(self.seconds, gpus, device)
         if self.open:
-            return f"this {self.kind} has cost {cost_words(self.seconds, gpus)} so far"
-        return f"this {self.kind} cost {cost_words(self.seconds, gpus)}"
+            return f"this {self.kind} has cost {cost} so far"
+        return f"this {self.kind} cost {cost}"
 
-    def to_dict(self, gpus: int) -> dict[str, Any]:
+    def to_dict(self, gpus: int, device: str | None = "cuda") -> dict[str, Any]:
         return {"kind": self.kind, "step": self.step, "start": self.start,
                 "seconds": self.seconds, "gpu_hours": self.gpu_hours(gpus),
                 "attempt": self.attempt, "open": self.open, "detail": dict(self.detail),
-                "words": self.words(gpus)}
+                "words": self.words(gpus, device)}
 
 
-def cost_words(seconds: float, gpus: int) -> str:
-    """14 min x 64 GPUs = 15 GPU-hours (1 GPU: just the time)."""
+def cost_words(seconds: float, gpus: int, device: str | None = "cuda") -> str:
+    """14 min x 64 GPUs = 15 GPU-hours (one device: just the time); a CPU-only run's are
+    CPU processes (``DEVICE_WORDS``)::
+
+        >>> cost_words(840, 64), cost_words(20, 2, "cpu"), cost_words(20, 1, "cpu")
+        ('14 min x 64 GPUs = 15 GPU-hours', '20 s x 2 CPU processes = 0.011 process-hours', '20 s')
+    """
     span = _duration(seconds)
     if gpus <= 1:
         return span
-    return f"{span} x {gpus} GPUs = {_hours(seconds * gpus / 3600.0)} GPU-hours"
+    _, many, hours = DEVICE_WORDS.get(device, DEVICE_WORDS[None])
+    return f"{span} x {gpus} {many} = {_hours(seconds * gpus / 3600.0)} {hours}"
 
 
 def _duration(seconds: float) -> str:
@@ -186,8 +221,14 @@ class _Attempt:
     intervals: list[float] = field(default_factory=list)  # the first TYPICAL_STEPS after it
     typical: float | None = None
     excluded: float = 0.0  # eval/checkpoint seconds since the timeline's latest step
-    waits: dict[int, float] = field(default_factory=dict)  # rank -> summed sync wait
+    sums: dict[int, RankSums] = field(default_factory=dict)  # rank -> its step parts
     ended: bool = False
+    # The eval/checkpoint seconds in ``excluded`` by cause (what a step gives back), and
+    # the timeline's latest step interval (where a late one of them sits).
+    aside: dict[str, float] = field(default_factory=dict)
+    last_interval: float = 0.0
+    first_wait: float = 0.0  # the first step's wait for data (its loader's spin-up too)
+    waits: list[float] = field(default_factory=list)  # the data waits of ``intervals``
 
 
 @dataclass(slots=True)
@@ -211,6 +252,8 @@ class GoodputReport:
     attempts: list[dict[str, Any]]
     incidents: list[dict[str, Any]]
     rows_seen: int = 0  # the ledger's last record row it covers
+    device: str | None = "cuda"  # the run records' hardware.device (DEVICE_WORDS)
+    straggler: StragglerTax | None = None  # the newest attempt's, with a tax
 
     @property
     def ratio(self) -> float | None:
@@ -223,11 +266,19 @@ class GoodputReport:
             return "goodput not measured yet"
         worst = sorted(((v, k) for k, v in self.badput.items() if v / self.wall >= 0.0005),
                        reverse=True)[:top]
-        parts = ", ".join(f"{v / self.wall:.1%} {CAUSE_WORDS[k]}" for v, k in worst)
+        parts = ", ".join(f"{v / self.wall:.1%} {self._words(k)}" for v, k in worst)
         return f"goodput {ratio:.1%}" + (f": {parts}" if parts else "")
+
+    def _words(self, cause: str) -> str:
+        """A cause's words; a straggler's name who it is: "straggler: data loading (rank 2
+        on gpu-1)"."""
+        if cause in STRAGGLER_CAUSES and self.straggler is not None:
+            return f"{CAUSE_WORDS[cause]} ({self.straggler.who})"
+        return CAUSE_WORDS[cause]
 
     def to_dict(self) -> dict[str, Any]:
         hours = self.gpus / 3600.0
+        one, many, unit = DEVICE_WORDS.get(self.device, DEVICE_WORDS[None])
         return {"start": self.start, "end": self.end, "wall_seconds": self.wall,
                 "productive_seconds": self.productive, "goodput_ratio": self.ratio,
                 "badput_seconds": dict(self.badput),
@@ -235,6 +286,9 @@ class GoodputReport:
                 "gpus": self.gpus, "gpu_hours": self.wall * hours,
                 "productive_gpu_hours": self.productive * hours,
                 "badput_gpu_hours": {k: v * hours for k, v in self.badput.items()},
+                "device": self.device,
+                "device_words": {"one": one, "many": many, "hours": unit},
+                "straggler": None if self.straggler is None else self.straggler.to_dict(),
                 "summary": self.summary(), "attempts": self.attempts,
                 "incidents": self.incidents}
 
@@ -245,8 +299,11 @@ class GoodputLedger:
     def __init__(self) -> None:
         self.last_row = 0
         self.timeline_rank: int | None = None
-        self.world_size = 1
+        self.world_size = 1  # as the run records declare it (shown, not weighed)
         self.ranks: set[int] = set()
+        self.stepped: set[int] = set()  # ranks seen stepping: what the run is weighed by
+        self.hosts: dict[int, str] = {}  # rank -> its node (run record labels)
+        self.device: str | None = None  # hardware.device of the run records
         self.attempts: dict[int, _Attempt] = {}
         self.current = 0  # the newest attempt heard
         self.end: float | None = None  # the run's latest record time
@@ -259,9 +316,6 @@ class GoodputLedger:
         self.cum: dict[int, float] = {}  # attempt -> its productive so far
         self.marks: dict[int, tuple[int, float]] = {}  # step -> (attempt, cum at it)
         self.kept_steps: dict[int, tuple[int, int]] = {}  # attempt -> (first, last) step kept
-        self.data_times: list[float] = []
-        self.floor = 0.0
-        self._floor_due = 0
         self._settles: dict[int, tuple[int, str]] = {}  # attempt -> settled before it began
         self.settled_attempts: set[int] = set()  # each is settled once (a restart re-checks)
 
@@ -282,30 +336,71 @@ class GoodputLedger:
             # An attempt older than the first one heard, or a superseded one's late record
             # (its time was charged when the next attempt began): history only.
             return
-        att.last = max(att.last, t)
-        self.end = t if self.end is None else max(self.end, t)
-        self.ranks.add(record.rank)
-        if isinstance(record, RunRecord):
-            size = record.hardware.get("world_size") if record.hardware else None
-            if isinstance(size, int) and size > self.world_size:
-                self.world_size = size
-            return
-        if isinstance(record, HangRecord):
-            self._hung(record, att)
-        elif isinstance(record, StepRecord):
+        if t > att.last:
+            att.last = t
+        if self.end is None or t > self.end:
+            self.end = t
+        rank = record.rank
+        self.ranks.add(rank)
+        if isinstance(record, StepRecord):  # most records: ahead of the rarer kinds
             if self.timeline_rank is None:
                 # The lowest rank heard (every rank's run record comes before its steps),
                 # not whichever step arrived first: a script evaluates on rank 0.
                 self.timeline_rank = min(self.ranks)
-            if record.sync_wait_time is not None and math.isfinite(record.sync_wait_time):
-                att.waits[record.rank] = att.waits.get(record.rank, 0.0) + max(
-                    record.sync_wait_time, 0.0)
-            if record.rank == self.timeline_rank:
+            self.stepped.add(rank)
+            if record.sync_wait_time is not None:
+                self._sum(record, att)
+            if rank == self.timeline_rank:
                 self._step(record, att)
+        elif isinstance(record, RunRecord):
+            self._described(record)
+        elif isinstance(record, HangRecord):
+            self._hung(record, att)
         elif isinstance(record, EvalRecord | CheckpointRecord):
             self._aside(record, att)
         elif isinstance(record, EndRecord) and record.rank == self.timeline_rank:
             self._ended(record, att)
+
+    def _described(self, record: RunRecord) -> None:
+        hardware = record.hardware or {}
+        size = hardware.get("world_size")
+        if isinstance(size, int) and size > self.world_size:
+            self.world_size = size
+        device = hardware.get("device")
+        if device in DEVICE_WORDS and (self.device is None or device == "cuda"):
+            self.device = device  # one GPU rank makes it a GPU run
+        host = host_label(record.labels or {})
+        if host is not None:
+            self.hosts[record.rank] = host[:128]
+
+    def _sum(self, record: StepRecord, att: _Attempt) -> None:
+        """A rank's step parts, summed for the straggler tax (runs/straggler_tax.py): its
+        all-reduce wait, which sits in its step (capped by ``step_time`` where it says
+        one), its data wait (``input_wait``) and its compute (``compute_time``, else the
+        step less the two waits, as detectors/straggler.py's ``compute_of``). Every rank's
+        every step comes here: written for that (no call per part)."""
+        sums = att.sums.get(record.rank)
+        if sums is None:
+            # Its first step of the attempt is not summed: its interval is start-up, and its
+            # wait holds the ranks' start-up skew (one up before the others waits for them).
+            att.sums[record.rank] = RankSums()
+            return
+        wait, step = record.sync_wait_time, record.step_time
+        if wait is None or not _INF > wait > -_INF:  # NaN fails both
+            return
+        if step is not None and wait > step and step < _INF:
+            wait = step
+        if wait < 0.0:
+            wait = 0.0
+        data = record.input_wait or 0.0
+        compute = record.compute_time
+        if compute is None and step is not None:
+            compute = step - wait - data
+        sums.wait += wait
+        sums.data += data
+        if compute is not None and _INF > compute > 0.0:
+            sums.compute += compute
+        sums.steps += 1
 
     def _begin(self, attempt: int, t: float) -> None:
         before = self.attempts.get(self.current)
@@ -417,6 +512,12 @@ class GoodputLedger:
         seconds = record.seconds
         if seconds is None or not math.isfinite(seconds) or seconds < 0:
             seconds = 0.0  # not measured
+        # The interval it sits in: since the timeline's latest step (or start), less what
+        # the evals and saves before it in that interval took; one arriving after the next
+        # step (another rank's, on its own clock) sat in that step's interval.
+        since = att.prev if att.prev is not None else att.start
+        room = max(record.time - since, att.last_interval if record.time < since else 0.0)
+        seconds = min(seconds, max(room - att.excluded, 0.0))
         if isinstance(record, CheckpointRecord):
             key = (att.number, record.step)
             if key in self.checkpoints:
@@ -434,21 +535,34 @@ class GoodputLedger:
         else:
             return
         att.excluded += seconds
+        cause = "checkpoint" if isinstance(record, CheckpointRecord) else "eval"
+        att.aside[cause] = att.aside.get(cause, 0.0) + seconds
+
+    def _give_back(self, att: _Attempt, room: float) -> None:
+        """The evals and saves of an interval claimed more than it held: each gives back
+        its share of the excess, so the buckets never pass the time that passed."""
+        excess = att.excluded - room
+        if excess > 0:
+            for cause, seconds in att.aside.items():
+                att.buckets.badput[cause] -= excess * seconds / att.excluded
+        att.excluded = 0.0
+        att.aside.clear()
 
     def _step(self, record: StepRecord, att: _Attempt) -> None:
         t, prev = record.time, att.prev if att.prev is not None else att.start
         interval = t - prev
         att.prev = t
         if interval < 0:  # a clock that went back: nothing to charge
-            att.excluded = 0.0
+            self._give_back(att, 0.0)
             return
+        att.last_interval = interval
         aside = min(att.excluded, interval)
-        att.excluded = 0.0
+        self._give_back(att, interval)
         rest = interval - aside
         att.steps += 1
         if att.steps == 1:
-            self._input(record, 0.0)  # its data time informs the floor, charges nothing
             att.first_interval = rest  # start-up until a typical step is known
+            att.first_wait = min(record.input_wait or 0.0, rest)
             att.buckets.add("startup", rest)
             self._relaunch_cost(att, rest)
             self._kept(record.step, att, 0.0)
@@ -457,6 +571,7 @@ class GoodputLedger:
             rest = max(rest - self._close_hang(att, t), 0.0)
         elif att.typical is None and len(att.intervals) < TYPICAL_STEPS:
             att.intervals.append(rest)
+            att.waits.append(min(record.input_wait or 0.0, rest))
             if len(att.intervals) == TYPICAL_STEPS:
                 self._typical_known(att)
         rest -= self._input(record, rest)
@@ -471,9 +586,14 @@ class GoodputLedger:
         att.typical = float(np.median(att.intervals))
         first = att.first_interval or 0.0
         charge = min(att.typical, first)  # the first step itself was a step
+        # ... which waited for its data as a typical step does; the rest of its wait (the
+        # loader's workers starting, its first read) is start-up.
+        waited = min(att.first_wait, float(np.median(att.waits)) if att.waits else 0.0,
+                     charge)
         att.buckets.badput["startup"] -= charge
-        att.buckets.productive += charge
-        self.cum[att.number] += charge
+        att.buckets.add("input", waited)
+        att.buckets.productive += charge - waited
+        self.cum[att.number] += charge - waited
         self._relaunch_cost(att, -charge)
 
     def _relaunch_cost(self, att: _Attempt, seconds: float) -> None:
@@ -484,18 +604,9 @@ class GoodputLedger:
                 return
 
     def _input(self, record: StepRecord, rest: float) -> float:
-        dt = record.data_time
-        if dt is None or not math.isfinite(dt) or dt < 0:
-            return 0.0
-        self.data_times.append(dt)
-        if len(self.data_times) > FLOOR_WINDOW:
-            del self.data_times[: len(self.data_times) - FLOOR_WINDOW]
-        self._floor_due -= 1
-        if self._floor_due <= 0 or len(self.data_times) < FLOOR_EVERY:
-            # Few data times: their least is the floor (a 10th percentile of 3 is nearly it)
-            self.floor = float(np.percentile(self.data_times, 10))
-            self._floor_due = FLOOR_EVERY
-        waited = min(max(dt - self.floor, 0.0), rest)
+        """The step's wait for data (``StepRecord.input_wait``, the module docstring's
+        ``input``), within what is left of its interval."""
+        waited = min(record.input_wait or 0.0, rest)
         self.attempts[self.current].buckets.add("input", waited)  # the timeline's attempt
         return waited
 
@@ -524,19 +635,23 @@ class GoodputLedger:
 
     @property
     def gpus(self) -> int:
-        return max(self.world_size, len(self.ranks), 1)
+        """What the run is weighed by: the ranks seen stepping (GPUs, or CPU processes), not
+        the world size its run records declare. A claim of a million ranks is not a
+        million GPUs' time; a run sending from rank 0 only (``rank0_only``) is weighed as
+        its one rank (docs/goodput.md, "Limits")."""
+        return max(len(self.stepped), 1)
 
     def report(self, now: float | None = None) -> GoodputReport:
         """The ledger as of its latest record (and ``now`` for a hang still open)."""
         total, rows, walls = Buckets(), [], 0.0
-        end = self.end
+        end, named = self.end, None
         for number in sorted(self.attempts):
             att = self.attempts[number]
             b = Buckets(att.buckets.productive, dict(att.buckets.badput))
-            tax = _straggler_tax(att.waits)
-            tax = min(tax, max(b.productive, 0.0))
-            b.productive -= tax
-            b.add("straggler", tax)
+            tax = straggler_tax(att.sums, self.hosts)
+            if tax is not None:
+                self._charge_straggler(tax, b)
+                named = tax
             a_end = att.last
             if self.hang is not None and self.hang.attempt == number and now is not None:
                 a_end = max(a_end, now)
@@ -548,7 +663,8 @@ class GoodputLedger:
             b.add("unaccounted", wall - b.productive - sum(b.badput.values()))
             rows.append({"attempt": number, "start": att.start, "end": a_end,
                          "wall_seconds": wall, "productive_seconds": b.productive,
-                         "badput_seconds": {k: v for k, v in b.badput.items() if v}})
+                         "badput_seconds": {k: v for k, v in b.badput.items() if v},
+                         "straggler": None if tax is None else tax.to_dict()})
             total.productive += b.productive
             for k, v in b.badput.items():
                 total.badput[k] += v
@@ -573,9 +689,25 @@ class GoodputLedger:
                 after = max(now - hang.reported, 0.0)
                 inc = replace(inc, seconds=before + after,
                               detail={"undetected": before, "detected": after})
-            incidents.append(inc.to_dict(self.gpus))
+            incidents.append(inc.to_dict(self.gpus, self.device))
         return GoodputReport(first, end, wall, total.productive, total.badput, self.gpus,
-                             rows, incidents, self.last_row)
+                             rows, incidents, self.last_row, self.device, named)
+
+    def _charge_straggler(self, tax: StragglerTax, b: Buckets) -> None:
+        """An attempt's straggler tax into its buckets (``b``), by part. Out of productive
+        time (the others' steps waited for it), except the part of the straggler's extra
+        data wait the timeline already charged as ``input``: the timeline rank IS the
+        straggler there, and that wait moves to ``straggler_data`` (charged once)."""
+        data = tax.parts["data"]
+        if tax.rank == self.timeline_rank:
+            moved = min(data, b.badput["input"])
+            b.badput["input"] -= moved
+            b.add("straggler_data", moved)
+            data -= moved
+        for cause, part in STRAGGLER_CAUSES.items():
+            seconds = min(data if part == "data" else tax.parts[part], max(b.productive, 0.0))
+            b.productive -= seconds
+            b.add(cause, seconds)
 
     def open_hang_cost(self, now: float) -> float:
         h = self.hang
@@ -592,8 +724,10 @@ class GoodputLedger:
 
     def to_state(self) -> dict[str, Any]:
         return {
-            "v": 1, "last_row": self.last_row, "timeline_rank": self.timeline_rank,
+            "v": 2, "last_row": self.last_row, "timeline_rank": self.timeline_rank,
             "world_size": self.world_size, "ranks": sorted(self.ranks),
+            "stepped": sorted(self.stepped), "device": self.device,
+            "hosts": {str(r): h for r, h in self.hosts.items()},
             "current": self.current, "end": self.end,
             "hang": None if self.hang is None else [self.hang.step, self.hang.since,
                                                     self.hang.reported, self.hang.attempt],
@@ -603,13 +737,13 @@ class GoodputLedger:
             "cum": {str(k): v for k, v in self.cum.items()},
             "marks": {str(k): list(v) for k, v in self.marks.items()},
             "kept_steps": {str(k): list(v) for k, v in self.kept_steps.items()},
-            "data_times": self.data_times, "floor": self.floor, "floor_due": self._floor_due,
             "settles": {str(k): list(v) for k, v in self._settles.items()},
             "settled_attempts": sorted(self.settled_attempts),
             "attempts": [[a.number, a.start, a.last, a.buckets.productive,
                           a.buckets.badput, a.prev, a.steps, a.first_interval,
                           a.intervals, a.typical, a.excluded,
-                          {str(r): w for r, w in a.waits.items()}, a.ended]
+                          {str(r): w.to_list() for r, w in a.sums.items()}, a.ended,
+                          a.aside, a.last_interval, a.first_wait, a.waits]
                          for a in self.attempts.values()],
         }
 
@@ -620,6 +754,10 @@ class GoodputLedger:
         book.timeline_rank = data["timeline_rank"]
         book.world_size = int(data["world_size"])
         book.ranks = set(data["ranks"])
+        # A version 1 ledger weighed by every rank heard, and kept summed waits only.
+        book.stepped = set(data.get("stepped", data["ranks"]))
+        book.device = data.get("device")
+        book.hosts = {int(r): str(h) for r, h in data.get("hosts", {}).items()}
         book.current, book.end = int(data["current"]), data["end"]
         h = data["hang"]
         book.hang = None if h is None else _Hang(int(h[0]), h[1], h[2], int(h[3]))
@@ -631,18 +769,20 @@ class GoodputLedger:
         book.marks = {int(k): (int(v[0]), float(v[1])) for k, v in data["marks"].items()}
         book.kept_steps = {int(k): (int(v[0]), int(v[1]))
                            for k, v in data["kept_steps"].items()}
-        book.data_times, book.floor = list(data["data_times"]), float(data["floor"])
-        book._floor_due = int(data.get("floor_due", 0))
         book._settles = {int(k): (int(v[0]), str(v[1]))
                          for k, v in data.get("settles", {}).items()}
         book.settled_attempts = {int(n) for n in data.get("settled_attempts", ())}
         for (number, start, last, productive, badput, prev, steps, first, intervals,
-             typical, excluded, waits, ended) in data["attempts"]:
+             typical, excluded, sums, ended, *more) in data["attempts"]:
             badput = {**dict.fromkeys(CAUSES, 0.0), **badput}
+            aside, last_interval, first_wait, waits = more if more else ({}, 0.0, 0.0, [])
             book.attempts[int(number)] = _Attempt(
                 int(number), start, last, Buckets(productive, badput), prev, int(steps),
                 first, list(intervals), typical, excluded,
-                {int(r): float(w) for r, w in waits.items()}, bool(ended))
+                {int(r): RankSums.from_list(w) if isinstance(w, list) else RankSums(
+                    float(w), steps=1) for r, w in sums.items()}, bool(ended),
+                {str(k): float(v) for k, v in aside.items()}, float(last_interval),
+                float(first_wait), [float(w) for w in waits])
         return book
 
 
@@ -650,11 +790,3 @@ def _add_startup(incident: Incident, seconds: float) -> None:
     incident.seconds += seconds
     incident.detail["startup"] = incident.detail.get("startup", 0.0) + seconds
 
-
-def _straggler_tax(waits: dict[int, float]) -> float:
-    """The median rank's summed all-reduce wait less the least-waiting rank's (module
-    docstring): 0 with fewer than 2 ranks reporting waits."""
-    if len(waits) < 2:
-        return 0.0
-    values = sorted(waits.values())
-    return max(float(np.median(values)) - values[0], 0.0)

@@ -76,6 +76,9 @@ class RankState:
     # Its records reach this sidecar, the run's leader, as digests from its node's sidecar
     # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
     remote: bool = False
+    # Which node sidecar forwards them (its id @ the connection's address, api/peer.py):
+    # a finding about this rank is taken only from that one (Engine._peer_finding_refusal).
+    via: str | None = None
 
     def took_data(self, step: int, position: int) -> None:
         """Step ``step`` left the data stream at ``position``."""

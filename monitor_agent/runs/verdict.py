@@ -3,11 +3,15 @@ and the step it began.
 
 A run is *unhealthy* once it has a finding of error severity or above of a type that says
 the model itself went wrong (``CAUSES``: NaN/Inf, divergence, gradient explosion, blown-up
-activations, a collapsed loss scale, or data a rollback skipped trained again after it:
-the weights then saw what the rollback was for). Those pages resolve when the run ends or the findings
+activations, a collapsed loss scale, a run that stopped learning (exact zero gradients or
+updates), or data a rollback skipped trained again after it: the weights then saw what the
+rollback was for). Those pages resolve when the run ends or the findings
 stop, but what they reported happened to the weights: a resolved alert is not a recovery,
-so the verdict never goes back to healthy. Stalls, memory pressure, throughput and the
-warnings are about the job or are not sure enough to judge a run by; they do not count.
+so the verdict never goes back to healthy. A run whose process died of an exception
+(``crashed``, ``ENDINGS``) is unhealthy too, though its weights are not damaged by it: it
+did not finish, and a resume from a checkpoint taken at or after its last step (a later
+attempt) overcomes it. Stalls, memory pressure, throughput and the warnings are about the
+job or are not sure enough to judge a run by; they do not count.
 
 A NaN is said the way it ended: ``NaN since step S`` when the run's latest step still has a
 non-finite loss (S is where that unbroken stretch began), ``NaN at step S`` when later steps
@@ -17,7 +21,7 @@ finding cites as its likely cause). The first cause (by step) is the verdict's `
 the text names it, then a NaN the run is still in, else the next cause.
 
 ``label`` is what ``training_run_info`` carries in its ``verdict`` label: ``healthy`` or
-``unhealthy_<cause type>``, a closed set of ``len(CAUSES) + 1`` values (``LABELS``).
+``unhealthy_<cause type>``, a closed set of ``len(JUDGED) + 1`` values (``LABELS``).
 
 One definition, used everywhere the verdict shows: ``GET /v1/runs`` and ``/v1/runs/{id}``,
 the runs page and the run page's header, ``/metrics`` and the message that resolves a run's
@@ -59,6 +63,19 @@ A resume that applied no rollback plan is said as what it was (runs/lifecycle.py
     >>> print(VerdictTracker(rollbacks=[Rollback(to_step=300, kind="crash")]).verdict(
     ...     "completed").text)
     completed, healthy (resumed after a crash once)
+
+A run that died of an exception after step 59, and the same run resumed from its
+checkpoint at step 59, which then completed::
+
+    >>> crash = Finding("crashed", Severity.ERROR, "r", 59, "the run crashed",
+    ...                 evidence={"exception": "RuntimeError"})
+    >>> tracker = VerdictTracker()
+    >>> _ = tracker.observe(None, [crash])
+    >>> print(tracker.verdict("failed").text)
+    failed, unhealthy: crashed after step 59 (RuntimeError)
+    >>> tracker.rollbacks = [Rollback(to_step=59, kind="crash")]
+    >>> print(tracker.verdict("completed").text)
+    completed, healthy (resumed after a crash once)
 """
 
 from __future__ import annotations
@@ -75,11 +92,18 @@ from monitor_agent.storage.store import StoredAttempt
 CAUSES: dict[str, str] = {
     "nan_inf": "NaN", "divergence": "divergence", "grad_explosion": "gradient explosion",
     "activation_blowup": "activation blow-up", "loss_scale_collapse": "loss-scale collapse",
-    "window_trained": "skipped data trained again",
+    "window_trained": "skipped data trained again", "not_learning": "stopped learning",
 }
-"""Finding types that make a run unhealthy (at error severity or above), and their words."""
+"""Finding types that make a run unhealthy (at error severity or above) because the weights
+went wrong (the checkpoint ledger holds every checkpoint after one's onset suspect), and
+their words."""
 
-LABELS: tuple[str, ...] = ("healthy", *(f"unhealthy_{t}" for t in CAUSES))
+ENDINGS: dict[str, str] = {"crashed": "crashed"}
+"""Finding types that make a run unhealthy by how its process ended, not by its weights."""
+
+JUDGED: dict[str, str] = {**CAUSES, **ENDINGS}
+
+LABELS: tuple[str, ...] = ("healthy", *(f"unhealthy_{t}" for t in JUDGED))
 """Every value of ``training_run_info``'s ``verdict`` label."""
 
 VerdictState = Literal["healthy", "unhealthy"]
@@ -179,12 +203,16 @@ class VerdictTracker:
             if bad != (record.rank in self.nan_ranks):  # this rank's NaN stretch began/ended
                 self._nan_rank(record, bad)
         for f in findings:
-            if (f.type in CAUSES and f.severity >= Severity.ERROR and not f.log_only
+            if (f.type in JUDGED and f.severity >= Severity.ERROR and not f.log_only
                     and f.type not in self.first):
-                self.first[f.type] = f.step
+                since = f.evidence.get("since_step")  # not_learning: dead from there on
+                self.first[f.type] = since if isinstance(since, int) else f.step
                 cause = f.evidence.get("likely_cause")
+                exception = f.evidence.get("exception")
                 if isinstance(cause, str):  # "LR x100 at step 300: a -> b, ...": its name
                     self.behind[f.type] = cause.split(":")[0][:80]
+                elif isinstance(exception, str):  # crashed: "RuntimeError"
+                    self.behind[f.type] = exception[:80]
         return (len(self.first), self.nan_since) != before
 
     def _nan_rank(self, record: StepRecord, bad: bool) -> None:
@@ -202,17 +230,24 @@ class VerdictTracker:
     def verdict(self, status: str) -> Verdict:
         """The verdict for a run in ``status`` (running, completed, failed, stopped)."""
         ended = status != "running"
-        if not self.first:
+        first = self._standing()
+        if not first:
             words = ("healthy" if ended else "healthy so far") + self._rolled_back()
             return Verdict("healthy", f"{status}, {words}" if ended else words, words=words)
-        causes = sorted(self.first.items(), key=lambda kv: (kv[1], kv[0]))
+        causes = sorted(first.items(), key=lambda kv: (kv[1], kv[0]))
         cause, step = causes[0]
         # The first cause, then a NaN the run is still in (how it ended), else the next one.
         second = [t for t, _ in causes[1:] if t == "nan_inf" and self.nan_since is not None]
         named = [cause, *(second or [t for t, _ in causes[1:2]])]
-        words = "unhealthy: " + "; ".join(self._words(t, self.first[t]) for t in named)
+        words = "unhealthy: " + "; ".join(self._words(t, first[t]) for t in named)
         words += self._rolled_back()
         return Verdict("unhealthy", f"{status}, {words}" if ended else words, cause, step, words)
+
+    def _standing(self) -> dict[str, int]:
+        """The causes that still hold: a crash that a later attempt resumed past (from a
+        checkpoint at or after the crash's last step) is over; the resume says it."""
+        return {t: s for t, s in self.first.items()
+                if t not in ENDINGS or not any(r.to_step >= s for r in self.rollbacks)}
 
     def _rolled_back(self) -> str:
         """`` (rolled back twice: divergence at step 1205 abandoned; resumed after a crash
@@ -234,6 +269,9 @@ class VerdictTracker:
             if self.nan_since is not None:
                 return f"NaN since step {self.nan_since}"
             return f"NaN at step {step}"
+        if cause in ENDINGS:
+            what = f" ({self.behind[cause]})" if cause in self.behind else ""
+            return f"{ENDINGS[cause]} after step {step}{what}"
         behind = f" after {self.behind[cause]}" if cause in self.behind else ""
         return f"{CAUSES[cause]} at step {step}{behind}"
 

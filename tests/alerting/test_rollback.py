@@ -160,6 +160,12 @@ def test_the_commented_example_in_the_default_rules_is_a_working_rollback_rule()
     [rule] = parse_rules(f"routes: {{page: [console], chat: [console]}}\nrules:\n  {example}\n")
     assert (rule.name, rule.action, rule.rollback_lr_factor, rule.rollback_budget) == (
         "RollbackOnDivergence", "rollback", 0.5, 2)
+    # issue 45: where bad data is the fault, the spike it makes is a loss_spike
+    start = next(i for i, line in enumerate(lines) if "- {name: RollbackOnBadData" in line)
+    example = "\n".join(line.lstrip("#").strip() for line in lines[start:start + 2])
+    [rule] = parse_rules(f"routes: {{page: [console], chat: [console]}}\nrules:\n  {example}\n")
+    assert (rule.name, rule.action, rule.types) == (
+        "RollbackOnBadData", "rollback", ("loss_spike", "divergence"))
 
 
 def _saving_run(rank0_at: int, clean: tuple) -> RunContext:

@@ -20,13 +20,13 @@ T0 = 10_000.0
 
 def _run(t: float, token: str) -> list[dict[str, Any]]:
     return [{"kind": "run", "run_id": "gp", "rank": r, "time": t, "attempt": token,
-             "hardware": {"world_size": 2}} for r in (0, 1)]
+             "hardware": {"world_size": 2, "device": "cuda"}} for r in (0, 1)]
 
 
-def _step(step: int, t: float, token: str, data: float = 0.01) -> list[dict[str, Any]]:
+def _step(step: int, t: float, token: str, data: float = 0.0) -> list[dict[str, Any]]:
     # Rank 1 waits 0.25 s more than rank 0 at every all-reduce: rank 0 is the slow one.
     return [{"kind": "step", "run_id": "gp", "rank": r, "step": step, "time": t,
-             "attempt": token, "loss": 2.0, "grad_norm": 1.0, "step_time": 1.0,
+             "attempt": token, "loss": 2.0, "grad_norm": 1.0, "step_time": 1.0 + data,
              "data_time": data, "sync_wait_time": 0.05 + 0.25 * r} for r in (0, 1)]
 
 
@@ -51,7 +51,7 @@ def _attempt_one(srv: LiveServer) -> float:
     for step in range(1, 21):
         wait = 4.0 if step == 5 else 0.0
         t += 1.0 + wait + {1: 3.0, 11: 2.0, 13: 1.5, 16: 20.0}.get(step, 0.0)
-        _post(srv, _step(step, t, "a", data=0.01 + wait))
+        _post(srv, _step(step, t, "a", data=wait))
         if step == 10:
             _post(srv, [{"kind": "checkpoint", "run_id": "gp", "step": 10, "time": t + 2.0,
                          "attempt": "a", "path": "/c/10.pt", "seconds": 2.0}])
@@ -87,9 +87,13 @@ def _costs(srv: LiveServer) -> dict[str, Any]:
     # Step 16 should have ended at +1 s; the watchdog said so 10 s later; it came at +21 s.
     assert bad["hang_undetected"] == pytest.approx(10.0)
     assert bad["hang_detected"] == pytest.approx(10.0)
-    # Rank 1 waited 0.25 s a step more than rank 0 over 20 steps: the median of two ranks'
-    # waits less the least is half of that.
-    assert bad["straggler"] == pytest.approx(20 * 0.25 / 2)
+    # Rank 1 waited 0.25 s a step more than rank 0 over 20 steps: the other rank's wait
+    # less the straggler's is all of that from the second step on (the first is start-up),
+    # and rank 0 spent it on its own compute (its step less its data and its wait is 0.25 s
+    # longer than rank 1's).
+    assert bad["straggler_compute"] == pytest.approx(19 * 0.25)
+    assert g["straggler"]["rank"] == 0
+    assert g["straggler"]["parts"]["compute"] == pytest.approx(4.75)
     assert g["wall_seconds"] == pytest.approx(t - T0)
     assert g["productive_seconds"] + g["badput_seconds_total"] == pytest.approx(
         g["wall_seconds"])
@@ -110,6 +114,13 @@ def _costs(srv: LiveServer) -> dict[str, Any]:
     lines = eventually(exposed, interval=0.2, what="the goodput series on /metrics")
     [ratio] = [ln for ln in lines if ln.startswith("training_goodput_ratio{")]
     assert float(ratio.split()[-1]) == pytest.approx(g["goodput_ratio"])
+    # Who the straggler is, and what it spent the tax on, for the dashboards.
+    tax = {ln.split("{")[1].split("}")[0]: float(ln.split()[-1]) for ln in lines
+           if ln.startswith("training_straggler_badput_seconds{")}
+    who = 'rank="0",node=""'
+    assert tax == {f'{labels},cause="straggler_data",{who}': 0.0,
+                   f'{labels},cause="straggler_compute",{who}': pytest.approx(4.75),
+                   f'{labels},cause="straggler_collective",{who}': 0.0}
 
     # Relaunched 30 s after the crash, from the checkpoint at step 10: steps 11-20 are done
     # again (their productive time is discarded work), and the new process is up 2 s

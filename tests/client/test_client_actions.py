@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
@@ -123,3 +125,35 @@ def test_another_rank_learns_of_the_stop_by_polling(sidecar_factory, tmp_path):
 
     eventually(stopped, interval=0.05, what="the poll brought the stop")
     mon.close()
+
+
+def test_a_trainer_that_raises_to_honour_a_stop_stopped_and_did_not_crash(sidecar_factory,
+                                                                          tmp_path):
+    """Issue 45: a run that leaves its loop by raising once should_stop() said so ends
+    "stopped", not "failed": the sidecar pages a failed end as a crash. A sys.exit(0)
+    inside ``with Monitor(...)`` is the script ending on its own: "completed"."""
+    sc = sidecar_factory(config=_stop_rules(tmp_path)).start()
+    settings = MonitorSettings(spool_dir=tmp_path / "spool", install_hooks=False, linger=0.01)
+    got = threading.Event()
+    with pytest.raises(RuntimeError, match="told to stop"), \
+            Monitor(url=sc.url, run_id="raised-stop", settings=settings) as mon:
+        mon.on_action(lambda a: got.set())
+        for step in range(1, 6):
+            mon.log_step(step, loss=2.0 + step / 100)
+        mon.log_step(6, loss=float("nan"))
+        assert got.wait(10)
+        if mon.should_stop():
+            raise RuntimeError("told to stop")
+    end = [r for r in sc.records("raised-stop") if r["kind"] == "end"][0]
+    assert (end["status"], end["step"]) == ("stopped", 6)
+    assert end["error"] == ("stopped at step 6: stop requested at step 6 by rule StopNow; it "
+                            "left by RuntimeError: told to stop")
+    found = httpx.get(f"{sc.url}/v1/runs/raised-stop/findings", timeout=10).json()["findings"]
+    assert "crashed" not in {f["type"] for f in found}
+
+    with pytest.raises(SystemExit), \
+            Monitor(url=sc.url, run_id="exit-0", settings=settings) as mon:
+        mon.log_step(1, loss=2.0)
+        sys.exit(0)
+    end = [r for r in sc.records("exit-0") if r["kind"] == "end"][0]
+    assert (end["status"], end["error"]) == ("completed", None)

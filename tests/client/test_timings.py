@@ -144,7 +144,7 @@ def test_events_measure_the_gap_from_the_last_gradient_to_the_optimizer(fake_eve
     for step, wait in enumerate((0.2, 0.03, 0.05, 0.4), 1):
         # gradient accumulation on step 3: the last micro-batch's gradient ends compute
         _event_step(model, opt, 10.0 * step, wait, micro_batches=2 if step == 3 else 1)
-        got.append(tuple(None if x is None else round(x, 9) for x in timings.take().read()))
+        got.append(tuple(None if x is None else round(x, 9) for x in timings.take().read()[:2]))
     # step 1 learns which parameter's gradient comes last and has no step before it; the
     # span runs from one optimizer step to the next on the device's clock
     assert got == [(None, None), (0.03, 9.83), (0.05, 11.02), (0.4, 9.35)]
@@ -162,7 +162,7 @@ def test_events_whose_work_is_not_done_give_no_split(fake_events):
         _event_step(model, opt, 10.0 * step, 0.1)
         events = timings.take()
     FakeEvent.done = False
-    assert events.read() == (None, None)  # query() said not yet: no number, and no wait
+    assert events.read() == (None, None, None)  # query() said not yet: no number, no wait
     FakeEvent.done = True
     assert round(events.read()[0], 9) == 0.1
     opt.step()  # a GradScaler that skipped the step would not call it: no events then
@@ -243,3 +243,43 @@ def test_the_scripts_own_figures_win_over_the_events(
                      sync_wait_time=0.5, compute_time=0.25)
     steps = receiver.of_kind("step")
     assert steps and {(r["sync_wait_time"], r["compute_time"]) for r in steps} == {(0.5, 0.25)}
+
+
+def test_a_cuda_run_sends_the_device_s_idle_part_of_each_data_wait(
+        receiver, tmp_path, monkeypatch, fake_events):
+    """The host waits 20 ms for every batch; the device, on its own clock, sat idle for 15
+    ms of it on step 2, none on step 3 (work queued before the wait outlasted it: a host
+    running ahead), 5 ms on step 4. ``data_idle_time`` is that part, and the step's compute
+    leaves out the idle time rather than the host's wait. Read on the sender thread."""
+    monkeypatch.setattr("monitor_client._timings.device_events", lambda params: FakeEvent)
+    mon = Monitor(url=receiver.url, project="timings", run_id="timings-idle",
+                  settings=MonitorSettings(spool_dir=tmp_path, world_size=4, rank=0,
+                                           install_hooks=False, gpu_probe=None, linger=0.05))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon.watch(model, opt)
+    idle, wait = (0.01, 0.015, 0.0, 0.005), 0.1
+
+    def loader():
+        for gap in idle:
+            time.sleep(0.02)  # the host's wait for the batch
+            FakeEvent.now += gap  # ... of which the device idled this much
+            yield torch.randn(4, 8)
+
+    FakeEvent.now = 10.0  # when the device is done with what was queued before step 1
+    for step, x in enumerate(mon.timed(loader()), 1):
+        FakeEvent.now += 1.0  # forward and backward on the device
+        model(x).pow(2).mean().backward()
+        FakeEvent.now += wait
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step)
+        FakeEvent.now = 10.0 * (step + 1)  # ... and with what was queued before the next
+    assert mon.close(timeout=10)
+    steps = sorted(receiver.of_kind("step"), key=lambda r: r["step"])
+    assert [r["data_idle_time"] for r in steps] == pytest.approx(list(idle))
+    assert all(r["data_time"] >= 0.02 for r in steps)
+    for k in (1, 2, 3):  # step 1 learns which gradient comes last: no split
+        span = 10.0 + idle[k] - idle[k - 1]
+        assert steps[k]["compute_time"] == pytest.approx(span - idle[k] - wait)
+    assert threading.current_thread().name not in FakeEvent.readers

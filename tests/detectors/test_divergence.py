@@ -329,3 +329,70 @@ def test_a_positive_loss_declared_nonstationary_runs_away_in_its_log_noise(rise,
              for k, r in enumerate(rise)]
     found = [f for f in feed(only("divergence"), recs) if f.evidence.get("rule") == "runaway"]
     assert bool(found) == pages
+
+
+def _rising_before_the_lr(kind: str) -> list:
+    """The loss learns, then rises from step 135 as the run's own level moves (a GAN's
+    discriminator winning, an actor-critic's episodes growing); the lr is multiplied by 100
+    at step 150 and kept. A signed loss is the same shape below zero."""
+    offset = -3.0 if kind == "signed" else 0.0
+    recs = [run(loss_kind=kind)]
+    for i in range(1, 260):
+        level = 1.0 + 2.0 * math.exp(-i / 30) + (0.6 if i >= 135 else 0.0)
+        recs.append(step(i, loss=offset + level * (1 + noise(i, 0.02)),
+                         grad_norm=1.0 + noise(i, 0.1), lr=1e-3 if i < 150 else 0.1))
+    return recs
+
+
+@pytest.mark.parametrize("kind", ["auto", "error", "signed", "nonstationary", "actor_critic",
+                                  "gan"])
+def test_a_divergence_the_raised_lr_drives_starts_at_or_after_the_lr_rose(kind):
+    """Issue 45: under loss_kind="actor_critic" the LR x100 page's onset was 125, before
+    the LR change at 150: the rise before it is the run's own, not the lr's."""
+    found = [f for f in feed(only("divergence"), _rising_before_the_lr(kind))
+             if f.severity.pages]
+    assert found, kind
+    caused = [f for f in found if "the cause is still applied" in f.message]
+    assert caused, [f.message for f in found]
+    assert all(f.evidence["onset_step"] >= 150 for f in caused), [
+        (f.step, f.evidence["onset_step"]) for f in caused]
+    assert all(f.step >= 150 + 4 for f in caused)  # the lr rule's hold, counted from there
+
+
+def test_an_excursion_that_began_after_the_lr_rose_keeps_its_onset():
+    recs = [run()] + [step(i, loss=(1.0 + 2.0 * math.exp(-i / 30) + (1.0 if i >= 152 else 0))
+                           * (1 + noise(i, 0.02)), lr=1e-3 if i < 150 else 0.1)
+                      for i in range(1, 220)]
+    (first, *_) = [f for f in feed(only("divergence"), recs) if f.severity.pages]
+    assert first.evidence["onset_step"] == 152 and first.step == 160, first.message
+
+
+def test_a_loss_that_explodes_by_decades_in_its_first_steps_pages_at_once():
+    """Issue 45: an LBFGS run of 15 steps whose loss rose ~30 decades got no page; the
+    other rules wait for min_history_steps of history."""
+    lbfgs = [0.572, 0.0289, 1.86e-3, 4.5e-4, 1.1e-4, 7.2e-5, 5.2e-5, 3.7e-5, 5.2e46,
+             6.3e83, 1.5e119, 1.6e153, 7.3e187, 1.3e226, 1.1e260]
+    found = feed(only("divergence"), [run()] + [step(i, loss=x) for i, x in enumerate(lbfgs, 1)])
+    assert [(f.step, f.evidence["rule"], f.evidence["onset_step"]) for f in found] == [
+        (9, "early", 9)]
+    assert found[0].severity.pages
+    assert found[0].message == ("loss 5.2e+46 is 47 decades above the highest the run had "
+                                "reported (0.572 at step 1), more than float32's 7 digits "
+                                "tell apart: the loss exploded"), found[0].message
+
+
+@pytest.mark.parametrize("losses,kind", [
+    ([0.572, 0.0289, 1.86e-3, 4.5e-4, 1.1e-4, 7.2e-5, 5.2e-5, 3.7e-5], "auto"),  # it learns
+    ([2.3, 2.31, 2.29, 2.2, 2.1, 2e6, 2.0], "auto"),  # six decades: within precision
+    ([-1.0, -2.0, -3.0, 4e7, 5e8], "signed"),  # no zero to measure decades from
+    ([1e-9, 1e-8, 1e-6, 1e-2, 50.0], "signed"),
+])
+def test_rises_a_float_can_still_tell_apart_are_no_early_divergence(losses, kind):
+    recs = [run(loss_kind=kind)] + [step(i, loss=x) for i, x in enumerate(losses, 1)]
+    assert [f for f in feed(only("divergence"), recs) if f.severity.pages] == []
+
+
+def test_the_early_rule_needs_no_history_and_survives_a_restart():
+    recs = [run()] + [step(i, loss=2.0 + noise(i)) for i in range(1, 12)] + [
+        step(i, loss=1e9 * (i - 10)) for i in range(12, 16)]
+    assert_restore_equivalent(lambda: only("divergence"), recs, cut=8)

@@ -132,3 +132,23 @@ def test_a_later_fault_is_not_blamed_on_a_jump_long_undone():
 def test_restore_mid_stream_changes_nothing():
     lrs = [BASE * (100 if i >= 300 else 1) for i in range(1, 400)]
     assert_restore_equivalent(_lr_only, _records(lrs), cut=200)
+
+
+def test_a_fault_that_began_before_the_jump_is_not_blamed_on_it():
+    """Issue 45: an onset never precedes its cause. Loss and gradient run away from step
+    298; the divergence is paged at 300, the step the LR jumps, but the jump did not
+    start it."""
+    suite = DetectorSuite(DetectorSettings())
+    recs = [run()]
+    for i in range(1, 330):
+        lr = BASE * (100 if i >= 300 else 1)
+        loss = 2.0 + noise(i) if i < 298 else 2.0 * 1.6 ** (i - 297)
+        grad = 1.0 + noise(i, 0.1) if i < 298 else 1.5 ** (i - 297)
+        recs.append(step(i, lr=lr, loss=loss, grad_norm=grad))
+    found = feed(suite, recs)
+    (jump,) = of_type(found, "lr_jump")
+    runaway = [f for f in of_type(found, "divergence")
+               if f.step >= jump.step and f.evidence.get("onset_step", f.step) < jump.step]
+    assert runaway, [(f.step, f.evidence) for f in of_type(found, "divergence")]
+    for f in runaway:
+        assert "likely cause" not in f.message and "likely_cause" not in f.evidence, f.message

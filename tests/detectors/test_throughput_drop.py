@@ -73,3 +73,41 @@ def test_quiet_when_the_baseline_itself_had_stretches_as_slow():
         st = 0.02 * (1 + noise(i, 0.2)) / (0.4 if busy else 1.0)
         recs.append(step(i, step_time=st, tokens=1000.0, tokens_per_second=1000.0 / st))
     assert feed(only("throughput_drop"), recs) == []
+
+
+def _episodes(samples: bool) -> list:
+    """One RL episode a step: its length grows 10x as the agent learns (from step 150), and
+    each sample costs the same 1 ms; the step reports its samples, or only its time."""
+    recs = []
+    for i in range(1, 400):
+        length = 20 if i < 150 else 200
+        st = length * 1e-3 * (1 + noise(i, 0.2))
+        recs.append(step(i, step_time=st, tokens=None, tokens_per_second=None,
+                         samples=float(length) if samples else None))
+    return recs
+
+
+def test_a_step_that_did_more_work_is_no_slowdown():
+    """Issue 45: actor-critic with one episode a step got two false throughput_drop
+    warnings as its episodes grew, although each step reported its samples."""
+    assert feed(only("throughput_drop"), _episodes(samples=True)) == []
+    found = feed(only("throughput_drop"), _episodes(samples=False))
+    assert found and found[0].message.startswith("steps/s median")  # work unknown: steps
+
+
+def test_samples_per_second_is_the_speed_when_the_step_reports_samples():
+    recs = [step(i, step_time=0.02 if i < 300 else 0.06, tokens=None, tokens_per_second=None,
+                 samples=32.0) for i in range(1, 400)]
+    (f, *_) = feed(only("throughput_drop"), recs)
+    assert f.message.startswith("samples/s median 533 over the last 20 steps is 0.33x the "
+                                "median 1.6e+03"), f.message
+
+
+def test_a_new_unit_starts_the_baseline_again():
+    """Tokens/s until step 200, then the script stops reporting tokens: speeds in one
+    unit say nothing of the other (50,000 tokens/s is not 50 steps/s)."""
+    recs = [step(i, step_time=0.02, tokens=1000.0, tokens_per_second=None)
+            for i in range(1, 200)]
+    recs += [step(i, step_time=0.02, tokens=None, tokens_per_second=None)
+             for i in range(200, 400)]
+    assert feed(only("throughput_drop"), recs) == []

@@ -8,6 +8,10 @@ unless asked for:
 
 - ``--slow-batches 20,40 --loader-sleep 0.3``: the dataset takes that long to read the first
   sample of those batches (a slow disk), inside the loader ``mon.timed`` wraps;
+- ``--load-time 0.1``: every batch takes that long to load (remote storage, heavy decoding),
+  from batch ``--load-from`` on (default 1), on rank ``--load-rank`` only (default: every
+  rank); with ``--workers N`` the ``DataLoader`` loads in N worker processes, which prefetch
+  (N=0, the default: in the training process, no prefetch);
 - ``--eval-at 50,100 --eval-sleep 0.5``: an evaluation after those steps that takes that
   long (a validation set), then ``mon.log_eval``;
 - ``--ckpt-at 60,120 --ckpt-sleep 0.5``: a checkpoint after those steps, written to
@@ -24,7 +28,10 @@ unless asked for:
 The script keeps its own clock too, for the test to compare with: ``<out-dir>/clock-r<rank>
 -<pid>.jsonl`` has one line per event, ``{"event", "step", "time"}`` (Unix time):
 ``up`` (once the monitor watches the model: the run record), ``step`` (each ``log_step``
-returned), ``eval`` / ``ckpt`` with their ``seconds`` (perf_counter around them), ``crash``.
+returned, with ``wait``: the seconds the loop waited for that step's batch, perf_counter from
+the previous step's end to the batch in hand, and ``slept``: its compute's sleep as it
+really lasted), ``eval`` / ``ckpt`` with their ``seconds``
+(perf_counter around them), ``crash``.
 
     python goodput_train.py --url URL --run-id R --steps 200 --out-dir out
 """
@@ -50,7 +57,8 @@ def _steps(text: str) -> set[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", default=None, help="else MONITOR_AGENT_URL (one sidecar a node)")
+    p.add_argument("--project", default="goodput")
     p.add_argument("--run-id", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--steps", type=int, default=200)
@@ -68,6 +76,10 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--watchdog-floor", type=float, default=60.0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--load-time", type=float, default=0.0)
+    p.add_argument("--load-from", type=int, default=1)
+    p.add_argument("--load-rank", type=int, default=-1)
     args = p.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1:
@@ -97,14 +109,20 @@ def main() -> None:
             return len(self.x)
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if i % (BATCH * world) == 0 and i // (BATCH * world) + 1 in slow_batches:
+            batch = i // (BATCH * world) + 1
+            if i % (BATCH * world) == 0 and batch in slow_batches:
                 time.sleep(args.loader_sleep)  # the loader time the ledger must book
+            first = (i - rank) % (BATCH * world) == 0  # this rank's batch's first sample
+            if first and batch >= args.load_from and args.load_rank in (-1, rank):
+                time.sleep(args.load_time)  # every batch's slow read
             return self.x[i], self.y[i]
 
     data = Samples()
     sampler = (torch.utils.data.DistributedSampler(data, shuffle=False) if world > 1
                else None)
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler,
+                                         num_workers=args.workers,
+                                         persistent_workers=args.workers > 0)
     stream = monitor_client.DataStream(loader)  # monitor: counts batches by position
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1))
@@ -114,7 +132,7 @@ def main() -> None:
     held_out = torch.randn(64, 32, generator=torch.Generator().manual_seed(-1))
     settings = monitor_client.MonitorSettings(  # monitor
         linger=0.05, gpu_probe=None, watchdog_floor=args.watchdog_floor)  # monitor
-    mon = monitor_client.Monitor(url=args.url, project="goodput", run_id=args.run_id,  # monitor
+    mon = monitor_client.Monitor(url=args.url, project=args.project, run_id=args.run_id,  # monitor
                                  total_steps=args.steps, settings=settings)  # monitor
     mon.watch(model, optimizer)  # monitor
     note("up", 0)
@@ -133,9 +151,13 @@ def main() -> None:
         return loss
 
     step = first
+    asked = time.perf_counter()
     for x, y in mon.timed(stream):  # monitor: data_time and data_position with each step
+        wait = time.perf_counter() - asked
         # a step's compute, the slow rank's longer
+        began = time.perf_counter()
         time.sleep(args.step_time + (args.slow if rank == args.slow_rank else 0.0))
+        slept = time.perf_counter() - began
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         if step == args.hang_at:
@@ -143,7 +165,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         mon.log_step(step, loss=loss.detach(), samples=len(x))  # monitor
-        note("step", step)
+        note("step", step, wait=wait, slept=slept)
         if step in evals:
             began = time.perf_counter()
             val = evaluate()
@@ -165,6 +187,7 @@ def main() -> None:
         if step >= args.steps:
             break
         step += 1
+        asked = time.perf_counter()
     mon.close()  # monitor
     if world > 1:
         dist.destroy_process_group()

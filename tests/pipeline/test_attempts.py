@@ -47,7 +47,9 @@ def test_a_resumed_attempt_is_judged_from_the_state_at_its_start_step(tmp_path: 
     # step 145's page); the kept NaN at step 5 is state, and 140 steps back.
     assert (resumed.accepted, resumed.duplicates, resumed.late) == (31, 0, 0)
     assert [(f.type, f.step, f.attempt) for f in resumed.findings] == [("nan_inf", 145, 2)]
-    assert _findings(store) == [("nan_inf", 5, 1), ("nan_inf", 140, 1), ("nan_inf", 145, 2)]
+    # (attempt 1 ended failed: its crash is a finding of the abandoned branch too)
+    assert _findings(store) == [("crashed", 150, 1), ("nan_inf", 5, 1), ("nan_inf", 140, 1),
+                                ("nan_inf", 145, 2)]
     # Rebuilding the kept steps 1-119 paged nobody again (their NaN at step 5 was paged
     # when it arrived), and attempt 1's end no longer ends the run; alerting heard of the
     # resume at step 120 (a pending rollback would be applied there).

@@ -27,7 +27,7 @@ def test_goodput_in_the_runs_lists_live_and_once_the_run_left_memory(tmp_path: P
     for s in range(1, 21):
         t += 1.0 + (3.0 if s == 5 else 0.0)
         lines.append({"kind": "step", "run_id": "r", "step": s, "time": t, "loss": 2.0,
-                      "data_time": 3.01 if s == 5 else 0.01})
+                      "data_time": 3.0 if s == 5 else 0.0})
     lines.append({"kind": "end", "run_id": "r", "step": 20, "time": t, "status": "completed"})
     lines.append({"kind": "run", "run_id": "empty", "time": 100.0})
     engine.ingest([Incoming(i, *schemas.parse_for_store(o)) for i, o in enumerate(lines)],

@@ -210,6 +210,51 @@ def test_the_peer_door_takes_the_link_credential_and_checks_what_ingest_checks(t
     assert "action_held" not in {f["type"] for f in findings}
 
 
+def test_a_forged_finding_never_acts_even_with_the_link_credential(tmp_path):
+    """The link's credential is derived from the write token unless ``cluster.peer_token``
+    is set, so whoever holds the write token can knock on the peer door. A finding makes
+    the leader act (here: stop), so it is taken only about a rank whose records the same
+    node sidecar forwards: not about another forwarder's rank, not about the leader's own
+    ranks, not about a rank no record of reached the leader. The real node's finding acts."""
+    with Receiver("slack") as slack, sidecar(tmp_path, slack, rules=STOP_ON_NAN) as srv:
+        _led_job(srv.url)
+        credential = srv.settings.peer_token_value()
+        node1 = {"run_id": "job", "node": 1, "ranks": [2, 3], "known_action": 0}
+        r = _peer(srv.url, {"sidecar": "node-1", "runs": [node1], "findings": [],
+                            "records": [_step("job", s, r) for s in range(1, 6)
+                                        for r in (2, 3)]}, credential)
+        assert r.status_code == 200 and r.json()["accepted"] == 10, r.text
+        evil = {"sidecar": "evil", "runs": [node1], "records": []}
+        for rank, why in ((2, "forwarded by another node sidecar"),
+                          (0, "reports to this sidecar itself"),
+                          (1, "reports to this sidecar itself")):
+            r = _peer(srv.url, {**evil, "findings": [_finding("job", rank=rank)]}, credential)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["findings"] == 0 and why in got["rejected_findings"][0]["reason"], got
+        # A rank no record of reached the leader (a run's node that never spoke).
+        _led_job_two = [_run_record("job2", r, cluster={"node_rank": 0, "nodes": 2,
+                                                       "local_world_size": 2},
+                                    hardware={"world_size": 4}) for r in (0, 1)]
+        _ok(srv.url, _led_job_two + [_step("job2", s, r) for s in range(1, 6) for r in (0, 1)])
+        r = _peer(srv.url, {"sidecar": "evil", "records": [], "runs": [
+            {"run_id": "job2", "node": 1, "ranks": [2, 3], "known_action": 0}],
+            "findings": [_finding("job2")]}, credential)
+        assert "no record of rank 2" in r.json()["rejected_findings"][0]["reason"], r.text
+        time.sleep(1.0)  # a page or an action would have come by now
+        for run in ("job", "job2"):
+            actions = httpx.get(srv.url + f"/v1/runs/{run}/actions", timeout=10).json()
+            assert actions["actions"] == [], (run, actions)
+        assert not [t for t in _texts(slack) if "StopOnNaN" in t], _texts(slack)
+        # The node sidecar that forwards rank 2 is heard: its finding acts.
+        r = _peer(srv.url, {"sidecar": "node-1", "runs": [node1], "records": [],
+                            "findings": [_finding("job")]}, credential)
+        assert r.json()["findings"] == 1, r.text
+        eventually(lambda: [a for a in httpx.get(srv.url + "/v1/runs/job/actions",
+                                                 timeout=10).json()["actions"]
+                            if a["action"] == "stop"], timeout=30)
+
+
 # -- class 3: one malformed item costs its exchange, never readiness ---------------------------
 
 

@@ -12,7 +12,7 @@ from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
 from monitor_agent.records import schemas
 from monitor_agent.records.types import Finding, Severity
-from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger, Fault, LedgerEntry
 from monitor_agent.settings import Settings
 from monitor_agent.storage.store import Store
 
@@ -50,3 +50,15 @@ def test_a_fault_found_after_a_save_with_an_earlier_onset_makes_it_suspect(tmp_p
     assert not run.ledger.observe(Finding("loss_spike", Severity.WARNING, "r", step=70,
                                           message="spike"))
     store.close()
+
+
+def test_a_crash_after_a_save_leaves_the_save_clean():
+    """Issue 45: a crash pages, but the process died after its last step: the checkpoint
+    saved at that step is as good as it was (a rollback or a relaunch may take it)."""
+    ledger = CheckpointLedger()
+    ledger.add(LedgerEntry(59, "/ckpt/59.pt", rank=0, time=0.0, attempt=1))
+    crash = Finding("crashed", Severity.ERROR, "r", step=59, message="the run crashed",
+                    evidence={"exception": "RuntimeError"})
+    assert not ledger.observe(crash)
+    assert [(j.entry.step, j.status) for j in ledger.judged()] == [(59, "clean")]
+    assert Fault.from_stored(crash.to_dict()) is None

@@ -134,3 +134,30 @@ def test_a_resume_that_applied_no_rollback_is_said_as_what_it_was():
     assert _resumed_run(None) == "healthy so far (resumed after a crash once)"
     assert _resumed_run("failed") == "healthy so far (resumed after a crash once)"
     assert _resumed_run("completed") == "healthy so far (resumed from a checkpoint once)"
+
+
+def test_a_run_that_stopped_learning_is_unhealthy_from_where_it_stopped():
+    """Issue 45: a dead GAN and a one-class cross-entropy ended "completed, healthy"."""
+    tracker = VerdictTracker()
+    tracker.observe(_step(209, 0.0), [_finding("not_learning", 209, since_step=190)])
+    v = tracker.verdict("completed")
+    assert (v.text, v.cause, v.step, v.label) == (
+        "completed, unhealthy: stopped learning at step 190", "not_learning", 190,
+        "unhealthy_not_learning")
+    assert v.label in LABELS
+
+
+def test_a_crash_is_unhealthy_until_a_resume_goes_past_it():
+    from monitor_agent.runs.verdict import Rollback
+
+    tracker = VerdictTracker()
+    tracker.observe(None, [_finding("crashed", 59, exception="RuntimeError")])
+    v = tracker.verdict("failed")
+    assert (v.text, v.label) == ("failed, unhealthy: crashed after step 59 (RuntimeError)",
+                                 "unhealthy_crashed")
+    assert v.label in LABELS
+    tracker.rollbacks = [Rollback(to_step=59, kind="crash")]  # resumed from its last save
+    assert tracker.verdict("completed").text == "completed, healthy (resumed after a crash once)"
+    # a weights cause is never overcome by a resume that kept it
+    tracker.observe(None, [_finding("divergence", 40)])
+    assert tracker.verdict("completed").words.startswith("unhealthy: divergence at step 40")

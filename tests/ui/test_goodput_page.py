@@ -24,12 +24,13 @@ RUN = "gp-ui"
 
 def _run(t: float, token: str) -> list[dict[str, Any]]:
     return [{"kind": "run", "run_id": RUN, "rank": r, "time": t, "attempt": token,
-             "labels": {"project": "goodput"}, "hardware": {"world_size": 2}} for r in (0, 1)]
+             "labels": {"project": "goodput"},
+             "hardware": {"world_size": 2, "device": "cpu"}} for r in (0, 1)]
 
 
-def _step(step: int, t: float, token: str, data: float = 0.01) -> list[dict[str, Any]]:
+def _step(step: int, t: float, token: str, data: float = 0.0) -> list[dict[str, Any]]:
     return [{"kind": "step", "run_id": RUN, "rank": r, "step": step, "time": t,
-             "attempt": token, "loss": 2.0, "grad_norm": 1.0, "step_time": 1.0,
+             "attempt": token, "loss": 2.0, "grad_norm": 1.0, "step_time": 1.0 + data,
              "data_time": data} for r in (0, 1)]
 
 
@@ -42,7 +43,7 @@ def _records() -> list[list[dict[str, Any]]]:
     for step in range(1, 21):
         wait = 4.0 if step == 5 else 0.0
         t += 1.0 + wait + {1: 3.0, 11: 2.0, 16: 20.0}.get(step, 0.0)
-        batches.append(_step(step, t, "a", data=0.01 + wait))
+        batches.append(_step(step, t, "a", data=wait))
         if step == 10:
             batches.append([{"kind": "checkpoint", "run_id": RUN, "step": 10, "time": t + 2.0,
                              "attempt": "a", "path": "/c/10.pt", "seconds": 2.0}])
@@ -122,7 +123,12 @@ def test_the_run_page_shows_the_bar_the_badput_table_and_each_incidents_cost(
         By.CSS_SELECTOR, "#timeline-card #incidents .incident")}
     assert set(incidents) == {"hang", "restart"}
     assert "after step 15" in incidents["hang"]
-    assert "this hang cost 20 s x 2 GPUs = 0.011 GPU-hours" in incidents["hang"]
+    # A CPU-only run's ranks are CPU processes, not GPUs (issue 45): in the costs and the
+    # card's totals alike.
+    assert "this hang cost 20 s x 2 CPU processes = 0.011 process-hours" in incidents["hang"]
+    totals = browser.find_element(By.ID, "goodput-totals").text
+    assert " · 2 CPU processes · " in totals and "process-hours" in totals, totals
+    assert "GPU" not in totals + incidents["hang"]
     [restart] = [i for i in g["incidents"] if i["kind"] == "restart"]
     assert "resumed at step 11" in incidents["restart"] and restart["words"] in incidents[
         "restart"]

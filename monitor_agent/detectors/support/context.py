@@ -35,7 +35,15 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.slots import SlotIndex
 from monitor_agent.detectors.support.state import dump, load_into
 from monitor_agent.detectors.support.stats import Ema, amp_overflow
-from monitor_agent.records.types import EndRecord, LayerTable, Record, RunRecord, StepRecord
+from monitor_agent.records.types import (
+    EndRecord,
+    Finding,
+    LayerTable,
+    Record,
+    RunRecord,
+    Severity,
+    StepRecord,
+)
 
 
 @dataclass(slots=True)
@@ -88,6 +96,12 @@ class ContextState:
     ended: bool = False
     reporting_ranks: int = 0  # how many ranks send records (run record), 0: not said
     loss_kind: str = "auto"  # the objective the run declared (``LOSS_KINDS``), "auto": not said
+    # The latest finding of each type that alerts (warning or above, not log-only), at most
+    # ``RECENT_TYPES`` types: what a page about the run's end lists as what came before it.
+    recent: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+RECENT_TYPES = 5  # finding types ``recent`` keeps: a page lists what came before, not a log
 
 
 LOSS_KINDS = {
@@ -243,6 +257,17 @@ class DetectorContext:
         if kind == "signed" and self.state.loss_kind == "signed":
             return "linear"
         return None
+
+    def saw(self, findings: list[Finding]) -> None:
+        """Keep the latest alerting finding of each type (``ContextState.recent``)."""
+        recent = self.state.recent
+        for f in findings:
+            if f.log_only or f.severity < Severity.WARNING:
+                continue
+            recent.pop(f.type, None)  # re-inserted last: the dict keeps them oldest first
+            recent[f.type] = {"step": f.step, "rank": f.rank, "severity": f.severity.label}
+        while len(recent) > RECENT_TYPES:
+            recent.pop(next(iter(recent)))
 
     def ema_loss(self, rank: int = 0) -> float | None:
         info = self.state.ranks.get(str(rank))

@@ -22,7 +22,7 @@ from monitor_agent.records.types import StepRecord
 
 def own_time(rec: StepRecord) -> float | None:
     """Data + compute seconds of ``rec``'s step (see module docstring); None if unknown."""
-    data = rec.data_time if finite(rec.data_time) else 0.0
+    data = rec.input_wait or 0.0  # the device's wait for data (records/types.py)
     if finite(rec.compute_time):
         return rec.compute_time + data
     if finite(rec.step_time) and finite(rec.sync_wait_time):

@@ -601,10 +601,18 @@
     hang_detected: ["hang after detection", "#e4572e"], restart: ["restarts", "#8d5a36"],
     rollback: ["rollback", "#c2185b"], resume: ["resumed work (done twice)", "#d0679c"],
     skipped: ["skipped steps", "#9e9d24"], loss_scale: ["loss-scale skips", "#c7b43a"],
-    straggler: ["straggler", "#00897b"], unaccounted: ["unaccounted", "#9aa1ae"],
+    straggler_data: ["straggler: data loading", "#00897b"],
+    straggler_compute: ["straggler: compute", "#26a69a"],
+    straggler_collective: ["straggler: collective", "#4db6ac"],
+    unaccounted: ["unaccounted", "#9aa1ae"],
   };
   const PRODUCTIVE = ["productive", "#2e9d5b"];
-  const causeOf = k => CAUSES[k] || [k.replace(/_/g, " "), "#6b7385"];
+  // A straggler's cause names who it is ("straggler: data loading (rank 2 on gpu-1)").
+  const causeOf = (k, g = S.goodput) => {
+    const [label, colour] = CAUSES[k] || [k.replace(/_/g, " "), "#6b7385"];
+    const who = k.startsWith("straggler_") && g && g.straggler ? ` (${g.straggler.who})` : "";
+    return [label + who, colour];
+  };
   const pct = v => (v * 100).toFixed(1) + "%";
   const secs = s => s < 100 ? s.toFixed(1) + " s" :
     `${Math.round(s).toLocaleString("en-US")} s (${duration(s)})`;
@@ -628,6 +636,8 @@
     card.hidden = !g || !(g.wall_seconds > 0);
     if (card.hidden) return;
     const wall = g.wall_seconds, total = g.badput_seconds_total, lost = total * g.gpus / 3600;
+    // What its ranks are: GPUs, or CPU processes for a CPU-only run (runs/goodput.py).
+    const unit = g.device_words || {one: "GPU", many: "GPUs", hours: "GPU-hours"};
     const bad = Object.entries(g.badput_seconds).filter(([, v]) => v > 0);
     const ratio = document.getElementById("goodput-ratio");
     ratio.textContent = g.goodput_ratio == null ? "–" : pct(g.goodput_ratio);
@@ -635,13 +645,13 @@
       g.goodput_ratio >= 0.7 ? "fair" : "poor";
     document.getElementById("goodput-summary").textContent = g.summary;
     document.getElementById("goodput-totals").textContent =
-      `${secs(wall)} wall-clock · ${g.gpus} GPU${g.gpus === 1 ? "" : "s"} · ` +
-      `${gpuHours(g.gpu_hours)} GPU-hours, ${gpuHours(lost)} lost`;
+      `${secs(wall)} wall-clock · ${g.gpus} ${g.gpus === 1 ? unit.one : unit.many} · ` +
+      `${gpuHours(g.gpu_hours)} ${unit.hours}, ${gpuHours(lost)} lost`;
     // Every part with its share (flex-grow by seconds: proportional; a sliver stays visible).
     const parts = [["productive", PRODUCTIVE, g.productive_seconds, g.productive_gpu_hours],
-      ...bad.map(([k, v]) => [k, causeOf(k), v, g.badput_gpu_hours[k] || 0])];
+      ...bad.map(([k, v]) => [k, causeOf(k, g), v, g.badput_gpu_hours[k] || 0])];
     const partHtml = (label, v, h) => `<b>${esc(label)}</b>\n${secs(v)} · ${pct(v / wall)} of ` +
-      `wall-clock · ${gpuHours(h)} GPU-hours`;
+      `wall-clock · ${gpuHours(h)} ${unit.hours}`;
     document.getElementById("goodput-bar").replaceChildren(...parts.filter(([, , v]) => v > 0).map(
       ([k, [label, colour], v, h]) => {
         const seg = el("div", {class: "seg", "data-cause": k, "data-seconds": String(v),
@@ -659,9 +669,9 @@
       el("td", {class: "num"}, secs(v)), el("td", {class: "num"}, pct(v / wall)),
       el("td", {class: "num"}, gpuHours(h)));
     document.getElementById("goodput-table").replaceChildren(
-      el("thead", {}, el("tr", {}, ...["badput cause", "seconds", "% of wall-clock", "GPU-hours"].map(
+      el("thead", {}, el("tr", {}, ...["badput cause", "seconds", "% of wall-clock", unit.hours].map(
         (h, i) => el("th", {class: i ? "num" : ""}, h)))),
-      el("tbody", {}, ...(bad.length ? bad.map(([k, v]) => row(k, causeOf(k)[0], causeOf(k)[1], v,
+      el("tbody", {}, ...(bad.length ? bad.map(([k, v]) => row(k, causeOf(k, g)[0], causeOf(k, g)[1], v,
           g.badput_gpu_hours[k] || 0)) :
         [el("tr", {}, el("td", {class: "empty", colspan: "4"}, "No badput: every second went to training."))])),
       el("tfoot", {}, row("total", "total badput", null, total, lost, "total"),

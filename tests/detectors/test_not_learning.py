@@ -1,0 +1,109 @@
+"""not_learning: exact zeros or exact repeats for min_history_steps steps page the run
+(issue 45: a dead GAN generator and a one-column cross-entropy were "completed, healthy")."""
+
+from __future__ import annotations
+
+from synth_records import assert_restore_equivalent, feed, noise, only, run, step
+
+from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
+
+
+def _gan(dead_from: int = 190, until: int = 300) -> list:
+    """A generator whose gradient is exactly 0 from ``dead_from``, while its loss still moves
+    (the discriminator trains on)."""
+    recs: list = [run(loss_kind="gan")]
+    for i in range(1, until):
+        dead = i >= dead_from
+        recs.append(step(i, loss=0.7 + noise(i, 0.2), grad_norm=0.0 if dead else 0.3 + noise(i),
+                         update_norm=None, param_norm=None))
+    return recs
+
+
+def test_an_all_zero_gradient_pages_after_min_history_steps():
+    found = feed(only("not_learning"), _gan())
+    assert [(f.step, f.severity.label) for f in found] == [(209, "error")]
+    (f,) = found
+    assert f.evidence["signal"] == "zero_grad" and f.evidence["since_step"] == 190
+    assert f.evidence["onset_step"] == 190 and f.evidence["steps"] == 20
+    assert "gradient norm is exactly 0 on every step since step 190" in f.message
+
+
+def test_a_one_column_cross_entropy_pages_from_its_first_steps():
+    recs = [step(i, loss=0.0, grad_norm=0.0, update_norm=0.0) for i in range(1, 40)]
+    (f,) = feed(only("not_learning"), recs)
+    assert f.step == 20 and f.evidence["since_step"] == 1
+    assert f.message.endswith("and the loss is exactly 0"), f.message
+    assert set(f.evidence["signals"]) == {"zero_grad", "zero_update", "zero_loss", "constant"}
+
+
+def test_a_script_that_reports_only_its_loss_shows_a_zero_loss():
+    recs = [step(i, loss=0.0, grad_norm=None, update_norm=None) for i in range(1, 40)]
+    (f,) = feed(only("not_learning"), recs)
+    assert (f.step, f.evidence["signal"]) == (20, "zero_loss")
+    # a loss that may be negative has no minimum at 0 (an RL objective)
+    recs = [run(loss_kind="actor_critic"), *recs]
+    assert feed(only("not_learning"), recs) == []
+
+
+def test_the_stretch_takes_min_history_steps():
+    recs = [step(i, grad_norm=0.0) for i in range(1, 40)]
+    assert [f.step for f in feed(only("not_learning", min_history_steps=5), recs)] == [5]
+
+
+def test_weights_that_never_move_page_from_the_measured_steps_alone():
+    """Updates are measured every 10th step (layer statistics); the steps between them
+    neither break the stretch nor extend it: optimizer.step() is never called."""
+    recs = [step(i, update_norm=0.0 if i % 10 == 0 else None) for i in range(1, 60)]
+    (f,) = feed(only("not_learning"), recs)
+    assert (f.step, f.evidence["signal"], f.evidence["since_step"]) == (29, "zero_update", 10)
+    # one measured step that moved breaks it
+    recs = [step(i, update_norm=(0.01 if i == 30 else 0.0) if i % 10 == 0 else None)
+            for i in range(1, 60)]
+    assert [f.step for f in feed(only("not_learning"), recs)] == [29]
+    recs = [step(i, update_norm=(0.01 if i in (20, 40) else 0.0) if i % 10 == 0 else None)
+            for i in range(1, 60)]
+    assert feed(only("not_learning"), recs) == []
+
+
+def test_a_loss_repeated_to_the_last_bit_with_its_gradient_pages():
+    recs = [step(i, loss=100.0, grad_norm=0.25) for i in range(1, 30)]
+    (f,) = feed(only("not_learning"), recs)
+    assert (f.step, f.evidence["signal"], f.evidence["since_step"]) == (20, "constant", 1)
+    # a gradient that moves with the data is a run learning, whatever loss it reports, and
+    # a loss alone that repeats may be how the script reports it (a stale value)
+    for grad in ({}, {"grad_norm": None}):
+        recs = [step(i, loss=100.0, **grad) for i in range(1, 60)]
+        assert feed(only("not_learning"), recs) == []
+
+
+def test_healthy_noise_and_single_zeros_never_page():
+    recs = [step(i, grad_norm=0.0 if i % 7 == 0 else 1.0 + noise(i, 0.1),
+                 update_norm=0.0 if i % 11 == 0 else 0.01) for i in range(1, 400)]
+    assert feed(only("not_learning"), recs) == []
+
+
+def test_overflow_and_guard_skipped_steps_neither_count_nor_break():
+    # a scaler overflow every other step: no update by design, inf gradient
+    recs = [step(i, skipped=True, loss_scale=1024.0, grad_norm=float("inf"), update_norm=0.0)
+            for i in range(1, 40)]
+    assert feed(only("not_learning"), recs) == []
+    recs = [step(i, grad_norm=0.0) if i % 2 else
+            step(i, skipped=True, loss_scale=1024.0, grad_norm=float("inf")) for i in range(1, 60)]
+    (f,) = feed(only("not_learning"), recs)
+    assert (f.step, f.evidence["since_step"]) == (21, 1)
+
+
+def test_a_second_finding_waits_repeat_every_steps():
+    recs = [step(i, grad_norm=0.0) for i in range(1, 260)]
+    assert [f.step for f in feed(only("not_learning"), recs)] == [20, 120, 220]
+
+
+def test_the_type_is_registered_and_pages():
+    assert "not_learning" in FINDING_TYPES
+    suite = DetectorSuite(DetectorSettings())
+    found = [f for i in range(1, 30) for f in suite.update(step(i, loss=0.0, grad_norm=0.0))]
+    assert [f.type for f in found if f.severity.pages] == ["not_learning"]
+
+
+def test_restore_mid_stream_changes_nothing():
+    assert_restore_equivalent(lambda: only("not_learning"), _gan(), cut=200)
