@@ -10,9 +10,8 @@ in (0, 1], ``rollback_lr_steps`` and ``rollback_skip_margin`` at most 10,000,000
 run as this sidecar knows it: its checkpoint no later than the run's latest step, its
 windows starting no later than the run's latest data position (each with the slack a
 checkpoint record has, ``CHECKPOINT_STEP_SLACK``), and ending within the margin's reach.
-A ``restart`` or ``exclude`` plan must parse whole (records/actions.py, the one parser) and
-resume from a checkpoint no later than the run's latest step. An action that is not is
-dropped, with the reason logged; the leader's others are kept.
+A ``restart`` or ``exclude`` plan must parse whole (records/actions.py, the one parser). An
+action that is not is dropped, with the reason logged; the leader's others are kept.
 
     >>> bounds = RunBounds(latest_step=120, latest_position=120, per_step=1)
     >>> plan = {"checkpoint_step": 100, "checkpoint_path": "/c/100.pt", "skip_from": 101,
@@ -26,7 +25,8 @@ dropped, with the reason logged; the leader's others are kept.
     ...                       "plan": {**plan, "skip": [[101, 10**15]]}}, bounds))
     plan.skip: window [101, 1000000000000000] ends past what the run can skip (its latest position 120 + 10000000 steps of 1 positions)
 
-A restart (every rank leaves with exit 75) is adopted so that this node's ranks leave too:
+A restart (every rank leaves with exit 75) is adopted so that this node's ranks leave too,
+even when its resume point is past the latest step heard here (a frozen rank's node lags):
 
     >>> restart = {"cause": "hang", "fault_step": 115, "ranks": 8, "nodes": 2,
     ...            "checkpoint_step": 100, "checkpoint_path": "/c/100.pt"}
@@ -34,9 +34,8 @@ A restart (every rank leaves with exit 75) is adopted so that this node's ranks 
     >>> print(action_problem({"id": 3, "action": "exclude", "step": 115,
     ...                       "plan": {"cause": "hang"}}, bounds))
     plan: not a whole restart plan
-    >>> print(action_problem({"id": 3, "action": "restart", "step": 115,
-    ...                       "plan": {**restart, "checkpoint_step": 900}}, bounds))
-    plan.checkpoint_step: 900 is past the run's latest step 120
+    >>> action_problem({"id": 3, "action": "restart", "step": 125,
+    ...                 "plan": {**restart, "checkpoint_step": 122}}, bounds)
 """
 
 from __future__ import annotations
@@ -119,24 +118,15 @@ def _plan_problem(plan: dict[str, Any], run: RunBounds | None) -> str | None:
 
 def _restart_problem(plan: Any, run: RunBounds | None) -> str | None:
     """Why a restart's or exclusion's plan is not one this sidecar's rules could decide:
-    not a whole plan (records/actions.py parses it, as every reader does), or its resume
-    point or an earlier rollback's window past the run as known here."""
+    not a whole plan (records/actions.py parses it, as every reader does). Its resume point
+    is not bounded by the run's steps as known here: the node of a frozen rank lags behind
+    the checkpoint the others saved, and its ranks must leave too (the client loads only a
+    checkpoint inside the job's own checkpoint directory: ``Monitor.resume_plan``)."""
     parsed = RestartPlan.from_dict(plan)
     if parsed is None:
         return "plan: not a whole restart plan"
     if len(parsed.skip) > MAX_WINDOWS:
         return f"plan.skip: more than {MAX_WINDOWS} windows"
-    if run is None or parsed.checkpoint_step is None:
-        return None
-    if parsed.checkpoint_step > run.latest_step + CHECKPOINT_STEP_SLACK:
-        return (f"plan.checkpoint_step: {parsed.checkpoint_step} is past the run's latest "
-                f"step {run.latest_step}")
-    in_steps = parsed.positions == "steps" or run.latest_position is None
-    latest = run.latest_step if in_steps else run.latest_position
-    assert latest is not None
-    for first, last in parsed.skip:  # earlier rollbacks' windows: inside what ran
-        if first > latest + 1 + CHECKPOINT_STEP_SLACK * max(run.per_step, 1):
-            return f"plan.skip: window [{first}, {last}] starts past the run's latest {latest}"
     return None
 
 
