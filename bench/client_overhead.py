@@ -23,6 +23,11 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
                        off, interleaved round by round; and the size of a hang record for a
                        process with 60 threads (``--only-watchdog``)
 
+  tiny steps           (issue 45) a 1 ms and a 10 ms CPU step (small MLPs): the whole
+                       step's cost of each configuration against the bare loop, each knob
+                       on/off, and the training thread's share timed per call
+                       (``--only-tiny``; tiny_steps.py says how)
+
   origin               (issue 17) whole steps in the default configuration with and
                        without the forward finite sums (one per leaf module), interleaved;
                        the per-parameter norms' share of the sender thread's one host copy;
@@ -37,6 +42,7 @@ and count host transfers made on the training thread by the hooks and log_step.
     python bench/client_overhead.py --only-origin          # bare step + origin figures
     python bench/client_overhead.py --only-timings         # the all-reduce-wait hooks
     python bench/client_overhead.py --only-watchdog        # watchdog on/off + record size
+    python bench/client_overhead.py --only-tiny            # 1 ms and 10 ms steps, per knob
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_steps  # noqa: E402
 from harness import (  # noqa: E402
     bare_step,
     build,
@@ -352,7 +359,7 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
         if on:  # as Monitor._start builds it: a fresh thread, started by the next beat
             mon._watchdog = Watchdog(60.0, mon._send_hang, {"run_id": mon.run_id, "rank": 0},
                                      mon._phase, 0)
-            mon._phase.attach(model, opt)
+            mon._phase.attach([opt])
 
     def armed(on: bool) -> Callable[[], Callable[[], None]]:
         def setup() -> Callable[[], None]:
@@ -393,15 +400,15 @@ def watchdog_costs(model, opt, batch, device, reps, url) -> dict:
     stop.set()
     record = made[0]
     # What the watchdog adds to a step, timed directly: on the training thread the beat
-    # and the four phase-hook calls; on its own thread one wake-up (at most one a second).
+    # and the phase's calls (two optimizer hooks, log_step's; forward and backward are read
+    # from the stack at a hang); on its own thread one wake-up (at most one a second).
     probe = Watchdog(60.0, lambda r: None, {"run_id": "bench-watchdog", "rank": 0},
                      threaded=False)
     n = 200_000
     t0 = time.perf_counter()
     for i in range(n):
-        probe.phase.enter("forward")
-        probe.phase.enter("backward")
         probe.phase.enter("optimizer")
+        probe.phase.enter("data")
         probe.phase.enter("data")
         probe.beat(i)
     per_step_s = (time.perf_counter() - t0) / n
@@ -428,7 +435,7 @@ def report_watchdog(f: dict) -> None:
           f"{f['watchdog_ratio_median']:.4f} (quartiles {f['watchdog_ratio_q1']:.4f} .. "
           f"{f['watchdog_ratio_q3']:.4f}) -> cost {100 * (f['watchdog_ratio_median'] - 1):+.2f}%")
     print(f"  timed directly: {1e6 * f['watchdog_training_thread_s']:.2f} us per step on the "
-          f"training thread (beat + 4 phase hooks), {1e6 * f['watchdog_wake_s']:.2f} us per "
+          f"training thread (beat + 3 phase calls), {1e6 * f['watchdog_wake_s']:.2f} us per "
           f"wake-up (1/s) -> {100 * f['watchdog_direct_ratio']:.5f}% of the step")
     print(f"  hang record, 60 extra threads 30 frames deep: {f['hang_threads']} threads kept, "
           f"{f['hang_threads_omitted']} omitted, stacks {f['hang_stack_bytes']} B (cap "
@@ -573,9 +580,25 @@ def main() -> None:
                    help="measure only the bare step and the origin figures (issue 17)")
     p.add_argument("--only-timings", action="store_true",
                    help="measure only the all-reduce-wait hooks (issue 23)")
+    p.add_argument("--only-tiny", action="store_true",
+                   help="measure only the 1 ms and 10 ms CPU steps, knob by knob (issue 45)")
+    p.add_argument("--tiny-rounds", type=int, default=8, help="interleaved rounds (tiny)")
+    p.add_argument("--tiny-block", type=float, default=1.0,
+                   help="seconds each arm runs per round (tiny)")
+    p.add_argument("--tiny-sizes", nargs="+", default=list(tiny_steps.SIZES),
+                   choices=list(tiny_steps.SIZES))
+    p.add_argument("--tiny-optional", action="store_true",
+                   help="also the knobs the default leaves off (full finite, activations, "
+                        "guard)")
     args = p.parse_args()
     device = torch.device(args.device)
     url = start_sink()
+    if args.only_tiny:
+        torch.set_num_threads(1)
+        tiny_steps.report([tiny_steps.measure(size, url, args.tiny_rounds, args.tiny_block,
+                                              args.tiny_optional)
+                           for size in args.tiny_sizes])
+        return
     model, opt, batch = build(args, device)
     n_params = sum(p.numel() for p in model.parameters())
     bare_step(model, opt, batch)  # warm-up: allocates optimizer state and grads

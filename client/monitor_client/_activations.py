@@ -132,12 +132,13 @@ class ActivationStats:
 
     def __init__(self, model: nn.Module, optimizer: Any, *, every: int = 25,
                  modules: bool | tuple | type | Filter = True,
-                 max_modules: int = DEFAULT_MAX_MODULES) -> None:
+                 max_modules: int = DEFAULT_MAX_MODULES, prefix: str = "") -> None:
         keep = make_filter(modules)
         chosen = [(n, m) for n, m in model.named_modules() if n and keep(n, m)]
         self.skipped = max(len(chosen) - max_modules, 0)  # beyond the cap: not hooked
         chosen = chosen[:max_modules]
-        self.names = [n for n, _ in chosen]
+        # ``prefix``: the model's name when a run watches several (``Monitor.watch(name=)``)
+        self.names = [f"{prefix}.{n}" if prefix else n for n, _ in chosen]
         self.modules = [m for _, m in chosen]
         self.every = max(1, int(every))
         self._optimizer = optimizer
@@ -167,7 +168,7 @@ class ActivationStats:
     def arm(self) -> None:
         for i, module in enumerate(self.modules):
             if i not in self._armed:
-                self._armed[i] = module.register_forward_hook(self._hook(i))
+                self._armed[i] = module.register_forward_hook(self._hooks.guard(self._hook(i)))
 
     def disarm(self) -> None:
         for handle in self._armed.values():

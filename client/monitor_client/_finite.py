@@ -88,6 +88,14 @@ from torch import nn
 from monitor_client._hooks import Hooks
 
 DEFAULT_MAX_MODULES = 512
+# An output this small is summed whole even when sampling: one reduction instead of a
+# slice and two, and exact. On a CPU core the sampled sum's three calls cost as much as
+# reading about 150,000 float32 elements whole (measured: 131,072 elements whole in half
+# the sampled time, 262,144 in 1.5x it); on a GPU reading 512 KiB is a fraction of a
+# microsecond of device time and one launch instead of two. So the sampled check's price
+# is unchanged where it matters (a transformer block's output: millions of elements) and
+# lower, and exact, on the small outputs of small models.
+WHOLE_ELEMENTS = 1 << 17
 MAX_NAMED = 32  # modules named in a record; the count says how many there were
 SAMPLE_BYTES = 32  # of each row, when sampled: one memory sector (see the module docstring)
 
@@ -158,19 +166,37 @@ def sample(out: torch.Tensor) -> torch.Tensor:
 
 
 class FiniteFlags:
-    """Forward hooks recording each hooked module's output sum; see the module docstring."""
+    """Forward hooks recording each hooked module's output sum; see the module docstring.
+
+    Several models (a GAN's generator and discriminator) share one: their modules' sums
+    land in the order the forward passes ran them, whichever model they belong to, so the
+    first non-finite output is found across models too (``add_model``, names prefixed with
+    the model's name)."""
 
     def __init__(self, model: nn.Module, max_modules: int = DEFAULT_MAX_MODULES,
-                 full: bool = False) -> None:
+                 full: bool = False, prefix: str = "") -> None:
         self.full = full
-        chosen = leaf_modules(model) if full else unit_modules(model)
-        self.skipped = max(len(chosen) - max_modules, 0)
-        chosen = chosen[:max_modules]
-        self.names = [n for n, _ in chosen]
-        self.modules = [m for _, m in chosen]
+        self.max_modules = max_modules
+        self.skipped = 0
+        self.names: list[str] = []
+        self.modules: list[nn.Module] = []
         self._hooks = Hooks()
+        self._attached = False
         self._sums: list[torch.Tensor] = []  # one per firing, aligned with _fired
         self._fired: list[int] = []
+        self.add_model(model, prefix)
+
+    def add_model(self, model: nn.Module, prefix: str = "") -> None:
+        """Check ``model``'s modules too (named ``prefix.name``), within ``max_modules``."""
+        chosen = leaf_modules(model) if self.full else unit_modules(model)
+        room = max(self.max_modules - len(self.modules), 0)
+        self.skipped += max(len(chosen) - room, 0)
+        start = len(self.modules)
+        for name, module in chosen[:room]:
+            self.names.append(f"{prefix}.{name}" if prefix and name else prefix or name)
+            self.modules.append(module)
+        if self._attached:
+            self._hook_modules(start)
 
     @property
     def check(self) -> str:
@@ -178,18 +204,23 @@ class FiniteFlags:
         return "full" if self.full else "sampled"
 
     def attach(self) -> FiniteFlags:
-        self._hooks.add(*(m.register_forward_hook(self._hook(i))
-                          for i, m in enumerate(self.modules)))
+        self._attached = True
+        self._hook_modules(0)
         return self
+
+    def _hook_modules(self, start: int) -> None:
+        self._hooks.add(*(self.modules[i].register_forward_hook(self._hooks.guard(self._hook(i)))
+                          for i in range(start, len(self.modules))))
 
     def detach(self) -> None:
         self._hooks.remove()
+        self._attached = False
 
     def _hook(self, i: int) -> Callable:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if not module.training:
                 return
-            out = output[0] if isinstance(output, tuple | list) and output else output
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
             # (an empty output sums to 0: finite, so no numel() call for it)
             if isinstance(out, torch.Tensor) and out.dtype.is_floating_point:
                 self._sums.append(self._sum(out.detach()))
@@ -198,12 +229,12 @@ class FiniteFlags:
         return hook
 
     def _sum(self, out: torch.Tensor) -> torch.Tensor:
-        if self.full or out.dim() < 2:
-            return out.sum(dtype=torch.float32)
+        if self.full or out.ndim < 2 or out.numel() <= WHOLE_ELEMENTS:
+            return out.sum(dtype=_sum_dtype(out))
         # Rows first, then the row sums: one reduction over a strided view of 32-byte rows
         # ran 8-22 us a module on an H100 (a poor launch shape); two contiguous ones are
         # each a few.
-        return sample(out).sum(-1, dtype=torch.float32).sum()
+        return sample(out).sum(-1, dtype=_sum_dtype(out)).sum()
 
     def add_to(self, pack: Any) -> None:
         """Hand this step's sums to ``pack`` in firing order; no tensor op here."""
@@ -212,3 +243,9 @@ class FiniteFlags:
         if sums:
             pack.add_each("output_sum", sums, [self.names[i] for i in fired])
             pack.finite_check = self.check
+
+
+def _sum_dtype(out: torch.Tensor) -> torch.dtype:
+    """float32, or float64 for a float64 output (a sum may not narrow it: torch refuses, and
+    float32 would turn its values past 3.4e38 into a false infinity)."""
+    return torch.float64 if out.dtype == torch.float64 else torch.float32

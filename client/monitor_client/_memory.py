@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,13 +36,27 @@ class CpuMemory:
         8589934592
     """
 
-    def __init__(self, total_bytes: int | None = None) -> None:
+    # A reading serves the steps materialised within this many seconds of it: the sender
+    # reads a batch of steps at once (hundreds when each takes a millisecond), and opening
+    # /proc for each cost about as much as the rest of the step's record. The reading is
+    # already up to a batch's linger (0.5 s) later than its step; RSS moves slowly.
+    MAX_AGE = 0.05
+
+    def __init__(self, total_bytes: int | None = None,
+                 now: Any = time.monotonic) -> None:
         self.total_bytes = total_bytes or _memory_limit()
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._now = now
+        self._last: tuple[float, dict[str, Any]] | None = None
 
     def read(self) -> dict[str, Any]:
-        return {"device": "cpu", "allocated_bytes": self._rss(), "reserved_bytes": None,
-                "peak_allocated_bytes": _peak_rss(), "total_bytes": self.total_bytes}
+        now = self._now()
+        if self._last is not None and now - self._last[0] < self.MAX_AGE:
+            return dict(self._last[1])
+        reading = {"device": "cpu", "allocated_bytes": self._rss(), "reserved_bytes": None,
+                   "peak_allocated_bytes": _peak_rss(), "total_bytes": self.total_bytes}
+        self._last = (now, reading)
+        return dict(reading)
 
     def _rss(self) -> int | None:
         try:

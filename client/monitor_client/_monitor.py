@@ -53,6 +53,7 @@ from monitor_client._arguments import hyperparameters, monitor_settings, watch_s
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._counters import Counters
 from monitor_client._data import DataStream
+from monitor_client._errors import SettingsValueError
 from monitor_client._exit_hooks import ExitHooks, outcome_of
 from monitor_client._gate import NormGate
 from monitor_client._memory import CpuMemory, memory_probe
@@ -74,6 +75,7 @@ from monitor_client._timings import split
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
 from monitor_client._watchdog import Watchdog
+from monitor_client._watched import Watched, WatchedModels
 from monitor_client.settings import DEFAULT_URL, MonitorSettings, WatchSettings
 
 if TYPE_CHECKING:  # imported where used: importing monitor_client must not import torch
@@ -195,15 +197,11 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
         self._model_info: dict[str, Any] = {}
         self._hardware = _run_info.describe_hardware("cpu", self.info, None)
-        self._stats: GradStats | None = None
-        self._acts: ActivationStats | None = None
+        self._models = WatchedModels()  # what watch() hooked (_watched.py)
         self._finite: FiniteFlags | None = None
         self._timings: StepTimings | None = None
-        self._step_guard: StepGuard | None = None
         self._gpu_sampler: GpuSampler | None = None
         self._preflight: Preflight | None = None
-        self._optimizer: Any = None
-        self._scaler: Any = None
         self._run_sent = self._closed = False
         self._last_step = 0
         self._outcome: tuple[str, str | None] = ("completed", None)
@@ -275,8 +273,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             self._inbox.receive(found)
 
     # -- hooking the model -----------------------------------------------------------------
-    def watch(self, model: Any, optimizer: Any, *, grad_clip: float | None = None,
-              scaler: Any = None, guard: Any = None,
+    def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None,
+              grad_clip: float | None = None, scaler: Any = None, guard: Any = None,
               settings: WatchSettings | None = None) -> None:
         """Hook ``optimizer`` for gradient/update statistics of ``model``'s parameters.
 
@@ -293,13 +291,24 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         (``_finite.py``), and once, after the first step, the memory pre-flight
         (``_preflight.py``). A contradictory or nonsensical setting raises at once; any other
         failure is a warning.
+
+        Several models (a GAN, an actor and a critic): one ``watch`` each, each with a
+        ``name`` (``_watched.py``); watching a second model without names is refused, the
+        same model again under its name re-hooks it. ``optimizer=None``: a loop that
+        updates the parameters by hand; gradients are read at ``before_optimizer_step()``
+        if the loop calls it (then the update's size too), else at ``log_step``.
         """
         watching = watch_settings(self.settings.watch, settings,
                                   dict(grad_clip=grad_clip, guard=guard))
-        self._watch(model, optimizer, scaler, watching)
+        if optimizer is None and watching.guard is not None:
+            raise SettingsValueError("watch(guard=...) needs the optimizer whose step it "
+                                     "skips; a loop without one cannot be guarded")
+        replaces = self._models.admit(name, model) if self.active else None
+        self._watch(model, optimizer, scaler, watching, name, replaces)
 
     @_never_raises
-    def _watch(self, model: Any, optimizer: Any, scaler: Any, settings: WatchSettings) -> None:
+    def _watch(self, model: Any, optimizer: Any, scaler: Any, settings: WatchSettings,
+               name: str | None = None, replaces: Watched | None = None) -> None:
         if not self.active:
             return
         from monitor_client import _flops, _model_info
@@ -307,17 +316,30 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
         param = next(model.parameters())
         every = settings.layer_stats_every
+        first = not self._models or replaces is self._models.first
         group = _model_info.default_group() if settings.sharded else None
-        if self.world_size > 1:  # before GradStats: its pre-hook is compute, not the wait
+        if first and self.world_size > 1 and optimizer is not None:
+            # before GradStats: its pre-hook is compute, not the wait
             self._watch_timings(model, optimizer)
-        self._stats = GradStats(model, optimizer, grad_clip=settings.grad_clip,
-                                apply_clip=settings.apply_clip, layer_stats_every=every,
-                                reduce_group=group,
-                                snapshot_budget_bytes=settings.snapshot_budget_bytes,
-                                hist_every=settings.hist_every).attach(settings.pre_hook)
-        self._optimizer, self._scaler = optimizer, scaler
+        stats = GradStats(model, optimizer, grad_clip=settings.grad_clip,
+                          apply_clip=settings.apply_clip, layer_stats_every=every,
+                          reduce_group=group, snapshot_budget_bytes=settings.snapshot_budget_bytes,
+                          hist_every=settings.hist_every, prefix=name or "").attach(settings.pre_hook)
+        watched = Watched(name, model, optimizer, scaler, settings, stats)
         if settings.guard is not None:
-            self._watch_guard(optimizer, settings)
+            watched.guard = self._watch_guard(stats, optimizer, settings)
+        if settings.activations:
+            watched.acts = self._watch_activations(model, optimizer, settings.activations,
+                                                   settings.activation_every or every,
+                                                   settings.max_activation_modules, name)
+        self._models.put(watched, replaces)
+        self._watch_finite()
+        if self._watchdog is not None:
+            self._phase.attach([w.optimizer for w in self._models.entries],
+                               [w.model for w in self._models.entries])
+        self._model_info = self._models.describe()
+        if not first:
+            return  # the run's device, probes and pre-flight are the first model's
         self.config.setdefault("grad_clip", settings.grad_clip)
         self.config.setdefault("layer_stats_every", every)
         self.config.setdefault("hist_every", settings.hist_every)
@@ -328,34 +350,41 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                               world_size=self.world_size, gate=NormGate(),
                               on_host=self._on_host)
         self._preflight = Preflight(model, self._probes.memory, self._warn_preflight)
-        if settings.finite_flags:
-            self._watch_finite(model, full=settings.finite_flags == "full")
         self._hardware = _run_info.describe_hardware(param.device, self.info, peak)
         if self._gpu_sampler is not None:  # which GPU: what a gpu_health page names
             self._hardware.update(self._gpu_sampler.describe())
         self._hardware.update(compute_dtype=dtype,
                               stats_scope="rank_local_shard" if settings.sharded else "global")
-        self._model_info = _model_info.describe_model(model, self._stats.names)
-        if self._watchdog is not None:
-            self._phase.attach(model, optimizer)
-        if settings.activations:
-            self._watch_activations(model, optimizer, settings.activations,
-                                    settings.activation_every or every, settings.max_activation_modules)
-        self._send_run()
+        if name is None:  # named: more models may follow, the run record waits for them
+            self._send_run()
         self._last_t = time.perf_counter()
 
+    @property
+    def _stats(self) -> GradStats | None:
+        """The first watched model's statistics (the benchmarks toggle its hooks)."""
+        first = self._models.first
+        return first.stats if first is not None else None
+
+    @property
+    def _step_guard(self) -> StepGuard | None:
+        first = self._models.first
+        return first.guard if first is not None else None
+
     def _watch_activations(self, model: Any, optimizer: Any, which: Any, every: int,
-                           cap: int | None) -> None:
+                           cap: int | None, name: str | None) -> ActivationStats | None:
         from monitor_client._activations import DEFAULT_MAX_MODULES, ActivationStats
 
-        if self._acts is not None:
-            self._acts.detach()
-        self._acts = ActivationStats(model, optimizer, every=every, modules=which,
-                                     max_modules=cap or DEFAULT_MAX_MODULES).attach()
+        if optimizer is None:
+            self._warner.warn("activations", "activations=... needs the optimizer whose "
+                              "step arms its hooks; not measured for a loop without one")
+            return None
+        acts = ActivationStats(model, optimizer, every=every, modules=which,
+                               max_modules=cap or DEFAULT_MAX_MODULES, prefix=name or "").attach()
         self.config.setdefault("activation_every", every)
-        if self._acts.skipped:
+        if acts.skipped:
             self._warner.warn("activations", "%d modules beyond max_activation_modules=%d "
-                              "are not hooked", self._acts.skipped, len(self._acts.names))
+                              "are not hooked", acts.skipped, len(acts.names))
+        return acts
 
     def _watch_timings(self, model: Any, optimizer: Any) -> None:
         from monitor_client._timings import StepTimings
@@ -365,26 +394,41 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         params = [p for p in model.parameters() if p.requires_grad]
         self._timings = StepTimings(params, optimizer).attach()
 
-    def _watch_guard(self, optimizer: Any, settings: WatchSettings) -> None:
+    def _watch_guard(self, stats: GradStats, optimizer: Any,
+                     settings: WatchSettings) -> StepGuard:
         from monitor_client._guard import StepGuard
 
-        assert self._stats is not None and settings.guard is not None
-        if self._step_guard is not None:
-            self._step_guard.detach()
-        self._step_guard = StepGuard(self._stats, optimizer, settings.guard).attach()
+        assert settings.guard is not None
+        guard = StepGuard(stats, optimizer, settings.guard).attach()
         self.config.setdefault("guard", dataclasses.asdict(settings.guard))
-        if self._step_guard.syncs:
+        if guard.syncs:
             self._warner.warn("guard", "the step guard reads its decision on the host for "
                               "%s (a non-fused optimizer cannot skip on the device): one "
                               "device sync per step; fused=True avoids it",
                               type(optimizer).__name__)
+        return guard
 
-    def _watch_finite(self, model: Any, full: bool) -> None:
+    def _watch_finite(self) -> None:
+        """One set of forward checks over every watched model that asks for them, so the
+        first non-finite output is found in forward order across models (_finite.py); the
+        first such model's ``finite_flags`` says how much of each output is read."""
         from monitor_client._finite import FiniteFlags
 
         if self._finite is not None:
             self._finite.detach()
-        self._finite = FiniteFlags(model, full=full).attach()
+        self._finite = None
+        for entry in self._models.entries:
+            if not entry.settings.finite_flags:
+                continue
+            prefix = entry.name or ""
+            if self._finite is None:
+                full = entry.settings.finite_flags == "full"
+                self._finite = FiniteFlags(entry.model, full=full, prefix=prefix)
+            else:
+                self._finite.add_model(entry.model, prefix)
+        if self._finite is None:
+            return
+        self._finite.attach()
         if self._finite.skipped:
             self._warner.warn("finite", "%d leaf modules beyond the first %d get no "
                               "finite check", self._finite.skipped, len(self._finite.names))
@@ -421,9 +465,11 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
     @_never_raises
     def before_optimizer_step(self) -> None:
-        """Measure gradients now (frameworks whose optimizer step runs a closure)."""
-        if self._stats is not None:
-            self._stats.before_step()
+        """Measure gradients now: frameworks whose optimizer step runs a closure, and loops
+        that update their parameters by hand (``watch(model)``, no optimizer: call it where
+        the update begins, after ``backward()``; the update's size is then measured too)."""
+        for entry in self._models.entries:
+            entry.stats.before_step()
 
     # -- per step ------------------------------------------------------------------------
     @_never_raises
@@ -446,60 +492,64 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         now = time.perf_counter()
         step_time, self._last_t = now - self._last_t, now
         self._loop_t = now
-        if self._stats is not None:  # like the shared traces: step_time excludes our hooks
-            step_time = max(step_time - self._stats.pop_overhead(), 0.0)
+        if self._models:  # like the shared traces: step_time excludes our hooks
+            step_time = max(step_time - self._models.pop_overhead(), 0.0)
         if data_time is None and self._data_time:
             data_time = self._data_time
         self._data_time = 0.0
         wait = self._timings.take() if self._timings is not None else None
-        self._send_run()
-        record = {"kind": "step", "run_id": self.run_id, "step": int(step),
-                  "time": time.time(), "rank": self.rank, "attempt": self.attempt, "loss": _plain(loss),
+        if not self._run_sent:
+            self._send_run()
+        step = int(step)
+        plain_loss = _plain(loss)
+        record = {"kind": "step", "run_id": self.run_id, "step": step,
+                  "time": time.time(), "rank": self.rank, "attempt": self.attempt,
+                  "loss": plain_loss,
                   "lr": (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr(),
                   "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
         if data_position is not None:
             record["data_position"] = int(data_position)
-        self._last_step = int(step)
-        if wait is not None and not isinstance(wait, float):
-            device_wait, wait = wait, None  # CUDA events: read by the sender (_timings.py)
-        else:
-            device_wait = None
-        split(record, wait)
-        urgent = not all(_finite(v) for v in (record["loss"], grad_norm))
-        self._submit(self._pending(record, loss, device_wait), urgent=urgent)
+        self._last_step = step
+        if isinstance(wait, float):  # host timestamps; CUDA events are the sender's to read
+            split(record, wait)
+            wait = None
+        urgent = not (_finite(plain_loss) and _finite(grad_norm))
+        self._submit(self._pending(record, loss, wait), urgent=urgent)
         if self._watchdog is not None:
             self._phase.enter("data")
-            self._watchdog.beat(int(step))
+            self._watchdog.beat(step)
 
     def _pending(self, record: dict[str, Any], loss: Any, wait: Any = None) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
-        stats = self._stats
-        scale = self._loss_scale()
-        if stats is None and not any(_is_tensor(v) for v in (loss, *record.values())):
+        models = self._models
+        scale: Any = self._loss_scale() if models else None
+        if not models and not any(_is_tensor(v) for v in (loss, *record.values())):
             return PendingStep(record, probes=self._probes, wait=wait)
-        from monitor_client._stats import StatsPack
-
-        pack = stats.take() if stats is not None else StatsPack()
-        if self._acts is not None:
-            self._acts.add_to(pack)
+        pack = models.take() if models else _empty_pack()
         if self._finite is not None:
             self._finite.add_to(pack)
-        if self._step_guard is not None:
-            self._step_guard.add_to(pack)
+        first = models.first
         if pack.stepped and self._preflight is not None and not self._preflight.done:
-            self._preflight.after_first_step(self._optimizer)
+            self._preflight.after_first_step(first.optimizer if first is not None else None)
         for name, value in list(record.items()):  # device values among the extra fields
-            if name != "loss" and _is_tensor(value):
+            if value is None or type(value) in _PLAIN or name == "loss":
+                continue
+            if _is_tensor(value):
                 pack.add(name, value)
                 record[name] = None
-        if stats is not None:
-            record["clip_threshold"] = stats.grad_clip
+        if first is not None:
+            if models.named:  # each model's own clipping and LR, under its name
+                pack.notes = models.host_fields()
+                for entry in models.entries:
+                    self._model_lr(pack, entry)
+            else:
+                record["clip_threshold"] = first.stats.grad_clip
             if not pack.stepped:
                 record["skipped"] = True
-                if self._scaler is not None:  # the scaler did not call step(): an overflow
-                    record["skip_reason"] = "loss_scale"
+                if any(e.scaler is not None for e in models.entries):
+                    record["skip_reason"] = "loss_scale"  # the scaler did not call step()
         for name, value in (("loss", loss), ("loss_scale", scale)):
             if _is_tensor(value):
                 pack.add(name, value)
@@ -508,20 +558,19 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         return PendingStep(record, pack.seal(), self._probes, wait)
 
     def _lr(self) -> Any:
-        if self._optimizer is None:
-            return None
-        lr = self._optimizer.param_groups[0].get("lr")
-        if not _is_tensor(lr):
-            return lr
-        if lr.device.type == "cpu":
-            return float(lr)
-        # A device LR (capturable optimizers): float() would be a host sync on the training
-        # thread; a copy travels with the statistics instead (the scheduler changes the
-        # tensor in place before the sender reads it).
-        return lr.detach().clone()
+        entries = self._models.entries
+        return _lr_of(entries[0].optimizer) if entries else None
+
+    @staticmethod
+    def _model_lr(pack: Any, entry: Watched) -> None:
+        lr = _lr_of(entry.optimizer)
+        if _is_tensor(lr):
+            pack.add("lr", lr, model=entry.name)
+        elif lr is not None:
+            pack.notes.setdefault(entry.name, {})["lr"] = lr
 
     def _loss_scale(self) -> Any:
-        scaler = self._scaler
+        scaler = next((e.scaler for e in self._models.entries if e.scaler is not None), None)
         if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
             return None
         scale = getattr(scaler, "_scale", None)  # a device tensor: no sync, unlike get_scale()
@@ -927,9 +976,11 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             said = f"stopped at step {self._last_step}: {self.stop_reason()}"
             error = (error or said) if status == "completed" else f"{said}; it left by {error}"
             status = "stopped"
-        for hooked in (self._stats, self._acts, self._finite, self._timings, self._step_guard):
+        self._models.detach()
+        for hooked in (self._finite, self._timings):
             if hooked is not None:
                 hooked.detach()
+        self._report_hook_errors()
         if self._gpu_sampler is not None:
             self._gpu_sampler.close()
         if self._watchdog is not None:
@@ -945,6 +996,16 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return True
         return self._sender.close(self.close_timeout if timeout is None else timeout)
 
+    def _report_hook_errors(self) -> None:
+        """How many hook calls failed in all (each failing hook was logged once, with its
+        traceback, when it first failed: _hooks.py)."""
+        failed = self._models.hook_errors() + sum(
+            part._hooks.errors for part in (self._finite, self._timings) if part is not None)
+        if failed:
+            self._warner.warn("hook_errors", "%d hook calls failed during this run and were "
+                              "ignored (their measurements are missing; training was not "
+                              "affected)", failed)
+
     def _set_outcome(self, status: str, error: str | None) -> None:
         self._outcome = (status, error)
 
@@ -959,6 +1020,31 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+# Types a record's value has when it is a plain host value: no tensor check needed.
+_PLAIN = (int, float, str, bool)
+
+
+def _empty_pack() -> Any:
+    from monitor_client._pack import StatsPack  # here: importing the client imports no torch
+
+    return StatsPack()
+
+
+def _lr_of(optimizer: Any) -> Any:
+    """The LR of ``optimizer``'s first parameter group (None: no optimizer)."""
+    if optimizer is None:
+        return None
+    lr = optimizer.param_groups[0].get("lr")
+    if not _is_tensor(lr):
+        return lr
+    if lr.is_cpu:
+        return float(lr)
+    # A device LR (capturable optimizers): float() would be a host sync on the training
+    # thread; a copy travels with the statistics instead (the scheduler changes the
+    # tensor in place before the sender reads it).
+    return lr.detach().clone()
 
 
 def _cuda_uuid(device: Any) -> str | None:

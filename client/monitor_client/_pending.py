@@ -10,7 +10,7 @@ and derives tokens/s and MFU.
 the pack's numbers and derives tokens/s from the step time and MFU from the probes::
 
     >>> import torch
-    >>> from monitor_client._stats import StatsPack
+    >>> from monitor_client._pack import StatsPack
     >>> pack = StatsPack()
     >>> pack.add("grad_norm", torch.tensor(0.5))          # still a device tensor
     >>> record = {"kind": "step", "step": 7, "tokens": 4096, "step_time": 0.5}
@@ -52,9 +52,9 @@ class PendingStep:
 
     def materialize(self) -> dict[str, Any]:
         record = self.record
-        host = self.pack.vector() if self.pack is not None else None  # the one sync
+        host = self.pack.host() if self.pack is not None else None  # the one copy
         if host is not None:
-            decoded = self.pack.decode(host.tolist())
+            decoded = self.pack.decode(host)
             for key, value in decoded.items():
                 if record.get(key) is None:
                     record[key] = value

@@ -41,158 +41,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from monitor_client import _activations, _distributions, _finite, _guard
+from monitor_client import _distributions
 from monitor_client._hooks import Hooks
+from monitor_client._pack import StatsPack
+from monitor_client._warn import LOGGER
 
-_LAYER_FIELDS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac")
-_HIST_FIELDS = ("grad_hist", "param_hist")
-
-
-@dataclass
-class StatsPack:
-    """Device tensors of one step, plus the layout needed to name them after the sync.
-
-    On a monitored step (``layers`` set), a global value and one value per layer::
-
-        >>> pack = StatsPack(layers=["w", "b"])
-        >>> pack.add("grad_norm", torch.tensor(5.0))
-        >>> pack.add("grad_norm", torch.tensor([3.0, 4.0]), layers=["w", "b"])
-        >>> host = pack.vector().tolist()     # THE copy to the host (sender thread)
-        >>> host
-        [5.0, 3.0, 4.0]
-        >>> pack.decode(host)
-        {'grad_norm': 5.0, 'layers': {'w': {'grad_norm': 3.0}, 'b': {'grad_norm': 4.0}}}
-    """
-
-    values: list[torch.Tensor] = field(default_factory=list)
-    layout: list[tuple[str, tuple[str, ...] | None, int]] = field(default_factory=list)
-    layers: list[str] | None = None   # set on monitored steps: every watched parameter
-    stepped: bool = False
-    event: Any = None                 # a torch.cuda.Event recorded once the pack is whole
-    finite_check: str = "full"        # what the "output_sum" values read (_finite.py)
-
-    def add(self, name: str, value: torch.Tensor, layers: list[str] | None = None) -> None:
-        # No tensor op here: log_step calls this, and any torch op may hand the GIL to
-        # another thread for milliseconds. Flattening happens in vector(), off-thread.
-        self.values.append(value)
-        self.layout.append((name, tuple(layers) if layers is not None else None,
-                            value.numel()))
-
-    def add_each(self, name: str, values: list[torch.Tensor], layers: list[str]) -> None:
-        """One 0-d tensor per name (e.g. a forward hook's flag), stacked off-thread."""
-        self.values.extend(values)
-        self.layout.append((name, tuple(layers), len(values)))
-
-    def seal(self) -> StatsPack:
-        """Mark, on the training thread's stream, the point where every value is made (the
-        loss, the forward's sums, the statistics, a loss scale or LR copied after the
-        optimizer step): ``vector()`` waits for it, whatever stream the training used.
-        Recording an event queues a marker; nothing waits here."""
-        if self.values and self.values[0].device.type == "cuda":
-            self.event = torch.cuda.Event()
-            self.event.record()
-        return self
-
-    def vector(self) -> torch.Tensor | None:
-        """Everything as one float32 vector on the host: THE device sync of a step.
-
-        Called from the sender thread; on CUDA it waits for the event ``seal()`` recorded.
-        """
-        if not self.values:
-            return None
-        device = self.values[0].device
-        if self.event is not None:  # sealed on CUDA
-            return self._vector_off_stream(device)
-        return self._flat(device).cpu()
-
-    def _flat(self, device: torch.device) -> torch.Tensor:
-        # Runs of 0-d float32 values (a forward's module sums, the loss, the global norms:
-        # most of a step's values) are stacked in one call, not reshaped one by one: each
-        # tensor call here holds the GIL for microseconds that a host-bound training thread
-        # waits for (about 1 ms a step on a GPT-2 before, 0.3 ms after, on CPU).
-        parts: list[torch.Tensor] = []
-        run: list[torch.Tensor] = []
-        with torch.no_grad():
-            for v in self.values:
-                if v.dim() == 0 and v.dtype == torch.float32 and v.device == device:
-                    run.append(v)
-                    continue
-                if run:
-                    parts.append(torch.stack(run))
-                    run = []
-                parts.append(v.detach().reshape(-1).to(device, torch.float32))
-            if run:
-                parts.append(torch.stack(run))
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-    def _vector_off_stream(self, device: torch.device) -> torch.Tensor:
-        """The CUDA copy, on a stream of its own that waits for the statistics' event.
-
-        On the training stream, the sender's stacking kernels and its copy would queue
-        behind whatever the training thread launched since (a step or more), and a copy to
-        pageable memory holds the host in the driver until the device gets there: a bubble
-        in the training stream on every step (2.5 ms of a 43 ms GPT-2 step on an H100,
-        measured by bench/gpu_check.py). Here nothing is added to the training stream,
-        the copy lands in pinned memory as soon as the statistics are done, and the sender
-        sleeps on a blocking event instead of spinning a core.
-        """
-        side = torch.cuda.Stream(device)
-        side.wait_event(self.event)
-        with torch.cuda.stream(side):
-            flat = self._flat(device)
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            done = torch.cuda.Event(blocking=True)
-            done.record(side)
-        done.synchronize()  # the statistics' tensors stay referenced until here
-        return host
-
-    def decode(self, flat: list[float]) -> dict:
-        """Name the host copy of ``vector()``: global fields, and ``layers`` when present."""
-        out: dict = {}
-        layers: dict[str, dict[str, Any]] | None = (
-            {name: {} for name in self.layers} if self.layers is not None else None)
-        pos = 0
-        for name, names, width in self.layout:
-            chunk = flat[pos:pos + width]
-            pos += width
-            if name == "skip_code":  # the step guard's decision (_guard.py)
-                reason = _guard.skip_reason(chunk[0])
-                if reason is not None:
-                    out.update(skipped=True, skip_reason=reason)
-            elif names is None:
-                out[name] = chunk[0]
-            elif name in _HIST_FIELDS:  # (P, 8 + bins) rows (_distributions.py)
-                bins = width // len(names) - len(_distributions.QUANTILES)
-                out[name] = _distributions.decode_rows(names, chunk, bins)
-            elif name == "activation":  # one module's output (_activations.py)
-                out.setdefault("activations", {})[names[0]] = _activations.decode(names, chunk)
-            elif name == "param_grad_norm":  # every step; _gate.py decides if it is sent
-                out["grad_norms"] = dict(zip(names, chunk, strict=True))
-            elif name == "output_sum":  # _finite.py: forward order, one sum per module
-                out.update(_finite.decode(names, chunk, self.finite_check))
-            elif layers is not None:
-                _fill_layers(layers, name, names, chunk)
-        if layers is not None:
-            for entry in layers.values():
-                if "grad_norm" not in entry:
-                    entry["grad_none"] = True
-            out["layers"] = layers
-        return out
-
-
-def _fill_layers(layers: dict, name: str, names: tuple[str, ...], chunk: list[float]) -> None:
-    if name == "layer_grad":
-        for i, layer in enumerate(names):
-            layers[layer].update(zip(_LAYER_FIELDS, chunk[5 * i:5 * i + 5], strict=True))
-        return
-    for layer, value in zip(names, chunk, strict=True):
-        layers[layer][name] = value
+__all__ = ["GradStats", "StatsPack"]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -211,26 +69,32 @@ class GradStats:
         >>> stats = GradStats(model, opt).attach()
         >>> model(torch.tensor([[float("inf"), 1.0]])).sum().backward()   # no opt.step()
         >>> pack = stats.take()
-        >>> pack.stepped, pack.decode(pack.vector().tolist())["grad_norm"]
+        >>> pack.stepped, pack.decode(pack.host())["grad_norm"]
         (False, inf)
         >>> stats.detach()
+
+    Which parameters: the model's that train (``requires_grad``), looked at again when the
+    optimizer gains a parameter group (``add_param_group``) and on each layer-statistics
+    step (a layer unfrozen later), plus any parameter the optimizer holds that the model
+    does not (named ``param_groups.<group>.<index>``). ``optimizer=None``: a loop that
+    updates its parameters by hand; the gradients are measured by ``before_step()`` when
+    the loop calls it (``Monitor.before_optimizer_step``), else by ``take()``, and every
+    ``take()`` ends a step. A step whose closure computes the gradients (LBFGS's
+    ``step(closure)``) has none yet when it begins: they are measured after it.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  grad_clip: float | None = None, apply_clip: bool = True,
                  layer_stats_every: int = 10, snapshot_budget_bytes: int | None = None,
                  reduce_group: object | None = None, hist_every: int | None = None,
                  hist_sample: int = _distributions.DEFAULT_SAMPLE,
-                 hist_bins: int = _distributions.DEFAULT_BINS) -> None:
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+                 hist_bins: int = _distributions.DEFAULT_BINS, prefix: str = "") -> None:
+        self._model = model
+        # The model's name when a run watches several (Monitor.watch(name=)): "D.conv1.weight".
+        self.prefix = f"{prefix}." if prefix else ""
         # Gradient/weight distributions every hist_every steps (None or 0: never).
         self.hist_every = max(0, int(hist_every or 0))
         self._dist = _distributions.Distributions(hist_sample, hist_bins)
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        # DTensor parameters (FSDP2, tensor parallel): their statistics are of the local
-        # shard. Asked once: a per-step hasattr on every gradient is host time on each step.
-        self._sharded = any(hasattr(p, "to_local") for p in self.params)
         self.grad_clip = grad_clip
         self.apply_clip = apply_clip and grad_clip is not None and grad_clip > 0
         self.layer_stats_every = max(1, int(layer_stats_every))
@@ -243,6 +107,10 @@ class GradStats:
         self.overhead_s = 0.0  # time spent in the hooks, left out of step_time
         self._buffers: dict[int, torch.Tensor] = {}
         self._numel_cache: dict[tuple[tuple[str, ...], str], torch.Tensor] = {}
+        self._closure_told = False
+        self.names: list[str] = []
+        self.params: list[torch.Tensor] = []
+        self._refresh()
         self._reset()
 
     def _reset(self) -> None:
@@ -250,8 +118,17 @@ class GradStats:
         self._measured = False
         self._snapshot: list[torch.Tensor] | None = None
         self._snap_idx: list[int] = []
-        # This step's global pre-clip norm, on device, for the step guard (_guard.py).
-        self.last_grad_norm: torch.Tensor | None = None
+        self._grad_norms: list[torch.Tensor] | None = None  # this step's, per parameter
+        self._total: torch.Tensor | None = None
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """This step's global pre-clip norm, on the device, for the step guard (_guard.py):
+        made when first asked for (a step that needs it neither to clip nor to guard gets
+        it on the host, from the per-parameter norms the sender copies anyway)."""
+        if self._total is None and self._grad_norms:
+            self._total = self._global_from(torch.stack(self._grad_norms))
+        return self._total
 
     @property
     def monitored(self) -> bool:
@@ -265,37 +142,74 @@ class GradStats:
 
     def attach(self, pre_hook: bool = True) -> GradStats:
         """Register the optimizer hooks (the pre-hook is optional for closure-based loops)."""
-        self._hooks.around_step(self._optimizer, self.before_step if pre_hook else None,
-                                self.after_step)
+        opt = self._optimizer
+        if opt is None:
+            return self  # nothing to hook: before_step() / take() are called by the Monitor
+        if pre_hook:
+            self._hooks.add(opt.register_step_pre_hook(self._hooks.guard(self._pre_hook)))
+        self._hooks.around_step(opt, after=self.after_step)
         return self
 
     def detach(self) -> None:
         self._hooks.remove()
 
-    @torch.no_grad()
+    def _pre_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
+        # torch passes step()'s arguments, the optimizer first: step(closure) or
+        # step(closure=...) is a step whose closure computes the gradients.
+        if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
+            self._closure_step()
+        else:
+            self.before_step()
+
     def before_step(self) -> None:
         """Measure (and clip) the gradients, snapshot parameters on monitored steps."""
         if self._measured:
             return  # already called explicitly for this step (Lightning)
         start = time.perf_counter()
-        self._measure_grads(self.monitored)
-        if self.monitored:
-            self._take_snapshot()
+        monitored = self.monitored
+        self._look_again(monitored)
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # cheaper than torch.no_grad() on every step
+        try:
+            self._measure_grads(monitored)
+            if monitored:
+                self._take_snapshot()
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
         self.overhead_s += time.perf_counter() - start
 
-    @torch.no_grad()
+    def _closure_step(self) -> None:
+        """The step computes its own gradients (its closure runs inside it): they are
+        measured once it returned; only the parameters are copied now, for the update."""
+        if self.apply_clip and not self._closure_told:
+            self._closure_told = True
+            LOGGER.warning("monitor_client: grad_clip=%s is not applied to %s.step(closure): "
+                           "its closure computes the gradients inside the step; clip inside "
+                           "the closure (the norms reported are the unclipped ones)",
+                           self.grad_clip, type(self._optimizer).__name__)
+        if self.monitored:
+            self._look_again(True)
+            with torch.no_grad():
+                self._take_snapshot()
+
     def after_step(self) -> None:
         """The optimizer stepped: on monitored steps, parameter and update norms."""
         start = time.perf_counter()
-        if not self._measured:
-            self._measure_grads(False)
-        if self.monitored:
-            self._measure_params()
-        if self.hist_step and self.params:  # weights after the step
-            params = [_local(p) for p in self.params]
-            self._pack.add("param_hist", self._dist.measure(params), layers=self.names)
+        monitored, hist = self.monitored, self.hist_step
+        # The step happened whatever the measurements below do (a failure is contained by
+        # the hook: _hooks.py), so it is counted first.
         self._pack.stepped = True
         self._steps += 1
+        if not self._measured or monitored or hist:
+            with torch.no_grad():
+                if not self._measured:
+                    self._look_again(monitored and self._snapshot is None)
+                    self._measure_grads(monitored)
+                if monitored:
+                    self._measure_params()
+                if hist and self.params:  # weights after the step
+                    params = [_local(p) for p in self.params]
+                    self._pack.add("param_hist", self._dist.measure(params), layers=self.names)
         self.overhead_s += time.perf_counter() - start
 
     def pop_overhead(self) -> float:
@@ -305,11 +219,43 @@ class GradStats:
 
     def take(self) -> StatsPack:
         """This step's statistics (measuring the gradients now if no step happened)."""
-        if not self._pack.stepped and not self._measured:
-            self._measure_grads(False)  # e.g. a GradScaler skipped the step: grads are inf
+        if self._optimizer is None:
+            self.after_step()  # no optimizer to hook: the step ends when it is logged
+        elif not self._pack.stepped and not self._measured:
+            with torch.no_grad():  # e.g. a GradScaler skipped the step: grads are inf
+                self._measure_grads(False)
         pack = self._pack
         self._reset()
         return pack
+
+    def _look_again(self, monitored: bool) -> None:
+        """Take in parameters added since (a parameter group; on a layer-statistics step, a
+        layer unfrozen): one ``len()`` on the other steps."""
+        opt = self._optimizer
+        if monitored or (opt is not None and len(opt.param_groups) != self._groups):
+            self._refresh()
+
+    def _refresh(self) -> None:
+        model_params = list(self._model.named_parameters())
+        named = [(n, p) for n, p in model_params if p.requires_grad]
+        opt = self._optimizer
+        self._groups = len(opt.param_groups) if opt is not None else 0
+        if opt is not None:
+            known = {id(p) for _, p in model_params}
+            named += [(f"param_groups.{g}.{i}", p)
+                      for g, group in enumerate(opt.param_groups)
+                      for i, p in enumerate(group["params"])
+                      if id(p) not in known and p.requires_grad]
+        params: list[torch.Tensor] = [p for _, p in named]
+        if [id(p) for p in params] == [id(p) for p in self.params]:
+            return
+        self.names = [self.prefix + n for n, _ in named]
+        self.params = params
+        # DTensor parameters (FSDP2, tensor parallel): their statistics are of the local
+        # shard. Asked once: a per-step hasattr on every gradient is host time on each step.
+        self._sharded = any(hasattr(p, "to_local") for p in params)
+        # The dtype the norms are computed in: asked once, not per step (_norm_dtype).
+        self._norm_dtype = _norm_dtype(params)
 
     def _present(self) -> tuple[list[str], list[torch.Tensor]]:
         names, grads = [], []
@@ -325,22 +271,27 @@ class GradStats:
         names, grads = self._present()
         if not grads:
             return
-        norms = _norms(grads)
-        total = self._global_from(norms)
-        self.last_grad_norm = total
-        self._pack.add("grad_norm", total)
-        # The per-parameter norms the global one is made of: free, and read with the same
-        # host copy; the sender decides whether they go out (_gate.py).
-        self._pack.add("param_grad_norm", norms, layers=names)
+        norms = _norm_list(grads, 2, self._norm_dtype)
+        self._grad_norms = norms
+        clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
+        if per_layer or clip is not None or self.reduce_group is not None:
+            vector = torch.stack(norms)
+            total = self._total = self._global_from(vector)
+            self._pack.add("grad_norm", total)
+            # The per-parameter norms the global one is made of: free, and read with the
+            # same host copy; the sender decides whether they go out (_gate.py).
+            self._pack.add("param_grad_norm", vector, layers=names)
+        else:  # the usual step: one kernel here, the global norm made on the host
+            self._pack.add_each("param_grad_norm", norms, names)
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)
-            self._pack.add("layer_grad", _grad_moments(grads, norms, self._numels(names, grads)),
-                           layers=names)
+            self._pack.add("layer_grad", _grad_moments(grads, vector, self._numels(names, grads),
+                                                       self._norm_dtype), layers=names)
         if self.hist_step:  # also before clipping
             self._pack.add("grad_hist", self._dist.measure(grads), layers=names)
-        if self.apply_clip and self.grad_clip is not None:  # apply_clip implies a clip
+        if clip is not None:
             # The same arithmetic as clip_grad_norm_(foreach=True), reusing our norm.
-            coef = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)
+            coef = torch.clamp(clip / (total + 1e-6), max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].device))
 
     def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
@@ -395,7 +346,7 @@ class GradStats:
 
     def _measure_params(self) -> None:
         params = [_local(p) for p in self.params]
-        pnorms = _norms(params)
+        pnorms = _norms(params, self._norm_dtype)
         self._pack.layers = list(self.names)
         self._pack.add("param_norm", pnorms, layers=self.names)
         self._pack.add("param_norm", self._global_from(pnorms))
@@ -404,7 +355,7 @@ class GradStats:
         if not snapshot:
             return
         torch._foreach_sub_(snapshot, [params[i] for i in idx])  # before - after, in place
-        unorms = _norms(snapshot)
+        unorms = _norms(snapshot, self._norm_dtype)
         self._pack.add("update_norm", unorms, layers=[self.names[i] for i in idx])
         if len(idx) == len(self.names):
             self._pack.add("update_norm", self._global_from(unorms))
@@ -415,32 +366,52 @@ class GradStats:
         return self._all_reduce_sq(norms.square().sum()).sqrt()
 
 
-def _grad_moments(grads: list[torch.Tensor], norms: torch.Tensor,
-                  numel: torch.Tensor) -> torch.Tensor:
+def _grad_moments(grads: list[torch.Tensor], norms: torch.Tensor, numel: torch.Tensor,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """(P, 5) table: L2 norm, mean, std, max-abs, zero fraction; 3 more passes over grads.
 
     ``numel`` holds each gradient's element count (float32, on their device). The std
     comes from the sum of squares we already have (norm^2), not another pass.
     """
-    sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
-    nonzero = torch.stack([torch.count_nonzero(g) for g in grads]).float()
+    wide = dtype or torch.float32
+    sums = torch.stack([g.sum(dtype=wide) for g in grads])
+    nonzero = torch.stack([torch.count_nonzero(g) for g in grads]).to(wide)
     mean = sums / numel
     var = (norms.square() - numel * mean.square()) / (numel - 1).clamp(min=1)
     std = var.clamp(min=0).sqrt()
     zero_frac = 1.0 - nonzero / numel
-    return torch.stack([norms, mean, std, _max_abs(grads), zero_frac], dim=1)
+    return torch.stack([norms, mean, std, _max_abs(grads, dtype), zero_frac], dim=1)
 
 
-def _max_abs(grads: list[torch.Tensor]) -> torch.Tensor:
+def _max_abs(grads: list[torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
     if grads[0].device.type == "cuda":  # one fused kernel on GPU
-        return torch.stack(torch._foreach_norm(grads, math.inf, dtype=torch.float32))
+        return torch.stack(_norm_list(grads, math.inf, dtype or torch.float32))
     # On CPU the inf-norm is ~40x slower than one aminmax pass per tensor (measured).
     pairs = [torch.aminmax(g) for g in grads]
-    return torch.stack([torch.maximum(-lo, hi) for lo, hi in pairs]).float()
+    return torch.stack([torch.maximum(-lo, hi) for lo, hi in pairs]).to(dtype or torch.float32)
 
 
-def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Per-tensor L2 norms in float32 (the dtype argument only when needed: it costs)."""
-    if all(t.dtype == torch.float32 for t in tensors):
-        return torch.stack(torch._foreach_norm(tensors, 2))
-    return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype | None:
+    """The dtype per-tensor norms are computed in, for tensors of these dtypes: None (their
+    own) when every one is float32; float64 when one is (a float64 model's norms must not
+    narrow: torch refuses it, and float32 would turn its values past 3.4e38 into a false
+    infinity, below 1e-38 into a false zero); else float32 (a half-precision norm of a
+    large tensor overflows at 65504)."""
+    dtypes = {t.dtype for t in tensors}
+    if dtypes <= {torch.float32}:
+        return None
+    return torch.float64 if dtypes & {torch.float64, torch.complex128} else torch.float32
+
+
+def _norm_list(tensors: list[torch.Tensor], ord: float,
+               dtype: torch.dtype | None) -> list[torch.Tensor]:
+    """Each tensor's norm as a 0-d tensor, computed in ``dtype`` (``_norm_dtype``): one fused
+    kernel (on CPU one call) for the lot."""
+    if dtype is None:
+        return list(torch._foreach_norm(tensors, ord))
+    return list(torch._foreach_norm(tensors, ord, dtype=dtype))
+
+
+def _norms(tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Per-tensor L2 norms as one vector (``_norm_list``)."""
+    return torch.stack(_norm_list(tensors, 2, dtype))

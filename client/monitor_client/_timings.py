@@ -221,8 +221,8 @@ class StepTimings:
     def attach(self) -> StepTimings:
         """Register the hooks (call before other optimizer pre-hooks: theirs are compute)."""
         self._hooks.around_step(self.optimizer, before=self._optimizer_step)
-        self._hooks.add(*(p.register_post_accumulate_grad_hook(
-            functools.partial(self._gradient_done, i)) for i, p in enumerate(self.params)))
+        self._hooks.add(*(p.register_post_accumulate_grad_hook(self._hooks.guard(
+            functools.partial(self._gradient_done, i))) for i, p in enumerate(self.params)))
         return self
 
     def detach(self) -> None:

@@ -18,11 +18,15 @@ Past the limit it sends ONE ``hang`` record per stuck step (docs/format.md): the
 stacks of the process's threads from ``sys._current_frames()`` (the training thread, the
 one that calls ``log_step``, first; each stack its innermost ``MAX_FRAMES`` frames; the
 whole at most ``HANG_STACK_BYTES`` of JSON, threads past it counted in
-``threads_omitted``), the phase the training thread was last seen in (``_phase.py``), the
+``threads_omitted``), the phase the training thread is in (``_phase.py``: from its stack,
+else the last one the client saw begin), the
 last completed step, how long it has been stuck, and the NCCL flight recorder's dump path
 when ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0. Frames keep the path below their
 ``site-packages`` or standard-library root (``torch/distributed/distributed_c10d.py``) and
-mark the script's own ones ``user``. It works while the training thread is blocked in C
+mark the script's own ones ``user``: files outside those roots, and code with no file of
+its own that runs in the script's namespace or one of no library's (``python -c``,
+``exec()`` of a script's text, a notebook cell: ``<string>``, ``<stdin>``), so the page
+can name the script's frame of a run started that way too. It works while the training thread is blocked in C
 code: that thread has released the GIL, and this one holds it only to copy the frames
 (microseconds per thread). It never raises. A step completing later resets it; the sidecar
 sees the step and clears the hang.
@@ -65,7 +69,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from monitor_client._phase import PhaseTracker
+from monitor_client._phase import PhaseTracker, on_stack
 
 FACTOR = 5.0
 WARMUP_STEPS = 5
@@ -143,9 +147,10 @@ class Watchdog:
 
     def record(self, stuck: float, limit: float, now: float) -> dict[str, Any]:
         threads, omitted = self.stacks()
-        phase = self.phase.current()
-        if _saving(threads):
-            phase = "checkpoint"
+        training: list[dict[str, Any]] = next((t["frames"] for t in threads if t.get("training")), [])
+        # A save on the stack, then a model in eval mode, then where the stack is.
+        phase = "checkpoint" if _saving(threads) else self.phase.evaluating() or (
+            on_stack(training) or self.phase.phase)
         rec: dict[str, Any] = {
             "kind": "hang", **self.header, "step": self._step, "time": time.time(),
             "stuck_seconds": round(stuck, 3), "limit_seconds": round(limit, 3),
@@ -186,11 +191,29 @@ class Watchdog:
         while frame is not None and len(out) < MAX_FRAMES:
             code = frame.f_code
             where, user = self._place(code.co_filename)
+            if not user and where.startswith("<"):
+                user = self._users_namespace(frame)
             out.append({"file": where, "line": frame.f_lineno or 0,
                         "function": code.co_name[:200], "user": user})
             frame = frame.f_back
         out.reverse()  # outermost first, like a traceback
         return out
+
+    def _users_namespace(self, frame: Any) -> bool:
+        """Code without a file (``<string>``, ``<stdin>``): the script's own when it runs in
+        the ``__main__`` namespace or in one no imported module owns (``exec`` into a dict
+        of its own), not when a library made it (a dataclass's ``__init__`` runs in its
+        module's namespace, whose file says whose it is; importlib's frozen frames)."""
+        if frame.f_code.co_filename.startswith("<frozen "):
+            return False
+        name = frame.f_globals.get("__name__")
+        if name is None or name == "__main__":
+            return True
+        module = sys.modules.get(name)
+        if module is None or getattr(module, "__dict__", None) is not frame.f_globals:
+            return True
+        path = getattr(module, "__file__", None)
+        return path is None or self._place(path)[1]
 
     def _place(self, filename: str) -> tuple[str, bool]:
         found = self._where.get(filename)

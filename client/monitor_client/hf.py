@@ -147,8 +147,9 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         # The Trainer decides the clipping; everything else is the monitor's WatchSettings.
         mon.watch(model, opt, settings=dataclasses.replace(
             watch, grad_clip=clip, apply_clip=take_over, seq_len=seq_len))
-        self._hooks.add(model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
-                        model.register_forward_hook(self._capture_loss, with_kwargs=True))
+        guard = self._hooks.guard  # a failing hook must not end the Trainer's step
+        self._hooks.add(model.register_forward_pre_hook(guard(self._count_inputs), with_kwargs=True),
+                        model.register_forward_hook(guard(self._capture_loss), with_kwargs=True))
 
     def _resumed_from(self, args, state, plan: RollbackPlan | None) -> DataFile | None:
         """A resumed run (``state.global_step`` > 0): the checkpoint it resumed from (the

@@ -35,6 +35,7 @@ _NESTED = {
     "activations": frozenset(schemas.ActivationModel.__annotations__),
     "grad_hist": frozenset(schemas.HistModel.__annotations__),
     "param_hist": frozenset(schemas.HistModel.__annotations__),
+    "models": frozenset(schemas.ModelStepModel.__annotations__),
 }
 _MEMORY = frozenset(schemas.MemoryModel.model_fields)
 _NAME_MAPS = ("gpu", "labels", "metrics")

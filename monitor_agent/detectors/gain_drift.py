@@ -19,7 +19,8 @@ Severity info: even with both conditions, healthy MLPs trained from a fresh init
 gradient 3-6x while the gain shifts (measured on the corpus' tuning half), so a drift is
 context shown beside the run, not an alarm; ``grad_explosion`` pages when the gradient
 actually blows up. The baseline starts ``baseline_window`` steps after warmup, past the
-transient of the first steps from initialisation.
+transient of the first steps from initialisation. A run that watches several models (a GAN) is judged on
+its deepest model's layers: depth orders one model's layers, not two models'.
 
 Sixteen layers whose gradient starts growing 1.25x per layer toward the input at step 31
 (the windows shortened to 10 steps, the run without warmup)::
@@ -107,7 +108,8 @@ class GainDriftDetector(DetectorBase[GainDriftSettings]):
         if rec.layers is None or amp_overflow(rec) or rec.step <= settle:
             return []
         view = self.ctx.align(rec.layers)
-        g = rec.layers.stats["grad_norm"][view.order]
+        # A run of several models: the deepest one's gain (depth orders one model's layers).
+        g = rec.layers.stats["grad_norm"][max(view.models(), key=len)]
         if len(g) < 3 or not (np.isfinite(g).all() and (g > 0).all()):
             return []
         log_gain = -slope(np.log(g))

@@ -4,7 +4,10 @@ dominates the gradient so that, after clipping, every other one is starved.
 Depth comes from the run's ``layer_order`` (else parameter order). Early = the first
 quarter of the parameters, late = the last quarter, each summarised by its median grad
 norm; the ratio is judged as a median over ``vanishing_window`` steps so one odd batch
-never fires. Dominance compares relative gradients (grad norm / param norm, with the
+never fires. A run that watches several models (a GAN's generator and discriminator, an
+actor and a critic) is judged model by model, since depth orders one model's layers and
+two models' gradients have scales of their own: the model whose ratio is lowest, and for
+dominance the parameter that dominates its own model most. Dominance compares relative gradients (grad norm / param norm, with the
 norm floored at the typical parameter's), which removes the size differences between
 embeddings, matrices and norms; the output head, which normally takes most of the
 gradient, is left out.
@@ -84,7 +87,7 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
     type = "grad_vanishing"
     severity = Severity.WARNING
     settings_model = GradVanishingSettings
-    _head_cache: tuple[np.ndarray, np.ndarray] | None = None
+    _head_cache: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None = None
 
     def new_rank(self) -> VanishingState:
         w = self.settings.vanishing_window
@@ -94,16 +97,24 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
         if rec.layers is None or amp_overflow(rec) or len(rec.layers) < 2:
             return []
         view = self.ctx.align(rec.layers)
-        grads = rec.layers.stats["grad_norm"][view.order]
-        if len(grads) < 2 or not np.isfinite(grads).all():
+        grad_norm = rec.layers.stats["grad_norm"]
+        groups = view.models()
+        per_model = [grad_norm[cols] for cols in groups if len(cols) >= 2]
+        if not per_model or not all(np.isfinite(g).all() for g in per_model):
             return []
-        return self._depth(rec, st, grads) + self._dominance(rec, st, rec.layers, view.order)
+        return self._depth(rec, st, per_model) + self._dominance(rec, st, rec.layers, groups)
 
-    def _depth(self, rec: StepRecord, st: VanishingState, grads: np.ndarray) -> list[Finding]:
-        q = max(1, len(grads) // 4)
-        early, late = median(grads[:q]), median(grads[-q:])
-        if late <= 0:
+    def _depth(self, rec: StepRecord, st: VanishingState,
+               per_model: list[np.ndarray]) -> list[Finding]:
+        found = []
+        for grads in per_model:
+            q = max(1, len(grads) // 4)
+            early, late = median(grads[:q]), median(grads[-q:])
+            if late > 0:
+                found.append((early / late, early, late, q))
+        if not found:
             return []
+        _, early, late, q = min(found)
         st.ratios.add(early / late)
         ratio = st.ratios.median()
         if not st.ratios.full or ratio >= self.settings.vanishing_ratio or not self.due(rec):
@@ -116,26 +127,23 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
                              evidence=evidence, suggestions=GRAD_VANISHING)]
 
     def _dominance(self, rec: StepRecord, st: VanishingState, table: LayerTable,
-                   order: np.ndarray) -> list[Finding]:
-        if self._head_cache is None or self._head_cache[0] is not order:
-            # The aligned order array is shared by every record with the same layer names.
-            self._head_cache = (order, _without_output_head(table.names, order))
-        order = self._head_cache[1]
-        g, p = table.stats["grad_norm"][order], table.stats["param_norm"][order]
-        if len(order) < 3 or not np.isfinite(p).all():
+                   groups: tuple[np.ndarray, ...]) -> list[Finding]:
+        if self._head_cache is None or self._head_cache[0] is not groups:
+            # The aligned groups are shared by every record with the same layer names.
+            self._head_cache = (groups, tuple(_without_output_head(table.names, order)
+                                              for order in groups))
+        best: tuple[float, str, float] | None = None
+        for order in self._head_cache[1]:
+            judged = _dominant(table, order)
+            if judged is not None and (best is None or judged[0] > best[0]):
+                best = judged
+        if best is None:
             return []
-        # A near-zero parameter (a fresh bias) has a meaningless relative gradient: judge
-        # every parameter against at least the typical parameter norm.
-        rel = g / np.maximum(p, median(p) or 1.0)
-        top = int(np.argmax(rel))
-        base = sorted_median(np.sort(rel)[:-1])  # every parameter but the top one
-        if base <= 0:
-            return []
-        name = table.names[int(order[top])]
+        log_ratio, name, base = best
         if name != st.dominant:
             st.dominance.clear()
             st.dominant = name
-        st.dominance.add(math.log(rel[top] / base))
+        st.dominance.add(log_ratio)
         ratio = math.exp(st.dominance.median())
         limit = self.settings.dominance_ratio
         if not st.dominance.full or ratio < limit or not self.due(rec, name):
@@ -145,6 +153,23 @@ class GradVanishingDetector(DetectorBase[GradVanishingSettings]):
         return [self.finding(rec, msg, value=ratio, threshold=limit, layer=name,
                              evidence={"ratio": ratio, "others_median": base},
                              suggestions=GRAD_DOMINANCE)]
+
+
+def _dominant(table: LayerTable, order: np.ndarray) -> tuple[float, str, float] | None:
+    """The parameter whose relative gradient stands out most among ``order``'s, as (log of
+    its ratio to the others' median, its name, that median); None when it cannot be
+    judged."""
+    g, p = table.stats["grad_norm"][order], table.stats["param_norm"][order]
+    if len(order) < 3 or not np.isfinite(p).all():
+        return None
+    # A near-zero parameter (a fresh bias) has a meaningless relative gradient: judge
+    # every parameter against at least the typical parameter norm.
+    rel = g / np.maximum(p, median(p) or 1.0)
+    top = int(np.argmax(rel))
+    base = sorted_median(np.sort(rel)[:-1])  # every parameter but the top one
+    if base <= 0:
+        return None
+    return math.log(rel[top] / base), table.names[int(order[top])], base
 
 
 def _without_output_head(names: tuple[str, ...], order: np.ndarray) -> np.ndarray:

@@ -5,8 +5,9 @@ no step completes within its limit: the Python stacks of its threads and what it
 doing. This detector gathers those reports and judges the run on the clock (``tick``):
 
 - **hung** ranks: a hang report newer than the rank's last step. The stuck frame is the
-  innermost frame of its training thread; "called from" the innermost frame of the
-  script's own code below it (frames the client marked ``user``).
+  innermost frame of its training thread, named with its line; "called from" the
+  innermost frame of the script's own code below it (frames the client marked ``user``,
+  ``<string>`` ones included for a script run as ``python -c`` or through ``exec``).
 - **gone** ranks: no step and no hang report for ``gone_factor`` x the limit its watchdog
   would have reported at. That limit is known only when the run declares a watchdog (the
   run record's ``watchdog``: ``max(floor_seconds, factor x`` the rank's median step
@@ -41,7 +42,7 @@ Four ranks; rank 2 sleeps, ranks 0, 1 and 3 wait in all_reduce::
     ...     _ = suite.update(hang(r, "torch/distributed/distributed_c10d.py", "all_reduce", 3252))
     >>> _ = suite.update(hang(2, "train.py", "slow_loader", 40))
     >>> [f.message for f in suite.tick(now=41.0) if f.type == "hang"]
-    ['rank 2 stuck 37 s in train.py:slow_loader, called from train.py:88; ranks 0-1,3 wait in torch/distributed/distributed_c10d.py:all_reduce (last completed step 3)']
+    ['rank 2 stuck 37 s in train.py:slow_loader at line 40, called from train.py:88; ranks 0-1,3 wait in torch/distributed/distributed_c10d.py:all_reduce at line 3252 (last completed step 3)']
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class RankHang(Liveness):
     limit_seconds: float = 0.0
     phase: str = "unknown"
     stuck_in: str = ""           # "file:function" of the training thread's innermost frame
+    stuck_line: int = 0          # and its line (0: not known)
     called_from: str = ""        # "file:line" of the script's innermost frame below it
     nccl_trace: str = ""
 
@@ -146,6 +148,7 @@ class HangDetector(DetectorBase[HangSettings]):
         st.stuck_seconds, st.limit_seconds = rec.stuck_seconds, rec.limit_seconds or 0.0
         st.phase, st.nccl_trace = rec.phase, rec.nccl_trace or ""
         st.stuck_in, st.called_from = stuck_frame(frames)
+        st.stuck_line = int(frames[-1].get("line") or 0) if frames else 0
         if self.run.first_report is None:
             self.run.first_report = rec.time
 
@@ -224,14 +227,15 @@ class HangDetector(DetectorBase[HangSettings]):
             who = _ranks(sorted(hung))
             verb = "wait" if gone else "stuck"
             parts.append(f"{who} {verb} {max(s.stuck_seconds for s in hung.values()):.0f} s in "
-                         f"{st.stuck_in}" + (f", called from {st.called_from}"
-                                             if st.called_from else ""))
+                         f"{_where(st, hung.values())}" + (f", called from {st.called_from}"
+                                                           if st.called_from else ""))
         else:
             for r, st in sorted(odd.items()):
-                parts.append(f"rank {r} stuck {st.stuck_seconds:.0f} s in {st.stuck_in}"
+                parts.append(f"rank {r} stuck {st.stuck_seconds:.0f} s in {_where(st)}"
                              + (f", called from {st.called_from}" if st.called_from else ""))
             if waiting:
-                parts.append(f"{_ranks(waiting)} wait in {common}")
+                parts.append(f"{_ranks(waiting)} wait in "
+                             f"{_where(hung[waiting[0]], [hung[r] for r in waiting])}")
         if unheard:
             parts.append(f"{_ranks(unheard)} not heard from: their node's sidecar is away, "
                          "so whether they run is not known")
@@ -282,11 +286,20 @@ def stuck_frame(frames: list[dict[str, Any]]) -> tuple[str, str]:
     return f"{inner['file']}:{inner['function']}", caller
 
 
+def _where(st: RankHang, alike: Any = ()) -> str:
+    """The stuck frame as the page says it: "file:function at line N", the line left out
+    when unknown or when the ranks stuck in that function are at different lines."""
+    lines = {other.stuck_line for other in alike} | {st.stuck_line}
+    if len(lines) > 1 or not st.stuck_line:
+        return st.stuck_in
+    return f"{st.stuck_in} at line {st.stuck_line}"
+
+
 def _row(st: RankHang, state: str, now: float) -> dict[str, Any]:
     row: dict[str, Any] = {"state": state, "last_step": st.last_step}
     if state == "hung":
         row.update(stuck_seconds=st.stuck_seconds, phase=st.phase, stuck_in=st.stuck_in,
-                   called_from=st.called_from)
+                   stuck_line=st.stuck_line, called_from=st.called_from)
         if st.nccl_trace:
             row["nccl_trace"] = st.nccl_trace
     elif state == "gone" and st.last_time is not None:

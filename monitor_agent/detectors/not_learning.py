@@ -13,10 +13,13 @@ Three signals, each stated in its own terms, where nothing is noise:
   below zero) that is exactly 0 is at its minimum, where its gradient is 0 (a
   ``cross_entropy`` over one class is 0 whatever the model says); what a script that
   reports only its loss shows of a dead run;
-* **constant**: the loss and the gradient norm are both the same to the last bit as the
-  step before (a loss that no batch changes, and a gradient that does not move with the
-  data as every learning run's does). A loss alone that repeats is not enough: a script
-  may report a value it forgot to update, or a rounded running average.
+* **constant**: the loss and the gradient norm are both the same to the last bit as at
+  the step measured before (a loss that no batch changes, and a gradient that does not
+  move with the data as every learning run's does). Judged on the client's
+  layer-statistics steps only, where the gradient norm is the one the client measured
+  from the gradients themselves: a value a script passes may be one it forgot to update
+  or a running average it reports every N steps, and a loss alone that repeats is not
+  enough for the same reason.
 
 A learning run's loss and gradient norm change every step (each batch is another sample),
 so an exact 0 or an exact repeat is not a small value that noise could produce: it is
@@ -131,9 +134,10 @@ class NotLearningDetector(DetectorBase[SharedSettings]):
             st.zero_grad = _extend(st.zero_grad, rec.step, grad == 0.0)
         if rec.update_norm is not None and rec.param_norm:
             st.zero_update = _extend(st.zero_update, rec.step, rec.update_norm == 0.0)
-        if loss is not None and math.isfinite(loss):
-            if self.ctx.loss_kind(rec.rank) == "error":
-                st.zero_loss = _extend(st.zero_loss, rec.step, loss == 0.0)
+        finite = loss is not None and math.isfinite(loss)
+        if finite and self.ctx.loss_kind(rec.rank) == "error":
+            st.zero_loss = _extend(st.zero_loss, rec.step, loss == 0.0)
+        if finite and rec.layers is not None:
             same = (st.prev_loss is not None and loss == st.prev_loss
                     and grad is not None and grad == st.prev_grad)
             # the first step of a repeat is the one repeated: it began the constant stretch

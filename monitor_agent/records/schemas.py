@@ -136,6 +136,23 @@ class LayerModel(TypedDict, total=False):
     grad_none: bool
 
 
+# The models of a run that watches several (a GAN's generator and discriminator, an
+# actor and a critic), each named by the client (``Monitor.watch(name=)``).
+MAX_MODELS = 64
+
+
+class ModelStepModel(TypedDict, total=False):
+    # One watched model's own values of the step (docs/format.md, ``models``); the step's
+    # global norms are over every model's parameters.
+    grad_norm: Num
+    param_norm: Num
+    update_norm: Num
+    lr: Num
+    clip_threshold: Num
+    skipped: bool  # its optimizer did not step (or the step guard skipped it)
+    skip_reason: Literal["nonfinite_grad", "grad_norm_outlier", "loss_scale"]
+
+
 MAX_ACTIVATION_MODULES = 4096
 MAX_NAMED_MODULES = 64
 
@@ -310,6 +327,8 @@ class StepModel(_Wire):
     nonfinite_check: Literal["full", "sampled"] | None = None
     # The script's own numbers (accuracy, perplexity, ...), as an eval's: charted by the UI.
     metrics: Annotated[dict[Name, Num], Field(max_length=MAX_METRICS)] | None = None
+    # A run that watches several models: each one's own norms, LR and clipping, by name.
+    models: Annotated[dict[Name, ModelStepModel], Field(max_length=MAX_MODELS)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -338,7 +357,8 @@ class StepModel(_Wire):
 
     @model_validator(mode="after")
     def _budgets(self) -> StepModel:
-        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations", "metrics"):
+        for where in ("gpu", "layers", "grad_hist", "param_hist", "activations", "metrics",
+                      "models"):
             limits.check_names(getattr(self, where), where)
         count = limits.hist_values(self.grad_hist, self.param_hist)
         if count > limits.MAX_HIST_VALUES:

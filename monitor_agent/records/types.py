@@ -272,6 +272,16 @@ class RunRecord:
         order = self.model.get("layer_order")
         return list(order) if isinstance(order, list) else None
 
+    @property
+    def model_prefixes(self) -> list[str]:
+        """The parameter-name prefix of each model of a run that watches several
+        (``model.models[*].prefix``, e.g. ``"G."``); [] for one model."""
+        models = self.model.get("models")
+        if not isinstance(models, list):
+            return []
+        return [m["prefix"] for m in models
+                if isinstance(m, dict) and isinstance(m.get("prefix"), str) and m["prefix"]]
+
 
 GUARD_SKIP_REASONS: tuple[str, ...] = ("nonfinite_grad", "grad_norm_outlier")
 """``skip_reason`` values of a step the client's step guard skipped (not the GradScaler's
@@ -327,6 +337,9 @@ class StepRecord:
     nonfinite_check: str | None = None  # "full" (every element) or "sampled" (_finite.py)
     # The script's own numbers (log_step(..., metrics=...)): charted, never judged.
     metrics: dict[str, float | None] | None = None
+    # A run watching several models: each one's own grad/param/update norm, LR, clipping
+    # threshold and skip, by the model's name (its parameters are "<name>.<parameter>").
+    models: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "step"

@@ -122,7 +122,7 @@ def test_distributions_add_no_host_copy_to_the_hooks(monkeypatch):
     pack = stats.take()
     monkeypatch.undo()
     assert calls == []
-    names = [name for name, _, _ in pack.layout]
+    names = [entry.name for entry in pack.layout]
     assert names.count("grad_hist") == 1 and names.count("param_hist") == 1
     decoded = pack.decode(pack.vector().tolist())  # the one host copy, by the sender thread
     assert len(decoded["grad_hist"]["2.weight"]["quantiles"]) == 8

@@ -173,7 +173,7 @@ def test_the_guard_keyword_fills_the_monitors_watch_settings(tmp_path, monkeypat
     mon = Monitor(project="guard", settings=MonitorSettings(
         enabled=False, spool_dir=tmp_path, watch=WatchSettings(guard=GuardSettings(k=5.0))))
     seen: list[WatchSettings] = []
-    monkeypatch.setattr(mon, "_watch", lambda model, opt, scaler, cfg: seen.append(cfg))
+    monkeypatch.setattr(mon, "_watch", lambda model, opt, scaler, cfg, *_: seen.append(cfg))
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon.watch(model, opt)                          # the Monitor's own

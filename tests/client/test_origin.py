@@ -12,7 +12,7 @@ from torch import nn
 
 from monitor_agent.records.schemas import parse_record
 from monitor_client import Monitor, MonitorSettings, WatchSettings
-from monitor_client._finite import FiniteFlags
+from monitor_client._finite import WHOLE_ELEMENTS, FiniteFlags
 from monitor_client._gate import NormGate
 from monitor_client._preflight import Preflight, optimizer_state_bytes
 
@@ -205,15 +205,19 @@ def test_the_default_check_names_the_block_and_the_full_check_the_module_in_it()
 def test_a_value_outside_each_rows_sample_is_named_where_a_module_first_mixes_it():
     # 64 float32 features a row: the sample reads the first 8. A NaN in feature 40 of one
     # row is not read in the module that made it; the next linear map spreads it over its
-    # whole output row, where the sample sees it. The full check names the maker.
+    # whole output row, where the sample sees it. The full check names the maker. An
+    # output of at most WHOLE_ELEMENTS is summed whole by the sampled check too (a small
+    # batch here): it names the maker as well.
     torch.manual_seed(0)
     model = nn.Sequential(Faulty(8, 64), nn.Linear(64, 4))
     model[0].fire, model[0].at = True, (1, 40)
-    for full, named in ((False, ["1"]), (True, ["0", "1"])):
+    rows = WHOLE_ELEMENTS // 64 + 1
+    for full, batch, named in ((False, rows, ["1"]), (True, rows, ["0", "1"]),
+                               (False, 4, ["0", "1"])):
         flags = FiniteFlags(model, full=full).attach()
-        got = _flagged(flags, model, torch.randn(4, 8))
+        got = _flagged(flags, model, torch.randn(batch, 8))
         flags.detach()
-        assert got["nonfinite_modules"] == named, (full, got)
+        assert got["nonfinite_modules"] == named, (full, batch, got)
 
 
 def test_finite_flags_settings():

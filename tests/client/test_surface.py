@@ -119,3 +119,23 @@ def test_config_is_the_hyperparameters_never_settings():
     with pytest.raises(TypeError, match="unexpected keyword argument 'config'"):
         mon.watch(model, opt, config=WatchSettings())  # type: ignore[call-arg]
     assert not hasattr(mon, "monitor_config")
+
+
+def test_watch_takes_what_is_watched_a_model_its_optimizer_and_its_name():
+    """watch(model, optimizer=None, *, name=None, ...): the optimizer may be left out (a
+    loop that updates its parameters by hand) and a name given (several models per run);
+    everything else stays a keyword."""
+    import inspect
+
+    params = inspect.signature(Monitor.watch).parameters
+    assert list(params)[:3] == ["self", "model", "optimizer"]
+    assert params["optimizer"].default is None
+    assert params["name"].kind is inspect.Parameter.KEYWORD_ONLY and params["name"].default is None
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for n, p in params.items()
+               if n not in ("self", "model", "optimizer"))
+    mon = Monitor(settings=MonitorSettings(enabled=False))
+    model, opt = _model_and_optimizer()
+    mon.watch(model, opt, name="D")  # inactive: accepted, nothing hooked
+    mon.watch(model)
+    with pytest.raises(TypeError, match="positional"):
+        mon.watch(model, opt, "D")  # type: ignore[misc]

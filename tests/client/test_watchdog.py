@@ -59,17 +59,84 @@ def test_a_training_thread_blocked_in_c_code_sends_one_hang_record(receiver, tmp
 
 
 def test_the_phase_is_what_the_hooks_saw_last(receiver, tmp_path):
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = monitor_client.Monitor(url=receiver.url, run_id="wd-phase", settings=MonitorSettings(
         linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
     mon.watch(model, opt)
     mon.log_step(1, loss=1.0)
-    model(torch.ones(2, 4))
-    assert mon._phase.phase == "backward"
-    opt.step()
     assert mon._phase.phase == "data"
+    # no hook on the model for the phase (forward and backward are read from the stack)
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    seen = []
+    opt.register_step_pre_hook(lambda *_: seen.append(mon._phase.phase))
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    assert seen == ["optimizer"] and mon._phase.phase == "data"
     mon.close()
+
+
+class _Blocking(torch.nn.Module):
+    """A module whose forward, or whose backward, waits for an event."""
+
+    def __init__(self, where: str, release: threading.Event) -> None:
+        super().__init__()
+        self.linear, self.where, self.release = torch.nn.Linear(2, 1), where, release
+
+    def forward(self, x):
+        if self.where == "forward":
+            self.release.wait()
+        out = self.linear(x)
+        return _WaitInBackward.apply(out, self.release) if self.where == "backward" else out
+
+
+class _WaitInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, release):
+        ctx.release = release
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.release.wait()
+        return grad, None
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_hang_in_forward_or_backward_says_so_from_the_stack(where):
+    """No hook runs on the model: the phase of a hang in a forward or a backward comes
+    from the training thread's stack when the watchdog reports it."""
+    release = threading.Event()
+    model = _Blocking(where, release)
+    sent: list[dict] = []
+    dog = Watchdog(0.05, sent.append, {"run_id": "r", "rank": 0}, threaded=False)
+    dog.beat(3)
+
+    def train():
+        model(torch.ones(1, 2)).sum().backward()
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    dog.training_ident = worker.ident
+    try:
+        def stuck_there():
+            assert dog.check(time.monotonic() + 1.0) or sent
+            assert sent[-1]["phase"] == where, sent[-1]["phase"]
+            return sent[-1]
+
+        eventually(lambda: _inside(dog, where), timeout=30, what=f"the thread in {where}")
+        record = stuck_there()
+    finally:
+        release.set()
+        worker.join()
+    assert record["step"] == 3
+
+
+def _inside(dog: Watchdog, where: str) -> bool:
+    frames = dog.stacks()[0][0]["frames"]
+    names = [f["function"] for f in frames]
+    assert ("forward" if where == "forward" else "backward") in names[-3:], names[-4:]
+    return True
 
 
 def test_off_means_no_thread_and_no_declaration(receiver, tmp_path):
@@ -131,3 +198,39 @@ def test_a_failing_send_never_reaches_training():
     dog.beat(1)
     eventually(lambda: dog.errors >= 1, timeout=30, what="the watchdog's error counted")
     dog.stop()
+
+
+def test_code_without_a_file_in_the_scripts_namespace_is_the_scripts_own():
+    """``python -c`` and ``exec`` of a script's text run as ``<string>``: the frames of
+    code run in ``__main__`` (or a namespace no module owns) are marked ``user``; code a
+    library made in its own module's namespace (a dataclass's ``__init__``) is not."""
+    import string
+
+    released = threading.Event()
+    script: dict = {"__name__": "__main__"}
+    exec(compile("def wait_here(ev):\n    ev.wait()\n", "<string>", "exec"), script)
+    exec(compile("def library_wait(ev):\n    ev.wait()\n", "<string>", "exec"), vars(string))
+    try:
+        dog = Watchdog(60.0, lambda r: None, {"run_id": "r", "rank": 0}, threaded=False)
+        for target, mine in ((script["wait_here"], True), (string.library_wait, False)):
+            worker = threading.Thread(target=target, args=(released,))
+            worker.start()
+            dog.training_ident = worker.ident
+            frames = eventually(lambda: _waiting(dog), timeout=30, what="the thread waiting")
+            released.set()
+            worker.join()
+            released.clear()
+            # threading.py's waits are innermost: below them, the code that called them
+            caller = next(f for f in reversed(frames) if f["file"] != "threading.py")
+            assert (caller["file"], caller["function"], caller["user"]) == (
+                "<string>", target.__name__, mine)
+            assert frames[-1]["file"] == "threading.py" and frames[-1]["user"] is False
+    finally:
+        del string.library_wait
+
+
+def _waiting(dog: Watchdog) -> list[dict]:
+    threads, _ = dog.stacks()
+    frames = threads[0]["frames"]
+    assert threads[0].get("training") and frames[-1]["function"] == "wait", frames[-3:]
+    return frames

@@ -3,6 +3,8 @@ parameter (relative gradient) starving the rest."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from synth_records import assert_restore_equivalent, feed, geometric, layers, names, only, run, step
 
 
@@ -58,3 +60,32 @@ def test_quiet_on_balanced_gradients():
 def test_restore_mid_stream_changes_nothing():
     recs = _stream(geometric(16, 1e-12, 0.5), n_steps=250)
     assert_restore_equivalent(lambda: only("grad_vanishing"), recs, cut=6)
+
+
+def _two_models(d_grads, g_grads, n_steps: int = 30) -> list:
+    """A run watching two models, D and G (Monitor.watch(name=)): their parameters are
+    "D.<name>" and "G.<name>", and the run record says so (model.models[*].prefix)."""
+    d = [f"D.{n}" for n in names(len(d_grads))]
+    g = [f"G.{n}" for n in names(len(g_grads))]
+    head = dataclasses.replace(run(), model={"layer_order": d + g, "models": [
+        {"name": "D", "prefix": "D."}, {"name": "G", "prefix": "G."}]})
+    return [head] + [step(i, layers=layers(d + g, [*d_grads, *g_grads]))
+                     for i in range(1, n_steps)]
+
+
+def test_two_models_are_judged_each_on_its_own_depth():
+    """A critic whose gradients are 1000x an actor's is two scales, not one network whose
+    early layers vanish; each model balanced in itself: quiet."""
+    assert feed(only("grad_vanishing"), _two_models([1e-3] * 8, [1.0] * 8)) == []
+
+
+def test_a_vanishing_model_is_found_beside_a_healthy_one():
+    found = feed(only("grad_vanishing"), _two_models([1.0] * 8, geometric(16, 1e-12, 0.5)))
+    depth = [f for f in found if f.layer is None]
+    assert depth and depth[0].value < 1e-8
+
+
+def test_dominance_is_judged_within_each_model():
+    # Every G parameter has 1000x D's relative gradient: two models, no dominant parameter.
+    assert [f for f in feed(only("grad_vanishing"), _two_models([1.0] * 8, [1000.0] * 8))
+            if f.layer is not None] == []

@@ -41,14 +41,26 @@ def test_one_rank_elsewhere_is_named_with_its_frame_and_the_rest_wait():
     assert [f.type for f in found] == ["hang"]
     f = found[0]
     assert f.rank == 2 and f.step == 20
-    assert f.message.startswith("rank 2 stuck 40 s in data/loader.py:next_batch, called from "
-                                "train.py:88; ranks 0-1,3 wait in "
-                                "torch/distributed/distributed_c10d.py:all_reduce")
+    assert f.message.startswith("rank 2 stuck 40 s in data/loader.py:next_batch at line 12, "
+                                "called from train.py:88; ranks 0-1,3 wait in "
+                                "torch/distributed/distributed_c10d.py:all_reduce at line 3252")
+    assert f.evidence["ranks"]["2"]["stuck_line"] == 12
     assert f.evidence["ranks"]["2"]["phase"] == "backward"
     assert f.evidence["hung_ranks"] == [0, 1, 2, 3] and f.evidence["gone_ranks"] == []
     # pages once: nothing new until the repeat interval, which keeps the alert open
     assert suite.tick(last + 42.0) == []
     assert len(suite.tick(last + 41.0 + 61.0)) == 1
+
+
+def test_ranks_stuck_at_different_lines_of_one_function_are_named_without_a_line():
+    """The line is named when it is the one every rank named there is stuck at."""
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(4), 20)])
+    feed(suite, [_hang(r, 20, ("train.py", "train", 100 + r % 2)) for r in range(4)])
+    [found] = suite.tick(T0 + 20 * DT + 41.0)
+    assert found.message.startswith("ranks 0-3 stuck 40 s in train.py:train, called from "
+                                    "train.py:88 "), found.message
+    assert [found.evidence["ranks"][str(r)]["stuck_line"] for r in range(4)] == [100, 101] * 2
 
 
 def test_waits_for_the_other_ranks_reports_before_judging():

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from synth_records import assert_restore_equivalent, feed, noise, only, run, step
+from synth_records import assert_restore_equivalent, feed, layers, noise, only, run, step
 
 from monitor_agent.detectors import FINDING_TYPES, DetectorSettings, DetectorSuite
+
+MEASURED = layers(["fc.weight"], [0.25])  # the client measured this step's gradients
 
 
 def _gan(dead_from: int = 190, until: int = 300) -> list:
@@ -29,7 +31,8 @@ def test_an_all_zero_gradient_pages_after_min_history_steps():
 
 
 def test_a_one_column_cross_entropy_pages_from_its_first_steps():
-    recs = [step(i, loss=0.0, grad_norm=0.0, update_norm=0.0) for i in range(1, 40)]
+    recs = [step(i, loss=0.0, grad_norm=0.0, update_norm=0.0, layers=MEASURED)
+            for i in range(1, 40)]
     (f,) = feed(only("not_learning"), recs)
     assert f.step == 20 and f.evidence["since_step"] == 1
     assert f.message.endswith("and the loss is exactly 0"), f.message
@@ -66,9 +69,13 @@ def test_weights_that_never_move_page_from_the_measured_steps_alone():
 
 
 def test_a_loss_repeated_to_the_last_bit_with_its_gradient_pages():
-    recs = [step(i, loss=100.0, grad_norm=0.25) for i in range(1, 30)]
+    recs = [step(i, loss=100.0, grad_norm=0.25, layers=MEASURED) for i in range(1, 30)]
     (f,) = feed(only("not_learning"), recs)
     assert (f.step, f.evidence["signal"], f.evidence["since_step"]) == (20, "constant", 1)
+    # values a script passes without the client's layer statistics may be stale (a loss
+    # and a norm it updates every 100 steps, or never): they are no evidence of a repeat
+    recs = [step(i, loss=100.0, grad_norm=0.25) for i in range(1, 60)]
+    assert feed(only("not_learning"), recs) == []
     # a gradient that moves with the data is a run learning, whatever loss it reports, and
     # a loss alone that repeats may be how the script reports it (a stale value)
     for grad in ({}, {"grad_norm": None}):

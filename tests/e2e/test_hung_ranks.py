@@ -117,7 +117,7 @@ def test_a_rank_blocked_before_all_reduce_pages_once_naming_it_and_resuming_reso
                 assert proc.wait(timeout=180) == 0, _logs(tmp_path)
             resolved = _wait_text(slack, "TrainingHung", "hang-block", "esolved")
             # The resolve says what the hang cost the job (runs/goodput.py): its 4 ranks.
-            assert "this hang cost " in resolved and " x 4 GPUs = " in resolved, resolved
+            assert "this hang cost " in resolved and " x 4 CPU processes = " in resolved, resolved
             firing = [t for t in _texts(slack) if "TrainingHung" in t and "esolved" not in t]
             assert len(firing) == 1, firing
         finally:

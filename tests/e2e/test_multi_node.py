@@ -364,10 +364,11 @@ def test_a_slow_loader_on_rank_2_is_one_straggler_page(pair, jobs):
     jobs(run_id).wait()
     page = one_page(pair, run_id, "TrainingStraggler")
     assert "rank 2 is the straggler: its data loading takes" in page, page
-    # One ledger for the job, the leader's: its four GPUs, the others' wait for rank 2 as
-    # the straggler tax; only the leader exposes it, so a fleet sum counts the run once.
+    # One ledger for the job, the leader's: its four ranks, the others' wait for rank 2 as
+    # the straggler tax of its data loading; only the leader exposes it, so a fleet sum
+    # counts the run once.
     ledger = get(pair.leader, f"/v1/runs/{run_id}/goodput")
-    assert ledger["gpus"] == 4 and ledger["badput_seconds"]["straggler"] > 0, ledger
+    assert ledger["gpus"] == 4 and ledger["badput_seconds"]["straggler_data"] > 0, ledger
 
     def exposed(sc: SidecarProcess) -> bool:
         return any(ln.startswith("training_goodput_ratio{") and f'run_id="{run_id}"' in ln

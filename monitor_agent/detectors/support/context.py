@@ -78,12 +78,19 @@ class SkipPlan:
 @dataclass(frozen=True, slots=True)
 class LayerView:
     """A record's layer table aligned to the run: ``order`` lists its columns from input
-    to output, ``slots`` maps each column to the run's stable per-layer index."""
+    to output, ``slots`` maps each column to the run's stable per-layer index. ``groups``
+    is ``order`` cut by model, for a run that watches several (a GAN's generator and
+    discriminator): depth means something within one model only, so the detectors that
+    compare layers by depth compare them model by model (one group, ``order``, else)."""
 
     table: LayerTable
     order: np.ndarray
     slots: np.ndarray
     size: int
+    groups: tuple[np.ndarray, ...] = ()
+
+    def models(self) -> tuple[np.ndarray, ...]:
+        return self.groups or (self.order,)
 
 
 @dataclass(slots=True)
@@ -91,6 +98,9 @@ class ContextState:
     warmup: int = 0
     total_steps: int | None = None
     layer_order: list[str] = field(default_factory=list)
+    # The parameter-name prefixes of the run's models when it watches several ("G.",
+    # "D."): the run record's model.models (docs/format.md); empty for one model.
+    model_prefixes: list[str] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
     ranks: dict[str, RankFacts] = field(default_factory=dict)
     ended: bool = False
@@ -190,6 +200,7 @@ class DetectorContext:
         if order:
             self.state.layer_order = [str(n) for n in order]
             self._slots.of(tuple(self.state.layer_order))
+        self.state.model_prefixes = record.model_prefixes
         self._cache = None
 
     @property
@@ -282,14 +293,29 @@ class DetectorContext:
             if view.table is table:  # several detectors align the same record
                 return view
             if names is table.names or names == table.names:
-                view = LayerView(table, view.order, view.slots, len(self.state.layer_names))
+                view = LayerView(table, view.order, view.slots, len(self.state.layer_names),
+                                 view.groups)
                 self._cache = (names, view)
                 return view
         slots = self._slots.of(table.names)
         order = self._depth_order(table.names)
-        view = LayerView(table, order, slots, len(self.state.layer_names))
+        view = LayerView(table, order, slots, len(self.state.layer_names),
+                         self._by_model(table.names, order))
         self._cache = (table.names, view)
         return view
+
+    def _by_model(self, names: tuple[str, ...], order: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``order`` cut into the run's models (by name prefix, each in depth order); the
+        one group ``order`` for a run of one model."""
+        prefixes = self.state.model_prefixes
+        if not prefixes:
+            return (order,)
+        groups: dict[int, list[int]] = {}
+        for col in order.tolist():
+            name = names[col]
+            which = next((i for i, p in enumerate(prefixes) if name.startswith(p)), -1)
+            groups.setdefault(which, []).append(col)
+        return tuple(np.array(cols, dtype=np.intp) for _, cols in sorted(groups.items()))
 
     def _depth_order(self, names: tuple[str, ...]) -> np.ndarray:
         if not self.state.layer_order:

@@ -1,0 +1,262 @@
+"""The client never raises into training, whatever the parameters' dtype or the shape of
+the optimizer step (issue 45 point 1): each loop below is written the way a user writes it
+from README.md and docs/client.md, runs real steps under ``watch()``, and its records go
+through the client's real sender to a loopback endpoint that validates them with the
+sidecar's own schema. Every step arrives, not skipped, with its measured gradient norm.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from monitor_client import Monitor, MonitorSettings, WatchSettings
+
+STEPS = 6
+
+
+def _monitor(receiver, tmp_path, run_id: str, **watch) -> Monitor:
+    return Monitor(receiver.url, "shapes", run_id=run_id, settings=MonitorSettings(
+        spool_dir=tmp_path, install_hooks=False, linger=0.02,
+        watch=WatchSettings(layer_stats_every=2, hist_every=3, **watch)))
+
+
+def _mlp(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).to(dtype)
+
+
+def _steps(receiver, run_id: str) -> list[dict]:
+    steps = sorted((r for r in receiver.of_kind("step") if r["run_id"] == run_id),
+                   key=lambda r: r["step"])
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert not any(r.get("skipped") for r in steps)
+    return steps
+
+
+def _plain_loop(mon: Monitor, model: nn.Module, opt: torch.optim.Optimizer,
+                dtype: torch.dtype) -> list[float]:
+    """forward, backward, step, zero_grad, log_step; returns each step's gradient norm."""
+    norms = []
+    for step in range(1, STEPS + 1):
+        x = torch.randn(16, 4, dtype=dtype)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        loss.backward()
+        norms.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.double().norm() for p in model.parameters()])).item())
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss, samples=16)
+    return norms
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16],
+                         ids=["float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["no_clip", "clip"])
+def test_every_floating_dtype_trains_and_reports_its_gradient_norm(receiver, tmp_path, dtype,
+                                                                  clip):
+    model = _mlp(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run_id = f"dtype-{str(dtype)[6:]}-{clip}"
+    mon = _monitor(receiver, tmp_path, run_id)
+    mon.watch(model, opt, grad_clip=clip)
+    norms = _plain_loop(mon, model, opt, dtype)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, run_id)
+    for record, norm in zip(steps, norms, strict=True):
+        assert record["grad_norm"] == pytest.approx(norm, rel=1e-2)
+    monitored = [r for r in steps if r.get("layers")]
+    assert monitored and all(math.isfinite(layer["grad_norm"]) and "update_norm" in layer
+                             for r in monitored for layer in r["layers"].values())
+    assert any(r.get("grad_hist") for r in steps)
+
+
+def test_float64_keeps_what_float32_cannot_hold(receiver, tmp_path):
+    """A float64 model's numbers past float32's range stay finite on the wire."""
+    model = nn.Linear(2, 1, bias=False).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = _monitor(receiver, tmp_path, "f64-range")
+    mon.watch(model, opt)
+    with torch.no_grad():
+        model.weight.fill_(1e100)
+    for step in range(1, STEPS + 1):
+        loss = model(torch.ones(1, 2, dtype=torch.float64)).sum() * 1e-100
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, "f64-range")
+    layer = steps[0]["layers"]["weight"]  # float32 would hold inf and 0.0 here
+    assert layer["param_norm"] == pytest.approx(math.sqrt(2) * 1e100)
+    assert layer["grad_norm"] == pytest.approx(math.sqrt(2) * 1e-100)
+    assert steps[0]["loss"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["no_watch", "float32_model"])
+def test_a_float64_loss_tensor_is_not_narrowed(receiver, tmp_path, watched):
+    """A loss computed in float64 and passed as the tensor (the LBFGS time-series example
+    without ``watch()``, or a float32 model whose loss is summed in double) arrives with its
+    own value: a finite 1e+44 was packed as float32 and arrived as inf (paged as NaN)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = _monitor(receiver, tmp_path, f"f64-loss-{watched}")
+    if watched:
+        mon.watch(model, opt)
+    losses = [1e44 * step for step in range(1, STEPS + 1)]
+    for step, value in enumerate(losses, 1):
+        loss = model(torch.ones(1, 4)).double().sum() * 0 + value
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, f"f64-loss-{watched}")
+    assert [r["loss"] for r in steps] == pytest.approx(losses)
+
+
+def test_the_device_copy_keeps_a_float64_value():
+    """The copy made on an accelerator (one vector of every value) widens to float64 when a
+    value is float64, rather than narrowing it to float32."""
+    from monitor_client._pack import StatsPack
+
+    pack = StatsPack()
+    pack.add("grad_norm", torch.tensor(3.0))
+    pack.add("loss", torch.tensor(1e44, dtype=torch.float64))
+    pack.add("output_sum", torch.tensor([1.0, 2.0]), layers=["a", "b"])
+    vector = pack.vector()
+    assert vector is not None and vector.dtype == torch.float64
+    assert vector.tolist() == [3.0, 1e44, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("kind", ["fused", "foreach"])
+def test_fused_and_foreach_adamw(receiver, tmp_path, kind):
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **{kind: True})
+    mon = _monitor(receiver, tmp_path, f"adamw-{kind}")
+    mon.watch(model, opt, grad_clip=1.0)
+    norms = _plain_loop(mon, model, opt, torch.float32)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, f"adamw-{kind}")
+    assert [r["grad_norm"] for r in steps] == pytest.approx(norms, rel=1e-5)
+
+
+def test_lbfgs_with_a_closure_reports_the_gradient_its_step_computed(receiver, tmp_path):
+    """LBFGS computes its gradients inside ``step(closure)``: they are measured once the step
+    ran (the last evaluation's), not before, when there are none yet."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    x = torch.randn(32, 3, dtype=torch.float64)
+    y = x.sum(dim=1, keepdim=True).sin()
+    mon = _monitor(receiver, tmp_path, "lbfgs")
+    mon.watch(model, opt)
+    last = []
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        last[:] = [torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])).item()]
+        return loss
+
+    for step in range(1, STEPS + 1):
+        loss = opt.step(closure)
+        mon.log_step(step, loss=loss, samples=32)
+        expected = last[0]
+        assert expected > 0
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, "lbfgs")
+    assert steps[-1]["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    assert all(r["grad_norm"] > 0 for r in steps)
+    assert steps[0]["lr"] == 0.5
+
+
+def test_a_loop_without_torch_optim(receiver, tmp_path):
+    """Parameters updated by hand: ``watch(model)`` with no optimizer; gradients are read at
+    ``before_optimizer_step()`` (where the update begins), else at ``log_step``."""
+    model = _mlp()
+    mon = _monitor(receiver, tmp_path, "by-hand")
+    mon.watch(model)
+    norms = []
+    for step in range(1, STEPS + 1):
+        x = torch.randn(16, 4)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        loss.backward()
+        norms.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])).item())
+        if step % 2:
+            mon.before_optimizer_step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+        mon.log_step(step, loss=loss, lr=0.05)
+        model.zero_grad()
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, "by-hand")
+    assert [r["grad_norm"] for r in steps] == pytest.approx(norms, rel=1e-5)
+    monitored = [r for r in steps if r.get("layers")]
+    assert monitored and all(r["param_norm"] > 0 for r in monitored)
+    # measured before the update: the update's size is known (lr x the gradient)
+    first = steps[0]
+    assert first["update_norm"] == pytest.approx(0.05 * norms[0], rel=1e-4)
+
+
+def test_a_parameter_group_added_later_is_measured_from_then_on(receiver, tmp_path):
+    model = _mlp()
+    head = model[2]
+    head.requires_grad_(False)
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.01)
+    extra = nn.Parameter(torch.ones(3))  # not the model's: a learnable scale of the loss
+    mon = _monitor(receiver, tmp_path, "groups")
+    mon.watch(model, opt)
+    for step in range(1, STEPS + 1):
+        if step == 3:
+            head.requires_grad_(True)
+            opt.add_param_group({"params": list(head.parameters()), "lr": 0.02})
+            opt.add_param_group({"params": [extra], "lr": 0.02})
+        x = torch.randn(16, 4)
+        loss = (model(x) - x[:, :1]).pow(2).mean() * extra.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, "groups")
+    before, after = steps[0]["layers"], steps[4]["layers"]
+    assert set(before) == {"0.weight", "0.bias"}
+    assert set(after) == {"0.weight", "0.bias", "2.weight", "2.bias", "param_groups.2.0"}
+    assert all(not entry.get("grad_none") for entry in after.values())
+
+
+def test_a_failing_measurement_is_contained_and_reported_once(receiver, tmp_path, caplog):
+    """A parameter the statistics cannot handle (complex, here) costs its measurements,
+    never the training step: the step runs, the failure is logged once with its traceback,
+    and close() says how many hook calls failed."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2).to(torch.complex64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = _monitor(receiver, tmp_path, "complex")
+    mon.watch(model, opt)
+    before = model.weight.detach().clone()
+    with caplog.at_level(logging.WARNING, logger="monitor_client"):
+        for step in range(1, STEPS + 1):
+            x = torch.randn(8, 3, dtype=torch.complex64)
+            loss = model(x).abs().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log_step(step, loss=loss)
+        assert mon.close(timeout=10)
+    assert not torch.equal(model.weight.detach(), before)  # training went on
+    failures = [r for r in caplog.records if "hook" in r.getMessage() and r.exc_info]
+    assert len(failures) >= 1
+    assert len({r.getMessage() for r in failures}) == len(failures)  # each site once
+    summary = [r.getMessage() for r in caplog.records if "hook calls failed" in r.getMessage()]
+    assert summary and "ignored" in summary[0]
+    _steps(receiver, "complex")
