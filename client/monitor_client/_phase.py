@@ -14,7 +14,6 @@ rather than hooked: a hook on the model would run on every forward call, hundred
 in a loop of small forwards (an RL episode), for a value read only when a run hangs.
 
     >>> import time
-from collections.abc import Sequence
     >>> tracker = PhaseTracker()
     >>> tracker.enter("optimizer")
     >>> tracker.phase, tracker.seconds(time.monotonic()) < 1.0
