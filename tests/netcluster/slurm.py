@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,7 +176,16 @@ class Slurm:
         if at_once:
             eventually(lambda: self.job(job_id)["JobState"] == "PENDING", timeout=60,
                        interval=0.2, what=f"job {job_id} pending again", context=self.logs)
-            self.cmd("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            self.start_now(job_id, time.time())
+
+    def start_now(self, job_id: int, requeued_by: float) -> None:
+        """Make a requeued job eligible now rather than in 121 s. Its next launch needs a
+        job credential made in a later second than the one its requeue revoked (slurmd
+        refuses one no newer, whole seconds: "Job credential revoked", and the batch job is
+        killed), so this waits for the clock to pass ``requeued_by``'s second first."""
+        eventually(lambda: int(time.time()) > int(requeued_by), timeout=5, interval=0.05,
+                   what="the second of the requeue over")
+        self.cmd("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def node(self, name: str) -> dict[str, Any]:
         out = self.cmd("scontrol", "show", "node", "-o", name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_a_node_left_out_is_drained_and_the_requeued_job_runs_without_it(
     eventually(requeued, timeout=300, interval=0.5, what="the job requeued by its script",
                context=lambda: slurm.logs() + cluster.sidecars.logs())
     # Slurm holds a requeued job 121 s (for a failing node to settle): no need here.
-    slurm.cmd("scontrol", "update", f"JobId={job}", "StartTime=now")
+    slurm.start_now(job, time.time())
     done = eventually(lambda: slurm.job(job) if slurm.job(job)["JobState"] == "COMPLETED"
                       else None, timeout=300, interval=1.0, what="the requeued job done",
                       context=lambda: slurm.logs() + (out / "batch.log").read_text())
