@@ -94,7 +94,8 @@ def test_a_run_that_stopped_learning_pages_and_its_verdict_says_so(tmp_path, sid
         _train(tmp_path, sc.url, "dcgan", "dcgan-lr100", "lr100")
         (dead, *_) = _findings(sc.url, "dcgan-lr100", "not_learning")
         assert dead["evidence"]["since_step"] > 150 and dead["severity"] == "error", dead
-        assert "and the loss is 0 to the last bit" in dead["message"], dead["message"]
+        assert "the gradient norm is exactly 0 on every step since step" in dead["message"], \
+            dead["message"]
         assert "stopped learning at step" in _ended(sc.url, "dcgan-lr100")["verdict"]["text"]
 
         _train(tmp_path, sc.url, "dcgan", "dcgan")
