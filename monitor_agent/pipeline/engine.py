@@ -1272,6 +1272,10 @@ class Engine:
         self._retry(run, now, self._ticked)  # a wait that ran out with nothing arriving
         if run.status != "running" or not run.ranks:
             return []
+        if run.left_out is not None:
+            # Its leader left this node out of the run: the silence of its ranks is that
+            # decision carried out, not a fault to page (the leader judges the run).
+            return []
         record_now = run.clock(now)
         if record_now is None:
             return []
