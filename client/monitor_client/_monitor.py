@@ -234,7 +234,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             started=time.time(), enabled=bool(self._launcher["restarts"]) and self.active,
             node_rank=self._placement["node_rank"] if self._placement else 0,
             flush=sender.flush if sender is not None else (lambda timeout: True),
-            timeout=settings.close_timeout, agent=self._launcher["name"] == "torchrun")
+            timeout=settings.close_timeout, agent=self._launcher["name"] == "torchrun",
+            host=self._labels.get("node") or self._labels.get("hostname"))
         self._inbox.add_callback(order.receive)
         return order
 

@@ -28,6 +28,14 @@ the ``skip`` windows out. A plan is taken only when its checkpoint lies inside t
 directory the script names (``checkpoint_dir``): a plan can only send the job back to one
 of its own saves, whoever wrote the sidecar's ledger.
 
+A relaunched process on a node the restart that relaunched it leaves out, under torchrun,
+leaves at once (``resumed``): its worker died before it read the decision (the others'
+exit broke its collective first) and its agent, which was to leave, ran it again and took
+it back into the rendezvous. It sends its agent SIGTERM and exits with 75; the others fail
+their next collective and re-form without this node. The node is the machine, as the plan
+names it (``host``: Kubernetes' node, else the hostname), since node ranks move when the
+job re-forms.
+
 A restart decided after this process began is carried out once; one from before it is the
 one that relaunched it::
 
@@ -76,20 +84,29 @@ class RestartOrder:
     def __init__(self, *, started: float, enabled: bool, node_rank: int | None,
                  flush: Callable[[float], Any], timeout: float,
                  exit: Callable[[int], Any] = os._exit, agent: bool = False,
-                 threaded: bool = True) -> None:
+                 threaded: bool = True, host: str | None = None) -> None:
         self.started, self.enabled, self.node_rank = started, enabled, node_rank
+        self.host = host  # this process's machine, as a plan's ExcludedNode names it
         self.flush, self.timeout, self.exit = flush, timeout, exit
         self.agent = agent  # under torchrun: its elastic agent is this process's parent
         self.threaded = threaded
         self.taken: int | None = None  # the restart this process left for
         self._resumed: set[int] = set()  # restarts this process resumed from
         self._warned: set[int] = set()
+        self._leaving: dict[int, dict[str, Any]] = {}  # restarts that leave this host out
         self._lock = threading.Lock()
 
     def resumed(self, action_id: int) -> None:
-        """This process is the relaunch that ``action_id`` asked for: never leave for it."""
+        """This process is the relaunch that ``action_id`` asked for: never leave for it,
+        unless it leaves this process's host out and torchrun's agent took the node back
+        (module docstring): then leave now."""
         with self._lock:
             self._resumed.add(int(action_id))
+            action = self._leaving.get(int(action_id))
+            if action is None or not (self.enabled and self.agent) or self.taken is not None:
+                return
+            self.taken = int(action_id)
+        self._leave(action, relaunched=True)
 
     def receive(self, action: dict[str, Any]) -> None:
         """An action from the sidecar (sender thread): leave if it is a restart for us."""
@@ -99,6 +116,8 @@ class RestartOrder:
         if not isinstance(created, int | float) or not isinstance(action_id, int):
             return
         with self._lock:
+            if self.host is not None and self.host in _hosts_out(action):
+                self._leaving[action_id] = action
             if created <= self.started or action_id in self._resumed or \
                     self.taken is not None:
                 return
@@ -117,14 +136,17 @@ class RestartOrder:
         else:
             self._leave(action)
 
-    def _leave(self, action: dict[str, Any]) -> None:
+    def _leave(self, action: dict[str, Any], relaunched: bool = False) -> None:
         found = action.get("plan")
         plan: dict[str, Any] = found if isinstance(found, dict) else {}
         out = [n.get("node") for n in plan.get("exclude") or () if isinstance(n, dict)]
-        excluded = self.node_rank is not None and self.node_rank in out
+        excluded = relaunched or (self.node_rank is not None and self.node_rank in out)
         _say(f"{action.get('message') or 'restart'} (action {action.get('id')}, rule "
-             f"{action.get('rule') or '?'}): this process exits with {RESTART_EXIT} for its "
-             "launcher to run the job again" + ("; this node is left out" if excluded else ""))
+             f"{action.get('rule') or '?'}): " + (
+                 f"this process was run again on {self.host}, which it leaves out: it exits "
+                 f"with {RESTART_EXIT} and its node leaves the job" if relaunched else
+                 f"this process exits with {RESTART_EXIT} for its launcher to run the job "
+                 "again" + ("; this node is left out" if excluded else "")))
         if excluded and self.agent:
             _leave_rendezvous()
         try:
@@ -132,6 +154,14 @@ class RestartOrder:
         except Exception as exc:  # noqa: BLE001 - leaving matters more than the last records
             log.warning("monitor_client: flushing before the restart failed: %r", exc)
         self.exit(RESTART_EXIT)
+
+
+def _hosts_out(action: dict[str, Any]) -> set[str]:
+    """The machines a restart's plan leaves out (``ExcludedNode.host``)."""
+    found = action.get("plan")
+    plan: dict[str, Any] = found if isinstance(found, dict) else {}
+    return {n["host"] for n in plan.get("exclude") or ()
+            if isinstance(n, dict) and isinstance(n.get("host"), str)}
 
 
 def _open(action: dict[str, Any]) -> bool:

@@ -140,3 +140,54 @@ def test_the_launcher_declaration_follows_torchrun_and_what_the_job_says():
     assert detect(slurm, [])["name"] == "slurm" and detect(slurm, [])["restarts"] is True
     assert (detect(slurm, [])["min_nodes"], detect(slurm, [])["max_nodes"]) == (2, 4)
     assert detect({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, [])["restarts"] is False
+
+
+RESUMER = textwrap.dedent("""
+    import sys
+    import monitor_client
+    url, spool, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
+    settings = monitor_client.MonitorSettings(spool_dir=spool, linger=0.05, watchdog=False,
+                                              gpu_probe=None, install_hooks=False)
+    mon = monitor_client.Monitor(url=url, project="p", run_id="r", settings=settings)
+    plan = mon.resume_plan(ckpt, timeout=5)
+    print("resumed", plan.id if plan is not None else None, flush=True)
+    mon.close()
+    """)
+
+
+def test_a_process_run_again_on_a_host_its_restart_left_out_leaves_at_resume(tmp_path):
+    """A worker on the node a restart leaves out died of the others' exit before it read
+    the decision (its collective broke first), and its elastic agent ran it again into the
+    rendezvous. At resume it finds the restart that relaunched it leaves its own machine
+    out: it leaves with 75, where the same relaunch on another machine resumes. Before,
+    it resumed, and the node the plan left out trained on (tests/netcluster/test_heal.py
+    on a loaded machine: the NaN node twice, node 1 exited 0)."""
+    import socket
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "step-2.pt").write_bytes(b"weights")
+    stand_in = StandIn()
+    try:
+        stand_in.publish(_restart(1, created_at=time.time() - 5,
+                                  checkpoint_path=str(ckpt / "step-2.pt"), exclude=[{
+                                      "node": 1, "host": socket.gethostname(),
+                                      "sidecar": "s1", "ranks": [1], "why": "2nd incident"}]))
+        # torchrun's worker environment; its parent is a shell, not an agent to SIGTERM.
+        agent = {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_RESTART_COUNT": "1",
+                 "TORCHELASTIC_MAX_RESTARTS": "3"}
+        resumer = ["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c", RESUMER,
+                   stand_in.url]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "client"), **agent}
+        left = subprocess.run([*resumer, str(tmp_path / "a"), str(ckpt)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert left.returncode == 75, left.stderr
+        assert "which it leaves out: it exits with 75 and its node leaves the job" in \
+            left.stderr, left.stderr
+        stand_in.actions[-1]["plan"]["exclude"][0]["host"] = "another-machine"
+        stayed = subprocess.run([*resumer, str(tmp_path / "b"), str(ckpt)], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert (stayed.returncode, stayed.stdout.split()) == (0, ["resumed", "1"]), \
+            stayed.stderr
+    finally:
+        stand_in.close()
