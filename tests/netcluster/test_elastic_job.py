@@ -4,13 +4,15 @@ alone; this proves the harness the healing tests build on):
 
 1. one rank SIGKILLed mid-run: torchrun's ``--max-restarts`` restarts the whole group,
    every rank resumes from the last checkpoint;
-2. later node 2 leaves (its agent and ranks SIGKILLed): the other two nodes re-form
-   without it, at a world of 4, and resume from the last checkpoint.
+2. later node 2 leaves (its agent and rank SIGKILLed): the other two nodes re-form
+   without it, at a world of 2, and resume from the last checkpoint.
 
 The job completes (exit 0 on the nodes that stayed), every step after each restart follows
 the checkpoint it resumed from, every rank ends with the same weights, and the leader
-sidecar holds every rank's records as one run of three attempts. One job serves the module
-(a few minutes of CPU on a shared 2-core machine, most of it torch's imports)."""
+sidecar holds every rank's records as one run of three attempts. One job serves the module,
+one rank a node: a process is a torch import, most of the CPU this costs on a shared 2-core
+machine (eight launches; two ranks a node were sixteen, for nothing more proven: the
+restart is of the whole group across nodes either way)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ def _saved(job: ElasticJob) -> int:
 @pytest.fixture(scope="module")
 def faulted(cluster: Cluster) -> dict[str, Any]:
     job = cluster.elastic_job(RUN, steps=STEPS, checkpoint_every=EVERY, min_nodes=2,
-                              max_restarts=3, script_args=["--step-time=0.1"])
+                              max_restarts=3, nproc_per_node=1,
+                              script_args=["--step-time=0.1"])
     job.start()
     job.wait_step(KILL_AT, timeout=400)
     out: dict[str, Any] = {"job": job, "saved_before_kill": _saved(job)}
@@ -77,12 +80,12 @@ def test_the_job_completes_on_the_nodes_that_stayed(faulted: dict[str, Any]) -> 
     job = faulted["job"]
     assert faulted["codes"] == {0: 0, 1: 0, 2: -9}, job.logs()
     rounds = _processes(job)
-    assert [len(r) for r in rounds] == [6, 6, 4], [len(r) for r in rounds]
+    assert [len(r) for r in rounds] == [3, 3, 2], [len(r) for r in rounds]
     # the SIGKILL restarted every rank, not the one; after the leave node 2 runs nothing
     assert faulted["killed"] in {e["pid"] for e in rounds[0]}
-    assert {e["rank"] for e in rounds[1]} == set(range(6))
+    assert {e["rank"] for e in rounds[1]} == set(range(3))
     assert {e["node"] for e in rounds[2]} == {0, 1}
-    assert {e["world"] for e in rounds[2]} == {4}
+    assert {e["world"] for e in rounds[2]} == {2}
 
 
 def test_every_step_after_a_restart_follows_the_last_checkpoint(
@@ -90,22 +93,22 @@ def test_every_step_after_a_restart_follows_the_last_checkpoint(
     job = faulted["job"]
     saved = {e["step"]: e["digest"] for e in job.events("checkpoint")}
     resumes = job.events("resume")
-    assert len(resumes) == 6 + 4
+    assert len(resumes) == 3 + 2
     steps = job.events("step")
     for r in resumes:
         # the checkpoint saved before the fault at least (a later one may land before the
         # agents stop the group), and exactly the weights it saved
-        floor = faulted["saved_before_kill" if r["world"] == 6 else "saved_before_leave"]
+        floor = faulted["saved_before_kill" if r["world"] == 3 else "saved_before_leave"]
         assert r["step"] >= floor
         assert r["digest"] == r["saved_digest"] == saved[r["step"]]
         mine = [e["step"] for e in steps if e["pid"] == r["pid"]]
         assert mine == list(range(r["step"] + 1, r["step"] + 1 + len(mine))), mine[:5]
-        if r["world"] == 4:
+        if r["world"] == 2:
             assert mine[-1] == STEPS
     finals = job.finals()
-    assert sorted(finals) == [0, 1, 2, 3]
+    assert sorted(finals) == [0, 1]
     assert len({f["digest"] for f in finals.values()}) == 1, finals  # one model at the end
-    assert {(f["step"], f["world"]) for f in finals.values()} == {(STEPS, 4)}
+    assert {(f["step"], f["world"]) for f in finals.values()} == {(STEPS, 2)}
 
 
 def test_the_leader_sidecar_sees_every_rank_as_one_run(
@@ -116,9 +119,9 @@ def test_the_leader_sidecar_sees_every_rank_as_one_run(
     def completed() -> dict[str, Any]:
         run = sidecars.get(0, f"/v1/runs/{RUN}")
         assert run["status"] == "completed" and run["last_step"] == STEPS, run["status"]
-        # the re-formed job's ranks: node 2's 4 and 5, past its world of 4, are retired from
-        # the live view (their records stay in the run's history, on node 2's sidecar too)
-        assert set(run["ranks"]) == {str(r) for r in range(4)}, sorted(run["ranks"])
+        # the re-formed job's ranks: node 2's rank 2, past its world of 2, is retired from
+        # the live view (its records stay in the run's history, on node 2's sidecar too)
+        assert set(run["ranks"]) == {"0", "1"}, sorted(run["ranks"])
         return run
 
     run = eventually(completed, timeout=60, what="the leader's view of the run",
@@ -128,4 +131,4 @@ def test_the_leader_sidecar_sees_every_rank_as_one_run(
     assert run["attempts"][1]["start_step"] > faulted["saved_before_kill"]
     assert run["attempts"][2]["start_step"] > faulted["saved_before_leave"]
     # each node's sidecar holds its own ranks' records; node 0's leads the run
-    assert set(sidecars.get(2, f"/v1/runs/{RUN}")["ranks"]) == {"4", "5"}
+    assert set(sidecars.get(2, f"/v1/runs/{RUN}")["ranks"]) == {"2"}
