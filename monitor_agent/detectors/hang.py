@@ -18,8 +18,9 @@ doing. This detector gathers those reports and judges the run on the clock (``ti
 
 One finding per run while hung (``fingerprint: []`` in the rule), first emitted once every
 known rank is hung or gone, or ``hang_settle_seconds`` after the first report unless a
-silent rank is past its watchdog's limit and so about to be judged gone (so the page reads
-the whole picture, not the first rank to time out), and repeated every
+silent rank is still to be judged: past its watchdog's limit, or not stepped past where the
+hung ranks are stuck (so the page reads the whole picture, not the first rank to time out),
+and repeated every
 ``hang_repeat_seconds`` while it lasts, which keeps the alert open; a step from every
 reported rank ends it and the rule's ``resolve_after`` resolves it.
 
@@ -168,12 +169,15 @@ class HangDetector(DetectorBase[HangSettings]):
             self.run.first_report, self.run.picture = None, []
             return []
         picture = sorted(f"{'h' if r in hung else 'g'}{r}" for r in (*hung, *gone))
-        # A silent rank past the limit its watchdog would report at, but not yet gone, is
-        # waited for (at most until it is judged gone): the page should name it.
+        # A silent rank not yet judged is waited for (at most until it is judged gone), so
+        # the page names it: one past the limit its watchdog would report at, or one that
+        # has not stepped past where the hung ranks are stuck (in a collective, the rank the
+        # others wait for; its own limit can be longer than theirs).
+        stuck_at = max((st.hang_step for st in hung.values()), default=-1)
         pending = [r for r, st in self.ranks.items() if r not in hung and r not in gone
                    and r not in unheard and (last := self._heard(st)) is not None
                    and (limit := self.expected_limit(st, peer_limit)) is not None
-                   and now - last > limit]
+                   and (now - last > limit or st.last_step <= stuck_at)]
         settled = len(hung) + len(gone) + len(unheard) == len(self.ranks) or not hung or (
             not pending and self.run.first_report is not None
             and now - self.run.first_report >= self.settings.hang_settle_seconds)

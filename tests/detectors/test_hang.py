@@ -127,6 +127,25 @@ def test_a_relaunched_rank_not_heard_yet_is_starting_not_gone():
     assert [f.evidence["gone_ranks"] for f in found] == [[0]]
 
 
+def test_a_silent_rank_the_others_wait_for_is_named_even_when_its_limit_is_longer():
+    """Rank 3 steps 4x slower than the rest (its watchdog's limit is 4x theirs) and is killed
+    after step 20; ranks 0-2 hang in the collective of step 21. Settling at the others'
+    pace would page without it; the page waits until it is judged gone."""
+    suite = only("hang", hang_settle_seconds=15.0)
+    slow = 4 * DT * 10
+    last = T0 + 20 * DT
+    feed(suite, [_run(), *_steps(range(3), 20),
+                 *[dataclasses.replace(step(i, rank=3), time=last - (20 - i) * slow)
+                   for i in range(1, 21)]])
+    limit = max(30.0, 5.0 * slow)  # the run's declared watchdog at rank 3's pace
+    assert limit > 40.0 + 15.0
+    feed(suite, [_hang(r, 20) for r in range(3)])
+    assert suite.tick(last + 40.0 + 16.0) == []      # settled at the others' pace: too soon
+    assert suite.tick(last + 2 * limit - 1.0) == []
+    [found] = suite.tick(last + 2 * limit + 1.0)
+    assert found.evidence["gone_ranks"] == [3] and found.evidence["hung_ranks"] == [0, 1, 2]
+
+
 def test_without_a_declared_watchdog_or_reports_silence_is_left_to_stalled():
     suite = only("hang")
     feed(suite, [_run(watchdog=False), *_steps(range(2), 20)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "traces" / "activation_blowup_gpt.jsonl.gz"
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 TOKEN = "ui-test-token"
+
+
+def read_json(url: str, headers: dict[str, str]) -> dict:
+    """GET as a client should: the browser's own reads may hold every large-read slot, and
+    the sidecar sheds this one with 503 + Retry-After, which the pages honour too."""
+    for _ in range(10):
+        res = httpx.get(url, headers=headers, timeout=30)
+        if res.status_code != 503 or "Retry-After" not in res.headers:
+            break
+        time.sleep(float(res.headers["Retry-After"]))
+    res.raise_for_status()
+    return res.json()
+
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +69,7 @@ class FedRun:
     headers: dict[str, str]
 
     def get(self, path: str) -> dict:
-        res = httpx.get(self.url + path, headers=self.headers, timeout=30)
-        res.raise_for_status()
-        return res.json()
+        return read_json(self.url + path, self.headers)
 
     def post_records(self, records: list[dict]) -> None:
         body = b"\n".join(orjson.dumps(r) for r in records)
@@ -167,9 +179,7 @@ class LrRuns:
     headers: dict[str, str]
 
     def get(self, path: str) -> dict:
-        res = httpx.get(self.url + path, headers=self.headers, timeout=30)
-        res.raise_for_status()
-        return res.json()
+        return read_json(self.url + path, self.headers)
 
 
 @pytest.fixture(scope="session")

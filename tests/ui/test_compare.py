@@ -7,12 +7,13 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 from test_run_page import OVERFLOW, open_run
+from ui_checks import wait
 
 
 def loaded(browser) -> None:
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1' && !!window.comparePage"))
 
 
@@ -25,7 +26,7 @@ def legend(browser, chart: str) -> list[str]:
 
 def test_runs_ticked_on_the_runs_page_open_overlaid(browser, lr_runs, shots: Path):
     browser.get(lr_runs.url + "/")
-    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(
+    wait(browser, 10).until(lambda d: len(d.find_elements(
         By.CSS_SELECTOR, "tr[data-run] input.pick")) >= 3)
     button = browser.find_element(By.ID, "compare")
     assert not button.is_enabled()
@@ -63,7 +64,7 @@ def test_compare_aligns_by_step_and_shares_the_view_in_its_url(browser, lr_runs,
         "c.dataset.chart.startsWith('user-') && c.style.display !== 'none').length")
     assert users == 3  # accuracy, perplexity, eval/bleu: every run's own scalars
     browser.execute_script("window.comparePage.charts.loss.setScale('x', {min: 290, max: 330})")
-    WebDriverWait(browser, 5).until(lambda d: d.execute_script(  # every chart follows
+    wait(browser, 5).until(lambda d: d.execute_script(  # every chart follows
         "return Object.values(window.comparePage.charts).every(u => u.scales.x.min === 290 && "
         "u.scales.x.max === 330)"))
     chips = [c.get_attribute("data-run") for c in browser.find_elements(By.CSS_SELECTOR, ".chip")]
@@ -76,7 +77,7 @@ def test_add_run_on_a_run_page_opens_the_compare_view(browser, lr_runs):
     open_run(browser, lr_runs, "lr-x100")
     pick = browser.find_element(By.ID, "add-run")
     pick.click()
-    WebDriverWait(browser, 5).until(lambda d: len(Select(pick).options) >= 3)
+    wait(browser, 5).until(lambda d: len(Select(pick).options) >= 3)
     Select(pick).select_by_value("baseline")
     loaded(browser)
     assert parse_qs(urlparse(browser.current_url).query)["run"] == ["lr-x100", "baseline"]

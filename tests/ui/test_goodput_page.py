@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from ui_checks import wait
 
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
@@ -41,9 +41,9 @@ def _records() -> list[list[dict[str, Any]]]:
     later from the checkpoint at step 10, up 2 s before its first step."""
     batches, t = [_run(T0, "a")], T0
     for step in range(1, 21):
-        wait = 4.0 if step == 5 else 0.0
-        t += 1.0 + wait + {1: 3.0, 11: 2.0, 16: 20.0}.get(step, 0.0)
-        batches.append(_step(step, t, "a", data=wait))
+        stall = 4.0 if step == 5 else 0.0
+        t += 1.0 + stall + {1: 3.0, 11: 2.0, 16: 20.0}.get(step, 0.0)
+        batches.append(_step(step, t, "a", data=stall))
         if step == 10:
             batches.append([{"kind": "checkpoint", "run_id": RUN, "step": 10, "time": t + 2.0,
                              "attempt": "a", "path": "/c/10.pt", "seconds": 2.0}])
@@ -82,7 +82,7 @@ def test_the_run_page_shows_the_bar_the_badput_table_and_each_incidents_cost(
     g = _goodput(sidecar)
     assert g["gpus"] == 2 and g["badput_seconds"]["input"] == pytest.approx(4.0)
     browser.get(f"{sidecar.url}/runs/{RUN}")
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1' && "
         "!document.getElementById('goodput-card').hidden"))
 
@@ -150,10 +150,10 @@ def test_the_runs_list_shows_each_runs_goodput(browser, sidecar, shots: Path):
     httpx.post(sidecar.url + "/v1/records", timeout=10, json={"records": [
         {"kind": "run", "run_id": "just-started", "time": T0}]}).raise_for_status()
     browser.get(sidecar.url + "/")
-    cell = WebDriverWait(browser, 10).until(lambda d: d.find_elements(
+    cell = wait(browser, 10).until(lambda d: d.find_elements(
         By.CSS_SELECTOR, f"tr[data-run='{RUN}'] td.goodput"))[0]
     assert cell.text == f"{g['goodput_ratio']:.1%}"
-    blank = WebDriverWait(browser, 10).until(lambda d: d.find_elements(
+    blank = wait(browser, 10).until(lambda d: d.find_elements(
         By.CSS_SELECTOR, "tr[data-run='just-started'] td.goodput"))[0]
     assert blank.text == ""
     browser.save_screenshot(str(shots / "runs-goodput.png"))

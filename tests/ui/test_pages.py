@@ -8,8 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
-from ui_checks import CANVAS_COLOURS, CHARTS
+from ui_checks import CANVAS_COLOURS, CHARTS, wait
 
 from eventually import scaled
 from live_server import LiveServer
@@ -19,7 +18,7 @@ from monitor_agent.ui.pages import STATIC
 
 def open_run_page(browser, fed) -> None:
     browser.get(f"{fed.url}/runs/{fed.run_id}")
-    WebDriverWait(browser, 20).until(
+    wait(browser, 20).until(
         lambda d: d.execute_script("return document.body.dataset.loaded === '1' && "
                                    "!!window.runPage.heats.heat_zero"))
 
@@ -36,7 +35,7 @@ def test_every_chart_ships_with_the_package():
 
 def test_runs_page_lists_the_fed_run(browser, fed, shots: Path):
     browser.get(fed.url + "/")
-    row = WebDriverWait(browser, 10).until(
+    row = wait(browser, 10).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))[0]
     cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:]  # after the tick box
     assert cells[0] == fed.run_id and cells[1] == "traces"
@@ -83,7 +82,7 @@ def test_a_finding_marker_shows_its_evidence_and_zooms_to_its_step(browser, fed)
     assert "what to try next:" in tip.text
     step = int(marker.get_attribute("data-step"))
     marker.click()
-    lo, hi = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+    lo, hi = wait(browser, 5).until(lambda d: d.execute_script(
         "return window.runPage.view"))
     assert lo < step < hi and hi - lo < fed.last_step / 2
 
@@ -95,7 +94,7 @@ def test_a_live_step_appears_without_a_reload(browser, fed):
                        "time": time.time(), "loss": 2.125, "step_time": 0.02}])
     fed.last_step = step
     # The page polls each second (run.js); the wait only stops a page that never shows it.
-    WebDriverWait(browser, scaled(10), poll_frequency=0.05).until(lambda d: d.execute_script(
+    wait(browser, scaled(10), poll_frequency=0.05).until(lambda d: d.execute_script(
         "const u = window.runPage.charts.loss;"
         "return document.getElementById('last-step').textContent === arguments[0] && "
         "u.data[0][u.data[0].length - 1] === +arguments[0]", str(step)))
@@ -109,7 +108,7 @@ def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
     open_run_page(browser, fed)
     browser.execute_script("sessionStorage.clear()")
     click(browser, f"tr[data-fp='{fp}'] button.ack")
-    WebDriverWait(browser, 5).until(
+    wait(browser, 5).until(
         lambda d: "Refused" in d.find_element(By.ID, "notice").text)
     assert _alert(fed, fp)["acked_at"] is None
     browser.save_screenshot(str(shots / "refused.png"))
@@ -118,11 +117,11 @@ def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
     token.send_keys("ui-test-token")
     browser.find_element(By.ID, "token-save").click()
     click(browser, f"tr[data-fp='{fp}'] button.ack")
-    WebDriverWait(browser, 5).until(lambda d: _alert(fed, fp)["acked_at"] is not None)
+    wait(browser, 5).until(lambda d: _alert(fed, fp)["acked_at"] is not None)
     assert _alert(fed, fp)["acked_by"] == "web UI"
 
     click(browser, f"tr[data-fp='{fp}'] button.silence")
-    WebDriverWait(browser, 5).until(lambda d: [
+    wait(browser, 5).until(lambda d: [
         s for s in fed.get("/v1/silences")["silences"] if s["run_id"] == fed.run_id])
     silence = fed.get("/v1/silences")["silences"][0]
     assert silence["type"] == alerts[0]["type"] and silence["created_by"] == "web UI"
@@ -131,7 +130,7 @@ def test_acknowledge_and_silence_need_the_token(browser, fed, shots: Path):
 
 def click(browser, selector: str) -> None:
     """Click what the selector names now (the alerts table re-renders when alerts change)."""
-    WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+    wait(browser, 5).until(lambda d: d.execute_script(
         "const b = document.querySelector(arguments[0]); if (b) b.click(); return !!b", selector))
 
 
@@ -153,12 +152,12 @@ def test_reads_follow_auth_reads(browser, tmp_path: Path):
         browser.get(srv.url + "/runs/locked")
         browser.execute_script("sessionStorage.clear()")
         browser.get(srv.url + "/runs/locked")
-        WebDriverWait(browser, 5).until(
+        wait(browser, 5).until(
             lambda d: "requires the token" in d.find_element(By.ID, "notice").text)
         assert not browser.find_elements(By.ID, "last-step")  # nothing shown without it
         browser.find_element(By.ID, "token").send_keys("read-token")
         browser.find_element(By.ID, "token-save").click()
-        WebDriverWait(browser, 10).until(
+        wait(browser, 10).until(
             lambda d: d.find_element(By.ID, "last-step").text == "29")
         browser.execute_script("sessionStorage.clear()")
 
@@ -175,7 +174,7 @@ def test_both_pages_work_under_their_content_security_policy(browser, fed):
         "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")})
     try:
         browser.get(fed.url + "/")
-        WebDriverWait(browser, 10).until(
+        wait(browser, 10).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))
         time.sleep(0.3)  # a violation is reported after the fact: give one time to come
         listed = browser.execute_script("return window.__csp")
@@ -202,7 +201,7 @@ def test_run_page_lists_the_attempts_of_a_reused_run_id(browser, tmp_path: Path)
         browser.get(f"{srv.url}/runs/reused")
         # Read in one script: the page redraws the table as it polls, and cells read one
         # WebDriver call at a time can belong to a row that was just replaced.
-        cells = WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        cells = wait(browser, 20).until(lambda d: d.execute_script(
             "const rows = [...document.querySelectorAll('#attempts tbody tr')];"
             "return rows.length ? rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
             " : null;"))
@@ -237,7 +236,7 @@ def test_a_long_verdict_wraps_and_the_runs_list_fits_a_1400px_screen(browser, tm
         words = httpx.get(srv.url + "/v1/runs/long-verdict", timeout=10).json()["verdict"]["words"]
         assert len(words) > 80 and "resumed after a crash once" in words, words
         browser.get(srv.url + "/")
-        row = WebDriverWait(browser, 10).until(
+        row = wait(browser, 10).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run='long-verdict']"))[0]
         width = browser.execute_script("return document.documentElement.scrollWidth")
         cells = row.find_elements(By.TAG_NAME, "td")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
-from ui_checks import CANVAS_COLOURS, CHARTS
+from ui_checks import CANVAS_COLOURS, CHARTS, wait
 
 from monitor_agent.cli import main
 from monitor_agent.pipeline.trace_judge import judge_traces
@@ -29,7 +28,7 @@ def test_report_opens_offline_with_every_chart_and_finding(browser, tmp_path: Pa
         "offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
     try:
         browser.get(report.as_uri())
-        WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        wait(browser, 20).until(lambda d: d.execute_script(
             "return document.body.dataset.loaded === '1'"))
         drawn = browser.execute_script(CANVAS_COLOURS)
         browser.save_screenshot(str(shots / "report.png"))

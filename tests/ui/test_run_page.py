@@ -14,7 +14,7 @@ import httpx
 import orjson
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from ui_checks import wait
 
 from eventually import eventually
 from live_server import LiveServer
@@ -47,7 +47,7 @@ return {bad, checked};
 
 def open_run(browser, lr_runs, run_id: str, query: str = "") -> None:
     browser.get(f"{lr_runs.url}/runs/{run_id}{query}")
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1' && !!window.runPage.heats.heat_grad"))
 
 
@@ -138,7 +138,7 @@ def _smooth_and_log(browser, lr_runs, shots: Path) -> None:
     assert "smooth=0.9" in browser.current_url and "log=loss" in browser.current_url
     browser.save_screenshot(str(shots / "run-smoothed-log.png"))
     browser.get(browser.current_url)  # the link reopens the same view
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1'"))
     assert browser.execute_script("return window.runPage.charts.loss.scales.y.distr") == 3
     assert browser.find_element(By.ID, "smoothing").get_attribute("value") == "0.9"
@@ -192,7 +192,7 @@ def test_a_run_with_no_steps_says_so(browser, lr_runs):
         "records": [{"kind": "run", "run_id": "empty", "time": 1.0, "config": {"lr": 1e-3}}]})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/empty")
-    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+    wait(browser, 10).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1'"))
     assert browser.find_element(By.ID, "last-step").text == "no steps yet"
     # No plan, no ETA: the page says so, and how to give one.
@@ -200,7 +200,7 @@ def test_a_run_with_no_steps_says_so(browser, lr_runs):
     assert progress.text == "no ETA"
     assert "Monitor(total_steps=N)" in progress.find_element(By.XPATH, "..").text
     browser.get(lr_runs.url + "/")
-    WebDriverWait(browser, 10).until(lambda d: d.find_elements(
+    wait(browser, 10).until(lambda d: d.find_elements(
         By.CSS_SELECTOR, "tr[data-run='empty']"))
     row = browser.find_element(By.CSS_SELECTOR, "tr[data-run='empty']")
     assert "no steps yet" in row.text and "-1" not in row.text
@@ -216,7 +216,7 @@ def test_many_scalars_chart_the_first_twelve_and_name_the_rest(browser, lr_runs)
                     for s in range(1, 21)]})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/many")
-    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+    wait(browser, 10).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1' && "
         "document.querySelectorAll('#user-charts .card').length === 12"))
     titles = browser.execute_script(
@@ -236,9 +236,9 @@ def test_the_update_ratio_alert_limit_shows_where_the_curve_reaches_it(browser, 
                      "param_norm": 100.0, "update_norm": 0.1 * 1.1 ** s} for s in range(1, 90)]})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/hot")
-    WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+    wait(browser, 10).until(lambda d: d.execute_script(
         "return document.body.dataset.loaded === '1' && !!window.runPage.charts.update"))
-    shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+    shown = wait(browser, 5).until(lambda d: d.execute_script(
         "return window.runPage.charts.update.limitsShown"))
     assert shown == [0.1]
     browser.execute_script("document.getElementById('chart-update').scrollIntoView()")
@@ -272,7 +272,7 @@ def test_a_rollback_draws_the_abandoned_branch_apart_from_the_resumed_history(
                          json={"records": batch})
         assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/rolled")
-    shown = WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    shown = wait(browser, 20).until(lambda d: d.execute_script(
         "const u = window.runPage.charts.loss, s = window.runPage.series; "
         "return document.body.dataset.loaded === '1' && s && s.range[1] === 450 "
         "&& u && u.branchesShown && u.branchesShown.length && u.branchesShown"))
@@ -302,7 +302,7 @@ def test_a_straggler_finding_shows_where_its_step_goes_next_to_the_other_ranks(b
                      json={"records": records})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/slow-loader")
-    WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+    wait(browser, 20).until(lambda d: d.find_elements(
         By.CSS_SELECTOR, "#findings tr[data-type='straggler'] table.breakdown"))
     # read in one go: the page re-renders its findings as the run's state is polled
     table = browser.execute_script("""
@@ -328,7 +328,7 @@ def test_checkpoints_are_marked_on_the_loss_chart_clean_or_suspect(browser, lr_r
     # The LR jump at 300 sends the run to divergence, then NaN: the save at 450 holds it.
     assert want == [(100, "clean"), (250, "clean"), (450, "suspect")], ledger
     open_run(browser, lr_runs, "lr-x100")
-    WebDriverWait(browser, 20).until(lambda d: len(d.find_elements(
+    wait(browser, 20).until(lambda d: len(d.find_elements(
         By.CSS_SELECTOR, "#chart-loss .ckpt-mark")) == 3)
     marks = browser.find_elements(By.CSS_SELECTOR, "#chart-loss .ckpt-mark")
     shown = [(int(m.get_attribute("data-step")), m.get_attribute("data-status")) for m in marks]
@@ -343,7 +343,7 @@ def test_checkpoints_are_marked_on_the_loss_chart_clean_or_suspect(browser, lr_r
                            browser.find_element(By.ID, "chart-loss"))
     ActionChains(browser).move_to_element(marks[2]).perform()
     tip = browser.find_element(By.ID, "tip")
-    WebDriverWait(browser, 5).until(lambda d: tip.is_displayed())
+    wait(browser, 5).until(lambda d: tip.is_displayed())
     assert "step 450" in tip.text and "suspect:" in tip.text
     browser.find_element(By.ID, "chart-loss").screenshot(str(shots / "run-checkpoints.png"))
 
@@ -372,9 +372,9 @@ def test_a_multi_rank_runs_findings_name_their_rank(browser, tmp_path):
                          headers={"content-type": "application/x-ndjson"})
         assert res.status_code < 300, res.text
         browser.get(f"{srv.url}/runs/ddp4")
-        WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        wait(browser, 20).until(lambda d: d.execute_script(
             "return document.body.dataset.loaded === '1'"))
-        WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+        wait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode[data-type='nan_inf']"))
         text = {t: browser.find_element(
             By.CSS_SELECTOR, f"#findings tr.episode[data-type='{t}']").text
@@ -403,11 +403,11 @@ def test_steps_the_step_guard_skipped_are_marked_on_the_loss_and_grad_charts(bro
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/guarded")
     # The chart history folds the records on its own thread: wait until it has all 200.
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "const s = window.runPage.series; return document.body.dataset.loaded === '1' && "
         "!!window.runPage.charts.grad && s && s.range[1] === 200"))
     assert browser.execute_script("return window.runPage.series.skipped_steps") == [40, 95, 150]
-    shown = WebDriverWait(browser, 5).until(lambda d: d.execute_script(
+    shown = wait(browser, 5).until(lambda d: d.execute_script(
         "const c = window.runPage.charts; return c.loss.skippedShown && "
         "[c.loss.skippedShown, c.grad.skippedShown]"))
     assert shown == [3, 3]
@@ -454,7 +454,7 @@ def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
                             .json()["findings"] if f["type"] == "hang"],
                    timeout=60, interval=0.1, what="the hang finding")
         browser.get(f"{srv.url}/runs/hung")
-        WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+        wait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode[data-type='hang'] table.hang-ranks"))
         # read in one go: the page re-renders its findings as the run's state is polled
         row = browser.execute_script("""
@@ -501,7 +501,7 @@ def test_the_gpu_table_shows_each_ranks_gpu_and_marks_what_is_wrong(browser, lr_
                      json={"records": records})
     assert res.status_code == 200, res.text
     browser.get(f"{lr_runs.url}/runs/gpu-table")
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+    wait(browser, 20).until(lambda d: d.execute_script(
         "return document.querySelectorAll('#gpus tbody tr').length === 2 && "
         "document.querySelector('#gpus tbody tr td:nth-child(2)').textContent !== ''"))
     rows = browser.execute_script("""
@@ -574,7 +574,7 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
         post([{"kind": "end", "run_id": "planned", "step": 341, "time": 342.0, "attempt": "a",
                "status": "stopped", "error": "stopped to roll back"}])
         browser.get(f"{srv.url}/runs/planned")
-        WebDriverWait(browser, 20).until(lambda d: "waiting for relaunch" in d.find_element(
+        wait(browser, 20).until(lambda d: "waiting for relaunch" in d.find_element(
             By.ID, "status").text and d.execute_script(
             "const s = window.runPage.series; return !!s && s.range[1] === 340"))
         assert browser.find_element(By.ID, "status").text.startswith(
@@ -588,7 +588,7 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
         # localStorage, on a reused port, would otherwise apply); the wait lets a draw made
         # before the branch arrived be redrawn with it.
         browser.get(f"{srv.url}/runs/planned?smooth=0")
-        WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        wait(browser, 20).until(lambda d: d.execute_script(
             "const u = window.runPage.charts.loss, s = window.runPage.series; "
             "return document.body.dataset.loaded === '1' && s && s.range[1] === 460 "
             "&& u && u.branchesShown && u.branchesShown.length && u.scales.y.max >= 6"))
@@ -597,7 +597,7 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
             "peak: u.branchPeak, shown: u.branchesShown}")
         assert loss["shown"][0]["rolled_back_to"] == c
         assert loss["max"] >= 6.0 and loss["peak"] is None, loss  # the fault on the scale
-        WebDriverWait(browser, 20).until(lambda d: d.find_elements(
+        wait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode.abandoned[data-type='divergence']"))
         timeline = browser.find_element(By.ID, "timeline").text
         assert "divergence at step" in timeline and "(abandoned: rolled back)" in timeline
@@ -642,7 +642,7 @@ def test_thousands_of_checkpoints_and_findings_draw_a_capped_number_of_marks(bro
         for i in range(0, n, 1000):
             assert httpx.post(srv.url + "/v1/records", json={"records": steps[i:i + 1000]},
                               timeout=60).status_code == 200
-        WebDriverWait(browser, 30, poll_frequency=0.2).until(lambda _: httpx.get(
+        wait(browser, 30, poll_frequency=0.2).until(lambda _: httpx.get(
             f"{srv.url}/v1/runs/many/series?points=10", timeout=10).json()["range"][1] == n)
     # Stored as a long run would have stored them (its ingest is not what this is about):
     # a save every step, a warning every step up to 3000, then the loss goes NaN at 3500.
@@ -659,7 +659,7 @@ def test_thousands_of_checkpoints_and_findings_draw_a_capped_number_of_marks(bro
         ledger = httpx.get(f"{srv.url}/v1/runs/many/checkpoints?limit=1", timeout=10).json()
         assert ledger["last_clean"]["step"] == 3499
         browser.get(f"{srv.url}/runs/many")
-        WebDriverWait(browser, 30).until(lambda d: d.execute_script(
+        wait(browser, 30).until(lambda d: d.execute_script(
             "const u = window.runPage.charts.loss; return document.body.dataset.loaded === '1'"
             " && u && u.ckptsShown > 0 && u.marksShown > 0"))
         got = browser.execute_script("""
@@ -688,6 +688,6 @@ def test_thousands_of_checkpoints_and_findings_draw_a_capped_number_of_marks(bro
                                browser.find_element(By.ID, "chart-loss"))
         ActionChains(browser).move_to_element(mark).perform()
         tip = browser.find_element(By.ID, "tip")
-        WebDriverWait(browser, 5).until(lambda d: tip.is_displayed())
+        wait(browser, 5).until(lambda d: tip.is_displayed())
         assert f"step {step}" in tip.text and "more checkpoints near here" in tip.text
         browser.find_element(By.ID, "chart-loss").screenshot(str(shots / "run-many-marks.png"))

@@ -16,3 +16,13 @@ for (const card of document.querySelectorAll('#charts .card')) {
 }
 return out;
 """
+
+
+def wait(driver, seconds: float, poll_frequency: float = 0.5):
+    """``WebDriverWait`` that also looks again when the page re-renders the element it read
+    (StaleElementReference): the pages redraw on every poll, so a lookup can race one."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, seconds, poll_frequency, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))

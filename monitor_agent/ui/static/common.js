@@ -22,10 +22,19 @@ const MA = (() => {
     const headers = Object.assign({}, opts.headers || {});
     if (token()) headers.Authorization = "Bearer " + token();
     if (opts.body !== undefined) headers["Content-Type"] = "application/json";
-    const res = await fetch(path, {
-      method: opts.method || "GET", headers,
-      body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
-    });
+    const method = opts.method || "GET";
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      res = await fetch(path, {
+        method, headers, body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
+      });
+      // A busy sidecar sheds large reads with 503 + Retry-After (max_read_streams) rather
+      // than queue them; a page that opens several charts at once waits its turn. Only reads
+      // are retried: a write the server may have taken is the user's to repeat.
+      const after = Number(res.headers.get("Retry-After"));
+      if (method !== "GET" || ![429, 503].includes(res.status) || !(after >= 0) || attempt >= 5) break;
+      await new Promise((done) => setTimeout(done, Math.min(after, 5) * 1000 + Math.random() * 250));
+    }
     const text = await res.text();
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch (e) { data = text; }
