@@ -68,6 +68,15 @@ FLEET_GOODPUT = (f"sum(training_productive_seconds{{{P}}} * on(project, run_id) 
                  f"* on(project, run_id) group_left training_run_gpus{{{P}}})")
 BADPUT_GPU_HOURS = (f"sum by (cause) (training_badput_seconds_total{{{P}}} "
                     f"* on(project, run_id) group_left training_run_gpus{{{P}}}) / 3600")
+# Meta's effective-training-time figures (runs/ettr.py): failures, time to start, and the
+# time to recover over every run's recovered failures.
+FAILURES = f"sum(training_failures_total{{{P}}})"
+TIME_TO_START = f"avg(training_time_to_start_seconds{{{P}}})"
+
+
+def recover(q: float) -> str:
+    return (f"histogram_quantile({q}, sum by (le) "
+            f"(training_time_to_recover_seconds_bucket{{{P}}}))")
 
 
 STRAGGLER_GPU_HOURS = (f"training_straggler_badput_seconds{{{P}}} * on(project, run_id) "
@@ -100,6 +109,18 @@ def goodput(g: Grid) -> list[Json]:
               overrides=[override("GPU-hours", unit="short")],
               description="Each run's straggler (its newest attempt with one): the rank, its "
               "node, and the GPU-hours it cost by what it spent them on."),
+        stat("Failures", [target(FAILURES, instant=True)], unit="none", pos=g.place(6, 4),
+             description="Hangs and relaunches after a crash over the runs held (a hang its "
+             "relaunch ended counts once; rollbacks are not failures)."),
+        stat("Time to start", [target(TIME_TO_START, instant=True)], unit="s",
+             pos=g.place(6, 4), description="Mean first start-up of the runs held: first "
+             "record to first step."),
+        stat("Time to recover p50 / p99", [
+            target(recover(0.5), "p50", instant=True),
+            target(recover(0.99), "p99", instant=True)], unit="s",
+             pos=g.place(12, 4), steps=[("green", None), ("orange", 60), ("red", 600)],
+             description="From each failure to the first step after it, over every "
+             "recovered failure of the runs held (the healing goal: 60 s)."),
     ]
 
 

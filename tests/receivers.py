@@ -64,7 +64,7 @@ class Received:
 class Receiver:
     """A threaded HTTP server playing one protocol: slack, pagerduty, webhook or alertmanager."""
 
-    def __init__(self, protocol: str = "webhook") -> None:
+    def __init__(self, protocol: str = "webhook", host: str = "127.0.0.1") -> None:
         assert protocol in ("slack", "pagerduty", "webhook", "alertmanager"), protocol
         self.protocol = protocol
         self.requests: list[Received] = []
@@ -72,11 +72,11 @@ class Receiver:
         self._cond = threading.Condition()
         self._closing = threading.Event()
         self.block_errors: list[str] = []  # slack: why the last blocks were refused
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
                                         daemon=True)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"http://{host}:{self._server.server_address[1]}"
 
     def __enter__(self) -> Receiver:
         self._thread.start()

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class SidecarProcess:
-    """``python -m monitor_agent serve`` with its own data dir, port, config and env."""
+    """``python -m monitor_agent serve`` with its own data dir, port, config and env.
+
+    ``host`` is the address it binds and ``url_host`` the one tests reach it on (its
+    ``host`` by default); ``wrap`` turns the command into the one started (netcluster runs
+    it inside a node's network namespace with it)."""
 
     def __init__(
         self,
@@ -37,18 +42,23 @@ class SidecarProcess:
         config: Path | None = None,
         env: dict[str, str] | None = None,
         port: int | None = None,
+        host: str = "127.0.0.1",
+        url_host: str | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config
         self.env = env or {}
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.host = host
+        self.wrap = wrap
+        self.url = f"http://{url_host or host}:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "sidecar.log"
 
     def start(self, timeout: float = 30.0) -> SidecarProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "monitor_agent", "serve", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "monitor_agent", "serve", "--host", self.host,
                "--port", str(self.port), "--data-dir", str(self.data_dir)]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
@@ -56,6 +66,8 @@ class SidecarProcess:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), str(REPO / "client"), env.get("PYTHONPATH", "")]
         )
+        if self.wrap is not None:
+            cmd = self.wrap(cmd)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
         self.wait_ready(timeout)

@@ -81,6 +81,12 @@ def newest(dist: Any, action_id: int) -> int:
     return _all_reduce_max(dist, [action_id])[0]
 
 
+def any_rank(dist: Any, *flags: bool) -> list[bool]:
+    """For each flag, whether any rank raised it: one collective, so every rank decides
+    the same (a loop whose ranks stop at different rounds would leave one waiting)."""
+    return [bool(v) for v in _all_reduce_max(dist, [int(f) for f in flags])]
+
+
 def unanimous(dist: Any, action_id: int, digest: int | None, known: bool = True) -> Consensus:
     """Whether every rank holds action ``action_id`` with the same content (``digest``;
     None: this rank lacks it or may not act on it) and some rank vouches for it (``known``:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from monitor_client import _run_info
+from monitor_client import _launcher, _run_info
 from monitor_client._actions import ActionInbox
 from monitor_client._agreement import Consensus, distributed, newest, unanimous
 from monitor_client._arguments import hyperparameters, monitor_settings, watch_settings
@@ -60,6 +60,7 @@ from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
 from monitor_client._phase import PhaseTracker
 from monitor_client._preflight import Preflight
+from monitor_client._restart import RestartOrder, agreed_resume
 from monitor_client._rollback import (
     CHECKPOINT_PATH_MAX,
     CHECKPOINT_TAG_MAX,
@@ -212,6 +213,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self.close_timeout = settings.close_timeout
         self._placement = _run_info.detect_placement(self.info, self._url(settings))
         self._sender = self._make_sender(settings) if self.active else None
+        self._restart = self._restart_order(settings)
         # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
         self._phase = PhaseTracker()
         self._watchdog = Watchdog(settings.watchdog_floor, self._send_hang, {
@@ -220,6 +222,22 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._exit_hooks = ExitHooks(self.close, self._set_outcome)
         if self.active and settings.install_hooks:
             self._exit_hooks.install()
+
+    def _restart_order(self, settings: MonitorSettings) -> RestartOrder:
+        """What this process does on the run's restart decisions (``_restart.py``), and what
+        its run record declares of its launcher (``_launcher.py``)."""
+        self._launcher = _launcher.detect()
+        if settings.restart_exit is not None:
+            self._launcher["restarts"] = settings.restart_exit
+        sender = self._sender
+        order = RestartOrder(
+            started=time.time(), enabled=bool(self._launcher["restarts"]) and self.active,
+            node_rank=self._placement["node_rank"] if self._placement else 0,
+            flush=sender.flush if sender is not None else (lambda timeout: True),
+            timeout=settings.close_timeout, agent=self._launcher["name"] == "torchrun",
+            host=self._labels.get("node") or self._labels.get("hostname"))
+        self._inbox.add_callback(order.receive)
+        return order
 
     def _warn_action(self, where: str, exc: Exception) -> None:
         self._warner.warn(where, "action callback failed (ignored): %r", exc)
@@ -318,7 +336,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._models.put(watched, replaces)
         self._watch_finite()
         if self._watchdog is not None:
-            self._phase.attach([w.optimizer for w in self._models.entries])
+            self._phase.attach([w.optimizer for w in self._models.entries],
+                               [w.model for w in self._models.entries])
         self._model_info = self._models.describe()
         if not first:
             return  # the run's device, probes and pre-flight are the first model's
@@ -754,6 +773,50 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         callbacks do both), so a rollback of that process may go back past its resume."""
         return self._plans.chain()
 
+    def resume_plan(self, checkpoint_dir: str | os.PathLike[str],
+                    timeout: float = 30.0) -> RollbackPlan | None:
+        """Where this job resumes when the run's leader restarted it, or None; call it once
+        at start, before training, on every rank (distributed: a collective).
+
+        The plan is the restart's resume point (docs/actions.md, "Healing"): the run's last
+        clean checkpoint before the fault (``checkpoint_path``, ``checkpoint_step``; the
+        next step is ``resume_step``), where its data resumes (``resume_position``) and the
+        windows earlier rollbacks skip (``skip``): load it and ``DataStream.seek`` as for a
+        rollback plan, then ``resumed_from(plan.checkpoint_step, plan.checkpoint_path)``.
+        Every rank gets the same plan or none (a rank's sidecar that has not heard of the
+        restart yet is asked again, up to ``timeout`` seconds). A plan whose checkpoint is
+        not inside ``checkpoint_dir`` (links resolved) is refused with a warning: a plan
+        can only send the job back to its own saves. None: no restart relaunched this job
+        (a first launch, or a relaunch of the launcher's own): resume as the script would.
+        """
+        if not self.settings.enabled:
+            return None
+        plan, why = agreed_resume(self._fetch_all_actions, self._restart.started,
+                                  checkpoint_dir, timeout)
+        if plan is None:
+            if why:
+                self._warner.warn("resume_plan", "no resume from the restart: %s", why)
+            return None
+        self._restart.resumed(plan.id)
+        self._plans.applied(plan.id)
+        self._plans.vouch(plan.checkpoint_step, plan.checkpoint_path)
+        return plan
+
+    def _fetch_all_actions(self) -> list[dict[str, Any]] | None:
+        """The run's actions from this rank's sidecar (None: it did not answer)."""
+        try:
+            transport = (self._sender.transport if self._sender is not None
+                         else HttpTransport(self._url(self.settings), self.settings.token
+                                            or os.environ.get("MONITOR_AGENT_TOKEN"),
+                                            timeout=self.settings.timeout))
+            found: list[dict[str, Any]] | None = transport.actions(self.run_id, 0)
+        except Exception as exc:  # noqa: BLE001 - inside a collective: never raise
+            self._last_fetch_error = repr(exc)[:200]
+            return None
+        if found:
+            self._inbox.receive(found)
+        return found
+
     def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
         """The rollback to apply now, or None; call it once per optimizer step on every rank.
 
@@ -877,6 +940,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       # Where this rank's node sits in a multi-node job: node 0's sidecar
                       # leads the run (one page per fault, one decision for every rank).
                       "cluster": self._placement,
+                      # What runs it again on a restart (_launcher.py, _restart.py).
+                      "launcher": {**self._launcher, "restarts": self._restart.enabled},
                       **({"data": {"skips_by": self._skips_by}} if self._skips_by else {})})
 
     def counters(self) -> Counters | None:

@@ -1,4 +1,7 @@
-"""What the training thread is doing when it hangs: data, forward, backward or optimizer.
+"""What the training thread is doing when it hangs: data, forward, backward or optimizer;
+and ``eval`` while every watched model is in eval mode (``model.eval()``), which the
+watchdog reports so that a long evaluation is never taken for a hung job (the sidecar
+never restarts a job for one: monitor_agent/alerting/restart.py).
 
 Two sources. Where the step is when the watchdog reports it: the training thread's stack,
 innermost frame first (``on_stack``): inside a module's ``forward`` (torch's module call),
@@ -24,6 +27,8 @@ in a loop of small forwards (an RL episode), for a value read only when a run ha
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from monitor_client._hooks import Hooks
@@ -54,12 +59,22 @@ def on_stack(frames: list[dict[str, Any]]) -> str | None:
 class PhaseTracker:
     """The last phase the client saw begin, and since when (``time.monotonic``)."""
 
-    __slots__ = ("phase", "since", "_hooks")
+    __slots__ = ("phase", "since", "_hooks", "_models")
 
     def __init__(self) -> None:
         self.phase = "unknown"
         self.since = time.monotonic()
         self._hooks = Hooks()
+        self._models: list[Any] = []  # weak references to the watched models
+
+    def evaluating(self) -> str | None:
+        """``eval`` while every watched model is in eval mode (one in training mode, a
+        policy beside its target network, is a training step), else None."""
+        models = [ref() for ref in self._models]
+        if models and all(m is not None and getattr(m, "training", True) is False
+                          for m in models):
+            return "eval"
+        return None
 
     def enter(self, phase: str) -> None:
         self.phase, self.since = phase, time.monotonic()
@@ -67,10 +82,16 @@ class PhaseTracker:
     def seconds(self, now: float) -> float:
         return max(now - self.since, 0.0)
 
-    def attach(self, optimizers: list[Any]) -> None:
+    def attach(self, optimizers: list[Any], models: Sequence[Any] = ()) -> None:
         """Hook each optimizer's step (None: a loop that updates its parameters by hand),
-        dropping the hooks of before."""
+        dropping the hooks of before; ``models``, the watched ones, are read for eval mode."""
         self.detach()
+        self._models = []
+        for model in models:
+            try:
+                self._models.append(weakref.ref(model))
+            except TypeError:
+                continue  # a model that takes no weak reference is never read as in eval
         for optimizer in optimizers:
             if optimizer is not None:
                 self._hooks.add(optimizer.register_step_pre_hook(self._optimizer),

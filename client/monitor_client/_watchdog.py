@@ -148,11 +148,13 @@ class Watchdog:
     def record(self, stuck: float, limit: float, now: float) -> dict[str, Any]:
         threads, omitted = self.stacks()
         training: list[dict[str, Any]] = next((t["frames"] for t in threads if t.get("training")), [])
+        # A save on the stack, then a model in eval mode, then where the stack is.
+        phase = "checkpoint" if _saving(threads) else self.phase.evaluating() or (
+            on_stack(training) or self.phase.phase)
         rec: dict[str, Any] = {
             "kind": "hang", **self.header, "step": self._step, "time": time.time(),
             "stuck_seconds": round(stuck, 3), "limit_seconds": round(limit, 3),
-            "phase": on_stack(training) or self.phase.phase,
-            "phase_seconds": round(self.phase.seconds(now), 3),
+            "phase": phase, "phase_seconds": round(self.phase.seconds(now), 3),
             "threads": threads, "threads_omitted": omitted,
         }
         trace = nccl_trace_path(self.rank)
@@ -236,6 +238,23 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _saving(threads: list[dict[str, Any]]) -> bool:
+    """Whether the training thread is inside a checkpoint save (``torch.save``,
+    ``torch.distributed.checkpoint``): a long save is a phase, not a hang.
+
+        >>> frames = [{"file": "train.py", "function": "main"},
+        ...           {"file": "torch/serialization.py", "function": "save"}]
+        >>> _saving([{"training": True, "frames": frames}])
+        True
+    """
+    for thread in threads:
+        if thread.get("training"):
+            return any((f["file"] == "torch/serialization.py" and f["function"] in (
+                "save", "_save")) or f["file"].startswith("torch/distributed/checkpoint/")
+                for f in thread["frames"])
+    return False
 
 
 def nccl_trace_path(rank: int) -> str | None:

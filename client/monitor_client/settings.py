@@ -259,6 +259,10 @@ class MonitorSettings:
             max(watchdog_floor, 5 x the median step time) (``_watchdog.py``).
         watchdog_floor: seconds; no hang is reported sooner (checkpoints, evals; default
             60, well inside the collective timeouts).
+        restart_exit: leave with exit status 75 when the run's leader decides a restart
+            (``_restart.py``): None, the default, when the launcher runs the process again
+            on it (torchrun with restarts left, or ``MONITOR_AGENT_RESTARTS=1``:
+            ``_launcher.py``); True or False to say so yourself.
         enabled: False makes every method a no-op.
         watch: what ``watch()`` measures unless told otherwise (a ``WatchSettings``).
     """
@@ -285,6 +289,7 @@ class MonitorSettings:
     install_hooks: bool = True
     watchdog: bool = True
     watchdog_floor: float = 60.0
+    restart_exit: bool | None = None
     enabled: bool = True
     watch: WatchSettings = field(default_factory=WatchSettings)
 
@@ -314,6 +319,9 @@ class MonitorSettings:
         _at_least(self, "linger", 0)
         _at_least(self, "close_timeout", 0)
         _positive(self, "watchdog_floor")
+        if self.restart_exit is not None and not isinstance(self.restart_exit, bool):
+            raise SettingsTypeError("MonitorSettings.restart_exit must be True, False or None,"
+                                    f" not {self.restart_exit!r}")
         _positive(self, "gpu_sample_interval")
         _check_timeout(self.timeout)
 

@@ -377,6 +377,23 @@ class AlertTx:
             "honoured_step IS NULL AND withdrawn_by IS NULL", (run_id,)).fetchall()
         return [(_action(r), r["fingerprint"]) for r in rows]
 
+    def healing(self, run_id: str) -> list[tuple[Action, str]]:
+        """The run's restarts, exclusions and rollbacks not withdrawn, oldest first, with
+        each one's alert: the history a restart decision weighs (alerting/restart.py)."""
+        rows = self.conn.execute(
+            "SELECT * FROM actions WHERE run_id = ? AND action IN ('restart', 'exclude', "
+            "'rollback') AND withdrawn_by IS NULL ORDER BY seq", (run_id,)).fetchall()
+        return [(_action(r), r["fingerprint"]) for r in rows]
+
+    def pending_restarts(self, run_id: str) -> list[tuple[Action, str]]:
+        """Restarts and exclusions of a run not yet carried out (no attempt resumed since),
+        with the fingerprint of each one's alert."""
+        rows = self.conn.execute(
+            "SELECT * FROM actions WHERE run_id = ? AND action IN ('restart', 'exclude') AND "
+            "honoured_step IS NULL AND withdrawn_by IS NULL ORDER BY seq",
+            (run_id,)).fetchall()
+        return [(_action(r), r["fingerprint"]) for r in rows]
+
     def open_stops(self, run_id: str, through_step: int) -> list[tuple[Action, str]]:
         """Stop requests of a run at or before ``through_step`` not yet honoured, with the
         fingerprint of the alert each belongs to."""

@@ -33,9 +33,24 @@ from typing import Any, Literal
 from monitor_agent.alerting.lifecycle import Timing
 from monitor_agent.alerting.related import RelatedFindings
 from monitor_agent.records import wire
+from monitor_agent.records.types import LauncherDeclaration
 
 AlertState = Literal["pending", "firing", "resolved"]
 """Where an alert episode is in its lifecycle (silenced is separate: see ``AlertView``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node of a multi-node job as its leader knows it: node rank, host, the id of its
+    sidecar (heard over the peer link; None for the leader's own node), its ranks."""
+
+    node: int
+    host: str | None = None
+    sidecar: str | None = None
+    ranks: tuple[int, ...] = ()
+
+    def name(self) -> str:
+        return f"node {self.node}" + (f" ({self.host})" if self.host else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,25 @@ class RunContext:
     # established run's when made-up runs flood the outbox (notify/fairness.py).
     first_seen: float | None = None
     source: str | None = None
+    # What a restart decision needs (alerting/restart.py): the job's ranks, its nodes as
+    # the leader hears them (empty: one node), its launcher as its run record declares
+    # it, and the leader's number of the run's current attempt.
+    world: int = 1
+    nodes: tuple[NodeView, ...] = ()
+    launcher: LauncherDeclaration | None = None
+    attempt: int = 1
+    # A new process of the run sent records and no step yet: its launcher is relaunching
+    # it already (a restart decided now would hit the new processes).
+    relaunching: bool = False
+
+    def node_of(self, rank: int) -> NodeView | None:
+        """The node ``rank`` runs on (a run on one node: node 0), or None when not known."""
+        for node in self.nodes:
+            if rank in node.ranks:
+                return node
+        if not self.nodes:
+            return NodeView(0)
+        return self.nodes[0] if len(self.nodes) == 1 else None
 
     def match_labels(self) -> dict[str, str]:
         """Run labels for rule matching; the project counts as a label too."""

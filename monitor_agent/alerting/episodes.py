@@ -430,20 +430,28 @@ class Episodes:
             self._enqueue(tx, [(to_event(a, "firing", "refresh", now), (name,)) for a in stale],
                           now)
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
         """A new attempt resumed at ``start_step``: pending rollbacks it applies are done,
         and the run may decide its next one (alerting/rollback.py)."""
         with self.store.tx() as tx:
             for action in actions.applied_rollbacks(tx, run_id, start_step):
                 log.warning("run %s resumed at step %d: %s", run_id, start_step, action.message)
+            # The alert's resolve (below) says it: one page per incident, one resolve.
+            restarted = actions.applied_restarts(tx, run_id, start_step, now,
+                                                 now if started is None else started)
+            for action in restarted:
+                log.warning("run %s: %s", run_id, action.message)
             # The steps from ``start_step`` on were abandoned: a finding the resumed history
             # brings there is news, not a replay of the old one (lifecycle.on_finding).
             tx.rewind(run_id, start_step - 1)
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
         with self.store.tx() as tx:
-            self._close_abandoned(tx, run_id, start_step, now)
+            self._close_abandoned(tx, run_id, start_step, now,
+                                  "restarted" if restarted else "rolled back")
 
-    def _close_abandoned(self, tx: AlertTx, run_id: str, start_step: int, now: float) -> None:
+    def _close_abandoned(self, tx: AlertTx, run_id: str, start_step: int, now: float,
+                         how: str = "rolled back") -> None:
         """Open alerts whose latest finding is about a step the new attempt replaced are
         about a history that no longer exists: closed, saying so (after their first page
         went out: a rollback's page says what was done, however fast the run applied it). A fault the resumed
@@ -451,7 +459,8 @@ class Episodes:
         (pipeline/registry.py), and begins an episode of its own."""
         abandoned = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
                      if _finding_step(a) >= start_step]
-        ended = f"run rolled back to step {start_step - 1}"
+        ended = (f"run {how} from step {start_step - 1}" if how == "restarted"
+                 else f"run rolled back to step {start_step - 1}")
         closed = f"closed: steps {start_step} on were abandoned"
         items = [item for a in abandoned if (item := self._transition(
             tx, a, Reason.RESOLVED, now, ended=ended, closed=closed)) is not None]

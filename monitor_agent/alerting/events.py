@@ -62,21 +62,28 @@ def to_event(alert: StoredAlert, status: str, reason: str, now: float,
 
     ``ended``: the alert closes because its run ended ("run ended unhealthy: NaN since
     step 300", or "run rolled back to step 250"); the summary leads with it, then ``closed``
-    says why it closed, so a resolve does not read as a recovery. ``cost``: what its
-    incident cost the run (runs/goodput.py), said last."""
+    says why it closed, so a resolve does not read as a recovery, then what was done and
+    what it cost, before the last finding (long ones, a hang's, are cut from the end).
+    ``cost``: what its incident cost the run (runs/goodput.py)."""
     finding = alert.finding_data()
-    summary, evidence = finding.get("message", ""), finding.get("evidence") or {}
+    message, evidence = finding.get("message", ""), finding.get("evidence") or {}
     if alert.action:  # the page says what the run already did about it
-        summary, evidence = f"{summary}; {alert.action}", {**evidence, "action": alert.action}
+        evidence = {**evidence, "action": alert.action}
     if alert.checkpoint:  # which save is safe, so the reader need not work it out
-        summary = f"{summary}; {alert.checkpoint}"
         evidence = {**evidence, "checkpoint": alert.checkpoint}
-    if ended:
-        summary = f"{ended} ({closed}; last finding: {summary})"
+    if cost:
+        evidence = {**evidence, "cost": cost}
+    said = "".join(f"; {x}" for x in (alert.action, alert.checkpoint) if x)
+    if ended:  # what was done and what it cost first: a long last finding is cut from its end
+        done = "".join(f"; {x}" for x in (alert.action, cost) if x)
+        last = "".join(f"; {x}" for x in (alert.checkpoint,) if x)
+        summary = f"{ended} ({closed}{done}; last finding: {message}{last})"
+    else:
+        summary = f"{message}{said}"
     if related := RelatedFindings.from_json(alert.related).summary():
         summary = f"{summary}; {related}"  # the findings that follow from it, grouped here
-    if cost:
-        summary, evidence = f"{summary}; {cost}", {**evidence, "cost": cost}
+    if cost and not ended:
+        summary = f"{summary}; {cost}"
     return AlertEvent(
         fingerprint=alert.fingerprint, run_id=alert.run_id, alertname=alert.rule,
         type=alert.type, severity=alert.severity, status=status,

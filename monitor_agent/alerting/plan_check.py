@@ -10,7 +10,8 @@ in (0, 1], ``rollback_lr_steps`` and ``rollback_skip_margin`` at most 10,000,000
 run as this sidecar knows it: its checkpoint no later than the run's latest step, its
 windows starting no later than the run's latest data position (each with the slack a
 checkpoint record has, ``CHECKPOINT_STEP_SLACK``), and ending within the margin's reach.
-An action that is not is dropped, with the reason logged; the leader's others are kept.
+A ``restart`` or ``exclude`` plan must parse whole (records/actions.py, the one parser). An
+action that is not is dropped, with the reason logged; the leader's others are kept.
 
     >>> bounds = RunBounds(latest_step=120, latest_position=120, per_step=1)
     >>> plan = {"checkpoint_step": 100, "checkpoint_path": "/c/100.pt", "skip_from": 101,
@@ -23,6 +24,18 @@ An action that is not is dropped, with the reason logged; the leader's others ar
     >>> print(action_problem({"id": 2, "action": "rollback", "step": 110,
     ...                       "plan": {**plan, "skip": [[101, 10**15]]}}, bounds))
     plan.skip: window [101, 1000000000000000] ends past what the run can skip (its latest position 120 + 10000000 steps of 1 positions)
+
+A restart (every rank leaves with exit 75) is adopted so that this node's ranks leave too,
+even when its resume point is past the latest step heard here (a frozen rank's node lags):
+
+    >>> restart = {"cause": "hang", "fault_step": 115, "ranks": 8, "nodes": 2,
+    ...            "checkpoint_step": 100, "checkpoint_path": "/c/100.pt"}
+    >>> action_problem({"id": 3, "action": "restart", "step": 115, "plan": restart}, bounds)
+    >>> print(action_problem({"id": 3, "action": "exclude", "step": 115,
+    ...                       "plan": {"cause": "hang"}}, bounds))
+    plan: not a whole restart plan
+    >>> action_problem({"id": 3, "action": "restart", "step": 125,
+    ...                 "plan": {**restart, "checkpoint_step": 122}}, bounds)
 """
 
 from __future__ import annotations
@@ -31,7 +44,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ACTIONS = ("stop", "checkpoint", "rollback")
+from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
+
+ACTIONS = ("stop", "checkpoint", "rollback", *RESTART_ACTIONS)
 MAX_MARGIN_STEPS = 10_000_000  # rules.py: rollback_skip_margin and rollback_lr_steps
 MAX_COUNT = 2**53
 MAX_WINDOWS = 10_000
@@ -64,8 +79,10 @@ def action_problem(action: dict[str, Any], run: RunBounds | None) -> str | None:
         if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT):
             return f"{key}: not a string of at most {MAX_TEXT} characters"
     plan = action.get("plan")
+    if action["action"] in RESTART_ACTIONS:
+        return _restart_problem(plan, run)
     if action["action"] != "rollback":
-        return None if plan is None else "plan: only a rollback has one"
+        return None if plan is None else "plan: only a rollback, restart or exclude has one"
     if not isinstance(plan, dict):
         return "plan: a rollback needs one"
     why = _plan_problem(plan, run)
@@ -97,6 +114,20 @@ def _plan_problem(plan: dict[str, Any], run: RunBounds | None) -> str | None:
         if not (isinstance(steps, int) and _count(steps, 1) and steps <= MAX_MARGIN_STEPS):
             return f"lr_steps: not an integer in 1..{MAX_MARGIN_STEPS}"
     return None if run is None else _beyond(plan, skip, run)
+
+
+def _restart_problem(plan: Any, run: RunBounds | None) -> str | None:
+    """Why a restart's or exclusion's plan is not one this sidecar's rules could decide:
+    not a whole plan (records/actions.py parses it, as every reader does). Its resume point
+    is not bounded by the run's steps as known here: the node of a frozen rank lags behind
+    the checkpoint the others saved, and its ranks must leave too (the client loads only a
+    checkpoint inside the job's own checkpoint directory: ``Monitor.resume_plan``)."""
+    parsed = RestartPlan.from_dict(plan)
+    if parsed is None:
+        return "plan: not a whole restart plan"
+    if len(parsed.skip) > MAX_WINDOWS:
+        return f"plan.skip: more than {MAX_WINDOWS} windows"
+    return None
 
 
 def _beyond(plan: dict[str, Any], skip: list[list[int]], run: RunBounds) -> str | None:

@@ -1,6 +1,7 @@
-"""Actions back to the trainer: a rule may ask the run to ``stop``, to ``checkpoint`` or
-to ``rollback`` (to its last clean checkpoint, skipping the data past the fault: decided
-once per run, see alerting/rollback.py).
+"""Actions back to the trainer: a rule may ask the run to ``stop``, to ``checkpoint``, to
+``rollback`` (to its last clean checkpoint, skipping the data past the fault: decided
+once per run, see alerting/rollback.py), or to ``restart`` every rank through its launcher,
+with ``exclude``: leaving a sick node out (alerting/restart.py).
 
 An action is taken once per alert episode, when the episode's ``action_after``-th matching
 finding arrives (``action_after: 3`` on ``nan_inf`` = "stop on repeated NaN"). It is
@@ -44,18 +45,22 @@ honouring it two steps later::
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
-from monitor_agent.alerting import rollback
+from monitor_agent.alerting import restart, rollback
 from monitor_agent.alerting.alert_store import AlertTx
 from monitor_agent.alerting.alerts import Action, RunContext
 from monitor_agent.alerting.rules import Rule
+from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
 from monitor_agent.records.types import Finding
 
-__all__ = ["ACTIONS", "Action", "applied_rollbacks", "describe", "due", "honour_stops",
-           "ignored_stops", "take"]
+__all__ = ["ACTIONS", "Action", "applied_restarts", "applied_rollbacks", "describe", "due",
+           "honour_stops", "ignored_stops", "take"]
 
-ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback")
+log = logging.getLogger(__name__)
+
+ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback", *RESTART_ACTIONS)
 """Actions the trainer is asked to take; ``notify-only`` (the default) takes none."""
 
 
@@ -78,7 +83,7 @@ def due(rule: Rule, count: int) -> bool:
     a rollback (its alert stays open while the resumed run goes on), and a fault that comes
     back after the resume must decide again; ``take`` keeps it to one decision per fault
     (none while one is pending) and one stop."""
-    if rule.action == "rollback":
+    if rule.action in ("rollback", *RESTART_ACTIONS):
         return count >= rule.action_after
     return rule.action in ACTIONS and count == rule.action_after
 
@@ -89,6 +94,8 @@ def take(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float
     when a rollback is already pending for the run (decided once: alerting/rollback.py)."""
     if rule.action == "rollback":
         return _rollback(tx, rule, finding, fingerprint, now, run or RunContext(finding.run_id))
+    if rule.action in RESTART_ACTIONS:
+        return _restart(tx, rule, finding, fingerprint, now, run or RunContext(finding.run_id))
     action = Action(id=0, run_id=finding.run_id, action=rule.action, rule=rule.name,
                     type=finding.type, step=finding.step,
                     message=describe(rule.action, finding.step, rule.name), created_at=now)
@@ -103,6 +110,15 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
         return None
     if tx.has_action(finding.run_id, rule.name, "stop"):
         return None
+    fault = restart.fault_of(finding, run)
+    history = _history(tx, finding.run_id)
+    if restart.repeated(rule, fault, run, history, now) is not None:
+        # The same node at fault in a second incident: the node, not the data (a run on
+        # one node cannot tell them apart, and keeps rolling back).
+        healed = _decided(tx, rule, finding, fingerprint, now,
+                          restart.decide(rule, finding, run, history, now))
+        if healed is not None:
+            return healed
     number = len(tx.rollbacks(finding.run_id)) + 1
     kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number, rollback.Positions(
         run.checkpoint_positions, run.data, run.skipped, run.skipped_unit, run.skips_by))
@@ -112,10 +128,90 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
                         message=f"{plan} (rule {rule.name}, {finding.type} at step "
                                 f"{finding.step})", created_at=now)
     else:
+        if fault.node is not None and len(run.nodes) > 1:  # what a later incident compares
+            plan = {**plan, "fault_node": fault.node, "fault_host": next(
+                (n.host for n in run.nodes if n.node == fault.node), None)}
         action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
                         type=finding.type, step=finding.step, message=rollback.describe(plan),
                         created_at=now, plan=plan)
     return tx.add_action(action, fingerprint)
+
+
+def _restart(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float,
+             run: RunContext) -> Action | None:
+    pending = tx.pending_restarts(finding.run_id)
+    if pending:  # every rank's hang report, or the hang repeating: decided already
+        tx.note_action(fingerprint, pending[-1][0].message)
+        return None
+    if tx.has_action(finding.run_id, rule.name, "stop"):
+        return None
+    if finding.attempt < run.attempt or run.relaunching:
+        # A fault of a job its launcher relaunches already (a crashed rank's group is
+        # restarted by torchrun on its own): restarting would hit the new processes.
+        tx.note_action(fingerprint, f"no restart: the job is being relaunched already "
+                                    f"(attempt {run.attempt} began)")
+        return None
+    decision = restart.decide(rule, finding, run, _history(tx, finding.run_id), now)
+    return _decided(tx, rule, finding, fingerprint, now, decision)
+
+
+def _decided(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float,
+             decision: restart.Restart | restart.Stop | restart.Hold) -> Action | None:
+    """Store a restart decision (``Hold``: noted on the alert, no action)."""
+    about = f"rule {rule.name}, {finding.type} at step {finding.step}"
+    if isinstance(decision, restart.Hold):
+        tx.note_action(fingerprint, f"{decision.why} ({about})")
+        log.warning("run %s: %s (%s)", finding.run_id, decision.why, about)
+        return None
+    if isinstance(decision, restart.Stop):
+        if tx.has_action(finding.run_id, rule.name, "stop"):
+            return None
+        action = Action(id=0, run_id=finding.run_id, action="stop", rule=rule.name,
+                        type=finding.type, step=finding.step,
+                        message=f"{decision.why} ({about})", created_at=now)
+        return tx.add_action(action, fingerprint)
+    action = Action(id=0, run_id=finding.run_id, action=decision.kind, rule=rule.name,
+                    type=finding.type, step=finding.step,
+                    message=f"{decision.plan.describe()} ({about})", created_at=now,
+                    plan=decision.plan.to_dict())
+    return tx.add_action(action, fingerprint)
+
+
+def _history(tx: AlertTx, run_id: str) -> list[restart.Past]:
+    """The run's healing actions as a restart decision weighs them (oldest first)."""
+    out = []
+    for action, _ in tx.healing(run_id):
+        plan = RestartPlan.from_dict(action.plan) if action.action != "rollback" else None
+        raw = action.plan or {}
+        node, host = raw.get("fault_node"), raw.get("fault_host")
+        out.append(restart.Past(
+            at=action.created_at, kind=action.action, plan=plan,
+            honoured_step=action.honoured_step,
+            fault_node=node if isinstance(node, int) and not isinstance(node, bool) else None,
+            fault_host=host if isinstance(host, str) else None, fault_step=action.step,
+            cause=action.type))
+    return out
+
+
+def applied_restarts(tx: AlertTx, run_id: str, start_step: int, now: float,
+                     started: float) -> list[Action]:
+    """An attempt of the run that began at ``started`` settled at ``start_step`` (now):
+    the job was relaunched, so its pending restarts decided before it began were carried
+    out (``honoured_step``), and their alerts say when training resumed. One decided after
+    it began was not (the attempt's first record came before it: a node's ranks whose
+    launcher had relaunched them already)."""
+    done = []
+    for old, fingerprint in tx.pending_restarts(run_id):
+        plan = RestartPlan.from_dict(old.plan)
+        if plan is None or old.created_at > started:
+            continue
+        took = max(now - old.created_at, 0.0)
+        message = (f"{plan.describe(done=True)}; training resumed at step {start_step}, "
+                   f"{took:.0f} s after the decision")
+        new = replace(old, honoured_step=start_step, message=message)
+        tx.honour(old, new, fingerprint)
+        done.append(new)
+    return done
 
 
 def applied_rollbacks(tx: AlertTx, run_id: str, start_step: int) -> list[Action]:

@@ -121,13 +121,19 @@ class RuleModel(_Strict):
     repeat_interval: Duration | None = None
     resolve_after: Duration | None = None
     fingerprint: list[FingerprintLabel] = Field(default_factory=_by_layer)
-    action: Literal["stop", "checkpoint", "rollback", "notify-only"] = "notify-only"
+    action: Literal["stop", "checkpoint", "rollback", "restart", "exclude",
+                    "notify-only"] = "notify-only"
     action_after: int = Field(1, ge=1, le=1_000_000)
     # action: rollback only (alerting/rollback.py; defaults on ``Rule``).
     rollback_skip_margin: int | None = Field(None, ge=0, le=10_000_000)
     rollback_lr_factor: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     rollback_lr_steps: int | None = Field(None, ge=1, le=10_000_000)
     rollback_budget: int | None = Field(None, ge=1, le=100)
+    # action: restart or exclude only (alerting/restart.py; defaults on ``Rule``).
+    restart_budget: int | None = Field(None, ge=1, le=100)
+    restart_window: Duration | None = None
+    restart_cure_steps: int | None = Field(None, ge=0, le=10_000_000)
+    exclude_budget: int | None = Field(None, ge=0, le=100_000)
 
     @model_validator(mode="after")
     def _rollback_fields(self) -> RuleModel:
@@ -135,6 +141,12 @@ class RuleModel(_Strict):
         if given and self.action != "rollback":
             raise ValueError(f"{', '.join(given)} only apply to action: rollback "
                              f"(this rule's action is {self.action})")
+        given = [k for k in _RESTART_FIELDS if getattr(self, k) is not None]
+        if given and self.action not in ("restart", "exclude"):
+            raise ValueError(f"{', '.join(given)} only apply to action: restart or exclude "
+                             f"(this rule's action is {self.action})")
+        if self.restart_window is not None and self.restart_window <= 0:
+            raise ValueError("restart_window must be a positive duration")
         if (self.rollback_lr_factor is None) != (self.rollback_lr_steps is None):
             raise ValueError("rollback_lr_factor and rollback_lr_steps go together: the LR "
                              "is scaled by the factor for that many steps after the resume")
@@ -143,6 +155,7 @@ class RuleModel(_Strict):
 
 _ROLLBACK_FIELDS = ("rollback_skip_margin", "rollback_lr_factor", "rollback_lr_steps",
                     "rollback_budget")
+_RESTART_FIELDS = ("restart_budget", "restart_window", "restart_cure_steps", "exclude_budget")
 
 
 class DefaultsModel(_Strict):
@@ -174,7 +187,8 @@ class Rule:
     value_above: float | None = None
     value_below: float | None = None
     fingerprint: tuple[str, ...] = ("layer",)
-    action: str = "notify-only"   # stop | checkpoint | rollback | notify-only (rule_actions.py)
+    action: str = "notify-only"   # stop | checkpoint | rollback | restart | exclude |
+    #                               notify-only (rule_actions.py)
     action_after: int = 1         # matching findings in one episode before acting
     # Steps past the fault's step whose batches a rollback skips too (alerting/rollback.py).
     # PaLM restarted ~100 steps before each spike and skipped 200-500 batches; the window
@@ -187,6 +201,23 @@ class Rule:
     # Rollbacks per run before the rule stops it instead: a fault that comes back twice
     # after going back to clean weights is not a bad batch, and a human must look.
     rollback_budget: int = 2
+    # action: restart / exclude (alerting/restart.py). Restarts per run within
+    # ``restart_window`` before the rule stops it instead: Meta's study (arXiv 2410.21680)
+    # measured a mean time to failure of 1.8 h at 16,384 GPUs, about 0.6 failures an hour at
+    # the largest scale jobs run at; a third restart within one hour is five times that
+    # rate, which is no longer chance hardware but something the restart does not reach (a
+    # node the evidence did not name, the code, the filesystem), and a human must look.
+    restart_budget: int = 3
+    restart_window: float = 3600.0
+    # A fault of the same kind again within this many steps of the resume was not cured by
+    # the restart: stop and page, never loop. 100 steps is past the first checkpoint
+    # interval of most jobs (the restarted job has shown it can train again) and far
+    # shorter than the steps between two independent hardware faults (hours apart).
+    restart_cure_steps: int = 100
+    # Nodes one run may leave out (None: a tenth of its nodes, at least 1): more than that
+    # means the evidence blames nodes for what is not theirs (the network, a bad image), and
+    # leaving more out would only shrink the job; past it the rule stops and pages.
+    exclude_budget: int | None = None
     # The route its channels come from: "page" (someone is woken) or another, e.g. "chat".
     route: str = "page"
 
@@ -301,7 +332,8 @@ def _build(r: RuleModel, index: int, model: RulesFileModel, source: str) -> Rule
         value_above=r.when.value_above, value_below=r.when.value_below,
         fingerprint=tuple(dict.fromkeys(r.fingerprint)),
         action=r.action, action_after=r.action_after,
-        **{k: v for k in _ROLLBACK_FIELDS if (v := getattr(r, k)) is not None},
+        **{k: v for k in (*_ROLLBACK_FIELDS, *_RESTART_FIELDS)
+           if (v := getattr(r, k)) is not None},
     )
 
 

@@ -57,6 +57,7 @@ from monitor_agent.notify.channels import (
 )
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
+from monitor_agent.records.actions import RESTART_ACTIONS
 from monitor_agent.records.types import Finding
 
 log = logging.getLogger(__name__)
@@ -205,9 +206,11 @@ class Alerting:
         """Resolving pages say what their incident cost (runs/goodput.py, the engine's)."""
         self.episodes.costs = costs
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
-        """An attempt of the run resumed at ``start_step``: a pending rollback is applied."""
-        self.episodes.attempt_settled(run_id, start_step, now)
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
+        """An attempt of the run resumed at ``start_step``: a pending rollback is
+        applied, and a restart decided before it began (``started``) carried out."""
+        self.episodes.attempt_settled(run_id, start_step, now, started)
 
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:
@@ -307,7 +310,7 @@ class Alerting:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""
         return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
-                if (a.action == "rollback" and a.withdrawn_by is None)
+                if (a.action in ("rollback", *RESTART_ACTIONS) and a.withdrawn_by is None)
                 or (a.action == "stop" and a.honoured_step is None)]
 
     def stop_requested(self, run_id: str) -> bool:

@@ -52,9 +52,11 @@ class AlertSink(Protocol):
         """Clock-driven work: resolves, repeats, re-sends."""
         ...
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
         """A new attempt of the run resumed (or restarted) at ``start_step``: a pending
-        rollback whose window begins at or after it was applied."""
+        rollback whose window begins at or after it was applied, and a pending restart
+        decided before the attempt began (``started``) carried out."""
         ...
 
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
@@ -110,7 +112,8 @@ class NullSink:
     def tick(self, now: float) -> None:
         return None
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
         return None
 
     def cost_with(self, costs: Costs) -> None:

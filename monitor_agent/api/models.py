@@ -270,6 +270,27 @@ class GoodputAttemptOut(BaseModel):
         default=None, description="This attempt's straggler tax and who caused it.")
 
 
+class RecoveryOut(BaseModel):
+    kind: str = Field(description="hang (a hang, and the relaunch that ended it) or restart "
+                      "(a relaunch after a crash).")
+    step: int = Field(description="The step before the failure.")
+    start: float = Field(description="Unix time it began.")
+    seconds: float = Field(description="Until the first step after it (the time to recover).")
+    lost_seconds: float = Field(description="Work re-done after the relaunch.")
+    open: bool = Field(description="Not recovered yet.")
+
+
+class EttrOut(BaseModel):
+    ettr: float | None = Field(description="Effective training time ratio: productive / wall "
+                               "(the goodput ratio).")
+    time_to_start_seconds: float | None = Field(
+        description="The first attempt's start-up: its first record to its first step.")
+    failures: int = Field(description="Hangs and relaunches after a crash (runs/ettr.py).")
+    time_to_recover_seconds: list[RecoveryOut] = Field(description="Each failure, oldest first.")
+    time_to_recover_p50_seconds: float | None
+    time_to_recover_p99_seconds: float | None
+
+
 class GoodputOut(BaseModel):
     run_id: str
     start: float | None
@@ -297,6 +318,21 @@ class GoodputOut(BaseModel):
     summary: str = Field(description='"goodput 93.1%: 4.2% restarts, 1.9% rollback, ...".')
     attempts: list[GoodputAttemptOut]
     incidents: list[IncidentOut] = Field(description="Oldest first (the newest 200).")
+    ettr: EttrOut = Field(description="Meta's effective-training-time figures (runs/ettr.py).")
+
+
+class NodeOut(BaseModel):
+    sidecar: str = Field(description="This sidecar's id (what a run's leader names it by).")
+    node_name: str = Field(description="This node's name as a drain names it (the "
+                           "scheduler's; default the short hostname).")
+    drained: bool = Field(description="A run's leader left this node out (cluster/drain.py).")
+    mode: str = Field(description="cluster.drain.mode: none, slurm or command.")
+    run_id: str | None = None
+    action_id: int | None = None
+    reason: str | None = Field(default=None, description="Why, as the scheduler records it.")
+    at: float | None = Field(default=None, description="Unix time of the decision here.")
+    outcome: str | None = Field(default=None, description="recorded (mode none), pending, "
+                                "done, or failed: <why> (the drain command's result).")
 
 
 class ActionsOut(BaseModel):

@@ -37,6 +37,7 @@ from monitor_agent.api.readiness import Readiness
 from monitor_agent.api.rejection_log import RejectionLog
 from monitor_agent.api.streamed_page import ReadSlots
 from monitor_agent.api.token_health import TokenHealth
+from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
 from monitor_agent.pipeline.runner import EngineRunner
@@ -59,6 +60,8 @@ class Services:
     backends: Backends | None = None
     # This sidecar's id (cluster/identity.py): named in every peer exchange.
     sidecar: str = ""
+    # This node's drain (cluster/drain.py): set with the backends, read by GET /v1/node.
+    node_drain: NodeDrain | None = None
     read_slots: ReadSlots = field(init=False)
     """Large read answers in progress (api/streamed_page.py): at most max_read_streams."""
 

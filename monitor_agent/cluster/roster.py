@@ -43,10 +43,23 @@ class Roster:
 
     nodes: dict[int, NodeSeen] = field(default_factory=dict)
     expected: int = 1
+    attempt: int = 0  # the run's attempt whose run records said ``expected`` (0: unknown)
     local_world_size: int | None = None
     local: set[int] = field(default_factory=lambda: {0})  # nodes of this sidecar's own ranks
+    # When the job last re-formed (a new attempt: its nodes and their ranks may differ): a
+    # node not heard since is missed only after the first-report grace from then.
+    since: float = 0.0
+
+    def reformed(self, now: float) -> None:
+        """A new attempt of the run settled: what was heard of its nodes is the old job's
+        (a node left out, node ranks renumbered); each node's next heartbeat says where it
+        is, and the new attempt's run records how many there are (``expect``)."""
+        self.nodes.clear()
+        self.since = now
 
     def expect(self, nodes: int, local_world_size: int | None = None) -> None:
+        """The job has ``nodes`` nodes (its placing run record: ``Engine._place``, which
+        starts a new roster when a re-formed job's attempt settles)."""
         self.expected = max(self.expected, nodes)
         if local_world_size is not None:
             self.local_world_size = local_world_size
@@ -63,6 +76,7 @@ class Roster:
     def missing(self, now: float, timeout: float, started: float) -> list[tuple[int, float | None]]:
         """(node rank, when last heard or None) of every node whose view the leader lacks."""
         grace = max(START_GRACE_SECONDS, 3 * timeout)
+        started = max(started, self.since)
         out: list[tuple[int, float | None]] = []
         for node in range(self.expected):
             if node in self.local:

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from monitor_agent.cluster.drain import DrainSettings
+
 
 class ClusterSettings(BaseModel):
     """The knobs of the run leader and the node sidecars that forward to it."""
@@ -70,6 +72,10 @@ class ClusterSettings(BaseModel):
         default=2.0, gt=0, le=60, description="One POST to the leader.")
     batch_max_items: int = Field(
         default=4000, ge=1, le=100_000, description="Digests and findings per POST.")
+    drain: DrainSettings = Field(
+        default_factory=DrainSettings, description="What this sidecar does when a run's "
+        "leader leaves its node out (cluster/drain.py): say so at GET /v1/node, and run "
+        "the configured drain (slurm's scontrol, or a command of the operator's).")
     uplink_max_rows: int = Field(
         default=500_000, ge=1000, description="Digests and findings kept for every leader "
         "together (about 300 bytes a step digest) while leaders are away or slow; past it "

@@ -45,6 +45,7 @@ from monitor_agent.detectors.not_learning import NotLearningDetector
 from monitor_agent.detectors.overfitting import OverfittingDetector
 from monitor_agent.detectors.plateau import PlateauDetector
 from monitor_agent.detectors.rank_outlier import RankOutlierDetector
+from monitor_agent.detectors.relaunched import RelaunchedDetector
 from monitor_agent.detectors.skip_budget import SkipBudgetDetector
 from monitor_agent.detectors.stalled import StalledDetector
 from monitor_agent.detectors.straggler import StragglerDetector
@@ -94,6 +95,8 @@ DETECTOR_CLASSES: tuple[type[DetectorBase[Any]], ...] = (
     WindowTrainedDetector,
     # a replaced attempt of the run id still sending: two live jobs on one run id
     TwoJobsDetector,
+    # the job's launcher relaunched it after a crash (no person, no action of ours)
+    RelaunchedDetector,
     # the run stopped learning: exact zeros or exact repeats where a learning run moves
     NotLearningDetector,
     # the training process died of an exception (its end record says which)

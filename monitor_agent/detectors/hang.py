@@ -175,9 +175,9 @@ class HangDetector(DetectorBase[HangSettings]):
         # others wait for; its own limit can be longer than theirs).
         stuck_at = max((st.hang_step for st in hung.values()), default=-1)
         pending = [r for r, st in self.ranks.items() if r not in hung and r not in gone
-                   and r not in unheard and st.last_time is not None
+                   and r not in unheard and (last := self._heard(st)) is not None
                    and (limit := self.expected_limit(st, peer_limit)) is not None
-                   and (now - st.last_time > limit or st.last_step <= stuck_at)]
+                   and (now - last > limit or st.last_step <= stuck_at)]
         settled = len(hung) + len(gone) + len(unheard) == len(self.ranks) or not hung or (
             not pending and self.run.first_report is not None
             and now - self.run.first_report >= self.settings.hang_settle_seconds)
@@ -199,11 +199,21 @@ class HangDetector(DetectorBase[HangSettings]):
         known = [x for x in (declared, peer_limit or None) if x]
         return max(known) if known else None
 
+    def _heard(self, st: RankHang) -> float | None:
+        """When the rank was last heard, for its silence: no earlier than the run's current
+        attempt began (a relaunched job's rank not heard yet is starting, not gone: its
+        records of the job before are not its new process's)."""
+        began = self.ctx.attempt_began
+        if st.last_time is None or began is None:
+            return st.last_time
+        return max(st.last_time, began)
+
     def _gone(self, st: RankHang, now: float, peer_limit: float) -> bool:
         limit = self.expected_limit(st, peer_limit)
-        if limit is None or st.last_time is None:
+        last = self._heard(st)
+        if limit is None or last is None:
             return False
-        return now - st.last_time > self.settings.gone_factor * limit
+        return now - last > self.settings.gone_factor * limit
 
     def _finding(self, hung: dict[int, RankHang], gone: dict[int, RankHang],
                  now: float, unheard: list[int] | None = None) -> Finding:

@@ -96,6 +96,19 @@ class DetectorSuite:
         self.ctx.saw(findings)
         return findings
 
+    def retire(self, ranks: set[int]) -> None:
+        """Forget ``ranks``: a relaunched job re-formed with fewer (torchrun's re-rendezvous
+        numbers the ranks it has from 0), and these send nothing any more, which is no
+        hang, no missing step, no straggler."""
+        for det in self.detectors:
+            held = getattr(det, "ranks", None)  # DetectorBase's per-rank state
+            if isinstance(held, dict):
+                for rank in ranks:
+                    held.pop(rank, None)
+        for rank in ranks:
+            self.ctx.state.ranks.pop(str(rank), None)
+            self.ctx.front.left(rank)
+
     def ema_loss(self, rank: int = 0) -> float | None:
         """The bias-corrected EMA of rank ``rank``'s training loss (None before any)."""
         return self.ctx.ema_loss(rank)

@@ -119,6 +119,12 @@ BADPUT_SECONDS = _c("training_badput_seconds", "Wall-clock seconds lost, by caus
 STRAGGLER_SECONDS = _g("training_straggler_badput_seconds", "The straggler tax of the run's newest attempt that has one, by cause (straggler_data, straggler_compute, straggler_collective), naming the straggler: its rank and node ('' when its run record names none).", "cause", "rank", "node")
 RUN_WALL_SECONDS = _g("training_run_wall_seconds", "Wall-clock seconds from the run's first record to its latest (attempts whose clocks overlap: each one's own): productive + every badput cause.")
 RUN_GPUS = _g("training_run_gpus", "The ranks the run was seen stepping on (GPUs; CPU processes for a CPU-only run): its device-seconds are its seconds times this.")
+# Meta's effective-training-time figures (runs/ettr.py), from the same ledger.
+TIME_TO_START = _g("training_time_to_start_seconds", "The run's first attempt's start-up: its first record to its first step, less one typical step (runs/ettr.py).")
+FAILURES = _c("training_failures", "Failures of the run's infrastructure: hangs and relaunches after a crash (a hang its relaunch ended counts once; rollbacks are not failures).")
+TIME_TO_RECOVER = MetricName(
+    "training_time_to_recover_seconds", "histogram",
+    "Seconds from each recovered failure of the run to its first step after it (runs/ettr.py).")
 ACTIONS = _c("training_actions", "Actions alert rules took for the run (stop, checkpoint, rollback).", "action", "rule")
 RUN_INFO = MetricName(
     "training_run_info",
@@ -166,6 +172,7 @@ UPLINK_QUEUED = "monitor_agent_uplink_queued"  # gauge: digests and findings owe
 UPLINK_DROPPED = "monitor_agent_uplink_dropped"  # counter: step digests let go (cap)
 UPLINK_BYTES = "monitor_agent_uplink_bytes"  # counter: bytes posted to leaders (gzip)
 PEER_ITEMS = "monitor_agent_peer_items"  # counter, label kind: what leaders received
+NODE_DRAINED = "monitor_agent_node_drained"  # gauge: 1 while a run's leader left this node out
 
 RUN_METRICS: tuple[MetricName, ...] = tuple(
     v for v in globals().values() if isinstance(v, MetricName)

@@ -93,6 +93,9 @@ class SelfMetrics:
             self.leader_exchanges.labels(outcome=outcome)
         for kind in ("digest", "finding", "heartbeat"):
             self.peer_items.labels(kind=kind)
+        self.node_drained = Gauge(
+            names.NODE_DRAINED, "1 while a run's leader has left this node out (GET /v1/node; "
+            "cluster/drain.py), until DELETE /v1/node/drain.", registry=registry)
         build = Gauge(names.BUILD_INFO, "Build information.", ["version"], registry=registry)
         build.labels(version=version).set(1)
         for outcome in ("accepted", "duplicate", "rejected", "late"):

@@ -36,14 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor_agent.alerting.alerts import RunContext
+from monitor_agent.alerting.alerts import NodeView, RunContext
 from monitor_agent.alerting.plan_check import RunBounds
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.digest import digest
+from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.placement import leader_of
 from monitor_agent.cluster.roster import Roster
-from monitor_agent.detectors import DetectorSuite, two_jobs
+from monitor_agent.detectors import DetectorSuite, relaunched, two_jobs
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
 from monitor_agent.detectors.support.context import SkipPlan, host_label
 from monitor_agent.metrics import names as metric_names
@@ -57,6 +58,7 @@ from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.records import schemas, wire
+from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
 from monitor_agent.records.types import (
     AgreementRecord,
     CheckpointRecord,
@@ -68,8 +70,16 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
+from monitor_agent.runs.ettr import ettr_of, recovery_words
 from monitor_agent.runs.goodput import STRAGGLER_CAUSES, cost_words
-from monitor_agent.runs.lifecycle import AttemptSettled, Ended, Event, RolledBack, RunLifecycle
+from monitor_agent.runs.lifecycle import (
+    AttemptSettled,
+    Ended,
+    Event,
+    Restarted,
+    RolledBack,
+    RunLifecycle,
+)
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.runs.verdict import Verdict
 from monitor_agent.settings import Settings
@@ -191,6 +201,10 @@ class Engine:
         self._held_told: dict[tuple[str, int], None] = {}
         self.failpoints = Failpoints(settings.failpoint)
         self.alerts.cost_with(self._incident_cost)
+        # This sidecar's id (cluster/identity.py) and its node's drain (cluster/drain.py),
+        # set by the app: a decision that leaves this node out drains it.
+        self.identity = ""
+        self.node_drain: NodeDrain | None = None
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -387,20 +401,44 @@ class Engine:
             return placed
         token, number, settled = placed
         book = live.attempts
+        live.state.attempt = max(book.current, 1)
+        live.state.relaunching = book.get(book.current).kind == "pending"
         if settled is not None and settled.kind != "first":
             log.info("run %s: attempt %d %s from step %d", record.run_id, number,
                      settled.kind, record.step)
+            before = live.state
+            launcher = before.run.launcher if before.run is not None else None
+            crashed = (before.status in ("running", "failed") and not before.hung_ranks
+                       and launcher is not None and launcher.restarts,
+                       before.last_step, now - before.last_arrival)
             live = self.registry.rebuild(record.run_id, now)
+            live.suite.ctx.attempt_began = record.time  # its ranks start now (hang.py)
             book = live.attempts
             self.failpoints.reached("attempt_settled")
-            self._lifecycle(live, live.lifecycle.settled(settled), now)
+            events = live.lifecycle.settled(settled)
+            self._lifecycle(live, events, now)
             self.failpoints.reached("rollback_applied")
             result.resumed = True
+            if crashed[0] and not any(isinstance(e, RolledBack | Restarted) for e in events):
+                self._relaunched(live, settled, crashed[1], crashed[2], now, result)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
         return _Admitted(item, number,
                          book.superseded_by(number, record.kind, record.step))
+
+    def _relaunched(self, live: LiveRun, attempt: StoredAttempt, last_step: int, gap: float,
+                    now: float, result: IngestResult) -> None:
+        """Page that the job's launcher relaunched it after a crash (an attempt with no end
+        record, or a failed one, no hang open, and a launcher its ranks said runs them
+        again: detectors/relaunched.py), where the run is judged (a node sidecar leaves it
+        to the leader, which sees the attempt too)."""
+        if relaunched.RelaunchedDetector.type in self.settings.detectors.disabled or \
+                self._following(live.state) is not None:
+            return
+        found = relaunched.finding(live.run_id, attempt.number, attempt.start_step or 0,
+                                   last_step if last_step >= 0 else None, gap)
+        self._route(live.state, [found], now, result)
 
     def _holds_history(self, live: LiveRun, now: float) -> str | None:
         """Why the run's current attempt may not be replaced now (``holds_history``)."""
@@ -656,6 +694,7 @@ class Engine:
             run.apply_run(record, remote=origin is not None)
             if origin is None:
                 self._place(live, record, attempt)
+                self._retire(live)
         elif isinstance(record, EndRecord) and _ends_run(live, record, attempt):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
@@ -760,6 +799,39 @@ class Engine:
         live = self.registry.get(run_id)
         if live is not None:
             self._lifecycle(live, live.lifecycle.acted(actions), now)
+        self._drain(live, run_id, actions)
+
+    def _retire(self, live: LiveRun) -> None:
+        """Forget the ranks past the job's world size: a relaunch re-formed it with fewer
+        (a node left out), and their kept history must not make them hung or awaited."""
+        world = _world(live.state)
+        gone = {r for r in live.state.ranks if r >= world}
+        if gone and world < len(live.state.ranks):
+            live.state.retire(gone)
+            live.suite.retire(gone)
+
+    def _drain(self, live: LiveRun | None, run_id: str, actions: list[dict[str, Any]]
+               ) -> None:
+        """Drain this node when a restart leaves it out (cluster/drain.py): a node the plan
+        names by this sidecar's id, or (``leads``: the run is judged here) by none, the
+        leader's own node."""
+        if self.node_drain is None:
+            return
+        leads = live is not None and live.state.leader is None
+        local = {r for r, s in live.state.ranks.items() if not s.remote} if live else set()
+        for action in actions:
+            if action.get("action") not in RESTART_ACTIONS or \
+                    action.get("honoured_step") is not None:
+                continue
+            plan = RestartPlan.from_dict(action.get("plan"))
+            for node in plan.exclude if plan is not None else ():
+                # Named by no sidecar: the leader's own node, if its own ranks run there
+                # (a leader that only relays other nodes' ranks drains nothing of its own).
+                own = leads and bool(local) and (not node.ranks or bool(set(node.ranks) & local))
+                if (node.sidecar == self.identity) if node.sidecar else own:
+                    self.node_drain.drain(run_id, int(action["id"]), node.why)
+                    if live is not None and not leads:
+                        live.state.left_out = live.state.attempt
 
     def _lifecycle(self, live: LiveRun, events: list[Event], now: float) -> None:
         """Hand each of a run's lifecycle events to whatever consumes it."""
@@ -771,8 +843,12 @@ class Engine:
                                 any(isinstance(e, RolledBack) for e in events))
                 # Alerting applies a rollback this attempt resumed at, closes the alerts
                 # about what it abandoned, and may decide again (alerting/rollback.py).
-                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now)
+                self.alerts.attempt_settled(run.run_id, event.attempt.start_step or 0, now,
+                                            event.attempt.started_at)
                 self._applied(live)  # a restart forgets earlier windows
+                run.roster.reformed(now)
+                run.left_out = None
+                self._retire(live)
             elif isinstance(event, RolledBack):
                 self._applied(live)
                 self._store_verdict(run)  # the attempt is a rollback, not a crash's resume
@@ -1068,7 +1144,7 @@ class Engine:
         for live in self.registry:
             run = live.state
             leader = self._following(run)
-            if leader is not None and run.node is not None:
+            if leader is not None and run.node is not None and run.left_out is None:
                 host = host_label(run.run.labels) if run.run is not None else None
                 out.append((leader, PeerRun(run.run_id, run.node, host,
                                             tuple(sorted(run.ranks)))))
@@ -1161,7 +1237,14 @@ class Engine:
         book = live.state.goodput
         if rolled_back:
             inc = book.last_incident("rollback", "restart")
-            return None if inc is None else inc.words(book.gpus, book.device) + " so far"
+            if inc is None:
+                return None
+            if inc.kind == "restart":  # a relaunch: the failure it ended, start to end
+                report = book.report()
+                found = ettr_of({"incidents": report.incidents}, None).recoveries
+                if found and found[-1].start <= inc.start:
+                    return recovery_words(found[-1], book.gpus, book.device)
+            return inc.words(book.gpus, book.device) + " so far"
         if kind in ("hang", "stalled"):
             inc = book.last_incident("hang")
             if inc is None or inc.step < step - 1:
@@ -1188,6 +1271,10 @@ class Engine:
         run = live.state
         self._retry(run, now, self._ticked)  # a wait that ran out with nothing arriving
         if run.status != "running" or not run.ranks:
+            return []
+        if run.left_out is not None:
+            # Its leader left this node out of the run: the silence of its ranks is that
+            # decision carried out, not a fault to page (the leader judges the run).
             return []
         record_now = run.clock(now)
         if record_now is None:
@@ -1265,7 +1352,44 @@ def _context(run: RunState) -> RunContext:
         rank_steps={r: s.last_step for r, s in run.ranks.items()},
         checkpoint_ranks=ledger.ranks(),
         first_seen=run.first_seen, source=run.source,
+        world=_world(run), nodes=_nodes(run),
+        launcher=run.run.launcher if run.run is not None else None,
+        attempt=run.attempt, relaunching=run.relaunching,
     )
+
+
+def _world(run: RunState) -> int:
+    """The job's ranks: what its run record says report (else the ranks heard)."""
+    hardware = run.run.hardware if run.run is not None else {}
+    for key in ("reporting_ranks", "world_size"):
+        value = hardware.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return max(len(run.ranks), 1)
+
+
+def _nodes(run: RunState) -> tuple[NodeView, ...]:
+    """The nodes of a multi-node run as its leader hears them (empty: one node): its own,
+    whose ranks are those not forwarded by another node, each node the roster heard since
+    the job last re-formed, and the others it expects (not heard yet: their ranks by
+    ``local_world_size``)."""
+    roster = run.roster
+    if roster.expected <= 1 or run.leader is not None:
+        return ()
+    here = run.node if run.node is not None else 0
+    live = set(run.ranks)
+    heard = {n: seen for n, seen in roster.nodes.items() if n != here and n < roster.expected}
+    remote = {r for seen in heard.values() for r in seen.ranks}
+    own = tuple(sorted(r for r, s in run.ranks.items() if not s.remote and r not in remote))
+    host = host_label(run.run.labels) if run.run is not None else None
+    views = {here: NodeView(here, host, None, own)}
+    for n in range(roster.expected):
+        seen = heard.get(n)
+        if seen is not None:
+            views[n] = NodeView(n, seen.host, seen.sidecar, tuple(sorted(seen.ranks & live)))
+        elif n not in views:
+            views[n] = NodeView(n, None, None, tuple(sorted(roster.ranks_of(n) & live)))
+    return tuple(views[n] for n in sorted(views))
 
 
 def _silence(found: list[Finding], silent_for: float) -> tuple[float, bool] | None:

@@ -39,6 +39,8 @@ from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFI
 from monitor_agent.metrics import names as n
 from monitor_agent.records.limits import scrub
 from monitor_agent.records.types import QUANTILE_LEVELS, QuantileTable, StepRecord
+from monitor_agent.runs.ettr import RECOVERY_BUCKETS, ettr_of
+from monitor_agent.runs.goodput import GoodputReport
 from monitor_agent.runs.progress import run_progress
 from monitor_agent.runs.run_state import RankState, RunState
 
@@ -221,7 +223,7 @@ FAMILIES: tuple[Family, ...] = tuple(
         *(g for g, _ in ACTIVATION_GAUGES),
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.GOODPUT_RATIO, n.PRODUCTIVE_SECONDS, n.BADPUT_SECONDS, n.RUN_WALL_SECONDS,
-        n.RUN_GPUS, n.STRAGGLER_SECONDS,
+        n.RUN_GPUS, n.STRAGGLER_SECONDS, n.TIME_TO_START, n.FAILURES, n.TIME_TO_RECOVER,
         n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
     )
 )
@@ -504,6 +506,23 @@ class RunRenderer:
             for part, seconds in tax.parts.items():
                 self.add(n.STRAGGLER_SECONDS.name, f'{labels},cause="straggler_{part}",{who}',
                          seconds)
+        self._ettr(labels, report)
+
+    def _ettr(self, labels: str, report: GoodputReport) -> None:
+        """Time to start, failures and each recovery's time (runs/ettr.py)."""
+        figures = ettr_of({"attempts": report.attempts, "incidents": report.incidents},
+                          report.ratio)
+        if figures.time_to_start is not None:
+            self.add(n.TIME_TO_START.name, labels, figures.time_to_start)
+        self.add(n.FAILURES.name + "_total", labels, figures.failures)
+        done = [r.seconds for r in figures.recoveries if not r.open]
+        fam = n.TIME_TO_RECOVER.name
+        lines = self.out.setdefault(fam, [])
+        for le in RECOVERY_BUCKETS:
+            lines.append(f'{fam}_bucket{{{labels},le="{le}"}} {sum(s <= le for s in done)}\n')
+        lines.append(f'{fam}_bucket{{{labels},le="+Inf"}} {len(done)}\n')
+        lines.append(f"{fam}_sum{{{labels}}} {fmt(sum(done))}\n")
+        lines.append(f"{fam}_count{{{labels}}} {len(done)}\n")
 
     def _run_level(self) -> None:
         run = self.run

@@ -37,6 +37,7 @@ from monitor_agent.pipeline.registry import RunRegistry
 from monitor_agent.reads import views
 from monitor_agent.records import wire
 from monitor_agent.runs.checkpoint_ledger import CheckpointLedger, Judged, LedgerEntry
+from monitor_agent.runs.ettr import ettr_of
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.storage.store import Store, StoredRun
 
@@ -187,7 +188,9 @@ class RunQueries:
             book = self.registry.stored_goodput(run_id)
         else:
             return None
-        return {"run_id": run_id, **book.report(now).to_dict()}
+        report = book.report(now).to_dict()
+        figures = ettr_of(report, report["goodput_ratio"])
+        return {"run_id": run_id, **report, "ettr": figures.to_dict()}
 
     def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
                       kinds: Sequence[str], max_rows: int, max_bytes: int,

@@ -199,6 +199,18 @@ class ClusterModel(_Wire):
                           AfterValidator(_name)] | None = None
 
 
+class LauncherModel(_Wire):
+    # What starts the sending process (docs/format.md, "launcher"): whether a ``restart``
+    # action can be carried out (its launcher runs it again on exit status 75).
+    name: Annotated[str, StringConstraints(min_length=1, max_length=32,
+                                           pattern=r"^[a-z0-9_.-]+$")] = "none"
+    restarts: Annotated[bool, Field(strict=True)] = False
+    restart_count: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
+    max_restarts: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
+    min_nodes: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+    max_nodes: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+
+
 class DataModel(_Wire):
     # How the run leaves a rollback plan's windows out (docs/format.md, "run"): in a
     # map-style dataset's batch sampler, or by reading past them in a stream.
@@ -219,6 +231,7 @@ class RunModel(_Wire):
     )
     watchdog: WatchdogModel | None = None
     cluster: ClusterModel | None = None
+    launcher: LauncherModel | None = None
     data: DataModel | None = None
 
     @field_validator("config", "model", "hardware")
@@ -450,7 +463,8 @@ class HangModel(_Wire):
     attempt: AttemptToken | None = None
     stuck_seconds: Duration
     limit_seconds: Annotated[Duration, Field(gt=0)] | None = None
-    phase: Literal["data", "forward", "backward", "optimizer", "unknown"] = "unknown"
+    phase: Literal["data", "forward", "backward", "optimizer", "eval", "checkpoint",
+                   "unknown"] = "unknown"
     phase_seconds: Seconds = None
     threads: Annotated[list[ThreadModel], Field(max_length=limits.MAX_HANG_THREADS)] = Field(
         default_factory=list)

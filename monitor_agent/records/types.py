@@ -228,6 +228,20 @@ class ClusterPlacement:
 
 
 @dataclass(frozen=True, slots=True)
+class LauncherDeclaration:
+    """What starts the sending process, as its run record says (docs/format.md,
+    ``launcher``): whether it runs the process again when it exits with the restart status
+    (75) and how far it may, which a ``restart`` action needs (alerting/restart.py)."""
+
+    name: str = "none"
+    restarts: bool = False
+    restart_count: int | None = None
+    max_restarts: int | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The first record of a run: hyper-parameters, model shape, hardware, labels."""
 
@@ -242,6 +256,8 @@ class RunRecord:
     watchdog: WatchdogDeclaration | None = wire_field(
         lambda w: from_fields(WatchdogDeclaration, w))
     cluster: ClusterPlacement | None = wire_field(lambda c: from_fields(ClusterPlacement, c))
+    launcher: LauncherDeclaration | None = wire_field(
+        lambda w: from_fields(LauncherDeclaration, w))
     # How it leaves a rollback plan's windows out: "sampler" or "reading" (``data``).
     skips_by: str | None = wire_field(lambda d: d.skips_by, source="data")
     kind: str = "run"
@@ -494,7 +510,7 @@ def _plan(cls: type) -> _Plan:
 
 _PLANS: dict[type, _Plan] = {cls: _plan(cls)
                              for cls in (Memory, WatchdogDeclaration, ClusterPlacement,
-                                         *RECORD_TYPES.values())}
+                                         LauncherDeclaration, *RECORD_TYPES.values())}
 
 
 def from_fields(cls: type[_T], source: Any) -> _T:

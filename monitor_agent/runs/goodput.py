@@ -32,8 +32,8 @@ of its records is charged once:
   prefetch, too few workers, remote storage), which then read 0% input while
   ``input_bound`` said the model idles 80% of the time. A prefetching loader's hand-over
   of a ready batch is the training thread waiting for data too, and is charged: a
-  fraction of a millisecond to a few (tests/e2e: a healthy prefetching run stays above
-  99% goodput).
+  fraction of a millisecond to a few (tests/e2e: a healthy prefetching run loses only
+  those waits once started, under 1% of a quiet machine's time).
 - ``hang_undetected`` / ``hang_detected``: a ``hang`` record (any rank's watchdog) for the
   last completed step: from where that step's successor should have ended (one typical
   step after it) to the watchdog's report, then from the report to the recovery (the next

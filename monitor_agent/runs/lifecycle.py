@@ -15,6 +15,9 @@ store keeps the status, the verdict and the charts read what that left):
 - ``RollbackDecided`` / ``StopRequested``: the run's leader decided an action (a rule's
   ``action: rollback`` or ``stop``); the run now **awaits its resume** from the plan's
   checkpoint (in place, or by a relaunch) or **is stopping**.
+- ``RestartDecided``: a rule's ``action: restart`` (or ``exclude``): every rank leaves and
+  the job's launcher runs it again; the run is **restarting** until a new attempt settles
+  (``Restarted``: carried out), which its silence meanwhile does not change.
 - ``RolledBack``: an attempt settled at or before the pending plan's window: applied. The
   newest applied plan (``applied``) is what the resumed run's data positions are checked
   against (its ``skip`` holds every earlier window too), until a restart replaces the run.
@@ -71,6 +74,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from monitor_agent.records.actions import RestartPlan
 from monitor_agent.storage.store import StoredAttempt
 
 
@@ -79,6 +83,7 @@ class Phase(enum.StrEnum):
     SILENT = "silent"                    # running, but nothing heard for a stall: likely dead
     AWAITING_RESUME = "awaiting_resume"  # a rollback plan is pending
     AWAITING_RELAUNCH = "awaiting_relaunch"  # the process ended with a plan pending
+    RESTARTING = "restarting"            # a restart was decided; the launcher relaunches
     STOPPING = "stopping"                # a stop was requested, not yet honoured
     ENDED = "ended"                      # ``status`` says how
 
@@ -113,6 +118,20 @@ class RolledBack:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartDecided:
+    action_id: int
+    decided_at_step: int
+    said: str  # the plan as pages say it (records/actions.py ``RestartPlan.describe``)
+    decided_at: float = 0.0  # when (the leader's clock): an attempt begun after carries it out
+
+
+@dataclass(frozen=True, slots=True)
+class Restarted:
+    action_id: int
+    start_step: int
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequested:
     action_id: int
     step: int
@@ -138,7 +157,8 @@ class Ended:
     stop_ignored: bool = False
 
 
-Event = AttemptSettled | RollbackDecided | RolledBack | StopRequested | Silent | Ended
+Event = (AttemptSettled | RollbackDecided | RolledBack | RestartDecided | Restarted
+         | StopRequested | Silent | Ended)
 
 
 class RunLifecycle:
@@ -148,6 +168,7 @@ class RunLifecycle:
         self.status = status
         self.rollback: RollbackDecided | None = None
         self.stop: StopRequested | None = None
+        self.restart: RestartDecided | None = None
         self.applied: RolledBack | None = None  # the newest rollback applied
         # Start step -> action id of every rollback applied: which resumed attempts were
         # rollbacks, and which were resumes after a crash or a clean end.
@@ -165,6 +186,8 @@ class RunLifecycle:
     def phase(self) -> Phase:
         if self.status != "running":
             return Phase.AWAITING_RELAUNCH if self.rollback is not None else Phase.ENDED
+        if self.restart is not None:  # its ranks left on purpose: silence is expected
+            return Phase.RESTARTING
         if self.silent is not None:
             return Phase.SILENT
         if self.rollback is not None:
@@ -197,6 +220,12 @@ class RunLifecycle:
             events.append(self.applied)
             self.rollback = None
             self._open.pop(pending.action_id, None)
+        if self.restart is not None and attempt.started_at >= self.restart.decided_at:
+            # The job came back: the restart was carried out (an attempt begun before it
+            # was decided is a relaunch of the launcher's own, and it still waits).
+            events.append(Restarted(self.restart.action_id, start or 0))
+            self._open.pop(self.restart.action_id, None)
+            self.restart = None
         if self.stop is not None:  # the stopped process is gone; a new one's stop comes anew
             self._open.pop(self.stop.action_id, None)
         self.stop = None
@@ -217,7 +246,7 @@ class RunLifecycle:
             if a.get("withdrawn_by") is not None:  # replaced before it was applied
                 self.withdrawn(int(a["id"]))
                 continue
-            if kind in ("rollback", "stop"):
+            if kind in ("rollback", "stop", "restart", "exclude"):
                 self._open[int(a["id"])] = dict(a)
             if kind == "rollback" and isinstance(plan, dict):
                 skip, resume, unit = _windows(plan)
@@ -228,6 +257,13 @@ class RunLifecycle:
             elif kind == "stop" and self.stop is None:
                 self.stop = StopRequested(int(a["id"]), int(a.get("step") or 0))
                 events.append(self.stop)
+            elif kind in ("restart", "exclude"):
+                plan = RestartPlan.from_dict(plan)
+                said = plan.describe() if plan is not None else str(a.get("message") or "")
+                at = a.get("created_at")
+                self.restart = RestartDecided(int(a["id"]), int(a.get("step") or 0), said,
+                                              float(at) if isinstance(at, int | float) else 0.0)
+                events.append(self.restart)
         return events
 
     def withdrawn(self, action_id: int) -> None:
@@ -279,6 +315,9 @@ class RunLifecycle:
     def describe(self) -> str:
         """The phase as people read it."""
         phase = self.phase
+        if phase is Phase.RESTARTING and self.restart is not None:
+            return (f"restarting: {self.restart.said}; restart {self.restart.action_id} "
+                    f"decided at step {self.restart.decided_at_step}")
         if phase is Phase.AWAITING_RESUME and self.rollback is not None:
             r = self.rollback
             return (f"awaiting resume from checkpoint step {r.checkpoint_step} "

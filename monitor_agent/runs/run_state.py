@@ -148,6 +148,14 @@ class RunState:
     leader: str | None = None
     node: int | None = None  # this sidecar's node in the run (its ranks' run records)
     roster: Roster = field(default_factory=Roster)
+    # The run's latest attempt (pipeline/attempts.py), and whether it is pending (a new
+    # process sent records, no step yet): a restart decision reads both.
+    attempt: int = 1
+    relaunching: bool = False
+    # The attempt (this sidecar's number) a leader's restart left this node out of: its
+    # ranks are gone, so it no longer reports the run to the leader, until a later attempt
+    # brings ranks here again (cluster/drain.py).
+    left_out: int | None = None
     placed_by: int | None = None  # the attempt whose run record set the three (engine._place)
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
@@ -259,6 +267,14 @@ class RunState:
     def apply_end(self, status: str, ended_at: float) -> None:
         self.status = status
         self.ended_at = ended_at
+        self.version += 1
+
+    def retire(self, ranks: set[int]) -> None:
+        """Forget ``ranks`` (``DetectorSuite.retire``: a job re-formed with fewer)."""
+        for rank in ranks:
+            self.ranks.pop(rank, None)
+            self.hung_ranks.discard(rank)
+        self._top_known = False
         self.version += 1
 
     def count_findings(self, findings: list[Any]) -> None:

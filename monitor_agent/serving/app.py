@@ -12,7 +12,7 @@ under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests thr
     >>> app = create_app(Settings())
     >>> sorted(app.openapi()["paths"])
     ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
-     '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
+     '/v1/node', '/v1/node/drain', '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
      '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/checkpoints', '/v1/runs/{run_id}/findings',
      '/v1/runs/{run_id}/goodput', '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
      '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']
@@ -42,6 +42,7 @@ from monitor_agent.api import (
     goodput,
     health,
     ingest,
+    node,
     peer,
     preview,
     runs,
@@ -51,6 +52,7 @@ from monitor_agent.api.backends import Backends
 from monitor_agent.api.deps import services
 from monitor_agent.api.readiness import Readiness
 from monitor_agent.api.services import Services
+from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.identity import sidecar_id
 from monitor_agent.history.indexer import HistoryIndexer
 from monitor_agent.history.schema import HISTORY_SOURCE
@@ -87,7 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     for module in (ingest, preview, runs, actions, checkpoints, goodput, alerts, health, peer,
-                   charts, runs_page, pages):
+                   node, charts, runs_page, pages):
         app.include_router(module.router)
     app.add_middleware(StorageGate)
     # Added last, so outermost: its headers reach every answer, the gate's 503 included.
@@ -207,6 +209,10 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
         unwritable = f"storage: {exc}"
     engine = Engine(settings, store, metrics, alerting)
     services.sidecar = await runner.call(sidecar_id, settings.data_dir)
+    engine.identity = services.sidecar
+    engine.node_drain = services.node_drain = NodeDrain(
+        settings.cluster.drain, settings.data_dir,
+        on_change=lambda drained: metrics.node_drained.set(1 if drained else 0))
     recovered = await runner.call(engine.recover, time.time())
     log.info("recovered %d active runs from %s", recovered, settings.db_path)
     queries = RunQueries(store, engine.registry)

@@ -11,6 +11,7 @@ import pytest
 from alert_harness import FakeClock, Harness, nan, spike
 from monitor_agent.alerting import RunContext
 from monitor_agent.alerting.rules import RuleError, parse_rules
+from monitor_agent.records.types import Severity
 from receivers import Receiver
 
 RULES = """
@@ -127,9 +128,15 @@ def test_notify_only_is_the_default_and_typos_are_rejected():
                     "  - {name: A, match: {types: [nan_inf]}, action: stop, action_after: 0}\n")
 
 
-def test_the_default_rules_act_on_nothing_but_show_how_to_stop_on_repeated_nan():
+def test_the_default_rules_heal_hardware_faults_only_and_show_how_to_stop_on_repeated_nan():
     text = resources.files("monitor_agent").joinpath("default_rules.yaml").read_text()
-    assert all(r.action == "notify-only" for r in parse_rules(text))
+    acting = {(r.name, r.types, r.action) for r in parse_rules(text) if r.action != "notify-only"}
+    # A hang or a rank gone, and a hard GPU error, restart the job (docs/actions.md,
+    # "Healing"); nothing else acts unless told.
+    assert acting == {("TrainingHung", ("hang",), "restart"),
+                      ("TrainingGpuFaultHard", ("gpu_health",), "restart")}
+    hard = next(r for r in parse_rules(text) if r.name == "TrainingGpuFaultHard")
+    assert hard.min_severity == Severity.CRITICAL
     # Uncommenting the documented example gives a working stop rule, matched first.
     enabled = re.sub(r"(?m)^  # (- name: StopOnRepeatedNaN|  \S.*)$", r"  \1", text)
     first = parse_rules(enabled)[0]

@@ -132,6 +132,8 @@ def test_real_answers_match_the_document(tmp_path: Path):
         _wait_for_history(srv.url)
         c.call("GET", "/v1/runs/{run_id}/series", path="/v1/runs/doc/series")
         c.call("GET", "/v1/runs/{run_id}/matrix/{stat}", path="/v1/runs/doc/matrix/grad_norm")
+        assert c.call("GET", "/v1/node")["drained"] is False
+        assert c.call("DELETE", "/v1/node/drain")["drained"] is False
         assert httpx.get(srv.url + "/metrics").headers["content-type"].startswith("text/plain")
     json_routes = {(m, p) for p, item in doc["paths"].items() for m in item
                    if m in METHODS and p != "/metrics"}

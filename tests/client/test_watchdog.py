@@ -234,3 +234,19 @@ def _waiting(dog: Watchdog) -> list[dict]:
     frames = threads[0]["frames"]
     assert threads[0].get("training") and frames[-1]["function"] == "wait", frames[-3:]
     return frames
+
+
+def test_a_hang_reads_eval_only_while_every_watched_model_evaluates():
+    """A policy that trains beside a target network kept in eval mode is training: its hang
+    is restarted for; every watched model in eval mode is an evaluation, never restarted."""
+    from monitor_client._phase import PhaseTracker
+
+    policy, target = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    tracker = PhaseTracker()
+    tracker.attach([], [policy, target])
+    target.eval()
+    assert tracker.evaluating() is None
+    policy.eval()
+    assert tracker.evaluating() == "eval"
+    policy.train()
+    assert tracker.evaluating() is None

@@ -72,3 +72,38 @@ def test_a_restarted_node_sidecar_still_follows_its_leader(tmp_path):
     assert (run.node, run.leader) == (1, LEADER)
     assert [(leader, r.run_id, r.node, r.ranks) for leader, r in engine.followed()] == [
         (LEADER, RUN, 1, (2, 3))]
+
+
+def test_a_node_its_leader_left_out_does_not_page_its_ranks_gone(tmp_path):
+    """Node 1's sidecar adopts the leader's restart that leaves node 1 out: its ranks leave,
+    and their silence is that decision carried out. Before, node 1's hang detector judged
+    them gone a gone-limit later, and (the leader refusing a node out of its placement)
+    node 1 paged it as a partial view: a third page for two incidents (seen in
+    tests/netcluster/test_heal.py on a loaded machine). A node nobody left out still
+    judges its silent ranks gone."""
+    from monitor_agent.cluster.drain import DrainSettings, NodeDrain
+    from monitor_agent.records.actions import ExcludedNode, RestartPlan
+
+    kept, out = _engine(tmp_path / "kept.sqlite"), _engine(tmp_path / "out.sqlite")
+    for engine in (kept, out):  # node 1's two ranks, their watchdog declared
+        _ingest(engine, [{"kind": "run", "run_id": RUN, "rank": r, "time": 1.0,
+                          "hardware": {"reporting_ranks": 4},
+                          "labels": {"hostname": "gpu-node-1"},
+                          "watchdog": {"floor_seconds": 3.0, "factor": 10.0},
+                          "cluster": {"node_rank": 1, "nodes": 2, "local_world_size": 2,
+                                      "leader_url": LEADER}} for r in (2, 3)], 1000.0)
+        for step in range(1, 6):
+            _ingest(engine, [{"kind": "step", "run_id": RUN, "rank": r, "step": step,
+                              "time": 1000.0 + step, "loss": 2.0} for r in (2, 3)],
+                    1000.0 + step)
+    out.identity, out.node_drain = "node-1-sidecar", NodeDrain(DrainSettings(), tmp_path)
+    plan = RestartPlan(cause="xid 79", fault_step=5, ranks=4, nodes=2, checkpoint_step=3,
+                       checkpoint_path="/ckpt/3.pt", exclude=(ExcludedNode(
+                           node=1, host="gpu-node-1", sidecar="node-1-sidecar",
+                           ranks=(2, 3), why="hard GPU error (xid 79) at step 5"),))
+    out.acted(RUN, [{"id": 1, "action": "exclude", "step": 5, "created_at": 1006.0,
+                     "honoured_step": None, "plan": plan.to_dict()}], 1006.0)
+    assert out.node_drain.state() is not None
+    later = 1006.0 + 3600.0
+    assert "its process is gone" in " ".join(f.message for f in kept.tick(later))
+    assert [f.to_dict() for f in out.tick(later)] == []

@@ -113,6 +113,20 @@ def test_a_rank_silent_without_a_report_is_gone_while_its_peers_wait():
     assert "stuck_in" not in f.evidence["ranks"]["3"]
 
 
+def test_a_relaunched_rank_not_heard_yet_is_starting_not_gone():
+    """After a restart the other rank's new process may report first: the silent one's
+    silence counts from the new attempt's start, not from its old process's last step."""
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(2), 20)])
+    began = T0 + 20 * DT + 300.0  # the relaunched job's first record, minutes later
+    suite.ctx.attempt_began = began
+    feed(suite, [dataclasses.replace(step(11, rank=1), time=began)])
+    assert suite.tick(began + 1.0) == []
+    feed(suite, [dataclasses.replace(step(12 + i, rank=1), time=began + i) for i in range(61)])
+    found = suite.tick(began + 61.0)  # still nothing from rank 0: gone now
+    assert [f.evidence["gone_ranks"] for f in found] == [[0]]
+
+
 def test_a_silent_rank_the_others_wait_for_is_named_even_when_its_limit_is_longer():
     """Rank 3 steps 4x slower than the rest (its watchdog's limit is 4x theirs) and is killed
     after step 20; ranks 0-2 hang in the collective of step 21. Settling at the others'

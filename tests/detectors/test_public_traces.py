@@ -87,6 +87,7 @@ def test_every_type_is_proven_somewhere():
                  "action_held",  # needs agreement records: tests/e2e/test_multi_node.py
                  "window_trained",  # needs a rollback plan: tests/e2e/test_rollback_loop.py
                  "two_jobs",  # needs two attempts: tests/reliability/test_run_identity.py
+                 "relaunched",  # needs a relaunch: tests/detectors/test_relaunched.py
                  "not_learning"}  # no public trace is dead: tests/e2e/test_stranger_scripts.py
     assert expected | unit_only == set(FINDING_TYPES)
     for ftype in unit_only:

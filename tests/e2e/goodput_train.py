@@ -29,8 +29,10 @@ The script keeps its own clock too, for the test to compare with: ``<out-dir>/cl
 -<pid>.jsonl`` has one line per event, ``{"event", "step", "time"}`` (Unix time):
 ``up`` (once the monitor watches the model: the run record), ``step`` (each ``log_step``
 returned, with ``wait``: the seconds the loop waited for that step's batch, perf_counter from
-the previous step's end to the batch in hand, and ``slept``: its compute's sleep as it
-really lasted), ``eval`` / ``ckpt`` with their ``seconds``
+the previous step's end to the batch in hand, ``slept``: its compute's sleep as it
+really lasted, and ``lap``: perf_counter from the previous ``backward()``'s return to this
+one's call, everything the rank did between two gradient all-reduces, which every rank
+leaves together), ``eval`` / ``ckpt`` with their ``seconds``
 (perf_counter around them), ``crash``.
 
     python goodput_train.py --url URL --run-id R --steps 200 --out-dir out
@@ -152,6 +154,7 @@ def main() -> None:
 
     step = first
     asked = time.perf_counter()
+    synced = asked  # the previous backward()'s return: its all-reduce done on every rank
     for x, y in mon.timed(stream):  # monitor: data_time and data_position with each step
         wait = time.perf_counter() - asked
         # a step's compute, the slow rank's longer
@@ -159,13 +162,15 @@ def main() -> None:
         time.sleep(args.step_time + (args.slow if rank == args.slow_rank else 0.0))
         slept = time.perf_counter() - began
         loss = (model(x) - y).pow(2).mean()
+        lap = time.perf_counter() - synced
         loss.backward()
+        synced = time.perf_counter()
         if step == args.hang_at:
             time.sleep(args.hang)  # stuck, until it is not
         optimizer.step()
         optimizer.zero_grad()
         mon.log_step(step, loss=loss.detach(), samples=len(x))  # monitor
-        note("step", step, wait=wait, slept=slept)
+        note("step", step, wait=wait, slept=slept, lap=lap)
         if step in evals:
             began = time.perf_counter()
             val = evaluate()

@@ -9,7 +9,8 @@ rollback badput; a 2-rank gloo DDP run with one slow rank: the straggler tax, it
 
 Input (issue 50): a loader slow on every step (no prefetch), a prefetching loader with too
 few workers, a loader that slows down mid-run: their waits are input badput, all of them;
-a healthy prefetching run stays above 99% goodput once started. A 2-node job (two sidecars,
+a healthy prefetching run loses nothing once started but the waits it measured (its
+hand-over of ready batches: under 1% of a quiet machine's time). A 2-node job (two sidecars,
 node 0's leading) whose rank 1 loads slowly: "straggler: data loading (rank 1 on
 gpu-node-1)", and the Fleet dashboard's badput-by-cause panel, queried from a real
 Prometheus scraping both sidecars, shows the same split. On every shape the ledger and the
@@ -193,14 +194,17 @@ def _agree(url: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.mark.slow
-def test_a_healthy_prefetching_run_is_above_99_percent_goodput_once_started(sidecar, tmp_path):
+def test_a_healthy_prefetching_run_loses_only_its_measured_waits_once_started(sidecar,
+                                                                              tmp_path):
     """30 steps of ~1 s, a DataLoader with two workers that keep ahead of the model,
     nothing injected. Every wait for a batch is input (the training thread's: the hand-over
-    of a ready batch, 1-3 ms, and the stalls a busy 2-core machine adds to it, up to 0.1 s
-    seen), as the script measured it; after start-up (the process up to its first step: the
-    workers spawning, the first batch) that is all the badput there is, under 1% of the
-    time. The script's steps are sleeps, which a busy machine does not slow while it slows
-    the hand-over: a step of a second keeps such a machine's stalls a small part of it."""
+    of a ready batch, 1-3 ms, and the stalls a busy 2-core machine adds to it), as the
+    script measured it; after start-up (the process up to its first step: the workers
+    spawning, the first batch) that is all the badput there is: nothing else is charged
+    beyond 1% of the time. On a quiet machine the hand-over keeps the run above 99% goodput
+    once started; a loaded one stretches the hand-over (0.9% of the time in a CI run beside
+    the namespace cluster's jobs: 98.5%), which is waiting for data too, and is charged so:
+    the bound is the waits the script measured, not a share a machine's load decides."""
     _train(sidecar.url, "gp-healthy", tmp_path, "--steps", "30", "--step-time", "1.0",
            "--workers", "2")
     g = _goodput(sidecar.url, "gp-healthy")
@@ -210,7 +214,10 @@ def test_a_healthy_prefetching_run_is_above_99_percent_goodput_once_started(side
     # The first step's wait is a typical step's wait plus the loader's spin-up (start-up).
     assert sum(waits[1:]) * (1 - REL) <= bad["input"] <= sum(waits) * (1 + REL), bad
     started = g["wall_seconds"] - bad["startup"]
-    assert g["productive_seconds"] / started >= 0.99, g["summary"]
+    others = started - g["productive_seconds"] - bad["input"]
+    assert 0.0 <= others <= WALL * started, g["summary"]
+    assert g["productive_seconds"] >= started - sum(waits) * (1 + REL) - WALL * started, \
+        g["summary"]
     assert [a["attempt"] for a in g["attempts"]] == [1] and g["incidents"] == []
     assert _agree(sidecar.url, "gp-healthy") == {}
 
@@ -290,7 +297,8 @@ def test_the_steps_a_rollback_threw_away_are_rollback_badput(sidecar, tmp_path):
     """The closed loop's script: its data turns corrupt at batch 65, the sidecar's rule rolls
     it back to its checkpoint at step 60 and it goes on past the window. The steps it trained
     from 61 up to the plan are work thrown away: their time, from their own records, less
-    the saves among them (checkpoint time), is the rollback bucket."""
+    the saves among them (checkpoint time) and their waits for data (input: the records'
+    ``data_time``, which a loaded machine stretches), is the rollback bucket."""
     run_id, out = "gp-rollback", tmp_path / "out"
     [proc] = _launch(ROLLBACK_SCRIPT, tmp_path, f"--url={sidecar.url}", f"--run_id={run_id}",
                      f"--out_dir={out}", "--steps=100", "--ckpt_every=10", "--poison=65-70",
@@ -308,7 +316,9 @@ def test_the_steps_a_rollback_threw_away_are_rollback_badput(sidecar, tmp_path):
     assert max(steps) == last > 60
     saves = sum(r.get("seconds") or 0.0 for r in old
                 if r["kind"] == "checkpoint" and 60 <= r["step"] < last)
-    thrown = steps[last] - steps[60] - saves
+    waits = sum(r.get("data_time") or 0.0 for r in old
+                if r["kind"] == "step" and 60 < r["step"] <= last)
+    thrown = steps[last] - steps[60] - saves - waits
     g = _goodput(sidecar.url, run_id)
     bad = g["badput_seconds"]
     assert bad["rollback"] == pytest.approx(thrown, rel=REL), (bad, last)
@@ -326,20 +336,29 @@ def test_the_steps_a_rollback_threw_away_are_rollback_badput(sidecar, tmp_path):
 def test_a_slow_rank_is_the_straggler_tax_of_its_compute(sidecar, tmp_path):
     """Two gloo ranks, 40 steps; rank 1's compute takes 100 ms more each step, and rank 0
     waits that long for it in every all-reduce. The tax is the other rank's summed wait
-    less the straggler's from the second step on (the first is start-up): all of 39 x 100
-    ms (what the steps would be shorter at the other rank's pace), its own compute, rank
-    1's; the straggler finding says the same. (The ranks' other work differs by a few
-    milliseconds a step on a busy machine: 5% of 100 ms holds it.)"""
+    less the straggler's from the second step on (the first is start-up): what the steps
+    would be shorter at the other rank's pace, rank 1's own compute; the straggler finding
+    says the same. Held to the ranks' own clocks: both leave each all-reduce together, so
+    the tax is rank 1's summed time from one all-reduce to the next less rank 0's (the
+    script's ``lap``), the 100 ms sleeps and whatever else a busy machine made one rank
+    slower at (rank 0's own work ran 0.2 s slower over the run in a CI run beside the
+    namespace cluster's jobs: a tax of 3.64 s for 3.91 s of extra sleep). What rank 1 spent
+    it on is its compute, but for any longer waits for its batches."""
     _train(sidecar.url, "gp-straggler", tmp_path, "--steps", "40", "--slow-rank", "1",
            "--slow", "0.1", world=2)
     g = _goodput(sidecar.url, "gp-straggler")
     assert g["gpus"] == 2
-    # The 100 ms as the two ranks' sleeps really lasted (a busy machine wakes sleepers late).
-    slept = {r: [e["slept"] for e in _clock(tmp_path, rank=r) if e["event"] == "step"][1:]
+    steps = {r: [e for e in _clock(tmp_path, rank=r) if e["event"] == "step"][1:]
              for r in (0, 1)}
-    extra = sum(slept[1]) - sum(slept[0])
-    assert extra >= 39 * 0.1 * (1 - REL)
-    assert g["badput_seconds"]["straggler_compute"] == pytest.approx(extra, rel=REL)
+
+    def more(field: str) -> float:  # rank 1's sum of a clock field less rank 0's
+        return sum(e[field] for e in steps[1]) - sum(e[field] for e in steps[0])
+    # The 100 ms as the two ranks' sleeps really lasted (a busy machine wakes sleepers late).
+    assert more("slept") >= 39 * 0.1 * (1 - REL)
+    bad = g["badput_seconds"]
+    tax = sum(bad[c] for c in STRAGGLER_CAUSES)
+    assert tax == pytest.approx(more("lap"), rel=REL), bad
+    assert bad["straggler_compute"] >= (tax - max(more("wait"), 0.0)) * (1 - REL), bad
     assert g["straggler"]["rank"] == 1
     clock = _clock(tmp_path, rank="*")  # the run: from the first rank up to the last done
     _adds_up_to(g, clock[-1]["time"] - clock[0]["time"])

@@ -50,6 +50,10 @@ GPU_RUN = "loss_scale_collapse_gpt_fp16"
 # (TrainingDeadLayer on the frozen layers) is still active, as the Layers dashboard shows it
 # (an ended run's alerts resolve).
 STILL_TRAINING = "frozen_layer_gpt"
+# The fp16 run also hangs once, for HANG_SECONDS after a quarter of its steps, and recovers
+# (its watchdog's hang record, then the steps go on): the Fleet dashboard's time to recover
+# shows recovered failures only, and a fleet where nothing ever failed has none to show.
+HUNG_RUN, HANG_SECONDS = GPU_RUN, 30.0
 # Grafana's own variables, as it would set them for a 1 h view of a 1 s scrape.
 BUILTINS = {"__rate_interval": "5m", "__interval": "15s", "__range": "1h"}
 ALERT_WAIT = 150.0
@@ -120,6 +124,8 @@ def trace_records(name: str, now: float) -> list[dict[str, Any]]:
     records = list(wire.iter_trace(path if path.exists() else RECORDED / f"{name}.jsonl.gz"))
     if name == STILL_TRAINING:
         records = [r for r in records if r["kind"] != "end"]
+    if name == HUNG_RUN:
+        records = with_a_recovered_hang(records)
     last = max(r["time"] for r in records if r.get("time") is not None)
     shift = now - (STALL_AGE if name == STALLED else 0.0) - last
     for i, rec in enumerate(records):
@@ -131,6 +137,22 @@ def trace_records(name: str, now: float) -> list[dict[str, Any]]:
             rec["gpu"] = {"utilization": 0.9 - (i % 7) / 100, "temperature_c": 70.0, "power_w": 300.0}
             rec["memory"]["reserved_bytes"] = rec["memory"]["allocated_bytes"] * 1.25
     return records
+
+
+def with_a_recovered_hang(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trace with a hang after a quarter of its steps: every later record moved
+    HANG_SECONDS on, and halfway through the silence the hang record the client's watchdog
+    sends (the last step completed, how long stuck)."""
+    steps = [r for r in records if r["kind"] == "step"]
+    at = steps[len(steps) // 4]
+    for rec in records:
+        if rec.get("time") is not None and rec["time"] > at["time"]:
+            rec["time"] += HANG_SECONDS
+    hang = {"kind": "hang", "run_id": at["run_id"], "step": at["step"],
+            "rank": at.get("rank", 0), "time": at["time"] + HANG_SECONDS / 2,
+            "stuck_seconds": HANG_SECONDS / 2, "phase": "backward"}
+    where = records.index(at) + 1
+    return [*records[:where], hang, *records[where:]]
 
 
 def post(url: str, records: list[dict[str, Any]]) -> None:

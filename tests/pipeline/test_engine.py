@@ -67,7 +67,8 @@ class RecordingSink:
     def tick(self, now: float) -> None:
         self.calls.append(("tick", now))
 
-    def attempt_settled(self, run_id: str, start_step: int, now: float) -> None:
+    def attempt_settled(self, run_id: str, start_step: int, now: float,
+                        started: float | None = None) -> None:
         self.calls.append(("attempt_settled", run_id, start_step))
 
     def cost_with(self, costs: object) -> None:

@@ -151,6 +151,11 @@ class DetectorContext:
         # The run's newest applied rollback (runs/lifecycle.py), set by the engine when the
         # run loads and when a rollback is applied; not part of the snapshot.
         self.skip_plan: SkipPlan | None = None
+        # When the run's current attempt began (the record time of the record that settled
+        # it: a restart or relaunch), set by the engine; not part of the snapshot. A rank
+        # not heard since is a process of the new job still starting, not one gone: its
+        # silence counts from then (detectors/hang.py).
+        self.attempt_began: float | None = None
         # The live ranks' newest and slowest steps, for the detectors that judge a step
         # once every rank reported it; derived from ``state.ranks`` (rebuilt on restore).
         self.front = StepFront()

@@ -1,0 +1,36 @@
+"""The netcluster fixtures: a cluster needs root (namespaces, veths, cgroups, tc). Without
+it a test skips and says why, except under ``CI=true``: CI runs as root, so there a missing
+privilege is a broken machine and fails."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from netcluster import Cluster, unavailable
+
+
+@pytest.fixture(scope="session")
+def privileged() -> None:
+    """Skips (fails under CI=true) where no cluster can be made."""
+    require_cluster()
+
+
+def require_cluster() -> None:
+    why = unavailable()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"netcluster: {why} (CI runs as root: this machine should allow it)")
+    pytest.skip(f"netcluster: {why}")
+
+
+@pytest.fixture
+def small_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Two nodes, nothing started on them."""
+    require_cluster()
+    with Cluster(tmp_path / "cluster", nodes=2) as cluster:
+        yield cluster
