@@ -53,7 +53,9 @@ def _restart(url: str) -> dict:
 def test_a_hang_restarts_every_rank_from_the_last_clean_checkpoint(tmp_path: Path):
     with Receiver("slack") as slack, sidecar(tmp_path, slack) as srv:
         _job(srv.url, range(1, 13))
-        post(srv.url, [hang(0, 12)])  # rank 0 waits in all_reduce for rank 1
+        # Rank 1 is stuck in its loader; rank 0 waits in all_reduce for it. (Had rank 1 sent
+        # nothing, the page would wait until it is judged gone, and say so: detectors/hang.py.)
+        post(srv.url, [hang(0, 12), hang(1, 12, frame="next_batch")])
         decided = _restart(srv.url)
         assert decided["action"] == "restart", decided
         plan = decided["plan"]
