@@ -1,0 +1,98 @@
+"""The sick node named on real parts (issue 44): three real sidecars on loopback (node 0's,
+the run's leader, and nodes 1 and 2's), fed the records a six-rank job's clients send (two
+ranks per node, each to its own node's sidecar). Node 2's ranks are fail-slow: their
+compute 18.7 ms a step where the others take 3.2 ms (the whole step 9 -> 21 ms, the
+issue's held-out shape, under the old absolute 20 ms straggler floor). The leader names
+node 2 sick (compute-slow) on its API, on /metrics, and in the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from cluster.test_one_brain import _post, _texts, sidecar
+
+from eventually import eventually
+from receivers import Receiver
+
+pytestmark = pytest.mark.timeout(120)
+RUN = "sick"
+NODES, PER_NODE = 3, 2
+
+
+def _run_record(rank: int, leader: str) -> dict[str, Any]:
+    node = rank // PER_NODE
+    return {"kind": "run", "run_id": RUN, "rank": rank, "time": 1.0, "attempt": f"t{rank}",
+            "hardware": {"reporting_ranks": NODES * PER_NODE,
+                         "world_size": NODES * PER_NODE},
+            "labels": {"hostname": f"gpu-node-{node}"},
+            "cluster": {"node_rank": node, "nodes": NODES, "local_world_size": PER_NODE,
+                        "leader_url": leader}}
+
+
+def _step(rank: int, step: int, slow_node: int | None) -> dict[str, Any]:
+    """Synchronous data parallel: every rank's step is the slowest's; a rank's own time is
+    its data and compute, the rest its wait in the all-reduce."""
+    jitter = 1 + 0.05 * ((step * 7 + rank * 3) % 5 - 2) / 2  # +-5%, the host's own noise
+    slow = slow_node is not None
+    step_time = 0.021 if slow else 0.009
+    compute = (0.0187 if slow and rank // PER_NODE == slow_node else 0.0032) * jitter
+    data = 0.0008
+    return {"kind": "step", "run_id": RUN, "rank": rank, "step": step,
+            "time": 1000.0 + step * step_time, "attempt": f"t{rank}", "loss": 2.0,
+            "step_time": step_time, "data_time": data, "compute_time": compute,
+            "sync_wait_time": step_time - data - compute}
+
+
+def _job(urls: dict[int, str], steps: range, slow_node: int | None, leader: str) -> None:
+    """Each node's ranks post to their node's sidecar, ten steps a request."""
+    for start in range(steps.start, steps.stop, 10):
+        for node, url in urls.items():
+            batch = []
+            for step in range(start, min(start + 10, steps.stop)):
+                for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
+                    if step == steps.start:
+                        batch.append(_run_record(rank, leader))
+                    batch.append(_step(rank, step, slow_node))
+            _post(url, batch)
+
+
+def test_node_2s_fail_slow_ranks_make_it_sick_compute_slow_on_the_api_metrics_and_page(
+        tmp_path):
+    with Receiver("slack") as slack, \
+            sidecar(tmp_path / "n0", slack) as lead, \
+            sidecar(tmp_path / "n1", slack, leader_url=lead.url) as n1, \
+            sidecar(tmp_path / "n2", slack, leader_url=lead.url) as n2:
+        urls = {0: lead.url, 1: n1.url, 2: n2.url}
+        _job(urls, range(1, 61), None, lead.url)  # healthy: no node named
+
+        def heard() -> dict:
+            detail = httpx.get(f"{lead.url}/v1/runs/{RUN}", timeout=5).json()
+            assert detail["last_step"] == 60 and len(detail["ranks"]) == 6, detail
+            return httpx.get(f"{lead.url}/v1/runs/{RUN}/nodes", timeout=5).json()
+        healthy = eventually(heard, timeout=30, what="the healthy job heard")
+        assert [(v["node"], v["state"]) for v in healthy["nodes"]] == [
+            ("gpu-node-0", "healthy"), ("gpu-node-1", "healthy"), ("gpu-node-2", "healthy")]
+
+        _job(urls, range(61, 121), 2, lead.url)
+
+        def sick() -> list[dict]:
+            nodes = httpx.get(f"{lead.url}/v1/runs/{RUN}/nodes", timeout=5).json()["nodes"]
+            assert nodes[2]["state"] == "sick", nodes
+            return nodes
+        nodes = eventually(sick, timeout=30, what="node 2 judged sick")
+        assert [(v["node"], v["state"], v["cause"], v["ranks"]) for v in nodes] == [
+            ("gpu-node-0", "healthy", None, [0, 1]), ("gpu-node-1", "healthy", None, [2, 3]),
+            ("gpu-node-2", "sick", "compute-slow", [4, 5])]
+        assert "all its ranks are slower than the other nodes'" in nodes[2]["words"]
+        page = eventually(lambda: [t for t in _texts(slack) if "TrainingStraggler" in t],
+                          timeout=20, what="the straggler page")
+        assert len(page) == 1, page
+        assert "node gpu-node-2 (ranks 4-5) is slow as a whole" in page[0], page[0]
+        assert "Node verdict: node gpu-node-2: sick (compute-slow)" in page[0], page[0]
+        exposed = httpx.get(f"{lead.url}/metrics", timeout=5).text
+        assert 'node="gpu-node-2",cause="compute-slow"} 2' in exposed, [
+            ln for ln in exposed.splitlines() if "node_verdict" in ln]
+        assert "gpu-node-0" not in "".join(ln for ln in exposed.splitlines()
+                                           if ln.startswith("training_node_verdict"))
