@@ -31,6 +31,12 @@ same way, the page says so once, "node gpu-3 (ranks 24-31) is slow as a whole", 
 of naming its ranks one by one: what they share (the host's CPUs, storage, network,
 power) is what to look at. A host holding half the ranks or more is judged against the
 rest too, where a rank-by-rank view would see half its peers slow and call nobody.
+A node fail-slow by less than ``straggler_ratio`` (a throttled CPU, a slower NIC: 1.1x,
+1.3x) is named too once it holds: every one of its ranks past the floor (below) at a ratio
+of only ``1 + straggler_min_extra_fraction``, on every judgement for a whole window after
+the window that first showed it ("node gpu-3 (ranks 24-31) is slow as a whole since step
+120"). Its ranks share the host, so all of them slow together is the host's evidence, and
+holding it two windows long keeps one slow window (a compaction, a neighbour's burst) out.
 
 **When, and at what cost.** A step is judged once, when every rank still sending has
 reported it (or the newest rank is 64 steps past it: ``support/front.py``, at O(log ranks)
@@ -413,6 +419,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         self.judged = -1  # the step the last judgement covered
         # rank -> (step, time) of its latest timed record since the last judgement
         self.fresh: dict[int, tuple[int, float]] = {}
+        # host -> the judgement since which every rank of it is slow below the ratio
+        self.mild_since: dict[str, int] = {}
 
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window
@@ -457,8 +465,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                                                      for r in full])))
             return throttles[0].cause(np.array(rows), np.array(others, dtype=np.intp))
 
-        for host, ranks, verdict, mine, theirs in self._slow_nodes(full, index, med, spread,
-                                                                    hosts):
+        for host, ranks, verdict, mine, theirs, since in self._slow_nodes(full, index, med,
+                                                                           spread, hosts):
             first = ranks[0]
             named.update(ranks)
             if not any(r in fresh for r in ranks):
@@ -470,7 +478,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                     if verdict.cause == "compute" else None
                 out.append(self._finding(
                     first, step, time, verdict, mine, theirs, len(full), hosts,
-                    who=f"node {host} ({_span(ranks)}) is slow as a whole",
+                    who=f"node {host} ({_span(ranks)}) is slow as a whole" + (
+                        f" since step {since}" if since is not None else ""),
                     others="the other nodes", node=ranks, throttle=why))
         loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
         others_spread = _loo_medians(spread)
@@ -494,7 +503,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
     def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
                     spread: np.ndarray, hosts: dict[int, str | None]
-                    ) -> list[tuple[str, list[int], Slowness, Times, Times]]:
+                    ) -> list[tuple[str, list[int], Slowness, Times, Times, int | None]]:
         """Hosts (of two or more ranks, all with a full window) every rank of which is a
         straggler against the median of the ranks on the other hosts: (host, its ranks,
         the verdict on its ranks' medians, those medians, the others')."""
@@ -519,21 +528,33 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         placed = of_host >= 0
         theirs_by_rank = {q: np.where(placed, rest[q][np.maximum(of_host, 0)], np.nan)
                           for q in QUANTITIES}
-        maybe = _maybe_slow(med, theirs_by_rank, threshold)
-        out = []
+        mild = 1.0 + self.settings.straggler_min_extra_fraction
+        maybe = _maybe_slow(med, theirs_by_rank, mild)
+        out: list[tuple[str, list[int], Slowness, Times, Times, int | None]] = []
         for g, (host, ranks) in enumerate(named):
             rows = groups[g]
             if not maybe[rows].all():
+                self.mild_since.pop(host, None)
                 continue
             theirs = Times(*(float(rest[q][g]) for q in QUANTITIES))
             floor = self._floor(theirs, float(rest_spread[g]))
-            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
-            if not all(verdicts):
-                continue
             mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
-            verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
-            assert verdict is not None
-            out.append((host, ranks, verdict, mine, theirs))
+            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
+            if all(verdicts):
+                verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
+                assert verdict is not None
+                out.append((host, ranks, verdict, mine, theirs, None))
+                continue
+            # Fail-slow: every rank of the node past the floor at a lower ratio, held for
+            # a whole window after the window first showed it (``_sustained``).
+            mild_verdicts = [judge(_times(med, i), theirs, mild, floor) for i in rows]
+            verdict = judge(mine, theirs, mild, floor) or mild_verdicts[0]
+            if not all(mild_verdicts) or verdict is None:
+                self.mild_since.pop(host, None)
+                continue
+            since = self.mild_since.setdefault(host, self.judged)
+            if self.judged - since >= self.settings.straggler_window:
+                out.append((host, ranks, verdict, mine, theirs, since))
         return out
 
     def _floor(self, theirs: Times, spread: float) -> float:
@@ -568,13 +589,15 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
     def snapshot_extra(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "judged": self.judged,
-                "fresh": {str(r): list(v) for r, v in self.fresh.items()}}
+                "fresh": {str(r): list(v) for r, v in self.fresh.items()},
+                "mild_since": dict(self.mild_since)}
 
     def restore_extra(self, data: dict[str, Any]) -> None:
         self.run_id = str(data.get("run_id") or "")
         self.judged = int(data.get("judged", -1))
         self.fresh = {int(r): (int(v[0]), float(v[1]))
                       for r, v in (data.get("fresh") or {}).items()}
+        self.mild_since = {str(h): int(s) for h, s in (data.get("mild_since") or {}).items()}
 
 
 # -- medians of many windows at once -----------------------------------------------------------

@@ -313,3 +313,41 @@ def test_the_held_out_fail_slow_rank_on_a_9_ms_step_is_named():
     assert found and {f.rank for f in found} == {1}
     assert found[0].evidence["cause"] == "compute" and found[0].step < 90
     assert "its own compute takes 18 ms vs 3.2 ms on the other ranks" in found[0].message
+
+
+def _nodes(slowdown: float, steps: int = 140, slow_from: int = 40) -> list:
+    """Three hosts of two ranks; from ``slow_from`` node gpu-2's compute takes ``slowdown``
+    x the others' (a CPU or clock throttled on that host), +-5% jitter on every rank."""
+    recs: list = [RunRecord(run_id="r", time=1.0, rank=r,
+                            labels={"hostname": f"gpu-{r // 2}"}) for r in range(6)]
+    for i in range(1, steps):
+        computes = {r: 0.1 * (slowdown if r >= 4 and i >= slow_from else 1.0)
+                    * (1 + noise(i * 11 + r, 0.05)) for r in range(6)}
+        step_time = max(computes.values()) + 0.012
+        for r, c in computes.items():
+            recs.append(step(i, rank=r, step_time=step_time, data_time=0.002,
+                             compute_time=c, sync_wait_time=step_time - 0.002 - c))
+    return recs
+
+
+def test_a_node_fail_slow_by_1_1x_or_1_3x_is_named_once_it_held_two_windows():
+    """Below straggler_ratio (1.5x): named as a whole node once every rank of it has been
+    past the floor for a whole window after the window that first showed it; never a
+    rank alone, never a healthy node."""
+    for slowdown in (1.1, 1.3):
+        found = feed(only("straggler"), _nodes(slowdown))
+        assert found, slowdown
+        assert {f.evidence["host"] for f in found} == {"gpu-2"}, slowdown
+        assert found[0].message.startswith("node gpu-2 (ranks 4-5) is slow as a whole since "
+                                           "step"), found[0].message
+        assert found[0].evidence["cause"] == "compute"
+        # held a whole window (20 steps) after its window's median first showed it
+        assert 40 + 20 < found[0].step <= 40 + 2 * 20 + 10, (slowdown, found[0].step)
+
+
+def test_nodes_within_a_few_percent_or_one_slow_window_are_not_named():
+    assert feed(only("straggler"), _nodes(1.03)) == []  # within 5% of the step
+    # one slow stretch shorter than a window, then gpu-2 back at the others' pace
+    recs = _nodes(1.3, steps=55, slow_from=40) + [
+        r for r in _nodes(1.0, steps=140) if not isinstance(r, RunRecord) and r.step >= 55]
+    assert feed(only("straggler"), recs) == []
