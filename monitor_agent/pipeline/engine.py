@@ -1353,6 +1353,11 @@ def _name_nodes(run: RunState, findings: list[Finding]) -> list[Finding]:
                 said["node_exclude_pays"] = v.price.exclude_pays
             f = dataclasses.replace(f, message=f"{f.message.rstrip('.')}. Node verdict: "
                                     f"{v.words()}", evidence={**f.evidence, **said})
+        note = run.nodes.data_note
+        if f.type == "nan_inf" and note is not None and note[0] == f.step and not named:
+            f = dataclasses.replace(f, message=f"{f.message.rstrip('.')}. Node verdict: "
+                                    f"{note[1]}", evidence={**f.evidence,
+                                                            "node_verdict": note[1]})
         out.append(f)
     return out
 

@@ -141,6 +141,8 @@ class NodeVerdicts:
     slow_steps: dict[str, int] = field(default_factory=dict)  # node -> first straggler step
     # Each NaN incident's start: [node, data position or None, rank, step]
     nans: list[list[Any]] = field(default_factory=list)
+    # The latest NaN judged the data's, not a node's: (its step, the words for its page)
+    data_note: tuple[int, str] | None = None
 
     def observe(self, finding: Finding, hosts: dict[int, str],
                 positions: dict[int, int | None]) -> str | None:
@@ -202,6 +204,12 @@ class NodeVerdicts:
             # node's; the nodes it named are cleared of it.
             for n, *_ in same_data + [self.nans[-1]]:
                 self.marks.get(n, {}).pop("sdc-suspect", None)
+            was = same_data[-1]
+            self.data_note = (finding.step, (
+                f"the data's, not a node's: NaN first on rank {rank} ({node}) at data "
+                f"position {position}, where the incident at step {was[3]} started on rank "
+                f"{was[2]} ({was[0]}); the same data breaks whichever node reads it: skip "
+                "that window (a rollback rule does)"))
             return node
         earlier = [i for i in self.nans[:-1] if i[0] == node and i[1] != position
                    and i[1] is not None and position is not None]

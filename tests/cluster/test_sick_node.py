@@ -96,3 +96,57 @@ def test_node_2s_fail_slow_ranks_make_it_sick_compute_slow_on_the_api_metrics_an
             ln for ln in exposed.splitlines() if "node_verdict" in ln]
         assert "gpu-node-0" not in "".join(ln for ln in exposed.splitlines()
                                            if ln.startswith("training_node_verdict"))
+
+
+def _nan_job(urls: dict[int, str], leader: str, steps: range,
+             first: dict[int, tuple[int, int]]) -> None:
+    """Steps of two ranks a node whose data position is 8 a step; ``first``: the step at
+    which a rank's local loss goes NaN first -> (that rank, the data position it read
+    there). Every rank's loss is NaN at that step (the all-reduced gradient carries it) and
+    finite again at the next (the step guard skipped it)."""
+    for step in steps:
+        bad = first.get(step)
+        for node, url in urls.items():
+            batch = []
+            for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
+                if step == steps.start:
+                    batch.append(_run_record(rank, leader))
+                position = bad[1] if bad else step * 8
+                batch.append({"kind": "step", "run_id": RUN, "rank": rank, "step": step,
+                              "time": 1000.0 + step, "attempt": f"t{rank}",
+                              "loss": "NaN" if bad and rank == bad[0] else 2.0,
+                              "grad_norm": "NaN" if bad else 1.0,
+                              "data_position": position})
+            _post(url, batch)
+
+
+@pytest.mark.parametrize(("second", "expect"), [
+    ((5, 2000), "node gpu-node-2: sick (sdc-suspect)"),
+    ((1, 800), "the data's, not a node's: NaN first on rank 1 (gpu-node-0) at data "
+               "position 800, where the incident at step 20 started on rank 4 (gpu-node-2)"),
+])
+def test_a_nan_first_on_one_node_twice_is_silent_corruption_at_the_same_data_the_datas(
+        tmp_path, second, expect):
+    with Receiver("slack") as slack, \
+            sidecar(tmp_path / "n0", slack) as lead, \
+            sidecar(tmp_path / "n1", slack, leader_url=lead.url) as n1, \
+            sidecar(tmp_path / "n2", slack, leader_url=lead.url) as n2:
+        urls = {0: lead.url, 1: n1.url, 2: n2.url}
+        # the detector re-reports a NaN at most every 100 steps (repeat_every_steps)
+        _nan_job(urls, lead.url, range(1, 161), {20: (4, 800), 140: second})
+
+        def said() -> str:
+            found = httpx.get(f"{lead.url}/v1/runs/{RUN}/findings", timeout=5).json()
+            [message] = [f["message"] for f in found["findings"]
+                         if f["type"] == "nan_inf" and f["step"] == 140]
+            return message
+        message = eventually(said, timeout=30, what="the second NaN judged")
+        assert f"Node verdict: {expect}" in message, message
+        first = eventually(lambda: [t for t in _texts(slack) if "TrainingNanInf" in t],
+                           timeout=20, what="the first NaN's page")
+        assert "Node verdict: node gpu-node-2: suspect (sdc-suspect) at step 20: NaN " \
+            "started on it (rank 4, data position 800): once" in first[0], first[0]
+        nodes = httpx.get(f"{lead.url}/v1/runs/{RUN}/nodes", timeout=5).json()["nodes"]
+        states = {v["node"]: (v["state"], v["cause"]) for v in nodes}
+        sick = ("sick", "sdc-suspect") if second[0] == 5 else ("healthy", None)
+        assert states["gpu-node-2"] == sick and states["gpu-node-0"] == ("healthy", None)

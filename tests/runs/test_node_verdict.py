@@ -85,6 +85,9 @@ def test_nan_back_at_the_same_data_position_on_another_node_is_the_datas():
     # the run rolled back and re-read that window on another node: it broke there too
     book.observe(finding("nan_inf", 160, 1, Severity.CRITICAL, first_rank=1), HOSTS, {1: 3200})
     assert set(states(book).values()) == {("healthy", None)}
+    assert book.data_note is not None and book.data_note[0] == 160
+    assert "the data's, not a node's: NaN first on rank 1 (node0) at data position 3200, " \
+        "where the incident at step 100 started on rank 5 (node2)" in book.data_note[1]
 
 
 def test_leaving_a_node_out_pays_once_its_tax_paid_equals_a_restart():
