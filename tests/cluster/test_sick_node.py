@@ -97,6 +97,17 @@ def test_node_2s_fail_slow_ranks_make_it_sick_compute_slow_on_the_api_metrics_an
         assert "gpu-node-0" not in "".join(ln for ln in exposed.splitlines()
                                            if ln.startswith("training_node_verdict"))
 
+        # Priced: the goodput ledger's straggler tax names node 2; no restart measured
+        # here, so one costs the stated default, and 60 steps of 12 ms tax do not pay it.
+        def priced() -> dict:
+            nodes = httpx.get(f"{lead.url}/v1/runs/{RUN}/nodes", timeout=5).json()["nodes"]
+            assert nodes[2]["price"] is not None, nodes
+            return nodes[2]["price"]
+        price = eventually(priced, timeout=20, what="node 2 priced")
+        assert price["tax_seconds"] > 0 and price["restart_seconds"] == 300.0
+        assert not price["restart_measured"] and not price["exclude_pays"]
+        assert [v["price"] for v in nodes[:2]] == [None, None]
+
 
 def _nan_job(urls: dict[int, str], leader: str, steps: range,
              first: dict[int, tuple[int, int]]) -> None:
