@@ -213,6 +213,9 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     if slow is not None:
         return Hold(f"no restart: {slow}; a slow evaluation or checkpoint save is not a fault "
                     "to restart for")
+    unpaid = _not_paid(rule, finding)
+    if unpaid is not None:
+        return Hold(unpaid)
     launcher = run.launcher
     if launcher is None or not launcher.restarts:
         said = (f"its launcher ({launcher.name}) does not run it again on exit status 75"
@@ -238,6 +241,20 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     if below is not None:
         return Stop(below)
     return Restart(plan, "exclude" if exclude else "restart")
+
+
+def _not_paid(rule: Rule, finding: Finding) -> str | None:
+    """Why an ``exclude`` rule holds on a finding whose node verdict says leaving the node
+    out does not pay yet (runs/node_verdict.py: its straggler tax so far is less than one
+    restart of this job), or on a node not judged sick; None otherwise."""
+    if rule.action != "exclude" or "node_state" not in finding.evidence:
+        return None
+    words = finding.evidence.get("node_verdict")
+    if finding.evidence.get("node_state") != "sick":
+        return f"no exclusion: {words}; one soft signal is not enough to leave a node out"
+    if finding.evidence.get("node_exclude_pays") is False:
+        return f"no exclusion yet: {words}"
+    return None
 
 
 def _slow_phase(finding: Finding) -> str | None:
@@ -286,7 +303,8 @@ def _exclusion(rule: Rule, fault: NodeFault, finding: Finding, run: RunContext,
     if why is None:
         why = repeated(rule, fault, run, history, now)
     if why is None and rule.action == "exclude":
-        why = f"{fault.cause} judged on it"
+        said = finding.evidence.get("node_verdict")
+        why = said if isinstance(said, str) else f"{fault.cause} judged on it"
     if why is None:
         return ()
     left_out = sum(len(p.plan.exclude) for p in history if p.plan is not None)

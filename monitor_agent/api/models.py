@@ -291,6 +291,37 @@ class EttrOut(BaseModel):
     time_to_recover_p99_seconds: float | None
 
 
+class NodePriceOut(BaseModel):
+    tax_seconds: float = Field(description="The straggler tax this node has cost the run so "
+                               "far (the goodput ledger's, newest attempt).")
+    tax_per_hour: float = Field(description="That tax over the run's wall time, per hour.")
+    restart_seconds: float = Field(description="One restart of this job: the median of its "
+                                   "measured recoveries (seconds to train again plus work "
+                                   "re-done), else a stated default (300 s).")
+    restart_measured: bool
+    exclude_pays: bool = Field(description="Ski rental: the tax paid so far is at least one "
+                               "restart's cost, so leaving the node out pays.")
+
+
+class NodeVerdictOut(BaseModel):
+    node: str = Field(description="The node (its ranks' run record node/hostname label).")
+    ranks: list[int]
+    state: Literal["healthy", "suspect", "sick"]
+    cause: Literal["gone", "gpu-hardware", "sdc-suspect", "compute-slow", "network-slow",
+                   "input-slow"] | None
+    step: int | None = Field(description="The step of the evidence that set the state.")
+    why: str
+    words: str = Field(description='"node b: sick (compute-slow) at step 40: ...".')
+    price: NodePriceOut | None = Field(description="Whether leaving it out pays; only for "
+                                       "the node the straggler tax names.")
+
+
+class NodesOut(BaseModel):
+    run_id: str
+    nodes: list[NodeVerdictOut] = Field(description="Each node of a run on two or more "
+                                        "nodes (runs/node_verdict.py); empty on one node.")
+
+
 class GoodputOut(BaseModel):
     run_id: str
     start: float | None

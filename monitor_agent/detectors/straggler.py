@@ -31,6 +31,12 @@ same way, the page says so once, "node gpu-3 (ranks 24-31) is slow as a whole", 
 of naming its ranks one by one: what they share (the host's CPUs, storage, network,
 power) is what to look at. A host holding half the ranks or more is judged against the
 rest too, where a rank-by-rank view would see half its peers slow and call nobody.
+A node fail-slow by less than ``straggler_ratio`` (a throttled CPU, a slower NIC: 1.1x,
+1.3x) is named too once it holds: every one of its ranks past the floor (below) at a ratio
+of only ``1 + straggler_min_extra_fraction``, on every judgement for a whole window after
+the window that first showed it ("node gpu-3 (ranks 24-31) is slow as a whole since step
+120"). Its ranks share the host, so all of them slow together is the host's evidence, and
+holding it two windows long keeps one slow window (a compaction, a neighbour's burst) out.
 
 **When, and at what cost.** A step is judged once, when every rank still sending has
 reported it (or the newest rank is 64 steps past it: ``support/front.py``, at O(log ranks)
@@ -92,7 +98,7 @@ from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.context import DetectorContext
 from monitor_agent.detectors.support.own_time import own_time
 from monitor_agent.detectors.support.shared_settings import SharedSettings
-from monitor_agent.detectors.support.stats import Window, finite, sorted_median
+from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, finite, sorted_median
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
 STRAGGLER_COMPUTE = (
@@ -136,10 +142,14 @@ class StragglerSettings(SharedSettings):
         "collective, step time) over the others' median; the same for a node's ranks over "
         "the other nodes'.")
     straggler_window: int = Field(default=20, ge=3, description="Steps per rank in the comparison.")
-    straggler_min_extra_seconds: float = Field(
-        default=0.02, ge=0, description="No rank (or node) is a straggler whose extra time "
-        "per step over the others is less than this, whatever the ratio: below it is the "
-        "host's own timing noise, not a slow rank.")
+    straggler_min_extra_fraction: float = Field(
+        default=0.05, ge=0, lt=1, description="No rank (or node) is a straggler whose extra "
+        "time per step over the others is less than this fraction of the run's own step "
+        "time (the others' median step): what it costs every rank that waits for it.")
+    straggler_noise_sigmas: float = Field(
+        default=1.0, ge=0, description="Nor one whose extra time per step is within this "
+        "many of the others' own step-to-step spreads (robust standard deviations of their "
+        "own time and of their all-reduce wait): the run's measured timing noise.")
 
 
 @dataclass(slots=True)
@@ -205,13 +215,9 @@ def judge(mine: Times, theirs: Times, threshold: float,
     ``threshold`` x by it (``_late_to_collective``): late to the collective itself. Never
     the rank that waits most: with equal own work that is the one that arrived first.
 
-    Either way the extra must be at least ``floor`` seconds a step
-    (``straggler_min_extra_seconds``, 20 ms): a ratio of milliseconds is the host's own
-    noise, not a slow rank. A runnable thread on a busy host waits a scheduler period
-    (several ms) before it runs, Python hands the GIL over every 5 ms, and a tiny step's
-    parts move by that much from one step to the next; a 0.9 ms step against 0.5 ms is
-    1.8x and says nothing. What a real straggler costs is its extra time times every rank
-    that waits for it: below 20 ms a step that is at most 2% of a one-second step.
+    Either way the extra must be at least ``floor`` seconds a step (``floor_of``): a
+    fraction of the run's own step and more than its measured timing noise, never a fixed
+    number of milliseconds.
 
         >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
         >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
@@ -232,6 +238,35 @@ def judge(mine: Times, theirs: Times, threshold: float,
     if late is not None and theirs.wait - mine.wait >= floor:
         return Slowness(late, "collective")
     return None
+
+
+def floor_of(theirs: Times, spread: float, fraction: float, sigmas: float) -> float:
+    """The least extra time a step that makes a straggler, in the run's own units.
+
+    A fraction of the run's step (the others' median step; their own work plus their wait
+    where the step is not said): a straggler costs its extra time on every rank that waits
+    for it, so what matters is that time against the step, the same fraction on a 1 s step
+    as on a 9 ms one (``straggler_min_extra_fraction``, 5%: half of the sustained 10%
+    slowdown of one node that must be found). And more than ``sigmas`` x the others'
+    step-to-step spread (``spread``: the median over the other ranks of each one's robust
+    standard deviation of its own time and of its wait, ``_spreads``): a rank whose extra
+    is within one step's jitter of the others' is not told apart from a run whose ranks
+    take turns being slow (a runnable thread waiting a scheduler period, the GIL handed
+    over every 5 ms move a tiny step's parts by milliseconds from one step to the next,
+    and that shows here as spread). One spread of a single step is about 2.5 standard
+    errors of the difference of two 20-step medians.
+
+        >>> theirs = Times(own=0.004, data=0.001, compute=0.003, wait=0.005, step=0.009)
+        >>> round(floor_of(theirs, 0.0002, 0.05, 1.0), 6)  # 5% of a 9 ms step
+        0.00045
+        >>> floor_of(theirs, 0.002, 0.05, 1.0)  # the others' steps jitter by 2 ms
+        0.002
+    """
+    step = theirs.step
+    if not (finite(step) and step > 0):
+        step = theirs.own + (theirs.wait if finite(theirs.wait) else 0.0)
+    noise = sigmas * spread if finite(spread) else 0.0
+    return max(fraction * step if finite(step) else 0.0, noise)
 
 
 def _extra(mine: Times, theirs: Times) -> float:
@@ -384,6 +419,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         self.judged = -1  # the step the last judgement covered
         # rank -> (step, time) of its latest timed record since the last judgement
         self.fresh: dict[int, tuple[int, float]] = {}
+        # host -> the judgement since which every rank of it is slow below the ratio
+        self.mild_since: dict[str, int] = {}
 
     def new_rank(self) -> RankTimes:
         n = self.settings.straggler_window
@@ -415,6 +452,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         index = {r: i for i, r in enumerate(full)}
         med = {q: _row_medians(np.stack([getattr(self.ranks[r], q).buf for r in full]))
                for q in QUANTITIES}
+        spread = _spreads([self.ranks[r] for r in full])
         threshold = self.settings.straggler_ratio
         hosts = {r: self.ctx.rank(r).host for r in self.ranks}
         out: list[Finding] = []
@@ -427,7 +465,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                                                      for r in full])))
             return throttles[0].cause(np.array(rows), np.array(others, dtype=np.intp))
 
-        for host, ranks, verdict, mine, theirs in self._slow_nodes(full, index, med, hosts):
+        for host, ranks, verdict, mine, theirs, since in self._slow_nodes(full, index, med,
+                                                                           spread, hosts):
             first = ranks[0]
             named.update(ranks)
             if not any(r in fresh for r in ranks):
@@ -439,16 +478,18 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                     if verdict.cause == "compute" else None
                 out.append(self._finding(
                     first, step, time, verdict, mine, theirs, len(full), hosts,
-                    who=f"node {host} ({_span(ranks)}) is slow as a whole",
+                    who=f"node {host} ({_span(ranks)}) is slow as a whole" + (
+                        f" since step {since}" if since is not None else ""),
                     others="the other nodes", node=ranks, throttle=why))
         loo = {q: _loo_medians(med[q]) for q in QUANTITIES}
+        others_spread = _loo_medians(spread)
         maybe = _maybe_slow(med, loo, threshold)
         for r in sorted(fresh):
             i = index.get(r)
             if i is None or r in named or not maybe[i]:
                 continue
             mine, theirs = _times(med, i), _times(loo, i)
-            found = judge(mine, theirs, threshold, self.settings.straggler_min_extra_seconds)
+            found = judge(mine, theirs, threshold, self._floor(theirs, float(others_spread[i])))
             step, time = fresh[r]
             if found is None or not self.repeat.due(f"{r}/", step,
                                                     self.settings.repeat_every_steps):
@@ -461,8 +502,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         return out
 
     def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
-                    hosts: dict[int, str | None]
-                    ) -> list[tuple[str, list[int], Slowness, Times, Times]]:
+                    spread: np.ndarray, hosts: dict[int, str | None]
+                    ) -> list[tuple[str, list[int], Slowness, Times, Times, int | None]]:
         """Hosts (of two or more ranks, all with a full window) every rank of which is a
         straggler against the median of the ranks on the other hosts: (host, its ranks,
         the verdict on its ranks' medians, those medians, the others')."""
@@ -480,28 +521,45 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         groups = [np.array([index[r] for r in ranks]) for _, ranks in named]
         # The others' medians per host, then per rank (its host's), for the prefilter.
         rest = {q: _medians_without(med[q], groups) for q in QUANTITIES}
+        rest_spread = _medians_without(spread, groups)
         of_host = np.full(len(full), -1)
         for g, rows in enumerate(groups):
             of_host[rows] = g
         placed = of_host >= 0
         theirs_by_rank = {q: np.where(placed, rest[q][np.maximum(of_host, 0)], np.nan)
                           for q in QUANTITIES}
-        maybe = _maybe_slow(med, theirs_by_rank, threshold)
-        out = []
+        mild = 1.0 + self.settings.straggler_min_extra_fraction
+        maybe = _maybe_slow(med, theirs_by_rank, mild)
+        out: list[tuple[str, list[int], Slowness, Times, Times, int | None]] = []
         for g, (host, ranks) in enumerate(named):
             rows = groups[g]
             if not maybe[rows].all():
+                self.mild_since.pop(host, None)
                 continue
             theirs = Times(*(float(rest[q][g]) for q in QUANTITIES))
-            floor = self.settings.straggler_min_extra_seconds
-            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
-            if not all(verdicts):
-                continue
+            floor = self._floor(theirs, float(rest_spread[g]))
             mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
-            verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
-            assert verdict is not None
-            out.append((host, ranks, verdict, mine, theirs))
+            verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
+            if all(verdicts):
+                verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
+                assert verdict is not None
+                out.append((host, ranks, verdict, mine, theirs, None))
+                continue
+            # Fail-slow: every rank of the node past the floor at a lower ratio, held for
+            # a whole window after the window first showed it (``_sustained``).
+            mild_verdicts = [judge(_times(med, i), theirs, mild, floor) for i in rows]
+            verdict = judge(mine, theirs, mild, floor) or mild_verdicts[0]
+            if not all(mild_verdicts) or verdict is None:
+                self.mild_since.pop(host, None)
+                continue
+            since = self.mild_since.setdefault(host, self.judged)
+            if self.judged - since >= self.settings.straggler_window:
+                out.append((host, ranks, verdict, mine, theirs, since))
         return out
+
+    def _floor(self, theirs: Times, spread: float) -> float:
+        return floor_of(theirs, spread, self.settings.straggler_min_extra_fraction,
+                        self.settings.straggler_noise_sigmas)
 
     def _finding(self, rank: int, step: int, time: float, verdict: Slowness, mine: Times,
                  theirs: Times, ranks: int, hosts: dict[int, str | None], *, who: str,
@@ -531,13 +589,15 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
     def snapshot_extra(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "judged": self.judged,
-                "fresh": {str(r): list(v) for r, v in self.fresh.items()}}
+                "fresh": {str(r): list(v) for r, v in self.fresh.items()},
+                "mild_since": dict(self.mild_since)}
 
     def restore_extra(self, data: dict[str, Any]) -> None:
         self.run_id = str(data.get("run_id") or "")
         self.judged = int(data.get("judged", -1))
         self.fresh = {int(r): (int(v[0]), float(v[1]))
                       for r, v in (data.get("fresh") or {}).items()}
+        self.mild_since = {str(h): int(s) for h, s in (data.get("mild_since") or {}).items()}
 
 
 # -- medians of many windows at once -----------------------------------------------------------
@@ -555,6 +615,17 @@ def _row_medians(rows: np.ndarray) -> np.ndarray:
     lo = np.take_along_axis(s, np.maximum((k - 1) // 2, 0)[:, None], axis=1)[:, 0]
     hi = np.take_along_axis(s, np.minimum(k // 2, s.shape[1] - 1)[:, None], axis=1)[:, 0]
     return np.where(k > 0, 0.5 * (lo + hi), np.nan)
+
+
+def _spreads(ranks: list[RankTimes]) -> np.ndarray:
+    """Each rank's step-to-step spread: the larger of its own time's and its wait's robust
+    standard deviation over its window (MAD scaled; a wait unsaid counts nothing)."""
+    def sigma(rows: np.ndarray) -> np.ndarray:
+        med = _row_medians(rows)
+        return MAD_TO_SIGMA * _row_medians(np.abs(rows - med[:, None]))
+    own = sigma(np.stack([st.times.buf for st in ranks]))
+    wait = sigma(np.stack([st.wait.buf for st in ranks]))
+    return np.fmax(own, wait)
 
 
 def _loo_medians(values: np.ndarray) -> np.ndarray:

@@ -758,6 +758,7 @@ class Engine:
         if partial is not None:
             findings = [f.seen_partially(f"the run's view is partial: {partial}")
                         for f in findings]
+        findings = _name_nodes(run, findings)
         run.count_findings(findings)
         result.findings.extend(findings)
         context = _context(run)
@@ -1335,6 +1336,30 @@ def _settle_goodput(run: RunState, attempt: StoredAttempt, rolled_back: bool) ->
     why = ("rollback" if rolled_back else "restart" if attempt.kind == "restarted"
            else "resume")
     run.goodput.settled(attempt.number, attempt.start_step, why)
+
+
+def _name_nodes(run: RunState, findings: list[Finding]) -> list[Finding]:
+    """Each finding folded into the run's node verdicts (runs/node_verdict.py); one that
+    names a node not healthy says that node's verdict, so the page it makes does, and a
+    rule's ``exclude`` reads whether leaving it out pays (alerting/restart.py)."""
+    out = []
+    for f in findings:
+        named = [v for v in run.observe_nodes([f]) if v.state != "healthy"]
+        if named and not f.log_only:
+            v = named[0]
+            said: dict[str, Any] = {"node_verdict": v.words(), "node_state": v.state,
+                                    "node_cause": v.cause}
+            if v.price is not None:
+                said["node_exclude_pays"] = v.price.exclude_pays
+            f = dataclasses.replace(f, message=f"{f.message.rstrip('.')}. Node verdict: "
+                                    f"{v.words()}", evidence={**f.evidence, **said})
+        note = run.nodes.data_note
+        if f.type == "nan_inf" and note is not None and note[0] == f.step and not named:
+            f = dataclasses.replace(f, message=f"{f.message.rstrip('.')}. Node verdict: "
+                                    f"{note[1]}", evidence={**f.evidence,
+                                                            "node_verdict": note[1]})
+        out.append(f)
+    return out
 
 
 def _context(run: RunState) -> RunContext:

@@ -62,6 +62,7 @@ def snapshot_run(run: RunState, suite: DetectorSuite) -> dict[str, Any]:
         "status": run.status,
         "findings": [[t, s, c] for (t, s), c in run.findings.items()],
         "verdict": asdict(run.verdict),
+        "nodes": run.nodes.to_dict(),
         "ranks": {
             str(rank): {**{f: getattr(state, f) for f in _RANK_FIELDS + _DATA_FIELDS},
                         "skipped_by_reason": dict(state.skipped_by_reason),
@@ -124,6 +125,8 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
     run.status = state.get("status", run.status)
     run.findings = {(t, s): int(c) for t, s, c in state.get("findings", [])}
     run.verdict.restore(state.get("verdict") or {})
+    run.nodes.restore(state.get("nodes") or {})
+    run.refresh_nodes()
     run.verdict_label = run.verdict.verdict(run.status).label
     for rank, fields in state.get("ranks", {}).items():
         rs = run.ranks[int(rank)] = RankState()

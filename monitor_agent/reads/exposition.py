@@ -41,6 +41,7 @@ from monitor_agent.records.limits import scrub
 from monitor_agent.records.types import QUANTILE_LEVELS, QuantileTable, StepRecord
 from monitor_agent.runs.ettr import RECOVERY_BUCKETS, ettr_of
 from monitor_agent.runs.goodput import GoodputReport
+from monitor_agent.runs.node_verdict import MAX_NODES_EXPOSED
 from monitor_agent.runs.progress import run_progress
 from monitor_agent.runs.run_state import RankState, RunState
 
@@ -224,7 +225,8 @@ FAMILIES: tuple[Family, ...] = tuple(
         n.LAYER_GRAD_QUANTILE, n.LAYER_PARAM_QUANTILE,
         n.GOODPUT_RATIO, n.PRODUCTIVE_SECONDS, n.BADPUT_SECONDS, n.RUN_WALL_SECONDS,
         n.RUN_GPUS, n.STRAGGLER_SECONDS, n.TIME_TO_START, n.FAILURES, n.TIME_TO_RECOVER,
-        n.FINDINGS, n.HUNG_RANKS, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING, n.ALERT_ACTIVE,
+        n.FINDINGS, n.HUNG_RANKS, n.NODE_VERDICT, n.ACTIONS, n.RUN_INFO, n.ALERTS_FIRING,
+        n.ALERT_ACTIVE,
     )
 )
 
@@ -540,6 +542,10 @@ class RunRenderer:
         # A plain int the engine thread keeps up; the ledger itself is not read from here.
         self.add(n.LAST_CLEAN_CHECKPOINT.name, self.run_labels, run.ledger.last_clean_step)
         self.add(n.HUNG_RANKS.name, self.run_labels, len(run.hung_ranks))
+        # Nodes not healthy only, sick first, capped: a 1,000-node fleet is not 1,000 series.
+        for v in run.node_view[:MAX_NODES_EXPOSED]:
+            self.add(n.NODE_VERDICT.name, f'{self.run_labels},node="{escape(v.node)}",'
+                     f'cause="{v.cause}"', 2 if v.state == "sick" else 1)
         self._goodput()
         # A closed set of values (verdict.LABELS): the cause's step stays out of the label.
         self.add(n.RUN_INFO.name, f'{self.run_labels}{extra},status="{run.status}",'

@@ -192,6 +192,16 @@ class RunQueries:
         figures = ettr_of(report, report["goodput_ratio"])
         return {"run_id": run_id, **report, "ettr": figures.to_dict()}
 
+    def node_verdicts(self, run_id: str) -> dict[str, Any] | None:
+        """Each node of the run judged (``GET /v1/runs/{id}/nodes``, runs/node_verdict.py);
+        None: no such run. A run out of memory has none (its verdicts live with it)."""
+        live = self._live(run_id)
+        if live is None:
+            return {"run_id": run_id, "nodes": []} if self.store.run_row(run_id) else None
+        hosts = live.hosts()
+        nodes = live.node_verdicts() if len(set(hosts.values())) >= 2 else []
+        return {"run_id": run_id, "nodes": [v.to_dict() for v in nodes]}
+
     def records_chunk(self, run_id: str, since_step: int, after: tuple[int, int, int] | None,
                       kinds: Sequence[str], max_rows: int, max_bytes: int,
                       attempt: int | None = None,

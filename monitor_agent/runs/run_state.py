@@ -36,7 +36,9 @@ from monitor_agent.records.types import (
     StepRecord,
 )
 from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
+from monitor_agent.runs.ettr import ettr_of
 from monitor_agent.runs.goodput import GoodputLedger, GoodputReport
+from monitor_agent.runs.node_verdict import NodeVerdict, NodeVerdicts, Price, price
 from monitor_agent.runs.verdict import Verdict, VerdictTracker
 
 _DATA_DELTAS = 16  # a median of 16 ignores the jump a skipped window makes, and a few more
@@ -119,6 +121,11 @@ class RunState:
     # Layer names the detectors track, capped (a name bomb must not grow memory forever).
     layer_names: set[str] = field(default_factory=set)
     verdict: VerdictTracker = field(default_factory=VerdictTracker)
+    # Each node's evidence so far (runs/node_verdict.py), folded from the findings the
+    # run's leader judges; snapshot with the run.
+    nodes: NodeVerdicts = field(default_factory=NodeVerdicts)
+    # Its nodes not healthy, sick first: an immutable copy the exposition reads.
+    node_view: tuple[NodeVerdict, ...] = ()
     stored_verdict: str | None = None  # the verdict JSON last written to the run's row
     # The verdict's label, a plain string the exposition reads from its own thread (the
     # tracker's dicts change on the engine thread).
@@ -286,6 +293,47 @@ class RunState:
                                                     *f.evidence.get("gone_ranks", ()))}
         if findings:
             self.version += 1
+
+    def observe_nodes(self, findings: list[Any]) -> list[NodeVerdict]:
+        """Fold findings into the node verdicts; the verdicts of the nodes they named
+        (only for a run on two or more nodes: one node is never told apart from its job)."""
+        hosts = self.hosts()
+        if len(set(hosts.values())) < 2:
+            return []
+        positions = {r: st.data_position for r, st in self.ranks.items()}
+        named = {n for f in findings if (n := self.nodes.observe(f, hosts, positions))}
+        every = self.nodes.verdicts(hosts, self.node_prices())
+        if named:
+            self.refresh_nodes(every)
+            self.version += 1
+        return [v for v in every if v.node in named]
+
+    def refresh_nodes(self, every: list[NodeVerdict] | None = None) -> None:
+        """``node_view`` from the verdicts (``every``: as just judged)."""
+        if every is None:
+            every = self.node_verdicts()
+        self.node_view = tuple(sorted((v for v in every if v.state != "healthy"),
+                                      key=lambda v: (v.state != "sick", v.node)))
+
+    def node_verdicts(self) -> list[NodeVerdict]:
+        """Every node's verdict as of now, priced (``node_prices``)."""
+        return self.nodes.verdicts(self.hosts(), self.node_prices())
+
+    def hosts(self) -> dict[int, str]:
+        """Rank -> its node (its run record's ``node`` / ``hostname`` label)."""
+        return dict(self.goodput.hosts)
+
+    def node_prices(self) -> dict[str, Price]:
+        """The node the goodput ledger's straggler tax names (its newest attempt's), priced
+        against this job's measured restarts (runs/node_verdict.py ``price``)."""
+        report = self.goodput_view
+        if report is None or report.straggler is None or report.straggler.node is None:
+            return {}
+        ettr = ettr_of({"attempts": report.attempts, "incidents": report.incidents},
+                       report.ratio)
+        costs = [r.seconds + r.lost for r in ettr.recoveries if not r.open]
+        tax = report.straggler
+        return {str(tax.node): price(tax.seconds, report.wall, costs)}
 
     def is_late(self, record: StepRecord | EvalRecord) -> bool:
         """A step at or before the last one seen from its rank arrived out of order."""

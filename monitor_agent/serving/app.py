@@ -14,7 +14,8 @@ under uvicorn with ``serving/server.py``'s ``uvicorn_config``, and the tests thr
     ['/healthz', '/metrics', '/readyz', '/v1/alerts', '/v1/alerts/{fingerprint}/ack',
      '/v1/node', '/v1/node/drain', '/v1/peer/digests', '/v1/records', '/v1/records/preview', '/v1/runs', '/v1/runs/{run_id}',
      '/v1/runs/{run_id}/actions', '/v1/runs/{run_id}/checkpoints', '/v1/runs/{run_id}/findings',
-     '/v1/runs/{run_id}/goodput', '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/records',
+     '/v1/runs/{run_id}/goodput', '/v1/runs/{run_id}/matrix/{stat}', '/v1/runs/{run_id}/nodes',
+     '/v1/runs/{run_id}/records',
      '/v1/runs/{run_id}/series', '/v1/silences', '/v1/silences/{id}', '/v1/ui/runs']
 """
 
@@ -43,6 +44,7 @@ from monitor_agent.api import (
     health,
     ingest,
     node,
+    node_verdicts,
     peer,
     preview,
     runs,
@@ -88,8 +90,8 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Training-run health monitor: ingest, detect, alert, expose.",
         lifespan=lifespan,
     )
-    for module in (ingest, preview, runs, actions, checkpoints, goodput, alerts, health, peer,
-                   node, charts, runs_page, pages):
+    for module in (ingest, preview, runs, actions, checkpoints, goodput, node_verdicts, alerts,
+                   health, peer, node, charts, runs_page, pages):
         app.include_router(module.router)
     app.add_middleware(StorageGate)
     # Added last, so outermost: its headers reach every answer, the gate's 503 included.

@@ -181,6 +181,28 @@ def test_an_exclude_rule_leaves_the_node_its_finding_names_out():
     assert decision.plan.exclude[0].why == "straggler judged on it"
 
 
+def test_an_exclude_rule_waits_for_the_node_verdict_to_say_leaving_it_out_pays():
+    """The leader's node verdict (runs/node_verdict.py) on the finding: a suspect node is
+    not left out; a sick one once its straggler tax paid reaches a restart's cost (ski
+    rental), and the plan says the verdict."""
+    rule = replace(RESTART, types=("straggler",), action="exclude")
+
+    def slow(state: str, pays: bool) -> Finding:
+        words = f"node gpu-node-3: {state} (compute-slow) at step 300: its tax ..."
+        return Finding("straggler", Severity.WARNING, "job", step=300, rank=7, message="slow",
+                       evidence={"node_verdict": words, "node_state": state,
+                                 "node_cause": "compute-slow", "node_exclude_pays": pays})
+    held = decide(rule, slow("suspect", True), RUN, (), now=0.0)
+    assert isinstance(held, Hold) and "one soft signal" in held.why, held
+    unpaid = decide(rule, slow("sick", False), RUN, (), now=0.0)
+    assert isinstance(unpaid, Hold) and unpaid.why.startswith("no exclusion yet: node "
+                                                                 "gpu-node-3: sick"), unpaid
+    paid = decide(rule, slow("sick", True), RUN, (), now=0.0)
+    assert isinstance(paid, Restart) and paid.kind == "exclude"
+    assert paid.plan.exclude[0].node == 3
+    assert paid.plan.exclude[0].why.startswith("node gpu-node-3: sick (compute-slow)")
+
+
 def test_no_clean_checkpoint_restarts_from_the_start():
     plan = plan_of(decide(RESTART, hang(step=50), RUN, (), now=0.0))
     assert (plan.checkpoint_step, plan.checkpoint_path, plan.resume_position) == (

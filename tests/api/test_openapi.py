@@ -120,6 +120,8 @@ def test_real_answers_match_the_document(tmp_path: Path):
         assert [c["status"] for c in ledger["checkpoints"]] == ["clean", "suspect"]
         goodput = c.call("GET", "/v1/runs/{run_id}/goodput", path="/v1/runs/doc/goodput")
         assert goodput["wall_seconds"] >= 0 and goodput["run_id"] == "doc"
+        nodes = c.call("GET", "/v1/runs/{run_id}/nodes", path="/v1/runs/doc/nodes")
+        assert nodes == {"run_id": "doc", "nodes": []}  # one node: never told apart
         alerts = c.call("GET", "/v1/alerts")["alerts"]
         fp = alerts[0]["fingerprint"]
         c.call("POST", "/v1/alerts/{fingerprint}/ack", path=f"/v1/alerts/{fp}/ack",

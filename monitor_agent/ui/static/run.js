@@ -631,6 +631,31 @@
     renderIncidents(g ? g.incidents : []);
   }
 
+  // -- nodes: each node's verdict (GET .../nodes, runs/node_verdict.py) ----------------------
+  async function loadNodes() {
+    if (report) return;
+    const got = await api(`${base}/nodes`).catch(() => null);
+    const nodes = got ? got.nodes : [];
+    const key = JSON.stringify(nodes);
+    if (key === S.nodesKey) return;
+    S.nodesKey = key;
+    const card = document.getElementById("nodes-card");
+    card.hidden = !nodes.length;
+    if (card.hidden) return;
+    document.getElementById("nodes").replaceChildren(
+      el("thead", {}, el("tr", {}, ...["node", "ranks", "verdict", "cause", "why"].map(
+        h => el("th", {}, h)))),
+      el("tbody", {}, ...nodes.map(v => el("tr", {"data-node": v.node, "data-state": v.state},
+        el("td", {}, v.node), el("td", {}, v.ranks.join(", ")),
+        el("td", {class: "node-" + v.state}, v.state), el("td", {}, v.cause || ""),
+        el("td", {}, v.state === "healthy" ? "" :
+          `at step ${v.step}: ${v.why}` + (v.price ? ` (${priceWords(v.price)})` : ""))))));
+  }
+
+  const priceWords = p => `straggler tax ${secs(p.tax_seconds)} so far, ` +
+    `${secs(p.tax_per_hour)} an hour, vs ${secs(p.restart_seconds)} a restart` +
+    (p.restart_measured ? "" : " (default)") + (p.exclude_pays ? ": leaving it out pays" : "");
+
   function renderGoodput(g) {
     const card = document.getElementById("goodput-card");
     card.hidden = !g || !(g.wall_seconds > 0);
@@ -955,6 +980,7 @@
       S.detail = detail;
       if (due || S.ckptKey === undefined) await loadCheckpoints();  // thinned: with the matrices
       await loadGoodput();
+      await loadNodes();
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
       if (total !== S.lastFindings) await loadFindings(total);
       if (series) {

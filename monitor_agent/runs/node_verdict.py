@@ -1,0 +1,290 @@
+"""Each node of a multi-node run judged healthy, suspect or sick, with a cause class, from
+the findings its leader already makes of every node's digests (issue 44).
+
+A node is **sick** on evidence that it is the node, not its data or the job's code: a hard
+GPU error on it (``gpu_health`` at error or worse: XID, uncorrectable ECC, a failed row
+remap, the GPU lost), every one of its ranks gone (``hang``), all its ranks slower than the
+other nodes' (``straggler``'s whole-node judgement: what they share is the host), one of its
+ranks the straggler again in a later judgement (sustained, not one slow window), or a NaN
+that started on it in two incidents at different data positions. One soft signal makes it
+**suspect**: a rank the straggler once, a GPU warning (throttle, PCIe width), some of its
+ranks gone, its first NaN. Every other node it has ranks on is **healthy**.
+
+The cause classes, from what the finding says::
+
+    compute-slow   straggler, its own compute
+    network-slow   straggler, late to the all-reduce with its own work as fast (its link)
+    input-slow     straggler, its data loading
+    gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
+    sdc-suspect    NaN first on it, at two different data positions (see below)
+    gone           hang: its ranks sent nothing past the limit
+
+**Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
+local loss broke first) names a node and, from that rank's latest step, a data position.
+The same node first in two incidents at different data positions is a silent-corruption
+suspect (different data, same machine). A NaN that comes back at a data position an
+earlier incident started at, on another node or rank, is the data's: the node is cleared
+of it (the closed loop skips that window).
+
+**Is leaving it out worth a restart?** (``price``) The straggler tax the node has cost so
+far (the goodput ledger's: the other ranks' wait for it, runs/straggler_tax.py) against
+what one restart of this job costs (its measured recoveries, runs/ettr.py: seconds to
+train again plus the work re-done; ``DEFAULT_RESTART_SECONDS`` when none was measured).
+Ski rental: keep renting (pay the tax) until what was paid equals the price of buying (a
+restart without the node); from then on, leaving it out pays. That bound is within 2x of
+the best choice made knowing the future, whatever the node does next.
+
+Two nodes of two ranks; node b's ranks are slow as a whole::
+
+    >>> from monitor_agent.records.types import Finding, Severity
+    >>> book = NodeVerdicts()
+    >>> slow = Finding(type="straggler", severity=Severity.WARNING, run_id="r", step=40,
+    ...                message="node b (ranks 2-3) is slow as a whole", rank=2,
+    ...                evidence={"cause": "compute", "host": "b", "node_ranks": "2-3"})
+    >>> book.observe(slow, {0: "a", 1: "a", 2: "b", 3: "b"}, {})
+    'b'
+    >>> [(v.node, v.state, v.cause) for v in book.verdicts({0: "a", 1: "a", 2: "b", 3: "b"})]
+    [('a', 'healthy', None), ('b', 'sick', 'compute-slow')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor_agent.records.types import Finding, Severity
+
+CAUSES: tuple[str, ...] = ("gone", "gpu-hardware", "sdc-suspect", "compute-slow",
+                           "network-slow", "input-slow")
+"""The cause classes, strongest first: a node sick of two is named by the first."""
+STATES: tuple[str, ...] = ("healthy", "suspect", "sick")
+STRAGGLER_CLASS = {"compute": "compute-slow", "collective": "network-slow",
+                   "data": "input-slow", "gpu_throttle": "gpu-hardware"}
+MAX_NODES_EXPOSED = 16
+"""Nodes not healthy a run exposes on /metrics, sick first (a label per node)."""
+DEFAULT_RESTART_SECONDS = 300.0
+"""One restart when this job has measured none: five minutes, for the relaunch, the
+rendezvous, loading the checkpoint and redoing the steps since it (Meta reports minutes
+to tens of minutes per interruption at scale; torchft measured 948 s). Stated on every
+verdict that uses it."""
+
+
+@dataclass(slots=True)
+class Mark:
+    """One piece of evidence against a node."""
+
+    cause: str
+    sick: bool
+    step: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """The node's straggler tax so far and per hour, against one restart's cost."""
+
+    tax_seconds: float
+    tax_per_hour: float
+    restart_seconds: float
+    restart_measured: bool
+
+    @property
+    def exclude_pays(self) -> bool:
+        return self.tax_seconds >= self.restart_seconds
+
+    def words(self) -> str:
+        source = "measured" if self.restart_measured else "none measured: the default"
+        head = (f"its straggler tax so far {self.tax_seconds:.0f} s ({self.tax_per_hour:.0f} s "
+                f"an hour) against one restart's {self.restart_seconds:.0f} s ({source})")
+        if self.exclude_pays:
+            return head + ": leaving it out pays"
+        if self.tax_per_hour > 0:
+            hours = (self.restart_seconds - self.tax_seconds) / self.tax_per_hour
+            return head + f": leaving it out pays in {hours:.1f} h at this rate"
+        return head + ": leaving it out does not pay"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tax_seconds": self.tax_seconds, "tax_per_hour": self.tax_per_hour,
+                "restart_seconds": self.restart_seconds,
+                "restart_measured": self.restart_measured, "exclude_pays": self.exclude_pays}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    node: str
+    ranks: tuple[int, ...]
+    state: str  # one of STATES
+    cause: str | None  # one of CAUSES; None when healthy
+    step: int | None  # the step of the evidence that set the state
+    why: str
+    price: Price | None = None
+
+    def words(self) -> str:
+        """'node b: sick (compute-slow) since step 40: ...'."""
+        if self.state == "healthy":
+            return f"node {self.node}: healthy"
+        text = f"node {self.node}: {self.state} ({self.cause}) at step {self.step}: {self.why}"
+        return text + (f"; {self.price.words()}" if self.price is not None else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "ranks": list(self.ranks), "state": self.state,
+                "cause": self.cause, "step": self.step, "why": self.why,
+                "words": self.words(),
+                "price": None if self.price is None else self.price.to_dict()}
+
+
+@dataclass(slots=True)
+class NodeVerdicts:
+    """The evidence so far against each node of one run (module docstring)."""
+
+    marks: dict[str, dict[str, Mark]] = field(default_factory=dict)  # node -> cause -> mark
+    slow_steps: dict[str, int] = field(default_factory=dict)  # node -> first straggler step
+    # Each NaN incident's start: [node, data position or None, rank, step]
+    nans: list[list[Any]] = field(default_factory=list)
+    # The latest NaN judged the data's, not a node's: (its step, the words for its page)
+    data_note: tuple[int, str] | None = None
+
+    def observe(self, finding: Finding, hosts: dict[int, str],
+                positions: dict[int, int | None]) -> str | None:
+        """Fold in one finding of the run (``hosts``: rank -> node; ``positions``: rank ->
+        its latest data position); the node whose evidence it changed, else None."""
+        if finding.log_only:
+            return None
+        if finding.type == "straggler":
+            return self._straggler(finding, hosts)
+        if finding.type == "gpu_health":
+            node = _str(finding.evidence.get("node")) or hosts.get(finding.rank)
+            sick = finding.severity >= Severity.ERROR
+            condition = finding.evidence.get("condition") or "GPU health"
+            return self._mark(node, Mark("gpu-hardware", sick, finding.step,
+                                         f"{condition} on its GPU"))
+        if finding.type == "hang":
+            return self._gone(finding, hosts)
+        if finding.type == "nan_inf":
+            return self._nan(finding, hosts, positions)
+        return None
+
+    def _straggler(self, finding: Finding, hosts: dict[int, str]) -> str | None:
+        ev = finding.evidence
+        node = _str(ev.get("host")) or hosts.get(finding.rank)
+        cause = STRAGGLER_CLASS.get(str(ev.get("cause")))
+        if node is None or cause is None:
+            return None
+        whole = ev.get("node_ranks") is not None
+        first = self.slow_steps.setdefault(node, finding.step)
+        sustained = finding.step > first
+        why = ("all its ranks are slower than the other nodes'" if whole else
+               f"rank {finding.rank} the straggler" + (f" since step {first}" if sustained
+                                                       else ""))
+        return self._mark(node, Mark(cause, whole or sustained, finding.step, why))
+
+    def _gone(self, finding: Finding, hosts: dict[int, str]) -> str | None:
+        gone = {int(r) for r in finding.evidence.get("gone_ranks") or ()}
+        changed = None
+        for node in sorted({hosts[r] for r in gone if r in hosts}):
+            mine = {r for r, h in hosts.items() if h == node}
+            every = mine <= gone
+            why = ("every rank of it sent nothing past the hang limit" if every else
+                   f"ranks {_span(sorted(mine & gone))} of it sent nothing past the limit")
+            changed = self._mark(node, Mark("gone", every, finding.step, why)) or changed
+        return changed
+
+    def _nan(self, finding: Finding, hosts: dict[int, str],
+             positions: dict[int, int | None]) -> str | None:
+        rank = finding.evidence.get("first_rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank not in hosts:
+            return None
+        node, position = hosts[rank], positions.get(rank)
+        if any(n == node and p == position for n, p, _, _ in self.nans):
+            return None  # the same incident, said again
+        same_data = [i for i in self.nans if position is not None and i[1] == position]
+        self.nans.append([node, position, rank, finding.step])
+        if same_data:
+            # Back at a data position an earlier incident started at: the data's, not the
+            # node's; the nodes it named are cleared of it.
+            for n, *_ in same_data + [self.nans[-1]]:
+                self.marks.get(n, {}).pop("sdc-suspect", None)
+            was = same_data[-1]
+            self.data_note = (finding.step, (
+                f"the data's, not a node's: NaN first on rank {rank} ({node}) at data "
+                f"position {position}, where the incident at step {was[3]} started on rank "
+                f"{was[2]} ({was[0]}); the same data breaks whichever node reads it: skip "
+                "that window (a rollback rule does)"))
+            return node
+        earlier = [i for i in self.nans[:-1] if i[0] == node and i[1] != position
+                   and i[1] is not None and position is not None]
+        if earlier:
+            why = (f"NaN started on it in two incidents at different data positions "
+                   f"({earlier[-1][1]} at step {earlier[-1][3]}, {position} at step "
+                   f"{finding.step}), no other node's NaN at either: silent corruption, "
+                   "not the data")
+            return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
+        where = f"data position {position}" if position is not None else "no data position"
+        why = f"NaN started on it (rank {rank}, {where}): once; the data not ruled out yet"
+        return self._mark(node, Mark("sdc-suspect", False, finding.step, why))
+
+    def _mark(self, node: str | None, mark: Mark) -> str | None:
+        if not node:
+            return None
+        mine = self.marks.setdefault(node, {})
+        old = mine.get(mark.cause)
+        if old is not None and old.sick and not mark.sick:
+            return None  # a softer sign of what is already known
+        mine[mark.cause] = mark
+        return node
+
+    def verdicts(self, hosts: dict[int, str],
+                 prices: dict[str, Price] | None = None) -> list[NodeVerdict]:
+        """Every node the run has ranks on, or evidence against, by name."""
+        nodes: dict[str, list[int]] = {n: [] for n in self.marks}
+        for r, h in hosts.items():
+            nodes.setdefault(h, []).append(r)
+        return [self.verdict(n, tuple(sorted(ranks)), (prices or {}).get(n))
+                for n, ranks in sorted(nodes.items())]
+
+    def verdict(self, node: str, ranks: tuple[int, ...], price: Price | None = None
+                ) -> NodeVerdict:
+        marks = list(self.marks.get(node, {}).values())
+        if not marks:
+            return NodeVerdict(node, ranks, "healthy", None, None, "nothing against it")
+        top = min(marks, key=lambda m: (not m.sick, CAUSES.index(m.cause)))
+        return NodeVerdict(node, ranks, "sick" if top.sick else "suspect", top.cause,
+                           top.step, top.why, price)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"marks": {n: {c: [m.sick, m.step, m.why] for c, m in ms.items()}
+                          for n, ms in self.marks.items()},
+                "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans]}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        self.marks = {str(n): {str(c): Mark(str(c), bool(v[0]), int(v[1]), str(v[2]))
+                               for c, v in ms.items()}
+                      for n, ms in (data.get("marks") or {}).items()}
+        self.slow_steps = {str(n): int(s) for n, s in (data.get("slow_steps") or {}).items()}
+        self.nans = [list(i) for i in data.get("nans") or []]
+
+
+def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> Price:
+    """A node's ``Price``: its straggler tax so far over the run's ``wall_seconds``, against
+    the median of the job's measured restart costs (``recoveries``: seconds to train again
+    plus the work re-done, each), else ``DEFAULT_RESTART_SECONDS``.
+
+        >>> price(420.0, 7200.0, []).words()
+        "its straggler tax so far 420 s (210 s an hour) against one restart's 300 s (none measured: the default): leaving it out pays"
+        >>> price(60.0, 3600.0, [100.0, 140.0, 900.0]).words()
+        "its straggler tax so far 60 s (60 s an hour) against one restart's 140 s (measured): leaving it out pays in 1.3 h at this rate"
+    """
+    rate = tax_seconds * 3600.0 / wall_seconds if wall_seconds > 0 else 0.0
+    if recoveries:
+        costs = sorted(recoveries)
+        return Price(tax_seconds, rate, costs[len(costs) // 2], True)
+    return Price(tax_seconds, rate, DEFAULT_RESTART_SECONDS, False)
+
+
+def _str(value: Any) -> str | None:
+    return value[:128] if isinstance(value, str) and value else None
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ",".join(map(str, ranks))
