@@ -143,6 +143,22 @@ def test_new_runs_past_the_budget_are_one_summary_and_their_follow_ups_stay_quie
     assert runs_paged(pd)[4:] == ["resolve:fake-00-0", "resolve:fake-01-0"]
 
 
+def test_a_summary_takes_the_priority_of_the_most_severe_news_it_holds(tmp_path, pd, client):
+    """A new run's error page opened the source's summary; a critical page of another new run
+    joined it: the summary is critical news now and goes before an established run's error
+    page that was queued first (a summary keeping its first priority would wait behind it)."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0)
+    put(outbox, "pagerduty", page("established", "error"))
+    put(outbox, "pagerduty", page("fake-e", "error"), source=SOURCE)
+    put(outbox, "pagerduty", page("fake-c", "critical"), source=SOURCE)
+    assert outbox.pending == 2  # the established run's page and one summary of both
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == [f"new runs from {SOURCE}", "established"]
+    summary = pd.requests[0].json["payload"]["summary"]
+    assert "fake-e" in summary and "fake-c" in summary, summary
+
+
 def test_a_summary_is_closed_at_its_first_attempt(tmp_path, pd, client):
     """What arrives after a summary's first attempt (here a 500) opens the next summary,
     due a window later; the first is retried with what it had."""
