@@ -121,7 +121,8 @@ def test_every_record_follows_the_wire_schema(receiver, tmp_path):
     assert mon.counters().rejected == 0
     for obj in receiver.records:
         parse_record(obj)
-    assert all(r["clip_threshold"] == 0.01 for r in receiver.of_kind("step"))
+    steps = receiver.of_kind("step")
+    assert len(steps) == 6 and all(r["clip_threshold"] == 0.01 for r in steps), steps
 
 
 def test_nan_loss_and_gradients_reach_the_sidecar_as_nan(receiver, tmp_path):
