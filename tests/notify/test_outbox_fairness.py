@@ -15,7 +15,7 @@ from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification
 from monitor_agent.notify.channel_settings import OutboxSettings
-from monitor_agent.notify.fairness import priority
+from monitor_agent.notify.fairness import priority, summary_fingerprint, summary_note
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
@@ -240,3 +240,35 @@ def test_alerting_marks_a_new_runs_episodes_and_budgets_their_pages(tmp_path):
     folded = [a for a in alerting.store.alerts(limit=100) if a.run_id not in alone]
     assert len(folded) == 2
     assert all(states[a.fingerprint]["console"]["summarised"] is True for a in folded)
+
+
+def test_a_summary_says_how_many_runs_which_alerts_and_names_the_first_twenty():
+    """What a summary page says: runs counted once, alerts by count (most first), the first
+    twenty run ids and how many more, the source's budget; its severity the worst folded,
+    its identity one per channel, source and summary."""
+    rows = [(f"fake-{i:02d}", "TrainingNanInf", "error") for i in range(22)]
+    rows += [("fake-00", "TrainingLossSpike", "warning"),
+             ("fake-03", "TrainingNanInf", "critical")]
+    note = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0 + 42.4, burst=2,
+                        window=600.0)
+    [e] = note.events
+    shown = ", ".join(f"fake-{i:02d}" for i in range(20)) + " and 2 more"
+    assert e.summary == (
+        f"22 new runs paged within 42 s (TrainingNanInf x23, TrainingLossSpike x1): {shown}. "
+        f"New runs from {SOURCE} sent more than 2 pages in 600 s, so the rest are summarised "
+        "here; GET /v1/alerts lists each")
+    assert (note.group, e.run_id, e.alertname, e.severity, e.status, e.count, e.reason) == (
+        f"new runs from {SOURCE}", f"new runs from {SOURCE}", "NewRunsPaging", "critical",
+        "firing", 24, "summary")
+    assert e.evidence == {"new_runs": 22, "alerts": "TrainingNanInf x23, TrainingLossSpike x1",
+                          "runs": shown, "source": SOURCE}
+    assert e.labels == {"source": SOURCE} and e.started_at == T0 and e.fingerprint == "id-1"
+    # A clock that went back says 0 s, never a negative span; only warnings: a warning.
+    [w] = summary_note(SOURCE, [("a", "X", "warning"), ("b", "X", "warning")], "id-2",
+                       created_at=T0, now=T0 - 5, burst=0, window=60.0).events
+    assert w.severity == "warning"
+    assert w.summary.startswith("2 new runs paged within 0 s (X x2): a, b."), w.summary
+    ids = {summary_fingerprint(c, s, i) for c, s, i in (
+        ("slack", SOURCE, "1"), ("pagerduty", SOURCE, "1"), ("slack", "10.0.0.99", "1"),
+        ("slack", SOURCE, "2"))}
+    assert len(ids) == 4 and all(len(i) == 24 for i in ids)
