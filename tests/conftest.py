@@ -2,6 +2,7 @@
 
 A test waits for another thread or process with ``eventually()`` (tests/eventually.py),
 never a loop of its own; on a slow box, ``MONITOR_TEST_TIME_SCALE=3`` stretches every wait.
+Under ``CI=true`` a skipped test fails (tests/ci_strict.py: CI installs everything).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ for extra in (REPO, REPO / "client", REPO / "tests"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from ci_strict import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
 from receivers import Receiver  # noqa: E402
 from sidecar_process import SidecarProcess  # noqa: E402
 

@@ -159,6 +159,7 @@ DROPPED_SERIES = "monitor_agent_dropped_series"  # counter, label reason
 RUNS = "monitor_agent_runs"  # gauge, label state
 READY = "monitor_agent_ready"  # gauge
 BACKGROUND_SKIPPED = "monitor_agent_background_skipped"  # counter, label part
+TICKS = "monitor_agent_ticks"  # counter
 NOTIFICATIONS = "monitor_agent_notifications"  # counter, labels channel, outcome
 NOTIFICATIONS_UNDELIVERED = "monitor_agent_notifications_undelivered"  # counter, channel, reason
 NOTIFICATION_DURATION = "monitor_agent_notification_duration_seconds"  # histogram, channel

@@ -74,6 +74,10 @@ class SelfMetrics:
         )
         for part in ("chart_history", "exposition"):
             self.background_errors.labels(part=part)
+        self.ticks = Counter(
+            names.TICKS, "Engine ticks done (stall and hang checks, alert resolves, snapshots, "
+            "retention): the clock-driven work; a tick started after a write has seen it.",
+            registry=registry)
         self.leader_exchanges = Counter(
             names.LEADER_EXCHANGES, "A node sidecar's exchanges with its run leaders, by "
             "outcome (ok, failed, refused).", ["outcome"], registry=registry)

@@ -1225,6 +1225,7 @@ class Engine:
             self._last_snapshot = now
         self.retention.prune_some(self.registry.states())
         self._count_runs()
+        self.metrics.ticks.inc()
         return findings
 
     def _incident_cost(self, run_id: str, kind: str, step: int, rolled_back: bool

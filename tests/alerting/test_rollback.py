@@ -11,6 +11,7 @@ import pytest
 
 from alert_harness import FakeClock, Harness, nan
 from monitor_agent.alerting import RunContext
+from monitor_agent.alerting.rollback import Positions, decide, describe, windows_of
 from monitor_agent.alerting.rules import RuleError, parse_rules
 from receivers import Receiver
 
@@ -231,3 +232,19 @@ def test_a_plan_whose_checkpoint_turns_suspect_is_withdrawn_and_decided_again(
     [stop] = rolling.alerting.revise(none_left, rolling.clock())
     assert stop["action"] == "stop" and stop["message"].startswith(
         "no clean checkpoint to roll back to: stopping; a human must look")
+
+
+def test_a_plan_joins_the_windows_its_run_skips_already_with_its_own():
+    """The windows a run skips already and the new one: sorted, overlapping or adjacent ones
+    joined into one, a window that ends before it begins left out; the page names each."""
+    [rule] = parse_rules(RULES)
+    data = Positions(checkpoints={200: 200}, latest={0: (250, 250, 1)},
+                     skipped=((121, 130), (100, 120), (180, 215), (90, 80), (20, 20)))
+    action, plan = decide(rule, nan(step=250), CLEAN, number=2, data=data)
+    assert action == "rollback" and isinstance(plan, dict)
+    # Its own window: after the checkpoint's position to the fault's plus the margin (50).
+    assert plan["skip"] == [[20, 20], [100, 130], [180, 300]], plan
+    assert windows_of(plan) == [(20, 20), (100, 130), (180, 300)]
+    assert "skipping batches 20, 100-130, 180-300" in describe(plan), describe(plan)
+    # A plan from before the windows were a list reads as its steps' one window.
+    assert windows_of({"skip_from": 201, "skip_to": 300}) == [(201, 300)]

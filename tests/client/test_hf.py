@@ -70,7 +70,7 @@ def test_hf_grad_norm_is_pre_clip_and_matches_the_trainers(receiver, tmp_path):
     trainer = _trainer(tmp_path, callback, steps=3, accum=1)
     trainer.train()
     ours = [r["grad_norm"] for r in receiver.of_kind("step")]
-    assert all(g > 0.5 for g in ours)  # above the clip threshold: measured before clipping
+    assert len(ours) == 3 and all(g > 0.5 for g in ours), ours  # measured before clipping
 
 
 def test_hf_nan_loss_is_recorded_raw_despite_the_nan_filter(receiver, tmp_path):
@@ -93,7 +93,7 @@ def test_hf_nan_loss_is_recorded_raw_despite_the_nan_filter(receiver, tmp_path):
     losses = [r["loss"] for r in receiver.of_kind("step")]
     assert isinstance(losses[0], float) and losses[-1] == "NaN"
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert all(not math.isnan(v) for v in logged)  # the Trainer hid it; we did not
+    assert logged and all(not math.isnan(v) for v in logged)  # the Trainer hid it; we did not
 
 
 class MaskedFrom(Tokens):
@@ -120,7 +120,7 @@ def test_hf_warns_when_a_batch_has_no_label_that_counts(receiver, tmp_path, capl
     assert "step 3: a batch has no label that counts" in caplog.text
     assert "step 1: a batch" not in caplog.text and "step 2: a batch" not in caplog.text
     steps = receiver.of_kind("step")
-    assert all("min_label_count" not in r for r in steps)
+    assert steps and all("min_label_count" not in r for r in steps), steps
 
 
 def test_hf_callback_passes_monitor_settings_through(receiver, tmp_path):
@@ -253,7 +253,8 @@ def test_hf_eval_seconds_is_the_trainers_runtime_and_a_save_times_itself(receive
         assert ev["seconds"] == pytest.approx(runtimes[step]) and ev["seconds"] >= 0.4
     # Each save follows its step's evaluation: its seconds run from the eval's record (the
     # default, the time since the previous record), so they hold the save alone.
-    for save in receiver.of_kind("checkpoint"):
+    saves = receiver.of_kind("checkpoint")
+    assert [s["step"] for s in saves] == [3, 6], saves
+    for save in saves:
         ev = evals[save["step"]]
         assert 0 < save["seconds"] <= save["time"] - ev["time"] + 0.01
-        assert save["seconds"] < ev["seconds"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._nvml import (
     FIELDS,
@@ -60,12 +60,15 @@ class FakeNvml:
         self.remap = (2, 0, False, False)
         self.pcie = (16, 16, 5, 5)
         self.hang: threading.Event | None = None
+        self.blocked = threading.Event()  # a call is waiting on ``hang``
 
     def _answer(self, name, value):
         self.calls[name] = self.calls.get(name, 0) + 1
         self.threads.add(threading.current_thread().name)
-        if self.hang is not None:
-            self.hang.wait(10)
+        hang = self.hang
+        if hang is not None:
+            self.blocked.set()
+            hang.wait(10)
         if name in self.fail:
             raise NVMLError(self.fail[name])
         return value
@@ -268,7 +271,7 @@ def test_the_sampler_keeps_the_last_reading_while_a_probe_hangs_or_raises():
     try:
         assert sampler.wait_first(5.0) and sampler.read() == H100_READING
         nvml.hang = threading.Event()  # the next call blocks, as on a dying GPU
-        time.sleep(0.05)  # the sampler's next call is made, and blocks
+        eventually(nvml.blocked.is_set, what="the sampler's next call, blocked")
         assert sampler.read() == H100_READING  # at once, the last reading
     finally:
         assert nvml.hang is not None
@@ -308,7 +311,7 @@ def test_a_monitor_sends_the_readings_with_its_steps_read_on_the_sampler_thread(
     hardware = receiver.of_kind("run")[0]["hardware"]
     assert hardware["gpu_uuid"].startswith("GPU-1b2c") and hardware["gpu_index"] == 3
     assert nvml.threads == {"monitor-client-gpu"}  # never the training or sender thread
-    time.sleep(0.05)  # a call already under way when close() returned lands
-    calls = sum(nvml.calls.values())
-    time.sleep(0.1)  # ten sampling intervals: a running sampler would have called again
-    assert sum(nvml.calls.values()) == calls  # close() stopped the sampler
+    # close() stopped the sampler: its thread ended (a call under way then has landed),
+    # so no call can come after.
+    eventually(lambda: "monitor-client-gpu" not in {t.name for t in threading.enumerate()},
+               what="the sampler's thread ended")

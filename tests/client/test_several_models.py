@@ -161,7 +161,8 @@ def test_a_second_model_without_names_is_refused_and_nothing_is_mixed(receiver, 
     assert "models" not in run["model"]
     assert run["model"]["layer_order"] == [n for n, _ in net_d.named_parameters()]
     steps = receiver.of_kind("step")
-    assert all(set(r.get("layers") or {}) <= set(run["model"]["layer_order"]) for r in steps)
+    assert steps and all(set(r.get("layers") or {}) <= set(run["model"]["layer_order"])
+                         for r in steps)
     assert not any("models" in r for r in steps)
 
 

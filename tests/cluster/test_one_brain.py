@@ -8,7 +8,6 @@ The multi-process proofs with real torchrun nodes are in tests/e2e/test_multi_no
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
 from receivers import Receiver
+from ticks import sample, settled
 
 pytestmark = pytest.mark.timeout(120)
 RUN = "job"
@@ -98,7 +98,11 @@ def test_a_nan_on_node_1_is_one_page_from_the_leader_naming_rank_and_host(tmp_pa
                 "node_rank": 1, "nodes": 2, "local_world_size": 2, "leader_url": lead_url}}])
         _job(lead.url, node.url, range(1, 31), nan_from=20)
         pages = eventually(lambda: [t for t in _texts(slack0) if "TrainingNanInf" in t], timeout=20)
-        time.sleep(1.0)  # anything else would have come by now
+        # Anything else would have been sent by now: node 1 forwarded all it had, and
+        # each sidecar's ticks ran after it and its outbox is empty.
+        eventually(lambda: sample(node.url, "monitor_agent_uplink_queued") == 0, timeout=20)
+        for url in (node.url, lead.url):
+            settled(url)
         exposed = [httpx.get(u + "/metrics", timeout=5).text for u in (lead.url, node.url)]
         detail = httpx.get(f"{lead.url}/v1/runs/{RUN}", timeout=5).json()
     assert len(pages) == 1 and not _texts(slack1), (pages, _texts(slack1))
@@ -157,7 +161,8 @@ def test_with_the_leader_away_node_1_pages_its_partial_view_and_takes_no_action(
             # one resolve the incident gets is the leader's.
             handed = eventually(lambda: [a["state"] for a in httpx.get(
                 f"{node.url}/v1/alerts", timeout=5).json()["alerts"]] == ["resolved"], timeout=20)
-            time.sleep(1.0)  # a page from either sidecar would have come by now
+            for url in (node.url, lead.url):  # a page from either would have been sent now
+                settled(url)
     assert told and told[0]["state"] == "firing" and queued and handed
     assert not [t for t in _texts(slack0) if "FIRING" in t], _texts(slack0)
     assert not [t for t in _texts(slack1) if "RESOLVED" in t], _texts(slack1)
@@ -171,5 +176,5 @@ def test_a_leader_url_that_reaches_this_very_sidecar_judges_the_run_here(tmp_pat
             _post(srv.url, [_run_record(r) for r in (2, 3)] * (step == 1)
                   + [_step(r, step, nan_from=20) for r in (2, 3)])
         pages = eventually(lambda: [t for t in _texts(slack) if "TrainingNanInf" in t], timeout=20)
-        time.sleep(1.0)  # a second page would have come by now
+        settled(srv.url)  # a second page would have been sent by now
     assert len(pages) == 1 and "partial view" not in pages[0], pages

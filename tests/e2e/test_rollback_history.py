@@ -22,6 +22,7 @@ import httpx
 from eventually import eventually
 from receivers import Receiver
 from sidecar_process import SidecarProcess
+from ticks import settled
 
 RUN = "rollback-run"
 FAULT, CHECKPOINT, ABANDONED_TO, SPIKE, END = 300, 250, 330, 420, 450
@@ -144,7 +145,7 @@ def test_a_rolled_back_run_is_judged_from_its_checkpoint_and_says_so(tmp_path: P
         assert first is not None and first["attempts"][0]["kind"] == "resumed"
         assert (first["accepted"], first["duplicates"], first["late"]) == (BATCH, 0, 0)
         _post(sc, _end("b"))
-        time.sleep(0.5)  # what the end sets off, and any page again, comes now
+        settled(sc.url)  # what the end sets off, and any page again, has been sent now
 
         # (a) Nothing paged again for the abandoned fault: the resumed steps are judged
         # from the detectors' state at the checkpoint, and that state never diverged.
@@ -210,7 +211,7 @@ def test_retries_and_a_kill_9_mid_resume_leave_the_same_history(tmp_path: Path):
                 for batch in new[1:]:
                     _post(sc, batch)
                 _post(sc, _end("b"))
-                time.sleep(0.5)  # what the end sets off comes now
+                settled(sc.url)  # what the end sets off has been done now
                 results.append(_answers(sc))
         plain, killed = results
         assert plain["attempts"][1]["superseded_from"] == CHECKPOINT + 1

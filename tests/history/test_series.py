@@ -151,8 +151,8 @@ def test_a_matrix_answer_is_bounded_in_cells_and_read_a_batch_at_a_time(monkeypa
         rec["layers"] = {f"l{i}": {"grad_norm": 9.0 if (s, i) == (777, 4) else 1.0}
                          for i in range(10)}
     db = build(recs)
-    monkeypatch.setattr(sr, "MAX_MATRIX_CELLS", 240, raising=False)  # 12 names: 20 buckets
-    monkeypatch.setattr(sr, "MATRIX_BATCH_BYTES", 3 * 12 * 4, raising=False)  # 3 rows a read
+    monkeypatch.setattr(sr, "MAX_MATRIX_CELLS", 240)  # 12 names: 20 buckets
+    monkeypatch.setattr(sr, "MATRIX_BATCH_BYTES", 3 * 12 * 4)  # 3 rows a read
     m = sr.matrix(db, "r", "grad_norm", points=1000)
     n, row = len(m["steps"]), m["names"].index("l4")
     assert len(m["names"]) == 12 and n == 20  # b and a: the run's layer_order, never sent

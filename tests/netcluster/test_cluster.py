@@ -91,16 +91,10 @@ def test_names_fit_the_kernels_limits() -> None:
     assert Names().pid == os.getpid() and Names().prefix != Names().prefix  # one per cluster
 
 
-def test_without_the_privilege_a_test_skips_saying_why_and_fails_under_ci(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_privilege_a_test_skips_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Under CI=true that skip fails: tests/ci_strict.py, tests/test_ci_strict.py.)"""
     from netcluster import conftest
 
     monkeypatch.setattr(conftest, "unavailable", lambda: "needs root (...)")
-    outcomes = []
-    for ci in ("", "true"):  # CI runs as root: there a missing privilege is a broken machine
-        monkeypatch.setenv("CI", ci)
-        with pytest.raises(BaseException) as got:  # a skip or a failure, told apart below
-            conftest.require_cluster()
-        assert "needs root" in str(got.value)
-        outcomes.append(got.type)
-    assert outcomes == [pytest.skip.Exception, pytest.fail.Exception]
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        conftest.require_cluster()

@@ -15,7 +15,7 @@ from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification
 from monitor_agent.notify.channel_settings import OutboxSettings
-from monitor_agent.notify.fairness import priority
+from monitor_agent.notify.fairness import priority, summary_fingerprint, summary_note
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
@@ -143,6 +143,22 @@ def test_new_runs_past_the_budget_are_one_summary_and_their_follow_ups_stay_quie
     assert runs_paged(pd)[4:] == ["resolve:fake-00-0", "resolve:fake-01-0"]
 
 
+def test_a_summary_takes_the_priority_of_the_most_severe_news_it_holds(tmp_path, pd, client):
+    """A new run's error page opened the source's summary; a critical page of another new run
+    joined it: the summary is critical news now and goes before an established run's error
+    page that was queued first (a summary keeping its first priority would wait behind it)."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0)
+    put(outbox, "pagerduty", page("established", "error"))
+    put(outbox, "pagerduty", page("fake-e", "error"), source=SOURCE)
+    put(outbox, "pagerduty", page("fake-c", "critical"), source=SOURCE)
+    assert outbox.pending == 2  # the established run's page and one summary of both
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == [f"new runs from {SOURCE}", "established"]
+    summary = pd.requests[0].json["payload"]["summary"]
+    assert "fake-e" in summary and "fake-c" in summary, summary
+
+
 def test_a_summary_is_closed_at_its_first_attempt(tmp_path, pd, client):
     """What arrives after a summary's first attempt (here a 500) opens the next summary,
     due a window later; the first is retried with what it had."""
@@ -224,3 +240,35 @@ def test_alerting_marks_a_new_runs_episodes_and_budgets_their_pages(tmp_path):
     folded = [a for a in alerting.store.alerts(limit=100) if a.run_id not in alone]
     assert len(folded) == 2
     assert all(states[a.fingerprint]["console"]["summarised"] is True for a in folded)
+
+
+def test_a_summary_says_how_many_runs_which_alerts_and_names_the_first_twenty():
+    """What a summary page says: runs counted once, alerts by count (most first), the first
+    twenty run ids and how many more, the source's budget; its severity the worst folded,
+    its identity one per channel, source and summary."""
+    rows = [(f"fake-{i:02d}", "TrainingNanInf", "error") for i in range(22)]
+    rows += [("fake-00", "TrainingLossSpike", "warning"),
+             ("fake-03", "TrainingNanInf", "critical")]
+    note = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0 + 42.4, burst=2,
+                        window=600.0)
+    [e] = note.events
+    shown = ", ".join(f"fake-{i:02d}" for i in range(20)) + " and 2 more"
+    assert e.summary == (
+        f"22 new runs paged within 42 s (TrainingNanInf x23, TrainingLossSpike x1): {shown}. "
+        f"New runs from {SOURCE} sent more than 2 pages in 600 s, so the rest are summarised "
+        "here; GET /v1/alerts lists each")
+    assert (note.group, e.run_id, e.alertname, e.severity, e.status, e.count, e.reason) == (
+        f"new runs from {SOURCE}", f"new runs from {SOURCE}", "NewRunsPaging", "critical",
+        "firing", 24, "summary")
+    assert e.evidence == {"new_runs": 22, "alerts": "TrainingNanInf x23, TrainingLossSpike x1",
+                          "runs": shown, "source": SOURCE}
+    assert e.labels == {"source": SOURCE} and e.started_at == T0 and e.fingerprint == "id-1"
+    # A clock that went back says 0 s, never a negative span; only warnings: a warning.
+    [w] = summary_note(SOURCE, [("a", "X", "warning"), ("b", "X", "warning")], "id-2",
+                       created_at=T0, now=T0 - 5, burst=0, window=60.0).events
+    assert w.severity == "warning"
+    assert w.summary.startswith("2 new runs paged within 0 s (X x2): a, b."), w.summary
+    ids = {summary_fingerprint(c, s, i) for c, s, i in (
+        ("slack", SOURCE, "1"), ("pagerduty", SOURCE, "1"), ("slack", "10.0.0.99", "1"),
+        ("slack", SOURCE, "2"))}
+    assert len(ids) == 4 and all(len(i) == 24 for i in ids)

@@ -44,7 +44,9 @@ def test_non_finite_strings_become_floats():
 
 
 def test_every_public_trace_validates(traces_dir: Path):
-    for path in sorted(traces_dir.glob("*.jsonl.gz")):
+    traces = sorted(traces_dir.glob("*.jsonl.gz"))
+    assert traces, traces_dir
+    for path in traces:
         kinds = {schemas.validate(o).kind for o in wire.iter_trace(path)}
         assert {"run", "step"} <= kinds, path.name
 

@@ -64,8 +64,10 @@ class DiskReport:
                 f"accepted {self.accepted_after}, duplicates {self.duplicates_after}")
 
 
-def disk_full(mountpoint, size: str = "3m") -> DiskReport:
-    sh(f"mount -t tmpfs -o size={size} tmpfs {mountpoint}")
+def disk_full(mountpoint, size: str = "3m", mount: bool = True) -> DiskReport:
+    """``mount``: mount the tmpfs here (False: the caller did, at ``size``)."""
+    if mount:
+        sh(f"mount -t tmpfs -o size={size} tmpfs {mountpoint}")
     settings = load_settings(data_dir=mountpoint, tick_interval_seconds=0.1,
                              max_body_bytes=512 * 1024)
     report, step = DiskReport(), 1

@@ -14,6 +14,7 @@ import pytest
 from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from sidecar_process import SidecarProcess
+from ticks import ticked
 
 HOUR = 3600.0
 
@@ -60,7 +61,7 @@ def test_client_clock_jump_raises_no_alert(server, jump):
     for start in range(1, 301, 30):  # batches as the client sends them, ticks in between
         _post(server.url, _healthy("jumpy", range(start, start + 30), now, 150, jump))
         time.sleep(0.05)  # wall time passes between batches, as in a real run
-    time.sleep(0.5)  # the stall check runs on every tick, on the run's own clock
+    ticked(server.url)  # the stall check runs on every tick, on the run's own clock
     _no_findings(server.url, "jumpy")
     assert _stored_steps(server.url, "jumpy") == list(range(1, 301))
 
@@ -76,7 +77,7 @@ def test_out_of_order_and_duplicate_steps_raise_no_alert(server):
     for batch in batches + batches[2:6]:  # then a retry storm re-sends old batches
         late += _post(server.url, batch)["late"]
         time.sleep(0.02)  # batches spread in time, as a retry storm's
-    time.sleep(0.3)  # ticks pass: a finding would be made now
+    ticked(server.url)  # a finding would be made now
     assert late > 0
     _no_findings(server.url, "shuffled")
     assert _stored_steps(server.url, "shuffled") == list(range(1, 301))
@@ -94,7 +95,7 @@ def test_resent_spool_after_restart_raises_no_alert(tmp_path: Path):
         # The client did not know which of its last batches arrived: it re-sends its spool.
         answer = _post(sc.url, recs[60:200])
         assert answer["duplicates"] == 60 and answer["accepted"] == 80
-        time.sleep(0.5)  # ticks pass: a finding from the re-sent records would be made now
+        ticked(sc.url)  # a finding from the re-sent records would be made now
         _no_findings(sc.url, "respool")
         assert _stored_steps(sc.url, "respool") == list(range(1, 201))
     finally:

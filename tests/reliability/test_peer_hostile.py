@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,11 +26,13 @@ from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
 from receivers import Receiver, Reply
+from ticks import sample, settled
 
 pytestmark = pytest.mark.timeout(300)
 
 TOKEN = "shared-write-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SUMMARISED = 'monitor_agent_notifications_total{channel="slack",outcome="summarised"}'
 FAST = {"peer_timeout_seconds": 0.5, "heartbeat_seconds": 0.2}
 STOP_ON_NAN = """
 routes: {page: [slack]}
@@ -119,7 +120,7 @@ def test_one_record_takes_neither_a_runs_placement_nor_its_leader(tmp_path):
         assert taken["accepted"] == 2  # stored, as any run record of a process is
         answer = _ok(srv.url, [_step("victim", s, loss="NaN") for s in range(11, 14)])
         pages = eventually(lambda: [t for t in _texts(slack) if "StopOnNaN" in t], timeout=20)
-        time.sleep(1.0)  # a digest to the attacker, or a second page, would have come by now
+        settled(srv.url)  # a second page would have been sent by now
         detail = httpx.get(srv.url + "/v1/runs/victim", timeout=10).json()
         actions = httpx.get(srv.url + "/v1/runs/victim/actions", timeout=10).json()["actions"]
     assert evil.requests == [], [r.headers.get("Authorization") for r in evil.requests]
@@ -201,7 +202,7 @@ def test_the_peer_door_takes_the_link_credential_and_checks_what_ingest_checks(t
         r = _peer(srv.url, {"sidecar": "node-1", "runs": [solo], "records": [],
                             "findings": [_finding("solo")]}, credential)
         assert r.status_code == 200 and "solo" in r.json()["deferred"], r.text
-        time.sleep(1.0)  # a page or an action would have come by now
+        settled(srv.url)  # a page would have been sent by now (actions: before the answer)
         ledger = httpx.get(srv.url + "/v1/runs/job/checkpoints", timeout=10).json()
         solo_actions = httpx.get(srv.url + "/v1/runs/solo/actions", timeout=10).json()
         findings = httpx.get(srv.url + "/v1/runs/job/findings", timeout=10).json()["findings"]
@@ -241,7 +242,7 @@ def test_a_forged_finding_never_acts_even_with_the_link_credential(tmp_path):
             {"run_id": "job2", "node": 1, "ranks": [2, 3], "known_action": 0}],
             "findings": [_finding("job2")]}, credential)
         assert "no record of rank 2" in r.json()["rejected_findings"][0]["reason"], r.text
-        time.sleep(1.0)  # a page or an action would have come by now
+        settled(srv.url)  # a page would have been sent by now (actions: before the answer)
         for run in ("job", "job2"):
             actions = httpx.get(srv.url + f"/v1/runs/{run}/actions", timeout=10).json()
             assert actions["actions"] == [], (run, actions)
@@ -314,7 +315,10 @@ def test_a_claimed_forwarded_address_is_not_a_new_source(tmp_path):
                           headers={"X-Forwarded-For": f"10.9.8.{i}"})
                 assert r.status_code == 200, r.text
             eventually(lambda: [t for t in _texts(slack) if "fake-" in t], timeout=20)
-            time.sleep(1.5)  # the others' pages would have come by now
+            # The outbox has decided about every page: two sent alone, four summarised.
+            eventually(lambda: sample(srv.url, SUMMARISED) + len(
+                [t for t in _texts(slack) if "fake-" in t and "new runs paged" not in t]) >= 6,
+                timeout=20)
             singles = [t for t in _texts(slack) if "fake-" in t and "new runs paged" not in t]
     assert len(singles) == 2, singles
 
@@ -380,7 +384,8 @@ def test_a_leaders_absurd_plan_is_not_adopted(tmp_path):
             + [_step("job", s, rank=2) for s in range(1, 21)])
         kept = eventually(lambda: httpx.get(node.url + "/v1/runs/job/actions",
                                             timeout=10).json()["actions"], timeout=20)
-        time.sleep(1.0)  # every exchange since answered the same
+        since = len(leader.requests)  # every exchange from now on answers the same
+        eventually(lambda: len(leader.requests) >= since + 2, timeout=20)
         kept = httpx.get(node.url + "/v1/runs/job/actions", timeout=10).json()["actions"]
     assert [(a["id"], a["action"]) for a in kept] == [(6, "stop")], kept
 

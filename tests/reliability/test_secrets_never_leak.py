@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from eventually import eventually
 from receivers import Receiver, Reply
 from sidecar_process import REPO, SidecarProcess
 
@@ -53,7 +53,10 @@ def _exercise(sc: SidecarProcess, slack: Receiver, pd: Receiver) -> list[str]:
     pd.wait_for(3, timeout=30)
     texts.append(httpx.post(sc.url + "/v1/records", headers=auth, json={"records": [
         {"kind": "end", "run_id": "leak", "step": 9, "time": 1010.0, "status": "completed"}]}).text)
-    time.sleep(1.5)  # what the end sets off (resolves, their log lines) is searched too
+    # What the end sets off (the resolves, their log lines) is searched too: the page's
+    # resolve has reached PagerDuty.
+    eventually(lambda: [r for r in pd.requests if r.json.get("event_action") == "resolve"],
+               timeout=30, what="the end's resolve at PagerDuty")
     return texts
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from monitor_agent.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "traces" / "activation_blowup_gpt.jsonl.gz"
-CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 TOKEN = "ui-test-token"
 
 
@@ -43,17 +43,19 @@ def read_json(url: str, headers: dict[str, str]) -> dict:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    if not (CHROMIUM.is_file() and DRIVER.is_file()):
-        pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip("needs Debian's chromium and chromium-driver on PATH (.ci/run installs "
+                    "them)")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
+    opts.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,3000", "--hide-scrollbars"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(str(DRIVER)))
+    driver = webdriver.Chrome(options=opts, service=Service(driver_path))
     driver.set_page_load_timeout(30)
     try:
         yield driver

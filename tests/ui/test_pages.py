@@ -172,6 +172,20 @@ def test_reads_follow_auth_reads(browser, tmp_path: Path):
         browser.execute_script("sessionStorage.clear()")
 
 
+CONTROL = "http://127.0.0.2:9/csp-control.png"  # an image no policy of ours lets in
+
+
+def _violations(browser) -> list[str]:
+    """The page's CSP violations so far. Each is reported after the fact, in order: an
+    image of our own that the policy blocks is reported after every violation the page made
+    before it, so once its report is in, theirs are too."""
+    browser.execute_script(f"new Image().src = '{CONTROL}'")
+    seen = wait(browser, 10).until(lambda d: [
+        v for v in d.execute_script("return window.__csp") or [] if CONTROL in v] and
+        d.execute_script("return window.__csp"))
+    return [v for v in seen if CONTROL not in v]
+
+
 def test_both_pages_work_under_their_content_security_policy(browser, fed):
     """The pages are served with a CSP (scripts from the sidecar only, no framing) and
     draw, list and act under it without one violation."""
@@ -186,11 +200,9 @@ def test_both_pages_work_under_their_content_security_policy(browser, fed):
         browser.get(fed.url + "/")
         wait(browser, 10).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-run='{fed.run_id}']"))
-        time.sleep(0.3)  # a violation is reported after the fact: give one time to come
-        listed = browser.execute_script("return window.__csp")
+        listed = _violations(browser)
         open_run_page(browser, fed)
-        time.sleep(0.5)  # the same for the run page
-        drawn = browser.execute_script("return window.__csp")
+        drawn = _violations(browser)
     finally:
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
                                 {"identifier": watch["identifier"]})
