@@ -115,19 +115,20 @@ def _nan_job(urls: dict[int, str], leader: str, steps: range,
     which a rank's local loss goes NaN first -> (that rank, the data position it read
     there). Every rank's loss is NaN at that step (the all-reduced gradient carries it) and
     finite again at the next (the step guard skipped it)."""
-    for step in steps:
-        bad = first.get(step)
+    for start in range(steps.start, steps.stop, 10):  # ten steps a request, as _job
         for node, url in urls.items():
             batch = []
-            for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
-                if step == steps.start:
-                    batch.append(_run_record(rank, leader))
-                position = bad[1] if bad else step * 8
-                batch.append({"kind": "step", "run_id": RUN, "rank": rank, "step": step,
-                              "time": 1000.0 + step, "attempt": f"t{rank}",
-                              "loss": "NaN" if bad and rank == bad[0] else 2.0,
-                              "grad_norm": "NaN" if bad else 1.0,
-                              "data_position": position})
+            for step in range(start, min(start + 10, steps.stop)):
+                bad = first.get(step)
+                for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
+                    if step == steps.start:
+                        batch.append(_run_record(rank, leader))
+                    position = bad[1] if bad else step * 8
+                    batch.append({"kind": "step", "run_id": RUN, "rank": rank, "step": step,
+                                  "time": 1000.0 + step, "attempt": f"t{rank}",
+                                  "loss": "NaN" if bad and rank == bad[0] else 2.0,
+                                  "grad_norm": "NaN" if bad else 1.0,
+                                  "data_position": position})
             _post(url, batch)
 
 
