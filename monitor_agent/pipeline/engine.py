@@ -413,6 +413,10 @@ class Engine:
                        before.last_step, now - before.last_arrival)
             live = self.registry.rebuild(record.run_id, now)
             live.suite.ctx.attempt_began = record.time  # its ranks start now (hang.py)
+            # The ledger begins the attempt at the record that settles it, which it is fed
+            # only later: the pages the settle closes say what the restart cost.
+            if record.time is not None:
+                live.state.goodput.begin(number, record.time)
             book = live.attempts
             self.failpoints.reached("attempt_settled")
             events = live.lifecycle.settled(settled)

@@ -402,6 +402,12 @@ class GoodputLedger:
             sums.compute += compute
         sums.steps += 1
 
+    def begin(self, attempt: int, t: float) -> None:
+        """Attempt ``attempt`` began at ``t``: the record that settled it, ahead of its
+        feed (an attempt the ledger heard already, or a later one, is left as it is)."""
+        if attempt > self.current and math.isfinite(t):
+            self._begin(attempt, t)
+
     def _begin(self, attempt: int, t: float) -> None:
         before = self.attempts.get(self.current)
         self.current = attempt
