@@ -13,17 +13,7 @@ from typing import Any
 import httpx
 
 from live_server import LiveServer
-from monitor_agent.settings import load_settings
-
-RULES = """
-routes: {page: [console]}
-rules:
-  - name: RollbackOnNaN
-    match: {types: [nan_inf]}
-    severity: critical
-    fingerprint: []
-    action: rollback
-"""
+from rollback_sidecar import post, rollback_sidecar
 
 
 def _step(run: str, step: int, loss: float | str = 2.0) -> dict[str, Any]:
@@ -37,33 +27,23 @@ def _held(run: str, action_id: int, outcome: str, step: int) -> dict[str, Any]:
             "rounds": 1, "check_every": 1, "detail": "no rank of this job reported it"}
 
 
-def _post(srv: LiveServer, records: list[dict[str, Any]]) -> dict[str, Any]:
-    r = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def _get(srv: LiveServer, path: str) -> dict[str, Any]:
     return httpx.get(srv.url + path, timeout=10).json()
 
 
 def _decided(srv: LiveServer, run: str) -> dict[str, Any]:
-    _post(srv, [_step(run, s) for s in range(1, 21)] + [
+    post(srv, [_step(run, s) for s in range(1, 21)] + [
         {"kind": "checkpoint", "run_id": run, "step": 10, "time": 1010.5,
          "path": "/ckpt/10.pt", "attempt": "a"}])
-    [plan] = _post(srv, [_step(run, 21, "NaN")])["actions"]
+    [plan] = post(srv, [_step(run, 21, "NaN")])["actions"]
     assert plan["action"] == "rollback" and plan["plan"]["checkpoint_step"] == 10, plan
     return plan
 
 
 def test_a_refused_rollback_is_withdrawn_for_a_stop_and_the_run_ends_stopped(tmp_path: Path):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    settings = load_settings(data_dir=tmp_path / "data", alerting={
-        "rules_file": str(rules), "group_wait_seconds": 0.05})
-    with LiveServer(settings) as srv:
+    with rollback_sidecar(tmp_path) as srv:
         plan = _decided(srv, "refused")
-        answer = _post(srv, [_step("refused", 22, "NaN"), _held("refused", plan["id"],
+        answer = post(srv, [_step("refused", 22, "NaN"), _held("refused", plan["id"],
                                                                 "unreported", 22)])
         [stop] = [a for a in answer["actions"] if a["id"] != plan["id"]]
         assert stop["action"] == "stop" and stop["message"].startswith(
@@ -73,8 +53,8 @@ def test_a_refused_rollback_is_withdrawn_for_a_stop_and_the_run_ends_stopped(tmp
         assert [(a["action"], a["withdrawn_by"]) for a in polled] == [
             ("rollback", stop["id"]), ("stop", None)]
         # The NaN goes on until the client's stop: no new rollback is decided.
-        _post(srv, [_step("refused", 23, "NaN")])
-        _post(srv, [{"kind": "end", "run_id": "refused", "step": 23, "time": 1024.0,
+        post(srv, [_step("refused", 23, "NaN")])
+        post(srv, [{"kind": "end", "run_id": "refused", "step": 23, "time": 1024.0,
                      "attempt": "a", "status": "stopped",
                      "error": "stopped at step 23: rollback plan 1 ... not loaded"}])
         polled = _get(srv, "/v1/runs/refused/actions")["actions"]
@@ -90,13 +70,9 @@ def test_a_refused_rollback_is_withdrawn_for_a_stop_and_the_run_ends_stopped(tmp
 
 
 def test_a_plan_a_rank_lacks_stays_an_order(tmp_path: Path):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    settings = load_settings(data_dir=tmp_path / "data", alerting={
-        "rules_file": str(rules), "group_wait_seconds": 0.05})
-    with LiveServer(settings) as srv:
+    with rollback_sidecar(tmp_path) as srv:
         plan = _decided(srv, "lacks")
-        answer = _post(srv, [_held("lacks", plan["id"], "missing", 22)])
+        answer = post(srv, [_held("lacks", plan["id"], "missing", 22)])
         assert [a["id"] for a in answer["actions"]] == [plan["id"]]
         polled = _get(srv, "/v1/runs/lacks/actions")["actions"]
         assert [(a["action"], a["withdrawn_by"]) for a in polled] == [("rollback", None)]

@@ -10,25 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from live_server import LiveServer
-from monitor_agent.settings import load_settings
-
-RULES = """
-routes: {page: [console]}
-rules:
-  - name: RollbackOnNaN
-    match: {types: [nan_inf]}
-    severity: critical
-    fingerprint: []
-    action: rollback
-    rollback_skip_margin: 3
-"""
-
-
-def _post(srv: LiveServer, records: list[dict[str, Any]]) -> dict[str, Any]:
-    r = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
+from rollback_sidecar import post, rollback_sidecar
 
 
 def _step(run: str, step: int, loss: float | str = 2.0) -> dict[str, Any]:
@@ -41,17 +23,13 @@ def _step(run: str, step: int, loss: float | str = 2.0) -> dict[str, Any]:
     ({"skips_by": "reading"}, "skipping batches 11-24 by reading past them (streamed data)"),
     (None, "skipping batches 11-24")])
 def test_the_plan_says_how_the_run_skips(tmp_path: Path, data, said):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    settings = load_settings(data_dir=tmp_path / "data", alerting={
-        "rules_file": str(rules), "group_wait_seconds": 0.05})
     run = {"kind": "run", "run_id": "r", "time": 1000.0, "attempt": "a"}
-    with LiveServer(settings) as srv:
-        _post(srv, [{**run, **({"data": data} if data else {})},
+    with rollback_sidecar(tmp_path, rollback_skip_margin=3) as srv:
+        post(srv, [{**run, **({"data": data} if data else {})},
                     *(_step("r", s) for s in range(1, 21)),
                     {"kind": "checkpoint", "run_id": "r", "step": 10, "time": 1010.5,
                      "path": "/ckpt/10.pt", "attempt": "a", "data_position": 10}])
-        [plan] = _post(srv, [_step("r", 21, "NaN")])["actions"]
+        [plan] = post(srv, [_step("r", 21, "NaN")])["actions"]
         assert plan["message"].endswith(said), plan["message"]
         assert plan["plan"].get("skips_by") == (data or {}).get("skips_by")
         bad = httpx.post(srv.url + "/v1/records", json={"records": [

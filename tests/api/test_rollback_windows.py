@@ -8,28 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from live_server import LiveServer
-from monitor_agent.settings import load_settings
-
-RULES = """
-routes: {page: [console]}
-rules:
-  - name: RollbackOnNaN
-    match: {types: [nan_inf]}
-    severity: critical
-    fingerprint: []
-    action: rollback
-    rollback_skip_margin: 3
-    rollback_budget: 3
-"""
-
-
-def _post(srv: LiveServer, records: list[dict[str, Any]]) -> dict[str, Any]:
-    r = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
+from rollback_sidecar import post, rollback_sidecar
 
 
 def _step(step: int, position: int, attempt: str, loss: float | str = 2.0) -> dict[str, Any]:
@@ -43,22 +22,18 @@ def _save(step: int, position: int, attempt: str) -> dict[str, Any]:
 
 
 def test_a_second_rollback_skips_the_first_ones_window_too(tmp_path: Path):
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    settings = load_settings(data_dir=tmp_path / "data", alerting={
-        "rules_file": str(rules), "group_wait_seconds": 0.05})
     run = {"kind": "run", "run_id": "r", "time": 1000.0}
-    with LiveServer(settings) as srv:
-        _post(srv, [{**run, "attempt": "a"}, *(_step(s, s, "a") for s in range(1, 21)),
+    with rollback_sidecar(tmp_path, rollback_skip_margin=3, rollback_budget=3) as srv:
+        post(srv, [{**run, "attempt": "a"}, *(_step(s, s, "a") for s in range(1, 21)),
                     _save(10, 10, "a")])
-        [first] = _post(srv, [_step(21, 21, "a", "NaN")])["actions"]
+        [first] = post(srv, [_step(21, 21, "a", "NaN")])["actions"]
         assert first["plan"]["skip"] == [[11, 24]], first["plan"]
         # The relaunch resumes at step 11 from the save at position 10 and reads past the
         # window: its step s trains position s + 14. It saves at step 30 (position 44),
         # then diverges at step 40 (position 54).
-        _post(srv, [{**run, "attempt": "b"}, *(_step(s, s + 14, "b") for s in range(11, 40)),
+        post(srv, [{**run, "attempt": "b"}, *(_step(s, s + 14, "b") for s in range(11, 40)),
                     _save(30, 44, "b")])
-        [second] = _post(srv, [_step(40, 54, "b", "NaN")])["actions"]
+        [second] = post(srv, [_step(40, 54, "b", "NaN")])["actions"]
     assert second["plan"]["number"] == 2 and second["plan"]["resume_position"] == 44
     # Its own window (45-57), and the first one's: a job resumes with every window of the
     # plan left out and nothing else (docs/actions.md), so a plan that forgot 11-24 would

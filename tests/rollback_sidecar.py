@@ -1,0 +1,41 @@
+"""A sidecar on loopback whose one rule rolls a run back on NaN, and the records door it is
+fed through: shared by the rollback tests that read a plan back over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from live_server import LiveServer
+from monitor_agent.settings import load_settings
+
+RULE = """
+routes: {page: [console]}
+rules:
+  - name: RollbackOnNaN
+    match: {types: [nan_inf]}
+    severity: critical
+    fingerprint: []
+    action: rollback
+"""
+
+
+@contextmanager
+def rollback_sidecar(tmp_path: Path, **knobs: int) -> Iterator[LiveServer]:
+    """The sidecar, its rule given ``knobs`` (``rollback_skip_margin``, ...)."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULE + "".join(f"    {k}: {v}\n" for k, v in knobs.items()))
+    settings = load_settings(data_dir=tmp_path / "data", alerting={
+        "rules_file": str(rules), "group_wait_seconds": 0.05})
+    with LiveServer(settings) as srv:
+        yield srv
+
+
+def post(srv: LiveServer, records: list[dict[str, Any]]) -> dict[str, Any]:
+    r = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
