@@ -146,6 +146,20 @@ def test_client_stands_alone() -> None:
     assert not found, found
 
 
+def test_every_public_client_module_is_named_in_the_architecture_doc() -> None:
+    """A module without ``_`` is API a user may import: docs/architecture.md lists them all,
+    and the package's docstring, where a user reads first, names each one too."""
+    public = sorted(p.stem for p in PACKAGES["monitor_client"].glob("*.py")
+                    if not p.stem.startswith("_"))
+    assert public, "no public client module found"
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    listed = doc[doc.index("Client modules other than"):].split("are private")[0]
+    init = (PACKAGES["monitor_client"] / "__init__.py").read_text()
+    missing = [m for m in public if f"`{m}`" not in listed or f"monitor_client.{m}" not in init]
+    assert not missing, f"public client modules not named in docs/architecture.md " \
+                        f"and monitor_client's docstring: {missing}"
+
+
 def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
     """The helpers above find what they are meant to find (a test that cannot fail is none)."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -18,8 +18,9 @@ The public API is this package's ``__all__``::
     ['CategoryLoss', 'Counters', 'DataStream', 'GuardSettings', 'Monitor', 'MonitorClientError',
      'MonitorSettings', 'RollbackPlan', 'WatchSettings']
 
-with ``monitor_client.settings`` and the framework callbacks ``monitor_client.hf`` and
-``monitor_client.lightning``; the modules whose names start with ``_`` are the
+with ``monitor_client.settings``, the framework callbacks ``monitor_client.hf`` and
+``monitor_client.lightning``, and ``monitor_client.relaunch`` (``python -m monitor_client.relaunch``: the launcher side
+of those callbacks' rollback exit); the modules whose names start with ``_`` are the
 implementation and may change in any release. Importing this package does not import
 torch; ``hf`` and ``lightning`` import their frameworks only when used.
 """
