@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from eventually import eventually
@@ -166,4 +167,14 @@ def test_episodes_that_grow_as_the_agent_learns_are_no_slowdown(tmp_path, sideca
                           params={"kind": "step", "limit": 1000}, timeout=10).json()["records"]
         lengths = [r["samples"] for r in steps]
         assert max(lengths[150:]) >= 5 * min(lengths[:50]), lengths  # the agent learnt
-        assert _findings(sc.url, "actor-critic", "throughput_drop") == []
+        # Per step the run got several times slower: a steps/s reading would page it. The
+        # only slowdown the detector may name is one of samples/s the records themselves
+        # show (a shared box can slow the whole script down): per unit of work, held to
+        # the records it came from.
+        by_step = {r["step"]: r["samples"] / r["step_time"] for r in steps
+                   if r.get("step_time") and r.get("samples")}
+        for f in _findings(sc.url, "actor-critic", "throughput_drop"):
+            assert f["message"].startswith("samples/s"), f["message"]
+            before = [v for s, v in by_step.items() if s <= f["step"]]
+            recent, base = np.median(before[-20:]), np.median(before[-220:-20])
+            assert recent < 0.75 * base, (f["message"], recent, base)  # window edges differ
