@@ -160,6 +160,30 @@ def test_every_public_client_module_is_named_in_the_architecture_doc() -> None:
                         f"and monitor_client's docstring: {missing}"
 
 
+def _routers(modules: dict[str, Path]) -> set[str]:
+    """The modules that define a FastAPI router: the routes, as opposed to the plumbing."""
+    return {m for m, p in modules.items() if "router = APIRouter(" in p.read_text()}
+
+
+def router_imports(modules: dict[str, Path]) -> list[str]:
+    routers = _routers(modules)
+    return [f"{m} imports {name}" for m in sorted(routers)
+            for name in _imports(m, modules[m], modules) if name in routers - {m}]
+
+
+def test_no_router_imports_a_router(tmp_path: Path) -> None:
+    """A route's module shares with another route only through the plumbing beneath them
+    (api/body.py, record_batch.py, deps.py, ...): a route stays readable on its own, and
+    moving one never drags another."""
+    modules = _modules("monitor_agent")
+    assert len(_routers(modules)) >= 10, sorted(_routers(modules))
+    assert router_imports(modules) == []
+    fake = tmp_path / "x.py"  # and the check finds one that does
+    fake.write_text("from monitor_agent.api.ingest import router as r\nrouter = APIRouter(r)\n")
+    breaking = {**modules, "monitor_agent.api.x": fake}
+    assert router_imports(breaking) == ["monitor_agent.api.x imports monitor_agent.api.ingest"]
+
+
 def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
     """The helpers above find what they are meant to find (a test that cannot fail is none)."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -35,17 +35,19 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from monitor_agent.api.deps import require_peer, services
-from monitor_agent.api.ingest import (
+from monitor_agent.api.body import (
     BODY_ERRORS,
     RETRY_AFTER_S,
     BadRequest,
-    Rejection,
     check_values,
     count_values,
     gunzip,
     parse_json,
     read_limited,
+)
+from monitor_agent.api.deps import require_peer, services
+from monitor_agent.api.record_batch import (
+    Rejection,
     reason_label,
     sorted_rejections,
     validate_records,

@@ -27,11 +27,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from monitor_agent.api.body import BODY_ERRORS, BadRequest
 from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.heap import release_freed_memory
-from monitor_agent.api.ingest import (
-    BODY_ERRORS,
-    BadRequest,
+from monitor_agent.api.record_batch import (
     Rejection,
     read_records,
     reason_label,

@@ -1,6 +1,6 @@
 """What one request may add to the sidecar's memory: new runs, and new ranks.
 
-Bytes and values are budgeted at the edge (``api/ingest.py``), but what a record costs
+Bytes and values are budgeted at the edge (``api/body.py``), but what a record costs
 once admitted depends on whether it is the first of its run or rank: a new run brings a
 detector suite into memory (~150 KiB, ``bench/chaos.py --sections amplification``), a new
 rank its counters and per-rank detector state (~35 KiB). So a request may bring at most

@@ -52,6 +52,7 @@ from monitor_agent.api import (
 )
 from monitor_agent.api.backends import Backends
 from monitor_agent.api.deps import services
+from monitor_agent.api.openapi import install_openapi
 from monitor_agent.api.readiness import Readiness
 from monitor_agent.api.services import Services
 from monitor_agent.cluster.drain import NodeDrain
@@ -99,7 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
                        docs=fastapi_docs_pages(app))
     app.exception_handler(RequestValidationError)(_invalid_request)
     app.exception_handler(StorageError)(_storage_failed)
-    ingest.install_openapi(app)
+    install_openapi(app)
     return app
 
 

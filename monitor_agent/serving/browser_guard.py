@@ -58,7 +58,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from monitor_agent.api.ingest import NDJSON_TYPES
+from monitor_agent.api.body import NDJSON_TYPES
 from monitor_agent.records import wire
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
