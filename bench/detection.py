@@ -19,11 +19,11 @@ the corpus (``tests/traces/corpus``: ``tune`` is what thresholds were checked on
 ``heldout`` is reported only).
 
 Then the classes (``precision.class_scores``): spike vs divergence vs explosion on the
-class recordings (``tests/traces/classes``, ``classes_runs.py``): per class, precision
+class recordings (``tests/traces/classes``, ``scripts/traces/classes_runs.py``): per class, precision
 (caught over caught + raised where the label neither expects nor allows it), recall and
 delay, on the ``tune`` seed and the held-out seeds.
 
-Then the shapes (``tests/traces/shapes``, ``shapes_runs.py``: actor-critic, DQN, InfoNCE,
+Then the shapes (``tests/traces/shapes``, ``scripts/traces/shapes_runs.py``: actor-critic, DQN, InfoNCE,
 diffusion, AMP, MoE, ... healthy and faulty), per half (seed 1 ``tune``, seeds 2-3
 ``heldout``): the precision table above (healthy runs paged and by what, false warnings per
 10k healthy steps, recall per type, faulty runs fully caught) and the class table.

@@ -1,4 +1,4 @@
-"""The class recordings (``tests/traces/classes``, ``bench/classes_runs.py``): real CPU runs
+"""The class recordings (``tests/traces/classes``, ``scripts/traces/classes_runs.py``): real CPU runs
 of a burst of bad batches that returns (a spike), an LR raised and kept (a divergence) and
 an AdamW LR jump (isolated gradient spikes), on an MLP, a CNN and a small GPT, 3 seeds.
 

@@ -1,4 +1,4 @@
-"""Where a fault started, on real recorded runs (bench/record_origin_traces.py): the page
+"""Where a fault started, on real recorded runs (scripts/traces/record_origin_traces.py): the page
 names the layer whose forward output went NaN, and the layer that left its own band first
 in an LR spike and in an input-scale bug."""
 

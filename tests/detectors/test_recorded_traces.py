@@ -1,4 +1,4 @@
-"""The activation detectors on real recorded runs: ``tests/traces`` (bench/record_traces.py).
+"""The activation detectors on real recorded runs: ``tests/traces`` (scripts/traces/record_traces.py).
 
 Same rule and same two drivers (``DetectorSuite`` directly and ``monitor_agent.pipeline.trace_judge``) as
 the public traces: expected findings first fire inside their windows, anything else that

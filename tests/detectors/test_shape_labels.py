@@ -1,4 +1,4 @@
-"""The shape recordings' labels (``tests/traces/shapes``, ``bench/shapes_runs.py``) agree
+"""The shape recordings' labels (``tests/traces/shapes``, ``scripts/traces/shapes_runs.py``) agree
 with the recordings: every file is labelled once, each half (seed 1 ``tune``, seeds 2-3
 ``heldout``) holds healthy and faulty runs, and every window lies within the recorded
 steps. No detector runs here: ``bench/detection.py`` scores the detectors on this set.

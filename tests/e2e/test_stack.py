@@ -39,7 +39,7 @@ PROJECT = "e2e"
 TOKEN = "e2e-ingest-token"
 # straggler: two ranks; fp16: loss scale, skipped steps, NaN; stalled: no step for 20 min;
 # frozen: a layer with exactly zero updates.
-# healthy_act_{gpt,mlp} (tests/traces, recorded by bench/record_traces.py): gradient/weight
+# healthy_act_{gpt,mlp} (tests/traces, recorded by scripts/traces/record_traces.py): gradient/weight
 # distributions, activation statistics (GELU; ReLU with dead units) and per-category evals.
 FED = ("straggler_ddp_gpt", "loss_scale_collapse_gpt_fp16", "stalled_gpt", "frozen_layer_gpt",
        "healthy_act_gpt", "healthy_act_mlp")

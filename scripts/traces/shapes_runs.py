@@ -47,7 +47,7 @@ Faults (labels from what each recording measurably did, ``shapes_labels.py``):
 The ``half`` is fixed by the seed before any tuning: seed 1 tunes, seeds 2 and 3 are held
 out.
 
-    python bench/record_traces.py --shapes [--only NAME ...] [--shard I/N]
+    python scripts/traces/record_traces.py --shapes [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations
@@ -468,8 +468,8 @@ def _ddp_worker(rank: int, spec: Shape, port: int, out: str) -> None:
     """One rank of a 2-rank gloo DDP run: its own Monitor and capture, its records to a file."""
     import os
 
-    import record_traces
     import torch.distributed as dist
+    from capture import monitor
 
     from monitor_agent.records import wire
 
@@ -483,7 +483,7 @@ def _ddp_worker(rank: int, spec: Shape, port: int, out: str) -> None:
     opt = _opt(spec, inner.parameters())
     gen = torch.Generator().manual_seed(spec.seed + 100 + 1000 * rank)  # each rank its data
     config = {**config_of(spec, job), "ddp": {"backend": "gloo", "world_size": 2}}
-    mon, cap = record_traces.monitor(spec.name, config)
+    mon, cap = monitor(spec.name, config)
     mon.watch(inner, opt, grad_clip=spec.clip,
               settings=WatchSettings(layer_stats_every=spec.layer_every, hist_every=0))
     for step in range(1, spec.steps + 1):

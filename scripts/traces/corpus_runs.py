@@ -18,7 +18,7 @@ checkpoint (the loss starts low). The faults are mechanisms on shapes the public
 
 A run whose loss turns non-finite stops 3 steps later with status ``failed``.
 
-    python bench/record_traces.py --corpus [--only NAME ...] [--shard I/N]
+    python scripts/traces/record_traces.py --corpus [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ numbers, with the number in ``evidence``:
 * ``nan_inf`` (critical): the first non-finite loss or grad norm, exactly; after it every
   loss/gradient type is allowed.
 
-Run: ``python bench/record_traces.py --shapes --labels`` (only the labels) or
-``python bench/record_traces.py --shapes`` (record, then label).
+Run: ``python scripts/traces/record_traces.py --shapes --labels`` (only the labels) or
+``python scripts/traces/record_traces.py --shapes`` (record, then label).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Labels come from what each recording measurably did (``classes_labels.py``); the
 ``half`` (``tune`` / ``heldout``) is fixed by the run's seed before any tuning: seed 1
 tunes, seeds 2 and 3 are held out.
 
-    python bench/record_traces.py --classes [--only NAME ...] [--shard I/N]
+    python scripts/traces/record_traces.py --classes [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations

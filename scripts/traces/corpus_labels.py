@@ -23,7 +23,7 @@ Fault windows:
   there is >= 5x the lr of the step before.
 
 Healthy runs expect nothing; ``allowed`` lists warnings whose signal is measurably present
-(the rule is in ``_allowed``). Run: ``python bench/record_traces.py --labels``.
+(the rule is in ``_allowed``). Run: ``python scripts/traces/record_traces.py --labels``.
 """
 
 from __future__ import annotations

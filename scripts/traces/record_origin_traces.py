@@ -19,7 +19,7 @@ per-layer statistics every 25 steps, no activations, no histograms.
   the data pipeline). The first Linear's gradient is ``delta x^T``, so it scales with the
   input and leaves its band first: the finding must name ``0.weight``.
 
-    python bench/record_origin_traces.py        # writes tests/traces/origin/*.jsonl.gz
+    python scripts/traces/record_origin_traces.py        # writes tests/traces/origin/*.jsonl.gz
 """
 
 from __future__ import annotations
@@ -30,15 +30,14 @@ import time
 from pathlib import Path
 
 import torch
+from capture import monitor
+from record_traces import write
 from torch import nn
+from trace_models import PRINTABLE, CharGPT, char_data, teacher_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_traces import monitor, write  # noqa: E402
-from trace_models import PRINTABLE, CharGPT, char_data, teacher_data  # noqa: E402
+from monitor_client import WatchSettings
 
-from monitor_client import WatchSettings  # noqa: E402
-
-OUT = Path(__file__).resolve().parents[1] / "tests" / "traces" / "origin"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "traces" / "origin"
 FAULT_STEP = {"nan_forward_gpt": 120, "lr_spike_gpt": 150, "input_scale_mlp": 150}
 ORIGIN_LAYER = "blocks.1.mlp_fc"
 

@@ -38,10 +38,10 @@ at least 0.5 to the end of the run; for the blow-up, from the first reading afte
 fault whose max-abs is 10x the pre-fault median of that module, to the first non-finite
 step (a precursor must come before the NaN).
 
-    python bench/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
-    python bench/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
-    python bench/record_traces.py --classes  # spike/divergence/explosion, classes_runs.py
-    python bench/record_traces.py --shapes   # run shapes (RL, AMP, MoE, ...), shapes_runs.py
+    python scripts/traces/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
+    python scripts/traces/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
+    python scripts/traces/record_traces.py --classes  # spike/divergence/explosion, classes_runs.py
+    python scripts/traces/record_traces.py --shapes   # run shapes (RL, AMP, MoE, ...), shapes_runs.py
 """
 
 from __future__ import annotations
@@ -49,23 +49,19 @@ from __future__ import annotations
 import bisect
 import gzip
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from capture import monitor
 from torch import nn
+from trace_labels import write_labels
+from trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trace_labels import write_labels  # noqa: E402
-from trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data  # noqa: E402
+from monitor_client import CategoryLoss, WatchSettings
 
-from monitor_client import CategoryLoss, Monitor, MonitorSettings, WatchSettings  # noqa: E402
-
-OUT = Path(__file__).resolve().parents[1] / "tests" / "traces"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "traces"
 CORPUS = OUT / "corpus"
 CLASSES = OUT / "classes"
 SHAPES = OUT / "shapes"
@@ -73,34 +69,6 @@ EVERY = 5
 EVAL_EVERY = 25
 # MLP eval categories: the teacher's classes in three groups.
 GROUPS = {0: "a", 1: "a", 2: "a", 3: "b", 4: "b", 5: "b", 6: "c", 7: "c", 8: "c", 9: "c"}
-
-
-class Capture:
-    """Stands in for the client's sender: materialises each record now, keeps it."""
-
-    def __init__(self) -> None:
-        self.records: list[dict] = []
-
-    def submit(self, item, urgent: bool = False) -> None:
-        self.records.append(item.materialize() if hasattr(item, "materialize") else item)
-
-    def flush(self, timeout: float = 0.0) -> bool:
-        return True
-
-    def close(self, timeout: float = 0.0) -> bool:
-        return True
-
-    def counters(self):
-        return None
-
-
-def monitor(name: str, config: dict) -> tuple[Monitor, Capture]:
-    mon = Monitor(url="http://127.0.0.1:9", project="traces", run_id=name, config=config,
-                  settings=MonitorSettings(install_hooks=False,
-                                           spool_dir=f"/tmp/record-traces-{os.getpid()}"))
-    mon._sender.close(0.1)  # the in-memory capture replaces the HTTP sender
-    mon._sender = capture = Capture()
-    return mon, capture
 
 
 def run_mlp(name: str, fault_step: int | None, shift: float = 3.0, steps: int = 400,

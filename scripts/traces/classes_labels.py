@@ -25,7 +25,7 @@ before the fault), with the number in ``evidence``:
   loss/gradient type is allowed.
 
 Other warnings whose signal the recording carries are allowed by the corpus's own rules
-(``corpus_labels._allowed``). Run: ``python bench/record_traces.py --classes``.
+(``corpus_labels._allowed``). Run: ``python scripts/traces/record_traces.py --classes``.
 """
 
 from __future__ import annotations
