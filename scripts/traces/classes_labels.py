@@ -25,7 +25,7 @@ before the fault), with the number in ``evidence``:
   loss/gradient type is allowed.
 
 Other warnings whose signal the recording carries are allowed by the corpus's own rules
-(``corpus_labels._allowed``). Run: ``python scripts/traces/record_traces.py --classes``.
+(``corpus_labels.allowed_warnings``). Run: ``python scripts/traces/record_traces.py --classes``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import json
 from pathlib import Path
 
 from classes_runs import half_of
-from corpus_labels import _allowed, _finite, _first_nonfinite, _med, _read
+from corpus_labels import allowed_warnings, finite, first_nonfinite, median_of, read_records
 
 SPIKE_RATIO = 1.5
 PERSIST_RATIO, PERSIST_FROM, PERSIST_TO = 1.3, 20, 60
@@ -44,16 +44,16 @@ GRAD_SPIKE, GRAD_SPIKES, GRAD_WINDOW = 4.0, 3, 50
 
 def _grad_spikes(after: list[dict], pre_grad: float) -> list[int]:
     return [r["step"] for r in after[:GRAD_WINDOW]
-            if not _finite(r["grad_norm"]) or r["grad_norm"] >= GRAD_SPIKE * pre_grad]
+            if not finite(r["grad_norm"]) or r["grad_norm"] >= GRAD_SPIKE * pre_grad]
 
 
 def _expected(run: dict, steps: list[dict], shape: str, extra: dict
               ) -> tuple[list[dict], list[str], list[str]]:
     fault = run["fault_step"]
     pre = [r for r in steps if fault - 50 <= r["step"] < fault]
-    pre_loss, pre_grad = _med(r["loss"] for r in pre), _med(r["grad_norm"] for r in pre)
+    pre_loss, pre_grad = median_of(r["loss"] for r in pre), median_of(r["grad_norm"] for r in pre)
     after = [r for r in steps if r["step"] >= fault]
-    nan = _first_nonfinite(steps)
+    nan = first_nonfinite(steps)
     cap = nan if nan is not None else 10**9
     expected, why, allowed = [], [], []
     if nan is not None:
@@ -79,8 +79,8 @@ def _expected(run: dict, steps: list[dict], shape: str, extra: dict
         if len(spikes) >= GRAD_SPIKES:
             allowed.append("grad_explosion")
         return expected, why, allowed
-    later = [r["loss"] for r in after[PERSIST_FROM:PERSIST_TO] if _finite(r["loss"])]
-    level = _med(later) if later else float("inf")
+    later = [r["loss"] for r in after[PERSIST_FROM:PERSIST_TO] if finite(r["loss"])]
+    level = median_of(later) if later else float("inf")
     why.append(f"LR x{run['fault_params']['factor']:g} kept from step {fault}: median loss of "
                f"steps {fault + PERSIST_FROM}..{fault + PERSIST_TO - 1} {level:.3g} "
                f"({level / pre_loss:.2f}x)")
@@ -98,14 +98,14 @@ def _expected(run: dict, steps: list[dict], shape: str, extra: dict
 
 
 def label(path: Path) -> dict:
-    records = _read(path)
+    records = read_records(path)
     run = records[0]["config"]
     steps = [r for r in records if r["kind"] == "step" and r.get("rank", 0) == 0]
     evals = [r for r in records if r["kind"] == "eval"]
     shape = path.name.split("_")[0].rstrip("0123456789")
     extra: dict = {}
     expected, why, allowed = _expected(run, steps, shape, extra)
-    measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
+    measured = allowed_warnings({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     exp_types = {e["type"] for e in expected}
     allowed = sorted((set(allowed) | set(measured)) - exp_types)

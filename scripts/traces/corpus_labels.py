@@ -23,7 +23,7 @@ Fault windows:
   there is >= 5x the lr of the step before.
 
 Healthy runs expect nothing; ``allowed`` lists warnings whose signal is measurably present
-(the rule is in ``_allowed``). Run: ``python scripts/traces/record_traces.py --labels``.
+(the rule is in ``allowed_warnings``). Run: ``python scripts/traces/record_traces.py --labels``.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def half(file: str) -> str:
     return "tune" if int(hashlib.sha1(file.encode()).hexdigest()[0], 16) % 2 == 0 else "heldout"
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _read(path: Path) -> list[dict]:
+def read_records(path: Path) -> list[dict]:
     """The records, with the top-level non-finite markers ("NaN", ...) as floats."""
     from monitor_agent.records import wire
 
@@ -54,22 +54,22 @@ def _read(path: Path) -> list[dict]:
             for obj in wire.iter_trace(path)]
 
 
-def _med(values) -> float:
-    values = [v for v in values if _finite(v)]
+def median_of(values) -> float:
+    values = [v for v in values if finite(v)]
     return statistics.median(values) if values else math.nan
 
 
-def _first_nonfinite(steps: list[dict]) -> int | None:
+def first_nonfinite(steps: list[dict]) -> int | None:
     return next((r["step"] for r in steps
-                 if not _finite(r.get("loss")) or not _finite(r.get("grad_norm"))), None)
+                 if not finite(r.get("loss")) or not finite(r.get("grad_norm"))), None)
 
 
 def _fault_expected(run: dict, steps: list[dict]) -> tuple[list[dict], list[str], list[str]]:
     fault, kind = run.get("fault_step"), run["scenario"]
     expected, why, allowed = [], [], []
-    nan = _first_nonfinite(steps)
+    nan = first_nonfinite(steps)
     pre = [r for r in steps if fault - 50 <= r["step"] < fault]
-    pre_loss, pre_grad = _med(r["loss"] for r in pre), _med(r["grad_norm"] for r in pre)
+    pre_loss, pre_grad = median_of(r["loss"] for r in pre), median_of(r["grad_norm"] for r in pre)
     after = [r for r in steps if r["step"] >= fault]
     if nan is not None:
         expected.append({"type": "nan_inf", "severity": "critical", "first_step": nan,
@@ -96,7 +96,7 @@ def _fault_expected(run: dict, steps: list[dict]) -> tuple[list[dict], list[str]
             expected.append({"type": "loss_spike", "severity": "warning",
                              "first_step": start, "last_step": start + 2})
     if kind == "lr_spike":
-        ratios = [r["grad_norm"] / pre_grad if _finite(r["grad_norm"]) else math.inf
+        ratios = [r["grad_norm"] / pre_grad if finite(r["grad_norm"]) else math.inf
                   for r in after[:50]]
         hit = next((i for i in range(2, len(ratios)) if min(ratios[i - 2:i + 1]) >= 3
                     and max(ratios[i - 2:i + 1]) >= 5), None)
@@ -109,21 +109,21 @@ def _fault_expected(run: dict, steps: list[dict]) -> tuple[list[dict], list[str]
         else:
             why.append(f"grad norm ratios to its pre-fault median {pre_grad:.3g} in the 10 "
                        f"steps after the fault: {', '.join(f'{x:.1f}' for x in ratios[:10])}")
-        early = [r["loss"] for r in after[:20] if _finite(r["loss"])]
-        if early and _med(early) >= 1.3 * pre_loss:
+        early = [r["loss"] for r in after[:20] if finite(r["loss"])]
+        if early and median_of(early) >= 1.3 * pre_loss:
             expected.append({"type": "divergence", "severity": "error", "first_step": fault,
                              "last_step": min(fault + 30, cap)})
         lr_before = next((r.get("lr") for r in reversed(steps) if r["step"] < fault), None)
         lr_at = after[0].get("lr") if after else None
-        if _finite(lr_before) and _finite(lr_at) and lr_before > 0 and lr_at >= 5 * lr_before:
+        if finite(lr_before) and finite(lr_at) and lr_before > 0 and lr_at >= 5 * lr_before:
             expected.append({"type": "lr_jump", "severity": "warning", "first_step": fault,
                              "last_step": fault})
             why.append(f"recorded lr x{lr_at / lr_before:.3g} at step {fault}")
         allowed += ["loss_spike", "update_ratio_high", "clip_saturation"]
-        if early and _med(early) >= 1.3 * pre_loss:  # the weights were thrown: per-layer
+        if early and median_of(early) >= 1.3 * pre_loss:  # the weights were thrown: per-layer
             allowed += ["dead_layer", "grad_vanishing", "gain_drift"]  # findings follow
         why.append(f"loss {pre_loss:.3g} before the fault; median of the 20 steps after "
-                   f"{_med(early):.3g}")
+                   f"{median_of(early):.3g}")
     return expected, why, allowed
 
 
@@ -134,7 +134,7 @@ def _first_spike(steps: list[dict], until: int) -> tuple[int, float] | None:
     for i in range(50, len(steps)):
         if steps[i]["step"] > until:
             return None
-        ratio = losses[i] / _med(losses[i - 50:i])
+        ratio = losses[i] / median_of(losses[i - 50:i])
         if ratio >= 10:
             return steps[i]["step"], ratio
     return None
@@ -143,10 +143,10 @@ def _first_spike(steps: list[dict], until: int) -> tuple[int, float] | None:
 def _flat_stretch(steps: list[dict]) -> str | None:
     """A 200-step stretch whose last 50-step median is within 1% of its first, at a loss
     within 2% of the run's start (the run had not learnt yet, or started converged)."""
-    losses = [r["loss"] for r in steps if _finite(r["loss"])]
-    start = _med(losses[:20])
+    losses = [r["loss"] for r in steps if finite(r["loss"])]
+    start = median_of(losses[:20])
     for i in range(0, len(losses) - 199, 10):
-        a, b = _med(losses[i:i + 50]), _med(losses[i + 150:i + 200])
+        a, b = median_of(losses[i:i + 50]), median_of(losses[i + 150:i + 200])
         if a - b < 0.01 * abs(a) and start - b < 0.02 * abs(start):
             return (f"loss median {a:.3g} -> {b:.3g} over steps {steps[i]['step']}.."
                     f"{steps[i + 199]['step']}, {start:.3g} at the start")
@@ -162,10 +162,10 @@ def _vanishing(steps: list[dict], order: list[str]) -> str | None:
     q = len(order) // 4
     ratios = []
     for layers in rows:
-        early = _med(layers[n]["grad_norm"] for n in order[:q] if n in layers)
-        late = _med(layers[n]["grad_norm"] for n in order[-q:] if n in layers)
+        early = median_of(layers[n]["grad_norm"] for n in order[:q] if n in layers)
+        late = median_of(layers[n]["grad_norm"] for n in order[-q:] if n in layers)
         ratios.append(early / late if late > 0 else math.nan)
-    worst = min((_med(ratios[i:i + 10]) for i in range(max(len(ratios) - 9, 0))),
+    worst = min((median_of(ratios[i:i + 10]) for i in range(max(len(ratios) - 9, 0))),
                 default=math.nan)
     if worst < 0.01:
         return f"early/late parameter grad norm down to {worst:.2g} (10-step median)"
@@ -191,27 +191,27 @@ def _windows(values: list[float], n: int):
         yield values[i:i + n]
 
 
-def _allowed(run: dict, steps: list[dict], evals: list[dict]) -> dict[str, str]:
+def allowed_warnings(run: dict, steps: list[dict], evals: list[dict]) -> dict[str, str]:
     """Warnings whose signal the recording measurably carries, each with its number."""
     out: dict[str, str] = {}
     losses = [r["loss"] for r in steps]
     clip = run.get("grad_clip")
     if clip:
-        worst = max((sum(g > clip for g in w if _finite(g)) / len(w)
+        worst = max((sum(g > clip for g in w if finite(g)) / len(w)
                      for w in _windows([r["grad_norm"] for r in steps], 50)), default=0)
         if worst >= 0.8:
             out["clip_saturation"] = f"grad_norm above clip on up to {worst:.0%} of a 50-step window"
     # A real single-batch blip: >= 2x the median of the 50 steps before it.
-    blips = [(losses[i] / _med(losses[i - 50:i]), steps[i]["step"])
-             for i in range(50, len(losses)) if _finite(losses[i])]
+    blips = [(losses[i] / median_of(losses[i - 50:i]), steps[i]["step"])
+             for i in range(50, len(losses)) if finite(losses[i])]
     top = max(blips, default=(0, 0))
     if top[0] >= 2:
         out["loss_spike"] = f"loss up to {top[0]:.1f}x the median of the 50 steps before " \
                             f"(step {top[1]})"
-    vals = [(e["step"], e["val_loss"]) for e in evals if _finite(e.get("val_loss"))]
+    vals = [(e["step"], e["val_loss"]) for e in evals if finite(e.get("val_loss"))]
     if len(vals) >= 3:
         best = min(vals, key=lambda v: v[1])
-        train = _med(r["loss"] for r in steps if vals[-1][0] - 50 < r["step"] <= vals[-1][0])
+        train = median_of(r["loss"] for r in steps if vals[-1][0] - 50 < r["step"] <= vals[-1][0])
         gap = (vals[-1][1] - train) / train if train > 0 else 0.0
         if vals[-1][1] >= 1.05 * best[1] or (gap >= 0.3 and best[0] < vals[-2][0]):
             out["overfitting"] = f"val loss min {best[1]:.3g} at step {best[0]}, last " \
@@ -225,15 +225,15 @@ def _allowed(run: dict, steps: list[dict], evals: list[dict]) -> dict[str, str]:
     vanish = _vanishing(steps, run.get("layer_order") or [])
     if vanish:
         out["grad_vanishing"] = vanish
-    speed = [r["tokens_per_second"] for r in steps if _finite(r.get("tokens_per_second"))]
-    worst = min((_med(speed[i:i + 50]) / _med(speed[max(i - 200, 0):i])
+    speed = [r["tokens_per_second"] for r in steps if finite(r.get("tokens_per_second"))]
+    worst = min((median_of(speed[i:i + 50]) / median_of(speed[max(i - 200, 0):i])
                  for i in range(100, len(speed) - 49, 10)), default=1.0)
     if worst < 0.6:
         out["throughput_drop"] = f"a 50-step median tokens/s {worst:.2f}x the median of the " \
                                  f"200 steps before it (machine shared with other jobs)"
     ratios = [r["update_norm"] / r["param_norm"] for r in steps
-              if _finite(r.get("update_norm")) and _finite(r.get("param_norm")) and r["param_norm"]]
-    top = max((_med(ratios[i:i + 5]) for i in range(len(ratios) - 4)), default=0.0)
+              if finite(r.get("update_norm")) and finite(r.get("param_norm")) and r["param_norm"]]
+    top = max((median_of(ratios[i:i + 5]) for i in range(len(ratios) - 4)), default=0.0)
     if top > 0.1:
         out["update_ratio_high"] = f"update/param 5-step median up to {top:.3g}"
     return out
@@ -249,7 +249,7 @@ def crash_expected(end: dict) -> list[dict]:
 
 
 def label(path: Path) -> dict:
-    records = _read(path)
+    records = read_records(path)
     run = records[0]["config"]
     steps = [r for r in records if r["kind"] == "step" and r.get("rank", 0) == 0]
     evals = [r for r in records if r["kind"] == "eval"]
@@ -257,13 +257,13 @@ def label(path: Path) -> dict:
     expected, why, allowed = ([], [], []) if run["fault_step"] is None else \
         _fault_expected(run, steps)
     expected += crash_expected(end)
-    measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
+    measured = allowed_warnings({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     exp_types = {e["type"] for e in expected}
     allowed = sorted(set(allowed) | set(measured) - exp_types)
-    grads = [r["grad_norm"] for r in steps if _finite(r.get("grad_norm"))]
+    grads = [r["grad_norm"] for r in steps if finite(r.get("grad_norm"))]
     evidence = (f"{len(steps)} steps from step {steps[0]['step']}, loss {steps[0]['loss']:.3g} -> "
-                f"{steps[-1]['loss']:.3g}; grad_norm median {_med(grads):.3g}")
+                f"{steps[-1]['loss']:.3g}; grad_norm median {median_of(grads):.3g}")
     return {"file": path.name, "scenario": run["scenario"], "healthy": run["fault_step"] is None,
             "half": half(path.name), "fault_step": run["fault_step"],
             "fault": run.get("fault") or "none", "fault_params": run.get("fault_params", {}),

@@ -6,7 +6,7 @@ and ``end_status``. Nothing here runs a detector; every window comes from the re
 numbers, with the number in ``evidence``:
 
 * healthy runs expect nothing. ``allowed`` lists the warnings whose signal the recording
-  carries by the corpus's rules (``corpus_labels._allowed``), except where the rule reads a
+  carries by the corpus's rules (``corpus_labels.allowed_warnings``), except where the rule reads a
   loss the shape makes meaningless: on losses noisy by design (actor-critic, DQN, one
   diffusion timestep per batch) a 2x single-step ratio is the design, not a spike, so
   ``loss_spike`` is not allowed; on a loss that crosses zero (actor-critic) neither ratios
@@ -46,7 +46,14 @@ import json
 from pathlib import Path
 
 from classes_labels import GRAD_SPIKE, GRAD_SPIKES, GRAD_WINDOW
-from corpus_labels import _allowed, _finite, _first_nonfinite, _med, _read, crash_expected
+from corpus_labels import (
+    allowed_warnings,
+    crash_expected,
+    finite,
+    first_nonfinite,
+    median_of,
+    read_records,
+)
 from shapes_runs import half_of
 
 SPIKE_RATIO = 1.5
@@ -57,7 +64,7 @@ AFTER_NAN = ["divergence", "grad_explosion", "loss_spike", "plateau", "update_ra
 
 
 def _pct(values: list[float], q: float) -> float:
-    v = sorted(x for x in values if _finite(x))
+    v = sorted(x for x in values if finite(x))
     return v[round(q * (len(v) - 1))]
 
 
@@ -65,7 +72,7 @@ def _recur(run, steps, pre_loss, pre_grad, expected, why, allowed) -> None:
     hits = run["fault_params"]["steps"]
     by_step = {r["step"]: r for r in steps}
     ratios = [(s, by_step[s]["grad_norm"] / pre_grad) for s in hits if s in by_step]
-    big = [s for s, g in ratios if not _finite(g) or g >= GRAD_SPIKE]
+    big = [s for s, g in ratios if not finite(g) or g >= GRAD_SPIKE]
     why.append("x30 batches at " + ", ".join(f"{s} (grad {g:.0f}x, loss "
                                              f"{by_step[s]['loss'] / pre_loss:.0f}x)"
                                              for s, g in ratios))
@@ -73,7 +80,7 @@ def _recur(run, steps, pre_loss, pre_grad, expected, why, allowed) -> None:
         expected.append({"type": "grad_explosion", "severity": "error", "first_step": hits[0],
                          "last_step": big[GRAD_SPIKES - 1] + 10})
     rest = [r["loss"] for r in steps if r["step"] > hits[0] and r["step"] not in hits]
-    level = _med(rest)
+    level = median_of(rest)
     why.append(f"median loss of the other steps after {hits[0]}: {level:.3g} "
                f"({level / pre_loss:.2f}x)")
     if level >= BORDER_RATIO * pre_loss:
@@ -99,11 +106,11 @@ def _kept(run, steps, nan, spikes, expected, why, allowed) -> None:
     fault = run["fault_step"]
     cap = nan if nan is not None else 10**9
     after = [r for r in steps if r["step"] >= fault]
-    later = [r["loss"] for r in after[PERSIST_FROM:PERSIST_TO] if _finite(r["loss"])
+    later = [r["loss"] for r in after[PERSIST_FROM:PERSIST_TO] if finite(r["loss"])
              and r["step"] < cap]
     if not later:  # gone non-finite before fault+20: the finite steps up to it
-        later = [r["loss"] for r in after if _finite(r["loss"]) and r["step"] < cap]
-    level = _med(later)
+        later = [r["loss"] for r in after if finite(r["loss"]) and r["step"] < cap]
+    level = median_of(later)
     if run.get("loss_crosses_zero"):
         band = [r["loss"] for r in steps if fault - BAND_STEPS <= r["step"] < fault]
         lo, hi = _pct(band, 0.05), _pct(band, 0.95)
@@ -114,7 +121,7 @@ def _kept(run, steps, nan, spikes, expected, why, allowed) -> None:
                    f"above p95)")
         out, border = not lo - w <= level <= hi + w, not lo <= level <= hi
     else:
-        pre = _med(r["loss"] for r in steps if fault - 50 <= r["step"] < fault)
+        pre = median_of(r["loss"] for r in steps if fault - 50 <= r["step"] < fault)
         why.append(f"LR x{run['fault_params']['factor']:g} kept from step {fault}: median loss "
                    f"of steps {fault + PERSIST_FROM}..{fault + PERSIST_TO - 1} {level:.3g} "
                    f"({level / pre:.2f}x the pre-fault median {pre:.3g})")
@@ -136,9 +143,9 @@ def _kept(run, steps, nan, spikes, expected, why, allowed) -> None:
 def _fault(run, steps, extra) -> tuple[list[dict], list[str], list[str], list[str]]:
     fault, kind = run["fault_step"], run["scenario"]
     pre = [r for r in steps if fault - 50 <= r["step"] < fault]
-    pre_loss, pre_grad = _med(r["loss"] for r in pre), _med(r["grad_norm"] for r in pre)
+    pre_loss, pre_grad = median_of(r["loss"] for r in pre), median_of(r["grad_norm"] for r in pre)
     after = [r for r in steps if r["step"] >= fault]
-    nan = _first_nonfinite(steps)
+    nan = first_nonfinite(steps)
     expected, why, allowed, never = [], [], [], []
     if nan is not None:
         expected.append({"type": "nan_inf", "severity": "critical", "first_step": nan,
@@ -146,7 +153,7 @@ def _fault(run, steps, extra) -> tuple[list[dict], list[str], list[str], list[st
         allowed += AFTER_NAN
         why.append(f"first non-finite loss/grad at step {nan}")
     spikes = [r["step"] for r in after[:GRAD_WINDOW]
-              if not _finite(r["grad_norm"]) or r["grad_norm"] >= GRAD_SPIKE * pre_grad]
+              if not finite(r["grad_norm"]) or r["grad_norm"] >= GRAD_SPIKE * pre_grad]
     why.append(f"loss {pre_loss:.3g}, grad norm {pre_grad:.3g} (medians of the 50 steps before "
                f"the fault); {len(spikes)} of the {GRAD_WINDOW} steps after it >= "
                f"{GRAD_SPIKE:g}x that grad norm")
@@ -160,7 +167,7 @@ def _fault(run, steps, extra) -> tuple[list[dict], list[str], list[str], list[st
 
 
 def label(path: Path) -> dict:
-    records = _read(path)
+    records = read_records(path)
     run = records[0]["config"]
     steps = [r for r in records if r["kind"] == "step" and r.get("rank", 0) == 0]
     for r in steps:  # an expert that got no input this step: no gradient, counted as zero
@@ -173,7 +180,7 @@ def label(path: Path) -> dict:
     healthy = run["fault_step"] is None
     expected, why, allowed, never = ([], [], [], []) if healthy else _fault(run, steps, extra)
     expected += crash_expected(end)
-    measured = _allowed({**run, "layer_order": (records[0].get("model") or {}).get(
+    measured = allowed_warnings({**run, "layer_order": (records[0].get("model") or {}).get(
         "layer_order")}, steps, evals)
     dropped = set(never)
     if run.get("noisy_by_design"):
@@ -183,12 +190,12 @@ def label(path: Path) -> dict:
     exp_types = {e["type"] for e in expected}
     allowed = sorted(((set(allowed) | set(measured)) - exp_types) - (dropped - set(allowed))
                      - set(never))
-    losses = [r["loss"] for r in steps if _finite(r["loss"])]
-    grads = [r["grad_norm"] for r in steps if _finite(r.get("grad_norm"))]
+    losses = [r["loss"] for r in steps if finite(r["loss"])]
+    grads = [r["grad_norm"] for r in steps if finite(r.get("grad_norm"))]
     skipped = sum(bool(r.get("skipped")) for r in steps)
-    scales = [r["loss_scale"] for r in steps if _finite(r.get("loss_scale"))]
+    scales = [r["loss_scale"] for r in steps if finite(r.get("loss_scale"))]
     evidence = (f"{len(steps)} steps, loss {steps[0]['loss']:.3g} -> {steps[-1]['loss']:.3g} "
-                f"(range {min(losses):.3g}..{max(losses):.3g}); grad_norm median {_med(grads):.3g}"
+                f"(range {min(losses):.3g}..{max(losses):.3g}); grad_norm median {median_of(grads):.3g}"
                 + (f"; loss scale {min(scales):g}..{max(scales):g}, {skipped} steps skipped"
                    if scales else ""))
     notes = [f"{t}: {measured[t]}" + (" (not allowed: the shape's loss makes this rule "
