@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 # module (under monitor_agent/) -> the tests that are its own.
 MODULES: dict[str, list[str]] = {
     "notify/fairness.py": ["tests/notify/test_outbox_fairness.py", "tests/notify/test_outbox.py"],
+    "notify/outbox.py": ["tests/notify/test_outbox.py", "tests/notify/test_outbox_fairness.py",
+                         "tests/notify/test_outbox_policy.py"],
     "alerting/rollback.py": ["tests/alerting/test_rollback.py", "tests/api/test_rollback_windows.py",
                              "tests/api/test_rollback_skips_by.py",
                              "tests/api/test_rollback_refused.py",
