@@ -28,9 +28,13 @@ included. A knob's cost is the default's minus the arm without it (or the arm wi
 minus the default). On a shared, loaded machine these differences carry its noise; the two
 direct figures below do not depend on the load the same way:
 
-* the training thread's own share, timed per call around the client's entry points on the
-  default arm (``log_step``, the optimizer hooks, the forward hooks): the median call
-  times the calls a step makes (a preempted call does not count);
+* the training thread's own share, timed per call around the client's entry points
+  (``log_step``, the optimizer hooks, the forward hooks) on every arm: each step's calls
+  summed, the median over the cycles of each position in a ``CYCLE``-step cycle (so a
+  preempted call does not count, and a layer-statistics step or a distributions step
+  counts at its own price), averaged over the cycle: the amortised microseconds a step
+  pays. A knob's training-thread price is the default arm's figure minus the figure of
+  the arm without it (or the arm with it minus the default's);
 * the sender thread's work per step record, on its own core when there is one: the
   median time to turn one of the default arm's pending records into its JSON line (the
   host copy, naming the numbers, the probes, the encoding).
@@ -54,6 +58,9 @@ from monitor_client import GuardSettings, Monitor, MonitorSettings, WatchSetting
 SIZES = {"1ms": (64, 64), "10ms": (384, 256)}  # (width, batch)
 KNOB_ARMS = ("-finite", "-layers", "-hist", "-watchdog")
 OPTIONAL_ARMS = ("+full_finite", "+activations", "+guard")
+# Steps in one cycle of the default's periodic work: layer statistics every 25 steps,
+# distributions every 50 (WatchSettings); the training thread's figure is a cycle's mean.
+CYCLE = 50
 
 
 @dataclass
@@ -124,6 +131,7 @@ class SizeResult:
     bare_s: float
     cost_s: dict[str, float]      # arm -> median paired whole-step cost (s)
     parts_s: dict[str, float]     # training-thread part -> s per step (default arm)
+    thread_s: dict[str, float]    # arm -> its training thread's s per step, amortised
     sender_s: float               # the sender thread's work per step record (default arm)
 
 
@@ -147,8 +155,13 @@ def measure(size: str, url: str, rounds: int, block: float, optional: bool,
                 step[arm.name] += len(times)
                 arm.times.append(statistics.median(times))
         default = next(a for a in arms if a.name == "default")
-        parts = _parts(default, x, y, steps * 4, step["default"])
-        sender = _sender_work(default, x, y, steps * 4, step["default"] + steps * 4)
+        timed = [arm for arm in arms if arm.mon is not None]
+        for arm in timed:  # each from a cycle's start
+            step[arm.name] += (-step[arm.name]) % CYCLE
+        got = _parts(timed, x, y, max(steps * 4 // CYCLE, 1), step)
+        thread = {name: sum(parts.values()) for name, parts in got.items()}
+        parts = got["default"]
+        sender = _sender_work(default, x, y, steps * 4, step["default"])
         for arm in arms:
             if arm.mon is not None:
                 arm.mon.close(timeout=5)
@@ -160,44 +173,53 @@ def measure(size: str, url: str, rounds: int, block: float, optional: bool,
         base = by["bare+clip"] if arm.name == "+clip" else by["bare"]
         cost[arm.name] = statistics.median(a - b for a, b in zip(arm.times, base, strict=True))
     return SizeResult(size, width, batch, rounds, statistics.median(by["bare"]), cost, parts,
-                      sender)
+                      thread, sender)
 
 
-def _parts(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> dict[str, float]:
-    """The default arm's training-thread time by entry point, per step: each of the
-    client's callbacks wrapped in a clock for ``n`` more steps, then unwrapped."""
-    mon = arm.mon
-    assert mon is not None
-    spent: dict[str, list[float]] = defaultdict(list)
+def _parts(arms: list[Arm], x: torch.Tensor, y: torch.Tensor, cycles: int,
+           step: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Each arm's training-thread time by entry point, per step, amortised over the
+    ``CYCLE``-step cycle (module docstring): every client callback of every arm wrapped in
+    a clock, ``cycles`` cycles of each arm in turn (interleaved, as the rounds), then
+    unwrapped. ``step``: each arm's next step, a cycle's first; advanced."""
+    # arm -> label -> step index (from 0) -> seconds that step's calls took
+    spent: dict[str, dict[str, dict[int, float]]] = {
+        arm.name: defaultdict(lambda: defaultdict(float)) for arm in arms}
+    at = dict.fromkeys(spent, 0)
+    patched: list[tuple[object, str, object]] = []
 
-    def clocked(label: str, fn: Callable) -> Callable:
+    def clocked(arm: str, label: str, fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[label].append(time.perf_counter() - start)
+                spent[arm][label][at[arm]] += time.perf_counter() - start
+                if label == "log_step":  # the step's last call
+                    at[arm] += 1
         return run
 
-    patched: list[tuple[object, str, object]] = []
-
-    def wrap(owner: object, attr: str, label: str) -> None:
-        fn = getattr(owner, attr, None)
-        if fn is None:
-            return
-        patched.append((owner, attr, fn))
-        setattr(owner, attr, clocked(label, fn))
-
-    wrap(mon, "log_step", "log_step")
-    for hook in _hook_functions(arm.model, arm.opt):
-        wrap(*hook)
-    _steps(arm, x, y, n, first)
+    for arm in arms:
+        assert arm.mon is not None
+        for owner, attr, label in (*_hook_functions(arm.model, arm.opt),
+                                   (arm.mon, "log_step", "log_step")):
+            fn = getattr(owner, attr)
+            patched.append((owner, attr, fn))
+            setattr(owner, attr, clocked(arm.name, label, fn))
+    for _ in range(cycles):
+        for arm in arms:
+            _steps(arm, x, y, CYCLE, step[arm.name])
+            step[arm.name] += CYCLE
     for owner, attr, fn in reversed(patched):
         setattr(owner, attr, fn)
-    # The median call, times the calls a step makes: a call the machine preempted is an
-    # outlier, not the client's cost.
-    return {k: statistics.median(v) * len(v) / n for k, v in spent.items()}
+    # Per position in the cycle, the median over the cycles (a call the machine preempted
+    # is an outlier, not the client's cost); the cycle's mean of those.
+    return {arm: {label: statistics.fmean(
+                      statistics.median(steps.get(c * CYCLE + pos, 0.0) for c in range(cycles))
+                      for pos in range(CYCLE))
+                  for label, steps in labels.items()}
+            for arm, labels in spent.items()}
 
 
 def _sender_work(arm: Arm, x: torch.Tensor, y: torch.Tensor, n: int, first: int) -> float:
@@ -267,9 +289,18 @@ def report(results: list[SizeResult]) -> None:
                 print(f"  knob {name[1:]:12s} {knob * 1e6:+8.1f} us a step = "
                       f"{knob / bare * 100:+6.2f}%")
         total = sum(r.parts_s.values())
-        print(f"  training thread, timed per call (default): {total * 1e6:.1f} us a step = "
-              f"{total / bare * 100:.2f}% of the bare step")
+        print(f"  training thread, timed per call, amortised over {CYCLE} steps (default): "
+              f"{total * 1e6:.1f} us a step = {total / bare * 100:.2f}% of the bare step")
         for label, value in sorted(r.parts_s.items(), key=lambda kv: -kv[1]):
             print(f"    {label:36s} {value * 1e6:8.1f} us")
+        thread = r.thread_s
+        print("  training thread by arm, amortised: "
+              + ", ".join(f"{name} {value * 1e6:.1f} us" for name, value in thread.items()))
+        for name in (*KNOB_ARMS, *OPTIONAL_ARMS):
+            if name in thread:
+                knob = (thread["default"] - thread[name] if name.startswith("-")
+                        else thread[name] - thread["default"])
+                print(f"  knob {name[1:]:12s} training thread {knob * 1e6:+8.1f} us a step = "
+                      f"{knob / bare * 100:+6.2f}%")
         print(f"  sender thread, per step record (default): {r.sender_s * 1e6:.1f} us = "
               f"{r.sender_s / bare * 100:.2f}% of the bare step, on another core when free")

@@ -528,9 +528,13 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         scale: Any = self._loss_scale() if models else None
         if not models and not any(_is_tensor(v) for v in (loss, *record.values())):
             return PendingStep(record, probes=self._probes, wait=wait)
+        finite = self._finite
+        if finite is not None:  # before take(): the gradients' norms are the step's
+            clean = finite.holding and _known_finite(loss) and all(
+                entry.stats.grads_finite() for entry in models.entries)
         pack = models.take() if models else _empty_pack()
-        if self._finite is not None:
-            self._finite.add_to(pack)
+        if finite is not None:
+            finite.add_to(pack, clean)
         first = models.first
         if pack.stepped and self._preflight is not None and not self._preflight.done:
             self._preflight.after_first_step(first.optimizer if first is not None else None)
@@ -1058,6 +1062,16 @@ def _cuda_uuid(device: Any) -> str | None:
         return str(uuid) if uuid is not None else None
     except Exception:  # noqa: BLE001 - then NVML is asked by index
         return None
+
+
+def _known_finite(loss: Any) -> bool:
+    """Whether the host knows ``loss`` finite without a device sync: a number, or a CPU
+    tensor of one element (None, a device tensor: not known)."""
+    if isinstance(loss, float | int):
+        return math.isfinite(loss)
+    if not _is_tensor(loss) or not loss.is_cpu or loss.numel() != 1:
+        return False
+    return math.isfinite(loss.item())
 
 
 def _finite(value: Any) -> bool:

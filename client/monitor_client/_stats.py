@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from monitor_client import _distributions
+from monitor_client import _distributions, _finite
 from monitor_client._hooks import Hooks
 from monitor_client._pack import StatsPack
 from monitor_client._warn import LOGGER
@@ -119,6 +119,7 @@ class GradStats:
         self._snapshot: list[torch.Tensor] | None = None
         self._snap_idx: list[int] = []
         self._grad_norms: list[torch.Tensor] | None = None  # this step's, per parameter
+        self._grad_vector: torch.Tensor | None = None  # the same, stacked (when it was)
         self._total: torch.Tensor | None = None
 
     @property
@@ -129,6 +130,17 @@ class GradStats:
         if self._total is None and self._grad_norms:
             self._total = self._global_from(torch.stack(self._grad_norms))
         return self._total
+
+    def grads_finite(self) -> bool:
+        """Whether this step's gradients are known finite on the host (True when none was
+        measured: no gradient, nothing non-finite). On the CPU their norms are read (one
+        stack, one sum: a host read costs nothing there); on a device that would be a sync
+        on the training thread, so it is not known there (False). Called before ``take()``."""
+        vector = self._grad_vector
+        if vector is None or not _finite.on_host(vector):
+            return not self._grad_norms
+        # (a sum of float norms on the host is finite exactly when each of them is)
+        return math.isfinite(sum(vector.tolist()))
 
     @property
     def monitored(self) -> bool:
@@ -275,13 +287,16 @@ class GradStats:
         self._grad_norms = norms
         clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
         if per_layer or clip is not None or self.reduce_group is not None:
-            vector = torch.stack(norms)
+            vector = self._grad_vector = torch.stack(norms)
             total = self._total = self._global_from(vector)
             self._pack.add("grad_norm", total)
             # The per-parameter norms the global one is made of: free, and read with the
             # same host copy; the sender decides whether they go out (_gate.py).
             self._pack.add("param_grad_norm", vector, layers=names)
-        else:  # the usual step: one kernel here, the global norm made on the host
+        elif _finite.on_host(grads[0]):  # the usual CPU step: one stack, read at once by the host
+            vector = self._grad_vector = torch.stack(norms)  # (grads_finite, the sender)
+            self._pack.add("param_grad_norm", vector, layers=names)
+        else:  # the usual device step: one kernel here, the global norm made on the host
             self._pack.add_each("param_grad_norm", norms, names)
         if per_layer:  # before clipping: every statistic describes the raw gradient
             self._pack.layers = list(self.names)
