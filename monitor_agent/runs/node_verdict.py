@@ -6,7 +6,8 @@ GPU error on it (``gpu_health`` at error or worse: XID, uncorrectable ECC, a fai
 remap, the GPU lost), every one of its ranks gone (``hang``), all its ranks slower than the
 other nodes' (``straggler``'s whole-node judgement: what they share is the host), one of its
 ranks the straggler again in a later judgement (sustained, not one slow window), or a NaN
-that started on it in two incidents at different data positions. One soft signal makes it
+that started on it in two incidents at different data positions, or every one of its ranks'
+local loss off its peers' at once (``rank_outlier``, below). One soft signal makes it
 **suspect**: a rank the straggler once, a GPU warning (throttle, PCIe width), some of its
 ranks gone, its first NaN. Every other node it has ranks on is **healthy**.
 
@@ -16,7 +17,8 @@ The cause classes, from what the finding says::
     network-slow   straggler, late to the all-reduce with its own work as fast (its link)
     input-slow     straggler, its data loading
     gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
-    sdc-suspect    NaN first on it, at two different data positions (see below)
+    sdc-suspect    NaN first on it, at two different data positions; its ranks' local
+                   loss off their peers' (rank_outlier), all at once or twice (see below)
     gone           hang: its ranks sent nothing past the limit
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
@@ -25,6 +27,17 @@ The same node first in two incidents at different data positions is a silent-cor
 suspect (different data, same machine). A NaN that comes back at a data position an
 earlier incident started at, on another node or rank, is the data's: the node is cleared
 of it (the closed loop skips that window).
+
+A flipped bit need not make a NaN: an error of a few exponent steps leaves a replica
+that computes on slightly different weights, and its ranks' local loss leaves their
+peers' while every global number still looks fine (``rank_outlier``: the rank's loss
+beyond its peers' spread, step after step). One rank so is a suspect: a corrupt shard of
+the data makes the same sign. Every rank of one node (two or more) off their peers at
+once - incidents starting within one outlier window of each other - is the node's: each
+rank reads its own shard of every batch (a distributed sampler interleaves them), so bad
+data would have to fall on exactly the ranks that share a host; what they share is the
+host. So is the same node off its peers again in a later incident (a new start), as with
+a NaN: the fault outlived the data that was in flight.
 
 **Is leaving it out worth a restart?** (``price``) The straggler tax the node has cost so
 far (the goodput ledger's: the other ranks' wait for it, runs/straggler_tax.py) against
@@ -141,6 +154,8 @@ class NodeVerdicts:
     slow_steps: dict[str, int] = field(default_factory=dict)  # node -> first straggler step
     # Each NaN incident's start: [node, data position or None, rank, step]
     nans: list[list[Any]] = field(default_factory=list)
+    # node -> rank -> [the step its latest loss-outlier incident started, the window]
+    outliers: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     # The latest NaN judged the data's, not a node's: (its step, the words for its page)
     data_note: tuple[int, str] | None = None
 
@@ -162,6 +177,8 @@ class NodeVerdicts:
             return self._gone(finding, hosts)
         if finding.type == "nan_inf":
             return self._nan(finding, hosts, positions)
+        if finding.type == "rank_outlier":
+            return self._outlier(finding, hosts)
         return None
 
     def _straggler(self, finding: Finding, hosts: dict[int, str]) -> str | None:
@@ -223,6 +240,35 @@ class NodeVerdicts:
         why = f"NaN started on it (rank {rank}, {where}): once; the data not ruled out yet"
         return self._mark(node, Mark("sdc-suspect", False, finding.step, why))
 
+    def _outlier(self, finding: Finding, hosts: dict[int, str]) -> str | None:
+        """A rank's local loss off its peers' (module docstring: silent corruption)."""
+        rank, ev = finding.rank, finding.evidence
+        if rank not in hosts:
+            return None
+        node = hosts[rank]
+        since, window = _int(ev.get("since_step"), finding.step), _int(ev.get("window"), 8)
+        opened = self.outliers.setdefault(node, {})
+        before = [s for s, _ in opened.values()]
+        if rank in opened and opened[rank][0] == since:
+            return None  # the same incident, said again
+        opened[rank] = [since, window]
+        mine = sorted(r for r, h in hosts.items() if h == node)
+        starts = [opened[r][0] for r in mine if r in opened]
+        if len(mine) >= 2 and len(starts) == len(mine) and max(starts) - min(starts) <= window:
+            why = (f"the local loss of every rank of it (ranks {_span(mine)}) left its peers' at "
+                   f"once (since step {min(starts)}), each on its own shard of the batch: "
+                   "what they share is the host, not the data")
+            return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
+        again = [s for s in before if s + window < since]
+        if again:
+            why = (f"its local loss left its peers' again (rank {rank} since step {since}, "
+                   f"an earlier incident since step {again[-1]}): the fault outlived the "
+                   "data then in flight")
+            return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
+        why = (f"rank {rank}'s local loss off its peers' since step {since}: once, one rank; "
+               "a corrupt data shard not ruled out")
+        return self._mark(node, Mark("sdc-suspect", False, finding.step, why))
+
     def _mark(self, node: str | None, mark: Mark) -> str | None:
         if not node:
             return None
@@ -254,7 +300,9 @@ class NodeVerdicts:
     def to_dict(self) -> dict[str, Any]:
         return {"marks": {n: {c: [m.sick, m.step, m.why] for c, m in ms.items()}
                           for n, ms in self.marks.items()},
-                "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans]}
+                "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans],
+                "outliers": {n: {str(r): list(v) for r, v in by.items()}
+                             for n, by in self.outliers.items()}}
 
     def restore(self, data: dict[str, Any]) -> None:
         self.marks = {str(n): {str(c): Mark(str(c), bool(v[0]), int(v[1]), str(v[2]))
@@ -262,6 +310,8 @@ class NodeVerdicts:
                       for n, ms in (data.get("marks") or {}).items()}
         self.slow_steps = {str(n): int(s) for n, s in (data.get("slow_steps") or {}).items()}
         self.nans = [list(i) for i in data.get("nans") or []]
+        self.outliers = {str(n): {int(r): [int(v[0]), int(v[1])] for r, v in by.items()}
+                         for n, by in (data.get("outliers") or {}).items()}
 
 
 def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> Price:
@@ -279,6 +329,10 @@ def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> P
         costs = sorted(recoveries)
         return Price(tax_seconds, rate, costs[len(costs) // 2], True)
     return Price(tax_seconds, rate, DEFAULT_RESTART_SECONDS, False)
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _str(value: Any) -> str | None:

@@ -90,6 +90,35 @@ def test_nan_back_at_the_same_data_position_on_another_node_is_the_datas():
         "where the incident at step 100 started on rank 5 (node2)" in book.data_note[1]
 
 
+def test_every_rank_of_a_node_off_its_peers_loss_at_once_is_silent_corruption():
+    """A flipped bit that makes no NaN: the node's replica drifts and its ranks' local loss
+    leaves their peers' (rank_outlier); one rank is a suspect (a corrupt shard is not ruled
+    out), every rank of the node at once is the node's, and so is the same node again."""
+    book = NodeVerdicts()
+    book.observe(finding("rank_outlier", 45, 4, since_step=41, window=8), HOSTS, {})
+    assert states(book)["node2"] == ("suspect", "sdc-suspect")
+    book.observe(finding("rank_outlier", 95, 4, since_step=41, window=8), HOSTS, {})
+    assert states(book)["node2"] == ("suspect", "sdc-suspect")  # the same incident again
+    book.observe(finding("rank_outlier", 46, 5, since_step=42, window=8), HOSTS, {})
+    verdict = book.verdict("node2", (4, 5))
+    assert (verdict.state, verdict.cause) == ("sick", "sdc-suspect")
+    assert "every rank of it (ranks 4-5) left its peers' at once" in verdict.why
+    assert {n: s for n, s in states(book).items() if n != "node2"} == {
+        f"node{i}": ("healthy", None) for i in (0, 1, 3)}
+
+    lone = NodeVerdicts()  # one rank, then again in a later incident
+    lone.observe(finding("rank_outlier", 45, 2, since_step=41, window=8), HOSTS, {})
+    lone.observe(finding("rank_outlier", 47, 6, since_step=43, window=8), HOSTS, {})
+    assert states(lone)["node1"] == ("suspect", "sdc-suspect")
+    assert states(lone)["node3"] == ("suspect", "sdc-suspect")  # another node: not at once
+    lone.observe(finding("rank_outlier", 130, 2, since_step=120, window=8), HOSTS, {})
+    assert states(lone)["node1"] == ("sick", "sdc-suspect")
+    assert "again" in lone.verdict("node1", (2, 3)).why
+    restored = NodeVerdicts()
+    restored.restore(lone.to_dict())
+    assert restored.outliers == lone.outliers
+
+
 def test_leaving_a_node_out_pays_once_its_tax_paid_equals_a_restart():
     """Ski rental: measured restarts' median, else the stated default."""
     assert not price(100.0, 3600.0, []).exclude_pays
