@@ -202,7 +202,7 @@ class NodeVerdicts:
             mine = {r for r, h in hosts.items() if h == node}
             every = mine <= gone
             why = ("every rank of it sent nothing past the hang limit" if every else
-                   f"ranks {_span(sorted(mine & gone))} of it sent nothing past the limit")
+                   f"{_span(sorted(mine & gone))} of it sent nothing past the limit")
             changed = self._mark(node, Mark("gone", every, finding.step, why)) or changed
         return changed
 
@@ -255,7 +255,7 @@ class NodeVerdicts:
         mine = sorted(r for r, h in hosts.items() if h == node)
         starts = [opened[r][0] for r in mine if r in opened]
         if len(mine) >= 2 and len(starts) == len(mine) and max(starts) - min(starts) <= window:
-            why = (f"the local loss of every rank of it (ranks {_span(mine)}) left its peers' at "
+            why = (f"the local loss of every rank of it ({_span(mine)}) left its peers' at "
                    f"once (since step {min(starts)}), each on its own shard of the batch: "
                    "what they share is the host, not the data")
             return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
@@ -340,5 +340,8 @@ def _str(value: Any) -> str | None:
 
 
 def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
-        else ",".join(map(str, ranks))
+    """[5] -> "rank 5", [4, 5] -> "ranks 4-5", [4, 6] -> "ranks 4,6"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1))
+                       else ",".join(map(str, ranks)))

@@ -63,6 +63,7 @@ def test_every_rank_of_a_node_gone_is_sick_some_of_them_suspect():
     book.observe(finding("hang", 30, severity=Severity.CRITICAL, gone_ranks=[2]), HOSTS, {})
     assert states(book)["node3"] == ("sick", "gone")
     assert states(book)["node1"] == ("suspect", "gone")
+    assert book.verdict("node1", (2, 3)).why == "rank 2 of it sent nothing past the limit"
     assert states(book)["node0"] == ("healthy", None)
 
 
