@@ -22,7 +22,7 @@ The cause classes, from what the finding says::
     gone           hang: its ranks sent nothing past the limit
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
-local loss broke first) names a node and, from that rank's latest step, a data position.
+local loss broke first; else its first ranks, when all are one node's: ``_first_rank``) names a node and, from that rank's latest step, a data position.
 The same node first in two incidents at different data positions is a silent-corruption
 suspect (different data, same machine). A NaN that comes back at a data position an
 earlier incident started at, on another node or rank, is the data's: the node is cleared
@@ -208,8 +208,8 @@ class NodeVerdicts:
 
     def _nan(self, finding: Finding, hosts: dict[int, str],
              positions: dict[int, int | None]) -> str | None:
-        rank = finding.evidence.get("first_rank")
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank not in hosts:
+        rank = _first_rank(finding.evidence, hosts)
+        if rank is None:
             return None
         node, position = hosts[rank], positions.get(rank)
         if any(n == node and p == position for n, p, _, _ in self.nans):
@@ -329,6 +329,29 @@ def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> P
         costs = sorted(recoveries)
         return Price(tax_seconds, rate, costs[len(costs) // 2], True)
     return Price(tax_seconds, rate, DEFAULT_RESTART_SECONDS, False)
+
+
+def _first_rank(ev: dict[str, Any], hosts: dict[int, str]) -> int | None:
+    """The rank a NaN incident started on: ``nan_inf``'s ``first_rank``, else, when the
+    first ranks (``first_ranks``, "2, 3") all sit on one node and some other rank stayed
+    finite or only followed, the first of them. Without a local loss gone first the
+    collective hides which rank made it, but a non-finite gradient norm on one node's
+    ranks alone cannot have come through the all-reduce (it hands every rank the same
+    sum): it was made on that node after it (a flip in its copy of the gradients, its
+    optimizer step)."""
+    rank = ev.get("first_rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return rank if rank in hosts else None
+    text = ev.get("first_ranks")
+    if not isinstance(text, str):
+        return None
+    try:
+        lead = sorted(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        return None
+    if not lead or any(r not in hosts for r in lead) or len({hosts[r] for r in lead}) != 1:
+        return None
+    return lead[0] if set(hosts) - set(lead) else None
 
 
 def _int(value: Any, default: int) -> int:

@@ -80,6 +80,26 @@ def test_nan_first_on_one_node_at_two_data_positions_is_silent_corruption():
         "400)" in verdict.why
 
 
+def test_nan_through_the_all_reduce_on_one_nodes_ranks_alone_starts_on_that_node():
+    """A flip in one node's gradients after the all-reduce: its ranks' grad_norm is inf,
+    every local loss finite, the other nodes' ranks still finite (seen on the fault suite:
+    nan_inf's first_rank null, first_ranks "2, 3")."""
+    book = NodeVerdicts()
+    book.observe(finding("nan_inf", 17, 2, Severity.CRITICAL, first_rank=None,
+                         first_ranks="2, 3", still_finite="0, 1, 4, 5, 6, 7"),
+                 HOSTS, {2: 17})
+    assert states(book)["node1"] == ("suspect", "sdc-suspect")
+    assert "rank 2" in book.verdict("node1", (2, 3)).why
+    book.observe(finding("nan_inf", 90, 2, Severity.CRITICAL, first_rank=None,
+                         first_ranks="2, 3"), HOSTS, {2: 90})
+    assert states(book)["node1"] == ("sick", "sdc-suspect")  # again, other data
+    for lead in ("3, 4", "0, 1, 2, 3, 4, 5, 6, 7", "x"):  # two nodes; every rank; garbage
+        other = NodeVerdicts()
+        other.observe(finding("nan_inf", 17, 3, Severity.CRITICAL, first_rank=None,
+                              first_ranks=lead), HOSTS, {})
+        assert set(states(other).values()) == {("healthy", None)}
+
+
 def test_nan_back_at_the_same_data_position_on_another_node_is_the_datas():
     book = NodeVerdicts()
     book.observe(finding("nan_inf", 100, 5, Severity.CRITICAL, first_rank=5), HOSTS, {5: 3200})
