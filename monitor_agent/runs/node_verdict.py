@@ -22,7 +22,8 @@ The cause classes, from what the finding says::
     gone           hang: its ranks sent nothing past the limit
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
-local loss broke first; else its first ranks, when all are one node's: ``_first_rank``) names a node and, from that rank's latest step, a data position.
+local loss broke first; else its first ranks, when all are one node's: ``_first_rank``)
+names a node and, from that rank's latest step, a data position.
 The same node first in two incidents at different data positions is a silent-corruption
 suspect (different data, same machine). A NaN that comes back at a data position an
 earlier incident started at, on another node or rank, is the data's: the node is cleared
