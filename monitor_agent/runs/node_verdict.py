@@ -6,7 +6,8 @@ GPU error on it (``gpu_health`` at error or worse: XID, uncorrectable ECC, a fai
 remap, the GPU lost), every one of its ranks gone (``hang``), all its ranks slower than the
 other nodes' (``straggler``'s whole-node judgement: what they share is the host), one of its
 ranks the straggler again in a later judgement (sustained, not one slow window), or a NaN
-that started on it in two incidents at different data positions. One soft signal makes it
+that started on it in two incidents at different data positions, or every one of its ranks'
+local loss off its peers' at once (``rank_outlier``, below). One soft signal makes it
 **suspect**: a rank the straggler once, a GPU warning (throttle, PCIe width), some of its
 ranks gone, its first NaN. Every other node it has ranks on is **healthy**.
 
@@ -16,15 +17,28 @@ The cause classes, from what the finding says::
     network-slow   straggler, late to the all-reduce with its own work as fast (its link)
     input-slow     straggler, its data loading
     gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
-    sdc-suspect    NaN first on it, at two different data positions (see below)
+    sdc-suspect    NaN first on it, at two different data positions; its ranks' local
+                   loss off their peers' (rank_outlier), all at once or twice (see below)
     gone           hang: its ranks sent nothing past the limit
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
-local loss broke first) names a node and, from that rank's latest step, a data position.
+local loss broke first; else its first ranks, when all are one node's: ``_first_rank``)
+names a node and, from that rank's latest step, a data position.
 The same node first in two incidents at different data positions is a silent-corruption
 suspect (different data, same machine). A NaN that comes back at a data position an
 earlier incident started at, on another node or rank, is the data's: the node is cleared
 of it (the closed loop skips that window).
+
+A flipped bit need not make a NaN: an error of a few exponent steps leaves a replica
+that computes on slightly different weights, and its ranks' local loss leaves their
+peers' while every global number still looks fine (``rank_outlier``: the rank's loss
+beyond its peers' spread, step after step). One rank so is a suspect: a corrupt shard of
+the data makes the same sign. Every rank of one node (two or more) off their peers at
+once - incidents starting within one outlier window of each other - is the node's: each
+rank reads its own shard of every batch (a distributed sampler interleaves them), so bad
+data would have to fall on exactly the ranks that share a host; what they share is the
+host. So is the same node off its peers again in a later incident (a new start), as with
+a NaN: the fault outlived the data that was in flight.
 
 **Is leaving it out worth a restart?** (``price``) The straggler tax the node has cost so
 far (the goodput ledger's: the other ranks' wait for it, runs/straggler_tax.py) against
@@ -141,6 +155,8 @@ class NodeVerdicts:
     slow_steps: dict[str, int] = field(default_factory=dict)  # node -> first straggler step
     # Each NaN incident's start: [node, data position or None, rank, step]
     nans: list[list[Any]] = field(default_factory=list)
+    # node -> rank -> [the step its latest loss-outlier incident started, the window]
+    outliers: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     # The latest NaN judged the data's, not a node's: (its step, the words for its page)
     data_note: tuple[int, str] | None = None
 
@@ -162,6 +178,8 @@ class NodeVerdicts:
             return self._gone(finding, hosts)
         if finding.type == "nan_inf":
             return self._nan(finding, hosts, positions)
+        if finding.type == "rank_outlier":
+            return self._outlier(finding, hosts)
         return None
 
     def _straggler(self, finding: Finding, hosts: dict[int, str]) -> str | None:
@@ -185,14 +203,14 @@ class NodeVerdicts:
             mine = {r for r, h in hosts.items() if h == node}
             every = mine <= gone
             why = ("every rank of it sent nothing past the hang limit" if every else
-                   f"ranks {_span(sorted(mine & gone))} of it sent nothing past the limit")
+                   f"{_span(sorted(mine & gone))} of it sent nothing past the limit")
             changed = self._mark(node, Mark("gone", every, finding.step, why)) or changed
         return changed
 
     def _nan(self, finding: Finding, hosts: dict[int, str],
              positions: dict[int, int | None]) -> str | None:
-        rank = finding.evidence.get("first_rank")
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank not in hosts:
+        rank = _first_rank(finding.evidence, hosts)
+        if rank is None:
             return None
         node, position = hosts[rank], positions.get(rank)
         if any(n == node and p == position for n, p, _, _ in self.nans):
@@ -221,6 +239,35 @@ class NodeVerdicts:
             return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
         where = f"data position {position}" if position is not None else "no data position"
         why = f"NaN started on it (rank {rank}, {where}): once; the data not ruled out yet"
+        return self._mark(node, Mark("sdc-suspect", False, finding.step, why))
+
+    def _outlier(self, finding: Finding, hosts: dict[int, str]) -> str | None:
+        """A rank's local loss off its peers' (module docstring: silent corruption)."""
+        rank, ev = finding.rank, finding.evidence
+        if rank not in hosts:
+            return None
+        node = hosts[rank]
+        since, window = _int(ev.get("since_step"), finding.step), _int(ev.get("window"), 8)
+        opened = self.outliers.setdefault(node, {})
+        before = [s for s, _ in opened.values()]
+        if rank in opened and opened[rank][0] == since:
+            return None  # the same incident, said again
+        opened[rank] = [since, window]
+        mine = sorted(r for r, h in hosts.items() if h == node)
+        starts = [opened[r][0] for r in mine if r in opened]
+        if len(mine) >= 2 and len(starts) == len(mine) and max(starts) - min(starts) <= window:
+            why = (f"the local loss of every rank of it ({_span(mine)}) left its peers' at "
+                   f"once (since step {min(starts)}), each on its own shard of the batch: "
+                   "what they share is the host, not the data")
+            return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
+        again = [s for s in before if s + window < since]
+        if again:
+            why = (f"its local loss left its peers' again (rank {rank} since step {since}, "
+                   f"an earlier incident since step {again[-1]}): the fault outlived the "
+                   "data then in flight")
+            return self._mark(node, Mark("sdc-suspect", True, finding.step, why))
+        why = (f"rank {rank}'s local loss off its peers' since step {since}: once, one rank; "
+               "a corrupt data shard not ruled out")
         return self._mark(node, Mark("sdc-suspect", False, finding.step, why))
 
     def _mark(self, node: str | None, mark: Mark) -> str | None:
@@ -254,7 +301,9 @@ class NodeVerdicts:
     def to_dict(self) -> dict[str, Any]:
         return {"marks": {n: {c: [m.sick, m.step, m.why] for c, m in ms.items()}
                           for n, ms in self.marks.items()},
-                "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans]}
+                "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans],
+                "outliers": {n: {str(r): list(v) for r, v in by.items()}
+                             for n, by in self.outliers.items()}}
 
     def restore(self, data: dict[str, Any]) -> None:
         self.marks = {str(n): {str(c): Mark(str(c), bool(v[0]), int(v[1]), str(v[2]))
@@ -262,6 +311,8 @@ class NodeVerdicts:
                       for n, ms in (data.get("marks") or {}).items()}
         self.slow_steps = {str(n): int(s) for n, s in (data.get("slow_steps") or {}).items()}
         self.nans = [list(i) for i in data.get("nans") or []]
+        self.outliers = {str(n): {int(r): [int(v[0]), int(v[1])] for r, v in by.items()}
+                         for n, by in (data.get("outliers") or {}).items()}
 
 
 def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> Price:
@@ -281,10 +332,40 @@ def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> P
     return Price(tax_seconds, rate, DEFAULT_RESTART_SECONDS, False)
 
 
+def _first_rank(ev: dict[str, Any], hosts: dict[int, str]) -> int | None:
+    """The rank a NaN incident started on: ``nan_inf``'s ``first_rank``, else, when the
+    first ranks (``first_ranks``, "2, 3") all sit on one node and some other rank stayed
+    finite or only followed, the first of them. Without a local loss gone first the
+    collective hides which rank made it, but a non-finite gradient norm on one node's
+    ranks alone cannot have come through the all-reduce (it hands every rank the same
+    sum): it was made on that node after it (a flip in its copy of the gradients, its
+    optimizer step)."""
+    rank = ev.get("first_rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return rank if rank in hosts else None
+    text = ev.get("first_ranks")
+    if not isinstance(text, str):
+        return None
+    try:
+        lead = sorted(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        return None
+    if not lead or any(r not in hosts for r in lead) or len({hosts[r] for r in lead}) != 1:
+        return None
+    return lead[0] if set(hosts) - set(lead) else None
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def _str(value: Any) -> str | None:
     return value[:128] if isinstance(value, str) and value else None
 
 
 def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
-        else ",".join(map(str, ranks))
+    """[5] -> "rank 5", [4, 5] -> "ranks 4-5", [4, 6] -> "ranks 4,6"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1))
+                       else ",".join(map(str, ranks)))

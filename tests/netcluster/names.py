@@ -3,13 +3,15 @@ that owns them (so a sweep can tell a dead run's leftovers from a live run's).
 
 Every name starts with ``nc<pid in base 36>-<cluster number>``: ``nc1a2b-0b`` is cluster 0's
 bridge in process ``int("1a2b", 36)``. Interface names are capped at 15 bytes by the kernel;
-a pid (at most 4194304, ``2hxqo``) and up to 99 nodes keep every name inside that.
+a pid (at most 4194304, ``2hwcg``) and up to 99 nodes keep every name inside that.
 
     >>> names = Names(pid=4194304, number=3)
     >>> names.prefix, names.bridge, names.veth(12), names.netns(1)
-    ('nc2hxqo-3', 'nc2hxqo-3b', 'nc2hxqo-3h12', 'nc2hxqo-3n1')
-    >>> owner("nc2hxqo-3h12"), owner("eth0"), owner("ncx")
+    ('nc2hwcg-3', 'nc2hwcg-3b', 'nc2hwcg-3h12', 'nc2hwcg-3n1')
+    >>> owner("nc2hwcg-3h12"), owner("eth0"), owner("ncx")
     (4194304, None, None)
+    >>> Names(pid=4194304, number=0, tag="fs").bridge, owner("fs2hwcg-0b")
+    ('fs2hwcg-0b', 4194304)
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-PATTERN = re.compile(r"^nc([0-9a-z]{1,6})-(\d{1,3})")
+PATTERN = re.compile(r"^(?:nc|fs)([0-9a-z]{1,6})-(\d{1,3})")
+TAGS = ("nc", "fs")  # nc: the tests' clusters; fs: bench/fault_suite.py's (its own at a glance)
 _numbers = itertools.count()
 
 
@@ -55,10 +58,15 @@ class Names:
 
     pid: int = field(default_factory=os.getpid)
     number: int = field(default_factory=lambda: next(_numbers))
+    tag: str = "nc"  # one of TAGS: who made the cluster, for a person reading `ip link`
+
+    def __post_init__(self) -> None:
+        if self.tag not in TAGS:
+            raise ValueError(f"tag must be one of {TAGS} (the sweep knows only those)")
 
     @property
     def prefix(self) -> str:
-        return f"nc{base36(self.pid)}-{self.number}"
+        return f"{self.tag}{base36(self.pid)}-{self.number}"
 
     @property
     def bridge(self) -> str:

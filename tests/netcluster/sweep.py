@@ -45,7 +45,7 @@ def leftovers(prefix: str | None = None) -> Leftovers:
                      links=[n for n in network.link_list() if ours(n)],
                      cgroups=cgroups.leftover_groups(ours),
                      etc=[n for n in network.etc_netns_list() if ours(n)],
-                     tmp=[p for p in Path(tempfile.gettempdir()).glob("nc*-slurm")
+                     tmp=[p for p in Path(tempfile.gettempdir()).glob("*-slurm")
                           if ours(p.name)])
 
 

@@ -63,6 +63,7 @@ def test_every_rank_of_a_node_gone_is_sick_some_of_them_suspect():
     book.observe(finding("hang", 30, severity=Severity.CRITICAL, gone_ranks=[2]), HOSTS, {})
     assert states(book)["node3"] == ("sick", "gone")
     assert states(book)["node1"] == ("suspect", "gone")
+    assert book.verdict("node1", (2, 3)).why == "rank 2 of it sent nothing past the limit"
     assert states(book)["node0"] == ("healthy", None)
 
 
@@ -79,6 +80,26 @@ def test_nan_first_on_one_node_at_two_data_positions_is_silent_corruption():
         "400)" in verdict.why
 
 
+def test_nan_through_the_all_reduce_on_one_nodes_ranks_alone_starts_on_that_node():
+    """A flip in one node's gradients after the all-reduce: its ranks' grad_norm is inf,
+    every local loss finite, the other nodes' ranks still finite (seen on the fault suite:
+    nan_inf's first_rank null, first_ranks "2, 3")."""
+    book = NodeVerdicts()
+    book.observe(finding("nan_inf", 17, 2, Severity.CRITICAL, first_rank=None,
+                         first_ranks="2, 3", still_finite="0, 1, 4, 5, 6, 7"),
+                 HOSTS, {2: 17})
+    assert states(book)["node1"] == ("suspect", "sdc-suspect")
+    assert "rank 2" in book.verdict("node1", (2, 3)).why
+    book.observe(finding("nan_inf", 90, 2, Severity.CRITICAL, first_rank=None,
+                         first_ranks="2, 3"), HOSTS, {2: 90})
+    assert states(book)["node1"] == ("sick", "sdc-suspect")  # again, other data
+    for lead in ("3, 4", "0, 1, 2, 3, 4, 5, 6, 7", "x"):  # two nodes; every rank; garbage
+        other = NodeVerdicts()
+        other.observe(finding("nan_inf", 17, 3, Severity.CRITICAL, first_rank=None,
+                              first_ranks=lead), HOSTS, {})
+        assert set(states(other).values()) == {("healthy", None)}
+
+
 def test_nan_back_at_the_same_data_position_on_another_node_is_the_datas():
     book = NodeVerdicts()
     book.observe(finding("nan_inf", 100, 5, Severity.CRITICAL, first_rank=5), HOSTS, {5: 3200})
@@ -88,6 +109,35 @@ def test_nan_back_at_the_same_data_position_on_another_node_is_the_datas():
     assert book.data_note is not None and book.data_note[0] == 160
     assert "the data's, not a node's: NaN first on rank 1 (node0) at data position 3200, " \
         "where the incident at step 100 started on rank 5 (node2)" in book.data_note[1]
+
+
+def test_every_rank_of_a_node_off_its_peers_loss_at_once_is_silent_corruption():
+    """A flipped bit that makes no NaN: the node's replica drifts and its ranks' local loss
+    leaves their peers' (rank_outlier); one rank is a suspect (a corrupt shard is not ruled
+    out), every rank of the node at once is the node's, and so is the same node again."""
+    book = NodeVerdicts()
+    book.observe(finding("rank_outlier", 45, 4, since_step=41, window=8), HOSTS, {})
+    assert states(book)["node2"] == ("suspect", "sdc-suspect")
+    book.observe(finding("rank_outlier", 95, 4, since_step=41, window=8), HOSTS, {})
+    assert states(book)["node2"] == ("suspect", "sdc-suspect")  # the same incident again
+    book.observe(finding("rank_outlier", 46, 5, since_step=42, window=8), HOSTS, {})
+    verdict = book.verdict("node2", (4, 5))
+    assert (verdict.state, verdict.cause) == ("sick", "sdc-suspect")
+    assert "every rank of it (ranks 4-5) left its peers' at once" in verdict.why
+    assert {n: s for n, s in states(book).items() if n != "node2"} == {
+        f"node{i}": ("healthy", None) for i in (0, 1, 3)}
+
+    lone = NodeVerdicts()  # one rank, then again in a later incident
+    lone.observe(finding("rank_outlier", 45, 2, since_step=41, window=8), HOSTS, {})
+    lone.observe(finding("rank_outlier", 47, 6, since_step=43, window=8), HOSTS, {})
+    assert states(lone)["node1"] == ("suspect", "sdc-suspect")
+    assert states(lone)["node3"] == ("suspect", "sdc-suspect")  # another node: not at once
+    lone.observe(finding("rank_outlier", 130, 2, since_step=120, window=8), HOSTS, {})
+    assert states(lone)["node1"] == ("sick", "sdc-suspect")
+    assert "again" in lone.verdict("node1", (2, 3)).why
+    restored = NodeVerdicts()
+    restored.restore(lone.to_dict())
+    assert restored.outliers == lone.outliers
 
 
 def test_leaving_a_node_out_pays_once_its_tax_paid_equals_a_restart():
