@@ -213,7 +213,7 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     if slow is not None:
         return Hold(f"no restart: {slow}; a slow evaluation or checkpoint save is not a fault "
                     "to restart for")
-    unpaid = _not_paid(rule, finding)
+    unpaid = _not_paid(rule, finding, fault)
     if unpaid is not None:
         return Hold(unpaid)
     launcher = run.launcher
@@ -243,12 +243,19 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     return Restart(plan, "exclude" if exclude else "restart")
 
 
-def _not_paid(rule: Rule, finding: Finding) -> str | None:
+def _not_paid(rule: Rule, finding: Finding, fault: NodeFault) -> str | None:
     """Why an ``exclude`` rule holds on a finding whose node verdict says leaving the node
     out does not pay yet (runs/node_verdict.py: its straggler tax so far is less than one
-    restart of this job), or on a node not judged sick; None otherwise."""
-    if rule.action != "exclude" or "node_state" not in finding.evidence:
+    restart of this job), on a node not judged sick, or on a soft finding no node verdict
+    judged (one slow window of one rank in a one-node run: a single soft signal); None
+    otherwise."""
+    if rule.action != "exclude":
         return None
+    if "node_state" not in finding.evidence:
+        if fault.hard:
+            return None
+        return (f"no exclusion: no node verdict on {finding.type} at step {finding.step}; "
+                "one soft signal is not enough to leave a node out")
     words = finding.evidence.get("node_verdict")
     if finding.evidence.get("node_state") != "sick":
         return f"no exclusion: {words}; one soft signal is not enough to leave a node out"

@@ -171,14 +171,19 @@ def test_past_the_exclude_budget_the_run_stops():
                           now=60.0)).exclude[0].node == 0
 
 
-def test_an_exclude_rule_leaves_the_node_its_finding_names_out():
+def test_an_exclude_rule_holds_on_a_soft_finding_no_node_verdict_judged():
+    """A straggler no node verdict judged (one rank's slow window, a one-node run) is a
+    single soft signal: never enough to leave a node out (a one-node run's exclusion would
+    stop it: below its minimum)."""
     rule = replace(RESTART, types=("straggler",), action="exclude")
     slow = Finding("straggler", Severity.WARNING, "job", step=300, rank=7, message="slow",
                    evidence={"node_rank": 3})
     decision = decide(rule, slow, RUN, (), now=0.0)
-    assert isinstance(decision, Restart) and decision.kind == "exclude"
-    assert decision.plan.exclude[0].node == 3
-    assert decision.plan.exclude[0].why == "straggler judged on it"
+    assert isinstance(decision, Hold) and "one soft signal" in decision.why, decision
+    hard = Finding("gpu_health", Severity.CRITICAL, "job", step=300, rank=7, message="xid",
+                   evidence={"condition": "xid", "xid_last": 79})
+    left = decide(replace(rule, types=("gpu_health",)), hard, RUN, (), now=0.0)
+    assert isinstance(left, Restart) and left.plan.exclude[0].node == 3
 
 
 def test_an_exclude_rule_waits_for_the_node_verdict_to_say_leaving_it_out_pays():
