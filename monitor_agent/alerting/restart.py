@@ -230,7 +230,7 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
                     f"{_duration(rule.restart_window)}): stopping; a human must look")
     exclude = _exclusion(rule, fault, finding, run, history, now)
     if isinstance(exclude, Stop):
-        return exclude
+        return _slow_holds(finding, exclude)
     # A fault back soon after a restart that names no node to leave out: the restart did
     # not cure it (with a node to blame, leaving it out is the next remedy, not a stop).
     cured = None if exclude else _not_cured(rule, fault, finding, history)
@@ -239,7 +239,7 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     plan = _plan(rule, fault, run, exclude, number)
     below = _below_minimum(plan, run)
     if below is not None:
-        return Stop(below)
+        return _slow_holds(finding, Stop(below))
     return Restart(plan, "exclude" if exclude else "restart")
 
 
@@ -262,6 +262,21 @@ def _not_paid(rule: Rule, finding: Finding, fault: NodeFault) -> str | None:
     if finding.evidence.get("node_exclude_pays") is False:
         return f"no exclusion yet: {words}"
     return None
+
+
+SLOW_CAUSES = frozenset({"compute-slow", "network-slow", "input-slow"})
+"""Node verdict causes of a node that works, slowly (runs/node_verdict.py)."""
+
+
+def _slow_holds(finding: Finding, stop: Stop) -> Stop | Hold:
+    """A slow node that cannot be left out (past the exclude budget, or below the job's
+    minimum) holds instead of stopping the run: it trains, at the slow node's pace, which
+    costs a fraction of what a stopped run does. A node that fails stops as ``stop`` says."""
+    if finding.evidence.get("node_cause") not in SLOW_CAUSES:
+        return stop
+    why = stop.why.removesuffix(": stopping; a human must look")
+    return Hold(f"no exclusion: {why}; a slow node costs less than a stopped run: training "
+                "on at its pace")
 
 
 def _slow_phase(finding: Finding) -> str | None:

@@ -208,6 +208,25 @@ def test_an_exclude_rule_waits_for_the_node_verdict_to_say_leaving_it_out_pays()
     assert paid.plan.exclude[0].why.startswith("node gpu-node-3: sick (compute-slow)")
 
 
+def test_a_slow_node_that_cannot_be_left_out_holds_instead_of_stopping_the_run():
+    """Past the exclude budget (or below the job's minimum) a fail-slow node is trained
+    with, at its pace, and the page says why: a stop would cost the whole run. A node
+    whose GPU failed still stops it."""
+    rule = replace(RESTART, types=("straggler",), action="exclude")
+    slow = Finding("straggler", Severity.WARNING, "job", step=900, rank=1, message="slow",
+                   evidence={"node_verdict": "node gpu-node-0: sick (compute-slow) ...",
+                             "node_state": "sick", "node_cause": "compute-slow",
+                             "node_exclude_pays": True})
+    first = plan_of(decide(rule, xid(rank=7, step=300), RUN, (), now=0.0))
+    held = decide(rule, slow, RUN, (restarted(0.0, first, 301),), now=60.0)
+    assert isinstance(held, Hold), held
+    assert "exclude_budget 1" in held.why and held.why.endswith(
+        "a slow node costs less than a stopped run: training on at its pace"), held.why
+    failed = decide(RESTART, xid(rank=1, step=900), RUN, (restarted(0.0, first, 301),),
+                    now=60.0)
+    assert isinstance(failed, Stop) and "exclude_budget 1" in failed.why, failed
+
+
 def test_no_clean_checkpoint_restarts_from_the_start():
     plan = plan_of(decide(RESTART, hang(step=50), RUN, (), now=0.0))
     assert (plan.checkpoint_step, plan.checkpoint_path, plan.resume_position) == (

@@ -28,8 +28,8 @@ from receivers import Receiver
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 RUN = "heal-failslow"
-STEPS, EVERY = 900, 10
-FACTOR = 4.0  # node 2's compute this many times the others': a throttled host, not noise
+STEPS, EVERY = 2000, 10
+FACTOR = 6.0  # node 2's compute this many times the others': a throttled host, not noise
 
 
 def _rules() -> str:
@@ -78,7 +78,7 @@ def test_a_throttled_node_is_left_out_once_its_straggler_tax_paid_a_measured_res
     cluster, slack = failslow
     job: ElasticJob = cluster.elastic_job(
         RUN, steps=STEPS, checkpoint_every=EVERY, max_restarts=3, min_nodes=2,
-        nproc_per_node=1, script_args=["--step-time=0.05", "--width=384", "--batch=128",
+        nproc_per_node=1, script_args=["--step-time=0.02", "--width=384", "--batch=128",
                                        "--watchdog-floor=10", "--collective-timeout=600"])
     job.start()
     try:
