@@ -47,6 +47,7 @@ from monitor_agent.records.types import Finding, Severity
 from monitor_agent.storage.database import StorageError
 
 log = logging.getLogger(__name__)
+CRASHED = "crashed"  # detectors/crashed.py's type: a launcher's relaunch closes its alert
 Item = tuple[AlertEvent, tuple[str, ...]]
 
 
@@ -435,7 +436,8 @@ class Episodes:
         """A new attempt resumed at ``start_step``: pending rollbacks it applies are done,
         and the run may decide its next one (alerting/rollback.py)."""
         with self.store.tx() as tx:
-            for action in actions.applied_rollbacks(tx, run_id, start_step):
+            rolled = actions.applied_rollbacks(tx, run_id, start_step)
+            for action in rolled:
                 log.warning("run %s resumed at step %d: %s", run_id, start_step, action.message)
             # The alert's resolve (below) says it: one page per incident, one resolve.
             restarted = actions.applied_restarts(tx, run_id, start_step, now,
@@ -447,8 +449,8 @@ class Episodes:
             tx.rewind(run_id, start_step - 1)
         self.flush(now + self.settings.group_wait_seconds)  # page what is pending first
         with self.store.tx() as tx:
-            self._close_abandoned(tx, run_id, start_step, now,
-                                  "restarted" if restarted else "rolled back")
+            self._close_abandoned(tx, run_id, start_step, now, "restarted" if restarted
+                                  else "rolled back" if rolled else "resumed")
 
     def _close_abandoned(self, tx: AlertTx, run_id: str, start_step: int, now: float,
                          how: str = "rolled back") -> None:
@@ -456,9 +458,13 @@ class Episodes:
         about a history that no longer exists: closed, saying so (after their first page
         went out: a rollback's page says what was done, however fast the run applied it). A fault the resumed
         history still has is found again by detectors rebuilt from before ``start_step``
-        (pipeline/registry.py), and begins an episode of its own."""
+        (pipeline/registry.py), and begins an episode of its own. A crash that the job
+        merely resumed from (``how`` "resumed": no action of ours) stays open: the process
+        died, whatever steps it abandoned, and the launcher's relaunch closes it saying so
+        (``relaunched``)."""
         abandoned = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
-                     if _finding_step(a) >= start_step]
+                     if _finding_step(a) >= start_step
+                     and (a.type != CRASHED or how != "resumed")]
         ended = (f"run {how} from step {start_step - 1}" if how == "restarted"
                  else f"run rolled back to step {start_step - 1}")
         closed = f"closed: steps {start_step} on were abandoned"
@@ -467,6 +473,28 @@ class Episodes:
         for _ in abandoned:
             self._count(Reason.RESOLVED)
         self._enqueue(tx, items, now)
+
+    def relaunched(self, run_id: str, said: str, start_step: int, now: float) -> bool:
+        """The job's launcher relaunched it after a crash its ranks reported: the crash
+        page is that incident's, so its alert resolves now saying what was done (``said``,
+        and the relaunch's cost when it abandoned steps), instead of a second page; whether
+        the run had one open. What is pending is paged first: the crash is news even when
+        the relaunch came within the group wait."""
+        self.flush(now + self.settings.group_wait_seconds)
+        with self.store.tx() as tx:
+            crashed = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
+                       if a.type == CRASHED]
+            items = []
+            for alert in crashed:
+                closed = (f"closed: steps {start_step} on were abandoned"
+                          if _finding_step(alert) >= start_step else "closed: it runs again")
+                item = self._transition(tx, alert, Reason.RESOLVED, now, ended=said,
+                                        closed=closed)
+                self._count(Reason.RESOLVED)
+                if item is not None:
+                    items.append(item)
+            self._enqueue(tx, items, now)
+        return bool(crashed)
 
     def hand_over(self, run_id: str, now: float) -> int:
         """The run's leader is back and has the findings this node sidecar paged while it

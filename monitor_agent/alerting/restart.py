@@ -213,7 +213,7 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     if slow is not None:
         return Hold(f"no restart: {slow}; a slow evaluation or checkpoint save is not a fault "
                     "to restart for")
-    unpaid = _not_paid(rule, finding)
+    unpaid = _not_paid(rule, finding, fault)
     if unpaid is not None:
         return Hold(unpaid)
     launcher = run.launcher
@@ -230,7 +230,7 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
                     f"{_duration(rule.restart_window)}): stopping; a human must look")
     exclude = _exclusion(rule, fault, finding, run, history, now)
     if isinstance(exclude, Stop):
-        return exclude
+        return _slow_holds(finding, exclude)
     # A fault back soon after a restart that names no node to leave out: the restart did
     # not cure it (with a node to blame, leaving it out is the next remedy, not a stop).
     cured = None if exclude else _not_cured(rule, fault, finding, history)
@@ -239,22 +239,44 @@ def decide(rule: Rule, finding: Finding, run: RunContext, history: Sequence[Past
     plan = _plan(rule, fault, run, exclude, number)
     below = _below_minimum(plan, run)
     if below is not None:
-        return Stop(below)
+        return _slow_holds(finding, Stop(below))
     return Restart(plan, "exclude" if exclude else "restart")
 
 
-def _not_paid(rule: Rule, finding: Finding) -> str | None:
+def _not_paid(rule: Rule, finding: Finding, fault: NodeFault) -> str | None:
     """Why an ``exclude`` rule holds on a finding whose node verdict says leaving the node
     out does not pay yet (runs/node_verdict.py: its straggler tax so far is less than one
-    restart of this job), or on a node not judged sick; None otherwise."""
-    if rule.action != "exclude" or "node_state" not in finding.evidence:
+    restart of this job), on a node not judged sick, or on a soft finding no node verdict
+    judged (one slow window of one rank in a one-node run: a single soft signal); None
+    otherwise."""
+    if rule.action != "exclude":
         return None
+    if "node_state" not in finding.evidence:
+        if fault.hard:
+            return None
+        return (f"no exclusion: no node verdict on {finding.type} at step {finding.step}; "
+                "one soft signal is not enough to leave a node out")
     words = finding.evidence.get("node_verdict")
     if finding.evidence.get("node_state") != "sick":
         return f"no exclusion: {words}; one soft signal is not enough to leave a node out"
     if finding.evidence.get("node_exclude_pays") is False:
         return f"no exclusion yet: {words}"
     return None
+
+
+SLOW_CAUSES = frozenset({"compute-slow", "network-slow", "input-slow"})
+"""Node verdict causes of a node that works, slowly (runs/node_verdict.py)."""
+
+
+def _slow_holds(finding: Finding, stop: Stop) -> Stop | Hold:
+    """A slow node that cannot be left out (past the exclude budget, or below the job's
+    minimum) holds instead of stopping the run: it trains, at the slow node's pace, which
+    costs a fraction of what a stopped run does. A node that fails stops as ``stop`` says."""
+    if finding.evidence.get("node_cause") not in SLOW_CAUSES:
+        return stop
+    why = stop.why.removesuffix(": stopping; a human must look")
+    return Hold(f"no exclusion: {why}; a slow node costs less than a stopped run: training "
+                "on at its pace")
 
 
 def _slow_phase(finding: Finding) -> str | None:

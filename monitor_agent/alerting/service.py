@@ -212,6 +212,11 @@ class Alerting:
         applied, and a restart decided before it began (``started``) carried out."""
         self.episodes.attempt_settled(run_id, start_step, now, started)
 
+    def relaunched(self, run_id: str, said: str, start_step: int, now: float) -> bool:
+        """The job's launcher ran it again after a crash: its ``crashed`` alerts resolve
+        saying so (alerting/episodes.py ``relaunched``)."""
+        return self.episodes.relaunched(run_id, said, start_step, now)
+
     def run_ended(self, run_id: str, status: str, now: float, step: int | None = None,
                   verdict: str | None = None) -> None:
         """A completed run resolves its alerts now; a failed one keeps them until clear.

@@ -59,6 +59,12 @@ class AlertSink(Protocol):
         decided before the attempt began (``started``) carried out."""
         ...
 
+    def relaunched(self, run_id: str, said: str, start_step: int, now: float) -> bool:
+        """The job's launcher ran it again after a crash its ranks reported (``said``:
+        what was done, detectors/relaunched.py): the run's open ``crashed`` alerts resolve
+        saying so (one incident, one page); whether there was one."""
+        ...
+
     def open_actions(self, run_id: str) -> list[dict[str, Any]]:
         """The run's actions not yet honoured (a pending rollback, an open stop) and its
         applied rollbacks (``honoured_step`` set), oldest first: what its lifecycle resumes
@@ -118,6 +124,9 @@ class NullSink:
 
     def cost_with(self, costs: Costs) -> None:
         pass
+
+    def relaunched(self, run_id: str, said: str, start_step: int, now: float) -> bool:
+        return False
 
     def waiting(self, run_id: str) -> bool:
         return False

@@ -12,6 +12,10 @@ incident all the same, healed by the launcher: this finding says what happened a
 was done, once, so every incident has its page (its resolve says what it cost: the
 relaunch's gap, start-up and the work re-done, runs/goodput.py).
 
+A crash the ranks reported (a failed end record: the exception's ``crashed`` page) is
+not paged again: that alert resolves with this message (alerting/episodes.py
+``relaunched``), one incident, one page.
+
 Not made when the relaunch carried out an action of the monitor's (a restart or a rollback
 has its own page), nor for a relaunch that ended a hang (the hang's page is that
 incident's): the engine asks the goodput ledger, whose recoveries pair a hang with the
@@ -52,15 +56,20 @@ class RelaunchedDetector(DetectorBase[SharedSettings]):
 
 
 def finding(run_id: str, attempt: int, start_step: int, last_step: int | None,
-            gap: float | None) -> Finding:
+            gap: float | None, said_crash: bool = False) -> Finding:
     """The page: attempt ``attempt`` resumed at ``start_step`` after the attempt before it
-    stopped at ``last_step`` with no end record, ``gap`` seconds before."""
+    stopped at ``last_step`` with no end record (``said_crash``: with a failed one, its
+    exception's, which the ``crashed`` page told), ``gap`` seconds before.
+
+        >>> print(finding("gpt-7", 2, 401, 437, 12.0, said_crash=True).message)
+        the job's launcher relaunched it after a crash: attempt 1 crashed at step 437, and attempt 2 resumed at step 401, 12 s later; no person acted
+    """
     stopped = f" at step {last_step}" if last_step is not None else ""
     later = f", {gap:.0f} s later" if gap is not None else ""
-    message = (f"the job's launcher relaunched it after a crash: attempt {attempt - 1} stopped"
-               f"{stopped} with no end record (a rank's process died: killed, out of memory, "
-               f"or crashed), and attempt {attempt} resumed at step {start_step}{later}; no "
-               "person acted")
+    how = (f"crashed{stopped}" if said_crash else f"stopped{stopped} with no end record (a "
+           "rank's process died: killed, out of memory, or crashed)")
+    message = (f"the job's launcher relaunched it after a crash: attempt {attempt - 1} {how}, "
+               f"and attempt {attempt} resumed at step {start_step}{later}; no person acted")
     return Finding(type=RelaunchedDetector.type, severity=RelaunchedDetector.severity,
                    run_id=run_id, step=max(start_step, 0), message=message,
                    value=float(attempt), evidence={

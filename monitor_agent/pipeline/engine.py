@@ -410,7 +410,8 @@ class Engine:
             launcher = before.run.launcher if before.run is not None else None
             crashed = (before.status in ("running", "failed") and not before.hung_ranks
                        and launcher is not None and launcher.restarts,
-                       before.last_step, now - before.last_arrival)
+                       before.last_step, now - before.last_arrival,
+                       before.status == "failed")  # it said so: its crash was paged
             live = self.registry.rebuild(record.run_id, now)
             live.suite.ctx.attempt_began = record.time  # its ranks start now (hang.py)
             # The ledger begins the attempt at the record that settles it, which it is fed
@@ -424,7 +425,8 @@ class Engine:
             self.failpoints.reached("rollback_applied")
             result.resumed = True
             if crashed[0] and not any(isinstance(e, RolledBack | Restarted) for e in events):
-                self._relaunched(live, settled, crashed[1], crashed[2], now, result)
+                self._relaunched(live, settled, crashed[1], crashed[2], crashed[3], now,
+                                 result)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
@@ -432,16 +434,22 @@ class Engine:
                          book.superseded_by(number, record.kind, record.step))
 
     def _relaunched(self, live: LiveRun, attempt: StoredAttempt, last_step: int, gap: float,
-                    now: float, result: IngestResult) -> None:
+                    said_crash: bool, now: float, result: IngestResult) -> None:
         """Page that the job's launcher relaunched it after a crash (an attempt with no end
         record, or a failed one, no hang open, and a launcher its ranks said runs them
         again: detectors/relaunched.py), where the run is judged (a node sidecar leaves it
-        to the leader, which sees the attempt too)."""
+        to the leader, which sees the attempt too). A crash its ranks reported
+        (``said_crash``: a failed end, paged ``crashed``) is the same incident: its alert
+        resolves saying it was relaunched, one page, not two."""
         if relaunched.RelaunchedDetector.type in self.settings.detectors.disabled or \
                 self._following(live.state) is not None:
             return
         found = relaunched.finding(live.run_id, attempt.number, attempt.start_step or 0,
-                                   last_step if last_step >= 0 else None, gap)
+                                   last_step if last_step >= 0 else None, gap,
+                                   said_crash=said_crash)
+        if said_crash and self.alerts.relaunched(live.run_id, found.message,
+                                                 attempt.start_step or 0, now):
+            return
         self._route(live.state, [found], now, result)
 
     def _holds_history(self, live: LiveRun, now: float) -> str | None:

@@ -14,7 +14,10 @@ Here, from the ledger's report (``GoodputReport``: its attempts and incidents):
 - a failure: a hang (it lasts from where the next step should have ended to the step that
   came, or to the relaunch that ended it), or a relaunch after a crash (an attempt that
   resumed without a rollback plan: its gap, from the last record before it). A hang ended
-  by a relaunch is one failure, not two. Rollbacks are the closed loop's work on the data,
+  by a relaunch is one failure, not two, also when its processes left first (an exit 75
+  on a restart, a crash at the collective timeout: their end records end the hang) and the
+  launcher ran the job again seconds later (a frozen rank's SIGKILL, the imports).
+  Rollbacks are the closed loop's work on the data,
   not failures of the infrastructure;
 - time to recover: a failure's seconds from its start to the first step after it (the
   hang's, plus the relaunch's gap and start-up); the work re-done after a relaunch (the
@@ -104,18 +107,23 @@ def ettr_of(report: Mapping[str, Any], ratio: float | None) -> Ettr:
 def _recoveries(incidents: Sequence[Mapping[str, Any]]) -> list[Recovery]:
     out: list[Recovery] = []
     hang: Recovery | None = None  # the latest hang, which a relaunch right after may end
+    left = False  # whether its processes' end ended it (the relaunch came after a gap)
     for inc in sorted(incidents, key=lambda i: (i.get("start", 0.0), i.get("attempt", 0))):
         kind, detail = inc.get("kind"), inc.get("detail") or {}
         if kind == "hang":
             hang = Recovery("hang", int(inc.get("step", 0)), float(inc.get("start", 0.0)),
                             float(inc.get("seconds", 0.0)), open=bool(inc.get("open")))
+            left = "left" in detail
             out.append(hang)
         elif kind == "restart":
-            relaunch = float(detail.get("gap", 0.0)) + float(detail.get("startup", 0.0))
+            gap = float(detail.get("gap", 0.0))
+            relaunch = gap + float(detail.get("startup", 0.0))
             lost = float(detail.get("discarded", 0.0))
             start = float(inc.get("start", 0.0))
+            # A relaunch begins where the attempt before it last sent (``start - gap``).
+            began = start - gap if left else start
             if hang is not None and not hang.open and \
-                    abs(hang.start + hang.seconds - start) <= _TOUCHING:
+                    abs(hang.start + hang.seconds - began) <= _TOUCHING:
                 out[-1] = Recovery("hang", hang.step, hang.start, hang.seconds + relaunch,
                                    lost)
             else:

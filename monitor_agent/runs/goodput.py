@@ -417,7 +417,7 @@ class GoodputLedger:
             return
         gap = max(t - before.last, 0.0)
         if self.hang is not None:  # hung until killed and relaunched: the hang's cost
-            self._close_hang(before, t)
+            self._close_hang(before, t, "relaunch")
             before.last = max(before.last, t)  # it held the job until then: its wall
             gap = 0.0
         att.buckets.add("restart", gap)
@@ -498,8 +498,12 @@ class GoodputLedger:
         self.hang = _Hang(record.step, min(since, record.time), record.time, att.number)
         self._incident(Incident("hang", record.step, since, 0.0, att.number, open=True))
 
-    def _close_hang(self, att: _Attempt, until: float) -> float:
-        """Charge the open hang up to ``until``; returns its seconds."""
+    def _close_hang(self, att: _Attempt, until: float, by: str = "step") -> float:
+        """Charge the open hang up to ``until``; returns its seconds. ``by``: what ended it,
+        a ``step`` (it recovered in place), the attempt's ``end`` (its processes left: an
+        exit 75, a crash at the collective timeout) or a ``relaunch`` (the next attempt
+        began), which runs/ettr.py reads (``left``: when they left) to pair it with the relaunch that
+        followed."""
         hang, self.hang = self.hang, None
         assert hang is not None
         before = max(hang.reported - hang.since, 0.0)
@@ -511,6 +515,8 @@ class GoodputLedger:
             if inc.kind == "hang" and inc.open:
                 inc.seconds, inc.open = before + after, False
                 inc.detail = {"undetected": before, "detected": after}
+                if by == "end":  # its processes left: a relaunch after a gap may end it
+                    inc.detail["left"] = until
                 break
         return before + after
 
@@ -630,7 +636,7 @@ class GoodputLedger:
 
     def _ended(self, record: EndRecord, att: _Attempt) -> None:
         if self.hang is not None:
-            self._close_hang(att, record.time)
+            self._close_hang(att, record.time, "end")
         att.ended = True
 
     def _incident(self, incident: Incident) -> None:

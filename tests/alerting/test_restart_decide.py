@@ -171,14 +171,19 @@ def test_past_the_exclude_budget_the_run_stops():
                           now=60.0)).exclude[0].node == 0
 
 
-def test_an_exclude_rule_leaves_the_node_its_finding_names_out():
+def test_an_exclude_rule_holds_on_a_soft_finding_no_node_verdict_judged():
+    """A straggler no node verdict judged (one rank's slow window, a one-node run) is a
+    single soft signal: never enough to leave a node out (a one-node run's exclusion would
+    stop it: below its minimum)."""
     rule = replace(RESTART, types=("straggler",), action="exclude")
     slow = Finding("straggler", Severity.WARNING, "job", step=300, rank=7, message="slow",
                    evidence={"node_rank": 3})
     decision = decide(rule, slow, RUN, (), now=0.0)
-    assert isinstance(decision, Restart) and decision.kind == "exclude"
-    assert decision.plan.exclude[0].node == 3
-    assert decision.plan.exclude[0].why == "straggler judged on it"
+    assert isinstance(decision, Hold) and "one soft signal" in decision.why, decision
+    hard = Finding("gpu_health", Severity.CRITICAL, "job", step=300, rank=7, message="xid",
+                   evidence={"condition": "xid", "xid_last": 79})
+    left = decide(replace(rule, types=("gpu_health",)), hard, RUN, (), now=0.0)
+    assert isinstance(left, Restart) and left.plan.exclude[0].node == 3
 
 
 def test_an_exclude_rule_waits_for_the_node_verdict_to_say_leaving_it_out_pays():
@@ -201,6 +206,25 @@ def test_an_exclude_rule_waits_for_the_node_verdict_to_say_leaving_it_out_pays()
     assert isinstance(paid, Restart) and paid.kind == "exclude"
     assert paid.plan.exclude[0].node == 3
     assert paid.plan.exclude[0].why.startswith("node gpu-node-3: sick (compute-slow)")
+
+
+def test_a_slow_node_that_cannot_be_left_out_holds_instead_of_stopping_the_run():
+    """Past the exclude budget (or below the job's minimum) a fail-slow node is trained
+    with, at its pace, and the page says why: a stop would cost the whole run. A node
+    whose GPU failed still stops it."""
+    rule = replace(RESTART, types=("straggler",), action="exclude")
+    slow = Finding("straggler", Severity.WARNING, "job", step=900, rank=1, message="slow",
+                   evidence={"node_verdict": "node gpu-node-0: sick (compute-slow) ...",
+                             "node_state": "sick", "node_cause": "compute-slow",
+                             "node_exclude_pays": True})
+    first = plan_of(decide(rule, xid(rank=7, step=300), RUN, (), now=0.0))
+    held = decide(rule, slow, RUN, (restarted(0.0, first, 301),), now=60.0)
+    assert isinstance(held, Hold), held
+    assert "exclude_budget 1" in held.why and held.why.endswith(
+        "a slow node costs less than a stopped run: training on at its pace"), held.why
+    failed = decide(RESTART, xid(rank=1, step=900), RUN, (restarted(0.0, first, 301),),
+                    now=60.0)
+    assert isinstance(failed, Stop) and "exclude_budget 1" in failed.why, failed
 
 
 def test_no_clean_checkpoint_restarts_from_the_start():

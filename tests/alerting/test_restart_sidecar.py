@@ -24,6 +24,7 @@ from alerting.heal_records import (
 
 from eventually import eventually
 from receivers import Receiver
+from ticks import settled
 
 
 def _job(url: str, steps: range, attempt: int = 1, launcher: dict | None = None,
@@ -151,3 +152,32 @@ def test_a_crash_the_launcher_relaunched_on_its_own_is_one_page_saying_so(tmp_pa
         assert len([t for t in texts(slack) if "TrainingRelaunched" in t and
                     "RESOLVED" not in t]) == 1
         assert actions(srv.url) == []
+
+
+CRASH_RULES = RELAUNCH_RULES + """  - {name: TrainingCrashed, match: {types: [crashed]}, severity: error, route: page,
+     fingerprint: [], cooldown: 10m}
+"""
+
+
+def test_a_crash_by_exception_its_launcher_relaunched_is_one_page_its_resolve_says_so(
+        tmp_path: Path):
+    """Rank 1 raised (a failed end with its exception: the ``crashed`` page), torchrun ran
+    the group again: one incident, so one page; its resolve says the job was relaunched."""
+    with Receiver("slack") as slack, sidecar(tmp_path, slack, rules=CRASH_RULES,
+                                             quiet=0.5) as srv:
+        _job(srv.url, range(1, 13))
+        post(srv.url, [{"kind": "end", "run_id": "heal", "rank": 1, "step": 12,
+                        "time": time.time(), "attempt": "a1r1", "status": "failed",
+                        "error": "RuntimeError: CUDA error: an illegal memory access"}])
+        eventually(lambda: [t for t in texts(slack) if "TrainingCrashed" in t], timeout=20)
+        _job(srv.url, range(9, 15), attempt=2)  # torchrun restarted the group from step 8
+
+        def resolved() -> str:
+            [said] = [t for t in texts(slack) if "RESOLVED" in t and "TrainingCrashed" in t]
+            return said
+        said = eventually(resolved, timeout=20, what="the crash page resolved")
+        assert ("the job's launcher relaunched it after a crash: attempt 1 crashed at step "
+                "12, and attempt 2 resumed at step 9") in said, said
+        settled(srv.url)  # anything the relaunch would page is sent by now
+        pages = [t for t in texts(slack) if "RESOLVED" not in t]
+        assert len(pages) == 1 and "TrainingCrashed" in pages[0], pages

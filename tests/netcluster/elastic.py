@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 
 TRAIN = Path(__file__).with_name("elastic_train.py")
 RDZV_PORT = 29400
+STORE = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False,
+                      timeout=timedelta(seconds=600))
+print("store up", flush=True)
+while True:
+    time.sleep(60)
+"""
 
 
 class ElasticJob:
@@ -38,7 +48,8 @@ class ElasticJob:
                  max_restarts: int = 3, checkpoint_every: int = 10,
                  nodes: list[int] | None = None, script: Path = TRAIN,
                  script_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 rdzv_timeout: float = 120.0, fake_gpu: bool = True) -> None:
+                 rdzv_timeout: float = 120.0, fake_gpu: bool = True,
+                 rdzv_host: str | None = None) -> None:
         self.cluster = cluster
         self.run_id = run_id
         self.node_ids = list(range(len(cluster.workers))) if nodes is None else list(nodes)
@@ -52,6 +63,11 @@ class ElasticJob:
         self.extra_env = env or {}
         self.rdzv_timeout = rdzv_timeout
         self.fake_gpu = fake_gpu
+        # A host outside the job holding the rendezvous store (a TCPStore this process
+        # starts there), so the job can leave any node out, node 0 too: with node 0's agent
+        # hosting it, the store leaves with that agent.
+        self.rdzv_host = rdzv_host
+        self.store: subprocess.Popen[bytes] | None = None
         self.dir = cluster.dir / "jobs" / run_id
         self.out = self.dir / "out"
         self.checkpoints = self.dir / "checkpoints"
@@ -60,10 +76,11 @@ class ElasticJob:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.cluster.workers[self.node_ids[0]].ip}:{RDZV_PORT}"
+        host = self.rdzv_host or self.cluster.workers[self.node_ids[0]].ip
+        return f"{host}:{RDZV_PORT}"
 
     def command(self, node: Node) -> list[str]:
-        host = node.index == self.node_ids[0]
+        host = self.rdzv_host is None and node.index == self.node_ids[0]
         conf = (f"join_timeout={int(self.rdzv_timeout)},last_call_timeout=2,"
                 f"close_timeout=10,read_timeout=60,is_host={int(host)}")
         args = ([f"--run-id={self.run_id}", f"--steps={self.steps}",
@@ -95,6 +112,11 @@ class ElasticJob:
 
     def start(self) -> ElasticJob:
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.rdzv_host is not None:
+            self.store = subprocess.Popen(
+                [sys.executable, "-c", STORE, self.rdzv_host, str(RDZV_PORT)],
+                stdout=(self.dir / "store.log").open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True)
         for i in self.node_ids:
             self.start_node(i)
         return self
@@ -121,6 +143,9 @@ class ElasticJob:
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"{self.run_id}: node{i}'s torchrun still running after "
                                      f"{scaled(timeout):g} s\n{self.logs()}") from None
+        if self.store is not None:
+            self.store.kill()
+            self.store.wait(10)
         return {i: proc.returncode for i, proc in self.procs.items()}
 
     def wait_step(self, step: int, timeout: float = 120.0) -> None:
@@ -152,8 +177,9 @@ class ElasticJob:
         proc.wait(10)
 
     def kill(self) -> None:
-        """Every agent and its workers (each agent's session), SIGKILL."""
-        for proc in self.procs.values():
+        """Every agent and its workers (each agent's session), SIGKILL; the rendezvous
+        store this job started."""
+        for proc in [*self.procs.values(), *([self.store] if self.store else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

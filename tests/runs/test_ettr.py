@@ -70,3 +70,33 @@ def test_an_open_hang_is_a_failure_not_yet_recovered():
     figures = _figures(book)
     assert [r.open for r in figures.recoveries] == [True]
     assert figures.to_dict()["time_to_recover_p50_seconds"] is None
+
+
+def test_a_hang_whose_processes_ended_before_the_relaunch_is_one_failure():
+    """The ranks of a hung job leave (exit 75 on a restart, or a crash at the collective
+    timeout: an end record each), and the launcher runs the job again some seconds later
+    (a frozen rank's SIGKILL, the relaunch's imports): one failure, from the fault to the
+    next step, not a hang and then a relaunch."""
+    from monitor_agent.records.types import EndRecord
+
+    book, row = GoodputLedger(), 0
+
+    def feed(record, attempt):
+        nonlocal row
+        row += 1
+        book.feed(record, attempt, row)
+
+    feed(RunRecord("r", time=100.0), 1)
+    for s in range(1, 21):
+        feed(StepRecord("r", s, time=103.0 + s), 1)
+    feed(HangRecord("r", 20, time=133.0, stuck_seconds=10.0), 1)  # stuck since 124
+    feed(EndRecord("r", 20, time=135.0, status="failed", error="restart"), 1)  # left at 135
+    feed(RunRecord("r", time=165.0), 2)  # the launcher ran it again 30 s later
+    book.settled(2, 16, "restart")
+    for s in range(16, 31):
+        feed(StepRecord("r", s, time=170.0 + (s - 16)), 2)
+    figures = _figures(book)
+    assert [(r.kind, r.step, r.start) for r in figures.recoveries] == [("hang", 20, 124.0)]
+    # 11 s hung (124 -> 135), 30 s until the relaunch, its start-up (5 s less a 1 s step)
+    assert figures.recoveries[0].seconds == 45.0
+    assert figures.recoveries[0].lost == 5.0
