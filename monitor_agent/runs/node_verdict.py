@@ -21,6 +21,9 @@ The cause classes, from what the finding says::
                    loss off their peers' (rank_outlier), all at once or twice (see below)
     gone           hang: its ranks sent nothing past the limit
 
+A straggler's three slow classes are readings of one measurement, where its extra time
+goes: the latest replaces the earlier, on the fuller window (a node once sick stays so).
+
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
 local loss broke first; else its first ranks, when all are one node's: ``_first_rank``)
 names a node and, from that rank's latest step, a data position.
@@ -74,6 +77,9 @@ CAUSES: tuple[str, ...] = ("gone", "gpu-hardware", "sdc-suspect", "compute-slow"
 STATES: tuple[str, ...] = ("healthy", "suspect", "sick")
 STRAGGLER_CLASS = {"compute": "compute-slow", "collective": "network-slow",
                    "data": "input-slow", "gpu_throttle": "gpu-hardware"}
+SLOW_CLASSES = frozenset({"compute-slow", "network-slow", "input-slow"})
+"""Readings of one measurement, where a straggler's extra time goes: the latest replaces
+the earlier (``_straggler``)."""
 MAX_NODES_EXPOSED = 16
 """Nodes not healthy a run exposes on /metrics, sick first (a label per node)."""
 DEFAULT_RESTART_SECONDS = 300.0
@@ -194,6 +200,16 @@ class NodeVerdicts:
         why = ("all its ranks are slower than the other nodes'" if whole else
                f"rank {finding.rank} the straggler" + (f" since step {first}" if sustained
                                                        else ""))
+        mine = self.marks.get(node, {})
+        if cause in SLOW_CLASSES:
+            # Where the extra time goes is read off window medians, and a window that has
+            # just begun to change can read it wrong (a slow loader's tight data times move
+            # the median after the others' widely spread waits do: "late to the
+            # all-reduce"); the reading of a later, fuller window replaces it. The node is
+            # as sick as it was: the slowness itself was measured either way.
+            earlier = [mine.pop(c) for c in SLOW_CLASSES - {cause} if c in mine]
+            if any(m.sick for m in earlier):
+                return self._mark(node, Mark(cause, True, finding.step, why))
         return self._mark(node, Mark(cause, whole or sustained, finding.step, why))
 
     def _gone(self, finding: Finding, hosts: dict[int, str]) -> str | None:

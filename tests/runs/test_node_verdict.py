@@ -46,6 +46,20 @@ def test_one_slow_rank_makes_its_node_suspect_and_sick_once_sustained():
     assert "rank 3 the straggler since step 40" in verdict.words()
 
 
+def test_a_later_straggler_reading_of_where_the_time_goes_replaces_the_first():
+    """A slow loader read first as late to the all-reduce (the first window after the change
+    moved the others' waits before its own data times): the fuller window's reading,
+    its data loading, names the node's cause, and the node stays sick."""
+    book = NodeVerdicts()
+    book.observe(finding("straggler", 24, 4, cause="collective", host="node2",
+                         node_ranks="4-5"), HOSTS, {})
+    assert states(book)["node2"] == ("sick", "network-slow")
+    book.observe(finding("straggler", 30, 5, cause="data", host="node2"), HOSTS, {})
+    assert states(book)["node2"] == ("sick", "input-slow")
+    book.observe(finding("gpu_health", 31, 4, Severity.ERROR, condition="XID 79"), HOSTS, {})
+    assert states(book)["node2"] == ("sick", "gpu-hardware")  # other evidence stays apart
+
+
 def test_a_hard_gpu_error_is_sick_a_warning_suspect_and_the_stronger_cause_names_it():
     book = NodeVerdicts()
     book.observe(finding("gpu_health", 10, 2, condition="pcie_width", node="node1"), HOSTS, {})
