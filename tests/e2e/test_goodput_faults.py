@@ -250,7 +250,11 @@ def test_each_injected_fault_costs_what_it_cost_in_its_own_bucket(sidecar, tmp_p
     # (the loader's own work), as the script measured it on both attempts.
     slow = {20, 40, 80, 110}
     own = sum(e["wait"] for e in clock if e["event"] == "step" and e["step"] not in slow)
-    assert 4 * 0.3 * (1 - REL) + own <= bad["input"] <= 4 * 0.3 * (1 + REL) + own, (bad, own)
+    # Both parts are waits the script timed, the ledger's from the records: the same
+    # relative error holds for each (a CI run was 2 ms over when only the injected part
+    # had it, on 3.1 s of the loader's own waits).
+    waited = 4 * 0.3 + own
+    assert waited * (1 - REL) <= bad["input"] <= waited * (1 + REL), (bad, own)
     # Each as long as the script measured it: the sleep, and the real work beside it (an
     # evaluation's forward pass, a torch.save), which a busy machine stretches.
     for cause, event in (("eval", "eval"), ("checkpoint", "ckpt")):
