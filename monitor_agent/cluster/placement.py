@@ -7,6 +7,9 @@ SLURM's ``SLURM_NODEID``/``SLURM_NNODES``), and ``leader_url``, the sidecar on
 ``MASTER_ADDR`` at the port of its own sidecar (every node runs one, on the same port).
 The sidecar of node 0 leads; any other follows ``leader_url``, unless the sidecar's own
 ``cluster.leader_url`` says otherwise (a leader elsewhere, or several sidecars on one host).
+A sidecar whose ``cluster.leader_url`` names another one follows it even when its ranks are
+node 0's: after an elastic re-rendezvous that left the leader's own machine out, node 0 is
+another machine, and the run keeps its one leader (pipeline/engine.py ``Engine._place``).
 
     >>> from monitor_agent.records.types import ClusterPlacement
     >>> node1 = ClusterPlacement(node_rank=1, nodes=2, leader_url="http://node-0:9400")
@@ -16,6 +19,9 @@ The sidecar of node 0 leads; any other follows ``leader_url``, unless the sideca
     'http://10.0.0.5:9500'
     >>> leader_of(ClusterPlacement(node_rank=0, nodes=2), ClusterSettings(), 9400) is None
     True
+    >>> leader_of(ClusterPlacement(node_rank=0, nodes=2),     # a re-formed job's node 0
+    ...           ClusterSettings(leader_url="http://10.0.0.5:9500"), own_port=9400)
+    'http://10.0.0.5:9500'
 
 Whom a sidecar forwards to is its own decision, never a client's word alone: a rank's
 ``leader_url`` (a run record: anyone holding the write token can send one) is followed only
@@ -67,10 +73,14 @@ def leader_of(placement: ClusterPlacement | None, settings: ClusterSettings,
     settings do not allow: the run is then judged here alone."""
     if not settings.enabled or placement is None:
         return None
-    if placement.nodes <= 1 or placement.node_rank == 0:
+    if placement.nodes <= 1:
         return None
     if settings.leader_url is not None:
+        # Named outright, it leads whatever node rank a re-rendezvous gives these ranks
+        # (node 0 too: the leader's own machine may be left out of the job).
         return settings.leader_url
+    if placement.node_rank == 0:
+        return None
     if not placement.leader_url:
         raise ValueError(f"cluster: node {placement.node_rank}'s ranks name no leader "
                          "(MASTER_ADDR unset); set cluster.leader_url on this sidecar")

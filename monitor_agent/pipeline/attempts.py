@@ -176,13 +176,16 @@ class RunAttempts:
     def get(self, number: int) -> StoredAttempt:
         return self.attempts[number - 1]
 
-    def place(self, token: str, rank: int) -> tuple[int, bool]:
-        """The attempt an unseen token belongs to, and whether it is a new one."""
+    def place(self, token: str, rank: int, moved: bool = False) -> tuple[int, bool]:
+        """The attempt an unseen token belongs to, and whether it is a new one. ``moved``:
+        its process says its node sits elsewhere in the job than this sidecar's ranks of
+        the latest attempt did (a re-rendezvous renumbered the nodes: this machine's ranks
+        are others now, unseen here, yet a new launch, not more ranks of the old one)."""
         if not self.attempts:
             return 1, True
         latest = self.current
         ranks = {r for n, r in self.tokens.values() if n == latest}
-        if rank not in ranks:
+        if rank not in ranks and not moved:
             return latest, False  # another rank of the same launch
         return latest + 1, True
 
@@ -190,18 +193,20 @@ class RunAttempts:
         self.attempts[attempt.number - 1] = attempt
 
     def place_record(self, store: Store, record: Record, now: float, limit: int,
-                     held: str | None = None) -> tuple[str, int, StoredAttempt | None] | str:
+                     held: str | None = None, moved: bool = False
+                     ) -> tuple[str, int, StoredAttempt | None] | str:
         """(token, attempt number, the attempt if the record just settled it) for one
         arriving record, stored as decided (a new token at once, so a retry finds it); or
         why it may not begin an attempt (``limit``: ``max_attempts_per_run``). ``held``:
         why the run's current attempt still holds its history (``holds_history``): a
-        record that would settle a later attempt raises ``AttemptWaits`` with it."""
+        record that would settle a later attempt raises ``AttemptWaits`` with it.
+        ``moved``: as ``place`` says."""
         token = record.attempt or LEGACY_TOKEN
         known = self.tokens.get(token)
         if known is not None:
             number = known[0]
         else:
-            number, new = self.place(token, record.rank)
+            number, new = self.place(token, record.rank, moved)
             if new and number > limit:
                 return (f"attempt: run {record.run_id} has {number - 1} attempts "
                         f"(max_attempts_per_run={limit}); use a new run id")

@@ -393,7 +393,8 @@ class Engine:
         held = self._holds_history(live, now) if item.origin is None else None
         try:
             placed = live.attempts.place_record(self.store, record, now,
-                                                self.settings.max_attempts_per_run, held)
+                                                self.settings.max_attempts_per_run, held,
+                                                item.origin is None and _moved(live, record))
         except AttemptWaits as exc:
             self._held_back(live, record, exc.attempt, now)
             raise
@@ -628,8 +629,8 @@ class Engine:
         live.state.phase = live.lifecycle.describe()
         live.state.phase_state = live.lifecycle.phase.value
         self._applied(live)
-        if after:
-            self._restore_placement(live)
+        if after or live.attempts.owner > 1:
+            self._restore_placement(live, carried_only=not after)
         self._catch_up_goodput(live, after)
         for row in recovery.stored_tail(self.store, live.run_id, after):
             self._process(live, row.record, row.row_id, now, result, arrival=arrival,
@@ -707,6 +708,8 @@ class Engine:
             if origin is None:
                 self._place(live, record, attempt)
                 self._retire(live)
+            else:
+                self._expect_forwarded(live, record, attempt)
         elif isinstance(record, EndRecord) and _ends_run(live, record, attempt):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
@@ -904,7 +907,8 @@ class Engine:
         attempt (another rank, or any process that joined it), or a node sidecar's
         forwarded one never moves it (docs/format.md, "Who may write what")."""
         run = live.state
-        if attempt != live.attempts.owner or run.placed_by == attempt:
+        if attempt != live.attempts.owner or (run.placed_by == attempt
+                                              and not _leads_from_afar(run)):
             return
         try:
             leader = leader_of(record.cluster, self.settings.cluster, self.settings.port)
@@ -920,26 +924,87 @@ class Engine:
         run.placed_by = attempt
         run.version += 1
 
-    def _restore_placement(self, live: LiveRun) -> None:
+    def _keep_leading(self, live: LiveRun, record: RunRecord) -> None:
+        """A run this sidecar led in an earlier attempt (``record``: the run record of its
+        own ranks that placed it there, as node 0, following no one) and none of whose
+        ranks report here in the attempt that owns the run now: the job re-formed without
+        this machine (a restart left it out; torchrun renumbered the others from 0). The
+        run stays here, one run with one brain, for node sidecars whose
+        ``cluster.leader_url`` names this one (cluster/placement.py): this sidecar leads it
+        with no node of its own (``roster.local`` empty), admits every node of the new
+        job, node 0 included, and expects as many as the first run record they forward of
+        the new attempt says (``_expect_forwarded``). Leadership itself is never a
+        forwarded record's word: only this sidecar's own ranks' records place it."""
+        run, cluster = live.state, record.cluster
+        if cluster is None or cluster.nodes <= 1 or cluster.node_rank != 0:
+            return
+        try:
+            if leader_of(cluster, self.settings.cluster, self.settings.port) is not None:
+                return
+        except ValueError:
+            return
+        run.roster = Roster(local=set())
+        run.roster.expect(cluster.nodes, cluster.local_world_size)
+        run.leader, run.node = None, None
+        run.placed_by = live.attempts.owner
+        run.version += 1
+        # Restored from a snapshot, the forwarded run records of the attempt may not be
+        # replayed: the first rank that stepped in it says how many nodes it has.
+        owner = live.attempts.owner
+        stepped = sorted(r for a, r in self.store.attempt_ranks(live.run_id) if a == owner)
+        for rank in stepped[:1]:
+            body = self.store.last_record(live.run_id, rank, "run")
+            for forwarded in _run_records([body] if body is not None else []):
+                self._expect_forwarded(live, forwarded, owner)
+
+    def _expect_forwarded(self, live: LiveRun, record: RunRecord, attempt: int) -> None:
+        """How many nodes a run led from afar (``_keep_leading``) has in its attempt: what
+        the first run record a node sidecar forwards of that attempt says (its ranks are
+        all forwarded; this sidecar has no run record of its own to read it from)."""
+        run, cluster = live.state, record.cluster
+        if (cluster is None or not _leads_from_afar(run) or attempt != live.attempts.owner
+                or run.roster.attempt == attempt):
+            return
+        run.roster.expected = max(cluster.nodes, 1)
+        if cluster.local_world_size is not None:
+            run.roster.local_world_size = cluster.local_world_size
+        run.roster.attempt = attempt
+        run.version += 1
+
+    def _restore_placement(self, live: LiveRun, carried_only: bool = False) -> None:
         """Where a run restored from its snapshot sits. The tail replayed after the
         snapshot may no longer hold the run record that placed it, so the first one of
         this sidecar's own ranks in the attempt that owns the run is read back (and the
-        run's description, from the latest run record of that attempt)."""
+        run's description, from the latest run record of that attempt). A run whose owner
+        attempt has no run record of this sidecar's own ranks may be one it leads from afar
+        (``_keep_leading``); ``carried_only``: only that is read back (the whole history
+        is replayed after, placing the rest)."""
         owner = live.attempts.owner
-        found = self.store.placing_records(live.run_id, sorted(live.state.ranks), owner)
-        for body in found:
-            try:
-                record = schemas.parse_record(wire.loads(body))
-            except (schemas.RecordError, ValueError):
-                continue  # as recovery skips a stored record today's rules reject
-            if isinstance(record, RunRecord):
-                live.state.apply_run(record)
-                self._place(live, record, owner)
+        ranks = set(live.state.ranks)
+        if carried_only:  # nothing restored yet: the ranks the store knows of
+            ranks.update(rank for _, rank in self.store.attempt_ranks(live.run_id))
+        attempt, found = self.store.placing_records(live.run_id, sorted(ranks), owner)
+        if attempt < owner:
+            # The owner attempt's settle superseded the earlier attempts' run records: the
+            # one that placed the run here before is read from the replaced history.
+            led, before = self.store.placing_records(live.run_id, sorted(ranks), owner,
+                                                     replaced=True)
+            first = _run_records(before)[:1]
+            if first and led < owner and live.state.placed_by is None:
+                self._keep_leading(live, first[0])
+            if carried_only or _leads_from_afar(live.state):
+                return
+        elif carried_only:
+            return
+        for record in _run_records(found):
+            live.state.apply_run(record)
+            self._place(live, record, owner)
 
     def _leads(self, run: RunState) -> bool:
-        """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's)."""
-        return (self.settings.cluster.enabled and run.node == 0 and run.leader is None
-                and run.roster.expected > 1)
+        """Whether this sidecar is the leader of a multi-node run (its ranks are node 0's,
+        or it led the run before the job re-formed without its machine)."""
+        return (self.settings.cluster.enabled and run.leader is None
+                and (run.node == 0 or _leads_from_afar(run)) and run.roster.expected > 1)
 
     def _following(self, run: RunState) -> str | None:
         """The leader this sidecar forwards the run to, or None when it judges it here."""
@@ -1006,6 +1071,8 @@ class Engine:
             if why is not None:
                 deferred[peer.run_id] = why
             nodes[peer.run_id] = peer.node
+        for run_id, why in self._relaunched_here(batch).items():
+            deferred.setdefault(run_id, why)
         items, refused = [], []
         for item in batch.items:
             if item.record.run_id in deferred:
@@ -1013,7 +1080,8 @@ class Engine:
             item = dataclasses.replace(item, origin=nodes[item.record.run_id])
             live = self.registry.get(item.record.run_id)
             rank = live.state.ranks.get(item.record.rank) if live is not None else None
-            if rank is not None and not rank.remote:
+            if (rank is not None and live is not None and not rank.remote
+                    and not _leads_from_afar(live.state)):
                 refused.append({"index": item.index, "reason": (
                     f"rank: rank {item.record.rank} of run {item.record.run_id} reports to "
                     "this sidecar itself: a node sidecar forwards only its own ranks")})
@@ -1051,6 +1119,26 @@ class Engine:
         result.deferred, result.taken = deferred, len(findings)
         return result
 
+    def _relaunched_here(self, batch: PeerBatch) -> dict[str, str]:
+        """Runs whose exchange waits (``deferred``): a record of one of this sidecar's own
+        ranks under a token the run has not placed, a new process of that rank number on
+        another machine (a re-formed job renumbered the ranks, and this sidecar has not
+        settled the new attempt from the others' records yet). Refused outright it would
+        be lost; once the run leads from afar (``_keep_leading``) it is taken. What a
+        node sidecar may say of this sidecar's own ranks is unchanged: nothing."""
+        out: dict[str, str] = {}
+        for item in batch.items:
+            record = item.record
+            live = self.registry.get(record.run_id)
+            rank = live.state.ranks.get(record.rank) if live is not None else None
+            if (live is None or rank is None or rank.remote or _leads_from_afar(live.state)
+                    or (record.attempt or "") in live.attempts.tokens):
+                continue
+            out.setdefault(record.run_id, (
+                f"run {record.run_id}: rank {record.rank} reports to this sidecar itself; "
+                "a new process of it elsewhere waits for the run's next attempt here"))
+        return out
+
     def _peer_finding_refusal(self, finding: Finding, node: int, forwarder: str,
                               carried: set[tuple[str, int]]) -> str | None:
         """Why a node sidecar's finding may not be taken here, or None. A finding acts on
@@ -1064,7 +1152,8 @@ class Engine:
         live = self.registry.get(finding.run_id)
         rank = live.state.ranks.get(finding.rank) if live is not None else None
         where = f"rank {finding.rank} of run {finding.run_id}"
-        if rank is not None and not rank.remote:
+        if rank is not None and not rank.remote and not (
+                live is not None and _leads_from_afar(live.state)):
             return f"rank: {where} reports to this sidecar itself, not through node {node}"
         if rank is not None and rank.via is not None and rank.via != forwarder:
             return (f"rank: {where} is forwarded by another node sidecar ({rank.via}); a "
@@ -1098,9 +1187,10 @@ class Engine:
         if not self._leads(run):
             return f"run {peer.run_id}: this sidecar does not lead it (its ranks here " + (
                 f"are node {run.node}'s)" if run.node is not None else "name no node)")
-        if not 1 <= peer.node < run.roster.expected:
+        first = 0 if _leads_from_afar(run) else 1
+        if not first <= peer.node < run.roster.expected:
             return (f"run {peer.run_id}: node {peer.node} is not a node of its placement "
-                    f"(nodes 1..{run.roster.expected - 1} follow this leader)")
+                    f"(nodes {first}..{run.roster.expected - 1} follow this leader)")
         return None
 
     def _peer_findings(self, items: list[tuple[Finding, int]], now: float) -> IngestResult:
@@ -1414,13 +1504,14 @@ def _nodes(run: RunState) -> tuple[NodeView, ...]:
     roster = run.roster
     if roster.expected <= 1 or run.leader is not None:
         return ()
-    here = run.node if run.node is not None else 0
+    here = run.node if run.node is not None else (None if _leads_from_afar(run) else 0)
     live = set(run.ranks)
     heard = {n: seen for n, seen in roster.nodes.items() if n != here and n < roster.expected}
     remote = {r for seen in heard.values() for r in seen.ranks}
     own = tuple(sorted(r for r, s in run.ranks.items() if not s.remote and r not in remote))
     host = host_label(run.run.labels) if run.run is not None else None
-    views = {here: NodeView(here, host, None, own)}
+    # Led from afar: every node is another machine's (no view of this sidecar's own).
+    views = {} if here is None else {here: NodeView(here, host, None, own)}
     for n in range(roster.expected):
         seen = heard.get(n)
         if seen is not None:
@@ -1428,6 +1519,42 @@ def _nodes(run: RunState) -> tuple[NodeView, ...]:
         elif n not in views:
             views[n] = NodeView(n, None, None, tuple(sorted(roster.ranks_of(n) & live)))
     return tuple(views[n] for n in sorted(views))
+
+
+def _moved(live: LiveRun, record: Record) -> bool:
+    """Whether ``record``, of one of this sidecar's own ranks, is a run record placing its
+    node elsewhere in the job than the run's placement here says (another node rank, or
+    another number of nodes): a re-formed job, whose ranks here may all be new to this
+    sidecar (pipeline/attempts.py ``place``). Only on a node sidecar, placed and following
+    a leader (which hears every rank and sees the relaunch as such): a process of the same
+    launch shares its node's placement, while one sidecar judging alone may hear several
+    nodes' ranks."""
+    run, cluster = live.state, getattr(record, "cluster", None)
+    if not isinstance(record, RunRecord) or cluster is None or run.placed_by is None:
+        return False
+    if run.leader is None or run.node is None:
+        return False
+    return cluster.node_rank != run.node or cluster.nodes != run.roster.expected
+
+
+def _run_records(bodies: list[bytes]) -> list[RunRecord]:
+    """The stored run records among ``bodies`` that today's rules still read."""
+    out = []
+    for body in bodies:
+        try:
+            record = schemas.parse_record(wire.loads(body))
+        except (schemas.RecordError, ValueError):
+            continue  # as recovery skips a stored record today's rules reject
+        if isinstance(record, RunRecord):
+            out.append(record)
+    return out
+
+
+def _leads_from_afar(run: RunState) -> bool:
+    """Whether this sidecar leads ``run`` with no node of its own in the job
+    (``Engine._keep_leading``): placed, following no one, no node rank, no local node."""
+    return (run.placed_by is not None and run.leader is None and run.node is None
+            and not run.roster.local)
 
 
 def _silence(found: list[Finding], silent_for: float) -> tuple[float, bool] | None:

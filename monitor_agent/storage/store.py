@@ -653,22 +653,26 @@ class Store:
         return dict(self._db.query(
             f"SELECT id, body FROM {table} WHERE id IN ({','.join('?' * len(ids))})", ids))
 
-    def placing_records(self, run_id: str, ranks: Sequence[int], attempt: int) -> list[bytes]:
+    def placing_records(self, run_id: str, ranks: Sequence[int], attempt: int,
+                        replaced: bool = False) -> tuple[int, list[bytes]]:
         """The run records of this sidecar's own ranks (not forwarded by a node sidecar) in
-        the newest attempt up to ``attempt`` that has any, of the current history: the
-        first one stored (what placed the run, pipeline/engine.py ``Engine._place``) and
-        the last (what the run says of itself now). One index range per rank."""
+        the newest attempt up to ``attempt`` that has any, of the current history, and that
+        attempt: the first one stored (what placed the run, pipeline/engine.py
+        ``Engine._place``) and the last (what the run says of itself now); ``replaced``:
+        of the whole history, the run records a later attempt superseded too. One index
+        range per rank."""
         found: list[tuple[int, int, bytes]] = []
         for rank in ranks:
             found += self._db.query(
                 "SELECT attempt, id, body FROM records WHERE run_id = ? AND rank = ? AND "
-                "kind = 'run' AND origin IS NULL AND superseded_by IS NULL AND attempt <= ?",
+                "kind = 'run' AND origin IS NULL AND attempt <= ?"
+                + ("" if replaced else " AND superseded_by IS NULL"),
                 (run_id, rank, attempt))
         if not found:
-            return []
+            return 0, []
         newest = max(a for a, _, _ in found)
         mine = sorted((i, body) for a, i, body in found if a == newest)
-        return [body for _, body in (mine if len(mine) == 1 else (mine[0], mine[-1]))]
+        return newest, [body for _, body in (mine if len(mine) == 1 else (mine[0], mine[-1]))]
 
     def last_record(self, run_id: str, rank: int, kind: str) -> bytes | None:
         rows = self._db.query(

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from alerting.heal_records import (
     RESTART_RULES,
     actions,
@@ -30,13 +29,6 @@ from alerting.heal_records import (
 from eventually import eventually
 from receivers import Receiver
 
-LEADER_OUT = (
-    "issue 43 point 4, open: a leader whose own node is left out stops hearing the re-formed "
-    "job: after the settle its rebuild finds no run record of its own ranks (run.node None: "
-    "Engine._leads false, every peer deferred 'this sidecar does not lead it'), and the node "
-    "sidecars keep their first attempt's node ranks (PeerRun.node 1, 2) while their ranks "
-    "say 0, 1 (_peer_refusal admits nodes 1.. only; cluster/placement.leader_of leads on "
-    "node_rank 0 even with leader_url set)")
 ELASTIC = {"name": "torchrun", "restarts": True, "restart_count": 0, "max_restarts": 3,
            "min_nodes": 1, "max_nodes": 3}
 
@@ -162,7 +154,6 @@ def test_the_drain_is_kept_across_a_restart_of_the_sidecar_and_cleared_by_an_ope
     assert not (tmp_path / "drained.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=LEADER_OUT)
 def test_a_job_that_leaves_the_leaders_own_node_out_stays_one_run_on_that_leader(tmp_path):
     """An XID 79 on node 0's GPU: node 0 (the leader sidecar's machine, alive) is left out,
     and the job re-forms on machines 1 and 2, which torchrun now numbers 0 and 1. The

@@ -29,6 +29,16 @@ def test_other_nodes_follow_the_client_given_leader_unless_the_sidecar_says_othe
                      PORT) is None
 
 
+def test_a_sidecar_told_its_leader_follows_it_as_node_0_too():
+    """A re-rendezvous that left the leader's own machine out makes another machine node
+    0: a sidecar whose ``cluster.leader_url`` names the leader keeps following it (one
+    brain), and a single-node job still judges alone."""
+    told = ClusterSettings(leader_url="http://10.1.2.3:9500")
+    assert leader_of(ClusterPlacement(0, 2, 8, "http://gpu-node-1:9400"), told, PORT) == \
+        "http://10.1.2.3:9500"
+    assert leader_of(ClusterPlacement(0, 1), told, PORT) is None
+
+
 @pytest.mark.parametrize("url, why", [
     (None, "MASTER_ADDR unset"),
     ("gpu-node-0:9400", "must be an http:// or https:// URL"),

@@ -107,3 +107,41 @@ def test_a_node_its_leader_left_out_does_not_page_its_ranks_gone(tmp_path):
     later = 1006.0 + 3600.0
     assert "its process is gone" in " ".join(f.message for f in kept.tick(later))
     assert [f.to_dict() for f in out.tick(later)] == []
+
+
+def _job(engine: Engine, token: str, nodes: int, place: dict[int, int], steps: range,
+         here: int | None, now: float) -> None:
+    """A job's run records and steps as its leader gets them: ``place`` (rank -> node
+    rank) ranks of node ``here`` its own, the rest forwarded by their node's sidecar."""
+    def item(i: int, record: dict, node: int) -> Incoming:
+        return Incoming(i, *schemas.parse_for_store(record),
+                        origin=None if node == here else node)
+    engine.ingest([item(i, {"kind": "run", "run_id": RUN, "rank": r, "time": 1.0,
+                            "attempt": f"{token}{r}",
+                            "cluster": {"node_rank": n, "nodes": nodes,
+                                        "local_world_size": 2, "leader_url": LEADER}}, n)
+                   for i, (r, n) in enumerate(place.items())], now)
+    for step in steps:
+        engine.ingest([item(i, {"kind": "step", "run_id": RUN, "rank": r, "step": step,
+                                "time": now + step, "attempt": f"{token}{r}", "loss": 2.0}, n)
+                       for i, (r, n) in enumerate(place.items())], now + step)
+
+
+def test_a_leader_whose_machine_the_job_left_leads_it_from_afar_across_a_restart(tmp_path):
+    """Node 0's machine left out, the job re-forms on the other two (node ranks 0 and 1
+    now, every rank forwarded): the sidecar that led it keeps leading it, admits the new
+    node 0, and waits for the new job's two nodes; so again when restarted from a
+    snapshot taken after the re-formed job's run records."""
+    from monitor_agent.pipeline.engine import PeerRun
+
+    path = tmp_path / "monitor.sqlite"
+    engine = _engine(path)
+    _job(engine, "a", 3, {r: r // 2 for r in range(6)}, range(1, 6), here=0, now=1000.0)
+    _job(engine, "b", 2, {r: r // 2 for r in range(4)}, range(4, 9), here=None, now=1100.0)
+    engine.registry.snapshot(engine.registry.get(RUN))
+    for sidecar in (engine, _restarted(path)):
+        run = sidecar.registry.get(RUN).state
+        assert sidecar._leads(run) and (run.node, run.roster.expected) == (None, 2)
+        assert [sidecar._peer_refusal(PeerRun(RUN, n), 2000.0) for n in (0, 1)] == [None] * 2
+        assert "not a node of its placement" in str(sidecar._peer_refusal(PeerRun(RUN, 2),
+                                                                          2000.0))

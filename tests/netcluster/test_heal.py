@@ -167,10 +167,6 @@ def test_a_nan_on_the_same_node_twice_leaves_that_node_out(healing) -> None:
     assert len(pages) == 2, pages
 
 
-@pytest.mark.xfail(strict=True, reason="issue 43 point 4, open: the leader's own node left "
-                   "out, it stops hearing the re-formed job (tests/cluster/test_exclude_node"
-                   ".py, LEADER_OUT, says why); seen: ranks 0-1 of attempt 2 never reach it, "
-                   "it judges them gone when the job ends and decides a second restart")
 def test_a_job_that_leaves_the_leaders_machine_out_keeps_one_brain(healing) -> None:
     """An XID 79 on node 0, the machine of group rank 0 and of the run's leader sidecar:
     node 0 is left out, the job re-forms on nodes 1 and 2 (the rendezvous store on a host
