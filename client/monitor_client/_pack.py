@@ -57,6 +57,7 @@ class Entry(NamedTuple):
     names: tuple[str, ...] | None
     width: int
     model: str | None = None
+    tensors: int = 1  # how many of the pack's values make it (add_each: one per name)
 
 
 @dataclass
@@ -80,10 +81,26 @@ class StatsPack:
         self.layout.append(Entry(name, tuple(layers) if layers is not None else None,
                                  value.numel(), model))
 
+    def keeping(self, names: frozenset[str]) -> StatsPack:
+        """A new pack with only the entries named in ``names`` (and the layer list, when
+        one of them is kept): what a step's statistics carry over into the next step's
+        pack when both end up in one record (``GradStats``: a loop that logs every few
+        optimizer steps)."""
+        kept = StatsPack()
+        at = 0
+        for entry in self.layout:
+            if entry.name in names:
+                kept.values.extend(self.values[at:at + entry.tensors])
+                kept.layout.append(entry)
+            at += entry.tensors
+        if kept.layout and self.layers is not None:
+            kept.layers = self.layers
+        return kept
+
     def add_each(self, name: str, values: list[torch.Tensor], layers: list[str]) -> None:
         """One 0-d tensor per name (e.g. a forward hook's flag), stacked off-thread."""
         self.values.extend(values)
-        self.layout.append(Entry(name, tuple(layers), len(values)))
+        self.layout.append(Entry(name, tuple(layers), len(values), tensors=len(values)))
 
     def merge(self, other: StatsPack, model: str) -> None:
         """Take ``other``, the pack of the watched model named ``model``."""
@@ -187,7 +204,7 @@ class StatsPack:
         layers: dict[str, dict[str, Any]] | None = (
             {name: {} for name in self.layers} if self.layers is not None else None)
         pos = 0
-        for name, names, width, model in self.layout:
+        for name, names, width, model, _ in self.layout:
             chunk = flat[pos:pos + width]
             pos += width
             into = out if model is None else models.setdefault(model, {})

@@ -53,6 +53,12 @@ from monitor_client._warn import LOGGER
 __all__ = ["GradStats", "StatsPack"]
 
 
+# What a layer-statistics or distributions step measured, kept in the pack until the record
+# goes out when more optimizer steps follow before it (a loop that logs every few steps);
+# everything else in a pack describes one step, and the next step's replaces it.
+_PERIODIC = frozenset({"layer_grad", "param_norm", "update_norm", "grad_hist", "param_hist"})
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     # FSDP2 / tensor-parallel parameters are DTensors: statistics are of this rank's shard.
     return t.to_local() if hasattr(t, "to_local") else t
@@ -108,6 +114,8 @@ class GradStats:
         self._buffers: dict[int, torch.Tensor] = {}
         self._numel_cache: dict[tuple[tuple[str, ...], str], torch.Tensor] = {}
         self._closure_told = False
+        self._sparse: bool | None = None  # whether a gradient is sparse (_present)
+        self._sparse_grads: list[torch.Tensor] = []
         self.names: list[str] = []
         self.params: list[torch.Tensor] = []
         self._refresh()
@@ -178,6 +186,7 @@ class GradStats:
         if self._measured:
             return  # already called explicitly for this step (Lightning)
         start = time.perf_counter()
+        self._next_step()
         monitored = self.monitored
         self._look_again(monitored)
         grad_mode = torch.is_grad_enabled()
@@ -199,6 +208,7 @@ class GradStats:
                            "its closure computes the gradients inside the step; clip inside "
                            "the closure (the norms reported are the unclipped ones)",
                            self.grad_clip, type(self._optimizer).__name__)
+        self._next_step()
         if self.monitored:
             self._look_again(True)
             with torch.no_grad():
@@ -208,6 +218,8 @@ class GradStats:
         """The optimizer stepped: on monitored steps, parameter and update norms."""
         start = time.perf_counter()
         monitored, hist = self.monitored, self.hist_step
+        if not self._measured:  # no pre-hook measured this step: it begins here
+            self._next_step()
         # The step happened whatever the measurements below do (a failure is contained by
         # the hook: _hooks.py), so it is counted first.
         self._pack.stepped = True
@@ -222,7 +234,26 @@ class GradStats:
                 if hist and self.params:  # weights after the step
                     params = [_local(p) for p in self.params]
                     self._pack.add("param_hist", self._dist.measure(params), layers=self.names)
+        self._measured = False  # the next optimizer step is measured (and clipped) anew
         self.overhead_s += time.perf_counter() - start
+
+    def _next_step(self) -> None:
+        """A new optimizer step begins while the pack still holds an earlier one's (the
+        loop logs every few steps, so one record spans them): the record describes the
+        last step, so this step's gradient norms replace the earlier one's, and only what
+        a layer-statistics or distributions step measured is carried to the record, unless
+        this step measures it again."""
+        pack = self._pack
+        if not pack.stepped:
+            return
+        keep = _PERIODIC
+        if self.monitored:
+            keep = keep - {"layer_grad", "param_norm", "update_norm"}
+        if self.hist_step:
+            keep = keep - {"grad_hist", "param_hist"}
+        self._pack = pack.keeping(keep)
+        self._pack.stepped = True
+        self._grad_norms = self._grad_vector = self._total = None
 
     def pop_overhead(self) -> float:
         """Host seconds the hooks took since the last call (on GPU: launch time only)."""
@@ -244,6 +275,8 @@ class GradStats:
         """Take in parameters added since (a parameter group; on a layer-statistics step, a
         layer unfrozen): one ``len()`` on the other steps."""
         opt = self._optimizer
+        if monitored:
+            self._sparse = None
         if monitored or (opt is not None and len(opt.param_groups) != self._groups):
             self._refresh()
 
@@ -276,6 +309,14 @@ class GradStats:
             if grad is not None:
                 names.append(name)
                 grads.append(_local(grad) if self._sharded else grad)
+        if self._sparse is None:  # asked on the first step and each layer-statistics step
+            self._sparse = any(g.is_sparse for g in grads)
+        if self._sparse:
+            # A sparse gradient (an Embedding(sparse=True)): its norms, sums, nonzero
+            # count and extremes are its stored values' once duplicates are summed, and its
+            # statistics divide by the parameter's own size; clipping scales it in place.
+            self._sparse_grads = grads
+            grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
         return names, grads
 
     def _measure_grads(self, per_layer: bool) -> None:
@@ -307,7 +348,11 @@ class GradStats:
         if clip is not None:
             # The same arithmetic as clip_grad_norm_(foreach=True), reusing our norm.
             coef = torch.clamp(clip / (total + 1e-6), max=1.0)
-            torch._foreach_mul_(grads, coef.to(grads[0].device))
+            if self._sparse:
+                for grad in self._sparse_grads:
+                    grad.mul_(coef.to(grad.device))
+            else:
+                torch._foreach_mul_(grads, coef.to(grads[0].device))
 
     def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
         """Each gradient's element count as a float32 device vector, made once per set of
@@ -316,7 +361,9 @@ class GradStats:
         key = (tuple(names), str(grads[0].device))
         numel = self._numel_cache.get(key)
         if numel is None:
-            numel = torch.tensor([g.numel() for g in grads], dtype=torch.float32).to(
+            size = {name: _local(p).numel() for name, p in zip(self.names, self.params,
+                                                                 strict=True)}
+            numel = torch.tensor([size[name] for name in names], dtype=torch.float32).to(
                 grads[0].device)
             self._numel_cache = {key: numel}  # one set at a time: bounded
         return numel

@@ -260,3 +260,68 @@ def test_a_failing_measurement_is_contained_and_reported_once(receiver, tmp_path
     summary = [r.getMessage() for r in caplog.records if "hook calls failed" in r.getMessage()]
     assert summary and "ignored" in summary[0]
     _steps(receiver, "complex")
+
+
+def test_a_loop_that_logs_every_few_steps_clips_and_measures_every_step(receiver, tmp_path):
+    """A loop that calls ``log_step`` every third optimizer step (a common habit, though the
+    docs ask for one per step): ``grad_clip=`` clips every step's gradients, not only the
+    first of each record's, and each record carries its last step's gradient norm; a
+    layer-statistics step that is not the record's last still reaches the record."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients alone change
+    mon = _monitor(receiver, tmp_path, "every-third")
+    mon.watch(model, opt, grad_clip=1.0)
+    clipped, last_norms = [], []
+    for step in range(1, 3 * STEPS + 1):
+        x = torch.full((16, 4), 10.0 * step)  # each step's gradient larger than the last
+        loss = (model(x) - 1.0).pow(2).mean()
+        loss.backward()
+        raw = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        opt.step()
+        clipped.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])).item())
+        opt.zero_grad()
+        if step % 3 == 0:
+            last_norms.append(raw.item())
+            mon.log_step(step // 3, loss=loss)
+    assert mon.close(timeout=10)
+    assert max(clipped) == pytest.approx(1.0, rel=1e-4)  # every one of the 18 steps
+    steps = _steps(receiver, "every-third")
+    assert [r["grad_norm"] for r in steps] == pytest.approx(last_norms, rel=1e-5)
+    # layer statistics every 2 optimizer steps (0, 2, 4, ... counted from 0): records 2, 4
+    # and 6 (steps 3-5, 9-11, 15-17) have theirs from a step before their last
+    assert all(r.get("layers") and r["param_norm"] > 0 for r in steps)
+
+
+def test_a_sparse_embedding_gradient_is_measured_and_clipped(receiver, tmp_path):
+    """``nn.Embedding(sparse=True)`` (a recommender's table) hands the optimizer a sparse
+    gradient: its norm and statistics are the dense gradient's, and ``grad_clip=`` scales
+    it like the others."""
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(50, 4, sparse=True), nn.Linear(4, 1)
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # SGD takes sparse gradients too
+    mon = _monitor(receiver, tmp_path, "sparse")
+    mon.watch(model, opt, grad_clip=0.5)
+    norms, clipped, emb_mean = [], [], []
+    for step in range(1, STEPS + 1):
+        ids = torch.tensor([[1, 2, 2], [7, 1, 9]])  # a repeated id: duplicate entries
+        loss = head(emb(ids).mean(1)).pow(2).mean() * 100
+        loss.backward()
+        dense = [p.grad.to_dense() for p in (emb.weight, head.weight, head.bias)]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in dense])).item())
+        emb_mean.append(dense[0].mean().item())
+        opt.step()
+        clipped.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.to_dense().norm() for p in model.parameters()])).item())
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    steps = _steps(receiver, "sparse")
+    assert [r["grad_norm"] for r in steps] == pytest.approx(norms, rel=1e-5)
+    assert max(norms) > 0.5 and max(clipped) == pytest.approx(0.5, rel=1e-4)
+    monitored = [(r, mean) for r, mean in zip(steps, emb_mean, strict=True) if r.get("layers")]
+    assert monitored
+    for record, mean in monitored:  # over all 50 x 4 entries, not the 4 rows it touched
+        assert record["layers"]["emb.weight"]["grad_mean"] == pytest.approx(mean, rel=1e-4)
+        assert record["layers"]["emb.weight"]["grad_zero_frac"] == pytest.approx(1 - 4 * 4 / 200)
