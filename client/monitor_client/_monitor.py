@@ -204,6 +204,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._preflight: Preflight | None = None
         self._run_sent = self._closed = False
         self._last_step = 0
+        # A run's steps count on: a loop that numbers them per epoch (enumerate(loader))
+        # goes back to 0, which the sidecar would take for a resend of the first epoch's.
+        self._step_offset, self._logged = 0, None  # see _run_step
         self._outcome: tuple[str, str | None] = ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
         # perf_counter of this process's latest loop record (log_step, log_eval,
@@ -484,6 +487,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         position of its last batch, counted over the whole run: ``DataStream.position``;
         filled in from the ``DataStream`` that ``timed()`` wraps). A rollback plan names
         positions, and the sidecar checks a resumed run's against it."""
+        step = self._run_step(step)
         if data_position is None and self._stream is not None:
             data_position = self._stream.position
         if data_position is not None:
@@ -501,12 +505,17 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         wait = self._timings.take() if self._timings is not None else None
         if not self._run_sent:
             self._send_run()
-        step = int(step)
         plain_loss = _plain(loss)
+        if isinstance(lr, list | tuple):  # scheduler.get_last_lr(): one per param group
+            lr = lr[0] if lr else None
+        plain_lr = (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr()
+        for name, given, sent in (("loss", loss, plain_loss), ("lr", lr, plain_lr)):
+            if sent is None and given is not None and not _is_tensor(given):
+                self._warner.warn(f"not_a_number_{name}", "log_step(%s=%r): not a number; "
+                                  "the step is sent without it", name, given)
         record = {"kind": "step", "run_id": self.run_id, "step": step,
                   "time": time.time(), "rank": self.rank, "attempt": self.attempt,
-                  "loss": plain_loss,
-                  "lr": (lr if _is_tensor(lr) else _plain(lr)) if lr is not None else self._lr(),
+                  "loss": plain_loss, "lr": plain_lr,
                   "grad_norm": grad_norm,
                   "tokens": tokens, "samples": samples, "step_time": step_time,
                   "data_time": data_time, **fields}
@@ -521,6 +530,25 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if self._watchdog is not None:
             self._phase.enter("data")
             self._watchdog.beat(step)
+
+    def _run_step(self, step: Any) -> int:
+        """``step`` as the run counts it. Steps of one attempt go forward: one that goes back
+        without a rollback (``rolled_back`` starts a new attempt) is a loop counting per
+        epoch, and sending it as it is would have the sidecar drop every later epoch's
+        steps as resends of the first's. The count goes on from the last step instead
+        (its eval steps shifted alike), with one warning; ``rolled_back`` restarts it."""
+        step = int(step) + self._step_offset
+        last = self._logged
+        if last is not None and step < last:
+            self._warner.warn(
+                "step_back", "log_step(step=%d) came after step %d: steps count optimizer "
+                "steps over the whole run (not per epoch); the run's count goes on from %d, "
+                "and log_eval steps are shifted alike", step - self._step_offset, last,
+                last + 1)
+            self._step_offset += last + 1 - step
+            step = last + 1
+        self._logged = step
+        return step
 
     def _pending(self, record: dict[str, Any], loss: Any, wait: Any = None) -> PendingStep:
         # No tensor ops on this path (see StatsPack.add): the pack is read off-thread.
@@ -627,7 +655,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return
         self._send_run()
         record = {"kind": "eval", "run_id": self.run_id, "attempt": self.attempt,
-                  "step": int(step), "time": time.time(), "rank": self.rank,
+                  "step": int(step) + self._step_offset, "time": time.time(),
+                  "rank": self.rank,
                   "val_loss": _scalar(val_loss), "train_loss": _scalar(train_loss),
                   "epoch": _scalar(epoch),
                   "metrics": {str(k): _scalar(v) for k, v in (metrics or {}).items()}}
@@ -914,6 +943,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if self._watchdog is not None:  # its hang reports are the new attempt's too
             self._watchdog.header["attempt"] = self.attempt
         self._last_step = plan.checkpoint_step
+        self._logged = None  # the new attempt's steps go back to the checkpoint's
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self._loop_t = self._last_t  # an eval right after the reload times the eval alone
         self._run_sent = False  # a new attempt opens with its run record, as a relaunch does
@@ -1085,7 +1115,10 @@ def _plain(value: Any) -> Any:
         return value
     if _is_tensor(value):
         return None  # packed with the statistics, read after the one sync
-    return float(value)
+    try:
+        return float(value)  # a NumPy number, a Decimal, a numeric string
+    except (TypeError, ValueError):
+        return None  # not a number: log_step says so once and sends the step without it
 
 
 def _scalar(value: Any) -> float | None:

@@ -167,8 +167,10 @@ def test_bad_arguments_warn_and_never_raise(receiver, tmp_path, caplog):
     mon.log_step(1, loss=object())
     mon.log_step(2, loss=0.5)
     mon.close(timeout=10)
-    assert [r["step"] for r in receiver.of_kind("step")] == [2]
+    # a step without a number is dropped; a loss that is not a number is, not its step
+    assert [(r["step"], r["loss"]) for r in receiver.of_kind("step")] == [(1, None), (2, 0.5)]
     assert "log_step failed" in caplog.text
+    assert "log_step(loss=<object object" in caplog.text and "not a number" in caplog.text
 
 
 def test_rank0_only_makes_other_ranks_silent(receiver, tmp_path):

@@ -5,7 +5,10 @@ and run as a user runs them (a subprocess against a real sidecar) (issue 45 poin
   without names the second ``watch()`` is refused, loudly;
 * the float64 LBFGS time-series example (``lbfgs_user_train.py``): a closure step, whose
   float64 statistics once raised inside ``optimizer.step()``;
-* a loop that updates its parameters by hand (``by_hand_user_train.py``): no optimizer.
+* a loop that updates its parameters by hand (``by_hand_user_train.py``): no optimizer;
+* a classifier numbered per epoch (``epochs_user_train.py``): ``enumerate(loader)`` as the
+  step, ``get_last_lr()``'s list as the LR; with a sparse embedding table, logged every
+  third batch with ``grad_clip=``.
 
 Each healthy run trains to its end, every step stored with its statistics, nothing warned
 about in the script's output and no page on the sidecar.
@@ -89,3 +92,33 @@ def test_a_loop_without_an_optimizer_is_measured(sidecar, tmp_path):
     first = steps[0]
     assert math.isclose(first["update_norm"], 1e-6 * first["grad_norm"], rel_tol=1e-3)
     _no_page(sidecar, "by-hand")
+
+
+def test_steps_numbered_per_epoch_are_all_kept(sidecar, tmp_path):
+    """``enumerate(loader)`` as the step: every epoch's steps go back to 0, which the
+    sidecar would take for resends of the first epoch's and drop (they were: 10 of 30
+    stored). The client counts on and says so once; every step and eval is stored, each
+    eval after its epoch's last step, and the LR given as ``get_last_lr()`` is the first
+    group's."""
+    proc = _run(sidecar, tmp_path, "epochs_user_train.py", "--run_id=epochs")
+    assert proc.stderr.count("steps count optimizer steps over the whole run") == 1
+    steps = [r for r in sidecar.records("epochs") if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(30))
+    assert [r["lr"] for r in steps[::10]] == [0.05, 0.025, 0.0125]
+    evals = [r for r in sidecar.records("epochs") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [9, 19, 29]
+    _no_page(sidecar, "epochs")
+
+
+def test_a_sparse_table_logged_every_few_steps_is_measured_and_clipped(sidecar, tmp_path):
+    """A sparse embedding table, ``grad_clip=``, and ``log_step`` every third batch: each
+    record carries its gradient norm (the sparse gradient once failed every measurement),
+    nothing is warned about but the per-epoch numbering."""
+    proc = _run(sidecar, tmp_path, "epochs_user_train.py", "--run_id=sparse-every",
+                "--sparse", "--every=3")
+    assert "failed" not in proc.stderr, proc.stderr
+    steps = [r for r in sidecar.records("sparse-every") if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [0, 3, 6, 9, 10, 13, 16, 19, 20, 23, 26, 29]
+    assert all(r["grad_norm"] > 0 and r["clip_threshold"] == 1.0 for r in steps)
+    assert any("table.weight" in (r.get("layers") or {}) for r in steps)
+    _no_page(sidecar, "sparse-every")
