@@ -1,6 +1,7 @@
 """Ending a run when the script ends: ``atexit`` for a normal exit, a chained
 ``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
-``stopped`` on Ctrl-C). Installed per Monitor and removed by its ``close()``.
+``stopped`` on Ctrl-C), and SIGTERM, which ends it ``stopped`` (``_sigterm.py``).
+Installed per Monitor and removed by its ``close()``.
 
 A Monitor passes its ``close()`` and its outcome setter. An uncaught Ctrl-C, as Python
 reports it to ``sys.excepthook`` (the hook before ours, quiet here, is still called)::
@@ -22,6 +23,11 @@ from __future__ import annotations
 import atexit
 import sys
 from collections.abc import Callable
+
+from monitor_client._sigterm import TermWatch
+
+TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, time limit " \
+    "or cancel, or a kill)"
 
 
 def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str | None]:
@@ -57,11 +63,14 @@ class ExitHooks:
                  on_exception: Callable[[str, str | None], object]) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
+        self._term = TermWatch(on_signal=lambda: on_exception("stopped", TERMINATED),
+                               on_end=on_exit)
 
     def install(self) -> None:
         self._previous = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._on_exit)
+        self._term.install()
 
     def remove(self) -> None:
         if self._previous is None:
@@ -69,6 +78,7 @@ class ExitHooks:
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous
         atexit.unregister(self._on_exit)
+        self._term.remove()
         self._previous = None
 
     def _excepthook(self, exc_type, exc, tb) -> None:

@@ -1,5 +1,5 @@
-"""Issue 31: a run whose process is killed (SIGTERM: Python's default handler ends it
-without an end record) is not left "running · 2 min left": once nothing has come from it
+"""Issue 31: a run whose process is killed (SIGKILL, as the OOM killer does: nothing runs,
+no end record) is not left "running · 2 min left": once nothing has come from it
 for longer than its stall limit, its page says it went silent and its process most likely
 died, and no ETA is given; a record arriving later makes it running again. A real client
 subprocess, a real sidecar."""
@@ -46,7 +46,7 @@ def test_a_killed_run_is_marked_silent_after_its_stall_limit(tmp_path, sidecar_f
                    timeout=30, what="step 30 stored")
         running = _detail(sc.url, "killed")
         assert running["phase"] == "running" and "eta_seconds" in running["ranks"]["0"]
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         proc.kill()

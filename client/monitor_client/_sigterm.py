@@ -1,0 +1,121 @@
+"""SIGTERM ends the run as ``stopped`` before the process dies of it.
+
+A scheduler asks a job to leave with SIGTERM (Slurm's preemption, time limit and
+``scancel``; Kubernetes' pod deletion), and Python's default is to die at once: no
+``atexit``, so the client's last records (up to a linger's worth) and the run's end are
+lost, and the sidecar later pages a run that went silent. With this installed, SIGTERM
+marks the run ``stopped`` (``SIGTERM``), closes the Monitor (its end record and what is
+pending, within its close timeout) and exits with status 143 (128 + SIGTERM), as a
+process killed by it reports in a shell.
+
+The main thread may be stuck where no Python handler runs (a collective that never
+returns): the signal is also read from ``signal.set_wakeup_fd`` by a thread of its own,
+which acts at once; whichever of the two comes first ends the process.
+
+Left alone, so that the process dies of SIGTERM as it did:
+- a script or framework that handles SIGTERM itself (its handler is not the default). One
+  that takes SIGTERM over later and calls the handler it found (Lightning's trainer
+  composes it with its own, and stops at the next step) decides whether and when the
+  process ends: the run is then only marked ``stopped``, ended by its own close;
+- a process under torchrun's elastic agent, which owns its workers' lives (it sends them
+  SIGTERM when it restarts the job, and the sidecar reads the restart from the agent);
+- a process whose wakeup fd is taken (an asyncio loop), or a Monitor made off the main
+  thread;
+- a forked child (a DataLoader worker): it gets the default back, and does not write into
+  its parent's pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+EXIT_STATUS = 128 + signal.SIGTERM
+
+
+class TermWatch:
+    """On SIGTERM: ``on_signal()`` (the run's outcome), then, while SIGTERM's handler is
+    still this one, ``on_end()`` (the run's close) and the process exits with
+    ``EXIT_STATUS``."""
+
+    def __init__(self, on_signal: Callable[[], object], on_end: Callable[[], object]) -> None:
+        self._on_signal, self._on_end = on_signal, on_end
+        self._pipe: tuple[int, int] | None = None
+        self._pid = os.getpid()
+        self._once = threading.Lock()
+
+    def install(self) -> bool:
+        """Take SIGTERM when nobody else has; False (nothing changed) otherwise."""
+        if (os.environ.get("TORCHELASTIC_RUN_ID")
+                or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            return False
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if previous != -1:  # someone else's (an event loop): put it back, stay out
+            signal.set_wakeup_fd(previous)
+            os.close(read)
+            os.close(write)
+            return False
+        signal.signal(signal.SIGTERM, self._in_main)
+        self._pipe, self._pid = (read, write), os.getpid()
+        os.register_at_fork(after_in_child=self._forked)
+        threading.Thread(target=self._watch, args=(read,), name="monitor-client-sigterm",
+                         daemon=True).start()
+        return True
+
+    def remove(self) -> None:
+        """Give SIGTERM and the wakeup fd back (main thread; elsewhere, as the process
+        ends on its own, nothing needs giving back)."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) == self._in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.set_wakeup_fd(-1) not in (pipe[1], -1):
+            signal.set_wakeup_fd(pipe[1])  # not ours any more: leave it as it was
+        os.close(pipe[1])  # the watching thread reads the end of its pipe and leaves
+
+    def _forked(self) -> None:
+        if self._pipe is None:
+            return
+        read, write = self._pipe
+        self._pipe = None
+        if signal.getsignal(signal.SIGTERM) == self._in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+        os.close(read)
+        os.close(write)
+
+    def _watch(self, read: int) -> None:
+        try:
+            while data := os.read(read, 64):
+                if signal.SIGTERM in data and os.getpid() == self._pid and self._owned():
+                    self._end()
+        finally:
+            os.close(read)
+
+    def _in_main(self, _signum: int, _frame: Any) -> None:
+        if os.getpid() != self._pid:  # a child forked some other way: die as it would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not self._owned():  # called by the handler that took SIGTERM over: it decides
+            self._on_signal()
+            return
+        self._end()
+
+    def _owned(self) -> bool:
+        return signal.getsignal(signal.SIGTERM) == self._in_main
+
+    def _end(self) -> None:
+        with self._once:  # the second caller waits here for the first one's exit
+            try:
+                self._on_signal()
+                self._on_end()
+            finally:
+                os._exit(EXIT_STATUS)

@@ -1,0 +1,159 @@
+"""SIGTERM (a scheduler's preemption, time limit or cancel) ends the run ``stopped`` with
+every step it logged, and the process exits 143 as one killed by it; a process the client
+must leave alone still dies of it. Real subprocesses sending to the loopback receiver."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eventually import eventually
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 30
+
+# {before}: code run before the Monitor exists; {stuck}: how the main thread waits once it
+# logged every step (for SIGTERM, which the test sends once step STEPS is received).
+SCRIPT = """
+import os, signal, sys, time, torch
+from monitor_client import Monitor, MonitorSettings
+{before}
+mon = Monitor(url=sys.argv[1], run_id=sys.argv[2],
+              settings=MonitorSettings(spool_dir=sys.argv[3], linger=5.0))
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+mon.watch(model, opt)
+for step in range(1, {steps} + 1):
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    mon.log_step(step, loss=float(step))
+mon.flush(timeout=10)
+{stuck}
+"""
+
+
+def _start(receiver, tmp_path: Path, run_id: str, before: str = "",
+           stuck: str = "time.sleep(600)", env: dict | None = None) -> subprocess.Popen:
+    script = textwrap.dedent(SCRIPT).format(before=before, stuck=stuck, steps=STEPS)
+    environ = {"PYTHONPATH": f"{REPO / 'client'}:{REPO}", "PATH": "/usr/bin:/bin",
+               "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-c", script, receiver.url, run_id,
+                             str(tmp_path)], env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    eventually(lambda: any(r["step"] == STEPS for r in receiver.of_kind("step")
+                           if r["run_id"] == run_id), what=f"{run_id}'s last step")
+    return proc
+
+
+def _ends(receiver, run_id: str) -> list[dict]:
+    return [r for r in receiver.of_kind("end") if r["run_id"] == run_id]
+
+
+def test_sigterm_ends_the_run_stopped_with_every_step(receiver, tmp_path):
+    """The steps after the last flush would wait in the queue for a 5 s linger: SIGTERM's
+    default death lost them and the run's end."""
+    proc = _start(receiver, tmp_path, "term", stuck=textwrap.dedent("""
+        mon.log_step(STEPS_PLUS_ONE, loss=1.0)
+        print("logged", flush=True)
+        time.sleep(600)
+    """).replace("STEPS_PLUS_ONE", str(STEPS + 1)))
+    assert proc.stdout is not None and proc.stdout.readline() == "logged\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    end, = _ends(receiver, "term")
+    assert end["status"] == "stopped" and end["error"].startswith("SIGTERM")
+    assert end["step"] == STEPS + 1
+    assert [r["step"] for r in receiver.of_kind("step")] == list(range(1, STEPS + 2))
+
+
+def test_sigterm_ends_the_run_while_the_main_thread_cannot_run_python(receiver, tmp_path):
+    """The main thread waits where no Python handler can run (here SIGTERM is blocked for
+    it, as for a thread stuck in a collective): the signal is read on a thread of the
+    client's own, which ends the run and the process; without it the process would sleep on
+    for ten minutes."""
+    proc = _start(receiver, tmp_path, "stuck", stuck=(
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\ntime.sleep(600)"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    end, = _ends(receiver, "stuck")
+    assert end["status"] == "stopped" and end["step"] == STEPS
+
+
+def test_a_forked_child_that_gets_sigterm_dies_of_it_and_the_run_goes_on(receiver, tmp_path):
+    """A DataLoader worker is a forked child: it dies of SIGTERM as before, and does not
+    end its parent's run (nor write into its parent's signal pipe)."""
+    proc = _start(receiver, tmp_path, "fork", stuck=textwrap.dedent("""
+        child = os.fork()
+        if child == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(600)
+        _, status = os.waitpid(child, 0)
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, flush=True)
+        time.sleep(1)
+        mon.close()
+    """))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "True\n"
+    end, = _ends(receiver, "fork")
+    assert end["status"] == "completed"
+
+
+@pytest.mark.parametrize("case", ["own_handler", "torchelastic"])
+def test_sigterm_is_left_alone_where_someone_else_owns_it(receiver, tmp_path, case):
+    """A script that handles SIGTERM itself keeps its handler; a torchrun worker (its agent
+    owns its life) dies of SIGTERM as before."""
+    before = ("signal.signal(signal.SIGTERM, lambda *_: (print('mine', flush=True), "
+              "sys.exit(7)))" if case == "own_handler" else "")
+    env = {"TORCHELASTIC_RUN_ID": "job-1"} if case == "torchelastic" else {}
+    proc = _start(receiver, tmp_path, case, before=before, env=env)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    if case == "own_handler":
+        assert code == 7 and proc.stdout is not None and proc.stdout.read() == "mine\n"
+        assert len(_ends(receiver, case)) == 1  # its sys.exit ran the client's atexit
+    else:
+        assert code == -signal.SIGTERM and not _ends(receiver, case)
+
+
+def test_the_monitor_gives_sigterm_back_when_it_closes(tmp_path):
+    from monitor_client import Monitor, MonitorSettings
+
+    before = signal.getsignal(signal.SIGTERM)
+    mon = Monitor(url="http://127.0.0.1:9", run_id="give-back", settings=MonitorSettings(
+        spool_dir=str(tmp_path)))
+    assert signal.getsignal(signal.SIGTERM) is not before
+    mon.close(timeout=0.1)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+def test_a_handler_that_takes_sigterm_over_later_decides_and_the_run_says_stopped(
+        receiver, tmp_path):
+    """A framework that installs its SIGTERM handler after the Monitor and calls the one it
+    found (Lightning's trainer does, and stops training at the next step): the process is
+    not ended under it, and the run it ends says SIGTERM stopped it."""
+    proc = _start(receiver, tmp_path, "composed", stuck=textwrap.dedent("""
+        found = signal.getsignal(signal.SIGTERM)
+        asked = []
+        def graceful(signum, frame):
+            found(signum, frame)
+            asked.append(signum)
+        signal.signal(signal.SIGTERM, graceful)
+        print("ready", flush=True)
+        while not asked:
+            time.sleep(0.01)
+        print("stopping at the step's end", flush=True)
+        mon.close()
+    """))
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "stopping at the step's end\n"
+    end, = _ends(receiver, "composed")
+    assert end["status"] == "stopped" and end["error"].startswith("SIGTERM")
