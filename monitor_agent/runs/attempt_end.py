@@ -108,10 +108,13 @@ def judge(number: int, ranks: Iterable[int], ends: Mapping[int, tuple[str, str |
 def _dead(silent: tuple[int, ...], errors: list[str | None], hosts: Mapping[int, str],
           addresses: Mapping[int, str]) -> tuple[int, ...]:
     """The silent ranks that died: those of the node the victims' errors name, else all
-    of them when they share one node; () when nothing tells."""
+    of them when they share one node; () when nothing tells. An address tells only when
+    every silent rank's is known (the dead one is silent: its node cannot be missing from
+    the table while another node's cut-off ranks are matched) and it is one node's alone
+    (on one host every node shares it)."""
     named = set().union(*(named_addresses(e) for e in errors))
     nodes = {hosts[r] for r, a in addresses.items() if a in named and r in hosts}
-    if len(nodes) == 1:
+    if len(nodes) == 1 and all(r in addresses for r in silent):
         (node,) = nodes
         there = tuple(r for r in silent if hosts.get(r) == node)
         if there:

@@ -36,6 +36,12 @@ def test_silent_ranks_on_several_nodes_and_no_address_name_nobody():
     assert "the dead one among them" in end.words()
     elsewhere = {r: "10.9.9.9" for r in range(8)}  # no node at the address the errors name
     assert judge(1, range(8), ENDS, HOSTS, elsewhere).gone == ()
+    one_host = {r: "127.0.0.1" for r in range(8)}  # every node on one loopback host
+    assert judge(1, range(8), ENDS, HOSTS, one_host).gone == ()
+    # Node 2's address unknown, node 1's the one named: its cut-off rank 2 is not the dead.
+    partial = {r: a if r // 2 != 2 else None for r, a in ADDRESSES.items()}
+    partial = {r: a.replace("229.2", "229.3") for r, a in partial.items() if a}
+    assert judge(1, range(8), ENDS, HOSTS, partial).gone == ()
 
 
 def test_no_peer_lost_no_gone_a_genuine_exception_explains_the_end():
