@@ -1550,10 +1550,14 @@ def _nodes(run: RunState) -> tuple[NodeView, ...]:
 def _addresses(run: RunState) -> dict[int, str]:
     """Rank -> the address its node is reached at, as this sidecar, the run's leader, hears
     it: a forwarded rank's node sidecar connects from it (``RankState.via``, id@address);
-    its own ranks' node is the leader's (their run record's ``cluster.leader_url``). What
-    a collective's error names of its lost peer is matched against it (attempt_end.py)."""
+    its own ranks' node is the leader's (their run record's ``cluster.leader_url``: only
+    an own rank's record says where the leader is; a forwarded one's may name its own
+    node's sidecar). What a collective's error names of its lost peer is matched against
+    it (attempt_end.py)."""
     out: dict[int, str] = {}
-    cluster = run.run.cluster if run.run is not None else None
+    record = run.run
+    sender = run.ranks.get(record.rank) if record is not None else None
+    cluster = record.cluster if record is not None and sender and not sender.remote else None
     own = urlsplit(cluster.leader_url).hostname if cluster and cluster.leader_url else None
     for rank, state in run.ranks.items():
         address = state.via.rpartition("@")[2] if state.via else None
