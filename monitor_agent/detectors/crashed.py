@@ -11,7 +11,12 @@ A stop is told apart. A run the user stopped ends ``stopped`` (Ctrl-C, or a trai
 honoured the sidecar's stop request, by raising or not: the client says so), and a
 ``SystemExit`` with code 0 or none is the script leaving on its own, not a crash; an older
 client (or framework callback) sent either as ``failed``, so a ``failed`` whose error is a
-``KeyboardInterrupt`` or such a ``SystemExit`` is the user's stop here too. Every other
+``KeyboardInterrupt`` or such a ``SystemExit`` is the user's stop here too.
+
+A rank whose collective lost the process at its other end (gloo's "Connection closed by
+peer", ``PEER_LOST``) crashed too, but as a victim: its page says so (``peer_lost`` in its
+evidence) and names it not as the cause; the rank that died is the one that sent no end
+record, which the launcher's relaunch names (runs/attempt_end.py). Every other
 ``failed`` end is a crash, a non-zero ``sys.exit`` included: the script itself said it
 failed. A process killed without a word (SIGKILL, an OOM kill) sends
 no end record at all: ``stalled`` and ``hang`` say that.
@@ -58,6 +63,27 @@ CRASHED = (
 _USER_STOP = re.compile(r"KeyboardInterrupt\b|SystemExit:\s*(0|None)?\s*$")
 
 
+PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|remote process exited|"
+    r"NCCL (error|Error).{0,80}remote|DistNetworkError|peer (disconnected|closed)|"
+    r"Timed out waiting|timed out.{0,40}(collective|recv|send)|Watchdog caught collective",
+    re.IGNORECASE)
+"""A collective that lost the process at its other end, as gloo, NCCL and c10d word it: the
+rank that raised it is a victim of that process, not the cause of the attempt's end."""
+
+
+def peer_lost(error: str | None) -> bool:
+    """Whether a failed end's exception is a collective that lost its peer.
+
+        >>> peer_lost("RuntimeError: [../pair.cc:537] Read error [10.1.0.3]:20693: "
+        ...           "Connection reset by peer")
+        True
+        >>> peer_lost("ValueError: loss is NaN")
+        False
+    """
+    return error is not None and PEER_LOST.search(error) is not None
+
+
 def user_stop(error: str | None) -> bool:
     """Whether a ``failed`` end's error is the user's own stop: Ctrl-C or a clean
     ``sys.exit`` (what an older client or a framework's callback sent as ``failed``)."""
@@ -79,12 +105,17 @@ class CrashedDetector(DetectorBase[SharedSettings]):
         exception = error.split(":", 1)[0].strip() if ":" in error else error
         before = [(t, r) for t, r in self.ctx.state.recent.items() if r["step"] <= record.step]
         said = "; ".join(f"{t} at step {r['step']} ({r['severity']})" for t, r in before[::-1])
-        msg = (f"the run crashed after step {record.step} (rank {record.rank}): {error[:300]}"
-               + (f"; before it: {said}" if said else "; no finding before it"))
+        lost = peer_lost(error)
+        head = (f"the run crashed after step {record.step}: rank {record.rank} lost a peer in "
+                f"a collective (a victim, not the cause: the process at the other end went "
+                f"away; the relaunch names the rank that died without a word): {error[:300]}"
+                if lost else
+                f"the run crashed after step {record.step} (rank {record.rank}): {error[:300]}")
+        msg = head + (f"; before it: {said}" if said else "; no finding before it")
         return [Finding(
             type=self.type, severity=self.severity, run_id=record.run_id,
             step=max(record.step, 0), rank=record.rank, message=msg,
-            evidence={"exception": exception[:100], "error": error[:1000],
+            evidence={"exception": exception[:100], "error": error[:1000], "peer_lost": lost,
                       "last_step": record.step,
                       "findings_before": [{"type": t, **r} for t, r in before]},
             suggestions=CRASHED, time=record.time,

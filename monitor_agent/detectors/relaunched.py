@@ -32,6 +32,8 @@ pages.
 
 from __future__ import annotations
 
+from typing import Any
+
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.records.types import Finding, Record, Severity
@@ -56,10 +58,13 @@ class RelaunchedDetector(DetectorBase[SharedSettings]):
 
 
 def finding(run_id: str, attempt: int, start_step: int, last_step: int | None,
-            gap: float | None, said_crash: bool = False) -> Finding:
+            gap: float | None, said_crash: bool = False, ended: str = "",
+            evidence: dict[str, Any] | None = None) -> Finding:
     """The page: attempt ``attempt`` resumed at ``start_step`` after the attempt before it
     stopped at ``last_step`` with no end record (``said_crash``: with a failed one, its
-    exception's, which the ``crashed`` page told), ``gap`` seconds before.
+    exception's, which the ``crashed`` page told), ``gap`` seconds before; ``ended``: how
+    its ranks ended, which died without a word (runs/attempt_end.py), with its
+    ``evidence`` (``gone_ranks``: the node verdict's, runs/node_verdict.py).
 
         >>> print(finding("gpt-7", 2, 401, 437, 12.0, said_crash=True).message)
         the job's launcher relaunched it after a crash: attempt 1 crashed at step 437, and attempt 2 resumed at step 401, 12 s later; no person acted
@@ -69,10 +74,12 @@ def finding(run_id: str, attempt: int, start_step: int, last_step: int | None,
     how = (f"crashed{stopped}" if said_crash else f"stopped{stopped} with no end record (a "
            "rank's process died: killed, out of memory, or crashed)")
     message = (f"the job's launcher relaunched it after a crash: attempt {attempt - 1} {how}, "
-               f"and attempt {attempt} resumed at step {start_step}{later}; no person acted")
+               f"and attempt {attempt} resumed at step {start_step}{later}; no person acted"
+               + (f"; {ended}" if ended else ""))
     return Finding(type=RelaunchedDetector.type, severity=RelaunchedDetector.severity,
                    run_id=run_id, step=max(start_step, 0), message=message,
                    value=float(attempt), evidence={
                        "attempt": attempt, "start_step": start_step,
-                       "stopped_at_step": last_step, "gap_seconds": gap},
+                       "stopped_at_step": last_step, "gap_seconds": gap,
+                       **(evidence or {})},
                    suggestions=RELAUNCHED, attempt=attempt)

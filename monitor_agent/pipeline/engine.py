@@ -35,6 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from monitor_agent.alerting.alerts import NodeView, RunContext
 from monitor_agent.alerting.plan_check import RunBounds
@@ -69,6 +70,8 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs import attempt_end
+from monitor_agent.runs.attempt_end import AttemptEnd
 from monitor_agent.runs.checkpoint_ledger import CHECKPOINT_STEP_SLACK, LedgerEntry
 from monitor_agent.runs.ettr import ettr_of, recovery_words
 from monitor_agent.runs.goodput import STRAGGLER_CAUSES, cost_words
@@ -413,6 +416,7 @@ class Engine:
                        and launcher is not None and launcher.restarts,
                        before.last_step, now - before.last_arrival,
                        before.status == "failed")  # it said so: its crash was paged
+            ended = self._how_ended(live, number) if crashed[0] else None
             live = self.registry.rebuild(record.run_id, now)
             live.suite.ctx.attempt_began = record.time  # its ranks start now (hang.py)
             # The ledger begins the attempt at the record that settles it, which it is fed
@@ -427,27 +431,49 @@ class Engine:
             result.resumed = True
             if crashed[0] and not any(isinstance(e, RolledBack | Restarted) for e in events):
                 self._relaunched(live, settled, crashed[1], crashed[2], crashed[3], now,
-                                 result)
+                                 result, ended)
         key, view = (record.run_id, token), result.attempts.get((record.run_id, token))
         if view is None or view["number"] != number or view["kind"] == "pending":
             result.attempts[key] = attempt_view(record.run_id, book.get(number))
         return _Admitted(item, number,
                          book.superseded_by(number, record.kind, record.step))
 
+    def _how_ended(self, live: LiveRun, number: int) -> AttemptEnd | None:
+        """How the attempt that attempt ``number`` replaces ended, rank by rank, and which
+        of its ranks died without a word (runs/attempt_end.py), from the end records
+        stored for it: read before the rebuild, while the run still knows its ranks'
+        nodes and their addresses."""
+        book = live.attempts
+        ended = max((a.number for a in book.attempts if a.number < number
+                     and a.kind != "pending"), default=None)
+        if ended is None:
+            return None
+        run = live.state
+        ranks = {r for n, r in book.stepped if n == ended}
+        return attempt_end.judge(ended, ranks, self.store.rank_ends(run.run_id, ended),
+                                 run.hosts(), _addresses(run))
+
     def _relaunched(self, live: LiveRun, attempt: StoredAttempt, last_step: int, gap: float,
-                    said_crash: bool, now: float, result: IngestResult) -> None:
+                    said_crash: bool, now: float, result: IngestResult,
+                    ended: AttemptEnd | None = None) -> None:
         """Page that the job's launcher relaunched it after a crash (an attempt with no end
         record, or a failed one, no hang open, and a launcher its ranks said runs them
         again: detectors/relaunched.py), where the run is judged (a node sidecar leaves it
         to the leader, which sees the attempt too). A crash its ranks reported
         (``said_crash``: a failed end, paged ``crashed``) is the same incident: its alert
-        resolves saying it was relaunched, one page, not two."""
+        resolves saying it was relaunched, one page, not two. Either says how the ended
+        attempt's ranks ended (``ended``): the rank that died without a word, and its node's
+        verdict (runs/node_verdict.py, ``gone``), not the peers that lost it."""
         if relaunched.RelaunchedDetector.type in self.settings.detectors.disabled or \
                 self._following(live.state) is not None:
             return
         found = relaunched.finding(live.run_id, attempt.number, attempt.start_step or 0,
                                    last_step if last_step >= 0 else None, gap,
-                                   said_crash=said_crash)
+                                   said_crash=said_crash,
+                                   ended=ended.words() if ended is not None else "",
+                                   evidence=ended.evidence() if ended is not None else None)
+        # Named here, for the resolve of a crash page too; routing it names it no more.
+        found = _name_nodes(live.state, [found])[0]
         if said_crash and self.alerts.relaunched(live.run_id, found.message,
                                                  attempt.start_step or 0, now):
             return
@@ -1519,6 +1545,27 @@ def _nodes(run: RunState) -> tuple[NodeView, ...]:
         elif n not in views:
             views[n] = NodeView(n, None, None, tuple(sorted(roster.ranks_of(n) & live)))
     return tuple(views[n] for n in sorted(views))
+
+
+def _addresses(run: RunState) -> dict[int, str]:
+    """Rank -> the address its node is reached at, as this sidecar, the run's leader, hears
+    it: a forwarded rank's node sidecar connects from it (``RankState.via``, id@address);
+    its own ranks' node is the leader's (their run record's ``cluster.leader_url``: only
+    an own rank's record says where the leader is; a forwarded one's may name its own
+    node's sidecar). What a collective's error names of its lost peer is matched against
+    it (attempt_end.py)."""
+    out: dict[int, str] = {}
+    record = run.run
+    sender = run.ranks.get(record.rank) if record is not None else None
+    cluster = record.cluster if record is not None and sender and not sender.remote else None
+    own = urlsplit(cluster.leader_url).hostname if cluster and cluster.leader_url else None
+    for rank, state in run.ranks.items():
+        address = state.via.rpartition("@")[2] if state.via else None
+        if not state.remote:
+            address = own
+        if address and address != "?":
+            out[rank] = address
+    return out
 
 
 def _moved(live: LiveRun, record: Record) -> bool:

@@ -207,8 +207,11 @@ class RunRegistry:
         (verdict.py ``rollbacks_of``)."""
         old = self._runs.pop(run_id, None)
         # The ledger keeps what the rebuilt history forgets: the work it discarded.
-        return self.load(run_id, now, quiet=True,
+        live = self.load(run_id, now, quiet=True,
                          goodput=old.state.goodput if old is not None else None)
+        if old is not None:  # a rank dead without a word is its machine's, not the history's
+            live.state.nodes.dead = {**live.state.nodes.dead, **old.state.nodes.dead}
+        return live
 
     def stored_goodput(self, run_id: str) -> GoodputLedger:
         """The run's goodput ledger as last kept; a new one when there is none, or when it

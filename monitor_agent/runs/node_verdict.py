@@ -3,13 +3,14 @@ the findings its leader already makes of every node's digests (issue 44).
 
 A node is **sick** on evidence that it is the node, not its data or the job's code: a hard
 GPU error on it (``gpu_health`` at error or worse: XID, uncorrectable ECC, a failed row
-remap, the GPU lost), every one of its ranks gone (``hang``), all its ranks slower than the
+remap, the GPU lost), every one of its ranks gone (``hang``), a rank of it dead without a word in two attempts (``relaunched``,
+below), all its ranks slower than the
 other nodes' (``straggler``'s whole-node judgement: what they share is the host), one of its
 ranks the straggler again in a later judgement (sustained, not one slow window), or a NaN
 that started on it in two incidents at different data positions, or every one of its ranks'
 local loss off its peers' at once (``rank_outlier``, below). One soft signal makes it
 **suspect**: a rank the straggler once, a GPU warning (throttle, PCIe width), some of its
-ranks gone, its first NaN. Every other node it has ranks on is **healthy**.
+ranks gone, one of its ranks dead without a word once, its first NaN. Every other node it has ranks on is **healthy**.
 
 The cause classes, from what the finding says::
 
@@ -19,10 +20,21 @@ The cause classes, from what the finding says::
     gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
     sdc-suspect    NaN first on it, at two different data positions; its ranks' local
                    loss off their peers' (rank_outlier), all at once or twice (see below)
-    gone           hang: its ranks sent nothing past the limit
+    gone           hang: its ranks sent nothing past the limit; relaunched: a rank of it
+                   died without a word and its peers lost it (below)
 
 A straggler's three slow classes are readings of one measurement, where its extra time
 goes: the latest replaces the earlier, on the fuller window (a node once sick stays so).
+
+**Dead without a word.** A launcher that restarts its job relaunches it seconds after a
+rank's process dies, before any hang; the relaunch's finding (``relaunched``) says which
+ranks of the ended attempt sent no end record while their peers' ended with a lost peer
+(runs/attempt_end.py): ``gone_ranks``. One rank of a node once is **suspect**: a process
+killed from outside (the OOM killer, a person, a segfault of the job's own code) is as
+often the job's as the machine's, and its relaunch ran on. Every rank of the node at once
+(the machine went: power, kernel, its link) is **sick**, as a hang of every rank is; so is
+the node losing a rank so again in a later attempt: the fault outlived the restart. The
+peers that lost it are never named: their end is its.
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
 local loss broke first; else its first ranks, when all are one node's: ``_first_rank``)
@@ -163,6 +175,8 @@ class NodeVerdicts:
     nans: list[list[Any]] = field(default_factory=list)
     # node -> rank -> [the step its latest loss-outlier incident started, the window]
     outliers: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    # node -> the attempts in which a rank of it died without a word (``_dead``)
+    dead: dict[str, list[int]] = field(default_factory=dict)
     # The latest NaN judged the data's, not a node's: (its step, the words for its page)
     data_note: tuple[int, str] | None = None
 
@@ -186,6 +200,8 @@ class NodeVerdicts:
             return self._nan(finding, hosts, positions)
         if finding.type == "rank_outlier":
             return self._outlier(finding, hosts)
+        if finding.type == "relaunched":
+            return self._dead(finding, hosts)
         return None
 
     def _straggler(self, finding: Finding, hosts: dict[int, str]) -> str | None:
@@ -221,6 +237,34 @@ class NodeVerdicts:
             why = ("every rank of it sent nothing past the hang limit" if every else
                    f"{_span(sorted(mine & gone))} of it sent nothing past the limit")
             changed = self._mark(node, Mark("gone", every, finding.step, why)) or changed
+        return changed
+
+    def _dead(self, finding: Finding, hosts: dict[int, str]) -> str | None:
+        """Ranks of the ended attempt that died without a word (module docstring)."""
+        ev = finding.evidence
+        dead = {_int(r, -1) for r in ev.get("gone_ranks") or ()}
+        attempt = _int(ev.get("ended_attempt"), finding.step)
+        changed = None
+        for node in sorted({hosts[r] for r in dead if r in hosts}):
+            mine = sorted(r for r, h in hosts.items() if h == node)
+            seen = self.dead.setdefault(node, [])
+            if attempt in seen:
+                continue  # the same relaunch, said again
+            before = list(seen)
+            seen.append(attempt)
+            lost = sorted(dead & set(mine))
+            if set(mine) <= dead:
+                why = (f"every rank of it ({_span(mine)}) died without a word in attempt "
+                       f"{attempt}: the machine went")
+            elif before:
+                why = (f"{_span(lost)} of it died without a word in attempt {attempt}, as a "
+                       f"rank of it did in attempt {before[-1]}: the fault outlived the "
+                       "restart")
+            else:
+                why = (f"{_span(lost)} of it died without a word in attempt {attempt} (its "
+                       "peers lost it); once, one rank: the job's own end not ruled out")
+            sick = set(mine) <= dead or bool(before)
+            changed = self._mark(node, Mark("gone", sick, finding.step, why)) or changed
         return changed
 
     def _nan(self, finding: Finding, hosts: dict[int, str],
@@ -319,7 +363,8 @@ class NodeVerdicts:
                           for n, ms in self.marks.items()},
                 "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans],
                 "outliers": {n: {str(r): list(v) for r, v in by.items()}
-                             for n, by in self.outliers.items()}}
+                             for n, by in self.outliers.items()},
+                "dead": {n: list(a) for n, a in self.dead.items()}}
 
     def restore(self, data: dict[str, Any]) -> None:
         self.marks = {str(n): {str(c): Mark(str(c), bool(v[0]), int(v[1]), str(v[2]))
@@ -329,6 +374,7 @@ class NodeVerdicts:
         self.nans = [list(i) for i in data.get("nans") or []]
         self.outliers = {str(n): {int(r): [int(v[0]), int(v[1])] for r, v in by.items()}
                          for n, by in (data.get("outliers") or {}).items()}
+        self.dead = {str(n): [int(a) for a in v] for n, v in (data.get("dead") or {}).items()}
 
 
 def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> Price:

@@ -724,6 +724,23 @@ class Store:
                 ends[attempt] = status if status in worst else "failed"
         return ends
 
+    def rank_ends(self, run_id: str, attempt: int) -> dict[int, tuple[str, str | None]]:
+        """Rank -> (status, error) of the ``end`` records attempt ``attempt``'s processes
+        sent (the last a rank sent, where it sent several); a rank killed without a word is
+        absent (runs/attempt_end.py)."""
+        ends: dict[int, tuple[str, str | None]] = {}
+        for rank, body in self._db.query(
+                "SELECT rank, body FROM records WHERE run_id = ? AND kind = 'end' "
+                "AND attempt = ? ORDER BY id", (run_id, attempt)):
+            try:
+                data = wire.loads(body)
+                error = data.get("error")
+                ends[int(rank)] = (str(data.get("status")),
+                                   error if isinstance(error, str) else None)
+            except (TypeError, ValueError, AttributeError):
+                continue
+        return ends
+
     def attempt_tokens(self, run_id: str) -> list[tuple[str, int, int]]:
         """(token, rank that first sent it, attempt number) of every process of the run."""
         return self._db.query(
