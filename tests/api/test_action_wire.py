@@ -57,3 +57,19 @@ def test_a_rollback_and_a_stop_reach_the_client_as_they_always_have(tmp_path: Pa
         # of one rollback is spent, so the run is stopped.
         _actions(srv, [{**run, "attempt": "b"}, *(_step(s, s + 14, "b") for s in range(11, 30))])
         assert _actions(srv, [_step(30, 44, "b", "NaN")]) == STOP
+
+
+def test_the_openapi_document_describes_each_plan_as_a_nested_model(tmp_path: Path):
+    from monitor_agent.serving.app import create_app
+    from monitor_agent.settings import load_settings
+
+    doc = create_app(load_settings(data_dir=tmp_path)).openapi()
+    schemas = doc["components"]["schemas"]
+    for model in ("IngestResponse", "ActionsOut"):
+        item = schemas[model]["properties"]["actions"]["items"]
+        refs = [s.get("$ref") for s in item["properties"]["plan"]["anyOf"]]
+        assert refs == ["#/components/schemas/RollbackSpec",
+                        "#/components/schemas/RestartPlan", None], (model, refs)
+    # A rollback plan's keys that the wire leaves out when they say nothing are optional.
+    assert set(schemas["RollbackSpec"]["required"]) == {
+        "checkpoint_step", "checkpoint_path", "skip_from", "skip_to"}
