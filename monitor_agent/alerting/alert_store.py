@@ -31,11 +31,12 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, fields
+from dataclasses import astuple, fields, replace
 from typing import Any
 
-from monitor_agent.alerting.alerts import Action, StoredAlert
+from monitor_agent.alerting.alerts import StoredAlert
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.records.actions import Action, plan_of
 from monitor_agent.records.types import Severity
 from monitor_agent.storage.database import Connection, Database, Row
 
@@ -58,11 +59,16 @@ def _silence(row: Row) -> Silence:
 
 
 def _action(row: Row) -> Action:
-    plan = json.loads(row["plan"]) if row["plan"] else None
+    plan = plan_of(row["action"], json.loads(row["plan"])) if row["plan"] else None
     return Action(id=row["seq"], run_id=row["run_id"], action=row["action"], rule=row["rule"],
                   type=row["type"], step=row["step"], message=row["message"],
                   created_at=row["created_at"], honoured_step=row["honoured_step"], plan=plan,
                   withdrawn_by=row["withdrawn_by"])
+
+
+def _plan_json(action: Action) -> str | None:
+    """The plan as stored (``actions.plan``): its JSON, keys sorted."""
+    return None if action.plan is None else json.dumps(action.plan.to_dict(), sort_keys=True)
 
 
 _MAX_KNOWN_RUNS = 10_000
@@ -186,7 +192,7 @@ class AlertStore:
         fresh = []
         with self.db.tx() as conn:
             for a in actions:
-                plan = json.dumps(a.plan, sort_keys=True) if a.plan is not None else None
+                plan = _plan_json(a)
                 known = conn.execute("SELECT 1 FROM actions WHERE run_id = ? AND seq = ?",
                                      (run_id, a.id)).fetchone()
                 conn.execute(
@@ -325,7 +331,7 @@ class AlertTx:
 
     def add_action(self, action: Action, fingerprint: str) -> Action:
         """Store an action (its ``id`` assigned here) and note it on its alert."""
-        plan = json.dumps(action.plan, sort_keys=True) if action.plan is not None else None
+        plan = _plan_json(action)
         seq = self.conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM actions WHERE run_id = ?",
                                 (action.run_id,)).fetchone()[0]
         self.conn.execute(
@@ -337,10 +343,10 @@ class AlertTx:
         self.conn.execute("UPDATE alerts SET action = ? WHERE fingerprint = ?",
                           (action.message, fingerprint))
         self.added_actions = True
-        return Action(**{**action.to_dict(), "id": int(seq)})
+        return replace(action, id=int(seq))
 
     def rollbacks(self, run_id: str) -> list[Action]:
-        """The run's rollback decisions, oldest first (``plan["number"]`` 1, 2, ...)."""
+        """The run's rollback decisions, oldest first (``plan.number`` 1, 2, ...)."""
         rows = self.conn.execute("SELECT * FROM actions WHERE run_id = ? AND action = "
                                  "'rollback' ORDER BY seq", (run_id,)).fetchall()
         return [_action(r) for r in rows]

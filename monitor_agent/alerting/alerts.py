@@ -130,34 +130,6 @@ class RunContext:
 
 
 @dataclass(frozen=True, slots=True)
-class Action:
-    """One action a rule took for a run; ``id`` orders a run's actions (poll with after=id).
-
-    See ``alerting/rule_actions.py`` for when rules act and how a stop request is honoured.
-    """
-
-    id: int
-    run_id: str
-    action: str = field(metadata={"description": "stop, checkpoint or rollback."})
-    rule: str
-    type: str
-    step: int = field(metadata={"description": "Step of the finding that triggered it."})
-    message: str
-    created_at: float
-    honoured_step: int | None = field(default=None, metadata={"description": (
-        "stop: the step the trainer stopped at; rollback: the step the run resumed at.")})
-    plan: dict[str, Any] | None = field(default=None, metadata={"description": (
-        "rollback: checkpoint_step, checkpoint_path, skip_from, skip_to, lr_factor, "
-        "lr_steps, number, budget (alerting/rollback.py); null for other actions.")})
-    withdrawn_by: int | None = field(default=None, metadata={"description": (
-        "rollback: the id of the plan that replaced this one before it was applied (its "
-        "checkpoint turned suspect); null otherwise. A withdrawn plan is not an order.")})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
 class StoredAlert:
     """One alert episode as stored: identity, routing fixed at its start, lifecycle state.
 

@@ -32,7 +32,7 @@ from monitor_agent.alerting import lifecycle as lc
 from monitor_agent.alerting import rollback
 from monitor_agent.alerting import rule_actions as actions
 from monitor_agent.alerting.alert_store import AlertStore, AlertTx
-from monitor_agent.alerting.alerts import Action, RunContext, StoredAlert
+from monitor_agent.alerting.alerts import RunContext, StoredAlert
 from monitor_agent.alerting.events import dashboard_url, notifications, to_event
 from monitor_agent.alerting.lifecycle import Reason
 from monitor_agent.alerting.related import RelatedFindings, follows
@@ -43,6 +43,7 @@ from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.base import AlertEvent, Notifier
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.records import wire
+from monitor_agent.records.actions import Action, Stop
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.storage.database import StorageError
 
@@ -257,25 +258,28 @@ class Episodes:
         taken: list[Action] = []
         with self.store.tx() as tx:
             for old, fp in tx.pending_rollbacks(run.run_id):
-                plan = old.plan or {}
-                step = plan.get("checkpoint_step")
+                plan = old.rollback
                 rule = next((r for r in self.rules if r.name == old.rule), None)
-                if not isinstance(step, int) or step in clean or rule is None:
+                if plan is None or plan.checkpoint_step in clean or rule is None:
                     continue
+                step = plan.checkpoint_step
                 fault = Finding(old.type, Severity.ERROR, run.run_id, step=old.step,
                                 message="", evidence={"onset_step": step})
-                number = plan.get("number")
-                kind, new_plan = rollback.decide(
-                    rule, fault, run.clean_checkpoints, number if isinstance(number, int)
-                    else 1, rollback.Positions(run.checkpoint_positions, run.data,
-                                               run.skipped, run.skipped_unit, run.skips_by))
+                decision = rollback.decide(
+                    rule, fault, run.clean_checkpoints, plan.number, rollback.Positions(
+                        run.checkpoint_positions, run.data, run.skipped, run.skipped_unit,
+                        run.skips_by))
                 why = f"checkpoint step {step} turned suspect"
-                message = (f"{new_plan} (rule {rule.name}: the rollback to step {step} was "
-                           f"withdrawn, {why})" if isinstance(new_plan, str)
-                           else f"{rollback.describe(new_plan)} (revised: {why})")
+                if isinstance(decision, Stop):
+                    kind, new_plan, message = "stop", None, (
+                        f"{decision.why} (rule {rule.name}: the rollback to step {step} was "
+                        f"withdrawn, {why})")
+                else:
+                    kind, new_plan = decision.kind, decision.plan
+                    message = f"{new_plan.describe()} (revised: {why})"
                 action = Action(id=0, run_id=run.run_id, action=kind, rule=rule.name,
                                 type=old.type, step=old.step, created_at=now, message=message,
-                                plan=None if isinstance(new_plan, str) else new_plan)
+                                plan=new_plan)
                 new = tx.add_action(action, fp)
                 tx.withdraw(old, new, why, fp)
                 log.warning("run %s: rollback %d withdrawn (%s); now: %s", run.run_id, old.id,
@@ -296,7 +300,7 @@ class Episodes:
             for old, fp in tx.pending_rollbacks(run.run_id):
                 if old.id != action_id:
                     continue
-                path = (old.plan or {}).get("checkpoint_path")
+                path = old.rollback.checkpoint_path if old.rollback is not None else None
                 why = f"the job refused it (no process of the job saved {path})"
                 action = Action(id=0, run_id=run.run_id, action="stop", rule=old.rule,
                                 type=old.type, step=old.step, created_at=now,

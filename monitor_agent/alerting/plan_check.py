@@ -1,6 +1,6 @@
 """What an action may say: the check a node sidecar makes of each action it adopts from
 its run's leader (serving/leader_link.py), as the client makes of each plan it receives
-(client/monitor_client/_rollback.py ``RollbackPlan.problem``).
+(client/monitor_client/_rollback.py ``RollbackSpec.problem``).
 
 A leader decides a run's actions and every node's ranks carry them out; a plan whose
 ``lr_factor`` is NaN, negative or 1e308 would make their LR nan, negative or absurd, and a
@@ -10,7 +10,8 @@ in (0, 1], ``rollback_lr_steps`` and ``rollback_skip_margin`` at most 10,000,000
 run as this sidecar knows it: its checkpoint no later than the run's latest step, its
 windows starting no later than the run's latest data position (each with the slack a
 checkpoint record has, ``CHECKPOINT_STEP_SLACK``), and ending within the margin's reach.
-A ``restart`` or ``exclude`` plan must parse whole (records/actions.py, the one parser). An
+Every plan must parse whole first (records/rollback_plan.py, records/restart_plan.py: the
+one parser each, which holds a rule's bounds). An
 action that is not is dropped, with the reason logged; the leader's others are kept.
 
     >>> bounds = RunBounds(latest_step=120, latest_position=120, per_step=1)
@@ -40,16 +41,13 @@ even when its resume point is past the latest step heard here (a frozen rank's n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
+from monitor_agent.records.actions import ACTIONS, RESTART_ACTIONS, RestartPlan
+from monitor_agent.records.rollback_plan import MAX_COUNT, MAX_WINDOWS, PlanError, RollbackSpec
 
-ACTIONS = ("stop", "checkpoint", "rollback", *RESTART_ACTIONS)
 MAX_MARGIN_STEPS = 10_000_000  # rules.py: rollback_skip_margin and rollback_lr_steps
-MAX_COUNT = 2**53
-MAX_WINDOWS = 10_000
 MAX_TEXT = 4096
 CHECKPOINT_STEP_SLACK = 1  # as far as a checkpoint record may be ahead of the latest step
                            # (runs/checkpoint_ledger.py, a layer above this one)
@@ -83,42 +81,17 @@ def action_problem(action: dict[str, Any], run: RunBounds | None) -> str | None:
         return _restart_problem(plan, run)
     if action["action"] != "rollback":
         return None if plan is None else "plan: only a rollback, restart or exclude has one"
-    if not isinstance(plan, dict):
-        return "plan: a rollback needs one"
-    why = _plan_problem(plan, run)
+    try:  # the one parser every reader uses (records/rollback_plan.py), with a rule's bounds
+        parsed = RollbackSpec.parse(plan)
+    except PlanError as exc:
+        return f"plan: {exc}" if plan is None or not isinstance(plan, dict) else f"plan.{exc}"
+    why = None if run is None else _beyond(parsed, run)
     return None if why is None else f"plan.{why}"
-
-
-def _plan_problem(plan: dict[str, Any], run: RunBounds | None) -> str | None:
-    counts = ("checkpoint_step", "skip_from", "skip_to")
-    for key in (*counts, "resume_position", "number", "budget"):
-        if (key in counts or plan.get(key) is not None) and not _count(plan.get(key)):
-            return f"{key}: not an integer in 0..2**53"
-    path = plan.get("checkpoint_path")
-    if not isinstance(path, str) or not 0 < len(path) <= MAX_TEXT:
-        return f"checkpoint_path: not a string of 1..{MAX_TEXT} characters"
-    if not plan["checkpoint_step"] < plan["skip_from"] <= plan["skip_to"]:
-        return "skip_from: the window is not after the checkpoint"
-    skip = plan.get("skip", [[plan["skip_from"], plan["skip_to"]]])
-    if not isinstance(skip, list) or len(skip) > MAX_WINDOWS or not all(
-            isinstance(w, list) and len(w) == 2 and _count(w[0]) and _count(w[1])
-            and w[0] <= w[1] for w in skip):
-        return f"skip: not a list of at most {MAX_WINDOWS} [first, last] integer windows"
-    if plan.get("positions", "steps") not in ("positions", "steps"):
-        return "positions: not 'positions' or 'steps'"
-    factor, steps = plan.get("lr_factor"), plan.get("lr_steps")
-    if factor is not None:
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or \
-                not math.isfinite(factor) or not 0 < factor <= 1:
-            return f"lr_factor: {factor!r:.40} is not a finite number in (0, 1]"
-        if not (isinstance(steps, int) and _count(steps, 1) and steps <= MAX_MARGIN_STEPS):
-            return f"lr_steps: not an integer in 1..{MAX_MARGIN_STEPS}"
-    return None if run is None else _beyond(plan, skip, run)
 
 
 def _restart_problem(plan: Any, run: RunBounds | None) -> str | None:
     """Why a restart's or exclusion's plan is not one this sidecar's rules could decide:
-    not a whole plan (records/actions.py parses it, as every reader does). Its resume point
+    not a whole plan (records/restart_plan.py parses it, as every reader does). Its resume point
     is not bounded by the run's steps as known here: the node of a frozen rank lags behind
     the checkpoint the others saved, and its ranks must leave too (the client loads only a
     checkpoint inside the job's own checkpoint directory: ``Monitor.resume_plan``)."""
@@ -130,18 +103,18 @@ def _restart_problem(plan: Any, run: RunBounds | None) -> str | None:
     return None
 
 
-def _beyond(plan: dict[str, Any], skip: list[list[int]], run: RunBounds) -> str | None:
+def _beyond(plan: RollbackSpec, run: RunBounds) -> str | None:
     """Why the plan reaches past the run's data as known here, or None."""
-    if plan["checkpoint_step"] > run.latest_step + CHECKPOINT_STEP_SLACK:
-        return (f"checkpoint_step: {plan['checkpoint_step']} is past the run's latest step "
+    if plan.checkpoint_step > run.latest_step + CHECKPOINT_STEP_SLACK:
+        return (f"checkpoint_step: {plan.checkpoint_step} is past the run's latest step "
                 f"{run.latest_step}")
-    if plan["skip_to"] > run.latest_step + MAX_MARGIN_STEPS:
-        return f"skip_to: {plan['skip_to']} is past the run's latest step + the margin"
-    in_steps = plan.get("positions", "steps") == "steps" or run.latest_position is None
+    if plan.skip_to > run.latest_step + MAX_MARGIN_STEPS:
+        return f"skip_to: {plan.skip_to} is past the run's latest step + the margin"
+    in_steps = plan.positions == "steps" or run.latest_position is None
     latest = run.latest_step if in_steps else run.latest_position
     per = 1 if in_steps else max(run.per_step, 1)
     assert latest is not None
-    for first, last in skip:
+    for first, last in plan.skip:
         if first > latest + 1 + CHECKPOINT_STEP_SLACK * per:
             return f"skip: window [{first}, {last}] starts past the run's latest {latest}"
         if last > latest + MAX_MARGIN_STEPS * per:

@@ -9,7 +9,7 @@ rank's client leaves at once with the exit status its launcher treats as "run me
 restarts the pod), the stuck rank included (its training thread is blocked, the client's
 own thread is not). The relaunched job resumes from the plan's **resume point**: the run's
 last clean checkpoint before the fault, at the data position its state resumes from,
-keeping every window earlier rollbacks skipped (``records/actions.py`` ``RestartPlan``).
+keeping every window earlier rollbacks skipped (``records/restart_plan.py`` ``RestartPlan``).
 
 ``decide`` returns one of three values:
 
@@ -90,7 +90,7 @@ from typing import Any
 from monitor_agent.alerting.alerts import NodeView, RunContext
 from monitor_agent.alerting.rollback import onset_of
 from monitor_agent.alerting.rules import Rule
-from monitor_agent.records.actions import ExcludedNode, RestartPlan
+from monitor_agent.records.actions import ExcludedNode, Hold, Restart, RestartPlan, Stop
 from monitor_agent.records.types import Finding, Severity
 
 __all__ = ["SLOW_PHASES", "NodeFault", "Hold", "Past", "Restart", "Stop", "decide", "fault_of",
@@ -117,22 +117,6 @@ class Past:
     fault_host: str | None = None
     fault_step: int | None = None
     cause: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Restart:
-    plan: RestartPlan
-    kind: str = "restart"  # "exclude" when the plan leaves nodes out
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    why: str
 
 
 GPU_CONDITIONS = frozenset({"gpu_lost", "ecc_uncorrectable", "row_remap_failure",

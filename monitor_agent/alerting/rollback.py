@@ -4,7 +4,8 @@ A rule with ``action: rollback`` decides **once per run** per fault, for every r
 first matching finding (from any rank) that makes the action due takes the decision; while
 it is pending (not yet applied), no other finding of the run decides again, so two ranks
 reporting the same divergence, or a finding replayed after a crash, get the one decision
-already stored. The decision is an ``Action`` whose ``plan`` says:
+already stored. The decision (``decide``) is a ``RollbackDecision`` whose plan (a
+``RollbackSpec``, records/rollback_plan.py: its fields, parser and wording) says:
 
 - ``checkpoint_step`` C and ``checkpoint_path``: the run's last clean checkpoint before
   the fault's onset (runs/checkpoint_ledger.py judges clean; only checkpoints of the
@@ -50,35 +51,33 @@ A run at one batch per step, checkpointed at 11000 and 11800 (data positions 110
     >>> clean = ((11000, "/ckpt/step-11000.pt"), (11800, "/ckpt/step-11800.pt"))
     >>> data = Positions(checkpoints={11000: 11000, 11800: 11850},
     ...                  latest={0: (12050, 12100, 1)}, skipped=((11301, 11350),))
-    >>> action, plan = decide(rule, fault, clean, number=2, data=data)
-    >>> action, plan["checkpoint_step"], plan["resume_position"], plan["skip"]
-    ('rollback', 11800, 11850, [[11301, 11350], [11851, 12300]])
-    >>> describe(plan)
+    >>> plan = decide(rule, fault, clean, number=2, data=data).plan
+    >>> plan.checkpoint_step, plan.resume_position, plan.skip
+    (11800, 11850, ((11301, 11350), (11851, 12300)))
+    >>> plan.describe()
     'rolled back to step 11800 (/ckpt/step-11800.pt, data position 11850), skipping batches 11301-11350, 11851-12300; LR x0.5 for 500 steps'
     >>> streamed = Positions(checkpoints={11800: 11850}, latest={0: (12050, 12100, 1)},
     ...                      skips_by="reading")
-    >>> describe(decide(rule, fault, clean, number=1, data=streamed)[1])
+    >>> decide(rule, fault, clean, number=1, data=streamed).plan.describe()
     'rolled back to step 11800 (/ckpt/step-11800.pt, data position 11850), skipping batches 11851-12300 by reading past them (streamed data); LR x0.5 for 500 steps'
-    >>> _, steps_only = decide(rule, fault, clean, number=1)
-    >>> describe(steps_only)
+    >>> decide(rule, fault, clean, number=1).plan.describe()
     'rolled back to step 11800 (/ckpt/step-11800.pt), skipping batches 11801-12250 (counted as steps: the run reports no data position); LR x0.5 for 500 steps'
     >>> decide(rule, fault, clean, number=3)
-    ('stop', 'rollback budget 2 spent: stopping; a human must look')
+    Stop(why='rollback budget 2 spent: stopping; a human must look')
     >>> decide(rule, fault, (), number=1)
-    ('stop', 'no clean checkpoint to roll back to: stopping; a human must look')
+    Stop(why='no clean checkpoint to roll back to: stopping; a human must look')
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from monitor_agent.alerting.rules import Rule
+from monitor_agent.records.actions import RollbackDecision, RollbackSpec, Stop
 from monitor_agent.records.types import Finding
 
-__all__ = ["ROLLBACK_WAIT_SECONDS", "Positions", "behind", "decide", "describe", "merge",
-           "onset_of", "windows_of"]
+__all__ = ["ROLLBACK_WAIT_SECONDS", "Positions", "behind", "decide", "merge", "onset_of"]
 
 ROLLBACK_WAIT_SECONDS = 5.0
 """How long a rollback decision waits for the ranks that report checkpoints to reach the
@@ -88,10 +87,6 @@ saved at 50 and 60, corrupt from 61: deciding at once went back to 50). A client
 every ``linger`` (0.5 s) and retries within a second; 5 s covers that without holding a real
 fault's rollback noticeably (the nan_inf first-rank wait is the same)."""
 
-_WINDOWS_SHOWN = 4  # a message lists this many windows, then "and N more"
-# What a page adds to the windows, from how the run said it leaves them out.
-_SKIPS_BY = {"sampler": ", left out in the sampler (never loaded)",
-             "reading": " by reading past them (streamed data)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,25 +145,17 @@ def merge(windows: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[
     return out
 
 
-def windows_of(plan: dict[str, Any]) -> list[tuple[int, int]]:
-    """A plan's windows, in its own unit (a plan from before data positions: its steps)."""
-    skip = plan.get("skip")
-    if isinstance(skip, list):
-        return [(int(w[0]), int(w[1])) for w in skip]
-    return [(int(plan["skip_from"]), int(plan["skip_to"]))]
-
-
 def decide(rule: Rule, finding: Finding, clean: Sequence[tuple[int, str]],
-           number: int, data: Positions | None = None) -> tuple[str, dict[str, Any] | str]:
-    """("rollback", plan) or ("stop", why): the ``number``-th rollback of the run for the
-    fault ``finding``, given its clean checkpoints (oldest first) and what it reported of
-    its data positions (``data``; None or empty: the plan counts steps)."""
+           number: int, data: Positions | None = None) -> RollbackDecision | Stop:
+    """``RollbackDecision`` (its plan) or ``Stop`` (why): the ``number``-th rollback of the
+    run for the fault ``finding``, given its clean checkpoints (oldest first) and what it
+    reported of its data positions (``data``; None or empty: the plan counts steps)."""
     if number > rule.rollback_budget:
-        return "stop", f"rollback budget {rule.rollback_budget} spent: stopping; a human must look"
+        return Stop(f"rollback budget {rule.rollback_budget} spent: stopping; a human must look")
     onset = onset_of(finding)
     before = [(step, path) for step, path in clean if step < onset]
     if not before:
-        return "stop", "no clean checkpoint to roll back to: stopping; a human must look"
+        return Stop("no clean checkpoint to roll back to: stopping; a human must look")
     step, path = before[-1]
     margin = rule.rollback_skip_margin
     skip_to = max(finding.step + margin, step + 1)
@@ -183,30 +170,11 @@ def decide(rule: Rule, finding: Finding, clean: Sequence[tuple[int, str]],
     else:  # the run reports no data position: one batch per step, as the loop counts them
         resume, window, unit = step, (step + 1, skip_to), "steps"
     earlier = data.skipped if data.skipped_unit == unit else ()
-    how = {"skips_by": data.skips_by} if unit == "positions" and data.skips_by else {}
-    return "rollback", {
-        "checkpoint_step": step, "checkpoint_path": path, "resume_position": resume,
-        "skip": merge([*earlier, window]), "positions": unit, **how,
-        "skip_from": step + 1, "skip_to": skip_to,
-        "lr_factor": rule.rollback_lr_factor,
-        "lr_steps": rule.rollback_lr_steps if rule.rollback_lr_factor is not None else None,
-        "number": number, "budget": rule.rollback_budget,
-    }
-
-
-def describe(plan: dict[str, Any]) -> str:
-    """The sentence pages carry about a rollback."""
-    windows = [f"{a}-{b}" if a != b else str(a) for a, b in windows_of(plan)]
-    if len(windows) > _WINDOWS_SHOWN:
-        windows = [*windows[:_WINDOWS_SHOWN], f"and {len(windows) - _WINDOWS_SHOWN} more"]
-    where = plan["checkpoint_path"]
-    counted = ""
-    if plan.get("positions") == "positions":
-        where = f"{where}, data position {plan['resume_position']}"
-    elif plan.get("positions") == "steps":
-        counted = " (counted as steps: the run reports no data position)"
-    text = (f"rolled back to step {plan['checkpoint_step']} ({where}), skipping batches "
-            f"{', '.join(windows)}{counted}{_SKIPS_BY.get(str(plan.get('skips_by')), '')}")
-    if plan.get("lr_factor") is not None:
-        text += f"; LR x{plan['lr_factor']:g} for {plan['lr_steps']} steps"
-    return text
+    factor = rule.rollback_lr_factor
+    return RollbackDecision(RollbackSpec(
+        checkpoint_step=step, checkpoint_path=path, resume_position=resume,
+        skip=tuple((a, b) for a, b in merge([*earlier, window])), positions=unit,
+        skips_by=data.skips_by if unit == "positions" else None,
+        skip_from=step + 1, skip_to=skip_to, lr_factor=factor,
+        lr_steps=rule.rollback_lr_steps if factor is not None else None,
+        number=number, budget=rule.rollback_budget))

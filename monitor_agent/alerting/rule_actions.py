@@ -50,18 +50,15 @@ from dataclasses import replace
 
 from monitor_agent.alerting import restart, rollback
 from monitor_agent.alerting.alert_store import AlertTx
-from monitor_agent.alerting.alerts import Action, RunContext
+from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.alerting.rules import Rule
-from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
+from monitor_agent.records.actions import ACTIONS, RESTART_ACTIONS, Action, Hold, Restart, Stop
 from monitor_agent.records.types import Finding
 
 __all__ = ["ACTIONS", "Action", "applied_restarts", "applied_rollbacks", "describe", "due",
            "honour_stops", "ignored_stops", "take"]
 
 log = logging.getLogger(__name__)
-
-ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback", *RESTART_ACTIONS)
-"""Actions the trainer is asked to take; ``notify-only`` (the default) takes none."""
 
 
 def describe(action: str, step: int, rule: str, honoured_step: int | None = None,
@@ -120,19 +117,20 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
         if healed is not None:
             return healed
     number = len(tx.rollbacks(finding.run_id)) + 1
-    kind, plan = rollback.decide(rule, finding, run.clean_checkpoints, number, rollback.Positions(
+    decision = rollback.decide(rule, finding, run.clean_checkpoints, number, rollback.Positions(
         run.checkpoint_positions, run.data, run.skipped, run.skipped_unit, run.skips_by))
-    if isinstance(plan, str):
-        action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
+    if isinstance(decision, Stop):
+        action = Action(id=0, run_id=finding.run_id, action="stop", rule=rule.name,
                         type=finding.type, step=finding.step,
-                        message=f"{plan} (rule {rule.name}, {finding.type} at step "
+                        message=f"{decision.why} (rule {rule.name}, {finding.type} at step "
                                 f"{finding.step})", created_at=now)
     else:
+        plan = decision.plan
         if fault.node is not None and len(run.nodes) > 1:  # what a later incident compares
-            plan = {**plan, "fault_node": fault.node, "fault_host": next(
-                (n.host for n in run.nodes if n.node == fault.node), None)}
-        action = Action(id=0, run_id=finding.run_id, action=kind, rule=rule.name,
-                        type=finding.type, step=finding.step, message=rollback.describe(plan),
+            plan = replace(plan, fault_node=fault.node, fault_host=next(
+                (n.host for n in run.nodes if n.node == fault.node), None))
+        action = Action(id=0, run_id=finding.run_id, action=decision.kind, rule=rule.name,
+                        type=finding.type, step=finding.step, message=plan.describe(),
                         created_at=now, plan=plan)
     return tx.add_action(action, fingerprint)
 
@@ -156,14 +154,14 @@ def _restart(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: f
 
 
 def _decided(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: float,
-             decision: restart.Restart | restart.Stop | restart.Hold) -> Action | None:
+             decision: Restart | Stop | Hold) -> Action | None:
     """Store a restart decision (``Hold``: noted on the alert, no action)."""
     about = f"rule {rule.name}, {finding.type} at step {finding.step}"
-    if isinstance(decision, restart.Hold):
+    if isinstance(decision, Hold):
         tx.note_action(fingerprint, f"{decision.why} ({about})")
         log.warning("run %s: %s (%s)", finding.run_id, decision.why, about)
         return None
-    if isinstance(decision, restart.Stop):
+    if isinstance(decision, Stop):
         if tx.has_action(finding.run_id, rule.name, "stop"):
             return None
         action = Action(id=0, run_id=finding.run_id, action="stop", rule=rule.name,
@@ -173,7 +171,7 @@ def _decided(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: f
     action = Action(id=0, run_id=finding.run_id, action=decision.kind, rule=rule.name,
                     type=finding.type, step=finding.step,
                     message=f"{decision.plan.describe()} ({about})", created_at=now,
-                    plan=decision.plan.to_dict())
+                    plan=decision.plan)
     return tx.add_action(action, fingerprint)
 
 
@@ -181,15 +179,13 @@ def _history(tx: AlertTx, run_id: str) -> list[restart.Past]:
     """The run's healing actions as a restart decision weighs them (oldest first)."""
     out = []
     for action, _ in tx.healing(run_id):
-        plan = RestartPlan.from_dict(action.plan) if action.action != "rollback" else None
-        raw = action.plan or {}
-        node, host = raw.get("fault_node"), raw.get("fault_host")
+        rolled = action.rollback  # a rollback's fault node: it has no RestartPlan
         out.append(restart.Past(
-            at=action.created_at, kind=action.action, plan=plan,
+            at=action.created_at, kind=action.action, plan=action.restart,
             honoured_step=action.honoured_step,
-            fault_node=node if isinstance(node, int) and not isinstance(node, bool) else None,
-            fault_host=host if isinstance(host, str) else None, fault_step=action.step,
-            cause=action.type))
+            fault_node=rolled.fault_node if rolled is not None else None,
+            fault_host=rolled.fault_host if rolled is not None else None,
+            fault_step=action.step, cause=action.type))
     return out
 
 
@@ -202,7 +198,7 @@ def applied_restarts(tx: AlertTx, run_id: str, start_step: int, now: float,
     launcher had relaunched them already)."""
     done = []
     for old, fingerprint in tx.pending_restarts(run_id):
-        plan = RestartPlan.from_dict(old.plan)
+        plan = old.restart
         if plan is None or old.created_at > started:
             continue
         took = max(now - old.created_at, 0.0)
@@ -219,7 +215,8 @@ def applied_rollbacks(tx: AlertTx, run_id: str, start_step: int) -> list[Action]
     begins at or after it are applied there (``honoured_step``)."""
     done = []
     for old, fingerprint in tx.pending_rollbacks(run_id):
-        if old.plan is not None and start_step <= old.plan["skip_from"]:
+        plan = old.rollback
+        if plan is not None and start_step <= plan.skip_from:
             new = replace(old, honoured_step=start_step)
             tx.honour(old, new, fingerprint)
             done.append(new)

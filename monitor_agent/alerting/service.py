@@ -36,13 +36,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting.alert_store import AlertStore
-from monitor_agent.alerting.alerts import Action, AlertView, RunContext, StoredAlert
+from monitor_agent.alerting.alerts import AlertView, RunContext, StoredAlert
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.episodes import Costs, Episodes
 from monitor_agent.alerting.rules import Rule, load_rules
@@ -57,7 +56,7 @@ from monitor_agent.notify.channels import (
 )
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.redact import SecretRedactor
-from monitor_agent.records.actions import RESTART_ACTIONS
+from monitor_agent.records.actions import RESTART_ACTIONS, Action
 from monitor_agent.records.types import Finding
 
 log = logging.getLogger(__name__)
@@ -147,34 +146,34 @@ class Alerting:
     # -- the engine's side (AlertSink) ----------------------------------------------------
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[Action]:
         """Turn one record's findings into alert state; fast, no network.
 
-        Returns the actions rules took (stop, checkpoint) as dicts, for the ingest response.
+        Returns the actions rules took (stop, checkpoint, rollback, ...), for the ingest answer.
         ``told``: findings people were paged about already (``AlertSink.handle``).
         """
         started, taken = self.episodes.handle(run, findings, now, told, closed)
         if started:
             self._flush_now.set()
-        return [a.to_dict() for a in taken]
+        return taken
 
     def waiting(self, run_id: str) -> bool:
         """Whether a rollback of the run waits for a checkpoint rank (``retry``)."""
         return run_id in self.episodes.deferred
 
-    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def retry(self, run: RunContext, now: float) -> list[Action]:
         """Decide a rollback that waited for the ranks that report checkpoints to reach
         the fault's onset (alerting/rollback.py ``behind``), once they did or the wait is
         over; the actions taken, as ``handle`` returns them."""
-        return [a.to_dict() for a in self.episodes.retry(run, now)]
+        return self.episodes.retry(run, now)
 
-    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def revise(self, run: RunContext, now: float) -> list[Action]:
         """A pending rollback whose checkpoint turned suspect, decided again."""
-        return [a.to_dict() for a in self.episodes.revise(run, now)]
+        return self.episodes.revise(run, now)
 
-    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[Action]:
         """A pending rollback the job refused to load, withdrawn for a stop."""
-        return [a.to_dict() for a in self.episodes.refused(run, action_id, now)]
+        return self.episodes.refused(run, action_id, now)
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         """Begin alerts for the findings of a record sent ahead of its turn (a NaN step
@@ -311,10 +310,10 @@ class Alerting:
         found = self.store.actions_for_run(run_id, action_id - 1, 1)
         return bool(found) and found[0].id == action_id and found[0].action == action
 
-    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+    def open_actions(self, run_id: str) -> list[Action]:
         """The run's rollbacks (pending and applied) and stops not yet honoured, oldest
         first (``AlertSink``)."""
-        return [a.to_dict() for a in self.store.actions_for_run(run_id, 0, 1000)
+        return [a for a in self.store.actions_for_run(run_id, 0, 1000)
                 if (a.action in ("rollback", *RESTART_ACTIONS) and a.withdrawn_by is None)
                 or (a.action == "stop" and a.honoured_step is None)]
 

@@ -18,9 +18,10 @@ The engine is given one (``Engine(settings, store, metrics, alerts=alerting)``; 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from monitor_agent.alerting.alerts import RunContext
+from monitor_agent.records.actions import Action
 from monitor_agent.records.types import Finding
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class AlertSink(Protocol):
     """What the engine calls, on its own thread, as records and ticks go by."""
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[Action]:
         """One record's findings; returns the actions rules took (for the ingest answer).
         ``told``: people were paged about them already (a node sidecar did, while this one,
         the run's leader, was away): recorded as firing, not paged again, no action;
@@ -65,7 +66,7 @@ class AlertSink(Protocol):
         saying so (one incident, one page); whether there was one."""
         ...
 
-    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+    def open_actions(self, run_id: str) -> list[Action]:
         """The run's actions not yet honoured (a pending rollback, an open stop) and its
         applied rollbacks (``honoured_step`` set), oldest first: what its lifecycle resumes
         from when the run loads (runs/lifecycle.py)."""
@@ -85,17 +86,17 @@ class AlertSink(Protocol):
         the fault's onset (alerting/rollback.py ``behind``)."""
         ...
 
-    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def retry(self, run: RunContext, now: float) -> list[Action]:
         """Decide such a rollback once the ranks caught up or the wait is over; the actions
         taken."""
         ...
 
-    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def revise(self, run: RunContext, now: float) -> list[Action]:
         """Withdraw a pending rollback whose checkpoint is no longer among ``run``'s clean
         ones and decide it again (alerting/episodes.py ``revise``); the actions taken."""
         ...
 
-    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[Action]:
         """Withdraw pending rollback ``action_id``, which the job refused to load, for a
         stop (alerting/episodes.py ``refused``); the actions taken."""
         ...
@@ -105,7 +106,7 @@ class NullSink:
     """A sink that pages nobody: findings are still stored and counted by the engine."""
 
     def handle(self, run: RunContext, findings: list[Finding], now: float,
-               told: bool = False, closed: bool = False) -> list[dict[str, Any]]:
+               told: bool = False, closed: bool = False) -> list[Action]:
         return []
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
@@ -131,16 +132,16 @@ class NullSink:
     def waiting(self, run_id: str) -> bool:
         return False
 
-    def retry(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def retry(self, run: RunContext, now: float) -> list[Action]:
         return []
 
-    def revise(self, run: RunContext, now: float) -> list[dict[str, Any]]:
+    def revise(self, run: RunContext, now: float) -> list[Action]:
         return []
 
-    def refused(self, run: RunContext, action_id: int, now: float) -> list[dict[str, Any]]:
+    def refused(self, run: RunContext, action_id: int, now: float) -> list[Action]:
         return []
 
-    def open_actions(self, run_id: str) -> list[dict[str, Any]]:
+    def open_actions(self, run_id: str) -> list[Action]:
         return []
 
     def took_action(self, run_id: str, action_id: int, action: str) -> bool:

@@ -12,9 +12,7 @@ tests/api/test_actions.py polls it over real HTTP.
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from monitor_agent.api.deps import AlertingDep, require_read
@@ -30,12 +28,13 @@ async def get_actions(
     alerting: AlertingDep,
     after: int = Query(0, ge=0, le=2**62, description="Only actions with a larger id."),
     limit: int = Query(100, ge=1, le=1000),
-) -> dict[str, Any]:
+) -> Response:
     # The alert database has its own lock: no need to queue behind the engine thread.
     found = await run_in_threadpool(alerting.actions_for_run, run_id, after, limit)
-    items = [a.to_dict() for a in found]
-    stop = any(a["action"] == "stop" for a in items)
+    stop = any(a.action == "stop" for a in found)
     if not stop and after > 0:  # a stop taken before ``after`` still stands
         stop = await run_in_threadpool(alerting.stop_requested, run_id)
-    return {"run_id": run_id, "actions": items, "stop": stop,
-            "last_id": items[-1]["id"] if items else after}
+    answer = ActionsOut(run_id=run_id, actions=found, stop=stop,
+                        last_id=found[-1].id if found else after)
+    # Written here, as the ingest answer is: the actions as ``Action.to_dict`` writes them.
+    return Response(answer.model_dump_json(), media_type="application/json")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from monitor_agent.api.body import BODY_ERRORS, RETRY_AFTER_S, BadRequest
 from monitor_agent.api.deps import require_write, services
 from monitor_agent.api.heap import release_freed_memory
+from monitor_agent.api.models import ActionWire
 from monitor_agent.api.record_batch import (
     Rejection,
     read_records,
@@ -47,7 +48,7 @@ class IngestResponse(BaseModel):
     duplicates: int = Field(description="Records already stored (a retry); not counted twice.")
     late: int = Field(default=0, description="Stored, but older than the run's latest step.")
     rejected: list[Rejection] = Field(default_factory=list)
-    actions: list[dict[str, Any]] = Field(
+    actions: list[ActionWire] = Field(
         default_factory=list, description="Actions the trainer should take: those this "
         "batch made a rule take (stop, checkpoint, rollback) and the run's open ones not yet "
         "honoured (a pending rollback, a stop), whichever rank's records decided them; "

@@ -33,13 +33,22 @@ string::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, with_config
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    TypeAdapter,
+    with_config,
+)
 
-from monitor_agent.alerting.alerts import Action, AlertView
+from monitor_agent.alerting.alerts import AlertView
 from monitor_agent.alerting.silences import Silence
 from monitor_agent.reads.views import AttemptView, RunListing
+from monitor_agent.records.actions import Action
 from monitor_agent.runs.verdict import Verdict
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -191,6 +200,27 @@ class RunDetailOut(BaseModel):
 @dataclass(frozen=True, slots=True)
 class ActionOut(Action):
     pass
+
+
+class _DescribedAsActionOut:
+    """The JSON Schema of ``ActionOut`` (its plan a nested model) for a field that holds
+    an ``Action`` and writes it as ``Action.to_dict`` does."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
+        return handler(TypeAdapter(ActionOut).core_schema)
+
+
+def _written(action: Action | dict[str, Any]) -> dict[str, Any]:
+    # A route that hands FastAPI the model gets it dumped and validated again first: the
+    # action is its JSON already by then.
+    return action.to_dict() if isinstance(action, Action) else action
+
+
+ActionWire = Annotated[Action, PlainValidator(lambda action: action),
+                       PlainSerializer(_written), _DescribedAsActionOut()]
+"""An action in an answer: the engine's own ``Action`` value, taken as it is (not validated
+again), written as ``Action.to_dict`` writes it (the wire's shape, byte for byte: a plan's
+absent keys stay absent), and described as ``ActionOut``."""
 
 
 class CheckpointOut(BaseModel):
@@ -368,7 +398,7 @@ class NodeOut(BaseModel):
 
 class ActionsOut(BaseModel):
     run_id: str
-    actions: list[ActionOut] = Field(description="Oldest first.")
+    actions: list[ActionWire] = Field(description="Oldest first.")
     stop: bool = Field(description="Whether a stop was ever requested for the run.")
     last_id: int = Field(description="Poll again with after=last_id.")
 

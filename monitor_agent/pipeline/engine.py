@@ -59,7 +59,7 @@ from monitor_agent.pipeline.plausible import forged_rank, implausible_step
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.retention import Retention
 from monitor_agent.records import schemas, wire
-from monitor_agent.records.actions import RESTART_ACTIONS, RestartPlan
+from monitor_agent.records.actions import RESTART_ACTIONS, Action
 from monitor_agent.records.types import (
     AgreementRecord,
     CheckpointRecord,
@@ -154,7 +154,7 @@ class IngestResult:
     duplicates: int = 0
     late: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
-    actions: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     # (run id, token) -> the attempt its records went to (``attempt_view``), per batch.
     attempts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -698,12 +698,12 @@ class Engine:
         lifecycle, run = live.lifecycle, live.state
         pending = lifecycle.rollback
         decided = None if pending is None else next(
-            (a.get("created_at") for a in lifecycle.open_actions()
-             if a.get("id") == pending.action_id), None)
+            (a.created_at for a in lifecycle.open_actions() if a.id == pending.action_id),
+            None)
         for attempt in live.attempts.attempts:
             if attempt.kind not in ("resumed", "restarted") or attempt.start_step is None:
                 continue
-            applies = (pending is not None and isinstance(decided, int | float)
+            applies = (pending is not None and decided is not None
                        and attempt.start_step <= pending.skip_from
                        and attempt.started_at >= decided)
             if applies:
@@ -815,13 +815,13 @@ class Engine:
         """Every ingest answer carries its runs' open actions (the client keeps each once):
         a plan decided on another rank's finding, or by the leader on another node's,
         reaches this rank with its next answer, not its next poll."""
-        given = {a.get("id") for a in result.actions}
+        given = {a.id for a in result.actions}
         for run_id in run_ids:
             live = self.registry.get(run_id)
             if live is None:
                 continue
             for action in live.lifecycle.open_actions():
-                if action.get("id") not in given:
+                if action.id not in given:
                     result.actions.append(action)
 
     def run_bounds(self, run_id: str) -> RunBounds | None:
@@ -836,7 +836,7 @@ class Engine:
                          latest_position=max(positions) if positions else None,
                          per_step=max((r.per_step for r in ranks), default=1))
 
-    def acted(self, run_id: str, actions: list[dict[str, Any]], now: float) -> None:
+    def acted(self, run_id: str, actions: list[Action], now: float) -> None:
         """Actions decided for a run, here or (on a node sidecar) adopted from its leader."""
         live = self.registry.get(run_id)
         if live is not None:
@@ -852,8 +852,7 @@ class Engine:
             live.state.retire(gone)
             live.suite.retire(gone)
 
-    def _drain(self, live: LiveRun | None, run_id: str, actions: list[dict[str, Any]]
-               ) -> None:
+    def _drain(self, live: LiveRun | None, run_id: str, actions: list[Action]) -> None:
         """Drain this node when a restart leaves it out (cluster/drain.py): a node the plan
         names by this sidecar's id, or (``leads``: the run is judged here) by none, the
         leader's own node."""
@@ -862,16 +861,15 @@ class Engine:
         leads = live is not None and live.state.leader is None
         local = {r for r, s in live.state.ranks.items() if not s.remote} if live else set()
         for action in actions:
-            if action.get("action") not in RESTART_ACTIONS or \
-                    action.get("honoured_step") is not None:
+            if action.action not in RESTART_ACTIONS or action.honoured_step is not None:
                 continue
-            plan = RestartPlan.from_dict(action.get("plan"))
+            plan = action.restart
             for node in plan.exclude if plan is not None else ():
                 # Named by no sidecar: the leader's own node, if its own ranks run there
                 # (a leader that only relays other nodes' ranks drains nothing of its own).
                 own = leads and bool(local) and (not node.ranks or bool(set(node.ranks) & local))
                 if (node.sidecar == self.identity) if node.sidecar else own:
-                    self.node_drain.drain(run_id, int(action["id"]), node.why)
+                    self.node_drain.drain(run_id, action.id, node.why)
                     if live is not None and not leads:
                         live.state.left_out = live.state.attempt
 

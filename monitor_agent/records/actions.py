@@ -1,246 +1,204 @@
-"""The plan of a ``restart`` or ``exclude`` action: a typed value, one parser, one wording.
+"""An action a rule took for a run, its plan and the decisions that make one: one typed
+contract, from the decision (alerting/) to the wire (api/) and back (a node sidecar adopting
+its leader's actions, the alert database).
 
-A rule's ``action: restart`` (alerting/restart.py decides it) asks every rank of the job to
-leave at once with the exit status its launcher treats as "run me again" (75, the client's
-``RESTART_EXIT``), and the relaunched job to resume from a **resume point**: the run's last
-clean checkpoint before the fault, the data position its state resumes from, and the data
-windows earlier rollbacks skip (docs/actions.md, "Healing"). ``action: exclude`` is the same
-restart with one or more nodes left out (``exclude``): a node the evidence names as sick.
+A rule's action (alerting/rule_actions.py) is one of ``ACTIONS``. Its ``plan`` is typed by
+the action: a ``rollback`` carries a ``RollbackSpec`` (records/rollback_plan.py), a
+``restart`` or ``exclude`` a ``RestartPlan`` (records/restart_plan.py), the others none. A
+decision (alerting/rollback.py, alerting/restart.py ``decide``) is a ``RollbackDecision``, a
+``Restart``, a ``Stop`` (a human must look, and why) or a ``Hold`` (no action, and why).
 
-The plan travels as JSON in the action's ``plan`` (the ingest answer, ``GET
-/v1/runs/{id}/actions``, a node sidecar adopting its leader's decisions) and is parsed back
-here, once, by every reader on the sidecar: a plan that does not parse is not acted on.
-The client reads the same fields (client/monitor_client/_restart.py); docs/action.schema.json
-states them (generated from these types: ``python -m monitor_agent.records.actions``), and
-tests/records/test_action_schema.py checks both sides against it.
+The JSON of an action (``Action.to_dict``: the ingest answer's ``actions``, ``GET
+/v1/runs/{id}/actions``, the peer link) is read back by ``Action.parse`` and its plan by
+``plan_of``, the one parser: a plan that does not parse is not acted on.
+docs/action.schema.json states the shape (generated from these types: ``python -m
+monitor_agent.records.actions``); tests/records/test_action_schema.py checks the sidecar's
+decisions and the client's readers (client/monitor_client/_rollback.py, _restart.py)
+against it.
 
-A restart of a 16-rank, 2-node job from its clean checkpoint of step 400, node 1 left out::
-
-    >>> plan = RestartPlan(cause="hang", fault_step=412, ranks=16, nodes=2,
-    ...     checkpoint_step=400, checkpoint_path="/ckpt/400.pt", resume_position=400,
-    ...     exclude=(ExcludedNode(1, host="gpu-node-1", ranks=tuple(range(8, 16)),
-    ...                           why="2nd fault in 1 h"),), number=1, budget=3)
-    >>> plan.describe()
-    'restart all 16 ranks from checkpoint 400 (clean; /ckpt/400.pt, data position 400); node 1 (gpu-node-1) left out: 2nd fault in 1 h'
-    >>> plan.describe(done=True)[:48]
-    'restarted all 16 ranks from checkpoint 400 (clea'
-    >>> RestartPlan.from_dict(plan.to_dict()) == plan
+    >>> plan = RollbackSpec(checkpoint_step=10, checkpoint_path="/c/10.pt", skip_from=11,
+    ...                     skip_to=30, skip=((11, 30),), resume_position=10,
+    ...                     positions="positions")
+    >>> action = Action(id=1, run_id="r", action="rollback", rule="R", type="nan_inf",
+    ...                 step=21, message=plan.describe(), created_at=5.0, plan=plan)
+    >>> Action.parse(action.to_dict()) == action
     True
-    >>> RestartPlan.from_dict({"cause": "hang"}) is None      # a plan with holes: no plan
-    True
+    >>> plan_of("stop", None), plan_of("rollback", {"checkpoint_step": 10}) is None
+    (None, True)
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CAUSE_MAX", "SCHEMA_PATH", "ExcludedNode", "RESTART_ACTIONS", "RestartPlan",
-           "action_schema"]
+from monitor_agent.records.restart_plan import CAUSE_MAX, ExcludedNode, RestartPlan
+from monitor_agent.records.rollback_plan import RollbackSpec
+
+__all__ = ["ACTIONS", "CAUSE_MAX", "SCHEMA_PATH", "Action", "Decision", "ExcludedNode", "Hold",
+           "Plan", "RESTART_ACTIONS", "RestartPlan", "Restart", "RollbackDecision", "RollbackSpec",
+           "Stop", "action_schema", "plan_of"]
 
 RESTART_ACTIONS: tuple[str, ...] = ("restart", "exclude")
 """The actions whose plan is a ``RestartPlan``: every rank leaves with the restart exit."""
-CAUSE_MAX = 64  # a cause is a finding type or condition ("hang", "xid 79"): short
-_TEXT_MAX = 300  # hosts and reasons: they reach pages and the drain command's reason
-_INT_MAX = 2**63 - 1
+ACTIONS: tuple[str, ...] = ("stop", "checkpoint", "rollback", *RESTART_ACTIONS)
+"""Actions the trainer is asked to take; ``notify-only`` (a rule's default) takes none."""
+
+Plan = RollbackSpec | RestartPlan
+
+
+def plan_of(action: str, data: Any) -> Plan | None:
+    """The typed plan of an ``action``'s ``plan`` JSON: None for an action that has none,
+    and for a plan that is not a whole one (the caller says which it expected)."""
+    if action == "rollback":
+        return RollbackSpec.from_dict(data)
+    if action in RESTART_ACTIONS:
+        return RestartPlan.from_dict(data)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
-class ExcludedNode:
-    """A node the restart leaves out: its node rank in the job when decided, its host, the
-    id of its sidecar as the run's leader hears it over the peer link (what that sidecar
-    recognises itself by: cluster/drain.py), its ranks then, and why."""
+class Action:
+    """One action a rule took for a run; ``id`` orders a run's actions (poll with after=id).
 
-    node: int
-    host: str | None = None
-    sidecar: str | None = None
-    ranks: tuple[int, ...] = ()
-    why: str = ""
+    See ``alerting/rule_actions.py`` for when rules act and how a stop request is honoured.
+    """
 
-    def name(self) -> str:
-        return f"node {self.node}" + (f" ({self.host})" if self.host else "")
+    id: int
+    run_id: str
+    action: str = field(metadata={"description": "stop, checkpoint, rollback, restart or "
+                                                 "exclude."})
+    rule: str
+    type: str
+    step: int = field(metadata={"description": "Step of the finding that triggered it."})
+    message: str
+    created_at: float
+    honoured_step: int | None = field(default=None, metadata={"description": (
+        "stop: the step the trainer stopped at; rollback: the step the run resumed at; "
+        "restart, exclude: the step the relaunched job resumed at.")})
+    plan: RollbackSpec | RestartPlan | None = field(default=None, metadata={"description": (
+        "rollback: a RollbackSpec (records/rollback_plan.py); restart, exclude: a "
+        "RestartPlan (records/restart_plan.py); null for other actions.")})
+    withdrawn_by: int | None = field(default=None, metadata={"description": (
+        "rollback: the id of the plan that replaced this one before it was applied (its "
+        "checkpoint turned suspect); null otherwise. A withdrawn plan is not an order.")})
+
+    @property
+    def rollback(self) -> RollbackSpec | None:
+        """The plan, when it is a rollback's."""
+        return self.plan if isinstance(self.plan, RollbackSpec) else None
+
+    @property
+    def restart(self) -> RestartPlan | None:
+        """The plan, when it is a restart's or an exclusion's."""
+        return self.plan if isinstance(self.plan, RestartPlan) else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "host": self.host, "sidecar": self.sidecar,
-                "ranks": list(self.ranks), "why": self.why}
+        """The action's JSON (the wire's key order)."""
+        return {"id": self.id, "run_id": self.run_id, "action": self.action,
+                "rule": self.rule, "type": self.type, "step": self.step,
+                "message": self.message, "created_at": self.created_at,
+                "honoured_step": self.honoured_step,
+                "plan": None if self.plan is None else self.plan.to_dict(),
+                "withdrawn_by": self.withdrawn_by}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ExcludedNode:
-        """ValueError or TypeError for a dict that is not one."""
-        ranks = data.get("ranks") or []
-        if not isinstance(ranks, list) or len(ranks) > 1_000_000:
-            raise ValueError("ranks: a list")
-        return cls(node=_int(data.get("node")), host=_text(data.get("host")),
-                   sidecar=_text(data.get("sidecar")),
-                   ranks=tuple(_int(r) for r in ranks), why=_text(data.get("why")) or "")
+    def parse(cls, data: Mapping[str, Any], run_id: str | None = None) -> Action:
+        """An action back from its JSON (``run_id``: the run it is known to be of);
+        ValueError, KeyError or TypeError for one that is not whole, its plan included."""
+        kind = str(data["action"])
+        plan = plan_of(kind, data.get("plan"))
+        if (plan is None) != (kind not in ("rollback", *RESTART_ACTIONS)):
+            raise ValueError(f"{kind}: plan {'missing or not whole' if plan is None else 'unexpected'}")
+        honoured, withdrawn = data.get("honoured_step"), data.get("withdrawn_by")
+        return cls(id=int(data["id"]), run_id=run_id or str(data.get("run_id") or ""),
+                   action=kind, rule=str(data.get("rule") or ""),
+                   type=str(data.get("type") or ""), step=int(data.get("step") or 0),
+                   message=str(data.get("message") or ""),
+                   created_at=float(data.get("created_at") or 0.0),
+                   honoured_step=None if honoured is None else int(honoured), plan=plan,
+                   withdrawn_by=None if withdrawn is None else int(withdrawn))
 
 
 @dataclass(frozen=True, slots=True)
-class RestartPlan:
-    """What a restart decision asks (module docstring). ``checkpoint_step`` None: the run
-    has no clean checkpoint before the fault, and the job starts over as its script does
-    without one. ``skip``/``positions``: the windows earlier rollbacks skip, in their unit
-    (``positions``, or ``steps`` for a run without data positions), which the resumed run
-    keeps skipping. ``attempt``: the leader's number of the attempt it restarts;
-    ``number``/``budget``: this run's restarts within the last ``window_seconds`` and how
-    many it may take there."""
+class RollbackDecision:
+    """Decided: go back to the plan's checkpoint, skipping its windows."""
 
-    cause: str
-    fault_step: int
-    ranks: int
-    nodes: int = 1
-    checkpoint_step: int | None = None
-    checkpoint_path: str | None = None
-    resume_position: int | None = None
-    skip: tuple[tuple[int, int], ...] = ()
-    positions: str = "positions"
-    exclude: tuple[ExcludedNode, ...] = ()
-    fault_node: int | None = None  # the node the evidence put the fault on, if one,
-    fault_host: str | None = None  # and its host (node ranks change across restarts)
-    attempt: int = 1
-    number: int = 1
-    budget: int = 1
-    window_seconds: float = 3600.0
+    plan: RollbackSpec
+    kind: str = "rollback"
 
-    @property
-    def resume_step(self) -> int:
-        """The first step the relaunched job trains (1 when it starts over)."""
-        return (self.checkpoint_step or 0) + 1
 
-    @property
-    def left(self) -> int:
-        """The nodes the job runs on after the restart."""
-        return max(self.nodes - len(self.exclude), 0)
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Decided: every rank leaves and the launcher runs the job again from the plan."""
 
-    def describe(self, done: bool = False) -> str:
-        """The sentence a page carries of the decision (``done``: once carried out)."""
-        who = f"all {self.ranks} ranks" if self.ranks > 1 else "the job"
-        if self.checkpoint_step is None:
-            where = "from the start (no clean checkpoint before the fault)"
-        else:
-            data = (f", data position {self.resume_position}"
-                    if self.positions == "positions" and self.resume_position is not None
-                    else "")
-            where = f"from checkpoint {self.checkpoint_step} (clean; {self.checkpoint_path}{data})"
-        text = f"{'restarted' if done else 'restart'} {who} {where}"
-        for node in self.exclude:
-            text += f"; {node.name()} left out" + (f": {node.why}" if node.why else "")
-        return text
+    plan: RestartPlan
+    kind: str = "restart"  # "exclude" when the plan leaves nodes out
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "cause": self.cause, "fault_step": self.fault_step, "ranks": self.ranks,
-            "nodes": self.nodes, "checkpoint_step": self.checkpoint_step,
-            "checkpoint_path": self.checkpoint_path, "resume_position": self.resume_position,
-            "skip": [list(w) for w in self.skip], "positions": self.positions,
-            "exclude": [n.to_dict() for n in self.exclude], "fault_node": self.fault_node,
-            "fault_host": self.fault_host,
-            "attempt": self.attempt, "number": self.number, "budget": self.budget,
-            "window_seconds": self.window_seconds}
-        return out
 
-    @classmethod
-    def from_dict(cls, data: Any) -> RestartPlan | None:
-        """The plan of an action's ``plan`` dict, or None when it is not a whole one (a plan
-        with holes must not half-apply: the same rule as a rollback plan's)."""
-        if not isinstance(data, Mapping):
-            return None
-        try:
-            skip = data.get("skip") or []
-            exclude = data.get("exclude") or []
-            if not isinstance(skip, list) or not isinstance(exclude, list):
-                return None
-            step = data.get("checkpoint_step")
-            path = _text(data.get("checkpoint_path"), 4096)
-            if (step is None) != (path is None):
-                return None
-            window = data.get("window_seconds", 3600.0)
-            if isinstance(window, bool) or not isinstance(window, int | float) or \
-                    not math.isfinite(window) or window <= 0:
-                return None
-            plan = cls(
-                cause=_text(data.get("cause"), CAUSE_MAX) or "",
-                fault_step=_int(data.get("fault_step")), ranks=_int(data.get("ranks")),
-                nodes=_int(data.get("nodes", 1)),
-                checkpoint_step=None if step is None else _int(step), checkpoint_path=path,
-                resume_position=None if data.get("resume_position") is None
-                else _int(data.get("resume_position")),
-                skip=tuple(_window(w) for w in skip),
-                positions="steps" if data.get("positions") == "steps" else "positions",
-                exclude=tuple(ExcludedNode.from_dict(n) for n in exclude
-                              if isinstance(n, Mapping)),
-                fault_node=None if data.get("fault_node") is None
-                else _int(data.get("fault_node")),
-                fault_host=_text(data.get("fault_host")),
-                attempt=_int(data.get("attempt", 1)), number=_int(data.get("number", 1)),
-                budget=_int(data.get("budget", 1)), window_seconds=float(window))
-        except (TypeError, ValueError):
-            return None
-        if not plan.cause or plan.ranks < 1 or plan.nodes < 1:
-            return None
-        return plan
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Decided: the run cannot be healed safely; a human must look (``why``)."""
 
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """No action, and why (noted on the alert)."""
+
+    why: str
+
+
+Decision = RollbackDecision | Restart | Stop | Hold
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "action.schema.json"
 
 
 def action_schema() -> dict[str, Any]:
-    """The JSON Schema of a ``restart`` or ``exclude`` action as the sidecar serves it (the
-    ingest answer's ``actions``, ``GET /v1/runs/{id}/actions``), its plan from the types
-    above."""
+    """The JSON Schema of an action as the sidecar serves it (the ingest answer's
+    ``actions``, ``GET /v1/runs/{id}/actions``), its plans from the types above."""
     from pydantic import TypeAdapter
 
-    plan = TypeAdapter(RestartPlan).json_schema(mode="serialization")
-    defs = plan.pop("$defs", {})
+    defs: dict[str, Any] = {}
+    for plan_type in (RollbackSpec, RestartPlan):
+        schema = TypeAdapter(plan_type).json_schema(mode="serialization")
+        defs.update(schema.pop("$defs", {}))
+        defs[plan_type.__name__] = schema
     number = {"type": "number"}
     optional_int = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
+    ref = {"rollback": {"$ref": "#/$defs/RollbackSpec"},
+           "restart": {"$ref": "#/$defs/RestartPlan"}}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "monitor-agent/action/v1",
-        "title": "monitor-agent restart or exclude action",
-        "description": "See docs/actions.md, Healing. Generated by `python -m "
+        "title": "monitor-agent action",
+        "description": "See docs/actions.md. Generated by `python -m "
                        "monitor_agent.records.actions`; do not edit.",
         "type": "object",
         "required": ["id", "action", "plan", "created_at"],
         "properties": {
             "id": {"type": "integer", "minimum": 1},
             "run_id": {"type": "string"},
-            "action": {"enum": list(RESTART_ACTIONS)},
+            "action": {"enum": list(ACTIONS)},
             "rule": {"type": "string"}, "type": {"type": "string"},
             "step": {"type": "integer"}, "message": {"type": "string"},
             "created_at": number, "honoured_step": optional_int,
-            "withdrawn_by": optional_int, "plan": {"$ref": "#/$defs/RestartPlan"}},
-        "$defs": {**defs, "RestartPlan": plan},
+            "withdrawn_by": optional_int,
+            "plan": {"anyOf": [ref["rollback"], ref["restart"], {"type": "null"}]}},
+        "allOf": [
+            {"if": {"properties": {"action": {"const": "rollback"}}},
+             "then": {"properties": {"plan": ref["rollback"]}}},
+            {"if": {"properties": {"action": {"enum": list(RESTART_ACTIONS)}}},
+             "then": {"properties": {"plan": ref["restart"]}}},
+            {"if": {"properties": {"action": {"enum": ["stop", "checkpoint"]}}},
+             "then": {"properties": {"plan": {"type": "null"}}}}],
+        "$defs": defs,
     }
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
-        raise ValueError(f"expected a non-negative 64-bit integer, got {value!r}")
-    return value
-
-
-def _text(value: Any, limit: int = _TEXT_MAX) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > limit or any(
-            ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("expected a short string without control characters")
-    return value
-
-
-def _window(value: Any) -> tuple[int, int]:
-    if not isinstance(value, list | tuple) or len(value) != 2:
-        raise ValueError("a window is [first, last]")
-    first, last = _int(value[0]), _int(value[1])
-    if last < first:
-        raise ValueError("a window's last position comes after its first")
-    return first, last
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ A run that diverges, is told to roll back to its checkpoint at step 300, and res
 
     >>> from monitor_agent.storage.store import StoredAttempt
     >>> life = RunLifecycle(status="running")
-    >>> [type(e).__name__ for e in life.acted([{"id": 1, "action": "rollback", "step": 345,
-    ...     "plan": {"checkpoint_step": 300, "checkpoint_path": "/c/300.pt",
-    ...              "skip_from": 301, "skip_to": 545}}])]
+    >>> plan = RollbackSpec(checkpoint_step=300, checkpoint_path="/c/300.pt", skip_from=301,
+    ...                     skip_to=545, skip=((301, 545),))
+    >>> rollback = Action(1, "r", "rollback", "R", "divergence", step=345, message="",
+    ...                   created_at=0.0, plan=plan)
+    >>> [type(e).__name__ for e in life.acted([rollback])]
     ['RollbackDecided']
     >>> print(life.describe())
     awaiting resume from checkpoint step 300 (/c/300.pt), rollback 1 decided at step 345
@@ -60,9 +62,9 @@ A run that diverges, is told to roll back to its checkpoint at step 300, and res
 The same run under a framework whose callback stops the process to be relaunched::
 
     >>> life = RunLifecycle(status="running")
-    >>> _ = life.acted([{"id": 1, "action": "rollback", "step": 345, "plan": {
-    ...     "checkpoint_step": 300, "checkpoint_path": "/c/checkpoint-300", "skip_from": 301,
-    ...     "skip_to": 545}}])
+    >>> from dataclasses import replace
+    >>> _ = life.acted([replace(rollback, plan=replace(plan,
+    ...                                                checkpoint_path="/c/checkpoint-300"))])
     >>> _ = life.ended("stopped", 346)
     >>> print(life.describe())
     waiting for relaunch from checkpoint step 300 (/c/checkpoint-300): rollback 1 decided at step 345
@@ -72,9 +74,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-from monitor_agent.records.actions import RestartPlan
+from monitor_agent.records.actions import RESTART_ACTIONS, Action, RollbackSpec
 from monitor_agent.storage.store import StoredAttempt
 
 
@@ -121,7 +122,7 @@ class RolledBack:
 class RestartDecided:
     action_id: int
     decided_at_step: int
-    said: str  # the plan as pages say it (records/actions.py ``RestartPlan.describe``)
+    said: str  # the plan as pages say it (records/restart_plan.py ``RestartPlan.describe``)
     decided_at: float = 0.0  # when (the leader's clock): an attempt begun after carries it out
 
 
@@ -173,10 +174,10 @@ class RunLifecycle:
         # Start step -> action id of every rollback applied: which resumed attempts were
         # rollbacks, and which were resumes after a crash or a clean end.
         self.applied_starts: dict[int, int] = {}
-        self._open: dict[int, dict[str, Any]] = {}  # id -> the action, as decided
+        self._open: dict[int, Action] = {}  # id -> the action, as decided
         self.silent: Silent | None = None  # until the next record (not durable: re-judged)
 
-    def open_actions(self) -> list[dict[str, Any]]:
+    def open_actions(self) -> list[Action]:
         """The actions the run is to take and has not (a pending rollback, an open stop),
         as decided: every ingest answer of the run carries them, so each rank learns of
         them from its next answer whichever rank's finding decided them."""
@@ -231,38 +232,32 @@ class RunLifecycle:
         self.stop = None
         return events
 
-    def acted(self, actions: list[dict[str, Any]]) -> list[Event]:
+    def acted(self, actions: list[Action]) -> list[Event]:
         """Actions the run's leader decided (here, or adopted from it)."""
         events: list[Event] = []
         for a in actions:
-            if not isinstance(a.get("id"), int):
-                continue  # not an action of the run's leader (each has its sequence number)
-            kind, plan, honoured = a.get("action"), a.get("plan"), a.get("honoured_step")
-            if kind == "rollback" and isinstance(plan, dict) and honoured is not None:
-                self._history(int(a["id"]), int(honoured), plan)  # applied: history
+            if a.rollback is not None and a.honoured_step is not None:
+                self._history(a.id, a.honoured_step, a.rollback)  # applied: history
                 continue
-            if honoured is not None:
+            if a.honoured_step is not None:
                 continue  # history, not an order
-            if a.get("withdrawn_by") is not None:  # replaced before it was applied
-                self.withdrawn(int(a["id"]))
+            if a.withdrawn_by is not None:  # replaced before it was applied
+                self.withdrawn(a.id)
                 continue
-            if kind in ("rollback", "stop", "restart", "exclude"):
-                self._open[int(a["id"])] = dict(a)
-            if kind == "rollback" and isinstance(plan, dict):
-                skip, resume, unit = _windows(plan)
+            if a.action in ("rollback", "stop", *RESTART_ACTIONS):
+                self._open[a.id] = a
+            if a.rollback is not None:
+                plan = a.rollback
                 self.rollback = RollbackDecided(
-                    int(a["id"]), int(plan["checkpoint_step"]), str(plan["checkpoint_path"]),
-                    int(plan["skip_from"]), int(a.get("step") or 0), skip, resume, unit)
+                    a.id, plan.checkpoint_step, plan.checkpoint_path, plan.skip_from, a.step,
+                    plan.skip, plan.resume_position, plan.positions)
                 events.append(self.rollback)
-            elif kind == "stop" and self.stop is None:
-                self.stop = StopRequested(int(a["id"]), int(a.get("step") or 0))
+            elif a.action == "stop" and self.stop is None:
+                self.stop = StopRequested(a.id, a.step)
                 events.append(self.stop)
-            elif kind in ("restart", "exclude"):
-                plan = RestartPlan.from_dict(plan)
-                said = plan.describe() if plan is not None else str(a.get("message") or "")
-                at = a.get("created_at")
-                self.restart = RestartDecided(int(a["id"]), int(a.get("step") or 0), said,
-                                              float(at) if isinstance(at, int | float) else 0.0)
+            elif a.action in RESTART_ACTIONS:
+                said = a.restart.describe() if a.restart is not None else a.message
+                self.restart = RestartDecided(a.id, a.step, said, a.created_at)
                 events.append(self.restart)
         return events
 
@@ -274,12 +269,12 @@ class RunLifecycle:
         if self.rollback is not None and self.rollback.action_id == action_id:
             self.rollback = None
 
-    def _history(self, action_id: int, start: int, plan: dict[str, Any]) -> None:
+    def _history(self, action_id: int, start: int, plan: RollbackSpec) -> None:
         """A rollback applied before this lifecycle was made (the run loaded again)."""
         self.applied_starts[start] = action_id
         if self.applied is None or action_id > self.applied.action_id:
-            skip, resume, unit = _windows(plan)
-            self.applied = RolledBack(action_id, start, skip, resume, unit)
+            self.applied = RolledBack(action_id, start, plan.skip, plan.resume_position,
+                                      plan.positions)
 
     def went_silent(self, step: int, limit_seconds: float, gone: bool = False) -> list[Event]:
         """Nothing heard from any rank for ``limit_seconds`` after step ``step`` (the stall
@@ -338,15 +333,3 @@ class RunLifecycle:
         if phase is Phase.STOPPING and self.stop is not None:
             return f"stopping: stop {self.stop.action_id} requested at step {self.stop.step}"
         return "running" if phase is Phase.RUNNING else self.status
-
-
-def _windows(plan: dict[str, Any]) -> tuple[tuple[tuple[int, int], ...], int | None, str]:
-    """A plan's data windows, where its data resumes, and their unit (a plan from before
-    data positions: its step window, counted in steps)."""
-    skip = plan.get("skip")
-    resume = plan.get("resume_position")
-    if isinstance(skip, list) and skip:
-        unit = "positions" if plan.get("positions") == "positions" else "steps"
-        return (tuple((int(w[0]), int(w[1])) for w in skip),
-                int(resume) if resume is not None else None, unit)
-    return ((int(plan["skip_from"]), int(plan["skip_to"])),), None, "steps"

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from monitor_agent.alerting import Alerting
-from monitor_agent.alerting.alerts import Action
 from monitor_agent.alerting.plan_check import action_problem
 from monitor_agent.cluster.link import FollowedRun, LeaderLink, OwedItem
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
 from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.records.actions import Action
 from monitor_agent.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,20 +73,13 @@ class EnginePort:
                             str(a.get("id"))[:20], leader, why)
                 continue
             try:
-                kept.append(Action(
-                    id=int(a["id"]), run_id=run_id, action=str(a["action"]),
-                    rule=str(a.get("rule") or ""), type=str(a.get("type") or ""),
-                    step=int(a.get("step") or 0), message=str(a.get("message") or ""),
-                    created_at=float(a.get("created_at") or 0.0),
-                    honoured_step=None if a.get("honoured_step") is None
-                    else int(a["honoured_step"]),
-                    plan=a.get("plan") if isinstance(a.get("plan"), dict) else None))
+                # Withdrawals travel as actions of their own (AlertStore.adopt).
+                kept.append(replace(Action.parse(a, run_id), withdrawn_by=None))
             except (KeyError, TypeError, ValueError):
                 continue
         fresh = self.alerting.adopt_actions(run_id, kept, leader) if kept else []
         if fresh:  # the run now awaits its resume, or is stopping (runs/lifecycle.py)
-            self.runner.submit(self.engine.acted, run_id, [a.to_dict() for a in fresh],
-                               time.time())
+            self.runner.submit(self.engine.acted, run_id, fresh, time.time())
 
 
 def leader_link(settings: Settings, runner: EngineRunner, engine: Engine, alerting: Alerting,

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from monitor_agent.alerting.alert_store import AlertStore
-from monitor_agent.alerting.alerts import Action, StoredAlert
+from monitor_agent.alerting.alerts import StoredAlert
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.alerting.silences import Silence
+from monitor_agent.records.actions import Action
 from monitor_agent.storage.database import StorageError
 
 T0 = 1_700_000_000.0

@@ -43,7 +43,9 @@ def acting(tmp_path: Path, clock: FakeClock, request):
 
 
 def _handle(h: Harness, *findings) -> list[dict]:
-    return h.alerting.handle(RunContext("r1", project="proj"), list(findings), h.clock())
+    """The actions taken, as the ingest answer carries them to the client."""
+    taken = h.alerting.handle(RunContext("r1", project="proj"), list(findings), h.clock())
+    return [a.to_dict() for a in taken]
 
 
 def test_stop_is_taken_once_on_the_nth_finding_of_an_episode(acting: Harness):

@@ -248,4 +248,4 @@ def test_a_partial_view_never_restarts(tmp_path):
                         CollectorRegistry())
     partial = hang(gone=(3,)).seen_partially("node 1 (gpu-node-1) not heard from for 12 s")
     assert alerting.handle(RUN, [partial], now=0.0) == []
-    assert alerting.handle(RUN, [hang(gone=(3,))], now=1.0)[0]["action"] == "restart"
+    assert alerting.handle(RUN, [hang(gone=(3,))], now=1.0)[0].action == "restart"

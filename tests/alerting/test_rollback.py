@@ -11,8 +11,9 @@ import pytest
 
 from alert_harness import FakeClock, Harness, nan
 from monitor_agent.alerting import RunContext
-from monitor_agent.alerting.rollback import Positions, decide, describe, windows_of
+from monitor_agent.alerting.rollback import Positions, decide
 from monitor_agent.alerting.rules import RuleError, parse_rules
+from monitor_agent.records.actions import Action, RollbackDecision, RollbackSpec
 from receivers import Receiver
 
 RULES = """
@@ -55,7 +56,12 @@ def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE,
     steps = {0: max(f.step for f in findings) if positions else 238, 1: 252}
     run = RunContext("r1", clean_checkpoints=clean, checkpoint_line=line, **data,
                      rank_steps=steps, checkpoint_ranks=(0,))
-    return h.alerting.handle(run, list(findings), h.clock())
+    return _wire(h.alerting.handle(run, list(findings), h.clock()))
+
+
+def _wire(actions: list[Action]) -> list[dict]:
+    """The actions as the ingest answer carries them to the client."""
+    return [a.to_dict() for a in actions]
 
 
 def test_two_ranks_reporting_the_same_fault_get_one_decision(rolling: Harness):
@@ -182,12 +188,12 @@ def test_a_rollback_waits_for_the_saving_rank_to_reach_the_faults_onset(rolling:
     fault = nan(step=241, rank=1)
     assert _handle(rolling, fault, clean=CLEAN, positions=False) == []
     assert rolling.alerting.waiting("r1")
-    assert rolling.alerting.retry(_saving_run(239, CLEAN), rolling.clock()) == []
+    assert _wire(rolling.alerting.retry(_saving_run(239, CLEAN), rolling.clock())) == []
     # Its page is held meanwhile, so the one page says what was done.
     rolling.alerting.episodes.flush(rolling.clock())
     assert [a.state for a in rolling.alerting.list_alerts(run_id="r1")] == ["pending"]
     with_240 = (*CLEAN, (240, "/ckpt/step-240.pt"))
-    [decided] = rolling.alerting.retry(_saving_run(241, with_240), rolling.clock())
+    [decided] = _wire(rolling.alerting.retry(_saving_run(241, with_240), rolling.clock()))
     assert decided["plan"]["checkpoint_step"] == 240 and not rolling.alerting.waiting("r1")
     rolling.alerting.episodes.flush(rolling.clock())
     rolling.drain()
@@ -198,9 +204,9 @@ def test_a_rollback_waits_for_the_saving_rank_to_reach_the_faults_onset(rolling:
 def test_the_wait_is_bounded(rolling: Harness):
     assert _handle(rolling, nan(step=241, rank=1), clean=CLEAN, positions=False) == []
     rolling.clock.advance(4.0)
-    assert rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock()) == []
+    assert _wire(rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock())) == []
     rolling.clock.advance(1.5)  # rank 0 silent past ROLLBACK_WAIT_SECONDS: decide with what is known
-    [decided] = rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock())
+    [decided] = _wire(rolling.alerting.retry(_saving_run(238, CLEAN), rolling.clock()))
     assert decided["plan"]["checkpoint_step"] == 200
 
 
@@ -211,13 +217,13 @@ def test_a_plan_whose_checkpoint_turns_suspect_is_withdrawn_and_decided_again(
     run = RunContext("r1", clean_checkpoints=CLEAN, checkpoint_positions={100: 100, 200: 200},
                      data={0: (250, 250, 1)}, rank_steps={0: 250, 1: 252},
                      checkpoint_ranks=(0,))
-    assert rolling.alerting.revise(run, rolling.clock()) == []  # still clean: nothing to do
+    assert _wire(rolling.alerting.revise(run, rolling.clock())) == []  # still clean: nothing to do
     # A finding that arrived later made the save at 200 suspect: the plan goes back to 100,
     # as rollback number 1 still (the budget is not spent twice).
     suspect = RunContext("r1", clean_checkpoints=CLEAN[:1], checkpoint_positions={100: 100},
                          data={0: (250, 250, 1)}, rank_steps={0: 250, 1: 252},
                          checkpoint_ranks=(0,))
-    [revised] = rolling.alerting.revise(suspect, rolling.clock())
+    [revised] = _wire(rolling.alerting.revise(suspect, rolling.clock()))
     assert (revised["action"], revised["plan"]["checkpoint_step"], revised["plan"]["number"]) \
         == ("rollback", 100, 1)
     assert revised["message"].endswith("(revised: checkpoint step 200 turned suspect)")
@@ -225,11 +231,11 @@ def test_a_plan_whose_checkpoint_turns_suspect_is_withdrawn_and_decided_again(
     assert (old.id, old.withdrawn_by, new.id) == (decided["id"], new.id, revised["id"])
     assert old.message.startswith("withdrawn: checkpoint step 200 turned suspect")
     # What the run's lifecycle and its ranks read: the new plan only, once.
-    assert [a["id"] for a in rolling.alerting.open_actions("r1")] == [revised["id"]]
-    assert rolling.alerting.revise(suspect, rolling.clock()) == []
+    assert [a.id for a in rolling.alerting.open_actions("r1")] == [revised["id"]]
+    assert _wire(rolling.alerting.revise(suspect, rolling.clock())) == []
     # No clean checkpoint left before the fault: the run is asked to stop instead.
     none_left = RunContext("r1", rank_steps={0: 250, 1: 252}, checkpoint_ranks=(0,))
-    [stop] = rolling.alerting.revise(none_left, rolling.clock())
+    [stop] = _wire(rolling.alerting.revise(none_left, rolling.clock()))
     assert stop["action"] == "stop" and stop["message"].startswith(
         "no clean checkpoint to roll back to: stopping; a human must look")
 
@@ -240,11 +246,14 @@ def test_a_plan_joins_the_windows_its_run_skips_already_with_its_own():
     [rule] = parse_rules(RULES)
     data = Positions(checkpoints={200: 200}, latest={0: (250, 250, 1)},
                      skipped=((121, 130), (100, 120), (180, 215), (90, 80), (20, 20)))
-    action, plan = decide(rule, nan(step=250), CLEAN, number=2, data=data)
-    assert action == "rollback" and isinstance(plan, dict)
+    decision = decide(rule, nan(step=250), CLEAN, number=2, data=data)
+    assert isinstance(decision, RollbackDecision)
+    plan = decision.plan
     # Its own window: after the checkpoint's position to the fault's plus the margin (50).
-    assert plan["skip"] == [[20, 20], [100, 130], [180, 300]], plan
-    assert windows_of(plan) == [(20, 20), (100, 130), (180, 300)]
-    assert "skipping batches 20, 100-130, 180-300" in describe(plan), describe(plan)
+    assert plan.to_dict()["skip"] == [[20, 20], [100, 130], [180, 300]], plan
+    assert plan.skip == ((20, 20), (100, 130), (180, 300))
+    assert "skipping batches 20, 100-130, 180-300" in plan.describe(), plan.describe()
     # A plan from before the windows were a list reads as its steps' one window.
-    assert windows_of({"skip_from": 201, "skip_to": 300}) == [(201, 300)]
+    old = RollbackSpec.parse({"checkpoint_step": 200, "checkpoint_path": "/c/200.pt",
+                              "skip_from": 201, "skip_to": 300})
+    assert (old.skip, old.positions) == (((201, 300),), "steps")

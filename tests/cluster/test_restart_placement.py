@@ -82,7 +82,7 @@ def test_a_node_its_leader_left_out_does_not_page_its_ranks_gone(tmp_path):
     tests/netcluster/test_heal.py on a loaded machine). A node nobody left out still
     judges its silent ranks gone."""
     from monitor_agent.cluster.drain import DrainSettings, NodeDrain
-    from monitor_agent.records.actions import ExcludedNode, RestartPlan
+    from monitor_agent.records.actions import Action, ExcludedNode, RestartPlan
 
     kept, out = _engine(tmp_path / "kept.sqlite"), _engine(tmp_path / "out.sqlite")
     for engine in (kept, out):  # node 1's two ranks, their watchdog declared
@@ -101,8 +101,8 @@ def test_a_node_its_leader_left_out_does_not_page_its_ranks_gone(tmp_path):
                        checkpoint_path="/ckpt/3.pt", exclude=(ExcludedNode(
                            node=1, host="gpu-node-1", sidecar="node-1-sidecar",
                            ranks=(2, 3), why="hard GPU error (xid 79) at step 5"),))
-    out.acted(RUN, [{"id": 1, "action": "exclude", "step": 5, "created_at": 1006.0,
-                     "honoured_step": None, "plan": plan.to_dict()}], 1006.0)
+    out.acted(RUN, [Action(id=1, run_id=RUN, action="exclude", rule="Exclude", type="gpu_health",
+                           step=5, message="", created_at=1006.0, plan=plan)], 1006.0)
     assert out.node_drain.state() is not None
     later = 1006.0 + 3600.0
     assert "its process is gone" in " ".join(f.message for f in kept.tick(later))

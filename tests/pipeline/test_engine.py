@@ -17,6 +17,7 @@ from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
 from monitor_agent.records import schemas
+from monitor_agent.records.actions import Action
 from monitor_agent.records.types import Finding
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import Store
@@ -52,9 +53,9 @@ class RecordingSink:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[dict]:
+    def handle(self, run: RunContext, findings: list[Finding], now: float) -> list[Action]:
         self.calls.append(("handle", run, [f.type for f in findings]))
-        return [{"action": "stop", "run_id": run.run_id}]
+        return [_stop(run.run_id)]
 
     def preview(self, run: RunContext, findings: list[Finding], now: float) -> int:
         self.calls.append(("preview", run, [f.type for f in findings]))
@@ -74,7 +75,7 @@ class RecordingSink:
     def cost_with(self, costs: object) -> None:
         self.costs = costs
 
-    def open_actions(self, run_id: str) -> list[dict]:
+    def open_actions(self, run_id: str) -> list[Action]:
         return []
 
     def took_action(self, run_id: str, action_id: int, action: str) -> bool:
@@ -83,8 +84,13 @@ class RecordingSink:
     def waiting(self, run_id: str) -> bool:
         return False
 
-    def retry(self, run: RunContext, now: float) -> list[dict]:
+    def retry(self, run: RunContext, now: float) -> list[Action]:
         return []
+
+
+def _stop(run_id: str) -> Action:
+    return Action(id=1, run_id=run_id, action="stop", rule="Stop", type="nan_inf", step=1,
+                  message="stop requested", created_at=0.0)
 
 
 def _items(objs: list[dict]) -> list[Incoming]:
@@ -104,7 +110,7 @@ def test_the_engine_tells_its_alert_sink_about_findings_ends_and_ticks(tmp_path:
     nan = {"kind": "step", "run_id": "r", "step": 1, "time": 1.0, "loss": "NaN"}
     result = engine.ingest(_items([run, nan]), now=5.0)
     assert result.accepted == 2
-    assert result.actions == [{"action": "stop", "run_id": "r"}]
+    assert result.actions == [_stop("r")]
     kind, context, types = sink.calls[0]
     assert (kind, context.run_id, context.project, context.labels) == (
         "handle", "r", "gpt", {"team": "nlp"})

@@ -1,4 +1,4 @@
-"""The restart plan's one parser (records/actions.py): whole plans round-trip, plans with
+"""The restart plan's one parser (records/restart_plan.py): whole plans round-trip, plans with
 holes or absurd values are no plans."""
 
 from __future__ import annotations

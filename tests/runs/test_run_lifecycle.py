@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from monitor_agent.records.actions import Action
 from monitor_agent.runs.lifecycle import (
     AttemptSettled,
     Ended,
@@ -21,9 +22,14 @@ def _rollback(action_id: int = 1, **plan: int) -> dict:
     return {"id": action_id, "action": "rollback", "step": 345, "plan": {**PLAN, **plan}}
 
 
+def _actions(*decided: dict) -> list[Action]:
+    """The actions as the run's leader serves them (their JSON, read back)."""
+    return [Action.parse(a, "r") for a in decided]
+
+
 def test_a_rollback_is_awaited_until_an_attempt_resumes_at_or_before_its_window():
     life = RunLifecycle()
-    [decided] = life.acted([_rollback()])
+    [decided] = life.acted(_actions(_rollback()))
     assert isinstance(decided, RollbackDecided) and life.phase is Phase.AWAITING_RESUME
     too_late = StoredAttempt(2, "resumed", 320, 0.0, 320, 350)
     assert [type(e) for e in life.settled(too_late)] == [AttemptSettled]
@@ -35,20 +41,20 @@ def test_a_rollback_is_awaited_until_an_attempt_resumes_at_or_before_its_window(
 
 def test_an_honoured_action_read_back_is_history_not_an_order():
     life = RunLifecycle()
-    assert life.acted([{**_rollback(), "honoured_step": 301}]) == []
+    assert life.acted(_actions({**_rollback(), "honoured_step": 301})) == []
     assert life.phase is Phase.RUNNING
 
 
 def test_a_stop_is_honoured_only_by_a_stopped_end():
     life = RunLifecycle()
-    [stop] = life.acted([{"id": 2, "action": "stop", "step": 40}])
+    [stop] = life.acted(_actions({"id": 2, "action": "stop", "step": 40}))
     assert isinstance(stop, StopRequested) and life.describe() == \
         "stopping: stop 2 requested at step 40"
     # It ran on to its end: a stop it never honoured, said so (not "stopped").
     assert life.ended("completed", 90) == [Ended("completed", 90, stop_honoured=False,
                                                  stop_ignored=True)]
     again = RunLifecycle()
-    again.acted([{"id": 2, "action": "stop", "step": 40}])
+    again.acted(_actions({"id": 2, "action": "stop", "step": 40}))
     assert again.ended("stopped", 42) == [Ended("stopped", 42, stop_honoured=True)]
     assert again.phase is Phase.ENDED and again.describe() == "stopped"
 
