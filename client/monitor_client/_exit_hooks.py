@@ -1,7 +1,9 @@
 """Ending a run when the script ends: ``atexit`` for a normal exit, a chained
 ``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
-``stopped`` on Ctrl-C), and SIGTERM, which ends it ``stopped`` (``_sigterm.py``).
-Installed per Monitor and removed by its ``close()``.
+``stopped`` on Ctrl-C), a wrapped ``sys.exit`` for a script's own ``sys.exit(1)`` (Python
+hands ``SystemExit`` to no hook: the run would end ``completed``), and SIGTERM, which ends
+it ``stopped`` (``_sigterm.py``). Installed per Monitor and removed by its ``close()``.
+A ``raise SystemExit(1)`` written out, or the ``exit(1)`` builtin, is still not seen.
 
 A Monitor passes its ``close()`` and its outcome setter. An uncaught Ctrl-C, as Python
 reports it to ``sys.excepthook`` (the hook before ours, quiet here, is still called)::
@@ -24,8 +26,10 @@ import atexit
 import sys
 from collections.abc import Callable
 
+from monitor_client._resume import ROLLBACK_EXIT
 from monitor_client._sigterm import TermWatch
 
+_SYS_EXIT = sys.exit  # what _sys_exit calls when it outlived its install (a kept reference)
 TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, time limit " \
     "or cancel, or a kill)"
 
@@ -33,13 +37,18 @@ TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, 
 def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str | None]:
     """(status, error) for an exception that ended the run: Ctrl-C is the user's stop, a
     ``sys.exit()`` with code 0 or none the script ending on its own (as it ends when
-    nothing raises), anything else a crash, which the sidecar pages (detectors/crashed.py).
+    nothing raises), 75 a relaunch asked of the launcher (the rollback's and the restart's
+    status), anything else a crash, which the sidecar pages (detectors/crashed.py).
 
         >>> outcome_of(SystemExit, SystemExit(0)), outcome_of(SystemExit, SystemExit(2))
         (('completed', None), ('failed', 'SystemExit: 2'))
+        >>> outcome_of(SystemExit, SystemExit(75))[0]
+        'stopped'
     """
     if issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
         return "completed", None
+    if issubclass(exc_type, SystemExit) and getattr(exc, "code", None) == ROLLBACK_EXIT:
+        return "stopped", f"SystemExit: {ROLLBACK_EXIT} (a relaunch asked of its launcher)"
     status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
     return status, f"{exc_type.__name__}: {exc}"[:4000]
 
@@ -63,12 +72,14 @@ class ExitHooks:
                  on_exception: Callable[[str, str | None], object]) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
+        self._exit: Callable[..., object] | None = None
         self._term = TermWatch(on_signal=lambda: on_exception("stopped", TERMINATED),
                                on_end=on_exit)
 
     def install(self) -> None:
         self._previous = sys.excepthook
         sys.excepthook = self._excepthook
+        self._exit, sys.exit = sys.exit, self._sys_exit
         atexit.register(self._on_exit)
         self._term.install()
 
@@ -77,9 +88,18 @@ class ExitHooks:
             return
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous
+        if sys.exit == self._sys_exit and self._exit is not None:
+            sys.exit = self._exit
         atexit.unregister(self._on_exit)
         self._term.remove()
         self._previous = None
+
+    def _sys_exit(self, status: object = None) -> None:
+        """``sys.exit(status)``: a status other than 0 or None is the script saying it
+        failed (``sys.exit(1)``, argparse's 2, a message)."""
+        if status not in (0, None):
+            self._on_exception(*outcome_of(SystemExit, SystemExit(status)))
+        (self._exit or _SYS_EXIT)(status)
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         self._on_exception(*outcome_of(exc_type, exc))

@@ -4,6 +4,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from monitor_agent.records.schemas import parse_record
@@ -208,6 +209,44 @@ def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
     end = receiver.of_kind("end")[0]
     assert end["status"] == "failed" and "ValueError: boom" in end["error"]
     assert end["step"] == 1
+
+
+@pytest.mark.parametrize(("status", "code", "outcome"), [
+    ("3", 3, "failed"), ("'diverged at step 1'", 1, "failed"), ("0", 0, "completed"),
+    ("", 0, "completed"), ("75", 75, "stopped")])
+def test_a_scripts_own_sys_exit_says_whether_it_failed(receiver, tmp_path, status, code,
+                                                       outcome):
+    """``sys.exit(1)`` (a script giving up on a bad loss, argparse's 2) is the script
+    saying it failed; Python hands ``SystemExit`` to no hook, so the run ended
+    ``completed``."""
+    run_id = f"exit-{code}-{outcome}-{len(status)}"
+    script = textwrap.dedent(f"""
+        import sys
+        from monitor_client import Monitor, MonitorSettings
+        mon = Monitor(url={receiver.url!r}, run_id={run_id!r},
+                      settings=MonitorSettings(spool_dir={str(tmp_path)!r}, linger=0.02))
+        mon.log_step(1, loss=1.0)
+        sys.exit({status})
+    """)
+    env = {"PYTHONPATH": f"{REPO / 'client'}:{REPO}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    end, = [r for r in receiver.of_kind("end") if r["run_id"] == run_id]
+    assert end["status"] == outcome
+    if outcome == "failed":
+        assert end["error"] == f"SystemExit: {eval(status)}"
+    if code == 75:  # the status that asks the launcher for a relaunch: not a crash
+        assert end["error"].startswith("SystemExit: 75 (a relaunch")
+
+
+def test_close_gives_sys_exit_back(tmp_path):
+    before = sys.exit
+    mon = Monitor(url="http://127.0.0.1:9", run_id="exit-back",
+                  settings=MonitorSettings(spool_dir=tmp_path))
+    assert sys.exit is not before
+    mon.close(timeout=0.1)
+    assert sys.exit is before
 
 
 def test_eval_and_checkpoint_carry_the_seconds_since_the_previous_loop_record(receiver,
