@@ -32,6 +32,11 @@ endpoint (the tests use a loopback server, tests/client/conftest.py)::
 thread copies them to the host (see ``_pending.py``). A nonsensical setting raises at once,
 before training starts (``settings.py`` names the field); after that every public method
 swallows its own errors into rate-limited warnings: monitoring never raises into training.
+
+This module reports the run: ``watch``, ``log_step`` and the other records, and the run's
+start and end. What the sidecar asks back (a rule's stop or checkpoint request, rollback and
+restart plans, the agreement across ranks) is ``_control.py``'s; ``Monitor``'s methods for
+it (``should_stop``, ``rollback_plan``, ...) are one line each into it.
 """
 
 from __future__ import annotations
@@ -47,10 +52,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from monitor_client import _launcher, _run_info
-from monitor_client._actions import ActionInbox
-from monitor_client._agreement import Consensus, distributed, newest, unanimous
 from monitor_client._arguments import hyperparameters, monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
+from monitor_client._control import Control
 from monitor_client._counters import Counters
 from monitor_client._data import DataStream
 from monitor_client._errors import SettingsValueError
@@ -60,15 +64,8 @@ from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
 from monitor_client._phase import PhaseTracker
 from monitor_client._preflight import Preflight
-from monitor_client._restart import RestartOrder, agreed_resume
-from monitor_client._rollback import (
-    CHECKPOINT_PATH_MAX,
-    CHECKPOINT_TAG_MAX,
-    FETCH_TIMEOUT,
-    PlanBook,
-    RollbackPlan,
-    barrier,
-)
+from monitor_client._restart import RestartOrder
+from monitor_client._rollback import CHECKPOINT_PATH_MAX, CHECKPOINT_TAG_MAX, RollbackPlan
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool, private_directory, spool_directory
 from monitor_client._timings import split
@@ -83,13 +80,11 @@ if TYPE_CHECKING:  # imported where used: importing monitor_client must not impo
     from monitor_client._finite import FiniteFlags
     from monitor_client._guard import StepGuard
     from monitor_client._nvml import GpuSampler
+    from monitor_client._rollback import PlanBook
     from monitor_client._stats import GradStats
     from monitor_client._timings import StepTimings
 
-__all__ = ["STOP_GRACE", "Monitor"]
-
-# Steps a trainer may take after should_stop() told it to stop and still have honoured it.
-STOP_GRACE = 10
+__all__ = ["Monitor"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -173,25 +168,12 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self.hist_every = settings.watch.hist_every
         self.active = settings.enabled and not (settings.rank0_only and self.rank != 0)
         self._warner = Warner()
-        self._inbox = ActionInbox(self._warn_action)
-        self._plans = PlanBook()
-        self._inbox.add_callback(self._plans.receive)
-        # should_stop()'s agreement across ranks (_agreement.py).
-        self._stop_agreed, self._stop_calls, self._stop_held = False, 0, 0
-        # The step at which should_stop() first told the trainer to stop: the run ends
-        # "stopped" only when it then stopped there (a loop that never asked, or went on,
-        # did not honour the stop, and the end record must not say it did).
-        self._stop_told: int | None = None
-        # Why the job stops without a rule's stop: a rollback plan it refused to load
-        # (``_refuse``), which leaves the run on the fault the plan was to take it from.
-        self._refused: str | None = None
         # The data (_data.py): the DataStream timed() wraps, and the last step's position.
         self._stream: DataStream | None = None
         # How the data leaves a plan's windows out ("sampler" or "reading", _stream.py),
         # said on the run record so pages say it; None until a DataStream is seen.
         self._skips_by: str | None = None
         self._last_position: tuple[int, int] | None = None
-        self._last_fetch_error: str | None = None
         self._labels = _run_info.build_labels(
             settings.project, dict(settings.labels) if settings.labels is not None else None)
         self._probes = Probes(memory=CpuMemory(), world_size=self.world_size)
@@ -215,8 +197,16 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._loop_t: float | None = None
         self.close_timeout = settings.close_timeout
         self._placement = _run_info.detect_placement(self.info, self._url(settings))
-        self._sender = self._make_sender(settings) if self.active else None
+        self._sender: Sender | None = None
         self._restart = self._restart_order(settings)
+        # The other direction: what the sidecar asks of the run (_control.py). Before the
+        # sender, whose answers and polls deliver the actions to it.
+        self._control = Control(
+            self.run_id, self.rank, enabled=settings.enabled, warner=self._warner,
+            restart=self._restart, transport=self._transport, flush=self._flush,
+            submit=lambda record: self._submit(record, urgent=True),
+            progress=lambda: (self.attempt, self._last_step))
+        self._sender = self._make_sender(settings) if self.active else None
         # The hang watchdog (_watchdog.py): its thread starts at the first log_step.
         self._phase = PhaseTracker()
         self._watchdog = Watchdog(settings.watchdog_floor, self._send_hang, {
@@ -232,18 +222,23 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._launcher = _launcher.detect()
         if settings.restart_exit is not None:
             self._launcher["restarts"] = settings.restart_exit
-        sender = self._sender
-        order = RestartOrder(
+        return RestartOrder(
             started=time.time(), enabled=bool(self._launcher["restarts"]) and self.active,
             node_rank=self._placement["node_rank"] if self._placement else 0,
-            flush=sender.flush if sender is not None else (lambda timeout: True),
-            timeout=settings.close_timeout, agent=self._launcher["name"] == "torchrun",
+            flush=self._flush, timeout=settings.close_timeout,
+            agent=self._launcher["name"] == "torchrun",
             host=self._labels.get("node") or self._labels.get("hostname"))
-        self._inbox.add_callback(order.receive)
-        return order
 
-    def _warn_action(self, where: str, exc: Exception) -> None:
-        self._warner.warn(where, "action callback failed (ignored): %r", exc)
+    def _flush(self, timeout: float) -> bool:
+        """Deliver what was logged so far, up to ``timeout`` s (inactive: nothing to)."""
+        return self._sender.flush(timeout) if self._sender is not None else True
+
+    def _transport(self) -> HttpTransport:
+        """The link to this rank's sidecar: the sender's, or (inactive) one of its own."""
+        if self._sender is not None:
+            return self._sender.transport
+        token = self.settings.token or os.environ.get("MONITOR_AGENT_TOKEN")
+        return HttpTransport(self._url(self.settings), token, timeout=self.settings.timeout)
 
     @staticmethod
     def _url(settings: MonitorSettings) -> str:
@@ -266,15 +261,10 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             spool = Spool(elsewhere, max_bytes=settings.spool_max_bytes, max_age=settings.spool_max_age)
         return Sender(transport, spool, max_queue=settings.max_queue, linger=settings.linger,
                       owner=(self.run_id, self.rank),
-                      warner=self._warner, on_actions=self._inbox.receive,
+                      warner=self._warner, on_actions=self._control.receive,
                       on_attempts=self._attempt_notice.receive,
-                      poll=lambda: self._poll_actions(transport),
+                      poll=lambda: self._control.poll(transport),
                       name=f"run {self.run_id!r} rank {self.rank}")
-
-    def _poll_actions(self, transport: HttpTransport) -> None:
-        found = transport.actions(self.run_id, self._inbox.last_id)
-        if found:
-            self._inbox.receive(found)
 
     # -- hooking the model -----------------------------------------------------------------
     def watch(self, model: Any, optimizer: Any = None, *, name: str | None = None,
@@ -684,7 +674,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return None
         return value
 
-    # -- actions back to the trainer (alert rules with ``action: stop|checkpoint``) -------
+    # -- actions back to the trainer (alert rules' actions; _control.py) ------------------
     def should_stop(self, check_every: int = 10) -> bool:
         """True once an alert rule asked this run to stop (e.g. repeated NaN), or once
         every rank held back a rollback plan that names a checkpoint no process of the job
@@ -695,40 +685,11 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         same ``check_every``; a stop some ranks honour and others not is a hung job
         (``_agreement.py``). With ``enabled=False`` it is False without a collective.
         """
-        if self._stop_agreed:
-            return self._told_stop()
-        dist = distributed()
-        if dist is None or not self.settings.enabled:
-            if self.settings.enabled and self._inbox.should_stop():
-                return self._told_stop()
-            return False
-        self._stop_calls += 1
-        if self._stop_calls % max(int(check_every), 1):
-            return False
-        mine = self._inbox.stop_action()
-        agreed = newest(dist, int(mine["id"]) if mine else 0)
-        if agreed == 0:
-            return False
-        if mine is None:
-            self._fetch_actions(agreed)
-            mine = self._inbox.stop_action()
-        verdict = unanimous(dist, agreed, 1 if mine is not None else None)  # any stop will do
-        if verdict.act:
-            self._stop_agreed = True
-            return self._told_stop()
-        self._stop_held += 1
-        if mine is None:
-            self._report_held("stop", verdict, self._stop_held, int(check_every))
-        return False
-
-    def _told_stop(self) -> bool:
-        if self._stop_told is None:
-            self._stop_told = self._last_step
-        return True
+        return self._control.should_stop(check_every)
 
     def should_checkpoint(self) -> bool:
         """True once per checkpoint request from an alert rule: save now."""
-        return self._inbox.take_checkpoint()
+        return self._control.should_checkpoint()
 
     def stop_reason(self) -> str | None:
         """Why the run was asked to stop ("stop requested at step N by rule R", or a
@@ -736,17 +697,17 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
 
         A method, like ``should_stop()``: ``if mon.should_stop(): print(mon.stop_reason())``.
         """
-        return self._refused or self._inbox.stop_reason
+        return self._control.stop_reason()
 
     def on_action(self, callback: Any) -> None:
         """Call ``callback(action_dict)`` for each new action (on the sender thread)."""
-        self._inbox.add_callback(callback)
+        self._control.on_action(callback)
 
     def actions(self) -> list[dict[str, Any]]:
         """Every action received so far, oldest first."""
-        return self._inbox.received()
+        return self._control.actions()
 
-    # -- closing the loop: the checkpoint ledger and rollback plans (_rollback.py) -------
+    # -- closing the loop: the checkpoint ledger and rollback plans (_control.py) --------
     @_never_raises
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str], *,
                          bytes: int | None = None, tag: str | None = None,
@@ -772,7 +733,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if not where or len(where) > CHECKPOINT_PATH_MAX or "\0" in where:
             raise ValueError(f"checkpoint path must be 1-{CHECKPOINT_PATH_MAX} characters "
                              "without NUL")
-        self._plans.vouch(int(step), where)  # a plan may send this process back to it
+        self._control.vouch(int(step), where)  # a plan may send this process back to it
         self._send_run()
         record = {"kind": "checkpoint", "run_id": self.run_id, "rank": self.rank,
                   "attempt": self.attempt, "time": time.time(), "step": int(step),
@@ -794,9 +755,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         checkpoint). A plan is handed out only for a checkpoint this process (distributed:
         some rank of the job) reported with ``checkpoint_saved``, resumed from, or
         inherited so; nothing is sent to the sidecar."""
-        self._plans.vouch(int(step), os.fspath(path))
-        if earlier is not None:
-            self._plans.inherit(earlier)
+        self._control.resumed_from(step, path, earlier)
 
     def job_checkpoints(self) -> list[list[Any]]:
         """The job's checkpoints this process may roll back to, ``[step, path]`` oldest
@@ -804,7 +763,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         from, or inherited. Save it with a checkpoint and hand it to ``resumed_from(...,
         earlier=)`` when a later process resumes from that checkpoint (the framework
         callbacks do both), so a rollback of that process may go back past its resume."""
-        return self._plans.chain()
+        return self._control.job_checkpoints()
 
     def resume_plan(self, checkpoint_dir: str | os.PathLike[str],
                     timeout: float = 30.0) -> RollbackPlan | None:
@@ -822,33 +781,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         can only send the job back to its own saves. None: no restart relaunched this job
         (a first launch, or a relaunch of the launcher's own): resume as the script would.
         """
-        if not self.settings.enabled:
-            return None
-        plan, why = agreed_resume(self._fetch_all_actions, self._restart.started,
-                                  checkpoint_dir, timeout)
-        if plan is None:
-            if why:
-                self._warner.warn("resume_plan", "no resume from the restart: %s", why)
-            return None
-        self._restart.resumed(plan.id)
-        self._plans.applied(plan.id)
-        self._plans.vouch(plan.checkpoint_step, plan.checkpoint_path)
-        return plan
-
-    def _fetch_all_actions(self) -> list[dict[str, Any]] | None:
-        """The run's actions from this rank's sidecar (None: it did not answer)."""
-        try:
-            transport = (self._sender.transport if self._sender is not None
-                         else HttpTransport(self._url(self.settings), self.settings.token
-                                            or os.environ.get("MONITOR_AGENT_TOKEN"),
-                                            timeout=self.settings.timeout))
-            found: list[dict[str, Any]] | None = transport.actions(self.run_id, 0)
-        except Exception as exc:  # noqa: BLE001 - inside a collective: never raise
-            self._last_fetch_error = repr(exc)[:200]
-            return None
-        if found:
-            self._inbox.receive(found)
-        return found
+        return self._control.resume_plan(checkpoint_dir, timeout)
 
     def rollback_plan(self, check_every: int = 10) -> RollbackPlan | None:
         """The rollback to apply now, or None; call it once per optimizer step on every rank.
@@ -863,63 +796,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         one rank would leave the others waiting at the next one. With ``enabled=False`` it
         is None without a collective: set it alike on every rank.
         """
-        if not self.settings.enabled:
-            return None
-        every = max(int(check_every), 1)
-        return self._plans.agreed(every, self._fetch_actions, lambda verdict, rounds, _plan:
-                                  self._held_rollback(verdict, rounds, every))
-
-    def _held_rollback(self, verdict: Consensus, rounds: int, every: int) -> None:
-        """A plan every rank holds back. One it refused (``unreported``: it names a
-        checkpoint no process of the job saved) is never loaded, so the run would train on
-        from the fault the plan was to take it from: it stops, as a rule's stop or a spent
-        rollback budget stops it. Every rank reached this verdict at the same agreed call
-        (_agreement.py), so every rank stops at its next ``should_stop()``."""
-        if verdict.why == "unreported" and self._refused is None:
-            self._refused = (f"rollback plan {verdict.action_id} names a checkpoint no "
-                             "process of this job saved or resumed from: not loaded; "
-                             "stopping, a human must look")
-            self._stop_agreed = True
-        self._report_held("rollback", verdict, rounds, every)
-
-    def _report_held(self, action: str, verdict: Consensus, rounds: int, every: int) -> None:
-        """Tell the sidecar this rank held the job's action back (it pages that); at the
-        1st, 2nd, 4th, 8th, ... agreed call in a row, so a lasting hold is told, not
-        flooded."""
-        if rounds & (rounds - 1):
-            return
-        if verdict.why == "unreported":
-            self._warner.warn("rollback_unreported", "rollback plan %d names a checkpoint no "
-                              "rank of this job reported with checkpoint_saved() (or "
-                              "resumed_from()): it is not loaded, and the run stops "
-                              "(should_stop())", verdict.action_id)
-        why = {"missing": "this rank's sidecar does not have it",
-               "unreported": "no rank of this job reported the checkpoint it names "
-                             "(checkpoint_saved): it is not loaded"}.get(
-            verdict.why, "this rank holds another content under the same id")
-        self._submit({"kind": "agreement", "run_id": self.run_id, "attempt": self.attempt,
-                      "rank": self.rank, "time": time.time(), "step": self._last_step,
-                      "action_id": verdict.action_id, "action": action,
-                      "outcome": verdict.why, "rounds": rounds, "check_every": every,
-                      "detail": f"{why} ({self._last_fetch_error or 'no error fetching'})"},
-                     urgent=True)
-
-    def _fetch_actions(self, plan_id: int) -> None:
-        try:
-            transport = (self._sender.transport if self._sender is not None
-                         else HttpTransport(self.settings.url or os.environ.get(
-                             "MONITOR_AGENT_URL") or DEFAULT_URL,
-                             self.settings.token or os.environ.get("MONITOR_AGENT_TOKEN"),
-                             timeout=self.settings.timeout))
-            found = transport.actions(self.run_id, max(plan_id - 1, 0))
-            self._last_fetch_error = None if found is not None else \
-                "the actions endpoint did not answer"
-            if found:
-                self._inbox.receive(found)
-        except Exception as exc:  # noqa: BLE001 - inside a collective: never raise
-            self._last_fetch_error = repr(exc)[:200]
-            self._warner.warn("rollback_plan", "fetching action %d failed: %r",
-                              plan_id, exc)
+        return self._control.rollback_plan(check_every)
 
     @_never_raises
     def rolled_back(self, plan: RollbackPlan) -> None:
@@ -935,18 +812,28 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         rank's last steps of the abandoned branch, and those would land after the resume
         settled, as if they were current.
         """
-        if self._sender is not None:
-            self._sender.flush(FETCH_TIMEOUT)
-        barrier(self._plans.applied, plan.id)
+        self._control.rolled_back(plan)
+        self._new_attempt(plan.checkpoint_step)
+
+    def _new_attempt(self, step: int) -> None:
+        """After a rollback to the checkpoint of ``step``: a fresh attempt token on every
+        record from now on, the clocks and the step count restarted, the run record sent
+        again."""
         self.attempt = new_token()
         self._attempt_notice.token = self.attempt
         if self._watchdog is not None:  # its hang reports are the new attempt's too
             self._watchdog.header["attempt"] = self.attempt
-        self._last_step = plan.checkpoint_step
+        self._last_step = step
         self._logged = None  # the new attempt's steps go back to the checkpoint's
         self._last_t, self._data_time = time.perf_counter(), 0.0
         self._loop_t = self._last_t  # an eval right after the reload times the eval alone
         self._run_sent = False  # a new attempt opens with its run record, as a relaunch does
+
+    @property
+    def _plans(self) -> PlanBook:
+        """The rollback plans and vouched checkpoints (the framework callbacks hand a
+        relaunch's plan file to it)."""
+        return self._control.plans
 
     # -- lifecycle -----------------------------------------------------------------------
     def _send_hang(self, record: dict[str, Any]) -> None:
@@ -999,18 +886,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return True
         self._closed = True
         status, error = (status, error) if status else self._outcome
-        # Honoured: the trainer was told (should_stop() returned True) and stopped within
-        # STOP_GRACE steps of it (a framework finishing its accumulation or its logging
-        # interval); one that never asked, or trained on, ends as it ended.
-        told = self._stop_told
-        stopped = told is not None and self._last_step <= told + STOP_GRACE
-        if status in ("completed", "failed") and stopped:
-            # The end record's step is where the trainer honoured the stop; the sidecar
-            # reports that step on the alert and the actions API. A trainer that leaves
-            # its loop by raising once told to stop honoured it too: not a crash.
-            said = f"stopped at step {self._last_step}: {self.stop_reason()}"
-            error = (error or said) if status == "completed" else f"{said}; it left by {error}"
-            status = "stopped"
+        # "stopped" when the trainer honoured a rule's stop (_control.py)
+        status, error = self._control.end_status(status, error, self._last_step)
         self._models.detach()
         for hooked in (self._finite, self._timings):
             if hooked is not None:
