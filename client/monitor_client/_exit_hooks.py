@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 from monitor_client._resume import ROLLBACK_EXIT
 from monitor_client._sigterm import TermWatch
@@ -79,7 +80,8 @@ class ExitHooks:
     def install(self) -> None:
         self._previous = sys.excepthook
         sys.excepthook = self._excepthook
-        self._exit, sys.exit = sys.exit, self._sys_exit
+        self._exit = sys.exit
+        setattr(sys, "exit", self._sys_exit)  # noqa: B010 - mypy holds sys.exit's own type
         atexit.register(self._on_exit)
         self._term.install()
 
@@ -89,17 +91,18 @@ class ExitHooks:
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous
         if sys.exit == self._sys_exit and self._exit is not None:
-            sys.exit = self._exit
+            setattr(sys, "exit", self._exit)  # noqa: B010
         atexit.unregister(self._on_exit)
         self._term.remove()
         self._previous = None
 
-    def _sys_exit(self, status: object = None) -> None:
+    def _sys_exit(self, status: Any = None) -> NoReturn:
         """``sys.exit(status)``: a status other than 0 or None is the script saying it
         failed (``sys.exit(1)``, argparse's 2, a message)."""
         if status not in (0, None):
             self._on_exception(*outcome_of(SystemExit, SystemExit(status)))
         (self._exit or _SYS_EXIT)(status)
+        raise SystemExit(status)  # (sys.exit raised already; a replaced one may not)
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         self._on_exception(*outcome_of(exc_type, exc))
