@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from monitor_agent.records import RecordError
 from monitor_agent.records.plan_fields import count, text, window
 
 __all__ = ["MAX_COUNT", "MAX_LR_STEPS", "MAX_PATH", "MAX_WINDOWS", "PlanError", "RollbackSpec"]
@@ -65,8 +66,9 @@ _SKIPS_BY = {"sampler": ", left out in the sampler (never loaded)",
              "reading": " by reading past them (streamed data)"}
 
 
-class PlanError(ValueError):
-    """A plan that is not a whole one; the message names the field and why."""
+class PlanError(RecordError):
+    """A plan that is not a whole one; the message names the field and why (a
+    ``RecordError``, so a ``ValueError`` as before)."""
 
 
 @dataclass(frozen=True, slots=True)

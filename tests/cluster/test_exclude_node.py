@@ -130,7 +130,7 @@ def test_an_xid_on_node_2_restarts_the_job_without_it_and_only_node_2_is_drained
             found = [a for a in actions(lead.url) if a["id"] > excluded["id"]]
             assert found, actions(lead.url)
             return found[0]
-        second = eventually(restart, timeout=30, what="the second decision")
+        second = eventually(restart, timeout=60, what="the second decision")
         assert second["action"] == "restart", second
         assert (second["plan"]["ranks"], second["plan"]["nodes"]) == (4, 2), second["plan"]
         assert second["honoured_step"] is None  # no relaunch has carried it out yet
