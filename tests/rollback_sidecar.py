@@ -1,5 +1,6 @@
-"""A sidecar on loopback whose one rule rolls a run back on NaN, and the records door it is
-fed through: shared by the rollback tests that read a plan back over real HTTP."""
+"""A sidecar on loopback whose one rule rolls a run back on NaN, the records door it is fed
+through, and the records (run ``r``'s steps and saves at data positions): shared by the
+rollback tests that read a plan back over real HTTP."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def post(srv: LiveServer, records: list[dict[str, Any]]) -> dict[str, Any]:
     r = httpx.post(srv.url + "/v1/records", json={"records": records}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def step(step: int, position: int, attempt: str, loss: float | str = 2.0) -> dict[str, Any]:
+    """Run ``r``'s step ``step`` of ``attempt``, its data consumed to ``position``."""
+    return {"kind": "step", "run_id": "r", "step": step, "time": 1000.0 + step, "loss": loss,
+            "grad_norm": 1.0, "data_position": position, "attempt": attempt}
+
+
+def save(step: int, position: int, attempt: str) -> dict[str, Any]:
+    """Run ``r``'s checkpoint after step ``step``, resuming at ``position``."""
+    return {"kind": "checkpoint", "run_id": "r", "step": step, "time": 1000.5 + step,
+            "path": f"/ckpt/{step}.pt", "attempt": attempt, "data_position": position}

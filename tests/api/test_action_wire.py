@@ -11,16 +11,8 @@ from typing import Any
 import httpx
 
 from rollback_sidecar import rollback_sidecar
-
-
-def _step(step: int, position: int, attempt: str, loss: float | str = 2.0) -> dict[str, Any]:
-    return {"kind": "step", "run_id": "r", "step": step, "time": 1000.0 + step, "loss": loss,
-            "grad_norm": 1.0, "data_position": position, "attempt": attempt}
-
-
-def _save(step: int, position: int, attempt: str) -> dict[str, Any]:
-    return {"kind": "checkpoint", "run_id": "r", "step": step, "time": 1000.5 + step,
-            "path": f"/ckpt/{step}.pt", "attempt": attempt, "data_position": position}
+from rollback_sidecar import save as _save
+from rollback_sidecar import step as _step
 
 
 def _actions(srv: Any, records: list[dict[str, Any]]) -> bytes:

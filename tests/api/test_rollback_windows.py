@@ -6,19 +6,10 @@ it, diverges again, and its second plan is read back."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rollback_sidecar import post, rollback_sidecar
-
-
-def _step(step: int, position: int, attempt: str, loss: float | str = 2.0) -> dict[str, Any]:
-    return {"kind": "step", "run_id": "r", "step": step, "time": 1000.0 + step, "loss": loss,
-            "grad_norm": 1.0, "data_position": position, "attempt": attempt}
-
-
-def _save(step: int, position: int, attempt: str) -> dict[str, Any]:
-    return {"kind": "checkpoint", "run_id": "r", "step": step, "time": 1000.5 + step,
-            "path": f"/ckpt/{step}.pt", "attempt": attempt, "data_position": position}
+from rollback_sidecar import save as _save
+from rollback_sidecar import step as _step
 
 
 def test_a_second_rollback_skips_the_first_ones_window_too(tmp_path: Path):

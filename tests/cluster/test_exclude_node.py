@@ -66,6 +66,23 @@ def _records(attempt: int, ranks: int, placement: dict[int, int], steps: range,
     return out
 
 
+def _xid_after_a_clean_save(urls: dict[int, str], xid_rank: int) -> None:
+    """A 3 x 2 job (node n: ranks 2n, 2n+1) trains steps 1-10 on its machines' sidecars,
+    saves at step 10, the leader hears every rank, then steps 11-13 read an XID 79 on
+    ``xid_rank``'s GPU."""
+    leader = urls[0]
+    placement = {r: r // 2 for r in range(6)}
+    for node, batch in _records(1, 6, placement, range(1, 11), leader, ckpt=10,
+                                gpu={}).items():
+        post(urls[node], batch)
+    # Everyone heard: the leader's view is whole before the fault.
+    eventually(lambda: httpx.get(f"{leader}/v1/runs/heal", timeout=5).json()
+               ["ranks"].keys() >= {str(r) for r in range(6)}, timeout=20)
+    xid = {xid_rank: {"xid_count": 1, "xid_last": 79}}
+    for node, batch in _records(1, 6, placement, range(11, 14), leader, gpu=xid).items():
+        post(urls[node], [r for r in batch if r["kind"] != "run"])
+
+
 def test_an_xid_on_node_2_restarts_the_job_without_it_and_only_node_2_is_drained(tmp_path):
     with Receiver("slack") as slack, \
             sidecar(tmp_path / "n0", slack) as lead, \
@@ -73,17 +90,7 @@ def test_an_xid_on_node_2_restarts_the_job_without_it_and_only_node_2_is_drained
             sidecar(tmp_path / "n2", slack, leader_url=lead.url,
                     drain={"mode": "command", "command": _drain_command(tmp_path)}) as n2:
         urls = {0: lead.url, 1: n1.url, 2: n2.url}
-        placement = {r: r // 2 for r in range(6)}
-        for node, batch in _records(1, 6, placement, range(1, 11), lead.url, ckpt=10,
-                                    gpu={}).items():
-            post(urls[node], batch)
-        # Everyone heard: the leader's view is whole before the fault.
-        eventually(lambda: httpx.get(f"{lead.url}/v1/runs/heal", timeout=5).json()
-                   ["ranks"].keys() >= {str(r) for r in range(6)}, timeout=20)
-        xid = {4: {"xid_count": 1, "xid_last": 79}}
-        for node, batch in _records(1, 6, placement, range(11, 14), lead.url,
-                                    gpu=xid).items():
-            post(urls[node], [r for r in batch if r["kind"] != "run"])
+        _xid_after_a_clean_save(urls, xid_rank=4)
 
         def decided() -> dict:
             found = [a for a in actions(lead.url) if a["action"] in ("exclude", "stop")]
@@ -165,16 +172,7 @@ def test_a_job_that_leaves_the_leaders_own_node_out_stays_one_run_on_that_leader
             sidecar(tmp_path / "n1", slack, leader_url=lead.url) as n1, \
             sidecar(tmp_path / "n2", slack, leader_url=lead.url) as n2:
         urls = {0: lead.url, 1: n1.url, 2: n2.url}
-        placement = {r: r // 2 for r in range(6)}
-        for node, batch in _records(1, 6, placement, range(1, 11), lead.url, ckpt=10,
-                                    gpu={}).items():
-            post(urls[node], batch)
-        eventually(lambda: httpx.get(f"{lead.url}/v1/runs/heal", timeout=5).json()
-                   ["ranks"].keys() >= {str(r) for r in range(6)}, timeout=20)
-        xid = {0: {"xid_count": 1, "xid_last": 79}}
-        for node, batch in _records(1, 6, placement, range(11, 14), lead.url,
-                                    gpu=xid).items():
-            post(urls[node], [r for r in batch if r["kind"] != "run"])
+        _xid_after_a_clean_save(urls, xid_rank=0)
         excluded = eventually(lambda: [a for a in actions(lead.url)][0], timeout=30,
                               what="the exclusion")
         assert excluded["action"] == "exclude" and [

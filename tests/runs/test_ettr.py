@@ -12,13 +12,18 @@ def _figures(book: GoodputLedger):
     return ettr_of(report.to_dict(), report.ratio)
 
 
-def test_a_hang_ended_by_a_relaunch_is_one_failure_from_the_fault_to_the_next_step():
-    book, row = GoodputLedger(), 0
+def _feeder(book: GoodputLedger):
+    """``feed(record, attempt)``: into ``book`` as the store hands records, each its row."""
+    rows = iter(range(1, 10**6))
 
-    def feed(record, attempt):
-        nonlocal row
-        row += 1
-        book.feed(record, attempt, row)
+    def feed(record, attempt: int) -> None:
+        book.feed(record, attempt, next(rows))
+    return feed
+
+
+def test_a_hang_ended_by_a_relaunch_is_one_failure_from_the_fault_to_the_next_step():
+    book = GoodputLedger()
+    feed = _feeder(book)
 
     feed(RunRecord("r", time=100.0), 1)
     for s in range(1, 21):  # 1 s steps, the first after 3 s of start-up
@@ -41,12 +46,8 @@ def test_a_hang_ended_by_a_relaunch_is_one_failure_from_the_fault_to_the_next_st
 
 
 def test_a_crash_relaunch_and_a_hang_that_recovered_in_place_are_two_failures():
-    book, row = GoodputLedger(), 0
-
-    def feed(record, attempt):
-        nonlocal row
-        row += 1
-        book.feed(record, attempt, row)
+    book = GoodputLedger()
+    feed = _feeder(book)
 
     feed(RunRecord("r", time=0.0), 1)
     for s in range(1, 11):
@@ -79,12 +80,8 @@ def test_a_hang_whose_processes_ended_before_the_relaunch_is_one_failure():
     next step, not a hang and then a relaunch."""
     from monitor_agent.records.types import EndRecord
 
-    book, row = GoodputLedger(), 0
-
-    def feed(record, attempt):
-        nonlocal row
-        row += 1
-        book.feed(record, attempt, row)
+    book = GoodputLedger()
+    feed = _feeder(book)
 
     feed(RunRecord("r", time=100.0), 1)
     for s in range(1, 21):
