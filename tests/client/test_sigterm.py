@@ -46,9 +46,19 @@ def _start(receiver, tmp_path: Path, run_id: str, before: str = "",
     proc = subprocess.Popen([sys.executable, "-c", script, receiver.url, run_id,
                              str(tmp_path)], env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    # A cold torch import on a loaded 2-core box takes tens of seconds: the wait is the
+    # process's start, not the client's delivery (which the assertions below are about).
     eventually(lambda: any(r["step"] == STEPS for r in receiver.of_kind("step")
-                           if r["run_id"] == run_id), what=f"{run_id}'s last step")
+                           if r["run_id"] == run_id), timeout=60,
+               what=f"{run_id}'s last step", context=lambda: _output(proc))
     return proc
+
+
+def _output(proc: subprocess.Popen) -> str:
+    """What the script printed, for a failure's message (the process is ended for it)."""
+    proc.kill()
+    out, err = proc.communicate(timeout=30)
+    return f"exit {proc.returncode}; stdout: {out[-2000:]!r}; stderr: {err[-4000:]!r}"
 
 
 def _ends(receiver, run_id: str) -> list[dict]:
