@@ -31,8 +31,6 @@ from monitor_client._resume import ROLLBACK_EXIT
 from monitor_client._sigterm import TermWatch
 
 _SYS_EXIT = sys.exit  # what _sys_exit calls when it outlived its install (a kept reference)
-TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, time limit " \
-    "or cancel, or a kill)"
 
 
 def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str | None]:
@@ -74,7 +72,7 @@ class ExitHooks:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
         self._exit: Callable[..., object] | None = None
-        self._term = TermWatch(on_signal=lambda: on_exception("stopped", TERMINATED),
+        self._term = TermWatch(on_signal=lambda error: on_exception("stopped", error),
                                on_end=on_exit)
 
     def install(self) -> None:

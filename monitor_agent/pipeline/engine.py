@@ -736,10 +736,20 @@ class Engine:
                 self._retire(live)
             else:
                 self._expect_forwarded(live, record, attempt)
-        elif isinstance(record, EndRecord) and _ends_run(live, record, attempt):
+        elif isinstance(record, EndRecord) and _ends_run(live, record, attempt) \
+                and not self._cut_off(live, record, attempt):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
             self._lifecycle(live, live.lifecycle.ended(record.status, record.step), arrival)
+
+    def _cut_off(self, live: LiveRun, record: EndRecord, attempt: int) -> bool:
+        """A worker its launcher stopped while another rank of its attempt did not end so
+        (runs/attempt_end.py ``cut_off``): the run goes on to its relaunch or its silence."""
+        if record.status != "stopped":
+            return False
+        ranks = {r for n, r in live.attempts.stepped if n == attempt}
+        return attempt_end.cut_off(record.rank, record.status, record.error, ranks,
+                                   self.store.rank_ends(live.run_id, attempt))
 
     def _checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
         """Keep a checkpoint in the run's ledger (stored, so a restart keeps it), with the
