@@ -5,7 +5,8 @@ helper only through public names (what several share is one module's public name
 ``bench.harness``, ``bench.precision``, ``tests.sidecar_process``, ...). A private name is
 its module's own business: importing it from elsewhere ties the two files together where no
 reader of the first looks. The recorders of the test corpora measure nothing and live with
-the corpora (``scripts/traces/``)."""
+the corpora, in the package ``scripts.traces`` (``python -m scripts.traces.record_traces``),
+held to the same rules."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
+PACKAGES = {"bench": BENCH, "scripts.traces": ROOT / "scripts" / "traces"}
 # The code under measurement: a benchmark may time its internals (the client's hooks, the
 # guard's decision) by their private names; nothing else's.
 MEASURED = ("monitor_agent", "monitor_client")
@@ -54,14 +58,17 @@ def foreign_imports(path: Path, siblings: set[str]) -> list[str]:
     return found
 
 
-def test_no_bench_script_edits_sys_path() -> None:
-    found = [edit for path in scripts().values() for edit in sys_path_edits(path)]
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_script_edits_sys_path(package: str) -> None:
+    found = [edit for path in scripts(PACKAGES[package]).values() for edit in sys_path_edits(path)]
     assert found == [], found
 
 
-def test_no_bench_script_imports_another_scripts_private_names_or_a_sibling_bare() -> None:
-    siblings = set(scripts())
-    found = [hit for path in scripts().values() for hit in foreign_imports(path, siblings)]
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_script_imports_another_scripts_private_names_or_a_sibling_bare(package: str) -> None:
+    siblings = set(scripts(PACKAGES[package]))
+    found = [hit for path in scripts(PACKAGES[package]).values()
+             for hit in foreign_imports(path, siblings)]
     assert found == [], found
 
 
@@ -80,12 +87,15 @@ def test_the_checks_catch_an_edit_a_private_import_and_a_bare_sibling(tmp_path: 
         "bad.py:8: amplification._peak_mib"]
 
 
-def test_every_script_imports_as_bench_x_from_the_checkout() -> None:
-    """What ``python -m bench.X`` does first, in a fresh interpreter at the repository root
-    with nothing on ``PYTHONPATH``: bench and tests are packages there, so every script's
-    imports resolve (the measured code from the install)."""
-    assert (BENCH / "__init__.py").is_file() and (ROOT / "tests" / "__init__.py").is_file()
-    names = [f"bench.{name}" for name in scripts()]
+def test_every_script_imports_as_a_module_from_the_checkout() -> None:
+    """What ``python -m bench.X`` (or ``scripts.traces.X``) does first, in a fresh
+    interpreter at the repository root with nothing on ``PYTHONPATH``: bench, scripts.traces
+    and tests are packages there, so every script's imports resolve (the measured code from
+    the install)."""
+    assert all((folder / "__init__.py").is_file() for folder in PACKAGES.values())
+    assert (ROOT / "tests" / "__init__.py").is_file()
+    names = [f"{package}.{name}" for package, folder in PACKAGES.items()
+             for name in scripts(folder)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, "-c", f"import importlib\nfor n in {names!r}: importlib.import_module(n)"],
