@@ -8,9 +8,11 @@ both trees alternately (base, new, base, new, ...), each with its own tree first
 line with its numbers blanked is the row's key, and per row the median of each number
 over the rounds is compared as new/base.
 
-    python bench/ab.py --rev main~3 -- bench/ingest.py --seconds 5 --clients 1 8
-    python bench/ab.py --rev v0.1 --rounds 3 -- bench/client_overhead.py --reps 3
+    python -m bench.ab --rev main~3 -- bench.ingest --seconds 5 --clients 1 8
+    python -m bench.ab --rev v0.1 --rounds 3 -- bench.client_overhead --reps 3
 
+The script is named as a module (``bench.ingest``); a revision from before bench/ was a
+package (no ``bench/__init__.py``) runs the same script by its path, ``bench/ingest.py``.
 Lines whose numbers are not figures (a header, a payload size) show a ratio of 1.00.
 """
 
@@ -63,9 +65,18 @@ def _flatten(prefix: str, obj: object) -> Iterator[tuple[str, list[float]]]:
         yield prefix, [float(obj)]
 
 
+def command(tree: Path, script: list[str]) -> list[str]:
+    """``python -m bench.X ARGS`` in a tree where bench/ is a package, ``python
+    bench/X.py ARGS`` in an older one; ``script[0]`` may be either spelling."""
+    name = script[0].removesuffix(".py").replace("/", ".")
+    if (tree / "bench" / "__init__.py").is_file():
+        return [sys.executable, "-m", name, *script[1:]]
+    return [sys.executable, name.replace(".", "/") + ".py", *script[1:]]
+
+
 def run(tree: Path, script: list[str]) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "client")]))
-    done = subprocess.run([sys.executable, *script], cwd=tree, env=env, text=True,
+    done = subprocess.run(command(tree, script), cwd=tree, env=env, text=True,
                           capture_output=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{script} failed in {tree}:\n{done.stderr[-2000:]}")
@@ -98,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rev", required=True, help="the earlier revision (any git rev)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each tree, interleaved")
-    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- bench/SCRIPT.py [args]")
+    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- bench.SCRIPT [args]")
     args = ap.parse_args()
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:

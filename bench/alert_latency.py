@@ -8,7 +8,7 @@ the real Alertmanager -> a webhook receiver, with the shipped deploy intervals
 (deploy/prometheus/prometheus.yml, deploy/alertmanager/alertmanager.yml). Prometheus'
 defaults (1m scrape and evaluation) are computed from the measured pieces.
 
-    python bench/alert_latency.py [--incidents 200] [--prom-incidents 3] [--quick]
+    python -m bench.alert_latency [--incidents 200] [--prom-incidents 3] [--quick]
 
 ``--quick`` runs the Prometheus path with 1 s intervals and no group wait (a sanity check).
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from tests.alertmanager_process import AlertmanagerProcess
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess, free_port
 
-from alertmanager_process import AlertmanagerProcess  # noqa: E402
-from receivers import Receiver  # noqa: E402
-from sidecar_process import SidecarProcess, free_port  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULTS = {"scrape": 60.0, "eval": 60.0, "group_wait": 30.0}  # Prometheus / Alertmanager
 

@@ -11,28 +11,24 @@ quietly), the ingest rate after, and what the read side costs per request for th
 (detail, listing) once it left memory. ``--snapshot-every 0``: no snapshot, the rebuild
 feeds every kept step.
 
-    python bench/attempts.py [--steps 20000] [--back 1000] [--snapshot-every 1000]
+    python -m bench.attempts [--steps 20000] [--back 1000] [--snapshot-every 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+from prometheus_client import CollectorRegistry
 
-from prometheus_client import CollectorRegistry  # noqa: E402
-
-from monitor_agent.metrics.sidecar import SelfMetrics  # noqa: E402
-from monitor_agent.pipeline.engine import Engine, Incoming  # noqa: E402
-from monitor_agent.reads.queries import RunQueries  # noqa: E402
-from monitor_agent.records import schemas  # noqa: E402
-from monitor_agent.settings import Settings  # noqa: E402
-from monitor_agent.storage.store import Store  # noqa: E402
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.reads.queries import RunQueries
+from monitor_agent.records import schemas
+from monitor_agent.settings import Settings
+from monitor_agent.storage.store import Store
 
 BATCH = 10
 

@@ -3,18 +3,18 @@
 Prints the figures issue 7 asks for (no timing asserts; tests/reliability/ asserts the
 behaviour with small versions of the same harness functions).
 
-    python bench/chaos.py                                 # every section, full size
-    python bench/chaos.py --sections soak --soak-seconds 600
-    python bench/chaos.py --sections kills --kills 10
-    python bench/chaos.py --sections fuzz --schemathesis-examples 2000
-    python bench/chaos.py --sections cardinality --cardinality 1000000
+    python -m bench.chaos                                 # every section, full size
+    python -m bench.chaos --sections soak --soak-seconds 600
+    python -m bench.chaos --sections kills --kills 10
+    python -m bench.chaos --sections fuzz --schemathesis-examples 2000
+    python -m bench.chaos --sections cardinality --cardinality 1000000
 
-    python bench/chaos.py --sections amplification --amplification-cases 2000
-    python bench/chaos.py --sections readers --readers-records 48
-    python bench/chaos.py --sections flood --flood-runs 0 120 5100 10000
+    python -m bench.chaos --sections amplification --amplification-cases 2000
+    python -m bench.chaos --sections readers --readers-records 48
+    python -m bench.chaos --sections flood --flood-runs 0 120 5100 10000
 
-    python bench/chaos.py --sections cpu --cpu-checkpoints 20000 --cpu-ranks 256
-    python bench/chaos.py --sections peer --peer-dead 20 --peer-seconds 40
+    python -m bench.chaos --sections cpu --cpu-checkpoints 20000 --cpu-ranks 256
+    python -m bench.chaos --sections peer --peer-dead 20 --peer-seconds 40
 
 Sections: kills, notify, disk, soak, churn, cardinality, fuzz, amplification, readers, flood,
 cpu, peer.
@@ -24,16 +24,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"),
-                str(REPO / "tests" / "reliability"), str(REPO / "bench")]
-
-from sidecar_process import SidecarProcess  # noqa: E402
+from tests.sidecar_process import SidecarProcess
 
 SECTIONS = ("kills", "notify", "disk", "soak", "churn", "cardinality", "fuzz", "amplification",
             "readers", "flood", "cpu", "peer")
@@ -42,7 +37,7 @@ QUIET = {"MONITOR_AGENT_LOG_LEVEL": "warning"}
 
 def measure_capacity(tmp: Path, seconds: float) -> float:
     """Records/s of bench/ingest.py's GPT-2-small payload, 8 clients, on a fresh sidecar."""
-    import ingest
+    from bench import ingest
 
     with SidecarProcess(tmp / "capacity", env=QUIET) as sc:
         per = int(seconds * 1000 / ingest.BATCH / 8) + 10
@@ -54,7 +49,7 @@ def measure_capacity(tmp: Path, seconds: float) -> float:
 
 
 def section_kills(args: argparse.Namespace, tmp: Path) -> None:
-    from kill_loop import kill_loop
+    from tests.reliability.kill_loop import kill_loop
 
     (tmp / "kills").mkdir()
     report = kill_loop(tmp / "kills", kills=args.kills, steps=args.kill_steps)
@@ -62,7 +57,7 @@ def section_kills(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def section_notify(args: argparse.Namespace, tmp: Path) -> None:
-    from notify_outage import notify_outage
+    from tests.reliability.notify_outage import notify_outage
 
     (tmp / "notify").mkdir()
     report = notify_outage(tmp / "notify", outage_seconds=args.outage_seconds, runs=20)
@@ -72,7 +67,7 @@ def section_notify(args: argparse.Namespace, tmp: Path) -> None:
 def section_disk(args: argparse.Namespace, tmp: Path) -> None:
     import subprocess
 
-    from disk_full import disk_full
+    from tests.reliability.disk_full import disk_full
 
     point = tmp / "mnt"
     point.mkdir()
@@ -85,7 +80,7 @@ def section_disk(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def section_churn(args: argparse.Namespace, tmp: Path) -> None:
-    from churn import churn, churn_env
+    from tests.reliability.churn import churn, churn_env
 
     with SidecarProcess(tmp / "churn", env=churn_env(ttl=2.0)) as sc:
         for wave in range(1, 4):  # the same again: memory is reused, not grown
@@ -95,7 +90,7 @@ def section_churn(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def section_cardinality(args: argparse.Namespace, tmp: Path) -> None:
-    from cardinality import label_bomb, layer_bomb, run_bomb
+    from tests.reliability.cardinality import label_bomb, layer_bomb, run_bomb
 
     n = args.cardinality
     for name, attack in (("layers", lambda url, pid: layer_bomb(url, pid, names=n)),
@@ -128,8 +123,8 @@ def section_amplification(args: argparse.Namespace, tmp: Path) -> None:
     fuzz corpus (goal: nothing held above 10x what was sent, no request above 64 MiB)."""
     import dataclasses
 
-    from amplification import Report, attack_cases, measure, shape_cases
-    from record_fuzz import fuzz_cases, rss_mib, seed_records
+    from tests.reliability.amplification import Report, attack_cases, measure, shape_cases
+    from tests.reliability.record_fuzz import fuzz_cases, rss_mib, seed_records
 
     attacks = attack_cases() + shape_cases()
     corpus = list(fuzz_cases(seed_records(), limit=args.amplification_cases))
@@ -160,7 +155,14 @@ def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
     import dataclasses
 
     import httpx
-    from amplification import Report, in_parallel, layer_names_over_time, measure, shape_cases
+
+    from tests.reliability.amplification import (
+        Report,
+        in_parallel,
+        layer_names_over_time,
+        measure,
+        shape_cases,
+    )
 
     with SidecarProcess(tmp / "amplification-time", env=QUIET) as sc:
         drift = layer_names_over_time(sc.url, sc.proc.pid, sc.data_dir / "history.sqlite",
@@ -181,7 +183,7 @@ def amplification_over_time(args: argparse.Namespace, tmp: Path) -> None:
 def reader_shapes(run_id: str) -> list:
     """Readers that send a GET and never read: the issue's shapes (30 and 540 clients of a
     large run's records), and every other read route that can answer a lot."""
-    from stalled_readers import Shape, records_path
+    from tests.reliability.stalled_readers import Shape, records_path
 
     return [Shape("records limit=10000", records_path(run_id), 30),
             Shape("records limit=10000, 540 clients", records_path(run_id), 540),
@@ -199,9 +201,10 @@ def section_readers(args: argparse.Namespace, tmp: Path) -> None:
     """Bytes sent vs peak and held RSS per shape of reader that never reads (budget: 64
     MiB of peak RSS for all read answers together), then one client reading the whole run."""
     import httpx
-    from amplification import _peak_mib, _reset_peak
-    from record_fuzz import rss_mib
-    from stalled_readers import (
+
+    from tests.reliability.amplification import peak_mib, reset_peak
+    from tests.reliability.record_fuzz import rss_mib
+    from tests.reliability.stalled_readers import (
         attack,
         close_all,
         records_path,
@@ -224,13 +227,13 @@ def section_readers(args: argparse.Namespace, tmp: Path) -> None:
             print(f"{row.line()}  {verdict}", flush=True)
             time.sleep(2.0)  # let the closed readers' answers end before the next shape
         before = rss_mib(sc.proc.pid)
-        _reset_peak(sc.proc.pid)
+        reset_peak(sc.proc.pid)
         path, pages, got = records_path("big"), 0, 0
         while path is not None:
             page = httpx.get(sc.url + path, timeout=120).json()
             path, pages, got = page["next"], pages + 1, got + len(page["records"])
         print(f"one client reading the whole run: {got} records in {pages} pages, peak "
-              f"+{_peak_mib(sc.proc.pid) - before:.1f} MiB")
+              f"+{peak_mib(sc.proc.pid) - before:.1f} MiB")
 
 
 def section_flood(args: argparse.Namespace, tmp: Path) -> None:
@@ -262,7 +265,7 @@ def section_flood(args: argparse.Namespace, tmp: Path) -> None:
     250-470 s before (the "before" runs shared the machine with other work; the senders
     also scanned a ~10,000-row queue under the database lock ingest needs) and 46 s after.
     """
-    from page_flood import page_flood
+    from tests.reliability.page_flood import page_flood
 
     for n in args.flood_runs:
         report = page_flood(tmp / f"flood-{n}", runs=n, age=args.flood_age,
@@ -272,7 +275,7 @@ def section_flood(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def section_soak(args: argparse.Namespace, tmp: Path) -> None:
-    from soak import soak
+    from tests.reliability.soak import soak
 
     capacity = args.capacity or measure_capacity(tmp, args.capacity_seconds)
     rate = capacity / 2
@@ -316,7 +319,7 @@ def section_cpu(args: argparse.Namespace, tmp: Path) -> None:
     What is left of the other run's wait is the one call of the attacking run it comes
     after (one engine call is not cut short): see docs/architecture.md, "What a record
     costs"."""
-    from cpu_shapes import checkpoint_flood, ranks_at_rate, walk_back
+    from tests.reliability.cpu_shapes import checkpoint_flood, ranks_at_rate, walk_back
 
     shapes = (
         ("flood", lambda url, pid: checkpoint_flood(url, pid, checkpoints=args.cpu_checkpoints,
@@ -348,7 +351,7 @@ def section_peer(args: argparse.Namespace, tmp: Path) -> None:
       peer-door flood too 39.2 s -> 0.1 s (the flood's exchanges 200 -> 401);
     - honest ingest refused during the malformed-finding flood: 135 of 160 (84%, /readyz
       not ready 138 times) -> 0 of 159 (0%; the flood's exchanges 503 -> 422)."""
-    from peer_chaos import malformed_flood, page_latency
+    from tests.reliability.peer_chaos import malformed_flood, page_latency
 
     for dead, flood in ((0, False), (args.peer_dead, False), (args.peer_dead, True)):
         (tmp / f"peer-{dead}-{flood}").mkdir()

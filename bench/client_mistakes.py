@@ -12,7 +12,7 @@ real sidecar started with a token, and prints how long ``close()`` took, how man
 - ``down``          nothing listening (transient: retried, spooled)
 - ``hung``          a port that accepts and never answers
 
-    python bench/client_mistakes.py [--client DIR]
+    python -m bench.client_mistakes [--client DIR]
 
 ``--client`` points at another checkout's ``client/`` to measure it the same way (before
 and after a change, in one run: ``--client /path/to/other/client``).
@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from tests.sidecar_process import SidecarProcess
 
-from sidecar_process import SidecarProcess  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, logging, os, sys, time

@@ -50,18 +50,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_steps  # noqa: E402
-from harness import (  # noqa: E402
+from bench import tiny_steps
+from bench.harness import (
     bare_step,
     build,
     forward_backward,
@@ -72,10 +68,9 @@ from harness import (  # noqa: E402
     sync,
     timed,
 )
-
-from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
-from monitor_client._stats import GradStats  # noqa: E402
-from monitor_client.settings import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings
+from monitor_client._stats import GradStats
+from monitor_client.settings import DEFAULT_HIST_EVERY, DEFAULT_LAYER_STATS_EVERY
 
 
 def naive_stats(model, snapshot):

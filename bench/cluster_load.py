@@ -19,7 +19,7 @@ Last, the sizing of a job of ``--nodes`` nodes x ``--ranks-per-node`` ranks (128
 per-node CPU, memory and series from the level with that many ranks, and the series at the
 central Prometheus with and without the per-layer drop rule of deploy/kubernetes/README.md.
 
-    python bench/cluster_load.py [--seconds 35] [--max-ranks 256]
+    python -m bench.cluster_load [--seconds 35] [--max-ranks 256]
 
 Latency includes the load generator's own scheduling (same machine, same cores).
 """
@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import gzip
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -42,11 +41,8 @@ import httpx
 import orjson
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
-
-from monitor_agent.records import wire  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
+from monitor_agent.records import wire
+from tests.sidecar_process import SidecarProcess
 
 TOKEN = "bench-token"
 HEADERS = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip",

@@ -2,11 +2,11 @@
 (10 batches an epoch) resumed at position 0 with a window ``(1, N)`` left out, for N up to
 10**12, and a stream (an ``IterableDataset``) resumed after position P, which it reads past.
 Prints the seconds to the first batch and the batches drawn (map-style: index lists of the
-batch sampler; stream: batches made). Compare a change with ``python bench/ab.py --rev REV
--- bench/data_seek.py`` (a revision before the arithmetic jump takes 7.9 s at N = 10**7
+batch sampler; stream: batches made). Compare a change with ``python -m bench.ab --rev REV
+-- bench.data_seek`` (a revision before the arithmetic jump takes 7.9 s at N = 10**7
 and never returns at 10**12: pass ``--largest 7`` there).
 
-    python bench/data_seek.py
+    python -m bench.data_seek
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ diffusion, AMP, MoE, ... healthy and faulty), per half (seed 1 ``tune``, seeds 2
 ``heldout``): the precision table above (healthy runs paged and by what, false warnings per
 10k healthy steps, recall per type, faulty runs fully caught) and the class table.
 
-Run: ``PYTHONPATH=. python bench/detection.py [--traces DIR] [--corpus DIR] [--classes DIR]
+Run: ``python -m bench.detection [--traces DIR] [--corpus DIR] [--classes DIR]
 [--shapes DIR] [--no-cost] [--precision-only] [--details]`` (``--details`` lists every false alarm and miss).
 """
 
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from precision import (
+
+from bench.precision import (
     class_scores,
     load_set,
     precision,
@@ -52,7 +53,6 @@ from precision import (
     print_precision,
     replayed,
 )
-
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import LayerTable, QuantileTable, Record, StepRecord

@@ -5,7 +5,7 @@ live run costs. Render time is measured cold (every run changed since the last s
 the worst case during training) and warm (nothing changed); prometheus_client's
 ``generate_latest`` renders the very same series from Gauges for comparison.
 
-    python bench/exposition.py [--layers 320] [--steps 30]
+    python -m bench.exposition [--layers 320] [--steps 30]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,15 +20,12 @@ from pathlib import Path
 import psutil
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from monitor_agent.metrics.sidecar import SelfMetrics  # noqa: E402
-from monitor_agent.pipeline.engine import Engine, Incoming  # noqa: E402
-from monitor_agent.reads.exposition import Exposition  # noqa: E402
-from monitor_agent.records import schemas  # noqa: E402
-from monitor_agent.settings import load_settings  # noqa: E402
-from monitor_agent.storage.store import Store  # noqa: E402
+from monitor_agent.metrics.sidecar import SelfMetrics
+from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.reads.exposition import Exposition
+from monitor_agent.records import schemas
+from monitor_agent.settings import load_settings
+from monitor_agent.storage.store import Store
 
 
 def feed(engine: Engine, runs: int, layers: int, steps: int) -> None:

@@ -37,7 +37,7 @@ counted apart); precision, recall and F1 of the named nodes against the injected
 healthy run every named node is a false positive); the cause class of the true positives;
 time to name: seconds and steps from the injection to the first poll that showed it sick.
 
-Needs root. Quick pass: ``python bench/fault_suite.py --seeds 1``; one class:
+Needs root. Quick pass: ``python -m bench.fault_suite --seeds 1``; one class:
 ``--classes compute-1.3,sdc``; ``--json out.json`` keeps every trial.
 """
 
@@ -55,12 +55,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
-
-from netcluster import Cluster, unavailable  # noqa: E402
-from netcluster.elastic import ElasticJob  # noqa: E402
-from netcluster.names import Names  # noqa: E402
+from tests.netcluster import Cluster, unavailable
+from tests.netcluster.elastic import ElasticJob
+from tests.netcluster.names import Names
 
 CAUSE = {"compute-1.1": "compute-slow", "compute-1.3": "compute-slow",
          "compute-2": "compute-slow", "network": "network-slow", "input": "input-slow",

@@ -23,9 +23,9 @@ Shapes (``--shapes``, comma-separated; default all but ``two-node``):
 ``--scale`` multiplies every step count but the ``faults`` shape's. The tests that hold
 these figures to 5% are ``tests/e2e/test_goodput_faults.py``; this prints them.
 
-    python bench/goodput_faults.py                        # ~3 min on a loaded 2-core box
-    python bench/goodput_faults.py --shapes steady,few-workers --scale 2
-    python bench/goodput_faults.py --two-node
+    python -m bench.goodput_faults                        # ~3 min on a loaded 2-core box
+    python -m bench.goodput_faults --shapes steady,few-workers --scale 2
+    python -m bench.goodput_faults --two-node
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,22 +40,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
-
-from test_goodput_faults import (  # noqa: E402
+from tests.e2e.goodput_runs import (
     STRAGGLER_CAUSES,
-    TOKEN,
-    _clock,
-    _findings,
-    _goodput,
-    _train,
-    _waits,
+    findings_of,
+    goodput_of,
+    script_clock,
+    step_waits,
+    train_script,
 )
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess
 
-from eventually import eventually  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
+TOKEN = "goodput-faults-bench-token-0123456789"  # the two-node shape's write token
 SHAPES = ("healthy", "steady", "few-workers", "slowing", "faults", "straggler", "two-node")
 SAID = ("input_bound", "straggler", "throughput_drop")  # the findings that name a bucket
 
@@ -104,9 +101,9 @@ def _single(url: str, out: Path, run_id: str, what: str, *args: str,
             nominal: float | None = None, prefetch: bool = False) -> Shape:
     """One process; its input bucket against every wait for a batch the script measured
     (with prefetching workers, less the first: it spawned them, which is start-up)."""
-    _train(url, run_id, out, *args)
-    g, clock = _goodput(url, run_id), _clock(out)
-    waits = _waits(clock)
+    train_script(url, run_id, out, *args)
+    g, clock = goodput_of(url, run_id), script_clock(out)
+    waits = step_waits(clock)
     rows = [Row("input", nominal, sum(waits[1:] if prefetch else waits),
                 g["badput_seconds"]["input"]), _startup(g, clock)]
     notes = [f"first wait (spawned the workers, partly start-up): {waits[0]:.3f} s"] \
@@ -150,10 +147,10 @@ def faults(url: str, out: Path, scale: float) -> Shape:
     args = ["--steps", "200", "--watchdog-floor", "1", "--slow-batches", "20,40,80,110",
             "--loader-sleep", "0.3", "--eval-at", "50,100", "--eval-sleep", "0.5",
             "--ckpt-at", "60,120", "--ckpt-sleep", "0.5", "--hang-at", "90", "--hang", "3"]
-    _train(url, run_id, out, *args, "--crash-at", "150", ok=False)
+    train_script(url, run_id, out, *args, "--crash-at", "150", ok=False)
     time.sleep(gap)  # the launcher's relaunch gap
-    _train(url, run_id, out, *args, "--resume", str(out / "ckpt-120.pt"))
-    g, clock = _goodput(url, run_id), _clock(out)
+    train_script(url, run_id, out, *args, "--resume", str(out / "ckpt-120.pt"))
+    g, clock = goodput_of(url, run_id), script_clock(out)
     bad = g["badput_seconds"]
     at = {(e["event"], e["step"]): e for e in clock}
     crash, ups = at["crash", 150], [e for e in clock if e["event"] == "up"]
@@ -181,11 +178,11 @@ def faults(url: str, out: Path, scale: float) -> Shape:
 
 def straggler(url: str, out: Path, scale: float) -> Shape:
     run_id, n = "gpb-straggler", _n(40, scale)
-    _train(url, run_id, out, "--steps", str(n), "--slow-rank", "1", "--slow", "0.1", world=2)
-    g = _goodput(url, run_id)
-    slept = {r: sum(e["slept"] for e in _clock(out, rank=r) if e["event"] == "step"
+    train_script(url, run_id, out, "--steps", str(n), "--slow-rank", "1", "--slow", "0.1", world=2)
+    g = goodput_of(url, run_id)
+    slept = {r: sum(e["slept"] for e in script_clock(out, rank=r) if e["event"] == "step"
                     and e["step"] > 1) for r in (0, 1)}
-    clock = _clock(out, rank="*")
+    clock = script_clock(out, rank="*")
     rows = [Row("straggler_compute", (n - 1) * 0.1, slept[1] - slept[0],
                 g["badput_seconds"]["straggler_compute"])]
     return Shape(run_id, f"2 gloo ranks, rank 1's compute 100 ms slower, {n} steps", g,
@@ -211,17 +208,17 @@ def two_node(out: Path, scale: float) -> Shape:
                     "NODE_NAME": f"gpu-node-{rank}",
                     "MONITOR_AGENT_SPOOL_DIR": str(out / f"spool-node{rank}")}
 
-        _train(None, run_id, out / "run", "--steps", str(n), "--load-time", "0.1",
+        train_script(None, run_id, out / "run", "--steps", str(n), "--load-time", "0.1",
                "--load-rank", "1", world=2, env_of=node_env)
 
         def settled() -> dict[str, Any]:
             ended = {r["rank"] for r in leader.records(run_id) if r["kind"] == "end"}
             assert ended == {0, 1}, ended  # node 1's records reached the leader
-            return _goodput(leader.url, run_id)
+            return goodput_of(leader.url, run_id)
 
         g = eventually(settled, timeout=60, what="the leader holds both ranks' ends")
-        waits = {r: _waits(_clock(out / "run", rank=r)) for r in (0, 1)}
-        clock = _clock(out / "run", rank="*")
+        waits = {r: step_waits(script_clock(out / "run", rank=r)) for r in (0, 1)}
+        clock = script_clock(out / "run", rank="*")
         bad = g["badput_seconds"]
         rows = [Row("straggler_data", (n - 1) * 0.1, sum(waits[1][1:]) - sum(waits[0][1:]),
                     bad["straggler_data"]),
@@ -238,7 +235,7 @@ def two_node(out: Path, scale: float) -> Shape:
 def _said(url: str, run_id: str) -> list[str]:
     """The run's findings by type, and what the ones that name a bucket say."""
     by_type: dict[str, list[dict[str, Any]]] = {}
-    for f in _findings(url, run_id):
+    for f in findings_of(url, run_id):
         by_type.setdefault(f["type"], []).append(f)
     lines = ["findings: " + (", ".join(f"{t} x{len(fs)}" for t, fs in sorted(by_type.items()))
                              or "none")]

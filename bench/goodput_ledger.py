@@ -9,8 +9,8 @@ reported once. Records are made before the clock starts: the figure is the ledge
 work, not parsing or storage. Past 1024 steps the ledger also trims the step marks a
 resume's discard reads, so the figure is given before and after that point too.
 
-    python bench/goodput_ledger.py                 # 8 ranks x 20,000 steps
-    python bench/goodput_ledger.py --ranks 64 --steps 5000
+    python -m bench.goodput_ledger                 # 8 ranks x 20,000 steps
+    python -m bench.goodput_ledger --ranks 64 --steps 5000
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client")]
-
-from monitor_agent.records.types import (  # noqa: E402
+from monitor_agent.records.types import (
     CheckpointRecord,
     EvalRecord,
     HangRecord,
@@ -33,7 +28,7 @@ from monitor_agent.records.types import (  # noqa: E402
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger  # noqa: E402
+from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger
 
 
 def stream(ranks: int, steps: int, seed: int = 0) -> list[Record]:

@@ -38,9 +38,9 @@ On a machine without a CUDA GPU it runs too (CI runs it: tests/test_gpu_check.py
 section that needs a GPU prints that it is skipped and why, and ``nan`` runs on the CPU with
 a tiny model.
 
-    python bench/gpu_check.py                     # all sections
-    python bench/gpu_check.py --quick             # smaller model and fewer steps
-    python bench/gpu_check.py --sections nan --json out.json
+    python -m bench.gpu_check                     # all sections
+    python -m bench.gpu_check --quick             # smaller model and fewer steps
+    python -m bench.gpu_check --sections nan --json out.json
 """
 
 from __future__ import annotations
@@ -65,14 +65,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "client", ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from harness import sync  # noqa: E402
-
-from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
+from bench.harness import sync
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 
 SECTIONS = ("overhead", "syncs", "memory", "split", "nvml", "nan")
 EXTRA_SECTIONS = ("ablation", "profile")  # not run unless named

@@ -8,24 +8,19 @@ AdamW (the guard skips on device) and a foreach AdamW (the guard reads its flag 
 host, free on CPU). Also the guard's own hooks timed alone (the decision over its 128-norm
 window, and the restore after the step), which is the guard's cost free of step noise.
 
-    python bench/guard_overhead.py                  # CPU, ~3 minutes on 2 cores
-    python bench/guard_overhead.py --rounds 10 --device cuda
+    python -m bench.guard_overhead                  # CPU, ~3 minutes on 2 cores
+    python -m bench.guard_overhead --rounds 10 --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "client"))
-sys.path.insert(0, str(HERE))
-from harness import (  # noqa: E402
+from bench.harness import (
     build,
     forward_backward,
     interleaved,
@@ -34,9 +29,8 @@ from harness import (  # noqa: E402
     start_sink,
     timed,
 )
-
-from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
-from monitor_client._guard import StepGuard  # noqa: E402
+from monitor_client import Monitor, MonitorSettings, WatchSettings
+from monitor_client._guard import StepGuard
 
 
 def rounds(model, opt, batch, device, n, url, label) -> dict[str, float]:

@@ -23,7 +23,7 @@ batches of ``tests/traces``): the guard is not meant to catch a batch 2-3x as ha
 step-to-step noise and at least 4.5x the norm's level; a run whose norm swings 30x from one
 step to the next (the recorded CNNs) keeps even a 160x batch.
 
-Run: ``PYTHONPATH=.:client python bench/guard_precision.py [--own-steps 1000] [--details]``.
+Run: ``python -m bench.guard_precision [--own-steps 1000] [--details]``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Healing without a person (issue 43): one CPU training job under one failure schedule, in
 three arms and a fault-free run, measured in one run of this script.
 
-    python bench/heal.py                      # 24 min per arm: about 1 h 40 min
-    python bench/heal.py --minutes 6 --every 90 --response 120 --collective-timeout 180
+    python -m bench.heal                      # 24 min per arm: about 1 h 40 min
+    python -m bench.heal --minutes 6 --every 90 --response 120 --collective-timeout 180
 
 The job: ``torchrun --max-restarts=50`` of two gloo ranks (bench/heal_job.py, written as
 docs/actions.md "Healing" says), a paced step (``--step-time``), a checkpoint every

@@ -6,7 +6,7 @@ concurrent clients. Pushgateway gets the very same samples in its text format, o
 step (it keeps one value per series, so a step is the natural push). Prints records/s,
 samples/s, p50/p99 latency and the ratio.
 
-    python bench/ingest.py [--seconds 10] [--clients 1 8]
+    python -m bench.ingest [--seconds 10] [--clients 1 8]
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import gzip
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,11 +23,8 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from monitor_agent.records import wire  # noqa: E402
-from sidecar_process import SidecarProcess, free_port  # noqa: E402
+from monitor_agent.records import wire
+from tests.sidecar_process import SidecarProcess, free_port
 
 N_TENSORS = 148  # GPT-2 small: wte, wpe, 12 blocks x 12 tensors, ln_f weight/bias
 LAYER_STATS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac",

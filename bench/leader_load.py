@@ -37,9 +37,9 @@ POSTs, digest bytes per rank per step (raw JSON and gzip, plain and per-layer st
 whole record vs its digest), decision latency p50/p99 over the faults, and the load
 generator's own CPU (it shares the machine; each simulated node has its own client).
 
-    python bench/leader_load.py [--nodes 128] [--ranks-per-node 8] [--seconds 180]
-    python bench/leader_load.py --quick          # 8 x 8, a sanity run
-    python bench/leader_load.py --save-records r.jsonl ...; ... --records r.jsonl  # no torch
+    python -m bench.leader_load [--nodes 128] [--ranks-per-node 8] [--seconds 180]
+    python -m bench.leader_load --quick          # 8 x 8, a sanity run
+    python -m bench.leader_load --save-records r.jsonl ...; ... --records r.jsonl  # no torch
 
 Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s.
 """
@@ -51,7 +51,6 @@ import asyncio
 import contextlib
 import gzip
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -63,14 +62,12 @@ import orjson
 import psutil
 import yaml
 
+from bench.cluster_load import HEADERS, TOKEN, Templates, body, capture_client_records
+from monitor_agent.cluster.digest import digest
+from monitor_agent.records import wire
+from tests.sidecar_process import SidecarProcess
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests"), str(REPO / "bench")]
-
-from cluster_load import HEADERS, TOKEN, Templates, body, capture_client_records  # noqa: E402
-
-from monitor_agent.cluster.digest import digest  # noqa: E402
-from monitor_agent.records import wire  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
 
 RUN = "leader-load"
 PEER_HEADERS = {"Content-Type": "application/json", "Content-Encoding": "gzip",

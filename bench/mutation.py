@@ -8,9 +8,9 @@ one module at a time, with the module's own tests. A bench, not a test: it takes
 module on 2 cores, and its figure is read, not asserted. ``pip install mutmut`` first (not a
 dependency of the project).
 
-    python bench/mutation.py                        # every module below
-    python bench/mutation.py --module notify/fairness.py --children 2
-    python bench/mutation.py --survivors            # and list what survived
+    python -m bench.mutation                        # every module below
+    python -m bench.mutation --module notify/fairness.py --children 2
+    python -m bench.mutation --survivors            # and list what survived
 
 The score is killed / (killed + survived + timeout): mutants no test reaches ("no tests")
 are counted apart, as they are the coverage's gap rather than the tests' blindness.

@@ -8,7 +8,7 @@ We print the seconds from "sidecar ready again" to "the page is at the receiver"
 person waits for), to "the NaN step is stored", and to "every record is stored", and
 how many steps were stored after a later one (late: the detectors only look forward).
 
-    python bench/nan_overtakes.py [--backlog 20000] [--pad 2000] [--outage 20]
+    python -m bench.nan_overtakes [--backlog 20000] [--pad 2000] [--outage 20]
                                   [--max-queue 10000]
                                   [--client DIR]   # another checkout's client/, to compare
 
@@ -30,11 +30,10 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
 
-from receivers import Receiver  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 RUN = "nan-overtakes"
 

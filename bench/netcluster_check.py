@@ -20,7 +20,7 @@ steps (``--width``, ``--layers``), runs throughout; each phase is measured over
 * the last node leaves (agent and ranks SIGKILLed; the job runs ``--nnodes=N-1:N``):
   seconds until the other nodes train again without it.
 
-Needs root. Run: ``python bench/netcluster_check.py [--nodes 4] [--factors 1.1,1.3,2]``
+Needs root. Run: ``python -m bench.netcluster_check [--nodes 4] [--factors 1.1,1.3,2]``
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
-
-from netcluster import Cluster, unavailable  # noqa: E402
-from netcluster.elastic import ElasticJob  # noqa: E402
+from tests.netcluster import Cluster, unavailable
+from tests.netcluster.elastic import ElasticJob
 
 SICK = 1  # the node every fault goes to
 

@@ -6,14 +6,13 @@ them. We time ``deliver_next`` choosing and delivering the fresh one (order is k
 alert, so the backlog does not block it; it only costs the scan that finds it), and a
 ``deliver_next`` that finds nothing due (what each sender loop costs during an outage).
 
-    python bench/outbox_backlog.py [--pending 100 1000 10000] [--repeat 20]
+    python -m bench.outbox_backlog [--pending 100 1000 10000] [--repeat 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,16 +20,13 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "notify")]
-
-from monitor_agent.alerting.db import open_alert_db  # noqa: E402
-from monitor_agent.metrics.delivery import DeliveryMetrics  # noqa: E402
-from monitor_agent.notify.channel_settings import OutboxSettings  # noqa: E402
-from monitor_agent.notify.outbox import Outbox  # noqa: E402
-from monitor_agent.notify.pagerduty import PagerDutyNotifier  # noqa: E402
-from receivers import Receiver  # noqa: E402
-from sample_events import event, note  # noqa: E402
+from monitor_agent.alerting.db import open_alert_db
+from monitor_agent.metrics.delivery import DeliveryMetrics
+from monitor_agent.notify.channel_settings import OutboxSettings
+from monitor_agent.notify.outbox import Outbox
+from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from tests.notify.sample_events import event, note
+from tests.receivers import Receiver
 
 KEY = "0123456789abcdef0123456789abcdef"
 

@@ -10,24 +10,19 @@ user-style script of ``tests/e2e/ddp_rank_fault_train.py``:
   warning (detection delay in steps) and its message;
 * one run whose rank 2 input batch has a NaN at step 20: the page's message.
 
-Run: ``PYTHONPATH=.:client python bench/rank_faults.py [--healthy 3] [--steps 300]``
+Run: ``python -m bench.rank_faults [--healthy 3] [--steps 300]``
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
-
-from test_rank_faults import WORLD, _job  # noqa: E402
-
-from sidecar_process import SidecarProcess  # noqa: E402
+from tests.e2e.ddp_job import WORLD, ddp_job
+from tests.sidecar_process import SidecarProcess
 
 
 def findings(sc: SidecarProcess, run_id: str, ftype: str) -> list[dict]:
@@ -45,7 +40,7 @@ def main() -> None:
         false = []
         for k in range(args.healthy):
             run_id = f"healthy-{k}"
-            _job(sc.url, run_id, "--steps", str(args.steps), "--seed", str(k))
+            ddp_job(sc.url, run_id, "--steps", str(args.steps), "--seed", str(k))
             false += findings(sc, run_id, "rank_outlier")
         rank_steps = args.healthy * args.steps * WORLD
         if rank_steps:
@@ -54,7 +49,7 @@ def main() -> None:
                   f"({1e4 * len(false) / rank_steps:.2f} per 10k rank-steps)")
         for f in false:
             print("   ", f["step"], f["rank"], f["message"])
-        _job(sc.url, "shard", "--steps", "120", "--corrupt-rank", "3", "--corrupt-from", "40",
+        ddp_job(sc.url, "shard", "--steps", "120", "--corrupt-rank", "3", "--corrupt-from", "40",
              "--corrupt-scale", str(args.scale))
         found = findings(sc, "shard", "rank_outlier")
         if found:
@@ -63,7 +58,7 @@ def main() -> None:
                   f"{sorted({f['rank'] for f in found})}: {found[0]['message']}")
         else:
             print("corrupt shard: no warning")
-        _job(sc.url, "nan", "--steps", "30", "--nan-rank", "2", "--nan-step", "20")
+        ddp_job(sc.url, "nan", "--steps", "30", "--nan-rank", "2", "--nan-step", "20")
         nan = sorted(findings(sc, "nan", "nan_inf"), key=lambda f: f["step"])
         print(f"NaN input on rank 2 at step 20: {len(nan)} nan_inf finding(s); first: "
               f"{nan[0]['message'] if nan else None}")

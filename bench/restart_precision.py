@@ -2,7 +2,7 @@
 detectors, and each finding the packaged rules would restart (or leave a node out) for,
 counted per corpus and per healthy / faulty run.
 
-    python bench/restart_precision.py            # every corpus under tests/traces
+    python -m bench.restart_precision            # every corpus under tests/traces
 
 A finding counts when a packaged rule with ``action: restart`` or ``exclude`` matches it
 (default_rules.yaml: a hang past its limit or a rank gone, a hard GPU error): what a job

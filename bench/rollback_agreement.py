@@ -5,7 +5,7 @@ all_reduce of one int64). No sidecar is needed: ``enabled=False`` is not used (i
 agreement), the Monitor points at a closed port (its run and end records go to a temporary
 spool, removed after).
 
-    python bench/rollback_agreement.py --calls 2000
+    python -m bench.rollback_agreement --calls 2000
 """
 
 from __future__ import annotations

@@ -8,24 +8,20 @@ page cache is not dropped: the figure is the warm-cache cost, the common restart
 
 Example::
 
-    python bench/state_checks.py                  # 20,000 steps of 150 layers
-    python bench/state_checks.py --steps 100000
+    python -m bench.state_checks                  # 20,000 steps of 150 layers
+    python -m bench.state_checks --steps 100000
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client")]
-
-from monitor_agent.storage.store import RecordRow, Store  # noqa: E402
+from monitor_agent.storage.store import RecordRow, Store
 
 
 def _fill(path: Path, steps: int, layers: int) -> None:

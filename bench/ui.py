@@ -9,8 +9,8 @@ navigation to every chart and heatmap drawn.
 
 Example::
 
-    python bench/ui.py                       # 10k, 100k, 200k steps
-    python bench/ui.py --steps 20000 --layer-every 1
+    python -m bench.ui                       # 10k, 100k, 200k steps
+    python -m bench.ui --steps 20000 --layer-every 1
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import math
 import random
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +27,11 @@ from pathlib import Path
 import httpx
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "client")]
-
-from monitor_agent.history.indexer import HistoryIndexer  # noqa: E402
-from monitor_agent.serving.embedded import EmbeddedServer, free_port  # noqa: E402
-from monitor_agent.settings import load_settings  # noqa: E402
-from monitor_agent.storage.database import Database  # noqa: E402
-from monitor_agent.storage.store import RecordRow, Store  # noqa: E402
+from monitor_agent.history.indexer import HistoryIndexer
+from monitor_agent.serving.embedded import EmbeddedServer, free_port
+from monitor_agent.settings import load_settings
+from monitor_agent.storage.database import Database
+from monitor_agent.storage.store import RecordRow, Store
 
 LAYERS = [f"blocks.{i // 6}.{p}" for i, p in
           enumerate(["attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "mlp.fc.weight",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
-from sidecar_process import free_port
+from tests.eventually import eventually
+from tests.sidecar_process import free_port
 
 BINARY = "prometheus-alertmanager"
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-for extra in (REPO, REPO / "client", REPO / "tests"):
+for extra in (REPO, REPO / "client"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from ci_strict import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
-from receivers import Receiver  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
+from tests.ci_strict import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
+from tests.receivers import Receiver  # noqa: E402
+from tests.sidecar_process import SidecarProcess  # noqa: E402
 
 TRACES = REPO / "tests" / "traces" / "public"
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from eventually import eventually
+from tests.eventually import eventually
 
 PD_ACTIONS = ("trigger", "acknowledge", "resolve")
 PD_SEVERITIES = ("critical", "error", "warning", "info")

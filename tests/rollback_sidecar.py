@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 RULE = """
 routes: {page: [console]}

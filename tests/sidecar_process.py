@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from eventually import eventually
 from monitor_agent.serving.embedded import free_port
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[1]
 

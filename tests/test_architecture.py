@@ -13,6 +13,7 @@ what may depend on what.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,6 +159,29 @@ def test_every_public_client_module_is_named_in_the_architecture_doc() -> None:
     missing = [m for m in public if f"`{m}`" not in listed or f"monitor_client.{m}" not in init]
     assert not missing, f"public client modules not named in docs/architecture.md " \
                         f"and monitor_client's docstring: {missing}"
+
+
+def test_the_architecture_doc_names_the_client_modules_as_they_are() -> None:
+    """The drift the other way (the page said ``config`` once the module was ``settings``):
+    its list of public modules is exactly the package's; the client's paragraph names every
+    module the public API comes from (each ``from monitor_client.X import`` of the package
+    root); and each client module it names, ``_x`` or ``client/monitor_client/x.py``, is a
+    file of the package."""
+    package = PACKAGES["monitor_client"]
+    public = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    listed = doc[doc.index("Client modules other than"):].split("are private")[0]
+    assert set(re.findall(r"`(\w+)`", listed)) - {"__all__"} == public
+    paragraph = doc[doc.index("The client, `client/monitor_client/`"):].split("\n\n")[0]
+    named = set(re.findall(r"`(\w+)`", paragraph))
+    init = ast.parse((package / "__init__.py").read_text())
+    sources = {node.module.split(".")[1] for node in init.body
+               if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.startswith("monitor_client.")}
+    assert sources - named == set(), "modules of the public API the paragraph does not name"
+    said = {n for n in named if n.startswith("_")} | set(
+        re.findall(r"client/monitor_client/(\w+)\.py", doc))
+    assert sorted(n for n in said if not (package / f"{n}.py").is_file()) == []
 
 
 def _routers(modules: dict[str, Path]) -> set[str]:

@@ -19,7 +19,7 @@ REPO = TESTS.parent
 def _pytest(*args: str, cwd: Path, ci: bool, path: str | None = None
             ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
-    env["PYTHONPATH"] = str(TESTS)  # ci_strict, for a suite outside tests/
+    env["PYTHONPATH"] = str(REPO)  # tests.ci_strict, for a suite outside tests/
     if ci:
         env["CI"] = "true"
     if path is not None:
@@ -45,7 +45,7 @@ SUITE = {
     "conftest.py": """
 import shutil
 import pytest
-from ci_strict import pytest_make_collect_report, pytest_runtest_makereport
+from tests.ci_strict import pytest_make_collect_report, pytest_runtest_makereport
 
 @pytest.fixture
 def tool():

@@ -13,7 +13,8 @@ import importlib
 from pathlib import Path
 
 import pytest
-from test_architecture import PACKAGES, ROOT, _modules
+
+from tests.test_architecture import PACKAGES, ROOT, _modules
 
 # Importing these runs a program; they hold no examples.
 NOT_IMPORTED = {"monitor_agent.__main__"}

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-import eventually as waits
-from eventually import eventually
+from tests import eventually as waits
+from tests.eventually import eventually
 
 
 def test_a_predicate_is_called_until_it_holds_and_its_value_returned():

@@ -4,30 +4,15 @@ its report reads a GPU run's figures against their targets (a recorded H100 run'
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "gpu_check.py"
-
-
-def _module():
-    if "gpu_check" in sys.modules:
-        return sys.modules["gpu_check"]
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from bench import gpu_check
 
 
 def test_on_a_cpu_machine_it_skips_what_needs_a_gpu_and_pages_a_nan(tmp_path, capsys):
     out = tmp_path / "check.json"
     # In this process (torch is imported already); CI's machine has no GPU, which is the point.
-    assert _module().main(["--json", str(out)]) == 0
+    assert gpu_check.main(["--json", str(out)]) == 0
     printed = capsys.readouterr().out
     lines = [ln for ln in printed.splitlines() if " : " in ln or ln.startswith("nan")]
     skipped = {ln.split(":")[0].strip() for ln in lines if "skipped: needs a CUDA GPU" in ln}
@@ -70,7 +55,7 @@ H100 = {
 
 
 def test_the_report_sets_each_figure_against_its_target():
-    lines = _module().report(H100, cuda=True)
+    lines = gpu_check.report(H100, cuda=True)
     text = "\n".join(lines)
     by = {ln.split(":")[0].strip(): ln for ln in lines}
     assert "ratio 1.1152" in by["overhead"] and by["overhead"].endswith("FAIL")
@@ -96,7 +81,7 @@ PARTS = {
 
 
 def test_the_report_says_what_each_part_costs_and_where_the_device_time_went():
-    lines = _module().report(PARTS, cuda=True)
+    lines = gpu_check.report(PARTS, cuda=True)
     by = [ln for ln in lines if ln.startswith(("ablation", "profile"))]
     assert "the host issues one in 35.03 ms of its 47.99 ms (GPU-bound)" in by[0]
     assert "default 1.0148, finite_full 1.0800, no_finite_flags 1.0294" in by[1]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import httpx
 
-from eventually import eventually
+from tests.eventually import eventually
 
 TICKS = "monitor_agent_ticks_total"
 PENDING = "monitor_agent_outbox_pending"

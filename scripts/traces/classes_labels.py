@@ -25,7 +25,7 @@ before the fault), with the number in ``evidence``:
   loss/gradient type is allowed.
 
 Other warnings whose signal the recording carries are allowed by the corpus's own rules
-(``corpus_labels.allowed_warnings``). Run: ``python scripts/traces/record_traces.py --classes``.
+(``corpus_labels.allowed_warnings``). Run: ``python -m scripts.traces.record_traces --classes``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from classes_runs import half_of
-from corpus_labels import allowed_warnings, finite, first_nonfinite, median_of, read_records
+from scripts.traces.classes_runs import half_of
+from scripts.traces.corpus_labels import (
+    allowed_warnings,
+    finite,
+    first_nonfinite,
+    median_of,
+    read_records,
+)
 
 SPIKE_RATIO = 1.5
 PERSIST_RATIO, PERSIST_FROM, PERSIST_TO = 1.3, 20, 60

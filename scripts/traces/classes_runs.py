@@ -18,12 +18,12 @@ Labels come from what each recording measurably did (``classes_labels.py``); the
 ``half`` (``tune`` / ``heldout``) is fixed by the run's seed before any tuning: seed 1
 tunes, seeds 2 and 3 are held out.
 
-    python scripts/traces/record_traces.py --classes [--only NAME ...] [--shard I/N]
+    python -m scripts.traces.record_traces --classes [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations
 
-from corpus_runs import Spec
+from scripts.traces.corpus_runs import Spec
 
 S = Spec
 FAULT = 200

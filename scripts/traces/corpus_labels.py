@@ -23,7 +23,7 @@ Fault windows:
   there is >= 5x the lr of the step before.
 
 Healthy runs expect nothing; ``allowed`` lists warnings whose signal is measurably present
-(the rule is in ``allowed_warnings``). Run: ``python scripts/traces/record_traces.py --labels``.
+(the rule is in ``allowed_warnings``). Run: ``python -m scripts.traces.record_traces --labels``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from trace_models import PRINTABLE, Block, CharGPT, char_data, teacher_data
+
+from scripts.traces.trace_models import PRINTABLE, Block, CharGPT, char_data, teacher_data
 
 SEQ = 32  # characters per sample of the sequence tasks
 

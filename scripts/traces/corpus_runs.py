@@ -18,7 +18,7 @@ checkpoint (the loss starts low). The faults are mechanisms on shapes the public
 
 A run whose loss turns non-finite stops 3 steps later with status ``failed``.
 
-    python scripts/traces/record_traces.py --corpus [--only NAME ...] [--shard I/N]
+    python -m scripts.traces.record_traces --corpus [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from corpus_models import make_task
 
 from monitor_client import WatchSettings
+from scripts.traces.corpus_models import make_task
 
 # arch, optimizer, lr, schedule, warmup, batch, steps, clip, accum, eval_every + extras
 EVAL_BATCHES = 4

@@ -19,23 +19,23 @@ per-layer statistics every 25 steps, no activations, no histograms.
   the data pipeline). The first Linear's gradient is ``delta x^T``, so it scales with the
   input and leaves its band first: the finding must name ``0.weight``.
 
-    python scripts/traces/record_origin_traces.py        # writes tests/traces/origin/*.jsonl.gz
+    python -m scripts.traces.record_origin_traces        # writes tests/traces/origin/*.jsonl.gz
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
-from capture import monitor
-from record_traces import write
 from torch import nn
-from trace_models import PRINTABLE, CharGPT, char_data, teacher_data
 
 from monitor_client import WatchSettings
+from scripts.traces.capture import monitor
+from scripts.traces.record_traces import write
+from scripts.traces.trace_models import PRINTABLE, CharGPT, char_data, teacher_data
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "traces" / "origin"
 FAULT_STEP = {"nan_forward_gpt": 120, "lr_spike_gpt": 150, "input_scale_mlp": 150}
@@ -125,8 +125,13 @@ SCENARIOS = {
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("only", nargs="*", metavar="NAME",
+                        help=f"record only these ({', '.join(SCENARIOS)}); default: all")
+    only = parser.parse_args().only or list(SCENARIOS)
+    if unknown := [name for name in only if name not in SCENARIOS]:
+        parser.error(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
     torch.set_num_threads(1)
-    only = sys.argv[1:] or list(SCENARIOS)
     for name in only:
         start = time.perf_counter()
         records = SCENARIOS[name]()

@@ -38,10 +38,10 @@ at least 0.5 to the end of the run; for the blow-up, from the first reading afte
 fault whose max-abs is 10x the pre-fault median of that module, to the first non-finite
 step (a precursor must come before the NaN).
 
-    python scripts/traces/record_traces.py            # writes tests/traces/*.jsonl.gz + labels.json
-    python scripts/traces/record_traces.py --corpus   # the precision corpus, see corpus_runs.py
-    python scripts/traces/record_traces.py --classes  # spike/divergence/explosion, classes_runs.py
-    python scripts/traces/record_traces.py --shapes   # run shapes (RL, AMP, MoE, ...), shapes_runs.py
+    python -m scripts.traces.record_traces            # writes tests/traces/*.jsonl.gz + labels.json
+    python -m scripts.traces.record_traces --corpus   # the precision corpus, see corpus_runs.py
+    python -m scripts.traces.record_traces --classes  # spike/divergence/explosion, classes_runs.py
+    python -m scripts.traces.record_traces --shapes   # run shapes (RL, AMP, MoE, ...), shapes_runs.py
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from capture import monitor
 from torch import nn
-from trace_labels import write_labels
-from trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data
 
 from monitor_client import CategoryLoss, WatchSettings
+from scripts.traces.capture import monitor
+from scripts.traces.trace_labels import write_labels
+from scripts.traces.trace_models import PRINTABLE, CharGPT, char_data_by_file, teacher_data
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "traces"
 CORPUS = OUT / "corpus"
@@ -231,25 +231,25 @@ SCENARIOS = {
 
 def record_corpus(only: list[str], shard: str) -> None:
     """The precision corpus (``corpus_runs.py``): one file per run, then its labels."""
-    from corpus_labels import write_corpus_labels
-    from corpus_runs import SPECS, run
+    from scripts.traces.corpus_labels import write_corpus_labels
+    from scripts.traces.corpus_runs import SPECS, run
 
     _record(SPECS, run, CORPUS, write_corpus_labels, only, shard)
 
 
 def record_classes(only: list[str], shard: str) -> None:
     """The class recordings (``classes_runs.py``): one file per run, then their labels."""
-    from classes_labels import write_class_labels
-    from classes_runs import SPECS
-    from corpus_runs import run
+    from scripts.traces.classes_labels import write_class_labels
+    from scripts.traces.classes_runs import SPECS
+    from scripts.traces.corpus_runs import run
 
     _record(SPECS, run, CLASSES, write_class_labels, only, shard)
 
 
 def record_shapes(only: list[str], shard: str) -> None:
     """The shape recordings (``shapes_runs.py``): one file per run, then their labels."""
-    from shapes_labels import write_shape_labels
-    from shapes_runs import SPECS, run
+    from scripts.traces.shapes_labels import write_shape_labels
+    from scripts.traces.shapes_runs import SPECS, run
 
     _record(SPECS, run, SHAPES, write_shape_labels, only, shard)
 
@@ -283,12 +283,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.labels and args.shapes:
-        from shapes_labels import write_shape_labels
+        from scripts.traces.shapes_labels import write_shape_labels
 
         write_shape_labels(SHAPES)
         return
     if args.labels:
-        from corpus_labels import write_corpus_labels
+        from scripts.traces.corpus_labels import write_corpus_labels
 
         write_corpus_labels(CORPUS)
         return

@@ -36,8 +36,8 @@ numbers, with the number in ``evidence``:
 * ``nan_inf`` (critical): the first non-finite loss or grad norm, exactly; after it every
   loss/gradient type is allowed.
 
-Run: ``python scripts/traces/record_traces.py --shapes --labels`` (only the labels) or
-``python scripts/traces/record_traces.py --shapes`` (record, then label).
+Run: ``python -m scripts.traces.record_traces --shapes --labels`` (only the labels) or
+``python -m scripts.traces.record_traces --shapes`` (record, then label).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from classes_labels import GRAD_SPIKE, GRAD_SPIKES, GRAD_WINDOW
-from corpus_labels import (
+from scripts.traces.classes_labels import GRAD_SPIKE, GRAD_SPIKES, GRAD_WINDOW
+from scripts.traces.corpus_labels import (
     allowed_warnings,
     crash_expected,
     finite,
@@ -54,7 +54,7 @@ from corpus_labels import (
     median_of,
     read_records,
 )
-from shapes_runs import half_of
+from scripts.traces.shapes_runs import half_of
 
 SPIKE_RATIO = 1.5
 PERSIST_RATIO, BORDER_RATIO, PERSIST_FROM, PERSIST_TO = 1.3, 1.1, 20, 60

@@ -47,7 +47,7 @@ Faults (labels from what each recording measurably did, ``shapes_labels.py``):
 The ``half`` is fixed by the seed before any tuning: seed 1 tunes, seeds 2 and 3 are held
 out.
 
-    python scripts/traces/record_traces.py --shapes [--only NAME ...] [--shard I/N]
+    python -m scripts.traces.record_traces --shapes [--only NAME ...] [--shard I/N]
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from corpus_models import make_task
 from torch import nn
 from torch.nn import functional as F
-from trace_models import teacher_data
 
 from monitor_client import WatchSettings
+from scripts.traces.corpus_models import make_task
+from scripts.traces.trace_models import teacher_data
 
 LAYER_EVERY = 20
 SEEDS = (1, 2, 3)
@@ -469,9 +469,9 @@ def _ddp_worker(rank: int, spec: Shape, port: int, out: str) -> None:
     import os
 
     import torch.distributed as dist
-    from capture import monitor
 
     from monitor_agent.records import wire
+    from scripts.traces.capture import monitor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_RANK=str(rank))

@@ -7,10 +7,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from eventually import eventually
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.records.types import Finding, Severity
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 ROUTING_KEY = "R0UT1NGKEY-secret-0123456789abcd"
 T0 = 1_700_000_000.0

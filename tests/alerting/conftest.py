@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from alert_harness import FakeClock, Harness
-from receivers import Receiver
+from tests.receivers import Receiver
 
 
 @pytest.fixture

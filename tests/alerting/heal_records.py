@@ -19,7 +19,7 @@ import httpx
 
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
-from receivers import Receiver
+from tests.receivers import Receiver
 
 RUN = "heal"
 TORCHRUN = {"name": "torchrun", "restarts": True, "restart_count": 0, "max_restarts": 3}

@@ -12,7 +12,7 @@ from alert_harness import FakeClock, Harness, nan, spike
 from monitor_agent.alerting import RunContext
 from monitor_agent.alerting.rules import RuleError, parse_rules
 from monitor_agent.records.types import Severity
-from receivers import Receiver
+from tests.receivers import Receiver
 
 RULES = """
 routes: {page: [pagerduty, slack], chat: [slack]}

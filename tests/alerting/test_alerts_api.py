@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 TOKEN = "api-token-123"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

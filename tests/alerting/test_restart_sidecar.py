@@ -11,7 +11,7 @@ import re
 import time
 from pathlib import Path
 
-from alerting.heal_records import (
+from tests.alerting.heal_records import (
     actions,
     checkpoint,
     hang,
@@ -21,10 +21,9 @@ from alerting.heal_records import (
     step,
     texts,
 )
-
-from eventually import eventually
-from receivers import Receiver
-from ticks import settled
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.ticks import settled
 
 
 def _job(url: str, steps: range, attempt: int = 1, launcher: dict | None = None,

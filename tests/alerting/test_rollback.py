@@ -14,7 +14,7 @@ from monitor_agent.alerting import RunContext
 from monitor_agent.alerting.rollback import Positions, decide
 from monitor_agent.alerting.rules import RuleError, parse_rules
 from monitor_agent.records.actions import Action, RollbackDecision, RollbackSpec
-from receivers import Receiver
+from tests.receivers import Receiver
 
 RULES = """
 routes: {page: [pagerduty]}

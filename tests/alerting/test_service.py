@@ -8,6 +8,7 @@ import pytest
 
 from alert_harness import ROUTING_KEY, Harness, nan, spike
 from monitor_agent.notify.pagerduty import dedup_key
+from tests.receivers import Reply
 
 
 def test_a_storm_of_findings_is_one_alert_and_one_page(harness: Harness):
@@ -202,7 +203,7 @@ def test_pending_work_survives_a_restart(harness: Harness):
 
 
 def test_secrets_stay_out_of_logs_repr_and_dumps(harness: Harness, caplog: pytest.LogCaptureFixture):
-    harness.pd.script(*[__import__("receivers").Reply(500)] * 3)
+    harness.pd.script(*[Reply(500)] * 3)
     caplog.set_level(logging.DEBUG)
     harness.handle(nan())
     harness.drain(advance=True)

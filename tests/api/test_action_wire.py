@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from rollback_sidecar import rollback_sidecar
-from rollback_sidecar import save as _save
-from rollback_sidecar import step as _step
+from tests.rollback_sidecar import rollback_sidecar
+from tests.rollback_sidecar import save as _save
+from tests.rollback_sidecar import step as _step
 
 
 def _actions(srv: Any, records: list[dict[str, Any]]) -> bytes:

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 TOKEN = "s3cret-token-value"
 # /metrics names runs and their values: under auth_reads it is a read like any other.

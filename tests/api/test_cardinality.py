@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 def test_too_many_active_runs_get_429_with_a_reason(tmp_path: Path):

@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 
 import httpx
-from chart_records import steps
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.chart_records import steps
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 
 def test_series_endpoint_reads_the_sidecar_history(tmp_path: Path):

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 def _step(step: int, loss: float | str = 2.0, rank: int = 0, run: str = "led") -> dict[str, Any]:

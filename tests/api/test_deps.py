@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 TOKEN = "rotating-token-5f1e"
 STEP = {"kind": "step", "run_id": "r", "step": 1, "time": 1.0, "loss": 1.0}

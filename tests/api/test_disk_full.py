@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 def _batch(start: int) -> dict:

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 def test_health_and_ready(tmp_path: Path):

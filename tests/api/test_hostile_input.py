@@ -14,11 +14,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from live_server import LiveServer
 from monitor_agent.pipeline.retention import PRUNE_PASS_TICKS
 from monitor_agent.records import limits
 from monitor_agent.settings import load_settings
-from ticks import ticked
+from tests.live_server import LiveServer
+from tests.ticks import ticked
 
 NDJSON = {"content-type": "application/x-ndjson"}
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.records.tokens import shown
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 def _records(run_id: str = "r1", steps: int = 5) -> list[dict]:

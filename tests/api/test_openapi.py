@@ -11,10 +11,10 @@ import httpx
 import jsonschema
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.serving.app import create_app
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 METHODS = ("get", "post", "put", "patch", "delete")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.live_server import LiveServer
+from tests.receivers import Receiver
 
 PD_KEY = "0123456789abcdef0123456789abcdef"
 RULES = """
@@ -78,7 +78,7 @@ def test_a_page_survives_an_alert_store_that_cannot_commit(tmp_path: Path):
 def test_a_page_stored_but_not_alerted_is_paged_after_a_crash(tmp_path: Path):
     """No retry at all: the sidecar is killed while alerts.sqlite cannot commit, and the
     next start analyses the stored record again and pages."""
-    from sidecar_process import SidecarProcess
+    from tests.sidecar_process import SidecarProcess
 
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 TOKEN = "write-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

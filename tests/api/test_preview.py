@@ -9,9 +9,9 @@ import gzip
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 NAN_FROM = 12  # first NaN step; nan_inf reports it, then the NaN 3 steps in a row (14)
 

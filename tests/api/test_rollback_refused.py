@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from live_server import LiveServer
-from rollback_sidecar import post, rollback_sidecar
+from tests.live_server import LiveServer
+from tests.rollback_sidecar import post, rollback_sidecar
 
 
 def _step(run: str, step: int, loss: float | str = 2.0) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollback_sidecar import post, rollback_sidecar
+from tests.rollback_sidecar import post, rollback_sidecar
 
 
 def _step(run: str, step: int, loss: float | str = 2.0) -> dict[str, Any]:

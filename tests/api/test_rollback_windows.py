@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollback_sidecar import post, rollback_sidecar
-from rollback_sidecar import save as _save
-from rollback_sidecar import step as _step
+from tests.rollback_sidecar import post, rollback_sidecar
+from tests.rollback_sidecar import save as _save
+from tests.rollback_sidecar import step as _step
 
 
 def test_a_second_rollback_skips_the_first_ones_window_too(tmp_path: Path):

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 RANKS, STEPS, LAYERS = 3, 12, 60
 PAGE_BYTES = 64 * 1024   # the smallest read_page_bytes

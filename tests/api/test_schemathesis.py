@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 
 @pytest.mark.skipif(shutil.which("schemathesis") is None, reason="schemathesis not installed")

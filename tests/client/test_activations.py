@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._activations import ActivationStats, default_filter, measure
 from monitor_client._stats import StatsPack
+from tests.live_server import LiveServer
 
 
 def _decoded(acts: ActivationStats) -> dict:

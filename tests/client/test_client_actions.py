@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._actions import ActionInbox
 from monitor_client._transport import PostOutcome, classify
+from tests.eventually import eventually
 
 STOP = {"id": 7, "action": "stop", "rule": "R", "step": 40, "run_id": "r",
         "message": "stop requested at step 40 by rule R"}

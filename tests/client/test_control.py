@@ -14,12 +14,12 @@ import textwrap
 import pytest
 from actions_stand_in import StandIn, rollback_action
 
-from eventually import eventually
 from monitor_client import Monitor
 from monitor_client._control import STOP_GRACE, Control
 from monitor_client._restart import RestartOrder
 from monitor_client._transport import HttpTransport
 from monitor_client._warn import Warner
+from tests.eventually import eventually
 
 # Monitor's methods for what the sidecar asks of the run: each is Control's of that name.
 CONTROL_METHODS = ("should_stop", "should_checkpoint", "stop_reason", "on_action", "actions",

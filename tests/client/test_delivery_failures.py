@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool
 from monitor_client._transport import HttpTransport, PostOutcome, classify, url_problem
+from tests.eventually import eventually
 
 
 def _step(i, loss=1.0, run="r1"):

@@ -11,11 +11,11 @@ import pytest
 import torch
 from test_client_stats import _loss, _model, _spy_host_copies
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._distributions import QUANTILES, Distributions, decode_rows
 from monitor_client._stats import GradStats
+from tests.live_server import LiveServer
 
 
 def _tensors():

@@ -7,9 +7,9 @@ transformers = pytest.importorskip("transformers")
 
 from client_shapes import step_shape  # noqa: E402
 
-from eventually import eventually  # noqa: E402
 from monitor_client import Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client.hf import MonitorCallback  # noqa: E402
+from tests.eventually import eventually  # noqa: E402
 
 
 class Tokens(torch.utils.data.Dataset):

@@ -5,9 +5,9 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from client_shapes import step_shape  # noqa: E402
 
-from eventually import eventually  # noqa: E402
 from monitor_client import DataStream, Monitor, MonitorSettings, WatchSettings  # noqa: E402
 from monitor_client.lightning import MonitorCallback  # noqa: E402
+from tests.eventually import eventually  # noqa: E402
 
 
 class Regressor(pl.LightningModule):

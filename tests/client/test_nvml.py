@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._nvml import (
     FIELDS,
@@ -28,6 +27,7 @@ from monitor_client._nvml import (
     NvmlProbe,
     nvml_probe,
 )
+from tests.eventually import eventually
 
 UNKNOWN = 999
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from actions_stand_in import StandIn
 
-from eventually import eventually
 from monitor_client._launcher import detect
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = textwrap.dedent("""

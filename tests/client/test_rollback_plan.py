@@ -18,9 +18,9 @@ import pytest
 from actions_stand_in import PLAN, StandIn
 from actions_stand_in import rollback_action as _action
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
 from monitor_client._rollback import PlanBook, RollbackPlan
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,10 +1,10 @@
 import threading
 import time
 
-from eventually import eventually
 from monitor_client._sender import Sender
 from monitor_client._spool import Spool
 from monitor_client._transport import HttpTransport
+from tests.eventually import eventually
 
 
 def _step(i, run="r1"):

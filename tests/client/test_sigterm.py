@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eventually import eventually
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 30

@@ -14,10 +14,10 @@ import torch
 from training_steps import log_steps
 
 import monitor_client
-from eventually import eventually
 from monitor_agent.records.schemas import parse_record
 from monitor_client._watchdog import HANG_STACK_BYTES, Watchdog
 from monitor_client.settings import MonitorSettings
+from tests.eventually import eventually
 
 
 def blocked_in_c(fd: int) -> bytes:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from alerting.heal_records import (
+
+from tests.alerting.heal_records import (
     RESTART_RULES,
     actions,
     checkpoint,
@@ -25,9 +26,8 @@ from alerting.heal_records import (
     step,
     texts,
 )
-
-from eventually import eventually
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 ELASTIC = {"name": "torchrun", "restarts": True, "restart_count": 0, "max_restarts": 3,
            "min_nodes": 1, "max_nodes": 3}

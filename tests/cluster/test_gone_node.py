@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from cluster.test_one_brain import _post, _texts, sidecar
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import free_port
+from tests.cluster.test_one_brain import _post, _texts, sidecar
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import free_port
 
 pytestmark = pytest.mark.timeout(120)
 RUN = "gone"

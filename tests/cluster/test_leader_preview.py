@@ -13,10 +13,10 @@ import json
 import httpx
 import pytest
 
-from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from eventually import eventually
 from monitor_agent.serving.embedded import EmbeddedServer, free_port
 from monitor_agent.settings import Settings
-from receivers import Receiver
-from ticks import sample, settled
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.ticks import sample, settled
 
 pytestmark = pytest.mark.timeout(120)
 RUN = "job"

@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import yaml
-from e2e.test_stack import DEPLOY, Binary
 
-from eventually import eventually
-from sidecar_process import free_port
+from tests.e2e.test_stack import DEPLOY, Binary
+from tests.eventually import eventually
+from tests.sidecar_process import free_port
 
 # Seconds of the repo's clock per second of the test's: 5m windows become 15 s, for: 1m 3 s,
 # the 10 min stall floor 30 s. A 2 s scrape still leaves 7 samples in the shortest window.

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 KEY = "e2e-routing-key-0123456789abcdef"
 RULES = """

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from alertmanager_process import AlertmanagerProcess, available
-from eventually import eventually
 from monitor_agent.alerting import Alerting, AlertingSettings, RunContext
 from monitor_agent.records.types import Finding, Severity
-from receivers import Receiver
-from sidecar_process import free_port
+from tests.alertmanager_process import AlertmanagerProcess, available
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import free_port
 
 pytestmark = [
     pytest.mark.binaries,

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e import two_ranks
 
-from eventually import eventually
 from monitor_agent.pipeline.failpoints import BOUNDARIES
+from tests.e2e import two_ranks
+from tests.eventually import eventually
 
 RUN = "crash"
 RULES = """

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import test_multi_node
-from e2e.test_multi_node import TOKEN, Pair, get, text
 
-from eventually import eventually
-from sidecar_process import REPO, free_port
+from tests.e2e import test_multi_node
+from tests.e2e.test_multi_node import TOKEN, Pair, get, text
+from tests.eventually import eventually
+from tests.sidecar_process import REPO, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SCRIPT = Path(__file__).resolve().parent / "heal_train.py"

@@ -36,10 +36,6 @@ holds ``unaccounted`` under 1% too.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,17 +43,25 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.cluster import write_prometheus_config
-from e2e.test_stack import Binary, have
 
 from dashboards.queries import iter_panels, substitute
-from eventually import eventually
 from monitor_agent.detectors.input_bound import InputBoundSettings
 from monitor_agent.detectors.straggler import StragglerSettings
-from sidecar_process import SidecarProcess, free_port
+from tests.e2e.cluster import write_prometheus_config
+from tests.e2e.goodput_runs import (
+    STRAGGLER_CAUSES,
+    findings_of,
+    goodput_of,
+    launch,
+    script_clock,
+    step_waits,
+    train_script,
+)
+from tests.e2e.test_stack import Binary, have
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("goodput_train.py")
 ROLLBACK_SCRIPT = Path(__file__).with_name("rollback_user_train.py")
 REL = 0.05  # each bucket against its injected cost
 WALL = 0.01  # the buckets against the wall-clock time
@@ -70,7 +74,6 @@ rules:
     action: rollback
     rollback_skip_margin: 10
 """
-STRAGGLER_CAUSES = ("straggler_data", "straggler_compute", "straggler_collective")
 
 
 @pytest.fixture(scope="module")
@@ -89,63 +92,6 @@ def sidecar(tmp_path_factory) -> Iterator[SidecarProcess]:
         proc.stop()
 
 
-def _launch(script: Path, out: Path, *args: str, world: int = 1,
-            env_of: Any = None) -> list[subprocess.CompletedProcess[str]]:
-    """The script as ``world`` processes (gloo ranks on loopback when more than one);
-    ``env_of(rank)``: more environment for a rank (its node's sidecar)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'client'}:{REPO}", "OMP_NUM_THREADS": "1",
-           "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "MONITOR_AGENT_SPOOL_DIR": str(out / "spool")}
-    procs = [subprocess.Popen([sys.executable, str(script), *args],
-                              env={**env, "RANK": str(rank),
-                                   **(env_of(rank) if env_of else {})},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(world)]
-    done = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=240)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    return done
-
-
-def _train(url: str | None, run_id: str, out: Path, *args: str, world: int = 1,
-           ok: bool = True, env_of: Any = None) -> list[subprocess.CompletedProcess[str]]:
-    where = ["--url", url] if url else []
-    procs = _launch(SCRIPT, out, *where, "--run-id", run_id, "--out-dir", str(out), *args,
-                    world=world, env_of=env_of)
-    if ok:
-        assert all(p.returncode == 0 for p in procs), [p.stderr[-3000:] for p in procs]
-    return procs
-
-
-def _clock(out: Path, rank: int | str = 0) -> list[dict[str, Any]]:
-    """The scripts' own clock (every process of ``rank``, ``"*"``: of every rank), in time
-    order."""
-    events = [json.loads(line) for f in out.glob(f"clock-r{rank}-*.jsonl")
-              for line in f.read_text().splitlines()]
-    return sorted(events, key=lambda e: e["time"])
-
-
-def _waits(clock: list[dict[str, Any]]) -> list[float]:
-    """The seconds the script waited for each step's batch, by its own clock, in order."""
-    return [e["wait"] for e in clock if e["event"] == "step"]
-
-
-def _goodput(url: str, run_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/runs/{run_id}/goodput", timeout=10)
-    r.raise_for_status()
-    return r.json()
-
-
-def _findings(url: str, run_id: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{url}/v1/runs/{run_id}/findings", params={"limit": 10_000}, timeout=10)
-    r.raise_for_status()
-    return r.json()["findings"]
-
-
 def _adds_up_to(g: dict[str, Any], wall: float) -> None:
     """Productive and badput add up to ``wall`` (the scripts' clocks) within 1%, and what
     no record explains is under 1% of it."""
@@ -160,7 +106,7 @@ def _agree(url: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
     whose input is most of the steps' time has its ``input_bound``. The time a finding
     says is a lower bound from its own window: a median over ``window`` steps means at
     least half of them took what it says. Returns the run's findings by type."""
-    g, found = _goodput(url, run_id), _findings(url, run_id)
+    g, found = goodput_of(url, run_id), findings_of(url, run_id)
     bad = g["badput_seconds"]
     by_type: dict[str, list[dict[str, Any]]] = {}
     for f in found:
@@ -205,12 +151,12 @@ def test_a_healthy_prefetching_run_loses_only_its_measured_waits_once_started(si
     once started; a loaded one stretches the hand-over (0.9% of the time in a CI run beside
     the namespace cluster's jobs: 98.5%), which is waiting for data too, and is charged so:
     the bound is the waits the script measured, not a share a machine's load decides."""
-    _train(sidecar.url, "gp-healthy", tmp_path, "--steps", "30", "--step-time", "1.0",
+    train_script(sidecar.url, "gp-healthy", tmp_path, "--steps", "30", "--step-time", "1.0",
            "--workers", "2")
-    g = _goodput(sidecar.url, "gp-healthy")
-    clock = _clock(tmp_path)
+    g = goodput_of(sidecar.url, "gp-healthy")
+    clock = script_clock(tmp_path)
     _adds_up_to(g, clock[-1]["time"] - clock[0]["time"])
-    bad, waits = g["badput_seconds"], _waits(clock)
+    bad, waits = g["badput_seconds"], step_waits(clock)
     # The first step's wait is a typical step's wait plus the loader's spin-up (start-up).
     assert sum(waits[1:]) * (1 - REL) <= bad["input"] <= sum(waits) * (1 + REL), bad
     started = g["wall_seconds"] - bad["startup"]
@@ -232,16 +178,16 @@ def test_each_injected_fault_costs_what_it_cost_in_its_own_bucket(sidecar, tmp_p
                         "--loader-sleep", "0.3", "--eval-at", "50,100", "--eval-sleep", "0.5",
                         "--ckpt-at", "60,120", "--ckpt-sleep", "0.5", "--hang-at", "90",
                         "--hang", "3"]
-    [crashed] = _train(sidecar.url, "gp-faults", tmp_path, "--steps", "200", *faults,
+    [crashed] = train_script(sidecar.url, "gp-faults", tmp_path, "--steps", "200", *faults,
                        "--crash-at", "150", ok=False)
     assert crashed.returncode == 1 and "node lost after step 150" in crashed.stderr, \
         crashed.stderr[-3000:]
     time.sleep(gap)  # the relaunch gap the ledger must book
-    _train(sidecar.url, "gp-faults", tmp_path, "--steps", "200", *faults,
+    train_script(sidecar.url, "gp-faults", tmp_path, "--steps", "200", *faults,
            "--resume", str(tmp_path / "ckpt-120.pt"))
-    g = _goodput(sidecar.url, "gp-faults")
+    g = goodput_of(sidecar.url, "gp-faults")
     bad = g["badput_seconds"]
-    clock = _clock(tmp_path)
+    clock = script_clock(tmp_path)
     at = {(e["event"], e["step"]): e for e in clock}
     crash, ups = at["crash", 150], [e for e in clock if e["event"] == "up"]
     assert len(ups) == 2
@@ -304,7 +250,7 @@ def test_the_steps_a_rollback_threw_away_are_rollback_badput(sidecar, tmp_path):
     the saves among them (checkpoint time) and their waits for data (input: the records'
     ``data_time``, which a loaded machine stretches), is the rollback bucket."""
     run_id, out = "gp-rollback", tmp_path / "out"
-    [proc] = _launch(ROLLBACK_SCRIPT, tmp_path, f"--url={sidecar.url}", f"--run_id={run_id}",
+    [proc] = launch(ROLLBACK_SCRIPT, tmp_path, f"--url={sidecar.url}", f"--run_id={run_id}",
                      f"--out_dir={out}", "--steps=100", "--ckpt_every=10", "--poison=65-70",
                      "--step_delay=0.04")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -323,7 +269,7 @@ def test_the_steps_a_rollback_threw_away_are_rollback_badput(sidecar, tmp_path):
     waits = sum(r.get("data_time") or 0.0 for r in old
                 if r["kind"] == "step" and 60 < r["step"] <= last)
     thrown = steps[last] - steps[60] - saves - waits
-    g = _goodput(sidecar.url, run_id)
+    g = goodput_of(sidecar.url, run_id)
     bad = g["badput_seconds"]
     assert bad["rollback"] == pytest.approx(thrown, rel=REL), (bad, last)
     assert bad["resume"] == 0.0
@@ -348,11 +294,11 @@ def test_a_slow_rank_is_the_straggler_tax_of_its_compute(sidecar, tmp_path):
     slower at (rank 0's own work ran 0.2 s slower over the run in a CI run beside the
     namespace cluster's jobs: a tax of 3.64 s for 3.91 s of extra sleep). What rank 1 spent
     it on is its compute, but for any longer waits for its batches."""
-    _train(sidecar.url, "gp-straggler", tmp_path, "--steps", "40", "--slow-rank", "1",
+    train_script(sidecar.url, "gp-straggler", tmp_path, "--steps", "40", "--slow-rank", "1",
            "--slow", "0.1", world=2)
-    g = _goodput(sidecar.url, "gp-straggler")
+    g = goodput_of(sidecar.url, "gp-straggler")
     assert g["gpus"] == 2
-    steps = {r: [e for e in _clock(tmp_path, rank=r) if e["event"] == "step"][1:]
+    steps = {r: [e for e in script_clock(tmp_path, rank=r) if e["event"] == "step"][1:]
              for r in (0, 1)}
 
     def more(field: str) -> float:  # rank 1's sum of a clock field less rank 0's
@@ -364,7 +310,7 @@ def test_a_slow_rank_is_the_straggler_tax_of_its_compute(sidecar, tmp_path):
     assert tax == pytest.approx(more("lap"), rel=REL), bad
     assert bad["straggler_compute"] >= (tax - max(more("wait"), 0.0)) * (1 - REL), bad
     assert g["straggler"]["rank"] == 1
-    clock = _clock(tmp_path, rank="*")  # the run: from the first rank up to the last done
+    clock = script_clock(tmp_path, rank="*")  # the run: from the first rank up to the last done
     _adds_up_to(g, clock[-1]["time"] - clock[0]["time"])
     assert "straggler" in _agree(sidecar.url, "gp-straggler")
 
@@ -375,9 +321,9 @@ def test_a_loader_slow_on_every_step_is_input_badput(sidecar, tmp_path):
     step waits on its loader, 60 x 100 ms injected. All of it is input (it used to be 0%:
     the ledger took the loader's own 10th percentile off every wait), and ``input_bound``
     says the same."""
-    _train(sidecar.url, "gp-steady-loader", tmp_path, "--steps", "60", "--load-time", "0.1")
-    g = _goodput(sidecar.url, "gp-steady-loader")
-    bad, waits = g["badput_seconds"], _waits(_clock(tmp_path))
+    train_script(sidecar.url, "gp-steady-loader", tmp_path, "--steps", "60", "--load-time", "0.1")
+    g = goodput_of(sidecar.url, "gp-steady-loader")
+    bad, waits = g["badput_seconds"], step_waits(script_clock(tmp_path))
     # The injected 6 s, and the loader's own work on each batch (which a busy machine
     # stretches), as the script waited for them.
     assert bad["input"] >= 60 * 0.1 * (1 - REL), g["summary"]
@@ -392,10 +338,10 @@ def test_a_prefetching_loader_with_too_few_workers_is_input_badput(sidecar, tmp_
     the worker loads while the model computes, and the loop still waits the rest of every
     load. Those waits, as the script measured them, are the input bucket: no floor read off
     them hides a loader that is behind on every step."""
-    _train(sidecar.url, "gp-few-workers", tmp_path, "--steps", "60", "--load-time", "0.1",
+    train_script(sidecar.url, "gp-few-workers", tmp_path, "--steps", "60", "--load-time", "0.1",
            "--workers", "1")
-    g = _goodput(sidecar.url, "gp-few-workers")
-    bad, waits = g["badput_seconds"], _waits(_clock(tmp_path))
+    g = goodput_of(sidecar.url, "gp-few-workers")
+    bad, waits = g["badput_seconds"], step_waits(script_clock(tmp_path))
     # The first wait also spawned the worker: start-up beyond a typical step's wait.
     assert sum(waits[1:]) * (1 - REL) <= bad["input"] <= sum(waits) * (1 + REL), bad
     assert sum(waits[1:]) >= 59 * (0.1 - 0.025) / 2  # the loader is behind on every step
@@ -407,12 +353,12 @@ def test_a_loader_that_slows_down_mid_run_is_input_as_the_drop_says(sidecar, tmp
     """130 steps at full speed, then every batch takes 100 ms to load (its storage got
     slow): ``throughput_drop`` says data loading took the step, ``input_bound`` that the
     loader is the limit, and the ledger holds the 40 x 100 ms injected in input."""
-    _train(sidecar.url, "gp-slowing-loader", tmp_path, "--steps", "170", "--load-time", "0.1",
+    train_script(sidecar.url, "gp-slowing-loader", tmp_path, "--steps", "170", "--load-time", "0.1",
            "--load-from", "131")
-    g = _goodput(sidecar.url, "gp-slowing-loader")
-    clock = _clock(tmp_path)
-    waited = sum(_waits(clock))
-    assert waited - sum(_waits(clock)[:130]) >= 40 * 0.1 * (1 - REL)
+    g = goodput_of(sidecar.url, "gp-slowing-loader")
+    clock = script_clock(tmp_path)
+    waited = sum(step_waits(clock))
+    assert waited - sum(step_waits(clock)[:130]) >= 40 * 0.1 * (1 - REL)
     assert g["badput_seconds"]["input"] == pytest.approx(waited, rel=REL), g["badput_seconds"]
     found = _agree(sidecar.url, "gp-slowing-loader")
     assert {"throughput_drop", "input_bound"} <= set(found), sorted(found)
@@ -479,23 +425,23 @@ def test_one_slow_loader_of_a_two_node_job_is_its_straggler_s_data_loading(tmp_p
                     "NODE_NAME": f"gpu-node-{rank}",
                     "MONITOR_AGENT_SPOOL_DIR": str(out / f"spool-node{rank}")}
 
-        _train(None, run_id, out, "--steps", "40", "--load-time", "0.1", "--load-rank", "1",
+        train_script(None, run_id, out, "--steps", "40", "--load-time", "0.1", "--load-rank", "1",
                "--project", project, world=2, env_of=node_env)
 
         def settled() -> dict[str, Any]:
             ended = {r["rank"] for r in leader.records(run_id) if r["kind"] == "end"}
             assert ended == {0, 1}, ended  # node 1's records reached the leader
-            return _goodput(leader.url, run_id)
+            return goodput_of(leader.url, run_id)
 
         g = eventually(settled, timeout=60, what="the leader holds both ranks' ends")
         bad = g["badput_seconds"]
         # Rank 1's extra waits for its batches, as the two scripts measured them.
-        waits = {r: _waits(_clock(out, rank=r))[1:] for r in (0, 1)}
+        waits = {r: step_waits(script_clock(out, rank=r))[1:] for r in (0, 1)}
         extra = sum(waits[1]) - sum(waits[0])
         assert extra >= 39 * 0.1 * (1 - REL)
         assert bad["straggler_data"] == pytest.approx(extra, rel=REL), g["summary"]
         # Input is rank 0's own waits (the timeline's: each rank's loader work), no more.
-        assert bad["input"] <= sum(_waits(_clock(out, rank=0))) * (1 + REL), g["summary"]
+        assert bad["input"] <= sum(step_waits(script_clock(out, rank=0))) * (1 + REL), g["summary"]
         assert g["straggler"]["who"] == "rank 1 on gpu-node-1", g["straggler"]
         assert "straggler: data loading (rank 1 on gpu-node-1)" in g["summary"]
         found = _agree(leader.url, run_id)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 

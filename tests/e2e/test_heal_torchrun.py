@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
 from monitor_agent.serving.embedded import free_port
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SCRIPT = Path(__file__).resolve().parent / "heal_train.py"

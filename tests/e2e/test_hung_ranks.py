@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
 from monitor_agent.serving.embedded import free_port
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 SCRIPT = Path(__file__).resolve().parent / "hang_user_train.py"
 REPO = Path(__file__).resolve().parents[2]

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e.test_stack import DEPLOY, Binary, have
 
-from eventually import eventually
-from sidecar_process import SidecarProcess, free_port
+from tests.e2e.test_stack import DEPLOY, Binary, have
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess, free_port
 
 TOKEN = "scrape-token-7d41c2"
 

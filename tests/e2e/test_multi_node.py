@@ -38,9 +38,9 @@ import httpx
 import pytest
 import yaml
 
-from eventually import eventually
-from receivers import Received, Receiver
-from sidecar_process import REPO, SidecarProcess, free_port
+from tests.eventually import eventually
+from tests.receivers import Received, Receiver
+from tests.sidecar_process import REPO, SidecarProcess, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("nanogpt_user_train.py")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from receivers import Receiver
+from tests.receivers import Receiver
 
 ORIGIN = Path(__file__).resolve().parents[1] / "traces" / "origin"
 RULES = """

@@ -12,21 +12,17 @@ each rank, a real sidecar paging a local Slack receiver.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import REPO, SidecarProcess, free_port
+from tests.e2e.ddp_job import ddp_job
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SCRIPT = Path(__file__).with_name("ddp_rank_fault_train.py")
-WORLD = 4
 
 
 @pytest.fixture
@@ -41,24 +37,6 @@ def paging_sidecar(tmp_path: Path, sidecar_factory, slack) -> SidecarProcess:
     config.write_text(f"alerting:\n  group_wait_seconds: 0.05\n"
                       f"  slack: {{webhook_url: '{slack.url}/hook', min_interval_seconds: 0}}\n")
     return sidecar_factory(config=config).start()
-
-
-def _job(url: str, run_id: str, *flags: str) -> None:
-    """The four ranks, started as torchrun would; each must exit cleanly."""
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD),
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "NODE_NAME": f"gpu-node-{rank}", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO / "client"), str(REPO),
-                                              os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--url", url, "--run-id", run_id, *flags],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for proc in procs:
-        out, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out
 
 
 def _messages(slack: Receiver, needle: str, timeout: float = 20.0) -> list[str]:
@@ -79,7 +57,7 @@ def _findings(sc: SidecarProcess, run_id: str, ftype: str) -> list[dict]:
 
 
 def test_the_rank_whose_input_went_nan_is_paged_as_first(paging_sidecar, slack):
-    _job(paging_sidecar.url, "ddp-nan", "--steps", "30", "--nan-rank", "2", "--nan-step", "20")
+    ddp_job(paging_sidecar.url, "ddp-nan", "--steps", "30", "--nan-rank", "2", "--nan-step", "20")
     pages = _messages(slack, "[FIRING:1] run ddp-nan: TrainingNanInf")
     assert len(pages) == 1, pages  # once for the run, not once per rank
     assert ("NaN first on rank 2 (host gpu-node-2) at step 20: its local loss is nan; "
@@ -95,7 +73,7 @@ def test_the_rank_whose_input_went_nan_is_paged_as_first(paging_sidecar, slack):
 
 
 def test_a_rank_with_a_corrupt_shard_is_warned_about(paging_sidecar, slack):
-    _job(paging_sidecar.url, "ddp-shard", "--steps", "100", "--corrupt-rank", "3",
+    ddp_job(paging_sidecar.url, "ddp-shard", "--steps", "100", "--corrupt-rank", "3",
          "--corrupt-from", "40", "--corrupt-scale", "5")
     found = _findings(paging_sidecar, "ddp-shard", "rank_outlier")
     assert found and {f["rank"] for f in found} == {3}, found

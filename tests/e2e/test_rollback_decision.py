@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from e2e import two_ranks
 
-from eventually import eventually
+from tests.e2e import two_ranks
+from tests.eventually import eventually
 
 RUN = "roll"
 RULES = """

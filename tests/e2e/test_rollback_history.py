@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import SidecarProcess
-from ticks import settled
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
+from tests.ticks import settled
 
 RUN = "rollback-run"
 FAULT, CHECKPOINT, ABANDONED_TO, SPIKE, END = 300, 250, 330, 420, 450

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("rollback_user_train.py")

@@ -18,9 +18,9 @@ import httpx
 import torch
 from torch import nn
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 
 def _config(tmp: Path, slack: Receiver) -> Path:

@@ -23,13 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e.cluster import AlertmanagerCluster, Notifications
-from e2e.test_stack import have
-from e2e.webhook import Webhook
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
-from sidecar_process import REPO, SidecarProcess
+from tests.e2e.cluster import AlertmanagerCluster, Notifications
+from tests.e2e.test_stack import have
+from tests.e2e.webhook import Webhook
+from tests.eventually import eventually
+from tests.sidecar_process import REPO, SidecarProcess
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -31,17 +31,17 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.cluster import (
+
+from tests.e2e.cluster import (
     AlertmanagerCluster,
     Notifications,
     compressed_rules,
     write_prometheus_config,
 )
-from e2e.test_stack import Binary, have
-from e2e.webhook import Webhook
-
-from eventually import eventually
-from sidecar_process import REPO, SidecarProcess, free_port
+from tests.e2e.test_stack import Binary, have
+from tests.e2e.webhook import Webhook
+from tests.eventually import eventually
+from tests.sidecar_process import REPO, SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(420)]
 

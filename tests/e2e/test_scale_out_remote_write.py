@@ -22,8 +22,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e.cluster import SCRAPE, compressed_rules
-from e2e.test_stack import (
+
+from dashboards.queries import substitute
+from tests.e2e.cluster import SCRAPE, compressed_rules
+from tests.e2e.test_stack import (
     BUILTINS,
     DEPLOY,
     FED,
@@ -37,10 +39,8 @@ from e2e.test_stack import (
     trace_records,
     values_for,
 )
-
-from dashboards.queries import substitute
-from eventually import eventually
-from sidecar_process import SidecarProcess, free_port
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
 

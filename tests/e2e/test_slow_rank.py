@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
-from sidecar_process import free_port
+from tests.eventually import eventually
+from tests.receivers import Receiver
+from tests.sidecar_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "e2e" / "slow_loader_ddp.py"

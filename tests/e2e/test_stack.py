@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e.webhook import Webhook
 
 from dashboards.queries import iter_queries, substitute
-from eventually import eventually
 from monitor_agent.records import wire
-from sidecar_process import SidecarProcess, free_port
+from tests.e2e.webhook import Webhook
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess, free_port
 
 pytestmark = [pytest.mark.binaries, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
 from monitor_agent.detectors import DetectorSettings
 from monitor_agent.detectors.support.stats import Ema
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 220

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 INJECT = 12

@@ -26,8 +26,8 @@ import httpx
 import numpy as np
 import pytest
 
-from eventually import eventually
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.receivers import Receiver
 
 # Each test trains a few hundred CPU steps (an actor-critic's episodes, LBFGS's closures):
 # minutes on a busy shared box.

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from chart_records import steps
 
 from monitor_agent.history import series as sr
 from monitor_agent.history.builder import MAX_USER_SCALARS, HistoryBuilder
 from monitor_agent.history.schema import History, open_history
 from monitor_agent.storage.database import StorageError
+from tests.chart_records import steps
 
 
 def build(records: list[dict], commit_every: int | None = None) -> History:

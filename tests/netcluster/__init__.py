@@ -1,6 +1,6 @@
 """A fault-injection cluster on one machine: see README.md beside this file."""
 
-from netcluster.cluster import Cluster, unavailable
-from netcluster.names import Names
+from tests.netcluster.cluster import Cluster, unavailable
+from tests.netcluster.names import Names
 
 __all__ = ["Cluster", "Names", "unavailable"]

@@ -26,15 +26,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from netcluster import cgroups, network, sweep
-from netcluster.names import Names
-from netcluster.node import Node
+from tests.netcluster import cgroups, network, sweep
+from tests.netcluster.names import Names
+from tests.netcluster.node import Node
 
 if TYPE_CHECKING:
-    from netcluster.elastic import ElasticJob
-    from netcluster.faults import Faults
-    from netcluster.sidecars import NodeSidecars
-    from netcluster.slurm import Slurm
+    from tests.netcluster.elastic import ElasticJob
+    from tests.netcluster.faults import Faults
+    from tests.netcluster.sidecars import NodeSidecars
+    from tests.netcluster.slurm import Slurm
 
 
 def unavailable() -> str | None:
@@ -145,14 +145,14 @@ class Cluster:
     def start_sidecars(self, config: dict[str, Any] | None = None,
                        env: dict[str, str] | None = None) -> NodeSidecars:
         """One ``monitor-agent serve`` per compute node (see netcluster/sidecars.py)."""
-        from netcluster.sidecars import NodeSidecars
+        from tests.netcluster.sidecars import NodeSidecars
 
         self.sidecars = NodeSidecars(self, config or {}, env or {}).start()
         return self.sidecars
 
     def elastic_job(self, run_id: str, **kw: Any) -> ElasticJob:
         """A torchrun elastic job over the compute nodes (see netcluster/elastic.py)."""
-        from netcluster.elastic import ElasticJob
+        from tests.netcluster.elastic import ElasticJob
 
         job = ElasticJob(self, run_id, **kw)
         self.jobs.append(job)
@@ -160,7 +160,7 @@ class Cluster:
 
     @property
     def faults(self) -> Faults:
-        from netcluster.faults import Faults
+        from tests.netcluster.faults import Faults
 
         if self._faults is None:
             self._faults = Faults(self)
@@ -168,7 +168,7 @@ class Cluster:
 
     def start_slurm(self, **kw: Any) -> Slurm:
         """munged, slurmctld on the head and one slurmd per node (netcluster/slurm.py)."""
-        from netcluster.slurm import Slurm
+        from tests.netcluster.slurm import Slurm
 
         self.slurm = Slurm(self, **kw).start()
         return self.slurm
@@ -181,7 +181,7 @@ class Cluster:
         here = Path(__file__).resolve()
         repo = here.parents[2]
         path = [str(here.parent / "fake_gpu"), str(repo), str(repo / "client"),
-                str(repo / "tests"), os.environ.get("PYTHONPATH", "")]
+                os.environ.get("PYTHONPATH", "")]
         return {"PYTHONPATH": os.pathsep.join(p for p in path if p),
                 "NETCLUSTER_NODE": str(node.index),
                 "NETCLUSTER_FAULTS": str(self.faults_dir(node.index)),

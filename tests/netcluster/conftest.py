@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from netcluster import Cluster, unavailable
+from tests.netcluster import Cluster, unavailable
 
 
 @pytest.fixture(scope="session")

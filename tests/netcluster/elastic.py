@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eventually import eventually, scaled
-from netcluster.faults import environ
+from tests.eventually import eventually, scaled
+from tests.netcluster.faults import environ
 
 if TYPE_CHECKING:
-    from netcluster.cluster import Cluster
-    from netcluster.node import Node
+    from tests.netcluster.cluster import Cluster
+    from tests.netcluster.node import Node
 
 TRAIN = Path(__file__).with_name("elastic_train.py")
 RDZV_PORT = 29400

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_collate
 
 import monitor_client
-from netcluster.fault_files import Injected
+from tests.netcluster.fault_files import Injected
 
 
 def parse() -> argparse.Namespace:

@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from netcluster import network
-from netcluster.fault_files import GPU, TRAIN, FaultFiles
-from netcluster.throttle import Controller, Throttle, measure_usage
+from tests.netcluster import network
+from tests.netcluster.fault_files import GPU, TRAIN, FaultFiles
+from tests.netcluster.throttle import Controller, Throttle, measure_usage
 
 if TYPE_CHECKING:
-    from netcluster.cluster import Cluster
-    from netcluster.elastic import ElasticJob
+    from tests.netcluster.cluster import Cluster
+    from tests.netcluster.elastic import ElasticJob
 
 
 class Faults:

@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netcluster.cgroups import NodeCgroup
-from netcluster.network import ETC_NETNS
+from tests.netcluster.cgroups import NodeCgroup
+from tests.netcluster.network import ETC_NETNS
 
 
 @dataclass

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
-from sidecar_process import SidecarProcess
+from tests.sidecar_process import SidecarProcess
 
 if TYPE_CHECKING:
-    from netcluster.cluster import Cluster
-    from netcluster.node import Node
+    from tests.netcluster.cluster import Cluster
+    from tests.netcluster.node import Node
 
 PORT = 9400  # the same on every node, as a DaemonSet or a node's systemd unit has it
 

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eventually import eventually
+from tests.eventually import eventually
 
 if TYPE_CHECKING:
-    from netcluster.cluster import Cluster
+    from tests.netcluster.cluster import Cluster
 
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # namespaces of their own: no clash with anyone's
 

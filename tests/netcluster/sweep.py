@@ -13,8 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netcluster import cgroups, network
-from netcluster.names import PATTERN, alive, owner
+from tests.netcluster import cgroups, network
+from tests.netcluster.names import PATTERN, alive, owner
 
 
 @dataclass

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eventually import eventually
-from netcluster import Cluster, Names
-from netcluster.sweep import leftovers, sweep
+from tests.eventually import eventually
+from tests.netcluster import Cluster, Names
+from tests.netcluster.sweep import leftovers, sweep
 
 PING = """
 import socket, sys
@@ -93,7 +93,7 @@ def test_names_fit_the_kernels_limits() -> None:
 
 def test_without_the_privilege_a_test_skips_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """(Under CI=true that skip fails: tests/ci_strict.py, tests/test_ci_strict.py.)"""
-    from netcluster import conftest
+    from tests.netcluster import conftest
 
     monkeypatch.setattr(conftest, "unavailable", lambda: "needs root (...)")
     with pytest.raises(pytest.skip.Exception, match="needs root"):

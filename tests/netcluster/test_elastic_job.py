@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from eventually import eventually
-from netcluster import Cluster
-from netcluster.elastic import ElasticJob
+from tests.eventually import eventually
+from tests.netcluster import Cluster
+from tests.netcluster.elastic import ElasticJob
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

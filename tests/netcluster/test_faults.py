@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from eventually import eventually
-from netcluster import Cluster
+from tests.eventually import eventually
+from tests.netcluster import Cluster
 
 BURN = "while True: pass"
 
@@ -173,7 +173,7 @@ class RankLogs:
 
 def test_a_held_throttle_moves_the_quota_until_the_node_is_as_slow_as_asked(
         small_cluster: Cluster) -> None:
-    from netcluster.throttle import Controller, Throttle
+    from tests.netcluster.throttle import Controller, Throttle
 
     group = small_cluster.workers[1].cgroup
     group.set_quota(0.5)

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from eventually import eventually
-from netcluster import Cluster
-from netcluster.elastic import ElasticJob
-from receivers import Receiver
+from tests.eventually import eventually
+from tests.netcluster import Cluster
+from tests.netcluster.elastic import ElasticJob
+from tests.receivers import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from eventually import eventually
-from netcluster import Cluster
-from netcluster.slurm import Slurm, unavailable
+from tests.eventually import eventually
+from tests.netcluster import Cluster
+from tests.netcluster.slurm import Slurm, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

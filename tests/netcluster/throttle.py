@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from netcluster.cgroups import NodeCgroup
-    from netcluster.elastic import ElasticJob
+    from tests.netcluster.cgroups import NodeCgroup
+    from tests.netcluster.elastic import ElasticJob
 
 GAIN = 0.8          # how much of the measured error one update corrects (log scale)
 MAX_STEP = 1.6      # the most one update multiplies or divides the quota by

@@ -8,7 +8,7 @@ import httpx
 
 from monitor_agent.notify.alertmanager import AlertmanagerNotifier
 from monitor_agent.notify.base import OutcomeKind
-from sample_events import T0, event, note
+from tests.notify.sample_events import T0, event, note
 
 
 def test_labels_are_the_stable_identity_and_the_rest_is_annotations():
@@ -49,7 +49,7 @@ def test_one_accepting_member_is_enough():
 def _real_am(tmp_path):
     import pytest
 
-    from alertmanager_process import AlertmanagerProcess, available
+    from tests.alertmanager_process import AlertmanagerProcess, available
 
     if not available():
         pytest.skip("prometheus-alertmanager is not installed")

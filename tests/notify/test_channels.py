@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from eventually import eventually
 from monitor_agent.alerting.settings import AlertingSettings
 from monitor_agent.notify.channels import build_notifiers, describe_channels
+from tests.eventually import eventually
 
 
 def test_console_is_the_fallback_when_nothing_is_configured():

@@ -4,7 +4,7 @@ when they differ, and the console text agrees with its headline."""
 from __future__ import annotations
 
 from monitor_agent.notify import format as fmt
-from sample_events import event, note
+from tests.notify.sample_events import event, note
 
 
 def test_evidence_names_its_finding_and_the_alert_size():

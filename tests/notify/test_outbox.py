@@ -12,8 +12,6 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.channel_settings import OutboxSettings
@@ -21,8 +19,10 @@ from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.settings import load_settings
-from receivers import Receiver, Reply
-from sample_events import T0, event, note
+from tests.eventually import eventually
+from tests.live_server import LiveServer
+from tests.notify.sample_events import T0, event, note
+from tests.receivers import Receiver, Reply
 
 KEY = "0123456789abcdef0123456789abcdef"
 

@@ -19,8 +19,8 @@ from monitor_agent.notify.fairness import priority, summary_fingerprint, summary
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
-from receivers import Receiver, Reply
-from sample_events import T0, event
+from tests.notify.sample_events import T0, event
+from tests.receivers import Receiver, Reply
 
 KEY = "0123456789abcdef0123456789abcdef"
 SOURCE = "10.0.0.66"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from monitor_agent.notify.pagerduty import PagerDutyNotifier, dedup_key
-from receivers import pagerduty_errors
-from sample_events import event
+from tests.notify.sample_events import event
+from tests.receivers import pagerduty_errors
 
 KEY = "0123456789abcdef0123456789abcdef"
 

@@ -16,8 +16,6 @@ from typing import Any
 
 import httpx
 
-import sample_events
-from live_server import LiveServer
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
 from monitor_agent.notify.alertmanager import MAX_ANNOTATION, AlertmanagerNotifier
 from monitor_agent.notify.base import AlertEvent, Notification
@@ -27,7 +25,9 @@ from monitor_agent.notify.webhook import MAX_BODY_BYTES, WebhookNotifier
 from monitor_agent.records import wire
 from monitor_agent.records.schemas import parse_record
 from monitor_agent.settings import load_settings
-from receivers import (
+from tests.live_server import LiveServer
+from tests.notify import sample_events
+from tests.receivers import (
     PD_MAX_EVENT_BYTES,
     SLACK_MAX_BLOCK_TEXT,
     Receiver,

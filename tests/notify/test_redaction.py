@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
 from monitor_agent.notify.redact import MASK, SecretRedactor
-from receivers import Receiver, Reply
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.receivers import Receiver, Reply
+from tests.sidecar_process import SidecarProcess
 
 SECRET = "XoXbSeCrEtHoOkPaTh9000"
 TOKEN = "tok-0d9c8b7a6f5e4d3c"

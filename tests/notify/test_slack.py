@@ -8,7 +8,7 @@ import httpx
 
 from monitor_agent.notify.base import OutcomeKind
 from monitor_agent.notify.slack import MAX_BLOCK_TEXT, SlackNotifier, block_text
-from sample_events import event, note
+from tests.notify.sample_events import event, note
 
 URL = "https://hooks.slack.test/services/T0/B0/XYZ"
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.notify.base import OutcomeKind
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.settings import load_settings
-from receivers import Receiver, Reply
-from sample_events import event, note
+from tests.eventually import eventually
+from tests.live_server import LiveServer
+from tests.notify.sample_events import event, note
+from tests.receivers import Receiver, Reply
 
 RULES = """
 routes: {page: [slack]}

@@ -9,7 +9,7 @@ import httpx
 
 from monitor_agent.notify.console import ConsoleNotifier
 from monitor_agent.notify.webhook import WebhookNotifier
-from sample_events import event, note
+from tests.notify.sample_events import event, note
 
 
 def test_webhook_body_keeps_nan_as_valid_json():

@@ -10,8 +10,6 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.alerting.alerts import RunContext
 from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.metrics.sidecar import SelfMetrics
@@ -21,6 +19,8 @@ from monitor_agent.records.actions import Action
 from monitor_agent.records.types import Finding
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import Store
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 
 def _stored_steps(url: str, run: str, rank: int = 0) -> list[int]:

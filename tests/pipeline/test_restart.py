@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar_process import SidecarProcess
+from tests.sidecar_process import SidecarProcess
 
 
 def _steps(run_id: str, start: int, stop: int) -> list[dict]:

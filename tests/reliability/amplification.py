@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from record_fuzz import FUZZ_RUN, Case, rss_mib
 
 from monitor_agent.storage.database import read_only_uri
+from tests.reliability.record_fuzz import FUZZ_RUN, Case, rss_mib
 
 NOISE_MIB = 1.0
 MiB = 1024 * 1024
@@ -126,7 +126,7 @@ def _stored_bytes(db: sqlite3.Connection) -> int:
     return records + runs
 
 
-def _reset_peak(pid: int) -> bool:
+def reset_peak(pid: int) -> bool:
     try:
         Path(f"/proc/{pid}/clear_refs").write_text("5")
         return True
@@ -134,7 +134,7 @@ def _reset_peak(pid: int) -> bool:
         return False
 
 
-def _peak_mib(pid: int) -> float:
+def peak_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
@@ -153,9 +153,9 @@ def measure(url: str, pid: int, db_path: Path, cases: list[Case],
             if case.gzip:
                 body, headers["content-encoding"] = gzip.compress(body, 6), "gzip"
             before, stored0 = rss_mib(pid), _stored_bytes(db)
-            exact = _reset_peak(pid)
+            exact = reset_peak(pid)
             r = client.post(url + path, content=body, headers=headers)
-            peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
+            peak = (peak_mib(pid) if exact else rss_mib(pid)) - before
             inflated = len(case.body) if case.ndjson else len(case.body) + 15
             report.rows.append(Row(case.name, len(body), inflated, r.status_code, max(peak, 0.0),
                                    max(rss_mib(pid) - before, 0.0), _stored_bytes(db) - stored0))
@@ -186,10 +186,10 @@ def layer_names_over_time(url: str, pid: int, history_path: Path, steps: int,
                 "kind": "step", "run_id": "name-drift", "step": s, "time": float(s), "loss": 1.0,
                 "layers": {f"drift.{s}.weight": {"grad_norm": 1.0}}}).encode()
                 for s in range(start, min(steps + 1, start + per_request))))
-            exact = _reset_peak(pid)
+            exact = reset_peak(pid)
             status = client.post(url + "/v1/records", content=body, headers={
                 "content-type": "application/x-ndjson", "content-encoding": "gzip"}).status_code
-            peak = max(peak, (_peak_mib(pid) if exact else rss_mib(pid)) - before)
+            peak = max(peak, (peak_mib(pid) if exact else rss_mib(pid)) - before)
             sent += len(body)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # the history folds on its own thread
@@ -209,12 +209,12 @@ def in_parallel(url: str, pid: int, case: Case, copies: int) -> Row:
         "content-type": "application/x-ndjson" if case.ndjson else "application/json",
         "content-encoding": "gzip"}
     before = rss_mib(pid)
-    exact = _reset_peak(pid)
+    exact = reset_peak(pid)
     with httpx.Client(timeout=120) as client, \
             concurrent.futures.ThreadPoolExecutor(copies) as pool:
         statuses = list(pool.map(lambda _: client.post(url + "/v1/records", content=body,
                                                        headers=headers).status_code,
                                  range(copies)))
-    peak = (_peak_mib(pid) if exact else rss_mib(pid)) - before
+    peak = (peak_mib(pid) if exact else rss_mib(pid)) - before
     return Row(f"{case.name} x{copies} at once", len(body) * copies, len(case.body) * copies,
                max(statuses), max(peak, 0.0), max(rss_mib(pid) - before, 0.0), 0)

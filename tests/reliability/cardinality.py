@@ -15,9 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
-from process_probe import ProcessProbe
 
 from monitor_agent.records import wire
+from tests.reliability.process_probe import ProcessProbe
 
 NDJSON_GZIP = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
 

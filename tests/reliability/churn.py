@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from process_probe import ProcessProbe
 
 from monitor_agent.records import wire
+from tests.reliability.process_probe import ProcessProbe
 
 NDJSON_GZIP = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
 

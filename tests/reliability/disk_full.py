@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 
 def sh(cmd: str) -> None:

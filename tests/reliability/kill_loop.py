@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from receivers import Receiver
-from sidecar_process import SidecarProcess
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess
 
 REPO = Path(__file__).resolve().parents[2]
 # Findings that depend on wall-clock time or host memory differ between two runs of the

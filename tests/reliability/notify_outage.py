@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from soak import percentile
 
-from receivers import Receiver, Reply
-from sidecar_process import SidecarProcess
+from tests.receivers import Receiver, Reply
+from tests.reliability.soak import percentile
+from tests.sidecar_process import SidecarProcess
 
 PD_KEY = "outage-routing-key-77aa000000000"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from receivers import Received, Receiver
-from sidecar_process import SidecarProcess
+from tests.receivers import Received, Receiver
+from tests.sidecar_process import SidecarProcess
 
 PD_KEY = "flood-routing-key-0123456789abcd"
 REAL = "real-run"

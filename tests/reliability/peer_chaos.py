@@ -36,8 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from receivers import Receiver
-from sidecar_process import SidecarProcess, free_port
+from tests.receivers import Receiver
+from tests.sidecar_process import SidecarProcess, free_port
 
 TOKEN = "peer-chaos-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from process_probe import Footprint, ProcessProbe
 
 from monitor_agent.records import wire
+from tests.reliability.process_probe import Footprint, ProcessProbe
 
 LAYER_STATS = ("grad_norm", "grad_mean", "grad_std", "grad_max_abs", "grad_zero_frac",
                "param_norm", "update_norm")

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from amplification import _peak_mib, _reset_peak
-from record_fuzz import rss_mib
+
+from tests.reliability.amplification import peak_mib, reset_peak
+from tests.reliability.record_fuzz import rss_mib
 
 MiB = 1024 * 1024
 
@@ -110,7 +111,7 @@ def attack(url: str, port: int, pid: int, shape: Shape, settle: float = 2.0) -> 
     """Open the shape's stalled readers, let the sidecar answer into them, then measure.
     The sockets stay open (``row.sockets``): close them with ``close_all``."""
     before = rss_mib(pid)
-    _reset_peak(pid)
+    reset_peak(pid)
     sockets, sent = [], 0
     for _ in range(shape.clients):
         s, n = _stalled(port, shape.target)
@@ -119,7 +120,7 @@ def attack(url: str, port: int, pid: int, shape: Shape, settle: float = 2.0) -> 
     time.sleep(settle)  # the answers are produced into connections nobody reads
     healthz, ingest = _probe(url)
     held = rss_mib(pid) - before
-    peak = _peak_mib(pid) - before
+    peak = peak_mib(pid) - before
     return ReaderRow(shape, sent, peak, held, healthz, ingest, sockets)
 
 

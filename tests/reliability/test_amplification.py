@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
-from amplification import NOISE_MIB, MiB, attack_cases, measure, shape_cases
 
-from eventually import eventually
 from monitor_agent.settings import Settings
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.reliability.amplification import NOISE_MIB, MiB, attack_cases, measure, shape_cases
+from tests.sidecar_process import SidecarProcess
 
 PEAK_BUDGET_MIB = 64.0
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 TOKEN = "guard-token-9c1d0e"
 HEALTH = {"/healthz", "/readyz", "/metrics"}

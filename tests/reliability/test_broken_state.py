@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.live_server import LiveServer
+from tests.sidecar_process import SidecarProcess
 
 PAGE = 4096
 

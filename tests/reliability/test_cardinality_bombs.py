@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cardinality import label_bomb, layer_bomb, run_bomb
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
+from tests.reliability.cardinality import label_bomb, layer_bomb, run_bomb
 
 
 def _dropped(url: str, reason: str) -> float:

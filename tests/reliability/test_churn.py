@@ -4,9 +4,9 @@ their history. bench/chaos.py runs the same with thousands of runs and prints RS
 from __future__ import annotations
 
 import pytest
-from churn import churn, churn_env
 
-from sidecar_process import SidecarProcess
+from tests.reliability.churn import churn, churn_env
+from tests.sidecar_process import SidecarProcess
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
-from sidecar_process import SidecarProcess
-from ticks import ticked
+from tests.live_server import LiveServer
+from tests.sidecar_process import SidecarProcess
+from tests.ticks import ticked
 
 HOUR = 3600.0
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cpu_shapes import checkpoint_flood, walk_back
-
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
+from tests.reliability.cpu_shapes import checkpoint_flood, walk_back
 
 
 def test_a_checkpoint_flood_and_walk_back_resumes_cost_per_record_what_they_always_do(

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from disk_full import disk_full, sh, steps, wait_ready
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
+from tests.reliability.disk_full import disk_full, sh, steps, wait_ready
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ stored once and in order, every page once, resolves arrive, detector state conti
 from __future__ import annotations
 
 import pytest
-from kill_loop import kill_loop
+
+from tests.reliability.kill_loop import kill_loop
 
 
 @pytest.mark.slow

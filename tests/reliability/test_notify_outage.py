@@ -4,7 +4,8 @@ alert is delivered once after recovery, and a filling outbox is bounded, counted
 from __future__ import annotations
 
 import pytest
-from notify_outage import notify_outage
+
+from tests.reliability.notify_outage import notify_outage
 
 
 @pytest.mark.slow

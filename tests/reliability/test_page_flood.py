@@ -6,7 +6,8 @@ has the figures)."""
 from __future__ import annotations
 
 import pytest
-from page_flood import page_flood
+
+from tests.reliability.page_flood import page_flood
 
 
 @pytest.mark.slow

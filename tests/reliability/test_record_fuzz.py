@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from record_fuzz import Checker, fuzz_cases, promtool_ok, rss_mib, seed_records
-
-from sidecar_process import SidecarProcess
+from tests.reliability.record_fuzz import Checker, fuzz_cases, promtool_ok, rss_mib, seed_records
+from tests.sidecar_process import SidecarProcess
 
 CASES = 4000
 RSS_BUDGET_MIB = 256.0   # docs/hostile-input.md's budget for a sidecar under hostile input

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 
 @pytest.fixture

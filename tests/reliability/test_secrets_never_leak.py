@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from receivers import Receiver, Reply
-from sidecar_process import REPO, SidecarProcess
+from tests.eventually import eventually
+from tests.receivers import Receiver, Reply
+from tests.sidecar_process import REPO, SidecarProcess
 
 TOKEN = "tok-7f3a9e21c4b8d5e6"
 SLACK_SECRET = "XoXbSeCrEtHoOkPaTh42"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
-from sidecar_process import SidecarProcess
+from tests.eventually import eventually
+from tests.sidecar_process import SidecarProcess
 
 ATTACK = 1000
 MAX_CONNECTIONS = 200

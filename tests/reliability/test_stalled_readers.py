@@ -15,10 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from stalled_readers import Shape, attack, close_all, closed_by_sidecar, records_path, seed_run
 
-from eventually import scaled
-from sidecar_process import SidecarProcess
+from tests.eventually import scaled
+from tests.reliability.stalled_readers import (
+    Shape,
+    attack,
+    close_all,
+    closed_by_sidecar,
+    records_path,
+    seed_run,
+)
+from tests.sidecar_process import SidecarProcess
 
 READ_BUDGET_MIB = 64.0   # docs/hostile-input.md: what every read answer together may hold
 READERS = 60

@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.records import wire
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import RecordRow, Store
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 NDJSON = {"content-type": "application/x-ndjson"}
 BIG = 2**63  # one past SQLite's INTEGER; orjson still parses it as an int

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.serving.browser_guard import inline_script_hashes
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 EVIL = "https://evil.example"
 END = {"kind": "end", "run_id": "r1", "step": 7, "time": 1007.0, "status": "completed"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 WRITE_TIMEOUT = 1.0
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import monitor_agent
-from eventually import eventually
 from monitor_agent.storage.database import Database, StorageError, storage_errors
+from tests.eventually import eventually
 
 TX_SQL = re.compile(r"(BEGIN|COMMIT|ROLLBACK|END TRANSACTION|SAVEPOINT|RELEASE)\b")
 V1 = ("CREATE TABLE t (x INTEGER);",)
@@ -170,9 +170,9 @@ def test_a_data_dir_with_uri_characters_serves_charts_and_exports(tmp_path: Path
 
     import httpx
 
-    from live_server import LiveServer
     from monitor_agent.settings import load_settings
     from monitor_agent.storage.export import export_from_data_dir
+    from tests.live_server import LiveServer
 
     parent = tmp_path / "parent"
     parent.mkdir()

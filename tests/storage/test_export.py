@@ -7,12 +7,12 @@ from pathlib import Path
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.cli import main
 from monitor_agent.pipeline.trace_judge import judge_traces
 from monitor_agent.records import wire
 from monitor_agent.settings import Settings, load_settings
 from monitor_agent.storage import export
+from tests.live_server import LiveServer
 
 TRACE = Path(__file__).resolve().parents[1] / "traces" / "category_shift_mlp.jsonl.gz"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from eventually import eventually
 from monitor_client import Monitor, MonitorSettings
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
 SEGMENT = "000000000001.ndjson"

@@ -19,9 +19,9 @@ import httpx
 import orjson
 import pytest
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "traces" / "activation_blowup_gpt.jsonl.gz"

@@ -15,8 +15,8 @@ import pytest
 from selenium.webdriver.common.by import By
 from ui_checks import wait
 
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.live_server import LiveServer
 
 T0 = 10_000.0
 RUN = "gp-ui"

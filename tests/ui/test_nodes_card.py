@@ -13,9 +13,9 @@ import pytest
 from selenium.webdriver.common.by import By
 from ui_checks import wait
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 RUN = "nodes-ui"
 

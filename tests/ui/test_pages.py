@@ -10,10 +10,10 @@ import pytest
 from selenium.webdriver.common.by import By
 from ui_checks import CANVAS_COLOURS, CHARTS, wait
 
-from eventually import scaled
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
 from monitor_agent.ui.pages import STATIC
+from tests.eventually import scaled
+from tests.live_server import LiveServer
 
 
 def open_run_page(browser, fed) -> None:
@@ -149,8 +149,8 @@ def _alert(fed, fp: str) -> dict:
 
 
 def test_reads_follow_auth_reads(browser, tmp_path: Path):
-    from live_server import LiveServer
     from monitor_agent.settings import load_settings
+    from tests.live_server import LiveServer
 
     settings = load_settings(data_dir=tmp_path, token="read-token", auth_reads=True)
     with LiveServer(settings) as srv:

@@ -16,9 +16,9 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from ui_checks import wait
 
-from eventually import eventually
-from live_server import LiveServer
 from monitor_agent.settings import load_settings
+from tests.eventually import eventually
+from tests.live_server import LiveServer
 
 # Text whose box is wider than the box that clips it, anywhere on the page (axis labels are
 # canvas text: the axis size is checked against the widest label's measured width).
@@ -431,8 +431,8 @@ def test_a_hang_lists_each_ranks_last_step_and_frame(browser, tmp_path):
 
     import httpx
 
-    from live_server import LiveServer
     from monitor_agent.settings import load_settings
+    from tests.live_server import LiveServer
 
     settings = load_settings(data_dir=tmp_path, tick_interval_seconds=0.05)
     now = time.time()
