@@ -35,14 +35,14 @@ download) trains with AdamW and clip_grad_norm_(1.0). We time:
 
 and count host transfers made on the training thread by the hooks and log_step.
 
-    python bench/client_overhead.py                # CPU, about 3-4 minutes on 2 cores
-    python bench/client_overhead.py --device cuda  # the same on a GPU
-    python bench/client_overhead.py --only-distributions   # bare step + distributions
-    python bench/client_overhead.py --only-activations     # bare step + activation hooks
-    python bench/client_overhead.py --only-origin          # bare step + origin figures
-    python bench/client_overhead.py --only-timings         # the all-reduce-wait hooks
-    python bench/client_overhead.py --only-watchdog        # watchdog on/off + record size
-    python bench/client_overhead.py --only-tiny            # 1 ms and 10 ms steps, per knob
+    python -m bench.client_overhead                # CPU, about 3-4 minutes on 2 cores
+    python -m bench.client_overhead --device cuda  # the same on a GPU
+    python -m bench.client_overhead --only-distributions   # bare step + distributions
+    python -m bench.client_overhead --only-activations     # bare step + activation hooks
+    python -m bench.client_overhead --only-origin          # bare step + origin figures
+    python -m bench.client_overhead --only-timings         # the all-reduce-wait hooks
+    python -m bench.client_overhead --only-watchdog        # watchdog on/off + record size
+    python -m bench.client_overhead --only-tiny            # 1 ms and 10 ms steps, per knob
 """
 
 from __future__ import annotations

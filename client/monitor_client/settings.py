@@ -85,7 +85,7 @@ class GuardSettings:
             normal: a skip loses a batch of training, so the guard is judged on precision,
             and at 10 (with the floor below) it skips 2 of the 61,267 recorded healthy
             steps, 0.33 per 10,000, under the 1 per 10,000 it is held to, and none of its
-            own healthy runs' (``python bench/guard_precision.py`` prints both); at 8 it
+            own healthy runs' (``python -m bench.guard_precision`` prints both); at 8 it
             skips 8 of them (1.3 per 10,000), at 6 it skips 51.
         window: taken steps whose step-to-step changes make the noise estimate (default
             128, as OLMo-core): long enough that the MAD is steady (its relative standard
