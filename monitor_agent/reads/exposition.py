@@ -68,6 +68,34 @@ def escape(value: str) -> str:
     return scrub(value.replace("\n", r"\n"))
 
 
+def fmts(values: np.ndarray) -> list[str]:
+    """``fmt`` of each value of a float array: ``repr`` at once when all are finite (the
+    usual layer table), else value by value."""
+    listed = values.tolist()
+    if np.isfinite(values).all():
+        return list(map(repr, listed))
+    return [fmt(v) for v in listed]
+
+
+class EscapedNames:
+    """Layer and module names escaped for a label value, kept across renders: a run's
+    names stay the same from step to step, and escaping 320 of them per rank was a fifth
+    of a cold scrape. At most ``limit`` sets are kept (then it starts over)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._known: dict[tuple[str, ...], list[str]] = {}
+        self._limit = limit
+
+    def of(self, names: Sequence[str]) -> list[str]:
+        key = tuple(names)
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= self._limit:
+                self._known.clear()
+            found = self._known[key] = [escape(name) for name in key]
+        return found
+
+
 def _step_attr(attr: str) -> Callable[[StepRecord], float | None]:
     return lambda rec: getattr(rec, attr)
 
@@ -256,6 +284,7 @@ class Exposition:
         self.caps = SeriesCaps(max_runs, max_layers, max_ranks, max_eval_series,
                                on_drop or _ignore_drop)
         self._cache: dict[str, tuple[int, dict[str, str]]] = {}
+        self._names = EscapedNames()
 
     def render(self) -> bytes:
         runs = sorted(self._runs(), key=lambda r: r.first_seen)
@@ -285,7 +314,7 @@ class Exposition:
         version = run.version
         if cached is not None and cached[0] == version:
             return cached[1]
-        chunks = RunRenderer(run, self.caps).render()
+        chunks = RunRenderer(run, self.caps, self._names).render()
         self._cache[run.run_id] = (version, chunks)
         return chunks
 
@@ -345,8 +374,10 @@ class RunRenderer:
         training_learning_rate{project="",run_id="gpt-7",rank="0"} 0.0003
     """
 
-    def __init__(self, run: RunState, caps: SeriesCaps) -> None:
+    def __init__(self, run: RunState, caps: SeriesCaps,
+                 names: EscapedNames | None = None) -> None:
         self.run, self.caps = run, caps
+        self.names = names if names is not None else EscapedNames()
         self.out: dict[str, list[str]] = {}
         self.run_labels = f'project="{escape(run.project)}",run_id="{escape(run.run_id)}"'
 
@@ -430,37 +461,39 @@ class RunRenderer:
         if table is None:
             return
         limit = self.caps.keep("max_layers", len(table.names), self.caps.max_layers)
-        grad = table.stats["grad_norm"]
-        upd, par = table.stats["update_norm"], table.stats["param_norm"]
-        with_ratio = (table.measured["update_norm"] & table.measured["param_norm"]).tolist()
-        zero = table.stats["grad_zero_frac"]
-        m_grad = table.measured["grad_norm"].tolist()
-        m_zero = table.measured["grad_zero_frac"].tolist()
-        g_l, u_l, p_l, z_l = grad.tolist(), upd.tolist(), par.tolist(), zero.tolist()
-        fam_g, fam_u, fam_z = (m.name for m, _ in LAYER_GAUGES)
-        out_g = self.out.setdefault(fam_g, [])
-        out_u = self.out.setdefault(fam_u, [])
-        out_z = self.out.setdefault(fam_z, [])
-        for i in range(limit):
-            lab = f'{labels},layer="{escape(table.names[i])}"'
-            if m_grad[i]:
-                out_g.append(f"{fam_g}{{{lab}}} {fmt(g_l[i])}\n")
-            if with_ratio[i] and p_l[i]:
-                out_u.append(f"{fam_u}{{{lab}}} {fmt(u_l[i] / p_l[i])}\n")
-            if m_zero[i]:
-                out_z.append(f"{fam_z}{{{lab}}} {fmt(z_l[i])}\n")
-        self._layer_effective_lr(labels, table, limit, state.last_layers_clip)
+        names = self.names.of(table.names[:limit])
+        with np.errstate(all="ignore"):  # inf / inf is a NaN sample, as it always was
+            self._layer_lines(labels, names, table, state.last_layers_clip, limit)
 
-    def _layer_effective_lr(self, labels: str, table: Any, limit: int, clip: float) -> None:
+    def _layer_lines(self, labels: str, names: list[str], table: Any, clip: float,
+                     limit: int) -> None:
+        stats, measured = table.stats, table.measured
+        grad, zero = stats["grad_norm"][:limit], stats["grad_zero_frac"][:limit]
+        upd, par = stats["update_norm"][:limit], stats["param_norm"][:limit]
+        with_ratio = measured["update_norm"][:limit] & measured["param_norm"][:limit] \
+            & (par != 0)
+        fam_g, fam_u, fam_z = (m.name for m, _ in LAYER_GAUGES)
+        for fam, where, values in (
+                (fam_g, measured["grad_norm"][:limit], grad),
+                (fam_u, with_ratio, None),
+                (fam_z, measured["grad_zero_frac"][:limit], zero)):
+            at = np.flatnonzero(where)
+            picked = upd[at] / par[at] if values is None else values[at]
+            self._per_layer(fam, labels, names, at, picked)
         # ||update|| / ||clipped grad|| per parameter, where both were measured.
-        grad, upd = table.stats["grad_norm"][:limit], table.stats["update_norm"][:limit]
-        ok = (table.measured["update_norm"][:limit] & table.measured["grad_norm"][:limit]
+        ok = (measured["update_norm"][:limit] & measured["grad_norm"][:limit]
               & np.isfinite(grad) & (grad > 0))
-        fam = n.LAYER_EFFECTIVE_LR.name
+        at = np.flatnonzero(ok)
+        self._per_layer(n.LAYER_EFFECTIVE_LR.name, labels, names, at,
+                        upd[at] / (grad[at] * clip))
+
+    def _per_layer(self, fam: str, labels: str, names: list[str], at: np.ndarray,
+                   values: np.ndarray) -> None:
+        """One line of family ``fam`` per index in ``at``: its layer label, its value."""
         out = self.out.setdefault(fam, [])
-        for i in np.flatnonzero(ok).tolist():
-            lab = f'{labels},layer="{escape(table.names[i])}"'
-            out.append(f"{fam}{{{lab}}} {fmt(upd[i] / (grad[i] * clip))}\n")
+        head = f'{fam}{{{labels},layer="'
+        out.extend(f'{head}{names[i]}"}} {v}\n'
+                   for i, v in zip(at.tolist(), fmts(values), strict=True))
 
     def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
         # One series per (layer, quantile); capped by max_layers like the other layer gauges.
@@ -468,8 +501,9 @@ class RunRenderer:
             return
         limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
         out = self.out.setdefault(fam, [])
-        for name, row in zip(table.names[:limit], table.values[:limit].tolist(), strict=True):
-            lab = f'{labels},layer="{escape(name)}"'
+        names = self.names.of(table.names[:limit])
+        for name, row in zip(names, table.values[:limit].tolist(), strict=True):
+            lab = f'{labels},layer="{name}"'
             out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
                        for q, v in zip(_QUANTILE_LABELS, row, strict=True))
 
@@ -480,7 +514,7 @@ class RunRenderer:
         if table is None:
             return
         limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
-        labs = [f'{labels},module="{escape(name)}"' for name in table.names[:limit]]
+        labs = [f'{labels},module="{name}"' for name in self.names.of(table.names[:limit])]
         for metric, stat in ACTIVATION_GAUGES:
             out = self.out.setdefault(metric.name, [])
             for lab, v in zip(labs, table.stats[stat][:limit].tolist(), strict=True):

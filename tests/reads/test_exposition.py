@@ -146,3 +146,31 @@ def test_hung_ranks_count_the_latest_hang_finding_until_each_rank_steps_again():
     run.apply_step(StepRecord(run_id="hung", step=6, time=6.0, rank=0), 6.0,
                    STEP_DURATION_BUCKETS)
     assert hung() == 2
+
+
+def test_layer_gauges_say_nan_and_infinity_leave_out_what_was_not_measured_and_escape_names():
+    """The per-layer lines, made for the whole table at once: a non-finite statistic is a
+    sample (NaN, +Inf), an unmeasured one is none, a zero parameter norm has no update
+    ratio, and a name is escaped as a label value (kept escaped across scrapes)."""
+    run = RunState.new("r", now=0.0)
+    table = LayerTable.from_mapping({
+        'h.0"q"': {"grad_norm": float("nan"), "param_norm": 2.0, "update_norm": 1.0,
+                   "grad_zero_frac": 0.5},
+        "h.1\nx": {"grad_norm": float("inf"), "param_norm": 0.0, "update_norm": 1.0},
+        "h.2": {"param_norm": float("inf"), "update_norm": float("inf")}})
+    run.apply_step(StepRecord(run_id="r", step=1, time=1.0, layers=table), arrival=1.0,
+                   buckets=STEP_DURATION_BUCKETS)
+    exp = Exposition(lambda: [run], CollectorRegistry())
+    for _ in range(2):  # the second scrape renders the changed run with its names kept
+        run.version += 1
+        text = exp.render().decode()
+        lines = [ln for ln in text.splitlines() if ln.startswith("training_layer_")]
+        head = 'project="",run_id="r",rank="0",layer='
+        assert f'training_layer_grad_norm{{{head}"h.0\\"q\\""}} NaN' in lines
+        assert f'training_layer_grad_norm{{{head}"h.1\\nx"}} +Inf' in lines
+        assert not [ln for ln in lines if ln.startswith(f'training_layer_grad_norm{{{head}"h.2"')]
+        assert f'training_layer_update_ratio{{{head}"h.0\\"q\\""}} 0.5' in lines
+        assert f'training_layer_update_ratio{{{head}"h.2"}} NaN' in lines  # inf / inf
+        assert not [ln for ln in lines if "update_ratio" in ln and "h.1" in ln]  # 0 norm
+        assert f'training_layer_grad_zero_ratio{{{head}"h.0\\"q\\""}} 0.5' in lines
+        assert [ln for ln in lines if ln.startswith("training_layer_effective")] == []
