@@ -1,8 +1,9 @@
 """What the sidecar knows about each run right now: latest values, counters, status.
 
 The engine thread mutates it; the exposition reads it from another thread. Readers only
-touch immutable records and plain numbers, and every change bumps ``version`` last, so a
-reader sees either the old or the new values of a rank, never a torn mix that matters.
+touch immutable records and plain numbers, and every change bumps ``version`` last
+(``RunState.changed``), so a reader sees either the old or the new values of a rank, never
+a torn mix that matters.
 
 The engine creates one per run (``RunState.new``) and applies each record it analyses; a
 step of rank 0 taking 0.3 s, with the engine's buckets (``metrics.names``)::
@@ -222,7 +223,7 @@ class RunState:
         if remote and self.run is not None:
             return
         self.run = record
-        self.version += 1
+        self.changed()
 
     def apply_step(self, record: StepRecord, arrival: float, buckets: tuple[float, ...]) -> None:
         state = self.rank(record.rank)
@@ -262,19 +263,19 @@ class RunState:
         state.last_step = max(state.last_step, record.step)
         self._top_step = max(self._top_step, record.step)
         state.last_arrival = self.last_arrival = arrival
-        self.version += 1
+        self.changed()
 
     def apply_eval(self, record: EvalRecord, arrival: float) -> None:
         state = self.rank(record.rank)
         state.last_eval = record
         state.last_eval_step = max(state.last_eval_step, record.step)
         self.last_arrival = arrival
-        self.version += 1
+        self.changed()
 
     def apply_end(self, status: str, ended_at: float) -> None:
         self.status = status
         self.ended_at = ended_at
-        self.version += 1
+        self.changed()
 
     def retire(self, ranks: set[int]) -> None:
         """Forget ``ranks`` (``DetectorSuite.retire``: a job re-formed with fewer)."""
@@ -282,6 +283,13 @@ class RunState:
             self.ranks.pop(rank, None)
             self.hung_ranks.discard(rank)
         self._top_known = False
+        self.changed()
+
+    def changed(self) -> None:
+        """Something the read side shows of the run moved: its ``version`` goes up, last,
+        after the change itself (the exposition thread renders a run again only when its
+        version moved, and reads either the old values or the new ones). The one place a
+        version is bumped: every change of a run's state that a reader shows calls it."""
         self.version += 1
 
     def count_findings(self, findings: list[Any]) -> None:
@@ -292,7 +300,7 @@ class RunState:
                 self.hung_ranks = {int(r) for r in (*f.evidence.get("hung_ranks", ()),
                                                     *f.evidence.get("gone_ranks", ()))}
         if findings:
-            self.version += 1
+            self.changed()
 
     def observe_nodes(self, findings: list[Any]) -> list[NodeVerdict]:
         """Fold findings into the node verdicts; the verdicts of the nodes they named
@@ -305,7 +313,7 @@ class RunState:
         every = self.nodes.verdicts(hosts, self.node_prices())
         if named:
             self.refresh_nodes(every)
-            self.version += 1
+            self.changed()
         return [v for v in every if v.node in named]
 
     def refresh_nodes(self, every: list[NodeVerdict] | None = None) -> None:
