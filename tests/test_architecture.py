@@ -317,3 +317,12 @@ def test_a_runs_facts_read_no_storage() -> None:
     assert not _store_readers("runs"), _store_readers("runs")
     assert _store_readers("pipeline")  # the check finds a reader where there is one
 
+
+def test_a_runs_version_moves_in_one_place() -> None:
+    """``RunState.changed`` says what a version bump means (a reader's view of the run
+    moved); nothing else bumps ``version`` by hand (issue 46)."""
+    bumps = [f"{path.relative_to(ROOT)}:{n}"
+             for path in sorted((ROOT / "monitor_agent").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "version += 1" in line]
+    assert bumps == ["monitor_agent/runs/run_state.py:" + bumps[0].rpartition(":")[2]], bumps

@@ -147,9 +147,10 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
 def stored_ledger(store: Store, run_id: str) -> CheckpointLedger:
     """The checkpoint ledger of a run's current history, from the rows the store keeps:
     its paged findings and its checkpoints (runs/ reads no storage: it is handed them)."""
-    entries = (LedgerEntry(c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag,
-                           c.token, c.position) for c in store.checkpoints(run_id))
-    return CheckpointLedger.of((wire.loads(b) for b in store.page_findings(run_id)), entries)
+    findings = [wire.loads(body) for body in store.page_findings(run_id)]
+    entries = [LedgerEntry(c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag,
+                           c.token, c.position) for c in store.checkpoints(run_id)]
+    return CheckpointLedger.of(findings, entries)
 
 
 def _reload_latest(store: Store, run: RunState) -> None:

@@ -60,7 +60,7 @@ class LiveRun:
     suite: DetectorSuite
     attempts: RunAttempts
     # Its lifecycle (runs/lifecycle.py): derived on load from the store's status and
-    # alerting's open actions (Engine._replay), kept on by the engine's events.
+    # alerting's open actions (``RecordWalk.replay``), kept on by the engine's events.
     lifecycle: RunLifecycle = field(default_factory=RunLifecycle)
     # The run's latest step when its newest snapshot was taken (-1: none yet): one is taken
     # again once it moved ``snapshot_every_steps`` on (``RunRegistry.snapshot_advanced``).
