@@ -80,7 +80,7 @@ class RankState:
     # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
     remote: bool = False
     # Which node sidecar forwards them (its id @ the connection's address, api/peer.py):
-    # a finding about this rank is taken only from that one (Engine._peer_finding_refusal).
+    # a finding about this rank is taken only from that one (``PeerExchange._finding_refusal``).
     via: str | None = None
 
     def took_data(self, step: int, position: int) -> None:
@@ -219,7 +219,7 @@ class RunState:
         """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
         only when none of this sidecar's own ranks sent one (its labels name that node).
         Where the run sits in a multi-node job is not taken from here: the engine places
-        it (pipeline/engine.py ``Engine._place``)."""
+        it (pipeline/placement.py ``Placement.place``)."""
         if remote and self.run is not None:
             return
         self.run = record
