@@ -46,7 +46,7 @@ class PeerExchange:
         through ``ingest`` (the same checks as a client's records; judged by the
         cross-rank detectors only), its findings are paged here for the whole run, and its
         heartbeat keeps its node in the runs' view. Only runs this sidecar leads, from a
-        node of the run's placement (``_refusal``), are taken: the rest of the
+        node of the run's placement (``refusal``), are taken: the rest of the
         exchange is left with the node sidecar (``deferred``) to send again.
 
         Findings the node paged itself while this leader was away go first: they are about
@@ -86,7 +86,7 @@ class PeerExchange:
         nodes: dict[str, int] = {}
         for peer in batch.runs:
             peer = self._known_node(peer, batch.sidecar)
-            why = self._refusal(peer, now)
+            why = self.refusal(peer, now)
             if why is not None:
                 deferred[peer.run_id] = why
             nodes[peer.run_id] = peer.node
@@ -184,7 +184,7 @@ class PeerExchange:
                      if seen.sidecar == sidecar), -1)
         return dataclasses.replace(peer, node=node)
 
-    def _refusal(self, peer: PeerRun, now: float) -> str | None:
+    def refusal(self, peer: PeerRun, now: float) -> str | None:
         """Why a node sidecar's items of ``peer``'s run are not taken here (now), or None:
         this sidecar does not lead the run (its own node 0 ranks have not placed it here,
         or placed it elsewhere), or the node is not one of the run's placement."""

@@ -181,9 +181,7 @@ class RecordWalk:
             if quiet:  # effects durable already: snapshots as it goes (registry.rebuild)
                 self.registry.snapshot_advanced(live, now)
         self.replayed += replayed
-        if result.findings:
-            self.store.insert_findings([f.to_dict() for f in result.findings])
-        self.batch_end.queue_and_count(result)
+        self.batch_end.finish(result)
         if not quiet:
             self.consequences.reconcile(live, now)
         # A rollback rebuilt the verdict from what is left of the history: the row says so

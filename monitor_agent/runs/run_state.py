@@ -164,7 +164,7 @@ class RunState:
     # ranks are gone, so it no longer reports the run to the leader, until a later attempt
     # brings ranks here again (cluster/drain.py).
     left_out: int | None = None
-    placed_by: int | None = None  # the attempt whose run record set the three (engine._place)
+    placed_by: int | None = None  # the attempt whose run record set the three (``Placement.place``)
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
     # otherwise. -1 until first read, then worked out once (a restored run's ranks come
