@@ -1,9 +1,10 @@
 """Ending a run when the script ends: ``atexit`` for a normal exit, a chained
 ``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
-``stopped`` on Ctrl-C), a wrapped ``sys.exit`` for a script's own ``sys.exit(1)`` (Python
-hands ``SystemExit`` to no hook: the run would end ``completed``), and SIGTERM, which ends
-it ``stopped`` (``_sigterm.py``). Installed per Monitor and removed by its ``close()``.
-A ``raise SystemExit(1)`` written out, or the ``exit(1)`` builtin, is still not seen.
+``stopped`` on Ctrl-C), a wrapped ``sys.exit`` and ``exit``/``quit`` builtins for a
+script's own ``sys.exit(1)`` or ``exit(1)`` (Python hands ``SystemExit`` to no hook: the run
+would end ``completed``), and SIGTERM, which ends it ``stopped`` (``_sigterm.py``).
+Installed per Monitor and removed by its ``close()``. A ``raise SystemExit(1)`` written out
+is still not seen: nothing in Python 3.11 tells an exit hook the status it exits with.
 
 A Monitor passes its ``close()`` and its outcome setter. An uncaught Ctrl-C, as Python
 reports it to ``sys.excepthook`` (the hook before ours, quiet here, is still called)::
@@ -23,6 +24,8 @@ reports it to ``sys.excepthook`` (the hook before ours, quiet here, is still cal
 from __future__ import annotations
 
 import atexit
+import builtins
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -31,8 +34,6 @@ from monitor_client._resume import ROLLBACK_EXIT
 from monitor_client._sigterm import TermWatch
 
 _SYS_EXIT = sys.exit  # what _sys_exit calls when it outlived its install (a kept reference)
-TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, time limit " \
-    "or cancel, or a kill)"
 
 
 def outcome_of(exc_type: type[BaseException], exc: BaseException) -> tuple[str, str | None]:
@@ -74,7 +75,8 @@ class ExitHooks:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
         self._exit: Callable[..., object] | None = None
-        self._term = TermWatch(on_signal=lambda: on_exception("stopped", TERMINATED),
+        self._quitters: dict[str, Any] = {}  # the builtins exit/quit this replaced
+        self._term = TermWatch(on_signal=lambda error: on_exception("stopped", error),
                                on_end=on_exit)
 
     def install(self) -> None:
@@ -82,6 +84,11 @@ class ExitHooks:
         sys.excepthook = self._excepthook
         self._exit = sys.exit
         setattr(sys, "exit", self._sys_exit)  # noqa: B010 - mypy holds sys.exit's own type
+        for name in ("exit", "quit"):  # the site module's, which scripts call as exit(1)
+            found = getattr(builtins, name, None)
+            if found is not None and type(found).__name__ == "Quitter":
+                self._quitters[name] = found
+                setattr(builtins, name, _Quitter(found, self._sys_exit))
         atexit.register(self._on_exit)
         self._term.install()
 
@@ -92,6 +99,10 @@ class ExitHooks:
             sys.excepthook = self._previous
         if sys.exit == self._sys_exit and self._exit is not None:
             setattr(sys, "exit", self._exit)  # noqa: B010
+        for name, found in self._quitters.items():
+            if isinstance(getattr(builtins, name, None), _Quitter):
+                setattr(builtins, name, found)
+        self._quitters = {}
         atexit.unregister(self._on_exit)
         self._term.remove()
         self._previous = None
@@ -107,3 +118,19 @@ class ExitHooks:
     def _excepthook(self, exc_type, exc, tb) -> None:
         self._on_exception(*outcome_of(exc_type, exc))
         (self._previous or sys.__excepthook__)(exc_type, exc, tb)
+
+
+class _Quitter:
+    """The ``exit``/``quit`` builtin, its call going through the wrapped ``sys.exit``; it
+    still prints as the one it replaced (``Use exit() or Ctrl-D (i.e. EOF) to exit``)."""
+
+    def __init__(self, found: Any, exit_with: Callable[[Any], object]) -> None:
+        self._found, self._exit_with = found, exit_with
+
+    def __repr__(self) -> str:
+        return repr(self._found)
+
+    def __call__(self, code: Any = None) -> None:
+        with contextlib.suppress(Exception):  # as the site module's: stdin closed first
+            sys.stdin.close()
+        self._exit_with(code)

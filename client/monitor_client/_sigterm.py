@@ -12,13 +12,18 @@ The main thread may be stuck where no Python handler runs (a collective that nev
 returns): the signal is also read from ``signal.set_wakeup_fd`` by a thread of its own,
 which acts at once; whichever of the two comes first ends the process.
 
+A worker of torchrun's elastic agent still dies of SIGTERM itself (the agent owns its
+workers' lives: it stops every worker with SIGTERM when one of them failed or the job
+re-forms, and reads their deaths), but says first that its launcher stopped it
+(``LAUNCHER_STOPPED``), within its close timeout: when a rank's process is killed outright,
+every other rank then ends with a word and the dead one is the only rank without one, which
+is how the sidecar names it (monitor_agent/runs/attempt_end.py).
+
 Left alone, so that the process dies of SIGTERM as it did:
 - a script or framework that handles SIGTERM itself (its handler is not the default). One
   that takes SIGTERM over later and calls the handler it found (Lightning's trainer
   composes it with its own, and stops at the next step) decides whether and when the
   process ends: the run is then only marked ``stopped``, ended by its own close;
-- a process under torchrun's elastic agent, which owns its workers' lives (it sends them
-  SIGTERM when it restarts the job, and the sidecar reads the restart from the agent);
 - a process whose wakeup fd is taken (an asyncio loop), or a Monitor made off the main
   thread;
 - a forked child (a DataLoader worker): it gets the default back, and does not write into
@@ -34,23 +39,30 @@ from collections.abc import Callable
 from typing import Any
 
 EXIT_STATUS = 128 + signal.SIGTERM
+MAIN_THREAD_GRACE_S = 0.5  # a main thread free to run Python enters its handler well within
+TERMINATED = "SIGTERM: the process was asked to stop (a scheduler's preemption, time limit " \
+    "or cancel, or a kill)"
+LAUNCHER_STOPPED = "SIGTERM: stopped by its launcher (torchrun's agent stops every worker " \
+    "when one of them failed or the job re-forms)"
 
 
 class TermWatch:
-    """On SIGTERM: ``on_signal()`` (the run's outcome), then, while SIGTERM's handler is
-    still this one, ``on_end()`` (the run's close) and the process exits with
-    ``EXIT_STATUS``."""
+    """On SIGTERM: ``on_signal(error)`` (the run's outcome: ``TERMINATED``, or
+    ``LAUNCHER_STOPPED`` under torchrun), then, while SIGTERM's handler is still this one,
+    ``on_end()`` (the run's close) and the process exits with ``EXIT_STATUS`` (under
+    torchrun: dies of SIGTERM, as its agent expects)."""
 
-    def __init__(self, on_signal: Callable[[], object], on_end: Callable[[], object]) -> None:
+    def __init__(self, on_signal: Callable[[str], object], on_end: Callable[[], object]) -> None:
         self._on_signal, self._on_end = on_signal, on_end
         self._pipe: tuple[int, int] | None = None
         self._pid = os.getpid()
         self._once = threading.Lock()
+        self._launched = False  # a worker of torchrun's elastic agent
+        self._in_handler = threading.Event()  # the main thread runs the Python handler
 
     def install(self) -> bool:
         """Take SIGTERM when nobody else has; False (nothing changed) otherwise."""
-        if (os.environ.get("TORCHELASTIC_RUN_ID")
-                or threading.current_thread() is not threading.main_thread()
+        if (threading.current_thread() is not threading.main_thread()
                 or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
             return False
         read, write = os.pipe()
@@ -63,6 +75,7 @@ class TermWatch:
             return False
         signal.signal(signal.SIGTERM, self._in_main)
         self._pipe, self._pid = (read, write), os.getpid()
+        self._launched = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
         os.register_at_fork(after_in_child=self._forked)
         threading.Thread(target=self._watch, args=(read,), name="monitor-client-sigterm",
                          daemon=True).start()
@@ -94,20 +107,27 @@ class TermWatch:
     def _watch(self, read: int) -> None:
         try:
             while data := os.read(read, 64):
-                if signal.SIGTERM in data and os.getpid() == self._pid and self._owned():
+                # The main thread's handler, when it can run, ends the process (it alone
+                # may die of the signal); this thread acts when it does not start at once.
+                if signal.SIGTERM in data and os.getpid() == self._pid and self._owned() \
+                        and not self._in_handler.wait(MAIN_THREAD_GRACE_S):
                     self._end()
         finally:
             os.close(read)
 
     def _in_main(self, _signum: int, _frame: Any) -> None:
+        self._in_handler.set()
         if os.getpid() != self._pid:  # a child forked some other way: die as it would have
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         if not self._owned():  # called by the handler that took SIGTERM over: it decides
-            self._on_signal()
+            self._on_signal(self._error())
             return
         self._end()
+
+    def _error(self) -> str:
+        return LAUNCHER_STOPPED if self._launched else TERMINATED
 
     def _owned(self) -> bool:
         return signal.getsignal(signal.SIGTERM) == self._in_main
@@ -115,7 +135,13 @@ class TermWatch:
     def _end(self) -> None:
         with self._once:  # the second caller waits here for the first one's exit
             try:
-                self._on_signal()
+                self._on_signal(self._error())
                 self._on_end()
             finally:
+                # The agent reports a worker's death by its signal; only the main thread may
+                # give SIGTERM back to its default (a main thread stuck in a collective
+                # leaves the status, which the agent reads as a failed worker all the same).
+                if self._launched and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
                 os._exit(EXIT_STATUS)

@@ -18,6 +18,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
+from monitor_agent.runs import attempt_end
 from monitor_agent.runs.checkpoint_ledger import LedgerEntry
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.settings import Settings
@@ -58,10 +59,20 @@ class StateApply:
                 self.consequences.retire(live)
             else:
                 self.placement.expect_forwarded(live, record, attempt)
-        elif isinstance(record, EndRecord) and views.ends_run(live, record, attempt):
+        elif isinstance(record, EndRecord) and views.ends_run(live, record, attempt) \
+                and not self._cut_off(live, record, attempt):
             run.apply_end(record.status, arrival)
             self.store.set_status(run.run_id, record.status, record.time)
             self.consequences.events(live, live.lifecycle.ended(record.status, record.step), arrival)
+
+    def _cut_off(self, live: LiveRun, record: EndRecord, attempt: int) -> bool:
+        """A worker its launcher stopped while another rank of its attempt did not end so
+        (runs/attempt_end.py ``cut_off``): the run goes on to its relaunch or its silence."""
+        if record.status != "stopped":
+            return False
+        ranks = {r for n, r in live.attempts.stepped if n == attempt}
+        return attempt_end.cut_off(record.rank, record.status, record.error, ranks,
+                                   self.store.rank_ends(live.run_id, attempt))
 
     def checkpoint(self, run: RunState, record: CheckpointRecord, attempt: int) -> None:
         """Keep a checkpoint in the run's ledger (stored, so a restart keeps it), with the

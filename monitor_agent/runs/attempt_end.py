@@ -11,16 +11,20 @@ record (the client sends one when its script dies of an exception):
   at its other end (gloo's "Connection closed by peer" / "Connection reset by peer", a
   broken pipe, NCCL's remote error, a collective timed out): a victim of another rank's
   death, never its cause (detectors/crashed.py ``PEER_LOST``).
-- **silent**: no end record at all. A process killed outright says nothing; so does one its
-  launcher stopped (SIGTERM) while it waited in a collective for the dead one.
+- **stopped by a signal**: a ``stopped`` end whose error is SIGTERM's. A launcher stops
+  every other worker with SIGTERM once one of them died (torchrun's agent, ``srun``), and
+  the client says so before the process dies of it (client/_sigterm.py): also a victim.
+- **silent**: no end record at all. A process killed outright says nothing; nor does one
+  stopped by an older client, or one whose last records could not leave in time.
 
-The dead rank is among the silent ones, and only when some peer said it lost one: a peer-lost
-error is the evidence that a process at the other end of a collective went away, and no
-genuine exception explains the end. Several silent ranks (the dead one and those cut off)
-are told apart by the address the victims' errors name (gloo says ``[10.0.0.3]:port``): the
-silent ranks of the node at that address (``addresses``: rank -> its node's address, as
-the run's leader hears it). Without an address, the silent ranks are named only when they
-all sit on one node. Anything else names nobody: a wrong node costs a restart.
+The dead rank is among the silent ones, and only when some other rank ended as a victim
+(lost a peer, or was stopped by a signal) and none of an exception of its own: that is the
+evidence that a process went away, and nothing else explains the end. Several silent ranks
+(the dead one and those cut off without a word) are told apart by the address the peer-lost
+errors name (gloo says ``[10.0.0.3]:port``): the silent ranks of the node at that address
+(``addresses``: rank -> its node's address, as the run's leader hears it). Without an
+address, the silent ranks are named only when they all sit on one node. Anything else
+names nobody: a wrong node costs a restart.
 
 A 2-node x 2-rank job; rank 2's process was killed, ranks 0, 1, 3 lost it::
 
@@ -32,6 +36,13 @@ A 2-node x 2-rank job; rank 2's process was killed, ranks 0, 1, 3 lost it::
     ((2,), (0, 1, 3), ())
     >>> print(end.words())
     rank 2 on b ended without a word (killed, out of memory, or lost with its node); ranks 0-1,3 lost it as a peer
+
+The same kill where the launcher stopped the others first, each saying so::
+
+    >>> stop = ("stopped", "SIGTERM: stopped by its launcher")
+    >>> print(judge(1, [0, 1, 2, 3], {0: stop, 1: stop, 3: stop},
+    ...             {0: "a", 1: "a", 2: "b", 3: "b"}).words())
+    rank 2 on b ended without a word (killed, out of memory, or lost with its node); ranks 0-1,3 were stopped by a signal after it
 """
 
 from __future__ import annotations
@@ -44,6 +55,27 @@ from typing import Any
 from monitor_agent.detectors.crashed import peer_lost, user_stop
 
 _ADDRESS = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
+LAUNCHER_STOPPED = "SIGTERM: stopped by its launcher"
+"""How a client's end record begins when torchrun's agent stopped its worker (client/
+_sigterm.py): once one worker died, or when the job itself was stopped."""
+
+
+def cut_off(rank: int, status: str, error: str | None, ranks: Iterable[int],
+            ends: Mapping[int, tuple[str, str | None]]) -> bool:
+    """Whether ``rank``'s end (``status``, ``error``) says only that its launcher stopped it
+    while some other rank of its attempt (``ranks``, with their ``ends`` so far) did not
+    end so: such an end does not end the run, whose relaunch (``judge`` then names the rank
+    that died) or silence tells how it ended. Every rank stopped so is the job stopped.
+
+        >>> stop = ("stopped", LAUNCHER_STOPPED + " (...)")
+        >>> cut_off(0, *stop, [0, 1, 2], {1: stop}), cut_off(0, *stop, [0, 1, 2], {1: stop, 2: stop})
+        (True, False)
+    """
+    if status != "stopped" or not (error or "").startswith(LAUNCHER_STOPPED):
+        return False
+    ends = {**ends, rank: (status, error)}
+    return not all(r in ends and (ends[r][1] or "").startswith(LAUNCHER_STOPPED)
+                   for r in ranks)
 
 
 def named_addresses(error: str | None) -> set[str]:
@@ -61,6 +93,7 @@ class AttemptEnd:
     lost: tuple[int, ...]  # ended with a peer-lost error
     crashed: tuple[int, ...]  # ended with an exception of their own
     hosts: tuple[tuple[int, str], ...] = ()  # rank -> node, of the ranks named
+    signalled: tuple[int, ...] = ()  # ended stopped by SIGTERM (their launcher's teardown)
 
     def words(self) -> str:
         """'rank 5 on node-2 ended without a word ...; ranks 0-4,6-7 lost it as a peer'."""
@@ -70,9 +103,13 @@ class AttemptEnd:
             on = f" on {', '.join(nodes)}" if nodes else ""
             text = (f"{_span(self.gone)}{on} ended without a word (killed, out of memory, "
                     "or lost with its node)")
+            it = "it" if len(self.gone) == 1 else "them"
             if self.lost:
-                text += f"; {_span(self.lost)} lost {'it' if len(self.gone) == 1 else 'them'}"
-                text += " as a peer"
+                text += f"; {_span(self.lost)} lost {it} as a peer"
+            if self.signalled:
+                text += (f"; {_span(self.signalled)} "
+                         f"{'was' if len(self.signalled) == 1 else 'were'} stopped by a "
+                         f"signal after {it}")
             return text
         if self.crashed:
             return f"{_span(self.crashed)} crashed of an exception of its own"
@@ -84,7 +121,7 @@ class AttemptEnd:
     def evidence(self) -> dict[str, Any]:
         return {"ended_attempt": self.number, "gone_ranks": list(self.gone),
                 "silent_ranks": list(self.silent), "peer_lost_ranks": list(self.lost),
-                "crashed_ranks": list(self.crashed)}
+                "signalled_ranks": list(self.signalled), "crashed_ranks": list(self.crashed)}
 
 
 def judge(number: int, ranks: Iterable[int], ends: Mapping[int, tuple[str, str | None]],
@@ -98,11 +135,14 @@ def judge(number: int, ranks: Iterable[int], ends: Mapping[int, tuple[str, str |
               and not user_stop(e)}
     lost = tuple(sorted(r for r, e in failed.items() if peer_lost(e)))
     crashed = tuple(sorted(r for r in failed if r not in lost))
+    signalled = tuple(sorted(r for r, (s, e) in ends.items() if r in ranks
+                             and s == "stopped" and (e or "").startswith("SIGTERM")))
     gone: tuple[int, ...] = ()
-    if lost and silent and not crashed:
+    if (lost or signalled) and silent and not crashed:
         gone = _dead(silent, [failed[r] for r in lost], hosts, addresses or {})
     named = {r: hosts[r] for r in gone if r in hosts}
-    return AttemptEnd(number, gone, silent, lost, crashed, tuple(sorted(named.items())))
+    return AttemptEnd(number, gone, silent, lost, crashed, tuple(sorted(named.items())),
+                      signalled)
 
 
 def _dead(silent: tuple[int, ...], errors: list[str | None], hosts: Mapping[int, str],

@@ -211,22 +211,23 @@ def test_uncaught_exception_ends_the_run_failed(receiver, tmp_path):
     assert end["step"] == 1
 
 
-@pytest.mark.parametrize(("status", "code", "outcome"), [
-    ("3", 3, "failed"), ("'diverged at step 1'", 1, "failed"), ("0", 0, "completed"),
-    ("", 0, "completed"), ("75", 75, "stopped")])
-def test_a_scripts_own_sys_exit_says_whether_it_failed(receiver, tmp_path, status, code,
+@pytest.mark.parametrize(("call", "status", "code", "outcome"), [
+    ("sys.exit", "3", 3, "failed"), ("sys.exit", "'diverged at step 1'", 1, "failed"),
+    ("sys.exit", "0", 0, "completed"), ("sys.exit", "", 0, "completed"),
+    ("sys.exit", "75", 75, "stopped"), ("exit", "2", 2, "failed"), ("quit", "", 0, "completed")])
+def test_a_scripts_own_sys_exit_says_whether_it_failed(receiver, tmp_path, call, status, code,
                                                        outcome):
-    """``sys.exit(1)`` (a script giving up on a bad loss, argparse's 2) is the script
-    saying it failed; Python hands ``SystemExit`` to no hook, so the run ended
-    ``completed``."""
-    run_id = f"exit-{code}-{outcome}-{len(status)}"
+    """``sys.exit(1)`` or the ``exit(1)`` builtin (a script giving up on a bad loss,
+    argparse's 2) is the script saying it failed; Python hands ``SystemExit`` to no hook,
+    so the run ended ``completed``."""
+    run_id = f"exit-{call}-{code}-{outcome}-{len(status)}"
     script = textwrap.dedent(f"""
         import sys
         from monitor_client import Monitor, MonitorSettings
         mon = Monitor(url={receiver.url!r}, run_id={run_id!r},
                       settings=MonitorSettings(spool_dir={str(tmp_path)!r}, linger=0.02))
         mon.log_step(1, loss=1.0)
-        sys.exit({status})
+        {call}({status})
     """)
     env = {"PYTHONPATH": f"{REPO / 'client'}:{REPO}", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -241,12 +242,15 @@ def test_a_scripts_own_sys_exit_says_whether_it_failed(receiver, tmp_path, statu
 
 
 def test_close_gives_sys_exit_back(tmp_path):
-    before = sys.exit
+    import builtins
+
+    before, exit_before = sys.exit, builtins.exit
     mon = Monitor(url="http://127.0.0.1:9", run_id="exit-back",
                   settings=MonitorSettings(spool_dir=tmp_path))
-    assert sys.exit is not before
+    assert sys.exit is not before and builtins.exit is not exit_before
+    assert repr(builtins.exit) == repr(exit_before)  # the REPL's hint stays as it was
     mon.close(timeout=0.1)
-    assert sys.exit is before
+    assert sys.exit is before and builtins.exit is exit_before
 
 
 def test_eval_and_checkpoint_carry_the_seconds_since_the_previous_loop_record(receiver,

@@ -114,21 +114,33 @@ def test_a_forked_child_that_gets_sigterm_dies_of_it_and_the_run_goes_on(receive
     assert end["status"] == "completed"
 
 
-@pytest.mark.parametrize("case", ["own_handler", "torchelastic"])
-def test_sigterm_is_left_alone_where_someone_else_owns_it(receiver, tmp_path, case):
-    """A script that handles SIGTERM itself keeps its handler; a torchrun worker (its agent
-    owns its life) dies of SIGTERM as before."""
+def test_sigterm_is_left_alone_where_the_script_owns_it(receiver, tmp_path):
+    """A script that handles SIGTERM itself keeps its handler."""
     before = ("signal.signal(signal.SIGTERM, lambda *_: (print('mine', flush=True), "
-              "sys.exit(7)))" if case == "own_handler" else "")
-    env = {"TORCHELASTIC_RUN_ID": "job-1"} if case == "torchelastic" else {}
-    proc = _start(receiver, tmp_path, case, before=before, env=env)
+              "sys.exit(7)))")
+    proc = _start(receiver, tmp_path, "own_handler", before=before)
     proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=60)
-    if case == "own_handler":
-        assert code == 7 and proc.stdout is not None and proc.stdout.read() == "mine\n"
-        assert len(_ends(receiver, case)) == 1  # its sys.exit ran the client's atexit
-    else:
-        assert code == -signal.SIGTERM and not _ends(receiver, case)
+    assert proc.wait(timeout=60) == 7
+    assert proc.stdout is not None and proc.stdout.read() == "mine\n"
+    assert len(_ends(receiver, "own_handler")) == 1  # its sys.exit ran the client's atexit
+
+
+@pytest.mark.parametrize("stuck", ["sleeping", "blocked"])
+def test_a_torchrun_worker_says_its_launcher_stopped_it_and_dies_of_sigterm(
+        receiver, tmp_path, stuck):
+    """torchrun's agent stops every worker with SIGTERM when one of them died: each says so
+    (the rank killed outright is then the only one without a word: the sidecar names it)
+    and still dies of the signal, which is how the agent reports its workers' deaths; also
+    while its main thread waits where no Python handler runs (a collective)."""
+    wait = ("time.sleep(600)" if stuck == "sleeping" else
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\ntime.sleep(600)")
+    proc = _start(receiver, tmp_path, stuck, stuck=wait, env={"TORCHELASTIC_RUN_ID": "job-1"})
+    proc.send_signal(signal.SIGTERM)
+    # Its main thread dies of it; a thread of the client's exits 143 (128 + SIGTERM)
+    assert proc.wait(timeout=60) == (-signal.SIGTERM if stuck == "sleeping" else 143)
+    end, = _ends(receiver, stuck)
+    assert end["status"] == "stopped" and end["step"] == STEPS
+    assert end["error"].startswith("SIGTERM: stopped by its launcher")
 
 
 def test_the_monitor_gives_sigterm_back_when_it_closes(tmp_path):

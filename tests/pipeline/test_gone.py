@@ -43,9 +43,14 @@ def _launch(token: str, steps: range) -> list[dict[str, Any]]:
     return out
 
 
-def _end(token: str, rank: int, step: int, error: str) -> dict[str, Any]:
+STOPPED = ("SIGTERM: stopped by its launcher (torchrun's agent stops every worker when one "
+           "of them failed or the job re-forms)")
+
+
+def _end(token: str, rank: int, step: int, error: str,
+         status: str = "failed") -> dict[str, Any]:
     return {"kind": "end", "run_id": RUN, "rank": rank, "step": step, "time": 200.0,
-            "attempt": f"{token}{rank}", "status": "failed", "error": error}
+            "attempt": f"{token}{rank}", "status": status, "error": error}
 
 
 def _relaunch_after(ends: list[dict[str, Any]], tmp_path) -> tuple[Engine, IngestResult,
@@ -106,3 +111,31 @@ def test_a_crash_of_a_genuine_exception_is_not_gone(tmp_path):
     assert found.evidence["gone_ranks"] == [] and found.evidence["crashed_ranks"] == [2]
     assert "without a word" not in found.message and "Node verdict" not in found.message
     assert _verdicts(engine) == {"node-a": ("healthy", None), "node-b": ("healthy", None)}
+
+
+def test_the_rank_dead_without_a_word_is_named_when_the_launcher_stopped_every_other(
+        tmp_path):
+    """torchrun's agents stop the survivors first, and each says so (client/_sigterm.py):
+    no peer-lost error names an address, the dead rank is the only silent one. Those ends
+    do not end the run (the last would have made it ``stopped``, and a stopped run is not
+    relaunched after a crash): the relaunch judges it."""
+    engine, crashed, relaunch = _relaunch_after(
+        [_end("a", r, 30, STOPPED, "stopped") for r in (3, 1, 0)], tmp_path)
+    assert not [f for f in crashed.findings if f.type == "crashed"]
+    [found] = [f for f in relaunch.findings if f.type == "relaunched"]
+    assert found.evidence["gone_ranks"] == [2]
+    assert found.evidence["signalled_ranks"] == [0, 1, 3]
+    assert "rank 2 on node-b ended without a word" in found.message
+    assert _verdicts(engine) == {"node-a": ("healthy", None), "node-b": ("suspect", "gone")}
+
+
+def test_a_job_whose_launcher_stopped_every_rank_ends_stopped(tmp_path):
+    """Every rank said its launcher stopped it (the job cancelled: the agent passes its
+    SIGTERM on): the run ended ``stopped``, nobody died."""
+    engine = Engine(Settings(), Store(tmp_path / "m.sqlite"), SelfMetrics(CollectorRegistry()))
+    _ingest(engine, _launch("a", range(1, 31)), now=10.0)
+    _ingest(engine, [_end("a", r, 30, STOPPED, "stopped") for r in range(3)], now=11.0)
+    live = engine.registry.get(RUN)
+    assert live is not None and live.state.status == "running"  # rank 3 has not said so yet
+    _ingest(engine, [_end("a", 3, 30, STOPPED, "stopped")], now=11.5)
+    assert live.state.status == "stopped"

@@ -53,6 +53,37 @@ def test_no_peer_lost_no_gone_a_genuine_exception_explains_the_end():
     assert judge(1, range(8), stopped, HOSTS, ADDRESSES).gone == ()
 
 
+STOPPED = ("stopped", "SIGTERM: stopped by its launcher (torchrun's agent stops every worker "
+                      "when one of them failed or the job re-forms)")
+
+
+def test_the_killed_rank_is_the_only_silent_one_when_its_launcher_stopped_the_others():
+    """A client that says its launcher stopped it (client/_sigterm.py): ranks that were cut
+    off in a collective are no longer silent, so the dead one is named without an address,
+    on its own node or with some peers that lost it first."""
+    ends = {r: STOPPED for r in range(8) if r != 4}
+    end = judge(1, range(8), ends, HOSTS)
+    assert end.gone == (4,) and end.signalled == (0, 1, 2, 3, 5, 6, 7) and end.silent == (4,)
+    assert end.words() == ("rank 4 on node2 ended without a word (killed, out of memory, or "
+                           "lost with its node); ranks 0-3,5-7 were stopped by a signal "
+                           "after it")
+    mixed = {**{r: STOPPED for r in (0, 1, 2, 7)}, **ENDS}
+    assert judge(1, range(8), mixed, HOSTS).gone == (4,)
+    assert judge(1, range(8), mixed, HOSTS).evidence()["signalled_ranks"] == [0, 1, 2, 7]
+
+
+def test_a_teardown_without_a_silent_rank_or_with_a_crash_names_nobody():
+    everyone = {r: STOPPED for r in range(8)}  # the job itself stopped, every rank said so
+    assert judge(1, range(8), everyone, HOSTS).gone == ()
+    crash = {**{r: STOPPED for r in range(8) if r not in (2, 4)},
+             2: ("failed", "torch.OutOfMemoryError: CPU out of memory.")}
+    assert judge(1, range(8), crash, HOSTS).gone == ()  # the crash is the cause, said as such
+    ctrl_c = {r: ("stopped", "KeyboardInterrupt: ") for r in range(8) if r != 4}
+    assert judge(1, range(8), ctrl_c, HOSTS).gone == ()  # a person's stop is no teardown
+    two_nodes = {r: STOPPED for r in range(8) if r not in (4, 6)}
+    assert judge(1, range(8), two_nodes, HOSTS).gone == ()  # silent on two nodes: unknown
+
+
 def _relaunched(gone: list[int], attempt: int) -> Finding:
     return Finding(type="relaunched", severity=Severity.WARNING, run_id="r", step=10,
                    message="relaunched", evidence={"gone_ranks": gone,
