@@ -1,6 +1,7 @@
 """What goes into the engine and what comes out of it, per request: the records a batch
-brings (``Incoming``), a node sidecar's exchange (``PeerBatch``), and what happened to each
-(``IngestResult``). Plain data: the stages (pipeline/engine.py) fill them."""
+brings (``Incoming``), a node sidecar's exchange (``PeerBatch``), what happened to each
+(``IngestResult``), and how the stages take a record (``Mode``: as it arrives, or fed again
+from the store). Plain data: the stages (pipeline/engine.py) fill them."""
 
 from __future__ import annotations
 
@@ -102,6 +103,41 @@ class Admitted:
             superseded_by=self.superseded_by,
             origin=self.item.origin,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """How the stages take a record: as it arrives (``LIVE``: judged, paged, forwarded,
+    its arrival is now), or fed again from the store to restore a run (``replay``: its
+    arrival is the run's last one, as restored; a replaced attempt's record is history).
+    ``quiet``: a run rebuilt for a new attempt (registry.py): state only, as its records
+    were judged, their findings stored and paged about, when they first arrived.
+
+        >>> LIVE.live, LIVE.arrived(now=9.0)
+        (True, 9.0)
+        >>> replayed = Mode.replay(arrival=5.0)
+        >>> replayed.live, replayed.arrived(now=9.0), Mode.replay(5.0, quiet=True).quiet
+        (False, 5.0, True)
+    """
+
+    arrival: float | None = None
+    quiet: bool = False
+
+    @classmethod
+    def replay(cls, arrival: float, quiet: bool = False) -> Mode:
+        return cls(arrival, quiet)
+
+    @property
+    def live(self) -> bool:
+        """A record as it arrives (not fed again from the store)."""
+        return self.arrival is None and not self.quiet
+
+    def arrived(self, now: float) -> float:
+        """When the record reached this sidecar, on its clock."""
+        return now if self.arrival is None else self.arrival
+
+
+LIVE = Mode()
 
 
 def attempt_view(run_id: str, attempt: StoredAttempt) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from monitor_agent.cluster.digest import digest
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.detectors.catalogue import RUN_SCOPED_TYPES
 from monitor_agent.pipeline import run_views as views
-from monitor_agent.pipeline.batch import IngestResult
+from monitor_agent.pipeline.batch import IngestResult, Mode
 from monitor_agent.pipeline.consequences import Consequences
 from monitor_agent.pipeline.placement import Placement
 from monitor_agent.records import wire
@@ -89,10 +89,11 @@ class Router:
                                   run.first_seen)
 
     def forward(self, run: RunState, record: Record, body: bytes | None,
-                 result: IngestResult, quiet: bool, origin: int | None) -> None:
+                 result: IngestResult, mode: Mode, origin: int | None) -> None:
         """Queue the digest of a record of this sidecar's own ranks for the run's leader
-        (``quiet``: a run rebuilt from the store, whose records went when they came)."""
-        leader = self.placement.following(run) if origin is None and not quiet else None
+        (not in a ``quiet`` ``Mode``: a run rebuilt from the store, whose records went
+        when they came)."""
+        leader = self.placement.following(run) if origin is None and not mode.quiet else None
         if leader is None or body is None:
             return
         flags = DROPPABLE if isinstance(record, StepRecord) else \

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.apply import StateApply
-from monitor_agent.pipeline.batch import Admitted, IngestResult
+from monitor_agent.pipeline.batch import LIVE, Admitted, IngestResult, Mode
 from monitor_agent.pipeline.batch_end import BatchEnd
 from monitor_agent.pipeline.consequences import Consequences
 from monitor_agent.pipeline.detect import Detection
@@ -32,34 +32,6 @@ from monitor_agent.runs.lifecycle import RunLifecycle
 from monitor_agent.storage.store import Store
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Mode:
-    """How the stages take a record: as it arrives (``LIVE``: judged, paged, forwarded,
-    its arrival is now), or fed again from the store to restore a run (``replay``: its
-    arrival is the run's last one, as restored; a replaced attempt's record is history).
-    ``quiet``: a run rebuilt for a new attempt (registry.py): state only, as its records
-    were judged, their findings stored and paged about, when they first arrived."""
-
-    arrival: float | None = None
-    quiet: bool = False
-
-    @classmethod
-    def replay(cls, arrival: float, quiet: bool = False) -> Mode:
-        return cls(arrival, quiet)
-
-    @property
-    def live(self) -> bool:
-        """A record as it arrives (not fed again from the store)."""
-        return self.arrival is None and not self.quiet
-
-    def arrived(self, now: float) -> float:
-        """When the record reached this sidecar, on its clock."""
-        return now if self.arrival is None else self.arrival
-
-
-LIVE = Mode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +85,12 @@ class RecordWalk:
         run.last_record_id = max(run.last_record_id, kept.row_id)
         run.goodput.feed(record, kept.attempt, kept.row_id)  # every record, replaced too
         if not self._judged(live, kept, now, result, mode):
-            self.router.forward(run, record, kept.body, result, mode.quiet, kept.origin)
+            self.router.forward(run, record, kept.body, result, mode, kept.origin)
             return
         if isinstance(record, StepRecord):
             record = self.state.cap_layers(run, record)
         self.state.apply(live, record, mode.arrived(now), kept.origin, kept.attempt)
-        self.router.forward(run, record, kept.body, result, mode.quiet, kept.origin)
+        self.router.forward(run, record, kept.body, result, mode, kept.origin)
         findings = [dataclasses.replace(f, attempt=kept.attempt)
                     for f in self.detection.detect(live, record, kept.origin is not None)]
         # Before routing: a page names the checkpoint judged with it.
