@@ -318,3 +318,35 @@ def test_each_class_name_means_one_thing() -> None:
     assert not twice, f"one class name, several definitions (rename one): {twice}"
     shared = {name: [*sidecar[name], *client[name]] for name in sorted(sidecar.keys() & client)}
     assert not shared, f"the sidecar and the client define the same class names: {shared}"
+
+
+def _store_readers(package: str) -> list[str]:
+    """Modules under ``package`` that take the record store's ``Store`` (to read it)."""
+    found = []
+    for module, path in _modules("monitor_agent").items():
+        if not module.startswith(f"monitor_agent.{package}"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "monitor_agent.storage") and any(a.name == "Store" for a in node.names):
+                found.append(module)
+    return found
+
+
+def test_a_runs_facts_read_no_storage() -> None:
+    """runs/ holds a run's facts; what the store keeps of them is read below the pipeline
+    and handed in (``pipeline/recovery.py`` ``stored_ledger``), so following a record's
+    calls never goes down into the store from runs/ and back up (issue 46). Its stored
+    row types (``StoredAttempt``) are data, and may be named."""
+    assert not _store_readers("runs"), _store_readers("runs")
+    assert _store_readers("pipeline")  # the check finds a reader where there is one
+
+
+def test_a_runs_version_moves_in_one_place() -> None:
+    """``RunState.changed`` says what a version bump means (a reader's view of the run
+    moved); nothing else bumps ``version`` by hand (issue 46)."""
+    bumps = [f"{path.relative_to(ROOT)}:{n}"
+             for path in sorted((ROOT / "monitor_agent").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "version += 1" in line]
+    assert bumps == ["monitor_agent/runs/run_state.py:" + bumps[0].rpartition(":")[2]], bumps

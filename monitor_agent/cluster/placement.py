@@ -9,7 +9,7 @@ The sidecar of node 0 leads; any other follows ``leader_url``, unless the sideca
 ``cluster.leader_url`` says otherwise (a leader elsewhere, or several sidecars on one host).
 A sidecar whose ``cluster.leader_url`` names another one follows it even when its ranks are
 node 0's: after an elastic re-rendezvous that left the leader's own machine out, node 0 is
-another machine, and the run keeps its one leader (pipeline/engine.py ``Engine._place``).
+another machine, and the run keeps its one leader (pipeline/placement.py ``Placement.place``).
 
     >>> from monitor_agent.records.types import ClusterPlacement
     >>> node1 = ClusterPlacement(node_rank=1, nodes=2, leader_url="http://node-0:9400")

@@ -58,7 +58,7 @@ class Roster:
         self.since = now
 
     def expect(self, nodes: int, local_world_size: int | None = None) -> None:
-        """The job has ``nodes`` nodes (its placing run record: ``Engine._place``, which
+        """The job has ``nodes`` nodes (its placing run record: ``Placement.place``, which
         starts a new roster when a re-formed job's attempt settles)."""
         self.expected = max(self.expected, nodes)
         if local_world_size is not None:

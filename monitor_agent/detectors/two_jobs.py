@@ -8,7 +8,7 @@ id (a copy-pasted launch command, a scheduler that retried a job it thought lost
 single record from anyone who holds the write token. The earlier job's records then land
 in history, which nothing analyses, and its NaN would page nobody.
 
-So the engine (pipeline/engine.py, ``Engine._rival``), which alone sees attempts, tells a
+So the engine (pipeline/engine.py, ``Detection.rival``), which alone sees attempts, tells a
 live replaced job from a late one: a record of a replaced attempt whose ``time`` is after
 the replacing attempt began (the sidecar's clock: the same host's as the client's, or one
 NTP keeps close) comes from a job that is still running; a spool delivered late holds

@@ -37,7 +37,7 @@ already placed, from a rank that sent step records in that attempt (``writer``).
 without a token share the legacy token: a run of old clients works as before, and a
 token-less checkpoint cannot land in an attempt begun by token-carrying ones. A replaced
 attempt that keeps sending is a second live job on the run id: the engine judges and pages
-it apart (``Engine._rival``, detectors/two_jobs.py); it does not take the history back.
+it apart (``Detection.rival``, detectors/two_jobs.py); it does not take the history back.
 
 **A new attempt supersedes a live job only when that job stopped** (docs/format.md, "Who
 may write what"). A token joins or begins an attempt as above, but the record that would
@@ -52,7 +52,7 @@ node sidecar forwards settles as it settled there (that sidecar applied the rule
 own ranks). Until it settles, a new attempt's records (its run record, an end record from
 a process that died before its first step) are held: stored, not applied to the run, and
 replayed when it settles (``owner``). The attempt that owns the run's history also owns
-its placement in a multi-node job (pipeline/engine.py ``Engine._place``).
+its placement in a multi-node job (pipeline/placement.py ``Placement.place``).
 
 A closed-loop rollback to step S (the same processes reload a checkpoint and send S, S+1,
 ... again) is a resumed attempt too: open the next attempt settled at S

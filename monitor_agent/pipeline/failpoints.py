@@ -2,7 +2,7 @@
 
 The record store (``monitor.sqlite``) and the alert database (``alerts.sqlite``) commit
 apart, so a kill -9 can fall between them. Recovery must make them agree again, whichever
-boundary the crash hit (``Engine._reconcile``). To prove it, a test starts a real sidecar
+boundary the crash hit (``Consequences.reconcile``). To prove it, a test starts a real sidecar
 with ``failpoint: <name>`` (``MONITOR_AGENT_FAILPOINT``) and drives it past that point: the
 process SIGKILLs itself exactly there, and the test restarts it without the setting.
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import EvalRecord, Record, RunRecord, StepRecord
+from monitor_agent.runs.checkpoint_ledger import CheckpointLedger, LedgerEntry
 from monitor_agent.runs.run_state import RankState, RunState
 from monitor_agent.storage.store import Store
 
@@ -143,6 +144,15 @@ def _restore_state(run: RunState, suite: DetectorSuite, state: dict[str, Any]) -
         rs.remote = bool(fields.get("remote"))  # absent from snapshots before the leader
 
 
+def stored_ledger(store: Store, run_id: str) -> CheckpointLedger:
+    """The checkpoint ledger of a run's current history, from the rows the store keeps:
+    its paged findings and its checkpoints (runs/ reads no storage: it is handed them)."""
+    findings = [wire.loads(body) for body in store.page_findings(run_id)]
+    entries = [LedgerEntry(c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag,
+                           c.token, c.position) for c in store.checkpoints(run_id)]
+    return CheckpointLedger.of(findings, entries)
+
+
 def _reload_latest(store: Store, run: RunState) -> None:
     """The latest step and eval of each rank, so gauges show values at once."""
     for rank, state in run.ranks.items():
@@ -161,7 +171,7 @@ def _reload_latest(store: Store, run: RunState) -> None:
         if body is not None:
             record = _stored(body, run.run_id)
             state.last_eval = record if isinstance(record, EvalRecord) else None
-    run.version += 1
+    run.changed()
 
 
 def _stored(body: bytes, run_id: str) -> Record | None:

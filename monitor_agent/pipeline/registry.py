@@ -41,7 +41,6 @@ from monitor_agent.detectors import DetectorSuite
 from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.attempts import RunAttempts
 from monitor_agent.records import wire
-from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
 from monitor_agent.runs.goodput import GoodputLedger
 from monitor_agent.runs.lifecycle import RunLifecycle
 from monitor_agent.runs.run_state import RunState
@@ -61,7 +60,7 @@ class LiveRun:
     suite: DetectorSuite
     attempts: RunAttempts
     # Its lifecycle (runs/lifecycle.py): derived on load from the store's status and
-    # alerting's open actions (Engine._replay), kept on by the engine's events.
+    # alerting's open actions (``RecordWalk.replay``), kept on by the engine's events.
     lifecycle: RunLifecycle = field(default_factory=RunLifecycle)
     # The run's latest step when its newest snapshot was taken (-1: none yet): one is taken
     # again once it moved ``snapshot_every_steps`` on (``RunRegistry.snapshot_advanced``).
@@ -169,7 +168,7 @@ class RunRegistry:
                 after = recovery.restore_run(self.store, live.state, live.suite, now,
                                              snapshot=False)
             live.snapshot_step = live.state.last_step  # the restored snapshot's (or -1)
-            live.state.ledger = CheckpointLedger.load(self.store, run_id)
+            live.state.ledger = recovery.stored_ledger(self.store, run_id)
             live.state.goodput = goodput if goodput is not None else self.stored_goodput(run_id)
             if after is not None:  # None: never stored, a new run
                 self._replay(live, after, now, quiet)

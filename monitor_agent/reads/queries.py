@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from monitor_agent.pipeline import recovery
 from monitor_agent.pipeline.registry import RunRegistry
 from monitor_agent.reads import views
 from monitor_agent.records import wire
@@ -173,7 +174,7 @@ class RunQueries:
         cached = self._stored_ledger
         if cached is not None and cached[0] == run_id and cached[1] == row.last_seen:
             return cached[2]
-        ledger = CheckpointLedger.load(self.store, run_id)
+        ledger = recovery.stored_ledger(self.store, run_id)
         self._stored_ledger = (run_id, row.last_seen, ledger)
         return ledger
 

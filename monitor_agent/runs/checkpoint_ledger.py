@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from monitor_agent.records import tokens, wire
+from monitor_agent.records import tokens
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.runs.verdict import CAUSES, ENDINGS
-from monitor_agent.storage.store import Store
 
 Status = Literal["clean", "suspect"]
 
@@ -202,16 +201,18 @@ class CheckpointLedger:
     _judged: list[Judged] | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, store: Store, run_id: str) -> CheckpointLedger:
-        """The ledger of a run's current history, from the store."""
+    def of(cls, findings: Iterable[Mapping[str, Any]],
+           entries: Iterable[LedgerEntry]) -> CheckpointLedger:
+        """The ledger of a run's current history, from what the store keeps of it (read
+        there by the caller: ``pipeline/recovery.py`` ``stored_ledger``): its paged
+        findings' JSON (``Finding.to_dict``), oldest first, and its checkpoints."""
         ledger = cls()
-        for body in store.page_findings(run_id):
-            fault = Fault.from_stored(wire.loads(body))
+        for data in findings:
+            fault = Fault.from_stored(dict(data))
             if fault is not None:
                 ledger._fault(fault)
-        for c in store.checkpoints(run_id):
-            ledger.add(LedgerEntry(c.step, c.path, c.rank, c.time, c.attempt, c.bytes, c.tag,
-                                   c.token, c.position))
+        for entry in entries:
+            ledger.add(entry)
         return ledger
 
     def add(self, entry: LedgerEntry) -> None:

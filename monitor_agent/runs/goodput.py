@@ -66,7 +66,7 @@ seconds and GPU-hours; the page that resolves one says it, as does the run's ver
 The ledger sees each stored record once, in arrival order (``feed``'s row id), including
 those of older attempts a newer one superseded; it is kept in its own table and restored
 with the run (``to_state`` / ``from_state``), then fed every record stored after its kept
-position, superseded ones too (the engine's ``_catch_up_goodput``), and carried over when a
+position, superseded ones too (``RecordWalk._catch_up_goodput``), and carried over when a
 new attempt rebuilds the run's detectors, so it keeps what the rebuilt history forgets. An
 attempt settled after its records were fed again (a restart between the two) comes to the
 account of one settled before its first record (``settled``).
@@ -430,7 +430,7 @@ class GoodputLedger:
 
         Live, an attempt settles before its first record is fed (pending in ``_settles``
         until it begins); a sidecar restarted after a kill -9 settles it after feeding the
-        records stored since the ledger was kept (engine ``_reconcile``). Both come to the
+        records stored since the ledger was kept (``Consequences.reconcile``). Both come to the
         same account: the gap is the attempt's own (not whichever attempt began last), the
         start-up it has been charged already is its incident's, and the incident takes its
         place before the attempt's own (its hangs)."""

@@ -6,7 +6,7 @@ alert database, its end records), and each consumer used to read its own piece: 
 applied rollbacks when an attempt settled, the engine rebuilt the run, the verdict counted
 rollbacks, the status followed end records. Here those facts meet in one place that decides
 what happened and says it as **events**, which the engine hands to each consumer
-(``Engine._lifecycle``: the registry rebuilds the run, alerting applies and closes, the
+(``Consequences.events``: the registry rebuilds the run, alerting applies and closes, the
 store keeps the status, the verdict and the charts read what that left):
 
 - ``AttemptSettled``: a new process's first step placed it (pipeline/attempts.py):
@@ -278,7 +278,7 @@ class RunLifecycle:
 
     def went_silent(self, step: int, limit_seconds: float, gone: bool = False) -> list[Event]:
         """Nothing heard from any rank for ``limit_seconds`` after step ``step`` (the stall
-        or hang detectors' judgement, Engine._tick_run)."""
+        or hang detectors' judgement, ``Clock._tick_run``, pipeline/clock.py)."""
         if self.status != "running" or (self.silent is not None and self.silent.gone >= gone):
             return []
         self.silent = Silent(step, limit_seconds, gone)

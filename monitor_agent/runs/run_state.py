@@ -1,8 +1,9 @@
 """What the sidecar knows about each run right now: latest values, counters, status.
 
 The engine thread mutates it; the exposition reads it from another thread. Readers only
-touch immutable records and plain numbers, and every change bumps ``version`` last, so a
-reader sees either the old or the new values of a rank, never a torn mix that matters.
+touch immutable records and plain numbers, and every change bumps ``version`` last
+(``RunState.changed``), so a reader sees either the old or the new values of a rank, never
+a torn mix that matters.
 
 The engine creates one per run (``RunState.new``) and applies each record it analyses; a
 step of rank 0 taking 0.3 s, with the engine's buckets (``metrics.names``)::
@@ -79,7 +80,7 @@ class RankState:
     # (monitor_agent/cluster): judged and charted here, exposed on /metrics by that sidecar.
     remote: bool = False
     # Which node sidecar forwards them (its id @ the connection's address, api/peer.py):
-    # a finding about this rank is taken only from that one (Engine._peer_finding_refusal).
+    # a finding about this rank is taken only from that one (``PeerExchange._finding_refusal``).
     via: str | None = None
 
     def took_data(self, step: int, position: int) -> None:
@@ -163,7 +164,7 @@ class RunState:
     # ranks are gone, so it no longer reports the run to the leader, until a later attempt
     # brings ranks here again (cluster/drain.py).
     left_out: int | None = None
-    placed_by: int | None = None  # the attempt whose run record set the three (engine._place)
+    placed_by: int | None = None  # the attempt whose run record set the three (``Placement.place``)
     # The latest step of any rank, kept as steps arrive (``last_step``): a max over a
     # thousand ranks per read is what a run leader's checkpoint checks and run pages cost
     # otherwise. -1 until first read, then worked out once (a restored run's ranks come
@@ -218,11 +219,11 @@ class RunState:
         """Take a rank's run record; a ``remote`` one (another node's, through its sidecar)
         only when none of this sidecar's own ranks sent one (its labels name that node).
         Where the run sits in a multi-node job is not taken from here: the engine places
-        it (pipeline/engine.py ``Engine._place``)."""
+        it (pipeline/placement.py ``Placement.place``)."""
         if remote and self.run is not None:
             return
         self.run = record
-        self.version += 1
+        self.changed()
 
     def apply_step(self, record: StepRecord, arrival: float, buckets: tuple[float, ...]) -> None:
         state = self.rank(record.rank)
@@ -262,19 +263,19 @@ class RunState:
         state.last_step = max(state.last_step, record.step)
         self._top_step = max(self._top_step, record.step)
         state.last_arrival = self.last_arrival = arrival
-        self.version += 1
+        self.changed()
 
     def apply_eval(self, record: EvalRecord, arrival: float) -> None:
         state = self.rank(record.rank)
         state.last_eval = record
         state.last_eval_step = max(state.last_eval_step, record.step)
         self.last_arrival = arrival
-        self.version += 1
+        self.changed()
 
     def apply_end(self, status: str, ended_at: float) -> None:
         self.status = status
         self.ended_at = ended_at
-        self.version += 1
+        self.changed()
 
     def retire(self, ranks: set[int]) -> None:
         """Forget ``ranks`` (``DetectorSuite.retire``: a job re-formed with fewer)."""
@@ -282,6 +283,13 @@ class RunState:
             self.ranks.pop(rank, None)
             self.hung_ranks.discard(rank)
         self._top_known = False
+        self.changed()
+
+    def changed(self) -> None:
+        """Something the read side shows of the run moved: its ``version`` goes up, last,
+        after the change itself (the exposition thread renders a run again only when its
+        version moved, and reads either the old values or the new ones). The one place a
+        version is bumped: every change of a run's state that a reader shows calls it."""
         self.version += 1
 
     def count_findings(self, findings: list[Any]) -> None:
@@ -292,7 +300,7 @@ class RunState:
                 self.hung_ranks = {int(r) for r in (*f.evidence.get("hung_ranks", ()),
                                                     *f.evidence.get("gone_ranks", ()))}
         if findings:
-            self.version += 1
+            self.changed()
 
     def observe_nodes(self, findings: list[Any]) -> list[NodeVerdict]:
         """Fold findings into the node verdicts; the verdicts of the nodes they named
@@ -305,7 +313,7 @@ class RunState:
         every = self.nodes.verdicts(hosts, self.node_prices())
         if named:
             self.refresh_nodes(every)
-            self.version += 1
+            self.changed()
         return [v for v in every if v.node in named]
 
     def refresh_nodes(self, every: list[NodeVerdict] | None = None) -> None:

@@ -657,8 +657,8 @@ class Store:
                         replaced: bool = False) -> tuple[int, list[bytes]]:
         """The run records of this sidecar's own ranks (not forwarded by a node sidecar) in
         the newest attempt up to ``attempt`` that has any, of the current history, and that
-        attempt: the first one stored (what placed the run, pipeline/engine.py
-        ``Engine._place``) and the last (what the run says of itself now); ``replaced``:
+        attempt: the first one stored (what placed the run, pipeline/placement.py
+        ``Placement.place``) and the last (what the run says of itself now); ``replaced``:
         of the whole history, the run records a later attempt superseded too. One index
         range per rank."""
         found: list[tuple[int, int, bytes]] = []

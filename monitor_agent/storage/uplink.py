@@ -20,7 +20,7 @@ and ``uplink_max_bytes``): a run record can name any number of leaders, and each
 would hold its own share. Past either bound, items go in this order, oldest first within
 each class: step digests; the other digests (evaluations, hangs, agreements) but the vital
 ones; findings already paged here; vital digests; last, findings nobody paged, which the
-engine pages here before they go (``Engine._queue``). Each trim takes the queue to 90% of
+engine pages here before they go (``BatchEnd.queue_and_count``). Each trim takes the queue to 90% of
 its bounds, so it runs once per tenth of them, not on every put.
 
     >>> db = Database(":memory:", MIGRATIONS)

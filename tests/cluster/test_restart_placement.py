@@ -141,7 +141,7 @@ def test_a_leader_whose_machine_the_job_left_leads_it_from_afar_across_a_restart
     engine.registry.snapshot(engine.registry.get(RUN))
     for sidecar in (engine, _restarted(path)):
         run = sidecar.registry.get(RUN).state
-        assert sidecar._leads(run) and (run.node, run.roster.expected) == (None, 2)
-        assert [sidecar._peer_refusal(PeerRun(RUN, n), 2000.0) for n in (0, 1)] == [None] * 2
-        assert "not a node of its placement" in str(sidecar._peer_refusal(PeerRun(RUN, 2),
-                                                                          2000.0))
+        assert sidecar.placement.leads(run) and (run.node, run.roster.expected) == (None, 2)
+        assert [sidecar.peers.refusal(PeerRun(RUN, n), 2000.0) for n in (0, 1)] == [None] * 2
+        assert "not a node of its placement" in str(sidecar.peers.refusal(PeerRun(RUN, 2),
+                                                                        2000.0))

@@ -1,5 +1,5 @@
 """A kill -9 at every commit boundary of a resume leaves the two databases agreeing after the
-restart (pipeline/failpoints.py, ``Engine._reconcile``): a real sidecar subprocess decides a
+restart (pipeline/failpoints.py, ``Consequences.reconcile``): a real sidecar subprocess decides a
 rollback for two ranks. The resumed ranks' first batch then kills it at one boundary (it
 SIGKILLs itself there), and it restarts without the failpoint. The rollback counts as
 applied, the retried batch changes nothing, and the resumed run's next NaN decides the

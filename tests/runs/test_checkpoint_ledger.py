@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.pipeline.recovery import stored_ledger
 from monitor_agent.records import schemas
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.runs.checkpoint_ledger import CheckpointLedger, Fault, LedgerEntry
@@ -43,7 +44,7 @@ def test_a_fault_found_after_a_save_with_an_earlier_onset_makes_it_suspect(tmp_p
     assert judged[1].reason == "divergence from step 90 (found at step 115) was in force at step 100"
     assert run.ledger.last_clean_step == 80
     # The same from the store alone (a restart, or the run out of memory).
-    reloaded = CheckpointLedger.load(store, "r")
+    reloaded = stored_ledger(store, "r")
     assert [(j.entry.step, j.status, j.reason) for j in reloaded.judged()] == [
         (j.entry.step, j.status, j.reason) for j in judged]
     # A warning never makes a save suspect: only what pages does.
