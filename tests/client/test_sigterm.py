@@ -88,7 +88,9 @@ def test_sigterm_ends_the_run_while_the_main_thread_cannot_run_python(receiver, 
     client's own, which ends the run and the process; without it the process would sleep on
     for ten minutes."""
     proc = _start(receiver, tmp_path, "stuck", stuck=(
-        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\ntime.sleep(600)"))
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+        "print('waiting', flush=True)\ntime.sleep(600)"))
+    assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     end, = _ends(receiver, "stuck")
@@ -132,9 +134,10 @@ def test_a_torchrun_worker_says_its_launcher_stopped_it_and_dies_of_sigterm(
     (the rank killed outright is then the only one without a word: the sidecar names it)
     and still dies of the signal, which is how the agent reports its workers' deaths; also
     while its main thread waits where no Python handler runs (a collective)."""
-    wait = ("time.sleep(600)" if stuck == "sleeping" else
-            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\ntime.sleep(600)")
+    block = "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    wait = (block if stuck == "blocked" else "") + "print('waiting', flush=True)\ntime.sleep(600)"
     proc = _start(receiver, tmp_path, stuck, stuck=wait, env={"TORCHELASTIC_RUN_ID": "job-1"})
+    assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
     proc.send_signal(signal.SIGTERM)
     # Its main thread dies of it; a thread of the client's exits 143 (128 + SIGTERM)
     assert proc.wait(timeout=60) == (-signal.SIGTERM if stuck == "sleeping" else 143)
