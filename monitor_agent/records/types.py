@@ -409,7 +409,7 @@ class EvalRecord:
 
 @dataclass(frozen=True, slots=True)
 class EndRecord:
-    """The last record of a run."""
+    """The last record of a run (of one rank's process: how it ended; ``launcher_stopped``)."""
 
     run_id: str
     step: int
@@ -419,6 +419,17 @@ class EndRecord:
     error: str | None = None
     attempt: str | None = None  # the sending process's token (pipeline/attempts.py)
     kind: str = "end"
+
+
+LAUNCHER_STOPPED = "SIGTERM: stopped by its launcher"
+"""How a rank's end error begins when its launcher stopped it (client/_sigterm.py)."""
+
+
+def launcher_stopped(status: str, error: str | None) -> bool:
+    """Whether an end (``status``, ``error``) is a launcher stopping its worker: torchrun's
+    agent stops every worker once one of them died, or the whole job. It does not say how
+    the attempt ended (runs/attempt_end.py judges that from every rank's end)."""
+    return status == "stopped" and (error or "").startswith(LAUNCHER_STOPPED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,13 +53,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor_agent.detectors.crashed import peer_lost, user_stop
+from monitor_agent.records.types import launcher_stopped
 
 _ADDRESS = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
-LAUNCHER_STOPPED = "SIGTERM: stopped by its launcher"
-"""How a client's end record begins when torchrun's agent stopped its worker (client/
-_sigterm.py): once one worker died, or when the job itself was stopped."""
-
-
 def cut_off(rank: int, status: str, error: str | None, ranks: Iterable[int],
             ends: Mapping[int, tuple[str, str | None]]) -> bool:
     """Whether ``rank``'s end (``status``, ``error``) says only that its launcher stopped it
@@ -67,15 +63,14 @@ def cut_off(rank: int, status: str, error: str | None, ranks: Iterable[int],
     end so: such an end does not end the run, whose relaunch (``judge`` then names the rank
     that died) or silence tells how it ended. Every rank stopped so is the job stopped.
 
-        >>> stop = ("stopped", LAUNCHER_STOPPED + " (...)")
+        >>> stop = ("stopped", "SIGTERM: stopped by its launcher (...)")
         >>> cut_off(0, *stop, [0, 1, 2], {1: stop}), cut_off(0, *stop, [0, 1, 2], {1: stop, 2: stop})
         (True, False)
     """
-    if status != "stopped" or not (error or "").startswith(LAUNCHER_STOPPED):
+    if not launcher_stopped(status, error):
         return False
     ends = {**ends, rank: (status, error)}
-    return not all(r in ends and (ends[r][1] or "").startswith(LAUNCHER_STOPPED)
-                   for r in ranks)
+    return not all(r in ends and launcher_stopped(*ends[r]) for r in ranks)
 
 
 def named_addresses(error: str | None) -> set[str]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_agent.records import wire
+from monitor_agent.records.types import launcher_stopped
 from monitor_agent.storage import uplink
 from monitor_agent.storage.database import Database, StorageError, storage_errors
 
@@ -711,14 +712,19 @@ class Store:
     def attempt_ends(self, run_id: str) -> dict[int, str]:
         """Attempt number -> how its processes ended (their ``end`` records, replaced ones
         included; ``failed`` over ``stopped`` over ``completed`` when ranks differ); an
-        attempt whose processes sent no end record (killed) is absent."""
+        attempt whose processes sent no end record (killed) is absent, and so is one whose
+        processes only said their launcher stopped them (``launcher_stopped``: one of them
+        died, or the job was stopped; as a worker killed by it, which says nothing)."""
         worst = {"completed": 0, "stopped": 1, "failed": 2}
         ends: dict[int, str] = {}
         for attempt, body in self._db.query(
                 "SELECT attempt, body FROM records WHERE run_id = ? AND kind = 'end'", (run_id,)):
             try:
-                status = str(wire.loads(body).get("status"))
+                data = wire.loads(body)
+                status, error = str(data.get("status")), data.get("error")
             except (TypeError, ValueError, AttributeError):
+                continue
+            if launcher_stopped(status, error if isinstance(error, str) else None):
                 continue
             if worst.get(status, 2) >= worst.get(ends.get(attempt, "completed"), 0):
                 ends[attempt] = status if status in worst else "failed"

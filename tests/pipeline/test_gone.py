@@ -127,6 +127,9 @@ def test_the_rank_dead_without_a_word_is_named_when_the_launcher_stopped_every_o
     assert found.evidence["signalled_ranks"] == [0, 1, 3]
     assert "rank 2 on node-b ended without a word" in found.message
     assert _verdicts(engine) == {"node-a": ("healthy", None), "node-b": ("suspect", "gone")}
+    live = engine.registry.get(RUN)
+    assert live is not None  # the launcher's stops are no clean end: it resumed after a crash
+    assert [r.kind for r in engine.registry.rollbacks(live)] == ["crash"]
 
 
 def test_a_job_whose_launcher_stopped_every_rank_ends_stopped(tmp_path):
