@@ -17,6 +17,7 @@ from monitor_agent.records.types import (
     Record,
     RunRecord,
     StepRecord,
+    launcher_stopped,
 )
 from monitor_agent.runs import attempt_end
 from monitor_agent.runs.checkpoint_ledger import LedgerEntry
@@ -68,8 +69,8 @@ class StateApply:
     def _cut_off(self, live: LiveRun, record: EndRecord, attempt: int) -> bool:
         """A worker its launcher stopped while another rank of its attempt did not end so
         (runs/attempt_end.py ``cut_off``): the run goes on to its relaunch or its silence."""
-        if record.status != "stopped":
-            return False
+        if not launcher_stopped(record.status, record.error):
+            return False  # (asked first: no store read for any other end)
         ranks = {r for n, r in live.attempts.stepped if n == attempt}
         return attempt_end.cut_off(record.rank, record.status, record.error, ranks,
                                    self.store.rank_ends(live.run_id, attempt))

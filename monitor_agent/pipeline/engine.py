@@ -75,7 +75,6 @@ from monitor_agent.pipeline.walk import KeptRecord, RecordWalk
 from monitor_agent.records.actions import Action
 from monitor_agent.records.types import Finding, StepRecord
 from monitor_agent.settings import Settings
-from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
 
 # The engine's data types, where its callers import them from.
@@ -168,7 +167,7 @@ class Engine:
         if result.resumed:
             self.failpoints.reached("records_stored")
         run_ids = {a.item.record.run_id for a in admitted}
-        try:
+        with self.registry.evicted_on_failure(run_ids, "records stored, their alerts not"):
             for entry, row_id in zip(admitted, ids, strict=True):
                 live = self.registry.get(entry.item.record.run_id)
                 assert live is not None  # admitted just now, on this thread
@@ -181,14 +180,6 @@ class Engine:
                 self.walk.walk(live, KeptRecord.of_admitted(entry, row_id), now, result)
             self.batch_end.finish(result)
             self.consequences.answer_open_actions(run_ids, result)
-        except Exception as exc:
-            # Kept in memory, the runs would count these records as judged and the retry
-            # as a duplicate: the page would be lost. Evicted, they are judged again.
-            for run_id in run_ids:
-                self.registry.evict(run_id)
-            if isinstance(exc, StorageError):
-                raise StorageError(f"records stored, their alerts not: {exc}") from exc
-            raise
         for run_id in run_ids:  # their effects are durable
             self.registry.snapshot_advanced(self.registry.get(run_id), now)
         return result

@@ -19,7 +19,6 @@ from monitor_agent.pipeline.placement import Placement
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.pipeline.routing import Router
 from monitor_agent.records.types import Finding
-from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
 from monitor_agent.storage.uplink import CLOSED, LOCAL_VIEW, PAGED
 
@@ -212,19 +211,13 @@ class PeerExchange:
         for finding, flags in items:
             by_run.setdefault(finding.run_id, []).append((finding, flags))
         found = IngestResult()
-        try:
+        with self.registry.evicted_on_failure(by_run, "a node sidecar's findings not stored"):
             for run_id, found_here in by_run.items():
                 live = self.registry.get(run_id)  # led here: ingest_peer loaded it
                 if live is not None:
                     self._remote_findings(live, found_here, now, found)
             if found.findings:
                 self.store.insert_findings([f.to_dict() for f in found.findings])
-        except Exception as exc:
-            for run_id in by_run:
-                self.registry.evict(run_id)
-            if isinstance(exc, StorageError):
-                raise StorageError(f"a node sidecar's findings not stored: {exc}") from exc
-            raise
         return found
 
     def _remote_findings(self, live: LiveRun, items: list[tuple[Finding, int]], now: float,

@@ -32,9 +32,10 @@ nothing::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from monitor_agent.detectors import DetectorSuite
@@ -231,6 +232,21 @@ class RunRegistry:
         it is next loaded, by its next record, the tick or a restart."""
         self._runs.pop(run_id, None)
         self._reanalyse.add(run_id)
+
+    @contextlib.contextmanager
+    def evicted_on_failure(self, run_ids: Iterable[str], what: str) -> Iterator[None]:
+        """Judging these runs' records: when it fails, the runs leave memory (kept, they
+        would count the records as judged and a retry as a duplicate: the page would be
+        lost; evicted, they are judged again from the store), and a storage failure is
+        raised saying ``what`` was not stored."""
+        try:
+            yield
+        except Exception as exc:
+            for run_id in run_ids:
+                self.evict(run_id)
+            if isinstance(exc, StorageError):
+                raise StorageError(f"{what}: {exc}") from exc
+            raise
 
     def reload_evicted(self, now: float) -> None:
         """Analyse again the runs whose effects could not be committed, once storage works;
