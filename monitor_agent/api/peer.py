@@ -120,14 +120,13 @@ async def _exchange(request: Request) -> PeerResponse:
     del body
     runs, sidecar = _runs(envelope), _text(envelope.get("sidecar"), "sidecar", 64)
     nodes = {r.run_id: r.node for r in runs}
-    items: list[Incoming] = []
+    items: list[Incoming] = []  # each marked with its node by the engine (peer_exchange.py)
     for item in valid:
-        node = nodes.get(item.record.run_id)
-        if node is None:
+        if item.record.run_id not in nodes:
             rejected.append({"index": item.index, "reason": "run_id: not one of the runs "
                              "this exchange names (runs[].run_id)"})
             continue
-        items.append(dataclasses.replace(item, origin=node))
+        items.append(item)
     findings, bad = _findings(envelope.get("findings"), set(nodes))
     batch = PeerBatch(sidecar, items, findings, runs,
                       address=request.client.host if request.client else None)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from monitor_agent.api.body import RETRY_AFTER_S
 from monitor_agent.settings import load_settings
 from tests.live_server import LiveServer
 
@@ -67,3 +68,94 @@ def test_digests_and_findings_of_a_run_the_exchange_does_not_name_are_refused(tm
         assert set(got["runs"]) == {"job"}, got
         assert _ranks(srv.url, "job") == {0, 1, 2, 3}
         assert _ranks(srv.url, "other") == {0, 1}  # nothing of rank 2 stored
+
+
+def _exchange(url: str, settings: Any, body: dict[str, Any], source: str = "127.0.0.1"
+              ) -> httpx.Response:
+    """One exchange as a node sidecar at ``source`` (a loopback address of its own) makes it."""
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        return client.post(url + "/v1/peer/digests", json=body, headers={
+            "Authorization": f"Bearer {settings.peer_token_value()}"})
+
+
+def _node1(records: list[dict[str, Any]], findings: list[dict[str, Any]] | None = None,
+           sidecar: Any = "node-1") -> dict[str, Any]:
+    return {"sidecar": sidecar, "records": records, "findings": findings or [],
+            "runs": [{"run_id": "job", "node": 1, "ranks": [2, 3], "known_action": 0}]}
+
+
+def _nan_finding(rank: int) -> dict[str, Any]:
+    return {"flags": 0, "finding": {"type": "nan_inf", "severity": "critical", "run_id": "job",
+                                    "step": 6, "rank": rank, "message": "loss is nan",
+                                    "evidence": {}}}
+
+
+def test_a_finding_is_taken_only_from_the_address_that_forwards_its_ranks(tmp_path: Path):
+    """The door marks each exchange with the address it connects from: a second caller that
+    holds the link's credential and takes node 1's sidecar id, but speaks from another
+    machine, cannot make the leader act on the ranks node 1 forwards."""
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        records = [_step("job", s, r) for s in range(1, 6) for r in (2, 3)]
+        first = _exchange(srv.url, settings, _node1(records))
+        assert first.status_code == 200 and first.json()["accepted"] == len(records), first.text
+        forged = _exchange(srv.url, settings, _node1([], [_nan_finding(2)]), "127.0.0.2")
+        assert forged.status_code == 200 and forged.json()["findings"] == 0, forged.text
+        assert "is forwarded by another node sidecar (node-1@127.0.0.1)" in \
+            forged.json()["rejected_findings"][0]["reason"], forged.text
+        honest = _exchange(srv.url, settings, _node1([], [_nan_finding(2)]))
+        assert honest.status_code == 200 and honest.json()["findings"] == 1, honest.text
+
+
+def test_an_exchange_whose_every_item_is_refused_says_the_first_and_how_many_more(
+        tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        bad = [{**_step("job", s, 2), "step": -s} for s in (1, 2, 3)]
+        r = _exchange(srv.url, settings, _node1(bad))
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert detail.startswith("nothing taken: record 0: step") and \
+            detail.endswith(" (and 2 more)"), detail
+        one = _exchange(srv.url, settings, _node1([], [{"flags": 999, "finding": {}}]))
+        assert one.status_code == 422, one.text
+        assert one.json()["detail"] == \
+            "nothing taken: finding 0: flags: must be an integer in 0..255", one.text
+
+
+def test_an_exchange_without_a_sidecar_id_is_refused_saying_so(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        for sidecar in (None, "", "x" * 65, 7):
+            r = _exchange(srv.url, settings, _node1([], sidecar=sidecar))
+            assert r.status_code == 400, r.text
+            assert r.json()["detail"] == "sidecar: must be a string of 1-64 characters", r.text
+
+
+def test_a_leader_that_cannot_store_tells_its_node_sidecars_to_retry(tmp_path: Path):
+    """Not ready (a full disk, corrupt storage: api/readiness.py) is a 503 with Retry-After,
+    which the node sidecar's link reads as "keep the items and send them again"."""
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        srv.app.state.services.readiness.set("storage: database or disk is full")
+        r = _exchange(srv.url, settings, _node1([_step("job", 1, 2)]))
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == str(RETRY_AFTER_S)
+        assert r.json()["detail"] == ("not ready: storage: database or disk is full; "
+                                      "retry later"), r.text
+
+
+def test_the_leader_counts_what_its_node_sidecars_sent_by_kind(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        records = [_step("job", s, r) for s in range(1, 6) for r in (2, 3)]
+        r = _exchange(srv.url, settings, _node1(records, [_nan_finding(2)]))
+        assert r.status_code == 200 and r.json()["findings"] == 1, r.text
+        text = httpx.get(srv.url + "/metrics", timeout=30).text
+        for kind, n in (("digest", len(records)), ("finding", 1), ("heartbeat", 1)):
+            assert f'monitor_agent_peer_items_total{{kind="{kind}"}} {float(n)}' in text, kind
