@@ -39,7 +39,7 @@ MODULES: dict[str, list[str]] = {
                              "tests/api/test_rollback_skips_by.py",
                              "tests/api/test_rollback_refused.py",
                              "tests/api/test_rollback_revision.py"],
-    "api/peer.py": ["tests/api/test_peer.py", "tests/reliability/test_peer_hostile.py"],
+    "api/peer.py": ["tests/api/test_peer.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
 }

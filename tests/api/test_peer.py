@@ -5,10 +5,13 @@ a real sidecar leading two runs; the door's attacks: tests/reliability/test_peer
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from monitor_agent.api.body import RETRY_AFTER_S
 from monitor_agent.settings import load_settings
@@ -159,3 +162,87 @@ def test_the_leader_counts_what_its_node_sidecars_sent_by_kind(tmp_path: Path):
         text = httpx.get(srv.url + "/metrics", timeout=30).text
         for kind, n in (("digest", len(records)), ("finding", 1), ("heartbeat", 1)):
             assert f'monitor_agent_peer_items_total{{kind="{kind}"}} {float(n)}' in text, kind
+
+
+def _raw(url: str, settings: Any, body: bytes, encoding: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {settings.peer_token_value()}",
+               "Content-Type": "application/json"}
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    return httpx.post(url + "/v1/peer/digests", content=body, headers=headers, timeout=30)
+
+
+RUN = {"run_id": "job", "node": 1, "ranks": [2, 3], "known_action": 0}
+BAD_ENVELOPES: list[tuple[Any, int, str]] = [
+    ([], 400, 'body must be {"sidecar": ..., "runs": [...], "records": [...], '
+              '"findings": [...]}'),
+    ({"sidecar": "n", "runs": [RUN], "records": 7}, 400,
+     "records: must be a list of records"),
+    ({"sidecar": "n", "runs": [RUN], "findings": {}}, 400, "findings: must be a list"),
+    ({"sidecar": "n\x07", "runs": [RUN]}, 400,
+     "sidecar: contains a control character ('\\x07') at 1"),
+    ({"sidecar": "n", "runs": {}}, 400, "runs: must be a list of at most 10000 runs"),
+    ({"sidecar": "n", "runs": [7]}, 400, "runs[0]: must be an object"),
+    ({"sidecar": "n", "runs": [{**RUN, "ranks": 2}]}, 400, "runs[0].ranks: must be a list"),
+    ({"sidecar": "n", "runs": [{**RUN, "run_id": "a b"}]}, 400,
+     "runs[0].run_id: not a run id (docs/format.md)"),
+    ({"sidecar": "n", "runs": [{**RUN, "node": True}]}, 400,
+     "runs[0].node: must be an integer in -1..1000000"),
+    ({"sidecar": "n", "runs": [{**RUN, "known_action": -1}]}, 400,
+     "runs[0].known_action: must be an integer in 0..4611686018427387904"),
+    ({"sidecar": "n", "runs": [{**RUN, "host": "a\x00"}]}, 400,
+     "runs[0].host: contains a control character ('\\x00') at 1"),
+]
+
+
+@pytest.mark.parametrize("body,status,reason", BAD_ENVELOPES,
+                         ids=[r[:30] for _, _, r in BAD_ENVELOPES])
+def test_a_malformed_exchange_is_refused_with_its_reason(tmp_path: Path, body: Any,
+                                                        status: int, reason: str):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        r = _raw(srv.url, settings, json.dumps(body).encode())
+        assert (r.status_code, r.json()["detail"]) == (status, reason), r.text
+
+
+def test_an_exchange_comes_gzipped_or_plain_and_nothing_else(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        body = json.dumps(_node1([_step("job", s, 2) for s in range(1, 4)])).encode()
+        zipped = _raw(srv.url, settings, gzip.compress(body), "GZip")
+        assert zipped.status_code == 200 and zipped.json()["accepted"] == 3, zipped.text
+        plain = _raw(srv.url, settings, body, "identity")
+        assert plain.status_code == 200 and plain.json()["duplicates"] == 3, plain.text
+        other = _raw(srv.url, settings, body, "br")
+        assert (other.status_code, other.json()["detail"]) == (
+            415, "unsupported Content-Encoding 'br'; use gzip or none"), other.text
+        broken = _raw(srv.url, settings, b'{"sidecar": ')
+        assert broken.status_code == 400, broken.text
+        assert broken.json()["detail"].startswith("body is not valid JSON: "), broken.text
+
+
+def test_sidecar_ids_of_one_and_of_sixty_four_characters_are_taken(tmp_path: Path):
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        for sidecar in ("n", "n" * 64):
+            r = _exchange(srv.url, settings, _node1([], sidecar=sidecar))
+            assert r.status_code == 200, r.text
+
+
+def test_a_digest_from_the_future_or_a_finding_not_an_object_is_refused_alone(
+        tmp_path: Path):
+    """Each digest is checked against the leader's clock on arrival, as ``/v1/records``
+    checks a record; one bad finding costs only itself."""
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings) as srv:
+        _lead(srv.url, "job")
+        ahead = {**_step("job", 7, 2), "time": 4e9}
+        r = _exchange(srv.url, settings, _node1([_step("job", 6, 2), ahead],
+                                                [_nan_finding(2), "nan"]))
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["accepted"] == 1 and [x["index"] for x in got["rejected"]] == [1], got
+        assert got["rejected"][0]["reason"].startswith("time: "), got
+        assert got["rejected_findings"] == [
+            {"index": 1, "reason": 'must be {"flags": N, "finding": {...}}'}], got
