@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,34 +69,12 @@ def escape(value: str) -> str:
 
 
 def fmts(values: np.ndarray) -> list[str]:
-    """``fmt`` of each value of a float array: when all are finite (the usual layer table)
-    the ``repr`` of the list, split, so that no Python call is made per value; else value
-    by value."""
+    """``fmt`` of each value of a float array: ``repr`` at once when all are finite (the
+    usual layer table), else value by value."""
     listed = values.tolist()
-    if listed and np.isfinite(values).all():
-        return repr(listed)[1:-1].split(", ")
+    if np.isfinite(values).all():
+        return list(map(repr, listed))
     return [fmt(v) for v in listed]
-
-
-class LinePrefixes:
-    """What comes before the value on each per-layer line, ``family{labels,layer="name"} ``,
-    kept across renders: a run's labels and layer names stay the same from step to step and
-    only the values change, and making these 132k strings anew was a third of a cold
-    scrape (they cost about their length in memory: ~100 B a series). At most ``limit``
-    sets are kept (then it starts over)."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._known: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-        self._limit = limit
-
-    def of(self, head: str, names: Sequence[str]) -> list[str]:
-        key = (head, tuple(names))
-        found = self._known.get(key)
-        if found is None:
-            if len(self._known) >= self._limit:
-                self._known.clear()
-            found = self._known[key] = [f'{head}{name}"}} ' for name in names]
-        return found
 
 
 class EscapedNames:
@@ -308,7 +285,6 @@ class Exposition:
                                on_drop or _ignore_drop)
         self._cache: dict[str, tuple[int, dict[str, str]]] = {}
         self._names = EscapedNames()
-        self._prefixes = LinePrefixes()
 
     def render(self) -> bytes:
         runs = sorted(self._runs(), key=lambda r: r.first_seen)
@@ -338,7 +314,7 @@ class Exposition:
         version = run.version
         if cached is not None and cached[0] == version:
             return cached[1]
-        chunks = RunRenderer(run, self.caps, self._names, self._prefixes).render()
+        chunks = RunRenderer(run, self.caps, self._names).render()
         self._cache[run.run_id] = (version, chunks)
         return chunks
 
@@ -398,11 +374,10 @@ class RunRenderer:
         training_learning_rate{project="",run_id="gpt-7",rank="0"} 0.0003
     """
 
-    def __init__(self, run: RunState, caps: SeriesCaps, names: EscapedNames | None = None,
-                 prefixes: LinePrefixes | None = None) -> None:
+    def __init__(self, run: RunState, caps: SeriesCaps,
+                 names: EscapedNames | None = None) -> None:
         self.run, self.caps = run, caps
         self.names = names if names is not None else EscapedNames()
-        self.prefixes = prefixes if prefixes is not None else LinePrefixes()
         self.out: dict[str, list[str]] = {}
         self.run_labels = f'project="{escape(run.project)}",run_id="{escape(run.run_id)}"'
 
@@ -516,15 +491,9 @@ class RunRenderer:
                    values: np.ndarray) -> None:
         """One line of family ``fam`` per index in ``at``: its layer label, its value."""
         out = self.out.setdefault(fam, [])
-        if not len(at):
-            return
-        prefixes = self.prefixes.of(f'{fam}{{{labels},layer="', names)
-        # ``at`` ascends without repeats: as long as ``names``, it is every layer.
-        picked = prefixes if len(at) == len(prefixes) else [prefixes[i] for i in at.tolist()]
-        values_text = fmts(values)
-        if len(values_text) != len(picked):
-            raise ValueError(f"{fam}: {len(values_text)} values for {len(picked)} layers")
-        out.append("\n".join(map(operator.add, picked, values_text)) + "\n")
+        head = f'{fam}{{{labels},layer="'
+        out.extend(f'{head}{names[i]}"}} {v}\n'
+                   for i, v in zip(at.tolist(), fmts(values), strict=True))
 
     def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
         # One series per (layer, quantile); capped by max_layers like the other layer gauges.
