@@ -351,7 +351,7 @@ def matrix(db: History, run_id: str, stat: str, rank: int = 0,
     points = max(2, min(points, MAX_MATRIX_CELLS // width))
     sql, params = _matrix_rows(db, run_id, rank, stat, start, end, points)
     lo, hi, count = db.execute(f"SELECT MIN(step), MAX(step), COUNT(*) FROM ({sql})",
-                               params).fetchone()
+                               (1, 4, *params)).fetchone()
     if not count:
         return out
     if quantiles:
@@ -363,16 +363,13 @@ def matrix(db: History, run_id: str, stat: str, rank: int = 0,
     rows_in = np.zeros(buckets, dtype=np.int64)
     first = np.full(buckets, -1, dtype=np.int64)
     last = np.zeros(buckets, dtype=np.int64)
-    cursor = db.execute(sql, params)
+    # Only the columns answered are read out of each stored vector (vectors.SLICE_SQL).
+    cursor = db.execute(sql, (1 + 4 * cols.start, 4 * width, *params))
     batch = max(1, MATRIX_BATCH_BYTES // (4 * stored_width))
     seen = 0
     while chunk := cursor.fetchmany(batch):
         steps = np.fromiter((r[0] for r in chunk), dtype=np.int64, count=len(chunk))
-        values = np.full((len(chunk), stored_width), np.nan, dtype=np.float32)
-        for i, (_, data) in enumerate(chunk):
-            vec = vectors.decode(data)[:stored_width]
-            values[i, :len(vec)] = vec
-        values = values[:, cols]
+        values = vectors.decode_rows([r[1] for r in chunk], cols.start, cols.stop)
         if count <= points:  # as stored: a bucket per row
             ids = np.arange(seen, seen + len(chunk))
         else:
@@ -412,10 +409,12 @@ def _matrix_rows(db: History, run_id: str, rank: int, stat: str,
     lo = start if start is not None else (found[0] if found else -1)
     hi = end if end is not None else (found[1] if found else 1 << 62)
     level = block_level(lo, hi, points) if stat in BLOCKED_MATRICES and found else None
+    # Its first two parameters are vectors.SLICE_SQL's, the caller's.
     if level is None:
-        return ("SELECT step, data FROM matrices WHERE run_id=? AND rank=? AND "
-                "stat=? AND step BETWEEN ? AND ? ORDER BY step",
+        return (f"SELECT step, {vectors.SLICE_SQL} FROM matrices WHERE run_id=? AND rank=? "
+                "AND stat=? AND step BETWEEN ? AND ? ORDER BY step",
                 (run_id, rank, stat, lo, hi))
-    return ("SELECT block * ? + ? / 2 AS step, data FROM matrix_blocks WHERE run_id=? AND "
-            "rank=? AND stat=? AND level=? AND block BETWEEN ? AND ? ORDER BY block",
-            (level, level, run_id, rank, stat, level, lo // level, hi // level))
+    return (f"SELECT block * {level} + {level // 2} AS step, {vectors.SLICE_SQL} FROM "
+            "matrix_blocks WHERE run_id=? AND rank=? AND stat=? AND level=? AND block "
+            "BETWEEN ? AND ? ORDER BY block",
+            (run_id, rank, stat, level, lo // level, hi // level))

@@ -23,9 +23,12 @@ canonical one (0x7fc00000). Both forms read back as the same dense vector::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-_MARK = np.array([0x7FA50FF5], dtype="<u4").tobytes()  # a signalling NaN, see above
+_WORD = 0x7FA50FF5  # a signalling NaN, see above
+_MARK = np.array([_WORD], dtype="<u4").tobytes()
 
 
 def encode(vec: np.ndarray) -> bytes:
@@ -47,4 +50,37 @@ def decode(blob: bytes) -> np.ndarray:
     where = np.frombuffer(blob, dtype="<u4", count=n, offset=8)
     out = np.full(width, np.nan, dtype=np.float32)
     out[where] = np.frombuffer(blob, dtype="<f4", count=n, offset=8 + 4 * n)
+    return out
+
+
+SLICE_SQL = "CASE WHEN substr(data, 1, 4) = X'F50FA57F' THEN data ELSE substr(data, ?, ?) END"
+"""Columns of a stored vector in SQL: the slice of a dense blob (a vector's few slots are
+read without copying out the whole of it), a sparse blob whole (its positions must be
+read). Its parameters: ``1 + 4 * start`` and ``4 * (stop - start)``; ``decode_rows`` reads
+what it selects."""
+
+
+def decode_rows(blobs: Sequence[bytes], start: int, stop: int) -> np.ndarray:
+    """Columns ``[start, stop)`` of stored vectors as selected by ``SLICE_SQL``, one row
+    each, NaN where a vector is shorter. Rows of the full width in the dense form (the usual
+    case) are read as one buffer, not one at a time::
+
+        >>> sparse = np.full(6, np.nan, np.float32); sparse[3] = 7.0
+        >>> decode_rows([np.array([1, 2], np.float32).tobytes(), encode(sparse),
+        ...              np.array([5], np.float32).tobytes()], 2, 4).tolist()
+        [[1.0, 2.0], [nan, 7.0], [5.0, nan]]
+    """
+    width = stop - start
+    out = np.full((len(blobs), width), np.nan, dtype=np.float32)
+    one_read = np.fromiter((len(blob) == 4 * width for blob in blobs), bool, count=len(blobs))
+    at = np.flatnonzero(one_read)
+    if len(at):
+        rows = np.frombuffer(b"".join([blobs[i] for i in at.tolist()]), dtype="<f4").reshape(-1, width)
+        out[at] = rows
+        one_read[at[rows[:, 0].view("<u4") == _WORD]] = False  # sparse, of that very length
+    for i in np.flatnonzero(~one_read).tolist():
+        blob = blobs[i]
+        vec = decode(blob)[start:stop] if blob[:4] == _MARK else np.frombuffer(blob, "<f4")
+        out[i] = np.nan
+        out[i, :min(len(vec), width)] = vec[:width]
     return out

@@ -174,3 +174,67 @@ def test_layer_gauges_say_nan_and_infinity_leave_out_what_was_not_measured_and_e
         assert not [ln for ln in lines if "update_ratio" in ln and "h.1" in ln]  # 0 norm
         assert f'training_layer_grad_zero_ratio{{{head}"h.0\\"q\\""}} 0.5' in lines
         assert [ln for ln in lines if ln.startswith("training_layer_effective")] == []
+
+
+def _layer_lines_one_by_one(run: RunState) -> dict[str, list[str]]:
+    """The per-layer families the plain way, a line at a time with ``fmt`` and ``escape``:
+    what the renderer's cached prefixes and joined values must reproduce byte for byte."""
+    out: dict[str, list[str]] = {}
+    for rank, state in sorted(run.ranks.items()):
+        table, clip = state.last_layers, state.last_layers_clip
+        assert table is not None
+        labels = f'project="p",run_id="{run.run_id}",rank="{rank}"'
+        st, me = table.stats, table.measured
+        grad, upd, par = st["grad_norm"], st["update_norm"], st["param_norm"]
+        with np.errstate(all="ignore"):
+            families = (
+                ("training_layer_grad_norm", me["grad_norm"], grad),
+                ("training_layer_update_ratio",
+                 me["update_norm"] & me["param_norm"] & (par != 0), upd / par),
+                ("training_layer_grad_zero_ratio", me["grad_zero_frac"], st["grad_zero_frac"]),
+                ("training_layer_effective_learning_rate",
+                 me["update_norm"] & me["grad_norm"] & np.isfinite(grad) & (grad > 0),
+                 upd / (grad * clip)))
+        for fam, ok, values in families:
+            out.setdefault(fam, []).extend(
+                f'{fam}{{{labels},layer="{escape(name)}"}} {fmt(float(values[i]))}'
+                for i, name in enumerate(table.names) if ok[i])
+    return out
+
+
+def test_per_layer_lines_are_byte_identical_to_rendering_them_one_by_one():
+    """The per-layer lines are made from prefixes kept across scrapes and values formatted
+    as one list: checked against the plain line-by-line rendering, scrape after scrape as
+    the values change, with non-finite and unmeasured statistics, and after the run renames
+    its layers (a prefix kept for the old names must not be served)."""
+    rnd = np.random.default_rng(0)
+
+    def table(names: list[str]) -> LayerTable:
+        rows = {}
+        for i, name in enumerate(names):
+            row = {"grad_norm": float(rnd.lognormal()), "param_norm": float(rnd.lognormal()),
+                   "update_norm": float(rnd.lognormal()) * 1e-3,
+                   "grad_zero_frac": float(rnd.random())}
+            if i % 7 == 3:
+                row["grad_norm"] = math.nan if i % 2 else math.inf
+            if i % 11 == 5:
+                del row["update_norm"]
+            if i % 13 == 6:
+                row["param_norm"] = 0.0
+            rows[name] = row
+        return LayerTable.from_mapping(rows)
+
+    run = RunState.new("r", now=0.0)
+    run.apply_run(RunRecord(run_id="r", labels={"project": "p"}))
+    exp = Exposition(lambda: [run], CollectorRegistry())
+    names = [f'blocks.{i}.w"{i % 3}"' for i in range(60)]
+    for step, layer_names in enumerate([names, names, [n + ".renamed" for n in names]], 1):
+        for rank in (0, 1):
+            run.apply_step(StepRecord(run_id="r", step=step, time=float(step), rank=rank,
+                                      grad_norm=4.0, clip_threshold=1.0,  # clipped: x0.25
+                                      layers=table(layer_names)),
+                           arrival=float(step), buckets=STEP_DURATION_BUCKETS)
+        text = exp.render().decode()
+        for fam, want in _layer_lines_one_by_one(run).items():
+            got = [ln for ln in text.splitlines() if ln.startswith(fam + "{")]
+            assert got == want, (step, fam)

@@ -403,23 +403,34 @@
 
   const matrixCache = {};
   function decode(m) {  // values_f32: base64 of little-endian float32 (NaN: no value)
-    const bin = atob(m.values_f32), buf = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
-    m.values = new Float32Array(buf.buffer);
+    let buf;
+    if (Uint8Array.fromBase64) buf = Uint8Array.fromBase64(m.values_f32);  // native: no loop
+    else {
+      const bin = atob(m.values_f32);
+      buf = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
+    }
+    m.values = new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4);
     return m;
   }
-  async function fetchMatrices() {  // resolves to a function that installs the answers
+  // Resolves to a function that installs the answers. The heatmaps are asked at once; the
+  // quantiles once ``findings`` (the first load's, if any) say which layer to open on.
+  async function fetchMatrices(findings) {
     const q = new URLSearchParams({points: Math.min(1500, plotWidth() + 26), rank: S.rank});
     if (S.view) { q.set("start", Math.floor(S.view[0])); q.set("end", Math.ceil(S.view[1])); }
-    const ql = new URLSearchParams(q);
-    // Open on the layer the latest grad_distribution finding is about, if any.
-    const about = S.findings.filter(f => f.type === "grad_distribution" && f.layer).pop();
-    const layer = S.quantLayer || (about && about.layer) || (report && report.quantile_layers[0]);
-    if (layer) ql.set("layer", layer);
-    const wanted = [...CHARTS.filter(c => c.heat).map(c => [c.heat, `${base}/matrix/${c.heat}?${q}`]),
-                    ["grad_quantiles", `${base}/matrix/grad_quantiles?${ql}`]];
-    const got = await Promise.all(wanted.map(([, path]) => api(path).then(decode).catch(() => null)));
-    return () => wanted.forEach(([stat], i) => { matrixCache[stat] = got[i]; });
+    const quantilesPath = () => {
+      const ql = new URLSearchParams(q);
+      // Open on the layer the latest grad_distribution finding is about, if any.
+      const about = S.findings.filter(f => f.type === "grad_distribution" && f.layer).pop();
+      const layer = S.quantLayer || (about && about.layer) || (report && report.quantile_layers[0]);
+      if (layer) ql.set("layer", layer);
+      return `${base}/matrix/grad_quantiles?${ql}`;
+    };
+    const get = path => api(path).then(decode).catch(() => null);
+    const wanted = CHARTS.filter(c => c.heat).map(c => c.heat);
+    const got = await Promise.all([...wanted.map(stat => get(`${base}/matrix/${stat}?${q}`)),
+                                   Promise.resolve(findings).catch(() => null).then(() => get(quantilesPath()))]);
+    return () => [...wanted, "grad_quantiles"].forEach((stat, i) => { matrixCache[stat] = got[i]; });
   }
   function viewRange() {
     if (S.view) return S.view;
@@ -973,25 +984,25 @@
       const due = report ? !S.matricesAt : Date.now() - (S.matricesAt || 0) > 4000 ||
         S.view !== S.matricesView;
       if (due) { S.matricesAt = Date.now(); S.matricesView = S.view; }
-      if (S.lastFindings < 0) await loadFindings(-1);  // the quantiles open on a finding's layer
-      const matrices = due ? fetchMatrices() : null;
-      const [detail, series] = await Promise.all([api(base), api(`${base}/series?${q}`).catch(e => {
-        if (e.status === 404) return null; throw e; })]);
+      // Every read at once: a round trip each in turn cost more than any one of them.
+      const first = S.lastFindings < 0 ? loadFindings(-1) : null;  // the quantiles' layer
+      const matrices = due ? fetchMatrices(first) : null;
+      const ckpts = due || S.ckptKey === undefined ? loadCheckpoints() : null;  // thinned: with the matrices
+      const ledgers = Promise.all([loadGoodput(), loadNodes()]);
+      // Each answer drawn as it comes: the charts while the server still builds the
+      // heatmaps, and those (on the series' step range) once both are in.
+      const seriesDrawn = api(`${base}/series?${q}`).catch(e => { if (e.status === 404) return null; throw e; })
+        .then(series => { if (series) drawSeries(series); });
+      const heatsDrawn = matrices && Promise.all([matrices, seriesDrawn]).then(([install]) => {
+        install();
+        drawHeats();
+        drawQuantiles();
+      });
+      if (heatsDrawn) heatsDrawn.catch(() => null);  // its failure is the series' own, below
+      const [detail] = await Promise.all([api(base), seriesDrawn, first, ckpts, ledgers]);
       S.detail = detail;
-      if (due || S.ckptKey === undefined) await loadCheckpoints();  // thinned: with the matrices
-      await loadGoodput();
-      await loadNodes();
       const total = Object.values((detail.findings || {}).by_type || {}).reduce((a, b) => a + b, 0);
       if (total !== S.lastFindings) await loadFindings(total);
-      if (series) {
-        S.everBucketed = Charts.state.bucketed = S.everBucketed || series.bucketed;
-        if (!S.view || !S.series) S.series = series;
-        else S.series = Object.assign({}, series, {range: S.series.range});
-        renderRanks(series.ranks);
-        for (const def of CHARTS.filter(c => c.build && !c.quant)) drawChart(def, series);
-        drawUserCharts(S.series);
-        if (S.episodeGap !== S.series.repeat_every_steps) { S.episodeGap = S.series.repeat_every_steps; renderFindings(); }
-      }
       renderFacts(detail);
       renderTimeline(detail);
       renderConfig(detail);
@@ -999,12 +1010,9 @@
       if (Object.values(detail.ranks || {}).some(r => r.gpu)) await loadDevices();
       renderGpus(detail);
       renderAlerts(detail.alerts || []);
-      if (matrices) {
-        (await matrices)();
-        drawHeats();
-        drawQuantiles();
-      }
+      await heatsDrawn;
       for (const [id, u] of Object.entries(S.charts)) placeMarkers(id, u);
+      for (const [id, h] of Object.entries(S.heats)) if (h.m) placeHeatMarkers(id, h);  // findings come late
       document.getElementById("live").textContent = report ? `backtest report of ${report.trace}` :
         (detail.active ? "● live" : "stored run") + " · updated " + new Date().toLocaleTimeString();
       if (S.said && S.said.until > Date.now()) notice(S.said.text, S.said.kind);
@@ -1014,6 +1022,16 @@
       notice(e.status === 401 ? "This sidecar requires the token for reads: enter it above." :
         e.status === 404 ? `No run ${runId} here.` : "Cannot load: " + e.message, "error");
     } finally { S.busy = false; }
+  }
+
+  function drawSeries(series) {
+    S.everBucketed = Charts.state.bucketed = S.everBucketed || series.bucketed;
+    if (!S.view || !S.series) S.series = series;
+    else S.series = Object.assign({}, series, {range: S.series.range});
+    renderRanks(series.ranks);
+    for (const def of CHARTS.filter(c => c.build && !c.quant)) drawChart(def, series);
+    drawUserCharts(S.series);
+    if (S.episodeGap !== S.series.repeat_every_steps) { S.episodeGap = S.series.repeat_every_steps; renderFindings(); }
   }
 
   async function loadFindings(total) {
