@@ -228,3 +228,17 @@ def test_a_burst_after_which_the_gradient_does_not_come_back_is_an_explosion():
     assert [f.step for f in found] == [114]
     assert found[0].evidence["rule"] == "not_recovered" and found[0].evidence["onset_step"] == 100
     assert "did not come back" in found[0].message and "below" in found[0].message
+
+
+def test_steps_without_a_grad_norm_neither_break_nor_extend_a_streak():
+    """A CPU client computes the norm every k-th step only (client _norm_budget.py): the
+    steps between carry none. The same blow-up as above with a step without a norm after
+    each reading fires on the same readings, 3 in a row."""
+    def gaps(i: int) -> object:  # a step that says nothing of its gradient
+        return step(i, lr=10 * LR, grad_norm=None)
+
+    hot = [r for k, g in enumerate([8.0, 15.0, 40.0, 90.0])
+           for r in (_hot(100 + 2 * k, g), gaps(101 + 2 * k))]
+    found = feed(only("grad_explosion"), [run()] + _steady(100) + hot)
+    assert [f.step for f in found] == [104]
+    assert found[0].evidence["consecutive_steps"] == 3 and "3 steps in a row" in found[0].message
