@@ -41,7 +41,13 @@ generator's own CPU (it shares the machine; each simulated node has its own clie
     python -m bench.leader_load --quick          # 8 x 8, a sanity run
     python -m bench.leader_load --save-records r.jsonl ...; ... --records r.jsonl  # no torch
 
-Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s.
+    python -m bench.leader_load --nodes 2048 --step-seconds 48 --restart ...  # Llama 3 size
+
+Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s. Issue 47's, at
+2,048 x 8 (16,384 ranks): under 1 core at 1 step/s, p99 under 2 s, a restart's rebuild
+under 1 s of CPU (``--restart``). This machine cannot generate that job at 1 step/s:
+``--step-seconds`` runs it time-compressed (each node POSTs once a step) and prints the
+leader's CPU per rank digest it took and what that is at 1 step/s.
 """
 
 from __future__ import annotations
