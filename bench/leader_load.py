@@ -41,7 +41,13 @@ generator's own CPU (it shares the machine; each simulated node has its own clie
     python -m bench.leader_load --quick          # 8 x 8, a sanity run
     python -m bench.leader_load --save-records r.jsonl ...; ... --records r.jsonl  # no torch
 
-Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s.
+    python -m bench.leader_load --nodes 2048 --step-seconds 48 --restart ...  # Llama 3 size
+
+Issue 30's goal, at 128 x 8: under 0.5 core, p99 decision latency under 2 s. Issue 47's, at
+2,048 x 8 (16,384 ranks): under 1 core at 1 step/s, p99 under 2 s, a restart's rebuild
+under 1 s of CPU (``--restart``). This machine cannot generate that job at 1 step/s:
+``--step-seconds`` runs it time-compressed (each node POSTs once a step) and prints the
+leader's CPU per rank digest it took and what that is at 1 step/s.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import argparse
 import asyncio
 import contextlib
 import gzip
+import ssl
 import statistics
 import tempfile
 import time
@@ -61,17 +68,22 @@ import httpx
 import orjson
 import psutil
 import yaml
+from pydantic import SecretStr
 
 from bench.cluster_load import HEADERS, TOKEN, Templates, body, capture_client_records
 from monitor_agent.cluster.digest import digest
 from monitor_agent.records import wire
+from monitor_agent.settings import Settings
 from tests.sidecar_process import SidecarProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
 RUN = "leader-load"
+# The leader link's own credential, as a node sidecar derives it from the write token
+# (Settings.peer_token_value): the door refuses the write token itself.
+PEER_TOKEN = Settings(token=SecretStr(TOKEN)).peer_token_value()
 PEER_HEADERS = {"Content-Type": "application/json", "Content-Encoding": "gzip",
-                "Authorization": f"Bearer {TOKEN}"}
+                "Authorization": f"Bearer {PEER_TOKEN}"}
 ROLLBACK_RULE = {"name": "RollbackOnFault", "match": {"types": ["nan_inf", "divergence"]},
                  "severity": "critical", "fingerprint": [], "action": "rollback",
                  "rollback_skip_margin": 20, "rollback_budget": 100}
@@ -79,22 +91,36 @@ DECISION_TIMEOUT = 30.0  # seconds a fault waits for every node to hold its plan
 SETTLE = 8  # steps after a resume (the leader rebuilds the run) not counted as steady
 
 
-def write_config(tmp: Path) -> Path:
-    """The default rules with the rollback rule first (first match wins), console only."""
+def write_config(tmp: Path, nodes: int, world: int, step_seconds: float) -> Path:
+    """The default rules with the rollback rule first (first match wins), console only.
+    What a leader of a job this size needs set (docs/scaling-out.md): a connection for each
+    node sidecar (``max_connections``: 500 by default) and room for every rank
+    (``max_ranks_per_run``: 4096). With a step longer than the link's heartbeat (a
+    time-compressed run, ``--step-seconds``), a node is lost only after three steps
+    unheard (``cluster.peer_timeout_seconds``), as it is after three heartbeats at 1
+    step/s."""
     rules = yaml.safe_load((REPO / "monitor_agent" / "default_rules.yaml").read_text())
     rules["rules"].insert(0, ROLLBACK_RULE)
     rules["routes"] = {"page": ["console"], "chat": ["console"]}
     (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
     config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({"alerting": {"rules_file": str(tmp / "rules.yaml")}}))
+    settings: dict[str, Any] = {"alerting": {"rules_file": str(tmp / "rules.yaml")},
+                                "max_connections": max(500, nodes + 2 * 64),
+                                "max_ranks_per_run": max(4096, world)}
+    if step_seconds > 1.0:
+        settings["cluster"] = {"peer_timeout_seconds": min(300.0, 3 * step_seconds)}
+    config.write_text(yaml.safe_dump(settings))
     return config
 
 
 class Job:
     """The simulated job: its step, attempt (token epoch), faults and what each node got."""
 
-    def __init__(self, tpl: Templates, nodes: int, per_node: int, ckpt_every: int) -> None:
+    def __init__(self, tpl: Templates, nodes: int, per_node: int, ckpt_every: int,
+                 step_seconds: float = 1.0) -> None:
         self.tpl, self.nodes, self.per_node = tpl, nodes, per_node
+        self.step_seconds = step_seconds
+        self.tls = ssl.create_default_context()
         self.world = nodes * per_node
         self.ckpt_every = ckpt_every
         # The digest of each kind of step, from cluster.digest on the real record.
@@ -165,6 +191,7 @@ class Stats:
     cpu: list[tuple[float, float, bool]] = field(default_factory=list)  # (wall, cpu, steady)
     peer_bytes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # kind -> (gz, n)
     failures: int = 0
+    taken: int = 0  # digests answered 200 while measuring
     rejected: int = 0
     reasons: set[str] = field(default_factory=set)
     lateness: list[float] = field(default_factory=list)
@@ -213,16 +240,21 @@ class Node:
 async def node_loop(url: str, node: Node, stats: Stats, measuring: list[bool],
                     stop: asyncio.Event) -> None:
     # A client of its own, as each node sidecar's link has: one connection, kept alive
-    # (one pool for every node costs the generator a scan of all connections per request).
-    async with httpx.AsyncClient(timeout=60) as http:
+    # (one pool for every node costs the generator a scan of all connections per request);
+    # one TLS context for them all (plain HTTP: each client's own would load the CA
+    # bundle, ~20 ms and ~0.8 MB a node).
+    async with httpx.AsyncClient(timeout=60, verify=node.job.tls) as http:
         await _node_loop(http, url, node, stats, measuring, stop)
 
 
 async def _node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats,
                      measuring: list[bool], stop: asyncio.Event) -> None:
+    # A heartbeat: the link posts at least every heartbeat_seconds (1 s); in a
+    # time-compressed run once a step, so that each node still POSTs once a step.
+    beat = max(1.0, node.job.step_seconds)
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):  # a heartbeat: the link posts at least
-            await asyncio.wait_for(node.wake.wait(), timeout=1.0)  # every heartbeat_seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(node.wake.wait(), timeout=beat)
         node.wake.clear()
         content, steps, kind = node.envelope()
         start = time.perf_counter()
@@ -238,6 +270,7 @@ async def _node_loop(http: httpx.AsyncClient, url: str, node: Node, stats: Stats
             continue
         now = time.perf_counter()
         if measuring[0]:
+            stats.taken += steps if resp.status_code == 200 else 0
             stats.peer_ms.append((1e3 * (now - start), measuring[1]))
             if steps:
                 stats.peer_bytes.setdefault(kind, []).append((len(content), steps))
@@ -277,12 +310,14 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
         loops = [asyncio.create_task(node_loop(url, n, stats, measuring, stop))
                  for n in nodes]
         t0 = time.perf_counter()
-        ticks = args.warmup + int(args.seconds)
+        period = job.step_seconds
+        ticks = args.warmup + int(args.seconds / period)
+        timeout = max(DECISION_TIMEOUT, 3 * period)
         next_fault = args.warmup + args.first_fault
         resumed = -10**9  # the tick of the last resume
         begin: tuple[Any, Any, float] | None = None
         for tick in range(ticks):
-            due = t0 + tick
+            due = t0 + tick * period
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             now = time.perf_counter()
             if tick == args.warmup:
@@ -293,7 +328,7 @@ async def drive(url: str, job: Job, args: argparse.Namespace, proc: psutil.Proce
             rss_peak = max(rss_peak, proc.memory_info().rss)
             fault = job.fault
             if fault is not None and (fault.latency(job.nodes) is not None
-                                      or now - fault.sent > DECISION_TIMEOUT):
+                                      or now - fault.sent > timeout):
                 # Every node has the plan (or it never came): the ranks reload the
                 # checkpoint and go on under new attempt tokens.
                 job.faults.append(fault)
@@ -429,10 +464,56 @@ def report(job: Job, res: dict[str, Any], args: argparse.Namespace, load: tuple[
     print(f"  machine               {psutil.cpu_count()} cores, load average at start "
           + " ".join(f"{x:.1f}" for x in load) + ", at end "
           + " ".join(f"{x:.1f}" for x in psutil.getloadavg()))
-    ok_cpu = res["cpu"] < 0.5
-    ok_lat = bool(lat) and pct(lat, 0.99) < 2.0 and not missed
-    print(f"  goal: < 0.5 core: {'met' if ok_cpu else 'NOT met'}; p99 decision < 2 s: "
-          f"{'met' if ok_lat else 'NOT met'}")
+    period = job.step_seconds
+    full = res["cpu"] * period
+    if period > 1.0:
+        # What the leader took, not what was sent: on a busy machine it may fall behind.
+        taken = stats.taken / res["wall"]
+        per = res["cpu"] / taken if taken else float("nan")
+        full = per * (job.nodes - 1) * job.per_node
+        print(f"  time-compressed       1 step every {period:g} s: the leader took "
+              f"{taken:.0f} rank digests/s ({(job.nodes - 1) * job.per_node / period:.0f} "
+              f"sent), {1e6 * per:.0f} us CPU each (its ticks' work shared out among "
+              f"them: an upper bound); at 1 step/s that is {full:.2f} cores; the decision "
+              "latency above is about a step period (the plan rides the answers to the next "
+              "step's POSTs), at 1 step/s ~1 s if the leader keeps up")
+    if "rebuild_cpu" in res:
+        print(f"  leader restart        rebuild {res['rebuild_cpu']:.2f} s CPU "
+              f"({res['rebuild_wall']:.2f} s to ready; a fresh leader's start, "
+              f"{res['start_cpu']:.2f} s CPU off its main thread, taken off), {res['replayed']}")
+    ok_cpu = full < 1.0
+    ok_lat = bool(lat) and pct(lat, 0.99) < 2.0 * period and not missed
+    print(f"  goal (issue 47): < 1 core at 1 step/s: {'met' if ok_cpu else 'NOT met'}; p99 "
+          f"decision < 2 s: {'met' if ok_lat else 'NOT met'}" + (
+              " (< 2 step periods here)" if period > 1.0 else "") + (
+              f"; restart rebuild < 1 s CPU: "
+              f"{'met' if res['rebuild_cpu'] < 1.0 else 'NOT met'}"
+              if "rebuild_cpu" in res else ""))
+
+
+def threads_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of the process's threads but its main one."""
+    return sum(t.user_time + t.system_time for t in proc.threads() if t.id != proc.pid)
+
+
+def restart(leader: SidecarProcess, start_cpu: float) -> dict[str, Any]:
+    """SIGKILL the leader and start it again on its data, at its port: the CPU its start
+    takes until ready (it recovers the run: its detectors' snapshot, the records after it
+    replayed) less a fresh leader's start, both counted off the main thread (whose imports
+    vary by a few hundred ms on a busy machine): the engine thread recovers."""
+    leader.kill()
+    again = SidecarProcess(leader.data_dir, config=leader.config, port=leader.port,
+                           env={**leader.env, "MONITOR_AGENT_LOG_LEVEL": "info"})
+    t0 = time.perf_counter()
+    again.start(timeout=600)
+    wall = time.perf_counter() - t0
+    assert again.proc is not None
+    cpu = threads_cpu(psutil.Process(again.proc.pid))
+    said = [line.split(": ", 1)[-1] for line in again.log().splitlines()
+            if "replayed" in line and RUN in line]
+    leader.proc = again.proc  # main's finally stops it
+    return {"rebuild_cpu": cpu - start_cpu, "rebuild_wall": wall, "start_cpu": start_cpu,
+            "replayed": said[-1] if said else "no replay logged"}
 
 
 def main() -> None:
@@ -446,6 +527,12 @@ def main() -> None:
     ap.add_argument("--fault-every", type=int, default=15,
                     help="steps from one resume to the next fault")
     ap.add_argument("--ckpt-every", type=int, default=10)
+    ap.add_argument("--step-seconds", type=float, default=1.0, help="wall seconds a step: "
+                    "above 1, a time-compressed run for a job larger than this machine can "
+                    "generate at 1 step/s (each node POSTs once a step; the CPU per step is "
+                    "what 1 step/s would cost)")
+    ap.add_argument("--restart", action="store_true", help="at the end, SIGKILL the leader "
+                    "and start it again on its data: the CPU its state rebuild takes")
     ap.add_argument("--quick", action="store_true", help="8 x 8 for 40 s: a sanity run")
     ap.add_argument("--records", type=Path, help="client records captured before "
                     "(--save-records), instead of capturing them now (which needs torch)")
@@ -463,23 +550,25 @@ def main() -> None:
     if args.save_records is not None:
         args.save_records.write_bytes(b"\n".join(orjson.dumps(r) for r in captured))
     tpl = Templates(captured)
-    job = Job(tpl, args.nodes, args.ranks_per_node, args.ckpt_every)
+    job = Job(tpl, args.nodes, args.ranks_per_node, args.ckpt_every, args.step_seconds)
     sample = job.record(5, 77, 1.7e9)
     assert wire.loads(digest("step", wire.dumps(sample))) == job.digest_of(5, 77, 1.7e9)
     print(f"client records: {len(tpl.layers['layers'])} layers; digests made by "
           f"cluster.digest.digest() from them")
     load = psutil.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_config(Path(tmp))
-        leader = SidecarProcess(Path(tmp) / "data", config=config,
-                                env={"MONITOR_AGENT_TOKEN": TOKEN,
-                                     "MONITOR_AGENT_LOG_LEVEL": "warning"})
+        config = write_config(Path(tmp), job.nodes, job.world, job.step_seconds)
+        env = {"MONITOR_AGENT_TOKEN": TOKEN, "MONITOR_AGENT_LOG_LEVEL": "warning"}
+        leader = SidecarProcess(Path(tmp) / "data", config=config, env=env)
         leader.start()
         try:
             assert leader.proc is not None
             proc = psutil.Process(leader.proc.pid)
+            start_cpu = threads_cpu(proc)
             print(f"leader sidecar: pid {proc.pid}, {leader.url}", flush=True)
             res = asyncio.run(drive(leader.url, job, args, proc))
+            if args.restart:
+                res.update(restart(leader, start_cpu))
         finally:
             leader.stop()
     byte_table(job, res["stats"])

@@ -101,3 +101,26 @@ def test_every_script_imports_as_a_module_from_the_checkout() -> None:
         [sys.executable, "-c", f"import importlib\nfor n in {names!r}: importlib.import_module(n)"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_leader_load_speaks_to_the_peer_door_with_the_link_credential(tmp_path: Path) -> None:
+    """bench/leader_load.py's simulated node sidecars reach a real leader's peer door: with
+    the link's own credential, derived from the write token as a node sidecar derives it
+    (the door refuses the write token itself since it was closed against hostile input;
+    a bench still sending it measured a leader that answered 401 to every node)."""
+    import gzip
+
+    import httpx
+
+    from bench.cluster_load import TOKEN
+    from bench.leader_load import PEER_HEADERS
+    from monitor_agent.records import wire
+    from monitor_agent.settings import Settings
+    from tests.live_server import LiveServer
+
+    exchange = {"sidecar": "bench-node-1", "records": [], "findings": [],
+                "runs": [{"run_id": "leader-load", "node": 1, "ranks": [8], "known_action": 0}]}
+    with LiveServer(Settings(data_dir=tmp_path, token=TOKEN)) as srv:
+        r = httpx.post(srv.url + "/v1/peer/digests", headers=PEER_HEADERS,
+                       content=gzip.compress(wire.dumps(exchange)), timeout=30)
+    assert r.status_code == 200, r.text

@@ -209,9 +209,17 @@ class HangDetector(DetectorBase[HangSettings]):
         return max(st.last_time, began)
 
     def _gone(self, st: RankHang, now: float, peer_limit: float) -> bool:
-        limit = self.expected_limit(st, peer_limit)
         last = self._heard(st)
-        if limit is None or last is None:
+        if last is None:
+            return False
+        # No rank's limit is below the declared floor or the peers' limit: a rank heard
+        # within gone_factor x that is not gone, without its median interval (a leader
+        # of 16,384 ranks asks every second, for each of them).
+        least = max(self.run.floor_seconds, peer_limit)
+        if least > 0 and now - last <= self.settings.gone_factor * least:
+            return False
+        limit = self.expected_limit(st, peer_limit)
+        if limit is None:
             return False
         return now - last > self.settings.gone_factor * limit
 

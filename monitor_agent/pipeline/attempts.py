@@ -150,6 +150,14 @@ class RunAttempts:
     # (attempt number, rank) of the ranks that sent step records in each attempt: the
     # processes that train there, the only ones a checkpoint is taken from (``writer``).
     stepped: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    # attempt number -> the ranks that first sent a token in it (``tokens`` by attempt:
+    # ``place`` asks it for every unseen token, and a 16,384-rank job's new attempt brings
+    # one from each rank, so scanning ``tokens`` there was quadratic in the ranks).
+    ranks_of: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for number, rank in self.tokens.values():
+            self.ranks_of.setdefault(number, set()).add(rank)
 
     @classmethod
     def load(cls, store: Store, run_id: str) -> RunAttempts:
@@ -183,11 +191,9 @@ class RunAttempts:
         are others now, unseen here, yet a new launch, not more ranks of the old one)."""
         if not self.attempts:
             return 1, True
-        latest = self.current
-        ranks = {r for n, r in self.tokens.values() if n == latest}
-        if rank not in ranks and not moved:
-            return latest, False  # another rank of the same launch
-        return latest + 1, True
+        if rank not in self.ranks_of.get(self.current, ()) and not moved:
+            return self.current, False  # another rank of the same launch
+        return self.current + 1, True
 
     def replace(self, attempt: StoredAttempt) -> None:
         self.attempts[attempt.number - 1] = attempt
@@ -216,6 +222,7 @@ class RunAttempts:
             else:
                 store.add_attempt_token(record.run_id, token, record.rank, number)
             self.tokens[token] = (number, record.rank)
+            self.ranks_of.setdefault(number, set()).add(record.rank)
         pending = self.get(number)
         # Not on an end record: a process that fails before its first step ends only itself.
         if pending.kind != "pending" or not isinstance(record, StepRecord | EvalRecord):

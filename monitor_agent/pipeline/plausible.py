@@ -65,7 +65,7 @@ def implausible_step(
                  seen.get(key, -1))
     whose = "its latest step"
     if latest < 0:  # a new rank: its first step is judged against the run's other ranks
-        state = max(run.ranks.values(), key=lambda r: r.last_step, default=None)
+        state = run.top_rank()
         latest = max([run.last_step, *(s for (r, _), s in seen.items() if r == record.run_id)])
         whose = "the run's latest step"
         if latest < 0:  # the run's first rank: nothing to protect yet

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -49,6 +50,13 @@ from monitor_agent.runs.verdict import CAUSES, Rollback, rollbacks_of
 from monitor_agent.settings import Settings
 from monitor_agent.storage.database import StorageError
 from monitor_agent.storage.store import Store
+
+SNAPSHOT_SHARE = 0.05
+"""The most of the engine thread the clock's snapshots may take: a run's next one waits
+for its last one's duration / this (and at least ``snapshot_interval_seconds``). A run
+leader of 16,384 ranks spent seconds on each (its detectors' state of every rank), longer
+than the interval on a busy machine: the thread that answers every node's exchange did
+nothing else. Later snapshots mean more records replayed on a restart (the price)."""
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,7 @@ class LiveRun:
     # again once it moved ``snapshot_every_steps`` on (``RunRegistry.snapshot_advanced``).
     snapshot_step: int = -1
     snapshot_at: float = -math.inf  # when, on the engine's clock
+    snapshot_seconds: float = 0.0  # how long the last one took (``SNAPSHOT_SHARE``)
 
     @property
     def run_id(self) -> str:
@@ -290,11 +299,13 @@ class RunRegistry:
     def snapshot_all(self, now: float | None = None) -> None:
         """Snapshot every run with records its last snapshot does not cover, unless one was
         taken in the ``snapshot_interval_seconds`` before ``now`` (by step distance: a run
-        moving fast is not snapshotted twice as often)."""
-        recent = math.inf if now is None else now - self.settings.snapshot_interval_seconds
+        moving fast is not snapshotted twice as often), or in its last one's duration /
+        ``SNAPSHOT_SHARE`` when that is longer (a run of thousands of ranks)."""
+        interval = self.settings.snapshot_interval_seconds
         for live in list(self._runs.values()):
+            wait = max(interval, live.snapshot_seconds / SNAPSHOT_SHARE)
             if (live.state.last_record_id > live.state.snapshot_record_id
-                    and live.snapshot_at <= recent):
+                    and (now is None or live.snapshot_at <= now - wait)):
                 self.snapshot(live, now)
 
     def snapshot_advanced(self, live: LiveRun | None, now: float | None = None) -> None:
@@ -318,6 +329,7 @@ class RunRegistry:
         """Keep the run's detector state and goodput ledger in the store (``now``: when,
         on the engine's clock; None: not counted as recent by ``snapshot_all``)."""
         run = live.state
+        began = time.perf_counter()
         state = recovery.snapshot_run(run, live.suite)
         top = max((max(r.last_step, r.last_eval_step) for r in run.ranks.values()), default=-1)
         self.store.save_detector_state(run.run_id, run.last_record_id,
@@ -327,4 +339,5 @@ class RunRegistry:
         run.snapshot_record_id = run.last_record_id
         live.snapshot_step = run.last_step
         live.snapshot_at = now if now is not None else -math.inf
+        live.snapshot_seconds = time.perf_counter() - began
         self.snapshots += 1

@@ -171,6 +171,7 @@ class RunState:
     # from its snapshot, not from steps).
     _top_step: int = field(default=-1, repr=False)
     _top_known: bool = field(default=False, repr=False)
+    _top_rank: int = field(default=-1, repr=False)  # a rank that sent it (``top_rank``)
 
     def judged(self) -> Verdict:
         """The run's verdict as of now (runs/verdict.py). An ended run's says what it
@@ -261,7 +262,8 @@ class RunState:
         if state.first_arrival is None:
             state.first_step, state.first_arrival = record.step, arrival
         state.last_step = max(state.last_step, record.step)
-        self._top_step = max(self._top_step, record.step)
+        if record.step >= self._top_step:
+            self._top_step, self._top_rank = record.step, record.rank
         state.last_arrival = self.last_arrival = arrival
         self.changed()
 
@@ -350,6 +352,15 @@ class RunState:
             return False
         last = state.last_step if isinstance(record, StepRecord) else state.last_eval_step
         return record.step <= last
+
+    def top_rank(self) -> RankState | None:
+        """A rank that sent the run's latest step (None: no rank yet), kept as steps
+        arrive: a new rank's first step is judged by its pace (pipeline/plausible.py), and
+        a leader brings 16,384 new ranks in, each a max over those before it otherwise."""
+        state = self.ranks.get(self._top_rank)
+        if state is None or state.last_step != self.last_step:
+            state = max(self.ranks.values(), key=lambda r: r.last_step, default=None)
+        return state
 
     @property
     def last_step(self) -> int:

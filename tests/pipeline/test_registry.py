@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine, Incoming
+from monitor_agent.pipeline.registry import SNAPSHOT_SHARE
 from monitor_agent.records import schemas
 from monitor_agent.settings import load_settings
 from monitor_agent.storage.store import Store
@@ -115,3 +116,26 @@ def test_a_snapshot_that_cannot_be_restored_is_replaced_by_judging_every_record(
     _feed(engine, "r", range(6, 7))
     assert engine.replayed == 5
     assert engine.registry.get("r").state.ranks[0].steps_total == 6
+
+
+def test_the_clock_snapshots_a_run_whose_snapshot_is_slow_less_often(tmp_path: Path):
+    """A run leader of thousands of ranks takes seconds to snapshot one run: the clock's
+    snapshots take at most SNAPSHOT_SHARE of the engine thread, so the next one waits
+    for the last one's duration / SNAPSHOT_SHARE, not just snapshot_interval_seconds."""
+    engine = _engine(tmp_path, snapshot_interval_seconds=10.0)
+    registry = engine.registry
+    _feed(engine, "r", range(1, 6), now=100.0)
+    registry.snapshot_all(now=100.0)
+    live = registry.get("r")
+    assert live is not None and live.snapshot_at == 100.0
+    taken = registry.snapshots
+    _feed(engine, "r", range(6, 8), now=105.0)
+    registry.snapshot_all(now=111.0)  # past the interval: a cheap run's is due
+    assert registry.snapshots == taken + 1
+
+    live.snapshot_seconds = 2.0  # as a 16,384-rank run's took on a busy machine
+    _feed(engine, "r", range(8, 10), now=115.0)
+    registry.snapshot_all(now=122.0)  # past the interval, not 2.0 / SNAPSHOT_SHARE
+    assert registry.snapshots == taken + 1
+    registry.snapshot_all(now=111.0 + 2.0 / SNAPSHOT_SHARE)
+    assert registry.snapshots == taken + 2
