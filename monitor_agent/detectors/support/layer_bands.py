@@ -114,7 +114,7 @@ class LayerBands:
         have = self.n[slots] >= MIN_READINGS
         med, mad = _median_mad(self.buf[slots], np.minimum(self.n[slots], WINDOW))
         r = logs - med
-        sigma = np.maximum(np.nan_to_num(mad, nan=SIGMA_FLOOR), SIGMA_FLOOR)
+        sigma = np.fmax(mad, SIGMA_FLOOR)  # fmax: a slot with no band (NaN) gets the floor
         out = nonfinite | (have & usable & (r >= math.log(BAND_RATIO)) & (r >= BAND_Z * sigma))
         inside = usable & ~out
         back, was_out = self.back_at[slots], np.isfinite(self.left_at[slots])
