@@ -428,6 +428,10 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
         st.layer_streak = grown(st.layer_streak, view.size, 0)
         st.layer_onset = grown(st.layer_onset, view.size, 0)
         streak = st.layer_streak
+        if not hit.any():  # most steps: no streak goes on, every reading joins its baseline
+            streak[view.slots] = 0
+            st.layers.add(view.slots, logs, LAYER_ALPHA, view.size)
+            return []
         st.layer_onset[view.slots] = np.where(hit & (streak[view.slots] == 0), rec.step,
                                               st.layer_onset[view.slots])
         streak[view.slots] = np.where(hit, streak[view.slots] + 1, 0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +54,7 @@ LAYER_STATS: tuple[str, ...] = (
     "update_norm",
 )
 """The per-parameter statistics of docs/format.md, in a fixed column order."""
+_ROW = operator.itemgetter(*LAYER_STATS)  # a layer's statistics, in column order
 
 
 class Severity(enum.IntEnum):
@@ -106,18 +108,23 @@ class LayerTable:
     def from_mapping(cls, layers: dict[str, dict[str, Any]]) -> LayerTable:
         names = tuple(layers)
         rows = list(layers.values())
-        values = [[row.get(stat) for stat in LAYER_STATS] for row in rows]
+        # One flat list, a row at a time through one C call (a row that lacks a statistic
+        # takes the slow path): ingest builds a table for every step of every batch.
+        values: list[Any] = []
+        for row in rows:
+            try:
+                values.extend(_ROW(row))
+            except KeyError:
+                values.extend([row.get(stat) for stat in LAYER_STATS])
         # numpy turns None into NaN for a float array; NaN is also data (a NaN gradient),
         # so only where NaN shows up do we look back at which ones were really missing.
         matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(LAYER_STATS))
         measured = np.ones(matrix.shape, dtype=bool)
-        for i, j in np.argwhere(np.isnan(matrix)):
-            measured[i, j] = values[i][j] is not None
+        for i in np.flatnonzero(np.isnan(matrix)):
+            measured.flat[i] = values[i] is not None
         stats = {stat: matrix[:, k] for k, stat in enumerate(LAYER_STATS)}
         masks = {stat: measured[:, k] for k, stat in enumerate(LAYER_STATS)}
-        grad_none = np.fromiter(
-            (bool(row.get("grad_none")) for row in rows), dtype=bool, count=len(rows)
-        )
+        grad_none = np.array([bool(row.get("grad_none")) for row in rows], dtype=bool)
         return cls(names=names, stats=stats, measured=masks, grad_none=grad_none)
 
     @classmethod

@@ -111,11 +111,18 @@ class LayerBands:
             logs = np.log(g)
         nonfinite = ~np.isfinite(g)
         usable = np.isfinite(logs)  # a zero gradient is no reading
-        have = self.n[slots] >= MIN_READINGS
-        med, mad = _median_mad(self.buf[slots], np.minimum(self.n[slots], WINDOW))
+        counts = np.minimum(self.n[slots], WINDOW)
+        rows = self.buf[slots]
+        med = _medians(np.sort(rows, axis=1), counts)
         r = logs - med
-        sigma = np.maximum(np.nan_to_num(mad, nan=SIGMA_FLOOR), SIGMA_FLOOR)
-        out = nonfinite | (have & usable & (r >= math.log(BAND_RATIO)) & (r >= BAND_Z * sigma))
+        # Out: at least BAND_RATIO above the median and BAND_Z sigma. The spread is needed
+        # only where the ratio already is (few slots, most steps none): its sort is skipped
+        # for the rest, whose answer it cannot change.
+        out = nonfinite.copy()
+        near = np.flatnonzero((counts >= MIN_READINGS) & usable & (r >= math.log(BAND_RATIO)))
+        if len(near):
+            sigma = np.fmax(_mads(rows[near], med[near], counts[near]), SIGMA_FLOOR)
+            out[near] |= r[near] >= BAND_Z * sigma  # fmax: no spread (NaN) gets the floor
         inside = usable & ~out
         back, was_out = self.back_at[slots], np.isfinite(self.left_at[slots])
         still = out & was_out & np.isnan(back)  # out on this reading and the one before
@@ -159,19 +166,21 @@ class LayerBands:
         return int(episode.sum())
 
 
-def _median_mad(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Median and robust sigma of each row's first ``counts`` readings (the rest NaN).
+def _medians(ordered: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The median of each sorted row's first ``counts`` readings (the rest NaN).
 
-    One sort per statistic for all rows at once (NaN sorts last, so the middle of the
-    filled part is at ``(count - 1) // 2`` and ``count // 2``): ``np.nanmedian`` loops in
-    Python over rows and cost more than every other detector together."""
-    at = np.arange(len(rows))
-    lo, hi = np.maximum((counts - 1) // 2, 0), counts // 2
-    ordered = np.sort(rows, axis=1)
-    med = (ordered[at, lo] + ordered[at, np.minimum(hi, WINDOW - 1)]) / 2
-    dev = np.sort(np.abs(rows - med[:, None]), axis=1)
-    mad = MAD_TO_SIGMA * (dev[at, lo] + dev[at, np.minimum(hi, WINDOW - 1)]) / 2
-    return med, mad
+    One sort for all rows at once (NaN sorts last, so the middle of the filled part is at
+    ``(count - 1) // 2`` and ``count // 2``): ``np.nanmedian`` loops in Python over rows
+    and cost more than every other detector together."""
+    at = np.arange(len(ordered))
+    lo, hi = np.maximum((counts - 1) // 2, 0), np.minimum(counts // 2, WINDOW - 1)
+    return (ordered[at, lo] + ordered[at, hi]) / 2
+
+
+def _mads(rows: np.ndarray, med: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The robust sigma (``MAD_TO_SIGMA`` x MAD) of each row's first ``counts`` readings
+    about its median ``med``."""
+    return MAD_TO_SIGMA * _medians(np.sort(np.abs(rows - med[:, None]), axis=1), counts)
 
 
 def describe(first: list[tuple[str, int, float]], total: int) -> tuple[str, dict[str, Any]]:
