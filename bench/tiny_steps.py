@@ -133,7 +133,6 @@ class SizeResult:
     parts_s: dict[str, float]     # training-thread part -> s per step (default arm)
     thread_s: dict[str, float]    # arm -> its training thread's s per step, amortised
     sender_s: float               # the sender thread's work per step record (default arm)
-    norm_every: int = 1           # the default arm's gradient-norm stride at the end
 
 
 def measure(size: str, url: str, rounds: int, block: float, optional: bool,
@@ -163,9 +162,6 @@ def measure(size: str, url: str, rounds: int, block: float, optional: bool,
         thread = {name: sum(parts.values()) for name, parts in got.items()}
         parts = got["default"]
         sender = _sender_work(default, x, y, steps * 4, step["default"])
-        assert default.mon is not None
-        norm_every = getattr(default.mon._models.entries[0].stats, "budget", None)
-        norm_every = norm_every.every if norm_every is not None else 1
         for arm in arms:
             if arm.mon is not None:
                 arm.mon.close(timeout=5)
@@ -177,7 +173,7 @@ def measure(size: str, url: str, rounds: int, block: float, optional: bool,
         base = by["bare+clip"] if arm.name == "+clip" else by["bare"]
         cost[arm.name] = statistics.median(a - b for a, b in zip(arm.times, base, strict=True))
     return SizeResult(size, width, batch, rounds, statistics.median(by["bare"]), cost, parts,
-                      thread, sender, norm_every)
+                      thread, sender)
 
 
 def _parts(arms: list[Arm], x: torch.Tensor, y: torch.Tensor, cycles: int,
@@ -308,5 +304,3 @@ def report(results: list[SizeResult]) -> None:
                       f"{knob / bare * 100:+6.2f}%")
         print(f"  sender thread, per step record (default): {r.sender_s * 1e6:.1f} us = "
               f"{r.sender_s / bare * 100:.2f}% of the bare step, on another core when free")
-        print(f"  gradient norm every {r.norm_every} step(s) (default arm, grad_norm_budget "
-              "0.5% of its measured step)")

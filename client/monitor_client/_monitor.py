@@ -318,11 +318,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         stats = GradStats(model, optimizer, grad_clip=settings.grad_clip,
                           apply_clip=settings.apply_clip, layer_stats_every=every,
                           reduce_group=group, snapshot_budget_bytes=settings.snapshot_budget_bytes,
-                          hist_every=settings.hist_every, prefix=name or "",
-                          norm_budget=settings.grad_norm_budget).attach(settings.pre_hook)
+                          hist_every=settings.hist_every, prefix=name or "").attach(settings.pre_hook)
         watched = Watched(name, model, optimizer, scaler, settings, stats)
         if settings.guard is not None:
-            stats.every_step_norm = True  # the guard decides from each step's norm
             watched.guard = self._watch_guard(stats, optimizer, settings)
         if settings.activations:
             watched.acts = self._watch_activations(model, optimizer, settings.activations,
@@ -339,7 +337,6 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self.config.setdefault("grad_clip", settings.grad_clip)
         self.config.setdefault("layer_stats_every", every)
         self.config.setdefault("hist_every", settings.hist_every)
-        self.config.setdefault("grad_norm_budget", settings.grad_norm_budget)
         peak, dtype = _model_info.resolve_peak_flops(param, settings.peak_flops, settings.compute_dtype)
         self._probes = Probes(memory=memory_probe(param.device), gpu=self._gpu(param.device),
                               flops_per_token=settings.flops_per_token or _flops.flops_per_token(

@@ -46,9 +46,7 @@ from typing import Any
 import torch
 
 from monitor_client import _distributions, _finite
-from monitor_client._gate import NormGate
 from monitor_client._hooks import Hooks
-from monitor_client._norm_budget import NormBudget
 from monitor_client._pack import StatsPack
 from monitor_client._warn import LOGGER
 
@@ -96,8 +94,7 @@ class GradStats:
                  layer_stats_every: int = 10, snapshot_budget_bytes: int | None = None,
                  reduce_group: object | None = None, hist_every: int | None = None,
                  hist_sample: int = _distributions.DEFAULT_SAMPLE,
-                 hist_bins: int = _distributions.DEFAULT_BINS, prefix: str = "",
-                 norm_budget: float = 0.0) -> None:
+                 hist_bins: int = _distributions.DEFAULT_BINS, prefix: str = "") -> None:
         self._model = model
         # The model's name when a run watches several (Monitor.watch(name=)): "D.conv1.weight".
         self.prefix = f"{prefix}." if prefix else ""
@@ -109,11 +106,6 @@ class GradStats:
         self.layer_stats_every = max(1, int(layer_stats_every))
         self.snapshot_budget_bytes = snapshot_budget_bytes
         self.reduce_group = reduce_group  # sharded params: all-reduce the global squares
-        # On a CPU step, the global norm within this share of the step (_norm_budget.py);
-        # every step where it clips, all-reduces (every rank must), or a guard reads it.
-        self.budget = NormBudget(norm_budget, most=self.layer_stats_every)
-        self.every_step_norm = self.apply_clip or reduce_group is not None or norm_budget <= 0
-        self._sample_gate = NormGate()  # the skipped steps' samples: a jump gets the norm
         self._optimizer = optimizer
         self._hooks = Hooks()
         self._steps = 0
@@ -195,7 +187,6 @@ class GradStats:
             return  # already called explicitly for this step (Lightning)
         start = time.perf_counter()
         self._next_step()
-        self.budget.begin()
         monitored = self.monitored
         self._look_again(monitored)
         grad_mode = torch.is_grad_enabled()
@@ -333,11 +324,7 @@ class GradStats:
         names, grads = self._present()
         if not grads:
             return
-        if not per_layer and self._without_norm(grads):
-            return
-        start = time.perf_counter()
         norms = _norm_list(grads, 2, self._norm_dtype)
-        self.budget.spent(time.perf_counter() - start)
         self._grad_norms = norms
         clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
         if per_layer or clip is not None or self.reduce_group is not None:
@@ -366,21 +353,6 @@ class GradStats:
                     grad.mul_(coef.to(grad.device))
             else:
                 torch._foreach_mul_(grads, coef.to(grads[0].device))
-
-    def _without_norm(self, grads: list[torch.Tensor]) -> bool:
-        """Whether this step goes without its global norm (``_norm_budget.py``): a CPU step
-        between two due ones, no distributions step, and its gradients' sample finite and
-        within its band (its norm at most twice the median of the last samples' norms)."""
-        budget = self.budget
-        if (self.every_step_norm or budget.due() or self.hist_step or self._sparse
-                or not _finite.on_host(grads[0])):
-            return False
-        samples = [t.item() for t in _norm_list([_finite.sample(g) for g in grads], 2,
-                                                self._norm_dtype)]
-        if self._sample_gate.keep(math.sqrt(sum(x * x for x in samples))):
-            return False  # NaN, inf or a jump: this step gets its norm after all
-        budget.skipped()
-        return True
 
     def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
         """Each gradient's element count as a float32 device vector, made once per set of

@@ -48,9 +48,6 @@ DEFAULT_LAYER_STATS_EVERY = 25
 # their cost does not grow with the model (bench/client_overhead.py); every 50 steps is far
 # below 1% of a step. 0 turns them off.
 DEFAULT_HIST_EVERY = 50
-# The share of a CPU step the global gradient norm may cost (_norm_budget.py): half of the
-# client's target of 1% of a step, so the rest of its work has the other half.
-DEFAULT_GRAD_NORM_BUDGET = 0.005
 # What close() (and so the end of the script) may wait for an unresponsive sidecar: long
 # enough for a healthy one to take the last batch, short enough not to be noticed.
 DEFAULT_CLOSE_TIMEOUT = 2.0
@@ -167,12 +164,6 @@ class WatchSettings:
             element of every leaf module's, False none (``_finite.py``).
         guard: skip an optimizer step whose gradient is non-finite or an outlier
             (``GuardSettings``; True: its defaults; None or False: off). Needs ``pre_hook``.
-        grad_norm_budget: the share of a CPU step's time the global gradient norm may cost
-            the training thread, amortised (default 0.005, half of 1%); where one costs
-            more it is computed every k-th step, the smallest k within the share, and the
-            steps between check their gradients for NaN/inf only (``_norm_budget.py``,
-            docs/client-cost.md). 0: every step. A GPU step, a clipped, sharded or guarded
-            one computes it every step.
     """
 
     grad_clip: float | None = None
@@ -191,7 +182,6 @@ class WatchSettings:
     max_activation_modules: int | None = None
     finite_flags: bool | str = "sampled"
     guard: GuardSettings | None = None
-    grad_norm_budget: float = DEFAULT_GRAD_NORM_BUDGET
 
     def __post_init__(self) -> None:
         if self.finite_flags is True:
@@ -213,7 +203,6 @@ class WatchSettings:
             _positive(self, "grad_clip", allow_inf=True)
         _at_least(self, "layer_stats_every", 1)
         _at_least(self, "hist_every", 0)
-        _at_least(self, "grad_norm_budget", 0)
         for name in ("seq_len", "snapshot_budget_bytes", "activation_every",
                      "max_activation_modules"):
             if getattr(self, name) is not None:

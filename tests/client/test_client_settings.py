@@ -148,8 +148,7 @@ def test_a_run_reported_through_settings_matches_the_keywords(receiver, tmp_path
                           **common)
     by_object = run(Monitor(config={"lr": 0.1}, settings=cfg))
     assert by_object["config"] == by_keywords["config"] == {
-        "lr": 0.1, "grad_clip": None, "layer_stats_every": 2, "hist_every": 0,
-        "grad_norm_budget": 0.005}
+        "lr": 0.1, "grad_clip": None, "layer_stats_every": 2, "hist_every": 0}
     assert by_object["labels"] == by_keywords["labels"]
     steps = [r for r in receiver.of_kind("step") if r["run_id"] == "obj"]
     assert [bool(r.get("layers")) for r in steps] == [True, False, True]

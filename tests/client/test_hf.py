@@ -148,8 +148,7 @@ def test_hf_callback_takes_the_monitors_keywords_and_config_is_the_hyperparamete
     assert run["run_id"] == "hf-kw" and run["labels"]["project"] == "hf"
     # the given hyperparameters, not the Trainer's; and the Trainer's plan
     assert run["config"] == {"lr": 1e-3, "grad_clip": 0.5, "layer_stats_every": 25,
-                             "hist_every": 0, "grad_norm_budget": 0.005,
-                             "total_steps": 2}
+                             "hist_every": 0, "total_steps": 2}
 
 
 def test_hf_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(

@@ -87,7 +87,7 @@ def test_lightning_callback_passes_monitor_settings_through(receiver, tmp_path):
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "pl-cfg"  # the module saved no hparams: only the watch settings
     assert run["config"] == {"grad_clip": 0.05, "layer_stats_every": 3, "hist_every": 0,
-                             "grad_norm_budget": 0.005, "total_steps": 4}  # the trainer's plan
+                             "total_steps": 4}  # the trainer's plan
     steps = receiver.of_kind("step")
     assert all(r["clip_threshold"] == 0.05 for r in steps)  # Lightning's clip, recorded
     assert [bool(r.get("layers")) for r in steps] == [True, False, False, True]
@@ -107,8 +107,7 @@ def test_lightning_callback_takes_the_monitors_keywords_and_config_is_the_hyperp
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "pl-kw" and run["labels"]["project"] == "pl"
     assert run["config"] == {"lr": 1e-2, "grad_clip": None, "layer_stats_every": 25,
-                             "hist_every": 0, "grad_norm_budget": 0.005,
-                             "total_steps": 2}
+                             "hist_every": 0, "total_steps": 2}
 
 
 def test_lightning_reports_saves_and_stops_for_a_rollback_leaving_the_plan_for_the_launcher(

@@ -73,8 +73,7 @@ def test_the_small_surface_reports_a_run_without_a_warning(receiver, tmp_path):
     run = receiver.of_kind("run")[0]
     assert run["run_id"] == "small" and run["labels"]["team"] == "x"
     assert run["config"] == {"lr": 0.1, "grad_clip": 1.0, "layer_stats_every": 2,
-                             "hist_every": 0,
-                             "grad_norm_budget": 0.005}
+                             "hist_every": 0}
     steps = receiver.of_kind("step")
     assert [bool(r.get("layers")) for r in steps] == [True, False, True]
     assert all(r["clip_threshold"] == 1.0 for r in steps)
