@@ -231,8 +231,8 @@ def test_a_burst_after_which_the_gradient_does_not_come_back_is_an_explosion():
 
 
 def test_steps_without_a_grad_norm_neither_break_nor_extend_a_streak():
-    """A CPU client computes the norm every k-th step only (client _norm_budget.py): the
-    steps between carry none. The same blow-up as above with a step without a norm after
+    """A writer that sends the norm on some steps only (a script's own records, a
+    ``log_every`` loop): the steps between carry none. The same blow-up as above with a step without a norm after
     each reading fires on the same readings, 3 in a row."""
     def gaps(i: int) -> object:  # a step that says nothing of its gradient
         return step(i, lr=10 * LR, grad_norm=None)
