@@ -239,8 +239,8 @@ class GradExplosionDetector(DetectorBase[GradExplosionSettings]):
     # -- global -----------------------------------------------------------------------------
 
     def _global(self, rec: StepRecord, st: ExplosionState) -> list[Finding]:
-        if rec.grad_norm is None:  # not measured (a CPU client's norm every k-th step): no
-            return []              # reading, so it neither breaks nor extends a streak
+        if rec.grad_norm is None:  # not measured (a writer that sends it on some steps
+            return []              # only): no reading, so it neither breaks nor extends a streak
         if not finite(rec.grad_norm) or rec.grad_norm <= 0:
             found = self._overflowed(rec, st)
             st.streak, st.streak_min_ratio = 0, math.inf
