@@ -520,10 +520,24 @@ class RunRenderer:
         limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
         out = self.out.setdefault(fam, [])
         names = self.names.of(table.names[:limit])
-        for name, row in zip(names, table.values[:limit].tolist(), strict=True):
-            lab = f'{labels},layer="{name}"'
-            out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
-                       for q, v in zip(_QUANTILE_LABELS, row, strict=True))
+        values = table.values[:limit]
+        head = f'{fam}{{{labels},layer="'
+        if "%" in head or "%" in _BLOCK_SEP.join(names):  # see _per_layer
+            for name, row in zip(names, values.tolist(), strict=True):
+                lab = f'{labels},layer="{name}"'
+                out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
+                           for q, v in zip(_QUANTILE_LABELS, row, strict=True))
+            return
+        # A layer's lines: X q0 T X q1 T ... with X its text up to the quantile's label
+        # and T the text after it; one join per layer, one format for the block.
+        tail = '"} %s\n'
+        template = "".join(
+            x + (tail + x).join(_QUANTILE_LABELS) + tail
+            for x in (f'{head}{name}",q="' for name in names))
+        listed = values.ravel().tolist()
+        if not np.isfinite(values).all():
+            listed = [fmt(v) for v in listed]
+        out.append(template % tuple(listed))
 
     def _activations(self, labels: str, state: RankState) -> None:
         # Capped by max_layers like the per-parameter gauges; a null (dead_frac of a

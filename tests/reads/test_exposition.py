@@ -9,7 +9,13 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
 from monitor_agent.reads.exposition import Exposition, escape, fmt
-from monitor_agent.records.types import LayerTable, RunRecord, StepRecord
+from monitor_agent.records.types import (
+    QUANTILE_LEVELS,
+    LayerTable,
+    QuantileTable,
+    RunRecord,
+    StepRecord,
+)
 from monitor_agent.runs.run_state import RunState
 
 
@@ -241,3 +247,31 @@ def test_per_layer_lines_are_byte_identical_to_rendering_them_one_by_one():
         for fam, want in _layer_lines_one_by_one(run).items():
             got = [ln for ln in text.splitlines() if ln.startswith(fam + "{")]
             assert got == want, (step, fam)
+
+
+def test_quantile_lines_are_byte_identical_to_rendering_them_one_by_one():
+    """The per-layer quantile families, one format per block: checked line for line against
+    the plain rendering, with non-finite quantiles and names holding a '%'."""
+    rnd = np.random.default_rng(1)
+    run = RunState.new("r", now=0.0)
+    run.apply_run(RunRecord(run_id="r", labels={"project": "p"}))
+    exp = Exposition(lambda: [run], CollectorRegistry())
+    for step, suffix in ((1, ""), (2, "%s")):
+        hists = {}
+        for i in range(40):
+            q = sorted(rnd.normal(size=len(QUANTILE_LEVELS)).tolist())
+            if i % 9 == 4:
+                q[-1] = math.inf if i % 2 else math.nan
+            hists[f'blocks.{i}.w"{suffix}'] = {"edges": [0.0, 1.0], "counts": [1.0],
+                                               "quantiles": q}
+        table = QuantileTable.from_hists(hists)
+        assert table is not None
+        run.apply_step(StepRecord(run_id="r", step=step, time=float(step), grad_quantiles=table),
+                       arrival=float(step), buckets=STEP_DURATION_BUCKETS)
+        want = [f'training_layer_grad_quantile{{project="p",run_id="r",rank="0",'
+                f'layer="{escape(name)}",q="{q:g}"}} {fmt(v)}'
+                for name, row in zip(table.names, table.values.tolist(), strict=True)
+                for q, v in zip(QUANTILE_LEVELS, row, strict=True)]
+        text = exp.render().decode()
+        got = [ln for ln in text.splitlines() if ln.startswith("training_layer_grad_quantile{")]
+        assert want and got == want, step
