@@ -56,14 +56,19 @@ def test_a_one_step_spike_is_drawn_on_the_loss_band_and_the_heatmap(
             const top = u.series.findIndex(s => s.label === "loss max");
             const at = u.data[0].reduce((b, s, i) => Math.abs(s - arguments[1]) < Math.abs(u.data[0][b] - arguments[1]) ? i : b, 0);
             return {bucketed: S.series.bucketed, points: S.series.steps.length,
-                    spikeTop: u.data[top][at], elsewhere: Math.max(...u.data[top].filter((v, i) => v != null && Math.abs(i - at) > 1)),
+                    spikeTop: u.data[top][at], yMax: u.scales.y.max, elsewhere: Math.max(...u.data[top].filter((v, i) => v != null && Math.abs(i - at) > 1)),
                     near, far: [d[o], d[o + 1], d[o + 2]], columns: h.m.steps.length, pixels: c.width};""",
             GRAD_SPIKE, LOSS_SPIKE)
+        browser.execute_script("document.getElementById('chart-loss').scrollIntoView()")
+        browser.save_screenshot(str(shots / "run-spikes-loss.png"))
         browser.execute_script("document.getElementById('chart-heat_grad').scrollIntoView()")
         browser.save_screenshot(str(shots / "run-spikes.png"))
     assert got["bucketed"] and got["points"] < STEPS / 20, got  # many steps per bucket
     # The bucket holding the spike draws its max (the band's upper edge) at the spike.
     assert got["spikeTop"] == 50.0 and got["elsewhere"] < 2.1, got
+    # ... on the chart's own y axis, which reaches it: the band's edges are drawn to the
+    # scale the axis shows, so the spike's height reads off the axis, not clipped.
+    assert got["yMax"] >= 50.0, got
     # More buckets than the heatmap's pixels (its row names take some of the width): the
     # spike's bucket must not be one of those a scaled draw leaves out.
     assert got["columns"] > got["pixels"], got

@@ -25,8 +25,12 @@ const Charts = (() => {
     if (!has(s)) return [];
     const out = [{label, smooth, values: s.mean, opts: Object.assign({stroke: color, width: 1.5}, extra)}];
     if (state.bucketed || s.min) {  // stable series set: zooming never rebuilds a chart
-      out.push({label: label + " max", values: s.max || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "hi"});
-      out.push({label: label + " min", values: s.min || s.mean, opts: {stroke: color + "00", width: 0, scale: extra.scale}, band: "lo", fill: color + "22"});
+      // The band on its line's scale. A `scale: undefined` key would override uPlot's
+      // default "y" and put the band on a hidden scale of its own: drawn to its own
+      // range, a spike clipped at the top while the axis showed the mean's range.
+      const edge = () => Object.assign({stroke: color + "00", width: 0}, extra.scale ? {scale: extra.scale} : {});
+      out.push({label: label + " max", values: s.max || s.mean, opts: edge(), band: "hi"});
+      out.push({label: label + " min", values: s.min || s.mean, opts: edge(), band: "lo", fill: color + "22"});
     }
     return out;
   }
