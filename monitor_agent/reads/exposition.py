@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor_agent.detectors.category_divergence import PREFIX as CATEGORY_PREFIX
@@ -48,18 +49,17 @@ from monitor_agent.runs.run_state import RankState, RunState
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Joins a block's names before their line text goes between them: escape() leaves no
-# control character in a label value, so this one cannot occur in a name.
-_BLOCK_SEP = "\x00"
 
 
 def fmt(value: float) -> str:
-    """Prometheus spelling of a float (NaN, +Inf, -Inf are samples like any other)."""
+    """Prometheus spelling of a float (NaN, +Inf, -Inf are samples like any other); a
+    finite one as orjson writes it: the shortest text that reads back as the same float
+    (as ``repr``, about ten times faster; ``1e-05`` is written ``0.00001``)."""
     if value != value:
         return "NaN"
     if value in (math.inf, -math.inf):
         return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+    return orjson.dumps(float(value)).decode()
 
 
 def escape(value: str) -> str:
@@ -72,11 +72,14 @@ def escape(value: str) -> str:
 
 
 def fmts(values: np.ndarray) -> list[str]:
-    """``fmt`` of each value of a float array: ``repr`` at once when all are finite (the
-    usual layer table), else value by value."""
+    """``fmt`` of each value of a float array: one orjson call for the lot when all are
+    finite (the usual layer table; formatting floats one by one was most of a cold
+    scrape), else value by value."""
     listed = values.tolist()
+    if not listed:
+        return []
     if np.isfinite(values).all():
-        return list(map(repr, listed))
+        return orjson.dumps(listed)[1:-1].decode().split(",")
     return [fmt(v) for v in listed]
 
 
@@ -493,51 +496,20 @@ class RunRenderer:
     def _per_layer(self, fam: str, labels: str, names: list[str], at: np.ndarray,
                    values: np.ndarray) -> None:
         """One line of family ``fam`` per index in ``at``: its layer label, its value."""
-        if not len(at):
-            return
         head = f'{fam}{{{labels},layer="'
-        picked = names if len(at) == len(names) else [names[i] for i in at.tolist()]
-        # One C-level format for the whole block: the lines' text around the values is
-        # joined once, then every value is formatted by one ``%`` (a generator of one
-        # f-string per line was a third of a cold scrape). A '%' in a name or label
-        # would be read as a directive: such a block takes the line-by-line way.
-        text = _BLOCK_SEP.join(picked)
-        if "%" in text or "%" in head:
-            self.out.setdefault(fam, []).extend(
-                f'{head}{name}"}} {v}\n' for name, v in zip(picked, fmts(values), strict=True))
-            return
-        sep = '"} %s\n' + head
-        template = head + text.replace(_BLOCK_SEP, sep) + '"} %s\n'
-        listed = values.tolist()
-        if not np.isfinite(values).all():
-            listed = [fmt(v) for v in listed]
-        self.out.setdefault(fam, []).append(template % tuple(listed))
+        self.out.setdefault(fam, []).extend(
+            [f'{head}{names[i]}"}} {v}\n' for i, v in zip(at.tolist(), fmts(values), strict=True)])
 
     def _quantiles(self, fam: str, labels: str, table: QuantileTable | None) -> None:
         # One series per (layer, quantile); capped by max_layers like the other layer gauges.
         if table is None:
             return
         limit = self.caps.keep("max_layers", len(table), self.caps.max_layers)
-        out = self.out.setdefault(fam, [])
         names = self.names.of(table.names[:limit])
-        values = table.values[:limit]
-        head = f'{fam}{{{labels},layer="'
-        if "%" in head or "%" in _BLOCK_SEP.join(names):  # see _per_layer
-            for name, row in zip(names, values.tolist(), strict=True):
-                lab = f'{labels},layer="{name}"'
-                out.extend(f'{fam}{{{lab},q="{q}"}} {fmt(v)}\n'
-                           for q, v in zip(_QUANTILE_LABELS, row, strict=True))
-            return
-        # A layer's lines: X q0 T X q1 T ... with X its text up to the quantile's label
-        # and T the text after it; one join per layer, one format for the block.
-        tail = '"} %s\n'
-        template = "".join(
-            x + (tail + x).join(_QUANTILE_LABELS) + tail
-            for x in (f'{head}{name}",q="' for name in names))
-        listed = values.ravel().tolist()
-        if not np.isfinite(values).all():
-            listed = [fmt(v) for v in listed]
-        out.append(template % tuple(listed))
+        spelled = iter(fmts(table.values[:limit].ravel()))  # row by row: a layer's levels
+        self.out.setdefault(fam, []).extend(
+            [f'{fam}{{{labels},layer="{name}",q="{q}"}} {next(spelled)}\n'
+             for name in names for q in _QUANTILE_LABELS])
 
     def _activations(self, labels: str, state: RankState) -> None:
         # Capped by max_layers like the per-parameter gauges; a null (dead_frac of a

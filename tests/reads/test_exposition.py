@@ -8,7 +8,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from monitor_agent.metrics.names import STEP_DURATION_BUCKETS
-from monitor_agent.reads.exposition import Exposition, escape, fmt
+from monitor_agent.reads.exposition import Exposition, escape, fmt, fmts
 from monitor_agent.records.types import (
     QUANTILE_LEVELS,
     LayerTable,
@@ -43,6 +43,21 @@ def _exp(runs: list[RunState], **kw) -> tuple[Exposition, list[tuple[str, int]]]
 def test_fmt_and_escape():
     assert (fmt(math.nan), fmt(math.inf), fmt(-math.inf), fmt(1.5)) == ("NaN", "+Inf", "-Inf", "1.5")
     assert escape('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_every_float_is_written_as_text_that_reads_back_as_the_same_float():
+    """What Prometheus parses (Go's ParseFloat, like Python's float()) is the very value,
+    one by one and in a block, across magnitudes, signs, subnormals and integers."""
+    rnd = np.random.default_rng(2)
+    values = np.concatenate([
+        rnd.lognormal(sigma=20.0, size=2000) * rnd.choice([-1.0, 1.0], size=2000),
+        [0.0, -0.0, 1.0, 1e-05, 1e16, 1e22, 5e-324, 2.2250738585072014e-308,
+         1.7976931348623157e308, 123456789012345680.0, 0.1 + 0.2]])
+    block = fmts(values)
+    assert len(block) == len(values)
+    for v, text in zip(values.tolist(), block, strict=True):
+        assert float(text) == v and float(fmt(v)) == v and math.copysign(1, float(text)) == \
+            math.copysign(1, v), (v, text)
 
 
 def test_renders_non_finite_values_and_histogram():
@@ -212,8 +227,7 @@ def test_per_layer_lines_are_byte_identical_to_rendering_them_one_by_one():
     """The per-layer lines are made from prefixes kept across scrapes and values formatted
     as one list: checked against the plain line-by-line rendering, scrape after scrape as
     the values change, with non-finite and unmeasured statistics, and after the run renames
-    its layers (a prefix kept for the old names must not be served), and names with a
-    '%' in them."""
+    its layers (a prefix kept for the old names must not be served)."""
     rnd = np.random.default_rng(0)
 
     def table(names: list[str]) -> LayerTable:
@@ -235,7 +249,6 @@ def test_per_layer_lines_are_byte_identical_to_rendering_them_one_by_one():
     run.apply_run(RunRecord(run_id="r", labels={"project": "p"}))
     exp = Exposition(lambda: [run], CollectorRegistry())
     names = [f'blocks.{i}.w"{i % 3}"' for i in range(60)]
-    # The last names carry a '%', which the block's one format would read as a directive.
     renamed = [n + ".renamed%d" for n in names]
     for step, layer_names in enumerate([names, names, renamed], 1):
         for rank in (0, 1):
@@ -250,8 +263,8 @@ def test_per_layer_lines_are_byte_identical_to_rendering_them_one_by_one():
 
 
 def test_quantile_lines_are_byte_identical_to_rendering_them_one_by_one():
-    """The per-layer quantile families, one format per block: checked line for line against
-    the plain rendering, with non-finite quantiles and names holding a '%'."""
+    """The per-layer quantile families, their values spelled in one call per block: checked
+    line for line against the plain rendering, finite and non-finite quantiles alike."""
     rnd = np.random.default_rng(1)
     run = RunState.new("r", now=0.0)
     run.apply_run(RunRecord(run_id="r", labels={"project": "p"}))
