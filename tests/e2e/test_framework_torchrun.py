@@ -134,13 +134,13 @@ def test_a_rollback_and_a_hang_restart_ride_torchrun_to_the_end(tmp_path, sideca
         for rank in range(RANKS):
             launches = _launches(out, rank)
             assert [resumed for resumed, _ in launches] == [0, 10, 20], launches
-            # Launch 0 trained the sequential order to the poisoned step, and no further
-            # than the step after it (the rollback acts at the step the ranks agree on).
+            # Launch 0 trained the data in order past the poisoned step, to the step the
+            # ranks agreed on the plan (every 10th: Monitor.rollback_plan).
             first = launches[0][1]
             assert [s for s, _ in first] == list(range(1, len(first) + 1))
             assert [b for _, b in first] == [_batch(framework, rank, p)
                                              for p in range(1, len(first) + 1)]
-            assert 13 <= len(first) <= 20
+            assert len(first) >= 13
             # Each later launch trains on from its checkpoint: the next step, at the next
             # data position its checkpoint holds, every window left out.
             kept = [p for p in range(11, 200) if not any(p in w for w in windows)]
