@@ -6,7 +6,9 @@ Monitor made when training starts (the framework's own hyperparameters unless ``
 names them), the alert rules' actions honoured after each optimizer step, and the end of
 the run: a rollback plan stops training and is left for the launcher (``_resume.py``: the
 plan file with the framework's resume argument, the rollback printed in the training log,
-the run ended ``stopped``, ``RollbackExit``), else the run ends as training did.
+the run ended ``stopped``, ``RollbackExit``), else the run ends as training did; and, on a
+relaunch by the job's launcher (torchrun ``--max-restarts``), the checkpoint to resume from
+(``resume_checkpoint``: a restart's or a rollback's).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monitor_client._arguments import hyperparameters, monitor_settings
+from monitor_client._launcher import detect
 from monitor_client._monitor import Monitor
-from monitor_client._resume import Relaunch, RollbackExit, announce
+from monitor_client._resume import Relaunch, RollbackExit, announce, relaunch_plan
 from monitor_client._rollback import RollbackPlan, write_resume_file
 from monitor_client.settings import MonitorSettings
 
@@ -40,6 +43,7 @@ class FrameworkCallback:
         self.exit_on_rollback = exit_on_rollback
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for
         self._relaunch = Relaunch()  # the plan this process was relaunched for (_resume.py)
+        self._config_later = False  # the Monitor made before the framework's config
 
     @property
     def relaunched(self) -> RollbackPlan | None:
@@ -60,9 +64,33 @@ class FrameworkCallback:
             config = self.config if self.config is not None else plain_values(
                 framework_config())
             self.monitor = Monitor(config=config, settings=self.settings)
+        elif self._config_later:  # made before training (Lightning's ``resume_checkpoint``)
+            for key, value in plain_values(framework_config()).items():
+                self.monitor.config.setdefault(key, value)
+            self._config_later = False
         if total_steps is not None:  # the plan, for progress and the ETA
             self.monitor.config.setdefault("total_steps", int(total_steps))
         return self.monitor
+
+    def _resume_checkpoint(self, directory: str, framework_config: Callable[[], Mapping[str, Any]],
+                           timeout: float) -> str | None:
+        """The checkpoint a job relaunched by its own launcher (torchrun ``--max-restarts``, a
+        requeue) resumes from: a restart's (``Monitor.resume_plan``, asked on every rank: a
+        collective once torch.distributed is up), else a rollback plan's left in
+        ``directory``, whichever the run decided last; None when neither relaunched it."""
+        made = self.monitor is None
+        mon = self._start(framework_config, None)
+        self._config_later = made and self.config is None
+        restart = mon.resume_plan(directory, timeout=timeout)
+        found = relaunch_plan(directory)
+        if restart is not None and (found is None or restart.id > found[0].id):
+            self._relaunch.resumed(restart)
+            return restart.checkpoint_path
+        if found is None:
+            return None
+        plan, _, raw = found
+        value = raw.get(self.resume_argument)
+        return value if isinstance(value, str) and value else plan.checkpoint_path
 
     def _honour_actions(self, directory: str, rank_zero: bool, stop: Callable[[], Any],
                         save: Callable[[], Any]) -> None:
@@ -80,7 +108,10 @@ class FrameworkCallback:
             if rank_zero:  # with the job's checkpoints, which the relaunch inherits
                 path = write_resume_file(directory, plan, checkpoints=mon.job_checkpoints(),
                                          **{self.resume_argument: plan.checkpoint_path})
-                announce(plan, path, f"--{self.resume_argument}")
+                found = detect()  # its launcher runs it again: torchrun, not our helper
+                name = found["name"] if found["name"] != "none" else "its launcher"
+                announce(plan, path, f"--{self.resume_argument}",
+                         name if found["restarts"] else "")
             stop()
 
     def _end(self) -> None:

@@ -12,14 +12,20 @@ So at the step every rank agreed on, the callback:
    ``RollbackExit``: the process exits with ``ROLLBACK_EXIT`` (75, ``EX_TEMPFAIL``: "try
    again") instead of going on to whatever the script does after a finished training (a
    final save of weights that were rolled back);
-3. relaunched (``python -m monitor_client.relaunch`` does it: ``relaunch.py``), finds the
-   plan it was relaunched for (``relaunch_plan``: the file the launcher passed in
-   ``MONITOR_ROLLBACK_PLAN``, else ``monitor_rollback.json`` left in place by a launcher of
-   the user's own), marks it applied, vouches for the checkpoint it resumed from and the
-   job's earlier ones the file hands on (so a second and a third rollback act), resumes
-   the data at the plan's position leaving its windows out, scales the LR for
-   ``lr_steps`` steps (``LrScale``) and, when it read the file in place, consumes it
-   (``consume``), so a later relaunch does not take it again.
+3. relaunched (by its launcher: ``torchrun --max-restarts``, a requeue, with the script
+   resuming from the callback's ``resume_checkpoint``; else by ``python -m
+   monitor_client.relaunch``: ``relaunch.py``), finds the plan it was relaunched for
+   (``relaunch_plan``: the file the helper passed in ``MONITOR_ROLLBACK_PLAN``, else
+   ``monitor_rollback.json`` left in place), marks it applied, vouches for the checkpoint
+   it resumed from and the job's earlier ones the file hands on (so a second and a third
+   rollback act), resumes the data at the plan's position leaving its windows out, scales
+   the LR for ``lr_steps`` steps (``LrScale``) and, when it read the file in place,
+   consumes it (``consume``), so a later relaunch does not take it again.
+
+A restart the run's leader decided (``_restart.py``) leaves with the same exit 75; the
+relaunched callback's ``resume_checkpoint`` asks the sidecar for its plan
+(``Monitor.resume_plan``) and ``Relaunch.resumed`` hands it to the framework's train start
+as it would a plan file's.
 """
 
 from __future__ import annotations
@@ -54,12 +60,17 @@ class RollbackExit(SystemExit):
         self.plan = plan
 
 
-def announce(plan: RollbackPlan, path: str, argument: str) -> None:
-    """Say in the training log what happens now (stderr and the ``monitor_client`` log)."""
+def announce(plan: RollbackPlan, path: str, argument: str, launcher: str = "") -> None:
+    """Say in the training log what happens now (stderr and the ``monitor_client`` log);
+    ``launcher``: the one that runs this process again on its exit 75 (``_launcher.py``:
+    torchrun with restarts left), else "" (``python -m monitor_client.relaunch`` does it)."""
+    then = (f"{launcher} runs it again, and the callback's resume_checkpoint() resumes it from "
+            f"{plan.checkpoint_path}" if launcher else
+            f"Relaunch with {argument}={plan.checkpoint_path} (python -m "
+            f"monitor_client.relaunch does it)")
     text = (f"monitor_client: rollback {plan.number}/{plan.budget} (rule {plan.rule or '?'}): "
             f"{plan.message or plan.checkpoint_path}. Training stops here; the plan is in "
-            f"{path}. Relaunch with {argument}={plan.checkpoint_path} (python -m "
-            f"monitor_client.relaunch does it); this process exits with code {ROLLBACK_EXIT}.")
+            f"{path}. {then}; this process exits with code {ROLLBACK_EXIT}.")
     log.warning("%s", text)
     print(text, file=sys.stderr, flush=True)
 
@@ -81,7 +92,10 @@ def skipping(windows: Any, skips_by: str) -> str:
 def say_resumed(plan: RollbackPlan, position: int, windows: Any, skips_by: str) -> None:
     """Say in the training log how the relaunched run resumed its data for ``plan``."""
     ahead = [(a, b) for a, b in windows if b > position]
-    text = (f"monitor_client: rollback {plan.number}/{plan.budget}: resumed from checkpoint "
+    # A restart's resume point opens no window of its own (``_restart.resume_plan_of``).
+    what = (f"restart {plan.id}" if plan.skip_from > plan.skip_to else
+            f"rollback {plan.number}/{plan.budget}")
+    text = (f"monitor_client: {what}: resumed from checkpoint "
             f"step {plan.checkpoint_step} ({plan.checkpoint_path}); the data resumes after "
             f"position {position}" + (f", {skipping(ahead, skips_by)}" if ahead else ""))
     log.warning("%s", text)
@@ -152,8 +166,14 @@ class Relaunch:
 
     def __init__(self) -> None:
         self.plan: RollbackPlan | None = None
+        self.restart: RollbackPlan | None = None  # a restart's resume point (``resumed``)
         self.lr = LrScale(None)
         self._file: Path | None = None
+
+    def resumed(self, plan: RollbackPlan) -> None:
+        """Before training: this process resumes from a restart's plan (``resume_plan``, which
+        marked it applied), so ``take`` hands it out rather than a plan file."""
+        self.restart = plan
 
     def take(self, directory: str | os.PathLike[str], plans: Any, step: int
              ) -> RollbackPlan | None:
@@ -164,6 +184,11 @@ class Relaunch:
         resumed from, and the job's checkpoints the file hands on (``checkpoints``: what
         the process that wrote it vouched for) are this job's: a later plan may send this
         process back to any of them."""
+        if self.restart is not None:  # a restart's plan, taken before training began
+            if self.restart.checkpoint_step != step:
+                return None
+            self.plan = self.restart
+            return self.plan
         found = relaunch_plan(directory)
         if found is None:
             return None

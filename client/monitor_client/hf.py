@@ -47,9 +47,12 @@ What it does, and why:
   (the plan's fields and ``resume_from_checkpoint``), prints the rollback in the training
   log, sets ``control.should_training_stop``, ends the run ``stopped`` saying so and raises
   ``RollbackExit``: the process exits with code 75 (``exit_on_rollback=False``: training
-  just returns). ``python -m monitor_client.relaunch --dir <output_dir> -- python train.py
-  ...`` relaunches it with ``--resume_from_checkpoint=<checkpoint>``; the relaunched
-  callback takes the plan it was relaunched for (_resume.py): it marks it applied, resumes
+  just returns). The job's launcher runs it again: under ``torchrun --max-restarts=N`` the
+  script passes ``callback.resume_checkpoint(trainer)`` to ``trainer.train`` (the plan's
+  checkpoint, or a restart's: the monitor's restart exits 75 too); without a launcher,
+  ``python -m monitor_client.relaunch --dir <output_dir> -- python train.py ...`` relaunches
+  it with ``--resume_from_checkpoint=<checkpoint>``. The relaunched callback takes the plan
+  it was relaunched for (_resume.py): it marks it applied, resumes
   the data at the plan's position leaving every skipped window out, multiplies the LR by
   ``lr_factor`` for ``lr_steps`` steps (around each optimizer step, the scheduler left
   alone) and consumes the plan file.
@@ -124,6 +127,21 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
         self._position: int | None = None
         self._restore_skip: bool | None = None
         self._step_lr: Any = None
+
+    def resume_checkpoint(self, trainer: Any, timeout: float = 30.0) -> str | None:
+        """The checkpoint to pass to ``trainer.train(resume_from_checkpoint=...)`` when the
+        job's launcher ran it again for the monitor: a restart's resume point (asked of the
+        sidecar on every rank, together), else the rollback plan waiting in ``output_dir``;
+        None on a first launch or a relaunch after a crash (resume as the script would).
+        Call it on every rank, once, after making the ``Trainer``::
+
+            trainer.train(resume_from_checkpoint=callback.resume_checkpoint(trainer))
+
+        Under ``torchrun --max-restarts=N`` that is the whole relaunch: the rollback's and
+        the restart's exit 75 is torchrun's to run again (docs/actions.md, "Under HF
+        Trainer and Lightning")."""
+        args = trainer.args
+        return self._resume_checkpoint(args.output_dir, args.to_dict, timeout)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):

@@ -54,9 +54,12 @@ and a fit loop cannot be rewound from inside a callback. At the step every rank 
 plan's fields and ``ckpt_path``), prints the rollback in the training log, sets
 ``trainer.should_stop``, ends the run ``stopped`` saying so, and raises ``RollbackExit`` at
 the end of the fit: the process exits with code 75 (``exit_on_rollback=False``: ``fit``
-just returns). ``python -m monitor_client.relaunch --dir <checkpoint_dir> -- python train.py
-...`` relaunches it with ``--ckpt_path=<checkpoint>``; the relaunched callback takes the plan
-it was relaunched for (_resume.py): marks it applied, leaves the plan's windows out of the
+just returns). The job's launcher runs it again: under ``torchrun --max-restarts=N`` the
+script passes ``callback.resume_checkpoint(trainer)`` to ``fit`` as ``ckpt_path`` (the plan's
+checkpoint, or a restart's: the monitor's restart exits 75 too); without a launcher,
+``python -m monitor_client.relaunch --dir <checkpoint_dir> -- python train.py ...``
+relaunches it with ``--ckpt_path=<checkpoint>``. The relaunched callback takes the plan it
+was relaunched for (_resume.py): marks it applied, leaves the plan's windows out of the
 ``DataStream`` (resumed where the checkpoint left it), multiplies the LR by ``lr_factor``
 for ``lr_steps`` steps (around each optimizer step, the scheduler left alone) and consumes
 the plan file.
@@ -132,6 +135,22 @@ class MonitorCallback(FrameworkCallback, pl.Callback):
         # The job's checkpoints the checkpoint resumed from kept (``load_state_dict``);
         # None when it kept none (not saved under this callback).
         self._inherited: list[Any] | None = None
+
+    def resume_checkpoint(self, trainer: Any, timeout: float = 30.0) -> str | None:
+        """The checkpoint to pass to ``trainer.fit(..., ckpt_path=...)`` when the job's
+        launcher ran it again for the monitor: a restart's resume point (asked of this
+        rank's sidecar), else the rollback plan waiting in ``checkpoint_dir`` (default the
+        root dir); None on a first launch or a relaunch after a crash (resume as the
+        script would). Call it on every rank, once, before ``fit``::
+
+            trainer.fit(module, data, ckpt_path=callback.resume_checkpoint(trainer))
+
+        Under ``torchrun --max-restarts=N`` that is the whole relaunch (docs/actions.md,
+        "Under HF Trainer and Lightning"). Lightning starts torch.distributed inside
+        ``fit``, so the ranks do not agree here as ``Monitor.resume_plan`` makes them
+        elsewhere: each rank asks its own node's sidecar, which adopted the restart before
+        its ranks left for it."""
+        return self._resume_checkpoint(self._directory(trainer), dict, timeout)
 
     def on_fit_start(self, trainer, pl_module):
         self._start(lambda: dict(pl_module.hparams), _planned_steps(trainer))

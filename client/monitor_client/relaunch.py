@@ -19,8 +19,10 @@ taken at once: the first launch is already the relaunch. The plan file is read o
 is a regular file of at most 4 MiB (a symlink is not followed, a FIFO not waited on:
 _plain_file.py); any other is refused, saying why. Every relaunch is said on stderr. It
 stops after ``--max-relaunches`` (default 10; the sidecar's rollback budget
-stops a run long before) and exits with the command's last exit code. Under ``torchrun``,
-put it outside: ``python -m monitor_client.relaunch --dir out -- torchrun ... train.py``.
+stops a run long before) and exits with the command's last exit code. Under ``torchrun
+--max-restarts=N`` it is not needed: torchrun runs the group again on the exit 75, and the
+script resumes from ``callback.resume_checkpoint(trainer)`` (docs/actions.md, "Under HF
+Trainer and Lightning"; tests/e2e/test_framework_torchrun.py).
 
 The script parses the argument as usual (``HfArgumentParser`` already knows
 ``--resume_from_checkpoint``; Lightning's CLI ``--ckpt_path``) and passes it on:

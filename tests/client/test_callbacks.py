@@ -6,11 +6,13 @@ kept to its plain values. Training with each callback: test_hf.py, test_lightnin
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
 
 from monitor_client import MonitorSettings, WatchSettings
 from monitor_client._callbacks import plain_values
+from monitor_client._rollback import RollbackPlan, write_resume_file
 
 
 def _callback_class(framework: str) -> type:
@@ -39,3 +41,26 @@ def test_a_callback_checks_the_monitors_arguments_when_made(framework):
 def test_a_frameworks_hyperparameters_are_kept_to_plain_values():
     assert plain_values({"lr": 1e-3, "tags": ["a"], "fp16": True, "seed": None,
                          "optim": object()}) == {"lr": 1e-3, "fp16": True, "seed": None}
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_a_relaunched_script_is_told_the_checkpoint_of_the_plan_waiting(framework, tmp_path,
+                                                                       monkeypatch):
+    """``resume_checkpoint``: None on a first launch, then the checkpoint of the rollback plan
+    the callback left before its exit 75, in the framework's resume argument (torchrun
+    relaunched the command as it was). With a sidecar's restart:
+    tests/e2e/test_framework_torchrun.py."""
+    monkeypatch.setenv("MONITOR_AGENT_SPOOL_DIR", str(tmp_path / "spool"))
+    callback = _callback_class(framework)(url="http://127.0.0.1:9", project="p", run_id="r")
+    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), to_dict=dict),
+                              default_root_dir=str(tmp_path))
+    try:
+        assert callback.resume_checkpoint(trainer, timeout=0.1) is None
+        plan = RollbackPlan.from_action({"id": 3, "action": "rollback", "plan": {
+            "checkpoint_step": 10, "checkpoint_path": str(tmp_path / "a"), "skip_from": 11,
+            "skip_to": 15}})
+        assert plan is not None
+        write_resume_file(tmp_path, plan, **{callback.resume_argument: str(tmp_path / "b")})
+        assert callback.resume_checkpoint(trainer, timeout=0.1) == str(tmp_path / "b")
+    finally:
+        callback.monitor.close()
