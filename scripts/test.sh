@@ -6,8 +6,9 @@
 # on subprocesses, sockets and browsers, so on 2 cores three workers take about 11 minutes
 # where one took 22. The shared CPU makes every wait slower, so the waits of
 # tests/eventually.py are stretched (MONITOR_TEST_TIME_SCALE); a passing wait returns as soon
-# as its condition holds, so this costs nothing. TEST_WORKERS=0 runs in one process.
+# as its condition holds, so this costs nothing. TEST_WORKERS=0 runs in one process. The
+# slowest tests are listed at the end (--durations): where the suite's minutes go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MONITOR_TEST_TIME_SCALE="${MONITOR_TEST_TIME_SCALE:-2}"
-exec "${PYTHON:-python3}" -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
+exec "${PYTHON:-python3}" -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile --durations=25 "$@"
