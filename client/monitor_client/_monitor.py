@@ -264,6 +264,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       warner=self._warner, on_actions=self._control.receive,
                       on_attempts=self._attempt_notice.receive,
                       poll=lambda: self._control.poll(transport),
+                      # Stuck: the restart that frees it comes only by a poll (_restart.py).
+                      hurry=lambda: getattr(self, "_watchdog", None) is not None
+                      and self._watchdog.stuck,  # type: ignore[union-attr]
                       name=f"run {self.run_id!r} rank {self.rank}")
 
     # -- hooking the model -----------------------------------------------------------------
