@@ -37,6 +37,7 @@ by another process in between. ``cluster.end_stopped_ranks: false`` turns this o
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -85,10 +86,12 @@ def end_stopped(process: ProcessIdentity, proc: Path = _PROC) -> str:
     this user's and stopped; what was found ("ended", else why not)."""
     if process.boot != boot_id(proc):
         return "another machine"
+    if not hasattr(os, "pidfd_open"):  # not Linux: no way to hold the pid while checking
+        return "no pidfd here"
     try:
         fd = os.pidfd_open(process.pid)  # held: the pid cannot name another process now
-    except OSError:
-        return "gone"
+    except OSError as exc:
+        return "gone" if exc.errno == errno.ESRCH else f"not signalled: {exc.strerror or exc}"
     try:
         stat = read_stat(process.pid, proc)
         if stat is None:
