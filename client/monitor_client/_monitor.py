@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from monitor_client import _launcher, _run_info
+from monitor_client import _launcher, _process, _run_info
 from monitor_client._arguments import hyperparameters, monitor_settings, watch_settings
 from monitor_client._attempt import AttemptNotice, new_token
 from monitor_client._control import Control
@@ -264,6 +264,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       warner=self._warner, on_actions=self._control.receive,
                       on_attempts=self._attempt_notice.receive,
                       poll=lambda: self._control.poll(transport),
+                      # Stuck: the restart that frees it comes only by a poll (_restart.py).
+                      hurry=lambda: getattr(self, "_watchdog", None) is not None
+                      and self._watchdog.stuck,  # type: ignore[union-attr]
                       name=f"run {self.run_id!r} rank {self.rank}")
 
     # -- hooking the model -----------------------------------------------------------------
@@ -863,6 +866,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       "cluster": self._placement,
                       # What runs it again on a restart (_launcher.py, _restart.py).
                       "launcher": {**self._launcher, "restarts": self._restart.enabled},
+                      # Which process it is: its node's sidecar ends it if a restart
+                      # finds it stopped (SIGSTOP), which cannot leave on its own.
+                      "process": _process.identity(),
                       **({"data": {"skips_by": self._skips_by}} if self._skips_by else {})})
 
     def counters(self) -> Counters | None:

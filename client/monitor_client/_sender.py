@@ -63,6 +63,13 @@ from monitor_client._transport import HttpTransport, PostOutcome, PostResult
 from monitor_client._warn import LOGGER, Warner
 
 MAX_PREVIEWS = 16  # waiting previews kept; later NaN steps of an outage page in order
+HURRIED_POLL = 1.0
+"""Seconds between two asks for the run's actions while the process reported itself
+stuck (its watchdog's ``hang``): a stuck rank sends nothing, so a restart decided for it
+reaches it only by a poll, and the job's relaunch waits for the last rank to leave. Once a
+second, the watchdog's own wake: the default poll (5 s) added 0-5 s to every hang's
+recovery; a stuck process's one small GET a second costs its sidecar nothing that
+matters, and only while it is stuck."""
 
 
 class Sender:
@@ -92,6 +99,7 @@ class Sender:
                  now: Callable[[], float] = time.monotonic,
                  on_actions: Callable[[list[dict]], None] | None = None,
                  poll: Callable[[], None] | None = None, poll_interval: float = 5.0,
+                 hurry: Callable[[], bool] | None = None,
                  on_attempts: Callable[[list[dict]], None] | None = None,
                  name: str = "", owner: tuple[str, int] | None = None) -> None:
         self.transport, self.spool = transport, spool
@@ -103,6 +111,9 @@ class Sender:
         # Actions (stop, checkpoint) come back in ingest answers; ``poll`` asks for them
         # every ``poll_interval`` s, for those another rank's records caused.
         self.on_actions, self.poll, self.poll_interval = on_actions, poll, poll_interval
+        # While ``hurry()`` (the process reported itself stuck: it sends nothing whose
+        # answer could carry the restart that frees it), it asks every HURRIED_POLL s.
+        self.hurry = hurry
         self.on_attempts = on_attempts  # which attempt of the run id took them (_attempt.py)
         self._last_poll = now()
         self.batch_records, self.batch_bytes, self.linger = batch_records, batch_bytes, linger
@@ -259,8 +270,11 @@ class Sender:
             self._cond.notify_all()
 
     def _maybe_poll(self) -> None:
+        interval = self.poll_interval
+        if self.hurry is not None and self.hurry():
+            interval = min(interval, HURRIED_POLL)
         if (self.poll is None or self.misconfigured is not None
-                or self._now() - self._last_poll < self.poll_interval):
+                or self._now() - self._last_poll < interval):
             return
         self._last_poll = self._now()
         if not len(self.spool) and self._now() >= self._retry_at:  # not while it is down

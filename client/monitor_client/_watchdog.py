@@ -121,6 +121,11 @@ class Watchdog:
         if self._last is not None:
             self._last, self._reported = time.monotonic(), False
 
+    @property
+    def stuck(self) -> bool:
+        """It reported the current step stuck, and no step or activity followed since."""
+        return self._reported
+
     def declaration(self) -> dict[str, Any]:
         """What the run record declares (docs/format.md, ``watchdog``)."""
         return {"floor_seconds": self.floor, "factor": FACTOR, "warmup_steps": WARMUP_STEPS}

@@ -76,6 +76,11 @@ class ClusterSettings(BaseModel):
         default_factory=DrainSettings, description="What this sidecar does when a run's "
         "leader leaves its node out (cluster/drain.py): say so at GET /v1/node, and run "
         "the configured drain (slurm's scontrol, or a command of the operator's).")
+    end_stopped_ranks: bool = Field(
+        default=True, description="When a run's restart is decided, SIGKILL this node's "
+        "own ranks whose process is stopped (SIGSTOP: it cannot leave with exit 75 by "
+        "itself), checked by pid, start time and boot id (cluster/stopped_rank.py), so "
+        "the launcher relaunches without its grace (torchrun: 30 s).")
     uplink_max_rows: int = Field(
         default=500_000, ge=1000, description="Digests and findings kept for every leader "
         "together (about 300 bytes a step digest) while leaders are away or slow; past it "

@@ -11,6 +11,7 @@ import logging
 from monitor_agent.alerting.sink import AlertSink
 from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.link_state import LinkBook
+from monitor_agent.cluster.stopped_rank import ENDED, end_stopped
 from monitor_agent.detectors.support.context import SkipPlan
 from monitor_agent.pipeline import run_views as views
 from monitor_agent.pipeline.batch import IngestResult
@@ -30,7 +31,8 @@ class Consequences:
     """What follows from a run's actions and lifecycle events, where it must land."""
 
     def __init__(self, store: Store, alerts: AlertSink, registry: RunRegistry,
-                 links: LinkBook, placement: Placement) -> None:
+                 links: LinkBook, placement: Placement, end_stopped_ranks: bool = False
+                 ) -> None:
         self.store = store
         self.alerts = alerts
         self.registry = registry
@@ -40,6 +42,8 @@ class Consequences:
         # set by the app: a decision that leaves this node out drains it.
         self.identity = ""
         self.node_drain: NodeDrain | None = None
+        # A restart decided ends this node's stopped ranks (cluster/stopped_rank.py).
+        self.end_stopped_ranks = end_stopped_ranks
 
     def revise_pending(self, live: LiveRun, now: float, result: IngestResult) -> None:
         """The pending plan's checkpoint may have just turned suspect (the ledger judged a
@@ -60,6 +64,7 @@ class Consequences:
         if live is not None:
             self.events(live, live.lifecycle.acted(actions), now)
         self._drain(live, run_id, actions)
+        self._end_stopped(live, actions)
 
     def events(self, live: LiveRun, events: list[Event], now: float) -> None:
         """Hand each of a run's lifecycle events (runs/lifecycle.py) to whatever consumes
@@ -153,6 +158,24 @@ class Consequences:
                     self.node_drain.drain(run_id, action.id, node.why)
                     if live is not None and not leads:
                         live.state.left_out = live.state.attempt
+
+    def _end_stopped(self, live: LiveRun | None, actions: list[Action]) -> None:
+        """A restart decided (or adopted): SIGKILL each of this sidecar's own ranks whose
+        process is stopped, which cannot leave with exit 75 itself, so its launcher runs
+        the job again without waiting out its grace (cluster/stopped_rank.py says what is
+        checked first)."""
+        if live is None or not self.end_stopped_ranks or not any(
+                a.action in RESTART_ACTIONS and a.honoured_step is None for a in actions):
+            return
+        run = live.state
+        for rank, process in sorted(run.processes.items()):
+            state = run.ranks.get(rank)
+            if state is not None and state.remote:
+                continue  # another node's now (a re-formed job): its own sidecar's to end
+            outcome = end_stopped(process)
+            if outcome == ENDED:
+                log.warning("run %s: rank %d (pid %d) was stopped; ended (SIGKILL) for the "
+                            "restart", run.run_id, rank, process.pid)
 
     def decide_deferred_rollback(self, run: RunState, now: float,
                                  result: IngestResult) -> None:

@@ -106,7 +106,8 @@ class Engine:
         """The stages, each handed what it uses (lowest first)."""
         s, store, alerts, registry = self.settings, self.store, self.alerts, self.registry
         self.placement = Placement(s, store, self.links)
-        self.consequences = Consequences(store, alerts, registry, self.links, self.placement)
+        self.consequences = Consequences(store, alerts, registry, self.links, self.placement,
+                                         s.cluster.end_stopped_ranks)
         self.batch_end = BatchEnd(s, store, self.metrics, alerts, registry, self.links)
         self.router = Router(s, alerts, self.links, self.placement, self.consequences)
         self.walk = RecordWalk(store, alerts, registry, self.placement, self.consequences,

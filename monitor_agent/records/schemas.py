@@ -211,6 +211,15 @@ class LauncherModel(_Wire):
     max_nodes: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
 
 
+class ProcessModel(_Wire):
+    # Which process sent it (docs/format.md, "process"): its node's sidecar ends it when a
+    # restart finds it stopped, only if /proc still says this start time on this boot
+    # (cluster/stopped_rank.py).
+    pid: Annotated[int, Field(ge=1, le=2**22, strict=True)]
+    start: Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
+    boot: Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{36}$")]
+
+
 class DataModel(_Wire):
     # How the run leaves a rollback plan's windows out (docs/format.md, "run"): in a
     # map-style dataset's batch sampler, or by reading past them in a stream.
@@ -232,6 +241,7 @@ class RunModel(_Wire):
     watchdog: WatchdogModel | None = None
     cluster: ClusterModel | None = None
     launcher: LauncherModel | None = None
+    process: ProcessModel | None = None
     data: DataModel | None = None
 
     @field_validator("config", "model", "hardware")

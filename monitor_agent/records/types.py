@@ -249,6 +249,17 @@ class LauncherDeclaration:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """Which process sent a run record (docs/format.md, ``process``): its pid, its start
+    time in clock ticks after boot (``/proc/<pid>/stat`` field 22) and its machine's boot
+    id, which the sidecar checks before it ends a stopped rank (cluster/stopped_rank.py)."""
+
+    pid: int
+    start: int
+    boot: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The first record of a run: hyper-parameters, model shape, hardware, labels."""
 
@@ -265,6 +276,7 @@ class RunRecord:
     cluster: ClusterPlacement | None = wire_field(lambda c: from_fields(ClusterPlacement, c))
     launcher: LauncherDeclaration | None = wire_field(
         lambda w: from_fields(LauncherDeclaration, w))
+    process: ProcessIdentity | None = wire_field(lambda p: from_fields(ProcessIdentity, p))
     # How it leaves a rollback plan's windows out: "sampler" or "reading" (``data``).
     skips_by: str | None = wire_field(lambda d: d.skips_by, source="data")
     kind: str = "run"
@@ -528,7 +540,8 @@ def _plan(cls: type) -> _Plan:
 
 _PLANS: dict[type, _Plan] = {cls: _plan(cls)
                              for cls in (Memory, WatchdogDeclaration, ClusterPlacement,
-                                         LauncherDeclaration, *RECORD_TYPES.values())}
+                                         LauncherDeclaration, ProcessIdentity,
+                                         *RECORD_TYPES.values())}
 
 
 def from_fields(cls: type[_T], source: Any) -> _T:

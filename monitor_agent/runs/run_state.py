@@ -32,6 +32,7 @@ from monitor_agent.records.types import (
     ActivationTable,
     EvalRecord,
     LayerTable,
+    ProcessIdentity,
     QuantileTable,
     RunRecord,
     StepRecord,
@@ -112,6 +113,10 @@ class RunState:
     status: str = "running"
     ended_at: float | None = None
     ranks: dict[int, RankState] = field(default_factory=dict)
+    # The process of each of this sidecar's own ranks, as its latest run record says
+    # (docs/format.md ``process``): a restart ends the stopped ones (cluster/stopped_rank.py).
+    # Another node's ranks are never here: their records reach this sidecar as digests.
+    processes: dict[int, ProcessIdentity] = field(default_factory=dict)
     findings: dict[tuple[str, str], int] = field(default_factory=dict)
     last_record_id: int = 0
     snapshot_record_id: int = 0
@@ -221,6 +226,8 @@ class RunState:
         only when none of this sidecar's own ranks sent one (its labels name that node).
         Where the run sits in a multi-node job is not taken from here: the engine places
         it (pipeline/placement.py ``Placement.place``)."""
+        if not remote and record.process is not None:
+            self.processes[record.rank] = record.process
         if remote and self.run is not None:
             return
         self.run = record
@@ -283,6 +290,7 @@ class RunState:
         """Forget ``ranks`` (``DetectorSuite.retire``: a job re-formed with fewer)."""
         for rank in ranks:
             self.ranks.pop(rank, None)
+            self.processes.pop(rank, None)
             self.hung_ranks.discard(rank)
         self._top_known = False
         self.changed()

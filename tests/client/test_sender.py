@@ -157,3 +157,29 @@ def test_spool_bound_drops_steps_and_counts_them(stopped_receiver, tmp_path):
     sender.close(timeout=10)
     c = sender.counters()
     assert c.sent + c.dropped == 200 and c.pending == 0
+
+
+def test_a_stuck_process_asks_for_its_actions_every_second_not_every_five(receiver, tmp_path):
+    """A rank whose watchdog reported it stuck sends nothing whose answer could carry the
+    restart that frees it: it polls every HURRIED_POLL s; otherwise every poll_interval.
+    On a frozen clock 1.5 s past the last poll."""
+    from monitor_client._sender import HURRIED_POLL
+
+    clock = [1000.0]
+    polls: list[float] = []
+    stuck = [False]
+    sender = _sender(receiver.url, tmp_path, now=lambda: clock[0],
+                     poll=lambda: polls.append(clock[0]), poll_interval=5.0,
+                     hurry=lambda: stuck[0])
+    try:
+        clock[0] += HURRIED_POLL + 0.5
+        sender._maybe_poll()  # what its thread does each iteration
+        assert polls == []  # healthy: not before poll_interval
+        stuck[0] = True
+        eventually(lambda: polls == [clock[0]], timeout=10, what="the hurried poll")
+        stuck[0] = False  # it stepped again: back to the plain interval
+        clock[0] += HURRIED_POLL + 0.5
+        sender._maybe_poll()
+        assert polls == [clock[0] - HURRIED_POLL - 0.5]
+    finally:
+        sender.close(timeout=5)

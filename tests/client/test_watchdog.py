@@ -250,3 +250,29 @@ def test_a_hang_reads_eval_only_while_every_watched_model_evaluates():
     assert tracker.evaluating() == "eval"
     policy.train()
     assert tracker.evaluating() is None
+
+
+def test_a_stuck_process_hurries_its_polls_and_its_run_record_names_it(receiver, tmp_path):
+    """Once its watchdog reported it stuck, the sender asks for the run's actions every
+    second (a restart reaches a stuck rank only by a poll: _sender.py ``HURRIED_POLL``),
+    until it steps again; and its run record names its process, as the sidecar checks it
+    before ending a stopped rank (docs/format.md ``process``)."""
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = monitor_client.Monitor(url=receiver.url, run_id="wd-hurry", settings=MonitorSettings(
+        linger=0.0, watchdog_floor=0.5, spool_dir=str(tmp_path), gpu_probe=None))
+    mon.watch(model, opt)
+    log_steps(mon, model, opt, range(1, 7), batch=2)
+    sender = mon._sender
+    assert sender is not None and sender.hurry is not None and not sender.hurry()
+    eventually(lambda: receiver.of_kind("hang"), timeout=60, what="the hang record")
+    assert sender.hurry()
+    mon.log_step(7, loss=1.0)
+    assert not sender.hurry()
+    mon.close()
+    process = parse_record(receiver.of_kind("run")[0]).process
+    assert process is not None and process.pid == os.getpid()
+    with open(f"/proc/{os.getpid()}/stat", "rb") as stat:
+        assert process.start == int(stat.read().rsplit(b")", 1)[1].split()[19])
+    with open("/proc/sys/kernel/random/boot_id") as boot:
+        assert process.boot == boot.read().strip()
