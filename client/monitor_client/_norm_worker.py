@@ -117,11 +117,16 @@ class NormOffload:
     A concurrent read is exact only if the step leaves the gradients alone, and some steps
     do not (an optimizer that negates them in place for ``maximize``, adds the weight decay
     into them, or clips them; a hook that zeroes them). So the first ``TRIAL`` steps are
-    read on the training thread while each gradient's ``_version`` (torch's count of
-    in-place writes) is compared across the step; only an optimizer seen not to move them
-    has its later steps read beside it. A read whose gradients moved after all is not
-    used (the step then has no norm: no reading, which the sidecar's detectors treat as a
-    gap) and the optimizer is read on the training thread from then on.
+    read on the training thread and checked across the step: each gradient's ``_version``
+    (torch's count of in-place writes) and, for a write through ``.data`` (which has a
+    count of its own: old-style optimizers write ``p.grad.data``), their norms read again
+    after it, bit for bit. Only an optimizer seen leaving them alone has its later steps
+    read beside it; each later step read on the training thread anyway (a distributions
+    step) is checked again the same way. A read beside a step whose versions moved after
+    all is not used (the step then has no norm: no reading, which the sidecar's detectors
+    treat as a gap) and the optimizer is read on the training thread from then on. What
+    this cannot see: an optimizer that writes through ``.data`` only on some steps, none
+    of them checked.
     """
 
     TRIAL = 3
@@ -133,16 +138,20 @@ class NormOffload:
         self._grads: list[torch.Tensor] = []
         self._versions: list[int] | None = None
         self._dtype: torch.dtype | None = None
+        self._norms: list[torch.Tensor] = []  # a checked step's, read before it
         self.pending = False
 
     @property
     def ready(self) -> bool:
         return not self.off and self.calm >= self.TRIAL
 
-    def watch(self, grads: list[torch.Tensor]) -> None:
-        """A trial step read on the training thread: see whether the step moves them."""
-        if not self.off and self.calm < self.TRIAL:
+    def watch(self, grads: list[torch.Tensor], norms: list[torch.Tensor],
+              dtype: torch.dtype | None) -> None:
+        """A step read on the training thread (its ``norms``): see whether it writes to
+        the gradients."""
+        if not self.off:
             self._grads, self._versions = grads, [g._version for g in grads]
+            self._norms, self._dtype = norms, dtype
 
     def submit(self, grads: list[torch.Tensor], dtype: torch.dtype | None) -> bool:
         worker = self.worker = self.worker or NormWorker()
@@ -158,11 +167,11 @@ class NormOffload:
         """After a trial step: count it calm, or stop offloading if it moved a gradient."""
         if self._versions is None:
             return
-        if self._moved():
+        if self._moved() or not _same(self._norms, _read(self._grads, self._dtype)):
             self.off = True
         else:
             self.calm += 1
-        self._grads, self._versions = [], None
+        self._grads, self._versions, self._norms = [], None, []
 
     def take(self) -> torch.Tensor | None:
         """The norms of the step in flight, or None when its gradients moved during it."""
@@ -188,3 +197,12 @@ class NormOffload:
     def _moved(self) -> bool:
         versions = self._versions or []
         return any(g._version != v for g, v in zip(self._grads, versions, strict=True))
+
+
+def _same(norms: list[torch.Tensor], again: torch.Tensor | None) -> bool:
+    """Whether ``again`` holds ``norms`` bit for bit (a NaN norm is the same NaN)."""
+    if again is None or not norms:
+        return False
+    before = torch.stack(norms)
+    return before.shape == again.shape and torch.equal(before.view(torch.uint8),
+                                                        again.view(torch.uint8))

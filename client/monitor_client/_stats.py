@@ -346,17 +346,19 @@ class GradStats:
         if not grads:
             return
         clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
-        if beside and not self._sparse and not self._sharded and _finite.on_host(grads[0]):
-            # Only the every-step norms, needed after the step, may be read beside it: a
-            # clip, an all-reduce, per-layer statistics and distributions use them now.
-            if (self._offload.ready and not per_layer and clip is None
-                    and self.reduce_group is None and not self.hist_step
-                    and self._offload.submit(grads, self._norm_dtype)):
-                self._offload_names = names
-                return
-            self._offload.watch(grads)
+        # On the CPU, a step's norms may be read beside it (_norm_worker.py), only the
+        # every-step ones: a clip, an all-reduce, per-layer statistics and distributions
+        # use them now; any other step is checked for writes to the gradients.
+        beside = beside and not self._sparse and not self._sharded and _finite.on_host(grads[0])
+        if (beside and self._offload.ready and not per_layer and clip is None
+                and self.reduce_group is None and not self.hist_step
+                and self._offload.submit(grads, self._norm_dtype)):
+            self._offload_names = names
+            return
         norms = _norm_list(grads, 2, self._norm_dtype)
         self._grad_norms = norms
+        if beside:
+            self._offload.watch(grads, norms, self._norm_dtype)
         if per_layer or clip is not None or self.reduce_group is not None:
             vector = self._grad_vector = torch.stack(norms)
             total = self._total = self._global_from(vector)

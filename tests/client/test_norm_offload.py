@@ -125,24 +125,25 @@ class ScaledInPlace(torch.optim.Optimizer):
     (Not a subclass of SGD calling ``super().step()``: torch would run the step hooks
     twice once another SGD has been made in the process.)"""
 
-    def __init__(self, params, from_step: int) -> None:
+    def __init__(self, params, from_step: int, through_data: bool = False) -> None:
         super().__init__(params, {"lr": 1e-3})
-        self.from_step, self.count = from_step, 0
+        self.from_step, self.count, self.through_data = from_step, 0, through_data
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
                 if self.count >= self.from_step:
-                    p.grad.mul_(0.5)
+                    # (through .data: a write torch's version count of p.grad misses)
+                    (p.grad.data if self.through_data else p.grad).mul_(0.5)
                 p.add_(p.grad, alpha=-group["lr"])
         self.count += 1
 
 
-def in_place(mon: Monitor, from_step: int = 1) -> None:
+def in_place(mon: Monitor, from_step: int = 1, through_data: bool = False) -> None:
     """From its second step on (its first is a layer-statistics step, read before it)."""
     model = _mlp(0)
-    opt = ScaledInPlace(model.parameters(), from_step)
+    opt = ScaledInPlace(model.parameters(), from_step, through_data)
     mon.watch(model, opt)
     for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
         loss = nn.functional.mse_loss(model(x), y)
@@ -150,6 +151,10 @@ def in_place(mon: Monitor, from_step: int = 1) -> None:
         opt.step()
         opt.zero_grad()
         mon.log_step(step, loss=loss.detach())
+
+
+def through_data(mon: Monitor) -> None:
+    in_place(mon, through_data=True)
 
 
 def _run(receiver, tmp_path, script: Callable[[Monitor], None], beside: bool,
@@ -174,7 +179,7 @@ def _run(receiver, tmp_path, script: Callable[[Monitor], None], beside: bool,
 
 
 @pytest.mark.parametrize("script", [adamw, sgd_maximize, lbfgs_closure, no_optimizer,
-                                    accumulation, gan, in_place],
+                                    accumulation, gan, in_place, through_data],
                          ids=lambda f: f.__name__)
 def test_the_norms_read_beside_the_step_send_the_same_records(receiver, tmp_path, script):
     beside, mon = _run(receiver, tmp_path, script, True, "beside")
