@@ -8,8 +8,7 @@ the gradients to this worker and the optimizer steps while it reads them; the po
 takes the result (``NormWorker.result``)::
 
     >>> worker = NormWorker()
-    >>> grads = [torch.ones(4), torch.full((2,), 3.0)]
-    >>> worker.submit(lambda: torch.stack(torch._foreach_norm(grads)))
+    >>> worker.submit([torch.ones(4), torch.full((2,), 3.0)], None)
     True
     >>> worker.result()
     tensor([2.0000, 4.2426])
@@ -25,8 +24,6 @@ first use; a daemon thread, so a script that never closes its Monitor still exit
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -44,8 +41,8 @@ class NormWorker:
     given, one job at a time (module docstring)."""
 
     def __init__(self) -> None:
-        self._job: Callable[[], Any] | None = None
-        self._result: Any = None
+        self._job: tuple[list[torch.Tensor], torch.dtype | None] | None = None
+        self._result: torch.Tensor | None = None
         # Two bare locks as semaphores: releasing one wakes the other thread for a few
         # microseconds, a third of what a threading.Event costs (measured).
         self._go = threading.Lock()
@@ -55,9 +52,9 @@ class NormWorker:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, job: Callable[[], Any]) -> bool:
-        """Start ``job`` (reads of the gradients); False when the worker cannot take it
-        (closed, or its thread did not start)."""
+    def submit(self, grads: list[torch.Tensor], dtype: torch.dtype | None) -> bool:
+        """Start reading ``grads``' norms (in ``dtype``, as ``_stats._norm_list``); False
+        when the worker cannot take it (closed, or its thread did not start)."""
         if self._closed or self._job is not None:
             return False
         if self._thread is None:
@@ -68,13 +65,13 @@ class NormWorker:
             except RuntimeError:  # no thread to be had (interpreter shutdown, limits)
                 self._closed = True
                 return False
-        self._job = job
+        self._job = (grads, dtype)
         self._go.release()
         return True
 
-    def result(self) -> Any:
-        """What the submitted job returned; None when it failed or the worker is gone.
-        Waits while the worker is alive and reading."""
+    def result(self) -> torch.Tensor | None:
+        """The submitted job's norms, one per gradient, as one vector; None when the read
+        failed or the worker is gone. Waits while the worker is alive and reading."""
         if self._job is None:
             return None
         thread = self._thread
@@ -100,15 +97,8 @@ class NormWorker:
             job = self._job
             if self._closed or job is None:
                 return
-            try:
-                self._result = job()
-            except Exception:  # noqa: BLE001 - the caller reads them itself instead
-                self._result = None
+            self._result = _read(*job)
             self._done.release()
-
-
-def _nothing() -> None:
-    return None
 
 
 def _read(grads: list[torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor | None:
@@ -149,7 +139,6 @@ class NormOffload:
         self._versions: list[int] | None = None
         self._dtype: torch.dtype | None = None
         self._norms: list[torch.Tensor] = []  # a checked step's, read before it
-        self._read: Callable[[], Any] = _nothing
         self.pending = False
 
     @property
@@ -164,14 +153,13 @@ class NormOffload:
             self._grads, self._versions = grads, [g._version for g in grads]
             self._norms, self._dtype = norms, dtype
 
-    def submit(self, grads: list[torch.Tensor], read: Callable[[], Any]) -> bool:
-        """Run ``read`` (of ``grads`` only) on the worker while the step runs."""
+    def submit(self, grads: list[torch.Tensor], dtype: torch.dtype | None) -> bool:
         worker = self.worker = self.worker or NormWorker()
         versions = [g._version for g in grads]
-        if not worker.submit(read):
+        if not worker.submit(grads, dtype):
             self.off = True
             return False
-        self._grads, self._versions, self._read = grads, versions, read
+        self._grads, self._versions, self._dtype = grads, versions, dtype
         self.pending = True
         return True
 
@@ -185,12 +173,11 @@ class NormOffload:
             self.calm += 1
         self._grads, self._versions, self._norms = [], None, []
 
-    def take(self) -> Any:
-        """What the read beside the step returned, or None when its gradients moved
-        during it."""
+    def take(self) -> torch.Tensor | None:
+        """The norms of the step in flight, or None when its gradients moved during it."""
         self.pending = False
         vector = self.worker.result() if self.worker is not None else None
-        moved = self._moved()
+        grads, moved = self._grads, self._moved()
         self._grads, self._versions = [], None
         if moved:
             self.off = True
@@ -200,7 +187,7 @@ class NormOffload:
             return None
         if vector is None:  # the worker failed or is gone: the gradients are as they were
             self.off = True
-            vector = self._read()
+            vector = _read(grads, self._dtype)
         return vector
 
     def close(self) -> None:

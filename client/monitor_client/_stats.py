@@ -39,7 +39,6 @@ before the optimizer steps::
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from typing import Any
@@ -347,19 +346,15 @@ class GradStats:
         if not grads:
             return
         clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
-        # On the CPU, a step's norms and per-layer statistics may be read beside it
-        # (_norm_worker.py), unless used now: by a clip, an all-reduce, the distributions
-        # (which also draw their sample here); such a step is checked for writes instead.
+        # On the CPU, a step's norms may be read beside it (_norm_worker.py), only the
+        # every-step ones: a clip, an all-reduce, per-layer statistics and distributions
+        # use them now; any other step is checked for writes to the gradients.
         beside = beside and not self._sparse and not self._sharded and _finite.on_host(grads[0])
-        if (beside and self._offload.ready and clip is None and self.reduce_group is None
-                and not self.hist_step):
-            numel = self._numels(names, grads) if per_layer else None
-            if self._offload.submit(grads, functools.partial(
-                    _read_beside, grads, self._norm_dtype, numel)):
-                self._offload_names = names
-                if per_layer:
-                    self._pack.layers = list(self.names)
-                return
+        if (beside and self._offload.ready and not per_layer and clip is None
+                and self.reduce_group is None and not self.hist_step
+                and self._offload.submit(grads, self._norm_dtype)):
+            self._offload_names = names
+            return
         norms = _norm_list(grads, 2, self._norm_dtype)
         self._grad_norms = norms
         if beside:
@@ -398,19 +393,12 @@ class GradStats:
         if not offload.pending:
             offload.learn()
             return
-        read = offload.take()
-        if read is None:
+        vector = offload.take()
+        if vector is None:
             self._unread = True
             return
-        vector, total, moments = read
-        names = self._offload_names
         self._grad_vector = vector
-        if total is not None:  # in the order the training thread's read adds them
-            self._total = total
-            self._pack.add("grad_norm", total)
-        self._pack.add("param_grad_norm", vector, layers=names)
-        if moments is not None:
-            self._pack.add("layer_grad", moments, layers=names)
+        self._pack.add("param_grad_norm", vector, layers=self._offload_names)
 
     def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
         """Each gradient's element count as a float32 device vector, made once per set of
@@ -484,18 +472,6 @@ class GradStats:
         if self.reduce_group is None:
             return torch.linalg.vector_norm(norms)
         return self._all_reduce_sq(norms.square().sum()).sqrt()
-
-
-def _read_beside(grads: list[torch.Tensor], dtype: torch.dtype | None,
-                 numel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                      torch.Tensor | None]:
-    """What ``_measure_grads`` reads of the gradients when nothing needs it before the step,
-    read on the worker: the per-parameter norms, and on a layer-statistics step (``numel``
-    given) the global norm and the per-layer table too."""
-    vector = torch.stack(_norm_list(grads, 2, dtype))
-    if numel is None:
-        return vector, None, None
-    return vector, torch.linalg.vector_norm(vector), _grad_moments(grads, vector, numel, dtype)
 
 
 def _grad_moments(grads: list[torch.Tensor], norms: torch.Tensor, numel: torch.Tensor,
