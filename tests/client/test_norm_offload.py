@@ -4,6 +4,7 @@ scripts, through the real client and the real HTTP receiver, with the worker on 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from monitor_client import Monitor, MonitorSettings
+from tests.eventually import eventually
 
 # What a step record says that depends on the clock or the machine, not on the training.
 _CLOCKED = {"time", "step_time", "samples_per_second", "tokens_per_second", "memory",
@@ -195,6 +197,9 @@ def test_the_norms_read_beside_the_step_send_the_same_records(receiver, tmp_path
     read_beside = [o.worker is not None for o in offloads]
     expected = script in (adamw, sgd_maximize, accumulation, gan)
     assert read_beside == [expected] * len(offloads), read_beside
+    # close() ends the workers: a Monitor made and closed again leaves no thread behind
+    eventually(lambda: not [t for t in threading.enumerate()
+                            if t.name == "monitor-grad-norms"], what="the workers end")
 
 
 def test_a_step_that_writes_to_the_gradients_after_the_trial_has_no_norm(receiver,
