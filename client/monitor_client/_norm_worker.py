@@ -121,8 +121,8 @@ class NormOffload:
     (torch's count of in-place writes) and, for a write through ``.data`` (which has a
     count of its own: old-style optimizers write ``p.grad.data``), their norms read again
     after it, bit for bit. Only an optimizer seen leaving them alone has its later steps
-    read beside it; each later step read on the training thread anyway (a distributions
-    step) is checked again the same way. A read beside a step whose versions moved after
+    read beside it; each later step read on the training thread anyway (a layer-statistics
+    or distributions step) is checked again the same way. A read beside a step whose versions moved after
     all is not used (the step then has no norm: no reading, which the sidecar's detectors
     treat as a gap) and the optimizer is read on the training thread from then on. What
     this cannot see: an optimizer that writes through ``.data`` only on some steps, none
@@ -164,7 +164,8 @@ class NormOffload:
         return True
 
     def learn(self) -> None:
-        """After a trial step: count it calm, or stop offloading if it moved a gradient."""
+        """After a checked step: count it calm, or stop offloading if it wrote to a
+        gradient."""
         if self._versions is None:
             return
         if self._moved() or not _same(self._norms, _read(self._grads, self._dtype)):
