@@ -4,7 +4,6 @@ scripts, through the real client and the real HTTP receiver, with the worker on 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -197,9 +196,10 @@ def test_the_norms_read_beside_the_step_send_the_same_records(receiver, tmp_path
     read_beside = [o.worker is not None for o in offloads]
     expected = script in (adamw, sgd_maximize, accumulation, gan)
     assert read_beside == [expected] * len(offloads), read_beside
-    # close() ends the workers: a Monitor made and closed again leaves no thread behind
-    eventually(lambda: not [t for t in threading.enumerate()
-                            if t.name == "monitor-grad-norms"], what="the workers end")
+    # close() ends this Monitor's workers: a Monitor made and closed leaves no thread behind
+    threads = [o.worker._thread for o in offloads if o.worker is not None]
+    assert all(t is not None and t.name == "monitor-grad-norms" for t in threads)
+    eventually(lambda: not any(t.is_alive() for t in threads), what="the workers end")
 
 
 def test_a_step_that_writes_to_the_gradients_after_the_trial_has_no_norm(receiver,
