@@ -19,6 +19,7 @@ from monitor_agent.notify.fairness import priority, summary_fingerprint, summary
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
+from monitor_agent.records import wire
 from tests.notify.sample_events import T0, event
 from tests.receivers import Receiver, Reply
 
@@ -63,6 +64,11 @@ def put(outbox: Outbox, channel: str, *events, source: str | None = None) -> lis
     with outbox.db.tx() as conn:
         return [outbox.enqueue(conn, channel, Notification(e.run_id, (e,), outbox.clock()),
                                outbox.clock(), source=source) for e in events]
+
+
+def summarised(outbox: Outbox, channel: str = "pagerduty") -> float:
+    """monitor_agent_notifications_total{channel, outcome="summarised"}."""
+    return outbox.metrics.notifications.labels(channel=channel, outcome="summarised")._value.get()
 
 
 def drain(outbox: Outbox, channel: str, client: httpx.Client, clock: Clock) -> None:
@@ -188,8 +194,10 @@ def test_the_last_places_are_kept_for_established_runs_pages(tmp_path, pd):
     assert put(outbox, "pagerduty", page("real"), page("real2", "error")) == [True, True]
     assert put(outbox, "pagerduty", page("real3")) == [False]
     states = outbox.delivery_states()
-    assert "kept for pages of established runs" in states["w-8-0"]["pagerduty"]["last_error"]
-    assert states["real3-0"]["pagerduty"]["last_error"].startswith("outbox full (10 pending)")
+    assert states["w-8-0"]["pagerduty"]["last_error"] == (
+        "outbox full (8 pending), max_pending=10; the last 2 places are kept for pages of "
+        "established runs")
+    assert states["real3-0"]["pagerduty"]["last_error"] == "outbox full (10 pending), max_pending=10"
     assert states["real-0"]["pagerduty"]["state"] == "pending"
 
 
@@ -272,3 +280,59 @@ def test_a_summary_says_how_many_runs_which_alerts_and_names_the_first_twenty():
         ("slack", SOURCE, "1"), ("pagerduty", SOURCE, "1"), ("slack", "10.0.0.99", "1"),
         ("slack", SOURCE, "2"))}
     assert len(ids) == 4 and all(len(i) == 24 for i in ids)
+
+
+def test_each_summary_is_an_incident_of_its_own_and_each_source_has_its_own_window(
+        tmp_path, pd, client):
+    """Two sources flood at the same moment: each source's summary is due at once (one
+    source's window does not delay the other's), and each summary, like the next window's
+    of the first source, is its own PagerDuty incident: a shared dedup key would fold them
+    into one page. The summary states the budget it enforces."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  new_run_window_seconds=60)
+    assert put(outbox, "pagerduty", page("a-0"), source=SOURCE) == [True]  # folded: taken
+    put(outbox, "pagerduty", page("b-0"), source="10.0.0.99")
+    assert summarised(outbox) == 2
+    assert outbox.deliver_next("pagerduty", client) == 0.0
+    assert outbox.deliver_next("pagerduty", client) == 0.0  # the other source's: due too
+    assert runs_paged(pd) == [f"new runs from {SOURCE}", "new runs from 10.0.0.99"]
+    put(outbox, "pagerduty", page("a-1"), source=SOURCE)  # the first summary is closed
+    drain(outbox, "pagerduty", client, clock)
+    assert clock.now == T0 + 60  # a window after the source's previous summary
+    keys = [r.json["dedup_key"] for r in pd.requests]
+    assert len(keys) == 3 and len(set(keys)) == 3, keys
+    summaries = [r.json["payload"]["summary"] for r in pd.requests]
+    assert all("sent more than 0 pages in 60 s" in s for s in summaries), summaries
+
+
+def test_a_summary_that_finds_the_outbox_full_is_refused_and_says_so(tmp_path, pd, caplog):
+    """The outbox is full of established runs' pages: a new run's news past the budget
+    opens no summary. The notification is stored failed (its alerts show why, each of
+    them), the caller hears False, and the ERROR line names the channel and the run."""
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), max_pending=2,
+                  new_run_burst=0)
+    assert put(outbox, "pagerduty", page("real-1"), page("real-2")) == [True, True]
+    news = Notification("fake", (page("fake", n=0), page("fake", n=1)), T0)
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", news, T0, source=SOURCE) is False
+    assert outbox.pending == 2
+    states = outbox.delivery_states()
+    for fp in ("fake-0", "fake-1"):
+        assert states[fp]["pagerduty"] == {
+            "state": "failed", "attempts": 0, "done_at": T0,
+            "last_error": "outbox full (2 pending), max_pending=2"}
+    [(body,)] = outbox.db.query("SELECT body FROM outbox WHERE state = 'failed'")
+    kept = Notification.from_dict(wire.loads(body))  # kept, not lost
+    assert (kept.group, [e.fingerprint for e in kept.events]) == ("fake", ["fake-0", "fake-1"])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "outbox full (2 pending), max_pending=2: NOT QUEUED, a pagerduty notification "
+        "for fake"]
+
+
+def test_a_summary_of_exactly_twenty_runs_names_them_all_and_counts_no_more():
+    rows = [(f"fake-{i:02d}", "TrainingNanInf", "critical") for i in range(20)]
+    [e] = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0, burst=2,
+                       window=60.0).events
+    assert e.evidence["runs"] == ", ".join(f"fake-{i:02d}" for i in range(20))
+    assert " and 0 more" not in e.summary, e.summary
