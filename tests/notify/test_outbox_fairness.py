@@ -15,7 +15,14 @@ from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification
 from monitor_agent.notify.channel_settings import OutboxSettings
-from monitor_agent.notify.fairness import priority, summary_fingerprint, summary_note
+from monitor_agent.notify.fairness import (
+    NewRunBudget,
+    Queued,
+    order_key,
+    priority,
+    summary_fingerprint,
+    summary_note,
+)
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
@@ -304,6 +311,7 @@ def test_each_summary_is_an_incident_of_its_own_and_each_source_has_its_own_wind
     assert len(keys) == 3 and len(set(keys)) == 3, keys
     summaries = [r.json["payload"]["summary"] for r in pd.requests]
     assert all("sent more than 0 pages in 60 s" in s for s in summaries), summaries
+    assert {r.json["payload"]["class"] for r in pd.requests} == {"new_runs"}
 
 
 def test_a_summary_that_finds_the_outbox_full_is_refused_and_says_so(tmp_path, pd, caplog):
@@ -330,9 +338,37 @@ def test_a_summary_that_finds_the_outbox_full_is_refused_and_says_so(tmp_path, p
         "for fake"]
 
 
-def test_a_summary_of_exactly_twenty_runs_names_them_all_and_counts_no_more():
-    rows = [(f"fake-{i:02d}", "TrainingNanInf", "critical") for i in range(20)]
-    [e] = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0, burst=2,
-                       window=60.0).events
+def test_a_summary_of_twenty_runs_names_them_all_and_of_many_alerts_counts_the_top_five():
+    """Exactly twenty runs: all named, none "more"; seven alert names: the five most
+    frequent counted. The message is dated when it is worded (a webhook's createdAt)."""
+    names = [f"Alert{k}" for k in range(7)]
+    rows = [(f"fake-{i:02d}", names[min(i, 6)], "critical") for i in range(20)]
+    note = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0 + 7, burst=2,
+                        window=60.0)
+    [e] = note.events
     assert e.evidence["runs"] == ", ".join(f"fake-{i:02d}" for i in range(20))
     assert " and 0 more" not in e.summary, e.summary
+    assert e.evidence["alerts"] == "Alert6 x14, Alert0 x1, Alert1 x1, Alert2 x1, Alert3 x1"
+    assert note.created_at == T0 + 7
+
+
+def test_a_sources_budget_is_a_sliding_window_that_many_sources_cannot_break():
+    """A send leaves the budget exactly a window later. 10,000 sources and one more: the
+    budget forgets only sources whose sends all left the window; one that spent its burst
+    within the window still has none."""
+    budget = NewRunBudget(burst=1, window=60.0)
+    assert budget.take("slack", SOURCE, 0.0) is True
+    assert budget.take("slack", SOURCE, 59.0) is False
+    assert budget.take("slack", SOURCE, 60.0) is True  # the send at 0 is out of (0, 60]
+    for i in range(10_000):
+        assert budget.take("slack", f"10.1.{i // 256}.{i % 256}", 100.0)
+    assert budget.take("slack", "10.9.9.9", 130.0) is True  # past 10,000: forgets some
+    assert budget.take("slack", SOURCE, 130.0) is True  # its send at 60 left the window
+    assert budget.take("slack", "10.1.0.0", 130.0) is False  # its send at 100 has not
+
+
+def test_a_message_queued_without_its_run_takes_the_turn_of_the_runless():
+    """Rows queued by an older version carry no run: they share one turn, and a run never
+    served goes before them once one of them went out."""
+    rows = [Queued(1, 0.0, 0, 0.0, "a", 0, None), Queued(2, 0.0, 0, 0.0, "b", 0, "run-b")]
+    assert [r.id for r in sorted(rows, key=lambda r: order_key(r, {"": T0}))] == [2, 1]
