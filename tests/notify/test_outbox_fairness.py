@@ -372,3 +372,18 @@ def test_a_message_queued_without_its_run_takes_the_turn_of_the_runless():
     served goes before them once one of them went out."""
     rows = [Queued(1, 0.0, 0, 0.0, "a", 0, None), Queued(2, 0.0, 0, 0.0, "b", 0, "run-b")]
     assert [r.id for r in sorted(rows, key=lambda r: order_key(r, {"": T0}))] == [2, 1]
+
+
+def test_ten_thousand_made_up_sources_and_one_more_are_each_summarised(tmp_path, pd):
+    """Made-up sources each open a summary; past 10,000 of them the outbox forgets the
+    schedule of those already due, and the next source's summary is queued all the same."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  max_pending=20_000)
+    news = [page(f"fake-{i}") for i in range(10_001)]
+    with outbox.db.tx() as conn:
+        taken = [outbox.enqueue(conn, "pagerduty", Notification(e.run_id, (e,), T0), T0,
+                                source=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+                 for i, e in enumerate(news)]
+    assert all(taken) and outbox.pending == 10_001
+    assert outbox.delivery_states()["fake-10000-0"]["pagerduty"]["summarised"] is True
