@@ -25,7 +25,8 @@ them).
         --again   # after adding tests: copy them in, check again what was not killed
 
 ``--again`` reuses a kept run whose copy of the module is byte for byte the checkout's
-(otherwise it runs everything again): killed mutants stay killed when tests are only added.
+(otherwise it runs everything again), the rest of the checkout copied afresh: killed mutants
+stay killed when tests are only added.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
         src = Path("monitor_agent") / module
         reuse = again and (work / "mutants" / "monitor_agent" / f"{module}.meta").exists() \
             and (work / src).read_bytes() == (REPO / src).read_bytes()
-        if reuse:
-            _copy(work, ("tests",))
+        if reuse:  # the rest of the checkout afresh (the module is the same byte for byte)
+            _copy(work, tuple(n for n in COPIED if n != "pyproject.toml"))
             todo = [n for n, st in _statuses(work, module).items() if st != "killed"
                     and (not functions or any(fnmatch.fnmatchcase(n, g) for g in _globs(functions)))]
         else:

@@ -284,7 +284,7 @@ def test_the_window_is_measured_from_the_faulting_ranks_position_in_positions_pe
     positions. Without the fault's rank, the least advanced rank's place counts."""
     checkpoints = {200: 400}
     plan = _plan(nan(step=250, rank=1), checkpoints=checkpoints,
-                 latest={0: (300, 9_000, 3), 1: (260, 520, 2)}, skips_by="sampler")
+                 latest={0: (240, 100, 3), 1: (260, 520, 2)}, skips_by="sampler")
     assert (plan.resume_position, plan.skip, plan.positions) == (400, ((401, 600),), "positions")
     assert (plan.skip_from, plan.skip_to, plan.skips_by) == (201, 300, "sampler")
     # A rank that has not reached the fault's step yet: its latest position is the fault's.
@@ -303,6 +303,9 @@ def test_a_window_never_ends_before_the_position_it_resumes_after():
     plan = _plan(nan(step=250), rules=no_margin, checkpoints={200: 400},
                  latest={0: (250, 300, 1)})
     assert plan.skip == ((401, 401),) and plan.skip_to == 250
+    # Nor in steps: a fault one step after the checkpoint skips that one step.
+    plan = _plan(nan(step=201), clean=((200, "/ckpt/step-200.pt"),), rules=no_margin)
+    assert (plan.skip_from, plan.skip_to, plan.skip) == (201, 201, ((201, 201),))
 
 
 def test_earlier_windows_join_only_a_plan_counted_in_their_unit():
@@ -320,4 +323,17 @@ def test_a_rank_is_waited_for_until_its_step_at_the_onset_is_here():
     assert behind({0: 60, 1: 66}, (0,), fault) == [0]
     assert behind({0: 61, 1: 66}, (0,), fault) == []
     assert behind({1: 66}, (0,), fault) == [0]  # nothing heard of the saving rank yet
+    assert behind({1: 5}, (0,), nan(step=1)) == [0]  # even for a fault at step 1
     assert behind({0: 59, 1: 60, 2: 66}, (), fault) == [0, 1]  # no saves yet: every rank
+
+
+def test_windows_one_position_apart_stay_apart_and_a_window_inside_another_is_absorbed():
+    """Position 200 is trained between a skipped window ending at 199 and the new one
+    starting at 201: two windows. A window inside an earlier one, after several others,
+    leaves that one whole."""
+    [rule] = parse_rules(RULES)
+    data = Positions(checkpoints={200: 200}, latest={0: (250, 250, 1)},
+                     skipped=((100, 199), (10, 12), (20, 30), (25, 26), (1, 5)))
+    decision = decide(rule, nan(step=250), CLEAN, number=2, data=data)
+    assert isinstance(decision, RollbackDecision)
+    assert decision.plan.skip == ((1, 5), (10, 12), (20, 30), (100, 199), (201, 300))
