@@ -359,3 +359,37 @@ def test_a_late_settle_takes_its_own_attempt_s_gap_and_start_up():
     assert gaps == [(2, 5.0), (3, 9.0)]
     assert all(i["detail"]["startup"] > 0 for i in live.incidents)
     _adds_up(live)
+
+
+def test_an_eval_or_save_costs_what_it_says_within_the_time_it_had_and_nothing_unmeasured():
+    """Steps take 1 s (one takes 2). What an eval or a save costs is what its record says,
+    capped by the time it had: since the timeline's latest step (or the run's start), less
+    what the others of that interval took; a record stamped before the latest step (another
+    rank's) had that step's interval. A duration that is missing or not finite is not
+    measured: it costs nothing. An eval before the first step is start-up, as all that
+    time is."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(EvalRecord("r", 0, time=T0 + 0.5, seconds=0.3))  # before step 1: start-up
+    _steps(feed, 1, 10, T0)
+    feed(EvalRecord("r", 10, time=T0 + 10.5, seconds=0.9))  # had 0.5 s: 0.5
+    feed(EvalRecord("r", 10, time=T0 + 10.6, seconds=float("inf")))  # not measured
+    feed(StepRecord("r", 11, time=T0 + 11))
+    feed(CheckpointRecord("r", 11, time=T0 + 11.5, path="/c/11.pt"))  # not measured
+    feed(EvalRecord("r", 11, time=T0 + 12.0, seconds=0.8))  # 0.8
+    feed(EvalRecord("r", 11, time=T0 + 12.2, seconds=0.8))  # 1.2 s less 0.8 taken: 0.4
+    feed(StepRecord("r", 12, time=T0 + 13))
+    feed(CheckpointRecord("r", 12, time=T0 + 13, path="/c/12.pt", seconds=1.0))  # no time: 0
+    feed(StepRecord("r", 13, time=T0 + 14))
+    feed(CheckpointRecord("r", 13, time=T0 + 13.5, path="/c/13.pt", rank=1, seconds=5.0))
+    feed(StepRecord("r", 14, time=T0 + 15))  # rank 1's save held step 14's interval: 1.0
+    r = feed.book.report()
+    assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
+    assert r.badput["checkpoint"] == pytest.approx(1.0)
+    _adds_up(r)
+    # The timeline's clock goes back: an eval's claim in the interval it ended is given back.
+    feed(EvalRecord("r", 14, time=T0 + 15.5, seconds=0.5))
+    feed(StepRecord("r", 15, time=T0 + 14.5))
+    r = feed.book.report()
+    assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
+    _adds_up(r)
