@@ -387,9 +387,25 @@ def test_an_eval_or_save_costs_what_it_says_within_the_time_it_had_and_nothing_u
     assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
     assert r.badput["checkpoint"] == pytest.approx(1.0)
     _adds_up(r)
-    # The timeline's clock goes back: an eval's claim in the interval it ended is given back.
-    feed(EvalRecord("r", 14, time=T0 + 15.5, seconds=0.5))
+    # The timeline's clock goes back: what evals claimed in the interval it ended is given
+    # back, all of it, to the cause that claimed it.
+    feed(EvalRecord("r", 14, time=T0 + 15.2, seconds=0.2))
+    feed(EvalRecord("r", 14, time=T0 + 15.5, seconds=0.3))
     feed(StepRecord("r", 15, time=T0 + 14.5))
     r = feed.book.report()
     assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
+    _adds_up(r)
+
+
+def test_the_typical_step_is_the_median_of_the_first_steps_not_the_first_one():
+    """Up at T0, step 1 at T0 + 10; step 2 takes 5 s (a recompile), the next ones 1 s: a
+    typical step is 1 s, so start-up is 9 s and step 2's extra time is productive."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 10))
+    feed(StepRecord("r", 2, time=T0 + 15))
+    _steps(feed, 3, 12, T0 + 15)
+    r = feed.book.report()
+    assert r.badput["startup"] == pytest.approx(9.0)
+    assert r.productive == pytest.approx(1.0 + 5.0 + 10.0)
     _adds_up(r)
