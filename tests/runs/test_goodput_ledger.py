@@ -409,3 +409,17 @@ def test_the_typical_step_is_the_median_of_the_first_steps_not_the_first_one():
     assert r.badput["startup"] == pytest.approx(9.0)
     assert r.productive == pytest.approx(1.0 + 5.0 + 10.0)
     _adds_up(r)
+
+
+def test_the_step_that_ends_a_hang_keeps_only_its_own_typical_time():
+    """Steps take 0.5 s; after step 10 the run hangs until step 11 comes 20 s later: the
+    hang is 19.5 s (from where step 11 should have ended), step 11 is 0.5 s productive."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0, every=0.5)
+    feed(HangRecord("r", 10, time=t + 3.0, stuck_seconds=3.0))
+    feed(StepRecord("r", 11, time=t + 20.0))
+    r = feed.book.report()
+    assert r.badput["hang_undetected"] + r.badput["hang_detected"] == pytest.approx(19.5)
+    assert r.productive == pytest.approx(11 * 0.5)
+    _adds_up(r)
