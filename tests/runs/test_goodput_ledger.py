@@ -423,3 +423,22 @@ def test_the_step_that_ends_a_hang_keeps_only_its_own_typical_time():
     assert r.badput["hang_undetected"] + r.badput["hang_detected"] == pytest.approx(19.5)
     assert r.productive == pytest.approx(11 * 0.5)
     _adds_up(r)
+
+
+def test_a_first_step_without_a_data_wait_is_charged_none_and_one_with_a_wait_alone_its_typical():
+    """Steps take 1 s. The first step reports no data wait, the next ones 0.2 s: the first
+    step's typical wait is not measured, and only the others' waits are input. The other
+    way round (the first step waited 0.2 s, the others report none): a typical step waits
+    nothing, so the first step's wait is start-up, not input."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 1))
+    _steps(feed, 2, 12, T0 + 1, data_time=0.2)
+    assert feed.book.report().badput["input"] == pytest.approx(11 * 0.2)
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 1, data_time=0.2))
+    _steps(feed, 2, 12, T0 + 1)
+    r = feed.book.report()
+    assert r.badput["input"] == 0.0
+    _adds_up(r)
