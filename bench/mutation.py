@@ -173,6 +173,9 @@ def main() -> None:
               f"{count['timeout']:7d} {count['no tests']:8d} {excluded:5d} {score:6.1%} "
               f"{seconds:6.0f}s", flush=True)
         for name in sorted(equiv):
+            if args.function and not any(fnmatch.fnmatchcase(name, g)
+                                         for g in _globs(args.function)):
+                continue  # not among the functions checked
             if name not in status or status[name] == "killed":
                 print(f"    listed as equivalent but {status.get(name, 'not a mutant')}: {name}")
         if args.survivors:
