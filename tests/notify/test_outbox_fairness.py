@@ -387,3 +387,32 @@ def test_ten_thousand_made_up_sources_and_one_more_are_each_summarised(tmp_path,
                  for i, e in enumerate(news)]
     assert all(taken) and outbox.pending == 10_001
     assert outbox.delivery_states()["fake-10000-0"]["pagerduty"]["summarised"] is True
+
+
+def test_a_message_of_several_alerts_drops_only_the_follow_ups_nobody_heard_of_alone(
+        tmp_path, pd, client):
+    """A new run's first page went out alone, two more were summarised. One message
+    resolving all three sends the first one's resolve only; one resolving only the two
+    summarised is taken and sends nothing (counted as summarised)."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=1)
+    put(outbox, "pagerduty", *[page(f"fake-{i}") for i in range(3)], source=SOURCE)
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == ["fake-0", f"new runs from {SOURCE}"]
+    resolves = [page(f"fake-{i}", status="resolved") for i in range(3)]
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", Notification("fake", tuple(resolves), T0),
+                              T0) is True
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd)[2:] == ["resolve:fake-0-0"]
+    taken = summarised(outbox)
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", Notification("fake", tuple(resolves[1:]), T0),
+                              T0) is True
+    assert summarised(outbox) == taken + 1 and outbox.pending == 0
+    # A message about two alerts at once shows on each of them.
+    with outbox.db.tx() as conn:
+        outbox.enqueue(conn, "pagerduty", Notification(
+            "real", (page("real", n=0), page("real", n=1)), T0), T0)
+    states = outbox.delivery_states()
+    assert states["real-0"]["pagerduty"]["state"] == states["real-1"]["pagerduty"]["state"] == "pending"
