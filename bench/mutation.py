@@ -12,13 +12,27 @@ dependency of the project).
     python -m bench.mutation --module notify/fairness.py --children 2
     python -m bench.mutation --survivors            # and list what survived
 
-The score is killed / (killed + survived + timeout): mutants no test reaches ("no tests")
-are counted apart, as they are the coverage's gap rather than the tests' blindness.
+The score is killed / (killed + survived + timeout - equivalent): mutants no test reaches
+("no tests") are counted apart, as they are the coverage's gap rather than the tests'
+blindness, and the mutants listed in ``mutation_equivalent.toml`` (beside this script), each
+with one line why no input can tell it from the module, are left out of the score and
+counted in the ``equiv`` column. A listed mutant that a test kills is reported: the list is
+stale (mutmut numbers a function's mutants in order, so an edit of the function renumbers
+them).
+
+    python -m bench.mutation --module notify/outbox.py --children 1 --keep /tmp/mut-outbox
+    python -m bench.mutation --module notify/outbox.py --children 1 --keep /tmp/mut-outbox \
+        --again   # after adding tests: copy them in, check again what was not killed
+
+``--again`` reuses a kept run whose copy of the module is byte for byte the checkout's
+(otherwise it runs everything again), the rest of the checkout copied afresh: killed mutants
+stay killed when tests are only added.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -26,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,36 +70,73 @@ def _config(module: str, tests: list[str]) -> str:
         'also_copy = ["client"]', ""])
 
 
-def run(module: str, tests: list[str], children: int, survivors: bool) -> dict:
+def equivalents() -> dict[str, dict[str, str]]:
+    """module -> mutant name -> why it is equivalent (``mutation_equivalent.toml``)."""
+    path = Path(__file__).with_name("mutation_equivalent.toml")
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def _copy(work: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        src, dst = REPO / name, work / name
+        if src.is_dir():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.egg-info", ".pytest_cache"))
+        else:
+            shutil.copy(src, dst)
+
+
+def _statuses(work: Path, module: str) -> dict[str, str]:
+    """mutant name -> mutmut's status (killed, survived, no tests, timeout, ...)."""
+    from mutmut.stats import status_by_exit_code  # a bench's tool: imported when run
+
+    meta = json.loads((work / "mutants" / "monitor_agent" / f"{module}.meta").read_text())
+    return {name: status_by_exit_code[code]
+            for name, code in meta["exit_code_by_key"].items()}
+
+
+def _globs(functions: list[str]) -> list[str]:
+    """mutmut's names of a function's mutants: ``pkg.mod.x_f__mutmut_3`` for a function,
+    ``pkg.mod.xǁClassǁf__mutmut_3`` for a method."""
+    return [g for f in functions for g in (f"*.x_{f}__mutmut_*", f"*ǁ{f}__mutmut_*")]
+
+
+def run(module: str, tests: list[str], children: int, keep: Path | None, again: bool,
+        functions: list[str]) -> tuple[dict[str, str], float]:
+    """Mutate ``module``, run its tests on each mutant (of ``functions`` only, if named);
+    each mutant's status and the seconds."""
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
-        work = Path(tmp)
-        for name in COPIED:
-            src = REPO / name
-            if src.is_dir():
-                shutil.copytree(src, work / name, ignore=shutil.ignore_patterns(
-                    "__pycache__", "*.egg-info", ".pytest_cache"))
-            else:
-                shutil.copy(src, work / name)
-        with (work / "pyproject.toml").open("a") as f:
-            f.write(_config(module, tests))
+        work = keep or Path(tmp)
+        src = Path("monitor_agent") / module
+        reuse = again and (work / "mutants" / "monitor_agent" / f"{module}.meta").exists() \
+            and (work / src).read_bytes() == (REPO / src).read_bytes()
+        if reuse:  # the rest of the checkout afresh (the module is the same byte for byte)
+            _copy(work, tuple(n for n in COPIED if n != "pyproject.toml"))
+            todo = [n for n, st in _statuses(work, module).items() if st != "killed"
+                    and (not functions or any(fnmatch.fnmatchcase(n, g) for g in _globs(functions)))]
+        else:
+            if work.exists():
+                shutil.rmtree(work)
+            work.mkdir(parents=True)
+            _copy(work, COPIED)
+            with (work / "pyproject.toml").open("a") as f:
+                f.write(_config(module, tests))
+            todo = _globs(functions)
         env = {**os.environ, "MONITOR_TEST_TIME_SCALE": os.environ.get(
             "MONITOR_TEST_TIME_SCALE", "3")}
         env.pop("CI", None)  # tests/ci_strict.py: a bench's machine may lack a binary
         t0 = time.monotonic()
-        done = subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work,
-                              env=env, capture_output=True, text=True)
+        done = subprocess.run(["mutmut", "run", "--max-children", str(children), *todo],
+                              cwd=work, env=env, capture_output=True, text=True)
         elapsed = time.monotonic() - t0
         if done.returncode != 0:
             sys.exit(f"mutmut failed on {module}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        subprocess.run(["mutmut", "export-cicd-stats"], cwd=work, env=env,
-                       capture_output=True, check=True)
-        stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
-        stats["seconds"] = elapsed
-        if survivors:
-            listed = subprocess.run(["mutmut", "results"], cwd=work, env=env,
-                                    capture_output=True, text=True).stdout
-            stats["survivors"] = [ln.strip() for ln in listed.splitlines() if ln.strip()]
-        return stats
+        status = _statuses(work, module)
+        if functions:
+            status = {n: st for n, st in status.items()
+                      if any(fnmatch.fnmatchcase(n, g) for g in _globs(functions))}
+        return status, elapsed
 
 
 def main() -> None:
@@ -92,21 +144,44 @@ def main() -> None:
     ap.add_argument("--module", action="append", choices=sorted(MODULES),
                     help="a module under monitor_agent/ (repeat; default: all)")
     ap.add_argument("--children", type=int, default=2, help="parallel test runs")
-    ap.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    ap.add_argument("--survivors", action="store_true",
+                    help="list the mutants not killed and not listed as equivalent")
+    ap.add_argument("--keep", type=Path, help="run in this folder and keep it (one module)")
+    ap.add_argument("--again", action="store_true",
+                    help="with --keep: check again only what the kept run did not kill")
+    ap.add_argument("--function", action="append", default=[],
+                    help="only this function's or method's mutants (repeat; one --module)")
     args = ap.parse_args()
+    modules = args.module or sorted(MODULES)
     if shutil.which("mutmut") is None:
         sys.exit("mutmut not installed: pip install mutmut")
+    if (args.keep or args.function) and len(modules) != 1:
+        sys.exit("--keep and --function take one --module")
+    listed = equivalents()
     print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} "
-          f"{'no tests':>8} {'score':>6} {'time':>7}")
-    for module in args.module or sorted(MODULES):
-        s = run(module, MODULES[module], args.children, args.survivors)
-        judged = s["killed"] + s["survived"] + s["timeout"]
-        score = s["killed"] / judged if judged else float("nan")
-        print(f"{module:24} {s['total']:7d} {s['killed']:6d} {s['survived']:8d} "
-              f"{s['timeout']:7d} {s['no_tests']:8d} {score:6.1%} {s['seconds']:6.0f}s",
-              flush=True)
-        for line in s.get("survivors", []):
-            print("   ", line)
+          f"{'no tests':>8} {'equiv':>5} {'score':>6} {'time':>7}")
+    for module in modules:
+        status, seconds = run(module, MODULES[module], args.children, args.keep, args.again,
+                              args.function)
+        equiv = listed.get(module, {})
+        count = {k: sum(st == k for st in status.values())
+                 for k in ("killed", "survived", "timeout", "no tests")}
+        excluded = sum(status.get(name) in ("survived", "timeout") for name in equiv)
+        judged = count["killed"] + count["survived"] + count["timeout"] - excluded
+        score = count["killed"] / judged if judged else float("nan")
+        print(f"{module:24} {len(status):7d} {count['killed']:6d} {count['survived']:8d} "
+              f"{count['timeout']:7d} {count['no tests']:8d} {excluded:5d} {score:6.1%} "
+              f"{seconds:6.0f}s", flush=True)
+        for name in sorted(equiv):
+            if args.function and not any(fnmatch.fnmatchcase(name, g)
+                                         for g in _globs(args.function)):
+                continue  # not among the functions checked
+            if name not in status or status[name] == "killed":
+                print(f"    listed as equivalent but {status.get(name, 'not a mutant')}: {name}")
+        if args.survivors:
+            for name, st in status.items():
+                if st != "killed" and name not in equiv:
+                    print(f"    {name}: {st}")
 
 
 if __name__ == "__main__":

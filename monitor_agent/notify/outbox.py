@@ -268,13 +268,16 @@ class Outbox:
             conn.execute("UPDATE outbox SET priority = MIN(priority, ?) WHERE id = ?",
                          (rank, summary_id))
         else:
-            ident = summary_fingerprint(channel, source, repr(now))
             if self._pending >= self.max_pending:
                 self._refuse(conn, channel, note, now,
                              " ".join(e.fingerprint for e in note.events), self.max_pending)
                 return False
             key = (channel, source)
             due = max(now, self._next_summary.get(key, now))
+            # Its identity (its PagerDuty incident) is one per summary: the source's next
+            # one is due a window after it, even when opened at the same moment (``now``
+            # would name both, and PagerDuty would fold the second flood into the first).
+            ident = summary_fingerprint(channel, source, repr(due))
             if len(self._next_summary) >= 10_000:  # made-up sources must not grow it
                 self._next_summary = {k: t for k, t in self._next_summary.items() if t > now}
             self._next_summary[key] = due + self.window

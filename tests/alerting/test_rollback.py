@@ -11,7 +11,7 @@ import pytest
 
 from alert_harness import FakeClock, Harness, nan
 from monitor_agent.alerting import RunContext
-from monitor_agent.alerting.rollback import Positions, decide
+from monitor_agent.alerting.rollback import Positions, behind, decide, onset_of
 from monitor_agent.alerting.rules import RuleError, parse_rules
 from monitor_agent.records.actions import Action, RollbackDecision, RollbackSpec
 from tests.receivers import Receiver
@@ -257,3 +257,83 @@ def test_a_plan_joins_the_windows_its_run_skips_already_with_its_own():
     old = RollbackSpec.parse({"checkpoint_step": 200, "checkpoint_path": "/c/200.pt",
                               "skip_from": 201, "skip_to": 300})
     assert (old.skip, old.positions) == (((201, 300),), "steps")
+
+
+def _plan(finding, clean=CLEAN, rules: str = RULES, **data) -> RollbackSpec:
+    [rule] = parse_rules(rules)
+    decision = decide(rule, finding, clean, number=1, data=Positions(**data) if data else None)
+    assert isinstance(decision, RollbackDecision), decision
+    return decision.plan
+
+
+def test_the_checkpoint_saved_at_the_faults_onset_is_not_clean_to_go_back_to():
+    """The onset step is the first bad one: its checkpoint holds the bad update, so the plan
+    goes back to the save before it; a detector's onset after the fault, or not a step
+    number, is no onset (the fault's own step is)."""
+    assert _plan(nan(step=250, evidence={"onset_step": 200})).checkpoint_step == 100
+    assert _plan(nan(step=250, evidence={"onset_step": 201})).checkpoint_step == 200
+    for odd in (260, True, "200", 2.0e2):
+        assert onset_of(nan(step=250, evidence={"onset_step": odd})) == 250, odd
+    assert onset_of(nan(step=250, evidence={"onset_step": 250})) == 250
+    assert onset_of(nan(step=250)) == 250
+
+
+def test_the_window_is_measured_from_the_faulting_ranks_position_in_positions_per_step():
+    """Rank 1 (the fault's) runs at 2 positions a step and is 10 steps past the fault: the
+    fault's position is 20 back from its latest, and the margin (50 steps) is 100
+    positions. Without the fault's rank, the least advanced rank's place counts."""
+    checkpoints = {200: 400}
+    plan = _plan(nan(step=250, rank=1), checkpoints=checkpoints,
+                 latest={0: (240, 100, 3), 1: (260, 520, 2)}, skips_by="sampler")
+    assert (plan.resume_position, plan.skip, plan.positions) == (400, ((401, 600),), "positions")
+    assert (plan.skip_from, plan.skip_to, plan.skips_by) == (201, 300, "sampler")
+    # A rank that has not reached the fault's step yet: its latest position is the fault's.
+    plan = _plan(nan(step=250, rank=1), checkpoints=checkpoints, latest={1: (240, 490, 2)})
+    assert plan.skip == ((401, 590),)
+    # The fault's rank reports no position: the least advanced of the others.
+    plan = _plan(nan(step=250, rank=3), checkpoints=checkpoints,
+                 latest={0: (250, 500, 2), 1: (250, 700, 2)})
+    assert plan.skip == ((401, 600),)
+
+
+def test_a_window_never_ends_before_the_position_it_resumes_after():
+    """No margin, and the rank's position at the fault is before the checkpoint's (its data
+    restarted): the window is the one position after the resume, not an empty one."""
+    no_margin = RULES.replace("rollback_skip_margin: 50", "rollback_skip_margin: 0")
+    plan = _plan(nan(step=250), rules=no_margin, checkpoints={200: 400},
+                 latest={0: (250, 300, 1)})
+    assert plan.skip == ((401, 401),) and plan.skip_to == 250
+    # Nor in steps: a fault one step after the checkpoint skips that one step.
+    plan = _plan(nan(step=201), clean=((200, "/ckpt/step-200.pt"),), rules=no_margin)
+    assert (plan.skip_from, plan.skip_to, plan.skip) == (201, 201, ((201, 201),))
+
+
+def test_earlier_windows_join_only_a_plan_counted_in_their_unit():
+    """Windows skipped in steps mean nothing in data positions (and the other way): a plan
+    joins only those counted as it is; a plan in steps says nothing of how data is skipped."""
+    in_steps = dict(skipped=((150, 160),), skipped_unit="steps", skips_by="reading")
+    plan = _plan(nan(step=250), checkpoints={200: 400}, latest={0: (250, 450, 1)}, **in_steps)
+    assert plan.skip == ((401, 500),)
+    plan = _plan(nan(step=250), **in_steps)  # no positions reported: the plan counts steps
+    assert (plan.skip, plan.positions, plan.skips_by) == (((150, 160), (201, 300)), "steps", None)
+
+
+def test_a_rank_is_waited_for_until_its_step_at_the_onset_is_here():
+    fault = nan(step=66, evidence={"onset_step": 61})
+    assert behind({0: 60, 1: 66}, (0,), fault) == [0]
+    assert behind({0: 61, 1: 66}, (0,), fault) == []
+    assert behind({1: 66}, (0,), fault) == [0]  # nothing heard of the saving rank yet
+    assert behind({1: 5}, (0,), nan(step=1)) == [0]  # even for a fault at step 1
+    assert behind({0: 59, 1: 60, 2: 66}, (), fault) == [0, 1]  # no saves yet: every rank
+
+
+def test_windows_one_position_apart_stay_apart_and_a_window_inside_another_is_absorbed():
+    """Position 200 is trained between a skipped window ending at 199 and the new one
+    starting at 201: two windows. A window inside an earlier one, after several others,
+    leaves that one whole."""
+    [rule] = parse_rules(RULES)
+    data = Positions(checkpoints={200: 200}, latest={0: (250, 250, 1)},
+                     skipped=((100, 199), (10, 12), (20, 30), (25, 26), (1, 5)))
+    decision = decide(rule, nan(step=250), CLEAN, number=2, data=data)
+    assert isinstance(decision, RollbackDecision)
+    assert decision.plan.skip == ((1, 5), (10, 12), (20, 30), (100, 199), (201, 300))

@@ -93,7 +93,7 @@ def test_5xx_backs_off_exponentially_with_jitter(tmp_path, pd, client):
     assert [r.status for r in pd.requests] == [500, 502, 503, 202]
 
 
-def test_invalid_event_400_is_not_retried(tmp_path, pd, client):
+def test_invalid_event_400_is_not_retried(tmp_path, pd, client, caplog):
     outbox, metrics = make(tmp_path, PagerDutyNotifier("", pd.url), Clock())  # blank key
     put(outbox, "pagerduty", event())
     outbox.deliver_next("pagerduty", client)
@@ -102,6 +102,28 @@ def test_invalid_event_400_is_not_retried(tmp_path, pd, client):
     assert count(metrics, "pagerduty", "failed") == 1
     [row] = outbox.db.query("SELECT state, last_error FROM outbox")
     assert row["state"] == "failed" and "routing_key" in row["last_error"]
+    # A lost page is loud: one ERROR line with the channel, the row, the reason, the error.
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"pagerduty notification 1 NOT DELIVERED (http_400): {row['last_error']}"]
+
+
+def test_prune_forgets_only_what_ended_before_the_cutoff(tmp_path, pd, client):
+    """What went out (or failed) before the cutoff is forgotten; what ended after it, and
+    what is still pending however old, stays and shows on GET /v1/alerts."""
+    clock = Clock()
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    put(outbox, "pagerduty", event(fingerprint="early"))
+    outbox.deliver_next("pagerduty", client)
+    clock.now += 100
+    put(outbox, "pagerduty", event(fingerprint="late"))
+    outbox.deliver_next("pagerduty", client)
+    clock.now += 1  # the Receiver's pace
+    put(outbox, "pagerduty", event(fingerprint="waiting"))
+    outbox.prune(T0 + 50)
+    states = outbox.delivery_states()
+    assert sorted(states) == ["late", "waiting"]
+    assert states["late"]["pagerduty"]["state"] == "sent"
+    assert states["waiting"]["pagerduty"]["state"] == "pending" and outbox.pending == 1
 
 
 def test_timeouts_and_refused_connections_are_retried(tmp_path, pd, client):

@@ -15,10 +15,18 @@ from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
 from monitor_agent.notify.base import Notification
 from monitor_agent.notify.channel_settings import OutboxSettings
-from monitor_agent.notify.fairness import priority, summary_fingerprint, summary_note
+from monitor_agent.notify.fairness import (
+    NewRunBudget,
+    Queued,
+    order_key,
+    priority,
+    summary_fingerprint,
+    summary_note,
+)
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
+from monitor_agent.records import wire
 from tests.notify.sample_events import T0, event
 from tests.receivers import Receiver, Reply
 
@@ -63,6 +71,11 @@ def put(outbox: Outbox, channel: str, *events, source: str | None = None) -> lis
     with outbox.db.tx() as conn:
         return [outbox.enqueue(conn, channel, Notification(e.run_id, (e,), outbox.clock()),
                                outbox.clock(), source=source) for e in events]
+
+
+def summarised(outbox: Outbox, channel: str = "pagerduty") -> float:
+    """monitor_agent_notifications_total{channel, outcome="summarised"}."""
+    return outbox.metrics.notifications.labels(channel=channel, outcome="summarised")._value.get()
 
 
 def drain(outbox: Outbox, channel: str, client: httpx.Client, clock: Clock) -> None:
@@ -188,8 +201,10 @@ def test_the_last_places_are_kept_for_established_runs_pages(tmp_path, pd):
     assert put(outbox, "pagerduty", page("real"), page("real2", "error")) == [True, True]
     assert put(outbox, "pagerduty", page("real3")) == [False]
     states = outbox.delivery_states()
-    assert "kept for pages of established runs" in states["w-8-0"]["pagerduty"]["last_error"]
-    assert states["real3-0"]["pagerduty"]["last_error"].startswith("outbox full (10 pending)")
+    assert states["w-8-0"]["pagerduty"]["last_error"] == (
+        "outbox full (8 pending), max_pending=10; the last 2 places are kept for pages of "
+        "established runs")
+    assert states["real3-0"]["pagerduty"]["last_error"] == "outbox full (10 pending), max_pending=10"
     assert states["real-0"]["pagerduty"]["state"] == "pending"
 
 
@@ -272,3 +287,132 @@ def test_a_summary_says_how_many_runs_which_alerts_and_names_the_first_twenty():
         ("slack", SOURCE, "1"), ("pagerduty", SOURCE, "1"), ("slack", "10.0.0.99", "1"),
         ("slack", SOURCE, "2"))}
     assert len(ids) == 4 and all(len(i) == 24 for i in ids)
+
+
+def test_each_summary_is_an_incident_of_its_own_and_each_source_has_its_own_window(
+        tmp_path, pd, client):
+    """Two sources flood at the same moment: each source's summary is due at once (one
+    source's window does not delay the other's), and each summary, like the next window's
+    of the first source, is its own PagerDuty incident: a shared dedup key would fold them
+    into one page. The summary states the budget it enforces."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  new_run_window_seconds=60)
+    assert put(outbox, "pagerduty", page("a-0"), source=SOURCE) == [True]  # folded: taken
+    put(outbox, "pagerduty", page("b-0"), source="10.0.0.99")
+    assert summarised(outbox) == 2
+    assert outbox.deliver_next("pagerduty", client) == 0.0
+    assert outbox.deliver_next("pagerduty", client) == 0.0  # the other source's: due too
+    assert runs_paged(pd) == [f"new runs from {SOURCE}", "new runs from 10.0.0.99"]
+    put(outbox, "pagerduty", page("a-1"), source=SOURCE)  # the first summary is closed
+    drain(outbox, "pagerduty", client, clock)
+    assert clock.now == T0 + 60  # a window after the source's previous summary
+    keys = [r.json["dedup_key"] for r in pd.requests]
+    assert len(keys) == 3 and len(set(keys)) == 3, keys
+    summaries = [r.json["payload"]["summary"] for r in pd.requests]
+    assert all("sent more than 0 pages in 60 s" in s for s in summaries), summaries
+    assert {r.json["payload"]["class"] for r in pd.requests} == {"new_runs"}
+
+
+def test_a_summary_that_finds_the_outbox_full_is_refused_and_says_so(tmp_path, pd, caplog):
+    """The outbox is full of established runs' pages: a new run's news past the budget
+    opens no summary. The notification is stored failed (its alerts show why, each of
+    them), the caller hears False, and the ERROR line names the channel and the run."""
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), max_pending=2,
+                  new_run_burst=0)
+    assert put(outbox, "pagerduty", page("real-1"), page("real-2")) == [True, True]
+    news = Notification("fake", (page("fake", n=0), page("fake", n=1)), T0)
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", news, T0, source=SOURCE) is False
+    assert outbox.pending == 2
+    states = outbox.delivery_states()
+    for fp in ("fake-0", "fake-1"):
+        assert states[fp]["pagerduty"] == {
+            "state": "failed", "attempts": 0, "done_at": T0,
+            "last_error": "outbox full (2 pending), max_pending=2"}
+    [(body,)] = outbox.db.query("SELECT body FROM outbox WHERE state = 'failed'")
+    kept = Notification.from_dict(wire.loads(body))  # kept, not lost
+    assert (kept.group, [e.fingerprint for e in kept.events]) == ("fake", ["fake-0", "fake-1"])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "outbox full (2 pending), max_pending=2: NOT QUEUED, a pagerduty notification "
+        "for fake"]
+
+
+def test_a_summary_of_twenty_runs_names_them_all_and_of_many_alerts_counts_the_top_five():
+    """Exactly twenty runs: all named, none "more"; seven alert names: the five most
+    frequent counted. The message is dated when it is worded (a webhook's createdAt)."""
+    names = [f"Alert{k}" for k in range(7)]
+    rows = [(f"fake-{i:02d}", names[min(i, 6)], "critical") for i in range(20)]
+    note = summary_note(SOURCE, rows, "id-1", created_at=T0, now=T0 + 7, burst=2,
+                        window=60.0)
+    [e] = note.events
+    assert e.evidence["runs"] == ", ".join(f"fake-{i:02d}" for i in range(20))
+    assert " and 0 more" not in e.summary, e.summary
+    assert e.evidence["alerts"] == "Alert6 x14, Alert0 x1, Alert1 x1, Alert2 x1, Alert3 x1"
+    assert note.created_at == T0 + 7
+
+
+def test_a_sources_budget_is_a_sliding_window_that_many_sources_cannot_break():
+    """A send leaves the budget exactly a window later. 10,000 sources and one more: the
+    budget forgets only sources whose sends all left the window; one that spent its burst
+    within the window still has none."""
+    budget = NewRunBudget(burst=1, window=60.0)
+    assert budget.take("slack", SOURCE, 0.0) is True
+    assert budget.take("slack", SOURCE, 59.0) is False
+    assert budget.take("slack", SOURCE, 60.0) is True  # the send at 0 is out of (0, 60]
+    for i in range(10_000):
+        assert budget.take("slack", f"10.1.{i // 256}.{i % 256}", 100.0)
+    assert budget.take("slack", "10.9.9.9", 130.0) is True  # past 10,000: forgets some
+    assert budget.take("slack", SOURCE, 130.0) is True  # its send at 60 left the window
+    assert budget.take("slack", "10.1.0.0", 130.0) is False  # its send at 100 has not
+
+
+def test_a_message_queued_without_its_run_takes_the_turn_of_the_runless():
+    """Rows queued by an older version carry no run: they share one turn, and a run never
+    served goes before them once one of them went out."""
+    rows = [Queued(1, 0.0, 0, 0.0, "a", 0, None), Queued(2, 0.0, 0, 0.0, "b", 0, "run-b")]
+    assert [r.id for r in sorted(rows, key=lambda r: order_key(r, {"": T0}))] == [2, 1]
+
+
+def test_ten_thousand_made_up_sources_and_one_more_are_each_summarised(tmp_path, pd):
+    """Made-up sources each open a summary; past 10,000 of them the outbox forgets the
+    schedule of those already due, and the next source's summary is queued all the same."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  max_pending=20_000)
+    news = [page(f"fake-{i}") for i in range(10_001)]
+    with outbox.db.tx() as conn:
+        taken = [outbox.enqueue(conn, "pagerduty", Notification(e.run_id, (e,), T0), T0,
+                                source=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+                 for i, e in enumerate(news)]
+    assert all(taken) and outbox.pending == 10_001
+    assert outbox.delivery_states()["fake-10000-0"]["pagerduty"]["summarised"] is True
+
+
+def test_a_message_of_several_alerts_drops_only_the_follow_ups_nobody_heard_of_alone(
+        tmp_path, pd, client):
+    """A new run's first page went out alone, two more were summarised. One message
+    resolving all three sends the first one's resolve only; one resolving only the two
+    summarised is taken and sends nothing (counted as summarised)."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=1)
+    put(outbox, "pagerduty", *[page(f"fake-{i}") for i in range(3)], source=SOURCE)
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == ["fake-0", f"new runs from {SOURCE}"]
+    resolves = [page(f"fake-{i}", status="resolved") for i in range(3)]
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", Notification("fake", tuple(resolves), T0),
+                              T0) is True
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd)[2:] == ["resolve:fake-0-0"]
+    taken = summarised(outbox)
+    with outbox.db.tx() as conn:
+        assert outbox.enqueue(conn, "pagerduty", Notification("fake", tuple(resolves[1:]), T0),
+                              T0) is True
+    assert summarised(outbox) == taken + 1 and outbox.pending == 0
+    # A message about two alerts at once shows on each of them.
+    with outbox.db.tx() as conn:
+        outbox.enqueue(conn, "pagerduty", Notification(
+            "real", (page("real", n=0), page("real", n=1)), T0), T0)
+    states = outbox.delivery_states()
+    assert states["real-0"]["pagerduty"]["state"] == states["real-1"]["pagerduty"]["state"] == "pending"

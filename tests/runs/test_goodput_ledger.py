@@ -359,3 +359,86 @@ def test_a_late_settle_takes_its_own_attempt_s_gap_and_start_up():
     assert gaps == [(2, 5.0), (3, 9.0)]
     assert all(i["detail"]["startup"] > 0 for i in live.incidents)
     _adds_up(live)
+
+
+def test_an_eval_or_save_costs_what_it_says_within_the_time_it_had_and_nothing_unmeasured():
+    """Steps take 1 s (one takes 2). What an eval or a save costs is what its record says,
+    capped by the time it had: since the timeline's latest step (or the run's start), less
+    what the others of that interval took; a record stamped before the latest step (another
+    rank's) had that step's interval. A duration that is missing or not finite is not
+    measured: it costs nothing. An eval before the first step is start-up, as all that
+    time is."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(EvalRecord("r", 0, time=T0 + 0.5, seconds=0.3))  # before step 1: start-up
+    _steps(feed, 1, 10, T0)
+    feed(EvalRecord("r", 10, time=T0 + 10.5, seconds=0.9))  # had 0.5 s: 0.5
+    feed(EvalRecord("r", 10, time=T0 + 10.6, seconds=float("inf")))  # not measured
+    feed(StepRecord("r", 11, time=T0 + 11))
+    feed(CheckpointRecord("r", 11, time=T0 + 11.5, path="/c/11.pt"))  # not measured
+    feed(EvalRecord("r", 11, time=T0 + 12.0, seconds=0.8))  # 0.8
+    feed(EvalRecord("r", 11, time=T0 + 12.2, seconds=0.8))  # 1.2 s less 0.8 taken: 0.4
+    feed(StepRecord("r", 12, time=T0 + 13))
+    feed(CheckpointRecord("r", 12, time=T0 + 13, path="/c/12.pt", seconds=1.0))  # no time: 0
+    feed(StepRecord("r", 13, time=T0 + 14))
+    feed(CheckpointRecord("r", 13, time=T0 + 13.5, path="/c/13.pt", rank=1, seconds=5.0))
+    feed(StepRecord("r", 14, time=T0 + 15))  # rank 1's save held step 14's interval: 1.0
+    r = feed.book.report()
+    assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
+    assert r.badput["checkpoint"] == pytest.approx(1.0)
+    _adds_up(r)
+    # The timeline's clock goes back: what evals claimed in the interval it ended is given
+    # back, all of it, to the cause that claimed it.
+    feed(EvalRecord("r", 14, time=T0 + 15.2, seconds=0.2))
+    feed(EvalRecord("r", 14, time=T0 + 15.5, seconds=0.3))
+    feed(StepRecord("r", 15, time=T0 + 14.5))
+    r = feed.book.report()
+    assert r.badput["eval"] == pytest.approx(0.5 + 0.8 + 0.4)
+    _adds_up(r)
+
+
+def test_the_typical_step_is_the_median_of_the_first_steps_not_the_first_one():
+    """Up at T0, step 1 at T0 + 10; step 2 takes 5 s (a recompile), the next ones 1 s: a
+    typical step is 1 s, so start-up is 9 s and step 2's extra time is productive."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 10))
+    feed(StepRecord("r", 2, time=T0 + 15))
+    _steps(feed, 3, 12, T0 + 15)
+    r = feed.book.report()
+    assert r.badput["startup"] == pytest.approx(9.0)
+    assert r.productive == pytest.approx(1.0 + 5.0 + 10.0)
+    _adds_up(r)
+
+
+def test_the_step_that_ends_a_hang_keeps_only_its_own_typical_time():
+    """Steps take 0.5 s; after step 10 the run hangs until step 11 comes 20 s later: the
+    hang is 19.5 s (from where step 11 should have ended), step 11 is 0.5 s productive."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0, every=0.5)
+    feed(HangRecord("r", 10, time=t + 3.0, stuck_seconds=3.0))
+    feed(StepRecord("r", 11, time=t + 20.0))
+    r = feed.book.report()
+    assert r.badput["hang_undetected"] + r.badput["hang_detected"] == pytest.approx(19.5)
+    assert r.productive == pytest.approx(11 * 0.5)
+    _adds_up(r)
+
+
+def test_a_first_step_without_a_data_wait_is_charged_none_and_one_with_a_wait_alone_its_typical():
+    """Steps take 1 s. The first step reports no data wait, the next ones 0.2 s: the first
+    step's typical wait is not measured, and only the others' waits are input. The other
+    way round (the first step waited 0.2 s, the others report none): a typical step waits
+    nothing, so the first step's wait is start-up, not input."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 1))
+    _steps(feed, 2, 12, T0 + 1, data_time=0.2)
+    assert feed.book.report().badput["input"] == pytest.approx(11 * 0.2)
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    feed(StepRecord("r", 1, time=T0 + 1, data_time=0.2))
+    _steps(feed, 2, 12, T0 + 1)
+    r = feed.book.report()
+    assert r.badput["input"] == 0.0
+    _adds_up(r)
