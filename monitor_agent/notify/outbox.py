@@ -338,6 +338,8 @@ class Outbox:
         row = min(due, key=lambda r: order_key(r, served))
         body = self._seal(row, now) if row.summary == 1 else \
             self.db.query("SELECT body FROM outbox WHERE id = ?", (row.id,))[0][0]
+        if body is None:  # an emptied summary, taken out of the queue: the next row
+            return 0.0
         outcome = self._attempt(channel, body, client)
         self._last_send[channel] = sent = self.clock()
         if len(served) >= 10_000:  # keep the runs served last; the others count as never
@@ -347,13 +349,20 @@ class Outbox:
         self._record(row, channel, outcome, self.clock())
         return 0.0
 
-    def _seal(self, row: Queued, now: float) -> bytes:
+    def _seal(self, row: Queued, now: float) -> bytes | None:
         """A summary's first attempt: worded with every alert folded into it so far, and
-        closed (what comes later opens the next one). The body it is sent with."""
+        closed (what comes later opens the next one). The body it is sent with; None when
+        every alert it held has been told one by one since (``enqueue``: news of an alert
+        takes it out of its summary): nothing is left to say, and the summary is taken out
+        of the queue rather than sent as a page of "0 new runs"."""
         with self.db.tx() as conn:
             folded = conn.execute(
                 "SELECT run_id, alertname, severity FROM outbox_folded WHERE summary_id = ? "
                 "ORDER BY rowid", (row.id,)).fetchall()
+            if not folded:
+                conn.execute("DELETE FROM outbox WHERE id = ?", (row.id,))
+                self._set_pending(self._pending - 1)
+                return None
             note = summary_note(row.source or "unknown", [tuple(r) for r in folded],
                                 row.fingerprints or "", row.created_at, now,
                                 self.budget.burst, self.window)

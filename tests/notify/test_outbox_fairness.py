@@ -416,3 +416,21 @@ def test_a_message_of_several_alerts_drops_only_the_follow_ups_nobody_heard_of_a
             "real", (page("real", n=0), page("real", n=1)), T0), T0)
     states = outbox.delivery_states()
     assert states["real-0"]["pagerduty"]["state"] == states["real-1"]["pagerduty"]["state"] == "pending"
+
+
+def test_a_summary_whose_alerts_were_all_told_one_by_one_since_is_not_sent(
+        tmp_path, pd, client):
+    """A source's next summary holds one alert; before it is due, that alert's news goes
+    out on its own (its run is established now), which takes it out of the summary. At
+    its time the summary has nothing left to say: no empty "0 new runs" page goes out,
+    and nothing stays pending."""
+    clock = Clock()
+    outbox = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, new_run_burst=0,
+                  new_run_window_seconds=60)
+    put(outbox, "pagerduty", page("a-0"), source=SOURCE)
+    assert outbox.deliver_next("pagerduty", client) == 0.0  # the first summary, at once
+    put(outbox, "pagerduty", page("a-1"), source=SOURCE)  # the next one, due in 60 s
+    put(outbox, "pagerduty", page("a-1"))  # its news, told one by one
+    drain(outbox, "pagerduty", client, clock)
+    assert runs_paged(pd) == [f"new runs from {SOURCE}", "a-1"], runs_paged(pd)
+    assert outbox.pending == 0
