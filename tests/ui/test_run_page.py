@@ -599,22 +599,28 @@ def test_a_rolled_back_run_shows_the_fault_it_left_and_what_the_plan_did(browser
         assert loss["max"] >= 6.0 and loss["peak"] is None, loss  # the fault on the scale
         wait(browser, 20).until(lambda d: d.find_elements(
             By.CSS_SELECTOR, "#findings tr.episode.abandoned[data-type='divergence']"))
-        timeline = browser.find_element(By.ID, "timeline").text
+        # The page redraws its tables on every poll: each read looks again when the element
+        # it found was replaced meanwhile (wait: StaleElementReference).
+        def read(fn):
+            return wait(browser, 10).until(lambda d: [fn(d)])[0]
+
+        timeline = read(lambda d: d.find_element(By.ID, "timeline").text)
         assert "divergence at step" in timeline and "(abandoned: rolled back)" in timeline
         assert "No findings so far" not in timeline
-        events = {e.get_attribute("data-type"): e.text
-                  for e in browser.find_elements(By.CSS_SELECTOR, "#timeline .event")}
+        events = read(lambda d: {e.get_attribute("data-type"): e.text
+                                 for e in d.find_elements(By.CSS_SELECTOR, "#timeline .event")})
         assert "(paged)" not in events["loss_spike"], events  # a warning went to chat
         assert "(paged)" in events["divergence"], events
-        [row] = [r for r in browser.find_elements(By.CSS_SELECTOR, "#alerts tr[data-state]")
-                 if "RollbackOnDivergence" in r.text]
+        [row] = read(lambda d: [r.text for r in d.find_elements(
+            By.CSS_SELECTOR, "#alerts tr[data-state]") if "RollbackOnDivergence" in r.text])
         divergence = httpx.get(f"{srv.url}/v1/runs/planned/findings?limit=100").json()
         steps_found = {f["step"] for f in divergence["findings"] if f["type"] == "divergence"}
-        assert any(f"step {s}" in row.text for s in steps_found), row.text
-        verdict = browser.find_element(By.ID, "verdict").text
+        assert any(f"step {s}" in row for s in steps_found), row
+        verdict = read(lambda d: d.find_element(By.ID, "verdict").text)
         assert verdict.startswith("healthy (rolled back once: divergence at step"), verdict
-        assert browser.find_element(By.CSS_SELECTOR, "#attempts tr[data-attempt='2']").text \
-            .startswith("2 rolled back (a rollback plan)")
+        assert read(lambda d: d.find_element(
+            By.CSS_SELECTOR, "#attempts tr[data-attempt='2']").text).startswith(
+            "2 rolled back (a rollback plan)")
         grad = browser.execute_script("return window.runPage.charts.grad.branchPeak")
         assert grad and grad["step"] == 340  # far off the grad scale: clipped, its peak said
         marks = browser.find_elements(By.CSS_SELECTOR, "#chart-loss .ckpt-mark")
