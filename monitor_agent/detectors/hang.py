@@ -15,6 +15,13 @@ doing. This detector gathers those reports and judges the run on the clock (``ti
   live watchdog reports by its limit plus a wake-up (1 s) and the delivery; twice the
   limit is the margin for the rank's own interval being noisier than its median says. So
   silence with no report is a process that can no longer report: killed or crashed.
+  Sooner when its peers have reported (``_waited_on``): a rank at their pace (its own
+  median gives it no longer a limit) has their watchdog's limit, measured, not estimated;
+  and their reports showed how long a report takes to reach this detector. A
+  live rank's report would have come by that limit (plus the peers' spread of limits), as
+  late past it as theirs came (a wake-up at least) and that delay; the margin is
+  ``gone_factor`` x the lateness and the delay, not x the limit (a SIGSTOPped rank under a
+  10 s limit: about 14 s, not 20 s).
 
 One finding per run while hung (``fingerprint: []`` in the rule), first emitted once every
 known rank is hung or gone, or ``hang_settle_seconds`` after the first report unless a
@@ -61,6 +68,8 @@ from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import Window
 from monitor_agent.records.types import Finding, HangRecord, Record, RunRecord, Severity, StepRecord
 
+WAKE_SECONDS = 1.0  # the client's watchdog checks once a second (_watchdog.WAKE_SECONDS)
+
 HUNG = (
     "Read the stuck frame of the odd rank out: it is where the job stopped; the others "
     "wait for it in the collective.",
@@ -103,6 +112,7 @@ class RankHang(Liveness):
     stuck_line: int = 0          # and its line (0: not known)
     called_from: str = ""        # "file:line" of the script's innermost frame below it
     nccl_trace: str = ""
+    seen: float | None = None    # when a tick first saw its report (the sidecar's clock)
 
 
 @dataclass(slots=True)
@@ -145,7 +155,7 @@ class HangDetector(DetectorBase[HangSettings]):
         if not st.saw_hang(rec):
             return  # a report older than a step we already have: it moved on since
         frames = rec.training_frames()
-        st.hang_time = rec.time
+        st.hang_time, st.seen = rec.time, None
         st.stuck_seconds, st.limit_seconds = rec.stuck_seconds, rec.limit_seconds or 0.0
         st.phase, st.nccl_trace = rec.phase, rec.nccl_trace or ""
         st.stuck_in, st.called_from = stuck_frame(frames)
@@ -159,12 +169,16 @@ class HangDetector(DetectorBase[HangSettings]):
         if self.ctx.state.ended or not self.ranks:
             return []
         hung = {r: st for r, st in self.ranks.items() if st.hang_step >= 0}
+        for st in hung.values():
+            if st.seen is None:
+                st.seen = now
         peer_limit = max((st.limit_seconds for st in hung.values()), default=0.0)
         # A run leader that cannot hear a node (its sidecar is away) does not know whether
         # that node's ranks run: unreachable, never "gone" (monitor_agent/cluster).
         unheard = sorted(r for r in self.ranks if r not in hung and r in self.ctx.unreachable)
+        waited = self._waited_on(hung)
         gone = {r: st for r, st in self.ranks.items()
-                if r not in hung and r not in unheard and self._gone(st, now, peer_limit)}
+                if r not in hung and r not in unheard and self._gone(st, now, peer_limit, waited)}
         if not hung and not gone:
             self.run.first_report, self.run.picture = None, []
             return []
@@ -208,10 +222,34 @@ class HangDetector(DetectorBase[HangSettings]):
             return st.last_time
         return max(st.last_time, began)
 
-    def _gone(self, st: RankHang, now: float, peer_limit: float) -> bool:
+    def _waited_on(self, hung: dict[int, RankHang]) -> float | None:
+        """The silence past which a rank at the reporting peers' pace would have reported
+        if alive (module docstring): their largest limit, plus their limits' spread, plus
+        ``gone_factor`` x how late past it they reported (a wake-up at least) and their
+        reports' largest delay. None: no reports."""
+        if not hung:
+            return None
+        limits = [st.limit_seconds for st in hung.values()]
+        if min(limits) <= 0:
+            return None  # a report without its limit: nothing measured
+        # How late past its limit a live watchdog reported (a wake-up at least), and how
+        # long its report took to be seen here: both measured on the peers' reports.
+        late = max(WAKE_SECONDS, *(st.stuck_seconds - st.limit_seconds for st in hung.values()))
+        delay = max(max(0.0, (st.seen or st.hang_time) - st.hang_time) for st in hung.values())
+        after = 2 * max(limits) - min(limits) + self.settings.gone_factor * (late + delay)
+        return after
+
+    def _gone(self, st: RankHang, now: float, peer_limit: float,
+              waited: float | None = None) -> bool:
         last = self._heard(st)
         if last is None:
             return False
+        # At the peers' pace (its own median says no longer a limit than theirs; a rank
+        # slower than they are has a limit of its own, judged below) it has their limit.
+        if waited is not None and now - last > waited:
+            declared = self.expected_limit(st, 0.0)
+            if declared is None or declared <= peer_limit:
+                return True
         # No rank's limit is below the declared floor or the peers' limit: a rank heard
         # within gone_factor x that is not gone, without its median interval (a leader
         # of 16,384 ranks asks every second, for each of them).

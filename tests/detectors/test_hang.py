@@ -113,6 +113,58 @@ def test_a_rank_silent_without_a_report_is_gone_while_its_peers_wait():
     assert "stuck_in" not in f.evidence["ranks"]["3"]
 
 
+def _ticks(suite, start: float, end: float) -> list:
+    """The sidecar's clock: a tick every second from ``start`` to ``end``; what was found."""
+    found, now = [], start
+    while now <= end:
+        found += [(now, f) for f in suite.tick(now)]
+        now += 1.0
+    return found
+
+
+def test_a_frozen_rank_whose_peers_reported_is_gone_at_their_limit_plus_the_delivery():
+    """SIGSTOP of rank 3: its last records (the sender's batch) stop three steps before its
+    peers', who hang in the collective and report at their 30 s limit plus a wake-up. The
+    peers' limit is measured, so rank 3 is judged by it plus gone_factor x (the wake-up +
+    the reports' delay), not at 2 x the limit."""
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(3), 21), *_steps(range(3, 4), 18)])
+    last3 = T0 + 18 * DT
+    assert _ticks(suite, T0 + 21 * DT, T0 + 21 * DT + 30.0) == []   # no reports yet
+    feed(suite, [_hang(r, 21, stuck=30.5) for r in range(3)])
+    found = _ticks(suite, T0 + 21 * DT + 30.6, last3 + 60.0)
+    assert found, "rank 3 is never judged"
+    when, f = found[0]
+    assert f.evidence["gone_ranks"] == [3] and f.evidence["hung_ranks"] == [0, 1, 2]
+    # the reports were seen 0.1 s after they were sent: 30 + 2 x (1 + 0.1) = 32.2 s
+    assert 32.2 < when - last3 < 33.2
+
+
+def test_a_rank_at_the_peers_pace_is_not_gone_before_its_own_report_could_arrive():
+    """Rank 3 stepped with its peers to the step they are stuck after and is alive: its
+    report comes at the same limit a second later, within the margin; never gone."""
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(4), 21)])
+    stuck_from = T0 + 21 * DT
+    feed(suite, [_hang(r, 21, stuck=30.2) for r in range(3)])
+    assert _ticks(suite, stuck_from + 30.3, stuck_from + 31.3) == []
+    feed(suite, [_hang(3, 21, stuck=31.2)])
+    [(_, f)] = _ticks(suite, stuck_from + 32.0, stuck_from + 32.0)
+    assert f.evidence["gone_ranks"] == [] and f.evidence["hung_ranks"] == [0, 1, 2, 3]
+
+
+def test_reports_seen_late_widen_the_margin():
+    """The peers' reports reached the detector 6 s after they were sent (a slow forward):
+    a live rank's would be as late, so rank 3 is judged only past 30 + 2 x (1 + 6) s."""
+    suite = only("hang")
+    feed(suite, [_run(), *_steps(range(4), 21)])
+    stuck_from = T0 + 21 * DT
+    feed(suite, [_hang(r, 21, stuck=30.5) for r in range(3)])
+    found = _ticks(suite, stuck_from + 36.5, stuck_from + 60.0)
+    assert found and found[0][1].evidence["gone_ranks"] == [3]
+    assert found[0][0] - stuck_from > 30 + 2 * (1 + 6.0)
+
+
 def test_a_relaunched_rank_not_heard_yet_is_starting_not_gone():
     """After a restart the other rank's new process may report first: the silent one's
     silence counts from the new attempt's start, not from its old process's last step."""
