@@ -20,8 +20,9 @@ a recovery). The arms:
 - **heal**: the packaged rules: the monitor restarts the job on the hang, every rank
   leaves with exit 75 and torchrun runs the group again from the last clean checkpoint.
 
-Reported per arm: wall time, ETTR (the fault-free run's wall over the arm's, for the same
-steps; and the monitor's own goodput ratio), time to recover (fault to the first step of
+Reported per arm: wall time, ETTR (productive time over wall: the job's steps once each
+at the arm's own median step; the points behind the fault-free run's; the fault-free run's
+wall over the arm's, a stricter reading; and the monitor's own goodput ratio), time to recover (fault to the first step of
 the relaunched job) p50/p99 per fault kind, and after detection (the page, or torchrun's
 own for a crash), person actions, and where each fault's wall goes (detection, decision,
 the ranks leaving, the relaunch's start, imports, rendezvous, DDP, the monitor, the resume
@@ -90,6 +91,7 @@ class Arm:
     person_actions: int = 0
     goodput: float | None = None
     monitor: dict[str, Any] = field(default_factory=dict)
+    productive: float = 0.0  # its steps, each once, at its own median plain step's wall
 
 
 def _steps(out: Path) -> list[tuple[float, int, int]]:
@@ -160,6 +162,7 @@ def run_arm(name: str, args: argparse.Namespace, tmp: Path) -> Arm:
             if a["action"] in ("restart", "exclude"))
     _recoveries(arm, out)
     _breakdown(arm, out, decisions)
+    arm.productive = args.steps * _step_wall(_steps(out))
     return arm
 
 
@@ -346,13 +349,24 @@ def report(arms: list[Arm], args: argparse.Namespace) -> str:
              f"{args.every:.0f} s of training ({', '.join(KINDS)} in turn), collective "
              f"timeout {args.collective_timeout:.0f} s, a person acts {args.response:.0f} s "
              "after the page", "", args.ckpt_why + ".", "",
-             "| arm | exit | wall | ETTR (vs fault-free) | goodput (monitor) | faults | "
-             "person actions |", "|---|---|---|---|---|---|---|"]
+             "ETTR is productive time over wall (the issue's, and Meta's, definition): "
+             "productive, the job's steps once each at the arm's own median plain step "
+             "(saves, start-ups, waits and re-done steps are not productive); `points`: "
+             "the fault-free run's ETTR minus the arm's. `vs fault-free`: the fault-free "
+             "run's wall over the arm's, a stricter reading (it charges the arm the "
+             "fault-free run's own start-up and saves again). `goodput (monitor)`: the "
+             "monitor's own ledger's ratio.", "",
+             "| arm | exit | wall | ETTR | points | vs fault-free | goodput (monitor) | "
+             "faults | person actions |", "|---|---|---|---|---|---|---|---|---|"]
+    base_ettr = base.productive / base.wall if base is not None and base.wall else None
     for arm in arms:
-        ettr = base.wall / arm.wall if base is not None and arm.wall else None
+        ettr = arm.productive / arm.wall if arm.wall else None
+        behind = (f"{(base_ettr - ettr) * 100:.1f}" if base_ettr is not None
+                  and ettr is not None else "-")
+        vs = base.wall / arm.wall if base is not None and arm.wall else None
         lines.append(f"| {arm.name} | {arm.exit_code} | {arm.wall:.0f} s | {_fmt(ettr, '%')} "
-                     f"| {_fmt(arm.goodput, '%')} | {len(arm.faults)} | "
-                     f"{arm.person_actions} |")
+                     f"| {behind} | {_fmt(vs, '%')} | {_fmt(arm.goodput, '%')} | "
+                     f"{len(arm.faults)} | {arm.person_actions} |")
     lines += ["", "| arm | fault | n | time to recover p50 / p99 | after detection p50 / p99 |",
               "|---|---|---|---|---|"]
     for arm in arms:

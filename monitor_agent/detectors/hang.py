@@ -99,7 +99,8 @@ class HangSettings(SharedSettings):
     gone_factor: float = Field(
         default=2.0, gt=1,
         description="A rank silent this many times its watchdog's limit, with no hang "
-                    "report, is a process that is gone.")
+                    "report, is a process that is gone; when its peers reported, this many "
+                    "times their lateness and delivery past their measured limit.")
 
 
 @dataclass(slots=True)
