@@ -14,7 +14,8 @@ sees still-scaled gradients):
   a spread of ratios, and a skip loses training, so the band is wide: at the defaults
   nothing under 4.5x the level is skipped, and 2 of 61,267 recorded healthy steps were).
   One-sided: a small gradient is never a reason to skip. Skipped norms never enter the
-  window, so a burst of spikes cannot widen the band that judges it.
+  window, so a burst of spikes cannot widen the band that judges it; nor do all-zero
+  gradients (taken, but they say nothing of the norm's level).
 
 The window is a ring buffer of ``window`` float32 log-norms on the gradients' device (NaN
 where empty, ``nanmedian`` over it); the write position is a device tensor that advances
@@ -86,8 +87,8 @@ __all__ = ["SKIP_REASONS", "StepGuard", "judge", "level_of", "new_window", "skip
 # The code the device computes, decoded on the host (index = code; 0 = taken).
 SKIP_REASONS = (None, "nonfinite_grad", "grad_norm_outlier", "loss_scale")
 _MAD_TO_SIGMA = 1.4826  # MAD x this = sigma for a normal distribution
-# The least norm whose log enters the window: an all-zero gradient is a real step (and is
-# never an outlier), but log(0) = -inf would drag the median with it.
+# The least norm whose log is judged: an all-zero gradient is a real step and never an
+# outlier (log(0) = -inf would make the comparison NaN-free only by luck).
 _TINY = 1e-30
 
 
@@ -148,10 +149,13 @@ def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: G
             code = torch.where(scaled, torch.full_like(code, 3.0), code)
             skip = skip | scaled
         # Only a taken step's log-norm enters the window: rewrite the slot with itself otherwise.
+        # Not a zero norm's either: half of ``level`` steps of all-zero gradients (a masked
+        # stretch of data) made the level log(1e-30), and every later step an outlier.
+        enters = ~skip & (norm > 0)
         slot = pos.view(1)
-        kept = torch.where(skip, window.index_select(0, slot), log_norm.view(1))
+        kept = torch.where(enters, log_norm.view(1), window.index_select(0, slot))
         window.index_copy_(0, slot, kept)
-        pos.copy_((pos + (~skip).long()) % config.window)
+        pos.copy_((pos + enters.long()) % config.window)
         return skip, code
 
 

@@ -81,16 +81,19 @@ def test_a_small_norm_is_never_a_reason_to_skip():
     assert _code(CONFIG, TREND, 0.0) == TAKEN  # an all-zero gradient is a real step
 
 
-def test_a_zero_norm_does_not_drag_the_level_to_nothing():
-    # Its log enters as log(1e-30), not -inf: the next steady norm is still judged against
-    # a finite band, and a run whose last norms were all zero has a level, not NaN.
-    window, pos = _window(CONFIG, TREND)
-    assert int(judge(window, pos, torch.tensor(0.0), CONFIG)[1]) == TAKEN
-    assert int(judge(window, pos, torch.tensor(math.exp(3.5)), CONFIG)[1]) == TAKEN
-    zeros, zpos = new_window(CONFIG)
-    for _ in range(3):
-        judge(zeros, zpos, torch.tensor(0.0), CONFIG)
-    assert float(level_of(zeros, zpos, CONFIG)) == pytest.approx(1e-30, rel=1e-3)
+def test_steps_of_all_zero_gradients_are_taken_and_leave_the_band_as_it_was():
+    # A masked stretch of data: eight steps whose gradient is all zero, at the defaults,
+    # then the run's own norm again. Before, the zeros entered the window as log(1e-30),
+    # the level fell there, and every later step was skipped as an outlier for good.
+    config = GuardSettings()
+    window, pos = _window(config, [0.0] * 100)
+    level = float(level_of(window, pos, config))
+    zeros = [int(judge(window, pos, torch.tensor(0.0), config)[1]) for _ in range(8)]
+    assert zeros == [TAKEN] * 8
+    assert float(level_of(window, pos, config)) == level
+    after = [int(judge(window, pos, torch.tensor(1.0), config)[1]) for _ in range(20)]
+    assert after == [TAKEN] * 20
+    assert _code(CONFIG, [], 0.0) == TAKEN  # and no history: nothing counts as one
 
 
 def test_nothing_is_an_outlier_until_min_history_norms_are_in():
