@@ -24,9 +24,10 @@ them).
     python -m bench.mutation --module notify/outbox.py --children 1 --keep /tmp/mut-outbox \
         --again   # after adding tests: copy them in, check again what was not killed
 
-``--again`` reuses a kept run whose copy of the module is byte for byte the checkout's
-(otherwise it runs everything again), the rest of the checkout copied afresh: killed mutants
-stay killed when tests are only added.
+``--again`` reuses a kept run whose copy of the module is byte for byte the checkout's and
+whose tests are the module's tests in MODULES (otherwise it runs everything again: mutmut
+maps each function to the tests that reach it once, from the test files it was given), the
+rest of the checkout copied afresh: killed mutants stay killed when tests are only added.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# module (under monitor_agent/) -> the tests that are its own.
+# module -> the tests that are its own. A module is named by its path under monitor_agent/,
+# or, for the client's, by its path in the checkout (client/monitor_client/...).
 MODULES: dict[str, list[str]] = {
     "notify/fairness.py": ["tests/notify/test_outbox_fairness.py", "tests/notify/test_outbox.py"],
     "notify/outbox.py": ["tests/notify/test_outbox.py", "tests/notify/test_outbox_fairness.py",
@@ -57,17 +59,37 @@ MODULES: dict[str, list[str]] = {
     "api/peer.py": ["tests/api/test_peer.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
+    "client/monitor_client/_guard.py": ["tests/client/test_guard.py",
+                                        "tests/client/test_guard_band.py"],
+    "client/monitor_client/_agreement.py": ["tests/client/test_agreement.py",
+                                            "tests/client/test_rollback_plan.py",
+                                            "tests/client/test_control.py"],
 }
-COPIED = ("monitor_agent", "client", "tests", "pyproject.toml")
+CLIENT = "client/monitor_client/"
+# The scratch copy's layout: the client's package at its top, beside monitor_agent, and
+# client/ without it. mutmut names a mutant after its file's path (a file under client/
+# would be "client.monitor_client.x", a module no test imports) and puts only mutants/ on
+# sys.path; and the tests' subprocesses, on PYTHONPATH=client:., then import the mutated
+# package too, not an unmutated copy under client/.
+COPIED = ("monitor_agent", "monitor_client", "client", "tests", "pyproject.toml")
+
+
+def _source(module: str) -> Path:
+    """The module's file in the scratch copy (``monitor_client/_guard.py``)."""
+    if module.startswith(CLIENT):
+        return Path(module).relative_to("client")
+    return Path("monitor_agent") / module
 
 
 def _config(module: str, tests: list[str]) -> str:
+    package = _source(module).parts[0]
+    other = "monitor_client" if package == "monitor_agent" else "monitor_agent"
     return "\n".join([
-        "", "[tool.mutmut]", 'source_paths = ["monitor_agent"]',
-        f'only_mutate = ["monitor_agent/{module}"]',
+        "", "[tool.mutmut]", f"source_paths = [{json.dumps(package)}]",
+        f"only_mutate = [{json.dumps(str(_source(module)))}]",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         'pytest_add_cli_args = ["-n", "0", "-q", "-p", "no:cacheprovider"]',
-        'also_copy = ["client"]', ""])
+        f'also_copy = ["client", {json.dumps(other)}]', ""])
 
 
 def equivalents() -> dict[str, dict[str, str]]:
@@ -77,12 +99,15 @@ def equivalents() -> dict[str, dict[str, str]]:
 
 
 def _copy(work: Path, names: tuple[str, ...]) -> None:
+    """Copy ``names`` of the checkout into ``work``, in COPIED's layout."""
     for name in names:
-        src, dst = REPO / name, work / name
+        src = REPO / (CLIENT.rstrip("/") if name == "monitor_client" else name)
+        dst = work / name
         if src.is_dir():
             shutil.rmtree(dst, ignore_errors=True)
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.egg-info", ".pytest_cache"))
+                "__pycache__", "*.egg-info", ".pytest_cache",
+                *(["monitor_client"] if name == "client" else [])))
         else:
             shutil.copy(src, dst)
 
@@ -91,7 +116,7 @@ def _statuses(work: Path, module: str) -> dict[str, str]:
     """mutant name -> mutmut's status (killed, survived, no tests, timeout, ...)."""
     from mutmut.stats import status_by_exit_code  # a bench's tool: imported when run
 
-    meta = json.loads((work / "mutants" / "monitor_agent" / f"{module}.meta").read_text())
+    meta = json.loads((work / "mutants" / f"{_source(module)}.meta").read_text())
     return {name: status_by_exit_code[code]
             for name, code in meta["exit_code_by_key"].items()}
 
@@ -108,9 +133,12 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
     each mutant's status and the seconds."""
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         work = keep or Path(tmp)
-        src = Path("monitor_agent") / module
-        reuse = again and (work / "mutants" / "monitor_agent" / f"{module}.meta").exists() \
-            and (work / src).read_bytes() == (REPO / src).read_bytes()
+        src = _source(module)
+        checkout = REPO / module if module.startswith(CLIENT) else REPO / src
+        config = (REPO / "pyproject.toml").read_text() + _config(module, tests)
+        reuse = again and (work / "mutants" / f"{src}.meta").exists() \
+            and (work / src).read_bytes() == checkout.read_bytes() \
+            and (work / "pyproject.toml").read_text() == config
         if reuse:  # the rest of the checkout afresh (the module is the same byte for byte)
             _copy(work, tuple(n for n in COPIED if n != "pyproject.toml"))
             todo = [n for n, st in _statuses(work, module).items() if st != "killed"
@@ -120,12 +148,15 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
                 shutil.rmtree(work)
             work.mkdir(parents=True)
             _copy(work, COPIED)
-            with (work / "pyproject.toml").open("a") as f:
-                f.write(_config(module, tests))
+            (work / "pyproject.toml").write_text(config)
             todo = _globs(functions)
         env = {**os.environ, "MONITOR_TEST_TIME_SCALE": os.environ.get(
             "MONITOR_TEST_TIME_SCALE", "3")}
         env.pop("CI", None)  # tests/ci_strict.py: a bench's machine may lack a binary
+        # mutmut forks each mutant's test run from a process that has run the tests: a
+        # torch that had started its OpenMP threads there hangs in the child for good (a
+        # lock held by a thread that was not forked), and the mutant reads as a timeout.
+        env["OMP_NUM_THREADS"] = "1"
         t0 = time.monotonic()
         done = subprocess.run(["mutmut", "run", "--max-children", str(children), *todo],
                               cwd=work, env=env, capture_output=True, text=True)
@@ -142,7 +173,8 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", action="append", choices=sorted(MODULES),
-                    help="a module under monitor_agent/ (repeat; default: all)")
+                    help="a module under monitor_agent/, or client/monitor_client/... "
+                    "(repeat; default: all)")
     ap.add_argument("--children", type=int, default=2, help="parallel test runs")
     ap.add_argument("--survivors", action="store_true",
                     help="list the mutants not killed and not listed as equivalent")
@@ -158,7 +190,7 @@ def main() -> None:
     if (args.keep or args.function) and len(modules) != 1:
         sys.exit("--keep and --function take one --module")
     listed = equivalents()
-    print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} "
+    print(f"{'module':35} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} "
           f"{'no tests':>8} {'equiv':>5} {'score':>6} {'time':>7}")
     for module in modules:
         status, seconds = run(module, MODULES[module], args.children, args.keep, args.again,
@@ -169,7 +201,7 @@ def main() -> None:
         excluded = sum(status.get(name) in ("survived", "timeout") for name in equiv)
         judged = count["killed"] + count["survived"] + count["timeout"] - excluded
         score = count["killed"] / judged if judged else float("nan")
-        print(f"{module:24} {len(status):7d} {count['killed']:6d} {count['survived']:8d} "
+        print(f"{module:35} {len(status):7d} {count['killed']:6d} {count['survived']:8d} "
               f"{count['timeout']:7d} {count['no tests']:8d} {excluded:5d} {score:6.1%} "
               f"{seconds:6.0f}s", flush=True)
         for name in sorted(equiv):

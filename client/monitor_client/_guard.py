@@ -14,7 +14,8 @@ sees still-scaled gradients):
   a spread of ratios, and a skip loses training, so the band is wide: at the defaults
   nothing under 4.5x the level is skipped, and 2 of 61,267 recorded healthy steps were).
   One-sided: a small gradient is never a reason to skip. Skipped norms never enter the
-  window, so a burst of spikes cannot widen the band that judges it.
+  window, so a burst of spikes cannot widen the band that judges it; nor do all-zero
+  gradients (taken, but they say nothing of the norm's level).
 
 The window is a ring buffer of ``window`` float32 log-norms on the gradients' device (NaN
 where empty, ``nanmedian`` over it); the write position is a device tensor that advances
@@ -86,8 +87,8 @@ __all__ = ["SKIP_REASONS", "StepGuard", "judge", "level_of", "new_window", "skip
 # The code the device computes, decoded on the host (index = code; 0 = taken).
 SKIP_REASONS = (None, "nonfinite_grad", "grad_norm_outlier", "loss_scale")
 _MAD_TO_SIGMA = 1.4826  # MAD x this = sigma for a normal distribution
-# The least norm whose log enters the window: an all-zero gradient is a real step (and is
-# never an outlier), but log(0) = -inf would drag the median with it.
+# The least norm whose log is judged: an all-zero gradient is a real step and never an
+# outlier (log(0) = -inf would make the comparison NaN-free only by luck).
 _TINY = 1e-30
 
 
@@ -109,7 +110,6 @@ def level_of(window: torch.Tensor, pos: torch.Tensor, config: GuardSettings) -> 
     return torch.exp(torch.nanmedian(ordered[ordered.shape[0] - config.level:]))
 
 
-@torch.no_grad()
 def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: GuardSettings,
           scaler_inf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Whether to skip the step whose global gradient norm is ``norm`` (a 0-d tensor), and
@@ -130,27 +130,33 @@ def judge(window: torch.Tensor, pos: torch.Tensor, norm: torch.Tensor, config: G
         >>> codes   # 4x the level is inside the band, 6x is not, NaN never is
         [0, 0, 0, 0, 0, 2, 1]
     """
-    ordered = _oldest_first(window, pos)
-    level = torch.nanmedian(ordered[ordered.shape[0] - config.level:])
-    steps = ordered[1:] - ordered[:-1]  # NaN where either slot is still empty
-    spread = torch.nanmedian((steps - torch.nanmedian(steps)).abs())
-    sigma = torch.clamp(_MAD_TO_SIGMA / math.sqrt(2.0) * spread, min=config.floor)
-    count = (~torch.isnan(window)).sum()
-    nonfinite = ~torch.isfinite(norm)
-    log_norm = torch.log(torch.clamp(norm, min=_TINY))
-    outlier = (count >= config.min_history) & (log_norm > level + config.k * sigma)
-    skip = nonfinite | outlier
-    code = torch.where(nonfinite, 1, torch.where(outlier, 2, 0)).to(torch.float32)
-    if scaler_inf is not None:  # the scaler's overflow is the reason, whatever ours says
-        scaled = scaler_inf.to(norm.device) > 0
-        code = torch.where(scaled, torch.full_like(code, 3.0), code)
-        skip = skip | scaled
-    # Only a taken step's log-norm enters the window: rewrite the slot with itself otherwise.
-    slot = pos.view(1)
-    kept = torch.where(skip, window.index_select(0, slot), log_norm.view(1))
-    window.index_copy_(0, slot, kept)
-    pos.copy_((pos + (~skip).long()) % config.window)
-    return skip, code
+    # A with block, not the decorator: mutmut (bench/mutation.py) mutates no decorated
+    # function, and this is the decision its score is to measure.
+    with torch.no_grad():
+        ordered = _oldest_first(window, pos)
+        level = torch.nanmedian(ordered[ordered.shape[0] - config.level:])
+        steps = ordered[1:] - ordered[:-1]  # NaN where either slot is still empty
+        spread = torch.nanmedian((steps - torch.nanmedian(steps)).abs())
+        sigma = torch.clamp(_MAD_TO_SIGMA / math.sqrt(2.0) * spread, min=config.floor)
+        count = (~torch.isnan(window)).sum()
+        nonfinite = ~torch.isfinite(norm)
+        log_norm = torch.log(torch.clamp(norm, min=_TINY))
+        outlier = (count >= config.min_history) & (log_norm > level + config.k * sigma)
+        skip = nonfinite | outlier
+        code = torch.where(nonfinite, 1, torch.where(outlier, 2, 0)).to(torch.float32)
+        if scaler_inf is not None:  # the scaler's overflow is the reason, whatever ours says
+            scaled = scaler_inf.to(norm.device) > 0
+            code = torch.where(scaled, torch.full_like(code, 3.0), code)
+            skip = skip | scaled
+        # Only a taken step's log-norm enters the window: rewrite the slot with itself otherwise.
+        # Not a zero norm's either: half of ``level`` steps of all-zero gradients (a masked
+        # stretch of data) made the level log(1e-30), and every later step an outlier.
+        enters = ~skip & (norm > 0)
+        slot = pos.view(1)
+        kept = torch.where(enters, log_norm.view(1), window.index_select(0, slot))
+        window.index_copy_(0, slot, kept)
+        pos.copy_((pos + enters.long()) % config.window)
+        return skip, code
 
 
 def skip_reason(code: float | None) -> str | None:
@@ -201,31 +207,31 @@ class StepGuard:
             pack.add("skip_code", self._code)
             self._code = None
 
-    @torch.no_grad()
     def before_step(self) -> None:
-        norm = getattr(self.stats, "last_grad_norm", None)
-        if norm is None:
-            return  # no gradient at all: nothing to judge
-        opt = self.optimizer
-        scale = getattr(opt, "grad_scale", None)  # a fused step under GradScaler: scaled
-        norm = norm.float() if scale is None else norm.float() / scale.to(norm.device)
-        scaler_inf = getattr(opt, "found_inf", None)
-        skip, code = self._decide(norm, scaler_inf)
-        self._code = code
-        if self.fused and self._stepped_once:
-            self._had_found_inf = hasattr(opt, "found_inf")
-            self._scaler_found_inf = scaler_inf
-            flag = skip.float()
-            if scaler_inf is not None:
-                flag = (flag + scaler_inf.to(flag.device)).clamp(max=1.0)
-            opt.found_inf = flag  # type: ignore[attr-defined]
-            self._flag_set = True
-        elif bool(skip):  # non-fused: one host read (free on CPU, a sync on CUDA)
-            self._held = [(p, p.grad) for p in self.stats.params]
-            for p, _ in self._held:
-                p.grad = None
-        else:
-            self._stepped_once = True
+        with torch.no_grad():  # not the decorator: see judge
+            norm = getattr(self.stats, "last_grad_norm", None)
+            if norm is None:
+                return  # no gradient at all: nothing to judge
+            opt = self.optimizer
+            scale = getattr(opt, "grad_scale", None)  # a fused step under GradScaler: scaled
+            norm = norm.float() if scale is None else norm.float() / scale.to(norm.device)
+            scaler_inf = getattr(opt, "found_inf", None)
+            skip, code = self._decide(norm, scaler_inf)
+            self._code = code
+            if self.fused and self._stepped_once:
+                self._had_found_inf = hasattr(opt, "found_inf")
+                self._scaler_found_inf = scaler_inf
+                flag = skip.float()
+                if scaler_inf is not None:
+                    flag = (flag + scaler_inf.to(flag.device)).clamp(max=1.0)
+                opt.found_inf = flag  # type: ignore[attr-defined]
+                self._flag_set = True
+            elif bool(skip):  # non-fused: one host read (free on CPU, a sync on CUDA)
+                self._held = [(p, p.grad) for p in self.stats.params]
+                for p, _ in self._held:
+                    p.grad = None
+            else:
+                self._stepped_once = True
 
     def after_step(self) -> None:
         opt = self.optimizer
