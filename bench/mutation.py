@@ -55,6 +55,8 @@ MODULES: dict[str, list[str]] = {
                              "tests/api/test_rollback_refused.py",
                              "tests/api/test_rollback_revision.py"],
     "api/peer.py": ["tests/api/test_peer.py"],
+    "alerting/restart.py": ["tests/alerting/test_restart_decide.py",
+                            "tests/alerting/test_restart_pages.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
 }
