@@ -57,6 +57,10 @@ MODULES: dict[str, list[str]] = {
     "api/peer.py": ["tests/api/test_peer.py"],
     "alerting/restart.py": ["tests/alerting/test_restart_decide.py",
                             "tests/alerting/test_restart_pages.py"],
+    "alerting/rule_actions.py": ["tests/alerting/test_alerting_actions.py",
+                                 "tests/alerting/test_rollback.py",
+                                 "tests/alerting/test_restart_decide.py",
+                                 "tests/alerting/test_restart_actions.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
 }
