@@ -61,10 +61,14 @@ MODULES: dict[str, list[str]] = {
                                  "tests/alerting/test_rollback.py",
                                  "tests/alerting/test_restart_decide.py",
                                  "tests/alerting/test_restart_actions.py"],
+    "cluster/drain.py": ["tests/cluster/test_drain.py", "tests/deploy/test_kubernetes_healing.py",
+                         "tests/cluster/test_restart_placement.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
 }
-COPIED = ("monitor_agent", "client", "tests", "pyproject.toml")
+# deploy/: what tests/deploy reads (cluster/drain.py's state file, read by the Node Problem
+# Detector plugin there).
+COPIED = ("monitor_agent", "client", "tests", "deploy", "pyproject.toml")
 
 
 def _config(module: str, tests: list[str]) -> str:
@@ -73,7 +77,7 @@ def _config(module: str, tests: list[str]) -> str:
         f'only_mutate = ["monitor_agent/{module}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         'pytest_add_cli_args = ["-n", "0", "-q", "-p", "no:cacheprovider"]',
-        'also_copy = ["client"]', ""])
+        'also_copy = ["client", "deploy"]', ""])
 
 
 def equivalents() -> dict[str, dict[str, str]]:
