@@ -57,6 +57,14 @@ MODULES: dict[str, list[str]] = {
                              "tests/api/test_rollback_refused.py",
                              "tests/api/test_rollback_revision.py"],
     "api/peer.py": ["tests/api/test_peer.py"],
+    "alerting/restart.py": ["tests/alerting/test_restart_decide.py",
+                            "tests/alerting/test_restart_pages.py"],
+    "alerting/rule_actions.py": ["tests/alerting/test_alerting_actions.py",
+                                 "tests/alerting/test_rollback.py",
+                                 "tests/alerting/test_restart_decide.py",
+                                 "tests/alerting/test_restart_actions.py"],
+    "cluster/drain.py": ["tests/cluster/test_drain.py", "tests/deploy/test_kubernetes_healing.py",
+                         "tests/cluster/test_restart_placement.py"],
     "runs/goodput.py": ["tests/runs/test_goodput_ledger.py", "tests/runs/test_goodput_causes.py",
                         "tests/runs/test_ettr.py", "tests/api/test_goodput.py"],
     "client/monitor_client/_guard.py": ["tests/client/test_guard.py",
@@ -71,7 +79,9 @@ CLIENT = "client/monitor_client/"
 # would be "client.monitor_client.x", a module no test imports) and puts only mutants/ on
 # sys.path; and the tests' subprocesses, on PYTHONPATH=client:., then import the mutated
 # package too, not an unmutated copy under client/.
-COPIED = ("monitor_agent", "monitor_client", "client", "tests", "pyproject.toml")
+# deploy/: what tests/deploy reads (cluster/drain.py's state file, read by the Node Problem
+# Detector plugin there).
+COPIED = ("monitor_agent", "monitor_client", "client", "tests", "deploy", "pyproject.toml")
 
 
 def _source(module: str) -> Path:
@@ -89,7 +99,7 @@ def _config(module: str, tests: list[str]) -> str:
         f"only_mutate = [{json.dumps(str(_source(module)))}]",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         'pytest_add_cli_args = ["-n", "0", "-q", "-p", "no:cacheprovider"]',
-        f'also_copy = ["client", {json.dumps(other)}]', ""])
+        f'also_copy = ["client", "deploy", {json.dumps(other)}]', ""])
 
 
 def equivalents() -> dict[str, dict[str, str]]:

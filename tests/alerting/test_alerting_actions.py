@@ -143,3 +143,17 @@ def test_the_default_rules_heal_hardware_faults_only_and_show_how_to_stop_on_rep
     enabled = re.sub(r"(?m)^  # (- name: StopOnRepeatedNaN|  \S.*)$", r"  \1", text)
     first = parse_rules(enabled)[0]
     assert (first.name, first.action, first.action_after) == ("StopOnRepeatedNaN", "stop", 2)
+
+
+def test_a_stop_the_trainer_never_honoured_says_so_when_the_run_ends_otherwise(
+        acting: Harness):
+    """Its loop never asked ``should_stop()``: the run went on and ended ``completed``.
+    The stop stays unhonoured, and its alert says where the run went instead."""
+    [stop] = _handle(acting, nan(step=10), nan(step=11))
+    acting.alerting.run_ended("r1", "completed", acting.clock.advance(1), step=90)
+    told = ("stop requested at step 11 by rule StopOnRepeatedNaN, not honoured: the run went "
+            "on to step 90 and ended completed")
+    [action] = acting.alerting.actions_for_run("r1")
+    assert (action.id, action.honoured_step, action.message) == (stop["id"], None, told)
+    [alert] = acting.alerting.list_alerts(run_id="r1")
+    assert alert.action == told

@@ -337,3 +337,27 @@ def test_windows_one_position_apart_stay_apart_and_a_window_inside_another_is_ab
     decision = decide(rule, nan(step=250), CLEAN, number=2, data=data)
     assert isinstance(decision, RollbackDecision)
     assert decision.plan.skip == ((1, 5), (10, 12), (20, 30), (100, 199), (201, 300))
+
+
+def test_a_rollback_keeps_skipping_the_windows_the_run_skips_already_and_says_how(
+        rolling: Harness):
+    """The run's record says a sampler leaves windows out, and an applied rollback skips
+    150-160 already: the new plan skips both, in positions, and names the sampler."""
+    run = RunContext("r1", clean_checkpoints=CLEAN, checkpoint_line=LINE,
+                     checkpoint_positions={100: 100, 200: 200}, data={0: (250, 250, 1)},
+                     skipped=((150, 160),), skipped_unit="positions", skips_by="sampler",
+                     rank_steps={0: 250}, checkpoint_ranks=(0,))
+    [decided] = _wire(rolling.alerting.handle(run, [nan(step=250)], rolling.clock()))
+    assert (decided["plan"]["skip"], decided["plan"]["positions"],
+            decided["plan"]["skips_by"]) == ([[150, 160], [201, 300]], "positions", "sampler")
+
+
+def test_a_fault_back_after_the_resume_on_an_alert_still_open_decides_again(
+        rolling: Harness):
+    """Rank 1's alert is about step 190, which the resume keeps: it stays open, and the
+    NaN it sees again after the resume is a new fault of its episode, decided anew."""
+    [first] = _handle(rolling, nan(step=250, rank=0))
+    assert _handle(rolling, nan(step=190, rank=1)) == []  # decided already
+    rolling.alerting.attempt_settled("r1", first["plan"]["skip_from"], rolling.clock())
+    [again] = _handle(rolling, nan(step=240, rank=1))
+    assert (again["action"], again["plan"]["number"]) == ("rollback", 2)
