@@ -63,20 +63,31 @@ def test_run_page_draws_every_chart_and_marks_every_finding(browser, fed, shots:
         assert drawn[chart]["shown"], f"{chart} is not shown"
         assert drawn[chart]["colours"] >= 3, f"{chart} drew nothing: {drawn[chart]}"
     detail = fed.get(f"/v1/runs/{fed.run_id}")
-    shown = browser.find_element(By.ID, "latest-loss")
-    assert float(shown.get_attribute("data-value")) == detail["ranks"]["0"]["latest"]["loss"]
-    assert float(shown.text) == pytest.approx(detail["ranks"]["0"]["latest"]["loss"], rel=1e-4)
+    def latest(d):  # read again when the page's poll replaced the element meanwhile
+        shown = d.find_element(By.ID, "latest-loss")
+        return shown.get_attribute("data-value"), shown.text
+
+    value, text = wait(browser, 10).until(latest)
+    assert float(value) == detail["ranks"]["0"]["latest"]["loss"]
+    assert float(text) == pytest.approx(detail["ranks"]["0"]["latest"]["loss"], rel=1e-4)
     findings = fed.get(f"/v1/runs/{fed.run_id}/findings?limit=10000")["findings"]
     assert findings, "the trace should have produced findings"
-    markers = browser.find_elements(By.CSS_SELECTOR, "#charts .marker")
-    assert len(markers) == len(findings)
-    assert sorted(int(m.get_attribute("data-step")) for m in markers) == sorted(
-        f["step"] for f in findings)
-    ranks = browser.find_elements(By.CSS_SELECTOR, "#rank option")
-    assert [o.text for o in ranks] == ["0", "1"]
-    verdict = browser.find_element(By.ID, "verdict")  # in the header, beside the status
-    assert verdict.text == detail["verdict"]["words"]
-    assert "verdict-" + detail["verdict"]["state"] in verdict.get_attribute("class")
+    def marked(d):
+        return sorted(int(m.get_attribute("data-step"))
+                      for m in d.find_elements(By.CSS_SELECTOR, "#charts .marker"))
+
+    assert wait(browser, 10).until(marked) == sorted(f["step"] for f in findings)
+    ranks = wait(browser, 10).until(
+        lambda d: [o.text for o in d.find_elements(By.CSS_SELECTOR, "#rank option")])
+    assert ranks == ["0", "1"]
+
+    def verdict(d):  # in the header, beside the status
+        shown = d.find_element(By.ID, "verdict")
+        return shown.text, shown.get_attribute("class")
+
+    words, classes = wait(browser, 10).until(verdict)
+    assert words == detail["verdict"]["words"]
+    assert "verdict-" + detail["verdict"]["state"] in classes
     browser.save_screenshot(str(shots / "run.png"))
 
 
