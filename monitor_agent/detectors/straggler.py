@@ -8,21 +8,27 @@ splits (the client measures it, ``_timings.py``): its own time (``data_time`` +
 ``compute_time``, else ``step_time - sync_wait_time``) is long, and it is the one rank that
 does NOT wait in the all-reduce while the others do. Each rank's median over
 ``straggler_window`` steps is compared with the median of the other ranks' medians; a rank
-whose own time is ``straggler_ratio`` x theirs is the straggler, and the larger of its extra
-data time and extra compute time names the cause. A rank whose own work is as fast as the
-others' but which the others wait for in the all-reduce - their ``sync_wait_time`` above
-its own by ``straggler_ratio - 1`` x their own work or more - is late to the collective for
-reasons outside its data and compute (its link, its NIC, a host stall between its
-measured parts): that is the third cause, ``collective``. It names the rank that is late,
-the one that waits LEAST: with equal own work, the rank that waits longest is the one that
-arrived first. A rank slow in
-its own compute whose GPU throttles (the NVML throttle reasons in the record's ``gpu``
-object) while most other ranks' GPUs do not is a straggler with that cause, ``gpu_throttle``.
+whose own time is ``straggler_ratio`` x theirs is the straggler. So is a rank whose own
+work is as fast as the others' but which the others wait for in the all-reduce - their
+``sync_wait_time`` above its own by ``straggler_ratio - 1`` x their own work or more: it is
+late to the collective for reasons outside its data and compute (its link, its NIC, a host
+stall between its measured parts). That names the rank that is late, the one that waits
+LEAST: with equal own work, the rank that waits longest is the one that arrived first.
+
+The cause is where its extra time goes: in every step the others' wait for it is its extra
+data + its extra compute + its extra time outside both (``collective``), and the largest of
+the three over the window's means names it (``cause_of``; means, because medians do not add
+up: a slow loader's tight data times move their median later than the others' widely
+spread waits move theirs, and a split of medians reads that wait as unexplained, late to
+the collective, for half a window). A rank slow in its own compute whose GPU throttles
+(the NVML throttle reasons in the record's ``gpu`` object) while most other ranks' GPUs do
+not is a straggler with that cause, ``gpu_throttle``.
 Where only ``data_time`` splits the step (a CUDA run: the client sends no compute or wait
 there, its host timestamps being launch times), the others' own time is their step less
 the straggler's extra loading, which they spend waiting for it; the same ratio applies.
-Causes are named in one section of this module ("the cause"): ``judge`` on the medians of
-one rank (or of one node's ranks) and of the rest, ``Throttles`` for a GPU that throttles.
+Causes are named in one section of this module ("the cause"): ``judge`` on the medians and
+means of one rank (or of one node's ranks) and of the rest, ``Throttles`` for a GPU that
+throttles.
 
 **A whole node slow.** Ranks carry their host (the run record's ``node``/``hostname``
 label). When every rank of one host (two or more) is ``straggler_ratio`` x slower than the
@@ -96,6 +102,7 @@ from pydantic import Field
 
 from monitor_agent.detectors.support.common import DetectorBase
 from monitor_agent.detectors.support.context import DetectorContext
+from monitor_agent.detectors.support.extra_time import largest, split_extra
 from monitor_agent.detectors.support.own_time import own_time
 from monitor_agent.detectors.support.shared_settings import SharedSettings
 from monitor_agent.detectors.support.stats import MAD_TO_SIGMA, Window, finite, sorted_median
@@ -204,20 +211,24 @@ class Slowness:
     cause: str    # a key of SUGGESTIONS
 
 
-def judge(mine: Times, theirs: Times, threshold: float,
-          floor: float = 0.0) -> Slowness | None:
-    """Whether ``mine`` is a straggler against ``theirs`` and why; None when it is not.
+def judge(mine: Times, theirs: Times, threshold: float, floor: float = 0.0,
+          means: tuple[Times, Times] | None = None) -> Slowness | None:
+    """Whether ``mine`` is a straggler against ``theirs`` (window medians) and why; None
+    when it is not.
 
     Its own time ``threshold`` x theirs (or, when only ``data_time`` splits the step, its
-    step over theirs less its extra loading): the cause is the larger of its extra data
-    time and its extra compute time. Else, the others wait for it in the all-reduce: their
-    wait above its own by ``threshold - 1`` x their own work or more, their step stretched
-    ``threshold`` x by it (``_late_to_collective``): late to the collective itself. Never
-    the rank that waits most: with equal own work that is the one that arrived first.
+    step over theirs less its extra loading). Else, the others wait for it in the
+    all-reduce: their wait above its own by ``threshold - 1`` x their own work or more,
+    their step stretched ``threshold`` x by it (``_late_to_collective``). Never the rank
+    that waits most: with equal own work that is the one that arrived first. Either way
+    the extra must be at least ``floor`` seconds a step (``floor_of``): a fraction of the
+    run's own step and more than its measured timing noise, never a fixed number of
+    milliseconds.
 
-    Either way the extra must be at least ``floor`` seconds a step (``floor_of``): a
-    fraction of the run's own step and more than its measured timing noise, never a fixed
-    number of milliseconds.
+    The cause is the largest part of its extra time (``cause_of``): its extra data, its
+    extra compute, or the others' wait for it that neither explains (late to the
+    collective itself), split on ``means`` (the same windows' means: its, theirs) where
+    given, else on the medians.
 
         >>> theirs = Times(own=0.06, data=0.01, compute=0.05, wait=0.26, step=0.32)
         >>> judge(Times(0.31, 0.01, 0.3, 0.01, 0.32), theirs, 1.5)
@@ -232,12 +243,27 @@ def judge(mine: Times, theirs: Times, threshold: float,
     ratio = mine.own / theirs.own
     if ratio < threshold:
         ratio = max(ratio, _data_only_ratio(mine, theirs))
-    if ratio >= threshold and _extra(mine, theirs) >= floor:
-        return Slowness(ratio, _own_cause(mine, theirs))
-    late = _late_to_collective(mine, theirs, threshold)
-    if late is not None and theirs.wait - mine.wait >= floor:
-        return Slowness(late, "collective")
-    return None
+    if not (ratio >= threshold and _extra(mine, theirs) >= floor):
+        late = _late_to_collective(mine, theirs, threshold)
+        if late is None or not theirs.wait - mine.wait >= floor:
+            return None
+        ratio = late
+    return Slowness(ratio, cause_of(*(means or (mine, theirs))))
+
+
+def cause_of(mine: Times, theirs: Times) -> str:
+    """The largest part of its extra time a step (``split_extra``): its extra data, its
+    extra compute, or the part of the others' wait for it that neither explains.
+
+    Split means, not medians: the others' wait for it is exactly its extra data + extra
+    compute + extra time outside both in every step, so in the sum of any steps too, and a
+    mean is a sum; medians do not add up. In the first window after a loader slows by one
+    step a batch, the median of its tight data times moves only once half the window is
+    slow, while the median of the others' widely spread waits moves a step at a time: a
+    split of medians reads the extra wait as unexplained, "late to the collective", for
+    those steps. Its means split it the way the goodput ledger charges it."""
+    return largest(split_extra(theirs.wait - mine.wait, mine.data - theirs.data,
+                               mine.compute - theirs.compute))
 
 
 def floor_of(theirs: Times, spread: float, fraction: float, sigmas: float) -> float:
@@ -275,13 +301,6 @@ def _extra(mine: Times, theirs: Times) -> float:
     if finite(mine.compute) or finite(mine.wait) or not finite(mine.data - theirs.data):
         return extra
     return max(extra, mine.data - theirs.data)
-
-
-def _own_cause(mine: Times, theirs: Times) -> str:
-    """Slow in its own work: the larger extra of data loading and compute names it."""
-    extra_data = mine.data - theirs.data if finite(mine.data) else -math.inf
-    extra_compute = mine.compute - theirs.compute if finite(mine.compute) else -math.inf
-    return "data" if extra_data > extra_compute else "compute"
 
 
 def _data_only_ratio(mine: Times, theirs: Times) -> float:
@@ -326,21 +345,25 @@ def _maybe_slow(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
     return own | late | data_only
 
 
-def _message(who: str, others: str, cause: str, mine: Times, theirs: Times) -> str:
+def _message(who: str, others: str, cause: str, mine: Times, theirs: Times,
+             over: int | None = None) -> str:
     """``who``: "rank 2 is the straggler", "node gpu-3 (ranks 24-31) is slow as a whole";
-    ``others``: "the other ranks", "the other nodes"."""
+    ``others``: "the other ranks", "the other nodes"; ``over``: the times are means over
+    that many steps (else medians: what a typical step takes)."""
     head = f"{who}: "
+    takes, waits = ("averages", "wait on average") if over else ("takes", "wait")
+    mean = f" over the last {over} steps" if over else ""
     if cause == "collective":
-        return (head + f"it is late to the gradient all-reduce: {others} wait "
+        return (head + f"it is late to the gradient all-reduce: {others} {waits} "
                 f"{_ms(theirs.wait)} there for it vs {_ms(mine.wait)} it waits, while its "
-                f"own work takes {_ms(mine.own)} vs {_ms(theirs.own)} (its time goes outside "
-                f"its data and compute: its link, or its host)")
+                f"own work {takes} {_ms(mine.own)} vs {_ms(theirs.own)}{mean} (its time goes "
+                f"outside its data and compute: its link, or its host)")
     part = "data loading" if cause == "data" else "own compute"
     value, their = (mine.data, theirs.data) if cause == "data" else (mine.compute, theirs.compute)
     if finite(value) and finite(their):
-        body = f"its {part} takes {_ms(value)} vs {_ms(their)} on {others}"
+        body = f"its {part} {takes} {_ms(value)} vs {_ms(their)} on {others}{mean}"
     else:  # compute_time and sync_wait_time unreported: only its own time as a whole
-        body = f"its own work takes {_ms(mine.own)} vs {_ms(theirs.own)} on {others}"
+        body = f"its own work {takes} {_ms(mine.own)} vs {_ms(theirs.own)} on {others}{mean}"
     if finite(mine.wait) and finite(theirs.wait) and theirs.wait > mine.wait:
         body += (" (their extra time is waiting for it in the all-reduce: "
                  f"{_ms(theirs.wait - mine.wait)})")
@@ -453,6 +476,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
         med = {q: _row_medians(np.stack([getattr(self.ranks[r], q).buf for r in full]))
                for q in QUANTITIES}
         spread = _spreads([self.ranks[r] for r in full])
+        means = _Means([self.ranks[r] for r in full])
         threshold = self.settings.straggler_ratio
         hosts = {r: self.ctx.rank(r).host for r in self.ranks}
         out: list[Finding] = []
@@ -465,8 +489,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                                                      for r in full])))
             return throttles[0].cause(np.array(rows), np.array(others, dtype=np.intp))
 
-        for host, ranks, verdict, mine, theirs, since in self._slow_nodes(full, index, med,
-                                                                           spread, hosts):
+        for host, ranks, verdict, mine, theirs, split, since in self._slow_nodes(
+                full, index, med, spread, hosts, means):
             first = ranks[0]
             named.update(ranks)
             if not any(r in fresh for r in ranks):
@@ -477,7 +501,7 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                 why = throttle(rows, [i for i in range(len(full)) if i not in set(rows)]) \
                     if verdict.cause == "compute" else None
                 out.append(self._finding(
-                    first, step, time, verdict, mine, theirs, len(full), hosts,
+                    first, step, time, verdict, mine, theirs, split, len(full), hosts,
                     who=f"node {host} ({_span(ranks)}) is slow as a whole" + (
                         f" since step {since}" if since is not None else ""),
                     others="the other nodes", node=ranks, throttle=why))
@@ -489,24 +513,28 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             if i is None or r in named or not maybe[i]:
                 continue
             mine, theirs = _times(med, i), _times(loo, i)
-            found = judge(mine, theirs, threshold, self._floor(theirs, float(others_spread[i])))
+            split = means.rank(i)
+            found = judge(mine, theirs, threshold, self._floor(theirs, float(others_spread[i])),
+                          split)
             step, time = fresh[r]
             if found is None or not self.repeat.due(f"{r}/", step,
                                                     self.settings.repeat_every_steps):
                 continue
             why = throttle([i], [k for k in range(len(full)) if k != i]) \
                 if found.cause == "compute" else None
-            out.append(self._finding(r, step, time, found, mine, theirs, len(full), hosts,
-                                     who=f"rank {r} is the straggler", others="the other ranks",
-                                     throttle=why))
+            out.append(self._finding(r, step, time, found, mine, theirs, split, len(full),
+                                     hosts, who=f"rank {r} is the straggler",
+                                     others="the other ranks", throttle=why))
         return out
 
     def _slow_nodes(self, full: list[int], index: dict[int, int], med: dict[str, np.ndarray],
-                    spread: np.ndarray, hosts: dict[int, str | None]
-                    ) -> list[tuple[str, list[int], Slowness, Times, Times, int | None]]:
+                    spread: np.ndarray, hosts: dict[int, str | None], means: _Means
+                    ) -> list[tuple[str, list[int], Slowness, Times, Times,
+                                    tuple[Times, Times], int | None]]:
         """Hosts (of two or more ranks, all with a full window) every rank of which is a
         straggler against the median of the ranks on the other hosts: (host, its ranks,
-        the verdict on its ranks' medians, those medians, the others')."""
+        the verdict on its ranks' medians, those medians, the others', the same of the
+        means, the judgement it has been slow since when below the ratio)."""
         by_host: dict[str, list[int]] = {}
         for r in sorted(self.ranks):
             by_host.setdefault(hosts[r] or "", []).append(r)
@@ -530,7 +558,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                           for q in QUANTITIES}
         mild = 1.0 + self.settings.straggler_min_extra_fraction
         maybe = _maybe_slow(med, theirs_by_rank, mild)
-        out: list[tuple[str, list[int], Slowness, Times, Times, int | None]] = []
+        out: list[tuple[str, list[int], Slowness, Times, Times, tuple[Times, Times],
+                        int | None]] = []
         for g, (host, ranks) in enumerate(named):
             rows = groups[g]
             if not maybe[rows].all():
@@ -540,21 +569,25 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
             floor = self._floor(theirs, float(rest_spread[g]))
             mine = Times(*(_finite_median(med[q][rows]) for q in QUANTITIES))
             verdicts = [judge(_times(med, i), theirs, threshold, floor) for i in rows]
+            split = means.node(groups, g)
             if all(verdicts):
-                verdict = judge(mine, theirs, threshold, floor) or verdicts[0]
-                assert verdict is not None
-                out.append((host, ranks, verdict, mine, theirs, None))
+                verdict = judge(mine, theirs, threshold, floor, split) or judge(
+                    _times(med, rows[0]), theirs, threshold, floor, split)
+                assert verdict is not None  # as its first rank's
+                out.append((host, ranks, verdict, mine, theirs, split, None))
                 continue
             # Fail-slow: every rank of the node past the floor at a lower ratio, held for
             # a whole window after the window first showed it (``_sustained``).
             mild_verdicts = [judge(_times(med, i), theirs, mild, floor) for i in rows]
-            verdict = judge(mine, theirs, mild, floor) or mild_verdicts[0]
-            if not all(mild_verdicts) or verdict is None:
+            if not all(mild_verdicts):
                 self.mild_since.pop(host, None)
                 continue
+            verdict = judge(mine, theirs, mild, floor, split) or judge(
+                _times(med, rows[0]), theirs, mild, floor, split)
+            assert verdict is not None  # as its first rank's
             since = self.mild_since.setdefault(host, self.judged)
             if self.judged - since >= self.settings.straggler_window:
-                out.append((host, ranks, verdict, mine, theirs, since))
+                out.append((host, ranks, verdict, mine, theirs, split, since))
         return out
 
     def _floor(self, theirs: Times, spread: float) -> float:
@@ -562,11 +595,22 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                         self.settings.straggler_noise_sigmas)
 
     def _finding(self, rank: int, step: int, time: float, verdict: Slowness, mine: Times,
-                 theirs: Times, ranks: int, hosts: dict[int, str | None], *, who: str,
-                 others: str, node: list[int] | None = None,
+                 theirs: Times, split: tuple[Times, Times], ranks: int,
+                 hosts: dict[int, str | None], *, who: str, others: str,
+                 node: list[int] | None = None,
                  throttle: tuple[str, str] | None = None) -> Finding:
         cause = verdict.cause
-        message = _message(who, others, cause, mine, theirs)
+        # The medians say what a typical step of it takes; they are quoted unless they
+        # would name another part (a window part-way through a change): then the means
+        # that named it are, as means.
+        if cause_of(mine, theirs) == cause:
+            message = _message(who, others, cause, mine, theirs)
+        else:
+            message = _message(who, others, cause, *split,
+                               over=self.settings.straggler_window)
+        mean_mine, mean_theirs = split
+        parts = split_extra(mean_theirs.wait - mean_mine.wait, mean_mine.data - mean_theirs.data,
+                            mean_mine.compute - mean_theirs.compute)
         if throttle is not None:  # slow in its own compute, and its GPU throttles
             cause, message = "gpu_throttle", message + throttle[1]
         host = hosts.get(rank)
@@ -578,7 +622,8 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
                     "compute_time": mine.compute, "others_compute_time": theirs.compute,
                     "sync_wait_time": mine.wait, "others_sync_wait_time": theirs.wait,
                     "host": host, "hosts": n_hosts if n_hosts > 1 else None,
-                    "node_ranks": _span(node, "") if node else None}
+                    "node_ranks": _span(node, "") if node else None,
+                    **{f"extra_{part}_time": seconds for part, seconds in parts.items()}}
         rec = StepRecord(run_id=self.run_id, step=step, time=time, rank=rank)
         suggestions = (NODE_FIRST if node else ()) + SUGGESTIONS[cause]
         return self.finding(rec, message, value=mine.own,
@@ -605,6 +650,49 @@ class StragglerDetector(DetectorBase[StragglerSettings]):
 
 def _times(med: dict[str, np.ndarray], i: int) -> Times:
     return Times(*(float(med[q][i]) for q in QUANTITIES))
+
+
+class _Means:
+    """The window means of every rank with a full window, and the others' for one rank or
+    one node, split into ``Times`` (``cause_of`` splits them). Made on first use: only a
+    judgement that finds someone slow needs them."""
+
+    def __init__(self, ranks: list[RankTimes]) -> None:
+        self.ranks = ranks
+        self._avg: dict[str, np.ndarray] = {}
+        self._loo: dict[str, np.ndarray] = {}
+        self._rest: dict[str, np.ndarray] = {}  # per host of the one judgement's groups
+
+    def avg(self) -> dict[str, np.ndarray]:
+        if not self._avg:
+            self._avg = {q: _row_means(np.stack([getattr(st, q).buf for st in self.ranks]))
+                         for q in QUANTITIES}
+        return self._avg
+
+    def rank(self, i: int) -> tuple[Times, Times]:
+        """Rank ``i``'s means and the median of the other ranks' means."""
+        avg = self.avg()
+        if not self._loo:
+            self._loo = {q: _loo_medians(avg[q]) for q in QUANTITIES}
+        return _times(avg, i), _times(self._loo, i)
+
+    def node(self, groups: list[np.ndarray], g: int) -> tuple[Times, Times]:
+        """The median of the means of the ranks of ``groups[g]`` (one host's), and that of
+        every other rank's (the other hosts')."""
+        avg = self.avg()
+        if not self._rest:
+            self._rest = {q: _medians_without(avg[q], groups) for q in QUANTITIES}
+        return (Times(*(_finite_median(avg[q][groups[g]]) for q in QUANTITIES)),
+                Times(*(float(self._rest[q][g]) for q in QUANTITIES)))
+
+
+def _row_means(rows: np.ndarray) -> np.ndarray:
+    """Each row's mean over its non-NaN values (NaN where it has none)."""
+    said = ~np.isnan(rows)
+    k = said.sum(axis=1)
+    total = np.where(said, rows, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(k > 0, total / np.maximum(k, 1), np.nan)
 
 
 def _row_medians(rows: np.ndarray) -> np.ndarray:

@@ -218,11 +218,11 @@ class NodeVerdicts:
                                                        else ""))
         mine = self.marks.get(node, {})
         if cause in SLOW_CLASSES:
-            # Where the extra time goes is read off window medians, and a window that has
-            # just begun to change can read it wrong (a slow loader's tight data times move
-            # the median after the others' widely spread waits do: "late to the
-            # all-reduce"); the reading of a later, fuller window replaces it. The node is
-            # as sick as it was: the slowness itself was measured either way.
+            # Where the extra time goes is read off one window's means (the straggler's
+            # ``cause_of``), and a window that has just begun to change holds only a few
+            # of the slow steps, within the run's noise of the other parts; the reading of
+            # a later, fuller window replaces it. The node is as sick as it was: the
+            # slowness itself was measured either way.
             earlier = [mine.pop(c) for c in SLOW_CLASSES - {cause} if c in mine]
             if any(m.sick for m in earlier):
                 return self._mark(node, Mark(cause, True, finding.step, why))

@@ -17,7 +17,8 @@ ranks of four cost their extra time too.
 **Its cause** is what the straggler spends its extra time on, against the median of the
 other ranks: its extra data wait and its extra compute share the tax in proportion; what
 neither explains (its own work is as fast as theirs, and they still wait for it) is the
-collective (its link, its host). The finding names the larger part the same way.
+collective (its link, its host): ``split_extra`` (detectors/support/extra_time.py), with
+which the finding names the largest part of its window's means.
 
 **Who** it is: the rank, and its node (the run record's ``node`` / ``hostname`` label).
 When every rank of that node (two or more, not the whole job) waits closer to the
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from monitor_agent.detectors.support.extra_time import split_extra
 
 PARTS: tuple[str, ...] = ("data", "compute", "collective")
 """What a straggler spends its extra time on (detectors/straggler.py's causes; a throttling
@@ -92,14 +95,8 @@ def straggler_tax(sums: dict[int, RankSums], hosts: dict[int, str]) -> Straggler
     tax = wait - float(mine[0])
     if not tax > 0:
         return None
-    extra_data = max(float(mine[1]) - data, 0.0)
-    extra_compute = max(float(mine[2]) - compute, 0.0)
-    own = extra_data + extra_compute
-    if own >= tax:  # its own work explains the whole tax: shared in proportion
-        parts = {"data": tax * extra_data / own, "compute": tax * extra_compute / own,
-                 "collective": 0.0}
-    else:
-        parts = {"data": extra_data, "compute": extra_compute, "collective": tax - own}
+    split = split_extra(tax, float(mine[1]) - data, float(mine[2]) - compute)
+    parts = {p: split[p] for p in PARTS}
     node = hosts.get(slow)
     return StragglerTax(tax, slow, node, _who(slow, node, sums, ranks, tax, hosts), parts)
 
