@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 from synth_records import (
@@ -18,7 +19,7 @@ from synth_records import (
 
 from monitor_agent.detectors import nan_inf as tips
 from monitor_agent.records import wire
-from monitor_agent.records.types import EndRecord, RunRecord, Severity
+from monitor_agent.records.types import EndRecord, Finding, RunRecord, Severity, StepRecord
 
 NAN, INF = math.nan, math.inf
 
@@ -319,7 +320,7 @@ def test_restore_while_the_first_rank_is_undecided_changes_nothing():
 # -- what the page says, case by case (issue 51: each clause a user reads) -----------------
 
 
-def _one(last, n: int = 4) -> object:
+def _one(last: StepRecord, n: int = 4) -> Finding:
     """The single finding of a healthy 19-step run whose step 20 is ``last``."""
     recs = [run(layer_order=names(n))] + [step(i) for i in range(1, 20)] + [last]
     (f,) = feed(only("nan_inf"), recs)
@@ -330,7 +331,7 @@ def test_a_forward_nan_in_one_module_says_so_without_a_count():
     f = _one(step(20, loss=NAN, nonfinite_modules=("blocks.0.attn",), nonfinite_module_count=1))
     assert f.message == ("loss is nan; forward pass: the output of blocks.0.attn went "
                          "non-finite first at step 20")
-    assert f.evidence["non_finite_modules"] == 1 and math.isnan(f.value)
+    assert f.evidence["non_finite_modules"] == 1 and f.value is not None and math.isnan(f.value)
 
 
 def test_a_forward_nan_in_several_modules_counts_them():
@@ -345,7 +346,7 @@ def test_a_module_output_gone_non_finite_under_a_finite_loss_is_still_the_forwar
     assert (f.evidence["pass"], f.evidence["origin"]) == ("forward", "h.1.mlp")
     assert f.message == ("grad_norm is nan; forward pass: the output of h.1.mlp went "
                          "non-finite first at step 20")
-    assert math.isnan(f.value)  # the grad norm: the loss was finite
+    assert f.value is not None and math.isnan(f.value)  # the grad norm: the loss was finite
 
 
 def test_a_forward_nan_with_every_gradient_non_finite_and_no_module_check_reported():
@@ -452,7 +453,7 @@ def test_a_nan_val_loss_pages_with_its_value_and_a_finite_one_is_quiet():
 # -- the suggestion: did the gradient norm climb before the NaN? ----------------------------
 
 
-def _nan_after(grads: list[float | None]) -> tuple[str, ...]:
+def _nan_after(grads: Sequence[float | None]) -> tuple[str, ...]:
     """The suggestions for a NaN loss after steps with these grad norms (None: not sent),
     past min_history_steps so that the start of the run is not what is suggested."""
     recs = [run()] + [step(i, grad_norm=g) for i, g in enumerate(grads, 1)]
