@@ -13,6 +13,7 @@ from class_traces import expected, recordings
 from detector_harness import replay_trace
 from synth_records import assert_restore_equivalent, feed, noise, only, run, step
 
+from monitor_agent.detectors.divergence import DIVERGENCE
 from monitor_agent.records.types import Severity
 
 
@@ -396,3 +397,121 @@ def test_the_early_rule_needs_no_history_and_survives_a_restart():
     recs = [run()] + [step(i, loss=2.0 + noise(i)) for i in range(1, 12)] + [
         step(i, loss=1e9 * (i - 10)) for i in range(12, 16)]
     assert_restore_equivalent(lambda: only("divergence"), recs, cut=8)
+
+
+# -- what each rule's page says (issue 51: the numbers a person acts on) ---------------------
+
+
+def _page(found: list) -> tuple:
+    """A finding as a person reads it: step, message, the evidence of its own rule (the
+    layer bands' two keys aside), value, threshold, severity and suggestions."""
+    (f,) = found
+    evidence = {k: v for k, v in f.evidence.items()
+                if k not in ("first_layer_out", "layers_out_of_band")}
+    return f.step, f.message, evidence, f.value, f.threshold, f.severity, f.suggestions
+
+
+def test_a_runaway_page_gives_the_streak_the_loss_and_the_gradient_against_its_median():
+    recs = _healthy(200) + [step(200 + k, loss=loss, grad_norm=g, lr=0.01) for k, (loss, g)
+                            in enumerate([(3.5, 4.0), (9.0, 30.0), (40.0, 900.0)])]
+    assert _page(feed(only("divergence"), recs)) == (
+        202, "loss rose 3 steps in a row to 40 (from 2.5) while grad norm grew to 900 (884x "
+        "its median 1.02)",
+        {"rule": "runaway", "onset_step": 200, "consecutive_steps": 3, "loss": 40.0,
+         "loss_before": 2.49758, "ema": 2.7202, "grad_norm": 900.0, "grad_median": 1.01769,
+         "lr": 0.01},
+        40.0, 2.7202, Severity.ERROR, DIVERGENCE)
+
+
+def test_a_runaway_cut_short_by_the_nan_pages_the_last_finite_loss():
+    recs = _healthy(200) + [step(200, loss=9.0, grad_norm=30.0, lr=0.1),
+                            step(201, loss=1e4, grad_norm=1e8, lr=0.1),
+                            step(202, loss=math.nan, grad_norm=math.nan, lr=0.1)]
+    step_, message, evidence, value, threshold, severity, tips = _page(
+        feed(only("divergence"), recs))
+    assert (step_, message, value, threshold, severity, tips) == (
+        202, "loss rose 2 step(s) in a row to 1e+04 (from 2.5) while the grad norm grew, then "
+        "went nan at step 202", 10000.0, 2.49758, Severity.ERROR, DIVERGENCE)
+    assert math.isnan(evidence.pop("loss")) and math.isnan(evidence.pop("grad_norm"))
+    assert evidence == {"rule": "runaway", "onset_step": 200, "consecutive_steps": 3,
+                        "loss_before": 2.49758, "last_finite_loss": 10000.0, "lr": 0.1}
+
+
+def test_a_nan_after_one_rising_step_completes_the_runaway_and_after_none_does_not():
+    base = _healthy(200)
+    one = base + [step(200, loss=9.0, grad_norm=30.0),
+                  step(201, loss=math.nan, grad_norm=math.nan)]
+    (f,) = feed(only("divergence"), one)
+    assert (f.step, f.evidence["consecutive_steps"], f.evidence["onset_step"]) == (201, 2, 200)
+    assert f.message.startswith("loss rose 1 step(s) in a row to 9 (from")
+    # a streak as long as divergence_steps has paged already: the NaN adds nothing
+    long = base + [step(200 + k, loss=loss, grad_norm=g) for k, (loss, g) in
+                   enumerate([(3.5, 4.0), (9.0, 30.0), (40.0, 900.0), (math.nan, math.nan)])]
+    assert [f.step for f in feed(only("divergence"), long)] == [202]
+    # and a streak paged once does not page again at the NaN a few steps on
+    assert [f.step for f in feed(only("divergence"), long + [
+        step(204, loss=math.nan, grad_norm=math.nan)])] == [202]
+
+
+def test_an_early_explosion_page_names_the_highest_loss_it_left_behind():
+    lbfgs = [0.572, 0.0289, 1.86e-3, 4.5e-4, 1.1e-4, 7.2e-5, 5.2e-5, 3.7e-5, 5.2e46]
+    recs = [run()] + [step(i, loss=x, lr=1.0) for i, x in enumerate(lbfgs, 1)]
+    step_, message, evidence, value, threshold, severity, tips = _page(
+        feed(only("divergence"), recs))
+    assert (step_, value, threshold, severity, tips) == (9, 5.2e46, 9596570.0, Severity.ERROR,
+                                                          DIVERGENCE)
+    assert "rising since" not in message
+    assert evidence == {"rule": "early", "onset_step": 9, "loss": 5.2e46, "highest_loss": 0.572,
+                        "highest_step": 1, "decades": 46.9586,
+                        "grad_norm": round(recs[-1].grad_norm, 6),
+                        "lr": 1.0}
+
+
+def test_an_early_explosion_that_rose_over_several_steps_says_since_when():
+    losses = [0.572, 0.0289, 1.86e-3, 4.5e-4, 1.1e-4, 7.2e-5, 5.2e-5, 3.7e-5, 1e3, 1e5, 5.2e46]
+    recs = [run()] + [step(i, loss=x) for i, x in enumerate(losses, 1)]
+    (f,) = feed(only("divergence"), recs)
+    assert (f.step, f.evidence["onset_step"], f.evidence["highest_step"]) == (11, 9, 10)
+    assert f.message == ("loss 5.2e+46 is 42 decades above the highest the run had reported "
+                         "(1e+05 at step 10), more than float32's 7 digits tell apart: the loss "
+                         "exploded, rising since step 9")
+
+
+def test_an_update_jump_page_gives_the_ratio_against_its_median_and_the_lr():
+    recs = _healthy(300) + [step(300 + k, update_norm=3.0, lr=0.01) for k in range(30)]
+    step_, message, evidence, value, threshold, severity, tips = _page(
+        feed(only("divergence"), recs))
+    assert (step_, message, value, threshold, severity, tips) == (
+        304, "update/param ratio 0.3 is 300x its median 0.001 and above 0.1, for 5 steps in a "
+        "row (lr 0.01): steps this large precede divergence", 0.3, 0.1, Severity.ERROR,
+        DIVERGENCE)
+    assert {k: evidence[k] for k in ("rule", "onset_step", "update_ratio", "median_ratio",
+                                     "consecutive_steps", "lr", "lr_median")} == {
+        "rule": "update_jump", "onset_step": 300, "update_ratio": 0.3, "median_ratio": 0.001,
+        "consecutive_steps": 5, "lr": 0.01, "lr_median": None}
+    paged = recs[304]  # step 304
+    assert (evidence["loss"], evidence["grad_norm"]) == (round(paged.loss, 5),
+                                                         round(paged.grad_norm, 5))
+
+
+def test_an_update_jump_the_lr_made_says_by_how_much():
+    recs = [run()] + [step(i, loss=3.0 * 0.999**i, lr=0.01) for i in range(1, 300)]
+    recs += [step(300, update_norm=3.0, lr=0.3)]
+    (f,) = feed(only("divergence"), recs)
+    assert f.message == ("update/param ratio 0.3 is 300x its median 0.001 and above 0.1, the "
+                         "lr 0.3 is 30x its median 0.01: steps this large precede divergence")
+    assert (f.evidence["consecutive_steps"], f.evidence["lr_median"]) == (1, 0.01)
+
+
+def test_a_runaway_already_paged_is_not_paged_again_at_its_nan_however_short_the_repeat():
+    recs = _healthy(200) + [step(200 + k, loss=loss, grad_norm=g) for k, (loss, g) in
+                            enumerate([(3.5, 4.0), (9.0, 30.0), (40.0, 900.0),
+                                       (math.nan, math.nan)])]
+    assert [f.step for f in feed(only("divergence", repeat_every_steps=1), recs)] == [202]
+
+
+def test_a_nan_ends_the_streak_so_two_rising_steps_after_it_are_no_runaway():
+    recs = _healthy(200) + [step(200, loss=math.nan, grad_norm=math.nan),
+                            step(201, loss=9.0, grad_norm=30.0),
+                            step(202, loss=40.0, grad_norm=900.0)]
+    assert [f for f in feed(only("divergence"), recs) if f.evidence["rule"] == "runaway"] == []
