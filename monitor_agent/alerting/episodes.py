@@ -24,6 +24,7 @@ NaN alert's life::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from monitor_agent.metrics.alerting import AlertingMetrics
 from monitor_agent.notify.base import AlertEvent, Notifier
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.records import wire
-from monitor_agent.records.actions import Action, Stop
+from monitor_agent.records.actions import RESTART_ACTIONS, Action, Stop
 from monitor_agent.records.types import Finding, Severity
 from monitor_agent.storage.database import StorageError
 
@@ -54,12 +55,29 @@ Item = tuple[AlertEvent, tuple[str, ...]]
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """A rollback due for ``finding`` (its alert ``fingerprint``), waiting since ``since``."""
+    """A rollback due for ``finding`` (its alert ``fingerprint``), waiting since ``since``
+    for the ranks ``rollback.behind`` names; ``heard`` is when one of them last moved on
+    (``steps``: their latest steps then)."""
 
     rule: Rule
     finding: Finding
     fingerprint: str
     since: float
+    heard: float
+    steps: dict[int, int]
+
+    def until(self) -> float:
+        """When the wait ends unless an awaited rank moves on: ROLLBACK_WAIT_SECONDS
+        without news of them, ROLLBACK_WAIT_LIMIT_SECONDS at most."""
+        return min(self.heard + rollback.ROLLBACK_WAIT_SECONDS,
+                   self.since + rollback.ROLLBACK_WAIT_LIMIT_SECONDS)
+
+    def moved(self, run: RunContext, late: list[int], now: float) -> Deferred:
+        """This wait, with ``heard`` at ``now`` if an awaited rank's step moved on."""
+        steps = {r: run.rank_steps.get(r, -1) for r in late}
+        if any(s > self.steps.get(r, -1) for r, s in steps.items()):
+            return dataclasses.replace(self, heard=now, steps=steps)
+        return self
 
 
 Costs = Callable[[str, str, int, bool], str | None]
@@ -155,11 +173,26 @@ class Episodes:
             tx.begin_episode(self._episode(fp, run, rule, identity, f, now))
             return True, None if told else self._act(tx, run, rule, f, fp, 1, now)
         self._count(reason)
+        if reason is Reason.REPLAYED and alert is not None and self._late(run, rule, f, told):
+            return False, self._act(tx, run, rule, f, fp, alert.count + 1, now)
         if reason is not Reason.SUPPRESSED or alert is None:
             return False, None
         self._merge(tx, alert, rule, f, now, previewed)
         tx.set_checkpoint(fp, run.checkpoint_line)
         return False, None if told else self._act(tx, run, rule, f, fp, alert.count + 1, now)
+
+    @staticmethod
+    def _late(run: RunContext, rule: Rule, f: Finding, told: bool) -> bool:
+        """Whether a finding at a step before its episode's latest may still decide the
+        episode's rollback or restart: one rank's records reach the leader after
+        another's (node 1's sidecar forwards late), so the episode may have begun on
+        rank 0's finding at step 105, made while node 1 was not heard (a partial view: no
+        action), and node 1's own finding at step 67 is news, not a replay. Deciding on
+        it is safe: a decision taken already is pending (``take`` finds it) or applied
+        (the run is on a later attempt, and this finding, of the replaced history, is
+        left out); a replay after a restart is the same."""
+        return (not told and not f.partial_view and f.attempt >= run.attempt
+                and rule.action in ("rollback", *RESTART_ACTIONS))
 
     def _group(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, now: float) -> bool:
         """Count ``f`` under the open page it follows from (alerting/related.py), if any;
@@ -208,20 +241,23 @@ class Episodes:
 
     def _wait(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, fp: str,
               now: float) -> bool:
-        """Whether a due rollback waits for the ranks that report checkpoints to reach the
-        fault's onset (alerting/rollback.py ``behind``); ``retry`` decides it later."""
+        """Whether a due rollback waits for ranks whose records of the fault may not have
+        arrived yet (alerting/rollback.py ``behind``); ``retry`` decides it later."""
         late = rollback.behind(run.rank_steps, run.checkpoint_ranks, f)
         waiting = self.deferred.get(run.run_id)
-        since = waiting.since if waiting is not None else now
-        if not late or now - since >= rollback.ROLLBACK_WAIT_SECONDS:
+        if waiting is not None:
+            waiting = waiting.moved(run, late, now)
+        if not late or (waiting is not None and now >= waiting.until()):
             self.deferred.pop(run.run_id, None)
             return False
         if waiting is None and tx.pending_rollbacks(run.run_id):
             return False  # decided already: take() notes it
-        self.deferred[run.run_id] = Deferred(rule, f, fp, since)
+        self.deferred[run.run_id] = waiting or Deferred(
+            rule, f, fp, since=now, heard=now,
+            steps={r: run.rank_steps.get(r, -1) for r in late})
         tx.note_action(fp, f"rollback waits for rank {', '.join(map(str, late))} to report "
-                           f"up to step {rollback.onset_of(f)} (a save before the fault may "
-                           "be on its way)")
+                           f"up to step {f.step} (a save before the fault, or their own "
+                           "records of it, may be on their way)")
         return True
 
     def retry(self, run: RunContext, now: float) -> list[Action]:
@@ -230,8 +266,9 @@ class Episodes:
         waiting = self.deferred.get(run.run_id)
         if waiting is None:
             return []
-        if rollback.behind(run.rank_steps, run.checkpoint_ranks, waiting.finding) and \
-                now - waiting.since < rollback.ROLLBACK_WAIT_SECONDS:
+        late = rollback.behind(run.rank_steps, run.checkpoint_ranks, waiting.finding)
+        waiting = self.deferred[run.run_id] = waiting.moved(run, late, now)
+        if late and now < waiting.until():
             return []
         del self.deferred[run.run_id]
         with self.store.tx() as tx:
@@ -349,9 +386,8 @@ class Episodes:
         for alert in self.store.alerts("pending", limit=-1):
             by_run.setdefault(alert.run_id, []).append(alert)
         # A run whose rollback waits for a rank to catch up (``_wait``) is paged once it is
-        # decided (at most ROLLBACK_WAIT_SECONDS later), so its page says what was done.
-        held = {run: d.since + rollback.ROLLBACK_WAIT_SECONDS for run, d in
-                self.deferred.items() if d.since + rollback.ROLLBACK_WAIT_SECONDS > now}
+        # decided (at most ROLLBACK_WAIT_LIMIT_SECONDS later), so its page says what was done.
+        held = {run: d.until() for run, d in self.deferred.items() if d.until() > now}
         due = {run: rs for run, rs in by_run.items()
                if min(_since(r) for r in rs) + wait <= now and run not in held}
         for run_id in due:

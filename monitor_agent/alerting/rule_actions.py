@@ -107,6 +107,12 @@ def _rollback(tx: AlertTx, rule: Rule, finding: Finding, fingerprint: str, now: 
         return None
     if tx.has_action(finding.run_id, rule.name, "stop"):
         return None
+    if finding.attempt < run.attempt:
+        # A late rank's record of the history a rollback or restart replaced: the weights
+        # it judged are gone, and the run's current ones are judged on their own records.
+        tx.note_action(fingerprint, f"no rollback: the finding is of attempt "
+                                    f"{finding.attempt}, before the run's attempt {run.attempt}")
+        return None
     fault = restart.fault_of(finding, run)
     history = _history(tx, finding.run_id)
     if restart.repeated(rule, fault, run, history, now) is not None:

@@ -4,14 +4,21 @@ rule files that say it (or say it wrong)."""
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from alert_harness import FakeClock, Harness, nan
+from alert_harness import T0, FakeClock, Harness, nan
 from monitor_agent.alerting import RunContext
-from monitor_agent.alerting.rollback import Positions, behind, decide, onset_of
+from monitor_agent.alerting.rollback import (
+    ROLLBACK_WAIT_LIMIT_SECONDS,
+    Positions,
+    behind,
+    decide,
+    onset_of,
+)
 from monitor_agent.alerting.rules import RuleError, parse_rules
 from monitor_agent.records.actions import Action, RollbackDecision, RollbackSpec
 from tests.receivers import Receiver
@@ -318,13 +325,74 @@ def test_earlier_windows_join_only_a_plan_counted_in_their_unit():
     assert (plan.skip, plan.positions, plan.skips_by) == (((150, 160), (201, 300)), "steps", None)
 
 
-def test_a_rank_is_waited_for_until_its_step_at_the_onset_is_here():
+def test_a_rank_is_waited_for_until_its_step_of_the_fault_is_here():
+    """Its saves before the onset and its own findings up to the fault's step (an earlier
+    onset among them) travel in order with its steps."""
     fault = nan(step=66, evidence={"onset_step": 61})
     assert behind({0: 60, 1: 66}, (0,), fault) == [0]
-    assert behind({0: 61, 1: 66}, (0,), fault) == []
+    assert behind({0: 61, 1: 66}, (0,), fault) == [0]  # past the onset, not the fault
+    assert behind({0: 66, 1: 70}, (0,), fault) == []
     assert behind({1: 66}, (0,), fault) == [0]  # nothing heard of the saving rank yet
     assert behind({1: 5}, (0,), nan(step=1)) == [0]  # even for a fault at step 1
     assert behind({0: 59, 1: 60, 2: 66}, (), fault) == [0, 1]  # no saves yet: every rank
+    assert behind({0: 66, 1: 60, 2: 64}, (0,), fault) == [1, 2]  # not only the saving ranks
+
+
+SAVES = ((50, "/ckpt/step-50.pt"), (60, "/ckpt/step-60.pt"), (70, "/ckpt/step-70.pt"))
+
+
+def _job(node1_at: int, clean=SAVES) -> RunContext:
+    """Four ranks that all save every 10 steps; node 0's (0, 1) at step 105, node 1's
+    (2, 3) at ``node1_at``, as the leader hears them through node 1's sidecar."""
+    return RunContext("r1", clean_checkpoints=clean, checkpoint_line=LINE,
+                      rank_steps={0: 105, 1: 105, 2: node1_at, 3: node1_at},
+                      checkpoint_ranks=(0, 1, 2, 3))
+
+
+def test_a_node_whose_records_keep_coming_late_is_waited_for_and_its_earlier_onset_decides(
+        rolling: Harness):
+    """Node 1's ranks trained a bad batch at step 65; DDP spread it to every rank, and rank
+    0's loss left its band only at 75 (found at 105). Node 1's sidecar forwards its steps
+    seconds late (starved of CPU). The decision waits as long as node 1's records keep
+    coming, past the quiet wait; once they reach the fault's step, their finding from 65
+    has made the save at 70 suspect, and the one plan goes back to 60, not to 70 (which
+    holds the bad batch and would cost a second rollback)."""
+    fault = nan(step=105, rank=0, evidence={"onset_step": 75})
+    assert _wire(rolling.alerting.handle(_job(80), [fault], rolling.clock())) == []
+    for at in (85, 90, 95, 100):  # 4 s apart: each within the quiet wait of the last news
+        rolling.clock.advance(4.0)
+        assert _wire(rolling.alerting.retry(_job(at), rolling.clock())) == []
+        rolling.alerting.episodes.flush(rolling.clock())  # its page waits for the decision
+        assert [a.state for a in rolling.alerting.list_alerts(run_id="r1")] == ["pending"]
+    rolling.clock.advance(4.0)
+    [decided] = _wire(rolling.alerting.retry(_job(105, clean=SAVES[:2]), rolling.clock()))
+    assert decided["plan"]["checkpoint_step"] == 60, decided
+    assert not rolling.alerting.waiting("r1")
+
+
+def test_a_node_that_trickles_is_waited_for_a_minute_at_most(rolling: Harness):
+    fault = nan(step=105, rank=0, evidence={"onset_step": 75})
+    assert _wire(rolling.alerting.handle(_job(40), [fault], rolling.clock())) == []
+    at = 40
+    while rolling.clock() - T0 < ROLLBACK_WAIT_LIMIT_SECONDS - 4.0:
+        rolling.clock.advance(4.0)
+        at += 1
+        assert _wire(rolling.alerting.retry(_job(at), rolling.clock())) == []
+    rolling.clock.advance(4.0)
+    [decided] = _wire(rolling.alerting.retry(_job(at + 1), rolling.clock()))
+    assert decided["plan"]["checkpoint_step"] == 70  # what is known then
+
+
+def test_a_node_that_went_quiet_is_not_waited_for_past_the_quiet_wait(rolling: Harness):
+    fault = nan(step=105, rank=0, evidence={"onset_step": 75})
+    assert _wire(rolling.alerting.handle(_job(80), [fault], rolling.clock())) == []
+    rolling.clock.advance(4.0)
+    assert _wire(rolling.alerting.retry(_job(90), rolling.clock())) == []
+    rolling.clock.advance(4.0)  # 8 s since the start, 4 s since node 1's last news
+    assert _wire(rolling.alerting.retry(_job(90), rolling.clock())) == []
+    rolling.clock.advance(1.5)
+    [decided] = _wire(rolling.alerting.retry(_job(90), rolling.clock()))
+    assert decided["plan"]["checkpoint_step"] == 70
 
 
 def test_windows_one_position_apart_stay_apart_and_a_window_inside_another_is_absorbed():
@@ -361,3 +429,46 @@ def test_a_fault_back_after_the_resume_on_an_alert_still_open_decides_again(
     rolling.alerting.attempt_settled("r1", first["plan"]["skip_from"], rolling.clock())
     [again] = _handle(rolling, nan(step=240, rank=1))
     assert (again["action"], again["plan"]["number"]) == ("rollback", 2)
+
+
+@pytest.fixture
+def one_alert(tmp_path: Path, clock: FakeClock):
+    """The rule with one alert for the run (``fingerprint: []``), as the multi-node
+    example's: every rank's finding is one episode."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.replace("fingerprint: [rank]", "fingerprint: []"))
+    with Receiver("slack") as slack, Receiver("pagerduty") as pd:
+        h = Harness(tmp_path, clock, slack, pd, rules_file=rules)
+        try:
+            yield h
+        finally:
+            h.alerting.stop(timeout=5)
+
+
+def test_a_ranks_finding_that_arrives_after_a_later_one_still_decides(one_alert: Harness):
+    """The leader began the episode on rank 0's finding at step 105 while node 1 was not
+    heard (a partial view: no action). Node 1's ranks' own finding at step 67 arrives
+    after it: news of a rank that was late, not a replay, so it decides, from its onset."""
+    late = nan(step=105, rank=0, evidence={"onset_step": 75}).seen_partially(
+        "node 1 (ranks 2-3) not heard from for 4 s")
+    assert _wire(one_alert.alerting.handle(_job(67), [late], one_alert.clock())) == []
+    first = nan(step=67, rank=2, evidence={"onset_step": 65})
+    [decided] = _wire(one_alert.alerting.handle(_job(67), [first], one_alert.clock()))
+    assert decided["plan"]["checkpoint_step"] == 60, decided
+    # The same finding replayed (a sidecar restart): decided already, nothing more.
+    assert _wire(one_alert.alerting.handle(_job(67), [first], one_alert.clock())) == []
+
+
+@pytest.mark.parametrize("harness", ["rolling", "one_alert"])
+def test_a_late_finding_of_a_replaced_history_does_not_decide(
+        harness: str, request: pytest.FixtureRequest):
+    """A finding of the run's attempt before its last rollback or restart (a lagging
+    rank's record of the abandoned branch) is about weights the run no longer has."""
+    rolling = request.getfixturevalue(harness)
+    late = nan(step=105, rank=0, evidence={"onset_step": 75}).seen_partially("node 1 away")
+    run = dataclasses.replace(_job(67), attempt=2)
+    assert _wire(rolling.alerting.handle(run, [dataclasses.replace(late, attempt=2)],
+                                         rolling.clock())) == []
+    old = nan(step=67, rank=2, evidence={"onset_step": 65}, attempt=1)
+    assert _wire(rolling.alerting.handle(run, [old], rolling.clock())) == []
+    assert rolling.alerting.actions_for_run("r1") == []
