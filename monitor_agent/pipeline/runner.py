@@ -8,13 +8,22 @@ through a batch.
 batch's run id, a node sidecar's exchange about one run that run's) plus one for everything
 else (reads, the tick, previews), and the thread
 takes one call from each lane with work in turn: each lane's calls in submission order,
-the lanes round robin. One first-in-first-out queue let a run that sends many requests at
+the lanes round robin, except ``FIRST``, whose calls go before any other lane's. One
+first-in-first-out queue let a run that sends many requests at
 once (256 ranks posting together, a client flooding) put all of them ahead of another
 run's next batch, which then waited for every one; now it waits for at most one call of
 each other lane with work queued. What one call may cost is bounded by the request limits
 (``max_records_per_request``, ``max_body_bytes``) times the per-record bound of every
 detector and ledger (docs/architecture.md, "What a record costs"): a call is not cut
 short once it runs.
+
+``FIRST`` is a node sidecar's link to its run leaders (serving/leader_link.py): reads and
+deletes of its queue of digests, each bounded by ``batch_max_items``. An exchange makes a
+few such calls one after another, and in a lane of their own each waited a turn of every
+run's ingest: on a loaded node, seconds per exchange, so the leader heard the node late,
+judged its view partial (no rule acts on a partial view) and decided on a view that lacked
+the node's steps. The run's leader is where its decisions are taken, so what feeds it goes
+first.
 
 The app awaits ``runner.call(engine.ingest, items, now, lane=run_id)``; a call runs on the
 engine thread, and ``submit`` serves code that has no event loop::
@@ -40,6 +49,18 @@ Two lanes with work: they take turns (``a`` queued three calls before ``b`` queu
     >>> gate.set(); _ = [f.result() for f in done]; order
     ['a1', 'b1', 'a2', 'a3']
     >>> runner.close()
+
+``FIRST`` goes before both::
+
+    >>> runner, order, running, gate = EngineRunner(), [], threading.Event(), threading.Event()
+    >>> hold = runner.submit_nowait(lambda: running.set() or gate.wait(), lane="a")
+    >>> running.wait()
+    True
+    >>> done = [runner.submit_nowait(order.append, x, lane=lane) for x, lane in (
+    ...     ("a1", "a"), ("b1", "b"), ("link1", FIRST), ("link2", FIRST))]
+    >>> gate.set(); _ = [f.result() for f in done]; order
+    ['link1', 'link2', 'a1', 'b1']
+    >>> runner.close()
 """
 
 from __future__ import annotations
@@ -55,6 +76,9 @@ T = TypeVar("T")
 Args = TypeVarTuple("Args")  # so mypy checks the arguments against ``fn``
 
 _Call = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+
+FIRST = ("runner", "first")
+"""The lane served before every other (a node sidecar's link to its leaders: above)."""
 
 
 class EngineRunner:
@@ -109,7 +133,7 @@ class EngineRunner:
                     self._cv.wait()
                 if not self._lanes:
                     return
-                lane = next(iter(self._lanes))
+                lane = FIRST if FIRST in self._lanes else next(iter(self._lanes))
                 calls = self._lanes.pop(lane)
                 future, fn, args = calls.popleft()
                 if calls:

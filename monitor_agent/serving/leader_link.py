@@ -1,7 +1,8 @@
 """The app's wiring of a node sidecar's link to its run leaders (cluster/link.py).
 
-The link thread asks the engine (on the engine's own thread, through the runner) what is
-queued and which runs it follows, and keeps the leaders' decisions in alerting's database,
+The link thread asks the engine (on the engine's own thread, through the runner, in its
+``FIRST`` lane: what the run's leader judges waits on it) what is queued and which runs it
+follows, and keeps the leaders' decisions in alerting's database,
 where ``GET /v1/runs/{id}/actions`` and the ingest answers serve them to this node's ranks.
 """
 
@@ -17,7 +18,7 @@ from monitor_agent.alerting.plan_check import action_problem
 from monitor_agent.cluster.link import FollowedRun, LeaderLink, OwedItem
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
-from monitor_agent.pipeline.runner import EngineRunner
+from monitor_agent.pipeline.runner import FIRST, EngineRunner
 from monitor_agent.records.actions import Action
 from monitor_agent.settings import Settings
 
@@ -33,13 +34,14 @@ class EnginePort:
         self.metrics = metrics
 
     def followed(self) -> list[tuple[str, FollowedRun]]:
-        return list(self.runner.submit(self.engine.followed))
+        return list(self.runner.submit(self.engine.followed, lane=FIRST))
 
     def leaders(self) -> list[str]:
-        return self.runner.submit(self.engine.store.uplink.leaders)
+        return self.runner.submit(self.engine.store.uplink.leaders, lane=FIRST)
 
     def batch(self, leader: str, limit: int, skip: list[str]) -> list[OwedItem]:
-        return list(self.runner.submit(self.engine.store.uplink.batch, leader, limit, skip))
+        return list(self.runner.submit(self.engine.store.uplink.batch, leader, limit, skip,
+                                      lane=FIRST))
 
     def ack(self, ids: list[int]) -> None:
         if ids:
@@ -47,11 +49,12 @@ class EnginePort:
                 queue = self.engine.store.uplink
                 queue.ack(ids)
                 self.metrics.uplink_queued.set(queue.rows)
-            self.runner.submit(ack)
+            self.runner.submit(ack, lane=FIRST)
 
     def page_stranded(self, leader: str, now: float, why: str | None,
                       run_id: str | None = None) -> int:
-        return self.runner.submit(self.engine.page_stranded, leader, now, why, run_id)
+        return self.runner.submit(self.engine.page_stranded, leader, now, why, run_id,
+                                  lane=FIRST)
 
     def known_action(self, run_id: str) -> int:
         found = self.alerting.actions_for_run(run_id, 0, 1000)
@@ -65,7 +68,7 @@ class EnginePort:
         own rules could have decided it about the run as it knows it (alerting/plan_check.py);
         one that is not is dropped, saying why."""
         kept = []
-        bounds = self.runner.submit(self.engine.run_bounds, run_id)
+        bounds = self.runner.submit(self.engine.run_bounds, run_id, lane=FIRST)
         for a in actions:
             why = action_problem(a, bounds)
             if why is not None:
