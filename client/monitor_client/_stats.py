@@ -47,6 +47,7 @@ import torch
 
 from monitor_client import _distributions, _finite
 from monitor_client._hooks import Hooks
+from monitor_client._norm_worker import NormOffload
 from monitor_client._pack import StatsPack
 from monitor_client._warn import LOGGER
 
@@ -94,8 +95,13 @@ class GradStats:
                  layer_stats_every: int = 10, snapshot_budget_bytes: int | None = None,
                  reduce_group: object | None = None, hist_every: int | None = None,
                  hist_sample: int = _distributions.DEFAULT_SAMPLE,
-                 hist_bins: int = _distributions.DEFAULT_BINS, prefix: str = "") -> None:
+                 hist_bins: int = _distributions.DEFAULT_BINS, prefix: str = "",
+                 offload: bool = True) -> None:
         self._model = model
+        # On the CPU, the every-step gradient norms are read beside the optimizer's step
+        # (_norm_worker.py); False: always on the training thread.
+        self._offload = NormOffload()
+        self._offload.off = not offload
         # The model's name when a run watches several (Monitor.watch(name=)): "D.conv1.weight".
         self.prefix = f"{prefix}." if prefix else ""
         # Gradient/weight distributions every hist_every steps (None or 0: never).
@@ -129,13 +135,20 @@ class GradStats:
         self._grad_norms: list[torch.Tensor] | None = None  # this step's, per parameter
         self._grad_vector: torch.Tensor | None = None  # the same, stacked (when it was)
         self._total: torch.Tensor | None = None
+        self._unread = False  # read beside the step, and the step wrote to them: no norm
+        self._offload_names: list[str] = []
 
     @property
     def last_grad_norm(self) -> torch.Tensor | None:
         """This step's global pre-clip norm, on the device, for the step guard (_guard.py):
         made when first asked for (a step that needs it neither to clip nor to guard gets
         it on the host, from the per-parameter norms the sender copies anyway)."""
-        if self._total is None and self._grad_norms:
+        if self._offload.pending:  # wanted before the step: read them here from now on
+            self._offload.off = True
+            self._settle()
+        if self._total is None and self._grad_vector is not None:
+            self._total = self._global_from(self._grad_vector)
+        elif self._total is None and self._grad_norms:
             self._total = self._global_from(torch.stack(self._grad_norms))
         return self._total
 
@@ -144,9 +157,10 @@ class GradStats:
         measured: no gradient, nothing non-finite). On the CPU their norms are read (one
         stack, one sum: a host read costs nothing there); on a device that would be a sync
         on the training thread, so it is not known there (False). Called before ``take()``."""
+        self._settle()
         vector = self._grad_vector
         if vector is None or not _finite.on_host(vector):
-            return not self._grad_norms
+            return not self._grad_norms and not self._unread
         # (a sum of float norms on the host is finite exactly when each of them is)
         return math.isfinite(sum(vector.tolist()))
 
@@ -172,6 +186,8 @@ class GradStats:
 
     def detach(self) -> None:
         self._hooks.remove()
+        self._settle()
+        self._offload.close()
 
     def _pre_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
         # torch passes step()'s arguments, the optimizer first: step(closure) or
@@ -179,10 +195,12 @@ class GradStats:
         if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
             self._closure_step()
         else:
-            self.before_step()
+            self.before_step(beside=True)
 
-    def before_step(self) -> None:
-        """Measure (and clip) the gradients, snapshot parameters on monitored steps."""
+    def before_step(self, beside: bool = False) -> None:
+        """Measure (and clip) the gradients, snapshot parameters on monitored steps.
+        ``beside``: called as the optimizer's step begins (its pre-hook), so on the CPU the
+        norms may be read while it steps (``_norm_worker.py``)."""
         if self._measured:
             return  # already called explicitly for this step (Lightning)
         start = time.perf_counter()
@@ -192,7 +210,7 @@ class GradStats:
         grad_mode = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # cheaper than torch.no_grad() on every step
         try:
-            self._measure_grads(monitored)
+            self._measure_grads(monitored, beside)
             if monitored:
                 self._take_snapshot()
         finally:
@@ -217,6 +235,7 @@ class GradStats:
     def after_step(self) -> None:
         """The optimizer stepped: on monitored steps, parameter and update norms."""
         start = time.perf_counter()
+        self._settle()
         monitored, hist = self.monitored, self.hist_step
         if not self._measured:  # no pre-hook measured this step: it begins here
             self._next_step()
@@ -254,6 +273,7 @@ class GradStats:
         self._pack = pack.keeping(keep)
         self._pack.stepped = True
         self._grad_norms = self._grad_vector = self._total = None
+        self._unread = False
 
     def pop_overhead(self) -> float:
         """Host seconds the hooks took since the last call (on GPU: launch time only)."""
@@ -262,6 +282,7 @@ class GradStats:
 
     def take(self) -> StatsPack:
         """This step's statistics (measuring the gradients now if no step happened)."""
+        self._settle()
         if self._optimizer is None:
             self.after_step()  # no optimizer to hook: the step ends when it is logged
         elif not self._pack.stepped and not self._measured:
@@ -319,14 +340,25 @@ class GradStats:
             grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
         return names, grads
 
-    def _measure_grads(self, per_layer: bool) -> None:
+    def _measure_grads(self, per_layer: bool, beside: bool = False) -> None:
         self._measured = True
         names, grads = self._present()
         if not grads:
             return
+        clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
+        # On the CPU, a step's norms may be read beside it (_norm_worker.py), only the
+        # every-step ones: a clip, an all-reduce, per-layer statistics and distributions
+        # use them now; any other step is checked for writes to the gradients.
+        beside = beside and not self._sparse and not self._sharded and _finite.on_host(grads[0])
+        if (beside and self._offload.ready and not per_layer and clip is None
+                and self.reduce_group is None and not self.hist_step
+                and self._offload.submit(grads, self._norm_dtype)):
+            self._offload_names = names
+            return
         norms = _norm_list(grads, 2, self._norm_dtype)
         self._grad_norms = norms
-        clip = self.grad_clip if self.apply_clip else None  # apply_clip implies a clip
+        if beside:
+            self._offload.watch(grads, norms, self._norm_dtype)
         if per_layer or clip is not None or self.reduce_group is not None:
             vector = self._grad_vector = torch.stack(norms)
             total = self._total = self._global_from(vector)
@@ -353,6 +385,20 @@ class GradStats:
                     grad.mul_(coef.to(grad.device))
             else:
                 torch._foreach_mul_(grads, coef.to(grads[0].device))
+
+    def _settle(self) -> None:
+        """The norms read beside the step, once it returned (else: learn whether the step
+        wrote to the gradients, ``NormOffload``)."""
+        offload = self._offload
+        if not offload.pending:
+            offload.learn()
+            return
+        vector = offload.take()
+        if vector is None:
+            self._unread = True
+            return
+        self._grad_vector = vector
+        self._pack.add("param_grad_norm", vector, layers=self._offload_names)
 
     def _numels(self, names: list[str], grads: list[torch.Tensor]) -> torch.Tensor:
         """Each gradient's element count as a float32 device vector, made once per set of
