@@ -1,0 +1,127 @@
+"""The node whose link is slow, from every node's TCP round-trip times to the others
+(issue 44, ``network-slow``; the figures: cluster/tcp_probe.py).
+
+A ring collective makes every rank wait for its slowest link, so a capped link slows every
+rank alike and step timings cannot name it. The connections can: a node's link slow, what
+it sends queues there, and so does what its peers send it, so every pair with it in it
+measures a longer round trip, from either end, while the pairs without it do not. The
+node is the one in common to the slow pairs.
+
+The rule (``slow_node``), on the latest figures of each (node, peer node) pair, from the
+connections that carried data since the sample before: node N's link is slow when
+
+- it is in pairs with two or more different peers (one slow pair cannot tell its two ends
+  apart), and there is a pair without it to compare with; and
+- the fastest of its pairs is slower than the slowest pair without it *plus four times
+  that pair's RTT mean deviation* (``rttvar``, the kernel's own running noise of the
+  pair's RTT samples): past what TCP's retransmission timer allows for that pair
+  (RTO = srtt + 4 rttvar, RFC 6298). No milliseconds are chosen: the bound is the other
+  pairs' own noise.
+
+At most one node passes (its other peers' pairs are slow, so no other node's pairs without
+it are all fast). Judged once per sample: the first time makes the node **suspect**;
+still slow at every judgement for ``hold_seconds`` (a window of samples), or slow again
+in a later episode, makes it **sick** (``LinkJudge``).
+
+    >>> pairs = {("a", "b"): Rtt(68.0, 8.0), ("d", "a"): Rtt(80.0, 2.0),
+    ...          ("b", "c"): Rtt(0.12, 0.07), ("c", "d"): Rtt(0.08, 0.03)}
+    >>> slow_node(pairs).node
+    'a'
+    >>> slow_node({**pairs, ("d", "a"): Rtt(0.3, 0.2)}) is None
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NOISE_DEVIATIONS = 4.0
+"""RTT mean deviations a slow pair's RTT must exceed the slowest other pair by: the
+margin of TCP's own retransmission timer (RFC 6298: RTO = SRTT + 4 RTTVAR)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rtt:
+    """One pair's figures: the median smoothed RTT of its active connections and their
+    median RTT mean deviation, in ms."""
+
+    rtt_ms: float
+    rttvar_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """The node in common to the slow pairs, and the evidence."""
+
+    node: str
+    peers: tuple[str, ...]
+    slow_ms: tuple[float, float]  # its pairs' RTT, fastest and slowest
+    others_ms: tuple[float, float]  # the pairs without it, fastest and slowest
+    bound_ms: float  # the slowest other pair plus its noise margin
+
+    def words(self) -> str:
+        return (f"its link is slow: every pair of it ({len(self.peers)} peers: "
+                f"{', '.join(self.peers[:8])}) measures a TCP round trip of "
+                f"{_ms(self.slow_ms[0])}-{_ms(self.slow_ms[1])}, the pairs without it "
+                f"{_ms(self.others_ms[0])}-{_ms(self.others_ms[1])} (at most "
+                f"{_ms(self.bound_ms)} with {NOISE_DEVIATIONS:g} RTT mean deviations, the "
+                "margin TCP's own retransmission timer allows)")
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3g} ms"
+
+
+def slow_node(pairs: dict[tuple[str, str], Rtt]) -> SlowLink | None:
+    """The node whose link is slow by the module's rule, else None. ``pairs``:
+    (local node, remote node) -> the figures the local node's connections measure."""
+    nodes = sorted({n for pair in pairs for n in pair})
+    for node in nodes:
+        mine = {k: v for k, v in pairs.items() if node in k}
+        others = [v for k, v in pairs.items() if node not in k]
+        peers = sorted({b if a == node else a for a, b in mine})
+        if len(peers) < 2 or not others:
+            continue
+        fastest = min(v.rtt_ms for v in mine.values())
+        bound = max(v.rtt_ms + NOISE_DEVIATIONS * v.rttvar_ms for v in others)
+        if fastest > bound:
+            return SlowLink(node, tuple(peers),
+                            (fastest, max(v.rtt_ms for v in mine.values())),
+                            (min(v.rtt_ms for v in others), max(v.rtt_ms for v in others)),
+                            bound)
+    return None
+
+
+@dataclass(slots=True)
+class LinkJudge:
+    """The latest figures of each pair of one run's nodes, and the streak of the node they
+    name (module docstring). No I/O: the leader feeds it what each node's sidecar sends."""
+
+    hold_seconds: float
+    max_age_seconds: float
+    # (local node, remote node) -> (its figures, when they arrived)
+    pairs: dict[tuple[str, str], tuple[Rtt, float]] = field(default_factory=dict)
+    streak: tuple[str, float] | None = None  # (node, since when it is judged slow)
+    episodes: dict[str, int] = field(default_factory=dict)  # node -> slow episodes begun
+
+    def observe(self, local: str, figures: dict[str, Rtt], now: float) -> None:
+        """``local``'s sample: its figures to each peer node (they replace its earlier
+        ones: a pair it no longer measures is not kept)."""
+        self.pairs = {k: v for k, v in self.pairs.items() if k[0] != local}
+        for remote, rtt in figures.items():
+            if remote != local:
+                self.pairs[(local, remote)] = (rtt, now)
+
+    def judge(self, now: float) -> tuple[SlowLink, bool] | None:
+        """The node slow now and whether it is sick (held ``hold_seconds``, or a later
+        episode); None when no node is."""
+        fresh = {k: r for k, (r, at) in self.pairs.items() if now - at <= self.max_age_seconds}
+        found = slow_node(fresh)
+        if found is None:
+            self.streak = None
+            return None
+        if self.streak is None or self.streak[0] != found.node:
+            self.streak = (found.node, now)
+            self.episodes[found.node] = self.episodes.get(found.node, 0) + 1
+        held = now - self.streak[1] >= self.hold_seconds
+        return found, held or self.episodes[found.node] >= 2

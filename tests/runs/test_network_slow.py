@@ -1,0 +1,115 @@
+"""The node whose link is slow, judged from the TCP figures of each pair of nodes
+(runs/network_slow.py), on plain numbers: the figures below are those measured on a
+namespace cluster of four nodes passing data round a ring (``ss -tin``), node a's link
+capped with ``tc tbf`` and not."""
+
+from __future__ import annotations
+
+from monitor_agent.records.types import Finding, Severity
+from monitor_agent.runs.network_slow import LinkJudge, Rtt, slow_node
+from monitor_agent.runs.node_verdict import Mark, NodeVerdicts
+
+# a -> b -> c -> d -> a, each node sending to the next; a capped.
+CAPPED = {("a", "b"): Rtt(68.29, 8.168), ("b", "c"): Rtt(0.124, 0.073),
+          ("c", "d"): Rtt(0.082, 0.029), ("d", "a"): Rtt(79.61, 1.971)}
+# The same ring uncapped, busy: each pair's RTT varies several-fold.
+UNCAPPED = {("a", "b"): Rtt(0.216, 0.193), ("b", "c"): Rtt(0.366, 0.427),
+            ("c", "d"): Rtt(0.278, 0.289), ("d", "a"): Rtt(0.481, 0.527)}
+
+
+def test_the_node_common_to_the_slow_pairs_is_named_with_its_evidence():
+    found = slow_node(CAPPED)
+    assert found is not None and found.node == "a"
+    assert found.peers == ("b", "d")
+    assert found.slow_ms == (68.29, 79.61) and found.others_ms == (0.082, 0.124)
+    assert "68.3 ms-79.6 ms" in found.words() and "0.082 ms-0.124 ms" in found.words()
+
+
+def test_an_uncapped_ring_names_nobody_though_its_pairs_differ_two_fold():
+    assert slow_node(UNCAPPED) is None
+
+
+def test_the_margin_is_the_other_pairs_own_noise_not_a_number_of_milliseconds():
+    """Node a's pairs 3x the uncapped ones: named when the other pairs are steady, not
+    when they swing as the uncapped ring's measured ones did."""
+    steady = {k: Rtt(v.rtt_ms * 3 if "a" in k else v.rtt_ms, 0.01)
+              for k, v in UNCAPPED.items()}
+    noisy = {k: Rtt(v.rtt_ms, UNCAPPED[k].rttvar_ms) for k, v in steady.items()}
+    assert slow_node(steady) is not None and slow_node(steady).node == "a"
+    assert slow_node(noisy) is None
+
+
+def test_one_slow_pair_cannot_tell_its_two_ends_apart():
+    pairs = {**UNCAPPED, ("a", "b"): Rtt(70.0, 5.0)}
+    assert slow_node(pairs) is None
+
+
+def test_two_slow_nodes_have_no_one_node_in_common_and_nobody_is_named():
+    pairs = {**CAPPED, ("b", "c"): Rtt(60.0, 5.0)}  # b capped too
+    assert slow_node(pairs) is None
+
+
+def test_without_a_pair_to_compare_with_nobody_is_named():
+    two_nodes = {("a", "b"): Rtt(70.0, 5.0), ("b", "a"): Rtt(71.0, 5.0)}
+    assert slow_node(two_nodes) is None
+
+
+def test_on_three_nodes_the_capped_one_is_named():
+    pairs = {("a", "b"): Rtt(40.0, 3.0), ("b", "c"): Rtt(0.2, 0.1), ("c", "a"): Rtt(45.0, 2.0)}
+    assert slow_node(pairs).node == "a"
+
+
+def _feed(judge: LinkJudge, pairs: dict[tuple[str, str], Rtt], now: float):
+    for local in sorted({a for a, _ in pairs}):
+        judge.observe(local, {b: r for (a, b), r in pairs.items() if a == local}, now)
+    return judge.judge(now)
+
+
+def test_slow_once_is_suspect_held_for_the_window_is_sick_and_later_again_is_sick_at_once():
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    first = _feed(judge, CAPPED, 100.0)
+    assert first is not None and first[0].node == "a" and first[1] is False
+    assert _feed(judge, CAPPED, 110.0)[1] is False
+    assert _feed(judge, CAPPED, 115.0)[1] is True
+    assert _feed(judge, UNCAPPED, 120.0) is None  # recovered: the streak ends
+    again = _feed(judge, CAPPED, 200.0)
+    assert again is not None and again[1] is True  # a later episode: sick at once
+
+
+def test_figures_older_than_their_age_limit_are_not_judged():
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    _feed(judge, CAPPED, 100.0)
+    # Only node b reports again, much later: a's and d's figures are stale.
+    judge.observe("b", {"c": Rtt(0.1, 0.05)}, 200.0)
+    assert judge.judge(200.0) is None
+
+
+def test_a_nodes_new_sample_replaces_its_earlier_pairs():
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    _feed(judge, CAPPED, 100.0)
+    judge.observe("a", {"c": Rtt(0.1, 0.05)}, 101.0)
+    assert ("a", "b") not in judge.pairs and ("a", "c") in judge.pairs
+
+
+def test_a_straggler_reading_does_not_replace_the_measured_link():
+    book = NodeVerdicts()
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+    assert book.link("a", True, 40, "its link is slow") == "a"
+    slow = Finding(type="straggler", severity=Severity.WARNING, run_id="r", step=50,
+                   message="rank 0 computes slowly", rank=0, evidence={"cause": "compute"})
+    book.observe(slow, hosts, {})
+    verdict = {v.node: v for v in book.verdicts(hosts)}["a"]
+    assert (verdict.state, verdict.cause, verdict.why) == ("sick", "network-slow",
+                                                           "its link is slow")
+
+
+def test_a_link_verdict_keeps_the_evidence_that_set_it_and_survives_a_restore():
+    book = NodeVerdicts()
+    assert book.link("a", False, 10, "first") == "a"
+    assert book.link("a", False, 11, "second") is None
+    assert book.link("a", True, 12, "held") == "a"
+    assert book.link("a", False, 13, "softer") is None
+    again = NodeVerdicts()
+    again.restore(book.to_dict())
+    assert again.linked == {"a"}
+    assert again.marks["a"]["network-slow"] == Mark("network-slow", True, 12, "held")
