@@ -11,7 +11,7 @@ its actions. The body (JSON, usually gzip)::
      "records": [<digests: records less their per-layer payload, docs/format.md>],
      "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}],
      "links": [{"address": "10.0.0.3", "rtt_ms": 0.4, "rttvar_ms": 0.2, "connections": 2,
-                "retransmits": 0}]}
+                "retransmits": 0, "bytes": 180000}]}
 
 ``links`` (optional: a new sample of the node's host, cluster/tcp_probe.py) is what its
 own connections measure to each remote address, at most ``MAX_PEERS`` of them; a node's
@@ -87,6 +87,7 @@ class LinkIn(BaseModel):
     rttvar_ms: float = Field(ge=0, le=600_000, allow_inf_nan=False)
     connections: int = Field(ge=1, le=1_000_000)
     retransmits: int = Field(ge=0, le=2**53)
+    bytes: int = Field(default=0, ge=0, le=2**62)
 
     @field_validator("address")
     @classmethod
@@ -294,7 +295,7 @@ def _links(raw: Any) -> tuple[PeerLink, ...] | None:
     if len({link.address for link in links}) != len(links):
         raise BadRequest(400, "links: an address listed twice")
     return tuple(PeerLink(link.address, link.rtt_ms, link.rttvar_ms, link.connections,
-                          link.retransmits) for link in links)
+                          link.retransmits, link.bytes) for link in links)
 
 
 def _findings(raw: Any, runs: set[str]

@@ -85,9 +85,9 @@ class ClusterSettings(BaseModel):
     tcp_probe_interval_seconds: float = Field(
         default=5.0, ge=0.5, le=300, description="How often the TCP probe samples; a "
         "connection counts when it sent data within one interval (an idle one's RTT is "
-        "stale). The leader judges a node sick once its link has been slow for three "
-        "intervals, and forgets a node's figures after three (set it alike on every "
-        "node's sidecar).")
+        "stale). The leader judges a node suspect once its link has been slow for three "
+        "intervals, sick for six, and forgets a node's figures after three (set it alike "
+        "on every node's sidecar).")
     end_stopped_ranks: bool = Field(
         default=True, description="When a run's restart is decided, SIGKILL this node's "
         "own ranks whose process is stopped (SIGSTOP: it cannot leave with exit 75 by "

@@ -10,12 +10,17 @@ node in common (runs/network_slow.py judges that, on the leader).
 
 Read with ``ss -tinH state established`` (iproute2; the sidecar runs in the node's network
 namespace, the Pod's under Kubernetes, so it sees what the ranks send): for each remote
-address, the connections that sent data within the last ``active_ms`` (their smoothed RTT
-was updated by it; an idle connection's is stale), their median ``rtt`` and ``rttvar``
+address, among the connections that sent data within the last ``active_ms`` (their
+smoothed RTT was updated by it; an idle connection's is stale), the ``rtt`` and ``rttvar``
 (the kernel's own mean deviation of the RTT samples: the noise its retransmission timer
-allows for), how many there are and their retransmitted segments. Loopback, this host's
-own addresses and the ``skip_ports`` (the sidecars' own link) are left out; at most
-``MAX_PEERS`` addresses, the busiest kept.
+allows for) of the one that moved the most bytes since the sample before: the job's
+collective. A request/response connection (a rendezvous store's) measures its peer's
+answer time and delayed ACK (up to 40 ms on Linux), not the link: measured on the
+namespace cluster, the store's host was in every slow pair of a healthy job until the
+busiest connection spoke for each address. Also how many connections sent, and their
+retransmitted segments. Loopback, this host's own addresses and the ``skip_ports`` (the
+sidecars' own link) are left out; at most ``MAX_PEERS`` addresses, those with the most
+connections kept.
 
     >>> text = ('ESTAB 0 0 10.0.0.1:41824 10.0.0.2:29500\\n'
     ...         '\\t cubic rtt:68.29/8.168 bytes_acked:13296440 retrans:0/12 lastsnd:12\\n')
@@ -29,10 +34,9 @@ import ipaddress
 import logging
 import re
 import shutil
-import statistics
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -73,10 +77,12 @@ class PeerLink:
     rttvar_ms: float
     connections: int
     retransmits: int
+    bytes: int = 0  # what its busiest connection moved since the sample before
 
     def to_dict(self) -> dict[str, object]:
         return {"address": self.address, "rtt_ms": self.rtt_ms, "rttvar_ms": self.rttvar_ms,
-                "connections": self.connections, "retransmits": self.retransmits}
+                "connections": self.connections, "retransmits": self.retransmits,
+                "bytes": self.bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,33 +141,42 @@ def parse_ss(text: str) -> list[Connection]:
     return out
 
 
+Key = tuple[str, int, str, int]
+"""A connection: local address and port, remote address and port."""
+
+
 def summarise(connections: Iterable[Connection], active_ms: int,
-              skip_ports: frozenset[int] = frozenset(), max_peers: int = MAX_PEERS
-              ) -> LinkSample:
-    """Per remote address, the figures of its connections that sent data within
-    ``active_ms`` (module docstring); loopback, this host's own addresses and
-    connections on ``skip_ports`` (either end) left out; the ``max_peers`` addresses with
-    the most connections kept."""
+              skip_ports: frozenset[int] = frozenset(), before: Mapping[Key, int] | None = None,
+              max_peers: int = MAX_PEERS) -> LinkSample:
+    """Per remote address, the figures of its busiest connection among those that sent
+    data within ``active_ms`` (module docstring): the most bytes acknowledged since
+    ``before`` (each connection's ``bytes_acked`` at the sample before; a connection not
+    in it counts all of its own). Loopback, this host's own addresses and connections on
+    ``skip_ports`` (either end) left out; the ``max_peers`` addresses with the most
+    connections kept."""
     conns = list(connections)
     local = {c.local for c in conns}
-    by_peer: dict[str, list[Connection]] = {}
+    by_peer: dict[str, list[tuple[int, Connection]]] = {}
     for c in conns:
-        # bytes_acked 1: the handshake only (the SYN counts one); no data measured yet.
-        if (c.rtt_ms is None or c.rttvar_ms is None
-                or c.lastsnd_ms > active_ms or c.bytes_acked <= 1
-                or c.local_port in skip_ports or c.remote_port in skip_ports
+        moved = c.bytes_acked - (before or {}).get(key(c), 1)  # 1: the SYN's
+        if (c.rtt_ms is None or c.rttvar_ms is None or c.lastsnd_ms > active_ms
+                or moved <= 0 or c.local_port in skip_ports or c.remote_port in skip_ports
                 or c.remote in local or ipaddress.ip_address(c.remote).is_loopback):
             continue
-        by_peer.setdefault(c.remote, []).append(c)
-    busiest = sorted(by_peer.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:max_peers]
-    peers = tuple(PeerLink(
-        address=addr,
-        rtt_ms=statistics.median(c.rtt_ms for c in cs if c.rtt_ms is not None),
-        rttvar_ms=statistics.median(c.rttvar_ms for c in cs if c.rttvar_ms is not None),
-        connections=len(cs), retransmits=sum(c.retransmits for c in cs))
-        for addr, cs in sorted(busiest))
+        by_peer.setdefault(c.remote, []).append((moved, c))
+    kept = sorted(by_peer.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:max_peers]
+    peers = []
+    for address, moving in sorted(kept):
+        moved, busiest = max(moving, key=lambda mc: (mc[0], -mc[1].local_port))
+        assert busiest.rtt_ms is not None and busiest.rttvar_ms is not None
+        peers.append(PeerLink(address, busiest.rtt_ms, busiest.rttvar_ms, len(moving),
+                              sum(c.retransmits for _, c in moving), moved))
     own = sorted(a for a in local if not ipaddress.ip_address(a).is_loopback)
-    return LinkSample(local=tuple(own[:max_peers]), peers=peers)
+    return LinkSample(local=tuple(own[:max_peers]), peers=tuple(peers))
+
+
+def key(c: Connection) -> Key:
+    return (c.local, c.local_port, c.remote, c.remote_port)
 
 
 class TcpProbe:
@@ -172,6 +187,7 @@ class TcpProbe:
         self.active_ms, self.skip_ports = active_ms, skip_ports
         self.ss = ss or shutil.which("ss")
         self._warned = False
+        self._before: dict[Key, int] = {}  # each connection's bytes_acked, the sample before
 
     def sample(self) -> LinkSample | None:
         """This host's figures now; None when ``ss`` is missing or fails (said once)."""
@@ -188,7 +204,10 @@ class TcpProbe:
         if res.returncode != 0:
             self._unavailable(f"ss exited {res.returncode}: {res.stderr.strip()[:200]}")
             return None
-        return summarise(parse_ss(res.stdout), self.active_ms, self.skip_ports)
+        conns = parse_ss(res.stdout)
+        sample = summarise(conns, self.active_ms, self.skip_ports, self._before)
+        self._before = {key(c): c.bytes_acked for c in conns}
+        return sample
 
     def _unavailable(self, why: str) -> None:
         if not self._warned:

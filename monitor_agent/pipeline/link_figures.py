@@ -15,8 +15,9 @@ from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.runs.node_verdict import NodeVerdict
 
 HOLD_INTERVALS = 3.0
-"""Probe intervals a link stays slow before its node is sick, and after which a node's
-figures are stale (a window of samples: one is a moment, three a condition)."""
+"""Probe intervals a link stays slow before its node is suspect (twice that: sick), and
+after which a node's figures are stale (a window of samples: one is a moment, three a
+condition)."""
 
 
 class LinkFigures:

@@ -17,7 +17,7 @@ The cause classes, from what the finding says::
     compute-slow   straggler, its own compute
     network-slow   straggler, late to the all-reduce with its own work as fast (its link);
                    the node common to the slow pairs of every node's TCP round-trip
-                   times (``link``, runs/network_slow.py: slow for a window, or again)
+                   times (``link``, runs/network_slow.py: for two windows, or again)
     input-slow     straggler, its data loading
     gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
     sdc-suspect    NaN first on it, at two different data positions; its ranks' local

@@ -17,6 +17,7 @@ from monitor_agent.cluster.tcp_probe import (
     Connection,
     ProbeThread,
     TcpProbe,
+    key,
     parse_ss,
     summarise,
 )
@@ -59,12 +60,19 @@ def test_idle_handshake_only_loopback_own_and_skipped_port_connections_are_left_
     assert [p.address for p in sample.peers] == ["10.0.0.6"]
 
 
-def test_several_connections_to_one_address_give_their_median_and_summed_retransmits():
-    conns = [_conn("10.0.0.2", rtt=r, lport=40000 + i, retrans=i)
-             for i, r in enumerate((1.0, 9.0, 2.0))]
-    (peer,) = summarise(conns, active_ms=5000).peers
-    assert (peer.rtt_ms, peer.rttvar_ms, peer.connections, peer.retransmits) == \
-        (2.0, 0.5, 3, 3)
+def test_the_connection_that_moved_the_most_since_the_sample_before_speaks_for_its_address():
+    """A rendezvous store's request/response connection (40 ms: its peer's delayed ACK)
+    beside the collective's bulk one (0.2 ms): the bulk one is the link's measure."""
+    bulk = _conn("10.0.0.2", rtt=0.2, lport=40000, acked=90_000_000, retrans=2)
+    store = _conn("10.0.0.2", rtt=40.0, lport=40001, acked=5_000, retrans=1)
+    (peer,) = summarise([store, bulk], active_ms=5000).peers
+    assert (peer.rtt_ms, peer.connections, peer.retransmits, peer.bytes) == \
+        (0.2, 2, 3, 90_000_000 - 1)
+    # The bulk connection idle since the sample before (nothing more acknowledged): the
+    # store's is all that moved.
+    before = {key(bulk): bulk.bytes_acked, key(store): 1_000}
+    (peer,) = summarise([store, bulk], active_ms=5000, before=before).peers
+    assert (peer.rtt_ms, peer.connections, peer.bytes) == (40.0, 1, 4_000)
 
 
 def test_at_most_max_peers_addresses_are_kept_the_busiest_first():
@@ -135,6 +143,14 @@ def test_a_probe_without_ss_samples_nothing_and_says_so(caplog: pytest.LogCaptur
     probe = TcpProbe(active_ms=1000, ss="/nonexistent/ss")
     assert probe.sample() is None and probe.sample() is None
     assert sum("TCP probe off" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_connection_that_moved_nothing_since_the_sample_before_is_idle():
+    """Its lastsnd recent (a keep-alive, a zero window probe) but no byte acknowledged
+    since: its RTT says nothing new."""
+    conn = _conn("10.0.0.9", acked=123_456, lastsnd=5)
+    assert len(summarise([conn], 60_000).peers) == 1
+    assert summarise([conn], 60_000, before={key(conn): conn.bytes_acked}).peers == ()
 
 
 def test_the_probe_thread_keeps_each_new_sample_under_a_new_serial(busy_connection: int):

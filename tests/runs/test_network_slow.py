@@ -65,15 +65,27 @@ def _feed(judge: LinkJudge, pairs: dict[tuple[str, str], Rtt], now: float):
     return judge.judge(now)
 
 
-def test_slow_once_is_suspect_held_for_the_window_is_sick_and_later_again_is_sick_at_once():
+def test_slow_for_a_window_is_suspect_for_two_sick_and_a_later_episode_sick_at_once():
     judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
-    first = _feed(judge, CAPPED, 100.0)
+    assert _feed(judge, CAPPED, 100.0) is None  # one moment: not yet
+    assert _feed(judge, CAPPED, 110.0) is None
+    first = _feed(judge, CAPPED, 115.0)
     assert first is not None and first[0].node == "a" and first[1] is False
-    assert _feed(judge, CAPPED, 110.0)[1] is False
-    assert _feed(judge, CAPPED, 115.0)[1] is True
-    assert _feed(judge, UNCAPPED, 120.0) is None  # recovered: the streak ends
-    again = _feed(judge, CAPPED, 200.0)
-    assert again is not None and again[1] is True  # a later episode: sick at once
+    assert _feed(judge, CAPPED, 125.0)[1] is False
+    assert _feed(judge, CAPPED, 130.0)[1] is True
+    assert _feed(judge, UNCAPPED, 140.0) is None  # recovered: the streak ends
+    assert _feed(judge, CAPPED, 200.0) is None
+    again = _feed(judge, CAPPED, 215.0)
+    assert again is not None and again[1] is True  # a later episode: sick once it holds
+
+
+def test_a_moment_of_slowness_shorter_than_the_window_names_nobody_ever():
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    for t in range(0, 300, 20):
+        assert _feed(judge, CAPPED, float(t)) is None
+        assert _feed(judge, CAPPED, t + 10.0) is None
+        assert _feed(judge, UNCAPPED, t + 12.0) is None
+    assert judge.episodes == {}
 
 
 def test_figures_older_than_their_age_limit_are_not_judged():
