@@ -8,18 +8,22 @@ measures a longer round trip, from either end, while the pairs without it do not
 node is the one in common to the slow pairs.
 
 The rule (``slow_node``), on the latest figures of each (node, peer node) pair, from the
-connections that carried data since the sample before: node N's link is slow when
+connections that carried data since the sample before: with a pair without node N to
+compare with, N's link is slow when
 
-- it is in pairs with two or more different peers (one slow pair cannot tell its two ends
-  apart), and there is a pair without it to compare with; and
-- the fastest of its pairs is slower than the slowest pair without it *plus four times
-  that pair's RTT mean deviation* (``rttvar``, the kernel's own running noise of the
-  pair's RTT samples): past what TCP's retransmission timer allows for that pair
+- most of its pairs (at least half) are slower than the slowest pair without it *plus
+  four times that pair's RTT mean deviation* (``rttvar``, the kernel's own running noise
+  of the pair's RTT samples): past what TCP's retransmission timer allows for that pair
   (RTO = srtt + 4 rttvar, RFC 6298). No milliseconds are chosen: the bound is the other
-  pairs' own noise.
+  pairs' own noise. Most, not all: a pair sampled while the node's queue happened to be
+  empty, or a request/response connection (the rendezvous store's host has one to every
+  node) measures a quiet moment; and
+- those slow pairs reach two or more different peers (one slow pair cannot tell its two
+  ends apart).
 
-At most one node passes (its other peers' pairs are slow, so no other node's pairs without
-it are all fast). Judged at every sample; one sample is a moment (a busy host answers late
+Every pair past the bound has N in it (the bound is the slowest pair without it), so N is
+the node in common to the slow pairs; at most one node passes (its peers' pairs with it
+are slow, so every other node has a slow pair without it). Judged at every sample; one sample is a moment (a busy host answers late
 for a second: on the namespace cluster a healthy node just starting its ranks once
 measured 0.75-5.7 ms against another pair's 0.1 ms), so the node is **suspect** once its
 link has been slow at every judgement for ``hold_seconds`` (a window of samples), and
@@ -61,10 +65,14 @@ class SlowLink:
     slow_ms: tuple[float, float]  # its pairs' RTT, fastest and slowest
     others_ms: tuple[float, float]  # the pairs without it, fastest and slowest
     bound_ms: float  # the slowest other pair plus its noise margin
+    slow_pairs: int = 0  # its pairs past the bound
+    pairs: int = 0  # its pairs measured
 
     def words(self) -> str:
-        return (f"its link is slow: every pair of it ({len(self.peers)} peers: "
-                f"{', '.join(self.peers[:8])}) measures a TCP round trip of "
+        share = ("every pair of it" if self.slow_pairs == self.pairs else
+                 f"{self.slow_pairs} of its {self.pairs} pairs")
+        return (f"its link is slow: {share} ({len(self.peers)} peers: "
+                f"{', '.join(self.peers[:8])}) measure a TCP round trip of "
                 f"{_ms(self.slow_ms[0])}-{_ms(self.slow_ms[1])}, the pairs without it "
                 f"{_ms(self.others_ms[0])}-{_ms(self.others_ms[1])} (at most "
                 f"{_ms(self.bound_ms)} with {NOISE_DEVIATIONS:g} RTT mean deviations, the "
@@ -82,16 +90,17 @@ def slow_node(pairs: dict[tuple[str, str], Rtt]) -> SlowLink | None:
     for node in nodes:
         mine = {k: v for k, v in pairs.items() if node in k}
         others = [v for k, v in pairs.items() if node not in k]
-        peers = sorted({b if a == node else a for a, b in mine})
-        if len(peers) < 2 or not others:
+        if not others:
             continue
-        fastest = min(v.rtt_ms for v in mine.values())
         bound = max(v.rtt_ms + NOISE_DEVIATIONS * v.rttvar_ms for v in others)
-        if fastest > bound:
-            return SlowLink(node, tuple(peers),
-                            (fastest, max(v.rtt_ms for v in mine.values())),
-                            (min(v.rtt_ms for v in others), max(v.rtt_ms for v in others)),
-                            bound)
+        slow = {k: v for k, v in mine.items() if v.rtt_ms > bound}
+        peers = sorted({b if a == node else a for a, b in slow})
+        if len(peers) < 2 or 2 * len(slow) < len(mine):
+            continue
+        rtts = [v.rtt_ms for v in slow.values()]
+        return SlowLink(node, tuple(peers), (min(rtts), max(rtts)),
+                        (min(v.rtt_ms for v in others), max(v.rtt_ms for v in others)),
+                        bound, len(slow), len(mine))
     return None
 
 

@@ -25,6 +25,22 @@ def test_the_node_common_to_the_slow_pairs_is_named_with_its_evidence():
     assert "68.3 ms-79.6 ms" in found.words() and "0.082 ms-0.124 ms" in found.words()
 
 
+def test_a_quiet_pair_of_the_capped_node_does_not_hide_it():
+    """The capped node hosts the rendezvous store: node c's request/response connection to
+    it measured a quiet moment of its queue. Most of its pairs are slow: it is named,
+    saying how many."""
+    pairs = {**CAPPED, ("c", "a"): Rtt(0.09, 0.04)}
+    found = slow_node(pairs)
+    assert found is not None and found.node == "a" and (found.slow_pairs, found.pairs) == (2, 3)
+    assert "2 of its 3 pairs" in found.words()
+
+
+def test_a_node_with_fewer_than_half_its_pairs_slow_is_not_named():
+    pairs = {**CAPPED, ("c", "a"): Rtt(0.09, 0.04), ("a", "c"): Rtt(0.1, 0.04),
+             ("e", "a"): Rtt(0.1, 0.05), ("e", "c"): Rtt(0.1, 0.05)}
+    assert slow_node(pairs) is None
+
+
 def test_an_uncapped_ring_names_nobody_though_its_pairs_differ_two_fold():
     assert slow_node(UNCAPPED) is None
 
