@@ -4,6 +4,7 @@ sidecar's own host's (the app's probe, cluster/tcp_probe.py). On the engine thre
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from monitor_agent.cluster.settings import ClusterSettings
@@ -13,6 +14,8 @@ from monitor_agent.pipeline.batch import PeerBatch
 from monitor_agent.pipeline.placement import Placement
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
 from monitor_agent.runs.node_verdict import NodeVerdict
+
+log = logging.getLogger(__name__)
 
 HOLD_INTERVALS = 3.0
 """Probe intervals a link stays slow before its node is suspect (twice that: sick), and
@@ -61,6 +64,7 @@ class LinkFigures:
         run = live.state
         aliases = self._aliases(live)
         mapped = views.link_figures(run, local, peers, aliases)
+        log.debug("run %s: TCP figures from %s: %s", run.run_id, local, mapped)
         if mapped is None:
             return []
         node, figures = mapped

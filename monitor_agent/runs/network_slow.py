@@ -7,8 +7,9 @@ it sends queues there, and so does what its peers send it, so every pair with it
 measures a longer round trip, from either end, while the pairs without it do not. The
 node is the one in common to the slow pairs.
 
-The rule (``slow_node``), on the latest figures of each (node, peer node) pair, from the
-connections that carried data since the sample before: with a pair without node N to
+The rule (``slow_node``), on the latest figures of each (node, peer node) pair that
+carries the collective (``collective``: not a store's request/response connection), from
+the connections that carried data since the sample before: with a pair without node N to
 compare with, N's link is slow when
 
 - most of its pairs (at least half) are slower than the slowest pair without it *plus
@@ -42,6 +43,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+BULK_SHARE = 10
+"""A pair whose connection moved less than a tenth of the busiest pair's bytes is not the
+collective's but a request/response one (a rendezvous store's, an agent's heartbeat): it
+measures its peer's answer time and delayed ACK (up to 40 ms), not the link, and its
+noise would set everyone's bound. Measured on the namespace cluster: a ring's edges moved
+550-780 KB a second each, the store's connections 1.2-1.7 KB; any cut between 2x and
+300x splits them alike."""
 NOISE_DEVIATIONS = 4.0
 """RTT mean deviations a slow pair's RTT must exceed the slowest other pair by: the
 margin of TCP's own retransmission timer (RFC 6298: RTO = SRTT + 4 RTTVAR)."""
@@ -54,6 +62,7 @@ class Rtt:
 
     rtt_ms: float
     rttvar_ms: float
+    bytes: int = 0  # what the connection moved since the sample before
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ def _ms(value: float) -> str:
 def slow_node(pairs: dict[tuple[str, str], Rtt]) -> SlowLink | None:
     """The node whose link is slow by the module's rule, else None. ``pairs``:
     (local node, remote node) -> the figures the local node's connections measure."""
+    pairs = collective(pairs)
     nodes = sorted({n for pair in pairs for n in pair})
     for node in nodes:
         mine = {k: v for k, v in pairs.items() if node in k}
@@ -102,6 +112,13 @@ def slow_node(pairs: dict[tuple[str, str], Rtt]) -> SlowLink | None:
                         (min(v.rtt_ms for v in others), max(v.rtt_ms for v in others)),
                         bound, len(slow), len(mine))
     return None
+
+
+def collective(pairs: dict[tuple[str, str], Rtt]) -> dict[tuple[str, str], Rtt]:
+    """The pairs that carry the job's collective: those that moved at least
+    ``1 / BULK_SHARE`` of what the busiest pair moved (all, when no pair says)."""
+    top = max((v.bytes for v in pairs.values()), default=0)
+    return {k: v for k, v in pairs.items() if v.bytes * BULK_SHARE >= top}
 
 
 @dataclass(slots=True)

@@ -221,6 +221,10 @@ class NodeVerdicts:
         why = ("all its ranks are slower than the other nodes'" if whole else
                f"rank {finding.rank} the straggler" + (f" since step {first}" if sustained
                                                        else ""))
+        if cause == "network-slow" and self.linked and node not in self.linked:
+            # Late to the all-reduce while another node's link is measured slow: the ring
+            # waits for that link, whoever is late to it.
+            return None
         mine = self.marks.get(node, {})
         if cause in SLOW_CLASSES:
             # Where the extra time goes is read off window medians, and a window that has
@@ -243,6 +247,12 @@ class NodeVerdicts:
         if old is not None and old.sick >= sick and node in self.linked:
             return None
         self.linked.add(node)
+        for other, marks in self.marks.items():
+            # A straggler's "late to the all-reduce" on another node, not sick: the ring
+            # waiting for this link (``_straggler`` takes no more of them).
+            mark = marks.get("network-slow")
+            if other not in self.linked and mark is not None and not mark.sick:
+                del marks["network-slow"]
         return self._mark(node, Mark("network-slow", sick, step, why))
 
     def _gone(self, finding: Finding, hosts: dict[int, str]) -> str | None:

@@ -1,10 +1,13 @@
 """A node whose link is capped is named ``network-slow`` from the nodes' TCP round-trip
 times (issue 44; cluster/tcp_probe.py, runs/network_slow.py), on the namespace cluster:
 three nodes, one sidecar each (its probe reading ``ss`` in its node's network namespace),
-a torchrun job of a rank per node passing its all-reduce round gloo's ring. Node 2's link
+a torchrun job of a rank per node passing its all-reduce round gloo's ring. Node 0's link
 is capped with ``tc tbf`` on both ends: every rank's step slows alike (per-rank timings
-cannot name the link), but the pairs with node 2 in them measure a long round trip and the
-pair without it does not. The leader names node 2, and no other node, network-slow."""
+cannot name the link), but the pairs with node 0 in them measure a long round trip and the
+pair without it does not. Node 0 is the hard case: the leader's own node (its figures come
+from its own probe, its address from its own sample) and the rendezvous stores' host (its
+peers' request/response connections to it measure answer times, not the link). The leader
+names node 0, and no other node, network-slow."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from tests.netcluster.elastic import ElasticJob
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RUN = "netslow"
-CAPPED = 2
+CAPPED = 0
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +69,11 @@ def test_the_capped_node_and_no_other_is_named_network_slow(cluster: Cluster) ->
     finally:
         cluster.faults.reset()
         job.kill()
-    others = {n: (v["state"], v["cause"]) for n, v in named.items() if n != f"node{CAPPED}"}
+    # Once node 0's link is measured slow, no other node is network-slow (a straggler's
+    # "late to the all-reduce" elsewhere is the ring waiting for that link).
+    others = {n: (v["state"], v["cause"]) for n, v in _verdicts(cluster).items()
+              if n != f"node{CAPPED}"}
     assert all(cause != "network-slow" for _, cause in others.values()), \
         json.dumps(named, indent=1)
     why = named[f"node{CAPPED}"]["why"]
-    assert "its link is slow" in why and "node0, node1" in why, why
+    assert "its link is slow" in why and "node1, node2" in why, why
