@@ -9,7 +9,16 @@ its actions. The body (JSON, usually gzip)::
      "runs": [{"run_id": "gpt-7", "node": 1, "host": "gpu-node-1", "ranks": [2, 3],
                "known_action": 0}],
      "records": [<digests: records less their per-layer payload, docs/format.md>],
-     "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}]}
+     "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}],
+     "links": [{"address": "10.0.0.3", "rtt_ms": 0.4, "rttvar_ms": 0.2, "connections": 2,
+                "retransmits": 0, "bytes": 180000}]}
+
+``links`` (optional: a new sample of the node's host, cluster/tcp_probe.py) is what its
+own connections measure to each remote address, at most ``MAX_PEERS`` of them; a node's
+figures only ever describe its own connections (the leader takes it as the node at the
+address the exchange comes from) and name others only by address. A malformed one is
+refused with the whole exchange (400, saying which field): a node sidecar of this version
+never sends one.
 
 The door takes the leader link's own credential (``cluster.peer_token``), not the write
 token, and checks what it takes as ``POST /v1/records`` does (docs/hostile-input.md,
@@ -28,12 +37,13 @@ node sidecar that reaches itself stops forwarding).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from monitor_agent.api.body import (
     BODY_ERRORS,
@@ -52,6 +62,7 @@ from monitor_agent.api.record_batch import (
     sorted_rejections,
     validate_records,
 )
+from monitor_agent.cluster.tcp_probe import MAX_PEERS, PeerLink
 from monitor_agent.pipeline.engine import Incoming, PeerBatch, PeerRun
 from monitor_agent.records import RecordError, limits
 from monitor_agent.records.finding_schema import parse_finding
@@ -64,6 +75,30 @@ router = APIRouter(tags=["peer"])
 MAX_RUNS = 10_000
 MAX_RANKS_LISTED = 100_000
 _RUN_ID: TypeAdapter[str] = TypeAdapter(RunId)
+
+
+class LinkIn(BaseModel):
+    """What a node's connections to one remote address measure (cluster/tcp_probe.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    address: str = Field(max_length=64)
+    rtt_ms: float = Field(ge=0, le=600_000, allow_inf_nan=False)
+    rttvar_ms: float = Field(ge=0, le=600_000, allow_inf_nan=False)
+    connections: int = Field(ge=1, le=1_000_000)
+    retransmits: int = Field(ge=0, le=2**53)
+    bytes: int = Field(default=0, ge=0, le=2**62)
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError("not an IP address") from None
+
+
+_LINKS: TypeAdapter[list[LinkIn]] = TypeAdapter(list[LinkIn])
 
 
 class PeerRunOut(BaseModel):
@@ -129,7 +164,8 @@ async def _exchange(request: Request) -> PeerResponse:
         items.append(item)
     findings, bad = _findings(envelope.get("findings"), set(nodes))
     batch = PeerBatch(sidecar, items, findings, runs,
-                      address=request.client.host if request.client else None)
+                      address=request.client.host if request.client else None,
+                      links=_links(envelope.get("links")))
     m = state.metrics.peer_items
     m.labels(kind="digest").inc(len(items))
     m.labels(kind="finding").inc(len(findings))
@@ -241,6 +277,25 @@ def _runs(envelope: dict[str, Any]) -> list[_Run]:
             ranks=tuple(_int(x, f"runs[{i}].ranks", 0, 1_000_000) for x in ranks),
             known=_int(r.get("known_action", 0), f"runs[{i}].known_action", 0, 2**62)))
     return out
+
+
+def _links(raw: Any) -> tuple[PeerLink, ...] | None:
+    """The node's TCP figures (module docstring), each field bounded; 400 saying which is
+    not."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) > MAX_PEERS:
+        raise BadRequest(400, f"links: must be a list of at most {MAX_PEERS} addresses")
+    try:
+        links = _LINKS.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadRequest(400, f"links[{where}]: {first['msg']}") from None
+    if len({link.address for link in links}) != len(links):
+        raise BadRequest(400, "links: an address listed twice")
+    return tuple(PeerLink(link.address, link.rtt_ms, link.rttvar_ms, link.connections,
+                          link.retransmits, link.bytes) for link in links)
 
 
 def _findings(raw: Any, runs: set[str]

@@ -6,7 +6,8 @@ For each leader (the sidecar of node 0 of a run this one follows) an exchange:
    this node's findings), gzip, in id order, at most ``batch_max_items`` at a time, and
    at least every ``heartbeat_seconds`` while it follows a run of that leader, so the
    leader knows the node is there (``POST /v1/peer/digests``, api/peer.py), with the
-   link's own credential (``cluster.peer_token``, never the write token);
+   link's own credential (``cluster.peer_token``, never the write token), with this
+   host's TCP figures when the probe took a new sample (cluster/tcp_probe.py);
 2. on the answer, deletes what the leader stored and keeps the actions the leader decided
    for those runs (its rollback plans, its stops) for this node's ranks to read; the items
    of a run the leader does not take (``deferred``: it does not lead it, yet) stay queued
@@ -48,6 +49,7 @@ import httpx
 
 from monitor_agent.cluster.link_state import LinkBook
 from monitor_agent.cluster.settings import ClusterSettings
+from monitor_agent.cluster.tcp_probe import LinkSample
 from monitor_agent.records import wire
 from monitor_agent.storage.uplink import PAGED
 
@@ -121,8 +123,12 @@ class LeaderLink:
     def __init__(self, settings: ClusterSettings, book: LinkBook, sidecar: str, port: Port,
                  token: Callable[[], str | None], metrics: LinkMetrics | None = None,
                  clock: Callable[[], float] = time.time,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 links: Callable[[], tuple[int, LinkSample] | None] | None = None) -> None:
         self.settings, self.book, self.sidecar, self.port = settings, book, sidecar, port
+        # This host's latest TCP sample (cluster/tcp_probe.py), sent once to each leader.
+        self.links = links
+        self._links_sent: dict[str, int] = {}
         self.token, self.metrics, self.clock = token, metrics, clock
         self._client = httpx.Client(transport=transport, timeout=settings.post_timeout_seconds,
                                     limits=httpx.Limits(max_connections=MAX_EXCHANGES))
@@ -224,7 +230,7 @@ class LeaderLink:
                           < self.settings.heartbeat_seconds):
             return False
         self._last_post[leader] = now
-        body = self._body(runs, items)
+        body = self._body(runs, items, self._new_links(leader))
         outcome = self._post(leader, body)
         if isinstance(outcome, str):
             self._failed(leader, outcome)
@@ -246,7 +252,17 @@ class LeaderLink:
             return []
         return list(self._deferred.get(leader, {}))
 
-    def _body(self, runs: list[FollowedRun], items: list[OwedItem]) -> bytes:
+    def _new_links(self, leader: str) -> list[dict[str, Any]] | None:
+        """This host's TCP figures, if the probe took a sample since the last one sent
+        to ``leader``."""
+        latest = self.links() if self.links is not None else None
+        if latest is None or self._links_sent.get(leader) == latest[0]:
+            return None
+        self._links_sent[leader] = latest[0]
+        return [p.to_dict() for p in latest[1].peers]
+
+    def _body(self, runs: list[FollowedRun], items: list[OwedItem],
+              links: list[dict[str, Any]] | None = None) -> bytes:
         records = [wire.loads(q.body) for q in items if q.kind == "record"]
         findings = [{"flags": q.flags, "finding": wire.loads(q.body)}
                     for q in items if q.kind == "finding"]
@@ -255,7 +271,9 @@ class LeaderLink:
         # node for it from its heartbeats (node -1: "the one you heard me as").
         extra: list[dict[str, Any]] = [{"run_id": run_id, "node": -1, "host": None, "ranks": []}
                  for run_id in sorted({q.run_id for q in items} - names)]
+        extra_links = {} if links is None else {"links": links}
         return wire.dumps({
+            **extra_links,
             "sidecar": self.sidecar,
             "runs": [{"run_id": r.run_id, "node": r.node, "host": r.host,
                       "ranks": list(r.ranks), "known_action": self.port.known_action(r.run_id)}

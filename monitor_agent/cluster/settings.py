@@ -76,6 +76,18 @@ class ClusterSettings(BaseModel):
         default_factory=DrainSettings, description="What this sidecar does when a run's "
         "leader leaves its node out (cluster/drain.py): say so at GET /v1/node, and run "
         "the configured drain (slurm's scontrol, or a command of the operator's).")
+    tcp_probe: bool = Field(
+        default=True, description="Sample this host's established TCP connections to "
+        "other machines (ss -tin, iproute2) every tcp_probe_interval_seconds and send "
+        "their round-trip times to the run's leader, which names the node common to the "
+        "slow pairs network-slow (cluster/tcp_probe.py, runs/network_slow.py). Off, or "
+        "without ss: no network-slow verdict from this node's figures.")
+    tcp_probe_interval_seconds: float = Field(
+        default=5.0, ge=0.5, le=300, description="How often the TCP probe samples; a "
+        "connection counts when it sent data within one interval (an idle one's RTT is "
+        "stale). The leader judges a node suspect once its link has been slow for three "
+        "intervals, sick for six, and forgets a node's figures after three (set it alike "
+        "on every node's sidecar).")
     end_stopped_ranks: bool = Field(
         default=True, description="When a run's restart is decided, SIGKILL this node's "
         "own ranks whose process is stopped (SIGSTOP: it cannot leave with exit 75 by "

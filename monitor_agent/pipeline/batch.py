@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor_agent.cluster.tcp_probe import PeerLink
 from monitor_agent.records.actions import Action
 from monitor_agent.records.types import Finding, Record
 from monitor_agent.storage.store import RecordRow, StoredAttempt
@@ -51,6 +52,8 @@ class PeerBatch:
     findings: list[tuple[Finding, int]] = field(default_factory=list)
     runs: Sequence[PeerRun] = ()
     address: str | None = None  # the connection's (api/peer.py), not the body's word
+    # Its host's TCP figures to other machines (cluster/tcp_probe.py), when a new sample.
+    links: tuple[PeerLink, ...] | None = None
 
     @property
     def forwarder(self) -> str:

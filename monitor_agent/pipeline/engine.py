@@ -8,8 +8,8 @@ detection exists only in the live path. It is a thin front over stages of one jo
   (walk.py): apply (apply.py) -> detect (detect.py) -> judge (judge.py) -> route
   (routing.py) -> the batch's end (batch_end.py: findings stored, the uplink queued);
 - what actions and lifecycle events cause (consequences.py), where a run is judged
-  (placement.py), a node sidecar's exchange with its leader (peer_exchange.py), and the
-  clock (clock.py: silence, hang and stall checks, snapshots, retention).
+  (placement.py), a node sidecar's exchange with its leader (peer_exchange.py), every
+  node's TCP figures (link_figures.py), and the clock (clock.py: silence, hang and stall checks, snapshots, retention).
 
 The runs in memory belong to ``registry.RunRegistry`` and the API's questions to
 ``reads.queries.RunQueries``.
@@ -44,6 +44,7 @@ from monitor_agent.alerting.plan_check import RunBounds
 from monitor_agent.alerting.sink import AlertSink, NullSink
 from monitor_agent.cluster.drain import NodeDrain
 from monitor_agent.cluster.link_state import LinkBook
+from monitor_agent.cluster.tcp_probe import LinkSample
 from monitor_agent.detectors import DetectorSuite
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline import run_views as views
@@ -66,6 +67,7 @@ from monitor_agent.pipeline.failpoints import Failpoints
 from monitor_agent.pipeline.incident_cost import incident_cost
 from monitor_agent.pipeline.judge import Judge
 from monitor_agent.pipeline.keep import keep
+from monitor_agent.pipeline.link_figures import LinkFigures
 from monitor_agent.pipeline.peer_exchange import PeerExchange
 from monitor_agent.pipeline.placement import Placement
 from monitor_agent.pipeline.registry import LiveRun, RunRegistry
@@ -120,6 +122,7 @@ class Engine:
         self.admission = Admission(s, self.metrics, alerts, registry, joins)
         self.peers = PeerExchange(store, registry, self.placement, self.router,
                                   self.consequences, self.batch_end, self.ingest)
+        self.link_figures = LinkFigures(s.cluster, registry, self.placement)
         self.clock = Clock(s, store, self.metrics, alerts, registry, self.retention,
                            self.router, self.consequences, self.batch_end)
 
@@ -251,8 +254,15 @@ class Engine:
 
     def ingest_peer(self, batch: PeerBatch, now: float) -> IngestResult:
         """A node sidecar's exchange with this one, the leader of its runs
-        (pipeline/peer_exchange.py ``PeerExchange.exchange``)."""
-        return self.peers.exchange(batch, now)
+        (pipeline/peer_exchange.py ``PeerExchange.exchange``); its TCP figures folded
+        into the runs taken (pipeline/link_figures.py)."""
+        result = self.peers.exchange(batch, now)
+        self.link_figures.from_peer(batch, result.deferred, now)
+        return result
+
+    def own_links(self, sample: LinkSample, now: float) -> None:
+        """This host's TCP figures (cluster/tcp_probe.py), for the runs it leads."""
+        self.link_figures.from_self(sample, now)
 
     def followed(self) -> list[tuple[str, PeerRun]]:
         """(leader, run) for every run in memory this sidecar forwards to a leader."""

@@ -5,14 +5,17 @@ no I/O; the stages (pipeline/engine.py lists them) share them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from monitor_agent.alerting.alerts import NodeView, RunContext
+from monitor_agent.cluster.tcp_probe import PeerLink
 from monitor_agent.detectors.support.context import host_label
 from monitor_agent.pipeline.registry import LiveRun
 from monitor_agent.records import schemas, wire
 from monitor_agent.records.types import EndRecord, Finding, Record, RunRecord
+from monitor_agent.runs.network_slow import Rtt
 from monitor_agent.runs.run_state import RunState
 from monitor_agent.storage.store import StoredAttempt
 
@@ -145,6 +148,36 @@ def addresses(run: RunState) -> dict[int, str]:
         if address and address != "?":
             out[rank] = address
     return out
+
+
+def link_figures(run: RunState, local: Collection[str], peers: Sequence[PeerLink],
+                 aliases: Mapping[str, str] | None = None) -> tuple[str, dict[str, Rtt]] | None:
+    """A node's TCP figures (cluster/tcp_probe.py) as the run's node pairs: the node at
+    the ``local`` addresses, and its figures to each peer node, remote addresses mapped to
+    nodes by ``addresses`` (and ``aliases``: address -> node, the leader's own addresses
+    its own sample shows). An address of two nodes (one host) tells nothing and is left
+    out; None when ``local`` is no one node of the run."""
+    hosts = run.hosts()
+    named: dict[str, set[str]] = {}
+    for rank, address in addresses(run).items():
+        if rank in hosts:
+            named.setdefault(address, set()).add(hosts[rank])
+    for address, node in (aliases or {}).items():
+        named.setdefault(address, set()).add(node)
+    nodes = {a: next(iter(n)) for a, n in named.items() if len(n) == 1}
+    mine = {nodes[a] for a in local if a in nodes}
+    if len(mine) != 1:
+        return None
+    node = mine.pop()
+    figures: dict[str, Rtt] = {}
+    for peer in peers:
+        other = nodes.get(peer.address)
+        if other is None or other == node:
+            continue
+        seen = figures.get(other)
+        if seen is None or peer.rtt_ms > seen.rtt_ms:  # several addresses: its slowest
+            figures[other] = Rtt(peer.rtt_ms, peer.rttvar_ms, peer.bytes)
+    return node, figures
 
 
 def moved(live: LiveRun, record: Record) -> bool:

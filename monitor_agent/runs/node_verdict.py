@@ -15,7 +15,9 @@ ranks gone, one of its ranks dead without a word once, its first NaN. Every othe
 The cause classes, from what the finding says::
 
     compute-slow   straggler, its own compute
-    network-slow   straggler, late to the all-reduce with its own work as fast (its link)
+    network-slow   straggler, late to the all-reduce with its own work as fast (its link);
+                   the node common to the slow pairs of every node's TCP round-trip
+                   times (``link``, runs/network_slow.py: for two windows, or again)
     input-slow     straggler, its data loading
     gpu-hardware   gpu_health; a straggler whose GPU throttles while the others' do not
     sdc-suspect    NaN first on it, at two different data positions; its ranks' local
@@ -179,6 +181,9 @@ class NodeVerdicts:
     dead: dict[str, list[int]] = field(default_factory=dict)
     # The latest NaN judged the data's, not a node's: (its step, the words for its page)
     data_note: tuple[int, str] | None = None
+    # Nodes whose link the TCP figures judged slow (``link``): a straggler's reading of
+    # where its time goes does not replace that measurement.
+    linked: set[str] = field(default_factory=set)
 
     def observe(self, finding: Finding, hosts: dict[int, str],
                 positions: dict[int, int | None]) -> str | None:
@@ -216,17 +221,39 @@ class NodeVerdicts:
         why = ("all its ranks are slower than the other nodes'" if whole else
                f"rank {finding.rank} the straggler" + (f" since step {first}" if sustained
                                                        else ""))
+        if cause == "network-slow" and self.linked and node not in self.linked:
+            # Late to the all-reduce while another node's link is measured slow: the ring
+            # waits for that link, whoever is late to it.
+            return None
         mine = self.marks.get(node, {})
         if cause in SLOW_CLASSES:
             # Where the extra time goes is read off one window's means (the straggler's
             # ``cause_of``), and a window that has just begun to change holds only a few
             # of the slow steps, within the run's noise of the other parts; the reading of
             # a later, fuller window replaces it. The node is as sick as it was: the
-            # slowness itself was measured either way.
-            earlier = [mine.pop(c) for c in SLOW_CLASSES - {cause} if c in mine]
+            # slowness itself was measured either way (a link measured slow stays so).
+            earlier = [mine.pop(c) for c in SLOW_CLASSES - {cause} if c in mine
+                       and not (c == "network-slow" and node in self.linked)]
             if any(m.sick for m in earlier):
                 return self._mark(node, Mark(cause, True, finding.step, why))
         return self._mark(node, Mark(cause, whole or sustained, finding.step, why))
+
+    def link(self, node: str, sick: bool, step: int, why: str) -> str | None:
+        """``node``'s link judged slow from the TCP figures of every pair of the run's
+        nodes (runs/network_slow.py): a measurement of the link itself, not a reading of
+        where a straggler's time goes. The node if its state changed (the evidence that
+        set a state is kept, not each later sample's)."""
+        old = self.marks.get(node, {}).get("network-slow")
+        if old is not None and old.sick >= sick and node in self.linked:
+            return None
+        self.linked.add(node)
+        for other, marks in self.marks.items():
+            # A straggler's "late to the all-reduce" on another node, not sick: the ring
+            # waiting for this link (``_straggler`` takes no more of them).
+            mark = marks.get("network-slow")
+            if other not in self.linked and mark is not None and not mark.sick:
+                del marks["network-slow"]
+        return self._mark(node, Mark("network-slow", sick, step, why))
 
     def _gone(self, finding: Finding, hosts: dict[int, str]) -> str | None:
         gone = {int(r) for r in finding.evidence.get("gone_ranks") or ()}
@@ -364,7 +391,8 @@ class NodeVerdicts:
                 "slow_steps": dict(self.slow_steps), "nans": [list(i) for i in self.nans],
                 "outliers": {n: {str(r): list(v) for r, v in by.items()}
                              for n, by in self.outliers.items()},
-                "dead": {n: list(a) for n, a in self.dead.items()}}
+                "dead": {n: list(a) for n, a in self.dead.items()},
+                "linked": sorted(self.linked)}
 
     def restore(self, data: dict[str, Any]) -> None:
         self.marks = {str(n): {str(c): Mark(str(c), bool(v[0]), int(v[1]), str(v[2]))
@@ -375,6 +403,7 @@ class NodeVerdicts:
         self.outliers = {str(n): {int(r): [int(v[0]), int(v[1])] for r, v in by.items()}
                          for n, by in (data.get("outliers") or {}).items()}
         self.dead = {str(n): [int(a) for a in v] for n, v in (data.get("dead") or {}).items()}
+        self.linked = {str(n) for n in data.get("linked") or ()}
 
 
 def price(tax_seconds: float, wall_seconds: float, recoveries: list[float]) -> Price:

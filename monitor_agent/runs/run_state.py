@@ -40,6 +40,7 @@ from monitor_agent.records.types import (
 from monitor_agent.runs.checkpoint_ledger import CheckpointLedger
 from monitor_agent.runs.ettr import ettr_of
 from monitor_agent.runs.goodput import GoodputLedger, GoodputReport
+from monitor_agent.runs.network_slow import LinkJudge, Rtt
 from monitor_agent.runs.node_verdict import NodeVerdict, NodeVerdicts, Price, price
 from monitor_agent.runs.verdict import Verdict, VerdictTracker
 
@@ -130,6 +131,10 @@ class RunState:
     # Each node's evidence so far (runs/node_verdict.py), folded from the findings the
     # run's leader judges; snapshot with the run.
     nodes: NodeVerdicts = field(default_factory=NodeVerdicts)
+    # Each pair of its nodes' TCP round-trip times, as the leader hears them, and the node
+    # they name network-slow (runs/network_slow.py); not snapshot: a few seconds of
+    # samples rebuild it. None until a node sends figures.
+    links: LinkJudge | None = None
     # Its nodes not healthy, sick first: an immutable copy the exposition reads.
     node_view: tuple[NodeVerdict, ...] = ()
     stored_verdict: str | None = None  # the verdict JSON last written to the run's row
@@ -325,6 +330,29 @@ class RunState:
             self.refresh_nodes(every)
             self.changed()
         return [v for v in every if v.node in named]
+
+    def observe_links(self, local: str, figures: dict[str, Rtt], now: float,
+                      hold_seconds: float, max_age_seconds: float) -> NodeVerdict | None:
+        """Node ``local``'s TCP figures to its peer nodes folded in and the link judged
+        (runs/network_slow.py); the verdict of the node it marked ``network-slow``, if
+        it changed. Only for a run on two or more nodes."""
+        hosts = self.hosts()
+        if len(set(hosts.values())) < 2:
+            return None
+        if self.links is None:
+            self.links = LinkJudge(hold_seconds, max_age_seconds)
+        self.links.observe(local, figures, now)
+        judged = self.links.judge(now)
+        if judged is None:
+            return None
+        slow, sick = judged
+        node = self.nodes.link(slow.node, sick, max(self.last_step, 0), slow.words())
+        if node is None:
+            return None
+        every = self.nodes.verdicts(hosts, self.node_prices())
+        self.refresh_nodes(every)
+        self.changed()
+        return next((v for v in every if v.node == node), None)
 
     def refresh_nodes(self, every: list[NodeVerdict] | None = None) -> None:
         """``node_view`` from the verdicts (``every``: as just judged)."""

@@ -67,7 +67,7 @@ from monitor_agent.reads.exposition import Exposition
 from monitor_agent.reads.queries import RunQueries
 from monitor_agent.records import limits, wire
 from monitor_agent.serving.browser_guard import BrowserGuard, fastapi_docs_pages
-from monitor_agent.serving.leader_link import leader_link
+from monitor_agent.serving.leader_link import leader_link, tcp_probe
 from monitor_agent.settings import Settings, TokenError
 from monitor_agent.storage.data_lock import DataDirLock
 from monitor_agent.storage.database import StorageError
@@ -241,8 +241,11 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     opened.callback(history.stop)
     # A node sidecar's link to its run leaders (one run, one brain: cluster/); stopped
     # before the engine it reads from.
-    link = leader_link(settings, runner, engine, alerting, metrics, services.sidecar)
+    probe = tcp_probe(settings, runner, engine)
+    link = leader_link(settings, runner, engine, alerting, metrics, services.sidecar, probe)
     opened.callback(link.stop)
+    if probe is not None:
+        opened.callback(probe.stop)
     services.readiness.repairs[HISTORY_SOURCE] = history.request_repair
     services.readiness.watch(history.problem)
     services.readiness.watch(alerting.problem)
@@ -251,6 +254,8 @@ async def _open(services: Services, opened: contextlib.AsyncExitStack) -> None:
     services.backends = Backends(engine, queries, alerting, exposition)
     alerting.start()
     link.start()
+    if probe is not None:
+        probe.start()
     services.readiness.set(unwritable)
 
 

@@ -12,10 +12,12 @@ import logging
 import time
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from monitor_agent.alerting import Alerting
 from monitor_agent.alerting.plan_check import action_problem
 from monitor_agent.cluster.link import FollowedRun, LeaderLink, OwedItem
+from monitor_agent.cluster.tcp_probe import LinkSample, ProbeThread, TcpProbe
 from monitor_agent.metrics.sidecar import SelfMetrics
 from monitor_agent.pipeline.engine import Engine
 from monitor_agent.pipeline.runner import FIRST, EngineRunner
@@ -86,8 +88,30 @@ class EnginePort:
 
 
 def leader_link(settings: Settings, runner: EngineRunner, engine: Engine, alerting: Alerting,
-                metrics: SelfMetrics, sidecar: str) -> LeaderLink:
-    """The link thread (not started) of this sidecar."""
+                metrics: SelfMetrics, sidecar: str, probe: ProbeThread | None = None
+                ) -> LeaderLink:
+    """The link thread (not started) of this sidecar; it sends ``probe``'s samples."""
     port = EnginePort(runner, engine, alerting, metrics)
     return LeaderLink(settings.cluster, engine.links, sidecar, port, settings.peer_token_value,
-                      metrics)
+                      metrics, links=(lambda: probe.latest) if probe is not None else None)
+
+
+def tcp_probe(settings: Settings, runner: EngineRunner, engine: Engine) -> ProbeThread | None:
+    """This host's TCP probe (cluster/tcp_probe.py; not started): each sample judged here
+    for the runs this sidecar leads (``Engine.own_links``) and sent to the leaders it
+    follows. None when ``cluster.tcp_probe`` (or the cluster) is off. The sidecars' own
+    port (and the leader's) is left out: the link's traffic is not the job's."""
+    cluster = settings.cluster
+    if not (cluster.enabled and cluster.tcp_probe):
+        return None
+    skip = {settings.port}
+    if cluster.leader_url is not None:
+        parts = urlsplit(cluster.leader_url)
+        skip.add(parts.port or (443 if parts.scheme == "https" else 80))
+    interval = cluster.tcp_probe_interval_seconds
+    probe = TcpProbe(active_ms=int(interval * 1000), skip_ports=frozenset(skip))
+
+    def judge(sample: LinkSample) -> None:
+        runner.submit_nowait(engine.own_links, sample, time.time())
+
+    return ProbeThread(probe, interval, judge)

@@ -173,6 +173,8 @@ def _raw(url: str, settings: Any, body: bytes, encoding: str | None = None) -> h
 
 
 RUN = {"run_id": "job", "node": 1, "ranks": [2, 3], "known_action": 0}
+LINK = {"address": "10.0.0.3", "rtt_ms": 0.4, "rttvar_ms": 0.2, "connections": 1,
+        "retransmits": 0}
 BAD_ENVELOPES: list[tuple[Any, int, str]] = [
     ([], 400, 'body must be {"sidecar": ..., "runs": [...], "records": [...], '
               '"findings": [...]}'),
@@ -192,6 +194,15 @@ BAD_ENVELOPES: list[tuple[Any, int, str]] = [
      "runs[0].known_action: must be an integer in 0..4611686018427387904"),
     ({"sidecar": "n", "runs": [{**RUN, "host": "a\x00"}]}, 400,
      "runs[0].host: contains a control character ('\\x00') at 1"),
+    # A node's TCP figures (cluster/tcp_probe.py): every field bounded.
+    ({"sidecar": "n", "runs": [RUN], "links": [LINK] * 257}, 400,
+     "links: must be a list of at most 256 addresses"),
+    ({"sidecar": "n", "runs": [RUN], "links": [{**LINK, "address": "node-2"}]}, 400,
+     "links[0.address]: Value error, not an IP address"),
+    ({"sidecar": "n", "runs": [RUN], "links": [{**LINK, "rtt_ms": -1}]}, 400,
+     "links[0.rtt_ms]: Input should be greater than or equal to 0"),
+    ({"sidecar": "n", "runs": [RUN], "links": [LINK, {**LINK, "rtt_ms": 2.0}]}, 400,
+     "links: an address listed twice"),
 ]
 
 
