@@ -70,7 +70,13 @@ class SidecarProcess:
             cmd = self.wrap(cmd)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            # A sidecar that was not ready in time is not left running: the fixture that
+            # started it never reaches its own cleanup, and a loaded box is where it starts.
+            self.kill()
+            raise
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
