@@ -113,6 +113,14 @@ def test_dockerfile_is_slim_non_root_with_a_data_volume() -> None:
     assert cmd == '["serve", "--host", "0.0.0.0", "--port", "9400", "--data-dir", "/data"]'
 
 
+def test_the_runtime_image_has_ss_for_the_tcp_probe() -> None:
+    """The slim image has no iproute2; without `ss` the sidecar's TCP probe is off
+    (cluster/tcp_probe.py), and no network-slow verdict comes from its node."""
+    runtime = DOCKERFILE[DOCKERFILE.rindex("\nFROM "):]
+    assert re.search(r"apt-get install -y --no-install-recommends iproute2", runtime)
+    assert runtime.index("iproute2") < runtime.index("\nUSER 10001")  # installed as root
+
+
 def test_dockerfile_copies_only_what_exists_and_dockerignore_lets_through() -> None:
     copies = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.M)
     sources = [s for line in copies for s in line.split()]
