@@ -141,7 +141,8 @@ def test_an_exchange_without_a_sidecar_id_is_refused_saying_so(tmp_path: Path):
 def test_a_leader_that_cannot_store_tells_its_node_sidecars_to_retry(tmp_path: Path):
     """Not ready (a full disk, corrupt storage: api/readiness.py) is a 503 with Retry-After,
     which the node sidecar's link reads as "keep the items and send them again"."""
-    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN)
+    # No tick within the test: a tick whose write succeeds clears what the test sets.
+    settings = load_settings(data_dir=tmp_path / "data", token=TOKEN, tick_interval_seconds=60)
     with LiveServer(settings) as srv:
         _lead(srv.url, "job")
         srv.app.state.services.readiness.set("storage: database or disk is full")
