@@ -137,8 +137,11 @@ def behind(ranks: dict[int, int], checkpoint_ranks: tuple[int, ...],
         ([0], [1])
         >>> behind({0: 70, 1: 66}, (0, 2), fault)   # rank 2 saves and was never heard
         [2]
+        >>> behind({0: 70, 1: 66, 3: -1}, (0,), fault)   # rank 3 sent evaluations only
+        []
     """
-    who = set(ranks) | set(checkpoint_ranks)
+    # A rank heard only through evaluations (-1: no step yet) reports no steps to wait for.
+    who = {r for r, step in ranks.items() if step >= 0} | set(checkpoint_ranks)
     return sorted(r for r in who if ranks.get(r, -1) < finding.step)
 
 
