@@ -313,7 +313,7 @@ def main() -> None:
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory() as tmp, Cluster(
             args.keep or Path(tmp), nodes=args.nodes, names=Names(tag="fs")) as cluster:
-        cluster.start_sidecars()
+        cluster.start_sidecars({"cluster": {"tcp_probe": True}})  # the whole verdict
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for klass in classes:
                 t = run_trial(cluster, klass, seed, args)

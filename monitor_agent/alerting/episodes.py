@@ -241,8 +241,8 @@ class Episodes:
 
     def _wait(self, tx: AlertTx, run: RunContext, rule: Rule, f: Finding, fp: str,
               now: float) -> bool:
-        """Whether a due rollback waits for ranks whose records of the fault may not have
-        arrived yet (alerting/rollback.py ``behind``); ``retry`` decides it later."""
+        """Whether a due rollback waits for the ranks that report checkpoints to reach the
+        fault's onset (alerting/rollback.py ``behind``); ``retry`` decides it later."""
         late = rollback.behind(run.rank_steps, run.checkpoint_ranks, f)
         waiting = self.deferred.get(run.run_id)
         if waiting is not None:
@@ -256,8 +256,8 @@ class Episodes:
             rule, f, fp, since=now, heard=now,
             steps={r: run.rank_steps.get(r, -1) for r in late})
         tx.note_action(fp, f"rollback waits for rank {', '.join(map(str, late))} to report "
-                           f"up to step {f.step} (a save before the fault, or their own "
-                           "records of it, may be on their way)")
+                           f"up to step {rollback.onset_of(f)} (a save before the fault, or "
+                           "their own finding of an earlier onset, may be on their way)")
         return True
 
     def retry(self, run: RunContext, now: float) -> list[Action]:

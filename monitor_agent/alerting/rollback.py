@@ -81,16 +81,16 @@ __all__ = ["ROLLBACK_WAIT_LIMIT_SECONDS", "ROLLBACK_WAIT_SECONDS", "Positions", 
            "decide", "merge", "onset_of"]
 
 ROLLBACK_WAIT_SECONDS = 5.0
-"""How long a rollback decision waits for news of the ranks it waits for (``behind``): each
-rank posts on its own queue, and another node's ranks reach the leader through their own
-sidecar, so one rank's finding can arrive before another rank's records of the same steps:
-its save before the fault (a run saved at 50 and 60, corrupt from 61: deciding at once went
-back to 50), or its own finding of an earlier onset (DDP spreads a bad batch of node 1's
-ranks to every rank's weights, and rank 0's loss leaves its band a few steps later: decided
-on rank 0's onset, the plan went back to a save node 1's onset had already made suspect).
-A client posts every ``linger`` (0.5 s) and retries within a second; 5 s without any news
-of the awaited ranks covers that, and then the decision is taken with what is known (a
-rank that died or hangs sends nothing more; the nan_inf first-rank wait is the same)."""
+"""How long a rollback decision waits without news of the ranks that report checkpoints
+while they are behind the fault's onset (``behind``). Each rank posts on its own queue, and
+another node's ranks reach the leader through their own sidecar, so one rank's finding can
+arrive before another rank's save before the fault (a run saved at 50 and 60, corrupt from
+61: deciding at once went back to 50), or before its own finding of an earlier onset (DDP
+spreads node 1's bad batch to every rank's weights, and rank 0's loss leaves its band a few
+steps later: decided on rank 0's onset, the plan went back to a save node 1's onset had
+made suspect). A client posts every ``linger`` (0.5 s) and retries within a second; 5 s
+without any news of them covers that, then the decision takes what is known (a rank that
+died or hangs sends nothing more; the nan_inf first-rank wait is the same)."""
 
 ROLLBACK_WAIT_LIMIT_SECONDS = 60.0
 """How long a rollback waits at most while the awaited ranks' records keep coming (a node
@@ -124,25 +124,23 @@ def onset_of(finding: Finding) -> int:
 
 def behind(ranks: dict[int, int], checkpoint_ranks: tuple[int, ...],
            finding: Finding) -> list[int]:
-    """The ranks whose records of the fault may not have arrived yet: each rank heard
-    (and each that reports checkpoints, heard or not) whose latest step is before the
-    finding's. A rank's records travel in order, so once its step of the finding is here,
-    so are its saves before the onset and its own findings up to that step (which may
-    put the onset earlier).
+    """The ranks whose checkpoints before the fault's onset may not have arrived yet: those
+    that report checkpoints (every rank heard, before any did) whose latest step is before
+    the onset. A rank's checkpoint records travel in order with its steps, so once its step
+    at the onset is here, so is every save before it (and its own findings up to it).
 
         >>> from monitor_agent.records.types import Severity
         >>> fault = Finding("divergence", Severity.ERROR, "r", step=66, message="",
         ...                 evidence={"onset_step": 61})
-        >>> behind({0: 59, 1: 66}, (0,), fault), behind({0: 66, 1: 65}, (0,), fault)
-        ([0], [1])
-        >>> behind({0: 70, 1: 66}, (0, 2), fault)   # rank 2 saves and was never heard
-        [2]
-        >>> behind({0: 70, 1: 66, 3: -1}, (0,), fault)   # rank 3 sent evaluations only
+        >>> behind({0: 59, 1: 66}, (0,), fault), behind({0: 61, 1: 66}, (0,), fault)
+        ([0], [])
+        >>> behind({0: 70, 1: 66, 3: -1}, (), fault)   # rank 3 sent evaluations only
         []
     """
+    onset = onset_of(finding)
     # A rank heard only through evaluations (-1: no step yet) reports no steps to wait for.
-    who = {r for r, step in ranks.items() if step >= 0} | set(checkpoint_ranks)
-    return sorted(r for r in who if ranks.get(r, -1) < finding.step)
+    who = checkpoint_ranks or tuple(r for r, step in ranks.items() if step >= 0)
+    return sorted(r for r in who if ranks.get(r, -1) < onset)
 
 
 def merge(windows: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[list[int]]:

@@ -77,10 +77,11 @@ class ClusterSettings(BaseModel):
         "leader leaves its node out (cluster/drain.py): say so at GET /v1/node, and run "
         "the configured drain (slurm's scontrol, or a command of the operator's).")
     tcp_probe: bool = Field(
-        default=True, description="Sample this host's established TCP connections to "
+        default=False, description="Sample this host's established TCP connections to "
         "other machines (ss -tin, iproute2) every tcp_probe_interval_seconds and send "
         "their round-trip times to the run's leader, which names the node common to the "
-        "slow pairs network-slow (cluster/tcp_probe.py, runs/network_slow.py). Off, or "
+        "slow pairs network-slow (cluster/tcp_probe.py, runs/network_slow.py). Off (the "
+        "default until its precision is measured beyond the namespace cluster), or "
         "without ss: no network-slow verdict from this node's figures.")
     tcp_probe_interval_seconds: float = Field(
         default=5.0, ge=0.5, le=300, description="How often the TCP probe samples; a "

@@ -30,7 +30,8 @@ CAPPED = 0
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, privileged: None) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("netslow"), nodes=3) as made:
-        made.start_sidecars({"cluster": {"tcp_probe_interval_seconds": 1.0}})
+        made.start_sidecars({"cluster": {"tcp_probe": True,
+                                          "tcp_probe_interval_seconds": 1.0}})
         yield made
 
 
