@@ -5,6 +5,7 @@ rule files that say it (or say it wrong)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -40,16 +41,20 @@ CLEAN = ((100, "/ckpt/step-100.pt"), (200, "/ckpt/step-200.pt"))
 LINE = "last clean checkpoint: step 200, /ckpt/step-200.pt"
 
 
-@pytest.fixture
-def rolling(tmp_path: Path, clock: FakeClock):
+def _harness(tmp_path: Path, clock: FakeClock, rules_text: str) -> Iterator[Harness]:
     rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
+    rules.write_text(rules_text)
     with Receiver("slack") as slack, Receiver("pagerduty") as pd:
         h = Harness(tmp_path, clock, slack, pd, rules_file=rules)
         try:
             yield h
         finally:
             h.alerting.stop(timeout=5)
+
+
+@pytest.fixture
+def rolling(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
+    yield from _harness(tmp_path, clock, RULES)
 
 
 def _handle(h: Harness, *findings, clean=CLEAN, line: str | None = LINE,
@@ -428,17 +433,10 @@ def test_a_fault_back_after_the_resume_on_an_alert_still_open_decides_again(
 
 
 @pytest.fixture
-def one_alert(tmp_path: Path, clock: FakeClock):
+def one_alert(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
     """The rule with one alert for the run (``fingerprint: []``), as the multi-node
     example's: every rank's finding is one episode."""
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES.replace("fingerprint: [rank]", "fingerprint: []"))
-    with Receiver("slack") as slack, Receiver("pagerduty") as pd:
-        h = Harness(tmp_path, clock, slack, pd, rules_file=rules)
-        try:
-            yield h
-        finally:
-            h.alerting.stop(timeout=5)
+    yield from _harness(tmp_path, clock, RULES.replace("fingerprint: [rank]", "fingerprint: []"))
 
 
 def test_a_ranks_finding_that_arrives_after_a_later_one_still_decides(one_alert: Harness):
