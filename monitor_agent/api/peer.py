@@ -64,6 +64,7 @@ from monitor_agent.api.record_batch import (
 )
 from monitor_agent.cluster.tcp_probe import MAX_PEERS, PeerLink
 from monitor_agent.pipeline.engine import Incoming, PeerBatch, PeerRun
+from monitor_agent.pipeline.runner import FIRST
 from monitor_agent.records import RecordError, limits
 from monitor_agent.records.finding_schema import parse_finding
 from monitor_agent.records.schemas import RunId
@@ -177,10 +178,11 @@ async def _exchange(request: Request) -> PeerResponse:
         raise BadRequest(422, f"nothing taken: {what} {first['index']}: {first['reason']}"
                               f"{more}")
     try:
-        # The lane of the run it is about (pipeline/runner.py): with that run's own ingest.
-        lane = runs[0].run_id if len(nodes) == 1 else None
+        # First (pipeline/runner.py): a node that waits past its peer timeout for this
+        # answer pages on its own, as a partial view, and its ranks' steps reach the
+        # run's judgement late; the leader's own ranks' batches can wait a call.
         result = await state.runner.call(state.engine.ingest_peer, batch, time.time(),
-                                         lane=lane)
+                                         lane=FIRST)
     except StorageError as exc:
         state.readiness.failed(exc)
         raise BadRequest(503, f"cannot store right now ({exc}); retry later") from None

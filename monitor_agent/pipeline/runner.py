@@ -22,8 +22,9 @@ deletes of its queue of digests, each bounded by ``batch_max_items``. An exchang
 few such calls one after another, and in a lane of their own each waited a turn of every
 run's ingest: on a loaded node, seconds per exchange, so the leader heard the node late,
 judged its view partial (no rule acts on a partial view) and decided on a view that lacked
-the node's steps. The run's leader is where its decisions are taken, so what feeds it goes
-first.
+the node's steps. The leader takes a node's exchange (api/peer.py) in the same lane: a node
+not answered within its peer timeout pages on its own, as a partial view. The run's leader
+is where its decisions are taken, so what feeds it goes first.
 
 The app awaits ``runner.call(engine.ingest, items, now, lane=run_id)``; a call runs on the
 engine thread, and ``submit`` serves code that has no event loop::
