@@ -31,9 +31,8 @@ def _batches(seed: int = 1):
         yield torch.randn(16, 8, generator=gen), torch.randn(16, 1, generator=gen)
 
 
-def adamw(mon: Monitor) -> None:
-    model = _mlp(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def _train(mon: Monitor, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """The plain loop, under ``mon``: forward, backward, step, zero, log."""
     mon.watch(model, opt)
     for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
         loss = nn.functional.mse_loss(model(x), y)
@@ -41,6 +40,12 @@ def adamw(mon: Monitor) -> None:
         opt.step()
         opt.zero_grad()
         mon.log_step(step, loss=loss.detach())
+
+
+def adamw(mon: Monitor) -> None:
+    model = _mlp(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train(mon, model, opt)
 
 
 def sgd_maximize(mon: Monitor) -> None:
@@ -145,13 +150,7 @@ def in_place(mon: Monitor, from_step: int = 1, through_data: bool = False) -> No
     """From its second step on (its first is a layer-statistics step, read before it)."""
     model = _mlp(0)
     opt = ScaledInPlace(model.parameters(), from_step, through_data)
-    mon.watch(model, opt)
-    for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log_step(step, loss=loss.detach())
+    _train(mon, model, opt)
 
 
 def through_data(mon: Monitor) -> None:
