@@ -26,13 +26,16 @@ prints, in one run and side by side with their targets:
              HTTP server, detectors, alert rules and outbox) and a webhook receiver; the
              time from ``log_step`` to the page arriving
 
-Two more sections run only when named (``--sections ablation,profile``):
+Three more sections run only when named (``--sections ablation,profile,shapes``):
 
   ablation   whole steps with one part of the client off at a time (the finite check, or
              its full form; the GPU probe; the watchdog), interleaved with plain steps
   profile    torch.profiler over plain and monitored steps: the device time and kernel
              count of each, the kernels the client adds by name, and the host's time to
              issue a step from an idle queue (host- or GPU-bound)
+  shapes     the client's training-shape tests (float64 and half models, GANs, fused and
+             foreach optimizers, the step guard) in a pytest of their own, with the GPU as
+             the default device (bench/on_cuda.py); needs the repository's tests/
 
 On a machine without a CUDA GPU it runs too (CI runs it: tests/test_gpu_check.py): every
 section that needs a GPU prints that it is skipped and why, and ``nan`` runs on the CPU with
@@ -69,7 +72,12 @@ from bench.harness import sync
 from monitor_client import Monitor, MonitorSettings, WatchSettings
 
 SECTIONS = ("overhead", "syncs", "memory", "split", "nvml", "nan")
-EXTRA_SECTIONS = ("ablation", "profile")  # not run unless named
+EXTRA_SECTIONS = ("ablation", "profile", "shapes")  # not run unless named
+# The client's training-shape tests (dtypes, GANs, several models, sparse, LBFGS, hand-made
+# loops), run with the GPU as the default device (bench/on_cuda.py): ``shapes``.
+SHAPE_TESTS = ("tests/client/test_training_shapes.py", "tests/client/test_several_models.py",
+               "tests/client/test_client_stats.py", "tests/client/test_finite_held.py",
+               "tests/client/test_guard.py")
 CLIENT_THREADS = ("monitor-client-sender", "monitor-client-gpu", "monitor_client-watchdog")
 TARGETS = {"overhead": 1.01, "split": 0.05}
 
@@ -277,8 +285,11 @@ ABLATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no_finite_flags", {"watch": WatchSettings(finite_flags=False)}),
     ("no_gpu_probe", {"gpu_probe": None}),
     ("no_watchdog", {"watchdog": False}),
+    ("no_layer_stats", {"watch": WatchSettings(layer_stats_every=1 << 30)}),
     ("none_of_these", {"watch": WatchSettings(finite_flags=False), "gpu_probe": None,
                        "watchdog": False}),
+    ("bare", {"watch": WatchSettings(finite_flags=False, layer_stats_every=1 << 30),
+              "gpu_probe": None, "watchdog": False}),
 )
 
 
@@ -545,6 +556,33 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def shapes(tests: tuple[str, ...] = SHAPE_TESTS) -> dict[str, Any]:
+    """The client's training-shape tests with every tensor on the GPU (bench/on_cuda.py), in
+    a pytest of their own: how many passed, and which failed with their last lines."""
+    import os
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    here = [t for t in tests if (root / t).exists()]
+    if not here:
+        return {"error": "the tests are not in this checkout"}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root), str(root / "client"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "bench.on_cuda", "-p",
+         "no:cacheprovider", "--timeout", "120", "--tb=short",
+         # (tests of the CPU's own path: a GPU has none of it)
+         "-k", "not cpu and not sharded", *here],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout + done.stderr
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", out)}
+    failed = [ln[len("FAILED "):] for ln in out.splitlines() if ln.startswith("FAILED ")]
+    return {"tests": here, "passed": counts.get("passed", 0),
+            "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+            "skipped": counts.get("skipped", 0), "failures": failed, "output": out}
+
+
 def nvml(device: torch.device) -> dict[str, Any]:
     from monitor_client._monitor import _cuda_uuid
     from monitor_client._nvml import nvml_probe
@@ -702,6 +740,12 @@ def report(res: dict[str, Any], cuda: bool) -> list[str]:
             f"{sp['reference_compute_s'] * 1e3:.2f} ms ({sp['compute_error']:.1%}); "
             f"{sp['split_steps']} steps split, simulated all-reduce "
             f"{sp['simulated_all_reduce_ms']:g} ms   target <= 5%  {'PASS' if ok else 'FAIL'}")
+    sh = res.get("shapes")
+    if sh and "error" not in sh:
+        lines.append(f"shapes   : the client's training-shape tests on the GPU: {sh['passed']} "
+                     f"passed, {sh['failed']} failed, {sh['skipped']} skipped   "
+                     f"{'PASS' if not sh['failed'] and sh['passed'] else 'FAIL'}")
+        lines.extend(f"shapes   :   {name}" for name in sh["failures"])
     ab = res.get("ablation")
     if ab is not None:
         lines.append(f"ablation : plain step {ab['plain_s'] * 1e3:.2f} ms (batch {ab['batch']}x"
@@ -803,6 +847,7 @@ def main(argv: list[str] | None = None) -> int:
                                            5.0 if args.quick else 20.0,
                                            12 if args.quick else 40)),
         ("nvml", {"nvml"}, lambda: nvml(device)),
+        ("shapes", {"shapes"}, shapes),
         ("nan", {"nan"}, lambda: nan_paged(Rig(
             device, TINY if not cuda or args.quick else shape, 2,
             32 if not cuda or args.quick else 256), spool)),

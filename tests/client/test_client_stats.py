@@ -15,7 +15,7 @@ def _model(seed=0):
 
 
 def _loss(model, seed=1):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     x = torch.randint(0, 10, (4, 2), generator=g)  # 8 ids < 10 rows: some unused
     return model[:5](x).pow(2).mean()
 

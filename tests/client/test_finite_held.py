@@ -81,7 +81,7 @@ def _run(receiver, tmp_path, run_id: str) -> dict[int, dict]:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt, settings=WatchSettings(layer_stats_every=1000))
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(1)
     for step in range(1, 6):
         x = torch.randn(16, 8, generator=gen)
         with torch.no_grad():
@@ -126,3 +126,28 @@ def test_the_device_path_on_cpu_tensors_sends_the_same_records(receiver, tmp_pat
         mine = {k: v for k, v in host[step].items() if k not in _CLOCKED}
         theirs = {k: v for k, v in device[step].items() if k not in _CLOCKED}
         assert mine == theirs, step
+
+
+def test_on_a_device_a_sampled_module_reduces_once_and_the_step_totals_all_in_one_call(
+        monkeypatch):
+    """The device path of the sampled check: one reduction a hooked module in the forward
+    (its rows' sums), and one fused call for every module's rows at ``log_step``; a NaN in
+    a row's sample is still named where it was made."""
+    monkeypatch.setattr(_finite, "on_host", lambda tensor: False)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 64))
+    flags = FiniteFlags(model).attach()
+    x = torch.randn(_finite.WHOLE_ELEMENTS // 64 + 1, 8)  # outputs past the whole-sum size
+    for bad in (False, True):
+        if bad:
+            with torch.no_grad():
+                model[0].bias[0] = float("nan")  # every row's first feature
+        with Ops() as ops:
+            model(x)
+        assert ops.names.count("sum") == 2, ops.names
+        pack = StatsPack()
+        with Ops() as ops:
+            flags.add_to(pack)
+        assert ops.names == ["_foreach_norm"], ops.names
+        got = pack.decode(pack.vector().tolist())
+        assert got.get("nonfinite_modules") == (["0", "1"] if bad else None), got
+    flags.detach()

@@ -42,7 +42,7 @@ def _model(seed: int = 0) -> torch.nn.Module:
 
 
 def _batch(step: int, faults: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(step)
     x = torch.randn(64, 8, generator=gen)
     y = x.sum(dim=1, keepdim=True)
     if faults.get(step) == "spike":
