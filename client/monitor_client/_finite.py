@@ -102,6 +102,7 @@ import torch
 from torch import nn
 
 from monitor_client._hooks import Hooks
+from monitor_client._model_info import unwrapped
 
 DEFAULT_MAX_MODULES = 512
 # An output this small is summed whole even when sampling: one reduction instead of a
@@ -219,7 +220,8 @@ class FiniteFlags:
 
     def add_model(self, model: nn.Module, prefix: str = "") -> None:
         """Check ``model``'s modules too (named ``prefix.name``), within ``max_modules``."""
-        chosen = leaf_modules(model) if self.full else unit_modules(model)
+        inner = unwrapped(model)  # named as the user names them (_model_info.py)
+        chosen = leaf_modules(inner) if self.full else unit_modules(inner)
         room = max(self.max_modules - len(self.modules), 0)
         self.skipped += max(len(chosen) - room, 0)
         start = len(self.modules)

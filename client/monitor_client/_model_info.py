@@ -10,6 +10,14 @@ For the run record, and the peak FLOP/s with the dtype it is for (given here; el
     {'name': 'Linear', 'n_params': 110, 'layer_order': ['weight', 'bias']}
     >>> resolve_peak_flops(model.weight, 312e12, "torch.bfloat16")
     (312000000000000.0, 'bf16')
+
+Layers are named as the user's model names them, inside ``torch.compile``'s and
+(Distributed)DataParallel's wrappers (which prefix every name with ``_orig_mod.`` or
+``module.``)::
+
+    >>> wrapped = torch.nn.DataParallel(torch.nn.Sequential(model))
+    >>> [name for name, _ in unwrapped(wrapped).named_parameters()]
+    ['0.weight', '0.bias']
 """
 
 from __future__ import annotations
@@ -54,7 +62,25 @@ def default_group() -> Any:
 
 
 def describe_model(model: Any, names: list[str]) -> dict[str, Any]:
+    model = unwrapped(model)
     n_params = sum(p.numel() for p in model.parameters())
     info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
     info.update(_flops.model_shape(model))
     return info
+
+
+def unwrapped(model: Any) -> Any:
+    """The user's model inside ``torch.compile``'s ``OptimizedModule`` and
+    (Distributed)DataParallel: the same parameters and modules, for naming them. Hooks that
+    time the whole forward stay on the model the loop calls (inside a compiled region a
+    host clock would break the graph)."""
+    import torch
+
+    parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile
+        if inner is None and isinstance(model, parallel):
+            inner = model.module
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner

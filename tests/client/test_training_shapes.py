@@ -325,3 +325,59 @@ def test_a_sparse_embedding_gradient_is_measured_and_clipped(receiver, tmp_path)
     for record, mean in monitored:  # over all 50 x 4 entries, not the 4 rows it touched
         assert record["layers"]["emb.weight"]["grad_mean"] == pytest.approx(mean, rel=1e-4)
         assert record["layers"]["emb.weight"]["grad_zero_frac"] == pytest.approx(1 - 4 * 4 / 200)
+
+
+def _wrapped_run(receiver, tmp_path, run_id: str, wrap) -> list[dict]:
+    """A user's loop over ``wrap(model)``, watched as the loop holds it; a NaN input row at
+    step 4."""
+    model = _mlp()
+    trained = wrap(model)
+    opt = torch.optim.SGD(trained.parameters(), lr=0.01)
+    mon = _monitor(receiver, tmp_path, run_id)
+    mon.watch(trained, opt)
+    for step in range(1, STEPS + 1):
+        x = torch.randn(16, 4)
+        if step == 4:
+            x[0, 0] = float("nan")
+        loss = (trained(x) - x[:, :1]).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss, samples=16)
+    assert mon.close(timeout=10)
+    return sorted((r for r in receiver.records if r.get("run_id") == run_id),
+                  key=lambda r: (r["kind"] != "run", r.get("step", 0)))
+
+
+def _ddp(model: nn.Module) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+@pytest.mark.parametrize("wrap", ["compile", "ddp"])
+def test_a_compiled_or_ddp_wrapped_model_is_named_as_the_users_model(receiver, tmp_path, wrap):
+    """``torch.compile(model)`` and ``DistributedDataParallel(model)`` prefix every name with
+    ``_orig_mod.`` or ``module.``: the records name layers and modules as the user's model
+    does, and the run record describes the user's model, not the wrapper."""
+    import torch.distributed as dist
+
+    if wrap == "ddp":
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                                world_size=1)
+    try:
+        records = _wrapped_run(receiver, tmp_path, f"wrapped-{wrap}",
+                               _ddp if wrap == "ddp" else
+                               lambda m: torch.compile(m, backend="eager"))
+    finally:
+        if wrap == "ddp":
+            dist.destroy_process_group()
+    run = next(r for r in records if r["kind"] == "run")
+    assert run["model"]["name"] == "Sequential", run["model"]
+    assert run["model"]["layer_order"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    steps = [r for r in records if r["kind"] == "step"]
+    layered = [r for r in steps if r.get("layers")]
+    assert layered and all(set(r["layers"]) == set(run["model"]["layer_order"])
+                           for r in layered)
+    nan = next(r for r in steps if r["step"] == 4)
+    assert nan["nonfinite_modules"][0] == "0", nan
