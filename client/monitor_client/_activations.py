@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from monitor_client._hooks import Hooks
-from monitor_client._model_info import unwrapped
+from monitor_client._model_info import user_modules
 
 FIELDS = ("mean", "std", "max_abs", "zero_frac", "dead_frac", "nonfinite")
 DEFAULT_MAX_MODULES = 64
@@ -135,7 +135,7 @@ class ActivationStats:
                  modules: bool | tuple | type | Filter = True,
                  max_modules: int = DEFAULT_MAX_MODULES, prefix: str = "") -> None:
         keep = make_filter(modules)
-        chosen = [(n, m) for n, m in unwrapped(model).named_modules() if n and keep(n, m)]
+        chosen = [(n, m) for n, m in user_modules(model) if n and keep(n, m)]
         self.skipped = max(len(chosen) - max_modules, 0)  # beyond the cap: not hooked
         chosen = chosen[:max_modules]
         # ``prefix``: the model's name when a run watches several (``Monitor.watch(name=)``)

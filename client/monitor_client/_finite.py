@@ -102,7 +102,7 @@ import torch
 from torch import nn
 
 from monitor_client._hooks import Hooks
-from monitor_client._model_info import unwrapped
+from monitor_client._model_info import user_modules
 
 DEFAULT_MAX_MODULES = 512
 # An output this small is summed whole even when sampling: one reduction instead of a
@@ -147,7 +147,7 @@ def can_originate(module: nn.Module) -> bool:
 def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules without children (where the computation is) that can create a non-finite
     value; the root if there is none."""
-    leaves = [(n, m) for n, m in model.named_modules()
+    leaves = [(n, m) for n, m in user_modules(model)
               if not any(True for _ in m.children()) and can_originate(m)]
     return leaves or [("", model)]
 
@@ -160,7 +160,7 @@ def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     hooks instead of 76."""
     units: list[tuple[str, nn.Module]] = []
     covered: set[int] = set()
-    for name, module in model.named_modules():
+    for name, module in user_modules(model):
         if id(module) in covered:
             continue
         if isinstance(module, nn.ModuleList):
@@ -220,8 +220,7 @@ class FiniteFlags:
 
     def add_model(self, model: nn.Module, prefix: str = "") -> None:
         """Check ``model``'s modules too (named ``prefix.name``), within ``max_modules``."""
-        inner = unwrapped(model)  # named as the user names them (_model_info.py)
-        chosen = leaf_modules(inner) if self.full else unit_modules(inner)
+        chosen = leaf_modules(model) if self.full else unit_modules(model)
         room = max(self.max_modules - len(self.modules), 0)
         self.skipped += max(len(chosen) - room, 0)
         start = len(self.modules)

@@ -11,13 +11,17 @@ For the run record, and the peak FLOP/s with the dtype it is for (given here; el
     >>> resolve_peak_flops(model.weight, 312e12, "torch.bfloat16")
     (312000000000000.0, 'bf16')
 
-Layers are named as the user's model names them, inside ``torch.compile``'s and
-(Distributed)DataParallel's wrappers (which prefix every name with ``_orig_mod.`` or
-``module.``)::
+Layers and modules are named as the user's model names them, inside the wrappers that
+rename them: (Distributed)DataParallel and ``torch.compile`` around the model (``module.``,
+``_orig_mod.`` before every name), and ``torch.compile``, activation checkpointing's
+``checkpoint_wrapper`` and FSDP around a block (``_orig_mod``, ``_checkpoint_wrapped_module``,
+``_fsdp_wrapped_module`` inside its names)::
 
     >>> wrapped = torch.nn.DataParallel(torch.nn.Sequential(model))
-    >>> [name for name, _ in unwrapped(wrapped).named_parameters()]
+    >>> [name for name, _ in user_parameters(wrapped)]
     ['0.weight', '0.bias']
+    >>> user_name("layers.0._checkpoint_wrapped_module.attn._orig_mod.wq.weight")
+    'layers.0.attn.wq.weight'
 """
 
 from __future__ import annotations
@@ -67,6 +71,36 @@ def describe_model(model: Any, names: list[str]) -> dict[str, Any]:
     info = {"name": type(model).__name__, "n_params": n_params, "layer_order": names}
     info.update(_flops.model_shape(model))
     return info
+
+
+# The name segments that wrappers of a block insert into every name below it.
+WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
+
+
+def user_name(name: str) -> str:
+    """``name`` without the segments wrappers insert (``WRAPPER_SEGMENTS``)."""
+    if "_orig_mod" not in name and "_wrapped_module" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+def user_parameters(model: Any) -> list[tuple[str, Any]]:
+    """``model.named_parameters()`` named as the user's model names them."""
+    return [(user_name(name), p) for name, p in unwrapped(model).named_parameters()]
+
+
+def user_modules(model: Any) -> list[tuple[str, Any]]:
+    """``model.named_modules()`` named as the user's model names them; a wrapper and the
+    block it wraps share a name, and the outer one (whose forward the model calls) keeps
+    it."""
+    seen: set[str] = set()
+    found = []
+    for name, module in unwrapped(model).named_modules():
+        name = user_name(name)
+        if name not in seen:
+            seen.add(name)
+            found.append((name, module))
+    return found
 
 
 def unwrapped(model: Any) -> Any:

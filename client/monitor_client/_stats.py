@@ -47,7 +47,7 @@ import torch
 
 from monitor_client import _distributions, _finite
 from monitor_client._hooks import Hooks
-from monitor_client._model_info import unwrapped
+from monitor_client._model_info import user_parameters
 from monitor_client._norm_worker import NormOffload
 from monitor_client._pack import StatsPack
 from monitor_client._warn import LOGGER
@@ -303,7 +303,7 @@ class GradStats:
             self._refresh()
 
     def _refresh(self) -> None:
-        model_params = list(unwrapped(self._model).named_parameters())
+        model_params = user_parameters(self._model)
         named = [(n, p) for n, p in model_params if p.requires_grad]
         opt = self._optimizer
         self._groups = len(opt.param_groups) if opt is not None else 0

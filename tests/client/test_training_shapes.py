@@ -362,6 +362,7 @@ def test_a_compiled_or_ddp_wrapped_model_is_named_as_the_users_model(receiver, t
     does, and the run record describes the user's model, not the wrapper."""
     import torch.distributed as dist
 
+    torch._dynamo.reset()
     if wrap == "ddp":
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
                                 world_size=1)
@@ -381,3 +382,67 @@ def test_a_compiled_or_ddp_wrapped_model_is_named_as_the_users_model(receiver, t
                            for r in layered)
     nan = next(r for r in steps if r["step"] == 4)
     assert nan["nonfinite_modules"][0] == "0", nan
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+class _Blocks(nn.Module):
+    """A model whose blocks are wrapped the way large-model scripts wrap them: one under
+    activation checkpointing's ``checkpoint_wrapper``, one compiled on its own."""
+
+    def __init__(self) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([checkpoint_wrapper(_Block()),
+                                     torch.compile(_Block(), backend="eager")])
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("check", ["sampled", "full"])
+def test_blocks_wrapped_inside_the_model_are_named_as_the_users_model(receiver, tmp_path,
+                                                                       check):
+    """``checkpoint_wrapper`` and a compiled block insert ``_checkpoint_wrapped_module`` and
+    ``_orig_mod`` into every name below them: the layers, the run record and the module a
+    NaN came from are named without them."""
+    torch._dynamo.reset()  # a graph compiled by an earlier test, without these hooks
+    model = _Blocks()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run_id = f"wrapped-blocks-{check}"
+    mon = _monitor(receiver, tmp_path, run_id, finite_flags=check)
+    mon.watch(model, opt)
+    for step in range(1, STEPS + 1):
+        x = torch.randn(8, 4)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 4:
+            with torch.no_grad():
+                model.blocks[1]._orig_mod.fc.bias[0] = float("nan")  # step 5 goes NaN there
+        mon.log_step(step, loss=loss, samples=8)
+    assert mon.close(timeout=10)
+    run = next(r for r in receiver.records if r["kind"] == "run" and r["run_id"] == run_id)
+    assert run["model"]["layer_order"] == [f"{m}.{p}" for m in ("blocks.0.fc", "blocks.1.fc",
+                                                                   "head")
+                                           for p in ("weight", "bias")]
+    steps = _steps(receiver, run_id)
+    assert {name for r in steps for name in r.get("layers", {})} == set(
+        run["model"]["layer_order"])
+    made_nan = "blocks.1" if check == "sampled" else "blocks.1.fc"
+    assert steps[4]["nonfinite_modules"][0] == made_nan, steps[4]
