@@ -255,8 +255,10 @@ SLOW_CAUSES = frozenset({"compute-slow", "network-slow", "input-slow"})
 def _slow_holds(finding: Finding, stop: Stop) -> Stop | Hold:
     """A slow node that cannot be left out (past the exclude budget, or below the job's
     minimum) holds instead of stopping the run: it trains, at the slow node's pace, which
-    costs a fraction of what a stopped run does. A node that fails stops as ``stop`` says."""
-    if finding.evidence.get("node_cause") not in SLOW_CAUSES:
+    costs a fraction of what a stopped run does. A straggler is such a node whatever else
+    its verdict holds against it (a rank of it dead in an earlier attempt): its ranks train,
+    late. A node that fails stops as ``stop`` says."""
+    if finding.type != "straggler" and finding.evidence.get("node_cause") not in SLOW_CAUSES:
         return stop
     why = stop.why.removesuffix(": stopping; a human must look")
     return Hold(f"no exclusion: {why}; a slow node costs less than a stopped run: training "

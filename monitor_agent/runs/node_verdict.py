@@ -33,9 +33,10 @@ rank's process dies, before any hang; the relaunch's finding (``relaunched``) sa
 ranks of the ended attempt sent no end record while their peers' ended with a lost peer
 (runs/attempt_end.py): ``gone_ranks``. One rank of a node once is **suspect**: a process
 killed from outside (the OOM killer, a person, a segfault of the job's own code) is as
-often the job's as the machine's, and its relaunch ran on. Every rank of the node at once
-(the machine went: power, kernel, its link) is **sick**, as a hang of every rank is; so is
-the node losing a rank so again in a later attempt: the fault outlived the restart. The
+often the job's as the machine's, and its relaunch ran on. Every rank of the node at once,
+two or more (the machine went: power, kernel, its link), is **sick**, as a hang of every
+rank is; so is the node losing a rank so again in a later attempt: the fault outlived the
+restart. A node of one rank losing it once is one process dead, not yet the machine. The
 peers that lost it are never named: their end is its.
 
 **Silent corruption or bad data.** A NaN's first rank (``nan_inf``'s ``first_rank``, its
@@ -280,7 +281,10 @@ class NodeVerdicts:
             before = list(seen)
             seen.append(attempt)
             lost = sorted(dead & set(mine))
-            if set(mine) <= dead:
+            # Several processes dead at once are the machine's; one process alone (a node
+            # of one rank) is one process, as one rank of many is.
+            every = set(mine) <= dead and len(mine) > 1
+            if every:
                 why = (f"every rank of it ({_span(mine)}) died without a word in attempt "
                        f"{attempt}: the machine went")
             elif before:
@@ -290,7 +294,7 @@ class NodeVerdicts:
             else:
                 why = (f"{_span(lost)} of it died without a word in attempt {attempt} (its "
                        "peers lost it); once, one rank: the job's own end not ruled out")
-            sick = set(mine) <= dead or bool(before)
+            sick = every or bool(before)
             changed = self._mark(node, Mark("gone", sick, finding.step, why)) or changed
         return changed
 

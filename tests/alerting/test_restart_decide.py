@@ -227,6 +227,20 @@ def test_a_slow_node_that_cannot_be_left_out_holds_instead_of_stopping_the_run()
     assert isinstance(failed, Stop) and "exclude_budget 1" in failed.why, failed
 
 
+def test_a_straggler_on_a_node_sick_of_an_earlier_death_holds_rather_than_stopping():
+    """Seen on the namespace cluster: a node whose one rank was killed in attempt 1 (sick,
+    gone), back in the job since, is its straggler after another node was left out. Past
+    the exclude budget its ranks train on, late, as any slow node's: no stop."""
+    rule = replace(RESTART, types=("straggler",), action="exclude")
+    late = Finding("straggler", Severity.WARNING, "job", step=900, rank=1, message="slow",
+                   evidence={"cause": "collective",
+                             "node_verdict": "node gpu-node-0: sick (gone) at step 11: ...",
+                             "node_state": "sick", "node_cause": "gone"})
+    first = plan_of(decide(rule, xid(rank=7, step=300), RUN, (), now=0.0))
+    held = decide(rule, late, RUN, (restarted(0.0, first, 301),), now=60.0)
+    assert isinstance(held, Hold) and "exclude_budget 1" in held.why, held
+
+
 def test_no_clean_checkpoint_restarts_from_the_start():
     plan = plan_of(decide(RESTART, hang(step=50), RUN, (), now=0.0))
     assert (plan.checkpoint_step, plan.checkpoint_path, plan.resume_position) == (

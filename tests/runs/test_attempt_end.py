@@ -105,3 +105,16 @@ def test_one_dead_rank_once_is_suspect_every_rank_or_again_sick():
     restored = NodeVerdicts()
     restored.restore(book.to_dict())
     assert restored.dead == {"node2": [1, 2]}
+
+
+def test_a_node_of_one_rank_losing_it_once_is_suspect_not_a_machine_gone():
+    """One rank per node (a process a node): its one silent death is one process dead, as
+    one rank of many is; the machine is judged gone only when it happens again."""
+    hosts = {r: f"node{r}" for r in range(3)}
+    book = NodeVerdicts()
+    assert book.observe(_relaunched([1], 1), hosts, {}) == "node1"
+    verdict = book.verdict("node1", (1,))
+    assert (verdict.state, verdict.cause) == ("suspect", "gone"), verdict
+    assert "the machine went" not in verdict.why, verdict
+    book.observe(_relaunched([1], 2), hosts, {})
+    assert book.verdict("node1", (1,)).state == "sick"
