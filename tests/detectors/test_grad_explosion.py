@@ -242,3 +242,60 @@ def test_steps_without_a_grad_norm_neither_break_nor_extend_a_streak():
     found = feed(only("grad_explosion"), [run()] + _steady(100) + hot)
     assert [f.step for f in found] == [104]
     assert found[0].evidence["consecutive_steps"] == 3 and "3 steps in a row" in found[0].message
+
+
+# -- what the not-recovered and overflow pages say (issue 51) --------------------------------
+
+
+def _log_median(norms: list[float]) -> float:
+    """The median the detector states, taken in log space (a ratio's middle)."""
+    return float(np.exp(np.median(np.log(norms))))
+
+
+def test_a_burst_that_did_not_come_back_page_gives_the_burst_the_level_since_and_the_drop():
+    """Paged once: the level staying down past repeat_every_steps is the same damage."""
+    from monitor_agent.detectors.grad_explosion import GRAD_EXPLOSION
+
+    steady = _steady(100)
+    burst = [step(100 + k, grad_norm=g, lr=LR) for k, g in enumerate([120, 600, 1300, 400, 9])]
+    dead = [step(i, grad_norm=0.1 * (1 + noise(i, 0.3)), lr=LR, clip_threshold=5.0)
+            for i in range(105, 400)]
+    found = feed(only("grad_explosion"), [run()] + steady + burst + dead)
+    assert [f.step for f in found] == [114]
+    f, paged = found[0], dead[114 - 105]
+    before = _log_median([r.grad_norm for r in steady])
+    since = _log_median([r.grad_norm for r in dead[:10]])
+    e = f.evidence
+    assert (e["rule"], e["onset_step"], e["last_spike_step"]) == ("not_recovered", 100, 104)
+    assert e["level_after"] == pytest.approx(since, rel=1e-5)
+    # the median before the burst (its first readings in it barely move a median of 100)
+    assert e["median"] == pytest.approx(before, rel=0.01)
+    assert e["ratio"] == pytest.approx(since / e["median"], rel=1e-4) and e["z"] <= -6
+    assert (e["grad_norm"], e["lr"], e["loss"], e["clip_threshold"]) == pytest.approx(
+        (paged.grad_norm, LR, paged.loss, 5.0), rel=1e-5)
+    assert f.message == (
+        f"grad norm blew up from step 100 to 104 and did not come back: its median over the "
+        f"10 steps since is {since:.3g}, {e['median'] / since:.0f}x below its median "
+        f"{e['median']:.3g} "
+        f"before ({-e['z']:.0f} sigma): the weights were damaged, not one bad batch")
+    assert (f.value, f.threshold) == (e["level_after"], e["median"])
+    assert f.severity == Severity.ERROR and f.suggestions == GRAD_EXPLOSION
+
+
+def test_a_streak_cut_short_by_overflow_page_says_how_long_and_how_far_it_had_gone():
+    from monitor_agent.detectors.grad_explosion import GRAD_EXPLOSION
+
+    recs = [run()] + _steady(100) + [
+        step(100, grad_norm=50.0, lr=LR, clip_threshold=5.0),
+        step(101, grad_norm=5e4, lr=LR, clip_threshold=5.0),
+        step(102, grad_norm=float("inf"), lr=LR, clip_threshold=5.0, loss=3.5)]
+    found = feed(only("grad_explosion"), recs)
+    assert [f.step for f in found] == [102]
+    f, e = found[0], found[0].evidence
+    assert 1.0 < e["median"] < 1.1 and 45 < e["min_ratio_in_streak"] < 50  # the 50 step
+    assert f.message == (f"grad norm went inf after 2 step(s) at least "
+                         f"{e['min_ratio_in_streak']:.1f}x its median {e['median']:.3g}")
+    assert e["onset_step"] == 100 and e["consecutive_steps"] == 3
+    assert (e["grad_norm"], e["lr"], e["loss"], e["clip_threshold"]) == (math.inf, LR, 3.5, 5.0)
+    assert (f.value, f.threshold) == (math.inf, e["median"])
+    assert f.severity == Severity.ERROR and f.suggestions == GRAD_EXPLOSION
