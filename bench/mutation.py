@@ -172,7 +172,8 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
         # lock held by a thread that was not forked), and the mutant reads as a timeout.
         env["OMP_NUM_THREADS"] = "1"
         t0 = time.monotonic()
-        done = subprocess.run(["mutmut", "run", "--max-children", str(children), *todo],
+        done = subprocess.run([_mutmut() or "mutmut", "run", "--max-children", str(children),
+                               *todo],
                               cwd=work, env=env, capture_output=True, text=True)
         elapsed = time.monotonic() - t0
         if done.returncode != 0:
@@ -182,6 +183,13 @@ def run(module: str, tests: list[str], children: int, keep: Path | None, again: 
             status = {n: st for n, st in status.items()
                       if any(fnmatch.fnmatchcase(n, g) for g in _globs(functions))}
         return status, elapsed
+
+
+def _mutmut() -> str | None:
+    """The mutmut script beside this interpreter (a virtual environment used without
+    activating it), else on PATH."""
+    here = str(Path(sys.executable).parent)
+    return shutil.which("mutmut", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
 
 
 def main() -> None:
@@ -199,7 +207,7 @@ def main() -> None:
                     help="only this function's or method's mutants (repeat; one --module)")
     args = ap.parse_args()
     modules = args.module or sorted(MODULES)
-    if shutil.which("mutmut") is None:
+    if _mutmut() is None:
         sys.exit("mutmut not installed: pip install mutmut")
     if (args.keep or args.function) and len(modules) != 1:
         sys.exit("--keep and --function take one --module")
