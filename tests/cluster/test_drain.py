@@ -40,8 +40,9 @@ def _of(drain: NodeDrain) -> Drained:
 
 
 def _threads() -> list[threading.Thread]:
-    """The threads running besides the test's own: a drain's command."""
-    return [t for t in threading.enumerate() if t is not threading.main_thread()]
+    """The drains' command threads running (cluster/drain.py names them); a thread another
+    test of this process left behind is not a drain's."""
+    return [t for t in threading.enumerate() if t.name == "node-drain"]
 
 
 def _settled(drain: NodeDrain) -> Drained:
