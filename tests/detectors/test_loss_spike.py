@@ -133,15 +133,21 @@ def _signed(n: int) -> list:
                                              grad_norm=0.7) for i in range(1, n)]
 
 
+def _one_spike(history: list, loss: float) -> tuple:
+    """The one finding of a spike to ``loss`` at step 300 after ``history``, and the loss
+    EMA it was judged against."""
+    suite = only("loss_spike")
+    feed(suite, history)
+    ema = suite.ema_loss(0)
+    found = feed(suite, [step(300, loss=loss, grad_norm=0.7)])
+    assert len(found) == 1
+    return found[0], ema
+
+
 def test_a_spike_page_gives_the_loss_its_ema_the_ratio_and_the_limits():
     from monitor_agent.detectors.loss_spike import LOSS_SPIKE
 
-    suite = only("loss_spike")
-    feed(suite, _decaying(300))
-    ema = suite.ema_loss(0)
-    found = feed(suite, [step(300, loss=5.0, grad_norm=0.7)])
-    assert len(found) == 1
-    f = found[0]
+    f, ema = _one_spike(_decaying(300), 5.0)
     ratio, z = 5.0 / ema, f.evidence["z"]
     assert f.message == f"loss 5 is {ratio:.1f}x its EMA {ema:.3g} (z={z:.1f})"
     assert (f.value, f.threshold) == (5.0, pytest.approx(ema, rel=1e-5))
@@ -155,12 +161,7 @@ def test_a_spike_page_gives_the_loss_its_ema_the_ratio_and_the_limits():
 def test_a_signed_loss_spike_page_says_how_far_above_its_ema_in_its_own_units():
     from monitor_agent.detectors.loss_spike import LOSS_SPIKE
 
-    suite = only("loss_spike")
-    feed(suite, _signed(300))
-    ema = suite.ema_loss(0)
-    found = feed(suite, [step(300, loss=1.5, grad_norm=0.7)])
-    assert len(found) == 1
-    f = found[0]
+    f, ema = _one_spike(_signed(300), 1.5)
     excess, z = 1.5 - ema, f.evidence["z"]
     assert f.message == (f"loss 1.5 is {excess:.3g} above its EMA {ema:.3g} (z={z:.1f} of its "
                          "own noise; a signed loss has no ratio)")
