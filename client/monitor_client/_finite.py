@@ -30,9 +30,9 @@ bench/gpu_check.py), and a check that reads every element cannot cost less than 
 it. By default (``full=False``) the hook sums each *row's* first 32 bytes (the leading
 16 bf16 or 8 float32 features of every token; a row is everything but the last
 dimension): one memory sector per row, about 1/50 of those bytes, in one small
-reduction a module (the rows' sums) and, at ``log_step``, one fused call for every module's
-rows (``add_to``: their L1 norms, non-finite exactly when a sampled row is). The reasoning: the non-finite values a forward
-makes are whole rows in the shapes
+reduction a module (the rows' sums) and, at ``log_step``, one fused call for every
+module's rows (``add_to``: their L1 norms, non-finite exactly when a sampled row is).
+The reasoning: the non-finite values a forward makes are whole rows in the shapes
 that cause them - a bad input row, a norm of a row that overflowed, a softmax row that
 went NaN, attention spreading a bad key to every later query, any linear map fed a bad
 row - and a whole row is seen in its first features, so the first sampled module that
