@@ -9,10 +9,10 @@ rollback and restart both leave with exit 75.
         --run_id R --poison 97 --hang_step 25 --hang_launch 1
 
 Faults: samples ``--poison`` (ids) have NaN targets (a data fault: the loss goes NaN on the
-step that trains one); on launch ``--hang_launch`` (torchrun's restart count) rank 1's
-training thread blocks in a callback before step ``--hang_step`` (the other rank waits in
-DDP's all-reduce). Each rank appends ``resume <launch> <global step>`` at the start of
-each launch and ``<launch> <step> <sample ids>`` for each step it trains to
+step that trains one); on launch ``--hang_launch`` (0, 1, ...: the launches that reached
+training) rank 1's training thread blocks in a callback before step ``--hang_step`` (the
+other rank waits in DDP's all-reduce). Each rank appends ``resume <launch> <global step>``
+at the start of each launch and ``<launch> <step> <sample ids>`` for each step it trains to
 ``<out_dir>/steps-r<rank>.log``, and at the end a digest of its weights to
 ``<out_dir>/weights-r<rank>.txt``.
 """
@@ -38,9 +38,14 @@ parser.add_argument("--hang_launch", type=int, default=0)
 parser.add_argument("--step_delay", type=float, default=0.1)
 args = parser.parse_args()
 poison = {int(i) for i in args.poison.split(",") if i}
-launch = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 rank = int(os.environ.get("RANK", "0"))
-log = open(os.path.join(args.out_dir, f"steps-r{rank}.log"), "a")  # noqa: SIM115
+log_path = os.path.join(args.out_dir, f"steps-r{rank}.log")
+# The launch is counted by the launches that reached training, not by torchrun's restart
+# count: a launch that fails before it (its group's port taken by another process on a busy
+# machine) is torchrun's business and must not move the hang to another launch.
+launch = (sum(line.startswith("resume") for line in open(log_path))  # noqa: SIM115
+          if os.path.exists(log_path) else 0)
+log = open(log_path, "a")  # noqa: SIM115
 
 
 class Samples(torch.utils.data.Dataset):

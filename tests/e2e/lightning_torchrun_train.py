@@ -32,9 +32,14 @@ parser.add_argument("--hang_launch", type=int, default=0)
 parser.add_argument("--step_delay", type=float, default=0.1)
 args = parser.parse_args()
 poison = {int(i) for i in args.poison.split(",") if i}
-launch = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 rank = int(os.environ.get("RANK", "0"))
-log = open(os.path.join(args.out_dir, f"steps-r{rank}.log"), "a")  # noqa: SIM115
+log_path = os.path.join(args.out_dir, f"steps-r{rank}.log")
+# The launch is counted by the launches that reached training, not by torchrun's restart
+# count: a launch that fails before it (its group's port taken by another process on a busy
+# machine) is torchrun's business and must not move the hang to another launch.
+launch = (sum(line.startswith("resume") for line in open(log_path))  # noqa: SIM115
+          if os.path.exists(log_path) else 0)
+log = open(log_path, "a")  # noqa: SIM115
 
 
 class Samples(torch.utils.data.Dataset):

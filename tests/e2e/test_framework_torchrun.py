@@ -84,7 +84,7 @@ def _launches(out: Path, rank: int) -> list[tuple[int, list[tuple[int, list[int]
     for line in (out / f"steps-r{rank}.log").read_text().splitlines():
         words = line.split()
         if words[0] == "resume":
-            assert int(words[1]) == len(launches), line  # torchrun's restart count
+            assert int(words[1]) == len(launches), line  # the launches that reached training
             launches.append((int(words[2]), []))
         else:
             launches[-1][1].append((int(words[1]), [int(i) for i in words[2].split(",")]))
