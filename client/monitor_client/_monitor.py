@@ -191,7 +191,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._step_offset, self._logged = 0, None  # see _run_step
         self._outcome: tuple[str, str | None] = ("completed", None)
         self._last_t, self._data_time = time.perf_counter(), 0.0
-        # perf_counter of this process's latest loop record (log_step, log_eval,
+        # perf_counter of this process's latest loop record's return (log_step, log_eval,
         # checkpoint_saved): an eval's or a save's ``seconds`` is the time since (None
         # before the first; the goodput ledger, monitor_agent/runs/goodput.py, reads them).
         self._loop_t: float | None = None
@@ -489,7 +489,6 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             return
         now = time.perf_counter()
         step_time, self._last_t = now - self._last_t, now
-        self._loop_t = now
         if self._models:  # like the shared traces: step_time excludes our hooks
             step_time = max(step_time - self._models.pop_overhead(), 0.0)
         if data_time is None and self._data_time:
@@ -523,6 +522,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if self._watchdog is not None:
             self._phase.enter("data")
             self._watchdog.beat(step)
+        # An eval or a save timed from here is the user's alone: this call's own work (a
+        # loaded machine stretches it) is the step's, not the checkpoint bucket's.
+        self._loop_t = time.perf_counter()
 
     def _run_step(self, step: Any) -> int:
         """``step`` as the run counts it. Steps of one attempt go forward: one that goes back
@@ -641,7 +643,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         """Record a validation result at optimizer step ``step``.
 
         ``seconds``: how long the evaluation took; by default the time since this
-        process's previous ``log_step``, ``log_eval`` or ``checkpoint_saved`` (the
+        process's previous ``log_step``, ``log_eval`` or ``checkpoint_saved`` returned (the
         evaluation that ran in between, when called right after it, as loops do)."""
         took = self._since_loop(seconds)
         if not self.active:
@@ -658,6 +660,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._submit(record)
         if self._watchdog is not None:
             self._watchdog.touch()
+        self._loop_t = time.perf_counter()  # see log_step's end
 
     def _since_loop(self, seconds: Any) -> float | None:
         """An eval's or a save's duration: ``seconds`` when given (a finite number >= 0,
@@ -724,7 +727,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         Call it after the save completed (a checkpoint that is not on disk must not become
         a rollback target); it returns at once and never raises. ``seconds``: how long the
         save took; by default the time since this process's previous ``log_step``,
-        ``log_eval`` or ``checkpoint_saved`` (the save, when called right after it).
+        ``log_eval`` or ``checkpoint_saved`` returned (the save, when called right after it).
         """
         took = self._since_loop(seconds)
         if data_position is None and self._last_position is not None \
@@ -747,6 +750,7 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         if took is not None:
             record["seconds"] = took
         self._submit(record)
+        self._loop_t = time.perf_counter()  # see log_step's end
 
     @_never_raises
     def resumed_from(self, step: int, path: str | os.PathLike[str], *,
