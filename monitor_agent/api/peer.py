@@ -11,7 +11,7 @@ its actions. The body (JSON, usually gzip)::
      "records": [<digests: records less their per-layer payload, docs/format.md>],
      "findings": [{"flags": 0, "finding": {<a finding as GET /v1/runs/{id}/findings>}}],
      "links": [{"address": "10.0.0.3", "rtt_ms": 0.4, "rttvar_ms": 0.2, "connections": 2,
-                "retransmits": 0, "bytes": 180000}]}
+                "retransmits": 0, "bytes": 180000, "sending_ms": 12.5}]}
 
 ``links`` (optional: a new sample of the node's host, cluster/tcp_probe.py) is what its
 own connections measure to each remote address, at most ``MAX_PEERS`` of them; a node's
@@ -89,6 +89,7 @@ class LinkIn(BaseModel):
     connections: int = Field(ge=1, le=1_000_000)
     retransmits: int = Field(ge=0, le=2**53)
     bytes: int = Field(default=0, ge=0, le=2**62)
+    sending_ms: float = Field(default=0.0, ge=0, le=600_000, allow_inf_nan=False)
 
     @field_validator("address")
     @classmethod
@@ -297,7 +298,7 @@ def _links(raw: Any) -> tuple[PeerLink, ...] | None:
     if len({link.address for link in links}) != len(links):
         raise BadRequest(400, "links: an address listed twice")
     return tuple(PeerLink(link.address, link.rtt_ms, link.rttvar_ms, link.connections,
-                          link.retransmits, link.bytes) for link in links)
+                          link.retransmits, link.bytes, link.sending_ms) for link in links)
 
 
 def _findings(raw: Any, runs: set[str]

@@ -176,7 +176,7 @@ def link_figures(run: RunState, local: Collection[str], peers: Sequence[PeerLink
             continue
         seen = figures.get(other)
         if seen is None or peer.rtt_ms > seen.rtt_ms:  # several addresses: its slowest
-            figures[other] = Rtt(peer.rtt_ms, peer.rttvar_ms, peer.bytes)
+            figures[other] = Rtt(peer.rtt_ms, peer.rttvar_ms, peer.bytes, peer.sending_ms)
     return node, figures
 
 

@@ -22,6 +22,17 @@ compare with, N's link is slow when
 - those slow pairs reach two or more different peers (one slow pair cannot tell its two
   ends apart).
 
+A pair is slow, too, when its connection spent longer sending each byte than any pair
+without N allows for (``ms_per_mb``: the time it had data in flight, not waiting for its
+receiver, over the bytes it moved since the sample before; tcp_probe.py says why a round
+trip read at a moment misses a capped link's queue and this does not): longer than the
+other pair's smoothed time per byte plus four of its mean deviations, the same estimator
+and margin TCP keeps for round trips (RFC 6298: gains 1/8 and 1/4, a first deviation of
+half the first sample), kept per pair over its samples (``Spread``, in ``LinkJudge``).
+The bound is again the other pairs' own noise: on the namespace cluster the healthy pairs
+moved a ring's data at 236-630 Mbit/s while sending and a node capped at 150 Mbit/s moved
+it at 117-160.
+
 Every pair past the bound has N in it (the bound is the slowest pair without it), so N is
 the node in common to the slow pairs; at most one node passes (its peers' pairs with it
 are slow, so every other node has a slow pair without it). Judged at every sample; one sample is a moment (a busy host answers late
@@ -41,7 +52,7 @@ link has been slow at every judgement for ``hold_seconds`` (a window of samples)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 BULK_SHARE = 10
 """A pair whose connection moved less than a tenth of the busiest pair's bytes is not the
@@ -63,6 +74,35 @@ class Rtt:
     rtt_ms: float
     rttvar_ms: float
     bytes: int = 0  # what the connection moved since the sample before
+    sending_ms: float = 0.0  # the time it spent sending that (tcp_probe.py)
+
+    @property
+    def ms_per_mb(self) -> float | None:
+        """Milliseconds spent sending each megabyte moved; None without both figures."""
+        if self.sending_ms <= 0 or self.bytes <= 0:
+            return None
+        return self.sending_ms * 1e6 / self.bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """A pair's smoothed time per megabyte sent and its mean deviation (RFC 6298's
+    estimator, applied to ``Rtt.ms_per_mb`` sample by sample)."""
+
+    mean: float
+    dev: float
+
+    @staticmethod
+    def first(sample: float) -> Spread:
+        return Spread(sample, sample / 2)
+
+    def then(self, sample: float) -> Spread:
+        return Spread(self.mean + (sample - self.mean) / 8,
+                      self.dev + (abs(self.mean - sample) - self.dev) / 4)
+
+    @property
+    def bound(self) -> float:
+        return self.mean + NOISE_DEVIATIONS * self.dev
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,41 +116,88 @@ class SlowLink:
     bound_ms: float  # the slowest other pair plus its noise margin
     slow_pairs: int = 0  # its pairs past the bound
     pairs: int = 0  # its pairs measured
+    # Sending rates in Mbit/s, when some of its pairs were slow by their time per byte:
+    # its slow pairs' (slowest, fastest), the other pairs' and the bound's (the rate of the
+    # other pairs' longest smoothed time per byte plus its margin).
+    slow_mbit: tuple[float, float] | None = None
+    others_mbit: tuple[float, float] | None = None
+    bound_mbit: float | None = None
 
     def words(self) -> str:
         share = ("every pair of it" if self.slow_pairs == self.pairs else
                  f"{self.slow_pairs} of its {self.pairs} pairs")
-        return (f"its link is slow: {share} ({len(self.peers)} peers: "
-                f"{', '.join(self.peers[:8])}) measure a TCP round trip of "
-                f"{_ms(self.slow_ms[0])}-{_ms(self.slow_ms[1])}, the pairs without it "
-                f"{_ms(self.others_ms[0])}-{_ms(self.others_ms[1])} (at most "
-                f"{_ms(self.bound_ms)} with {NOISE_DEVIATIONS:g} RTT mean deviations, the "
-                "margin TCP's own retransmission timer allows)")
+        said = (f"its link is slow: {share} ({len(self.peers)} peers: "
+                f"{', '.join(self.peers[:8])}) ")
+        if self.slow_mbit is not None and self.others_mbit is not None \
+                and self.bound_mbit is not None:
+            return said + (
+                f"sent data at {_mbit(self.slow_mbit[0])}-{_mbit(self.slow_mbit[1])} while "
+                f"sending, the pairs without it at {_mbit(self.others_mbit[0])}-"
+                f"{_mbit(self.others_mbit[1])} (at least {_mbit(self.bound_mbit)} with "
+                f"{NOISE_DEVIATIONS:g} mean deviations of their time per byte, the margin "
+                f"TCP's own retransmission timer allows its round trips); round trips "
+                f"{_ms(self.slow_ms[0])}-{_ms(self.slow_ms[1])} against "
+                f"{_ms(self.others_ms[0])}-{_ms(self.others_ms[1])}")
+        return said + (
+            f"measure a TCP round trip of "
+            f"{_ms(self.slow_ms[0])}-{_ms(self.slow_ms[1])}, the pairs without it "
+            f"{_ms(self.others_ms[0])}-{_ms(self.others_ms[1])} (at most "
+            f"{_ms(self.bound_ms)} with {NOISE_DEVIATIONS:g} RTT mean deviations, the "
+            "margin TCP's own retransmission timer allows)")
 
 
 def _ms(value: float) -> str:
     return f"{value:.3g} ms"
 
 
-def slow_node(pairs: dict[tuple[str, str], Rtt]) -> SlowLink | None:
+def _mbit(value: float) -> str:
+    return f"{value:.3g} Mbit/s"
+
+
+def _rate(ms_per_mb: float) -> float:
+    """Milliseconds per megabyte as megabits per second."""
+    return 8e3 / ms_per_mb
+
+
+Pair = tuple[str, str]
+
+
+def slow_node(pairs: dict[Pair, Rtt], spreads: dict[Pair, Spread] | None = None
+              ) -> SlowLink | None:
     """The node whose link is slow by the module's rule, else None. ``pairs``:
-    (local node, remote node) -> the figures the local node's connections measure."""
+    (local node, remote node) -> the figures the local node's connections measure;
+    ``spreads``: each pair's time per byte sent, smoothed, and its noise (none: the round
+    trips alone are judged)."""
     pairs = collective(pairs)
+    spreads = spreads or {}
     nodes = sorted({n for pair in pairs for n in pair})
     for node in nodes:
         mine = {k: v for k, v in pairs.items() if node in k}
-        others = [v for k, v in pairs.items() if node not in k]
+        others = {k: v for k, v in pairs.items() if node not in k}
         if not others:
             continue
-        bound = max(v.rtt_ms + NOISE_DEVIATIONS * v.rttvar_ms for v in others)
-        slow = {k: v for k, v in mine.items() if v.rtt_ms > bound}
+        bound = max(v.rtt_ms + NOISE_DEVIATIONS * v.rttvar_ms for v in others.values())
+        noise = [spreads[k] for k in others if k in spreads]
+        per_mb = max((s.bound for s in noise), default=None)
+        by_rate = {k: v for k, v in mine.items()
+                   if per_mb is not None and (t := v.ms_per_mb) is not None and t > per_mb}
+        slow = {k: v for k, v in mine.items() if v.rtt_ms > bound or k in by_rate}
         peers = sorted({b if a == node else a for a, b in slow})
         if len(peers) < 2 or 2 * len(slow) < len(mine):
             continue
         rtts = [v.rtt_ms for v in slow.values()]
-        return SlowLink(node, tuple(peers), (min(rtts), max(rtts)),
-                        (min(v.rtt_ms for v in others), max(v.rtt_ms for v in others)),
-                        bound, len(slow), len(mine))
+        found = SlowLink(node, tuple(peers), (min(rtts), max(rtts)),
+                         (min(v.rtt_ms for v in others.values()),
+                          max(v.rtt_ms for v in others.values())),
+                         bound, len(slow), len(mine))
+        if by_rate and per_mb is not None:
+            theirs = [_rate(t) for v in others.values() if (t := v.ms_per_mb) is not None]
+            rates = [_rate(v.ms_per_mb) for v in by_rate.values() if v.ms_per_mb]
+            found = replace(found, slow_mbit=(min(rates), max(rates)),
+                            others_mbit=(min(theirs), max(theirs)) if theirs else
+                            (_rate(per_mb), _rate(per_mb)),
+                            bound_mbit=_rate(per_mb))
+        return found
     return None
 
 
@@ -129,7 +216,8 @@ class LinkJudge:
     hold_seconds: float
     max_age_seconds: float
     # (local node, remote node) -> (its figures, when they arrived)
-    pairs: dict[tuple[str, str], tuple[Rtt, float]] = field(default_factory=dict)
+    pairs: dict[Pair, tuple[Rtt, float]] = field(default_factory=dict)
+    spreads: dict[Pair, Spread] = field(default_factory=dict)  # each pair's time per byte
     streak: tuple[str, float] | None = None  # (node, since when it is judged slow)
     counted: tuple[str, float] | None = None  # the streak last counted an episode
     episodes: dict[str, int] = field(default_factory=dict)  # node -> episodes held
@@ -141,13 +229,19 @@ class LinkJudge:
         for remote, rtt in figures.items():
             if remote != local:
                 self.pairs[(local, remote)] = (rtt, now)
+                sample, pair = rtt.ms_per_mb, (local, remote)
+                if sample is not None:
+                    was = self.spreads.get(pair)
+                    self.spreads[pair] = Spread.first(sample) if was is None else \
+                        was.then(sample)
+        self.spreads = {k: v for k, v in self.spreads.items() if k in self.pairs}
 
     def judge(self, now: float) -> tuple[SlowLink, bool] | None:
         """The node whose link has been slow at every judgement for ``hold_seconds``, and
         whether it is sick (slow for twice that, or in a later episode); None while no
         node's is, or not yet for that long."""
         fresh = {k: r for k, (r, at) in self.pairs.items() if now - at <= self.max_age_seconds}
-        found = slow_node(fresh)
+        found = slow_node(fresh, self.spreads)
         if found is None:
             self.streak = None
             return None

@@ -202,6 +202,10 @@ BAD_ENVELOPES: list[tuple[Any, int, str]] = [
      "links[0.address]: Value error, not an IP address"),
     ({"sidecar": "n", "runs": [RUN], "links": [{**LINK, "rtt_ms": -1}]}, 400,
      "links[0.rtt_ms]: Input should be greater than or equal to 0"),
+    ({"sidecar": "n", "runs": [RUN], "links": [{**LINK, "sending_ms": 1e9}]}, 400,
+     "links[0.sending_ms]: Input should be less than or equal to 600000"),
+    ({"sidecar": "n", "runs": [RUN], "links": [{**LINK, "sending_ms": "5"}]}, 400,
+     "links[0.sending_ms]: Input should be a valid number"),
     ({"sidecar": "n", "runs": [RUN], "links": [LINK, {**LINK, "rtt_ms": 2.0}]}, 400,
      "links: an address listed twice"),
 ]

@@ -17,6 +17,7 @@ from monitor_agent.cluster.tcp_probe import (
     Connection,
     ProbeThread,
     TcpProbe,
+    counters,
     key,
     parse_ss,
     summarise,
@@ -70,7 +71,7 @@ def test_the_connection_that_moved_the_most_since_the_sample_before_speaks_for_i
         (0.2, 2, 3, 90_000_000 - 1)
     # The bulk connection idle since the sample before (nothing more acknowledged): the
     # store's is all that moved.
-    before = {key(bulk): bulk.bytes_acked, key(store): 1_000}
+    before = {key(bulk): (bulk.bytes_acked, 0), key(store): (1_000, 0)}
     (peer,) = summarise([store, bulk], active_ms=5000, before=before).peers
     assert (peer.rtt_ms, peer.connections, peer.bytes) == (40.0, 1, 4_000)
 
@@ -145,12 +146,38 @@ def test_a_probe_without_ss_samples_nothing_and_says_so(caplog: pytest.LogCaptur
     assert sum("TCP probe off" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_the_time_spent_sending_is_the_busiest_connections_since_the_sample_before():
+    """``busy`` less ``rwnd_limited`` (a receiver slow to read is not the link), counted
+    from the sample before; a connection new since then counts all of its own."""
+    text = ("ESTAB 0 0 10.0.0.1:41824 10.0.0.2:29500\n"
+            "\t bbr rtt:1.5/0.5 bytes_acked:9000001 lastsnd:4 busy:2500ms "
+            "rwnd_limited:300ms(1.2%) sndbuf_limited:20ms(0.1%)\n"
+            "ESTAB 0 0 10.0.0.1:41830 10.0.0.3:29500\n"
+            "\t bbr rtt:0.2/0.1 bytes_acked:5000001 lastsnd:4 busy:40ms\n"
+            "ESTAB 0 0 10.0.0.1:41840 10.0.0.4:29500\n"
+            "\t cubic rtt:0.2/0.1 bytes_acked:5000001 lastsnd:4\n")  # an older kernel
+    conns = parse_ss(text)
+    assert [c.sending_ms for c in conns] == [2200, 40, 0]
+    first = summarise(conns, active_ms=5000)
+    assert [(p.address, p.bytes, p.sending_ms) for p in first.peers] == [
+        ("10.0.0.2", 9_000_000, 2200.0), ("10.0.0.3", 5_000_000, 40.0),
+        ("10.0.0.4", 5_000_000, 0.0)]
+    before = counters(conns)
+    assert before[key(conns[0])] == (9_000_001, 2200)
+    later = parse_ss(text.replace("9000001", "12000001").replace("busy:2500ms", "busy:3100ms")
+                     .replace("5000001 lastsnd:4 busy:40ms", "5000002 lastsnd:4 busy:40ms"))
+    again = summarise(later, active_ms=5000, before=before)
+    assert [(p.address, p.bytes, p.sending_ms) for p in again.peers] == [
+        ("10.0.0.2", 3_000_000, 600.0), ("10.0.0.3", 1, 0.0)]
+    assert again.peers[0].to_dict()["sending_ms"] == 600.0
+
+
 def test_a_connection_that_moved_nothing_since_the_sample_before_is_idle():
     """Its lastsnd recent (a keep-alive, a zero window probe) but no byte acknowledged
     since: its RTT says nothing new."""
     conn = _conn("10.0.0.9", acked=123_456, lastsnd=5)
     assert len(summarise([conn], 60_000).peers) == 1
-    assert summarise([conn], 60_000, before={key(conn): conn.bytes_acked}).peers == ()
+    assert summarise([conn], 60_000, before={key(conn): (conn.bytes_acked, 0)}).peers == ()
 
 
 def test_the_probe_thread_keeps_each_new_sample_under_a_new_serial(busy_connection: int):

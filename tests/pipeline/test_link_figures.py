@@ -109,6 +109,38 @@ def test_the_node_common_to_the_slow_pairs_is_suspect_then_sick_network_slow(lea
     assert "gpu-node-1, gpu-node-3" in words and "68.3 ms" in words, words
 
 
+def test_a_node_whose_pairs_spend_longer_sending_each_byte_is_network_slow(leader):
+    """Round trips alike everywhere; the time each pair's connection spent sending what it
+    moved (``sending_ms``, over the wire with the figures) is what names node 2, once the
+    other pairs' samples have shown their own noise."""
+    srv, settings = leader
+
+    def ring(slow: int | None) -> dict[int, list[dict[str, Any]]]:
+        return {n: [{**link, **FAST, "bytes": 40_000_000,
+                     "sending_ms": 2400.0 if slow in (n, (n + 1) % NODES) else 800.0}
+                    for link in links] for n, links in _ring(None).items()}
+
+    for _ in range(10):
+        for node, links in ring(None).items():
+            assert _exchange(srv.url, settings, node, [], links).status_code == 200
+    assert {s for s, _ in _verdicts(srv.url).values()} == {"healthy"}
+
+    def judged() -> dict[str, tuple[str, str | None]]:
+        for node, links in ring(2).items():
+            r = _exchange(srv.url, settings, node, [], links)
+            assert r.status_code == 200, r.text
+        got = _verdicts(srv.url)
+        assert got["gpu-node-2"] == ("sick", "network-slow"), got
+        return got
+
+    sick = eventually(judged, timeout=60, what="node 2 sick")
+    assert sum(s != "healthy" for s, _ in sick.values()) == 1
+    why = httpx.get(f"{srv.url}/v1/runs/{RUN}/nodes", headers=AUTH, timeout=10).json()
+    words = next(v["why"] for v in why["nodes"] if v["node"] == "gpu-node-2")
+    assert "sent data at 133 Mbit/s-133 Mbit/s while sending, the pairs without it at " \
+        "400 Mbit/s-400 Mbit/s" in words, words
+
+
 def test_a_nodes_figures_name_only_the_nodes_at_the_addresses_it_lists(leader):
     """Figures about addresses that are no node of the run (a file server, another job)
     are left out: node 2's figures alone to an unknown address name nobody."""

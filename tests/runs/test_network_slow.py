@@ -135,6 +135,77 @@ def test_a_nodes_new_sample_replaces_its_earlier_pairs():
     assert ("a", "b") not in judge.pairs and ("a", "c") in judge.pairs
 
 
+# Measured on the namespace cluster (4 nodes x 2 ranks, a ring 3 -> 2 -> 1 -> 0 -> 3 between
+# nodes): per pair, the megabytes its busiest connection moved in 5 s and the milliseconds it
+# spent sending them (ss: busy less rwnd_limited), with its smoothed RTT then. Two samples
+# healthy, then two with node "2" capped at 151 Mbit/s (tbf, both ways): its pairs' round
+# trips look like the others', their time per byte does not.
+RING = [("0", "3"), ("1", "0"), ("2", "1"), ("3", "2")]
+HEALTHY = [[(53.55, 1112, 2.469), (51.71, 836, 0.147), (51.71, 1096, 5.583),
+            (53.03, 976, 0.461)],
+           [(53.55, 1016, 0.206), (52.89, 1004, 4.193), (53.16, 1116, 0.265),
+            (53.55, 844, 0.376)]]
+CAPPED_2 = [[(41.35, 1180, 1.032), (41.55, 1244, 6.165), (40.63, 2632, 3.559),
+             (40.89, 2788, 2.888)],
+            [(41.42, 1052, 3.497), (41.35, 1140, 1.461), (41.27, 2672, 5.756),
+             (41.81, 2652, 3.732)]]
+
+
+def _ring(sample: list[tuple[float, int, float]]) -> dict[tuple[str, str], Rtt]:
+    # The kernel's RTT deviation of such a pair: about half its RTT (its samples swing).
+    return {pair: Rtt(rtt, rtt / 2, int(mb * 1e6), float(ms))
+            for pair, (mb, ms, rtt) in zip(RING, sample, strict=True)}
+
+
+def test_a_capped_node_is_named_by_its_time_per_byte_where_its_round_trips_say_nothing():
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    now = 0.0
+    for sample in HEALTHY * 2:
+        assert slow_node(_ring(sample)) is None  # the round trips alone: nobody, ever
+        assert _feed(judge, _ring(sample), now) is None
+        now += 5.0
+    for sample in CAPPED_2:
+        assert slow_node(_ring(sample)) is None
+    got = None
+    for sample in CAPPED_2 * 2:
+        got = _feed(judge, _ring(sample), now)
+        now += 5.0
+    assert got is not None and got[0].node == "2" and got[0].peers == ("1", "3")
+    words = got[0].words()
+    assert words.startswith("its link is slow: every pair of it (2 peers: 1, 3) sent data at "
+                            "124 Mbit/s-126 Mbit/s while sending"), words
+    assert "the pairs without it at 290 Mbit/s-315 Mbit/s (at least 152 Mbit/s" in words, words
+
+
+def test_a_healthy_ring_of_measured_samples_names_nobody_though_its_rates_differ():
+    """Every healthy sample, in every order, for as long as the window: nobody."""
+    judge = LinkJudge(hold_seconds=15.0, max_age_seconds=15.0)
+    for i in range(40):
+        assert _feed(judge, _ring(HEALTHY[i % 2] if i % 3 else HEALTHY[1 - i % 2]),
+                     5.0 * i) is None
+
+
+def test_the_time_per_byte_bound_is_the_other_pairs_own_noise():
+    """Node "2" sending at half the others' rate: named once the others' samples are
+    steady, not while they swing by as much (their mean deviation sets the margin)."""
+    def ring(rates: dict[tuple[str, str], float]) -> dict[tuple[str, str], Rtt]:
+        return {p: Rtt(0.5, 0.25, 40_000_000, 40 * 8e3 / r) for p, r in rates.items()}
+
+    steady = {p: 400.0 for p in RING}
+    halved = {**steady, ("2", "1"): 200.0, ("3", "2"): 200.0}
+    calm = LinkJudge(hold_seconds=0.0, max_age_seconds=15.0)
+    for i in range(12):
+        _feed(calm, ring(steady), float(i))
+    assert _feed(calm, ring(halved), 12.0)[0].node == "2"
+    swinging = LinkJudge(hold_seconds=0.0, max_age_seconds=15.0)
+    for i in range(12):  # the other pairs alternate 400 and 160 Mbit/s
+        _feed(swinging, ring({p: 400.0 if i % 2 else 160.0 for p in RING}), float(i))
+    assert _feed(swinging, ring(halved), 12.0) is None
+    # A pair without a time per byte (an older node sidecar, a kernel without busy
+    # time) is judged on its round trips alone.
+    assert slow_node({p: Rtt(0.5, 0.25, 40_000_000) for p in RING}, calm.spreads) is None
+
+
 def test_a_straggler_reading_does_not_replace_the_measured_link():
     book = NodeVerdicts()
     hosts = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
