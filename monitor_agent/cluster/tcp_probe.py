@@ -26,8 +26,8 @@ sample before. A smoothed RTT read at a moment is its value at the end of the la
 when a capped link's queue has drained (measured on the namespace cluster: a node capped at
 150 Mbit/s, its pairs 1.7-6 ms, the healthy pairs 0.15-5.6 ms); the bytes over the time
 spent sending them is the rate the path gave the whole burst, at most the cap (117-160
-Mbit/s against the healthy pairs' 236-630 on the same 2-core machine). Loopback, this host's own addresses and the ``skip_ports`` (the
-sidecars' own link) are left out; at most ``MAX_PEERS`` addresses, those with the most
+Mbit/s against the healthy pairs' 236-630 on the same 2-core machine). Loopback, this
+host's own addresses and the ``skip_ports`` (the sidecars' own link) are left out; at most ``MAX_PEERS`` addresses, those with the most
 connections kept.
 
     >>> text = ('ESTAB 0 0 10.0.0.1:41824 10.0.0.2:29500\\n'
@@ -173,22 +173,22 @@ def summarise(connections: Iterable[Connection], active_ms: int,
     addresses with the most connections kept."""
     conns = list(connections)
     local = {c.local for c in conns}
-    by_peer: dict[str, list[tuple[int, Connection]]] = {}
+    by_peer: dict[str, list[tuple[int, Connection, int]]] = {}
     for c in conns:
-        moved = c.bytes_acked - (before or {}).get(key(c), (1, 0))[0]  # 1: the SYN's
+        acked, sent = (before or {}).get(key(c), (1, 0))  # 1: the SYN's
+        moved = c.bytes_acked - acked
         if (c.rtt_ms is None or c.rttvar_ms is None or c.lastsnd_ms > active_ms
                 or moved <= 0 or c.local_port in skip_ports or c.remote_port in skip_ports
                 or c.remote in local or ipaddress.ip_address(c.remote).is_loopback):
             continue
-        by_peer.setdefault(c.remote, []).append((moved, c))
+        by_peer.setdefault(c.remote, []).append((moved, c, c.sending_ms - sent))
     kept = sorted(by_peer.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:max_peers]
     peers = []
     for address, moving in sorted(kept):
-        moved, busiest = max(moving, key=lambda mc: (mc[0], -mc[1].local_port))
+        moved, busiest, sending = max(moving, key=lambda m: (m[0], -m[1].local_port))
         assert busiest.rtt_ms is not None and busiest.rttvar_ms is not None
-        sending = busiest.sending_ms - (before or {}).get(key(busiest), (1, 0))[1]
         peers.append(PeerLink(address, busiest.rtt_ms, busiest.rttvar_ms, len(moving),
-                              sum(c.retransmits for _, c in moving), moved,
+                              sum(c.retransmits for _, c, _ in moving), moved,
                               float(max(sending, 0))))
     own = sorted(a for a in local if not ipaddress.ip_address(a).is_loopback)
     return LinkSample(local=tuple(own[:max_peers]), peers=tuple(peers))
