@@ -72,7 +72,7 @@ from bench.harness import sync
 from monitor_client import Monitor, MonitorSettings, WatchSettings
 
 SECTIONS = ("overhead", "syncs", "memory", "split", "nvml", "nan")
-EXTRA_SECTIONS = ("ablation", "profile", "shapes")  # not run unless named
+EXTRA_SECTIONS = ("ablation", "profile", "host", "shapes")  # not run unless named
 # The client's training-shape tests (dtypes, GANs, several models, sparse, LBFGS, hand-made
 # loops), run with the GPU as the default device (bench/on_cuda.py): ``shapes``.
 SHAPE_TESTS = ("tests/client/test_training_shapes.py", "tests/client/test_several_models.py",
@@ -403,6 +403,82 @@ def profile(rig: Rig, sink: Sink, spool: str, steps: int) -> dict[str, Any]:
              for k in set(kernels["monitored"]) | set(kernels["plain"])}
     out["added_us"] = dict(sorted(added.items(), key=lambda kv: -kv[1])[:12])
     return out
+
+
+HOST_DELAYS_US = (300, 1000, 3000)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def host(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> dict[str, Any]:
+    """Whether host time is on the step: plain steps with a busy wait added on the training
+    thread after each (``HOST_DELAYS_US``), plain steps beside a thread that holds the GIL
+    for 1 ms in every step's time, and the monitored step, interleaved in rounds. A step
+    whose host runs ahead of the device hides the added host time (ratio 1.0); a step bound
+    by its host pays it whole. So where the client's cost on a step lies: in host work
+    (worth moving off the training thread) or on the device (worth fewer kernels)."""
+    model = rig.model()
+    opt = rig.optimizer(model, True)
+    data = rig.batches()
+    stop = threading.Event()
+    burning = threading.Event()
+
+    def burner() -> None:
+        while not stop.is_set():
+            burning.wait(0.1)
+            if burning.is_set():
+                _spin(1e-3)
+                time.sleep(0.039)
+
+    threading.Thread(target=burner, name="gpu-check-gil", daemon=True).start()
+    mon = monitor(sink.url, "gpu-check-host", spool)
+    step = 0
+
+    def plain(extra_us: float = 0.0) -> Any:
+        def run() -> None:
+            rig.step(model, opt, data[0])
+            if extra_us:
+                _spin(extra_us / 1e6)
+        return run
+
+    def monitored() -> None:
+        nonlocal step
+        step += 1
+        rig.step(model, opt, data[0], mon, step)
+
+    arms: dict[str, Any] = {"plain": plain(), **{f"host_{us}us": plain(us)
+                                                 for us in HOST_DELAYS_US},
+                            "gil_thread": plain(), "monitored": monitored}
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    try:
+        mon.watch(model, opt, grad_clip=1.0)
+        for fn in arms.values():  # warm-up
+            for _ in range(2):
+                fn()
+        for r in range(rounds):
+            for name in list(arms) if r % 2 else list(reversed(arms)):
+                fn = arms[name]
+                if name == "gil_thread":
+                    burning.set()
+                sync(rig.device)
+                start = time.perf_counter()
+                for _ in range(per_round):
+                    fn()
+                sync(rig.device)
+                times[name].append((time.perf_counter() - start) / per_round)
+                burning.clear()
+    finally:
+        stop.set()
+        burning.set()
+        mon.close(timeout=30)
+    plain_s = statistics.median(times["plain"])
+    return {"plain_s": plain_s, "rounds": rounds, "steps_per_round": per_round,
+            "ratio": {k: statistics.median(v) / plain_s for k, v in times.items()
+                      if k != "plain"}}
 
 
 def _memory(sink: Sink, run_id: str, device: torch.device) -> dict[str, Any]:
@@ -769,6 +845,13 @@ def report(res: dict[str, Any], cuda: bool) -> list[str]:
                          f"{v['host_issue_ms']:.2f} ms")
         lines.append("profile  : kernels the client adds (us/step): " + ", ".join(
             f"{k[:60]} {v:+.0f}" for k, v in pr["added_us"].items()))
+    ho = res.get("host")
+    if ho is not None:
+        lines.append(f"host     : plain step {ho['plain_s'] * 1e3:.2f} ms; ratio to plain with "
+                     "host time added on the training thread each step: " + ", ".join(
+                         f"{k.removeprefix('host_')} {v:.4f}" for k, v in ho["ratio"].items())
+                     + f" ({ho['rounds']} rounds x {ho['steps_per_round']} steps; 1.0: "
+                     "hidden behind the device)")
     nv = res.get("nvml")
     if nv is None:
         lines.append(f"nvml     : skipped: {why}")
@@ -806,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--ablation-rounds", type=int, default=4,
+                   help="interleaved rounds of every ablation arm (--sections ablation)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -847,9 +932,12 @@ def main(argv: list[str] | None = None) -> int:
         ("overhead", {"overhead", "memory"}, measure_overhead),
         ("syncs", {"syncs"}, lambda: syncs(small, sink, spool, model(), 3,
                                            10 if args.quick else 55)),
-        ("ablation", {"ablation"}, lambda: ablation(big, sink, spool, 2 if args.quick else 4,
+        ("ablation", {"ablation"}, lambda: ablation(big, sink, spool,
+                                                    2 if args.quick else args.ablation_rounds,
                                                     5 if args.quick else 25)),
         ("profile", {"profile"}, lambda: profile(big, sink, spool, 3 if args.quick else 10)),
+        ("host", {"host"}, lambda: host(big, sink, spool, 2 if args.quick else args.rounds,
+                                        5 if args.quick else 25)),
         ("split", {"split"}, lambda: split(wide, sink, spool, model(),
                                            5.0 if args.quick else 20.0,
                                            12 if args.quick else 40)),

@@ -88,3 +88,17 @@ def test_the_report_says_what_each_part_costs_and_where_the_device_time_went():
     assert "plain     device 43.29 ms/step in 862 kernels" in by[2]
     assert "monitored device 45.41 ms/step in 991 kernels" in by[3]
     assert "reduce_kernel<512, 1, ReduceOp<float> +598, Memset +45" in by[4]
+
+
+# The host section of an H200 run (the same arms, measured before the section was one).
+HOST = {"host": {"plain_s": 0.03958, "rounds": 14, "steps_per_round": 25,
+                 "ratio": {"host_300us": 0.9994, "host_1000us": 1.0000, "host_3000us": 0.9995,
+                           "gil_thread": 0.9994, "monitored": 1.0086}}}
+
+
+def test_the_report_says_whether_host_time_is_on_the_step():
+    line = next(ln for ln in gpu_check.report(HOST, cuda=True) if ln.startswith("host"))
+    assert "plain step 39.58 ms" in line
+    assert "300us 0.9994, 1000us 1.0000, 3000us 0.9995, gil_thread 0.9994, monitored 1.0086" \
+        in line
+    assert "(14 rounds x 25 steps; 1.0: hidden behind the device)" in line
