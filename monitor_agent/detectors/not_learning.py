@@ -78,12 +78,19 @@ SIGNALS = {
 
 @dataclass(slots=True)
 class StretchState:
-    """The first step of each signal's current unbroken stretch (-1: none)."""
+    """The first step of each signal's current unbroken stretch (-1: none), and the last
+    step it was seen at: a stretch is as long as its signal was seen, not up to the latest
+    step (a signal measured every 25 steps says nothing of the steps between: one measured
+    zero update, at a warmup's lr of 0 on step 1, is one step of evidence, not 20)."""
 
     zero_grad: int = -1
     zero_update: int = -1
     zero_loss: int = -1
     constant: int = -1
+    zero_grad_last: int = -1
+    zero_update_last: int = -1
+    zero_loss_last: int = -1
+    constant_last: int = -1
     prev_loss: float | None = None
     prev_grad: float | None = None
     prev_step: int = -1
@@ -104,7 +111,7 @@ class NotLearningDetector(DetectorBase[SharedSettings]):
             return []
         self._fold(rec, st)
         need = self.settings.min_history_steps
-        held = [(name, rec.step - since + 1) for name in SIGNALS
+        held = [(name, getattr(st, f"{name}_last") - since + 1) for name in SIGNALS
                 if (since := getattr(st, name)) >= 0]
         held = [(name, n) for name, n in held if n >= need]
         if not held or not self.due(rec):
@@ -129,24 +136,27 @@ class NotLearningDetector(DetectorBase[SharedSettings]):
 
     def _fold(self, rec: StepRecord, st: StretchState) -> None:
         """Extend or break each signal's stretch with this step's exact values."""
-        grad, loss = rec.grad_norm, rec.loss
+        grad, loss, step = rec.grad_norm, rec.loss, rec.step
         if grad is not None and math.isfinite(grad):
-            st.zero_grad = _extend(st.zero_grad, rec.step, grad == 0.0)
+            st.zero_grad, st.zero_grad_last = _extend(
+                st.zero_grad, step, step, grad == 0.0)
         if rec.update_norm is not None and rec.param_norm:
-            st.zero_update = _extend(st.zero_update, rec.step, rec.update_norm == 0.0)
+            st.zero_update, st.zero_update_last = _extend(
+                st.zero_update, step, step, rec.update_norm == 0.0)
         finite = loss is not None and math.isfinite(loss)
         if finite and self.ctx.loss_kind(rec.rank) == "error":
-            st.zero_loss = _extend(st.zero_loss, rec.step, loss == 0.0)
+            st.zero_loss, st.zero_loss_last = _extend(st.zero_loss, step, step, loss == 0.0)
         if finite and rec.layers is not None:
             same = (st.prev_loss is not None and loss == st.prev_loss
                     and grad is not None and grad == st.prev_grad)
             # the first step of a repeat is the one repeated: it began the constant stretch
-            st.constant = _extend(st.constant, st.prev_step, same)
-            st.prev_loss, st.prev_grad, st.prev_step = loss, grad, rec.step
+            st.constant, st.constant_last = _extend(st.constant, st.prev_step, step, same)
+            st.prev_loss, st.prev_grad, st.prev_step = loss, grad, step
 
 
-def _extend(since: int, step: int, dead: bool) -> int:
-    """The stretch's first step after this one: kept, begun at ``step``, or broken (-1)."""
+def _extend(since: int, begins: int, step: int, dead: bool) -> tuple[int, int]:
+    """The stretch's first step and the last step it was seen at, after ``step``: kept
+    (and seen at ``step``), begun at ``begins``, or broken (-1, -1)."""
     if not dead:
-        return -1
-    return since if since >= 0 else step
+        return -1, -1
+    return (since if since >= 0 else begins), step

@@ -55,16 +55,29 @@ def test_the_stretch_takes_min_history_steps():
 
 def test_weights_that_never_move_page_from_the_measured_steps_alone():
     """Updates are measured every 10th step (layer statistics); the steps between them
-    neither break the stretch nor extend it: optimizer.step() is never called."""
+    neither break the stretch nor extend it: optimizer.step() is never called. The stretch
+    is as long as it was measured: zeros at steps 10, 20 and 30 are 21 steps."""
     recs = [step(i, update_norm=0.0 if i % 10 == 0 else None) for i in range(1, 60)]
     (f,) = feed(only("not_learning"), recs)
-    assert (f.step, f.evidence["signal"], f.evidence["since_step"]) == (29, "zero_update", 10)
-    # one measured step that moved breaks it
+    assert (f.step, f.evidence["signal"], f.evidence["since_step"]) == (30, "zero_update", 10)
+    assert f.evidence["steps"] == 21
+    # one measured step that moved breaks it: zeros at 10 and 20 alone are 11 steps
     recs = [step(i, update_norm=(0.01 if i == 30 else 0.0) if i % 10 == 0 else None)
             for i in range(1, 60)]
-    assert [f.step for f in feed(only("not_learning"), recs)] == [29]
+    assert feed(only("not_learning"), recs) == []
     recs = [step(i, update_norm=(0.01 if i in (20, 40) else 0.0) if i % 10 == 0 else None)
             for i in range(1, 60)]
+    assert feed(only("not_learning"), recs) == []
+
+
+def test_a_warmup_from_lr_0_is_one_measured_zero_not_a_stretch():
+    """A schedule that warms up from 0 (HF's get_linear_schedule_with_warmup, a LambdaLR of
+    step/10): the first step's update is exactly 0, the next measured one, 25 steps later,
+    moved. One measured zero is one step of evidence; the steps after it, unmeasured, are
+    none (a healthy HF run with warmup was paged "stopped learning at step 1")."""
+    recs = [step(i, lr=min(1.0, (i - 1) / 10) * 1e-3, grad_norm=0.5 + noise(i),
+                 update_norm=(0.0 if i == 1 else 1e-3) if i % 25 == 1 else None)
+            for i in range(1, 200)]
     assert feed(only("not_learning"), recs) == []
 
 

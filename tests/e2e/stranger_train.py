@@ -22,6 +22,9 @@ SCRIPT:
 * ``crash``: a classifier under ``BCELoss``; at step 60 a batch holds a NaN and the loss's
   range check raises: the script dies of an uncaught exception. FAULT ``interrupt``: the
   user presses Ctrl-C at step 60 instead (SIGINT).
+* ``warmup``: a regression whose LR warms up linearly from 0 (a ``LambdaLR`` of step/10,
+  as HF's ``get_linear_schedule_with_warmup`` does): the first step's update is exactly 0,
+  and the run learns.
 """
 
 from __future__ import annotations
@@ -252,5 +255,23 @@ def crash() -> None:
     mon.close()
 
 
+def warmup() -> None:
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / 10))
+    target = torch.randn(16, 1)
+    mon = monitor_client.Monitor(url=url, project="warmup", run_id=run_id, total_steps=120)
+    mon.watch(model, optimizer, grad_clip=1.0)
+    for step in range(1, 121):
+        x = torch.randn(32, 16)
+        loss = nn.functional.mse_loss(model(x), x @ target)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        mon.log_step(step, loss=loss, samples=32)
+    mon.close()
+
+
 {"gan": gan, "dcgan": dcgan, "one_class": one_class, "actor_critic": actor_critic, "lbfgs": lbfgs,
- "crash": crash}[script]()
+ "crash": crash, "warmup": warmup}[script]()

@@ -3,7 +3,8 @@ as processes of their own through the real client against a real sidecar with th
 rules and a real Slack-protocol receiver:
 
 * a run that stopped learning pages and its verdict says so (a one-column cross-entropy,
-  loss 0 from step 1; a DCGAN whose generator dies after LR x100), a healthy GAN does not;
+  loss 0 from step 1; a DCGAN whose generator dies after LR x100), a healthy GAN does not,
+  nor a run whose LR warms up from 0;
 * a script that dies of an exception pages with the exception and the step, its verdict
   is unhealthy; a Ctrl-C is the user's stop, not a crash;
 * an LBFGS run whose loss explodes by decades in its first 15 steps pages (a falling one
@@ -103,6 +104,16 @@ def test_a_run_that_stopped_learning_pages_and_its_verdict_says_so(tmp_path, sid
         run = _ended(sc.url, "dcgan")
         assert run["verdict"]["text"].startswith("completed, healthy"), run["verdict"]
         assert _paging(sc.url, "dcgan") == []
+
+        # An LR warming up from 0: step 1's update is exactly 0, the next measured one (25
+        # steps on) is not. One measured zero is not a stretch of them.
+        _train(tmp_path, sc.url, "warmup", "warmup")
+        run = _ended(sc.url, "warmup")
+        assert run["verdict"]["text"].startswith("completed, healthy"), run["verdict"]
+        assert _paging(sc.url, "warmup") == []
+        steps = httpx.get(f"{sc.url}/v1/runs/warmup/records",
+                          params={"kind": "step", "limit": 1000}, timeout=10).json()["records"]
+        assert steps[0]["update_norm"] == 0.0, steps[0]  # the case itself, as it was sent
 
 
 def test_a_crash_pages_and_a_ctrl_c_is_the_users_stop(tmp_path, sidecar_factory):
