@@ -255,7 +255,9 @@ class GradStats:
                     params = [_local(p) for p in self.params]
                     self._pack.add("param_hist", self._dist.measure(params), layers=self.names)
         self._measured = False  # the next optimizer step is measured (and clipped) anew
-        self.overhead_s += time.perf_counter() - start
+        end = time.perf_counter()
+        self._offload.done(end)
+        self.overhead_s += end - start
 
     def _next_step(self) -> None:
         """A new optimizer step begins while the pack still holds an earlier one's (the
@@ -351,15 +353,16 @@ class GradStats:
         # every-step ones: a clip, an all-reduce, per-layer statistics and distributions
         # use them now; any other step is checked for writes to the gradients.
         beside = beside and not self._sparse and not self._sharded and _finite.on_host(grads[0])
-        if (beside and self._offload.ready and not per_layer and clip is None
-                and self.reduce_group is None and not self.hist_step
+        eligible = (beside and self._offload.ready and not per_layer and clip is None
+                    and self.reduce_group is None and not self.hist_step)
+        if (eligible and self._offload.way(time.perf_counter())
                 and self._offload.submit(grads, self._norm_dtype)):
             self._offload_names = names
             return
         norms = _norm_list(grads, 2, self._norm_dtype)
         self._grad_norms = norms
-        if beside:
-            self._offload.watch(grads, norms, self._norm_dtype)
+        if beside:  # an eligible step read here is checked as one read beside it is
+            self._offload.watch(grads, norms, self._norm_dtype, recheck=not eligible)
         if per_layer or clip is not None or self.reduce_group is not None:
             vector = self._grad_vector = torch.stack(norms)
             total = self._total = self._global_from(vector)

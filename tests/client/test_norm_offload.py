@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from monitor_client import Monitor, MonitorSettings
+from monitor_client._norm_worker import WayChooser
 from tests.eventually import eventually
 
 # What a step record says that depends on the clock or the machine, not on the training.
@@ -158,7 +159,9 @@ def through_data(mon: Monitor) -> None:
 
 
 def _run(receiver, tmp_path, script: Callable[[Monitor], None], beside: bool,
-         run_id: str) -> tuple[dict[int, dict], Monitor]:
+         run_id: str, way: bool | None = None) -> tuple[dict[int, dict], Monitor]:
+    """``way``: each eligible step read beside it (True) or on the training thread (False)
+    instead of the faster way measured (None, the default)."""
     receiver.records.clear()
     mon = Monitor(url=receiver.url, project="beside", run_id=run_id,
                   settings=MonitorSettings(spool_dir=tmp_path / run_id, install_hooks=False,
@@ -169,6 +172,8 @@ def _run(receiver, tmp_path, script: Callable[[Monitor], None], beside: bool,
         original(*args, **kwargs)
         for entry in mon._models.entries:
             entry.stats._offload.off = entry.stats._offload.off or not beside
+            if way is not None:
+                entry.stats._offload.ways = WayChooser(fixed=way)
 
     mon.watch = watch  # type: ignore[method-assign]
     script(mon)
@@ -210,7 +215,7 @@ def test_a_step_that_writes_to_the_gradients_after_the_trial_has_no_norm(receive
     def script(mon: Monitor) -> None:
         in_place(mon, from_step=20)
 
-    beside, mon = _run(receiver, tmp_path, script, True, "late-beside")
+    beside, mon = _run(receiver, tmp_path, script, True, "late-beside", way=True)
     alone, _ = _run(receiver, tmp_path, script, False, "late-alone")
     assert beside[20].get("grad_norm") is None and beside[20].get("param_grad_norm") is None
     assert isinstance(alone[20]["grad_norm"], float)
@@ -218,3 +223,51 @@ def test_a_step_that_writes_to_the_gradients_after_the_trial_has_no_norm(receive
         if step != 20:
             assert beside[step] == alone[step], step
     assert mon._models.first.stats._offload.off  # on the training thread from then on
+
+
+def test_a_step_read_here_as_the_faster_way_is_checked_as_one_read_beside(receiver,
+                                                                          tmp_path):
+    """The same optimizer, each eligible step read on the training thread because that way
+    was measured faster: step 20's norm was read before the step wrote to the gradients,
+    so it is the step's own (no gap), and the write is seen all the same: from then on
+    every step is read before the optimizer steps, as after a write seen beside it."""
+    def script(mon: Monitor) -> None:
+        in_place(mon, from_step=20)
+
+    here, mon = _run(receiver, tmp_path, script, True, "late-here", way=False)
+    alone, _ = _run(receiver, tmp_path, script, False, "late-alone")
+    assert here == alone
+    offload = mon._models.first.stats._offload
+    assert offload.off and offload.worker is None  # never handed to a worker
+
+
+def test_each_way_is_tried_and_the_faster_kept(receiver, tmp_path):
+    """Past the trial, the eligible steps alternate between the two ways until each was
+    timed ``SAMPLES`` times, and the records are the training thread's own either way."""
+    ways: list[WayChooser] = []
+
+    def script(mon: Monitor) -> None:
+        model = _mlp(0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mon.watch(model, opt)
+        chooser = mon._models.first.stats._offload.ways
+        assert chooser is not None
+        ways.append(chooser)
+        taken: list[bool] = []
+        original = chooser.took
+        chooser.took = lambda beside, seconds: (taken.append(beside),  # type: ignore
+                                                original(beside, seconds))
+        for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log_step(step, loss=loss.detach())
+        comparison = taken[:2 * WayChooser.SAMPLES]
+        assert comparison == [True, False] * WayChooser.SAMPLES, taken
+        assert set(taken[2 * WayChooser.SAMPLES:]) == {chooser.beside}, taken
+
+    chosen, mon = _run(receiver, tmp_path, script, True, "ways")
+    alone, _ = _run(receiver, tmp_path, adamw, False, "ways-alone")
+    assert chosen == alone
+    assert ways and not mon._models.first.stats._offload.off
