@@ -35,10 +35,12 @@ class FrameworkCallback:
     def __init__(self, monitor: Monitor | None, *, url: str | None, project: str | None,
                  config: Mapping[str, Any] | None, run_id: str | None, token: str | None,
                  labels: Mapping[str, Any] | None, settings: MonitorSettings | None,
-                 exit_on_rollback: bool) -> None:
+                 exit_on_rollback: bool, total_steps: int | None = None,
+                 loss_kind: str | None = None) -> None:
         self.monitor = monitor
         self.settings = monitor_settings("MonitorCallback", settings, dict(
-            url=url, project=project, run_id=run_id, token=token, labels=labels))
+            url=url, project=project, run_id=run_id, token=token, labels=labels,
+            total_steps=total_steps, loss_kind=loss_kind))
         self.config = None if config is None else hyperparameters("MonitorCallback", config)
         self.exit_on_rollback = exit_on_rollback
         self.rollback: RollbackPlan | None = None  # the plan this process stopped for

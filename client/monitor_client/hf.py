@@ -111,10 +111,12 @@ class MonitorCallback(FrameworkCallback, TrainerCallback):
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  take_over_clipping: bool = True, take_over_data: bool = True,
-                 exit_on_rollback: bool = True) -> None:
+                 exit_on_rollback: bool = True,
+                 total_steps: int | None = None, loss_kind: str | None = None) -> None:
         super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
                          token=token, labels=labels, settings=settings,
-                         exit_on_rollback=exit_on_rollback)
+                         exit_on_rollback=exit_on_rollback, total_steps=total_steps,
+                         loss_kind=loss_kind)
         self.take_over_clipping = take_over_clipping
         self.take_over_data = take_over_data
         self._losses: list[Any] = []

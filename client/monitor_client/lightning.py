@@ -118,10 +118,12 @@ class MonitorCallback(FrameworkCallback, pl.Callback):
                  run_id: str | None = None, token: str | None = None,
                  labels: Mapping[str, Any] | None = None, settings: MonitorSettings | None = None,
                  tokens_per_sample: int | None = None, val_loss_key: str | None = None,
-                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True) -> None:
+                 checkpoint_dir: str | None = None, exit_on_rollback: bool = True,
+                 total_steps: int | None = None, loss_kind: str | None = None) -> None:
         super().__init__(monitor, url=url, project=project, config=config, run_id=run_id,
                          token=token, labels=labels, settings=settings,
-                         exit_on_rollback=exit_on_rollback)
+                         exit_on_rollback=exit_on_rollback, total_steps=total_steps,
+                         loss_kind=loss_kind)
         self.checkpoint_dir = checkpoint_dir
         self.tokens_per_sample = tokens_per_sample
         self.val_loss_key = val_loss_key

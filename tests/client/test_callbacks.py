@@ -6,11 +6,12 @@ kept to its plain values. Training with each callback: test_hf.py, test_lightnin
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import SimpleNamespace
 
 import pytest
 
-from monitor_client import MonitorSettings, WatchSettings
+from monitor_client import Monitor, MonitorSettings, WatchSettings
 from monitor_client._callbacks import plain_values
 from monitor_client._rollback import RollbackPlan, write_resume_file
 
@@ -36,6 +37,17 @@ def test_a_callback_checks_the_monitors_arguments_when_made(framework):
         callback_class(config=MonitorSettings())
     with pytest.raises(RuntimeError, match="training has not started"):
         callback._mon()
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_a_callback_takes_every_keyword_monitor_takes(framework):
+    """docs/client.md: the callbacks "take Monitor's keywords" (a Lightning GAN's
+    ``loss_kind="gan"`` was refused with a TypeError)."""
+    callback_class = _callback_class(framework)
+    wanted = set(inspect.signature(Monitor.__init__).parameters) - {"self"}
+    assert wanted <= set(inspect.signature(callback_class.__init__).parameters)
+    callback = callback_class(project="gan", loss_kind="gan", total_steps=500)
+    assert (callback.settings.loss_kind, callback.settings.total_steps) == ("gan", 500)
 
 
 def test_a_frameworks_hyperparameters_are_kept_to_plain_values():
