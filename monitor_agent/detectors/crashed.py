@@ -90,6 +90,31 @@ def user_stop(error: str | None) -> bool:
     return error is not None and _USER_STOP.match(error) is not None
 
 
+SAID_CHARS = 300
+
+
+def said_short(error: str, limit: int = SAID_CHARS) -> str:
+    r"""The exception as a page says it: whole when short; else its first line (the type
+    and the wrapper's words) and its last (where a wrapped or chained exception, such as a
+    DataLoader worker's re-raised error, states its cause), each cut to fit::
+
+        >>> text = ("OSError: Caught OSError in DataLoader worker process 1.\n"
+        ...         + "  a frame of the worker's traceback\n" * 20
+        ...         + "OSError: corrupt sample 555: truncated file")
+        >>> print(said_short(text))
+        OSError: Caught OSError in DataLoader worker process 1. ... OSError: corrupt sample
+        555: truncated file
+    """
+    if len(error) <= limit:
+        return error
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    first, last = lines[0], lines[-1]
+    if len(lines) < 2 or first == last:
+        return error[:limit]
+    half = (limit - 5) // 2
+    return f"{first[:half]} ... {last[-half:] if len(last) > half else last}"
+
+
 class CrashedDetector(DetectorBase[SharedSettings]):
     """Error when a rank's end record says its process died of an exception."""
 
@@ -106,11 +131,12 @@ class CrashedDetector(DetectorBase[SharedSettings]):
         before = [(t, r) for t, r in self.ctx.state.recent.items() if r["step"] <= record.step]
         said = "; ".join(f"{t} at step {r['step']} ({r['severity']})" for t, r in before[::-1])
         lost = peer_lost(error)
+        told = said_short(error)
         head = (f"the run crashed after step {record.step}: rank {record.rank} lost a peer in "
                 f"a collective (a victim, not the cause: the process at the other end went "
-                f"away; the relaunch names the rank that died without a word): {error[:300]}"
+                f"away; the relaunch names the rank that died without a word): {told}"
                 if lost else
-                f"the run crashed after step {record.step} (rank {record.rank}): {error[:300]}")
+                f"the run crashed after step {record.step} (rank {record.rank}): {told}")
         msg = head + (f"; before it: {said}" if said else "; no finding before it")
         return [Finding(
             type=self.type, severity=self.severity, run_id=record.run_id,

@@ -28,6 +28,21 @@ def test_a_failed_end_pages_with_its_exception_and_step():
                          "no finding before it")
 
 
+def test_a_wrapped_exception_is_paged_with_the_line_that_names_its_cause():
+    """A DataLoader worker's exception, re-raised in the main process: the first line says
+    which worker, the last what went wrong; a page cut to its first 300 characters ended
+    mid-traceback and never said the cause."""
+    error = ("OSError: Caught OSError in DataLoader worker process 1.\n"
+             "Original Traceback (most recent call last):\n"
+             + '  File "torch/utils/data/_utils/worker.py", line 349, in _worker_loop\n' * 6
+             + "OSError: corrupt sample 555: truncated file")
+    (f,) = feed(only("crashed"), [*(step(i) for i in range(1, 70)), _end("failed", error, 69)])
+    assert f.message.startswith("the run crashed after step 69 (rank 0): OSError: Caught "
+                                "OSError in DataLoader worker process 1. ... OSError: corrupt "
+                                "sample 555: truncated file;"), f.message
+    assert f.evidence["error"] == error  # whole in the evidence, as before
+
+
 def test_stops_and_clean_exits_are_told_apart():
     for end in (_end("stopped", "KeyboardInterrupt: "), _end("completed"),
                 _end("stopped", "stopped at step 59: stop requested by rule StopOnNaN; it "
