@@ -59,6 +59,7 @@ from monitor_client._counters import Counters
 from monitor_client._data import DataStream
 from monitor_client._errors import SettingsValueError
 from monitor_client._exit_hooks import ExitHooks, outcome_of
+from monitor_client._foreign_optimizer import hookable
 from monitor_client._gate import NormGate
 from monitor_client._memory import CpuMemory, memory_probe
 from monitor_client._pending import PendingStep, Probes
@@ -297,6 +298,14 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         """
         watching = watch_settings(self.settings.watch, settings,
                                   dict(grad_clip=grad_clip, guard=guard))
+        if optimizer is not None and (why := hookable(optimizer)):
+            self._warner.warn(
+                "foreign_optimizer", "watch(): the optimizer %s cannot be hooked (%s): the "
+                "model is watched as a loop without an optimizer (gradients read at "
+                "log_step, or at before_optimizer_step() when the loop calls it)%s",
+                type(optimizer).__name__, why,
+                "; grad_clip= is NOT applied: clip in the loop" if watching.grad_clip else "")
+            optimizer = None
         if optimizer is None and watching.guard is not None:
             raise SettingsValueError("watch(guard=...) needs the optimizer whose step it "
                                      "skips; a loop without one cannot be guarded")

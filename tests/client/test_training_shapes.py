@@ -207,6 +207,85 @@ def test_a_loop_without_torch_optim(receiver, tmp_path):
     assert first["update_norm"] == pytest.approx(0.05 * norms[0], rel=1e-4)
 
 
+class SignSGD:
+    """A user's own optimizer, not a torch.optim.Optimizer: ``step()`` and ``param_groups``,
+    none of torch's hook API."""
+
+    def __init__(self, params, lr: float) -> None:
+        self.param_groups = [{"params": list(params), "lr": lr}]
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.add_(p.grad.sign(), alpha=-self.param_groups[0]["lr"])
+
+    def zero_grad(self) -> None:
+        for p in self.param_groups[0]["params"]:
+            p.grad = None
+
+
+def test_an_optimizer_of_the_users_own_is_hooked_and_clipped(receiver, tmp_path):
+    """watch(model, SignSGD(...), grad_clip=0.1): its step is hooked as torch's would be, so
+    the gradients are measured and clipped before it (the clip is what the step sees), and
+    the update's size is measured after it. Before: one warning about a missing
+    ``register_step_pre_hook``, no statistics and no clipping."""
+    model = _mlp()
+    opt = SignSGD(model.parameters(), lr=0.01)
+    mon = _monitor(receiver, tmp_path, "sign-sgd")
+    mon.watch(model, opt, grad_clip=0.1)
+    seen = []
+    for step in range(1, STEPS + 1):
+        x = torch.randn(16, 4)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        loss.backward()
+        before = [p.grad.clone() for p in model.parameters()]
+        opt.step()  # (the client clips in its pre-hook: the step's gradients are clipped)
+        seen.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])).item())
+        raw = torch.linalg.vector_norm(torch.stack([g.norm() for g in before])).item()
+        assert raw > 0.1  # so the clip did something to see
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    assert mon.close(timeout=10)
+    assert seen == pytest.approx([0.1] * STEPS, rel=1e-4)  # clipped to grad_clip
+    steps = _steps(receiver, "sign-sgd")
+    assert all(r["grad_norm"] > 0.1 for r in steps)  # the norm before the clip
+    assert all(r["lr"] == 0.01 for r in steps)
+    monitored = [r for r in steps if r.get("layers")]
+    assert monitored and all(r["update_norm"] > 0 for r in monitored)
+
+
+def test_an_optimizer_that_cannot_be_hooked_is_said_so_and_the_model_watched(receiver,
+                                                                             tmp_path,
+                                                                             caplog):
+    """No ``param_groups``: not hookable; the warning says so and that grad_clip= is not
+    applied, and the gradients are still read at log_step."""
+    class Bare:
+        def __init__(self, params) -> None:
+            self.params = list(params)
+
+        def step(self) -> None:
+            with torch.no_grad():
+                for p in self.params:
+                    p -= 0.01 * p.grad
+
+    model = _mlp()
+    opt = Bare(model.parameters())
+    mon = _monitor(receiver, tmp_path, "bare-opt")
+    mon.watch(model, opt, grad_clip=1.0)
+    for step in range(1, STEPS + 1):
+        loss = (model(torch.randn(16, 4)) - 1.0).pow(2).mean()
+        loss.backward()
+        opt.step()
+        mon.log_step(step, loss=loss)
+        model.zero_grad()
+    assert mon.close(timeout=10)
+    said = [r.getMessage() for r in caplog.records if "cannot be hooked" in r.getMessage()]
+    assert len(said) == 1 and "Bare" in said[0] and "no param_groups" in said[0]
+    assert "grad_clip= is NOT applied" in said[0]
+    assert all(r["grad_norm"] > 0 for r in _steps(receiver, "bare-opt"))
+
+
 def test_a_parameter_group_added_later_is_measured_from_then_on(receiver, tmp_path):
     model = _mlp()
     head = model[2]
