@@ -71,6 +71,7 @@ MODULES: dict[str, list[str]] = {
     "detectors/nan_inf.py": ["tests/detectors/test_nan_inf.py"],
     "detectors/loss_spike.py": ["tests/detectors/test_loss_spike.py"],
     "detectors/grad_explosion.py": ["tests/detectors/test_grad_explosion.py"],
+    "runs/lifecycle.py": ["tests/runs/test_run_lifecycle.py"],
     "client/monitor_client/_guard.py": ["tests/client/test_guard.py",
                                         "tests/client/test_guard_band.py"],
     "client/monitor_client/_agreement.py": ["tests/client/test_agreement.py",
