@@ -71,6 +71,12 @@ MODULES: dict[str, list[str]] = {
     "detectors/nan_inf.py": ["tests/detectors/test_nan_inf.py"],
     "detectors/loss_spike.py": ["tests/detectors/test_loss_spike.py"],
     "detectors/grad_explosion.py": ["tests/detectors/test_grad_explosion.py"],
+    "runs/lifecycle.py": ["tests/runs/test_run_lifecycle.py"],
+    # test_cpu_bounds.py's two ledger tests only (its resume tests take 20 s a run).
+    "runs/checkpoint_ledger.py": [
+        "tests/runs/test_checkpoint_ledger.py",
+        "tests/pipeline/test_cpu_bounds.py::test_a_checkpoint_flood_judges_each_checkpoint_once",
+        "tests/pipeline/test_cpu_bounds.py::test_the_incremental_ledger_judges_as_the_rule_does"],
     "client/monitor_client/_guard.py": ["tests/client/test_guard.py",
                                         "tests/client/test_guard_band.py"],
     "client/monitor_client/_agreement.py": ["tests/client/test_agreement.py",
