@@ -201,6 +201,18 @@ def test_a_relaunch_closes_the_crash_page_saying_what_was_done(tmp_path):
     assert not alerting.relaunched("r1", "again", start_step=100, now=T0 + 47)  # none open
 
 
+def test_a_relaunch_closes_only_its_own_runs_crash_abandoned_from_its_own_step(tmp_path):
+    alerting = _alerting(tmp_path)
+    alerting.handle(RUN, [crashed(100)], T0)
+    alerting.handle(RunContext("r2"), [crashed(100, run_id="r2")], T0)
+    assert alerting.relaunched("r1", "relaunched by torchrun", start_step=100, now=T0 + 1)
+    assert {a.run_id: a.state for a in alerting.store.alerts()} == {
+        "r1": "resolved", "r2": "firing"}
+    [resolve] = [e for e in _events(alerting) if e.status == "resolved"]
+    assert resolve.summary.startswith("relaunched by torchrun (closed: steps 100 on were "
+                                      "abandoned;")
+
+
 def test_a_relaunch_from_after_the_crash_says_the_run_runs_again(tmp_path):
     alerting = _alerting(tmp_path, group_wait_seconds=30)
     alerting.handle(RUN, [crashed(80)], T0)
@@ -226,7 +238,18 @@ def test_a_leader_back_takes_over_this_nodes_partial_view_pages_closing_them_qui
     assert states == {("r1", "TrainingNanInf"): "resolved", ("r1", "TrainingDivergence"): "firing",
                       ("r2", "TrainingNanInf"): "firing"}
     assert len(_events(alerting)) == sent  # the leader's resolve is the one that goes out
+    [mine] = [a for a in alerting.store.alerts(state="resolved")]
+    assert (mine.resolved_at, mine.notified) == (T0 + 5, "firing")  # its resolve: not ours
     assert _decisions(alerting)["handed_over"] == 1
+
+
+def test_a_leader_back_takes_over_a_partial_view_page_still_in_its_group_wait(tmp_path):
+    alerting = _alerting(tmp_path, group_wait_seconds=30)
+    alerting.handle(RUN, [nan(step=10).seen_partially("the run's leader is away")], T0)
+    assert alerting.hand_over("r1", T0 + 1) == 1
+    assert _alert(alerting).state == "resolved"
+    alerting.flush(T0 + 30)
+    assert _events(alerting) == []
 
 
 # -- the group wait ---------------------------------------------------------------------------
@@ -385,6 +408,7 @@ def test_an_alert_whose_stored_finding_lost_its_step_is_not_taken_as_abandoned(t
     with alerting.db.tx() as conn:  # written by another version, or damaged
         conn.execute("UPDATE alerts SET finding = ?", (wire.dumps({"message": "loss is NaN"}),))
     alerting.attempt_settled("r1", start_step=1, now=T0 + 5)
+    assert alerting.hand_over("r1", T0 + 6) == 0  # no evidence: not a partial view
     assert _alert(alerting).state == "firing"
 
 
@@ -495,3 +519,20 @@ def test_a_run_whose_rollback_waits_for_a_saving_rank_is_paged_when_the_wait_end
     assert _events(alerting) == [] and _alert(alerting).state == "pending"
     alerting.flush(T0 + ROLLBACK_WAIT_SECONDS)  # rank 0 quiet all along: the wait is over
     assert _said(alerting) == [("firing", "RollbackOnNaN", "first")]
+
+
+def test_a_rollback_carried_out_closes_a_crash_of_the_steps_it_abandoned_too(tmp_path):
+    """Only a resume that no action of ours took leaves a crash page for its relaunch."""
+    alerting = _alerting(tmp_path, rules=ROLLBACK_RULES + """
+  - name: Crashed
+    match: {types: [crashed]}
+    severity: error
+""")
+    run = RunContext("r1", clean_checkpoints=((100, "/c/100.pt"), (200, "/c/200.pt")),
+                     rank_steps={0: 260, 1: 260}, checkpoint_ranks=(0,))
+    alerting.handle(run, [crashed(260)], T0)
+    [rollback] = alerting.handle(run, [nan(step=250, rank=1)], T0)
+    assert rollback.action == "rollback"
+    alerting.attempt_settled("r1", start_step=201, now=T0 + 60)
+    assert {a.rule: a.state for a in alerting.store.alerts()} == {
+        "Crashed": "resolved", "RollbackOnNaN": "resolved"}
