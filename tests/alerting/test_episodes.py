@@ -177,6 +177,7 @@ def test_a_resume_closes_the_alerts_about_steps_it_abandoned_after_paging_them(t
         ("firing", "r1"), ("firing", "r2"), ("resolved", "r1")]
     assert nan_events[2].summary == ("run rolled back to step 99 (closed: steps 100 on were "
                                      "abandoned; last finding: loss is NaN)")
+    assert nan_events[2].ends_at == T0 + 45
 
 
 def test_after_a_resume_a_finding_at_the_resumed_step_is_news_not_a_replay(tmp_path):
@@ -408,8 +409,16 @@ def test_an_alert_whose_stored_finding_lost_its_step_is_not_taken_as_abandoned(t
     with alerting.db.tx() as conn:  # written by another version, or damaged
         conn.execute("UPDATE alerts SET finding = ?", (wire.dumps({"message": "loss is NaN"}),))
     alerting.attempt_settled("r1", start_step=1, now=T0 + 5)
-    assert alerting.hand_over("r1", T0 + 6) == 0  # no evidence: not a partial view
     assert _alert(alerting).state == "firing"
+
+
+def test_a_stored_finding_without_evidence_is_not_taken_for_a_partial_view(tmp_path):
+    alerting = _alerting(tmp_path)
+    alerting.handle(RUN, [nan(step=5)], T0)
+    with alerting.db.tx() as conn:  # written by another version, or damaged
+        conn.execute("UPDATE alerts SET finding = ?", (wire.dumps({"message": "loss is NaN"}),))
+    assert alerting.hand_over("r1", T0 + 1) == 0
+    assert _alert(alerting).state == "pending"
 
 
 # -- grouping under an open page --------------------------------------------------------------
@@ -536,3 +545,27 @@ def test_a_rollback_carried_out_closes_a_crash_of_the_steps_it_abandoned_too(tmp
     alerting.attempt_settled("r1", start_step=201, now=T0 + 60)
     assert {a.rule: a.state for a in alerting.store.alerts()} == {
         "Crashed": "resolved", "RollbackOnNaN": "resolved"}
+
+
+def test_a_crash_page_held_back_by_an_alert_that_cannot_be_worded_still_closes_on_relaunch(
+        tmp_path):
+    alerting = _alerting(tmp_path, group_wait_seconds=30)
+    alerting.handle(RUN, [divergence(90), crashed(100)], T0)
+    with alerting.db.tx() as conn:  # the divergence's stored finding no longer parses
+        conn.execute("UPDATE alerts SET finding = ? WHERE type = 'divergence'", (b"{not json",))
+    assert alerting.relaunched("r1", "relaunched by torchrun", start_step=50, now=T0 + 1)
+    assert {a.rule: a.state for a in alerting.store.alerts()} == {
+        "TrainingDivergence": "pending", "TrainingCrashed": "resolved"}
+
+
+def test_a_resume_while_a_rollback_waits_closes_its_unpaged_alert_without_a_word(tmp_path):
+    """The run went back on its own (a relaunch) while its page waited for the decision:
+    the fault is of a history that no longer exists, and nobody heard of it yet."""
+    alerting = _alerting(tmp_path, rules=ROLLBACK_RULES)
+    behind = RunContext("r1", clean_checkpoints=((100, "/c/100.pt"), (200, "/c/200.pt")),
+                        rank_steps={0: 238, 1: 252}, checkpoint_ranks=(0,))
+    alerting.handle(behind, [nan(step=241, rank=1)], T0)
+    alerting.attempt_settled("r1", start_step=201, now=T0 + 1)
+    assert _alert(alerting).state == "resolved"
+    alerting.flush(T0 + ROLLBACK_WAIT_SECONDS)
+    assert _events(alerting) == []
