@@ -224,7 +224,7 @@ def test_a_relaunch_from_after_the_crash_says_the_run_runs_again(tmp_path):
         ("resolved", "relaunched by slurm (closed: it runs again; last finding: "
                      "rank 0 exited 1)")]
     assert _decisions(alerting)["resolved"] == 1
-
+    assert alerting.flush(T0 + 2) is None  # paged early, closed: nothing left to wait for
 
 
 def test_a_leader_back_takes_over_this_nodes_partial_view_pages_closing_them_quietly(tmp_path):
