@@ -550,7 +550,7 @@ def test_a_rollback_carried_out_closes_a_crash_of_the_steps_it_abandoned_too(tmp
 
 
 def test_a_crash_page_held_back_by_an_alert_that_cannot_be_worded_still_closes_on_relaunch(
-        tmp_path):
+        tmp_path, caplog: pytest.LogCaptureFixture):
     alerting = _alerting(tmp_path, group_wait_seconds=30)
     alerting.handle(RUN, [divergence(90), crashed(100)], T0)
     with alerting.db.tx() as conn:  # the divergence's stored finding no longer parses
@@ -558,6 +558,8 @@ def test_a_crash_page_held_back_by_an_alert_that_cannot_be_worded_still_closes_o
     assert alerting.relaunched("r1", "relaunched by torchrun", start_step=50, now=T0 + 1)
     assert {a.rule: a.state for a in alerting.store.alerts()} == {
         "TrainingDivergence": "pending", "TrainingCrashed": "resolved"}
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "cannot page run r1; its alerts stay pending"]
 
 
 def test_a_resume_while_a_rollback_waits_closes_its_unpaged_alert_without_a_word(tmp_path):
