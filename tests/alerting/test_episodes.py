@@ -573,3 +573,12 @@ def test_a_resume_while_a_rollback_waits_closes_its_unpaged_alert_without_a_word
     assert _alert(alerting).state == "resolved"
     alerting.flush(T0 + ROLLBACK_WAIT_SECONDS)
     assert _events(alerting) == []
+
+
+def test_a_flush_pages_every_run_due_past_a_thousand_pending_alerts(tmp_path):
+    """A flood of new runs: the oldest alert is due first, and not left for a later flush."""
+    alerting = _alerting(tmp_path)
+    for i in range(1001):
+        alerting.handle(RunContext(f"r{i}"), [nan(step=1, run_id=f"r{i}")], T0 + i / 1000)
+    alerting.flush(T0 + 2)
+    assert alerting.store.alerts("pending", limit=-1) == []
