@@ -78,6 +78,7 @@ MODULES: dict[str, list[str]] = {
                              "tests/alerting/test_restart_actions.py",
                              "tests/alerting/test_restart_decide.py",
                              "tests/notify/test_outbox_fairness.py"],
+    "alerting/rules.py": ["tests/alerting/test_rules.py"],
     "client/monitor_client/_guard.py": ["tests/client/test_guard.py",
                                         "tests/client/test_guard_band.py"],
     "client/monitor_client/_agreement.py": ["tests/client/test_agreement.py",
