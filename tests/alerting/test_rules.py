@@ -252,3 +252,53 @@ rules:
 """)) == ["alert rules <rules>: rule DivergenceAgain never matches: rule Divergence above "
           "it takes every divergence finding first (first match wins); move DivergenceAgain "
           "above Divergence"]
+
+
+def test_a_zero_duration_is_one_and_a_boolean_or_negative_one_is_refused_saying_why():
+    assert parse_duration("0s") == 0.0
+    for bad, why in ((True, "expected a duration, got a boolean"),
+                     (-5, "a duration cannot be negative")):
+        with pytest.raises(ValueError) as err:
+            parse_duration(bad)
+        assert str(err.value) == why
+
+
+def test_a_rule_level_error_names_its_rule_and_the_load_warning_its_file(tmp_path, caplog):
+    with pytest.raises(RuleError) as err:
+        parse_rules("routes: {page: [slack]}\nrules:\n  - {name: Lone, match: {types: "
+                    "[nan_inf]}, rollback_budget: 2}\n")
+    assert str(err.value).startswith(
+        "invalid alert rules in <rules>:\n  rules[0] (rule Lone): Value error, "
+        "rollback_budget only apply to action: rollback")
+    with pytest.raises(RuleError) as err:  # an entry that is no mapping has no name to give
+        parse_rules("routes: {page: [slack]}\nrules: [5]\n", "mine.yaml")
+    assert "\n  rules[0]: " in str(err.value)
+    path = tmp_path / "rules.yaml"
+    path.write_text("routes: {chat: [slack]}\nrules:\n  - {name: A, match: {types: [stalled]}}\n"
+                    "  - {name: B, match: {types: [stalled]}}\n")
+    load_rules(path)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"alert rules {path}: rule B never matches: rule A above it takes every stalled "
+        "finding first (first match wins); move B above A"]
+
+
+def test_a_rule_without_its_own_timings_takes_the_files_defaults():
+    [own, default] = parse_rules("""
+routes: {chat: [slack]}
+defaults: {cooldown: 7m, repeat_interval: 2h, resolve_after: 3m}
+rules:
+  - {name: Own, match: {types: [stalled]}, cooldown: 1m, repeat_interval: 1h, resolve_after: 1m}
+  - {name: Default, match: {types: [divergence]}}
+""")
+    assert (own.cooldown, own.repeat_interval, own.resolve_after) == (60.0, 3600.0, 60.0)
+    assert (default.cooldown, default.repeat_interval, default.resolve_after) == (
+        420.0, 7200.0, 180.0)
+
+
+def test_a_file_with_no_routes_or_an_unknown_field_says_so():
+    with pytest.raises(RuleError) as err:
+        parse_rules("routes: {}\nrules:\n  - {name: X, match: {types: [nan_inf]}}\n")
+    assert str(err.value).endswith("define it under 'routes' (have: none)")
+    with pytest.raises(RuleError) as err:
+        parse_rules(GOOD + "Xtra: 1\n")
+    assert "\n  Xtra: unknown field (check the spelling)" in str(err.value)
