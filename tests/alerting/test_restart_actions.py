@@ -114,6 +114,48 @@ def test_the_relaunched_jobs_first_step_carries_the_restart_out_and_says_when(
     assert notes(service) == {0: told}
 
 
+def test_a_restart_carried_out_closes_the_hang_page_saying_where_the_run_went_back_to(
+        service: Alerting):
+    from monitor_agent.notify.base import Notification
+    from monitor_agent.records import wire
+
+    service.handle(RUN, [hang()], T0)
+    service.attempt_settled("job", 201, T0 + 75, started=T0 + 30)
+    [alert] = service.store.alerts(run_id="job")
+    assert alert.state == "resolved"
+    rows = service.db.query("SELECT body FROM outbox WHERE channel = 'console' ORDER BY id")
+    events = [e for r in rows for e in Notification.from_dict(wire.loads(r["body"])).events]
+    assert [e.status for e in events] == ["firing", "resolved"]  # one page, one resolve
+    assert events[-1].summary.startswith(
+        "run restarted from step 200 (closed: steps 201 on were abandoned; restarted all 8 "
+        "ranks"), events[-1].summary
+
+
+def test_an_attempt_not_saying_when_it_began_carries_the_restart_out_and_the_log_says_so(
+        service: Alerting, caplog: pytest.LogCaptureFixture):
+    service.handle(RUN, [hang()], T0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="monitor_agent.alerting.episodes"):
+        service.attempt_settled("job", 201, T0 + 75)  # begun now, as far as it says
+    [done] = service.actions_for_run("job")
+    assert done.honoured_step == 201
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "monitor_agent.alerting.episodes"] == [f"run job: {done.message}"]
+
+
+def test_a_rollback_carried_out_is_logged_with_the_step_the_run_resumed_at(
+        service: Alerting, caplog: pytest.LogCaptureFixture):
+    [rolled] = service.handle(TWO, [nan(step=250, rank=3)], T0)
+    assert rolled.action == "rollback"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="monitor_agent.alerting.episodes"):
+        service.attempt_settled("job", 201, T0 + 60)
+    [done] = service.actions_for_run("job")
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "monitor_agent.alerting.episodes"] == [
+        f"run job resumed at step 201: {done.message}"]
+
+
 def test_an_attempt_begun_before_the_decision_does_not_carry_it_out(service: Alerting):
     """Its first record came before the decision: a node's ranks whose launcher had
     relaunched them already; the restart waits for the attempt it asked for."""
