@@ -243,6 +243,27 @@ def monitor(url: str, run_id: str, spool: str, **settings: Any) -> Monitor:
 # -- sections ------------------------------------------------------------------------------------
 
 
+def _interleaved(device: torch.device, arms: dict[str, Any], rounds: int, per_round: int,
+                 around: Any = None) -> dict[str, list[float]]:
+    """Seconds a step of each arm, a figure per round: ``per_round`` steps of each arm in
+    turn between two syncs, the order reversed every other round; ``around(name, on)``
+    is told as an arm's block begins (True) and ends (False)."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(rounds):
+        for name in list(arms) if r % 2 else list(reversed(arms)):
+            if around is not None:
+                around(name, True)
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(per_round):
+                arms[name]()
+            sync(device)
+            times[name].append((time.perf_counter() - start) / per_round)
+            if around is not None:
+                around(name, False)
+    return times
+
+
 def overhead(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> dict[str, Any]:
     plain_model, mon_model = rig.model(), rig.model()
     plain_opt, mon_opt = rig.optimizer(plain_model, True), rig.optimizer(mon_model, True)
@@ -262,16 +283,8 @@ def overhead(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> d
     for fn in (plain, monitored, plain, monitored):  # warm-up: kernels, allocator, hooks
         for _ in range(3):
             fn()
-    times: dict[str, list[float]] = {"plain": [], "monitored": []}
-    for r in range(rounds):
-        order = (("plain", plain), ("monitored", monitored))
-        for name, fn in order if r % 2 else order[::-1]:
-            sync(rig.device)
-            start = time.perf_counter()
-            for _ in range(per_round):
-                fn()
-            sync(rig.device)
-            times[name].append((time.perf_counter() - start) / per_round)
+    times = _interleaved(rig.device, {"plain": plain, "monitored": monitored}, rounds,
+                         per_round)
     mon.flush(30)
     memory = _memory(sink, "gpu-check-overhead", rig.device)
     mon.close(timeout=30)
@@ -453,24 +466,13 @@ def host(rig: Rig, sink: Sink, spool: str, rounds: int, per_round: int) -> dict[
     arms: dict[str, Any] = {"plain": plain(), **{f"host_{us}us": plain(us)
                                                  for us in HOST_DELAYS_US},
                             "gil_thread": plain(), "monitored": monitored}
-    times: dict[str, list[float]] = {name: [] for name in arms}
     try:
         mon.watch(model, opt, grad_clip=1.0)
         for fn in arms.values():  # warm-up
             for _ in range(2):
                 fn()
-        for r in range(rounds):
-            for name in list(arms) if r % 2 else list(reversed(arms)):
-                fn = arms[name]
-                if name == "gil_thread":
-                    burning.set()
-                sync(rig.device)
-                start = time.perf_counter()
-                for _ in range(per_round):
-                    fn()
-                sync(rig.device)
-                times[name].append((time.perf_counter() - start) / per_round)
-                burning.clear()
+        times = _interleaved(rig.device, arms, rounds, per_round, lambda name, on: (
+            burning.set() if on and name == "gil_thread" else burning.clear()))
     finally:
         stop.set()
         burning.set()

@@ -35,6 +35,10 @@ def _batches(seed: int = 1):
 def _train(mon: Monitor, model: nn.Module, opt: torch.optim.Optimizer) -> None:
     """The plain loop, under ``mon``: forward, backward, step, zero, log."""
     mon.watch(model, opt)
+    _loop(mon, model, opt)
+
+
+def _loop(mon: Monitor, model: nn.Module, opt: torch.optim.Optimizer) -> None:
     for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -257,12 +261,7 @@ def test_each_way_is_tried_and_the_faster_kept(receiver, tmp_path):
         original = chooser.took
         chooser.took = lambda beside, seconds: (taken.append(beside),  # type: ignore
                                                 original(beside, seconds))
-        for step, (x, y) in zip(range(STEPS), _batches(), strict=False):
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            mon.log_step(step, loss=loss.detach())
+        _loop(mon, model, opt)
         comparison = taken[:2 * WayChooser.SAMPLES]
         assert comparison == [True, False] * WayChooser.SAMPLES, taken
         assert set(taken[2 * WayChooser.SAMPLES:]) == {chooser.beside}, taken
