@@ -505,8 +505,8 @@ class Episodes:
         abandoned = [a for state in ("firing", "pending") for a in tx.in_state(state, run_id)
                      if _finding_step(a) >= start_step
                      and (a.type != CRASHED or how != "resumed")]
-        ended = (f"run {how} from step {start_step - 1}" if how == "restarted"
-                 else f"run rolled back to step {start_step - 1}")
+        ended = (f"run rolled back to step {start_step - 1}" if how == "rolled back"
+                 else f"run {how} from step {start_step - 1}")
         closed = f"closed: steps {start_step} on were abandoned"
         items = [item for a in abandoned if (item := self._transition(
             tx, a, Reason.RESOLVED, now, ended=ended, closed=closed)) is not None]

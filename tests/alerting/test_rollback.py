@@ -21,6 +21,8 @@ from monitor_agent.alerting.rollback import (
     onset_of,
 )
 from monitor_agent.alerting.rules import RuleError, parse_rules
+from monitor_agent.notify.base import Notification
+from monitor_agent.records import wire
 from monitor_agent.records.actions import Action, RollbackDecision, RollbackSpec
 from tests.receivers import Receiver
 
@@ -135,6 +137,14 @@ def test_the_resume_closes_the_alerts_about_the_abandoned_steps(rolling: Harness
     assert states == {0: "resolved", 1: "firing"}
     [resolve] = [p.json for p in rolling.pd.wait_for(3, timeout=5)][2:]
     assert resolve["event_action"] == "resolve"
+    rows = rolling.alerting.db.query("SELECT body FROM outbox WHERE channel = 'pagerduty' "
+                                     "ORDER BY id")
+    said = [e.summary for r in rows for e in Notification.from_dict(wire.loads(r["body"])).events
+            if e.status == "resolved"]
+    skip_from = decided["plan"]["skip_from"]
+    assert [s.split(";")[0] for s in said] == [
+        f"run rolled back to step {skip_from - 1} (closed: steps {skip_from} on were "
+        "abandoned"], said
     [again] = _handle(rolling, nan(step=240, rank=0))  # the resumed history's own fault
     assert again["plan"]["number"] == 2
 
