@@ -609,7 +609,13 @@ def _identity(rule: Rule, f: Finding) -> dict[str, str]:
 
 
 def _finding_step(alert: StoredAlert) -> int:
-    step = alert.finding_data().get("step")
+    """The step of the alert's latest finding; -1 when it has none, or when its stored
+    finding no longer parses: a damaged alert is not taken for one about abandoned steps,
+    and does not stop a resume from closing the others (as ``flush`` keeps it to its run)."""
+    try:
+        step = alert.finding_data().get("step")
+    except (ValueError, AttributeError):  # not JSON, or JSON but not an object
+        return -1
     return step if isinstance(step, int) else -1
 
 

@@ -563,6 +563,28 @@ def test_a_crash_page_held_back_by_an_alert_that_cannot_be_worded_still_closes_o
         "cannot page run r1; its alerts stay pending"]
 
 
+def test_a_resume_closes_the_abandoned_alerts_past_one_whose_stored_finding_is_damaged(
+        tmp_path, caplog: pytest.LogCaptureFixture):
+    alerting = _alerting(tmp_path, group_wait_seconds=30)
+    alerting.handle(RUN, [divergence(90), nan(step=120)], T0)
+    with alerting.db.tx() as conn:  # the divergence's stored finding no longer parses
+        conn.execute("UPDATE alerts SET finding = ? WHERE type = 'divergence'", (b"{not json",))
+    alerting.attempt_settled("r1", start_step=100, now=T0 + 1)
+    assert {a.rule: a.state for a in alerting.store.alerts()} == {
+        "TrainingDivergence": "pending", "TrainingNanInf": "resolved"}
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "cannot page run r1; its alerts stay pending"]
+
+
+def test_a_damaged_finding_that_is_json_but_not_an_object_is_no_abandoned_step(tmp_path):
+    alerting = _alerting(tmp_path, group_wait_seconds=30)
+    alerting.handle(RUN, [nan(step=120)], T0)
+    with alerting.db.tx() as conn:
+        conn.execute("UPDATE alerts SET finding = ?", (b"[120]",))
+    alerting.attempt_settled("r1", start_step=100, now=T0 + 1)
+    assert _alert(alerting).state == "pending"
+
+
 def test_a_resume_while_a_rollback_waits_closes_its_unpaged_alert_without_a_word(tmp_path):
     """The run went back on its own (a relaunch) while its page waited for the decision:
     the fault is of a history that no longer exists, and nobody heard of it yet."""
