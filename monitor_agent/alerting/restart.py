@@ -272,12 +272,18 @@ def _slow_phase(finding: Finding) -> str | None:
     table = finding.evidence.get("ranks")
     if not isinstance(table, dict):
         return None
-    for rank, row in sorted(table.items(), key=lambda kv: str(kv[0])):
+    # Evidence keys are JSON object keys (strings): rank "10" comes after rank "2".
+    for rank, row in sorted(table.items(), key=lambda kv: _rank_order(kv[0])):
         if isinstance(row, dict) and row.get("state") == "hung" and \
                 row.get("phase") in SLOW_PHASES:
             what = "evaluation" if row["phase"] == "eval" else "checkpoint save"
             return f"rank {rank} is in its {what} (phase {row['phase']})"
     return None
+
+
+def _rank_order(key: object) -> tuple[int, str]:
+    text = str(key)
+    return (int(text), "") if text.isdigit() else (1 << 62, text)
 
 
 def _not_cured(rule: Rule, fault: NodeFault, finding: Finding,

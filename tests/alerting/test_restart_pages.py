@@ -89,6 +89,15 @@ def test_a_hold_for_a_slow_phase_names_the_first_rank_in_it_whatever_order_the_r
                         "slow evaluation or checkpoint save is not a fault to restart for")
 
 
+def test_a_hold_for_a_slow_phase_orders_ranks_as_numbers_not_as_text():
+    rows = {"10": {"state": "hung", "stuck_in": "eval.py:run", "phase": "eval"},
+            "2": {"state": "hung", "stuck_in": "torch/serialization.py:save",
+                  "phase": "checkpoint"}}
+    held = decide(RESTART, hang(rows=rows), RUN, (), now=0.0)
+    assert isinstance(held, Hold)
+    assert held.why.startswith("no restart: rank 2 is in its checkpoint save"), held.why
+
+
 def test_a_job_whose_ranks_did_not_say_they_can_be_restarted_is_held_saying_so():
     held = decide(RESTART, hang(), replace(RUN, launcher=None), (), now=0.0)
     assert isinstance(held, Hold)
