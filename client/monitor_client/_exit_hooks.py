@@ -71,13 +71,16 @@ class ExitHooks:
     """
 
     def __init__(self, on_exit: Callable[[], object],
-                 on_exception: Callable[[str, str | None], object]) -> None:
+                 on_exception: Callable[[str, str | None], object],
+                 on_term: Callable[[], object] | None = None) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
         self._previous: Callable[..., object] | None = None
         self._exit: Callable[..., object] | None = None
         self._quitters: dict[str, Any] = {}  # the builtins exit/quit this replaced
-        self._term = TermWatch(on_signal=lambda error: on_exception("stopped", error),
-                               on_end=on_exit)
+        self._failed = False  # an uncaught exception (or exit status) said the run failed
+        # SIGTERM's close: ``on_term`` (False while a close drains: see TermWatch).
+        self._term = TermWatch(on_signal=self._terminated,
+                               on_end=on_exit if on_term is None else on_term)
 
     def install(self) -> None:
         self._previous = sys.excepthook
@@ -107,17 +110,32 @@ class ExitHooks:
         self._term.remove()
         self._previous = None
 
+    def finish_term(self) -> None:
+        """End the process now if SIGTERM came while the run's close was draining."""
+        self._term.finish()
+
     def _sys_exit(self, status: Any = None) -> NoReturn:
         """``sys.exit(status)``: a status other than 0 or None is the script saying it
         failed (``sys.exit(1)``, argparse's 2, a message)."""
         if status not in (0, None):
-            self._on_exception(*outcome_of(SystemExit, SystemExit(status)))
+            self._outcome(*outcome_of(SystemExit, SystemExit(status)))
         (self._exit or _SYS_EXIT)(status)
         raise SystemExit(status)  # (sys.exit raised already; a replaced one may not)
 
     def _excepthook(self, exc_type, exc, tb) -> None:
-        self._on_exception(*outcome_of(exc_type, exc))
+        self._outcome(*outcome_of(exc_type, exc))
         (self._previous or sys.__excepthook__)(exc_type, exc, tb)
+
+    def _outcome(self, status: str, error: str | None) -> None:
+        self._failed = self._failed or status == "failed"
+        self._on_exception(status, error)
+
+    def _terminated(self, error: str) -> None:
+        """SIGTERM's outcome, unless the run already failed: a launcher stops the other
+        processes right after one crashed (torchrun, when a rank's collective raised), and
+        the crash is what ended the run."""
+        if not self._failed:
+            self._on_exception("stopped", error)
 
 
 class _Quitter:

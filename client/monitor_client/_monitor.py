@@ -213,7 +213,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         self._watchdog = Watchdog(settings.watchdog_floor, self._send_hang, {
             "run_id": self.run_id, "rank": self.rank, "attempt": self.attempt},
             self._phase, self.rank) if self.active and settings.watchdog else None
-        self._exit_hooks = ExitHooks(self.close, self._set_outcome)
+        self._closing = False  # close() is sending what is queued (see _end_on_signal)
+        self._exit_hooks = ExitHooks(self.close, self._set_outcome, self._end_on_signal)
         if self.active and settings.install_hooks:
             self._exit_hooks.install()
 
@@ -903,7 +904,25 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         """
         if self._closed or not self.active:
             return True
-        self._closed = True
+        self._closed = self._closing = True
+        try:
+            return self._close(status, error, timeout)
+        finally:
+            self._closing = False
+            # Only now: a SIGTERM that came during the drain waited for it (_end_on_signal).
+            self._exit_hooks.finish_term()
+            self._exit_hooks.remove()
+
+    def _end_on_signal(self) -> bool:
+        """SIGTERM's close; False when a close is already sending what is queued (the
+        signal interrupted it, on this thread or another): it goes on, and ends the
+        process when done, rather than dying with the end record still in memory."""
+        if self._closing:
+            return False
+        self.close()
+        return True
+
+    def _close(self, status: str | None, error: str | None, timeout: float | None) -> bool:
         status, error = (status, error) if status else self._outcome
         # "stopped" when the trainer honoured a rule's stop (_control.py)
         status, error = self._control.end_status(status, error, self._last_step)
@@ -922,7 +941,6 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                       "step": self._last_step,
                       "time": time.time(), "rank": self.rank, "status": status,
                       "error": error})
-        self._exit_hooks.remove()
         if self._sender is None:
             return True
         return self._sender.close(self.close_timeout if timeout is None else timeout)

@@ -50,7 +50,10 @@ class TermWatch:
     """On SIGTERM: ``on_signal(error)`` (the run's outcome: ``TERMINATED``, or
     ``LAUNCHER_STOPPED`` under torchrun), then, while SIGTERM's handler is still this one,
     ``on_end()`` (the run's close) and the process exits with ``EXIT_STATUS`` (under
-    torchrun: dies of SIGTERM, as its agent expects)."""
+    torchrun: dies of SIGTERM, as its agent expects). ``on_end()`` returning False means a
+    close is already draining on the thread the handler interrupted (a launcher's SIGTERM
+    right after a crash, while the exit's close sends what is queued): the handler returns
+    so that the drain goes on, and that close calls ``finish()`` when it is done."""
 
     def __init__(self, on_signal: Callable[[str], object], on_end: Callable[[], object]) -> None:
         self._on_signal, self._on_end = on_signal, on_end
@@ -59,6 +62,7 @@ class TermWatch:
         self._once = threading.Lock()
         self._launched = False  # a worker of torchrun's elastic agent
         self._in_handler = threading.Event()  # the main thread runs the Python handler
+        self.pending = False  # SIGTERM came during a close's drain: ``finish`` ends us
 
     def install(self) -> bool:
         """Take SIGTERM when nobody else has; False (nothing changed) otherwise."""
@@ -134,14 +138,27 @@ class TermWatch:
 
     def _end(self) -> None:
         with self._once:  # the second caller waits here for the first one's exit
+            deferred = False
             try:
                 self._on_signal(self._error())
-                self._on_end()
+                deferred = self._on_end() is False
             finally:
-                # The agent reports a worker's death by its signal; only the main thread may
-                # give SIGTERM back to its default (a main thread stuck in a collective
-                # leaves the status, which the agent reads as a failed worker all the same).
-                if self._launched and threading.current_thread() is threading.main_thread():
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-                os._exit(EXIT_STATUS)
+                if deferred:  # a close was draining: it ends the process when done (finish)
+                    self.pending = True
+                else:
+                    self._die()
+
+    def finish(self) -> None:
+        """End the process as SIGTERM asked, when it came while a close was draining: the
+        handler returned (``on_end`` said False) so that the drain could go on."""
+        if self.pending:
+            self._die()
+
+    def _die(self) -> None:
+        # The agent reports a worker's death by its signal; only the main thread may give
+        # SIGTERM back to its default (a main thread stuck in a collective leaves the
+        # status, which the agent reads as a failed worker all the same).
+        if self._launched and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(EXIT_STATUS)

@@ -182,3 +182,47 @@ def test_a_handler_that_takes_sigterm_over_later_decides_and_the_run_says_stoppe
     assert proc.returncode == 0 and out == "stopping at the step's end\n"
     end, = _ends(receiver, "composed")
     assert end["status"] == "stopped" and end["error"].startswith("SIGTERM")
+
+
+def test_sigterm_during_the_close_after_a_crash_waits_for_the_end_to_be_sent(receiver, tmp_path):
+    """torchrun stops the other ranks with SIGTERM right after one crashed, while each is
+    still sending its queue and its end in the exit's close: the close goes on (here the
+    sidecar refuses a while, then takes it), the end says the crash, and only then does
+    the process end as SIGTERM asked. The signal's default death lost both."""
+    proc = _start(receiver, tmp_path, "crash_term", stuck=textwrap.dedent("""
+        mon.close_timeout = 60
+        print("ready", flush=True)
+        while not os.path.exists(os.path.join(sys.argv[3], "go")):
+            time.sleep(0.01)
+        raise RuntimeError("Connection closed by peer")
+    """))
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    receiver.fail_status = 503  # the sidecar answers "later" to the close's first tries
+    tried = receiver.posts
+    (tmp_path / "go").touch()
+    eventually(lambda: receiver.posts > tried, timeout=30, what="the close's first try",
+               context=lambda: _output(proc))
+    proc.send_signal(signal.SIGTERM)
+    tried = receiver.posts
+    eventually(lambda: receiver.posts > tried, timeout=30,
+               what="a try of the close's after SIGTERM", context=lambda: _output(proc))
+    receiver.fail_status = None
+    assert proc.wait(timeout=60) == 143
+    end, = _ends(receiver, "crash_term")
+    assert (end["status"], end["error"]) == ("failed", "RuntimeError: Connection closed by peer")
+
+
+def test_sigterm_after_a_crash_does_not_make_the_run_stopped(receiver, tmp_path):
+    """The crash is what ended the run; the launcher's SIGTERM that follows it (before the
+    exit's close began) is not: the end still says failed, with the exception."""
+    proc = _start(receiver, tmp_path, "crash_then_term", stuck=textwrap.dedent("""
+        import atexit
+        # Registered after the Monitor's, so run before its close: the exit waits here.
+        atexit.register(lambda: (print("exiting", flush=True), time.sleep(600)))
+        raise ValueError("bad shard")
+    """))
+    assert proc.stdout is not None and proc.stdout.readline() == "exiting\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    end, = _ends(receiver, "crash_then_term")
+    assert (end["status"], end["error"]) == ("failed", "ValueError: bad shard")
