@@ -588,10 +588,11 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
                 record["skipped"] = True
                 if any(e.scaler is not None for e in models.entries):
                     record["skip_reason"] = "loss_scale"  # the scaler did not call step()
+        # A host loss is in the record already, as log_step read it (None: not a number).
         for name, value in (("loss", loss), ("loss_scale", scale)):
             if _is_tensor(value):
                 pack.add(name, value)
-            elif value is not None:
+            elif name != "loss" and value is not None:
                 record[name] = float(value)
         return PendingStep(record, pack.seal(), self._probes, wait)
 
@@ -1032,6 +1033,10 @@ def _plain(value: Any) -> Any:
     try:
         return float(value)  # a NumPy number, a Decimal, a numeric string
     except (TypeError, ValueError):
+        pass
+    try:  # a one-element NumPy array (``tensor.numpy()`` of a loss of shape (1,))
+        return float(value.item())
+    except (AttributeError, TypeError, ValueError):
         return None  # not a number: log_step says so once and sends the step without it
 
 

@@ -174,6 +174,29 @@ def test_bad_arguments_warn_and_never_raise(receiver, tmp_path, caplog):
     assert "log_step(loss=<object object" in caplog.text and "not a number" in caplog.text
 
 
+def test_a_watched_loop_whose_loss_is_not_a_number_still_sends_every_step(receiver, tmp_path,
+                                                                         caplog):
+    """With a model watched, a loss of the wrong type (a dict of losses, a list, text)
+    dropped the whole step, while the warning said it went without the loss; a one-element
+    NumPy array (``.numpy()`` of a loss of shape (1,)) is a number."""
+    import numpy as np
+
+    mon = _mon(receiver.url, tmp_path, run_id="bad-watched")
+    model = _model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon.watch(model, opt)
+    losses = [{"g": 1.0}, [1.0], "nope", np.array([1.5]), np.float32(2.5)]
+    for step, loss in enumerate(losses, 1):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log_step(step, loss=loss)
+    mon.close(timeout=10)
+    assert [(r["step"], r["loss"]) for r in receiver.of_kind("step")] == [
+        (1, None), (2, None), (3, None), (4, 1.5), (5, 2.5)]
+    assert "log_step failed" not in caplog.text
+
+
 def test_rank0_only_makes_other_ranks_silent(receiver, tmp_path):
     mon = _mon(receiver.url, tmp_path, run_id="r0", rank=1, world_size=2, rank0_only=True)
     _train(mon, steps=3)
