@@ -2,7 +2,9 @@
 ``sys.excepthook`` to remember an uncaught exception first (so ``end`` says ``failed``, or
 ``stopped`` on Ctrl-C), a wrapped ``sys.exit`` and ``exit``/``quit`` builtins for a
 script's own ``sys.exit(1)`` or ``exit(1)`` (Python hands ``SystemExit`` to no hook: the run
-would end ``completed``), and SIGTERM, which ends it ``stopped`` (``_sigterm.py``).
+would end ``completed``), a chained ``threading.excepthook`` for a loop run in a thread
+of its own that dies of an exception, and SIGTERM, which ends it ``stopped``
+(``_sigterm.py``).
 Installed per Monitor and removed by its ``close()``. A ``raise SystemExit(1)`` written out
 is still not seen: nothing in Python 3.11 tells an exit hook the status it exits with.
 
@@ -27,6 +29,7 @@ import atexit
 import builtins
 import contextlib
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -72,8 +75,11 @@ class ExitHooks:
 
     def __init__(self, on_exit: Callable[[], object],
                  on_exception: Callable[[str, str | None], object],
-                 on_term: Callable[[], object] | None = None) -> None:
+                 on_term: Callable[[], object] | None = None,
+                 trainer: Callable[[], int | None] = lambda: None) -> None:
         self._on_exit, self._on_exception = on_exit, on_exception
+        self._trainer = trainer  # the ident of the thread that logs the steps, once known
+        self._previous_thread_hook: Callable[..., object] | None = None
         self._previous: Callable[..., object] | None = None
         self._exit: Callable[..., object] | None = None
         self._quitters: dict[str, Any] = {}  # the builtins exit/quit this replaced
@@ -85,6 +91,8 @@ class ExitHooks:
     def install(self) -> None:
         self._previous = sys.excepthook
         sys.excepthook = self._excepthook
+        self._previous_thread_hook = threading.excepthook
+        threading.excepthook = self._thread_excepthook
         self._exit = sys.exit
         setattr(sys, "exit", self._sys_exit)  # noqa: B010 - mypy holds sys.exit's own type
         for name in ("exit", "quit"):  # the site module's, which scripts call as exit(1)
@@ -100,6 +108,9 @@ class ExitHooks:
             return
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous
+        if threading.excepthook == self._thread_excepthook and \
+                self._previous_thread_hook is not None:
+            threading.excepthook = self._previous_thread_hook
         if sys.exit == self._sys_exit and self._exit is not None:
             setattr(sys, "exit", self._exit)  # noqa: B010
         for name, found in self._quitters.items():
@@ -125,6 +136,16 @@ class ExitHooks:
     def _excepthook(self, exc_type, exc, tb) -> None:
         self._outcome(*outcome_of(exc_type, exc))
         (self._previous or sys.__excepthook__)(exc_type, exc, tb)
+
+    def _thread_excepthook(self, args: Any) -> None:
+        """A loop run in a thread of its own (a GUI's, a server's) that dies of an
+        exception ends the run failed, as an uncaught one on the main thread does; another
+        thread's death (a logger's, a loader's) is not the run's."""
+        thread = args.thread
+        if thread is not None and thread.ident is not None and thread.ident == self._trainer() \
+                and not issubclass(args.exc_type, SystemExit):
+            self._outcome(*outcome_of(args.exc_type, args.exc_value))
+        (self._previous_thread_hook or threading.__excepthook__)(args)
 
     def _outcome(self, status: str, error: str | None) -> None:
         self._failed = self._failed or status == "failed"

@@ -46,6 +46,7 @@ import functools
 import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -214,7 +215,9 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
             "run_id": self.run_id, "rank": self.rank, "attempt": self.attempt},
             self._phase, self.rank) if self.active and settings.watchdog else None
         self._closing = False  # close() is sending what is queued (see _end_on_signal)
-        self._exit_hooks = ExitHooks(self.close, self._set_outcome, self._end_on_signal)
+        self._trainer: int | None = None  # the thread that logs steps (its death fails the run)
+        self._exit_hooks = ExitHooks(self.close, self._set_outcome, self._end_on_signal,
+                                     lambda: self._trainer)
         if self.active and settings.install_hooks:
             self._exit_hooks.install()
 
@@ -491,6 +494,8 @@ a non-negative error that falls: "signed", or "nonstationary" for RL and GAN obj
         filled in from the ``DataStream`` that ``timed()`` wraps). A rollback plan names
         positions, and the sidecar checks a resumed run's against it."""
         step = self._run_step(step)
+        if self._trainer is None:
+            self._trainer = threading.get_ident()
         if data_position is None and self._stream is not None:
             data_position = self._stream.position
         if data_position is not None:

@@ -197,6 +197,36 @@ def test_a_watched_loop_whose_loss_is_not_a_number_still_sends_every_step(receiv
     assert "log_step failed" not in caplog.text
 
 
+def test_a_loop_that_dies_in_its_thread_ends_the_run_failed_and_another_threads_death_not(
+        receiver, tmp_path):
+    script = textwrap.dedent("""
+        import sys, threading, torch
+        from monitor_client import Monitor, MonitorSettings
+        mon = Monitor(url=sys.argv[1], run_id=sys.argv[2],
+                      settings=MonitorSettings(spool_dir=sys.argv[3], linger=0.02))
+        def logger():
+            raise OSError("log disk full")  # not the loop: the run goes on
+        def train():
+            for step in range(1, 4):
+                mon.log_step(step, loss=1.0)
+            raise RuntimeError("bad batch in the training thread")
+        for target in (logger, train):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+        mon.close(timeout=10)
+    """)
+    env = {"PYTHONPATH": f"{REPO / 'client'}:{REPO}", "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script, receiver.url, "thread-loop",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "OSError: log disk full" in proc.stderr  # threading's own report, still printed
+    [end] = receiver.of_kind("end")
+    assert (end["status"], end["error"]) == ("failed", "RuntimeError: bad batch in the training "
+                                                       "thread")
+
+
 def test_rank0_only_makes_other_ranks_silent(receiver, tmp_path):
     mon = _mon(receiver.url, tmp_path, run_id="r0", rank=1, world_size=2, rank0_only=True)
     _train(mon, steps=3)
