@@ -18,7 +18,11 @@ has to be spooled, a *preview* copy of it goes to ``/v1/records/preview`` first 
 pages from it and stores nothing), and the sidecar is retried every second while it
 waits; the record itself stays in its place and is delivered in order. Previews are best
 effort: never spooled, dropped once answered or when the backlog holding their records
-has been delivered, and switched off quietly by a sidecar without the route (404/405).
+has been delivered, and switched off quietly by a sidecar without the route (404/405). A
+preview the sidecar answers it cannot take yet, because it has no record of the run (the
+process started while the sidecar was down, so the run record waits in the spool too), is
+kept and sent again right after the next records got through: the first NaN step is the
+one paged, not a later one previewed after the run was stored.
 
 An answer no retry can fix (401/403 token, 404/405 path, an unusable URL; see
 _transport.py) is logged once, as an error naming the URL and the fix, and the sender stops:
@@ -141,6 +145,10 @@ class Sender:
         # backlog; ``_alarm_waiting`` while such a record is in the spool. See above.
         self._previews: collections.deque[bytes] = collections.deque()
         self.previews_on = True
+        # The sidecar answered that it has not stored their run yet (this process started
+        # while it was down: the run record waits in the spool too): sent again once
+        # records got through, not popped, so the page names the first NaN step.
+        self._previews_held = False
         self._alarm_waiting = False
         self.misconfigured: PostResult | None = None
         self._wake = threading.Event()
@@ -336,8 +344,14 @@ class Sender:
         return True
 
     def _send_previews(self) -> None:
-        """Post the waiting previews, ahead of the spool; one attempt per retry time."""
-        if not self._previews or self._now() < self._retry_at:
+        """Post the waiting previews, ahead of the spool; one attempt per retry time.
+
+        Those the sidecar could not take because it has no record of their run yet (its
+        ``unknown_run``: the run record waits in the spool too) are kept, first in line,
+        and sent again after the next records got through (``_settle``): popped, they
+        would begin nothing, and a later NaN step previewed once the run is stored would
+        begin the alert and name its own step instead of the first one."""
+        if not self._previews or self._previews_held or self._now() < self._retry_at:
             return
         lines = list(self._previews)
         result = self.transport.preview(lines)
@@ -355,6 +369,10 @@ class Sender:
                         "their turn comes", result.detail.strip()[:80])
         elif result.outcome is not PostOutcome.OK:
             self.warner.warn("preview", "sidecar refused a preview (%s)", result.detail)
+        elif result.unknown_run:
+            held = [lines[i] for i in sorted(set(result.unknown_run)) if 0 <= i < len(lines)]
+            self._previews.extendleft(reversed(held))
+            self._previews_held = bool(held)
 
     def _replay(self) -> None:
         if self.misconfigured is not None:
@@ -376,9 +394,11 @@ class Sender:
             self.spool.ack(settled)
             if settled < len(lines):
                 return
+            self._send_previews()  # held ones: their run record may just have been stored
         if not len(self.spool):  # every spooled alarming record was delivered in order
             self._alarm_waiting = False
             self._previews.clear()
+            self._previews_held = False
 
     def _ours(self, line: bytes) -> bool:
         """Whether a spooled line is a record of this sender's own run and rank (a spool
@@ -426,6 +446,7 @@ class Sender:
     def _settle(self, chunk: list[bytes], result: PostResult) -> None:
         self._failures = 0
         if result.outcome is PostOutcome.OK:
+            self._previews_held = False  # records got through: the run may be stored now
             if result.actions and self.on_actions is not None:
                 self.on_actions(result.actions)
             if result.attempts and self.on_attempts is not None:

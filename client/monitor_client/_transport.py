@@ -57,6 +57,9 @@ class PostResult:
     actions: list[dict] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)  # the run id's attempt (_attempt.py)
     fix: str = ""  # MISCONFIGURED: what the user should change
+    # A preview's answer: indexes of the steps whose run the sidecar has not stored yet (its
+    # run record waits in the same backlog); they are sent again once records got through.
+    unknown_run: list[int] = field(default_factory=list)
 
 
 class HttpTransport:
@@ -191,7 +194,7 @@ def classify(status: int, content: bytes) -> PostResult:
     if status == 200:
         body = _body(content)
         return PostResult(PostOutcome.OK, rejected=_rejected(body), actions=_actions(body),
-                          attempts=_dicts(body, "attempts"))
+                          attempts=_dicts(body, "attempts"), unknown_run=_indexes(body))
     if status == 413:
         return PostResult(PostOutcome.TOO_LARGE, f"413: {text}")
     if status in (400, 415, 422):
@@ -214,6 +217,14 @@ def _rejected(body: dict) -> list[tuple[int, str]]:
         return [(int(r["index"]), str(r.get("reason", ""))) for r in body.get("rejected", [])]
     except (ValueError, TypeError, KeyError, AttributeError):
         return []
+
+
+def _indexes(body: dict) -> list[int]:
+    """A preview's ``unknown_run`` (format.md); [] from a sidecar that does not say."""
+    found = body.get("unknown_run")
+    if not isinstance(found, list):
+        return []
+    return [i for i in found if isinstance(i, int) and not isinstance(i, bool)]
 
 
 def _actions(body: dict) -> list[dict]:

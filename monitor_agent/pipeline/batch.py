@@ -1,6 +1,6 @@
 """What goes into the engine and what comes out of it, per request: the records a batch
 brings (``Incoming``), a node sidecar's exchange (``PeerBatch``), what happened to each
-(``IngestResult``), and how the stages take a record (``Mode``: as it arrives, or fed again
+(``IngestResult``, ``PreviewResult``), and how the stages take a record (``Mode``: as it arrives, or fed again
 from the store). Plain data: the stages (pipeline/engine.py) fill them."""
 
 from __future__ import annotations
@@ -81,6 +81,17 @@ class IngestResult:
     deferred: dict[str, str] = field(default_factory=dict)
     taken: int = 0
     rejected_findings: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PreviewResult:
+    """What a preview request did (``Engine.preview``): alerts begun, and the indexes of
+    the steps whose run the sidecar has no record of yet (they began nothing; the client
+    sends them again once it has delivered the run's first records, so the page names
+    the step it previews, not a later one)."""
+
+    begun: int = 0
+    unknown_run: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

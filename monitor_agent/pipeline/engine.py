@@ -57,6 +57,7 @@ from monitor_agent.pipeline.batch import (
     IngestResult,
     PeerBatch,
     PeerRun,
+    PreviewResult,
     attempt_view,
 )
 from monitor_agent.pipeline.batch_end import BatchEnd
@@ -188,9 +189,10 @@ class Engine:
             self.registry.snapshot_advanced(self.registry.get(run_id), now)
         return result
 
-    def preview(self, items: Sequence[Incoming], now: float) -> int:
+    def preview(self, items: Sequence[Incoming], now: float) -> PreviewResult:
         """Page now about NaN/Inf steps sent ahead of their backlog (``POST
-        /v1/records/preview``); return how many alerts that began.
+        /v1/records/preview``); return how many alerts that began, and which steps were
+        of a run not stored yet.
 
         Nothing is stored and no detector state changes: the step's in-order copy, when the
         backlog reaches it, is stored and judged like any other and its finding folds into
@@ -201,9 +203,13 @@ class Engine:
         previewed: their in-order copies page as usual. A run the sidecar never stored
         pages nothing: a preview pages only about runs that ingest admitted (under
         ``max_active_runs``), so made-up run ids cannot fill the outbox ahead of real pages;
-        its in-order copy pages as any record does.
+        its in-order copy pages as any record does. Such steps are named in
+        ``unknown_run``: a client whose run record waits in the same backlog as the NaN
+        step (it started while the sidecar was down) sends them again once that record is
+        delivered, so the alert begins at the first NaN step, not at a later one previewed
+        after the run was stored.
         """
-        begun = 0
+        result = PreviewResult()
         budget = AdmissionBudget(self.settings)
         for item in items:
             record = item.record
@@ -212,6 +218,7 @@ class Engine:
             live = self.registry.get(record.run_id)
             if live is None:
                 if self.store.run_row(record.run_id) is None:
+                    result.unknown_run.append(item.index)
                     continue
                 if budget.refuse_run(record.run_id) is not None:
                     continue
@@ -235,8 +242,8 @@ class Engine:
             if findings:
                 context = (views.context(live.state) if live is not None
                            else views.bare_context(record))
-                begun += self.alerts.preview(context, findings, now)
-        return begun
+                result.begun += self.alerts.preview(context, findings, now)
+        return result
 
     def run_bounds(self, run_id: str) -> RunBounds | None:
         """The run as this sidecar knows it, for checking the actions a leader decided for

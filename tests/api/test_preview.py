@@ -61,7 +61,7 @@ def test_a_preview_pages_before_the_backlog_and_the_in_order_copy_joins_it(
     assert sc.post(_records("prev", range(1, 11))).status_code == 200
     nan_step = _records("prev", range(NAN_FROM, NAN_FROM + 1))
     answer = _preview(sc.url, nan_step).json()
-    assert answer == {"received": 1, "alerts": 1, "rejected": []}
+    assert answer == {"received": 1, "alerts": 1, "rejected": [], "unknown_run": []}
 
     [page] = _wait_pages(pd_receiver, "prev", 1)  # paged with the backlog not sent yet
     assert page["event_action"] == "trigger"
@@ -111,6 +111,7 @@ def test_previews_for_made_up_runs_page_nothing_and_delay_no_real_page(
     for chunk in range(0, 120, 40):  # under max_records_per_request
         answer = _preview(sc.url, made_up[chunk:chunk + 40]).json()
         assert answer["received"] == 40 and answer["alerts"] == 0
+        assert answer["unknown_run"] == list(range(40))  # a client may send them again
     assert sc.post(_records("real", range(1, NAN_FROM + 1))).status_code == 200
     [page] = _wait_pages(pd_receiver, "real", 1)
     assert page["payload"]["custom_details"]["step"] == NAN_FROM
@@ -125,7 +126,8 @@ def test_a_preview_of_a_finite_or_amp_overflow_step_pages_nothing(stopping_sidec
               "grad_norm": "Infinity", "loss_scale": 65536.0},
              {"kind": "step", "run_id": "amp", "step": 3, "time": 3.0, "loss": 2.0,
               "grad_norm": "NaN", "skipped": True}]
-    assert _preview(sc.url, steps).json() == {"received": 3, "alerts": 0, "rejected": []}
+    assert _preview(sc.url, steps).json() == {"received": 3, "alerts": 0, "rejected": [],
+                                              "unknown_run": [0, 1, 2]}  # never stored
     assert httpx.get(sc.url + "/v1/alerts").json()["alerts"] == []
 
 

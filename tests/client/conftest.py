@@ -6,7 +6,8 @@ validated by the sidecar's own ``monitor_agent.records.schemas``, idempotent on
 be stopped and restarted on the same port, answer 503, or refuse bodies over a size (413).
 POST /v1/records/preview (copies of NaN steps sent ahead of a backlog) is kept apart in
 ``previews``, in arrival order, and stores nothing; ``preview_route = False`` plays a
-sidecar older than that route (404).
+sidecar older than that route (404); ``unknown_runs = True`` answers, as the sidecar does,
+which previews are of a run no run record arrived for yet (``unknown_run``).
 End-to-end tests against the real sidecar process use the project's fixture instead.
 """
 
@@ -33,6 +34,7 @@ class Receiver:
         self.records: list[dict] = []
         self.previews: list[dict] = []
         self.preview_route = True
+        self.unknown_runs = False
         self.arrivals: list[tuple[str, int]] = []  # ("record" | "preview", step), in order
         self.keys: set[tuple] = set()
         self.duplicates = 0
@@ -75,7 +77,11 @@ class Receiver:
             with self.lock:
                 self.previews.extend(objs)
                 self.arrivals.extend(("preview", o.get("step", 0)) for o in objs)
-            return 200, {"received": len(objs), "alerts": 0, "rejected": []}
+                known = {r["run_id"] for r in self.records if r["kind"] == "run"}
+            unknown = [i for i, o in enumerate(objs)
+                       if self.unknown_runs and o.get("run_id") not in known]
+            return 200, {"received": len(objs), "alerts": 0, "rejected": [],
+                         "unknown_run": unknown}
         return 200, self._ingest(objs)
 
     def _ingest(self, objs: list[dict]) -> dict:

@@ -216,6 +216,29 @@ def test_a_nan_step_is_previewed_even_when_the_queue_is_full(stopped_receiver, t
     assert stopped_receiver.previews[0]["loss"] == "Infinity"
 
 
+def test_a_preview_of_a_run_the_sidecar_has_not_stored_is_sent_again_after_the_run_record(
+        stopped_receiver, tmp_path):
+    """The sidecar answers which previews are of a run it has no record of (they began
+    nothing): the client keeps them and sends them again as soon as the next records, the
+    run record first among them, got through, still ahead of the NaN step's own turn."""
+    stopped_receiver.unknown_runs = True
+    sender = _sender(stopped_receiver.url, tmp_path, batch_records=5)
+    sender.submit({"kind": "run", "run_id": "r1", "time": 0.5})
+    for i in range(1, 31):
+        sender.submit(_step(i, loss=float("nan") if i >= 20 else 1.0))
+    assert not sender.flush(timeout=0.3)
+    stopped_receiver.start()
+    assert sender.close(timeout=10)
+    assert [r["step"] for r in stopped_receiver.of_kind("step")] == list(range(1, 31))
+    arrivals = stopped_receiver.arrivals
+    nan_steps = [("preview", i) for i in range(20, 31)]
+    assert arrivals[:11] == nan_steps  # first, before the run record: not taken
+    # Right after the first batch (the run record and steps 1-4) got through, again.
+    assert arrivals[11:16] == [("record", 0)] + [("record", i) for i in range(1, 5)]
+    assert arrivals[16:27] == nan_steps
+    assert len(stopped_receiver.previews) == 22  # then taken: not sent a third time
+
+
 def test_an_amp_overflow_step_is_not_previewed(stopped_receiver, tmp_path):
     sender = _sender(stopped_receiver.url, tmp_path)
     sender.submit(_step(0))
@@ -294,3 +317,67 @@ def test_nan_behind_an_outage_real_sidecar_same_findings_one_alert(stopping_side
     assert len(keys) == 1
     metrics = httpx.get(sc.url + "/metrics", timeout=10).text
     assert 'monitor_agent_alert_decisions_total{reason="previewed"} 1.0' in metrics
+
+
+def test_a_nan_run_started_while_the_sidecar_was_down_is_paged_at_its_first_nan_step(
+        sidecar_factory, pd_receiver, tmp_path):
+    """A stranger's report: the run began while the sidecar was down and went NaN at step
+    N (and stayed NaN); the sidecar came up later. Its previews of steps N.. were answered
+    before the run record, waiting in the same spool, was stored: they began nothing and
+    were dropped, and a NaN step the loop made during the replay, previewed once the run
+    was stored, began the alert: the page named that step, not N. The sidecar now says
+    which previews are of a run it has not stored, and the client sends them again once
+    records got through, so the page names N."""
+    import httpx
+
+    from tests.conftest import STOP_RULES
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(STOP_RULES)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"alerting:\n  rules_file: {rules}\n  group_wait_seconds: 0.05\n"
+                      f"  pagerduty: {{routing_key: k-0123456789abcdef0123456789abcd, "
+                      f"url: '{pd_receiver.url}/v2/enqueue'}}\n")
+    sc = sidecar_factory(config=config)  # not started: down when the run begins
+    nan_from, run = 1500, "late"
+    # Small batches: replaying the steps before the NaN takes longer than one replay pass
+    # (1 s), as a backlog of real steps, with their layer statistics, does.
+    sender = _sender(sc.url, tmp_path, batch_records=2, spool_max=64 << 20)
+    for rec in _run_steps(run, range(1, nan_from + 100), nan_from=nan_from):
+        sender.submit(rec)
+    assert not sender.flush(timeout=0.3)
+    stop = threading.Event()
+
+    def training() -> None:  # the loop goes on making NaN steps while the backlog drains
+        step = nan_from + 100
+        while not stop.is_set():
+            sender.submit(_run_steps(run, [step], nan_from=nan_from)[0])
+            step += 1
+            stop.wait(0.005)
+
+    trainer = threading.Thread(target=training)
+    trainer.start()
+    try:
+        sc.start()
+        eventually(lambda: any(_pd_run(r) == run for r in pd_receiver.accepted()),
+                   timeout=60, what="the run's page")
+        # The in-order copy of the first NaN step arrives behind the backlog...
+        eventually(lambda: sc.records(run, since_step=nan_from - 1, limit=1), timeout=120,
+                   what=f"step {nan_from} delivered in order")
+    finally:
+        stop.set()
+        trainer.join()
+        sender.close(timeout=0.5, max_extra=0)  # the rest of the backlog is not needed
+    pages = [r.json for r in pd_receiver.accepted() if _pd_run(r) == run]
+    first = pages[0]
+    assert first["event_action"] == "trigger"
+    assert first["payload"]["custom_details"]["step"] == nan_from, first["payload"]["summary"]
+    assert f"step {nan_from}" in first["payload"]["summary"]
+    # ... and joins the alert its preview began: one alert, one page.
+    assert len({p["dedup_key"] for p in pages}) == 1
+    alerts = httpx.get(sc.url + "/v1/alerts", timeout=10).json()["alerts"]
+    assert [a["run_id"] for a in alerts] == [run]
+
+
+def _pd_run(request) -> str | None:
+    return request.json.get("payload", {}).get("custom_details", {}).get("run_id")

@@ -116,7 +116,7 @@ def test_the_engine_tells_its_alert_sink_about_findings_ends_and_ticks(tmp_path:
         "handle", "r", "gpt", {"team": "nlp"})
     assert "nan_inf" in types
     ahead = {"kind": "step", "run_id": "r", "step": 2, "time": 2.0, "loss": "Infinity"}
-    assert engine.preview(_items([ahead]), now=6.0) >= 1
+    assert engine.preview(_items([ahead]), now=6.0).begun >= 1
     assert sink.calls[-1][0] == "preview"
     engine.ingest(_items([{"kind": "end", "run_id": "r", "step": 2, "time": 3.0,
                            "status": "stopped"}]), now=7.0)
@@ -131,7 +131,8 @@ def test_without_a_sink_findings_are_still_stored_and_nothing_pages(tmp_path: Pa
     result = engine.ingest(_items([nan]), now=5.0)
     assert [f.type for f in result.findings] == ["nan_inf"] and result.actions == []
     assert engine.store.finding_counts("r") == {"nan_inf": 1}
-    assert engine.preview(_items([nan]), now=6.0) == 0
+    previewed = engine.preview(_items([nan]), now=6.0)
+    assert previewed.begun == 0 and previewed.unknown_run == []
 
 
 class FailingOnceSink(RecordingSink):
