@@ -1,8 +1,13 @@
 """``dead_layer``: a parameter got no gradient, an all-zero gradient, or an exactly zero
 update for ``dead_steps`` consecutive steps (frozen, disconnected, lr 0 in its group).
 
-Counting is vectorised over the run's layer slots; loss-scaler overflow steps are skipped
-(nothing updates there by design). One finding per dead layer, at most
+Layer statistics are measured on the client's layer-statistics steps only (every
+``layer_stats_every``, 25 by default), so the steps between them neither break nor extend
+a layer's stretch, and a stretch is as long as it was seen: from the first measured step
+that showed the layer dead to the latest one, in steps, not in records (two readings 25
+steps apart are 26 steps; one measured zero, a lone step with no update, is one step, not
+``dead_steps``). Counting is vectorised over the run's layer slots; loss-scaler overflow
+steps are skipped (nothing updates there by design). One finding per dead layer, at most
 ``max_layer_findings`` per record; when every parameter is dead, one run-level finding.
 
 A head left out of the graph: no gradient on any of 20 steps, while the body trains::
@@ -14,8 +19,11 @@ A head left out of the graph: no gradient on any of 20 steps, while the body tra
     ...           "head.weight": {"grad_none": True}}
     >>> steps = [parse_record({"kind": "step", "run_id": "r", "step": s, "time": s,
     ...                        "layers": layers}) for s in range(1, 31)]
-    >>> [(f.type, f.step, f.layer, f.message) for rec in steps for f in suite.update(rec)]
-    [('dead_layer', 20, 'head.weight', 'head.weight got no gradient for 20 steps')]
+    >>> found = [f for rec in steps for f in suite.update(rec)]
+    >>> [(f.type, f.step, f.layer) for f in found]
+    [('dead_layer', 20, 'head.weight')]
+    >>> print(found[0].message)
+    head.weight got no gradient at every measured step since step 1 (20 steps)
 """
 
 from __future__ import annotations
@@ -44,13 +52,18 @@ class DeadLayerSettings(SharedSettings):
 
     dead_steps: int = Field(
         default=20, ge=1,
-        description="Consecutive steps of zero gradient or zero update: dead layer.",
+        description="Steps of zero gradient or zero update, from the first measured step "
+                    "to the latest (steps, not readings): dead layer.",
     )
 
 
 @dataclass(slots=True)
 class DeadState:
-    runs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per layer slot: the first step of its current dead stretch (-1: none) and the last
+    step it was measured dead at; the stretch is ``last - since + 1`` steps long."""
+
+    since: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    last: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class DeadLayerDetector(DetectorBase[DeadLayerSettings]):
@@ -71,16 +84,19 @@ class DeadLayerDetector(DetectorBase[DeadLayerSettings]):
         dead = t.grad_none.copy()
         dead |= (t.stats["grad_norm"] == 0) & t.measured["grad_norm"]
         dead |= (t.stats["update_norm"] == 0) & t.measured["update_norm"]
-        st.runs = grown(st.runs, view.size, 0)
-        runs = st.runs[view.slots]
-        runs = np.where(dead, runs + 1, 0)
-        st.runs[view.slots] = runs
-        hits = np.flatnonzero(runs >= self.settings.dead_steps)
+        st.since = grown(st.since, view.size, -1)
+        st.last = grown(st.last, view.size, -1)
+        since = st.since[view.slots]
+        since = np.where(dead, np.where(since >= 0, since, rec.step), -1)
+        last = np.where(dead, rec.step, -1)
+        st.since[view.slots], st.last[view.slots] = since, last
+        steps = np.where(dead, last - since + 1, 0)
+        hits = np.flatnonzero(steps >= self.settings.dead_steps)
         if not len(hits):
             return []
         if len(hits) == len(t):
-            return self._all_dead(rec, int(runs.min()))
-        return self._per_layer(rec, t, hits, runs)
+            return self._all_dead(rec, int(steps.min()), int(since.max()))
+        return self._per_layer(rec, t, hits, steps, since)
 
     def _reason(self, t: LayerTable, c: int) -> str:
         if t.grad_none[c]:
@@ -89,26 +105,30 @@ class DeadLayerDetector(DetectorBase[DeadLayerSettings]):
             return "an all-zero gradient"
         return f"a zero update (grad norm {t.stats['grad_norm'][c]:.3g})"
 
-    def _per_layer(self, rec: StepRecord, t: LayerTable, hits: np.ndarray, runs: np.ndarray
-                   ) -> list[Finding]:
+    def _per_layer(self, rec: StepRecord, t: LayerTable, hits: np.ndarray, steps: np.ndarray,
+                   since: np.ndarray) -> list[Finding]:
         found: list[Finding] = []
         for c in hits:
             name = t.names[c]
             if len(found) >= self.settings.max_layer_findings or not self.due(rec, name):
                 continue
-            msg = f"{name} got {self._reason(t, c)} for {runs[c]} steps"
+            n, first = int(steps[c]), int(since[c])
+            msg = (f"{name} got {self._reason(t, c)} at every measured step since step {first} "
+                   f"({n} steps)")
             found.append(self.finding(
-                rec, msg, value=float(runs[c]), threshold=self.settings.dead_steps, layer=name,
-                evidence={"steps": int(runs[c]), "dead_layers": len(hits),
+                rec, msg, value=float(n), threshold=self.settings.dead_steps, layer=name,
+                evidence={"steps": n, "since_step": first, "dead_layers": len(hits),
                           "grad_norm": float(t.stats["grad_norm"][c])},
                 suggestions=DEAD_LAYER,
             ))
         return found
 
-    def _all_dead(self, rec: StepRecord, steps: int) -> list[Finding]:
+    def _all_dead(self, rec: StepRecord, steps: int, since: int) -> list[Finding]:
+        """Every parameter dead: the stretch they share, from the latest of their starts."""
         if not self.due(rec):
             return []
-        msg = f"no parameter changed for {steps} steps (lr {rec.lr})"
+        msg = (f"no parameter changed at any measured step since step {since} ({steps} steps; "
+               f"lr {rec.lr})")
         return [self.finding(rec, msg, value=float(steps), threshold=self.settings.dead_steps,
-                             evidence={"steps": steps, "lr": rec.lr},
+                             evidence={"steps": steps, "since_step": since, "lr": rec.lr},
                              suggestions=NOT_LEARNING)]

@@ -1,8 +1,13 @@
 """``lr_jump``: the learning rate rose far outside the run's own schedule in one record, and
 the pages that follow while it is in force name it as their likely cause.
 
-Every step record carries ``lr``. The statistic is the log-ratio of consecutive LRs of one
-rank, ``x = log(lr_t / lr_prev)``: 0 for a constant LR, a small smooth value along a warmup
+Every step record carries ``lr``. A run that watches several models (a GAN's generator and
+discriminator, an actor and a critic) sends each one's own LR in ``models.<name>.lr``, where
+``lr`` is only the first model's: each model has its own optimizer and schedule, so each
+model's LR is judged as a series of its own, and a jump names its model ("LR of G x100 at
+step 200"); the first model's is judged there, under its name, not twice. The statistic is
+the log-ratio of consecutive LRs of one series (a rank's, or a rank's model's),
+``x = log(lr_t / lr_prev)``: 0 for a constant LR, a small smooth value along a warmup
 ramp or a cosine/linear decay, one large negative value at a step decay or a
 ReduceLROnPlateau cut. The schedule's own prediction of the next ratio is the median of the
 last ``WINDOW`` ratios (a ramp or a decay changes its ratio slowly, so the median follows
@@ -24,7 +29,7 @@ A record is a jump when all of these hold:
   past it; a warmup ramp sets new highs only by its own small per-step ratio. The price:
   a jump back to a level the run already used (a scheduler reset that undoes a decay) is
   not flagged, because from the LR series alone it looks exactly like a warm restart;
-* the rank has ``MIN_READINGS`` ratios of history, and the step before it was past the
+* the series has ``MIN_READINGS`` ratios of history, and the step before it was past the
   run's declared warmup (a step from a constant warmup LR to the base LR is the schedule).
 
 While the LR stays above twice that earlier peak the jump is *in force*; it explains the
@@ -56,9 +61,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from monitor_agent.detectors.support.common import DetectorBase, fmt
 from monitor_agent.detectors.support.shared_settings import SharedSettings
+from monitor_agent.detectors.support.state import load_into
 from monitor_agent.detectors.support.stats import Window, finite
 from monitor_agent.records.types import Finding, Severity, StepRecord
 
@@ -83,16 +90,25 @@ LR_JUMP = (
 
 
 @dataclass(slots=True)
-class LrJumpState:
+class LrSeries:
+    """One LR series: a rank's ``lr``, or one watched model's on that rank."""
+
     ratios: Window = field(default_factory=lambda: Window.of(WINDOW))  # log(lr_t / lr_prev)
     prev_lr: float = 0.0
     prev_step: int = -1
-    ceiling: float = 0.0      # highest LR this rank used before (a jump raises it)
+    ceiling: float = 0.0      # highest LR this series used before (a jump raises it)
     # The latest jump: where, its text, and the peak it left behind.
     jump_step: int = -1
     jump_text: str = ""
     jump_floor: float = 0.0   # in force while the LR stays above this
     in_force_until: int = -1  # last step the LR was still above jump_floor
+
+
+@dataclass(slots=True)
+class LrJumpState:
+    """A rank's LR series by model name ("": the record's own ``lr``, a run of one model)."""
+
+    series: dict[str, LrSeries] = field(default_factory=dict)
 
 
 class LrJumpDetector(DetectorBase[SharedSettings]):
@@ -105,25 +121,45 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
     def new_rank(self) -> LrJumpState:
         return LrJumpState()
 
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        # A series is a dataclass in a dict, which the generic restore leaves as plain data;
+        # a snapshot from before models were judged apart holds the rank's one series flat.
+        for r, st in self.ranks.items():
+            saved = state["ranks"][str(r)]
+            st.series = {name: load_into(LrSeries(), data) for name, data in st.series.items()}
+            if "series" not in saved and "ratios" in saved:
+                st.series[""] = load_into(LrSeries(), saved)
+
     def on_step(self, rec: StepRecord, st: LrJumpState) -> list[Finding]:
-        lr = rec.lr
-        if not finite(lr) or lr <= 0:
-            return []
         found: list[Finding] = []
+        for name, lr in _lrs(rec).items():
+            series = st.series.get(name)
+            if series is None:
+                series = st.series[name] = LrSeries()
+            jump = self._judge(rec, series, lr, name)
+            if jump is not None:
+                found.append(jump)
+        return found
+
+    def _judge(self, rec: StepRecord, st: LrSeries, lr: float, name: str) -> Finding | None:
+        """Fold ``lr`` into its series; the finding when it is a jump that is due."""
+        found = None
         if st.jump_step >= 0 and lr > st.jump_floor:
             st.in_force_until = rec.step
         if st.prev_lr > 0 and rec.step > st.prev_step:
             x = math.log(lr / st.prev_lr)
-            jump = self._jump(rec, st, lr, x)
+            jump = self._jump(rec, st, lr, x, name)
             if jump is None:
                 st.ratios.add(x)  # a jump never becomes its own baseline
-            elif self.due(rec):  # an LR that keeps climbing is one report per repeat_every
-                found.append(jump)
+            elif self.due(rec, name or None):  # one report per repeat_every, per model
+                found = jump
         st.prev_lr, st.prev_step = lr, rec.step
         st.ceiling = max(st.ceiling, lr)
         return found
 
-    def _jump(self, rec: StepRecord, st: LrJumpState, lr: float, x: float) -> Finding | None:
+    def _jump(self, rec: StepRecord, st: LrSeries, lr: float, x: float, name: str
+              ) -> Finding | None:
         if (len(st.ratios) < MIN_READINGS or st.prev_step <= self.ctx.warmup
                 or lr <= CEILING_RATIO * st.ceiling):
             return None
@@ -133,16 +169,18 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
             return None
         factor = math.exp(r)  # against what the schedule would have done this step
         # Two digits: the schedule's own move on this step is not known to more.
-        text = (f"LR x{float(f'{factor:.2g}'):g} at step {rec.step}: {fmt(st.prev_lr)} -> {fmt(lr)}, "
-                f"outside the run's schedule")
+        lr_of, whose = (f"LR of {name}", f"{name}'s") if name else ("LR", "the run's")
+        text = (f"{lr_of} x{float(f'{factor:.2g}'):g} at step {rec.step}: {fmt(st.prev_lr)} -> "
+                f"{fmt(lr)}, outside {whose} schedule")
         st.jump_step, st.jump_text = rec.step, text
         st.jump_floor, st.in_force_until = CEILING_RATIO * st.ceiling, rec.step
         msg = (f"{text} (the highest LR before was {fmt(st.ceiling)}; step-to-step ratios "
                f"{math.exp(predicted):.3g}x +- {100 * (math.exp(sigma) - 1):.0f}%)")
-        evidence = {"lr": lr, "previous_lr": st.prev_lr, "factor": factor,
-                    "ratio_to_previous": lr / st.prev_lr,
-                    "previous_peak_lr": st.ceiling, "predicted_ratio": math.exp(predicted),
-                    "z": r / sigma, "limit_ratio": JUMP_RATIO, "limit_z": JUMP_Z}
+        evidence: dict[str, Any] = {"model": name} if name else {}
+        evidence.update(lr=lr, previous_lr=st.prev_lr, factor=factor,
+                        ratio_to_previous=lr / st.prev_lr, previous_peak_lr=st.ceiling,
+                        predicted_ratio=math.exp(predicted), z=r / sigma,
+                        limit_ratio=JUMP_RATIO, limit_z=JUMP_Z)
         return self.finding(rec, msg, value=lr, threshold=st.prev_lr * math.exp(predicted),
                             evidence=evidence, suggestions=LR_JUMP)
 
@@ -153,8 +191,25 @@ class LrJumpDetector(DetectorBase[SharedSettings]):
             return None
         onset = finding.evidence.get("onset_step")
         began = onset if isinstance(onset, int) and onset <= finding.step else finding.step
-        for st in self.ranks.values():
-            if st.jump_step >= 0 and st.jump_step <= began and finding.step <= (
-                    st.in_force_until + EXPLAIN_AFTER):
-                return str(st.jump_text)
-        return None
+        causes = [s for st in self.ranks.values() for s in st.series.values()
+                  if 0 <= s.jump_step <= began
+                  and finding.step <= s.in_force_until + EXPLAIN_AFTER]
+        if not causes:
+            return None
+        # Of two models' jumps in force, the later one: the nearest before the finding.
+        return str(max(causes, key=lambda s: s.jump_step).jump_text)
+
+
+def _lrs(rec: StepRecord) -> dict[str, float]:
+    """The record's LRs to judge, by model name: each watched model's own (``models``),
+    else the record's ``lr`` under "" (a run of one model); only positive finite ones."""
+    named = {name: m.get("lr") for name, m in (rec.models or {}).items()
+             if isinstance(m, dict)}
+    lrs = {name: float(lr) for name, lr in named.items() if _usable(lr)}
+    if not lrs and _usable(rec.lr):
+        lrs[""] = float(rec.lr)
+    return lrs
+
+
+def _usable(lr: Any) -> TypeGuard[float]:
+    return isinstance(lr, int | float) and not isinstance(lr, bool) and finite(lr) and lr > 0

@@ -173,14 +173,18 @@ def _vanishing(steps: list[dict], order: list[str]) -> str | None:
 
 
 def _dead_params(steps: list[dict]) -> str | None:
-    """Parameters with a zero gradient or zero update on 20 recorded steps in a row."""
-    runs: dict[str, int] = {}
+    """Parameters with a zero gradient or zero update at every layer-statistics step over
+    20 steps: from the first such reading to the latest, in steps, not readings (the
+    statistics come every ``layer_stats_every`` steps; those between say nothing)."""
+    since: dict[str, int] = {}
     dead = set()
     for r in steps:
         for name, row in (r.get("layers") or {}).items():
-            zero = row.get("grad_norm") == 0 or row.get("update_norm") == 0
-            runs[name] = runs.get(name, 0) + 1 if zero else 0
-            if runs[name] >= 20:
+            if not (row.get("grad_norm") == 0 or row.get("update_norm") == 0):
+                since.pop(name, None)
+                continue
+            first = since.setdefault(name, r["step"])
+            if r["step"] - first + 1 >= 20:
                 dead.add(name)
     return f"zero gradient or update for 20+ steps on {', '.join(sorted(dead)[:4])}" \
         if dead else None

@@ -10,6 +10,7 @@ import torch
 from synth_records import assert_restore_equivalent, feed, noise, of_type, only, run, step
 
 from monitor_agent.detectors import DetectorSettings, DetectorSuite
+from monitor_agent.records import wire
 from monitor_agent.records.types import Severity
 
 STEPS = 1200
@@ -152,3 +153,73 @@ def test_a_fault_that_began_before_the_jump_is_not_blamed_on_it():
     assert runaway, [(f.step, f.evidence) for f in of_type(found, "divergence")]
     for f in runaway:
         assert "likely cause" not in f.message and "likely_cause" not in f.evidence, f.message
+
+
+def _gan(g_lr, d_lr=lambda i: 2e-4, until: int = 400, runaway_from: int = 10**9) -> list:
+    """A GAN watched as two named models, D first (docs/client.md "several models"): the
+    record's ``lr`` is D's, each model's own LR is in ``models.<name>.lr``."""
+    recs = [run()]
+    for i in range(1, until):
+        far = i >= runaway_from
+        loss = 2.0 * 1.6 ** (i - runaway_from + 1) if far else 2.0 + noise(i)
+        grad = 1.5 ** (i - runaway_from + 1) if far else 1.0 + noise(i, 0.1)
+        models = {"D": {"lr": d_lr(i), "grad_norm": 0.5}, "G": {"lr": g_lr(i), "grad_norm": 0.5}}
+        recs.append(step(i, lr=d_lr(i), loss=loss, grad_norm=grad, models=models))
+    return recs
+
+
+def test_a_jump_of_the_second_models_lr_is_found_and_names_it():
+    """Stranger report 2, problem 5: G's LR x100 at step 200 was invisible (only ``lr``,
+    D's, was read)."""
+    (f,) = feed(_lr_only(), _gan(lambda i: 2e-4 * (100 if i >= 200 else 1)))
+    assert f.step == 200 and f.evidence["model"] == "G"
+    assert f.message.startswith("LR of G x100 at step 200: 0.0002 -> 0.02, outside G's "
+                                "schedule"), f.message
+
+
+def test_the_first_models_jump_is_reported_once_under_its_name():
+    # D's LR is both the record's lr and models.D.lr: one series, judged once
+    (f,) = feed(_lr_only(), _gan(lambda i: 2e-4, d_lr=lambda i: 2e-4 * (100 if i >= 200 else 1)))
+    assert f.step == 200 and f.message.startswith("LR of D x100 at step 200")
+
+
+def test_each_model_has_its_own_schedule():
+    # G decays tenfold at 200 while D stays constant: each model's drop is its own schedule,
+    # and D's LR 10x G's is no jump of either
+    assert feed(_lr_only(), _gan(lambda i: 2e-5 if i >= 200 else 2e-4,
+                                 d_lr=lambda i: 2e-3)) == []
+
+
+def test_pages_after_the_second_models_jump_name_it_as_their_likely_cause():
+    found = feed(DetectorSuite(DetectorSettings()),
+                 _gan(lambda i: 2e-4 * (100 if i >= 200 else 1), runaway_from=205))
+    (jump,) = of_type(found, "lr_jump")
+    assert jump.step == 200
+    pages = [f for f in found if f.type in ("divergence", "grad_explosion")]
+    assert pages, [f.type for f in found]
+    for f in pages:
+        assert f.message.endswith("; likely cause: LR of G x100 at step 200: 0.0002 -> 0.02, "
+                                  "outside G's schedule"), f.message
+        assert next(iter(f.evidence)) == "likely_cause"
+
+
+def test_restore_mid_stream_changes_nothing_for_several_models():
+    assert_restore_equivalent(_lr_only, _gan(lambda i: 2e-4 * (100 if i >= 300 else 1)),
+                              cut=200)
+
+
+def test_a_snapshot_from_before_models_were_judged_apart_restores_the_runs_series():
+    """A sidecar upgraded mid-run holds each rank's one LR series flat in its snapshot: it
+    comes back as the run's series, so a jump 5 steps after the restart is still judged
+    against the history from before it (a fresh series would need MIN_READINGS first)."""
+    lrs = [BASE * (100 if i >= 300 else 1) for i in range(1, 400)]
+    recs = _records(lrs)
+    first = _lr_only()
+    feed(first, recs[:295])
+    state = wire.loads(wire.dumps(first.snapshot()))
+    det = state["detectors"]["lr_jump"]
+    det["ranks"] = {r: s["series"][""] for r, s in det["ranks"].items()}  # the old shape
+    restored = _lr_only()
+    restored.restore(state)
+    (f,) = feed(restored, recs[295:])
+    assert f.step == 300 and f.message.startswith("LR x100 at step 300")
