@@ -19,7 +19,7 @@ sidecar's answer, or RETRY / MISCONFIGURED when no answer came)::
 
     >>> classify(200, b'{"accepted": 1, "rejected": [{"index": 1, "reason": "bad step"}]}')
     PostResult(outcome=<PostOutcome.OK: 'ok'>, detail='', rejected=[(1, 'bad step')],
-               actions=[], attempts=[], fix='')
+               actions=[], attempts=[], fix='', unknown_run=[])
     >>> classify(503, b"cannot store now").outcome, classify(413, b"").outcome
     (<PostOutcome.RETRY: 'retry'>, <PostOutcome.TOO_LARGE: 'too_large'>)
     >>> print(classify(401, b'{"detail": "bad token"}').fix)
