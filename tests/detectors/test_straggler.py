@@ -470,3 +470,17 @@ def test_a_gpu_throttling_on_fewer_than_half_its_steps_is_not_the_cause():
     found = feed(only("straggler"), _thermal_of_rank_1(_breakdown(60, 1, "compute"),
                                                        lambda s: None))
     assert found and found[0].evidence["cause"] == "compute"
+
+
+def test_a_slow_node_of_ranks_not_adjacent_names_each_of_them():
+    """Hosts that hold every third rank (a launcher placing ranks round-robin): gpu-2
+    holds ranks 2 and 5."""
+    recs = [replace(r, labels={"hostname": f"gpu-{r.rank % 3}"}) if isinstance(r, RunRecord)
+            else r for r in _nodes(1.0)]
+    slow = [replace(r, compute_time=r.compute_time * 3)
+            if not isinstance(r, RunRecord) and r.rank % 3 == 2 and r.step >= 40 else r
+            for r in recs]
+    found = feed(only("straggler"), slow)
+    assert found and found[0].message.startswith("node gpu-2 (ranks 2, 5) is slow as a "
+                                                 "whole"), found[0].message
+    assert found[0].evidence["node_ranks"] == "2, 5"
