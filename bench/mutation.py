@@ -71,6 +71,10 @@ MODULES: dict[str, list[str]] = {
     "detectors/nan_inf.py": ["tests/detectors/test_nan_inf.py"],
     "detectors/loss_spike.py": ["tests/detectors/test_loss_spike.py"],
     "detectors/grad_explosion.py": ["tests/detectors/test_grad_explosion.py"],
+    "detectors/hang.py": ["tests/detectors/test_hang.py"],
+    "detectors/crashed.py": ["tests/detectors/test_crashed.py"],
+    "detectors/not_learning.py": ["tests/detectors/test_not_learning.py"],
+    "detectors/straggler.py": ["tests/detectors/test_straggler.py"],
     "runs/lifecycle.py": ["tests/runs/test_run_lifecycle.py"],
     # test_cpu_bounds.py's two ledger tests only (its resume tests take 20 s a run).
     "runs/checkpoint_ledger.py": [

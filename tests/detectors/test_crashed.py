@@ -86,3 +86,87 @@ def test_what_came_before_survives_a_restart():
     restored.restore(wire.loads(wire.dumps(suite.snapshot())))
     (crash,) = [f for f in restored.update(_end("failed", BCE)) if f.type == "crashed"]
     assert [b["type"] for b in crash.evidence["findings_before"]] == ["loss_spike"]
+
+
+def test_a_peer_lost_rank_is_paged_as_a_victim_not_the_cause():
+    """gloo's and NCCL's words for a peer that went away, in any case: the rank that raised
+    is named as the victim, and its evidence says so."""
+    for error in ("RuntimeError: [../pair.cc:537] Read error: Connection reset by peer",
+                  "RuntimeError: connection closed BY PEER",
+                  "torch.distributed.DistBackendError: NCCL error in: remote process exited",
+                  "RuntimeError: Timed out waiting 1800000ms for recv operation"):
+        (f,) = feed(only("crashed"), [step(1, rank=2), _end("failed", error, 1, rank=2)])
+        assert f.evidence["peer_lost"] is True, error
+        assert f.message == (
+            "the run crashed after step 1: rank 2 lost a peer in a collective (a victim, not "
+            "the cause: the process at the other end went away; the relaunch names the rank "
+            f"that died without a word): {error}; no finding before it"), f.message
+    (f,) = feed(only("crashed"), [step(1), _end("failed", BCE, 1)])
+    assert f.evidence["peer_lost"] is False
+
+
+def test_the_page_carries_the_run_the_end_time_the_last_step_and_what_to_do():
+    (f,) = feed(only("crashed"), [step(1), _end("failed", BCE, 1)])
+    assert (f.run_id, f.time, f.evidence["last_step"]) == ("r", T0 + 100.0, 1)
+    assert f.suggestions and f.suggestions[0].startswith("Read the exception and the step")
+
+
+def test_a_crash_before_the_first_step_is_paged_at_step_0():
+    (f,) = feed(only("crashed"), [_end("failed", BCE, 0)])
+    assert (f.step, f.evidence["last_step"]) == (0, 0)
+    assert f.message.startswith("the run crashed after step 0 (rank 0): ")
+
+
+def test_a_failed_end_without_an_exception_says_none_was_reported():
+    for error in (None, "", "  \n"):
+        (f,) = feed(only("crashed"), [step(1), _end("failed", error, 1)])
+        assert f.evidence["exception"] == f.evidence["error"] == "no exception reported"
+        assert f.message == ("the run crashed after step 1 (rank 0): no exception reported; "
+                             "no finding before it")
+
+
+def test_the_exception_is_the_words_before_the_first_colon_or_the_whole_error():
+    (f,) = feed(only("crashed"), [step(1), _end("failed", "ValueError: bad: key: x", 1)])
+    assert f.evidence["exception"] == "ValueError"
+    (f,) = feed(only("crashed"), [step(1), _end("failed", "Killed", 1)])
+    assert f.evidence["exception"] == "Killed"
+
+
+def test_the_evidence_keeps_100_characters_of_the_exception_and_1000_of_the_error():
+    error = "E" * 150 + ": " + "x" * 2000
+    (f,) = feed(only("crashed"), [step(1), _end("failed", error, 1)])
+    assert f.evidence["exception"] == "E" * 100
+    assert f.evidence["error"] == error[:1000]
+
+
+def test_a_finding_at_the_crash_step_is_before_it_and_the_latest_comes_first():
+    suite = DetectorSuite(DetectorSettings())
+    losses = {40: 40.0, 59: float("nan")}
+    recs = [step(i, loss=losses.get(i, 2.0 + 0.01 * (i % 5))) for i in range(1, 60)]
+    (crash,) = [f for f in feed(suite, [*recs, _end("failed", BCE, 59)]) if f.type == "crashed"]
+    assert crash.message.endswith(
+        f"{BCE}; before it: nan_inf at step 59 (critical); loss_spike at step 40 (warning)"), \
+        crash.message
+
+
+def test_an_error_of_300_characters_is_paged_whole():
+    error = "RuntimeError: first line\n" + "y" * (300 - 25)
+    assert len(error) == 300
+    (f,) = feed(only("crashed"), [step(1), _end("failed", error, 1)])
+    assert f.message == f"the run crashed after step 1 (rank 0): {error}; no finding before it"
+
+
+def test_a_long_two_line_error_is_paged_as_its_first_and_last_lines_cut_to_fit():
+    first, last = "RuntimeError: " + "a" * 200, "b" * 199 + "Z"
+    (f,) = feed(only("crashed"), [step(1), _end("failed", f"{first}\n{last}", 1)])
+    said = f"{first[:147]} ... {last[-147:]}"
+    assert len(said) == 299
+    assert f.message == f"the run crashed after step 1 (rank 0): {said}; no finding before it"
+
+
+def test_a_long_error_whose_first_and_last_lines_are_alike_is_cut_to_300_characters():
+    line = "RuntimeError: CUDA error: an illegal memory access " + "c" * 100
+    error = "\n".join([line] * 3)
+    (f,) = feed(only("crashed"), [step(1), _end("failed", error, 1)])
+    assert f.message == (f"the run crashed after step 1 (rank 0): {error[:300]}; "
+                         "no finding before it")

@@ -412,3 +412,75 @@ def test_slow_compute_or_a_late_link_under_the_same_noise_keep_their_causes():
             assert found and {f.evidence["host"] for f in found} == {"gpu-2"}, (part, seed)
             assert {f.evidence["cause"] for f in found} == {cause}, (
                 part, seed, [(f.step, f.message) for f in found])
+
+
+def test_a_restore_while_a_slow_node_is_held_keeps_its_hold_and_the_steps_half_reported():
+    """A sidecar restarted while node gpu-2's 1.3x is being held (and with half of a step's
+    ranks reported): the restored detector names it at the same step, not a window later."""
+    recs = _nodes(1.3)
+    first = feed(only("straggler"), recs)[0].step
+    for cut in (6 + (first - 8) * 6 + 3,   # mid-step, a few steps before the page
+                6 + (first - 1) * 6 + 5):  # the page's own step, all but its last rank
+        assert_restore_equivalent(lambda: only("straggler"), recs, cut=cut)
+
+
+def _thermal_of_rank_1(recs: list, thermal) -> list:
+    """Rank 1's GPU throttle flags by step (``thermal(step)``: 1.0, 0.0, or None for a
+    record that says nothing of them); the other ranks' GPUs never throttle."""
+    out = []
+    for r in recs:
+        flag = thermal(r.step) if r.rank == 1 else 0.0
+        out.append(replace(r, gpu=None if flag is None else {
+            "throttle_thermal": flag, "throttle_power": 0.0, "throttle_hw_slowdown": 0.0}))
+    return out
+
+
+def test_a_throttle_one_other_rank_of_three_shares_is_still_the_cause():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute"), {1, 2}))
+    assert found and found[0].evidence["cause"] == "gpu_throttle"
+    assert found[0].message.endswith(
+        "; its GPU throttles (thermal) on 20 of its last 20 steps, 1 of 3 other ranks' GPUs "
+        "on most of theirs"), found[0].message
+
+
+def test_a_throttle_half_the_other_ranks_share_is_not_the_cause():
+    found = feed(only("straggler"), _throttled(_breakdown(60, 1, "compute", ranks=5),
+                                               {1, 2, 3}))
+    assert found and found[0].evidence["cause"] == "compute"
+
+
+def test_a_gpu_throttling_on_half_its_steps_throttles_on_most_of_them():
+    found = feed(only("straggler"), _thermal_of_rank_1(_breakdown(60, 1, "compute"),
+                                                       lambda s: float(s % 2)))
+    assert found and found[0].evidence["cause"] == "gpu_throttle"
+    assert "its GPU throttles (thermal) on 10 of its last 20 steps" in found[0].message
+
+
+def test_a_gpu_throttling_on_fewer_than_half_its_steps_is_not_the_cause():
+    # 8 of 20 steps
+    found = feed(only("straggler"), _thermal_of_rank_1(_breakdown(60, 1, "compute"),
+                                                       lambda s: float(s % 5 < 2)))
+    assert found and found[0].evidence["cause"] == "compute"
+    # 6 of the 14 steps that say, the 6 that say nothing not counted as throttled
+    found = feed(only("straggler"), _thermal_of_rank_1(
+        _breakdown(60, 1, "compute"), lambda s: 1.0 if s % 10 < 3 else None if s % 10 < 6
+        else 0.0))
+    assert found and found[0].evidence["cause"] == "compute"
+    # a GPU that says nothing of its throttling is no throttle
+    found = feed(only("straggler"), _thermal_of_rank_1(_breakdown(60, 1, "compute"),
+                                                       lambda s: None))
+    assert found and found[0].evidence["cause"] == "compute"
+
+
+def test_a_slow_node_of_ranks_not_adjacent_names_each_of_them():
+    """Hosts that hold every third rank (a launcher placing ranks round-robin): gpu-2
+    holds ranks 2 and 5."""
+    recs = [replace(r, labels={"hostname": f"gpu-{r.rank % 3}"}) if isinstance(r, RunRecord)
+            else r for r in _nodes(1.0)]
+    slow = [replace(r, compute_time=r.compute_time * 3)
+            if not isinstance(r, RunRecord) and r.rank % 3 == 2 and r.step >= 40 else r
+            for r in recs]
+    found = feed(only("straggler"), slow)
+    assert found and found[0].message.startswith("node gpu-2 (ranks 2, 5) is slow as a "
+                                                 "whole"), found[0].message
+    assert found[0].evidence["node_ranks"] == "2, 5"
