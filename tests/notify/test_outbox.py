@@ -5,6 +5,8 @@ through a real sidecar."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,12 +16,14 @@ from prometheus_client import CollectorRegistry
 
 from monitor_agent.alerting.db import open_alert_db
 from monitor_agent.metrics.delivery import DeliveryMetrics
+from monitor_agent.notify.base import Notifier
 from monitor_agent.notify.channel_settings import OutboxSettings
+from monitor_agent.notify.console import ConsoleNotifier
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.settings import load_settings
-from tests.eventually import eventually
+from tests.eventually import eventually, scaled
 from tests.live_server import LiveServer
 from tests.notify.sample_events import T0, event, note
 from tests.receivers import Receiver, Reply
@@ -197,6 +201,25 @@ def test_slack_is_rate_limited_per_webhook(tmp_path, client):
         assert len(slack.requests) == 2
 
 
+def test_the_oldest_pending_gauge_is_the_age_of_the_channel_s_oldest_message(tmp_path, pd,
+                                                                              client):
+    """A page stuck for 30 s shows its age (long before max_age ends it); an empty queue
+    shows 0."""
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock)
+    pd.script(Reply(500))
+    put(outbox, "pagerduty", event())
+    clock.now += 30
+    gauge = metrics.oldest_pending.labels(channel="pagerduty")
+    outbox.deliver_next("pagerduty", client)  # the 500
+    assert gauge._value.get() == 30.0
+    clock.now += 10
+    outbox.deliver_next("pagerduty", client)  # sent
+    assert gauge._value.get() == 40.0
+    assert outbox.deliver_next("pagerduty", client) is None
+    assert gauge._value.get() == 0.0
+
+
 def test_a_full_outbox_drops_and_counts(tmp_path, pd):
     outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock(), max_pending=2)
     put(outbox, "pagerduty", event(), event(), event())
@@ -224,6 +247,130 @@ def test_sender_threads_deliver_promptly_and_stop_cleanly(tmp_path, pd):
     outbox.stop(timeout=5)
     assert [r.json["dedup_key"] for r in got] == ["monitor-agent-x", "monitor-agent-y"]
     assert threads and all(not t.is_alive() for t in threads)
+
+
+class _Unopenable(httpx.BaseTransport):
+    """A transport that cannot be opened: the sender thread that holds it dies at once."""
+
+    def __enter__(self) -> _Unopenable:
+        raise OSError("no sockets left")
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        raise AssertionError("never opened")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sender_thread_that_died_is_a_problem_naming_its_channel_until_stopped(tmp_path):
+    """/readyz's line names each channel whose sender stopped; stopping them on purpose is
+    no problem. The senders are daemon threads: one stuck in a send never holds the
+    process open at its exit."""
+    notifiers: dict[str, Notifier] = {
+        "console": ConsoleNotifier(logging.Logger("alerts")),
+        "pagerduty": PagerDutyNotifier(KEY, "http://127.0.0.1:9")}
+    outbox = Outbox(open_alert_db(tmp_path / "a.sqlite"), notifiers, OutboxSettings(),
+                    DeliveryMetrics(CollectorRegistry(), list(notifiers)), Clock(),
+                    transport=_Unopenable())
+    assert outbox.problem() is None
+    outbox.start()
+    assert all(t.daemon for t in outbox._threads)
+    eventually(lambda: outbox.problem() == "delivery: sender threads stopped: notify-console, "
+               "notify-pagerduty", what="both senders named")
+    outbox.stop()
+    assert outbox.problem() is None
+
+
+def test_the_senders_send_through_the_transport_they_were_given(tmp_path):
+    requests: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(202, json={"status": "success"})
+
+    notifier = PagerDutyNotifier(KEY, "http://pagerduty.invalid/v2/enqueue")
+    outbox = Outbox(open_alert_db(tmp_path / "a.sqlite"), {"pagerduty": notifier},
+                    OutboxSettings(), DeliveryMetrics(CollectorRegistry(), ["pagerduty"]),
+                    Clock(), transport=httpx.MockTransport(answer))
+    outbox.start()
+    try:
+        put(outbox, "pagerduty", event())
+        eventually(lambda: outbox.pending == 0, what="the page sent")
+    finally:
+        outbox.stop()
+    assert [str(r.url) for r in requests] == ["http://pagerduty.invalid/v2/enqueue"]
+
+
+def test_a_storage_failure_under_a_sender_is_logged_and_the_sender_goes_on(tmp_path, pd,
+                                                                           caplog):
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock())
+    outbox.start()
+    try:
+        outbox.db.execute("DROP TABLE outbox")
+        failed = eventually(lambda: [r for r in caplog.records
+                                     if r.getMessage() == "pagerduty sender error"],
+                            what="the sender's error logged")
+        assert failed[0].levelname == "ERROR" and failed[0].exc_info is not None
+        assert "no such table: outbox" in str(failed[0].exc_info[1])
+        assert outbox.problem() is None  # still running: the next look may succeed
+    finally:
+        outbox.stop()
+
+
+class _Looks(Clock):
+    """A clock that counts how often the outbox reads it: once per look at the queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.now
+
+
+def test_an_idle_sender_sleeps_until_woken_rather_than_spinning(tmp_path, pd):
+    """With nothing queued, a sender looks at the queue once and waits (a second at most,
+    or until an enqueue wakes it), rather than looking again and again."""
+    looks = _Looks()
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), looks)
+    outbox.start()
+    try:
+        eventually(lambda: looks.calls >= 1, what="the first look")
+        threading.Event().wait(0.3)
+        assert looks.calls <= 3
+    finally:
+        outbox.stop()
+
+
+def test_stop_waits_for_a_send_in_flight_up_to_its_timeout(tmp_path):
+    """A sender in the middle of a send finishes it before stop() returns; one whose
+    receiver keeps it past the timeout is left behind (a daemon) and stop() returns."""
+    arrived, release = threading.Event(), threading.Event()
+    hold = [0.5, 10.0]  # how long the receiver keeps each request before answering
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        release.wait(hold.pop(0))
+        return httpx.Response(202, json={"status": "success"})
+
+    outbox = Outbox(open_alert_db(tmp_path / "a.sqlite"),
+                    {"pagerduty": PagerDutyNotifier(KEY, "http://pagerduty.invalid")},
+                    OutboxSettings(), DeliveryMetrics(CollectorRegistry(), ["pagerduty"]),
+                    Clock(), transport=httpx.MockTransport(answer))
+    for fingerprint in ("one", "two"):
+        arrived.clear()
+        outbox.start()
+        put(outbox, "pagerduty", event(fingerprint=fingerprint))
+        assert arrived.wait(scaled(10))  # the send is in flight
+        threads = list(outbox._threads)
+        if fingerprint == "one":
+            outbox.stop(timeout=30)
+            assert not any(t.is_alive() for t in threads) and outbox.pending == 0
+        else:
+            outbox.stop(timeout=0.1)
+            assert all(t.is_alive() for t in threads) and outbox.pending == 1
+            release.set()
+            for t in threads:
+                t.join(scaled(10))
 
 
 # -- the guarantees, through a real sidecar ---------------------------------------------

@@ -215,3 +215,41 @@ def test_a_cpu_run_s_incident_costs_cpu_processes():
     feed.book.settled(2, 3, "resume")
     words = feed.book.report().incidents[-1]["words"]
     assert "x 2 CPU processes =" in words and "process-hours" in words and "GPU" not in words
+
+
+@pytest.mark.parametrize("wait", [math.inf, -math.inf, math.nan])
+def test_a_rank_s_step_with_no_finite_all_reduce_wait_is_left_out_of_the_straggler_sums(wait):
+    """One rank's step says its all-reduce wait was not a number: the ledger sums that step
+    as it would a step that said nothing of its wait (not at all)."""
+    books = []
+    for said in (wait, None):
+        feed = Feed()
+        for r in range(3):
+            feed(RunRecord("r", time=T0, rank=r))
+        t = T0
+        for step in range(1, 11):
+            t += 0.25
+            for r in range(3):
+                sync = said if (r, step) == (1, 5) else (0.01 if r == 1 else 0.16)
+                feed(StepRecord("r", step, time=t, rank=r, step_time=0.25, data_time=0.001,
+                                sync_wait_time=sync))
+        books.append(feed.book)
+    assert books[0].to_state() == books[1].to_state()
+    assert books[0].report() == books[1].report()
+
+
+def test_a_straggler_tax_past_the_productive_time_takes_it_to_zero_not_below():
+    """Steps of 50 ms, and the other ranks say they waited a second each in every
+    all-reduce (no step time to cap it): the tax cannot take more than the productive
+    time there was."""
+    feed = Feed()
+    for r in range(3):
+        feed(RunRecord("r", time=T0, rank=r))
+    t = T0
+    for step in range(1, 13):
+        t += 0.05
+        for r in range(3):
+            feed(StepRecord("r", step, time=t, rank=r, sync_wait_time=0.0 if r == 0 else 1.0))
+    r = feed.book.report()
+    assert r.productive == 0.0 and r.badput["straggler_collective"] == pytest.approx(0.6)
+    _adds_up(r)

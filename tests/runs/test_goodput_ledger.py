@@ -6,6 +6,7 @@ tests/api/test_goodput.py; with a real training job, tests/e2e/test_goodput_faul
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -17,7 +18,7 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger, GoodputReport
+from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger, GoodputReport, cost_words
 
 T0 = 1_000.0
 
@@ -442,3 +443,128 @@ def test_a_first_step_without_a_data_wait_is_charged_none_and_one_with_a_wait_al
     r = feed.book.report()
     assert r.badput["input"] == 0.0
     _adds_up(r)
+
+
+def test_a_hang_s_cost_is_split_at_its_report_and_ends_where_its_processes_left():
+    """Steps take 1 s. A hang after step 3, before a typical step is known: from step 3
+    (no typical step to wait for) to the report is undetected, from the report to the
+    recovery detected. A hang after step 10 whose processes then exit: it ends at their
+    end, and the incident says when they left (runs/ettr.py pairs it with the relaunch)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t3 = _steps(feed, 1, 3, T0)
+    feed(HangRecord("r", 3, time=t3 + 5.0, stuck_seconds=5.0))
+    feed(StepRecord("r", 4, time=t3 + 12.0))
+    [hang] = feed.book.report().incidents
+    assert (hang["open"], hang["seconds"], hang["detail"]) == (
+        False, 12.0, {"undetected": 5.0, "detected": 7.0})
+    t10 = _steps(feed, 5, 10, t3 + 12.0)
+    feed(HangRecord("r", 10, time=t10 + 5.0, stuck_seconds=5.0))
+    feed(EndRecord("r", 10, time=t10 + 20.0, status="failed"))
+    hang = feed.book.report().incidents[-1]
+    assert hang["detail"] == {"undetected": 4.0, "detected": 15.0, "left": t10 + 20.0}
+    assert feed.book.last_incident("hang").seconds == 19.0
+
+
+def test_a_hang_reported_at_once_or_ended_at_its_report_costs_no_second_more():
+    """A rank's report stamped at the timeline's latest step's very time opens the hang,
+    and none of it went undetected; a watchdog that ends its process as it reports leaves
+    no detected time."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t10 = _steps(feed, 1, 10, T0)
+    feed(HangRecord("r", 10, time=t10, stuck_seconds=5.0, rank=1))
+    feed(StepRecord("r", 11, time=t10 + 10.0))
+    [hang] = feed.book.report().incidents
+    assert hang["detail"] == {"undetected": 0.0, "detected": 10.0}
+    t20 = _steps(feed, 12, 20, t10 + 10.0)
+    feed(HangRecord("r", 20, time=t20 + 5.0, stuck_seconds=5.0))
+    feed(EndRecord("r", 20, time=t20 + 5.0, status="failed"))
+    hang = feed.book.report().incidents[-1]
+    assert hang["detail"] == {"undetected": 4.0, "detected": 0.0, "left": t20 + 5.0}
+
+
+def test_one_hang_is_open_at_a_time_and_a_step_hangs_once():
+    """Rank 0 reports a hang after step 10; rank 1's report of step 9 while it is open is
+    the same hang; after the recovery, a late report of step 10 again is not a new one."""
+    feed = Feed()
+    for rank in (0, 1):
+        feed(RunRecord("r", time=T0, rank=rank))
+    t10 = _steps(feed, 1, 10, T0)
+    feed(HangRecord("r", 10, time=t10 + 5.0, stuck_seconds=5.0))
+    feed(HangRecord("r", 9, time=t10 + 6.0, stuck_seconds=7.0, rank=1))
+    feed(StepRecord("r", 11, time=t10 + 20.0))
+    feed(HangRecord("r", 10, time=t10 + 21.0, stuck_seconds=21.0, rank=1))
+    feed(StepRecord("r", 12, time=t10 + 22.0))
+    r = feed.book.report()
+    [hang] = r.incidents
+    assert (hang["step"], hang["seconds"], hang["open"]) == (10, 19.0, False)
+    assert r.badput["hang_undetected"] + r.badput["hang_detected"] == 19.0
+
+
+def test_a_hang_in_a_relaunched_attempt_is_that_attempt_s_and_costs_nothing_until_read_as_of_now():
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 5, T0)
+    feed(RunRecord("r", time=t + 10.0), attempt=2)
+    t = _steps(feed, 6, 15, t + 10.0, attempt=2)
+    feed(HangRecord("r", 15, time=t + 5.0, stuck_seconds=5.0), attempt=2)
+    [hang] = feed.book.report().incidents
+    assert (hang["attempt"], hang["open"], hang["seconds"]) == (2, True, 0.0)
+    [hang] = feed.book.report(now=t + 9.0).incidents
+    assert hang["seconds"] == 8.0  # one typical step after step 15, until now
+    assert feed.book.open_hang_cost(t + 9.0) == 8.0
+    assert feed.book.open_hang_cost(t) == 0.0  # read before the hang began
+
+
+def test_no_hang_open_costs_nothing():
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    _steps(feed, 1, 5, T0)
+    assert feed.book.open_hang_cost(T0 + 100.0) == 0.0
+
+
+def test_an_attempt_begins_when_the_record_that_settled_it_says_ahead_of_its_own_records():
+    """Attempt 1 stops after step 10; the launcher's record of attempt 2 (``begin``) says it
+    began 30 s later; its own first record comes 10 s after that, its first step 2 s after:
+    the gap is the restart, the 12 s from its beginning to its first step start-up. A
+    begin for an attempt heard already, or at no finite time, changes nothing."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t10 = _steps(feed, 1, 10, T0)
+    feed.book.begin(1, t10 + 5.0)
+    feed.book.begin(2, math.nan)
+    assert feed.book.current == 1
+    feed.book.begin(2, t10 + 30.0)
+    feed.book.begin(2, t10 + 35.0)
+    feed(RunRecord("r", time=t10 + 40.0), attempt=2)
+    _steps(feed, 11, 12, t10 + 40.0, attempt=2, every=2.0)
+    r = feed.book.report()
+    assert [a["start"] for a in r.attempts] == [T0, t10 + 30.0]
+    assert r.badput["restart"] == 30.0
+    assert r.attempts[1]["badput_seconds"]["startup"] == 12.0
+    _adds_up(r)
+
+
+def test_cost_words_round_to_what_a_reader_needs():
+    assert cost_words(36_000, 64) == "10.0 h x 64 GPUs = 640 GPU-hours"
+    assert cost_words(840, 64) == "14 min x 64 GPUs = 15 GPU-hours"
+    assert cost_words(20, 2, "cpu") == "20 s x 2 CPU processes = 0.011 process-hours"
+    assert cost_words(60, 4, None) == "60 s x 4 ranks = 0.067 rank-hours"
+    assert cost_words(5.25, 1) == "5.2 s"
+
+
+def test_the_report_s_device_hours_are_its_seconds_times_the_ranks_stepping():
+    feed = Feed()
+    for rank in (0, 1):
+        feed(RunRecord("r", time=T0, rank=rank, hardware={"device": "cuda"}))
+    t = T0
+    for step in range(1, 13):
+        t += 1.0
+        for rank in (0, 1):
+            feed(StepRecord("r", step, time=t, rank=rank))
+    d = feed.book.report().to_dict()
+    assert (d["gpus"], d["device"], d["productive_seconds"]) == (2, "cuda", 12.0)
+    assert d["gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
+    assert d["productive_gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
+    assert d["device_words"] == {"one": "GPU", "many": "GPUs", "hours": "GPU-hours"}
