@@ -111,6 +111,25 @@ def test_invalid_event_400_is_not_retried(tmp_path, pd, client, caplog):
         f"pagerduty notification 1 NOT DELIVERED (http_400): {row['last_error']}"]
 
 
+def test_a_notifier_that_raises_fails_its_page_as_an_internal_error_and_says_so(
+        tmp_path, client, caplog):
+    """A channel whose URL httpx cannot even parse raises inside the notifier: the page
+    ends failed (an internal error, named by type), the sender lives on, and the log says
+    which channel failed on which run, with the traceback."""
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, "http://[::1"), Clock())
+    put(outbox, "pagerduty", event())
+    assert outbox.deliver_next("pagerduty", client) == 0.0
+    [row] = outbox.db.query("SELECT state, last_error FROM outbox")
+    assert (row["state"], row["last_error"]) == ("failed", "internal error: InvalidURL")
+    reason = metrics.undelivered.labels(channel="pagerduty", reason="internal_error")
+    assert reason._value.get() == 1
+    [failed] = [r for r in caplog.records if r.getMessage() == "pagerduty notifier failed on gpt-7"]
+    assert failed.levelname == "ERROR" and failed.exc_info is not None
+    [attempts] = [s for s in metrics.duration.collect()[0].samples
+                  if s.name.endswith("_count") and s.labels == {"channel": "pagerduty"}]
+    assert attempts.value == 1
+
+
 def test_prune_forgets_only_what_ended_before_the_cutoff(tmp_path, pd, client):
     """What went out (or failed) before the cutoff is forgotten; what ended after it, and
     what is still pending however old, stays and shows on GET /v1/alerts."""
@@ -159,6 +178,29 @@ def test_gives_up_after_max_attempts_and_max_age(tmp_path, pd, client):
     clock.now += 101
     outbox.deliver_next("pagerduty", client)
     assert count(metrics, "pagerduty", "failed") == 2 and len(pd.requests) == 2
+
+
+def test_a_page_exactly_max_age_old_is_still_tried_and_one_older_ends_failed_then_pruned(
+        tmp_path, pd, client):
+    """max_age is the oldest a page may be and still go out; past it the page ends failed,
+    saying how often it was tried, at that moment (so pruning forgets it in its turn)."""
+    clock = Clock()
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock, max_age_seconds=100)
+    pd.script(Reply(500), Reply(500), Reply(500))
+    put(outbox, "pagerduty", event())
+    outbox.deliver_next("pagerduty", client)
+    clock.now = T0 + 10
+    outbox.deliver_next("pagerduty", client)
+    clock.now = T0 + 100
+    outbox.deliver_next("pagerduty", client)
+    assert len(pd.requests) == 3 and outbox.pending == 1
+    clock.now = T0 + 100.5
+    assert outbox.deliver_next("pagerduty", client) is None
+    state = outbox.delivery_states()["abc123"]["pagerduty"]
+    assert state == {"state": "failed", "attempts": 3, "done_at": T0 + 100.5,
+                     "last_error": "expired before delivery (3 attempts)"}
+    outbox.prune(T0 + 101)
+    assert outbox.delivery_states() == {}
 
 
 def test_throttling_spends_no_attempt_only_max_age_ends_it(tmp_path, pd, client):

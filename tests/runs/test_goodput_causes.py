@@ -206,6 +206,18 @@ def test_a_run_is_weighed_by_the_ranks_seen_stepping_not_the_size_it_claims():
     assert r.gpus == 1 and out["gpu_hours"] == pytest.approx(10.0 / 3600)
     assert out["device_words"] == {"one": "CPU process", "many": "CPU processes",
                                    "hours": "process-hours"}
+    # The size it claims is kept with the ledger (the largest any run record declared).
+    feed(RunRecord("r", time=T0 + 11, rank=1, hardware={"world_size": 8}))
+    assert feed.book.to_state()["world_size"] == 1_000_000
+
+
+def test_one_gpu_rank_makes_it_a_gpu_run_whichever_rank_said_so_first():
+    for devices in (("cpu", "cuda"), ("cuda", "cpu")):
+        feed = Feed()
+        for rank, device in enumerate(devices):
+            feed(RunRecord("r", time=T0, rank=rank, hardware={"device": device}))
+        feed(RunRecord("r", time=T0, rank=2, hardware={"device": "tpu"}))  # not one we know
+        assert feed.book.report().device == "cuda", devices
 
 
 def test_a_cpu_run_s_incident_costs_cpu_processes():

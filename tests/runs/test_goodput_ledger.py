@@ -18,7 +18,13 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger, GoodputReport, cost_words
+from monitor_agent.runs.goodput import (
+    CAUSES,
+    MARKS_KEPT,
+    GoodputLedger,
+    GoodputReport,
+    cost_words,
+)
 
 T0 = 1_000.0
 
@@ -212,6 +218,8 @@ def test_the_stored_state_goes_on_as_the_ledger_would():
         assert restored.report(now=T0 + 200.0) == kept.report(now=T0 + 200.0), cut
         _play(restored, events[cut:], first_row=cut + 1)
         assert restored.report() == final, cut
+    # The stored state says its format's version, for whoever reads it next.
+    assert whole.to_state()["v"] == 2
     # A record it has seen (an older row id) changes nothing.
     before = whole.to_state()
     whole.feed(StepRecord("r", 31, time=T0 + 999.0), 2, 5)
@@ -568,3 +576,14 @@ def test_the_report_s_device_hours_are_its_seconds_times_the_ranks_stepping():
     assert d["gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
     assert d["productive_gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
     assert d["device_words"] == {"one": "GPU", "many": "GPUs", "hours": "GPU-hours"}
+
+
+def test_the_summary_names_the_three_worst_causes_of_at_least_a_twentieth_of_a_percent():
+    badput = dict.fromkeys(CAUSES, 0.0)
+    badput.update(startup=100.0, input=150.0, checkpoint=50.0, eval=80.0, restart=0.6,
+                  skipped=0.4)
+    r = GoodputReport(T0, T0 + 1000.0, 1000.0, 619.0, badput, 1, [], [])
+    assert r.summary() == "goodput 61.9%: 15.0% input, 10.0% start-up, 8.0% eval"
+    assert r.summary(top=10) == ("goodput 61.9%: 15.0% input, 10.0% start-up, 8.0% eval, "
+                                 "5.0% checkpoints, 0.1% restarts")
+    assert GoodputLedger().report().summary() == "goodput not measured yet"
