@@ -21,6 +21,7 @@ from monitor_agent.notify.channel_settings import OutboxSettings
 from monitor_agent.notify.console import ConsoleNotifier
 from monitor_agent.notify.outbox import Outbox
 from monitor_agent.notify.pagerduty import PagerDutyNotifier
+from monitor_agent.notify.redact import SecretRedactor
 from monitor_agent.notify.slack import SlackNotifier
 from monitor_agent.settings import load_settings
 from tests.eventually import eventually, scaled
@@ -201,6 +202,30 @@ def test_a_page_exactly_max_age_old_is_still_tried_and_one_older_ends_failed_the
                      "last_error": "expired before delivery (3 attempts)"}
     outbox.prune(T0 + 101)
     assert outbox.delivery_states() == {}
+
+
+def test_a_page_out_of_attempts_ends_failed_then_counted_by_its_reason_with_the_secret_masked(
+        tmp_path, pd, client, caplog):
+    """A receiver that echoes the routing key in its errors: each error is stored and
+    logged with the key masked; out of attempts, the page ends failed at that moment,
+    counted as ``max_attempts``."""
+    clock = Clock()
+    metrics = DeliveryMetrics(CollectorRegistry(), ["pagerduty"])
+    outbox = Outbox(open_alert_db(tmp_path / "a.sqlite"),
+                    {"pagerduty": PagerDutyNotifier(KEY, pd.url)},
+                    OutboxSettings(backoff_base_seconds=1, max_attempts=2), metrics, clock,
+                    rand=lambda: 0.5, redact=SecretRedactor([KEY]).redact)
+    pd.script(*[Reply(500, {"status": "unavailable", "message": f"no key {KEY}"})] * 2)
+    put(outbox, "pagerduty", event())
+    outbox.deliver_next("pagerduty", client)
+    clock.now += 10
+    outbox.deliver_next("pagerduty", client)
+    state = outbox.delivery_states()["abc123"]["pagerduty"]
+    assert (state["state"], state["attempts"], state["done_at"]) == ("failed", 1, T0 + 10)
+    assert KEY not in str(state["last_error"]) and "no key" in str(state["last_error"])
+    assert not any(KEY in r.getMessage() for r in caplog.records)
+    reason = metrics.undelivered.labels(channel="pagerduty", reason="max_attempts")
+    assert reason._value.get() == 1
 
 
 def test_throttling_spends_no_attempt_only_max_age_ends_it(tmp_path, pd, client):

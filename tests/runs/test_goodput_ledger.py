@@ -169,8 +169,9 @@ def _story() -> list[tuple]:
     ("feed", record, attempt) or ("settle", attempt, start step, why). Steps take 1 s; a 2 s
     save after step 12; a hang after step 16 its watchdog reports; the process dies, and a
     relaunch 10 s later resumes from the checkpoint."""
-    events: list[tuple] = [("feed", RunRecord("r", time=T0, rank=r, hardware={"world_size": 2}),
-                            1) for r in (0, 1)]
+    events: list[tuple] = [("feed", RunRecord("r", time=T0, rank=r, hardware={"world_size": 2},
+                                              labels={"hostname": f"gpu-{r}"}), 1)
+                           for r in (0, 1)]
     t = T0
     for step in range(1, 17):
         t += 1.0 + (2.0 if step == 13 else 0.0)
