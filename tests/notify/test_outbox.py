@@ -394,16 +394,26 @@ class _Looks(Clock):
         return self.now
 
 
-def test_an_idle_sender_sleeps_until_woken_rather_than_spinning(tmp_path, pd):
+def test_an_idle_sender_or_one_whose_page_is_in_backoff_waits_rather_than_spinning(
+        tmp_path, pd):
     """With nothing queued, a sender looks at the queue once and waits (a second at most,
-    or until an enqueue wakes it), rather than looking again and again."""
+    or until an enqueue wakes it); with a page in its 0.75 s backoff (the clock stands
+    still here), it waits for it, looking again only then."""
     looks = _Looks()
     outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), looks)
+    pd.script(Reply(500))
     outbox.start()
     try:
         eventually(lambda: looks.calls >= 1, what="the first look")
         threading.Event().wait(0.3)
         assert looks.calls <= 3
+        put(outbox, "pagerduty", event())
+        pd.wait_for(1)
+        eventually(lambda: outbox.db.query("SELECT attempts FROM outbox")[0][0] == 1,
+                   what="the failure recorded")
+        before = looks.calls
+        threading.Event().wait(0.3)
+        assert looks.calls - before <= 2
     finally:
         outbox.stop()
 

@@ -588,3 +588,25 @@ def test_the_summary_names_the_three_worst_causes_of_at_least_a_twentieth_of_a_p
     assert r.summary(top=10) == ("goodput 61.9%: 15.0% input, 10.0% start-up, 8.0% eval, "
                                  "5.0% checkpoints, 0.1% restarts")
     assert GoodputLedger().report().summary() == "goodput not measured yet"
+
+
+def test_a_version_1_stored_ledger_is_read_as_it_was_kept():
+    """A ledger stored by version 1 (no ranks seen stepping, device, hosts or settles; a
+    rank's summed wait a bare number; an attempt without its eval/save and wait fields)
+    reads as one weighed by every rank heard, with its buckets and summed waits."""
+    events = _story()[:30]  # attempt 1, step 14
+    book = GoodputLedger()
+    _play(book, events)
+    v2 = json.loads(json.dumps(book.to_state()))
+    v1 = {k: v for k, v in v2.items()
+          if k not in ("v", "stepped", "device", "hosts", "settles", "settled_attempts")}
+    v1["attempts"] = [[*a[:11], {r: w[0] for r, w in a[11].items()}, a[12]]
+                      for a in v2["attempts"]]
+    old = GoodputLedger.from_state(v1)
+    assert old.gpus == len(v2["ranks"]) == 2 and old.device is None and old.hosts == {}
+    [att] = old.attempts.values()
+    assert att.buckets.badput == book.attempts[1].buckets.badput
+    assert {r: (s.wait, s.steps) for r, s in att.sums.items()} == {
+        r: (s.wait, 1) for r, s in book.attempts[1].sums.items()}
+    assert (att.aside, att.last_interval, att.first_wait, att.waits) == ({}, 0.0, 0.0, [])
+    assert old.report().wall == book.report().wall == 16.0
