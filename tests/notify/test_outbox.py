@@ -129,6 +129,9 @@ def test_a_notifier_that_raises_fails_its_page_as_an_internal_error_and_says_so(
     [attempts] = [s for s in metrics.duration.collect()[0].samples
                   if s.name.endswith("_count") and s.labels == {"channel": "pagerduty"}]
     assert attempts.value == 1
+    [took] = [s for s in metrics.duration.collect()[0].samples
+              if s.name.endswith("_sum") and s.labels == {"channel": "pagerduty"}]
+    assert 0.0 <= took.value < 60.0  # the attempt's own seconds, not a clock reading
 
 
 def test_prune_forgets_only_what_ended_before_the_cutoff(tmp_path, pd, client):
@@ -209,6 +212,7 @@ def test_a_page_out_of_attempts_ends_failed_then_counted_by_its_reason_with_the_
     """A receiver that echoes the routing key in its errors: each error is stored and
     logged with the key masked; out of attempts, the page ends failed at that moment,
     counted as ``max_attempts``."""
+    caplog.set_level(logging.INFO, logger="monitor_agent.notify.outbox")
     clock = Clock()
     metrics = DeliveryMetrics(CollectorRegistry(), ["pagerduty"])
     outbox = Outbox(open_alert_db(tmp_path / "a.sqlite"),
@@ -226,6 +230,9 @@ def test_a_page_out_of_attempts_ends_failed_then_counted_by_its_reason_with_the_
     assert not any(KEY in r.getMessage() for r in caplog.records)
     reason = metrics.undelivered.labels(channel="pagerduty", reason="max_attempts")
     assert reason._value.get() == 1
+    [retry] = [r.getMessage() for r in caplog.records if r.levelname == "INFO"
+               and r.name == "monitor_agent.notify.outbox"]
+    assert retry == f"pagerduty delivery failed ({state['last_error']}); retry 1 in 0.8s"
 
 
 def test_throttling_spends_no_attempt_only_max_age_ends_it(tmp_path, pd, client):
@@ -253,6 +260,36 @@ def test_a_resolve_never_overtakes_its_trigger(tmp_path, pd, client):
     while (wait := outbox.deliver_next("pagerduty", client)) is not None:
         clock.now += wait
     assert [r.json["event_action"] for r in pd.requests] == ["trigger", "trigger", "resolve"]
+
+
+def test_rows_an_older_version_queued_without_their_run_share_one_turn(tmp_path, pd, client):
+    """Two messages of an older version (no run on their rows) and one of run b: once one
+    runless message went out, run b (never served) goes before the other."""
+    outbox, _ = make(tmp_path, PagerDutyNotifier(KEY, pd.url), Clock())
+    put(outbox, "pagerduty", event(fingerprint="x"), event(fingerprint="y"),
+        event(fingerprint="z", run_id="b"))
+    outbox.db.execute("UPDATE outbox SET run_id = NULL WHERE id IN (1, 2)")
+    while outbox.deliver_next("pagerduty", client) is not None:
+        pass
+    assert [r.json["dedup_key"] for r in pd.requests] == [
+        "monitor-agent-x", "monitor-agent-z", "monitor-agent-y"]
+
+
+def test_an_attempt_cut_off_at_its_deadline_is_a_failed_one_saying_so_and_retried(
+        tmp_path, pd, client):
+    clock = Clock()
+    outbox, metrics = make(tmp_path, PagerDutyNotifier(KEY, pd.url), clock,
+                           attempt_timeout_seconds=0.3)
+    pd.script(Reply(202, {"status": "success"}, trickle=1.0))
+    put(outbox, "pagerduty", event())
+    outbox.deliver_next("pagerduty", client)
+    state = outbox.delivery_states()["abc123"]["pagerduty"]
+    assert (state["state"], state["attempts"], state["last_error"]) == (
+        "pending", 1, "no complete answer within attempt_timeout_seconds=0.3")
+    assert metrics.deadline_exceeded.labels(channel="pagerduty")._value.get() == 1
+    clock.now += outbox.deliver_next("pagerduty", client) or 0.0
+    outbox.deliver_next("pagerduty", client)
+    assert outbox.delivery_states()["abc123"]["pagerduty"]["state"] == "sent"
 
 
 def test_slack_is_rate_limited_per_webhook(tmp_path, client):
