@@ -610,3 +610,56 @@ def test_a_version_1_stored_ledger_is_read_as_it_was_kept():
         r: (s.wait, 1) for r, s in book.attempts[1].sums.items()}
     assert (att.aside, att.last_interval, att.first_wait, att.waits) == ({}, 0.0, 0.0, [])
     assert old.report().wall == book.report().wall == 16.0
+
+
+def test_a_resume_at_the_last_step_kept_discards_that_step():
+    """The process saved at step 9 and died after step 10: the relaunch resumes at 10, so
+    step 10 was done twice (its second of work is ``resume``)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(CheckpointRecord("r", 9, time=t - 1.0, path="/c/9"))
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 10, "resume")
+    _steps(feed, 10, 15, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == 1.0 and r.incidents[0]["detail"]["discarded"] == 1.0
+    _adds_up(r)
+
+
+def test_a_rollback_past_an_earlier_resume_discards_all_of_the_attempt_that_redid_the_work():
+    """Attempt 2 resumed at step 11 (nothing lost: attempt 1 ended at 10) and did 11-20;
+    attempt 3 rolls back to step 11 again: all of attempt 2's work is thrown away, none of
+    attempt 1's."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 11, "resume")
+    t = _steps(feed, 11, 20, t + 6.0, attempt=2)
+    before = feed.book.report()
+    redone = before.attempts[1]["productive_seconds"]
+    assert before.badput["resume"] == 0.0 and redone > 0
+    feed(RunRecord("r", time=t + 5.0), attempt=3)
+    feed.book.settled(3, 11, "rollback")
+    _steps(feed, 11, 13, t + 6.0, attempt=3)
+    r = feed.book.report()
+    assert r.badput["rollback"] == pytest.approx(redone)
+    assert r.attempts[0]["productive_seconds"] == before.attempts[0]["productive_seconds"]
+    assert r.attempts[1]["productive_seconds"] == pytest.approx(0.0, abs=1e-9)
+    _adds_up(r)
+
+
+def test_a_resume_over_steps_that_were_all_skipped_discards_nothing():
+    """Steps 13 and 14 were skipped by the step guard (their batches never reached the
+    weights, no productive time); a resume at 13 throws no work away."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 12, T0)
+    t = _steps(feed, 13, 14, t, skipped=True)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 13, "resume")
+    _steps(feed, 13, 16, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == 0.0 and r.incidents[0]["detail"]["discarded"] == 0.0
+    _adds_up(r)
