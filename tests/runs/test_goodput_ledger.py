@@ -663,3 +663,24 @@ def test_a_resume_over_steps_that_were_all_skipped_discards_nothing():
     r = feed.book.report()
     assert r.badput["resume"] == 0.0 and r.incidents[0]["detail"]["discarded"] == 0.0
     _adds_up(r)
+
+
+def test_a_rollback_past_two_attempts_work_counts_both_in_its_incident():
+    """Attempt 2 resumed attempt 1's run at step 16; attempt 3 rolls back to step 13: steps
+    13-15 of attempt 1 and all of attempt 2's are thrown away, one incident's worth."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 20, T0)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 16, "resume")
+    t = _steps(feed, 16, 25, t + 6.0, attempt=2)
+    before = feed.book.report()
+    redone = before.attempts[1]["productive_seconds"]
+    feed(RunRecord("r", time=t + 5.0), attempt=3)
+    feed.book.settled(3, 13, "rollback")
+    r = feed.book.report()
+    rollback = r.incidents[-1]
+    assert rollback["kind"] == "rollback" and rollback["attempt"] == 3
+    assert rollback["detail"]["discarded"] == pytest.approx(3.0 + redone)
+    assert r.badput["rollback"] == pytest.approx(3.0 + redone)
+    _adds_up(r)
