@@ -265,3 +265,46 @@ def test_a_straggler_tax_past_the_productive_time_takes_it_to_zero_not_below():
     r = feed.book.report()
     assert r.productive == 0.0 and r.badput["straggler_collective"] == pytest.approx(0.6)
     _adds_up(r)
+
+
+def _three_ranks(**steps: dict[int, dict]) -> GoodputLedger:
+    """Ranks 0-2 stepping every 0.35 s for 10 steps; ``steps[f"r{rank}"]``: that rank's
+    step fields (else 1 ms of data, 0.3 s of all-reduce wait, its step time 0.35 s)."""
+    feed = Feed()
+    for r in range(3):
+        feed(RunRecord("r", time=T0, rank=r, labels={"hostname": "x" * 200 if r == 2 else "a"}))
+    t = T0
+    for step in range(1, 11):
+        t += 0.35
+        for r in range(3):
+            fields = {"data_time": 0.001, "sync_wait_time": 0.3, "step_time": 0.35,
+                      **steps.get(f"r{r}", {})}
+            feed(StepRecord("r", step, time=t, rank=r, **fields))
+    return feed.book
+
+
+def test_a_wait_longer_than_its_step_counts_as_the_step_and_a_negative_one_as_none():
+    capped = _three_ranks(r0={"sync_wait_time": 0.01}, r1={"sync_wait_time": 0.5},
+                          r2={"sync_wait_time": 0.5})
+    assert capped.report().straggler.seconds == pytest.approx(9 * (0.35 - 0.01))
+    floored = _three_ranks(r0={"sync_wait_time": -0.2})
+    assert floored.report().straggler.seconds == pytest.approx(9 * 0.3)
+
+
+def test_a_rank_s_compute_is_its_step_less_its_waits_when_it_does_not_say():
+    """No compute times: rank 0 loads each batch 0.3 s longer and the others wait for it.
+    Its compute, its step less its two waits, is the others': the tax is data loading."""
+    book = _three_ranks(r0={"data_time": 0.301, "sync_wait_time": 0.0})
+    r = book.report()
+    assert r.straggler.rank == 0 and r.straggler.parts["compute"] == pytest.approx(0.0)
+    assert r.badput["straggler_data"] == pytest.approx(9 * 0.3)
+
+
+def test_a_compute_time_that_is_not_a_number_is_left_out_like_none():
+    said = _three_ranks(r1={"compute_time": math.inf})
+    none = _three_ranks(r1={"compute_time": 0.0})
+    assert said.to_state() == none.to_state()
+
+
+def test_a_node_name_is_kept_to_128_characters():
+    assert _three_ranks().to_state()["hosts"]["2"] == "x" * 128

@@ -684,3 +684,30 @@ def test_a_rollback_past_two_attempts_work_counts_both_in_its_incident():
     assert rollback["detail"]["discarded"] == pytest.approx(3.0 + redone)
     assert r.badput["rollback"] == pytest.approx(3.0 + redone)
     _adds_up(r)
+
+
+def test_a_cause_of_exactly_a_twentieth_of_a_percent_is_named_and_no_badput_names_none():
+    badput = dict.fromkeys(CAUSES, 0.0)
+    assert GoodputReport(T0, T0 + 10.0, 10.0, 10.0, dict(badput), 1, [], []).summary() == \
+        "goodput 100.0%"
+    badput["restart"] = 0.5
+    r = GoodputReport(T0, T0 + 1000.0, 1000.0, 999.5, badput, 1, [], [])
+    assert r.summary() == f"goodput {0.9995:.1%}: 0.1% restarts"
+
+
+def test_a_settle_waiting_for_its_attempt_is_kept_with_the_ledger():
+    """Settled before its first record was fed, stored and restored in between: the
+    resume is accounted as if the ledger had never been stored."""
+    def run(store: bool) -> GoodputLedger:
+        feed = Feed()
+        feed(RunRecord("r", time=T0))
+        t = _steps(feed, 1, 20, T0)
+        feed.book.settled(2, 15, "resume")
+        if store:
+            feed.book = GoodputLedger.from_state(json.loads(json.dumps(feed.book.to_state())))
+        feed(RunRecord("r", time=t + 5.0), attempt=2)
+        _steps(feed, 15, 20, t + 6.0, attempt=2)
+        return feed.book
+
+    live, stored = run(False).report(), run(True).report()
+    assert stored == live and live.badput["resume"] > 0
