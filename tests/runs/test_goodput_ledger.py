@@ -711,3 +711,21 @@ def test_a_settle_waiting_for_its_attempt_is_kept_with_the_ledger():
 
     live, stored = run(False).report(), run(True).report()
     assert stored == live and live.badput["resume"] > 0
+
+
+def test_a_resume_within_the_first_steps_keeps_the_first_step_s_time():
+    """Steps take 1 s; saved at step 4, the process dies after step 10, the relaunch
+    resumes at 5: steps 5-10 (6 s) were done twice, not the first step too (its time is
+    known only once a typical step is, at step 9, after the marks of steps 1-8)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(CheckpointRecord("r", 4, time=T0 + 4.0, path="/c/4"))
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 5, "resume")
+    _steps(feed, 5, 8, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == pytest.approx(6.0)
+    assert r.incidents[0]["detail"]["discarded"] == pytest.approx(6.0)
+    assert r.attempts[0]["productive_seconds"] == pytest.approx(4.0)
+    _adds_up(r)
