@@ -606,6 +606,11 @@ class GoodputLedger:
         att.buckets.add("input", waited)
         att.buckets.productive += charge - waited
         self.cum[att.number] += charge - waited
+        # The first step's own time, known only now, came before every step kept since:
+        # their marks hold it too, or a resume from one of them would discard it.
+        for s, (number, cum) in list(self.marks.items()):
+            if number == att.number:
+                self.marks[s] = (number, cum + charge - waited)
         self._relaunch_cost(att, -charge)
 
     def _relaunch_cost(self, att: _Attempt, seconds: float) -> None:

@@ -206,6 +206,18 @@ def test_a_run_is_weighed_by_the_ranks_seen_stepping_not_the_size_it_claims():
     assert r.gpus == 1 and out["gpu_hours"] == pytest.approx(10.0 / 3600)
     assert out["device_words"] == {"one": "CPU process", "many": "CPU processes",
                                    "hours": "process-hours"}
+    # The size it claims is kept with the ledger (the largest any run record declared).
+    feed(RunRecord("r", time=T0 + 11, rank=1, hardware={"world_size": 8}))
+    assert feed.book.to_state()["world_size"] == 1_000_000
+
+
+def test_one_gpu_rank_makes_it_a_gpu_run_whichever_rank_said_so_first():
+    for devices in (("cpu", "cuda"), ("cuda", "cpu")):
+        feed = Feed()
+        for rank, device in enumerate(devices):
+            feed(RunRecord("r", time=T0, rank=rank, hardware={"device": device}))
+        feed(RunRecord("r", time=T0, rank=2, hardware={"device": "tpu"}))  # not one we know
+        assert feed.book.report().device == "cuda", devices
 
 
 def test_a_cpu_run_s_incident_costs_cpu_processes():
@@ -215,3 +227,84 @@ def test_a_cpu_run_s_incident_costs_cpu_processes():
     feed.book.settled(2, 3, "resume")
     words = feed.book.report().incidents[-1]["words"]
     assert "x 2 CPU processes =" in words and "process-hours" in words and "GPU" not in words
+
+
+@pytest.mark.parametrize("wait", [math.inf, -math.inf, math.nan])
+def test_a_rank_s_step_with_no_finite_all_reduce_wait_is_left_out_of_the_straggler_sums(wait):
+    """One rank's step says its all-reduce wait was not a number: the ledger sums that step
+    as it would a step that said nothing of its wait (not at all)."""
+    books = []
+    for said in (wait, None):
+        feed = Feed()
+        for r in range(3):
+            feed(RunRecord("r", time=T0, rank=r))
+        t = T0
+        for step in range(1, 11):
+            t += 0.25
+            for r in range(3):
+                sync = said if (r, step) == (1, 5) else (0.01 if r == 1 else 0.16)
+                feed(StepRecord("r", step, time=t, rank=r, step_time=0.25, data_time=0.001,
+                                sync_wait_time=sync))
+        books.append(feed.book)
+    assert books[0].to_state() == books[1].to_state()
+    assert books[0].report() == books[1].report()
+
+
+def test_a_straggler_tax_past_the_productive_time_takes_it_to_zero_not_below():
+    """Steps of 50 ms, and the other ranks say they waited a second each in every
+    all-reduce (no step time to cap it): the tax cannot take more than the productive
+    time there was."""
+    feed = Feed()
+    for r in range(3):
+        feed(RunRecord("r", time=T0, rank=r))
+    t = T0
+    for step in range(1, 13):
+        t += 0.05
+        for r in range(3):
+            feed(StepRecord("r", step, time=t, rank=r, sync_wait_time=0.0 if r == 0 else 1.0))
+    r = feed.book.report()
+    assert r.productive == 0.0 and r.badput["straggler_collective"] == pytest.approx(0.6)
+    _adds_up(r)
+
+
+def _three_ranks(**steps: dict[int, dict]) -> GoodputLedger:
+    """Ranks 0-2 stepping every 0.35 s for 10 steps; ``steps[f"r{rank}"]``: that rank's
+    step fields (else 1 ms of data, 0.3 s of all-reduce wait, its step time 0.35 s)."""
+    feed = Feed()
+    for r in range(3):
+        feed(RunRecord("r", time=T0, rank=r, labels={"hostname": "x" * 200 if r == 2 else "a"}))
+    t = T0
+    for step in range(1, 11):
+        t += 0.35
+        for r in range(3):
+            fields = {"data_time": 0.001, "sync_wait_time": 0.3, "step_time": 0.35,
+                      **steps.get(f"r{r}", {})}
+            feed(StepRecord("r", step, time=t, rank=r, **fields))
+    return feed.book
+
+
+def test_a_wait_longer_than_its_step_counts_as_the_step_and_a_negative_one_as_none():
+    capped = _three_ranks(r0={"sync_wait_time": 0.01}, r1={"sync_wait_time": 0.5},
+                          r2={"sync_wait_time": 0.5})
+    assert capped.report().straggler.seconds == pytest.approx(9 * (0.35 - 0.01))
+    floored = _three_ranks(r0={"sync_wait_time": -0.2})
+    assert floored.report().straggler.seconds == pytest.approx(9 * 0.3)
+
+
+def test_a_rank_s_compute_is_its_step_less_its_waits_when_it_does_not_say():
+    """No compute times: rank 0 loads each batch 0.3 s longer and the others wait for it.
+    Its compute, its step less its two waits, is the others': the tax is data loading."""
+    book = _three_ranks(r0={"data_time": 0.301, "sync_wait_time": 0.0})
+    r = book.report()
+    assert r.straggler.rank == 0 and r.straggler.parts["compute"] == pytest.approx(0.0)
+    assert r.badput["straggler_data"] == pytest.approx(9 * 0.3)
+
+
+def test_a_compute_time_that_is_not_a_number_is_left_out_like_none():
+    said = _three_ranks(r1={"compute_time": math.inf})
+    none = _three_ranks(r1={"compute_time": 0.0})
+    assert said.to_state() == none.to_state()
+
+
+def test_a_node_name_is_kept_to_128_characters():
+    assert _three_ranks().to_state()["hosts"]["2"] == "x" * 128

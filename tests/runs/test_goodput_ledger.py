@@ -6,6 +6,7 @@ tests/api/test_goodput.py; with a real training job, tests/e2e/test_goodput_faul
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -17,7 +18,13 @@ from monitor_agent.records.types import (
     RunRecord,
     StepRecord,
 )
-from monitor_agent.runs.goodput import MARKS_KEPT, GoodputLedger, GoodputReport
+from monitor_agent.runs.goodput import (
+    CAUSES,
+    MARKS_KEPT,
+    GoodputLedger,
+    GoodputReport,
+    cost_words,
+)
 
 T0 = 1_000.0
 
@@ -162,8 +169,9 @@ def _story() -> list[tuple]:
     ("feed", record, attempt) or ("settle", attempt, start step, why). Steps take 1 s; a 2 s
     save after step 12; a hang after step 16 its watchdog reports; the process dies, and a
     relaunch 10 s later resumes from the checkpoint."""
-    events: list[tuple] = [("feed", RunRecord("r", time=T0, rank=r, hardware={"world_size": 2}),
-                            1) for r in (0, 1)]
+    events: list[tuple] = [("feed", RunRecord("r", time=T0, rank=r, hardware={"world_size": 2},
+                                              labels={"hostname": f"gpu-{r}"}), 1)
+                           for r in (0, 1)]
     t = T0
     for step in range(1, 17):
         t += 1.0 + (2.0 if step == 13 else 0.0)
@@ -211,6 +219,8 @@ def test_the_stored_state_goes_on_as_the_ledger_would():
         assert restored.report(now=T0 + 200.0) == kept.report(now=T0 + 200.0), cut
         _play(restored, events[cut:], first_row=cut + 1)
         assert restored.report() == final, cut
+    # The stored state says its format's version, for whoever reads it next.
+    assert whole.to_state()["v"] == 2
     # A record it has seen (an older row id) changes nothing.
     before = whole.to_state()
     whole.feed(StepRecord("r", 31, time=T0 + 999.0), 2, 5)
@@ -441,4 +451,281 @@ def test_a_first_step_without_a_data_wait_is_charged_none_and_one_with_a_wait_al
     _steps(feed, 2, 12, T0 + 1)
     r = feed.book.report()
     assert r.badput["input"] == 0.0
+    _adds_up(r)
+
+
+def test_a_hang_s_cost_is_split_at_its_report_and_ends_where_its_processes_left():
+    """Steps take 1 s. A hang after step 3, before a typical step is known: from step 3
+    (no typical step to wait for) to the report is undetected, from the report to the
+    recovery detected. A hang after step 10 whose processes then exit: it ends at their
+    end, and the incident says when they left (runs/ettr.py pairs it with the relaunch)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t3 = _steps(feed, 1, 3, T0)
+    feed(HangRecord("r", 3, time=t3 + 5.0, stuck_seconds=5.0))
+    feed(StepRecord("r", 4, time=t3 + 12.0))
+    [hang] = feed.book.report().incidents
+    assert (hang["open"], hang["seconds"], hang["detail"]) == (
+        False, 12.0, {"undetected": 5.0, "detected": 7.0})
+    t10 = _steps(feed, 5, 10, t3 + 12.0)
+    feed(HangRecord("r", 10, time=t10 + 5.0, stuck_seconds=5.0))
+    feed(EndRecord("r", 10, time=t10 + 20.0, status="failed"))
+    hang = feed.book.report().incidents[-1]
+    assert hang["detail"] == {"undetected": 4.0, "detected": 15.0, "left": t10 + 20.0}
+    assert feed.book.last_incident("hang").seconds == 19.0
+
+
+def test_a_hang_reported_at_once_or_ended_at_its_report_costs_no_second_more():
+    """A rank's report stamped at the timeline's latest step's very time opens the hang,
+    and none of it went undetected; a watchdog that ends its process as it reports leaves
+    no detected time."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t10 = _steps(feed, 1, 10, T0)
+    feed(HangRecord("r", 10, time=t10, stuck_seconds=5.0, rank=1))
+    feed(StepRecord("r", 11, time=t10 + 10.0))
+    [hang] = feed.book.report().incidents
+    assert hang["detail"] == {"undetected": 0.0, "detected": 10.0}
+    t20 = _steps(feed, 12, 20, t10 + 10.0)
+    feed(HangRecord("r", 20, time=t20 + 5.0, stuck_seconds=5.0))
+    feed(EndRecord("r", 20, time=t20 + 5.0, status="failed"))
+    hang = feed.book.report().incidents[-1]
+    assert hang["detail"] == {"undetected": 4.0, "detected": 0.0, "left": t20 + 5.0}
+
+
+def test_one_hang_is_open_at_a_time_and_a_step_hangs_once():
+    """Rank 0 reports a hang after step 10; rank 1's report of step 9 while it is open is
+    the same hang; after the recovery, a late report of step 10 again is not a new one."""
+    feed = Feed()
+    for rank in (0, 1):
+        feed(RunRecord("r", time=T0, rank=rank))
+    t10 = _steps(feed, 1, 10, T0)
+    feed(HangRecord("r", 10, time=t10 + 5.0, stuck_seconds=5.0))
+    feed(HangRecord("r", 9, time=t10 + 6.0, stuck_seconds=7.0, rank=1))
+    feed(StepRecord("r", 11, time=t10 + 20.0))
+    feed(HangRecord("r", 10, time=t10 + 21.0, stuck_seconds=21.0, rank=1))
+    feed(StepRecord("r", 12, time=t10 + 22.0))
+    r = feed.book.report()
+    [hang] = r.incidents
+    assert (hang["step"], hang["seconds"], hang["open"]) == (10, 19.0, False)
+    assert r.badput["hang_undetected"] + r.badput["hang_detected"] == 19.0
+
+
+def test_a_hang_in_a_relaunched_attempt_is_that_attempt_s_and_costs_nothing_until_read_as_of_now():
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 5, T0)
+    feed(RunRecord("r", time=t + 10.0), attempt=2)
+    t = _steps(feed, 6, 15, t + 10.0, attempt=2)
+    feed(HangRecord("r", 15, time=t + 5.0, stuck_seconds=5.0), attempt=2)
+    [hang] = feed.book.report().incidents
+    assert (hang["attempt"], hang["open"], hang["seconds"]) == (2, True, 0.0)
+    [hang] = feed.book.report(now=t + 9.0).incidents
+    assert hang["seconds"] == 8.0  # one typical step after step 15, until now
+    assert feed.book.open_hang_cost(t + 9.0) == 8.0
+    assert feed.book.open_hang_cost(t) == 0.0  # read before the hang began
+
+
+def test_no_hang_open_costs_nothing():
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    _steps(feed, 1, 5, T0)
+    assert feed.book.open_hang_cost(T0 + 100.0) == 0.0
+
+
+def test_an_attempt_begins_when_the_record_that_settled_it_says_ahead_of_its_own_records():
+    """Attempt 1 stops after step 10; the launcher's record of attempt 2 (``begin``) says it
+    began 30 s later; its own first record comes 10 s after that, its first step 2 s after:
+    the gap is the restart, the 12 s from its beginning to its first step start-up. A
+    begin for an attempt heard already, or at no finite time, changes nothing."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t10 = _steps(feed, 1, 10, T0)
+    feed.book.begin(1, t10 + 5.0)
+    feed.book.begin(2, math.nan)
+    assert feed.book.current == 1
+    feed.book.begin(2, t10 + 30.0)
+    feed.book.begin(2, t10 + 35.0)
+    feed(RunRecord("r", time=t10 + 40.0), attempt=2)
+    _steps(feed, 11, 12, t10 + 40.0, attempt=2, every=2.0)
+    r = feed.book.report()
+    assert [a["start"] for a in r.attempts] == [T0, t10 + 30.0]
+    assert r.badput["restart"] == 30.0
+    assert r.attempts[1]["badput_seconds"]["startup"] == 12.0
+    _adds_up(r)
+
+
+def test_cost_words_round_to_what_a_reader_needs():
+    assert cost_words(36_000, 64) == "10.0 h x 64 GPUs = 640 GPU-hours"
+    assert cost_words(840, 64) == "14 min x 64 GPUs = 15 GPU-hours"
+    assert cost_words(20, 2, "cpu") == "20 s x 2 CPU processes = 0.011 process-hours"
+    assert cost_words(60, 4, None) == "60 s x 4 ranks = 0.067 rank-hours"
+    assert cost_words(5.25, 1) == "5.2 s"
+
+
+def test_the_report_s_device_hours_are_its_seconds_times_the_ranks_stepping():
+    feed = Feed()
+    for rank in (0, 1):
+        feed(RunRecord("r", time=T0, rank=rank, hardware={"device": "cuda"}))
+    t = T0
+    for step in range(1, 13):
+        t += 1.0
+        for rank in (0, 1):
+            feed(StepRecord("r", step, time=t, rank=rank))
+    d = feed.book.report().to_dict()
+    assert (d["gpus"], d["device"], d["productive_seconds"]) == (2, "cuda", 12.0)
+    assert d["gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
+    assert d["productive_gpu_hours"] == pytest.approx(12.0 * 2 / 3600)
+    assert d["device_words"] == {"one": "GPU", "many": "GPUs", "hours": "GPU-hours"}
+
+
+def test_the_summary_names_the_three_worst_causes_of_at_least_a_twentieth_of_a_percent():
+    badput = dict.fromkeys(CAUSES, 0.0)
+    badput.update(startup=100.0, input=150.0, checkpoint=50.0, eval=80.0, restart=0.6,
+                  skipped=0.4)
+    r = GoodputReport(T0, T0 + 1000.0, 1000.0, 619.0, badput, 1, [], [])
+    assert r.summary() == "goodput 61.9%: 15.0% input, 10.0% start-up, 8.0% eval"
+    assert r.summary(top=10) == ("goodput 61.9%: 15.0% input, 10.0% start-up, 8.0% eval, "
+                                 "5.0% checkpoints, 0.1% restarts")
+    assert GoodputLedger().report().summary() == "goodput not measured yet"
+
+
+def test_a_version_1_stored_ledger_is_read_as_it_was_kept():
+    """A ledger stored by version 1 (no ranks seen stepping, device, hosts or settles; a
+    rank's summed wait a bare number; an attempt without its eval/save and wait fields)
+    reads as one weighed by every rank heard, with its buckets and summed waits."""
+    events = _story()[:30]  # attempt 1, step 14
+    book = GoodputLedger()
+    _play(book, events)
+    v2 = json.loads(json.dumps(book.to_state()))
+    v1 = {k: v for k, v in v2.items()
+          if k not in ("v", "stepped", "device", "hosts", "settles", "settled_attempts")}
+    v1["attempts"] = [[*a[:11], {r: w[0] for r, w in a[11].items()}, a[12]]
+                      for a in v2["attempts"]]
+    old = GoodputLedger.from_state(v1)
+    assert old.gpus == len(v2["ranks"]) == 2 and old.device is None and old.hosts == {}
+    [att] = old.attempts.values()
+    assert att.buckets.badput == book.attempts[1].buckets.badput
+    assert {r: (s.wait, s.steps) for r, s in att.sums.items()} == {
+        r: (s.wait, 1) for r, s in book.attempts[1].sums.items()}
+    assert (att.aside, att.last_interval, att.first_wait, att.waits) == ({}, 0.0, 0.0, [])
+    assert old.report().wall == book.report().wall == 16.0
+
+
+def test_a_resume_at_the_last_step_kept_discards_that_step():
+    """The process saved at step 9 and died after step 10: the relaunch resumes at 10, so
+    step 10 was done twice (its second of work is ``resume``)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(CheckpointRecord("r", 9, time=t - 1.0, path="/c/9"))
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 10, "resume")
+    _steps(feed, 10, 15, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == 1.0 and r.incidents[0]["detail"]["discarded"] == 1.0
+    _adds_up(r)
+
+
+def test_a_rollback_past_an_earlier_resume_discards_all_of_the_attempt_that_redid_the_work():
+    """Attempt 2 resumed at step 11 (nothing lost: attempt 1 ended at 10) and did 11-20;
+    attempt 3 rolls back to step 11 again: all of attempt 2's work is thrown away, none of
+    attempt 1's."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 11, "resume")
+    t = _steps(feed, 11, 20, t + 6.0, attempt=2)
+    before = feed.book.report()
+    redone = before.attempts[1]["productive_seconds"]
+    assert before.badput["resume"] == 0.0 and redone > 0
+    feed(RunRecord("r", time=t + 5.0), attempt=3)
+    feed.book.settled(3, 11, "rollback")
+    _steps(feed, 11, 13, t + 6.0, attempt=3)
+    r = feed.book.report()
+    assert r.badput["rollback"] == pytest.approx(redone)
+    assert r.attempts[0]["productive_seconds"] == before.attempts[0]["productive_seconds"]
+    assert r.attempts[1]["productive_seconds"] == pytest.approx(0.0, abs=1e-9)
+    _adds_up(r)
+
+
+def test_a_resume_over_steps_that_were_all_skipped_discards_nothing():
+    """Steps 13 and 14 were skipped by the step guard (their batches never reached the
+    weights, no productive time); a resume at 13 throws no work away."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 12, T0)
+    t = _steps(feed, 13, 14, t, skipped=True)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 13, "resume")
+    _steps(feed, 13, 16, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == 0.0 and r.incidents[0]["detail"]["discarded"] == 0.0
+    _adds_up(r)
+
+
+def test_a_rollback_past_two_attempts_work_counts_both_in_its_incident():
+    """Attempt 2 resumed attempt 1's run at step 16; attempt 3 rolls back to step 13: steps
+    13-15 of attempt 1 and all of attempt 2's are thrown away, one incident's worth."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 20, T0)
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 16, "resume")
+    t = _steps(feed, 16, 25, t + 6.0, attempt=2)
+    before = feed.book.report()
+    redone = before.attempts[1]["productive_seconds"]
+    feed(RunRecord("r", time=t + 5.0), attempt=3)
+    feed.book.settled(3, 13, "rollback")
+    r = feed.book.report()
+    rollback = r.incidents[-1]
+    assert rollback["kind"] == "rollback" and rollback["attempt"] == 3
+    assert rollback["detail"]["discarded"] == pytest.approx(3.0 + redone)
+    assert r.badput["rollback"] == pytest.approx(3.0 + redone)
+    _adds_up(r)
+
+
+def test_a_cause_of_exactly_a_twentieth_of_a_percent_is_named_and_no_badput_names_none():
+    badput = dict.fromkeys(CAUSES, 0.0)
+    assert GoodputReport(T0, T0 + 10.0, 10.0, 10.0, dict(badput), 1, [], []).summary() == \
+        "goodput 100.0%"
+    badput["restart"] = 0.5
+    r = GoodputReport(T0, T0 + 1000.0, 1000.0, 999.5, badput, 1, [], [])
+    assert r.summary() == f"goodput {0.9995:.1%}: 0.1% restarts"
+
+
+def test_a_settle_waiting_for_its_attempt_is_kept_with_the_ledger():
+    """Settled before its first record was fed, stored and restored in between: the
+    resume is accounted as if the ledger had never been stored."""
+    def run(store: bool) -> GoodputLedger:
+        feed = Feed()
+        feed(RunRecord("r", time=T0))
+        t = _steps(feed, 1, 20, T0)
+        feed.book.settled(2, 15, "resume")
+        if store:
+            feed.book = GoodputLedger.from_state(json.loads(json.dumps(feed.book.to_state())))
+        feed(RunRecord("r", time=t + 5.0), attempt=2)
+        _steps(feed, 15, 20, t + 6.0, attempt=2)
+        return feed.book
+
+    live, stored = run(False).report(), run(True).report()
+    assert stored == live and live.badput["resume"] > 0
+
+
+def test_a_resume_within_the_first_steps_keeps_the_first_step_s_time():
+    """Steps take 1 s; saved at step 4, the process dies after step 10, the relaunch
+    resumes at 5: steps 5-10 (6 s) were done twice, not the first step too (its time is
+    known only once a typical step is, at step 9, after the marks of steps 1-8)."""
+    feed = Feed()
+    feed(RunRecord("r", time=T0))
+    t = _steps(feed, 1, 10, T0)
+    feed(CheckpointRecord("r", 4, time=T0 + 4.0, path="/c/4"))
+    feed(RunRecord("r", time=t + 5.0), attempt=2)
+    feed.book.settled(2, 5, "resume")
+    _steps(feed, 5, 8, t + 6.0, attempt=2)
+    r = feed.book.report()
+    assert r.badput["resume"] == pytest.approx(6.0)
+    assert r.incidents[0]["detail"]["discarded"] == pytest.approx(6.0)
+    assert r.attempts[0]["productive_seconds"] == pytest.approx(4.0)
     _adds_up(r)
